@@ -1,0 +1,34 @@
+# Targets a user types. `make install` then `make test` on a fresh machine.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+
+.PHONY: install test test-all lint bench-ops clean
+
+install:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	@# PyPI's torchvision is built against CUDA torch and fails to import beside the CPU
+	@# build (torchvision::nms does not exist), which breaks `import lightning`. litdata
+	@# pulls it in but does not need it for token streams, so drop it where it is broken.
+	@$(PY) -c "import torchvision" >/dev/null 2>&1 || { \
+		echo "torchvision does not match this torch build: uninstalling it (not needed)"; \
+		$(PY) -m pip uninstall -y torchvision; }
+	$(PY) -c "import torch, lightning, cofrgenet; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| lightning', lightning.__version__)"
+
+test:
+	$(PY) -m pytest
+
+test-all:
+	$(PY) -m pytest -m ''
+
+lint:
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+
+bench-ops:
+	$(VENV)/bin/cofr bench ops
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info

@@ -1,0 +1,1 @@
+"""cofrgenet: continued-fraction language models."""

@@ -1,0 +1,153 @@
+"""Public continued-fraction ops: argument checks and the choice of implementation."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch import Tensor
+
+from cofrgenet.ops import continuant
+from cofrgenet.ops.literal import literal_continued_fraction, literal_univariate_ladder
+
+#: Implementations: "literal" (nested form, d divisions, autograd), "continuant" (eager
+#: recurrence + closed-form backward), "compiled" (the same under torch.compile), "auto".
+IMPLS = ("auto", "literal", "continuant", "compiled")
+GRAD_MODES = ("paper", "exact")
+
+#: Below this many ladder units "auto" stays eager: compiling does not pay for tiny inputs.
+AUTO_COMPILE_MIN_UNITS = 1 << 15
+
+
+def resolve_impl(impl: str, units: int, device: torch.device) -> str:
+    """The concrete implementation "auto" stands for, for ``units`` ladders on ``device``.
+
+    CPU: the compiled continuant for inputs of at least AUTO_COMPILE_MIN_UNITS ladders,
+    the eager continuant otherwise. Set COFRGENET_COMPILE=0 to never compile.
+    """
+    if impl != "auto":
+        return impl
+    if os.environ.get("COFRGENET_COMPILE", "1") == "0" or not continuant.compile_available():
+        return "continuant"
+    if torch.compiler.is_compiling():  # already inside a compiled region
+        return "continuant"
+    return "compiled" if units >= AUTO_COMPILE_MIN_UNITS else "continuant"
+
+
+def _check_common(eps: float, grad: str, impl: str) -> None:
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a positive finite number (the clamp on |K_d|), got {eps!r}")
+    if grad not in GRAD_MODES:
+        raise ValueError(f"unknown grad mode {grad!r}; choose one of {GRAD_MODES}")
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
+
+
+def _check_floating(name: str, tensor: Tensor) -> None:
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
+
+
+def continued_fraction(
+    a: Tensor, eps: float = 0.01, grad: str = "paper", impl: str = "auto"
+) -> Tensor:
+    """Continued fraction 1 / (a_1 + 1 / (a_2 + ... + 1 / a_d)) over the last dimension.
+
+    Args:
+        a: (..., d) partial denominators, ``a[..., 0]`` = a_1 (outermost), d >= 1.
+        eps: clamp on the final continuant, K_d -> sign(K_d) max(|K_d|, eps), sign(0) = +1.
+        grad: "paper" (Proposition 1 with the clamped K_d) or "exact" (the true gradient
+            of the clamped function; they differ only where the clamp is active).
+        impl: "auto", "literal", "continuant" or "compiled" (see ``IMPLS``).
+
+    Returns:
+        (...) tensor of a's dtype: K_{d-1}(a_2..a_d) / clamp(K_d(a_1..a_d)).
+    """
+    _check_floating("a", a)
+    _check_common(eps, grad, impl)
+    if a.dim() == 0 or a.shape[-1] == 0:
+        raise ValueError(
+            "continued_fraction needs at least one partial denominator on the last "
+            f"dimension (d >= 1), got a of shape {tuple(a.shape)}"
+        )
+    chosen = resolve_impl(impl, a.numel() // a.shape[-1], a.device)
+    if chosen == "literal":
+        return literal_continued_fraction(a, eps)
+    return continuant.ContinuedFraction.apply(a, float(eps), grad == "exact", chosen == "compiled")
+
+
+def _check_ladder(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    _check_floating("x", x)
+    _check_floating("weight", weight)
+    if weight.dim() != 2 or weight.shape[0] == 0:
+        raise ValueError(
+            f"weight must have shape (d, n) with depth d >= 1, got {tuple(weight.shape)}"
+        )
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"x's last dimension must equal weight.shape[1] = {weight.shape[1]} (one ladder "
+            f"per input coordinate), got x of shape {tuple(x.shape)}"
+        )
+    if bias is not None:
+        _check_floating("bias", bias)
+        if bias.shape != weight.shape:
+            raise ValueError(
+                f"bias must have weight's shape {tuple(weight.shape)}, got {tuple(bias.shape)}"
+            )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def univariate_ladder(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    grad: str = "paper",
+    impl: str = "auto",
+) -> Tensor:
+    """Univariate ladders, one per input coordinate: a_k = weight[k] * x + bias[k].
+
+    Args:
+        x: (..., n) inputs.
+        weight: (d, n) ladder weights; row k-1 multiplies x in the k-th partial denominator.
+        bias: (d, n) or None, added to the partial denominators.
+        eps, grad, impl: as in :func:`continued_fraction`.
+
+    Returns:
+        (..., n) tensor of x's dtype: f~(a_1, ..., a_d) elementwise. The continuant
+        implementations keep no (..., n, d) tensor alive for backward.
+    """
+    _check_ladder(x, weight, bias)
+    _check_common(eps, grad, impl)
+    chosen = resolve_impl(impl, x.numel(), x.device)
+    if chosen == "literal":
+        return literal_univariate_ladder(x, weight, bias, eps)
+    return continuant.UnivariateLadder.apply(
+        x, weight, bias, float(eps), grad == "exact", chosen == "compiled"
+    )
+
+
+def denominator_stats(a: Tensor, eps: float = 0.01) -> tuple[Tensor, Tensor]:
+    """Ladder health of partial denominators a: (..., d).
+
+    Returns (fraction of ladders whose K_d is clamped, min |K_d|), 0-d float32 tensors.
+    """
+    _check_floating("a", a)
+    work = a.detach().to(torch.float64).reshape(-1, a.shape[-1]).t()
+    return continuant.denominator_stats(work.__getitem__, work.shape[0], eps)
+
+
+def ladder_denominator_stats(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 0.01
+) -> tuple[Tensor, Tensor]:
+    """:func:`denominator_stats` of univariate ladders (x: (..., n), weight/bias: (d, n))."""
+    _check_ladder(x, weight, bias)
+    x2 = x.detach().to(torch.float64).reshape(-1, x.shape[-1])
+    b = None if bias is None else bias.detach().double()
+    coefficient = continuant.ladder_coefficient(x2, weight.detach().double(), b)
+    return continuant.denominator_stats(coefficient, weight.shape[0], eps)

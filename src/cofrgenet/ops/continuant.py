@@ -1,0 +1,362 @@
+"""Continuant evaluation of continued fractions: one reciprocal, closed-form backward.
+
+For partial denominators a_1..a_d (a_1 outermost) the tail continuants are
+
+    K_0 = 1,  K_1 = a_d,  K_j = a_{d-j+1} K_{j-1} + K_{j-2}
+
+and f~ = K_{d-1} / clamp(K_d). With r = 1 / clamp(K_d) computed once, Proposition 1 of
+the paper gives every gradient: d f~ / d a_k = (-1)^k (K_{d-k} r)^2, where K_{d-k} is the
+(d-k)-th tail continuant, so the backward pass reruns the same recurrence and saves no
+(..., d) activations.
+
+Rescaling: continuants grow geometrically with d and |a|. When |K_j| passes 2^64 both
+running values are multiplied by 2^-64 (exact in binary floating point) and a per-element
+counter ``scale`` is incremented, so the true K_j is ``stored * 2^(64 * scale)``. The clamp
+compares the true |K_d| with eps; gradients use the scale difference between K_{d-k} and
+K_d. The eager path first runs without rescaling and reruns with it only if something
+overflowed (scaling by powers of two changes no bits otherwise); compiled paths always
+rescale, which costs nothing once fused.
+
+The kernels below are plain functions over a ``coefficient(k)`` callable returning a_{k+1}
+(0-based k), so continued fractions on (..., d) tensors and univariate ladders (a_k
+computed on the fly from x, weight, bias) share one recurrence.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from cofrgenet.ops.literal import compute_dtype
+
+RESCALE_EXPONENT = 64
+_RESCALE_AT = 2.0**RESCALE_EXPONENT
+_RESCALE_BY = 2.0**-RESCALE_EXPONENT
+
+Coefficient = Callable[[int], Tensor]
+Emit = Callable[[int, Tensor], None]
+
+
+# ----------------------------------------------------------------------------- recurrences
+
+
+def _rescale(high: Tensor, low: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    big = high.abs() > _RESCALE_AT
+    high = torch.where(big, high * _RESCALE_BY, high)
+    low = torch.where(big, low * _RESCALE_BY, low)
+    return high, low, scale + big.to(scale.dtype)
+
+
+def _pow2_scale(exponent_count: Tensor) -> Tensor:
+    """2^(64 * exponent_count), exact for the integer-valued counts used here."""
+    return torch.exp2(RESCALE_EXPONENT * exponent_count)
+
+
+def continuant_forward(
+    coefficient: Coefficient, d: int, eps: float, rescale: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Evaluate f~ by the tail recurrence.
+
+    Returns (value, r, scale, clamped, k_d): r = 1 / clamp(K_d) in the scaled domain,
+    scale = the rescale count of K_d (zeros without rescaling), clamped = |true K_d| < eps,
+    k_d = the scaled K_d (used to detect overflow). All shaped like one coefficient.
+    """
+    high = coefficient(d - 1)  # K_1 = a_d
+    low = torch.ones_like(high)  # K_0
+    scale = torch.zeros_like(high)
+    for k in range(d - 2, -1, -1):
+        high, low = coefficient(k) * high + low, high
+        if rescale:
+            high, low, scale = _rescale(high, low, scale)
+    threshold = eps * _pow2_scale(-scale) if rescale else torch.full_like(high, eps)
+    clamped = high.abs() < threshold
+    # sign(0) = +1: a zero K_d is clamped to +eps.
+    denominator = torch.where(clamped, torch.where(high >= 0, threshold, -threshold), high)
+    r = torch.reciprocal(denominator)
+    return low * r, r, scale, clamped, high
+
+
+def _paper_gradients(
+    coefficient: Coefficient, d: int, r: Tensor, scale_d: Tensor, rescale: bool, emit: Emit
+) -> None:
+    """Emit (k-1, d f~/d a_k) for k = d..1 by Proposition 1 with the clamped K_d."""
+    suffix = torch.ones_like(r)  # K_0 of the empty tail
+    previous = torch.zeros_like(r)
+    scale = torch.zeros_like(r)
+    for j in range(d):
+        k = d - j  # suffix holds K_{d-k}(a_{k+1}..a_d)
+        ratio = suffix * r
+        if rescale:
+            ratio = ratio * _pow2_scale(scale - scale_d)
+        square = ratio * ratio
+        emit(k - 1, square if k % 2 == 0 else -square)
+        if j < d - 1:
+            suffix, previous = coefficient(k - 1) * suffix + previous, suffix
+            if rescale:
+                suffix, previous, scale = _rescale(suffix, previous, scale)
+
+
+def _exact_clamped_gradients(
+    coefficient: Coefficient, d: int, r: Tensor, scale_d: Tensor, rescale: bool
+) -> list[Tensor]:
+    """True gradient where K_d is clamped: 0 for a_1, K(a_2..a_{k-1}) K(a_{k+1}..a_d) r else.
+
+    Needs prefix and suffix continuants at once, so both are kept as lists of d - 1
+    tensors shaped like r (transient memory of the backward pass only).
+    """
+    zeros = torch.zeros_like(r)
+    suffixes, suffix_scales = [torch.ones_like(r)], [zeros]  # K_j(tail), j = 0..d-2
+    high, low, scale = torch.ones_like(r), zeros, zeros
+    for j in range(d - 2):
+        high, low = coefficient(d - 1 - j) * high + low, high
+        if rescale:
+            high, low, scale = _rescale(high, low, scale)
+        suffixes.append(high)
+        suffix_scales.append(scale)
+    prefixes, prefix_scales = [torch.ones_like(r)], [zeros]  # K_m(a_2..a_{m+1}), m = 0..d-2
+    high, low, scale = torch.ones_like(r), zeros, zeros
+    for m in range(1, d - 1):
+        high, low = coefficient(m) * high + low, high
+        if rescale:
+            high, low, scale = _rescale(high, low, scale)
+        prefixes.append(high)
+        prefix_scales.append(scale)
+    grads = [zeros]
+    for k in range(2, d + 1):
+        g = prefixes[k - 2] * suffixes[d - k] * r
+        if rescale:
+            g = g * _pow2_scale(prefix_scales[k - 2] + suffix_scales[d - k] - scale_d)
+        grads.append(g)
+    return grads
+
+
+def continuant_backward(
+    coefficient: Coefficient,
+    d: int,
+    r: Tensor,
+    scale_d: Tensor,
+    clamped: Tensor,
+    exact: bool,
+    rescale: bool,
+    emit: Emit,
+) -> None:
+    """Emit (k-1, d f~/d a_k) for every k, in the paper's or the exact gradient mode."""
+    if not exact:
+        _paper_gradients(coefficient, d, r, scale_d, rescale, emit)
+        return
+    paper: list[Tensor] = [r] * d
+    _paper_gradients(coefficient, d, r, scale_d, rescale, paper.__setitem__)
+    exact_grads = _exact_clamped_gradients(coefficient, d, r, scale_d, rescale)
+    for k in range(d):
+        emit(k, torch.where(clamped, exact_grads[k], paper[k]))
+
+
+# -------------------------------------------------------------------------- op kernels
+
+
+def _cf_forward(at: Tensor, eps: float, rescale: bool):
+    """at: (d, N) -> value, r, scale, clamped, k_d, each (N,)."""
+    return continuant_forward(at.__getitem__, at.shape[0], eps, rescale)
+
+
+def _cf_backward(
+    at: Tensor,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor,
+    grad_out: Tensor,
+    exact: bool,
+    rescale: bool,
+) -> Tensor:
+    """at: (d, N), r/scale/clamped/grad_out: (N,) -> grad of at, (d, N)."""
+    grads: list[Tensor] = [r] * at.shape[0]
+
+    def emit(k: int, g: Tensor) -> None:
+        grads[k] = g * grad_out
+
+    continuant_backward(at.__getitem__, at.shape[0], r, scale, clamped, exact, rescale, emit)
+    return torch.stack(grads)
+
+
+def ladder_coefficient(x: Tensor, weight: Tensor, bias: Tensor | None) -> Coefficient:
+    if bias is None:
+        return lambda k: x * weight[k]
+    return lambda k: torch.addcmul(bias[k], x, weight[k])
+
+
+def _ladder_forward(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rescale: bool):
+    """x: (M, n), weight/bias: (d, n) -> value, r, scale, clamped, k_d, each (M, n)."""
+    return continuant_forward(ladder_coefficient(x, weight, bias), weight.shape[0], eps, rescale)
+
+
+def _ladder_backward(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor,
+    grad_out: Tensor,
+    exact: bool,
+    rescale: bool,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients for x (M, n), weight (d, n) and bias (d, n); params reduced over M."""
+    d = weight.shape[0]
+    grad_x = torch.zeros_like(x) if need_x else None
+    grad_w: list[Tensor] = [weight[0]] * d
+    grad_b: list[Tensor] = [weight[0]] * d
+
+    def emit(k: int, g: Tensor) -> None:
+        nonlocal grad_x
+        t = g * grad_out  # d loss / d a_k, (M, n)
+        if need_x:
+            grad_x = torch.addcmul(grad_x, t, weight[k])
+        if need_params:
+            grad_w[k] = (t * x).sum(0)
+            grad_b[k] = t.sum(0)
+
+    coefficient = ladder_coefficient(x, weight, bias)
+    continuant_backward(coefficient, d, r, scale, clamped, exact, rescale, emit)
+    if not need_params:
+        return grad_x, None, None
+    return grad_x, torch.stack(grad_w), torch.stack(grad_b)
+
+
+# ------------------------------------------------------------------------- compilation
+
+_compile_failed = False
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    return torch.compile(fn, dynamic=None)
+
+
+def compile_available() -> bool:
+    """Whether the compiled continuant path can be used in this process."""
+    return not _compile_failed
+
+
+def _run(fn: Callable, compiled: bool, *args):
+    """Run a kernel compiled (with rescaling inside) or eagerly; fall back once on failure."""
+    global _compile_failed
+    if compiled and not _compile_failed:
+        try:
+            return _compiled(fn)(*args)
+        except Exception as error:  # a missing C compiler or an inductor bug
+            _compile_failed = True
+            warnings.warn(
+                f"torch.compile of the continuant kernels failed ({type(error).__name__}: "
+                f"{error}); falling back to the eager continuant path for this process.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return fn(*args)
+
+
+def _forward_with_overflow_check(fn: Callable, compiled: bool, *args):
+    """Eager: run without rescaling and redo with it only if K_d overflowed."""
+    if compiled and not _compile_failed:
+        return (*_run(fn, True, *args, True), True)
+    result = fn(*args, False)
+    if torch.isfinite(result[4]).all():
+        return (*result, False)
+    return (*fn(*args, True), True)
+
+
+# ---------------------------------------------------------------------- autograd wrappers
+
+
+class ContinuedFraction(torch.autograd.Function):
+    """f~(a) for a: (..., d) -> (...), with the closed-form backward."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, eps: float, exact: bool, compiled: bool) -> Tensor:
+        at = a.to(compute_dtype(a.dtype)).reshape(-1, a.shape[-1]).t().contiguous()  # (d, N)
+        value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+            _cf_forward, compiled, at, eps
+        )
+        ctx.save_for_backward(a, r, scale, clamped)
+        ctx.exact, ctx.compiled, ctx.rescaled = exact, compiled, rescaled
+        return value.reshape(a.shape[:-1]).to(a.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        a, r, scale, clamped = ctx.saved_tensors
+        at = a.to(r.dtype).reshape(-1, a.shape[-1]).t().contiguous()
+        grad_out = grad_out.to(r.dtype).reshape(-1)
+        grad_at = _run(
+            _cf_backward, ctx.compiled, at, r, scale, clamped, grad_out, ctx.exact, ctx.rescaled
+        )
+        return grad_at.t().reshape(a.shape).to(a.dtype), None, None, None
+
+
+class UnivariateLadder(torch.autograd.Function):
+    """Elementwise ladders: x (..., n), weight (d, n), bias (d, n) | None -> (..., n).
+
+    Saves only x, the parameters and three (..., n) tensors (r, scale, clamped); the
+    (..., n, d) partial denominators are recomputed in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float, exact: bool, compiled: bool) -> Tensor:
+        dtype = compute_dtype(x.dtype)
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+            _ladder_forward, compiled, x2, w, b, eps
+        )
+        ctx.save_for_backward(x, weight, bias, r, scale, clamped)
+        ctx.exact, ctx.compiled, ctx.rescaled = exact, compiled, rescaled
+        return value.reshape(x.shape).to(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        x, weight, bias, r, scale, clamped = ctx.saved_tensors
+        dtype = r.dtype
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        need_x = ctx.needs_input_grad[0]
+        need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        grad_x, grad_w, grad_b = _run(
+            _ladder_backward,
+            ctx.compiled,
+            x2,
+            w,
+            b,
+            r,
+            scale,
+            clamped,
+            grad_out.reshape(-1, x.shape[-1]).to(dtype),
+            ctx.exact,
+            ctx.rescaled,
+            need_x,
+            need_params,
+        )
+        return (
+            None if grad_x is None else grad_x.reshape(x.shape).to(x.dtype),
+            grad_w.to(weight.dtype) if ctx.needs_input_grad[1] else None,
+            grad_b.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None,
+            None,
+            None,
+            None,
+        )
+
+
+def denominator_stats(coefficient: Coefficient, d: int, eps: float) -> tuple[Tensor, Tensor]:
+    """(fraction of clamped units, min true |K_d|) as 0-d float tensors, without grad."""
+    with torch.no_grad():
+        _, _, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale=True)
+        true_abs = k_d.double().abs() * _pow2_scale(scale.double())
+        return clamped.float().mean(), true_abs.min().float()

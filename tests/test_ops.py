@@ -36,7 +36,9 @@ def near_poles(rows: int, d: int, eps: float, seed: int = 0) -> torch.Tensor:
     K_d = a_1 K(a_2..a_d) + K(a_3..a_d), so a_1 = -K(a_3..a_d) / K(a_2..a_d) + delta.
     """
     a = away_from_poles(rows, d, seed=seed)
-    delta = (torch.rand(rows, generator=torch.Generator().manual_seed(seed + 1)).double() - 0.5) * eps
+    delta = (
+        torch.rand(rows, generator=torch.Generator().manual_seed(seed + 1)).double() - 0.5
+    ) * eps
     if d == 1:
         a[:, 0] = delta
         return a
@@ -46,7 +48,9 @@ def near_poles(rows: int, d: int, eps: float, seed: int = 0) -> torch.Tensor:
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)).item()
+    return (
+        (got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)
+    ).item()
 
 
 # ------------------------------------------------------------------- forward and backward
@@ -118,7 +122,9 @@ def test_clamped_region_both_grad_modes(impl, d):
 
     for grad, reference in (("paper", reference_paper_grad), ("exact", reference_exact_grad)):
         a64 = a.clone().requires_grad_()
-        (g,) = torch.autograd.grad(continued_fraction(a64, eps=eps, grad=grad, impl=impl).sum(), a64)
+        (g,) = torch.autograd.grad(
+            continued_fraction(a64, eps=eps, grad=grad, impl=impl).sum(), a64
+        )
         assert rel_err(g, reference(a, eps)) < 1e-9, grad
     # The two modes really differ where the clamp is active.
     assert not torch.allclose(reference_paper_grad(a, eps), reference_exact_grad(a, eps))
@@ -129,7 +135,9 @@ def test_exact_mode_is_the_gradient_of_the_clamped_function(impl):
     """Finite differences of the clamped function agree with grad="exact", not "paper"."""
     eps = 0.01
     a = near_poles(20, 3, eps, seed=11).requires_grad_()
-    (g_exact,) = torch.autograd.grad(continued_fraction(a, eps=eps, grad="exact", impl=impl).sum(), a)
+    (g_exact,) = torch.autograd.grad(
+        continued_fraction(a, eps=eps, grad="exact", impl=impl).sum(), a
+    )
     h = 1e-7
     numeric = torch.zeros_like(a)
     for k in range(a.shape[-1]):
@@ -139,7 +147,9 @@ def test_exact_mode_is_the_gradient_of_the_clamped_function(impl):
         minus = continued_fraction(a.detach() - step, eps=eps, impl=impl)
         numeric[:, k] = (plus - minus) / (2 * h)
     assert rel_err(g_exact, numeric) < 1e-5
-    (g_paper,) = torch.autograd.grad(continued_fraction(a, eps=eps, grad="paper", impl=impl).sum(), a)
+    (g_paper,) = torch.autograd.grad(
+        continued_fraction(a, eps=eps, grad="paper", impl=impl).sum(), a
+    )
     assert rel_err(g_paper, numeric) > 1e-2
 
 

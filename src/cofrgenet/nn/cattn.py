@@ -1,0 +1,233 @@
+"""CAttnU and CAttnM: continued-fraction replacements for causal self-attention."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cofrgenet.nn.ladder import (
+    LadderLayer,
+    LadderWeights,
+    denominator_init,
+    fan_in_spread,
+    resolve_ladder_bias,
+)
+from cofrgenet.ops import (
+    continued_fraction,
+    denominator_stats,
+    ladder_denominator_stats,
+    univariate_ladder,
+)
+
+
+def _check_length(name: str, length: int, max_len: int) -> None:
+    if length > max_len:
+        raise ValueError(
+            f"{name} was built for sequences of at most max_len={max_len} tokens (its "
+            f"parameters are tied to positions), got {length}; rebuild with a larger max_len"
+        )
+
+
+@functools.cache
+def _upper_triangle(size: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(rows, cols) of the upper triangle s <= t of a size x size matrix, row-major."""
+    rows, cols = torch.triu_indices(size, size, device=device)
+    return rows, cols
+
+
+class CAttnU(LadderLayer):
+    """Token mixing with univariate ladders across positions: (B, T, p) -> (B, T, p).
+
+    Two ensembles e = 1, 2 of full univariate ladders, weights indexed by position s and
+    shared across channels c: y_e[s, c] = w0_e[s] x[s, c] + f~(w_e[., s] x[s, c] + b_e[., s]).
+    They are mixed causally by upper-triangular l x l matrices (s <= t):
+
+        O[t, c] = (sum_{s<=t} U_1[s, t] y_1[s, c]) * (sum_{s<=t} U_2[s, t] y_2[s, c])
+
+    Parameters (l = max_len, d = depth = number of partial denominators):
+
+        l (2 d + l + 3)      = 2 l (d + 1) ladder weights incl. the linear term
+                               + 2 l (l + 1) / 2 for the two triangles
+        + 2 l d              if ladder_bias
+
+    The paper writes l (2 d' + l + 1) with d' = d + 1 counting the linear term. The
+    triangles are stored packed, so the module's parameter count is exactly this.
+    Sequences shorter than l use the leading block (still causal). ``bias`` has no
+    linear bias to switch here; it only sets the default of ``ladder_bias``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        max_len: int,
+        depth: int,
+        bias: bool = True,
+        ladder_bias: bool | None = None,
+        eps: float = 0.01,
+        grad: str = "paper",
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.dim, self.max_len, self.depth = dim, max_len, depth
+        self.eps, self.grad, self.impl = eps, grad, impl
+        has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
+        self.linear = nn.Parameter(torch.empty(2, max_len))  # w0_e[s], the depth-0 term
+        self.denominators = LadderWeights(
+            depth, (2, max_len), (2, max_len) if has_ladder_bias else None
+        )
+        self.mixing = nn.Parameter(torch.empty(2, max_len * (max_len + 1) // 2))  # packed U_e
+        self.reset_parameters()
+
+    @staticmethod
+    def num_parameters_formula(
+        max_len: int, depth: int, bias: bool = True, ladder_bias: bool | None = None
+    ) -> int:
+        count = max_len * (2 * depth + max_len + 3)
+        if resolve_ladder_bias(bias, ladder_bias):
+            count += 2 * max_len * depth
+        return count
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.linear)
+        std, offset = denominator_init(self.denominators.has_bias, fan_in_spread(1))
+        self.denominators.reset_parameters(std, offset)
+        # U_e starts as a causal running mean (1 / (t + 1) on column t) plus a little noise,
+        # so the product of the two ensembles is O(1) at any length.
+        with torch.no_grad():
+            _, cols = _upper_triangle(self.max_len, self.mixing.device)
+            if self.mixing.device.type != "meta":
+                mean = 1.0 / (cols.to(self.mixing.dtype) + 1.0)
+                self.mixing.copy_(mean.expand_as(self.mixing))
+                self.mixing.add_(torch.randn_like(self.mixing) * 0.02 * mean)
+
+    def mixing_matrices(self, length: int) -> Tensor:
+        """U_1, U_2 as (2, length, length), zero below the diagonal."""
+        rows, cols = _upper_triangle(self.max_len, self.mixing.device)
+        full = self.mixing.new_zeros(2, self.max_len, self.max_len)
+        full[:, rows, cols] = self.mixing
+        return full[:, :length, :length]
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, dim = x.shape
+        _check_length("CAttnU", length, self.max_len)
+        # Ladders act along tokens: channels become the batch, positions the ladder index.
+        tokens = x.transpose(1, 2).unsqueeze(2).expand(batch, dim, 2, length)  # (B, p, 2, T)
+        tokens = tokens.reshape(batch, dim, 2 * length)
+        weight = self.denominators.stacked_weight()[:, :, :length].reshape(self.depth, 2 * length)
+        bias = self.denominators.stacked_bias()
+        bias = None if bias is None else bias[:, :, :length].reshape(self.depth, 2 * length)
+        if self.track_health:
+            self._record_health(ladder_denominator_stats(tokens, weight, bias, self.eps))
+        y = univariate_ladder(tokens, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl)
+        y = y + tokens * self.linear[:, :length].reshape(2 * length)
+        y = y.unflatten(-1, (2, length))  # (B, p, 2, T)
+        mixed = torch.einsum("bces,est->bcet", y, self.mixing_matrices(length))
+        return (mixed[:, :, 0] * mixed[:, :, 1]).transpose(1, 2)  # (B, T, p)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, max_len={self.max_len}, depth={self.depth}, eps={self.eps}"
+
+
+class CAttnM(LadderLayer):
+    """Attention weights from p-variate ladders: (B, T, p) -> (B, T, p).
+
+    L p-variate ladders per token, Y[t, j] = f~(W^(j) x_t (+ b^(j))), a linear map
+    F in R^{L x l} to sequence-length space and a causal softmax:
+
+        A = causal_softmax(Y F),   O = A X W^v
+
+    Logits depend on the query's content and the key's position, not the key's content
+    (a continued-fraction Dense Synthesizer).
+
+    Parameters (p = dim, l = max_len, L = ladders, d = depth):
+
+        L (d p + l) + p^2     (the paper's L (p + l) + p^2 is the d = 1 case)
+        + p                   if bias (value bias)
+        + L d                 if ladder_bias
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        max_len: int,
+        ladders: int,
+        depth: int,
+        bias: bool = True,
+        ladder_bias: bool | None = None,
+        eps: float = 0.01,
+        grad: str = "paper",
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if ladders < 1:
+            raise ValueError(f"CAttnM needs at least one ladder, got ladders={ladders}")
+        self.dim, self.max_len, self.ladders, self.depth = dim, max_len, ladders, depth
+        self.eps, self.grad, self.impl = eps, grad, impl
+        has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
+        self.denominators = LadderWeights(
+            depth, (ladders, dim), (ladders,) if has_ladder_bias else None
+        )
+        self.position_map = nn.Parameter(torch.empty(ladders, max_len))  # F
+        self.value = nn.Linear(dim, dim, bias=bias)  # W^v
+        self.reset_parameters()
+
+    @staticmethod
+    def num_parameters_formula(
+        dim: int,
+        max_len: int,
+        ladders: int,
+        depth: int,
+        bias: bool = True,
+        ladder_bias: bool | None = None,
+    ) -> int:
+        count = ladders * (depth * dim + max_len) + dim * dim
+        if bias:
+            count += dim
+        if resolve_ladder_bias(bias, ladder_bias):
+            count += ladders * depth
+        return count
+
+    def reset_parameters(self) -> None:
+        std, offset = denominator_init(self.denominators.has_bias, fan_in_spread(self.dim))
+        self.denominators.reset_parameters(std, offset)
+        nn.init.normal_(self.position_map, std=0.02)  # near-uniform causal attention at init
+        nn.init.normal_(self.value.weight, std=0.02)
+        if self.value.bias is not None:
+            nn.init.zeros_(self.value.bias)
+
+    def attention_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries Y (B, T, L) and keys F^T (T, L) whose product gives the logits."""
+        length = x.shape[1]
+        n_l, d = self.ladders, self.depth
+        weight = self.denominators.stacked_weight(dim=1).reshape(n_l * d, self.dim)
+        a = (x @ weight.t()).unflatten(-1, (n_l, d))  # (B, T, L, d)
+        bias = self.denominators.stacked_bias(dim=1)
+        if bias is not None:
+            a = a + bias
+        if self.track_health:
+            self._record_health(denominator_stats(a, self.eps))
+        y = continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)
+        return y, self.position_map[:, :length].t()
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_length("CAttnM", x.shape[1], self.max_len)
+        queries, keys = self.attention_logits(x)
+        values = self.value(x)
+        batch = x.shape[0]
+        out = F.scaled_dot_product_attention(
+            queries.unsqueeze(1),
+            keys.to(queries.dtype).expand(batch, 1, *keys.shape),
+            values.unsqueeze(1),
+            is_causal=True,
+            scale=1.0,
+        )
+        return out.squeeze(1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, max_len={self.max_len}, ladders={self.ladders}, "
+            f"depth={self.depth}, eps={self.eps}"
+        )

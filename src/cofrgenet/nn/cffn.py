@@ -1,0 +1,150 @@
+"""Cffn: the continued-fraction feed-forward network of CoFrGeNet-F (spec section 3)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from cofrgenet.nn.ladder import (
+    LadderLayer,
+    LadderWeights,
+    denominator_init,
+    fan_in_spread,
+    resolve_ladder_bias,
+)
+from cofrgenet.ops import (
+    continued_fraction,
+    denominator_stats,
+    ladder_denominator_stats,
+    univariate_ladder,
+)
+
+LADDER_KINDS = ("scalar", "elementwise")
+#: sigmoid(G x) is ~0.5 at initialisation (G small), so x^ = gate * x has half x's spread.
+_GATE_AT_INIT = 0.5
+
+
+class Cffn(LadderLayer):
+    """Gated, non-expanded continued-fraction FFN: (..., dim) -> (..., dim).
+
+    x^ = sigmoid(G x) * x (the gate; G: dim x dim), then
+
+    * ``ladder="scalar"`` (the paper's reading, default): L p-variate ladders; ladder j has
+      partial denominators a^(j) = W^(j) x^ (+ b^(j)) in R^d and gives one scalar
+      z_j = f~(a^(j)); y = U x^ + V z with U: p x p, V: p x L.
+    * ``ladder="elementwise"`` (the public re-implementation's reading): ladder ensemble j
+      applies p univariate ladders, a[..., i, k] = x^_i W^(j)[i, k] (+ b^(j)[i, k]),
+      z_j in R^p; y = U x^ + sum_j V[:, j] * z_j.
+
+    Parameters (p = dim, L = ladders, d = depth = number of partial denominators; the
+    linear term U is "depth 0"):
+
+        2 p^2 + L p (d + 1)                       weights (G, U, W, V)
+        + 2 p                                     if bias (biases of G and U)
+        + L d   (scalar) or L p d (elementwise)   if ladder_bias
+
+    At p = 768, L = 3, d = 5 without biases: 1,193,472 (a 4x GELU MLP has 4,718,592).
+    ``ladder_bias=None`` follows ``bias``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        ladders: int,
+        depth: int,
+        ladder: str = "scalar",
+        bias: bool = True,
+        ladder_bias: bool | None = None,
+        eps: float = 0.01,
+        grad: str = "paper",
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if ladder not in LADDER_KINDS:
+            raise ValueError(f"unknown Cffn ladder kind {ladder!r}; choose one of {LADDER_KINDS}")
+        if ladders < 1:
+            raise ValueError(f"Cffn needs at least one ladder, got ladders={ladders}")
+        self.dim, self.ladders, self.depth, self.ladder = dim, ladders, depth, ladder
+        self.eps, self.grad, self.impl = eps, grad, impl
+        has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
+        self.gate = nn.Linear(dim, dim, bias=bias)  # G
+        self.linear = nn.Linear(dim, dim, bias=bias)  # U, the depth-0 term
+        bias_shape = (ladders,) if ladder == "scalar" else (ladders, dim)
+        self.denominators = LadderWeights(
+            depth, (ladders, dim), bias_shape if has_ladder_bias else None
+        )
+        self.mix = nn.Parameter(torch.empty(dim, ladders))  # V
+        self.reset_parameters()
+
+    @staticmethod
+    def num_parameters_formula(
+        dim: int,
+        ladders: int,
+        depth: int,
+        ladder: str = "scalar",
+        bias: bool = True,
+        ladder_bias: bool | None = None,
+    ) -> int:
+        p, n_l, d = dim, ladders, depth
+        count = 2 * p * p + n_l * p * (d + 1)
+        if bias:
+            count += 2 * p
+        if resolve_ladder_bias(bias, ladder_bias):
+            count += n_l * d if ladder == "scalar" else n_l * p * d
+        return count
+
+    def reset_parameters(self) -> None:
+        for linear in (self.gate, self.linear):
+            nn.init.normal_(linear.weight, std=0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        nn.init.normal_(self.mix, std=0.02)
+        # Scalar ladders take a dot product over p inputs; elementwise ones a single input.
+        fan_in = self.dim if self.ladder == "scalar" else 1
+        std, offset = denominator_init(
+            self.denominators.has_bias, fan_in_spread(fan_in, _GATE_AT_INIT)
+        )
+        self.denominators.reset_parameters(std, offset)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gated = torch.sigmoid(self.gate(x)) * x  # x^, (..., p)
+        if self.ladder == "scalar":
+            z = self._scalar_ladders(gated)  # (..., L)
+            mixed = z @ self.mix.t()
+        else:
+            z = self._elementwise_ladders(gated)  # (..., L, p)
+            mixed = torch.einsum("...lp,pl->...p", z, self.mix)
+        return self.linear(gated) + mixed
+
+    def _scalar_ladders(self, gated: Tensor) -> Tensor:
+        n_l, d = self.ladders, self.depth
+        weight = self.denominators.stacked_weight(dim=1).reshape(n_l * d, self.dim)  # (L d, p)
+        a = (gated @ weight.t()).unflatten(-1, (n_l, d))  # (..., L, d)
+        bias = self.denominators.stacked_bias(dim=1)  # (L, d)
+        if bias is not None:
+            a = a + bias
+        if self.track_health:
+            self._record_health(denominator_stats(a, self.eps))
+        return continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)
+
+    def _elementwise_ladders(self, gated: Tensor) -> Tensor:
+        n_l, p = self.ladders, self.dim
+        # One univariate ladder per (ensemble, channel): n = L p ladders on a repeated x^.
+        x = (
+            gated.unsqueeze(-2)
+            .expand(*gated.shape[:-1], n_l, p)
+            .reshape(*gated.shape[:-1], n_l * p)
+        )
+        weight = self.denominators.stacked_weight().reshape(self.depth, n_l * p)  # (d, L p)
+        bias = self.denominators.stacked_bias()
+        bias = None if bias is None else bias.reshape(self.depth, n_l * p)
+        if self.track_health:
+            self._record_health(ladder_denominator_stats(x, weight, bias, self.eps))
+        z = univariate_ladder(x, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl)
+        return z.unflatten(-1, (n_l, p))
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, ladders={self.ladders}, depth={self.depth}, ladder={self.ladder!r}, "
+            f"eps={self.eps}, grad={self.grad!r}, impl={self.impl!r}"
+        )

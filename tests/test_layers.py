@@ -1,0 +1,171 @@
+"""CoFrGeNet layers: parameter formulas, causality, initialisation, health, impl agreement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cofrgenet.nn import CAttnM, CAttnU, Cffn, LadderWeights
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_cffn_paper_count():
+    assert n_params(Cffn(768, 3, 5, ladder="scalar", bias=False)) == 1_193_472
+
+
+@pytest.mark.parametrize("ladder", ["scalar", "elementwise"])
+@pytest.mark.parametrize(
+    "bias,ladder_bias", [(False, None), (True, None), (True, False), (False, True)]
+)
+@pytest.mark.parametrize("dim,ladders,depth", [(16, 1, 1), (24, 3, 5), (13, 7, 3)])
+def test_cffn_formula(ladder, bias, ladder_bias, dim, ladders, depth):
+    layer = Cffn(dim, ladders, depth, ladder=ladder, bias=bias, ladder_bias=ladder_bias)
+    formula = Cffn.num_parameters_formula(dim, ladders, depth, ladder, bias, ladder_bias)
+    assert n_params(layer) == formula
+
+
+@pytest.mark.parametrize("bias,ladder_bias", [(False, None), (True, None), (True, False)])
+@pytest.mark.parametrize("max_len,depth", [(8, 1), (17, 5)])
+def test_cattn_u_formula(bias, ladder_bias, max_len, depth):
+    layer = CAttnU(12, max_len, depth, bias=bias, ladder_bias=ladder_bias)
+    assert n_params(layer) == CAttnU.num_parameters_formula(max_len, depth, bias, ladder_bias)
+    # The paper's count, depth d' = d + 1 counting the linear term, without ladder biases.
+    if not (ladder_bias if ladder_bias is not None else bias):
+        assert n_params(layer) == max_len * (2 * (depth + 1) + max_len + 1)
+
+
+@pytest.mark.parametrize("bias,ladder_bias", [(False, None), (True, None), (False, True)])
+@pytest.mark.parametrize("dim,max_len,ladders,depth", [(16, 8, 1, 1), (20, 11, 3, 5)])
+def test_cattn_m_formula(bias, ladder_bias, dim, max_len, ladders, depth):
+    layer = CAttnM(dim, max_len, ladders, depth, bias=bias, ladder_bias=ladder_bias)
+    formula = CAttnM.num_parameters_formula(dim, max_len, ladders, depth, bias, ladder_bias)
+    assert n_params(layer) == formula
+    if depth == 1 and not bias and not ladder_bias:  # the paper's L (p + l) + p^2
+        assert n_params(layer) == ladders * (dim + max_len) + dim * dim
+
+
+LAYERS = {
+    "cffn-scalar": lambda: Cffn(16, 3, 4, ladder="scalar"),
+    "cffn-elementwise": lambda: Cffn(16, 2, 3, ladder="elementwise"),
+    "cattn_u": lambda: CAttnU(16, 12, 3),
+    "cattn_m": lambda: CAttnM(16, 12, 3, 4),
+}
+
+
+@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("length", [12, 7])
+def test_causal_by_perturbation(name, length):
+    torch.manual_seed(0)
+    layer = LAYERS[name]().double()
+    x = torch.randn(2, length, 16, dtype=torch.float64)
+    out = layer(x)
+    assert out.shape == x.shape
+    for t in range(length - 1):
+        perturbed = x.clone()
+        perturbed[:, t + 1 :] += torch.randn_like(perturbed[:, t + 1 :])
+        changed = layer(perturbed)
+        assert torch.equal(changed[:, : t + 1], out[:, : t + 1]), f"position {t} saw the future"
+        assert not torch.allclose(changed[:, t + 1 :], out[:, t + 1 :])  # the test can fail
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_impls_agree_forward_and_backward(name):
+    """The layer gives the same values and gradients through each op implementation.
+
+    Inputs are kept small so that no ladder is near a pole of any level: there the literal
+    form, which clamps every level, legitimately differs from the continuant form.
+    """
+    torch.manual_seed(0)
+    base = LAYERS[name]().double()
+    x = 0.3 * torch.randn(2, 9, 16, dtype=torch.float64)
+    results = {}
+    for impl in ("literal", "continuant", "compiled"):
+        layer = LAYERS[name]().double()
+        layer.load_state_dict(base.state_dict())
+        layer.impl = impl
+        xi = x.clone().requires_grad_()
+        layer(xi).square().sum().backward()
+        grads = [p.grad for p in layer.parameters()]
+        results[impl] = (layer(x), xi.grad, grads)
+    ref_out, ref_gx, ref_grads = results["literal"]
+    for impl in ("continuant", "compiled"):
+        out, gx, grads = results[impl]
+        torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(gx, ref_gx, rtol=1e-9, atol=1e-12)
+        for g, ref in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_initialisation_keeps_ladders_off_poles_and_reports_health(name):
+    torch.manual_seed(0)
+    layer = LAYERS[name]()
+    assert layer.health() is None
+    layer.track_health = True
+    x = torch.nn.functional.layer_norm(torch.randn(8, 12, 16), (16,))  # what a block feeds it
+    layer(x)
+    health = layer.health()
+    assert health is not None
+    assert 0.0 <= health.clamped_fraction.item() < 0.01
+    assert 0.0 < health.min_abs_denominator.item() < float("inf")
+
+
+def test_health_sees_poles():
+    layer = Cffn(16, 3, 5, bias=False)
+    with torch.no_grad():
+        for w in layer.denominators.weight:
+            w.mul_(1e-4)  # small weights, no bias: every a_k ~ 0, K_5 ~ 0
+    layer.track_health = True
+    layer(torch.randn(4, 16))
+    assert layer.health().clamped_fraction.item() > 0.5
+
+
+def test_without_ladder_bias_the_init_still_avoids_most_poles():
+    torch.manual_seed(0)
+    layer = Cffn(64, 3, 5, bias=False)
+    layer.track_health = True
+    layer(torch.nn.functional.layer_norm(torch.randn(256, 64), (64,)))
+    assert layer.health().clamped_fraction.item() < 0.03
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_ladder_parameters_by_depth(name):
+    layer = LAYERS[name]()
+    by_depth = layer.ladder_parameters_by_depth()
+    depth = next(layer.ladder_modules()).depth
+    assert sorted(by_depth) == list(range(1, depth + 1))
+    ladder_ids = {id(p) for p in layer.ladder_parameters()}
+    assert ladder_ids == {id(p) for ps in by_depth.values() for p in ps}
+    # Freezing one depth leaves it without a gradient while the rest train.
+    for p in by_depth[depth]:
+        p.requires_grad_(False)
+    x = torch.randn(2, 12, 16)
+    layer(x).sum().backward()
+    assert all(p.grad is None for p in by_depth[depth])
+    if depth > 1:
+        assert all(p.grad is not None for p in by_depth[1])
+
+
+def test_sequences_longer_than_max_len_are_refused():
+    with pytest.raises(ValueError, match="max_len=12"):
+        CAttnU(16, 12, 2)(torch.randn(1, 13, 16))
+    with pytest.raises(ValueError, match="max_len=12"):
+        CAttnM(16, 12, 2, 2)(torch.randn(1, 13, 16))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="ladder kind"):
+        Cffn(8, 2, 2, ladder="diagonal")
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        LadderWeights(0, (2, 3))
+    with pytest.raises(ValueError, match="at least one ladder"):
+        Cffn(8, 0, 2)
+
+
+def test_layers_build_on_meta_device():
+    with torch.device("meta"):
+        layers = [Cffn(64, 3, 5), CAttnU(64, 32, 3), CAttnM(64, 32, 3, 3)]
+    assert all(p.is_meta for layer in layers for p in layer.parameters())

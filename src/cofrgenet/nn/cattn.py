@@ -201,12 +201,7 @@ class CAttnM(LadderLayer):
     def attention_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Queries Y (B, T, L) and keys F^T (T, L) whose product gives the logits."""
         length = x.shape[1]
-        n_l, d = self.ladders, self.depth
-        weight = self.denominators.stacked_weight(dim=1).reshape(n_l * d, self.dim)
-        a = (x @ weight.t()).unflatten(-1, (n_l, d))  # (B, T, L, d)
-        bias = self.denominators.stacked_bias(dim=1)
-        if bias is not None:
-            a = a + bias
+        a = self.denominators.pvariate_denominators(x)  # (B, T, L, d)
         if self.track_health:
             self._record_health(denominator_stats(a, self.eps))
         y = continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)

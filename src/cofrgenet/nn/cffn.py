@@ -117,12 +117,7 @@ class Cffn(LadderLayer):
         return self.linear(gated) + mixed
 
     def _scalar_ladders(self, gated: Tensor) -> Tensor:
-        n_l, d = self.ladders, self.depth
-        weight = self.denominators.stacked_weight(dim=1).reshape(n_l * d, self.dim)  # (L d, p)
-        a = (gated @ weight.t()).unflatten(-1, (n_l, d))  # (..., L, d)
-        bias = self.denominators.stacked_bias(dim=1)  # (L, d)
-        if bias is not None:
-            a = a + bias
+        a = self.denominators.pvariate_denominators(gated)  # (..., L, d)
         if self.track_health:
             self._record_health(denominator_stats(a, self.eps))
         return continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)

@@ -68,6 +68,24 @@ class LadderWeights(nn.Module):
     def stacked_bias(self, dim: int = 0) -> Tensor | None:
         return None if self.bias is None else torch.stack(list(self.bias), dim=dim)
 
+    def pvariate_denominators(self, x: Tensor) -> Tensor:
+        """Partial denominators of p-variate ladders: a[..., j, k] = W_k[j] . x (+ b_k[j]).
+
+        x: (..., p) with weights of shape (L, p) and biases (L,) per depth -> (..., L, d).
+        The result is depth-major in memory (d outermost, tokens innermost), the layout
+        in which the continuant kernels read and write fastest.
+        """
+        depth, ladders, dim = self.depth, *self.weight[0].shape
+        rows = x.reshape(-1, dim)  # (M, p)
+        weight = self.stacked_weight().reshape(depth * ladders, dim)  # (d L, p)
+        bias = self.stacked_bias()
+        if bias is None:
+            a_t = weight @ rows.t()
+        else:
+            a_t = torch.addmm(bias.reshape(depth * ladders, 1), weight, rows.t())
+        a = a_t.view(depth, ladders, rows.shape[0]).permute(2, 1, 0)  # (M, L, d) view
+        return a.view(*x.shape[:-1], ladders, depth)
+
     def parameters_by_depth(self) -> dict[int, list[nn.Parameter]]:
         """{k: [weight_k, bias_k]} for k = 1..d."""
         out: dict[int, list[nn.Parameter]] = {}

@@ -1,0 +1,175 @@
+"""The ``cofr`` command line: ``cofr <group> <command> [options]``.
+
+Commands live in a registry (:data:`COMMANDS`). Each names a module that defines
+``add_arguments(parser)`` and ``run(args) -> int``; the module is imported only when its
+command is on the command line, so ``cofr --help`` does not pay for importing torch.
+A command with its own parser (a jsonargparse/LightningCLI one, say) is registered with
+``passthrough=True``: its module's ``main(argv)`` gets every word after the command.
+Adding a command is one registry entry, e.g. ``Command(("models", "list"), "list the
+model presets", "cofrgenet.models.cli")`` or ``Command(("fit",), "train a model",
+"cofrgenet.training.cli", passthrough=True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+
+@dataclass(frozen=True)
+class Command:
+    """A leaf command: its words after ``cofr``, a one-line help and its module.
+
+    The module defines ``add_arguments(parser)`` and ``run(args) -> int``, or, with
+    ``passthrough``, ``main(argv) -> int | None`` and parses its own arguments.
+    """
+
+    path: tuple[str, ...]
+    help: str
+    module: str
+    passthrough: bool = False
+    #: Names of the module's functions (defaults: ``add_arguments``, ``run``, ``main``).
+    add_arguments: str = "add_arguments"
+    run: str = "run"
+    main: str = "main"
+    #: Pass the command's own words on too (LightningCLI wants its subcommand: fit, ...).
+    keep_words: bool = False
+
+
+#: Help lines of command groups (the first word of multi-word commands).
+GROUPS: dict[str, str] = {
+    "bench": "benchmarks; results are written to docs/benchmarks/",
+    "data": "corpora: tokenize and write them for streaming",
+    "models": "model presets: list them, count their parameters",
+}
+
+_LIGHTNING = "cofrgenet.training.cli"
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        ("fit",),
+        "train a model from YAML configs (LightningCLI)",
+        _LIGHTNING,
+        True,
+        keep_words=True,
+    ),
+    Command(
+        ("validate",),
+        "evaluate a checkpoint on the validation split",
+        _LIGHTNING,
+        True,
+        keep_words=True,
+    ),
+    Command(
+        ("test",), "evaluate a checkpoint on the test split", _LIGHTNING, True, keep_words=True
+    ),
+    Command(("predict",), "per-sequence losses of a checkpoint", _LIGHTNING, True, keep_words=True),
+    Command(
+        ("data", "prepare"),
+        "tokenize a corpus into a streaming data folder",
+        "cofrgenet.data.prepare",
+        add_arguments="add_prepare_arguments",
+        run="run_prepare",
+    ),
+    Command(
+        ("generate",),
+        "sample text from a checkpoint",
+        "cofrgenet.training.generate",
+        add_arguments="add_generate_arguments",
+        run="run_generate",
+    ),
+    Command(("ui",), "open the MLflow UI on the project's run store", "cofrgenet.training.ui"),
+    Command(
+        ("demo",), "train CoFrGeNet-F and its GPT-2 baseline on CPU and compare", "cofrgenet.demo"
+    ),
+    Command(
+        ("models", "list"), "list model presets with their parameter counts", "cofrgenet.models.cli"
+    ),
+    Command(
+        ("bench", "ops"),
+        "time literal vs continuant continued-fraction ops (forward, forward+backward)",
+        "cofrgenet.bench.ops",
+    ),
+)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("cofrgenet")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _epilog() -> str:
+    width = max(len(" ".join(c.path)) for c in COMMANDS)
+    lines = [f"  cofr {' '.join(c.path):<{width}}  {c.help}" for c in COMMANDS]
+    return "commands:\n" + "\n".join(lines) + "\n\nRun `cofr <command> --help` for its options."
+
+
+def _selected(argv: Sequence[str]) -> Command | None:
+    """The command whose words start ``argv`` (top-level options are only -h/--version)."""
+    for command in COMMANDS:
+        if tuple(argv[: len(command.path)]) == command.path:
+            return command
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The full parser; only the command selected by ``argv`` gets its options added."""
+    parser = argparse.ArgumentParser(
+        prog="cofr",
+        description="Continued-fraction language models (CoFrGeNet): tools.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"cofr {_version()}")
+    groups = {(): parser.add_subparsers(title="command groups", metavar="COMMAND")}
+    selected = _selected(argv)
+    for command in COMMANDS:
+        # Create the group parsers on the way down (cofr bench -> cofr bench ops).
+        for depth in range(1, len(command.path)):
+            prefix = command.path[:depth]
+            if prefix not in groups:
+                help_text = GROUPS.get(prefix[-1])
+                group = groups[prefix[:-1]].add_parser(
+                    prefix[-1], help=help_text, description=help_text
+                )
+                groups[prefix] = group.add_subparsers(
+                    title="commands", metavar="COMMAND", required=True
+                )
+        leaf = groups[command.path[:-1]].add_parser(
+            command.path[-1],
+            help=command.help,
+            description=command.help,
+        )
+        leaf.set_defaults(_command=command)
+        if command is selected and not command.passthrough:
+            getattr(importlib.import_module(command.module), command.add_arguments)(leaf)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``cofr``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = _selected(argv)
+    if selected is not None and selected.passthrough:
+        words = argv if selected.keep_words else argv[len(selected.path) :]
+        status = getattr(importlib.import_module(selected.module), selected.main)(words)
+        return int(status or 0)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
+        parser.print_help()
+        return 2
+    args.command_line = shlex.join(["cofr", *argv])
+    return int(getattr(importlib.import_module(command.module), command.run)(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""``TokenDataModule``: stream a prepared data folder in blocks of ``block_size + 1`` tokens.
+
+Each item is ``block_size + 1`` consecutive tokens (litdata ``TokensLoader``); a batch is
+a ``(B, block_size + 1)`` int64 tensor, and :func:`batch_to_xy` cuts it into inputs
+``x = batch[:, :-1]`` and targets ``y = batch[:, 1:]``.
+
+Resume: the training loader is a ``StreamingDataLoader`` whose position is part of the
+state (``state_dict`` / ``load_state_dict``; Lightning stores it in checkpoints), so a
+resumed run continues with exactly the next batch. The order is fixed by ``seed`` (and
+the epoch); resume with the same ``batch_size`` and ``num_workers`` for an identical
+sequence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming.item_loader import TokensLoader
+from torch import Tensor
+
+from cofrgenet.data.env import default_loader_workers
+from cofrgenet.data.meta import DataMeta, check_vocab, read_meta
+
+
+def collate_tokens(items: list[Tensor]) -> Tensor:
+    """Stack token blocks into a ``(B, T + 1)`` int64 batch (stored as uint16/int32)."""
+    return torch.stack(items).long()
+
+
+def batch_to_xy(batch: Tensor) -> tuple[Tensor, Tensor]:
+    """``(B, T + 1)`` tokens -> inputs ``(B, T)`` and next-token targets ``(B, T)``, int64."""
+    batch = batch.long()
+    return batch[:, :-1], batch[:, 1:]
+
+
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """A ``StreamingDataLoader`` whose resumed epoch ends like any other (litdata 0.2.76).
+
+    After ``load_state_dict`` litdata's loader replays the loaded position on every
+    ``iter()`` until one iteration runs to exhaustion. Lightning ends an epoch by
+    counting batches (the loader has a length), so the epoch after a resumed one would
+    restart from the checkpoint's position, in the old order. Here, once the resumed
+    iteration has yielded a batch, the next ``iter()`` starts a new epoch as usual.
+    """
+
+    _resumed_epoch_started = False
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        super().load_state_dict(obj)
+        self._resumed_epoch_started = False
+
+    def __iter__(self) -> Any:
+        if self.restore and self._resumed_epoch_started:
+            self.restore = False  # the resumed epoch is over: a new one begins
+        resuming = self.restore
+        for batch in super().__iter__():
+            if resuming:
+                self._resumed_epoch_started = True
+            yield batch
+
+
+def resolve_num_workers(num_workers: int | None) -> int:
+    """``num_workers`` as given; None: ``SLURM_CPUS_PER_TASK - 1``, else ``min(4, cpus - 1)``."""
+    if num_workers is None:
+        return default_loader_workers()
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    return num_workers
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Train/val token streams of a folder made by ``cofr data prepare``.
+
+    Args:
+        data_dir: the prepared folder (``meta.json``, ``train/``, ``val/``).
+        block_size: T, the model's context; items hold T + 1 tokens.
+        batch_size: sequences per batch (per device).
+        num_workers: loader processes; None: ``SLURM_CPUS_PER_TASK - 1`` under SLURM,
+            else ``min(4, cpus - 1)``.
+        seed: shuffling seed of the training stream.
+        shuffle: shuffle the training stream (validation is never shuffled).
+        val_batch_size: validation batch size (default: ``batch_size``).
+    """
+
+    def __init__(
+        self,
+        data_dir: str = "data/pydoc-byte",
+        block_size: int = 256,
+        batch_size: int = 16,
+        num_workers: int | None = None,
+        seed: int = 42,
+        shuffle: bool = True,
+        val_batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if block_size < 1 or batch_size < 1:
+            raise ValueError(
+                f"block_size and batch_size must be >= 1, got {block_size}, {batch_size}"
+            )
+        self.data_dir = Path(data_dir)
+        # Fails fast on a missing or half-written folder.
+        self.meta: DataMeta = read_meta(self.data_dir)
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.num_workers = resolve_num_workers(num_workers)
+        self.seed = seed
+        self.shuffle = shuffle
+        self._train_loader: Any = None
+        self._pending_state: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ metadata
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids of the data are ``0 .. vocab_size - 1``."""
+        return self.meta.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self.meta.eos_id
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """Raise a clear error when the model's vocabulary is smaller than the data's."""
+        check_vocab(self.meta, model_vocab_size)
+
+    def tokenizer(self) -> Any:
+        """The tokenizer the folder was prepared with (see ``cofrgenet.data.load_tokenizer``)."""
+        from cofrgenet.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.data_dir)
+
+    # ---------------------------------------------------------------- datasets
+
+    def _dataset(self, split: str, shuffle: bool, drop_last: bool) -> Any:
+        dataset = StreamingDataset(
+            str(self.data_dir / split),
+            item_loader=TokensLoader(block_size=self.block_size + 1),
+            shuffle=shuffle,
+            seed=self.seed,
+            drop_last=drop_last,
+            # The folder may move between runs (e.g. staged to node-local disk): the
+            # fingerprint check in load_state_dict stands in for litdata's path check.
+            force_override_state_dict=True,
+        )
+        if len(dataset) == 0:
+            tokens = self.meta.splits[split].tokens
+            raise ValueError(
+                f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
+                f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "
+                f"{self.block_size + 1} tokens: lower block_size or prepare more data "
+                "(for val: a larger --val-fraction)"
+            )
+        return dataset
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool, drop_last: bool) -> Any:
+        return ResumableStreamingDataLoader(
+            self._dataset(split, shuffle, drop_last),
+            batch_size=batch_size,
+            num_workers=self.num_workers,
+            collate_fn=collate_tokens,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=False,
+        )
+
+    def train_dataloader(self) -> Any:
+        # Full batches only: one shape for torch.compile.
+        loader = self._loader("train", self.batch_size, self.shuffle, drop_last=True)
+        if self._pending_state is not None:
+            loader.load_state_dict(self._pending_state)
+            self._pending_state = None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> Any:
+        return self._loader("val", self.val_batch_size, shuffle=False, drop_last=False)
+
+    def test_dataloader(self) -> Any:
+        """The held-out ``val`` split (prepared folders have no separate test split)."""
+        return self.val_dataloader()
+
+    # ------------------------------------------------------------------- resume
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What must not change across a resume for the batches to continue exactly."""
+        return {
+            "source": self.meta.source,
+            "tokenizer": self.meta.tokenizer,
+            "vocab_size": self.meta.vocab_size,
+            "train_tokens": self.meta.train_tokens,
+            "train_chunks": self.meta.splits["train"].chunks,
+            "block_size": self.block_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position (plus what it depends on); {} before the loader exists."""
+        if self._train_loader is None:
+            if self._pending_state is None:
+                return {}
+            loader_state = self._pending_state
+        else:
+            loader_state = self._train_loader.state_dict()
+        return {"train_loader": loader_state, "fingerprint": self._fingerprint()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a saved position: applied to the current or the next training loader."""
+        if not state_dict:
+            return
+        saved = state_dict.get("fingerprint", {})
+        now = self._fingerprint()
+        changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
+        if changed:
+            details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise ValueError(
+                f"cannot resume the data stream exactly: the data settings changed since the "
+                f"checkpoint ({details}). Resume with the original data folder and settings."
+            )
+        loader_state = state_dict["train_loader"]
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(loader_state)
+        else:
+            self._pending_state = loader_state
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenDataModule({str(self.data_dir)!r}, block_size={self.block_size}, "
+            f"batch_size={self.batch_size}, num_workers={self.num_workers}, "
+            f"vocab_size={self.vocab_size}, train_tokens={self.meta.train_tokens:,})"
+        )

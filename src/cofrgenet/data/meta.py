@@ -1,0 +1,188 @@
+"""The data folder's ``meta.json``: what a prepared folder holds, and the checks on it.
+
+A prepared folder (``cofr data prepare ... --out DIR``) looks like::
+
+    DIR/
+      train/            litdata chunks + index.json (TokensLoader)
+      val/              litdata chunks + index.json
+      tokenizer/        tokenizer.json (bpe, gpt2); absent for byte
+      meta.json         written last, atomically: its presence marks a complete folder
+
+This module needs only the standard library, so reading metadata and failing fast on a
+bad folder costs no litdata/torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+META_FILE = "meta.json"
+SPLITS = ("train", "val")
+TOKENIZER_DIR = "tokenizer"
+#: Bumped when the folder layout or meta.json fields change incompatibly.
+FORMAT_VERSION = 1
+
+
+class DataFolderError(FileNotFoundError):
+    """A data folder that is missing, half-written or unreadable (the message says how to fix it)."""
+
+
+class VocabMismatchError(ValueError):
+    """The model's vocabulary cannot hold the data's token ids."""
+
+
+#: Arguments each source needs besides --source (placeholders shown in error messages).
+_SOURCE_HINTS = {
+    "pydoc": "",
+    "text": "--glob 'PATH/*.txt'",
+    "jsonl": "--path 'PATH/*.jsonl' --text-field text",
+    "parquet": "--path 'PATH/*.parquet' --text-field text",
+    "hf": "--dataset NAME",
+}
+_TOKENIZERS = ("byte", "bpe", "gpt2")
+
+
+def prepare_command(out: str | os.PathLike[str], extra: str = "") -> str:
+    """The ``cofr data prepare`` command line that makes the folder ``out``.
+
+    Default folder names are ``<source>-<tokenizer>`` (``<dataset>-<tokenizer>`` for hf);
+    when ``out`` follows them the command uses that source and tokenizer, else the
+    bundled default (``--source pydoc``, byte tokenizer).
+    """
+    from cofrgenet.data.sources import HF_PRESETS
+
+    words = ["cofr data prepare", "--source pydoc"]
+    parts = Path(out).name.rsplit("-", 1)
+    if len(parts) == 2 and parts[1] in _TOKENIZERS:
+        name, tokenizer = parts
+        if name in _SOURCE_HINTS:
+            words = ["cofr data prepare", f"--source {name}", _SOURCE_HINTS[name]]
+        elif name in HF_PRESETS:
+            words = ["cofr data prepare", f"--source hf --dataset {name}"]
+        if name in _SOURCE_HINTS or name in HF_PRESETS:
+            words.append(f"--tokenizer {tokenizer}")
+    words += [f"--out {shlex.quote(str(out))}", extra]
+    return " ".join(w for w in words if w)
+
+
+@dataclass
+class SplitInfo:
+    """Counts of one split: documents assigned to it and tokens written (EOS included)."""
+
+    documents: int
+    tokens: int
+    chunks: int = 0
+
+
+@dataclass
+class DataMeta:
+    """Contents of ``meta.json``."""
+
+    source: str
+    source_args: dict[str, Any]
+    tokenizer: str
+    vocab_size: int
+    eos_id: int
+    dtype: str
+    splits: dict[str, SplitInfo]
+    tokenizer_args: dict[str, Any] = field(default_factory=dict)
+    split_args: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    cofrgenet_version: str = "unknown"
+    command_line: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def train_tokens(self) -> int:
+        return self.splits["train"].tokens
+
+    @property
+    def val_tokens(self) -> int:
+        return self.splits["val"].tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataMeta:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["splits"] = {k: SplitInfo(**v) for k, v in data["splits"].items()}
+        return cls(**kwargs)
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """Raise :class:`VocabMismatchError` when the model cannot embed every token id."""
+        check_vocab(self, model_vocab_size)
+
+    def write(self, data_dir: str | os.PathLike[str]) -> Path:
+        """Write ``meta.json`` atomically (temporary file, then rename)."""
+        path = Path(data_dir) / META_FILE
+        tmp = path.with_name(f".{META_FILE}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
+    """Fail fast when token ids of the data (``0 .. meta.vocab_size - 1``) overflow the model.
+
+    A model vocabulary larger than the data's (e.g. padded to a multiple of 64) is fine.
+    """
+    if model_vocab_size < meta.vocab_size:
+        raise VocabMismatchError(
+            f"tokenizer/vocab mismatch: the data was tokenized with {meta.tokenizer!r} "
+            f"(vocab_size {meta.vocab_size}, ids up to {meta.vocab_size - 1}) but the model has "
+            f"vocab_size {model_vocab_size}. Set the model's vocab_size to at least "
+            f"{meta.vocab_size}, or prepare the data with a tokenizer that matches the model."
+        )
+
+
+def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
+    """Read and check ``data_dir/meta.json``; a clear :class:`DataFolderError` otherwise.
+
+    * missing folder: names the ``cofr data prepare`` command that makes it;
+    * folder without ``meta.json`` (an interrupted prepare): "half-written", rerun with
+      ``--overwrite``;
+    * a split folder without its ``index.json``: the same.
+    """
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataFolderError(
+            f"data folder {str(data_dir)!r} does not exist. Make it with:\n"
+            f"  {prepare_command(data_dir)}\n"
+            "(or another --source/--tokenizer; see `cofr data prepare --help`)."
+        )
+    meta_path = data_dir / META_FILE
+    if not meta_path.is_file():
+        raise DataFolderError(
+            f"data folder {str(data_dir)!r} is half-written: it has no {META_FILE} (which "
+            "`cofr data prepare` writes last), so an earlier prepare was interrupted or failed. "
+            f"Rerun the prepare command with --overwrite, e.g.:\n"
+            f"  {prepare_command(data_dir, '--overwrite')}"
+        )
+    try:
+        meta = DataMeta.from_dict(json.loads(meta_path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DataFolderError(
+            f"{str(meta_path)!r} is unreadable ({err}). Remake the folder with:\n"
+            f"  {prepare_command(data_dir, '--overwrite')}"
+        ) from err
+    if meta.format_version != FORMAT_VERSION:
+        raise DataFolderError(
+            f"{str(data_dir)!r} has data format {meta.format_version}, this cofrgenet reads "
+            f"format {FORMAT_VERSION}. Remake it with `{meta.command_line or prepare_command(data_dir)}"
+            " --overwrite`."
+        )
+    for split in SPLITS:
+        if not (data_dir / split / "index.json").is_file():
+            raise DataFolderError(
+                f"data folder {str(data_dir)!r} is half-written: {split}/index.json is missing. "
+                f"Rerun the prepare command with --overwrite, e.g.:\n"
+                f"  {prepare_command(data_dir, '--overwrite')}"
+            )
+    return meta

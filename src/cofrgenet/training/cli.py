@@ -1,0 +1,160 @@
+"""``cofr fit | validate | test | predict``: LightningCLI over LanguageModel and TokenDataModule.
+
+Configs compose: pass several ``--config`` files (later ones win), e.g.::
+
+    cofr fit --config conf/trainer/cpu-debug.yaml --config conf/model/gpt2-mini-f.yaml \
+             --config conf/data/pydoc-byte.yaml --run.experiment mine
+
+or one experiment file from ``conf/experiment/``. Every run gets a folder under
+``runs/<experiment>/<name>/`` with its checkpoints and config, and an MLflow run in
+``runs/mlflow.db`` that a resume (``--ckpt_path last``) or a SLURM requeue continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import (
+    Callback,
+    ModelCheckpoint,
+    RichModelSummary,
+    RichProgressBar,
+)
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+from cofrgenet.data import TokenDataModule
+from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard
+from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.tracking import (
+    CofrMLFlowLogger,
+    RunConfig,
+    artifact_location,
+    resolve_run_dir,
+    tracking_uri,
+)
+
+
+class ConfigToRun(SaveConfigCallback):
+    """Save the resolved config in the run folder and in the run's MLflow record."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, save_to_log_dir=False, **kwargs)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        yaml_text = self.parser.dump(self.config, skip_none=False)
+        run_dir = Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / "config.yaml.tmp"
+        tmp.write_text(yaml_text)
+        tmp.replace(run_dir / "config.yaml")
+        for logger in trainer.loggers:
+            if isinstance(logger, CofrMLFlowLogger):
+                logger.remember_run()
+                logger.log_config(self.config.clone().as_dict(), yaml_text)
+
+
+class CofrCLI(LightningCLI):
+    """LightningCLI with run folders, MLflow tracking and the project's default callbacks."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        super().__init__(
+            LanguageModel,
+            TokenDataModule,
+            save_config_callback=ConfigToRun,
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=1337,
+            auto_configure_optimizers=False,
+            parser_kwargs={"prog": "cofr"},
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RunConfig, "run")
+
+    def run_config(self) -> RunConfig:
+        value = self._get(self.config_init, "run")
+        if isinstance(value, RunConfig):
+            return value
+        fields = {f.name for f in dataclasses.fields(RunConfig)}
+        return RunConfig(**{k: v for k, v in dict(value).items() if k in fields})
+
+    def _resuming_last(self) -> bool:
+        """fit --ckpt_path last, and every evaluation, act on the latest run by default."""
+        if self.subcommand in ("validate", "test", "predict"):
+            return True
+        return self._get(self.config, "ckpt_path") == "last"
+
+    def check_not_overwriting(self, run_dir: Path) -> None:
+        """A fresh fit must not overwrite the checkpoints of an earlier run."""
+        if self.subcommand != "fit" or self._get(self.config, "ckpt_path") is not None:
+            return
+        existing = sorted((run_dir / "checkpoints").glob("*.ckpt"))
+        if existing:
+            raise FileExistsError(
+                f"run folder {run_dir} already holds checkpoints ({existing[-1].name}, ...): "
+                "resume it with --ckpt_path last, or start a new run with another --run.name"
+            )
+
+    def default_callbacks(
+        self, run_dir: Path, run: RunConfig, configured: list[Callback]
+    ) -> list[Callback]:
+        kinds = {type(c) for c in configured}
+        callbacks: list[Callback] = []
+        if not any(issubclass(k, ModelCheckpoint) for k in kinds):
+            callbacks.append(
+                ModelCheckpoint(
+                    dirpath=run_dir / "checkpoints",
+                    filename="step{step:07d}",
+                    auto_insert_metric_name=False,
+                    every_n_train_steps=run.checkpoint_every_n_steps,
+                    save_last=True,
+                    save_top_k=1,
+                )
+            )
+        if NonFiniteLossGuard not in kinds:
+            callbacks.append(NonFiniteLossGuard())
+        if LadderHealthMonitor not in kinds:
+            callbacks.append(LadderHealthMonitor())
+        if RichProgressBar not in kinds:
+            callbacks += [RichProgressBar(leave=True), RichModelSummary(max_depth=2)]
+        return callbacks
+
+    def instantiate_trainer(self, **kwargs: Any):
+        run = self.run_config()
+        run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
+        self.check_not_overwriting(run_dir)
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        trainer_config["default_root_dir"] = str(run_dir)
+        configured = trainer_config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        extra = [
+            self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
+        ]
+        extra += self.default_callbacks(run_dir, run, [*configured, *extra])
+        if trainer_config.get("enable_progress_bar") is False:
+            extra = [c for c in extra if not isinstance(c, (RichProgressBar, RichModelSummary))]
+        logger = trainer_config.get("logger")
+        if run.mlflow and logger in (None, True):
+            trainer_config["logger"] = CofrMLFlowLogger(
+                run_dir=run_dir,
+                experiment_name=run.experiment,
+                run_name=run_dir.name,
+                tracking_uri=tracking_uri(run),
+                artifact_location=artifact_location(run),
+                tags={"run_dir": str(run_dir.resolve())},
+            )
+        elif logger is None:
+            trainer_config["logger"] = False
+        return self._instantiate_trainer(trainer_config, extra)
+
+
+def main(args: list[str] | None = None) -> None:
+    CofrCLI(args=args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Sampling from a trained checkpoint: ``cofr generate --ckpt ... --prompt ...``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    block_size: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Extend token ids idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
+
+    temperature 0 is greedy decoding. The context is cropped to the last ``block_size``
+    tokens. Models with their own ``generate`` (recurrent ones carry a hidden state) are
+    asked to do it themselves.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if hasattr(model, "generate"):
+        return model.generate(
+            idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+        )
+    for _ in range(max_new_tokens):
+        context = idx[:, -block_size:]
+        logits = model(context)[:, -1, :].float()
+        if temperature == 0:
+            next_id = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            next_id = torch.multinomial(probs, num_samples=1, generator=generator)
+        idx = torch.cat([idx, next_id], dim=1)
+    return idx
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ckpt", required=True, help="a checkpoint, e.g. runs/demo/<run>/checkpoints/last.ckpt"
+    )
+    parser.add_argument("--prompt", default="", help="text to continue")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="data folder whose tokenizer to use (default: the one the run trained on)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default="cpu")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from cofrgenet.data import load_tokenizer
+    from cofrgenet.training.module import LanguageModel
+
+    ckpt = Path(args.ckpt)
+    if not ckpt.is_file():
+        raise FileNotFoundError(
+            f"no checkpoint at {ckpt}; runs keep theirs in runs/<experiment>/<run>/checkpoints/"
+        )
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    data_dir = args.data or checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
+    if data_dir is None:
+        raise ValueError(f"{ckpt} does not say which data it was trained on: pass --data DIR")
+    tokenizer = load_tokenizer(data_dir)
+    module = LanguageModel.load_from_checkpoint(ckpt, map_location=args.device)
+    module.eval()
+    ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
+    idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    top_k = args.top_k if args.top_k and args.top_k > 0 else None
+    out = sample(
+        module.model,
+        idx,
+        args.max_new_tokens,
+        module.model_config.block_size,
+        temperature=args.temperature,
+        top_k=top_k,
+        generator=generator,
+    )
+    for row in out.tolist():
+        print(tokenizer.decode(row))
+        print("-" * 40)
+    return 0

@@ -1,0 +1,190 @@
+"""The Lightning module that trains any model ``build_model`` makes, on next-token loss."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from cofrgenet.models import ModelConfig, build_model, estimate_flops_per_token
+from cofrgenet.training.optim import OptimizerConfig, build_adamw, warmup_cosine
+from cofrgenet.training.perf import device_peak_flops, mfu
+
+_COMPILED_PREFIX = "_orig_mod."
+
+
+def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> ModelConfig:
+    """A preset with overrides, or a full config dict when ``preset`` is None."""
+    overrides = dict(config or {})
+    if preset is None:
+        return ModelConfig.from_dict(overrides)
+    return ModelConfig.from_preset(preset, **overrides)
+
+
+class LanguageModel(L.LightningModule):
+    """Next-token language modelling for every model variant.
+
+    Args:
+        preset: a name from ``cofrgenet.models.list_presets()`` (e.g. "gpt2-mini-f"), or
+            None to give every ModelConfig field in ``config``.
+        config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``).
+        optimizer: AdamW + warmup/cosine settings.
+        compile: compile the model's forward with torch.compile (checkpoints keep plain
+            parameter names, so they load whether or not either side compiled).
+
+    Batches are (B, T + 1) token ids: inputs are the first T, targets the last T.
+    Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm,
+    perf/tokens_per_sec, perf/mfu (GPUs in the peak table only), data/tokens_seen.
+    """
+
+    def __init__(
+        self,
+        preset: str | None = "gpt2-tiny",
+        config: dict[str, Any] | None = None,
+        optimizer: OptimizerConfig | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_config = resolve_model_config(preset, config)
+        self.model = build_model(self.model_config)
+        self.optimizer_config = optimizer or OptimizerConfig()
+        self.compile_model = compile
+        self.flops_per_token = estimate_flops_per_token(self.model_config).training
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        self.tokens_seen = 0
+        self._last_batch_end: float | None = None
+        self._peak_flops: float | None = None
+
+    # ---------------------------------------------------------------- set-up and checks
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        data_vocab = getattr(datamodule, "vocab_size", None)
+        if data_vocab is not None and data_vocab > self.model_config.vocab_size:
+            raise ValueError(
+                f"the data's tokenizer has {data_vocab} token ids but the model's vocab_size is "
+                f"{self.model_config.vocab_size}: set model.config.vocab_size: {data_vocab} (or "
+                "more), or prepare the data with the tokenizer the model was made for"
+            )
+        block = getattr(datamodule, "block_size", None)
+        if block is not None and block > self.model_config.block_size:
+            raise ValueError(
+                f"data.block_size={block} exceeds the model's block_size="
+                f"{self.model_config.block_size}: lower data.block_size or raise "
+                "model.config.block_size"
+            )
+
+    def configure_model(self) -> None:
+        if self.compile_model and not getattr(self.model, "_compiled_call_impl", None):
+            self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("state_dict", {})
+        if any(_COMPILED_PREFIX in key for key in state):
+            checkpoint["state_dict"] = {
+                k.replace(_COMPILED_PREFIX, ""): v for k, v in state.items()
+            }
+        self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["model_config"] = self.model_config.to_dict()
+
+    # ------------------------------------------------------------------------ steps
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.model(idx)
+
+    def _loss(self, batch: Tensor) -> tuple[Tensor, int]:
+        batch = batch.long()
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return loss, targets.numel()
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        loss, tokens = self._loss(batch)
+        self.tokens_seen += tokens * self.trainer.world_size
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("data/tokens_seen", float(self.tokens_seen))
+        self.log("opt/lr", self.optimizers().param_groups[0]["lr"])
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Tensor, batch_idx: int) -> None:
+        # Wall time between consecutive batch ends: data loading included, and the first
+        # batch (warm-up, compilation) left out.
+        now, previous = time.perf_counter(), self._last_batch_end
+        self._last_batch_end = now
+        if previous is None:
+            return
+        elapsed = now - previous
+        tokens = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size
+        rate = tokens / max(elapsed, 1e-9)
+        self.log("perf/tokens_per_sec", rate, prog_bar=True)
+        if self._peak_flops is None:
+            self._peak_flops = device_peak_flops(self.device, self.trainer.precision) or 0.0
+        utilisation = mfu(self.flops_per_token, rate, self._peak_flops, self.trainer.world_size)
+        if utilisation is not None:
+            self.log("perf/mfu", utilisation)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            self.log("opt/grad_norm", torch.nn.utils.get_total_norm(grads))
+
+    def on_validation_start(self) -> None:
+        self._last_batch_end = None  # keep validation time out of the training throughput
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        loss, tokens = self._loss(batch)
+        self.val_loss.update(loss, weight=tokens)
+
+    def on_validation_epoch_end(self) -> None:
+        value = self.val_loss.compute()
+        self.log("val/loss", value, prog_bar=True, sync_dist=False)
+        self.log("val/ppl", torch.exp(value))
+        self.val_loss.reset()
+
+    def test_step(self, batch: Tensor, batch_idx: int) -> None:
+        loss, tokens = self._loss(batch)
+        self.test_loss.update(loss, weight=tokens)
+
+    def on_test_epoch_end(self) -> None:
+        value = self.test_loss.compute()
+        self.log("test/loss", value)
+        self.log("test/ppl", torch.exp(value))
+        self.test_loss.reset()
+
+    def predict_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        """Mean next-token loss (nats) of each sequence in the batch: (B,)."""
+        batch = batch.long()
+        logits = self.model(batch[:, :-1])
+        losses = F.cross_entropy(logits.transpose(1, 2).float(), batch[:, 1:], reduction="none")
+        return losses.mean(dim=1)
+
+    # -------------------------------------------------------------------- optimizer
+
+    def total_steps(self) -> int:
+        if self.trainer.max_steps and self.trainer.max_steps > 0:
+            return self.trainer.max_steps
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps):
+            raise ValueError("set trainer.max_steps: the cosine schedule needs the run's length")
+        return int(steps)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optimizer_config
+        optimizer = build_adamw(self.model, cfg)
+        total = self.total_steps()
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, total, cfg.warmup_steps, cfg.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,177 @@
+"""Run folders and MLflow: one folder and one MLflow run per training run, kept across resumes.
+
+Layout under ``runs_dir`` (default ``runs/``)::
+
+    runs/mlflow.db                      the MLflow store (sqlite, no server needed)
+    runs/mlartifacts/                   MLflow artifacts
+    runs/<experiment>/<run>/            one training run
+        checkpoints/last.ckpt, step*.ckpt
+        config.yaml                     the resolved configuration
+        mlflow_run_id                   so a resumed or requeued run logs into the same run
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+RUN_ID_FILE = "mlflow_run_id"
+#: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
+#: logger calls) writes the variable, so reading it later would pick up the previous run's
+#: store in a process that trains several runs (sweeps, tests).
+_USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+#: Parameter values longer than this are cut (MLflow refuses values over 6000 characters,
+#: and long values are unreadable in the UI); the full config is an artifact.
+MAX_PARAM_LENGTH = 500
+
+
+@dataclass
+class RunConfig:
+    """Where a run lives and where it is tracked.
+
+    experiment: MLflow experiment and folder name. name: the run's folder and MLflow run
+    name; default: ``slurm-<job id>`` under SLURM (a requeued job keeps its id, so it
+    finds its checkpoint and MLflow run again), else a timestamp; with ``--ckpt_path
+    last`` and no name, the most recent run of the experiment. tracking_uri: any MLflow
+    URI; default ``MLFLOW_TRACKING_URI`` or ``sqlite:///<runs_dir>/mlflow.db``.
+    checkpoint_every_n_steps: a checkpoint every N optimizer steps (and last.ckpt at the
+    end). mlflow: set false to train without tracking.
+    """
+
+    experiment: str = "default"
+    name: str | None = None
+    runs_dir: str = "runs"
+    tracking_uri: str | None = None
+    checkpoint_every_n_steps: int = 500
+    mlflow: bool = True
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+
+
+def slurm_run_name() -> str | None:
+    """A name stable across requeues: the array job and task, or the job id."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"slurm-{array_job}_{task}"
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm-{job}" if job else None
+
+
+def latest_run(experiment_dir: Path) -> Path | None:
+    """The run folder of ``experiment_dir`` with the newest last.ckpt (or newest folder)."""
+    if not experiment_dir.is_dir():
+        return None
+    runs = [p for p in experiment_dir.iterdir() if p.is_dir()]
+    if not runs:
+        return None
+
+    def stamp(run: Path) -> float:
+        last = run / "checkpoints" / "last.ckpt"
+        return last.stat().st_mtime if last.exists() else run.stat().st_mtime
+
+    return max(runs, key=stamp)
+
+
+def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:
+    experiment_dir = Path(run.runs_dir) / _safe(run.experiment)
+    name = run.name or slurm_run_name()
+    if name is None and resume_last:
+        found = latest_run(experiment_dir)
+        if found is not None:
+            return found
+    if name is None:
+        name = time.strftime("%Y%m%d-%H%M%S")
+    return experiment_dir / _safe(name)
+
+
+def tracking_uri(run: RunConfig) -> str:
+    if run.tracking_uri:
+        return run.tracking_uri
+    if _USER_TRACKING_URI:
+        return _USER_TRACKING_URI
+    return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
+
+
+def artifact_location(run: RunConfig) -> str | None:
+    """Artifacts beside the local sqlite store; a server decides for itself."""
+    uri = tracking_uri(run)
+    if uri.startswith("sqlite:"):
+        return (Path(run.runs_dir).resolve() / "mlartifacts").as_uri()
+    return None
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+    """Nested dicts/lists -> {"a.b.0": "value"} with values cut to MAX_PARAM_LENGTH."""
+    flat: dict[str, str] = {}
+    if isinstance(config, dict):
+        items = config.items()
+    elif isinstance(config, (list, tuple)) and any(isinstance(v, (dict, list)) for v in config):
+        items = ((str(i), v) for i, v in enumerate(config))
+    else:
+        text = str(config)
+        if len(text) > MAX_PARAM_LENGTH:
+            text = text[: MAX_PARAM_LENGTH - 3] + "..."
+        return {prefix: text}
+    for key, value in items:
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+class CofrMLFlowLogger(MLFlowLogger):
+    """MLFlowLogger that resumes its run from the run folder and logs the whole config.
+
+    Lightning's own hyperparameter call (the module's init arguments) is replaced by
+    :meth:`log_config`, which logs the full resolved configuration flattened, once per
+    run (values already logged by a previous attempt of the same run are skipped, since
+    MLflow refuses to change a parameter).
+    """
+
+    def __init__(self, run_dir: Path, **kwargs: Any) -> None:
+        self.run_dir = Path(run_dir)
+        id_file = self.run_dir / RUN_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.exists() else None
+        super().__init__(run_id=run_id, **kwargs)
+
+    @rank_zero_only
+    def remember_run(self) -> None:
+        """Create the MLflow run if needed and store its id in the run folder."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        id_file = self.run_dir / RUN_ID_FILE
+        if not id_file.exists():
+            tmp = id_file.with_suffix(".tmp")
+            tmp.write_text(self.run_id + "\n")
+            tmp.replace(id_file)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        return
+
+    @rank_zero_only
+    def log_config(self, config: dict[str, Any], yaml_text: str) -> None:
+        client, run_id = self.experiment, self.run_id
+        existing = client.get_run(run_id).data.params
+        new = {k: v for k, v in flatten(config).items() if k not in existing}
+        changed = [k for k, v in flatten(config).items() if k in existing and existing[k] != v]
+        if changed:
+            rank_zero_warn(
+                f"MLflow run {run_id} already has different values for {changed[:5]}"
+                f"{'...' if len(changed) > 5 else ''}; keeping the first ones (MLflow params "
+                "are immutable); the new config is logged as an artifact."
+            )
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in new.items()]
+        for start in range(0, len(items), 100):  # MLflow's batch limit
+            client.log_batch(run_id, params=items[start : start + 100])
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        client.log_text(run_id, yaml_text, "config.yaml")
+        client.log_text(run_id, yaml_text, f"configs/config-{stamp}.yaml")

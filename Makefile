@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 
-.PHONY: install test test-all lint bench-ops clean
+.PHONY: install test test-slow test-all lint demo bench-ops clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,18 @@ install:
 test:
 	$(PY) -m pytest
 
+test-slow:
+	$(PY) -m pytest -m slow
+
 test-all:
 	$(PY) -m pytest -m ''
+
+# GPT-2 vs CoFrGeNet-F on CPU (a few minutes each), then a comparison table.
+demo: $(PY)
+	$(VENV)/bin/cofr demo
+
+$(PY):
+	$(MAKE) install
 
 lint:
 	$(VENV)/bin/ruff check src tests

@@ -93,7 +93,11 @@ def train(config: str, run_name: str, args: argparse.Namespace, console: Console
     console.rule(f"[bold]{run_name}[/]: {' '.join(command[3:])}")
     started = time.perf_counter()
     subprocess.run(command, check=True)
-    return (time.perf_counter() - started) / 60
+    minutes = (time.perf_counter() - started) / 60
+    # Lightning stops at max_steps before the last scheduled validation: validate the
+    # final checkpoint so both models are compared at the same step, in the same run.
+    subprocess.run([*command[:3], "validate", *command[4:], "--ckpt_path", "last"], check=True)
+    return minutes
 
 
 def collect(config_path: str, run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
@@ -110,9 +114,9 @@ def collect(config_path: str, run_dir: Path, minutes: float, runs_dir: str) -> D
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
 
     def history(key: str) -> list[float]:
-        return [
-            m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
-        ]
+        # In logging order: the final `validate` logs after the fit, whatever its step.
+        metrics = client.get_metric_history(run_id, key)
+        return [m.value for m in sorted(metrics, key=lambda m: (m.timestamp, m.step))]
 
     rates = history("perf/tokens_per_sec")
     losses, ppls = history("val/loss"), history("val/ppl")

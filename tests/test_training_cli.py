@@ -20,7 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 EXPERIMENTS = sorted((CONF / "experiment").glob("*.yaml"))
 #: Experiment models bigger than this are scaled down (same mixers) for CPU smoke runs.
-SMOKE_SHAPE = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_kv_head": None, "block_size": 32, "vocab_size": 320}
+SMOKE_SHAPE = {
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 2,
+    "n_kv_head": None,
+    "block_size": 32,
+    "vocab_size": 320,
+}
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +234,7 @@ def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
         "--trainer.devices",
         "2",
         "--trainer.strategy",
-        "ddp",
+        "ddp_find_unused_parameters_true",
         "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
         "--trainer.callbacks+=helpers.DumpWeights",
         f"--trainer.callbacks.folder={tmp_path / 'weights'}",

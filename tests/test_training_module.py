@@ -255,3 +255,15 @@ def test_every_architecture_trains_through_the_module(preset):
     tiny_trainer(8).fit(module, loader)
     end = module._loss(batch)[0].item()
     assert math.isfinite(end) and end < start
+
+
+def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    class FakeTrainer:
+        strategy = DDPStrategy()
+
+    with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
+        DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
+    FakeTrainer.strategy = DDPStrategy(find_unused_parameters=True)
+    DyadicUnfreezing().setup(FakeTrainer(), None, "fit")

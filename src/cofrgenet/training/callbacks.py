@@ -90,6 +90,18 @@ class DyadicUnfreezing(L.Callback):
                 for param in params:
                     param.requires_grad_(trainable)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = trainer.strategy
+        if isinstance(strategy, DDPStrategy) and not strategy._ddp_kwargs.get(
+            "find_unused_parameters"
+        ):
+            raise ValueError(
+                "DyadicUnfreezing freezes ladder depths, which then get no gradient; DDP must "
+                "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true"
+            )
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._releases = self.release_steps(pl_module, self._total(trainer))
         if self._releases:

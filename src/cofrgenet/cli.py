@@ -46,6 +46,7 @@ GROUPS: dict[str, str] = {
     "bench": "benchmarks; results are written to docs/benchmarks/",
     "data": "corpora: tokenize and write them for streaming",
     "models": "model presets: list them, count their parameters",
+    "sweep": "Optuna sweeps: run workers, show trials, report, submit to SLURM",
 }
 
 _LIGHTNING = "cofrgenet.training.cli"
@@ -89,6 +90,33 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("models", "list"), "list model presets with their parameter counts", "cofrgenet.models.cli"
+    ),
+    Command(
+        ("sweep", "run"),
+        "run a sweep worker: ask trials, train them, tell results",
+        "cofrgenet.sweeps.cli",
+        add_arguments="add_run_arguments",
+    ),
+    Command(
+        ("sweep", "status"),
+        "the trials of a study as a table",
+        "cofrgenet.sweeps.cli",
+        add_arguments="add_study_arguments",
+        run="status",
+    ),
+    Command(
+        ("sweep", "report"),
+        "plots and a markdown summary of a study (also to MLflow)",
+        "cofrgenet.sweeps.cli",
+        add_arguments="add_report_arguments",
+        run="report",
+    ),
+    Command(
+        ("sweep", "submit"),
+        "render slurm/sweep.sbatch for a sweep and submit K workers",
+        "cofrgenet.sweeps.cli",
+        add_arguments="add_submit_arguments",
+        run="submit",
     ),
     Command(
         ("bench", "ops"),

@@ -99,6 +99,23 @@ class CofrCLI(LightningCLI):
                 "resume it with --ckpt_path last, or start a new run with another --run.name"
             )
 
+    def prefer_requeue_checkpoint(self, run_dir: Path) -> None:
+        """``--ckpt_path last`` also weighs Lightning's SLURM requeue checkpoint.
+
+        On SIGUSR1 under SLURM (``slurm/train.sbatch``), Lightning saves
+        ``hpc_ckpt_<n>.ckpt`` in the run folder and requeues the job; when that file is
+        newer than ``checkpoints/last.ckpt``, the resumed fit starts from it.
+        """
+        if self.subcommand != "fit" or self._get(self.config, "ckpt_path") != "last":
+            return
+        saved = sorted(run_dir.glob("hpc_ckpt_*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not saved:
+            return
+        last = run_dir / "checkpoints" / "last.ckpt"
+        if last.exists() and last.stat().st_mtime >= saved[-1].stat().st_mtime:
+            return
+        self.config_init[self.subcommand]["ckpt_path"] = str(saved[-1])
+
     def default_callbacks(
         self, run_dir: Path, run: RunConfig, configured: list[Callback]
     ) -> list[Callback]:
@@ -127,6 +144,7 @@ class CofrCLI(LightningCLI):
         run = self.run_config()
         run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
         self.check_not_overwriting(run_dir)
+        self.prefer_requeue_checkpoint(run_dir)
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         trainer_config["default_root_dir"] = str(run_dir)
         configured = trainer_config.get("callbacks") or []

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from cofrgenet.training import tracking
 from cofrgenet.training.tracking import RunConfig, artifact_location, tracking_uri
 
 
@@ -42,11 +42,8 @@ def ui_command(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     store = Path(args.runs_dir) / "mlflow.db"
-    if (
-        args.tracking_uri is None
-        and not os.environ.get("MLFLOW_TRACKING_URI")
-        and not store.exists()
-    ):
+    # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
+    if args.tracking_uri is None and not tracking._USER_TRACKING_URI and not store.exists():
         print(
             f"no MLflow store at {store} yet: train something first (e.g. `make demo`)",
             file=sys.stderr,

@@ -1,0 +1,245 @@
+"""``cofr sweep run | status | report | submit``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.sweeps.spec import Sweep, SweepError, load_sweep, parse_assignment, parse_sweep
+
+EXAMPLES = """examples:
+  cofr sweep run sweeps/tiny-cpu.yaml                      # one worker (start several)
+  cofr sweep run sweeps/tiny-cpu.yaml --n-trials 2 --set data.data_dir=/data/pydoc-byte
+  cofr sweep status tiny-cpu                               # or the sweep file
+  cofr sweep report tiny-cpu                               # -> runs/sweeps/tiny-cpu/report/
+  cofr sweep submit sweeps/tpe-depth-ladders-lr.yaml --workers 8 --gpus-per-worker 1 --dry-run
+"""
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage: journal:PATH or an RDB URL (default: the sweep's, else "
+        "journal:<runs-dir>/sweeps/<study>/optuna.journal)",
+    )
+    parser.add_argument(
+        "--runs-dir", default=None, help="runs folder (default: the sweep's runs_dir, runs)"
+    )
+
+
+def _worker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--n-trials", type=int, default=None, help="trials this worker runs at most"
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training config key for every trial (YAML value), e.g. data.data_dir=DIR",
+    )
+    parser.add_argument("--study", default=None, help="override the sweep's study name")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLES
+    parser.add_argument("sweep", help="sweep file (sweeps/*.yaml)")
+    _common(parser)
+    _worker_options(parser)
+    parser.add_argument(
+        "--worker-index",
+        type=int,
+        default=None,
+        help="offsets the sampler seed (default: the SLURM array index, else the pid)",
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="do not write the report when the study ends"
+    )
+    parser.add_argument("--no-mlflow", action="store_true", help="no MLflow runs")
+
+
+def add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="a study name or its sweep file")
+    _common(parser)
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    add_study_arguments(parser)
+    parser.add_argument(
+        "--out", default=None, help="folder (default: <runs-dir>/sweeps/<study>/report)"
+    )
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log to the parent run")
+
+
+def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep", help="sweep file")
+    _common(parser)
+    _worker_options(parser)
+    parser.add_argument("--workers", type=int, default=1, help="array tasks (workers)")
+    parser.add_argument("--partition", default=None)
+    parser.add_argument("--gpus-per-worker", type=int, default=None)
+    parser.add_argument("--cpus-per-worker", type=int, default=None)
+    parser.add_argument("--time", default=None, help="per task, e.g. 04:00:00")
+    parser.add_argument("--mem", default=None, help="per task, e.g. 64G")
+    parser.add_argument(
+        "--sbatch",
+        dest="sbatch_args",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="another #SBATCH option, e.g. --sbatch=--account=abc",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.add_argument("--wait", action="store_true", help="sbatch --wait: block until done")
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(parse_assignment(text) for text in args.settings)
+
+
+def _sweep(path: str, args: argparse.Namespace) -> Sweep:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "study", None) and path != args.study:
+        overrides["study"] = args.study
+    return load_sweep(path, overrides)
+
+
+def _load_study(args: argparse.Namespace):
+    """(study, sweep) from a sweep file or a study name."""
+    import optuna
+
+    from cofrgenet.sweeps import storage as st
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.study.endswith((".yaml", ".yml")) or Path(args.study).is_file():
+        sweep = load_sweep(args.study)
+        runs_dir = args.runs_dir or sweep.runs_dir
+        url = args.storage or sweep.storage or st.default_storage(sweep, runs_dir)
+        name = sweep.study
+    else:
+        name = args.study
+        runs_dir = args.runs_dir or "runs"
+        url = args.storage
+        if url is None:
+            path = Path(runs_dir) / "sweeps" / name / "optuna.journal"
+            if not path.exists():
+                raise SweepError(
+                    f"no study {name!r} at {path}: give its sweep file or --storage URL"
+                )
+            url = f"journal:{path.resolve()}"
+        sweep = None
+    storage = st.open_storage(url)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise SweepError(f"no study {name!r} in {st.describe_storage(url)}") from None
+    if sweep is None:
+        raw = study.user_attrs.get("cofr.sweep")
+        if not raw:
+            raise SweepError(f"study {name!r} was not made by cofr sweep run")
+        sweep = parse_sweep(raw, resolve=False)
+    if args.runs_dir:
+        sweep.runs_dir = args.runs_dir
+    return study, sweep
+
+
+def run(args: argparse.Namespace) -> int:
+    import optuna
+
+    from cofrgenet.sweeps.worker import print_summary, run_worker
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    logger = logging.getLogger("cofrgenet.sweeps")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(levelname).1s %(asctime)s] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        sweep = _sweep(args.sweep, args)
+        result = run_worker(
+            sweep,
+            n_trials=args.n_trials,
+            storage_url=args.storage,
+            runs_dir=args.runs_dir,
+            extra=_settings(args),
+            worker_index=args.worker_index,
+            report=not args.no_report,
+            mlflow=not args.no_mlflow,
+        )
+    except SweepError as error:
+        print(f"cofr sweep run: {error}", file=sys.stderr)
+        return 2
+    print_summary(result)
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    from cofrgenet.sweeps.status import print_status
+
+    try:
+        study, sweep = _load_study(args)
+    except SweepError as error:
+        print(f"cofr sweep status: {error}", file=sys.stderr)
+        return 2
+    print_status(study, sweep.storage_options)
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from cofrgenet.sweeps import storage as st
+    from cofrgenet.sweeps.report import write_report
+    from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config
+
+    try:
+        study, sweep = _load_study(args)
+    except SweepError as error:
+        print(f"cofr sweep report: {error}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else st.study_folder(sweep) / "report"
+    client = parent = None
+    if not args.no_mlflow and study.user_attrs.get(PARENT_ATTR):
+        client = client_for(run_config(sweep))
+        parent = study.user_attrs[PARENT_ATTR]
+    files = write_report(study, sweep, out, client, parent)
+    print(f"report of {study.study_name} in {out}: {', '.join(sorted(files))}")
+    if parent:
+        print(f"logged to MLflow run {parent} (artifacts/report)")
+    return 0
+
+
+def submit(args: argparse.Namespace) -> int:
+    from cofrgenet.sweeps.slurm import SubmitOptions
+    from cofrgenet.sweeps.slurm import submit as do_submit
+
+    options = SubmitOptions(
+        workers=args.workers,
+        partition=args.partition,
+        gpus_per_worker=args.gpus_per_worker,
+        cpus_per_worker=args.cpus_per_worker,
+        time=args.time,
+        mem=args.mem,
+        n_trials=args.n_trials,
+        storage=args.storage,
+        runs_dir=args.runs_dir,
+        settings=_settings(args),
+        sbatch_args=args.sbatch_args,
+    )
+    try:
+        sweep = _sweep(args.sweep, args)
+        path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
+    except SweepError as error:
+        print(f"cofr sweep submit: {error}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(path, end="")
+        return 0
+    print(f"submitted {path} as job {job} ({args.workers} workers)")
+    print(f"follow with: cofr sweep status {args.sweep}")
+    return 0

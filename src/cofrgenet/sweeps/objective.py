@@ -1,0 +1,398 @@
+"""One trial: the sampled config, trained in-process through ``cofr fit``'s LightningCLI.
+
+The objective is reported to Optuna at every validation at the trainer's *global step*
+(not per epoch), so pruners see the curve at the granularity it is validated. Trials
+that fail (NaN loss, out of memory, a sampled config the model rejects) end FAIL with
+their reason in the ``fail_reason`` user attribute; the worker goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import logging
+import math
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from lightning.pytorch import Callback, LightningModule, Trainer
+from optuna.trial import TrialState
+
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.spec import Sweep, get_dotted, set_dotted, trial_config
+from cofrgenet.training.cli import CofrCLI
+
+TRIAL_FILE = "trial.json"
+PRUNED_AT, REQUEUED_AT, LAST_REPORT = "cofr.pruned_at", "cofr.stopped_at", "cofr.last_report"
+UID_ATTR = "cofr.uid"
+
+#: Set by the worker's SIGUSR1 handler: save, stop and leave the trial for a requeue.
+REQUEUE = threading.Event()
+
+
+@dataclass
+class Outcome:
+    state: TrialState
+    value: float | None = None
+    reason: str | None = None
+    #: The worker must stop after this trial (SIGTERM, Ctrl-C, requeue).
+    stop_worker: bool = False
+    #: Queue a retry of this failed trial (it was interrupted, not wrong).
+    retry: bool = False
+    requeue: bool = False
+    run_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def trial_name(number: int) -> str:
+    return f"trial-{number:04d}"
+
+
+class PruneAtStep(Callback):
+    """Report ``monitor`` to the Optuna trial after each validation, at the global step.
+
+    Prunes by stopping the trainer (the run ends normally, its MLflow run is kept); the
+    objective then tells PRUNED. Also stops, after saving ``last.ckpt``, when the worker
+    got SIGUSR1 (SLURM's warning before the time limit) or ``stop_file`` appears.
+    Under several devices rank 0 talks to Optuna and broadcasts the decisions. Picklable
+    (``ddp_spawn``): ranks in other processes reopen the storage from its URL.
+    """
+
+    def __init__(
+        self,
+        trial: optuna.Trial,
+        monitor: str,
+        storage_url: str,
+        study_name: str,
+        stop_file: str | None = None,
+    ) -> None:
+        self._trial: optuna.Trial | None = trial
+        self.trial_id = trial._trial_id
+        self.monitor = monitor
+        self.storage_url = storage_url
+        self.study_name = study_name
+        self.stop_file = stop_file
+        self.last_step: int | None = None
+        self.last_value: float | None = None
+        self.pruned_at: int | None = None
+        self.requeued_at: int | None = None
+        self.start_step: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_trial"] = None
+        state["_remote"] = True  # unpickled in another process (ddp_spawn)
+        return state
+
+    _remote = False
+
+    def _share(self, key: str, value: Any) -> None:
+        """In a spawned rank, leave what the worker must know in the trial's attributes."""
+        if self._remote:
+            self.trial.set_user_attr(key, value)
+
+    def recover(self, trial: optuna.Trial) -> None:
+        """After a ``ddp_spawn`` fit: read back what rank 0 decided in its process."""
+        attrs = trial.study._storage.get_trial(trial._trial_id).user_attrs
+        if self.pruned_at is None:
+            self.pruned_at = attrs.get(PRUNED_AT)
+        if self.requeued_at is None:
+            self.requeued_at = attrs.get(REQUEUED_AT)
+        if self.last_step is None and attrs.get(LAST_REPORT):
+            self.last_step, self.last_value = attrs[LAST_REPORT]
+
+    @property
+    def trial(self) -> optuna.Trial:
+        if self._trial is None:
+            study = optuna.load_study(
+                study_name=self.study_name, storage=st.open_storage(self.storage_url)
+            )
+            self._trial = optuna.Trial(study, self.trial_id)
+        return self._trial
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.start_step = trainer.global_step
+        if trainer.is_global_zero and trainer.global_step > 0:
+            self.trial.set_user_attr(st.RESUMED, int(trainer.global_step))
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metric = trainer.callback_metrics.get(self.monitor)
+        step = trainer.global_step
+        prune = False
+        if metric is not None and trainer.is_global_zero:
+            value = float(metric)
+            self.last_step, self.last_value = step, value
+            self._share(LAST_REPORT, [step, value])
+            with contextlib.suppress(Exception):  # a step reported by an earlier attempt
+                self.trial.report(value if math.isfinite(value) else float("nan"), step)
+            prune = self.trial.should_prune()
+        self.last_step = step if metric is not None else self.last_step
+        if trainer.world_size > 1:
+            prune = trainer.strategy.broadcast(prune, src=0)
+        if prune:
+            self.pruned_at = step
+            if trainer.is_global_zero:
+                self._share(PRUNED_AT, step)
+            trainer.should_stop = True
+
+    def _stop_requested(self) -> bool:
+        return REQUEUE.is_set() or bool(self.stop_file and os.path.exists(self.stop_file))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        stop = self._stop_requested() if trainer.is_global_zero else False
+        if trainer.world_size > 1:
+            stop = trainer.strategy.broadcast(stop, src=0)
+        if stop and self.requeued_at is None:
+            folder = Path(trainer.default_root_dir) / "checkpoints"
+            trainer.save_checkpoint(folder / "last.ckpt")
+            self.requeued_at = trainer.global_step
+            if trainer.is_global_zero:
+                self._share(REQUEUED_AT, trainer.global_step)
+            trainer.should_stop = True
+
+
+class _ParseOnly(CofrCLI):
+    def instantiate_classes(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def check_config(path: Path) -> str | None:
+    """None if ``cofr fit --config path`` parses, else the CLI's error message."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            _ParseOnly(args=["fit", "--config", str(path)])
+    except SystemExit:
+        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
+        return "the config does not parse: " + (" ".join(lines[-3:]) or "unknown error")
+    except Exception as error:
+        return f"the config does not parse: {type(error).__name__}: {error}"
+    return None
+
+
+class SweepCLI(CofrCLI):
+    """``cofr fit`` with the sweep's callbacks and, under SLURM, no Lightning requeue.
+
+    A sweep worker is one process: SLURM's allocation is not a Lightning process group,
+    and SIGUSR1 is handled by the worker (see PruneAtStep), so the trainer gets a plain
+    LightningEnvironment.
+    """
+
+    def __init__(self, *args: Any, sweep_callbacks: list[Callback] | None = None, **kwargs):
+        self._sweep_callbacks = list(sweep_callbacks or [])
+        super().__init__(*args, **kwargs)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
+        from lightning.fabric.plugins.environments import ClusterEnvironment
+        from lightning.pytorch.plugins.environments import LightningEnvironment
+
+        plugins = config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, ClusterEnvironment) for p in plugins):
+            plugins.append(LightningEnvironment())
+        config["plugins"] = plugins
+        return super()._instantiate_trainer(config, [*callbacks, *self._sweep_callbacks])
+
+
+@dataclass
+class TrialContext:
+    """What every trial of one worker shares."""
+
+    sweep: Sweep
+    study: optuna.Study
+    storage_url: str
+    runs_dir: str
+    extra: dict[str, Any]
+    worker: st.Worker
+    mlflow_client: Any = None
+    parent_run_id: str | None = None
+    stop_file: Path | None = None
+
+
+def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
+    """Make ``run_dir`` this trial's: a folder left by another study is moved aside."""
+    marker = run_dir / TRIAL_FILE
+    if run_dir.exists():
+        try:
+            owner = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            owner = None
+        same = owner is not None and all(
+            owner.get(k) == identity[k] for k in ("study", "uid", "root_number")
+        )
+        if not same:
+            aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            logging.getLogger("cofrgenet.sweeps").warning(
+                f"{run_dir} belongs to another study: moved to {aside}"
+            )
+            run_dir.rename(aside)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(identity, indent=2, default=str) + "\n")
+    tmp.replace(marker)
+
+
+def classify(error: BaseException) -> tuple[str, bool, bool]:
+    """(reason, retry, stop_worker) of an exception raised by a trial."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from cofrgenet.training.callbacks import NonFiniteLossError
+
+    text = f"{type(error).__name__}: {error}".strip()
+    if isinstance(error, SIGTERMException):
+        return "worker terminated (SIGTERM) during the trial", True, True
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return f"worker interrupted during the trial ({text})", True, True
+    if isinstance(error, NonFiniteLossError):
+        return f"non-finite loss: {error}", False, False
+    if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
+        return f"out of memory: {error}", False, False
+    return text, False, False
+
+
+def _free_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
+    """Train one trial and say how it ended (the worker tells Optuna)."""
+    sweep, study = ctx.sweep, ctx.study
+    frozen = study._storage.get_trial(trial._trial_id)
+    root = st.root_number(frozen)
+    run_dir = Path(ctx.runs_dir) / sweep.experiment / trial_name(root)
+    try:
+        params = {p.key: p.suggest(trial) for p in sweep.space}
+    except Exception as error:
+        return Outcome(TrialState.FAIL, reason=f"bad sample: {type(error).__name__}: {error}")
+
+    identity = {
+        "study": sweep.study,
+        "uid": study.user_attrs.get(UID_ATTR),
+        "root_number": root,
+        "trial_number": trial.number,
+        "params": params,
+    }
+    _claim_folder(run_dir, identity)
+    config = trial_config(sweep, params, ctx.extra)
+    set_dotted(config, "run.experiment", sweep.experiment)
+    set_dotted(config, "run.name", run_dir.name)
+    set_dotted(config, "run.runs_dir", str(ctx.runs_dir))
+    if sweep.tracking_uri:
+        set_dotted(config, "run.tracking_uri", sweep.tracking_uri)
+    config_path = run_dir / "sweep-trial.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    outcome = Outcome(TrialState.FAIL, run_dir=run_dir)
+
+    child_id = None
+    if ctx.mlflow_client is not None and get_dotted(config, "run.mlflow", True):
+        from cofrgenet.sweeps.tracking import child_run, run_config
+
+        tags = {
+            "optuna.study": sweep.study,
+            "optuna.trial_number": trial.number,
+            "optuna.first_trial_number": root,
+            "optuna.retry_history": frozen.system_attrs.get("retry_history"),
+            "optuna.state": "RUNNING",
+            "optuna.worker": ctx.worker.label,
+            **ctx.worker.slurm,
+        }
+        child_id = child_run(
+            ctx.mlflow_client, run_config(sweep, ctx.runs_dir), run_dir, ctx.parent_run_id,
+            tags, params,
+        )  # fmt: skip
+
+    error = check_config(config_path)
+    if error is not None:
+        outcome.reason = f"bad sample or sweep config: {error}"
+        _finish_mlflow(ctx, child_id, outcome)
+        return outcome
+
+    callback = PruneAtStep(
+        trial,
+        sweep.objective.metric,
+        ctx.storage_url,
+        sweep.study,
+        stop_file=str(ctx.stop_file) if ctx.stop_file else None,
+    )
+    args = ["fit", "--config", str(config_path)]
+    if (run_dir / "checkpoints" / "last.ckpt").exists():
+        args += ["--ckpt_path", "last"]
+    cli = None
+    try:
+        cli = SweepCLI(args=args, sweep_callbacks=[callback])
+        trainer = cli.trainer
+        callback.recover(trial)
+        # Under ddp_spawn the main process's trainer does not see the ranks' step.
+        final_step = max(trainer.global_step, callback.last_step or 0)
+        if callback.requeued_at is not None:
+            outcome = Outcome(
+                TrialState.RUNNING,
+                reason=f"stopped at step {callback.requeued_at} for a requeue",
+                stop_worker=True,
+                requeue=True,
+                run_dir=run_dir,
+            )
+        elif callback.pruned_at is not None:
+            outcome = Outcome(TrialState.PRUNED, value=callback.last_value, run_dir=run_dir)
+            outcome.reason = f"pruned at step {callback.pruned_at}"
+        else:
+            if callback.last_step != final_step:
+                # The last validation was before the end: measure the final model.
+                trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+            metric = trainer.callback_metrics.get(sweep.objective.metric)
+            if metric is None:
+                outcome.reason = (
+                    f"objective metric {sweep.objective.metric!r} was never logged; logged: "
+                    f"{sorted(trainer.callback_metrics)}"
+                )
+            else:
+                value = float(metric)
+                with contextlib.suppress(Exception):
+                    trial.report(value, final_step)
+                if math.isfinite(value):
+                    outcome = Outcome(TrialState.COMPLETE, value=value, run_dir=run_dir)
+                else:
+                    outcome.reason = f"objective {sweep.objective.metric} is {value}"
+    except BaseException as exc:
+        reason, retry, stop = classify(exc)
+        outcome = Outcome(
+            TrialState.FAIL, reason=reason, retry=retry, stop_worker=stop, run_dir=run_dir
+        )
+        (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, SystemExit):
+            outcome.stop_worker = True
+    finally:
+        del cli
+        _free_memory()
+    _finish_mlflow(ctx, child_id, outcome)
+    return outcome
+
+
+def _finish_mlflow(ctx: TrialContext, run_id: str | None, outcome: Outcome) -> None:
+    if run_id is None or ctx.mlflow_client is None:
+        return
+    from cofrgenet.sweeps.tracking import finish_child
+
+    try:
+        finish_child(ctx.mlflow_client, run_id, outcome.state.name, outcome.value, outcome.reason)
+    except Exception as error:  # tracking trouble must not lose the trial's result
+        logging.getLogger("cofrgenet.sweeps").warning(f"MLflow: {error}")

@@ -1,0 +1,230 @@
+"""``cofr sweep report``: plots and a markdown summary of a study, on disk and in MLflow.
+
+Files (``runs/sweeps/<study>/report/`` by default): ``optimization_history.png``,
+``param_importances.png``, ``heatmap.png`` (the objective over depth x ladders, best
+value per cell), ``intermediate_values.png`` (the pruner's view: objective per global
+step), ``trials.csv`` and ``summary.md``. The same files go to the study's parent MLflow
+run under ``report/``, with the best value as a metric and the best params as tags.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.objective import trial_name
+from cofrgenet.sweeps.spec import Sweep
+
+
+def _savefig(figure: Any, path: Path) -> None:
+    tmp = path.with_name(path.stem + ".tmp.png")
+    figure.savefig(tmp, dpi=110, bbox_inches="tight")
+    tmp.replace(path)
+
+
+def heatmap_table(
+    trials: list[FrozenTrial], x_key: str, y_key: str, maximize: bool
+) -> tuple[list[Any], list[Any], list[list[float]]]:
+    """(x values, y values, best objective per cell, NaN where no trial completed)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    xs = sorted({t.params[x_key] for t in done if x_key in t.params and y_key in t.params})
+    ys = sorted({t.params[y_key] for t in done if x_key in t.params and y_key in t.params})
+    cells = [[math.nan] * len(xs) for _ in ys]
+    for t in done:
+        if x_key not in t.params or y_key not in t.params:
+            continue
+        i, j = ys.index(t.params[y_key]), xs.index(t.params[x_key])
+        old = cells[i][j]
+        better = t.value > old if maximize else t.value < old
+        if math.isnan(old) or better:
+            cells[i][j] = t.value
+    return xs, ys, cells
+
+
+def plot_heatmap(xs, ys, cells, x_key: str, y_key: str, metric: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    data = np.array(cells, dtype=float)
+    figure, ax = plt.subplots(figsize=(1.2 * max(len(xs), 3) + 2, 1.0 * max(len(ys), 3) + 1))
+    masked = np.ma.masked_invalid(data)
+    image = ax.imshow(masked, cmap="viridis_r", origin="lower", aspect="auto")
+    ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+    ax.set_yticks(range(len(ys)), [str(y) for y in ys])
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(y_key)
+    for i in range(len(ys)):
+        for j in range(len(xs)):
+            text = "-" if math.isnan(data[i, j]) else f"{data[i, j]:.3f}"
+            ax.text(
+                j, i, text, ha="center", va="center", fontsize=9,
+                bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none"},
+            )  # fmt: skip
+    ax.grid(False)
+    figure.colorbar(image, ax=ax, label=metric)
+    ax.set_title(f"{metric} (best per cell)")
+    _savefig(figure, path)
+    plt.close(figure)
+
+
+def _optuna_plot(name: str, study: optuna.Study, path: Path, **kwargs: Any) -> str | None:
+    """Save one optuna.visualization.matplotlib plot; the error text if it cannot."""
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as ovm
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ax = getattr(ovm, name)(study, **kwargs)
+        figure = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        _savefig(figure, path)
+        plt.close(figure)
+        return None
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value).replace("|", "/")
+
+
+def summary_markdown(
+    study: optuna.Study,
+    sweep: Sweep,
+    images: dict[str, str],
+    skipped: dict[str, str],
+    heat: tuple | None,
+) -> str:
+    trials = study.get_trials(deepcopy=False)
+    keys = [p.key for p in sweep.space]
+    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
+    lines = [
+        f"# Sweep report: {study.study_name}",
+        "",
+        f"Objective: {sweep.objective.direction} `{sweep.objective.metric}`; "
+        f"sampler {sweep.sampler.get('name')}, pruner {sweep.pruner.get('name')}; "
+        f"{len(trials)} trials: "
+        + ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
+        + ".",
+        "",
+    ]
+    try:
+        best = study.best_trial
+    except ValueError:
+        best = None
+    if best is None:
+        lines += ["No trial completed.", ""]
+    else:
+        folder = Path(sweep.runs_dir) / sweep.experiment / trial_name(st.root_number(best))
+        lines += [
+            f"## Best trial: #{best.number}, {sweep.objective.metric} = {best.value:.6g}",
+            "",
+            *[f"* `{k}`: {best.params.get(k)}" for k in keys],
+            f"* run folder: `{folder}`",
+            "",
+        ]
+    if heat is not None:
+        xs, ys, cells, x_key, y_key = heat
+        lines += [
+            f"## {sweep.objective.metric} by {y_key} (rows) x {x_key} (columns)",
+            "",
+            "| " + y_key.rsplit(".", 1)[-1] + " \\ " + x_key.rsplit(".", 1)[-1] + " | "
+            + " | ".join(str(x) for x in xs) + " |",
+            "|---" * (len(xs) + 1) + "|",
+        ]  # fmt: skip
+        for y, row in zip(ys, cells, strict=True):
+            lines.append(
+                f"| {y} | " + " | ".join("-" if math.isnan(v) else f"{v:.4f}" for v in row) + " |"
+            )
+        lines.append("")
+    lines += ["## Plots", ""]
+    lines += [f"![{title}]({file})" for title, file in images.items()]
+    lines += [f"* {title}: not drawn ({why})" for title, why in skipped.items()]
+    lines += [
+        "",
+        "## Trials",
+        "",
+        "| # | state | " + " | ".join(k.rsplit(".", 1)[-1] for k in keys) + " | value | note |",
+        "|---" * (len(keys) + 4) + "|",
+    ]
+    for t in trials:
+        why = t.user_attrs.get(st.FAIL_REASON) or t.user_attrs.get("pruned") or ""
+        if len(why) > 160:
+            why = why[:157] + "..."
+        lines.append(
+            f"| {t.number} | {t.state.name} | "
+            + " | ".join(_cell(t.params.get(k)) for k in keys)
+            + f" | {_cell(t.value)} | {_cell(why)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    study: optuna.Study,
+    sweep: Sweep,
+    out: Path,
+    client: Any = None,
+    parent_run_id: str | None = None,
+) -> dict[str, Path]:
+    """Write the report files to ``out`` (and the parent MLflow run); returns them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out.mkdir(parents=True, exist_ok=True)
+    images: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    plots = {
+        "optimization history": ("plot_optimization_history", "optimization_history.png", {}),
+        "parameter importances": ("plot_param_importances", "param_importances.png", {}),
+        "intermediate values": ("plot_intermediate_values", "intermediate_values.png", {}),
+    }
+    for title, (name, file, kwargs) in plots.items():
+        error = _optuna_plot(name, study, out / file, **kwargs)
+        if error is None:
+            images[title] = file
+        else:
+            skipped[title] = error
+            (out / file).unlink(missing_ok=True)
+    heat = None
+    keys = sweep.heatmap_keys()
+    if keys is not None:
+        x_key, y_key = keys
+        xs, ys, cells = heatmap_table(
+            study.get_trials(deepcopy=False), x_key, y_key, sweep.objective.direction == "maximize"
+        )
+        if xs and ys:
+            plot_heatmap(xs, ys, cells, x_key, y_key, sweep.objective.metric, out / "heatmap.png")
+            images[f"{y_key} x {x_key}"] = "heatmap.png"
+            heat = (xs, ys, cells, x_key, y_key)
+        else:
+            skipped["heat map"] = "no completed trial"
+    try:
+        frame = study.trials_dataframe()
+        tmp = out / "trials.csv.tmp"
+        frame.to_csv(tmp, index=False)
+        tmp.replace(out / "trials.csv")
+    except Exception as error:
+        skipped["trials.csv"] = f"{type(error).__name__}: {error}"
+    text = summary_markdown(study, sweep, images, skipped, heat)
+    tmp = out / "summary.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "summary.md")
+    if client is not None and parent_run_id:
+        client.log_artifacts(parent_run_id, str(out), "report")
+        try:
+            best = study.best_trial
+            client.log_metric(parent_run_id, "best_value", float(best.value))
+            client.set_tag(parent_run_id, "best.trial_number", str(best.number))
+            for key, value in best.params.items():
+                client.set_tag(parent_run_id, f"best.{key}", str(value))
+        except ValueError:
+            pass
+    return {p.name: p for p in out.iterdir() if p.is_file()}

@@ -1,0 +1,205 @@
+"""``cofr sweep submit``: render ``slurm/sweep.sbatch`` for a sweep and submit it.
+
+One array task = one worker process on one node. Its ``#SBATCH`` resources are derived
+from the trainer settings the worker will use (and those settings are pinned on the
+worker's command line), so they cannot disagree:
+
+* ``--nodes=1``, ``--ntasks-per-node=1``: a worker is one process; ``trainer.num_nodes``
+  must be 1 (a multi-node trial is a ``slurm/train.sbatch`` job, not a sweep worker).
+* ``--gres=gpu:G`` with ``trainer.accelerator=gpu``, ``trainer.devices=G`` (G > 1 trains
+  with ``ddp_spawn`` inside the worker); no GPU line for CPU sweeps.
+* ``--cpus-per-task=C`` with ``data.num_workers`` at most ``C - 1`` (unset, the data
+  module takes ``SLURM_CPUS_PER_TASK - 1``).
+* ``--signal=B:USR1@90`` + ``--requeue``: the worker saves the trial's ``last.ckpt``,
+  leaves the trial RUNNING and requeues its task, which then resumes that trial.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.spec import Sweep, SweepError, base_config, get_dotted
+
+TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
+SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork")
+
+
+@dataclass
+class SubmitOptions:
+    workers: int = 1
+    partition: str | None = None
+    gpus_per_worker: int | None = None
+    cpus_per_worker: int | None = None
+    time: str | None = None
+    mem: str | None = None
+    n_trials: int | None = None
+    storage: str | None = None
+    runs_dir: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    sbatch_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rendered:
+    script: str
+    #: Trainer/data settings pinned on the worker's command line (``--set``).
+    settings: dict[str, Any]
+    resources: dict[str, str]
+    worker_args: list[str]
+
+
+def _accelerator_gpus(config: dict[str, Any]) -> int:
+    accelerator = str(get_dotted(config, "trainer.accelerator", "auto") or "auto")
+    devices = get_dotted(config, "trainer.devices", 1)
+    if accelerator in ("gpu", "cuda"):
+        if isinstance(devices, int) and devices > 0:
+            return devices
+        if isinstance(devices, (list, tuple)):
+            return len(devices)
+        return 1
+    return 0
+
+
+def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dict[str, Any]]:
+    """(#SBATCH options, trainer/data settings for the worker) that agree with each other."""
+    config = base_config(sweep, options.settings)
+    settings: dict[str, Any] = dict(options.settings)
+    nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
+    if nodes != 1:
+        raise SweepError(
+            f"trainer.num_nodes is {nodes}: a sweep worker trains on one node. Set "
+            "trainer.num_nodes: 1 in the sweep (multi-node runs: slurm/train.sbatch)"
+        )
+    gpus = options.gpus_per_worker
+    if gpus is None:
+        gpus = sweep.slurm.gpus_per_worker or _accelerator_gpus(config)
+    if gpus < 0:
+        raise SweepError("--gpus-per-worker must be >= 0")
+    if gpus > 0:
+        settings["trainer.accelerator"] = "gpu"
+        settings["trainer.devices"] = gpus
+        strategy = get_dotted(config, "trainer.strategy", "auto")
+        if gpus > 1 and not (isinstance(strategy, str) and strategy in SPAWN_STRATEGIES):
+            settings["trainer.strategy"] = "ddp_spawn"
+    else:
+        settings["trainer.accelerator"] = "cpu"
+        settings["trainer.devices"] = 1
+        strategy = get_dotted(config, "trainer.strategy", "auto")
+        if strategy not in (None, "auto"):
+            settings["trainer.strategy"] = "auto"
+    settings["trainer.num_nodes"] = 1
+    num_workers = get_dotted(config, "data.num_workers")
+    cpus = options.cpus_per_worker or sweep.slurm.cpus_per_worker
+    if cpus is None:
+        cpus = (int(num_workers) + 1) if isinstance(num_workers, int) else max(2, 4 * gpus + 1)
+    if isinstance(num_workers, int) and num_workers + 1 > cpus:
+        raise SweepError(
+            f"--cpus-per-worker {cpus} cannot feed data.num_workers {num_workers} loader "
+            f"processes plus the trainer: give at least {num_workers + 1} CPUs, or lower "
+            "data.num_workers (unset, it follows SLURM_CPUS_PER_TASK - 1)"
+        )
+    sbatch = {
+        "job-name": f"sweep-{sweep.study}",
+        "array": f"0-{options.workers - 1}",
+        "nodes": "1",
+        "ntasks-per-node": "1",
+        "cpus-per-task": str(cpus),
+        "time": options.time or sweep.slurm.time,
+        "signal": "B:USR1@90",
+        "requeue": "",
+        "open-mode": "append",
+    }
+    if gpus > 0:
+        sbatch["gres"] = f"gpu:{gpus}"
+    partition = options.partition or sweep.slurm.partition
+    if partition:
+        sbatch["partition"] = partition
+    mem = options.mem or sweep.slurm.mem
+    if mem:
+        sbatch["mem"] = mem
+    return sbatch, settings
+
+
+def _template_body() -> str:
+    """The template after its header (comments and #SBATCH lines)."""
+    lines = TEMPLATE.read_text().splitlines()
+    last = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+    return "\n".join(lines[last + 1 :]).lstrip("\n")
+
+
+def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
+    if sweep.path is None:
+        raise SweepError("submit needs a sweep file")
+    if options.workers < 1:
+        raise SweepError("--workers must be >= 1")
+    sbatch, settings = resources(sweep, options)
+    runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
+    url = options.storage or sweep.storage or st.default_storage(sweep, str(runs_dir))
+    if st.journal_path(url) is None and url.startswith("sqlite"):
+        print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
+    logs = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
+    sbatch["output"] = str(logs / "%A_%a.out")
+    for extra in sweep.slurm.extra + options.sbatch_args:
+        key, _, value = extra.lstrip("-").partition("=")
+        sbatch[key] = value
+    args = [str(sweep.path), "--storage", url, "--runs-dir", str(runs_dir)]
+    if options.n_trials is not None:
+        args += ["--n-trials", str(options.n_trials)]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    header = [f"#SBATCH --{k}={v}" if v != "" else f"#SBATCH --{k}" for k, v in sbatch.items()]
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            f"# Rendered by `cofr sweep submit` from {sweep.path} on {time.strftime('%F %T')}.",
+            *header,
+            "",
+            f"export COFR_PYTHON={shlex.quote(sys.executable)}",
+            "# The worker's arguments, unless given on the sbatch command line.",
+            f"if [ $# -eq 0 ]; then set -- {shlex.join(args)}; fi",
+            "",
+            _template_body(),
+        ]
+    )
+    return Rendered(script.rstrip() + "\n", settings, sbatch, args)
+
+
+def parse_sbatch_header(script: str) -> dict[str, str]:
+    """``#SBATCH --key=value`` lines of a script as {key: value}."""
+    out: dict[str, str] = {}
+    for line in script.splitlines():
+        match = re.match(r"#SBATCH\s+--([\w-]+)(?:[=\s]+(\S+))?", line)
+        if match:
+            out[match.group(1)] = match.group(2) or ""
+    return out
+
+
+def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> tuple[str, str]:
+    """(script path or "-", job id or ""): writes the script and runs sbatch."""
+    rendered = render(sweep, options)
+    if dry_run:
+        return rendered.script, ""
+    if shutil.which("sbatch") is None:
+        raise SweepError("sbatch not found: is this a SLURM login node? (--dry-run prints)")
+    runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
+    folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    path.write_text(rendered.script)
+    command = ["sbatch", "--parsable"]
+    if wait:
+        command.append("--wait")
+    result = subprocess.run([*command, str(path)], capture_output=True, text=True)
+    if result.returncode != 0 and not (wait and result.stdout.strip()):
+        raise SweepError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}")
+    job = result.stdout.strip().split(";")[0]
+    return str(path), job

@@ -1,0 +1,468 @@
+"""Sweep files: the study, its base config, a search space over dotted config keys.
+
+A sweep file (``sweeps/*.yaml``)::
+
+    study: tiny-cpu                    # Optuna study name (and MLflow experiment by default)
+    base:                              # config files, merged in order (later ones win)
+      - conf/trainer/cpu-debug.yaml
+      - conf/model/gpt2-tiny-f.yaml
+    overrides:                         # fixed dotted keys, applied after the base files
+      model.config.vocab_size: 320
+    space:                             # one Optuna parameter per dotted key
+      model.config.depth: int 1..8
+      model.config.ladders: {choices: [1, 3, 5, 7]}
+      model.optimizer.lr: float 1e-4..3e-3 log
+    sampler: {name: tpe, seed: 0}      # tpe | random | grid (+ the sampler's own options)
+    pruner: {name: median}             # median | percentile | hyperband | sha | none
+    objective: {metric: val/loss, direction: minimize}
+    budget: {steps: 2000}              # or {tokens: 1.0e8}; optional val_every: N steps
+    n_trials: 40                       # the study's trial budget (grid: the grid's size)
+    storage: null                      # default: journal file runs/sweeps/<study>/optuna.journal
+
+Keys are the keys of the full training config (``cofr fit --print_config`` shows them):
+``model.config.*`` are ModelConfig fields, ``model.optimizer.*`` the optimizer's,
+``data.*``, ``trainer.*``. Dicts merge key by key; lists are replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("median", "percentile", "hyperband", "sha", "none")
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_RANGE = re.compile(
+    rf"^\s*(int|float)\s+({_NUMBER})\s*\.\.\s*({_NUMBER})((?:\s+(?:log|step\s+{_NUMBER}))*)\s*$"
+)
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be used, with what to change."""
+
+
+# ----------------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched config key: an int or float range, or a list of choices."""
+
+    key: str
+    kind: str  # "int" | "float" | "categorical"
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+    #: Values a grid sampler visits for a float range (ints and choices enumerate).
+    grid: tuple[Any, ...] = ()
+
+    @property
+    def short(self) -> str:
+        """The last word of the key (``model.config.depth`` -> ``depth``)."""
+        return self.key.rsplit(".", 1)[-1]
+
+    def suggest(self, trial: Any) -> Any:
+        if self.kind == "int":
+            return trial.suggest_int(
+                self.key, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
+            )
+        if self.kind == "float":
+            return trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
+        return trial.suggest_categorical(self.key, list(self.choices))
+
+    def grid_values(self) -> list[Any]:
+        if self.kind == "categorical":
+            return list(self.choices)
+        if self.grid:
+            return list(self.grid)
+        if self.kind == "int":
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        raise SweepError(
+            f"space.{self.key}: a grid sampler needs the values of a float range: give "
+            f"'{{type: float, low: {self.low}, high: {self.high}, grid: [...]}}' or choices"
+        )
+
+    def default(self) -> Any:
+        """A valid value (for checking the config before any trial runs)."""
+        if self.kind == "categorical":
+            return self.choices[0]
+        return int(self.low) if self.kind == "int" else float(self.low)
+
+
+def _number(text: Any, key: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise SweepError(f"space.{key}: {text!r} is not a number") from None
+
+
+def parse_param(key: str, value: Any) -> ParamSpec:
+    """``int 1..8``, ``float 1e-4..3e-3 log``, ``int 2..16 step 2``, a list of choices,
+    ``{choices: [...]}`` or ``{type: int|float, low, high, step, log, grid}``."""
+    if isinstance(value, str):
+        match = _RANGE.match(value)
+        if not match:
+            raise SweepError(
+                f"space.{key}: cannot read {value!r}; write e.g. 'int 1..8', "
+                "'float 1e-4..3e-3 log', 'int 2..16 step 2' or {choices: [1, 3, 5, 7]}"
+            )
+        kind, low, high, extra = match.groups()
+        step = re.search(rf"step\s+({_NUMBER})", extra or "")
+        value = {
+            "type": kind,
+            "low": low,
+            "high": high,
+            "log": "log" in (extra or ""),
+            "step": step.group(1) if step else None,
+        }
+    if isinstance(value, list):
+        value = {"choices": value}
+    if not isinstance(value, dict):
+        raise SweepError(f"space.{key}: expected a range string, a list or a mapping")
+    unknown = set(value) - {"type", "low", "high", "step", "log", "choices", "grid"}
+    if unknown:
+        raise SweepError(f"space.{key}: unknown field(s) {sorted(unknown)}")
+    if "choices" in value:
+        choices = tuple(value["choices"] or ())
+        if not choices:
+            raise SweepError(f"space.{key}: choices is empty")
+        for choice in choices:
+            if not (choice is None or isinstance(choice, (str, int, float, bool))):
+                raise SweepError(f"space.{key}: choices must be plain values, got {choice!r}")
+        return ParamSpec(key, "categorical", choices=choices)
+    kind = value.get("type")
+    if kind not in ("int", "float"):
+        raise SweepError(f"space.{key}: type must be int or float (or give choices)")
+    low, high = _number(value.get("low"), key), _number(value.get("high"), key)
+    if not low <= high:
+        raise SweepError(f"space.{key}: low {low} > high {high}")
+    log = bool(value.get("log", False))
+    if log and low <= 0:
+        raise SweepError(f"space.{key}: a log range needs low > 0")
+    step = value.get("step")
+    step = None if step is None else _number(step, key)
+    if log and step is not None:
+        raise SweepError(f"space.{key}: log and step cannot be combined")
+    if kind == "int" and (low != int(low) or high != int(high)):
+        raise SweepError(f"space.{key}: int bounds must be whole numbers")
+    grid = tuple(value.get("grid") or ())
+    return ParamSpec(key, kind, low=low, high=high, step=step, log=log, grid=grid)
+
+
+# ------------------------------------------------------------------------ the sweep
+
+
+@dataclass
+class Objective:
+    metric: str = "val/loss"
+    direction: str = "minimize"
+
+
+@dataclass
+class Budget:
+    """A trial's training length: ``steps`` optimizer steps, or ``tokens`` training tokens."""
+
+    steps: int | None = None
+    tokens: float | None = None
+    #: Validate (and report to the pruner) every N optimizer steps; default: the config's.
+    val_every: int | None = None
+
+
+@dataclass
+class StorageOptions:
+    """Liveness of trials: heartbeats and how often a lost trial is retried."""
+
+    heartbeat_interval: int = 60
+    grace_period: int = 300
+    max_retry: int = 3
+
+
+@dataclass
+class SlurmOptions:
+    """Defaults of ``cofr sweep submit`` (its flags win)."""
+
+    partition: str | None = None
+    time: str = "04:00:00"
+    cpus_per_worker: int | None = None
+    gpus_per_worker: int = 0
+    mem: str | None = None
+    extra: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Sweep:
+    path: Path | None
+    study: str
+    base: list[Path]
+    overrides: dict[str, Any]
+    space: list[ParamSpec]
+    sampler: dict[str, Any]
+    pruner: dict[str, Any]
+    objective: Objective
+    budget: Budget
+    n_trials: int | None
+    storage: str | None
+    storage_options: StorageOptions
+    experiment: str
+    runs_dir: str
+    tracking_uri: str | None
+    slurm: SlurmOptions
+    #: The two keys of the report's heat map (default: the *.depth and *.ladders keys).
+    heatmap: tuple[str, str] | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def grid(self) -> list[dict[str, Any]]:
+        """Every point of the grid (grid sampler), in a fixed order."""
+        keys = [p.key for p in self.space]
+        values = [p.grid_values() for p in self.space]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+    @property
+    def is_grid(self) -> bool:
+        return self.sampler.get("name") == "grid"
+
+    @property
+    def total_trials(self) -> int:
+        """The study's trial budget: ``n_trials``, or the grid's size."""
+        if self.n_trials is not None:
+            return self.n_trials
+        if self.is_grid:
+            return len(self.grid)
+        raise SweepError("n_trials is required unless the sampler is grid")
+
+    def param(self, key: str) -> ParamSpec | None:
+        return next((p for p in self.space if p.key == key), None)
+
+    def heatmap_keys(self) -> tuple[str, str] | None:
+        if self.heatmap:
+            return self.heatmap
+        depth = next((p.key for p in self.space if p.short == "depth"), None)
+        ladders = next((p.key for p in self.space if p.short == "ladders"), None)
+        return (depth, ladders) if depth and ladders else None
+
+
+_TOP_KEYS = {
+    "study",
+    "experiment",
+    "base",
+    "overrides",
+    "space",
+    "sampler",
+    "pruner",
+    "objective",
+    "budget",
+    "n_trials",
+    "storage",
+    "storage_options",
+    "runs_dir",
+    "tracking_uri",
+    "slurm",
+    "heatmap",
+    "description",
+}
+
+
+def _expand(value: str | None) -> str | None:
+    """``${VAR}`` from the environment; an unset or empty result is None (the default)."""
+    if value is None:
+        return None
+    expanded = os.path.expandvars(str(value))
+    if not expanded.strip() or "$" in expanded:
+        return None
+    return expanded
+
+
+def _options(cls: type, value: Any, where: str) -> Any:
+    value = dict(value or {})
+    names = set(cls.__dataclass_fields__)
+    unknown = set(value) - names
+    if unknown:
+        raise SweepError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(names)}")
+    return cls(**value)
+
+
+def resolve_base(entry: str, sweep_dir: Path | None) -> Path:
+    """A base config path: absolute, relative to the working directory, or to the sweep."""
+    path = Path(os.path.expandvars(entry)).expanduser()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
+    if sweep_dir is not None and not path.is_absolute():
+        candidates += [sweep_dir / path, sweep_dir.parent / path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise SweepError(f"base config {entry!r} not found (looked in {[str(c) for c in candidates]})")
+
+
+def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = True) -> Sweep:
+    """A Sweep from its YAML mapping; ``resolve=False`` leaves base paths unchecked (a
+    study's stored copy, read for status and reports)."""
+    if not isinstance(raw, dict):
+        raise SweepError("a sweep file is a YAML mapping")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise SweepError(f"unknown sweep key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+    study = raw.get("study")
+    if not study or not re.fullmatch(r"[A-Za-z0-9._-]+", str(study)):
+        raise SweepError("study: a name of letters, digits, '.', '_' or '-' is required")
+    sweep_dir = path.parent if path is not None else None
+    base = raw.get("base") or []
+    base = [base] if isinstance(base, str) else list(base)
+    overrides = dict(raw.get("overrides") or {})
+    space_raw = raw.get("space") or {}
+    if not isinstance(space_raw, dict) or not space_raw:
+        raise SweepError("space: at least one dotted config key to search")
+    space = [parse_param(str(k), v) for k, v in space_raw.items()]
+    sampler = dict(raw.get("sampler") or {"name": "tpe"})
+    sampler.setdefault("name", "tpe")
+    if sampler["name"] not in SAMPLERS:
+        raise SweepError(f"sampler.name must be one of {SAMPLERS}, got {sampler['name']!r}")
+    pruner = dict(raw.get("pruner") or {"name": "none"})
+    pruner.setdefault("name", "none")
+    if pruner["name"] not in PRUNERS:
+        raise SweepError(f"pruner.name must be one of {PRUNERS}, got {pruner['name']!r}")
+    objective = _options(Objective, raw.get("objective"), "objective")
+    if objective.direction not in ("minimize", "maximize"):
+        raise SweepError("objective.direction must be minimize or maximize")
+    budget = _options(Budget, raw.get("budget"), "budget")
+    if budget.steps is not None and budget.tokens is not None:
+        raise SweepError("budget: give steps or tokens, not both")
+    n_trials = raw.get("n_trials")
+    heatmap = raw.get("heatmap")
+    sweep = Sweep(
+        path=path,
+        study=str(study),
+        base=[resolve_base(str(b), sweep_dir) if resolve else Path(str(b)) for b in base],
+        overrides=overrides,
+        space=space,
+        sampler=sampler,
+        pruner=pruner,
+        objective=objective,
+        budget=budget,
+        n_trials=None if n_trials is None else int(n_trials),
+        storage=_expand(raw.get("storage")),
+        storage_options=_options(StorageOptions, raw.get("storage_options"), "storage_options"),
+        experiment=str(raw.get("experiment") or study),
+        runs_dir=str(raw.get("runs_dir") or "runs"),
+        tracking_uri=_expand(raw.get("tracking_uri")),
+        slurm=_options(SlurmOptions, raw.get("slurm"), "slurm"),
+        heatmap=tuple(heatmap) if heatmap else None,
+        raw=copy.deepcopy(raw),
+    )
+    if sweep.is_grid:
+        sweep.grid  # noqa: B018 - raises for float ranges without grid values
+    sweep.total_trials  # noqa: B018 - raises when n_trials is missing
+    return sweep
+
+
+def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Sweep:
+    """Read a sweep file; ``overrides`` (dotted sweep keys, e.g. ``{"storage": ...}``) win."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"no sweep file at {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    for key, value in (overrides or {}).items():
+        set_dotted(raw, key, value)
+    return parse_sweep(raw, path.resolve())
+
+
+# ------------------------------------------------------------- building the config
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` into a copy of ``base``: dicts merge key by key, anything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
+    node = config
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise SweepError(f"cannot set {key}: {part} is not a mapping in the config")
+        node = child
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def get_dotted(config: dict[str, Any], key: str, default: Any = None) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with a YAML value (``trainer.devices=2`` -> ("trainer.devices", 2))."""
+    if "=" not in text:
+        raise SweepError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def base_config(sweep: Sweep, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The base files merged, then the sweep's overrides, then ``extra`` (dotted keys)."""
+    config: dict[str, Any] = {}
+    for path in sweep.base:
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SweepError(f"base config {path} is not a mapping")
+        config = deep_merge(config, loaded)
+    for key, value in {**sweep.overrides, **(extra or {})}.items():
+        set_dotted(config, key, value)
+    return config
+
+
+def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
+    """Optimizer steps that train on ``tokens`` tokens with this config's batch geometry."""
+    batch = int(get_dotted(config, "data.batch_size", 16))
+    block = int(get_dotted(config, "data.block_size", 256))
+    accumulate = int(get_dotted(config, "trainer.accumulate_grad_batches", 1) or 1)
+    devices = get_dotted(config, "trainer.devices", 1)
+    if not isinstance(devices, int):
+        if isinstance(devices, (list, tuple)):
+            devices = len(devices)
+        else:
+            raise SweepError(
+                "budget.tokens needs an integer trainer.devices (got "
+                f"{devices!r}) to turn tokens into steps"
+            )
+    nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
+    per_step = batch * block * accumulate * devices * nodes
+    return max(1, math.ceil(float(tokens) / per_step))
+
+
+def trial_config(
+    sweep: Sweep, params: dict[str, Any], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The full training config of one trial: base, overrides, budget, sampled params."""
+    config = base_config(sweep, extra)
+    for key, value in params.items():
+        set_dotted(config, key, value)
+    if sweep.budget.steps is not None:
+        set_dotted(config, "trainer.max_steps", int(sweep.budget.steps))
+    elif sweep.budget.tokens is not None:
+        set_dotted(config, "trainer.max_steps", steps_for_tokens(config, sweep.budget.tokens))
+    if sweep.budget.val_every is not None:
+        set_dotted(config, "trainer.val_check_interval", int(sweep.budget.val_every))
+    return config

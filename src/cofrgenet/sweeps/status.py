@@ -1,0 +1,113 @@
+"""``cofr sweep status``: the trials of a study as a rich table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console
+from rich.table import Table
+
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.spec import StorageOptions
+
+STATE_STYLE = {
+    "COMPLETE": "green",
+    "PRUNED": "yellow",
+    "FAIL": "red",
+    "RUNNING": "cyan",
+    "WAITING": "magenta",
+}
+
+
+def duration(trial: FrozenTrial) -> str:
+    start = trial.datetime_start
+    if start is None:
+        return ""
+    end = trial.datetime_complete
+    seconds = (end - start).total_seconds() if end else time.time() - start.timestamp()
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def note(trial: FrozenTrial, retried: dict[int, int], options: StorageOptions, storage) -> str:
+    """Why the trial is in its state: fail reason, pruning step, retries, staleness."""
+    parts = []
+    if trial.state == TrialState.FAIL:
+        parts.append(str(trial.user_attrs.get(st.FAIL_REASON, "no reason recorded")))
+    if trial.state == TrialState.PRUNED:
+        parts.append(str(trial.user_attrs.get("pruned", f"pruned at step {trial.last_step}")))
+    if trial.state == TrialState.RUNNING:
+        lost = st.lost_reason(trial, storage, options)
+        if lost:
+            parts.append(f"stale? {lost}")
+        if trial.user_attrs.get("cofr.requeued_at"):
+            parts.append("waiting for its SLURM requeue")
+    history = trial.system_attrs.get("retry_history")
+    if history:
+        parts.append(f"retry of #{history[-1]}")
+    if trial.number in retried:
+        parts.append(f"retried as #{retried[trial.number]}")
+    resumed = trial.user_attrs.get(st.RESUMED)
+    if resumed:
+        parts.append(f"resumed at step {resumed}")
+    return "; ".join(parts)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def status_table(study: optuna.Study, options: StorageOptions | None = None) -> Table:
+    options = options or StorageOptions()
+    trials = study.get_trials(deepcopy=False)
+    keys = sorted({k for t in trials for k in t.distributions})
+    shorts = [k.rsplit(".", 1)[-1] for k in keys]
+    if len(set(shorts)) < len(shorts):
+        shorts = keys
+    retried = {}
+    for trial in trials:
+        for number in trial.system_attrs.get("retry_history") or []:
+            retried[number] = trial.number
+    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
+    summary = ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
+    try:
+        best = study.best_trial
+        best_text = f"; best #{best.number} = {best.value:.6g}"
+    except ValueError:
+        best_text = ""
+    table = Table(
+        title=f"study {study.study_name}: {len(trials)} trials ({summary or 'none'}){best_text}",
+        title_justify="left",
+    )
+    for column in ("#", "state", *shorts, "value", "duration", "worker / SLURM job", "note"):
+        table.add_column(column, justify="right" if column in ("#", "value") else "left")
+    for trial in trials:
+        state = trial.state.name
+        value = trial.value if trial.value is not None else None
+        worker = trial.user_attrs.get(st.WORKER, "")
+        table.add_row(
+            str(trial.number),
+            f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+            *[_fmt(trial.params.get(k)) for k in keys],
+            _fmt(value),
+            duration(trial),
+            str(worker),
+            note(trial, retried, options, study._storage),
+        )
+    return table
+
+
+def print_status(
+    study: optuna.Study, options: StorageOptions | None = None, console: Console | None = None
+) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)
+    console.print(status_table(study, options))

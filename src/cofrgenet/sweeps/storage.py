@@ -1,0 +1,377 @@
+"""Where a study lives, who runs its trials, and what happens to a lost worker's trial.
+
+Storage URLs:
+
+* ``journal:PATH`` (or a path ending in ``.journal``): Optuna's journal file, for workers
+  on one host. The default: ``journal:<runs_dir>/sweeps/<study>/optuna.journal``.
+* ``postgresql://...`` (``mysql://``, ``sqlite:///...``): an RDB server, for workers on
+  many hosts. Never put sqlite or journal files on NFS.
+
+Liveness. Every RUNNING trial carries its worker in user attributes (``cofr.host``,
+``cofr.pid``, ``cofr.pid_start``: the process start time, so a reused pid is not taken
+for the worker; ``cofr.worker_id``: ``slurm-<array job>_<task>`` under SLURM). Before it
+asks for a trial, a worker fails the RUNNING trials whose worker is gone and queues a
+retry of each (same params, ``failed_trial``/``retry_history`` system attributes as
+Optuna's ``RetryHeartbeatStaleTrialCallback``, at most ``max_retry`` times). A worker is
+gone when
+
+* it ran on this host and its process is dead (found at once: a killed local worker), or
+* its heartbeat is older than ``grace_period`` seconds: RDB storages use Optuna's
+  heartbeat table; journal storages a ``cofr.heartbeat`` user attribute that the worker
+  rewrites every ``heartbeat_interval`` seconds (journal files have no heartbeat).
+
+A SLURM array task that comes back after a requeue takes over its own RUNNING trial
+(same ``cofr.worker_id``) before the grace period ends; a retry (any worker) resumes the
+checkpoint of the trial it retries, since the run folder is named by the first attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+from optuna.trial import FrozenTrial, TrialState
+
+from cofrgenet.sweeps.spec import StorageOptions, Sweep
+
+log = logging.getLogger("cofrgenet.sweeps")
+
+# User attributes a worker writes on its trials.
+HOST, PID, PID_START, WORKER, WORKER_ID = (
+    "cofr.host",
+    "cofr.pid",
+    "cofr.pid_start",
+    "cofr.worker",
+    "cofr.worker_id",
+)
+HEARTBEAT, STARTED, FAIL_REASON, RESUMED = (
+    "cofr.heartbeat",
+    "cofr.started",
+    "fail_reason",
+    "cofr.resumed_from_step",
+)
+SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK = (
+    "slurm.job_id",
+    "slurm.array_job_id",
+    "slurm.array_task_id",
+)
+
+
+def default_storage(sweep: Sweep, runs_dir: str | None = None) -> str:
+    folder = Path(runs_dir or sweep.runs_dir) / "sweeps" / sweep.study
+    return f"journal:{(folder / 'optuna.journal').resolve()}"
+
+
+def study_folder(sweep: Sweep, runs_dir: str | None = None) -> Path:
+    """``<runs_dir>/sweeps/<study>/``: the journal, worker logs, reports, sbatch files."""
+    return Path(runs_dir or sweep.runs_dir) / "sweeps" / sweep.study
+
+
+def journal_path(url: str) -> Path | None:
+    if url.startswith("journal:"):
+        return Path(url[len("journal:") :].removeprefix("//"))
+    if url.endswith((".journal", ".log")) and "://" not in url:
+        return Path(url)
+    return None
+
+
+def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage:
+    """A journal or RDB storage; RDB ones with heartbeats (``heartbeat_interval``)."""
+    options = options or StorageOptions()
+    path = journal_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The open() lock works on NFSv3+ too and is released after 30 s if its holder died.
+        backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
+        return JournalStorage(backend)
+    if "://" not in url:
+        raise ValueError(
+            f"storage {url!r}: use journal:PATH, a *.journal path or an RDB URL "
+            "(postgresql://user:password@host/db, sqlite:///path.db)"
+        )
+    # Workers that start together on a new database race to create Optuna's tables; the
+    # losers fail on a duplicate type or table. Creation is idempotent: try again.
+    for attempt in range(6):
+        try:
+            return RDBStorage(
+                url,
+                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+                heartbeat_interval=options.heartbeat_interval,
+                grace_period=options.grace_period,
+            )
+        except ImportError:
+            raise
+        except Exception as error:
+            if attempt == 5:
+                raise
+            log.warning(f"opening {describe_storage(url)} failed ({error!r:.200}); retrying")
+            time.sleep(0.5 + random.random() * 2)
+    raise AssertionError("unreachable")
+
+
+def describe_storage(url: str) -> str:
+    """The URL without a password, for logs and tags."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+# ----------------------------------------------------------------------- the worker
+
+
+def _pid_start(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may hold spaces, so count from its ")".
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def pid_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if start is None or not Path("/proc").is_dir():
+        return True
+    return _pid_start(pid) == start
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This process as a sweep worker."""
+
+    host: str
+    pid: int
+    pid_start: str | None
+    #: Stable across requeues under SLURM (the array task or the job); None elsewhere.
+    worker_id: str | None
+    slurm: dict[str, str]
+
+    @classmethod
+    def current(cls) -> Worker:
+        env = os.environ
+        slurm = {
+            SLURM_JOB: env.get("SLURM_JOB_ID", ""),
+            SLURM_ARRAY_JOB: env.get("SLURM_ARRAY_JOB_ID", ""),
+            SLURM_ARRAY_TASK: env.get("SLURM_ARRAY_TASK_ID", ""),
+        }
+        slurm = {k: v for k, v in slurm.items() if v}
+        if slurm.get(SLURM_ARRAY_JOB) and slurm.get(SLURM_ARRAY_TASK):
+            worker_id = f"slurm-{slurm[SLURM_ARRAY_JOB]}_{slurm[SLURM_ARRAY_TASK]}"
+        elif slurm.get(SLURM_JOB):
+            worker_id = f"slurm-{slurm[SLURM_JOB]}"
+        else:
+            worker_id = None
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, _pid_start(pid), worker_id, slurm)
+
+    @property
+    def label(self) -> str:
+        where = f"{self.host}:{self.pid}"
+        return f"{self.worker_id} ({where})" if self.worker_id else where
+
+    @property
+    def index(self) -> int | None:
+        """The SLURM array task index, when there is one (seeds samplers apart)."""
+        task = self.slurm.get(SLURM_ARRAY_TASK)
+        return int(task) if task and task.isdigit() else None
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            HOST: self.host,
+            PID: self.pid,
+            PID_START: self.pid_start,
+            WORKER: self.label,
+            WORKER_ID: self.worker_id,
+            **self.slurm,
+        }
+
+
+def claim(study: optuna.Study, trial_id: int, worker: Worker) -> None:
+    """Mark a RUNNING trial as this worker's and beat its heart once."""
+    storage = study._storage
+    for key, value in {**worker.attrs(), HEARTBEAT: time.time()}.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    if isinstance(storage, RDBStorage) and storage.get_heartbeat_interval():
+        storage.record_heartbeat(trial_id)
+
+
+class Heartbeat:
+    """A thread that keeps a trial alive in the storage while it trains."""
+
+    def __init__(self, study: optuna.Study, trial_id: int, interval: float) -> None:
+        self.storage = study._storage
+        self.trial_id = trial_id
+        self.interval = max(1.0, float(interval))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cofr-heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        if isinstance(self.storage, RDBStorage) and self.storage.get_heartbeat_interval():
+            self.storage.record_heartbeat(self.trial_id)
+        else:
+            self.storage.set_trial_user_attr(self.trial_id, HEARTBEAT, time.time())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return
+            except Exception as error:  # a flaky database must not kill the training
+                log.warning(f"heartbeat: {error}")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+# ------------------------------------------------------------------ lost workers
+
+
+def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOptions) -> str | None:
+    """Why a RUNNING trial's worker is gone, or None while it may be alive."""
+    attrs = trial.user_attrs
+    host, pid = attrs.get(HOST), attrs.get(PID)
+    if host == socket.gethostname() and isinstance(pid, int):
+        if pid == os.getpid():
+            return None
+        if not pid_alive(pid, attrs.get(PID_START)):
+            return f"worker {attrs.get(WORKER, pid)} died during the trial (process gone)"
+    beat = attrs.get(HEARTBEAT)
+    if isinstance(storage, RDBStorage) and storage.get_heartbeat_interval():
+        # Optuna's own heartbeat table decides (see stale_trial_ids).
+        return None
+    if beat is None:
+        start = trial.datetime_start.timestamp() if trial.datetime_start else None
+        beat = start
+    if beat is not None and time.time() - float(beat) > options.grace_period:
+        return (
+            f"worker {attrs.get(WORKER, '?')} lost: no heartbeat for more than "
+            f"{options.grace_period} s"
+        )
+    return None
+
+
+def _rdb_stale_ids(study: optuna.Study) -> set[int]:
+    storage = study._storage
+    if not (isinstance(storage, RDBStorage) and storage.get_heartbeat_interval()):
+        return set()
+    try:
+        return set(storage._get_stale_trial_ids(study._study_id))
+    except Exception:  # private API: fall back to Optuna's own sweep without reasons
+        optuna.storages.fail_stale_trials(study)
+        return set()
+
+
+def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> int | None:
+    """Queue a WAITING copy of a failed trial; its number, or None past ``max_retry``."""
+    system_attrs: dict[str, Any] = {
+        "failed_trial": trial.number,
+        "retry_history": [],
+        **trial.system_attrs,
+    }
+    system_attrs["retry_history"] = [*system_attrs["retry_history"], trial.number]
+    if max_retry is not None and len(system_attrs["retry_history"]) > max_retry:
+        return None
+    user_attrs = {
+        k: v for k, v in trial.user_attrs.items() if not k.startswith(("cofr.", "slurm."))
+    }
+    user_attrs.pop(FAIL_REASON, None)
+    # Grid bookkeeping belongs to the failed attempt.
+    system_attrs.pop("grid_id", None)
+    system_attrs.pop("search_space", None)
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs=user_attrs,
+            system_attrs=system_attrs,
+        )
+    )
+    for queued in study._storage.get_all_trials(study._study_id, deepcopy=False):
+        history = queued.system_attrs.get("retry_history") or []
+        if queued.state == TrialState.WAITING and history and history[-1] == trial.number:
+            return queued.number
+    return None
+
+
+def fail_trial(study: optuna.Study, trial_id: int, reason: str) -> bool:
+    """RUNNING -> FAIL with ``fail_reason``; False when another process finished it first."""
+    storage = study._storage
+    try:
+        storage.set_trial_user_attr(trial_id, FAIL_REASON, reason[:2000])
+        return bool(storage.set_trial_state_values(trial_id, TrialState.FAIL))
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+
+
+def fail_lost_trials(
+    study: optuna.Study, options: StorageOptions, spare: str | None = None
+) -> list[tuple[int, int | None]]:
+    """Fail the RUNNING trials whose worker is gone and queue their retries.
+
+    ``spare``: a worker id whose trials are left alone (a requeued SLURM task about to
+    resume its own trial). Returns (failed trial number, retry number or None).
+    """
+    storage = study._storage
+    stale_ids = _rdb_stale_ids(study)
+    done: list[tuple[int, int | None]] = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if spare and trial.user_attrs.get(WORKER_ID) == spare:
+            continue
+        reason = lost_reason(trial, storage, options)
+        if reason is None and trial._trial_id in stale_ids:
+            reason = (
+                f"worker {trial.user_attrs.get(WORKER, '?')} lost: no heartbeat for more "
+                f"than {options.grace_period} s"
+            )
+        if reason is None:
+            continue
+        if fail_trial(study, trial._trial_id, reason):
+            frozen = storage.get_trial(trial._trial_id)
+            done.append((trial.number, retry_trial(study, frozen, options.max_retry)))
+    return done
+
+
+def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
+    """Numbers of failed trials that a later trial retries."""
+    out: set[int] = set()
+    for trial in trials:
+        out.update(trial.system_attrs.get("retry_history") or [])
+    return out
+
+
+def budget_used(trials: list[FrozenTrial]) -> int:
+    """Trials that count against ``n_trials``: all but WAITING ones and retried failures."""
+    retried = retried_numbers(trials)
+    return sum(1 for t in trials if t.state != TrialState.WAITING and t.number not in retried)
+
+
+def root_number(trial: FrozenTrial) -> int:
+    """The first attempt's number: retries share its run folder and MLflow run."""
+    first = trial.system_attrs.get("failed_trial")
+    return int(first) if first is not None else trial.number

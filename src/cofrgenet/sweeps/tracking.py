@@ -1,0 +1,182 @@
+"""MLflow for sweeps: one parent run per study, one nested child run per trial.
+
+The child run is created before the trial trains and its id written to the trial's run
+folder, so the training logger (``CofrMLFlowLogger``) logs into it, and a resumed or
+retried trial goes on in the same MLflow run. ``mlflow.parentRunId`` nests it under the
+study's run in the UI; the sampled params are MLflow params under their config keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Param, RunStatus
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from cofrgenet.sweeps.spec import Sweep
+from cofrgenet.training.tracking import (
+    MAX_PARAM_LENGTH,
+    RUN_ID_FILE,
+    RunConfig,
+    artifact_location,
+    tracking_uri,
+)
+
+PARENT_ATTR = "mlflow_parent_run_id"
+
+
+def run_config(sweep: Sweep, runs_dir: str | None = None) -> RunConfig:
+    return RunConfig(
+        experiment=sweep.experiment,
+        runs_dir=runs_dir or sweep.runs_dir,
+        tracking_uri=sweep.tracking_uri,
+    )
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def client_for(run: RunConfig) -> MlflowClient:
+    """A client on the run store; a fresh sqlite store is created under a file lock, since
+    workers that start together would otherwise race on its schema migration."""
+    uri = tracking_uri(run)
+    if not uri.startswith("sqlite:"):
+        return MlflowClient(uri)
+    with file_lock(Path(run.runs_dir) / ".mlflow.lock"):
+        client = MlflowClient(uri)  # opening the store creates and migrates its schema
+        client.search_experiments(max_results=1)
+    return client
+
+
+def experiment_id(client: MlflowClient, run: RunConfig) -> str:
+    found = client.get_experiment_by_name(run.experiment)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(run.experiment, artifact_location=artifact_location(run))
+    except MlflowException:  # another worker created it first
+        found = client.get_experiment_by_name(run.experiment)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def _cut(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    """Log params not yet on the run (MLflow params cannot change)."""
+    existing = client.get_run(run_id).data.params
+    items = [Param(k, _cut(v)) for k, v in params.items() if k not in existing]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100])
+
+
+def sweep_params(sweep: Sweep) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "sampler": sweep.sampler,
+        "pruner": sweep.pruner,
+        "objective.metric": sweep.objective.metric,
+        "objective.direction": sweep.objective.direction,
+        "budget.steps": sweep.budget.steps,
+        "budget.tokens": sweep.budget.tokens,
+        "n_trials": sweep.total_trials,
+        "base": [str(p) for p in sweep.base],
+    }
+    params.update({f"space.{k}": v for k, v in sweep.raw.get("space", {}).items()})
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: str) -> str:
+    exp = experiment_id(client, run)
+    parent = client.create_run(
+        exp,
+        run_name=f"study-{sweep.study}",
+        tags={
+            "optuna.study": sweep.study,
+            "optuna.storage": storage,
+            "cofr.sweep": "parent",
+            "cofr.sweep_file": str(sweep.path or ""),
+        },
+    )
+    run_id = parent.info.run_id
+    log_params(client, run_id, sweep_params(sweep))
+    if sweep.path is not None and sweep.path.is_file():
+        client.log_text(run_id, sweep.path.read_text(), "sweep.yaml")
+    return run_id
+
+
+def set_parent_status(client: MlflowClient, run_id: str, status: str) -> None:
+    with contextlib.suppress(MlflowException):
+        client.update_run(run_id, status=status)
+
+
+def child_run(
+    client: MlflowClient,
+    run: RunConfig,
+    run_dir: Path,
+    parent_id: str,
+    tags: dict[str, Any],
+    params: dict[str, Any],
+) -> str:
+    """The trial's MLflow run: the one named in ``run_dir`` (a resume) or a new child."""
+    id_file = run_dir / RUN_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.exists() else None
+    if run_id:
+        try:
+            client.get_run(run_id)
+        except MlflowException:
+            run_id = None
+    if run_id is None:
+        created = client.create_run(
+            experiment_id(client, run),
+            run_name=run_dir.name,
+            tags={"mlflow.parentRunId": parent_id},
+        )
+        run_id = created.info.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = id_file.with_suffix(".tmp")
+        tmp.write_text(run_id + "\n")
+        tmp.replace(id_file)
+    else:
+        client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+    set_tags(client, run_id, tags)
+    log_params(client, run_id, params)
+    return run_id
+
+
+def set_tags(client: MlflowClient, run_id: str, tags: dict[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(k, str(v)[:5000]) for k, v in tags.items() if v is not None]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, tags=items[start : start + 100])
+
+
+def finish_child(
+    client: MlflowClient, run_id: str, state: str, value: float | None, reason: str | None
+) -> None:
+    tags: dict[str, Any] = {"optuna.state": state}
+    if reason:
+        tags["optuna.fail_reason"] = reason
+    set_tags(client, run_id, tags)
+    if value is not None:
+        client.log_metric(run_id, "optuna/value", value)
+    status = "FAILED" if state == "FAIL" else "FINISHED"
+    if state == "RUNNING":  # requeued: it goes on later
+        status = "KILLED"
+    set_parent_status(client, run_id, status)

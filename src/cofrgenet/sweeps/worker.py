@@ -1,0 +1,301 @@
+"""``cofr sweep run``: a worker that asks trials, trains them and tells the results.
+
+Any number of workers run against one storage at once (processes on one host with the
+journal file, on many hosts with PostgreSQL). A worker stops after ``--n-trials`` trials
+of its own, or when the study's budget (``n_trials``, or the grid) is used up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.objective import (
+    REQUEUE,
+    UID_ATTR,
+    Outcome,
+    TrialContext,
+    check_config,
+    run_trial,
+)
+from cofrgenet.sweeps.spec import Sweep, SweepError, trial_config
+from cofrgenet.sweeps.tracking import PARENT_ATTR
+
+log = logging.getLogger("cofrgenet.sweeps")
+
+
+def make_sampler(sweep: Sweep, offset: int) -> optuna.samplers.BaseSampler:
+    """The sweep's sampler; its seed is offset per worker so workers do not draw alike."""
+    options = {k: v for k, v in sweep.sampler.items() if k not in ("name", "seed")}
+    seed = sweep.sampler.get("seed")
+    seed = None if seed is None else int(seed) + offset
+    name = sweep.sampler["name"]
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **options)
+    # grid: every point is queued when the study is created; the sampler never draws.
+    return optuna.samplers.RandomSampler(seed=seed, **options)
+
+
+def make_pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
+    options = {k: v for k, v in sweep.pruner.items() if k != "name"}
+    name = sweep.pruner["name"]
+    if name == "median":
+        return optuna.pruners.MedianPruner(**options)
+    if name == "percentile":
+        return optuna.pruners.PercentilePruner(**options)
+    if name == "hyperband":
+        if sweep.budget.steps is not None:
+            options.setdefault("max_resource", int(sweep.budget.steps))
+        return optuna.pruners.HyperbandPruner(**options)
+    if name == "sha":
+        return optuna.pruners.SuccessiveHalvingPruner(**options)
+    return optuna.pruners.NopPruner()
+
+
+def open_study(
+    sweep: Sweep, storage: optuna.storages.BaseStorage, offset: int
+) -> tuple[optuna.Study, bool]:
+    """Create the study (True) or load it (False); exactly one worker creates it."""
+    kwargs = {
+        "study_name": sweep.study,
+        "storage": storage,
+        "sampler": make_sampler(sweep, offset),
+        "pruner": make_pruner(sweep),
+    }
+    try:
+        study = optuna.create_study(direction=sweep.objective.direction, **kwargs)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(**kwargs)
+        created = False
+    if study.direction.name.lower() != sweep.objective.direction:
+        raise SweepError(
+            f"study {sweep.study!r} exists with direction {study.direction.name.lower()}, "
+            f"the sweep says {sweep.objective.direction}: use another study name"
+        )
+    if created:
+        study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
+        study.set_user_attr("cofr.sweep", sweep.raw)
+        if sweep.is_grid:
+            for point in sweep.grid:
+                study.enqueue_trial(point)
+    return study, created
+
+
+def next_trial(
+    study: optuna.Study, sweep: Sweep, worker: st.Worker
+) -> tuple[optuna.Trial | None, bool]:
+    """(trial, resumed): this worker's own unfinished trial, a queued one, a new one."""
+    for number, retry in st.fail_lost_trials(study, sweep.storage_options, worker.worker_id):
+        note = f"retried as trial {retry}" if retry is not None else "no retries left"
+        log.warning(f"trial {number}: its worker is gone; marked FAIL, {note}")
+    trials = study.get_trials(deepcopy=False)
+    if worker.worker_id:
+        for trial in trials:
+            if (
+                trial.state == TrialState.RUNNING
+                and trial.user_attrs.get(st.WORKER_ID) == worker.worker_id
+            ):
+                st.claim(study, trial._trial_id, worker)
+                return optuna.Trial(study, trial._trial_id), True
+    waiting = any(t.state == TrialState.WAITING for t in trials)
+    if not waiting and (sweep.is_grid or st.budget_used(trials) >= sweep.total_trials):
+        return None, False
+    trial = study.ask()
+    st.claim(study, trial._trial_id, worker)
+    study._storage.set_trial_user_attr(trial._trial_id, st.STARTED, time.time())
+    return trial, False
+
+
+def study_done(study: optuna.Study, sweep: Sweep) -> bool:
+    trials = study.get_trials(deepcopy=False)
+    busy = any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials)
+    return not busy and st.budget_used(trials) >= sweep.total_trials
+
+
+@dataclass
+class WorkerResult:
+    study: optuna.Study
+    outcomes: list[tuple[int, Outcome]] = field(default_factory=list)
+    done: bool = False
+    requeued: bool = False
+
+
+def _requeue_job(worker: st.Worker) -> None:
+    job = worker.slurm.get(st.SLURM_JOB)
+    if worker.slurm.get(st.SLURM_ARRAY_JOB) and worker.slurm.get(st.SLURM_ARRAY_TASK):
+        job = f"{worker.slurm[st.SLURM_ARRAY_JOB]}_{worker.slurm[st.SLURM_ARRAY_TASK]}"
+    if not job or shutil.which("scontrol") is None:
+        log.warning("stopped for a requeue, but this is not a SLURM job: run the worker again")
+        return
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode == 0:
+        log.info(f"requeued SLURM job {job}")
+    else:
+        log.warning(f"scontrol requeue {job} failed: {result.stderr.strip()}")
+
+
+def _seed_offset(worker: st.Worker, worker_index: int | None) -> int:
+    if worker_index is not None:
+        return worker_index
+    if worker.index is not None:
+        return worker.index
+    return worker.pid
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, sweep: Sweep) -> None:
+    storage = study._storage
+    if outcome.state == TrialState.FAIL:
+        storage.set_trial_user_attr(trial._trial_id, st.FAIL_REASON, outcome.reason or "?")
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        if outcome.retry:
+            retry = st.retry_trial(
+                study, storage.get_trial(trial._trial_id), sweep.storage_options.max_retry
+            )
+            if retry is not None:
+                log.warning(f"trial {trial.number} will be retried as trial {retry}")
+    elif outcome.state == TrialState.PRUNED:
+        if outcome.reason:
+            storage.set_trial_user_attr(trial._trial_id, "pruned", outcome.reason)
+        study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+    else:
+        study.tell(trial, outcome.value, skip_if_finished=True)
+
+
+def run_worker(
+    sweep: Sweep,
+    n_trials: int | None = None,
+    storage_url: str | None = None,
+    runs_dir: str | None = None,
+    extra: dict[str, Any] | None = None,
+    worker_index: int | None = None,
+    report: bool = True,
+    mlflow: bool = True,
+) -> WorkerResult:
+    """Run trials of ``sweep`` until ``n_trials`` of this worker or the study's budget."""
+    runs_dir = runs_dir or sweep.runs_dir
+    url = storage_url or sweep.storage or st.default_storage(sweep, runs_dir)
+    worker = st.Worker.current()
+    storage = st.open_storage(url, sweep.storage_options)
+    study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
+    folder = st.study_folder(sweep, runs_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    # Fail fast on a sweep whose config does not parse at all (a typo in a key).
+    probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
+    probe_path = folder / f"probe-{os.getpid()}.yaml"
+    import yaml
+
+    probe_path.write_text(yaml.safe_dump(probe, sort_keys=False))
+    try:
+        error = check_config(probe_path)
+    finally:
+        probe_path.unlink(missing_ok=True)
+    if error is not None:
+        raise SweepError(f"{sweep.path or sweep.study}: {error}")
+
+    client = parent = None
+    if mlflow:
+        from cofrgenet.sweeps import tracking
+
+        run = tracking.run_config(sweep, runs_dir)
+        client = tracking.client_for(run)
+        # One parent run per study: created under a lock beside the run store, so workers
+        # that start together on a new study make one (the study attribute names it).
+        with tracking.file_lock(Path(runs_dir) / ".sweep-parent.lock"):
+            parent = study.user_attrs.get(PARENT_ATTR)
+            if parent is None:
+                parent = tracking.create_parent(client, run, sweep, st.describe_storage(url))
+                study.set_user_attr(PARENT_ATTR, parent)
+        tracking.set_parent_status(client, parent, "RUNNING")
+
+    stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.unlink(missing_ok=True)
+    ctx = TrialContext(
+        sweep=sweep,
+        study=study,
+        storage_url=url,
+        runs_dir=runs_dir,
+        extra=dict(extra or {}),
+        worker=worker,
+        mlflow_client=client,
+        parent_run_id=parent,
+        stop_file=stop_file,
+    )
+
+    def on_usr1(signum: int, frame: Any) -> None:
+        REQUEUE.set()
+        with contextlib.suppress(OSError):
+            stop_file.touch()
+
+    previous = signal.signal(signal.SIGUSR1, on_usr1)
+    REQUEUE.clear()
+    result = WorkerResult(study)
+    log.info(
+        f"worker {worker.label}: study {sweep.study} on {st.describe_storage(url)} "
+        f"({'created' if created else 'loaded'})"
+    )
+    try:
+        while n_trials is None or len(result.outcomes) < n_trials:
+            if REQUEUE.is_set():  # SIGUSR1 between trials: come back after the requeue
+                result.requeued = True
+                _requeue_job(worker)
+                break
+            trial, resumed = next_trial(study, sweep, worker)
+            if trial is None:
+                break
+            log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
+            with st.Heartbeat(study, trial._trial_id, sweep.storage_options.heartbeat_interval):
+                outcome = run_trial(ctx, trial)
+            result.outcomes.append((trial.number, outcome))
+            if outcome.requeue:
+                study._storage.set_trial_user_attr(trial._trial_id, "cofr.requeued_at", time.time())
+                result.requeued = True
+                _requeue_job(worker)
+                break
+            _tell(study, trial, outcome, sweep)
+            value = "" if outcome.value is None else f" value {outcome.value:.6g}"
+            why = f" ({outcome.reason})" if outcome.reason else ""
+            log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
+            if outcome.stop_worker:
+                break
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        stop_file.unlink(missing_ok=True)
+    result.done = study_done(study, sweep)
+    if result.done and client is not None and parent is not None:
+        from cofrgenet.sweeps import tracking
+
+        tracking.set_parent_status(client, parent, "FINISHED")
+    if result.done and report:
+        from cofrgenet.sweeps.report import write_report
+
+        try:
+            write_report(study, sweep, folder / "report", client, parent)
+        except Exception as error:
+            log.warning(f"report failed: {type(error).__name__}: {error}")
+    return result
+
+
+def print_summary(result: WorkerResult, out: Any = sys.stdout) -> None:
+    for number, outcome in result.outcomes:
+        value = "" if outcome.value is None else f" value={outcome.value:.6g}"
+        why = f" ({outcome.reason})" if outcome.reason else ""
+        print(f"trial {number}: {outcome.state.name}{value}{why}", file=out)
+    if result.done:
+        print(f"study {result.study.study_name}: done", file=out)

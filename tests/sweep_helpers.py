@@ -1,0 +1,47 @@
+"""Callbacks the sweep tests put in trial configs by class path (tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import lightning as L
+import torch
+
+
+class SleepPerStep(L.Callback):
+    """Sleep ``$env`` seconds after every training batch (0 when unset): a slow trial to
+    kill or requeue in the middle."""
+
+    def __init__(self, env: str = "COFR_TEST_SLEEP") -> None:
+        self.env = env
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        seconds = float(os.environ.get(self.env, "0") or 0)
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+class PoisonWeights(L.Callback):
+    """Fill the weights with NaN before step 1 when the learning rate is above ``lr_above``,
+    so the trainer's NonFiniteLossGuard meets a real NaN loss."""
+
+    def __init__(self, lr_above: float) -> None:
+        self.lr_above = lr_above
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 1 and pl_module.optimizer_config.lr > self.lr_above:
+            with torch.no_grad():
+                for param in pl_module.parameters():
+                    param.fill_(float("nan"))
+
+
+class RecordStartStep(L.Callback):
+    """Write the global step at which training (re)starts to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        with open(self.path, "w") as handle:
+            handle.write(str(trainer.global_step))

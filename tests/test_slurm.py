@@ -1,0 +1,238 @@
+"""SLURM: sbatch resources agree with the trainer; a real sweep on a local cluster."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from cofrgenet.sweeps import SweepError, load_sweep
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.slurm import SubmitOptions, parse_sbatch_header, render
+from cofrgenet.sweeps.spec import base_config, get_dotted, parse_assignment
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = ROOT / "sweeps"
+
+
+@pytest.fixture(autouse=True)
+def _restore_mlflow_uri(monkeypatch):
+    """In-process fits call mlflow.set_tracking_uri, which sets MLFLOW_TRACKING_URI for
+    the whole process; restore it so later tests see the environment they started with."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def worker_settings(script: str) -> dict:
+    """The --set KEY=VALUE pairs of the worker command line in a rendered script."""
+    line = next(x for x in script.splitlines() if x.startswith("if [ $# -eq 0 ]; then set -- "))
+    words = shlex.split(line.removeprefix("if [ $# -eq 0 ]; then set -- ").removesuffix("; fi"))
+    return dict(parse_assignment(words[i + 1]) for i, w in enumerate(words) if w == "--set")
+
+
+def check_agreement(sweep, options: SubmitOptions) -> tuple[dict, dict]:
+    """The #SBATCH header and the config the worker trains with describe the same job."""
+    rendered = render(sweep, options)
+    header = parse_sbatch_header(rendered.script)
+    config = base_config(sweep, worker_settings(rendered.script))
+    assert header["nodes"] == str(get_dotted(config, "trainer.num_nodes")) == "1"
+    assert header["ntasks-per-node"] == "1"  # one worker process; it spawns its own ranks
+    devices = get_dotted(config, "trainer.devices")
+    if get_dotted(config, "trainer.accelerator") == "gpu":
+        assert header["gres"] == f"gpu:{devices}"
+        if devices > 1:
+            assert get_dotted(config, "trainer.strategy") == "ddp_spawn"
+    else:
+        assert "gres" not in header and devices == 1
+    workers = get_dotted(config, "data.num_workers")
+    if isinstance(workers, int):
+        assert int(header["cpus-per-task"]) >= workers + 1
+    assert header["array"] == f"0-{options.workers - 1}"
+    assert header["signal"] == "B:USR1@90" and "requeue" in header
+    return header, config
+
+
+def test_sweep_sbatch_resources_agree_with_the_trainer():
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    header, _ = check_agreement(tiny, SubmitOptions(workers=2))
+    assert header["cpus-per-task"] == "1"  # data.num_workers 0
+    tpe = load_sweep(SWEEPS / "tpe-depth-ladders-lr.yaml")
+    header, _ = check_agreement(tpe, SubmitOptions(workers=8, partition="gpu"))
+    assert header["gres"] == "gpu:1" and header["partition"] == "gpu"
+    assert header["cpus-per-task"] == "8" and header["mem"] == "64G"
+    header, _ = check_agreement(tpe, SubmitOptions(workers=4, gpus_per_worker=2))
+    assert header["gres"] == "gpu:2"
+    header, _ = check_agreement(
+        tpe, SubmitOptions(workers=2, gpus_per_worker=0, settings={"data.num_workers": 3})
+    )
+    assert int(header["cpus-per-task"]) >= 4
+    check_agreement(load_sweep(SWEEPS / "paper-grid-cofrgenet-f.yaml"), SubmitOptions(workers=16))
+
+
+def test_sweep_sbatch_refuses_what_cannot_agree():
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    with pytest.raises(SweepError, match="num_nodes"):
+        render(tiny, SubmitOptions(settings={"trainer.num_nodes": 2}))
+    with pytest.raises(SweepError, match="cpus-per-worker"):
+        render(tiny, SubmitOptions(cpus_per_worker=2, settings={"data.num_workers": 4}))
+
+
+def test_submit_dry_run_prints_the_script(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", "sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"),
+         "--workers", "2", "--runs-dir", str(tmp_path / "runs"), "--dry-run"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash")
+    assert "#SBATCH --array=0-1" in result.stdout
+    assert "-m cofrgenet.cli sweep run" in result.stdout
+    assert not (tmp_path / "runs").exists(), "a dry run writes nothing"
+    assert subprocess.run(["bash", "-n"], input=result.stdout, text=True).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("nodes", "tasks", "gpus", "ok"),
+    [("2", "8(x2)", "8", True), ("1", "1", "0", True), ("1", "1", "4", False)],
+)
+def test_train_sbatch_takes_the_topology_from_the_allocation(tmp_path, nodes, tasks, gpus, ok):
+    header = parse_sbatch_header((ROOT / "slurm" / "train.sbatch").read_text())
+    assert header["gres"] == f"gpu:{header['ntasks-per-node']}"  # one task per GPU
+    assert header["signal"] == "SIGUSR1@90" and "requeue" in header
+    # Run the script with a stub srun that prints the command it would launch.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\necho "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_NNODES": nodes,
+        "SLURM_NTASKS_PER_NODE": tasks,
+        "SLURM_GPUS_ON_NODE": gpus,
+        "SLURM_JOB_ID": "77",
+        "SLURM_SUBMIT_DIR": str(ROOT),
+    }
+    result = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "train.sbatch"), "conf/experiment/demo-gpt2.yaml"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if not ok:
+        assert result.returncode == 2 and "--ntasks-per-node" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert words[words.index("--trainer.num_nodes") + 1] == nodes
+    assert words[words.index("--trainer.devices") + 1] == tasks.split("(")[0]
+    accelerator = "gpu" if int(gpus) else "cpu"
+    assert words[words.index("--trainer.accelerator") + 1] == accelerator
+    assert words[words.index("--ckpt_path") + 1] == "last"
+
+
+# ------------------------------------------------------------------ a real cluster
+
+
+def slurm_reason() -> str | None:
+    """Why the SLURM test cannot run here, or None."""
+    if shutil.which("sbatch") is None:
+        return "SLURM is absent: no sbatch on PATH (CI starts a cluster with .ci/services.sh start)"
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        return (
+            "no slurmctld answers `scontrol ping` (SLURM_CONF="
+            f"{os.environ.get('SLURM_CONF', 'unset')}): start one with .ci/services.sh start"
+        )
+    return None
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    from cofrgenet.data import prepare_data
+
+    out = tmp_path_factory.mktemp("data") / "pydoc-byte"
+    prepare_data(source="pydoc", tokenizer="byte", out=out, max_docs=12, num_workers=1)
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_sweep_on_the_local_slurm_cluster(tiny_data, tmp_path):
+    reason = slurm_reason()
+    if reason:
+        pytest.skip(reason)
+    raw = yaml.safe_load((SWEEPS / "tiny-cpu.yaml").read_text())
+    raw["base"] = [str(ROOT / b) for b in raw["base"]]
+    raw["study"] = f"slurm-{uuid.uuid4().hex[:8]}"
+    sweep_path = tmp_path / "tiny.yaml"
+    sweep_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    runs = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", "sweep", "submit", str(sweep_path), "--workers", "2",
+         "--runs-dir", str(runs), "--set", f"data.data_dir={tiny_data}", "--time", "00:20:00", "--wait"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900,
+    )  # fmt: skip
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted(runs.rglob("slurm/*.out")))
+    assert result.returncode == 0, result.stdout + result.stderr + logs
+    job = result.stdout.split(" as job ")[1].split()[0]
+
+    sweep = load_sweep(sweep_path)
+    url = st.default_storage(sweep, str(runs))
+    study = optuna.load_study(study_name=sweep.study, storage=st.open_storage(url))
+    trials = study.get_trials()
+    assert len(trials) >= sweep.total_trials, logs
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in trials)
+    assert all(t.user_attrs.get(st.FAIL_REASON) for t in trials if t.state == TrialState.FAIL)
+    assert {t.user_attrs[st.WORKER_ID] for t in trials} <= {f"slurm-{job}_0", f"slurm-{job}_1"}
+    assert {t.user_attrs[st.SLURM_ARRAY_JOB] for t in trials} == {job}
+
+    client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(sweep.experiment)
+    found = client.search_runs([experiment.experiment_id], max_results=100)
+    (parent,) = [r for r in found if r.data.tags.get("cofr.sweep") == "parent"]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(trials)
+    assert all(r.data.tags["slurm.array_job_id"] == job for r in children)
+    assert (runs / "sweeps" / sweep.study / "report" / "summary.md").is_file()
+
+
+def test_ckpt_path_last_prefers_a_newer_requeue_checkpoint(tiny_data, tmp_path):
+    """train.sbatch resumes with --ckpt_path last: Lightning's SIGUSR1 checkpoint
+    (hpc_ckpt_<n>.ckpt in the run folder) wins when it is newer than last.ckpt."""
+    from cofrgenet.training.cli import CofrCLI
+
+    def fit(steps: int, *extra: str) -> None:
+        CofrCLI(
+            args=[
+                "fit", "--config", str(ROOT / "sweeps" / ".." / "conf" / "trainer" / "cpu-debug.yaml"),
+                "--model.preset", "gpt2-tiny", "--model.config", '{"vocab_size": 320, "block_size": 32}',
+                "--data.data_dir", str(tiny_data), "--data.block_size", "32", "--data.batch_size", "2",
+                "--data.num_workers", "0", "--run.runs_dir", str(tmp_path / "runs"), "--run.name", "r",
+                "--run.mlflow", "false", "--run.checkpoint_every_n_steps", "2",
+                "--trainer.max_steps", str(steps), "--trainer.val_check_interval", "100",
+                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                "--trainer.callbacks+=sweep_helpers.RecordStartStep",
+                f"--trainer.callbacks.path={tmp_path / 'start'}", *extra,
+            ]
+        )  # fmt: skip
+
+    fit(2)
+    run_dir = tmp_path / "runs" / "default" / "r"
+    at_step_2 = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    fit(4, "--ckpt_path", "last")
+    assert (tmp_path / "start").read_text() == "2"
+    (run_dir / "hpc_ckpt_1.ckpt").write_bytes(at_step_2)  # newer than last.ckpt (step 4)
+    fit(6, "--ckpt_path", "last")
+    assert (tmp_path / "start").read_text() == "2"
+    (run_dir / "checkpoints" / "last.ckpt").touch()  # now last.ckpt (step 6) is newer
+    fit(8, "--ckpt_path", "last")
+    assert (tmp_path / "start").read_text() == "6"

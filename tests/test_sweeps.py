@@ -1,0 +1,459 @@
+"""Sweeps: sweep files, workers in parallel, failures, killed workers, requeues, reports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+import torch
+import yaml
+from optuna.trial import TrialState
+
+from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.sweeps import SweepError, load_sweep, parse_sweep
+from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.objective import check_config
+from cofrgenet.sweeps.spec import parse_param, steps_for_tokens, trial_config
+from cofrgenet.sweeps.worker import open_study, run_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
+TESTS = Path(__file__).resolve().parent
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+POSTGRES_URL = os.environ.get("COFR_TEST_POSTGRES_URL")
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(autouse=True)
+def _restore_mlflow_uri(monkeypatch):
+    """In-process fits call mlflow.set_tracking_uri, which sets MLFLOW_TRACKING_URI for
+    the whole process; restore it so later tests see the environment they started with."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    from cofrgenet.data import prepare_data
+
+    out = tmp_path_factory.mktemp("data") / "pydoc-byte"
+    prepare_data(source="pydoc", tokenizer="byte", out=out, max_docs=12, num_workers=1)
+    return out
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.update(extra)
+    return env
+
+
+def cofr(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cofrgenet.cli", *args]
+
+
+def write_sweep(tmp_path: Path, name: str = "sweep.yaml", **changes) -> Path:
+    """The shipped tiny sweep, with the runs folder in tmp_path and ``changes`` on top."""
+    raw = yaml.safe_load((ROOT / "sweeps" / "tiny-cpu.yaml").read_text())
+    raw["base"] = [str(ROOT / b) for b in raw["base"]]
+    raw["runs_dir"] = str(tmp_path / "runs")
+    for key, value in changes.items():  # replaced, except overrides: merged
+        raw[key] = {**raw[key], **value} if key == "overrides" else value
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def mlflow_client(tmp_path: Path) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+
+
+def study_of(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=st.open_storage(url))
+
+
+# ----------------------------------------------------------------------- sweep files
+
+
+def test_param_specs_read_ranges_and_choices():
+    depth = parse_param("model.config.depth", "int 1..8")
+    assert (depth.kind, depth.low, depth.high, depth.grid_values()) == (
+        "int",
+        1,
+        8,
+        list(range(1, 9)),
+    )
+    lr = parse_param("model.optimizer.lr", "float 1e-4..3e-3 log")
+    assert lr.kind == "float" and lr.log and lr.low == 1e-4 and lr.high == 3e-3
+    assert parse_param("k", "int 2..16 step 2").grid_values() == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert parse_param("k", [1, 3, 5, 7]).choices == (1, 3, 5, 7)
+    assert parse_param("k", {"choices": ["a", "b"]}).kind == "categorical"
+    for bad in ("int 1-8", "float 0..1 log", {"type": "int", "low": 1.5, "high": 3}, []):
+        with pytest.raises(SweepError):
+            parse_param("k", bad)
+    with pytest.raises(SweepError, match="grid"):
+        parse_param("k", "float 0.1..0.2").grid_values()
+
+
+def test_sweep_file_errors_name_the_problem(tmp_path):
+    good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 2}
+    parse_sweep(good)
+    with pytest.raises(SweepError, match="unknown sweep key"):
+        parse_sweep({**good, "smapler": {}})
+    with pytest.raises(SweepError, match=r"sampler\.name"):
+        parse_sweep({**good, "sampler": {"name": "cmaes-ish"}})
+    with pytest.raises(SweepError, match="n_trials"):
+        parse_sweep({k: v for k, v in good.items() if k != "n_trials"})
+    with pytest.raises(SweepError, match="not found"):
+        parse_sweep({**good, "base": ["conf/nowhere.yaml"]})
+    assert parse_sweep({**good, "sampler": {"name": "grid"}, "n_trials": None}).total_trials == 2
+
+
+def test_tokens_budget_becomes_steps():
+    config = {
+        "data": {"batch_size": 8, "block_size": 1024},
+        "trainer": {"devices": 8, "num_nodes": 2, "accumulate_grad_batches": 4},
+    }
+    assert steps_for_tokens(config, 524288 * 10) == 10
+    assert steps_for_tokens(config, 1) == 1
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_shipped_sweep_builds_valid_trial_configs(path):
+    """Each sweep's first and last grid corner parses through `cofr fit` and builds (meta)."""
+    sweep = load_sweep(path)
+    low = {p.key: p.default() for p in sweep.space}
+    high = {p.key: (p.choices[-1] if p.choices else p.high) for p in sweep.space}
+    for params in (low, high):
+        params = {k: (int(v) if sweep.param(k).kind == "int" else v) for k, v in params.items()}
+        config = trial_config(sweep, params)
+        assert config["trainer"]["max_steps"] >= 1
+        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"cofr-sweep-{uuid.uuid4().hex}.yaml"
+        out.write_text(yaml.safe_dump(config))
+        try:
+            assert check_config(out) is None
+        finally:
+            out.unlink()
+        model = config["model"]
+        with torch.device("meta"):
+            build_model(ModelConfig.from_preset(model["preset"], **(model.get("config") or {})))
+    if sweep.is_grid:
+        assert len(sweep.grid) == sweep.total_trials
+
+
+def test_paper_grid_is_d_by_l_in_1_3_5_7():
+    sweep = load_sweep(ROOT / "sweeps" / "paper-grid-cofrgenet-f.yaml")
+    points = {(p["model.config.depth"], p["model.config.ladders"]) for p in sweep.grid}
+    assert points == {(d, n) for d in (1, 3, 5, 7) for n in (1, 3, 5, 7)}
+    config = trial_config(sweep, sweep.grid[0])
+    assert config["model"]["preset"] == "gpt2-small-f"  # CoFrGeNet-F at a small preset
+    assert sweep.total_trials == 16
+
+
+# ------------------------------------------------------------------ local sweeps
+
+
+def storages(tmp_path: Path, kind: str) -> str:
+    if kind == "journal":
+        return f"journal:{tmp_path / 'runs' / 'sweeps' / 'study.journal'}"
+    if not POSTGRES_URL:
+        pytest.skip(
+            "COFR_TEST_POSTGRES_URL is not set: no PostgreSQL server to test against "
+            "(CI starts one with .ci/services.sh start)"
+        )
+    pytest.importorskip("psycopg", reason="psycopg (psycopg[binary]) is not installed")
+    return POSTGRES_URL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["journal", "postgresql"])
+def test_two_workers_in_parallel(kind, tiny_data, tmp_path, capsys):
+    """2 worker processes on one storage: every trial finishes, MLflow nests, report written."""
+    url = storages(tmp_path, kind)
+    study_name = f"tiny-{kind}-{uuid.uuid4().hex[:8]}"
+    sweep_path = write_sweep(tmp_path, study=study_name, storage=url)
+    args = cofr("sweep", "run", str(sweep_path), "--set", f"data.data_dir={tiny_data}")
+    logs = [open(tmp_path / f"worker{i}.log", "w") for i in range(2)]  # noqa: SIM115
+    procs = [
+        subprocess.Popen([*args, "--worker-index", str(i)], env=worker_env(), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        for i, log in enumerate(logs)
+    ]  # fmt: skip
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    output = "\n".join((tmp_path / f"worker{i}.log").read_text()[-3000:] for i in range(2))
+    assert codes == [0, 0], output
+
+    study = study_of(url, study_name)
+    trials = study.get_trials()
+    sweep = load_sweep(sweep_path)
+    assert sweep.total_trials <= len(trials) <= sweep.total_trials + 1
+    assert all(t.state in FINISHED for t in trials), [t.state for t in trials]
+    assert all(t.user_attrs.get(st.FAIL_REASON) for t in trials if t.state == TrialState.FAIL)
+    assert any(t.state == TrialState.COMPLETE for t in trials)
+    workers = {t.user_attrs[st.PID] for t in trials}
+    assert len(workers) == 2, "both workers should have run trials"
+    # Intermediate values are reported at global steps (val every 2 steps of 6).
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert (
+        set(complete[0].intermediate_values) <= {2, 4, 6} and 6 in complete[0].intermediate_values
+    )
+
+    client = mlflow_client(tmp_path)
+    experiment = client.get_experiment_by_name(study_name)
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get("cofr.sweep") == "parent"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert study.user_attrs[st_parent_attr()] == parent.info.run_id
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(trials)
+    by_number = {int(r.data.tags["optuna.trial_number"]): r for r in children}
+    for trial in trials:
+        child = by_number[trial.number]
+        assert child.data.tags["optuna.state"] == trial.state.name
+        for key, value in trial.params.items():
+            assert child.data.params[key] == str(value)
+    assert "val/loss" in by_number[complete[0].number].data.metrics
+
+    report = tmp_path / "runs" / "sweeps" / study_name / "report"
+    for name in (
+        "summary.md",
+        "optimization_history.png",
+        "heatmap.png",
+        "intermediate_values.png",
+        "trials.csv",
+    ):
+        assert (report / name).is_file(), name
+    assert f"# Sweep report: {study_name}" in (report / "summary.md").read_text()
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert "report/summary.md" in artifacts
+
+    # `cofr sweep status` prints every trial.
+    from cofrgenet.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", "status", str(sweep_path)]) == 0
+    assert f"study {study_name}: {len(trials)} trials" in capsys.readouterr().out
+    if kind == "postgresql":
+        optuna.delete_study(study_name=study_name, storage=url)
+
+
+def st_parent_attr() -> str:
+    from cofrgenet.sweeps.tracking import PARENT_ATTR
+
+    return PARENT_ATTR
+
+
+def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_path):
+    """A sample the model rejects and a NaN loss end FAIL with reasons; the rest run."""
+    sweep_path = write_sweep(
+        tmp_path,
+        sampler={"name": "grid"},
+        pruner={"name": "none"},
+        n_trials=None,
+        space={"model.config.ladders": {"choices": [0, 1]}, "model.optimizer.lr": {"choices": [1e-3, 0.5]}},
+        overrides={
+            "data.data_dir": str(tiny_data),
+            "trainer.callbacks": [{"class_path": "sweep_helpers.PoisonWeights", "init_args": {"lr_above": 0.1}}],
+        },
+    )  # fmt: skip
+    sweep = load_sweep(sweep_path)
+    result = run_worker(sweep, report=True)
+    trials = result.study.get_trials()
+    assert len(trials) == 4 and result.done
+    for trial in trials:
+        ladders, lr = trial.params["model.config.ladders"], trial.params["model.optimizer.lr"]
+        if ladders == 0:
+            assert trial.state == TrialState.FAIL
+            assert "ladders must be a positive integer" in trial.user_attrs[st.FAIL_REASON]
+        elif lr > 0.1:
+            assert trial.state == TrialState.FAIL
+            assert trial.user_attrs[st.FAIL_REASON].startswith("non-finite loss")
+        else:
+            assert trial.state == TrialState.COMPLETE
+    summary = (tmp_path / "runs" / "sweeps" / sweep.study / "report" / "summary.md").read_text()
+    assert "non-finite loss" in summary and "Best trial" in summary
+
+
+def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"worker exited ({proc.returncode}) before {what}")
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def slow_sweep(tmp_path: Path, tiny_data: Path) -> Path:
+    return write_sweep(
+        tmp_path,
+        n_trials=1,
+        pruner={"name": "none"},
+        budget={"steps": 8},
+        overrides={
+            "data.data_dir": str(tiny_data),
+            "trainer.val_check_interval": 4,
+            "trainer.callbacks": [{"class_path": "sweep_helpers.SleepPerStep"}],
+        },
+    )
+
+
+def test_killed_worker_trial_is_failed_and_retried_from_its_checkpoint(tiny_data, tmp_path):
+    sweep_path = slow_sweep(tmp_path, tiny_data)
+    sweep = load_sweep(sweep_path)
+    url = st.default_storage(sweep)
+    run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
+    log = open(tmp_path / "killed.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        cofr("sweep", "run", str(sweep_path)), env=worker_env(COFR_TEST_SLEEP="1.5"),
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        _wait_for(
+            lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), 300, proc, "a checkpoint"
+        )
+        proc.kill()  # SIGKILL: no handler runs, the trial stays RUNNING in the journal
+        proc.wait(timeout=30)
+    finally:
+        log.close()
+        if proc.poll() is None:
+            proc.kill()
+    study = study_of(url, sweep.study)
+    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING]
+
+    # Another worker (here in-process) finds the dead worker's trial, fails it and retries it.
+    result = run_worker(sweep, report=False)
+    trials = result.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert "died during the trial" in trials[0].user_attrs[st.FAIL_REASON]
+    assert trials[1].system_attrs["retry_history"] == [0]
+    assert trials[1].params == trials[0].params
+    assert trials[1].user_attrs[st.RESUMED] >= 2, "the retry must resume the checkpoint"
+    assert not any(t.state == TrialState.RUNNING for t in trials)
+    # One MLflow run for both attempts (same run folder), finished.
+    client = mlflow_client(tmp_path)
+    exp = client.get_experiment_by_name(sweep.experiment)
+    children = [
+        r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags
+    ]
+    assert len(children) == 1 and children[0].data.tags["optuna.state"] == "COMPLETE"
+    # The journal is intact: a fresh reader sees the same history.
+    assert [t.state for t in study_of(url, sweep.study).get_trials()] == [t.state for t in trials]
+
+
+@pytest.mark.slow
+def test_requeued_slurm_task_resumes_its_own_trial(tiny_data, tmp_path):
+    """SIGUSR1 (SLURM's time-limit warning): checkpoint, leave the trial RUNNING, exit; the
+    requeued task (same array id) resumes that trial from its checkpoint."""
+    sweep_path = slow_sweep(tmp_path, tiny_data)
+    sweep = load_sweep(sweep_path)
+    run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
+    slurm = {"SLURM_JOB_ID": "4243", "SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "0"}
+    # No scontrol to call: a stub records the requeue request.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.calls\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = worker_env(**slurm, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        cofr("sweep", "run", str(sweep_path)), env={**env, "COFR_TEST_SLEEP": "1.5"},
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        _wait_for(
+            lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), 300, proc, "a checkpoint"
+        )
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        log.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "scontrol.calls").read_text().split() == ["requeue", "4242_0"]
+    url = st.default_storage(sweep)
+    (trial,) = study_of(url, sweep.study).get_trials()
+    assert trial.state == TrialState.RUNNING and trial.user_attrs["cofr.requeued_at"]
+    stopped = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+
+    second = subprocess.run(
+        cofr("sweep", "run", str(sweep_path)), env=env, capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    (trial,) = study_of(url, sweep.study).get_trials()
+    assert trial.state == TrialState.COMPLETE
+    assert trial.user_attrs[st.RESUMED] == stopped > 0
+    assert trial.user_attrs[st.WORKER_ID] == "slurm-4242_0"
+
+
+def test_a_folder_from_another_study_is_moved_aside(tiny_data, tmp_path):
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=1, overrides={"data.data_dir": str(tiny_data)})
+    )
+    stale = tmp_path / "runs" / sweep.experiment / "trial-0000" / "checkpoints"
+    stale.mkdir(parents=True)
+    (stale / "last.ckpt").write_text("not ours")
+    result = run_worker(sweep, report=False, mlflow=False)
+    assert [t.state for t in result.study.get_trials()] == [TrialState.COMPLETE]
+    moved = list((tmp_path / "runs" / sweep.experiment).glob("trial-0000.old-*"))
+    assert len(moved) == 1 and (moved[0] / "checkpoints" / "last.ckpt").read_text() == "not ours"
+
+
+def test_open_study_enqueues_the_grid_once(tmp_path):
+    sweep = parse_sweep(
+        {"study": "g", "space": {"a": [1, 2], "b": "int 1..3"}, "sampler": {"name": "grid"}}
+    )
+    storage = st.open_storage(f"journal:{tmp_path / 'g.journal'}")
+    _, created = open_study(sweep, storage, 0)
+    again, created_again = open_study(sweep, storage, 1)
+    assert created and not created_again
+    waiting = again.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 6
+
+
+def test_lost_worker_detection(tmp_path, monkeypatch):
+    """A dead pid on this host is lost at once; elsewhere only after the grace period."""
+    storage = st.open_storage(f"journal:{tmp_path / 'l.journal'}")
+    study = optuna.create_study(study_name="l", storage=storage)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    options = parse_sweep({"study": "l", "space": {"a": [1]}, "n_trials": 1}).storage_options
+    trial = study.ask()
+    for key, value in {
+        st.HOST: os.uname().nodename,
+        st.PID: dead.pid,
+        st.HEARTBEAT: time.time(),
+    }.items():
+        study._storage.set_trial_user_attr(trial._trial_id, key, value)
+    frozen = study._storage.get_trial(trial._trial_id)
+    if os.uname().nodename == __import__("socket").gethostname():
+        assert "died" in st.lost_reason(frozen, storage, options)
+    other = study.ask()
+    for key, value in {st.HOST: "elsewhere", st.PID: 1, st.HEARTBEAT: time.time()}.items():
+        study._storage.set_trial_user_attr(other._trial_id, key, value)
+    assert st.lost_reason(study._storage.get_trial(other._trial_id), storage, options) is None
+    study._storage.set_trial_user_attr(other._trial_id, st.HEARTBEAT, time.time() - 10_000)
+    assert "no heartbeat" in st.lost_reason(
+        study._storage.get_trial(other._trial_id), storage, options
+    )

@@ -9,18 +9,25 @@ import sys
 import types
 
 import pytest
+import torch
 
 from cofrgenet import cli
 from cofrgenet.bench.ops import (
     OpsBenchConfig,
+    Result,
     Target,
+    Workload,
     check_targets,
+    default_impls,
+    min_bytes,
     parse_int,
     run_benchmark,
+    to_markdown,
 )
 from cofrgenet.bench.timing import BackgroundLoad, Summary, time_interleaved, wait_for_quiet
 
 TINY = ["--sizes", "256", "--depths", "1,3", "--ladder-sizes", "8x16", "--ladder-depths", "2"]
+TINY += ["--ensemble-sizes", "8x16", "--ensemble-depths", "2", "--cffn-sizes", "8x16"]
 
 
 def test_cli_help_lists_commands(capsys):
@@ -83,12 +90,23 @@ def test_bench_ops_writes_table_and_json(tmp_path):
     impls = ["literal", "continuant", "auto"]  # --quick leaves out "compiled"
     assert report["config"]["impls"] == impls
     rows = report["results"]
-    # 2 continued-fraction depths + 1 ladder, 2 modes, 3 impls.
-    assert len(rows) == 3 * 2 * 3
+    # 2 continued-fraction depths + 1 ladder + 1 ensemble + 2 Cffn layers, 2 modes, 3 impls.
+    assert len(rows) == 6 * 2 * 3
     keys = {(r["op"], r["d"], r["mode"], r["impl"]) for r in rows}
     assert ("continued_fraction", 3, "fwd+bwd", "continuant") in keys
     assert ("univariate_ladder", 2, "fwd", "auto") in keys
+    assert ("ladder_ensemble", 2, "fwd+bwd", "literal") in keys
+    assert ("cffn_elementwise", 2, "fwd", "continuant") in keys
+    assert report["copy_bandwidth_gbps"] > 0
     for r in rows:
+        if r["op"].startswith("cffn"):  # layers: the ladders' share, no bandwidth
+            assert r["gbps"] is None and r["matmuls_only_median_ms"] > 0
+            assert r["ladder_share"] == pytest.approx(
+                1 - r["matmuls_only_median_ms"] / r["median_ms"]
+            )
+        else:
+            assert r["gbps"] == pytest.approx(r["min_bytes"] / r["median_ms"] / 1e6)
+            assert r["copy_fraction"] == pytest.approx(r["gbps"] / report["copy_bandwidth_gbps"])
         assert r["error"] is None
         assert len(r["samples_ms"]) == r["repeats"] == 3
         assert all(math.isfinite(t) and t > 0 for t in r["samples_ms"])
@@ -108,8 +126,9 @@ def test_bench_ops_writes_table_and_json(tmp_path):
     assert [t["met"] for t in report["targets"]] == [None, None]
 
     md = md_path.read_text()
-    assert "| workload | mode | literal | continuant | auto | auto uses |" in md
+    assert "| workload | mode | literal | continuant | auto | auto uses | fastest |" in md
     assert "| cf 256 d=3 | fwd+bwd |" in md and "| ladder 8x16 d=2 | fwd |" in md
+    assert "| ensemble 8x16 L=2 d=2 | fwd |" in md and "| Cffn-scalar 8x16 L=2 d=2 | fwd |" in md
     assert "cofr bench ops --quick" in md and "torch " in md
 
 
@@ -118,6 +137,8 @@ def test_targets_come_from_measurements():
         sizes=(512,),
         depths=(5,),
         ladder_sizes=(),
+        ensemble_sizes=(),
+        cffn_sizes=(),
         impls=("literal", "continuant"),
         modes=("fwd+bwd",),
         repeats=2,
@@ -133,6 +154,64 @@ def test_targets_come_from_measurements():
     checks = check_targets(report.results, [easy, impossible, absent])
     assert [c.met for c in checks] == [True, False, None]
     assert checks[0].speedup == result.speedup
+
+
+def test_triton_is_skipped_on_cpu_with_a_note():
+    config = OpsBenchConfig(
+        sizes=(64,),
+        depths=(2,),
+        ladder_sizes=(),
+        ensemble_sizes=(),
+        cffn_sizes=(),
+        impls=("literal", "triton"),
+        modes=("fwd",),
+        repeats=1,
+        warmup=0,
+        device="cpu",
+    )
+    report = run_benchmark(config)
+    triton = next(r for r in report.results if r.impl == "triton")
+    assert triton.summary is None and triton.error is None
+    assert "CUDA" in triton.skipped and "interpreter" in triton.skipped
+    assert "| cf 64 d=2 | fwd |" in to_markdown(report) and "skipped" in to_markdown(report)
+    assert "triton" not in default_impls(torch.device("cpu"))
+    assert "triton" in default_impls(torch.device("cuda"))
+
+
+def test_min_bytes():
+    cf = Workload("continued_fraction", 100, 5)
+    assert min_bytes(cf, "fwd", 4) == (100 * 5 + 100) * 4
+    # fwd+bwd: read a, write f; read a and the upstream gradient, write d loss / d a.
+    assert min_bytes(cf, "fwd+bwd", 4) == (3 * 100 * 5 + 2 * 100) * 4
+    ladder = Workload("univariate_ladder", 10, 3, 8)
+    assert min_bytes(ladder, "fwd", 2) == (2 * 80 + 2 * 3 * 8) * 2
+    ensemble = Workload("ladder_ensemble", 10, 3, 8, 2)
+    params = 2 * 3 * 2 * 8 + 8 * 2
+    assert min_bytes(ensemble, "fwd+bwd", 4) == (2 * 80 + params + 3 * 80 + 2 * params) * 4
+    assert min_bytes(Workload("cffn_scalar", 10, 3, 8, 2), "fwd", 4) is None
+
+
+def test_targets_against_another_impl_and_bandwidth():
+    w = Workload("univariate_ladder", 64, 3, 32)
+    results = []
+    for impl, median, fraction in (
+        ("literal", 8.0, 0.1),
+        ("compiled", 4.0, 0.2),
+        ("triton", 1.0, 0.8),
+    ):
+        r = Result(w, "fwd+bwd", impl, impl, summary=Summary.of([median]))
+        r.speedup, r.copy_fraction = 8.0 / median, fraction
+        results.append(r)
+    targets = [
+        Target("univariate_ladder", 64, 3, "fwd+bwd", "triton", 2.0, "compiled", 32),
+        Target("univariate_ladder", 64, 3, "fwd+bwd", "triton", 10.0, width=32),
+        Target("univariate_ladder", 64, 3, "fwd+bwd", "triton", 0, width=32, min_copy_fraction=0.7),
+        Target("univariate_ladder", 64, 3, "fwd", "triton", 0, width=32, min_copy_fraction=0.7),
+    ]
+    checks = check_targets(results, targets)
+    assert [c.speedup for c in checks] == [4.0, 8.0, 0.8, None]
+    assert [c.met for c in checks] == [True, False, True, None]
+    assert "of copy bandwidth" in targets[2].describe()
 
 
 def test_unknown_impl_is_an_error():

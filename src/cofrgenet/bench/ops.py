@@ -1,9 +1,10 @@
 """`cofr bench ops`: time the continued-fraction ops, literal form against continuants.
 
-Workloads are ``continued_fraction`` on (N, d) partial denominators and
-``univariate_ladder`` on x (rows, n) with weight/bias (d, n). Each implementation
-(``literal``, ``continuant``, ``compiled``, ``auto`` and any later one in
-``cofrgenet.ops.IMPLS``) runs in two modes:
+Workloads are ``continued_fraction`` on (N, d) partial denominators,
+``univariate_ladder`` on x (rows, n) with weight/bias (d, n), ``ladder_ensemble`` (the
+elementwise Cffn's ladders: x (rows, p), weight/bias (d, L, p), mix (p, L)) and whole
+``Cffn`` layers (scalar and elementwise ladders) on x (rows, p). Each implementation
+(``literal``, ``continuant``, ``compiled``, ``triton``, ``auto``) runs in two modes:
 
 * ``fwd``: the forward pass under ``torch.no_grad()``;
 * ``fwd+bwd``: forward, then ``backward`` of a fixed random upstream gradient into
@@ -16,6 +17,13 @@ The first call of each (impl, mode) is timed on its own and reported as "first c
 and mode. Inputs are positive (a in [0.5, 1.5)), so no clamp is active and every
 implementation computes the same values; the kernels are branch-free, so their speed
 does not depend on the values.
+
+Bandwidth: each op workload has a minimum number of bytes it must move (inputs read
+once, outputs written once; see :func:`min_bytes`); GB/s = that / median time, and "% copy"
+compares it with the device's copy bandwidth measured at the start of the run. Cffn
+workloads also time the layer's matmuls alone (gate and U, no ladders) and report the
+ladders' share of the layer's time. ``triton`` is skipped on CPU: Triton's interpreter
+runs there, and its timings mean nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +55,14 @@ from cofrgenet.bench.timing import (
     time_once,
     wait_for_quiet,
 )
-from cofrgenet.ops import IMPLS, continued_fraction, resolve_impl, univariate_ladder
+from cofrgenet.nn import Cffn
+from cofrgenet.ops import (
+    IMPLS,
+    continued_fraction,
+    ladder_ensemble,
+    resolve_impl,
+    univariate_ladder,
+)
 
 MODES = ("fwd", "fwd+bwd")
 DTYPES = {
@@ -61,15 +76,92 @@ REFERENCE_IMPL = "literal"
 BUSY_THRESHOLD = 0.10
 
 
-def default_impls() -> tuple[str, ...]:
-    """Every implementation in ``cofrgenet.ops.IMPLS``: literal first, auto last."""
-    middle = [i for i in IMPLS if i not in (REFERENCE_IMPL, "auto")]
+#: Implementations that run only on CUDA devices (on CPU, Triton's interpreter would).
+CUDA_ONLY_IMPLS = ("triton",)
+CFFN_OPS = ("cffn_scalar", "cffn_elementwise")
+
+
+def default_impls(device: torch.device | None = None) -> tuple[str, ...]:
+    """Every implementation in ``cofrgenet.ops.IMPLS``: literal first, auto last.
+
+    ``triton`` only where CUDA is (``device``, or this machine when None).
+    """
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+    middle = [
+        i for i in IMPLS if i not in (REFERENCE_IMPL, "auto") and (cuda or i not in CUDA_ONLY_IMPLS)
+    ]
     return (REFERENCE_IMPL, *middle, "auto")
 
 
 @dataclass(frozen=True)
+class Workload:
+    """One op on one input shape.
+
+    ``width`` is n (ladders) or p (ensembles, Cffn layers), None for continued_fraction;
+    ``ladders`` is L for ensembles and Cffn layers.
+    """
+
+    op: str
+    rows: int
+    d: int
+    width: int | None = None
+    ladders: int | None = None
+
+    @property
+    def units(self) -> int:
+        """Number of ladders evaluated (what ``resolve_impl`` looks at)."""
+        if self.op == "cffn_scalar":
+            return self.rows * (self.ladders or 1)
+        return self.rows * (self.width or 1) * (self.ladders or 1)
+
+    @property
+    def shape(self) -> str:
+        """The input shapes: a (N, d), x (rows, n) x weight (d, n), or x and (d, L, p)."""
+        if self.width is None:
+            return f"({_pow2(self.rows)}, {self.d})"
+        if self.ladders is None:
+            return f"({_pow2(self.rows)}, {self.width}) x ({self.d}, {self.width})"
+        return f"({_pow2(self.rows)}, {self.width}) x L={self.ladders}, d={self.d}"
+
+    @property
+    def label(self) -> str:
+        """Short name for tables: ``cf 2^20 d=8``, ``ladder 1024x1024 d=8``,
+        ``ensemble 8192x768 L=3 d=5`` or ``Cffn-scalar 8192x768 L=3 d=5``."""
+        if self.width is None:
+            return f"cf {_pow2(self.rows)} d={self.d}"
+        size = f"{_pow2(self.rows)}x{self.width}"
+        if self.ladders is None:
+            return f"ladder {size} d={self.d}"
+        name = "ensemble" if self.op == "ladder_ensemble" else self.op.replace("cffn_", "Cffn-")
+        return f"{name} {size} L={self.ladders} d={self.d}"
+
+
+def min_bytes(w: Workload, mode: str, itemsize: int) -> int | None:
+    """Bytes an op must move at least: each input read once, each output written once.
+
+    fwd+bwd adds the backward's reads (the op's inputs and the upstream gradient) and
+    writes (a gradient per input). None for Cffn layers (matmuls: not bandwidth-bound).
+    """
+    if w.op in CFFN_OPS:
+        return None
+    if w.op == "continued_fraction":
+        data_in, data_out, params = w.rows * w.d, w.rows, 0
+    else:
+        data_in = data_out = w.rows * (w.width or 1)
+        n_l = w.ladders or 1
+        params = 2 * w.d * n_l * (w.width or 1) + (n_l * (w.width or 1) if w.ladders else 0)
+    forward = data_in + data_out + params
+    if mode == "fwd":
+        return forward * itemsize
+    # backward: read inputs, params and the upstream gradient; write grads of both.
+    backward = data_in + params + data_out + data_in + params
+    return (forward + backward) * itemsize
+
+
+@dataclass(frozen=True)
 class Target:
-    """A speed target: ``impl`` at least ``min_speedup`` x faster than literal."""
+    """A target: ``impl`` at least ``min_speedup`` x faster than ``versus`` or, with
+    ``min_copy_fraction``, at least that fraction of the measured copy bandwidth."""
 
     op: str
     rows: int
@@ -77,12 +169,25 @@ class Target:
     mode: str
     impl: str
     min_speedup: float
+    versus: str = REFERENCE_IMPL
+    width: int | None = None
+    ladders: int | None = None
+    min_copy_fraction: float | None = None
+    #: The device type the target is for: targets of another device are not checked.
+    device: str = "cpu"
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(self.op, self.rows, self.d, self.width, self.ladders)
 
     def describe(self) -> str:
-        return (
-            f"{self.impl} >= {self.min_speedup:g}x literal, {self.op} ({_pow2(self.rows)}, "
-            f"d={self.d}) {self.mode}"
+        w = self.workload
+        where = (
+            f"{self.op} {w.shape}" if self.width else f"{self.op} ({_pow2(self.rows)}, d={self.d})"
         )
+        if self.min_copy_fraction is not None:
+            return f"{self.impl} >= {_percent(self.min_copy_fraction)} of copy bandwidth, {where} {self.mode}"
+        return f"{self.impl} >= {self.min_speedup:g}x {self.versus}, {where} {self.mode}"
 
 
 #: The issue's targets for this CPU (fwd+bwd on (2^20, d) float32, after warm-up).
@@ -91,34 +196,37 @@ TARGETS = (
     Target("continued_fraction", 1 << 20, 8, "fwd+bwd", "auto", 8.0),
 )
 
-
-@dataclass(frozen=True)
-class Workload:
-    """One op on one input shape. ``width`` is n for ladders, None for continued_fraction."""
-
-    op: str
-    rows: int
-    d: int
-    width: int | None = None
-
-    @property
-    def units(self) -> int:
-        """Number of ladders evaluated (what ``resolve_impl`` looks at)."""
-        return self.rows * (self.width or 1)
-
-    @property
-    def shape(self) -> str:
-        """The input shapes: a (N, d), or x (rows, n) x weight (d, n)."""
-        if self.width is None:
-            return f"({_pow2(self.rows)}, {self.d})"
-        return f"({_pow2(self.rows)}, {self.width}) x ({self.d}, {self.width})"
-
-    @property
-    def label(self) -> str:
-        """Short name for tables: ``cf 2^20 d=8`` or ``ladder 1024x1024 d=8``."""
-        if self.width is None:
-            return f"cf {_pow2(self.rows)} d={self.d}"
-        return f"ladder {_pow2(self.rows)}x{self.width} d={self.d}"
+#: Sizes of the GPU run (scripts/gpu_check.sh) and the issue's targets there: triton
+#: fwd+bwd >= 10x literal and >= 2x compiled, and >= 70% of the copy bandwidth for the
+#: elementwise ops (univariate ladders and the Cffn ensemble).
+GPU_CF_ROWS = 1 << 20
+GPU_LADDER = (8192, 2304)  # 8 x 1024 tokens, L p ladders of a p = 768, L = 3 Cffn
+GPU_ENSEMBLE = (8192, 768)
+GPU_TARGETS = (
+    *(
+        Target("continued_fraction", GPU_CF_ROWS, d, "fwd+bwd", "triton", s, v, device="cuda")
+        for d in (3, 5, 8)
+        for v, s in ((REFERENCE_IMPL, 10.0), ("compiled", 2.0))
+    ),
+    *(
+        Target("univariate_ladder", GPU_LADDER[0], d, "fwd+bwd", "triton", s, v, GPU_LADDER[1], device="cuda")
+        for d in (3, 5, 8)
+        for v, s in ((REFERENCE_IMPL, 10.0), ("compiled", 2.0))
+    ),
+    *(
+        Target("ladder_ensemble", GPU_ENSEMBLE[0], 5, "fwd+bwd", "triton", s, v, GPU_ENSEMBLE[1], 3, device="cuda")
+        for v, s in ((REFERENCE_IMPL, 10.0), ("compiled", 2.0))
+    ),
+    *(
+        Target("univariate_ladder", GPU_LADDER[0], d, mode, "triton", 0.0, width=GPU_LADDER[1], min_copy_fraction=0.7, device="cuda")
+        for d in (3, 5, 8)
+        for mode in MODES
+    ),
+    *(
+        Target("ladder_ensemble", GPU_ENSEMBLE[0], 5, mode, "triton", 0.0, width=GPU_ENSEMBLE[1], ladders=3, min_copy_fraction=0.7, device="cuda")
+        for mode in MODES
+    ),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -129,6 +237,13 @@ class OpsBenchConfig:
     depths: tuple[int, ...] = (1, 3, 5, 8)
     ladder_sizes: tuple[tuple[int, int], ...] = ((256, 256), (1024, 1024))
     ladder_depths: tuple[int, ...] = (5, 8)
+    #: ladder_ensemble (rows, p) shapes, with L ladders of each depth in ensemble_depths.
+    ensemble_sizes: tuple[tuple[int, int], ...] = ((1024, 768),)
+    ensemble_ladders: int = 3
+    ensemble_depths: tuple[int, ...] = (5,)
+    #: Whole Cffn layers (rows, p), L = ensemble_ladders, d = each of ensemble_depths.
+    cffn_sizes: tuple[tuple[int, int], ...] = ((1024, 768),)
+    cffn_kinds: tuple[str, ...] = ("scalar", "elementwise")
     impls: tuple[str, ...] = field(default_factory=default_impls)
     modes: tuple[str, ...] = MODES
     repeats: int = 7
@@ -141,6 +256,8 @@ class OpsBenchConfig:
     threads: int | None = None
     #: Seconds per workload to wait for (and re-time until) a quiet machine; 0: never.
     wait_quiet: float = 0.0
+    #: Seconds after which no new workload is started (0: none); the rest are listed.
+    time_budget: float = 0.0
 
     def workloads(self) -> list[Workload]:
         cf = [Workload("continued_fraction", n, d) for n in self.sizes for d in self.depths]
@@ -149,7 +266,19 @@ class OpsBenchConfig:
             for rows, width in self.ladder_sizes
             for d in self.ladder_depths
         ]
-        return cf + ladders
+        n_l = self.ensemble_ladders
+        ensembles = [
+            Workload("ladder_ensemble", rows, d, width, n_l)
+            for rows, width in self.ensemble_sizes
+            for d in self.ensemble_depths
+        ]
+        layers = [
+            Workload(f"cffn_{kind}", rows, d, width, n_l)
+            for rows, width in self.cffn_sizes
+            for kind in self.cffn_kinds
+            for d in self.ensemble_depths
+        ]
+        return cf + ladders + ensembles + layers
 
     def validate(self) -> None:
         unknown = [i for i in self.impls if i not in IMPLS]
@@ -162,10 +291,14 @@ class OpsBenchConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {tuple(DTYPES)}")
         if self.repeats < 1 or self.warmup < 0 or self.wait_quiet < 0:
             raise ValueError("repeats must be >= 1, warmup and wait_quiet >= 0")
-        sizes = [*self.sizes, *self.depths, *self.ladder_depths]
-        sizes += [v for pair in self.ladder_sizes for v in pair]
+        sizes = [*self.sizes, *self.depths, *self.ladder_depths, *self.ensemble_depths]
+        pairs = (*self.ladder_sizes, *self.ensemble_sizes, *self.cffn_sizes)
+        sizes += [v for pair in pairs for v in pair] + [self.ensemble_ladders]
         if any(v < 1 for v in sizes):
             raise ValueError("sizes and depths must be positive")
+        bad_kinds = [k for k in self.cffn_kinds if k not in ("scalar", "elementwise")]
+        if bad_kinds:
+            raise ValueError(f"unknown Cffn kinds {bad_kinds}; choose from scalar, elementwise")
 
 
 #: Tiny sizes for tests and CI: seconds, no compilation unless asked for.
@@ -174,6 +307,10 @@ QUICK = {
     "depths": (1, 3),
     "ladder_sizes": ((16, 32),),
     "ladder_depths": (3,),
+    "ensemble_sizes": ((16, 32),),
+    "ensemble_ladders": 2,
+    "ensemble_depths": (3,),
+    "cffn_sizes": ((16, 32),),
     "impls": tuple(i for i in default_impls() if i != "compiled"),
     "repeats": 3,
     "warmup": 1,
@@ -197,6 +334,14 @@ class Result:
     page_faults: int | None = None
     background_load: float | None = None
     error: str | None = None
+    #: Why the impl was not run (e.g. triton on CPU); not a failure.
+    skipped: str | None = None
+    min_bytes: int | None = None
+    gbps: float | None = None
+    copy_fraction: float | None = None
+    #: Cffn workloads: median ms of the layer's matmuls alone, and the ladders' share.
+    matmuls_ms: float | None = None
+    ladder_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -218,7 +363,13 @@ class Result:
             minor_page_faults=self.page_faults,
             background_load=self.background_load,
             error=self.error,
+            skipped=self.skipped,
+            min_bytes=self.min_bytes,
+            gbps=self.gbps,
+            copy_fraction=self.copy_fraction,
         )
+        if self.matmuls_ms is not None:
+            out.update(matmuls_only_median_ms=self.matmuls_ms, ladder_share=self.ladder_share)
         if self.peak_memory_bytes is not None:
             out["peak_memory_bytes"] = self.peak_memory_bytes
         return out
@@ -227,13 +378,17 @@ class Result:
 @dataclass
 class TargetCheck:
     target: Target
+    #: The measured speedup, or the fraction of copy bandwidth for bandwidth targets.
     speedup: float | None
     background_load: float | None = None
 
     @property
     def met(self) -> bool | None:
         """None when the target's workload was not measured (or failed)."""
-        return None if self.speedup is None else self.speedup >= self.target.min_speedup
+        if self.speedup is None:
+            return None
+        threshold = self.target.min_copy_fraction
+        return self.speedup >= (self.target.min_speedup if threshold is None else threshold)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -300,38 +455,84 @@ def _load_average() -> list[float] | None:
 def _make_inputs(
     w: Workload, dtype: torch.dtype, device: torch.device, seed: int
 ) -> dict[str, Tensor]:
-    """Positive partial denominators in [0.5, 1.5), and a fixed upstream gradient."""
+    """Inputs that keep every ladder off poles, and a fixed upstream gradient.
+
+    Partial denominators in [0.5, 1.5) for continued_fraction; for ladders and ensembles
+    a_k = weight * x + 0.5 with x, weight in [0, 1); Cffn layers get 0.3 N(0, 1) inputs.
+    """
     gen = torch.Generator().manual_seed(seed)
-    if w.width is None:
+    if w.op == "continued_fraction":
         tensors = {
             "a": 0.5 + torch.rand(w.rows, w.d, generator=gen),
             "grad_out": torch.randn(w.rows, generator=gen),
         }
-    else:
-        # a_k = weight[k] * x + bias[k] with x, weight in [0, 1) and bias 0.5.
+    elif w.op == "univariate_ladder":
         tensors = {
             "x": torch.rand(w.rows, w.width, generator=gen),
             "weight": torch.rand(w.d, w.width, generator=gen),
             "bias": torch.full((w.d, w.width), 0.5),
             "grad_out": torch.randn(w.rows, w.width, generator=gen),
         }
+    elif w.op == "ladder_ensemble":
+        tensors = {
+            "x": torch.rand(w.rows, w.width, generator=gen),
+            "weight": torch.rand(w.d, w.ladders, w.width, generator=gen),
+            "bias": torch.full((w.d, w.ladders, w.width), 0.5),
+            "mix": torch.randn(w.width, w.ladders, generator=gen),
+            "grad_out": torch.randn(w.rows, w.width, generator=gen),
+        }
+    else:  # a Cffn layer
+        tensors = {
+            "x": 0.3 * torch.randn(w.rows, w.width, generator=gen),
+            "grad_out": torch.randn(w.rows, w.width, generator=gen),
+        }
     return {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
 
 
+def _make_layer(w: Workload, dtype: torch.dtype, device: torch.device, seed: int) -> Cffn:
+    """The Cffn of a layer workload, with its default (pole-avoiding) initialisation."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        kind = w.op.removeprefix("cffn_")
+        layer = Cffn(w.width, w.ladders, w.d, ladder=kind)
+    return layer.to(device=device, dtype=dtype)
+
+
+#: The pseudo-impl timing a Cffn layer's matmuls alone (gate and U, no ladders).
+MATMULS = "matmuls"
+
+
 def _forward_fn(
-    w: Workload, impl: str, config: OpsBenchConfig
+    w: Workload, impl: str, config: OpsBenchConfig, layer: Cffn | None = None
 ) -> Callable[[dict[str, Tensor]], Tensor]:
     kwargs = {"eps": config.eps, "grad": config.grad, "impl": impl}
-    if w.width is None:
+    if w.op == "continued_fraction":
         return lambda t: continued_fraction(t["a"], **kwargs)
-    return lambda t: univariate_ladder(t["x"], t["weight"], t["bias"], **kwargs)
+    if w.op == "univariate_ladder":
+        return lambda t: univariate_ladder(t["x"], t["weight"], t["bias"], **kwargs)
+    if w.op == "ladder_ensemble":
+        return lambda t: ladder_ensemble(t["x"], t["weight"], t["mix"], t["bias"], **kwargs)
+    assert layer is not None
+    if impl == MATMULS:
+        return lambda t: layer.linear(torch.sigmoid(layer.gate(t["x"])) * t["x"])
+
+    def run_layer(t: dict[str, Tensor]) -> Tensor:
+        layer.impl = impl
+        return layer(t["x"])
+
+    return run_layer
 
 
 def _make_call(
-    w: Workload, inputs: dict[str, Tensor], impl: str, mode: str, config: OpsBenchConfig
+    w: Workload,
+    inputs: dict[str, Tensor],
+    impl: str,
+    mode: str,
+    config: OpsBenchConfig,
+    layer: Cffn | None = None,
 ) -> Callable[[], None]:
     """A no-argument callable running one forward (or forward+backward) of ``impl``."""
-    forward = _forward_fn(w, impl, config)
+    forward = _forward_fn(w, impl, config, layer)
     if mode == "fwd":
 
         def call() -> None:
@@ -347,6 +548,8 @@ def _make_call(
     def call_backward() -> None:
         for leaf in leaves.values():
             leaf.grad = None
+        if layer is not None:
+            layer.zero_grad(set_to_none=True)
         forward(leaves).backward(grad_out)
 
     return call_backward
@@ -357,8 +560,25 @@ def _error_text(error: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+def measure_copy_bandwidth(device: torch.device, repeats: int = 10) -> float:
+    """GB/s of ``dst.copy_(src)`` (bytes read + written), median over ``repeats``.
+
+    256 MiB on CUDA (well past the L2), 64 MiB on CPU.
+    """
+    numel = (256 if device.type == "cuda" else 64) * 2**20 // 4
+    src = torch.ones(numel, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    times = [time_once(lambda: dst.copy_(src), device) for _ in range(repeats)]
+    return 2 * numel * 4 / (Summary.of(times).median * 1e-3) / 1e9
+
+
 def bench_workload(
-    w: Workload, config: OpsBenchConfig, device: torch.device, log: Callable[[str], None]
+    w: Workload,
+    config: OpsBenchConfig,
+    device: torch.device,
+    log: Callable[[str], None],
+    copy_gbps: float | None = None,
 ) -> list[Result]:
     """Warm up and time every (mode, impl) of one workload; see the module docstring.
 
@@ -367,27 +587,41 @@ def bench_workload(
     includes that compilation, and no kernel hits dynamo's recompile limit.
     """
     torch.compiler.reset()
-    inputs = _make_inputs(w, DTYPES[config.dtype], device, config.seed)
+    dtype = DTYPES[config.dtype]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    inputs = _make_inputs(w, dtype, device, config.seed)
+    layer = _make_layer(w, dtype, device, config.seed) if w.op in CFFN_OPS else None
     results: dict[tuple[str, str], Result] = {}
     calls: dict[str, Callable[[], None]] = {}
     outputs: dict[str, Tensor] = {}
     for mode in config.modes:
         for impl in config.impls:
-            result = Result(w, mode, impl, resolve_impl(impl, w.units, device))
+            resolved = resolve_impl(impl, w.units, device)
+            result = Result(w, mode, impl, resolved, min_bytes=min_bytes(w, mode, itemsize))
             results[mode, impl] = result
-            call = _make_call(w, inputs, impl, mode, config)
+            if resolved in CUDA_ONLY_IMPLS and device.type != "cuda":
+                result.skipped = (
+                    f"{resolved} runs only on CUDA (on {device.type}, Triton's interpreter "
+                    "would run it: its timings mean nothing)"
+                )
+                continue
+            call = _make_call(w, inputs, impl, mode, config, layer)
             try:
                 result.first_call_ms = time_once(call, device)
                 for _ in range(config.warmup):
                     call()
                 if mode == config.modes[0]:
                     with torch.no_grad():
-                        outputs[impl] = _forward_fn(w, impl, config)(inputs).float()
+                        outputs[impl] = _forward_fn(w, impl, config, layer)(inputs).float()
             except Exception as error:  # e.g. an impl that needs another device
                 result.error = _error_text(error)
                 log(f"  {impl} {mode} failed: {result.error}")
                 continue
             calls[f"{mode}/{impl}"] = call
+        if layer is not None:  # the layer without its ladders, for the ladders' share
+            call = _make_call(w, inputs, MATMULS, mode, config, layer)
+            call()
+            calls[f"{mode}/{MATMULS}"] = call
 
     # On a shared machine: wait for a quiet spell, and time again if others woke up.
     deadline = time.monotonic() + config.wait_quiet
@@ -400,14 +634,22 @@ def bench_workload(
         if not busy or time.monotonic() >= deadline:
             break
         log(f"  busy machine (others used {_percent(background.fraction)} of the CPU): again")
+    matmuls: dict[str, float] = {}
     for key, times in samples.items():
         mode, impl = key.split("/", 1)
+        if impl == MATMULS:
+            matmuls[mode] = Summary.of(times).median
+            continue
         result = results[mode, impl]
         result.samples_ms = times
         result.summary = Summary.of(times)
         result.peak_memory_bytes = peak_memory_bytes(calls[key], device)
         result.page_faults = minor_page_faults(calls[key], device)
         result.background_load = background.fraction
+        if result.min_bytes is not None:
+            result.gbps = result.min_bytes / (result.summary.median * 1e-3) / 1e9
+            if copy_gbps:
+                result.copy_fraction = result.gbps / copy_gbps
 
     for (mode, impl), result in results.items():
         reference = results.get((mode, REFERENCE_IMPL))
@@ -416,29 +658,43 @@ def bench_workload(
         if impl in outputs and REFERENCE_IMPL in outputs:
             diff = (outputs[impl] - outputs[REFERENCE_IMPL]).abs().max().item()
             result.max_abs_diff = diff
+        if result.summary and mode in matmuls:
+            result.matmuls_ms = matmuls[mode]
+            result.ladder_share = 1.0 - matmuls[mode] / result.summary.median
     return list(results.values())
 
 
 def check_targets(
     results: Sequence[Result], targets: Sequence[Target] = TARGETS
 ) -> list[TargetCheck]:
-    """Each target against the measured speedups (None where the workload was not run)."""
+    """Each target against the measurements (None where its workload was not run).
+
+    Speedups over literal are the results' own; over another impl, the ratio of the two
+    medians; bandwidth targets read the fraction of the copy bandwidth.
+    """
     checks = []
     for target in targets:
-        speedup = background = None
-        for r in results:
-            w = r.workload
-            if (w.op, w.rows, w.d, w.width, r.mode, r.impl) == (
-                target.op,
-                target.rows,
-                target.d,
-                None,
-                target.mode,
-                target.impl,
-            ):
-                speedup, background = r.speedup, r.background_load
-        checks.append(TargetCheck(target, speedup, background))
+        by_impl = {
+            r.impl: r
+            for r in results
+            if r.workload == target.workload and r.mode == target.mode and r.summary
+        }
+        value = background = None
+        if (r := by_impl.get(target.impl)) is not None:
+            background = r.background_load
+            if target.min_copy_fraction is not None:
+                value = r.copy_fraction
+            elif target.versus == REFERENCE_IMPL:
+                value = r.speedup
+            elif (other := by_impl.get(target.versus)) is not None:
+                value = other.summary.median / r.summary.median
+        checks.append(TargetCheck(target, value, background))
     return checks
+
+
+def targets_for(device: torch.device) -> tuple[Target, ...]:
+    """The targets set for this device type (the CPU ones, or the GPU ones on CUDA)."""
+    return tuple(t for t in (*TARGETS, *GPU_TARGETS) if t.device == device.type)
 
 
 def run_benchmark(
@@ -450,6 +706,7 @@ def run_benchmark(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
+    copy_gbps = measure_copy_bandwidth(device)
     meta = {
         "date": dt.date.today().isoformat(),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -458,17 +715,24 @@ def run_benchmark(
         "torch": torch.__version__,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
+        "copy_bandwidth_gbps": copy_gbps,
         "load_average_start": _load_average(),
         "command": command,
         "config": asdict(config),
     }
     results: list[Result] = []
     workloads = config.workloads()
+    start = time.monotonic()
+    meta["not_run"] = []
     for index, w in enumerate(workloads, 1):
+        if config.time_budget > 0 and time.monotonic() - start > config.time_budget:
+            meta["not_run"] = [v.label for v in workloads[index - 1 :]]
+            console.log(f"time budget spent: {len(meta['not_run'])} workloads not run")
+            break
         console.log(f"[{index}/{len(workloads)}] {w.op} {w.shape}")
-        results += bench_workload(w, config, device, console.log)
+        results += bench_workload(w, config, device, console.log, copy_gbps)
     meta["load_average_end"] = _load_average()
-    return Report(meta, results, check_targets(results))
+    return Report(meta, results, check_targets(results, targets_for(device)))
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -499,6 +763,8 @@ def _groups(report: Report) -> dict[tuple[Workload, str], dict[str, Result]]:
 def _summary_cell(r: Result | None) -> str:
     if r is None:
         return "-"
+    if r.skipped is not None:
+        return "skipped"
     if r.summary is None:
         return "failed"
     if r.impl == REFERENCE_IMPL:
@@ -506,18 +772,54 @@ def _summary_cell(r: Result | None) -> str:
     return f"{_ms(r.summary.median)} ({_speedup(r.speedup)})"
 
 
+def _gbps(r: Result) -> str:
+    if r.gbps is None:
+        return "-"
+    copy = "" if r.copy_fraction is None else f" ({_percent(r.copy_fraction)} copy)"
+    return f"{r.gbps:.3g} GB/s{copy}"
+
+
+def _fastest_cell(by_impl: dict[str, Result]) -> str:
+    """The fastest measured impl, with its bandwidth (ops) or the ladders' share (Cffn)."""
+    timed = [r for r in by_impl.values() if r.summary is not None and r.impl != "auto"]
+    if not timed:
+        return "-"
+    best = min(timed, key=lambda r: r.summary.median)
+    if best.ladder_share is not None:
+        return f"{best.impl}: ladders {_percent(best.ladder_share)} of the layer"
+    return f"{best.impl}: {_gbps(best)}"
+
+
+def _ratio_cell(by_impl: dict[str, Result], impl: str, versus: str) -> str:
+    a, b = by_impl.get(impl), by_impl.get(versus)
+    if a is None or b is None or a.summary is None or b.summary is None:
+        return "-"
+    return _speedup(b.summary.median / a.summary.median)
+
+
 def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    """The one-table view: a row per (workload, mode), median ms (speedup) per impl."""
+    """The one-table view: a row per (workload, mode), median ms (speedup) per impl.
+
+    Then which impl "auto" ran, the fastest impl with its bandwidth (or, for Cffn layers,
+    the ladders' share of the layer's time), triton's speedup over compiled, other load.
+    """
     impls = list(report.meta["config"]["impls"])
     header = ["workload", "mode", *impls]
     if "auto" in impls:
         header.append("auto uses")
+    header.append("fastest")
+    with_ratio = "triton" in impls and "compiled" in impls
+    if with_ratio:
+        header.append("triton vs compiled")
     header.append("other load")
     rows = []
     for (w, mode), by_impl in _groups(report).items():
         row = [w.label, mode, *(_summary_cell(by_impl.get(i)) for i in impls)]
         if "auto" in impls:
             row.append(by_impl["auto"].resolved if "auto" in by_impl else "-")
+        row.append(_fastest_cell(by_impl))
+        if with_ratio:
+            row.append(_ratio_cell(by_impl, "triton", "compiled"))
         row.append(_percent(next(iter(by_impl.values())).background_load))
         rows.append(row)
     return header, rows
@@ -526,7 +828,8 @@ def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """One row per (workload, mode, impl) with the spread and first-call time."""
     header = ["workload", "mode", "impl", "median ms", "IQR ms", "min-max ms"]
-    header += ["first call ms", "speedup", "max abs diff", "page faults"]
+    header += ["first call ms", "speedup", "GB/s", "% copy", "ladders' share"]
+    header += ["max abs diff", "page faults"]
     with_memory = any(r.peak_memory_bytes is not None for r in report.results)
     if with_memory:
         header.append("peak MiB")
@@ -536,7 +839,8 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         impl = r.impl if r.resolved == r.impl else f"{r.impl} ({r.resolved})"
         row = [r.workload.label, r.mode, impl]
         if s is None:
-            row += [f"failed: {r.error}", "", "", _ms(r.first_call_ms), "", "", ""]
+            reason = f"skipped: {r.skipped}" if r.skipped else f"failed: {r.error}"
+            row += [reason, "", "", _ms(r.first_call_ms), "", "", "", "", "", ""]
         else:
             row += [
                 _ms(s.median),
@@ -544,6 +848,9 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                 f"{_ms(s.min)}-{_ms(s.max)}",
                 _ms(r.first_call_ms),
                 _speedup(r.speedup),
+                "-" if r.gbps is None else f"{r.gbps:.1f}",
+                _percent(r.copy_fraction),
+                _percent(r.ladder_share),
                 "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.1e}",
                 "-" if r.page_faults is None else str(r.page_faults),
             ]
@@ -558,7 +865,11 @@ def _target_line(check: TargetCheck) -> str:
     if check.met is None:
         return f"not measured: {check.target.describe()}"
     verdict = "MET" if check.met else "MISSED"
-    line = f"{verdict}: {check.target.describe()} (measured {check.speedup:.1f}x)"
+    if check.target.min_copy_fraction is not None:
+        measured = _percent(check.speedup)
+    else:
+        measured = f"{check.speedup:.1f}x"
+    line = f"{verdict}: {check.target.describe()} (measured {measured})"
     if check.background_load is not None and check.background_load > BUSY_THRESHOLD:
         line += f", unreliable: other processes used {_percent(check.background_load)} of the CPU"
     return line
@@ -604,17 +915,25 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _copy(meta: dict[str, Any]) -> str:
+    gbps = meta.get("copy_bandwidth_gbps")
+    return "-" if gbps is None else f"{gbps:.3g} GB/s"
+
+
 def to_markdown(report: Report) -> str:
     meta, config = report.meta, report.meta["config"]
     summary = _markdown_table(*summary_rows(report))
     details = _markdown_table(*detail_rows(report))
     targets = "\n".join(f"- {_target_line(c)}" for c in report.targets)
     warning = f"\n**Warning:** {text}\n" if (text := busy_warning(report)) else ""
+    if meta.get("not_run"):
+        warning += f"\nNot run (time budget spent): {', '.join(meta['not_run'])}.\n"
     return f"""# Ops benchmark: {meta["device"]} ({meta["date"]})
 
 - date: {meta["timestamp"]}
 - device: {meta["device_name"]} ({meta["device"]})
 - torch {meta["torch"]}, Python {meta["python"]}, {meta["threads"]} threads
+- copy bandwidth (`dst.copy_(src)`, bytes read + written): {_copy(meta)}
 - dtype {config["dtype"]}, grad="{config["grad"]}", eps {config["eps"]}
 - repeats {config["repeats"]} (interleaved across impls), warm-up {config["warmup"]} after the first call
 - load average (1, 5, 15 min): {meta["load_average_start"]} at start, {meta["load_average_end"]} at end
@@ -623,7 +942,15 @@ def to_markdown(report: Report) -> str:
 Median wall-clock ms per call; in brackets the speedup over `literal` (literal median /
 impl median, same workload and mode). `fwd` runs under `torch.no_grad()`; `fwd+bwd` adds
 `backward` of a fixed random upstream gradient. `cf N d=D` is `continued_fraction` on
-a (N, D); `ladder RxN d=D` is `univariate_ladder` on x (R, N) with weight and bias (D, N).
+a (N, D); `ladder RxN d=D` is `univariate_ladder` on x (R, N) with weight and bias (D, N);
+`ensemble RxP L=L d=D` is `ladder_ensemble` (the elementwise Cffn's ladders) on x (R, P)
+with weight and bias (D, L, P) and mix (P, L); `Cffn-scalar` / `Cffn-elementwise` time a
+whole `Cffn` layer (gate, U and ladders) on x (R, P). "fastest" names the fastest impl
+(auto left out) with its bandwidth: the minimum bytes the op must move (inputs read and
+outputs written once; fwd+bwd adds the backward's reads and gradient writes) over its
+median time, and that as a share of the copy bandwidth above; for Cffn layers, the
+ladders' share of the layer's time (1 - time of its matmuls alone / time of the layer).
+"skipped": triton on a CPU, where only Triton's interpreter could run it.
 "other load" is the share of the machine's CPU that other processes used while that
 workload was timed (from /proc/stat); above {_percent(BUSY_THRESHOLD)} its numbers are unreliable.
 
@@ -646,10 +973,20 @@ on every call and fault on first touch, which can cost more than the arithmetic.
 """
 
 
+def device_label(meta: dict[str, Any]) -> str:
+    """``cpu``, or the CUDA device's name as a file-name slug (``nvidia-h200``)."""
+    if meta["device"] == "cpu":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", meta["device_name"].lower()).strip("-") or meta["device"]
+
+
 def write_report(report: Report, out_dir: Path, suffix: str = "") -> tuple[Path, Path]:
-    """Write ``ops-<device>-<date><suffix>.md`` and ``.json`` into ``out_dir``."""
+    """Write ``ops-<device>-<date><suffix>.md`` and ``.json`` into ``out_dir``.
+
+    <device> is ``cpu`` or the GPU's name (``ops-nvidia-h200-2026-12-01.md``).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"ops-{report.meta['device']}-{report.meta['date']}{suffix}"
+    stem = f"ops-{device_label(report.meta)}-{report.meta['date']}{suffix}"
     md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
     md_path.write_text(to_markdown(report))
     json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -714,6 +1051,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"univariate_ladder depths d (default: {','.join(map(str, d.ladder_depths))})",
     )
     parser.add_argument(
+        "--ensemble-sizes",
+        type=_pair_list,
+        help="ladder_ensemble ROWSxP shapes, '' for none (default: "
+        f"{','.join(f'{r}x{n}' for r, n in d.ensemble_sizes)})",
+    )
+    parser.add_argument(
+        "--ensemble-depths",
+        type=_int_list,
+        help=f"depths d of ensembles and Cffn layers (default: {','.join(map(str, d.ensemble_depths))})",
+    )
+    parser.add_argument(
+        "--ensemble-ladders",
+        type=int,
+        help=f"ladders L of ensembles and Cffn layers (default: {d.ensemble_ladders})",
+    )
+    parser.add_argument(
+        "--cffn-sizes",
+        type=_pair_list,
+        help="whole Cffn layers, ROWSxP shapes, '' for none (default: "
+        f"{','.join(f'{r}x{n}' for r, n in d.cffn_sizes)})",
+    )
+    parser.add_argument(
+        "--cffn-kinds",
+        type=_name_list,
+        help=f"Cffn ladder kinds (default: {','.join(d.cffn_kinds)})",
+    )
+    parser.add_argument(
         "--impls",
         type=_name_list,
         help=f"implementations, from {', '.join(IMPLS)} (default: {','.join(d.impls)})",
@@ -763,6 +1127,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-save", action="store_true", help="print the table only, write no files"
     )
     parser.add_argument(
+        "--suffix", default="", help="appended to the file names (after the date), e.g. -extra"
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="SECONDS",
+        help="start no new workload after SECONDS; the report lists those not run",
+    )
+    parser.add_argument(
         "--fail-on-miss",
         action="store_true",
         help="exit with status 1 if a measured target is missed",
@@ -772,6 +1145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> OpsBenchConfig:
     config = replace(OpsBenchConfig(), **QUICK) if args.quick else OpsBenchConfig()
     names = ("sizes", "depths", "ladder_sizes", "ladder_depths", "impls", "modes", "repeats")
+    names += ("ensemble_sizes", "ensemble_depths", "ensemble_ladders", "cffn_sizes", "cffn_kinds")
+    names += ("time_budget",)
     names += ("warmup", "dtype", "device", "grad", "threads", "seed", "wait_quiet")
     overrides = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     config = replace(config, **overrides)
@@ -793,7 +1168,8 @@ def run(args: argparse.Namespace) -> int:
     report = run_benchmark(config, command=command, console=console)
     print_report(report, console)
     if not args.no_save:
-        paths = write_report(report, args.out, "-quick" if args.quick else "")
+        suffix = getattr(args, "suffix", "") + ("-quick" if args.quick else "")
+        paths = write_report(report, args.out, suffix)
         console.print("wrote " + ", ".join(str(p) for p in paths))
     missed = any(c.met is False for c in report.targets)
     if args.fail_on_miss and missed:

@@ -16,7 +16,7 @@ from cofrgenet.ops import (
     continued_fraction,
     denominator_stats,
     ladder_denominator_stats,
-    univariate_ladder,
+    ladder_ensemble,
 )
 
 LADDER_KINDS = ("scalar", "elementwise")
@@ -112,8 +112,7 @@ class Cffn(LadderLayer):
             z = self._scalar_ladders(gated)  # (..., L)
             mixed = z @ self.mix.t()
         else:
-            z = self._elementwise_ladders(gated)  # (..., L, p)
-            mixed = torch.einsum("...lp,pl->...p", z, self.mix)
+            mixed = self._elementwise_ladders(gated)  # (..., p)
         return self.linear(gated) + mixed
 
     def _scalar_ladders(self, gated: Tensor) -> Tensor:
@@ -123,20 +122,21 @@ class Cffn(LadderLayer):
         return continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)
 
     def _elementwise_ladders(self, gated: Tensor) -> Tensor:
-        n_l, p = self.ladders, self.dim
-        # One univariate ladder per (ensemble, channel): n = L p ladders on a repeated x^.
-        x = (
-            gated.unsqueeze(-2)
-            .expand(*gated.shape[:-1], n_l, p)
-            .reshape(*gated.shape[:-1], n_l * p)
-        )
-        weight = self.denominators.stacked_weight().reshape(self.depth, n_l * p)  # (d, L p)
-        bias = self.denominators.stacked_bias()
-        bias = None if bias is None else bias.reshape(self.depth, n_l * p)
+        """sum_j V[:, j] * z_j, (..., p): one fused kernel with impl="triton" (CUDA)."""
+        weight = self.denominators.stacked_weight()  # (d, L, p)
+        bias = self.denominators.stacked_bias()  # (d, L, p) | None
         if self.track_health:
-            self._record_health(ladder_denominator_stats(x, weight, bias, self.eps))
-        z = univariate_ladder(x, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl)
-        return z.unflatten(-1, (n_l, p))
+            n_l, p = self.ladders, self.dim
+            # One univariate ladder per (ensemble, channel): L p ladders on a repeated x^.
+            x = gated.unsqueeze(-2).expand(*gated.shape[:-1], n_l, p).flatten(-2)
+            flat_bias = None if bias is None else bias.reshape(self.depth, n_l * p)
+            stats = ladder_denominator_stats(
+                x, weight.reshape(self.depth, n_l * p), flat_bias, self.eps
+            )
+            self._record_health(stats)
+        return ladder_ensemble(
+            gated, weight, self.mix, bias, eps=self.eps, grad=self.grad, impl=self.impl
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -1,7 +1,8 @@
 """Continued-fraction math: plain functions, no nn.Module.
 
-``continued_fraction`` and ``univariate_ladder`` are the public ops; ``reference`` holds
-float64 references the fast paths are tested against. See docs/ops.md.
+``continued_fraction``, ``univariate_ladder`` and ``ladder_ensemble`` are the public ops;
+``reference`` holds float64 references the fast paths are tested against, ``triton`` the
+fused GPU kernels and ``custom_ops`` their ``torch.library`` registration. See docs/ops.md.
 """
 
 from cofrgenet.ops.api import (
@@ -11,7 +12,9 @@ from cofrgenet.ops.api import (
     continued_fraction,
     denominator_stats,
     ladder_denominator_stats,
+    ladder_ensemble,
     resolve_impl,
+    triton_available,
     univariate_ladder,
 )
 
@@ -22,6 +25,8 @@ __all__ = [
     "continued_fraction",
     "denominator_stats",
     "ladder_denominator_stats",
+    "ladder_ensemble",
     "resolve_impl",
+    "triton_available",
     "univariate_ladder",
 ]

@@ -2,32 +2,46 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
 import torch
 from torch import Tensor
 
-from cofrgenet.ops import continuant
+from cofrgenet.ops import continuant, custom_ops
 from cofrgenet.ops.literal import literal_continued_fraction, literal_univariate_ladder
 
 #: Implementations: "literal" (nested form, d divisions, autograd), "continuant" (eager
-#: recurrence + closed-form backward), "compiled" (the same under torch.compile), "auto".
-IMPLS = ("auto", "literal", "continuant", "compiled")
+#: recurrence + closed-form backward), "compiled" (the same under torch.compile),
+#: "triton" (fused Triton kernels, CUDA), "auto".
+IMPLS = ("auto", "literal", "continuant", "compiled", "triton")
 GRAD_MODES = ("paper", "exact")
 
 #: Below this many ladder units "auto" stays eager: compiling does not pay for tiny inputs.
 AUTO_COMPILE_MIN_UNITS = 1 << 15
 
 
+#: Whether the ``triton`` package is installed (looked up once, without importing it).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (a constant: safe inside torch.compile)."""
+    return _TRITON_INSTALLED
+
+
 def resolve_impl(impl: str, units: int, device: torch.device) -> str:
     """The concrete implementation "auto" stands for, for ``units`` ladders on ``device``.
 
-    CPU: the compiled continuant for inputs of at least AUTO_COMPILE_MIN_UNITS ladders,
-    the eager continuant otherwise. Set COFRGENET_COMPILE=0 to never compile.
+    CUDA: the Triton kernels (if triton is installed). CPU: the compiled continuant for
+    inputs of at least AUTO_COMPILE_MIN_UNITS ladders, the eager continuant otherwise.
+    Set COFRGENET_COMPILE=0 to never compile.
     """
     if impl != "auto":
         return impl
+    if device.type == "cuda" and triton_available():
+        return "triton"
     if os.environ.get("COFRGENET_COMPILE", "1") == "0" or not continuant.compile_available():
         return "continuant"
     if torch.compiler.is_compiling():  # already inside a compiled region
@@ -42,6 +56,17 @@ def _check_common(eps: float, grad: str, impl: str) -> None:
         raise ValueError(f"unknown grad mode {grad!r}; choose one of {GRAD_MODES}")
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
+
+
+def _check_triton(tensor: Tensor) -> None:
+    """A clear error before launching Triton kernels where they cannot run."""
+    if torch.compiler.is_compiling():  # fake tensors; the op itself checks at run time
+        return
+    if not triton_available():
+        raise RuntimeError("impl='triton' needs the triton package (Linux, x86-64 or CUDA)")
+    from cofrgenet.ops.triton.runtime import check_tensor
+
+    check_tensor(tensor)
 
 
 def _check_floating(name: str, tensor: Tensor) -> None:
@@ -61,7 +86,9 @@ def continued_fraction(
         eps: clamp on the final continuant, K_d -> sign(K_d) max(|K_d|, eps), sign(0) = +1.
         grad: "paper" (Proposition 1 with the clamped K_d) or "exact" (the true gradient
             of the clamped function; they differ only where the clamp is active).
-        impl: "auto", "literal", "continuant" or "compiled" (see ``IMPLS``).
+        impl: "auto", "literal", "continuant", "compiled" or "triton" (see ``IMPLS``).
+            Inside ``torch.compile`` the continuant and triton paths are custom ops
+            (:mod:`cofrgenet.ops.custom_ops`): no graph break.
 
     Returns:
         (...) tensor of a's dtype: K_{d-1}(a_2..a_d) / clamp(K_d(a_1..a_d)).
@@ -76,7 +103,13 @@ def continued_fraction(
     chosen = resolve_impl(impl, a.numel() // a.shape[-1], a.device)
     if chosen == "literal":
         return literal_continued_fraction(a, eps)
-    return continuant.ContinuedFraction.apply(a, float(eps), grad == "exact", chosen == "compiled")
+    exact = grad == "exact"
+    if chosen == "triton":
+        _check_triton(a)
+        return custom_ops.continued_fraction(a, float(eps), exact, "triton")
+    if torch.compiler.is_compiling():
+        return custom_ops.continued_fraction(a, float(eps), exact, "torch")
+    return continuant.ContinuedFraction.apply(a, float(eps), exact, chosen == "compiled")
 
 
 def _check_ladder(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -127,9 +160,81 @@ def univariate_ladder(
     chosen = resolve_impl(impl, x.numel(), x.device)
     if chosen == "literal":
         return literal_univariate_ladder(x, weight, bias, eps)
+    exact = grad == "exact"
+    if chosen == "triton":
+        _check_triton(x)
+        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, "triton")
+    if torch.compiler.is_compiling():
+        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, "torch")
     return continuant.UnivariateLadder.apply(
-        x, weight, bias, float(eps), grad == "exact", chosen == "compiled"
+        x, weight, bias, float(eps), exact, chosen == "compiled"
     )
+
+
+def _check_ensemble(x: Tensor, weight: Tensor, bias: Tensor | None, mix: Tensor) -> None:
+    for name, t in (("x", x), ("weight", weight), ("mix", mix)):
+        _check_floating(name, t)
+    if weight.dim() != 3 or weight.shape[0] == 0 or weight.shape[1] == 0:
+        raise ValueError(
+            f"weight must have shape (d, L, p) with depth d >= 1 and L >= 1 ladders, got "
+            f"{tuple(weight.shape)}"
+        )
+    _, n_l, p = weight.shape
+    if x.dim() == 0 or x.shape[-1] != p:
+        raise ValueError(
+            f"x's last dimension must equal weight.shape[2] = {p}, got x of shape {tuple(x.shape)}"
+        )
+    if mix.shape != (p, n_l):
+        raise ValueError(f"mix must have shape (p, L) = {(p, n_l)}, got {tuple(mix.shape)}")
+    if bias is not None:
+        _check_floating("bias", bias)
+        if bias.shape != weight.shape:
+            raise ValueError(
+                f"bias must have weight's shape {tuple(weight.shape)}, got {tuple(bias.shape)}"
+            )
+    for name, t in (("weight", weight), ("bias", bias), ("mix", mix)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def ladder_ensemble(
+    x: Tensor,
+    weight: Tensor,
+    mix: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    grad: str = "paper",
+    impl: str = "auto",
+) -> Tensor:
+    """An ensemble of L univariate ladders per coordinate, mixed: the elementwise Cffn.
+
+    y[..., i] = sum_j mix[i, j] f~(a_1, ..., a_d), a_k = weight[k, j, i] x[..., i] + bias[k, j, i].
+
+    Args:
+        x: (..., p) inputs (the gated x^ of a Cffn).
+        weight: (d, L, p) ladder weights, depth first.
+        mix: (p, L), the V of the Cffn.
+        bias: (d, L, p) or None.
+        eps, grad, impl: as in :func:`continued_fraction`.
+
+    Returns:
+        (..., p) in x's dtype. ``impl="triton"`` runs one fused kernel each way and never
+        builds the (..., L p) repeated input nor the (..., L, p) ladder outputs; the other
+        implementations run :func:`univariate_ladder` on x repeated L times, then mix.
+    """
+    _check_ensemble(x, weight, bias, mix)
+    _check_common(eps, grad, impl)
+    d, n_l, p = weight.shape
+    chosen = resolve_impl(impl, x.numel() * n_l, x.device)
+    if chosen == "triton":
+        _check_triton(x)
+        return custom_ops.ladder_ensemble(x, weight, bias, mix, float(eps), grad == "exact")
+    repeated = x.unsqueeze(-2).expand(*x.shape[:-1], n_l, p).reshape(*x.shape[:-1], n_l * p)
+    flat_bias = None if bias is None else bias.reshape(d, n_l * p)
+    z = univariate_ladder(
+        repeated, weight.reshape(d, n_l * p), flat_bias, eps=eps, grad=grad, impl=chosen
+    )
+    return torch.einsum("...lp,pl->...p", z.unflatten(-1, (n_l, p)), mix)
 
 
 def denominator_stats(a: Tensor, eps: float = 0.01) -> tuple[Tensor, Tensor]:

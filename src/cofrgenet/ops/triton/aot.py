@@ -1,0 +1,166 @@
+"""Compile the kernels ahead of time for a GPU architecture, without a GPU.
+
+Triton's interpreter (what CPU tests run) does not go through Triton's compiler, so a
+kernel can pass every interpreted test and still fail to compile. This module compiles
+representative specializations of every kernel down to a cubin for a target (default
+sm_90, the H100/H200) with the ptxas Triton ships, and reports registers and spills:
+
+    python -m cofrgenet.ops.triton.aot            # TRITON_INTERPRET must be unset
+    python -m cofrgenet.ops.triton.aot --arch 80 --ptxas-info
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from cofrgenet.ops.triton.continued_fraction import (
+    continued_fraction_bwd_kernel,
+    continued_fraction_fwd_kernel,
+)
+from cofrgenet.ops.triton.ladder import ladder_ensemble_bwd_kernel, ladder_ensemble_fwd_kernel
+
+_POINTER = {tl.float32: "*fp32", tl.float64: "*fp64"}
+
+
+def _cf_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]]:
+    scalars = ["units", "inner", "stride_a1", "stride_a2", "stride_ad"]
+    for d, compute, io, exact, force in [
+        (1, tl.float32, "*fp32", True, False),
+        (5, tl.float32, "*bf16", False, False),
+        (8, tl.float32, "*fp16", True, True),
+        (32, tl.float32, "*fp32", True, False),
+        (4, tl.float64, "*fp64", True, False),
+    ]:
+        sig = {"a_ptr": io, "out_ptr": io, **dict.fromkeys(scalars, "i32"), "eps": "fp32"}
+        const = {"D": d, "COMPUTE": compute, "FORCE_RESCALE": force, "BLOCK": 512}
+        yield continued_fraction_fwd_kernel, sig, const
+        sig = {"a_ptr": io, "grad_out_ptr": io, "grad_a_ptr": io}
+        strides = ["stride_go", "stride_g1", "stride_g2", "stride_gd"]
+        sig.update(dict.fromkeys(scalars + strides, "i32"), eps="fp32")
+        const = {"D": d, "COMPUTE": compute, "EXACT": exact, "FORCE_RESCALE": force, "BLOCK": 512}
+        yield continued_fraction_bwd_kernel, sig, const
+
+
+def _ladder_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]]:
+    cases = [  # (d, L, mix, bias, compute, io, exact, force)
+        (1, 1, False, True, tl.float32, "*fp32", True, False),
+        (5, 1, False, False, tl.float32, "*bf16", False, False),
+        (8, 1, False, True, tl.float32, "*fp32", True, True),
+        (16, 1, False, True, tl.float32, "*fp32", False, False),
+        (5, 3, True, True, tl.float32, "*bf16", False, False),
+        (5, 3, True, True, tl.float32, "*fp32", True, False),
+        (8, 2, True, False, tl.float64, "*fp64", True, False),
+    ]
+    for d, n_l, mix, bias, compute, io, exact, force in cases:
+        param = _POINTER[compute] if compute == tl.float64 else "*fp32"
+        pointers = {"x_ptr": io, "w_ptr": param, "b_ptr": param, "v_ptr": param}
+        strides = ["stride_xm", "stride_xn", "stride_wk", "stride_wj", "stride_vn", "stride_vj"]
+        sig = {**pointers, "out_ptr": io, "M": "i32", "N": "i32", **dict.fromkeys(strides, "i32")}
+        sig["eps"] = "fp32"
+        flags = {"D": d, "L": n_l, "HAS_BIAS": bias, "HAS_MIX": mix, "COMPUTE": compute}
+        yield (
+            ladder_ensemble_fwd_kernel,
+            sig,
+            {
+                **flags,
+                "FORCE_RESCALE": force,
+                "BLOCK_M": 16,
+                "BLOCK_N": 64,
+            },
+        )
+        part = "*fp64" if compute == tl.float64 else "*fp32"
+        sig = {**pointers, "grad_out_ptr": io, "grad_x_ptr": io}
+        sig.update(part_w_ptr=part, part_b_ptr=part, part_v_ptr=part, M="i32", N="i32")
+        grad_strides = ["stride_gm", "stride_gn"]
+        sig.update(dict.fromkeys(strides[:2] + grad_strides + strides[2:], "i32"))
+        sig.update(row_blocks="i32", split="i32", eps="fp32")
+        for need_x, need_params in ((True, True), (False, True), (True, False)):
+            yield (
+                ladder_ensemble_bwd_kernel,
+                sig,
+                {
+                    **flags,
+                    "P": triton.next_power_of_2(d * n_l),
+                    "LP": triton.next_power_of_2(n_l),
+                    "NEED_X": need_x,
+                    "NEED_PARAMS": need_params,
+                    "EXACT": exact,
+                    "FORCE_RESCALE": force,
+                    "BLOCK_M": 16,
+                    "BLOCK_N": 64,
+                },
+            )
+            if d != 5 or n_l != 3 or exact:  # gradient subsets: the Cffn case, paper mode
+                break
+
+
+def _ptxas_info(ptx: str, arch: int) -> str:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        return "ptxas not found"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        proc = subprocess.run(
+            [str(ptxas), "-v", f"--gpu-name=sm_{arch}a", f.name, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.unlink(f.name)
+    registers = re.search(r"Used (\d+) registers", proc.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", proc.stderr)
+    return (
+        f"{registers[1] if registers else '?'} registers, {spills[1] if spills else '?'} B spilled"
+    )
+
+
+def compile_all(arch: int = 90, ptxas_info: bool = False, log=print) -> int:
+    """Compile every representative specialization; returns the number compiled."""
+    target = GPUTarget("cuda", arch, 32)
+    count = 0
+    for kernel, signature, constexprs in itertools.chain(_cf_specs(), _ladder_specs()):
+        start = time.perf_counter()
+        source = ASTSource(
+            fn=kernel,
+            signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+            constexprs=constexprs,
+        )
+        compiled = triton.compile(source, target=target, options={"num_warps": 4})
+        info = f", {_ptxas_info(compiled.asm['ptx'], arch)}" if ptxas_info else ""
+        flags = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in constexprs.items())
+        log(f"{kernel.__name__}({flags}): {time.perf_counter() - start:.1f} s{info}")
+        count += 1
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90)")
+    parser.add_argument("--ptxas-info", action="store_true", help="registers and spills")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
+        return 2
+    count = compile_all(args.arch, args.ptxas_info)
+    print(f"compiled {count} kernel specializations for sm_{args.arch}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""Triton building blocks of the continuant recurrence, shared by every kernel.
+
+The math is the one of ``cofrgenet.ops.continuant`` (see docs/ops.md): tail continuants
+K_0 = 1, K_1 = a_d, K_j = a_{d-j+1} K_{j-1} + K_{j-2}; f~ = K_{d-1} / clamp(K_d); the
+gradient of a_k is (-1)^k (K_{d-k} r)^2 with r = 1 / clamp(K_d) ("paper"), or, where the
+clamp is active, 0 for a_1 and K(a_2..a_{k-1}) K(a_{k+1}..a_d) r ("exact").
+
+Coefficients a_k come from one of two places (``FROM_X``, a constexpr):
+
+* memory: ``a_ptrs + k * stride_ak``, a tile of pointers to a[..., 0];
+* a univariate ladder: a_k = x * w_k (+ b_k), with ``w_ptrs`` / ``b_ptrs`` a [1, BN] tile
+  of pointers to weight[0, cols] / bias[0, cols] and ``stride_wk`` the depth stride.
+
+Rescaling: when |K_j| passes 2^64, both running values are multiplied by 2^-64 (exact)
+and a per-element counter ``scale`` goes up by one; the true K_j is stored * 2^(64 scale).
+Kernels first run without it (one FMA per step) and redo a tile with it only if that
+tile's K_d came out non-finite: scaling by powers of two changes no bits otherwise.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: |K| above which the recurrence is rescaled, and the factor it is rescaled by.
+RESCALE_AT = tl.constexpr(18446744073709551616.0)  # 2^64
+RESCALE_BY = tl.constexpr(5.421010862427522e-20)  # 2^-64
+RESCALE_EXPONENT = tl.constexpr(64.0)
+INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def coefficient(
+    k,
+    a_ptrs,
+    stride_ak,
+    mask,
+    x,
+    w_ptrs,
+    b_ptrs,
+    stride_wk,
+    w_mask,
+    FROM_X: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):
+    """a_{k+1} (0-based k) as a tile in the compute dtype."""
+    if FROM_X:
+        w = tl.load(w_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)  # [1, BN]
+        a = x * w
+        if HAS_BIAS:
+            a += tl.load(b_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)
+    else:
+        # Masked lanes read 1: finite, so they never trigger the rescaled path.
+        a = tl.load(a_ptrs + k * stride_ak, mask=mask, other=1.0).to(COMPUTE)
+    return a
+
+
+@triton.jit
+def rescale(high, low, scale):
+    """Divide both running values by 2^64 where |high| > 2^64; count it in ``scale``."""
+    big = tl.abs(high) > RESCALE_AT
+    high = tl.where(big, high * RESCALE_BY, high)
+    low = tl.where(big, low * RESCALE_BY, low)
+    return high, low, scale + big.to(scale.dtype)
+
+
+@triton.jit
+def tail_continuants(
+    a_ptrs,
+    stride_ak,
+    mask,
+    x,
+    w_ptrs,
+    b_ptrs,
+    stride_wk,
+    w_mask,
+    D: tl.constexpr,
+    FROM_X: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    RESCALE: tl.constexpr,
+):
+    """(K_d, K_{d-1}, scale of both) by the tail recurrence, a_d first."""
+    high = coefficient(
+        k=D - 1,
+        a_ptrs=a_ptrs,
+        stride_ak=stride_ak,
+        mask=mask,
+        x=x,
+        w_ptrs=w_ptrs,
+        b_ptrs=b_ptrs,
+        stride_wk=stride_wk,
+        w_mask=w_mask,
+        FROM_X=FROM_X,
+        HAS_BIAS=HAS_BIAS,
+        COMPUTE=COMPUTE,
+    )
+    low = tl.full(high.shape, 1.0, COMPUTE)
+    scale = tl.zeros(high.shape, COMPUTE)
+    for i in tl.static_range(D - 1):
+        a = coefficient(
+            k=D - 2 - i,
+            a_ptrs=a_ptrs,
+            stride_ak=stride_ak,
+            mask=mask,
+            x=x,
+            w_ptrs=w_ptrs,
+            b_ptrs=b_ptrs,
+            stride_wk=stride_wk,
+            w_mask=w_mask,
+            FROM_X=FROM_X,
+            HAS_BIAS=HAS_BIAS,
+            COMPUTE=COMPUTE,
+        )
+        high, low = a * high + low, high
+        if RESCALE:
+            high, low, scale = rescale(high, low, scale)
+    return high, low, scale
+
+
+@triton.jit
+def forward_continuants(
+    a_ptrs,
+    stride_ak,
+    mask,
+    x,
+    w_ptrs,
+    b_ptrs,
+    stride_wk,
+    w_mask,
+    D: tl.constexpr,
+    FROM_X: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    FORCE_RESCALE: tl.constexpr,
+):
+    """(K_d, K_{d-1}, scale, rescaled): unscaled first, rescaled if the tile overflowed.
+
+    ``rescaled`` is a scalar (0 or 1) shared by the whole tile: the backward pass of the
+    tile must then rescale too.
+    """
+    high, low, scale = tail_continuants(
+        a_ptrs,
+        stride_ak,
+        mask,
+        x,
+        w_ptrs,
+        b_ptrs,
+        stride_wk,
+        w_mask,
+        D,
+        FROM_X,
+        HAS_BIAS,
+        COMPUTE,
+        RESCALE=FORCE_RESCALE,
+    )
+    if FORCE_RESCALE:
+        rescaled = tl.max(tl.full(high.shape, 1, tl.int32))
+    else:
+        # Not finite (inf or NaN) somewhere in the tile: redo it with rescaling.
+        rescaled = tl.max(tl.where(tl.abs(high) < INF, 0, 1))
+        if rescaled > 0:
+            high, low, scale = tail_continuants(
+                a_ptrs,
+                stride_ak,
+                mask,
+                x,
+                w_ptrs,
+                b_ptrs,
+                stride_wk,
+                w_mask,
+                D,
+                FROM_X,
+                HAS_BIAS,
+                COMPUTE,
+                RESCALE=True,
+            )
+    return high, low, scale, rescaled
+
+
+@triton.jit
+def clamp_reciprocal(high, scale, eps, RESCALE: tl.constexpr):
+    """(r, clamped): r = 1 / clamp(K_d) in K_d's scaled domain; the clamp sees the true K_d.
+
+    clamp(K) = sign(K) max(|K|, eps) with sign(0) = +1.
+    """
+    if RESCALE:
+        threshold = eps * tl.exp2(scale * -RESCALE_EXPONENT)
+    else:
+        threshold = tl.full(high.shape, 1.0, high.dtype) * eps
+    clamped = tl.abs(high) < threshold
+    denominator = tl.where(clamped, tl.where(high >= 0, threshold, -threshold), high)
+    return 1.0 / denominator, clamped
+
+
+@triton.jit
+def coefficient_gradient(
+    k: tl.constexpr,
+    suffix,
+    suffix_scale,
+    r,
+    scale_d,
+    clamped,
+    a_ptrs,
+    stride_ak,
+    mask,
+    x,
+    w_ptrs,
+    b_ptrs,
+    stride_wk,
+    w_mask,
+    D: tl.constexpr,
+    FROM_X: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    EXACT: tl.constexpr,
+    RESCALE: tl.constexpr,
+):
+    """d f~ / d a_k (1-based k) from suffix = K_{d-k}(a_{k+1}..a_d) and r.
+
+    "paper": (-1)^k (suffix r)^2. "exact", where clamped: 0 for k = 1, else
+    K(a_2..a_{k-1}) suffix r, the prefix continuant rebuilt here (O(d) per k, O(d^2) in
+    all: d is small and the kernels are memory-bound).
+    """
+    ratio = suffix * r
+    if RESCALE:
+        ratio = ratio * tl.exp2((suffix_scale - scale_d) * RESCALE_EXPONENT)
+    g = ratio * ratio
+    if k % 2 == 1:
+        g = -g
+    if EXACT:
+        if k == 1:
+            g = tl.where(clamped, 0.0, g)
+        else:
+            # prefix = K(a_2..a_{k-1}): P_0 = 1, P_m = a_{m+1} P_{m-1} + P_{m-2}.
+            prefix = tl.full(r.shape, 1.0, COMPUTE)
+            before = tl.zeros(r.shape, COMPUTE)
+            prefix_scale = tl.zeros(r.shape, COMPUTE)
+            for m in tl.static_range(1, k - 1):
+                a = coefficient(
+                    k=m,
+                    a_ptrs=a_ptrs,
+                    stride_ak=stride_ak,
+                    mask=mask,
+                    x=x,
+                    w_ptrs=w_ptrs,
+                    b_ptrs=b_ptrs,
+                    stride_wk=stride_wk,
+                    w_mask=w_mask,
+                    FROM_X=FROM_X,
+                    HAS_BIAS=HAS_BIAS,
+                    COMPUTE=COMPUTE,
+                )
+                prefix, before = a * prefix + before, prefix
+                if RESCALE:
+                    prefix, before, prefix_scale = rescale(prefix, before, prefix_scale)
+            exact = prefix * suffix * r
+            if RESCALE:
+                exact = exact * tl.exp2((prefix_scale + suffix_scale - scale_d) * RESCALE_EXPONENT)
+            g = tl.where(clamped, exact, g)
+    return g
+
+
+@triton.jit
+def suffix_step(
+    k: tl.constexpr,
+    suffix,
+    previous,
+    suffix_scale,
+    a_ptrs,
+    stride_ak,
+    mask,
+    x,
+    w_ptrs,
+    b_ptrs,
+    stride_wk,
+    w_mask,
+    FROM_X: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    RESCALE: tl.constexpr,
+):
+    """K_{d-k+1}(a_k..a_d) from K_{d-k} (suffix) and K_{d-k-1} (previous), 1-based k."""
+    a = coefficient(
+        k=k - 1,
+        a_ptrs=a_ptrs,
+        stride_ak=stride_ak,
+        mask=mask,
+        x=x,
+        w_ptrs=w_ptrs,
+        b_ptrs=b_ptrs,
+        stride_wk=stride_wk,
+        w_mask=w_mask,
+        FROM_X=FROM_X,
+        HAS_BIAS=HAS_BIAS,
+        COMPUTE=COMPUTE,
+    )
+    suffix, previous = a * suffix + previous, suffix
+    if RESCALE:
+        suffix, previous, suffix_scale = rescale(suffix, previous, suffix_scale)
+    return suffix, previous, suffix_scale

@@ -1,0 +1,116 @@
+"""Launch-side helpers of the Triton kernels: devices, dtypes, block sizes, output buffers.
+
+On a machine without a GPU the kernels run only under Triton's interpreter
+(``TRITON_INTERPRET=1`` set before ``triton`` is imported); there they run on CPU tensors,
+slowly (~1e7 elements/s), which is what the CPU test suite does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+#: Fill new outputs with NaN instead of leaving them uninitialised, so that an element a
+#: kernel forgot to write shows up in tests. Tests switch it on (see tests/conftest.py).
+poison_outputs = False
+
+
+@triton.jit
+def _probe(x_ptr):
+    tl.store(x_ptr, 0.0)
+
+
+def interpreted() -> bool:
+    """Whether kernels of this process run in Triton's interpreter (decided at import)."""
+    return type(_probe).__name__ == "InterpretedFunction"
+
+
+def check_tensor(t: Tensor) -> None:
+    """Raise a clear error for tensors the kernels cannot run on."""
+    if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
+        return
+    raise RuntimeError(
+        f"impl='triton' needs a CUDA device (or TRITON_INTERPRET=1 set before triton is "
+        f"imported, to run the kernels on CPU in Triton's interpreter); got a tensor on "
+        f"{t.device}. Use impl='auto' or 'continuant' on this device."
+    )
+
+
+def compute_dtype(*dtypes: torch.dtype) -> tl.dtype:
+    """float64 if any input is float64, else float32 (fp32, bf16 and fp16 inputs)."""
+    return tl.float64 if torch.float64 in dtypes else tl.float32
+
+
+def torch_compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised (or, with ``poison_outputs``, NaN-filled) contiguous tensor."""
+    if poison_outputs:
+        return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+def new_output_like(t: Tensor) -> Tensor:
+    """``torch.empty_like(t)`` (t's strides when t is dense), NaN-filled when poisoning."""
+    if poison_outputs:
+        return torch.full_like(t, float("nan"))
+    return torch.empty_like(t)
+
+
+def _override(name: str, parts: int) -> list[int] | None:
+    """Integers from an environment variable such as ``16x64x4`` (for tuning runs)."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    values = [int(v) for v in text.lower().split("x")]
+    if len(values) != parts:
+        raise ValueError(f"{name}={text!r}: expected {parts} integers joined by 'x'")
+    return values
+
+
+def block_1d() -> tuple[int, int]:
+    """(units per program, warps) of the continued-fraction kernels.
+
+    ``COFRGENET_TRITON_BLOCK=512x4`` overrides it (tuning).
+    """
+    if interpreted():
+        return 4096, 1
+    override = _override("COFRGENET_TRITON_BLOCK", 2)
+    return (override[0], override[1]) if override else (512, 4)
+
+
+def block_2d(rows: int, cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps) of the ladder kernels: 1024-element tiles on a GPU.
+
+    Wide tiles along the contiguous dim (coalesced 256 B rows of fp32), few rows: the
+    backward keeps about a dozen tile-sized values live per ladder.
+    ``COFRGENET_TRITON_TILE=16x64x4`` overrides it (tuning).
+    """
+    if interpreted():  # few, large programs: the interpreter pays per operation
+        return 64, max(16, min(256, triton.next_power_of_2(cols))), 1
+    override = _override("COFRGENET_TRITON_TILE", 3)
+    if override:
+        return override[0], override[1], override[2]
+    block_n = max(16, min(64, triton.next_power_of_2(cols)))
+    return 1024 // block_n, block_n, 4
+
+
+def reduction_split(row_blocks: int, col_blocks: int, device: torch.device) -> int:
+    """Programs along the rows of a backward kernel that reduces over rows.
+
+    Each program loops over row blocks and keeps running sums of its parameter
+    gradients; the SPLIT partial sums per column are added up by torch afterwards (in a
+    fixed order: deterministic). About two programs per multiprocessor in all, in one
+    wave (the backward kernels use many registers: ~2 resident programs per SM).
+    """
+    if device.type == "cuda":
+        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 2
+    return max(1, min(row_blocks, target // max(1, col_blocks)))

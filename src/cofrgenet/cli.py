@@ -67,7 +67,11 @@ COMMANDS: tuple[Command, ...] = (
         keep_words=True,
     ),
     Command(
-        ("test",), "evaluate a checkpoint on the held-out split (test/loss, test/ppl)", _LIGHTNING, True, keep_words=True
+        ("test",),
+        "evaluate a checkpoint on the held-out split (test/loss, test/ppl)",
+        _LIGHTNING,
+        True,
+        keep_words=True,
     ),
     Command(("predict",), "per-sequence losses of a checkpoint", _LIGHTNING, True, keep_words=True),
     Command(

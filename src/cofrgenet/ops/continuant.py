@@ -159,16 +159,24 @@ def continuant_backward(
 # -------------------------------------------------------------------------- op kernels
 
 
+def _forward_outputs(coefficient: Coefficient, d: int, eps: float, exact: bool, rescale: bool):
+    """continuant_forward trimmed to what the autograd wrappers keep.
+
+    (value, r, scale, clamped, finite): the clamp mask only in exact mode; ``finite``, the
+    overflow check of the unscaled first pass (fused into the kernel when compiled), only
+    without rescaling.
+    """
+    value, r, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale)
+    finite = None if rescale else torch.isfinite(k_d).all()
+    return value, r, scale, clamped if exact else None, finite
+
+
 def _cf_forward(a: Tensor, eps: float, exact: bool, rescale: bool):
     """a: (..., d), any strides -> value, r, scale, clamped (exact mode only), k_d; each (...).
 
     Reads a[..., k] in place: no layout copy. Compiled, this is one fused loop.
     """
-    value, r, scale, clamped, k_d = continuant_forward(
-        lambda k: a[..., k], a.shape[-1], eps, rescale
-    )
-    # The overflow check of the unscaled first pass, fused into the kernel.
-    return value, r, scale, clamped if exact else None, None if rescale else _all_finite(k_d)
+    return _forward_outputs(lambda k: a[..., k], a.shape[-1], eps, exact, rescale)
 
 
 def _cf_backward(
@@ -208,19 +216,13 @@ def ladder_coefficient(x: Tensor, weight: Tensor, bias: Tensor | None) -> Coeffi
     return lambda k: torch.addcmul(bias[k], x, weight[k])
 
 
-def _all_finite(t: Tensor) -> Tensor:
-    return torch.isfinite(t).all()
-
-
 def _ladder_forward(
     x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, exact: bool, rescale: bool
 ):
     """x: (M, n), weight/bias: (d, n) -> value, r, scale, clamped (exact only), k_d; (M, n)."""
-    value, r, scale, clamped, k_d = continuant_forward(
-        ladder_coefficient(x, weight, bias), weight.shape[0], eps, rescale
+    return _forward_outputs(
+        ladder_coefficient(x, weight, bias), weight.shape[0], eps, exact, rescale
     )
-    # k_d only serves the eager overflow check (the unscaled first pass).
-    return value, r, scale, clamped if exact else None, None if rescale else _all_finite(k_d)
 
 
 def _ladder_backward(

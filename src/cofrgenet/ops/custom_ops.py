@@ -198,13 +198,18 @@ def univariate_ladder_backward_op(
     )
 
 
-@univariate_ladder_backward_op.register_fake
-def _(x, weight, bias, grad_out, eps, exact, backend, need_x, need_params):
+def _fake_ladder_grads(x, weight, bias, need_x: bool, need_params: bool):
+    """Fake (grad_x, grad_weight, grad_bias) of the ladder backward ops: shapes only."""
     grad_x = x.new_empty(x.shape) if need_x else _empty(x)
     grad_w = weight.new_empty(weight.shape) if need_params else _empty(weight)
     has_b = need_params and bias is not None
     grad_b = bias.new_empty(bias.shape) if has_b else _empty(weight)
     return grad_x, grad_w, grad_b
+
+
+@univariate_ladder_backward_op.register_fake
+def _(x, weight, bias, grad_out, eps, exact, backend, need_x, need_params):
+    return _fake_ladder_grads(x, weight, bias, need_x, need_params)
 
 
 def _ladder_setup_context(ctx, inputs, output) -> None:
@@ -286,12 +291,8 @@ def ladder_ensemble_backward_op(
 
 @ladder_ensemble_backward_op.register_fake
 def _(x, weight, bias, mix, grad_out, eps, exact, need_x, need_params):
-    grad_x = x.new_empty(x.shape) if need_x else _empty(x)
-    grad_w = weight.new_empty(weight.shape) if need_params else _empty(weight)
-    has_b = need_params and bias is not None
-    grad_b = bias.new_empty(bias.shape) if has_b else _empty(weight)
     grad_v = mix.new_empty(mix.shape) if need_params else _empty(mix)
-    return grad_x, grad_w, grad_b, grad_v
+    return (*_fake_ladder_grads(x, weight, bias, need_x, need_params), grad_v)
 
 
 def _ensemble_setup_context(ctx, inputs, output) -> None:

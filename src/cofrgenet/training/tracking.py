@@ -159,8 +159,9 @@ class CofrMLFlowLogger(MLFlowLogger):
     def log_config(self, config: dict[str, Any], yaml_text: str) -> None:
         client, run_id = self.experiment, self.run_id
         existing = client.get_run(run_id).data.params
-        new = {k: v for k, v in flatten(config).items() if k not in existing}
-        changed = [k for k, v in flatten(config).items() if k in existing and existing[k] != v]
+        flat = flatten(config)
+        new = {k: v for k, v in flat.items() if k not in existing}
+        changed = [k for k, v in flat.items() if k in existing and existing[k] != v]
         if changed:
             rank_zero_warn(
                 f"MLflow run {run_id} already has different values for {changed[:5]}"

@@ -63,14 +63,16 @@ def test_opcheck_continued_fraction(device):
 def test_opcheck_univariate_ladder(device):
     x, w, b = ladder_args(device)
     for backend in backends(device):
-        torch.library.opcheck(ops.univariate_ladder_op, (x, w, b, 0.01, False, backend))
-        torch.library.opcheck(ops.univariate_ladder_op, (x, w, None, 0.01, True, backend))
+        torch.library.opcheck(ops.univariate_ladder_op, (x, w, b, 0.01, False, 0.0, backend))
+        torch.library.opcheck(ops.univariate_ladder_op, (x, w, None, 0.01, True, 0.0, backend))
+        torch.library.opcheck(ops.univariate_ladder_op, (x, w, b, 0.01, False, 0.5, backend))
 
 
 def test_opcheck_ladder_ensemble(device):
     x, w, b, v = ensemble_args(device)
-    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False))
-    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, None, v, 0.01, True))
+    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False, 0.0))
+    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, None, v, 0.01, True, 0.0))
+    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False, 0.5))
 
 
 # ------------------------------------------------------------------------ torch.compile

@@ -9,6 +9,7 @@ from cofrgenet.ops import (
     continued_fraction,
     denominator_stats,
     ladder_denominator_stats,
+    positive_denominators,
     resolve_impl,
     univariate_ladder,
 )
@@ -16,6 +17,7 @@ from cofrgenet.ops.reference import (
     reference_continued_fraction,
     reference_exact_grad,
     reference_paper_grad,
+    reference_positive_denominators,
     reference_univariate_ladder,
     suffix_continuants,
 )
@@ -263,9 +265,80 @@ def test_auto_stays_eager_for_small_inputs_and_honours_the_switch(monkeypatch):
 def test_denominator_stats():
     eps = 0.01
     a = torch.cat([near_poles(10, 3, eps), away_from_poles(30, 3)])
-    frac, min_abs = denominator_stats(a, eps)
-    assert frac.item() == pytest.approx(0.25)
-    assert min_abs.item() == pytest.approx(suffix_continuants(a)[-1].abs().min().item(), rel=1e-6)
+    stats = denominator_stats(a, eps)
+    true_kd = suffix_continuants(a)[-1].abs()
+    assert stats.clamped.item() == pytest.approx(0.25)
+    assert stats.near_pole.item() == pytest.approx((true_kd < 0.1).double().mean().item())
+    assert stats.near_pole.item() >= 0.25
+    assert stats.min_abs_kd.item() == pytest.approx(true_kd.min().item(), rel=1e-6)
+    values = reference_continued_fraction(a, eps).abs()
+    assert stats.max_abs_value.item() == pytest.approx(values.max().item(), rel=1e-6)
     x, w = torch.rand(4, 6) + 1, torch.rand(2, 6) + 1
-    frac, min_abs = ladder_denominator_stats(x, w, None, eps)
-    assert frac.item() == 0.0 and min_abs.item() > 1.0
+    stats = ladder_denominator_stats(x, w, None, eps)
+    assert stats.clamped.item() == 0.0 and stats.near_pole.item() == 0.0
+    assert stats.min_abs_kd.item() > 1.0
+
+
+# ---------------------------------------------------------------- positive denominators
+
+
+def test_positive_denominators_reference_and_errors():
+    u = torch.linspace(-40, 40, 101, dtype=torch.float64)
+    a = positive_denominators(u, 0.5)
+    # torch's softplus returns u itself above u = 20: 2e-9 away, relative 1e-10.
+    assert torch.allclose(a, reference_positive_denominators(u, 0.5), rtol=1e-9, atol=0)
+    assert a.min() >= 0.5 and a.dtype == torch.float64
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="floor must be None"):
+            positive_denominators(u, bad)
+        with pytest.raises(ValueError, match="floor must be None"):
+            univariate_ladder(u[None, :3].float(), torch.ones(2, 3), floor=bad)
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+@pytest.mark.parametrize("d", [1, 2, 5, 8])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_positive_univariate_ladder_matches_reference(impl, d, bias):
+    g = torch.Generator().manual_seed(d)
+    # Signed inputs and weights of both signs: the paper's form would cross poles here.
+    x = (torch.randn(3, 5, 11, generator=g) * 2).requires_grad_()
+    w = torch.randn(d, 11, generator=g).requires_grad_()
+    b = torch.randn(d, 11, generator=g).requires_grad_() if bias else None
+    out = univariate_ladder(x, w, b, impl=impl, floor=0.5)
+    upstream = torch.randn(out.shape, generator=g)
+    (out * upstream).sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    ref = reference_univariate_ladder(x64, w64, b64, floor=0.5)
+    (ref * upstream.double()).sum().backward()
+    assert rel_err(out, ref) < 1e-5
+    pairs = [(x, x64), (w, w64)] + ([(b, b64)] if bias else [])
+    for got, want in pairs:
+        assert rel_err(got.grad, want.grad) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["continuant", "compiled"])
+def test_positive_ladder_gradcheck_float64(impl):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 6, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    w = torch.randn(4, 6, generator=g, dtype=torch.float64).requires_grad_()
+    b = torch.randn(4, 6, generator=g, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: univariate_ladder(x, w, b, impl=impl, floor=0.25), (x, w, b)
+    )
+
+
+@pytest.mark.parametrize("floor", [0.1, 0.5, 1.0, 2.0])
+def test_positive_denominators_have_no_poles(floor):
+    """Any input, any weights: K_d >= min(1, floor), |f~| <= 1 / floor, and every
+    |d f~ / d a_k| <= 1 / min(1, floor)^2 (the bounds docs/layers.md derives)."""
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(20000, 7, generator=g, dtype=torch.float64) * 10  # far outside any init
+    a = positive_denominators(u, floor)
+    stats = denominator_stats(a, eps=0.01)
+    bound = min(1.0, floor)
+    assert stats.clamped.item() == 0.0
+    assert stats.min_abs_kd.item() >= bound * (1 - 1e-12)
+    assert stats.max_abs_value.item() <= 1 / floor * (1 + 1e-12)
+    grads = reference_paper_grad(a)
+    assert grads.abs().max().item() <= 1 / bound**2 * (1 + 1e-12)

@@ -392,6 +392,61 @@ def test_ladder_ensemble_float32_and_bf16(device):
             assert t.grad.dtype == dtype and rel_err(t.grad.cpu(), want[name]) < 2 * tol, name
 
 
+def positive_ensemble_reference(x, w, v, b, floor):
+    """The positive-denominator ensemble in float64 with plain autograd."""
+    d, n_l, p = w.shape
+    repeated = x.unsqueeze(-2).expand(*x.shape[:-1], n_l, p).flatten(-2)
+    b2 = None if b is None else b.reshape(d, n_l * p)
+    z = reference_univariate_ladder(repeated, w.reshape(d, n_l * p), b2, floor=floor)
+    return torch.einsum("...lp,pl->...p", z.unflatten(-1, (n_l, p)), v)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("ladders,depth", [(1, 1), (3, 5), (2, 8)])
+def test_positive_ladder_ensemble_matches_reference(device, ladders, depth, bias):
+    """floor > 0: a_k = floor + softplus(x w + b) for signed x, w, b (no poles anywhere)."""
+    x, w, v, b = ensemble_inputs(33, 27, ladders, depth, device, bias=bias, seed=depth)
+    w = w * 4  # wide preactivations: both tails of the softplus
+    x = x.view(3, 11, 27)
+    named = {"x": x, "weight": w, "mix": v, "bias": b}
+    for t in named.values():
+        if t is not None:
+            t.requires_grad_()
+    out = ladder_ensemble(x, w, v, b, impl="triton", floor=0.5)
+    upstream = upstream_like(x.shape, device, seed=3).double()
+    (out * upstream).sum().backward()
+    ref_inputs = {
+        k: None if t is None else t.detach().cpu().requires_grad_() for k, t in named.items()
+    }
+    ref = positive_ensemble_reference(
+        ref_inputs["x"], ref_inputs["weight"], ref_inputs["mix"], ref_inputs["bias"], 0.5
+    )
+    (ref * upstream.cpu()).sum().backward()
+    assert rel_err(out.cpu(), ref) < 1e-10
+    for name, t in named.items():
+        if t is not None:
+            assert rel_err(t.grad.cpu(), ref_inputs[name].grad) < 1e-10, name
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_positive_univariate_ladder_matches_reference(device, dtype, tol):
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(2, 35, 19, generator=g) * 3).to(device=device, dtype=dtype)
+    w = torch.randn(5, 19, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(5, 19, generator=g).to(device=device, dtype=dtype)
+    for t in (x, w, b):
+        t.requires_grad_()
+    out = univariate_ladder(x, w, b, impl="triton", floor=0.5)
+    upstream = upstream_like(x.shape, device, seed=2).to(dtype)
+    (out * upstream).sum().backward()
+    ref_in = [t.detach().cpu().double().requires_grad_() for t in (x, w, b)]
+    ref = reference_univariate_ladder(*ref_in, floor=0.5)
+    (ref * upstream.cpu().double()).sum().backward()
+    assert out.dtype == dtype and rel_err(out.cpu(), ref) < tol
+    for got, want in zip((x, w, b), ref_in, strict=True):
+        assert rel_err(got.grad.cpu(), want.grad) < 2 * tol
+
+
 def test_cffn_elementwise_uses_the_fused_kernel(device, monkeypatch):
     """Cffn(ladder="elementwise", impl="triton") equals the continuant path, and fuses."""
     torch.manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -17,6 +18,25 @@ from cofrgenet.ops.literal import literal_continued_fraction, literal_univariate
 #: "triton" (fused Triton kernels, CUDA), "auto".
 IMPLS = ("auto", "literal", "continuant", "compiled", "triton")
 GRAD_MODES = ("paper", "exact")
+
+#: |K_d| below which ladder health counts a unit as near a pole: its gradients are
+#: (K_{d-k} / K_d)^2, so 100x or more of a unit far from poles.
+NEAR_POLE = 0.1
+
+
+class LadderStats(NamedTuple):
+    """Health of a batch of ladders (0-d float32 tensors).
+
+    clamped: share of units whose |K_d| < eps (the clamp is active);
+    near_pole: share of units with |K_d| < ``near`` (default :data:`NEAR_POLE`);
+    min_abs_kd: the smallest |K_d|; max_abs_value: the largest |f~|.
+    """
+
+    clamped: Tensor
+    near_pole: Tensor
+    min_abs_kd: Tensor
+    max_abs_value: Tensor
+
 
 #: Below this many ladder units "auto" stays eager: compiling does not pay for tiny inputs.
 AUTO_COMPILE_MIN_UNITS = 1 << 15
@@ -56,6 +76,29 @@ def _check_common(eps: float, grad: str, impl: str) -> None:
         raise ValueError(f"unknown grad mode {grad!r}; choose one of {GRAD_MODES}")
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {IMPLS}")
+
+
+def _check_floor(floor: float | None) -> float:
+    """``floor`` as the kernels take it: 0.0 for the paper's linear denominators."""
+    if floor is None:
+        return 0.0
+    if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
+        raise ValueError(
+            f"floor must be None (the paper's a_k = w x + b) or a positive number (a_k = "
+            f"floor + softplus(w x + b), no poles), got {floor!r}"
+        )
+    return float(floor)
+
+
+def positive_denominators(u: Tensor, floor: float) -> Tensor:
+    """Partial denominators a = floor + softplus(u) > 0, elementwise; u: any shape.
+
+    With every a_k >= floor > 0, every continuant is >= min(1, floor) (K_j >= K_{j-2}
+    and K_0 = 1, K_1 >= floor), so f~ has no poles: 0 < f~ <= 1 / floor and
+    |d f~ / d a_k| <= 1 / min(1, floor)^2. See docs/layers.md for what it costs.
+    """
+    _check_floating("u", u)
+    return continuant.positive_link(u, _check_floor(floor))
 
 
 def _check_triton(tensor: Tensor) -> None:
@@ -142,6 +185,7 @@ def univariate_ladder(
     eps: float = 0.01,
     grad: str = "paper",
     impl: str = "auto",
+    floor: float | None = None,
 ) -> Tensor:
     """Univariate ladders, one per input coordinate: a_k = weight[k] * x + bias[k].
 
@@ -150,6 +194,9 @@ def univariate_ladder(
         weight: (d, n) ladder weights; row k-1 multiplies x in the k-th partial denominator.
         bias: (d, n) or None, added to the partial denominators.
         eps, grad, impl: as in :func:`continued_fraction`.
+        floor: None for the paper's a_k above; a positive number makes every partial
+            denominator positive, a_k = floor + softplus(weight[k] * x + bias[k]) (see
+            :func:`positive_denominators`): no poles.
 
     Returns:
         (..., n) tensor of x's dtype: f~(a_1, ..., a_d) elementwise. The continuant
@@ -157,17 +204,18 @@ def univariate_ladder(
     """
     _check_ladder(x, weight, bias)
     _check_common(eps, grad, impl)
+    link = _check_floor(floor)
     chosen = resolve_impl(impl, x.numel(), x.device)
     if chosen == "literal":
-        return literal_univariate_ladder(x, weight, bias, eps)
+        return literal_univariate_ladder(x, weight, bias, eps, link)
     exact = grad == "exact"
     if chosen == "triton":
         _check_triton(x)
-        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, "triton")
+        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, link, "triton")
     if torch.compiler.is_compiling():
-        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, "torch")
+        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, link, "torch")
     return continuant.UnivariateLadder.apply(
-        x, weight, bias, float(eps), exact, chosen == "compiled"
+        x, weight, bias, float(eps), exact, chosen == "compiled", link
     )
 
 
@@ -205,10 +253,12 @@ def ladder_ensemble(
     eps: float = 0.01,
     grad: str = "paper",
     impl: str = "auto",
+    floor: float | None = None,
 ) -> Tensor:
     """An ensemble of L univariate ladders per coordinate, mixed: the elementwise Cffn.
 
-    y[..., i] = sum_j mix[i, j] f~(a_1, ..., a_d), a_k = weight[k, j, i] x[..., i] + bias[k, j, i].
+    y[..., i] = sum_j mix[i, j] f~(a_1, ..., a_d), a_k = weight[k, j, i] x[..., i] + bias[k, j, i]
+    (or floor + softplus of that with ``floor``, as in :func:`univariate_ladder`).
 
     Args:
         x: (..., p) inputs (the gated x^ of a Cffn).
@@ -216,6 +266,7 @@ def ladder_ensemble(
         mix: (p, L), the V of the Cffn.
         bias: (d, L, p) or None.
         eps, grad, impl: as in :func:`continued_fraction`.
+        floor: as in :func:`univariate_ladder`.
 
     Returns:
         (..., p) in x's dtype. ``impl="triton"`` runs one fused kernel each way and never
@@ -224,35 +275,49 @@ def ladder_ensemble(
     """
     _check_ensemble(x, weight, bias, mix)
     _check_common(eps, grad, impl)
+    link = _check_floor(floor)
     d, n_l, p = weight.shape
     chosen = resolve_impl(impl, x.numel() * n_l, x.device)
     if chosen == "triton":
         _check_triton(x)
-        return custom_ops.ladder_ensemble(x, weight, bias, mix, float(eps), grad == "exact")
+        return custom_ops.ladder_ensemble(x, weight, bias, mix, float(eps), grad == "exact", link)
     repeated = x.unsqueeze(-2).expand(*x.shape[:-1], n_l, p).reshape(*x.shape[:-1], n_l * p)
     flat_bias = None if bias is None else bias.reshape(d, n_l * p)
     z = univariate_ladder(
-        repeated, weight.reshape(d, n_l * p), flat_bias, eps=eps, grad=grad, impl=chosen
+        repeated,
+        weight.reshape(d, n_l * p),
+        flat_bias,
+        eps=eps,
+        grad=grad,
+        impl=chosen,
+        floor=floor,
     )
     return torch.einsum("...lp,pl->...p", z.unflatten(-1, (n_l, p)), mix)
 
 
-def denominator_stats(a: Tensor, eps: float = 0.01) -> tuple[Tensor, Tensor]:
-    """Ladder health of partial denominators a: (..., d).
+def denominator_stats(a: Tensor, eps: float = 0.01, near: float = NEAR_POLE) -> LadderStats:
+    """Ladder health of partial denominators a: (..., d), one ladder per leading index.
 
-    Returns (fraction of ladders whose K_d is clamped, min |K_d|), 0-d float32 tensors.
+    Returns a :class:`LadderStats` of 0-d float32 tensors (see there); no gradient.
     """
     _check_floating("a", a)
     work = a.detach().to(torch.float64).reshape(-1, a.shape[-1]).t()
-    return continuant.denominator_stats(work.__getitem__, work.shape[0], eps)
+    return LadderStats(*continuant.denominator_stats(work.__getitem__, work.shape[0], eps, near))
 
 
 def ladder_denominator_stats(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 0.01
-) -> tuple[Tensor, Tensor]:
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    floor: float | None = None,
+    near: float = NEAR_POLE,
+) -> LadderStats:
     """:func:`denominator_stats` of univariate ladders (x: (..., n), weight/bias: (d, n))."""
     _check_ladder(x, weight, bias)
     x2 = x.detach().to(torch.float64).reshape(-1, x.shape[-1])
     b = None if bias is None else bias.detach().double()
-    coefficient = continuant.ladder_coefficient(x2, weight.detach().double(), b)
-    return continuant.denominator_stats(coefficient, weight.shape[0], eps)
+    coefficient = continuant.ladder_coefficient(
+        x2, weight.detach().double(), b, _check_floor(floor)
+    )
+    return LadderStats(*continuant.denominator_stats(coefficient, weight.shape[0], eps, near))

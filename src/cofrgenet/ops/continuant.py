@@ -210,18 +210,40 @@ def is_depth_major(a: Tensor) -> bool:
     return a.dim() > 1 and a.shape[-1] > 1 and a.stride(-1) == a.numel() // a.shape[-1]
 
 
-def ladder_coefficient(x: Tensor, weight: Tensor, bias: Tensor | None) -> Coefficient:
+def positive_link(u: Tensor, floor: float) -> Tensor:
+    """floor + softplus(u): a partial denominator that never goes below floor (> 0)."""
+    return torch.nn.functional.softplus(u) + floor
+
+
+def ladder_preactivation(x: Tensor, weight: Tensor, bias: Tensor | None) -> Coefficient:
+    """k -> u_k = x * weight[k] (+ bias[k]), the linear part of a univariate ladder."""
     if bias is None:
         return lambda k: x * weight[k]
     return lambda k: torch.addcmul(bias[k], x, weight[k])
 
 
+def ladder_coefficient(
+    x: Tensor, weight: Tensor, bias: Tensor | None, floor: float = 0.0
+) -> Coefficient:
+    """k -> a_{k+1}: u_k itself (floor 0, the paper's) or positive_link(u_k, floor)."""
+    pre = ladder_preactivation(x, weight, bias)
+    if floor <= 0:
+        return pre
+    return lambda k: positive_link(pre(k), floor)
+
+
 def _ladder_forward(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, exact: bool, rescale: bool
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    rescale: bool,
 ):
     """x: (M, n), weight/bias: (d, n) -> value, r, scale, clamped (exact only), k_d; (M, n)."""
     return _forward_outputs(
-        ladder_coefficient(x, weight, bias), weight.shape[0], eps, exact, rescale
+        ladder_coefficient(x, weight, bias, floor), weight.shape[0], eps, exact, rescale
     )
 
 
@@ -234,6 +256,7 @@ def _ladder_backward(
     clamped: Tensor | None,
     grad_out: Tensor,
     exact: bool,
+    floor: float,
     rescale: bool,
     need_x: bool,
     need_params: bool,
@@ -243,17 +266,20 @@ def _ladder_backward(
     grad_x = torch.zeros_like(x) if need_x else None
     grad_w: list[Tensor] = [weight[0]] * d
     grad_b: list[Tensor] = [weight[0]] * d
+    pre = ladder_preactivation(x, weight, bias)
 
     def emit(k: int, g: Tensor) -> None:
         nonlocal grad_x
         t = g * grad_out  # d loss / d a_k, (M, n)
+        if floor > 0:  # a_k = floor + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
+            t = t * torch.sigmoid(pre(k))
         if need_x:
             grad_x = torch.addcmul(grad_x, t, weight[k])
         if need_params:
             grad_w[k] = (t * x).sum(0)
             grad_b[k] = t.sum(0)
 
-    coefficient = ladder_coefficient(x, weight, bias)
+    coefficient = ladder_coefficient(x, weight, bias, floor)
     continuant_backward(coefficient, d, r, scale, clamped, exact, rescale, emit)
     if not need_params:
         return grad_x, None, None
@@ -349,20 +375,23 @@ class UnivariateLadder(torch.autograd.Function):
     """Elementwise ladders: x (..., n), weight (d, n), bias (d, n) | None -> (..., n).
 
     Saves only x, the parameters and three (..., n) tensors (r, scale, clamped); the
-    (..., n, d) partial denominators are recomputed in backward.
+    (..., n, d) partial denominators are recomputed in backward. ``floor`` > 0 makes them
+    positive: a_k = floor + softplus(x weight[k] + bias[k]).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps: float, exact: bool, compiled: bool) -> Tensor:
+    def forward(
+        ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float
+    ) -> Tensor:
         dtype = compute_dtype(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
         value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-            _ladder_forward, compiled, x2, w, b, eps, exact
+            _ladder_forward, compiled, x2, w, b, eps, exact, floor
         )
         ctx.save_for_backward(x, weight, bias, r, scale, clamped)
-        ctx.exact, ctx.compiled, ctx.rescaled = exact, compiled, rescaled
+        ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
         return value.reshape(x.shape).to(x.dtype)
 
     @staticmethod
@@ -386,6 +415,7 @@ class UnivariateLadder(torch.autograd.Function):
             clamped,
             grad_out.reshape(-1, x.shape[-1]).to(dtype),
             ctx.exact,
+            ctx.floor,
             ctx.rescaled,
             need_x,
             need_params,
@@ -397,12 +427,20 @@ class UnivariateLadder(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
-def denominator_stats(coefficient: Coefficient, d: int, eps: float) -> tuple[Tensor, Tensor]:
-    """(fraction of clamped units, min true |K_d|) as 0-d float tensors, without grad."""
+def denominator_stats(
+    coefficient: Coefficient, d: int, eps: float, near: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(clamped share, share with |K_d| < near, min |K_d|, max |f~|), 0-d float32, no grad."""
     with torch.no_grad():
-        _, _, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale=True)
+        value, _, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale=True)
         true_abs = k_d.double().abs() * _pow2_scale(scale.double())
-        return clamped.float().mean(), true_abs.min().float()
+        return (
+            clamped.float().mean(),
+            (true_abs < near).float().mean(),
+            true_abs.min().float(),
+            value.abs().max().float(),
+        )

@@ -75,10 +75,12 @@ def _torch_ladder_inputs(x: Tensor, weight: Tensor, bias: Tensor | None):
     return x2, weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
-def _torch_ladder_forward(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+def _torch_ladder_forward(
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, floor: float
+) -> Tensor:
     x2, w, b = _torch_ladder_inputs(x, weight, bias)
     value = continuant._forward_with_overflow_check(
-        continuant._ladder_forward, False, x2, w, b, eps, False
+        continuant._ladder_forward, False, x2, w, b, eps, False, floor
     )[0]
     return value.reshape(x.shape).to(x.dtype).contiguous()
 
@@ -90,16 +92,17 @@ def _torch_ladder_backward(
     grad_out: Tensor,
     eps: float,
     exact: bool,
+    floor: float,
     need_x: bool,
     need_params: bool,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     x2, w, b = _torch_ladder_inputs(x, weight, bias)
     _, r, scale, clamped, _, rescaled = continuant._forward_with_overflow_check(
-        continuant._ladder_forward, False, x2, w, b, eps, exact
+        continuant._ladder_forward, False, x2, w, b, eps, exact, floor
     )
     g2 = grad_out.reshape(-1, x.shape[-1]).to(r.dtype)
     grad_x, grad_w, grad_b = continuant._ladder_backward(
-        x2, w, b, r, scale, clamped, g2, exact, rescaled, need_x, need_params
+        x2, w, b, r, scale, clamped, g2, exact, floor, rescaled, need_x, need_params
     )
     grad_x = None if grad_x is None else grad_x.reshape(x.shape).to(x.dtype).contiguous()
     grad_w = None if grad_w is None else grad_w.to(weight.dtype)
@@ -158,16 +161,25 @@ continued_fraction_op.register_autograd(_cf_backward, setup_context=_cf_setup_co
 
 @torch.library.custom_op("cofrgenet::univariate_ladder", mutates_args=())
 def univariate_ladder_op(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, exact: bool, backend: str
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    backend: str,
 ) -> Tensor:
-    """Univariate ladders: x (..., n), weight/bias (d, n) -> (..., n) contiguous."""
+    """Univariate ladders: x (..., n), weight/bias (d, n) -> (..., n) contiguous.
+
+    floor 0: a_k = x w_k + b_k (the paper's); floor > 0: a_k = floor + softplus(x w_k + b_k).
+    """
     if backend == "triton":
-        return _kernels().univariate_ladder_fwd(x, weight, bias, eps)
-    return _torch_ladder_forward(x, weight, bias, eps)
+        return _kernels().univariate_ladder_fwd(x, weight, bias, eps, floor)
+    return _torch_ladder_forward(x, weight, bias, eps, floor)
 
 
 @univariate_ladder_op.register_fake
-def _(x, weight, bias, eps, exact, backend):
+def _(x, weight, bias, eps, exact, floor, backend):
     return x.new_empty(x.shape)
 
 
@@ -179,17 +191,17 @@ def univariate_ladder_backward_op(
     grad_out: Tensor,
     eps: float,
     exact: bool,
+    floor: float,
     backend: str,
     need_x: bool,
     need_params: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_weight, grad_bias); a gradient not asked for is an empty (0,) tensor."""
+    args = (x, weight, bias, grad_out, eps, exact, floor, need_x, need_params)
     if backend == "triton":
-        grads = _kernels().univariate_ladder_bwd(
-            x, weight, bias, grad_out, eps, exact, need_x, need_params
-        )
+        grads = _kernels().univariate_ladder_bwd(*args)
     else:
-        grads = _torch_ladder_backward(x, weight, bias, grad_out, eps, exact, need_x, need_params)
+        grads = _torch_ladder_backward(*args)
     grad_x, grad_w, grad_b = grads
     return (
         _empty(x) if grad_x is None else grad_x,
@@ -208,14 +220,14 @@ def _fake_ladder_grads(x, weight, bias, need_x: bool, need_params: bool):
 
 
 @univariate_ladder_backward_op.register_fake
-def _(x, weight, bias, grad_out, eps, exact, backend, need_x, need_params):
+def _(x, weight, bias, grad_out, eps, exact, floor, backend, need_x, need_params):
     return _fake_ladder_grads(x, weight, bias, need_x, need_params)
 
 
 def _ladder_setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, eps, exact, backend = inputs
+    x, weight, bias, eps, exact, floor, backend = inputs
     ctx.save_for_backward(x, weight, bias)
-    ctx.eps, ctx.exact, ctx.backend = eps, exact, backend
+    ctx.eps, ctx.exact, ctx.floor, ctx.backend = eps, exact, floor, backend
 
 
 def _ladder_backward(ctx, grad_out: Tensor):
@@ -223,12 +235,22 @@ def _ladder_backward(ctx, grad_out: Tensor):
     need_x = ctx.needs_input_grad[0]
     need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     grad_x, grad_w, grad_b = univariate_ladder_backward_op(
-        x, weight, bias, grad_out, ctx.eps, ctx.exact, ctx.backend, need_x, need_params
+        x,
+        weight,
+        bias,
+        grad_out,
+        ctx.eps,
+        ctx.exact,
+        ctx.floor,
+        ctx.backend,
+        need_x,
+        need_params,
     )
     return (
         grad_x if need_x else None,
         grad_w if ctx.needs_input_grad[1] else None,
         grad_b if bias is not None and ctx.needs_input_grad[2] else None,
+        None,
         None,
         None,
         None,
@@ -243,16 +265,23 @@ univariate_ladder_op.register_autograd(_ladder_backward, setup_context=_ladder_s
 
 @torch.library.custom_op("cofrgenet::ladder_ensemble", mutates_args=())
 def ladder_ensemble_op(
-    x: Tensor, weight: Tensor, bias: Tensor | None, mix: Tensor, eps: float, exact: bool
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    mix: Tensor,
+    eps: float,
+    exact: bool,
+    floor: float,
 ) -> Tensor:
     """sum_j mix[:, j] f~(x weight[:, j] + bias[:, j]): x (..., p), weight/bias (d, L, p),
     mix (p, L) -> (..., p) contiguous. Triton only."""
     p = x.shape[-1]
-    return _kernels().ladder_ensemble_fwd(x.reshape(-1, p), weight, bias, mix, eps).view(x.shape)
+    out = _kernels().ladder_ensemble_fwd(x.reshape(-1, p), weight, bias, mix, eps, floor)
+    return out.view(x.shape)
 
 
 @ladder_ensemble_op.register_fake
-def _(x, weight, bias, mix, eps, exact):
+def _(x, weight, bias, mix, eps, exact, floor):
     return x.new_empty(x.shape)
 
 
@@ -265,6 +294,7 @@ def ladder_ensemble_backward_op(
     grad_out: Tensor,
     eps: float,
     exact: bool,
+    floor: float,
     need_x: bool,
     need_params: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -278,6 +308,7 @@ def ladder_ensemble_backward_op(
         grad_out.reshape(-1, p),
         eps,
         exact,
+        floor,
         need_x,
         need_params,
     )
@@ -290,15 +321,15 @@ def ladder_ensemble_backward_op(
 
 
 @ladder_ensemble_backward_op.register_fake
-def _(x, weight, bias, mix, grad_out, eps, exact, need_x, need_params):
+def _(x, weight, bias, mix, grad_out, eps, exact, floor, need_x, need_params):
     grad_v = mix.new_empty(mix.shape) if need_params else _empty(mix)
     return (*_fake_ladder_grads(x, weight, bias, need_x, need_params), grad_v)
 
 
 def _ensemble_setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, mix, eps, exact = inputs
+    x, weight, bias, mix, eps, exact, floor = inputs
     ctx.save_for_backward(x, weight, bias, mix)
-    ctx.eps, ctx.exact = eps, exact
+    ctx.eps, ctx.exact, ctx.floor = eps, exact, floor
 
 
 def _ensemble_backward(ctx, grad_out: Tensor):
@@ -306,13 +337,14 @@ def _ensemble_backward(ctx, grad_out: Tensor):
     need = ctx.needs_input_grad
     need_params = need[1] or need[2] or need[3]
     grad_x, grad_w, grad_b, grad_v = ladder_ensemble_backward_op(
-        x, weight, bias, mix, grad_out, ctx.eps, ctx.exact, need[0], need_params
+        x, weight, bias, mix, grad_out, ctx.eps, ctx.exact, ctx.floor, need[0], need_params
     )
     return (
         grad_x if need[0] else None,
         grad_w if need[1] else None,
         grad_b if bias is not None and need[2] else None,
         grad_v if need[3] else None,
+        None,
         None,
         None,
     )
@@ -344,10 +376,12 @@ class TritonUnivariateLadder(torch.autograd.Function):
     """Univariate ladders with the Triton kernels; saves only x, weight and bias."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, exact: bool):
+    def forward(
+        ctx, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, exact: bool, floor: float
+    ):
         ctx.save_for_backward(x, weight, bias)
-        ctx.eps, ctx.exact = eps, exact
-        return _kernels().univariate_ladder_fwd(x, weight, bias, eps)
+        ctx.eps, ctx.exact, ctx.floor = eps, exact, floor
+        return _kernels().univariate_ladder_fwd(x, weight, bias, eps, floor)
 
     @staticmethod
     @once_differentiable
@@ -355,12 +389,13 @@ class TritonUnivariateLadder(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         grad_x, grad_w, grad_b = _kernels().univariate_ladder_bwd(
-            x, weight, bias, grad_out, ctx.eps, ctx.exact, need[0], need[1] or need[2]
+            x, weight, bias, grad_out, ctx.eps, ctx.exact, ctx.floor, need[0], need[1] or need[2]
         )
         return (
             grad_x,
             grad_w if need[1] else None,
             grad_b if need[2] else None,
+            None,
             None,
             None,
         )
@@ -370,13 +405,12 @@ class TritonLadderEnsemble(torch.autograd.Function):
     """The elementwise Cffn ensemble with the Triton kernels; saves only the inputs."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mix, eps: float, exact: bool) -> Tensor:
+    def forward(ctx, x, weight, bias, mix, eps: float, exact: bool, floor: float) -> Tensor:
         ctx.save_for_backward(x, weight, bias, mix)
-        ctx.eps, ctx.exact = eps, exact
+        ctx.eps, ctx.exact, ctx.floor = eps, exact, floor
         p = x.shape[-1]
-        return (
-            _kernels().ladder_ensemble_fwd(x.reshape(-1, p), weight, bias, mix, eps).view(x.shape)
-        )
+        out = _kernels().ladder_ensemble_fwd(x.reshape(-1, p), weight, bias, mix, eps, floor)
+        return out.view(x.shape)
 
     @staticmethod
     @once_differentiable
@@ -392,6 +426,7 @@ class TritonLadderEnsemble(torch.autograd.Function):
             grad_out.reshape(-1, p),
             ctx.eps,
             ctx.exact,
+            ctx.floor,
             need[0],
             need[1] or need[2] or need[3],
         )
@@ -400,6 +435,7 @@ class TritonLadderEnsemble(torch.autograd.Function):
             grad_w if need[1] else None,
             grad_b if need[2] else None,
             grad_v if need[3] else None,
+            None,
             None,
             None,
         )
@@ -416,16 +452,28 @@ def continued_fraction(a: Tensor, eps: float, exact: bool, backend: str) -> Tens
 
 
 def univariate_ladder(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, exact: bool, backend: str
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    backend: str,
 ) -> Tensor:
     if torch.compiler.is_compiling() or backend != "triton":
-        return univariate_ladder_op(x, weight, bias, eps, exact, backend)
-    return TritonUnivariateLadder.apply(x, weight, bias, eps, exact)
+        return univariate_ladder_op(x, weight, bias, eps, exact, floor, backend)
+    return TritonUnivariateLadder.apply(x, weight, bias, eps, exact, floor)
 
 
 def ladder_ensemble(
-    x: Tensor, weight: Tensor, bias: Tensor | None, mix: Tensor, eps: float, exact: bool
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    mix: Tensor,
+    eps: float,
+    exact: bool,
+    floor: float,
 ) -> Tensor:
     if torch.compiler.is_compiling():
-        return ladder_ensemble_op(x, weight, bias, mix, eps, exact)
-    return TritonLadderEnsemble.apply(x, weight, bias, mix, eps, exact)
+        return ladder_ensemble_op(x, weight, bias, mix, eps, exact, floor)
+    return TritonLadderEnsemble.apply(x, weight, bias, mix, eps, exact, floor)

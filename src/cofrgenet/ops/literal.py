@@ -32,13 +32,19 @@ def literal_continued_fraction(a: Tensor, eps: float) -> Tensor:
     return _nested(lambda k: work[..., k], a.shape[-1], eps).to(a.dtype)
 
 
-def literal_univariate_ladder(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
-    """x: (..., n), weight/bias: (d, n) -> (..., n), nested form with per-level clamping."""
+def literal_univariate_ladder(
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, floor: float = 0.0
+) -> Tensor:
+    """x: (..., n), weight/bias: (d, n) -> (..., n), nested form with per-level clamping.
+
+    floor > 0: a_k = floor + softplus(x w_k + b_k) instead of x w_k + b_k.
+    """
     dtype = compute_dtype(x.dtype)
     xw, w = x.to(dtype), weight.to(dtype)
     b = None if bias is None else bias.to(dtype)
 
     def coefficient(k: int) -> Tensor:
-        return xw * w[k] if b is None else xw * w[k] + b[k]
+        u = xw * w[k] if b is None else xw * w[k] + b[k]
+        return u if floor <= 0 else torch.nn.functional.softplus(u) + floor
 
     return _nested(coefficient, weight.shape[0], eps).to(x.dtype)

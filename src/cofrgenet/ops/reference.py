@@ -89,12 +89,26 @@ def ladder_denominators(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
     return a
 
 
+def reference_positive_denominators(u: Tensor, floor: float) -> Tensor:
+    """floor + log(1 + exp(u)), written out in float64."""
+    u = u.double()
+    return floor + torch.log1p(torch.exp(-u.abs())) + u.clamp_min(0)
+
+
 def reference_univariate_ladder(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 0.01
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    floor: float | None = None,
 ) -> Tensor:
     """Elementwise continued fraction of univariate ladders, float64, plain autograd.
 
-    x: (..., n), weight: (d, n), bias: (d, n) or None -> (..., n).
+    x: (..., n), weight: (d, n), bias: (d, n) or None -> (..., n). With ``floor``, the
+    partial denominators are floor + softplus(x w_k + b_k).
     """
     b = None if bias is None else bias.double()
-    return reference_continued_fraction(ladder_denominators(x.double(), weight.double(), b), eps)
+    a = ladder_denominators(x.double(), weight.double(), b)
+    if floor is not None:
+        a = reference_positive_denominators(a, floor)
+    return reference_continued_fraction(a, eps)

@@ -56,22 +56,23 @@ def _cf_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]]:
 
 
 def _ladder_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]]:
-    cases = [  # (d, L, mix, bias, compute, io, exact, force)
-        (1, 1, False, True, tl.float32, "*fp32", True, False),
-        (5, 1, False, False, tl.float32, "*bf16", False, False),
-        (8, 1, False, True, tl.float32, "*fp32", True, True),
-        (16, 1, False, True, tl.float32, "*fp32", False, False),
-        (5, 3, True, True, tl.float32, "*bf16", False, False),
-        (5, 3, True, True, tl.float32, "*fp32", True, False),
-        (8, 2, True, False, tl.float64, "*fp64", True, False),
+    cases = [  # (d, L, mix, bias, compute, io, exact, force, floor); floor 0: the paper's
+        (1, 1, False, True, tl.float32, "*fp32", True, False, 0.0),
+        (5, 1, False, False, tl.float32, "*bf16", False, False, 0.5),
+        (8, 1, False, True, tl.float32, "*fp32", True, True, 0.0),
+        (16, 1, False, True, tl.float32, "*fp32", False, False, 0.5),
+        (5, 3, True, True, tl.float32, "*bf16", False, False, 0.5),
+        (5, 3, True, True, tl.float32, "*fp32", True, False, 0.0),
+        (8, 2, True, False, tl.float64, "*fp64", True, False, 0.5),
     ]
-    for d, n_l, mix, bias, compute, io, exact, force in cases:
+    for d, n_l, mix, bias, compute, io, exact, force, floor in cases:
         param = _POINTER[compute] if compute == tl.float64 else "*fp32"
         pointers = {"x_ptr": io, "w_ptr": param, "b_ptr": param, "v_ptr": param}
         strides = ["stride_xm", "stride_xn", "stride_wk", "stride_wj", "stride_vn", "stride_vj"]
         sig = {**pointers, "out_ptr": io, "M": "i32", "N": "i32", **dict.fromkeys(strides, "i32")}
         sig["eps"] = "fp32"
-        flags = {"D": d, "L": n_l, "HAS_BIAS": bias, "HAS_MIX": mix, "COMPUTE": compute}
+        flags = {"D": d, "L": n_l, "HAS_BIAS": bias, "FLOOR": floor, "HAS_MIX": mix}
+        flags["COMPUTE"] = compute
         yield (
             ladder_ensemble_fwd_kernel,
             sig,
@@ -104,7 +105,7 @@ def _ladder_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]
                     "BLOCK_N": 64,
                 },
             )
-            if d != 5 or n_l != 3 or exact:  # gradient subsets: the Cffn case, paper mode
+            if d != 5 or n_l != 3 or exact:  # gradient subsets: the default Cffn case
                 break
 
 

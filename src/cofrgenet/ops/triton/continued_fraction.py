@@ -55,6 +55,7 @@ def continued_fraction_fwd_kernel(
         D=D,
         FROM_X=False,
         HAS_BIAS=False,
+        FLOOR=0.0,
         COMPUTE=COMPUTE,
         FORCE_RESCALE=FORCE_RESCALE,
     )
@@ -104,6 +105,7 @@ def _cf_gradients(
             D=D,
             FROM_X=False,
             HAS_BIAS=False,
+            FLOOR=0.0,
             COMPUTE=COMPUTE,
             EXACT=EXACT,
             RESCALE=RESCALE,
@@ -127,6 +129,7 @@ def _cf_gradients(
                 w_mask=mask,
                 FROM_X=False,
                 HAS_BIAS=False,
+                FLOOR=0.0,
                 COMPUTE=COMPUTE,
                 RESCALE=RESCALE,
             )
@@ -172,6 +175,7 @@ def continued_fraction_bwd_kernel(
         D=D,
         FROM_X=False,
         HAS_BIAS=False,
+        FLOOR=0.0,
         COMPUTE=COMPUTE,
         FORCE_RESCALE=FORCE_RESCALE,
     )

@@ -31,6 +31,7 @@ from cofrgenet.ops.triton.recurrence import (
     clamp_reciprocal,
     coefficient_gradient,
     forward_continuants,
+    preactivation,
     suffix_step,
 )
 
@@ -54,6 +55,7 @@ def ladder_ensemble_fwd_kernel(
     D: tl.constexpr,
     L: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     HAS_MIX: tl.constexpr,
     COMPUTE: tl.constexpr,
     FORCE_RESCALE: tl.constexpr,
@@ -84,6 +86,7 @@ def ladder_ensemble_fwd_kernel(
             D=D,
             FROM_X=True,
             HAS_BIAS=HAS_BIAS,
+            FLOOR=FLOOR,
             COMPUTE=COMPUTE,
             FORCE_RESCALE=FORCE_RESCALE,
         )
@@ -120,6 +123,7 @@ def _ladder_gradients(
     D: tl.constexpr,
     L: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     NEED_X: tl.constexpr,
     NEED_PARAMS: tl.constexpr,
     EXACT: tl.constexpr,
@@ -149,11 +153,15 @@ def _ladder_gradients(
             D=D,
             FROM_X=True,
             HAS_BIAS=HAS_BIAS,
+            FLOOR=FLOOR,
             COMPUTE=COMPUTE,
             EXACT=EXACT,
             RESCALE=RESCALE,
         )
         t = g * upstream  # d loss / d a_k, [BM, BN]
+        if FLOOR > 0:  # a_k = FLOOR + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
+            u = preactivation(k - 1, x, w_ptrs, b_ptrs, stride_wk, col_mask, HAS_BIAS, COMPUTE)
+            t = t * tl.sigmoid(u)
         if NEED_X:
             w = tl.load(w_ptrs + (k - 1) * stride_wk, mask=col_mask, other=0.0).to(COMPUTE)
             grad_x += t * w
@@ -178,6 +186,7 @@ def _ladder_gradients(
                 w_mask=col_mask,
                 FROM_X=True,
                 HAS_BIAS=HAS_BIAS,
+                FLOOR=FLOOR,
                 COMPUTE=COMPUTE,
                 RESCALE=RESCALE,
             )
@@ -213,6 +222,7 @@ def ladder_ensemble_bwd_kernel(
     P: tl.constexpr,
     LP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     HAS_MIX: tl.constexpr,
     NEED_X: tl.constexpr,
     NEED_PARAMS: tl.constexpr,
@@ -261,6 +271,7 @@ def ladder_ensemble_bwd_kernel(
                 D=D,
                 FROM_X=True,
                 HAS_BIAS=HAS_BIAS,
+                FLOOR=FLOOR,
                 COMPUTE=COMPUTE,
                 FORCE_RESCALE=FORCE_RESCALE,
             )
@@ -277,9 +288,9 @@ def ladder_ensemble_bwd_kernel(
             else:
                 upstream = grad_out
             if rescaled > 0:
-                grad_x, acc_w, acc_b = _ladder_gradients(j, x, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, mask, w_ptrs, b_ptrs, stride_wk, col_mask, D, L, HAS_BIAS, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=True)  # fmt: skip
+                grad_x, acc_w, acc_b = _ladder_gradients(j, x, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, mask, w_ptrs, b_ptrs, stride_wk, col_mask, D, L, HAS_BIAS, FLOOR, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=True)  # fmt: skip
             else:
-                grad_x, acc_w, acc_b = _ladder_gradients(j, x, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, mask, w_ptrs, b_ptrs, stride_wk, col_mask, D, L, HAS_BIAS, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=False)  # fmt: skip
+                grad_x, acc_w, acc_b = _ladder_gradients(j, x, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, mask, w_ptrs, b_ptrs, stride_wk, col_mask, D, L, HAS_BIAS, FLOOR, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=False)  # fmt: skip
         if NEED_X:
             grad_x_ptrs = grad_x_ptr + rows[:, None] * N + cols[None, :]
             tl.store(grad_x_ptrs, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
@@ -311,11 +322,13 @@ def ladder_ensemble_fwd(
     bias: Tensor | None,
     mix: Tensor | None,
     eps: float,
+    floor: float = 0.0,
     force_rescale: bool = False,
 ) -> Tensor:
     """sum_j mix[:, j] f~(x weight[:, j] + bias[:, j]) for x (M, n), weight/bias (d, L, n).
 
-    mix: (n, L), or None for L = 1 without mixing (a plain univariate ladder).
+    mix: (n, L), or None for L = 1 without mixing (a plain univariate ladder). floor > 0:
+    partial denominators floor + softplus(x w + b) instead of x w + b.
     Returns (M, n), contiguous, in x's dtype.
     """
     runtime.check_tensor(x)
@@ -344,6 +357,7 @@ def ladder_ensemble_fwd(
         D=d,
         L=ladders,
         HAS_BIAS=bias is not None,
+        FLOOR=float(floor),
         HAS_MIX=mix is not None,
         COMPUTE=runtime.compute_dtype(x.dtype, weight.dtype),
         FORCE_RESCALE=force_rescale,
@@ -362,6 +376,7 @@ def ladder_ensemble_bwd(
     grad_out: Tensor,
     eps: float,
     exact: bool,
+    floor: float = 0.0,
     need_x: bool = True,
     need_params: bool = True,
     force_rescale: bool = False,
@@ -425,6 +440,7 @@ def ladder_ensemble_bwd(
             P=p_rows,
             LP=mix_rows,
             HAS_BIAS=bias is not None,
+            FLOOR=float(floor),
             HAS_MIX=mix is not None,
             NEED_X=need_x,
             NEED_PARAMS=need_params,
@@ -452,13 +468,18 @@ def ladder_ensemble_bwd(
 
 
 def univariate_ladder_fwd(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, force_rescale: bool = False
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    floor: float = 0.0,
+    force_rescale: bool = False,
 ) -> Tensor:
     """f~ of univariate ladders: x (..., n), weight/bias (d, n) -> (..., n) contiguous."""
     d, n = weight.shape
     bias3 = None if bias is None else bias.reshape(d, 1, n)
     out = ladder_ensemble_fwd(
-        x.reshape(-1, n), weight.reshape(d, 1, n), bias3, None, eps, force_rescale
+        x.reshape(-1, n), weight.reshape(d, 1, n), bias3, None, eps, floor, force_rescale
     )
     return out.view(x.shape)
 
@@ -470,6 +491,7 @@ def univariate_ladder_bwd(
     grad_out: Tensor,
     eps: float,
     exact: bool,
+    floor: float = 0.0,
     need_x: bool = True,
     need_params: bool = True,
     force_rescale: bool = False,
@@ -485,6 +507,7 @@ def univariate_ladder_bwd(
         grad_out.reshape(-1, n),
         eps,
         exact,
+        floor,
         need_x,
         need_params,
         force_rescale,

@@ -9,7 +9,8 @@ Coefficients a_k come from one of two places (``FROM_X``, a constexpr):
 
 * memory: ``a_ptrs + k * stride_ak``, a tile of pointers to a[..., 0];
 * a univariate ladder: a_k = x * w_k (+ b_k), with ``w_ptrs`` / ``b_ptrs`` a [1, BN] tile
-  of pointers to weight[0, cols] / bias[0, cols] and ``stride_wk`` the depth stride.
+  of pointers to weight[0, cols] / bias[0, cols] and ``stride_wk`` the depth stride; with
+  ``FLOOR`` > 0 (a constexpr; 0 is the paper's linear form) a_k = FLOOR + softplus(that).
 
 Rescaling: when |K_j| passes 2^64, both running values are multiplied by 2^-64 (exact)
 and a per-element counter ``scale`` goes up by one; the true K_j is stored * 2^(64 scale).
@@ -30,6 +31,24 @@ INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
+def softplus(u):
+    """log(1 + exp(u)) without overflow: max(u, 0) + log(1 + exp(-|u|))."""
+    return tl.maximum(u, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(u)))
+
+
+@triton.jit
+def preactivation(
+    k, x, w_ptrs, b_ptrs, stride_wk, w_mask, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr
+):
+    """u_{k+1} = x w_{k+1} (+ b_{k+1}) of a univariate ladder (0-based k), [BM, BN]."""
+    w = tl.load(w_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)  # [1, BN]
+    u = x * w
+    if HAS_BIAS:
+        u += tl.load(b_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)
+    return u
+
+
+@triton.jit
 def coefficient(
     k,
     a_ptrs,
@@ -42,14 +61,17 @@ def coefficient(
     w_mask,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):
-    """a_{k+1} (0-based k) as a tile in the compute dtype."""
+    """a_{k+1} (0-based k) as a tile in the compute dtype.
+
+    From x: u = x w_k (+ b_k), and a = u (FLOOR 0, the paper's) or FLOOR + softplus(u).
+    """
     if FROM_X:
-        w = tl.load(w_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)  # [1, BN]
-        a = x * w
-        if HAS_BIAS:
-            a += tl.load(b_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)
+        a = preactivation(k, x, w_ptrs, b_ptrs, stride_wk, w_mask, HAS_BIAS, COMPUTE)
+        if FLOOR > 0:
+            a = FLOOR + softplus(a)
     else:
         # Masked lanes read 1: finite, so they never trigger the rescaled path.
         a = tl.load(a_ptrs + k * stride_ak, mask=mask, other=1.0).to(COMPUTE)
@@ -78,6 +100,7 @@ def tail_continuants(
     D: tl.constexpr,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     COMPUTE: tl.constexpr,
     RESCALE: tl.constexpr,
 ):
@@ -94,6 +117,7 @@ def tail_continuants(
         w_mask=w_mask,
         FROM_X=FROM_X,
         HAS_BIAS=HAS_BIAS,
+        FLOOR=FLOOR,
         COMPUTE=COMPUTE,
     )
     low = tl.full(high.shape, 1.0, COMPUTE)
@@ -111,6 +135,7 @@ def tail_continuants(
             w_mask=w_mask,
             FROM_X=FROM_X,
             HAS_BIAS=HAS_BIAS,
+            FLOOR=FLOOR,
             COMPUTE=COMPUTE,
         )
         high, low = a * high + low, high
@@ -132,6 +157,7 @@ def forward_continuants(
     D: tl.constexpr,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     COMPUTE: tl.constexpr,
     FORCE_RESCALE: tl.constexpr,
 ):
@@ -152,6 +178,7 @@ def forward_continuants(
         D,
         FROM_X,
         HAS_BIAS,
+        FLOOR,
         COMPUTE,
         RESCALE=FORCE_RESCALE,
     )
@@ -173,6 +200,7 @@ def forward_continuants(
                 D,
                 FROM_X,
                 HAS_BIAS,
+                FLOOR,
                 COMPUTE,
                 RESCALE=True,
             )
@@ -213,6 +241,7 @@ def coefficient_gradient(
     D: tl.constexpr,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     COMPUTE: tl.constexpr,
     EXACT: tl.constexpr,
     RESCALE: tl.constexpr,
@@ -250,6 +279,7 @@ def coefficient_gradient(
                     w_mask=w_mask,
                     FROM_X=FROM_X,
                     HAS_BIAS=HAS_BIAS,
+                    FLOOR=FLOOR,
                     COMPUTE=COMPUTE,
                 )
                 prefix, before = a * prefix + before, prefix
@@ -278,6 +308,7 @@ def suffix_step(
     w_mask,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FLOOR: tl.constexpr,
     COMPUTE: tl.constexpr,
     RESCALE: tl.constexpr,
 ):
@@ -294,6 +325,7 @@ def suffix_step(
         w_mask=w_mask,
         FROM_X=FROM_X,
         HAS_BIAS=HAS_BIAS,
+        FLOOR=FLOOR,
         COMPUTE=COMPUTE,
     )
     suffix, previous = a * suffix + previous, suffix

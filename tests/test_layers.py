@@ -48,10 +48,10 @@ def test_cattn_m_formula(bias, ladder_bias, dim, max_len, ladders, depth):
 
 
 LAYERS = {
-    "cffn-scalar": lambda: Cffn(16, 3, 4, ladder="scalar"),
-    "cffn-elementwise": lambda: Cffn(16, 2, 3, ladder="elementwise"),
-    "cattn_u": lambda: CAttnU(16, 12, 3),
-    "cattn_m": lambda: CAttnM(16, 12, 3, 4),
+    "cffn-scalar": lambda **kw: Cffn(16, 3, 4, ladder="scalar", **kw),
+    "cffn-elementwise": lambda **kw: Cffn(16, 2, 3, ladder="elementwise", **kw),
+    "cattn_u": lambda **kw: CAttnU(16, 12, 3, **kw),
+    "cattn_m": lambda **kw: CAttnM(16, 12, 3, 4, **kw),
 }
 
 
@@ -71,19 +71,20 @@ def test_causal_by_perturbation(name, length):
         assert not torch.allclose(changed[:, t + 1 :], out[:, t + 1 :])  # the test can fail
 
 
+@pytest.mark.parametrize("denominators", ["positive", "paper"])
 @pytest.mark.parametrize("name", LAYERS)
-def test_impls_agree_forward_and_backward(name):
+def test_impls_agree_forward_and_backward(name, denominators):
     """The layer gives the same values and gradients through each op implementation.
 
     Inputs are kept small so that no ladder is near a pole of any level: there the literal
     form, which clamps every level, legitimately differs from the continuant form.
     """
     torch.manual_seed(0)
-    base = LAYERS[name]().double()
+    base = LAYERS[name](denominators=denominators).double()
     x = 0.3 * torch.randn(2, 9, 16, dtype=torch.float64)
     results = {}
     for impl in ("literal", "continuant", "compiled"):
-        layer = LAYERS[name]().double()
+        layer = LAYERS[name](denominators=denominators).double()
         layer.load_state_dict(base.state_dict())
         layer.impl = impl
         xi = x.clone().requires_grad_()
@@ -114,21 +115,127 @@ def test_initialisation_keeps_ladders_off_poles_and_reports_health(name):
 
 
 def test_health_sees_poles():
-    layer = Cffn(16, 3, 5, bias=False)
+    layer = Cffn(16, 3, 5, bias=False, denominators="paper")
     with torch.no_grad():
         for w in layer.denominators.weight:
             w.mul_(1e-4)  # small weights, no bias: every a_k ~ 0, K_5 ~ 0
     layer.track_health = True
     layer(torch.randn(4, 16))
-    assert layer.health().clamped_fraction.item() > 0.5
+    health = layer.health()
+    assert health.clamped_fraction.item() > 0.5
+    assert health.near_pole_fraction.item() >= health.clamped_fraction.item()
+    assert health.max_abs_output.item() > 10
 
 
-def test_without_ladder_bias_the_init_still_avoids_most_poles():
+def test_paper_denominators_without_ladder_bias_avoid_most_poles_at_init():
     torch.manual_seed(0)
-    layer = Cffn(64, 3, 5, bias=False)
+    layer = Cffn(64, 3, 5, bias=False, denominators="paper")
     layer.track_health = True
     layer(torch.nn.functional.layer_norm(torch.randn(256, 64), (64,)))
     assert layer.health().clamped_fraction.item() < 0.03
+
+
+def _drift(layer: torch.nn.Module, scale: float, bias_std: float, seed: int) -> None:
+    """Move every ladder parameter away from its init, as training or a frozen depth under
+    a drifting input could: weights x scale, biases to random values of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in layer.ladder_modules():
+            for w in module.weight:
+                w.mul_(scale)
+            for b in module.bias or ():
+                b.copy_(torch.randn(b.shape, generator=g) * bias_std)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_positive_denominators_keep_every_layer_off_poles(name):
+    """Pole safety is a property of the layer, not of its init: after any drift of its
+    ladder parameters and on inputs far larger than a LayerNorm gives, no unit is near a
+    pole, ladder outputs stay within 1 / floor and ladder gradients stay bounded. The same
+    drift puts the paper's denominators on poles (so the test can fail)."""
+    torch.manual_seed(0)
+    worst = {"positive": 0.0, "paper": 0.0}
+    for scale, bias_std, x_std in ((1.0, 0.3, 1.0), (1.0, 3.0, 3.0), (20.0, 3.0, 10.0)):
+        x = x_std * torch.randn(4, 12, 16)
+        for denominators in worst:
+            layer = LAYERS[name](denominators=denominators)
+            _drift(layer, scale, bias_std, seed=1)
+            layer.track_health = True
+            out = layer(x)
+            health = layer.health()
+            worst[denominators] = max(worst[denominators], health.near_pole_fraction.item())
+            if denominators == "positive":
+                out.square().mean().backward()
+                grads = [p.grad.abs().max().item() for p in layer.ladder_parameters()]
+                assert health.min_abs_denominator.item() >= min(1.0, layer.floor) * (1 - 1e-6)
+                assert health.max_abs_output.item() <= 1 / layer.floor * (1 + 1e-6)
+                assert torch.isfinite(out).all() and max(grads) < 1e6
+    assert worst["positive"] == 0.0
+    assert worst["paper"] > 0.0
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_eval_clips_ladder_outputs_to_the_training_range(name):
+    torch.manual_seed(0)
+    layer = LAYERS[name](denominators="paper")
+    x = torch.nn.functional.layer_norm(torch.randn(4, 12, 16), (16,))
+    for _ in range(3):
+        layer(x)  # training mode: the range is recorded
+    low, high = layer.output_range.low.clone(), layer.output_range.high.clone()
+    assert torch.isfinite(low).any() and (low <= high).all()
+    layer.eval()
+    assert torch.equal(layer(x), layer(x))
+    with torch.no_grad():
+        same = layer(x)
+        # Narrow the recorded range: eval outputs change, training outputs do not.
+        layer.output_range.high.copy_(torch.where(torch.isfinite(low), low, high))
+        clipped = layer(x)
+    assert not torch.allclose(same, clipped)
+    layer.train()
+    with torch.no_grad():
+        layer.output_range.high.copy_(high)
+    assert torch.allclose(layer(x), same)
+    # The range is part of the state dict; one without it (an older checkpoint) still loads.
+    state = layer.state_dict()
+    assert "output_range.low" in state and "output_range.high" in state
+    fresh = LAYERS[name](denominators="paper")
+    old = {k: v for k, v in state.items() if not k.startswith("output_range.")}
+    fresh.load_state_dict(old)
+    assert torch.isinf(fresh.output_range.low).all()
+    # Without clipping there is no range at all.
+    assert LAYERS[name](clip_outputs=False).output_range is None
+
+
+def test_output_range_widens_at_once_and_forgets_slowly():
+    from cofrgenet.nn.ladder import OutputRange
+
+    r = OutputRange((2,), momentum=0.5)
+    r(torch.tensor([[0.0, 1.0], [2.0, 3.0]]))  # first batch: its extremes
+    assert r.low.tolist() == [0.0, 1.0] and r.high.tolist() == [2.0, 3.0]
+    r(torch.tensor([[-1.0, 1.5]]))  # wider low on ladder 0: taken at once
+    assert r.low.tolist() == [-1.0, 1.25] and r.high.tolist() == [0.5, 2.25]
+    r.eval()
+    assert r(torch.tensor([[5.0, -5.0]])).tolist() == [[0.5, 1.25]]
+
+
+def test_no_weight_decay_names_ladder_biases_and_cattn_u_linear_terms():
+    cffn = Cffn(8, 2, 3)
+    assert cffn.no_weight_decay() == {f"denominators.bias.{k}" for k in range(3)}
+    assert Cffn(8, 2, 3, bias=False).no_weight_decay() == set()
+    assert CAttnU(8, 6, 2).no_weight_decay() == {
+        "denominators.bias.0",
+        "denominators.bias.1",
+        "linear",
+    }
+    names = {n for n, _ in CAttnM(8, 6, 2, 2).named_parameters()}
+    assert CAttnM(8, 6, 2, 2).no_weight_decay() <= names
+
+
+def test_bad_denominators():
+    with pytest.raises(ValueError, match="unknown denominators 'linear'"):
+        Cffn(8, 2, 2, denominators="linear")
+    with pytest.raises(ValueError, match="floor must be a positive number"):
+        CAttnM(8, 6, 2, 2, floor=0.0)
 
 
 @pytest.mark.parametrize("name", LAYERS)

@@ -8,6 +8,7 @@ import math
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from cofrgenet.training.callbacks import (
@@ -18,8 +19,14 @@ from cofrgenet.training.callbacks import (
     ladder_layers,
     release_step,
 )
-from cofrgenet.training.module import LanguageModel
-from cofrgenet.training.optim import OptimizerConfig, param_groups, warmup_cosine
+from cofrgenet.training.module import SPIKE_WINDOW, LanguageModel
+from cofrgenet.training.optim import (
+    OptimizerConfig,
+    describe_groups,
+    param_groups,
+    released_warmup_cosine,
+    warmup_cosine,
+)
 
 
 def token_loader(
@@ -34,11 +41,11 @@ def token_loader(
     )
 
 
-def tiny_trainer(max_steps: int, callbacks=(), **kwargs) -> L.Trainer:
+def tiny_trainer(max_steps: int, callbacks=(), logger=False, **kwargs) -> L.Trainer:
     return L.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
-        logger=False,
+        logger=logger,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -62,14 +69,30 @@ def test_warmup_cosine_shape():
     assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
 
 
-def test_param_groups_decay_only_matrices():
-    module = LanguageModel("gpt2-tiny-f")
-    decay, no_decay = param_groups(module.model, 0.1)
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(
-        p.dim() < 2 for p in no_decay["params"]
-    )
+def test_param_groups_decay_by_role():
+    module = LanguageModel("gpt2-tiny-fa", config={"cffn_ladder": "elementwise"})
+    groups = param_groups(module.model, 0.1)
+    by_name = {g["name"]: g for g in groups}
+    assert set(by_name) == {"decay", "no_decay"}
+    decayed = set(by_name["decay"]["param_names"])
+    kept = set(by_name["no_decay"]["param_names"])
+    assert by_name["decay"]["weight_decay"] == 0.1 and by_name["no_decay"]["weight_decay"] == 0
+    # Matrices decay; the elementwise Cffn's (L, p) ladder biases are matrices but must not.
+    assert "transformer.h.0.mlp.linear.weight" in decayed
+    assert "transformer.h.0.mlp.denominators.weight.0" in decayed
+    assert "transformer.h.0.mlp.denominators.bias.0" in kept
+    assert "transformer.h.0.attn.denominators.bias.0" in kept
+    assert "transformer.h.0.ln_1.weight" in kept and "transformer.h.0.mlp.linear.bias" in kept
+    assert all(p.dim() >= 2 for p in by_name["decay"]["params"])
     n_all = sum(1 for _ in module.model.parameters())
-    assert len(decay["params"]) + len(no_decay["params"]) == n_all
+    assert len(decayed) + len(kept) == n_all
+    lines = describe_groups(groups)
+    assert lines[0].startswith("decay: weight_decay 0.1, ")
+    assert "transformer.h.*.mlp.denominators.bias.*" in lines[1]
+    # CAttnU's linear terms w0 (they start at 1) do not decay either.
+    cattn_u = LanguageModel("gpt2-tiny-a", config={"attention": "cattn_u"})
+    kept = next(g for g in param_groups(cattn_u.model, 0.1) if g["name"] == "no_decay")
+    assert "transformer.h.0.attn.linear" in kept["param_names"]
 
 
 class Snapshots(L.Callback):
@@ -154,28 +177,114 @@ class Recorder(L.Callback):
         self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
 
-def test_training_logs_and_health():
+class RecordingLogger(Logger):
+    """What a logger receives: (step, metrics) pairs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.records.append((step, dict(metrics)))
+
+    def steps_of(self, key: str) -> list[int]:
+        return [step for step, metrics in self.records if key in metrics]
+
+
+def test_training_logs_and_health_at_the_steps_measured():
     torch.manual_seed(0)
     module = LanguageModel("gpt2-tiny-fa", optimizer=OptimizerConfig(warmup_steps=2))
-    recorder = Recorder()
-    tiny_trainer(6, [LadderHealthMonitor(every_n_steps=2), recorder], log_every_n_steps=1).fit(
+    recorder, logger = Recorder(), RecordingLogger()
+    tiny_trainer(7, [LadderHealthMonitor(every_n_steps=3), recorder], log_every_n_steps=1).fit(
         module, token_loader()
     )
+    # the Lightning-logged metrics
     keys = set().union(*recorder.metrics)
-    for key in (
-        "train/loss",
-        "opt/lr",
-        "opt/grad_norm",
-        "data/tokens_seen",
-        "perf/tokens_per_sec",
-        "ladder/cffn/clamped_fraction",
-        "ladder/cffn/min_abs_kd",
-        "ladder/cattnm/clamped_fraction",
-        "ladder/grad_norm/depth_1",
-    ):
+    for key in ("train/loss", "opt/lr", "opt/grad_norm", "opt/grad_spikes", "data/tokens_seen"):
         assert key in keys, key
-    assert module.tokens_seen == 6 * 4 * 16
-    assert all(0.0 <= m.get("ladder/cffn/clamped_fraction", 0.0) <= 1.0 for m in recorder.metrics)
+    assert module.tokens_seen == 7 * 4 * 16
+    # ladder health: written for steps 0, 3, 6 only, every key each time
+    trainer = tiny_trainer(
+        7, [LadderHealthMonitor(every_n_steps=3)], log_every_n_steps=1, logger=logger
+    )
+    torch.manual_seed(0)
+    trainer.fit(LanguageModel("gpt2-tiny-fa"), token_loader())
+    for key in (
+        "ladder/cffn/near_pole_share",
+        "ladder/cffn/clamped_share",
+        "ladder/cffn/min_abs_kd",
+        "ladder/cffn/max_abs_z",
+        "ladder/cattnm/near_pole_share",
+        "ladder/grad_norm/depth_1",
+        "ladder/grad_share",
+    ):
+        assert logger.steps_of(key) == [0, 3, 6], key
+    assert logger.steps_of("train/loss") == list(range(7))
+    health = [m for _, m in logger.records if "ladder/grad_share" in m]
+    assert all(0 < m["ladder/grad_share"] < 1 for m in health)
+    assert all(m["ladder/cffn/near_pole_share"] == 0.0 for m in health)  # positive: no poles
+    assert all(0 < m["ladder/cffn/max_abs_z"] <= 2.0 for m in health)
+
+
+def test_gradient_spikes_are_counted_against_the_recent_median():
+    module = LanguageModel("gpt2-tiny")
+    norms = [1.0] * SPIKE_WINDOW + [9.0, 11.0, 1.0, 30.0]
+    counts = [int(module._count_spike(torch.tensor(n))) for n in norms]
+    assert counts[: SPIKE_WINDOW + 1] == [0] * (
+        SPIKE_WINDOW + 1
+    )  # full window first; 9x is no spike
+    assert counts[SPIKE_WINDOW + 1 :] == [1, 1, 2]
+    assert module.grad_spikes == 2
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    resumed = LanguageModel("gpt2-tiny")
+    resumed.on_load_checkpoint(checkpoint)
+    assert resumed.grad_spikes == 2
+
+
+def test_released_depths_get_a_schedule_of_their_own():
+    assert released_warmup_cosine(59, 60, 100, 20, 0.1) == 0.0
+    # warmup capped at a quarter of the 40-step window: 10 steps, then cosine to the floor
+    assert released_warmup_cosine(60, 60, 100, 20, 0.1) == pytest.approx(0.1)
+    assert released_warmup_cosine(69, 60, 100, 20, 0.1) == pytest.approx(1.0)
+    assert released_warmup_cosine(99, 60, 100, 20, 0.1) == pytest.approx(0.1, abs=0.01)
+
+    class Lrs(L.Callback):
+        def __init__(self) -> None:
+            self.lrs: list[dict[str, float]] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            groups = trainer.optimizers[0].param_groups
+            self.lrs.append({g["name"]: g["lr"] for g in groups})
+
+    torch.manual_seed(0)
+    module = LanguageModel(
+        "gpt2-tiny-f", config={"depth": 2}, optimizer=OptimizerConfig(lr=1e-3, warmup_steps=4)
+    )
+    lrs = Lrs()
+    tiny_trainer(16, [DyadicUnfreezing("paper", lr="release"), lrs]).fit(module, token_loader())
+    names = set(lrs.lrs[0])
+    assert {"decay", "no_decay", "decay/depth_1", "no_decay/depth_1", "decay/depth_2"} <= names
+    depth_1 = [step["decay/depth_1"] for step in lrs.lrs]  # released at step 8
+    assert depth_1[:8] == [0.0] * 8
+    assert depth_1[8] == pytest.approx(1e-3 / 2) and depth_1[9] == pytest.approx(1e-3)
+    assert lrs.lrs[9]["decay"] < 1e-3  # the run's own schedule is already decaying
+    # With lr="global" there is no depth group: every depth follows the run's schedule.
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 2})
+    lrs = Lrs()
+    tiny_trainer(4, [DyadicUnfreezing("paper"), lrs]).fit(module, token_loader())
+    assert set(lrs.lrs[0]) == {"decay", "no_decay"}
 
 
 def test_loss_falls_on_a_single_batch():

@@ -466,7 +466,12 @@ def test_cffn_elementwise_uses_the_fused_kernel(device, monkeypatch):
         _Spy(kernels.ladder.ladder_ensemble_fwd_kernel, calls),
     )
     layer(x)
-    assert calls and calls[0]["L"] == 3  # one launch for the whole ensemble
+    # one launch for the whole ensemble, and one no-grad ladder pass recording z's range
+    assert sorted(c["L"] for c in calls) == [1, 3]
+    calls.clear()
+    layer.output_range = None  # no clipping: the fused launch alone
+    layer(x)
+    assert [c["L"] for c in calls] == [3]
     (out, gx, grads), (ref_out, ref_gx, ref_grads) = results["triton"], results["continuant"]
     torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(gx, ref_gx, rtol=1e-9, atol=1e-12)

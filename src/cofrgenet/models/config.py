@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cofrgenet.models.architectures import ARCHITECTURES
+from cofrgenet.nn.ladder import DENOMINATORS
 from cofrgenet.nn.norms import NORMS
 from cofrgenet.nn.positional import POSITIONS, ROPE_SCALING_KEYS
 
@@ -55,9 +56,17 @@ class ModelConfig:
         depth: d, number of partial denominators per ladder (linear term not counted).
         cffn_ladder: "scalar" (paper reading, p-variate ladders) or "elementwise".
         ladder_bias: biases on the partial denominators; None means "same as ``bias``".
-        ladder_eps: clamp on the final continuant, |K_d| >= eps.
+        ladder_denominators: "positive" (default: a_k = ladder_floor + softplus(w . x + b),
+            no poles) or "paper" (a_k = w . x + b, the paper's exact formulation).
+        ladder_floor: lower bound of positive partial denominators (|f~| <= 1 / floor).
+        ladder_out_std: init std of the ladder layers' output projections (Cffn's U and V,
+            CAttnM's W^v, CAttnU's second mixing); None: GPT-2's residual scaling,
+            0.02 / sqrt(2 n_layer).
+        ladder_clip: clip ladder outputs in eval mode to the range seen in training.
+        ladder_eps: clamp on the final continuant, |K_d| >= eps (inactive for positive
+            denominators whenever eps < min(1, ladder_floor)).
         ladder_grad: "paper" (Proposition 1) or "exact".
-        ladder_impl: "auto", "literal", "continuant" or "compiled".
+        ladder_impl: "auto", "literal", "continuant", "compiled" or "triton".
     Other:
         dropout: dropout on embeddings, attention probabilities and mixer outputs (between
             layers and before the head for recurrent models).
@@ -90,6 +99,10 @@ class ModelConfig:
     depth: int = 5
     cffn_ladder: str = "scalar"
     ladder_bias: bool | None = None
+    ladder_denominators: str = "positive"
+    ladder_floor: float = 0.5
+    ladder_out_std: float | None = None
+    ladder_clip: bool = True
     ladder_eps: float = 0.01
     ladder_grad: str = "paper"
     ladder_impl: str = "auto"
@@ -132,6 +145,17 @@ class ModelConfig:
         if self.cffn_ladder not in ("scalar", "elementwise"):
             raise ValueError(
                 f"cffn_ladder must be 'scalar' or 'elementwise', got {self.cffn_ladder!r}"
+            )
+        if self.ladder_denominators not in DENOMINATORS:
+            raise ValueError(
+                f"ladder_denominators must be one of {DENOMINATORS}, "
+                f"got {self.ladder_denominators!r}"
+            )
+        if not (isinstance(self.ladder_floor, (int, float)) and self.ladder_floor > 0):
+            raise ValueError(f"ladder_floor must be a positive number, got {self.ladder_floor!r}")
+        if self.ladder_out_std is not None and not self.ladder_out_std > 0:
+            raise ValueError(
+                f"ladder_out_std must be positive or None, got {self.ladder_out_std!r}"
             )
         if self.position is not None and self.position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")

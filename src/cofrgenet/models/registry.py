@@ -24,6 +24,7 @@ Optional keywords of ``register``:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -197,13 +198,23 @@ def _cattn_m_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
 # this module (and every softmax/mlp model) works without touching cofrgenet.nn's ladders.
 
 
+def residual_std(config: ModelConfig) -> float:
+    """GPT-2's init std of projections that write to the residual stream."""
+    return 0.02 / math.sqrt(2 * config.n_layer)
+
+
 def _ladder_kwargs(config: ModelConfig) -> dict[str, object]:
+    out_std = config.ladder_out_std
     return {
         "bias": config.bias,
         "ladder_bias": config.ladder_bias,
         "eps": config.ladder_eps,
         "grad": config.ladder_grad,
         "impl": config.ladder_impl,
+        "denominators": config.ladder_denominators,
+        "floor": config.ladder_floor,
+        "out_std": residual_std(config) if out_std is None else out_std,
+        "clip_outputs": config.ladder_clip,
     }
 
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
-from cofrgenet.models.registry import ATTENTION, FFN, mixer_flops
+from cofrgenet.models.registry import ATTENTION, FFN, mixer_flops, residual_std
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
 
@@ -107,7 +107,7 @@ class GPT(nn.Module):
         """
         if self.lm_head.weight.is_meta:  # shapes only: nothing to initialise
             return
-        proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        proj_std = residual_std(self.config)
         for name, module in _modules_to_init(self):
             if isinstance(module, nn.Linear):
                 std = proj_std if name.endswith("c_proj") else 0.02
@@ -215,12 +215,11 @@ ARCHITECTURES.register(
 
 
 def self_initialising_types() -> tuple[type[nn.Module], ...]:
-    """Module types whose parameters the model's init must leave alone (CoFrGeNet layers)."""
-    try:
-        from cofrgenet.nn import CAttnM, CAttnU, Cffn
-    except ImportError:  # ladder layers not available: nothing to skip
-        return ()
-    return (Cffn, CAttnU, CAttnM)
+    """Module types whose parameters the model's init must leave alone (CoFrGeNet layers,
+    which take the residual std from their builders)."""
+    from cofrgenet.nn import LadderLayer
+
+    return (LadderLayer,)
 
 
 def _modules_to_init(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:

@@ -9,8 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cofrgenet.nn.ladder import (
+    DENOMINATOR_FLOOR,
+    OUT_STD,
     LadderLayer,
     LadderWeights,
+    OutputRange,
+    attention_gain,
     denominator_init,
     fan_in_spread,
     resolve_ladder_bias,
@@ -42,10 +46,17 @@ class CAttnU(LadderLayer):
     """Token mixing with univariate ladders across positions: (B, T, p) -> (B, T, p).
 
     Two ensembles e = 1, 2 of full univariate ladders, weights indexed by position s and
-    shared across channels c: y_e[s, c] = w0_e[s] x[s, c] + f~(w_e[., s] x[s, c] + b_e[., s]).
-    They are mixed causally by upper-triangular l x l matrices (s <= t):
+    shared across channels c: y_e[s, c] = w0_e[s] x[s, c] + f~(a_e[., s, c]) with partial
+    denominators a_k = link(w_e[k, s] x[s, c] + b_e[k, s]) (link as in Cffn: floor +
+    softplus by default, the identity for ``denominators="paper"``). They are mixed
+    causally by upper-triangular l x l matrices (s <= t):
 
         O[t, c] = (sum_{s<=t} U_1[s, t] y_1[s, c]) * (sum_{s<=t} U_2[s, t] y_2[s, c])
+
+    Both U_e start as a causal running mean (1 / (t + 1) on column t, 2% noise), U_2 scaled
+    by the gain of softmax attention's projections (``attention_gain(dim, out_std)``): the
+    branch starts as small as the attention it replaces. f~ is clipped in eval mode to its
+    training range (``clip_outputs``).
 
     Parameters (l = max_len, d = depth = number of partial denominators):
 
@@ -69,16 +80,22 @@ class CAttnU(LadderLayer):
         eps: float = 0.01,
         grad: str = "paper",
         impl: str = "auto",
+        denominators: str = "positive",
+        floor: float = DENOMINATOR_FLOOR,
+        out_std: float = OUT_STD,
+        clip_outputs: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(denominators, floor)
         self.dim, self.max_len, self.depth = dim, max_len, depth
-        self.eps, self.grad, self.impl = eps, grad, impl
+        self.eps, self.grad, self.impl, self.out_std = eps, grad, impl, out_std
         has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
         self.linear = nn.Parameter(torch.empty(2, max_len))  # w0_e[s], the depth-0 term
         self.denominators = LadderWeights(
             depth, (2, max_len), (2, max_len) if has_ladder_bias else None
         )
         self.mixing = nn.Parameter(torch.empty(2, max_len * (max_len + 1) // 2))  # packed U_e
+        if clip_outputs:
+            self.output_range = OutputRange((2, max_len))
         self.reset_parameters()
 
     @staticmethod
@@ -95,13 +112,14 @@ class CAttnU(LadderLayer):
         std, offset = denominator_init(self.denominators.has_bias, fan_in_spread(1))
         self.denominators.reset_parameters(std, offset)
         # U_e starts as a causal running mean (1 / (t + 1) on column t) plus a little noise,
-        # so the product of the two ensembles is O(1) at any length.
+        # U_2 scaled by out_std: the product is a small residual branch at any length.
         with torch.no_grad():
             _, cols = _upper_triangle(self.max_len, self.mixing.device)
             if self.mixing.device.type != "meta":
                 mean = 1.0 / (cols.to(self.mixing.dtype) + 1.0)
                 self.mixing.copy_(mean.expand_as(self.mixing))
                 self.mixing.add_(torch.randn_like(self.mixing) * 0.02 * mean)
+                self.mixing[1].mul_(attention_gain(self.dim, self.out_std))
 
     def mixing_matrices(self, length: int) -> Tensor:
         """U_1, U_2 as (2, length, length), zero below the diagonal."""
@@ -119,28 +137,43 @@ class CAttnU(LadderLayer):
         weight = self.denominators.stacked_weight()[:, :, :length].reshape(self.depth, 2 * length)
         bias = self.denominators.stacked_bias()
         bias = None if bias is None else bias[:, :, :length].reshape(self.depth, 2 * length)
+        floor = self.link_floor
         if self.track_health:
-            self._record_health(ladder_denominator_stats(tokens, weight, bias, self.eps))
-        y = univariate_ladder(tokens, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl)
-        y = y + tokens * self.linear[:, :length].reshape(2 * length)
-        y = y.unflatten(-1, (2, length))  # (B, p, 2, T)
+            stats = ladder_denominator_stats(
+                tokens, weight, bias, self.eps, floor, self.health_near
+            )
+            self._record_health(stats)
+        f = univariate_ladder(
+            tokens, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl, floor=floor
+        )
+        f = self.clip(f.unflatten(-1, (2, length)), length)  # (B, p, 2, T)
+        y = f + tokens.unflatten(-1, (2, length)) * self.linear[:, :length]
         mixed = torch.einsum("bces,est->bcet", y, self.mixing_matrices(length))
         return (mixed[:, :, 0] * mixed[:, :, 1]).transpose(1, 2)  # (B, T, p)
 
+    def no_weight_decay(self) -> set[str]:
+        """Also the linear terms w0 (start at 1: decay would pull the identity path to 0)."""
+        return super().no_weight_decay() | {"linear"}
+
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, max_len={self.max_len}, depth={self.depth}, eps={self.eps}"
+        return (
+            f"dim={self.dim}, max_len={self.max_len}, depth={self.depth}, eps={self.eps}, "
+            f"{self.ladder_extra_repr()}"
+        )
 
 
 class CAttnM(LadderLayer):
     """Attention weights from p-variate ladders: (B, T, p) -> (B, T, p).
 
-    L p-variate ladders per token, Y[t, j] = f~(W^(j) x_t (+ b^(j))), a linear map
-    F in R^{L x l} to sequence-length space and a causal softmax:
+    L p-variate ladders per token, Y[t, j] = f~(link(W^(j) x_t (+ b^(j)))) (link as in
+    Cffn), a linear map F in R^{L x l} to sequence-length space and a causal softmax:
 
         A = causal_softmax(Y F),   O = A X W^v
 
     Logits depend on the query's content and the key's position, not the key's content
-    (a continued-fraction Dense Synthesizer).
+    (a continued-fraction Dense Synthesizer). W^v, which stands for attention's value and
+    output projections, starts with their gain (``attention_gain(dim, out_std)``); Y is
+    clipped in eval mode to its training range (``clip_outputs``).
 
     Parameters (p = dim, l = max_len, L = ladders, d = depth):
 
@@ -160,18 +193,24 @@ class CAttnM(LadderLayer):
         eps: float = 0.01,
         grad: str = "paper",
         impl: str = "auto",
+        denominators: str = "positive",
+        floor: float = DENOMINATOR_FLOOR,
+        out_std: float = OUT_STD,
+        clip_outputs: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(denominators, floor)
         if ladders < 1:
             raise ValueError(f"CAttnM needs at least one ladder, got ladders={ladders}")
         self.dim, self.max_len, self.ladders, self.depth = dim, max_len, ladders, depth
-        self.eps, self.grad, self.impl = eps, grad, impl
+        self.eps, self.grad, self.impl, self.out_std = eps, grad, impl, out_std
         has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
         self.denominators = LadderWeights(
             depth, (ladders, dim), (ladders,) if has_ladder_bias else None
         )
         self.position_map = nn.Parameter(torch.empty(ladders, max_len))  # F
         self.value = nn.Linear(dim, dim, bias=bias)  # W^v
+        if clip_outputs:
+            self.output_range = OutputRange((ladders,))
         self.reset_parameters()
 
     @staticmethod
@@ -194,17 +233,19 @@ class CAttnM(LadderLayer):
         std, offset = denominator_init(self.denominators.has_bias, fan_in_spread(self.dim))
         self.denominators.reset_parameters(std, offset)
         nn.init.normal_(self.position_map, std=0.02)  # near-uniform causal attention at init
-        nn.init.normal_(self.value.weight, std=0.02)
+        # W^v stands for attention's W_V W_O: start with their gain (std gain / sqrt(p)).
+        value_std = attention_gain(self.dim, self.out_std) / self.dim**0.5
+        nn.init.normal_(self.value.weight, std=value_std)
         if self.value.bias is not None:
             nn.init.zeros_(self.value.bias)
 
     def attention_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Queries Y (B, T, L) and keys F^T (T, L) whose product gives the logits."""
         length = x.shape[1]
-        a = self.denominators.pvariate_denominators(x)  # (B, T, L, d)
+        a = self.link(self.denominators.pvariate_denominators(x))  # (B, T, L, d)
         if self.track_health:
-            self._record_health(denominator_stats(a, self.eps))
-        y = continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)
+            self._record_health(denominator_stats(a, self.eps, self.health_near))
+        y = self.clip(continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl))
         return y, self.position_map[:, :length].t()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -224,5 +265,5 @@ class CAttnM(LadderLayer):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, max_len={self.max_len}, ladders={self.ladders}, "
-            f"depth={self.depth}, eps={self.eps}"
+            f"depth={self.depth}, eps={self.eps}, {self.ladder_extra_repr()}"
         )

@@ -6,8 +6,11 @@ import torch
 from torch import Tensor, nn
 
 from cofrgenet.nn.ladder import (
+    DENOMINATOR_FLOOR,
+    OUT_STD,
     LadderLayer,
     LadderWeights,
+    OutputRange,
     denominator_init,
     fan_in_spread,
     resolve_ladder_bias,
@@ -17,6 +20,8 @@ from cofrgenet.ops import (
     denominator_stats,
     ladder_denominator_stats,
     ladder_ensemble,
+    resolve_impl,
+    univariate_ladder,
 )
 
 LADDER_KINDS = ("scalar", "elementwise")
@@ -30,11 +35,16 @@ class Cffn(LadderLayer):
     x^ = sigmoid(G x) * x (the gate; G: dim x dim), then
 
     * ``ladder="scalar"`` (the paper's reading, default): L p-variate ladders; ladder j has
-      partial denominators a^(j) = W^(j) x^ (+ b^(j)) in R^d and gives one scalar
+      partial denominators a^(j) = link(W^(j) x^ (+ b^(j))) in R^d and gives one scalar
       z_j = f~(a^(j)); y = U x^ + V z with U: p x p, V: p x L.
     * ``ladder="elementwise"`` (the public re-implementation's reading): ladder ensemble j
-      applies p univariate ladders, a[..., i, k] = x^_i W^(j)[i, k] (+ b^(j)[i, k]),
+      applies p univariate ladders, a[..., i, k] = link(x^_i W^(j)[i, k] (+ b^(j)[i, k])),
       z_j in R^p; y = U x^ + sum_j V[:, j] * z_j.
+
+    link is floor + softplus (``denominators="positive"``, default: no poles) or the
+    identity (``"paper"``, the final continuant clamped at ``eps``); see
+    :mod:`cofrgenet.nn.ladder`. U and V start at std ``out_std``; ladder outputs z are
+    clipped in eval mode to the range seen in training (``clip_outputs``).
 
     Parameters (p = dim, L = ladders, d = depth = number of partial denominators; the
     linear term U is "depth 0"):
@@ -58,14 +68,18 @@ class Cffn(LadderLayer):
         eps: float = 0.01,
         grad: str = "paper",
         impl: str = "auto",
+        denominators: str = "positive",
+        floor: float = DENOMINATOR_FLOOR,
+        out_std: float = OUT_STD,
+        clip_outputs: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(denominators, floor)
         if ladder not in LADDER_KINDS:
             raise ValueError(f"unknown Cffn ladder kind {ladder!r}; choose one of {LADDER_KINDS}")
         if ladders < 1:
             raise ValueError(f"Cffn needs at least one ladder, got ladders={ladders}")
         self.dim, self.ladders, self.depth, self.ladder = dim, ladders, depth, ladder
-        self.eps, self.grad, self.impl = eps, grad, impl
+        self.eps, self.grad, self.impl, self.out_std = eps, grad, impl, out_std
         has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
         self.gate = nn.Linear(dim, dim, bias=bias)  # G
         self.linear = nn.Linear(dim, dim, bias=bias)  # U, the depth-0 term
@@ -74,6 +88,8 @@ class Cffn(LadderLayer):
             depth, (ladders, dim), bias_shape if has_ladder_bias else None
         )
         self.mix = nn.Parameter(torch.empty(dim, ladders))  # V
+        if clip_outputs:
+            self.output_range = OutputRange((ladders,) if ladder == "scalar" else (ladders, dim))
         self.reset_parameters()
 
     @staticmethod
@@ -94,11 +110,12 @@ class Cffn(LadderLayer):
         return count
 
     def reset_parameters(self) -> None:
+        nn.init.normal_(self.gate.weight, std=0.02)
+        nn.init.normal_(self.linear.weight, std=self.out_std)
         for linear in (self.gate, self.linear):
-            nn.init.normal_(linear.weight, std=0.02)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
-        nn.init.normal_(self.mix, std=0.02)
+        nn.init.normal_(self.mix, std=self.out_std)
         # Scalar ladders take a dot product over p inputs; elementwise ones a single input.
         fan_in = self.dim if self.ladder == "scalar" else 1
         std, offset = denominator_init(
@@ -109,37 +126,52 @@ class Cffn(LadderLayer):
     def forward(self, x: Tensor) -> Tensor:
         gated = torch.sigmoid(self.gate(x)) * x  # x^, (..., p)
         if self.ladder == "scalar":
-            z = self._scalar_ladders(gated)  # (..., L)
+            z = self.clip(self._scalar_ladders(gated))  # (..., L)
             mixed = z @ self.mix.t()
         else:
             mixed = self._elementwise_ladders(gated)  # (..., p)
         return self.linear(gated) + mixed
 
     def _scalar_ladders(self, gated: Tensor) -> Tensor:
-        a = self.denominators.pvariate_denominators(gated)  # (..., L, d)
+        a = self.link(self.denominators.pvariate_denominators(gated))  # (..., L, d)
         if self.track_health:
-            self._record_health(denominator_stats(a, self.eps))
+            self._record_health(denominator_stats(a, self.eps, self.health_near))
         return continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)
 
     def _elementwise_ladders(self, gated: Tensor) -> Tensor:
-        """sum_j V[:, j] * z_j, (..., p): one fused kernel with impl="triton" (CUDA)."""
+        """sum_j V[:, j] * z_j, (..., p): one fused kernel with impl="triton" (CUDA).
+
+        The fused kernel never forms z (..., L, p), so it serves training only. Elsewhere
+        (and in eval) the ensemble is L p univariate ladders on a repeated x^, then mixed,
+        and z is clipped or recorded on the way; with the fused kernel, training records
+        z's range from an extra no-grad ladder forward.
+        """
         weight = self.denominators.stacked_weight()  # (d, L, p)
         bias = self.denominators.stacked_bias()  # (d, L, p) | None
+        kwargs = {"eps": self.eps, "grad": self.grad, "floor": self.link_floor}
+        n_l, p = self.ladders, self.dim
+        units = gated.numel() * n_l
+        fused = resolve_impl(self.impl, units, gated.device) == "triton"
+        # One univariate ladder per (ensemble, channel): L p ladders on a repeated x^.
+        x = gated.unsqueeze(-2).expand(*gated.shape[:-1], n_l, p).flatten(-2)
+        flat_w = weight.reshape(self.depth, n_l * p)
+        flat_b = None if bias is None else bias.reshape(self.depth, n_l * p)
         if self.track_health:
-            n_l, p = self.ladders, self.dim
-            # One univariate ladder per (ensemble, channel): L p ladders on a repeated x^.
-            x = gated.unsqueeze(-2).expand(*gated.shape[:-1], n_l, p).flatten(-2)
-            flat_bias = None if bias is None else bias.reshape(self.depth, n_l * p)
             stats = ladder_denominator_stats(
-                x, weight.reshape(self.depth, n_l * p), flat_bias, self.eps
+                x, flat_w, flat_b, self.eps, self.link_floor, self.health_near
             )
             self._record_health(stats)
-        return ladder_ensemble(
-            gated, weight, self.mix, bias, eps=self.eps, grad=self.grad, impl=self.impl
-        )
+        if fused and self.training:
+            if self.clip_outputs:
+                with torch.no_grad():
+                    z = univariate_ladder(x, flat_w, flat_b, impl=self.impl, **kwargs)
+                    self.clip(z.unflatten(-1, (n_l, p)))  # records the range
+            return ladder_ensemble(gated, weight, self.mix, bias, impl=self.impl, **kwargs)
+        z = univariate_ladder(x, flat_w, flat_b, impl=self.impl, **kwargs).unflatten(-1, (n_l, p))
+        return torch.einsum("...lp,pl->...p", self.clip(z), self.mix)
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, ladders={self.ladders}, depth={self.depth}, ladder={self.ladder!r}, "
-            f"eps={self.eps}, grad={self.grad!r}, impl={self.impl!r}"
+            f"eps={self.eps}, grad={self.grad!r}, impl={self.impl!r}, {self.ladder_extra_repr()}"
         )

@@ -4,6 +4,20 @@ Each depth k = 1..d of a ladder ensemble is its own ``nn.Parameter``: the dyadic
 schedule (spec section 4) freezes and releases depths independently through
 ``requires_grad``, which must be per-parameter for AdamW to give a frozen depth no
 moments and no weight decay, and which keeps working under DDP/FSDP.
+
+Every ladder layer shares three choices, documented with their evidence in
+docs/layers.md:
+
+* ``denominators``: "positive" (default) computes each partial denominator as
+  a_k = floor + softplus(w_k . x + b_k), so every continuant is >= min(1, floor) and the
+  ladder has no poles at all; "paper" is the paper's a_k = w_k . x + b_k with the final
+  continuant clamped at eps.
+* ``out_std``: the init std of the output projections of the blocks they replace; the
+  models pass GPT-2's residual scaling 0.02 / sqrt(2 n_layer). Cffn's U and V start at
+  it; CAttnM and CAttnU start with the gain of attention's two projections
+  (:func:`attention_gain`), so every branch starts as small as the one it replaces.
+* ``clip_outputs``: ladder outputs are clipped in eval mode to the range seen in
+  training (:class:`OutputRange`, in the state dict), as the paper does at inference.
 """
 
 from __future__ import annotations
@@ -15,15 +29,42 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-#: Default spread of a partial denominator a_k at initialisation (for unit-variance input).
+from cofrgenet.ops import NEAR_POLE, LadderStats, positive_denominators
+
+#: Partial-denominator parametrisations (see the module docstring).
+DENOMINATORS = ("positive", "paper")
+#: Default floor of positive partial denominators: |f~| <= 2 and |d f~ / d a_k| <= 4.
+DENOMINATOR_FLOOR = 0.5
+#: Default spread of the linear part w . x + b at initialisation (for unit-variance input).
 DENOMINATOR_STD = 0.5
-#: Default initial ladder bias: a_k centred at +1 keeps K_d away from 0 (spec section 6).
-#: Measured on Gaussian a_k, d = 5: 0.01% of units clamped versus 23% for small weights
-#: without bias; see docs/layers.md.
+#: Default initial ladder bias: the paper's a_k centred at +1 keeps K_d away from 0 at
+#: init (spec section 6); positive denominators start at floor + softplus(1) ~ 1.8.
 DENOMINATOR_OFFSET = 1.0
-#: Without a ladder bias no offset is possible; a wider spread keeps most units off poles
-#: (0.4% clamped at d = 5 for std 1, 23% for std 0.02).
+#: Without a ladder bias no offset is possible; a wider spread keeps most of the paper's
+#: units off poles at init (0.4% clamped at d = 5 for std 1, 23% for std 0.02).
 DENOMINATOR_STD_NO_BIAS = 1.0
+#: Init std of output projections outside a model (GPT-2's 0.02).
+OUT_STD = 0.02
+#: Init std of the projections that feed a block's mixers (GPT-2's c_fc and c_attn).
+INPUT_STD = 0.02
+
+
+def attention_gain(dim: int, out_std: float) -> float:
+    """Gain of softmax attention's two projections at init: W_V (std INPUT_STD) then W_O
+    (std out_std), each of fan-in dim, scale a unit-variance input by this much. The
+    ladder layers that replace attention start with the same gain, whatever carries it.
+    """
+    return out_std * INPUT_STD * dim
+
+
+def check_denominators(denominators: str, floor: float) -> None:
+    if denominators not in DENOMINATORS:
+        raise ValueError(
+            f"unknown denominators {denominators!r}; choose one of {DENOMINATORS} "
+            "('positive': a_k = floor + softplus(w x + b), no poles; 'paper': a_k = w x + b)"
+        )
+    if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
+        raise ValueError(f"the denominator floor must be a positive number, got {floor!r}")
 
 
 class LadderWeights(nn.Module):
@@ -96,26 +137,122 @@ class LadderWeights(nn.Module):
 
 @dataclass
 class LadderHealth:
-    """Ladder statistics of a layer's last forward (0-d tensors, detached)."""
+    """Ladder statistics of a layer's last forward with ``track_health`` on.
 
-    clamped_fraction: Tensor
-    min_abs_denominator: Tensor
+    ``stats``: the :class:`~cofrgenet.ops.LadderStats` of its ladders (0-d tensors,
+    detached: clamped and near-pole shares, min |K_d|, max |f~|).
+    """
+
+    stats: LadderStats
+
+    @property
+    def clamped_fraction(self) -> Tensor:
+        return self.stats.clamped
+
+    @property
+    def near_pole_fraction(self) -> Tensor:
+        return self.stats.near_pole
+
+    @property
+    def min_abs_denominator(self) -> Tensor:
+        return self.stats.min_abs_kd
+
+    @property
+    def max_abs_output(self) -> Tensor:
+        return self.stats.max_abs_value
+
+
+class OutputRange(nn.Module):
+    """Range of ladder outputs seen in training; a clip to it in eval mode.
+
+    ``low`` / ``high`` (buffers of ``shape``, one entry per ladder, in the state dict) widen
+    at once to every training batch's extremes and otherwise drift towards the recent
+    batches' extremes by ``momentum`` per step, so extremes of early weights are forgotten
+    while everything seen lately stays inside. Until a ladder has been seen, nothing is
+    clipped. ``forward(z)`` records (training) or clips (eval) z: (..., *shape) and
+    returns z; ``forward(z, length)`` uses the leading ``length`` entries of the last
+    dimension (ladders tied to positions).
+    """
+
+    def __init__(self, shape: tuple[int, ...], momentum: float = 0.01) -> None:
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("low", torch.full(shape, float("-inf")))
+        self.register_buffer("high", torch.full(shape, float("inf")))
+
+    def _bounds(self, length: int | None) -> tuple[Tensor, Tensor]:
+        if length is None:
+            return self.low, self.high
+        return self.low[..., :length], self.high[..., :length]
+
+    @torch.no_grad()
+    def _observe(self, z: Tensor, length: int | None) -> None:
+        low, high = self._bounds(length)
+        dims = tuple(range(z.dim() - low.dim()))
+        batch_low = z.detach().amin(dim=dims).to(low.dtype)
+        batch_high = z.detach().amax(dim=dims).to(high.dtype)
+        m = self.momentum
+        seen = torch.isfinite(low)
+        low.copy_(
+            torch.where(seen, torch.minimum(batch_low, low + m * (batch_low - low)), batch_low)
+        )
+        high.copy_(
+            torch.where(seen, torch.maximum(batch_high, high + m * (batch_high - high)), batch_high)
+        )
+
+    def forward(self, z: Tensor, length: int | None = None) -> Tensor:
+        if self.training:
+            self._observe(z, length)
+            return z
+        low, high = self._bounds(length)
+        return torch.clamp(z, low.to(z.dtype), high.to(z.dtype))
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.low.shape)}, momentum={self.momentum}"
 
 
 class LadderLayer(nn.Module):
     """Base class of CoFrGeNet layers: ladder bookkeeping shared by Cffn, CAttnU, CAttnM.
 
-    Set ``track_health = True`` to record, at every forward, the fraction of ladders whose
-    final continuant was clamped and the smallest |K_d| (an extra no-grad pass over the
-    partial denominators; the LadderHealth callback turns it on only at logging steps).
+    Set ``track_health = True`` to record, at every forward, the :class:`LadderHealth` of
+    its ladders (an extra no-grad pass over the partial denominators; the
+    LadderHealthMonitor callback turns it on only at logging steps).
     """
 
     track_health: bool
 
-    def __init__(self) -> None:
+    def __init__(self, denominators: str, floor: float) -> None:
         super().__init__()
+        check_denominators(denominators, floor)
+        self.denominator_kind = denominators
+        self.floor = float(floor)
+        self.output_range: OutputRange | None = None  # subclasses make one if clip_outputs
         self.track_health = False
+        self.health_near = NEAR_POLE  # |K_d| below which health counts a unit near a pole
         self._health: LadderHealth | None = None
+        self.register_load_state_dict_pre_hook(_fill_missing_ranges)
+
+    @property
+    def clip_outputs(self) -> bool:
+        """Whether ladder outputs are clipped in eval mode (the layer has an OutputRange)."""
+        return self.output_range is not None
+
+    @property
+    def link_floor(self) -> float | None:
+        """The ops' ``floor`` argument: None for the paper's denominators."""
+        return self.floor if self.denominator_kind == "positive" else None
+
+    def link(self, u: Tensor) -> Tensor:
+        """Partial denominators from their linear part u = w . x + b (any shape)."""
+        if self.denominator_kind == "positive":
+            return positive_denominators(u, self.floor)
+        return u
+
+    def clip(self, z: Tensor, length: int | None = None) -> Tensor:
+        """Ladder outputs z through the layer's OutputRange (when ``clip_outputs``)."""
+        if self.output_range is None:
+            return z
+        return self.output_range(z, length)
 
     def ladder_modules(self) -> Iterator[LadderWeights]:
         return (m for m in self.modules() if isinstance(m, LadderWeights))
@@ -132,12 +269,41 @@ class LadderLayer(nn.Module):
                 out.setdefault(k, []).extend(params)
         return out
 
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this layer) of parameters weight decay must not touch.
+
+        Ladder biases set the offset of the partial denominators: decay would pull the
+        paper's denominators towards their poles. Subclasses add their own.
+        """
+        return {
+            f"{name}.{pname}"
+            for name, module in self.named_modules()
+            if isinstance(module, LadderWeights)
+            for pname, _ in module.named_parameters()
+            if pname.startswith("bias.")
+        }
+
     def health(self) -> LadderHealth | None:
         """Statistics of the last forward run with ``track_health`` on, else None."""
         return self._health
 
-    def _record_health(self, stats: tuple[Tensor, Tensor]) -> None:
-        self._health = LadderHealth(*stats)
+    def _record_health(self, stats: LadderStats) -> None:
+        self._health = LadderHealth(stats)
+
+    def ladder_extra_repr(self) -> str:
+        floor = f", floor={self.floor}" if self.denominator_kind == "positive" else ""
+        return f"denominators={self.denominator_kind!r}{floor}, clip_outputs={self.clip_outputs}"
+
+
+def _fill_missing_ranges(module, state_dict, prefix, *args) -> None:
+    """Checkpoints from before output clipping load with empty ranges (no clipping)."""
+    output_range = getattr(module, "output_range", None)
+    if output_range is None:
+        return
+    for name, buffer in output_range.named_buffers():
+        key = f"{prefix}output_range.{name}"
+        if key not in state_dict:
+            state_dict[key] = buffer.detach().clone()
 
 
 def resolve_ladder_bias(bias: bool, ladder_bias: bool | None) -> bool:
@@ -146,11 +312,8 @@ def resolve_ladder_bias(bias: bool, ladder_bias: bool | None) -> bool:
 
 
 def denominator_init(has_bias: bool, fan_in_std: float) -> tuple[float, float]:
-    """(weight std, bias offset) giving a_k ~ N(offset, std^2) for inputs of spread fan_in_std.
-
-    fan_in_std is the standard deviation of w . x for unit-std weights (sqrt(fan_in) times
-    the input's std).
-    """
+    """(weight std, bias offset) giving w . x + b ~ N(offset, std^2) for inputs of spread
+    fan_in_std (sqrt(fan_in) times the input's std)."""
     std = DENOMINATOR_STD if has_bias else DENOMINATOR_STD_NO_BIAS
     return std / fan_in_std, DENOMINATOR_OFFSET
 

@@ -13,8 +13,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from cofrgenet.nn.ladder import LadderLayer
+from cofrgenet.ops import NEAR_POLE
 
 SCHEDULES = ("paper", "early", "none")
+#: How a released depth's learning rate is set (DyadicUnfreezing's ``lr``).
+RELEASE_LR = ("global", "release")
 
 
 def ladder_layers(module: nn.Module) -> Iterator[tuple[str, LadderLayer]]:
@@ -60,14 +63,28 @@ class DyadicUnfreezing(L.Callback):
         schedule: "paper" (default), "early" or "none"; see :func:`release_step`.
         total_steps: t; default: the trainer's ``max_steps`` (or its estimated stepping
             batches when ``max_steps`` is -1).
+        lr: "global" (the paper's: a released depth follows the run's learning-rate
+            schedule, so under warmup + cosine the last depths train near the floor) or
+            "release" (each depth gets the run's warmup + cosine restarted at its release
+            step, warmup capped at a quarter of its window; LanguageModel reads this when
+            it builds its optimizer and gives each depth a parameter group of its own).
     """
 
-    def __init__(self, schedule: str = "paper", total_steps: int | None = None) -> None:
+    def __init__(
+        self, schedule: str = "paper", total_steps: int | None = None, lr: str = "global"
+    ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
+        if lr not in RELEASE_LR:
+            raise ValueError(f"unknown DyadicUnfreezing lr {lr!r}; choose one of {RELEASE_LR}")
         self.schedule = schedule
         self.total_steps = total_steps
+        self.lr = lr
         self._releases: dict[int, int] = {}
+
+    def plan(self, trainer: L.Trainer, module: nn.Module) -> dict[int, int]:
+        """{depth: release step} of ``module``'s ladder depths in this trainer's run."""
+        return self.release_steps(module, self._total(trainer))
 
     def _total(self, trainer: L.Trainer) -> int:
         if self.total_steps is not None:
@@ -103,10 +120,10 @@ class DyadicUnfreezing(L.Callback):
             )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._releases = self.release_steps(pl_module, self._total(trainer))
+        self._releases = self.plan(trainer, pl_module)
         if self._releases:
             plan = ", ".join(f"depth {k} from step {s}" for k, s in self._releases.items())
-            rank_zero_info(f"DyadicUnfreezing ({self.schedule}): {plan}")
+            rank_zero_info(f"DyadicUnfreezing ({self.schedule}, lr {self.lr}): {plan}")
         self.apply(pl_module, trainer.global_step)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -124,18 +141,24 @@ def _layer_kind(layer: LadderLayer) -> str:
 
 
 class LadderHealthMonitor(L.Callback):
-    """Log ladder health every ``every_n_steps`` optimizer steps.
+    """Ladder health every ``every_n_steps`` optimizer steps, logged at the step measured.
 
-    Per layer type (cffn, cattnu, cattnm): ``ladder/<type>/clamped_fraction`` (mean over
-    layers) and ``ladder/<type>/min_abs_kd`` (min over layers) of the logging step's
-    forward; per depth: ``ladder/grad_norm/depth_<k>`` (2-norm of all ladder gradients of
-    that depth, before clipping; frozen depths have none and are not logged).
+    Per layer type (cffn, cattnu, cattnm), from that step's forward:
+    ``ladder/<type>/near_pole_share`` (share of units with |K_d| < ``near``, mean over
+    layers: their gradients are 1/K_d^2 times larger, so this is the alarm that matters),
+    ``ladder/<type>/clamped_share`` (|K_d| < eps), ``ladder/<type>/min_abs_kd`` and
+    ``ladder/<type>/max_abs_z`` (min and max over layers). From its backward, before
+    clipping: ``ladder/grad_norm/depth_<k>`` (all ladder parameters of depth k; frozen
+    depths have none) and ``ladder/grad_share`` (the ladder parameters' share of the
+    gradient norm). Written straight to the loggers with the step they belong to.
     """
 
-    def __init__(self, every_n_steps: int = 50) -> None:
+    def __init__(self, every_n_steps: int = 50, near: float = NEAR_POLE) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
+        self.near = near
+        self._metrics: dict[str, float] = {}
 
     def _due(self, trainer: L.Trainer) -> bool:
         return trainer.global_step % self.every_n_steps == 0
@@ -143,8 +166,10 @@ class LadderHealthMonitor(L.Callback):
     def _set_tracking(self, module: nn.Module, on: bool) -> None:
         for _, layer in ladder_layers(module):
             layer.track_health = on
+            layer.health_near = self.near
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._metrics = {}
         self._set_tracking(pl_module, self._due(trainer))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
@@ -157,24 +182,42 @@ class LadderHealthMonitor(L.Callback):
                     if param.grad is not None:
                         square = param.grad.detach().float().square().sum()
                         squares[depth] = squares.get(depth, 0) + square
+        if not squares:
+            return
+        total = sum(
+            p.grad.detach().float().square().sum()
+            for p in pl_module.parameters()
+            if p.grad is not None
+        )
         for depth, square in squares.items():
-            pl_module.log(f"ladder/grad_norm/depth_{depth}", square.sqrt(), on_step=True)
+            self._metrics[f"ladder/grad_norm/depth_{depth}"] = square.sqrt().item()
+        ladder = sum(squares.values())
+        self._metrics["ladder/grad_share"] = (ladder / total.clamp_min(1e-30)).sqrt().item()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         layers = list(ladder_layers(pl_module))
         if not layers or not any(layer.track_health for _, layer in layers):
             return
-        fractions: dict[str, list[torch.Tensor]] = defaultdict(list)
-        minima: dict[str, list[torch.Tensor]] = defaultdict(list)
+        by_kind: dict[str, list] = defaultdict(list)
         for _, layer in layers:
             health = layer.health()
             if health is not None:
-                fractions[_layer_kind(layer)].append(health.clamped_fraction)
-                minima[_layer_kind(layer)].append(health.min_abs_denominator)
-        for kind in fractions:
-            pl_module.log(f"ladder/{kind}/clamped_fraction", torch.stack(fractions[kind]).mean())
-            pl_module.log(f"ladder/{kind}/min_abs_kd", torch.stack(minima[kind]).min())
+                by_kind[_layer_kind(layer)].append(health.stats)
+        for kind, stats in by_kind.items():
+            self._metrics[f"ladder/{kind}/near_pole_share"] = _mean(s.near_pole for s in stats)
+            self._metrics[f"ladder/{kind}/clamped_share"] = _mean(s.clamped for s in stats)
+            self._metrics[f"ladder/{kind}/min_abs_kd"] = min(s.min_abs_kd.item() for s in stats)
+            self._metrics[f"ladder/{kind}/max_abs_z"] = max(s.max_abs_value.item() for s in stats)
         self._set_tracking(pl_module, False)
+        # global_step has already moved past the step these numbers were measured at.
+        step = trainer.global_step - 1
+        for logger in trainer.loggers:
+            logger.log_metrics(self._metrics, step=step)
+        self._metrics = {}
+
+
+def _mean(values: Iterator[torch.Tensor]) -> float:
+    return torch.stack(list(values)).float().mean().item()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -199,7 +242,7 @@ class NonFiniteLossGuard(L.Callback):
         raise NonFiniteLossError(
             f"the training loss became {loss.item()} at step {step}; the weights from before "
             f"this step are saved in {path}. Look at ladder health first: "
-            "ladder/*/clamped_fraction and ladder/*/min_abs_kd in MLflow (LadderHealthMonitor) "
-            "show whether ladders sit on poles. Remedies: a lower optimizer.lr or more warmup, "
-            "gradient clipping, ladder_bias: true, a larger ladder_eps, or ladder_grad: exact."
+            "ladder/*/near_pole_share and ladder/*/min_abs_kd in MLflow (LadderHealthMonitor) "
+            "show whether ladders sit on poles. Remedies: ladder_denominators: positive (no "
+            "poles), a lower optimizer.lr or more warmup, gradient clipping, ladder_bias: true."
         )

@@ -9,14 +9,26 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
 from cofrgenet.models import ModelConfig, build_model, estimate_flops_per_token
-from cofrgenet.training.optim import OptimizerConfig, build_adamw, warmup_cosine
+from cofrgenet.nn import LadderLayer
+from cofrgenet.training.optim import (
+    OptimizerConfig,
+    build_adamw,
+    describe_groups,
+    released_warmup_cosine,
+    warmup_cosine,
+)
 from cofrgenet.training.perf import device_peak_flops, mfu
 
 _COMPILED_PREFIX = "_orig_mod."
+#: A step's pre-clip gradient norm is a spike above this many times the median of the
+#: previous SPIKE_WINDOW steps.
+SPIKE_FACTOR = 10.0
+SPIKE_WINDOW = 20
 
 
 def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> ModelConfig:
@@ -39,8 +51,10 @@ class LanguageModel(L.LightningModule):
             parameter names, so they load whether or not either side compiled).
 
     Batches are (B, T + 1) token ids: inputs are the first T, targets the last T.
-    Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm,
-    perf/tokens_per_sec, perf/mfu (GPUs in the peak table only), data/tokens_seen.
+    Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm
+    (before clipping), opt/grad_spikes (steps so far whose grad norm exceeded
+    SPIKE_FACTOR x the median of the previous SPIKE_WINDOW), perf/tokens_per_sec,
+    perf/mfu (GPUs in the peak table only), data/tokens_seen.
     """
 
     def __init__(
@@ -60,6 +74,9 @@ class LanguageModel(L.LightningModule):
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
         self.tokens_seen = 0
+        self._spike_count = torch.zeros((), dtype=torch.long)
+        self._grad_norms = torch.full((SPIKE_WINDOW,), float("nan"))  # ring of recent norms
+        self._grad_norm_count = 0
         self._last_batch_end: float | None = None
         self._peak_flops: float | None = None
 
@@ -93,9 +110,11 @@ class LanguageModel(L.LightningModule):
                 k.replace(_COMPILED_PREFIX, ""): v for k, v in state.items()
             }
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
+        self._spike_count = torch.tensor(int(checkpoint.get("grad_spikes", 0)))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["grad_spikes"] = self.grad_spikes
         checkpoint["model_config"] = self.model_config.to_dict()
 
     # ------------------------------------------------------------------------ steps
@@ -137,8 +156,28 @@ class LanguageModel(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if grads:
-            self.log("opt/grad_norm", torch.nn.utils.get_total_norm(grads))
+        if not grads:
+            return
+        norm = torch.nn.utils.get_total_norm(grads).detach()
+        self.log("opt/grad_norm", norm)
+        self.log("opt/grad_spikes", self._count_spike(norm).float())
+
+    def _count_spike(self, norm: Tensor) -> Tensor:
+        """Spikes so far, this step's pre-clip ``norm`` included (0-d, on norm's device:
+        no host sync per step)."""
+        history = self._grad_norms.to(norm.device)
+        if self._grad_norm_count >= SPIKE_WINDOW:
+            spike = norm > SPIKE_FACTOR * history.nanmedian()
+            self._spike_count = self._spike_count.to(norm.device) + spike
+        history[self._grad_norm_count % SPIKE_WINDOW] = norm.float()
+        self._grad_norms = history
+        self._grad_norm_count += 1
+        return self._spike_count
+
+    @property
+    def grad_spikes(self) -> int:
+        """Gradient-norm spikes counted so far in this run (resumes included)."""
+        return int(self._spike_count.item())
 
     def on_validation_start(self) -> None:
         self._last_batch_end = None  # keep validation time out of the training throughput
@@ -180,11 +219,43 @@ class LanguageModel(L.LightningModule):
             raise ValueError("set trainer.max_steps: the cosine schedule needs the run's length")
         return int(steps)
 
+    def _release_plan(self) -> dict[int, int]:
+        """{depth: release step} when a DyadicUnfreezing(lr="release") is on the trainer."""
+        from cofrgenet.training.callbacks import DyadicUnfreezing
+
+        for callback in self.trainer.callbacks if self._trainer else ():
+            if isinstance(callback, DyadicUnfreezing) and callback.lr == "release":
+                return callback.plan(self.trainer, self)
+        return {}
+
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optimizer_config
-        optimizer = build_adamw(self.model, cfg)
         total = self.total_steps()
+        releases = self._release_plan()
+        depth_of = None
+        if releases:
+            depths = {
+                id(p): k
+                for layer in self.model.modules()
+                if isinstance(layer, LadderLayer)
+                for k, params in layer.ladder_parameters_by_depth().items()
+                for p in params
+            }
+            depth_of = lambda p: depths.get(id(p), 0)  # noqa: E731
+        optimizer = build_adamw(self.model, cfg, depth_of)
+        rank_zero_info(
+            "optimizer groups:\n  " + "\n  ".join(describe_groups(optimizer.param_groups))
+        )
+
+        def schedule_of(group: dict) -> Any:
+            release = releases.get(group["depth"], 0)
+            if release == 0:
+                return lambda step: warmup_cosine(step, total, cfg.warmup_steps, cfg.min_lr_ratio)
+            return lambda step: released_warmup_cosine(
+                step, release, total, cfg.warmup_steps, cfg.min_lr_ratio
+            )
+
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_cosine(step, total, cfg.warmup_steps, cfg.min_lr_ratio)
+            optimizer, [schedule_of(group) for group in optimizer.param_groups]
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

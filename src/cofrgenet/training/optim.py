@@ -1,8 +1,18 @@
-"""AdamW with decay/no-decay groups and a warmup + cosine learning-rate schedule."""
+"""AdamW with weight decay by role and a warmup + cosine learning-rate schedule.
+
+Weight decay goes by what a parameter does, not by its rank: matrices and embeddings
+decay; biases, norms, and what a module lists in ``no_weight_decay()`` do not (the ladder
+layers list their ladder biases, which set the offset of the partial denominators, and
+CAttnU its linear terms w0, which start at 1). Parameters can further be grouped by
+ladder depth, so that each released depth of the dyadic schedule follows a learning-rate
+schedule of its own (``DyadicUnfreezing(lr="release")``).
+"""
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,32 +45,91 @@ class OptimizerConfig:
         self.betas = tuple(self.betas)  # YAML gives a list
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices and embeddings (dim >= 2); never biases, norms or other vectors.
+def no_weight_decay_names(model: nn.Module) -> set[str]:
+    """Full names of the parameters that modules exempt with ``no_weight_decay()``."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        exempt = getattr(module, "no_weight_decay", None)
+        if callable(exempt):
+            names.update(f"{prefix}.{name}" if prefix else name for name in exempt())
+    return names
+
+
+def decays(name: str, param: nn.Parameter, exempt: set[str]) -> bool:
+    """Matrices and embeddings decay; vectors (biases, norm gains) and exempt names do not."""
+    return param.dim() >= 2 and name not in exempt
+
+
+def param_groups(
+    model: nn.Module,
+    weight_decay: float,
+    depth_of: Callable[[nn.Parameter], int] | None = None,
+) -> list[dict]:
+    """AdamW parameter groups: decay by role, optionally split by ladder depth.
 
     Every parameter goes in from the start, frozen or not: a parameter left out of the
     optimizer is silently never updated once released (dyadic unfreezing relies on this).
+    Each group carries ``name`` ("decay", "no_decay", "decay/depth_3", ...), ``depth``
+    (0 for everything that is not a ladder parameter) and ``param_names``.
+    ``depth_of(param)`` gives a parameter's ladder depth (default: 0 for all).
     """
-    decay, no_decay = [], []
-    for param in model.parameters():
-        (decay if param.dim() >= 2 else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    exempt = no_weight_decay_names(model)
+    unknown = exempt - {name for name, _ in model.named_parameters()}
+    if unknown:
+        raise ValueError(f"no_weight_decay() names parameters that do not exist: {unknown}")
+    groups: dict[tuple[bool, int], dict] = {}
+    for name, param in model.named_parameters():
+        decay = decays(name, param, exempt)
+        depth = 0 if depth_of is None else depth_of(param)
+        key = (decay, depth)
+        if key not in groups:
+            label = "decay" if decay else "no_decay"
+            groups[key] = {
+                "params": [],
+                "param_names": [],
+                "weight_decay": weight_decay if decay else 0.0,
+                "name": label if depth == 0 else f"{label}/depth_{depth}",
+                "depth": depth,
+            }
+        groups[key]["params"].append(param)
+        groups[key]["param_names"].append(name)
+    # Stable order: depth 0 first, decay before no_decay.
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[1], not k[0]))]
 
 
-def build_adamw(model: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+def build_adamw(
+    model: nn.Module,
+    config: OptimizerConfig,
+    depth_of: Callable[[nn.Parameter], int] | None = None,
+) -> torch.optim.AdamW:
     kwargs = {}
     if config.fused is not None:
         kwargs["fused"] = config.fused
     return torch.optim.AdamW(
-        param_groups(model, config.weight_decay),
+        param_groups(model, config.weight_decay, depth_of),
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,
         **kwargs,
     )
+
+
+def describe_groups(groups: list[dict]) -> list[str]:
+    """One line per optimizer group for the run log: name, decay, size, parameter names.
+
+    Layer indices are folded (``transformer.h.*.mlp.linear.weight``) so a 48-layer model
+    reads as easily as a 2-layer one.
+    """
+    lines = []
+    for group in groups:
+        names = group.get("param_names") or []
+        folded = sorted({re.sub(r"\.\d+(?=\.|$)", ".*", n) for n in names})
+        count = sum(p.numel() for p in group["params"])
+        lines.append(
+            f"{group.get('name', '?')}: weight_decay {group['weight_decay']}, "
+            f"{len(group['params'])} tensors, {count:,} parameters: {', '.join(folded)}"
+        )
+    return lines
 
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:
@@ -71,3 +140,14 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: 
         return 1.0
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def released_warmup_cosine(
+    step: int, release: int, total_steps: int, warmup_steps: int, min_lr_ratio: float
+) -> float:
+    """:func:`warmup_cosine` restarted at ``release``: the schedule of a depth that starts
+    training there (0 before). Its warmup is at most a quarter of its window."""
+    if step < release:
+        return 0.0
+    window = max(1, total_steps - release)
+    return warmup_cosine(step - release, window, min(warmup_steps, window // 4), min_lr_ratio)

@@ -127,6 +127,11 @@ COMMANDS: tuple[Command, ...] = (
         "time literal vs continuant continued-fraction ops (forward, forward+backward)",
         "cofrgenet.bench.ops",
     ),
+    Command(
+        ("bench", "quality"),
+        "train CoFrGeNet variants and matched baselines over seeds; compare val loss",
+        "cofrgenet.bench.quality",
+    ),
 )
 
 

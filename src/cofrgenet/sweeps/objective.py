@@ -192,10 +192,6 @@ class SweepCLI(CofrCLI):
     LightningEnvironment.
     """
 
-    def __init__(self, *args: Any, sweep_callbacks: list[Callback] | None = None, **kwargs):
-        self._sweep_callbacks = list(sweep_callbacks or [])
-        super().__init__(*args, **kwargs)
-
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
         from lightning.fabric.plugins.environments import ClusterEnvironment
         from lightning.pytorch.plugins.environments import LightningEnvironment
@@ -205,7 +201,7 @@ class SweepCLI(CofrCLI):
         if not any(isinstance(p, ClusterEnvironment) for p in plugins):
             plugins.append(LightningEnvironment())
         config["plugins"] = plugins
-        return super()._instantiate_trainer(config, [*callbacks, *self._sweep_callbacks])
+        return super()._instantiate_trainer(config, callbacks)
 
 
 @dataclass
@@ -338,7 +334,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         args += ["--ckpt_path", "last"]
     cli = None
     try:
-        cli = SweepCLI(args=args, sweep_callbacks=[callback])
+        cli = SweepCLI(args=args, extra_callbacks=[callback])
         trainer = cli.trainer
         callback.recover(trial)
         # Under ddp_spawn the main process's trainer does not see the ranks' step.

@@ -136,6 +136,28 @@ class DyadicUnfreezing(L.Callback):
                 param.requires_grad_(True)
 
 
+class DisableLadders(L.Callback):
+    """Ablation: switch the Cffn ladders off, leaving the gated linear path alone.
+
+    At the start of fit every Cffn's ladder mix V is zeroed and frozen together with the
+    ladder parameters, so the layer computes U x^ with x^ = sigmoid(G x) * x and nothing
+    else: what the ladders add is then the difference to an ordinary run. The frozen
+    parameters stay in the model (the parameter count is the same).
+    """
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from cofrgenet.nn import Cffn
+
+        layers = [layer for _, layer in ladder_layers(pl_module) if isinstance(layer, Cffn)]
+        if not layers:
+            raise ValueError("DisableLadders switches off Cffn ladders, but the model has no Cffn")
+        with torch.no_grad():
+            for layer in layers:
+                layer.mix.zero_()
+                for param in (layer.mix, *layer.ladder_parameters()):
+                    param.requires_grad_(False)
+
+
 def _layer_kind(layer: LadderLayer) -> str:
     return type(layer).__name__.lower()
 

@@ -56,9 +56,20 @@ class ConfigToRun(SaveConfigCallback):
 
 
 class CofrCLI(LightningCLI):
-    """LightningCLI with run folders, MLflow tracking and the project's default callbacks."""
+    """LightningCLI with run folders, MLflow tracking and the project's default callbacks.
 
-    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+    ``extra_callbacks``: callbacks added to whatever the configs ask for (a sweep's pruner,
+    a benchmark's recorder).
+    """
+
+    def __init__(
+        self,
+        args: list[str] | None = None,
+        run: bool = True,
+        extra_callbacks: list[Callback] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.extra_callbacks = list(extra_callbacks or [])
         super().__init__(
             LanguageModel,
             TokenDataModule,
@@ -153,6 +164,7 @@ class CofrCLI(LightningCLI):
             self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
         ]
         extra += self.default_callbacks(run_dir, run, [*configured, *extra])
+        extra += self.extra_callbacks
         if trainer_config.get("enable_progress_bar") is False:
             extra = [c for c in extra if not isinstance(c, (RichProgressBar, RichModelSummary))]
         logger = trainer_config.get("logger")

@@ -1,0 +1,118 @@
+"""`cofr bench quality`: variants, the matched baseline, and a quick end-to-end run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from cofrgenet import cli
+from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.bench.quality import (
+    VARIANTS,
+    QualityBenchConfig,
+    RunResult,
+    fit_arguments,
+    matched_ffn_hidden,
+    summarize,
+)
+from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.models.presets import preset_dict
+
+
+def n_params(fields: dict) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(ModelConfig.from_dict(fields)).parameters())
+
+
+@pytest.mark.parametrize("shape", [{}, {"n_layer": 2, "n_embd": 32, "n_head": 2}])
+def test_matched_baseline_has_cofrgenet_f_parameter_count(shape):
+    cfg = QualityBenchConfig()
+    fields = {"vocab_size": 2048, "block_size": 128, **shape}
+    hidden = matched_ffn_hidden(cfg, fields)
+    f_count = n_params({**preset_dict("gpt2-mini-f"), **fields})
+    matched = n_params({**preset_dict("gpt2-mini"), **fields, "ffn_hidden": hidden})
+    full = n_params({**preset_dict("gpt2-mini"), **fields})
+    assert matched < full
+    per_unit = 2 * 2 * (fields.get("n_embd") or 128)  # one hidden unit more, every layer
+    assert abs(matched - f_count) <= per_unit
+
+
+def test_fit_arguments_are_a_cofr_fit_command_line():
+    cfg = QualityBenchConfig(steps=7, n_embd=32, n_head=2, lr=3e-3)
+    args = fit_arguments(cfg, VARIANTS["cofrgenet-a-u"], seed=3, name="x")
+    assert args[:3] == ["fit", "--config", cfg.recipe]
+    joined = " ".join(args)
+    assert "--trainer.max_steps 7" in joined and "--seed_everything 3" in joined
+    assert "--model.optimizer.lr 0.003" in joined
+    model = json.loads(args[args.index("--model.config") + 1])
+    assert model["attention"] == "cattn_u" and model["n_embd"] == 32
+    assert model["vocab_size"] == 2048  # the recipe's own model.config is kept
+
+
+def test_config_errors_and_generated_options():
+    with pytest.raises(ValueError, match="unknown variant"):
+        QualityBenchConfig(variants=("gpt3",))
+    with pytest.raises(ValueError, match="--dyadic must be one of"):
+        QualityBenchConfig(dyadic="sometimes")
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, QualityBenchConfig)
+    args = parser.parse_args(["--seeds", "4,5", "--variants", "gpt2", "--quick", "--steps", "3"])
+    cfg = dataclass_from_args(QualityBenchConfig, args)
+    assert cfg.seeds == (4, 5) and cfg.variants == ("gpt2",) and cfg.steps == 3
+    assert cfg.n_embd == 32  # --quick fills what was not given
+    assert "--no-quick" in parser.format_help() and "--runs-dir" in parser.format_help()
+
+
+def _result(variant, seed, loss, spikes=0, steps=10, unclipped=None):
+    return RunResult(variant, seed, 100, loss, unclipped, 1000.0, 2.0, spikes, steps,
+                     not math.isfinite(loss), 1.0, "")  # fmt: skip
+
+
+def test_summary_rows():
+    results = [
+        _result("gpt2", 0, 5.0), _result("gpt2", 1, 5.2),
+        _result("gpt2-matched", 0, 5.3), _result("gpt2-matched", 1, 5.3),
+        _result("cofrgenet-f", 0, 4.9, spikes=1, unclipped=4.95),
+        _result("cofrgenet-f", 1, math.nan),
+    ]  # fmt: skip
+    rows = {r.variant: r for r in summarize(results)}
+    assert rows["gpt2"].val_mean == pytest.approx(5.1) and rows["gpt2"].val_std > 0
+    f = rows["cofrgenet-f"]
+    assert f.val_mean == pytest.approx(4.9) and f.nonfinite == 1
+    assert f.delta_gpt2 == pytest.approx(-0.2) and f.delta_matched == pytest.approx(-0.4)
+    assert f.clip_effect == pytest.approx(-0.05) and f.spike_share == pytest.approx(0.05)
+
+
+def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
+    """Real `cofr fit` runs of three variants (a few steps each), report files written."""
+    monkeypatch.chdir(tmp_path)  # the default data folder (made on first use) is relative
+    from pathlib import Path
+
+    import cofrgenet
+
+    root = Path(cofrgenet.__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    status = cli.main(
+        ["bench", "quality", "--quick", "--seeds", "0", "--recipe",
+         str(root / "conf/experiment/quality-cpu.yaml"),
+         "--variants", "gpt2,cofrgenet-f,cofrgenet-f-ladders-off",
+         "--runs-dir", str(tmp_path / "runs"),
+         "--out-dir", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    (md,) = out.glob("quality-cpu-*-quick.md")
+    report = json.loads(md.with_suffix(".json").read_text())
+    assert "cofr bench quality --quick" in md.read_text()
+    runs = {r["variant"]: r for r in report["runs"]}
+    assert set(runs) == {"gpt2", "cofrgenet-f", "cofrgenet-f-ladders-off"}
+    for run in runs.values():
+        assert math.isfinite(run["val_loss"]) and run["steps"] == 8 and not run["nonfinite"]
+    assert runs["gpt2"]["val_loss_unclipped"] is None  # no ladders, nothing to clip
+    assert runs["cofrgenet-f"]["val_loss_unclipped"] is not None
+    # ladders off: same parameter count, different training
+    assert runs["cofrgenet-f"]["parameters"] == runs["cofrgenet-f-ladders-off"]["parameters"]
+    assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]

@@ -30,9 +30,8 @@ def n_params(fields: dict) -> int:
 
 @pytest.mark.parametrize("shape", [{}, {"n_layer": 2, "n_embd": 32, "n_head": 2}])
 def test_matched_baseline_has_cofrgenet_f_parameter_count(shape):
-    cfg = QualityBenchConfig()
     fields = {"vocab_size": 2048, "block_size": 128, **shape}
-    hidden = matched_ffn_hidden(cfg, fields)
+    hidden = matched_ffn_hidden(fields)
     f_count = n_params({**preset_dict("gpt2-mini-f"), **fields})
     matched = n_params({**preset_dict("gpt2-mini"), **fields, "ffn_hidden": hidden})
     full = n_params({**preset_dict("gpt2-mini"), **fields})

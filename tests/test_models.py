@@ -340,3 +340,31 @@ def test_block_applies_dropout_only_for_mixers_without_their_own():
     assert block[0].attn.dropout == 0.1 and block[0].attn_dropout.p == 0.0  # softmax owns it
     assert block[0].mlp_dropout.p == 0.0  # MLP owns it
     assert block[1].mlp_dropout.p == 0.1  # Cffn has no dropout of its own
+
+
+@pytest.mark.parametrize("n_layer,width,length", [(4, 256, 128), (12, 768, 128)])
+def test_ladder_branches_start_as_small_as_the_branches_they_replace(n_layer, width, length):
+    """At init, every CoFrGeNet branch's output std is within 2x of the GPT-2 branch it
+    replaces (MLP or softmax attention), at the same width and depth."""
+    torch.manual_seed(0)
+    x = torch.nn.functional.layer_norm(torch.randn(2, length, width), (width,))
+    shape = {"n_layer": n_layer, "n_embd": width, "n_head": 4, "block_size": length}
+
+    def branch_std(preset: str, slot: str, **extra) -> float:
+        torch.manual_seed(1)
+        model = build_model(ModelConfig.from_preset(preset, **shape, **extra))
+        with torch.no_grad():
+            return getattr(model.transformer.h[0], slot)(x).std().item()
+
+    mlp, attention = branch_std("gpt2-mini", "mlp"), branch_std("gpt2-mini", "attn")
+    ladders = {
+        "cffn": (branch_std("gpt2-mini-f", "mlp"), mlp),
+        "cffn-elementwise": (branch_std("gpt2-mini-f", "mlp", cffn_ladder="elementwise"), mlp),
+        "cattn_m": (branch_std("gpt2-mini-a", "attn"), attention),
+        "cattn_u": (branch_std("gpt2-mini-a", "attn", attention="cattn_u"), attention),
+    }
+    for name, (got, replaced) in ladders.items():
+        assert 0.5 < got / replaced < 2.0, f"{name}: {got:.4f} vs {replaced:.4f}"
+    # Without the residual scaling the Cffn branch is several times larger (the test can fail).
+    unscaled = branch_std("gpt2-mini-f", "mlp", ladder_out_std=0.02)
+    assert unscaled / mlp > 2.0

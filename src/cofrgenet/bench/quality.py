@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import datetime as dt
 import io
+import itertools
 import json
 import logging
 import math
@@ -133,6 +134,9 @@ class QualityBenchConfig:
     n_embd: int | None = field(default=None, metadata={"help": "width"})
     n_head: int | None = field(default=None, metadata={"help": "attention heads"})
     lr: float | None = field(default=None, metadata={"help": "peak learning rate"})
+    val_batches: int | None = field(
+        default=None, metadata={"help": "validation batches (default: the whole val split)"}
+    )
     dyadic: str = field(
         default="none", metadata={"help": f"dyadic unfreezing of ladder variants: {DYADIC}"}
     )
@@ -185,33 +189,35 @@ class RunResult:
     run_dir: str
 
 
-class RunRecorder:
-    """A Lightning callback recording per-step grad norms and wall times."""
+def step_recorder() -> Any:
+    """A Lightning callback keeping each step's end time and pre-clip gradient norm.
 
-    def __init__(self) -> None:
-        import lightning as L
+    Made on demand so that ``cofr bench quality --help`` does not import Lightning.
+    """
+    import lightning as L
 
-        class _Recorder(L.Callback):
-            def __init__(inner) -> None:
-                inner.grad_norms: list[float] = []
-                inner.step_times: list[float] = []
-                inner.tokens_per_step = 0
+    class StepRecorder(L.Callback):
+        def __init__(self) -> None:
+            self.grad_norms: list[float] = []
+            self.step_ends: list[float] = []
+            self.tokens_per_step = 0
 
-            def on_train_batch_end(inner, trainer, pl_module, outputs, batch, batch_idx):
-                inner.step_times.append(time.perf_counter())
-                inner.tokens_per_step = (batch.shape[1] - 1) * batch.shape[0]
-                norm = trainer.callback_metrics.get("opt/grad_norm")
-                if norm is not None:
-                    inner.grad_norms.append(float(norm))
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.step_ends.append(time.perf_counter())
+            self.tokens_per_step = (batch.shape[1] - 1) * batch.shape[0]
+            norm = trainer.callback_metrics.get("opt/grad_norm")
+            if norm is not None:
+                self.grad_norms.append(float(norm))
 
-        self.callback = _Recorder()
+        def tokens_per_sec(self) -> float:
+            """Median per-step rate, without the first WARMUP_STEPS when there are more."""
+            ends = self.step_ends
+            if len(ends) > WARMUP_STEPS + 2:
+                ends = ends[WARMUP_STEPS:]
+            intervals = [b - a for a, b in itertools.pairwise(ends)]
+            return self.tokens_per_step / statistics.median(intervals) if intervals else math.nan
 
-    def tokens_per_sec(self) -> float:
-        times = self.callback.step_times[WARMUP_STEPS:]
-        intervals = [b - a for a, b in zip(times, times[1:], strict=False)]
-        if not intervals:
-            intervals = [b - a for a, b in zip(times, times[1:], strict=False)] or [math.nan]
-        return self.callback.tokens_per_step / statistics.median(intervals)
+    return StepRecorder()
 
 
 def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: str) -> list[str]:
@@ -222,19 +228,26 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
             model[key] = getattr(cfg, key)
     model.update(variant.config)
     if variant.matched:
-        model["ffn_hidden"] = matched_ffn_hidden(cfg, seed_free_model(cfg, model))
+        model["ffn_hidden"] = matched_ffn_hidden({**recipe_model_config(cfg), **model})
     args = ["fit", "--config", cfg.recipe, "--model.preset", variant.preset]
     args += ["--model.config", json.dumps({**recipe_model_config(cfg), **model})]
     args += ["--seed_everything", str(seed), "--data.data_dir", cfg.data_dir]
     args += ["--run.experiment", EXPERIMENT, "--run.name", name, "--run.runs_dir", cfg.runs_dir]
     if cfg.steps is not None:
-        args += ["--trainer.max_steps", str(cfg.steps), "--trainer.val_check_interval", str(cfg.steps)]
+        args += [
+            "--trainer.max_steps",
+            str(cfg.steps),
+            "--trainer.val_check_interval",
+            str(cfg.steps),
+        ]
     if cfg.batch_size is not None:
         args += ["--data.batch_size", str(cfg.batch_size)]
     if cfg.block_size is not None:
         args += ["--data.block_size", str(cfg.block_size)]
     if cfg.lr is not None:
         args += ["--model.optimizer.lr", str(cfg.lr)]
+    if cfg.val_batches is not None:
+        args += ["--trainer.limit_val_batches", str(cfg.val_batches)]
     if cfg.quick:
         args += ["--model.optimizer.warmup_steps", "2"]
     return args
@@ -246,16 +259,12 @@ def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
     return dict((recipe.get("model") or {}).get("config") or {})
 
 
-def seed_free_model(cfg: QualityBenchConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    return {**recipe_model_config(cfg), **overrides}
-
-
-def matched_ffn_hidden(cfg: QualityBenchConfig, gpt2_fields: dict[str, Any]) -> int:
+def matched_ffn_hidden(gpt2_fields: dict[str, Any]) -> int:
     """The MLP hidden width giving gpt2 the parameter count of cofrgenet-f (same shape)."""
+    import torch
+
     from cofrgenet.models import ModelConfig, build_model
     from cofrgenet.models.presets import preset_dict
-
-    import torch
 
     shape = {k: v for k, v in gpt2_fields.items() if k != "ffn_hidden"}
     f_variant = VARIANTS["cofrgenet-f"]
@@ -266,13 +275,10 @@ def matched_ffn_hidden(cfg: QualityBenchConfig, gpt2_fields: dict[str, Any]) -> 
         return sum(p.numel() for p in model.parameters())
 
     target = count(f_variant.preset, {**shape, **f_variant.config})
-    base = count("gpt2-mini", {**shape, "ffn_hidden": 1})
-    p = shape.get("n_embd") or preset_dict("gpt2-mini")["n_embd"]
-    n_layer = shape.get("n_layer") or preset_dict("gpt2-mini")["n_layer"]
-    bias = preset_dict("gpt2-mini").get("bias", True)
-    # An MLP of hidden width h has 2 p h (+ h + p biases) parameters per layer.
-    per_unit = n_layer * (2 * p + (1 if bias else 0))
-    return max(1, 1 + round((target - base) / per_unit))
+    one = count("gpt2-mini", {**shape, "ffn_hidden": 1})
+    two = count("gpt2-mini", {**shape, "ffn_hidden": 2})
+    # The count is linear in the hidden width: one more unit adds (two - one) parameters.
+    return max(1, 1 + round((target - one) / (two - one)))
 
 
 @contextlib.contextmanager
@@ -315,8 +321,8 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     from cofrgenet.training.cli import CofrCLI
 
     name = f"{stamp}-{variant.name}-s{seed}"
-    recorder = RunRecorder()
-    extra: list[Any] = [recorder.callback]
+    recorder = step_recorder()
+    extra: list[Any] = [recorder]
     if variant.ladders_off:
         extra.append(DisableLadders())
     dyadic = variant.dyadic or cfg.dyadic
@@ -333,17 +339,17 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
             nonfinite = True
     seconds = time.perf_counter() - start
     run_dir = str(Path(cfg.runs_dir) / EXPERIMENT / name)
-    grad_norms = recorder.callback.grad_norms
+    grad_norms = recorder.grad_norms
     result = RunResult(
         variant=variant.name,
         seed=seed,
         parameters=0,
         val_loss=math.nan,
         val_loss_unclipped=None,
-        tokens_per_sec=recorder.tokens_per_sec() if len(recorder.callback.step_times) > 2 else math.nan,
+        tokens_per_sec=recorder.tokens_per_sec(),
         max_grad_norm=max(grad_norms) if grad_norms else math.nan,
         spikes=0,
-        steps=len(recorder.callback.step_times),
+        steps=len(recorder.step_ends),
         nonfinite=nonfinite,
         seconds=seconds,
         run_dir=run_dir,
@@ -472,7 +478,8 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     lines += [
         "",
-        "Val loss: nats per token on the whole validation split after the last step, with "
+        "Val loss: nats per token on the validation split (all of it unless val_batches is "
+        "set) after the last step, with "
         "ladder outputs clipped to their training range (the default in eval); clip effect: "
         "mean of (clipped - unclipped). Δ: difference of means. Spike share: steps whose "
         "pre-clip gradient norm exceeded 10x the median of the 20 before, over all steps of "
@@ -529,7 +536,8 @@ def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any]
                 file=sys.stderr,
             )
     minutes = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60
-    settings = {k: getattr(cfg, k) for k in QUICK} | {"lr": cfg.lr, "dyadic": cfg.dyadic}
+    settings = {k: getattr(cfg, k) for k in QUICK}
+    settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
     report = {
         "command": command,
         "date": started.date().isoformat(),

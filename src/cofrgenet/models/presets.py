@@ -7,8 +7,10 @@ Transformer bases (tiny/mini ones for CPU tests) each also give:
 * ``B-fa``: CoFrGeNet, both replaced.
 
 Ladder defaults for every transformer preset: L = 3 ladders, depth d = 5, scalar Cffn
-ladders, biases on the partial denominators (Llama has no other biases, but the ladder
-bias is what keeps the denominators off poles at initialisation).
+ladders, and ModelConfig's ladder defaults (positive, pole-free partial denominators,
+GPT-2's residual init, eval clipping; docs/layers.md). Llama presets keep biases on the
+partial denominators though Llama has no other biases: they set each ladder's offset
+(and, with ``ladder_denominators="paper"``, keep the init off poles).
 
 Llama's -a / -fa variants have position "none": RoPE acts on q.k, which CAttnM does not
 compute; CAttnM sees key positions through its position map. CAttnM (and CAttnU, the

@@ -104,6 +104,7 @@ class LanguageModel(L.LightningModule):
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        _check_denominators_of(checkpoint, self.model_config)
         state = checkpoint.get("state_dict", {})
         if any(_COMPILED_PREFIX in key for key in state):
             checkpoint["state_dict"] = {
@@ -259,3 +260,29 @@ class LanguageModel(L.LightningModule):
             optimizer, [schedule_of(group) for group in optimizer.param_groups]
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def _check_denominators_of(checkpoint: dict[str, Any], config: ModelConfig) -> None:
+    """Checkpoints from before positive denominators became the default were trained with
+    the paper's: their weights mean something else in a positive-denominator model."""
+    saved = checkpoint.get("model_config")
+    has_ladders = (
+        any(
+            name in ("cffn", "cattn_u", "cattn_m")
+            for i in range(config.n_layer)
+            for name in (config.attention_for(i), config.ffn_for(i))
+        )
+        if config.arch in ("gpt", "llama")
+        else False
+    )
+    if (
+        has_ladders
+        and saved is not None
+        and "ladder_denominators" not in saved
+        and config.ladder_denominators != "paper"
+    ):
+        raise ValueError(
+            "this checkpoint's ladders were trained with the paper's partial denominators "
+            "(it predates positive ones, now the default): load it with "
+            "model.config.ladder_denominators: paper"
+        )

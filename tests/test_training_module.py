@@ -376,3 +376,16 @@ def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient():
         DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
     FakeTrainer.strategy = DDPStrategy(find_unused_parameters=True)
     DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
+
+
+def test_checkpoints_from_before_positive_denominators_ask_for_the_papers():
+    module = LanguageModel("gpt2-tiny-f")
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    old = {k: v for k, v in checkpoint["model_config"].items() if k != "ladder_denominators"}
+    module.on_load_checkpoint({"model_config": dict(checkpoint["model_config"])})  # current: fine
+    with pytest.raises(ValueError, match="ladder_denominators: paper"):
+        LanguageModel("gpt2-tiny-f").on_load_checkpoint({"model_config": dict(old)})
+    paper = LanguageModel("gpt2-tiny-f", config={"ladder_denominators": "paper"})
+    paper.on_load_checkpoint({"model_config": dict(old)})  # what it was trained with
+    LanguageModel("gpt2-tiny").on_load_checkpoint({"model_config": dict(old)})  # no ladders

@@ -84,7 +84,13 @@ VARIANTS: dict[str, Variant] = {
         Variant("cofrgenet-a", "gpt2-mini-a", about="CAttnM"),
         Variant("cofrgenet-a-u", "gpt2-mini-a", {"attention": "cattn_u"}, about="CAttnU"),
         Variant("cofrgenet", "gpt2-mini-fa", about="CAttnM + Cffn"),
-        # Ablations (run by name).
+        # Ablations and other baselines (run by name).
+        Variant(
+            "synthesizer-d",
+            "gpt2-mini",
+            {"attention": "synthesizer_dense"},
+            about="Dense Synthesizer attention",
+        ),
         Variant(
             "cofrgenet-f-paper",
             "gpt2-mini-f",
@@ -140,6 +146,11 @@ class QualityBenchConfig:
     dyadic: str = field(
         default="none", metadata={"help": f"dyadic unfreezing of ladder variants: {DYADIC}"}
     )
+    model_config: str | None = field(
+        default=None,
+        metadata={"help": "ModelConfig fields for every variant, as JSON, e.g. '{\"ladders\": 8}'"},
+    )
+    tag: str | None = field(default=None, metadata={"help": "appended to the report's file name"})
     data_dir: str = field(
         default="data/pydoc-bpe-quality",
         metadata={"help": "prepared data; made from the bundled pydoc text (BPE) if missing"},
@@ -160,10 +171,22 @@ class QualityBenchConfig:
             raise ValueError("give at least one variant and one seed")
         if self.dyadic not in DYADIC:
             raise ValueError(f"--dyadic must be one of {DYADIC}, got {self.dyadic!r}")
+        self.model_overrides()  # fails early on bad JSON
         if self.quick:  # a pipeline check, not a measurement
             for name, value in QUICK.items():
                 if getattr(self, name) is None:
                     setattr(self, name, value)
+
+    def model_overrides(self) -> dict[str, Any]:
+        if not self.model_config:
+            return {}
+        try:
+            value = json.loads(self.model_config)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--model-config is not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"--model-config must be a JSON object, got {self.model_config!r}")
+        return value
 
 
 #: What --quick sets (unless given explicitly).
@@ -226,6 +249,7 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
     for key in ("block_size", "n_layer", "n_embd", "n_head"):
         if getattr(cfg, key) is not None:
             model[key] = getattr(cfg, key)
+    model.update(cfg.model_overrides())
     model.update(variant.config)
     if variant.matched:
         model["ffn_hidden"] = matched_ffn_hidden({**recipe_model_config(cfg), **model})
@@ -538,6 +562,7 @@ def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any]
     minutes = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60
     settings = {k: getattr(cfg, k) for k in QUICK}
     settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
+    settings |= {"model config": cfg.model_config}
     report = {
         "command": command,
         "date": started.date().isoformat(),
@@ -561,6 +586,8 @@ def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any]
 def write_report(report: dict[str, Any], rows: list[Row], out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = "-quick" if report["config"]["quick"] else ""
+    if report["config"]["tag"]:
+        suffix += f"-{report['config']['tag']}"
     stem = out_dir / f"quality-{report['device']}-{report['date']}{suffix}"
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
     md.write_text(to_markdown(report, rows))

@@ -213,13 +213,21 @@ def test_unknown_yaml_key_fails_fast(tiny_data, tmp_path, capsys):
     assert "max_stepz" in capsys.readouterr().err
 
 
-def test_vocab_mismatch_fails_fast(tiny_data, tmp_path):
-    with pytest.raises(Exception, match="vocab"):
-        CofrCLI(
-            args=fit_args(
-                tmp_path, tiny_data, "--model.config", '{"vocab_size": 100, "block_size": 32}'
-            )
-        )
+@pytest.mark.parametrize(
+    "model,match",
+    [
+        ('{"vocab_size": 100, "block_size": 32}', "vocab"),
+        ('{"vocab_size": 320, "block_size": 16}', "block_size"),
+    ],
+    ids=["vocab", "block"],
+)
+def test_config_data_mismatch_fails_fast_and_leaves_nothing(tiny_data, tmp_path, model, match):
+    with pytest.raises(ValueError, match=match):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.config", model))
+    runs = tmp_path / "runs"
+    assert not (runs / "test").exists(), "a run folder was left behind"
+    if (runs / "mlflow.db").exists():
+        assert len(mlflow_runs(runs)) == 0, "an MLflow run was left behind"
 
 
 @pytest.mark.slow

@@ -152,6 +152,10 @@ class CofrCLI(LightningCLI):
         return callbacks
 
     def instantiate_trainer(self, **kwargs: Any):
+        # Config against data first: a mismatch must leave no run folder and no MLflow run.
+        check_data = getattr(self.model, "check_data", None)
+        if callable(check_data) and getattr(self, "datamodule", None) is not None:
+            check_data(self.datamodule)
         run = self.run_config()
         run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
         self.check_not_overwriting(run_dir)

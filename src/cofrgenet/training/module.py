@@ -84,6 +84,12 @@ class LanguageModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        if datamodule is not None:
+            self.check_data(datamodule)
+
+    def check_data(self, datamodule: Any) -> None:
+        """Raise a clear error when the data does not fit the model (vocabulary, block
+        size). ``cofr fit`` calls it before it creates a run folder or an MLflow run."""
         data_vocab = getattr(datamodule, "vocab_size", None)
         if data_vocab is not None and data_vocab > self.model_config.vocab_size:
             raise ValueError(

@@ -335,3 +335,62 @@ def test_ui_serves_the_run_store(tiny_data, tmp_path):
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+def test_a_run_folder_is_held_by_one_fit(tiny_data, tmp_path):
+    """A second fit of the same run folder stops before writing anything, naming the
+    holder; a holder killed with SIGKILL leaves nothing stuck; a finished fit lets go."""
+    import signal
+    import subprocess
+    import sys
+
+    from cofrgenet.training.runlock import RunFolderBusyError
+
+    run_dir = tmp_path / "runs" / "test" / "shared"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from cofrgenet.training.runlock import RunLock; "
+         f"RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderBusyError, match=rf"in use by process {holder.pid} on "):
+            CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "shared"))
+        assert not (run_dir / "checkpoints").exists() and not (run_dir / "mlflow_run_id").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # The kernel dropped the dead holder's lock: this fit runs, then releases it.
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "shared", "--trainer.max_steps", "2"))
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    from cofrgenet.training.runlock import RunLock
+
+    again = RunLock(run_dir)
+    again.acquire()
+    again.release()
+
+
+def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path, capsys):
+    from cofrgenet import cli
+    from cofrgenet.training.checkpoints import CheckpointError
+
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"\x80\x03not a checkpoint at all" * 100)
+    with pytest.raises(CheckpointError, match=f"damaged or not a cofrgenet checkpoint: {junk}"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--ckpt_path", str(junk)))
+    with pytest.raises(CheckpointError, match="damaged or not a cofrgenet checkpoint"):
+        cli.main(["generate", "--ckpt", str(junk), "--data", str(tiny_data)])
+    # A last.ckpt cut short: --ckpt_path last resumes from the newest intact one instead.
+    args = ("--run.name", "cut", "--run.checkpoint_every_n_steps", "2", "--run.mlflow", "false")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "4"))
+    folder = tmp_path / "runs" / "test" / "cut" / "checkpoints"
+    last = folder / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    (step,) = folder.glob("step*.ckpt")
+    with pytest.warns(UserWarning, match=rf"{last} is damaged .*resuming from {step}"):
+        resumed = CofrCLI(
+            args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "6",
+                          "--ckpt_path", "last")
+        )  # fmt: skip
+    assert resumed.trainer.global_step == 6 and resumed.model.tokens_seen == 6 * 4 * 32

@@ -23,10 +23,13 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet.data import TokenDataModule
+from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard
 from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.runlock import HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
     CofrMLFlowLogger,
     RunConfig,
@@ -83,6 +86,15 @@ class CofrCLI(LightningCLI):
             **kwargs,
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
+        # check the file before anything unpickles it.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path not in (None, "last"):
+            checkpoints.check(ckpt_path)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunConfig, "run")
 
@@ -110,22 +122,30 @@ class CofrCLI(LightningCLI):
                 "resume it with --ckpt_path last, or start a new run with another --run.name"
             )
 
-    def prefer_requeue_checkpoint(self, run_dir: Path) -> None:
-        """``--ckpt_path last`` also weighs Lightning's SLURM requeue checkpoint.
+    def choose_checkpoint(self, run_dir: Path) -> None:
+        """Check ``--ckpt_path``; for ``last``, take the run's newest intact checkpoint.
 
-        On SIGUSR1 under SLURM (``slurm/train.sbatch``), Lightning saves
-        ``hpc_ckpt_<n>.ckpt`` in the run folder and requeues the job; when that file is
-        newer than ``checkpoints/last.ckpt``, the resumed fit starts from it.
+        ``last`` weighs ``checkpoints/last.ckpt``, the periodic ``step*.ckpt`` and, on SIGUSR1
+        under SLURM (``slurm/train.sbatch``), Lightning's requeue checkpoint
+        ``hpc_ckpt_<n>.ckpt`` in the run folder; a damaged newer one (a job killed while
+        writing it) is passed over with a warning naming both.
         """
-        if self.subcommand != "fit" or self._get(self.config, "ckpt_path") != "last":
+        ckpt_path = self._get(self.config, "ckpt_path")
+        if ckpt_path is None:
             return
-        saved = sorted(run_dir.glob("hpc_ckpt_*.ckpt"), key=lambda p: p.stat().st_mtime)
-        if not saved:
+        if ckpt_path != "last":
+            checkpoints.check(ckpt_path)
             return
-        last = run_dir / "checkpoints" / "last.ckpt"
-        if last.exists() and last.stat().st_mtime >= saved[-1].stat().st_mtime:
-            return
-        self.config_init[self.subcommand]["ckpt_path"] = str(saved[-1])
+        chosen, skipped = checkpoints.newest_intact(run_dir)
+        if chosen is None:
+            if skipped:
+                raise checkpoints.damaged(skipped[0])
+            return  # nothing saved yet: Lightning starts from scratch, and says so
+        if skipped:
+            rank_zero_warn(
+                f"{skipped[0]} is damaged (a save cut short?): resuming from {chosen} instead"
+            )
+        self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
 
     def default_callbacks(
         self, run_dir: Path, run: RunConfig, configured: list[Callback]
@@ -158,8 +178,19 @@ class CofrCLI(LightningCLI):
             check_data(self.datamodule)
         run = self.run_config()
         run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
+        lock = RunLock(run_dir)
+        if self.subcommand == "fit" and rank_zero_only.rank == 0:
+            lock.acquire()  # before anything is written: a second fit stops here
+        try:
+            return self._instantiate_run(run, run_dir, lock, kwargs)
+        except BaseException:
+            lock.release()
+            raise
+
+    def _instantiate_run(self, run: RunConfig, run_dir: Path, lock: RunLock, kwargs: dict):
+        held: list[Callback] = [HoldRunLock(lock)] if lock.held else []
         self.check_not_overwriting(run_dir)
-        self.prefer_requeue_checkpoint(run_dir)
+        self.choose_checkpoint(run_dir)
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         trainer_config["default_root_dir"] = str(run_dir)
         configured = trainer_config.get("callbacks") or []
@@ -168,7 +199,7 @@ class CofrCLI(LightningCLI):
             self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
         ]
         extra += self.default_callbacks(run_dir, run, [*configured, *extra])
-        extra += self.extra_callbacks
+        extra += self.extra_callbacks + held
         if trainer_config.get("enable_progress_bar") is False:
             extra = [c for c in extra if not isinstance(c, (RichProgressBar, RichModelSummary))]
         logger = trainer_config.get("logger")

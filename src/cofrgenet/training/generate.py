@@ -67,6 +67,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from cofrgenet.data import load_tokenizer
+    from cofrgenet.training import checkpoints
     from cofrgenet.training.module import LanguageModel
 
     ckpt = Path(args.ckpt)
@@ -74,12 +75,12 @@ def run_generate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(
             f"no checkpoint at {ckpt}; runs keep theirs in runs/<experiment>/<run>/checkpoints/"
         )
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    checkpoint = checkpoints.load(ckpt)
     data_dir = args.data or checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
     if data_dir is None:
         raise ValueError(f"{ckpt} does not say which data it was trained on: pass --data DIR")
     tokenizer = load_tokenizer(data_dir)
-    module = LanguageModel.load_from_checkpoint(ckpt, map_location=args.device)
+    module = LanguageModel.load_from_checkpoint(ckpt, map_location=args.device, weights_only=True)
     module.eval()
     ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)

@@ -45,3 +45,16 @@ class RecordStartStep(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         with open(self.path, "w") as handle:
             handle.write(str(trainer.global_step))
+
+
+class SignalAtStep(L.Callback):
+    """Send this process ``signum`` once, at the start of training step ``step``: a kill
+    or a Ctrl-C that lands mid-step, deterministically."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum, self.sent = step, signum, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)

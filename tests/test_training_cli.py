@@ -394,3 +394,39 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
                           "--ckpt_path", "last")
         )  # fmt: skip
     assert resumed.trainer.global_step == 6 and resumed.model.tokens_seen == 6 * 4 * 32
+
+
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
+    tiny_data, tmp_path, signum
+):
+    """`cofr fit` in its own process gets SIGTERM (or Ctrl-C) during step 5: it finishes
+    the step, saves it (the periodic checkpoint was at step 4), ends the MLflow run as
+    KILLED, prints how to resume, and exits 128 + signal; the resume carries on from 6."""
+    import subprocess
+    import sys
+
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "sig", "--run.checkpoint_every_n_steps", "4",
+        "--trainer.max_steps", "12",
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=5",
+        f"--trainer.callbacks.signum={signum}",
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    env.pop("MLFLOW_TRACKING_URI", None)  # set by earlier in-process runs (mlflow does)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 128 + signum, out[-3000:]
+    run_dir = tmp_path / "runs" / "test" / "sig"
+    assert f"saved {run_dir / 'checkpoints' / 'last.ckpt'}" in out
+    assert "resume with: cofr fit" in out and "--run.name sig --ckpt_path last" in out
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 6  # step 5 (0-based) completed, nothing lost
+    (run,) = mlflow_runs(tmp_path / "runs").itertuples()
+    assert run.status == "KILLED"
+    resumed = CofrCLI(args=fit_args(
+        tmp_path, tiny_data, "--run.name", "sig", "--trainer.max_steps", "8", "--ckpt_path", "last"
+    ))  # fmt: skip
+    assert resumed.trainer.global_step == 8

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from cofrgenet.ops import NEAR_POLE, LadderStats, positive_denominators
@@ -169,7 +170,8 @@ class OutputRange(nn.Module):
     at once to every training batch's extremes and otherwise drift towards the recent
     batches' extremes by ``momentum`` per step, so extremes of early weights are forgotten
     while everything seen lately stays inside. Until a ladder has been seen, nothing is
-    clipped. ``forward(z)`` records (training) or clips (eval) z: (..., *shape) and
+    clipped. Under data parallelism the batch extremes are reduced over all ranks first.
+    ``forward(z)`` records (training) or clips (eval) z: (..., *shape) and
     returns z; ``forward(z, length)`` uses the leading ``length`` entries of the last
     dimension (ladders tied to positions).
     """
@@ -191,6 +193,10 @@ class OutputRange(nn.Module):
         dims = tuple(range(z.dim() - low.dim()))
         batch_low = z.detach().amin(dim=dims).to(low.dtype)
         batch_high = z.detach().amax(dim=dims).to(high.dtype)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Every rank's batch is "seen in training", and replicas must stay identical.
+            dist.all_reduce(batch_low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(batch_high, op=dist.ReduceOp.MAX)
         m = self.momentum
         seen = torch.isfinite(low)
         low.copy_(

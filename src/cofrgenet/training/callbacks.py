@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+import shlex
+import signal
+import sys
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -240,6 +245,89 @@ class LadderHealthMonitor(L.Callback):
 
 def _mean(values: Iterator[torch.Tensor]) -> float:
     return torch.stack(list(values)).float().mean().item()
+
+
+class RunInterrupted(SystemExit):
+    """A fit stopped by a signal after saving its step; the exit status is 128 + signal."""
+
+
+class StopOnSignal(L.Callback):
+    """SIGTERM or Ctrl-C: save the current step, mark the MLflow run KILLED, say how to
+    resume, and exit with status 128 + the signal's number.
+
+    SIGTERM is Lightning's own: it finishes the running step and raises SIGTERMException
+    (on every rank together); this callback saves ``checkpoints/last.ckpt`` there. The
+    first Ctrl-C is turned into the same thing (the step finishes, then the save); a second
+    one aborts at once. SLURM's SIGUSR1 requeue path (Lightning's ``hpc_ckpt_<n>.ckpt``) is
+    left as it is. ``cofr fit`` turns the SIGTERMException into exit status 143.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.saved: Path | None = None
+        self._previous_sigint: Any = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # the second Ctrl-C: abort now
+            raise KeyboardInterrupt
+        self.signal = signum
+        print("\nCtrl-C: stopping after this step (press it again to abort without saving)")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.signal == signal.SIGINT:
+            self._stop(trainer)
+            raise RunInterrupted(128 + signal.SIGINT)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if isinstance(exception, SIGTERMException) and self.saved is None:
+            self.signal = signal.SIGTERM
+            self._stop(trainer)
+        self._restore_sigint()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_sigint()
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(path)
+        self.saved = path
+        for logger in trainer.loggers:
+            if hasattr(logger, "mark_killed"):
+                logger.mark_killed()
+        name = signal.Signals(self.signal).name
+        rank_zero_info(
+            f"stopped by {name} after step {trainer.global_step}: saved {path}\n"
+            f"resume with: {resume_command(Path(trainer.default_root_dir).name)}"
+        )
+
+
+def resume_command(run_name: str) -> str:
+    """This process's ``cofr fit`` command line, made to resume run ``run_name``."""
+    words, skip = [], False
+    for word in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if word in ("--ckpt_path", "--run.name"):
+            skip = True
+            continue
+        if word.startswith(("--ckpt_path=", "--run.name=")):
+            continue
+        words.append(word)
+    if not words or words[0] != "fit":
+        words = ["fit", "..."]
+    return shlex.join(["cofr", *words, "--run.name", run_name, "--ckpt_path", "last"])
 
 
 class NonFiniteLossError(RuntimeError):

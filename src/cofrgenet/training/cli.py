@@ -13,6 +13,7 @@ or one experiment file from ``conf/experiment/``. Every run gets a folder under
 from __future__ import annotations
 
 import dataclasses
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet.data import TokenDataModule
 from cofrgenet.training import checkpoints
-from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard
+from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.runlock import HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
@@ -165,6 +166,8 @@ class CofrCLI(LightningCLI):
             )
         if NonFiniteLossGuard not in kinds:
             callbacks.append(NonFiniteLossGuard())
+        if StopOnSignal not in kinds:
+            callbacks.append(StopOnSignal())
         if LadderHealthMonitor not in kinds:
             callbacks.append(LadderHealthMonitor())
         if RichProgressBar not in kinds:
@@ -218,7 +221,12 @@ class CofrCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    CofrCLI(args=args)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        CofrCLI(args=args)
+    except SIGTERMException:  # Lightning's, a SystemExit with status 0: say it was killed
+        raise SystemExit(128 + signal.SIGTERM) from None
 
 
 if __name__ == "__main__":

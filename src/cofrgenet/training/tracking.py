@@ -151,6 +151,16 @@ class CofrMLFlowLogger(MLFlowLogger):
             tmp.write_text(self.run_id + "\n")
             tmp.replace(id_file)
 
+    _killed = False
+
+    def mark_killed(self) -> None:
+        """The run was stopped by a signal: end it as KILLED, not FAILED."""
+        self._killed = True
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        super().finalize("KILLED" if self._killed else status)
+
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
         return

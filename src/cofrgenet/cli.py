@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
+
+from cofrgenet.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -158,13 +161,16 @@ def _selected(argv: Sequence[str]) -> Command | None:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The full parser; only the command selected by ``argv`` gets its options added."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cofr",
         description="Continued-fraction language models (CoFrGeNet): tools.",
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cofr {_version()}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks of errors (also COFR_DEBUG=1)"
+    )
     groups = {(): parser.add_subparsers(title="command groups", metavar="COMMAND")}
     selected = _selected(argv)
     for command in COMMANDS:
@@ -190,9 +196,35 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the message and where help is, not the usage text."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(f"{message} (`{self.prog} --help` lists the options)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``cofr``; returns the exit status."""
+    """Run ``cofr``; returns the exit status.
+
+    Errors in what the user gave (:class:`cofrgenet.errors.UserError`) print one line,
+    ``cofr <command>: error: ...``, and return their status (2); ``--debug`` anywhere on the
+    command line, or ``COFR_DEBUG=1``, shows their traceback instead.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("COFR_DEBUG", "") not in ("", "0")
+    argv = [word for word in argv if word != "--debug"]
+    try:
+        return _run(argv)
+    except UserError as error:
+        if debug:
+            raise
+        selected = _selected(argv)
+        where = " ".join(["cofr", *(selected.path if selected else ())])
+        print(f"{where}: error: {error}", file=sys.stderr)
+        return error.exit_status
+
+
+def _run(argv: list[str]) -> int:
     selected = _selected(argv)
     if selected is not None and selected.passthrough:
         words = argv if selected.keep_words else argv[len(selected.path) :]

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.errors import UserError
+
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
 TOKENIZER_DIR = "tokenizer"
@@ -28,11 +30,11 @@ TOKENIZER_DIR = "tokenizer"
 FORMAT_VERSION = 1
 
 
-class DataFolderError(FileNotFoundError):
+class DataFolderError(UserError, FileNotFoundError):
     """A data folder that is missing, half-written or unreadable (the message says how to fix it)."""
 
 
-class VocabMismatchError(ValueError):
+class VocabMismatchError(UserError, ValueError):
     """The model's vocabulary cannot hold the data's token ids."""
 
 

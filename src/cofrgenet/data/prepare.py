@@ -58,6 +58,7 @@ from cofrgenet.data.tokenizer import (
     gpt2_tokenizer,
     train_bpe,
 )
+from cofrgenet.errors import UserError
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
@@ -71,7 +72,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 _OWNED = {*SPLITS, TOKENIZER_DIR, META_FILE, f".{META_FILE}.tmp", ".cache"}
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError, ValueError):
     """A prepare that cannot run as asked (the message says what to change)."""
 
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from cofrgenet.errors import UserError
+
 SOURCE_KINDS = ("pydoc", "text", "jsonl", "parquet", "hf")
 
 #: The offline alternatives named by errors of the ``hf`` source.
@@ -39,7 +41,7 @@ OFFLINE_ALTERNATIVES = (
 )
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """A source that cannot be read as asked (the message says why and what to do)."""
 
 

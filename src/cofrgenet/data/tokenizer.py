@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from cofrgenet.data.meta import TOKENIZER_DIR, read_meta
+from cofrgenet.errors import UserError
 
 EOS_TEXT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -41,7 +42,7 @@ MIN_BPE_VOCAB = 258
 GPT2_FILE_NAMES = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))
 
 
-class TokenizerFilesNotFound(FileNotFoundError):
+class TokenizerFilesNotFound(UserError, FileNotFoundError):
     """Files a tokenizer needs are not on this machine (the message says how to get them)."""
 
 

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.nn.ladder import DENOMINATORS
 from cofrgenet.nn.norms import NORMS
@@ -117,9 +118,9 @@ class ModelConfig:
             if value is None:
                 continue
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"{name} must be a list of mixer names, got {value!r}")
+                raise ConfigError(f"{name} must be a list of mixer names, got {value!r}")
             if len(value) == 0:
-                raise ValueError(f"{name} must not be empty (use None for 'no pattern')")
+                raise ConfigError(f"{name} must not be empty (use None for 'no pattern')")
             setattr(self, name, list(value))
         # Fields left at None take the architecture's defaults.
         arch = ARCHITECTURES.entry(self.arch)
@@ -129,40 +130,40 @@ class ModelConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "ladders", "depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         for name in ("n_kv_head", "ffn_hidden", "sparse_stride", "sparse_summary", "rnn_hidden"):
             value = getattr(self, name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
-            raise ValueError(
+            raise ConfigError(
                 f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.cffn_ladder not in ("scalar", "elementwise"):
-            raise ValueError(
+            raise ConfigError(
                 f"cffn_ladder must be 'scalar' or 'elementwise', got {self.cffn_ladder!r}"
             )
         if self.ladder_denominators not in DENOMINATORS:
-            raise ValueError(
+            raise ConfigError(
                 f"ladder_denominators must be one of {DENOMINATORS}, "
                 f"got {self.ladder_denominators!r}"
             )
         if not (isinstance(self.ladder_floor, (int, float)) and self.ladder_floor > 0):
-            raise ValueError(f"ladder_floor must be a positive number, got {self.ladder_floor!r}")
+            raise ConfigError(f"ladder_floor must be a positive number, got {self.ladder_floor!r}")
         if self.ladder_out_std is not None and not self.ladder_out_std > 0:
-            raise ValueError(
+            raise ConfigError(
                 f"ladder_out_std must be positive or None, got {self.ladder_out_std!r}"
             )
         if self.position is not None and self.position not in POSITIONS:
-            raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+            raise ConfigError(f"position must be one of {POSITIONS}, got {self.position!r}")
         if self.norm is not None and self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+            raise ConfigError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+            raise ConfigError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if self.rope_scaling is not None:
             self.rope_scaling = _check_rope_scaling(self.rope_scaling)
         if arch.validate is not None:
@@ -233,16 +234,16 @@ class ModelConfig:
 
 def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
     if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS):
-        raise ValueError(
+        raise ConfigError(
             f"rope_scaling must be None or a dict with exactly the keys {ROPE_SCALING_KEYS}, "
             f"got {scaling!r}"
         )
     out: dict[str, Any] = {key: float(scaling[key]) for key in ROPE_SCALING_KEYS}
     out["original_max_len"] = int(scaling["original_max_len"])
     if out["factor"] < 1 or not 0 < out["low_freq_factor"] < out["high_freq_factor"]:
-        raise ValueError(f"rope_scaling needs factor >= 1 and 0 < low < high factors, got {out}")
+        raise ConfigError(f"rope_scaling needs factor >= 1 and 0 < low < high factors, got {out}")
     if out["original_max_len"] < 1:
-        raise ValueError(f"rope_scaling original_max_len must be >= 1, got {out}")
+        raise ConfigError(f"rope_scaling original_max_len must be >= 1, got {out}")
     return out
 
 
@@ -250,6 +251,7 @@ def _check_keys(data: dict[str, Any], where: str) -> None:
     valid = ModelConfig.field_names()
     unknown = [key for key in data if key not in valid]
     if unknown:
-        raise ValueError(
-            f"{where}: unknown config key(s) {unknown}; valid keys are: {', '.join(valid)}"
+        hints = "".join(did_you_mean(key, valid) for key in unknown)
+        raise ConfigError(
+            f"{where}: unknown config key(s) {unknown}{hints}; valid keys are: {', '.join(valid)}"
         )

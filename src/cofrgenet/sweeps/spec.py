@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from cofrgenet.errors import UserError
+
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "percentile", "hyperband", "sha", "none")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -45,7 +47,7 @@ _RANGE = re.compile(
 )
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A sweep file that cannot be used, with what to change."""
 
 

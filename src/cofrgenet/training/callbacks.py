@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from cofrgenet.errors import UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 
@@ -330,8 +331,10 @@ def resume_command(run_name: str) -> str:
     return shlex.join(["cofr", *words, "--run.name", run_name, "--ckpt_path", "last"])
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """The training loss became NaN or Inf."""
+
+    exit_status = 1
 
 
 class NonFiniteLossGuard(L.Callback):

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from cofrgenet.errors import UserError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(UserError, ValueError):
     """A file that is not an intact cofrgenet checkpoint."""
 
 

@@ -12,11 +12,15 @@ or one experiment file from ``conf/experiment/``. Every run gets a folder under
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from lightning.pytorch.callbacks import (
     Callback,
     ModelCheckpoint,
@@ -27,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet.data import TokenDataModule
+from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.module import LanguageModel
@@ -81,20 +86,46 @@ class CofrCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             seed_everything_default=1337,
             auto_configure_optimizers=False,
-            parser_kwargs={"prog": "cofr"},
+            # Parse errors raise (ArgumentError) instead of printing the whole usage text:
+            # parse_arguments turns them into one line with a did-you-mean.
+            parser_kwargs={"prog": "cofr", "exit_on_error": False},
             args=args,
             run=run,
             **kwargs,
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except argparse.ArgumentError as error:
+            raise ConfigError(self._explain(str(error), args)) from None
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
         # check the file before anything unpickles it.
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path not in (None, "last"):
             checkpoints.check(ckpt_path)
+
+    def _explain(self, message: str, args: Any) -> str:
+        """A parse error with the file that holds the bad key and the closest valid key."""
+        words = list(sys.argv[1:] if args is None else args)
+        subcommand = words[0] if words and words[0] in self.subcommands() else None
+        match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
+        if subcommand is None:
+            return f"{message} (`cofr --help` lists the commands)"
+        if match is None:
+            return f"{message} (`cofr {subcommand} --help` lists every option)"
+        key = match.group(1) or match.group(2)
+        defaults = self._parser(subcommand).get_defaults()  # a jsonargparse Namespace
+        valid = [k for k in defaults.keys() if k != "config"]  # noqa: SIM118
+        where = ""
+        for i, word in enumerate(words[:-1]):
+            if word == "--config" and _holds_key(words[i + 1], key):
+                where = f" in {words[i + 1]}"
+        return (
+            f"unknown key {key!r}{where}{did_you_mean(key, valid)}; "
+            f"`cofr {subcommand} --help` lists every option"
+        )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunConfig, "run")
@@ -220,9 +251,24 @@ class CofrCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, extra)
 
 
+def _holds_key(path: str, dotted: str) -> bool:
+    """Whether YAML file ``path`` has the nested key ``dotted`` (a.b.c)."""
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def main(args: list[str] | None = None) -> None:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    if args is not None and list(args) == sys.argv[1:]:
+        args = None  # the same words: say so, or Lightning warns that both were given
     try:
         CofrCLI(args=args)
     except SIGTERMException:  # Lightning's, a SystemExit with status 0: say it was killed

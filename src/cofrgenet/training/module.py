@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.models import ModelConfig, build_model, estimate_flops_per_token
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.optim import (
@@ -92,14 +93,14 @@ class LanguageModel(L.LightningModule):
         size). ``cofr fit`` calls it before it creates a run folder or an MLflow run."""
         data_vocab = getattr(datamodule, "vocab_size", None)
         if data_vocab is not None and data_vocab > self.model_config.vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"the data's tokenizer has {data_vocab} token ids but the model's vocab_size is "
                 f"{self.model_config.vocab_size}: set model.config.vocab_size: {data_vocab} (or "
                 "more), or prepare the data with the tokenizer the model was made for"
             )
         block = getattr(datamodule, "block_size", None)
         if block is not None and block > self.model_config.block_size:
-            raise ValueError(
+            raise ConfigError(
                 f"data.block_size={block} exceeds the model's block_size="
                 f"{self.model_config.block_size}: lower data.block_size or raise "
                 "model.config.block_size"
@@ -223,7 +224,7 @@ class LanguageModel(L.LightningModule):
             return self.trainer.max_steps
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):
-            raise ValueError("set trainer.max_steps: the cosine schedule needs the run's length")
+            raise ConfigError("set trainer.max_steps: the cosine schedule needs the run's length")
         return int(steps)
 
     def _release_plan(self) -> dict[int, int]:
@@ -287,7 +288,7 @@ def _check_denominators_of(checkpoint: dict[str, Any], config: ModelConfig) -> N
         and "ladder_denominators" not in saved
         and config.ladder_denominators != "paper"
     ):
-        raise ValueError(
+        raise ConfigError(
             "this checkpoint's ladders were trained with the paper's partial denominators "
             "(it predates positive ones, now the default): load it with "
             "model.config.ladder_denominators: paper"

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from cofrgenet.errors import ConfigError
+
 
 @dataclass
 class OptimizerConfig:
@@ -37,11 +39,11 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
+            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}")
         if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ConfigError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         self.betas = tuple(self.betas)  # YAML gives a list
 
 

@@ -21,10 +21,12 @@ from typing import Any
 
 import lightning as L
 
+from cofrgenet.errors import UserError
+
 LOCK_FILE = ".lock"
 
 
-class RunFolderBusyError(RuntimeError):
+class RunFolderBusyError(UserError, RuntimeError):
     """Another process holds the run folder."""
 
 

@@ -1,0 +1,29 @@
+"""Errors in what the user gave: ``cofr`` shows their message alone, without a traceback.
+
+A config key or value, a data folder, a checkpoint, a sweep file: when one of these is
+wrong, the traceback says nothing the message does not, and it buries the message. Such
+errors derive from :class:`UserError`; ``cofr`` prints ``cofr <command>: error: <message>``
+and exits with ``exit_status`` (2). ``cofr --debug ...`` or ``COFR_DEBUG=1`` shows the
+traceback. Every other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """Something the user gave is wrong; the message says what and how to fix it."""
+
+    exit_status = 2
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration key or value that is not valid."""
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,71 @@
+"""`cofr` prints one line for errors in what the user gave, and the traceback with --debug."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cofrgenet import cli
+from cofrgenet.errors import ConfigError, UserError, did_you_mean
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "conf" / "experiment" / "demo-gpt2.yaml")
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """The error line; no traceback of it. (Lightning's log handlers may still hold a
+    stream an earlier test's capture closed: logging reports that on its own, as
+    "--- Logging error ---" blocks, which are left out here.)"""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().split("--- Logging error ---")
+    own = [block.split("Arguments: ", 1)[-1] for block in err]
+    assert not any("Traceback" in block for block in own[1:]) and "Traceback" not in own[0]
+    return "\n".join(own).strip().splitlines()[-1]
+
+
+def test_a_typo_in_a_yaml_file_names_the_file_and_the_key(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_stepz: 3\n")
+    line = one_line_error(capsys, ["fit", "--config", DEMO, "--config", str(bad)])
+    assert line.startswith("cofr fit: error: unknown key 'trainer.max_stepz' in ")
+    assert str(bad) in line and "did you mean 'trainer.max_steps'?" in line
+
+
+def test_a_typo_on_the_command_line_and_in_model_config(capsys):
+    line = one_line_error(capsys, ["fit", "--config", DEMO, "--trainer.max_stepz", "3"])
+    assert "unknown key 'trainer.max_stepz' (did you mean 'trainer.max_steps'?)" in line
+    line = one_line_error(capsys, ["fit", "--config", DEMO, "--model.config", '{"depht": 3}'])
+    assert "unknown config key(s) ['depht'] (did you mean 'depth'?)" in line
+
+
+def test_missing_data_and_bad_arguments_of_other_commands(capsys, tmp_path):
+    err = one_line_error(capsys, ["fit", "--config", DEMO, "--data.data_dir", str(tmp_path)])
+    assert "cofr data prepare" in err or "meta.json" in err
+    line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
+    assert line.startswith("cofr data prepare: error: argument --vocab-size: invalid int")
+    assert "`cofr data prepare --help` lists the options" in line
+
+
+def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
+    with pytest.raises(UserError):
+        cli.main(["--debug", "data", "prepare", "--vocab-size", "x"])
+    monkeypatch.setenv("COFR_DEBUG", "1")
+    with pytest.raises(ConfigError, match="max_stepz"):
+        cli.main(["fit", "--config", DEMO, "--trainer.max_stepz", "3"])
+
+
+def test_programming_errors_keep_their_traceback(monkeypatch):
+    def broken(args):
+        raise KeyError("a bug")
+
+    import cofrgenet.models.cli as models_cli
+
+    monkeypatch.setattr(models_cli, "run", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        cli.main(["models", "list"])
+
+
+def test_did_you_mean():
+    assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
+    assert did_you_mean("zzz", ["depth"]) == ""

@@ -432,3 +432,15 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
         tmp_path, tiny_data, "--run.name", "sig", "--trainer.max_steps", "8", "--ckpt_path", "last"
     ))  # fmt: skip
     assert resumed.trainer.global_step == 8
+
+
+def test_a_bare_fit_trains_on_the_default_data(tmp_path, monkeypatch):
+    """`cofr data prepare` then `cofr fit` with nothing else (here capped at 2 steps)."""
+    from cofrgenet import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["data", "prepare", "--max-docs", "12", "--num-workers", "1"]) == 0
+    assert cli.main(["fit", "--trainer.max_steps", "2", "--trainer.enable_progress_bar",
+                     "false", "--data.num_workers", "0"]) == 0  # fmt: skip
+    (run,) = (tmp_path / "runs" / "default").iterdir()
+    assert (run / "checkpoints" / "last.ckpt").is_file()

@@ -45,7 +45,9 @@ class LanguageModel(L.LightningModule):
 
     Args:
         preset: a name from ``cofrgenet.models.list_presets()`` (e.g. "gpt2-mini-f"), or
-            None to give every ModelConfig field in ``config``.
+            None to give every ModelConfig field in ``config``. The default, gpt2-mini
+            (vocabulary 512, block 256), fits the default data (bytes, 257 ids), so a bare
+            ``cofr fit`` trains once ``cofr data prepare`` has made it.
         config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``).
         optimizer: AdamW + warmup/cosine settings.
         compile: compile the model's forward with torch.compile (checkpoints keep plain
@@ -60,7 +62,7 @@ class LanguageModel(L.LightningModule):
 
     def __init__(
         self,
-        preset: str | None = "gpt2-tiny",
+        preset: str | None = "gpt2-mini",
         config: dict[str, Any] | None = None,
         optimizer: OptimizerConfig | None = None,
         compile: bool = False,

@@ -457,3 +457,53 @@ def test_lost_worker_detection(tmp_path, monkeypatch):
     assert "no heartbeat" in st.lost_reason(
         study._storage.get_trial(other._trial_id), storage, options
     )
+
+
+def test_a_typo_in_a_space_key_stops_the_worker_before_any_trial(tiny_data, tmp_path):
+    sweep_path = write_sweep(
+        tmp_path,
+        space={"model.config.depht": "int 1..4"},
+        overrides={"data.data_dir": str(tiny_data)},
+    )
+    with pytest.raises(SweepError, match=r"'depht'\] \(did you mean 'depth'\?\)"):
+        run_worker(load_sweep(sweep_path), report=False, mlflow=False)
+    assert not (tmp_path / "runs" / "tiny-cpu").exists()  # no trial folder was made
+
+
+def test_a_worker_stops_when_trials_keep_failing_for_one_reason(tiny_data, tmp_path):
+    def failing_sweep(folder: Path) -> Path:
+        folder.mkdir()
+        return write_sweep(
+            folder,
+            sampler={"name": "grid"},
+            pruner={"name": "none"},
+            n_trials=None,
+            space={"model.config.ladders": {"choices": [0]},
+                   "model.optimizer.lr": {"choices": [1e-3, 2e-3, 3e-3, 4e-3, 5e-3]}},
+            overrides={"data.data_dir": str(tiny_data)},
+        )  # fmt: skip
+
+    result = run_worker(load_sweep(failing_sweep(tmp_path / "a")), report=False, mlflow=False)
+    assert len(result.outcomes) == 3 and not result.done
+    assert "ladders must be a positive integer" in result.failing
+    proc = subprocess.run(
+        cofr("sweep", "run", str(failing_sweep(tmp_path / "b")), "--no-report", "--no-mlflow"),
+        capture_output=True, text=True, env=worker_env(), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "3 trials in a row failed" in proc.stderr
+
+
+def test_a_restarted_worker_does_not_repeat_finished_points(tiny_data, tmp_path):
+    """A worker killed and started again with the same --worker-index draws new points."""
+    sweep_path = write_sweep(
+        tmp_path,
+        pruner={"name": "none"},
+        budget={"steps": 2},
+        sampler={"name": "random", "seed": 0},
+        overrides={"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2},
+    )
+    sweep = load_sweep(sweep_path)
+    run_worker(sweep, n_trials=2, worker_index=0, report=False, mlflow=False)
+    result = run_worker(sweep, n_trials=2, worker_index=0, report=False, mlflow=False)
+    points = [tuple(sorted(t.params.items())) for t in result.study.get_trials()]
+    assert len(points) == 4 and len(set(points)) == 4, points

@@ -152,7 +152,7 @@ def _load_study(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import optuna
 
-    from cofrgenet.sweeps.worker import print_summary, run_worker
+    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, print_summary, run_worker
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
     logger = logging.getLogger("cofrgenet.sweeps")
@@ -177,6 +177,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"cofr sweep run: {error}", file=sys.stderr)
         return 2
     print_summary(result)
+    if result.failing is not None:
+        print(
+            f"cofr sweep run: stopped: {MAX_SAME_FAILURES} trials in a row failed with: "
+            f"{result.failing}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -27,6 +27,8 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from optuna.trial import TrialState
 
+from cofrgenet.errors import did_you_mean
+from cofrgenet.models.config import ModelConfig
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.spec import Sweep, get_dotted, set_dotted, trial_config
 from cofrgenet.training.cli import CofrCLI
@@ -171,16 +173,26 @@ class _ParseOnly(CofrCLI):
 
 
 def check_config(path: Path) -> str | None:
-    """None if ``cofr fit --config path`` parses, else the CLI's error message."""
+    """None if ``cofr fit --config path`` parses, else the CLI's error message.
+
+    Besides what the parser checks, the keys of ``model.config`` (a plain dict to the
+    parser) must be ModelConfig fields: a typo there would otherwise fail every trial.
+    """
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            _ParseOnly(args=["fit", "--config", str(path)])
+            cli = _ParseOnly(args=["fit", "--config", str(path)])
     except SystemExit:
         lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
         return "the config does not parse: " + (" ".join(lines[-3:]) or "unknown error")
     except Exception as error:
-        return f"the config does not parse: {type(error).__name__}: {error}"
+        return f"the config does not parse: {error}"
+    model_config = cli.config["fit"]["model"].get("config") or {}
+    valid = ModelConfig.field_names()
+    unknown = [key for key in model_config if key not in valid]
+    if unknown:
+        hints = "".join(did_you_mean(key, valid) for key in unknown)
+        return f"unknown model.config key(s) {unknown}{hints}"
     return None
 
 

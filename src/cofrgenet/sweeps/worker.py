@@ -38,8 +38,16 @@ from cofrgenet.sweeps.tracking import PARENT_ATTR
 log = logging.getLogger("cofrgenet.sweeps")
 
 
+#: A worker stops after this many trials in a row failed for the same reason.
+MAX_SAME_FAILURES = 3
+
+
 def make_sampler(sweep: Sweep, offset: int) -> optuna.samplers.BaseSampler:
-    """The sweep's sampler; its seed is offset per worker so workers do not draw alike."""
+    """The sweep's sampler; its seed is offset per worker so workers do not draw alike.
+
+    ``offset`` also counts the trials the study held when the worker started, so a worker
+    restarted with the same index draws a new sequence instead of repeating its points.
+    """
     options = {k: v for k, v in sweep.sampler.items() if k not in ("name", "seed")}
     seed = sweep.sampler.get("seed")
     seed = None if seed is None else int(seed) + offset
@@ -82,6 +90,8 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         created = False
+        existing = len(study.get_trials(deepcopy=False))
+        study.sampler = make_sampler(sweep, offset + 7919 * existing)
     if study.direction.name.lower() != sweep.objective.direction:
         raise SweepError(
             f"study {sweep.study!r} exists with direction {study.direction.name.lower()}, "
@@ -133,6 +143,8 @@ class WorkerResult:
     outcomes: list[tuple[int, Outcome]] = field(default_factory=list)
     done: bool = False
     requeued: bool = False
+    #: Set when the worker stopped because trials kept failing for one reason.
+    failing: str | None = None
 
 
 def _requeue_job(worker: st.Worker) -> None:
@@ -274,6 +286,13 @@ def run_worker(
             log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
             if outcome.stop_worker:
                 break
+            if _same_failures(result.outcomes) >= MAX_SAME_FAILURES:
+                result.failing = outcome.reason
+                log.error(
+                    f"the last {MAX_SAME_FAILURES} trials failed for the same reason; stopping "
+                    f"this worker: {outcome.reason}"
+                )
+                break
     finally:
         signal.signal(signal.SIGUSR1, previous)
         stop_file.unlink(missing_ok=True)
@@ -290,6 +309,16 @@ def run_worker(
         except Exception as error:
             log.warning(f"report failed: {type(error).__name__}: {error}")
     return result
+
+
+def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:
+    """How many of the latest outcomes in a row are failures with the latest's reason."""
+    count = 0
+    for _, outcome in reversed(outcomes):
+        if outcome.state != TrialState.FAIL or outcome.reason != outcomes[-1][1].reason:
+            break
+        count += 1
+    return count
 
 
 def print_summary(result: WorkerResult, out: Any = sys.stdout) -> None:

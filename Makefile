@@ -38,7 +38,7 @@ lint:
 	$(VENV)/bin/ruff format --check src tests
 
 bench-ops:
-	$(VENV)/bin/cofr bench ops
+	$(VENV)/bin/cofr bench ops --out docs/benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info

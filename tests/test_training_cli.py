@@ -389,7 +389,7 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
     folder = tmp_path / "runs" / "test" / "cut" / "checkpoints"
     last = folder / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
-    (step,) = folder.glob("step*.ckpt")
+    step = max(folder.glob("step*.ckpt"))  # the newest periodic one
     with pytest.warns(UserWarning, match=rf"{last} is damaged .*resuming from {step}"):
         resumed = CofrCLI(
             args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "6",
@@ -444,3 +444,15 @@ def test_a_bare_fit_trains_on_the_default_data(tmp_path, monkeypatch):
                      "false", "--data.num_workers", "0"]) == 0  # fmt: skip
     (run,) = (tmp_path / "runs" / "default").iterdir()
     assert (run / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_the_newest_k_periodic_checkpoints_are_kept(tiny_data, tmp_path):
+    CofrCLI(args=fit_args(
+        tmp_path, tiny_data, "--run.name", "k", "--run.checkpoint_every_n_steps", "2",
+        "--run.keep_checkpoints", "2", "--trainer.max_steps", "8", "--run.mlflow", "false",
+    ))  # fmt: skip
+    folder = tmp_path / "runs" / "test" / "k" / "checkpoints"
+    names = sorted(p.name for p in folder.glob("*.ckpt"))
+    assert names == ["last.ckpt", "step0000006.ckpt", "step0000008.ckpt"]
+    with pytest.raises(ConfigError, match="keep_checkpoints"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.keep_checkpoints", "0"))

@@ -1120,8 +1120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path("docs/benchmarks"),
-        help="directory for ops-<device>-<date>.md/.json (default: docs/benchmarks)",
+        default=Path("runs/bench"),
+        help="directory for ops-<device>-<date>.md/.json (default: runs/bench; pass "
+        "--out docs/benchmarks to record a result in the repository)",
     )
     parser.add_argument(
         "--no-save", action="store_true", help="print the table only, write no files"

@@ -192,7 +192,10 @@ class CofrCLI(LightningCLI):
                     auto_insert_metric_name=False,
                     every_n_train_steps=run.checkpoint_every_n_steps,
                     save_last=True,
-                    save_top_k=1,
+                    # the newest K periodic checkpoints ("step" is always a candidate)
+                    save_top_k=run.keep_checkpoints,
+                    monitor="step",
+                    mode="max",
                 )
             )
         if NonFiniteLossGuard not in kinds:

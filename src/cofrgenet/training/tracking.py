@@ -22,6 +22,8 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from cofrgenet.errors import ConfigError
+
 RUN_ID_FILE = "mlflow_run_id"
 #: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
 #: logger calls) writes the variable, so reading it later would pick up the previous run's
@@ -41,8 +43,9 @@ class RunConfig:
     finds its checkpoint and MLflow run again), else a timestamp; with ``--ckpt_path
     last`` and no name, the most recent run of the experiment. tracking_uri: any MLflow
     URI; default ``MLFLOW_TRACKING_URI`` or ``sqlite:///<runs_dir>/mlflow.db``.
-    checkpoint_every_n_steps: a checkpoint every N optimizer steps (and last.ckpt at the
-    end). mlflow: set false to train without tracking.
+    checkpoint_every_n_steps: a checkpoint ``step<N>.ckpt`` every N optimizer steps (and
+    ``last.ckpt`` at each save and at the end). keep_checkpoints: how many of the newest
+    ``step*.ckpt`` to keep (-1: all). mlflow: set false to train without tracking.
     """
 
     experiment: str = "default"
@@ -50,7 +53,14 @@ class RunConfig:
     runs_dir: str = "runs"
     tracking_uri: str | None = None
     checkpoint_every_n_steps: int = 500
+    keep_checkpoints: int = 2
     mlflow: bool = True
+
+    def __post_init__(self) -> None:
+        if self.keep_checkpoints == 0 or self.keep_checkpoints < -1:
+            raise ConfigError(
+                f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"
+            )
 
 
 def _safe(name: str) -> str:

@@ -292,6 +292,9 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
             assert trial.state == TrialState.COMPLETE
     summary = (tmp_path / "runs" / "sweeps" / sweep.study / "report" / "summary.md").read_text()
     assert "non-finite loss" in summary and "Best trial" in summary
+    # 1 complete trial: the importances (if drawn) say they are not to be trusted.
+    if "![parameter importances]" in summary:
+        assert "from 1 complete trial(s) only: not reliable below 10" in summary
 
 
 def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):

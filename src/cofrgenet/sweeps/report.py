@@ -73,8 +73,15 @@ def plot_heatmap(xs, ys, cells, x_key: str, y_key: str, metric: str, path: Path)
     plt.close(figure)
 
 
-def _optuna_plot(name: str, study: optuna.Study, path: Path, **kwargs: Any) -> str | None:
-    """Save one optuna.visualization.matplotlib plot; the error text if it cannot."""
+#: Parameter importances from fewer complete trials than this carry a warning.
+MIN_TRIALS_FOR_IMPORTANCE = 10
+
+
+def _optuna_plot(
+    name: str, study: optuna.Study, path: Path, caveat: str | None = None, **kwargs: Any
+) -> str | None:
+    """Save one optuna.visualization.matplotlib plot (``caveat`` under its title); the
+    error text if it cannot."""
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as ovm
 
@@ -83,6 +90,8 @@ def _optuna_plot(name: str, study: optuna.Study, path: Path, **kwargs: Any) -> s
             warnings.simplefilter("ignore")
             ax = getattr(ovm, name)(study, **kwargs)
         figure = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        if caveat and hasattr(ax, "set_title"):
+            ax.set_title(f"{ax.get_title()}\n({caveat})", fontsize=9)
         _savefig(figure, path)
         plt.close(figure)
         return None
@@ -102,7 +111,9 @@ def summary_markdown(
     images: dict[str, str],
     skipped: dict[str, str],
     heat: tuple | None,
+    caveats: dict[str, str] | None = None,
 ) -> str:
+    caveats = caveats or {}
     trials = study.get_trials(deepcopy=False)
     keys = [p.key for p in sweep.space]
     counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
@@ -146,7 +157,10 @@ def summary_markdown(
             )
         lines.append("")
     lines += ["## Plots", ""]
-    lines += [f"![{title}]({file})" for title, file in images.items()]
+    for title, file in images.items():
+        lines.append(f"![{title}]({file})")
+        if title in caveats:
+            lines += ["", f"*{title.capitalize()}: {caveats[title]}.*", ""]
     lines += [f"* {title}: not drawn ({why})" for title, why in skipped.items()]
     lines += [
         "",
@@ -181,13 +195,20 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     images: dict[str, str] = {}
     skipped: dict[str, str] = {}
+    complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    caveats: dict[str, str] = {}
+    if complete < MIN_TRIALS_FOR_IMPORTANCE:
+        caveats["parameter importances"] = (
+            f"from {complete} complete trial(s) only: not reliable below "
+            f"{MIN_TRIALS_FOR_IMPORTANCE}"
+        )
     plots = {
         "optimization history": ("plot_optimization_history", "optimization_history.png", {}),
         "parameter importances": ("plot_param_importances", "param_importances.png", {}),
         "intermediate values": ("plot_intermediate_values", "intermediate_values.png", {}),
     }
     for title, (name, file, kwargs) in plots.items():
-        error = _optuna_plot(name, study, out / file, **kwargs)
+        error = _optuna_plot(name, study, out / file, caveats.get(title), **kwargs)
         if error is None:
             images[title] = file
         else:
@@ -213,7 +234,7 @@ def write_report(
         tmp.replace(out / "trials.csv")
     except Exception as error:
         skipped["trials.csv"] = f"{type(error).__name__}: {error}"
-    text = summary_markdown(study, sweep, images, skipped, heat)
+    text = summary_markdown(study, sweep, images, skipped, heat, caveats)
     tmp = out / "summary.md.tmp"
     tmp.write_text(text)
     tmp.replace(out / "summary.md")

@@ -296,45 +296,47 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_ui_serves_the_run_store(tiny_data, tmp_path):
-    """`cofr ui` starts a real MLflow server that lists the experiment of a fit."""
+    """`cofr ui` takes the next port when its own is busy, prints the URL once the server
+    answers, and on SIGTERM stops the whole server (nothing keeps the port)."""
     import json
     import socket
     import time
     import urllib.request
 
+    from cofrgenet.training.ui import port_free
+
     CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "cofrgenet.cli",
-        "ui",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--port",
-        str(port),
-    ]
-    server = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    command = [sys.executable, "-m", "cofrgenet.cli", "ui", "--runs-dir", str(tmp_path / "runs"),
+               "--port", str(port)]  # fmt: skip
+    ui = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    names = [e["name"] for e in json.load(response)["experiments"]]
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
-        assert "test" in names
+        lines = []
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("MLflow UI: ") for line in lines):
+            assert time.monotonic() < deadline and ui.poll() is None, lines
+            lines.append(ui.stdout.readline().strip())
+        assert f"port {port} is in use" in lines[0]
+        url = lines[-1].split()[2]
+        served = url.split("/#/")[0]
+        assert url.endswith("/#/experiments") and served != f"http://127.0.0.1:{port}"
+        api = f"{served}/api/2.0/mlflow/experiments/search?max_results=10"
+        with urllib.request.urlopen(api, timeout=10) as response:  # answers at once
+            assert "test" in [e["name"] for e in json.load(response)["experiments"]]
+        ui.send_signal(15)  # cofr ui alone, not its group: it must stop the server itself
+        ui.wait(timeout=30)
+        served_port = int(served.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 20
+        while not port_free("127.0.0.1", served_port):
+            assert time.monotonic() < deadline, "the MLflow server outlived cofr ui"
+            time.sleep(0.5)
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+        busy.close()
+        if ui.poll() is None:
+            ui.kill()
 
 
 def test_a_run_folder_is_held_by_one_fit(tiny_data, tmp_path):

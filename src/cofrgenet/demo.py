@@ -190,7 +190,5 @@ def run(args: argparse.Namespace) -> int:
     summary = Path(args.runs_dir) / f"demo-{stamp}.md"
     summary.write_text(markdown(results))
     console.print(f"table saved to {summary}")
-    console.print(
-        "compare the runs in the MLflow UI: [bold]cofr ui[/] (then open http://127.0.0.1:5000)"
-    )
+    console.print("compare the runs in the MLflow UI: [bold]cofr ui[/] (it prints the URL to open)")
     return 0

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
+from cofrgenet.errors import UserError
 from cofrgenet.training import tracking
 from cofrgenet.training.tracking import RunConfig, artifact_location, tracking_uri
 
@@ -40,6 +47,48 @@ def ui_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
+#: How long to wait for the MLflow server to answer before giving up.
+START_TIMEOUT = 120.0
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str, port: int, tries: int = 20) -> int | None:
+    """``port`` or the next free one above it (None if ``tries`` ports are all taken)."""
+    for candidate in range(port, port + tries):
+        if port_free(host, candidate):
+            return candidate
+    return None
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def stop_group(server: subprocess.Popen) -> None:
+    """Stop the server and everything it started (uvicorn, job runner, huey workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def run(args: argparse.Namespace) -> int:
     store = Path(args.runs_dir) / "mlflow.db"
     # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
@@ -49,9 +98,32 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    command = ui_command(args)
-    print(f"MLflow UI on http://{args.host}:{args.port} (Ctrl-C stops it)")
+    port = free_port(args.host, args.port)
+    if port is None:
+        raise UserError(f"ports {args.port}-{args.port + 19} on {args.host} are all in use: --port")
+    if port != args.port:
+        print(f"port {args.port} is in use (another `cofr ui`?): using {port}")
+    args.port = port
+    # Its own process group: on exit the whole group goes, so nothing keeps the port.
+    server = subprocess.Popen(ui_command(args), start_new_session=True)
+    base = f"http://{args.host}:{port}"
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return subprocess.call(command)
+        print(f"starting the MLflow UI on {args.host}:{port} ...", flush=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not answers(f"{base}/health"):
+            if server.poll() is not None:
+                print(f"the MLflow server exited ({server.returncode})", file=sys.stderr)
+                return 1
+            if time.monotonic() > deadline:
+                print(f"the MLflow server did not answer in {START_TIMEOUT:.0f} s", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        # The experiments list (experiment tracking), not MLflow 3's GenAI landing page.
+        print(f"MLflow UI: {base}/#/experiments  (Ctrl-C stops it)", flush=True)
+        return server.wait()
     except KeyboardInterrupt:
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_group(server)

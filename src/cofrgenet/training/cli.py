@@ -34,6 +34,7 @@ from cofrgenet.data import TokenDataModule
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
+from cofrgenet.training.console import RunSummary, StepProgressBar, quiet_known_noise
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.runlock import HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
@@ -79,6 +80,7 @@ class CofrCLI(LightningCLI):
         **kwargs: Any,
     ) -> None:
         self.extra_callbacks = list(extra_callbacks or [])
+        quiet_known_noise()
         super().__init__(
             LanguageModel,
             TokenDataModule,
@@ -204,8 +206,10 @@ class CofrCLI(LightningCLI):
             callbacks.append(StopOnSignal())
         if LadderHealthMonitor not in kinds:
             callbacks.append(LadderHealthMonitor())
-        if RichProgressBar not in kinds:
-            callbacks += [RichProgressBar(leave=True), RichModelSummary(max_depth=2)]
+        if not any(issubclass(k, RichProgressBar) for k in kinds):
+            callbacks += [StepProgressBar(leave=True), RichModelSummary(max_depth=2)]
+        if self.subcommand == "fit" and RunSummary not in kinds:
+            callbacks.append(RunSummary())
         return callbacks
 
     def instantiate_trainer(self, **kwargs: Any):

@@ -147,6 +147,8 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     def __init__(self, run_dir: Path, **kwargs: Any) -> None:
         self.run_dir = Path(run_dir)
+        self.store_uri: str | None = kwargs.get("tracking_uri")
+        self.experiment_name: str = kwargs.get("experiment_name", "Default")
         id_file = self.run_dir / RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.exists() else None
         super().__init__(run_id=run_id, **kwargs)

@@ -1,0 +1,115 @@
+"""What ``cofr fit`` shows on the console: steps out of max_steps, readable metrics, a
+summary at the end, and none of the dependencies' messages known to be harmless here.
+
+Every silenced message is listed in :data:`HARMLESS` with why it is harmless for this
+project, and :func:`quiet_known_noise` installs the filters (once per process).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.utilities import rank_zero_info
+
+from cofrgenet.training.tracking import CofrMLFlowLogger
+
+#: (start of the message, why it is harmless here). Warnings and log records alike.
+HARMLESS: tuple[tuple[str, str], ...] = (
+    ("`isinstance(treespec, LeafSpec)` is deprecated", "Lightning's own use of torch's pytree"),
+    ("Your `IterableDataset` has `__len__` defined", "litdata shards the stream per worker"),
+    ("💡 Tip: For seamless cloud logging", "an advertisement; runs are tracked in MLflow"),
+    ("Trainer already configured with model summary callbacks", "we add RichModelSummary"),
+    ("You're operating within a distributed environment and have disabled the `drop_last`",
+     "validation batches only; training uses full batches"),
+)  # fmt: skip
+
+
+class _DropHarmless(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(start) for start, _ in HARMLESS)
+
+
+def quiet_known_noise() -> None:
+    """Silence the messages of :data:`HARMLESS` (warnings and Lightning's info logs).
+
+    Safe to call again: the warnings module keeps one copy of an identical filter, and a
+    logger gets the log filter once.
+    """
+    for start, _ in HARMLESS:
+        warnings.filterwarnings("ignore", message=re.escape(start))
+    for name in ("lightning.pytorch", "lightning.pytorch.utilities.rank_zero", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropHarmless) for f in logger.filters):
+            logger.addFilter(_DropHarmless())
+
+
+#: Progress-bar names of logged metrics (the full names stay in MLflow).
+SHORT_NAMES = {"perf/tokens_per_sec": "tok/s", "train/loss": "loss", "val/loss": "val"}
+
+
+class StepProgressBar(RichProgressBar):
+    """Training progress as optimizer steps out of ``max_steps`` (not batches of an
+    epoch, which read ``Epoch 0/-2`` or ``30/9`` after a resume), metrics by short names."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._show_steps(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._show_steps(trainer)
+
+    def _show_steps(self, trainer: L.Trainer) -> None:
+        if self.progress is None or self.train_progress_bar_id is None:
+            return
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        self.progress.update(
+            self.train_progress_bar_id,
+            completed=trainer.global_step,
+            total=total,
+            description=f"step {trainer.global_step}/{total if total else '?'}",
+        )
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        out: dict[str, Any] = {}
+        for name, value in items.items():
+            short = SHORT_NAMES.get(name, name)
+            out[short] = f"{value:,.0f}" if short == "tok/s" and isinstance(value, float) else value
+        return out
+
+
+class RunSummary(L.Callback):
+    """Three lines at the end of a fit: the run folder, its checkpoints, its MLflow run."""
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        rank_zero_info("\n".join(summary_lines(trainer)))
+
+
+def summary_lines(trainer: L.Trainer) -> list[str]:
+    run_dir = Path(trainer.default_root_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    lines = [f"run folder: {run_dir}"]
+    lines.append(
+        f"checkpoint: {last} (step {trainer.global_step})" if last.exists() else "checkpoint: none"
+    )
+    for logger in trainer.loggers:
+        if not isinstance(logger, CofrMLFlowLogger) or logger.run_id is None:
+            continue
+        uri = logger.store_uri or ""
+        if uri.startswith(("http://", "https://")):
+            where = f"{uri.rstrip('/')}/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
+        else:
+            where = "browse it with `cofr ui`"
+        lines.append(
+            f"MLflow run: {logger.run_id} (experiment {logger.experiment_name!r}), {where}"
+        )
+    return lines

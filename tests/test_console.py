@@ -1,0 +1,50 @@
+"""What cofr fit shows: harmless dependency noise silenced, steps out of max_steps, a summary."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from cofrgenet.training.console import (
+    HARMLESS,
+    StepProgressBar,
+    quiet_known_noise,
+    summary_lines,
+)
+
+
+def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        quiet_known_noise()
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", stacklevel=1)
+        warnings.warn("something new and worth reading", stacklevel=1)
+    assert [str(w.message) for w in caught] == ["something new and worth reading"]
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        logger.info("💡 Tip: For seamless cloud logging and experiment tracking, try ...")
+        logger.info("GPU available: False, used: False")
+    assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]
+    assert all(reason for _, reason in HARMLESS)  # every silenced message says why
+
+
+def test_progress_bar_metrics_have_short_names():
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(
+        progress_bar_metrics={"train/loss": 2.5, "perf/tokens_per_sec": 25123.4}, loggers=[]
+    )
+    items = StepProgressBar().get_metrics(trainer, None)
+    assert items == {"loss": 2.5, "tok/s": "25,123"}
+
+
+def test_summary_lines(tmp_path):
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path), global_step=7, loggers=[])
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert summary_lines(trainer) == [
+        f"run folder: {tmp_path}",
+        f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'} (step 7)",
+    ]

@@ -458,3 +458,30 @@ def test_the_newest_k_periodic_checkpoints_are_kept(tiny_data, tmp_path):
     assert names == ["last.ckpt", "step0000006.ckpt", "step0000008.ckpt"]
     with pytest.raises(ConfigError, match="keep_checkpoints"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.keep_checkpoints", "0"))
+
+
+def test_a_resume_after_a_hard_kill_logs_each_step_once(tiny_data, tmp_path):
+    """Killed at step 6 with its newest checkpoint at step 4: the resume replays 4 and 5,
+    which MLflow already has; the run's history holds every step once, equal to a run
+    that was never stopped."""
+    common = ["--trainer.max_steps", "8", "--trainer.log_every_n_steps", "1",
+              "--trainer.val_check_interval", "100", "--run.checkpoint_every_n_steps", "4",
+              "--run.keep_checkpoints", "-1"]  # fmt: skip
+    CofrCLI(args=fit_args(tmp_path / "a", tiny_data, *common, "--run.name", "straight"))
+    b = ["--run.name", "killed"]
+    CofrCLI(args=fit_args(tmp_path / "b", tiny_data, *common, *b,
+                          "--trainer.callbacks+=helpers.StopAtStep", "--trainer.callbacks.step=6"))  # fmt: skip
+    folder = tmp_path / "b" / "runs" / "test" / "killed" / "checkpoints"
+    (folder / "last.ckpt").write_bytes((folder / "step0000004.ckpt").read_bytes())  # the kill
+    CofrCLI(args=fit_args(tmp_path / "b", tiny_data, *common, *b, "--ckpt_path", "last"))
+    histories = {}
+    for label in ("a", "b"):
+        runs = mlflow_runs(tmp_path / label / "runs")
+        client = mlflow.tracking.MlflowClient(
+            f"sqlite:///{tmp_path / label / 'runs' / 'mlflow.db'}"
+        )
+        history = client.get_metric_history(runs.run_id[0], "train/loss")
+        steps = [m.step for m in history]
+        assert sorted(steps) == list(range(8)), f"{label}: {sorted(steps)}"  # each step once
+        histories[label] = {m.step: m.value for m in history}
+    assert histories["a"] == histories["b"]

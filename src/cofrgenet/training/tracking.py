@@ -25,6 +25,8 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from cofrgenet.errors import ConfigError
 
 RUN_ID_FILE = "mlflow_run_id"
+#: The metric whose history says up to which step a run has logged.
+HISTORY_KEY = "train/loss"
 #: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
 #: logger calls) writes the variable, so reading it later would pick up the previous run's
 #: store in a process that trains several runs (sweeps, tests).
@@ -151,7 +153,24 @@ class CofrMLFlowLogger(MLFlowLogger):
         self.experiment_name: str = kwargs.get("experiment_name", "Default")
         id_file = self.run_dir / RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.exists() else None
+        # A resumed run replays the steps between its checkpoint and where it stopped:
+        # those are in the history already (the resume is bit for bit), so they are not
+        # logged twice. None: not looked up yet; -1: nothing logged before.
+        self._logged_through: int | None = None if run_id else -1
         super().__init__(run_id=run_id, **kwargs)
+
+    def logged_through(self) -> int:
+        """The last step this run logged before this process (-1 for a new run)."""
+        if self._logged_through is None:
+            history = self.experiment.get_metric_history(self.run_id, HISTORY_KEY)
+            self._logged_through = max((m.step for m in history), default=-1)
+        return self._logged_through
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+        if step is not None and step <= self.logged_through():
+            return  # a replayed step: its values are in the run's history already
+        super().log_metrics(metrics, step)
 
     @rank_zero_only
     def remember_run(self) -> None:

@@ -587,3 +587,17 @@ def test_prepare_with_spawned_workers(tmp_path):
         PydocSource(), tmp_path / "p", max_docs=10, num_workers=2, start_method="spawn"
     )
     assert meta.splits["train"].tokens > 0
+
+
+def test_preparing_again_with_the_same_settings_is_a_no_op(tmp_path, capsys):
+    """The README's tour prepares data/pydoc-byte after `make demo` did: that must work."""
+    out = tmp_path / "pydoc-byte"
+    args = ["--max-docs", "6", "--num-workers", "1", "--out", str(out)]
+    assert main(args) == 0
+    stamp = (out / "meta.json").stat().st_mtime_ns
+    assert main(args) == 0
+    assert "already prepared with these settings" in capsys.readouterr().err
+    assert (out / "meta.json").stat().st_mtime_ns == stamp  # nothing rewritten
+    assert main([*args, "--seed", "7"]) == 1
+    err = capsys.readouterr().err
+    assert "already prepared with other settings" in err and "--overwrite" in err

@@ -40,6 +40,7 @@ from cofrgenet.data.meta import (
     TOKENIZER_DIR,
     DataMeta,
     SplitInfo,
+    read_meta,
 )
 from cofrgenet.data.sources import (
     HF_PRESETS,
@@ -204,6 +205,11 @@ def _write_split(
     return SplitInfo(documents=n, tokens=tokens, chunks=len(index["chunks"]))
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from meta.json (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
 def _clear_output(out: Path, overwrite: bool) -> None:
     if not out.exists():
         return
@@ -309,6 +315,29 @@ def prepare_data(
                 f"got {vocab_size}"
             )
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
+    if not overwrite and (out / META_FILE).exists():
+        existing = read_meta(out)
+        request = {
+            "source": source.kind,
+            "source_args": source.describe(),
+            "tokenizer": tokenizer,
+            "tokenizer_args": tokenizer_args,
+            "split_args": split_args,
+        }
+        differences = [
+            f"{key}: {getattr(existing, key)!r} there, {value!r} asked"
+            for key, value in request.items()
+            if _plain(getattr(existing, key)) != _plain(value)
+        ]
+        if not differences:
+            log(
+                f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)"
+            )
+            return existing
+        raise PrepareError(
+            f"{str(out)!r} is already prepared with other settings ({'; '.join(differences)}): "
+            "pass --overwrite to replace it, or choose another --out"
+        )
     _clear_output(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer == "bpe":

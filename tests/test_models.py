@@ -368,3 +368,16 @@ def test_ladder_branches_start_as_small_as_the_branches_they_replace(n_layer, wi
     # Without the residual scaling the Cffn branch is several times larger (the test can fail).
     unscaled = branch_std("gpt2-mini-f", "mlp", ladder_out_std=0.02)
     assert unscaled / mlp > 2.0
+
+
+def test_build_shapes_counts_like_a_real_build_and_restores_init():
+    from cofrgenet.models.architectures import build_shapes
+
+    config = ModelConfig.from_preset("gpt2-tiny-fa")
+    shapes = build_shapes(config)
+    assert all(p.is_meta for p in shapes.parameters())
+    real = build_model(config)
+    assert sum(p.numel() for p in shapes.parameters()) == sum(p.numel() for p in real.parameters())
+    t = torch.zeros(1000)
+    torch.nn.init.normal_(t)  # the initialisers are back
+    assert t.std() > 0.5

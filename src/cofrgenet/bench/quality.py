@@ -285,17 +285,15 @@ def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
 
 def matched_ffn_hidden(gpt2_fields: dict[str, Any]) -> int:
     """The MLP hidden width giving gpt2 the parameter count of cofrgenet-f (same shape)."""
-    import torch
-
-    from cofrgenet.models import ModelConfig, build_model
+    from cofrgenet.models import ModelConfig
+    from cofrgenet.models.architectures import build_shapes
     from cofrgenet.models.presets import preset_dict
 
     shape = {k: v for k, v in gpt2_fields.items() if k != "ffn_hidden"}
     f_variant = VARIANTS["cofrgenet-f"]
 
     def count(preset: str, fields: dict[str, Any]) -> int:
-        with torch.device("meta"):
-            model = build_model(ModelConfig.from_dict({**preset_dict(preset), **fields}))
+        model = build_shapes(ModelConfig.from_dict({**preset_dict(preset), **fields}))
         return sum(p.numel() for p in model.parameters())
 
     target = count(f_variant.preset, {**shape, **f_variant.config})

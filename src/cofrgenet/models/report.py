@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
-from cofrgenet.models.architectures import ARCHITECTURES, build_model
+from cofrgenet.models.architectures import ARCHITECTURES, build_shapes
 from cofrgenet.models.config import ModelConfig
 
 
@@ -90,8 +89,7 @@ def count_parameters(model: nn.Module | ModelConfig) -> ParameterCount:
     the model's ``LAYER_COMPONENTS`` and "ladder".
     """
     if isinstance(model, ModelConfig):
-        with torch.device("meta"):
-            model = build_model(model)
+        model = build_shapes(model)
     ladder_ids = _ladder_param_ids(model)
     component_of = getattr(model, "parameter_component", lambda name: ("other", None))
     layer_keys = (*getattr(model, "LAYER_COMPONENTS", ()), "ladder")

@@ -150,6 +150,11 @@ def _load_study(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    try:  # the sweep file first: its errors need none of the imports below
+        sweep = _sweep(args.sweep, args)
+    except SweepError as error:
+        print(f"cofr sweep run: {error}", file=sys.stderr)
+        return 2
     import optuna
 
     from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, print_summary, run_worker
@@ -162,7 +167,6 @@ def run(args: argparse.Namespace) -> int:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     try:
-        sweep = _sweep(args.sweep, args)
         result = run_worker(
             sweep,
             n_trials=args.n_trials,

@@ -110,8 +110,8 @@ def test_initialisation_keeps_ladders_off_poles_and_reports_health(name):
     layer(x)
     health = layer.health()
     assert health is not None
-    assert 0.0 <= health.clamped_fraction.item() < 0.01
-    assert 0.0 < health.min_abs_denominator.item() < float("inf")
+    assert 0.0 <= health.clamped.item() < 0.01
+    assert 0.0 < health.min_abs_kd.item() < float("inf")
 
 
 def test_health_sees_poles():
@@ -122,9 +122,9 @@ def test_health_sees_poles():
     layer.track_health = True
     layer(torch.randn(4, 16))
     health = layer.health()
-    assert health.clamped_fraction.item() > 0.5
-    assert health.near_pole_fraction.item() >= health.clamped_fraction.item()
-    assert health.max_abs_output.item() > 10
+    assert health.clamped.item() > 0.5
+    assert health.near_pole.item() >= health.clamped.item()
+    assert health.max_abs_value.item() > 10
 
 
 def test_paper_denominators_without_ladder_bias_avoid_most_poles_at_init():
@@ -132,7 +132,7 @@ def test_paper_denominators_without_ladder_bias_avoid_most_poles_at_init():
     layer = Cffn(64, 3, 5, bias=False, denominators="paper")
     layer.track_health = True
     layer(torch.nn.functional.layer_norm(torch.randn(256, 64), (64,)))
-    assert layer.health().clamped_fraction.item() < 0.03
+    assert layer.health().clamped.item() < 0.03
 
 
 def _drift(layer: torch.nn.Module, scale: float, bias_std: float, seed: int) -> None:
@@ -163,12 +163,12 @@ def test_positive_denominators_keep_every_layer_off_poles(name):
             layer.track_health = True
             out = layer(x)
             health = layer.health()
-            worst[denominators] = max(worst[denominators], health.near_pole_fraction.item())
+            worst[denominators] = max(worst[denominators], health.near_pole.item())
             if denominators == "positive":
                 out.square().mean().backward()
                 grads = [p.grad.abs().max().item() for p in layer.ladder_parameters()]
-                assert health.min_abs_denominator.item() >= min(1.0, layer.floor) * (1 - 1e-6)
-                assert health.max_abs_output.item() <= 1 / layer.floor * (1 + 1e-6)
+                assert health.min_abs_kd.item() >= min(1.0, layer.floor) * (1 - 1e-6)
+                assert health.max_abs_value.item() <= 1 / layer.floor * (1 + 1e-6)
                 assert torch.isfinite(out).all() and max(grads) < 1e6
     assert worst["positive"] == 0.0
     assert worst["paper"] > 0.0

@@ -3,7 +3,7 @@
 from cofrgenet.nn.attention import CausalSelfAttention
 from cofrgenet.nn.cattn import CAttnM, CAttnU
 from cofrgenet.nn.cffn import Cffn
-from cofrgenet.nn.ladder import LadderHealth, LadderLayer, LadderWeights
+from cofrgenet.nn.ladder import LadderLayer, LadderWeights
 from cofrgenet.nn.mlp import MLP, SwiGLU
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
@@ -17,7 +17,6 @@ __all__ = [
     "CausalSelfAttention",
     "Cffn",
     "DenseSynthesizer",
-    "LadderHealth",
     "LadderLayer",
     "LadderWeights",
     "RotaryEmbedding",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -136,33 +135,6 @@ class LadderWeights(nn.Module):
         return out
 
 
-@dataclass
-class LadderHealth:
-    """Ladder statistics of a layer's last forward with ``track_health`` on.
-
-    ``stats``: the :class:`~cofrgenet.ops.LadderStats` of its ladders (0-d tensors,
-    detached: clamped and near-pole shares, min |K_d|, max |f~|).
-    """
-
-    stats: LadderStats
-
-    @property
-    def clamped_fraction(self) -> Tensor:
-        return self.stats.clamped
-
-    @property
-    def near_pole_fraction(self) -> Tensor:
-        return self.stats.near_pole
-
-    @property
-    def min_abs_denominator(self) -> Tensor:
-        return self.stats.min_abs_kd
-
-    @property
-    def max_abs_output(self) -> Tensor:
-        return self.stats.max_abs_value
-
-
 class OutputRange(nn.Module):
     """Range of ladder outputs seen in training; a clip to it in eval mode.
 
@@ -220,8 +192,8 @@ class OutputRange(nn.Module):
 class LadderLayer(nn.Module):
     """Base class of CoFrGeNet layers: ladder bookkeeping shared by Cffn, CAttnU, CAttnM.
 
-    Set ``track_health = True`` to record, at every forward, the :class:`LadderHealth` of
-    its ladders (an extra no-grad pass over the partial denominators; the
+    Set ``track_health = True`` to record, at every forward, the
+    :class:`~cofrgenet.ops.LadderStats` of its ladders (an extra no-grad pass over the partial denominators; the
     LadderHealthMonitor callback turns it on only at logging steps).
     """
 
@@ -235,7 +207,7 @@ class LadderLayer(nn.Module):
         self.output_range: OutputRange | None = None  # subclasses make one if clip_outputs
         self.track_health = False
         self.health_near = NEAR_POLE  # |K_d| below which health counts a unit near a pole
-        self._health: LadderHealth | None = None
+        self._health: LadderStats | None = None
         self.register_load_state_dict_pre_hook(_fill_missing_ranges)
 
     @property
@@ -289,12 +261,12 @@ class LadderLayer(nn.Module):
             if pname.startswith("bias.")
         }
 
-    def health(self) -> LadderHealth | None:
+    def health(self) -> LadderStats | None:
         """Statistics of the last forward run with ``track_health`` on, else None."""
         return self._health
 
     def _record_health(self, stats: LadderStats) -> None:
-        self._health = LadderHealth(stats)
+        self._health = stats
 
     def ladder_extra_repr(self) -> str:
         floor = f", floor={self.floor}" if self.denominator_kind == "positive" else ""

@@ -230,7 +230,7 @@ class LadderHealthMonitor(L.Callback):
         for _, layer in layers:
             health = layer.health()
             if health is not None:
-                by_kind[_layer_kind(layer)].append(health.stats)
+                by_kind[_layer_kind(layer)].append(health)
         for kind, stats in by_kind.items():
             self._metrics[f"ladder/{kind}/near_pole_share"] = _mean(s.near_pole for s in stats)
             self._metrics[f"ladder/{kind}/clamped_share"] = _mean(s.clamped for s in stats)

@@ -113,7 +113,7 @@ class LanguageModel(L.LightningModule):
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        _check_denominators_of(checkpoint, self.model_config)
+        _check_denominators_of(checkpoint, self)
         state = checkpoint.get("state_dict", {})
         if any(_COMPILED_PREFIX in key for key in state):
             checkpoint["state_dict"] = {
@@ -271,24 +271,15 @@ class LanguageModel(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def _check_denominators_of(checkpoint: dict[str, Any], config: ModelConfig) -> None:
+def _check_denominators_of(checkpoint: dict[str, Any], module: LanguageModel) -> None:
     """Checkpoints from before positive denominators became the default were trained with
     the paper's: their weights mean something else in a positive-denominator model."""
     saved = checkpoint.get("model_config")
-    has_ladders = (
-        any(
-            name in ("cffn", "cattn_u", "cattn_m")
-            for i in range(config.n_layer)
-            for name in (config.attention_for(i), config.ffn_for(i))
-        )
-        if config.arch in ("gpt", "llama")
-        else False
-    )
-    if (
-        has_ladders
-        and saved is not None
-        and "ladder_denominators" not in saved
-        and config.ladder_denominators != "paper"
+    if saved is None or "ladder_denominators" in saved:
+        return
+    if any(
+        isinstance(layer, LadderLayer) and layer.denominator_kind != "paper"
+        for layer in module.model.modules()
     ):
         raise ConfigError(
             "this checkpoint's ladders were trained with the paper's partial denominators "

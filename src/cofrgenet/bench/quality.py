@@ -348,7 +348,7 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if variant.ladders_off:
         extra.append(DisableLadders())
     dyadic = variant.dyadic or cfg.dyadic
-    if dyadic != "none" and variant.preset.endswith(("-f", "-a", "-fa")):
+    if dyadic != "none":  # a no-op for models without ladders
         extra.append(DyadicUnfreezing("paper", lr="release" if dyadic == "release" else "global"))
     args = fit_arguments(cfg, variant, seed, name)
     start = time.perf_counter()

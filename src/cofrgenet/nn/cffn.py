@@ -150,8 +150,9 @@ class Cffn(LadderLayer):
         bias = self.denominators.stacked_bias()  # (d, L, p) | None
         kwargs = {"eps": self.eps, "grad": self.grad, "floor": self.link_floor}
         n_l, p = self.ladders, self.dim
-        units = gated.numel() * n_l
-        fused = resolve_impl(self.impl, units, gated.device) == "triton"
+        fused = resolve_impl(self.impl, gated.numel() * n_l, gated.device) == "triton"
+        if fused and self.training and not (self.clip_outputs or self.track_health):
+            return ladder_ensemble(gated, weight, self.mix, bias, impl=self.impl, **kwargs)
         # One univariate ladder per (ensemble, channel): L p ladders on a repeated x^.
         x = gated.unsqueeze(-2).expand(*gated.shape[:-1], n_l, p).flatten(-2)
         flat_w = weight.reshape(self.depth, n_l * p)

@@ -48,3 +48,21 @@ def test_summary_lines(tmp_path):
         f"run folder: {tmp_path}",
         f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'} (step 7)",
     ]
+
+
+def test_the_model_report_replaces_lightnings_summary(caplog):
+    import lightning as L
+
+    from cofrgenet.training.console import ModelReport
+    from cofrgenet.training.module import LanguageModel
+
+    module = LanguageModel("gpt2-tiny-f")
+    trainer = L.Trainer(
+        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        callbacks=[ModelReport()], accelerator="cpu",
+    )  # fmt: skip
+    assert sum(isinstance(c, L.pytorch.callbacks.ModelSummary) for c in trainer.callbacks) == 1
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        ModelReport().on_fit_start(trainer, module)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "ladder" in text and "FLOPs per token (analytic" in text and "training " in text

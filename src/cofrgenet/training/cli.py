@@ -24,7 +24,6 @@ import yaml
 from lightning.pytorch.callbacks import (
     Callback,
     ModelCheckpoint,
-    RichModelSummary,
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -34,7 +33,12 @@ from cofrgenet.data import TokenDataModule
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
-from cofrgenet.training.console import RunSummary, StepProgressBar, quiet_known_noise
+from cofrgenet.training.console import (
+    ModelReport,
+    RunSummary,
+    StepProgressBar,
+    quiet_known_noise,
+)
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.runlock import HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
@@ -207,7 +211,7 @@ class CofrCLI(LightningCLI):
         if LadderHealthMonitor not in kinds:
             callbacks.append(LadderHealthMonitor())
         if not any(issubclass(k, RichProgressBar) for k in kinds):
-            callbacks += [StepProgressBar(leave=True), RichModelSummary(max_depth=2)]
+            callbacks += [StepProgressBar(leave=True), ModelReport()]
         if self.subcommand == "fit" and RunSummary not in kinds:
             callbacks.append(RunSummary())
         return callbacks
@@ -242,7 +246,9 @@ class CofrCLI(LightningCLI):
         extra += self.default_callbacks(run_dir, run, [*configured, *extra])
         extra += self.extra_callbacks + held
         if trainer_config.get("enable_progress_bar") is False:
-            extra = [c for c in extra if not isinstance(c, (RichProgressBar, RichModelSummary))]
+            extra = [c for c in extra if not isinstance(c, RichProgressBar)]
+        if trainer_config.get("enable_model_summary") is False:
+            extra = [c for c in extra if not isinstance(c, ModelReport)]
         logger = trainer_config.get("logger")
         if run.mlflow and logger in (None, True):
             trainer_config["logger"] = CofrMLFlowLogger(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 from cofrgenet.training.tracking import CofrMLFlowLogger
@@ -85,6 +85,28 @@ class StepProgressBar(RichProgressBar):
             short = SHORT_NAMES.get(name, name)
             out[short] = f"{value:,.0f}" if short == "tok/s" and isinstance(value, float) else value
         return out
+
+
+class ModelReport(ModelSummary):
+    """At the start of a fit: the model's parameters by component (ladders apart) and its
+    analytic FLOPs per token, in place of Lightning's summary (whose FLOPs column needs an
+    example input and reads 0 without one). A ModelSummary, so Lightning adds no other."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        from cofrgenet.models import count_parameters, estimate_flops_per_token
+
+        config = getattr(pl_module, "model_config", None)
+        model = getattr(pl_module, "model", pl_module)
+        lines = [count_parameters(model).table()]
+        if config is not None:
+            flops = estimate_flops_per_token(config)
+            lines.append(
+                f"FLOPs per token (analytic, sequence {flops.seq_len}): forward "
+                f"{flops.forward:,}, training {flops.training:,}"
+            )
+        rank_zero_info("\n".join(lines))
 
 
 class RunSummary(L.Callback):

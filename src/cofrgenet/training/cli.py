@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.pytorch.callbacks import (
     Callback,
     ModelCheckpoint,
@@ -29,8 +28,9 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from cofrgenet import cli_cache
 from cofrgenet.data import TokenDataModule
-from cofrgenet.errors import ConfigError, did_you_mean
+from cofrgenet.errors import ConfigError
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.console import (
@@ -105,6 +105,9 @@ class CofrCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:
             raise ConfigError(self._explain(str(error), args)) from None
+        subcommand = self.config.get("subcommand")
+        if subcommand:  # what the next `cofr <subcommand>` can check before importing us
+            cli_cache.store_keys(subcommand, self._parser(subcommand).get_defaults().keys())
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
         # check the file before anything unpickles it.
         subcommand = self.config.get("subcommand")
@@ -121,17 +124,11 @@ class CofrCLI(LightningCLI):
             return f"{message} (`cofr --help` lists the commands)"
         if match is None:
             return f"{message} (`cofr {subcommand} --help` lists every option)"
-        key = match.group(1) or match.group(2)
         defaults = self._parser(subcommand).get_defaults()  # a jsonargparse Namespace
         valid = [k for k in defaults.keys() if k != "config"]  # noqa: SIM118
-        where = ""
-        for i, word in enumerate(words[:-1]):
-            if word == "--config" and _holds_key(words[i + 1], key):
-                where = f" in {words[i + 1]}"
-        return (
-            f"unknown key {key!r}{where}{did_you_mean(key, valid)}; "
-            f"`cofr {subcommand} --help` lists every option"
-        )
+        cli_cache.store_keys(subcommand, valid)
+        key = match.group(1) or match.group(2)
+        return cli_cache.unknown_key_message(subcommand, key, words[1:], valid)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunConfig, "run")
@@ -262,19 +259,6 @@ class CofrCLI(LightningCLI):
         elif logger is None:
             trainer_config["logger"] = False
         return self._instantiate_trainer(trainer_config, extra)
-
-
-def _holds_key(path: str, dotted: str) -> bool:
-    """Whether YAML file ``path`` has the nested key ``dotted`` (a.b.c)."""
-    try:
-        node: Any = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def main(args: list[str] | None = None) -> None:

@@ -1,0 +1,178 @@
+"""What the Lightning-based commands can answer without importing Lightning.
+
+Importing Lightning takes seconds, and ``cofr fit --help`` or a typo in a config key
+should not wait for it. The first time such a command runs, what it learns is kept in a
+small cache: the help text of that command line, and the dotted keys the ``fit``,
+``validate``, ... parser accepts. Later calls answer from the cache: the help is printed
+as it was, and an unknown key (``--trainer.max_stepz``, or ``max_stepz:`` under
+``trainer:`` in a ``--config`` file) is reported at once, with the same message the
+full parser gives. Entries are keyed by a fingerprint of the installed versions and of
+this package's source files, so any change invalidates them. The cache lives in
+``$COFR_CACHE_DIR`` (default ``~/.cache/cofrgenet/cli``); when it cannot be written,
+everything works as without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.errors import ConfigError, did_you_mean
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cofrgenet" / "cli"
+    return Path(os.environ.get("COFR_CACHE_DIR", default))
+
+
+@cache
+def fingerprint() -> str:
+    """The installed versions that shape the parser, and this package's source files."""
+    digest = hashlib.sha1()
+    for dist in ("cofrgenet", "lightning", "jsonargparse", "torch"):
+        try:
+            digest.update(f"{dist}={metadata.version(dist)};".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{dist}=none;".encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
+
+
+def _path(kind: str, key: str) -> Path:
+    return cache_dir() / f"{kind}-{key}-{fingerprint()}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: no cache, nothing else changes
+
+
+def _help_key(words: Sequence[str]) -> str:
+    """The command line, with the content of every --config file it names."""
+    digest = hashlib.sha1("\0".join(words).encode())
+    for path in config_files(words):
+        digest.update((_read(Path(path)) or "").encode())
+    return digest.hexdigest()[:16]
+
+
+def is_help(words: Sequence[str]) -> bool:
+    return any(word in HELP_FLAGS for word in words)
+
+
+def cached_help(words: Sequence[str]) -> str | None:
+    return _read(_path("help", _help_key(words)))
+
+
+def store_help(words: Sequence[str], text: str) -> None:
+    _write(_path("help", _help_key(words)), text)
+
+
+def store_keys(subcommand: str, keys: Iterable[str]) -> None:
+    """The dotted keys ``subcommand``'s parser accepts (a key ends at a dict or object)."""
+    _write(_path("keys", subcommand), json.dumps(sorted(keys)))
+
+
+def cached_keys(subcommand: str) -> list[str] | None:
+    text = _read(_path("keys", subcommand))
+    return None if text is None else json.loads(text)
+
+
+# ------------------------------------------------------------------ unknown keys
+
+
+def config_files(words: Sequence[str]) -> list[str]:
+    files = []
+    for i, word in enumerate(words):
+        if word == "--config" and i + 1 < len(words):
+            files.append(words[i + 1])
+        elif word.startswith("--config="):
+            files.append(word.split("=", 1)[1])
+    return files
+
+
+def yaml_keys(node: Any, prefix: str = "") -> list[str]:
+    """Dotted paths to the leaves of nested mappings (lists are leaves)."""
+    if not isinstance(node, dict) or not node:
+        return [prefix] if prefix else []
+    keys = []
+    for key, value in node.items():
+        keys += yaml_keys(value, f"{prefix}.{key}" if prefix else str(key))
+    return keys
+
+
+def holds_key(path: str, dotted: str) -> bool:
+    """Whether YAML file ``path`` has the nested key ``dotted`` (a.b.c)."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def unknown_key_message(
+    subcommand: str, key: str, words: Sequence[str], valid: Iterable[str]
+) -> str:
+    """The one message for a key the parser does not know, with its file and a hint."""
+    where = "".join(f" in {path}" for path in config_files(words) if holds_key(path, key))
+    return (
+        f"unknown key {key!r}{where}{did_you_mean(key, list(valid))}; "
+        f"`cofr {subcommand} --help` lists every option"
+    )
+
+
+def _known(key: str, valid: set[str]) -> bool:
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in valid for n in range(1, len(parts) + 1))
+
+
+def check_keys(subcommand: str, words: Sequence[str]) -> None:
+    """Raise the parser's ConfigError for an unknown dotted key, if the keys are cached.
+
+    Only dotted keys are checked (``--trainer.max_steps``, nested YAML keys); a key below
+    one that takes a dict or an object (``model.config.*``) is left to the full parser.
+    """
+    keys = cached_keys(subcommand)
+    if keys is None:
+        return
+    valid = set(keys)
+    # --a.b, --a.b=v and --a.b+=v (jsonargparse's append)
+    given = [w[2:].split("=", 1)[0].rstrip("+") for w in words if w.startswith("--") and "." in w]
+    for path in config_files(words):
+        import yaml
+
+        try:
+            given += yaml_keys(yaml.safe_load(Path(path).read_text()) or {})
+        except (OSError, yaml.YAMLError):
+            return  # the full parser says what is wrong with the file
+    for key in given:
+        if "." in key and not _known(key, valid):
+            raise ConfigError(unknown_key_message(subcommand, key, words, valid))

@@ -1,0 +1,67 @@
+"""Help and unknown keys of the Lightning commands, answered without importing Lightning."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from cofrgenet import cli, cli_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "conf" / "experiment" / "demo-gpt2.yaml")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COFR_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def forbid_lightning(monkeypatch):
+    """From here on, importing the Lightning CLI module fails the test."""
+    real = importlib.import_module
+
+    def guarded(name, *args, **kwargs):
+        assert name != "cofrgenet.training.cli", "the Lightning CLI was imported"
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(cli.importlib, "import_module", guarded)
+
+
+def test_help_is_answered_from_the_cache_the_second_time(cache, capsys, monkeypatch):
+    assert cli.main(["fit", "--help"]) == 0
+    first = capsys.readouterr().out
+    assert "--trainer.max_steps" in first and "--model.config" in first
+    forbid_lightning(monkeypatch)
+    assert cli.main(["fit", "--help"]) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_unknown_keys_are_caught_before_lightning_once_the_keys_are_known(
+    cache, capsys, monkeypatch, tmp_path
+):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_stepz: 3\ndata:\n  batch_size: 4\n")
+    assert cli.main(["fit", "--config", DEMO, "--config", str(bad)]) == 2  # teaches the keys
+    slow = capsys.readouterr().err.strip().splitlines()[-1]
+    forbid_lightning(monkeypatch)
+    assert cli.main(["fit", "--config", DEMO, "--config", str(bad)]) == 2
+    fast = capsys.readouterr().err.strip().splitlines()[-1]
+    assert fast == slow and "unknown key 'trainer.max_stepz' in " in fast
+    assert cli.main(["fit", "--config", DEMO, "--data.batch_sise", "3"]) == 2
+    assert "did you mean 'data.batch_size'?" in capsys.readouterr().err
+    # What the parser accepts passes the quick check (nothing is flagged).
+    words = ["--config", DEMO, "--trainer.callbacks+=helpers.StopAtStep",
+             "--trainer.callbacks.step=5", "--model.config", "{}", "--model.optimizer.lr", "1"]  # fmt: skip
+    cli_cache.check_keys("fit", words)
+
+
+def test_any_source_change_invalidates_the_cache(cache, monkeypatch):
+    cli_cache.store_keys("fit", ["trainer.max_steps"])
+    assert cli_cache.cached_keys("fit") == ["trainer.max_steps"]
+    cli_cache.fingerprint.cache_clear()
+    monkeypatch.setattr(cli_cache.metadata, "version", lambda dist: "another version")
+    assert cli_cache.cached_keys("fit") is None
+    cli_cache.fingerprint.cache_clear()

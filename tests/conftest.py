@@ -8,12 +8,18 @@ no CUDA device is present. Importing torch does not import triton.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# No test reaches the Hugging Face hub (evaluation sets come from local files).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The CLI's cache (cofrgenet.cli_cache) of this test session, not the user's.
+os.environ.setdefault("COFR_CACHE_DIR", tempfile.mkdtemp(prefix="cofr-cli-cache-"))
 
 
 @pytest.fixture

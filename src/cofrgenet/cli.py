@@ -13,7 +13,9 @@ model presets", "cofrgenet.models.cli")`` or ``Command(("fit",), "train a model"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
 import shlex
 import sys
@@ -48,6 +50,8 @@ class Command:
 GROUPS: dict[str, str] = {
     "bench": "benchmarks; results are written to docs/benchmarks/",
     "data": "corpora: tokenize and write them for streaming",
+    "export": "write a checkpoint in another ecosystem's format",
+    "finetune": "fine-tune a pretrained checkpoint on a downstream task",
     "models": "model presets: list them, count their parameters",
     "sweep": "Optuna sweeps: run workers, show trials, report, submit to SLURM",
 }
@@ -77,6 +81,26 @@ COMMANDS: tuple[Command, ...] = (
         keep_words=True,
     ),
     Command(("predict",), "per-sequence losses of a checkpoint", _LIGHTNING, True, keep_words=True),
+    Command(
+        ("eval",),
+        "perplexity on WikiText / PTB / LAMBADA (and lm-eval-harness tasks) of a checkpoint",
+        "cofrgenet.eval.cli",
+    ),
+    Command(
+        ("compare",),
+        "runs from MLflow beside the paper's rows, and their Pareto front",
+        "cofrgenet.eval.compare",
+    ),
+    Command(
+        ("finetune", "glue"),
+        "fine-tune a checkpoint on a GLUE task (classification head, Lightning, MLflow)",
+        "cofrgenet.eval.glue",
+    ),
+    Command(
+        ("export", "hf"),
+        "write a Hugging Face model folder (trust_remote_code) from a checkpoint",
+        "cofrgenet.export.hf",
+    ),
     Command(
         ("data", "prepare"),
         "tokenize a corpus into a streaming data folder",
@@ -228,6 +252,8 @@ def _run(argv: list[str]) -> int:
     selected = _selected(argv)
     if selected is not None and selected.passthrough:
         words = argv if selected.keep_words else argv[len(selected.path) :]
+        if selected.module == _LIGHTNING:
+            return _run_lightning(selected, words)
         status = getattr(importlib.import_module(selected.module), selected.main)(words)
         return int(status or 0)
     parser = build_parser(argv)
@@ -238,6 +264,31 @@ def _run(argv: list[str]) -> int:
         return 2
     args.command_line = shlex.join(["cofr", *argv])
     return int(getattr(importlib.import_module(command.module), command.run)(args))
+
+
+def _run_lightning(command: Command, words: list[str]) -> int:
+    """fit / validate / test / predict: answered from :mod:`cofrgenet.cli_cache` when it
+    can (help, an unknown key) before Lightning is imported, and teaching it otherwise."""
+    from cofrgenet import cli_cache
+
+    if cli_cache.is_help(words):
+        text = cli_cache.cached_help(words)
+        if text is None:
+            buffer = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(buffer):
+                    getattr(importlib.import_module(command.module), command.main)(words)
+            except SystemExit as exit_:
+                if exit_.code not in (None, 0):
+                    sys.stdout.write(buffer.getvalue())
+                    raise
+            text = buffer.getvalue()
+            cli_cache.store_help(words, text)
+        sys.stdout.write(text)
+        return 0
+    cli_cache.check_keys(command.path[0], words[1:] if command.keep_words else words)
+    status = getattr(importlib.import_module(command.module), command.main)(words)
+    return int(status or 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,232 @@
+"""``cofr eval CKPT --tasks wikitext-2,ptb,lambada``: the paper's evaluations of a checkpoint.
+
+Results are printed as a table, written as JSON (``--json OUT``) and logged to MLflow as
+metrics of the checkpoint's own training run (``eval/<task>/<metric>``, at the
+checkpoint's step), so the MLflow UI and ``cofr compare`` put runs side by side by them.
+``--harness TASKS`` runs lm-evaluation-harness tasks through the same checkpoint
+(:mod:`cofrgenet.eval.harness`); their metrics are logged as ``eval/<task>/<metric>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.errors import UserError
+from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
+
+DEFAULT_TASKS = "wikitext-2,wikitext-103,ptb,lambada"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
+    )
+    parser.add_argument(
+        "--tasks",
+        default=DEFAULT_TASKS,
+        help=f"comma-separated, from: {', '.join(TASKS)}; '' with --harness only "
+        f"(default: {DEFAULT_TASKS})",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help="local copies of the sets in their original layouts (docs/evaluation.md); "
+        f"without one, the Hugging Face dataset (default: {DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument("--split", choices=("test", "valid"), default="test")
+    parser.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="tokens between sliding windows (default: block/2; block: disjoint windows)",
+    )
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--limit", type=int, default=None, help="only the first N LAMBADA passages / harness docs"
+    )
+    parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="prepared data folder whose tokenizer to use (default: the run's training data)",
+    )
+    parser.add_argument(
+        "--harness",
+        default=None,
+        metavar="TASKS",
+        help="lm-evaluation-harness tasks to run too (comma-separated; needs lm_eval)",
+    )
+    parser.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAMLs")
+    parser.add_argument("--num-fewshot", type=int, default=None, help="harness tasks' shots")
+    parser.add_argument(
+        "--no-mlflow", action="store_true", help="do not log the results to the run's MLflow run"
+    )
+
+
+def _names(text: str | None) -> list[str]:
+    return [name.strip() for name in (text or "").split(",") if name.strip()]
+
+
+def evaluate_tasks(
+    loaded: Any,
+    tasks: list[str],
+    texts: dict[str, list[str]],
+    stride: int | None,
+    batch_size: int,
+    device: str,
+    limit: int | None = None,
+) -> dict[str, dict[str, float]]:
+    """{task: metrics} of a :class:`~cofrgenet.eval.checkpoint.LoadedCheckpoint`."""
+    from cofrgenet.eval.lambada import lambada
+    from cofrgenet.eval.perplexity import text_perplexity
+
+    tokenizer, block = loaded.tokenizer, loaded.block_size
+    results: dict[str, dict[str, float]] = {}
+    for name in tasks:
+        task = get_task(name)
+        started = time.perf_counter()
+        if task.kind == "lambada":
+            passages = [task.detokenize(p) for p in texts[name][:limit]]
+            metrics = lambada(
+                loaded.model,
+                tokenizer.encode,
+                tokenizer.eos_id,
+                passages,
+                block,
+                batch_size,
+                device,
+            ).metrics()
+        else:
+            text = task.detokenize(texts[name][0])
+            metrics = text_perplexity(
+                loaded.model,
+                tokenizer.encode,
+                tokenizer.eos_id,
+                text,
+                block,
+                stride,
+                batch_size,
+                device,
+            ).metrics()
+        metrics["seconds"] = time.perf_counter() - started
+        results[name] = metrics
+    return results
+
+
+def print_results(results: dict[str, dict[str, float]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("task", "tokens", "token ppl", "word ppl", "bits/byte", "accuracy", "ppl"):
+        table.add_column(column, justify="left" if column == "task" else "right", no_wrap=True)
+
+    def cell(metrics: dict[str, float], key: str, fmt: str) -> str:
+        return format(metrics[key], fmt) if key in metrics else ""
+
+    for name, metrics in results.items():
+        table.add_row(
+            name,
+            cell(metrics, "tokens", ",.0f"),
+            cell(metrics, "token_ppl", ".2f"),
+            cell(metrics, "word_ppl", ".2f"),
+            cell(metrics, "bits_per_byte", ".4f"),
+            cell(metrics, "accuracy", ".4f"),
+            cell(metrics, "ppl", ".2f"),
+        )
+    Console(width=max(Console().width, 110)).print(table)
+
+
+def mlflow_metrics(results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``eval/<task>/<metric>`` for every number (counts and seconds included)."""
+    return {
+        f"eval/{task}/{key}": value
+        for task, metrics in results.items()
+        for key, value in metrics.items()
+    }
+
+
+def log_to_mlflow(
+    loaded: Any, results: dict[str, dict[str, float]], report: dict[str, Any]
+) -> str | None:
+    """Log onto the checkpoint's training run; returns where, or None if it has none."""
+    if loaded.mlflow_run_id is None:
+        return None
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(loaded.tracking_uri)
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, loaded.step) for k, v in mlflow_metrics(results).items()]
+    for first in range(0, len(items), 100):  # MLflow's batch limit
+        client.log_batch(loaded.mlflow_run_id, metrics=items[first : first + 100])
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    client.log_text(loaded.mlflow_run_id, json.dumps(report, indent=2), f"eval/eval-{stamp}.json")
+    return loaded.mlflow_run_id
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks, harness_tasks = _names(args.tasks), _names(args.harness)
+    if not tasks and not harness_tasks:
+        raise UserError("nothing to evaluate: give --tasks and/or --harness")
+    for name in tasks:
+        get_task(name)
+    if args.stride is not None and args.stride < 1:
+        raise UserError(f"--stride must be >= 1, got {args.stride}")
+    # Every set is found before the model is loaded: a missing file fails at once.
+    texts = {name: read_rows(get_task(name), args.split, args.data_dir) for name in tasks}
+
+    from cofrgenet.eval.checkpoint import load_checkpoint
+
+    loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
+    if args.stride is not None and args.stride > loaded.block_size:
+        raise UserError(
+            f"--stride {args.stride} exceeds the model's block size {loaded.block_size}"
+        )
+    results = evaluate_tasks(
+        loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit
+    )
+    if harness_tasks:
+        from cofrgenet.eval.harness import run_harness
+
+        results.update(
+            run_harness(
+                args.ckpt,
+                harness_tasks,
+                include_path=args.include_path,
+                limit=args.limit,
+                batch_size=args.batch_size,
+                device=args.device,
+                num_fewshot=args.num_fewshot,
+                tokenizer_dir=args.tokenizer,
+            )
+        )
+    report = {
+        "checkpoint": str(args.ckpt),
+        "step": loaded.step,
+        "split": args.split,
+        "stride": args.stride or max(1, loaded.block_size // 2),
+        "block_size": loaded.block_size,
+        "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
+        "mlflow_run_id": loaded.mlflow_run_id,
+        "results": results,
+    }
+    print_results(results, f"{args.ckpt} (step {loaded.step}, {args.split})")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"results: {out}")
+    if not args.no_mlflow:
+        run_id = log_to_mlflow(loaded, results, report)
+        if run_id is None:
+            print("not logged to MLflow: the checkpoint is not in a tracked run folder")
+        else:
+            print(f"logged to MLflow run {run_id} as eval/<task>/<metric> ({loaded.tracking_uri})")
+    return 0

@@ -1,0 +1,369 @@
+"""``cofr compare``: runs from MLflow side by side, with the paper's rows, and their Pareto front.
+
+Runs are picked by id or name (positional), by experiment (``--experiment``, repeatable)
+or by sweep file (``--sweep``: the study's trials). For each run the table gives its
+model (preset, mixers, ladder depth d and count L), parameters and analytic FLOPs per
+token (computed from the run's logged config, so every run is counted the same way),
+its last ``val/loss``, the median ``perf/tokens_per_sec`` and the ``cofr eval`` metrics
+(``eval/<task>/<metric>``); the paper's published rows (GPT2-xl on OpenWebText,
+spec section 5) follow. Written to ``--out`` (default ``runs/compare/<time>/``):
+
+* ``compare.md``: that table in markdown;
+* ``pareto.png``: parameters (or FLOPs per token, ``--x flops``) against ``--metric``,
+  one marker per variant, the Pareto front (no other run is both smaller and better)
+  drawn through the points it keeps; the paper's rows are added when ``--metric`` is one
+  of their perplexities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cofrgenet.errors import UserError
+
+#: The paper's table (spec section 5): GPT2-xl-sized models pretrained on OpenWebText.
+PAPER_ROWS: tuple[tuple[str, float, dict[str, float]], ...] = (
+    ("GPT2-xl", 1.5e9, {"ptb": 30.12, "wikitext-2": 18.30, "lambada": 8.66, "wikitext-103": 17.50}),
+    (
+        "CoFrGeNet-F",
+        985e6,
+        {"ptb": 29.89, "wikitext-2": 17.12, "lambada": 8.12, "wikitext-103": 16.14},
+    ),
+    (
+        "CoFrGeNet",
+        798e6,
+        {"ptb": 30.03, "wikitext-2": 17.96, "lambada": 8.55, "wikitext-103": 17.17},
+    ),
+    (
+        "Synthesizer-D",
+        1.2e9,
+        {"ptb": 31.47, "wikitext-2": 19.35, "lambada": 9.92, "wikitext-103": 18.91},
+    ),
+)
+#: Our metric that stands beside each of the paper's columns (docs/evaluation.md says why).
+PAPER_METRICS = {
+    "ptb": "eval/ptb/word_ppl",
+    "wikitext-2": "eval/wikitext-2/word_ppl",
+    "lambada": "eval/lambada/ppl",
+    "wikitext-103": "eval/wikitext-103/word_ppl",
+}
+RATE_KEY = "perf/tokens_per_sec"
+
+
+@dataclass
+class RunRow:
+    """One run's line of the comparison."""
+
+    run_id: str
+    name: str
+    experiment: str
+    variant: str
+    params: int | None
+    ladder_params: int | None
+    flops_per_token: int | None
+    depth: int | None
+    ladders: int | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    tokens_per_s: float | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="*", help="MLflow run ids or run names")
+    parser.add_argument(
+        "--experiment",
+        action="append",
+        default=[],
+        help="every run of this experiment (repeatable)",
+    )
+    parser.add_argument("--sweep", default=None, help="a sweep file: compare its study's trials")
+    parser.add_argument("--runs-dir", default="runs", help="the run store (default: runs)")
+    parser.add_argument(
+        "--tracking-uri", default=None, help="an MLflow URI instead of runs/mlflow.db"
+    )
+    parser.add_argument(
+        "--metric", default="val/loss", help="y axis of the Pareto plot (default: val/loss)"
+    )
+    parser.add_argument(
+        "--x",
+        choices=("params", "flops"),
+        default="params",
+        help="x axis: parameters or FLOPs/token",
+    )
+    parser.add_argument("--out", default=None, help="folder for compare.md and pareto.png")
+
+
+# ------------------------------------------------------------------ runs from MLflow
+
+
+def model_config_of(config: dict[str, Any]) -> Any:
+    """The ModelConfig of a run's logged configuration (its ``model:`` section)."""
+    from cofrgenet.models import ModelConfig
+
+    model = config.get("model") or {}
+    overrides = dict(model.get("config") or {})
+    preset = model.get("preset", "gpt2-mini")
+    return (
+        ModelConfig.from_dict(overrides)
+        if preset is None
+        else ModelConfig.from_preset(preset, **overrides)
+    )
+
+
+def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, "config.yaml", tmp)
+        except Exception:  # a sweep's parent run, a run from another tool
+            return None
+        return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
+    """A :class:`RunRow`, or None for a run without a cofrgenet config (sweep parents)."""
+    from cofrgenet.models import count_parameters, estimate_flops_per_token
+
+    config = _logged_config(client, run.info.run_id)
+    if config is None or "model" not in config:
+        return None
+    model_config = model_config_of(config)
+    counts = count_parameters(model_config)
+    mixers = sorted({m for m in (model_config.attention, model_config.ffn) if isinstance(m, str)})
+    preset = (config.get("model") or {}).get("preset") or "custom"
+    has_ladders = counts.ladder > 0
+    rates = [m.value for m in client.get_metric_history(run.info.run_id, RATE_KEY)]
+    metrics = dict(run.data.metrics)
+    for key in metrics:
+        if key == "val/loss" or key.startswith("eval/"):
+            # The value logged last: a final `cofr validate` logs after the fit at an
+            # earlier step, which MLflow's "latest" (highest step) would hide.
+            history = client.get_metric_history(run.info.run_id, key)
+            metrics[key] = max(history, key=lambda m: (m.timestamp, m.step)).value
+    return RunRow(
+        run_id=run.info.run_id,
+        name=run.info.run_name or run.info.run_id[:8],
+        experiment=experiment,
+        variant=preset if not mixers else f"{preset} ({'+'.join(mixers)})",
+        params=counts.total,
+        ladder_params=counts.ladder,
+        flops_per_token=estimate_flops_per_token(model_config).forward,
+        depth=model_config.depth if has_ladders else None,
+        ladders=model_config.ladders if has_ladders else None,
+        metrics=metrics,
+        tokens_per_s=statistics.median(rates) if rates else None,
+    )
+
+
+def collect_runs(
+    client: Any, refs: Sequence[str], experiments: Sequence[str]
+) -> tuple[list[RunRow], list[str]]:
+    """(rows, names of the runs passed over: no cofrgenet config)."""
+    names = {e.experiment_id: e.name for e in client.search_experiments()}
+    found: list[Any] = []
+    for name in experiments:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            from cofrgenet.errors import did_you_mean
+
+            raise UserError(
+                f"no MLflow experiment {name!r}{did_you_mean(name, list(names.values()))}"
+            )
+        found += client.search_runs([experiment.experiment_id], max_results=5000)
+    for ref in refs:
+        runs = client.search_runs(
+            list(names), filter_string=f"attributes.run_name = '{ref}'", max_results=10
+        )
+        if not runs:
+            try:
+                runs = [client.get_run(ref)]
+            except Exception:
+                raise UserError(f"no MLflow run with id or name {ref!r} in this store") from None
+        found += runs
+    if not refs and not experiments:
+        found = client.search_runs(list(names), max_results=5000)
+    rows, skipped, seen = [], [], set()
+    for run in found:
+        if run.info.run_id in seen:
+            continue
+        seen.add(run.info.run_id)
+        row = describe_run(client, run, names.get(run.info.experiment_id, "?"))
+        if row is None:
+            skipped.append(run.info.run_name or run.info.run_id)
+        else:
+            rows.append(row)
+    return rows, skipped
+
+
+# ------------------------------------------------------------------ table and plot
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
+    """The runs (and the paper's rows) as a markdown table."""
+    header = [
+        "run",
+        "experiment",
+        "variant",
+        "d",
+        "L",
+        "params",
+        "ladder params",
+        "FLOPs/token",
+        "val loss",
+        "tokens/s",
+        *(f"{task} ppl" for task in PAPER_METRICS),
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
+    for row in rows:
+        cells = [
+            row.name,
+            row.experiment,
+            row.variant,
+            _fmt(row.depth, "d"),
+            _fmt(row.ladders, "d"),
+            _fmt(row.params, ","),
+            _fmt(row.ladder_params, ","),
+            _fmt(row.flops_per_token, ","),
+            _fmt(row.metrics.get("val/loss"), ".4f"),
+            _fmt(row.tokens_per_s, ",.0f"),
+            *(_fmt(row.metrics.get(key), ".2f") for key in PAPER_METRICS.values()),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if paper:
+        for name, params, values in PAPER_ROWS:
+            cells = [
+                f"{name} (paper)",
+                "OpenWebText",
+                "",
+                "",
+                "",
+                f"{params:,.0f}",
+                "",
+                "",
+                "",
+                "",
+                *(f"{values[task]:.2f}" for task in PAPER_METRICS),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both (lower x, lower y), by x."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    front, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> Path | None:
+    """Write the Pareto plot; None when no run has ``metric``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def x_of(row: RunRow) -> int | None:
+        return row.params if x_axis == "params" else row.flops_per_token
+
+    kept = [r for r in rows if metric in r.metrics and x_of(r) is not None]
+    paper_task = next((t for t, key in PAPER_METRICS.items() if key == metric), None)
+    if not kept:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = "osD^v<>pPX*h"
+    for k, variant in enumerate(sorted({r.variant for r in kept})):
+        mine = [r for r in kept if r.variant == variant]
+        ax.scatter(
+            [x_of(r) for r in mine],
+            [r.metrics[metric] for r in mine],
+            marker=markers[k % len(markers)],
+            label=variant,
+            s=40,
+        )
+    points = [(float(x_of(r) or 0), r.metrics[metric]) for r in kept]
+    front = pareto_front(points)
+    ax.plot(
+        [points[i][0] for i in front],
+        [points[i][1] for i in front],
+        "k--",
+        lw=1,
+        label="Pareto front",
+    )
+    if paper_task is not None and x_axis == "params":
+        ax.scatter(
+            [p for _, p, _ in PAPER_ROWS],
+            [v[paper_task] for _, _, v in PAPER_ROWS],
+            marker="*",
+            c="grey",
+            s=80,
+            label="paper (GPT2-xl scale)",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "pareto.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow.tracking import MlflowClient
+
+    from cofrgenet.training.tracking import RunConfig, tracking_uri
+
+    experiments = list(args.experiment)
+    if args.sweep:
+        from cofrgenet.sweeps.spec import load_sweep
+
+        experiments.append(load_sweep(args.sweep).experiment)
+    uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
+    if (
+        uri.startswith("sqlite:")
+        and not (Path(args.runs_dir) / "mlflow.db").is_file()
+        and not args.tracking_uri
+    ):
+        raise UserError(f"no run store at {args.runs_dir}/mlflow.db: train a run first (cofr fit)")
+    client = MlflowClient(uri)
+    rows, skipped = collect_runs(client, args.runs, experiments)
+    if not rows:
+        raise UserError("no cofrgenet runs matched: name runs, --experiment or --sweep")
+    rows.sort(key=lambda r: (r.experiment, r.variant, r.name))
+    out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(rows)
+    (out / "compare.md").write_text(
+        f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n"
+        "Our perplexity columns are `eval/<task>/word_ppl` (LAMBADA: target-word `ppl`) from "
+        "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
+    )
+    print(table)
+    plot = plot_pareto(rows, args.metric, args.x, out)
+    print(f"table: {out / 'compare.md'}")
+    print(f"Pareto plot: {plot}" if plot else f"no Pareto plot: no run has {args.metric!r}")
+    if skipped:
+        print(
+            f"passed over (no cofrgenet config): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
+        )
+    return 0

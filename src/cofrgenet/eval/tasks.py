@@ -1,0 +1,153 @@
+"""The paper's evaluation sets: where their text comes from and how it is prepared.
+
+Each task reads a local copy in the original distribution's layout under ``--data-dir``
+first; without one, the Hugging Face dataset (from the local ``datasets`` cache, or the
+hub when reachable; ``HF_HUB_OFFLINE=1`` skips the hub). The local layouts:
+
+==============  ============================================  ==========================
+task            files under --data-dir                        from
+==============  ============================================  ==========================
+wikitext-2      ``wikitext-2-raw/wiki.{valid,test}.raw``      wikitext-2-raw-v1.zip
+wikitext-103    ``wikitext-103-raw/wiki.{valid,test}.raw``    wikitext-103-raw-v1.zip
+ptb             ``ptb.{valid,test}.txt``                      Mikolov's simple-examples
+lambada         ``lambada_test.jsonl`` (``{"text": ...}``)   OpenAI's GPT-2 release
+==============  ============================================  ==========================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cofrgenet.errors import UserError
+from cofrgenet.eval.detokenize import DETOKENIZERS
+
+Split = Literal["valid", "test"]
+#: Where ``cofr eval`` looks for local copies unless ``--data-dir`` says otherwise.
+DEFAULT_DATA_DIR = "data/eval"
+
+
+class EvalDataNotFound(UserError, FileNotFoundError):
+    """An evaluation set is neither on disk nor in reach of ``datasets``."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """An evaluation set.
+
+    kind: ``perplexity`` (one long text, sliding windows) or ``lambada`` (last words).
+    files: local file per split, relative to the data folder.
+    hub: (dataset path, config name, text field) in the Hugging Face hub.
+    hub_splits: our split name -> the hub's.
+    join: how the hub's rows are joined into one text.
+    source: where the original files come from (for the error message).
+    """
+
+    name: str
+    kind: Literal["perplexity", "lambada"]
+    files: dict[str, str]
+    hub: tuple[str, str | None, str]
+    hub_splits: dict[str, str]
+    join: str
+    detokenizer: str
+    source: str
+
+    @property
+    def detokenize(self) -> Callable[[str], str]:
+        return DETOKENIZERS[self.detokenizer]
+
+    def local_path(self, data_dir: str | Path, split: str) -> Path:
+        return Path(data_dir) / self.files[split]
+
+
+def _wikitext(size: str) -> Task:
+    return Task(
+        name=f"wikitext-{size}",
+        kind="perplexity",
+        files={s: f"wikitext-{size}-raw/wiki.{s}.raw" for s in ("valid", "test")},
+        hub=("Salesforce/wikitext", f"wikitext-{size}-raw-v1", "text"),
+        hub_splits={"valid": "validation", "test": "test"},
+        join="",  # the hub's rows are the file's lines, newline included
+        detokenizer="wikitext",
+        source=f"wikitext-{size}-raw-v1.zip (Salesforce's WikiText release; unzip it here)",
+    )
+
+
+TASKS: dict[str, Task] = {
+    "wikitext-2": _wikitext("2"),
+    "wikitext-103": _wikitext("103"),
+    "ptb": Task(
+        name="ptb",
+        kind="perplexity",
+        files={s: f"ptb.{s}.txt" for s in ("valid", "test")},
+        hub=("ptb-text-only/ptb_text_only", "penn_treebank", "sentence"),
+        hub_splits={"valid": "validation", "test": "test"},
+        join="\n",
+        detokenizer="ptb",
+        source="simple-examples.tgz from Mikolov's RNNLM page (its data/ptb.*.txt)",
+    ),
+    "lambada": Task(
+        name="lambada",
+        kind="lambada",
+        files={"test": "lambada_test.jsonl"},
+        hub=("EleutherAI/lambada_openai", "default", "text"),
+        hub_splits={"test": "test"},
+        join="\n",
+        detokenizer="none",  # OpenAI's version is already detokenised
+        source="OpenAI's lambada_test.jsonl (gpt-2 release, data/lambada_test.jsonl)",
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        from cofrgenet.errors import did_you_mean
+
+        raise UserError(
+            f"unknown task {name!r}{did_you_mean(name, list(TASKS))}; tasks: {', '.join(TASKS)}"
+        )
+    return TASKS[name]
+
+
+def _from_hub(task: Task, split: str) -> list[str]:
+    """The rows' text from ``datasets`` (cache or hub); raises on any failure."""
+    import datasets
+
+    path, config, field = task.hub
+    rows = datasets.load_dataset(path, config, split=task.hub_splits[split])
+    return [row[field] for row in rows]
+
+
+def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -> list[str]:
+    """The raw (not yet detokenised) text of ``task``'s ``split``: one string for the
+    perplexity tasks, one per example for LAMBADA."""
+    if split not in task.files:
+        raise UserError(f"{task.name} has no {split!r} split; it has: {', '.join(task.files)}")
+    path = task.local_path(data_dir, split)
+    if path.is_file():
+        if task.kind == "lambada":
+            lines = path.read_text(encoding="utf-8").splitlines()
+            return [json.loads(line)["text"] for line in lines if line.strip()]
+        return [path.read_text(encoding="utf-8")]
+    try:
+        rows = _from_hub(task, split)
+    except Exception as error:  # no datasets, no cache, no network: all mean "not here"
+        hub = "/".join(part for part in task.hub[:2] if part)
+        offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise EvalDataNotFound(
+            f"{task.name}: no file {path}, and the Hugging Face dataset {hub} is not "
+            f"reachable{offline} ({type(error).__name__}); get {task.source} and put it "
+            f"there, or pass --data-dir DIR"
+        ) from None
+    return rows if task.kind == "lambada" else [task.join.join(rows)]
+
+
+def split_last_word(text: str) -> tuple[str, str]:
+    """LAMBADA's (context, target): the target is the last word, with its leading space
+    (the word is predicted after the context, as the model saw words in training)."""
+    context, _, word = text.rstrip().rpartition(" ")
+    return context, f" {word}"

@@ -1,0 +1,273 @@
+"""``cofr eval``: sliding-window perplexity, detokenisers, LAMBADA, data, MLflow."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cofrgenet.cli import main
+from cofrgenet.eval import tasks as eval_tasks
+from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
+from cofrgenet.eval.lambada import score_continuations
+from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
+from cofrgenet.eval.tasks import EvalDataNotFound, get_task, read_rows, split_last_word
+from eval_helpers import tiny_byte_data, trained_checkpoint
+
+WIKITEXT = (
+    " = Robert Boulter = \n \n"
+    " Robert Boulter is an English film , television and theatre actor . He had a "
+    "guest @-@ starring role in 2000 , earning $ 3 @,@ 000 ( about 1 @.@ 5 % ) . \n"
+    ' = = Career = = \n \n In 2006 , Boulter starred in " Herons " by Simon Stephens . \n'
+)
+PTB = (
+    " no it was n't black monday \n but while the new york stock exchange did n't fall \n"
+    " the company 's shares rose N N to $ N \n"
+)
+LAMBADA = [
+    "He looked at the door and then at the window. The key was under the mat, so he "
+    "bent down to pick up the key",
+    "She poured the tea into two cups and handed one to her friend, who sipped the tea",
+]
+
+
+def write_eval_data(root: Path) -> Path:
+    (root / "wikitext-2-raw").mkdir(parents=True, exist_ok=True)
+    (root / "wikitext-2-raw" / "wiki.test.raw").write_text(WIKITEXT)
+    (root / "ptb.test.txt").write_text(PTB)
+    (root / "lambada_test.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in LAMBADA)
+    )
+    return root
+
+
+# ------------------------------------------------------------------ detokenisers
+
+
+def test_wikitext_detokenizer_undoes_the_tokenisation():
+    out = wikitext_detokenize(WIKITEXT)
+    assert "guest-starring" in out and "$ 3,000" in out and "(about 1.5 %)" in out
+    assert "film, television" in out and "actor. He" in out
+    assert "== Career ==" in out and '"Herons"' in out
+    assert " \n" not in out
+
+
+def test_ptb_detokenizer_joins_contractions_and_numbers():
+    out = ptb_detokenize(PTB)
+    assert "wasn't" in out and "company's" in out and "didn't" in out
+    assert "shares rose 1 1 to $1\n" in out  # every standalone N, "$ N" joined
+    assert "\n " not in out
+
+
+# ------------------------------------------------------------------ sliding windows
+
+
+@pytest.mark.parametrize("n_ids", [2, 3, 17, 64, 65, 100])
+@pytest.mark.parametrize("block,stride", [(8, 8), (8, 4), (8, 1), (7, 3), (16, 5)])
+def test_every_target_is_scored_once_with_the_longest_context(n_ids, block, stride):
+    seen: list[int] = []
+    for w in sliding_windows(n_ids, block, stride):
+        assert 0 <= w.context < w.length <= block
+        targets = list(range(w.start + 1 + w.context, w.start + 1 + w.length))
+        seen += targets
+        if w.start > 0:  # past the first window: at least block - stride tokens of context
+            assert targets[0] - w.start >= min(block - stride, targets[0]) or w.length < block
+    assert seen == list(range(1, n_ids))
+
+
+def test_stride_outside_the_block_is_refused():
+    with pytest.raises(ValueError, match="stride"):
+        sliding_windows(10, 8, 9)
+
+
+class Bigram(nn.Module):
+    """Logits from the previous token only: any windowing gives the same NLL."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        super().__init__()
+        self.table = nn.Embedding(vocab, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table(idx)
+
+
+class PositionAware(nn.Module):
+    """Logits that depend on the whole prefix (a causal running mean)."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab, 6), nn.Linear(6, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx).cumsum(1) / torch.arange(1, idx.shape[1] + 1)[None, :, None]
+        return self.head(torch.tanh(h))
+
+
+@pytest.mark.parametrize("stride", [1, 3, 8])
+def test_window_nll_matches_a_direct_computation(stride):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 11, (53,))
+    bigram = Bigram()
+    direct = F.cross_entropy(bigram(ids[None, :-1])[0], ids[1:], reduction="sum").item()
+    nll, tokens = window_nll(bigram, ids, block=8, stride=stride, batch_size=3)
+    assert tokens == 52 and nll == pytest.approx(direct, rel=1e-6)
+
+    model = PositionAware()
+    # Disjoint windows: the sum over chunks of 8 targets, each from its chunk's start.
+    chunks = sum(
+        F.cross_entropy(
+            model(ids[None, s : s + 8][:, : len(ids) - 1 - s])[0],
+            ids[s + 1 : s + 9],
+            reduction="sum",
+        ).item()
+        for s in range(0, 52, 8)
+    )
+    assert window_nll(model, ids, 8, 8, batch_size=2)[0] == pytest.approx(chunks, rel=1e-6)
+    # A block covering the whole text: one window, the full-context NLL, for any stride.
+    full = F.cross_entropy(model(ids[None, :-1])[0], ids[1:], reduction="sum").item()
+    assert window_nll(model, ids, 64, stride, batch_size=2)[0] == pytest.approx(full, rel=1e-6)
+
+
+def test_text_perplexity_normalisations():
+    torch.manual_seed(0)
+    model = Bigram(vocab=300)
+    text = "héllo wide world\nof text"
+    result = text_perplexity(model, lambda s: list(s.encode()), 256, text, block=4, stride=2)
+    assert (
+        result.tokens == len(text.encode())
+        and result.words == 5
+        and result.bytes == len(text.encode())
+    )
+    assert result.token_ppl == pytest.approx(math.exp(result.nll / result.tokens))
+    assert result.word_ppl == pytest.approx(math.exp(result.nll / 5))
+    assert result.bits_per_byte == pytest.approx(result.nll / math.log(2) / result.bytes)
+
+
+# ------------------------------------------------------------------ LAMBADA
+
+
+def test_lambada_target_is_the_last_word_with_its_space():
+    assert split_last_word("the cat sat on the mat ") == ("the cat sat on the", " mat")
+
+
+def test_continuation_scores_match_a_direct_computation():
+    torch.manual_seed(0)
+    model = PositionAware()
+    pairs = [([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2], [3, 4]), ([5], [6, 7, 8])]
+    scores = score_continuations(model, pairs, block=6, batch_size=2)
+    for (ctx, cont), (loglik, greedy) in zip(pairs, scores, strict=True):
+        row = torch.tensor((ctx + cont)[-7:])
+        logprobs = F.log_softmax(model(row[None, :-1])[0], -1)[-len(cont) :]
+        target = torch.tensor(cont)
+        assert loglik == pytest.approx(logprobs.gather(-1, target[:, None]).sum().item(), rel=1e-6)
+        assert greedy == bool((logprobs.argmax(-1) == target).all())
+
+
+# ------------------------------------------------------------------ data
+
+
+def test_local_files_in_the_original_layouts_are_read(tmp_path):
+    root = write_eval_data(tmp_path)
+    assert read_rows(get_task("wikitext-2"), "test", root) == [WIKITEXT]
+    assert read_rows(get_task("ptb"), "test", root) == [PTB]
+    assert read_rows(get_task("lambada"), "test", root) == LAMBADA
+
+
+def test_a_missing_set_names_the_expected_file_and_its_source(tmp_path, monkeypatch):
+    def unreachable(task, split):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(eval_tasks, "_from_hub", unreachable)
+    with pytest.raises(
+        EvalDataNotFound, match=r"wikitext-103-raw/wiki\.valid\.raw.*wikitext-103-raw-v1\.zip"
+    ):
+        read_rows(get_task("wikitext-103"), "valid", tmp_path)
+    with pytest.raises(Exception, match="has no 'valid' split"):
+        read_rows(get_task("lambada"), "valid", tmp_path)
+
+
+def test_hub_rows_are_joined_like_the_files(monkeypatch, tmp_path):
+    lines = [" = A = \n", " \n", " text , here \n"]
+    monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: lines)
+    assert read_rows(get_task("wikitext-2"), "test", tmp_path) == ["".join(lines)]
+
+
+# ------------------------------------------------------------------ cofr eval
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("eval")
+    data = tiny_byte_data(root / "data")
+    return trained_checkpoint(root, data, preset="gpt2-tiny-f", steps=2, name="evaluated")
+
+
+def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(checkpoint), "--tasks", "wikitext-2,ptb,lambada", "--data-dir", str(data)]
+    assert main([*argv, "--json", str(out), "--stride", "16"]) == 0
+    printed = capsys.readouterr().out
+    assert "wikitext-2" in printed and "logged to MLflow run" in printed
+    report = json.loads(out.read_text())
+    wiki = report["results"]["wikitext-2"]
+    assert report["stride"] == 16 and report["block_size"] == 32
+    assert wiki["words"] == len(wikitext_detokenize(WIKITEXT).split())
+    assert 1 < wiki["token_ppl"] < 400 and wiki["word_ppl"] > wiki["token_ppl"]
+    assert 0 <= report["results"]["lambada"]["accuracy"] <= 1
+    assert report["results"]["lambada"]["examples"] == 2
+
+    runs_dir = checkpoint.parents[3]
+    mlflow.set_tracking_uri(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run = mlflow.get_run(report["mlflow_run_id"])
+    assert run.data.metrics["eval/wikitext-2/word_ppl"] == pytest.approx(wiki["word_ppl"])
+    assert "eval/lambada/accuracy" in run.data.metrics
+
+    # Disjoint windows see less context: never a lower NLL than overlapping ones here.
+    assert main([*argv, "--json", str(out), "--stride", "32", "--no-mlflow"]) == 0
+    assert json.loads(out.read_text())["results"]["wikitext-2"]["nll"] != wiki["nll"]
+
+
+def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
+    status = main(
+        ["eval", str(tmp_path / "no.ckpt"), "--tasks", "ptb", "--data-dir", str(tmp_path)]
+    )
+    assert status == 2
+    err = capsys.readouterr().err
+    assert f"no file {tmp_path / 'ptb.test.txt'}" in err and "simple-examples" in err
+    assert main(["eval", "x.ckpt", "--tasks", "wikitext2"]) == 2
+    assert "did you mean 'wikitext-2'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ cofr compare
+
+
+def test_pareto_front_keeps_the_points_nothing_beats():
+    from cofrgenet.eval.compare import pareto_front
+
+    points = [(1.0, 5.0), (2.0, 4.0), (2.5, 4.5), (3.0, 3.0), (0.5, 6.0), (4.0, 3.0)]
+    assert pareto_front(points) == [4, 0, 1, 3]
+
+
+def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
+    data = write_eval_data(tmp_path / "sets")
+    assert main(["eval", str(checkpoint), "--tasks", "ptb", "--data-dir", str(data)]) == 0
+    runs_dir = checkpoint.parents[3]
+    out = tmp_path / "cmp"
+    argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
+    assert main([*argv, "--metric", "eval/ptb/word_ppl"]) == 0
+    table = (out / "compare.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| evaluated |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "gpt2-tiny-f (cffn+softmax)" and cells[3] == "5" and cells[4] == "3"
+    assert int(cells[5].replace(",", "")) > 0 and float(cells[10]) > 1  # params, ptb ppl
+    assert "| GPT2-xl (paper) |" in table and "| 30.12 |" in table
+    assert (out / "pareto.png").stat().st_size > 1000
+    assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
+    assert "did you mean 'test'" in capsys.readouterr().err

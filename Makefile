@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -c constraints.txt -e '.[dev,eval]'
 	@# PyPI's torchvision is built against CUDA torch and fails to import beside the CPU
 	@# build (torchvision::nms does not exist), which breaks `import lightning`. litdata
 	@# pulls it in but does not need it for token streams, so drop it where it is broken.

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
+from cofrgenet.nn.decoding import sample_next
 
 #: torch module and gates per hidden unit (the FLOPs of one step scale with the gates).
 CELLS: dict[str, tuple[type[nn.RNNBase], int]] = {
@@ -120,7 +120,7 @@ class RecurrentLM(nn.Module):
         logits, state = self.step(idx)
         out = [idx]
         for i in range(max_new_tokens):
-            next_id = _sample_next(logits[:, -1, :].float(), temperature, top_k, generator)
+            next_id = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)
             out.append(next_id)
             if i + 1 < max_new_tokens:
                 logits, state = self.step(next_id, state)
@@ -138,19 +138,6 @@ class RecurrentLM(nn.Module):
             # weight_ih_l0, bias_hh_l1, ... : the layer is the number after "_l".
             return "recurrent", int(parts[1].rsplit("_l", 1)[1])
         return "other", None
-
-
-def _sample_next(
-    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> Tensor:
-    """Next token ids (B, 1) from last-position logits (B, V), as ``training.generate.sample``."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
 def recurrent_flops(config: ModelConfig, seq_len: int) -> dict[str, int]:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.generation import DecodeCache, generate_cached
 from cofrgenet.models.registry import ATTENTION, FFN, mixer_flops, residual_std
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
@@ -47,11 +48,19 @@ class Block(nn.Module):
         self.attn_dropout = nn.Dropout(0.0 if attn_entry.owns_dropout else config.dropout)
         self.mlp_dropout = nn.Dropout(0.0 if ffn_entry.owns_dropout else config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (B, T, C) -> (B, T, C)."""
-        x = x + self.attn_dropout(self.attn(self.ln_1(x)))
+    def forward(self, x: Tensor, state: dict[str, Tensor] | None = None, start: int = 0) -> Tensor:
+        """x: (B, T, C) -> (B, T, C). With ``state`` (eval only), x holds positions
+        start.. and the attention mixer decodes incrementally (``cofrgenet.nn.decoding``)."""
+        h = self.ln_1(x)
+        x = x + self.attn_dropout(
+            self.attn(h) if state is None else self.attn.decode(h, state, start)
+        )
         x = x + self.mlp_dropout(self.mlp(self.ln_2(x)))
         return x
+
+    @property
+    def can_decode(self) -> bool:
+        return hasattr(self.attn, "decode")
 
     def extra_repr(self) -> str:
         return (
@@ -119,11 +128,16 @@ class GPT(nn.Module):
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """idx: (B, T) int64 token ids, T <= block_size -> logits (B, T, vocab_size)."""
+    def forward(self, idx: Tensor, cache: DecodeCache | None = None) -> Tensor:
+        """idx: (B, T) int64 token ids, T <= block_size -> logits (B, T, vocab_size).
+
+        With a :class:`~cofrgenet.models.generation.DecodeCache` (eval mode), idx holds the
+        tokens after the ``cache.length`` already seen, and the cache is extended by them.
+        """
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
-        seq_len = idx.shape[1]
+        start = 0 if cache is None else cache.length
+        seq_len = start + idx.shape[1]
         if seq_len > self.config.block_size:
             raise ValueError(
                 f"sequence length {seq_len} exceeds block_size {self.config.block_size}: "
@@ -131,12 +145,40 @@ class GPT(nn.Module):
             )
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
-            pos = torch.arange(seq_len, device=idx.device)
+            pos = torch.arange(start, seq_len, device=idx.device)
             x = x * self.embedding_scale + self.transformer.wpe(pos).to(x.dtype)  # + (T, C)
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x) if cache is None else block(x, cache.layers[i], start)
+        if cache is not None:
+            cache.length = seq_len
         return self.lm_head(self.transformer.ln_f(x))
+
+    @property
+    def can_decode(self) -> bool:
+        """Whether every attention mixer decodes incrementally (``cofrgenet.nn.decoding``)."""
+        return all(block.can_decode for block in self.transformer.h)
+
+    def new_cache(self) -> DecodeCache:
+        return DecodeCache([{} for _ in self.transformer.h])
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Extend idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
+
+        The prompt is read once, then one token per step through the mixers' caches; once
+        a sequence outgrows the block, every step reads the last ``block_size`` tokens
+        again (positions restart with the window, as in full recomputation). The tokens
+        are those of recomputing the whole context at every step (eval mode).
+        """
+        return generate_cached(self, idx, max_new_tokens, temperature, top_k, generator)
 
     @staticmethod
     def parameter_component(name: str) -> tuple[str, int | None]:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cofrgenet.nn.decoding import append, causal_rows
 from cofrgenet.nn.positional import RotaryEmbedding, alibi_bias
 
 
@@ -82,9 +83,9 @@ class CausalSelfAttention(nn.Module):
         bias = alibi_bias(self.n_head, length, device, dtype)  # causal already
         return bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (B, T, C) -> (B, T, C); position t attends to positions <= t."""
-        B, T, C = x.shape
+    def _heads(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, n_head, T, hd), k and v (B, n_kv_head, T, hd) of tokens at start.."""
+        B, T, _ = x.shape
         hd, n_q, n_kv = self.head_dim, self.n_head, self.n_kv_head
         # (B, T, (n_q + 2 n_kv) hd) -> (B, heads, T, hd) each
         q, k, v = self.c_attn(x).split((n_q * hd, n_kv * hd, n_kv * hd), dim=2)
@@ -92,7 +93,14 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, n_kv, hd).transpose(1, 2)
         v = v.view(B, T, n_kv, hd).transpose(1, 2)
         if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)
+            q, k = self.rope(q, start), self.rope(k, start)
+        return q, k, v
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, T, C) -> (B, T, C); position t attends to positions <= t."""
+        B, T, C = x.shape
+        n_q, n_kv = self.n_head, self.n_kv_head
+        q, k, v = self._heads(x)
         mask = self.attention_mask(T, x.device, q.dtype)
         y = F.scaled_dot_product_attention(
             q,
@@ -106,6 +114,22 @@ class CausalSelfAttention(nn.Module):
         # (B, n_head, T, head_dim) -> (B, T, C)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+        """Incremental forward (``cofrgenet.nn.decoding``): keys and values are cached."""
+        B, T, C = x.shape
+        q, k, v = self._heads(x, start)
+        k, v = append(state, "k", k, dim=2), append(state, "v", v, dim=2)
+        total = start + T
+        mask = self.attention_mask(total, x.device, q.dtype)
+        if mask is None:
+            mask = None if T == 1 else causal_rows(start, T, x.device)
+        else:
+            mask = mask[..., start:, :]
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=self.n_kv_head != self.n_head
+        )
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
     def extra_repr(self) -> str:
         kv = f", n_kv_head={self.n_kv_head}" if self.n_kv_head != self.n_head else ""

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cofrgenet.nn.decoding import append, causal_rows
 from cofrgenet.nn.ladder import (
     DENOMINATOR_FLOOR,
     OUT_STD,
@@ -128,15 +129,18 @@ class CAttnU(LadderLayer):
         full[:, rows, cols] = self.mixing
         return full[:, :length, :length]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def ladder_outputs(self, x: Tensor, start: int = 0) -> Tensor:
+        """y_e[s, c] of tokens x (B, T, p) at positions start.. -> (B, p, 2, T)."""
         batch, length, dim = x.shape
-        _check_length("CAttnU", length, self.max_len)
+        _check_length("CAttnU", start + length, self.max_len)
+        positions = slice(start, start + length)
         # Ladders act along tokens: channels become the batch, positions the ladder index.
         tokens = x.transpose(1, 2).unsqueeze(2).expand(batch, dim, 2, length)  # (B, p, 2, T)
         tokens = tokens.reshape(batch, dim, 2 * length)
-        weight = self.denominators.stacked_weight()[:, :, :length].reshape(self.depth, 2 * length)
+        weight = self.denominators.stacked_weight()[:, :, positions]
+        weight = weight.reshape(self.depth, 2 * length)
         bias = self.denominators.stacked_bias()
-        bias = None if bias is None else bias[:, :, :length].reshape(self.depth, 2 * length)
+        bias = None if bias is None else bias[:, :, positions].reshape(self.depth, 2 * length)
         floor = self.link_floor
         if self.track_health:
             stats = ladder_denominator_stats(
@@ -146,10 +150,24 @@ class CAttnU(LadderLayer):
         f = univariate_ladder(
             tokens, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl, floor=floor
         )
-        f = self.clip(f.unflatten(-1, (2, length)), length)  # (B, p, 2, T)
-        y = f + tokens.unflatten(-1, (2, length)) * self.linear[:, :length]
+        clip_to = length if start == 0 else positions  # the training-time call, unchanged
+        f = self.clip(f.unflatten(-1, (2, length)), clip_to)  # (B, p, 2, T)
+        return f + tokens.unflatten(-1, (2, length)) * self.linear[:, positions]
+
+    def forward(self, x: Tensor) -> Tensor:
+        length = x.shape[1]
+        y = self.ladder_outputs(x)  # (B, p, 2, T)
         mixed = torch.einsum("bces,est->bcet", y, self.mixing_matrices(length))
         return (mixed[:, :, 0] * mixed[:, :, 1]).transpose(1, 2)  # (B, T, p)
+
+    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+        """Incremental forward (``cofrgenet.nn.decoding``): the ladder outputs y_e of the
+        tokens seen are the state; the new columns t of U_e mix them."""
+        length = x.shape[1]
+        y = append(state, "y", self.ladder_outputs(x, start), dim=3)  # (B, p, 2, start + T)
+        columns = self.mixing_matrices(start + length)[:, :, start:]  # (2, start + T, T)
+        mixed = torch.einsum("bces,est->bcet", y, columns)
+        return (mixed[:, :, 0] * mixed[:, :, 1]).transpose(1, 2)
 
     def no_weight_decay(self) -> set[str]:
         """Also the linear terms w0 (start at 1: decay would pull the identity path to 0)."""
@@ -261,6 +279,19 @@ class CAttnM(LadderLayer):
             scale=1.0,
         )
         return out.squeeze(1)
+
+    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+        """Incremental forward (``cofrgenet.nn.decoding``): the values X W^v are the state
+        (the logits need only the new queries and the key positions)."""
+        length = x.shape[1]
+        _check_length("CAttnM", start + length, self.max_len)
+        queries, _ = self.attention_logits(x)  # (B, T, L)
+        keys = self.position_map[:, : start + length].t().to(queries.dtype)  # (start + T, L)
+        values = append(state, "v", self.value(x), dim=1)  # (B, start + T, p)
+        logits = (queries @ keys.t()).masked_fill(
+            ~causal_rows(start, length, x.device), float("-inf")
+        )
+        return logits.softmax(dim=-1) @ values
 
     def extra_repr(self) -> str:
         return (

@@ -145,7 +145,7 @@ class OutputRange(nn.Module):
     clipped. Under data parallelism the batch extremes are reduced over all ranks first.
     ``forward(z)`` records (training) or clips (eval) z: (..., *shape) and
     returns z; ``forward(z, length)`` uses the leading ``length`` entries of the last
-    dimension (ladders tied to positions).
+    dimension (ladders tied to positions), ``forward(z, slice(a, b))`` entries a..b-1.
     """
 
     def __init__(self, shape: tuple[int, ...], momentum: float = 0.01) -> None:
@@ -154,13 +154,14 @@ class OutputRange(nn.Module):
         self.register_buffer("low", torch.full(shape, float("-inf")))
         self.register_buffer("high", torch.full(shape, float("inf")))
 
-    def _bounds(self, length: int | None) -> tuple[Tensor, Tensor]:
+    def _bounds(self, length: int | slice | None) -> tuple[Tensor, Tensor]:
         if length is None:
             return self.low, self.high
-        return self.low[..., :length], self.high[..., :length]
+        positions = slice(0, length) if isinstance(length, int) else length
+        return self.low[..., positions], self.high[..., positions]
 
     @torch.no_grad()
-    def _observe(self, z: Tensor, length: int | None) -> None:
+    def _observe(self, z: Tensor, length: int | slice | None) -> None:
         low, high = self._bounds(length)
         dims = tuple(range(z.dim() - low.dim()))
         batch_low = z.detach().amin(dim=dims).to(low.dtype)
@@ -178,7 +179,7 @@ class OutputRange(nn.Module):
             torch.where(seen, torch.maximum(batch_high, high + m * (batch_high - high)), batch_high)
         )
 
-    def forward(self, z: Tensor, length: int | None = None) -> Tensor:
+    def forward(self, z: Tensor, length: int | slice | None = None) -> Tensor:
         if self.training:
             self._observe(z, length)
             return z
@@ -226,7 +227,7 @@ class LadderLayer(nn.Module):
             return positive_denominators(u, self.floor)
         return u
 
-    def clip(self, z: Tensor, length: int | None = None) -> Tensor:
+    def clip(self, z: Tensor, length: int | slice | None = None) -> Tensor:
         """Ladder outputs z through the layer's OutputRange (when ``clip_outputs``)."""
         if self.output_range is None:
             return z

@@ -135,10 +135,11 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(torch.arange(length, device=device, dtype=work), inv_freq)
         return angles.cos(), angles.sin()
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (..., T, head_dim) -> same shape, position t rotated by t * inv_freq."""
-        cos, sin = self.angles(x.shape[-2], x.device, x.dtype)
-        return apply_rotary(x, cos, sin)
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (..., T, head_dim) at positions offset .. offset + T - 1 -> same shape, the
+        row of position t rotated by t * inv_freq."""
+        cos, sin = self.angles(offset + x.shape[-2], x.device, x.dtype)
+        return apply_rotary(x, cos[offset:], sin[offset:])
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}, scaling={self.scaling}"

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cofrgenet.nn.decoding import append, causal_rows
+
 
 class DenseSynthesizer(nn.Module):
     """Causal Dense Synthesizer: attention weights predicted from each token alone.
@@ -57,21 +59,22 @@ class DenseSynthesizer(nn.Module):
             count += 3 * dim + n_head * max_len
         return count
 
-    def attention_logits(self, x: Tensor) -> Tensor:
-        """Synthesised logits (B, H, T, T) before the causal mask."""
+    def attention_logits(self, x: Tensor, keys: int | None = None) -> Tensor:
+        """Synthesised logits (B, H, T, keys) before the causal mask (keys: default T)."""
         B, T, _ = x.shape
         H, hd = self.n_head, self.head_dim
-        if self.max_len < T:
+        keys = T if keys is None else keys
+        if self.max_len < keys:
             raise ValueError(
                 f"DenseSynthesizer was built for sequences of at most max_len={self.max_len} "
-                f"tokens (its parameters are tied to positions), got {T}"
+                f"tokens (its parameters are tied to positions), got {keys}"
             )
         hidden = F.relu(self.w1(x)).view(B, T, H, hd)
-        # Only the first T key positions are needed: slice W2 instead of computing all l.
-        w2 = self.w2.weight.view(H, self.max_len, hd)[:, :T]  # (H, T_keys, hd)
+        # Only the first `keys` positions are needed: slice W2 instead of computing all l.
+        w2 = self.w2.weight.view(H, self.max_len, hd)[:, :keys]  # (H, keys, hd)
         logits = torch.einsum("bthe,hse->bhts", hidden, w2)
         if self.w2.bias is not None:
-            logits = logits + self.w2.bias.view(H, self.max_len)[:, None, :T]
+            logits = logits + self.w2.bias.view(H, self.max_len)[:, None, :keys]
         return logits
 
     def forward(self, x: Tensor) -> Tensor:
@@ -83,6 +86,17 @@ class DenseSynthesizer(nn.Module):
         v = self.value(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+        """Incremental forward (``cofrgenet.nn.decoding``): the values are cached (the
+        logits need only the new queries and the key positions)."""
+        B, T, C = x.shape
+        logits = self.attention_logits(x, start + T)  # (B, H, T, start + T)
+        logits = logits.masked_fill(~causal_rows(start, T, x.device), float("-inf"))
+        v = self.value(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v = append(state, "v", v, dim=2)  # (B, H, start + T, hd)
+        y = (logits.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+        return self.c_proj(y)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, n_head={self.n_head}, max_len={self.max_len}"

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.nn.decoding import sample_next
+
 
 @torch.no_grad()
 def sample(
@@ -22,28 +24,17 @@ def sample(
     """Extend token ids idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
 
     temperature 0 is greedy decoding. The context is cropped to the last ``block_size``
-    tokens. Models with their own ``generate`` (recurrent ones carry a hidden state) are
-    asked to do it themselves.
+    tokens. Models with their own ``generate`` (transformers decode incrementally through
+    their mixers' caches, recurrent ones carry a hidden state) are asked to do it
+    themselves; anything else recomputes the context for every token.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
     if hasattr(model, "generate"):
         return model.generate(
             idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
         )
     for _ in range(max_new_tokens):
-        context = idx[:, -block_size:]
-        logits = model(context)[:, -1, :].float()
-        if temperature == 0:
-            next_id = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            next_id = torch.multinomial(probs, num_samples=1, generator=generator)
-        idx = torch.cat([idx, next_id], dim=1)
+        logits = model(idx[:, -block_size:])[:, -1, :]
+        idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
     return idx
 
 

@@ -1,0 +1,57 @@
+"""Token generation with the mixers' incremental decoding (``cofrgenet.nn.decoding``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cofrgenet.nn.decoding import sample_next
+
+
+@dataclass
+class DecodeCache:
+    """What a transformer has seen: one state dict per layer and the tokens so far."""
+
+    layers: list[dict[str, Tensor]] = field(default_factory=list)
+    length: int = 0
+
+
+def _full_context_logits(model: Any, idx: Tensor, block: int) -> Tensor:
+    return model(idx[:, -block:])[:, -1, :]
+
+
+@torch.no_grad()
+def generate_cached(
+    model: Any,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Sample ``max_new_tokens`` after idx (B, T) from a transformer -> (B, T + new).
+
+    ``model`` has ``config.block_size``, ``new_cache()``, ``forward(idx, cache)`` and
+    ``can_decode``; a model whose mixers cannot decode, or a model in training mode
+    (dropout), recomputes the whole context at every step instead.
+    """
+    if max_new_tokens <= 0:
+        return idx
+    block = model.config.block_size
+    cached = model.can_decode and not model.training
+    cache = None
+    out = idx
+    for _ in range(max_new_tokens):
+        if not cached or out.shape[1] > block:
+            logits = _full_context_logits(model, out, block)
+        elif cache is None:  # the prompt, once
+            cache = model.new_cache()
+            logits = model(out, cache)[:, -1, :]
+        else:
+            logits = model(out[:, -1:], cache)[:, -1, :]
+        next_id = sample_next(logits, temperature, top_k, generator)
+        out = torch.cat((out, next_id), dim=1)
+    return out

@@ -1,0 +1,56 @@
+"""Incremental decoding: the protocol mixers follow, and the sampling of one next token.
+
+A mixer that can decode incrementally has, beside ``forward(x)``,
+
+    decode(x: (B, T, C), state: dict[str, Tensor], start: int) -> (B, T, C)
+
+for the tokens at positions ``start .. start + T - 1`` of sequences whose first
+``start`` positions it has already seen. ``state`` is the mixer's own memory of them
+(empty at ``start == 0``), which ``decode`` reads and extends in place: the keys and
+values of softmax attention, the value side of the Dense Synthesizer and CAttnM (their
+logits come from the query and the key's position only), the ladder outputs of CAttnU.
+Its output equals rows ``start ..`` of ``forward`` over the whole sequence, in eval mode
+(``tests/test_decoding.py`` holds every mixer to that). Position-wise mixers (MLP,
+SwiGLU, Cffn) need nothing: they have no ``decode``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def causal_rows(start: int, length: int, device: torch.device) -> Tensor:
+    """(length, start + length) bool: query ``start + i`` may attend keys ``<= start + i``."""
+    return torch.ones(length, start + length, dtype=torch.bool, device=device).tril(start)
+
+
+def append(state: dict[str, Tensor], key: str, value: Tensor, dim: int) -> Tensor:
+    """``state[key]`` extended by ``value`` along ``dim`` (created at the first call)."""
+    previous = state.get(key)
+    state[key] = value if previous is None else torch.cat((previous, value), dim=dim)
+    return state[key]
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Next token ids (B, 1) from last-position logits (B, V).
+
+    temperature 0 is greedy (arg-max); otherwise softmax(logits / temperature) restricted
+    to the ``top_k`` likeliest ids, sampled with ``generator``.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)

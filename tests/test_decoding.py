@@ -1,0 +1,91 @@
+"""Incremental decoding: every attention mixer's ``decode`` equals its ``forward``, and a
+model's cached generation equals recomputing the whole context for every token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.nn.decoding import sample_next
+
+#: (preset, overrides): every attention mixer, every position encoding that reaches one.
+VARIANTS = {
+    "gpt2-softmax-learned": ("gpt2-tiny", {}),
+    "gpt2-softmax-sinusoidal": ("gpt2-tiny", {"position": "sinusoidal"}),
+    "gpt2-softmax-alibi": ("gpt2-tiny", {"position": "alibi"}),
+    "llama-rope-gqa": ("llama3-tiny", {"n_head": 4, "n_kv_head": 2}),
+    "sparse-strided": ("gpt2-tiny", {"attention": "sparse_strided", "sparse_stride": 3}),
+    "sparse-fixed-rope": (
+        "llama3-tiny",
+        {"attention": "sparse_fixed", "sparse_stride": 4, "sparse_summary": 2},
+    ),
+    "synthesizer": ("gpt2-tiny", {"attention": "synthesizer_dense"}),
+    "cattn_m": ("gpt2-tiny-fa", {}),
+    "cattn_u": ("gpt2-tiny-f", {"attention": "cattn_u"}),
+    "cattn_m-paper": ("gpt2-tiny-a", {"ladder_denominators": "paper"}),
+}
+BLOCK = 12
+
+
+def model_of(name: str) -> torch.nn.Module:
+    preset, overrides = VARIANTS[name]
+    config = ModelConfig.from_preset(preset, vocab_size=50, block_size=BLOCK, **overrides)
+    torch.manual_seed(0)
+    model = build_model(config).double()
+    model.train()
+    with torch.no_grad():  # fill the ladders' output ranges: eval mode then clips
+        model(torch.randint(0, 50, (4, BLOCK)))
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_decoding_in_chunks_equals_the_full_forward(name):
+    model = model_of(name)
+    assert model.can_decode
+    idx = torch.randint(0, 50, (3, BLOCK), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache()
+        pieces = [model(idx[:, a:b], cache) for a, b in ((0, 5), (5, 6), (6, 7), (7, 10), (10, 12))]
+    assert cache.length == BLOCK
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_a_cache_past_the_block_is_refused():
+    model = model_of("gpt2-softmax-learned")
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.zeros(1, BLOCK, dtype=torch.long), cache)
+        with pytest.raises(ValueError, match="exceeds block_size"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache)
+
+
+def recompute_every_step(model, idx, new, temperature, top_k, generator):
+    """The reference: the whole (cropped) context at every step."""
+    for _ in range(new):
+        logits = model(idx[:, -BLOCK:])[:, -1, :]
+        idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
+    return idx
+
+
+@pytest.mark.parametrize(
+    "name", ["gpt2-softmax-learned", "llama-rope-gqa", "cattn_u", "cattn_m", "synthesizer"]
+)
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_cached_generation_equals_recomputation_past_the_block(name, temperature):
+    model = model_of(name)
+    prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(2))
+    new = 2 * BLOCK  # runs past the block: the window then slides
+    with torch.no_grad():
+        cached = model.generate(prompt, new, temperature, 10, torch.Generator().manual_seed(3))
+        reference = recompute_every_step(
+            model, prompt, new, temperature, 10, torch.Generator().manual_seed(3)
+        )
+    assert torch.equal(cached, reference)
+
+
+def test_training_mode_generation_recomputes():
+    model = model_of("gpt2-softmax-learned").train()
+    out = model.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=0)
+    assert out.shape == (1, 5)

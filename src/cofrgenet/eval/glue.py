@@ -1,0 +1,693 @@
+"""``cofr finetune glue``: fine-tune a pretrained checkpoint on a GLUE task.
+
+A linear classification head reads the decoder's final hidden state (after its final
+norm) at the last token of each sequence (``a <eos>`` or ``a <eos> b <eos>``, see
+:func:`cofrgenet.eval.glue_data.encode_examples`), and the whole network is trained
+with Lightning on cross-entropy. The dev sets are scored after every epoch (or every
+``--eval-every`` steps): accuracy, F1 of the positive class (MRPC, QQP), Matthews
+correlation (CoLA).
+
+Tracking: the fine-tuning is an MLflow run of its own, in experiment ``glue-<task>``,
+tagged ``cofr.pretrain_run_id``; its dev metrics are ``glue/<task>/<metric>`` (MNLI's
+mismatched dev: ``glue/mnli-mm/<metric>``). The final dev metrics are also logged onto
+the pretraining run (at its checkpoint's step), so the MLflow UI compares pretrained
+models by them. docs/glue.md describes the protocol and its choices.
+
+Torch and Lightning are imported inside functions: ``cofr finetune glue --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import random
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cofrgenet.errors import UserError
+from cofrgenet.eval.glue_data import TASKS, GlueTask, TaskData, encode_examples, load_task
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+#: The paper's GLUE dev scores (OWT pretraining; spec section 5), in percent:
+#: (GPT2-xl, CoFrGeNet-F). The paper does not say which metric; CoLA's 81.78 and
+#: MRPC's 79.83 read as accuracies (a GPT-2's CoLA MCC is far lower), so the table
+#: shows them beside our accuracy.
+PAPER: dict[str, tuple[float, float]] = {
+    "mnli": (86.89, 87.26),
+    "qqp": (88.93, 89.95),
+    "qnli": (91.35, 91.89),
+    "sst2": (93.56, 94.16),
+    "cola": (81.78, 82.59),
+    "mrpc": (79.83, 80.21),
+    "rte": (60.27, 61.35),
+}
+METRIC_NAMES = {"accuracy": "accuracy", "f1": "F1", "mcc": "MCC"}
+
+
+@dataclass
+class FinetuneConfig:
+    """The fine-tuning protocol (docs/glue.md says where each default comes from).
+
+    The spec's setup (AdamW, weight decay 0.1, no dropout) is kept; it gives no
+    fine-tuning learning rate, epochs or batch size, so those follow the usual GLUE
+    fine-tuning of GPT/BERT-style models: lr 2e-5, 3 epochs, batch 32, linear warmup
+    over 6% of the steps then linear decay to 0, Adam betas (0.9, 0.999), clip 1.0.
+    """
+
+    lr: float = field(default=2e-5, metadata={"help": "peak AdamW learning rate"})
+    epochs: int = field(default=3, metadata={"help": "passes over the training set"})
+    batch_size: int = field(default=32, metadata={"help": "examples per optimizer step"})
+    weight_decay: float = field(
+        default=0.1, metadata={"help": "AdamW weight decay of matrices (the paper's 0.1)"}
+    )
+    warmup_ratio: float = field(
+        default=0.06, metadata={"help": "share of the steps with linear warmup; then linear decay"}
+    )
+    betas: tuple[float, ...] = field(default=(0.9, 0.999), metadata={"help": "Adam betas"})
+    head_dropout: float = field(
+        default=0.0, metadata={"help": "dropout before the head (the paper uses none)"}
+    )
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip (0: none)"})
+    max_length: int | None = field(
+        default=None, metadata={"help": "tokens per example (default and cap: block_size)"}
+    )
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many optimizer steps"}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "train on a random subset of this size"}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "score each dev set on its first N examples"}
+    )
+    eval_every: int | None = field(
+        default=None, metadata={"help": "steps between dev evaluations (default: each epoch)"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the head, the shuffling, the subset"})
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        checks = [
+            (self.lr > 0, "--lr must be positive"),
+            (self.epochs >= 1, "--epochs must be >= 1"),
+            (self.batch_size >= 1, "--batch-size must be >= 1"),
+            (0 <= self.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)"),
+            (0 <= self.head_dropout < 1, "--head-dropout must be in [0, 1)"),
+            (len(self.betas) == 2, "--betas takes two values, e.g. 0.9,0.999"),
+        ]
+        for name in ("max_length", "max_steps", "max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            checks.append((value is None or value >= 1, f"--{name.replace('_', '-')} must be >= 1"))
+        checks.append(
+            (self.eval_every is None or self.eval_every >= 1, "--eval-every must be >= 1")
+        )
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def accuracy(preds: Sequence[int], labels: Sequence[int]) -> float:
+    """Share of predictions equal to the labels."""
+    if len(preds) != len(labels):
+        raise ValueError(f"{len(preds)} predictions for {len(labels)} labels")
+    return sum(p == y for p, y in zip(preds, labels, strict=True)) / max(1, len(labels))
+
+
+def f1_score(preds: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
+    """F1 of class ``positive`` (GLUE's MRPC/QQP F1): 2 TP / (2 TP + FP + FN); 0 when
+    neither predictions nor labels hold the class (scikit-learn's convention)."""
+    tp = sum(p == positive and y == positive for p, y in zip(preds, labels, strict=True))
+    fp = sum(p == positive and y != positive for p, y in zip(preds, labels, strict=True))
+    fn = sum(p != positive and y == positive for p, y in zip(preds, labels, strict=True))
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+
+
+def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float:
+    """Matthews correlation (CoLA's metric), the K-class form (Gorodkin 2004), which is
+    the usual (TP TN - FP FN) / sqrt(...) for two classes; 0 when undefined (a constant
+    prediction or label), as scikit-learn."""
+    classes = sorted(set(preds) | set(labels))
+    n = len(labels)
+    correct = sum(p == y for p, y in zip(preds, labels, strict=True))
+    pred_counts = [sum(p == k for p in preds) for k in classes]
+    true_counts = [sum(y == k for y in labels) for k in classes]
+    cov_py = correct * n - sum(p * t for p, t in zip(pred_counts, true_counts, strict=True))
+    cov_pp = n * n - sum(p * p for p in pred_counts)
+    cov_yy = n * n - sum(t * t for t in true_counts)
+    if cov_pp == 0 or cov_yy == 0:
+        return 0.0
+    return cov_py / math.sqrt(cov_pp * cov_yy)
+
+
+METRICS = {"accuracy": accuracy, "f1": f1_score, "mcc": matthews_corrcoef}
+
+
+def task_metrics(task: GlueTask, preds: Sequence[int], labels: Sequence[int]) -> dict[str, float]:
+    """The task's metrics (``task.metrics``) of ``preds`` against ``labels``, as fractions."""
+    return {name: float(METRICS[name](preds, labels)) for name in task.metrics}
+
+
+# ---------------------------------------------------------------------- the classifier
+
+
+def strip_lm_head(model: nn.Module) -> int:
+    """Make ``model`` (ids (B, T) -> logits (B, T, V)) return its final hidden states
+    (B, T, C) instead, in place; returns C.
+
+    Every decoder here ends ``lm_head(final_norm(x))`` (transformers) or
+    ``lm_head(dropout(rnn_out))`` (recurrent ones), so replacing ``lm_head`` by the
+    identity gives the features a head should read, without the (B, T, V) logits (the
+    largest activation of a GPT-2 at V = 50257). A tied embedding keeps its weight: it is
+    the same Parameter, still held by the embedding.
+    """
+    from torch import nn
+
+    head = getattr(model, "lm_head", None)
+    if not isinstance(head, nn.Linear):
+        raise UserError(
+            f"{type(model).__name__} has no linear `lm_head` to read hidden states before: "
+            "GLUE fine-tuning supports the gpt, llama, rnn, lstm and gru architectures"
+        )
+    model.lm_head = nn.Identity()
+    return head.in_features
+
+
+def pool_last(hidden: Tensor, lengths: Tensor) -> Tensor:
+    """hidden (B, T, C), lengths (B,) -> the state at each sequence's last token (B, C).
+
+    Sequences are padded on the right; a causal decoder's state at position
+    ``length - 1`` has not seen the padding, so pooling there is exact.
+    """
+    import torch
+
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    return hidden[rows, lengths.to(hidden.device) - 1]
+
+
+def collate(batch: Sequence[tuple[list[int], int]], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """[(ids, label)] -> ids (B, T) right-padded with ``pad_id`` to the longest, lengths
+    (B,), labels (B,)."""
+    import torch
+
+    lengths = torch.tensor([len(ids) for ids, _ in batch], dtype=torch.long)
+    ids = torch.full((len(batch), int(lengths.max())), pad_id, dtype=torch.long)
+    for row, (seq, _) in enumerate(batch):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    labels = torch.tensor([label for _, label in batch], dtype=torch.long)
+    return ids, lengths, labels
+
+
+def linear_warmup_decay(step: int, total: int, warmup: int) -> float:
+    """lr multiplier at ``step``: linear 0 -> 1 over ``warmup`` steps, then 1 -> 0 at
+    ``total`` (BERT's and RoBERTa's fine-tuning schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+@functools.cache
+def _classifier_class() -> type:
+    """The LightningModule class, made on first use so that importing this module (for
+    ``--help``) does not import Lightning."""
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from cofrgenet.training.optim import OptimizerConfig, build_adamw
+
+    class GlueClassifier(L.LightningModule):
+        """A decoder (hidden states (B, T, C), see :func:`strip_lm_head`) with a linear
+        head on the last token's state: batches (ids (B, T), lengths (B,), labels (B,))
+        -> class logits (B, K).
+
+        Metrics: ``train/loss``, ``opt/lr``; per dev set ``glue/<key>/loss`` and
+        ``glue/<key>/<metric>`` (fractions). ``results`` holds the last dev scores.
+        """
+
+        def __init__(
+            self, backbone: nn.Module, hidden_size: int, task: GlueTask, config: FinetuneConfig
+        ) -> None:
+            super().__init__()
+            self.backbone = backbone
+            self.task = task
+            self.config = config
+            self.dropout = nn.Dropout(config.head_dropout)
+            self.head = nn.Linear(hidden_size, task.num_labels)
+            nn.init.normal_(self.head.weight, std=0.02)  # the decoder's own init scale
+            nn.init.zeros_(self.head.bias)
+            self.splits = task.dev_splits()
+            self.results: dict[str, dict[str, float]] = {}
+            self.validated_at: int | None = None
+            self._outputs: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}
+
+        def forward(self, ids: Tensor, lengths: Tensor) -> Tensor:
+            """ids (B, T), lengths (B,) -> class logits (B, K)."""
+            hidden = self.backbone(ids)  # (B, T, C)
+            return self.head(self.dropout(pool_last(hidden, lengths)))
+
+        def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
+            ids, lengths, labels = batch
+            loss = F.cross_entropy(self(ids, lengths).float(), labels)
+            self.log("train/loss", loss, prog_bar=True)
+            self.log("opt/lr", self.optimizers().param_groups[0]["lr"])
+            return loss
+
+        def on_validation_epoch_start(self) -> None:
+            self._outputs = {}
+
+        def validation_step(
+            self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
+        ) -> None:
+            ids, lengths, labels = batch
+            logits = self(ids, lengths).float()
+            loss = F.cross_entropy(logits, labels, reduction="sum")
+            self._outputs.setdefault(dataloader_idx, []).append(
+                (logits.argmax(-1).cpu(), labels.cpu(), loss.detach().cpu())
+            )
+
+        def on_validation_epoch_end(self) -> None:
+            if self.trainer.sanity_checking:
+                return
+            for index, split in enumerate(self.splits):
+                outputs = self._outputs.get(index)
+                if not outputs:
+                    continue
+                preds = torch.cat([o[0] for o in outputs]).tolist()
+                labels = torch.cat([o[1] for o in outputs]).tolist()
+                scores = task_metrics(self.task, preds, labels)
+                scores["loss"] = float(sum(o[2] for o in outputs)) / len(labels)
+                self.results[split.name] = {**scores, "examples": len(labels)}
+                logged = {f"glue/{split.key}/{name}": value for name, value in scores.items()}
+                for key, value in logged.items():  # the progress bar and callbacks
+                    self.log(key, value, logger=False, add_dataloader_idx=False)
+                # Logged directly at the optimizer steps done: Lightning's own step for
+                # an end-of-epoch validation is one less than for a `validate` call.
+                if self.logger is not None:
+                    self.logger.log_metrics(logged, step=self.trainer.global_step)
+            self.validated_at = self.trainer.global_step
+
+        def configure_optimizers(self) -> dict[str, Any]:
+            cfg = self.config
+            optimizer = build_adamw(
+                self,
+                OptimizerConfig(
+                    lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, warmup_steps=0
+                ),
+            )
+            total = max(1, int(self.trainer.estimated_stepping_batches))
+            warmup = round(cfg.warmup_ratio * total)
+            schedule = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: linear_warmup_decay(step, total, warmup)
+            )
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": schedule, "interval": "step"},
+            }
+
+    GlueClassifier.__qualname__ = "GlueClassifier"  # not `_classifier_class.<locals>...`
+    return GlueClassifier
+
+
+def __getattr__(name: str) -> Any:
+    # `from cofrgenet.eval.glue import GlueClassifier` works; importing the module stays light.
+    if name == "GlueClassifier":
+        return _classifier_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ------------------------------------------------------------------------ the command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``cofr finetune glue``."""
+    from cofrgenet.bench.arguments import add_dataclass_arguments
+
+    parser.add_argument("--task", required=True, choices=list(TASKS), help="the GLUE task")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        help="a `cofr fit` checkpoint, e.g. runs/<exp>/<run>/checkpoints/last.ckpt",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="the original GLUE files (SST-2/train.tsv, MNLI/dev_matched.tsv, ...); default: "
+        "the hub's nyu-mll/glue through `datasets`",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="prepared data folder whose tokenizer to use (default: the checkpoint's)",
+    )
+    add_dataclass_arguments(parser, FinetuneConfig)
+    parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
+    parser.add_argument(
+        "--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed on GPUs"
+    )
+    parser.add_argument(
+        "--runs-dir",
+        default=None,
+        help="where the fine-tuning's folder goes (default: the checkpoint's runs/ folder, else runs)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow store of the fine-tuning run (default: the pretraining run's, else "
+        "MLFLOW_TRACKING_URI or sqlite:///<runs-dir>/mlflow.db)",
+    )
+    parser.add_argument(
+        "--experiment", default=None, help="MLflow experiment (default: glue-<task>)"
+    )
+    parser.add_argument("--name", default=None, help="run name (default: <pretraining run>-<time>)")
+    parser.add_argument(
+        "--mlflow", action=argparse.BooleanOptionalAction, default=True, help="track in MLflow"
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when the terminal is interactive)",
+    )
+    parser.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
+
+
+def _subset(items: list[Any], size: int | None, rng: random.Random | None) -> list[Any]:
+    if size is None or size >= len(items):
+        return items
+    return rng.sample(items, size) if rng is not None else items[:size]
+
+
+def _safe_name(name: str) -> str:
+    """A folder name from a run or experiment name (as ``cofr fit`` makes them)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+
+
+def _artifact_location(uri: str) -> str | None:
+    """Artifacts beside a local sqlite store (``.../mlflow.db`` -> ``.../mlartifacts``)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a checkpoint was saved at (0 if it does not say); memory-mapped,
+    so a large checkpoint is not read twice."""
+    import torch
+
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:  # an old (non-zip) file: the step only labels a metric
+        return 0
+    return int(checkpoint.get("global_step", 0)) if isinstance(checkpoint, dict) else 0
+
+
+def log_to_pretraining_run(
+    uri: str, run_id: str, metrics: dict[str, float], step: int, tags: dict[str, str]
+) -> str | None:
+    """Log ``metrics`` (at ``step``) and ``tags`` onto the pretraining run; returns a
+    warning instead of failing (the fine-tuning's own results stand without it)."""
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, RunTag
+
+        stamp = int(time.time() * 1000)
+        MlflowClient(tracking_uri=uri).log_batch(
+            run_id,
+            metrics=[Metric(key, value, stamp, step) for key, value in metrics.items()],
+            tags=[RunTag(key, value) for key, value in tags.items()],
+        )
+    except Exception as error:  # moved store, deleted run, server down
+        return f"could not log onto the pretraining run {run_id} at {uri}: {error}"
+    return None
+
+
+def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=header,
+        title_justify="left",
+        caption="paper: GPT2-xl / CoFrGeNet-F pretrained on OpenWebText (its CoLA and MRPC "
+        "figures read as accuracies)",
+        caption_justify="left",
+    )
+    table.add_column("dev set")
+    table.add_column("examples", justify="right")
+    for name in task.metrics:
+        table.add_column(METRIC_NAMES[name], justify="right")
+    table.add_column("loss", justify="right")
+    table.add_column("paper", justify="right", no_wrap=True)
+    for index, split in enumerate(task.dev_splits()):
+        scores = results.get(split.name)
+        if scores is None:
+            continue
+        paper = PAPER.get(task.name) if index == 0 else None
+        table.add_row(
+            split.key,
+            f"{int(scores['examples']):,}",
+            *(f"{100 * scores[m]:.2f}" for m in task.metrics),
+            f"{scores['loss']:.4f}",
+            f"{paper[0]:.2f} / {paper[1]:.2f}" if paper else "",
+        )
+    Console(stderr=False).print(table)
+
+
+def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``{"glue/<key>/<metric>": value}`` of the dev results (the task's metrics only)."""
+    return {
+        f"glue/{split.key}/{name}": results[split.name][name]
+        for split in task.dev_splits()
+        if split.name in results
+        for name in task.metrics
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
+    from cofrgenet.bench.arguments import dataclass_from_args
+
+    config = dataclass_from_args(FinetuneConfig, args)
+    ckpt = Path(args.ckpt)
+    task = TASKS[args.task]
+    data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
+    result = finetune(
+        ckpt,
+        data,
+        config,
+        tokenizer_dir=args.tokenizer,
+        accelerator=args.accelerator,
+        precision=args.precision,
+        runs_dir=args.runs_dir,
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        name=args.name,
+        mlflow=args.mlflow,
+        progress=sys.stderr.isatty() if args.progress is None else args.progress,
+        command_line=getattr(args, "command_line", None),
+    )
+    header = f"GLUE {task.name} dev ({result['steps']} steps, {result['source']}), %"
+    _print_table(task, result["splits"], header)
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    if result.get("run_id"):
+        print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def finetune(
+    ckpt: Path,
+    data: TaskData,
+    config: FinetuneConfig,
+    *,
+    tokenizer_dir: str | None = None,
+    accelerator: str = "auto",
+    precision: str = "32-true",
+    runs_dir: str | None = None,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    name: str | None = None,
+    mlflow: bool = True,
+    progress: bool = False,
+    command_line: str | None = None,
+) -> dict[str, Any]:
+    """Fine-tune checkpoint ``ckpt`` on ``data``; returns the results (the JSON of ``--json``).
+
+    Results: ``metrics`` ({"glue/<key>/<metric>": fraction}), ``splits`` (per dev set:
+    the metrics, ``loss``, ``examples``), ``run_id``/``tracking_uri``/``experiment`` of
+    the fine-tuning run, ``pretrain_run_id``, ``config`` and data sizes.
+    """
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import RichProgressBar
+    from torch.utils.data import DataLoader
+
+    from cofrgenet.eval.checkpoint import load_checkpoint
+    from cofrgenet.training.console import quiet_known_noise
+    from cofrgenet.training.tracking import RunConfig, flatten
+    from cofrgenet.training.tracking import tracking_uri as default_tracking_uri
+
+    quiet_known_noise()
+    task = data.task
+    loaded = load_checkpoint(ckpt, "cpu", tokenizer_dir)
+    tokenizer = loaded.tokenizer
+    if tokenizer.vocab_size > loaded.config.vocab_size:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but {ckpt}'s model only "
+            f"{loaded.config.vocab_size}: pass the --tokenizer the model was trained with"
+        )
+    max_length = min(config.max_length or loaded.block_size, loaded.block_size)
+
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    rng = random.Random(config.seed)
+    train = _subset(data.train, config.max_train_samples, rng)
+    dev = {k: _subset(v, config.max_eval_samples, None) for k, v in data.dev.items()}
+    train_ids, train_labels = encode_examples(train, tokenizer, max_length)
+    pad = tokenizer.eos_id  # any id: pooling never reads past a sequence's length
+    collate_fn = functools.partial(collate, pad_id=pad)
+    train_loader = DataLoader(
+        list(zip(train_ids, train_labels, strict=True)),
+        batch_size=config.batch_size,
+        shuffle=True,
+        collate_fn=collate_fn,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    dev_loaders = []
+    for split in task.dev_splits():
+        ids, labels = encode_examples(dev[split.name], tokenizer, max_length)
+        pairs = sorted(zip(ids, labels, strict=True), key=lambda p: len(p[0]))  # less padding
+        dev_loaders.append(DataLoader(pairs, batch_size=config.batch_size, collate_fn=collate_fn))
+
+    hidden = strip_lm_head(loaded.model)
+    loaded.model.train()  # loaded in eval mode; Lightning keeps the modes it finds
+    module = _classifier_class()(loaded.model, hidden, task, config)
+
+    pretrain_name = loaded.run_dir.name if loaded.run_dir else ckpt.stem
+    runs_root = Path(
+        runs_dir or (loaded.run_dir.parent.parent if loaded.run_dir else "runs")
+    ).resolve()
+    experiment = experiment or f"glue-{task.name}"
+    name = name or f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = runs_root / _safe_name(experiment) / _safe_name(name)
+    uri = (
+        tracking_uri
+        or loaded.tracking_uri
+        or default_tracking_uri(RunConfig(runs_dir=str(runs_root)))
+    )
+    pretrain_step = checkpoint_step(ckpt)
+
+    logger: Any = False
+    if mlflow:
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        tags = {
+            "cofr.task": task.name,
+            "cofr.ckpt": str(ckpt.resolve()),
+            "cofr.data": data.source,
+            "run_dir": str(run_dir),
+        }
+        if loaded.mlflow_run_id:
+            tags["cofr.pretrain_run_id"] = loaded.mlflow_run_id
+        if command_line:
+            tags["cofr.command"] = command_line
+        logger = MLFlowLogger(
+            experiment_name=experiment,
+            run_name=name,
+            tracking_uri=uri,
+            artifact_location=_artifact_location(uri),
+            tags=tags,
+        )
+        params = {
+            "task": task.name,
+            "ckpt": str(ckpt.resolve()),
+            "pretrain_run_id": loaded.mlflow_run_id or "",
+            "pretrain_step": pretrain_step,
+            "data": data.source,
+            "train_examples": len(train),
+            **{f"dev_examples.{k}": len(v) for k, v in dev.items()},
+            **asdict(config),
+            "max_length": max_length,
+            **flatten(loaded.config.to_dict(), "model"),
+        }
+        logger.log_hyperparams(flatten(params))
+
+    callbacks: list[Any] = [RichProgressBar(leave=True)] if progress else []
+    steps_per_epoch = max(1, math.ceil(len(train) / config.batch_size))
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,  # the dev metrics are computed on one process
+        precision=precision,
+        max_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        gradient_clip_val=config.grad_clip or None,
+        val_check_interval=config.eval_every,
+        check_val_every_n_epoch=None if config.eval_every else 1,
+        num_sanity_val_steps=0,
+        log_every_n_steps=min(50, steps_per_epoch),
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        default_root_dir=str(run_dir),
+    )
+    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
+    if module.validated_at != trainer.global_step:  # stopped by max_steps between evaluations
+        trainer.validate(module, dataloaders=dev_loaders, verbose=False)
+
+    metrics = metric_keys(task, module.results)
+    warnings = [f"{path}: skipped {n} malformed rows" for path, n in data.skipped.items()]
+    run_id = logger.run_id if mlflow else None
+    result: dict[str, Any] = {
+        "task": task.name,
+        "ckpt": str(ckpt),
+        "metrics": metrics,
+        "splits": module.results,
+        "steps": trainer.global_step,
+        "epochs": trainer.current_epoch,
+        "train_examples": len(train),
+        "max_length": max_length,
+        "source": data.source,
+        "config": asdict(config),
+        "pretrain_run_id": loaded.mlflow_run_id,
+        "pretrain_step": pretrain_step,
+        "run_id": run_id,
+        "tracking_uri": uri if mlflow else None,
+        "experiment": experiment if mlflow else None,
+        "run_dir": str(run_dir),
+        "warnings": warnings,
+    }
+    if mlflow and loaded.mlflow_run_id and loaded.tracking_uri:
+        warning = log_to_pretraining_run(
+            loaded.tracking_uri,
+            loaded.mlflow_run_id,
+            metrics,
+            pretrain_step,
+            {f"glue.{task.name}.run_id": str(run_id)},
+        )
+        if warning:
+            warnings.append(warning)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2) + "\n"
+    (run_dir / "results.json").write_text(text)
+    if mlflow:
+        logger.experiment.log_text(run_id, text, "glue_results.json")
+    return result

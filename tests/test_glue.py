@@ -1,0 +1,563 @@
+"""``cofr finetune glue``: the GLUE readers on the original files' layouts, the metrics,
+the tokenisation, and one end-to-end fine-tune of a tiny checkpoint tracked in MLflow."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from pathlib import Path
+
+import pytest
+
+from cofrgenet.cli import main as cofr
+from cofrgenet.errors import UserError
+from cofrgenet.eval.glue import (
+    FinetuneConfig,
+    accuracy,
+    collate,
+    f1_score,
+    linear_warmup_decay,
+    matthews_corrcoef,
+    pool_last,
+    strip_lm_head,
+    task_metrics,
+)
+from cofrgenet.eval.glue_data import (
+    TASKS,
+    Example,
+    GlueDataNotFound,
+    GlueFormatError,
+    encode_examples,
+    read_task_tsv,
+    truncate_pair,
+)
+
+# ------------------------------------------------ tiny files in the original GLUE layouts
+
+MNLI_TRAIN_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label"
+)
+MNLI_DEV_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\t"
+    "label5\tgold_label"
+)
+
+
+def _mnli_row(i: int, premise: str, hypothesis: str, labels: list[str]) -> str:
+    parse = f"( ( {premise} ) )"
+    return "\t".join(
+        [str(i), "31193", f"{i}n", "government", parse, parse, parse, parse, premise,
+         hypothesis, *labels]
+    )  # fmt: skip
+
+
+#: task -> {file name: text}, each with the real header (or none) and column order.
+GLUE_FILES: dict[str, dict[str, str]] = {
+    "sst2": {
+        "train.tsv": "sentence\tlabel\nhide new secretions from the parental units \t0\n"
+        "that loves its characters and communicates something rather beautiful \t1\n",
+        "dev.tsv": "sentence\tlabel\nit 's a charming and often affecting journey . \t1\n",
+    },
+    "cola": {  # no header: source, label, original annotation, sentence
+        "train.tsv": "gj04\t1\t\tOur friends won't buy this analysis, let alone the next one.\n"
+        "gj04\t0\t*\tThey drank the pub.\n",
+        "dev.tsv": "gj04\t1\t\tThe sailors rode the breeze clear of the rocks.\n"
+        'cj99\t0\t*\tThe more "we study, the.\n',
+    },
+    "mnli": {
+        "train.tsv": "\n".join(
+            [
+                MNLI_TRAIN_HEADER,
+                _mnli_row(
+                    0,
+                    "Conceptually cream skimming has two dimensions.",
+                    "Product and geography are what make cream skimming work.",
+                    ["neutral", "neutral"],
+                ),
+                _mnli_row(
+                    1,
+                    "you know during the season",
+                    "You lose the things.",
+                    ["entailment", "entailment"],
+                ),
+            ]
+        )
+        + "\n",
+        "dev_matched.tsv": "\n".join(
+            [
+                MNLI_DEV_HEADER,
+                _mnli_row(
+                    2,
+                    "The new rights are nice enough",
+                    "Everyone really likes them.",
+                    ["neutral", "entailment", "neutral", "neutral", "neutral", "neutral"],
+                ),
+            ]
+        )
+        + "\n",
+        "dev_mismatched.tsv": "\n".join(
+            [
+                MNLI_DEV_HEADER,
+                _mnli_row(
+                    3,
+                    "Your contribution helped.",
+                    "Your contribution did not help.",
+                    ["contradiction"] * 6,
+                ),
+                _mnli_row(4, "He went home.", "He left.", ["entailment"] * 6),
+            ]
+        )
+        + "\n",
+    },
+    "qqp": {
+        "train.tsv": "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+        "133273\t213221\t213222\tHow is the life of a math student?\tWhich level of "
+        "prepration is enough?\t0\n"
+        "402555\t536040\t536041\tHow do I control my horny emotions?\tHow do you control "
+        "your horniness?\t1\n"
+        "201841\t303951\t174703\tWhat can one do after MBBS?\n",  # a cut row, as in QQP's file
+        "dev.tsv": "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+        "40\t81\t82\tWhy are they so tall?\tWhy are they tall?\t1\n",
+    },
+    "qnli": {
+        "train.tsv": "index\tquestion\tsentence\tlabel\n"
+        "0\tWhen did the third Digimon series begin?\tUnlike the two seasons before it.\t"
+        "not_entailment\n"
+        "1\tWhich missile batteries often have individual launchers?\tThe missiles are "
+        "launched from individual launchers.\tentailment\n",
+        "dev.tsv": "index\tquestion\tsentence\tlabel\n"
+        "0\tWhat came into force after the new constitution?\tThe Senate came into force.\t"
+        "entailment\n",
+    },
+    "mrpc": {  # MRPC's files start with a byte-order mark
+        "train.tsv": "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+        "1\t702876\t702977\tAmrozi accused his brother.\tReferring to him, Amrozi accused "
+        "his brother.\n"
+        "0\t2108705\t2108831\tYucaipa owned Dominick 's .\tYucaipa bought Dominick 's .\n",
+        "dev.tsv": "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+        "1\t1355540\t1355592\tHe said the foodservice pie business doesn 't fit.\tThe "
+        "foodservice pie business does not fit.\n",
+    },
+    "rte": {
+        "train.tsv": "index\tsentence1\tsentence2\tlabel\n"
+        "0\tNo Weapons of Mass Destruction Found in Iraq Yet.\tWeapons of Mass Destruction "
+        "Found in Iraq.\tnot_entailment\n"
+        "1\tA place of sorrow.\tPope Benedict XVI is the new leader.\tentailment\n",
+        "dev.tsv": "index\tsentence1\tsentence2\tlabel\n"
+        "0\tDana Reeve died.\tChristopher Reeve had an accident.\tnot_entailment\n",
+    },
+}
+
+
+def write_glue(root: Path, tasks: list[str] | None = None) -> Path:
+    """The GLUE files of ``tasks`` under ``root/<Folder>/`` as the original distribution."""
+    for name in tasks or list(GLUE_FILES):
+        folder = root / TASKS[name].folder
+        folder.mkdir(parents=True, exist_ok=True)
+        for file, text in GLUE_FILES[name].items():
+            (folder / file).write_text(text, encoding="utf-8")
+    return root
+
+
+# ------------------------------------------------------------------------------ readers
+
+
+def test_every_task_reads_its_original_layout(tmp_path):
+    data_dir = write_glue(tmp_path)
+    expected = {
+        "sst2": (
+            [Example("hide new secretions from the parental units ", None, 0),
+             Example("that loves its characters and communicates something rather beautiful ",
+                     None, 1)],
+            {"dev": [Example("it 's a charming and often affecting journey . ", None, 1)]},
+        ),
+        "cola": (
+            [Example("Our friends won't buy this analysis, let alone the next one.", None, 1),
+             Example("They drank the pub.", None, 0)],
+            {"dev": [Example("The sailors rode the breeze clear of the rocks.", None, 1),
+                     Example('The more "we study, the.', None, 0)]},
+        ),
+        "mnli": (
+            [Example("Conceptually cream skimming has two dimensions.",
+                     "Product and geography are what make cream skimming work.", 1),
+             Example("you know during the season", "You lose the things.", 0)],
+            {"dev_matched": [Example("The new rights are nice enough",
+                                     "Everyone really likes them.", 1)],
+             "dev_mismatched": [Example("Your contribution helped.",
+                                        "Your contribution did not help.", 2),
+                                Example("He went home.", "He left.", 0)]},
+        ),
+        "qqp": (
+            [Example("How is the life of a math student?", "Which level of prepration is enough?",
+                     0),
+             Example("How do I control my horny emotions?", "How do you control your horniness?",
+                     1)],
+            {"dev": [Example("Why are they so tall?", "Why are they tall?", 1)]},
+        ),
+        "qnli": (
+            [Example("When did the third Digimon series begin?",
+                     "Unlike the two seasons before it.", 1),
+             Example("Which missile batteries often have individual launchers?",
+                     "The missiles are launched from individual launchers.", 0)],
+            {"dev": [Example("What came into force after the new constitution?",
+                             "The Senate came into force.", 0)]},
+        ),
+        "mrpc": (
+            [Example("Amrozi accused his brother.", "Referring to him, Amrozi accused his brother.",
+                     1),
+             Example("Yucaipa owned Dominick 's .", "Yucaipa bought Dominick 's .", 0)],
+            {"dev": [Example("He said the foodservice pie business doesn 't fit.",
+                             "The foodservice pie business does not fit.", 1)]},
+        ),
+        "rte": (
+            [Example("No Weapons of Mass Destruction Found in Iraq Yet.",
+                     "Weapons of Mass Destruction Found in Iraq.", 1),
+             Example("A place of sorrow.", "Pope Benedict XVI is the new leader.", 0)],
+            {"dev": [Example("Dana Reeve died.", "Christopher Reeve had an accident.", 1)]},
+        ),
+    }  # fmt: skip
+    for name, (train, dev) in expected.items():
+        data = read_task_tsv(TASKS[name], data_dir)
+        assert data.train == train, name
+        assert data.dev == dev, name
+        assert data.source == f"tsv:{data_dir / TASKS[name].folder}"
+    qqp = read_task_tsv(TASKS["qqp"], data_dir)
+    assert qqp.skipped == {str(data_dir / "QQP" / "train.tsv"): 1}  # the cut row
+
+
+def test_a_task_folder_itself_is_accepted(tmp_path):
+    write_glue(tmp_path, ["sst2"])
+    assert len(read_task_tsv(TASKS["sst2"], tmp_path / "SST-2").train) == 2
+
+
+@pytest.mark.parametrize(("task", "missing"), [("sst2", "dev.tsv"), ("mnli", "dev_mismatched.tsv")])
+def test_a_missing_file_names_its_path_and_source(tmp_path, task, missing):
+    write_glue(tmp_path, [task])
+    path = tmp_path / TASKS[task].folder / missing
+    path.unlink()
+    with pytest.raises(GlueDataNotFound) as error:
+        read_task_tsv(TASKS[task], tmp_path)
+    message = str(error.value)
+    assert str(path) in message and "gluebenchmark.com" in message and "datasets" in message
+    assert "\n" not in message
+
+
+def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
+    status = cofr(
+        ["finetune", "glue", "--task", "rte", "--ckpt", str(tmp_path / "x.ckpt"),
+         "--data-dir", str(tmp_path)]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("cofr finetune glue: error: no GLUE RTE train file at ")
+    assert str(tmp_path / "RTE" / "train.tsv") in err and len(err.splitlines()) == 1
+
+
+def test_a_file_without_the_expected_columns_says_which(tmp_path):
+    folder = tmp_path / "RTE"
+    folder.mkdir()
+    (folder / "train.tsv").write_text("index\tpremise\thypothesis\tlabel\n0\ta\tb\tentailment\n")
+    (folder / "dev.tsv").write_text(GLUE_FILES["rte"]["dev.tsv"])
+    with pytest.raises(GlueFormatError, match=r"no column\(s\) \['sentence1', 'sentence2'\]"):
+        read_task_tsv(TASKS["rte"], tmp_path)
+
+
+def test_cola_without_labels_is_not_read_as_empty(tmp_path):
+    folder = tmp_path / "CoLA"
+    folder.mkdir()
+    (folder / "train.tsv").write_text("index\tsentence\n0\tBill whistled past the house.\n")
+    (folder / "dev.tsv").write_text(GLUE_FILES["cola"]["dev.tsv"])
+    with pytest.raises(GlueFormatError, match="none of its"):
+        read_task_tsv(TASKS["cola"], tmp_path)  # CoLA's test.tsv layout given as train
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def test_metrics_on_known_predictions():
+    labels = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    preds = [1, 1, 1, 0, 1, 1, 0, 0, 0, 0]  # TP 3, FN 1, FP 2, TN 4
+    assert accuracy(preds, labels) == pytest.approx(0.7)
+    assert f1_score(preds, labels) == pytest.approx(2 * 3 / (2 * 3 + 2 + 1))
+    expected_mcc = (3 * 4 - 2 * 1) / ((3 + 2) * (3 + 1) * (4 + 2) * (4 + 1)) ** 0.5
+    assert matthews_corrcoef(preds, labels) == pytest.approx(expected_mcc)
+    assert matthews_corrcoef(labels, labels) == pytest.approx(1.0)
+    assert matthews_corrcoef([1 - y for y in labels], labels) == pytest.approx(-1.0)
+    assert matthews_corrcoef([1] * 10, labels) == 0.0  # a constant prediction: undefined
+    assert f1_score([0, 0], [0, 0]) == 0.0
+    assert task_metrics(TASKS["cola"], preds, labels) == pytest.approx(
+        {"accuracy": 0.7, "mcc": expected_mcc}
+    )
+    assert set(task_metrics(TASKS["mrpc"], preds, labels)) == {"accuracy", "f1"}
+    assert set(task_metrics(TASKS["qqp"], preds, labels)) == {"accuracy", "f1"}
+    assert set(task_metrics(TASKS["rte"], preds, labels)) == {"accuracy"}
+
+
+def test_metrics_match_scikit_learn():
+    sklearn = pytest.importorskip("sklearn.metrics")
+    rng = random.Random(0)
+    for classes in (2, 3):
+        labels = [rng.randrange(classes) for _ in range(200)]
+        preds = [y if rng.random() < 0.6 else rng.randrange(classes) for y in labels]
+        assert matthews_corrcoef(preds, labels) == pytest.approx(
+            sklearn.matthews_corrcoef(labels, preds)
+        )
+        assert accuracy(preds, labels) == pytest.approx(sklearn.accuracy_score(labels, preds))
+    labels = [rng.randrange(2) for _ in range(200)]
+    preds = [rng.randrange(2) for _ in range(200)]
+    assert f1_score(preds, labels) == pytest.approx(sklearn.f1_score(labels, preds))
+
+
+# --------------------------------------------------------------------------- tokenising
+
+
+class Letters:
+    """A stand-in tokenizer: one id per character, EOS 0."""
+
+    eos_id = 0
+    vocab_size = 128
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_truncate_pair_cuts_the_longer_first():
+    a, b = list(range(10)), list(range(100, 103))
+    assert truncate_pair(a, b, 20) == (a, b)
+    assert truncate_pair(a, b, 8) == (a[:5], b)
+    assert truncate_pair(b, a, 8) == (b, a[:5])
+    assert truncate_pair(a, list(range(100, 110)), 7) == (a[:4], list(range(100, 103)))
+
+
+def test_encode_keeps_the_final_eos_within_max_length():
+    examples = [Example("abcdef", None, 1), Example("abcdef", "xyz", 0), Example("ab", "c", 1)]
+    ids, labels = encode_examples(examples, Letters(), max_length=6)
+    assert labels == [1, 0, 1]
+    assert ids[0] == [*map(ord, "abcde"), 0]
+    assert ids[1] == [ord("a"), ord("b"), 0, ord("x"), ord("y"), 0]
+    assert ids[2] == [ord("a"), ord("b"), 0, ord("c"), 0]
+    assert all(len(seq) <= 6 and seq[-1] == 0 for seq in ids)
+
+
+def test_collate_and_pool_read_the_last_real_token():
+    import torch
+
+    ids, lengths, labels = collate([([5, 6, 7], 1), ([8], 0)], pad_id=9)
+    assert ids.tolist() == [[5, 6, 7], [8, 9, 9]]
+    assert lengths.tolist() == [3, 1] and labels.tolist() == [1, 0]
+    hidden = torch.arange(2 * 3 * 2, dtype=torch.float).reshape(2, 3, 2)
+    assert pool_last(hidden, lengths).tolist() == [hidden[0, 2].tolist(), hidden[1, 0].tolist()]
+
+
+@pytest.mark.parametrize("preset", ["gpt2-tiny-f", "lstm-tiny"])
+def test_the_decoder_gives_hidden_states_and_padding_does_not_change_them(preset):
+    import torch
+
+    from cofrgenet.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig.from_preset(preset, vocab_size=64, block_size=16)).eval()
+    tied = getattr(model, "transformer", model).wte.weight if preset == "gpt2-tiny-f" else None
+    size = strip_lm_head(model)
+    if tied is not None:
+        assert any(p is tied for p in model.parameters())  # the embedding kept its weight
+    ids = torch.randint(0, 64, (1, 5))
+    padded = torch.cat([ids, torch.full((1, 3), 7)], dim=1)
+    with torch.no_grad():
+        hidden = model(padded)
+        alone = model(ids)
+    assert hidden.shape == (1, 8, size)
+    torch.testing.assert_close(pool_last(hidden, torch.tensor([5])), alone[:, -1])
+
+
+def test_schedule_and_config_checks():
+    assert linear_warmup_decay(0, 100, 10) == pytest.approx(0.1)
+    assert linear_warmup_decay(9, 100, 10) == pytest.approx(1.0)
+    assert linear_warmup_decay(55, 100, 10) == pytest.approx(0.5)
+    assert linear_warmup_decay(100, 100, 10) == 0.0
+    assert linear_warmup_decay(0, 10, 0) == 1.0
+    with pytest.raises(UserError, match="--lr"):
+        FinetuneConfig(lr=0)
+    with pytest.raises(UserError, match="--max-steps"):
+        FinetuneConfig(max_steps=0)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny `cofr fit` checkpoint (bytes, block 32) with its run folder and MLflow run."""
+    from eval_helpers import tiny_byte_data, trained_checkpoint
+
+    root = tmp_path_factory.mktemp("glue")
+    data = tiny_byte_data(root / "data")
+    return trained_checkpoint(root, data, preset="gpt2-tiny-f", steps=2)
+
+
+def _tiny_sst2(root: Path) -> Path:
+    rng = random.Random(0)
+    words = {1: ["good", "great", "fun", "lovely"], 0: ["bad", "dull", "awful", "boring"]}
+    lines = {}
+    for split, count in (("train", 24), ("dev", 10)):
+        rows = []
+        for i in range(count):
+            label = i % 2
+            rows.append(f"a {rng.choice(words[label])} film \t{label}")
+        lines[split] = "sentence\tlabel\n" + "\n".join(rows) + "\n"
+    folder = root / "SST-2"
+    folder.mkdir(parents=True)
+    (folder / "train.tsv").write_text(lines["train"])
+    (folder / "dev.tsv").write_text(lines["dev"])
+    return root
+
+
+def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
+    import mlflow
+
+    glue = _tiny_sst2(tmp_path / "glue")
+    out = tmp_path / "results.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = cofr(
+            ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
+             "--batch-size", "8", "--epochs", "2", "--max-steps", "5", "--lr", "1e-3",
+             "--accelerator", "cpu", "--no-progress", "--json", str(out), "--name", "e2e"]
+        )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0
+    # the decoder trains in train mode (it was loaded in eval mode, which Lightning keeps)
+    assert not [w for w in caught if "eval mode" in str(w.message)]
+    assert "accuracy" in printed and "93.56 / 94.16" in printed  # the table, paper beside
+    result = json.loads(out.read_text())
+    assert result["steps"] == 5 and result["train_examples"] == 24
+    assert set(result["metrics"]) == {"glue/sst2/accuracy"}
+    accuracy_ = result["metrics"]["glue/sst2/accuracy"]
+    assert 0.0 <= accuracy_ <= 1.0 and result["splits"]["dev"]["examples"] == 10
+
+    run_dir = pretrained.parent.parent  # runs/test/run
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent.parent / 'mlflow.db'}")
+    finetune_run = client.get_run(result["run_id"])
+    pretrain_id = (run_dir / "mlflow_run_id").read_text().strip()
+    assert finetune_run.data.tags["cofr.pretrain_run_id"] == pretrain_id
+    assert client.get_experiment(finetune_run.info.experiment_id).name == "glue-sst2"
+    assert finetune_run.data.params["task"] == "sst2"
+    assert finetune_run.data.params["lr"] == "0.001"
+    history = client.get_metric_history(result["run_id"], "glue/sst2/accuracy")
+    assert [m.step for m in history] == [3, 5]  # after epoch 1 (3 steps), then at max_steps
+    assert history[-1].value == pytest.approx(accuracy_)
+    assert "glue/sst2/loss" in finetune_run.data.metrics
+    pretrain_run = client.get_run(pretrain_id)
+    assert pretrain_run.data.metrics["glue/sst2/accuracy"] == pytest.approx(accuracy_)
+    (logged,) = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
+    assert logged.step == 2  # the checkpoint's step
+    assert pretrain_run.data.tags["glue.sst2.run_id"] == result["run_id"]
+    assert (
+        json.loads((Path(result["run_dir"]) / "results.json").read_text())["metrics"]
+        == (result["metrics"])
+    )
+
+
+def _fake_hub(monkeypatch, tables: dict[str, dict[str, dict[str, list]]]) -> list[tuple]:
+    """``datasets.load_dataset`` answering from ``tables`` ({config: {split: columns}})
+    for nyu-mll/glue and failing for any other name, as offline; returns the calls."""
+    datasets = pytest.importorskip("datasets")
+    calls: list[tuple] = []
+
+    def load_dataset(name, config, cache_dir=None):
+        calls.append((name, config))
+        if name != "nyu-mll/glue" or config not in tables:
+            raise ConnectionError(f"no route to the hub for {name}/{config}")
+        return {split: datasets.Dataset.from_dict(cols) for split, cols in tables[config].items()}
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+MNLI_HUB = {
+    "train": {
+        "premise": ["a man sleeps", "a dog runs", "it rains"],
+        "hypothesis": ["a man is awake", "an animal moves", "it is wet"],
+        "label": [2, 0, 0],
+        "idx": [0, 1, 2],
+    },
+    "validation_matched": {
+        "premise": ["a cat eats"], "hypothesis": ["a cat is fed"], "label": [0], "idx": [0]
+    },
+    "validation_mismatched": {
+        "premise": ["he waits", "she left"], "hypothesis": ["he is here", "she stayed"],
+        "label": [1, 2], "idx": [0, 1],
+    },
+    "test_matched": {"premise": ["x"], "hypothesis": ["y"], "label": [-1], "idx": [0]},
+}  # fmt: skip
+
+
+def test_the_hub_gives_the_same_examples_and_a_clear_error_offline(monkeypatch):
+    from cofrgenet.eval.glue_data import load_task
+
+    calls = _fake_hub(monkeypatch, {"mnli": MNLI_HUB})
+    data = load_task("mnli")
+    assert data.source == "hub:nyu-mll/glue"
+    assert data.train[0] == Example("a man sleeps", "a man is awake", 2)
+    assert data.dev["dev_mismatched"] == [
+        Example("he waits", "he is here", 1),
+        Example("she left", "she stayed", 2),
+    ]
+    with pytest.raises(GlueDataNotFound) as error:
+        load_task("cola")
+    assert calls[-2:] == [("nyu-mll/glue", "cola"), ("glue", "cola")]
+    message = str(error.value)
+    assert "--data-dir" in message and "gluebenchmark.com" in message and "\n" not in message
+
+
+def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeypatch, capsys):
+    import mlflow
+
+    _fake_hub(monkeypatch, {"mnli": MNLI_HUB})
+    out = tmp_path / "mnli.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",
+         "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "mnli-mm" in printed
+    result = json.loads(out.read_text())
+    assert set(result["metrics"]) == {"glue/mnli/accuracy", "glue/mnli-mm/accuracy"}
+    assert result["splits"]["dev_mismatched"]["examples"] == 2
+    assert result["run_id"] is None and result["source"] == "hub:nyu-mll/glue"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{pretrained.parents[3] / 'mlflow.db'}")
+    assert client.get_experiment_by_name("glue-mnli") is None
+    pretrain_id = (pretrained.parents[1] / "mlflow_run_id").read_text().strip()
+    assert "glue/mnli/accuracy" not in client.get_run(pretrain_id).data.metrics
+
+
+def test_importing_the_command_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import argparse, sys; import cofrgenet.eval.glue as g; "
+        "g.add_arguments(argparse.ArgumentParser()); "
+        "assert 'torch' not in sys.modules and 'lightning' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.slow
+def test_finetuning_learns_a_separable_toy_task(pretrained, tmp_path):
+    """Gradients reach the head and the decoder through the pooled state: a toy SST-2
+    ("a good film" vs "a bad film") is learnt from a 2-step checkpoint (~15 s)."""
+    from cofrgenet.eval.glue import finetune
+    from cofrgenet.eval.glue_data import load_task
+
+    data = load_task("sst2", _tiny_sst2(tmp_path / "glue"))
+    config = FinetuneConfig(lr=1e-3, epochs=12, batch_size=8, warmup_ratio=0.1)
+    result = finetune(pretrained, data, config, accelerator="cpu", mlflow=False)
+    assert result["steps"] == 36
+    assert result["metrics"]["glue/sst2/accuracy"] >= 0.9
+    assert result["splits"]["dev"]["loss"] < 0.5

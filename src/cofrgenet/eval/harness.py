@@ -1,0 +1,711 @@
+"""The lm-evaluation-harness model ``cofrgenet``: any ``cofr fit`` checkpoint on harness tasks.
+
+Three ways in:
+
+* ``cofr eval --harness TASKS`` (through :func:`run_harness`);
+* ``python -m cofrgenet.eval.harness --model cofrgenet --model_args ckpt=RUN/last.ckpt
+  --tasks arc_easy`` (lm_eval's own command line, with the model registered first);
+* ``import cofrgenet.eval.harness`` in Python, then ``lm_eval.simple_evaluate(model=
+  "cofrgenet", model_args={"ckpt": ...}, ...)`` or ``CofrgenetLM(ckpt=...)``.
+
+``lm_eval`` is an optional dependency and slow to import, so nothing here imports more
+than its registry (about 40 ms) until a model is built: :class:`CofrgenetLM` subclasses
+``lm_eval.api.model.TemplateLM`` and is made on first use (module ``__getattr__``).
+
+Conventions (those of the harness's Hugging Face model, ``lm_eval.models.huggingface``):
+
+* loglikelihood: the context's trailing whitespace moves onto the continuation, the pair
+  is encoded as the harness does for causal models (``TemplateLM._encode_pair``), an empty
+  context becomes the EOS token, and ``context + continuation`` is cut from the left to
+  ``max_length + 1`` tokens. Every continuation token is scored: one longer than
+  ``max_length`` is scored in consecutive disjoint windows (as loglikelihood_rolling),
+  each reading ``max_length`` ids.
+* loglikelihood_rolling: EOS, then the text in disjoint windows of ``max_length``
+  (``get_rolling_token_windows`` + ``make_disjoint_window``); each token is scored once.
+* generate_until: the prompt's last ``max_length`` tokens, then token by token with the
+  context sliding like ``cofr generate`` (``training.generate.sample``), until a stop
+  string (or EOS) or ``max_gen_toks``. Greedy by default; ``do_sample`` / ``temperature``
+  / ``top_k`` / ``top_p`` sample, seeded by the model argument ``seed``.
+
+Log-probabilities are the model's own: a softmax over all its logits, padded vocabulary
+included (as in training). Ids the tokenizer does not have (a vocabulary padded to a
+multiple of 64) are never generated, nor count as the greedy choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cofrgenet.errors import UserError, did_you_mean
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from cofrgenet.data import Tokenizer
+
+log = logging.getLogger(__name__)
+
+#: The name under which lm_eval finds the model (``--model cofrgenet``).
+MODEL_NAME = "cofrgenet"
+#: This module's import name (also when run as ``python -m cofrgenet.eval.harness``).
+MODULE = "cofrgenet.eval.harness"
+#: Where lm_eval's registry finds the class (resolved through this module's __getattr__).
+MODEL_TARGET = f"{MODULE}:CofrgenetLM"
+#: Batch size for lm_eval's ``--batch_size auto`` (no memory probing here).
+AUTO_BATCH_SIZE = 16
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+class HarnessNotInstalled(UserError, ImportError):
+    """The optional dependency ``lm_eval`` is missing."""
+
+
+class HarnessError(UserError, ValueError):
+    """A harness task or option the user gave is not valid."""
+
+
+def _require_lm_eval() -> None:
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise HarnessNotInstalled(
+            "the lm-evaluation-harness is not installed: `pip install lm_eval` "
+            "(or the project's extra: `pip install -e '.[eval]'`)"
+        ) from None
+
+
+def register() -> type:
+    """Register ``cofrgenet`` with lm_eval's model registry; return the model class.
+
+    Idempotent. lm_eval fills its registry with its own models only when the registry
+    is empty, so those are registered first: ``--model hf`` keeps working.
+    """
+    _require_lm_eval()
+    return _lm_class()
+
+
+def _register_placeholder() -> None:
+    """Point lm_eval's registry at :data:`MODEL_TARGET` without building the class."""
+    import lm_eval.models  # noqa: F401  (lm_eval's own models, see register())
+    from lm_eval.api.registry import model_registry
+
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+
+
+def __getattr__(name: str) -> Any:
+    # The class needs lm_eval's base class, so it is made on first access.
+    if name == "CofrgenetLM":
+        _require_lm_eval()
+        return _lm_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@cache
+def _lm_class() -> type:
+    """``CofrgenetLM``: :class:`_CofrgenetLMImpl` on lm_eval's ``TemplateLM``, registered."""
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+
+    _register_placeholder()  # lm_eval's own models first (see register())
+    cls = type(
+        "CofrgenetLM",
+        (_CofrgenetLMImpl, TemplateLM),
+        {"__module__": MODULE, "__doc__": _CofrgenetLMImpl.__doc__},
+    )
+    # Replaces the placeholder (same "module:name") in the registry, or registers anew.
+    return register_model(MODEL_NAME)(cls)
+
+
+def _int_or_auto(value: int | str | None, default: int) -> int:
+    """lm_eval passes batch sizes as ints or strings ("8", "auto", "auto:4")."""
+    if value is None:
+        return default
+    if isinstance(value, str) and value.startswith("auto"):
+        return AUTO_BATCH_SIZE
+    size = int(value)
+    if size < 1:
+        raise HarnessError(f"batch_size must be at least 1, got {size}")
+    return size
+
+
+def _pad_right(rows: Sequence[Sequence[int]], pad: int, device: Any) -> Tensor:
+    """(B, T) long tensor of ``rows`` padded on the right to the longest."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+    return out.to(device)
+
+
+def score_windows(
+    tokens: Sequence[int], start: int, max_length: int
+) -> list[tuple[list[int], int]]:
+    """Windows that score ``tokens[start:]`` once each, given ``tokens[:start]`` (start >= 1).
+
+    Each window is (input ids, n): the model reads at most ``max_length`` ids, those just
+    before the window's last target, and its last n positions predict the window's n
+    targets (at most ``max_length``, disjoint). A single window is the harness's
+    ``(context + continuation)[-(max_length + 1):][:-1]``.
+    """
+    if start < 1:
+        raise ValueError("score_windows needs at least one context token")
+    windows = []
+    pos = start
+    while pos < len(tokens):
+        stop = min(pos + max_length, len(tokens))
+        windows.append((list(tokens[max(0, stop - 1 - max_length) : stop - 1]), stop - pos))
+        pos = stop
+    return windows
+
+
+class _CofrgenetLMImpl:
+    """lm_eval model over a ``cofr fit`` checkpoint (``--model cofrgenet``).
+
+    Model arguments: ``ckpt`` (required), ``tokenizer_dir`` (a prepared data folder whose
+    tokenizer to use), ``device``, ``batch_size``, ``max_length`` (default block_size;
+    longer only for recurrent models), ``max_gen_toks`` (256) and ``seed`` (1234, for
+    sampled generation).
+    """
+
+    backend = "causal"
+
+    def __init__(
+        self,
+        ckpt: str | Path | None = None,
+        device: str | None = None,
+        batch_size: int | str | None = 8,
+        max_batch_size: int | None = None,
+        tokenizer_dir: str | None = None,
+        max_length: int | None = None,
+        max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        seed: int = 1234,
+        **unused: Any,
+    ) -> None:
+        import torch
+
+        super().__init__()  # type: ignore[call-arg]  # lm_eval's LM: rank, cache hook
+        if unused:
+            log.warning("cofrgenet model: ignoring unknown model arguments %s", sorted(unused))
+        if ckpt is None:
+            raise HarnessError("the cofrgenet model needs a checkpoint: --model_args ckpt=PATH")
+        from cofrgenet.eval.checkpoint import load_checkpoint
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        loaded = load_checkpoint(ckpt, device=device, tokenizer_dir=tokenizer_dir)
+        self._setup(
+            loaded.model,
+            loaded.tokenizer,
+            loaded.block_size,
+            device=device,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_gen_toks=max_gen_toks,
+            seed=seed,
+        )
+        self.ckpt = str(ckpt)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        block_size: int,
+        *,
+        device: str = "cpu",
+        batch_size: int | str | None = 8,
+        max_length: int | None = None,
+        max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        seed: int = 1234,
+    ) -> Any:
+        """Wrap a model already in memory (tests, notebooks) instead of a checkpoint file."""
+        self = cls.__new__(cls)
+        super(_CofrgenetLMImpl, self).__init__()  # type: ignore[misc]  # lm_eval's LM
+        self._setup(
+            model.to(device).eval(),
+            tokenizer,
+            block_size,
+            device=device,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_gen_toks=max_gen_toks,
+            seed=seed,
+        )
+        self.ckpt = None
+        return self
+
+    def _setup(
+        self,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        block_size: int,
+        *,
+        device: str,
+        batch_size: int | str | None,
+        max_length: int | None,
+        max_gen_toks: int,
+        seed: int,
+    ) -> None:
+        import torch
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self._device = torch.device(device)
+        self.batch_size = _int_or_auto(batch_size, 8)
+        # Recurrent models (they have ``step``) read any length; transformers at most
+        # block_size positions.
+        self.recurrent = callable(getattr(model, "step", None))
+        length = int(max_length) if max_length is not None else int(block_size)
+        if length > block_size and not self.recurrent:
+            raise HarnessError(
+                f"max_length {length} exceeds the model's block_size {block_size}: a "
+                "transformer reads at most block_size positions"
+            )
+        self.max_length = length
+        self.max_gen_toks = int(max_gen_toks)
+        self.seed = int(seed)
+
+    # -- lm_eval's TemplateLM interface ------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"cofrgenet-{self.tokenizer.kind}-{self.tokenizer.vocab_size}"
+
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
+    ) -> list[int]:
+        # Our tokenizers add no special tokens; EOS (the prefix) is added by the callers.
+        return self.tokenizer.encode(string)
+
+    def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Recorded by lm_eval in the results' ``config``."""
+        return {
+            "model_num_parameters": sum(p.numel() for p in self.model.parameters()),
+            "ckpt": self.ckpt,
+            "max_length": self.max_length,
+        }
+
+    @property
+    def _n_real(self) -> int:
+        """Ids below this are the tokenizer's; the rest pad the model's vocabulary."""
+        return self.tokenizer.vocab_size
+
+    # -- scoring -----------------------------------------------------------------------
+
+    def _forward_logprobs(self, rows: Sequence[Sequence[int]]) -> Tensor:
+        """Log-softmax (B, T, V) in float32 of right-padded ``rows`` (the model is causal,
+        so padding after a row changes none of its positions)."""
+        import torch
+
+        with torch.no_grad():
+            logits = self.model(_pad_right(rows, self.eot_token_id, self._device))
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def _score_windows(
+        self, windows: Sequence[tuple[list[int], int, list[int]]], disable_tqdm: bool = True
+    ) -> list[tuple[float, bool]]:
+        """(sum log-prob, all greedy) of each (input ids, n scored, targets) window.
+
+        Windows run longest first, ``batch_size`` at a time, so a batch pads little.
+        """
+        import torch
+        from tqdm import tqdm
+
+        order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
+        out: list[tuple[float, bool]] = [(0.0, True)] * len(windows)
+        bar = tqdm(total=len(windows), disable=disable_tqdm, desc="Scoring windows")
+        for at in range(0, len(order), self.batch_size):
+            batch = order[at : at + self.batch_size]
+            logprobs = self._forward_logprobs([windows[i][0] for i in batch])
+            for row, i in enumerate(batch):
+                inputs, n, targets = windows[i]
+                lp = logprobs[row, len(inputs) - n : len(inputs)]  # (n, V)
+                target = torch.as_tensor(targets, dtype=torch.long, device=lp.device)
+                total = float(lp.gather(1, target[:, None]).sum())
+                greedy = bool((lp[:, : self._n_real].argmax(-1) == target).all())
+                out[i] = (total, greedy)
+            bar.update(len(batch))
+        bar.close()
+        return out
+
+    def _score_sequences(
+        self, requests: Sequence[tuple[list[int], list[int]]], disable_tqdm: bool = True
+    ) -> list[tuple[float, bool]]:
+        """(log P(continuation | context), is greedy) of token (context, continuation) pairs."""
+        windows: list[tuple[list[int], int, list[int]]] = []
+        owner: list[int] = []
+        for k, (context, continuation) in enumerate(requests):
+            tokens = [*context, *continuation]
+            start = len(context)
+            for inputs, n in score_windows(tokens, start, self.max_length):
+                end = start + n
+                windows.append((inputs, n, tokens[start:end]))
+                owner.append(k)
+                start = end
+        scores = self._score_windows(windows, disable_tqdm=disable_tqdm)
+        totals = [0.0] * len(requests)
+        greedy = [True] * len(requests)
+        for k, (lp, is_greedy) in zip(owner, scores, strict=True):
+            totals[k] += lp
+            greedy[k] = greedy[k] and is_greedy
+        return list(zip(totals, greedy, strict=True))
+
+    def _loglikelihood_tokens(
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        **kwargs: Any,
+    ) -> list[tuple[float, bool]]:
+        results = self._score_sequences(
+            [(ctx, cont) for _, ctx, cont in requests], disable_tqdm=disable_tqdm
+        )
+        for (request, _, _), answer in zip(requests, results, strict=True):
+            if request is not None:
+                self.cache_hook.add_partial("loglikelihood", request, answer)
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each whole text, from EOS, in disjoint ``max_length`` windows."""
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        pairs: list[tuple[list[int], list[int]]] = []
+        owner: list[int] = []
+        for k, (string,) in enumerate(req.args for req in requests):
+            for context, continuation in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.eot_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                ),
+            ):
+                pairs.append((context, continuation))
+                owner.append(k)
+        scores = self._score_sequences(pairs, disable_tqdm=disable_tqdm)
+        totals = [0.0] * len(requests)
+        for k, (lp, _) in zip(owner, scores, strict=True):
+            totals[k] += lp
+        for req, total in zip(requests, totals, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # -- generation --------------------------------------------------------------------
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Continue each context until a stop string, EOS or ``max_gen_toks`` tokens.
+
+        Requests are batched by (generation arguments, prompt length): the models take
+        no attention mask, so a batch's prompts must be the same length.
+        """
+        import torch
+        from lm_eval.models.utils import (
+            handle_stop_sequences,
+            normalize_gen_kwargs,
+            postprocess_generated_text,
+        )
+        from tqdm import tqdm
+
+        generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        eos_text = self.tok_decode([self.eot_token_id])
+        prepared = []
+        for context, gen_kwargs in (req.args for req in requests):
+            kwargs = dict(normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks))
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+            ids = self.tok_encode(context)[-self.max_length :] or [self.eot_token_id]
+            prepared.append((ids, until, kwargs))
+
+        def group_key(i: int) -> tuple[int, str]:
+            ids, until, kwargs = prepared[i]
+            return (-len(ids), repr((until, sorted(kwargs.items(), key=str))))
+
+        order = sorted(range(len(requests)), key=group_key)
+        out: list[str] = [""] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="Generating")
+        at = 0
+        while at < len(order):
+            key = group_key(order[at])
+            batch = [order[at]]
+            while (
+                at + len(batch) < len(order)
+                and len(batch) < self.batch_size
+                and group_key(order[at + len(batch)]) == key
+            ):
+                batch.append(order[at + len(batch)])
+            at += len(batch)
+            _, until, kwargs = prepared[batch[0]]
+            texts = self._generate(
+                [prepared[i][0] for i in batch], until, kwargs, generator=generator
+            )
+            for i, text in zip(batch, texts, strict=True):
+                out[i] = postprocess_generated_text(text, stop=until, think_end_token=None)
+                self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+            bar.update(len(batch))
+        bar.close()
+        return out
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        until: list[str],
+        kwargs: dict[str, Any],
+        generator: torch.Generator | None = None,
+    ) -> list[str]:
+        """Generated text (stop strings not yet cut) of equal-length ``prompts``."""
+        import torch
+
+        max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+        do_sample = bool(kwargs.pop("do_sample", False))
+        temperature = float(kwargs.pop("temperature", 0.0) or 0.0) if do_sample else 0.0
+        top_k = kwargs.pop("top_k", None)
+        top_p = kwargs.pop("top_p", None)
+        ignored = {k: v for k, v in kwargs.items() if k not in ("max_length",)}
+        if ignored:
+            log.warning("cofrgenet model: ignoring generation arguments %s", ignored)
+
+        def choose(logits: Tensor) -> Tensor:
+            return next_token(
+                logits,
+                self._n_real,
+                temperature=temperature,
+                top_k=None if top_k in (None, 0) else int(top_k),
+                top_p=None if top_p in (None, 1, 1.0) else float(top_p),
+                generator=generator,
+            )
+
+        def stopped(tokens: list[int]) -> bool:
+            text = self.tok_decode(tokens)
+            return any(s and s in text for s in until)
+
+        idx = torch.tensor(prompts, dtype=torch.long, device=self._device)
+        with torch.no_grad():
+            new = decode(self.model, idx, max_new, self.max_length, choose, stopped)
+        return [self.tok_decode(tokens) for tokens in new]
+
+
+def next_token(
+    logits: Tensor,
+    n_real: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Next ids (B, 1) from last-position logits (B, V), never an id >= ``n_real``.
+
+    temperature 0 is greedy; otherwise as ``training.generate.sample`` (temperature, then
+    top-k), then nucleus (top-p) filtering.
+    """
+    import torch
+
+    logits = logits[:, :n_real].float()
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # Drop a token when the ones before it already hold top_p (the first always stays).
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+def decode(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    max_length: int,
+    choose: Callable[[Tensor], Tensor],
+    stopped: Callable[[list[int]], bool],
+) -> list[list[int]]:
+    """New token ids of each row of ``idx`` (B, T): ``choose`` picks each next token from
+    the last logits, until ``stopped(new ids)`` or ``max_new_tokens``.
+
+    Transformers re-read the last ``max_length`` ids each step (as ``sample``); recurrent
+    models (with ``step``) read the prompt once and carry their hidden state. Finished
+    rows leave the batch.
+    """
+    import torch
+
+    rows = list(range(idx.shape[0]))  # original row of each active row
+    new: list[list[int]] = [[] for _ in rows]
+    if max_new_tokens <= 0:
+        return new
+    step = getattr(model, "step", None)
+    recurrent = callable(step)
+    state: Any = None
+    if recurrent:
+        logits, state = step(idx)
+    else:
+        logits = model(idx[:, -max_length:])
+    for i in range(max_new_tokens):
+        next_ids = choose(logits[:, -1, :])  # (B, 1)
+        keep = []
+        for r, token in enumerate(next_ids[:, 0].tolist()):
+            new[rows[r]].append(token)
+            if not stopped(new[rows[r]]):
+                keep.append(r)
+        if not keep or i + 1 == max_new_tokens:
+            break
+        if len(keep) < len(rows):  # drop finished rows from the batch
+            rows = [rows[r] for r in keep]
+            index = torch.tensor(keep, device=idx.device)
+            idx, next_ids = idx[index], next_ids[index]
+            if recurrent:
+                state = _select_rows(state, index)
+        idx = torch.cat([idx, next_ids], dim=1)
+        if recurrent:
+            logits, state = step(next_ids, state)
+        else:
+            logits = model(idx[:, -max_length:])
+    return new
+
+
+def _select_rows(state: Any, index: Tensor) -> Any:
+    """Rows ``index`` of a recurrent state: h (layers, B, H) or an LSTM's (h, c)."""
+    if isinstance(state, tuple):
+        return tuple(s[:, index] for s in state)
+    return state[:, index]
+
+
+# -- cofr eval --harness -------------------------------------------------------------------
+
+
+def _expand_tasks(task_manager: Any, tasks: Sequence[str]) -> list[str]:
+    """Task names (globs expanded, YAML paths kept); a UserError for unknown ones."""
+    names: list[str] = []
+    for task in tasks:
+        if any(c in task for c in "*?["):
+            matched = task_manager.match_tasks([task])
+            if not matched:
+                raise HarnessError(f"no harness task matches {task!r}")
+            names += matched
+        elif task in task_manager.all_tasks or (
+            task.endswith((".yaml", ".yml")) and Path(task).is_file()
+        ):
+            names.append(task)
+        else:
+            raise HarnessError(
+                f"unknown harness task {task!r}{did_you_mean(task, task_manager.all_tasks)}; "
+                "`lm_eval ls tasks` lists them, and --include-path DIR adds a folder of task YAMLs"
+            )
+    return names
+
+
+def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{task: {metric: value}}`` from ``simple_evaluate``'s ``results["results"]``.
+
+    lm_eval keys metrics ``"acc,none"`` (metric, filter): the ``none`` filter is dropped,
+    others become ``"exact_match/strict-match"`` (MLflow metric names take no commas).
+    Non-numbers (aliases, "N/A" standard errors) are left out.
+    """
+    flat: dict[str, dict[str, float]] = {}
+    for task, metrics in results.get("results", {}).items():
+        row: dict[str, float] = {}
+        for key, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            metric, _, filter_name = key.partition(",")
+            name = metric if filter_name in ("", "none") else f"{metric}/{filter_name}"
+            row[name] = float(value)
+        flat[task] = row
+    return flat
+
+
+def run_harness(
+    ckpt: str | Path,
+    tasks: list[str],
+    *,
+    include_path: str | None = None,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    num_fewshot: int | None = None,
+    tokenizer_dir: str | None = None,
+    bootstrap_iters: int = 1000,
+    seed: int = 1234,
+) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}} from lm_eval.simple_evaluate through the cofrgenet LM.
+
+    include_path: a folder of extra task YAMLs (lm_eval's ``--include_path``), added to
+    lm_eval's own tasks (one of the same name replaces lm_eval's). ``tasks`` may also
+    hold globs (``arc_*``) and YAML file paths.
+    bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexities;
+    lm_eval's default 100000 takes minutes); 0 skips them.
+    """
+    _require_lm_eval()
+    if not tasks:
+        raise HarnessError("no harness tasks given")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise HarnessError(f"--include-path {include_path!r} is not a folder")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    register()
+    task_manager = TaskManager(include_path=include_path)
+    names = _expand_tasks(task_manager, tasks)
+    lm = _lm_class()(
+        ckpt=str(ckpt), device=device, batch_size=batch_size, tokenizer_dir=tokenizer_dir, seed=seed
+    )
+    results = simple_evaluate(
+        model=lm,
+        tasks=names,
+        num_fewshot=num_fewshot,
+        limit=limit,
+        task_manager=task_manager,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
+    if results is None:  # only on non-zero ranks of a distributed run
+        return {}
+    return flatten_results(results)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """lm_eval's command line with the ``cofrgenet`` model registered:
+    ``python -m cofrgenet.eval.harness --model cofrgenet --model_args ckpt=... --tasks ...``.
+    """
+    register()
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    cli_evaluate()
+
+
+# Importing this module makes ``--model cofrgenet`` known to lm_eval when it is installed
+# (its registry is cheap to import; the model class is built on first use).
+with contextlib.suppress(ImportError):
+    _register_placeholder()
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, so that the class lives in cofrgenet.eval.harness.
+    import importlib
+
+    importlib.import_module(MODULE).main()

@@ -271,3 +271,19 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert (out / "pareto.png").stat().st_size > 1000
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
+
+
+def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys):
+    include = Path(__file__).parent / "data" / "harness"
+    out = tmp_path / "harness.json"
+    argv = ["eval", str(checkpoint), "--tasks", "", "--harness", "cofr_tiny_mc"]
+    assert main([*argv, "--include-path", str(include), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "cofr_tiny_mc" in printed and "acc_norm" in printed
+    results = json.loads(out.read_text())["results"]
+    assert 0 <= results["cofr_tiny_mc"]["acc"] <= 1
+    mlflow.set_tracking_uri(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}")
+    run = mlflow.get_run(json.loads(out.read_text())["mlflow_run_id"])
+    assert run.data.metrics["eval/cofr_tiny_mc/acc"] == pytest.approx(
+        results["cofr_tiny_mc"]["acc"]
+    )

@@ -143,6 +143,20 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
     Console(width=max(Console().width, 110)).print(table)
 
 
+def print_harness_results(results: dict[str, dict[str, float]], title: str) -> None:
+    """Harness tasks have metrics of their own (acc, acc_norm, exact_match, ...)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("task", "metric", "value"):
+        table.add_column(column, justify="right" if column == "value" else "left", no_wrap=True)
+    for name, metrics in results.items():
+        for key, value in metrics.items():
+            table.add_row(name, key, f"{value:.4f}")
+    Console(width=max(Console().width, 110)).print(table)
+
+
 def mlflow_metrics(results: dict[str, dict[str, float]]) -> dict[str, float]:
     """``eval/<task>/<metric>`` for every number (counts and seconds included)."""
     return {
@@ -192,21 +206,21 @@ def run(args: argparse.Namespace) -> int:
     results = evaluate_tasks(
         loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit
     )
+    harness: dict[str, dict[str, float]] = {}
     if harness_tasks:
         from cofrgenet.eval.harness import run_harness
 
-        results.update(
-            run_harness(
-                args.ckpt,
-                harness_tasks,
-                include_path=args.include_path,
-                limit=args.limit,
-                batch_size=args.batch_size,
-                device=args.device,
-                num_fewshot=args.num_fewshot,
-                tokenizer_dir=args.tokenizer,
-            )
+        harness = run_harness(
+            args.ckpt,
+            harness_tasks,
+            include_path=args.include_path,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            device=args.device,
+            num_fewshot=args.num_fewshot,
+            tokenizer_dir=args.tokenizer,
         )
+        results.update(harness)
     report = {
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
@@ -217,7 +231,11 @@ def run(args: argparse.Namespace) -> int:
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
     }
-    print_results(results, f"{args.ckpt} (step {loaded.step}, {args.split})")
+    title = f"{args.ckpt} (step {loaded.step}, {args.split})"
+    if tasks:
+        print_results({k: v for k, v in results.items() if k in tasks}, title)
+    if harness:
+        print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -190,6 +190,11 @@ def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     assert params["trainer.max_steps"] == "4"
     assert all(len(v) <= 500 for v in params.values())
     assert len(client.get_metric_history(run_id, "train/loss")) == 4
+    # From the second step on (the first has no previous step to time against).
+    flops = client.get_metric_history(run_id, "perf/flops_per_s")
+    utilisation = client.get_metric_history(run_id, "perf/mfu")
+    assert len(flops) == 3 and len(utilisation) == 3
+    assert all(m.value > 0 for m in flops) and all(0 < m.value < 1 for m in utilisation)
     assert {a.path for a in client.list_artifacts(run_id)} >= {"config.yaml"}
     run_dirs = list((tmp_path / "runs" / "test").iterdir())
     assert (run_dirs[0] / "mlflow_run_id").read_text().strip() == run_id

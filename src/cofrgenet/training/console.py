@@ -51,7 +51,12 @@ def quiet_known_noise() -> None:
 
 
 #: Progress-bar names of logged metrics (the full names stay in MLflow).
-SHORT_NAMES = {"perf/tokens_per_sec": "tok/s", "train/loss": "loss", "val/loss": "val"}
+SHORT_NAMES = {
+    "perf/tokens_per_sec": "tok/s",
+    "perf/mfu": "mfu",
+    "train/loss": "loss",
+    "val/loss": "val",
+}
 
 
 class StepProgressBar(RichProgressBar):
@@ -83,7 +88,11 @@ class StepProgressBar(RichProgressBar):
         out: dict[str, Any] = {}
         for name, value in items.items():
             short = SHORT_NAMES.get(name, name)
-            out[short] = f"{value:,.0f}" if short == "tok/s" and isinstance(value, float) else value
+            if short == "tok/s" and isinstance(value, float):
+                value = f"{value:,.0f}"
+            elif short == "mfu" and isinstance(value, float):
+                value = f"{value:.1%}"
+            out[short] = value
         return out
 
 

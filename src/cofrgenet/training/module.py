@@ -57,7 +57,8 @@ class LanguageModel(L.LightningModule):
     Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm
     (before clipping), opt/grad_spikes (steps so far whose grad norm exceeded
     SPIKE_FACTOR x the median of the previous SPIKE_WINDOW), perf/tokens_per_sec,
-    perf/mfu (GPUs in the peak table only), data/tokens_seen.
+    perf/flops_per_s (analytic training FLOPs per device), perf/mfu (against the data
+    sheet's peak on known GPUs, a measured matmul peak on CPUs), data/tokens_seen.
     """
 
     def __init__(
@@ -158,11 +159,13 @@ class LanguageModel(L.LightningModule):
         tokens = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size
         rate = tokens / max(elapsed, 1e-9)
         self.log("perf/tokens_per_sec", rate, prog_bar=True)
+        # Per device: the analytic training FLOPs of the tokens each device processed.
+        self.log("perf/flops_per_s", self.flops_per_token * rate / self.trainer.world_size)
         if self._peak_flops is None:
             self._peak_flops = device_peak_flops(self.device, self.trainer.precision) or 0.0
         utilisation = mfu(self.flops_per_token, rate, self._peak_flops, self.trainer.world_size)
         if utilisation is not None:
-            self.log("perf/mfu", utilisation)
+            self.log("perf/mfu", utilisation, prog_bar=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: Dense peak FLOP/s by device name fragment and compute dtype (no sparsity). Sources:
@@ -29,8 +31,33 @@ def precision_kind(precision: str | int | None) -> str:
     return "fp32"
 
 
+def measured_peak_flops(device_type: str, dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of a few square matmuls on this machine (~0.1 s on a CPU, once per
+    process): the peak a CPU run's MFU is measured against, since CPUs have no data sheet
+    figure that holds for a shared, throttled or partly used machine."""
+    return _measured_peak_flops(device_type, dtype)
+
+
+@functools.cache
+def _measured_peak_flops(device_type: str, dtype: torch.dtype) -> float:
+    import time
+
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
 def device_peak_flops(device: torch.device, precision: str | int | None) -> float | None:
-    """Peak dense FLOP/s of ``device`` for ``precision``, or None when unknown (e.g. CPUs)."""
+    """Peak dense FLOP/s of ``device`` for ``precision``: the data sheet's for known GPUs,
+    a measured matmul peak on CPUs (:func:`measured_peak_flops`), None for unknown GPUs."""
+    if device.type == "cpu":
+        dtype = torch.bfloat16 if precision_kind(precision) == "bf16" else torch.float32
+        return measured_peak_flops("cpu", dtype)
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device).lower()

@@ -48,7 +48,7 @@ class Command:
 
 #: Help lines of command groups (the first word of multi-word commands).
 GROUPS: dict[str, str] = {
-    "bench": "benchmarks; results are written to docs/benchmarks/",
+    "bench": "benchmarks; results are written to runs/bench/ unless --out-dir says otherwise",
     "data": "corpora: tokenize and write them for streaming",
     "export": "write a checkpoint in another ecosystem's format",
     "finetune": "fine-tune a pretrained checkpoint on a downstream task",
@@ -153,6 +153,11 @@ COMMANDS: tuple[Command, ...] = (
         ("bench", "ops"),
         "time literal vs continuant continued-fraction ops (forward, forward+backward)",
         "cofrgenet.bench.ops",
+    ),
+    Command(
+        ("bench", "train"),
+        "training and generation speed, memory and MFU of each variant, eager and compiled",
+        "cofrgenet.bench.train",
     ),
     Command(
         ("bench", "quality"),

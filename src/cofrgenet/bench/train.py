@@ -1,0 +1,504 @@
+"""Training and generation speed of each model variant: ``cofr bench train``.
+
+Every variant is built at one width and depth (``--n-layer``, ``--n-embd``, ...), eager
+and ``torch.compile``d, and trained on random tokens with AdamW in a plain loop (the
+model's cost, without Lightning's per-step overhead, which is the same for all). In one
+run, with interleaved rounds so that a drifting machine hits all of them alike:
+
+* tokens/s: the median of the timed steps (warm-up steps, where compilation happens,
+  left out), and each variant's ratio to gpt2 in the same mode;
+* achieved FLOP/s from the analytic training FLOPs per token
+  (:func:`cofrgenet.models.estimate_flops_per_token`), and MFU against a peak measured in
+  the same run (the best of a few large matmuls in the training dtype);
+* graph breaks of the whole-model compile (``torch._dynamo.explain``);
+* memory: activation bytes per token kept for backward (every tensor autograd saves,
+  parameters excluded) and the peak memory of training above the built model
+  (gradients, optimizer state, activations; CUDA: the allocator's peak over three steps;
+  CPU: the growth of a fresh process's peak RSS over three steps);
+* generation: tokens/s with the mixers' caches against recomputing the context for every
+  token, and the latency of one token at a full context both ways.
+
+Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
+
+#: Variant name -> (preset, overrides); every variant is rebuilt at the bench's shape.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt2": ("gpt2-mini", {}),
+    "cofrgenet-f": ("gpt2-mini-f", {}),
+    "cofrgenet-f-elementwise": ("gpt2-mini-f", {"cffn_ladder": "elementwise"}),
+    "cofrgenet-a": ("gpt2-mini-a", {}),
+    "cofrgenet-a-u": ("gpt2-mini", {"attention": "cattn_u"}),
+    "cofrgenet": ("gpt2-mini-fa", {}),
+    "llama3": ("llama3-mini", {}),
+    "lstm": ("lstm-mini", {}),
+}
+BASELINE = "gpt2"
+SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")
+
+
+@dataclass
+class TrainBenchConfig:
+    variants: tuple[str, ...] = field(
+        default=tuple(VARIANTS),
+        metadata={"help": f"variants ({', '.join(VARIANTS)}) or any preset name"},
+    )
+    modes: tuple[str, ...] = field(
+        default=("eager", "compiled"), metadata={"help": "eager and/or compiled"}
+    )
+    n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
+    n_embd: int = field(default=256, metadata={"help": "width of every variant"})
+    n_head: int = field(default=4, metadata={"help": "attention heads"})
+    block_size: int = field(default=256, metadata={"help": "sequence length"})
+    vocab_size: int = field(default=512, metadata={"help": "vocabulary"})
+    batch_size: int = field(default=8, metadata={"help": "sequences per step"})
+    steps: int = field(default=4, metadata={"help": "timed steps per variant and round"})
+    warmup: int = field(default=2, metadata={"help": "untimed steps before the first round"})
+    rounds: int = field(default=3, metadata={"help": "interleaved rounds"})
+    dtype: str = field(default="float32", metadata={"help": "float32 or bfloat16 (autocast)"})
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    memory: bool = field(default=True, metadata={"help": "measure activation and peak memory"})
+    generation: bool = field(default=True, metadata={"help": "measure generation speed"})
+    gen_tokens: int = field(default=32, metadata={"help": "tokens generated per variant"})
+    seed: int = field(default=0, metadata={"help": "random seed of weights and tokens"})
+    out_dir: str = field(default="runs/bench", metadata={"help": "folder of the report"})
+
+
+@dataclass
+class VariantResult:
+    variant: str
+    mode: str
+    params: int
+    flops_per_token: int
+    step_ms: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+    graph_breaks: int | None = None
+    activation_bytes_per_token: int | None = None
+    peak_memory_bytes: int | None = None
+    gen_cached_tokens_per_s: float | None = None
+    gen_recompute_tokens_per_s: float | None = None
+    latency_cached_ms: float | None = None
+    latency_recompute_ms: float | None = None
+
+
+def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
+    from cofrgenet.models import ModelConfig
+
+    preset, overrides = VARIANTS.get(variant, (variant, {}))
+    shape = {name: getattr(cfg, name) for name in SHAPE_FIELDS}
+    config = ModelConfig.from_preset(preset, **shape, **overrides)
+    if config.n_kv_head is not None and cfg.n_head % config.n_kv_head:
+        config = ModelConfig.from_preset(preset, **shape, **overrides, n_kv_head=None)
+    return config
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _autocast(cfg: TrainBenchConfig) -> Any:
+    import torch
+
+    if cfg.dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.dtype))
+
+
+class Trainer:
+    """One variant in one mode: a model, AdamW and a step on fixed random tokens."""
+
+    def __init__(self, cfg: TrainBenchConfig, variant: str, mode: str) -> None:
+        import torch
+
+        from cofrgenet.models import build_model, count_parameters, estimate_flops_per_token
+
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.device = cfg, torch.device(cfg.device)
+        self.config = model_config(cfg, variant)
+        self.model = build_model(self.config).to(self.device).train()
+        self.forward: Callable[..., Any] = self.model
+        if mode == "compiled":
+            self.forward = torch.compile(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        self.batch = torch.randint(
+            0, cfg.vocab_size, (cfg.batch_size, cfg.block_size + 1), generator=generator
+        ).to(self.device)
+        self.result = VariantResult(
+            variant=variant,
+            mode=mode,
+            params=count_parameters(self.config).total,
+            flops_per_token=estimate_flops_per_token(self.config).training,
+        )
+
+    def loss(self) -> Any:
+        import torch.nn.functional as F
+
+        inputs, targets = self.batch[:, :-1], self.batch[:, 1:]
+        with _autocast(self.cfg):
+            logits = self.forward(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def step(self) -> None:
+        self.loss().backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def timed_steps(self, count: int) -> list[float]:
+        times = []
+        for _ in range(count):
+            _sync(self.device)
+            start = time.perf_counter()
+            self.step()
+            _sync(self.device)
+            times.append((time.perf_counter() - start) * 1e3)
+        return times
+
+
+# ------------------------------------------------------------------ measurements
+
+
+def peak_matmul_flops(cfg: TrainBenchConfig) -> float:
+    """Best FLOP/s of a square matmul in the training dtype (the run's own peak)."""
+    import torch
+
+    device = torch.device(cfg.device)
+    n = 4096 if device.type == "cuda" else 1024
+    dtype = torch.float32 if cfg.dtype == "float32" else getattr(torch, cfg.dtype)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def graph_breaks(trainer: Trainer) -> int:
+    import torch
+
+    explained = torch._dynamo.explain(trainer.model)(trainer.batch[:, :-1])
+    torch._dynamo.reset()
+    return int(explained.graph_break_count)
+
+
+def activation_bytes(trainer: Trainer) -> int:
+    """Bytes of the tensors autograd keeps for backward in one forward (not parameters)."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: Any) -> Any:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = trainer.loss()
+    del loss
+    return sum(storages.values())
+
+
+def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
+    """Peak memory of training above the built model (bytes): gradients, optimizer state
+    and the activations of a step, over the first three steps."""
+    import torch
+
+    if cfg.device.startswith("cuda"):
+        trainer = Trainer(cfg, variant, "eager")
+        _sync(trainer.device)
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+        base = torch.cuda.memory_allocated(trainer.device)
+        for _ in range(3):
+            trainer.step()
+        _sync(trainer.device)
+        return torch.cuda.max_memory_allocated(trainer.device) - base
+    # CPU: a fresh process, so the high-water mark of the RSS is this variant's alone.
+    probe = (
+        "import json, resource, sys\n"
+        "from cofrgenet.bench.train import Trainer, TrainBenchConfig\n"
+        "cfg = TrainBenchConfig(**json.loads(sys.argv[1]))\n"
+        "t = Trainer(cfg, sys.argv[2], 'eager')\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "t.step(); t.step(); t.step()\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n"
+    )
+    settings = {k: v for k, v in asdict(cfg).items() if k != "variants"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe, json.dumps(settings), variant],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float]:
+    """Tokens/s generating ``gen_tokens`` after an 8-token prompt, cached and recomputed,
+    and the latency of one token at a full context both ways (ms)."""
+    import torch
+
+    from cofrgenet.nn.decoding import sample_next
+
+    model, block, device = trainer.model.eval(), cfg.block_size, trainer.device
+    prompt = trainer.batch[:1, :8]
+
+    def recompute(idx: Any, new: int) -> Any:
+        for _ in range(new):
+            logits = model(idx[:, -block:])[:, -1, :]
+            idx = torch.cat([idx, sample_next(logits, 0.0)], dim=1)
+        return idx
+
+    def rate(fn: Callable[[], Any]) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        return cfg.gen_tokens / (time.perf_counter() - start)
+
+    context = trainer.batch[:1, : block - 1]
+    with torch.no_grad():
+        # First calls at new shapes pay for kernel selection and compilation: untimed.
+        model.generate(prompt, 4, temperature=0.0)
+        recompute(prompt, 4)
+        cached = rate(lambda: model.generate(prompt, cfg.gen_tokens, temperature=0.0))
+        recomputed = rate(lambda: recompute(prompt, cfg.gen_tokens))
+        # One token after block - 1 tokens: a forward of the whole context, or one step.
+        latency_recompute = min(_time_ms(lambda: model(context), device) for _ in range(3))
+        if hasattr(model, "new_cache"):
+            latencies = []
+            for _ in range(3):
+                cache = model.new_cache()
+                model(context[:, :-1], cache)
+                latencies.append(_time_ms(lambda c=cache: model(context[:, -1:], c), device))
+            latency_cached = min(latencies)
+        elif hasattr(model, "step"):  # recurrent: one step from the carried state
+            _, state = model.step(context[:, :-1])
+            latency_cached = min(
+                _time_ms(lambda: model.step(context[:, -1:], state), device) for _ in range(3)
+            )
+        else:
+            latency_cached = latency_recompute
+    model.train()
+    return {
+        "gen_cached_tokens_per_s": cached,
+        "gen_recompute_tokens_per_s": recomputed,
+        "latency_cached_ms": latency_cached,
+        "latency_recompute_ms": latency_recompute,
+    }
+
+
+def _time_ms(fn: Callable[[], Any], device: Any) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+# ------------------------------------------------------------------ the run
+
+
+def run_benchmark(cfg: TrainBenchConfig, command: str) -> dict[str, Any]:
+    import torch
+
+    from cofrgenet.errors import UserError
+
+    unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
+    if unknown or not set(cfg.modes) <= {"eager", "compiled"}:
+        raise UserError(
+            f"unknown variants {unknown} or modes {cfg.modes}: variants are "
+            f"{', '.join(VARIANTS)} or preset names; modes eager, compiled"
+        )
+    started = dt.datetime.now(dt.timezone.utc)
+    trainers = {(v, m): Trainer(cfg, v, m) for v in cfg.variants for m in cfg.modes}
+    for trainer in trainers.values():  # compilation and first-touch costs, untimed
+        trainer.timed_steps(cfg.warmup)
+    keys = list(trainers)
+    for round_index in range(cfg.rounds):
+        shift = round_index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            trainers[key].result.step_ms += trainers[key].timed_steps(cfg.steps)
+    tokens_per_step = cfg.batch_size * cfg.block_size
+    for trainer in trainers.values():
+        result = trainer.result
+        result.tokens_per_s = tokens_per_step / (statistics.median(result.step_ms) / 1e3)
+        if result.mode == "compiled":
+            result.graph_breaks = graph_breaks(trainer)
+        elif cfg.memory:
+            result.activation_bytes_per_token = activation_bytes(trainer) // tokens_per_step
+            result.peak_memory_bytes = peak_step_memory(cfg, result.variant)
+        if cfg.generation and result.mode == "eager":
+            for key, value in generation_speed(cfg, trainer).items():
+                setattr(result, key, value)
+    peak = peak_matmul_flops(cfg)
+    device = torch.device(cfg.device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {
+        "command": command,
+        "date": started.date().isoformat(),
+        "started": started.isoformat(timespec="seconds"),
+        "minutes": (dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60,
+        "device": device_name,
+        "machine": f"{platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+        "config": asdict(cfg),
+        "peak_flops": peak,
+        "results": [asdict(t.result) for t in trainers.values()],
+    }
+
+
+def _baseline(report: dict[str, Any], mode: str) -> dict[str, Any] | None:
+    return next(
+        (r for r in report["results"] if r["variant"] == BASELINE and r["mode"] == mode), None
+    )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    cfg, peak = report["config"], report["peak_flops"]
+    lines = [
+        f"# Training speed ({report['device']}, {report['date']})",
+        "",
+        f"- command: `{report['command']}`",
+        f"- machine: {report['machine']}; {report['minutes']:.1f} min",
+        f"- shape: {cfg['n_layer']} layers x {cfg['n_embd']}, {cfg['n_head']} heads, "
+        f"block {cfg['block_size']}, vocab {cfg['vocab_size']}, batch {cfg['batch_size']}, "
+        f"{cfg['dtype']}; median of {cfg['rounds']} x {cfg['steps']} interleaved steps",
+        f"- peak measured in this run (matmul, {cfg['dtype']}): {peak / 1e9:,.1f} GFLOP/s",
+        "",
+        "| variant | mode | params | train FLOPs/token | tokens/s | vs gpt2 | gpt2 FLOPs / "
+        "its FLOPs | speed / FLOPs ratio | GFLOP/s | MFU | graph breaks | activations "
+        "B/token | training peak MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["results"]:
+        base = _baseline(report, r["mode"])
+        speed = flops = None
+        if base is not None:
+            speed = r["tokens_per_s"] / base["tokens_per_s"]
+            flops = base["flops_per_token"] / r["flops_per_token"]
+        achieved = r["tokens_per_s"] * r["flops_per_token"]
+        peak_mb = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**20
+        lines.append(
+            f"| {r['variant']} | {r['mode']} | {r['params']:,} | {r['flops_per_token']:,} | "
+            f"{r['tokens_per_s']:,.0f} | {_fmt(speed, '.2f')} | {_fmt(flops, '.2f')} | "
+            f"{_fmt(None if speed is None else speed / flops, '.2f')} | "
+            f"{achieved / 1e9:,.2f} | {achieved / peak:.1%} | {_fmt(r['graph_breaks'], 'd')} | "
+            f"{_fmt(r['activation_bytes_per_token'], ',')} | {_fmt(peak_mb, ',.1f')} |"
+        )
+    eager = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
+    compiled = {r["variant"]: r for r in report["results"] if r["mode"] == "compiled"}
+    if compiled and eager:
+        lines += ["", "Compiled against eager (tokens/s ratio): " + ", ".join(
+            f"{v} {compiled[v]['tokens_per_s'] / eager[v]['tokens_per_s']:.2f}x"
+            for v in compiled if v in eager
+        ) + "."]  # fmt: skip
+    lines += ["", *targets(report)]
+    gen = [r for r in eager.values() if r["gen_cached_tokens_per_s"] is not None]
+    if gen:
+        lines += [
+            "",
+            f"Generation ({cfg['gen_tokens']} tokens after an 8-token prompt, batch 1, greedy; "
+            f"latency of one token after {cfg['block_size'] - 1}):",
+            "",
+            "| variant | cached tokens/s | recomputed tokens/s | latency cached ms | "
+            "latency recomputed ms | latency ratio |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in gen:
+            lines.append(
+                f"| {r['variant']} | {r['gen_cached_tokens_per_s']:,.0f} | "
+                f"{r['gen_recompute_tokens_per_s']:,.0f} | {r['latency_cached_ms']:.2f} | "
+                f"{r['latency_recompute_ms']:.2f} | "
+                f"{r['latency_recompute_ms'] / r['latency_cached_ms']:.1f}x |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def targets(report: dict[str, Any]) -> list[str]:
+    """Issue 13's targets, each marked met or missed from this run's numbers."""
+    by = {(r["variant"], r["mode"]): r for r in report["results"]}
+    lines = ["Targets:", ""]
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    for mode in ("eager", "compiled"):
+        f, g = by.get(("cofrgenet-f", mode)), by.get((BASELINE, mode))
+        if f and g:
+            speed = f["tokens_per_s"] / g["tokens_per_s"]
+            flops = g["flops_per_token"] / f["flops_per_token"]
+            lines.append(
+                f"- cofrgenet-f / gpt2 tokens/s ({mode}) >= 0.9 x their FLOPs ratio: "
+                f"{speed:.2f} vs 0.9 x {flops:.2f} = {0.9 * flops:.2f}: {mark(speed >= 0.9 * flops)}"
+            )
+    f, g = by.get(("cofrgenet-f", "eager")), by.get((BASELINE, "eager"))
+    if f and g and f["peak_memory_bytes"] is not None:
+        lines.append(
+            f"- cofrgenet-f training peak <= gpt2's: {f['peak_memory_bytes'] / 2**20:,.1f} MB vs "
+            f"{g['peak_memory_bytes'] / 2**20:,.1f} MB: "
+            f"{mark(f['peak_memory_bytes'] <= g['peak_memory_bytes'])}"
+        )
+    slower = [
+        v for (v, m), r in by.items()
+        if m == "compiled" and (v, "eager") in by and r["tokens_per_s"] < by[(v, "eager")]["tokens_per_s"]
+    ]  # fmt: skip
+    if any(m == "compiled" for _, m in by):
+        lines.append(
+            "- compiled never slower than eager: "
+            + (mark(not slower) if not slower else f"MISSED for {', '.join(slower)}")
+        )
+    return lines
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if report["device"] == "cpu" else report["device"].split()[-1].lower()
+    stem = out_dir / f"train-{device}-{report['date']}"
+    md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
+    md.write_text(to_markdown(report))
+    js.write_text(json.dumps(report, indent=2) + "\n")
+    return md, js
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (__doc__ or "").split("\n\n")[0]
+    add_dataclass_arguments(parser, TrainBenchConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = dataclass_from_args(TrainBenchConfig, args)
+    report = run_benchmark(cfg, getattr(args, "command_line", "cofr bench train"))
+    md, js = write_report(report, Path(cfg.out_dir))
+    print(to_markdown(report))
+    print(f"wrote {md} and {js}")
+    return 0

@@ -1,0 +1,652 @@
+"""``cofr export hf CKPT OUT_DIR``: a checkpoint as a Hugging Face ``transformers`` folder.
+
+The folder loads with ``AutoModelForCausalLM.from_pretrained(OUT_DIR,
+trust_remote_code=True)`` on a machine with torch and transformers but without
+cofrgenet: the model code (:mod:`cofrgenet.export.hf_modeling`, copied as
+``modeling_cofrgenet.py``) imports nothing else. Written files:
+
+* ``config.json``: cofrgenet's ModelConfig under ``cofr``, Hugging Face names, auto_map;
+* ``model.safetensors``: the weights (float32; a tied head is stored once, as the
+  embedding), including the ladder layers' clipping ranges;
+* ``modeling_cofrgenet.py``, ``generation_config.json``, ``README.md``;
+* ``tokenizer.json`` + ``tokenizer_config.json`` when the run's tokenizer is found
+  (byte, bpe and gpt2 tokenizers all export; ``AutoTokenizer`` loads them).
+
+After writing, the export is loaded back through transformers and its logits compared
+with the checkpoint's (max abs difference <= ``tolerance``, 1e-5 by default); a mismatch
+removes the weights and raises :class:`ExportMismatch`. Models the modeling file does not
+re-implement (a custom architecture or mixer registered by the user) are refused with
+:class:`UnsupportedModel` before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cofrgenet.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from cofrgenet.data.tokenizer import Tokenizer
+    from cofrgenet.models import ModelConfig
+
+MODELING_FILE = "modeling_cofrgenet.py"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+#: Every file an export may write (removed first by ``overwrite``).
+EXPORT_FILES = (
+    "config.json",
+    "generation_config.json",
+    WEIGHTS_FILE,
+    MODELING_FILE,
+    "README.md",
+    *TOKENIZER_FILES,
+)
+SUPPORTED_ARCHS = ("gpt", "llama", "rnn", "lstm", "gru")
+SUPPORTED_ATTENTION = (
+    "softmax",
+    "sparse_strided",
+    "sparse_fixed",
+    "synthesizer_dense",
+    "cattn_u",
+    "cattn_m",
+)
+SUPPORTED_FFN = ("mlp", "swiglu", "cffn")
+DEFAULT_TOLERANCE = 1e-5
+#: Longest sequence the export check runs (the whole block when shorter).
+VERIFY_LENGTH = 128
+AUTO_MAP = {
+    "AutoConfig": "modeling_cofrgenet.CofrGeNetConfig",
+    "AutoModelForCausalLM": "modeling_cofrgenet.CofrGeNetForCausalLM",
+}
+
+
+class ExportError(UserError):
+    """An export that cannot be written; the message says why and what to do."""
+
+
+class UnsupportedModel(ExportError, ValueError):
+    """The checkpoint's architecture or a mixer has no Hugging Face re-implementation."""
+
+
+class ExportMismatch(ExportError):
+    """The exported model's logits differ from the checkpoint's by more than the tolerance."""
+
+
+class OutputExists(ExportError, FileExistsError):
+    """OUT_DIR already holds files (pass --overwrite to replace an earlier export)."""
+
+
+class CheckpointNotFound(ExportError, FileNotFoundError):
+    """CKPT is not a file."""
+
+
+class TokenizerMismatch(ExportError, ValueError):
+    """The tokenizer to export has more tokens than the model's vocabulary."""
+
+
+class TransformersMissing(ExportError, ImportError):
+    """The export needs the ``transformers`` package, which is not installed."""
+
+
+def _require_transformers() -> None:
+    import importlib.util
+
+    for package in ("transformers", "safetensors"):
+        if importlib.util.find_spec(package) is None:
+            raise TransformersMissing(
+                f"cofr export hf needs the {package} package (to write and check the "
+                "export): pip install transformers"
+            )
+
+
+@dataclass
+class ExportReport:
+    """What an export wrote.
+
+    tokenizer: the kind exported ("byte", "bpe", "gpt2"), or None with ``tokenizer_note``
+    saying why not. max_abs_diff: the logits check's result (None when skipped).
+    """
+
+    out_dir: Path
+    files: list[str] = field(default_factory=list)
+    tokenizer: str | None = None
+    tokenizer_note: str | None = None
+    max_abs_diff: float | None = None
+
+
+# The command ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
+    )
+    parser.add_argument("out_dir", help="folder to write (created; must be empty or an export)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="prepared data folder whose tokenizer to export (default: the run's own)",
+    )
+    parser.add_argument(
+        "--no-tokenizer", action="store_true", help="write the model only, no tokenizer files"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the files of an earlier export"
+    )
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip loading the export back and comparing its logits with the checkpoint's",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"max abs logit difference the check accepts (default {DEFAULT_TOLERANCE:g})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    report = export_hf_report(
+        args.ckpt,
+        args.out_dir,
+        tokenizer_dir=args.tokenizer,
+        with_tokenizer=not args.no_tokenizer,
+        overwrite=args.overwrite,
+        verify=not args.no_verify,
+        tolerance=args.tolerance,
+    )
+    print(f"wrote {report.out_dir}: {', '.join(report.files)}")
+    if report.tokenizer is not None:
+        print(f"tokenizer: {report.tokenizer} (AutoTokenizer.from_pretrained loads it)")
+    else:
+        print(f"tokenizer: not exported ({report.tokenizer_note})")
+    if report.max_abs_diff is not None:
+        print(
+            f"checked: logits match the checkpoint's (max abs difference {report.max_abs_diff:.2e})"
+        )
+    print(
+        "load it with transformers.AutoModelForCausalLM.from_pretrained("
+        f"{str(report.out_dir)!r}, trust_remote_code=True)"
+    )
+    return 0
+
+
+# Python API ----------------------------------------------------------------------------
+
+
+def export_hf(
+    ckpt_path: str | Path,
+    out_dir: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    with_tokenizer: bool = True,
+    overwrite: bool = False,
+    verify: bool = True,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> Path:
+    """Write checkpoint ``ckpt_path`` as a Hugging Face folder ``out_dir``; returns it.
+
+    tokenizer_dir: a prepared data folder whose tokenizer to export instead of the run's.
+    Without it, a tokenizer that cannot be found is skipped (the model is still written).
+    """
+    return export_hf_report(
+        ckpt_path,
+        out_dir,
+        tokenizer_dir=tokenizer_dir,
+        with_tokenizer=with_tokenizer,
+        overwrite=overwrite,
+        verify=verify,
+        tolerance=tolerance,
+    ).out_dir
+
+
+def export_hf_report(
+    ckpt_path: str | Path,
+    out_dir: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    with_tokenizer: bool = True,
+    overwrite: bool = False,
+    verify: bool = True,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> ExportReport:
+    """:func:`export_hf`, returning the full :class:`ExportReport`."""
+    from cofrgenet.eval.checkpoint import load_checkpoint
+
+    _require_transformers()
+    ckpt = Path(ckpt_path)
+    if not ckpt.is_file():
+        raise CheckpointNotFound(
+            f"no checkpoint at {ckpt}; runs keep theirs in runs/<experiment>/<run>/checkpoints/"
+        )
+    # Refuse early, before loading weights, when the output folder is taken.
+    _check_out_dir(Path(out_dir), overwrite)
+    loaded = load_checkpoint(
+        ckpt, device="cpu", tokenizer_dir=None if tokenizer_dir is None else str(tokenizer_dir)
+    )
+    tokenizer, note = None, "--no-tokenizer"
+    if with_tokenizer:
+        try:
+            tokenizer = loaded.tokenizer
+        except (UserError, OSError, ValueError) as error:
+            if tokenizer_dir is not None:  # asked for explicitly: an error, not a note
+                raise
+            note = str(error)
+    return export_model(
+        loaded.model,
+        loaded.config,
+        out_dir,
+        tokenizer=tokenizer,
+        tokenizer_note=note,
+        overwrite=overwrite,
+        verify=verify,
+        tolerance=tolerance,
+        source=str(ckpt),
+    )
+
+
+def export_model(
+    model: nn.Module,
+    config: ModelConfig,
+    out_dir: str | Path,
+    *,
+    tokenizer: Tokenizer | None = None,
+    tokenizer_note: str | None = None,
+    overwrite: bool = False,
+    verify: bool = True,
+    tolerance: float = DEFAULT_TOLERANCE,
+    source: str | None = None,
+) -> ExportReport:
+    """Write ``model`` (built from ``config``) as a Hugging Face folder ``out_dir``.
+
+    The model is read, never changed (its ladder ``impl`` is switched to the eager
+    continuant for the check and restored).
+    """
+    _require_transformers()
+    check_exportable(model, config)
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise TokenizerMismatch(
+            f"the {tokenizer.kind} tokenizer has {tokenizer.vocab_size} tokens but the model "
+            f"only {config.vocab_size}: it is not the model's tokenizer; pass the data folder "
+            "the model trained on (--tokenizer DIR) or --no-tokenizer"
+        )
+    out = Path(out_dir)
+    _check_out_dir(out, overwrite)
+    state = export_state_dict(model, config)
+    _check_state_dict(state, config)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in EXPORT_FILES:  # an earlier export's files (overwrite)
+        (out / name).unlink(missing_ok=True)
+    report = ExportReport(
+        out_dir=out, tokenizer_note=None if tokenizer is not None else tokenizer_note
+    )
+    eos = None if tokenizer is None else tokenizer.eos_id
+    _write_config(out, config, eos)
+    _write_weights(out, state)
+    shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), out / MODELING_FILE)
+    if tokenizer is not None:
+        export_tokenizer(tokenizer, out, model_max_length=_max_length(config))
+        report.tokenizer = tokenizer.kind
+    if verify:
+        try:
+            report.max_abs_diff = verify_export(model, config, out, tolerance)
+        except ExportMismatch:
+            (out / WEIGHTS_FILE).unlink(missing_ok=True)  # never leave a wrong model behind
+            raise
+    _write_readme(out, config, report, source)
+    report.files = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES)
+    return report
+
+
+# Checks --------------------------------------------------------------------------------
+
+
+def check_exportable(model: nn.Module, config: ModelConfig) -> None:
+    """Raise :class:`UnsupportedModel` unless every part of ``model`` is re-implemented in
+    ``hf_modeling.py`` (the built-in architectures and mixers, built by the built-in
+    builders)."""
+    from cofrgenet.models import GPT, RecurrentLM
+    from cofrgenet.nn import (
+        MLP,
+        CAttnM,
+        CAttnU,
+        CausalSelfAttention,
+        Cffn,
+        DenseSynthesizer,
+        SparseCausalSelfAttention,
+        SwiGLU,
+    )
+
+    hint = (
+        "the Hugging Face export re-implements only the built-in ones (cofr models list); "
+        "add it to src/cofrgenet/export/hf_modeling.py or train a built-in model"
+    )
+    if config.arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModel(f"cannot export architecture {config.arch!r}: {hint}")
+    expected_model = GPT if config.arch in ("gpt", "llama") else RecurrentLM
+    if type(model) is not expected_model:
+        raise UnsupportedModel(
+            f"cannot export a {type(model).__name__} as arch {config.arch!r} (its builder was "
+            f"replaced; expected {expected_model.__name__}): {hint}"
+        )
+    if expected_model is RecurrentLM:
+        return
+    attention_types: dict[str, type] = {
+        "softmax": CausalSelfAttention,
+        "sparse_strided": SparseCausalSelfAttention,
+        "sparse_fixed": SparseCausalSelfAttention,
+        "synthesizer_dense": DenseSynthesizer,
+        "cattn_u": CAttnU,
+        "cattn_m": CAttnM,
+    }
+    ffn_types: dict[str, type] = {"mlp": MLP, "swiglu": SwiGLU, "cffn": Cffn}
+    for i, block in enumerate(model.transformer.h):
+        for kind, name, module, types in (
+            ("attention", config.attention_for(i), block.attn, attention_types),
+            ("ffn", config.ffn_for(i), block.mlp, ffn_types),
+        ):
+            if name not in types:
+                raise UnsupportedModel(f"cannot export {kind} mixer {name!r} (layer {i}): {hint}")
+            if type(module) is not types[name]:
+                raise UnsupportedModel(
+                    f"cannot export {kind} mixer {name!r} of layer {i}: it is a "
+                    f"{type(module).__name__}, not the built-in {types[name].__name__} "
+                    f"(a custom builder replaced it): {hint}"
+                )
+        if isinstance(block.attn, SparseCausalSelfAttention):
+            _check_sparse(block.attn, config, i)
+
+
+def _check_sparse(attn: Any, config: ModelConfig, layer: int) -> None:
+    """The exported sparse mask is rebuilt from the config: it must say the same."""
+    from cofrgenet.nn.sparse_attention import default_stride, default_summary
+
+    stride = config.sparse_stride or default_stride(config.block_size)
+    summary = config.sparse_summary or default_summary(stride)
+    if (attn.stride, attn.summary) != (stride, summary):
+        raise UnsupportedModel(
+            f"layer {layer}'s sparse attention has stride {attn.stride}, summary "
+            f"{attn.summary} but its config says {stride}, {summary}; rebuild the model from "
+            "its config before exporting"
+        )
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputExists(f"{out} is a file; give a folder to write the export into")
+    if not out.is_dir():
+        return
+    present = sorted(p.name for p in out.iterdir())
+    if not present:
+        return
+    if not overwrite:
+        raise OutputExists(
+            f"{out} is not empty ({', '.join(present[:5])}{'...' if len(present) > 5 else ''}); "
+            "choose a new folder, or pass --overwrite to replace an earlier export"
+        )
+    foreign = [name for name in present if name not in EXPORT_FILES]
+    if foreign:
+        raise OutputExists(
+            f"--overwrite replaces an earlier export only, but {out} also holds "
+            f"{', '.join(foreign[:5])}; choose a new or empty folder"
+        )
+
+
+def _tied(config: ModelConfig) -> bool:
+    """Whether the head shares the embedding (recurrent models: only when H == C)."""
+    if config.arch in ("gpt", "llama"):
+        return bool(config.tie_embeddings)
+    return bool(config.tie_embeddings) and (config.rnn_hidden or config.n_embd) == config.n_embd
+
+
+def export_state_dict(model: nn.Module, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The model's state dict as the export stores it: float32, contiguous, detached
+    copies; a tied head's ``lm_head.weight`` left out (it is the embedding)."""
+    import torch
+
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and _tied(config):
+            continue
+        value = tensor.detach().to("cpu")
+        if value.is_floating_point():
+            value = value.to(torch.float32)
+        state[name] = value.contiguous().clone()
+    return state
+
+
+def _hf_model_on_meta(config: ModelConfig, eos: int | None = None) -> nn.Module:
+    """The exported model class built for ``config`` on the meta device (shapes only)."""
+    import torch
+
+    from cofrgenet.export import hf_modeling
+
+    with torch.device("meta"):
+        return hf_modeling.CofrGeNetForCausalLM(_hf_config(config, eos))
+
+
+def _check_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """The exported model must hold exactly these tensors, with these shapes."""
+    expected = {k: tuple(v.shape) for k, v in _hf_model_on_meta(config).state_dict().items()}
+    ours = {k: tuple(v.shape) for k, v in state.items()}
+    if expected != ours:
+        missing = sorted(set(expected) - set(ours))
+        extra = sorted(set(ours) - set(expected))
+        shapes = sorted(k for k in set(ours) & set(expected) if ours[k] != expected[k])
+        raise UnsupportedModel(
+            "the checkpoint's tensors do not match the exported model's (missing "
+            f"{missing[:3]}, unexpected {extra[:3]}, shapes differ {shapes[:3]}); the model "
+            "has parts the Hugging Face export does not re-implement"
+        )
+
+
+# Writing -------------------------------------------------------------------------------
+
+
+def _hf_config(config: ModelConfig, eos: int | None) -> Any:
+    from cofrgenet.export import hf_modeling
+
+    return hf_modeling.CofrGeNetConfig(
+        cofr=config.to_dict(),
+        architectures=["CofrGeNetForCausalLM"],
+        auto_map=dict(AUTO_MAP),
+        bos_token_id=eos,
+        eos_token_id=eos,
+        dtype="float32",
+    )
+
+
+def _write_config(out: Path, config: ModelConfig, eos: int | None) -> None:
+    from transformers import GenerationConfig
+
+    _hf_config(config, eos).save_pretrained(out)
+    # No KV cache: generation re-reads the context at every step.
+    generation = GenerationConfig(
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, use_cache=False
+    )
+    generation.save_pretrained(out)
+
+
+def _write_weights(out: Path, state: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def _max_length(config: ModelConfig) -> int | None:
+    """The tokenizer's model_max_length: block_size for transformers, none for recurrent."""
+    return config.block_size if config.arch in ("gpt", "llama") else None
+
+
+def byte_tokenizer_backend() -> Any:
+    """cofrgenet's byte tokenizer as a ``tokenizers.Tokenizer``: id = UTF-8 byte, EOS 256.
+
+    A byte-level BPE with no merges: GPT-2's byte-to-unicode alphabet, each byte's
+    character mapped to the byte's value, and ``<|endoftext|>`` added as id 256.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from cofrgenet.data.tokenizer import EOS_TEXT
+
+    characters = _bytes_to_unicode()
+    vocab = {characters[b]: b for b in range(256)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    # No regex split: every byte is its own token anyway.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(EOS_TEXT, special=True)])
+    if backend.token_to_id(EOS_TEXT) != 256:
+        raise RuntimeError("the byte tokenizer's EOS did not get id 256")
+    return backend
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map of the 256 bytes to printable characters."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, codes, strict=True)}
+
+
+def export_tokenizer(
+    tokenizer: Tokenizer, out_dir: str | Path, model_max_length: int | None = None
+) -> None:
+    """Write ``tokenizer`` (byte, bpe or gpt2) as ``tokenizer.json`` + ``tokenizer_config.json``.
+
+    ``AutoTokenizer.from_pretrained(out_dir)`` then encodes text to the same ids (literal
+    ``<|endoftext|>`` text aside: it becomes EOS there, as in cofrgenet's bpe) and adds no
+    special tokens.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    from cofrgenet.data.tokenizer import EOS_TEXT
+
+    if tokenizer.kind == "byte":
+        backend = byte_tokenizer_backend()
+    elif tokenizer.kind in ("bpe", "gpt2"):
+        backend = tokenizer.backend
+    else:
+        raise UnsupportedModel(
+            f"cannot export a {tokenizer.kind!r} tokenizer (byte, bpe and gpt2 export); "
+            "pass --no-tokenizer"
+        )
+    kwargs: dict[str, Any] = {"eos_token": EOS_TEXT, "bos_token": EOS_TEXT}
+    if model_max_length is not None:
+        kwargs["model_max_length"] = model_max_length
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
+    fast.save_pretrained(str(out_dir))
+    # The class name every transformers version knows (v5 writes its own alias).
+    config_file = Path(out_dir) / "tokenizer_config.json"
+    settings = json.loads(config_file.read_text())
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def _write_readme(out: Path, config: ModelConfig, report: ExportReport, source: str | None) -> None:
+    mixers = (
+        f"attention {config.attention_pattern or config.attention}, "
+        f"ffn {config.ffn_pattern or config.ffn}, position {config.position}"
+        if config.arch in ("gpt", "llama")
+        else "recurrent"
+    )
+    check = (
+        "not checked (--no-verify)"
+        if report.max_abs_diff is None
+        else f"max abs difference {report.max_abs_diff:.2e} from cofrgenet's logits"
+    )
+    tokenizer = report.tokenizer or f"not exported ({report.tokenizer_note})"
+    text = f"""# CoFrGeNet export
+
+Exported by `cofr export hf` from `{source or "a model in memory"}`.
+
+* architecture: {config.arch} ({mixers}), {config.n_layer} layers, width {config.n_embd},
+  vocabulary {config.vocab_size}, block size {config.block_size}
+* tokenizer: {tokenizer}
+* logits check: {check}
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{out.name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{out.name}", trust_remote_code=True)
+ids = tokenizer("Hello", return_tensors="pt").input_ids
+print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0]))
+```
+
+`modeling_cofrgenet.py` needs only torch and transformers. It is an inference
+re-implementation: ladder outputs are clipped to their training range, and there is no
+key/value cache (generation re-reads the context at every step).
+"""
+    (out / "README.md").write_text(text)
+
+
+# The logits check ----------------------------------------------------------------------
+
+
+def verify_export(
+    model: nn.Module, config: ModelConfig, out_dir: str | Path, tolerance: float
+) -> float:
+    """Load ``out_dir`` through transformers and compare its logits with ``model``'s on
+    random token ids (2, min(block_size, 128)); returns the max abs difference.
+
+    Raises :class:`ExportMismatch` above ``tolerance``. ``model`` runs in eval mode with
+    its ladders on the eager continuant path (the one cofrgenet uses on CPU).
+    """
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from cofrgenet.export import hf_modeling
+    from cofrgenet.nn import LadderLayer
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar inside cofr's output
+    try:
+        exported = hf_modeling.CofrGeNetForCausalLM.from_pretrained(str(out_dir))
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    exported.eval()
+    length = min(config.block_size, VERIFY_LENGTH)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (2, length), generator=generator)
+    ladders = [m for m in model.modules() if isinstance(m, LadderLayer)]
+    saved_impl = [m.impl for m in ladders]
+    was_training = model.training
+    try:
+        for module in ladders:
+            module.impl = "continuant"
+        model.eval()
+        with torch.no_grad():
+            ours = model(ids).float()
+            theirs = exported(input_ids=ids).logits.float()
+    finally:
+        for module, impl in zip(ladders, saved_impl, strict=True):
+            module.impl = impl
+        model.train(was_training)
+    difference = (ours - theirs).abs().max().item()
+    if not difference <= tolerance:
+        raise ExportMismatch(
+            f"the exported model's logits differ from the checkpoint's by {difference:.3g} "
+            f"(> tolerance {tolerance:g}); the weights were removed. Please report this with "
+            "the checkpoint's config, or pass --tolerance / --no-verify to keep it anyway"
+        )
+    return difference

@@ -1,0 +1,548 @@
+"""``cofr export hf``: exported folders load in transformers without cofrgenet and match it.
+
+Every exported folder is loaded back by ``AutoModelForCausalLM.from_pretrained(...,
+trust_remote_code=True)`` in a separate ``python -I`` process whose import system
+refuses ``cofrgenet`` (the package is installed in this venv, so hiding it from sys.path
+is not enough). That process compares the logits with ours (max abs difference <= 1e-5,
+float32), runs greedy ``generate`` against ``cofrgenet.training.generate.sample`` with
+temperature 0, and encodes text with ``AutoTokenizer``. Many exports share one process:
+starting Python and importing transformers dominates the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cofrgenet.data.tokenizer import ByteTokenizer, train_bpe
+from cofrgenet.errors import UserError
+from cofrgenet.export import hf as export
+from cofrgenet.export.hf import (
+    CheckpointNotFound,
+    ExportMismatch,
+    OutputExists,
+    UnsupportedModel,
+    export_model,
+)
+from cofrgenet.models import (
+    ARCHITECTURES,
+    ATTENTION,
+    ModelConfig,
+    build_model,
+    supported_combinations,
+)
+from cofrgenet.nn.ladder import OutputRange
+from cofrgenet.training.generate import sample
+from eval_helpers import tiny_byte_data, trained_checkpoint
+
+TOLERANCE = 1e-5
+PROMPT_LEN, NEW_TOKENS = 12, 6  # 12 + 6 > block_size 16: generation crops the context
+TINY = {"n_layer": 2, "n_embd": 16, "n_head": 4, "block_size": 16, "vocab_size": 48}
+TEXTS = ["Hello, wörld! 🙂\n\tcontinued fractions", "a<b>c  spaces   end", "ünïcödé ∑ 1/(1+x)"]
+
+# Runs in a fresh `python -I` with cofrgenet blocked: loads every case, reports as JSON.
+LOADER = textwrap.dedent(
+    """
+    import json, sys
+
+    class NoCofrgenet:
+        def find_spec(self, name, path=None, target=None):
+            if name == "cofrgenet" or name.startswith("cofrgenet."):
+                raise ImportError(f"{name} is blocked: the export must not need it")
+            return None
+
+    sys.meta_path.insert(0, NoCofrgenet())
+    sys.path = [p for p in sys.path if not p.rstrip("/").endswith("src")]
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+    cases = torch.load(sys.argv[1], weights_only=True)
+    results = {}
+    for case in cases:
+        out = {}
+        try:
+            if "ids" in case:
+                model = AutoModelForCausalLM.from_pretrained(case["dir"], trust_remote_code=True)
+                with torch.no_grad():
+                    logits = model(input_ids=case["ids"]).logits
+                out["max_abs_diff"] = (logits - case["logits"]).abs().max().item()
+                out["module"] = type(model).__module__
+                generated = model.generate(
+                    case["prompt"], max_new_tokens=case["new_tokens"], do_sample=False
+                )
+                out["generated"] = generated.tolist()
+                fresh = AutoModelForCausalLM.from_config(model.config, trust_remote_code=True)
+                with torch.no_grad():
+                    fresh_logits = fresh(input_ids=case["ids"]).logits
+                out["from_config_finite"] = bool(torch.isfinite(fresh_logits).all())
+            if "texts" in case:
+                tokenizer = AutoTokenizer.from_pretrained(case["dir"], trust_remote_code=True)
+                out["encoded"] = [tokenizer(t)["input_ids"] for t in case["texts"]]
+                out["decoded"] = [tokenizer.decode(ids) for ids in case["encoded_ours"]]
+                out["eos"] = tokenizer.eos_token_id
+        except Exception as error:
+            out["error"] = f"{type(error).__name__}: {error}"
+        results[case["dir"]] = out
+    out_file = sys.argv[2]
+    with open(out_file, "w") as f:
+        json.dump({"results": results, "cofrgenet_loaded": "cofrgenet" in sys.modules}, f)
+    """
+)
+
+
+def load_without_cofrgenet(cases: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+    """Run LOADER on ``cases`` in an isolated interpreter; {dir: result} per case."""
+    work.mkdir(parents=True, exist_ok=True)
+    torch.save(cases, work / "cases.pt")
+    (work / "loader.py").write_text(LOADER)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS"))
+    }
+    env.update(
+        HF_HOME=str(work / "hf_home"),  # the remote-code module cache of this test only
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            str(work / "loader.py"),
+            str(work / "cases.pt"),
+            str(work / "out.json"),
+        ],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,  # transformers must never wait for an answer
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((work / "out.json").read_text())
+    assert report["cofrgenet_loaded"] is False
+    return report["results"]
+
+
+# Models built in memory ----------------------------------------------------------------
+
+
+def _configs() -> dict[str, ModelConfig]:
+    """Every attention x ffn pair for each transformer arch (positions cycled so each
+    appears), the recurrent archs, and the options that change the forward."""
+    configs: dict[str, ModelConfig] = {}
+    combos = supported_combinations()
+    for offset, arch in enumerate(("gpt", "llama")):
+        pairs: dict[tuple[str, str], list[str]] = {}
+        for c in combos:
+            if c.arch == arch:
+                pairs.setdefault((c.attention, c.ffn), []).append(c.position)
+        for i, ((attention, ffn), positions) in enumerate(sorted(pairs.items())):
+            position = positions[(i + offset) % len(positions)]
+            configs[f"{arch}-{attention}-{ffn}-{position}"] = ModelConfig(
+                arch=arch, attention=attention, ffn=ffn, position=position, **TINY
+            )
+    for arch in ("rnn", "lstm", "gru"):
+        configs[arch] = ModelConfig(arch=arch, **TINY)
+    variants: dict[str, dict[str, Any]] = {
+        "lstm-untied-hidden": {"arch": "lstm", "rnn_hidden": 24},
+        "gru-untied": {"arch": "gru", "tie_embeddings": False, "bias": False},
+        "cffn-elementwise": {"ffn": "cffn", "cffn_ladder": "elementwise"},
+        "paper-denominators": {
+            "attention_pattern": ["cattn_m", "cattn_u"],
+            "ffn_pattern": ["cffn"],
+            "ladder_denominators": "paper",
+            "position": "none",
+        },
+        "paper-elementwise": {
+            "ffn": "cffn",
+            "cffn_ladder": "elementwise",
+            "ladder_denominators": "paper",
+        },
+        "no-clip-no-ladder-bias": {
+            "attention": "cattn_m",
+            "ffn": "cffn",
+            "ladder_clip": False,
+            "ladder_bias": False,
+            "position": "none",
+        },
+        "floor-depth": {"ffn": "cffn", "ladder_floor": 0.2, "depth": 2, "ladders": 1},
+        "patterns": {"attention_pattern": ["softmax", "cattn_u"], "ffn_pattern": ["cffn", "mlp"]},
+        "gpt-no-bias-untied": {"bias": False, "tie_embeddings": False, "ffn_hidden": 24},
+        "llama-gqa-rope-scaling": {
+            "arch": "llama",
+            "n_kv_head": 2,
+            "norm_eps": 1e-6,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_len": 8,
+            },
+        },
+        "alibi-3-heads-gqa": {"n_head": 6, "n_kv_head": 3, "n_embd": 12, "position": "alibi"},
+        "sparse-fixed-explicit": {
+            "attention": "sparse_fixed",
+            "sparse_stride": 3,
+            "sparse_summary": 2,
+            "position": "rope",
+        },
+        "sparse-strided-gqa": {"attention": "sparse_strided", "n_kv_head": 1},
+        "synthesizer-sinusoidal": {"attention": "synthesizer_dense", "position": "sinusoidal"},
+    }
+    for name, fields in variants.items():
+        configs[name] = ModelConfig(**{**TINY, **fields})
+    return configs
+
+
+CONFIGS = _configs()
+
+
+@torch.no_grad()
+def _set_clip_ranges(model: nn.Module, ids: torch.Tensor) -> None:
+    """Record the ladders' output ranges on ``ids`` (as training does), then narrow them
+    so that eval-mode clipping is active on some outputs."""
+    ranges = [m for m in model.modules() if isinstance(m, OutputRange)]
+    if not ranges:
+        return
+    model.train()
+    model(ids)
+    model.eval()
+    for r in ranges:
+        width = r.high - r.low
+        r.low.add_(0.2 * width)
+        r.high.sub_(0.2 * width)
+
+
+def _model_case(name: str, config: ModelConfig, root: Path, seed: int) -> dict[str, Any]:
+    """Build, randomise, export (no in-process check) and record our outputs."""
+    torch.manual_seed(seed)
+    model = build_model(config)
+    generator = torch.Generator().manual_seed(seed)
+    _set_clip_ranges(model, torch.randint(0, config.vocab_size, (4, 16), generator=generator))
+    model.eval()
+    ids = torch.randint(0, config.vocab_size, (2, config.block_size), generator=generator)
+    prompt = ids[:1, :PROMPT_LEN]
+    with torch.no_grad():
+        logits = model(ids)
+    greedy = sample(model, prompt, NEW_TOKENS, config.block_size, temperature=0)
+    out = root / name
+    export_model(model, config, out, verify=False)
+    return {
+        "dir": str(out),
+        "ids": ids,
+        "logits": logits,
+        "prompt": prompt,
+        "new_tokens": NEW_TOKENS,
+        "greedy": greedy,
+    }
+
+
+def _check_model_results(cases: list[dict[str, Any]], results: dict[str, Any]) -> None:
+    failures = []
+    for case in cases:
+        got = results[case["dir"]]
+        name = Path(case["dir"]).name
+        if "error" in got:
+            failures.append(f"{name}: {got['error']}")
+            continue
+        if not got["max_abs_diff"] <= TOLERANCE:
+            failures.append(f"{name}: logits differ by {got['max_abs_diff']:.3g}")
+        if not got["module"].startswith("transformers_modules"):
+            failures.append(f"{name}: loaded {got['module']}, not the exported remote code")
+        if not got["from_config_finite"]:
+            failures.append(f"{name}: a model built from the config alone gives non-finite logits")
+        if got["generated"] != case["greedy"].tolist():
+            failures.append(f"{name}: greedy {got['generated']} != ours {case['greedy'].tolist()}")
+    assert not failures, "\n".join(failures)
+
+
+def _tokenizer_case(tokenizer: Any, out: Path) -> dict[str, Any]:
+    export.export_tokenizer(tokenizer, out, model_max_length=16)
+    return {
+        "dir": str(out),
+        "texts": TEXTS,
+        "encoded_ours": [tokenizer.encode(t) for t in TEXTS],
+    }
+
+
+def _check_tokenizer_result(case: dict[str, Any], got: dict[str, Any], eos: int) -> None:
+    assert "error" not in got, got.get("error")
+    assert got["encoded"] == case["encoded_ours"]  # no BOS/EOS added either
+    assert got["decoded"] == case["texts"]
+    assert got["eos"] == eos
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer():
+    return train_bpe(TEXTS * 20, vocab_size=300, min_frequency=1)
+
+
+def test_every_mixer_exports_and_matches_without_cofrgenet(tmp_path, bpe_tokenizer):
+    cases = [
+        _model_case(name, config, tmp_path / "exports", seed)
+        for seed, (name, config) in enumerate(CONFIGS.items())
+    ]
+    byte_case = _tokenizer_case(ByteTokenizer(), tmp_path / "tok-byte")
+    bpe_case = _tokenizer_case(bpe_tokenizer, tmp_path / "tok-bpe")
+    results = load_without_cofrgenet([*cases, byte_case, bpe_case], tmp_path / "load")
+    _check_model_results(cases, results)
+    _check_tokenizer_result(byte_case, results[byte_case["dir"]], eos=256)
+    _check_tokenizer_result(bpe_case, results[bpe_case["dir"]], eos=bpe_tokenizer.eos_id)
+
+
+@pytest.mark.slow
+def test_every_supported_combination_exports(tmp_path):
+    combos = supported_combinations()
+    cases = [
+        _model_case(f"{c.arch}-{c.attention}-{c.ffn}-{c.position}", c.config(**TINY), tmp_path, i)
+        for i, c in enumerate(combos)
+    ]
+    _check_model_results(cases, load_without_cofrgenet(cases, tmp_path / "load"))
+
+
+@pytest.mark.slow
+def test_the_gpt2_tokenizer_exports(tmp_path):
+    from cofrgenet.data.tokenizer import TokenizerFilesNotFound, gpt2_tokenizer
+
+    try:
+        tokenizer = gpt2_tokenizer()
+    except TokenizerFilesNotFound:
+        pytest.skip("GPT-2 tokenizer files not installed")
+    case = _tokenizer_case(tokenizer, tmp_path / "tok-gpt2")
+    results = load_without_cofrgenet([case], tmp_path / "load")
+    _check_tokenizer_result(case, results[case["dir"]], eos=50256)
+
+
+def test_the_in_process_check_matches_and_writes_the_files(tmp_path):
+    config = CONFIGS["paper-denominators"].replace(vocab_size=300)  # room for 257 bytes
+    torch.manual_seed(0)
+    model = build_model(config)
+    ids = torch.randint(0, config.vocab_size, (4, 16))
+    unclipped = model.eval()(ids)
+    _set_clip_ranges(model, ids)
+    assert not torch.allclose(model(ids), unclipped)  # the clip is active
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = export_model(model, config, tmp_path / "out", tokenizer=ByteTokenizer())
+    assert report.max_abs_diff is not None and report.max_abs_diff <= TOLERANCE
+    assert report.tokenizer == "byte"
+    assert set(report.files) == {
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "modeling_cofrgenet.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    settings = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert settings["cofr"] == config.to_dict()
+    assert settings["auto_map"]["AutoModelForCausalLM"] == "modeling_cofrgenet.CofrGeNetForCausalLM"
+    assert settings["eos_token_id"] == 256
+    # The copied modeling file imports nothing of cofrgenet's.
+    source = (tmp_path / "out" / "modeling_cofrgenet.py").read_text()
+    assert "import cofrgenet" not in source and "from cofrgenet" not in source
+
+
+def test_the_exported_model_takes_right_padding_and_labels(tmp_path):
+    from cofrgenet.export.hf_modeling import CofrGeNetForCausalLM
+
+    config = CONFIGS["patterns"]
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    export_model(model, config, tmp_path / "out", verify=False)
+    exported = CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 8))
+    with torch.no_grad():
+        ours = model(ids)
+        right = exported(input_ids=ids, attention_mask=torch.tensor([[1] * 8, [1] * 5 + [0] * 3]))
+        loss = exported(input_ids=ids, labels=ids).loss
+    assert (right.logits - ours).abs().max() <= TOLERANCE  # right padding changes nothing
+    expected = torch.nn.functional.cross_entropy(
+        ours[:, :-1].reshape(-1, 48), ids[:, 1:].reshape(-1)
+    )
+    assert abs(loss.item() - expected.item()) <= 1e-5
+    with pytest.raises(ValueError, match="right padding only"):
+        exported(input_ids=ids, attention_mask=torch.tensor([[0] * 3 + [1] * 5, [1] * 8]))
+
+
+# A real checkpoint through the command -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export-ckpt")
+    data = tiny_byte_data(root / "data")
+    return trained_checkpoint(root, data, preset="gpt2-tiny-fa", steps=2)
+
+
+def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_path, capsys):
+    from cofrgenet.cli import main
+    from cofrgenet.eval.checkpoint import load_checkpoint
+
+    out = tmp_path / "hf"
+    assert main(["export", "hf", str(checkpoint), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "tokenizer: byte" in printed and "logits match" in printed
+    loaded = load_checkpoint(checkpoint)
+    config = loaded.config
+    ids = torch.randint(0, config.vocab_size, (2, config.block_size))
+    prompt = torch.tensor([loaded.tokenizer.encode("def main(")])
+    with torch.no_grad():
+        logits = loaded.model(ids)
+    greedy = sample(loaded.model, prompt, 8, config.block_size, temperature=0)
+    case = {
+        "dir": str(out),
+        "ids": ids,
+        "logits": logits,
+        "prompt": prompt,
+        "new_tokens": 8,
+        "texts": TEXTS,
+        "encoded_ours": [loaded.tokenizer.encode(t) for t in TEXTS],
+    }
+    got = load_without_cofrgenet([case], tmp_path / "load")[str(out)]
+    assert "error" not in got, got.get("error")
+    assert got["max_abs_diff"] <= TOLERANCE
+    # generate stops at EOS (256): compare up to where it stopped.
+    generated, ours = got["generated"][0], greedy[0].tolist()
+    assert generated == ours[: len(generated)]
+    assert len(generated) == len(ours) or generated[-1] == loaded.tokenizer.eos_id
+    _check_tokenizer_result(case, got, eos=256)
+    # An earlier export is replaced with --overwrite, never silently.
+    assert main(["export", "hf", str(checkpoint), str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    args = ["export", "hf", str(checkpoint), str(out), "--overwrite", "--no-tokenizer"]
+    assert main(args) == 0
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
+    checkpoint, tmp_path, monkeypatch
+):
+    from cofrgenet.eval import checkpoint as checkpoint_module
+
+    real = checkpoint_module.load_checkpoint
+
+    def moved_data(*args: Any, **kwargs: Any) -> Any:
+        loaded = real(*args, **kwargs)
+        if kwargs.get("tokenizer_dir") is None:
+            loaded.data_dir = str(tmp_path / "moved-away")
+        return loaded
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", moved_data)
+    report = export.export_hf_report(checkpoint, tmp_path / "out", verify=False)
+    assert report.tokenizer is None and "not on this machine" in report.tokenizer_note
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    # A tokenizer asked for explicitly must be found.
+    with pytest.raises(UserError):
+        export.export_hf(checkpoint, tmp_path / "out2", tokenizer_dir=tmp_path / "no-such-data")
+
+
+# Refusals ------------------------------------------------------------------------------
+
+
+def _one_line(error: BaseException) -> str:
+    message = str(error)
+    assert "\n" not in message and message
+    return message
+
+
+def test_a_missing_checkpoint_is_a_one_line_error(tmp_path, capsys):
+    from cofrgenet.cli import main
+
+    with pytest.raises(CheckpointNotFound) as info:
+        export.export_hf(tmp_path / "none.ckpt", tmp_path / "out")
+    assert "no checkpoint" in _one_line(info.value)
+    assert main(["export", "hf", str(tmp_path / "none.ckpt"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "error: no checkpoint" in err and "Traceback" not in err
+
+
+def test_a_user_registered_mixer_is_refused(tmp_path):
+    @ATTENTION.register("toy_attention_for_export_test")
+    def build(config: ModelConfig, layer_idx: int) -> nn.Module:
+        return nn.Linear(config.n_embd, config.n_embd)
+
+    try:
+        config = ModelConfig(
+            **{**TINY, "attention": "toy_attention_for_export_test"}, position="none"
+        )
+        with pytest.raises(UnsupportedModel) as info:
+            export_model(build_model(config), config, tmp_path / "out")
+    finally:
+        ATTENTION.unregister("toy_attention_for_export_test")
+    message = _one_line(info.value)
+    assert "toy_attention_for_export_test" in message and "hf_modeling.py" in message
+    assert isinstance(info.value, UserError)
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+
+
+def test_a_user_registered_architecture_is_refused(tmp_path):
+    class Toy(nn.Module):
+        def __init__(self, config: ModelConfig) -> None:
+            super().__init__()
+            self.head = nn.Embedding(config.vocab_size, config.vocab_size)
+
+    ARCHITECTURES.register("toy_arch_for_export_test", flops=lambda c, t: {}, kind="recurrent")(Toy)
+    try:
+        config = ModelConfig(arch="toy_arch_for_export_test", vocab_size=8, position="none")
+        with pytest.raises(UnsupportedModel) as info:
+            export_model(build_model(config), config, tmp_path / "out")
+    finally:
+        ARCHITECTURES.unregister("toy_arch_for_export_test")
+    assert "toy_arch_for_export_test" in _one_line(info.value)
+
+
+def test_a_replaced_layer_is_refused(tmp_path):
+    config = ModelConfig(**TINY)
+    model = build_model(config)
+    model.transformer.h[1].mlp = nn.Identity()
+    with pytest.raises(UnsupportedModel) as info:
+        export_model(model, config, tmp_path / "out")
+    assert "Identity" in _one_line(info.value) and "layer 1" in str(info.value)
+
+
+def test_a_mismatch_removes_the_weights(tmp_path):
+    config = ModelConfig(**TINY)
+    with pytest.raises(ExportMismatch) as info:
+        export_model(build_model(config).eval(), config, tmp_path / "out", tolerance=-1.0)
+    assert "differ" in _one_line(info.value)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
+    config = CONFIGS["gru"]  # vocabulary 48 < the byte tokenizer's 257
+    with pytest.raises(export.TokenizerMismatch) as info:
+        export_model(build_model(config), config, tmp_path / "out", tokenizer=ByteTokenizer())
+    assert "257 tokens" in _one_line(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_only_replaces_an_export(tmp_path):
+    config = CONFIGS["rnn"]
+    model = build_model(config).eval()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExists) as info:
+        export_model(model, config, tmp_path / "out", verify=False)
+    assert "--overwrite" in _one_line(info.value)
+    with pytest.raises(OutputExists) as info:
+        export_model(model, config, tmp_path / "out", verify=False, overwrite=True)
+    assert "notes.txt" in _one_line(info.value)
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"

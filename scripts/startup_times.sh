@@ -12,7 +12,10 @@ OUT=${1:-/dev/stdout}
 bad=$(mktemp --suffix=.yaml)
 printf 'trainer:\n  max_stepz: 3\n' > "$bad"
 runs=$(mktemp -d)
-trap 'rm -rf "$bad" "$runs"' EXIT
+# An empty CLI cache (cofrgenet/cli_cache.py): "first" is a cold call, as after an
+# install or an upgrade; the warm calls answer --help and key typos from the cache.
+export COFR_CACHE_DIR=$(mktemp -d)
+trap 'rm -rf "$bad" "$runs" "$COFR_CACHE_DIR"' EXIT
 
 measure() {  # name, then the command; prints "| name | first | warm median |"
   local name=$1; shift
@@ -37,6 +40,8 @@ measure() {  # name, then the command; prints "| name | first | warm median |"
   measure "cofr validate --help" $COFR validate --help
   measure "cofr data prepare --help" $COFR data prepare --help
   measure "cofr sweep run --help" $COFR sweep run --help
+  measure "cofr eval --help" $COFR eval --help
+  measure "cofr compare --help" $COFR compare --help
   measure "cofr models list" $COFR models list
   measure "config error (typo in a YAML key)" $COFR fit --config conf/experiment/demo-gpt2.yaml --config "$bad"
   measure "sweep file error (no such file)" $COFR sweep run /nonexistent.yaml

@@ -146,3 +146,22 @@ def test_choosing_triton_for_cuda_traces_without_a_graph_break():
 
     torch._dynamo.reset()
     assert torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 1.0
+
+
+def test_the_compiled_backend_equals_the_torch_one():
+    """Inside a compiled graph, large CPU ladders run their own compiled kernels
+    (backend "compiled"): the same values and gradients as the eager kernels."""
+    a = cf_args("cpu").detach().double().requires_grad_()
+    grads = []
+    for backend in ("torch", "compiled"):
+        out = ops.continued_fraction_op(a, 0.01, True, backend)
+        (grad,) = torch.autograd.grad(out.sum(), a)
+        grads.append((out.detach(), grad))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+    x, w, b = (t.detach().double().requires_grad_() for t in ladder_args("cpu"))
+    results = []
+    for backend in ("torch", "compiled"):
+        out = ops.univariate_ladder_op(x, w, b, 0.01, False, 0.5, backend)
+        results.append((out.detach(), *torch.autograd.grad(out.sum(), (x, w, b))))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-12, atol=1e-12)
+    torch.library.opcheck(ops.univariate_ladder_op, (x, w, b, 0.01, False, 0.5, "compiled"))

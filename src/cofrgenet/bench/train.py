@@ -12,7 +12,8 @@ run, with interleaved rounds so that a drifting machine hits all of them alike:
   the same run (the best of a few large matmuls in the training dtype);
 * graph breaks of the whole-model compile (``torch._dynamo.explain``);
 * memory: activation bytes per token kept for backward (every tensor autograd saves,
-  parameters excluded) and the peak memory of training above the built model
+  parameters excluded), by the whole model and by each FFN / attention replacement
+  beside the layer it replaces, and the peak memory of training above the built model
   (gradients, optimizer state, activations; CUDA: the allocator's peak over three steps;
   CPU: the growth of a fresh process's peak RSS over three steps);
 * generation: tokens/s with the mixers' caches against recomputing the context for every
@@ -28,6 +29,7 @@ import contextlib
 import datetime as dt
 import json
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -205,11 +207,12 @@ def graph_breaks(trainer: Trainer) -> int:
     return int(explained.graph_break_count)
 
 
-def activation_bytes(trainer: Trainer) -> int:
-    """Bytes of the tensors autograd keeps for backward in one forward (not parameters)."""
+def saved_bytes(module: Any, run: Callable[[], Any]) -> int:
+    """Bytes of the tensors autograd keeps for backward while ``run()`` runs (each storage
+    once; ``module``'s parameters excluded)."""
     import torch
 
-    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     storages: dict[int, int] = {}
 
     def pack(tensor: Any) -> Any:
@@ -219,9 +222,56 @@ def activation_bytes(trainer: Trainer) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = trainer.loss()
-    del loss
+        out = run()
+    del out
     return sum(storages.values())
+
+
+def activation_bytes(trainer: Trainer) -> int:
+    """Bytes kept for backward by one training forward of the whole model."""
+    return saved_bytes(trainer.model, trainer.loss)
+
+
+#: (slot, mixer, config overrides): each replacement beside the layer it replaces.
+LAYERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("ffn", "mlp", {}),
+    ("ffn", "cffn", {}),
+    ("ffn", "cffn", {"cffn_ladder": "elementwise"}),
+    ("attention", "softmax", {}),
+    ("attention", "cattn_m", {}),
+    ("attention", "cattn_u", {}),
+)
+
+
+def layer_activation_bytes(cfg: TrainBenchConfig) -> dict[str, int]:
+    """Bytes per token each FFN / attention layer keeps for backward (its input included),
+    at the bench's width, block and batch, in training mode."""
+    import torch
+
+    from cofrgenet.models.registry import ATTENTION, FFN
+
+    out: dict[str, int] = {}
+    for slot, mixer, overrides in LAYERS:
+        config = model_config(cfg, "gpt2")
+        config = type(config).from_dict({**config.to_dict(), **overrides})
+        registry = FFN if slot == "ffn" else ATTENTION
+        layer = registry.entry(mixer).builder(config, 0).to(cfg.device).train()
+        x = torch.randn(
+            cfg.batch_size, cfg.block_size, cfg.n_embd, device=cfg.device, requires_grad=True
+        )
+        with _autocast(cfg):
+            nbytes = saved_bytes(layer, lambda layer=layer, x=x: layer(x))
+        label = mixer + "".join(f" {v}" for v in overrides.values())
+        out[label] = nbytes // (cfg.batch_size * cfg.block_size)
+    return out
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (VmHWM of /proc/self/status), bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status: peak RSS needs Linux")
 
 
 def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
@@ -239,14 +289,16 @@ def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
         _sync(trainer.device)
         return torch.cuda.max_memory_allocated(trainer.device) - base
     # CPU: a fresh process, so the high-water mark of the RSS is this variant's alone.
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent
+    # through fork and exec, so a child of a big process would see no growth.
     probe = (
-        "import json, resource, sys\n"
-        "from cofrgenet.bench.train import Trainer, TrainBenchConfig\n"
+        "import json, sys\n"
+        "from cofrgenet.bench.train import Trainer, TrainBenchConfig, peak_rss_bytes\n"
         "cfg = TrainBenchConfig(**json.loads(sys.argv[1]))\n"
         "t = Trainer(cfg, sys.argv[2], 'eager')\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "before = peak_rss_bytes()\n"
         "t.step(); t.step(); t.step()\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n"
+        "print(peak_rss_bytes() - before)\n"
     )
     settings = {k: v for k, v in asdict(cfg).items() if k != "variants"}
     out = subprocess.run(
@@ -356,6 +408,7 @@ def run_benchmark(cfg: TrainBenchConfig, command: str) -> dict[str, Any]:
         if cfg.generation and result.mode == "eager":
             for key, value in generation_speed(cfg, trainer).items():
                 setattr(result, key, value)
+    layers = layer_activation_bytes(cfg) if cfg.memory else {}
     peak = peak_matmul_flops(cfg)
     device = torch.device(cfg.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -369,6 +422,7 @@ def run_benchmark(cfg: TrainBenchConfig, command: str) -> dict[str, Any]:
         f"{torch.get_num_threads()} threads, torch {torch.__version__}",
         "config": asdict(cfg),
         "peak_flops": peak,
+        "layer_activation_bytes_per_token": layers,
         "results": [asdict(t.result) for t in trainers.values()],
     }
 
@@ -422,6 +476,20 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{v} {compiled[v]['tokens_per_s'] / eager[v]['tokens_per_s']:.2f}x"
             for v in compiled if v in eager
         ) + "."]  # fmt: skip
+    layers = report.get("layer_activation_bytes_per_token") or {}
+    if layers:
+        lines += [
+            "",
+            "Activations kept for backward by one layer, bytes per token (input included; "
+            f"width {cfg['n_embd']}, {cfg['dtype']}):",
+            "",
+            "| layer | bytes/token | vs the layer it replaces |",
+            "|---|---:|---:|",
+        ]
+        for label, nbytes in layers.items():
+            base = layers.get("mlp") if label.startswith(("mlp", "cffn")) else layers.get("softmax")
+            ratio = f"{nbytes / base:.2f}x" if base else ""
+            lines.append(f"| {label} | {nbytes:,} | {ratio} |")
     lines += ["", *targets(report)]
     gen = [r for r in eager.values() if r["gen_cached_tokens_per_s"] is not None]
     if gen:
@@ -482,7 +550,8 @@ def targets(report: dict[str, Any]) -> list[str]:
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = "cpu" if report["device"] == "cpu" else report["device"].split()[-1].lower()
+    # cpu, or the GPU's name as a slug (train-nvidia-h200-2026-12-01), as `cofr bench ops`.
+    device = re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-")
     stem = out_dir / f"train-{device}-{report['date']}"
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
     md.write_text(to_markdown(report))

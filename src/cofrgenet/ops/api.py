@@ -64,9 +64,12 @@ def resolve_impl(impl: str, units: int, device: torch.device) -> str:
         return "triton"
     if os.environ.get("COFRGENET_COMPILE", "1") == "0" or not continuant.compile_available():
         return "continuant"
-    if torch.compiler.is_compiling():  # already inside a compiled region
-        return "continuant"
     return "compiled" if units >= AUTO_COMPILE_MIN_UNITS else "continuant"
+
+
+def _graph_backend(chosen: str) -> str:
+    """The custom-op backend of a continuant implementation inside a compiled graph."""
+    return "compiled" if chosen == "compiled" else "torch"
 
 
 def _check_common(eps: float, grad: str, impl: str) -> None:
@@ -151,7 +154,7 @@ def continued_fraction(
         _check_triton(a)
         return custom_ops.continued_fraction(a, float(eps), exact, "triton")
     if torch.compiler.is_compiling():
-        return custom_ops.continued_fraction(a, float(eps), exact, "torch")
+        return custom_ops.continued_fraction(a, float(eps), exact, _graph_backend(chosen))
     return continuant.ContinuedFraction.apply(a, float(eps), exact, chosen == "compiled")
 
 
@@ -213,7 +216,9 @@ def univariate_ladder(
         _check_triton(x)
         return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, link, "triton")
     if torch.compiler.is_compiling():
-        return custom_ops.univariate_ladder(x, weight, bias, float(eps), exact, link, "torch")
+        return custom_ops.univariate_ladder(
+            x, weight, bias, float(eps), exact, link, _graph_backend(chosen)
+        )
     return continuant.UnivariateLadder.apply(
         x, weight, bias, float(eps), exact, chosen == "compiled", link
     )

@@ -12,8 +12,10 @@ backward op, itself a custom op, so AOTAutograd traces the backward graph too.
 | ``cofrgenet::ladder_ensemble`` | triton | x (..., p), weight/bias (d, L, p), mix (p, L) -> (..., p) |
 
 ``backend="triton"`` runs the fused kernels of :mod:`cofrgenet.ops.triton`; ``"torch"``
-runs the eager continuant kernels of :mod:`cofrgenet.ops.continuant` (the CPU path inside
-a compiled graph). Forward ops save only their inputs; backward ops recompute the
+runs the eager continuant kernels of :mod:`cofrgenet.ops.continuant` and ``"compiled"``
+the same kernels through their own ``torch.compile`` (the CPU paths inside a compiled
+graph: the op is opaque to the outer compile, so without ``"compiled"`` a large ladder
+would run its recurrence op by op there, 2-4x slower than in an eager model). Forward ops save only their inputs; backward ops recompute the
 recurrence. Outside ``torch.compile`` the triton backend is called through plain
 ``autograd.Function`` s instead (:func:`continued_fraction` etc.), which skips the custom
 op dispatch (~50 us a call).
@@ -28,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from cofrgenet.ops import continuant
 from cofrgenet.ops.literal import compute_dtype
 
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "compiled")
 
 
 def _kernels():
@@ -45,22 +47,33 @@ def _empty(like: Tensor) -> Tensor:
 # ---------------------------------------------------------------- torch (continuant) backend
 
 
-def _torch_cf_forward(a: Tensor, eps: float) -> Tensor:
+def _torch_cf_forward(a: Tensor, eps: float, compiled: bool = False) -> Tensor:
     work = a.to(compute_dtype(a.dtype))
     value = continuant._forward_with_overflow_check(
-        continuant._cf_forward, False, work, eps, False
+        continuant._cf_forward, compiled, work, eps, False
     )[0]
     return value.to(a.dtype).contiguous()
 
 
-def _torch_cf_backward(a: Tensor, grad_out: Tensor, eps: float, exact: bool) -> Tensor:
+def _torch_cf_backward(
+    a: Tensor, grad_out: Tensor, eps: float, exact: bool, compiled: bool = False
+) -> Tensor:
     work = a.to(compute_dtype(a.dtype))
     _, r, scale, clamped, _, rescaled = continuant._forward_with_overflow_check(
-        continuant._cf_forward, False, work, eps, exact
+        continuant._cf_forward, compiled, work, eps, exact
     )
     depth_major = continuant.is_depth_major(a)
-    grad = continuant._cf_backward(
-        work, r, scale, clamped, grad_out.to(r.dtype), exact, rescaled, depth_major
+    grad = continuant._run(
+        continuant._cf_backward,
+        compiled,
+        work,
+        r,
+        scale,
+        clamped,
+        grad_out.to(r.dtype),
+        exact,
+        rescaled,
+        depth_major,
     )
     if depth_major:
         grad = grad.movedim(0, -1)
@@ -76,11 +89,11 @@ def _torch_ladder_inputs(x: Tensor, weight: Tensor, bias: Tensor | None):
 
 
 def _torch_ladder_forward(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, floor: float
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, floor: float, compiled: bool = False
 ) -> Tensor:
     x2, w, b = _torch_ladder_inputs(x, weight, bias)
     value = continuant._forward_with_overflow_check(
-        continuant._ladder_forward, False, x2, w, b, eps, False, floor
+        continuant._ladder_forward, compiled, x2, w, b, eps, False, floor
     )[0]
     return value.reshape(x.shape).to(x.dtype).contiguous()
 
@@ -95,14 +108,28 @@ def _torch_ladder_backward(
     floor: float,
     need_x: bool,
     need_params: bool,
+    compiled: bool = False,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     x2, w, b = _torch_ladder_inputs(x, weight, bias)
     _, r, scale, clamped, _, rescaled = continuant._forward_with_overflow_check(
-        continuant._ladder_forward, False, x2, w, b, eps, exact, floor
+        continuant._ladder_forward, compiled, x2, w, b, eps, exact, floor
     )
     g2 = grad_out.reshape(-1, x.shape[-1]).to(r.dtype)
-    grad_x, grad_w, grad_b = continuant._ladder_backward(
-        x2, w, b, r, scale, clamped, g2, exact, floor, rescaled, need_x, need_params
+    grad_x, grad_w, grad_b = continuant._run(
+        continuant._ladder_backward,
+        compiled,
+        x2,
+        w,
+        b,
+        r,
+        scale,
+        clamped,
+        g2,
+        exact,
+        floor,
+        rescaled,
+        need_x,
+        need_params,
     )
     grad_x = None if grad_x is None else grad_x.reshape(x.shape).to(x.dtype).contiguous()
     grad_w = None if grad_w is None else grad_w.to(weight.dtype)
@@ -118,7 +145,7 @@ def continued_fraction_op(a: Tensor, eps: float, exact: bool, backend: str) -> T
     """f~(a): a (..., d) -> (...) contiguous, a's dtype. ``exact`` only matters in backward."""
     if backend == "triton":
         return _kernels().continued_fraction_fwd(a, eps)
-    return _torch_cf_forward(a, eps)
+    return _torch_cf_forward(a, eps, backend == "compiled")
 
 
 @continued_fraction_op.register_fake
@@ -133,7 +160,7 @@ def continued_fraction_backward_op(
     """d loss / d a, laid out like ``torch.empty_like(a)``."""
     if backend == "triton":
         return _kernels().continued_fraction_bwd(a, grad_out, eps, exact)
-    return _torch_cf_backward(a, grad_out, eps, exact)
+    return _torch_cf_backward(a, grad_out, eps, exact, backend == "compiled")
 
 
 @continued_fraction_backward_op.register_fake
@@ -175,7 +202,7 @@ def univariate_ladder_op(
     """
     if backend == "triton":
         return _kernels().univariate_ladder_fwd(x, weight, bias, eps, floor)
-    return _torch_ladder_forward(x, weight, bias, eps, floor)
+    return _torch_ladder_forward(x, weight, bias, eps, floor, backend == "compiled")
 
 
 @univariate_ladder_op.register_fake
@@ -201,7 +228,7 @@ def univariate_ladder_backward_op(
     if backend == "triton":
         grads = _kernels().univariate_ladder_bwd(*args)
     else:
-        grads = _torch_ladder_backward(*args)
+        grads = _torch_ladder_backward(*args, compiled=backend == "compiled")
     grad_x, grad_w, grad_b = grads
     return (
         _empty(x) if grad_x is None else grad_x,

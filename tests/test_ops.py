@@ -342,3 +342,20 @@ def test_positive_denominators_have_no_poles(floor):
     assert stats.max_abs_value.item() <= 1 / floor * (1 + 1e-12)
     grads = reference_paper_grad(a)
     assert grads.abs().max().item() <= 1 / bound**2 * (1 + 1e-12)
+
+
+def test_inference_path_equals_the_autograd_path():
+    """Without grad, the ops skip their autograd Function: the same values."""
+    from cofrgenet.ops import continued_fraction, univariate_ladder
+
+    a = torch.rand(6, 4, 5, dtype=torch.float64) + 0.5
+    with torch.no_grad():
+        plain = continued_fraction(a, impl="continuant")
+    tracked = continued_fraction(a.clone().requires_grad_(), impl="continuant")
+    torch.testing.assert_close(plain, tracked.detach(), rtol=0, atol=0)
+    x = torch.randn(7, 9, dtype=torch.float64)
+    w, b = torch.randn(3, 9, dtype=torch.float64), torch.randn(3, 9, dtype=torch.float64)
+    with torch.no_grad():
+        plain = univariate_ladder(x, w, b, impl="continuant", floor=0.5)
+    tracked = univariate_ladder(x, w.requires_grad_(), b, impl="continuant", floor=0.5)
+    torch.testing.assert_close(plain, tracked.detach(), rtol=0, atol=0)

@@ -15,7 +15,7 @@ from cofrgenet.nn.decoding import sample_next
 class DecodeCache:
     """What a transformer has seen: one state dict per layer and the tokens so far."""
 
-    layers: list[dict[str, Tensor]] = field(default_factory=list)
+    layers: list[dict[str, Any]] = field(default_factory=list)
     length: int = 0
 
 

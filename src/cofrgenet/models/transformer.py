@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +49,7 @@ class Block(nn.Module):
         self.attn_dropout = nn.Dropout(0.0 if attn_entry.owns_dropout else config.dropout)
         self.mlp_dropout = nn.Dropout(0.0 if ffn_entry.owns_dropout else config.dropout)
 
-    def forward(self, x: Tensor, state: dict[str, Tensor] | None = None, start: int = 0) -> Tensor:
+    def forward(self, x: Tensor, state: dict[str, Any] | None = None, start: int = 0) -> Tensor:
         """x: (B, T, C) -> (B, T, C). With ``state`` (eval only), x holds positions
         start.. and the attention mixer decodes incrementally (``cofrgenet.nn.decoding``)."""
         h = self.ln_1(x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -115,11 +117,12 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+    def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): keys and values are cached."""
         B, T, C = x.shape
         q, k, v = self._heads(x, start)
-        k, v = append(state, "k", k, dim=2), append(state, "v", v, dim=2)
+        k = append(state, "k", k, dim=2, capacity=self.max_len)
+        v = append(state, "v", v, dim=2, capacity=self.max_len)
         total = start + T
         mask = self.attention_mask(total, x.device, q.dtype)
         if mask is None:

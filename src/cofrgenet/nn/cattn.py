@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -160,11 +161,13 @@ class CAttnU(LadderLayer):
         mixed = torch.einsum("bces,est->bcet", y, self.mixing_matrices(length))
         return (mixed[:, :, 0] * mixed[:, :, 1]).transpose(1, 2)  # (B, T, p)
 
-    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+    def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): the ladder outputs y_e of the
         tokens seen are the state; the new columns t of U_e mix them."""
         length = x.shape[1]
-        y = append(state, "y", self.ladder_outputs(x, start), dim=3)  # (B, p, 2, start + T)
+        y = append(
+            state, "y", self.ladder_outputs(x, start), dim=3, capacity=self.max_len
+        )  # (B, p, 2, start + T)
         columns = self.mixing_matrices(start + length)[:, :, start:]  # (2, start + T, T)
         mixed = torch.einsum("bces,est->bcet", y, columns)
         return (mixed[:, :, 0] * mixed[:, :, 1]).transpose(1, 2)
@@ -280,14 +283,16 @@ class CAttnM(LadderLayer):
         )
         return out.squeeze(1)
 
-    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+    def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): the values X W^v are the state
         (the logits need only the new queries and the key positions)."""
         length = x.shape[1]
         _check_length("CAttnM", start + length, self.max_len)
         queries, _ = self.attention_logits(x)  # (B, T, L)
         keys = self.position_map[:, : start + length].t().to(queries.dtype)  # (start + T, L)
-        values = append(state, "v", self.value(x), dim=1)  # (B, start + T, p)
+        values = append(
+            state, "v", self.value(x), dim=1, capacity=self.max_len
+        )  # (B, start + T, p)
         logits = (queries @ keys.t()).masked_fill(
             ~causal_rows(start, length, x.device), float("-inf")
         )

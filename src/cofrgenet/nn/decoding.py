@@ -2,7 +2,7 @@
 
 A mixer that can decode incrementally has, beside ``forward(x)``,
 
-    decode(x: (B, T, C), state: dict[str, Tensor], start: int) -> (B, T, C)
+    decode(x: (B, T, C), state: dict[str, Any], start: int) -> (B, T, C)
 
 for the tokens at positions ``start .. start + T - 1`` of sequences whose first
 ``start`` positions it has already seen. ``state`` is the mixer's own memory of them
@@ -16,6 +16,8 @@ SwiGLU, Cffn) need nothing: they have no ``decode``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,11 +28,22 @@ def causal_rows(start: int, length: int, device: torch.device) -> Tensor:
     return torch.ones(length, start + length, dtype=torch.bool, device=device).tril(start)
 
 
-def append(state: dict[str, Tensor], key: str, value: Tensor, dim: int) -> Tensor:
-    """``state[key]`` extended by ``value`` along ``dim`` (created at the first call)."""
-    previous = state.get(key)
-    state[key] = value if previous is None else torch.cat((previous, value), dim=dim)
-    return state[key]
+def append(state: dict[str, Any], key: str, value: Tensor, dim: int, capacity: int) -> Tensor:
+    """``state[key]`` extended by ``value`` along ``dim``; returns a view of all of it.
+
+    The first call allocates room for ``capacity`` entries along ``dim`` (the mixer's
+    maximum length), later calls write in place: no copy of the whole cache per token.
+    """
+    length = state.get(f"{key}:length", 0)
+    new = length + value.shape[dim]
+    if key not in state:
+        shape = list(value.shape)
+        shape[dim] = max(capacity, new)
+        state[key] = value.new_empty(shape)
+    buffer = state[key]
+    buffer.narrow(dim, length, value.shape[dim]).copy_(value)
+    state[f"{key}:length"] = new
+    return buffer.narrow(dim, 0, new)
 
 
 def sample_next(

@@ -104,10 +104,14 @@ class LadderWeights(nn.Module):
             nn.init.constant_(b, offset)
 
     def stacked_weight(self, dim: int = 0) -> Tensor:
-        return torch.stack(list(self.weight), dim=dim)
+        # parameters(recurse=False), not list(ParameterList): indexing a ParameterList
+        # costs ~1 us a depth in Python, which shows in one-token decoding steps.
+        return torch.stack(tuple(self.weight.parameters(recurse=False)), dim=dim)
 
     def stacked_bias(self, dim: int = 0) -> Tensor | None:
-        return None if self.bias is None else torch.stack(list(self.bias), dim=dim)
+        if self.bias is None:
+            return None
+        return torch.stack(tuple(self.bias.parameters(recurse=False)), dim=dim)
 
     def pvariate_denominators(self, x: Tensor) -> Tensor:
         """Partial denominators of p-variate ladders: a[..., j, k] = W_k[j] . x (+ b_k[j]).

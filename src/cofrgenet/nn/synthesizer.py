@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -87,14 +89,14 @@ class DenseSynthesizer(nn.Module):
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def decode(self, x: Tensor, state: dict[str, Tensor], start: int) -> Tensor:
+    def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): the values are cached (the
         logits need only the new queries and the key positions)."""
         B, T, C = x.shape
         logits = self.attention_logits(x, start + T)  # (B, H, T, start + T)
         logits = logits.masked_fill(~causal_rows(start, T, x.device), float("-inf"))
         v = self.value(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        v = append(state, "v", v, dim=2)  # (B, H, start + T, hd)
+        v = append(state, "v", v, dim=2, capacity=self.max_len)  # (B, H, start + T, hd)
         y = (logits.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(y)
 

@@ -155,6 +155,8 @@ def continued_fraction(
         return custom_ops.continued_fraction(a, float(eps), exact, "triton")
     if torch.compiler.is_compiling():
         return custom_ops.continued_fraction(a, float(eps), exact, _graph_backend(chosen))
+    if not (torch.is_grad_enabled() and a.requires_grad):  # inference: skip autograd's cost
+        return continuant.continued_fraction_value(a, float(eps), chosen == "compiled")
     return continuant.ContinuedFraction.apply(a, float(eps), exact, chosen == "compiled")
 
 
@@ -218,6 +220,11 @@ def univariate_ladder(
     if torch.compiler.is_compiling():
         return custom_ops.univariate_ladder(
             x, weight, bias, float(eps), exact, link, _graph_backend(chosen)
+        )
+    needs_grad = any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if not (torch.is_grad_enabled() and needs_grad):  # inference: skip autograd's cost
+        return continuant.univariate_ladder_value(
+            x, weight, bias, float(eps), chosen == "compiled", link
         )
     return continuant.UnivariateLadder.apply(
         x, weight, bias, float(eps), exact, chosen == "compiled", link

@@ -331,6 +331,25 @@ def _forward_with_overflow_check(fn: Callable, compiled: bool, *args):
     return (*_run(fn, compiled, *args, True), True)
 
 
+def continued_fraction_value(a: Tensor, eps: float, compiled: bool) -> Tensor:
+    """f~(a) without autograd bookkeeping (inference: nothing is saved for backward)."""
+    work = a.to(compute_dtype(a.dtype))
+    return _forward_with_overflow_check(_cf_forward, compiled, work, eps, False)[0].to(a.dtype)
+
+
+def univariate_ladder_value(
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, compiled: bool, floor: float
+) -> Tensor:
+    """Elementwise ladders without autograd bookkeeping (inference)."""
+    dtype = compute_dtype(x.dtype)
+    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+    b = None if bias is None else bias.to(dtype)
+    value = _forward_with_overflow_check(
+        _ladder_forward, compiled, x2, weight.to(dtype), b, eps, False, floor
+    )[0]
+    return value.reshape(x.shape).to(x.dtype)
+
+
 class ContinuedFraction(torch.autograd.Function):
     """f~(a) for a: (..., d) -> (...), with the closed-form backward.
 

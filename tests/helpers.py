@@ -20,12 +20,26 @@ class StopAtStep(L.Callback):
 
 
 class DumpWeights(L.Callback):
-    """Save each rank's final parameters to ``folder/rank<r>.pt``."""
+    """Save each rank's parameters at the start and the end of training to
+    ``folder/rank<r>-start.pt`` and ``folder/rank<r>.pt`` (full tensors, also under FSDP:
+    every rank takes part in the gathering ``state_dict`` call)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def _dump(self, trainer, pl_module, suffix: str) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
         self.folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
+        if isinstance(trainer.model, FSDP):  # the whole tensors, gathered from the shards
+            with FSDP.summon_full_params(trainer.model, writeback=False):
+                state = {k: v.detach().clone() for k, v in pl_module.named_parameters()}
+        else:
+            state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        torch.save(state, self.folder / f"rank{trainer.global_rank}{suffix}.pt")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._dump(trainer, pl_module, "-start")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._dump(trainer, pl_module, "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -260,6 +261,62 @@ def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
     assert rank0.keys() == rank1.keys()
     for key in rank0:
         assert torch.equal(rank0[key], rank1[key]), key
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, tmp_path):
+    """2-process FSDP on CPU (gloo): frozen depths stay bit-identical, replicas agree, and
+    the run resumes from its checkpoint."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    strategy = {
+        "class_path": "cofrgenet.training.strategies.LadderFSDPStrategy",
+        "init_args": {"state_dict_type": "sharded"},  # as conf/trainer/fsdp.yaml
+    }
+
+    def fit(steps: int, folder: str, *extra: str) -> None:
+        args = fit_args(
+            tmp_path,
+            tiny_data,
+            "--run.name",
+            "fsdp",
+            "--trainer.max_steps",
+            str(steps),
+            "--trainer.devices",
+            "2",
+            "--trainer.strategy",
+            json.dumps(strategy),
+            "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
+            "--trainer.callbacks.total_steps=8",
+            "--trainer.callbacks+=helpers.DumpWeights",
+            f"--trainer.callbacks.folder={tmp_path / folder}",
+            *extra,
+        )
+        subprocess.run(
+            [sys.executable, "-m", "cofrgenet.training.cli", *args],
+            check=True,
+            env=env,
+            timeout=600,
+        )
+
+    fit(4, "first")
+    fit(8, "resumed", "--ckpt_path", "last")
+    start = torch.load(tmp_path / "first" / "rank0-start.pt")
+    resumed_start = torch.load(tmp_path / "resumed" / "rank0-start.pt")
+    end = [torch.load(tmp_path / "resumed" / f"rank{r}.pt") for r in (0, 1)]
+    first_end = torch.load(tmp_path / "first" / "rank0.pt")
+    assert end[0].keys() == end[1].keys() == start.keys()
+    for key in start:
+        assert torch.equal(end[0][key], end[1][key]), key  # replicas agree
+        assert torch.equal(resumed_start[key], first_end[key]), key  # resumed where it stopped
+    # Depths released after step 4 of 8 (depth 2 at 6, 3 at 7, 4 and 5 never) were
+    # frozen for the whole first run: bit-identical to their initial values there.
+    frozen = [k for k in start if ".denominators.weight." in k and k.split(".")[-1] != "0"]
+    assert frozen
+    for key in frozen:
+        assert torch.equal(first_end[key], start[key]), key
+    late = [k for k in frozen if k.split(".")[-1] in ("3", "4")]  # depths 4 and 5
+    for key in late:
+        assert torch.equal(end[0][key], start[key]), key
 
 
 def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):

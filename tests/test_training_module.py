@@ -95,6 +95,14 @@ def test_param_groups_decay_by_role():
     assert "transformer.h.0.attn.linear" in kept["param_names"]
 
 
+def _touched(state: dict) -> bool:
+    """Whether AdamW has stepped a parameter: its state (made up front at step 0 with zero
+    moments, see ``materialise_adam_state``) moved."""
+    if not state:
+        return False
+    return float(state["step"]) > 0 or bool(state["exp_avg"].abs().sum() > 0)
+
+
 class Snapshots(L.Callback):
     """Ladder parameters (by depth) and the optimizer's state for them, after every step."""
 
@@ -110,7 +118,7 @@ class Snapshots(L.Callback):
             for depth, params in layer.ladder_parameters_by_depth().items():
                 by_depth.setdefault(depth, []).extend(p.detach().clone() for p in params)
                 state[depth] = state.get(depth, False) or any(
-                    len(optimizer.state.get(p, {})) > 0 for p in params
+                    _touched(optimizer.state.get(p, {})) for p in params
                 )
         self.values.append(by_depth)
         self.has_state.append(state)
@@ -134,7 +142,7 @@ def test_dyadic_unfreezing_freezes_bit_for_bit(schedule):
             )
             if step < release:
                 assert same, f"depth {depth} moved at step {step}, before its release {release}"
-                assert not snaps.has_state[step][depth], "AdamW kept moments for a frozen depth"
+                assert not snaps.has_state[step][depth], "AdamW moved a frozen depth's moments"
             else:
                 assert not same, f"depth {depth} did not train after its release {release}"
     # Linear (depth-0) parameters train from the start.
@@ -389,3 +397,43 @@ def test_checkpoints_from_before_positive_denominators_ask_for_the_papers():
     paper = LanguageModel("gpt2-tiny-f", config={"ladder_denominators": "paper"})
     paper.on_load_checkpoint({"model_config": dict(old)})  # what it was trained with
     LanguageModel("gpt2-tiny").on_load_checkpoint({"model_config": dict(old)})  # no ladders
+
+
+def test_weight_decay_follows_the_built_shapes_when_the_model_is_flattened():
+    """Under FSDP (use_orig_params) every parameter is a 1-D shard by the time the
+    optimizer is made; decay is decided by the dimensions recorded at build."""
+    module = LanguageModel("gpt2-tiny-f")
+    ndims = {name: p.dim() for name, p in module.model.named_parameters()}
+    with torch.no_grad():
+        for param in module.model.parameters():
+            param.data = param.data.flatten()  # what FSDP's flat views look like
+    flat = {g["name"]: set(g["param_names"]) for g in param_groups(module.model, 0.1)}
+    assert "decay" not in flat  # judged by the flat shapes: nothing would decay
+    groups = {
+        g["name"]: set(g["param_names"]) for g in param_groups(module.model, 0.1, None, ndims)
+    }
+    assert "transformer.h.0.mlp.linear.weight" in groups["decay"]
+    assert "transformer.h.0.mlp.linear.bias" in groups["no_decay"]
+
+
+def test_adam_state_is_made_up_front_and_equals_adams_own():
+    from cofrgenet.training.optim import build_adamw
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    reference = torch.nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    config = OptimizerConfig(lr=1e-2)
+    ours = build_adamw(model, config)
+    assert all(len(ours.state[p]) == 3 for p in model.parameters())  # before any step
+    theirs = torch.optim.AdamW(  # the same groups, state made lazily by AdamW itself
+        param_groups(reference, config.weight_decay), lr=1e-2, betas=config.betas, eps=config.eps
+    )
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        for net, opt in ((model, ours), (reference, theirs)):
+            opt.zero_grad()
+            net(x).square().sum().backward()
+            opt.step()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -27,8 +27,21 @@ def damaged(path: Path) -> CheckpointError:
     return CheckpointError(f"this checkpoint is damaged or not a cofrgenet checkpoint: {path}")
 
 
+#: Files of a sharded (FSDP ``state_dict_type: sharded``) checkpoint folder: the
+#: torch.distributed.checkpoint metadata, written last, and Lightning's own entries.
+SHARDED_MARKERS = (".metadata", "meta.pt")
+
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint: a folder of per-rank shards."""
+    return Path(path).is_dir()
+
+
 def is_intact(path: str | Path) -> bool:
-    """Whether ``path`` is a complete torch.save archive (every member's CRC checks out)."""
+    """Whether ``path`` is a complete torch.save archive (every member's CRC checks out),
+    or a sharded checkpoint folder with its metadata and Lightning's entries."""
+    if is_sharded(path):
+        return all((Path(path) / name).is_file() for name in SHARDED_MARKERS)
     try:
         with zipfile.ZipFile(path) as archive:
             return archive.testzip() is None
@@ -39,7 +52,7 @@ def is_intact(path: str | Path) -> bool:
 def check(path: str | Path) -> Path:
     """``path`` if it is an intact checkpoint file, else a CheckpointError naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     if not is_intact(path):
         raise damaged(path)
@@ -67,6 +80,12 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """A checkpoint's contents, checked first and unpickled with ``weights_only=True``
     (tensors and plain containers only: nothing in the file can run code)."""
     path = check(path)
+    if is_sharded(path):
+        raise CheckpointError(
+            f"{path} is a sharded FSDP checkpoint (one shard per rank): make it one file with "
+            f"`python -m lightning.pytorch.utilities.consolidate_checkpoint {path}` and use "
+            f"{path}.consolidated"
+        )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception:

@@ -110,6 +110,9 @@ class LanguageModel(L.LightningModule):
             )
 
     def configure_model(self) -> None:
+        # Dimensions as built: a strategy may wrap the model before the optimizer is made
+        # (FSDP flattens parameters), and weight decay is decided by them.
+        self._built_ndims = {name: p.dim() for name, p in self.model.named_parameters()}
         if self.compile_model and not getattr(self.model, "_compiled_call_impl", None):
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
 
@@ -241,6 +244,27 @@ class LanguageModel(L.LightningModule):
                 return callback.plan(self.trainer, self)
         return {}
 
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip by the global norm; under FSDP through the wrapper's own ``clip_grad_norm_``
+        (the norm of the sharded gradients across ranks), since Lightning's FSDP
+        precision plugin refuses norm clipping and would stop the first step."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = self.trainer.model
+        if (
+            gradient_clip_val
+            and gradient_clip_algorithm in (None, "norm")
+            and isinstance(model, FullyShardedDataParallel)
+        ):
+            model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optimizer_config
         total = self.total_steps()
@@ -255,7 +279,7 @@ class LanguageModel(L.LightningModule):
                 for p in params
             }
             depth_of = lambda p: depths.get(id(p), 0)  # noqa: E731
-        optimizer = build_adamw(self.model, cfg, depth_of)
+        optimizer = build_adamw(self.model, cfg, depth_of, getattr(self, "_built_ndims", None))
         rank_zero_info(
             "optimizer groups:\n  " + "\n  ".join(describe_groups(optimizer.param_groups))
         )

@@ -57,15 +57,16 @@ def no_weight_decay_names(model: nn.Module) -> set[str]:
     return names
 
 
-def decays(name: str, param: nn.Parameter, exempt: set[str]) -> bool:
+def decays(name: str, ndim: int, exempt: set[str]) -> bool:
     """Matrices and embeddings decay; vectors (biases, norm gains) and exempt names do not."""
-    return param.dim() >= 2 and name not in exempt
+    return ndim >= 2 and name not in exempt
 
 
 def param_groups(
     model: nn.Module,
     weight_decay: float,
     depth_of: Callable[[nn.Parameter], int] | None = None,
+    ndims: dict[str, int] | None = None,
 ) -> list[dict]:
     """AdamW parameter groups: decay by role, optionally split by ladder depth.
 
@@ -73,7 +74,10 @@ def param_groups(
     optimizer is silently never updated once released (dyadic unfreezing relies on this).
     Each group carries ``name`` ("decay", "no_decay", "decay/depth_3", ...), ``depth``
     (0 for everything that is not a ladder parameter) and ``param_names``.
-    ``depth_of(param)`` gives a parameter's ladder depth (default: 0 for all).
+    ``depth_of(param)`` gives a parameter's ladder depth (default: 0 for all). ``ndims``
+    gives parameters' dimensions as built, when the model has since been wrapped (FSDP
+    with ``use_orig_params`` turns every parameter into a 1-D shard, which would make
+    them all look like biases).
     """
     exempt = no_weight_decay_names(model)
     unknown = exempt - {name for name, _ in model.named_parameters()}
@@ -81,7 +85,7 @@ def param_groups(
         raise ValueError(f"no_weight_decay() names parameters that do not exist: {unknown}")
     groups: dict[tuple[bool, int], dict] = {}
     for name, param in model.named_parameters():
-        decay = decays(name, param, exempt)
+        decay = decays(name, (ndims or {}).get(name, param.dim()), exempt)
         depth = 0 if depth_of is None else depth_of(param)
         key = (decay, depth)
         if key not in groups:
@@ -103,17 +107,47 @@ def build_adamw(
     model: nn.Module,
     config: OptimizerConfig,
     depth_of: Callable[[nn.Parameter], int] | None = None,
+    ndims: dict[str, int] | None = None,
 ) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`, with the state of every parameter made up front
+    (:func:`materialise_adam_state`)."""
     kwargs = {}
     if config.fused is not None:
         kwargs["fused"] = config.fused
-    return torch.optim.AdamW(
-        param_groups(model, config.weight_decay, depth_of),
+    optimizer = torch.optim.AdamW(
+        param_groups(model, config.weight_decay, depth_of, ndims),
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,
         **kwargs,
     )
+    materialise_adam_state(optimizer)
+    return optimizer
+
+
+def materialise_adam_state(optimizer: torch.optim.AdamW) -> None:
+    """Give every parameter AdamW's initial state now (step 0, zero moments).
+
+    AdamW makes a parameter's state at its first gradient, so a depth frozen by dyadic
+    unfreezing has none until released, and FSDP's optimizer state dict, which expects
+    every parameter, then fails to save a checkpoint. The state made here is exactly the
+    one AdamW would make at release: the updates do not change by a bit.
+    """
+    for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")
+        for param in group["params"]:
+            if optimizer.state.get(param):
+                continue
+            step = (
+                torch.zeros((), dtype=torch.float32, device=param.device)
+                if on_device
+                else torch.tensor(0.0, dtype=torch.float32)
+            )
+            optimizer.state[param] = {
+                "step": step,
+                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+            }
 
 
 def describe_groups(groups: list[dict]) -> list[str]:

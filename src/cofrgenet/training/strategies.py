@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch.strategies import FSDPStrategy
+from torch.nn import Module
 
 
 class LadderFSDPStrategy(FSDPStrategy):
@@ -18,3 +20,26 @@ class LadderFSDPStrategy(FSDPStrategy):
 
     def __init__(self, use_orig_params: bool = True, **kwargs: Any) -> None:
         super().__init__(use_orig_params=use_orig_params, **kwargs)
+
+    def _setup_model(self, model: Module) -> Module:
+        """On CPU (gloo), wrap with an explicit CPU ``device_id``.
+
+        Lightning passes ``device_id=root_device.index``, None on CPU, and FSDP (torch
+        2.13) then looks for an accelerator and refuses ("FSDP needs a non-CPU
+        accelerator device"); given the CPU device it shards and trains over gloo. This
+        is what lets the FSDP test run on CI's CPUs. GPUs take Lightning's own path.
+        """
+        if self.root_device.type != "cpu":
+            return super()._setup_model(model)
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            return model
+        return FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=torch.device("cpu"),
+            **self.kwargs,
+        )

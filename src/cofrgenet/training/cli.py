@@ -2,10 +2,11 @@
 
 Configs compose: pass several ``--config`` files (later ones win), e.g.::
 
-    cofr fit --config conf/trainer/cpu-debug.yaml --config conf/model/gpt2-mini-f.yaml \
-             --config conf/data/pydoc-byte.yaml --run.experiment mine
+    cofr fit --config conf/trainer/cpu-debug.yaml --config conf/data/pydoc-byte.yaml \
+             --model.preset gpt2-mini-f --run.experiment mine
 
-or one experiment file from ``conf/experiment/``. Every run gets a folder under
+or one experiment file from ``conf/experiment/``, which names its groups as ``base:``
+(:mod:`cofrgenet.recipes`). Every run gets a folder under
 ``runs/<experiment>/<name>/`` with its checkpoints and config, and an MLflow run in
 ``runs/mlflow.db`` that a resume (``--ckpt_path last``) or a SLURM requeue continues.
 """
@@ -28,7 +29,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from cofrgenet import cli_cache
+from cofrgenet import cli_cache, recipes
 from cofrgenet.data import TokenDataModule
 from cofrgenet.errors import ConfigError
 from cofrgenet.training import checkpoints
@@ -101,6 +102,7 @@ class CofrCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        args = recipes.expand(list(sys.argv[1:] if args is None else args))
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:
@@ -132,6 +134,12 @@ class CofrCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunConfig, "run")
+        parser.add_argument(
+            f"--{recipes.KEY}",
+            type=list[str] | None,
+            default=None,
+            help="config files this one builds on, read before it (cofrgenet/recipes.py)",
+        )
 
     def run_config(self) -> RunConfig:
         value = self._get(self.config_init, "run")

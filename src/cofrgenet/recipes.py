@@ -1,0 +1,95 @@
+"""Config recipes: a config file may name the group files it builds on (``base:``).
+
+An experiment is a delta over the groups in ``conf/trainer`` and ``conf/data``::
+
+    # conf/experiment/paper-gpt2-xl-owt.yaml
+    base: [conf/trainer/ddp.yaml, conf/data/openwebtext-gpt2.yaml]
+    model:
+      preset: gpt2-xl
+    trainer:
+      num_nodes: 2          # only what differs from the groups
+
+``cofr fit --config conf/experiment/paper-gpt2-xl-owt.yaml`` then reads as
+``--config conf/trainer/ddp.yaml --config conf/data/openwebtext-gpt2.yaml --config
+conf/experiment/paper-gpt2-xl-owt.yaml``: the bases first, in order, so the file's own
+values win, and a base's own bases before it. A path is looked up from the working
+directory, then from the folder of the file that names it. jsonargparse merges the files
+as for any ``--config`` list; ``base`` itself is a recorded, otherwise unused option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.errors import ConfigError
+
+KEY = "base"
+
+
+def _load(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the config parser reports what is wrong with the file itself
+
+
+def bases_of(path: str | Path) -> list[Path]:
+    """The files ``path``'s ``base:`` names, resolved (empty when it names none)."""
+    path = Path(path)
+    data = _load(path)
+    if not isinstance(data, dict) or data.get(KEY) is None:
+        return []
+    entries = data[KEY]
+    if isinstance(entries, str):
+        entries = [entries]
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ConfigError(f"{path}: `{KEY}:` must be a list of config files, got {entries!r}")
+    resolved = []
+    for entry in entries:
+        for candidate in (Path(entry), path.parent / entry):
+            if candidate.is_file():
+                resolved.append(candidate)
+                break
+        else:
+            raise ConfigError(
+                f"{path}: `{KEY}:` names {entry}, which is neither under the working "
+                f"directory nor beside {path.name}"
+            )
+    return resolved
+
+
+def _with_bases(path: Path, chain: tuple[Path, ...]) -> list[Path]:
+    key = path.resolve()
+    if key in chain:
+        loop = " -> ".join(str(p) for p in (*chain, key))
+        raise ConfigError(f"config files name each other as `{KEY}:` in a loop: {loop}")
+    files: list[Path] = []
+    for base in bases_of(path):
+        files += _with_bases(base, (*chain, key))
+    return [*files, path]
+
+
+def expand(words: Sequence[str]) -> list[str]:
+    """``words`` with every ``--config F`` preceded by ``--config`` for F's bases."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("--config", "-c") and i + 1 < len(words):
+            path, i = words[i + 1], i + 2
+        elif word.startswith("--config="):
+            path, i = word.split("=", 1)[1], i + 1
+        else:
+            out.append(word)
+            i += 1
+            continue
+        if not Path(path).is_file():
+            out += ["--config", path]  # the parser says the file is missing
+            continue
+        for file in _with_bases(Path(path), ()):
+            out += ["--config", str(file)]
+    return out

@@ -1,0 +1,41 @@
+"""Config recipes: ``base:`` names the group files a config builds on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cofrgenet.errors import ConfigError
+from cofrgenet.recipes import expand
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bases_come_first_in_order_and_recursively(tmp_path):
+    (tmp_path / "a.yaml").write_text("trainer: {max_steps: 1}\n")
+    (tmp_path / "b.yaml").write_text("base: [a.yaml]\ndata: {batch_size: 2}\n")
+    (tmp_path / "c.yaml").write_text("run: {name: x}\n")
+    (tmp_path / "exp.yaml").write_text("base: [b.yaml, c.yaml]\nmodel: {preset: gpt2-tiny}\n")
+    words = ["fit", "--config", str(tmp_path / "exp.yaml"), "--trainer.max_steps", "3"]
+    files = [w for w in expand(words) if w.endswith(".yaml")]
+    assert [Path(f).name for f in files] == ["a.yaml", "b.yaml", "c.yaml", "exp.yaml"]
+    assert expand(words)[-2:] == ["--trainer.max_steps", "3"]  # overrides stay last
+
+
+def test_a_missing_base_and_a_loop_are_config_errors(tmp_path):
+    (tmp_path / "x.yaml").write_text("base: [nowhere.yaml]\n")
+    with pytest.raises(ConfigError, match=r"names nowhere\.yaml"):
+        expand(["--config", str(tmp_path / "x.yaml")])
+    (tmp_path / "p.yaml").write_text("base: [q.yaml]\n")
+    (tmp_path / "q.yaml").write_text("base: [p.yaml]\n")
+    with pytest.raises(ConfigError, match="loop"):
+        expand(["--config", str(tmp_path / "p.yaml")])
+
+
+def test_every_experiment_is_a_delta_over_existing_groups():
+    for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
+        files = [w for w in expand(["--config", str(path.relative_to(ROOT))]) if w != "--config"]
+        assert len(files) >= 3 and files[-1].endswith(path.name), path
+        assert all((ROOT / f).is_file() for f in files), path
+    assert not (ROOT / "conf" / "model").exists()  # presets are one flag: --model.preset

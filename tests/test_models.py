@@ -371,7 +371,7 @@ def test_ladder_branches_start_as_small_as_the_branches_they_replace(n_layer, wi
 
 
 def test_build_shapes_counts_like_a_real_build_and_restores_init():
-    from cofrgenet.models.architectures import build_shapes
+    from cofrgenet.models.build import build_shapes
 
     config = ModelConfig.from_preset("gpt2-tiny-fa")
     shapes = build_shapes(config)
@@ -381,3 +381,20 @@ def test_build_shapes_counts_like_a_real_build_and_restores_init():
     t = torch.zeros(1000)
     torch.nn.init.normal_(t)  # the initialisers are back
     assert t.std() > 0.5
+
+
+def test_the_config_imports_no_model_code_and_resolves_architectures_lazily():
+    """ModelConfig is a plain description: importing it loads no architecture or mixer;
+    making one loads the registries' built-ins, whatever was imported before."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cofrgenet.models.config import ModelConfig\n"
+        "loaded = lambda: sorted(m for m in sys.modules if m.startswith('cofrgenet.models.'))\n"
+        "assert loaded() == ['cofrgenet.models.config', 'cofrgenet.models.registry'], loaded()\n"
+        "config = ModelConfig(arch='llama', vocab_size=64, block_size=16, n_layer=1, n_embd=32, n_head=2)\n"
+        "assert (config.ffn, config.position) == ('swiglu', 'rope')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -50,14 +50,17 @@ def bases_of(path: str | Path) -> list[Path]:
         raise ConfigError(f"{path}: `{KEY}:` must be a list of config files, got {entries!r}")
     resolved = []
     for entry in entries:
-        for candidate in (Path(entry), path.parent / entry):
+        # From the working directory, else from the naming file's folder and its parents
+        # (conf/trainer/x.yaml named in conf/experiment/y.yaml, run from anywhere).
+        here = path.resolve().parent
+        for candidate in (Path(entry), *(folder / entry for folder in (here, *here.parents))):
             if candidate.is_file():
                 resolved.append(candidate)
                 break
         else:
             raise ConfigError(
                 f"{path}: `{KEY}:` names {entry}, which is neither under the working "
-                f"directory nor beside {path.name}"
+                f"directory nor under the folders holding {path.name}"
             )
     return resolved
 

@@ -286,7 +286,7 @@ def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
 def matched_ffn_hidden(gpt2_fields: dict[str, Any]) -> int:
     """The MLP hidden width giving gpt2 the parameter count of cofrgenet-f (same shape)."""
     from cofrgenet.models import ModelConfig
-    from cofrgenet.models.architectures import build_shapes
+    from cofrgenet.models.build import build_shapes
     from cofrgenet.models.presets import preset_dict
 
     shape = {k: v for k, v in gpt2_fields.items() if k != "ffn_hidden"}

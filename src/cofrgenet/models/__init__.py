@@ -1,25 +1,44 @@
 """Language models: decoder-only transformers with pluggable mixers, and recurrent LMs.
 
-``ModelConfig`` describes a model (presets via ``ModelConfig.from_preset``),
-``build_model`` builds it, ``ARCHITECTURES`` / ``ATTENTION`` / ``FFN`` are the
-registries of architectures and mixers, and ``count_parameters`` /
-``estimate_flops_per_token`` report its size and cost.
+* :mod:`cofrgenet.models.config`: ``ModelConfig``, the plain description of a model
+  (presets via ``ModelConfig.from_preset``); it imports no model code.
+* :mod:`cofrgenet.models.registry`: the registries ``ARCHITECTURES``, ``ATTENTION``,
+  ``FFN`` (one generic class), which import their built-ins at the first lookup.
+* :mod:`cofrgenet.models.build`: ``build_model`` (also on meta: ``build_shapes``).
+* :mod:`cofrgenet.models.transformer`, :mod:`~cofrgenet.models.recurrent`,
+  :mod:`~cofrgenet.models.mixers`: the built-in architectures and mixers.
+* :mod:`cofrgenet.models.report`: ``count_parameters``, ``estimate_flops_per_token``.
+
+Names are imported lazily, so importing one module (the config, say) does not import
+the others.
 """
 
-from cofrgenet.models.architectures import ARCHITECTURES, ArchEntry, build_model
-from cofrgenet.models.combinations import combinations_markdown, supported_combinations
-from cofrgenet.models.config import ModelConfig
-from cofrgenet.models.presets import list_presets
-from cofrgenet.models.recurrent import RecurrentLM
-from cofrgenet.models.registry import ATTENTION, FFN, MixerEntry, Registry
-from cofrgenet.models.report import (
-    FlopsPerToken,
-    ParameterCount,
-    count_parameters,
-    estimate_flops_per_token,
-    presets_markdown,
-)
-from cofrgenet.models.transformer import GPT, Block
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "ARCHITECTURES": "registry",
+    "ATTENTION": "registry",
+    "FFN": "registry",
+    "ArchEntry": "registry",
+    "MixerEntry": "registry",
+    "Registry": "registry",
+    "ModelConfig": "config",
+    "build_model": "build",
+    "list_presets": "presets",
+    "combinations_markdown": "combinations",
+    "supported_combinations": "combinations",
+    "RecurrentLM": "recurrent",
+    "GPT": "transformer",
+    "Block": "transformer",
+    "FlopsPerToken": "report",
+    "ParameterCount": "report",
+    "count_parameters": "report",
+    "estimate_flops_per_token": "report",
+    "presets_markdown": "report",
+}
 
 __all__ = [
     "ARCHITECTURES",
@@ -42,3 +61,35 @@ __all__ = [
     "presets_markdown",
     "supported_combinations",
 ]
+
+if TYPE_CHECKING:
+    from cofrgenet.models.build import build_model
+    from cofrgenet.models.combinations import combinations_markdown, supported_combinations
+    from cofrgenet.models.config import ModelConfig
+    from cofrgenet.models.presets import list_presets
+    from cofrgenet.models.recurrent import RecurrentLM
+    from cofrgenet.models.registry import (
+        ARCHITECTURES,
+        ATTENTION,
+        FFN,
+        ArchEntry,
+        MixerEntry,
+        Registry,
+    )
+    from cofrgenet.models.report import (
+        FlopsPerToken,
+        ParameterCount,
+        count_parameters,
+        estimate_flops_per_token,
+        presets_markdown,
+    )
+    from cofrgenet.models.transformer import GPT, Block
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cofrgenet.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"cofrgenet.models.{module}"), name)
+    globals()[name] = value
+    return value

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
-from cofrgenet.models.registry import ATTENTION, FFN
+from cofrgenet.models.registry import ARCHITECTURES, ATTENTION, FFN, arch_names
 from cofrgenet.nn.positional import POSITIONS, RELATIVE_POSITIONS
 
 
@@ -44,7 +43,7 @@ def positions_for(attention: str) -> tuple[str, ...]:
 def _rows() -> list[tuple[str, str | None, tuple[str, ...], tuple[str, ...]]]:
     """(arch, attention, ffns, positions): the compact form of the table."""
     rows = []
-    for arch in ARCHITECTURES.names():
+    for arch in arch_names():
         if ARCHITECTURES.entry(arch).kind == "recurrent":
             rows.append((arch, None, (), ("none",)))
             continue
@@ -67,7 +66,7 @@ def unsupported_combinations() -> list[Combination]:
     supported = set(supported_combinations())
     return [
         Combination(arch, attention, ffn, position)
-        for arch in ARCHITECTURES.names("transformer")
+        for arch in arch_names("transformer")
         for attention in ATTENTION.names()
         for ffn in FFN.names()
         for position in POSITIONS

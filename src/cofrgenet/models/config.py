@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cofrgenet.errors import ConfigError, did_you_mean
-from cofrgenet.models.architectures import ARCHITECTURES
+from cofrgenet.models.registry import ARCHITECTURES
 from cofrgenet.nn.ladder import DENOMINATORS
 from cofrgenet.nn.norms import NORMS
 from cofrgenet.nn.positional import POSITIONS, ROPE_SCALING_KEYS

@@ -18,8 +18,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.registry import ARCHITECTURES
 from cofrgenet.nn.decoding import sample_next
 
 #: torch module and gates per hidden unit (the FLOPs of one step scale with the gates).

@@ -1,7 +1,13 @@
-"""Mixer registries: attention and feed-forward modules chosen by name.
+"""Registries: architectures and mixers chosen by name.
 
-A mixer is any ``nn.Module`` mapping (B, T, C) -> (B, T, C). Register a builder with
-the signature ``(config: ModelConfig, layer_idx: int) -> nn.Module``::
+One generic :class:`Registry` holds every kind: ``ARCHITECTURES`` (the network skeleton
+``ModelConfig.arch`` names), ``ATTENTION`` and ``FFN`` (the mixers of a transformer
+block). A registry knows the modules that register its built-ins and imports them the
+first time a name is looked up, so any module may import a registry (``ModelConfig``
+does) without importing model code, and nothing depends on import order.
+
+Mixers. A mixer is any ``nn.Module`` mapping (B, T, C) -> (B, T, C). Register a builder
+with the signature ``(config: ModelConfig, layer_idx: int) -> nn.Module``::
 
     from cofrgenet.models import ATTENTION
 
@@ -10,7 +16,7 @@ the signature ``(config: ModelConfig, layer_idx: int) -> nn.Module``::
         return MyAttention(config.n_embd, config.block_size)
 
 then ``ModelConfig(attention="my_attention")`` uses it; the block never changes.
-Optional keywords of ``register``:
+Keywords of a mixer's ``register`` (:class:`MixerEntry`):
 
 * ``flops(config, layer_idx, seq_len) -> int``: forward FLOPs per token of one layer
   (for ``estimate_flops_per_token``); without it the estimate is 2 FLOPs per parameter.
@@ -20,29 +26,40 @@ Optional keywords of ``register``:
   ``config.position`` "rope" / "alibi" to them. A model whose ``position`` is one of
   those must have at least one such layer (the others are position-aware by
   construction, e.g. CAttnM and the Dense Synthesizer read key positions).
+
+Architectures. A builder ``(config) -> nn.Module`` whose module maps token ids (B, T) to
+logits (B, T, vocab_size). Keywords of its ``register`` (:class:`ArchEntry`):
+
+* ``defaults``: values for config fields left at None (e.g. "llama" fills
+  ``norm="rmsnorm"``, ``position="rope"``, ``ffn="swiglu"``, ``bias=False``). A field
+  given explicitly always wins; the defaults are applied when the config is made.
+* ``flops(config, seq_len) -> dict[str, int]``: forward FLOPs per token by component.
+* ``validate(config)``: raise ValueError for settings the architecture cannot take.
+* ``kind``: "transformer" (blocks of attention and ffn mixers) or "recurrent".
+
+The built-ins: ``transformer.py`` ("gpt", "llama"), ``recurrent.py`` ("rnn", "lstm",
+"gru"), ``mixers.py`` (softmax, sparse, synthesizer, CAttnU, CAttnM; mlp, swiglu, cffn).
 """
 
 from __future__ import annotations
 
-import math
+import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import torch
 from torch import nn
-
-from cofrgenet.nn.attention import CausalSelfAttention
-from cofrgenet.nn.mlp import MLP, SwiGLU, swiglu_hidden
-from cofrgenet.nn.positional import RotaryEmbedding
-from cofrgenet.nn.sparse_attention import SparseCausalSelfAttention
-from cofrgenet.nn.synthesizer import DenseSynthesizer
 
 if TYPE_CHECKING:
     from cofrgenet.models.config import ModelConfig
 
 Builder = Callable[["ModelConfig", int], nn.Module]
 FlopsFn = Callable[["ModelConfig", int, int], int]
+ArchBuilder = Callable[["ModelConfig"], nn.Module]
+ArchFlops = Callable[["ModelConfig", int], dict[str, int]]
+ArchValidate = Callable[["ModelConfig"], None]
+#: Kinds of architecture, in the order ``arch_names`` lists them.
+KINDS = ("transformer", "recurrent")
 
 
 @dataclass(frozen=True)
@@ -56,32 +73,54 @@ class MixerEntry:
     relative_positions: bool = False
 
 
-class Registry:
-    """Name -> mixer builder. ``kind`` ("attention", "ffn", ...) appears in errors."""
+@dataclass(frozen=True)
+class ArchEntry:
+    """One registered architecture."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, MixerEntry] = {}
+    name: str
+    builder: ArchBuilder
+    flops: ArchFlops
+    kind: str = "transformer"
+    defaults: dict[str, Any] = field(default_factory=dict)
+    validate: ArchValidate | None = None
 
-    def register(
-        self,
-        name: str,
-        *,
-        flops: FlopsFn | None = None,
-        owns_dropout: bool = False,
-        relative_positions: bool = False,
-        replace: bool = False,
-    ) -> Callable[[Builder], Builder]:
-        """Decorator registering ``builder`` under ``name`` (ValueError if taken, unless replace)."""
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"architecture kind must be one of {KINDS}, got {self.kind!r}")
+
+
+E = TypeVar("E", MixerEntry, ArchEntry)
+
+
+class Registry(Generic[E]):
+    """Name -> entry (a :class:`MixerEntry` or an :class:`ArchEntry`).
+
+    kind: what the names are ("attention mixer", "architecture"), for errors.
+    entry_type: the entry class ``register``'s keywords fill.
+    builtins: modules registering the built-in entries, imported at the first lookup.
+    """
+
+    def __init__(self, kind: str, entry_type: type[E], builtins: tuple[str, ...] = ()) -> None:
+        self.kind, self.entry_type, self.builtins = kind, entry_type, builtins
+        self._entries: dict[str, E] = {}
+        self._loaded = not builtins
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for module in self.builtins:
+                importlib.import_module(module)
+
+    def register(self, name: str, *, replace: bool = False, **fields: Any) -> Callable:
+        """Decorator registering a builder under ``name`` with the entry's ``fields``
+        (ValueError if the name is taken, unless ``replace``)."""
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} mixer name must be a non-empty string, got {name!r}")
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
 
-        def decorator(builder: Builder) -> Builder:
+        def decorator(builder: Callable) -> Callable:
             if name in self._entries and not replace:
-                raise ValueError(
-                    f"{self.kind} mixer {name!r} is already registered (pass replace=True)"
-                )
-            self._entries[name] = MixerEntry(name, builder, flops, owns_dropout, relative_positions)
+                raise ValueError(f"{self.kind} {name!r} is already registered (pass replace=True)")
+            self._entries[name] = self.entry_type(name, builder, **fields)
             return builder
 
         return decorator
@@ -91,231 +130,46 @@ class Registry:
         self.entry(name)
         del self._entries[name]
 
-    def entry(self, name: str) -> MixerEntry:
+    def entry(self, name: str) -> E:
         """The entry for ``name``; unknown names raise ValueError listing the registered ones."""
+        self._load()
         try:
             return self._entries[name]
         except KeyError:
             raise ValueError(
-                f"unknown {self.kind} mixer {name!r}; registered: {', '.join(self.names())}"
+                f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
             ) from None
 
-    def build(self, name: str, config: ModelConfig, layer_idx: int) -> nn.Module:
-        """Build mixer ``name`` for layer ``layer_idx`` of a model with ``config``."""
-        return self.entry(name).builder(config, layer_idx)
+    def build(self, name: str, *args: Any) -> nn.Module:
+        """Build ``name``: a mixer from ``(config, layer_idx)``, an architecture from
+        ``(config)``."""
+        return self.entry(name).builder(*args)
 
     def names(self) -> list[str]:
         """Registered names, in registration order."""
+        self._load()
         return list(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        self._load()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self.names())
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
 
 
-ATTENTION = Registry("attention")
-FFN = Registry("ffn")
-
-
-# Analytic forward FLOPs per token. A matmul costs 2 FLOPs per multiply-add; elementwise
-# activations, norms, softmax and position encodings are left out (as in nanoGPT / PaLM).
-# seq_len is T.
-
-
-def mixer_flops(registry: Registry, name: str, config: ModelConfig, layer: int, T: int) -> int:
-    """Forward FLOPs per token of mixer ``name`` in layer ``layer`` at sequence length T."""
-    entry = registry.entry(name)
-    if entry.flops is not None:
-        return int(entry.flops(config, layer, T))
-    # No formula registered: 2 FLOPs per parameter (every weight used once per token).
-    with torch.device("meta"):
-        module = entry.builder(config, layer)
-    return 2 * sum(p.numel() for p in module.parameters())
-
-
-def continuant_flops(depth: int) -> int:
-    """FLOPs of one ladder unit's continued fraction: ~3 per partial denominator + 1 reciprocal."""
-    return 3 * depth + 1
-
-
-def _softmax_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C = config.n_embd
-    kv_width = config.kv_heads * (C // config.n_head)
-    # q, k, v (k and v narrower with GQA) + output projection, then scores (q.k) and values
-    # (a.v) over the full T. Sparse patterns are masks over this same dense computation.
-    return 2 * C * (C + 2 * kv_width) + 2 * C * C + 2 * 2 * seq_len * C
-
-
-def _synthesizer_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C = config.n_embd
-    # W1 (C x C); W2 per head to T logits (H T head_dim = T C); values, output projection;
-    # probabilities times values over the full T.
-    return 2 * C * C + 2 * seq_len * C + 2 * C * C + 2 * C * C + 2 * seq_len * C
-
-
-def _mlp_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C = config.n_embd
-    hidden = config.ffn_hidden or 4 * C
-    return 2 * 2 * C * hidden
-
-
-def _swiglu_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C = config.n_embd
-    hidden = config.ffn_hidden or swiglu_hidden(C)
-    return 2 * 3 * C * hidden
-
-
-def _cffn_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C, L, d = config.n_embd, config.ladders, config.depth
-    # gate G and linear term U (C x C each); partial denominators (L d per input
-    # coordinate in both readings); ladder mix V (C x L).
-    matmuls = 2 * 2 * C * C + 2 * L * d * C + 2 * C * L
-    units = L if config.cffn_ladder == "scalar" else L * C
-    return matmuls + units * continuant_flops(d)
-
-
-def _cattn_u_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C, d = config.n_embd, config.depth
-    # Two ensembles of full univariate ladders per channel (a_k = w x + b, the fraction,
-    # the linear term w0 x), two causal token mixes over the full T, their product.
-    ladders = 2 * C * (2 * d + continuant_flops(d) + 2)
-    return ladders + 2 * 2 * seq_len * C + C
-
-
-def _cattn_m_flops(config: ModelConfig, layer_idx: int, seq_len: int) -> int:
-    C, L, d = config.n_embd, config.ladders, config.depth
-    # L p-variate ladders, Y F to T logits, A (X W^v): values over the full T + W^v.
-    ladders = 2 * L * d * C + L * continuant_flops(d)
-    return ladders + 2 * L * seq_len + 2 * seq_len * C + 2 * C * C
-
-
-# Built-in mixers. The CoFrGeNet layers are imported inside their builders so that
-# this module (and every softmax/mlp model) works without touching cofrgenet.nn's ladders.
-
-
-def residual_std(config: ModelConfig) -> float:
-    """GPT-2's init std of projections that write to the residual stream."""
-    return 0.02 / math.sqrt(2 * config.n_layer)
-
-
-def _ladder_kwargs(config: ModelConfig) -> dict[str, object]:
-    out_std = config.ladder_out_std
-    return {
-        "bias": config.bias,
-        "ladder_bias": config.ladder_bias,
-        "eps": config.ladder_eps,
-        "grad": config.ladder_grad,
-        "impl": config.ladder_impl,
-        "denominators": config.ladder_denominators,
-        "floor": config.ladder_floor,
-        "out_std": residual_std(config) if out_std is None else out_std,
-        "clip_outputs": config.ladder_clip,
-    }
-
-
-def _softmax_kwargs(config: ModelConfig) -> dict[str, object]:
-    """Heads and relative positions shared by the softmax-attention mixers."""
-    head_dim = config.n_embd // config.n_head
-    rope = None
-    if config.position == "rope":
-        rope = RotaryEmbedding(head_dim, config.rope_theta, config.rope_scaling)
-    return {
-        "bias": config.bias,
-        "dropout": config.dropout,
-        "n_kv_head": config.n_kv_head,
-        "rope": rope,
-        "alibi": config.position == "alibi",
-    }
-
-
-@ATTENTION.register("softmax", flops=_softmax_flops, owns_dropout=True, relative_positions=True)
-def build_softmax_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """Causal softmax attention (GPT-2's; GQA, RoPE and ALiBi by config)."""
-    return CausalSelfAttention(
-        config.n_embd, config.n_head, config.block_size, **_softmax_kwargs(config)
-    )
-
-
-def _sparse_attention(config: ModelConfig, pattern: str) -> nn.Module:
-    return SparseCausalSelfAttention(
-        config.n_embd,
-        config.n_head,
-        config.block_size,
-        pattern=pattern,
-        stride=config.sparse_stride,
-        summary=config.sparse_summary,
-        **_softmax_kwargs(config),
-    )
-
-
-@ATTENTION.register(
-    "sparse_strided", flops=_softmax_flops, owns_dropout=True, relative_positions=True
+_MIXERS = ("cofrgenet.models.mixers",)
+ATTENTION: Registry[MixerEntry] = Registry("attention mixer", MixerEntry, _MIXERS)
+FFN: Registry[MixerEntry] = Registry("ffn mixer", MixerEntry, _MIXERS)
+ARCHITECTURES: Registry[ArchEntry] = Registry(
+    "architecture", ArchEntry, ("cofrgenet.models.transformer", "cofrgenet.models.recurrent")
 )
-def build_sparse_strided(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """Sparse Transformer attention, strided pattern (Child et al. 2019)."""
-    return _sparse_attention(config, "strided")
 
 
-@ATTENTION.register(
-    "sparse_fixed", flops=_softmax_flops, owns_dropout=True, relative_positions=True
-)
-def build_sparse_fixed(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """Sparse Transformer attention, fixed pattern (Child et al. 2019)."""
-    return _sparse_attention(config, "fixed")
-
-
-@ATTENTION.register("synthesizer_dense", flops=_synthesizer_flops, owns_dropout=True)
-def build_dense_synthesizer(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """Dense Synthesizer (Tay et al. 2020), tied to block_size."""
-    return DenseSynthesizer(
-        config.n_embd, config.n_head, config.block_size, bias=config.bias, dropout=config.dropout
-    )
-
-
-@ATTENTION.register("cattn_u", flops=_cattn_u_flops)
-def build_cattn_u(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """CoFrGeNet CAttnU: univariate ladders across tokens (tied to block_size)."""
-    from cofrgenet.nn import CAttnU
-
-    return CAttnU(config.n_embd, config.block_size, config.depth, **_ladder_kwargs(config))
-
-
-@ATTENTION.register("cattn_m", flops=_cattn_m_flops)
-def build_cattn_m(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """CoFrGeNet CAttnM: p-variate ladders mapped to causal attention weights."""
-    from cofrgenet.nn import CAttnM
-
-    return CAttnM(
-        config.n_embd, config.block_size, config.ladders, config.depth, **_ladder_kwargs(config)
-    )
-
-
-@FFN.register("mlp", flops=_mlp_flops, owns_dropout=True)
-def build_mlp(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """GPT-2 GELU MLP (hidden width ``ffn_hidden``, default 4 * n_embd)."""
-    return MLP(config.n_embd, config.ffn_hidden, bias=config.bias, dropout=config.dropout)
-
-
-@FFN.register("swiglu", flops=_swiglu_flops, owns_dropout=True)
-def build_swiglu(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """Llama's SwiGLU (hidden width ``ffn_hidden``, default Llama's 8/3 n_embd rule)."""
-    return SwiGLU(config.n_embd, config.ffn_hidden, bias=config.bias, dropout=config.dropout)
-
-
-@FFN.register("cffn", flops=_cffn_flops)
-def build_cffn(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """CoFrGeNet Cffn: gated ladder ensemble replacing the MLP."""
-    from cofrgenet.nn import Cffn
-
-    return Cffn(
-        config.n_embd,
-        config.ladders,
-        config.depth,
-        ladder=config.cffn_ladder,
-        **_ladder_kwargs(config),
-    )
+def arch_names(kind: str | None = None) -> list[str]:
+    """Architecture names of ``kind`` (default: every kind, transformers first)."""
+    kinds = KINDS if kind is None else (kind,)
+    return [n for k in kinds for n in ARCHITECTURES.names() if ARCHITECTURES.entry(n).kind == k]

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from cofrgenet.models.architectures import ARCHITECTURES, build_shapes
+from cofrgenet.models.build import build_shapes
 from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.registry import ARCHITECTURES
 
 
 @dataclass

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cofrgenet.models.architectures import ARCHITECTURES
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.generation import DecodeCache, generate_cached
-from cofrgenet.models.registry import ATTENTION, FFN, mixer_flops, residual_std
+from cofrgenet.models.mixers import mixer_flops, residual_std
+from cofrgenet.models.registry import ARCHITECTURES, ATTENTION, FFN
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
 

@@ -1,67 +1,172 @@
 """Command-line options generated from a benchmark's config dataclass.
 
 Each field becomes ``--field-name`` with the field's default and the ``help`` of its
-metadata; bools become ``--x / --no-x``, tuples comma-separated lists. The dataclass
-stays the one description of the benchmark's settings: nothing is copied by hand.
+metadata; bools become ``--x / --no-x``, tuples comma-separated lists (``''``: an empty
+one). Integers may be written ``65536``, ``2^16``, ``2**16`` or ``1<<16``; a fixed-size
+tuple of them (an item of ``tuple[tuple[int, int], ...]``) is written ``8192x768``. The
+dataclass stays the one description of the benchmark's settings: nothing is copied by
+hand.
+
+Field metadata read here, all optional:
+
+* ``help``: the option's help (plain text: ``%`` needs no escaping);
+* ``cli``: False leaves the field off the command line;
+* ``metavar``: the placeholder in the help (default: the field name, or ``A,B,...``);
+* ``choices``: the values a scalar field accepts;
+* ``format``: a callable showing one default value in the help (e.g. ``2^20``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
+def parse_int(text: str) -> int:
+    """An integer written as 65536, 2^16, 2**16 or 1<<16."""
+    text = text.strip()
+    if match := re.fullmatch(r"(\d+)\s*(?:\^|\*\*)\s*(\d+)", text):
+        return int(match[1]) ** int(match[2])
+    if match := re.fullmatch(r"(\d+)\s*<<\s*(\d+)", text):
+        return int(match[1]) << int(match[2])
+    return int(text)
+
+
+def _int(text: str) -> int:
+    return parse_int(text)
+
+
+# argparse names the type in its errors ("invalid int value: 'x'"), as for plain int.
+_int.__name__ = "int"
+
+
 def _scalar(kind: Any) -> Any:
-    """The parser for one value of type ``kind`` (Optional unwrapped)."""
+    """The type of one value of type ``kind`` (Optional unwrapped)."""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         return _scalar(args[0])
     return kind
 
 
-def _comma_list(item: Any):
-    def parse(text: str) -> tuple:
-        return tuple(item(part.strip()) for part in text.split(",") if part.strip())
+def _is_list(kind: Any) -> bool:
+    """``tuple[X, ...]``: a variable-length list, written comma-separated."""
+    args = typing.get_args(kind)
+    return typing.get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis
 
-    parse.__name__ = f"comma-separated {getattr(item, '__name__', 'value')}s"
+
+def _item_parser(kind: Any) -> Callable[[str], Any]:
+    """The parser of one value: ints with powers, fixed tuples as ``AxB``, else ``kind``."""
+    if kind is int:
+        return _int
+    if typing.get_origin(kind) is tuple and not _is_list(kind):
+        parsers = [_item_parser(k) for k in typing.get_args(kind)]
+        shape = "x".join("N" * len(parsers))
+
+        def parse(text: str) -> tuple:
+            words = text.strip().lower().split("x")
+            try:
+                if len(words) != len(parsers):
+                    raise ValueError(text)
+                return tuple(p(w) for p, w in zip(parsers, words, strict=True))
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"expected {shape} (e.g. 8192x768), got {text!r}"
+                ) from None
+
+        parse.__name__ = shape
+        return parse
+    return kind
+
+
+def _comma_list(item: Any) -> Callable[[str], tuple]:
+    parse_item = _item_parser(item)
+    name = f"comma-separated {getattr(parse_item, '__name__', 'value')}s"
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(parse_item(part.strip()) for part in text.split(",") if part.strip())
+        except ValueError as error:  # name the bad item, not just the whole list
+            raise argparse.ArgumentTypeError(f"expected {name}: {error}") from None
+
+    parse.__name__ = name
     return parse
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One option per field of dataclass ``cls`` (with ``from __future__`` annotations)."""
+def _show(value: Any, fmt: Callable[[Any], str] | None) -> str:
+    """A default as it is written on the command line: ``2^16,2^20``, ``256x256,8x8``."""
+    if isinstance(value, tuple):
+        if not value:
+            return "none"
+        return ",".join(_show_item(v, fmt) for v in value)
+    return _show_item(value, fmt)
+
+
+def _show_item(value: Any, fmt: Callable[[Any], str] | None) -> str:
+    if isinstance(value, tuple):  # a fixed-size item such as (rows, n)
+        return "x".join(_show_item(v, fmt) for v in value)
+    if value == "":
+        return "''"
+    return fmt(value) if fmt is not None and value is not None else str(value)
+
+
+def add_dataclass_arguments(
+    parser: argparse._ActionsContainer, cls: type, *, given_only: bool = False
+) -> None:
+    """One option per field of dataclass ``cls`` (with ``from __future__`` annotations).
+
+    ``parser`` may be a parser or an argument group. With ``given_only``, options not on
+    the command line are left out of the namespace (the help still shows the dataclass
+    default), so :func:`dataclass_from_args` can lay the given ones over a preset.
+    """
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.init or f.metadata.get("cli") is False:
             continue
-        kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = _show(default, f.metadata.get("format"))
         help_text = f.metadata.get("help", "")
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
-        base = _scalar(kind)
+        options: dict[str, Any] = {
+            "default": argparse.SUPPRESS if given_only else default,
+            "help": help_text.replace("%", "%%"),  # argparse %-formats help strings
+        }
+        base = _scalar(hints[f.name])
         if base is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)  # fmt: skip
-        elif typing.get_origin(base) is tuple:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+            continue
+        if _is_list(base):
             item = typing.get_args(base)[0]
-            parser.add_argument(flag, type=_comma_list(item), default=default, help=help_text,
-                                metavar="A,B,...")  # fmt: skip
+            options["type"] = _comma_list(item)
+            listed = "AxB" if typing.get_origin(item) is tuple else "A,B"
+            options["metavar"] = f.metadata.get("metavar", f"{listed},...")
         else:
-            parser.add_argument(flag, type=base, default=default, help=help_text,
-                                metavar=f.name.upper())  # fmt: skip
+            options["type"] = _item_parser(base)
+            options["metavar"] = f.metadata.get("metavar", f.name.upper())
+            if "choices" in f.metadata:
+                options["choices"] = tuple(f.metadata["choices"])
+                del options["metavar"]  # argparse then shows {a,b,c}
+        parser.add_argument(flag, **options)
 
 
-def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """An instance of ``cls`` from the options :func:`add_dataclass_arguments` added."""
+def dataclass_from_args(cls: type[T], args: argparse.Namespace, base: T | None = None) -> T:
+    """An instance of ``cls`` from the options :func:`add_dataclass_arguments` added.
+
+    With ``base``, the options in ``args`` replace its fields and the rest keep its
+    values (with ``given_only``, those are the options given on the command line).
+    """
     values = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(cls)
         if f.init and hasattr(args, f.name)
     }
+    if base is not None:
+        return dataclasses.replace(base, **values)
     return cls(**values)

@@ -1,0 +1,91 @@
+"""The command line of `cofr bench ops`, generated from the config dataclasses.
+
+:class:`OpsBenchConfig`'s fields are what to time (and go into the report); the fields
+of :class:`OutputOptions` say where the report goes. Options not given take the
+defaults of :class:`OpsBenchConfig`, or ``--quick``'s (:data:`QUICK`) with ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rich.console import Console
+
+from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
+from cofrgenet.bench.ops.measure import run_benchmark
+from cofrgenet.bench.ops.report import print_report, write_report
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How `cofr bench ops` runs and where its report goes (not part of the report)."""
+
+    quick: bool = field(
+        default=False,
+        metadata={
+            "help": "tiny sizes and 3 repeats (tests, CI), for the options not given; "
+            "results are saved with a -quick suffix"
+        },
+    )
+    out: Path = field(
+        default=Path("runs/bench"),
+        metadata={
+            "help": "directory for ops-<device>-<date>.md/.json (pass --out docs/benchmarks "
+            "to record a result in the repository)"
+        },
+    )
+    save: bool = field(
+        default=True, metadata={"help": "write the report files (--no-save: print the table only)"}
+    )
+    suffix: str = field(
+        default="", metadata={"help": "appended to the file names (after the date), e.g. -extra"}
+    )
+    fail_on_miss: bool = field(
+        default=False, metadata={"help": "exit with status 1 if a measured target is missed"}
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``cofr bench ops``: one per field of the two dataclasses."""
+    # Config options stay out of the namespace unless given, so --quick can fill the rest.
+    add_dataclass_arguments(
+        parser.add_argument_group("what to time"), OpsBenchConfig, given_only=True
+    )
+    add_dataclass_arguments(parser.add_argument_group("run and output"), OutputOptions)
+
+
+def config_from_args(args: argparse.Namespace) -> OpsBenchConfig:
+    """The config of the options given, over --quick's or the defaults; validated."""
+    quick = getattr(args, "quick", False)
+    base = replace(OpsBenchConfig(), **QUICK) if quick else OpsBenchConfig()
+    config = dataclass_from_args(OpsBenchConfig, args, base=base)
+    config.validate()
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``cofr bench ops`` (args from :func:`add_arguments`)."""
+    console = Console(log_path=False)
+    if not console.is_terminal:  # a log file: do not squeeze the table into 80 columns
+        console.width = max(console.width, 140)
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] {error}")
+        return 2
+    options = dataclass_from_args(OutputOptions, args)
+    command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
+    report = run_benchmark(config, command=command, console=console)
+    print_report(report, console)
+    if options.save:
+        suffix = options.suffix + ("-quick" if options.quick else "")
+        paths = write_report(report, Path(options.out), suffix)
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+    missed = any(c.met is False for c in report.targets)
+    if options.fail_on_miss and missed:
+        return 1
+    return 0

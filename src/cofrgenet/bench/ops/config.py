@@ -1,0 +1,192 @@
+"""What `cofr bench ops` times: :class:`OpsBenchConfig`, its constants and ``--quick``.
+
+The fields' ``help`` metadata is the command line's help: the options are generated
+from this dataclass (:mod:`cofrgenet.bench.arguments`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from cofrgenet.bench.ops.formatting import pow2
+from cofrgenet.bench.ops.workloads import Workload
+from cofrgenet.ops import IMPLS
+
+MODES = ("fwd", "fwd+bwd")
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+REFERENCE_IMPL = "literal"
+#: Above this share of the machine's CPU used by other processes, timings are flagged.
+BUSY_THRESHOLD = 0.10
+#: Implementations that run only on CUDA devices (on CPU, Triton's interpreter would).
+CUDA_ONLY_IMPLS = ("triton",)
+CFFN_KINDS = ("scalar", "elementwise")
+
+
+def default_impls(device: torch.device | None = None) -> tuple[str, ...]:
+    """Every implementation in ``cofrgenet.ops.IMPLS``: literal first, auto last.
+
+    ``triton`` only where CUDA is (``device``, or this machine when None).
+    """
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+    middle = [
+        i for i in IMPLS if i not in (REFERENCE_IMPL, "auto") and (cuda or i not in CUDA_ONLY_IMPLS)
+    ]
+    return (REFERENCE_IMPL, *middle, "auto")
+
+
+def _help(text: str, **extra: object) -> dict[str, object]:
+    return {"help": text, **extra}
+
+
+@dataclass(frozen=True)
+class OpsBenchConfig:
+    """What to time. Sizes are rows N (continued_fraction) or (rows, n) pairs (ladders)."""
+
+    sizes: tuple[int, ...] = field(
+        default=(1 << 16, 1 << 20),
+        metadata=_help("continued_fraction rows N, e.g. 2^16,2^20", format=pow2, metavar="N,..."),
+    )
+    depths: tuple[int, ...] = field(
+        default=(1, 3, 5, 8), metadata=_help("continued_fraction depths d", metavar="D,...")
+    )
+    ladder_sizes: tuple[tuple[int, int], ...] = field(
+        default=((256, 256), (1024, 1024)),
+        metadata=_help("univariate_ladder ROWSxN shapes, '' for none", metavar="ROWSxN,..."),
+    )
+    ladder_depths: tuple[int, ...] = field(
+        default=(5, 8), metadata=_help("univariate_ladder depths d", metavar="D,...")
+    )
+    ensemble_sizes: tuple[tuple[int, int], ...] = field(
+        default=((1024, 768),),
+        metadata=_help(
+            "ladder_ensemble ROWSxP shapes, '' for none; L = --ensemble-ladders ladders of "
+            "each depth in --ensemble-depths",
+            metavar="ROWSxP,...",
+        ),
+    )
+    ensemble_ladders: int = field(
+        default=3, metadata=_help("ladders L of ensembles and Cffn layers")
+    )
+    ensemble_depths: tuple[int, ...] = field(
+        default=(5,), metadata=_help("depths d of ensembles and Cffn layers", metavar="D,...")
+    )
+    cffn_sizes: tuple[tuple[int, int], ...] = field(
+        default=((1024, 768),),
+        metadata=_help(
+            "whole Cffn layers, ROWSxP shapes, '' for none; L = --ensemble-ladders, "
+            "d = each of --ensemble-depths",
+            metavar="ROWSxP,...",
+        ),
+    )
+    cffn_kinds: tuple[str, ...] = field(
+        default=CFFN_KINDS,
+        metadata=_help(f"Cffn ladder kinds, from {', '.join(CFFN_KINDS)}", metavar="KIND,..."),
+    )
+    impls: tuple[str, ...] = field(
+        default_factory=default_impls,
+        metadata=_help(
+            f"implementations, from {', '.join(IMPLS)}; triton only on CUDA", metavar="IMPL,..."
+        ),
+    )
+    modes: tuple[str, ...] = field(
+        default=MODES, metadata=_help(f"from {', '.join(MODES)}", metavar="MODE,...")
+    )
+    repeats: int = field(default=7, metadata=_help("timed calls per (impl, mode), interleaved"))
+    warmup: int = field(default=2, metadata=_help("untimed calls after the first one"))
+    dtype: str = field(default="float32", metadata=_help("input dtype", choices=tuple(DTYPES)))
+    device: str = field(
+        default="auto", metadata=_help("cpu, cuda, cuda:N or auto, which is cuda if available")
+    )
+    grad: str = field(
+        default="paper",
+        metadata=_help("gradient mode of the continuant impls", choices=("paper", "exact")),
+    )
+    eps: float = field(
+        default=0.01, metadata=_help("the ops' eps: |K_d| is clamped to at least eps")
+    )
+    seed: int = field(default=0, metadata=_help("input seed"))
+    threads: int | None = field(
+        default=None, metadata=_help("torch.set_num_threads before timing; None: torch's default")
+    )
+    wait_quiet: float = field(
+        default=0.0,
+        metadata=_help(
+            "on a shared machine: per workload, wait up to SECONDS for other processes to "
+            f"use under {100 * BUSY_THRESHOLD:.0f}% of the CPU, and time it again if they "
+            "got busy meanwhile; 0: time at once",
+            metavar="SECONDS",
+        ),
+    )
+    time_budget: float = field(
+        default=0.0,
+        metadata=_help(
+            "start no new workload after SECONDS, 0: no limit; the report lists those not run",
+            metavar="SECONDS",
+        ),
+    )
+
+    def workloads(self) -> list[Workload]:
+        """Every workload, in run order: cf, ladders, ensembles, then Cffn layers."""
+        cf = [Workload("continued_fraction", n, d) for n in self.sizes for d in self.depths]
+        ladders = [
+            Workload("univariate_ladder", rows, d, width)
+            for rows, width in self.ladder_sizes
+            for d in self.ladder_depths
+        ]
+        n_l = self.ensemble_ladders
+        ensembles = [
+            Workload("ladder_ensemble", rows, d, width, n_l)
+            for rows, width in self.ensemble_sizes
+            for d in self.ensemble_depths
+        ]
+        layers = [
+            Workload(f"cffn_{kind}", rows, d, width, n_l)
+            for rows, width in self.cffn_sizes
+            for kind in self.cffn_kinds
+            for d in self.ensemble_depths
+        ]
+        return cf + ladders + ensembles + layers
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first kind of bad setting."""
+        unknown = [i for i in self.impls if i not in IMPLS]
+        if unknown:
+            raise ValueError(f"unknown impls {unknown}; choose from {IMPLS}")
+        bad_modes = [m for m in self.modes if m not in MODES]
+        if bad_modes:
+            raise ValueError(f"unknown modes {bad_modes}; choose from {MODES}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {tuple(DTYPES)}")
+        if self.repeats < 1 or self.warmup < 0 or self.wait_quiet < 0:
+            raise ValueError("repeats must be >= 1, warmup and wait_quiet >= 0")
+        sizes = [*self.sizes, *self.depths, *self.ladder_depths, *self.ensemble_depths]
+        pairs = (*self.ladder_sizes, *self.ensemble_sizes, *self.cffn_sizes)
+        sizes += [v for pair in pairs for v in pair] + [self.ensemble_ladders]
+        if any(v < 1 for v in sizes):
+            raise ValueError("sizes and depths must be positive")
+        bad_kinds = [k for k in self.cffn_kinds if k not in CFFN_KINDS]
+        if bad_kinds:
+            raise ValueError(f"unknown Cffn kinds {bad_kinds}; choose from scalar, elementwise")
+
+
+#: Tiny sizes for tests and CI: seconds, no compilation unless asked for.
+QUICK = {
+    "sizes": (1 << 10,),
+    "depths": (1, 3),
+    "ladder_sizes": ((16, 32),),
+    "ladder_depths": (3,),
+    "ensemble_sizes": ((16, 32),),
+    "ensemble_ladders": 2,
+    "ensemble_depths": (3,),
+    "cffn_sizes": ((16, 32),),
+    "impls": tuple(i for i in default_impls() if i != "compiled"),
+    "repeats": 3,
+    "warmup": 1,
+}

@@ -1,0 +1,262 @@
+"""Reporting: the console table, the markdown and JSON files, the target verdicts.
+
+Files are ``ops-<device>-<date><suffix>.md`` and ``.json``; <device> is ``cpu`` or the
+GPU's name as a slug (``ops-nvidia-h200-2026-12-01.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
+from cofrgenet.bench.ops.formatting import ms, percent, speedup
+from cofrgenet.bench.ops.results import Report, Result
+from cofrgenet.bench.ops.targets import TargetCheck
+from cofrgenet.bench.ops.workloads import Workload
+
+
+def _groups(report: Report) -> dict[tuple[Workload, str], dict[str, Result]]:
+    """(workload, mode) -> impl -> result, in run order."""
+    groups: dict[tuple[Workload, str], dict[str, Result]] = {}
+    for r in report.results:
+        groups.setdefault((r.workload, r.mode), {})[r.impl] = r
+    return groups
+
+
+def _summary_cell(r: Result | None) -> str:
+    if r is None:
+        return "-"
+    if r.skipped is not None:
+        return "skipped"
+    if r.summary is None:
+        return "failed"
+    if r.impl == REFERENCE_IMPL:
+        return ms(r.summary.median)
+    return f"{ms(r.summary.median)} ({speedup(r.speedup)})"
+
+
+def _gbps(r: Result) -> str:
+    if r.gbps is None:
+        return "-"
+    copy = "" if r.copy_fraction is None else f" ({percent(r.copy_fraction)} copy)"
+    return f"{r.gbps:.3g} GB/s{copy}"
+
+
+def _fastest_cell(by_impl: dict[str, Result]) -> str:
+    """The fastest measured impl, with its bandwidth (ops) or the ladders' share (Cffn)."""
+    timed = [r for r in by_impl.values() if r.summary is not None and r.impl != "auto"]
+    if not timed:
+        return "-"
+    best = min(timed, key=lambda r: r.summary.median)
+    if best.ladder_share is not None:
+        return f"{best.impl}: ladders {percent(best.ladder_share)} of the layer"
+    return f"{best.impl}: {_gbps(best)}"
+
+
+def _ratio_cell(by_impl: dict[str, Result], impl: str, versus: str) -> str:
+    a, b = by_impl.get(impl), by_impl.get(versus)
+    if a is None or b is None or a.summary is None or b.summary is None:
+        return "-"
+    return speedup(b.summary.median / a.summary.median)
+
+
+def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The one-table view: a row per (workload, mode), median ms (speedup) per impl.
+
+    Then which impl "auto" ran, the fastest impl with its bandwidth (or, for Cffn layers,
+    the ladders' share of the layer's time), triton's speedup over compiled, other load.
+    """
+    impls = list(report.meta["config"]["impls"])
+    header = ["workload", "mode", *impls]
+    if "auto" in impls:
+        header.append("auto uses")
+    header.append("fastest")
+    with_ratio = "triton" in impls and "compiled" in impls
+    if with_ratio:
+        header.append("triton vs compiled")
+    header.append("other load")
+    rows = []
+    for (w, mode), by_impl in _groups(report).items():
+        row = [w.label, mode, *(_summary_cell(by_impl.get(i)) for i in impls)]
+        if "auto" in impls:
+            row.append(by_impl["auto"].resolved if "auto" in by_impl else "-")
+        row.append(_fastest_cell(by_impl))
+        if with_ratio:
+            row.append(_ratio_cell(by_impl, "triton", "compiled"))
+        row.append(percent(next(iter(by_impl.values())).background_load))
+        rows.append(row)
+    return header, rows
+
+
+def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """One row per (workload, mode, impl) with the spread and first-call time."""
+    header = ["workload", "mode", "impl", "median ms", "IQR ms", "min-max ms"]
+    header += ["first call ms", "speedup", "GB/s", "% copy", "ladders' share"]
+    header += ["max abs diff", "page faults"]
+    with_memory = any(r.peak_memory_bytes is not None for r in report.results)
+    if with_memory:
+        header.append("peak MiB")
+    rows = []
+    for r in report.results:
+        s = r.summary
+        impl = r.impl if r.resolved == r.impl else f"{r.impl} ({r.resolved})"
+        row = [r.workload.label, r.mode, impl]
+        if s is None:
+            reason = f"skipped: {r.skipped}" if r.skipped else f"failed: {r.error}"
+            row += [reason, "", "", ms(r.first_call_ms), "", "", "", "", "", ""]
+        else:
+            row += [
+                ms(s.median),
+                f"{ms(s.q1)}-{ms(s.q3)}",
+                f"{ms(s.min)}-{ms(s.max)}",
+                ms(r.first_call_ms),
+                speedup(r.speedup),
+                "-" if r.gbps is None else f"{r.gbps:.1f}",
+                percent(r.copy_fraction),
+                percent(r.ladder_share),
+                "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.1e}",
+                "-" if r.page_faults is None else str(r.page_faults),
+            ]
+        if with_memory:
+            mib = r.peak_memory_bytes
+            row.append("-" if mib is None else f"{mib / 2**20:.1f}")
+        rows.append(row)
+    return header, rows
+
+
+def _target_line(check: TargetCheck) -> str:
+    if check.met is None:
+        return f"not measured: {check.target.describe()}"
+    verdict = "MET" if check.met else "MISSED"
+    if check.target.min_copy_fraction is not None:
+        measured = percent(check.speedup)
+    else:
+        measured = f"{check.speedup:.1f}x"
+    line = f"{verdict}: {check.target.describe()} (measured {measured})"
+    if check.background_load is not None and check.background_load > BUSY_THRESHOLD:
+        line += f", unreliable: other processes used {percent(check.background_load)} of the CPU"
+    return line
+
+
+def busy_warning(report: Report) -> str | None:
+    """A warning when other processes used the CPU while workloads were being timed."""
+    loads = {r.workload: r.background_load for r in report.results}
+    busy = [w.label for w, load in loads.items() if load is not None and load > BUSY_THRESHOLD]
+    if not busy:
+        return None
+    return (
+        f"{len(busy)} of {len(loads)} workloads were timed while other processes used more "
+        f"than {percent(BUSY_THRESHOLD)} of the CPU ({', '.join(busy)}): their timings and "
+        "ratios are unreliable; rerun them on a quiet machine."
+    )
+
+
+def print_report(report: Report, console: Console) -> None:
+    """The summary table and the target verdicts, on the console."""
+    header, rows = summary_rows(report)
+    meta = report.meta
+    table = Table(
+        title=f"cofr bench ops: median ms (speedup vs literal), {meta['device_name']}, "
+        f"{meta['threads']} threads, {meta['config']['dtype']}, "
+        f"{meta['config']['repeats']} repeats",
+    )
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for check in report.targets:
+        style = {True: "green", False: "red", None: "yellow"}[check.met]
+        console.print(f"[{style}]{_target_line(check)}[/{style}]")
+    if warning := busy_warning(report):
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _copy(meta: dict[str, Any]) -> str:
+    gbps = meta.get("copy_bandwidth_gbps")
+    return "-" if gbps is None else f"{gbps:.3g} GB/s"
+
+
+def to_markdown(report: Report) -> str:
+    meta, config = report.meta, report.meta["config"]
+    summary = _markdown_table(*summary_rows(report))
+    details = _markdown_table(*detail_rows(report))
+    targets = "\n".join(f"- {_target_line(c)}" for c in report.targets)
+    warning = f"\n**Warning:** {text}\n" if (text := busy_warning(report)) else ""
+    if meta.get("not_run"):
+        warning += f"\nNot run (time budget spent): {', '.join(meta['not_run'])}.\n"
+    return f"""# Ops benchmark: {meta["device"]} ({meta["date"]})
+
+- date: {meta["timestamp"]}
+- device: {meta["device_name"]} ({meta["device"]})
+- torch {meta["torch"]}, Python {meta["python"]}, {meta["threads"]} threads
+- copy bandwidth (`dst.copy_(src)`, bytes read + written): {_copy(meta)}
+- dtype {config["dtype"]}, grad="{config["grad"]}", eps {config["eps"]}
+- repeats {config["repeats"]} (interleaved across impls), warm-up {config["warmup"]} after the first call
+- load average (1, 5, 15 min): {meta["load_average_start"]} at start, {meta["load_average_end"]} at end
+- command: `{meta["command"]}`
+
+Median wall-clock ms per call; in brackets the speedup over `literal` (literal median /
+impl median, same workload and mode). `fwd` runs under `torch.no_grad()`; `fwd+bwd` adds
+`backward` of a fixed random upstream gradient. `cf N d=D` is `continued_fraction` on
+a (N, D); `ladder RxN d=D` is `univariate_ladder` on x (R, N) with weight and bias (D, N);
+`ensemble RxP L=L d=D` is `ladder_ensemble` (the elementwise Cffn's ladders) on x (R, P)
+with weight and bias (D, L, P) and mix (P, L); `Cffn-scalar` / `Cffn-elementwise` time a
+whole `Cffn` layer (gate, U and ladders) on x (R, P). "fastest" names the fastest impl
+(auto left out) with its bandwidth: the minimum bytes the op must move (inputs read and
+outputs written once; fwd+bwd adds the backward's reads and gradient writes) over its
+median time, and that as a share of the copy bandwidth above; for Cffn layers, the
+ladders' share of the layer's time (1 - time of its matmuls alone / time of the layer).
+"skipped": triton on a CPU, where only Triton's interpreter could run it.
+"other load" is the share of the machine's CPU that other processes used while that
+workload was timed (from /proc/stat); above {percent(BUSY_THRESHOLD)} its numbers are unreliable.
+
+{summary}
+{warning}
+## Targets
+
+{targets}
+
+## Details
+
+"first call" is the first call of each (impl, mode) on that workload: `torch.compile`
+compiles there (`auto` reuses `compiled`'s kernels when it picks them, and kernels
+compiled for one workload are dropped before the next). "max abs diff" compares the
+forward output with `literal`'s. "page faults" counts the minor page faults of one more
+call after timing (getrusage): on CPU, tensors of 32 MiB and more come fresh from the OS
+on every call and fault on first touch, which can cost more than the arithmetic.
+
+{details}
+"""
+
+
+def device_label(meta: dict[str, Any]) -> str:
+    """``cpu``, or the CUDA device's name as a file-name slug (``nvidia-h200``)."""
+    if meta["device"] == "cpu":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", meta["device_name"].lower()).strip("-") or meta["device"]
+
+
+def write_report(report: Report, out_dir: Path, suffix: str = "") -> tuple[Path, Path]:
+    """Write ``ops-<device>-<date><suffix>.md`` and ``.json`` into ``out_dir``.
+
+    <device> is ``cpu`` or the GPU's name (``ops-nvidia-h200-2026-12-01.md``).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"ops-{device_label(report.meta)}-{report.meta['date']}{suffix}"
+    md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
+    md_path.write_text(to_markdown(report))
+    json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return md_path, json_path

@@ -26,7 +26,7 @@ SMOKE_SHAPE = {
     "n_layer": 2,
     "n_embd": 32,
     "n_head": 2,
-    "n_kv_head": None,
+    "n_kv_head": 2,  # = n_head: plain multi-head (None would mean "the preset's")
     "block_size": 32,
     "vocab_size": 320,
 }
@@ -214,8 +214,20 @@ def test_missing_data_folder_names_the_prepare_command(tmp_path):
 
 
 def test_unknown_model_key_fails_fast(tiny_data, tmp_path):
-    with pytest.raises(ValueError, match=r"unknown config key.*depht"):
+    """ModelConfig's fields are typed options: a typo or a bad choice fails at parse time,
+    before a run folder exists, and help lists every field."""
+    hint = r"unknown key 'model.config.depht' \(did you mean 'model.config.depth'\?\)"
+    with pytest.raises(ConfigError, match=hint):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.config", '{"depht": 3}'))
+    with pytest.raises(ConfigError, match=hint):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.config.depht", "3"))
+    choice = r"model.config.attention: 'cattn_x' is not one of .*did you mean 'cattn_u'"
+    with pytest.raises(ConfigError, match=choice):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.config.attention", "cattn_x"))
+    assert not (tmp_path / "runs" / "test").exists()
+    parser = CofrCLI(args=fit_args(tmp_path, tiny_data)[1:], run=False).parser  # no subcommand
+    help_text = parser.format_help()
+    assert all(f"--model.config.{name}" in help_text for name in ModelConfig.field_names())
 
 
 def test_unknown_yaml_key_fails_fast(tiny_data, tmp_path, capsys):
@@ -553,3 +565,13 @@ def test_a_resume_after_a_hard_kill_logs_each_step_once(tiny_data, tmp_path):
         assert sorted(steps) == list(range(8)), f"{label}: {sorted(steps)}"  # each step once
         histories[label] = {m.step: m.value for m in history}
     assert histories["a"] == histories["b"]
+
+
+def test_data_block_size_defaults_to_the_models(tiny_data, tmp_path):
+    args = [a for a in fit_args(tmp_path, tiny_data)[1:]]
+    i = args.index("--data.block_size")
+    del args[i : i + 2]  # unset: the model's (32 here)
+    cli = CofrCLI(args=args, run=False)
+    assert cli.datamodule.block_size == cli.model.model_config.block_size == 32
+    shorter = CofrCLI(args=[*args, "--data.block_size", "16"], run=False)
+    assert shorter.datamodule.block_size == 16  # shorter training sequences stay possible

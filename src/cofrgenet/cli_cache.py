@@ -150,8 +150,11 @@ def unknown_key_message(
 
 
 def _known(key: str, valid: set[str]) -> bool:
+    """A valid key, a key below one (a dict's entry), or a group holding valid keys."""
     parts = key.split(".")
-    return any(".".join(parts[:n]) in valid for n in range(1, len(parts) + 1))
+    if any(".".join(parts[:n]) in valid for n in range(1, len(parts) + 1)):
+        return True
+    return any(v.startswith(f"{key}.") for v in valid)
 
 
 def check_keys(subcommand: str, words: Sequence[str]) -> None:

@@ -77,7 +77,9 @@ class TokenDataModule(L.LightningDataModule):
 
     Args:
         data_dir: the prepared folder (``meta.json``, ``train/``, ``val/``).
-        block_size: T, the model's context; items hold T + 1 tokens.
+        block_size: T, the training context; items hold T + 1 tokens. None (the default):
+            the model's block size, which ``cofr fit`` fills in; a shorter one trains on
+            shorter sequences, a longer one is refused before the run starts.
         batch_size: sequences per batch (per device).
         num_workers: loader processes; None: ``SLURM_CPUS_PER_TASK - 1`` under SLURM,
             else ``min(4, cpus - 1)``.
@@ -89,7 +91,7 @@ class TokenDataModule(L.LightningDataModule):
     def __init__(
         self,
         data_dir: str = "data/pydoc-byte",
-        block_size: int = 256,
+        block_size: int | None = None,
         batch_size: int = 16,
         num_workers: int | None = None,
         seed: int = 42,
@@ -98,6 +100,10 @@ class TokenDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if block_size is None:
+            raise ValueError(
+                "TokenDataModule needs block_size (cofr fit sets it to the model's block size)"
+            )
         if block_size < 1 or batch_size < 1:
             raise ValueError(
                 f"block_size and batch_size must be >= 1, got {block_size}, {batch_size}"

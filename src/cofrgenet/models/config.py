@@ -14,6 +14,46 @@ from cofrgenet.nn.norms import NORMS
 from cofrgenet.nn.positional import POSITIONS, ROPE_SCALING_KEYS
 
 
+#: One line per field: ``cofr fit --help`` shows these for ``--model.config.<field>``
+#: (fields marked (*) default to None, "the architecture's default").
+FIELD_DOCS: dict[str, str] = {
+    "arch": 'architecture: "gpt" (GPT-2), "llama" (Llama 3), "rnn", "lstm" or "gru"',
+    "vocab_size": "vocabulary size (a padded one is fine: ids past the tokenizer's are unused)",
+    "block_size": "maximum sequence length (the training length of recurrent models)",
+    "n_layer": "number of blocks (recurrent layers)",
+    "n_embd": "embedding width",
+    "n_head": "query heads",
+    "n_kv_head": "key/value heads for grouped-query attention; None: n_head",
+    "attention": "(*) attention mixer of every layer (registered names)",
+    "ffn": "(*) feed-forward mixer of every layer (registered names)",
+    "attention_pattern": "per-layer attention mixers, cycled over the layers; overrides attention",
+    "ffn_pattern": "per-layer ffn mixers, cycled over the layers; overrides ffn",
+    "ffn_hidden": "hidden width of mlp (None: 4 n_embd) and swiglu (None: Llama's 8/3 rule)",
+    "sparse_stride": "l of the sparse patterns; None: round(sqrt(block_size))",
+    "sparse_summary": "c of the fixed sparse pattern; None: max(1, l // 8)",
+    "position": '(*) "learned", "sinusoidal", "rope", "alibi" or "none"',
+    "rope_theta": "RoPE base",
+    "rope_scaling": "None, or Llama 3's scaling: {factor, low_freq_factor, high_freq_factor, original_max_len}",
+    "norm": '(*) "layernorm" or "rmsnorm"',
+    "norm_eps": "epsilon of the norms",
+    "rnn_hidden": "hidden size of each recurrent layer; None: n_embd",
+    "ladders": "L, ladders in an ensemble (Cffn, CAttnM)",
+    "depth": "d, partial denominators per ladder (the linear term not counted)",
+    "cffn_ladder": '"scalar" (the paper\'s p-variate ladders) or "elementwise"',
+    "ladder_bias": "biases on the partial denominators; None: same as bias",
+    "ladder_denominators": '"positive" (floor + softplus: no poles) or "paper" (w . x + b)',
+    "ladder_floor": "lower bound of positive partial denominators (|f~| <= 1 / floor)",
+    "ladder_out_std": "init std of the ladder layers' output projections; None: GPT-2's residual scaling",
+    "ladder_clip": "clip ladder outputs in eval mode to the range seen in training",
+    "ladder_eps": "clamp on the final continuant, |K_d| >= eps",
+    "ladder_grad": '"paper" (Proposition 1) or "exact"',
+    "ladder_impl": '"auto", "literal", "continuant", "compiled" or "triton"',
+    "dropout": "dropout on embeddings, attention probabilities and mixer outputs",
+    "bias": "(*) biases in Linear layers, norms and recurrent layers",
+    "tie_embeddings": "(*) share the token embedding with the output head",
+}
+
+
 @dataclass
 class ModelConfig:
     """Architecture, shape and mixer choice of a language model.
@@ -255,3 +295,7 @@ def _check_keys(data: dict[str, Any], where: str) -> None:
         raise ConfigError(
             f"{where}: unknown config key(s) {unknown}{hints}; valid keys are: {', '.join(valid)}"
         )
+
+
+_missing_docs = set(ModelConfig.field_names()) ^ set(FIELD_DOCS)
+assert not _missing_docs, f"FIELD_DOCS and ModelConfig fields differ: {_missing_docs}"

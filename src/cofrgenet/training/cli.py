@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.data import TokenDataModule
-from cofrgenet.errors import ConfigError
+from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.console import (
@@ -70,6 +70,20 @@ class ConfigToRun(SaveConfigCallback):
                 logger.log_config(self.config.clone().as_dict(), yaml_text)
 
 
+def _bad_choice(message: str) -> str | None:
+    """One line for jsonargparse's report of a value outside a Literal's choices."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    given = re.search(r"Given value: (.*)", message)
+    choices = re.search(r"Literal\[([^\]]*)\]", message)
+    if not (keys and given and choices):
+        return None
+    names = re.findall(r"'([^']*)'", choices.group(1))
+    value = given.group(1).strip()
+    return (
+        f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
+    )
+
+
 class CofrCLI(LightningCLI):
     """LightningCLI with run folders, MLflow tracking and the project's default callbacks.
 
@@ -102,7 +116,10 @@ class CofrCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        args = recipes.expand(list(sys.argv[1:] if args is None else args))
+        words = list(sys.argv[1:] if args is None else args)
+        expanded = recipes.expand(words)
+        if expanded != words:  # else leave args as given (Lightning warns about argv + args)
+            args = expanded
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:
@@ -120,6 +137,9 @@ class CofrCLI(LightningCLI):
     def _explain(self, message: str, args: Any) -> str:
         """A parse error with the file that holds the bad key and the closest valid key."""
         words = list(sys.argv[1:] if args is None else args)
+        choice = _bad_choice(message)
+        if choice is not None:
+            return choice
         subcommand = words[0] if words and words[0] in self.subcommands() else None
         match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
         if subcommand is None:
@@ -220,6 +240,20 @@ class CofrCLI(LightningCLI):
         if self.subcommand == "fit" and RunSummary not in kinds:
             callbacks.append(RunSummary())
         return callbacks
+
+    def before_instantiate_classes(self) -> None:
+        """``data.block_size`` left unset is the model's block size: the two agree unless
+        a run asks for shorter training sequences (a longer one is refused by
+        ``LanguageModel.check_data``)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("data") is None or config.data.get("block_size") is not None:
+            return
+        from cofrgenet.training.module import resolve_model_config
+
+        model = config.model
+        given = model.get("config")
+        overrides = {} if given is None else {k: v for k, v in vars(given).items() if v is not None}
+        config.data.block_size = resolve_model_config(model.preset, overrides).block_size
 
     def instantiate_trainer(self, **kwargs: Any):
         # Config against data first: a mismatch must leave no run folder and no MLflow run.

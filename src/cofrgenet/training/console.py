@@ -27,6 +27,8 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("Trainer already configured with model summary callbacks", "we add RichModelSummary"),
     ("You're operating within a distributed environment and have disabled the `drop_last`",
      "validation batches only; training uses full batches"),
+    ("LightningCLI's args parameter is intended to run from within Python",
+     "cofr passes the command line itself, with an experiment's base: files expanded"),
 )  # fmt: skip
 
 

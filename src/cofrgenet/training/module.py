@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 from cofrgenet.errors import ConfigError
 from cofrgenet.models import ModelConfig, build_model, estimate_flops_per_token
 from cofrgenet.nn import LadderLayer
+from cofrgenet.training.model_options import ModelOverrides, overrides_dict
 from cofrgenet.training.optim import (
     OptimizerConfig,
     build_adamw,
@@ -48,7 +49,8 @@ class LanguageModel(L.LightningModule):
             None to give every ModelConfig field in ``config``. The default, gpt2-mini
             (vocabulary 512, block 256), fits the default data (bytes, 257 ids), so a bare
             ``cofr fit`` trains once ``cofr data prepare`` has made it.
-        config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``).
+        config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``),
+            a :data:`~cofrgenet.training.model_options.ModelOverrides` or a dict.
         optimizer: AdamW + warmup/cosine settings.
         compile: compile the model's forward with torch.compile (checkpoints keep plain
             parameter names, so they load whether or not either side compiled).
@@ -64,11 +66,13 @@ class LanguageModel(L.LightningModule):
     def __init__(
         self,
         preset: str | None = "gpt2-mini",
-        config: dict[str, Any] | None = None,
+        config: ModelOverrides = ModelOverrides(),  # noqa: B008 (read-only, every field None)
         optimizer: OptimizerConfig | None = None,
         compile: bool = False,
     ) -> None:
         super().__init__()
+        # A plain dict in the checkpoint (weights_only loading unpickles no classes).
+        config = overrides_dict(config)
         self.save_hyperparameters()
         self.model_config = resolve_model_config(preset, config)
         self.model = build_model(self.model_config)

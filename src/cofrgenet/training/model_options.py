@@ -1,0 +1,80 @@
+"""``--model.config``: ModelConfig's fields as typed, documented command-line options.
+
+A run names a preset and overrides some of its fields (``--model.preset gpt2-mini-f
+--model.config.depth 3``). :data:`ModelOverrides` has every ModelConfig field, each
+optional (unset: the preset's value), with the choices of the string fields as
+``Literal`` types (mixer and architecture names as registered when this module is
+imported), so ``cofr fit --help`` lists them with their docs and a typo or a bad
+choice fails when the command line is parsed, before anything is built.
+
+A field cannot be overridden *to* None here (None means "unset"); the fields where None
+means something (``n_kv_head``, ``ffn_hidden``, ...) have an explicit equivalent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+import types
+import typing
+from typing import Any, Literal
+
+from cofrgenet.models.config import FIELD_DOCS, ModelConfig
+from cofrgenet.models.registry import ATTENTION, FFN, arch_names
+from cofrgenet.nn.ladder import DENOMINATORS
+from cofrgenet.nn.norms import NORMS
+from cofrgenet.nn.positional import POSITIONS
+from cofrgenet.ops.api import IMPLS
+
+
+def _choices(names: list[str] | tuple[str, ...]) -> Any:
+    return Literal[tuple(names)]
+
+
+def _without_none(kind: Any) -> Any:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        return functools.reduce(operator.or_, args)
+    return kind
+
+
+def _overrides_class() -> type:
+    hints = typing.get_type_hints(ModelConfig)
+    attention, ffn = _choices(ATTENTION.names()), _choices(FFN.names())
+    typed: dict[str, Any] = {
+        "arch": _choices(arch_names()),
+        "attention": attention,
+        "ffn": ffn,
+        "attention_pattern": list[attention],
+        "ffn_pattern": list[ffn],
+        "position": _choices(POSITIONS),
+        "norm": _choices(NORMS),
+        "cffn_ladder": Literal["scalar", "elementwise"],
+        "ladder_denominators": _choices(DENOMINATORS),
+        "ladder_grad": Literal["paper", "exact"],
+        "ladder_impl": _choices(IMPLS),
+    }
+    fields = [
+        (name, typed.get(name, _without_none(hints[name])) | None, dataclasses.field(default=None))
+        for name in ModelConfig.field_names()
+    ]
+    cls = dataclasses.make_dataclass("ModelOverrides", fields)
+    cls.__module__ = __name__
+    cls.__doc__ = (
+        "Overrides of the preset's ModelConfig fields (unset: the preset's value).\n\nArgs:\n"
+        + "".join(f"    {name}: {FIELD_DOCS[name]}\n" for name in ModelConfig.field_names())
+    )
+    return cls
+
+
+ModelOverrides = _overrides_class()
+
+
+def overrides_dict(config: Any) -> dict[str, Any]:
+    """The fields set in ``config`` (a ModelOverrides, a plain dict or None) as a dict."""
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config):
+        return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+    return dict(config)

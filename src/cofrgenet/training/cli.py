@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
     RichProgressBar,
 )
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
@@ -40,6 +40,7 @@ from cofrgenet.training.console import (
     StepProgressBar,
     quiet_known_noise,
 )
+from cofrgenet.training.lightning_cli import LightningCLIAdapter
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.runlock import HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
@@ -79,12 +80,10 @@ def _bad_choice(message: str) -> str | None:
         return None
     names = re.findall(r"'([^']*)'", choices.group(1))
     value = given.group(1).strip()
-    return (
-        f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
-    )
+    return f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
 
 
-class CofrCLI(LightningCLI):
+class CofrCLI(LightningCLIAdapter):
     """LightningCLI with run folders, MLflow tracking and the project's default callbacks.
 
     ``extra_callbacks``: callbacks added to whatever the configs ask for (a sweep's pruner,
@@ -126,7 +125,9 @@ class CofrCLI(LightningCLI):
             raise ConfigError(self._explain(str(error), args)) from None
         subcommand = self.config.get("subcommand")
         if subcommand:  # what the next `cofr <subcommand>` can check before importing us
-            cli_cache.store_keys(subcommand, self._parser(subcommand).get_defaults().keys())
+            cli_cache.store_keys(
+                subcommand, self.subcommand_parser(subcommand).get_defaults().keys()
+            )
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
         # check the file before anything unpickles it.
         subcommand = self.config.get("subcommand")
@@ -146,7 +147,7 @@ class CofrCLI(LightningCLI):
             return f"{message} (`cofr --help` lists the commands)"
         if match is None:
             return f"{message} (`cofr {subcommand} --help` lists every option)"
-        defaults = self._parser(subcommand).get_defaults()  # a jsonargparse Namespace
+        defaults = self.subcommand_parser(subcommand).get_defaults()  # a jsonargparse Namespace
         valid = [k for k in defaults.keys() if k != "config"]  # noqa: SIM118
         cli_cache.store_keys(subcommand, valid)
         key = match.group(1) or match.group(2)
@@ -162,7 +163,7 @@ class CofrCLI(LightningCLI):
         )
 
     def run_config(self) -> RunConfig:
-        value = self._get(self.config_init, "run")
+        value = self.config_value(self.config_init, "run")
         if isinstance(value, RunConfig):
             return value
         fields = {f.name for f in dataclasses.fields(RunConfig)}
@@ -172,11 +173,11 @@ class CofrCLI(LightningCLI):
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""
         if self.subcommand in ("validate", "test", "predict"):
             return True
-        return self._get(self.config, "ckpt_path") == "last"
+        return self.config_value(self.config, "ckpt_path") == "last"
 
     def check_not_overwriting(self, run_dir: Path) -> None:
         """A fresh fit must not overwrite the checkpoints of an earlier run."""
-        if self.subcommand != "fit" or self._get(self.config, "ckpt_path") is not None:
+        if self.subcommand != "fit" or self.config_value(self.config, "ckpt_path") is not None:
             return
         existing = sorted((run_dir / "checkpoints").glob("*.ckpt"))
         if existing:
@@ -193,7 +194,7 @@ class CofrCLI(LightningCLI):
         ``hpc_ckpt_<n>.ckpt`` in the run folder; a damaged newer one (a job killed while
         writing it) is passed over with a warning naming both.
         """
-        ckpt_path = self._get(self.config, "ckpt_path")
+        ckpt_path = self.config_value(self.config, "ckpt_path")
         if ckpt_path is None:
             return
         if ckpt_path != "last":
@@ -275,12 +276,13 @@ class CofrCLI(LightningCLI):
         held: list[Callback] = [HoldRunLock(lock)] if lock.held else []
         self.check_not_overwriting(run_dir)
         self.choose_checkpoint(run_dir)
-        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        trainer_config = {**self.config_value(self.config_init, "trainer", default={}), **kwargs}
         trainer_config["default_root_dir"] = str(run_dir)
         configured = trainer_config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         extra = [
-            self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
+            self.config_value(self.config_init, c)
+            for c in self.subcommand_parser(self.subcommand).callback_keys
         ]
         extra += self.default_callbacks(run_dir, run, [*configured, *extra])
         extra += self.extra_callbacks + held
@@ -300,7 +302,7 @@ class CofrCLI(LightningCLI):
             )
         elif logger is None:
             trainer_config["logger"] = False
-        return self._instantiate_trainer(trainer_config, extra)
+        return self.build_trainer(trainer_config, extra)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -1,0 +1,44 @@
+"""The one place that reaches into LightningCLI's private methods.
+
+LightningCLI has no public way to get a subcommand's parser, to read a value from a
+parsed config whatever the subcommand, or to build the trainer from a config dict with
+extra callbacks; ``cofr fit`` needs all three (cached keys and did-you-mean, run folders,
+its default callbacks). They are named here, once, and
+``tests/test_training_cli.py::test_lightning_cli_private_api_is_pinned`` fails loudly
+when a Lightning upgrade moves them, instead of a fit failing somewhere deep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.cli import LightningCLI
+
+#: The Lightning minor version these wrappers were written and tested against.
+PINNED_LIGHTNING = "2.6"
+#: The private LightningCLI methods used below.
+PRIVATE_METHODS = ("_parser", "_get", "_instantiate_trainer")
+
+
+class LightningCLIAdapter(LightningCLI):
+    """LightningCLI with its private helpers behind named, documented methods."""
+
+    def subcommand_parser(self, subcommand: str | None) -> Any:
+        """The jsonargparse parser of ``subcommand`` (the top parser for None)."""
+        return self._parser(subcommand)
+
+    def config_value(self, config: Any, key: str, default: Any = None) -> Any:
+        """``key`` of the parsed (or instantiated) ``config`` of the current subcommand."""
+        return self._get(config, key, default=default)
+
+    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        """A Trainer from its init arguments and extra callbacks (Lightning's own merge of
+        configured and extra callbacks). Subclasses adjust the trainer here."""
+        return self._instantiate_trainer(config, callbacks)
+
+
+def pinned_version_ok() -> bool:
+    return lightning.__version__.startswith(PINNED_LIGHTNING + ".")

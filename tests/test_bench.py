@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from cofrgenet import cli
-from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args, parse_int
 from cofrgenet.bench.ops import (
     QUICK,
     OpsBenchConfig,
@@ -42,6 +41,7 @@ from cofrgenet.bench.timing import (
     time_interleaved,
     wait_for_quiet,
 )
+from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args, parse_int
 
 TINY = ["--sizes", "256", "--depths", "1,3", "--ladder-sizes", "8x16", "--ladder-depths", "2"]
 TINY += ["--ensemble-sizes", "8x16", "--ensemble-depths", "2", "--cffn-sizes", "8x16"]

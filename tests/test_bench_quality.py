@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from cofrgenet import cli
-from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.bench.quality import (
     VARIANTS,
     QualityBenchConfig,
@@ -19,6 +18,7 @@ from cofrgenet.bench.quality import (
     matched_ffn_hidden,
     summarize,
 )
+from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.models.presets import preset_dict
 

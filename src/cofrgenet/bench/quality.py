@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 RECIPE = "conf/experiment/quality-cpu.yaml"
 EXPERIMENT = "bench-quality"

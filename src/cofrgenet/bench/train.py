@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 #: Variant name -> (preset, overrides); every variant is rebuilt at the bench's shape.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {

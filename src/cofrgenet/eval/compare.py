@@ -109,7 +109,8 @@ def model_config_of(config: dict[str, Any]) -> Any:
     from cofrgenet.models import ModelConfig
 
     model = config.get("model") or {}
-    overrides = dict(model.get("config") or {})
+    # A dumped config lists every override field, unset ones as null.
+    overrides = {k: v for k, v in (model.get("config") or {}).items() if v is not None}
     preset = model.get("preset", "gpt2-mini")
     return (
         ModelConfig.from_dict(overrides)
@@ -325,6 +326,19 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     return path
 
 
+def sweep_experiment(path: str) -> str:
+    """The MLflow experiment of a sweep file's trials: its ``experiment``, else its
+    ``study`` (as ``cofr sweep run`` names it), read without importing the sweeps."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise UserError(f"cannot read the sweep file {path}: {error}") from None
+    name = (raw or {}).get("experiment") or (raw or {}).get("study")
+    if not name:
+        raise UserError(f"{path} names no study: is it a sweep file (sweeps/*.yaml)?")
+    return str(name)
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -335,9 +349,7 @@ def run(args: argparse.Namespace) -> int:
 
     experiments = list(args.experiment)
     if args.sweep:
-        from cofrgenet.sweeps.spec import load_sweep
-
-        experiments.append(load_sweep(args.sweep).experiment)
+        experiments.append(sweep_experiment(args.sweep))
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
     if (
         uri.startswith("sqlite:")

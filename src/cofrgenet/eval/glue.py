@@ -333,7 +333,7 @@ def __getattr__(name: str) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``cofr finetune glue``."""
-    from cofrgenet.bench.arguments import add_dataclass_arguments
+    from cofrgenet.dataclass_options import add_dataclass_arguments
 
     parser.add_argument("--task", required=True, choices=list(TASKS), help="the GLUE task")
     parser.add_argument(
@@ -479,7 +479,7 @@ def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[st
 
 def run(args: argparse.Namespace) -> int:
     """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
-    from cofrgenet.bench.arguments import dataclass_from_args
+    from cofrgenet.dataclass_options import dataclass_from_args
 
     config = dataclass_from_args(FinetuneConfig, args)
     ckpt = Path(args.ckpt)

@@ -37,7 +37,7 @@ The package, in the order a run goes through it:
 * :mod:`~cofrgenet.bench.ops.targets`: the issue's targets and :func:`check_targets`;
 * :mod:`~cofrgenet.bench.ops.report`: console table, markdown, :func:`write_report`;
 * :mod:`~cofrgenet.bench.ops.command`: the CLI (:func:`add_arguments`, :func:`run`),
-  generated from the dataclasses by :mod:`cofrgenet.bench.arguments`.
+  generated from the dataclasses by :mod:`cofrgenet.dataclass_options`.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cofrgenet.bench.arguments import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import run_benchmark
 from cofrgenet.bench.ops.report import print_report, write_report
+from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 
 @dataclass(frozen=True)

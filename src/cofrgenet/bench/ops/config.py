@@ -1,7 +1,7 @@
 """What `cofr bench ops` times: :class:`OpsBenchConfig`, its constants and ``--quick``.
 
 The fields' ``help`` metadata is the command line's help: the options are generated
-from this dataclass (:mod:`cofrgenet.bench.arguments`).
+from this dataclass (:mod:`cofrgenet.dataclass_options`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Command-line options generated from a benchmark's config dataclass.
+"""Command-line options generated from a config dataclass (benchmarks, GLUE fine-tuning).
 
 Each field becomes ``--field-name`` with the field's default and the ``help`` of its
 metadata; bools become ``--x / --no-x``, tuples comma-separated lists (``''``: an empty

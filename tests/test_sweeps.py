@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +21,13 @@ from optuna.trial import TrialState
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.sweeps import SweepError, load_sweep, parse_sweep
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.objective import check_config
-from cofrgenet.sweeps.spec import parse_param, steps_for_tokens, trial_config
+from cofrgenet.sweeps.spec import (
+    StorageOptions,
+    encode_value,
+    parse_param,
+    steps_for_tokens,
+    trial_config,
+)
 from cofrgenet.sweeps.worker import open_study, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,17 +145,12 @@ def test_every_shipped_sweep_builds_valid_trial_configs(path):
     high = {p.key: (p.choices[-1] if p.choices else p.high) for p in sweep.space}
     for params in (low, high):
         params = {k: (int(v) if sweep.param(k).kind == "int" else v) for k, v in params.items()}
-        config = trial_config(sweep, params)
+        config = trial_config(sweep, params)  # parses through `cofr fit`, or SweepError
         assert config["trainer"]["max_steps"] >= 1
-        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"cofr-sweep-{uuid.uuid4().hex}.yaml"
-        out.write_text(yaml.safe_dump(config))
-        try:
-            assert check_config(out) is None
-        finally:
-            out.unlink()
         model = config["model"]
+        fields = {k: v for k, v in (model.get("config") or {}).items() if v is not None}
         with torch.device("meta"):
-            build_model(ModelConfig.from_preset(model["preset"], **(model.get("config") or {})))
+            build_model(ModelConfig.from_preset(model["preset"], **fields))
     if sweep.is_grid:
         assert len(sweep.grid) == sweep.total_trials
 
@@ -161,6 +162,95 @@ def test_paper_grid_is_d_by_l_in_1_3_5_7():
     config = trial_config(sweep, sweep.grid[0])
     assert config["model"]["preset"] == "gpt2-small-f"  # CoFrGeNet-F at a small preset
     assert sweep.total_trials == 16
+
+
+def test_trial_config_is_what_cofr_fit_makes_of_the_same_files_and_keys(tmp_path):
+    """A trial's config is `cofr fit`'s parse of its base files and dotted keys: later files
+    win, a dotted key sets one value, typed values keep their type."""
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(yaml.safe_dump({
+        "trainer": {"accelerator": "cpu", "devices": 2, "max_steps": 20, "limit_val_batches": 4},
+        "model": {"preset": "gpt2-tiny-f", "config": {"vocab_size": 320}},
+        "data": {"data_dir": "data/pydoc-byte", "batch_size": 16},
+    }))  # fmt: skip
+    second.write_text(yaml.safe_dump({
+        "model": {"config": {"vocab_size": 257, "block_size": 32}},
+        "data": {"batch_size": 4},
+    }))  # fmt: skip
+    callbacks = [
+        {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor",
+         "init_args": {"logging_interval": "step"}}
+    ]  # fmt: skip
+    overrides = {
+        "model.config.depth": 2,
+        "trainer.devices": 1,
+        "model.optimizer.betas": [0.9, 0.99],
+        "data.data_dir": str(tmp_path / "a folder"),
+        "run.tracking_uri": None,
+        "trainer.enable_progress_bar": False,
+        "trainer.callbacks": callbacks,
+    }
+    sweep = parse_sweep({
+        "study": "merge", "base": [str(first), str(second)], "overrides": overrides,
+        "space": {"model.optimizer.lr": "float 1e-4..3e-3 log", "model.config.ladders": [1, 3]},
+        "budget": {"steps": 6, "val_every": 2}, "n_trials": 1,
+    })  # fmt: skip
+    params = {"model.optimizer.lr": 0.0012345678901234567, "model.config.ladders": 3}
+    config = trial_config(sweep, params, extra={"trainer.limit_val_batches": 2})
+
+    # What a user gives `cofr fit` for the same: the files, then the keys (trainer.devices in
+    # a file: on the command line the parser would keep "1" as a string).
+    from cofrgenet.sweeps.fitconfig import resolve_config
+
+    devices = tmp_path / "devices.yaml"
+    devices.write_text("trainer: {devices: 1}\n")
+    typed = [
+        "--config", str(first), "--config", str(second), "--config", str(devices),
+        "--model.config.depth", "2", "--model.optimizer.betas", "[0.9, 0.99]",
+        "--data.data_dir", str(tmp_path / "a folder"), "--run.tracking_uri", "null",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.callbacks", '[{"class_path": "lightning.pytorch.callbacks.LearningRateMonitor",'
+        ' "init_args": {"logging_interval": "step"}}]',
+        "--trainer.limit_val_batches", "2",
+        "--model.optimizer.lr", "0.0012345678901234567", "--model.config.ladders", "3",
+        "--trainer.max_steps", "6", "--trainer.val_check_interval", "2",
+    ]  # fmt: skip
+    assert config == resolve_config(typed)
+
+    model, data, trainer = config["model"], config["data"], config["trainer"]
+    assert (model["config"]["vocab_size"], model["config"]["block_size"]) == (257, 32)
+    assert (model["config"]["depth"], model["config"]["ladders"]) == (2, 3)
+    assert model["optimizer"]["lr"] == 0.0012345678901234567
+    assert model["optimizer"]["betas"] == [0.9, 0.99]
+    assert (data["data_dir"], data["batch_size"]) == (str(tmp_path / "a folder"), 4)
+    assert (trainer["accelerator"], trainer["devices"], trainer["max_steps"]) == ("cpu", 1, 6)
+    assert (trainer["val_check_interval"], trainer["limit_val_batches"]) == (2, 2)
+    assert trainer["enable_progress_bar"] is False
+    assert trainer["callbacks"][0]["init_args"]["logging_interval"] == "step"
+    assert config["run"]["tracking_uri"] is None
+    for value in (3, 1e-05, float("inf"), True, None, [1, "a"], {"a": [1, 2]}):
+        assert yaml.safe_load(encode_value(value)) == value
+    assert encode_value("a b: c") == "a b: c"
+
+
+def test_a_later_setting_wins_over_an_earlier_one_inside_it():
+    """The settings file goes before the --KEY=VALUE words: a setting replaced by a later
+    one (same key, or a key above it) is dropped, so the order of the sweep holds."""
+    from cofrgenet.sweeps.fitconfig import split_settings
+
+    layer, words = split_settings([
+        ("trainer.callbacks", [{"class_path": "a.B"}]),
+        ("trainer.logger.init_args.save_dir", "x"),  # inside an option: a word
+        ("trainer.logger", False),                    # ...replaced here
+        ("trainer.max_steps", 5), ("trainer.max_steps", 6),
+        ("model.optimizer.lr", 0.1), ("model.optimizer", None),
+        ("nowhere.key", 1),                           # unknown: a word, the parser names it
+    ])  # fmt: skip
+    assert layer == {
+        "trainer": {"callbacks": [{"class_path": "a.B"}], "logger": False, "max_steps": 6},
+        "model": {"optimizer": None},
+    }
+    assert words == [("nowhere.key", 1)]
 
 
 # ------------------------------------------------------------------ local sweeps
@@ -421,6 +511,11 @@ def test_a_folder_from_another_study_is_moved_aside(tiny_data, tmp_path):
     assert [t.state for t in result.study.get_trials()] == [TrialState.COMPLETE]
     moved = list((tmp_path / "runs" / sweep.experiment).glob("trial-0000.old-*"))
     assert len(moved) == 1 and (moved[0] / "checkpoints" / "last.ckpt").read_text() == "not ours"
+    # The config the sweep resolved (under the command line) is the one the trial trained with.
+    run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
+    resolved = (run_dir / "sweep-trial.yaml").read_text()
+    assert resolved.startswith("# cofr fit --config ")
+    assert yaml.safe_load(resolved) == yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
 def test_open_study_enqueues_the_grid_once(tmp_path):
@@ -448,18 +543,72 @@ def test_lost_worker_detection(tmp_path, monkeypatch):
         st.PID: dead.pid,
         st.HEARTBEAT: time.time(),
     }.items():
-        study._storage.set_trial_user_attr(trial._trial_id, key, value)
-    frozen = study._storage.get_trial(trial._trial_id)
+        trial.set_user_attr(key, value)
+    frozen = st.frozen_trial(storage, study, trial.number)
     if os.uname().nodename == __import__("socket").gethostname():
         assert "died" in st.lost_reason(frozen, storage, options)
     other = study.ask()
     for key, value in {st.HOST: "elsewhere", st.PID: 1, st.HEARTBEAT: time.time()}.items():
-        study._storage.set_trial_user_attr(other._trial_id, key, value)
-    assert st.lost_reason(study._storage.get_trial(other._trial_id), storage, options) is None
-    study._storage.set_trial_user_attr(other._trial_id, st.HEARTBEAT, time.time() - 10_000)
+        other.set_user_attr(key, value)
+    assert st.lost_reason(st.frozen_trial(storage, study, other.number), storage, options) is None
+    other.set_user_attr(st.HEARTBEAT, time.time() - 10_000)
     assert "no heartbeat" in st.lost_reason(
-        study._storage.get_trial(other._trial_id), storage, options
+        st.frozen_trial(storage, study, other.number), storage, options
     )
+
+
+def test_rdb_stale_trials_fail_with_their_reason_and_are_retried(tmp_path):
+    """RDB storages (sqlite here, PostgreSQL in production): Optuna's heartbeat table, by
+    the database's clock, finds a worker lost on another host; its trial fails with the
+    reason and a retry is queued; a trial that still beats is left alone."""
+    options = StorageOptions(heartbeat_interval=1, grace_period=1, max_retry=3)
+    storage = st.open_storage(f"sqlite:///{tmp_path / 'hb.db'}", options)
+    assert st.uses_heartbeat_table(storage)
+    study = optuna.create_study(study_name="hb", storage=storage)
+    elsewhere = st.Worker("elsewhere", 1, None, "slurm-9_0", {})
+    lost, alive = study.ask(), study.ask()
+    for trial in (lost, alive):
+        trial.suggest_int("x", 0, 3)
+        st.claim(storage, study, trial.number, elsewhere)
+    time.sleep(2.5)  # sqlite's clock counts whole seconds
+    st.Heartbeat(storage, study, alive.number, 1).beat()
+    assert st.stale_trial_numbers(storage, study) == {lost.number}
+    assert set(st.lost_trials(study, storage, options)) == {lost.number}
+    assert st.fail_lost_trials(study, storage, options) == [(lost.number, 2)]
+    failed = st.frozen_trial(storage, study, lost.number)
+    assert failed.state == TrialState.FAIL
+    assert "no heartbeat for more than 1 s" in failed.user_attrs[st.FAIL_REASON]
+    retry = st.frozen_trial(storage, study, 2)
+    assert retry.state == TrialState.WAITING and retry.params == failed.params
+    assert retry.system_attrs["retry_history"] == [lost.number]
+    assert st.frozen_trial(storage, study, alive.number).state == TrialState.RUNNING
+
+
+def test_optuna_private_api_is_pinned():
+    """storage.py's private Optuna uses were written for OPTUNA_TESTED: an Optuna outside
+    it, or one without them, fails here first. Check them there, then move the range."""
+    import inspect
+
+    from optuna.storages import RDBStorage
+
+    version = tuple(int(part) for part in re.findall(r"\d+", optuna.__version__)[:2])
+    low, high = st.OPTUNA_TESTED
+    assert low <= version < high, (
+        f"optuna {optuna.__version__} is outside {low} <= version < {high}, the versions "
+        "src/cofrgenet/sweeps/storage.py's private Optuna calls were written for"
+    )
+    for owner, name in st.OPTUNA_PRIVATE:
+        assert callable(getattr(owner, name, None)), f"{owner.__name__}.{name} is gone"
+    assert list(inspect.signature(RDBStorage._get_stale_trial_ids).parameters) == [
+        "self",
+        "study_id",
+    ]
+    # open_trial calls the public constructor Optuna's docs advise against.
+    assert list(inspect.signature(optuna.Trial.__init__).parameters) == [
+        "self",
+        "study",
+        "trial_id",
+    ]
 
 
 def test_a_typo_in_a_space_key_stops_the_worker_before_any_trial(tiny_data, tmp_path):
@@ -468,7 +617,9 @@ def test_a_typo_in_a_space_key_stops_the_worker_before_any_trial(tiny_data, tmp_
         space={"model.config.depht": "int 1..4"},
         overrides={"data.data_dir": str(tiny_data)},
     )
-    with pytest.raises(SweepError, match=r"'depht'\] \(did you mean 'depth'\?\)"):
+    # ModelConfig's check, or the parser's once model.config has typed options.
+    hint = r"depht'\]? \(did you mean '(model\.config\.)?depth'\?\)"
+    with pytest.raises(SweepError, match=hint):
         run_worker(load_sweep(sweep_path), report=False, mlflow=False)
     assert not (tmp_path / "runs" / "tiny-cpu").exists()  # no trial folder was made
 

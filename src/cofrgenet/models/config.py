@@ -13,7 +13,6 @@ from cofrgenet.nn.ladder import DENOMINATORS
 from cofrgenet.nn.norms import NORMS
 from cofrgenet.nn.positional import POSITIONS, ROPE_SCALING_KEYS
 
-
 #: One line per field: ``cofr fit --help`` shows these for ``--model.config.<field>``
 #: (fields marked (*) default to None, "the architecture's default").
 FIELD_DOCS: dict[str, str] = {

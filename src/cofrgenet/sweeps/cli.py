@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.sweeps.spec import Sweep, SweepError, load_sweep, parse_assignment, parse_sweep
+from cofrgenet.sweeps.spec import (
+    StorageOptions,
+    Sweep,
+    SweepError,
+    load_sweep,
+    parse_assignment,
+    parse_sweep,
+)
 
 EXAMPLES = """examples:
   cofr sweep run sweeps/tiny-cpu.yaml                      # one worker (start several)
@@ -111,7 +118,7 @@ def _sweep(path: str, args: argparse.Namespace) -> Sweep:
 
 
 def _load_study(args: argparse.Namespace):
-    """(study, sweep) from a sweep file or a study name."""
+    """(study, sweep, storage) from a sweep file or a study name."""
     import optuna
 
     from cofrgenet.sweeps import storage as st
@@ -144,9 +151,13 @@ def _load_study(args: argparse.Namespace):
         if not raw:
             raise SweepError(f"study {name!r} was not made by cofr sweep run")
         sweep = parse_sweep(raw, resolve=False)
+    if st.uses_heartbeat_table(storage) and sweep.storage_options != StorageOptions():
+        # Staleness by the sweep's own heartbeat interval and grace period.
+        storage = st.open_storage(url, sweep.storage_options)
+        study = optuna.load_study(study_name=name, storage=storage)
     if args.runs_dir:
         sweep.runs_dir = args.runs_dir
-    return study, sweep
+    return study, sweep, storage
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,11 +206,11 @@ def status(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.status import print_status
 
     try:
-        study, sweep = _load_study(args)
+        study, sweep, storage = _load_study(args)
     except SweepError as error:
         print(f"cofr sweep status: {error}", file=sys.stderr)
         return 2
-    print_status(study, sweep.storage_options)
+    print_status(study, storage, sweep.storage_options)
     return 0
 
 
@@ -209,7 +220,7 @@ def report(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config
 
     try:
-        study, sweep = _load_study(args)
+        study, sweep, _ = _load_study(args)
     except SweepError as error:
         print(f"cofr sweep report: {error}", file=sys.stderr)
         return 2

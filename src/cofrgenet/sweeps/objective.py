@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import io
 import json
 import logging
 import math
 import os
+import shlex
 import threading
 import time
 import traceback
@@ -23,14 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from optuna.trial import TrialState
 
-from cofrgenet.errors import did_you_mean
-from cofrgenet.models.config import ModelConfig
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.spec import Sweep, get_dotted, set_dotted, trial_config
+from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
+from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training.cli import CofrCLI
 
 TRIAL_FILE = "trial.json"
@@ -78,7 +76,7 @@ class PruneAtStep(Callback):
         stop_file: str | None = None,
     ) -> None:
         self._trial: optuna.Trial | None = trial
-        self.trial_id = trial._trial_id
+        self.number = trial.number
         self.monitor = monitor
         self.storage_url = storage_url
         self.study_name = study_name
@@ -102,9 +100,9 @@ class PruneAtStep(Callback):
         if self._remote:
             self.trial.set_user_attr(key, value)
 
-    def recover(self, trial: optuna.Trial) -> None:
+    def recover(self, storage: optuna.storages.BaseStorage, study: optuna.Study) -> None:
         """After a ``ddp_spawn`` fit: read back what rank 0 decided in its process."""
-        attrs = trial.study._storage.get_trial(trial._trial_id).user_attrs
+        attrs = st.frozen_trial(storage, study, self.number).user_attrs
         if self.pruned_at is None:
             self.pruned_at = attrs.get(PRUNED_AT)
         if self.requeued_at is None:
@@ -115,10 +113,9 @@ class PruneAtStep(Callback):
     @property
     def trial(self) -> optuna.Trial:
         if self._trial is None:
-            study = optuna.load_study(
-                study_name=self.study_name, storage=st.open_storage(self.storage_url)
-            )
-            self._trial = optuna.Trial(study, self.trial_id)
+            storage = st.open_storage(self.storage_url)
+            study = optuna.load_study(study_name=self.study_name, storage=storage)
+            self._trial = st.open_trial(storage, study, self.number)
         return self._trial
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -164,38 +161,6 @@ class PruneAtStep(Callback):
             trainer.should_stop = True
 
 
-class _ParseOnly(CofrCLI):
-    def instantiate_classes(self) -> None:
-        pass
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
-
-
-def check_config(path: Path) -> str | None:
-    """None if ``cofr fit --config path`` parses, else the CLI's error message.
-
-    Besides what the parser checks, the keys of ``model.config`` (a plain dict to the
-    parser) must be ModelConfig fields: a typo there would otherwise fail every trial.
-    """
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            cli = _ParseOnly(args=["fit", "--config", str(path)])
-    except SystemExit:
-        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
-        return "the config does not parse: " + (" ".join(lines[-3:]) or "unknown error")
-    except Exception as error:
-        return f"the config does not parse: {error}"
-    model_config = cli.config["fit"]["model"].get("config") or {}
-    valid = ModelConfig.field_names()
-    unknown = [key for key in model_config if key not in valid]
-    if unknown:
-        hints = "".join(did_you_mean(key, valid) for key in unknown)
-        return f"unknown model.config key(s) {unknown}{hints}"
-    return None
-
-
 class SweepCLI(CofrCLI):
     """``cofr fit`` with the sweep's callbacks and, under SLURM, no Lightning requeue.
 
@@ -204,7 +169,7 @@ class SweepCLI(CofrCLI):
     LightningEnvironment.
     """
 
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
+    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
         from lightning.fabric.plugins.environments import ClusterEnvironment
         from lightning.pytorch.plugins.environments import LightningEnvironment
 
@@ -213,7 +178,7 @@ class SweepCLI(CofrCLI):
         if not any(isinstance(p, ClusterEnvironment) for p in plugins):
             plugins.append(LightningEnvironment())
         config["plugins"] = plugins
-        return super()._instantiate_trainer(config, callbacks)
+        return super().build_trainer(config, callbacks)
 
 
 @dataclass
@@ -222,6 +187,8 @@ class TrialContext:
 
     sweep: Sweep
     study: optuna.Study
+    #: The storage the study was opened with (st.open_storage), for trial-level writes.
+    storage: optuna.storages.BaseStorage
     storage_url: str
     runs_dir: str
     extra: dict[str, Any]
@@ -229,6 +196,8 @@ class TrialContext:
     mlflow_client: Any = None
     parent_run_id: str | None = None
     stop_file: Path | None = None
+    #: ``run.mlflow`` of the sweep's config: child runs for trials (even unparsable ones).
+    run_mlflow: bool = True
 
 
 def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
@@ -284,7 +253,7 @@ def _free_memory() -> None:
 def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     """Train one trial and say how it ended (the worker tells Optuna)."""
     sweep, study = ctx.sweep, ctx.study
-    frozen = study._storage.get_trial(trial._trial_id)
+    frozen = st.frozen_trial(ctx.storage, study, trial.number)
     root = st.root_number(frozen)
     run_dir = Path(ctx.runs_dir) / sweep.experiment / trial_name(root)
     try:
@@ -300,18 +269,32 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         "params": params,
     }
     _claim_folder(run_dir, identity)
-    config = trial_config(sweep, params, ctx.extra)
-    set_dotted(config, "run.experiment", sweep.experiment)
-    set_dotted(config, "run.name", run_dir.name)
-    set_dotted(config, "run.runs_dir", str(ctx.runs_dir))
+    run = [
+        ("run.experiment", sweep.experiment),
+        ("run.name", run_dir.name),
+        ("run.runs_dir", str(ctx.runs_dir)),
+    ]
     if sweep.tracking_uri:
-        set_dotted(config, "run.tracking_uri", sweep.tracking_uri)
-    config_path = run_dir / "sweep-trial.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        run.append(("run.tracking_uri", sweep.tracking_uri))
+    # The trial trains with these words, merged by cofr fit's parser (fitconfig.py).
+    args: list[str] = []
+    config: dict[str, Any] | None = None
+    try:
+        args = trial_words(sweep, params, ctx.extra, run_dir / "sweep-settings.yaml", run)
+        config, text = checked_config(args)
+    except SweepError as parse_error:
+        error: str | None = str(parse_error)
+    else:
+        error = None
+        # The resolved config, under the command line that reproduces it.
+        command = shlex.join(["cofr", "fit", *args]).splitlines()
+        header = "".join(f"# {line}\n" for line in command)
+        (run_dir / "sweep-trial.yaml").write_text(header + text)
     outcome = Outcome(TrialState.FAIL, run_dir=run_dir)
 
     child_id = None
-    if ctx.mlflow_client is not None and get_dotted(config, "run.mlflow", True):
+    mlflow_on = ctx.run_mlflow if config is None else get_dotted(config, "run.mlflow", True)
+    if ctx.mlflow_client is not None and mlflow_on:
         from cofrgenet.sweeps.tracking import child_run, run_config
 
         tags = {
@@ -328,7 +311,6 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             tags, params,
         )  # fmt: skip
 
-    error = check_config(config_path)
     if error is not None:
         outcome.reason = f"bad sample or sweep config: {error}"
         _finish_mlflow(ctx, child_id, outcome)
@@ -341,14 +323,15 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         sweep.study,
         stop_file=str(ctx.stop_file) if ctx.stop_file else None,
     )
-    args = ["fit", "--config", str(config_path)]
+    args = ["fit", *args]
     if (run_dir / "checkpoints" / "last.ckpt").exists():
         args += ["--ckpt_path", "last"]
     cli = None
     try:
-        cli = SweepCLI(args=args, extra_callbacks=[callback])
+        with given_args():
+            cli = SweepCLI(args=args, extra_callbacks=[callback])
         trainer = cli.trainer
-        callback.recover(trial)
+        callback.recover(ctx.storage, study)
         # Under ddp_spawn the main process's trainer does not see the ranks' step.
         final_step = max(trainer.global_step, callback.last_step or 0)
         if callback.requeued_at is not None:

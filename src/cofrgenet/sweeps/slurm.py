@@ -60,6 +60,8 @@ class Rendered:
 def _accelerator_gpus(config: dict[str, Any]) -> int:
     accelerator = str(get_dotted(config, "trainer.accelerator", "auto") or "auto")
     devices = get_dotted(config, "trainer.devices", 1)
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)  # as Lightning reads it
     if accelerator in ("gpu", "cuda"):
         if isinstance(devices, int) and devices > 0:
             return devices

@@ -5,8 +5,9 @@ A sweep file (``sweeps/*.yaml``)::
     study: tiny-cpu                    # Optuna study name (and MLflow experiment by default)
     base:                              # config files, merged in order (later ones win)
       - conf/trainer/cpu-debug.yaml
-      - conf/model/gpt2-tiny-f.yaml
+      - conf/data/pydoc-byte.yaml
     overrides:                         # fixed dotted keys, applied after the base files
+      model.preset: gpt2-tiny-f
       model.config.vocab_size: 320
     space:                             # one Optuna parameter per dotted key
       model.config.depth: int 1..8
@@ -21,7 +22,10 @@ A sweep file (``sweeps/*.yaml``)::
 
 Keys are the keys of the full training config (``cofr fit --print_config`` shows them):
 ``model.config.*`` are ModelConfig fields, ``model.optimizer.*`` the optimizer's,
-``data.*``, ``trainer.*``. Dicts merge key by key; lists are replaced.
+``data.*``, ``trainer.*``. A trial is ``cofr fit`` with ``--config`` for each base file,
+then the dotted settings (overrides, ``--set``, sampled parameters, budget) as one more
+config file and ``--KEY=VALUE`` words: they merge exactly as for ``cofr fit``, through
+its own parser (:mod:`cofrgenet.sweeps.fitconfig`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import itertools
 import math
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,17 +386,6 @@ def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = 
 # ------------------------------------------------------------- building the config
 
 
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """``update`` into a copy of ``base``: dicts merge key by key, anything else replaces."""
-    out = copy.deepcopy(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
     node = config
     parts = key.split(".")
@@ -422,17 +416,35 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(value)
 
 
+def encode_value(value: Any) -> str:
+    """A config value as the word after ``--KEY=`` on ``cofr fit``'s command line.
+
+    Strings go as they are (the parser reads a ``str`` option's word verbatim); anything
+    else as flow YAML, which the parser reads back to the same value.
+    """
+    if isinstance(value, str):
+        return value
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def config_settings(
+    sweep: Sweep, params: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+) -> list[tuple[str, Any]]:
+    """The dotted settings over the base files, in order (later ones win): the sweep's
+    overrides, ``extra`` (``--set``), sampled ``params``."""
+    return [*sweep.overrides.items(), *(extra or {}).items(), *(params or {}).items()]
+
+
 def base_config(sweep: Sweep, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The base files merged, then the sweep's overrides, then ``extra`` (dotted keys)."""
-    config: dict[str, Any] = {}
-    for path in sweep.base:
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise SweepError(f"base config {path} is not a mapping")
-        config = deep_merge(config, loaded)
-    for key, value in {**sweep.overrides, **(extra or {})}.items():
-        set_dotted(config, key, value)
-    return config
+    """The full config (defaults included) of the base files, overrides and ``extra``, as
+    ``cofr fit`` parses them (:mod:`cofrgenet.sweeps.fitconfig`).
+
+    Imports LightningCLI (seconds, once per process); SweepError when it does not parse.
+    """
+    from cofrgenet.sweeps.fitconfig import resolve_settings
+
+    return resolve_settings(sweep.base, config_settings(sweep, extra=extra))
 
 
 def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
@@ -441,6 +453,8 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
     block = int(get_dotted(config, "data.block_size", 256))
     accumulate = int(get_dotted(config, "trainer.accumulate_grad_batches", 1) or 1)
     devices = get_dotted(config, "trainer.devices", 1)
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)  # Lightning reads "2" as 2 devices, as cofr fit --trainer.devices 2
     if not isinstance(devices, int):
         if isinstance(devices, (list, tuple)):
             devices = len(devices)
@@ -454,17 +468,29 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
     return max(1, math.ceil(float(tokens) / per_step))
 
 
+def budget_settings(sweep: Sweep, config: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """``trainer.max_steps`` (and ``val_check_interval``) of the sweep's budget; a tokens
+    budget needs the trial's ``config`` (its batch geometry)."""
+    out: list[tuple[str, Any]] = []
+    if sweep.budget.steps is not None:
+        out.append(("trainer.max_steps", int(sweep.budget.steps)))
+    elif sweep.budget.tokens is not None:
+        if config is None:
+            raise ValueError("a tokens budget needs the config")
+        out.append(("trainer.max_steps", steps_for_tokens(config, sweep.budget.tokens)))
+    if sweep.budget.val_every is not None:
+        out.append(("trainer.val_check_interval", int(sweep.budget.val_every)))
+    return out
+
+
 def trial_config(
     sweep: Sweep, params: dict[str, Any], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The full training config of one trial: base, overrides, budget, sampled params."""
-    config = base_config(sweep, extra)
-    for key, value in params.items():
-        set_dotted(config, key, value)
-    if sweep.budget.steps is not None:
-        set_dotted(config, "trainer.max_steps", int(sweep.budget.steps))
-    elif sweep.budget.tokens is not None:
-        set_dotted(config, "trainer.max_steps", steps_for_tokens(config, sweep.budget.tokens))
-    if sweep.budget.val_every is not None:
-        set_dotted(config, "trainer.val_check_interval", int(sweep.budget.val_every))
-    return config
+    """The full training config of one trial: what ``cofr fit`` makes of its words
+    (:func:`cofrgenet.sweeps.fitconfig.trial_words`); SweepError when the worker would
+    reject it."""
+    from cofrgenet.sweeps.fitconfig import checked_config, trial_words
+
+    with tempfile.TemporaryDirectory() as folder:
+        words = trial_words(sweep, params, extra, Path(folder) / "sweep-settings.yaml")
+        return checked_config(words)[0]

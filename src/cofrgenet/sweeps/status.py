@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.table import Table
@@ -33,17 +34,19 @@ def duration(trial: FrozenTrial) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def note(trial: FrozenTrial, retried: dict[int, int], options: StorageOptions, storage) -> str:
-    """Why the trial is in its state: fail reason, pruning step, retries, staleness."""
+def note(trial: FrozenTrial, retried: dict[int, int], lost: dict[int, str]) -> str:
+    """Why the trial is in its state: fail reason, pruning step, retries, staleness.
+
+    ``lost``: why RUNNING trials' workers seem gone (:func:`st.lost_trials`).
+    """
     parts = []
     if trial.state == TrialState.FAIL:
         parts.append(str(trial.user_attrs.get(st.FAIL_REASON, "no reason recorded")))
     if trial.state == TrialState.PRUNED:
         parts.append(str(trial.user_attrs.get("pruned", f"pruned at step {trial.last_step}")))
     if trial.state == TrialState.RUNNING:
-        lost = st.lost_reason(trial, storage, options)
-        if lost:
-            parts.append(f"stale? {lost}")
+        if trial.number in lost:
+            parts.append(f"stale? {lost[trial.number]}")
         if trial.user_attrs.get("cofr.requeued_at"):
             parts.append("waiting for its SLURM requeue")
     history = trial.system_attrs.get("retry_history")
@@ -63,8 +66,12 @@ def _fmt(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def status_table(study: optuna.Study, options: StorageOptions | None = None) -> Table:
+def status_table(
+    study: optuna.Study, storage: BaseStorage, options: StorageOptions | None = None
+) -> Table:
+    """``storage``: the one the study was loaded from (:func:`st.open_storage`)."""
     options = options or StorageOptions()
+    lost = st.lost_trials(study, storage, options)  # before get_trials: none missed
     trials = study.get_trials(deepcopy=False)
     keys = sorted({k for t in trials for k in t.distributions})
     shorts = [k.rsplit(".", 1)[-1] for k in keys]
@@ -98,16 +105,19 @@ def status_table(study: optuna.Study, options: StorageOptions | None = None) -> 
             _fmt(value),
             duration(trial),
             str(worker),
-            note(trial, retried, options, study._storage),
+            note(trial, retried, lost),
         )
     return table
 
 
 def print_status(
-    study: optuna.Study, options: StorageOptions | None = None, console: Console | None = None
+    study: optuna.Study,
+    storage: BaseStorage,
+    options: StorageOptions | None = None,
+    console: Console | None = None,
 ) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:
             console = Console(width=200)
-    console.print(status_table(study, options))
+    console.print(status_table(study, storage, options))

@@ -23,6 +23,12 @@ gone when
 A SLURM array task that comes back after a requeue takes over its own RUNNING trial
 (same ``cofr.worker_id``) before the grace period ends; a retry (any worker) resumes the
 checkpoint of the trial it retries, since the run folder is named by the first attempt.
+
+Optuna's API. The sweeps use Optuna's public API, with the storage object that
+:func:`open_storage` returned (a study keeps its own, wrapped, copy privately). The one
+thing it has no public equivalent for, listing an RDB study's heartbeat-stale trials
+without failing them, is :func:`stale_trial_numbers`, at the end of this module;
+``tests/test_sweeps.py`` holds it to the Optuna versions in :data:`OPTUNA_TESTED`.
 """
 
 from __future__ import annotations
@@ -205,27 +211,67 @@ class Worker:
         }
 
 
-def claim(study: optuna.Study, trial_id: int, worker: Worker) -> None:
-    """Mark a RUNNING trial as this worker's and beat its heart once."""
-    storage = study._storage
+# ------------------------------------------------------------------ trials by number
+
+
+def trial_id(storage: BaseStorage, study: optuna.Study, number: int) -> int:
+    """The storage's id of trial ``number`` (what BaseStorage's trial methods take).
+
+    Optuna keeps a trial's id private (``Trial._trial_id``); the storage maps study name
+    and trial number to it publicly.
+    """
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
+def frozen_trial(storage: BaseStorage, study: optuna.Study, number: int) -> FrozenTrial:
+    """Trial ``number`` as stored now (an ``optuna.Trial``'s own attributes are a cache)."""
+    return storage.get_trial(trial_id(storage, study, number))
+
+
+def open_trial(storage: BaseStorage, study: optuna.Study, number: int) -> optuna.Trial:
+    """A handle on RUNNING trial ``number``, for a process other than the one that asked it.
+
+    A requeued SLURM task resumes its own trial and a ``ddp_spawn`` rank reports to its
+    parent's; ``study.ask`` only makes new trials or takes WAITING ones. Optuna's docs
+    advise against calling the (public) ``Trial`` constructor directly: this is the one
+    place that does.
+    """
+    return optuna.Trial(study, trial_id(storage, study, number))
+
+
+def uses_heartbeat_table(storage: BaseStorage) -> bool:
+    """An RDB storage opened with heartbeats: liveness is Optuna's heartbeat table.
+
+    ``storage`` is the one :func:`open_storage` returned: a study wraps an RDB storage
+    in a cache that is not an ``RDBStorage``.
+    """
+    return isinstance(storage, RDBStorage) and storage.get_heartbeat_interval() is not None
+
+
+def claim(storage: BaseStorage, study: optuna.Study, number: int, worker: Worker) -> None:
+    """Mark RUNNING trial ``number`` as this worker's and beat its heart once."""
+    tid = trial_id(storage, study, number)
     for key, value in {**worker.attrs(), HEARTBEAT: time.time()}.items():
-        storage.set_trial_user_attr(trial_id, key, value)
-    if isinstance(storage, RDBStorage) and storage.get_heartbeat_interval():
-        storage.record_heartbeat(trial_id)
+        storage.set_trial_user_attr(tid, key, value)
+    if uses_heartbeat_table(storage):
+        storage.record_heartbeat(tid)
 
 
 class Heartbeat:
     """A thread that keeps a trial alive in the storage while it trains."""
 
-    def __init__(self, study: optuna.Study, trial_id: int, interval: float) -> None:
-        self.storage = study._storage
-        self.trial_id = trial_id
+    def __init__(
+        self, storage: BaseStorage, study: optuna.Study, number: int, interval: float
+    ) -> None:
+        self.storage = storage
+        self.trial_id = trial_id(storage, study, number)
         self.interval = max(1.0, float(interval))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cofr-heartbeat", daemon=True)
 
     def beat(self) -> None:
-        if isinstance(self.storage, RDBStorage) and self.storage.get_heartbeat_interval():
+        if uses_heartbeat_table(self.storage):
             self.storage.record_heartbeat(self.trial_id)
         else:
             self.storage.set_trial_user_attr(self.trial_id, HEARTBEAT, time.time())
@@ -261,8 +307,8 @@ def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOption
         if not pid_alive(pid, attrs.get(PID_START)):
             return f"worker {attrs.get(WORKER, pid)} died during the trial (process gone)"
     beat = attrs.get(HEARTBEAT)
-    if isinstance(storage, RDBStorage) and storage.get_heartbeat_interval():
-        # Optuna's own heartbeat table decides (see stale_trial_ids).
+    if beat is not None and uses_heartbeat_table(storage):
+        # Claimed, so it has a row in Optuna's heartbeat table, which decides (lost_trials).
         return None
     if beat is None:
         start = trial.datetime_start.timestamp() if trial.datetime_start else None
@@ -273,17 +319,6 @@ def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOption
             f"{options.grace_period} s"
         )
     return None
-
-
-def _rdb_stale_ids(study: optuna.Study) -> set[int]:
-    storage = study._storage
-    if not (isinstance(storage, RDBStorage) and storage.get_heartbeat_interval()):
-        return set()
-    try:
-        return set(storage._get_stale_trial_ids(study._study_id))
-    except Exception:  # private API: fall back to Optuna's own sweep without reasons
-        optuna.storages.fail_stale_trials(study)
-        return set()
 
 
 def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> int | None:
@@ -312,16 +347,15 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
             system_attrs=system_attrs,
         )
     )
-    for queued in study._storage.get_all_trials(study._study_id, deepcopy=False):
+    for queued in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         history = queued.system_attrs.get("retry_history") or []
-        if queued.state == TrialState.WAITING and history and history[-1] == trial.number:
+        if history and history[-1] == trial.number:
             return queued.number
     return None
 
 
-def fail_trial(study: optuna.Study, trial_id: int, reason: str) -> bool:
+def fail_trial(storage: BaseStorage, trial_id: int, reason: str) -> bool:
     """RUNNING -> FAIL with ``fail_reason``; False when another process finished it first."""
-    storage = study._storage
     try:
         storage.set_trial_user_attr(trial_id, FAIL_REASON, reason[:2000])
         return bool(storage.set_trial_state_values(trial_id, TrialState.FAIL))
@@ -329,31 +363,57 @@ def fail_trial(study: optuna.Study, trial_id: int, reason: str) -> bool:
         return False
 
 
-def fail_lost_trials(
-    study: optuna.Study, options: StorageOptions, spare: str | None = None
-) -> list[tuple[int, int | None]]:
-    """Fail the RUNNING trials whose worker is gone and queue their retries.
+def lost_trials(
+    study: optuna.Study,
+    storage: BaseStorage,
+    options: StorageOptions,
+    spare: str | None = None,
+    stale: set[int] | None = None,
+) -> dict[int, str]:
+    """The RUNNING trials whose worker is gone: {trial number: why}.
 
     ``spare``: a worker id whose trials are left alone (a requeued SLURM task about to
-    resume its own trial). Returns (failed trial number, retry number or None).
+    resume its own trial). ``stale``: the numbers of RDB trials whose heartbeat is too
+    old (:func:`stale_trial_numbers`); read here when not given.
     """
-    storage = study._storage
-    stale_ids = _rdb_stale_ids(study)
-    done: list[tuple[int, int | None]] = []
+    if stale is None:
+        stale = stale_trial_numbers(storage, study) or set()
+    lost: dict[int, str] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if spare and trial.user_attrs.get(WORKER_ID) == spare:
             continue
         reason = lost_reason(trial, storage, options)
-        if reason is None and trial._trial_id in stale_ids:
+        if reason is None and trial.number in stale:
             reason = (
                 f"worker {trial.user_attrs.get(WORKER, '?')} lost: no heartbeat for more "
                 f"than {options.grace_period} s"
             )
-        if reason is None:
-            continue
-        if fail_trial(study, trial._trial_id, reason):
-            frozen = storage.get_trial(trial._trial_id)
-            done.append((trial.number, retry_trial(study, frozen, options.max_retry)))
+        if reason is not None:
+            lost[trial.number] = reason
+    return lost
+
+
+def fail_lost_trials(
+    study: optuna.Study,
+    storage: BaseStorage,
+    options: StorageOptions,
+    spare: str | None = None,
+) -> list[tuple[int, int | None]]:
+    """Fail the RUNNING trials whose worker is gone and queue their retries.
+
+    ``spare`` as in :func:`lost_trials`. Returns (failed trial number, retry number or
+    None) for the trials this process failed (another worker may fail one first).
+    """
+    stale = stale_trial_numbers(storage, study)
+    if stale is None and uses_heartbeat_table(storage):
+        # Without the stale list: Optuna's public sweep fails them, with no reason or retry.
+        optuna.storages.fail_stale_trials(study)
+    done: list[tuple[int, int | None]] = []
+    for number, reason in lost_trials(study, storage, options, spare, stale or set()).items():
+        tid = trial_id(storage, study, number)
+        if fail_trial(storage, tid, reason):
+            frozen = storage.get_trial(tid)
+            done.append((number, retry_trial(study, frozen, options.max_retry)))
     return done
 
 
@@ -375,3 +435,43 @@ def root_number(trial: FrozenTrial) -> int:
     """The first attempt's number: retries share its run folder and MLflow run."""
     first = trial.system_attrs.get("failed_trial")
     return int(first) if first is not None else trial.number
+
+
+# ------------------------------------------------------------ Optuna's private API
+# What the public API lacks, one named function each; test_optuna_private_api_is_pinned
+# in tests/test_sweeps.py fails when an Optuna outside OPTUNA_TESTED is installed or one
+# of these attributes is gone.
+
+#: The Optuna versions the functions below were written for: [low, high).
+OPTUNA_TESTED = ((5, 0), (6, 0))
+
+#: (class, attribute) of every private Optuna name this module uses.
+OPTUNA_PRIVATE = ((RDBStorage, "_get_stale_trial_ids"),)
+
+
+def stale_trial_numbers(storage: BaseStorage, study: optuna.Study) -> set[int] | None:
+    """Numbers of the RDB study's RUNNING trials whose heartbeat is older than the grace
+    period, by the database's clock; empty without a heartbeat table, None when this
+    Optuna no longer has the private method.
+
+    Private because the public ``optuna.storages.fail_stale_trials`` fails those trials
+    at once: a worker could no longer record why (``fail_reason``; a finished trial takes
+    no attributes), and ``cofr sweep status`` could not show them as stale without
+    changing them. ``RDBStorage._get_stale_trial_ids`` is the query that function runs.
+    """
+    if not uses_heartbeat_table(storage):
+        return set()
+    assert isinstance(storage, RDBStorage)
+    query = getattr(storage, "_get_stale_trial_ids", None)
+    if query is None:
+        log.warning(
+            f"optuna {optuna.__version__} has no RDBStorage._get_stale_trial_ids: stale "
+            "trials are failed by optuna.storages.fail_stale_trials, without a reason"
+        )
+        return None
+    try:
+        study_id = storage.get_study_id_from_name(study.study_name)
+        return {storage.get_trial(tid).number for tid in query(study_id)}
+    except Exception as error:  # a flaky database: look again before the next trial
+        log.warning(f"reading stale trials: {error!r:.300}")
+        return set()

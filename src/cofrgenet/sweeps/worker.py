@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -24,15 +23,8 @@ import optuna
 from optuna.trial import TrialState
 
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.objective import (
-    REQUEUE,
-    UID_ATTR,
-    Outcome,
-    TrialContext,
-    check_config,
-    run_trial,
-)
-from cofrgenet.sweeps.spec import Sweep, SweepError, trial_config
+from cofrgenet.sweeps.objective import REQUEUE, UID_ATTR, Outcome, TrialContext, run_trial
+from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted, trial_config
 from cofrgenet.sweeps.tracking import PARENT_ATTR
 
 log = logging.getLogger("cofrgenet.sweeps")
@@ -107,10 +99,14 @@ def open_study(
 
 
 def next_trial(
-    study: optuna.Study, sweep: Sweep, worker: st.Worker
+    study: optuna.Study, storage: optuna.storages.BaseStorage, sweep: Sweep, worker: st.Worker
 ) -> tuple[optuna.Trial | None, bool]:
-    """(trial, resumed): this worker's own unfinished trial, a queued one, a new one."""
-    for number, retry in st.fail_lost_trials(study, sweep.storage_options, worker.worker_id):
+    """(trial, resumed): this worker's own unfinished trial, a queued one, a new one.
+
+    ``storage``: the one the study was opened with (:func:`st.open_storage`).
+    """
+    options = sweep.storage_options
+    for number, retry in st.fail_lost_trials(study, storage, options, worker.worker_id):
         note = f"retried as trial {retry}" if retry is not None else "no retries left"
         log.warning(f"trial {number}: its worker is gone; marked FAIL, {note}")
     trials = study.get_trials(deepcopy=False)
@@ -120,14 +116,14 @@ def next_trial(
                 trial.state == TrialState.RUNNING
                 and trial.user_attrs.get(st.WORKER_ID) == worker.worker_id
             ):
-                st.claim(study, trial._trial_id, worker)
-                return optuna.Trial(study, trial._trial_id), True
+                st.claim(storage, study, trial.number, worker)
+                return st.open_trial(storage, study, trial.number), True
     waiting = any(t.state == TrialState.WAITING for t in trials)
     if not waiting and (sweep.is_grid or st.budget_used(trials) >= sweep.total_trials):
         return None, False
     trial = study.ask()
-    st.claim(study, trial._trial_id, worker)
-    study._storage.set_trial_user_attr(trial._trial_id, st.STARTED, time.time())
+    st.claim(storage, study, trial.number, worker)
+    trial.set_user_attr(st.STARTED, time.time())
     return trial, False
 
 
@@ -169,20 +165,24 @@ def _seed_offset(worker: st.Worker, worker_index: int | None) -> int:
     return worker.pid
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, sweep: Sweep) -> None:
-    storage = study._storage
+def _tell(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial: optuna.Trial,
+    outcome: Outcome,
+    sweep: Sweep,
+) -> None:
     if outcome.state == TrialState.FAIL:
-        storage.set_trial_user_attr(trial._trial_id, st.FAIL_REASON, outcome.reason or "?")
+        trial.set_user_attr(st.FAIL_REASON, outcome.reason or "?")
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         if outcome.retry:
-            retry = st.retry_trial(
-                study, storage.get_trial(trial._trial_id), sweep.storage_options.max_retry
-            )
+            frozen = st.frozen_trial(storage, study, trial.number)
+            retry = st.retry_trial(study, frozen, sweep.storage_options.max_retry)
             if retry is not None:
                 log.warning(f"trial {trial.number} will be retried as trial {retry}")
     elif outcome.state == TrialState.PRUNED:
         if outcome.reason:
-            storage.set_trial_user_attr(trial._trial_id, "pruned", outcome.reason)
+            trial.set_user_attr("pruned", outcome.reason)
         study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
     else:
         study.tell(trial, outcome.value, skip_if_finished=True)
@@ -208,17 +208,10 @@ def run_worker(
     folder.mkdir(parents=True, exist_ok=True)
 
     # Fail fast on a sweep whose config does not parse at all (a typo in a key).
-    probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
-    probe_path = folder / f"probe-{os.getpid()}.yaml"
-    import yaml
-
-    probe_path.write_text(yaml.safe_dump(probe, sort_keys=False))
     try:
-        error = check_config(probe_path)
-    finally:
-        probe_path.unlink(missing_ok=True)
-    if error is not None:
-        raise SweepError(f"{sweep.path or sweep.study}: {error}")
+        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
+    except SweepError as error:
+        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
 
     client = parent = None
     if mlflow:
@@ -241,6 +234,7 @@ def run_worker(
     ctx = TrialContext(
         sweep=sweep,
         study=study,
+        storage=storage,
         storage_url=url,
         runs_dir=runs_dir,
         extra=dict(extra or {}),
@@ -248,6 +242,7 @@ def run_worker(
         mlflow_client=client,
         parent_run_id=parent,
         stop_file=stop_file,
+        run_mlflow=bool(get_dotted(probe, "run.mlflow", True)),
     )
 
     def on_usr1(signum: int, frame: Any) -> None:
@@ -268,19 +263,20 @@ def run_worker(
                 result.requeued = True
                 _requeue_job(worker)
                 break
-            trial, resumed = next_trial(study, sweep, worker)
+            trial, resumed = next_trial(study, storage, sweep, worker)
             if trial is None:
                 break
             log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
-            with st.Heartbeat(study, trial._trial_id, sweep.storage_options.heartbeat_interval):
+            interval = sweep.storage_options.heartbeat_interval
+            with st.Heartbeat(storage, study, trial.number, interval):
                 outcome = run_trial(ctx, trial)
             result.outcomes.append((trial.number, outcome))
             if outcome.requeue:
-                study._storage.set_trial_user_attr(trial._trial_id, "cofr.requeued_at", time.time())
+                trial.set_user_attr("cofr.requeued_at", time.time())
                 result.requeued = True
                 _requeue_job(worker)
                 break
-            _tell(study, trial, outcome, sweep)
+            _tell(study, storage, trial, outcome, sweep)
             value = "" if outcome.value is None else f" value {outcome.value:.6g}"
             why = f" ({outcome.reason})" if outcome.reason else ""
             log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")

@@ -20,7 +20,7 @@ from lightning.pytorch.cli import LightningCLI
 #: The Lightning minor version these wrappers were written and tested against.
 PINNED_LIGHTNING = "2.6"
 #: The private LightningCLI methods used below.
-PRIVATE_METHODS = ("_parser", "_get", "_instantiate_trainer")
+PRIVATE_METHODS = ("_parser", "_get", "_instantiate_trainer", "_run_subcommand")
 
 
 class LightningCLIAdapter(LightningCLI):
@@ -38,6 +38,14 @@ class LightningCLIAdapter(LightningCLI):
         """A Trainer from its init arguments and extra callbacks (Lightning's own merge of
         configured and extra callbacks). Subclasses adjust the trainer here."""
         return self._instantiate_trainer(config, callbacks)
+
+    def run_subcommand(self, subcommand: str) -> None:
+        """Run ``fit``, ``validate``, ... once everything is built; a parse-only subclass
+        (config checks, sweeps) makes this do nothing."""
+        super()._run_subcommand(subcommand)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        self.run_subcommand(subcommand)
 
 
 def pinned_version_ok() -> bool:

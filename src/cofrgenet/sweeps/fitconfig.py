@@ -1,0 +1,198 @@
+"""A trial's ``cofr fit`` words, and the config ``cofr fit`` makes of them (no training).
+
+A trial trains with ``cofr fit --config BASE ... --config SETTINGS [--KEY=VALUE ...]``:
+
+* ``--config`` for each base file of the sweep; LightningCLI's parser (jsonargparse)
+  merges them as for ``cofr fit``: later files win, options merge one by one, a whole
+  value (a list, a dict-valued option) from a later file replaces the earlier one, and
+  a file's ``base:`` files come before it (:mod:`cofrgenet.recipes`).
+* ``sweep-settings.yaml``: the dotted settings (overrides, ``--set``, sampled params,
+  budget, ``run.*``) that name options of the parser, as one more config file. A file,
+  not ``--KEY=VALUE`` words: the parser reads a word by the option's type, and for
+  ``trainer.devices`` (``list[int] | str | int``) it keeps ``2`` as the string ``"2"``;
+  from a file the value keeps its YAML type, as the sweep file wrote it.
+* ``--KEY=VALUE`` for the settings *inside* an option's value (an entry of a dict-valued
+  option, a subclass's ``init_args``): only the command line sets one entry and keeps the
+  others. Unknown keys go there too, so the parser names them with a did-you-mean.
+
+The sweep parses the same words before training: to check a sweep (``cofr sweep run``),
+to size a ``tokens`` budget and to derive ``#SBATCH`` resources (``cofr sweep submit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cofrgenet.errors import did_you_mean
+from cofrgenet.models.config import ModelConfig
+from cofrgenet.sweeps.spec import (
+    Sweep,
+    SweepError,
+    budget_settings,
+    config_settings,
+    encode_value,
+    set_dotted,
+)
+from cofrgenet.training.cli import CofrCLI
+
+
+class _ParseOnly(CofrCLI):
+    def instantiate_classes(self) -> None:
+        pass
+
+    def run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def given_args() -> Iterator[None]:
+    """Around a LightningCLI made with ``args=``: its warning that the process's own argv
+    (``cofr sweep run ...``, pytest's) is not those words says nothing here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        yield
+
+
+@contextlib.contextmanager
+def _parse_only() -> Iterator[None]:
+    """Around a parse that trains nothing: given_args, and no "Seed set to ..." line."""
+    seed_log = logging.getLogger("lightning.fabric.utilities.seed")
+    level = seed_log.level
+    seed_log.setLevel(logging.WARNING)
+    try:
+        with given_args():
+            yield
+    finally:
+        seed_log.setLevel(level)
+
+
+def resolve(args: Sequence[str]) -> str:
+    """The config ``cofr fit ARGS`` trains with, as the YAML its run saves (``config.yaml``).
+
+    Raises SweepError with the parser's message when the words do not parse.
+    """
+    err = io.StringIO()
+    try:
+        with (
+            contextlib.redirect_stderr(err),
+            contextlib.redirect_stdout(io.StringIO()),
+            _parse_only(),
+        ):
+            cli = _ParseOnly(args=["fit", *args])
+    except SystemExit:
+        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
+        raise SweepError(
+            "the config does not parse: " + (" ".join(lines[-3:]) or "unknown error")
+        ) from None
+    except Exception as error:
+        raise SweepError(f"the config does not parse: {error}") from None
+    # The fit part of the dump: what ConfigToRun writes as the run's config.yaml.
+    full = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+    return yaml.safe_dump(full["fit"], sort_keys=False)
+
+
+@functools.cache
+def option_keys() -> frozenset[str]:
+    """The dotted names of ``cofr fit``'s options (``trainer.devices``, ``model.preset``)."""
+    with contextlib.redirect_stdout(io.StringIO()), _parse_only():
+        cli = _ParseOnly(args=["fit"])
+    return frozenset(cli.config["fit"].keys())
+
+
+def _is_under(key: str, prefix: str) -> bool:
+    return key.startswith(prefix + ".")
+
+
+def split_settings(
+    settings: Sequence[tuple[str, Any]],
+) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """(the settings file's mapping, the settings left for ``--KEY=VALUE`` words).
+
+    A setting that a later one replaces (same key, or a key above it) is dropped first,
+    so the file can go before the words and later settings still win.
+    """
+    kept = [
+        (key, value)
+        for i, (key, value) in enumerate(settings)
+        if not any(later == key or _is_under(key, later) for later, _ in settings[i + 1 :])
+    ]
+    options = option_keys()
+    layer: dict[str, Any] = {}
+    words: list[tuple[str, Any]] = []
+    for key, value in kept:
+        inside = any(_is_under(key, option) for option in options)
+        named = key in options or any(_is_under(option, key) for option in options)
+        if named and not inside:
+            set_dotted(layer, key, value)
+        else:
+            words.append((key, value))
+    return layer, words
+
+
+def fit_words(
+    base: Sequence[Path], settings: Sequence[tuple[str, Any]], settings_file: Path
+) -> list[str]:
+    """``cofr fit`` words for the base files and dotted settings (the settings file is
+    written to ``settings_file`` when there is one)."""
+    words: list[str] = []
+    for path in base:
+        words += ["--config", str(path)]
+    layer, rest = split_settings(settings)
+    if layer:
+        settings_file.write_text(yaml.safe_dump(layer, sort_keys=False))
+        words += ["--config", str(settings_file)]
+    return words + [f"--{key}={encode_value(value)}" for key, value in rest]
+
+
+def trial_words(
+    sweep: Sweep,
+    params: dict[str, Any],
+    extra: dict[str, Any] | None,
+    settings_file: Path,
+    more: Sequence[tuple[str, Any]] = (),
+) -> list[str]:
+    """One trial's ``cofr fit`` words: base files, then overrides, ``extra``, sampled
+    ``params``, the budget, ``more`` (``run.*``). A ``tokens`` budget parses the words
+    once without it, for the trial's batch geometry."""
+    settings = config_settings(sweep, params, extra)
+    config = None
+    if sweep.budget.tokens is not None and sweep.budget.steps is None:
+        config = resolve_config(fit_words(sweep.base, settings, settings_file))
+    settings += [*budget_settings(sweep, config), *more]
+    return fit_words(sweep.base, settings, settings_file)
+
+
+def resolve_settings(base: Sequence[Path], settings: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The config of ``cofr fit`` words for these base files and settings."""
+    with tempfile.TemporaryDirectory() as folder:
+        return resolve_config(fit_words(base, settings, Path(folder) / "sweep-settings.yaml"))
+
+
+def resolve_config(args: Sequence[str]) -> dict[str, Any]:
+    """:func:`resolve` as a nested dict."""
+    return yaml.safe_load(resolve(args))
+
+
+def checked_config(args: Sequence[str]) -> tuple[dict[str, Any], str]:
+    """(config, its YAML) of ``cofr fit ARGS``; SweepError unless it parses and every
+    ``model.config`` key is a ModelConfig field (a plain dict to the parser: a typo there
+    would otherwise fail every trial)."""
+    text = resolve(args)
+    config = yaml.safe_load(text)
+    model_config = (config.get("model") or {}).get("config") or {}
+    valid = ModelConfig.field_names()
+    unknown = [key for key in model_config if key not in valid]
+    if unknown:
+        hints = "".join(did_you_mean(key, valid) for key in unknown)
+        raise SweepError(f"unknown model.config key(s) {unknown}{hints}")
+    return config, text

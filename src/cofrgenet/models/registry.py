@@ -98,10 +98,18 @@ class Registry(Generic[E]):
     kind: what the names are ("attention mixer", "architecture"), for errors.
     entry_type: the entry class ``register``'s keywords fill.
     builtins: modules registering the built-in entries, imported at the first lookup.
+    order: sort key of entries for :meth:`names` (stable: registration order within a key);
+        None keeps registration order.
     """
 
-    def __init__(self, kind: str, entry_type: type[E], builtins: tuple[str, ...] = ()) -> None:
-        self.kind, self.entry_type, self.builtins = kind, entry_type, builtins
+    def __init__(
+        self,
+        kind: str,
+        entry_type: type[E],
+        builtins: tuple[str, ...] = (),
+        order: Callable[[E], Any] | None = None,
+    ) -> None:
+        self.kind, self.entry_type, self.builtins, self.order = kind, entry_type, builtins, order
         self._entries: dict[str, E] = {}
         self._loaded = not builtins
 
@@ -146,9 +154,11 @@ class Registry(Generic[E]):
         return self.entry(name).builder(*args)
 
     def names(self) -> list[str]:
-        """Registered names, in registration order."""
+        """Registered names, in registration order (or ``order``'s)."""
         self._load()
-        return list(self._entries)
+        if self.order is None:
+            return list(self._entries)
+        return sorted(self._entries, key=lambda name: self.order(self._entries[name]))
 
     def __contains__(self, name: object) -> bool:
         self._load()
@@ -165,11 +175,13 @@ _MIXERS = ("cofrgenet.models.mixers",)
 ATTENTION: Registry[MixerEntry] = Registry("attention mixer", MixerEntry, _MIXERS)
 FFN: Registry[MixerEntry] = Registry("ffn mixer", MixerEntry, _MIXERS)
 ARCHITECTURES: Registry[ArchEntry] = Registry(
-    "architecture", ArchEntry, ("cofrgenet.models.transformer", "cofrgenet.models.recurrent")
+    "architecture",
+    ArchEntry,
+    ("cofrgenet.models.transformer", "cofrgenet.models.recurrent"),
+    order=lambda entry: KINDS.index(entry.kind),  # transformers first, whatever was imported
 )
 
 
 def arch_names(kind: str | None = None) -> list[str]:
     """Architecture names of ``kind`` (default: every kind, transformers first)."""
-    kinds = KINDS if kind is None else (kind,)
-    return [n for k in kinds for n in ARCHITECTURES.names() if ARCHITECTURES.entry(n).kind == k]
+    return [n for n in ARCHITECTURES.names() if kind is None or ARCHITECTURES.entry(n).kind == kind]

@@ -512,23 +512,9 @@ def next_token(
     temperature 0 is greedy; otherwise as ``training.generate.sample`` (temperature, then
     top-k), then nucleus (top-p) filtering.
     """
-    import torch
+    from cofrgenet.nn.decoding import sample_next
 
-    logits = logits[:, :n_real].float()
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        # Drop a token when the ones before it already hold top_p (the first always stays).
-        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    return sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=n_real)
 
 
 def decode(

@@ -51,19 +51,29 @@ def sample_next(
     temperature: float,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float | None = None,
+    vocab: int | None = None,
 ) -> Tensor:
     """Next token ids (B, 1) from last-position logits (B, V).
 
     temperature 0 is greedy (arg-max); otherwise softmax(logits / temperature) restricted
-    to the ``top_k`` likeliest ids, sampled with ``generator``.
+    to the ``top_k`` likeliest ids, then to the smallest set holding ``top_p`` of the
+    probability (nucleus), sampled with ``generator``. ``vocab``: only ids below it (a
+    padded model's extra ids are never chosen).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    logits = logits.float()
+    logits = logits.float() if vocab is None else logits[:, :vocab].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = F.softmax(sorted_logits, dim=-1)
+        # Drop a token when the ones before it already hold top_p (the first always stays).
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)

@@ -12,8 +12,9 @@ OUT=${1:-/dev/stdout}
 bad=$(mktemp --suffix=.yaml)
 printf 'trainer:\n  max_stepz: 3\n' > "$bad"
 runs=$(mktemp -d)
-# An empty CLI cache (cofrgenet/cli_cache.py): "first" is a cold call, as after an
-# install or an upgrade; the warm calls answer --help and key typos from the cache.
+# An empty CLI cache (cofrgenet/cli_cache.py): "first" is a cold call, as after a pip
+# upgrade (`make install` itself warms the cache); the warm calls answer --help and key
+# typos from the cache.
 export COFR_CACHE_DIR=$(mktemp -d)
 trap 'rm -rf "$bad" "$runs" "$COFR_CACHE_DIR"' EXIT
 

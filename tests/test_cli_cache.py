@@ -65,3 +65,14 @@ def test_any_source_change_invalidates_the_cache(cache, monkeypatch):
     monkeypatch.setattr(cli_cache.metadata, "version", lambda dist: "another version")
     assert cli_cache.cached_keys("fit") is None
     cli_cache.fingerprint.cache_clear()
+
+
+def test_one_help_call_teaches_the_keys_too(cache, capsys, monkeypatch):
+    """`make install` runs `cofr <command> --help` once: after it, a typo is caught
+    without Lightning, on the very first real call."""
+    assert cli.main(["validate", "--help"]) == 0
+    capsys.readouterr()
+    assert cli_cache.cached_keys("validate")
+    forbid_lightning(monkeypatch)
+    assert cli.main(["validate", "--config", DEMO, "--trainer.max_stepz", "3"]) == 2
+    assert "did you mean 'trainer.max_steps'" in capsys.readouterr().err

@@ -119,15 +119,15 @@ class CofrCLI(LightningCLIAdapter):
         expanded = recipes.expand(words)
         if expanded != words:  # else leave args as given (Lightning warns about argv + args)
             args = expanded
+        if words and words[0] in self.subcommands():
+            # What the next `cofr <subcommand>` checks before importing us; stored before
+            # parsing, so that `--help` (which exits inside the parse) stores them too.
+            keys = self.subcommand_parser(words[0]).get_defaults().keys()
+            cli_cache.store_keys(words[0], keys)
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:
             raise ConfigError(self._explain(str(error), args)) from None
-        subcommand = self.config.get("subcommand")
-        if subcommand:  # what the next `cofr <subcommand>` can check before importing us
-            cli_cache.store_keys(
-                subcommand, self.subcommand_parser(subcommand).get_defaults().keys()
-            )
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
         # check the file before anything unpickles it.
         subcommand = self.config.get("subcommand")

@@ -73,7 +73,7 @@ TEST_LOG="$RESULTS/gpu-tests-$GPU-$DATE.log"
 
 # 1. Tests on the GPU: every kernel compiled for real (the CPU suite runs Triton's
 #    interpreter). pytest-xdist spreads the Triton compiles over the cores.
-TESTS=(tests/test_triton_ops.py tests/test_custom_ops.py tests/test_decoding.py tests/test_bench_train.py)
+TESTS=(tests/ops tests/test_decoding.py tests/test_bench_train.py)
 XDIST=()
 if [ "$DRY" = 0 ] && "$PY" -c 'import xdist' >/dev/null 2>&1; then XDIST=(-n 8); fi
 COLLECT=()

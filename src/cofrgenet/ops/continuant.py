@@ -331,23 +331,140 @@ def _forward_with_overflow_check(fn: Callable, compiled: bool, *args):
     return (*_run(fn, compiled, *args, True), True)
 
 
+def _ladder_work(x: Tensor, weight: Tensor, bias: Tensor | None):
+    """x as (M, n), weight and bias, all in the compute dtype of x."""
+    dtype = compute_dtype(x.dtype)
+    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+    return x2, weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _cf_gradient(
+    a: Tensor,
+    work: Tensor,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor | None,
+    grad_out: Tensor,
+    exact: bool,
+    rescaled: bool,
+    compiled: bool,
+) -> Tensor:
+    """d loss / d a from the forward state, in a's layout and dtype."""
+    depth_major = is_depth_major(a)
+    grad = _run(
+        _cf_backward,
+        compiled,
+        work,
+        r,
+        scale,
+        clamped,
+        grad_out.to(r.dtype),
+        exact,
+        rescaled,
+        depth_major,
+    )
+    if depth_major:  # (d, ...) -> (..., d), the same layout as a
+        grad = grad.movedim(0, -1)
+    return grad.to(a.dtype)
+
+
+def _ladder_gradients(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    work: tuple[Tensor, Tensor, Tensor | None],
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor | None,
+    grad_out: Tensor,
+    exact: bool,
+    floor: float,
+    rescaled: bool,
+    need_x: bool,
+    need_params: bool,
+    compiled: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_x, grad_weight, grad_bias) from the forward state, in the inputs' shapes and
+    dtypes; None where not asked for (or no bias)."""
+    x2, w, b = work
+    grad_x, grad_w, grad_b = _run(
+        _ladder_backward,
+        compiled,
+        x2,
+        w,
+        b,
+        r,
+        scale,
+        clamped,
+        grad_out.reshape(-1, x.shape[-1]).to(r.dtype),
+        exact,
+        floor,
+        rescaled,
+        need_x,
+        need_params,
+    )
+    return (
+        None if grad_x is None else grad_x.reshape(x.shape).to(x.dtype),
+        None if grad_w is None else grad_w.to(weight.dtype),
+        None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+    )
+
+
+# --------------------------------------------------------------------- the entry points
+
+
 def continued_fraction_value(a: Tensor, eps: float, compiled: bool) -> Tensor:
     """f~(a) without autograd bookkeeping (inference: nothing is saved for backward)."""
     work = a.to(compute_dtype(a.dtype))
     return _forward_with_overflow_check(_cf_forward, compiled, work, eps, False)[0].to(a.dtype)
 
 
+def continued_fraction_grad(
+    a: Tensor, grad_out: Tensor, eps: float, exact: bool, compiled: bool
+) -> Tensor:
+    """d loss / d a from a alone (the recurrence is rerun), laid out like
+    ``torch.empty_like(a)``, in a's dtype: the backward of a stateless op."""
+    work = a.to(compute_dtype(a.dtype))
+    _, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+        _cf_forward, compiled, work, eps, exact
+    )
+    grad = _cf_gradient(a, work, r, scale, clamped, grad_out, exact, rescaled, compiled)
+    out = torch.empty_like(a)
+    out.copy_(grad)
+    return out
+
+
 def univariate_ladder_value(
     x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, compiled: bool, floor: float
 ) -> Tensor:
     """Elementwise ladders without autograd bookkeeping (inference)."""
-    dtype = compute_dtype(x.dtype)
-    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-    b = None if bias is None else bias.to(dtype)
-    value = _forward_with_overflow_check(
-        _ladder_forward, compiled, x2, weight.to(dtype), b, eps, False, floor
-    )[0]
+    x2, w, b = _ladder_work(x, weight, bias)
+    value = _forward_with_overflow_check(_ladder_forward, compiled, x2, w, b, eps, False, floor)[0]
     return value.reshape(x.shape).to(x.dtype)
+
+
+def univariate_ladder_grads(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    grad_out: Tensor,
+    eps: float,
+    exact: bool,
+    floor: float,
+    need_x: bool,
+    need_params: bool,
+    compiled: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_x, grad_weight, grad_bias) from the inputs alone (the recurrence is rerun);
+    None where not asked for: the backward of a stateless op."""
+    work = _ladder_work(x, weight, bias)
+    _, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+        _ladder_forward, compiled, *work, eps, exact, floor
+    )
+    return _ladder_gradients(
+        x, weight, bias, work, r, scale, clamped, grad_out, exact, floor, rescaled,
+        need_x, need_params, compiled,
+    )  # fmt: skip
 
 
 class ContinuedFraction(torch.autograd.Function):
@@ -372,22 +489,10 @@ class ContinuedFraction(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         a, r, scale, clamped = ctx.saved_tensors
         work = a.to(r.dtype)
-        depth_major = is_depth_major(a)
-        grad = _run(
-            _cf_backward,
-            ctx.compiled,
-            work,
-            r,
-            scale,
-            clamped,
-            grad_out.to(r.dtype),
-            ctx.exact,
-            ctx.rescaled,
-            depth_major,
+        grad = _cf_gradient(
+            a, work, r, scale, clamped, grad_out, ctx.exact, ctx.rescaled, ctx.compiled
         )
-        if depth_major:  # (d, ...) -> (..., d), the same layout as a
-            grad = grad.movedim(0, -1)
-        return grad.to(a.dtype), None, None, None
+        return grad, None, None, None
 
 
 class UnivariateLadder(torch.autograd.Function):
@@ -402,10 +507,7 @@ class UnivariateLadder(torch.autograd.Function):
     def forward(
         ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float
     ) -> Tensor:
-        dtype = compute_dtype(x.dtype)
-        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        w = weight.to(dtype)
-        b = None if bias is None else bias.to(dtype)
+        x2, w, b = _ladder_work(x, weight, bias)
         value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
             _ladder_forward, compiled, x2, w, b, eps, exact, floor
         )
@@ -417,32 +519,15 @@ class UnivariateLadder(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
-        dtype = r.dtype
-        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        w = weight.to(dtype)
-        b = None if bias is None else bias.to(dtype)
-        need_x = ctx.needs_input_grad[0]
-        need_params = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        grad_x, grad_w, grad_b = _run(
-            _ladder_backward,
-            ctx.compiled,
-            x2,
-            w,
-            b,
-            r,
-            scale,
-            clamped,
-            grad_out.reshape(-1, x.shape[-1]).to(dtype),
-            ctx.exact,
-            ctx.floor,
-            ctx.rescaled,
-            need_x,
-            need_params,
-        )
+        needs = ctx.needs_input_grad
+        grad_x, grad_w, grad_b = _ladder_gradients(
+            x, weight, bias, _ladder_work(x, weight, bias), r, scale, clamped, grad_out,
+            ctx.exact, ctx.floor, ctx.rescaled, needs[0], needs[1] or needs[2], ctx.compiled,
+        )  # fmt: skip
         return (
-            None if grad_x is None else grad_x.reshape(x.shape).to(x.dtype),
-            grad_w.to(weight.dtype) if ctx.needs_input_grad[1] else None,
-            grad_b.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None,
+            grad_x,
+            grad_w if needs[1] else None,
+            grad_b if needs[2] else None,
             None,
             None,
             None,

@@ -20,6 +20,7 @@ from cofrgenet.ops.triton.recurrence import (
     clamp_reciprocal,
     coefficient_gradient,
     forward_continuants,
+    memory_source,
     suffix_step,
 )
 
@@ -43,21 +44,9 @@ def continued_fraction_fwd_kernel(
     offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)  # [B]
     mask = offs < units
     a_ptrs = a_ptr + (offs // inner) * stride_a1 + (offs % inner) * stride_a2  # [B], a_1
+    src = memory_source(a_ptrs, stride_ad, mask)
     high, low, scale, rescaled = forward_continuants(
-        a_ptrs,
-        stride_ak=stride_ad,
-        mask=mask,
-        x=a_ptrs,
-        w_ptrs=a_ptrs,
-        b_ptrs=a_ptrs,
-        stride_wk=0,
-        w_mask=mask,
-        D=D,
-        FROM_X=False,
-        HAS_BIAS=False,
-        FLOOR=0.0,
-        COMPUTE=COMPUTE,
-        FORCE_RESCALE=FORCE_RESCALE,
+        src, D, False, False, 0.0, COMPUTE, FORCE_RESCALE
     )
     if rescaled > 0:
         r, _ = clamp_reciprocal(high, scale, eps, RESCALE=True)
@@ -68,9 +57,7 @@ def continued_fraction_fwd_kernel(
 
 @triton.jit
 def _cf_gradients(
-    a_ptrs,
-    stride_ad,
-    mask,
+    src,
     g_ptrs,
     stride_gd,
     grad_out,
@@ -94,44 +81,20 @@ def _cf_gradients(
             r,
             scale_d,
             clamped,
-            a_ptrs,
-            stride_ak=stride_ad,
-            mask=mask,
-            x=a_ptrs,
-            w_ptrs=a_ptrs,
-            b_ptrs=a_ptrs,
-            stride_wk=0,
-            w_mask=mask,
-            D=D,
-            FROM_X=False,
-            HAS_BIAS=False,
-            FLOOR=0.0,
-            COMPUTE=COMPUTE,
-            EXACT=EXACT,
-            RESCALE=RESCALE,
+            src,
+            D,
+            False,
+            False,
+            0.0,
+            COMPUTE,
+            EXACT,
+            RESCALE,
         )
-        tl.store(
-            g_ptrs + (k - 1) * stride_gd, (g * grad_out).to(g_ptrs.dtype.element_ty), mask=mask
-        )
+        g_ptrs_k = g_ptrs + (k - 1) * stride_gd
+        tl.store(g_ptrs_k, (g * grad_out).to(g_ptrs.dtype.element_ty), mask=src.mask)
         if k > 1:
             suffix, previous, suffix_scale = suffix_step(
-                k,
-                suffix,
-                previous,
-                suffix_scale,
-                a_ptrs,
-                stride_ak=stride_ad,
-                mask=mask,
-                x=a_ptrs,
-                w_ptrs=a_ptrs,
-                b_ptrs=a_ptrs,
-                stride_wk=0,
-                w_mask=mask,
-                FROM_X=False,
-                HAS_BIAS=False,
-                FLOOR=0.0,
-                COMPUTE=COMPUTE,
-                RESCALE=RESCALE,
+                k, suffix, previous, suffix_scale, src, False, False, 0.0, COMPUTE, RESCALE
             )
 
 
@@ -163,56 +126,16 @@ def continued_fraction_bwd_kernel(
     a_ptrs = a_ptr + i1 * stride_a1 + i2 * stride_a2  # [B]
     g_ptrs = grad_a_ptr + i1 * stride_g1 + i2 * stride_g2  # [B]
     grad_out = tl.load(grad_out_ptr + offs * stride_go, mask=mask, other=0.0).to(COMPUTE)
+    src = memory_source(a_ptrs, stride_ad, mask)
     high, _, scale_d, rescaled = forward_continuants(
-        a_ptrs,
-        stride_ak=stride_ad,
-        mask=mask,
-        x=a_ptrs,
-        w_ptrs=a_ptrs,
-        b_ptrs=a_ptrs,
-        stride_wk=0,
-        w_mask=mask,
-        D=D,
-        FROM_X=False,
-        HAS_BIAS=False,
-        FLOOR=0.0,
-        COMPUTE=COMPUTE,
-        FORCE_RESCALE=FORCE_RESCALE,
+        src, D, False, False, 0.0, COMPUTE, FORCE_RESCALE
     )
     if rescaled > 0:
         r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=True)
-        _cf_gradients(
-            a_ptrs,
-            stride_ad,
-            mask,
-            g_ptrs,
-            stride_gd,
-            grad_out,
-            r,
-            scale_d,
-            clamped,
-            D,
-            COMPUTE,
-            EXACT,
-            RESCALE=True,
-        )
+        _cf_gradients(src, g_ptrs, stride_gd, grad_out, r, scale_d, clamped, D, COMPUTE, EXACT, RESCALE=True)  # fmt: skip
     else:
         r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=False)
-        _cf_gradients(
-            a_ptrs,
-            stride_ad,
-            mask,
-            g_ptrs,
-            stride_gd,
-            grad_out,
-            r,
-            scale_d,
-            clamped,
-            D,
-            COMPUTE,
-            EXACT,
-            RESCALE=False,
-        )
+        _cf_gradients(src, g_ptrs, stride_gd, grad_out, r, scale_d, clamped, D, COMPUTE, EXACT, RESCALE=False)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- launchers

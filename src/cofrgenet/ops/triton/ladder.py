@@ -31,6 +31,7 @@ from cofrgenet.ops.triton.recurrence import (
     clamp_reciprocal,
     coefficient_gradient,
     forward_continuants,
+    ladder_source,
     preactivation,
     suffix_step,
 )
@@ -74,21 +75,9 @@ def ladder_ensemble_fwd_kernel(
     for j in tl.static_range(L):
         w_ptrs = w_ptr + j * stride_wj + cols[None, :]  # [1, BN], depth 0
         b_ptrs = b_ptr + j * stride_wj + cols[None, :]
+        src = ladder_source(x, w_ptrs, b_ptrs, stride_wk, col_mask, mask)
         high, low, scale, rescaled = forward_continuants(
-            a_ptrs=x_ptr,
-            stride_ak=0,
-            mask=mask,
-            x=x,
-            w_ptrs=w_ptrs,
-            b_ptrs=b_ptrs,
-            stride_wk=stride_wk,
-            w_mask=col_mask,
-            D=D,
-            FROM_X=True,
-            HAS_BIAS=HAS_BIAS,
-            FLOOR=FLOOR,
-            COMPUTE=COMPUTE,
-            FORCE_RESCALE=FORCE_RESCALE,
+            src, D, True, HAS_BIAS, FLOOR, COMPUTE, FORCE_RESCALE
         )
         if rescaled > 0:
             r, _ = clamp_reciprocal(high, scale, eps, RESCALE=True)
@@ -106,7 +95,7 @@ def ladder_ensemble_fwd_kernel(
 @triton.jit
 def _ladder_gradients(
     j: tl.constexpr,
-    x,
+    src,
     upstream,
     grad_x,
     acc_w,
@@ -115,11 +104,6 @@ def _ladder_gradients(
     r,
     scale_d,
     clamped,
-    mask,
-    w_ptrs,
-    b_ptrs,
-    stride_wk,
-    col_mask,
     D: tl.constexpr,
     L: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -142,53 +126,29 @@ def _ladder_gradients(
             r,
             scale_d,
             clamped,
-            a_ptrs=w_ptrs,
-            stride_ak=0,
-            mask=mask,
-            x=x,
-            w_ptrs=w_ptrs,
-            b_ptrs=b_ptrs,
-            stride_wk=stride_wk,
-            w_mask=col_mask,
-            D=D,
-            FROM_X=True,
-            HAS_BIAS=HAS_BIAS,
-            FLOOR=FLOOR,
-            COMPUTE=COMPUTE,
-            EXACT=EXACT,
-            RESCALE=RESCALE,
+            src,
+            D,
+            True,
+            HAS_BIAS,
+            FLOOR,
+            COMPUTE,
+            EXACT,
+            RESCALE,
         )
         t = g * upstream  # d loss / d a_k, [BM, BN]
         if FLOOR > 0:  # a_k = FLOOR + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
-            u = preactivation(k - 1, x, w_ptrs, b_ptrs, stride_wk, col_mask, HAS_BIAS, COMPUTE)
-            t = t * tl.sigmoid(u)
+            t = t * tl.sigmoid(preactivation(k - 1, src, HAS_BIAS, COMPUTE))
         if NEED_X:
-            w = tl.load(w_ptrs + (k - 1) * stride_wk, mask=col_mask, other=0.0).to(COMPUTE)
-            grad_x += t * w
+            w_k = src.w_ptrs + (k - 1) * src.stride_wk
+            grad_x += t * tl.load(w_k, mask=src.w_mask, other=0.0).to(COMPUTE)
         if NEED_PARAMS:
             row = acc_rows == (k - 1) * L + j  # [P, 1], weight[k-1, j] lives in row (k-1) L + j
-            acc_w += tl.where(row, tl.sum(t * x, axis=0)[None, :], 0.0)
+            acc_w += tl.where(row, tl.sum(t * src.x, axis=0)[None, :], 0.0)
             if HAS_BIAS:
                 acc_b += tl.where(row, tl.sum(t, axis=0)[None, :], 0.0)
         if k > 1:
             suffix, previous, suffix_scale = suffix_step(
-                k,
-                suffix,
-                previous,
-                suffix_scale,
-                a_ptrs=w_ptrs,
-                stride_ak=0,
-                mask=mask,
-                x=x,
-                w_ptrs=w_ptrs,
-                b_ptrs=b_ptrs,
-                stride_wk=stride_wk,
-                w_mask=col_mask,
-                FROM_X=True,
-                HAS_BIAS=HAS_BIAS,
-                FLOOR=FLOOR,
-                COMPUTE=COMPUTE,
-                RESCALE=RESCALE,
+                k, suffix, previous, suffix_scale, src, True, HAS_BIAS, FLOOR, COMPUTE, RESCALE
             )
     return grad_x, acc_w, acc_b
 
@@ -259,21 +219,9 @@ def ladder_ensemble_bwd_kernel(
         for j in tl.static_range(L):
             w_ptrs = w_ptr + j * stride_wj + cols[None, :]  # [1, BN], depth 0
             b_ptrs = b_ptr + j * stride_wj + cols[None, :]
+            src = ladder_source(x, w_ptrs, b_ptrs, stride_wk, col_mask, mask)
             high, low, scale_d, rescaled = forward_continuants(
-                a_ptrs=x_ptr,
-                stride_ak=0,
-                mask=mask,
-                x=x,
-                w_ptrs=w_ptrs,
-                b_ptrs=b_ptrs,
-                stride_wk=stride_wk,
-                w_mask=col_mask,
-                D=D,
-                FROM_X=True,
-                HAS_BIAS=HAS_BIAS,
-                FLOOR=FLOOR,
-                COMPUTE=COMPUTE,
-                FORCE_RESCALE=FORCE_RESCALE,
+                src, D, True, HAS_BIAS, FLOOR, COMPUTE, FORCE_RESCALE
             )
             if rescaled > 0:
                 r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=True)
@@ -288,9 +236,9 @@ def ladder_ensemble_bwd_kernel(
             else:
                 upstream = grad_out
             if rescaled > 0:
-                grad_x, acc_w, acc_b = _ladder_gradients(j, x, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, mask, w_ptrs, b_ptrs, stride_wk, col_mask, D, L, HAS_BIAS, FLOOR, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=True)  # fmt: skip
+                grad_x, acc_w, acc_b = _ladder_gradients(j, src, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, D, L, HAS_BIAS, FLOOR, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=True)  # fmt: skip
             else:
-                grad_x, acc_w, acc_b = _ladder_gradients(j, x, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, mask, w_ptrs, b_ptrs, stride_wk, col_mask, D, L, HAS_BIAS, FLOOR, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=False)  # fmt: skip
+                grad_x, acc_w, acc_b = _ladder_gradients(j, src, upstream, grad_x, acc_w, acc_b, acc_rows, r, scale_d, clamped, D, L, HAS_BIAS, FLOOR, NEED_X, NEED_PARAMS, EXACT, COMPUTE, RESCALE=False)  # fmt: skip
         if NEED_X:
             grad_x_ptrs = grad_x_ptr + rows[:, None] * N + cols[None, :]
             tl.store(grad_x_ptrs, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)

@@ -5,12 +5,18 @@ K_0 = 1, K_1 = a_d, K_j = a_{d-j+1} K_{j-1} + K_{j-2}; f~ = K_{d-1} / clamp(K_d)
 gradient of a_k is (-1)^k (K_{d-k} r)^2 with r = 1 / clamp(K_d) ("paper"), or, where the
 clamp is active, 0 for a_1 and K(a_2..a_{k-1}) K(a_{k+1}..a_d) r ("exact").
 
-Coefficients a_k come from one of two places (``FROM_X``, a constexpr):
+Coefficients a_k come from one of two places (``FROM_X``, a constexpr), whose pointers
+and values a kernel gathers once per tile in a :class:`Source` (built by
+:func:`memory_source` or :func:`ladder_source`) that every helper below takes:
 
 * memory: ``a_ptrs + k * stride_ak``, a tile of pointers to a[..., 0];
 * a univariate ladder: a_k = x * w_k (+ b_k), with ``w_ptrs`` / ``b_ptrs`` a [1, BN] tile
   of pointers to weight[0, cols] / bias[0, cols] and ``stride_wk`` the depth stride; with
   ``FLOOR`` > 0 (a constexpr; 0 is the paper's linear form) a_k = FLOOR + softplus(that).
+
+The constexprs (``FROM_X``, ``HAS_BIAS``, ``FLOOR``, the compute dtype ``COMPUTE``)
+travel beside the source, not in it: Triton's compiler (3.7) does not keep a tuple's
+constexpr fields constant, so an ``if`` on one would compile both branches.
 
 Rescaling: when |K_j| passes 2^64, both running values are multiplied by 2^-64 (exact)
 and a per-element counter ``scale`` goes up by one; the true K_j is stored * 2^(64 scale).
@@ -19,6 +25,8 @@ tile's K_d came out non-finite: scaling by powers of two changes no bits otherwi
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -30,6 +38,35 @@ RESCALE_EXPONENT = tl.constexpr(64.0)
 INF = tl.constexpr(float("inf"))
 
 
+class Source(NamedTuple):
+    """Where the partial denominators of a tile come from (see the module docstring).
+
+    The fields of the kind not in use hold placeholders (never read: ``FROM_X`` picks
+    the branch at compile time).
+    """
+
+    a_ptrs: tl.tensor
+    stride_ak: tl.tensor
+    mask: tl.tensor
+    x: tl.tensor
+    w_ptrs: tl.tensor
+    b_ptrs: tl.tensor
+    stride_wk: tl.tensor
+    w_mask: tl.tensor
+
+
+@triton.jit
+def memory_source(a_ptrs, stride_ak, mask):
+    """a_k at ``a_ptrs + (k - 1) * stride_ak`` (masked lanes read 1); FROM_X False."""
+    return Source(a_ptrs, stride_ak, mask, a_ptrs, a_ptrs, a_ptrs, stride_ak, mask)
+
+
+@triton.jit
+def ladder_source(x, w_ptrs, b_ptrs, stride_wk, w_mask, mask):
+    """a_k = x w_k (+ b_k), or FLOOR + softplus(that), for a tile of x; FROM_X True."""
+    return Source(w_ptrs, stride_wk, mask, x, w_ptrs, b_ptrs, stride_wk, w_mask)
+
+
 @triton.jit
 def softplus(u):
     """log(1 + exp(u)) without overflow: max(u, 0) + log(1 + exp(-|u|))."""
@@ -37,28 +74,19 @@ def softplus(u):
 
 
 @triton.jit
-def preactivation(
-    k, x, w_ptrs, b_ptrs, stride_wk, w_mask, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr
-):
+def preactivation(k, src, HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr):
     """u_{k+1} = x w_{k+1} (+ b_{k+1}) of a univariate ladder (0-based k), [BM, BN]."""
-    w = tl.load(w_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)  # [1, BN]
-    u = x * w
+    w = tl.load(src.w_ptrs + k * src.stride_wk, mask=src.w_mask, other=0.0).to(COMPUTE)
+    u = src.x * w
     if HAS_BIAS:
-        u += tl.load(b_ptrs + k * stride_wk, mask=w_mask, other=0.0).to(COMPUTE)
+        u += tl.load(src.b_ptrs + k * src.stride_wk, mask=src.w_mask, other=0.0).to(COMPUTE)
     return u
 
 
 @triton.jit
 def coefficient(
     k,
-    a_ptrs,
-    stride_ak,
-    mask,
-    x,
-    w_ptrs,
-    b_ptrs,
-    stride_wk,
-    w_mask,
+    src,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     FLOOR: tl.constexpr,
@@ -69,12 +97,12 @@ def coefficient(
     From x: u = x w_k (+ b_k), and a = u (FLOOR 0, the paper's) or FLOOR + softplus(u).
     """
     if FROM_X:
-        a = preactivation(k, x, w_ptrs, b_ptrs, stride_wk, w_mask, HAS_BIAS, COMPUTE)
+        a = preactivation(k, src, HAS_BIAS, COMPUTE)
         if FLOOR > 0:
             a = FLOOR + softplus(a)
     else:
         # Masked lanes read 1: finite, so they never trigger the rescaled path.
-        a = tl.load(a_ptrs + k * stride_ak, mask=mask, other=1.0).to(COMPUTE)
+        a = tl.load(src.a_ptrs + k * src.stride_ak, mask=src.mask, other=1.0).to(COMPUTE)
     return a
 
 
@@ -89,14 +117,7 @@ def rescale(high, low, scale):
 
 @triton.jit
 def tail_continuants(
-    a_ptrs,
-    stride_ak,
-    mask,
-    x,
-    w_ptrs,
-    b_ptrs,
-    stride_wk,
-    w_mask,
+    src,
     D: tl.constexpr,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -105,39 +126,11 @@ def tail_continuants(
     RESCALE: tl.constexpr,
 ):
     """(K_d, K_{d-1}, scale of both) by the tail recurrence, a_d first."""
-    high = coefficient(
-        k=D - 1,
-        a_ptrs=a_ptrs,
-        stride_ak=stride_ak,
-        mask=mask,
-        x=x,
-        w_ptrs=w_ptrs,
-        b_ptrs=b_ptrs,
-        stride_wk=stride_wk,
-        w_mask=w_mask,
-        FROM_X=FROM_X,
-        HAS_BIAS=HAS_BIAS,
-        FLOOR=FLOOR,
-        COMPUTE=COMPUTE,
-    )
+    high = coefficient(D - 1, src, FROM_X, HAS_BIAS, FLOOR, COMPUTE)
     low = tl.full(high.shape, 1.0, COMPUTE)
     scale = tl.zeros(high.shape, COMPUTE)
     for i in tl.static_range(D - 1):
-        a = coefficient(
-            k=D - 2 - i,
-            a_ptrs=a_ptrs,
-            stride_ak=stride_ak,
-            mask=mask,
-            x=x,
-            w_ptrs=w_ptrs,
-            b_ptrs=b_ptrs,
-            stride_wk=stride_wk,
-            w_mask=w_mask,
-            FROM_X=FROM_X,
-            HAS_BIAS=HAS_BIAS,
-            FLOOR=FLOOR,
-            COMPUTE=COMPUTE,
-        )
+        a = coefficient(D - 2 - i, src, FROM_X, HAS_BIAS, FLOOR, COMPUTE)
         high, low = a * high + low, high
         if RESCALE:
             high, low, scale = rescale(high, low, scale)
@@ -146,14 +139,7 @@ def tail_continuants(
 
 @triton.jit
 def forward_continuants(
-    a_ptrs,
-    stride_ak,
-    mask,
-    x,
-    w_ptrs,
-    b_ptrs,
-    stride_wk,
-    w_mask,
+    src,
     D: tl.constexpr,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -167,20 +153,7 @@ def forward_continuants(
     tile must then rescale too.
     """
     high, low, scale = tail_continuants(
-        a_ptrs,
-        stride_ak,
-        mask,
-        x,
-        w_ptrs,
-        b_ptrs,
-        stride_wk,
-        w_mask,
-        D,
-        FROM_X,
-        HAS_BIAS,
-        FLOOR,
-        COMPUTE,
-        RESCALE=FORCE_RESCALE,
+        src, D, FROM_X, HAS_BIAS, FLOOR, COMPUTE, RESCALE=FORCE_RESCALE
     )
     if FORCE_RESCALE:
         rescaled = tl.max(tl.full(high.shape, 1, tl.int32))
@@ -189,20 +162,7 @@ def forward_continuants(
         rescaled = tl.max(tl.where(tl.abs(high) < INF, 0, 1))
         if rescaled > 0:
             high, low, scale = tail_continuants(
-                a_ptrs,
-                stride_ak,
-                mask,
-                x,
-                w_ptrs,
-                b_ptrs,
-                stride_wk,
-                w_mask,
-                D,
-                FROM_X,
-                HAS_BIAS,
-                FLOOR,
-                COMPUTE,
-                RESCALE=True,
+                src, D, FROM_X, HAS_BIAS, FLOOR, COMPUTE, RESCALE=True
             )
     return high, low, scale, rescaled
 
@@ -230,14 +190,7 @@ def coefficient_gradient(
     r,
     scale_d,
     clamped,
-    a_ptrs,
-    stride_ak,
-    mask,
-    x,
-    w_ptrs,
-    b_ptrs,
-    stride_wk,
-    w_mask,
+    src,
     D: tl.constexpr,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -267,21 +220,7 @@ def coefficient_gradient(
             before = tl.zeros(r.shape, COMPUTE)
             prefix_scale = tl.zeros(r.shape, COMPUTE)
             for m in tl.static_range(1, k - 1):
-                a = coefficient(
-                    k=m,
-                    a_ptrs=a_ptrs,
-                    stride_ak=stride_ak,
-                    mask=mask,
-                    x=x,
-                    w_ptrs=w_ptrs,
-                    b_ptrs=b_ptrs,
-                    stride_wk=stride_wk,
-                    w_mask=w_mask,
-                    FROM_X=FROM_X,
-                    HAS_BIAS=HAS_BIAS,
-                    FLOOR=FLOOR,
-                    COMPUTE=COMPUTE,
-                )
+                a = coefficient(m, src, FROM_X, HAS_BIAS, FLOOR, COMPUTE)
                 prefix, before = a * prefix + before, prefix
                 if RESCALE:
                     prefix, before, prefix_scale = rescale(prefix, before, prefix_scale)
@@ -298,14 +237,7 @@ def suffix_step(
     suffix,
     previous,
     suffix_scale,
-    a_ptrs,
-    stride_ak,
-    mask,
-    x,
-    w_ptrs,
-    b_ptrs,
-    stride_wk,
-    w_mask,
+    src,
     FROM_X: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     FLOOR: tl.constexpr,
@@ -313,21 +245,7 @@ def suffix_step(
     RESCALE: tl.constexpr,
 ):
     """K_{d-k+1}(a_k..a_d) from K_{d-k} (suffix) and K_{d-k-1} (previous), 1-based k."""
-    a = coefficient(
-        k=k - 1,
-        a_ptrs=a_ptrs,
-        stride_ak=stride_ak,
-        mask=mask,
-        x=x,
-        w_ptrs=w_ptrs,
-        b_ptrs=b_ptrs,
-        stride_wk=stride_wk,
-        w_mask=w_mask,
-        FROM_X=FROM_X,
-        HAS_BIAS=HAS_BIAS,
-        FLOOR=FLOOR,
-        COMPUTE=COMPUTE,
-    )
+    a = coefficient(k - 1, src, FROM_X, HAS_BIAS, FLOOR, COMPUTE)
     suffix, previous = a * suffix + previous, suffix
     if RESCALE:
         suffix, previous, suffix_scale = rescale(suffix, previous, suffix_scale)

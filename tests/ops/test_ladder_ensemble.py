@@ -1,0 +1,151 @@
+"""ladder_ensemble (the elementwise Cffn's ladders): every implementation against float64.
+
+triton runs one fused kernel each way; the others run univariate_ladder on x repeated L
+times, then mix. Random x and W put some ladders on poles, where only the implementations
+that clamp K_d alone (op_cases.CLAMPING) agree with the closed forms; literal joins on
+positive denominators (no poles).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cofrgenet.nn import Cffn
+from cofrgenet.ops import custom_ops as ops
+from cofrgenet.ops import ladder_ensemble
+from op_cases import (
+    CLAMPING,
+    compiles_fullgraph,
+    ensemble_inputs,
+    ensemble_reference,
+    impls,
+    positive_ensemble_reference,
+    rel_err,
+    require_grad,
+    upstream_like,
+)
+
+NAMES = ("x", "weight", "mix", "bias")
+
+
+@pytest.mark.parametrize("grad", ["paper", "exact"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("ladders,depth", [(1, 1), (3, 5), (2, 8)])
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_matches_reference(impl, on, ladders, depth, bias, grad):
+    """float64, random x and W: some ladders clamped, so the grad modes differ."""
+    x, w, v, b = ensemble_inputs(33, 27, ladders, depth, on, bias=bias, seed=depth)
+    leaves = require_grad(x.view(3, 11, 27), w, v, b)
+    out = ladder_ensemble(*leaves, grad=grad, impl=impl)
+    upstream = upstream_like(out.shape, on, seed=3, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    want = ensemble_reference(*leaves, upstream, grad)
+    assert out.shape == (3, 11, 27)
+    assert rel_err(out, want["out"]) < 1e-10
+    for name, t in zip(NAMES, leaves, strict=True):
+        if t is not None:
+            assert rel_err(t.grad, want[name]) < 1e-10, name
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_float32_and_bf16(impl, on, dtype, tol):
+    leaves = require_grad(*ensemble_inputs(40, 70, 3, 5, on, seed=1, dtype=dtype))
+    out = ladder_ensemble(*leaves, impl=impl)
+    upstream = torch.ones_like(out)
+    out.backward(upstream)
+    want = ensemble_reference(*leaves, upstream)
+    assert out.dtype == dtype
+    assert rel_err(out, want["out"]) < tol
+    for name, t in zip(NAMES, leaves, strict=True):
+        assert t.grad.dtype == dtype and rel_err(t.grad, want[name]) < 2 * tol, name
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("ladders,depth", [(1, 1), (3, 5), (2, 8)])
+@pytest.mark.parametrize("impl", impls())
+def test_positive_matches_reference(impl, on, ladders, depth, bias):
+    """floor > 0: a_k = floor + softplus(x w + b) for signed x, w, b (no poles anywhere)."""
+    x, w, v, b = ensemble_inputs(33, 27, ladders, depth, on, bias=bias, seed=depth)
+    leaves = require_grad(x.view(3, 11, 27), w * 4, v, b)  # w * 4: both softplus tails
+    out = ladder_ensemble(*leaves, impl=impl, floor=0.5)
+    upstream = upstream_like(out.shape, on, seed=3, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    ref_leaves = [None if t is None else t.detach().cpu().requires_grad_() for t in leaves]
+    ref = positive_ensemble_reference(*ref_leaves, 0.5)
+    (ref * upstream.cpu()).sum().backward()
+    assert rel_err(out, ref) < 1e-10
+    for name, t, r in zip(NAMES, leaves, ref_leaves, strict=True):
+        if t is not None:
+            assert rel_err(t.grad, r.grad) < 1e-10, name
+
+
+# ------------------------------------------------------------ the custom op, compiled
+
+
+@pytest.mark.parametrize("impl", impls("triton"))
+def test_custom_op(impl, on):
+    """The ensemble's torch.library op (triton only: the others compose univariate_ladder)."""
+    x, w, v, b = ensemble_inputs(10, 12, 2, 3, on, dtype=torch.float32)
+    x, w, v, b = require_grad(x.view(2, 5, 12), w, v, b)
+    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False, 0.0))
+    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, None, v, 0.01, True, 0.0))
+    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False, 0.5))
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "triton"))
+def test_compiles_fullgraph(impl, on):
+    """No graph break (fullgraph=True), forward and backward, equal to eager."""
+    x, w, v, b = ensemble_inputs(10, 12, 2, 3, on, dtype=torch.float32)
+    leaves = [x.view(2, 5, 12), w, v, b]
+    compiles_fullgraph(lambda x, w, v, b: ladder_ensemble(x, w, v, b, impl=impl), leaves)
+
+
+# ------------------------------------------------------------------- in the Cffn
+
+
+class _Spy:
+    """Wraps a kernel, recording the constexprs of each launch."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize("impl", impls("triton"))
+def test_cffn_elementwise_uses_the_fused_kernel(impl, on, monkeypatch):
+    """Cffn(ladder="elementwise", impl="triton") equals the continuant path, and fuses."""
+    from cofrgenet.ops import triton as kernels
+
+    torch.manual_seed(0)
+    base = Cffn(24, 3, 4, ladder="elementwise").double().to(on)
+    x = 0.5 * torch.randn(2, 5, 24, dtype=torch.float64, device=on)
+    results = {}
+    for name in ("continuant", impl):
+        layer = Cffn(24, 3, 4, ladder="elementwise", impl=name).double().to(on)
+        layer.load_state_dict(base.state_dict())
+        xi = x.clone().requires_grad_()
+        layer(xi).square().sum().backward()
+        results[name] = (layer(x), xi.grad, [p.grad for p in layer.parameters()])
+    calls = []
+    kernel = kernels.ladder.ladder_ensemble_fwd_kernel
+    monkeypatch.setattr(kernels.ladder, "ladder_ensemble_fwd_kernel", _Spy(kernel, calls))
+    layer(x)
+    # one launch for the whole ensemble, and one no-grad ladder pass recording z's range
+    assert sorted(c["L"] for c in calls) == [1, 3]
+    calls.clear()
+    layer.output_range = None  # no clipping: the fused launch alone
+    layer(x)
+    assert [c["L"] for c in calls] == [3]
+    (out, gx, grads), (ref_out, ref_gx, ref_grads) = results[impl], results["continuant"]
+    torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(gx, ref_gx, rtol=1e-9, atol=1e-12)
+    for g, ref in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-12)

@@ -1,0 +1,205 @@
+"""What the op suites share: argument errors, the choice of implementation, ladder
+health, positive denominators, the Triton runtime's checks, and the ops inside a layer
+compiled whole."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cofrgenet.nn import Cffn
+from cofrgenet.ops import (
+    continued_fraction,
+    denominator_stats,
+    ladder_denominator_stats,
+    positive_denominators,
+    resolve_impl,
+    univariate_ladder,
+)
+from cofrgenet.ops.reference import (
+    reference_continued_fraction,
+    reference_paper_grad,
+    reference_positive_denominators,
+    suffix_continuants,
+)
+from op_cases import HAS_TRITON, assert_same, away_from_poles, near_poles
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="the triton package is not installed")
+
+# ------------------------------------------------------------------------ bad input
+
+
+def test_errors_name_the_problem():
+    a = torch.rand(3, 4)
+    with pytest.raises(ValueError, match="d >= 1"):
+        continued_fraction(torch.rand(3, 0))
+    with pytest.raises(TypeError, match="floating-point"):
+        continued_fraction(torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="eps"):
+        continued_fraction(a, eps=0.0)
+    with pytest.raises(ValueError, match="eps"):
+        continued_fraction(a, eps=-1.0)
+    with pytest.raises(ValueError, match="unknown impl 'fast'"):
+        continued_fraction(a, impl="fast")
+    with pytest.raises(ValueError, match="unknown grad mode 'true'"):
+        continued_fraction(a, grad="true")
+    x, w = torch.rand(2, 5), torch.rand(3, 5)
+    with pytest.raises(ValueError, match="last dimension"):
+        univariate_ladder(torch.rand(2, 4), w)
+    with pytest.raises(ValueError, match="depth d >= 1"):
+        univariate_ladder(x, torch.rand(0, 5))
+    with pytest.raises(ValueError, match="bias must have"):
+        univariate_ladder(x, w, torch.rand(3, 4))
+    with pytest.raises(TypeError, match="floating-point"):
+        univariate_ladder(x.long(), w)
+
+
+@needs_triton
+def test_triton_on_a_cpu_tensor_without_the_interpreter_is_a_clear_error(monkeypatch):
+    from cofrgenet.ops import triton as kernels
+    from cofrgenet.ops.triton import runtime
+
+    monkeypatch.setattr(runtime, "interpreted", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        continued_fraction(torch.rand(4, 3), impl="triton")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        univariate_ladder(torch.rand(4, 3), torch.rand(2, 3), impl="triton")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        kernels.continued_fraction_fwd(torch.rand(4, 3), 0.01)
+
+
+@needs_triton
+def test_poisoned_buffers_are_nan():
+    """The premise of the suites' NaN poisoning (tests/ops/conftest.py)."""
+    from cofrgenet.ops.triton import runtime
+
+    out = runtime.new_output((3,), torch.float32, torch.device("cpu"))
+    assert torch.isnan(out).all()
+
+
+# ------------------------------------------------------------- choosing an implementation
+
+
+def test_auto_picks_triton_on_cuda_compiles_large_cpu_inputs_and_honours_the_switch(
+    monkeypatch,
+):
+    cpu = torch.device("cpu")
+    assert resolve_impl("auto", 10, cpu) == "continuant"
+    assert resolve_impl("auto", 1 << 20, cpu) == "compiled"
+    assert resolve_impl("literal", 1 << 20, cpu) == "literal"
+    assert resolve_impl("triton", 10, cpu) == "triton"
+    if HAS_TRITON:
+        assert resolve_impl("auto", 1 << 20, torch.device("cuda")) == "triton"
+        assert resolve_impl("auto", 10, torch.device("cuda", 0)) == "triton"
+    monkeypatch.setenv("COFRGENET_COMPILE", "0")
+    assert resolve_impl("auto", 1 << 20, cpu) == "continuant"
+
+
+@needs_triton
+def test_choosing_triton_for_cuda_traces_without_a_graph_break():
+    """The CUDA branch of impl="auto" (checked on any machine: no tensor on the GPU)."""
+
+    def fn(x):
+        picked = resolve_impl("auto", 10, torch.device("cuda"))
+        return x + (1.0 if picked == "triton" else 0.0)
+
+    torch._dynamo.reset()
+    assert torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 1.0
+
+
+# --------------------------------------------------------------------------- health
+
+
+def test_denominator_stats():
+    eps = 0.01
+    a = torch.cat([near_poles(10, 3, eps), away_from_poles(30, 3)])
+    stats = denominator_stats(a, eps)
+    true_kd = suffix_continuants(a)[-1].abs()
+    assert stats.clamped.item() == pytest.approx(0.25)
+    assert stats.near_pole.item() == pytest.approx((true_kd < 0.1).double().mean().item())
+    assert stats.min_abs_kd.item() == pytest.approx(true_kd.min().item(), rel=1e-6)
+    values = reference_continued_fraction(a, eps).abs()
+    assert stats.max_abs_value.item() == pytest.approx(values.max().item(), rel=1e-6)
+    x, w = torch.rand(4, 6) + 1, torch.rand(2, 6) + 1
+    stats = ladder_denominator_stats(x, w, None, eps)
+    assert stats.clamped.item() == 0.0 and stats.near_pole.item() == 0.0
+    assert stats.min_abs_kd.item() > 1.0
+
+
+# ---------------------------------------------------------------- positive denominators
+
+
+def test_positive_denominators_reference_and_errors():
+    u = torch.linspace(-40, 40, 101, dtype=torch.float64)
+    a = positive_denominators(u, 0.5)
+    # torch's softplus returns u itself above u = 20: 2e-9 away, relative 1e-10.
+    assert torch.allclose(a, reference_positive_denominators(u, 0.5), rtol=1e-9, atol=0)
+    assert a.min() >= 0.5 and a.dtype == torch.float64
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="floor must be None"):
+            positive_denominators(u, bad)
+        with pytest.raises(ValueError, match="floor must be None"):
+            univariate_ladder(u[None, :3].float(), torch.ones(2, 3), floor=bad)
+
+
+@pytest.mark.parametrize("floor", [0.1, 0.5, 1.0, 2.0])
+def test_positive_denominators_have_no_poles(floor):
+    """Any input, any weights: K_d >= min(1, floor), |f~| <= 1 / floor, and every
+    |d f~ / d a_k| <= 1 / min(1, floor)^2 (the bounds docs/layers.md derives)."""
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(20000, 7, generator=g, dtype=torch.float64) * 10  # far outside any init
+    a = positive_denominators(u, floor)
+    stats = denominator_stats(a, eps=0.01)
+    bound = min(1.0, floor)
+    assert stats.clamped.item() == 0.0
+    assert stats.min_abs_kd.item() >= bound * (1 - 1e-12)
+    assert stats.max_abs_value.item() <= 1 / floor * (1 + 1e-12)
+    grads = reference_paper_grad(a)
+    assert grads.abs().max().item() <= 1 / bound**2 * (1 + 1e-12)
+
+
+# ---------------------------------------------------------------- compiled as a layer
+
+
+@pytest.mark.parametrize("ladder", ["scalar", "elementwise"])
+def test_cffn_compiles_fullgraph_with_inductor(device, ladder):
+    """A whole Cffn through inductor (C++ on CPU), default impl="auto", in one graph."""
+    torch.manual_seed(0)
+    layer = Cffn(16, 3, 4, ladder=ladder).to(device)
+    x = torch.randn(2, 6, 16, device=device)
+
+    def run(module):
+        layer.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = module(xi)
+        out.square().sum().backward()
+        return out.detach(), [xi.grad, *(p.grad.clone() for p in layer.parameters())]
+
+    torch._dynamo.reset()
+    eager = run(layer)
+    assert_same(eager, run(torch.compile(layer, fullgraph=True)), rtol=1e-5, atol=1e-6)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_kernels_compile_for_hopper_without_a_gpu():
+    """Triton's compiler, not its interpreter: every kernel compiles to a cubin for sm_90.
+
+    The interpreter runs the Python source of a kernel directly, so a kernel can pass
+    every suite and still fail to compile; this catches that on a CPU machine
+    (2-10 minutes with a cold Triton cache: the unrolled backward kernels are large).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.ops.triton.aot", "--arch", "90"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compiled" in proc.stdout and "sm_90" in proc.stdout

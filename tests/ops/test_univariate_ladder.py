@@ -1,0 +1,281 @@
+"""univariate_ladder: every implementation against the float64 references.
+
+literal, continuant, compiled and triton run on the same inputs (see op_cases.py), with
+the paper's linear denominators a_k = w_k x + b_k and with positive ones (``floor``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cofrgenet.ops import custom_ops as ops
+from cofrgenet.ops import univariate_ladder
+from cofrgenet.ops.reference import (
+    reference_continued_fraction,
+    reference_exact_grad,
+    reference_paper_grad,
+    reference_univariate_ladder,
+)
+from op_cases import (
+    BACKEND,
+    CLAMPING,
+    HALF,
+    HALF_IDS,
+    IMPLS,
+    away_from_poles,
+    compiles_fullgraph,
+    float64_leaves,
+    half_tol,
+    impl_param,
+    impls,
+    ladder_inputs,
+    ladder_overflow_inputs,
+    near_poles,
+    rel_err,
+    require_grad,
+    signed_ladder_inputs,
+    upstream_like,
+)
+
+# The grad mode matters only where the clamp is active; literal has one (autograd).
+IMPL_GRADS = [
+    impl_param(impl, grad, id=f"{impl}-{grad}")
+    for impl in IMPLS
+    for grad in ("paper", "exact")
+    if not (impl == "literal" and grad == "exact")
+]
+
+
+def check_against_reference(out, leaves, upstream, tol, floor=None):
+    """out and the gradients of (out * upstream).sum() w.r.t. leaves = (x, w, b) within
+    ``tol`` (gradients 2 tol below float32) of the float64 reference."""
+    ref_leaves = float64_leaves(*leaves)
+    ref = reference_univariate_ladder(*ref_leaves, floor=floor)
+    (ref * upstream.cpu().double()).sum().backward()
+    assert rel_err(out, ref) < tol
+    grad_tol = tol if tol <= 1e-5 else 2 * tol
+    for name, got, want in zip("xwb", leaves, ref_leaves, strict=True):
+        if got is not None:
+            assert rel_err(got.grad, want.grad) < grad_tol, name
+
+
+# ------------------------------------------------------------------- forward and backward
+
+
+@pytest.mark.parametrize("impl,grad", IMPL_GRADS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("d", [1, 2, 3, 5, 8])
+def test_matches_reference(impl, grad, on, d, bias):
+    x, w, b = ladder_inputs(70, 19, d, on, bias=bias, seed=d)  # odd rows and columns
+    x, w, b = require_grad(x.view(2, 35, 19), w, b)
+    out = univariate_ladder(x, w, b, grad=grad, impl=impl)
+    upstream = upstream_like(x.shape, on, seed=2)
+    (out * upstream).sum().backward()
+    assert out.shape == x.shape and out.dtype == torch.float32
+    check_against_reference(out, (x, w, b), upstream, 1e-5)
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_spans_several_tiles(impl, on):
+    """More rows and columns than one Triton tile: the row loop and the partial sums."""
+    x, w, b = require_grad(*ladder_inputs(150, 300, 3, on, seed=3))
+    out = univariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5)
+
+
+@pytest.mark.parametrize("which", ["x", "params"])
+@pytest.mark.parametrize("impl", impls())
+def test_gradients_asked_for(impl, on, which):
+    x, w, b = ladder_inputs(9, 11, 4, on, seed=5)
+    if which == "x":
+        x.requires_grad_()
+    else:
+        require_grad(w, b)
+    univariate_ladder(x, w, b, impl=impl).sum().backward()
+    xr, wr, br = float64_leaves(x, w, b)
+    reference_univariate_ladder(xr, wr, br).sum().backward()
+    if which == "x":
+        assert w.grad is None and rel_err(x.grad, xr.grad) < 1e-5
+    else:
+        assert x.grad is None and rel_err(w.grad, wr.grad) < 1e-5
+        assert rel_err(b.grad, br.grad) < 1e-5
+
+
+@pytest.mark.parametrize("grad", ["paper", "exact"])
+@pytest.mark.parametrize("impl", impls())
+def test_gradcheck_float64(impl, on, grad):
+    x = (torch.rand(3, 5, dtype=torch.float64) + 0.5).to(on).requires_grad_()
+    w = away_from_poles(3, 5, seed=4).to(on).requires_grad_()
+    b = away_from_poles(3, 5, seed=5).to(on).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda *t: univariate_ladder(*t, grad=grad, impl=impl), (x, w, b)
+    )
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_empty_inputs(impl, on):
+    x = torch.rand(0, 4, device=on, requires_grad=True)
+    w = torch.rand(2, 4, device=on, requires_grad=True)
+    out = univariate_ladder(x, w, impl=impl)
+    out.sum().backward()
+    assert out.shape == (0, 4) and x.grad.shape == (0, 4)
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+# ------------------------------------------------------------------------- the clamp
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["paper", "exact"])
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_clamped_region(impl, on, exact):
+    """Ladders built onto poles: a_k = w_k x + b_k with x = 1 and |K_d| < eps (float64)."""
+    eps, d = 0.01, 4
+    a = near_poles(30, d, eps, seed=9)  # (30, d): one ladder per column
+    x = torch.ones(3, 30, dtype=torch.float64)
+    w = torch.ones(d, 30, dtype=torch.float64) * 0.5
+    b = a.t().contiguous() - w  # a_k = w_k * 1 + b_k
+    args = [t.to(on).requires_grad_() for t in (x, w, b)]
+    out = univariate_ladder(*args, eps=eps, grad="exact" if exact else "paper", impl=impl)
+    out.sum().backward()
+    per_unit = (reference_exact_grad if exact else reference_paper_grad)(a, eps)  # (30, d)
+    assert rel_err(out, reference_continued_fraction(a, eps).expand(3, 30)) < 1e-9
+    assert rel_err(args[2].grad, 3 * per_unit.t()) < 1e-9  # d a_k / d b_k = 1, 3 rows
+    assert rel_err(args[0].grad, (per_unit * 0.5).sum(-1).expand(3, 30)) < 1e-9
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("d", [16, 32])
+@pytest.mark.parametrize("impl", impls())
+def test_large_depth_stays_finite(impl, on, d):
+    """K_d overflows float32 (rescaling): d = 16 with a ~ 1e3, d = 32 with a ~ 100."""
+    if impl == "triton" and d == 32 and on.type == "cuda":
+        pytest.skip("the unrolled d = 32 Triton ladder backward takes minutes to compile")
+    x, w, b = ladder_overflow_inputs(d, on)
+    x.requires_grad_()
+    out = univariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    xr, wr, br = float64_leaves(x, w, b)
+    ref = reference_univariate_ladder(xr, wr.detach(), br.detach())
+    ref.sum().backward()
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(x.grad, xr.grad) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("impl", impls())
+def test_half_precision(impl, on, dtype):
+    x, w, b = require_grad(*ladder_inputs(33, 24, 5, on, seed=6, dtype=dtype))
+    out = univariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    assert out.dtype == x.grad.dtype == w.grad.dtype == b.grad.dtype == dtype
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), half_tol(dtype))
+
+
+# ---------------------------------------------------------------- positive denominators
+
+
+@pytest.mark.parametrize("impl", impls())
+@pytest.mark.parametrize("d", [1, 2, 5, 8])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_positive_matches_reference(impl, on, d, bias):
+    """floor > 0: a_k = floor + softplus(w_k x + b_k), signed x, w, b (no poles anywhere)."""
+    x, w, b = require_grad(*signed_ladder_inputs((2, 35), 19, d, on, bias=bias, seed=d))
+    out = univariate_ladder(x, w, b, impl=impl, floor=0.5)
+    upstream = upstream_like(x.shape, on, seed=2)
+    (out * upstream).sum().backward()
+    check_against_reference(out, (x, w, b), upstream, 1e-5, floor=0.5)
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_positive_bf16(impl, on):
+    x, w, b = require_grad(*signed_ladder_inputs((2, 35), 19, 5, on, dtype=torch.bfloat16))
+    out = univariate_ladder(x, w, b, impl=impl, floor=0.5)
+    upstream = upstream_like(x.shape, on, seed=2, dtype=torch.bfloat16)
+    (out * upstream).sum().backward()
+    assert out.dtype == torch.bfloat16
+    check_against_reference(out, (x, w, b), upstream, 2e-2, floor=0.5)
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_positive_gradcheck_float64(impl, on):
+    x, w, b = (
+        t.to(on).requires_grad_()
+        for t in signed_ladder_inputs((3,), 5, 3, "cpu", seed=3, dtype=torch.float64)
+    )
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: univariate_ladder(x, w, b, impl=impl, floor=0.25), (x, w, b)
+    )
+
+
+# --------------------------------------------------------- memory, without autograd
+
+
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_saves_no_depth_sized_tensor(impl, on):
+    """The fast ladders keep only (..., n)-sized tensors and the parameters for backward
+    (the (..., n, d) partial denominators are recomputed); triton keeps x, w, b alone."""
+    x, w, b = ladder_inputs(16, 32, 7, on)
+    x.requires_grad_()
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        univariate_ladder(x, w, b, impl=impl)
+    assert saved, "nothing saved: the test would be vacuous"
+    assert all(s.numel() <= x.numel() for s in saved), [s.shape for s in saved]
+    if impl == "triton":
+        assert len(saved) == 3 and all(s is t for s, t in zip(saved, (x, w, b), strict=True))
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_inference_path_equals_the_autograd_path(impl):
+    """Without grad, the continuant paths skip their autograd Function: the same bits."""
+    x = torch.randn(7, 9, dtype=torch.float64)
+    w, b = torch.randn(3, 9, dtype=torch.float64), torch.randn(3, 9, dtype=torch.float64)
+    for floor in (None, 0.5):
+        with torch.no_grad():
+            plain = univariate_ladder(x, w, b, impl=impl, floor=floor)
+        tracked = univariate_ladder(x, w.clone().requires_grad_(), b, impl=impl, floor=floor)
+        torch.testing.assert_close(plain, tracked.detach(), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------ the custom op, compiled
+
+
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_custom_op(impl, on):
+    """The torch.library op of each backend: opcheck (bias or not, both grad modes, both
+    links), and float64 values and gradients."""
+    backend = BACKEND[impl]
+    x, w, b = require_grad(*ladder_inputs(5, 9, 3, on, seed=0))
+    op = ops.univariate_ladder_op
+    torch.library.opcheck(op, (x, w, b, 0.01, False, 0.0, backend))
+    torch.library.opcheck(op, (x, w, None, 0.01, True, 0.0, backend))
+    torch.library.opcheck(op, (x, w, b, 0.01, False, 0.5, backend))
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    out = op(*leaves, 0.01, False, 0.5, backend)
+    out.sum().backward()
+    ref_leaves = float64_leaves(*leaves)
+    ref = reference_univariate_ladder(*ref_leaves, floor=0.5)
+    ref.sum().backward()
+    assert rel_err(out, ref) < 1e-12
+    for got, want in zip(leaves, ref_leaves, strict=True):
+        assert rel_err(got.grad, want.grad) < 1e-12
+
+
+@pytest.mark.parametrize("impl", impls("auto", "continuant", "triton"))
+def test_compiles_fullgraph(impl, device):
+    """No graph break (fullgraph=True), forward and backward, equal to eager."""
+    if impl == "continuant" and device.type == "cuda":
+        pytest.skip("the continuant path is covered on CPU")
+    on = device if impl in ("auto", "triton") else torch.device("cpu")
+    leaves = ladder_inputs(5, 9, 3, on, seed=0)
+    compiles_fullgraph(lambda x, w, b: univariate_ladder(x, w, b, impl=impl), leaves)

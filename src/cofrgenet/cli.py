@@ -1,13 +1,13 @@
 """The ``cofr`` command line: ``cofr <group> <command> [options]``.
 
-Commands live in a registry (:data:`COMMANDS`). Each names a module that defines
-``add_arguments(parser)`` and ``run(args) -> int``; the module is imported only when its
-command is on the command line, so ``cofr --help`` does not pay for importing torch.
-A command with its own parser (a jsonargparse/LightningCLI one, say) is registered with
-``passthrough=True``: its module's ``main(argv)`` gets every word after the command.
+Commands live in a registry (:data:`COMMANDS`). Every command has one shape: a target
+with ``add_arguments(parser)`` and ``run(args) -> int``, named ``"module"`` (the module
+is the target) or ``"module:Class"`` (several commands in one module); it is imported
+only when its command is on the command line, so ``cofr --help`` does not pay for
+importing torch. A command with its own parser (LightningCLI's) is registered with
+``passthrough=True``: its target's ``main(argv)`` gets every word after the command.
 Adding a command is one registry entry, e.g. ``Command(("models", "list"), "list the
-model presets", "cofrgenet.models.cli")`` or ``Command(("fit",), "train a model",
-"cofrgenet.training.cli", passthrough=True)``.
+model presets", "cofrgenet.models.cli")``.
 """
 
 from __future__ import annotations
@@ -22,28 +22,36 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from cofrgenet.errors import UserError
 
 
 @dataclass(frozen=True)
 class Command:
-    """A leaf command: its words after ``cofr``, a one-line help and its module.
+    """A leaf command: its words after ``cofr``, a one-line help and its target.
 
-    The module defines ``add_arguments(parser)`` and ``run(args) -> int``, or, with
-    ``passthrough``, ``main(argv) -> int | None`` and parses its own arguments.
+    target: ``"package.module"`` or ``"package.module:Class"``, an object with
+    ``add_arguments(parser)`` and ``run(args) -> int``, or, with ``passthrough``,
+    ``main(argv) -> int | None`` parsing its own arguments.
     """
 
     path: tuple[str, ...]
     help: str
-    module: str
+    target: str
     passthrough: bool = False
-    #: Names of the module's functions (defaults: ``add_arguments``, ``run``, ``main``).
-    add_arguments: str = "add_arguments"
-    run: str = "run"
-    main: str = "main"
     #: Pass the command's own words on too (LightningCLI wants its subcommand: fit, ...).
     keep_words: bool = False
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+    def load(self) -> Any:
+        """The target object (imports its module)."""
+        module, _, name = self.target.partition(":")
+        loaded = importlib.import_module(module)
+        return getattr(loaded, name) if name else loaded
 
 
 #: Help lines of command groups (the first word of multi-word commands).
@@ -105,15 +113,11 @@ COMMANDS: tuple[Command, ...] = (
         ("data", "prepare"),
         "tokenize a corpus into a streaming data folder",
         "cofrgenet.data.prepare",
-        add_arguments="add_prepare_arguments",
-        run="run_prepare",
     ),
     Command(
         ("generate",),
         "sample text from a checkpoint",
         "cofrgenet.training.generate",
-        add_arguments="add_generate_arguments",
-        run="run_generate",
     ),
     Command(("ui",), "open the MLflow UI on the project's run store", "cofrgenet.training.ui"),
     Command(
@@ -125,29 +129,22 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         ("sweep", "run"),
         "run a sweep worker: ask trials, train them, tell results",
-        "cofrgenet.sweeps.cli",
-        add_arguments="add_run_arguments",
+        "cofrgenet.sweeps.cli:RunCommand",
     ),
     Command(
         ("sweep", "status"),
         "the trials of a study as a table",
-        "cofrgenet.sweeps.cli",
-        add_arguments="add_study_arguments",
-        run="status",
+        "cofrgenet.sweeps.cli:StatusCommand",
     ),
     Command(
         ("sweep", "report"),
         "plots and a markdown summary of a study (also to MLflow)",
-        "cofrgenet.sweeps.cli",
-        add_arguments="add_report_arguments",
-        run="report",
+        "cofrgenet.sweeps.cli:ReportCommand",
     ),
     Command(
         ("sweep", "submit"),
         "render slurm/sweep.sbatch for a sweep and submit K workers",
-        "cofrgenet.sweeps.cli",
-        add_arguments="add_submit_arguments",
-        run="submit",
+        "cofrgenet.sweeps.cli:SubmitCommand",
     ),
     Command(
         ("bench", "ops"),
@@ -221,7 +218,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         )
         leaf.set_defaults(_command=command)
         if command is selected and not command.passthrough:
-            getattr(importlib.import_module(command.module), command.add_arguments)(leaf)
+            command.load().add_arguments(leaf)
     return parser
 
 
@@ -259,8 +256,7 @@ def _run(argv: list[str]) -> int:
         words = argv if selected.keep_words else argv[len(selected.path) :]
         if selected.module == _LIGHTNING:
             return _run_lightning(selected, words)
-        status = getattr(importlib.import_module(selected.module), selected.main)(words)
-        return int(status or 0)
+        return int(selected.load().main(words) or 0)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     command: Command | None = getattr(args, "_command", None)
@@ -268,7 +264,7 @@ def _run(argv: list[str]) -> int:
         parser.print_help()
         return 2
     args.command_line = shlex.join(["cofr", *argv])
-    return int(getattr(importlib.import_module(command.module), command.run)(args))
+    return int(command.load().run(args))
 
 
 def _run_lightning(command: Command, words: list[str]) -> int:
@@ -282,7 +278,7 @@ def _run_lightning(command: Command, words: list[str]) -> int:
             buffer = io.StringIO()
             try:
                 with contextlib.redirect_stdout(buffer):
-                    getattr(importlib.import_module(command.module), command.main)(words)
+                    command.load().main(words)
             except SystemExit as exit_:
                 if exit_.code not in (None, 0):
                     sys.stdout.write(buffer.getvalue())
@@ -292,8 +288,7 @@ def _run_lightning(command: Command, words: list[str]) -> int:
         sys.stdout.write(text)
         return 0
     cli_cache.check_keys(command.path[0], words[1:] if command.keep_words else words)
-    status = getattr(importlib.import_module(command.module), command.main)(words)
-    return int(status or 0)
+    return int(command.load().main(words) or 0)
 
 
 if __name__ == "__main__":

@@ -265,3 +265,34 @@ def submit(args: argparse.Namespace) -> int:
     print(f"submitted {path} as job {job} ({args.workers} workers)")
     print(f"follow with: cofr sweep status {args.sweep}")
     return 0
+
+
+# The commands, each in the one shape the dispatcher calls (cofrgenet/cli.py).
+
+
+class RunCommand:
+    """``cofr sweep run``."""
+
+    add_arguments = staticmethod(add_run_arguments)
+    run = staticmethod(run)
+
+
+class StatusCommand:
+    """``cofr sweep status``."""
+
+    add_arguments = staticmethod(add_study_arguments)
+    run = staticmethod(status)
+
+
+class ReportCommand:
+    """``cofr sweep report``."""
+
+    add_arguments = staticmethod(add_report_arguments)
+    run = staticmethod(report)
+
+
+class SubmitCommand:
+    """``cofr sweep submit``."""
+
+    add_arguments = staticmethod(add_submit_arguments)
+    run = staticmethod(submit)

@@ -38,7 +38,7 @@ def sample(
     return idx
 
 
-def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ckpt", required=True, help="a checkpoint, e.g. runs/demo/<run>/checkpoints/last.ckpt"
     )
@@ -56,7 +56,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from cofrgenet.data import load_tokenizer
     from cofrgenet.training import checkpoints
     from cofrgenet.training.module import LanguageModel

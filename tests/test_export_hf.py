@@ -393,7 +393,7 @@ def checkpoint(tmp_path_factory):
 
 def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_path, capsys):
     from cofrgenet.cli import main
-    from cofrgenet.eval.checkpoint import load_checkpoint
+    from cofrgenet.training.pretrained import load_checkpoint
 
     out = tmp_path / "hf"
     assert main(["export", "hf", str(checkpoint), str(out)]) == 0
@@ -434,7 +434,7 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
 def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
     checkpoint, tmp_path, monkeypatch
 ):
-    from cofrgenet.eval import checkpoint as checkpoint_module
+    from cofrgenet.training import pretrained as checkpoint_module
 
     real = checkpoint_module.load_checkpoint
 

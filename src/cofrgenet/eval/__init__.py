@@ -1,6 +1,5 @@
 """Evaluation of trained checkpoints, the way the paper reports them.
 
-* :mod:`cofrgenet.eval.checkpoint`: a checkpoint as (model, tokenizer, its MLflow run).
 * :mod:`cofrgenet.eval.perplexity`: sliding-window perplexity (token, word, bits per byte).
 * :mod:`cofrgenet.eval.detokenize`: the WikiText and PTB detokenisers.
 * :mod:`cofrgenet.eval.tasks`: WikiText-2/103, PTB and LAMBADA from local files or the hub.
@@ -10,5 +9,7 @@
 * :mod:`cofrgenet.eval.glue`: ``cofr finetune glue``.
 * :mod:`cofrgenet.eval.harness`: the lm-evaluation-harness model ``cofrgenet``.
 
-Nothing here is imported by the layers below (ops, nn, models, training).
+A checkpoint is loaded by :func:`cofrgenet.training.pretrained.load_checkpoint` (model,
+tokenizer, its MLflow run). Nothing here is imported by the layers below (ops, nn,
+models, training).
 """

@@ -82,7 +82,7 @@ def evaluate_tasks(
     device: str,
     limit: int | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{task: metrics} of a :class:`~cofrgenet.eval.checkpoint.LoadedCheckpoint`."""
+    """{task: metrics} of a :class:`~cofrgenet.training.pretrained.LoadedCheckpoint`."""
     from cofrgenet.eval.lambada import lambada
     from cofrgenet.eval.perplexity import text_perplexity
 
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     # Every set is found before the model is loaded: a missing file fails at once.
     texts = {name: read_rows(get_task(name), args.split, args.data_dir) for name in tasks}
 
-    from cofrgenet.eval.checkpoint import load_checkpoint
+    from cofrgenet.training.pretrained import load_checkpoint
 
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
     if args.stride is not None and args.stride > loaded.block_size:

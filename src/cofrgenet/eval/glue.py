@@ -540,8 +540,8 @@ def finetune(
     from lightning.pytorch.callbacks import RichProgressBar
     from torch.utils.data import DataLoader
 
-    from cofrgenet.eval.checkpoint import load_checkpoint
     from cofrgenet.training.console import quiet_known_noise
+    from cofrgenet.training.pretrained import load_checkpoint
     from cofrgenet.training.tracking import RunConfig, flatten
     from cofrgenet.training.tracking import tracking_uri as default_tracking_uri
 

@@ -198,7 +198,7 @@ class _CofrgenetLMImpl:
             log.warning("cofrgenet model: ignoring unknown model arguments %s", sorted(unused))
         if ckpt is None:
             raise HarnessError("the cofrgenet model needs a checkpoint: --model_args ckpt=PATH")
-        from cofrgenet.eval.checkpoint import load_checkpoint
+        from cofrgenet.training.pretrained import load_checkpoint
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         loaded = load_checkpoint(ckpt, device=device, tokenizer_dir=tokenizer_dir)

@@ -221,7 +221,7 @@ def export_hf_report(
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> ExportReport:
     """:func:`export_hf`, returning the full :class:`ExportReport`."""
-    from cofrgenet.eval.checkpoint import load_checkpoint
+    from cofrgenet.training.pretrained import load_checkpoint
 
     _require_transformers()
     ckpt = Path(ckpt_path)

@@ -78,7 +78,9 @@ def newest_intact(run_dir: Path) -> tuple[Path | None, list[Path]]:
 
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """A checkpoint's contents, checked first and unpickled with ``weights_only=True``
-    (tensors and plain containers only: nothing in the file can run code)."""
+    (tensors and plain containers only: nothing in the file can run code). Tensors are
+    memory-mapped, not read: callers that want the metadata (step, data folder) before
+    Lightning loads the weights do not read a large file twice."""
     path = check(path)
     if is_sharded(path):
         raise CheckpointError(
@@ -87,7 +89,7 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
             f"{path}.consolidated"
         )
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except Exception:
         raise damaged(path) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:

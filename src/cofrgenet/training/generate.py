@@ -57,31 +57,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cofrgenet.data import load_tokenizer
-    from cofrgenet.training import checkpoints
-    from cofrgenet.training.module import LanguageModel
+    from cofrgenet.training.pretrained import load_checkpoint
 
     ckpt = Path(args.ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(
             f"no checkpoint at {ckpt}; runs keep theirs in runs/<experiment>/<run>/checkpoints/"
         )
-    checkpoint = checkpoints.load(ckpt)
-    data_dir = args.data or checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
-    if data_dir is None:
-        raise ValueError(f"{ckpt} does not say which data it was trained on: pass --data DIR")
-    tokenizer = load_tokenizer(data_dir)
-    module = LanguageModel.load_from_checkpoint(ckpt, map_location=args.device, weights_only=True)
-    module.eval()
+    loaded = load_checkpoint(ckpt, args.device, tokenizer_dir=args.data, tokenizer_flag="--data")
+    tokenizer = loaded.tokenizer
     ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     top_k = args.top_k if args.top_k and args.top_k > 0 else None
     out = sample(
-        module.model,
+        loaded.model,
         idx,
         args.max_new_tokens,
-        module.model_config.block_size,
+        loaded.block_size,
         temperature=args.temperature,
         top_k=top_k,
         generator=generator,

@@ -1,9 +1,9 @@
-"""A trained checkpoint, ready to evaluate: its model, its tokenizer and its MLflow run.
+"""A trained checkpoint, ready to use: its model, its tokenizer and its MLflow run.
 
-Every evaluation tool (``cofr eval``, GLUE fine-tuning, the lm-eval adapter, the
-Hugging Face export) starts from :func:`load_checkpoint`, so they all load weights the
-same way as ``cofr generate``: checked first, unpickled with ``weights_only=True``,
-through :class:`~cofrgenet.training.module.LanguageModel` (old and compiled checkpoints
+``cofr generate`` and every evaluation tool (``cofr eval``, GLUE fine-tuning, the lm-eval
+adapter, the Hugging Face export) start from :func:`load_checkpoint`, so they all load
+weights one way: checked first, unpickled with ``weights_only=True``, through
+:class:`~cofrgenet.training.module.LanguageModel` (old and compiled checkpoints
 included).
 """
 
@@ -42,6 +42,8 @@ class LoadedCheckpoint:
     run_dir: Path | None
     mlflow_run_id: str | None
     tracking_uri: str | None
+    #: The option that names another tokenizer folder, for the messages.
+    tokenizer_flag: str = "--tokenizer"
     _tokenizer: Tokenizer | None = None
 
     @property
@@ -55,13 +57,13 @@ class LoadedCheckpoint:
             if self.data_dir is None:
                 raise TokenizerNotFound(
                     f"{self.path} does not say which data it was trained on: pass the "
-                    "prepared data folder whose tokenizer to use (--tokenizer DIR)"
+                    f"prepared data folder whose tokenizer to use ({self.tokenizer_flag} DIR)"
                 )
             if not Path(self.data_dir).is_dir():
                 raise TokenizerNotFound(
                     f"the tokenizer of {self.path} lives in its training data folder "
                     f"{self.data_dir}, which is not on this machine: copy that folder's "
-                    "meta.json and tokenizer/ here, or pass --tokenizer DIR"
+                    f"meta.json and tokenizer/ here, or pass {self.tokenizer_flag} DIR"
                 )
             self._tokenizer = load_tokenizer(self.data_dir)
         return self._tokenizer
@@ -93,12 +95,15 @@ def tracking_of(run_dir: Path | None) -> tuple[str | None, str | None]:
 
 
 def load_checkpoint(
-    path: str | Path, device: str = "cpu", tokenizer_dir: str | None = None
+    path: str | Path,
+    device: str = "cpu",
+    tokenizer_dir: str | None = None,
+    tokenizer_flag: str = "--tokenizer",
 ) -> LoadedCheckpoint:
-    """Load ``path`` (a ``cofr fit`` checkpoint) for evaluation on ``device``.
+    """Load ``path`` (a ``cofr fit`` checkpoint) for inference on ``device``.
 
     tokenizer_dir: a prepared data folder whose tokenizer to use instead of the one the
-    run trained on (same vocabulary).
+    run trained on (same vocabulary); tokenizer_flag: the command's option for it.
     """
     from cofrgenet.training import checkpoints
     from cofrgenet.training.module import LanguageModel
@@ -119,4 +124,5 @@ def load_checkpoint(
         run_dir=run_dir,
         mlflow_run_id=run_id,
         tracking_uri=uri,
+        tokenizer_flag=tokenizer_flag,
     )

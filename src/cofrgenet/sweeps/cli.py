@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from cofrgenet.sweeps.spec import (
@@ -267,32 +268,9 @@ def submit(args: argparse.Namespace) -> int:
     return 0
 
 
-# The commands, each in the one shape the dispatcher calls (cofrgenet/cli.py).
-
-
-class RunCommand:
-    """``cofr sweep run``."""
-
-    add_arguments = staticmethod(add_run_arguments)
-    run = staticmethod(run)
-
-
-class StatusCommand:
-    """``cofr sweep status``."""
-
-    add_arguments = staticmethod(add_study_arguments)
-    run = staticmethod(status)
-
-
-class ReportCommand:
-    """``cofr sweep report``."""
-
-    add_arguments = staticmethod(add_report_arguments)
-    run = staticmethod(report)
-
-
-class SubmitCommand:
-    """``cofr sweep submit``."""
-
-    add_arguments = staticmethod(add_submit_arguments)
-    run = staticmethod(submit)
+# The commands, in the one shape the dispatcher calls (cofrgenet/cli.py): an object with
+# add_arguments(parser) and run(args).
+RunCommand = SimpleNamespace(add_arguments=add_run_arguments, run=run)
+StatusCommand = SimpleNamespace(add_arguments=add_study_arguments, run=status)
+ReportCommand = SimpleNamespace(add_arguments=add_report_arguments, run=report)
+SubmitCommand = SimpleNamespace(add_arguments=add_submit_arguments, run=submit)

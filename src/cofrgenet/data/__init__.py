@@ -12,8 +12,9 @@ See docs/data.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cofrgenet.lazy import lazy_exports
 
 _EXPORTS = {
     "DataFolderError": "meta",
@@ -124,10 +125,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cofrgenet.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"cofrgenet.data.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -15,8 +15,9 @@ the others.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cofrgenet.lazy import lazy_exports
 
 _EXPORTS = {
     "ARCHITECTURES": "registry",
@@ -86,10 +87,4 @@ if TYPE_CHECKING:
     from cofrgenet.models.transformer import GPT, Block
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cofrgenet.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"cofrgenet.models.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -106,17 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_config_of(config: dict[str, Any]) -> Any:
     """The ModelConfig of a run's logged configuration (its ``model:`` section)."""
-    from cofrgenet.models import ModelConfig
+    from cofrgenet.models.config import resolve_model_config
 
     model = config.get("model") or {}
     # A dumped config lists every override field, unset ones as null.
     overrides = {k: v for k, v in (model.get("config") or {}).items() if v is not None}
-    preset = model.get("preset", "gpt2-mini")
-    return (
-        ModelConfig.from_dict(overrides)
-        if preset is None
-        else ModelConfig.from_preset(preset, **overrides)
-    )
+    return resolve_model_config(model.get("preset", "gpt2-mini"), overrides)
 
 
 def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:

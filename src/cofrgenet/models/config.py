@@ -271,6 +271,15 @@ class ModelConfig:
         return cls.from_dict({**preset_dict(name), **overrides})
 
 
+def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> ModelConfig:
+    """A preset with overrides, or a full config dict when ``preset`` is None (how a run's
+    ``model.preset`` and ``model.config`` become one ModelConfig)."""
+    overrides = dict(config or {})
+    if preset is None:
+        return ModelConfig.from_dict(overrides)
+    return ModelConfig.from_preset(preset, **overrides)
+
+
 def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
     if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS):
         raise ConfigError(

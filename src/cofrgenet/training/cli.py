@@ -249,7 +249,7 @@ class CofrCLI(LightningCLIAdapter):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("data") is None or config.data.get("block_size") is not None:
             return
-        from cofrgenet.training.module import resolve_model_config
+        from cofrgenet.models.config import resolve_model_config
 
         model = config.model
         given = model.get("config")

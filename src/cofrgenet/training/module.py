@@ -14,7 +14,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from cofrgenet.errors import ConfigError
-from cofrgenet.models import ModelConfig, build_model, estimate_flops_per_token
+from cofrgenet.models import build_model, estimate_flops_per_token
+from cofrgenet.models.config import resolve_model_config
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.model_options import ModelOverrides, overrides_dict
 from cofrgenet.training.optim import (
@@ -31,14 +32,6 @@ _COMPILED_PREFIX = "_orig_mod."
 #: previous SPIKE_WINDOW steps.
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 20
-
-
-def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> ModelConfig:
-    """A preset with overrides, or a full config dict when ``preset`` is None."""
-    overrides = dict(config or {})
-    if preset is None:
-        return ModelConfig.from_dict(overrides)
-    return ModelConfig.from_preset(preset, **overrides)
 
 
 class LanguageModel(L.LightningModule):

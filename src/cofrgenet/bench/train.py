@@ -33,7 +33,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,13 +110,6 @@ def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
     return config
 
 
-def _sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _autocast(cfg: TrainBenchConfig) -> Any:
     import torch
 
@@ -167,14 +159,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def timed_steps(self, count: int) -> list[float]:
-        times = []
-        for _ in range(count):
-            _sync(self.device)
-            start = time.perf_counter()
-            self.step()
-            _sync(self.device)
-            times.append((time.perf_counter() - start) * 1e3)
-        return times
+        """Milliseconds of each of ``count`` training steps."""
+        from cofrgenet.bench.timing import time_once
+
+        return [time_once(self.step, self.device) for _ in range(count)]
 
 
 # ------------------------------------------------------------------ measurements
@@ -189,14 +177,10 @@ def peak_matmul_flops(cfg: TrainBenchConfig) -> float:
     dtype = torch.float32 if cfg.dtype == "float32" else getattr(torch, cfg.dtype)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(6):
-        _sync(device)
-        start = time.perf_counter()
-        a @ b
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    from cofrgenet.bench.timing import time_once
+
+    best_ms = min(time_once(lambda: a @ b, device) for _ in range(6))
+    return 2 * n**3 / (best_ms / 1e3)
 
 
 def graph_breaks(trainer: Trainer) -> int:
@@ -280,13 +264,15 @@ def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
     import torch
 
     if cfg.device.startswith("cuda"):
+        from cofrgenet.bench.timing import synchronize
+
         trainer = Trainer(cfg, variant, "eager")
-        _sync(trainer.device)
+        synchronize(trainer.device)
         torch.cuda.reset_peak_memory_stats(trainer.device)
         base = torch.cuda.memory_allocated(trainer.device)
         for _ in range(3):
             trainer.step()
-        _sync(trainer.device)
+        synchronize(trainer.device)
         return torch.cuda.max_memory_allocated(trainer.device) - base
     # CPU: a fresh process, so the high-water mark of the RSS is this variant's alone.
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent
@@ -315,6 +301,7 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
     and the latency of one token at a full context both ways (ms)."""
     import torch
 
+    from cofrgenet.bench.timing import time_once
     from cofrgenet.nn.decoding import sample_next
 
     model, block, device = trainer.model.eval(), cfg.block_size, trainer.device
@@ -327,11 +314,7 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
         return idx
 
     def rate(fn: Callable[[], Any]) -> float:
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        return cfg.gen_tokens / (time.perf_counter() - start)
+        return cfg.gen_tokens / (time_once(fn, device) / 1e3)
 
     context = trainer.batch[:1, : block - 1]
     with torch.no_grad():
@@ -341,18 +324,18 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
         cached = rate(lambda: model.generate(prompt, cfg.gen_tokens, temperature=0.0))
         recomputed = rate(lambda: recompute(prompt, cfg.gen_tokens))
         # One token after block - 1 tokens: a forward of the whole context, or one step.
-        latency_recompute = min(_time_ms(lambda: model(context), device) for _ in range(3))
+        latency_recompute = min(time_once(lambda: model(context), device) for _ in range(3))
         if hasattr(model, "new_cache"):
             latencies = []
             for _ in range(3):
                 cache = model.new_cache()
                 model(context[:, :-1], cache)
-                latencies.append(_time_ms(lambda c=cache: model(context[:, -1:], c), device))
+                latencies.append(time_once(lambda c=cache: model(context[:, -1:], c), device))
             latency_cached = min(latencies)
         elif hasattr(model, "step"):  # recurrent: one step from the carried state
             _, state = model.step(context[:, :-1])
             latency_cached = min(
-                _time_ms(lambda: model.step(context[:, -1:], state), device) for _ in range(3)
+                time_once(lambda: model.step(context[:, -1:], state), device) for _ in range(3)
             )
         else:
             latency_cached = latency_recompute
@@ -363,14 +346,6 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
         "latency_cached_ms": latency_cached,
         "latency_recompute_ms": latency_recompute,
     }
-
-
-def _time_ms(fn: Callable[[], Any], device: Any) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return (time.perf_counter() - start) * 1e3
 
 
 # ------------------------------------------------------------------ the run

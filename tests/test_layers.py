@@ -100,6 +100,29 @@ def test_impls_agree_forward_and_backward(name, denominators):
             torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("denominators", ["positive", "paper"])
+@pytest.mark.parametrize("name", LAYERS)
+def test_backward_keeps_no_tensor_per_partial_denominator(name, denominators):
+    """Partial denominators (..., L, d) or (..., p, d), their linear parts and continuants
+    are recomputed in backward, never kept: nothing saved has a depth axis."""
+    layer = LAYERS[name](denominators=denominators)
+    x = torch.randn(2, 9, 16, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    saved: list[tuple[int, ...]] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in params:
+            saved.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = layer(x)
+    per_depth = [shape for shape in saved if shape and shape[-1] == layer.depth]
+    assert saved and not per_depth, per_depth
+    out.sum().backward()
+    assert x.grad is not None
+
+
 @pytest.mark.parametrize("name", LAYERS)
 def test_initialisation_keeps_ladders_off_poles_and_reports_health(name):
     torch.manual_seed(0)

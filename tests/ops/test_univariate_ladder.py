@@ -279,3 +279,18 @@ def test_compiles_fullgraph(impl, device):
     on = device if impl in ("auto", "triton") else torch.device("cpu")
     leaves = ladder_inputs(5, 9, 3, on, seed=0)
     compiles_fullgraph(lambda x, w, b: univariate_ladder(x, w, b, impl=impl), leaves)
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_keeps_x_and_one_value_per_output_for_backward(impl):
+    """Without overflow, backward needs x, the parameters and 1 / K_d: the rescale counts
+    (all zero) are not kept, nor any (..., n, d) tensor."""
+    x, w, b = require_grad(*signed_ladder_inputs((3, 7), 10, 4, "cpu"))
+    saved: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel()) or t, lambda t: t
+    ):
+        out = univariate_ladder(x, w, b, impl=impl, floor=0.5)
+    assert sorted(saved) == sorted([x.numel(), w.numel(), b.numel(), out.numel()])
+    out.sum().backward()
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=0.5)

@@ -21,12 +21,7 @@ from cofrgenet.nn.ladder import (
     fan_in_spread,
     resolve_ladder_bias,
 )
-from cofrgenet.ops import (
-    continued_fraction,
-    denominator_stats,
-    ladder_denominator_stats,
-    univariate_ladder,
-)
+from cofrgenet.ops import ladder_denominator_stats, univariate_ladder
 
 
 def _check_length(name: str, length: int, max_len: int) -> None:
@@ -263,10 +258,7 @@ class CAttnM(LadderLayer):
     def attention_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Queries Y (B, T, L) and keys F^T (T, L) whose product gives the logits."""
         length = x.shape[1]
-        a = self.link(self.denominators.pvariate_denominators(x))  # (B, T, L, d)
-        if self.track_health:
-            self._record_health(denominator_stats(a, self.eps, self.health_near))
-        y = self.clip(continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl))
+        y = self.clip(self.pvariate_ladders(x, self.denominators))  # (B, T, L)
         return y, self.position_map[:, :length].t()
 
     def forward(self, x: Tensor) -> Tensor:

@@ -16,8 +16,6 @@ from cofrgenet.nn.ladder import (
     resolve_ladder_bias,
 )
 from cofrgenet.ops import (
-    continued_fraction,
-    denominator_stats,
     ladder_denominator_stats,
     ladder_ensemble,
     resolve_impl,
@@ -126,17 +124,11 @@ class Cffn(LadderLayer):
     def forward(self, x: Tensor) -> Tensor:
         gated = torch.sigmoid(self.gate(x)) * x  # x^, (..., p)
         if self.ladder == "scalar":
-            z = self.clip(self._scalar_ladders(gated))  # (..., L)
+            z = self.clip(self.pvariate_ladders(gated, self.denominators))  # (..., L)
             mixed = z @ self.mix.t()
         else:
             mixed = self._elementwise_ladders(gated)  # (..., p)
         return self.linear(gated) + mixed
-
-    def _scalar_ladders(self, gated: Tensor) -> Tensor:
-        a = self.link(self.denominators.pvariate_denominators(gated))  # (..., L, d)
-        if self.track_health:
-            self._record_health(denominator_stats(a, self.eps, self.health_near))
-        return continued_fraction(a, eps=self.eps, grad=self.grad, impl=self.impl)
 
     def _elementwise_ladders(self, gated: Tensor) -> Tensor:
         """sum_j V[:, j] * z_j, (..., p): one fused kernel with impl="triton" (CUDA).

@@ -29,7 +29,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from cofrgenet.ops import NEAR_POLE, LadderStats, positive_denominators
+from cofrgenet.ops import (
+    NEAR_POLE,
+    LadderStats,
+    denominator_stats,
+    positive_denominators,
+    pvariate_ladder,
+)
+from cofrgenet.ops.continuant import pvariate_preactivation
 
 #: Partial-denominator parametrisations (see the module docstring).
 DENOMINATORS = ("positive", "paper")
@@ -114,22 +121,13 @@ class LadderWeights(nn.Module):
         return torch.stack(tuple(self.bias.parameters(recurse=False)), dim=dim)
 
     def pvariate_denominators(self, x: Tensor) -> Tensor:
-        """Partial denominators of p-variate ladders: a[..., j, k] = W_k[j] . x (+ b_k[j]).
+        """Linear parts of p-variate ladders: u[..., j, k] = W_k[j] . x (+ b_k[j]).
 
-        x: (..., p) with weights of shape (L, p) and biases (L,) per depth -> (..., L, d).
-        The result is depth-major in memory (d outermost, tokens innermost), the layout
-        in which the continuant kernels read and write fastest.
+        x: (..., p) with weights of shape (L, p) and biases (L,) per depth -> (..., L, d),
+        depth-major in memory. (The layers' forward passes run
+        :func:`~cofrgenet.ops.pvariate_ladder` instead, which never keeps this tensor.)
         """
-        depth, ladders, dim = self.depth, *self.weight[0].shape
-        rows = x.reshape(-1, dim)  # (M, p)
-        weight = self.stacked_weight().reshape(depth * ladders, dim)  # (d L, p)
-        bias = self.stacked_bias()
-        if bias is None:
-            a_t = weight @ rows.t()
-        else:
-            a_t = torch.addmm(bias.reshape(depth * ladders, 1), weight, rows.t())
-        a = a_t.view(depth, ladders, rows.shape[0]).permute(2, 1, 0)  # (M, L, d) view
-        return a.view(*x.shape[:-1], ladders, depth)
+        return pvariate_preactivation(x, self.stacked_weight(), self.stacked_bias())
 
     def parameters_by_depth(self) -> dict[int, list[nn.Parameter]]:
         """{k: [weight_k, bias_k]} for k = 1..d."""
@@ -203,6 +201,9 @@ class LadderLayer(nn.Module):
     """
 
     track_health: bool
+    eps: float  # the clamp on |K_d|, grad mode and implementation of the layer's ladders
+    grad: str
+    impl: str
 
     def __init__(self, denominators: str, floor: float) -> None:
         super().__init__()
@@ -230,6 +231,20 @@ class LadderLayer(nn.Module):
         if self.denominator_kind == "positive":
             return positive_denominators(u, self.floor)
         return u
+
+    def pvariate_ladders(self, x: Tensor, weights: LadderWeights) -> Tensor:
+        """f~ of p-variate ladders on x (..., p) -> (..., L), recording health if asked.
+
+        The partial denominators are recomputed in backward, not kept (pvariate_ladder).
+        """
+        if self.track_health:
+            with torch.no_grad():
+                a = self.link(weights.pvariate_denominators(x))  # (..., L, d)
+            self._record_health(denominator_stats(a, self.eps, self.health_near))
+        weight, bias = weights.stacked_weight(), weights.stacked_bias()  # (d, L, p), (d, L)
+        return pvariate_ladder(
+            x, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl, floor=self.link_floor
+        )
 
     def clip(self, z: Tensor, length: int | slice | None = None) -> Tensor:
         """Ladder outputs z through the layer's OutputRange (when ``clip_outputs``)."""

@@ -1,8 +1,9 @@
 """Continued-fraction math: plain functions, no nn.Module.
 
-``continued_fraction``, ``univariate_ladder`` and ``ladder_ensemble`` are the public ops;
-``reference`` holds float64 references the fast paths are tested against, ``triton`` the
-fused GPU kernels and ``custom_ops`` their ``torch.library`` registration. See docs/ops.md.
+``continued_fraction``, ``univariate_ladder``, ``pvariate_ladder`` and ``ladder_ensemble``
+are the public ops; ``reference`` holds float64 references the fast paths are tested
+against, ``triton`` the fused GPU kernels and ``custom_ops`` their ``torch.library``
+registration. See docs/ops.md.
 """
 
 from cofrgenet.ops.api import (
@@ -16,6 +17,7 @@ from cofrgenet.ops.api import (
     ladder_denominator_stats,
     ladder_ensemble,
     positive_denominators,
+    pvariate_ladder,
     resolve_impl,
     triton_available,
     univariate_ladder,
@@ -32,6 +34,7 @@ __all__ = [
     "ladder_denominator_stats",
     "ladder_ensemble",
     "positive_denominators",
+    "pvariate_ladder",
     "resolve_impl",
     "triton_available",
     "univariate_ladder",

@@ -231,6 +231,73 @@ def univariate_ladder(
     )
 
 
+def _check_pvariate(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    _check_floating("x", x)
+    _check_floating("weight", weight)
+    if weight.dim() != 3 or 0 in weight.shape[:2]:
+        raise ValueError(
+            f"weight must have shape (d, L, p) with depth d >= 1 and L >= 1 ladders, got "
+            f"{tuple(weight.shape)}"
+        )
+    depth, ladders, dim = weight.shape
+    if x.dim() == 0 or x.shape[-1] != dim:
+        raise ValueError(
+            f"x's last dimension must equal weight.shape[2] = {dim} (the ladders' inputs), "
+            f"got x of shape {tuple(x.shape)}"
+        )
+    if bias is not None:
+        _check_floating("bias", bias)
+        if bias.shape != (depth, ladders):
+            raise ValueError(
+                f"bias must have shape (d, L) = {(depth, ladders)}, got {tuple(bias.shape)}"
+            )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def pvariate_ladder(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    grad: str = "paper",
+    impl: str = "auto",
+    floor: float | None = None,
+) -> Tensor:
+    """L p-variate ladders per row: z[..., j] = f~(a_1, ..., a_d), a_k = W_k[j] . x + b_k[j].
+
+    The ladders of Cffn (scalar) and CAttnM: one dot product with x per partial
+    denominator, then the continued fraction.
+
+    Args:
+        x: (..., p) inputs.
+        weight: (d, L, p); weight[k - 1, j] gives ladder j's k-th partial denominator.
+        bias: (d, L) or None.
+        eps, grad, impl: as in :func:`continued_fraction`.
+        floor: as in :func:`univariate_ladder` (a_k = floor + softplus(W_k x + b_k)).
+
+    Returns:
+        (..., L) in x's dtype. Saves only x and the parameters for backward, which
+        recomputes the (..., L, d) partial denominators (one small matmul) instead of
+        keeping them; the denominators are computed in x's dtype, outside autocast.
+    """
+    _check_pvariate(x, weight, bias)
+    _check_common(eps, grad, impl)
+    link = _check_floor(floor)
+    units = x.numel() // x.shape[-1] * weight.shape[1]
+    chosen = resolve_impl(impl, units, x.device)
+    if chosen == "literal":
+        b = None if bias is None else bias.to(x.dtype)
+        u = continuant.pvariate_preactivation(x, weight.to(x.dtype), b)
+        a = u if link == 0 else continuant.positive_link(u, link)
+        return literal_continued_fraction(a, eps)
+    if chosen == "triton":
+        _check_triton(x)
+    backend = "triton" if chosen == "triton" else _graph_backend(chosen)
+    return custom_ops.pvariate_ladder(x, weight, bias, float(eps), grad == "exact", link, backend)
+
+
 def _check_ensemble(x: Tensor, weight: Tensor, bias: Tensor | None, mix: Tensor) -> None:
     for name, t in (("x", x), ("weight", weight), ("mix", mix)):
         _check_floating(name, t)

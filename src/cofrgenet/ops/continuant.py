@@ -215,6 +215,43 @@ def positive_link(u: Tensor, floor: float) -> Tensor:
     return torch.nn.functional.softplus(u) + floor
 
 
+def pvariate_preactivation(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """u[..., j, k] = weight[k, j] . x (+ bias[k, j]), the linear parts of p-variate ladders.
+
+    x: (..., p), weight: (d, L, p), bias: (d, L) or None -> (..., L, d), depth-major in
+    memory (d outermost, rows innermost: the layout the continuant kernels read fastest).
+    One (d L, p) x (p, M) matmul.
+    """
+    depth, ladders, dim = weight.shape
+    rows = x.reshape(-1, dim)  # (M, p)
+    flat = weight.reshape(depth * ladders, dim)
+    if bias is None:
+        u_t = flat @ rows.t()
+    else:
+        u_t = torch.addmm(bias.reshape(depth * ladders, 1), flat, rows.t())
+    u = u_t.view(depth, ladders, rows.shape[0]).permute(2, 1, 0)  # (M, L, d) view
+    return u.view(*x.shape[:-1], ladders, depth)
+
+
+def pvariate_chain(
+    x: Tensor, weight: Tensor, bias: Tensor | None, grad_u: Tensor, need_x: bool, need_params: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_x, grad_weight, grad_bias) of :func:`pvariate_preactivation` from d loss / d u.
+
+    grad_u: (..., L, d), depth-major like u (any layout works, that one without a copy).
+    """
+    depth, ladders, dim = weight.shape
+    g_t = grad_u.reshape(-1, ladders, depth).permute(2, 1, 0).reshape(depth * ladders, -1)
+    grad_x = None
+    if need_x:
+        grad_x = (g_t.t() @ weight.reshape(depth * ladders, dim)).view(x.shape)
+    if not need_params:
+        return grad_x, None, None
+    grad_w = (g_t @ x.reshape(-1, dim)).view(weight.shape)
+    grad_b = None if bias is None else g_t.sum(1).view(bias.shape)
+    return grad_x, grad_w, grad_b
+
+
 def ladder_preactivation(x: Tensor, weight: Tensor, bias: Tensor | None) -> Coefficient:
     """k -> u_k = x * weight[k] (+ bias[k]), the linear part of a univariate ladder."""
     if bias is None:
@@ -467,11 +504,23 @@ def univariate_ladder_grads(
     )  # fmt: skip
 
 
+def _scale_to_keep(scale: Tensor, rescaled: bool) -> Tensor | None:
+    """The rescale counts backward needs: none unless something overflowed (they are all
+    zero then, and the unscaled backward never reads them), which saves a tensor the size
+    of the output for backward in the common case."""
+    return scale if rescaled else None
+
+
+def _kept_scale(scale: Tensor | None, r: Tensor) -> Tensor:
+    return torch.zeros_like(r) if scale is None else scale
+
+
 class ContinuedFraction(torch.autograd.Function):
     """f~(a) for a: (..., d) -> (...), with the closed-form backward.
 
-    Saves a, r and scale (and the clamp mask in exact mode); the recurrence is rerun in
-    backward. a is read in its own layout and its gradient written in that layout.
+    Saves a and r (the rescale counts only if K_d overflowed, the clamp mask only in exact
+    mode); the recurrence is rerun in backward. a is read in its own layout and its
+    gradient written in that layout.
     """
 
     @staticmethod
@@ -480,7 +529,7 @@ class ContinuedFraction(torch.autograd.Function):
         value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
             _cf_forward, compiled, work, eps, exact
         )
-        ctx.save_for_backward(a, r, scale, clamped)
+        ctx.save_for_backward(a, r, _scale_to_keep(scale, rescaled), clamped)
         ctx.exact, ctx.compiled, ctx.rescaled = exact, compiled, rescaled
         return value.to(a.dtype)
 
@@ -488,6 +537,7 @@ class ContinuedFraction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         a, r, scale, clamped = ctx.saved_tensors
+        scale = _kept_scale(scale, r)
         work = a.to(r.dtype)
         grad = _cf_gradient(
             a, work, r, scale, clamped, grad_out, ctx.exact, ctx.rescaled, ctx.compiled
@@ -498,9 +548,10 @@ class ContinuedFraction(torch.autograd.Function):
 class UnivariateLadder(torch.autograd.Function):
     """Elementwise ladders: x (..., n), weight (d, n), bias (d, n) | None -> (..., n).
 
-    Saves only x, the parameters and three (..., n) tensors (r, scale, clamped); the
-    (..., n, d) partial denominators are recomputed in backward. ``floor`` > 0 makes them
-    positive: a_k = floor + softplus(x weight[k] + bias[k]).
+    Saves only x, the parameters and r (..., n) (plus the rescale counts if K_d overflowed
+    and the clamp mask in exact mode); the (..., n, d) partial denominators are
+    recomputed in backward. ``floor`` > 0 makes them positive:
+    a_k = floor + softplus(x weight[k] + bias[k]).
     """
 
     @staticmethod
@@ -511,7 +562,7 @@ class UnivariateLadder(torch.autograd.Function):
         value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
             _ladder_forward, compiled, x2, w, b, eps, exact, floor
         )
-        ctx.save_for_backward(x, weight, bias, r, scale, clamped)
+        ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
         ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
         return value.reshape(x.shape).to(x.dtype)
 
@@ -519,6 +570,7 @@ class UnivariateLadder(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
+        scale = _kept_scale(scale, r)
         needs = ctx.needs_input_grad
         grad_x, grad_w, grad_b = _ladder_gradients(
             x, weight, bias, _ladder_work(x, weight, bias), r, scale, clamped, grad_out,

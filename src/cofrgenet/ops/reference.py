@@ -112,3 +112,23 @@ def reference_univariate_ladder(
     if floor is not None:
         a = reference_positive_denominators(a, floor)
     return reference_continued_fraction(a, eps)
+
+
+def reference_pvariate_ladder(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    floor: float | None = None,
+) -> Tensor:
+    """p-variate ladders in float64 with plain autograd: a[..., j, k] = W[k, j] . x + b[k, j].
+
+    x: (..., p), weight: (d, L, p), bias: (d, L) or None -> (..., L). With ``floor``, the
+    partial denominators are floor + softplus of that.
+    """
+    a = torch.einsum("...p,klp->...lk", x.double(), weight.double())
+    if bias is not None:
+        a = a + bias.double().t()
+    if floor is not None:
+        a = reference_positive_denominators(a, floor)
+    return reference_continued_fraction(a, eps)

@@ -1,0 +1,209 @@
+"""pvariate_ladder: every implementation against the float64 reference.
+
+literal, continuant, compiled and triton run on the same inputs (see op_cases.py), with
+the paper's linear denominators a_k = W_k x + b_k and with positive ones (``floor``).
+The op keeps no (..., L, d) tensor for backward: that is tested here too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cofrgenet.ops import custom_ops as ops
+from cofrgenet.ops import pvariate_ladder
+from cofrgenet.ops.reference import reference_pvariate_ladder
+from op_cases import (
+    BACKEND,
+    CLAMPING,
+    HALF,
+    HALF_IDS,
+    IMPLS,
+    compiles_fullgraph,
+    float64_leaves,
+    half_tol,
+    impl_param,
+    impls,
+    rel_err,
+    require_grad,
+    upstream_like,
+)
+
+IMPL_GRADS = [
+    impl_param(impl, grad, id=f"{impl}-{grad}")
+    for impl in IMPLS
+    for grad in ("paper", "exact")
+    if not (impl == "literal" and grad == "exact")
+]
+
+
+def pvariate_inputs(lead, p, n_l, d, device, bias=True, signed=False, seed=0, dtype=None):
+    """x (*lead, p), weight (d, L, p), bias (d, L). Unsigned: x in [0.5, 1.5) and positive
+    weights and biases, so every a_k > 0 (no pole of any level, the paper's denominators
+    are safe); signed: Gaussian, for positive denominators (``floor``)."""
+    g = torch.Generator().manual_seed(seed)
+    if signed:
+        x = torch.randn(*lead, p, generator=g)
+        w = torch.randn(d, n_l, p, generator=g) / p**0.5
+        b = torch.randn(d, n_l, generator=g)
+    else:
+        x = torch.rand(*lead, p, generator=g) + 0.5
+        w = (torch.rand(d, n_l, p, generator=g) + 0.5) / p
+        b = torch.rand(d, n_l, generator=g) + 0.5
+    tensors = (x, w, b if bias else None)
+    return [
+        None if t is None else t.to(device=device, dtype=dtype or torch.float32) for t in tensors
+    ]
+
+
+def check_against_reference(out, leaves, upstream, tol, floor=None):
+    """out and the gradients of (out * upstream).sum() w.r.t. (x, weight, bias) within
+    ``tol`` (gradients 2 tol below float32) of the float64 reference."""
+    ref_leaves = float64_leaves(*leaves)
+    ref = reference_pvariate_ladder(*ref_leaves, floor=floor)
+    (ref * upstream.cpu().double()).sum().backward()
+    assert out.shape == ref.shape
+    assert rel_err(out, ref) < tol
+    grad_tol = tol if tol <= 1e-5 else 2 * tol
+    for name, got, want in zip(("x", "weight", "bias"), leaves, ref_leaves, strict=True):
+        if got is not None:
+            assert rel_err(got.grad, want.grad) < grad_tol, name
+
+
+# ------------------------------------------------------------------- forward and backward
+
+
+@pytest.mark.parametrize("impl,grad", IMPL_GRADS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("d", [1, 2, 5, 8])
+def test_matches_reference(impl, grad, on, d, bias):
+    x, w, b = require_grad(*pvariate_inputs((2, 35), 19, 3, d, on, bias=bias, seed=d))
+    out = pvariate_ladder(x, w, b, grad=grad, impl=impl)
+    upstream = upstream_like(out.shape, on, seed=2)
+    (out * upstream).sum().backward()
+    assert out.shape == (2, 35, 3) and out.dtype == torch.float32
+    check_against_reference(out, (x, w, b), upstream, 1e-5)
+
+
+@pytest.mark.parametrize("impl", impls())
+@pytest.mark.parametrize("d", [1, 3, 5])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_positive_matches_reference(impl, on, d, bias):
+    """floor > 0: a_k = floor + softplus(W_k x + b_k) on signed inputs (no poles anywhere)."""
+    x, w, b = require_grad(*pvariate_inputs((37,), 24, 5, d, on, bias, signed=True, seed=d))
+    out = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
+    upstream = upstream_like(out.shape, on, seed=3)
+    (out * upstream).sum().backward()
+    check_against_reference(out, (x, w, b), upstream, 1e-5, floor=0.5)
+
+
+@pytest.mark.parametrize("which", ["x", "params"])
+@pytest.mark.parametrize("impl", impls())
+def test_gradients_asked_for(impl, on, which):
+    x, w, b = pvariate_inputs((9,), 11, 2, 4, on, seed=5)
+    if which == "x":
+        x.requires_grad_()
+    else:
+        require_grad(w, b)
+    pvariate_ladder(x, w, b, impl=impl, floor=0.5).sum().backward()
+    xr, wr, br = float64_leaves(x, w, b)
+    reference_pvariate_ladder(xr, wr, br, floor=0.5).sum().backward()
+    if which == "x":
+        assert w.grad is None and rel_err(x.grad, xr.grad) < 1e-5
+    else:
+        assert x.grad is None and rel_err(w.grad, wr.grad) < 1e-5
+        assert rel_err(b.grad, br.grad) < 1e-5
+
+
+@pytest.mark.parametrize("grad", ["paper", "exact"])
+@pytest.mark.parametrize("impl", impls())
+def test_gradcheck_float64(impl, on, grad):
+    x, w, b = (t.double().requires_grad_() for t in pvariate_inputs((3,), 5, 2, 3, on, seed=6))
+    assert torch.autograd.gradcheck(
+        lambda *t: pvariate_ladder(*t, grad=grad, impl=impl, floor=0.5), (x, w, b)
+    )
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_empty_inputs(impl, on):
+    x, w, b = require_grad(*pvariate_inputs((0,), 4, 2, 3, on))
+    out = pvariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    assert out.shape == (0, 2) and x.grad.shape == (0, 4)
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("impl", impls())
+def test_half_precision(impl, on, dtype):
+    x, w, b = require_grad(*pvariate_inputs((33,), 24, 3, 5, on, seed=6, dtype=dtype))
+    out = pvariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    assert out.dtype == x.grad.dtype == w.grad.dtype == b.grad.dtype == dtype
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), half_tol(dtype))
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_autocast_denominators_are_not_rounded(impl):
+    """Under bf16 autocast the denominators are still computed in x's dtype (float32),
+    in forward and in backward's recomputation: float32 accuracy, float32 gradients."""
+    x, w, b = require_grad(*pvariate_inputs((40,), 24, 3, 5, "cpu", signed=True, seed=8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
+    out.sum().backward()
+    assert out.dtype == x.grad.dtype == torch.float32
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=0.5)
+
+
+# ---------------------------------------------------------------- what backward keeps
+
+
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_keeps_only_its_inputs_for_backward(impl, on):
+    """No (..., L, d) tensor (denominators, their linear parts, continuants) is saved:
+    only x and the parameters; backward recomputes the rest."""
+    x, w, b = require_grad(*pvariate_inputs((6, 7), 16, 3, 5, on, signed=True))
+    saved: list[torch.Size] = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
+        out = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
+    assert sorted(saved) == sorted([x.shape, w.shape, b.shape])
+    out.sum().backward()
+    assert x.grad is not None and w.grad is not None and b.grad is not None
+
+
+# ------------------------------------------------------------ the custom op, compiled
+
+
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_custom_op(impl, on):
+    """The torch.library op of each backend (opcheck), with and without bias and floor."""
+    backend = BACKEND[impl]
+    x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on, signed=True))
+    torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, False, 0.5, backend))
+    torch.library.opcheck(ops.pvariate_ladder_op, (x, w, None, 0.01, True, 0.5, backend))
+    x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on))
+    torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, True, 0.0, backend))
+
+
+@pytest.mark.parametrize("impl", impls("auto", "continuant", "triton"))
+def test_compiles_fullgraph(impl, device):
+    """No graph break (fullgraph=True), forward and backward, equal to eager."""
+    if impl == "continuant" and device.type == "cuda":
+        pytest.skip("the continuant path is covered on CPU")
+    on = device if impl in ("auto", "triton") else torch.device("cpu")
+    leaves = pvariate_inputs((2, 5), 12, 3, 4, on, signed=True)
+    compiles_fullgraph(lambda *t: pvariate_ladder(*t, impl=impl, floor=0.5), leaves)
+
+
+def test_errors_name_the_problem():
+    x, w, b = pvariate_inputs((4,), 6, 2, 3, "cpu")
+    with pytest.raises(ValueError, match=r"weight must have shape \(d, L, p\)"):
+        pvariate_ladder(x, w[0], b)
+    with pytest.raises(ValueError, match=r"x's last dimension must equal weight\.shape"):
+        pvariate_ladder(x[:, :5], w, b)
+    with pytest.raises(ValueError, match=r"bias must have shape \(d, L\)"):
+        pvariate_ladder(x, w, b.t())
+    with pytest.raises(ValueError, match="floor must be None"):
+        pvariate_ladder(x, w, b, floor=-1.0)

@@ -26,7 +26,7 @@ from cofrgenet.models import (
 )
 from cofrgenet.models.combinations import Combination, unsupported_combinations
 from cofrgenet.nn.attention import CausalSelfAttention
-from cofrgenet.nn.mlp import SwiGLU, swiglu_hidden
+from cofrgenet.nn.mlp import SwiGLU, gelu_tanh, swiglu_hidden
 from cofrgenet.nn.positional import (
     RotaryEmbedding,
     alibi_bias,
@@ -697,3 +697,25 @@ def test_documented_model_sections_build():
         config = resolve_model_config(section["preset"], section.get("config"))
         with torch.device("meta"):
             build_model(config)
+
+
+def test_gelu_tanh_compiled_form_is_the_same_function():
+    """Inside torch.compile on CPU, GELU-tanh is written x * sigmoid(2 z) (faster C++
+    kernels); forward and backward equal ATen's GELU to float64 rounding."""
+    graphs: list[str] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm
+
+    x = torch.linspace(-8, 8, 1001, dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    out = torch.compile(gelu_tanh, backend=record, fullgraph=True)(x)
+    want = torch.nn.functional.gelu(x_ref, approximate="tanh")
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (grad_ref,) = torch.autograd.grad(want.sum(), x_ref)
+    assert graphs and "sigmoid" in graphs[0] and "gelu" not in graphs[0]
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-14)
+    torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-13)
+    assert torch.equal(gelu_tanh(x_ref), want)  # eagerly: ATen's op itself

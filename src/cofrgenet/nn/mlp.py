@@ -2,8 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+#: 2 sqrt(2 / pi): GELU-tanh's 0.5 (1 + tanh(z)) is sigmoid(2 z).
+_GELU_SIGMOID_SCALE = 2.0 * math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU with the tanh approximation, ``F.gelu(x, approximate="tanh")``.
+
+    Inside ``torch.compile`` on CPU it is written as x * sigmoid(2 z), the same function
+    (0.5 (1 + tanh z) = sigmoid(2 z)): inductor's C++ kernels evaluate tanh with Sleef's
+    1-ulp tanh, which makes GELU's forward and backward compute-bound and no faster than
+    ATen's kernels, while its exp-based sigmoid is about twice as fast (the whole GPT-2
+    training step: compiled 0.98x eager -> 1.04x on a 2-core CPU). Eagerly, and on other
+    devices, it is the ATen op.
+    """
+    if torch.compiler.is_compiling() and x.device.type == "cpu":
+        return x * torch.sigmoid(_GELU_SIGMOID_SCALE * (x + 0.044715 * x * x * x))
+    return F.gelu(x, approximate="tanh")
 
 
 class MLP(nn.Module):
@@ -25,13 +46,12 @@ class MLP(nn.Module):
         super().__init__()
         hidden = 4 * dim if hidden is None else hidden
         self.c_fc = nn.Linear(dim, hidden, bias=bias)
-        self.gelu = nn.GELU(approximate="tanh")
         self.c_proj = nn.Linear(hidden, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., C) -> (..., C)."""
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(gelu_tanh(self.c_fc(x))))
 
 
 def swiglu_hidden(dim: int, multiple_of: int = 256) -> int:

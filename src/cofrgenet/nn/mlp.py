@@ -51,7 +51,8 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., C) -> (..., C)."""
-        return self.dropout(self.c_proj(gelu_tanh(self.c_fc(x))))
+        out = self.c_proj(gelu_tanh(self.c_fc(x)))
+        return self.dropout(out) if self.training else out
 
 
 def swiglu_hidden(dim: int, multiple_of: int = 256) -> int:
@@ -87,4 +88,5 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., C) -> (..., C)."""
-        return self.dropout(self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x)))
+        out = self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
+        return self.dropout(out) if self.training else out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,19 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
     assert results["cofrgenet-f"]["flops_per_token"] < results["gpt2"]["flops_per_token"]
     text = to_markdown(report)
     assert "| cofrgenet-f | eager |" in text and "training peak <= gpt2's" in text
+    assert re.search(r"FLOPs ratio: .* \(per round \d+\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]\)", text)
+
+
+def test_round_ratio_is_the_median_of_per_round_ratios():
+    from cofrgenet.bench.train import round_ratio
+
+    report = {"config": {"steps": 2}}
+    slow = {"step_ms": [10.0, 10.0, 10.0, 30.0, 10.0, 10.0]}  # round medians 10, 20, 10
+    fast = {"step_ms": [5.0, 5.0, 10.0, 10.0, 4.0, 6.0]}  # round medians 5, 10, 5
+    assert round_ratio(report, fast, slow) == "2.00x [2.00-2.00]"
+    assert round_ratio(report, slow, fast) == "0.50x [0.50-0.50]"
+    uneven = {"step_ms": [5.0, 5.0, 20.0, 20.0, 2.5, 2.5]}  # 5, 20, 2.5
+    assert round_ratio(report, uneven, slow) == "2.00x [1.00-4.00]"
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "lstm"])

@@ -297,9 +297,30 @@ def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+def _one_token_steps(model: Any, prefix: Any) -> Callable[[Any], Any]:
+    """After reading ``prefix`` (B, T), a function taking the next tokens (B, 1) to their
+    logits, carrying the model's cache (transformers) or state (recurrent models)."""
+    if hasattr(model, "new_cache"):
+        cache = model.new_cache()
+        model(prefix, cache)
+        return lambda tokens: model(tokens, cache)
+    _, state = model.step(prefix)
+    held = [state]
+
+    def step(tokens: Any) -> Any:
+        logits, held[0] = model.step(tokens, held[0])
+        return logits
+
+    return step
+
+
+#: Timed forwards per latency figure (one-token steps, and whole-context forwards).
+LATENCY_STEPS = 16
+
+
 def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float]:
     """Tokens/s generating ``gen_tokens`` after an 8-token prompt, cached and recomputed,
-    and the latency of one token at a full context both ways (ms)."""
+    and the latency of one token near a full context both ways (ms, medians)."""
     import torch
 
     from cofrgenet.bench.timing import time_once
@@ -325,22 +346,20 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
         recompute(prompt, 4)
         cached = rate(lambda: model.generate(prompt, cfg.gen_tokens, temperature=0.0))
         recomputed = rate(lambda: recompute(prompt, cfg.gen_tokens))
-        # One token after block - 1 tokens: a forward of the whole context, or one step.
-        latency_recompute = min(time_once(lambda: model(context), device) for _ in range(3))
-        if hasattr(model, "new_cache"):
-            latencies = []
-            for _ in range(3):
-                cache = model.new_cache()
-                model(context[:, :-1], cache)
-                latencies.append(time_once(lambda c=cache: model(context[:, -1:], c), device))
-            latency_cached = min(latencies)
-        elif hasattr(model, "step"):  # recurrent: one step from the carried state
-            _, state = model.step(context[:, :-1])
-            latency_cached = min(
-                time_once(lambda: model.step(context[:, -1:], state), device) for _ in range(3)
-            )
-        else:
-            latency_cached = latency_recompute
+        # Latency of one token near a full context: the median of LATENCY_STEPS forwards
+        # of the whole context, against LATENCY_STEPS consecutive one-token steps at
+        # positions block - LATENCY_STEPS - 1 .. block - 2 after a prefill (twice).
+        latency_recompute = statistics.median(
+            time_once(lambda: model(context), device) for _ in range(LATENCY_STEPS)
+        )
+        prefill = max(1, block - 1 - LATENCY_STEPS)
+        latencies: list[float] = []
+        for _ in range(2 if hasattr(model, "new_cache") or hasattr(model, "step") else 0):
+            step = _one_token_steps(model, context[:, :prefill])
+            for i in range(prefill, block - 1):
+                tokens = context[:, i : i + 1]
+                latencies.append(time_once(lambda s=step, t=tokens: s(t), device))
+        latency_cached = statistics.median(latencies) if latencies else latency_recompute
     model.train()
     return {
         "gen_cached_tokens_per_s": cached,

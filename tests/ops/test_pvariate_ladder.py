@@ -12,7 +12,7 @@ import torch
 
 from cofrgenet.ops import custom_ops as ops
 from cofrgenet.ops import pvariate_ladder
-from cofrgenet.ops.reference import reference_pvariate_ladder
+from cofrgenet.ops.reference import reference_pvariate_ladder, suffix_continuants
 from op_cases import (
     BACKEND,
     CLAMPING,
@@ -133,6 +133,21 @@ def test_empty_inputs(impl, on):
     assert torch.equal(w.grad, torch.zeros_like(w))
 
 
+@pytest.mark.parametrize("impl", impls("continuant", "triton"))  # compiled: same kernels
+def test_large_depth_stays_finite(impl, on):
+    """a ~ 1000 at d = 16: K_d ~ 1e48 overflows float32 (the rescaled path, whose counts
+    are then kept for backward)."""
+    x, w, b = pvariate_inputs((9,), 8, 2, 16, on)
+    x = x * 1000
+    a = torch.einsum("np,klp->nlk", x.double(), w.double()) + b.double().t()
+    assert (suffix_continuants(a.cpu())[-1] > torch.finfo(torch.float32).max).all()
+    x, w, b = require_grad(x, w, b)
+    out = pvariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-4)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize("impl", impls())
 def test_half_precision(impl, on, dtype):
@@ -159,18 +174,30 @@ def test_autocast_denominators_are_not_rounded(impl):
 
 
 @pytest.mark.parametrize("impl", impls(*CLAMPING))
-def test_keeps_only_its_inputs_for_backward(impl, on):
+def test_keeps_no_partial_denominators_for_backward(impl, on):
     """No (..., L, d) tensor (denominators, their linear parts, continuants) is saved:
-    only x and the parameters; backward recomputes the rest."""
+    x, the parameters and, for the continuant paths, 1 / K_d (..., L); backward
+    recomputes the rest."""
     x, w, b = require_grad(*pvariate_inputs((6, 7), 16, 3, 5, on, signed=True))
     saved: list[torch.Size] = []
     with torch.autograd.graph.saved_tensors_hooks(
         lambda t: saved.append(t.shape) or t, lambda t: t
     ):
         out = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
-    assert sorted(saved) == sorted([x.shape, w.shape, b.shape])
+    kept = [x.shape, w.shape, b.shape] + ([] if impl == "triton" else [out.shape])
+    assert sorted(saved) == sorted(kept)
     out.sum().backward()
-    assert x.grad is not None and w.grad is not None and b.grad is not None
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=0.5)
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_inference_path_equals_the_autograd_path(impl):
+    """Without grad, the continuant paths skip their autograd Function: the same bits."""
+    x, w, b = pvariate_inputs((5, 6), 16, 3, 4, "cpu", signed=True, dtype=torch.float64)
+    with torch.no_grad():
+        plain = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
+    tracked = pvariate_ladder(x.clone().requires_grad_(), w, b, impl=impl, floor=0.5)
+    torch.testing.assert_close(plain, tracked.detach(), rtol=0, atol=0)
 
 
 # ------------------------------------------------------------ the custom op, compiled

@@ -278,9 +278,10 @@ def pvariate_ladder(
         floor: as in :func:`univariate_ladder` (a_k = floor + softplus(W_k x + b_k)).
 
     Returns:
-        (..., L) in x's dtype. Saves only x and the parameters for backward, which
-        recomputes the (..., L, d) partial denominators (one small matmul) instead of
-        keeping them; the denominators are computed in x's dtype, outside autocast.
+        (..., L) in x's dtype. Backward recomputes the (..., L, d) partial denominators
+        (one small matmul) instead of keeping them: the continuant implementations save
+        x, the parameters and 1 / K_d (..., L), triton only x and the parameters. The
+        denominators are computed in x's dtype, outside autocast.
     """
     _check_pvariate(x, weight, bias)
     _check_common(eps, grad, impl)
@@ -288,14 +289,21 @@ def pvariate_ladder(
     units = x.numel() // x.shape[-1] * weight.shape[1]
     chosen = resolve_impl(impl, units, x.device)
     if chosen == "literal":
-        b = None if bias is None else bias.to(x.dtype)
-        u = continuant.pvariate_preactivation(x, weight.to(x.dtype), b)
-        a = u if link == 0 else continuant.positive_link(u, link)
+        _, a = continuant.pvariate_denominators(x, weight, bias, link)
         return literal_continued_fraction(a, eps)
+    exact = grad == "exact"
     if chosen == "triton":
         _check_triton(x)
-    backend = "triton" if chosen == "triton" else _graph_backend(chosen)
-    return custom_ops.pvariate_ladder(x, weight, bias, float(eps), grad == "exact", link, backend)
+        return custom_ops.pvariate_ladder(x, weight, bias, float(eps), exact, link, "triton")
+    if torch.compiler.is_compiling():
+        return custom_ops.pvariate_ladder(
+            x, weight, bias, float(eps), exact, link, _graph_backend(chosen)
+        )
+    compiled = chosen == "compiled"
+    needs_grad = any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if not (torch.is_grad_enabled() and needs_grad):  # inference: skip autograd's cost
+        return continuant.pvariate_ladder_value(x, weight, bias, float(eps), compiled, link)
+    return continuant.PvariateLadder.apply(x, weight, bias, float(eps), exact, compiled, link)
 
 
 def _check_ensemble(x: Tensor, weight: Tensor, bias: Tensor | None, mix: Tensor) -> None:

@@ -233,6 +233,47 @@ def pvariate_preactivation(x: Tensor, weight: Tensor, bias: Tensor | None) -> Te
     return u.view(*x.shape[:-1], ladders, depth)
 
 
+def pvariate_denominators(
+    x: Tensor, weight: Tensor, bias: Tensor | None, floor: float
+) -> tuple[Tensor, Tensor]:
+    """(u, a): linear parts and partial denominators (..., L, d), depth-major, x's dtype.
+
+    Computed without autocast, in x's dtype, so that backward recomputes exactly the
+    denominators forward used (an autocast matmul would round them to half precision).
+    floor 0: a = u (the paper's); floor > 0: a = positive_link(u, floor).
+    """
+    with torch.autocast(x.device.type, enabled=False):
+        b = None if bias is None else bias.to(x.dtype)
+        u = pvariate_preactivation(x, weight.to(x.dtype), b)
+        return u, (u if floor <= 0 else positive_link(u, floor))
+
+
+def pvariate_backward(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    u: Tensor,
+    grad_a: Tensor,
+    floor: float,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_x, grad_weight, grad_bias) in the inputs' dtypes from d loss / d a (..., L, d)."""
+    with torch.autocast(x.device.type, enabled=False):
+        grad_u = grad_a.to(x.dtype)
+        if floor > 0:  # a_k = floor + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
+            grad_u = grad_u * torch.sigmoid(u)
+        b = None if bias is None else bias.to(x.dtype)
+        grad_x, grad_w, grad_b = pvariate_chain(
+            x, weight.to(x.dtype), b, grad_u, need_x, need_params
+        )
+    return (
+        grad_x,
+        None if grad_w is None else grad_w.to(weight.dtype),
+        None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+    )
+
+
 def pvariate_chain(
     x: Tensor, weight: Tensor, bias: Tensor | None, grad_u: Tensor, need_x: bool, need_params: bool
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -543,6 +584,57 @@ class ContinuedFraction(torch.autograd.Function):
             a, work, r, scale, clamped, grad_out, ctx.exact, ctx.rescaled, ctx.compiled
         )
         return grad, None, None, None
+
+
+def pvariate_ladder_value(
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, compiled: bool, floor: float
+) -> Tensor:
+    """p-variate ladders without autograd bookkeeping (inference): (..., L), contiguous."""
+    _, a = pvariate_denominators(x, weight, bias, floor)
+    return continued_fraction_value(a, eps, compiled).contiguous()
+
+
+class PvariateLadder(torch.autograd.Function):
+    """p-variate ladders: x (..., p), weight (d, L, p), bias (d, L) | None -> (..., L).
+
+    Saves x, the parameters and r = 1 / clamp(K_d) (..., L) (the rescale counts only if
+    K_d overflowed, the clamp mask in exact mode): the (..., L, d) linear parts and
+    partial denominators are recomputed in backward (one (d L) x p matmul) instead of kept.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float):
+        _, a = pvariate_denominators(x, weight, bias, floor)
+        work = a.to(compute_dtype(a.dtype))
+        value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+            _cf_forward, compiled, work, eps, exact
+        )
+        ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
+        ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
+        return value.to(x.dtype).contiguous()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        x, weight, bias, r, scale, clamped = ctx.saved_tensors
+        u, a = pvariate_denominators(x, weight, bias, ctx.floor)
+        grad_a = _cf_gradient(
+            a, a.to(r.dtype), r, _kept_scale(scale, r), clamped, grad_out, ctx.exact,
+            ctx.rescaled, ctx.compiled,
+        )  # fmt: skip
+        needs = ctx.needs_input_grad
+        grad_x, grad_w, grad_b = pvariate_backward(
+            x, weight, bias, u, grad_a, ctx.floor, needs[0], needs[1] or needs[2]
+        )
+        return (
+            grad_x,
+            grad_w if needs[1] else None,
+            grad_b if needs[2] else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class UnivariateLadder(torch.autograd.Function):

@@ -180,20 +180,6 @@ def _cf_fake_backward(a, grad_out, eps, exact, backend):
 # ---------------------------------------------------------------------- pvariate_ladder
 
 
-def _pv_denominators(
-    x: Tensor, weight: Tensor, bias: Tensor | None, floor: float
-) -> tuple[Tensor, Tensor]:
-    """(u, a): linear parts and partial denominators (..., L, d), depth-major, x's dtype.
-
-    Computed without autocast, in x's dtype, so that backward recomputes exactly the
-    denominators forward used (an autocast matmul would round them to half precision).
-    """
-    with torch.autocast(x.device.type, enabled=False):
-        b = None if bias is None else bias.to(x.dtype)
-        u = continuant.pvariate_preactivation(x, weight.to(x.dtype), b)
-        return u, (u if floor <= 0 else continuant.positive_link(u, floor))
-
-
 def _pv_forward(
     x: Tensor,
     weight: Tensor,
@@ -207,7 +193,7 @@ def _pv_forward(
 
     floor 0: a_k = W_k x + b_k (the paper's); floor > 0: a_k = floor + softplus(W_k x + b_k).
     """
-    _, a = _pv_denominators(x, weight, bias, floor)
+    _, a = continuant.pvariate_denominators(x, weight, bias, floor)
     return _cf_forward(a, eps, exact, backend)
 
 
@@ -225,20 +211,12 @@ def _pv_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_weight, grad_bias), the denominators recomputed from x; one not
     asked for is an empty (0,) tensor."""
-    u, a = _pv_denominators(x, weight, bias, floor)
-    grad_u = _cf_backward(a, grad_out.to(a.dtype).contiguous(), eps, exact, backend)
-    with torch.autocast(x.device.type, enabled=False):
-        if floor > 0:  # a_k = floor + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
-            grad_u = grad_u * torch.sigmoid(u)
-        b = None if bias is None else bias.to(x.dtype)
-        grad_x, grad_w, grad_b = continuant.pvariate_chain(
-            x, weight.to(x.dtype), b, grad_u, need_x, need_params
-        )
-    return (
-        _or_empty(grad_x, x),
-        _empty(weight) if grad_w is None else grad_w.to(weight.dtype),
-        _empty(weight) if grad_b is None else grad_b.to(bias.dtype),
+    u, a = continuant.pvariate_denominators(x, weight, bias, floor)
+    grad_a = _cf_backward(a, grad_out.to(a.dtype).contiguous(), eps, exact, backend)
+    grad_x, grad_w, grad_b = continuant.pvariate_backward(
+        x, weight, bias, u, grad_a, floor, need_x, need_params
     )
+    return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
 
 
 def _pv_fake(x, weight, bias, eps, exact, floor, backend):
@@ -408,7 +386,7 @@ _ENSEMBLE = define_op(
 continued_fraction_op, continued_fraction_backward_op, TritonContinuedFraction = _CF
 univariate_ladder_op, univariate_ladder_backward_op, TritonUnivariateLadder = _LADDER
 ladder_ensemble_op, ladder_ensemble_backward_op, TritonLadderEnsemble = _ENSEMBLE
-pvariate_ladder_op, pvariate_ladder_backward_op, PvariateLadder = _PVARIATE
+pvariate_ladder_op, pvariate_ladder_backward_op, TritonPvariateLadder = _PVARIATE
 
 
 # ------------------------------------------------------------------------ entry points
@@ -430,14 +408,9 @@ def pvariate_ladder(
     floor: float,
     backend: str,
 ) -> Tensor:
-    """The custom op inside ``torch.compile``; eagerly its bodies (every backend: the
-    op saves only x and the parameters, whichever kernels run)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or backend != "triton":
         return pvariate_ladder_op(x, weight, bias, eps, exact, floor, backend)
-    needs_grad = any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if not (torch.is_grad_enabled() and needs_grad):  # inference: skip autograd's cost
-        return _pv_forward(x, weight, bias, eps, exact, floor, backend)
-    return PvariateLadder.apply(x, weight, bias, eps, exact, floor, backend)
+    return TritonPvariateLadder.apply(x, weight, bias, eps, exact, floor, backend)
 
 
 def univariate_ladder(

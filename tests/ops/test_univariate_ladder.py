@@ -271,6 +271,40 @@ def test_custom_op(impl, on):
         assert rel_err(got.grad, want.grad) < 1e-12
 
 
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_custom_op_with_state(impl):
+    """The CPU backends' op inside torch.compile keeps 1 / K_d, the rescale counts and
+    the clamp mask from forward (opcheck), and its gradients equal the stateless op's,
+    in both grad modes and through the rescaled path."""
+    backend = BACKEND[impl]
+    op = ops.univariate_ladder_with_state_op
+    x, w, b = require_grad(*ladder_inputs(5, 9, 3, "cpu", seed=0))
+    torch.library.opcheck(op, (x, w, b, 0.01, False, 0.5, backend))
+    torch.library.opcheck(op, (x, w, None, 0.01, True, 0.0, backend))
+    eps, d = 0.01, 4
+    a = near_poles(30, d, eps, seed=9)  # clamped units: the grad modes differ
+    clamped_inputs = (torch.ones(3, 30, dtype=torch.float64), torch.full((d, 30), 0.5))
+    f64, f32 = torch.float64, torch.float32
+    cases = [  # float32 overflows at d = 16, a ~ 1e3: the kept rescale counts are used
+        (*clamped_inputs, a.t().contiguous() - 0.5, "exact", f64),
+        (*clamped_inputs, a.t().contiguous() - 0.5, "paper", f64),
+        (*ladder_overflow_inputs(16, "cpu"), "paper", f32),
+    ]
+    for x, w, b, grad, dtype in cases:
+        exact = grad == "exact"
+        with_state = [t.to(dtype).requires_grad_() for t in (x, w, b)]
+        stateless = [t.to(dtype).requires_grad_() for t in (x, w, b)]
+        out, _, scale, clamped = op(*with_state, eps, exact, 0.0, backend)
+        assert bool(scale.any()) == (dtype == f32) and bool(clamped.any()) == exact
+        want = ops.univariate_ladder_op(*stateless, eps, exact, 0.0, backend)
+        upstream = upstream_like(out.shape, "cpu", dtype=dtype)
+        (out * upstream).sum().backward()
+        (want * upstream).sum().backward()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for got, ref in zip(with_state, stateless, strict=True):
+            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("impl", impls("auto", "continuant", "triton"))
 def test_compiles_fullgraph(impl, device):
     """No graph break (fullgraph=True), forward and backward, equal to eager."""

@@ -521,6 +521,49 @@ def univariate_ladder_value(
     return value.reshape(x.shape).to(x.dtype)
 
 
+def univariate_ladder_forward_state(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    compiled: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(value (..., n) in x's dtype, r, scale, clamped): the forward and what its backward
+    needs (r and scale (M, n) in the compute dtype, scale all zero when nothing
+    overflowed; clamped (M, n) in exact mode, else empty), for ops that keep state."""
+    x2, w, b = _ladder_work(x, weight, bias)
+    value, r, scale, clamped, _, _ = _forward_with_overflow_check(
+        _ladder_forward, compiled, x2, w, b, eps, exact, floor
+    )
+    if clamped is None:
+        clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
+    return value.reshape(x.shape).to(x.dtype).contiguous(), r, scale, clamped
+
+
+def univariate_ladder_grads_from_state(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor,
+    grad_out: Tensor,
+    exact: bool,
+    floor: float,
+    need_x: bool,
+    need_params: bool,
+    compiled: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`univariate_ladder_grads` from the forward's state: no recurrence rerun."""
+    rescaled = bool(scale.any())
+    return _ladder_gradients(
+        x, weight, bias, _ladder_work(x, weight, bias), r, scale, clamped if exact else None,
+        grad_out, exact, floor, rescaled, need_x, need_params, compiled,
+    )  # fmt: skip
+
+
 def univariate_ladder_grads(
     x: Tensor,
     weight: Tensor,

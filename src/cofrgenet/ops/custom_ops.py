@@ -10,6 +10,7 @@ backward op, itself a custom op, so AOTAutograd traces the backward graph too.
 | ``cofrgenet::continued_fraction`` | triton, torch, compiled | a (..., d) -> (...) |
 | ``cofrgenet::univariate_ladder`` | triton, torch, compiled | x (..., n), weight/bias (d, n) -> (..., n) |
 | ``cofrgenet::pvariate_ladder`` | triton, torch, compiled | x (..., p), weight (d, L, p), bias (d, L) -> (..., L) |
+| ``cofrgenet::univariate_ladder_with_state`` | torch, compiled | as univariate_ladder, + its backward's state |
 | ``cofrgenet::ladder_ensemble`` | triton | x (..., p), weight/bias (d, L, p), mix (p, L) -> (..., p) |
 
 ``backend="triton"`` runs the fused kernels of :mod:`cofrgenet.ops.triton`; ``"torch"``
@@ -42,6 +43,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from cofrgenet.ops import continuant
+from cofrgenet.ops.literal import compute_dtype
 
 BACKENDS = ("triton", "torch", "compiled")
 
@@ -290,6 +292,86 @@ def _ladder_fake_backward(
     return _fake_ladder_grads(x, weight, bias, need_x, need_params)
 
 
+# ------------------------------------------------------- univariate_ladder_with_state
+#
+# The CPU backends inside torch.compile: the forward also returns 1 / K_d, the rescale
+# counts and (exact mode) the clamp mask, which autograd keeps, so that the backward runs
+# only the gradient recurrence, as the eager Function does (the stateless op reruns the
+# forward recurrence: twice the ladder work of a compiled CAttnU). No (..., n, d) tensor.
+
+
+@torch.library.custom_op("cofrgenet::univariate_ladder_with_state", mutates_args=())
+def univariate_ladder_with_state_op(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(value, r, scale, clamped) of univariate ladders; backends "torch" and "compiled"."""
+    compiled = backend == "compiled"
+    return continuant.univariate_ladder_forward_state(x, weight, bias, eps, exact, floor, compiled)
+
+
+@univariate_ladder_with_state_op.register_fake
+def _(x, weight, bias, eps, exact, floor, backend):
+    rows = x.new_empty((x.numel() // x.shape[-1], x.shape[-1]), dtype=compute_dtype(x.dtype))
+    clamped = x.new_empty(rows.shape if exact else (0,), dtype=torch.bool)
+    return x.new_empty(x.shape), rows, torch.empty_like(rows), clamped
+
+
+@torch.library.custom_op("cofrgenet::univariate_ladder_with_state_backward", mutates_args=())
+def univariate_ladder_with_state_backward_op(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor,
+    grad_out: Tensor,
+    exact: bool,
+    floor: float,
+    backend: str,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    grad_x, grad_w, grad_b = continuant.univariate_ladder_grads_from_state(
+        x, weight, bias, r, scale, clamped, grad_out, exact, floor, need_x, need_params,
+        backend == "compiled",
+    )  # fmt: skip
+    grad_x = None if grad_x is None else grad_x.contiguous()
+    return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
+
+
+@univariate_ladder_with_state_backward_op.register_fake
+def _(x, weight, bias, r, scale, clamped, grad_out, exact, floor, backend, need_x, need_params):
+    return _fake_ladder_grads(x, weight, bias, need_x, need_params)
+
+
+def _with_state_setup(ctx, inputs, output) -> None:
+    x, weight, bias, _, exact, floor, backend = inputs
+    _, r, scale, clamped = output
+    ctx.mark_non_differentiable(r, scale, clamped)
+    ctx.save_for_backward(x, weight, bias, r, scale, clamped)
+    ctx.options = (exact, floor, backend)
+
+
+def _with_state_backward(ctx, grad_out: Tensor, *_state_grads):
+    x, weight, bias, r, scale, clamped = ctx.saved_tensors
+    needs = _needs(ctx.needs_input_grad[:3], (x, weight, bias))
+    grads = univariate_ladder_with_state_backward_op(
+        x, weight, bias, r, scale, clamped, grad_out, *ctx.options, *x_and_params(needs)
+    )
+    return _asked(grads, needs, range(4))
+
+
+univariate_ladder_with_state_op.register_autograd(
+    _with_state_backward, setup_context=_with_state_setup
+)
+
+
 # ----------------------------------------------------------------------- ladder_ensemble
 
 
@@ -422,7 +504,9 @@ def univariate_ladder(
     floor: float,
     backend: str,
 ) -> Tensor:
-    if torch.compiler.is_compiling() or backend != "triton":
+    if backend != "triton":  # the CPU backends keep their state for backward
+        return univariate_ladder_with_state_op(x, weight, bias, eps, exact, floor, backend)[0]
+    if torch.compiler.is_compiling():
         return univariate_ladder_op(x, weight, bias, eps, exact, floor, backend)
     return TritonUnivariateLadder.apply(x, weight, bias, eps, exact, floor, backend)
 

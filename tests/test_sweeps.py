@@ -661,3 +661,72 @@ def test_a_restarted_worker_does_not_repeat_finished_points(tiny_data, tmp_path)
     result = run_worker(sweep, n_trials=2, worker_index=0, report=False, mlflow=False)
     points = [tuple(sorted(t.params.items())) for t in result.study.get_trials()]
     assert len(points) == 4 and len(set(points)) == 4, points
+
+
+def _finished_study(sweep) -> optuna.Study:
+    """An in-memory study of the sweep with four complete trials (no training)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    study = optuna.create_study(study_name=sweep.study)
+    distributions = {
+        "model.config.depth": IntDistribution(1, 4),
+        "model.config.ladders": CategoricalDistribution([1, 3]),
+        "model.optimizer.lr": FloatDistribution(1e-4, 3e-3, log=True),
+    }
+    for i, (depth, ladders) in enumerate([(1, 1), (2, 3), (3, 1), (4, 3)]):
+        params = {"model.config.depth": depth, "model.config.ladders": ladders}
+        params["model.optimizer.lr"] = 1e-3
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=distributions,
+                value=3.0 - 0.1 * i,
+                intermediate_values={2: 3.5 - 0.1 * i, 4: 3.2 - 0.1 * i},
+            )
+        )
+    return study
+
+
+def _report_in_child(study, sweep, out) -> None:
+    from cofrgenet.sweeps.report import write_report
+
+    write_report(study, sweep, out)
+
+
+def test_workers_finishing_together_take_turns_writing_the_report(tmp_path):
+    """The workers that finish a sweep at once each write its report. They take turns
+    (a file lock), so one never deletes a plot the other has just written: the race
+    that once left a two-worker sweep without optimization_history.png."""
+    import multiprocessing
+
+    from cofrgenet.sweeps.report import write_report
+    from cofrgenet.sweeps.tracking import file_lock
+
+    sweep = load_sweep(write_sweep(tmp_path))
+    study = _finished_study(sweep)
+    out = tmp_path / "report"
+    out.mkdir()
+    fork = multiprocessing.get_context("fork")
+    with file_lock(tmp_path / ".report.lock"):  # another writer holds the folder
+        child = fork.Process(target=_report_in_child, args=(study, sweep, out))
+        child.start()
+        time.sleep(2.0)
+        assert child.is_alive() and not any(out.iterdir()), "the writer did not wait"
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    expected = {"summary.md", "optimization_history.png", "intermediate_values.png"}
+    assert expected <= {p.name for p in out.iterdir()}
+    # Two at once, twice: every file is there after each round, no temporary left.
+    for _ in range(2):
+        writers = [
+            fork.Process(target=_report_in_child, args=(study, sweep, out)) for _ in range(2)
+        ]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(timeout=120)
+        assert [w.exitcode for w in writers] == [0, 0]
+        names = {p.name for p in out.iterdir()}
+        assert expected <= names and not [n for n in names if ".tmp" in n], names
+    files = write_report(study, sweep, out)
+    assert expected <= set(files) and not any(name.startswith(".") for name in files)

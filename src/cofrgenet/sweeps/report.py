@@ -10,6 +10,7 @@ run under ``report/``, with the best value as a metric and the best params as ta
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,14 @@ from cofrgenet.sweeps.objective import trial_name
 from cofrgenet.sweeps.spec import Sweep
 
 
+def _private_tmp(path: Path) -> Path:
+    """A temporary name beside ``path`` no other process uses (workers that finish a
+    sweep together each write the report)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+
+
 def _savefig(figure: Any, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp.png")
+    tmp = _private_tmp(path)
     figure.savefig(tmp, dpi=110, bbox_inches="tight")
     tmp.replace(path)
 
@@ -188,11 +195,29 @@ def write_report(
     client: Any = None,
     parent_run_id: str | None = None,
 ) -> dict[str, Path]:
-    """Write the report files to ``out`` (and the parent MLflow run); returns them."""
+    """Write the report files to ``out`` (and the parent MLflow run); returns them.
+
+    Writers of one folder take turns (an flock on ``.<out>.lock`` beside it): the workers
+    that finish a sweep together each write the report, and one must not delete a plot
+    the other has just written.
+    """
+    from cofrgenet.sweeps.tracking import file_lock
+
+    out.mkdir(parents=True, exist_ok=True)
+    with file_lock(out.parent / f".{out.name}.lock"):
+        return _write_report(study, sweep, out, client, parent_run_id)
+
+
+def _write_report(
+    study: optuna.Study,
+    sweep: Sweep,
+    out: Path,
+    client: Any,
+    parent_run_id: str | None,
+) -> dict[str, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    out.mkdir(parents=True, exist_ok=True)
     images: dict[str, str] = {}
     skipped: dict[str, str] = {}
     complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
@@ -229,13 +254,13 @@ def write_report(
             skipped["heat map"] = "no completed trial"
     try:
         frame = study.trials_dataframe()
-        tmp = out / "trials.csv.tmp"
+        tmp = _private_tmp(out / "trials.csv")
         frame.to_csv(tmp, index=False)
         tmp.replace(out / "trials.csv")
     except Exception as error:
         skipped["trials.csv"] = f"{type(error).__name__}: {error}"
     text = summary_markdown(study, sweep, images, skipped, heat, caveats)
-    tmp = out / "summary.md.tmp"
+    tmp = _private_tmp(out / "summary.md")
     tmp.write_text(text)
     tmp.replace(out / "summary.md")
     if client is not None and parent_run_id:
@@ -248,4 +273,4 @@ def write_report(
                 client.set_tag(parent_run_id, f"best.{key}", str(value))
         except ValueError:
             pass
-    return {p.name: p for p in out.iterdir() if p.is_file()}
+    return {p.name: p for p in out.iterdir() if p.is_file() and not p.name.startswith(".")}

@@ -29,14 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from cofrgenet.ops import (
-    NEAR_POLE,
-    LadderStats,
-    denominator_stats,
-    positive_denominators,
-    pvariate_ladder,
-)
-from cofrgenet.ops.continuant import pvariate_preactivation
+from cofrgenet.ops import NEAR_POLE, LadderStats, pvariate_denominator_stats, pvariate_ladder
 
 #: Partial-denominator parametrisations (see the module docstring).
 DENOMINATORS = ("positive", "paper")
@@ -119,15 +112,6 @@ class LadderWeights(nn.Module):
         if self.bias is None:
             return None
         return torch.stack(tuple(self.bias.parameters(recurse=False)), dim=dim)
-
-    def pvariate_denominators(self, x: Tensor) -> Tensor:
-        """Linear parts of p-variate ladders: u[..., j, k] = W_k[j] . x (+ b_k[j]).
-
-        x: (..., p) with weights of shape (L, p) and biases (L,) per depth -> (..., L, d),
-        depth-major in memory. (The layers' forward passes run
-        :func:`~cofrgenet.ops.pvariate_ladder` instead, which never keeps this tensor.)
-        """
-        return pvariate_preactivation(x, self.stacked_weight(), self.stacked_bias())
 
     def parameters_by_depth(self) -> dict[int, list[nn.Parameter]]:
         """{k: [weight_k, bias_k]} for k = 1..d."""
@@ -226,22 +210,17 @@ class LadderLayer(nn.Module):
         """The ops' ``floor`` argument: None for the paper's denominators."""
         return self.floor if self.denominator_kind == "positive" else None
 
-    def link(self, u: Tensor) -> Tensor:
-        """Partial denominators from their linear part u = w . x + b (any shape)."""
-        if self.denominator_kind == "positive":
-            return positive_denominators(u, self.floor)
-        return u
-
     def pvariate_ladders(self, x: Tensor, weights: LadderWeights) -> Tensor:
         """f~ of p-variate ladders on x (..., p) -> (..., L), recording health if asked.
 
         The partial denominators are recomputed in backward, not kept (pvariate_ladder).
         """
-        if self.track_health:
-            with torch.no_grad():
-                a = self.link(weights.pvariate_denominators(x))  # (..., L, d)
-            self._record_health(denominator_stats(a, self.eps, self.health_near))
         weight, bias = weights.stacked_weight(), weights.stacked_bias()  # (d, L, p), (d, L)
+        if self.track_health:
+            stats = pvariate_denominator_stats(
+                x, weight, bias, self.eps, self.link_floor, self.health_near
+            )
+            self._record_health(stats)
         return pvariate_ladder(
             x, weight, bias, eps=self.eps, grad=self.grad, impl=self.impl, floor=self.link_floor
         )

@@ -408,3 +408,19 @@ def ladder_denominator_stats(
         x2, weight.detach().double(), b, _check_floor(floor)
     )
     return LadderStats(*continuant.denominator_stats(coefficient, weight.shape[0], eps, near))
+
+
+def pvariate_denominator_stats(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    eps: float = 0.01,
+    floor: float | None = None,
+    near: float = NEAR_POLE,
+) -> LadderStats:
+    """:func:`denominator_stats` of p-variate ladders (x: (..., p), weight: (d, L, p),
+    bias: (d, L)), their partial denominators built as :func:`pvariate_ladder` builds them."""
+    _check_pvariate(x, weight, bias)
+    with torch.no_grad():
+        _, a = continuant.pvariate_denominators(x, weight, bias, _check_floor(floor))
+    return denominator_stats(a, eps, near)

@@ -160,6 +160,12 @@ def continued_fraction(
     return continuant.ContinuedFraction.apply(a, float(eps), exact, chosen == "compiled")
 
 
+def _check_on_device_of_x(x: Tensor, **tensors: Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
 def _check_ladder(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     _check_floating("x", x)
     _check_floating("weight", weight)
@@ -178,9 +184,7 @@ def _check_ladder(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
             raise ValueError(
                 f"bias must have weight's shape {tuple(weight.shape)}, got {tuple(bias.shape)}"
             )
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    _check_on_device_of_x(x, weight=weight, bias=bias)
 
 
 def univariate_ladder(
@@ -251,9 +255,7 @@ def _check_pvariate(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
             raise ValueError(
                 f"bias must have shape (d, L) = {(depth, ladders)}, got {tuple(bias.shape)}"
             )
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    _check_on_device_of_x(x, weight=weight, bias=bias)
 
 
 def pvariate_ladder(
@@ -327,9 +329,7 @@ def _check_ensemble(x: Tensor, weight: Tensor, bias: Tensor | None, mix: Tensor)
             raise ValueError(
                 f"bias must have weight's shape {tuple(weight.shape)}, got {tuple(bias.shape)}"
             )
-    for name, t in (("weight", weight), ("bias", bias), ("mix", mix)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    _check_on_device_of_x(x, weight=weight, bias=bias, mix=mix)
 
 
 def ladder_ensemble(

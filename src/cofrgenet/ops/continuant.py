@@ -512,13 +512,28 @@ def continued_fraction_grad(
     return out
 
 
+def _univariate_ladder_state(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    compiled: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
+    """(value in x's shape and dtype, r, scale, clamped (exact mode) | None, rescaled)."""
+    x2, w, b = _ladder_work(x, weight, bias)
+    value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+        _ladder_forward, compiled, x2, w, b, eps, exact, floor
+    )
+    return value.reshape(x.shape).to(x.dtype), r, scale, clamped, rescaled
+
+
 def univariate_ladder_value(
     x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, compiled: bool, floor: float
 ) -> Tensor:
     """Elementwise ladders without autograd bookkeeping (inference)."""
-    x2, w, b = _ladder_work(x, weight, bias)
-    value = _forward_with_overflow_check(_ladder_forward, compiled, x2, w, b, eps, False, floor)[0]
-    return value.reshape(x.shape).to(x.dtype)
+    return _univariate_ladder_state(x, weight, bias, eps, False, floor, compiled)[0]
 
 
 def univariate_ladder_forward_state(
@@ -533,13 +548,12 @@ def univariate_ladder_forward_state(
     """(value (..., n) in x's dtype, r, scale, clamped): the forward and what its backward
     needs (r and scale (M, n) in the compute dtype, scale all zero when nothing
     overflowed; clamped (M, n) in exact mode, else empty), for ops that keep state."""
-    x2, w, b = _ladder_work(x, weight, bias)
-    value, r, scale, clamped, _, _ = _forward_with_overflow_check(
-        _ladder_forward, compiled, x2, w, b, eps, exact, floor
+    value, r, scale, clamped, _ = _univariate_ladder_state(
+        x, weight, bias, eps, exact, floor, compiled
     )
     if clamped is None:
         clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
-    return value.reshape(x.shape).to(x.dtype).contiguous(), r, scale, clamped
+    return value.contiguous(), r, scale, clamped
 
 
 def univariate_ladder_grads_from_state(
@@ -693,13 +707,12 @@ class UnivariateLadder(torch.autograd.Function):
     def forward(
         ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float
     ) -> Tensor:
-        x2, w, b = _ladder_work(x, weight, bias)
-        value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-            _ladder_forward, compiled, x2, w, b, eps, exact, floor
+        value, r, scale, clamped, rescaled = _univariate_ladder_state(
+            x, weight, bias, eps, exact, floor, compiled
         )
         ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
         ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
-        return value.reshape(x.shape).to(x.dtype)
+        return value
 
     @staticmethod
     @once_differentiable

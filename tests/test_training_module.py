@@ -416,6 +416,17 @@ def test_weight_decay_follows_the_built_shapes_when_the_model_is_flattened():
     assert "transformer.h.0.mlp.linear.bias" in groups["no_decay"]
 
 
+def test_adamw_is_fused_where_torch_can_and_unfused_when_asked():
+    from cofrgenet.training.optim import build_adamw, fused_adamw_supported
+
+    model = torch.nn.Linear(4, 3)
+    assert build_adamw(model, OptimizerConfig()).defaults["fused"] is True  # CPU: fused
+    unfused = build_adamw(model, OptimizerConfig(fused=False)).defaults
+    assert not unfused["fused"] and unfused["foreach"] is None  # torch's own unfused choice
+    assert not fused_adamw_supported([torch.zeros(2, device="meta")])
+    assert not fused_adamw_supported([])
+
+
 def test_adam_state_is_made_up_front_and_equals_adams_own():
     from cofrgenet.training.optim import build_adamw
 
@@ -427,7 +438,11 @@ def test_adam_state_is_made_up_front_and_equals_adams_own():
     ours = build_adamw(model, config)
     assert all(len(ours.state[p]) == 3 for p in model.parameters())  # before any step
     theirs = torch.optim.AdamW(  # the same groups, state made lazily by AdamW itself
-        param_groups(reference, config.weight_decay), lr=1e-2, betas=config.betas, eps=config.eps
+        param_groups(reference, config.weight_decay),
+        lr=1e-2,
+        betas=config.betas,
+        eps=config.eps,
+        fused=True,  # what build_adamw picks for CPU parameters
     )
     x = torch.randn(5, 4)
     for _ in range(3):

@@ -1,7 +1,8 @@
 """Training and generation speed of each model variant: ``cofr bench train``.
 
 Every variant is built at one width and depth (``--n-layer``, ``--n-embd``, ...), eager
-and ``torch.compile``d, and trained on random tokens with AdamW in a plain loop (the
+and ``torch.compile``d, and trained on random tokens with the trainer's AdamW
+(:func:`cofrgenet.training.optim.build_adamw`, default settings) in a plain loop (the
 model's cost, without Lightning's per-step overhead, which is the same for all). In one
 run, with interleaved rounds so that a drifting machine hits all of them alike:
 
@@ -126,6 +127,7 @@ class Trainer:
         import torch
 
         from cofrgenet.models import build_model, count_parameters, estimate_flops_per_token
+        from cofrgenet.training.optim import OptimizerConfig, build_adamw
 
         torch.manual_seed(cfg.seed)
         self.cfg, self.device = cfg, torch.device(cfg.device)
@@ -134,7 +136,8 @@ class Trainer:
         self.forward: Callable[..., Any] = self.model
         if mode == "compiled":
             self.forward = torch.compile(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        # The trainer's AdamW (groups by role, fused where torch has it), as users run it.
+        self.optimizer = build_adamw(self.model, OptimizerConfig())
         generator = torch.Generator().manual_seed(cfg.seed)
         self.batch = torch.randint(
             0, cfg.vocab_size, (cfg.batch_size, cfg.block_size + 1), generator=generator

@@ -122,7 +122,11 @@ def build_adamw(
     optimizer = torch.optim.AdamW(
         # fused=None, not False, leaves torch its own choice (foreach on CUDA): False
         # would also turn foreach off.
-        groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=True if fused else None
+        groups,
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        fused=True if fused else None,
     )
     materialise_adam_state(optimizer)
     return optimizer

@@ -37,6 +37,28 @@ def test_cattn_u_formula(bias, ladder_bias, max_len, depth):
         assert n_params(layer) == max_len * (2 * (depth + 1) + max_len + 1)
 
 
+@pytest.mark.parametrize("max_len", [1, 2, 9])
+def test_cattn_u_mixing_columns_are_the_matrices_columns(max_len):
+    """Decoding reads columns of the packed triangles directly: the same entries, the
+    same zeros below the diagonal, and the same gradient."""
+    layer = CAttnU(4, max_len, 2).double()
+    with torch.no_grad():
+        layer.mixing.copy_(torch.randn_like(layer.mixing))
+    for start in range(max_len):
+        for length in range(1, max_len - start + 1):
+            columns = layer.mixing_columns(start, length)
+            full = layer.mixing_matrices(start + length)[:, :, start:]
+            assert torch.equal(columns, full), (start, length)
+    weights = torch.randn(2, max_len, 1, dtype=torch.double)
+    (grad_columns,) = torch.autograd.grad(
+        (layer.mixing_columns(0, max_len) * weights).sum(), layer.mixing
+    )
+    (grad_full,) = torch.autograd.grad(
+        (layer.mixing_matrices(max_len) * weights).sum(), layer.mixing
+    )
+    assert torch.equal(grad_columns, grad_full)
+
+
 @pytest.mark.parametrize("bias,ladder_bias", [(False, None), (True, None), (False, True)])
 @pytest.mark.parametrize("dim,max_len,ladders,depth", [(16, 8, 1, 1), (20, 11, 3, 5)])
 def test_cattn_m_formula(bias, ladder_bias, dim, max_len, ladders, depth):

@@ -24,6 +24,7 @@ from op_cases import (
     half_tol,
     impl_param,
     impls,
+    near_poles,
     rel_err,
     require_grad,
     upstream_like,
@@ -212,6 +213,64 @@ def test_custom_op(impl, on):
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, None, 0.01, True, 0.5, backend))
     x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, True, 0.0, backend))
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_custom_op_with_state(impl):
+    """The CPU backends' op inside torch.compile keeps 1 / K_d, the rescale counts and
+    the clamp mask from forward (opcheck), and its values and gradients equal the
+    stateless op's, in both grad modes and through the rescaled path."""
+    backend = BACKEND[impl]
+    op = ops.pvariate_ladder_with_state_op
+    x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, "cpu", signed=True))
+    torch.library.opcheck(op, (x, w, b, 0.01, False, 0.5, backend))
+    torch.library.opcheck(op, (x, w, None, 0.01, True, 0.5, backend))
+    eps, d = 0.01, 4
+    a = near_poles(30, d, eps, seed=9)  # clamped units: the grad modes differ
+    # p = 1, x = 1 and weights 0.5: a_k of ladder j is bias[k, j] + 0.5 = a[j, k].
+    clamped_inputs = (torch.ones(3, 1, dtype=torch.float64), torch.full((d, 30, 1), 0.5))
+    overflow = pvariate_inputs((9,), 8, 2, 16, "cpu")  # K_d ~ 1e48 overflows float32
+    overflow[0] = overflow[0] * 1000
+    f64, f32 = torch.float64, torch.float32
+    cases = [
+        (*clamped_inputs, a.t().contiguous() - 0.5, "exact", f64),
+        (*clamped_inputs, a.t().contiguous() - 0.5, "paper", f64),
+        (*overflow, "paper", f32),
+    ]
+    for x, w, b, grad, dtype in cases:
+        exact = grad == "exact"
+        with_state = [t.to(dtype).requires_grad_() for t in (x, w, b)]
+        stateless = [t.to(dtype).requires_grad_() for t in (x, w, b)]
+        out, _, scale, clamped = op(*with_state, eps, exact, 0.0, backend)
+        assert bool(scale.any()) == (dtype == f32) and bool(clamped.any()) == exact
+        want = ops.pvariate_ladder_op(*stateless, eps, exact, 0.0, backend)
+        upstream = upstream_like(out.shape, "cpu", dtype=dtype)
+        (out * upstream).sum().backward()
+        (want * upstream).sum().backward()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for got, ref in zip(with_state, stateless, strict=True):
+            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-6, atol=0)
+
+
+def test_compiled_graph_runs_the_ladder_recurrence_once():
+    """Inside torch.compile the CPU backends keep the forward's state: the backward
+    reruns no forward recurrence (the stateless op would, doubling the ladder work)."""
+    x, w, b = require_grad(*pvariate_inputs((4, 6), 12, 3, 5, "cpu", signed=True))
+    compiled = torch.compile(lambda *t: pvariate_ladder(*t, impl="continuant", floor=0.5))
+    calls = []
+    original = ops.continuant.continuant_forward
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    compiled(x, w, b).sum().backward()  # compile first: tracing runs fake kernels only
+    ops.continuant.continuant_forward = counting
+    try:
+        compiled(x, w, b).sum().backward()
+    finally:
+        ops.continuant.continuant_forward = original
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("impl", impls("auto", "continuant", "triton"))

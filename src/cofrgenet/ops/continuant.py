@@ -660,6 +660,88 @@ def pvariate_ladder_value(
     return continued_fraction_value(a, eps, compiled).contiguous()
 
 
+def _pvariate_ladder_state(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    compiled: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
+    """(value (..., L) in x's dtype, contiguous, r, scale, clamped (exact mode) | None,
+    rescaled); r, scale and clamped are (..., L), r and scale in the compute dtype."""
+    _, a = pvariate_denominators(x, weight, bias, floor)
+    work = a.to(compute_dtype(a.dtype))
+    value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
+        _cf_forward, compiled, work, eps, exact
+    )
+    return value.to(x.dtype).contiguous(), r, scale, clamped, rescaled
+
+
+def _pvariate_gradients(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor | None,
+    grad_out: Tensor,
+    exact: bool,
+    floor: float,
+    rescaled: bool,
+    need_x: bool,
+    need_params: bool,
+    compiled: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(grad_x, grad_weight, grad_bias) from the forward's state: the denominators are
+    recomputed (one (d L) x p matmul), the forward recurrence is not."""
+    u, a = pvariate_denominators(x, weight, bias, floor)
+    grad_a = _cf_gradient(a, a.to(r.dtype), r, scale, clamped, grad_out, exact, rescaled, compiled)
+    return pvariate_backward(x, weight, bias, u, grad_a, floor, need_x, need_params)
+
+
+def pvariate_ladder_forward_state(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    compiled: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(value, r, scale, clamped), each (..., L) and contiguous, for ops that keep state:
+    r and scale in the compute dtype (scale all zero when nothing overflowed), the clamp
+    mask in exact mode (else empty)."""
+    value, r, scale, clamped, _ = _pvariate_ladder_state(
+        x, weight, bias, eps, exact, floor, compiled
+    )
+    if clamped is None:
+        clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
+    return value, r.contiguous(), scale.contiguous(), clamped.contiguous()
+
+
+def pvariate_ladder_grads_from_state(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor,
+    grad_out: Tensor,
+    exact: bool,
+    floor: float,
+    need_x: bool,
+    need_params: bool,
+    compiled: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`_pvariate_gradients` from :func:`pvariate_ladder_forward_state`'s state."""
+    return _pvariate_gradients(
+        x, weight, bias, r, scale, clamped if exact else None, grad_out, exact, floor,
+        bool(scale.any()), need_x, need_params, compiled,
+    )  # fmt: skip
+
+
 class PvariateLadder(torch.autograd.Function):
     """p-variate ladders: x (..., p), weight (d, L, p), bias (d, L) | None -> (..., L).
 
@@ -670,28 +752,22 @@ class PvariateLadder(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float):
-        _, a = pvariate_denominators(x, weight, bias, floor)
-        work = a.to(compute_dtype(a.dtype))
-        value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-            _cf_forward, compiled, work, eps, exact
+        value, r, scale, clamped, rescaled = _pvariate_ladder_state(
+            x, weight, bias, eps, exact, floor, compiled
         )
         ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
         ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
-        return value.to(x.dtype).contiguous()
+        return value
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
-        u, a = pvariate_denominators(x, weight, bias, ctx.floor)
-        grad_a = _cf_gradient(
-            a, a.to(r.dtype), r, _kept_scale(scale, r), clamped, grad_out, ctx.exact,
-            ctx.rescaled, ctx.compiled,
-        )  # fmt: skip
         needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = pvariate_backward(
-            x, weight, bias, u, grad_a, ctx.floor, needs[0], needs[1] or needs[2]
-        )
+        grad_x, grad_w, grad_b = _pvariate_gradients(
+            x, weight, bias, r, _kept_scale(scale, r), clamped, grad_out, ctx.exact, ctx.floor,
+            ctx.rescaled, needs[0], needs[1] or needs[2], ctx.compiled,
+        )  # fmt: skip
         return (
             grad_x,
             grad_w if needs[1] else None,

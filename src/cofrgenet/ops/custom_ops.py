@@ -11,6 +11,7 @@ backward op, itself a custom op, so AOTAutograd traces the backward graph too.
 | ``cofrgenet::univariate_ladder`` | triton, torch, compiled | x (..., n), weight/bias (d, n) -> (..., n) |
 | ``cofrgenet::pvariate_ladder`` | triton, torch, compiled | x (..., p), weight (d, L, p), bias (d, L) -> (..., L) |
 | ``cofrgenet::univariate_ladder_with_state`` | torch, compiled | as univariate_ladder, + its backward's state |
+| ``cofrgenet::pvariate_ladder_with_state`` | torch, compiled | as pvariate_ladder, + its backward's state |
 | ``cofrgenet::ladder_ensemble`` | triton | x (..., p), weight/bias (d, L, p), mix (p, L) -> (..., p) |
 
 ``backend="triton"`` runs the fused kernels of :mod:`cofrgenet.ops.triton`; ``"torch"``
@@ -18,7 +19,9 @@ runs the eager continuant kernels of :mod:`cofrgenet.ops.continuant` and ``"comp
 the same kernels through their own ``torch.compile`` (the CPU paths inside a compiled
 graph: the op is opaque to the outer compile, so without ``"compiled"`` a large ladder
 would run its recurrence op by op there, 2-4x slower than in an eager model). Forward
-ops save only their inputs; backward ops recompute the recurrence. Outside
+ops save only their inputs; backward ops recompute the recurrence, except in the
+``_with_state`` ops the CPU backends use inside a compiled graph, which keep 1 / K_d
+(one value per output) as the eager Functions do. Outside
 ``torch.compile`` the triton backend is called through plain ``autograd.Function`` s
 instead (:func:`continued_fraction` etc.), which skips the custom op dispatch (~50 us a
 call).
@@ -292,12 +295,41 @@ def _ladder_fake_backward(
     return _fake_ladder_grads(x, weight, bias, need_x, need_params)
 
 
-# ------------------------------------------------------- univariate_ladder_with_state
+# ---------------------------------------------- univariate / pvariate ladders with state
 #
 # The CPU backends inside torch.compile: the forward also returns 1 / K_d, the rescale
 # counts and (exact mode) the clamp mask, which autograd keeps, so that the backward runs
-# only the gradient recurrence, as the eager Function does (the stateless op reruns the
-# forward recurrence: twice the ladder work of a compiled CAttnU). No (..., n, d) tensor.
+# only the gradient recurrence, as the eager Functions do (the stateless ops rerun the
+# forward recurrence: twice the ladder work of a compiled CAttnU). No (..., n, d) or
+# (..., L, d) tensor: the p-variate backward recomputes its denominators, as eagerly.
+
+
+def _fake_state(x: Tensor, shape: tuple[int, ...], exact: bool):
+    """(value, r, scale, clamped) of a ladder op with state whose outputs have ``shape``."""
+    state = x.new_empty(shape, dtype=compute_dtype(x.dtype))
+    clamped = x.new_empty(shape if exact else (0,), dtype=torch.bool)
+    return x.new_empty(shape), state, torch.empty_like(state), clamped
+
+
+def _register_state_autograd(op: Callable, backward_op: Callable) -> None:
+    """Autograd of an op returning (value, r, scale, clamped): backward_op from the state."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias, _, exact, floor, backend = inputs
+        _, r, scale, clamped = output
+        ctx.mark_non_differentiable(r, scale, clamped)
+        ctx.save_for_backward(x, weight, bias, r, scale, clamped)
+        ctx.options = (exact, floor, backend)
+
+    def backward(ctx, grad_out: Tensor, *_state_grads):
+        x, weight, bias, r, scale, clamped = ctx.saved_tensors
+        needs = _needs(ctx.needs_input_grad[:3], (x, weight, bias))
+        grads = backward_op(
+            x, weight, bias, r, scale, clamped, grad_out, *ctx.options, *x_and_params(needs)
+        )
+        return _asked(grads, needs, range(4))
+
+    op.register_autograd(backward, setup_context=setup_context)
 
 
 @torch.library.custom_op("cofrgenet::univariate_ladder_with_state", mutates_args=())
@@ -317,9 +349,8 @@ def univariate_ladder_with_state_op(
 
 @univariate_ladder_with_state_op.register_fake
 def _(x, weight, bias, eps, exact, floor, backend):
-    rows = x.new_empty((x.numel() // x.shape[-1], x.shape[-1]), dtype=compute_dtype(x.dtype))
-    clamped = x.new_empty(rows.shape if exact else (0,), dtype=torch.bool)
-    return x.new_empty(x.shape), rows, torch.empty_like(rows), clamped
+    _, r, scale, clamped = _fake_state(x, (x.numel() // x.shape[-1], x.shape[-1]), exact)
+    return x.new_empty(x.shape), r, scale, clamped
 
 
 @torch.library.custom_op("cofrgenet::univariate_ladder_with_state_backward", mutates_args=())
@@ -350,26 +381,58 @@ def _(x, weight, bias, r, scale, clamped, grad_out, exact, floor, backend, need_
     return _fake_ladder_grads(x, weight, bias, need_x, need_params)
 
 
-def _with_state_setup(ctx, inputs, output) -> None:
-    x, weight, bias, _, exact, floor, backend = inputs
-    _, r, scale, clamped = output
-    ctx.mark_non_differentiable(r, scale, clamped)
-    ctx.save_for_backward(x, weight, bias, r, scale, clamped)
-    ctx.options = (exact, floor, backend)
+_register_state_autograd(univariate_ladder_with_state_op, univariate_ladder_with_state_backward_op)
 
 
-def _with_state_backward(ctx, grad_out: Tensor, *_state_grads):
-    x, weight, bias, r, scale, clamped = ctx.saved_tensors
-    needs = _needs(ctx.needs_input_grad[:3], (x, weight, bias))
-    grads = univariate_ladder_with_state_backward_op(
-        x, weight, bias, r, scale, clamped, grad_out, *ctx.options, *x_and_params(needs)
-    )
-    return _asked(grads, needs, range(4))
+@torch.library.custom_op("cofrgenet::pvariate_ladder_with_state", mutates_args=())
+def pvariate_ladder_with_state_op(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    exact: bool,
+    floor: float,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(value, r, scale, clamped), each (..., L), of p-variate ladders; backends "torch"
+    and "compiled"."""
+    compiled = backend == "compiled"
+    return continuant.pvariate_ladder_forward_state(x, weight, bias, eps, exact, floor, compiled)
 
 
-univariate_ladder_with_state_op.register_autograd(
-    _with_state_backward, setup_context=_with_state_setup
-)
+@pvariate_ladder_with_state_op.register_fake
+def _(x, weight, bias, eps, exact, floor, backend):
+    return _fake_state(x, (*x.shape[:-1], weight.shape[1]), exact)
+
+
+@torch.library.custom_op("cofrgenet::pvariate_ladder_with_state_backward", mutates_args=())
+def pvariate_ladder_with_state_backward_op(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    r: Tensor,
+    scale: Tensor,
+    clamped: Tensor,
+    grad_out: Tensor,
+    exact: bool,
+    floor: float,
+    backend: str,
+    need_x: bool,
+    need_params: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    grad_x, grad_w, grad_b = continuant.pvariate_ladder_grads_from_state(
+        x, weight, bias, r, scale, clamped, grad_out, exact, floor, need_x, need_params,
+        backend == "compiled",
+    )  # fmt: skip
+    return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
+
+
+@pvariate_ladder_with_state_backward_op.register_fake
+def _(x, weight, bias, r, scale, clamped, grad_out, exact, floor, backend, need_x, need_params):
+    return _fake_ladder_grads(x, weight, bias, need_x, need_params)
+
+
+_register_state_autograd(pvariate_ladder_with_state_op, pvariate_ladder_with_state_backward_op)
 
 
 # ----------------------------------------------------------------------- ladder_ensemble
@@ -490,7 +553,9 @@ def pvariate_ladder(
     floor: float,
     backend: str,
 ) -> Tensor:
-    if torch.compiler.is_compiling() or backend != "triton":
+    if backend != "triton":  # the CPU backends keep their state for backward
+        return pvariate_ladder_with_state_op(x, weight, bias, eps, exact, floor, backend)[0]
+    if torch.compiler.is_compiling():
         return pvariate_ladder_op(x, weight, bias, eps, exact, floor, backend)
     return TritonPvariateLadder.apply(x, weight, bias, eps, exact, floor, backend)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -11,6 +12,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.training.callbacks import (
     DyadicUnfreezing,
     LadderHealthMonitor,
@@ -427,14 +429,63 @@ def test_adamw_is_fused_where_torch_can_and_unfused_when_asked():
     assert not fused_adamw_supported([])
 
 
-def test_adam_state_is_made_up_front_and_equals_adams_own():
+def test_a_gradient_scaler_keeps_adamw_unfused():
+    """Fused AdamW unscales inside its step, after clipping and the logged gradient norms
+    saw scaled gradients (Lightning refuses to clip then): 16-mixed stays unfused."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from cofrgenet.training.optim import build_adamw, scales_loss
+
+    fp16 = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    bf16 = MixedPrecision("bf16-mixed", "cpu")
+    assert scales_loss(SimpleNamespace(precision_plugin=fp16))
+    assert not scales_loss(SimpleNamespace(precision_plugin=bf16))
+    model = torch.nn.Linear(4, 3)
+    optimizer = build_adamw(model, OptimizerConfig(), grad_scaler=True)
+    assert not optimizer.defaults["fused"]
+    model(torch.randn(2, 4)).sum().backward()
+    fp16.clip_gradients(optimizer, clip_val=1.0)  # raises for a fused optimizer
+    with pytest.raises(ConfigError, match="fused: true cannot be combined"):
+        build_adamw(model, OptimizerConfig(fused=True), grad_scaler=True)
+
+
+@pytest.mark.parametrize("saved_fused", [False, True], ids=["unfused-to-fused", "fused-to-unfused"])
+def test_a_resumed_optimizer_keeps_its_own_kernel_choice(saved_fused):
+    """load_state_dict would take fused/foreach from the checkpoint: a run saved unfused
+    and resumed fused then crashed in its first scaled step. The built choice wins, and
+    the step counters sit where that kernel keeps them."""
+    from cofrgenet.training.optim import build_adamw
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    saved = build_adamw(model, OptimizerConfig(fused=saved_fused))
+    model(x).sum().backward()
+    saved.step()
+    state_dict = saved.state_dict()
+    groups_before = [dict(g) for g in state_dict["param_groups"]]
+    resumed = build_adamw(model, OptimizerConfig(fused=not saved_fused))
+    resumed.load_state_dict(state_dict)
+    assert state_dict["param_groups"] == groups_before  # the caller's dict is untouched
+    assert all(bool(g["fused"]) is not saved_fused for g in resumed.param_groups)
+    assert all(resumed.state[p]["step"].item() == 1.0 for p in model.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    resumed.zero_grad()
+    scaler.scale(model(x).sum()).backward()
+    scaler.step(resumed)  # unfused-to-fused asserted on found_inf here before
+    scaler.update()
+    assert all(resumed.state[p]["step"].item() == 2.0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_adam_state_is_made_up_front_and_equals_adams_own(fused):
     from cofrgenet.training.optim import build_adamw
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     reference = torch.nn.Linear(4, 3)
     reference.load_state_dict(model.state_dict())
-    config = OptimizerConfig(lr=1e-2)
+    config = OptimizerConfig(lr=1e-2, fused=fused)
     ours = build_adamw(model, config)
     assert all(len(ours.state[p]) == 3 for p in model.parameters())  # before any step
     theirs = torch.optim.AdamW(  # the same groups, state made lazily by AdamW itself
@@ -442,7 +493,7 @@ def test_adam_state_is_made_up_front_and_equals_adams_own():
         lr=1e-2,
         betas=config.betas,
         eps=config.eps,
-        fused=True,  # what build_adamw picks for CPU parameters
+        fused=fused or None,
     )
     x = torch.randn(5, 4)
     for _ in range(3):

@@ -226,7 +226,7 @@ def _classifier_class() -> type:
     import torch.nn.functional as F
     from torch import nn
 
-    from cofrgenet.training.optim import OptimizerConfig, build_adamw
+    from cofrgenet.training.optim import OptimizerConfig, build_adamw, scales_loss
 
     class GlueClassifier(L.LightningModule):
         """A decoder (hidden states (B, T, C), see :func:`strip_lm_head`) with a linear
@@ -306,6 +306,7 @@ def _classifier_class() -> type:
                 OptimizerConfig(
                     lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, warmup_steps=0
                 ),
+                grad_scaler=scales_loss(self.trainer),
             )
             total = max(1, int(self.trainer.estimated_stepping_batches))
             warmup = round(cfg.warmup_ratio * total)

@@ -305,10 +305,9 @@ def _ladder_fake_backward(
 
 
 def _fake_state(x: Tensor, shape: tuple[int, ...], exact: bool):
-    """(value, r, scale, clamped) of a ladder op with state whose outputs have ``shape``."""
+    """(r, scale, clamped) of a ladder op with state: ``shape``, one value per unit."""
     state = x.new_empty(shape, dtype=compute_dtype(x.dtype))
-    clamped = x.new_empty(shape if exact else (0,), dtype=torch.bool)
-    return x.new_empty(shape), state, torch.empty_like(state), clamped
+    return state, torch.empty_like(state), x.new_empty(shape if exact else (0,), dtype=torch.bool)
 
 
 def _register_state_autograd(op: Callable, backward_op: Callable) -> None:
@@ -349,8 +348,8 @@ def univariate_ladder_with_state_op(
 
 @univariate_ladder_with_state_op.register_fake
 def _(x, weight, bias, eps, exact, floor, backend):
-    _, r, scale, clamped = _fake_state(x, (x.numel() // x.shape[-1], x.shape[-1]), exact)
-    return x.new_empty(x.shape), r, scale, clamped
+    rows = (x.numel() // x.shape[-1], x.shape[-1])
+    return x.new_empty(x.shape), *_fake_state(x, rows, exact)
 
 
 @torch.library.custom_op("cofrgenet::univariate_ladder_with_state_backward", mutates_args=())
@@ -402,7 +401,8 @@ def pvariate_ladder_with_state_op(
 
 @pvariate_ladder_with_state_op.register_fake
 def _(x, weight, bias, eps, exact, floor, backend):
-    return _fake_state(x, (*x.shape[:-1], weight.shape[1]), exact)
+    shape = (*x.shape[:-1], weight.shape[1])
+    return x.new_empty(shape), *_fake_state(x, shape, exact)
 
 
 @torch.library.custom_op("cofrgenet::pvariate_ladder_with_state_backward", mutates_args=())

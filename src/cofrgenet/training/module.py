@@ -23,6 +23,7 @@ from cofrgenet.training.optim import (
     build_adamw,
     describe_groups,
     released_warmup_cosine,
+    scales_loss,
     warmup_cosine,
 )
 from cofrgenet.training.perf import device_peak_flops, mfu
@@ -276,7 +277,13 @@ class LanguageModel(L.LightningModule):
                 for p in params
             }
             depth_of = lambda p: depths.get(id(p), 0)  # noqa: E731
-        optimizer = build_adamw(self.model, cfg, depth_of, getattr(self, "_built_ndims", None))
+        optimizer = build_adamw(
+            self.model,
+            cfg,
+            depth_of,
+            getattr(self, "_built_ndims", None),
+            grad_scaler=scales_loss(self.trainer),
+        )
         rank_zero_info(
             "optimizer groups:\n  " + "\n  ".join(describe_groups(optimizer.param_groups))
         )

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,9 +29,11 @@ class OptimizerConfig:
     warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to
     ``lr * min_lr_ratio`` at the run's last step. fused: torch's fused AdamW kernel (one
     pass over all parameters instead of a loop of small ops per tensor); None uses it
-    where every parameter is a floating-point tensor on CPU or CUDA (the optimizer step
-    about 5x faster on a 2-core CPU at 1.8M parameters); false gives torch's unfused
-    AdamW (foreach on CUDA, a loop over tensors on CPU).
+    where every parameter is a floating-point tensor on CPU or CUDA and no gradient
+    scaler (``precision: 16-mixed``) is in use (the optimizer step about 5x faster on a
+    2-core CPU at 1.8M parameters); false gives torch's unfused AdamW (foreach on CUDA,
+    a loop over tensors on CPU). A resumed run keeps the choice of its config, not the
+    checkpoint's.
     """
 
     lr: float = 6e-4
@@ -112,13 +115,27 @@ def build_adamw(
     config: OptimizerConfig,
     depth_of: Callable[[nn.Parameter], int] | None = None,
     ndims: dict[str, int] | None = None,
+    grad_scaler: bool = False,
 ) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`, with the state of every parameter made up front
-    (:func:`materialise_adam_state`)."""
+    (:func:`materialise_adam_state`).
+
+    ``grad_scaler``: the run scales its loss (fp16 mixed precision). A fused AdamW
+    unscales the gradients inside its step, after gradient clipping and the logged
+    gradient norms have seen them scaled (Lightning then refuses to clip), so the
+    default is unfused there and ``fused: true`` is an error.
+    """
     groups = param_groups(model, config.weight_decay, depth_of, ndims)
     fused = config.fused
+    if fused and grad_scaler:
+        raise ConfigError(
+            "optimizer.fused: true cannot be combined with a gradient scaler (precision "
+            "16-mixed): the fused step unscales gradients only after they are clipped and "
+            "logged; set optimizer.fused to null or false, or use bf16-mixed"
+        )
     if fused is None:
-        fused = fused_adamw_supported(p for group in groups for p in group["params"])
+        params = (p for group in groups for p in group["params"])
+        fused = not grad_scaler and fused_adamw_supported(params)
     optimizer = torch.optim.AdamW(
         # fused=None, not False, leaves torch its own choice (foreach on CUDA): False
         # would also turn foreach off.
@@ -129,7 +146,42 @@ def build_adamw(
         fused=True if fused else None,
     )
     materialise_adam_state(optimizer)
+    optimizer.register_load_state_dict_pre_hook(keep_kernel_choice)
     return optimizer
+
+
+def scales_loss(trainer: Any) -> bool:
+    """Whether a Lightning trainer's precision plugin has a gradient scaler (16-mixed,
+    also under FSDP), for :func:`build_adamw`'s ``grad_scaler``."""
+    return getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None
+
+
+def keep_kernel_choice(
+    optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+) -> dict[str, Any]:
+    """A load_state_dict pre-hook: the built optimizer's fused / foreach choice wins over
+    the checkpoint's.
+
+    ``Optimizer.load_state_dict`` takes every group setting from the checkpoint, fused
+    included, while whether GradScaler lets the step unscale is fixed when the optimizer
+    is built: a run saved unfused and resumed fused would crash in its first scaled step,
+    and ``fused: false`` could not undo a fused checkpoint. The step counters move where
+    the built kernel keeps them (torch moves them to the device for a fused one; the
+    unfused kernels keep them on the CPU). The caller's dict is not changed.
+    """
+    state = dict(state_dict["state"])
+    groups = []
+    for saved, built in zip(state_dict["param_groups"], optimizer.param_groups, strict=False):
+        saved = {**saved, "fused": built.get("fused"), "foreach": built.get("foreach")}
+        if not (saved["fused"] or built.get("capturable")):
+            for param_id in saved["params"]:
+                entry = state.get(param_id)
+                if entry is not None and isinstance(entry.get("step"), torch.Tensor):
+                    state[param_id] = {**entry, "step": entry["step"].cpu()}
+        groups.append(saved)
+    # Group counts that differ are left to load_state_dict, which names the mismatch.
+    groups.extend(state_dict["param_groups"][len(groups) :])
+    return {**state_dict, "state": state, "param_groups": groups}
 
 
 #: Devices with a fused AdamW kernel in every torch this project supports (CPU since 2.4).

@@ -217,6 +217,25 @@ def assert_same(eager, compiled, rtol=1e-6, atol=1e-6):
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
 
 
+def check_with_state_op(op, stateless_op, cases, backend, eps=0.01):
+    """A ladder op with state against its stateless twin, on (x, w, b, grad, dtype) cases
+    (float32 ones overflow, exact ones have clamped units): the same values bit for bit,
+    the same gradients, and state that says so (rescale counts, clamp mask)."""
+    for x, w, b, grad, dtype in cases:
+        exact = grad == "exact"
+        with_state = [t.to(dtype).requires_grad_() for t in (x, w, b)]
+        stateless = [t.to(dtype).requires_grad_() for t in (x, w, b)]
+        out, _, scale, clamped = op(*with_state, eps, exact, 0.0, backend)
+        assert bool(scale.any()) == (dtype == torch.float32) and bool(clamped.any()) == exact
+        want = stateless_op(*stateless, eps, exact, 0.0, backend)
+        upstream = upstream_like(out.shape, "cpu", dtype=dtype)
+        (out * upstream).sum().backward()
+        (want * upstream).sum().backward()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for got, ref in zip(with_state, stateless, strict=True):
+            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-6, atol=0)
+
+
 def compiles_fullgraph(fn, leaves, backend="aot_eager"):
     """fn under torch.compile(fullgraph=True) equals fn eagerly, forward and backward
     (``aot_eager``: dynamo and AOTAutograd, no code generation). A graph break raises."""

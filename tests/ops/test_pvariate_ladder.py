@@ -19,6 +19,7 @@ from op_cases import (
     HALF,
     HALF_IDS,
     IMPLS,
+    check_with_state_op,
     compiles_fullgraph,
     float64_leaves,
     half_tol,
@@ -237,19 +238,7 @@ def test_custom_op_with_state(impl):
         (*clamped_inputs, a.t().contiguous() - 0.5, "paper", f64),
         (*overflow, "paper", f32),
     ]
-    for x, w, b, grad, dtype in cases:
-        exact = grad == "exact"
-        with_state = [t.to(dtype).requires_grad_() for t in (x, w, b)]
-        stateless = [t.to(dtype).requires_grad_() for t in (x, w, b)]
-        out, _, scale, clamped = op(*with_state, eps, exact, 0.0, backend)
-        assert bool(scale.any()) == (dtype == f32) and bool(clamped.any()) == exact
-        want = ops.pvariate_ladder_op(*stateless, eps, exact, 0.0, backend)
-        upstream = upstream_like(out.shape, "cpu", dtype=dtype)
-        (out * upstream).sum().backward()
-        (want * upstream).sum().backward()
-        torch.testing.assert_close(out, want, rtol=0, atol=0)
-        for got, ref in zip(with_state, stateless, strict=True):
-            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-6, atol=0)
+    check_with_state_op(op, ops.pvariate_ladder_op, cases, backend, eps)
 
 
 def test_compiled_graph_runs_the_ladder_recurrence_once():

@@ -24,6 +24,7 @@ from op_cases import (
     HALF_IDS,
     IMPLS,
     away_from_poles,
+    check_with_state_op,
     compiles_fullgraph,
     float64_leaves,
     half_tol,
@@ -290,19 +291,7 @@ def test_custom_op_with_state(impl):
         (*clamped_inputs, a.t().contiguous() - 0.5, "paper", f64),
         (*ladder_overflow_inputs(16, "cpu"), "paper", f32),
     ]
-    for x, w, b, grad, dtype in cases:
-        exact = grad == "exact"
-        with_state = [t.to(dtype).requires_grad_() for t in (x, w, b)]
-        stateless = [t.to(dtype).requires_grad_() for t in (x, w, b)]
-        out, _, scale, clamped = op(*with_state, eps, exact, 0.0, backend)
-        assert bool(scale.any()) == (dtype == f32) and bool(clamped.any()) == exact
-        want = ops.univariate_ladder_op(*stateless, eps, exact, 0.0, backend)
-        upstream = upstream_like(out.shape, "cpu", dtype=dtype)
-        (out * upstream).sum().backward()
-        (want * upstream).sum().backward()
-        torch.testing.assert_close(out, want, rtol=0, atol=0)
-        for got, ref in zip(with_state, stateless, strict=True):
-            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-6, atol=0)
+    check_with_state_op(op, ops.univariate_ladder_op, cases, backend, eps)
 
 
 @pytest.mark.parametrize("impl", impls("auto", "continuant", "triton"))

@@ -556,13 +556,8 @@ def univariate_ladder_forward_state(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(value (..., n) in x's dtype, r, scale, clamped): the forward and what its backward
     needs (r and scale (M, n) in the compute dtype, scale all zero when nothing
-    overflowed; clamped (M, n) in exact mode, else empty), for ops that keep state."""
-    value, r, scale, clamped, _ = _univariate_ladder_state(
-        x, weight, bias, eps, exact, floor, compiled
-    )
-    if clamped is None:
-        clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
-    return value.contiguous(), r, scale, clamped
+    overflowed; clamped (M, n) in exact mode, else None), for ops that keep state."""
+    return _univariate_ladder_state(x, weight, bias, eps, exact, floor, compiled)[:4]
 
 
 def univariate_ladder_grads_from_state(
@@ -710,15 +705,10 @@ def pvariate_ladder_forward_state(
     floor: float,
     compiled: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(value, r, scale, clamped), each (..., L) and contiguous, for ops that keep state:
-    r and scale in the compute dtype (scale all zero when nothing overflowed), the clamp
-    mask in exact mode (else empty)."""
-    value, r, scale, clamped, _ = _pvariate_ladder_state(
-        x, weight, bias, eps, exact, floor, compiled
-    )
-    if clamped is None:
-        clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
-    return value, r.contiguous(), scale.contiguous(), clamped.contiguous()
+    """(value, r, scale, clamped), each (..., L), for ops that keep state: r and scale in
+    the compute dtype (scale all zero when nothing overflowed), the clamp mask in exact
+    mode (else None)."""
+    return _pvariate_ladder_state(x, weight, bias, eps, exact, floor, compiled)[:4]
 
 
 def pvariate_ladder_grads_from_state(

@@ -304,14 +304,75 @@ def _ladder_fake_backward(
 # (..., L, d) tensor: the p-variate backward recomputes its denominators, as eagerly.
 
 
-def _fake_state(x: Tensor, shape: tuple[int, ...], exact: bool):
-    """(r, scale, clamped) of a ladder op with state: ``shape``, one value per unit."""
-    state = x.new_empty(shape, dtype=compute_dtype(x.dtype))
-    return state, torch.empty_like(state), x.new_empty(shape if exact else (0,), dtype=torch.bool)
+def define_state_op(
+    name: str,
+    forward_state: Callable,
+    grads_from_state: Callable,
+    shapes: Callable[[Tensor, Tensor], tuple[tuple[int, ...], tuple[int, ...]]],
+) -> tuple[Callable, Callable]:
+    """Register ``cofrgenet::<name>_with_state`` and its ``_backward`` for a ladder op of
+    (x, weight, bias, eps, exact, floor, backend), backends "torch" and "compiled".
 
+    ``forward_state(x, weight, bias, eps, exact, floor, compiled)`` returns (value, r,
+    scale, clamped | None); ``grads_from_state(x, weight, bias, r, scale, clamped, grad_out,
+    exact, floor, need_x, need_params, compiled)`` the gradients of x, weight and bias
+    (None where not asked for). ``shapes(x, weight)`` gives the shapes of the value and
+    of the state (one entry per ladder unit) for the fake implementations.
+    """
 
-def _register_state_autograd(op: Callable, backward_op: Callable) -> None:
-    """Autograd of an op returning (value, r, scale, clamped): backward_op from the state."""
+    def forward(
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        eps: float,
+        exact: bool,
+        floor: float,
+        backend: str,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        value, r, scale, clamped = forward_state(
+            x, weight, bias, eps, exact, floor, backend == "compiled"
+        )
+        if clamped is None:  # an op returns no None: the mask of paper mode is empty
+            clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
+        # Contiguous, as the fake outputs are (the p-variate state comes depth-major).
+        return value.contiguous(), r.contiguous(), scale.contiguous(), clamped.contiguous()
+
+    def backward(
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        r: Tensor,
+        scale: Tensor,
+        clamped: Tensor,
+        grad_out: Tensor,
+        exact: bool,
+        floor: float,
+        backend: str,
+        need_x: bool,
+        need_params: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        grad_x, grad_w, grad_b = grads_from_state(
+            x, weight, bias, r, scale, clamped, grad_out, exact, floor, need_x, need_params,
+            backend == "compiled",
+        )  # fmt: skip
+        grad_x = None if grad_x is None else grad_x.contiguous()
+        return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
+
+    op = torch.library.custom_op(f"cofrgenet::{name}_with_state", forward, mutates_args=())
+    backward_op = torch.library.custom_op(
+        f"cofrgenet::{name}_with_state_backward", backward, mutates_args=()
+    )
+
+    @op.register_fake
+    def _(x, weight, bias, eps, exact, floor, backend):
+        value_shape, state_shape = shapes(x, weight)
+        state = x.new_empty(state_shape, dtype=compute_dtype(x.dtype))
+        clamped = x.new_empty(state_shape if exact else (0,), dtype=torch.bool)
+        return x.new_empty(value_shape), state, torch.empty_like(state), clamped
+
+    @backward_op.register_fake
+    def _(x, weight, bias, r, scale, clamped, grad_out, exact, floor, backend, need_x, need_params):
+        return _fake_ladder_grads(x, weight, bias, need_x, need_params)
 
     def setup_context(ctx, inputs, output) -> None:
         x, weight, bias, _, exact, floor, backend = inputs
@@ -320,7 +381,7 @@ def _register_state_autograd(op: Callable, backward_op: Callable) -> None:
         ctx.save_for_backward(x, weight, bias, r, scale, clamped)
         ctx.options = (exact, floor, backend)
 
-    def backward(ctx, grad_out: Tensor, *_state_grads):
+    def op_backward(ctx, grad_out: Tensor, *_state_grads):
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
         needs = _needs(ctx.needs_input_grad[:3], (x, weight, bias))
         grads = backward_op(
@@ -328,111 +389,22 @@ def _register_state_autograd(op: Callable, backward_op: Callable) -> None:
         )
         return _asked(grads, needs, range(4))
 
-    op.register_autograd(backward, setup_context=setup_context)
+    op.register_autograd(op_backward, setup_context=setup_context)
+    return op, backward_op
 
 
-@torch.library.custom_op("cofrgenet::univariate_ladder_with_state", mutates_args=())
-def univariate_ladder_with_state_op(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    eps: float,
-    exact: bool,
-    floor: float,
-    backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(value, r, scale, clamped) of univariate ladders; backends "torch" and "compiled"."""
-    compiled = backend == "compiled"
-    return continuant.univariate_ladder_forward_state(x, weight, bias, eps, exact, floor, compiled)
-
-
-@univariate_ladder_with_state_op.register_fake
-def _(x, weight, bias, eps, exact, floor, backend):
-    rows = (x.numel() // x.shape[-1], x.shape[-1])
-    return x.new_empty(x.shape), *_fake_state(x, rows, exact)
-
-
-@torch.library.custom_op("cofrgenet::univariate_ladder_with_state_backward", mutates_args=())
-def univariate_ladder_with_state_backward_op(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    r: Tensor,
-    scale: Tensor,
-    clamped: Tensor,
-    grad_out: Tensor,
-    exact: bool,
-    floor: float,
-    backend: str,
-    need_x: bool,
-    need_params: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    grad_x, grad_w, grad_b = continuant.univariate_ladder_grads_from_state(
-        x, weight, bias, r, scale, clamped, grad_out, exact, floor, need_x, need_params,
-        backend == "compiled",
-    )  # fmt: skip
-    grad_x = None if grad_x is None else grad_x.contiguous()
-    return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
-
-
-@univariate_ladder_with_state_backward_op.register_fake
-def _(x, weight, bias, r, scale, clamped, grad_out, exact, floor, backend, need_x, need_params):
-    return _fake_ladder_grads(x, weight, bias, need_x, need_params)
-
-
-_register_state_autograd(univariate_ladder_with_state_op, univariate_ladder_with_state_backward_op)
-
-
-@torch.library.custom_op("cofrgenet::pvariate_ladder_with_state", mutates_args=())
-def pvariate_ladder_with_state_op(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    eps: float,
-    exact: bool,
-    floor: float,
-    backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(value, r, scale, clamped), each (..., L), of p-variate ladders; backends "torch"
-    and "compiled"."""
-    compiled = backend == "compiled"
-    return continuant.pvariate_ladder_forward_state(x, weight, bias, eps, exact, floor, compiled)
-
-
-@pvariate_ladder_with_state_op.register_fake
-def _(x, weight, bias, eps, exact, floor, backend):
-    shape = (*x.shape[:-1], weight.shape[1])
-    return x.new_empty(shape), *_fake_state(x, shape, exact)
-
-
-@torch.library.custom_op("cofrgenet::pvariate_ladder_with_state_backward", mutates_args=())
-def pvariate_ladder_with_state_backward_op(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    r: Tensor,
-    scale: Tensor,
-    clamped: Tensor,
-    grad_out: Tensor,
-    exact: bool,
-    floor: float,
-    backend: str,
-    need_x: bool,
-    need_params: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    grad_x, grad_w, grad_b = continuant.pvariate_ladder_grads_from_state(
-        x, weight, bias, r, scale, clamped, grad_out, exact, floor, need_x, need_params,
-        backend == "compiled",
-    )  # fmt: skip
-    return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
-
-
-@pvariate_ladder_with_state_backward_op.register_fake
-def _(x, weight, bias, r, scale, clamped, grad_out, exact, floor, backend, need_x, need_params):
-    return _fake_ladder_grads(x, weight, bias, need_x, need_params)
-
-
-_register_state_autograd(pvariate_ladder_with_state_op, pvariate_ladder_with_state_backward_op)
+univariate_ladder_with_state_op, univariate_ladder_with_state_backward_op = define_state_op(
+    "univariate_ladder",
+    continuant.univariate_ladder_forward_state,
+    continuant.univariate_ladder_grads_from_state,
+    lambda x, weight: (x.shape, (x.numel() // x.shape[-1], x.shape[-1])),
+)
+pvariate_ladder_with_state_op, pvariate_ladder_with_state_backward_op = define_state_op(
+    "pvariate_ladder",
+    continuant.pvariate_ladder_forward_state,
+    continuant.pvariate_ladder_grads_from_state,
+    lambda x, weight: ((*x.shape[:-1], weight.shape[1]),) * 2,
+)
 
 
 # ----------------------------------------------------------------------- ladder_ensemble

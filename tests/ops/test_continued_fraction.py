@@ -149,6 +149,32 @@ def test_sign_of_zero_clamps_to_plus_eps(impl, on):
     assert continued_fraction(a, eps=0.5, impl=impl).tolist() == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_clamp_edges_match_the_reference(impl, dtype):
+    """K_d at, inside and outside +-eps, signed zeros and non-finite values: the same bits
+    as 1 / reference.clamp_denominator (sign(0) = +1, NaN stays NaN)."""
+    from cofrgenet.ops.reference import clamp_denominator
+
+    eps = 0.25
+    edges = [0.0, -0.0, eps, -eps, eps / 2, -eps / 2, 2 * eps, -2 * eps, 1e-30, -1e-30]
+    a = torch.tensor([*edges, float("nan"), float("inf"), float("-inf")], dtype=dtype)
+    got = continued_fraction(a.unsqueeze(-1), eps=eps, impl=impl)
+    want = torch.reciprocal(clamp_denominator(a, eps))
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_overflow_check_of_a_huge_but_finite_batch(impl):
+    """Every K_d finite but their float32 sum (the overflow probe) infinite: the rescaled
+    rerun it triggers gives the values of the float64 reference."""
+    a = torch.full((64, 2), 1e19)  # K_2 = a_1 a_2 + 1 = 1e38 each; their sum overflows
+    a[:, 1] = torch.linspace(1e18, 3e18, 64)
+    assert torch.isinf(a.prod(-1).sum()) and torch.isfinite(a.prod(-1)).all()
+    got = continued_fraction(a, impl=impl)
+    assert rel_err(got, reference_continued_fraction(a)) < 1e-6
+
+
 # --------------------------------------------------------------------------- numerics
 
 

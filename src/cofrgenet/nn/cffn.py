@@ -123,12 +123,14 @@ class Cffn(LadderLayer):
 
     def forward(self, x: Tensor) -> Tensor:
         gated = torch.sigmoid(self.gate(x)) * x  # x^, (..., p)
-        if self.ladder == "scalar":
-            z = self.clip(self.pvariate_ladders(gated, self.denominators))  # (..., L)
-            mixed = z @ self.mix.t()
-        else:
-            mixed = self._elementwise_ladders(gated)  # (..., p)
-        return self.linear(gated) + mixed
+        if self.ladder != "scalar":
+            return self.linear(gated) + self._elementwise_ladders(gated)  # (..., p)
+        z = self.clip(self.pvariate_ladders(gated, self.denominators))  # (..., L)
+        linear = self.linear(gated)
+        # U x^ + V z as one addmm: the sum is written by the GEMM (no extra pass over
+        # (..., p) forward, none backward), the same values as the two terms added.
+        mixed = torch.addmm(linear.reshape(-1, self.dim), z.reshape(-1, self.ladders), self.mix.t())
+        return mixed.view(linear.shape)
 
     def _elementwise_ladders(self, gated: Tensor) -> Tensor:
         """sum_j V[:, j] * z_j, (..., p): one fused kernel with impl="triton" (CUDA).

@@ -67,11 +67,22 @@ def check_denominators(denominators: str, floor: float) -> None:
         raise ValueError(f"the denominator floor must be a positive number, got {floor!r}")
 
 
+def _stack_depths(per_depth: nn.ParameterList) -> Tensor:
+    """torch.stack of the per-depth tensors, as one cat and a view.
+
+    A one-token decoding step is bound by op dispatch (a few us an op): stack costs an
+    unsqueeze per depth besides its cat, and indexing a ParameterList ~1 us a depth in
+    Python, hence parameters(recurse=False).
+    """
+    tensors = tuple(per_depth.parameters(recurse=False))
+    return torch.cat(tensors).view(len(tensors), *tensors[0].shape)
+
+
 class LadderWeights(nn.Module):
     """Partial-denominator weights (and optional biases) of a ladder ensemble, per depth.
 
     ``weight[k-1]`` (shape ``weight_shape``) and ``bias[k-1]`` (shape ``bias_shape``) hold
-    depth k. ``stacked_weight(dim)`` returns them as one tensor with depth on ``dim``.
+    depth k. ``stacked_weight()`` returns them as one (d, *weight_shape) tensor.
     """
 
     def __init__(
@@ -103,15 +114,13 @@ class LadderWeights(nn.Module):
         for b in self.bias or ():
             nn.init.constant_(b, offset)
 
-    def stacked_weight(self, dim: int = 0) -> Tensor:
-        # parameters(recurse=False), not list(ParameterList): indexing a ParameterList
-        # costs ~1 us a depth in Python, which shows in one-token decoding steps.
-        return torch.stack(tuple(self.weight.parameters(recurse=False)), dim=dim)
+    def stacked_weight(self) -> Tensor:
+        """(d, *weight_shape): depth k - 1 at index k - 1."""
+        return _stack_depths(self.weight)
 
-    def stacked_bias(self, dim: int = 0) -> Tensor | None:
-        if self.bias is None:
-            return None
-        return torch.stack(tuple(self.bias.parameters(recurse=False)), dim=dim)
+    def stacked_bias(self) -> Tensor | None:
+        """(d, *bias_shape), or None without biases."""
+        return None if self.bias is None else _stack_depths(self.bias)
 
     def parameters_by_depth(self) -> dict[int, list[nn.Parameter]]:
         """{k: [weight_k, bias_k]} for k = 1..d."""
@@ -170,7 +179,9 @@ class OutputRange(nn.Module):
             self._observe(z, length)
             return z
         low, high = self._bounds(length)
-        return torch.clamp(z, low.to(z.dtype), high.to(z.dtype))
+        if low.dtype != z.dtype:  # (a no-op .to would still cost a dispatch per token)
+            low, high = low.to(z.dtype), high.to(z.dtype)
+        return torch.clamp(z, low, high)
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.low.shape)}, momentum={self.momentum}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import warnings
 from collections.abc import Callable
 
@@ -41,6 +42,12 @@ _RESCALE_BY = 2.0**-RESCALE_EXPONENT
 
 Coefficient = Callable[[int], Tensor]
 Emit = Callable[[int, Tensor], None]
+
+
+def cast(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    """``tensor.to(dtype)``, without the op dispatch when it already has that dtype (a
+    one-token decoding step is bound by dispatch: a few us an op)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 # ----------------------------------------------------------------------------- recurrences
@@ -59,13 +66,14 @@ def _pow2_scale(exponent_count: Tensor) -> Tensor:
 
 
 def continuant_forward(
-    coefficient: Coefficient, d: int, eps: float, rescale: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    coefficient: Coefficient, d: int, eps: float, rescale: bool, clamp_mask: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
     """Evaluate f~ by the tail recurrence.
 
     Returns (value, r, scale, clamped, k_d): r = 1 / clamp(K_d) in the scaled domain,
-    scale = the rescale count of K_d (zeros without rescaling), clamped = |true K_d| < eps,
-    k_d = the scaled K_d (used to detect overflow). All shaped like one coefficient.
+    scale = the rescale count of K_d (zeros without rescaling), clamped = |true K_d| < eps
+    (None unless ``clamp_mask``), k_d = the scaled K_d (used to detect overflow). All
+    shaped like one coefficient.
     """
     high = coefficient(d - 1)  # K_1 = a_d
     low = torch.ones_like(high)  # K_0
@@ -74,10 +82,10 @@ def continuant_forward(
         high, low = coefficient(k) * high + low, high
         if rescale:
             high, low, scale = _rescale(high, low, scale)
-    threshold = eps * _pow2_scale(-scale) if rescale else torch.full_like(high, eps)
-    clamped = high.abs() < threshold
-    # sign(0) = +1: a zero K_d is clamped to +eps.
-    denominator = torch.where(clamped, torch.where(high >= 0, threshold, -threshold), high)
+    threshold = eps * _pow2_scale(-scale) if rescale else eps
+    clamped = high.abs() < threshold if clamp_mask else None
+    # sign(K_d) max(|K_d|, threshold) with sign(0) = +1, as reference.clamp_denominator.
+    denominator = torch.where(high >= 0, high.clamp_min(threshold), high.clamp_max(-threshold))
     r = torch.reciprocal(denominator)
     return low * r, r, scale, clamped, high
 
@@ -163,13 +171,13 @@ def continuant_backward(
 def _forward_outputs(coefficient: Coefficient, d: int, eps: float, exact: bool, rescale: bool):
     """continuant_forward trimmed to what the autograd wrappers keep.
 
-    (value, r, scale, clamped, finite): the clamp mask only in exact mode; ``finite``, the
-    overflow check of the unscaled first pass (fused into the kernel when compiled), only
-    without rescaling.
+    (value, r, scale, clamped, k_d_sum): the clamp mask only in exact mode; ``k_d_sum``,
+    the overflow check of the unscaled first pass (fused into the kernel when compiled),
+    only without rescaling: it is finite unless some K_d overflowed (or the sum itself
+    did, which only costs a needless rescaled rerun with the same result).
     """
-    value, r, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale)
-    finite = None if rescale else torch.isfinite(k_d).all()
-    return value, r, scale, clamped if exact else None, finite
+    value, r, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale, exact)
+    return value, r, scale, clamped, None if rescale else k_d.sum()
 
 
 def _cf_forward(a: Tensor, eps: float, exact: bool, rescale: bool):
@@ -252,8 +260,8 @@ def pvariate_denominators(
     floor 0: a = u (the paper's); floor > 0: a = positive_link(u, floor).
     """
     with _autocast_off(x.device.type):
-        b = None if bias is None else bias.to(x.dtype)
-        u = pvariate_preactivation(x, weight.to(x.dtype), b)
+        b = None if bias is None else cast(bias, x.dtype)
+        u = pvariate_preactivation(x, cast(weight, x.dtype), b)
         return u, (u if floor <= 0 else positive_link(u, floor))
 
 
@@ -269,17 +277,17 @@ def pvariate_backward(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(grad_x, grad_weight, grad_bias) in the inputs' dtypes from d loss / d a (..., L, d)."""
     with _autocast_off(x.device.type):
-        grad_u = grad_a.to(x.dtype)
+        grad_u = cast(grad_a, x.dtype)
         if floor > 0:  # a_k = floor + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
             grad_u = grad_u * torch.sigmoid(u)
-        b = None if bias is None else bias.to(x.dtype)
+        b = None if bias is None else cast(bias, x.dtype)
         grad_x, grad_w, grad_b = pvariate_chain(
-            x, weight.to(x.dtype), b, grad_u, need_x, need_params
+            x, cast(weight, x.dtype), b, grad_u, need_x, need_params
         )
     return (
         grad_x,
-        None if grad_w is None else grad_w.to(weight.dtype),
-        None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+        None if grad_w is None else cast(grad_w, weight.dtype),
+        None if grad_b is None or bias is None else cast(grad_b, bias.dtype),
     )
 
 
@@ -413,7 +421,7 @@ def _forward_with_overflow_check(fn: Callable, compiled: bool, *args):
     backward. The check costs one reduction and a host sync.
     """
     result = _run(fn, compiled, *args, False)
-    if bool(result[4]):
+    if math.isfinite(result[4]):
         return (*result, False)
     return (*_run(fn, compiled, *args, True), True)
 
@@ -421,8 +429,8 @@ def _forward_with_overflow_check(fn: Callable, compiled: bool, *args):
 def _ladder_work(x: Tensor, weight: Tensor, bias: Tensor | None):
     """x as (M, n), weight and bias, all in the compute dtype of x."""
     dtype = compute_dtype(x.dtype)
-    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-    return x2, weight.to(dtype), None if bias is None else bias.to(dtype)
+    x2 = cast(x.reshape(-1, x.shape[-1]), dtype)
+    return x2, cast(weight, dtype), None if bias is None else cast(bias, dtype)
 
 
 def _cf_gradient(
@@ -445,14 +453,14 @@ def _cf_gradient(
         r,
         scale,
         clamped,
-        grad_out.to(r.dtype),
+        cast(grad_out, r.dtype),
         exact,
         rescaled,
         depth_major,
     )
     if depth_major:  # (d, ...) -> (..., d), the same layout as a
         grad = grad.movedim(0, -1)
-    return grad.to(a.dtype)
+    return cast(grad, a.dtype)
 
 
 def _ladder_gradients(
@@ -483,7 +491,7 @@ def _ladder_gradients(
         r,
         scale,
         clamped,
-        grad_out.reshape(-1, x.shape[-1]).to(r.dtype),
+        cast(grad_out.reshape(-1, x.shape[-1]), r.dtype),
         exact,
         floor,
         rescaled,
@@ -491,9 +499,9 @@ def _ladder_gradients(
         need_params,
     )
     return (
-        None if grad_x is None else grad_x.reshape(x.shape).to(x.dtype),
-        None if grad_w is None else grad_w.to(weight.dtype),
-        None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+        None if grad_x is None else cast(grad_x.reshape(x.shape), x.dtype),
+        None if grad_w is None else cast(grad_w, weight.dtype),
+        None if grad_b is None or bias is None else cast(grad_b, bias.dtype),
     )
 
 
@@ -502,8 +510,9 @@ def _ladder_gradients(
 
 def continued_fraction_value(a: Tensor, eps: float, compiled: bool) -> Tensor:
     """f~(a) without autograd bookkeeping (inference: nothing is saved for backward)."""
-    work = a.to(compute_dtype(a.dtype))
-    return _forward_with_overflow_check(_cf_forward, compiled, work, eps, False)[0].to(a.dtype)
+    work = cast(a, compute_dtype(a.dtype))
+    value = _forward_with_overflow_check(_cf_forward, compiled, work, eps, False)[0]
+    return cast(value, a.dtype)
 
 
 def continued_fraction_grad(
@@ -511,7 +520,7 @@ def continued_fraction_grad(
 ) -> Tensor:
     """d loss / d a from a alone (the recurrence is rerun), laid out like
     ``torch.empty_like(a)``, in a's dtype: the backward of a stateless op."""
-    work = a.to(compute_dtype(a.dtype))
+    work = cast(a, compute_dtype(a.dtype))
     _, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
         _cf_forward, compiled, work, eps, exact
     )
@@ -535,7 +544,7 @@ def _univariate_ladder_state(
     value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
         _ladder_forward, compiled, x2, w, b, eps, exact, floor
     )
-    return value.reshape(x.shape).to(x.dtype), r, scale, clamped, rescaled
+    return cast(value.reshape(x.shape), x.dtype), r, scale, clamped, rescaled
 
 
 def univariate_ladder_value(
@@ -627,20 +636,20 @@ class ContinuedFraction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, eps: float, exact: bool, compiled: bool) -> Tensor:
-        work = a.to(compute_dtype(a.dtype))
+        work = cast(a, compute_dtype(a.dtype))
         value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
             _cf_forward, compiled, work, eps, exact
         )
         ctx.save_for_backward(a, r, _scale_to_keep(scale, rescaled), clamped)
         ctx.exact, ctx.compiled, ctx.rescaled = exact, compiled, rescaled
-        return value.to(a.dtype)
+        return cast(value, a.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         a, r, scale, clamped = ctx.saved_tensors
         scale = _kept_scale(scale, r)
-        work = a.to(r.dtype)
+        work = cast(a, r.dtype)
         grad = _cf_gradient(
             a, work, r, scale, clamped, grad_out, ctx.exact, ctx.rescaled, ctx.compiled
         )
@@ -667,11 +676,11 @@ def _pvariate_ladder_state(
     """(value (..., L) in x's dtype, contiguous, r, scale, clamped (exact mode) | None,
     rescaled); r, scale and clamped are (..., L), r and scale in the compute dtype."""
     _, a = pvariate_denominators(x, weight, bias, floor)
-    work = a.to(compute_dtype(a.dtype))
+    work = cast(a, compute_dtype(a.dtype))
     value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
         _cf_forward, compiled, work, eps, exact
     )
-    return value.to(x.dtype).contiguous(), r, scale, clamped, rescaled
+    return cast(value, x.dtype).contiguous(), r, scale, clamped, rescaled
 
 
 def _pvariate_gradients(
@@ -692,7 +701,9 @@ def _pvariate_gradients(
     """(grad_x, grad_weight, grad_bias) from the forward's state: the denominators are
     recomputed (one (d L) x p matmul), the forward recurrence is not."""
     u, a = pvariate_denominators(x, weight, bias, floor)
-    grad_a = _cf_gradient(a, a.to(r.dtype), r, scale, clamped, grad_out, exact, rescaled, compiled)
+    grad_a = _cf_gradient(
+        a, cast(a, r.dtype), r, scale, clamped, grad_out, exact, rescaled, compiled
+    )
     return pvariate_backward(x, weight, bias, u, grad_a, floor, need_x, need_params)
 
 

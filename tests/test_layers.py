@@ -93,6 +93,22 @@ def test_causal_by_perturbation(name, length):
         assert not torch.allclose(changed[:, t + 1 :], out[:, t + 1 :])  # the test can fail
 
 
+@pytest.mark.parametrize("name", LAYERS)
+def test_bf16_autocast_follows_the_float32_layer(name):
+    """Under CPU bf16 autocast (what GPU recipes train in) every layer runs forward and
+    backward, its output is bf16 and near the float32 one, its gradients finite."""
+    torch.manual_seed(0)
+    layer = LAYERS[name]()
+    x = torch.randn(2, 9, 16)
+    want = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+    got.float().square().sum().backward()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
 @pytest.mark.parametrize("denominators", ["positive", "paper"])
 @pytest.mark.parametrize("name", LAYERS)
 def test_impls_agree_forward_and_backward(name, denominators):

@@ -149,3 +149,22 @@ def test_cffn_elementwise_uses_the_fused_kernel(impl, on, monkeypatch):
     torch.testing.assert_close(gx, ref_gx, rtol=1e-9, atol=1e-12)
     for g, ref in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(7, 1, 5), (2, 3, 4, 9)], ids=["L1", "L4"])
+def test_mix_ensemble_is_the_einsum(shape):
+    """The broadcast-and-sum mix of the non-fused paths against the einsum it replaced:
+    float64 values and both gradients, odd shapes (one ladder, a batch dimension)."""
+    from cofrgenet.ops import mix_ensemble
+
+    torch.manual_seed(0)
+    z = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    mix = torch.randn(shape[-1], shape[-2], dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(*shape[:-2], shape[-1], dtype=torch.float64)
+    got = mix_ensemble(z, mix)
+    want = torch.einsum("...lp,pl->...p", z, mix)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad((got * upstream).sum(), (z, mix))
+    want_grads = torch.autograd.grad((want * upstream).sum(), (z, mix))
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

@@ -263,7 +263,8 @@ class Cffn(LadderLayer):
             # One univariate ladder per (ensemble, channel), on x^ repeated L times.
             repeated = gated.unsqueeze(-2).expand(*gated.shape[:-1], n_l, p).flatten(-2)
             z = univariate_ladder(repeated, weight, bias, self.eps, self.floor)
-            mixed = torch.einsum("...lp,pl->...p", self.clip(z.unflatten(-1, (n_l, p))), self.mix)
+            # A broadcast product summed over L (an einsum is ~15x slower on CPU).
+            mixed = (self.clip(z.unflatten(-1, (n_l, p))) * self.mix.t()).sum(-2)
         return self.linear(gated) + mixed
 
 

@@ -18,6 +18,7 @@ from cofrgenet.nn.ladder import (
 from cofrgenet.ops import (
     ladder_denominator_stats,
     ladder_ensemble,
+    mix_ensemble,
     resolve_impl,
     univariate_ladder,
 )
@@ -124,7 +125,8 @@ class Cffn(LadderLayer):
     def forward(self, x: Tensor) -> Tensor:
         gated = torch.sigmoid(self.gate(x)) * x  # x^, (..., p)
         if self.ladder != "scalar":
-            return self.linear(gated) + self._elementwise_ladders(gated)  # (..., p)
+            linear = self.linear(gated)  # the ladders' sum in its dtype (bf16 under autocast)
+            return linear + self._elementwise_ladders(gated).to(linear.dtype)  # (..., p)
         z = self.clip(self.pvariate_ladders(gated, self.denominators))  # (..., L)
         linear = self.linear(gated)
         # U x^ + V z as one addmm: the sum is written by the GEMM (no extra pass over
@@ -163,7 +165,7 @@ class Cffn(LadderLayer):
                     self.clip(z.unflatten(-1, (n_l, p)))  # records the range
             return ladder_ensemble(gated, weight, self.mix, bias, impl=self.impl, **kwargs)
         z = univariate_ladder(x, flat_w, flat_b, impl=self.impl, **kwargs).unflatten(-1, (n_l, p))
-        return torch.einsum("...lp,pl->...p", self.clip(z), self.mix)
+        return mix_ensemble(self.clip(z), self.mix)
 
     def extra_repr(self) -> str:
         return (

@@ -379,7 +379,18 @@ def ladder_ensemble(
         impl=chosen,
         floor=floor,
     )
-    return torch.einsum("...lp,pl->...p", z.unflatten(-1, (n_l, p)), mix)
+    return mix_ensemble(z.unflatten(-1, (n_l, p)), mix)
+
+
+def mix_ensemble(z: Tensor, mix: Tensor) -> Tensor:
+    """sum_j mix[:, j] * z[..., j, :]: ladder outputs z (..., L, p), mix (p, L) -> (..., p).
+
+    A broadcast product summed over L. ``einsum("...lp,pl->...p")`` lowers this to p
+    batched (rows, L) x (L, 1) products after transposing copies: on CPU about 15x slower
+    forward and 8x slower forward and backward at (2048, 3, 256). Computed in the wider
+    of the two dtypes, as any elementwise op (not cast down under autocast).
+    """
+    return (z * mix.t()).sum(-2)
 
 
 def denominator_stats(a: Tensor, eps: float = 0.01, near: float = NEAR_POLE) -> LadderStats:

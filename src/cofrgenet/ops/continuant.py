@@ -530,7 +530,7 @@ def continued_fraction_grad(
     return out
 
 
-def _univariate_ladder_state(
+def univariate_ladder_state(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
@@ -539,7 +539,9 @@ def _univariate_ladder_state(
     floor: float,
     compiled: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
-    """(value in x's shape and dtype, r, scale, clamped (exact mode) | None, rescaled)."""
+    """(value in x's shape and dtype, r, scale, clamped (exact mode) | None, rescaled):
+    the forward and what its backward needs; r, scale and clamped are (M, n), r and scale
+    in the compute dtype, scale all zero unless ``rescaled``."""
     x2, w, b = _ladder_work(x, weight, bias)
     value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
         _ladder_forward, compiled, x2, w, b, eps, exact, floor
@@ -551,43 +553,29 @@ def univariate_ladder_value(
     x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, compiled: bool, floor: float
 ) -> Tensor:
     """Elementwise ladders without autograd bookkeeping (inference)."""
-    return _univariate_ladder_state(x, weight, bias, eps, False, floor, compiled)[0]
+    return univariate_ladder_state(x, weight, bias, eps, False, floor, compiled)[0]
 
 
-def univariate_ladder_forward_state(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    eps: float,
-    exact: bool,
-    floor: float,
-    compiled: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(value (..., n) in x's dtype, r, scale, clamped): the forward and what its backward
-    needs (r and scale (M, n) in the compute dtype, scale all zero when nothing
-    overflowed; clamped (M, n) in exact mode, else None), for ops that keep state."""
-    return _univariate_ladder_state(x, weight, bias, eps, exact, floor, compiled)[:4]
-
-
-def univariate_ladder_grads_from_state(
+def univariate_ladder_gradients(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
     r: Tensor,
     scale: Tensor,
-    clamped: Tensor,
+    clamped: Tensor | None,
     grad_out: Tensor,
     exact: bool,
     floor: float,
+    rescaled: bool,
     need_x: bool,
     need_params: bool,
     compiled: bool,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """:func:`univariate_ladder_grads` from the forward's state: no recurrence rerun."""
-    rescaled = bool(scale.any())
+    """(grad_x, grad_weight, grad_bias) from the forward's state (r, scale, clamped of
+    :func:`univariate_ladder_state`): no recurrence rerun."""
     return _ladder_gradients(
-        x, weight, bias, _ladder_work(x, weight, bias), r, scale, clamped if exact else None,
-        grad_out, exact, floor, rescaled, need_x, need_params, compiled,
+        x, weight, bias, _ladder_work(x, weight, bias), r, scale, clamped, grad_out, exact,
+        floor, rescaled, need_x, need_params, compiled,
     )  # fmt: skip
 
 
@@ -664,7 +652,7 @@ def pvariate_ladder_value(
     return continued_fraction_value(a, eps, compiled).contiguous()
 
 
-def _pvariate_ladder_state(
+def pvariate_ladder_state(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
@@ -683,7 +671,7 @@ def _pvariate_ladder_state(
     return cast(value, x.dtype).contiguous(), r, scale, clamped, rescaled
 
 
-def _pvariate_gradients(
+def pvariate_ladder_gradients(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
@@ -707,42 +695,6 @@ def _pvariate_gradients(
     return pvariate_backward(x, weight, bias, u, grad_a, floor, need_x, need_params)
 
 
-def pvariate_ladder_forward_state(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    eps: float,
-    exact: bool,
-    floor: float,
-    compiled: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(value, r, scale, clamped), each (..., L), for ops that keep state: r and scale in
-    the compute dtype (scale all zero when nothing overflowed), the clamp mask in exact
-    mode (else None)."""
-    return _pvariate_ladder_state(x, weight, bias, eps, exact, floor, compiled)[:4]
-
-
-def pvariate_ladder_grads_from_state(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    r: Tensor,
-    scale: Tensor,
-    clamped: Tensor,
-    grad_out: Tensor,
-    exact: bool,
-    floor: float,
-    need_x: bool,
-    need_params: bool,
-    compiled: bool,
-) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """:func:`_pvariate_gradients` from :func:`pvariate_ladder_forward_state`'s state."""
-    return _pvariate_gradients(
-        x, weight, bias, r, scale, clamped if exact else None, grad_out, exact, floor,
-        bool(scale.any()), need_x, need_params, compiled,
-    )  # fmt: skip
-
-
 class PvariateLadder(torch.autograd.Function):
     """p-variate ladders: x (..., p), weight (d, L, p), bias (d, L) | None -> (..., L).
 
@@ -753,7 +705,7 @@ class PvariateLadder(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float):
-        value, r, scale, clamped, rescaled = _pvariate_ladder_state(
+        value, r, scale, clamped, rescaled = pvariate_ladder_state(
             x, weight, bias, eps, exact, floor, compiled
         )
         ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
@@ -765,7 +717,7 @@ class PvariateLadder(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = _pvariate_gradients(
+        grad_x, grad_w, grad_b = pvariate_ladder_gradients(
             x, weight, bias, r, _kept_scale(scale, r), clamped, grad_out, ctx.exact, ctx.floor,
             ctx.rescaled, needs[0], needs[1] or needs[2], ctx.compiled,
         )  # fmt: skip
@@ -793,7 +745,7 @@ class UnivariateLadder(torch.autograd.Function):
     def forward(
         ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float
     ) -> Tensor:
-        value, r, scale, clamped, rescaled = _univariate_ladder_state(
+        value, r, scale, clamped, rescaled = univariate_ladder_state(
             x, weight, bias, eps, exact, floor, compiled
         )
         ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
@@ -806,9 +758,9 @@ class UnivariateLadder(torch.autograd.Function):
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
         scale = _kept_scale(scale, r)
         needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = _ladder_gradients(
-            x, weight, bias, _ladder_work(x, weight, bias), r, scale, clamped, grad_out,
-            ctx.exact, ctx.floor, ctx.rescaled, needs[0], needs[1] or needs[2], ctx.compiled,
+        grad_x, grad_w, grad_b = univariate_ladder_gradients(
+            x, weight, bias, r, scale, clamped, grad_out, ctx.exact, ctx.floor, ctx.rescaled,
+            needs[0], needs[1] or needs[2], ctx.compiled,
         )  # fmt: skip
         return (
             grad_x,

@@ -306,18 +306,19 @@ def _ladder_fake_backward(
 
 def define_state_op(
     name: str,
-    forward_state: Callable,
-    grads_from_state: Callable,
+    state: Callable,
+    gradients: Callable,
     shapes: Callable[[Tensor, Tensor], tuple[tuple[int, ...], tuple[int, ...]]],
 ) -> tuple[Callable, Callable]:
     """Register ``cofrgenet::<name>_with_state`` and its ``_backward`` for a ladder op of
     (x, weight, bias, eps, exact, floor, backend), backends "torch" and "compiled".
 
-    ``forward_state(x, weight, bias, eps, exact, floor, compiled)`` returns (value, r,
-    scale, clamped | None); ``grads_from_state(x, weight, bias, r, scale, clamped, grad_out,
-    exact, floor, need_x, need_params, compiled)`` the gradients of x, weight and bias
-    (None where not asked for). ``shapes(x, weight)`` gives the shapes of the value and
-    of the state (one entry per ladder unit) for the fake implementations.
+    ``state(x, weight, bias, eps, exact, floor, compiled)`` returns (value, r, scale,
+    clamped | None, rescaled), as the eager Function's forward keeps them;
+    ``gradients(x, weight, bias, r, scale, clamped | None, grad_out, exact, floor,
+    rescaled, need_x, need_params, compiled)`` the gradients of x, weight and bias (None
+    where not asked for). ``shapes(x, weight)`` gives the shapes of the value and of the
+    state (one entry per ladder unit) for the fake implementations.
     """
 
     def forward(
@@ -329,7 +330,7 @@ def define_state_op(
         floor: float,
         backend: str,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        value, r, scale, clamped = forward_state(
+        value, r, scale, clamped, _ = state(
             x, weight, bias, eps, exact, floor, backend == "compiled"
         )
         if clamped is None:  # an op returns no None: the mask of paper mode is empty
@@ -351,9 +352,11 @@ def define_state_op(
         need_x: bool,
         need_params: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        grad_x, grad_w, grad_b = grads_from_state(
-            x, weight, bias, r, scale, clamped, grad_out, exact, floor, need_x, need_params,
-            backend == "compiled",
+        # Scale counts are all zero unless the forward rescaled; the empty mask of paper
+        # mode is None again.
+        grad_x, grad_w, grad_b = gradients(
+            x, weight, bias, r, scale, clamped if exact else None, grad_out, exact, floor,
+            bool(scale.any()), need_x, need_params, backend == "compiled",
         )  # fmt: skip
         grad_x = None if grad_x is None else grad_x.contiguous()
         return _or_empty(grad_x, x), _or_empty(grad_w, weight), _or_empty(grad_b, weight)
@@ -395,14 +398,14 @@ def define_state_op(
 
 univariate_ladder_with_state_op, univariate_ladder_with_state_backward_op = define_state_op(
     "univariate_ladder",
-    continuant.univariate_ladder_forward_state,
-    continuant.univariate_ladder_grads_from_state,
+    continuant.univariate_ladder_state,
+    continuant.univariate_ladder_gradients,
     lambda x, weight: (x.shape, (x.numel() // x.shape[-1], x.shape[-1])),
 )
 pvariate_ladder_with_state_op, pvariate_ladder_with_state_backward_op = define_state_op(
     "pvariate_ladder",
-    continuant.pvariate_ladder_forward_state,
-    continuant.pvariate_ladder_grads_from_state,
+    continuant.pvariate_ladder_state,
+    continuant.pvariate_ladder_gradients,
     lambda x, weight: ((*x.shape[:-1], weight.shape[1]),) * 2,
 )
 

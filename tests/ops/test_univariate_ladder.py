@@ -213,6 +213,87 @@ def test_positive_gradcheck_float64(impl, on):
     )
 
 
+def test_clamp_eps_skips_the_clamp_only_where_k_d_cannot_reach_eps():
+    """K_d >= min(floor, 1) for positive denominators: no clamp needed when that >= eps
+    (with 1% to spare); the paper's denominators (floor 0) always clamp."""
+    from cofrgenet.ops.continuant import clamp_eps
+
+    assert clamp_eps(0.01, 0.5) is None and clamp_eps(0.5, 2.0) is None
+    assert clamp_eps(0.01, 0.0) == 0.01  # the paper's linear denominators
+    assert clamp_eps(0.01, 0.01) == 0.01  # no margin left for a floor rounded to bf16
+    assert clamp_eps(2.0, 5.0) == 2.0  # K_2 = a K_1 + 1 can be as small as 1 < eps
+
+
+def positive_extremes(device):
+    """x, w, b for d = 5 whose positive denominators hit the floor exactly (softplus
+    underflows to 0), stay near it, or overflow K_d (the rescaled rerun), and signed
+    ordinary ones, in float32."""
+    x, w, b = signed_ladder_inputs((6, 8), 16, 5, "cpu", seed=11)
+    b[:, :4] = -200.0  # a_k = floor exactly in the first 4 columns
+    w[:, :4] = 0.0
+    b[:, 4:8] = -3.0  # a_k = floor + softplus(-3 + small): near the floor
+    w[:, 4:8] = 0.01
+    b[:, 8:12] = 60.0  # a_k ~ 60 + x w
+    w[:, 8:12] = w[:, 8:12].abs() + 0.5
+    x[0, 0, 8:12] = 1e9  # a_k ~ 1e9: K_5 ~ 1e45 overflows float32, the rescaled rerun
+    return [t.to(device) for t in (x, w, b)]
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["paper", "exact"])
+@pytest.mark.parametrize("op", ["univariate", "pvariate"])
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
+def test_skipped_clamp_changes_no_bits(impl, op, exact, monkeypatch):
+    """Positive ladders (floor 0.5, eps 0.01) skip the K_d clamp, its mask and exact mode's
+    clamped-gradient pass: values and the paper's gradients have the bits of the kernels
+    with the clamp (eagerly), including denominators at the floor exactly and an
+    overflowing row. Exact mode's gradients are the paper's then: they differ from the
+    masked kernel's in the order the d terms of grad x are summed only."""
+    from cofrgenet.ops import continuant, pvariate_ladder
+
+    x, w, b = positive_extremes("cpu")
+    big = torch.nn.functional.softplus(x[0, 0, 8:12] * w[:, 8:12] + b[:, 8:12]) + 0.5
+    assert torch.isinf(big.prod(0)).all()  # a guard on the construction: K_d overflows
+    if op == "pvariate":
+        w, b = w.view(5, 2, 8)[..., :1].expand(5, 2, 16).contiguous(), b[:, :2].contiguous()
+        w[:, 1] = 0.003
+    ladder = univariate_ladder if op == "univariate" else pvariate_ladder
+    grad = "exact" if exact else "paper"
+    upstream = upstream_like(ladder(x, w, b, floor=0.5).shape, "cpu", seed=5)
+    results = []
+    for keep_clamp in (False, True):
+        if keep_clamp:
+            monkeypatch.setattr(continuant, "clamp_eps", lambda eps, floor: eps)
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        out = ladder(*leaves, floor=0.5, grad=grad, impl=impl)
+        grads = torch.autograd.grad((out * upstream).sum(), leaves)
+        with torch.no_grad():
+            plain = ladder(x, w, b, floor=0.5, grad=grad, impl=impl)
+        results.append((out.detach(), plain, *grads))
+    assert torch.isfinite(results[0][0]).all()
+    # Separately compiled kernels may contract multiply-adds differently: bits eagerly.
+    tol = 0.0 if impl == "continuant" else 1e-5
+    for i, (skipped, clamped) in enumerate(zip(*results, strict=True)):
+        rtol = max(tol, 1e-5) if exact and i >= 2 else tol
+        torch.testing.assert_close(skipped, clamped, rtol=rtol, atol=0)
+    if exact:  # nothing clamped: the paper's gradients
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        out = ladder(*leaves, floor=0.5, grad="paper", impl=impl)
+        paper = torch.autograd.grad((out * upstream).sum(), leaves)
+        for got, want in zip(results[0][2:], paper, strict=True):
+            torch.testing.assert_close(got, want, rtol=tol, atol=0)
+
+
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_a_floor_below_eps_still_clamps(impl, on):
+    """floor 0.001 < eps 0.1: a_1 at the floor gives K_1 < eps, clamped to eps (1 / eps =
+    10, not 1 / floor = 1000), as the reference does."""
+    x = torch.zeros(1, 4, device=on)
+    w = torch.zeros(1, 4, device=on)
+    b = torch.full((1, 4), -200.0, device=on)  # softplus underflows: a_1 = floor
+    out = univariate_ladder(x, w, b, eps=0.1, floor=0.001, impl=impl)
+    torch.testing.assert_close(out.cpu(), torch.full((1, 4), 10.0))
+
+
 # --------------------------------------------------------- memory, without autograd
 
 

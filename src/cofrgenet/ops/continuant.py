@@ -65,23 +65,42 @@ def _pow2_scale(exponent_count: Tensor) -> Tensor:
     return torch.exp2(RESCALE_EXPONENT * exponent_count)
 
 
+def clamp_eps(eps: float, floor: float) -> float | None:
+    """eps, or None where positive partial denominators keep |K_d| >= eps already.
+
+    With a_k = floor + softplus(u_k) >= floor > 0 every continuant stays away from 0:
+    K_1 = a_d >= floor, K_2 = a_{d-1} K_1 + 1 >= 1 and K_j = a K_{j-1} + K_{j-2} >= K_{j-2},
+    in floating point too (every term is >= 0 and rounding is monotone), so
+    K_d >= min(floor, 1). Where that is at least eps (with 1% to spare for a floor rounded
+    to half precision) the clamp changes nothing: the kernels skip it, its mask and exact
+    mode's clamped-gradient pass (4 elementwise ops forward, 2 (d - 1) continuants
+    backward).
+    """
+    return None if 0.0 < eps <= 0.99 * min(floor, 1.0) else eps
+
+
 def continuant_forward(
-    coefficient: Coefficient, d: int, eps: float, rescale: bool, clamp_mask: bool = True
+    coefficient: Coefficient, d: int, eps: float | None, rescale: bool, clamp_mask: bool = True
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
     """Evaluate f~ by the tail recurrence.
 
     Returns (value, r, scale, clamped, k_d): r = 1 / clamp(K_d) in the scaled domain,
     scale = the rescale count of K_d (zeros without rescaling), clamped = |true K_d| < eps
     (None unless ``clamp_mask``), k_d = the scaled K_d (used to detect overflow). All
-    shaped like one coefficient.
+    shaped like one coefficient. eps None: K_d needs no clamp (:func:`clamp_eps`), and
+    clamped is None.
     """
     high = coefficient(d - 1)  # K_1 = a_d
-    low = torch.ones_like(high)  # K_0
-    scale = torch.zeros_like(high)
+    # K_0 = 1, and no scale counts: scalars where nothing rescales (no full-size fills).
+    low: Tensor | float = torch.ones_like(high) if rescale else 1.0
+    scale = torch.zeros_like(high) if rescale else high.new_zeros(()).expand(high.shape)
     for k in range(d - 2, -1, -1):
         high, low = coefficient(k) * high + low, high
         if rescale:
             high, low, scale = _rescale(high, low, scale)
+    if eps is None:
+        r = torch.reciprocal(high)
+        return low * r, r, scale, None, high
     threshold = eps * _pow2_scale(-scale) if rescale else eps
     clamped = high.abs() < threshold if clamp_mask else None
     # sign(K_d) max(|K_d|, threshold) with sign(0) = +1, as reference.clamp_denominator.
@@ -94,18 +113,21 @@ def _paper_gradients(
     coefficient: Coefficient, d: int, r: Tensor, scale_d: Tensor, rescale: bool, emit: Emit
 ) -> None:
     """Emit (k-1, d f~/d a_k) for k = d..1 by Proposition 1 with the clamped K_d."""
-    suffix = torch.ones_like(r)  # K_0 of the empty tail
-    previous = torch.zeros_like(r)
-    scale = torch.zeros_like(r)
+    suffix: Tensor | None = None  # K_{d-k} of the tail; None for K_0 = 1 (no fill)
+    previous: Tensor | float = 0.0
+    scale = torch.zeros_like(r) if rescale else None
     for j in range(d):
         k = d - j  # suffix holds K_{d-k}(a_{k+1}..a_d)
-        ratio = suffix * r
+        ratio = r if suffix is None else suffix * r
         if rescale:
             ratio = ratio * _pow2_scale(scale - scale_d)
         square = ratio * ratio
         emit(k - 1, square if k % 2 == 0 else -square)
         if j < d - 1:
-            suffix, previous = coefficient(k - 1) * suffix + previous, suffix
+            if suffix is None:  # K_1 = a_d, K_0 = 1
+                suffix, previous = coefficient(k - 1), torch.ones_like(r) if rescale else 1.0
+            else:
+                suffix, previous = coefficient(k - 1) * suffix + previous, suffix
             if rescale:
                 suffix, previous, scale = _rescale(suffix, previous, scale)
 
@@ -154,8 +176,11 @@ def continuant_backward(
     rescale: bool,
     emit: Emit,
 ) -> None:
-    """Emit (k-1, d f~/d a_k) for every k, in the paper's or the exact gradient mode."""
-    if not exact:
+    """Emit (k-1, d f~/d a_k) for every k, in the paper's or the exact gradient mode.
+
+    Exact mode with ``clamped`` None (no K_d needed the clamp: :func:`clamp_eps`) is the
+    paper's gradient."""
+    if not exact or clamped is None:
         _paper_gradients(coefficient, d, r, scale_d, rescale, emit)
         return
     paper: list[Tensor] = [r] * d
@@ -168,7 +193,9 @@ def continuant_backward(
 # -------------------------------------------------------------------------- op kernels
 
 
-def _forward_outputs(coefficient: Coefficient, d: int, eps: float, exact: bool, rescale: bool):
+def _forward_outputs(
+    coefficient: Coefficient, d: int, eps: float | None, exact: bool, rescale: bool
+):
     """continuant_forward trimmed to what the autograd wrappers keep.
 
     (value, r, scale, clamped, k_d_sum): the clamp mask only in exact mode; ``k_d_sum``,
@@ -180,7 +207,7 @@ def _forward_outputs(coefficient: Coefficient, d: int, eps: float, exact: bool, 
     return value, r, scale, clamped, None if rescale else k_d.sum()
 
 
-def _cf_forward(a: Tensor, eps: float, exact: bool, rescale: bool):
+def _cf_forward(a: Tensor, eps: float | None, exact: bool, rescale: bool):
     """a: (..., d), any strides -> value, r, scale, clamped (exact mode only), k_d; each (...).
 
     Reads a[..., k] in place: no layout copy. Compiled, this is one fused loop.
@@ -331,7 +358,7 @@ def _ladder_forward(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
-    eps: float,
+    eps: float | None,
     exact: bool,
     floor: float,
     rescale: bool,
@@ -508,8 +535,9 @@ def _ladder_gradients(
 # --------------------------------------------------------------------- the entry points
 
 
-def continued_fraction_value(a: Tensor, eps: float, compiled: bool) -> Tensor:
-    """f~(a) without autograd bookkeeping (inference: nothing is saved for backward)."""
+def continued_fraction_value(a: Tensor, eps: float | None, compiled: bool) -> Tensor:
+    """f~(a) without autograd bookkeeping (inference: nothing is saved for backward);
+    eps None: a needs no clamp (:func:`clamp_eps`)."""
     work = cast(a, compute_dtype(a.dtype))
     value = _forward_with_overflow_check(_cf_forward, compiled, work, eps, False)[0]
     return cast(value, a.dtype)
@@ -544,7 +572,7 @@ def univariate_ladder_state(
     in the compute dtype, scale all zero unless ``rescaled``."""
     x2, w, b = _ladder_work(x, weight, bias)
     value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-        _ladder_forward, compiled, x2, w, b, eps, exact, floor
+        _ladder_forward, compiled, x2, w, b, clamp_eps(eps, floor), exact, floor
     )
     return cast(value.reshape(x.shape), x.dtype), r, scale, clamped, rescaled
 
@@ -595,7 +623,7 @@ def univariate_ladder_grads(
     None where not asked for: the backward of a stateless op."""
     work = _ladder_work(x, weight, bias)
     _, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-        _ladder_forward, compiled, *work, eps, exact, floor
+        _ladder_forward, compiled, *work, clamp_eps(eps, floor), exact, floor
     )
     return _ladder_gradients(
         x, weight, bias, work, r, scale, clamped, grad_out, exact, floor, rescaled,
@@ -611,7 +639,8 @@ def _scale_to_keep(scale: Tensor, rescaled: bool) -> Tensor | None:
 
 
 def _kept_scale(scale: Tensor | None, r: Tensor) -> Tensor:
-    return torch.zeros_like(r) if scale is None else scale
+    """The counts :func:`_scale_to_keep` dropped: zeros, read by nothing unscaled."""
+    return r.new_zeros(()).expand(r.shape) if scale is None else scale
 
 
 class ContinuedFraction(torch.autograd.Function):
@@ -649,7 +678,7 @@ def pvariate_ladder_value(
 ) -> Tensor:
     """p-variate ladders without autograd bookkeeping (inference): (..., L), contiguous."""
     _, a = pvariate_denominators(x, weight, bias, floor)
-    return continued_fraction_value(a, eps, compiled).contiguous()
+    return continued_fraction_value(a, clamp_eps(eps, floor), compiled).contiguous()
 
 
 def pvariate_ladder_state(
@@ -666,7 +695,7 @@ def pvariate_ladder_state(
     _, a = pvariate_denominators(x, weight, bias, floor)
     work = cast(a, compute_dtype(a.dtype))
     value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-        _cf_forward, compiled, work, eps, exact
+        _cf_forward, compiled, work, clamp_eps(eps, floor), exact
     )
     return cast(value, x.dtype).contiguous(), r, scale, clamped, rescaled
 

@@ -333,7 +333,7 @@ def define_state_op(
         value, r, scale, clamped, _ = state(
             x, weight, bias, eps, exact, floor, backend == "compiled"
         )
-        if clamped is None:  # an op returns no None: the mask of paper mode is empty
+        if clamped is None:  # an op returns no None: paper mode's mask is empty
             clamped = torch.zeros(0, dtype=torch.bool, device=x.device)
         # Contiguous, as the fake outputs are (the p-variate state comes depth-major).
         return value.contiguous(), r.contiguous(), scale.contiguous(), clamped.contiguous()
@@ -352,10 +352,10 @@ def define_state_op(
         need_x: bool,
         need_params: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        # Scale counts are all zero unless the forward rescaled; the empty mask of paper
-        # mode is None again.
+        # Scale counts are all zero unless the forward rescaled; the empty mask (paper
+        # mode, or nothing to clamp: continuant.clamp_eps) is None again.
         grad_x, grad_w, grad_b = gradients(
-            x, weight, bias, r, scale, clamped if exact else None, grad_out, exact, floor,
+            x, weight, bias, r, scale, clamped if clamped.numel() else None, grad_out, exact, floor,
             bool(scale.any()), need_x, need_params, backend == "compiled",
         )  # fmt: skip
         grad_x = None if grad_x is None else grad_x.contiguous()
@@ -370,7 +370,8 @@ def define_state_op(
     def _(x, weight, bias, eps, exact, floor, backend):
         value_shape, state_shape = shapes(x, weight)
         state = x.new_empty(state_shape, dtype=compute_dtype(x.dtype))
-        clamped = x.new_empty(state_shape if exact else (0,), dtype=torch.bool)
+        masked = exact and continuant.clamp_eps(eps, floor) is not None
+        clamped = x.new_empty(state_shape if masked else (0,), dtype=torch.bool)
         return x.new_empty(value_shape), state, torch.empty_like(state), clamped
 
     @backward_op.register_fake

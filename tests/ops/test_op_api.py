@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from cofrgenet.ops import (
     resolve_impl,
     univariate_ladder,
 )
+from cofrgenet.ops import custom_ops as ops
 from cofrgenet.ops.reference import (
     reference_continued_fraction,
     reference_paper_grad,
@@ -79,6 +81,112 @@ def test_poisoned_buffers_are_nan():
 
     out = runtime.new_output((3,), torch.float32, torch.device("cpu"))
     assert torch.isnan(out).all()
+
+
+@needs_triton
+def test_float_kernel_arguments_are_fp32_on_a_gpu(device, monkeypatch):
+    """The premise of the suites' float typing (tests/ops/conftest.py): compiled Triton
+    passes a runtime float as fp32, a constexpr exactly (checked on CUDA); under the
+    interpreter, :func:`type_floats_as_compiled` does the same to every kernel."""
+    from cofrgenet.ops.triton import runtime
+    from triton_typing import launched_kernels, scalar_probe_kernel, type_floats_as_compiled
+
+    assert set(launched_kernels()) == {
+        "continued_fraction_fwd_kernel",
+        "continued_fraction_bwd_kernel",
+        "ladder_ensemble_fwd_kernel",
+        "ladder_ensemble_bwd_kernel",
+    }
+    if runtime.interpreted():
+        type_floats_as_compiled(scalar_probe_kernel, monkeypatch)
+    out = torch.zeros(2, dtype=torch.float64, device=device)
+    scalar_probe_kernel[(1,)](out, 0.01, VALUE=0.01)
+    assert out.tolist() == [float(np.float32(0.01)), 0.01]
+
+
+# ------------------------------------------------------- custom ops: fake against real
+
+
+def _triton_op_case(name: str, device: torch.device):
+    """(forward op, backward op, tensors, options, backward flag sets) of one case."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, dtype=torch.float32):
+        return (torch.rand(*shape, generator=g, dtype=torch.float64) + 0.5).to(device, dtype)
+
+    bias = "nobias" not in name
+    ladder_options = (0.01, True, 0.5 if "floor" in name else 0.0)
+    needs = [(True, True), (True, False), (False, True)]
+    if name.startswith("cf_"):
+        a = {
+            "cf_contiguous": lambda: rand(3, 5, 4),
+            "cf_depth_major": lambda: rand(4, 3, 5).permute(1, 2, 0),
+            "cf_permuted": lambda: rand(6, 5, 7, 3).permute(1, 0, 2, 3),  # 3 stride groups
+            "cf_gapped_channels_last": lambda: rand(2, 5, 8, 3).permute(0, 3, 1, 2)[..., ::2],
+            "cf_float64": lambda: rand(7, 3, dtype=torch.float64),
+            "cf_bf16": lambda: rand(7, 3, dtype=torch.bfloat16),
+        }[name]()
+        ops_pair = ops.continued_fraction_op, ops.continued_fraction_backward_op
+        return (*ops_pair, [a], (0.01, True, "triton"), [()])
+    if name.startswith("univariate"):
+        x = rand(12, 2, 7).transpose(0, 2) if "transposed" in name else rand(2, 7, 12)
+        tensors = [x, rand(3, 12), rand(3, 12) if bias else None]
+        ops_pair = ops.univariate_ladder_op, ops.univariate_ladder_backward_op
+        return (*ops_pair, tensors, (*ladder_options, "triton"), needs)
+    if name.startswith("pvariate"):
+        tensors = [rand(2, 7, 6), rand(3, 2, 6), rand(3, 2) if bias else None]
+        ops_pair = ops.pvariate_ladder_op, ops.pvariate_ladder_backward_op
+        return (*ops_pair, tensors, (*ladder_options, "triton"), needs)
+    mix = rand(2, 12).t() if "transposed" in name else rand(12, 2)
+    tensors = [rand(2, 7, 12), rand(3, 2, 12), rand(3, 2, 12) if bias else None, mix]
+    ops_pair = ops.ladder_ensemble_op, ops.ladder_ensemble_backward_op
+    return (*ops_pair, tensors, ladder_options, needs)
+
+
+def _layout(t: torch.Tensor | None):
+    return None if t is None else (tuple(t.shape), t.dtype, t.stride(), t.device.type)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "case",
+    [
+        "cf_contiguous",
+        "cf_depth_major",
+        "cf_permuted",
+        "cf_gapped_channels_last",
+        "cf_float64",
+        "cf_bf16",
+        "univariate",
+        "univariate_transposed_nobias_floor",
+        "pvariate",
+        "pvariate_nobias_floor",
+        "ensemble",
+        "ensemble_transposed_nobias_floor",
+    ],
+)
+def test_triton_ops_fake_layouts_are_the_real_ones(device, case):
+    """Each triton custom op, forward and backward (every gradient subset), returns the
+    shapes, dtypes and strides its fake implementation promises: inductor asserts them
+    at run time (assert_size_stride), so a mismatch breaks compiled models on a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, backward_op, tensors, options, flag_sets = _triton_op_case(case, device)
+    mode = FakeTensorMode()
+    fake_tensors = [None if t is None else mode.from_tensor(t) for t in tensors]
+    out = op(*tensors, *options)
+    with mode:
+        fake_out = op(*fake_tensors, *options)
+    assert _layout(out) == _layout(fake_out)
+    grad_out = torch.randn_like(out)
+    fake_grad_out = mode.from_tensor(grad_out)
+    for flags in flag_sets:
+        grads = backward_op(*tensors, grad_out, *options, *flags)
+        with mode:
+            fake_grads = backward_op(*fake_tensors, fake_grad_out, *options, *flags)
+        if isinstance(grads, torch.Tensor):
+            grads, fake_grads = (grads,), (fake_grads,)
+        assert [_layout(t) for t in grads] == [_layout(t) for t in fake_grads], flags
 
 
 # ------------------------------------------------------------- choosing an implementation

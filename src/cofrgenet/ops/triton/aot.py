@@ -34,6 +34,8 @@ from cofrgenet.ops.triton.continued_fraction import (
 from cofrgenet.ops.triton.ladder import ladder_ensemble_bwd_kernel, ladder_ensemble_fwd_kernel
 
 _POINTER = {tl.float32: "*fp32", tl.float64: "*fp64"}
+#: The clamp threshold the specializations are compiled for (a constexpr of every kernel).
+EPS = 0.01
 
 
 def _cf_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]]:
@@ -45,13 +47,14 @@ def _cf_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]]:
         (32, tl.float32, "*fp32", True, False),
         (4, tl.float64, "*fp64", True, False),
     ]:
-        sig = {"a_ptr": io, "out_ptr": io, **dict.fromkeys(scalars, "i32"), "eps": "fp32"}
-        const = {"D": d, "COMPUTE": compute, "FORCE_RESCALE": force, "BLOCK": 512}
+        sig = {"a_ptr": io, "out_ptr": io, **dict.fromkeys(scalars, "i32")}
+        const = {"EPS": EPS, "D": d, "COMPUTE": compute, "FORCE_RESCALE": force, "BLOCK": 512}
         yield continued_fraction_fwd_kernel, sig, const
         sig = {"a_ptr": io, "grad_out_ptr": io, "grad_a_ptr": io}
         strides = ["stride_go", "stride_g1", "stride_g2", "stride_gd"]
-        sig.update(dict.fromkeys(scalars + strides, "i32"), eps="fp32")
-        const = {"D": d, "COMPUTE": compute, "EXACT": exact, "FORCE_RESCALE": force, "BLOCK": 512}
+        sig.update(dict.fromkeys(scalars + strides, "i32"))
+        const = {"EPS": EPS, "D": d, "COMPUTE": compute, "EXACT": exact}
+        const.update(FORCE_RESCALE=force, BLOCK=512)
         yield continued_fraction_bwd_kernel, sig, const
 
 
@@ -70,8 +73,7 @@ def _ladder_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]
         pointers = {"x_ptr": io, "w_ptr": param, "b_ptr": param, "v_ptr": param}
         strides = ["stride_xm", "stride_xn", "stride_wk", "stride_wj", "stride_vn", "stride_vj"]
         sig = {**pointers, "out_ptr": io, "M": "i32", "N": "i32", **dict.fromkeys(strides, "i32")}
-        sig["eps"] = "fp32"
-        flags = {"D": d, "L": n_l, "HAS_BIAS": bias, "FLOOR": floor, "HAS_MIX": mix}
+        flags = {"EPS": EPS, "D": d, "L": n_l, "HAS_BIAS": bias, "FLOOR": floor, "HAS_MIX": mix}
         flags["COMPUTE"] = compute
         yield (
             ladder_ensemble_fwd_kernel,
@@ -88,7 +90,7 @@ def _ladder_specs() -> Iterator[tuple[object, dict[str, str], dict[str, object]]
         sig.update(part_w_ptr=part, part_b_ptr=part, part_v_ptr=part, M="i32", N="i32")
         grad_strides = ["stride_gm", "stride_gn"]
         sig.update(dict.fromkeys(strides[:2] + grad_strides + strides[2:], "i32"))
-        sig.update(row_blocks="i32", split="i32", eps="fp32")
+        sig.update(row_blocks="i32", split="i32")
         for need_x, need_params in ((True, True), (False, True), (True, False)):
             yield (
                 ladder_ensemble_bwd_kernel,

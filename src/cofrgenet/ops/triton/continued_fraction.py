@@ -7,6 +7,12 @@ own strides, so the depth-major (d outermost) tensors the layers build need no c
 gradient is written in a's layout too. Forward: one pass over a (d loads per unit), one
 store. Backward: saves nothing from the forward, it reruns the tail recurrence to get
 K_d and r, then the suffix recurrence emits the d gradients (d loads again, cached).
+
+The clamp threshold ``EPS`` is a constexpr, not a runtime float: compiled Triton passes a
+Python float argument as fp32 (the interpreter keeps it float64), which would clamp
+float64 inputs at fp32(eps). A constexpr enters the kernel in its compute dtype (eps
+itself in float64, fp32(eps) in float32, as torch clamps); each distinct eps compiles its
+own kernels, which a fixed model hyperparameter does once.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ def continued_fraction_fwd_kernel(
     stride_a1,
     stride_a2,
     stride_ad,
-    eps,
+    EPS: tl.constexpr,
     D: tl.constexpr,
     COMPUTE: tl.constexpr,
     FORCE_RESCALE: tl.constexpr,
@@ -49,9 +55,9 @@ def continued_fraction_fwd_kernel(
         src, D, False, False, 0.0, COMPUTE, FORCE_RESCALE
     )
     if rescaled > 0:
-        r, _ = clamp_reciprocal(high, scale, eps, RESCALE=True)
+        r, _ = clamp_reciprocal(high, scale, EPS, RESCALE=True)
     else:
-        r, _ = clamp_reciprocal(high, scale, eps, RESCALE=False)
+        r, _ = clamp_reciprocal(high, scale, EPS, RESCALE=False)
     tl.store(out_ptr + offs, (low * r).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -112,7 +118,7 @@ def continued_fraction_bwd_kernel(
     stride_g1,
     stride_g2,
     stride_gd,
-    eps,
+    EPS: tl.constexpr,
     D: tl.constexpr,
     COMPUTE: tl.constexpr,
     EXACT: tl.constexpr,
@@ -131,10 +137,10 @@ def continued_fraction_bwd_kernel(
         src, D, False, False, 0.0, COMPUTE, FORCE_RESCALE
     )
     if rescaled > 0:
-        r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=True)
+        r, clamped = clamp_reciprocal(high, scale=scale_d, EPS=EPS, RESCALE=True)
         _cf_gradients(src, g_ptrs, stride_gd, grad_out, r, scale_d, clamped, D, COMPUTE, EXACT, RESCALE=True)  # fmt: skip
     else:
-        r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=False)
+        r, clamped = clamp_reciprocal(high, scale=scale_d, EPS=EPS, RESCALE=False)
         _cf_gradients(src, g_ptrs, stride_gd, grad_out, r, scale_d, clamped, D, COMPUTE, EXACT, RESCALE=False)  # fmt: skip
 
 
@@ -203,7 +209,7 @@ def continued_fraction_fwd(a: Tensor, eps: float, force_rescale: bool = False) -
         s1,
         s2,
         a.stride(-1),
-        float(eps),
+        EPS=float(eps),
         D=d,
         COMPUTE=runtime.compute_dtype(a.dtype),
         FORCE_RESCALE=force_rescale,
@@ -219,13 +225,20 @@ def continued_fraction_bwd(
     """d loss / d a for a (..., d) and grad_out (...): shaped like a, in a's layout and dtype.
 
     The layout is that of ``torch.empty_like(a)`` (a's strides when a is dense, else
-    contiguous), which the op's fake implementation reproduces.
+    contiguous, or channels-last for a 4-d a that suggests it), which the op's fake
+    implementation reproduces.
     """
     runtime.check_tensor(a)
     grad_a = runtime.new_output_like(a)
     source = a if unit_groups(a) is not None else a.contiguous()
+    # The kernel writes the gradient with source's grouping of the leading dims, which
+    # holds for source's own strides and for contiguous ones. empty_like keeps the
+    # strides of a dense a that does not group (a permuted 4-d tensor, say) and may
+    # pick channels-last for a gapped one: the kernel then writes a contiguous buffer.
+    same = grad_a.stride() == source.stride() or grad_a.is_contiguous()
+    target = grad_a if same else runtime.new_output(a.shape, a.dtype, a.device)
     (outer, inner), (s1, s2) = unit_groups(source)
-    g1, g2 = _group_strides(grad_a, source)
+    g1, g2 = _group_strides(target, source)
     units, d = outer * inner, a.shape[-1]
     if units == 0:
         return grad_a
@@ -234,7 +247,7 @@ def continued_fraction_bwd(
     continued_fraction_bwd_kernel[(triton.cdiv(units, block),)](
         source,
         grad_flat,
-        grad_a,
+        target,
         units,
         inner,
         s1,
@@ -243,8 +256,8 @@ def continued_fraction_bwd(
         grad_flat.stride(0),
         g1,
         g2,
-        grad_a.stride(-1),
-        float(eps),
+        target.stride(-1),
+        EPS=float(eps),
         D=d,
         COMPUTE=runtime.compute_dtype(a.dtype),
         EXACT=exact,
@@ -252,4 +265,6 @@ def continued_fraction_bwd(
         BLOCK=block,
         num_warps=warps,
     )
+    if target is not grad_a:
+        grad_a.copy_(target)
     return grad_a

@@ -18,6 +18,11 @@ over rows: the grid is (column blocks, SPLIT); each program walks every SPLIT-th
 block, keeps running [P, BLOCK_N] sums (P = rows of (depth, ladder) pairs, padded to a
 power of two) and writes them once to a (SPLIT, P, n) buffer that torch sums over SPLIT
 (deterministic, no atomics).
+
+``EPS`` and ``FLOOR`` are constexprs, rounded once to the compute dtype (a runtime float
+argument would be fp32 in compiled kernels, even in float64 ones): each distinct value
+compiles its own kernels, once for the fixed hyperparameters of a model (see
+:mod:`.continued_fraction`).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def ladder_ensemble_fwd_kernel(
     stride_wj,
     stride_vn,
     stride_vj,
-    eps,
+    EPS: tl.constexpr,
     D: tl.constexpr,
     L: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -80,9 +85,9 @@ def ladder_ensemble_fwd_kernel(
             src, D, True, HAS_BIAS, FLOOR, COMPUTE, FORCE_RESCALE
         )
         if rescaled > 0:
-            r, _ = clamp_reciprocal(high, scale, eps, RESCALE=True)
+            r, _ = clamp_reciprocal(high, scale, EPS, RESCALE=True)
         else:
-            r, _ = clamp_reciprocal(high, scale, eps, RESCALE=False)
+            r, _ = clamp_reciprocal(high, scale, EPS, RESCALE=False)
         if HAS_MIX:
             v = tl.load(v_ptr + cols * stride_vn + j * stride_vj, mask=cols < N, other=0.0)
             out += v.to(COMPUTE)[None, :] * (low * r)
@@ -176,7 +181,7 @@ def ladder_ensemble_bwd_kernel(
     stride_vj,
     row_blocks,
     split,
-    eps,
+    EPS: tl.constexpr,
     D: tl.constexpr,
     L: tl.constexpr,
     P: tl.constexpr,
@@ -224,9 +229,9 @@ def ladder_ensemble_bwd_kernel(
                 src, D, True, HAS_BIAS, FLOOR, COMPUTE, FORCE_RESCALE
             )
             if rescaled > 0:
-                r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=True)
+                r, clamped = clamp_reciprocal(high, scale=scale_d, EPS=EPS, RESCALE=True)
             else:
-                r, clamped = clamp_reciprocal(high, scale=scale_d, eps=eps, RESCALE=False)
+                r, clamped = clamp_reciprocal(high, scale=scale_d, EPS=EPS, RESCALE=False)
             if HAS_MIX:
                 v = tl.load(v_ptr + cols * stride_vn + j * stride_vj, mask=cols < N, other=0.0)
                 if NEED_PARAMS:  # d loss / d V[i, j] = sum_m grad_out f~_j
@@ -301,7 +306,7 @@ def ladder_ensemble_fwd(
         w.stride(1),
         v.stride(0),
         v.stride(1),
-        float(eps),
+        EPS=float(eps),
         D=d,
         L=ladders,
         HAS_BIAS=bias is not None,
@@ -382,7 +387,7 @@ def ladder_ensemble_bwd(
             v.stride(1),
             row_blocks,
             split,
-            float(eps),
+            EPS=float(eps),
             D=d,
             L=ladders,
             P=p_rows,
@@ -411,7 +416,8 @@ def ladder_ensemble_bwd(
         grad_b = part_b.sum(0)[: d * ladders].view(d, ladders, n).to(bias.dtype)
     grad_v = None
     if mix is not None:
-        grad_v = part_v.sum(0)[:ladders].t().to(mix.dtype)  # (n, L)
+        # (L, n) -> (n, L), contiguous as the op's fake promises (inductor asserts strides).
+        grad_v = part_v.sum(0)[:ladders].t().to(mix.dtype).contiguous()
     return grad_x, grad_w.reshape(weight.shape), grad_b, grad_v
 
 

@@ -168,15 +168,18 @@ def forward_continuants(
 
 
 @triton.jit
-def clamp_reciprocal(high, scale, eps, RESCALE: tl.constexpr):
+def clamp_reciprocal(high, scale, EPS: tl.constexpr, RESCALE: tl.constexpr):
     """(r, clamped): r = 1 / clamp(K_d) in K_d's scaled domain; the clamp sees the true K_d.
 
-    clamp(K) = sign(K) max(|K|, eps) with sign(0) = +1.
+    clamp(K) = sign(K) max(|K|, EPS) with sign(0) = +1. EPS is a constexpr (a Python
+    float), rounded once to K_d's dtype: exactly eps in float64, float32(eps) in float32,
+    as the torch implementations clamp. (A runtime float argument would reach compiled
+    kernels as fp32 whatever the compute dtype, while the interpreter keeps it float64.)
     """
     if RESCALE:
-        threshold = eps * tl.exp2(scale * -RESCALE_EXPONENT)
+        threshold = tl.exp2(scale * -RESCALE_EXPONENT) * EPS
     else:
-        threshold = tl.full(high.shape, 1.0, high.dtype) * eps
+        threshold = tl.full(high.shape, EPS, high.dtype)
     clamped = tl.abs(high) < threshold
     denominator = tl.where(clamped, tl.where(high >= 0, threshold, -threshold), high)
     return 1.0 / denominator, clamped

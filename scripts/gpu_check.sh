@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
-# The one prepared GPU check, under 9 minutes cold on one H200:
-#   1. the Triton, custom-op, decoding and compile tests on the GPU (the device fixture
-#      picks CUDA), at most 100 s;
-#   2. `cofr bench train` at gpt2-small width (12 x 768, block 1024, batch 8) for gpt2,
-#      cofrgenet-f, cofrgenet-a and cofrgenet, bf16 autocast, eager and whole-model
-#      compiled (the Triton kernels inside the graph), in one run: tokens/s, compiled vs
-#      eager, MFU, memory, at most 300 s;
-#   3. `cofr bench ops` at the ops issue's sizes (continued_fraction (2^20, d), ladders
-#      (8192, 2304), the elementwise Cffn ensemble (8192, 768) L=3 d=5; literal,
-#      continuant, compiled, triton; fwd and fwd+bwd) with the GPU targets, at most 100 s;
-#   4. larger op sizes (bandwidth) and whole Cffn layers, with what time is left.
+# The one prepared GPU check, under 9 minutes cold on one H200 (16 cores). Each step runs
+# under `timeout -k 10` (TERM at its limit, KILL 10 s later); its whole output goes to the
+# log, then its last lines to the console, and what it wrote is copied to $OUT as soon as
+# it ends. The benchmarks also rewrite their reports (marked partial) as they go, so a
+# step cut short keeps what it measured. Limits, worst case [a cold run's estimate]:
+#
+#   0. start-up: a Python whose torch sees the GPU; versions.                   [10-20 s]
+#   1. tests, 110 s: the tests of tests/ops that run on the GPU (pytest plugin
+#      cofrgenet.bench.gpu_tests: those taking the `device` fixture, and of the per-impl
+#      ones only triton's, the others run on the CPU): every Triton kernel forward and
+#      backward against the references, the custom ops' fake layouts, fullgraph compiles
+#      with the kernels inside, whole Cffn layers through inductor; ~175 tests on 12
+#      xdist workers, 60 s per test where pytest-timeout is there. tests/test_decoding.py
+#      and test_bench_train.py run on the CPU only: left out.                   [40-80 s]
+#   2. train, 240 s: `cofr bench train` at gpt2-small width (12 x 768, block 1024,
+#      batch 8) for gpt2, cofrgenet-f, cofrgenet-a and cofrgenet, bf16 autocast: tokens/s
+#      eager and whole-model compiled (the Triton kernels inside the graph), compiled vs
+#      eager, MFU, training peak memory (no generation). Eager first, every variant and
+#      then its memory [~40 s]; then one variant compiled at a time, a cold whole-model
+#      compile each [~35-50 s each]; the report rewritten after each.         [200-260 s]
+#   3. ops, 120 s: `cofr bench ops` at the ops issue's sizes (continued_fraction
+#      (2^20, d), ladders (8192, 2304), the elementwise Cffn ensemble (8192, 768) L=3
+#      d=5; literal, continuant, compiled, triton; fwd and fwd+bwd) with the GPU targets,
+#      one op at a time in turn (cf, ladder, ensemble, cf, ...) [~10-25 s a workload,
+#      compiles included]. --time-budget 80: no workload starts that would end after
+#      80 s if it took as long as the longest so far; 40 s are left for start-up and
+#      one workload longer than those before it.                               [90-120 s]
+#   4. extra: larger op sizes (bandwidth) and whole Cffn layers, only with 45 s or more
+#      left of the 490 s of steps 0-3.
+#
+# 20 + 110 + 240 + 120 = 490 s; 520 s (8.7 min) if each step also needs its 10 s to KILL.
 #
 # Run from anywhere: bash scripts/gpu_check.sh [--dry-run]
-# Results under docs/benchmarks/: gpu-tests-<gpu>-<date>.log, train-<gpu>-<date>.{md,json},
-# ops-<gpu>-<date>.{md,json}, ops-<gpu>-<date>-extra.{md,json}; also copied to $OUT when
-# it is set (the device tool brings back what is there).
+# Results under docs/benchmarks/: gpu-check-<gpu>-<date>.log (every step's whole output),
+# train-<gpu>-<date>.{md,json}, ops-<gpu>-<date>.{md,json}, ops-<gpu>-<date>-extra.{md,json};
+# each copied to $OUT, when it is set, after the step that wrote it (the device tool brings
+# back what is there).
 #
 # --dry-run: every step on this machine's CPU at tiny sizes, results in a temporary folder
 # (tests: collection only). CI runs it (tests/test_scripts.py) so the script cannot rot.
@@ -29,10 +50,11 @@ START=$(date +%s)
 DATE=$(date -u +%F)
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
+TOTAL=490  # seconds for steps 0-3 (see above); step 4 gets what they leave
 
 elapsed() { echo $(($(date +%s) - START)); }
 sees_gpu() {
-  "$1" -c 'import sys, torch, triton; sys.exit(0 if torch.cuda.is_available() else 1)' \
+  timeout -k 5 60 "$1" -c 'import sys, torch, triton; sys.exit(0 if torch.cuda.is_available() else 1)' \
     >/dev/null 2>&1
 }
 
@@ -59,33 +81,70 @@ mkdir -p "$RESULTS"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
-if [ "$DRY" = 1 ]; then
-  GPU=cpu
-else
-  GPU=$("$PY" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-"))')
-fi
-TEST_LOG="$RESULTS/gpu-tests-$GPU-$DATE.log"
+# One interpreter start for the GPU's name (the files' <gpu>) and the versions.
+INFO=$(timeout -k 5 60 "$PY" -c '
+import re, sys, torch
+name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+print(re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", name)
+')
+GPU=${INFO%%$'\n'*}
+[ "$DRY" = 1 ] && GPU=cpu
+LOG="$RESULTS/gpu-check-$GPU-$DATE.log"
 {
   echo "# gpu_check $(date -u +%FT%TZ) on $(hostname)$([ "$DRY" = 1 ] && echo ' (dry run)')"
   nvidia-smi -L 2>/dev/null || true
-  "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'
-} | tee "$TEST_LOG"
+  echo "${INFO#*$'\n'}"
+} | tee "$LOG"
+
+# copy_out STEP: this run's files to $OUT now, so that a later step that hangs or the
+# device tool's limit cannot take them (partial reports included).
+copy_out() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  local file count=0
+  for file in "$RESULTS"/*-"$GPU"-"$DATE"*.log "$RESULTS"/*-"$GPU"-"$DATE"*.md \
+    "$RESULTS"/*-"$GPU"-"$DATE"*.json; do
+    [ -f "$file" ] && cp "$file" "$OUT"/ && count=$((count + 1))
+  done
+  echo "== copied $count files to \$OUT after $1 (t=$(elapsed)s)" | tee -a "$LOG"
+}
+
+# step NAME SECONDS TAIL COMMAND...: COMMAND under `timeout -k 10 SECONDS`, its whole
+# output appended to the log as it comes, then its last TAIL lines on the console; RC is
+# its exit status (124: timed out). Into the file, not a pipe: a stray child process that
+# outlived the kill and held a pipe open would keep the step waiting.
+RC=0
+step() {
+  local name=$1 seconds=$2 lines=$3 from
+  shift 3
+  echo "== $name: at most ${seconds}s (t=$(elapsed)s)" | tee -a "$LOG"
+  from=$(wc -l <"$LOG")
+  timeout -k 10 "$seconds" "$@" >>"$LOG" 2>&1
+  RC=$?
+  tail -n +"$((from + 1))" "$LOG" | tail -n "$lines"
+  local note=""
+  [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ] && note=" (timed out after ${seconds}s)"
+  echo "== $name exit status $RC$note (t=$(elapsed)s)" | tee -a "$LOG"
+  copy_out "$name"
+}
 
 # 1. Tests on the GPU: every kernel compiled for real (the CPU suite runs Triton's
-#    interpreter). pytest-xdist spreads the Triton compiles over the cores.
-TESTS=(tests/ops tests/test_decoding.py tests/test_bench_train.py)
-XDIST=()
-if [ "$DRY" = 0 ] && "$PY" -c 'import xdist' >/dev/null 2>&1; then XDIST=(-n 8); fi
-COLLECT=()
-[ "$DRY" = 1 ] && COLLECT=(--collect-only)
-echo "== tests (t=$(elapsed)s)" | tee -a "$TEST_LOG"
-timeout 100 "$PY" -m pytest -q -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} \
-  ${COLLECT[@]+"${COLLECT[@]}"} "${TESTS[@]}" 2>&1 | tail -n 30 | tee -a "$TEST_LOG"
-TESTS_RC=${PIPESTATUS[0]}
-echo "== tests exit status $TESTS_RC (t=$(elapsed)s)" | tee -a "$TEST_LOG"
+#    interpreter). pytest-xdist spreads the Triton compiles over the cores; -rfE lists
+#    failures and errors at the end, -v names each test as it ends (a killed run still
+#    says how far it got), --durations sizes the next run.
+PYTEST=("$PY" -m pytest -p no:cacheprovider -p cofrgenet.bench.gpu_tests -rfE --durations=15)
+if [ "$DRY" = 1 ]; then
+  PYTEST+=(--collect-only -q)  # the selected tests' ids
+else
+  PYTEST+=(-v)
+  if "$PY" -c 'import xdist' >/dev/null 2>&1; then PYTEST+=(-n 12); fi
+fi
+if "$PY" -c 'import pytest_timeout' >/dev/null 2>&1; then PYTEST+=(--timeout 60); fi
+step tests 110 40 "${PYTEST[@]}" tests/ops
+TESTS_RC=$RC
 
 # 2. Training speed at gpt2-small width, compiled, bf16, Triton inside the graph.
-echo "== train benchmark (t=$(elapsed)s)" | tee -a "$TEST_LOG"
 if [ "$DRY" = 1 ]; then
   SHAPE=(--n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --batch-size 2 --steps 1
          --rounds 1 --warmup 1 --modes eager --dtype float32 --gen-tokens 2)
@@ -93,40 +152,35 @@ else
   SHAPE=(--n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --batch-size 8 --steps 5
          --rounds 2 --warmup 2 --modes eager,compiled --dtype bfloat16 --no-generation)
 fi
-timeout 300 "$PY" -m cofrgenet.cli bench train --device "$DEVICE" --out-dir "$RESULTS" \
-  --variants gpt2,cofrgenet-f,cofrgenet-a,cofrgenet "${SHAPE[@]}" 2>&1 | tail -n 30
-TRAIN_RC=${PIPESTATUS[0]}
+step train 240 40 "$PY" -m cofrgenet.cli bench train --device "$DEVICE" --out-dir "$RESULTS" \
+  --variants gpt2,cofrgenet-f,cofrgenet-a,cofrgenet "${SHAPE[@]}"
+TRAIN_RC=$RC
 
 # 3. The op benchmark at the issue's sizes, with the GPU targets.
 BENCH=("$PY" -m cofrgenet.cli bench ops --device "$DEVICE" --out "$RESULTS")
-echo "== ops benchmark (t=$(elapsed)s)" | tee -a "$TEST_LOG"
 if [ "$DRY" = 1 ]; then
-  timeout 100 "${BENCH[@]}" --quick --impls literal,continuant 2>&1 | tail -n 20
+  step ops 120 20 "${BENCH[@]}" --quick --impls literal,continuant --time-budget 60
 else
-  timeout 100 "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 --warmup 3 \
-    --time-budget 70 --sizes 2^20 --depths 3,5,8 --ladder-sizes 8192x2304 \
+  step ops 120 60 "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 \
+    --warmup 3 --time-budget 80 --sizes 2^20 --depths 3,5,8 --ladder-sizes 8192x2304 \
     --ladder-depths 3,5,8 --ensemble-sizes 8192x768 --ensemble-ladders 3 \
-    --ensemble-depths 5 --cffn-sizes '' 2>&1 | tail -n 60
+    --ensemble-depths 5 --cffn-sizes ''
 fi
-BENCH_RC=${PIPESTATUS[0]}
+BENCH_RC=$RC
 
-# 4. Larger sizes (bandwidth) and whole Cffn layers, in the time left (8.5 min in all).
-LEFT=$((510 - $(elapsed)))
-if [ "$DRY" = 0 ] && [ "$LEFT" -gt 40 ]; then
-  echo "== extra benchmark, ${LEFT}s left (t=$(elapsed)s)" | tee -a "$TEST_LOG"
-  timeout "$LEFT" "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 \
-    --warmup 3 --time-budget $((LEFT - 30)) --suffix=-extra \
+# 4. Larger sizes (bandwidth) and whole Cffn layers, in the time left.
+LEFT=$((TOTAL - $(elapsed)))
+if [ "$DRY" = 0 ] && [ "$LEFT" -ge 45 ]; then
+  step extra "$LEFT" 40 "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 \
+    --warmup 3 --time-budget $((LEFT - 35)) --suffix=-extra \
     --sizes 2^24 --depths 5 --ladder-sizes 32768x4096 --ladder-depths 5 \
     --ensemble-sizes 65536x768 --ensemble-ladders 3 --ensemble-depths 5 \
-    --cffn-sizes 8192x768 2>&1 | tail -n 40
+    --cffn-sizes 8192x768
 fi
 
-echo "== done: tests $TESTS_RC, train $TRAIN_RC, ops $BENCH_RC (t=$(elapsed)s)" | tee -a "$TEST_LOG"
-if [ -n "${OUT:-}" ]; then
-  cp "$TEST_LOG" "$RESULTS"/*-"$GPU"-"$DATE"*.md "$RESULTS"/*-"$GPU"-"$DATE"*.json "$OUT"/ \
-    2>/dev/null || true
-  ls -l "$OUT"
-fi
+echo "== done: tests $TESTS_RC, train $TRAIN_RC, ops $BENCH_RC (t=$(elapsed)s)" | tee -a "$LOG"
+copy_out done
+[ -n "${OUT:-}" ] && ls -l "$OUT"
 if [ "$DRY" = 1 ]; then
   ls "$RESULTS"
   rm -rf "$RESULTS"

@@ -30,8 +30,10 @@ from cofrgenet.bench.ops import (
     check_targets,
     config_from_args,
     default_impls,
+    measure,
     min_bytes,
     run_benchmark,
+    run_order,
     to_markdown,
 )
 from cofrgenet.bench.timing import (
@@ -231,6 +233,76 @@ def test_bench_ops_writes_table_and_json(tmp_path):
     assert "| cf 256 d=3 | fwd+bwd |" in md and "| ladder 8x16 d=2 | fwd |" in md
     assert "| ensemble 8x16 L=2 d=2 | fwd |" in md and "| Cffn-scalar 8x16 L=2 d=2 | fwd |" in md
     assert "cofr bench ops --quick" in md and "torch " in md
+
+
+def _small_config(**changes) -> OpsBenchConfig:
+    """continued_fraction d = 1, 2 and one ladder; literal forward only: milliseconds."""
+    fields = dict(sizes=(64,), depths=(1, 2), ladder_sizes=((4, 8),), ladder_depths=(2,))
+    fields |= dict(ensemble_sizes=(), cffn_sizes=(), impls=("literal",), modes=("fwd",))
+    return OpsBenchConfig(**(fields | dict(repeats=1, warmup=0, device="cpu") | changes))
+
+
+def test_bench_ops_runs_one_op_at_a_time_and_reports_after_each_workload():
+    config = _small_config()
+    cf1, cf2, ladder = workloads = config.workloads()
+    assert run_order(workloads) == [0, 2, 1]  # cf, ladder, then cf's second shape
+    partials = []
+    report = run_benchmark(config, on_update=partials.append)
+    assert [[r.workload for r in p.results] for p in partials] == [[cf1], [cf1, ladder]]
+    assert [p.meta["pending"] for p in partials] == [[cf2.label, ladder.label], [cf2.label]]
+    assert all(p.meta["partial"] for p in partials)
+    # The finished report: every workload, in the config's order, and no partial mark.
+    assert [r.workload for r in report.results] == [cf1, cf2, ladder]
+    assert "partial" not in report.meta and "pending" not in report.meta
+    text = to_markdown(partials[0])
+    still = f"1 of 3 workloads measured; still to run: {cf2.label}, {ladder.label}."
+    assert f"**Partial report**, written while the run was going: {still}" in text
+    assert "Partial" not in to_markdown(report)
+
+
+@pytest.mark.parametrize(
+    "budget, not_run", [(6.0, ["cf 64 d=2", "cf 64 d=3", "ladder 4x8 d=2"]), (9.0, ["cf 64 d=3"])]
+)
+def test_time_budget_starts_no_workload_the_longest_so_far_says_would_overrun(
+    monkeypatch, budget, not_run
+):
+    # A clock that only the workloads move: cf takes 4 s, the ladder 1 s.
+    clock = [0.0]
+    seconds = {"continued_fraction": 4.0, "univariate_ladder": 1.0}
+
+    def bench(w, *args, **kwargs):
+        clock[0] += seconds[w.op]
+        return []
+
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(measure, "bench_workload", bench)
+    monkeypatch.setattr(measure, "measure_copy_bandwidth", lambda device: 1.0)
+    # Runs cf d=1 (to 4 s); budget 6: the ladder may take 4 s, past 6: none starts. Budget
+    # 9: the ladder (to 5 s), cf d=2 (to 9 s), and no cf d=3.
+    report = run_benchmark(_small_config(depths=(1, 2, 3), time_budget=budget))
+    assert report.meta["not_run"] == not_run
+
+
+def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
+    real = measure.bench_workload
+    calls = []
+
+    def bench(*args, **kwargs):  # as if the wall-clock limit struck in the second workload
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "bench_workload", bench)
+    argv = ["bench", "ops", "--quick", *TINY, "--impls", "literal", "--out", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(argv)
+    [json_path] = tmp_path.glob("ops-cpu-*-quick.json")
+    report = json.loads(json_path.read_text())
+    assert report["partial"] is True and len(report["pending"]) == 5
+    assert {r["op"] for r in report["results"]} == {"continued_fraction"}
+    assert "**Partial report**" in json_path.with_suffix(".md").read_text()
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
 
 def test_targets_come_from_measurements():

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cofrgenet.bench.train import VARIANTS, TrainBenchConfig, run_benchmark, to_markdown
+from cofrgenet import cli
+from cofrgenet.bench import train
+from cofrgenet.bench.train import (
+    VARIANTS,
+    TrainBenchConfig,
+    round_ratios,
+    run_benchmark,
+    to_markdown,
+)
 from cofrgenet.models import ModelConfig, build_model
 
 TINY = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 64}
@@ -51,6 +61,91 @@ def test_round_ratio_is_the_median_of_per_round_ratios():
     assert round_ratio(report, slow, fast) == "0.50x [0.50-0.50]"
     uneven = {"step_ms": [5.0, 5.0, 20.0, 20.0, 2.5, 2.5]}  # 5, 20, 2.5
     assert round_ratio(report, uneven, slow) == "2.00x [1.00-4.00]"
+
+
+def _compile_as_identity(monkeypatch, graph_breaks=lambda trainer: 0):
+    """The run's compiled stages without a compiler (seconds, not minutes, on a CPU)."""
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(train, "graph_breaks", graph_breaks)
+
+
+def _pairs(report):
+    return [(r["variant"], r["mode"]) for r in report["results"]]
+
+
+def test_bench_train_reports_after_each_stage_with_ratios_from_shared_rounds(monkeypatch):
+    _compile_as_identity(monkeypatch)
+    cfg = TrainBenchConfig(
+        variants=("cofrgenet-f", "gpt2"),  # gpt2 compiles first all the same: others need it
+        batch_size=2,
+        steps=1,
+        rounds=2,
+        warmup=0,
+        memory=False,
+        generation=False,
+        **TINY,
+    )
+    snapshots = []
+    report = run_benchmark(cfg, "test", on_update=lambda r: snapshots.append(copy.deepcopy(r)))
+    f, g = ("cofrgenet-f", "eager"), ("gpt2", "eager")
+    fc, gc = ("cofrgenet-f", "compiled"), ("gpt2", "compiled")
+    # Eager first (every variant: no compile), then one compiled variant per stage.
+    assert [_pairs(s) for s in snapshots] == [[f, g], [f, g, gc], [f, fc, g, gc]]
+    assert all(s["partial"] for s in snapshots) and "partial" not in report
+    assert _pairs(report) == [f, fc, g, gc]  # each variant's modes together, as given
+    by = {(r["variant"], r["mode"]): r for r in report["results"]}
+    # Each compiled variant was timed beside its eager self and gpt2 compiled.
+    assert {k: r["round_ids"] for k, r in by.items()} == {
+        f: [0, 1, 4, 5],
+        g: [0, 1, 2, 3],
+        gc: [2, 3, 4, 5],
+        fc: [4, 5],
+    }
+    assert all(len(r["step_ms"]) == len(r["round_ids"]) for r in by.values())
+    assert (
+        len(round_ratios(report, by[fc], by[gc])) == len(round_ratios(report, by[fc], by[f])) == 2
+    )
+    assert len(round_ratios(report, by[f], by[g])) == 2
+    # Graph breaks are counted last (explain drops every compiled graph).
+    assert [r["graph_breaks"] for r in snapshots[-1]["results"]] == [None] * 4
+    assert by[fc]["graph_breaks"] == by[gc]["graph_breaks"] == 0
+    partial, final = to_markdown(snapshots[0]), to_markdown(report)
+    assert "**Partial report**" in partial and "2 of 4 variant/mode pairs timed" in partial
+    assert "Partial" not in final and "Compiled against eager" in final
+    assert "cofrgenet-f / gpt2 tokens/s (compiled)" in final
+
+
+def test_round_ratios_pair_the_rounds_two_variants_shared():
+    report = {"config": {"steps": 1}}
+    a = {"variant": "a", "step_ms": [10.0, 20.0, 40.0], "round_ids": [0, 1, 2]}
+    b = {"variant": "b", "step_ms": [5.0, 4.0], "round_ids": [2, 5]}
+    assert round_ratios(report, b, a) == [8.0]  # round 2 only: b 5 ms, a 40 ms
+    with pytest.raises(ValueError, match="share no round"):
+        round_ratios(report, {**a, "round_ids": [0, 1, 3]}, b)
+
+
+def test_bench_train_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
+    def killed(trainer):  # as if the wall-clock limit struck before the last stage
+        raise KeyboardInterrupt
+
+    _compile_as_identity(monkeypatch, graph_breaks=killed)
+    argv = ["bench", "train", "--variants", "gpt2,cofrgenet-f", "--batch-size", "2"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--no-memory", "--no-generation"]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    with pytest.raises(KeyboardInterrupt):
+        cli.main([*argv, "--out-dir", str(tmp_path)])
+    [js] = tmp_path.glob("train-cpu-*.json")
+    report = json.loads(js.read_text())
+    assert report["partial"] is True and len(report["results"]) == 4
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
+    assert "**Partial report**" in js.with_suffix(".md").read_text()
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+    monkeypatch.setattr(train, "graph_breaks", lambda trainer: 0)
+    assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    report = json.loads(js.read_text())
+    assert "partial" not in report and len(report["results"]) == 4
+    assert "Partial" not in js.with_suffix(".md").read_text()
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "lstm"])

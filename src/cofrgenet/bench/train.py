@@ -4,7 +4,8 @@ Every variant is built at one width and depth (``--n-layer``, ``--n-embd``, ...)
 and ``torch.compile``d, and trained on random tokens with the trainer's AdamW
 (:func:`cofrgenet.training.optim.build_adamw`, default settings) in a plain loop (the
 model's cost, without Lightning's per-step overhead, which is the same for all). In one
-run, with interleaved rounds so that a drifting machine hits all of them alike:
+run, with interleaved rounds so that a drifting machine hits all of them alike (see
+:func:`run_benchmark` for the order of the run):
 
 * tokens/s: the median of the timed steps (warm-up steps, where compilation happens,
   left out), and each variant's ratio to gpt2 in the same mode;
@@ -20,7 +21,9 @@ run, with interleaved rounds so that a drifting machine hits all of them alike:
 * generation: tokens/s with the mixers' caches against recomputing the context for every
   token, and the latency of one token at a full context both ways.
 
-Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command.
+Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command, and
+rewrites them, marked partial, after each stage of the run: a run cut short (a
+wall-clock limit) keeps what it measured.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ import re
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.bench.files import write_text_atomic
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 #: Variant name -> (preset, overrides); every variant is rebuilt at the bench's shape.
@@ -54,6 +58,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 BASELINE = "gpt2"
 SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")
+#: (variant, mode): one trainer of the run.
+Key = tuple[str, str]
 
 
 @dataclass
@@ -91,6 +97,9 @@ class VariantResult:
     params: int
     flops_per_token: int
     step_ms: list[float] = field(default_factory=list)
+    #: The run's numbers of the rounds this variant was timed in, one per ``steps``
+    #: entries of ``step_ms``: ratios per round pair the rounds two variants shared.
+    round_ids: list[int] = field(default_factory=list)
     tokens_per_s: float = 0.0
     graph_breaks: int | None = None
     activation_bytes_per_token: int | None = None
@@ -375,9 +384,98 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
 # ------------------------------------------------------------------ the run
 
 
-def run_benchmark(cfg: TrainBenchConfig, command: str) -> dict[str, Any]:
-    import torch
+def compiled_stages(cfg: TrainBenchConfig) -> list[tuple[Key, tuple[Key, ...]]]:
+    """Each variant to compile, with the warm trainers timed beside it.
 
+    Beside its eager self (compiled vs eager per round) and gpt2 compiled (vs gpt2 per
+    round), so that every ratio the report gives per round comes from steps taken side by
+    side. gpt2 goes first: the others need it warm.
+    """
+    if "compiled" not in cfg.modes:
+        return []
+    stages = []
+    for variant in sorted(cfg.variants, key=lambda v: v != BASELINE):
+        partners = [(variant, "eager")] if "eager" in cfg.modes else []
+        if variant != BASELINE and BASELINE in cfg.variants:
+            partners.append((BASELINE, "compiled"))
+        stages.append(((variant, "compiled"), tuple(partners)))
+    return stages
+
+
+class _Run:
+    """The trainers of one run, what they measured so far, and its report at any time."""
+
+    def __init__(self, cfg: TrainBenchConfig, command: str) -> None:
+        self.cfg, self.command = cfg, command
+        self.started = dt.datetime.now(dt.timezone.utc)
+        #: Report order: each variant's modes together, as given.
+        self.keys: list[Key] = [(v, m) for v in cfg.variants for m in cfg.modes]
+        self.trainers: dict[Key, Trainer] = {}
+        self.timed: set[Key] = set()
+        self.rounds_done = 0
+        self.layers: dict[str, int] = {}
+        # Measured first, for the partial reports' MFU; again at the end (the best counts).
+        self.peak = peak_matmul_flops(cfg)
+
+    def warm_up(self, keys: Sequence[Key]) -> None:
+        """Build the trainers of ``keys`` and take their untimed steps (compilation)."""
+        for key in keys:
+            self.trainers[key] = Trainer(self.cfg, *key)
+            self.trainers[key].timed_steps(self.cfg.warmup)
+
+    def time_rounds(self, keys: Sequence[Key]) -> None:
+        """``cfg.rounds`` interleaved rounds of ``keys`` (all warm), the order rotating."""
+        for index in range(self.cfg.rounds):
+            shift = index % len(keys)
+            for key in [*keys[shift:], *keys[:shift]]:
+                result = self.trainers[key].result
+                result.step_ms += self.trainers[key].timed_steps(self.cfg.steps)
+                result.round_ids.append(self.rounds_done)
+            self.rounds_done += 1
+        tokens_per_step = self.cfg.batch_size * self.cfg.block_size
+        for key in keys:
+            result = self.trainers[key].result
+            result.tokens_per_s = tokens_per_step / (statistics.median(result.step_ms) / 1e3)
+            self.timed.add(key)
+
+    def report(self, partial: bool) -> dict[str, Any]:
+        """The report of what is timed so far; ``partial`` marks one of an unfinished run."""
+        import torch
+
+        device = torch.device(self.cfg.device)
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        report = {
+            "command": self.command,
+            "date": self.started.date().isoformat(),
+            "started": self.started.isoformat(timespec="seconds"),
+            "minutes": (dt.datetime.now(dt.timezone.utc) - self.started).total_seconds() / 60,
+            "device": device_name,
+            "machine": f"{platform.processor() or platform.machine()}, "
+            f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+            "config": asdict(self.cfg),
+            "peak_flops": self.peak,
+            "layer_activation_bytes_per_token": dict(self.layers),
+            "results": [asdict(self.trainers[k].result) for k in self.keys if k in self.timed],
+        }
+        if partial:
+            report["partial"] = True
+        return report
+
+
+def run_benchmark(
+    cfg: TrainBenchConfig,
+    command: str,
+    on_update: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Time every variant and mode of ``cfg``; the report (see :func:`to_markdown`).
+
+    In stages, cheapest first, so that a run cut short has measured the most it could:
+    every variant eager, in ``rounds`` interleaved rounds, then its memory and generation;
+    the layers' activations; then each variant compiled (the costly part: a cold
+    whole-model compile each), in ``rounds`` rounds beside the warm trainers it is
+    compared with (:func:`compiled_stages`); graph breaks last (``torch._dynamo.explain``
+    drops every compiled graph). ``on_update`` gets the partial report after each stage.
+    """
     from cofrgenet.errors import UserError
 
     unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
@@ -386,44 +484,40 @@ def run_benchmark(cfg: TrainBenchConfig, command: str) -> dict[str, Any]:
             f"unknown variants {unknown} or modes {cfg.modes}: variants are "
             f"{', '.join(VARIANTS)} or preset names; modes eager, compiled"
         )
-    started = dt.datetime.now(dt.timezone.utc)
-    trainers = {(v, m): Trainer(cfg, v, m) for v in cfg.variants for m in cfg.modes}
-    for trainer in trainers.values():  # compilation and first-touch costs, untimed
-        trainer.timed_steps(cfg.warmup)
-    keys = list(trainers)
-    for round_index in range(cfg.rounds):
-        shift = round_index % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            trainers[key].result.step_ms += trainers[key].timed_steps(cfg.steps)
+    run = _Run(cfg, command)
+
+    def update() -> None:
+        if on_update is not None:
+            on_update(run.report(partial=True))
+
     tokens_per_step = cfg.batch_size * cfg.block_size
-    for trainer in trainers.values():
-        result = trainer.result
-        result.tokens_per_s = tokens_per_step / (statistics.median(result.step_ms) / 1e3)
-        if result.mode == "compiled":
-            result.graph_breaks = graph_breaks(trainer)
-        elif cfg.memory:
+    eager = [key for key in run.keys if key[1] == "eager"]
+    if eager:
+        run.warm_up(eager)
+        run.time_rounds(eager)
+        update()
+    for key in eager:
+        trainer, result = run.trainers[key], run.trainers[key].result
+        if cfg.memory:
             result.activation_bytes_per_token = activation_bytes(trainer) // tokens_per_step
             result.peak_memory_bytes = peak_step_memory(cfg, result.variant)
-        if cfg.generation and result.mode == "eager":
-            for key, value in generation_speed(cfg, trainer).items():
-                setattr(result, key, value)
-    layers = layer_activation_bytes(cfg) if cfg.memory else {}
-    peak = peak_matmul_flops(cfg)
-    device = torch.device(cfg.device)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {
-        "command": command,
-        "date": started.date().isoformat(),
-        "started": started.isoformat(timespec="seconds"),
-        "minutes": (dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60,
-        "device": device_name,
-        "machine": f"{platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}",
-        "config": asdict(cfg),
-        "peak_flops": peak,
-        "layer_activation_bytes_per_token": layers,
-        "results": [asdict(t.result) for t in trainers.values()],
-    }
+        if cfg.generation:
+            for name, value in generation_speed(cfg, trainer).items():
+                setattr(result, name, value)
+        if cfg.memory or cfg.generation:
+            update()
+    if cfg.memory:
+        run.layers = layer_activation_bytes(cfg)
+        update()
+    for key, partners in compiled_stages(cfg):
+        run.warm_up([key])
+        run.time_rounds([key, *partners])
+        update()
+    for key in run.keys:
+        if key[1] == "compiled":
+            run.trainers[key].result.graph_breaks = graph_breaks(run.trainers[key])
+    run.peak = max(run.peak, peak_matmul_flops(cfg))
+    return run.report(partial=False)
 
 
 def _baseline(report: dict[str, Any], mode: str) -> dict[str, Any] | None:
@@ -433,15 +527,22 @@ def _baseline(report: dict[str, Any], mode: str) -> dict[str, Any] | None:
 
 
 def round_ratios(report: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -> list[float]:
-    """tokens/s of a over b in each round (from the rounds' median steps): the two ran
-    side by side there, so a drifting machine affects both alike."""
+    """tokens/s of a over b in each round both were timed in (from the rounds' median
+    steps): the two ran side by side there, so a drifting machine affects both alike."""
     steps = report["config"]["steps"]
 
-    def medians(r: dict[str, Any]) -> list[float]:
+    def medians(r: dict[str, Any]) -> dict[int, float]:
         ms = r["step_ms"]
-        return [statistics.median(ms[i : i + steps]) for i in range(0, len(ms), steps)]
+        per_round = [statistics.median(ms[i : i + steps]) for i in range(0, len(ms), steps)]
+        # Reports written before round ids timed every variant in every round.
+        ids = r.get("round_ids") or range(len(per_round))
+        return dict(zip(ids, per_round, strict=True))
 
-    return [tb / ta for ta, tb in zip(medians(a), medians(b), strict=True)]
+    of_a, of_b = medians(a), medians(b)
+    ratios = [of_b[i] / of_a[i] for i in of_a if i in of_b]
+    if not ratios:
+        raise ValueError(f"{a.get('variant')} and {b.get('variant')} share no round")
+    return ratios
 
 
 def round_ratio(report: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -457,9 +558,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def to_markdown(report: dict[str, Any]) -> str:
     cfg, peak = report["config"], report["peak_flops"]
-    lines = [
-        f"# Training speed ({report['device']}, {report['date']})",
-        "",
+    lines = [f"# Training speed ({report['device']}, {report['date']})", ""]
+    if report.get("partial"):
+        lines += [
+            f"**Partial report**, written while the run was going: {len(report['results'])} of "
+            f"{len(cfg['variants']) * len(cfg['modes'])} variant/mode pairs timed so far; "
+            "graph breaks are counted at the end. The finished run rewrites this file.",
+            "",
+        ]
+    lines += [
         f"- command: `{report['command']}`",
         f"- machine: {report['machine']}; {report['minutes']:.1f} min",
         f"- shape: {cfg['n_layer']} layers x {cfg['n_embd']}, {cfg['n_head']} heads, "
@@ -586,8 +693,8 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     tag = report["config"].get("tag")
     stem = out_dir / f"train-{device}-{report['date']}{f'-{tag}' if tag else ''}"
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
-    md.write_text(to_markdown(report))
-    js.write_text(json.dumps(report, indent=2) + "\n")
+    write_text_atomic(md, to_markdown(report))
+    write_text_atomic(js, json.dumps(report, indent=2) + "\n")
     return md, js
 
 
@@ -598,8 +705,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
-    report = run_benchmark(cfg, getattr(args, "command_line", "cofr bench train"))
-    md, js = write_report(report, Path(cfg.out_dir))
+    out_dir = Path(cfg.out_dir)
+    pairs = len(cfg.variants) * len(cfg.modes)
+
+    def save_partial(report: dict[str, Any]) -> None:
+        md, _ = write_report(report, out_dir)
+        print(f"partial report, {len(report['results'])} of {pairs} timed: {md}", flush=True)
+
+    command = getattr(args, "command_line", "cofr bench train")
+    report = run_benchmark(cfg, command, on_update=save_partial)
+    md, js = write_report(report, out_dir)
     print(to_markdown(report))
     print(f"wrote {md} and {js}")
     return 0

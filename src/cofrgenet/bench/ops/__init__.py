@@ -32,7 +32,7 @@ The package, in the order a run goes through it:
 * :mod:`~cofrgenet.bench.ops.workloads`: :class:`Workload`, its inputs, the timed calls
   and :func:`min_bytes`;
 * :mod:`~cofrgenet.bench.ops.measure`: copy bandwidth, :func:`bench_workload`,
-  :func:`run_benchmark`;
+  :func:`run_order`, :func:`run_benchmark` (a partial report after each workload);
 * :mod:`~cofrgenet.bench.ops.results`: :class:`Result` and :class:`Report` (the JSON);
 * :mod:`~cofrgenet.bench.ops.targets`: the issue's targets and :func:`check_targets`;
 * :mod:`~cofrgenet.bench.ops.report`: console table, markdown, :func:`write_report`;
@@ -53,7 +53,12 @@ from cofrgenet.bench.ops.config import (
     OpsBenchConfig,
     default_impls,
 )
-from cofrgenet.bench.ops.measure import bench_workload, measure_copy_bandwidth, run_benchmark
+from cofrgenet.bench.ops.measure import (
+    bench_workload,
+    measure_copy_bandwidth,
+    run_benchmark,
+    run_order,
+)
 from cofrgenet.bench.ops.report import (
     busy_warning,
     detail_rows,
@@ -104,6 +109,7 @@ __all__ = [
     "print_report",
     "run",
     "run_benchmark",
+    "run_order",
     "summary_rows",
     "targets_for",
     "to_markdown",

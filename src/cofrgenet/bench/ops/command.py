@@ -17,6 +17,7 @@ from rich.console import Console
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import run_benchmark
 from cofrgenet.bench.ops.report import print_report, write_report
+from cofrgenet.bench.ops.results import Report
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 
@@ -79,10 +80,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
-    report = run_benchmark(config, command=command, console=console)
+    suffix = options.suffix + ("-quick" if options.quick else "")
+
+    def save_partial(partial: Report) -> None:
+        # A run cut short (a wall-clock limit) keeps the workloads it measured.
+        md_path, _ = write_report(partial, Path(options.out), suffix)
+        console.log(f"partial report: {md_path}")
+
+    report = run_benchmark(
+        config, command=command, console=console, on_update=save_partial if options.save else None
+    )
     print_report(report, console)
     if options.save:
-        suffix = options.suffix + ("-quick" if options.quick else "")
         paths = write_report(report, Path(options.out), suffix)
         console.print("wrote " + ", ".join(str(p) for p in paths))
     missed = any(c.met is False for c in report.targets)

@@ -127,13 +127,16 @@ class OpsBenchConfig:
     time_budget: float = field(
         default=0.0,
         metadata=_help(
-            "start no new workload after SECONDS, 0: no limit; the report lists those not run",
+            "start no new workload after SECONDS, nor one that would end after them if it "
+            "took as long as the longest one so far; 0: no limit; the report lists those "
+            "not run",
             metavar="SECONDS",
         ),
     )
 
     def workloads(self) -> list[Workload]:
-        """Every workload, in run order: cf, ladders, ensembles, then Cffn layers."""
+        """Every workload, in report order: cf, ladders, ensembles, then Cffn layers (they
+        run one op at a time in turn: :func:`~cofrgenet.bench.ops.measure.run_order`)."""
         cf = [Workload("continued_fraction", n, d) for n in self.sizes for d in self.depths]
         ladders = [
             Workload("univariate_ladder", rows, d, width)

@@ -3,6 +3,8 @@
 The first call of each (impl, mode) is timed on its own ("first call": ``torch.compile``
 compiles there), followed by untimed warm-up calls; then every (impl, mode) of a workload
 is timed ``repeats`` times, interleaved round by round (:mod:`cofrgenet.bench.timing`).
+Workloads run one op at a time in turn (:func:`run_order`), each reported as soon as it
+is measured (a partial report), within the time budget.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import datetime as dt
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -188,10 +191,32 @@ def bench_workload(
     return list(results.values())
 
 
+def run_order(workloads: Sequence[Workload]) -> list[int]:
+    """Positions in ``workloads`` one op at a time in turn (cf, ladder, ensemble, Cffn,
+    cf, ...): a time budget or a wall-clock limit then cuts each op's last shapes, not
+    whole ops, and the ops listed last (the ensemble, the Cffn layers) are measured too."""
+    by_op: dict[str, list[int]] = {}
+    for position, w in enumerate(workloads):
+        by_op.setdefault(w.op, []).append(position)
+    longest = max((len(group) for group in by_op.values()), default=0)
+    return [group[i] for i in range(longest) for group in by_op.values() if i < len(group)]
+
+
 def run_benchmark(
-    config: OpsBenchConfig, command: str = "", console: Console | None = None
+    config: OpsBenchConfig,
+    command: str = "",
+    console: Console | None = None,
+    on_update: Callable[[Report], None] | None = None,
 ) -> Report:
-    """Time every workload of ``config``; progress goes to ``console``."""
+    """Time every workload of ``config``; progress goes to ``console``.
+
+    Workloads run in :func:`run_order`; the report lists them in ``config.workloads()``
+    order. With ``config.time_budget``, no workload starts after the budget, nor one
+    that would end after it if it took as long as the longest one so far (first calls
+    compile: a workload can take tens of seconds). ``on_update`` gets the partial report
+    after each workload (``meta["partial"]``, and the workloads still to run in
+    ``meta["pending"]``).
+    """
     config.validate()
     console = console or Console()
     if config.threads is not None:
@@ -211,16 +236,33 @@ def run_benchmark(
         "command": command,
         "config": asdict(config),
     }
-    results: list[Result] = []
     workloads = config.workloads()
+    targets = targets_for(device)
+    measured: dict[int, list[Result]] = {}
+
+    def report(meta: dict[str, Any]) -> Report:
+        results = [r for position in sorted(measured) for r in measured[position]]
+        return Report(meta, results, check_targets(results, targets))
+
+    def labels(positions: Sequence[int]) -> list[str]:
+        return [workloads[p].label for p in sorted(positions)]
+
+    order = run_order(workloads)
     start = time.monotonic()
+    longest = 0.0
     meta["not_run"] = []
-    for index, w in enumerate(workloads, 1):
-        if config.time_budget > 0 and time.monotonic() - start > config.time_budget:
-            meta["not_run"] = [v.label for v in workloads[index - 1 :]]
+    for index, position in enumerate(order, 1):
+        w = workloads[position]
+        if config.time_budget > 0 and time.monotonic() - start + longest > config.time_budget:
+            meta["not_run"] = labels(order[index - 1 :])
             console.log(f"time budget spent: {len(meta['not_run'])} workloads not run")
             break
-        console.log(f"[{index}/{len(workloads)}] {w.op} {w.shape}")
-        results += bench_workload(w, config, device, console.log, copy_gbps)
+        console.log(f"[{index}/{len(order)}] {w.op} {w.shape}")
+        began = time.monotonic()
+        measured[position] = bench_workload(w, config, device, console.log, copy_gbps)
+        longest = max(longest, time.monotonic() - began)
+        if on_update is not None and index < len(order):
+            now = {"load_average_end": _load_average(), "partial": True}
+            on_update(report({**meta, **now, "pending": labels(order[index:])}))
     meta["load_average_end"] = _load_average()
-    return Report(meta, results, check_targets(results, targets_for(device)))
+    return report(meta)

@@ -1,7 +1,8 @@
 """Reporting: the console table, the markdown and JSON files, the target verdicts.
 
 Files are ``ops-<device>-<date><suffix>.md`` and ``.json``; <device> is ``cpu`` or the
-GPU's name as a slug (``ops-nvidia-h200-2026-12-01.md``).
+GPU's name as a slug (``ops-nvidia-h200-2026-12-01.md``). They are written atomically, and
+rewritten after each workload (partial, until the run ends).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from cofrgenet.bench.files import write_text_atomic
 from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
 from cofrgenet.bench.ops.formatting import ms, percent, speedup
 from cofrgenet.bench.ops.results import Report, Result
@@ -197,9 +199,18 @@ def to_markdown(report: Report) -> str:
     warning = f"\n**Warning:** {text}\n" if (text := busy_warning(report)) else ""
     if meta.get("not_run"):
         warning += f"\nNot run (time budget spent): {', '.join(meta['not_run'])}.\n"
+    partial = ""
+    if meta.get("partial"):
+        pending = meta.get("pending") or []
+        measured = len({r.workload for r in report.results})
+        partial = (
+            "**Partial report**, written while the run was going: "
+            f"{measured} of {measured + len(pending)} workloads measured; still to run: "
+            f"{', '.join(pending)}. The finished run rewrites this file.\n\n"
+        )
     return f"""# Ops benchmark: {meta["device"]} ({meta["date"]})
 
-- date: {meta["timestamp"]}
+{partial}- date: {meta["timestamp"]}
 - device: {meta["device_name"]} ({meta["device"]})
 - torch {meta["torch"]}, Python {meta["python"]}, {meta["threads"]} threads
 - copy bandwidth (`dst.copy_(src)`, bytes read + written): {_copy(meta)}
@@ -257,6 +268,6 @@ def write_report(report: Report, out_dir: Path, suffix: str = "") -> tuple[Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"ops-{device_label(report.meta)}-{report.meta['date']}{suffix}"
     md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
-    md_path.write_text(to_markdown(report))
-    json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    write_text_atomic(md_path, to_markdown(report))
+    write_text_atomic(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
     return md_path, json_path

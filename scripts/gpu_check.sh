@@ -78,6 +78,8 @@ if [ "$DRY" = 0 ]; then
   unset TRITON_INTERPRET  # compiled kernels, not the interpreter
 fi
 mkdir -p "$RESULTS"
+STAMP=$(mktemp)  # files newer than this one are this run's (copy_out)
+trap 'rm -f "$STAMP"' EXIT
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
@@ -97,16 +99,17 @@ LOG="$RESULTS/gpu-check-$GPU-$DATE.log"
   echo "${INFO#*$'\n'}"
 } | tee "$LOG"
 
-# copy_out STEP: this run's files to $OUT now, so that a later step that hangs or the
-# device tool's limit cannot take them (partial reports included).
+# copy_out STEP: the files this run wrote so far to $OUT now, so that a later step that
+# hangs or the device tool's limit cannot take them (partial reports included). "This
+# run's": newer than STAMP, whatever dates their names carry (a run across midnight).
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
   local file count=0
-  for file in "$RESULTS"/*-"$GPU"-"$DATE"*.log "$RESULTS"/*-"$GPU"-"$DATE"*.md \
-    "$RESULTS"/*-"$GPU"-"$DATE"*.json; do
-    [ -f "$file" ] && cp "$file" "$OUT"/ && count=$((count + 1))
-  done
+  while IFS= read -r file; do
+    cp "$file" "$OUT"/ && count=$((count + 1))
+  done < <(find "$RESULTS" -maxdepth 1 -type f -newer "$STAMP" ! -name '.*' \
+    \( -name '*.log' -o -name '*.md' -o -name '*.json' \))
   echo "== copied $count files to \$OUT after $1 (t=$(elapsed)s)" | tee -a "$LOG"
 }
 

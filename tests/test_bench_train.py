@@ -178,3 +178,35 @@ def test_a_compiled_cofrgenet_trains_like_the_eager_one():
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_compile_that_fails_is_reported_and_the_run_goes_on(monkeypatch, tmp_path):
+    """A cold compile that raises (a new GPU, a new inductor) costs its variant only: the
+    others are timed, the report names the failure and the command exits 1."""
+
+    def failing_for_cofrgenet(model, **kwargs):
+        if not any("Cffn" in type(m).__name__ for m in model.modules()):
+            return model
+
+        def broken(*args, **kw):
+            raise RuntimeError("inductor: no kernel for this\nsecond line")
+
+        return broken
+
+    monkeypatch.setattr(torch, "compile", failing_for_cofrgenet)
+    monkeypatch.setattr(train, "graph_breaks", lambda trainer: 0)
+    argv = ["bench", "train", "--variants", "gpt2,cofrgenet-f", "--batch-size", "2"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "1", "--no-memory", "--no-generation"]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 1
+    [js] = tmp_path.glob("train-cpu-*.json")
+    report = json.loads(js.read_text())
+    assert "partial" not in report
+    assert report["failed"] == {
+        "cofrgenet-f compiled": "RuntimeError: inductor: no kernel for this"
+    }
+    assert _pairs(report) == [("gpt2", "eager"), ("gpt2", "compiled"), ("cofrgenet-f", "eager")]
+    text = js.with_suffix(".md").read_text()
+    assert "**cofrgenet-f compiled failed**, not timed: `RuntimeError: inductor" in text
+    assert "cofrgenet-f / gpt2 tokens/s (eager)" in text
+    assert "cofrgenet-f / gpt2 tokens/s (compiled)" not in text

@@ -222,6 +222,7 @@ def test_clamp_eps_skips_the_clamp_only_where_k_d_cannot_reach_eps():
     assert clamp_eps(0.01, 0.0) == 0.01  # the paper's linear denominators
     assert clamp_eps(0.01, 0.01) == 0.01  # no margin left for a floor rounded to bf16
     assert clamp_eps(2.0, 5.0) == 2.0  # K_2 = a K_1 + 1 can be as small as 1 < eps
+    assert clamp_eps(1e-6, 2e-6) == 1e-6  # a float16 subnormal floor rounds too far
 
 
 def positive_extremes(device):
@@ -255,7 +256,14 @@ def test_skipped_clamp_changes_no_bits(impl, op, exact, monkeypatch):
     assert torch.isinf(big.prod(0)).all()  # a guard on the construction: K_d overflows
     if op == "pvariate":
         w, b = w.view(5, 2, 8)[..., :1].expand(5, 2, 16).contiguous(), b[:, :2].contiguous()
-        w[:, 1] = 0.003
+        w[:, 1] = 0.03  # with x[0, 0, 8:12] = 1e9: a ~ 1e8, K_5 overflows float32
+    state = continuant.univariate_ladder_state if op == "univariate" else None
+    state = state or continuant.pvariate_ladder_state
+    # Guards on the construction: the skip is taken, and one row reruns rescaled.
+    _, _, _, mask, rescaled = state(x, w, b, 0.01, True, 0.5, False)
+    assert mask is None and rescaled
+    _, _, _, mask, _ = state(x, w, b, 0.01, True, 0.0, False)  # the paper's: masked
+    assert mask is not None and mask.dtype == torch.bool
     ladder = univariate_ladder if op == "univariate" else pvariate_ladder
     grad = "exact" if exact else "paper"
     upstream = upstream_like(ladder(x, w, b, floor=0.5).shape, "cpu", seed=5)

@@ -412,6 +412,8 @@ class _Run:
         self.keys: list[Key] = [(v, m) for v in cfg.variants for m in cfg.modes]
         self.trainers: dict[Key, Trainer] = {}
         self.timed: set[Key] = set()
+        #: "variant mode" -> the error that stopped it (a compile failing on a new machine).
+        self.failed: dict[str, str] = {}
         self.rounds_done = 0
         self.layers: dict[str, int] = {}
         # Measured first, for the partial reports' MFU; again at the end (the best counts).
@@ -424,12 +426,18 @@ class _Run:
             self.trainers[key].timed_steps(self.cfg.warmup)
 
     def time_rounds(self, keys: Sequence[Key]) -> None:
-        """``cfg.rounds`` interleaved rounds of ``keys`` (all warm), the order rotating."""
+        """``cfg.rounds`` interleaved rounds of ``keys`` (all warm), the order rotating.
+
+        A round is recorded once all its keys are timed: one that raises leaves no
+        half-round behind (round ids keep pairing the steps taken side by side).
+        """
         for index in range(self.cfg.rounds):
             shift = index % len(keys)
-            for key in [*keys[shift:], *keys[:shift]]:
+            steps = {key: self.trainers[key].timed_steps(self.cfg.steps)
+                     for key in [*keys[shift:], *keys[:shift]]}  # fmt: skip
+            for key, ms in steps.items():
                 result = self.trainers[key].result
-                result.step_ms += self.trainers[key].timed_steps(self.cfg.steps)
+                result.step_ms += ms
                 result.round_ids.append(self.rounds_done)
             self.rounds_done += 1
         tokens_per_step = self.cfg.batch_size * self.cfg.block_size
@@ -457,9 +465,23 @@ class _Run:
             "layer_activation_bytes_per_token": dict(self.layers),
             "results": [asdict(self.trainers[k].result) for k in self.keys if k in self.timed],
         }
+        if self.failed:
+            report["failed"] = dict(self.failed)
         if partial:
             report["partial"] = True
         return report
+
+    def compile_stage(self, key: Key, partners: Sequence[Key]) -> None:
+        """Compile ``key`` and time it beside ``partners``; a failure (a cold compile on a
+        machine this code never ran on, say) is recorded and the run goes on."""
+        try:
+            self.warm_up([key])
+            self.time_rounds([key, *partners])
+        except Exception as error:  # reported; the other variants still run
+            message = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+            self.failed[" ".join(key)] = message
+            self.trainers.pop(key, None)  # frees its model and compiled graphs
+            print(f"{' '.join(key)} failed, the run goes on: {message}", file=sys.stderr)
 
 
 def run_benchmark(
@@ -510,12 +532,14 @@ def run_benchmark(
         run.layers = layer_activation_bytes(cfg)
         update()
     for key, partners in compiled_stages(cfg):
-        run.warm_up([key])
-        run.time_rounds([key, *partners])
+        run.compile_stage(key, partners)
         update()
     for key in run.keys:
-        if key[1] == "compiled":
-            run.trainers[key].result.graph_breaks = graph_breaks(run.trainers[key])
+        if key[1] == "compiled" and key in run.timed:
+            try:
+                run.trainers[key].result.graph_breaks = graph_breaks(run.trainers[key])
+            except Exception as error:  # the count is left empty
+                print(f"graph breaks of {key[0]} not counted: {error}", file=sys.stderr)
     run.peak = max(run.peak, peak_matmul_flops(cfg))
     return run.report(partial=False)
 
@@ -571,7 +595,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- machine: {report['machine']}; {report['minutes']:.1f} min",
         f"- shape: {cfg['n_layer']} layers x {cfg['n_embd']}, {cfg['n_head']} heads, "
         f"block {cfg['block_size']}, vocab {cfg['vocab_size']}, batch {cfg['batch_size']}, "
-        f"{cfg['dtype']}; median of {cfg['rounds']} x {cfg['steps']} interleaved steps",
+        f"{cfg['dtype']}; median of the timed steps, {cfg['steps']} a round, "
+        f"{cfg['rounds']} rounds a stage (eager variants and compiled gpt2 are also timed "
+        "beside each compiled variant)",
         f"- peak measured in this run (matmul, {cfg['dtype']}): {peak / 1e9:,.1f} GFLOP/s",
         "",
         "| variant | mode | params | train FLOPs/token | tokens/s | vs gpt2 | gpt2 FLOPs / "
@@ -617,6 +643,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             base = layers.get("mlp") if label.startswith(("mlp", "cffn")) else layers.get("softmax")
             ratio = f"{nbytes / base:.2f}x" if base else ""
             lines.append(f"| {label} | {nbytes:,} | {ratio} |")
+    for name, message in (report.get("failed") or {}).items():
+        lines += ["", f"**{name} failed**, not timed: `{message}`"]
     lines += ["", *targets(report)]
     gen = [r for r in eager.values() if r["gen_cached_tokens_per_s"] is not None]
     if gen:
@@ -717,4 +745,4 @@ def run(args: argparse.Namespace) -> int:
     md, js = write_report(report, out_dir)
     print(to_markdown(report))
     print(f"wrote {md} and {js}")
-    return 0
+    return 1 if report.get("failed") else 0

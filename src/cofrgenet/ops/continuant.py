@@ -40,6 +40,9 @@ RESCALE_EXPONENT = 64
 _RESCALE_AT = 2.0**RESCALE_EXPONENT
 _RESCALE_BY = 2.0**-RESCALE_EXPONENT
 
+#: The smallest normal float16: below it a floor rounds by more than clamp_eps's margin.
+_HALF_NORMAL = 2.0**-14
+
 Coefficient = Callable[[int], Tensor]
 Emit = Callable[[int, Tensor], None]
 
@@ -72,11 +75,12 @@ def clamp_eps(eps: float, floor: float) -> float | None:
     K_1 = a_d >= floor, K_2 = a_{d-1} K_1 + 1 >= 1 and K_j = a K_{j-1} + K_{j-2} >= K_{j-2},
     in floating point too (every term is >= 0 and rounding is monotone), so
     K_d >= min(floor, 1). Where that is at least eps (with 1% to spare for a floor rounded
-    to half precision) the clamp changes nothing: the kernels skip it, its mask and exact
-    mode's clamped-gradient pass (4 elementwise ops forward, 2 (d - 1) continuants
-    backward).
+    to half precision, and a floor that is a normal float16, >= 2^-14) the clamp changes
+    nothing: the kernels skip it, its mask and exact mode's clamped-gradient pass (4
+    elementwise ops forward, 2 (d - 1) continuants backward).
     """
-    return None if 0.0 < eps <= 0.99 * min(floor, 1.0) else eps
+    bounded = floor >= _HALF_NORMAL and 0.0 < eps <= 0.99 * min(floor, 1.0)
+    return None if bounded else eps
 
 
 def continuant_forward(

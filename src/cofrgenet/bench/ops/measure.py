@@ -224,7 +224,7 @@ def run_benchmark(
     device = resolve_device(config.device)
     copy_gbps = measure_copy_bandwidth(device)
     meta = {
-        "date": dt.date.today().isoformat(),
+        "date": dt.datetime.now(dt.timezone.utc).date().isoformat(),  # as file names elsewhere
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": device.type,
         "device_name": device_name(device),

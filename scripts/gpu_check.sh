@@ -45,7 +45,7 @@
 # has CUDA torch, triton, pytest, pytest-xdist and rich, and reaches no package index),
 # else `make install`. The project runs from src/ (PYTHONPATH): nothing else is installed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 START=$(date +%s)
 DATE=$(date -u +%F)
 DRY=0
@@ -182,7 +182,7 @@ if [ "$DRY" = 0 ] && [ "$LEFT" -ge 45 ]; then
 fi
 
 echo "== done: tests $TESTS_RC, train $TRAIN_RC, ops $BENCH_RC (t=$(elapsed)s)" | tee -a "$LOG"
-copy_out done
+copy_out "the last step"
 [ -n "${OUT:-}" ] && ls -l "$OUT"
 if [ "$DRY" = 1 ]; then
   ls "$RESULTS"

@@ -15,7 +15,8 @@ runs=$(mktemp -d)
 # An empty CLI cache (cofrgenet/cli_cache.py): "first" is a cold call, as after a pip
 # upgrade (`make install` itself warms the cache); the warm calls answer --help and key
 # typos from the cache.
-export COFR_CACHE_DIR=$(mktemp -d)
+COFR_CACHE_DIR=$(mktemp -d)
+export COFR_CACHE_DIR
 trap 'rm -rf "$bad" "$runs" "$COFR_CACHE_DIR"' EXIT
 
 measure() {  # name, then the command; prints "| name | first | warm median |"

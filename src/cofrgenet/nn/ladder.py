@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from cofrgenet.ops import NEAR_POLE, LadderStats, pvariate_denominator_stats, pvariate_ladder
+from cofrgenet.ops.continuant import cast
 
 #: Partial-denominator parametrisations (see the module docstring).
 DENOMINATORS = ("positive", "paper")
@@ -179,9 +180,7 @@ class OutputRange(nn.Module):
             self._observe(z, length)
             return z
         low, high = self._bounds(length)
-        if low.dtype != z.dtype:  # (a no-op .to would still cost a dispatch per token)
-            low, high = low.to(z.dtype), high.to(z.dtype)
-        return torch.clamp(z, low, high)
+        return torch.clamp(z, cast(low, z.dtype), cast(high, z.dtype))
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.low.shape)}, momentum={self.momentum}"

@@ -68,6 +68,11 @@ def _pow2_scale(exponent_count: Tensor) -> Tensor:
     return torch.exp2(RESCALE_EXPONENT * exponent_count)
 
 
+def _zero_counts(like: Tensor) -> Tensor:
+    """All-zero rescale counts shaped like ``like``: one zero, expanded (no fill)."""
+    return like.new_zeros(()).expand(like.shape)
+
+
 def clamp_eps(eps: float, floor: float) -> float | None:
     """eps, or None where positive partial denominators keep |K_d| >= eps already.
 
@@ -97,7 +102,7 @@ def continuant_forward(
     high = coefficient(d - 1)  # K_1 = a_d
     # K_0 = 1, and no scale counts: scalars where nothing rescales (no full-size fills).
     low: Tensor | float = torch.ones_like(high) if rescale else 1.0
-    scale = torch.zeros_like(high) if rescale else high.new_zeros(()).expand(high.shape)
+    scale = torch.zeros_like(high) if rescale else _zero_counts(high)
     for k in range(d - 2, -1, -1):
         high, low = coefficient(k) * high + low, high
         if rescale:
@@ -362,14 +367,18 @@ def _ladder_forward(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
-    eps: float | None,
+    eps: float,
     exact: bool,
     floor: float,
     rescale: bool,
 ):
     """x: (M, n), weight/bias: (d, n) -> value, r, scale, clamped (exact only), k_d; (M, n)."""
     return _forward_outputs(
-        ladder_coefficient(x, weight, bias, floor), weight.shape[0], eps, exact, rescale
+        ladder_coefficient(x, weight, bias, floor),
+        weight.shape[0],
+        clamp_eps(eps, floor),
+        exact,
+        rescale,
     )
 
 
@@ -576,7 +585,7 @@ def univariate_ladder_state(
     in the compute dtype, scale all zero unless ``rescaled``."""
     x2, w, b = _ladder_work(x, weight, bias)
     value, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-        _ladder_forward, compiled, x2, w, b, clamp_eps(eps, floor), exact, floor
+        _ladder_forward, compiled, x2, w, b, eps, exact, floor
     )
     return cast(value.reshape(x.shape), x.dtype), r, scale, clamped, rescaled
 
@@ -627,7 +636,7 @@ def univariate_ladder_grads(
     None where not asked for: the backward of a stateless op."""
     work = _ladder_work(x, weight, bias)
     _, r, scale, clamped, _, rescaled = _forward_with_overflow_check(
-        _ladder_forward, compiled, *work, clamp_eps(eps, floor), exact, floor
+        _ladder_forward, compiled, *work, eps, exact, floor
     )
     return _ladder_gradients(
         x, weight, bias, work, r, scale, clamped, grad_out, exact, floor, rescaled,
@@ -644,7 +653,7 @@ def _scale_to_keep(scale: Tensor, rescaled: bool) -> Tensor | None:
 
 def _kept_scale(scale: Tensor | None, r: Tensor) -> Tensor:
     """The counts :func:`_scale_to_keep` dropped: zeros, read by nothing unscaled."""
-    return r.new_zeros(()).expand(r.shape) if scale is None else scale
+    return _zero_counts(r) if scale is None else scale
 
 
 class ContinuedFraction(torch.autograd.Function):

@@ -411,7 +411,6 @@ class _Run:
         #: Report order: each variant's modes together, as given.
         self.keys: list[Key] = [(v, m) for v in cfg.variants for m in cfg.modes]
         self.trainers: dict[Key, Trainer] = {}
-        self.timed: set[Key] = set()
         #: "variant mode" -> the error that stopped it (a compile failing on a new machine).
         self.failed: dict[str, str] = {}
         self.rounds_done = 0
@@ -440,11 +439,10 @@ class _Run:
                 result.step_ms += ms
                 result.round_ids.append(self.rounds_done)
             self.rounds_done += 1
-        tokens_per_step = self.cfg.batch_size * self.cfg.block_size
-        for key in keys:
-            result = self.trainers[key].result
-            result.tokens_per_s = tokens_per_step / (statistics.median(result.step_ms) / 1e3)
-            self.timed.add(key)
+
+    def timed_keys(self) -> list[Key]:
+        """The keys with timed steps, in report order."""
+        return [k for k in self.keys if k in self.trainers and self.trainers[k].result.step_ms]
 
     def report(self, partial: bool) -> dict[str, Any]:
         """The report of what is timed so far; ``partial`` marks one of an unfinished run."""
@@ -452,6 +450,10 @@ class _Run:
 
         device = torch.device(self.cfg.device)
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        tokens_per_step = self.cfg.batch_size * self.cfg.block_size
+        results = [self.trainers[k].result for k in self.timed_keys()]
+        for result in results:  # from every step timed so far
+            result.tokens_per_s = tokens_per_step / (statistics.median(result.step_ms) / 1e3)
         report = {
             "command": self.command,
             "date": self.started.date().isoformat(),
@@ -463,7 +465,7 @@ class _Run:
             "config": asdict(self.cfg),
             "peak_flops": self.peak,
             "layer_activation_bytes_per_token": dict(self.layers),
-            "results": [asdict(self.trainers[k].result) for k in self.keys if k in self.timed],
+            "results": [asdict(result) for result in results],
         }
         if self.failed:
             report["failed"] = dict(self.failed)
@@ -534,8 +536,8 @@ def run_benchmark(
     for key, partners in compiled_stages(cfg):
         run.compile_stage(key, partners)
         update()
-    for key in run.keys:
-        if key[1] == "compiled" and key in run.timed:
+    for key in run.timed_keys():
+        if key[1] == "compiled":
             try:
                 run.trainers[key].result.graph_breaks = graph_breaks(run.trainers[key])
             except Exception as error:  # the count is left empty

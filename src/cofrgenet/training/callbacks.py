@@ -52,6 +52,22 @@ def release_step(depth: int, total_steps: int, schedule: str) -> int:
     raise ValueError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
 
 
+def check_frozen_parameters_allowed(wrapped: nn.Module | None) -> None:
+    """Refuse a DDP-wrapped model that expects a gradient for every parameter.
+
+    A frozen ladder depth gets none, and DDP without ``find_unused_parameters`` would
+    then stop at the next step with an error naming no setting. ``wrapped`` is the
+    strategy's model once it is set up (``DistributedDataParallel`` under DDP).
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(wrapped, DistributedDataParallel) and not wrapped.find_unused_parameters:
+        raise ValueError(
+            "DyadicUnfreezing freezes ladder depths, which then get no gradient; DDP must "
+            "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true"
+        )
+
+
 class DyadicUnfreezing(L.Callback):
     """Freeze depth-i ladder parameters until their release step (spec section 4).
 
@@ -113,19 +129,8 @@ class DyadicUnfreezing(L.Callback):
                 for param in params:
                     param.requires_grad_(trainable)
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from lightning.pytorch.strategies import DDPStrategy
-
-        strategy = trainer.strategy
-        if isinstance(strategy, DDPStrategy) and not strategy._ddp_kwargs.get(
-            "find_unused_parameters"
-        ):
-            raise ValueError(
-                "DyadicUnfreezing freezes ladder depths, which then get no gradient; DDP must "
-                "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true"
-            )
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        check_frozen_parameters_allowed(trainer.strategy.model)
         self._releases = self.plan(trainer, pl_module)
         if self._releases:
             plan = ", ".join(f"depth {k} from step {s}" for k, s in self._releases.items())

@@ -72,6 +72,7 @@ class LanguageModel(L.LightningModule):
         self.model = build_model(self.model_config)
         self.optimizer_config = optimizer or OptimizerConfig()
         self.compile_model = compile
+        self._model_compiled = False  # configure_model runs once per fit/validate/test
         self.flops_per_token = estimate_flops_per_token(self.model_config).training
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
@@ -111,8 +112,9 @@ class LanguageModel(L.LightningModule):
         # Dimensions as built: a strategy may wrap the model before the optimizer is made
         # (FSDP flattens parameters), and weight decay is decided by them.
         self._built_ndims = {name: p.dim() for name, p in self.model.named_parameters()}
-        if self.compile_model and not getattr(self.model, "_compiled_call_impl", None):
+        if self.compile_model and not self._model_compiled:
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
+            self._model_compiled = True
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         check_denominators(checkpoint, self.model)

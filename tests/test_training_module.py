@@ -406,7 +406,7 @@ def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient(tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
+        with pytest.raises(ConfigError, match="ddp_find_unused_parameters_true"):
             start(DistributedDataParallel(nn.Linear(2, 2)))
         start(DistributedDataParallel(nn.Linear(2, 2), find_unused_parameters=True))
     finally:

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 
@@ -62,7 +62,7 @@ def check_frozen_parameters_allowed(wrapped: nn.Module | None) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(wrapped, DistributedDataParallel) and not wrapped.find_unused_parameters:
-        raise ValueError(
+        raise ConfigError(
             "DyadicUnfreezing freezes ladder depths, which then get no gradient; DDP must "
             "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true"
         )

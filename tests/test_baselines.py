@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.models import (
     ARCHITECTURES,
     ATTENTION,
@@ -418,10 +419,18 @@ def test_config_rejects_bad_baseline_values(bad, match):
 
 
 def test_relative_positions_need_a_qk_mixer():
-    with pytest.raises(ValueError, match=r"position='rope'.*cattn_m.*use position"):
-        build_model(tiny(attention="cattn_m", position="rope"))
+    """Checked when the config is made (cofr fit refuses it before building anything)."""
+    with pytest.raises(ConfigError, match=r"position='rope'.*cattn_m.*use position"):
+        tiny(attention="cattn_m", position="rope")
     # One softmax layer in the pattern is enough: RoPE acts there, CAttnM ignores it.
     build_model(tiny(attention_pattern=["cattn_m", "softmax"], position="rope"))
+
+
+def test_heads_must_divide_the_width_where_a_mixer_uses_heads():
+    for attention in ("softmax", "sparse_strided", "synthesizer_dense"):
+        with pytest.raises(ConfigError, match=rf"multiple of n_head \(3\): {attention}"):
+            tiny(attention=attention, n_head=3)
+    build_model(tiny(attention="cattn_u", n_head=3))  # no heads: n_head is unused
 
 
 # Presets and counts on the meta device -------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from cofrgenet.errors import ConfigError
+from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.cli import CofrCLI
 
@@ -600,3 +600,91 @@ def test_lightning_cli_private_api_is_pinned():
             n for n in lightning_cli.PRIVATE_METHODS if f"self.{n}(" in text or f"def {n}(" in text
         ]
         assert not used, f"{path} uses LightningCLI's {used}: go through lightning_cli.py"
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (
+            ["--model.preset", "gpt2-tinyy"],
+            r"unknown preset 'gpt2-tinyy' \(did you mean 'gpt2-tiny'",
+        ),
+        (["--data.batch_size", "0"], "data.batch_size must be >= 1"),
+        (["--data.val_batch_size", "-3"], "data.val_batch_size must be >= 1"),
+        (["--data.num_workers", "-1"], "data.num_workers must be >= 0"),
+        (["--model.config.n_head", "3"], r"n_embd \(64\) must be a multiple of n_head \(3\)"),
+        (["--model.optimizer.lr", "-1"], "optimizer.lr must be positive"),
+        (["--model.optimizer", '{"betas": [0.9, 1.5]}'], r"optimizer.betas must be two .*\[0, 1\)"),
+        (["--trainer.gradient_clip_algorithm", "nrm"], "trainer: `gradient_clip_algorithm` nrm"),
+        (["--trainer.max_steps", "0"], "trainer.max_steps must be >= 1"),
+        (["--trainer.max_steps", "-5"], "trainer: `max_steps` must be"),
+        (["--trainer.max_steps", "x"], "trainer.max_steps: expected an integer, got 'x'"),
+        (["--trainer.precision", "17"], "trainer.precision: '17' is not one of 64, 32, 16, .*bf16"),
+        (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path, args, match):
+    """Each is a UserError (``cofr`` prints its message alone), raised before a run starts."""
+    with pytest.raises(UserError, match=match):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *args))
+    run_dirs = list((tmp_path / "runs" / "test").glob("*"))
+    assert run_dirs == [], f"a failed start left {run_dirs}"
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("# nothing set\n", "holds no settings"),
+        ("trainer:\n  max_steps: 2\n   bad: [1,\n", r"line 3, column 7: .*not valid YAML"),
+        ("trainer: 5\n", "trainer must be a mapping"),
+    ],
+    ids=["empty", "syntax", "not-a-mapping"],
+)
+def test_a_bad_config_file_is_named(tiny_data, tmp_path, text, match):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(UserError, match=match):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(bad)))
+
+
+def test_too_little_data_for_one_batch_is_an_error(tiny_data, tmp_path):
+    with pytest.raises(ConfigError, match=r"gives no full batch of data\.batch_size=100000"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--data.batch_size", "100000"))
+
+
+def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_path):
+    """A resume with other model settings fails before the run's config.yaml is rewritten;
+    --ckpt_path last with a name that has no folder starts from scratch, saying so."""
+    steps = ["--trainer.max_steps", "2"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "first"))
+    config = tmp_path / "runs" / "test" / "first" / "config.yaml"
+    before = config.read_text()
+    resume = ["--run.name", "first", "--ckpt_path", "last", "--trainer.max_steps", "4"]
+    with pytest.raises(ConfigError, match=r"trained with model\.preset 'gpt2-tiny-f'"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.config.depth", "2"))
+    assert config.read_text() == before
+    with pytest.warns(UserWarning, match=r"frist does not exist.*did you mean 'first'"):
+        CofrCLI(
+            args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "frist", "--ckpt_path", "last")
+        )
+
+
+def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):
+    from cofrgenet.training.tracking import latest_run
+
+    saved, failed = tmp_path / "saved", tmp_path / "failed"
+    (saved / "checkpoints").mkdir(parents=True)
+    (saved / "checkpoints" / "last.ckpt").write_bytes(b"")
+    failed.mkdir()  # newer, but a start that failed before its first save
+    (failed / ".lock").write_text("{}")
+    assert latest_run(tmp_path) == saved
+    assert latest_run(tmp_path / "nowhere") is None
+
+
+def test_checkpoints_keep_the_data_folder_as_an_absolute_path(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tiny_data.parent)
+    CofrCLI(args=fit_args(tmp_path, Path(tiny_data.name), "--trainer.max_steps", "1"))
+    (last,) = (tmp_path / "runs" / "test").glob("*/checkpoints/last.ckpt")
+    saved = torch.load(last, weights_only=True)["datamodule_hyper_parameters"]["data_dir"]
+    assert saved == str(tiny_data.resolve())

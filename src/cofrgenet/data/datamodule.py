@@ -24,6 +24,7 @@ from torch import Tensor
 
 from cofrgenet.data.env import default_loader_workers
 from cofrgenet.data.meta import DataMeta, check_vocab, read_meta
+from cofrgenet.errors import ConfigError
 
 
 def collate_tokens(items: list[Tensor]) -> Tensor:
@@ -68,7 +69,9 @@ def resolve_num_workers(num_workers: int | None) -> int:
     if num_workers is None:
         return default_loader_workers()
     if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        raise ConfigError(
+            f"data.num_workers must be >= 0 (0: load in the main process), got {num_workers}"
+        )
     return num_workers
 
 
@@ -104,11 +107,17 @@ class TokenDataModule(L.LightningDataModule):
             raise ValueError(
                 "TokenDataModule needs block_size (cofr fit sets it to the model's block size)"
             )
-        if block_size < 1 or batch_size < 1:
-            raise ValueError(
-                f"block_size and batch_size must be >= 1, got {block_size}, {batch_size}"
-            )
-        self.data_dir = Path(data_dir)
+        for key, value in (
+            ("block_size", block_size),
+            ("batch_size", batch_size),
+            ("val_batch_size", 1 if val_batch_size is None else val_batch_size),
+        ):
+            if value < 1:
+                raise ConfigError(f"data.{key} must be >= 1, got {value}")
+        # Absolute in the saved hyperparameters: a checkpoint read from another working
+        # directory (cofr generate, eval) still finds the folder and its tokenizer.
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.hparams["data_dir"] = str(self.data_dir)
         # Fails fast on a missing or half-written folder.
         self.meta: DataMeta = read_meta(self.data_dir)
         self.block_size = block_size
@@ -177,6 +186,14 @@ class TokenDataModule(L.LightningDataModule):
     def train_dataloader(self) -> Any:
         # Full batches only: one shape for torch.compile.
         loader = self._loader("train", self.batch_size, self.shuffle, drop_last=True)
+        if len(loader) == 0:  # else Lightning ends the fit at once, with exit status 0
+            tokens = self.meta.splits["train"].tokens
+            raise ConfigError(
+                f"the train split of {str(self.data_dir)!r} ({tokens:,} tokens) gives no full "
+                f"batch of data.batch_size={self.batch_size} sequences of block_size + 1 = "
+                f"{self.block_size + 1} tokens per process: lower data.batch_size or "
+                "block_size, or prepare more text"
+            )
         if self._pending_state is not None:
             loader.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -224,7 +241,7 @@ class TokenDataModule(L.LightningDataModule):
         changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-            raise ValueError(
+            raise ConfigError(
                 f"cannot resume the data stream exactly: the data settings changed since the "
                 f"checkpoint ({details}). Resume with the original data folder and settings."
             )

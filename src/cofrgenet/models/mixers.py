@@ -125,7 +125,9 @@ def _softmax_kwargs(config: ModelConfig) -> dict[str, object]:
     }
 
 
-@ATTENTION.register("softmax", flops=_softmax_flops, owns_dropout=True, relative_positions=True)
+@ATTENTION.register(
+    "softmax", flops=_softmax_flops, owns_dropout=True, relative_positions=True, uses_heads=True
+)
 def build_softmax_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
     """Causal softmax attention (GPT-2's; GQA, RoPE and ALiBi by config)."""
     return CausalSelfAttention(
@@ -146,7 +148,11 @@ def _sparse_attention(config: ModelConfig, pattern: str) -> nn.Module:
 
 
 @ATTENTION.register(
-    "sparse_strided", flops=_softmax_flops, owns_dropout=True, relative_positions=True
+    "sparse_strided",
+    flops=_softmax_flops,
+    owns_dropout=True,
+    relative_positions=True,
+    uses_heads=True,
 )
 def build_sparse_strided(config: ModelConfig, layer_idx: int) -> nn.Module:
     """Sparse Transformer attention, strided pattern (Child et al. 2019)."""
@@ -154,14 +160,20 @@ def build_sparse_strided(config: ModelConfig, layer_idx: int) -> nn.Module:
 
 
 @ATTENTION.register(
-    "sparse_fixed", flops=_softmax_flops, owns_dropout=True, relative_positions=True
+    "sparse_fixed",
+    flops=_softmax_flops,
+    owns_dropout=True,
+    relative_positions=True,
+    uses_heads=True,
 )
 def build_sparse_fixed(config: ModelConfig, layer_idx: int) -> nn.Module:
     """Sparse Transformer attention, fixed pattern (Child et al. 2019)."""
     return _sparse_attention(config, "fixed")
 
 
-@ATTENTION.register("synthesizer_dense", flops=_synthesizer_flops, owns_dropout=True)
+@ATTENTION.register(
+    "synthesizer_dense", flops=_synthesizer_flops, owns_dropout=True, uses_heads=True
+)
 def build_dense_synthesizer(config: ModelConfig, layer_idx: int) -> nn.Module:
     """Dense Synthesizer (Tay et al. 2020), tied to block_size."""
     return DenseSynthesizer(

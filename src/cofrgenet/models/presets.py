@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cofrgenet.errors import ConfigError, did_you_mean
+
 # Shared by every transformer preset; a preset's own entries take precedence.
 _LADDERS: dict[str, Any] = {"ladders": 3, "depth": 5, "cffn_ladder": "scalar", "dropout": 0.0}
 
@@ -153,5 +155,8 @@ def list_presets() -> list[str]:
 def preset_dict(name: str) -> dict[str, Any]:
     """A copy of preset ``name``'s config fields; unknown names raise ValueError."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+        raise ConfigError(
+            f"unknown preset {name!r}{did_you_mean(str(name), PRESETS)}; available: "
+            f"{', '.join(PRESETS)}"
+        )
     return {k: dict(v) if isinstance(v, dict) else v for k, v in PRESETS[name].items()}

@@ -71,6 +71,8 @@ class MixerEntry:
     flops: FlopsFn | None = None
     owns_dropout: bool = False
     relative_positions: bool = False
+    #: splits the width into config.n_head heads (n_embd must divide by it)
+    uses_heads: bool = False
 
 
 @dataclass(frozen=True)

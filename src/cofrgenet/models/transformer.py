@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.generation import DecodeCache, generate_cached
 from cofrgenet.models.mixers import mixer_flops, residual_std
@@ -206,19 +207,28 @@ class GPT(nn.Module):
 
 
 def _check_transformer_config(config: ModelConfig) -> None:
-    """Component names are resolved, and RoPE/ALiBi have a layer that can apply them."""
+    """Component names are resolved, the width splits into heads where a mixer uses them,
+    and RoPE/ALiBi have a layer that can apply them (run when the config is made, and
+    again by ``GPT`` for configs changed since)."""
     for name in ("attention", "ffn", "norm", "position", "bias", "tie_embeddings"):
         if getattr(config, name) is None:
             raise ValueError(f"a transformer needs config.{name} (arch {config.arch!r})")
-    if config.position in RELATIVE_POSITIONS:
-        names = {config.attention_for(i) for i in range(config.n_layer)}
-        if not any(ATTENTION.entry(n).relative_positions for n in names):
-            able = [n for n in ATTENTION.names() if ATTENTION.entry(n).relative_positions]
-            raise ValueError(
-                f"position={config.position!r} acts on q.k logits, but none of this model's "
-                f"attention mixers {sorted(names)} computes them (those that do: "
-                f"{', '.join(able)}); use position 'learned', 'sinusoidal' or 'none'"
-            )
+    names = {config.attention_for(i) for i in range(config.n_layer)}
+    with_heads = sorted(n for n in names if ATTENTION.entry(n).uses_heads)
+    if with_heads and config.n_embd % config.n_head:
+        raise ConfigError(
+            f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head}): "
+            f"{', '.join(with_heads)} attention splits the width into n_head heads"
+        )
+    if config.position in RELATIVE_POSITIONS and not any(
+        ATTENTION.entry(n).relative_positions for n in names
+    ):
+        able = [n for n in ATTENTION.names() if ATTENTION.entry(n).relative_positions]
+        raise ConfigError(
+            f"position={config.position!r} acts on q.k logits, but none of this model's "
+            f"attention mixers {sorted(names)} computes them (those that do: "
+            f"{', '.join(able)}); use position 'learned', 'sinusoidal' or 'none'"
+        )
 
 
 def transformer_flops(config: ModelConfig, seq_len: int) -> dict[str, int]:
@@ -245,6 +255,7 @@ ARCHITECTURES.register(
         "bias": True,
         "tie_embeddings": True,
     },
+    validate=_check_transformer_config,
 )(GPT)
 # Llama 3: RMSNorm, RoPE, SwiGLU, no biases, untied head (Llama 3.2 1B/3B tie it: presets).
 ARCHITECTURES.register(
@@ -258,6 +269,7 @@ ARCHITECTURES.register(
         "bias": False,
         "tie_embeddings": False,
     },
+    validate=_check_transformer_config,
 )(GPT)
 
 

@@ -136,6 +136,42 @@ def check_denominators(checkpoint: dict[str, Any], model: nn.Module) -> None:
         )
 
 
+def check_same_network(path: str | Path, module: nn.Module) -> None:
+    """Refuse a checkpoint whose parameters do not fit ``module`` (a LanguageModel).
+
+    Resuming with other model settings would fail only after the run's config.yaml and
+    MLflow record had been rewritten, in a loading error that names tensors, not
+    settings. Parameters must match by name and shape; buffers that Lightning's restore
+    tolerates (the output ranges of older checkpoints) are not compared.
+    """
+    if is_sharded(path):  # its shards load per rank; FSDP checks them itself
+        return
+    saved = load(path)
+    theirs = {
+        key: tuple(value.shape)
+        for key, value in uncompiled(saved["state_dict"]).items()
+        if isinstance(value, Tensor)
+    }
+    ours = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    known = set(module.state_dict())
+    differ = [n for n, shape in ours.items() if theirs.get(n) != shape]
+    differ += [key for key in theirs if key not in known]
+    if not differ:
+        return
+    first = differ[0]
+    hparams = saved.get("hyper_parameters") or {}
+    given = overrides_dict(hparams.get("config"))
+    trained = f"model.preset {hparams.get('preset')!r}" + (
+        f", model.config {given}" if given else ""
+    )
+    raise ConfigError(
+        f"{path} holds another network than this run builds ({len(differ)} parameter(s) "
+        f"differ, e.g. {first}: {theirs.get(first, 'absent')} in the checkpoint, "
+        f"{ours.get(first, 'absent')} here); it was trained with {trained}: resume with "
+        "those model settings, or start a new run with another --run.name"
+    )
+
+
 def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
     """(the network, its ModelConfig) of a ``cofr fit`` checkpoint, weights loaded, on CPU.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import re
 import signal
 import sys
@@ -31,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.data import TokenDataModule
-from cofrgenet.errors import ConfigError, did_you_mean
+from cofrgenet.errors import ConfigError, UserError, did_you_mean
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.console import (
@@ -42,14 +43,19 @@ from cofrgenet.training.console import (
 )
 from cofrgenet.training.lightning_cli import LightningCLIAdapter
 from cofrgenet.training.module import LanguageModel
-from cofrgenet.training.runlock import HoldRunLock, RunLock
+from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
     CofrMLFlowLogger,
     RunConfig,
     artifact_location,
     resolve_run_dir,
+    slurm_run_name,
     tracking_uri,
 )
+
+
+class RunExistsError(UserError, FileExistsError):
+    """A fresh fit named a run folder that holds another run's checkpoints."""
 
 
 class ConfigToRun(SaveConfigCallback):
@@ -75,12 +81,56 @@ def _bad_choice(message: str) -> str | None:
     """One line for jsonargparse's report of a value outside a Literal's choices."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
     given = re.search(r"Given value: (.*)", message)
-    choices = re.search(r"Literal\[([^\]]*)\]", message)
-    if not (keys and given and choices):
+    # Every Literal of the key's type (a Union may hold several, of ints and of strings).
+    literals = re.findall(r"Literal\[([^\]]*)\]", message)
+    if not (keys and given and literals):
         return None
-    names = re.findall(r"'([^']*)'", choices.group(1))
+    items = (item.strip().strip("'\"") for group in literals for item in group.split(","))
+    names = list(dict.fromkeys(item for item in items if item))
     value = given.group(1).strip()
     return f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
+
+
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
+
+
+def _user_error_behind(error: BaseException) -> UserError | None:
+    """The UserError ``error`` was raised from, if any (following causes and contexts)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UserError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _holds_only_lock(run_dir: Path) -> bool:
+    return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
+
+
+def _bad_config_file(words: list[str]) -> str | None:
+    """What is wrong with the first ``--config`` file that is not a YAML mapping."""
+    import yaml
+
+    paths = [b for a, b in itertools.pairwise(words) if a in ("-c", "--config")]
+    paths += [w.split("=", 1)[1] for w in words if w.startswith("--config=")]
+    for path in paths:
+        try:
+            content = yaml.safe_load(Path(path).read_text())
+        except OSError:
+            continue  # a missing file has its own message
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(error, "problem", None) or str(error)
+            return f"config file {path}{where}: {problem} (not valid YAML)"
+        if content is None:
+            return f"config file {path} holds no settings (empty or only comments): drop it"
+        if not isinstance(content, dict):
+            return f"config file {path} must hold a mapping of keys, not {type(content).__name__}"
+    return None
 
 
 class CofrCLI(LightningCLIAdapter):
@@ -135,12 +185,40 @@ class CofrCLI(LightningCLIAdapter):
         if ckpt_path not in (None, "last"):
             checkpoints.check(ckpt_path)
 
+    def instantiate_classes(self) -> None:
+        """Build model, data and trainer; an error in what the user gave stays one line.
+
+        jsonargparse wraps errors of the classes it builds (e.g. OptimizerConfig's) in a
+        ValueError of its own, and Lightning reports trainer settings it refuses as
+        MisconfigurationException: both are bad input, not bugs."""
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        try:
+            super().instantiate_classes()
+        except MisconfigurationException as error:
+            raise ConfigError(f"trainer: {error}") from None
+        except ValueError as error:
+            cause = _user_error_behind(error)
+            if cause is None:
+                raise
+            raise cause from None
+
     def _explain(self, message: str, args: Any) -> str:
         """A parse error with the file that holds the bad key and the closest valid key."""
         words = list(sys.argv[1:] if args is None else args)
         choice = _bad_choice(message)
         if choice is not None:
             return choice
+        wrong_type = re.search(
+            r'Parser key "([^"]+)":\s+Expected a <class \'(\w+)\'>\. Got value: (.*)', message
+        )
+        if wrong_type is not None:
+            key, expected, value = wrong_type.groups()
+            return f"{key}: expected {_TYPE_NAMES.get(expected, expected)}, got {value.strip()!r}"
+        if message.startswith(("Unexpected config", "Problems parsing config")):
+            bad_file = _bad_config_file(words)
+            if bad_file is not None:
+                return bad_file
         subcommand = words[0] if words and words[0] in self.subcommands() else None
         match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
         if subcommand is None:
@@ -175,13 +253,37 @@ class CofrCLI(LightningCLIAdapter):
             return True
         return self.config_value(self.config, "ckpt_path") == "last"
 
+    def check_fit_settings(self, run: RunConfig, run_dir: Path) -> None:
+        """Refuse a fit that would end at once with exit status 0 and nothing done: no
+        step to take, or ``--ckpt_path last`` with nothing to resume and no run named."""
+        if self.subcommand != "fit":
+            return
+        max_steps = self.config_value(self.config, "trainer.max_steps")
+        if max_steps == 0:
+            raise ConfigError("trainer.max_steps must be >= 1, or -1 for max_epochs to decide")
+        if self.config_value(self.config, "ckpt_path") != "last" or checkpoints.candidates(run_dir):
+            return
+        if run.name is None and slurm_run_name() is None:
+            raise ConfigError(
+                f"--ckpt_path last: no run of experiment {run.experiment!r} in "
+                f"{run_dir.parent} has a checkpoint to resume; name one with --run.name, or "
+                "start a new run without --ckpt_path"
+            )
+        if not run_dir.exists():  # a first start under SLURM or a sweep, or a typo
+            parent = run_dir.parent
+            names = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
+            rank_zero_warn(
+                f"--ckpt_path last: {run_dir} does not exist, so this run starts from "
+                f"scratch{did_you_mean(run_dir.name, names)}"
+            )
+
     def check_not_overwriting(self, run_dir: Path) -> None:
         """A fresh fit must not overwrite the checkpoints of an earlier run."""
         if self.subcommand != "fit" or self.config_value(self.config, "ckpt_path") is not None:
             return
         existing = sorted((run_dir / "checkpoints").glob("*.ckpt"))
         if existing:
-            raise FileExistsError(
+            raise RunExistsError(
                 f"run folder {run_dir} already holds checkpoints ({existing[-1].name}, ...): "
                 "resume it with --ckpt_path last, or start a new run with another --run.name"
             )
@@ -263,20 +365,31 @@ class CofrCLI(LightningCLIAdapter):
             check_data(self.datamodule)
         run = self.run_config()
         run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
+        self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
         lock = RunLock(run_dir)
+        new_folder = not run_dir.exists()
         if self.subcommand == "fit" and rank_zero_only.rank == 0:
             lock.acquire()  # before anything is written: a second fit stops here
         try:
             return self._instantiate_run(run, run_dir, lock, kwargs)
         except BaseException:
             lock.release()
+            if new_folder and _holds_only_lock(run_dir):
+                lock.path.unlink()  # a folder this start made and wrote nothing into
+                run_dir.rmdir()
             raise
 
     def _instantiate_run(self, run: RunConfig, run_dir: Path, lock: RunLock, kwargs: dict):
         held: list[Callback] = [HoldRunLock(lock)] if lock.held else []
         self.check_not_overwriting(run_dir)
         self.choose_checkpoint(run_dir)
-        trainer_config = {**self.config_value(self.config_init, "trainer", default={}), **kwargs}
+        chosen = self.config_value(self.config_init, "ckpt_path")
+        if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
+            checkpoints.check_same_network(chosen, self.model)
+        given = self.config_value(self.config_init, "trainer", default={})
+        if not hasattr(given, "keys"):  # jsonargparse lets `trainer: 5` through
+            raise ConfigError(f"trainer must be a mapping of Trainer settings, got {given!r}")
+        trainer_config = {**given, **kwargs}
         trainer_config["default_root_dir"] = str(run_dir)
         configured = trainer_config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]

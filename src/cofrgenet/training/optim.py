@@ -52,6 +52,13 @@ class OptimizerConfig:
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         self.betas = tuple(self.betas)  # YAML gives a list
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.eps < 0 or self.weight_decay < 0:
+            raise ConfigError(
+                f"optimizer.eps and optimizer.weight_decay must be >= 0, got {self.eps}, "
+                f"{self.weight_decay}"
+            )
 
 
 def no_weight_decay_names(model: nn.Module) -> set[str]:

@@ -43,7 +43,7 @@ class RunConfig:
     experiment: MLflow experiment and folder name. name: the run's folder and MLflow run
     name; default: ``slurm-<job id>`` under SLURM (a requeued job keeps its id, so it
     finds its checkpoint and MLflow run again), else a timestamp; with ``--ckpt_path
-    last`` and no name, the most recent run of the experiment. tracking_uri: any MLflow
+    last`` and no name, the run of the experiment with the newest checkpoint. tracking_uri: any MLflow
     URI; default ``MLFLOW_TRACKING_URI`` or ``sqlite:///<runs_dir>/mlflow.db``.
     checkpoint_every_n_steps: a checkpoint ``step<N>.ckpt`` every N optimizer steps (and
     ``last.ckpt`` at each save and at the end). keep_checkpoints: how many of the newest
@@ -79,18 +79,19 @@ def slurm_run_name() -> str | None:
 
 
 def latest_run(experiment_dir: Path) -> Path | None:
-    """The run folder of ``experiment_dir`` with the newest last.ckpt (or newest folder)."""
+    """The run folder of ``experiment_dir`` with the newest checkpoint; None if none has one.
+
+    Folders without a checkpoint (a run that failed before its first save) are passed
+    over: resuming one would silently start from scratch.
+    """
     if not experiment_dir.is_dir():
         return None
-    runs = [p for p in experiment_dir.iterdir() if p.is_dir()]
-    if not runs:
-        return None
-
-    def stamp(run: Path) -> float:
-        last = run / "checkpoints" / "last.ckpt"
-        return last.stat().st_mtime if last.exists() else run.stat().st_mtime
-
-    return max(runs, key=stamp)
+    newest: dict[Path, float] = {}
+    for run in experiment_dir.iterdir():
+        saved = [*run.glob("hpc_ckpt_*.ckpt"), *(run / "checkpoints").glob("*.ckpt")]
+        if saved:
+            newest[run] = max(p.stat().st_mtime for p in saved)
+    return max(newest, key=newest.__getitem__) if newest else None
 
 
 def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:

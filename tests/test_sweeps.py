@@ -730,3 +730,183 @@ def test_workers_finishing_together_take_turns_writing_the_report(tmp_path):
         assert expected <= names and not [n for n in names if ".tmp" in n], names
     files = write_report(study, sweep, out)
     assert expected <= set(files) and not any(name.startswith(".") for name in files)
+
+
+# ------------------------------------------------------------------ bad input, one line
+
+
+def one_line_error(capsys, argv: list[str], status: int = 2) -> str:
+    """``cofr ARGV``'s one error line (no traceback). Logging's own "--- Logging error ---"
+    reports, about streams an earlier test's capture closed, are left out."""
+    from cofrgenet.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == status
+    err = capsys.readouterr().err.strip().split("--- Logging error ---")
+    own = [block.split("Arguments: ", 1)[-1] for block in err]
+    assert not any("Traceback" in block for block in own), err
+    return "\n".join(own).strip().splitlines()[-1]
+
+
+def test_bad_budget_or_metric_refuses_the_sweep_file_when_loaded(tmp_path, capsys):
+    """steps 0 would record an untrained model's value, steps -3 and an objective the
+    fit does not log would fail every trial: run, status and submit refuse them at once."""
+    cases = {
+        "steps0": ({"budget": {"steps": 0}}, "budget.steps must be a whole number >= 1, got 0"),
+        "steps-3": ({"budget": {"steps": -3}}, "budget.steps must be a whole number >= 1"),
+        "tokens": ({"budget": {"tokens": -1.0}}, "budget.tokens must be a number > 0"),
+        "val": ({"budget": {"steps": 6, "val_every": 0}}, "budget.val_every must be a whole"),
+        "trials": ({"n_trials": 0}, "n_trials must be a whole number >= 1, got 0"),
+        "metric": (
+            {"objective": {"metric": "val/los", "direction": "minimize"}},
+            "objective.metric 'val/los' is not a metric a trial reports (did you mean "
+            "'val/loss'?); use one of val/loss, val/ppl, train/loss",
+        ),
+    }
+    for name, (changes, message) in cases.items():
+        path = write_sweep(tmp_path, f"{name}.yaml", **changes)
+        with pytest.raises(SweepError, match=re.escape(message)):
+            load_sweep(path)
+        for command in (["run", "--no-mlflow"], ["status"], ["submit", "--dry-run"]):
+            line = one_line_error(capsys, ["sweep", command[0], str(path), *command[1:]])
+            assert line.startswith(f"cofr sweep {command[0]}: error: {message}"), line
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+    # What an older cofr stored with its study is still read (status, reports).
+    stored = yaml.safe_load(write_sweep(tmp_path, budget={"steps": 0}).read_text())
+    assert parse_sweep(stored, resolve=False).budget.steps == 0
+    # The metrics offered are the ones the training module logs.
+    from cofrgenet.sweeps.spec import OBJECTIVE_METRICS
+
+    module = (ROOT / "src" / "cofrgenet" / "training" / "module.py").read_text()
+    assert all(f'self.log("{metric}"' in module for metric in OBJECTIVE_METRICS)
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, capsys):
+    path = write_sweep(tmp_path)
+    text = path.read_text().replace("sampler:\n  name: tpe", "sampler:\n  name: tpe: x")
+    assert text != path.read_text()
+    path.write_text(text)
+    line_no = text.splitlines().index("  name: tpe: x") + 1
+    for command in ("run", "status"):
+        line = one_line_error(capsys, ["sweep", command, str(path)])
+        assert line.startswith(f"cofr sweep {command}: error: {path}, line {line_no}, column ")
+        assert "not valid YAML: mapping values are not allowed here" in line
+    line = one_line_error(capsys, ["sweep", "run", str(path), "--set", "a=[1,"])
+    assert "not valid YAML" in line  # the sweep file's error comes first
+    line = one_line_error(capsys, ["sweep", "run", str(write_sweep(tmp_path)), "--set", "a=[1,"])
+    assert line.startswith("cofr sweep run: error: --set a=[1,: the value is not valid YAML")
+
+
+def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
+    path = str(write_sweep(tmp_path))
+    start = time.monotonic()
+    line = one_line_error(capsys, ["sweep", "status", path, "--storage", "foo://bar"])
+    assert time.monotonic() - start < 5, "refused after retries"
+    assert line.startswith("cofr sweep status: error: storage 'foo://bar': unknown URL scheme")
+    assert "sqlite:///PATH.db" in line and "postgresql://" in line and "journal:PATH" in line
+    line = one_line_error(capsys, ["sweep", "status", path, "--storage", "postgres://u:pw@h/db"])
+    assert "(did you mean 'postgresql'?)" in line and "pw" not in line
+    line = one_line_error(capsys, ["sweep", "status", path, "--storage", str(tmp_path / "x")])
+    assert "not a journal file or database URL" in line
+    missing = f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}"
+    line = one_line_error(capsys, ["sweep", "status", path, "--storage", missing])
+    assert "no folder" in line and "nowhere" in line
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_report_out_must_be_a_folder(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    line = one_line_error(
+        capsys, ["sweep", "report", str(write_sweep(tmp_path)), "--out", str(notes)]
+    )
+    assert line == (
+        f"cofr sweep report: error: --out {notes} is a file: --out must be a folder "
+        "(made if missing)"
+    )
+    assert notes.read_text() == "mine\n"
+
+
+def test_set_keys_are_exact_and_not_set_again_by_the_sweep(tmp_path, capsys):
+    """--set of a searched key (or the budget's, run.*) would be silently replaced in
+    every trial, and an abbreviated key (data.batch_siz) read as the key it abbreviates:
+    both stop the worker before the study exists."""
+    path = str(write_sweep(tmp_path, n_trials=1))
+    run = ["sweep", "run", path, "--no-mlflow", "--no-report", "--set"]
+    line = one_line_error(capsys, [*run, "model.config.depth=4"])
+    assert line == (
+        "cofr sweep run: error: --set model.config.depth: the sweep searches this key; "
+        "remove it from the space or drop the --set"
+    )
+    line = one_line_error(capsys, [*run, "model.config={depth: 4}"])
+    assert "--set model.config: the sweep searches model.config.depth" in line
+    line = one_line_error(capsys, [*run, "trainer.max_steps=3"])
+    assert "the sweep's budget sets this key" in line
+    line = one_line_error(capsys, [*run, "run.mlflow=true"])
+    assert "--no-mlflow sets this key to false" in line
+    line = one_line_error(capsys, [*run, "data.batch_siz=3"])
+    assert line == (
+        "cofr sweep run: error: --set: unknown key 'data.batch_siz' (did you mean "
+        "'data.batch_size'?); `cofr fit --help` lists the keys"
+    )
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+    # submit renders workers that would stop: it refuses too.
+    submit = ["sweep", "submit", path, "--dry-run", "--set"]
+    assert "the sweep searches this key" in one_line_error(
+        capsys, [*submit, "model.config.depth=4"]
+    )
+    assert "'data.batch_siz'" in one_line_error(capsys, [*submit, "data.batch_siz=3"])
+    # Keys inside an option, and groups of options, are keys.
+    from cofrgenet.sweeps.fitconfig import check_keys
+
+    check_keys(load_sweep(path), {"model.optimizer.lr": 1e-3, "data": {"batch_size": 2}})
+
+
+def test_no_mlflow_trials_track_nothing_and_train_loss_is_an_objective(tiny_data, tmp_path, capsys):
+    """--no-mlflow: no parent run and no trial run (no mlflow.db). The objective
+    train/loss survives the final validation that follows a last step between two."""
+    path = write_sweep(
+        tmp_path,
+        n_trials=1,
+        pruner={"name": "none"},
+        objective={"metric": "train/loss", "direction": "minimize"},
+        budget={"steps": 3, "val_every": 2},
+        overrides={"data.data_dir": str(tiny_data)},
+    )
+    from cofrgenet.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", "run", str(path), "--no-mlflow", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    sweep = load_sweep(path)
+    (trial,) = study_of(st.default_storage(sweep), sweep.study).get_trials()
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get(st.FAIL_REASON)
+    runs = tmp_path / "runs"
+    assert not (runs / "mlflow.db").exists() and not (runs / "mlartifacts").exists()
+    assert "MLflow run:" not in out
+    config = yaml.safe_load((runs / sweep.experiment / "trial-0000" / "config.yaml").read_text())
+    assert config["run"]["mlflow"] is False
+
+
+def test_a_worker_whose_trials_all_failed_exits_1(tiny_data, tmp_path, capsys):
+    """Failed trials keep their reason and the study goes on (two different failures do
+    not stop the worker), but a worker none of whose trials completed says so: status 1."""
+    path = write_sweep(
+        tmp_path,
+        sampler={"name": "grid"},
+        pruner={"name": "none"},
+        n_trials=None,
+        space={"model.config.ladders": {"choices": [0]},
+               "model.optimizer.lr": {"choices": [1e-3, 2e-3]}},
+        overrides={"data.data_dir": str(tiny_data)},
+    )  # fmt: skip
+    from cofrgenet.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", "run", str(path), "--no-mlflow", "--no-report"]) == 1
+    err = capsys.readouterr().err
+    assert "cofr sweep run: no trial of this worker completed: 2 failed, the last with: " in err
+    assert "ladders must be a positive integer" in err
+    sweep = load_sweep(path)
+    trials = study_of(st.default_storage(sweep), sweep.study).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]

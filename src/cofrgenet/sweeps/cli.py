@@ -13,6 +13,7 @@ from cofrgenet.sweeps.spec import (
     StorageOptions,
     Sweep,
     SweepError,
+    check_extra,
     load_sweep,
     parse_assignment,
     parse_sweep,
@@ -69,7 +70,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-report", action="store_true", help="do not write the report when the study ends"
     )
-    parser.add_argument("--no-mlflow", action="store_true", help="no MLflow runs")
+    parser.add_argument(
+        "--no-mlflow",
+        action="store_true",
+        help="no MLflow runs: neither the study's parent run nor the trials' runs",
+    )
 
 
 def add_study_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +85,9 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     add_study_arguments(parser)
     parser.add_argument(
-        "--out", default=None, help="folder (default: <runs-dir>/sweeps/<study>/report)"
+        "--out",
+        default=None,
+        help="a folder, made if missing (default: <runs-dir>/sweeps/<study>/report)",
     )
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to the parent run")
 
@@ -162,11 +169,11 @@ def _load_study(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    try:  # the sweep file first: its errors need none of the imports below
-        sweep = _sweep(args.sweep, args)
-    except SweepError as error:
-        print(f"cofr sweep run: {error}", file=sys.stderr)
-        return 2
+    # The sweep file first: its errors need none of the imports below. Errors in what the
+    # user gave (SweepError) are printed by `cofr` as one line, exit status 2.
+    sweep = _sweep(args.sweep, args)
+    extra = _settings(args)
+    check_extra(sweep, extra, mlflow=not args.no_mlflow)
     import optuna
 
     from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, print_summary, run_worker
@@ -178,25 +185,29 @@ def run(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("[%(levelname).1s %(asctime)s] %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-    try:
-        result = run_worker(
-            sweep,
-            n_trials=args.n_trials,
-            storage_url=args.storage,
-            runs_dir=args.runs_dir,
-            extra=_settings(args),
-            worker_index=args.worker_index,
-            report=not args.no_report,
-            mlflow=not args.no_mlflow,
-        )
-    except SweepError as error:
-        print(f"cofr sweep run: {error}", file=sys.stderr)
-        return 2
+    result = run_worker(
+        sweep,
+        n_trials=args.n_trials,
+        storage_url=args.storage,
+        runs_dir=args.runs_dir,
+        extra=extra,
+        worker_index=args.worker_index,
+        report=not args.no_report,
+        mlflow=not args.no_mlflow,
+    )
     print_summary(result)
     if result.failing is not None:
         print(
             f"cofr sweep run: stopped: {MAX_SAME_FAILURES} trials in a row failed with: "
             f"{result.failing}",
+            file=sys.stderr,
+        )
+        return 1
+    if result.none_completed:
+        failed = result.failed
+        print(
+            f"cofr sweep run: no trial of this worker completed: {len(failed)} failed, the "
+            f"last with: {failed[-1].reason} (`cofr sweep status {args.sweep}`)",
             file=sys.stderr,
         )
         return 1
@@ -206,11 +217,7 @@ def run(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.status import print_status
 
-    try:
-        study, sweep, storage = _load_study(args)
-    except SweepError as error:
-        print(f"cofr sweep status: {error}", file=sys.stderr)
-        return 2
+    study, sweep, storage = _load_study(args)
     print_status(study, storage, sweep.storage_options)
     return 0
 
@@ -220,11 +227,9 @@ def report(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.report import write_report
     from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config
 
-    try:
-        study, sweep, _ = _load_study(args)
-    except SweepError as error:
-        print(f"cofr sweep report: {error}", file=sys.stderr)
-        return 2
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SweepError(f"--out {args.out} is a file: --out must be a folder (made if missing)")
+    study, sweep, _ = _load_study(args)
     out = Path(args.out) if args.out else st.study_folder(sweep) / "report"
     client = parent = None
     if not args.no_mlflow and study.user_attrs.get(PARENT_ATTR):
@@ -254,12 +259,8 @@ def submit(args: argparse.Namespace) -> int:
         settings=_settings(args),
         sbatch_args=args.sbatch_args,
     )
-    try:
-        sweep = _sweep(args.sweep, args)
-        path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
-    except SweepError as error:
-        print(f"cofr sweep submit: {error}", file=sys.stderr)
-        return 2
+    sweep = _sweep(args.sweep, args)
+    path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
     if args.dry_run:
         print(path, end="")
         return 0

@@ -113,6 +113,35 @@ def _is_under(key: str, prefix: str) -> bool:
     return key.startswith(prefix + ".")
 
 
+def _known(key: str, options: frozenset[str]) -> bool:
+    """An option, a key inside one (a dict's entry, ``init_args.*``) or a group of them."""
+    return (
+        key in options
+        or any(_is_under(key, option) for option in options)
+        or any(_is_under(option, key) for option in options)
+    )
+
+
+def check_keys(sweep: Sweep, extra: dict[str, Any] | None = None) -> None:
+    """SweepError for a dotted key of ``--set``, the overrides or the space that is not a
+    ``cofr fit`` key. Checked here because the parser would read a ``--KEY=VALUE`` word
+    with an abbreviated key (``data.batch_siz``) as the option it abbreviates."""
+    options = option_keys()
+    where = str(sweep.path) if sweep.path is not None else f"sweep {sweep.study}"
+    sources = [
+        ("--set", list(extra or {})),
+        (f"{where}: overrides", list(sweep.overrides)),
+        (f"{where}: space", [p.key for p in sweep.space]),
+    ]
+    for source, keys in sources:
+        for key in keys:
+            if not _known(key, options):
+                hint = did_you_mean(key, sorted(options))
+                raise SweepError(
+                    f"{source}: unknown key {key!r}{hint}; `cofr fit --help` lists the keys"
+                )
+
+
 def split_settings(
     settings: Sequence[tuple[str, Any]],
 ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:

@@ -198,6 +198,8 @@ class TrialContext:
     stop_file: Path | None = None
     #: ``run.mlflow`` of the sweep's config: child runs for trials (even unparsable ones).
     run_mlflow: bool = True
+    #: False (``cofr sweep run --no-mlflow``): the trials' fits track nothing either.
+    track: bool = True
 
 
 def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
@@ -276,6 +278,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     ]
     if sweep.tracking_uri:
         run.append(("run.tracking_uri", sweep.tracking_uri))
+    if not ctx.track:
+        run.append(("run.mlflow", False))
     # The trial trains with these words, merged by cofr fit's parser (fitconfig.py).
     args: list[str] = []
     config: dict[str, Any] | None = None
@@ -346,14 +350,17 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             outcome = Outcome(TrialState.PRUNED, value=callback.last_value, run_dir=run_dir)
             outcome.reason = f"pruned at step {callback.pruned_at}"
         else:
+            logged = dict(trainer.callback_metrics)
             if callback.last_step != final_step:
-                # The last validation was before the end: measure the final model.
+                # The last validation was before the end: measure the final model. It
+                # resets the logged metrics: train/loss is the last step's, from before.
                 trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-            metric = trainer.callback_metrics.get(sweep.objective.metric)
+                logged.update(trainer.callback_metrics)
+            metric = logged.get(sweep.objective.metric)
             if metric is None:
                 outcome.reason = (
                     f"objective metric {sweep.objective.metric!r} was never logged; logged: "
-                    f"{sorted(trainer.callback_metrics)}"
+                    f"{sorted(logged)}"
                 )
             else:
                 value = float(metric)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.spec import Sweep, SweepError, base_config, get_dotted
+from cofrgenet.sweeps.spec import Sweep, SweepError, base_config, check_extra, get_dotted
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork")
@@ -73,6 +73,7 @@ def _accelerator_gpus(config: dict[str, Any]) -> int:
 
 def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dict[str, Any]]:
     """(#SBATCH options, trainer/data settings for the worker) that agree with each other."""
+    check_extra(sweep, options.settings)
     config = base_config(sweep, options.settings)
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)

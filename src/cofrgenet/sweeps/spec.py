@@ -42,9 +42,13 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, did_you_mean
 
 SAMPLERS = ("tpe", "random", "grid")
+#: What a trial can report as its objective: the metrics LanguageModel logs at every
+#: training step (``train/loss``) and validation (``val/loss``, ``val/ppl``); see
+#: ``cofrgenet/training/module.py``.
+OBJECTIVE_METRICS = ("val/loss", "val/ppl", "train/loss")
 PRUNERS = ("median", "percentile", "hyperband", "sha", "none")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _RANGE = re.compile(
@@ -311,9 +315,43 @@ def resolve_base(entry: str, sweep_dir: Path | None) -> Path:
     raise SweepError(f"base config {entry!r} not found (looked in {[str(c) for c in candidates]})")
 
 
+def _whole(value: Any, where: str) -> int:
+    """``value`` as a whole number >= 1, or SweepError naming ``where``."""
+    try:
+        number = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not math.isfinite(number) or number != int(number) or number < 1:
+        raise SweepError(f"{where} must be a whole number >= 1, got {value!r}")
+    return int(number)
+
+
+def _check_values(objective: Objective, budget: Budget, n_trials: Any) -> None:
+    """The values a trial would only fail on (or, for ``steps: 0``, train nothing with)."""
+    if objective.metric not in OBJECTIVE_METRICS:
+        hint = did_you_mean(str(objective.metric), OBJECTIVE_METRICS)
+        raise SweepError(
+            f"objective.metric {objective.metric!r} is not a metric a trial reports{hint}; "
+            f"use one of {', '.join(OBJECTIVE_METRICS)}"
+        )
+    if budget.steps is not None:
+        budget.steps = _whole(budget.steps, "budget.steps")
+    if budget.tokens is not None:
+        try:
+            tokens = None if isinstance(budget.tokens, bool) else float(budget.tokens)
+        except (TypeError, ValueError):
+            tokens = None
+        if tokens is None or not math.isfinite(tokens) or tokens <= 0:
+            raise SweepError(f"budget.tokens must be a number > 0, got {budget.tokens!r}")
+    if budget.val_every is not None:
+        budget.val_every = _whole(budget.val_every, "budget.val_every")
+    if n_trials is not None:
+        _whole(n_trials, "n_trials")
+
+
 def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = True) -> Sweep:
-    """A Sweep from its YAML mapping; ``resolve=False`` leaves base paths unchecked (a
-    study's stored copy, read for status and reports)."""
+    """A Sweep from its YAML mapping; ``resolve=False`` leaves base paths and values
+    unchecked (a study's stored copy, read for status and reports)."""
     if not isinstance(raw, dict):
         raise SweepError("a sweep file is a YAML mapping")
     unknown = set(raw) - _TOP_KEYS
@@ -345,6 +383,8 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     if budget.steps is not None and budget.tokens is not None:
         raise SweepError("budget: give steps or tokens, not both")
     n_trials = raw.get("n_trials")
+    if resolve:  # a study's stored copy is read as an older cofr wrote it
+        _check_values(objective, budget, n_trials)
     heatmap = raw.get("heatmap")
     sweep = Sweep(
         path=path,
@@ -356,7 +396,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         pruner=pruner,
         objective=objective,
         budget=budget,
-        n_trials=None if n_trials is None else int(n_trials),
+        n_trials=None if n_trials is None else int(float(n_trials)),
         storage=_expand(raw.get("storage")),
         storage_options=_options(StorageOptions, raw.get("storage_options"), "storage_options"),
         experiment=str(raw.get("experiment") or study),
@@ -377,7 +417,15 @@ def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = 
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"no sweep file at {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else f"{path}"
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise SweepError(f"{where}: not valid YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SweepError(f"cannot read the sweep file {path}: {error}") from None
     for key, value in (overrides or {}).items():
         set_dotted(raw, key, value)
     return parse_sweep(raw, path.resolve())
@@ -410,10 +458,14 @@ def get_dotted(config: dict[str, Any], key: str, default: Any = None) -> Any:
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with a YAML value (``trainer.devices=2`` -> ("trainer.devices", 2))."""
-    if "=" not in text:
-        raise SweepError(f"expected KEY=VALUE, got {text!r}")
+    if "=" not in text or not text.split("=", 1)[0].strip():
+        raise SweepError(f"--set: expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value)
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise SweepError(f"--set {text}: the value is not valid YAML: {problem}") from None
 
 
 def encode_value(value: Any) -> str:
@@ -436,14 +488,47 @@ def config_settings(
     return [*sweep.overrides.items(), *(extra or {}).items(), *(params or {}).items()]
 
 
+def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
+    """The config keys a sweep sets in every trial after ``--set`` (so a ``--set`` of one
+    would be ignored), each with what to do instead (``{target}``: the key)."""
+    fixed = {
+        p.key: "the sweep searches {target}; remove it from the space or drop the --set"
+        for p in sweep.space
+    }
+    if sweep.budget.steps is not None or sweep.budget.tokens is not None:
+        fixed["trainer.max_steps"] = "the sweep's budget sets {target}; change the budget"
+    if sweep.budget.val_every is not None:
+        fixed["trainer.val_check_interval"] = "the sweep's budget.val_every sets {target}"
+    fixed["run.experiment"] = "the sweep's experiment sets {target}; change it there"
+    fixed["run.name"] = "the sweep names each trial's run trial-<number>; drop the --set"
+    fixed["run.runs_dir"] = "the sweep sets {target}; use --runs-dir"
+    if sweep.tracking_uri:
+        fixed["run.tracking_uri"] = "the sweep's tracking_uri sets {target}; change it there"
+    if not mlflow:
+        fixed["run.mlflow"] = "--no-mlflow sets {target} to false; drop one of the two"
+    return fixed
+
+
+def check_extra(sweep: Sweep, extra: dict[str, Any] | None, mlflow: bool = True) -> None:
+    """SweepError for a ``--set`` key that the sweep sets again in every trial (a searched
+    key, the budget's ``trainer.max_steps``, ``run.name``...), or a key above one."""
+    fixed = sweep_keys(sweep, mlflow)
+    for key in extra or {}:
+        for target, why in fixed.items():
+            if target == key or target.startswith(key + "."):
+                name = "this key" if target == key else target
+                raise SweepError(f"--set {key}: {why.format(target=name)}")
+
+
 def base_config(sweep: Sweep, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The full config (defaults included) of the base files, overrides and ``extra``, as
     ``cofr fit`` parses them (:mod:`cofrgenet.sweeps.fitconfig`).
 
     Imports LightningCLI (seconds, once per process); SweepError when it does not parse.
     """
-    from cofrgenet.sweeps.fitconfig import resolve_settings
+    from cofrgenet.sweeps.fitconfig import check_keys, resolve_settings
 
+    check_keys(sweep, extra)
     return resolve_settings(sweep.base, config_settings(sweep, extra=extra))
 
 
@@ -489,8 +574,9 @@ def trial_config(
     """The full training config of one trial: what ``cofr fit`` makes of its words
     (:func:`cofrgenet.sweeps.fitconfig.trial_words`); SweepError when the worker would
     reject it."""
-    from cofrgenet.sweeps.fitconfig import checked_config, trial_words
+    from cofrgenet.sweeps.fitconfig import check_keys, checked_config, trial_words
 
+    check_keys(sweep, extra)
     with tempfile.TemporaryDirectory() as folder:
         words = trial_words(sweep, params, extra, Path(folder) / "sweep-settings.yaml")
         return checked_config(words)[0]

@@ -5,7 +5,8 @@ Storage URLs:
 * ``journal:PATH`` (or a path ending in ``.journal``): Optuna's journal file, for workers
   on one host. The default: ``journal:<runs_dir>/sweeps/<study>/optuna.journal``.
 * ``postgresql://...`` (``mysql://``, ``sqlite:///...``): an RDB server, for workers on
-  many hosts. Never put sqlite or journal files on NFS.
+  many hosts. Never put sqlite or journal files on NFS. Any other URL (a scheme
+  SQLAlchemy does not know) is refused at once (:func:`check_rdb_url`).
 
 Liveness. Every RUNNING trial carries its worker in user attributes (``cofr.host``,
 ``cofr.pid``, ``cofr.pid_start``: the process start time, so a reused pid is not taken
@@ -48,7 +49,8 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
-from cofrgenet.sweeps.spec import StorageOptions, Sweep
+from cofrgenet.errors import did_you_mean
+from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
 
 log = logging.getLogger("cofrgenet.sweeps")
 
@@ -100,11 +102,7 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
         # The open() lock works on NFSv3+ too and is released after 30 s if its holder died.
         backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
         return JournalStorage(backend)
-    if "://" not in url:
-        raise ValueError(
-            f"storage {url!r}: use journal:PATH, a *.journal path or an RDB URL "
-            "(postgresql://user:password@host/db, sqlite:///path.db)"
-        )
+    check_rdb_url(url)
     # Workers that start together on a new database race to create Optuna's tables; the
     # losers fail on a duplicate type or table. Creation is idempotent: try again.
     for attempt in range(6):
@@ -115,14 +113,50 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
                 heartbeat_interval=options.heartbeat_interval,
                 grace_period=options.grace_period,
             )
-        except ImportError:
-            raise
+        except ImportError as error:
+            raise SweepError(
+                f"storage {describe_storage(url)!r}: {error}; install its database driver "
+                "(PostgreSQL: pip install 'psycopg[binary]')"
+            ) from None
         except Exception as error:
             if attempt == 5:
                 raise
             log.warning(f"opening {describe_storage(url)} failed ({error!r:.200}); retrying")
             time.sleep(0.5 + random.random() * 2)
     raise AssertionError("unreachable")
+
+
+STORAGE_FORMS = (
+    "journal:PATH (or a *.journal path), sqlite:///PATH.db or "
+    "postgresql://user:password@host:5432/db"
+)
+
+
+def check_rdb_url(url: str) -> None:
+    """SweepError at once for a storage that is no journal and no database URL
+    SQLAlchemy knows (instead of retrying it), or a sqlite file in a missing folder."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shown = describe_storage(url)
+    if "://" not in url:
+        raise SweepError(
+            f"storage {shown!r}: not a journal file or database URL; use {STORAGE_FORMS}"
+        )
+    scheme = url.split("://", 1)[0]
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        hint = did_you_mean(scheme.split("+")[0], ["journal", "sqlite", "postgresql", "mysql"])
+        raise SweepError(
+            f"storage {shown!r}: unknown URL scheme {scheme + '://'!r}{hint}; use {STORAGE_FORMS}"
+        ) from None
+    database = parsed.database
+    if parsed.get_backend_name() == "sqlite" and database and database != ":memory:":
+        folder = Path(database).expanduser().parent
+        if not folder.is_dir():
+            raise SweepError(f"storage {shown!r}: no folder {folder} for the sqlite file")
 
 
 def describe_storage(url: str) -> str:

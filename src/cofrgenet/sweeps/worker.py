@@ -23,8 +23,9 @@ import optuna
 from optuna.trial import TrialState
 
 from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.fitconfig import check_keys
 from cofrgenet.sweeps.objective import REQUEUE, UID_ATTR, Outcome, TrialContext, run_trial
-from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted, trial_config
+from cofrgenet.sweeps.spec import Sweep, SweepError, check_extra, get_dotted, trial_config
 from cofrgenet.sweeps.tracking import PARENT_ATTR
 
 log = logging.getLogger("cofrgenet.sweeps")
@@ -142,6 +143,20 @@ class WorkerResult:
     #: Set when the worker stopped because trials kept failing for one reason.
     failing: str | None = None
 
+    @property
+    def failed(self) -> list[Outcome]:
+        """This worker's failed trials, interrupted ones (retried) left out."""
+        return [o for _, o in self.outcomes if o.state == TrialState.FAIL and not o.retry]
+
+    @property
+    def none_completed(self) -> bool:
+        """Trials failed and none ended COMPLETE or PRUNED (and the worker did not stop
+        for a requeue): ``cofr sweep run`` exits with 1."""
+        finished = (TrialState.COMPLETE, TrialState.PRUNED)
+        if self.requeued or not self.failed:
+            return False
+        return not any(o.state in finished for _, o in self.outcomes)
+
 
 def _requeue_job(worker: st.Worker) -> None:
     job = worker.slurm.get(st.SLURM_JOB)
@@ -201,17 +216,23 @@ def run_worker(
     """Run trials of ``sweep`` until ``n_trials`` of this worker or the study's budget."""
     runs_dir = runs_dir or sweep.runs_dir
     url = storage_url or sweep.storage or st.default_storage(sweep, runs_dir)
+    # Fail fast, before the study exists, on a sweep whose trials could not train as
+    # asked: a --set the sweep overrides, a key that is not cofr fit's (a typo), a config
+    # that does not parse, a storage URL that is none.
+    if st.journal_path(url) is None:
+        st.check_rdb_url(url)
+    check_extra(sweep, extra, mlflow)
+    check_keys(sweep, extra)
+    try:
+        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
+    except SweepError as error:
+        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
+
     worker = st.Worker.current()
     storage = st.open_storage(url, sweep.storage_options)
     study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
     folder = st.study_folder(sweep, runs_dir)
     folder.mkdir(parents=True, exist_ok=True)
-
-    # Fail fast on a sweep whose config does not parse at all (a typo in a key).
-    try:
-        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
-    except SweepError as error:
-        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
 
     client = parent = None
     if mlflow:
@@ -243,6 +264,7 @@ def run_worker(
         parent_run_id=parent,
         stop_file=stop_file,
         run_mlflow=bool(get_dotted(probe, "run.mlflow", True)),
+        track=mlflow,
     )
 
     def on_usr1(signum: int, frame: Any) -> None:

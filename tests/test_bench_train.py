@@ -143,9 +143,12 @@ def test_bench_train_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
 
     monkeypatch.setattr(train, "graph_breaks", lambda trainer: 0)
     assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
-    report = json.loads(js.read_text())
+    # The next run of the day writes its own report: the partial one is kept.
+    second = js.with_name(js.stem + "-2.json")
+    report = json.loads(second.read_text())
     assert "partial" not in report and len(report["results"]) == 4
-    assert "Partial" not in js.with_suffix(".md").read_text()
+    assert "Partial" not in second.with_suffix(".md").read_text()
+    assert json.loads(js.read_text())["partial"] is True
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "lstm"])
@@ -210,3 +213,61 @@ def test_a_compile_that_fails_is_reported_and_the_run_goes_on(monkeypatch, tmp_p
     assert "**cofrgenet-f compiled failed**, not timed: `RuntimeError: inductor" in text
     assert "cofrgenet-f / gpt2 tokens/s (eager)" in text
     assert "cofrgenet-f / gpt2 tokens/s (compiled)" not in text
+
+
+def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys):
+    report = {"device": "NVIDIA H200", "date": "2026-12-02", "config": {"tag": None}}
+    monkeypatch.setattr(train, "to_markdown", lambda report: "report\n")
+    first = train.write_report(report, tmp_path)
+    stem = "train-nvidia-h200-2026-12-02"
+    assert [p.name for p in first] == [f"{stem}.md", f"{stem}.json"]
+    (tmp_path / "train-nvidia-h200-2026-12-02-2.json").write_text("{}")  # an orphan counts
+    second = train.write_report(report, tmp_path)
+    assert second[0].name == "train-nvidia-h200-2026-12-02-3.md"
+    # A run rewrites its own files (its partial reports) in place.
+    assert train.write_report(report, tmp_path, second[0].with_suffix("")) == second
+    tagged = train.write_report({**report, "config": {"tag": "x"}}, tmp_path)
+    assert tagged[1].name == "train-nvidia-h200-2026-12-02-x.json"
+    assert len(list(tmp_path.iterdir())) == 7
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["--n-head", "3"], "--n-head 3 does not divide --n-embd 32"),
+        (["--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
+        (["--device", "foo"], "--device: unknown device 'foo'"),
+        (["--variants", "gpt2-nope"], "variant gpt2-nope: unknown preset 'gpt2-nope'"),
+    ],
+)
+def test_bad_settings_are_one_line_before_any_work(monkeypatch, tmp_path, capsys, options, message):
+    from test_cli_errors import one_line_error
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("started the benchmark")
+
+    monkeypatch.setattr(train, "peak_matmul_flops", no_work)
+    argv = ["bench", "train", "--out-dir", str(tmp_path / "out")]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    line = one_line_error(capsys, [*argv, *options])
+    assert line.startswith(f"cofr bench train: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_that_is_a_file_or_a_missing_gpu_is_one_line(monkeypatch, tmp_path, capsys):
+    from test_cli_errors import one_line_error
+
+    monkeypatch.setattr(train, "peak_matmul_flops", lambda cfg: 1 / 0)  # never reached
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    argv = ["bench", "train", *(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items())]
+    line = one_line_error(capsys, [*argv, "--out-dir", str(afile)])
+    assert line == f"cofr bench train: error: --out-dir {afile}: {afile} is a file, not a folder"
+    assert afile.read_text() == "mine"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = one_line_error(capsys, [*argv, "--out-dir", str(tmp_path), "--device", "cuda"])
+    assert "--device: device 'cuda': torch sees no cuda device on this machine" in line

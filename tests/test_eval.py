@@ -19,6 +19,7 @@ from cofrgenet.eval.lambada import score_continuations
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
 from cofrgenet.eval.tasks import EvalDataNotFound, get_task, read_rows, split_last_word
 from eval_helpers import tiny_byte_data, trained_checkpoint
+from test_cli_errors import one_line_error
 
 WIKITEXT = (
     " = Robert Boulter = \n \n"
@@ -235,14 +236,76 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
 
 
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
-    status = main(
-        ["eval", str(tmp_path / "no.ckpt"), "--tasks", "ptb", "--data-dir", str(tmp_path)]
-    )
+    ckpt = tmp_path / "not-loaded.ckpt"  # empty: loading it would fail otherwise
+    ckpt.touch()
+    status = main(["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])
     assert status == 2
     err = capsys.readouterr().err
     assert f"no file {tmp_path / 'ptb.test.txt'}" in err and "simple-examples" in err
     assert main(["eval", "x.ckpt", "--tasks", "wikitext2"]) == 2
     assert "did you mean 'wikitext-2'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """The evaluation sets' hub download fails the test if it is tried."""
+
+    def hub(task, split):
+        raise AssertionError(f"went to the hub for {task.name}")
+
+    monkeypatch.setattr(eval_tasks, "_from_hub", hub)
+
+
+def test_cofr_eval_checks_the_checkpoint_and_data_dir_before_the_network(tmp_path, capsys, no_hub):
+    line = one_line_error(capsys, ["eval", str(tmp_path / "nope.ckpt"), "--tasks", "wikitext-2"])
+    assert line.startswith(f"cofr eval: error: no checkpoint file at {tmp_path / 'nope.ckpt'}")
+    line = one_line_error(capsys, ["eval", str(tmp_path), "--tasks", "wikitext-2"])
+    assert f"{tmp_path} is a folder, not a checkpoint file" in line
+    ckpt = tmp_path / "x.ckpt"
+    ckpt.touch()
+    missing = tmp_path / "nonexist"
+    argv = ["eval", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(missing)]
+    line = one_line_error(capsys, argv)
+    assert line.startswith(f"cofr eval: error: --data-dir {missing}: no such folder")
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+@pytest.mark.parametrize("option", ["--batch-size", "--stride", "--limit"])
+def test_cofr_eval_refuses_sizes_below_one_at_parse_time(capsys, option, value):
+    line = one_line_error(capsys, ["eval", "nope.ckpt", option, value])
+    assert line.startswith(f"cofr eval: error: argument {option}: must be >= 1, got {value}")
+
+
+def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
+    data = write_eval_data(tmp_path / "sets")
+    ckpt = tmp_path / "x.ckpt"
+    ckpt.touch()  # not loaded: the --json path is refused first
+    argv = ["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(data), "--json"]
+    line = one_line_error(capsys, [*argv, str(tmp_path)])
+    assert line == (
+        f"cofr eval: error: --json {tmp_path} is a folder: give a file name, e.g. "
+        f"{tmp_path / 'results.json'}"
+    )
+    line = one_line_error(capsys, [*argv, str(ckpt / "out.json")])
+    assert line == f"cofr eval: error: --json {ckpt / 'out.json'}: {ckpt} is a file, not a folder"
+
+
+def test_finetune_glue_checks_the_checkpoint_and_json_before_the_data(
+    tmp_path, capsys, monkeypatch
+):
+    import cofrgenet.eval.glue as glue
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("read the GLUE data first")
+
+    monkeypatch.setattr(glue, "load_task", no_data)
+    argv = ["finetune", "glue", "--task", "sst2", "--no-mlflow", "--ckpt"]
+    line = one_line_error(capsys, [*argv, str(tmp_path / "nope.ckpt")])
+    assert f"no checkpoint file at {tmp_path / 'nope.ckpt'}" in line
+    ckpt = tmp_path / "x.ckpt"
+    ckpt.touch()
+    line = one_line_error(capsys, [*argv, str(ckpt), "--json", str(tmp_path)])
+    assert f"--json {tmp_path} is a folder" in line
 
 
 # ------------------------------------------------------------------ cofr compare

@@ -518,12 +518,55 @@ def test_a_replaced_layer_is_refused(tmp_path):
     assert "Identity" in _one_line(info.value) and "layer 1" in str(info.value)
 
 
-def test_a_mismatch_removes_the_weights(tmp_path):
+def test_a_mismatch_leaves_nothing_behind(tmp_path):
     config = ModelConfig(**TINY)
+    model = build_model(config).eval()
+    out = tmp_path / "new" / "parents" / "out"
     with pytest.raises(ExportMismatch) as info:
-        export_model(build_model(config).eval(), config, tmp_path / "out", tolerance=-1.0)
-    assert "differ" in _one_line(info.value)
-    assert not (tmp_path / "out" / "model.safetensors").exists()
+        export_model(model, config, out, tolerance=-1.0)  # the API takes any tolerance
+    assert "differ" in _one_line(info.value) and "nothing was written" in str(info.value)
+    # Neither the folder, nor the parents this export made, nor its temporary folder.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_overwrite_keeps_the_earlier_export(tmp_path):
+    config = ModelConfig(**TINY)
+    model = build_model(config).eval()
+    out = tmp_path / "out"
+    export_model(model, config, out, verify=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ExportMismatch):
+        export_model(model, config, out, tolerance=-1.0, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    # An empty folder that was there before stays, empty.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ExportMismatch):
+        export_model(model, config, tmp_path / "empty", tolerance=-1.0)
+    assert (tmp_path / "empty").is_dir() and not list((tmp_path / "empty").iterdir())
+    # A successful overwrite replaces the files in place (an earlier tokenizer included).
+    (out / "tokenizer.json").write_text("{}")
+    report = export_model(model, config, out, overwrite=True)
+    assert "tokenizer.json" not in report.files and not (out / "tokenizer.json").exists()
+    assert sorted(p.name for p in out.iterdir()) == report.files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]
+
+
+def test_a_negative_tolerance_and_bad_paths_are_one_line(checkpoint, tmp_path, capsys):
+    from test_cli_errors import one_line_error
+
+    out = tmp_path / "out"
+    argv = ["export", "hf", str(checkpoint), str(out)]
+    line = one_line_error(capsys, [*argv, "--tolerance", "-1"])
+    assert line.startswith("cofr export hf: error: argument --tolerance: must be >= 0")
+    missing = tmp_path / "nonexist"
+    line = one_line_error(capsys, [*argv, "--tokenizer", str(missing)])
+    assert line.startswith(f"cofr export hf: error: --tokenizer {missing}: no such folder")
+    assert "training data folder" not in line
+    run_dir = checkpoint.parents[1]
+    line = one_line_error(capsys, ["export", "hf", str(run_dir), str(out)])
+    assert f"did you mean {checkpoint}?" in line
+    assert not out.exists()
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):

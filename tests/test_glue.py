@@ -246,6 +246,7 @@ def test_a_missing_file_names_its_path_and_source(tmp_path, task, missing):
 
 
 def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
+    (tmp_path / "x.ckpt").touch()  # the checkpoint is checked first (before any data)
     status = cofr(
         ["finetune", "glue", "--task", "rte", "--ckpt", str(tmp_path / "x.ckpt"),
          "--data-dir", str(tmp_path)]

@@ -23,7 +23,10 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
 
 Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command, and
 rewrites them, marked partial, after each stage of the run: a run cut short (a
-wall-clock limit) keeps what it measured.
+wall-clock limit) keeps what it measured. A report already there is never replaced: a
+second run of the day writes ``train-<device>-<date>-2.{md,json}`` (then ``-3``, ...).
+Settings are checked before any work (sizes >= 1, the dtype, the device, every
+variant's model, the output folder): a wrong one is a one-line error.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
 import json
 import platform
 import re
@@ -57,6 +61,20 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lstm": ("lstm-mini", {}),
 }
 BASELINE = "gpt2"
+#: The training dtypes: float32, or autocast to one of the others.
+DTYPES = ("float32", "bfloat16", "float16")
+#: Settings that must be >= 1 (warmup may be 0).
+POSITIVE_FIELDS = (
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "block_size",
+    "vocab_size",
+    "batch_size",
+    "steps",
+    "rounds",
+    "gen_tokens",
+)
 SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")
 #: (variant, mode): one trainer of the run.
 Key = tuple[str, str]
@@ -80,7 +98,10 @@ class TrainBenchConfig:
     steps: int = field(default=4, metadata={"help": "timed steps per variant and round"})
     warmup: int = field(default=2, metadata={"help": "untimed steps before the first round"})
     rounds: int = field(default=5, metadata={"help": "interleaved rounds"})
-    dtype: str = field(default="float32", metadata={"help": "float32 or bfloat16 (autocast)"})
+    dtype: str = field(
+        default="float32",
+        metadata={"help": "float32, or bfloat16 / float16 (autocast)", "choices": DTYPES},
+    )
     device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
     memory: bool = field(default=True, metadata={"help": "measure activation and peak memory"})
     generation: bool = field(default=True, metadata={"help": "measure generation speed"})
@@ -88,6 +109,23 @@ class TrainBenchConfig:
     seed: int = field(default=0, metadata={"help": "random seed of weights and tokens"})
     out_dir: str = field(default="runs/bench", metadata={"help": "folder of the report"})
     tag: str | None = field(default=None, metadata={"help": "appended to the report's file name"})
+
+    def __post_init__(self) -> None:
+        from cofrgenet.errors import UserError
+
+        for name in POSITIVE_FIELDS:
+            if getattr(self, name) < 1:
+                flag = f"--{name.replace('_', '-')}"
+                raise UserError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise UserError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.n_embd % self.n_head:
+            raise UserError(
+                f"--n-head {self.n_head} does not divide --n-embd {self.n_embd}: attention "
+                "splits the width into heads; pick a divisor"
+            )
 
 
 @dataclass
@@ -115,10 +153,38 @@ def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
 
     preset, overrides = VARIANTS.get(variant, (variant, {}))
     shape = {name: getattr(cfg, name) for name in SHAPE_FIELDS}
-    config = ModelConfig.from_preset(preset, **shape, **overrides)
-    if config.n_kv_head is not None and cfg.n_head % config.n_kv_head:
-        config = ModelConfig.from_preset(preset, **shape, **overrides, n_kv_head=None)
-    return config
+    kv_heads = ModelConfig.from_preset(preset).n_kv_head
+    if kv_heads is not None and cfg.n_head % kv_heads:  # GQA's groups do not fit: MHA
+        overrides = {**overrides, "n_kv_head": None}
+    return ModelConfig.from_preset(preset, **shape, **overrides)
+
+
+def check_settings(cfg: TrainBenchConfig) -> None:
+    """What ``__post_init__`` cannot see, checked before any work: the variants and modes,
+    each variant's model at the bench's shape, the device, the output folder."""
+    from cofrgenet.errors import UserError
+    from cofrgenet.training.pretrained import device_problem
+
+    unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
+    if unknown or not set(cfg.modes) <= {"eager", "compiled"}:
+        raise UserError(
+            f"unknown variants {unknown} or modes {cfg.modes}: variants are "
+            f"{', '.join(VARIANTS)} or preset names; modes eager, compiled"
+        )
+    if not cfg.variants or not cfg.modes:
+        raise UserError("nothing to time: give --variants and --modes")
+    for variant in cfg.variants:
+        try:
+            model_config(cfg, variant)
+        except UserError as error:
+            raise UserError(f"variant {variant}: {error}") from None
+    problem = device_problem(cfg.device)
+    if problem is not None:
+        raise UserError(f"--device: {problem}")
+    out = Path(cfg.out_dir)
+    taken = next((p for p in (out, *out.parents) if p.exists()), None)
+    if taken is not None and not taken.is_dir():
+        raise UserError(f"--out-dir {cfg.out_dir}: {taken} is a file, not a folder")
 
 
 def _autocast(cfg: TrainBenchConfig) -> Any:
@@ -500,14 +566,7 @@ def run_benchmark(
     compared with (:func:`compiled_stages`); graph breaks last (``torch._dynamo.explain``
     drops every compiled graph). ``on_update`` gets the partial report after each stage.
     """
-    from cofrgenet.errors import UserError
-
-    unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
-    if unknown or not set(cfg.modes) <= {"eager", "compiled"}:
-        raise UserError(
-            f"unknown variants {unknown} or modes {cfg.modes}: variants are "
-            f"{', '.join(VARIANTS)} or preset names; modes eager, compiled"
-        )
+    check_settings(cfg)
     run = _Run(cfg, command)
 
     def update() -> None:
@@ -716,12 +775,27 @@ def targets(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def report_stem(report: dict[str, Any], out_dir: Path) -> Path:
+    """``out_dir/train-<device>-<date>[-<tag>]``, or with ``-2``, ``-3``, ... when a report
+    of that name is there already: a run never replaces another's report."""
     # cpu, or the GPU's name as a slug (train-nvidia-h200-2026-12-01), as `cofr bench ops`.
     device = re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-")
     tag = report["config"].get("tag")
-    stem = out_dir / f"train-{device}-{report['date']}{f'-{tag}' if tag else ''}"
+    base = f"train-{device}-{report['date']}{f'-{tag}' if tag else ''}"
+    for number in itertools.count(1):
+        stem = out_dir / (base if number == 1 else f"{base}-{number}")
+        if not any(stem.with_suffix(suffix).exists() for suffix in (".md", ".json")):
+            return stem
+    raise AssertionError("unreachable")
+
+
+def write_report(
+    report: dict[str, Any], out_dir: Path, stem: Path | None = None
+) -> tuple[Path, Path]:
+    """Write the report as ``<stem>.md`` and ``<stem>.json`` (default: a new
+    :func:`report_stem`); a run passes its stem to rewrite its own report as it goes."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = report_stem(report, out_dir) if stem is None else stem
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
     write_text_atomic(md, to_markdown(report))
     write_text_atomic(js, json.dumps(report, indent=2) + "\n")
@@ -735,16 +809,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
+    check_settings(cfg)  # before any work: a wrong setting is one line, not a traceback
     out_dir = Path(cfg.out_dir)
     pairs = len(cfg.variants) * len(cfg.modes)
+    #: This run's report files: chosen by the first write, then rewritten in place.
+    stem: list[Path] = []
+
+    def save(report: dict[str, Any]) -> tuple[Path, Path]:
+        if not stem:
+            stem.append(report_stem(report, out_dir))
+        return write_report(report, out_dir, stem[0])
 
     def save_partial(report: dict[str, Any]) -> None:
-        md, _ = write_report(report, out_dir)
+        md, _ = save(report)
         print(f"partial report, {len(report['results'])} of {pairs} timed: {md}", flush=True)
 
     command = getattr(args, "command_line", "cofr bench train")
     report = run_benchmark(cfg, command, on_update=save_partial)
-    md, js = write_report(report, out_dir)
+    md, js = save(report)
     print(to_markdown(report))
     print(f"wrote {md} and {js}")
     return 1 if report.get("failed") else 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,61 @@ from cofrgenet.errors import UserError
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
 DEFAULT_TASKS = "wikitext-2,wikitext-103,ptb,lambada"
+
+
+def at_least(low: int) -> Any:
+    """argparse ``type``: an int >= ``low``, refused at parse time in one line."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def device(text: str) -> str:
+    """argparse ``type`` of ``--device``: one torch can use here (cpu, cuda, cuda:N)."""
+    if text == "cpu":  # the default: no torch import while parsing
+        return text
+    from cofrgenet.training.pretrained import device_arg
+
+    return device_arg(text)
+
+
+def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Path:
+    """``path`` if a results file can be written there: it is not a folder, and its
+    nearest existing parent is a writable folder (missing ones are made when writing).
+    Checked before the work, so that results are never computed only to be lost."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{flag} {out} is a folder: give a file name, e.g. {out / 'results.json'}")
+    parent = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    if not parent.is_dir():
+        raise UserError(f"{flag} {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{flag} {out}: cannot write in {parent} (permission denied)")
+    return out
+
+
+def write_results(out: Path, report: dict[str, Any], flag: str = "--json") -> None:
+    """Write ``report`` as JSON to ``out``; if that fails after all, print it to stdout
+    first (results are not lost), then the one-line error."""
+    text = json.dumps(report, indent=2) + "\n"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as error:
+        sys.stdout.write(text)
+        raise UserError(
+            f"{flag} {out}: could not write ({error.strerror or error}); the results are "
+            "printed above"
+        ) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,23 +90,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data-dir",
-        default=DEFAULT_DATA_DIR,
+        default=None,
         help="local copies of the sets in their original layouts (docs/evaluation.md); "
         f"without one, the Hugging Face dataset (default: {DEFAULT_DATA_DIR})",
     )
     parser.add_argument("--split", choices=("test", "valid"), default="test")
     parser.add_argument(
         "--stride",
-        type=int,
+        type=at_least(1),
         default=None,
         help="tokens between sliding windows (default: block/2; block: disjoint windows)",
     )
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=at_least(1), default=8)
     parser.add_argument(
-        "--limit", type=int, default=None, help="only the first N LAMBADA passages / harness docs"
+        "--limit",
+        type=at_least(1),
+        default=None,
+        help="only the first N LAMBADA passages / harness docs",
     )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument(
         "--tokenizer",
         default=None,
@@ -63,7 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lm-evaluation-harness tasks to run too (comma-separated; needs lm_eval)",
     )
     parser.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAMLs")
-    parser.add_argument("--num-fewshot", type=int, default=None, help="harness tasks' shots")
+    parser.add_argument(
+        "--num-fewshot", type=at_least(0), default=None, help="harness tasks' shots"
+    )
     parser.add_argument(
         "--no-mlflow", action="store_true", help="do not log the results to the run's MLflow run"
     )
@@ -191,12 +253,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("nothing to evaluate: give --tasks and/or --harness")
     for name in tasks:
         get_task(name)
-    if args.stride is not None and args.stride < 1:
-        raise UserError(f"--stride must be >= 1, got {args.stride}")
-    # Every set is found before the model is loaded: a missing file fails at once.
-    texts = {name: read_rows(get_task(name), args.split, args.data_dir) for name in tasks}
+    # What the user gave is checked first, before the network or the model: the
+    # checkpoint, the data folder, where the results go.
+    from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
 
-    from cofrgenet.training.pretrained import load_checkpoint
+    checkpoint_file(args.ckpt)
+    data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise UserError(
+            f"--data-dir {args.data_dir}: no such folder; give the folder holding the sets "
+            "(docs/evaluation.md), or leave it out to use the Hugging Face datasets"
+        )
+    out = check_output_file(args.json) if args.json else None
+    # Every set is found before the model is loaded: a missing file fails at once.
+    texts = {name: read_rows(get_task(name), args.split, data_dir) for name in tasks}
 
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
     if args.stride is not None and args.stride > loaded.block_size:
@@ -236,10 +306,8 @@ def run(args: argparse.Namespace) -> int:
         print_results({k: v for k, v in results.items() if k in tasks}, title)
     if harness:
         print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+    if out is not None:
+        write_results(out, report)
         print(f"results: {out}")
     if not args.no_mlflow:
         run_id = log_to_mlflow(loaded, results, report)

@@ -481,9 +481,17 @@ def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[st
 def run(args: argparse.Namespace) -> int:
     """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
     from cofrgenet.dataclass_options import dataclass_from_args
+    from cofrgenet.eval.cli import check_output_file, write_results
+    from cofrgenet.training.pretrained import checkpoint_file
 
     config = dataclass_from_args(FinetuneConfig, args)
-    ckpt = Path(args.ckpt)
+    ckpt = checkpoint_file(args.ckpt)  # before the data: the hub may take a while
+    out = check_output_file(args.json) if args.json else None  # before the fine-tuning
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise UserError(
+            f"--data-dir {args.data_dir}: no such folder; give the folder of the original "
+            "GLUE files, or leave it out to use the Hugging Face dataset"
+        )
     task = TASKS[args.task]
     data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
     result = finetune(
@@ -507,10 +515,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if result.get("run_id"):
         print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    if out is not None:
+        write_results(out, result)
     return 0
 
 

@@ -14,7 +14,9 @@ cofrgenet: the model code (:mod:`cofrgenet.export.hf_modeling`, copied as
 
 After writing, the export is loaded back through transformers and its logits compared
 with the checkpoint's (max abs difference <= ``tolerance``, 1e-5 by default); a mismatch
-removes the weights and raises :class:`ExportMismatch`. Models the modeling file does not
+raises :class:`ExportMismatch`. The files are written into a hidden temporary folder
+beside ``OUT_DIR`` and moved into it only once checked: a failed export (a mismatch, an
+interrupt) leaves ``OUT_DIR`` as it was, an earlier export in it included. Models the modeling file does not
 re-implement (a custom architecture or mixer registered by the user) are refused with
 :class:`UnsupportedModel` before anything is written.
 """
@@ -22,8 +24,12 @@ re-implement (a custom architecture or mixer registered by the user) are refused
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,6 +131,17 @@ class ExportReport:
 # The command ---------------------------------------------------------------------------
 
 
+def _tolerance(text: str) -> float:
+    """argparse ``type`` of ``--tolerance``: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (a max abs difference), got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
@@ -149,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=_tolerance,
         default=DEFAULT_TOLERANCE,
         help=f"max abs logit difference the check accepts (default {DEFAULT_TOLERANCE:g})",
     )
@@ -221,14 +238,14 @@ def export_hf_report(
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> ExportReport:
     """:func:`export_hf`, returning the full :class:`ExportReport`."""
+    from cofrgenet.training import pretrained
     from cofrgenet.training.pretrained import load_checkpoint
 
     _require_transformers()
-    ckpt = Path(ckpt_path)
-    if not ckpt.is_file():
-        raise CheckpointNotFound(
-            f"no checkpoint at {ckpt}; runs keep theirs in runs/<experiment>/<run>/checkpoints/"
-        )
+    try:
+        ckpt = pretrained.checkpoint_file(ckpt_path)
+    except pretrained.CheckpointNotFound as error:
+        raise CheckpointNotFound(str(error)) from None
     # Refuse early, before loading weights, when the output folder is taken.
     _check_out_dir(Path(out_dir), overwrite)
     loaded = load_checkpoint(
@@ -284,28 +301,49 @@ def export_model(
     _check_out_dir(out, overwrite)
     state = export_state_dict(model, config)
     _check_state_dict(state, config)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in EXPORT_FILES:  # an earlier export's files (overwrite)
-        (out / name).unlink(missing_ok=True)
-    report = ExportReport(
-        out_dir=out, tokenizer_note=None if tokenizer is not None else tokenizer_note
-    )
-    eos = None if tokenizer is None else tokenizer.eos_id
-    _write_config(out, config, eos)
-    _write_weights(out, state)
-    shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), out / MODELING_FILE)
-    if tokenizer is not None:
-        export_tokenizer(tokenizer, out, model_max_length=_max_length(config))
-        report.tokenizer = tokenizer.kind
-    if verify:
-        try:
-            report.max_abs_diff = verify_export(model, config, out, tolerance)
-        except ExportMismatch:
-            (out / WEIGHTS_FILE).unlink(missing_ok=True)  # never leave a wrong model behind
-            raise
-    _write_readme(out, config, report, source)
-    report.files = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES)
+    created = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Written and checked beside OUT_DIR, then moved in: a failure leaves OUT_DIR as it was.
+    work = out.parent / f".{out.name}.export-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    work.mkdir()  # not mkdtemp: the folder keeps the usual permissions once moved
+    try:
+        report = ExportReport(
+            out_dir=out, tokenizer_note=None if tokenizer is not None else tokenizer_note
+        )
+        eos = None if tokenizer is None else tokenizer.eos_id
+        _write_config(work, config, eos)
+        _write_weights(work, state)
+        shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), work / MODELING_FILE)
+        if tokenizer is not None:
+            export_tokenizer(tokenizer, work, model_max_length=_max_length(config))
+            report.tokenizer = tokenizer.kind
+        if verify:
+            report.max_abs_diff = verify_export(model, config, work, tolerance)
+        _write_readme(work, config, report, source, name=out.name)
+        report.files = sorted(p.name for p in work.iterdir() if p.name in EXPORT_FILES)
+        _move_into_place(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        for folder in created:  # the parents this call made, deepest first, if still empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     return report
+
+
+def _move_into_place(work: Path, out: Path) -> None:
+    """Make the checked export in ``work`` the contents of ``out`` (a new folder: one
+    rename; an existing one, empty or an earlier export: its export files replaced)."""
+    if not out.exists():
+        os.replace(work, out)
+        return
+    out.mkdir(exist_ok=True)
+    for name in EXPORT_FILES:  # an earlier export's files (overwrite)
+        if not (work / name).exists():
+            (out / name).unlink(missing_ok=True)
+    for path in sorted(work.iterdir()):
+        os.replace(path, out / path.name)
+    work.rmdir()
 
 
 # Checks --------------------------------------------------------------------------------
@@ -561,7 +599,9 @@ def export_tokenizer(
     config_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
-def _write_readme(out: Path, config: ModelConfig, report: ExportReport, source: str | None) -> None:
+def _write_readme(
+    out: Path, config: ModelConfig, report: ExportReport, source: str | None, name: str
+) -> None:
     mixers = (
         f"attention {config.attention_pattern or config.attention}, "
         f"ffn {config.ffn_pattern or config.ffn}, position {config.position}"
@@ -586,8 +626,8 @@ Exported by `cofr export hf` from `{source or "a model in memory"}`.
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-model = AutoModelForCausalLM.from_pretrained("{out.name}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{out.name}", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
 ids = tokenizer("Hello", return_tensors="pt").input_ids
 print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0]))
 ```
@@ -646,7 +686,7 @@ def verify_export(
     if not difference <= tolerance:
         raise ExportMismatch(
             f"the exported model's logits differ from the checkpoint's by {difference:.3g} "
-            f"(> tolerance {tolerance:g}); the weights were removed. Please report this with "
+            f"(> tolerance {tolerance:g}); nothing was written. Please report this with "
             "the checkpoint's config, or pass --tolerance / --no-verify to keep it anyway"
         )
     return difference

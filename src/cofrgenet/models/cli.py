@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from rich.console import Console
 from rich.table import Table
+
+from cofrgenet.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,28 +18,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from cofrgenet.models import ModelConfig, count_parameters, list_presets
 
+    presets = list_presets()
+    names = [name for name in presets if args.filter in name]
+    if not names:
+        close = difflib.get_close_matches(args.filter, presets, n=3, cutoff=0.0)
+        raise UserError(
+            f"no preset matches {args.filter!r}; closest: {', '.join(close)} "
+            "(`cofr models list` lists them all)"
+        )
+    rows = []
+    for name in names:
+        config = ModelConfig.from_preset(name)
+        counts = count_parameters(config)
+        rows.append(
+            (
+                name,
+                config.arch,
+                config.attention or "-",
+                config.ffn or "-",
+                config.position,
+                str(config.n_layer),
+                str(config.n_embd),
+                f"{counts.total:,}",
+                f"{counts.ladder:,}",
+            )
+        )
     table = Table(title="model presets (counted on the meta device)")
     columns = ("preset", "arch", "attention", "ffn", "position", "layers", "width")
-    for column in (*columns, "parameters", "ladder"):
+    for index, column in enumerate((*columns, "parameters", "ladder")):
+        # Names and counts are never cut, even in a narrow terminal.
+        whole = column in ("preset", "parameters")
         table.add_column(
             column,
             justify="right" if column in ("layers", "width", "parameters", "ladder") else "left",
+            no_wrap=whole,
+            min_width=max(len(row[index]) for row in rows) if whole else None,
         )
-    for name in list_presets():
-        if args.filter not in name:
-            continue
-        config = ModelConfig.from_preset(name)
-        counts = count_parameters(config)
-        table.add_row(
-            name,
-            config.arch,
-            config.attention or "-",
-            config.ffn or "-",
-            config.position,
-            str(config.n_layer),
-            str(config.n_embd),
-            f"{counts.total:,}",
-            f"{counts.ladder:,}",
-        )
-    Console().print(table)
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: whole rows, however wide
+        console = Console(width=Console(width=10_000).measure(table).maximum)
+    console.print(table)
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,26 @@ def sample(
     return idx
 
 
+def at_least(kind: type, low: float) -> Any:
+    """argparse ``type``: a number of ``kind`` >= ``low``, refused at parse time in one
+    line otherwise (NaN included)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from cofrgenet.training.pretrained import device_arg
+
     parser.add_argument(
         "--ckpt", required=True, help="a checkpoint, e.g. runs/demo/<run>/checkpoints/last.ckpt"
     )
@@ -48,28 +67,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="data folder whose tokenizer to use (default: the one the run trained on)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=50)
-    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument(
+        "--max-new-tokens", type=at_least(int, 1), default=200, help="tokens to sample (>= 1)"
+    )
+    parser.add_argument(
+        "--temperature", type=at_least(float, 0), default=0.8, help=">= 0; 0: greedy"
+    )
+    parser.add_argument(
+        "--top-k", type=at_least(int, 0), default=50, help="sample the k likeliest ids; 0: all"
+    )
+    parser.add_argument("--num-samples", type=at_least(int, 1), default=1, help=">= 1")
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
 
 
 def run(args: argparse.Namespace) -> int:
     from cofrgenet.training.pretrained import load_checkpoint
 
-    ckpt = Path(args.ckpt)
-    if not ckpt.is_file():
-        raise FileNotFoundError(
-            f"no checkpoint at {ckpt}; runs keep theirs in runs/<experiment>/<run>/checkpoints/"
-        )
-    loaded = load_checkpoint(ckpt, args.device, tokenizer_dir=args.data, tokenizer_flag="--data")
+    loaded = load_checkpoint(
+        args.ckpt, args.device, tokenizer_dir=args.data, tokenizer_flag="--data"
+    )
     tokenizer = loaded.tokenizer
     ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    top_k = args.top_k if args.top_k and args.top_k > 0 else None
+    top_k = args.top_k if args.top_k > 0 else None
     out = sample(
         loaded.model,
         idx,

@@ -19,12 +19,113 @@ import yaml
 from torch import nn
 
 from cofrgenet.data import Tokenizer, load_tokenizer
+from cofrgenet.data.meta import DataFolderError
 from cofrgenet.errors import UserError
 from cofrgenet.models import ModelConfig
 
 
 class TokenizerNotFound(UserError, FileNotFoundError):
     """The data folder whose tokenizer a checkpoint needs is not on this machine."""
+
+
+class CheckpointNotFound(UserError, FileNotFoundError):
+    """A checkpoint path that names no file (nothing there, or a folder)."""
+
+
+#: Where ``cofr fit`` keeps a run's checkpoints, for the messages.
+RUN_CHECKPOINTS = "runs/<experiment>/<run>/checkpoints/"
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """``path`` if it is a file (or a sharded FSDP checkpoint folder, which
+    :func:`cofrgenet.training.checkpoints.load` explains), else a one-line
+    :class:`CheckpointNotFound`: every reader of checkpoints (generate, eval, export,
+    GLUE) checks its argument with this first, before any other work."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointNotFound(
+            f"no checkpoint file at {path}; runs keep theirs in {RUN_CHECKPOINTS}"
+        )
+    from cofrgenet.training.checkpoints import SHARDED_MARKERS
+
+    if any((path / name).exists() for name in SHARDED_MARKERS):
+        return path  # a sharded checkpoint: checkpoints.load says how to consolidate it
+    inside = _checkpoint_in(path)
+    hint = f"did you mean {inside}?" if inside else f"e.g. {RUN_CHECKPOINTS}last.ckpt"
+    raise CheckpointNotFound(f"{path} is a folder, not a checkpoint file: {hint}")
+
+
+def device_problem(text: str) -> str | None:
+    """Why torch cannot run on device ``text`` here (``foo``, ``cuda`` without CUDA,
+    ``cuda:3`` on a one-GPU machine), or None when it can."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"unknown device {text!r}; use cpu, cuda or cuda:N"
+    if device.type == "cpu":
+        return None
+    backends = (getattr(torch, device.type, None), getattr(torch.backends, device.type, None))
+    available = next((b.is_available for b in backends if hasattr(b, "is_available")), None)
+    if available is None or not available():
+        return f"device {text!r}: torch sees no {device.type} device on this machine; use cpu"
+    count = getattr(backends[0], "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        return f"device {text!r}: this machine has {count()} {device.type} device(s)"
+    return None
+
+
+def device_arg(text: str) -> str:
+    """argparse ``type`` of a ``--device`` option: refused at parse time, in one line."""
+    import argparse
+
+    problem = device_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _checkpoint_in(folder: Path) -> Path | None:
+    """The checkpoint a user pointing at a run or checkpoints folder most likely meant."""
+    for candidate in (folder / "checkpoints" / "last.ckpt", folder / "last.ckpt"):
+        if candidate.is_file():
+            return candidate
+    found = [p for sub in (folder / "checkpoints", folder) for p in sub.glob("*.ckpt")]
+    found = [p for p in found if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _prepared(folder: Path) -> bool:
+    return (folder / "meta.json").is_file()
+
+
+def _one_line(error: Exception) -> str:
+    """A data folder error's message on one line (read_meta's quote a command below)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def data_dir_candidates(stored: str, ckpt: Path, run_dir: Path | None) -> list[Path]:
+    """Where the training data folder ``stored`` (as the checkpoint holds it) may be.
+
+    An absolute path is itself. A relative one was relative to the training run's
+    working folder, which the checkpoint does not hold: it is tried relative to the
+    current folder, then to each folder above the run folder (or the checkpoint's
+    folder), nearest first: a run trained in ``proj/`` with ``runs_dir: runs`` lies in
+    ``proj/runs/<experiment>/<run>``, whose parents hold ``proj/``.
+    """
+    path = Path(stored).expanduser()
+    if path.is_absolute():
+        return [path]
+    anchor = run_dir if run_dir is not None else ckpt.resolve().parent
+    tried: list[Path] = []
+    for base in (Path.cwd(), *anchor.parents):
+        candidate = base / path
+        if candidate not in tried:
+            tried.append(candidate)
+    return tried
 
 
 @dataclass
@@ -45,6 +146,8 @@ class LoadedCheckpoint:
     mlflow_run_id: str | None
     #: The option that names another tokenizer folder, for the messages.
     tokenizer_flag: str = "--tokenizer"
+    #: data_dir came from that option (the user's), not from the checkpoint.
+    tokenizer_given: bool = False
     _tokenizer: Tokenizer | None = None
 
     @functools.cached_property
@@ -63,19 +166,53 @@ class LoadedCheckpoint:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer of the data the model trained on (or of ``tokenizer_dir``)."""
         if self._tokenizer is None:
-            if self.data_dir is None:
-                raise TokenizerNotFound(
-                    f"{self.path} does not say which data it was trained on: pass the "
-                    f"prepared data folder whose tokenizer to use ({self.tokenizer_flag} DIR)"
-                )
-            if not Path(self.data_dir).is_dir():
-                raise TokenizerNotFound(
-                    f"the tokenizer of {self.path} lives in its training data folder "
-                    f"{self.data_dir}, which is not on this machine: copy that folder's "
-                    f"meta.json and tokenizer/ here, or pass {self.tokenizer_flag} DIR"
-                )
-            self._tokenizer = load_tokenizer(self.data_dir)
+            folder = self._tokenizer_folder()
+            try:
+                self._tokenizer = load_tokenizer(folder)
+            except DataFolderError as error:
+                raise TokenizerNotFound(_one_line(error)) from None
         return self._tokenizer
+
+    def _tokenizer_folder(self) -> Path:
+        """The prepared data folder to read the tokenizer from, or a one-line error."""
+        flag = self.tokenizer_flag
+        if self.tokenizer_given:
+            assert self.data_dir is not None
+            folder = Path(self.data_dir).expanduser()
+            if not folder.is_dir():
+                raise TokenizerNotFound(
+                    f"{flag} {self.data_dir}: no such folder; give a prepared data folder "
+                    "(one with meta.json, as `cofr data prepare` writes)"
+                )
+            if not _prepared(folder):
+                raise TokenizerNotFound(
+                    f"{flag} {self.data_dir} is not a prepared data folder (no meta.json); "
+                    "give the folder `cofr data prepare` wrote"
+                )
+            return folder
+        if self.data_dir is None:
+            raise TokenizerNotFound(
+                f"{self.path} does not say which data it was trained on: pass the "
+                f"prepared data folder whose tokenizer to use ({flag} DIR)"
+            )
+        tried = data_dir_candidates(self.data_dir, self.path, self.run_dir)
+        for folder in tried:
+            if _prepared(folder):
+                return folder
+        if len(tried) == 1:  # an absolute path
+            if tried[0].is_dir():
+                return tried[0]  # without meta.json: load_tokenizer says what is wrong
+            raise TokenizerNotFound(
+                f"the tokenizer of {self.path} lives in its training data folder "
+                f"{self.data_dir}, which is not on this machine: copy that folder's "
+                f"meta.json and tokenizer/ here, or pass {flag} DIR"
+            )
+        raise TokenizerNotFound(
+            f"the tokenizer of {self.path} lives in its training data folder "
+            f"{self.data_dir!r} (relative to where it was trained), not found as "
+            f"{', '.join(map(str, tried))}: run from the folder it was trained in, or pass "
+            f"{flag} DIR"
+        )
 
 
 def run_dir_of(ckpt: Path) -> Path | None:
@@ -120,7 +257,7 @@ def load_checkpoint(
     """
     from cofrgenet.training import checkpoints
 
-    path = Path(path)
+    path = checkpoint_file(path)
     checkpoint = checkpoints.load(path)
     model, config = checkpoints.restore_model(checkpoint)
     model.to(device).eval()
@@ -135,4 +272,5 @@ def load_checkpoint(
         run_dir=run_dir,
         mlflow_run_id=run_id_of(run_dir),
         tokenizer_flag=tokenizer_flag,
+        tokenizer_given=bool(tokenizer_dir),
     )

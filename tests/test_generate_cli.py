@@ -1,0 +1,173 @@
+"""``cofr generate`` and the checks every checkpoint reader shares (generate, eval, export,
+GLUE): a missing checkpoint, a folder, bad sampling options, the tokenizer's data folder.
+Errors in what the user gave are one line, before any work."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from cofrgenet.cli import main
+from cofrgenet.models import build_model
+from cofrgenet.models.config import resolve_model_config
+from cofrgenet.training import pretrained
+from eval_helpers import tiny_byte_data
+from test_cli_errors import one_line_error
+
+MODEL = {"vocab_size": 257, "block_size": 16}
+
+
+def write_checkpoint(path: Path, data_dir: str | None) -> Path:
+    """A checkpoint as ``cofr fit`` writes it (what the readers use of it), without
+    training: the weights of a fresh gpt2-tiny, its hyperparameters, the data folder."""
+    model = build_model(resolve_model_config("gpt2-tiny", MODEL))
+    state = {f"model.{key}": value for key, value in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "state_dict": state,
+            "global_step": 3,
+            "hyper_parameters": {"preset": "gpt2-tiny", "config": dict(MODEL)},
+            "datamodule_hyper_parameters": {"data_dir": data_dir},
+        },
+        path,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return tiny_byte_data(tmp_path_factory.mktemp("generate") / "data")
+
+
+@pytest.fixture
+def run_folder(tmp_path, data) -> Path:
+    """``tmp/proj/runs/exp/run`` with its config.yaml and a checkpoint trained (as the
+    checkpoint says) on ``data`` given as ``pyd``, relative to ``tmp/proj``."""
+    project = tmp_path / "proj"
+    run = project / "runs" / "exp" / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("run:\n  runs_dir: runs\n")
+    shutil.copytree(data, project / "pyd")
+    write_checkpoint(run / "checkpoints" / "last.ckpt", "pyd")
+    return run
+
+
+def test_a_missing_checkpoint_or_a_folder_is_one_line(capsys, tmp_path, run_folder):
+    line = one_line_error(capsys, ["generate", "--ckpt", str(tmp_path / "nope.ckpt")])
+    assert line == (
+        f"cofr generate: error: no checkpoint file at {tmp_path / 'nope.ckpt'}; runs keep "
+        "theirs in runs/<experiment>/<run>/checkpoints/"
+    )
+    # The run folder: its last.ckpt is suggested.
+    line = one_line_error(capsys, ["generate", "--ckpt", str(run_folder)])
+    assert f"{run_folder} is a folder, not a checkpoint file" in line
+    assert f"did you mean {run_folder / 'checkpoints' / 'last.ckpt'}?" in line
+    line = one_line_error(capsys, ["generate", "--ckpt", str(tmp_path)])
+    assert "is a folder, not a checkpoint file" in line and "did you mean" not in line
+
+
+def test_the_shared_check_names_a_missing_checkpoint_for_every_reader(tmp_path):
+    with pytest.raises(pretrained.CheckpointNotFound, match="no checkpoint file at"):
+        pretrained.load_checkpoint(tmp_path / "nope.ckpt")
+    with pytest.raises(pretrained.CheckpointNotFound, match="is a folder"):
+        pretrained.load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--temperature", "-1", "argument --temperature: must be >= 0, got -1"),
+        ("--temperature", "nan", "argument --temperature: must be >= 0, got nan"),
+        ("--num-samples", "0", "argument --num-samples: must be >= 1, got 0"),
+        ("--num-samples", "-2", "argument --num-samples: must be >= 1, got -2"),
+        ("--max-new-tokens", "-5", "argument --max-new-tokens: must be >= 1, got -5"),
+        ("--top-k", "-3", "argument --top-k: must be >= 0, got -3"),
+        ("--device", "foo", "argument --device: unknown device 'foo'"),
+    ],
+)
+def test_bad_sampling_options_are_refused_at_parse_time(capsys, option, value, message):
+    # The checkpoint does not exist: the option is refused before it is looked at.
+    line = one_line_error(capsys, ["generate", "--ckpt", "nope.ckpt", option, value])
+    assert line.startswith(f"cofr generate: error: {message}")
+
+
+def test_a_device_this_machine_lacks_is_refused_at_parse_time(capsys):
+    if torch.cuda.is_available():
+        device = f"cuda:{torch.cuda.device_count()}"
+        expected = f"this machine has {torch.cuda.device_count()} cuda device(s)"
+    else:
+        device, expected = "cuda", "torch sees no cuda device on this machine"
+    line = one_line_error(capsys, ["generate", "--ckpt", "nope.ckpt", "--device", device])
+    assert "argument --device:" in line and expected in line
+
+
+def test_a_data_flag_that_is_no_data_folder_names_the_flag(capsys, tmp_path, run_folder):
+    ckpt = str(run_folder / "checkpoints" / "last.ckpt")
+    missing = tmp_path / "nonexist"
+    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, "--data", str(missing)])
+    assert line.startswith(f"cofr generate: error: --data {missing}: no such folder")
+    assert "training data folder" not in line
+    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, "--data", str(tmp_path)])
+    assert f"--data {tmp_path} is not a prepared data folder (no meta.json)" in line
+
+
+def test_a_relative_data_folder_is_found_from_another_folder(
+    capsys, tmp_path, run_folder, monkeypatch
+):
+    """A run trained in proj/ with --data.data_dir pyd: read from anywhere else."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    ckpt = run_folder / "checkpoints" / "last.ckpt"
+    argv = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "3", "--prompt", "def"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("def")
+    # Tried relative to the current folder first, then above the run folder.
+    tried = pretrained.data_dir_candidates("pyd", ckpt, run_folder)
+    assert tried[:4] == [
+        elsewhere / "pyd",
+        run_folder.parent / "pyd",
+        tmp_path / "proj" / "runs" / "pyd",
+        tmp_path / "proj" / "pyd",
+    ]
+    assert pretrained.data_dir_candidates("/abs/pyd", ckpt, run_folder) == [Path("/abs/pyd")]
+
+
+def test_a_relative_data_folder_not_found_lists_the_paths_tried(
+    capsys, tmp_path, run_folder, monkeypatch
+):
+    shutil.rmtree(tmp_path / "proj" / "pyd")
+    monkeypatch.chdir(tmp_path)
+    ckpt = run_folder / "checkpoints" / "last.ckpt"
+    line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt)])
+    assert "training data folder 'pyd' (relative to where it was trained)" in line
+    for tried in (tmp_path / "pyd", tmp_path / "proj" / "pyd", run_folder.parent / "pyd"):
+        assert str(tried) in line
+    assert line.endswith("or pass --data DIR")
+
+
+# ------------------------------------------------------------- cofr models list
+
+
+def test_models_list_into_a_pipe_prints_whole_names(capsys, monkeypatch):
+    from cofrgenet.models import list_presets
+
+    monkeypatch.setenv("COLUMNS", "80")  # what a pipe gets
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    shown = {line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")}
+    assert shown == set(list_presets())
+
+
+def test_models_list_with_a_filter_matching_nothing_is_an_error(capsys):
+    assert main(["models", "list", "--filter", "gpt2-tinyy"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no empty table
+    line = captured.err.strip()
+    assert line.startswith("cofr models list: error: no preset matches 'gpt2-tinyy'; closest: ")
+    assert "gpt2-tiny" in line and "\n" not in line

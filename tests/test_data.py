@@ -7,12 +7,16 @@ the pydoc/byte folder is prepared once per module and shared.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +44,7 @@ from cofrgenet.data import (
     train_bpe,
 )
 from cofrgenet.data.env import default_loader_workers
-from cofrgenet.data.prepare import EncodeDocuments, main
+from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource
 from cofrgenet.data.tokenizer import (
     EOS_TEXT,
@@ -379,9 +383,10 @@ def test_cli_prepares_and_reports(tmp_path, capsys):
         "seed": 3,
         "max_docs": 12,
     }
-    # Errors are reported, not raised.
-    assert main(["--source", "text", "--out", str(tmp_path / "x")]) == 1
-    assert "--glob" in capsys.readouterr().err
+    # Errors in what was given are one line, as `cofr` prints them, and status 2.
+    assert main(["--source", "text", "--out", str(tmp_path / "x")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("cofr data prepare: error: ") and "--glob" in line
 
 
 def test_module_runs_as_a_script_and_imports_lazily():
@@ -598,6 +603,131 @@ def test_preparing_again_with_the_same_settings_is_a_no_op(tmp_path, capsys):
     assert main(args) == 0
     assert "already prepared with these settings" in capsys.readouterr().err
     assert (out / "meta.json").stat().st_mtime_ns == stamp  # nothing rewritten
-    assert main([*args, "--seed", "7"]) == 1
+    assert main([*args, "--seed", "7"]) == 2
     err = capsys.readouterr().err
     assert "already prepared with other settings" in err and "--overwrite" in err
+
+
+# ------------------------------------------------------------- bad input, one line
+
+
+def last_error_line(capsys) -> str:
+    """The one error line of a failed `cofr data prepare` (its progress lines come before)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("cofr data prepare: error: "), err
+    return line
+
+
+def session_processes(sid: int) -> list[str]:
+    """Processes still in session ``sid``, as 'pid cmd' (a leftover worker keeps its session)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{stat.parent.name} {fields[0]}")
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_bad_record_is_one_line_and_leaves_no_process_behind(tmp_path):
+    """A record without the text field: one line, status 2, promptly, no worker left.
+
+    (litdata answers an exception in a worker by terminating its workers, which left their
+    helper processes running forever, holding stdout: a `$(cofr ...)` or a CI pipe hung.)
+    """
+    lines = [json.dumps({"text": f"document {i} " * 20}) for i in range(12)]
+    lines[7] = json.dumps({"txt": "no text field"})
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "cofrgenet.data.prepare", "--source", "jsonl"]
+    command += ["--path", str(tmp_path / "bad.jsonl"), "--out", str(out), "--num-workers", "2"]
+    with open(tmp_path / "stdout", "wb") as stdout, open(tmp_path / "stderr", "wb") as stderr:
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=120)
+        deadline = time.monotonic() + 5  # terminated processes may take a moment to go
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = session_processes(proc.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # only this test's processes
+    err = (tmp_path / "stderr").read_text()
+    assert not left, f"processes left running: {left}"
+    assert rc == 2, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("cofr data prepare: error: ")
+    assert f"{tmp_path / 'bad.jsonl'} line 8 has no field 'text'" in line
+    assert "--text-field" in line
+    assert not out.exists()  # what the failed prepare wrote is gone: rerun as is
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"txt": "x"}, r"line 4 has no field 'text'"),
+        ({"text": 5}, r"line 4: .* is int, not a string"),
+    ],
+)
+def test_a_bad_record_found_by_a_worker_raises_its_source_error(tmp_path, record, message):
+    lines = [json.dumps({"text": f"record {i}"}) for i in range(6)]
+    lines[2] = ""  # a blank line: the error names the line of the file, not the record count
+    lines[3] = json.dumps(record)
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()  # an empty folder the user made stays
+    with pytest.raises(SourceError, match=message):
+        prepare_data(JsonlSource(str(tmp_path / "r.jsonl")), out, num_workers=2, seed=SEED)
+    assert out.is_dir() and not list(out.iterdir())
+
+
+def test_out_holding_the_users_own_files_is_not_a_data_folder(tmp_path, capsys):
+    mine = tmp_path / "corpus"
+    write_corpus(mine)
+    before = sorted(p.name for p in mine.iterdir())
+    for extra in ([], ["--overwrite"]):
+        assert main(["--max-docs", "4", "--num-workers", "1", "--out", str(mine), *extra]) == 2
+        line = last_error_line(capsys)
+        assert "is not a data folder" in line and "doc0.txt" in line
+        assert "choose another --out" in line and "half-written" not in line
+    assert sorted(p.name for p in mine.iterdir()) == before  # nothing deleted, nothing added
+
+
+def test_chunk_bytes_are_checked_before_anything_is_written(tmp_path, capsys):
+    from litdata.utilities.format import _convert_bytes_to_int
+
+    for size in ("64MB", "64mb", "512KB", "1.5g", "2 GB", "100b", "7k"):
+        assert parse_chunk_bytes(size) == _convert_bytes_to_int(size)
+    assert parse_chunk_bytes("1000000") == parse_chunk_bytes(1000000) == 1000000
+    for bad in ("abc", "0", "-5", "64XB", "", 0):
+        with pytest.raises(PrepareError, match=r"64MB, 512KB or 1000000"):
+            parse_chunk_bytes(bad)
+    for bad in ("abc", "0"):
+        out = tmp_path / f"out-{bad}"
+        assert main(["--max-docs", "4", "--out", str(out), "--chunk-bytes", bad]) == 2
+        line = last_error_line(capsys)
+        assert "argument --chunk-bytes: must be a size such as 64MB" in line
+        assert not out.exists()
+    # A plain byte count is a chunk size: 4 KB chunks split the ~15 KB of 4 documents.
+    out = tmp_path / "small-chunks"
+    args = ["--max-docs", "4", "--num-workers", "1", "--out", str(out), "--chunk-bytes", "4000"]
+    assert main(args) == 0
+    assert read_meta(out).splits["train"].chunks > 1
+
+
+def test_num_workers_must_be_at_least_one(tmp_path, capsys):
+    for bad in ("-3", "0"):
+        out = tmp_path / f"out{bad}"
+        assert main(["--max-docs", "4", "--out", str(out), "--num-workers", bad]) == 2
+        line = last_error_line(capsys)
+        assert "argument --num-workers: must be at least 1" in line and f"got {bad}" in line
+        assert not out.exists()
+    with pytest.raises(PrepareError, match="--num-workers must be at least 1"):
+        prepare_data(PydocSource(), tmp_path / "api", max_docs=4, num_workers=0)
+    assert not (tmp_path / "api").exists()

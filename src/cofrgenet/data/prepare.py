@@ -8,8 +8,12 @@ Steps:
 2. Make the tokenizer: ``byte``, ``gpt2`` (offline files), or ``bpe`` trained on the
    training documents only.
 3. Tokenize each split with ``litdata.optimize`` in ``--num-workers`` processes: every
-   document's ids followed by EOS, written as a TokensLoader token stream.
-4. Write ``meta.json`` last, atomically: a folder without it is half-written.
+   document's ids followed by EOS, written as a TokensLoader token stream. A worker that
+   meets a bad document records the error and stops; the main process raises it once
+   litdata's workers are done (litdata's own error path terminates workers and would
+   leave their helper processes running).
+4. Write ``meta.json`` last, atomically: a folder without it is half-written. A prepare
+   that fails on what the user gave removes what it wrote.
 
 Run as ``cofr data prepare ...`` or ``python -m cofrgenet.data.prepare ...``.
 """
@@ -23,10 +27,12 @@ import json
 import math
 import multiprocessing
 import os
-import shlex
+import pickle
+import re
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +53,6 @@ from cofrgenet.data.sources import (
     SOURCE_KINDS,
     Loader,
     Source,
-    SourceError,
     hf_val_split,
     make_source,
 )
@@ -71,10 +76,41 @@ DEFAULT_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 START_METHODS = ("fork", "spawn", "forkserver")
 #: Entries of a data folder that --overwrite may delete (anything else: refuse).
 _OWNED = {*SPLITS, TOKENIZER_DIR, META_FILE, f".{META_FILE}.tmp", ".cache"}
+#: litdata's size units (``litdata.utilities.format._FORMAT_TO_RATIO``): powers of 1000.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(b?)", re.IGNORECASE)
 
 
 class PrepareError(UserError, ValueError):
     """A prepare that cannot run as asked (the message says what to change)."""
+
+
+def parse_chunk_bytes(value: str | int) -> int:
+    """A chunk size in bytes: an integer, or a number with litdata's units (``64MB``, ``1.5g``,
+    ``512kb``; 1 KB = 1000 bytes); a :class:`PrepareError` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        match = _SIZE.fullmatch(str(value).strip())
+        size = 0
+        if match:
+            number, unit, _ = match.groups()
+            size = int(float(number) * _SIZE_UNITS[unit.lower()])
+    if size < 1:
+        raise PrepareError(
+            f"--chunk-bytes must be a size such as 64MB, 512KB or 1000000 (bytes), got {value!r}"
+        )
+    return size
+
+
+def check_num_workers(value: int) -> int:
+    """``value`` if it is a worker count litdata can use (1 or more); a PrepareError otherwise."""
+    if value < 1:
+        raise PrepareError(
+            f"--num-workers must be at least 1 (litdata tokenizes in worker processes), "
+            f"got {value}; leave it out for one per CPU"
+        )
+    return value
 
 
 def _version() -> str:
@@ -122,24 +158,77 @@ class EncodeDocuments:
     ids), so the item list stays small for millions of documents. Pickled to spawned
     workers with its source and tokenizer (inherited under fork). Empty documents write
     nothing; every other one is followed by EOS.
+
+    With ``error_file``, an exception (a bad record, a bug) is not raised in the worker:
+    the first one is pickled to ``error_file``, every later item is skipped, and
+    :func:`raise_worker_error` raises it in the main process once ``optimize`` returns.
+    (litdata answers a raising ``fn`` by terminating its workers, which leaves their
+    download/remove helper processes running, blocked, holding the parent's stdout.)
     """
 
     def __init__(
-        self, source: Source, tokenizer: Tokenizer, dtype: Any, indices: np.ndarray | None = None
+        self,
+        source: Source,
+        tokenizer: Tokenizer,
+        dtype: Any,
+        indices: np.ndarray | None = None,
+        error_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self.source = source
         self.tokenizer = tokenizer
         self.dtype = np.dtype(dtype)
         self.indices = np.arange(len(source)) if indices is None else np.asarray(indices)
+        self.error_file = None if error_file is None else str(error_file)
 
     def __call__(self, item: Sequence[int]) -> Iterator[Any]:
         import torch
 
+        if self.error_file is not None and os.path.exists(self.error_file):
+            return  # an item failed already: the main process reports it
         start, stop = item
-        texts = [t for t in self.source.read(self.indices[start:stop].tolist()) if t]
-        if texts:
-            ids = self.tokenizer.encode_documents(texts, dtype=self.dtype)
+        try:
+            texts = [t for t in self.source.read(self.indices[start:stop].tolist()) if t]
+            ids = self.tokenizer.encode_documents(texts, dtype=self.dtype) if texts else None
+        except Exception as err:
+            if self.error_file is None:
+                raise
+            _record_error(self.error_file, err)
+            return
+        if ids is not None:
             yield torch.from_numpy(ids)
+
+
+def _record_error(path: str, err: Exception) -> None:
+    """Pickle ``err`` (a UserError as itself, anything else as its traceback) to ``path``;
+    the first error wins."""
+    report = {"error": None, "traceback": traceback.format_exc()}
+    data = pickle.dumps(report)
+    if isinstance(err, UserError):
+        with contextlib.suppress(Exception):
+            data = pickle.dumps({**report, "error": err})
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def raise_worker_error(path: str | os.PathLike[str]) -> None:
+    """Raise the error a worker recorded at ``path`` (see :class:`EncodeDocuments`), if any:
+    a UserError as itself, anything else as a RuntimeError with the worker's traceback."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    report = {"error": None, "traceback": "(unreadable error report)"}
+    with contextlib.suppress(Exception):
+        report = pickle.loads(path.read_bytes())
+    error = report["error"]
+    if isinstance(error, UserError):
+        if hasattr(error, "add_note"):  # Python 3.11+: --debug shows where it happened
+            error.add_note(f"raised in a tokenizing worker:\n{report['traceback']}")
+        raise error
+    raise RuntimeError(f"tokenizing failed in a worker process:\n{report['traceback']}")
 
 
 @contextlib.contextmanager
@@ -176,7 +265,7 @@ def _write_split(
     fn: EncodeDocuments,
     output_dir: Path,
     num_workers: int,
-    chunk_bytes: str | int,
+    chunk_bytes: int,
     docs_per_item: int | None,
     start_method: str,
 ) -> SplitInfo:
@@ -188,18 +277,25 @@ def _write_split(
         # About 16 work items per worker for balance, at most 256 documents per item.
         docs_per_item = max(1, min(256, math.ceil(n / (16 * num_workers))))
     inputs = [[i, min(i + docs_per_item, n)] for i in range(0, n, docs_per_item)]
-    optimize(
-        fn=fn,
-        inputs=inputs,
-        output_dir=str(output_dir),
-        chunk_bytes=chunk_bytes,
-        item_loader=TokensLoader(),
-        num_workers=max(1, min(num_workers, len(inputs))),
-        keep_data_ordered=True,
-        reorder_files=False,
-        start_method=start_method,
-        verbose=False,
-    )
+    try:
+        optimize(
+            fn=fn,
+            inputs=inputs,
+            output_dir=str(output_dir),
+            chunk_bytes=chunk_bytes,
+            item_loader=TokensLoader(),
+            num_workers=max(1, min(num_workers, len(inputs))),
+            keep_data_ordered=True,
+            reorder_files=False,
+            start_method=start_method,
+            verbose=False,
+        )
+    except Exception:
+        if fn.error_file is not None:
+            raise_worker_error(fn.error_file)
+        raise
+    if fn.error_file is not None:
+        raise_worker_error(fn.error_file)
     index = json.loads((output_dir / "index.json").read_text())
     tokens = sum(int(c["dim"] or 0) for c in index["chunks"])
     return SplitInfo(documents=n, tokens=tokens, chunks=len(index["chunks"]))
@@ -210,23 +306,34 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def _foreign_files(names: Iterable[str]) -> str:
+    foreign = sorted(set(names) - _OWNED)
+    return ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+
+
 def _clear_output(out: Path, overwrite: bool) -> None:
     if not out.exists():
         return
     if not out.is_dir():
-        raise PrepareError(f"--out {str(out)!r} exists and is not a folder")
+        raise PrepareError(f"--out {str(out)!r} exists and is not a folder; choose another --out")
     entries = {p.name for p in out.iterdir()}
     if not entries:
         return
+    foreign = _foreign_files(entries)
+    if foreign and META_FILE not in entries:
+        raise PrepareError(
+            f"--out {str(out)!r} is not a data folder: it holds files that `cofr data prepare` "
+            f"did not write ({foreign}); choose another --out"
+        )
+    if foreign:
+        raise PrepareError(
+            f"refusing to --overwrite {str(out)!r}: besides the prepared data it holds files "
+            f"that `cofr data prepare` did not write ({foreign}); move them out or choose "
+            "another --out"
+        )
     if not overwrite:
         state = "is already prepared" if META_FILE in entries else "holds a half-written prepare"
         raise PrepareError(f"{str(out)!r} {state}; pass --overwrite to replace it")
-    foreign = sorted(entries - _OWNED)
-    if foreign:
-        raise PrepareError(
-            f"refusing to --overwrite {str(out)!r}: it holds files that `cofr data prepare` did "
-            f"not write ({', '.join(foreign[:5])}); choose another --out"
-        )
     # meta.json first: an interrupted overwrite then leaves a folder marked half-written.
     (out / META_FILE).unlink(missing_ok=True)
     for name in entries:
@@ -235,6 +342,20 @@ def _clear_output(out: Path, overwrite: bool) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def _remove_written(out: Path, created: bool) -> None:
+    """Remove what a failed prepare wrote to ``out`` (only its own entries; ``out`` itself
+    if this prepare ``created`` it and nothing else is left)."""
+    for name in _OWNED:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink(missing_ok=True)
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def prepare_data(
@@ -264,10 +385,14 @@ def prepare_data(
 
     ``val_source`` (an ``hf`` dataset's own validation split) replaces carving
     ``val_fraction`` of the documents out of ``source``. ``max_docs`` caps the documents
-    read from each source. ``bpe_trainer(texts, vocab_size)`` trains the ``bpe``
-    tokenizer from the training documents. ``start_method`` is how litdata starts its
-    workers (``fork`` on Linux; ``spawn`` needs a picklable source and a ``__main__``
-    guard in scripts).
+    read from each source. ``num_workers`` (at least 1; default: the CPUs available)
+    tokenizing processes. ``chunk_bytes``: bytes, or a size such as ``"64MB"``.
+    ``bpe_trainer(texts, vocab_size)`` trains the ``bpe`` tokenizer from the training
+    documents. ``start_method`` is how litdata starts its workers (``fork`` on Linux;
+    ``spawn`` needs a picklable source and a ``__main__`` guard in scripts).
+
+    Errors in what was given raise a :class:`~cofrgenet.errors.UserError` (a bad record
+    of the source too, found by a worker); what this call wrote to ``out`` is removed then.
     """
     if isinstance(source, str):
         source = make_source(source)
@@ -280,7 +405,8 @@ def prepare_data(
     if max_docs is not None and max_docs < 1:
         raise PrepareError(f"--max-docs must be positive, got {max_docs}")
     out = Path(out)
-    num_workers = num_workers or available_cpus()
+    num_workers = available_cpus() if num_workers is None else check_num_workers(num_workers)
+    chunk_bytes = parse_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
 
     # 1. Split documents.
@@ -339,29 +465,38 @@ def prepare_data(
             "pass --overwrite to replace it, or choose another --out"
         )
     _clear_output(out, overwrite)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    if tokenizer == "bpe":
-        log(
-            f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} training documents"
-        )
-        tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
-    tok.save(out / TOKENIZER_DIR)
-    dtype = token_dtype(tok.vocab_size)
-
-    # 3. Tokenize and write each split.
-    splits: dict[str, SplitInfo] = {}
-    with _litdata_environment(out / ".cache"):
-        for split, src, idx in (
-            ("train", source, train_idx),
-            ("val", source if val_source is None else val_source, val_idx),
-        ):
-            log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
-            fn = EncodeDocuments(src, tok, dtype, idx)
-            splits[split] = _write_split(
-                fn, out / split, num_workers, chunk_bytes, docs_per_item, start_method
+    try:
+        if tokenizer == "bpe":
+            log(
+                f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} "
+                "training documents"
             )
-            if splits[split].tokens == 0:
-                raise PrepareError(f"the {split} split has no tokens (its documents are empty)")
+            tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
+        tok.save(out / TOKENIZER_DIR)
+        dtype = token_dtype(tok.vocab_size)
+
+        # 3. Tokenize and write each split.
+        splits: dict[str, SplitInfo] = {}
+        with _litdata_environment(out / ".cache"):
+            for split, src, idx in (
+                ("train", source, train_idx),
+                ("val", source if val_source is None else val_source, val_idx),
+            ):
+                log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
+                error_file = out / ".cache" / f"{split}-error.pickle"
+                error_file.parent.mkdir(parents=True, exist_ok=True)
+                fn = EncodeDocuments(src, tok, dtype, idx, error_file=error_file)
+                splits[split] = _write_split(
+                    fn, out / split, num_workers, chunk_bytes, docs_per_item, start_method
+                )
+                if splits[split].tokens == 0:
+                    raise PrepareError(f"the {split} split has no tokens (its documents are empty)")
+    except UserError:
+        # A bad record, an empty split: remove what was written, so a rerun needs no --overwrite.
+        _remove_written(out, created)
+        raise
 
     # 4. meta.json, last.
     meta = DataMeta(
@@ -484,9 +619,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out.add_argument(
         "--num-workers",
-        type=int,
+        type=_argument(_num_workers_argument),
         metavar="N",
-        help="tokenizing processes (default: $SLURM_CPUS_PER_TASK, else the CPUs available)",
+        help="tokenizing processes, at least 1 (default: $SLURM_CPUS_PER_TASK, else the CPUs "
+        "available)",
     )
     out.add_argument(
         "--start-method",
@@ -496,10 +632,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out.add_argument(
         "--chunk-bytes",
+        type=_argument(parse_chunk_bytes),
         default=DEFAULT_CHUNK_BYTES,
         metavar="SIZE",
-        help=f"litdata chunk size (default: {DEFAULT_CHUNK_BYTES})",
+        help="litdata chunk size: bytes, or with a unit such as 512KB, 64MB, 1GB (1 KB = 1000 "
+        f"bytes; default: {DEFAULT_CHUNK_BYTES})",
     )
+
+
+def _argument(check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` from a checker that raises PrepareError: argparse then reports
+    ``argument --x: <the message without its leading option name>``."""
+
+    def convert(value: str) -> Any:
+        try:
+            return check(value)
+        except PrepareError as err:
+            raise argparse.ArgumentTypeError(re.sub(r"^--[\w-]+ ", "", str(err))) from err
+
+    convert.__name__ = check.__name__
+    return convert
+
+
+def _num_workers_argument(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise PrepareError(f"--num-workers must be a whole number, got {value!r}") from None
+    return check_num_workers(number)
 
 
 def default_out(args: argparse.Namespace) -> Path:
@@ -511,7 +671,11 @@ def default_out(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
-    """Run ``cofr data prepare`` with parsed ``args``; prints a summary table."""
+    """Run ``cofr data prepare`` with parsed ``args``; prints a summary table.
+
+    Errors in what the user gave raise :class:`~cofrgenet.errors.UserError`, which ``cofr``
+    prints as one line (exit status 2).
+    """
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -519,53 +683,49 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     console = Console()  # the summary table
     err_console = Console(stderr=True)  # progress and errors
     out = Path(args.out) if args.out else default_out(args)
-    try:
-        source = make_source(
-            args.source,
-            glob=args.glob,
-            path=args.path,
-            text_field=args.text_field,
-            dataset=args.dataset,
-            subset=args.subset,
-            split=args.split,
-            loader=loader,
-        )
-        val_source = None
-        if args.source == "hf":
-            val_split = args.val_split or hf_val_split(args.dataset)
-            if val_split and val_split.lower() != "none":
-                val_source = make_source(
-                    "hf",
-                    dataset=args.dataset,
-                    subset=args.subset,
-                    split=val_split,
-                    text_field=args.text_field,
-                    loader=loader,
-                )
-        elif args.val_split:
-            raise PrepareError("--val-split is for --source hf")
-        meta = prepare_data(
-            source,
-            out,
-            tokenizer=args.tokenizer,
-            vocab_size=args.vocab_size,
-            gpt2_dir=args.gpt2_dir,
-            val_fraction=args.val_fraction,
-            val_source=val_source,
-            seed=args.seed,
-            num_workers=args.num_workers,
-            max_docs=args.max_docs,
-            overwrite=args.overwrite,
-            chunk_bytes=args.chunk_bytes,
-            start_method=args.start_method,
-            command_line=getattr(args, "command_line", ""),
-            log=lambda message: err_console.print(
-                f"[dim]prepare:[/] {escape(message)}", highlight=False
-            ),
-        )
-    except (SourceError, PrepareError, FileNotFoundError) as err:
-        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
-        return 1
+    source = make_source(
+        args.source,
+        glob=args.glob,
+        path=args.path,
+        text_field=args.text_field,
+        dataset=args.dataset,
+        subset=args.subset,
+        split=args.split,
+        loader=loader,
+    )
+    val_source = None
+    if args.source == "hf":
+        val_split = args.val_split or hf_val_split(args.dataset)
+        if val_split and val_split.lower() != "none":
+            val_source = make_source(
+                "hf",
+                dataset=args.dataset,
+                subset=args.subset,
+                split=val_split,
+                text_field=args.text_field,
+                loader=loader,
+            )
+    elif args.val_split:
+        raise PrepareError("--val-split is for --source hf")
+    meta = prepare_data(
+        source,
+        out,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        gpt2_dir=args.gpt2_dir,
+        val_fraction=args.val_fraction,
+        val_source=val_source,
+        seed=args.seed,
+        num_workers=args.num_workers,
+        max_docs=args.max_docs,
+        overwrite=args.overwrite,
+        chunk_bytes=args.chunk_bytes,
+        start_method=args.start_method,
+        command_line=getattr(args, "command_line", ""),
+        log=lambda message: err_console.print(
+            f"[dim]prepare:[/] {escape(message)}", highlight=False
+        ),
+    )
 
     table = Table(title=escape(str(out)))
     table.add_column("split")
@@ -593,13 +753,12 @@ run_prepare = run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cofrgenet.data.prepare ...``."""
-    parser = argparse.ArgumentParser(prog="cofr data prepare", description=__doc__.splitlines()[0])
-    add_arguments(parser)
+    """``python -m cofrgenet.data.prepare ...``: the same as ``cofr data prepare ...``
+    (errors in what was given print one line and return 2)."""
+    from cofrgenet import cli
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.command_line = shlex.join(["cofr", "data", "prepare", *argv])
-    return run(args)
+    return cli.main(["data", "prepare", *argv])
 
 
 if __name__ == "__main__":  # litdata's optimize spawns workers: keep this guard

@@ -66,6 +66,31 @@ class Source:
         raise NotImplementedError
 
 
+def _checked_text(value: Any, where: str, field: str) -> str:
+    """``value`` if it is a string, ``""`` for None (an empty document), else a SourceError."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise SourceError(
+            f"{where}: field {field!r} is {type(value).__name__}, not a string; "
+            "fix that record, or name the text field with --text-field"
+        )
+    return value
+
+
+def _line_number(path: str, offset: int) -> int:
+    """The 1-based line of ``path`` that starts at byte ``offset`` (for error messages)."""
+    lines, left = 1, offset
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                break
+            lines += block.count(b"\n")
+            left -= len(block)
+    return lines
+
+
 def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
     """Sorted unique files matching glob patterns (``**`` recursive); an error if none."""
     if isinstance(patterns, (str, os.PathLike)):
@@ -141,13 +166,7 @@ class _FileRowSource(Source):
         return sorted(groups.items())
 
     def _text(self, value: Any, where: str) -> str:
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise SourceError(
-                f"{where}: field {self.text_field!r} is {type(value).__name__}, not text"
-            )
-        return value
+        return _checked_text(value, where, self.text_field)
 
     text_field: str
 
@@ -182,20 +201,25 @@ class JsonlSource(_FileRowSource):
             path = self.files[f]
             with open(path, "rb") as fh:
                 for r in rows:
-                    fh.seek(int(self._offsets[f][r]))
+                    offset = int(self._offsets[f][r])
+                    fh.seek(offset)
                     line = fh.readline()
-                    where = f"{path} record {r + 1}"
                     try:
                         record = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise SourceError(f"{where}: not JSON ({err})") from err
+                    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+                        where = f"{path} line {_line_number(path, offset)}"
+                        raise SourceError(f"{where}: not a JSON record ({err})") from err
                     if not isinstance(record, dict) or self.text_field not in record:
+                        where = f"{path} line {_line_number(path, offset)}"
                         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                         raise SourceError(
                             f"{where} has no field {self.text_field!r} (has {keys}); "
-                            "pass the right one with --text-field"
+                            "fix that record, or name the text field with --text-field"
                         )
-                    out.append(self._text(record[self.text_field], where))
+                    value = record[self.text_field]
+                    if not isinstance(value, str):
+                        value = self._text(value, f"{path} line {_line_number(path, offset)}")
+                    out.append(value)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -339,7 +363,10 @@ class HFSource(Source):
             texts = self._ds.select(indices)[self.text_field]
         else:
             texts = [self._ds[i][self.text_field] for i in indices]
-        return ["" if t is None else t for t in texts]
+        return [
+            _checked_text(t, f"{self.name} ({self.split}) row {i}", self.text_field)
+            for i, t in zip(indices, texts, strict=True)
+        ]
 
     def describe(self) -> dict[str, Any]:
         return {

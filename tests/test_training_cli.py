@@ -664,6 +664,11 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
     with pytest.raises(ConfigError, match=r"trained with model\.preset 'gpt2-tiny-f'"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.config.depth", "2"))
     assert config.read_text() == before
+    run_folder = str(config.parent)
+    with pytest.raises(UserError, match=r"is a folder, not a checkpoint file: did you mean .*last"):
+        CofrCLI(
+            args=fit_args(tmp_path, tiny_data, "--run.name", "first", "--ckpt_path", run_folder)
+        )
     with pytest.warns(UserWarning, match=r"frist does not exist.*did you mean 'first'"):
         CofrCLI(
             args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "frist", "--ckpt_path", "last")

@@ -57,11 +57,34 @@ def is_intact(path: str | Path) -> bool:
         return False
 
 
+#: Where ``cofr fit`` keeps a run's checkpoints, for the messages.
+RUN_CHECKPOINTS = "runs/<experiment>/<run>/checkpoints/"
+
+
+def checkpoint_in(folder: Path) -> Path | None:
+    """The checkpoint a user pointing at a run or checkpoints folder most likely meant."""
+    for candidate in (folder / "checkpoints" / "last.ckpt", folder / "last.ckpt"):
+        if candidate.is_file():
+            return candidate
+    found = [p for sub in (folder / "checkpoints", folder) for p in sub.glob("*.ckpt")]
+    found = [p for p in found if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def folder_hint(path: Path) -> str:
+    """The message for a folder given where a checkpoint file was expected."""
+    inside = checkpoint_in(path)
+    hint = f"did you mean {inside}?" if inside else f"e.g. {RUN_CHECKPOINTS}last.ckpt"
+    return f"{path} is a folder, not a checkpoint file: {hint}"
+
+
 def check(path: str | Path) -> Path:
     """``path`` if it is an intact checkpoint file, else a CheckpointError naming it."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
+    if path.is_dir() and not any((path / name).exists() for name in SHARDED_MARKERS):
+        raise CheckpointError(folder_hint(path))
     if not is_intact(path):
         raise damaged(path)
     return path

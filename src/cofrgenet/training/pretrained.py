@@ -32,29 +32,23 @@ class CheckpointNotFound(UserError, FileNotFoundError):
     """A checkpoint path that names no file (nothing there, or a folder)."""
 
 
-#: Where ``cofr fit`` keeps a run's checkpoints, for the messages.
-RUN_CHECKPOINTS = "runs/<experiment>/<run>/checkpoints/"
-
-
 def checkpoint_file(path: str | Path) -> Path:
     """``path`` if it is a file (or a sharded FSDP checkpoint folder, which
     :func:`cofrgenet.training.checkpoints.load` explains), else a one-line
     :class:`CheckpointNotFound`: every reader of checkpoints (generate, eval, export,
     GLUE) checks its argument with this first, before any other work."""
+    from cofrgenet.training import checkpoints
+
     path = Path(path)
     if path.is_file():
         return path
     if not path.is_dir():
         raise CheckpointNotFound(
-            f"no checkpoint file at {path}; runs keep theirs in {RUN_CHECKPOINTS}"
+            f"no checkpoint file at {path}; runs keep theirs in {checkpoints.RUN_CHECKPOINTS}"
         )
-    from cofrgenet.training.checkpoints import SHARDED_MARKERS
-
-    if any((path / name).exists() for name in SHARDED_MARKERS):
+    if any((path / name).exists() for name in checkpoints.SHARDED_MARKERS):
         return path  # a sharded checkpoint: checkpoints.load says how to consolidate it
-    inside = _checkpoint_in(path)
-    hint = f"did you mean {inside}?" if inside else f"e.g. {RUN_CHECKPOINTS}last.ckpt"
-    raise CheckpointNotFound(f"{path} is a folder, not a checkpoint file: {hint}")
+    raise CheckpointNotFound(checkpoints.folder_hint(path))
 
 
 def device_problem(text: str) -> str | None:
@@ -86,16 +80,6 @@ def device_arg(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text
-
-
-def _checkpoint_in(folder: Path) -> Path | None:
-    """The checkpoint a user pointing at a run or checkpoints folder most likely meant."""
-    for candidate in (folder / "checkpoints" / "last.ckpt", folder / "last.ckpt"):
-        if candidate.is_file():
-            return candidate
-    found = [p for sub in (folder / "checkpoints", folder) for p in sub.glob("*.ckpt")]
-    found = [p for p in found if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _prepared(folder: Path) -> bool:

@@ -442,3 +442,17 @@ def test_bench_ops_compiled(tmp_path):
     assert cli.main(argv) == 0
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert all(r["error"] is None and r["median_ms"] > 0 for r in report["results"])
+
+
+def test_reports_never_replace_another_runs_report(tmp_path):
+    """Every bench (ops, train, quality) names its files through free_stem."""
+    from cofrgenet.bench.files import free_stem, with_suffix
+
+    first = free_stem(tmp_path, "ops-cpu-2026-12-02-v1.2")
+    assert first == tmp_path / "ops-cpu-2026-12-02-v1.2"
+    assert with_suffix(first, ".md").name == "ops-cpu-2026-12-02-v1.2.md"  # the tag's dot stays
+    with_suffix(first, ".json").write_text("{}")  # either file marks the name as taken
+    second = free_stem(tmp_path, "ops-cpu-2026-12-02-v1.2")
+    assert second.name == "ops-cpu-2026-12-02-v1.2-2"
+    with_suffix(second, ".md").write_text("")
+    assert free_stem(tmp_path, "ops-cpu-2026-12-02-v1.2").name.endswith("-3")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -16,3 +17,19 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def free_stem(out_dir: Path, base: str) -> Path:
+    """``out_dir/base``, or ``base-2``, ``base-3``, ... when a report of that name is there
+    already (``.md`` or ``.json``): a run never replaces another run's report. A run picks
+    its stem once and rewrites its own files under it as it goes."""
+    for number in itertools.count(1):
+        stem = out_dir / (base if number == 1 else f"{base}-{number}")
+        if not any(with_suffix(stem, ext).exists() for ext in (".md", ".json")):
+            return stem
+    raise AssertionError("unreachable")
+
+
+def with_suffix(stem: Path, ext: str) -> Path:
+    """``stem`` + ``ext`` (``Path.with_suffix`` would cut a tag holding a dot, ``-v1.2``)."""
+    return stem.with_name(stem.name + ext)

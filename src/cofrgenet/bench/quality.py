@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 RECIPE = "conf/experiment/quality-cpu.yaml"
@@ -586,8 +587,8 @@ def write_report(report: dict[str, Any], rows: list[Row], out_dir: Path) -> tupl
     suffix = "-quick" if report["config"]["quick"] else ""
     if report["config"]["tag"]:
         suffix += f"-{report['config']['tag']}"
-    stem = out_dir / f"quality-{report['device']}-{report['date']}{suffix}"
-    md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
+    stem = free_stem(out_dir, f"quality-{report['device']}-{report['date']}{suffix}")
+    md, js = with_suffix(stem, ".md"), with_suffix(stem, ".json")
     md.write_text(to_markdown(report, rows))
     js.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return md, js

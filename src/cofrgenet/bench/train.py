@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import itertools
 import json
 import platform
 import re
@@ -46,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.bench.files import write_text_atomic
+from cofrgenet.bench.files import free_stem, with_suffix, write_text_atomic
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 #: Variant name -> (preset, overrides); every variant is rebuilt at the bench's shape.
@@ -781,12 +780,7 @@ def report_stem(report: dict[str, Any], out_dir: Path) -> Path:
     # cpu, or the GPU's name as a slug (train-nvidia-h200-2026-12-01), as `cofr bench ops`.
     device = re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-")
     tag = report["config"].get("tag")
-    base = f"train-{device}-{report['date']}{f'-{tag}' if tag else ''}"
-    for number in itertools.count(1):
-        stem = out_dir / (base if number == 1 else f"{base}-{number}")
-        if not any(stem.with_suffix(suffix).exists() for suffix in (".md", ".json")):
-            return stem
-    raise AssertionError("unreachable")
+    return free_stem(out_dir, f"train-{device}-{report['date']}{f'-{tag}' if tag else ''}")
 
 
 def write_report(
@@ -796,7 +790,7 @@ def write_report(
     :func:`report_stem`); a run passes its stem to rewrite its own report as it goes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = report_stem(report, out_dir) if stem is None else stem
-    md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
+    md, js = with_suffix(stem, ".md"), with_suffix(stem, ".json")
     write_text_atomic(md, to_markdown(report))
     write_text_atomic(js, json.dumps(report, indent=2) + "\n")
     return md, js

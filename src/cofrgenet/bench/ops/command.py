@@ -16,7 +16,7 @@ from rich.console import Console
 
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import run_benchmark
-from cofrgenet.bench.ops.report import print_report, write_report
+from cofrgenet.bench.ops.report import print_report, report_stem, write_report
 from cofrgenet.bench.ops.results import Report
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
@@ -81,10 +81,18 @@ def run(args: argparse.Namespace) -> int:
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
     suffix = options.suffix + ("-quick" if options.quick else "")
+    out = Path(options.out)
+    #: This run's report files: chosen by the first write, then rewritten in place.
+    stem: list[Path] = []
+
+    def save(report: Report) -> tuple[Path, Path]:
+        if not stem:
+            stem.append(report_stem(report, out, suffix))
+        return write_report(report, out, stem[0])
 
     def save_partial(partial: Report) -> None:
         # A run cut short (a wall-clock limit) keeps the workloads it measured.
-        md_path, _ = write_report(partial, Path(options.out), suffix)
+        md_path, _ = save(partial)
         console.log(f"partial report: {md_path}")
 
     report = run_benchmark(
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print_report(report, console)
     if options.save:
-        paths = write_report(report, Path(options.out), suffix)
+        paths = save(report)
         console.print("wrote " + ", ".join(str(p) for p in paths))
     missed = any(c.met is False for c in report.targets)
     if options.fail_on_miss and missed:

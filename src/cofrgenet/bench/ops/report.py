@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cofrgenet.bench.files import write_text_atomic
+from cofrgenet.bench.files import free_stem, with_suffix, write_text_atomic
 from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
 from cofrgenet.bench.ops.formatting import ms, percent, speedup
 from cofrgenet.bench.ops.results import Report, Result
@@ -260,14 +260,20 @@ def device_label(meta: dict[str, Any]) -> str:
     return re.sub(r"[^a-z0-9]+", "-", meta["device_name"].lower()).strip("-") or meta["device"]
 
 
-def write_report(report: Report, out_dir: Path, suffix: str = "") -> tuple[Path, Path]:
-    """Write ``ops-<device>-<date><suffix>.md`` and ``.json`` into ``out_dir``.
+def report_stem(report: Report, out_dir: Path, suffix: str = "") -> Path:
+    """``out_dir/ops-<device>-<date><suffix>``, numbered when taken (:func:`free_stem`).
 
-    <device> is ``cpu`` or the GPU's name (``ops-nvidia-h200-2026-12-01.md``).
+    <device> is ``cpu`` or the GPU's name (``ops-nvidia-h200-2026-12-01``).
     """
+    return free_stem(out_dir, f"ops-{device_label(report.meta)}-{report.meta['date']}{suffix}")
+
+
+def write_report(report: Report, out_dir: Path, stem: Path | None = None) -> tuple[Path, Path]:
+    """Write ``<stem>.md`` and ``.json`` (default: a new :func:`report_stem`); a run passes
+    its stem to rewrite its own report as it goes."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"ops-{device_label(report.meta)}-{report.meta['date']}{suffix}"
-    md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
+    stem = report_stem(report, out_dir) if stem is None else stem
+    md_path, json_path = with_suffix(stem, ".md"), with_suffix(stem, ".json")
     write_text_atomic(md_path, to_markdown(report))
     write_text_atomic(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
     return md_path, json_path

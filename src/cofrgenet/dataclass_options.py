@@ -39,6 +39,24 @@ def parse_int(text: str) -> int:
     return int(text)
 
 
+def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
+    """argparse ``type``: a ``kind`` (int or float) >= ``low``, else one line at parse time
+    (``argument --x: must be >= 1, got 0``; NaN refused too). ``note`` follows the bound."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            expected = "an int" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}{note}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _int(text: str) -> int:
     return parse_int(text)
 

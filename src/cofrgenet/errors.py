@@ -27,3 +27,12 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def not_valid_yaml(source: object, error: Exception) -> str:
+    """``<source>, line L, column C: not valid YAML: <problem>`` for a YAML parse error
+    (without its position when it has none)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else f"{source}"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{where}: not valid YAML: {problem}"

@@ -803,7 +803,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
-    check_settings(cfg)  # before any work: a wrong setting is one line, not a traceback
     out_dir = Path(cfg.out_dir)
     pairs = len(cfg.variants) * len(cfg.modes)
     #: This run's report files: chosen by the first write, then rewritten in place.

@@ -17,26 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
 DEFAULT_TASKS = "wikitext-2,wikitext-103,ptb,lambada"
-
-
-def at_least(low: int) -> Any:
-    """argparse ``type``: an int >= ``low``, refused at parse time in one line."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
 
 
 def device(text: str) -> str:
@@ -97,14 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("test", "valid"), default="test")
     parser.add_argument(
         "--stride",
-        type=at_least(1),
+        type=at_least(int, 1),
         default=None,
         help="tokens between sliding windows (default: block/2; block: disjoint windows)",
     )
-    parser.add_argument("--batch-size", type=at_least(1), default=8)
+    parser.add_argument("--batch-size", type=at_least(int, 1), default=8)
     parser.add_argument(
         "--limit",
-        type=at_least(1),
+        type=at_least(int, 1),
         default=None,
         help="only the first N LAMBADA passages / harness docs",
     )
@@ -124,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAMLs")
     parser.add_argument(
-        "--num-fewshot", type=at_least(0), default=None, help="harness tasks' shots"
+        "--num-fewshot", type=at_least(int, 0), default=None, help="harness tasks' shots"
     )
     parser.add_argument(
         "--no-mlflow", action="store_true", help="do not log the results to the run's MLflow run"

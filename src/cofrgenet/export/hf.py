@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shutil
 import uuid
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
 
 if TYPE_CHECKING:
@@ -131,17 +131,6 @@ class ExportReport:
 # The command ---------------------------------------------------------------------------
 
 
-def _tolerance(text: str) -> float:
-    """argparse ``type`` of ``--tolerance``: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (a max abs difference), got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
@@ -166,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tolerance",
-        type=_tolerance,
+        type=at_least(float, 0, " (a max abs difference)"),
         default=DEFAULT_TOLERANCE,
         help=f"max abs logit difference the check accepts (default {DEFAULT_TOLERANCE:g})",
     )

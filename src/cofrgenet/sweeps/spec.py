@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.errors import UserError, did_you_mean
+from cofrgenet.errors import UserError, did_you_mean, not_valid_yaml
 
 SAMPLERS = ("tpe", "random", "grid")
 #: What a trial can report as its objective: the metrics LanguageModel logs at every
@@ -420,10 +420,7 @@ def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = 
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else f"{path}"
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise SweepError(f"{where}: not valid YAML: {problem}") from None
+        raise SweepError(not_valid_yaml(path, error)) from None
     except (OSError, UnicodeDecodeError) as error:
         raise SweepError(f"cannot read the sweep file {path}: {error}") from None
     for key, value in (overrides or {}).items():

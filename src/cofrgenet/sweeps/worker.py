@@ -218,9 +218,7 @@ def run_worker(
     url = storage_url or sweep.storage or st.default_storage(sweep, runs_dir)
     # Fail fast, before the study exists, on a sweep whose trials could not train as
     # asked: a --set the sweep overrides, a key that is not cofr fit's (a typo), a config
-    # that does not parse, a storage URL that is none.
-    if st.journal_path(url) is None:
-        st.check_rdb_url(url)
+    # that does not parse (open_storage then refuses a storage URL that is none).
     check_extra(sweep, extra, mlflow)
     check_keys(sweep, extra)
     try:

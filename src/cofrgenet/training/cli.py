@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.data import TokenDataModule
-from cofrgenet.errors import ConfigError, UserError, did_you_mean
+from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.console import (
@@ -122,10 +122,7 @@ def _bad_config_file(words: list[str]) -> str | None:
         except OSError:
             continue  # a missing file has its own message
         except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(error, "problem", None) or str(error)
-            return f"config file {path}{where}: {problem} (not valid YAML)"
+            return f"config file {not_valid_yaml(path, error)}"
         if content is None:
             return f"config file {path} holds no settings (empty or only comments): drop it"
         if not isinstance(content, dict):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.nn.decoding import sample_next
 
 
@@ -36,23 +36,6 @@ def sample(
         logits = model(idx[:, -block_size:])[:, -1, :]
         idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
     return idx
-
-
-def at_least(kind: type, low: float) -> Any:
-    """argparse ``type``: a number of ``kind`` >= ``low``, refused at parse time in one
-    line otherwise (NaN included)."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        if not value >= low:
-            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

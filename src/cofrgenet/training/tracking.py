@@ -84,13 +84,15 @@ def latest_run(experiment_dir: Path) -> Path | None:
     Folders without a checkpoint (a run that failed before its first save) are passed
     over: resuming one would silently start from scratch.
     """
+    from cofrgenet.training.checkpoints import candidates
+
     if not experiment_dir.is_dir():
         return None
     newest: dict[Path, float] = {}
     for run in experiment_dir.iterdir():
-        saved = [*run.glob("hpc_ckpt_*.ckpt"), *(run / "checkpoints").glob("*.ckpt")]
+        saved = candidates(run)  # newest first
         if saved:
-            newest[run] = max(p.stat().st_mtime for p in saved)
+            newest[run] = saved[0].stat().st_mtime
     return max(newest, key=newest.__getitem__) if newest else None
 
 

@@ -187,6 +187,26 @@ def test_overflow_check_of_a_huge_but_finite_batch(impl):
     assert rel_err(got, reference_continued_fraction(a)) < 1e-6
 
 
+@pytest.mark.parametrize("d", [1, 2, 5, 12])
+def test_tail_value_matches_the_reference(d):
+    """Inference with positive partial denominators (a_k >= floor > 0) evaluates f~ from
+    the inside out (continuant.tail_value): the float64 reference's values from the floor
+    itself up to a_k ~ 1e20, where K_d overflows float32; odd shapes, float32 and
+    float64, row-major and depth-major (what pvariate_denominators gives) layouts."""
+    from cofrgenet.ops import continuant
+
+    gen = torch.Generator().manual_seed(d)
+    a = 0.5 + 3 * torch.rand(3, 5, 7, d, generator=gen, dtype=torch.float64)
+    a[0] = 0.5  # at the floor exactly
+    a[1, :2] = 10 ** (20 * torch.rand(2, 7, d, generator=gen, dtype=torch.float64))
+    want = reference_continued_fraction(a)
+    for dtype, rtol in ((torch.float64, 1e-14), (torch.float32, 2e-6)):
+        for layout in (a, a.movedim(-1, 0).contiguous().movedim(0, -1)):
+            got = continuant.continued_fraction_value(layout.to(dtype), None, False)
+            assert got.dtype == dtype and got.shape == a.shape[:-1]
+            torch.testing.assert_close(got, want.to(dtype), rtol=rtol, atol=0)
+
+
 # --------------------------------------------------------------------------- numerics
 
 

@@ -282,6 +282,8 @@ def test_skipped_clamp_changes_no_bits(impl, op, exact, monkeypatch):
     tol = 0.0 if impl == "continuant" else 1e-5
     for i, (skipped, clamped) in enumerate(zip(*results, strict=True)):
         rtol = max(tol, 1e-5) if exact and i >= 2 else tol
+        if i == 1:  # without grad, positive ladders are evaluated by tail_value
+            rtol = max(tol, 1e-6)
         torch.testing.assert_close(skipped, clamped, rtol=rtol, atol=0)
     if exact:  # nothing clamped: the paper's gradients
         leaves = [t.clone().requires_grad_() for t in (x, w, b)]
@@ -327,14 +329,17 @@ def test_saves_no_depth_sized_tensor(impl, on):
 
 @pytest.mark.parametrize("impl", impls("continuant", "compiled"))
 def test_inference_path_equals_the_autograd_path(impl):
-    """Without grad, the continuant paths skip their autograd Function: the same bits."""
+    """Without grad, the continuant paths skip their autograd Function: the same bits for
+    the paper's denominators; positive ones are evaluated by tail_value eagerly (the same
+    values to rounding)."""
     x = torch.randn(7, 9, dtype=torch.float64)
     w, b = torch.randn(3, 9, dtype=torch.float64), torch.randn(3, 9, dtype=torch.float64)
     for floor in (None, 0.5):
         with torch.no_grad():
             plain = univariate_ladder(x, w, b, impl=impl, floor=floor)
         tracked = univariate_ladder(x, w.clone().requires_grad_(), b, impl=impl, floor=floor)
-        torch.testing.assert_close(plain, tracked.detach(), rtol=0, atol=0)
+        tol = 1e-13 if floor and impl == "continuant" else 0.0
+        torch.testing.assert_close(plain, tracked.detach(), rtol=tol, atol=0)
 
 
 # ------------------------------------------------------------ the custom op, compiled

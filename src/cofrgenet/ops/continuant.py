@@ -20,6 +20,10 @@ rescale, which costs nothing once fused.
 The kernels below are plain functions over a ``coefficient(k)`` callable returning a_{k+1}
 (0-based k), so continued fractions on (..., d) tensors and univariate ladders (a_k
 computed on the fly from x, weight, bias) share one recurrence.
+
+Inference with positive partial denominators (every a_k >= floor > 0) needs neither the
+continuants nor their bookkeeping: :func:`tail_value` evaluates f~ from the inside out,
+two ops a level, with nothing that can overflow, no clamp and no overflow check.
 """
 
 from __future__ import annotations
@@ -116,6 +120,22 @@ def continuant_forward(
     denominator = torch.where(high >= 0, high.clamp_min(threshold), high.clamp_max(-threshold))
     r = torch.reciprocal(denominator)
     return low * r, r, scale, clamped, high
+
+
+def tail_value(coefficient: Coefficient, d: int) -> Tensor:
+    """f~ = 1 / t_1 by the tails t_d = a_d, t_k = a_k + 1 / t_{k+1}: the value alone.
+
+    Only for partial denominators bounded below by a positive floor (``clamp_eps`` None):
+    then every t_k >= a_k >= floor, so nothing overflows, divides by zero or needs the
+    clamp, and each level is one reciprocal and one add of positive numbers (relative
+    error a few ulp at any depth). The continuants' forward costs ~2x the ops, a
+    reduction and a host sync (the overflow check); a one-token decoding step is bound
+    by op dispatch. No K_d comes out of it, so training keeps the continuants.
+    """
+    tail = coefficient(d - 1)
+    for k in range(d - 2, -1, -1):
+        tail = coefficient(k) + torch.reciprocal(tail)
+    return torch.reciprocal(tail)
 
 
 def _paper_gradients(
@@ -550,8 +570,11 @@ def _ladder_gradients(
 
 def continued_fraction_value(a: Tensor, eps: float | None, compiled: bool) -> Tensor:
     """f~(a) without autograd bookkeeping (inference: nothing is saved for backward);
-    eps None: a needs no clamp (:func:`clamp_eps`)."""
+    eps None: a needs no clamp (:func:`clamp_eps`), and is evaluated by :func:`tail_value`
+    unless ``compiled`` (one fused loop either way)."""
     work = cast(a, compute_dtype(a.dtype))
+    if eps is None and not compiled:
+        return cast(tail_value(lambda k: work[..., k], work.shape[-1]), a.dtype)
     value = _forward_with_overflow_check(_cf_forward, compiled, work, eps, False)[0]
     return cast(value, a.dtype)
 
@@ -593,7 +616,12 @@ def univariate_ladder_state(
 def univariate_ladder_value(
     x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, compiled: bool, floor: float
 ) -> Tensor:
-    """Elementwise ladders without autograd bookkeeping (inference)."""
+    """Elementwise ladders without autograd bookkeeping (inference); positive partial
+    denominators by :func:`tail_value` unless ``compiled``."""
+    if clamp_eps(eps, floor) is None and not compiled:
+        x2, w, b = _ladder_work(x, weight, bias)
+        value = tail_value(ladder_coefficient(x2, w, b, floor), w.shape[0])
+        return cast(value.reshape(x.shape), x.dtype)
     return univariate_ladder_state(x, weight, bias, eps, False, floor, compiled)[0]
 
 

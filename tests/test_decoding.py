@@ -105,3 +105,37 @@ def test_generated_ids_and_cached_helpers_can_train_afterwards(name):
     model.train()
     model(out).float().square().mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "gpt2-tiny-f", "lstm-tiny"])
+def test_top_p_reaches_every_generate(preset):
+    """A nucleus so small that it holds only the likeliest id samples greedily, through
+    each model's own generate and through training.generate.sample's fallback loop; a
+    nucleus of 1 cuts nothing."""
+    from cofrgenet.training.generate import sample
+
+    config = ModelConfig.from_preset(preset, vocab_size=50, block_size=BLOCK)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    prompt = torch.randint(0, 50, (2, 3), generator=torch.Generator().manual_seed(4))
+    greedy = model.generate(prompt, 6, temperature=0.0)
+    nucleus = model.generate(prompt, 6, 5.0, None, torch.Generator().manual_seed(5), top_p=1e-6)
+    assert torch.equal(nucleus, greedy)
+    plain = torch.nn.Sequential(*[model])  # no generate of its own: the recompute loop
+    looped = sample(plain, prompt, 6, BLOCK, 5.0, None, torch.Generator().manual_seed(5), 1e-6)
+    assert torch.equal(looped, greedy)
+    hot = model.generate(prompt, 6, 5.0, None, torch.Generator().manual_seed(5), top_p=1.0)
+    assert not torch.equal(hot, greedy)  # temperature 5 over 50 ids: the check has teeth
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"top_p": 0.0}, "top_p must be in"),
+        ({"top_p": 1.5}, "top_p must be in"),
+        ({"top_k": 0}, "top_k must be >= 1"),
+    ],
+)
+def test_bad_sampling_arguments_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sample_next(torch.zeros(1, 5), 1.0, **kwargs)

@@ -86,6 +86,9 @@ def test_the_shared_check_names_a_missing_checkpoint_for_every_reader(tmp_path):
         ("--num-samples", "-2", "argument --num-samples: must be >= 1, got -2"),
         ("--max-new-tokens", "-5", "argument --max-new-tokens: must be >= 1, got -5"),
         ("--top-k", "-3", "argument --top-k: must be >= 0, got -3"),
+        ("--top-p", "0", "argument --top-p: must be in (0, 1], got 0"),
+        ("--top-p", "1.5", "argument --top-p: must be in (0, 1], got 1.5"),
+        ("--top-p", "x", "argument --top-p: expected a number, got 'x'"),
         ("--device", "foo", "argument --device: unknown device 'foo'"),
     ],
 )

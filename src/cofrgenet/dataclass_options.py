@@ -57,6 +57,17 @@ def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
     return parse
 
 
+def probability(text: str) -> float:
+    """argparse ``type``: a number in (0, 1], else one line at parse time."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def _int(text: str) -> int:
     return parse_int(text)
 

@@ -30,8 +30,12 @@ def generate_cached(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> Tensor:
     """Sample ``max_new_tokens`` after idx (B, T) from a transformer -> (B, T + new).
+
+    Sampling as :func:`~cofrgenet.nn.decoding.sample_next` (temperature, top-k, then
+    nucleus top-p).
 
     ``model`` has ``config.block_size``, ``new_cache()``, ``forward(idx, cache)`` and
     ``can_decode``; a model whose mixers cannot decode, or a model in training mode
@@ -42,7 +46,7 @@ def generate_cached(
     # inference_mode, not no_grad: ~10% less per-op overhead in one-token steps. The
     # result is copied out of it, so the ids can feed a training step later.
     with torch.inference_mode():
-        out = _sample_tokens(model, idx, max_new_tokens, temperature, top_k, generator)
+        out = _sample_tokens(model, idx, max_new_tokens, temperature, top_k, generator, top_p)
     return out.clone()
 
 
@@ -53,6 +57,7 @@ def _sample_tokens(
     temperature: float,
     top_k: int | None,
     generator: torch.Generator | None,
+    top_p: float | None,
 ) -> Tensor:
     block = model.config.block_size
     cached = model.can_decode and not model.training
@@ -66,6 +71,6 @@ def _sample_tokens(
             logits = model(out, cache)[:, -1, :]
         else:
             logits = model(out[:, -1:], cache)[:, -1, :]
-        next_id = sample_next(logits, temperature, top_k, generator)
+        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p)
         out = torch.cat((out, next_id), dim=1)
     return out.clone()

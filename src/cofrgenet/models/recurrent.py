@@ -107,11 +107,13 @@ class RecurrentLM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        top_p: float | None = None,
     ) -> Tensor:
         """Extend idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
 
         Reads the prompt once, then feeds one token per step with the hidden state carried
-        over (O(1) per token). temperature 0 is greedy; ``top_k`` keeps the k likeliest.
+        over (O(1) per token). temperature 0 is greedy; ``top_k`` keeps the k likeliest,
+        ``top_p`` then the smallest set holding that much probability (nucleus).
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -120,7 +122,9 @@ class RecurrentLM(nn.Module):
         logits, state = self.step(idx)
         out = [idx]
         for i in range(max_new_tokens):
-            next_id = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)
+            next_id = sample_next(
+                logits[:, -1, :].float(), temperature, top_k, generator, top_p=top_p
+            )
             out.append(next_id)
             if i + 1 < max_new_tokens:
                 logits, state = self.step(next_id, state)

@@ -176,15 +176,17 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        top_p: float | None = None,
     ) -> Tensor:
         """Extend idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
 
-        The prompt is read once, then one token per step through the mixers' caches; once
+        temperature 0 is greedy; otherwise the ``top_k`` likeliest ids, then the smallest
+        set of them holding ``top_p`` of the probability (nucleus sampling). The prompt is read once, then one token per step through the mixers' caches; once
         a sequence outgrows the block, every step reads the last ``block_size`` tokens
         again (positions restart with the window, as in full recomputation). The tokens
         are those of recomputing the whole context at every step (eval mode).
         """
-        return generate_cached(self, idx, max_new_tokens, temperature, top_k, generator)
+        return generate_cached(self, idx, max_new_tokens, temperature, top_k, generator, top_p)
 
     @staticmethod
     def parameter_component(name: str) -> tuple[str, int | None]:

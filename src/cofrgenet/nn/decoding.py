@@ -58,11 +58,15 @@ def sample_next(
 
     temperature 0 is greedy (arg-max); otherwise softmax(logits / temperature) restricted
     to the ``top_k`` likeliest ids, then to the smallest set holding ``top_p`` of the
-    probability (nucleus), sampled with ``generator``. ``vocab``: only ids below it (a
-    padded model's extra ids are never chosen).
+    probability (nucleus), sampled with ``generator``; top_p 1 keeps them all. ``vocab``:
+    only ids below it (a padded model's extra ids are never chosen).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 (None: every id), got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (None or 1: no nucleus cut), got {top_p}")
     logits = logits.float() if vocab is None else logits[:, :vocab].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -70,7 +74,7 @@ def sample_next(
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
+    if top_p is not None and top_p < 1:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = F.softmax(sorted_logits, dim=-1)
         # Drop a token when the ones before it already hold top_p (the first always stays).

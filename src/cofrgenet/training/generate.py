@@ -7,7 +7,7 @@ import argparse
 import torch
 from torch import Tensor, nn
 
-from cofrgenet.dataclass_options import at_least
+from cofrgenet.dataclass_options import at_least, probability
 from cofrgenet.nn.decoding import sample_next
 
 
@@ -20,21 +20,29 @@ def sample(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> Tensor:
     """Extend token ids idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
 
-    temperature 0 is greedy decoding. The context is cropped to the last ``block_size``
+    temperature 0 is greedy decoding; otherwise the ``top_k`` likeliest ids, then the
+    smallest set of them holding ``top_p`` of the probability (nucleus sampling). The context is cropped to the last ``block_size``
     tokens. Models with their own ``generate`` (transformers decode incrementally through
     their mixers' caches, recurrent ones carry a hidden state) are asked to do it
     themselves; anything else recomputes the context for every token.
     """
     if hasattr(model, "generate"):
         return model.generate(
-            idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            generator=generator,
+            top_p=top_p,
         )
     for _ in range(max_new_tokens):
         logits = model(idx[:, -block_size:])[:, -1, :]
-        idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
+        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p)
+        idx = torch.cat([idx, next_id], dim=1)
     return idx
 
 
@@ -58,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--top-k", type=at_least(int, 0), default=50, help="sample the k likeliest ids; 0: all"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=probability,
+        default=1.0,
+        help="then the smallest set of ids holding this much probability (nucleus); 1: all",
     )
     parser.add_argument("--num-samples", type=at_least(int, 1), default=1, help=">= 1")
     parser.add_argument("--seed", type=int, default=1337)
@@ -83,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=top_k,
         generator=generator,
+        top_p=args.top_p if args.top_p < 1 else None,
     )
     for row in out.tolist():
         print(tokenizer.decode(row))

@@ -456,3 +456,21 @@ def test_reports_never_replace_another_runs_report(tmp_path):
     assert second.name == "ops-cpu-2026-12-02-v1.2-2"
     with_suffix(second, ".md").write_text("")
     assert free_stem(tmp_path, "ops-cpu-2026-12-02-v1.2").name.endswith("-3")
+
+
+def test_reports_name_the_cpu_model():
+    """Reports name the CPU (the dev VMs change from Intel to AMD between sessions, and
+    the ratios with them): /proc/cpuinfo's model name where there is one."""
+    from pathlib import Path
+
+    from cofrgenet.bench.machine import cpu_name, device_name, machine_summary
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        models = [line for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        if models:
+            assert cpu_name() == models[0].split(":", 1)[1].strip()
+    assert device_name(torch.device("cpu")) == cpu_name()
+    assert machine_summary("cpu") == (
+        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from cofrgenet import cli
 from cofrgenet.bench import train
+from cofrgenet.bench.machine import machine_summary
 from cofrgenet.bench.train import (
     VARIANTS,
     TrainBenchConfig,
@@ -147,6 +148,7 @@ def test_bench_train_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
     second = js.with_name(js.stem + "-2.json")
     report = json.loads(second.read_text())
     assert "partial" not in report and len(report["results"]) == 4
+    assert report["machine"] == machine_summary("cpu")  # the CPU model, not just "x86_64"
     assert "Partial" not in second.with_suffix(".md").read_text()
     assert json.loads(js.read_text())["partial"] is True
 

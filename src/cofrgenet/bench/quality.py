@@ -34,7 +34,6 @@ import itertools
 import json
 import logging
 import math
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +45,7 @@ from typing import Any
 import yaml
 
 from cofrgenet.bench.files import free_stem, with_suffix
+from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 RECIPE = "conf/experiment/quality-cpu.yaml"
@@ -542,7 +542,6 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
 
 
 def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any], list[Row]]:
-    import torch
 
     ensure_data(cfg)
     started = dt.datetime.now(dt.timezone.utc)
@@ -568,8 +567,7 @@ def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any]
         "started": started.isoformat(timespec="seconds"),
         "minutes": minutes,
         "device": "cpu",
-        "machine": f"{platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+        "machine": machine_summary("cpu"),
         "recipe": cfg.recipe,
         "settings": ", ".join(f"{k} {v}" for k, v in settings.items() if v is not None)
         or "as in the recipe",

@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import platform
 import re
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet.bench.files import free_stem, with_suffix, write_text_atomic
+from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 #: Variant name -> (preset, overrides); every variant is rebuilt at the bench's shape.
@@ -525,8 +525,7 @@ class _Run:
             "started": self.started.isoformat(timespec="seconds"),
             "minutes": (dt.datetime.now(dt.timezone.utc) - self.started).total_seconds() / 60,
             "device": device_name,
-            "machine": f"{platform.processor() or platform.machine()}, "
-            f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+            "machine": machine_summary(device),
             "config": asdict(self.cfg),
             "peak_flops": self.peak,
             "layer_activation_bytes_per_token": dict(self.layers),

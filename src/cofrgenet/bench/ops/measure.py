@@ -15,13 +15,13 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 from torch import Tensor
 
+from cofrgenet.bench.machine import device_name
 from cofrgenet.bench.ops.config import (
     BUSY_THRESHOLD,
     CUDA_ONLY_IMPLS,
@@ -59,19 +59,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def device_name(device: torch.device) -> str:
-    """The CPU model (from /proc/cpuinfo) or the CUDA device name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _load_average() -> list[float] | None:

@@ -1,0 +1,40 @@
+"""What a benchmark ran on, named in its report: figures mean little without the machine.
+
+torch is imported inside the functions, as in the rest of ``cofrgenet.bench``'s entry
+points, so that ``cofr bench --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def cpu_name() -> str:
+    """The CPU model (``model name`` of /proc/cpuinfo), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: Any) -> str:
+    """The CUDA device's name, or the CPU model for a CPU device."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def machine_summary(device: Any) -> str:
+    """One line: the host CPU, torch's threads and versions (and CUDA's on a GPU), e.g.
+    ``AMD EPYC, 2 threads, torch 2.13.0+cpu``."""
+    import torch
+
+    cuda = f", cuda {torch.version.cuda}" if torch.device(device).type == "cuda" else ""
+    return f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}{cuda}"

@@ -96,10 +96,10 @@ def test_generated_ids_and_cached_helpers_can_train_afterwards(name):
     """Generation runs in inference mode; neither its output nor anything a layer caches
     during it (CAttnU's triangle indices, built first here) may be an inference tensor
     that a later training step would refuse to save for backward."""
-    from cofrgenet.nn.cattn import _upper_triangle
+    from cofrgenet.nn.cattn import _cached_upper_triangle
 
     model = model_of(name)
-    _upper_triangle.cache_clear()
+    _cached_upper_triangle.cache_clear()
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 4, temperature=0.8)
     assert not out.is_inference() and out.shape == (2, 7)
     model.train()

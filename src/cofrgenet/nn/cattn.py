@@ -32,9 +32,20 @@ def _check_length(name: str, length: int, max_len: int) -> None:
         )
 
 
-@functools.cache
 def _upper_triangle(size: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(rows, cols) of the upper triangle s <= t of a size x size matrix, row-major."""
+    """(rows, cols) of the upper triangle s <= t of a size x size matrix, row-major.
+
+    Eagerly from a cache (built once per size and device); inside torch.compile as a
+    graph constant (Dynamo would trace through the cache and warn about it).
+    """
+    if torch.compiler.is_compiling():
+        rows, cols = torch.triu_indices(size, size, device=device)
+        return rows, cols
+    return _cached_upper_triangle(size, device)
+
+
+@functools.cache
+def _cached_upper_triangle(size: int, device: torch.device) -> tuple[Tensor, Tensor]:
     with torch.inference_mode(False):  # cached: must not be an inference tensor
         rows, cols = torch.triu_indices(size, size, device=device)
     return rows, cols

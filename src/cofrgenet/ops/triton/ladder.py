@@ -290,7 +290,7 @@ def ladder_ensemble_fwd(
     out = runtime.new_output((rows, n), x.dtype, x.device)
     if out.numel() == 0:
         return out
-    block_m, block_n, warps = runtime.block_2d(rows, n)
+    block_m, block_n, warps = runtime.block_2d(rows, n, runtime.tile_elements(d, ladders, False))
     grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
     ladder_ensemble_fwd_kernel[grid](
         x,
@@ -345,7 +345,7 @@ def ladder_ensemble_bwd(
     w, b, v = _params(weight, bias, mix)
     compute = runtime.torch_compute_dtype(x.dtype, weight.dtype)
     grad_x = runtime.new_output((rows, n), x.dtype, x.device) if need_x else None
-    block_m, block_n, warps = runtime.block_2d(rows, n)
+    block_m, block_n, warps = runtime.block_2d(rows, n, runtime.tile_elements(d, ladders, True))
     row_blocks, col_blocks = triton.cdiv(rows, block_m), triton.cdiv(n, block_n)
     split = runtime.reduction_split(row_blocks, col_blocks, x.device)
     p_rows = triton.next_power_of_2(d * ladders)

@@ -85,11 +85,11 @@ def block_1d() -> tuple[int, int]:
     return (override[0], override[1]) if override else (512, 4)
 
 
-def block_2d(rows: int, cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps) of the ladder kernels: 1024-element tiles on a GPU.
+def block_2d(rows: int, cols: int, elements: int = 1024) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps) of the ladder kernels: ``elements``-element tiles on a GPU.
 
-    Wide tiles along the contiguous dim (coalesced 256 B rows of fp32), few rows: the
-    backward keeps about a dozen tile-sized values live per ladder.
+    Wide tiles along the contiguous dim (coalesced 256 B rows of fp32), few rows; deep
+    or many ladders ask for fewer elements (:func:`tile_elements`).
     ``COFRGENET_TRITON_TILE=16x64x4`` overrides it (tuning).
     """
     if interpreted():  # few, large programs: the interpreter pays per operation
@@ -98,7 +98,30 @@ def block_2d(rows: int, cols: int) -> tuple[int, int, int]:
     if override:
         return override[0], override[1], override[2]
     block_n = max(16, min(64, triton.next_power_of_2(cols)))
-    return 1024 // block_n, block_n, 4
+    return max(1, elements // block_n), block_n, 4
+
+
+def tile_elements(depth: int, ladders: int, backward: bool) -> int:
+    """Elements per tile of the ladder kernels that keep them free of register spills.
+
+    Every partial denominator of every ladder is live at once for each element of the
+    tile (the backward keeps more per denominator than the forward), so tiles shrink as
+    d L grows. Registers and stack (spills) on sm_90 with 4 warps and fp32 compute,
+    specialized as a launch specializes them (``python -m cofrgenet.ops.triton.aot
+    --ptxas-info``; the script is in docs/benchmarks/triton-registers-2026-12-02.md):
+
+    * forward, d L = 5 x 3: 168 registers, no stack with 1024 elements;
+    * forward, 16 x 1: 128 B of stack with 1024; none with 512 (108 registers);
+    * backward, 8 x 1: 255 registers, no stack with 1024;
+    * backward, 5 x 3 (the Cffn ensemble): 248 B of stack with 1024; none with 512;
+    * backward, 16 x 1: 144 B of stack with 512; none with 256.
+    """
+    units = depth * ladders
+    if not backward:
+        return 1024 if units <= 15 else 512
+    if units <= 8:
+        return 1024
+    return 512 if units <= 15 else 256
 
 
 def reduction_split(row_blocks: int, col_blocks: int, device: torch.device) -> int:

@@ -127,8 +127,8 @@ def tail_value(coefficient: Coefficient, d: int) -> Tensor:
 
     Only for partial denominators bounded below by a positive floor (``clamp_eps`` None):
     then every t_k >= a_k >= floor, so nothing overflows, divides by zero or needs the
-    clamp, and each level is one reciprocal and one add of positive numbers (relative
-    error a few ulp at any depth). The continuants' forward costs ~2x the ops, a
+    clamp, and each level is one reciprocal and one add of positive numbers, neither of
+    which amplifies relative error (at most about one ulp a level). The continuants' forward costs ~2x the ops, a
     reduction and a host sync (the overflow check); a one-token decoding step is bound
     by op dispatch. No K_d comes out of it, so training keeps the continuants.
     """

@@ -25,10 +25,11 @@ def sample(
     """Extend token ids idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
 
     temperature 0 is greedy decoding; otherwise the ``top_k`` likeliest ids, then the
-    smallest set of them holding ``top_p`` of the probability (nucleus sampling). The context is cropped to the last ``block_size``
-    tokens. Models with their own ``generate`` (transformers decode incrementally through
-    their mixers' caches, recurrent ones carry a hidden state) are asked to do it
-    themselves; anything else recomputes the context for every token.
+    smallest set of them holding ``top_p`` of the probability (nucleus sampling). The
+    context is cropped to the last ``block_size`` tokens. Models with their own
+    ``generate`` (transformers decode incrementally through their mixers' caches,
+    recurrent ones carry a hidden state) are asked to do it themselves; anything else
+    recomputes the context for every token.
     """
     if hasattr(model, "generate"):
         return model.generate(

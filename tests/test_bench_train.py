@@ -49,7 +49,7 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
     assert results["cofrgenet-f"]["flops_per_token"] < results["gpt2"]["flops_per_token"]
     text = to_markdown(report)
     assert "| cofrgenet-f | eager |" in text and "training peak <= gpt2's" in text
-    ratio = r"\d+\.\d\dx \[\d+\.\d\d-\d+\.\d\d\]"
+    ratio = r"\d+\.\d{3}x \[\d+\.\d{3}-\d+\.\d{3}\]"
     assert re.search(rf"\(eager\) >= 0\.9 x their FLOPs ratio: per round {ratio} vs", text)
 
 
@@ -63,6 +63,22 @@ def test_round_ratio_is_the_median_of_per_round_ratios():
     assert round_ratio(report, slow, fast) == "0.50x [0.50-0.50]"
     uneven = {"step_ms": [5.0, 5.0, 20.0, 20.0, 2.5, 2.5]}  # 5, 20, 2.5
     assert round_ratio(report, uneven, slow) == "2.00x [1.00-4.00]"
+    assert round_ratio(report, uneven, slow, 3) == "2.000x [1.000-4.000]"
+
+
+def test_a_verdict_at_the_line_shows_why():
+    """Compiled 0.2% slower than eager is MISSED, and the line says 0.998x, not 1.00x."""
+    from cofrgenet.bench.train import targets
+
+    report = {
+        "config": {"steps": 1},
+        "results": [
+            {"variant": "gpt2", "mode": "eager", "step_ms": [100.0], "round_ids": [0]},
+            {"variant": "gpt2", "mode": "compiled", "step_ms": [100.2], "round_ids": [0]},
+        ],
+    }
+    [line] = [x for x in targets(report) if "never slower" in x]
+    assert "MISSED for gpt2" in line and "gpt2 0.998x [0.998-0.998]" in line
 
 
 def _compile_as_identity(monkeypatch, graph_breaks=lambda trainer: 0):

@@ -628,11 +628,15 @@ def round_ratios(report: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -
     return ratios
 
 
-def round_ratio(report: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -> str:
+def round_ratio(
+    report: dict[str, Any], a: dict[str, Any], b: dict[str, Any], digits: int = 2
+) -> str:
     """The median of :func:`round_ratios` and their range ("1.04x [0.99-1.07]"): how far
-    the run's noise reaches."""
+    the run's noise reaches. The targets print 3 digits, so that a verdict at the line
+    (0.998x: MISSED) reads as what it is."""
     ratios = round_ratios(report, a, b)
-    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+    median, low, high = statistics.median(ratios), min(ratios), max(ratios)
+    return f"{median:.{digits}f}x [{low:.{digits}f}-{high:.{digits}f}]"
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -741,7 +745,7 @@ def targets(report: dict[str, Any]) -> list[str]:
             flops = g["flops_per_token"] / f["flops_per_token"]
             lines.append(
                 f"- cofrgenet-f / gpt2 tokens/s ({mode}) >= 0.9 x their FLOPs ratio: per round "
-                f"{round_ratio(report, f, g)} vs 0.9 x {flops:.2f} = {0.9 * flops:.2f}: "
+                f"{round_ratio(report, f, g, 3)} vs 0.9 x {flops:.3f} = {0.9 * flops:.3f}: "
                 f"{mark(speed >= 0.9 * flops)} (all steps' medians: "
                 f"{f['tokens_per_s'] / g['tokens_per_s']:.2f})"
             )
@@ -763,7 +767,7 @@ def targets(report: dict[str, Any]) -> list[str]:
             "- compiled never slower than eager (per-round median ratio): "
             + (mark(True) if not slower else f"MISSED for {', '.join(slower)}")
             + " ("
-            + ", ".join(f"{v} {round_ratio(report, c, e)}" for v, (c, e) in pairs.items())
+            + ", ".join(f"{v} {round_ratio(report, c, e, 3)}" for v, (c, e) in pairs.items())
             + ")"
         )
     lines.append(

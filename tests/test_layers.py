@@ -337,3 +337,22 @@ def test_layers_build_on_meta_device():
     with torch.device("meta"):
         layers = [Cffn(64, 3, 5), CAttnU(64, 32, 3), CAttnM(64, 32, 3, 3)]
     assert all(p.is_meta for layer in layers for p in layer.parameters())
+
+
+def test_reusing_stacked_weights_stacks_once_per_block_and_only_without_autograd():
+    """Generation stacks each ladder's per-depth weights once (``reusing_stacked_weights``);
+    outside the block, or with autograd on, every call stacks afresh."""
+    from cofrgenet.nn import LadderWeights, reusing_stacked_weights
+
+    weights = LadderWeights(3, (2, 4), (2,))
+    weights.reset_parameters(0.5)
+    with torch.no_grad():
+        assert weights.stacked_weight() is not weights.stacked_weight()
+        with reusing_stacked_weights():
+            first, bias = weights.stacked_weight(), weights.stacked_bias()
+            assert weights.stacked_weight() is first and weights.stacked_bias() is bias
+            torch.testing.assert_close(first, torch.stack(list(weights.weight)))
+            with torch.enable_grad():
+                fresh = weights.stacked_weight()
+                assert fresh is not first and fresh.requires_grad
+        assert weights.stacked_weight() is not first  # the block's stacks are gone

@@ -401,6 +401,7 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
     import torch
 
     from cofrgenet.bench.timing import time_once
+    from cofrgenet.nn import reusing_stacked_weights
     from cofrgenet.nn.decoding import sample_next
 
     model, block, device = trainer.model.eval(), cfg.block_size, trainer.device
@@ -417,7 +418,7 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
 
     context = trainer.batch[:1, : block - 1]
     # Both ways in inference mode, as model.generate runs: the ratio is the cache's alone.
-    with torch.inference_mode():
+    with torch.inference_mode(), reusing_stacked_weights():
         # First calls at new shapes pay for kernel selection and compilation: untimed.
         model.generate(prompt, 4, temperature=0.0)
         recompute(prompt, 4)

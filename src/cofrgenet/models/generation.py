@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from cofrgenet.nn.decoding import sample_next
+from cofrgenet.nn.ladder import reusing_stacked_weights
 
 
 @dataclass
@@ -45,7 +46,7 @@ def generate_cached(
         return idx
     # inference_mode, not no_grad: ~10% less per-op overhead in one-token steps. The
     # result is copied out of it, so the ids can feed a training step later.
-    with torch.inference_mode():
+    with torch.inference_mode(), reusing_stacked_weights():
         out = _sample_tokens(model, idx, max_new_tokens, temperature, top_k, generator, top_p)
     return out.clone()
 

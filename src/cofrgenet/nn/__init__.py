@@ -3,7 +3,7 @@
 from cofrgenet.nn.attention import CausalSelfAttention
 from cofrgenet.nn.cattn import CAttnM, CAttnU
 from cofrgenet.nn.cffn import Cffn
-from cofrgenet.nn.ladder import LadderLayer, LadderWeights
+from cofrgenet.nn.ladder import LadderLayer, LadderWeights, reusing_stacked_weights
 from cofrgenet.nn.mlp import MLP, SwiGLU
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RotaryEmbedding, SinusoidalPositions, alibi_bias, alibi_slopes
@@ -26,4 +26,5 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "build_norm",
+    "reusing_stacked_weights",
 ]

@@ -22,6 +22,8 @@ docs/layers.md:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Iterator
 
@@ -66,6 +68,29 @@ def check_denominators(denominators: str, floor: float) -> None:
         )
     if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
         raise ValueError(f"the denominator floor must be a positive number, got {floor!r}")
+
+
+#: The stacks of :func:`reusing_stacked_weights` blocks: (LadderWeights, name) -> tensor.
+_REUSED_STACKS: contextvars.ContextVar[dict[tuple[nn.Module, str], Tensor] | None] = (
+    contextvars.ContextVar("cofrgenet_reused_ladder_stacks", default=None)
+)
+
+
+@contextlib.contextmanager
+def reusing_stacked_weights() -> Iterator[None]:
+    """A block of forwards that leave every parameter unchanged, such as generation.
+
+    Inside it, without autograd, each :class:`LadderWeights` stacks its per-depth
+    tensors once and reuses the stack: two cats fewer per ladder layer and forward,
+    ~10% of a one-token decoding step of cofrgenet-f at gpt2-mini. A parameter changed
+    inside the block is not seen by the layers that already stacked it. With autograd
+    on, nothing is reused (a stack then belongs to one forward's graph).
+    """
+    token = _REUSED_STACKS.set({})
+    try:
+        yield
+    finally:
+        _REUSED_STACKS.reset(token)
 
 
 def _stack_depths(per_depth: nn.ParameterList) -> Tensor:
@@ -117,11 +142,22 @@ class LadderWeights(nn.Module):
 
     def stacked_weight(self) -> Tensor:
         """(d, *weight_shape): depth k - 1 at index k - 1."""
-        return _stack_depths(self.weight)
+        return self._stacked("weight", self.weight)
 
     def stacked_bias(self) -> Tensor | None:
         """(d, *bias_shape), or None without biases."""
-        return None if self.bias is None else _stack_depths(self.bias)
+        return None if self.bias is None else self._stacked("bias", self.bias)
+
+    def _stacked(self, name: str, per_depth: nn.ParameterList) -> Tensor:
+        if torch.compiler.is_compiling():  # a graph stacks once anyway; Dynamo skips here
+            return _stack_depths(per_depth)
+        reused = _REUSED_STACKS.get()
+        if reused is None or torch.is_grad_enabled():
+            return _stack_depths(per_depth)
+        key = (self, name)
+        if key not in reused:
+            reused[key] = _stack_depths(per_depth)
+        return reused[key]
 
     def parameters_by_depth(self) -> dict[int, list[nn.Parameter]]:
         """{k: [weight_k, bias_k]} for k = 1..d."""

@@ -39,16 +39,21 @@ def parse_int(text: str) -> int:
     return int(text)
 
 
+def _number(kind: type, text: str) -> Any:
+    """``kind(text)`` (int or float), else argparse's one-line ``expected ...`` error."""
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "an int" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
     """argparse ``type``: a ``kind`` (int or float) >= ``low``, else one line at parse time
     (``argument --x: must be >= 1, got 0``; NaN refused too). ``note`` follows the bound."""
 
     def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            expected = "an int" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        value = _number(kind, text)
         if not value >= low:
             raise argparse.ArgumentTypeError(f"must be >= {low:g}{note}, got {text}")
         return value
@@ -59,10 +64,7 @@ def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
 
 def probability(text: str) -> float:
     """argparse ``type``: a number in (0, 1], else one line at parse time."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(float, text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value

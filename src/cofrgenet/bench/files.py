@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+Report = TypeVar("Report")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -28,6 +32,19 @@ def free_stem(out_dir: Path, base: str) -> Path:
         if not any(with_suffix(stem, ext).exists() for ext in (".md", ".json")):
             return stem
     raise AssertionError("unreachable")
+
+
+def stem_once(choose: Callable[[Report], Path]) -> Callable[[Report], Path]:
+    """``choose(report)`` at the first call, the same stem at every later one: a run names
+    its report once (:func:`free_stem`) and then rewrites its own files as it goes."""
+    chosen: list[Path] = []
+
+    def stem(report: Report) -> Path:
+        if not chosen:
+            chosen.append(choose(report))
+        return chosen[0]
+
+    return stem
 
 
 def with_suffix(stem: Path, ext: str) -> Path:

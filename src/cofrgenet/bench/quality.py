@@ -542,7 +542,6 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
 
 
 def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any], list[Row]]:
-
     ensure_data(cfg)
     started = dt.datetime.now(dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.bench.files import free_stem, with_suffix, write_text_atomic
+from cofrgenet.bench.files import free_stem, stem_once, with_suffix, write_text_atomic
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
@@ -809,13 +809,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
     out_dir = Path(cfg.out_dir)
     pairs = len(cfg.variants) * len(cfg.modes)
-    #: This run's report files: chosen by the first write, then rewritten in place.
-    stem: list[Path] = []
+    stem = stem_once(lambda report: report_stem(report, out_dir))
 
     def save(report: dict[str, Any]) -> tuple[Path, Path]:
-        if not stem:
-            stem.append(report_stem(report, out_dir))
-        return write_report(report, out_dir, stem[0])
+        return write_report(report, out_dir, stem(report))
 
     def save_partial(report: dict[str, Any]) -> None:
         md, _ = save(report)

@@ -78,8 +78,9 @@ def _checked_text(value: Any, where: str, field: str) -> str:
     return value
 
 
-def _line_number(path: str, offset: int) -> int:
-    """The 1-based line of ``path`` that starts at byte ``offset`` (for error messages)."""
+def _line_at(path: str, offset: int) -> str:
+    """``<path> line <n>``: the 1-based line of ``path`` that starts at byte ``offset``
+    (for error messages; counted only when one is raised)."""
     lines, left = 1, offset
     with open(path, "rb") as fh:
         while left > 0:
@@ -88,7 +89,7 @@ def _line_number(path: str, offset: int) -> int:
                 break
             lines += block.count(b"\n")
             left -= len(block)
-    return lines
+    return f"{path} line {lines}"
 
 
 def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
@@ -207,18 +208,18 @@ class JsonlSource(_FileRowSource):
                     try:
                         record = json.loads(line)
                     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-                        where = f"{path} line {_line_number(path, offset)}"
+                        where = _line_at(path, offset)
                         raise SourceError(f"{where}: not a JSON record ({err})") from err
                     if not isinstance(record, dict) or self.text_field not in record:
-                        where = f"{path} line {_line_number(path, offset)}"
                         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                         raise SourceError(
-                            f"{where} has no field {self.text_field!r} (has {keys}); "
-                            "fix that record, or name the text field with --text-field"
+                            f"{_line_at(path, offset)} has no field {self.text_field!r} "
+                            f"(has {keys}); fix that record, or name the text field with "
+                            "--text-field"
                         )
                     value = record[self.text_field]
                     if not isinstance(value, str):
-                        value = self._text(value, f"{path} line {_line_number(path, offset)}")
+                        value = self._text(value, _line_at(path, offset))
                     out.append(value)
         return out
 

@@ -48,6 +48,14 @@ def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Pat
     return out
 
 
+def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
+    """A ``--data-dir`` given must be a folder (None: the data comes from ``hub``)."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise UserError(
+            f"--data-dir {data_dir}: no such folder; give {holds}, or leave it out to use {hub}"
+        )
+
+
 def write_results(out: Path, report: dict[str, Any], flag: str = "--json") -> None:
     """Write ``report`` as JSON to ``out``; if that fails after all, print it to stdout
     first (results are not lost), then the one-line error."""
@@ -244,11 +252,11 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint_file(args.ckpt)
     data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
-    if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        raise UserError(
-            f"--data-dir {args.data_dir}: no such folder; give the folder holding the sets "
-            "(docs/evaluation.md), or leave it out to use the Hugging Face datasets"
-        )
+    check_data_dir(
+        args.data_dir,
+        "the folder holding the sets (docs/evaluation.md)",
+        "the Hugging Face datasets",
+    )
     out = check_output_file(args.json) if args.json else None
     # Every set is found before the model is loaded: a missing file fails at once.
     texts = {name: read_rows(get_task(name), args.split, data_dir) for name in tasks}

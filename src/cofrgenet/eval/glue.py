@@ -481,17 +481,15 @@ def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[st
 def run(args: argparse.Namespace) -> int:
     """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
     from cofrgenet.dataclass_options import dataclass_from_args
-    from cofrgenet.eval.cli import check_output_file, write_results
+    from cofrgenet.eval.cli import check_data_dir, check_output_file, write_results
     from cofrgenet.training.pretrained import checkpoint_file
 
     config = dataclass_from_args(FinetuneConfig, args)
     ckpt = checkpoint_file(args.ckpt)  # before the data: the hub may take a while
     out = check_output_file(args.json) if args.json else None  # before the fine-tuning
-    if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        raise UserError(
-            f"--data-dir {args.data_dir}: no such folder; give the folder of the original "
-            "GLUE files, or leave it out to use the Hugging Face dataset"
-        )
+    check_data_dir(
+        args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
+    )
     task = TASKS[args.task]
     data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
     result = finetune(

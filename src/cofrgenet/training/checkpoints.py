@@ -45,6 +45,12 @@ def is_sharded(path: str | Path) -> bool:
     return Path(path).is_dir()
 
 
+def has_shard_markers(path: str | Path) -> bool:
+    """Whether folder ``path`` holds any file of a sharded checkpoint, complete or not (a
+    folder without one, given as a checkpoint, is a run or checkpoints folder)."""
+    return any((Path(path) / name).exists() for name in SHARDED_MARKERS)
+
+
 def is_intact(path: str | Path) -> bool:
     """Whether ``path`` is a complete torch.save archive (every member's CRC checks out),
     or a sharded checkpoint folder with its metadata and Lightning's entries."""
@@ -83,7 +89,7 @@ def check(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
-    if path.is_dir() and not any((path / name).exists() for name in SHARDED_MARKERS):
+    if path.is_dir() and not has_shard_markers(path):
         raise CheckpointError(folder_hint(path))
     if not is_intact(path):
         raise damaged(path)

@@ -46,7 +46,7 @@ def checkpoint_file(path: str | Path) -> Path:
         raise CheckpointNotFound(
             f"no checkpoint file at {path}; runs keep theirs in {checkpoints.RUN_CHECKPOINTS}"
         )
-    if any((path / name).exists() for name in checkpoints.SHARDED_MARKERS):
+    if checkpoints.has_shard_markers(path):
         return path  # a sharded checkpoint: checkpoints.load says how to consolidate it
     raise CheckpointNotFound(checkpoints.folder_hint(path))
 

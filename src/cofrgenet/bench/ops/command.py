@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from cofrgenet.bench.files import stem_once
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import run_benchmark
 from cofrgenet.bench.ops.report import print_report, report_stem, write_report
@@ -82,13 +83,10 @@ def run(args: argparse.Namespace) -> int:
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
     suffix = options.suffix + ("-quick" if options.quick else "")
     out = Path(options.out)
-    #: This run's report files: chosen by the first write, then rewritten in place.
-    stem: list[Path] = []
+    stem = stem_once(lambda report: report_stem(report, out, suffix))
 
     def save(report: Report) -> tuple[Path, Path]:
-        if not stem:
-            stem.append(report_stem(report, out, suffix))
-        return write_report(report, out, stem[0])
+        return write_report(report, out, stem(report))
 
     def save_partial(partial: Report) -> None:
         # A run cut short (a wall-clock limit) keeps the workloads it measured.

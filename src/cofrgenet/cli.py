@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import OneLineErrorParser, UserError
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def _selected(argv: Sequence[str]) -> Command | None:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The full parser; only the command selected by ``argv`` gets its options added."""
-    parser = _Parser(
+    parser = OneLineErrorParser(
         prog="cofr",
         description="Continued-fraction language models (CoFrGeNet): tools.",
         epilog=_epilog(),
@@ -220,13 +220,6 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         if command is selected and not command.passthrough:
             command.load().add_arguments(leaf)
     return parser
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: the message and where help is, not the usage text."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(f"{message} (`{self.prog} --help` lists the options)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

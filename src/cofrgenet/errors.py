@@ -9,6 +9,7 @@ traceback. Every other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from collections.abc import Iterable
 
@@ -21,6 +22,14 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A configuration key or value that is not valid."""
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse whose errors are :class:`UserError`: the message and where help is, not
+    the usage text (the command prints it as one line)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(f"{message} (`{self.prog} --help` lists the options)")
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

@@ -532,13 +532,11 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
             f"no prepared data in {cfg.data_dir} (meta.json missing): make it with "
             "cofr data prepare --out " + cfg.data_dir
         )
-    from cofrgenet.data.prepare import main as prepare
+    from cofrgenet.data.prepare import prepare_data
 
-    with _quiet():
-        prepare(
-            ["--source", "pydoc", "--tokenizer", "bpe", "--vocab-size", "2048",
-             "--val-fraction", "0.15", "--out", cfg.data_dir, "--num-workers", "1"]
-        )  # fmt: skip
+    prepare_data(
+        "pydoc", cfg.data_dir, tokenizer="bpe", vocab_size=2048, val_fraction=0.15, num_workers=1
+    )
 
 
 def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any], list[Row]]:

@@ -42,9 +42,7 @@ _EXPORTS = {
     "load_tokenizer": "tokenizer",
     "train_bpe": "tokenizer",
     "PrepareError": "prepare",
-    "add_prepare_arguments": "prepare",
     "prepare_data": "prepare",
-    "run_prepare": "prepare",
     "split_documents": "prepare",
     "TokenDataModule": "datamodule",
     "batch_to_xy": "datamodule",
@@ -70,7 +68,6 @@ __all__ = [
     "Tokenizer",
     "TokenizerFilesNotFound",
     "VocabMismatchError",
-    "add_prepare_arguments",
     "batch_to_xy",
     "check_vocab",
     "gpt2_tokenizer",
@@ -79,7 +76,6 @@ __all__ = [
     "prepare_command",
     "prepare_data",
     "read_meta",
-    "run_prepare",
     "split_documents",
     "train_bpe",
 ]
@@ -97,9 +93,7 @@ if TYPE_CHECKING:
     )
     from cofrgenet.data.prepare import (
         PrepareError,
-        add_prepare_arguments,
         prepare_data,
-        run_prepare,
         split_documents,
     )
     from cofrgenet.data.sources import (

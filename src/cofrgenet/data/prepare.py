@@ -64,7 +64,7 @@ from cofrgenet.data.tokenizer import (
     gpt2_tokenizer,
     train_bpe,
 )
-from cofrgenet.errors import UserError
+from cofrgenet.errors import OneLineErrorParser, UserError
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
@@ -747,18 +747,22 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     return 0
 
 
-# Names the lead may wire into the `cofr` CLI registry.
-add_prepare_arguments = add_arguments
-run_prepare = run
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cofrgenet.data.prepare ...``: the same as ``cofr data prepare ...``
-    (errors in what was given print one line and return 2)."""
-    from cofrgenet import cli
+    (errors in what was given print one line and return 2, as ``cofr`` prints them)."""
+    import shlex
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    return cli.main(["data", "prepare", *argv])
+    prog = "cofr data prepare"
+    parser = OneLineErrorParser(prog=prog, description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+        args.command_line = shlex.join(["cofr", "data", "prepare", *argv])  # the same command
+        return run(args)
+    except UserError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return error.exit_status
 
 
 if __name__ == "__main__":  # litdata's optimize spawns workers: keep this guard

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.models import (
     ATTENTION,
     FFN,
@@ -55,11 +56,18 @@ def test_config_unknown_key_names_key_and_valid_keys():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"n_layer": 0}, {"dropout": 1.0}, {"cffn_ladder": "vector"}, {"attention_pattern": []}],
-    ids=["n_layer0", "dropout1", "cffn_ladder", "empty_pattern"],
+    [
+        {"n_layer": 0},
+        {"dropout": 1.0},
+        {"cffn_ladder": "vector"},
+        {"ladder_grad": "exactt"},
+        {"ladder_impl": "tritn"},
+        {"attention_pattern": []},
+    ],
+    ids=["n_layer0", "dropout1", "cffn_ladder", "ladder_grad", "ladder_impl", "empty_pattern"],
 )
 def test_config_rejects_bad_values(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         ModelConfig(**bad)
 
 

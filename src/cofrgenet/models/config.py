@@ -9,9 +9,11 @@ from typing import Any
 
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.models.registry import ARCHITECTURES
+from cofrgenet.nn.cffn import LADDER_KINDS
 from cofrgenet.nn.ladder import DENOMINATORS
 from cofrgenet.nn.norms import NORMS
 from cofrgenet.nn.positional import POSITIONS, ROPE_SCALING_KEYS
+from cofrgenet.ops.api import GRAD_MODES, IMPLS
 
 #: One line per field: ``cofr fit --help`` shows these for ``--model.config.<field>``
 #: (fields marked (*) default to None, "the architecture's default").
@@ -182,10 +184,16 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.cffn_ladder not in ("scalar", "elementwise"):
-            raise ConfigError(
-                f"cffn_ladder must be 'scalar' or 'elementwise', got {self.cffn_ladder!r}"
-            )
+        for name, choices in (
+            ("cffn_ladder", LADDER_KINDS),
+            ("ladder_grad", GRAD_MODES),
+            ("ladder_impl", IMPLS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ConfigError(
+                    f"{name} must be one of {choices}, got {getattr(self, name)!r}"
+                    + did_you_mean(str(getattr(self, name)), choices)
+                )
         if self.ladder_denominators not in DENOMINATORS:
             raise ConfigError(
                 f"ladder_denominators must be one of {DENOMINATORS}, "
@@ -226,11 +234,6 @@ class ModelConfig:
         if self.ffn_pattern:
             return self.ffn_pattern[layer_idx % len(self.ffn_pattern)]
         return self.ffn
-
-    @property
-    def effective_ladder_bias(self) -> bool:
-        """``ladder_bias`` with None resolved to ``bias``."""
-        return self.bias if self.ladder_bias is None else self.ladder_bias
 
     # Serialisation ----------------------------------------------------------------
 

@@ -22,10 +22,11 @@ from typing import Any, Literal
 
 from cofrgenet.models.config import FIELD_DOCS, ModelConfig
 from cofrgenet.models.registry import ATTENTION, FFN, arch_names
+from cofrgenet.nn.cffn import LADDER_KINDS
 from cofrgenet.nn.ladder import DENOMINATORS
 from cofrgenet.nn.norms import NORMS
 from cofrgenet.nn.positional import POSITIONS
-from cofrgenet.ops.api import IMPLS
+from cofrgenet.ops.api import GRAD_MODES, IMPLS
 
 
 def _choices(names: list[str] | tuple[str, ...]) -> Any:
@@ -50,9 +51,9 @@ def _overrides_class() -> type:
         "ffn_pattern": list[ffn],
         "position": _choices(POSITIONS),
         "norm": _choices(NORMS),
-        "cffn_ladder": Literal["scalar", "elementwise"],
+        "cffn_ladder": _choices(LADDER_KINDS),
         "ladder_denominators": _choices(DENOMINATORS),
-        "ladder_grad": Literal["paper", "exact"],
+        "ladder_grad": _choices(GRAD_MODES),
         "ladder_impl": _choices(IMPLS),
     }
     fields = [

@@ -12,7 +12,8 @@ import torch
 
 from cofrgenet.bench.ops.formatting import pow2
 from cofrgenet.bench.ops.workloads import Workload
-from cofrgenet.ops import IMPLS
+from cofrgenet.nn.cffn import LADDER_KINDS
+from cofrgenet.ops import GRAD_MODES, IMPLS
 
 MODES = ("fwd", "fwd+bwd")
 DTYPES = {
@@ -26,7 +27,7 @@ REFERENCE_IMPL = "literal"
 BUSY_THRESHOLD = 0.10
 #: Implementations that run only on CUDA devices (on CPU, Triton's interpreter would).
 CUDA_ONLY_IMPLS = ("triton",)
-CFFN_KINDS = ("scalar", "elementwise")
+CFFN_KINDS = LADDER_KINDS
 
 
 def default_impls(device: torch.device | None = None) -> tuple[str, ...]:
@@ -106,7 +107,7 @@ class OpsBenchConfig:
     )
     grad: str = field(
         default="paper",
-        metadata=_help("gradient mode of the continuant impls", choices=("paper", "exact")),
+        metadata=_help("gradient mode of the continuant impls", choices=GRAD_MODES),
     )
     eps: float = field(
         default=0.01, metadata=_help("the ops' eps: |K_d| is clamped to at least eps")

@@ -428,10 +428,11 @@ def test_background_load_is_measured_where_proc_stat_is():
 
 def test_minor_page_faults_count_fresh_memory():
     # 64 MiB comes straight from the OS (mmap) and faults when first written; a call
-    # that allocates nothing faults (next to) never.
+    # that allocates nothing faults (next to) never. The count is the process's: a thread
+    # an earlier test left running (MLflow's, say) may fault meanwhile, hence the min.
     cpu = torch.device("cpu")
     assert minor_page_faults(lambda: torch.ones(1 << 24), cpu) > 16
-    assert minor_page_faults(lambda: None, cpu) < 16
+    assert min(minor_page_faults(lambda: None, cpu) for _ in range(5)) < 16
 
 
 @pytest.mark.slow

@@ -1,8 +1,10 @@
 """Golden losses: the first 20 training losses of a tiny CoFrGeNet-F, recorded on purpose.
 
 A tiny gpt2-tiny-f (vocab 320, block 32, batch 4, seed 1337) trains 20 steps on CPU
-through the real ``cofr fit`` path on the bundled pydoc text (byte tokenizer, 12
-documents), and its ``train/loss`` at every step must reproduce the losses recorded in
+through the real ``cofr fit`` path on ``tests/assets/golden_corpus.jsonl`` (12 topics of
+Python 3.11's ``pydoc_data.topics``, PSF licence, shipped so that every Python trains on
+the same text; byte tokenizer), and its ``train/loss`` at every step must reproduce the
+losses recorded in
 ``tests/assets/golden_loss_gpt2-tiny-f.json`` to 1e-4. Any change that alters training
 numerics (init, the ops, the optimizer, the data order, the loss) fails here; if the
 change is meant, re-record the file on purpose::
@@ -15,9 +17,8 @@ The runs use one intra-op thread (``torch.set_num_threads(1)``, restored afterwa
 with more threads CPU reductions split differently and the losses move by ~1e-6 from
 machine to machine. One thread makes the recorded losses bit-identical across runs and
 processes on this machine; the 1e-4 tolerance absorbs other CPUs and libraries.
-The text comes from Python's own ``pydoc_data.topics``, which changes between Python
-versions: the asset records a fingerprint of the prepared tokens, and a Python whose
-text differs skips (with the reason) instead of failing.
+The asset also records a fingerprint of the prepared tokens: if they change (the corpus
+file or the prepare path), the test fails and says so before training.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from cofrgenet.training.cli import CofrCLI
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ASSET = ROOT / "tests" / "assets" / "golden_loss_gpt2-tiny-f.json"
+CORPUS = ROOT / "tests" / "assets" / "golden_corpus.jsonl"
 RECORD_COMMAND = "python scripts/record_golden_loss.py"
 PRESET = "gpt2-tiny-f"
 MODEL_CONFIG = {"vocab_size": 320, "block_size": 32}
@@ -57,11 +59,12 @@ class LossRecorder(L.Callback):
 
 
 def prepare(out: Path) -> Path:
-    """The bundled pydoc text, byte-tokenized, by the real prepare path."""
-    from cofrgenet.data import prepare_data
+    """The shipped corpus, byte-tokenized, by the real prepare path."""
+    from cofrgenet.data import make_source, prepare_data
 
     if not (out / "meta.json").is_file():
-        prepare_data(source="pydoc", tokenizer="byte", out=out, max_docs=MAX_DOCS, num_workers=1)
+        source = make_source("jsonl", path=str(CORPUS))
+        prepare_data(source, tokenizer="byte", out=out, max_docs=MAX_DOCS, num_workers=1)
     return out
 
 
@@ -139,7 +142,7 @@ def record(workdir: Path, asset: Path = ASSET) -> dict:
         "seed": SEED,
         "trainer_config": "conf/trainer/cpu-debug.yaml",
         "data": {
-            "source": "pydoc",
+            "source": str(CORPUS.relative_to(ROOT)),
             "tokenizer": "byte",
             "max_docs": MAX_DOCS,
             "train_sha256": data_fingerprint(data),
@@ -161,12 +164,10 @@ def test_first_losses_of_a_tiny_cofrgenet_f_reproduce(tmp_path):
     golden = json.loads(ASSET.read_text())
     data = prepare(tmp_path / "data")
     fingerprint = data_fingerprint(data)
-    if fingerprint != golden["data"]["train_sha256"]:
-        pytest.skip(
-            f"the bundled pydoc text of Python {platform.python_version()} differs from the "
-            f"one the losses were recorded on (Python {golden['recorded_on']['python']}); "
-            f"record them for this Python with `{RECORD_COMMAND}` to compare here"
-        )
+    assert fingerprint == golden["data"]["train_sha256"], (
+        f"the prepared tokens of {CORPUS.name} differ from the ones the losses were recorded "
+        f"on: a change to the corpus or to prepare; if it is meant, `{RECORD_COMMAND}`"
+    )
     losses = train_losses(data, tmp_path / "first")
     recorded = golden["losses"]
     off = [

@@ -577,7 +577,7 @@ def test_data_block_size_defaults_to_the_models(tiny_data, tmp_path):
     assert shorter.datamodule.block_size == 16  # shorter training sequences stay possible
 
 
-def test_lightning_cli_private_api_is_pinned():
+def test_lightning_private_api_is_pinned():
     """cofr fit reaches into LightningCLI through training/lightning_cli.py only: those
     private methods exist in the installed Lightning, which is the version they were
     written for (an upgrade must re-check them and move PINNED_LIGHTNING on purpose)."""
@@ -590,6 +590,13 @@ def test_lightning_cli_private_api_is_pinned():
     assert lightning_cli.pinned_version_ok(), "Lightning moved: re-check lightning_cli.py"
     for name in lightning_cli.PRIVATE_METHODS:
         assert callable(getattr(LightningCLI, name, None)), name
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from cofrgenet.training import strategies
+
+    for name in strategies.PRIVATE_METHODS:
+        assert callable(getattr(FSDPStrategy, name, None)), name
+        assert name in vars(strategies.LadderFSDPStrategy), name
     params = inspect.signature(LightningCLI._instantiate_trainer).parameters
     assert list(params)[1:3] == ["config", "callbacks"]
     src = ROOT / "src" / "cofrgenet"

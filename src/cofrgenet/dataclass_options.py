@@ -24,7 +24,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -147,9 +147,13 @@ def _show_item(value: Any, fmt: Callable[[Any], str] | None) -> str:
     return fmt(value) if fmt is not None and value is not None else str(value)
 
 
-def add_dataclass_arguments(
-    parser: argparse._ActionsContainer, cls: type, *, given_only: bool = False
-) -> None:
+class AddsArguments(Protocol):
+    """An argparse parser or argument group: what takes ``add_argument``."""
+
+    def add_argument(self, *flags: str, **options: Any) -> argparse.Action: ...
+
+
+def add_dataclass_arguments(parser: AddsArguments, cls: type, *, given_only: bool = False) -> None:
     """One option per field of dataclass ``cls`` (with ``from __future__`` annotations).
 
     ``parser`` may be a parser or an argument group. With ``given_only``, options not on

@@ -56,15 +56,6 @@ EXPORT_FILES = (
     *TOKENIZER_FILES,
 )
 SUPPORTED_ARCHS = ("gpt", "llama", "rnn", "lstm", "gru")
-SUPPORTED_ATTENTION = (
-    "softmax",
-    "sparse_strided",
-    "sparse_fixed",
-    "synthesizer_dense",
-    "cattn_u",
-    "cattn_m",
-)
-SUPPORTED_FFN = ("mlp", "swiglu", "cffn")
 DEFAULT_TOLERANCE = 1e-5
 #: Longest sequence the export check runs (the whole block when shorter).
 VERIFY_LENGTH = 128

@@ -23,8 +23,6 @@ import torch
 from torch import Tensor, nn
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
-#: Added to the token embeddings at the model's input.
-ABSOLUTE_POSITIONS = ("learned", "sinusoidal")
 #: Applied to the q.k logits inside attention; only mixers that compute q.k can use them.
 RELATIVE_POSITIONS = ("rope", "alibi")
 #: Keys of ``rope_scaling`` (Llama 3's "llama3" rope type).

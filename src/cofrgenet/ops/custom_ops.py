@@ -48,8 +48,6 @@ from torch.autograd.function import once_differentiable
 from cofrgenet.ops import continuant
 from cofrgenet.ops.literal import compute_dtype
 
-BACKENDS = ("triton", "torch", "compiled")
-
 
 def _kernels():
     """The Triton kernels' package (imports triton on first use)."""
@@ -529,6 +527,11 @@ def pvariate_ladder(
     floor: float,
     backend: str,
 ) -> Tensor:
+    """p-variate ladders x (..., p), weight/bias (d, p, m) -> (..., m) as one custom op
+    (its autograd inside the op). The CPU backends ("torch", "compiled") go through
+    ``pvariate_ladder_with_state_op``, which keeps 1 / K_d for backward; the stateless
+    ``pvariate_ladder_op`` serves triton, and on CPU it is the twin the tests hold the
+    with-state op's values and state against (``tests/ops/op_cases.check_with_state_op``)."""
     if backend != "triton":  # the CPU backends keep their state for backward
         return pvariate_ladder_with_state_op(x, weight, bias, eps, exact, floor, backend)[0]
     if torch.compiler.is_compiling():
@@ -545,6 +548,8 @@ def univariate_ladder(
     floor: float,
     backend: str,
 ) -> Tensor:
+    """Univariate ladders x (..., n), weight/bias (d, n) -> (..., n) as one custom op; the
+    backends as in :func:`pvariate_ladder`."""
     if backend != "triton":  # the CPU backends keep their state for backward
         return univariate_ladder_with_state_op(x, weight, bias, eps, exact, floor, backend)[0]
     if torch.compiler.is_compiling():
@@ -561,6 +566,8 @@ def ladder_ensemble(
     exact: bool,
     floor: float,
 ) -> Tensor:
+    """The elementwise Cffn ensemble, triton only: x (..., p), weight/bias (d, L, p), mix
+    (p, L) -> (..., p), the custom op under compile, the triton Function eagerly."""
     if torch.compiler.is_compiling():
         return ladder_ensemble_op(x, weight, bias, mix, eps, exact, floor)
     return TritonLadderEnsemble.apply(x, weight, bias, mix, eps, exact, floor)

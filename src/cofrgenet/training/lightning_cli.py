@@ -4,7 +4,7 @@ LightningCLI has no public way to get a subcommand's parser, to read a value fro
 parsed config whatever the subcommand, or to build the trainer from a config dict with
 extra callbacks; ``cofr fit`` needs all three (cached keys and did-you-mean, run folders,
 its default callbacks). They are named here, once, and
-``tests/test_training_cli.py::test_lightning_cli_private_api_is_pinned`` fails loudly
+``tests/test_training_cli.py::test_lightning_private_api_is_pinned`` fails loudly
 when a Lightning upgrade moves them, instead of a fit failing somewhere deep.
 """
 

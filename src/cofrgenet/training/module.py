@@ -86,9 +86,17 @@ class LanguageModel(L.LightningModule):
     # ---------------------------------------------------------------- set-up and checks
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        datamodule = getattr(self._attached_trainer(), "datamodule", None)
         if datamodule is not None:
             self.check_data(datamodule)
+
+    def _attached_trainer(self) -> L.Trainer | None:
+        """The Trainer, or None when the module is not attached to one (the public
+        property raises then)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
 
     def check_data(self, datamodule: Any) -> None:
         """Raise a clear error when the data does not fit the model (vocabulary, block
@@ -235,7 +243,8 @@ class LanguageModel(L.LightningModule):
         """{depth: release step} when a DyadicUnfreezing(lr="release") is on the trainer."""
         from cofrgenet.training.callbacks import DyadicUnfreezing
 
-        for callback in self.trainer.callbacks if self._trainer else ():
+        trainer = self._attached_trainer()
+        for callback in trainer.callbacks if trainer is not None else ():
             if isinstance(callback, DyadicUnfreezing) and callback.lr == "release":
                 return callback.plan(self.trainer, self)
         return {}

@@ -30,7 +30,7 @@ HISTORY_KEY = "train/loss"
 #: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
 #: logger calls) writes the variable, so reading it later would pick up the previous run's
 #: store in a process that trains several runs (sweeps, tests).
-_USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
 #: Parameter values longer than this are cut (MLflow refuses values over 6000 characters,
 #: and long values are unreadable in the UI); the full config is an artifact.
 MAX_PARAM_LENGTH = 500
@@ -111,8 +111,8 @@ def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:
 def tracking_uri(run: RunConfig) -> str:
     if run.tracking_uri:
         return run.tracking_uri
-    if _USER_TRACKING_URI:
-        return _USER_TRACKING_URI
+    if USER_TRACKING_URI:
+        return USER_TRACKING_URI
     return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
 
 

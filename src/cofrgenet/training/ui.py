@@ -92,7 +92,7 @@ def stop_group(server: subprocess.Popen) -> None:
 def run(args: argparse.Namespace) -> int:
     store = Path(args.runs_dir) / "mlflow.db"
     # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
-    if args.tracking_uri is None and not tracking._USER_TRACKING_URI and not store.exists():
+    if args.tracking_uri is None and not tracking.USER_TRACKING_URI and not store.exists():
         print(
             f"no MLflow store at {store} yet: train something first (e.g. `make demo`)",
             file=sys.stderr,

@@ -7,7 +7,9 @@ sm_90, the H100/H200) with the ptxas Triton ships, and reports registers and sta
 The ladder kernels are specialized as a launch on contiguous tensors specializes them
 (unit strides become constants, pointers and multiples of 16 get divisibility hints, the
 launcher's tile sizes): wider vector loads take more registers than plain i32 arguments
-would show.
+would show. Triton's compiler entry points (``ASTSource``, ``GPUTarget``) and the
+``cuobjdump`` it bundles are not a stable API: this module follows the pinned triton
+(pyproject.toml).
 
 
     python -m cofrgenet.ops.triton.aot            # TRITON_INTERPRET must be unset

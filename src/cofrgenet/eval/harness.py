@@ -528,21 +528,41 @@ def decode(
     """New token ids of each row of ``idx`` (B, T): ``choose`` picks each next token from
     the last logits, until ``stopped(new ids)`` or ``max_new_tokens``.
 
-    Transformers re-read the last ``max_length`` ids each step (as ``sample``); recurrent
-    models (with ``step``) read the prompt once and carry their hidden state. Finished
-    rows leave the batch.
+    Recurrent models (with ``step``) read the prompt once and carry their hidden state.
+    Transformers whose mixers decode incrementally (``can_decode``, eval mode) read it
+    once into a decode cache while the context fits in ``max_length``, then re-read the
+    last ``max_length`` ids each step, as any other model does. Finished rows leave the
+    batch, with their rows of the state or cache.
     """
+    from cofrgenet.nn.ladder import reusing_stacked_weights
+
+    if max_new_tokens <= 0:
+        return [[] for _ in range(idx.shape[0])]
+    with reusing_stacked_weights():
+        return _decode(model, idx, max_new_tokens, max_length, choose, stopped)
+
+
+def _decode(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    max_length: int,
+    choose: Callable[[Tensor], Tensor],
+    stopped: Callable[[list[int]], bool],
+) -> list[list[int]]:
     import torch
 
     rows = list(range(idx.shape[0]))  # original row of each active row
     new: list[list[int]] = [[] for _ in rows]
-    if max_new_tokens <= 0:
-        return new
     step = getattr(model, "step", None)
     recurrent = callable(step)
     state: Any = None
+    cache: Any = None
     if recurrent:
         logits, state = step(idx)
+    elif getattr(model, "can_decode", False) and not model.training and idx.shape[1] <= max_length:
+        cache = model.new_cache()
+        logits = model(idx, cache)
     else:
         logits = model(idx[:, -max_length:])
     for i in range(max_new_tokens):
@@ -560,10 +580,15 @@ def decode(
             idx, next_ids = idx[index], next_ids[index]
             if recurrent:
                 state = _select_rows(state, index)
+            elif cache is not None:
+                cache.select_rows(index)
         idx = torch.cat([idx, next_ids], dim=1)
         if recurrent:
             logits, state = step(next_ids, state)
-        else:
+        elif cache is not None and idx.shape[1] <= max_length:
+            logits = model(next_ids, cache)
+        else:  # past max_length the window slides: recompute it
+            cache = None
             logits = model(idx[:, -max_length:])
     return new
 

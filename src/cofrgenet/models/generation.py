@@ -19,6 +19,14 @@ class DecodeCache:
     layers: list[dict[str, Any]] = field(default_factory=list)
     length: int = 0
 
+    def select_rows(self, index: Tensor) -> None:
+        """Keep only rows ``index`` (1-D ids) of the batch: every cached tensor is
+        batch-first (``cofrgenet.nn.decoding``)."""
+        for layer in self.layers:
+            for key, value in layer.items():
+                if isinstance(value, Tensor):
+                    layer[key] = value.index_select(0, index)
+
 
 def _full_context_logits(model: Any, idx: Tensor, block: int) -> Tensor:
     return model(idx[:, -block:])[:, -1, :]

@@ -6,7 +6,8 @@ A mixer that can decode incrementally has, beside ``forward(x)``,
 
 for the tokens at positions ``start .. start + T - 1`` of sequences whose first
 ``start`` positions it has already seen. ``state`` is the mixer's own memory of them
-(empty at ``start == 0``), which ``decode`` reads and extends in place: the keys and
+(empty at ``start == 0``; its tensors batch-first, (B, ...), so that a caller can drop
+finished rows), which ``decode`` reads and extends in place: the keys and
 values of softmax attention, the value side of the Dense Synthesizer and CAttnM (their
 logits come from the query and the key's position only), the ladder outputs of CAttnU.
 Its output equals rows ``start ..`` of ``forward`` over the whole sequence, in eval mode

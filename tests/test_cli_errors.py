@@ -69,3 +69,17 @@ def test_programming_errors_keep_their_traceback(monkeypatch):
 def test_did_you_mean():
     assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
     assert did_you_mean("zzz", ["depth"]) == ""
+
+
+def test_ctrl_c_before_a_command_handles_it_is_one_line(capsys, monkeypatch):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert cli.main(["fit", "--config", DEMO]) == 130
+    assert capsys.readouterr().err.strip() == "cofr: interrupted"
+
+
+def test_predict_is_not_a_command(capsys):
+    line = one_line_error(capsys, ["predict", "--config", DEMO])
+    assert "invalid choice: 'predict'" in line

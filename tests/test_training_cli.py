@@ -628,6 +628,8 @@ def test_lightning_private_api_is_pinned():
         (["--trainer.max_steps", "x"], "trainer.max_steps: expected an integer, got 'x'"),
         (["--trainer.precision", "17"], "trainer.precision: '17' is not one of 64, 32, 16, .*bf16"),
         (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
+        (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),
+        (["--trainer.accelerator", "mps"], r"not available.*--trainer\.accelerator cpu"),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )
@@ -680,6 +682,38 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
         CofrCLI(
             args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "frist", "--ckpt_path", "last")
         )
+
+
+def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
+    """A resume with no step left, a fresh fit into a run folder that still holds an
+    MLflow run, and an evaluation with no checkpoint are errors that leave the run as it
+    was; validate scores the run's newest checkpoint and keeps its config."""
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    run = tmp_path / "runs" / "test" / "a"
+    config = (run / "config.yaml").read_text()
+    resume = ["--run.name", "a", "--ckpt_path", "last", "--trainer.max_steps", "2"]
+    with pytest.raises(ConfigError, match=r"at step 2 already: raise --trainer.max_steps above 2"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *resume))
+    assert (run / "config.yaml").read_text() == config
+
+    def validate(*extra: str) -> CofrCLI:
+        return CofrCLI(args=["validate", *fit_args(tmp_path, tiny_data, *extra)[1:]])
+
+    first = validate("--run.name", "a").trainer.callback_metrics["val/loss"]
+    last_ckpt = str(run / "checkpoints" / "last.ckpt")
+    given = validate("--run.name", "a", "--ckpt_path", last_ckpt).trainer.callback_metrics
+    assert float(first) == float(given["val/loss"])  # the run's newest checkpoint, by default
+    assert (run / "config.yaml").read_text() == config
+    with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate"):
+        validate("--run.experiment", "nothing")
+    assert not (tmp_path / "runs" / "nothing").exists()
+
+    for ckpt in (run / "checkpoints").glob("*.ckpt"):
+        ckpt.unlink()  # a run whose checkpoints were deleted, or one that died before a save
+    with pytest.raises(UserError, match=r"belongs to MLflow run \w+, which has no checkpoint"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate"):
+        validate("--run.name", "a")
 
 
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):

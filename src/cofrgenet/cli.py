@@ -88,7 +88,6 @@ COMMANDS: tuple[Command, ...] = (
         True,
         keep_words=True,
     ),
-    Command(("predict",), "per-sequence losses of a checkpoint", _LIGHTNING, True, keep_words=True),
     Command(
         ("eval",),
         "perplexity on WikiText / PTB / LAMBADA (and lm-eval-harness tasks) of a checkpoint",
@@ -234,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [word for word in argv if word != "--debug"]
     try:
         return _run(argv)
+    except KeyboardInterrupt:  # before a command's own handler (fit's) is in place
+        print("cofr: interrupted", file=sys.stderr)
+        return 130
     except UserError as error:
         if debug:
             raise
@@ -261,7 +263,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _run_lightning(command: Command, words: list[str]) -> int:
-    """fit / validate / test / predict: answered from :mod:`cofrgenet.cli_cache` when it
+    """fit / validate / test: answered from :mod:`cofrgenet.cli_cache` when it
     can (help, an unknown key) before Lightning is imported, and teaching it otherwise."""
     from cofrgenet import cli_cache
 

@@ -104,14 +104,14 @@ def collect(config_path: str, run_dir: Path, minutes: float, runs_dir: str) -> D
     import mlflow
 
     from cofrgenet.models import ModelConfig, count_parameters
-    from cofrgenet.training.tracking import RunConfig, tracking_uri
+    from cofrgenet.training.tracking import RUN_ID_FILE, RunConfig, tracking_uri
 
     section = yaml.safe_load(Path(config_path).read_text())["model"]
     counts = count_parameters(
         ModelConfig.from_preset(section["preset"], **(section.get("config") or {}))
     )
     client = mlflow.tracking.MlflowClient(tracking_uri(RunConfig(runs_dir=runs_dir)))
-    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    run_id = (run_dir / RUN_ID_FILE).read_text().strip()
 
     def history(key: str) -> list[float]:
         # In logging order: the final `validate` logs after the fit, whatever its step.

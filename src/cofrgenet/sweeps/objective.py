@@ -169,6 +169,8 @@ class SweepCLI(CofrCLI):
     LightningEnvironment.
     """
 
+    run_id_from_caller = True  # the trial's MLflow child run, made by sweeps.tracking
+
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
         from lightning.fabric.plugins.environments import ClusterEnvironment
         from lightning.pytorch.plugins.environments import LightningEnvironment

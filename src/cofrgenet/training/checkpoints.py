@@ -165,8 +165,9 @@ def check_denominators(checkpoint: dict[str, Any], model: nn.Module) -> None:
         )
 
 
-def check_same_network(path: str | Path, module: nn.Module) -> None:
-    """Refuse a checkpoint whose parameters do not fit ``module`` (a LanguageModel).
+def check_same_network(path: str | Path, module: nn.Module) -> int | None:
+    """Refuse a checkpoint whose parameters do not fit ``module`` (a LanguageModel);
+    return its global step (None for a sharded one).
 
     Resuming with other model settings would fail only after the run's config.yaml and
     MLflow record had been rewritten, in a loading error that names tensors, not
@@ -174,8 +175,9 @@ def check_same_network(path: str | Path, module: nn.Module) -> None:
     tolerates (the output ranges of older checkpoints) are not compared.
     """
     if is_sharded(path):  # its shards load per rank; FSDP checks them itself
-        return
+        return None
     saved = load(path)
+    step = saved.get("global_step")
     theirs = {
         key: tuple(value.shape)
         for key, value in uncompiled(saved["state_dict"]).items()
@@ -186,7 +188,7 @@ def check_same_network(path: str | Path, module: nn.Module) -> None:
     differ = [n for n, shape in ours.items() if theirs.get(n) != shape]
     differ += [key for key in theirs if key not in known]
     if not differ:
-        return
+        return step if isinstance(step, int) else None
     first = differ[0]
     hparams = saved.get("hyper_parameters") or {}
     given = overrides_dict(hparams.get("config"))

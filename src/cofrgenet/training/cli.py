@@ -1,4 +1,4 @@
-"""``cofr fit | validate | test | predict``: LightningCLI over LanguageModel and TokenDataModule.
+"""``cofr fit | validate | test``: LightningCLI over LanguageModel and TokenDataModule.
 
 Configs compose: pass several ``--config`` files (later ones win), e.g.::
 
@@ -45,6 +45,7 @@ from cofrgenet.training.lightning_cli import LightningCLIAdapter
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
+    RUN_ID_FILE,
     CofrMLFlowLogger,
     RunConfig,
     artifact_location,
@@ -53,9 +54,12 @@ from cofrgenet.training.tracking import (
     tracking_uri,
 )
 
+#: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
+EVALUATIONS = ("validate", "test")
+
 
 class RunExistsError(UserError, FileExistsError):
-    """A fresh fit named a run folder that holds another run's checkpoints."""
+    """A fresh fit named a run folder that holds another run's checkpoints or MLflow run."""
 
 
 class ConfigToRun(SaveConfigCallback):
@@ -65,6 +69,8 @@ class ConfigToRun(SaveConfigCallback):
         super().__init__(*args, save_to_log_dir=False, **kwargs)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit":  # an evaluation keeps the config the run was trained with
+            return
         yaml_text = self.parser.dump(self.config, skip_none=False)
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +143,11 @@ class CofrCLI(LightningCLIAdapter):
     a benchmark's recorder).
     """
 
+    #: True where the caller wrote the run folder's MLflow run id before a fresh fit (a
+    #: sweep's trial logs into the child run it made); a fresh ``cofr fit`` refuses a
+    #: folder that holds one.
+    run_id_from_caller = False
+
     def __init__(
         self,
         args: list[str] | None = None,
@@ -193,7 +204,13 @@ class CofrCLI(LightningCLIAdapter):
         try:
             super().instantiate_classes()
         except MisconfigurationException as error:
-            raise ConfigError(f"trainer: {error}") from None
+            hint = ""
+            if "backend found" in str(error) or "not available" in str(error):
+                hint = (
+                    " (this machine has none: --trainer.accelerator cpu, or a "
+                    "conf/trainer/cpu*.yaml)"
+                )
+            raise ConfigError(f"trainer: {error}{hint}") from None
         except ValueError as error:
             cause = _user_error_behind(error)
             if cause is None:
@@ -246,7 +263,7 @@ class CofrCLI(LightningCLIAdapter):
 
     def _resuming_last(self) -> bool:
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""
-        if self.subcommand in ("validate", "test", "predict"):
+        if self.subcommand in EVALUATIONS:
             return True
         return self.config_value(self.config, "ckpt_path") == "last"
 
@@ -275,7 +292,8 @@ class CofrCLI(LightningCLIAdapter):
             )
 
     def check_not_overwriting(self, run_dir: Path) -> None:
-        """A fresh fit must not overwrite the checkpoints of an earlier run."""
+        """A fresh fit must not overwrite the checkpoints of an earlier run, nor log into
+        its MLflow run (whose history would keep the earlier values of every step)."""
         if self.subcommand != "fit" or self.config_value(self.config, "ckpt_path") is not None:
             return
         existing = sorted((run_dir / "checkpoints").glob("*.ckpt"))
@@ -283,6 +301,25 @@ class CofrCLI(LightningCLIAdapter):
             raise RunExistsError(
                 f"run folder {run_dir} already holds checkpoints ({existing[-1].name}, ...): "
                 "resume it with --ckpt_path last, or start a new run with another --run.name"
+            )
+        id_file = run_dir / RUN_ID_FILE
+        if id_file.exists() and not self.run_id_from_caller:
+            raise RunExistsError(
+                f"run folder {run_dir} belongs to MLflow run {id_file.read_text().strip()}, "
+                "which has no checkpoint left: continue that run from step 0 with --ckpt_path "
+                "last, or start a new run with another --run.name"
+            )
+
+    def check_steps_left(self, checkpoint: str, step: int | None) -> None:
+        """A resumed fit must have steps left: Lightning would stop at once, exit 0 and
+        leave the run's config rewritten with the lower max_steps."""
+        max_steps = self.config_value(self.config, "trainer.max_steps")
+        if self.subcommand != "fit" or step is None or max_steps is None or max_steps < 0:
+            return
+        if step >= max_steps:
+            raise ConfigError(
+                f"{checkpoint} is at step {step} already: raise --trainer.max_steps above "
+                f"{step} to train on (it is {max_steps})"
             )
 
     def choose_checkpoint(self, run_dir: Path) -> None:
@@ -294,6 +331,8 @@ class CofrCLI(LightningCLIAdapter):
         writing it) is passed over with a warning naming both.
         """
         ckpt_path = self.config_value(self.config, "ckpt_path")
+        if ckpt_path is None and self.subcommand in EVALUATIONS:
+            ckpt_path = "last"  # evaluate the run's newest checkpoint, never a fresh model
         if ckpt_path is None:
             return
         if ckpt_path != "last":
@@ -303,6 +342,12 @@ class CofrCLI(LightningCLIAdapter):
         if chosen is None:
             if skipped:
                 raise checkpoints.damaged(skipped[0])
+            if self.subcommand in EVALUATIONS:
+                raise ConfigError(
+                    f"cofr {self.subcommand}: {run_dir} holds no checkpoint to evaluate: "
+                    "name a trained run with --run.experiment and --run.name, or a file "
+                    "with --ckpt_path"
+                )
             return  # nothing saved yet: Lightning starts from scratch, and says so
         if skipped:
             rank_zero_warn(
@@ -382,7 +427,8 @@ class CofrCLI(LightningCLIAdapter):
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
-            checkpoints.check_same_network(chosen, self.model)
+            step = checkpoints.check_same_network(chosen, self.model)
+            self.check_steps_left(chosen, step)
         given = self.config_value(self.config_init, "trainer", default={})
         if not hasattr(given, "keys"):  # jsonargparse lets `trainer: 5` through
             raise ConfigError(f"trainer must be a mapping of Trainer settings, got {given!r}")

@@ -222,13 +222,6 @@ class LanguageModel(L.LightningModule):
         self.log("test/ppl", torch.exp(value))
         self.test_loss.reset()
 
-    def predict_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        """Mean next-token loss (nats) of each sequence in the batch: (B,)."""
-        batch = batch.long()
-        logits = self.model(batch[:, :-1])
-        losses = F.cross_entropy(logits.transpose(1, 2).float(), batch[:, 1:], reduction="none")
-        return losses.mean(dim=1)
-
     # -------------------------------------------------------------------- optimizer
 
     def total_steps(self) -> int:

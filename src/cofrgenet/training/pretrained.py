@@ -208,7 +208,8 @@ def run_dir_of(ckpt: Path) -> Path | None:
 
 
 def run_id_of(run_dir: Path | None) -> str | None:
-    """The MLflow run id of a run folder, if it was tracked."""
+    """The MLflow run id of a run folder, if it was tracked. ("mlflow_run_id" is
+    tracking.RUN_ID_FILE, written out here: importing tracking imports Lightning.)"""
     if run_dir is None or not (run_dir / "mlflow_run_id").is_file():
         return None
     return (run_dir / "mlflow_run_id").read_text().strip()

@@ -59,14 +59,25 @@ class RunConfig:
     mlflow: bool = True
 
     def __post_init__(self) -> None:
+        for key, value in (("experiment", self.experiment), ("name", self.name)):
+            if value is None and key == "name":
+                continue
+            # The folder runs/<experiment>/<name>: "", "." or ".." would land elsewhere.
+            if not isinstance(value, str) or not _safe(value, ""):
+                raise ConfigError(
+                    f"run.{key} {value!r} is not a folder name: use letters, digits, "
+                    "'.', '_' or '-', not only dots"
+                )
         if self.keep_checkpoints == 0 or self.keep_checkpoints < -1:
             raise ConfigError(
                 f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"
             )
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+def _safe(name: str, empty: str = "run") -> str:
+    """``name`` as a folder name: other characters become '-', and a leading '.' is dropped
+    (no hidden folder, no '..')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-.").rstrip("-") or empty
 
 
 def slurm_run_name() -> str | None:

@@ -703,6 +703,12 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
     last_ckpt = str(run / "checkpoints" / "last.ckpt")
     given = validate("--run.name", "a", "--ckpt_path", last_ckpt).trainer.callback_metrics
     assert float(first) == float(given["val/loss"])  # the run's newest checkpoint, by default
+    tested = CofrCLI(args=["test", *fit_args(tmp_path, tiny_data, "--run.name", "a")[1:]])
+    runs = mlflow_runs(tmp_path / "runs")
+    assert len(runs) == 1  # onto the run's own MLflow run, at its step (2)
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (logged,) = client.get_metric_history(runs.run_id[0], "test/loss")
+    assert (logged.step, logged.value) == (2, float(tested.trainer.callback_metrics["test/loss"]))
     assert (run / "config.yaml").read_text() == config
     with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate"):
         validate("--run.experiment", "nothing")

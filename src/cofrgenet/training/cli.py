@@ -426,6 +426,7 @@ class CofrCLI(LightningCLIAdapter):
         self.check_not_overwriting(run_dir)
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
+        step = None
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
             step = checkpoints.check_same_network(chosen, self.model)
             self.check_steps_left(chosen, step)
@@ -455,6 +456,9 @@ class CofrCLI(LightningCLIAdapter):
                 tracking_uri=tracking_uri(run),
                 artifact_location=artifact_location(run),
                 tags={"run_dir": str(run_dir.resolve())},
+                # validate/test log at the checkpoint's step, which the run has passed
+                skip_replayed=self.subcommand == "fit",
+                eval_step=None if self.subcommand == "fit" else step,
             )
         elif logger is None:
             trainer_config["logger"] = False

@@ -159,10 +159,23 @@ class CofrMLFlowLogger(MLFlowLogger):
     :meth:`log_config`, which logs the full resolved configuration flattened, once per
     run (values already logged by a previous attempt of the same run are skipped, since
     MLflow refuses to change a parameter).
+
+    skip_replayed: drop metrics of steps the run has logged already (a resume replays
+    them). eval_step: log every metric at this step, the evaluated checkpoint's
+    (``cofr validate``/``test``), whatever the trainer's step says.
     """
 
-    def __init__(self, run_dir: Path, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        skip_replayed: bool = True,
+        eval_step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.run_dir = Path(run_dir)
+        self.skip_replayed = skip_replayed
+        #: An evaluation's metrics go at the step of the checkpoint it evaluates.
+        self.eval_step = eval_step
         self.store_uri: str | None = kwargs.get("tracking_uri")
         self.experiment_name: str = kwargs.get("experiment_name", "Default")
         id_file = self.run_dir / RUN_ID_FILE
@@ -182,7 +195,9 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
-        if step is not None and step <= self.logged_through():
+        if self.eval_step is not None:
+            step = self.eval_step
+        elif self.skip_replayed and step is not None and step <= self.logged_through():
             return  # a replayed step: its values are in the run's history already
         super().log_metrics(metrics, step)
 

@@ -167,6 +167,18 @@ def test_overwrite_replaces_a_half_written_folder(tmp_path):
     assert meta.splits["train"].documents + meta.splits["val"].documents == 8
 
 
+def test_a_cut_short_or_missing_chunk_is_named(pydoc_byte, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(pydoc_byte, copy)
+    chunk = sorted((copy / "train").glob("*.bin"))[0]
+    chunk.write_bytes(chunk.read_bytes()[:1000])  # a copy cut short
+    with pytest.raises(DataFolderError, match=rf"damaged: train/{chunk.name} has 1,000 bytes"):
+        read_meta(copy)
+    chunk.unlink()
+    with pytest.raises(DataFolderError, match=rf"(?s)train/{chunk.name} is missing.*--overwrite"):
+        read_meta(copy)
+
+
 # --------------------------------------------------------------------- tokenizers
 
 

@@ -150,7 +150,8 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     * missing folder: names the ``cofr data prepare`` command that makes it;
     * folder without ``meta.json`` (an interrupted prepare): "half-written", rerun with
       ``--overwrite``;
-    * a split folder without its ``index.json``: the same.
+    * a split folder without its ``index.json``, or a chunk that is missing or not the
+      size its index says (a copy cut short, a full disk): the same.
     """
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -187,4 +188,29 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
                 f"Rerun the prepare command with --overwrite, e.g.:\n"
                 f"  {prepare_command(data_dir, '--overwrite')}"
             )
+        damaged = _damaged_chunk(data_dir / split)
+        if damaged is not None:
+            raise DataFolderError(
+                f"data folder {str(data_dir)!r} is damaged: {split}/{damaged}. Copy it again, "
+                f"or remake it with:\n  {prepare_command(data_dir, '--overwrite')}"
+            )
     return meta
+
+
+def _damaged_chunk(split_dir: Path) -> str | None:
+    """What is wrong with the first chunk of ``split_dir`` that is missing or whose size
+    is not the one its ``index.json`` records (uncompressed chunks only), or None."""
+    try:
+        index = json.loads((split_dir / "index.json").read_text())
+        if (index.get("config") or {}).get("compression"):
+            return None  # the index records uncompressed sizes
+        chunks = [(c["filename"], int(c["chunk_bytes"])) for c in index["chunks"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"index.json is unreadable ({err})"
+    for name, size in chunks:
+        path = split_dir / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size:,} bytes, its index says {size:,}"
+    return None

@@ -372,6 +372,9 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
         == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     )
     assert main(["ui", "--runs-dir", str(tmp_path / "empty")]) == 1  # no store yet: says so
+    for port in ("-1", "0", "65536"):
+        assert main(["ui", "--port", port]) == 2
+    assert "argument --port: must be at most 65535" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -630,6 +633,8 @@ def test_lightning_private_api_is_pinned():
         (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
         (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),
         (["--trainer.accelerator", "mps"], r"not available.*--trainer\.accelerator cpu"),
+        (["--run.tracking_uri", "foo://bar"], r"MLflow cannot use 'foo://bar'.*--run.mlflow false"),
+        (["--run.tracking_uri", "http://127.0.0.1:9"], r"no MLflow server answers at http"),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )

@@ -49,6 +49,7 @@ from cofrgenet.training.tracking import (
     CofrMLFlowLogger,
     RunConfig,
     artifact_location,
+    check_tracking_uri,
     resolve_run_dir,
     slurm_run_name,
     tracking_uri,
@@ -408,6 +409,9 @@ class CofrCLI(LightningCLIAdapter):
         run = self.run_config()
         run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
+        logger = self.config_value(self.config, "trainer.logger")
+        if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
+            check_tracking_uri(tracking_uri(run))
         lock = RunLock(run_dir)
         new_folder = not run_dir.exists()
         if self.subcommand == "fit" and rank_zero_only.rank == 0:

@@ -127,6 +127,34 @@ def tracking_uri(run: RunConfig) -> str:
     return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
 
 
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Refuse a tracking URI before a run starts: a scheme MLflow does not know, or a
+    server that does not answer (MLflow's own client retries for minutes, silently)."""
+    import urllib.error
+    import urllib.request
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    fix = "fix --run.tracking_uri (or MLFLOW_TRACKING_URI), or train with --run.mlflow false"
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers: an older server without /health, or behind a proxy
+        except (OSError, ValueError) as error:
+            reason = getattr(error, "reason", error)
+            raise ConfigError(
+                f"no MLflow server answers at {uri} ({reason}): start it, or {fix}"
+            ) from None
+    try:
+        MlflowClient(uri)
+    except MlflowException as error:
+        first = str(error).split(". ")[0]
+        raise ConfigError(f"MLflow cannot use {uri!r}: {first}; {fix}") from None
+
+
 def artifact_location(run: RunConfig) -> str | None:
     """Artifacts beside the local sqlite store; a server decides for itself."""
     uri = tracking_uri(run)

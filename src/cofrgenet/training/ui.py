@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
 from cofrgenet.training import tracking
 from cofrgenet.training.tracking import RunConfig, artifact_location, tracking_uri
@@ -24,7 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tracking-uri", default=None, help="another MLflow store (default: runs/mlflow.db)"
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--port", type=tcp_port, default=5000, help="1-65535 (default: 5000)")
+
+
+def tcp_port(text: str) -> int:
+    """argparse ``type``: a TCP port one may listen on."""
+    port = at_least(int, 1)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"must be at most 65535, got {text}")
+    return port
 
 
 def ui_command(args: argparse.Namespace) -> list[str]:
@@ -98,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    try:
+        socket.getaddrinfo(args.host, args.port)
+    except socket.gaierror as error:
+        raise UserError(f"--host {args.host}: {error.strerror}") from None
     port = free_port(args.host, args.port)
     if port is None:
         raise UserError(f"ports {args.port}-{args.port + 19} on {args.host} are all in use: --port")

@@ -481,6 +481,13 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
                           "--ckpt_path", "last")
         )  # fmt: skip
     assert resumed.trainer.global_step == 6 and resumed.model.tokens_seen == 6 * 4 * 32
+    # Given by path, a damaged checkpoint's error names an intact one beside it; a typo'd
+    # name gets a did-you-mean.
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"damaged .*step\d+\.ckpt is intact"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(last)))
+    with pytest.raises(CheckpointError, match=r"no checkpoint at .*lats.ckpt \(did you mean 'last"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(folder / "lats.ckpt")))
 
 
 @pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cofrgenet.errors import ConfigError, UserError
+from cofrgenet.errors import ConfigError, UserError, did_you_mean
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.models.config import resolve_model_config
 from cofrgenet.nn import LadderLayer
@@ -32,7 +32,18 @@ class CheckpointError(UserError, ValueError):
 
 
 def damaged(path: Path) -> CheckpointError:
-    return CheckpointError(f"this checkpoint is damaged or not a cofrgenet checkpoint: {path}")
+    """The error for a file that is not an intact checkpoint, naming an intact one beside
+    it (a run keeps ``last.ckpt`` and its newest ``step*.ckpt``) when there is one."""
+    path = Path(path)
+    others = [p for p in path.parent.glob("*.ckpt") if p != path and is_intact(p)]
+    if others:
+        newest = max(others, key=lambda p: p.stat().st_mtime)
+        hint = f": {newest} is intact (or `--ckpt_path last` picks the newest intact one)"
+    else:
+        hint = " (a save cut short, or another kind of file)"
+    return CheckpointError(
+        f"this checkpoint is damaged or not a cofrgenet checkpoint: {path}{hint}"
+    )
 
 
 #: Files of a sharded (FSDP ``state_dict_type: sharded``) checkpoint folder: the
@@ -88,7 +99,12 @@ def check(path: str | Path) -> Path:
     """``path`` if it is an intact checkpoint file, else a CheckpointError naming it."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}")
+        near = path.parent.glob("*.ckpt") if path.parent.is_dir() else []
+        names = [p.name for p in near]
+        hint = did_you_mean(path.name, names) or (
+            f" (checkpoints there: {', '.join(sorted(names)[:4])})" if names else ""
+        )
+        raise CheckpointError(f"no checkpoint at {path}{hint}")
     if path.is_dir() and not has_shard_markers(path):
         raise CheckpointError(folder_hint(path))
     if not is_intact(path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -236,3 +237,28 @@ def test_ckpt_path_last_prefers_a_newer_requeue_checkpoint(tiny_data, tmp_path):
     (run_dir / "checkpoints" / "last.ckpt").touch()  # now last.ckpt (step 6) is newer
     fit(8, "--ckpt_path", "last")
     assert (tmp_path / "start").read_text() == "6"
+
+
+def test_sbatch_header_values_cannot_inject_lines_or_break_the_header(tmp_path):
+    """--time, --mem, --partition and --sbatch go into #SBATCH lines: a newline would
+    start a shell line of its own, a space would end the value early."""
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    cases = [
+        (SubmitOptions(time="04:00:00\nrm -rf ~"), "--time '04:00:00\\nrm -rf ~': an #SBATCH"),
+        (SubmitOptions(mem="64 G"), "--mem '64 G': SLURM reads an #SBATCH value only up to"),
+        (SubmitOptions(partition="gpu\r#SBATCH --x"), "--partition 'gpu\\r#SBATCH --x'"),
+        (SubmitOptions(sbatch_args=["--account=abc\necho hi"]), "--sbatch account 'abc\\n"),
+        (SubmitOptions(sbatch_args=["--comment=two words"]), "--sbatch comment 'two words'"),
+        (SubmitOptions(sbatch_args=["--acc ount=x"]), "--sbatch '--acc ount=x': expected"),
+        (SubmitOptions(runs_dir=str(tmp_path / "my runs")), "the runs folder (--runs-dir)"),
+    ]
+    for options, message in cases:
+        with pytest.raises(SweepError, match=re.escape(message)):
+            render(tiny, options)
+    tiny.slurm.time = "1:00:00\n#SBATCH --x"
+    with pytest.raises(SweepError, match=re.escape("slurm.time (in the sweep) '1:00:00\\n")):
+        render(tiny, SubmitOptions())
+    # The flag replaces the sweep's value; a plain --sbatch flag has no value.
+    options = SubmitOptions(time="1:00:00", sbatch_args=["--exclusive", "--account=abc"])
+    header = parse_sbatch_header(render(tiny, options).script)
+    assert (header["time"], header["exclusive"], header["account"]) == ("1:00:00", "", "abc")

@@ -910,3 +910,172 @@ def test_a_worker_whose_trials_all_failed_exits_1(tiny_data, tmp_path, capsys):
     sweep = load_sweep(path)
     trials = study_of(st.default_storage(sweep), sweep.study).get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+
+
+# ------------------------------------------------------------ robustness of the storage
+
+
+def _journal_study(folder: Path, name: str = "tiny-cpu") -> tuple[str, Path]:
+    """A journal study with three complete trials and one RUNNING (no training)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "optuna.journal"
+    study = optuna.create_study(study_name=name, storage=st.open_storage(f"journal:{path}"))
+    for i in range(3):
+        trial = study.ask()
+        trial.set_user_attr("i", i)
+        study.tell(trial, float(i))
+    study.ask().set_user_attr("i", 3)
+    return f"journal:{path}", path
+
+
+def _append_trials(url: str, name: str, n: int = 2) -> None:
+    study = optuna.load_study(study_name=name, storage=st.open_storage(url))
+    for _ in range(n):
+        study.tell(study.ask(), 1.0)
+
+
+def test_a_torn_journal_record_is_cut_off_and_the_study_stays_readable(tmp_path, caplog):
+    """A crash or a full disk in the middle of an append leaves a last line without its
+    newline; the next append used to be glued onto it, and the journal could never be
+    read again. The torn record is cut off (under the journal's lock, the whole file kept
+    beside it) before a worker opens the study and before every append."""
+    url, path = _journal_study(tmp_path / "a")
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-30])  # head -c -30
+    torn = path.read_bytes()
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        _append_trials(url, "tiny-cpu")
+    (copy,) = tmp_path.joinpath("a").glob("optuna.journal.torn-*")
+    assert copy.read_bytes() == torn  # the whole file as it was, torn record included
+    assert path.read_bytes().startswith(torn[: torn.rfind(b"\n") + 1])
+    assert path.read_bytes().endswith(b"\n")
+    assert f"{path}: removed its last record" in caplog.text
+    assert str(copy) in caplog.text
+    trials = study_of(url, "tiny-cpu").get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3 + [
+        TrialState.RUNNING,  # its last record was the torn one: stale-trial handling's
+        TrialState.COMPLETE,
+        TrialState.COMPLETE,
+    ]
+    # A worker that opened the study before another one tore it appends safely too.
+    url, path = _journal_study(tmp_path / "b")
+    running = optuna.load_study(study_name="tiny-cpu", storage=st.open_storage(url))
+    with open(path, "ab") as handle:
+        handle.write(b'{"op_code":8,"worker_id":"dead","trial_id":3,"user_a')
+    for _ in range(2):
+        running.tell(running.ask(), 1.0)
+    assert len(study_of(url, "tiny-cpu").get_trials()) == 6
+    assert len(list(tmp_path.joinpath("b").glob("optuna.journal.torn-*"))) == 1
+
+
+def _open_and_add(url: str, barrier) -> None:
+    barrier.wait()
+    _append_trials(url, "tiny-cpu", n=1)
+
+
+def test_workers_starting_together_on_a_torn_journal_cut_it_once(tmp_path):
+    import multiprocessing
+
+    url, path = _journal_study(tmp_path)
+    path.write_bytes(path.read_bytes()[:-30])
+    fork = multiprocessing.get_context("fork")
+    barrier = fork.Barrier(3)
+    workers = [fork.Process(target=_open_and_add, args=(url, barrier)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    assert len(list(tmp_path.glob("optuna.journal.torn-*"))) == 1
+    states = [t.state for t in study_of(url, "tiny-cpu").get_trials()]
+    assert len(states) == 7 and states.count(TrialState.COMPLETE) == 6
+
+
+def test_a_damaged_journal_names_the_file_and_the_repair(tmp_path, capsys):
+    """A journal damaged before this fix (a torn record with another glued onto it, then
+    more records) is one line saying where and how to repair it, not a traceback."""
+    url, path = _journal_study(tmp_path / "runs" / "sweeps" / "tiny-cpu")
+    lines = path.read_bytes().splitlines(keepends=True)
+    glued = lines[-2][:-30] + lines[-1]
+    path.write_bytes(b"".join([*lines[:-2], glued, lines[-1]]))
+    runs = str(tmp_path / "runs")
+    line = one_line_error(capsys, ["sweep", "status", "tiny-cpu", "--runs-dir", runs])
+    assert line == (
+        f"cofr sweep status: error: the study journal {path} is damaged: line "
+        f"{len(lines) - 1} is not a whole JSON record; keep a copy of the file, then delete "
+        f"its first {len(lines[-2]) - 30} bytes (a cut-off record that a later one was "
+        "appended to)"
+    )
+    # Doing what it says repairs the study (less the cut-off record: trial 3's creation).
+    path.write_bytes(b"".join([*lines[:-2], lines[-1], lines[-1]]))
+    assert len(study_of(url, "tiny-cpu").get_trials()) == 3
+
+
+def test_an_unreachable_database_is_one_line(tmp_path, capsys):
+    path = str(write_sweep(tmp_path))
+    url = "postgresql://me:secret@127.0.0.1:1/db"  # port 1: refused at once
+    for command in (["status"], ["run", "--no-mlflow", "--no-report"]):
+        start = time.monotonic()
+        line = one_line_error(capsys, ["sweep", command[0], path, *command[1:], "--storage", url])
+        assert line.startswith(
+            f"cofr sweep {command[0]}: error: cannot reach the study database "
+            "postgresql://me:***@127.0.0.1:1/db: is the server up, and its host, port, user "
+            "and password right? ("
+        ), line
+        assert "secret" not in line
+        assert time.monotonic() - start < 60
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_pruner_options_refuse_the_sweep_file_when_loaded(tmp_path, capsys):
+    """A pruner value Optuna only rejects at a trial's first report (Hyperband's
+    min_resource -1: "math domain error" in every trial) is refused with its key."""
+    good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 2, "budget": {"steps": 6}}
+    cases = {
+        "hyperband-min": (
+            {"name": "hyperband", "min_resource": -1},
+            "pruner.min_resource: -1 is refused by the hyperband pruner",
+        ),
+        "hyperband-above": (
+            {"name": "hyperband", "min_resource": 10},
+            "pruner.min_resource: 10 is above the budget.steps 6",
+        ),
+        "hyperband-factor": (
+            {"name": "hyperband", "reduction_factor": "x"},
+            "pruner.reduction_factor: 'x' is refused",
+        ),
+        "median": ({"name": "median", "n_warmup_steps": -2}, "pruner.n_warmup_steps: -2"),
+        "typo": ({"name": "median", "n_warmpu_steps": 2}, "(did you mean 'n_warmup_steps'?)"),
+        "percentile": ({"name": "percentile", "percentile": 120}, "pruner.percentile: 120"),
+        "sha": ({"name": "sha", "min_resource": 0}, "pruner.min_resource: 0"),
+    }
+    for pruner, message in cases.values():
+        with pytest.raises(SweepError, match=re.escape(message)):
+            parse_sweep({**good, "pruner": pruner})
+    parse_sweep({**good, "pruner": {"name": "hyperband", "min_resource": 2}})
+    parse_sweep({**good, "pruner": {"name": "percentile", "percentile": 25.0}})
+    bad = write_sweep(tmp_path, pruner={"name": "hyperband", "min_resource": -1})
+    for command in (["run", "--no-mlflow"], ["status"], ["submit", "--dry-run"]):
+        line = one_line_error(capsys, ["sweep", command[0], str(bad), *command[1:]])
+        assert "pruner.min_resource: -1 is refused by the hyperband pruner" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_typo_in_a_fixed_preset_stops_the_worker_before_the_study(tmp_path):
+    sweep_path = write_sweep(tmp_path, overrides={"model.preset": "gpt2-tiny-ff"})
+    with pytest.raises(SweepError, match=r"model\.preset: unknown preset 'gpt2-tiny-ff' "):
+        run_worker(load_sweep(sweep_path), report=False, mlflow=False)
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+
+def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):
+    path = str(write_sweep(tmp_path))
+    for command in (["run", "--no-mlflow"], ["submit", "--dry-run"]):
+        for value in ("0", "-2", "x"):
+            line = one_line_error(
+                capsys, ["sweep", command[0], path, *command[1:], "--n-trials", value]
+            )
+            assert f"argument --n-trials: must be a whole number >= 1, got '{value}'" in line
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(SweepError, match="must be >= 1"):
+        run_worker(load_sweep(path), n_trials=0, report=False, mlflow=False)

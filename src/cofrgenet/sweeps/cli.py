@@ -40,9 +40,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1 (``--n-trials 0`` would run nothing)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return number
+
+
 def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--n-trials", type=int, default=None, help="trials this worker runs at most"
+        "--n-trials", type=_at_least_one, default=None, help="trials this worker runs at most"
     )
     parser.add_argument(
         "--set",

@@ -33,8 +33,9 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.errors import did_you_mean
+from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.presets import preset_dict
 from cofrgenet.sweeps.spec import (
     Sweep,
     SweepError,
@@ -213,11 +214,17 @@ def resolve_config(args: Sequence[str]) -> dict[str, Any]:
 
 
 def checked_config(args: Sequence[str]) -> tuple[dict[str, Any], str]:
-    """(config, its YAML) of ``cofr fit ARGS``; SweepError unless it parses and every
-    ``model.config`` key is a ModelConfig field (a plain dict to the parser: a typo there
-    would otherwise fail every trial)."""
+    """(config, its YAML) of ``cofr fit ARGS``; SweepError unless it parses, every
+    ``model.config`` key is a ModelConfig field and ``model.preset`` is a preset (a plain
+    dict and a plain string to the parser: a typo there would otherwise fail every trial)."""
     text = resolve(args)
     config = yaml.safe_load(text)
+    preset = (config.get("model") or {}).get("preset")
+    if preset is not None:
+        try:
+            preset_dict(str(preset))
+        except ConfigError as error:
+            raise SweepError(f"model.preset: {error}") from None
     model_config = (config.get("model") or {}).get("config") or {}
     valid = ModelConfig.field_names()
     unknown = [key for key in model_config if key not in valid]

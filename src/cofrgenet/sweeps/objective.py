@@ -171,6 +171,10 @@ class SweepCLI(CofrCLI):
 
     run_id_from_caller = True  # the trial's MLflow child run, made by sweeps.tracking
 
+    def check_steps_left(self, checkpoint: str, step: int | None) -> None:
+        """A retried trial whose checkpoint is at its last step (the worker died before
+        the study heard of it) is measured as it stands: no check."""
+
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
         from lightning.fabric.plugins.environments import ClusterEnvironment
         from lightning.pytorch.plugins.environments import LightningEnvironment

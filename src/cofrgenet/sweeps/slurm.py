@@ -132,6 +132,53 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
     return sbatch, settings
 
 
+_SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def check_sbatch_value(option: str, value: Any) -> str:
+    """``value`` as text for an ``#SBATCH`` line; SweepError naming ``option`` when it
+    cannot be one: a newline (or another control character) would start a line of the
+    script of its own, and SLURM reads a header value only up to the first space."""
+    text = str(value)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise SweepError(
+            f"{option} {text!r}: an #SBATCH value cannot hold a newline or other control "
+            "character; give it on one line"
+        )
+    if any(c.isspace() for c in text):
+        raise SweepError(
+            f"{option} {text!r}: SLURM reads an #SBATCH value only up to the first space; "
+            "give it without spaces"
+        )
+    return text
+
+
+def _sbatch_option(text: str, where: str) -> tuple[str, str]:
+    """(key, value) of an extra ``--key=value`` (or ``--flag``) #SBATCH option."""
+    key, _, value = str(text).lstrip("-").partition("=")
+    if not _SBATCH_OPTION.fullmatch(key):
+        raise SweepError(
+            f"{where} {text!r}: expected an sbatch option, --NAME=VALUE or --NAME "
+            "(e.g. --sbatch=--account=abc)"
+        )
+    return key, check_sbatch_value(f"{where} {key}", value)
+
+
+def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
+    """Every value that goes into an #SBATCH line, checked before the (slow) config parse,
+    named as the user gave it: the flag, else the sweep's ``slurm.*`` key."""
+    for name in ("time", "mem", "partition"):
+        flag, default = getattr(options, name), getattr(sweep.slurm, name)
+        if flag:
+            check_sbatch_value(f"--{name}", flag)
+        elif default:
+            check_sbatch_value(f"slurm.{name} (in the sweep)", default)
+    for extra in sweep.slurm.extra:
+        _sbatch_option(extra, "slurm.extra (in the sweep)")
+    for extra in options.sbatch_args:
+        _sbatch_option(extra, "--sbatch")
+
+
 def _template_body() -> str:
     """The template after its header (comments and #SBATCH lines)."""
     lines = TEMPLATE.read_text().splitlines()
@@ -144,15 +191,17 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
         raise SweepError("submit needs a sweep file")
     if options.workers < 1:
         raise SweepError("--workers must be >= 1")
+    _check_header_inputs(sweep, options)
     sbatch, settings = resources(sweep, options)
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
     url = options.storage or sweep.storage or st.default_storage(sweep, str(runs_dir))
     if st.journal_path(url) is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
     logs = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
-    sbatch["output"] = str(logs / "%A_%a.out")
-    for extra in sweep.slurm.extra + options.sbatch_args:
-        key, _, value = extra.lstrip("-").partition("=")
+    sbatch["output"] = check_sbatch_value("the runs folder (--runs-dir)", logs / "%A_%a.out")
+    extras = [(e, "slurm.extra (in the sweep)") for e in sweep.slurm.extra]
+    for extra, where in [*extras, *((e, "--sbatch") for e in options.sbatch_args)]:
+        key, value = _sbatch_option(extra, where)
         sbatch[key] = value
     args = [str(sweep.path), "--storage", url, "--runs-dir", str(runs_dir)]
     if options.n_trials is not None:

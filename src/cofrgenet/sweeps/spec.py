@@ -50,6 +50,14 @@ SAMPLERS = ("tpe", "random", "grid")
 #: ``cofrgenet/training/module.py``.
 OBJECTIVE_METRICS = ("val/loss", "val/ppl", "train/loss")
 PRUNERS = ("median", "percentile", "hyperband", "sha", "none")
+#: Optuna's class (``optuna.pruners.<name>``) of each pruner name.
+PRUNER_CLASSES = {
+    "median": "MedianPruner",
+    "percentile": "PercentilePruner",
+    "hyperband": "HyperbandPruner",
+    "sha": "SuccessiveHalvingPruner",
+    "none": "NopPruner",
+}
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _RANGE = re.compile(
     rf"^\s*(int|float)\s+({_NUMBER})\s*\.\.\s*({_NUMBER})((?:\s+(?:log|step\s+{_NUMBER}))*)\s*$"
@@ -349,6 +357,89 @@ def _check_values(objective: Objective, budget: Budget, n_trials: Any) -> None:
         _whole(n_trials, "n_trials")
 
 
+def build_pruner(pruner: dict[str, Any], steps: int | None = None) -> Any:
+    """The ``optuna.pruners`` object of a sweep's ``pruner`` mapping; Hyperband's
+    ``max_resource`` defaults to the budget's ``steps``. ``none`` ignores its options."""
+    import optuna
+
+    name = pruner["name"]
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    options = {k: v for k, v in pruner.items() if k != "name"}
+    if name == "hyperband" and steps is not None:
+        options.setdefault("max_resource", int(steps))
+    return getattr(optuna.pruners, PRUNER_CLASSES[name])(**options)
+
+
+def _pruner_problem(pruner: dict[str, Any], steps: int | None) -> Exception | None:
+    """What building ``pruner`` and running it on one report raises, or None."""
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line
+    try:
+        built = build_pruner(pruner, steps)
+        if pruner["name"] == "hyperband":
+            # Hyperband builds its brackets (one SuccessiveHalvingPruner each) at the first
+            # report, where a bad min_resource is "math domain error": check them here.
+            shared = ("min_resource", "reduction_factor", "bootstrap_count")
+            optuna.pruners.SuccessiveHalvingPruner(
+                **{k: v for k, v in pruner.items() if k in shared}
+            )
+        # Some options are only used once a trial reports: one report, in memory.
+        trial = optuna.create_study(pruner=built).ask()
+        trial.report(1.0, 1)
+        trial.should_prune()
+    except Exception as error:  # whatever it is, every trial would fail with it
+        return error
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return None
+
+
+def _check_pruner(pruner: dict[str, Any], budget: Budget) -> None:
+    """SweepError naming the ``pruner`` key whose value the pruner rejects (built once
+    here, where a bad value would otherwise fail every trial)."""
+    import inspect
+
+    import optuna
+
+    name = pruner["name"]
+    if name == "none":
+        return
+    cls = getattr(optuna.pruners, PRUNER_CLASSES[name])
+    accepted = [k for k in inspect.signature(cls.__init__).parameters if k != "self"]
+    options = [k for k in pruner if k != "name"]
+    for key in options:
+        if key not in accepted:
+            raise SweepError(
+                f"pruner.{key}: not an option of the {name} pruner (Optuna's "
+                f"{cls.__name__}){did_you_mean(str(key), accepted)}; its options: "
+                f"{', '.join(accepted)}"
+            )
+    steps = budget.steps
+    if name == "hyperband":
+        low, high = pruner.get("min_resource", 1), pruner.get("max_resource", steps)
+        numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
+        if numbers and low > high:
+            where = "max_resource" if "max_resource" in pruner else "budget.steps"
+            raise SweepError(
+                f"pruner.min_resource: {low} is above the {where} {high}, so Hyperband "
+                "would never prune; lower min_resource"
+            )
+    error = _pruner_problem(pruner, steps)
+    if error is None:
+        return
+    # The option at fault: the one the message names, else the first that fails alone.
+    key = next((k for k in options if re.search(rf"\b{re.escape(str(k))}\b", str(error))), None)
+    if key is None:
+        key = next(
+            (k for k in options if _pruner_problem({"name": name, k: pruner[k]}, steps)), None
+        )
+    where = f"pruner.{key}: {pruner[key]!r}" if key else f"pruner {pruner!r}"
+    raise SweepError(f"{where} is refused by the {name} pruner (Optuna's {cls.__name__}): {error}")
+
+
 def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = True) -> Sweep:
     """A Sweep from its YAML mapping; ``resolve=False`` leaves base paths and values
     unchecked (a study's stored copy, read for status and reports)."""
@@ -385,6 +476,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     n_trials = raw.get("n_trials")
     if resolve:  # a study's stored copy is read as an older cofr wrote it
         _check_values(objective, budget, n_trials)
+        _check_pruner(pruner, budget)
     heatmap = raw.get("heatmap")
     sweep = Sweep(
         path=path,

@@ -34,9 +34,13 @@ without failing them, is :func:`stale_trial_numbers`, at the end of this module;
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import random
+import re
+import shutil
 import socket
 import threading
 import time
@@ -98,11 +102,9 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
     options = options or StorageOptions()
     path = journal_path(url)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The open() lock works on NFSv3+ too and is released after 30 s if its holder died.
-        backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
-        return JournalStorage(backend)
+        return _open_journal(path)
     check_rdb_url(url)
+    _check_reachable(url)
     # Workers that start together on a new database race to create Optuna's tables; the
     # losers fail on a duplicate type or table. Creation is idempotent: try again.
     for attempt in range(6):
@@ -120,10 +122,205 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
             ) from None
         except Exception as error:
             if attempt == 5:
+                from sqlalchemy.exc import DBAPIError
+
+                if isinstance(error, DBAPIError):
+                    raise SweepError(_unreachable(url, error)) from None
                 raise
             log.warning(f"opening {describe_storage(url)} failed ({error!r:.200}); retrying")
             time.sleep(0.5 + random.random() * 2)
     raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------ journal files
+
+
+class _RepairingLock(JournalFileOpenLock):
+    """Optuna's open() lock on a journal file (the one every append takes), cutting a torn
+    last record off before its holder appends.
+
+    A record is torn when its writer died, or the disk filled, in the middle of an append;
+    the next append would glue a whole record onto it, a line no reader parses again. The
+    check, the copy and the cut run under the lock every writer holds while it appends, so
+    no append can land in between, and a second worker that takes the lock next finds the
+    file whole and leaves it alone (two workers starting together cannot both cut). It runs
+    at every append, not only at start, so workers already running when another one died
+    mid-write are covered too. Readers take no lock, but they skip an unterminated last
+    line, so the cut only removes bytes they never counted.
+    """
+
+    def __init__(self, journal: Path) -> None:
+        super().__init__(str(journal))
+        self.journal = journal
+
+    def acquire(self) -> bool:
+        super().acquire()
+        try:
+            repair_torn_tail(self.journal)
+        except BaseException:
+            self.release()
+            raise
+        return True
+
+
+def _open_journal(path: Path) -> JournalStorage:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The open() lock works on NFSv3+ too and is released after 30 s if its holder died.
+    lock = _RepairingLock(path)
+    try:  # once now: a torn tail is cut (and reported) before the study is read
+        lock.acquire()
+        lock.release()
+    except OSError as error:  # e.g. a read-only copy: reading works without the check
+        log.warning(f"{path}: cannot take its lock to check its last record ({error})")
+    backend = JournalFileBackend(str(path), lock_obj=lock)
+    try:
+        return JournalStorage(backend)
+    except ValueError as error:  # json.JSONDecodeError, or Optuna's "Invalid log format."
+        raise SweepError(damaged_journal(path, error)) from None
+
+
+def _torn_copy(journal: Path) -> Path:
+    """A new ``<journal>.torn-<UTC time>`` path (never one that exists)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        copy = journal.with_name(f"{journal.name}.torn-{stamp}" + (f"-{n}" if n else ""))
+        if not copy.exists():
+            return copy
+    raise SweepError(f"{journal}: too many {journal.name}.torn-* copies; remove old ones")
+
+
+def repair_torn_tail(journal: Path) -> Path | None:
+    """Cut a last record without its newline off ``journal``, after copying the whole file
+    to ``<journal>.torn-<UTC time>``; that copy, or None when the file ends whole.
+
+    Call it holding the journal's lock (:class:`_RepairingLock`).
+    """
+    try:
+        with open(journal, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return None
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return None
+            # Back to the last newline: the torn record is at most one record long.
+            end, chunk = size, 1 << 16
+            while end > 0:
+                start = max(0, end - chunk)
+                handle.seek(start)
+                found = handle.read(end - start).rfind(b"\n")
+                if found >= 0:
+                    end = start + found + 1
+                    break
+                end = start
+            handle.seek(end)
+            torn = handle.read()
+    except FileNotFoundError:
+        return None
+    copy = _torn_copy(journal)
+    try:
+        with open(journal, "rb") as source, open(copy, "xb") as target:
+            shutil.copyfileobj(source, target)
+            target.flush()
+            os.fsync(target.fileno())
+    except OSError as error:
+        copy.unlink(missing_ok=True)
+        # Never cut without a copy: the journal stays as it is, and nobody appends.
+        raise SweepError(
+            f"{journal} ends in a cut-off record, and keeping a copy before removing it "
+            f"failed ({error}); free disk space and run again"
+        ) from None
+    with open(journal, "r+b") as handle:
+        handle.truncate(end)
+        handle.flush()
+        os.fsync(handle.fileno())
+    trial = re.search(rb'"trial_id":\s*(\d+)', torn)
+    what = f" of trial id {int(trial.group(1))}" if trial else ""
+    log.warning(
+        f"{journal}: removed its last record{what} ({len(torn)} bytes without a newline: a "
+        f"worker died or the disk filled while writing it); the whole file is kept as "
+        f"{copy}. A trial it belonged to may stay RUNNING until a worker fails it as lost"
+    )
+    return copy
+
+
+def damaged_journal(journal: Path, error: Exception) -> str:
+    """What is wrong with a journal Optuna cannot read, and how to repair it by hand."""
+    number, how = None, "delete that line"
+    try:
+        with open(journal, "rb") as handle:
+            for number, line in enumerate(handle, start=1):  # noqa: B007 - read after
+                try:
+                    json.loads(line)
+                    if line.endswith(b"\n"):
+                        continue
+                except ValueError:
+                    pass
+                glued = line.rfind(b'{"op_code"')
+                if glued > 0:
+                    with contextlib.suppress(ValueError):
+                        json.loads(line[glued:])
+                        how = (
+                            f"delete its first {glued} bytes (a cut-off record that a "
+                            "later one was appended to)"
+                        )
+                break
+    except OSError:
+        number = None
+    where = f"line {number}" if number else f"a line ({str(error)[:80]})"
+    return (
+        f"the study journal {journal} is damaged: {where} is not a whole JSON record; "
+        f"keep a copy of the file, then {how}"
+    )
+
+
+# ------------------------------------------------------------------ databases
+
+
+def _check_reachable(url: str) -> None:
+    """SweepError, after a few tries, for a database server that cannot be reached (down,
+    wrong host, port, user or password): at once, not as a driver traceback after the
+    table-creation retries of :func:`open_storage`."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.pool import NullPool
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":  # a file: check_rdb_url checked its folder
+        return
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        connect_args["connect_timeout"] = 10  # a host that drops packets: not minutes
+    try:
+        engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    except ImportError:
+        return  # open_storage names the driver to install
+    try:
+        for attempt in range(3):
+            try:
+                with engine.connect():
+                    return
+            except DBAPIError as error:
+                if attempt == 2:
+                    raise SweepError(_unreachable(url, error)) from None
+                time.sleep(0.5 + random.random())
+    finally:
+        engine.dispose()
+
+
+def _unreachable(url: str, error: Exception) -> str:
+    from sqlalchemy.engine import make_url
+
+    reason = str(getattr(error, "orig", None) or error).strip()
+    reason = reason.splitlines()[0] if reason else type(error).__name__
+    password = make_url(url).password
+    if password:
+        reason = reason.replace(str(password), "***")
+    return (
+        f"cannot reach the study database {describe_storage(url)}: is the server up, and "
+        f"its host, port, user and password right? ({reason})"
+    )
 
 
 STORAGE_FORMS = (

@@ -25,7 +25,14 @@ from optuna.trial import TrialState
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys
 from cofrgenet.sweeps.objective import REQUEUE, UID_ATTR, Outcome, TrialContext, run_trial
-from cofrgenet.sweeps.spec import Sweep, SweepError, check_extra, get_dotted, trial_config
+from cofrgenet.sweeps.spec import (
+    Sweep,
+    SweepError,
+    build_pruner,
+    check_extra,
+    get_dotted,
+    trial_config,
+)
 from cofrgenet.sweeps.tracking import PARENT_ATTR
 
 log = logging.getLogger("cofrgenet.sweeps")
@@ -52,19 +59,7 @@ def make_sampler(sweep: Sweep, offset: int) -> optuna.samplers.BaseSampler:
 
 
 def make_pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
-    options = {k: v for k, v in sweep.pruner.items() if k != "name"}
-    name = sweep.pruner["name"]
-    if name == "median":
-        return optuna.pruners.MedianPruner(**options)
-    if name == "percentile":
-        return optuna.pruners.PercentilePruner(**options)
-    if name == "hyperband":
-        if sweep.budget.steps is not None:
-            options.setdefault("max_resource", int(sweep.budget.steps))
-        return optuna.pruners.HyperbandPruner(**options)
-    if name == "sha":
-        return optuna.pruners.SuccessiveHalvingPruner(**options)
-    return optuna.pruners.NopPruner()
+    return build_pruner(sweep.pruner, sweep.budget.steps)
 
 
 def open_study(
@@ -214,6 +209,8 @@ def run_worker(
     mlflow: bool = True,
 ) -> WorkerResult:
     """Run trials of ``sweep`` until ``n_trials`` of this worker or the study's budget."""
+    if n_trials is not None and n_trials < 1:  # would only create the study
+        raise SweepError(f"n_trials for this worker must be >= 1, got {n_trials}")
     runs_dir = runs_dir or sweep.runs_dir
     url = storage_url or sweep.storage or st.default_storage(sweep, runs_dir)
     # Fail fast, before the study exists, on a sweep whose trials could not train as

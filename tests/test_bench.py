@@ -295,8 +295,7 @@ def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
 
     monkeypatch.setattr(measure, "bench_workload", bench)
     argv = ["bench", "ops", "--quick", *TINY, "--impls", "literal", "--out", str(tmp_path)]
-    with pytest.raises(KeyboardInterrupt):
-        cli.main(argv)
+    assert cli.main(argv) == 130  # cofr's Ctrl-C: one line, exit 130
     [json_path] = tmp_path.glob("ops-cpu-*-quick.json")
     report = json.loads(json_path.read_text())
     assert report["partial"] is True and len(report["pending"]) == 5
@@ -389,6 +388,40 @@ def test_targets_against_another_impl_and_bandwidth():
 
 def test_unknown_impl_is_an_error():
     assert cli.main(["bench", "ops", "--quick", "--impls", "literal,nope", "--no-save"]) == 2
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        ("--impls literal,litteral", "--impls: unknown 'litteral' (did you mean 'literal'?)"),
+        ("--modes fwdd", "--modes: unknown 'fwdd' (did you mean 'fwd'?); choose from fwd"),
+        ("--repeats 0", "--repeats must be >= 1, got 0"),
+        ("--threads 0", "--threads must be >= 1, got 0"),
+        ("--time-budget -1", "--time-budget must be >= 0, got -1.0"),
+        ("--ladder-sizes 0x8", "--ladder-sizes: sizes and depths must be >= 1, got 0"),
+        ("--device foo", "--device: unknown device 'foo'; use cpu, cuda or cuda:N"),
+    ],
+)
+def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
+    capsys, tmp_path, words, message
+):
+    argv = ["bench", "ops", "--quick", "--out", str(tmp_path / "out"), *shlex.split(words)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cofr bench ops: error: {message}") and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # refused before anything is timed or written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+def test_bench_ops_on_cuda_without_cuda_says_so(capsys, tmp_path):
+    argv = ["bench", "ops", "--quick", "--device", "cuda", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "cofr bench ops: error: --device: device 'cuda': torch sees no cuda device on this "
+        "machine; use cpu (or auto)"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +65,43 @@ def test_config_errors_and_generated_options():
     assert cfg.seeds == (4, 5) and cfg.variants == ("gpt2",) and cfg.steps == 3
     assert cfg.n_embd == 32  # --quick fills what was not given
     assert "--no-quick" in parser.format_help() and "--runs-dir" in parser.format_help()
+
+
+RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-cpu.yaml"
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["--variants", "nope"], "--variants: unknown variant 'nope'; known: gpt2, "),
+        (["--variants", "cofrgenet-ff"], "--variants: unknown variant 'cofrgenet-ff' (did you mean 'cofrgenet-f'?)"),
+        (["--model-config", "{bad"], "--model-config '{bad' is not JSON (Expecting property name"),
+        (["--model-config", "[1]"], "--model-config must be a JSON object"),
+        (["--model-config", '{"depht": 3}'], "--model-config: unknown ModelConfig field 'depht' (did you mean 'depth'?)"),
+        (["--dyadic", "papr"], "--dyadic must be one of none, paper, release, got 'papr' (did you"),
+        (["--recipe", "nope.yaml"], "--recipe nope.yaml: no such file; give a cofr fit config"),
+        (["--recipe", "bad.yaml"], "--recipe bad.yaml, line 2, column 1: not valid YAML"),
+        (["--recipe", "list.yaml"], "--recipe list.yaml: expected a cofr fit config"),
+        (["--recipe", str(RECIPE), "--data-dir", "data/nope"], "--data-dir data/nope: no prepared data there (no meta.json); make it with `cofr data prepare --out data/nope`"),
+    ],
+)  # fmt: skip
+def test_bad_options_are_one_line_errors_before_the_data_is_made(
+    tmp_path, monkeypatch, capsys, words, message
+):
+    import cofrgenet.bench.quality as quality
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started, or the data was made, before the check")
+
+    monkeypatch.setattr(quality, "run_variant", no_run)
+    monkeypatch.setattr("cofrgenet.data.prepare.prepare_data", no_run)
+    monkeypatch.chdir(tmp_path)  # the default recipe and data folder are relative: not here
+    (tmp_path / "bad.yaml").write_text("model: [\n")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    assert cli.main(["bench", "quality", "--quick", *words]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cofr bench quality: error: {message}"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "data").exists()
 
 
 def _result(variant, seed, loss, spikes=0, steps=10, unclipped=None):

@@ -257,6 +257,45 @@ def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
     assert str(tmp_path / "RTE" / "train.tsv") in err and len(err.splitlines()) == 1
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    "option, value, problem",
+    [
+        ("--precision", "foo", "Precision 'foo' is invalid. Allowed precision values: "),
+        ("--accelerator", "nope", "You selected an invalid accelerator name"),
+        pytest.param(
+            "--accelerator",
+            "gpu",
+            "No supported gpu backend found; leave it out (auto) or give one this machine has",
+            marks=pytest.mark.skipif(_cuda(), reason="this machine has a GPU"),
+        ),
+    ],
+)
+def test_trainer_options_lightning_refuses_are_one_line_errors_before_the_data(
+    tmp_path, capsys, monkeypatch, option, value, problem
+):
+    import cofrgenet.eval.glue as glue
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("read the GLUE data before checking the trainer options")
+
+    monkeypatch.setattr(glue, "load_task", no_data)
+    (tmp_path / "x.ckpt").touch()
+    argv = ["finetune", "glue", "--task", "sst2", "--ckpt", str(tmp_path / "x.ckpt")]
+    status = cofr([*argv, "--no-mlflow", option, value])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"cofr finetune glue: error: {option} {value}: {problem}")
+    settings = {"accelerator": "auto", "precision": "32-true", option[2:]: value}
+    with pytest.raises(UserError, match=f"^{option} {value}: "):  # finetune() checks them too
+        glue.check_trainer_options(**settings)
+
+
 def test_a_file_without_the_expected_columns_says_which(tmp_path):
     folder = tmp_path / "RTE"
     folder.mkdir()

@@ -47,6 +47,7 @@ import yaml
 from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
 
 RECIPE = "conf/experiment/quality-cpu.yaml"
 EXPERIMENT = "bench-quality"
@@ -167,11 +168,17 @@ class QualityBenchConfig:
         self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
-            raise ValueError(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+            hint = did_you_mean(unknown[0], VARIANTS)
+            raise ConfigError(
+                f"--variants: unknown variant {unknown[0]!r}{hint}; known: {', '.join(VARIANTS)}"
+            )
         if not self.variants or not self.seeds:
-            raise ValueError("give at least one variant and one seed")
+            raise ConfigError("give at least one variant (--variants) and one seed (--seeds)")
         if self.dyadic not in DYADIC:
-            raise ValueError(f"--dyadic must be one of {DYADIC}, got {self.dyadic!r}")
+            raise ConfigError(
+                f"--dyadic must be one of {', '.join(DYADIC)}, got {self.dyadic!r}"
+                f"{did_you_mean(self.dyadic, DYADIC)}"
+            )
         self.model_overrides()  # fails early on bad JSON
         if self.quick:  # a pipeline check, not a measurement
             for name, value in QUICK.items():
@@ -184,9 +191,25 @@ class QualityBenchConfig:
         try:
             value = json.loads(self.model_config)
         except json.JSONDecodeError as error:
-            raise ValueError(f"--model-config is not JSON: {error}") from None
+            raise ConfigError(
+                f"--model-config {self.model_config!r} is not JSON ({error}); give an object, "
+                "e.g. '{\"ladders\": 8}'"
+            ) from None
         if not isinstance(value, dict):
-            raise ValueError(f"--model-config must be a JSON object, got {self.model_config!r}")
+            raise ConfigError(
+                f"--model-config must be a JSON object, e.g. '{{\"ladders\": 8}}', "
+                f"got {self.model_config!r}"
+            )
+        from cofrgenet.models import ModelConfig
+
+        # A typo fails here, not after the data is prepared and the first run started.
+        valid = ModelConfig.field_names()
+        for key in value:
+            if key not in valid:
+                raise ConfigError(
+                    f"--model-config: unknown ModelConfig field {key!r}"
+                    f"{did_you_mean(key, valid)}; the fields are listed in docs/models.md"
+                )
         return value
 
 
@@ -280,8 +303,27 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
 
 def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
     """``model.config`` of the recipe (a CLI ``--model.config`` replaces it whole)."""
-    recipe = yaml.safe_load(Path(cfg.recipe).read_text())
-    return dict((recipe.get("model") or {}).get("config") or {})
+    path = Path(cfg.recipe)
+    if not path.is_file():
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise ConfigError(
+            f"--recipe {path}: {what}; give a cofr fit config (the default, {RECIPE}, is "
+            "relative: run from the repository root or pass its full path)"
+        )
+    try:
+        recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--recipe {not_valid_yaml(path, error)}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--recipe {path}: cannot read it ({error})") from None
+    model = (recipe or {}).get("model") or {} if isinstance(recipe or {}, dict) else None
+    config = model.get("config") or {} if isinstance(model, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"--recipe {path}: expected a cofr fit config (a mapping, its model and "
+            "model.config mappings when given)"
+        )
+    return dict(config)
 
 
 def matched_ffn_hidden(gpt2_fields: dict[str, Any]) -> int:
@@ -528,9 +570,12 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     if (Path(cfg.data_dir) / "meta.json").exists():
         return
     if cfg.data_dir != QualityBenchConfig.data_dir:
-        raise FileNotFoundError(
-            f"no prepared data in {cfg.data_dir} (meta.json missing): make it with "
-            "cofr data prepare --out " + cfg.data_dir
+        from cofrgenet.data.meta import DataFolderError
+
+        raise DataFolderError(
+            f"--data-dir {cfg.data_dir}: no prepared data there (no meta.json); make it with "
+            f"`cofr data prepare --out {cfg.data_dir}`, or leave --data-dir out to use "
+            f"{QualityBenchConfig.data_dir} (made on first use)"
         )
     from cofrgenet.data.prepare import prepare_data
 
@@ -540,6 +585,7 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
 
 
 def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any], list[Row]]:
+    recipe_model_config(cfg)  # a bad --recipe fails before the data is made
     ensure_data(cfg)
     started = dt.datetime.now(dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")

@@ -49,6 +49,8 @@ PAPER_ROWS: tuple[tuple[str, float, dict[str, float]], ...] = (
         {"ptb": 31.47, "wikitext-2": 19.35, "lambada": 9.92, "wikitext-103": 18.91},
     ),
 )
+#: The Pareto plot's y axis unless --metric says otherwise.
+DEFAULT_METRIC = "val/loss"
 #: Our metric that stands beside each of the paper's columns (docs/evaluation.md says why).
 PAPER_METRICS = {
     "ptb": "eval/ptb/word_ppl",
@@ -90,7 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tracking-uri", default=None, help="an MLflow URI instead of runs/mlflow.db"
     )
     parser.add_argument(
-        "--metric", default="val/loss", help="y axis of the Pareto plot (default: val/loss)"
+        "--metric",
+        default=None,
+        help=f"y axis of the Pareto plot; one some run has (default: {DEFAULT_METRIC})",
     )
     parser.add_argument(
         "--x",
@@ -334,6 +338,37 @@ def sweep_experiment(path: str) -> str:
     return str(name)
 
 
+def check_out_folder(out: Path) -> None:
+    """``--out`` is a folder (compare.md and pareto.png go in it), or can be made one."""
+    if out.exists() and not out.is_dir():
+        raise UserError(
+            f"--out {out} is a file: give a folder for compare.md and pareto.png (made if missing)"
+        )
+    parent = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    if not parent.is_dir():
+        raise UserError(f"--out {out}: {parent} is a file, not a folder")
+
+
+def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
+    """``--metric`` is a metric some run has: a typo is refused with the closest name."""
+    if any(metric in row.metrics for row in rows):
+        return
+    from cofrgenet.errors import did_you_mean
+
+    # The metrics a plot is usually made of first, the diagnostics (ladder/, opt/) after.
+    usual = ("val/", "eval/", "train/", "perf/")
+    names = sorted(
+        {n for row in rows for n in row.metrics}, key=lambda n: (not n.startswith(usual), n)
+    )
+    listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    hint = did_you_mean(metric, names)
+    if not hint and metric.startswith("eval/"):
+        hint = " (`cofr eval CKPT` logs eval/<task>/<metric> onto a checkpoint's run)"
+    raise UserError(
+        f"--metric {metric}: no run has it{hint}; the runs have: {listed or 'no metrics'}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -345,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
     experiments = list(args.experiment)
     if args.sweep:
         experiments.append(sweep_experiment(args.sweep))
+    out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
+    check_out_folder(out)  # before the store is read: nothing is computed only to be lost
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
     if (
         uri.startswith("sqlite:")
@@ -357,8 +394,15 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         raise UserError("no cofrgenet runs matched: name runs, --experiment or --sweep")
     rows.sort(key=lambda r: (r.experiment, r.variant, r.name))
-    out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
-    out.mkdir(parents=True, exist_ok=True)
+    metric = args.metric or DEFAULT_METRIC
+    if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval
+        check_metric(metric, rows)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # made or changed since the check above
+        raise UserError(
+            f"--out {out}: cannot make the folder ({error.strerror or error})"
+        ) from None
     table = markdown_table(rows)
     (out / "compare.md").write_text(
         f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n"
@@ -366,9 +410,14 @@ def run(args: argparse.Namespace) -> int:
         "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
     )
     print(table)
-    plot = plot_pareto(rows, args.metric, args.x, out)
+    plot = plot_pareto(rows, metric, args.x, out)
     print(f"table: {out / 'compare.md'}")
-    print(f"Pareto plot: {plot}" if plot else f"no Pareto plot: no run has {args.metric!r}")
+    if not any(metric in row.metrics for row in rows):  # the default, not logged (yet)
+        no_plot = f"no Pareto plot: no run has {metric!r} (--metric picks another)"
+    else:
+        x_name = "parameter count" if args.x == "params" else "FLOPs count"
+        no_plot = f"no Pareto plot: no run with {metric!r} has a {x_name}"
+    print(f"Pareto plot: {plot}" if plot else no_plot)
     if skipped:
         print(
             f"passed over (no cofrgenet config): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"

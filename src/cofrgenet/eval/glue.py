@@ -332,6 +332,53 @@ def __getattr__(name: str) -> Any:
 # ------------------------------------------------------------------------ the command
 
 
+def check_trainer_options(accelerator: str, precision: str) -> None:
+    """Refuse an ``--accelerator`` or ``--precision`` Lightning would refuse, as a
+    :class:`UserError` naming the option, before the data and the model are loaded.
+
+    Lightning knows what this machine and this Lightning can run: a Trainer with only
+    these settings is made and thrown away (milliseconds), the accelerator alone first
+    so that the error names the option at fault."""
+    import contextlib
+    import logging
+    import warnings
+
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    names = ("lightning.pytorch", "lightning.fabric")
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for option, value, settings in (
+        ("--accelerator", accelerator, {"accelerator": accelerator}),
+        ("--precision", precision, {"accelerator": accelerator, "precision": precision}),
+    ):
+        try:
+            # The real Trainer says its own "GPU available" lines and warnings later.
+            with warnings.catch_warnings(), contextlib.ExitStack() as restore:
+                warnings.simplefilter("ignore")
+                for logger, level in zip(loggers, levels, strict=True):
+                    logger.setLevel(logging.ERROR)
+                    restore.callback(logger.setLevel, level)
+                L.Trainer(
+                    devices=1,
+                    logger=False,
+                    enable_checkpointing=False,
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                    **settings,
+                )
+        except (MisconfigurationException, ValueError, ImportError) as error:
+            hint = (
+                "; leave it out (auto) or give one this machine has, e.g. cpu"
+                if option == "--accelerator"
+                else ""
+            )
+            # Lightning's first line is the message; its "!" or "." would come before the hint.
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip("!. ")
+            raise UserError(f"{option} {value}: {first}{hint}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``cofr finetune glue``."""
     from cofrgenet.dataclass_options import add_dataclass_arguments
@@ -490,6 +537,7 @@ def run(args: argparse.Namespace) -> int:
     check_data_dir(
         args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
     )
+    check_trainer_options(args.accelerator, args.precision)  # before the data and the model
     task = TASKS[args.task]
     data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
     result = finetune(
@@ -551,6 +599,7 @@ def finetune(
     from cofrgenet.training.tracking import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
+    check_trainer_options(accelerator, precision)  # before the model load and the MLflow run
     task = data.task
     loaded = load_checkpoint(ckpt, "cpu", tokenizer_dir)
     tokenizer = loaded.tokenizer

@@ -35,6 +35,10 @@ class EvalDataNotFound(UserError, FileNotFoundError):
     """An evaluation set is neither on disk nor in reach of ``datasets``."""
 
 
+class EvalDataError(UserError, ValueError):
+    """An evaluation set's file is there but not in its expected layout (or empty)."""
+
+
 @dataclass(frozen=True)
 class Task:
     """An evaluation set.
@@ -129,10 +133,13 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         raise UserError(f"{task.name} has no {split!r} split; it has: {', '.join(task.files)}")
     path = task.local_path(data_dir, split)
     if path.is_file():
+        # Checked here, before the model is loaded: a bad file fails at once, named.
+        text = _read_text(task, path)
         if task.kind == "lambada":
-            lines = path.read_text(encoding="utf-8").splitlines()
-            return [json.loads(line)["text"] for line in lines if line.strip()]
-        return [path.read_text(encoding="utf-8")]
+            return _lambada_passages(task, path, text)
+        if not text.strip():
+            raise EvalDataError(f"{path} is empty: expected {_layout(task)}")
+        return [text]
     try:
         rows = _from_hub(task, split)
     except Exception as error:  # no datasets, no cache, no network: all mean "not here"
@@ -143,7 +150,71 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
             f"reachable{offline} ({type(error).__name__}); get {task.source} and put it "
             f"there, or pass --data-dir DIR"
         ) from None
+    if not any(isinstance(row, str) and row.strip() for row in rows):  # nothing to score
+        raise EvalDataError(f"{task.name}: the Hugging Face dataset's {split} split has no text")
     return rows if task.kind == "lambada" else [task.join.join(rows)]
+
+
+def _layout(task: Task) -> str:
+    """What a local file of ``task`` holds, for the error messages."""
+    if task.kind == "lambada":
+        return 'one JSON object {"text": "<passage>"} per line'
+    return f"the set's UTF-8 text, from {task.source}"
+
+
+def _read_text(task: Task, path: Path) -> str:
+    """The file's text; an unreadable or non-UTF-8 file is an :class:`EvalDataError`."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise EvalDataError(f"{path}: cannot read it ({error.strerror or error})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise EvalDataError(
+            f"{path}, line {line}: not UTF-8 text ({error.reason}); expected {_layout(task)}"
+        ) from None
+
+
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def _lambada_passages(task: Task, path: Path, text: str) -> list[str]:
+    """The ``text`` of each line of a LAMBADA ``.jsonl`` file (blank lines skipped)."""
+    passages: list[str] = []
+    # "\n" only: str.splitlines would also split at U+2028 and the like, which JSON
+    # strings may hold raw, and the line numbers would then be wrong.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise EvalDataError(
+                f"{where}: not JSON ({error.msg}); expected {_layout(task)}"
+            ) from None
+        if not isinstance(row, dict):
+            kind = _JSON_KINDS.get(type(row), "null")
+            raise EvalDataError(f"{where}: a JSON {kind}, not an object; expected {_layout(task)}")
+        if "text" not in row:
+            fields = ", ".join(map(repr, row)) or "none"
+            raise EvalDataError(
+                f'{where}: no "text" field (it has: {fields}); expected {_layout(task)}'
+            )
+        passage = row["text"]
+        if not isinstance(passage, str):
+            kind = _JSON_KINDS.get(type(passage), "null" if passage is None else "object")
+            raise EvalDataError(
+                f'{where}: "text" is a JSON {kind}, not a string; expected {_layout(task)}'
+            )
+        if not passage.strip():
+            raise EvalDataError(f'{where}: "text" is empty; expected {_layout(task)}')
+        passages.append(passage)
+    if not passages:
+        raise EvalDataError(f"{path} is empty: expected {_layout(task)}")
+    return passages
 
 
 def split_last_word(text: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from cofrgenet.bench.files import stem_once
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
-from cofrgenet.bench.ops.measure import run_benchmark
+from cofrgenet.bench.ops.measure import resolve_device, run_benchmark
 from cofrgenet.bench.ops.report import print_report, report_stem, write_report
 from cofrgenet.bench.ops.results import Report
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
@@ -74,11 +74,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(log_path=False)
     if not console.is_terminal:  # a log file: do not squeeze the table into 80 columns
         console.width = max(console.width, 140)
-    try:
-        config = config_from_args(args)
-    except ValueError as error:
-        console.print(f"[red]error:[/red] {error}")
-        return 2
+    # A bad option is a ConfigError: `cofr` prints it as "cofr bench ops: error: ...".
+    config = config_from_args(args)
+    resolve_device(config.device)  # before anything is timed or written
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
     suffix = options.suffix + ("-quick" if options.quick else "")

@@ -12,6 +12,7 @@ import torch
 
 from cofrgenet.bench.ops.formatting import pow2
 from cofrgenet.bench.ops.workloads import Workload
+from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.nn.cffn import LADDER_KINDS
 from cofrgenet.ops import GRAD_MODES, IMPLS
 
@@ -159,25 +160,35 @@ class OpsBenchConfig:
         return cf + ladders + ensembles + layers
 
     def validate(self) -> None:
-        """Raise ValueError naming the first kind of bad setting."""
-        unknown = [i for i in self.impls if i not in IMPLS]
-        if unknown:
-            raise ValueError(f"unknown impls {unknown}; choose from {IMPLS}")
-        bad_modes = [m for m in self.modes if m not in MODES]
-        if bad_modes:
-            raise ValueError(f"unknown modes {bad_modes}; choose from {MODES}")
+        """Raise :class:`~cofrgenet.errors.ConfigError` (a ValueError) naming the first
+        bad option (the device is checked when the run starts: parsing stays fast)."""
+        choices = (("--impls", self.impls, IMPLS), ("--modes", self.modes, MODES))
+        choices += (("--cffn-kinds", self.cffn_kinds, CFFN_KINDS),)
+        for option, given, known in choices:
+            for name in given:
+                if name not in known:
+                    raise ConfigError(
+                        f"{option}: unknown {name!r}{did_you_mean(name, known)}; choose from "
+                        f"{', '.join(known)}"
+                    )
         if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {tuple(DTYPES)}")
-        if self.repeats < 1 or self.warmup < 0 or self.wait_quiet < 0:
-            raise ValueError("repeats must be >= 1, warmup and wait_quiet >= 0")
-        sizes = [*self.sizes, *self.depths, *self.ladder_depths, *self.ensemble_depths]
-        pairs = (*self.ladder_sizes, *self.ensemble_sizes, *self.cffn_sizes)
-        sizes += [v for pair in pairs for v in pair] + [self.ensemble_ladders]
-        if any(v < 1 for v in sizes):
-            raise ValueError("sizes and depths must be positive")
-        bad_kinds = [k for k in self.cffn_kinds if k not in CFFN_KINDS]
-        if bad_kinds:
-            raise ValueError(f"unknown Cffn kinds {bad_kinds}; choose from scalar, elementwise")
+            raise ConfigError(f"--dtype: unknown {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        least = {"--repeats": (self.repeats, 1), "--warmup": (self.warmup, 0)}
+        least |= {"--wait-quiet": (self.wait_quiet, 0), "--time-budget": (self.time_budget, 0)}
+        if self.threads is not None:
+            least["--threads"] = (self.threads, 1)
+        for option, (value, low) in least.items():
+            if value < low:
+                raise ConfigError(f"{option} must be >= {low}, got {value}")
+        sizes = {"--sizes": self.sizes, "--depths": self.depths}
+        sizes |= {"--ladder-depths": self.ladder_depths, "--ensemble-depths": self.ensemble_depths}
+        sizes |= {"--ensemble-ladders": (self.ensemble_ladders,)}
+        sizes |= {"--ladder-sizes": tuple(v for pair in self.ladder_sizes for v in pair)}
+        sizes |= {"--ensemble-sizes": tuple(v for pair in self.ensemble_sizes for v in pair)}
+        sizes |= {"--cffn-sizes": tuple(v for pair in self.cffn_sizes for v in pair)}
+        for option, values in sizes.items():
+            if any(v < 1 for v in values):
+                raise ConfigError(f"{option}: sizes and depths must be >= 1, got {min(values)}")
 
 
 #: Tiny sizes for tests and CI: seconds, no compilation unless asked for.

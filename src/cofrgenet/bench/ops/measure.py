@@ -51,13 +51,20 @@ from cofrgenet.bench.timing import (
     time_once,
     wait_for_quiet,
 )
+from cofrgenet.errors import ConfigError
 from cofrgenet.ops import resolve_impl
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto``: cuda if available, else cpu; any other name as torch reads it."""
+    """``auto``: cuda if available, else cpu; any other name as torch reads it. A device
+    torch cannot use here is a :class:`~cofrgenet.errors.ConfigError`, as in ``cofr eval``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from cofrgenet.training.pretrained import device_problem
+
+    problem = device_problem(name)
+    if problem is not None:
+        raise ConfigError(f"--device: {problem} (or auto)")
     return torch.device(name)
 
 

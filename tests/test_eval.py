@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import mlflow
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from cofrgenet.cli import main
@@ -17,7 +19,13 @@ from cofrgenet.eval import tasks as eval_tasks
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
 from cofrgenet.eval.lambada import score_continuations
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
-from cofrgenet.eval.tasks import EvalDataNotFound, get_task, read_rows, split_last_word
+from cofrgenet.eval.tasks import (
+    EvalDataError,
+    EvalDataNotFound,
+    get_task,
+    read_rows,
+    split_last_word,
+)
 from eval_helpers import tiny_byte_data, trained_checkpoint
 from test_cli_errors import one_line_error
 
@@ -197,6 +205,72 @@ def test_hub_rows_are_joined_like_the_files(monkeypatch, tmp_path):
     lines = [" = A = \n", " \n", " text , here \n"]
     monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: lines)
     assert read_rows(get_task("wikitext-2"), "test", tmp_path) == ["".join(lines)]
+    monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: [" \n", ""])
+    with pytest.raises(EvalDataError, match="ptb: the Hugging Face dataset's test split has no"):
+        read_rows(get_task("ptb"), "test", tmp_path)
+
+
+LAYOUT = r'one JSON object \{"text": "<passage>"\} per line'
+
+
+@pytest.mark.parametrize(
+    "lines, problem",
+    [
+        (['{"text": "a b"}', "not json"], r"line 2: not JSON \(Expecting value\)"),
+        (['{"txt": "a b"}'], r"line 1: no \"text\" field \(it has: 'txt'\)"),
+        (['["a b"]'], r"line 1: a JSON array, not an object"),
+        (["", '{"text": 3}'], r"line 2: \"text\" is a JSON number, not a string"),
+        (['{"text": "  "}'], r'line 1: "text" is empty'),
+        (["", " "], r" is empty"),
+    ],
+)
+def test_a_bad_lambada_file_names_the_file_the_line_and_the_layout(tmp_path, lines, problem):
+    path = tmp_path / "lambada_test.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(EvalDataError, match=problem) as error:
+        read_rows(get_task("lambada"), "test", tmp_path)
+    assert str(error.value).startswith(str(path)) and re.search(LAYOUT, str(error.value))
+
+
+def test_a_passage_may_hold_a_raw_line_separator(tmp_path):
+    # JSON allows U+2028 raw in a string; the file's lines are its "\n"s only.
+    (tmp_path / "lambada_test.jsonl").write_text('{"text": "a\u2028b c"}\n', encoding="utf-8")
+    assert read_rows(get_task("lambada"), "test", tmp_path) == ["a\u2028b c"]
+
+
+@pytest.mark.parametrize("task", ["ptb", "wikitext-2"])
+def test_an_empty_or_undecodable_text_file_names_the_file(tmp_path, task):
+    path = get_task(task).local_path(tmp_path, "test")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(" \n\n")
+    with pytest.raises(EvalDataError, match=rf"^{path} is empty: expected the set's UTF-8 text"):
+        read_rows(get_task(task), "test", tmp_path)
+    path.write_bytes(b"fine\nstill fine\n\xff\xfe not UTF-8\n")
+    with pytest.raises(EvalDataError, match=rf"^{path}, line 3: not UTF-8 text"):
+        read_rows(get_task(task), "test", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "task, file, content, problem",
+    [
+        ("ptb", "ptb.test.txt", b"", "ptb.test.txt is empty"),
+        ("wikitext-2", "wikitext-2-raw/wiki.test.raw", b"ok\n\xff\n", "wiki.test.raw, line 2"),
+        ("lambada", "lambada_test.jsonl", b'{"text": "a b"}\n{oops\n', "jsonl, line 2: not JSON"),
+        ("lambada", "lambada_test.jsonl", b'{"passage": "a b"}\n', 'line 1: no "text" field'),
+        ("lambada", "lambada_test.jsonl", b'["a b"]\n', "line 1: a JSON array"),
+    ],
+)
+def test_cofr_eval_refuses_a_bad_set_file_before_loading_the_model(
+    tmp_path, capsys, no_hub, task, file, content, problem
+):
+    ckpt = tmp_path / "not-loaded.ckpt"  # empty: loading it would fail otherwise
+    ckpt.touch()
+    data = tmp_path / "sets"
+    (data / file).parent.mkdir(parents=True, exist_ok=True)
+    (data / file).write_bytes(content)
+    argv = ["eval", str(ckpt), "--tasks", task, "--no-mlflow", "--data-dir", str(data)]
+    line = one_line_error(capsys, argv)
+    assert line.startswith(f"cofr eval: error: {data / file}") and problem in line
 
 
 # ------------------------------------------------------------------ cofr eval
@@ -233,6 +307,32 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     # Disjoint windows see less context: never a lower NLL than overlapping ones here.
     assert main([*argv, "--json", str(out), "--stride", "32", "--no-mlflow"]) == 0
     assert json.loads(out.read_text())["results"]["wikitext-2"]["nll"] != wiki["nll"]
+
+
+def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """A run folder trained with a relative runs/ and copied elsewhere (its MLflow store
+    left behind): the results print and the JSON is written, no store is created beside
+    the copy, exit 0."""
+    import shutil
+
+    moved = tmp_path / "elsewhere" / "evaluated"
+    shutil.copytree(checkpoint.parents[1], moved)
+    config = yaml.safe_load((moved / "config.yaml").read_text())
+    config["run"]["runs_dir"] = "runs"  # as `cofr fit` run from the project folder writes it
+    (moved / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    ckpt = moved / "checkpoints" / checkpoint.name
+    argv = ["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(data), "--json", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "ptb" in captured.out and json.loads(out.read_text())["results"]["ptb"]
+    assert "not logged to MLflow: no MLflow store at sqlite:///" in captured.err
+    assert "moved or copied" in captured.err
+    assert not list(tmp_path.rglob("mlflow.db"))
 
 
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
@@ -334,6 +434,48 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert (out / "pareto.png").stat().st_size > 1000
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
+
+
+def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):
+    out = tmp_path / "compare.md"
+    out.write_text("mine")
+    argv = ["compare", "--experiment", "x", "--runs-dir", str(tmp_path / "none"), "--out"]
+    line = one_line_error(capsys, [*argv, str(out)])
+    assert line.startswith(f"cofr compare: error: --out {out} is a file: give a folder")
+    line = one_line_error(capsys, [*argv, str(out / "sub")])
+    assert line == f"cofr compare: error: --out {out / 'sub'}: {out} is a file, not a folder"
+    assert out.read_text() == "mine"
+
+
+def test_a_metric_no_run_has_is_refused_with_the_closest_name():
+    from types import SimpleNamespace
+
+    from cofrgenet.errors import UserError
+    from cofrgenet.eval.compare import check_metric
+
+    rows = [SimpleNamespace(metrics={"val/loss": 3.0, "eval/ptb/word_ppl": 9.0})]
+    check_metric("val/loss", rows)
+    with pytest.raises(
+        UserError,
+        match=r"^--metric val/losss: no run has it \(did you mean 'val/loss'\?\); the runs have: eval/ptb/word_ppl, val/loss$",
+    ):
+        check_metric("val/losss", rows)
+    with pytest.raises(
+        UserError, match=r"eval/hellaswag/acc: no run has it \(`cofr eval CKPT` logs"
+    ):
+        check_metric("eval/hellaswag/acc", rows)
+
+
+def test_cofr_compare_checks_the_metric_before_writing(checkpoint, tmp_path, capsys):
+    runs_dir = checkpoint.parents[3]
+    out = tmp_path / "cmp"
+    argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
+    line = one_line_error(capsys, [*argv, "--metric", "ladder/grad_shares"])
+    assert line.startswith("cofr compare: error: --metric ladder/grad_shares: no run has it")
+    assert "(did you mean 'ladder/grad_share'?)" in line and not out.exists()
+    out.write_text("mine")  # a file where the folder would go: once made a FileExistsError
+    line = one_line_error(capsys, argv)
+    assert line.startswith(f"cofr compare: error: --out {out} is a file: give a folder")
 
 
 def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys):

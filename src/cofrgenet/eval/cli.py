@@ -221,16 +221,34 @@ def mlflow_metrics(results: dict[str, dict[str, float]]) -> dict[str, float]:
     }
 
 
+class NotLogged(Exception):
+    """The results could not go onto the checkpoint's MLflow run; the message says why."""
+
+
 def log_to_mlflow(
     loaded: Any, results: dict[str, dict[str, float]], report: dict[str, Any]
 ) -> str | None:
-    """Log onto the checkpoint's training run; returns where, or None if it has none."""
+    """Log onto the checkpoint's training run; returns where, or None if it has none.
+
+    Raises NotLogged when the run cannot be reached (a moved or copied run folder, a
+    server down): the results are printed already, and no store is created on the way."""
     if loaded.mlflow_run_id is None:
         return None
     from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(loaded.tracking_uri)
+    uri = loaded.tracking_uri
+    moved = "was the run folder moved or copied? --no-mlflow skips logging"
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise NotLogged(f"no MLflow store at {uri} ({moved})")
+    client = MlflowClient(uri)
+    try:
+        client.get_run(loaded.mlflow_run_id)
+    except MlflowException as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        message = f"MLflow run {loaded.mlflow_run_id} is not in {uri}: {first} ({moved})"
+        raise NotLogged(message) from None
     now = int(time.time() * 1000)
     items = [Metric(k, float(v), now, loaded.step) for k, v in mlflow_metrics(results).items()]
     for first in range(0, len(items), 100):  # MLflow's batch limit
@@ -303,7 +321,11 @@ def run(args: argparse.Namespace) -> int:
         write_results(out, report)
         print(f"results: {out}")
     if not args.no_mlflow:
-        run_id = log_to_mlflow(loaded, results, report)
+        try:
+            run_id = log_to_mlflow(loaded, results, report)
+        except NotLogged as error:
+            print(f"not logged to MLflow: {error}", file=sys.stderr)
+            return 0
         if run_id is None:
             print("not logged to MLflow: the checkpoint is not in a tracked run folder")
         else:

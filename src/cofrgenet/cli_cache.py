@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import ConfigError, did_you_mean
 
 HELP_FLAGS = ("-h", "--help")
@@ -63,9 +64,7 @@ def _read(path: Path) -> str | None:
 def _write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_text_atomic(path, text)
     except OSError:
         pass  # a read-only home: no cache, nothing else changes
 

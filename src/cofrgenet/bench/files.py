@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 Report = TypeVar("Report")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a hidden temporary file and a rename.
-
-    Benchmarks rewrite their reports while they run (partial reports), and a wall-clock
-    limit may kill them at any moment: a rename is atomic, so ``path`` always holds a
-    whole report, the previous one or the new one.
-    """
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def free_stem(out_dir: Path, base: str) -> Path:

@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.bench.files import free_stem, stem_once, with_suffix, write_text_atomic
+from cofrgenet.atomic import write_text_atomic
+from cofrgenet.bench.files import free_stem, stem_once, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 

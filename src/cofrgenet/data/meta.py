@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import UserError
 
 META_FILE = "meta.json"
@@ -124,9 +125,7 @@ class DataMeta:
     def write(self, data_dir: str | os.PathLike[str]) -> Path:
         """Write ``meta.json`` atomically (temporary file, then rename)."""
         path = Path(data_dir) / META_FILE
-        tmp = path.with_name(f".{META_FILE}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
 

@@ -26,6 +26,7 @@ import optuna
 from lightning.pytorch import Callback, LightningModule, Trainer
 from optuna.trial import TrialState
 
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
@@ -226,9 +227,7 @@ def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
             )
             run_dir.rename(aside)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(identity, indent=2, default=str) + "\n")
-    tmp.replace(marker)
+    write_text_atomic(marker, json.dumps(identity, indent=2, default=str) + "\n")
 
 
 def classify(error: BaseException) -> tuple[str, bool, bool]:

@@ -10,7 +10,6 @@ run under ``report/``, with the best value as a metric and the best params as ta
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,21 +17,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from cofrgenet.atomic import replacing, write_text_atomic
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.objective import trial_name
 from cofrgenet.sweeps.spec import Sweep
 
 
-def _private_tmp(path: Path) -> Path:
-    """A temporary name beside ``path`` no other process uses (workers that finish a
-    sweep together each write the report)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-
-
 def _savefig(figure: Any, path: Path) -> None:
-    tmp = _private_tmp(path)
-    figure.savefig(tmp, dpi=110, bbox_inches="tight")
-    tmp.replace(path)
+    with replacing(path) as tmp:  # workers that finish together each write the report
+        figure.savefig(tmp, dpi=110, bbox_inches="tight")
 
 
 def heatmap_table(
@@ -254,15 +247,12 @@ def _write_report(
             skipped["heat map"] = "no completed trial"
     try:
         frame = study.trials_dataframe()
-        tmp = _private_tmp(out / "trials.csv")
-        frame.to_csv(tmp, index=False)
-        tmp.replace(out / "trials.csv")
+        with replacing(out / "trials.csv") as tmp:
+            frame.to_csv(tmp, index=False)
     except Exception as error:
         skipped["trials.csv"] = f"{type(error).__name__}: {error}"
     text = summary_markdown(study, sweep, images, skipped, heat, caveats)
-    tmp = _private_tmp(out / "summary.md")
-    tmp.write_text(text)
-    tmp.replace(out / "summary.md")
+    write_text_atomic(out / "summary.md", text)
     if client is not None and parent_run_id:
         client.log_artifacts(parent_run_id, str(out), "report")
         try:

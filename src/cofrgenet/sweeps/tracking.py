@@ -17,6 +17,7 @@ from mlflow.entities import Param, RunStatus
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.sweeps.spec import Sweep
 from cofrgenet.training.tracking import (
     MAX_PARAM_LENGTH,
@@ -149,9 +150,7 @@ def child_run(
         )
         run_id = created.info.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = id_file.with_suffix(".tmp")
-        tmp.write_text(run_id + "\n")
-        tmp.replace(id_file)
+        write_text_atomic(id_file, run_id + "\n")
     else:
         client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
     set_tags(client, run_id, tags)

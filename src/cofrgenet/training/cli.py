@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.data import TokenDataModule
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.training import checkpoints
@@ -75,9 +76,7 @@ class ConfigToRun(SaveConfigCallback):
         yaml_text = self.parser.dump(self.config, skip_none=False)
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / "config.yaml.tmp"
-        tmp.write_text(yaml_text)
-        tmp.replace(run_dir / "config.yaml")
+        write_text_atomic(run_dir / "config.yaml", yaml_text)
         for logger in trainer.loggers:
             if isinstance(logger, CofrMLFlowLogger):
                 logger.remember_run()

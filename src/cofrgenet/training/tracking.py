@@ -22,6 +22,7 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import ConfigError
 
 RUN_ID_FILE = "mlflow_run_id"
@@ -235,9 +236,7 @@ class CofrMLFlowLogger(MLFlowLogger):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         id_file = self.run_dir / RUN_ID_FILE
         if not id_file.exists():
-            tmp = id_file.with_suffix(".tmp")
-            tmp.write_text(self.run_id + "\n")
-            tmp.replace(id_file)
+            write_text_atomic(id_file, self.run_id + "\n")
 
     _killed = False
 

@@ -15,7 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cofrgenet.bench.files import free_stem, with_suffix, write_text_atomic
+from cofrgenet.atomic import write_text_atomic
+from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
 from cofrgenet.bench.ops.formatting import ms, percent, speedup
 from cofrgenet.bench.ops.results import Report, Result

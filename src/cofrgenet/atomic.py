@@ -1,0 +1,37 @@
+"""Files written whole or not at all: a temporary file beside the target, then a rename.
+
+A run killed mid-write (a wall-clock limit, a crash, a full disk) must leave every file
+it rewrites either as it was or as it was meant to be: the run folder's config and MLflow
+run id, a data folder's ``meta.json``, sweep reports, benchmark reports. A rename within
+a folder is atomic on POSIX file systems; the temporary name carries the process id, so
+processes writing the same file at once (sweep workers finishing together) never write
+into each other's temporary file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path beside ``path``, with its suffix (for writers that read the
+    format from it, e.g. ``savefig``): renamed onto ``path`` when the block ends, removed
+    if the block raises."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)

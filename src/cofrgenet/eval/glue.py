@@ -23,7 +23,6 @@ import functools
 import json
 import math
 import random
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -439,11 +438,6 @@ def _subset(items: list[Any], size: int | None, rng: random.Random | None) -> li
     return rng.sample(items, size) if rng is not None else items[:size]
 
 
-def _safe_name(name: str) -> str:
-    """A folder name from a run or experiment name (as ``cofr fit`` makes them)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
-
-
 def _artifact_location(uri: str) -> str | None:
     """Artifacts beside a local sqlite store (``.../mlflow.db`` -> ``.../mlartifacts``)."""
     if uri.startswith("sqlite:///"):
@@ -595,7 +589,7 @@ def finetune(
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
-    from cofrgenet.training.tracking import RunConfig, flatten
+    from cofrgenet.training.tracking import RunConfig, flatten, folder_name
     from cofrgenet.training.tracking import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
@@ -640,7 +634,7 @@ def finetune(
     ).resolve()
     experiment = experiment or f"glue-{task.name}"
     name = name or f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = runs_root / _safe_name(experiment) / _safe_name(name)
+    run_dir = runs_root / folder_name(experiment) / folder_name(name)
     uri = (
         tracking_uri
         or loaded.tracking_uri

@@ -64,7 +64,7 @@ class RunConfig:
             if value is None and key == "name":
                 continue
             # The folder runs/<experiment>/<name>: "", "." or ".." would land elsewhere.
-            if not isinstance(value, str) or not _safe(value, ""):
+            if not isinstance(value, str) or not folder_name(value, ""):
                 raise ConfigError(
                     f"run.{key} {value!r} is not a folder name: use letters, digits, "
                     "'.', '_' or '-', not only dots"
@@ -75,7 +75,7 @@ class RunConfig:
             )
 
 
-def _safe(name: str, empty: str = "run") -> str:
+def folder_name(name: str, empty: str = "run") -> str:
     """``name`` as a folder name: other characters become '-', and a leading '.' is dropped
     (no hidden folder, no '..')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-.").rstrip("-") or empty
@@ -109,7 +109,7 @@ def latest_run(experiment_dir: Path) -> Path | None:
 
 
 def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:
-    experiment_dir = Path(run.runs_dir) / _safe(run.experiment)
+    experiment_dir = Path(run.runs_dir) / folder_name(run.experiment)
     name = run.name or slurm_run_name()
     if name is None and resume_last:
         found = latest_run(experiment_dir)
@@ -117,7 +117,7 @@ def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:
             return found
     if name is None:
         name = time.strftime("%Y%m%d-%H%M%S")
-    return experiment_dir / _safe(name)
+    return experiment_dir / folder_name(name)
 
 
 def tracking_uri(run: RunConfig) -> str:

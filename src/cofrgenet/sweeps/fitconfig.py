@@ -44,15 +44,7 @@ from cofrgenet.sweeps.spec import (
     encode_value,
     set_dotted,
 )
-from cofrgenet.training.cli import CofrCLI
-
-
-class _ParseOnly(CofrCLI):
-    def instantiate_classes(self) -> None:
-        pass
-
-    def run_subcommand(self, subcommand: str) -> None:
-        pass
+from cofrgenet.training.cli import ParseOnlyCLI
 
 
 @contextlib.contextmanager
@@ -89,7 +81,7 @@ def resolve(args: Sequence[str]) -> str:
             contextlib.redirect_stdout(io.StringIO()),
             _parse_only(),
         ):
-            cli = _ParseOnly(args=["fit", *args])
+            cli = ParseOnlyCLI(args=["fit", *args])
     except SystemExit:
         lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
         raise SweepError(
@@ -106,7 +98,7 @@ def resolve(args: Sequence[str]) -> str:
 def option_keys() -> frozenset[str]:
     """The dotted names of ``cofr fit``'s options (``trainer.devices``, ``model.preset``)."""
     with contextlib.redirect_stdout(io.StringIO()), _parse_only():
-        cli = _ParseOnly(args=["fit"])
+        cli = ParseOnlyCLI(args=["fit"])
     return frozenset(cli.config["fit"].keys())
 
 

@@ -468,6 +468,17 @@ class CofrCLI(LightningCLIAdapter):
         return self.build_trainer(trainer_config, extra)
 
 
+class ParseOnlyCLI(CofrCLI):
+    """``cofr fit``'s parsing and type checks, nothing built or run: checks a config
+    (every conf/ file in the tests, a sweep's fixed settings before its study)."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
 def main(args: list[str] | None = None) -> None:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

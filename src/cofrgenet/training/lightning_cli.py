@@ -41,7 +41,7 @@ class LightningCLIAdapter(LightningCLI):
 
     def run_subcommand(self, subcommand: str) -> None:
         """Run ``fit``, ``validate``, ... once everything is built; a parse-only subclass
-        (config checks, sweeps) makes this do nothing."""
+        (``training.cli.ParseOnlyCLI``: config checks, sweeps) makes this do nothing."""
         super()._run_subcommand(subcommand)
 
     def _run_subcommand(self, subcommand: str) -> None:

@@ -111,11 +111,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def model_config_of(config: dict[str, Any]) -> Any:
     """The ModelConfig of a run's logged configuration (its ``model:`` section)."""
     from cofrgenet.models.config import resolve_model_config
+    from cofrgenet.models.presets import DEFAULT_PRESET
+    from cofrgenet.training.model_options import overrides_dict
 
     model = config.get("model") or {}
     # A dumped config lists every override field, unset ones as null.
-    overrides = {k: v for k, v in (model.get("config") or {}).items() if v is not None}
-    return resolve_model_config(model.get("preset", "gpt2-mini"), overrides)
+    return resolve_model_config(
+        model.get("preset", DEFAULT_PRESET), overrides_dict(model.get("config"))
+    )
 
 
 def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:

@@ -122,6 +122,9 @@ LLAMA_VARIANTS: dict[str, dict[str, str]] = {
     "-fa": {"attention": "cattn_m", "ffn": "cffn", "position": "none"},
 }
 
+#: The preset ``cofr fit`` trains when none is given (``model.preset``).
+DEFAULT_PRESET = "gpt2-mini"
+
 PRESETS: dict[str, dict[str, Any]] = {
     **{
         base + suffix: {**_GPT2_COMMON, **shape, **mixers}

@@ -394,10 +394,11 @@ class CofrCLI(LightningCLIAdapter):
         if config.get("data") is None or config.data.get("block_size") is not None:
             return
         from cofrgenet.models.config import resolve_model_config
+        from cofrgenet.training.model_options import overrides_dict
 
         model = config.model
         given = model.get("config")
-        overrides = {} if given is None else {k: v for k, v in vars(given).items() if v is not None}
+        overrides = overrides_dict(None if given is None else vars(given))
         config.data.block_size = resolve_model_config(model.preset, overrides).block_size
 
     def instantiate_trainer(self, **kwargs: Any):

@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.config import resolve_model_config
+from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.checkpoints import check_denominators, uncompiled
 from cofrgenet.training.model_options import ModelOverrides, overrides_dict
@@ -59,7 +60,7 @@ class LanguageModel(L.LightningModule):
 
     def __init__(
         self,
-        preset: str | None = "gpt2-mini",
+        preset: str | None = DEFAULT_PRESET,
         config: ModelOverrides = ModelOverrides(),  # noqa: B008 (read-only, every field None)
         optimizer: OptimizerConfig | None = None,
         compile: bool = False,

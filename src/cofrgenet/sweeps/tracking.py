@@ -13,17 +13,18 @@ import fcntl
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Param, RunStatus
+from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.sweeps.spec import Sweep
 from cofrgenet.training.tracking import (
-    MAX_PARAM_LENGTH,
     RUN_ID_FILE,
     RunConfig,
     artifact_location,
+    cut,
+    log_new_params,
     tracking_uri,
 )
 
@@ -74,17 +75,9 @@ def experiment_id(client: MlflowClient, run: RunConfig) -> str:
         return found.experiment_id
 
 
-def _cut(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
-
-
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
     """Log params not yet on the run (MLflow params cannot change)."""
-    existing = client.get_run(run_id).data.params
-    items = [Param(k, _cut(v)) for k, v in params.items() if k not in existing]
-    for start in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[start : start + 100])
+    log_new_params(client, run_id, {k: cut(v) for k, v in params.items()})
 
 
 def sweep_params(sweep: Sweep) -> dict[str, Any]:

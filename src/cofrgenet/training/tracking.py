@@ -164,6 +164,24 @@ def artifact_location(run: RunConfig) -> str | None:
     return None
 
 
+def cut(value: Any) -> str:
+    """``value`` as an MLflow param value: text of at most MAX_PARAM_LENGTH characters."""
+    text = str(value)
+    return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
+
+
+def log_new_params(client: Any, run_id: str, params: dict[str, str]) -> list[str]:
+    """Log the params the run does not have yet, in MLflow's batches of 100 (a param
+    cannot change once logged); returns the keys it has already with another value."""
+    from mlflow.entities import Param
+
+    existing = client.get_run(run_id).data.params
+    items = [Param(k, v) for k, v in params.items() if k not in existing]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100])
+    return [k for k, v in params.items() if k in existing and existing[k] != v]
+
+
 def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     """Nested dicts/lists -> {"a.b.0": "value"} with values cut to MAX_PARAM_LENGTH."""
     flat: dict[str, str] = {}
@@ -172,10 +190,7 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     elif isinstance(config, (list, tuple)) and any(isinstance(v, (dict, list)) for v in config):
         items = ((str(i), v) for i, v in enumerate(config))
     else:
-        text = str(config)
-        if len(text) > MAX_PARAM_LENGTH:
-            text = text[: MAX_PARAM_LENGTH - 3] + "..."
-        return {prefix: text}
+        return {prefix: cut(config)}
     for key, value in items:
         flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat
@@ -255,21 +270,13 @@ class CofrMLFlowLogger(MLFlowLogger):
     @rank_zero_only
     def log_config(self, config: dict[str, Any], yaml_text: str) -> None:
         client, run_id = self.experiment, self.run_id
-        existing = client.get_run(run_id).data.params
-        flat = flatten(config)
-        new = {k: v for k, v in flat.items() if k not in existing}
-        changed = [k for k, v in flat.items() if k in existing and existing[k] != v]
+        changed = log_new_params(client, run_id, flatten(config))
         if changed:
             rank_zero_warn(
                 f"MLflow run {run_id} already has different values for {changed[:5]}"
                 f"{'...' if len(changed) > 5 else ''}; keeping the first ones (MLflow params "
                 "are immutable); the new config is logged as an artifact."
             )
-        from mlflow.entities import Param
-
-        items = [Param(k, v) for k, v in new.items()]
-        for start in range(0, len(items), 100):  # MLflow's batch limit
-            client.log_batch(run_id, params=items[start : start + 100])
         stamp = time.strftime("%Y%m%d-%H%M%S")
         client.log_text(run_id, yaml_text, "config.yaml")
         client.log_text(run_id, yaml_text, f"configs/config-{stamp}.yaml")

@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from cofrgenet.bench import variants
 from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
@@ -71,27 +72,23 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("gpt2", "gpt2-mini", about="GPT-2 baseline"),
+        Variant("gpt2", *variants.model("gpt2"), about="GPT-2 baseline"),
         Variant("gpt2-matched", "gpt2-mini", matched=True, about="GPT-2, MLP sized to -f"),
-        Variant("cofrgenet-f", "gpt2-mini-f", about="Cffn, scalar ladders"),
+        Variant("cofrgenet-f", *variants.model("cofrgenet-f"), about="Cffn, scalar ladders"),
         Variant(
             "cofrgenet-f-elementwise",
-            "gpt2-mini-f",
-            {"cffn_ladder": "elementwise"},
+            *variants.model("cofrgenet-f-elementwise"),
             about="Cffn, elementwise ladders",
         ),
         Variant(
             "cofrgenet-f-ladders-off", "gpt2-mini-f", ladders_off=True, about="Cffn, V = 0 frozen"
         ),
-        Variant("cofrgenet-a", "gpt2-mini-a", about="CAttnM"),
-        Variant("cofrgenet-a-u", "gpt2-mini-a", {"attention": "cattn_u"}, about="CAttnU"),
-        Variant("cofrgenet", "gpt2-mini-fa", about="CAttnM + Cffn"),
+        Variant("cofrgenet-a", *variants.model("cofrgenet-a"), about="CAttnM"),
+        Variant("cofrgenet-a-u", *variants.model("cofrgenet-a-u"), about="CAttnU"),
+        Variant("cofrgenet", *variants.model("cofrgenet"), about="CAttnM + Cffn"),
         # Ablations and other baselines (run by name).
         Variant(
-            "synthesizer-d",
-            "gpt2-mini",
-            {"attention": "synthesizer_dense"},
-            about="Dense Synthesizer attention",
+            "synthesizer-d", *variants.model("synthesizer-d"), about="Dense Synthesizer attention"
         ),
         Variant(
             "cofrgenet-f-paper",

@@ -45,20 +45,25 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.bench import variants
 from cofrgenet.bench.files import free_stem, stem_once, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
-#: Variant name -> (preset, overrides); every variant is rebuilt at the bench's shape.
+#: Variant name -> (preset, overrides) (``bench.variants``); every variant is rebuilt at
+#: the bench's shape.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "gpt2": ("gpt2-mini", {}),
-    "cofrgenet-f": ("gpt2-mini-f", {}),
-    "cofrgenet-f-elementwise": ("gpt2-mini-f", {"cffn_ladder": "elementwise"}),
-    "cofrgenet-a": ("gpt2-mini-a", {}),
-    "cofrgenet-a-u": ("gpt2-mini", {"attention": "cattn_u"}),
-    "cofrgenet": ("gpt2-mini-fa", {}),
-    "llama3": ("llama3-mini", {}),
-    "lstm": ("lstm-mini", {}),
+    name: variants.model(name)
+    for name in (
+        "gpt2",
+        "cofrgenet-f",
+        "cofrgenet-f-elementwise",
+        "cofrgenet-a",
+        "cofrgenet-a-u",
+        "cofrgenet",
+        "llama3",
+        "lstm",
+    )
 }
 BASELINE = "gpt2"
 #: The training dtypes: float32, or autocast to one of the others.

@@ -83,3 +83,11 @@ def test_ctrl_c_before_a_command_handles_it_is_one_line(capsys, monkeypatch):
 def test_predict_is_not_a_command(capsys):
     line = one_line_error(capsys, ["predict", "--config", DEMO])
     assert "invalid choice: 'predict'" in line
+
+
+def test_an_extra_word_points_to_its_commands_help(capsys):
+    line = one_line_error(capsys, ["models", "list", "foo"])
+    assert line == (
+        "cofr models list: error: unrecognized arguments: foo "
+        "(`cofr models list --help` lists the options)"
+    )

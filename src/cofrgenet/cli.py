@@ -253,8 +253,13 @@ def _run(argv: list[str]) -> int:
             return _run_lightning(selected, words)
         return int(selected.load().main(words) or 0)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     command: Command | None = getattr(args, "_command", None)
+    if extra:  # argparse would name the root parser's help, not the command's
+        where = " ".join(["cofr", *(command.path if command else ())])
+        raise UserError(
+            f"unrecognized arguments: {' '.join(extra)} (`{where} --help` lists the options)"
+        )
     if command is None:
         parser.print_help()
         return 2

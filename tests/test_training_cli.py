@@ -629,6 +629,10 @@ def test_lightning_private_api_is_pinned():
         (["--trainer.max_steps", "0"], "trainer.max_steps must be >= 1"),
         (["--trainer.max_steps", "-5"], "trainer: `max_steps` must be"),
         (["--trainer.max_steps", "x"], "trainer.max_steps: expected an integer, got 'x'"),
+        (
+            ["--model.config.depth", "1.5"],
+            r"^model\.config\.depth: expected an integer, got '1\.5'$",
+        ),
         (["--trainer.precision", "17"], "trainer.precision: '17' is not one of 64, 32, 16, .*bf16"),
         (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
         (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),

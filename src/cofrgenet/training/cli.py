@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import (
     Callback,
     ModelCheckpoint,
@@ -70,7 +71,7 @@ class ConfigToRun(SaveConfigCallback):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
 
-    def save_config(self, trainer, pl_module, stage: str) -> None:
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":  # an evaluation keeps the config the run was trained with
             return
         yaml_text = self.parser.dump(self.config, skip_none=False)
@@ -98,6 +99,21 @@ def _bad_choice(message: str) -> str | None:
 
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
+
+
+def _bad_union(message: str) -> str | None:
+    """One line for jsonargparse's report of a value none of a Union's types takes
+    (``int | None`` given 1.5, ``bool | int`` given abc)."""
+    key = re.search(r'Parser key "([^"]+)":\s+Does not validate against any of the Union', message)
+    subtypes = re.search(r"Subtypes: \[([^\]]*)\]", message)
+    given = re.search(r"Given value: (.*?)(?: \(`|$)", message, re.MULTILINE)
+    if not (key and subtypes and given):
+        return None
+    names = re.findall(r"<class '(\w+)'>", subtypes.group(1))
+    kinds = [_TYPE_NAMES.get(n, n) for n in names if n != "NoneType"]
+    if not kinds:
+        return None
+    return f"{key.group(1)}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
 
 
 def _user_error_behind(error: BaseException) -> UserError | None:
@@ -229,6 +245,9 @@ class CofrCLI(LightningCLIAdapter):
         if wrong_type is not None:
             key, expected, value = wrong_type.groups()
             return f"{key}: expected {_TYPE_NAMES.get(expected, expected)}, got {value.strip()!r}"
+        union = _bad_union(message)
+        if union is not None:
+            return union
         if message.startswith(("Unexpected config", "Problems parsing config")):
             bad_file = _bad_config_file(words)
             if bad_file is not None:
@@ -401,7 +420,7 @@ class CofrCLI(LightningCLIAdapter):
         overrides = overrides_dict(None if given is None else vars(given))
         config.data.block_size = resolve_model_config(model.preset, overrides).block_size
 
-    def instantiate_trainer(self, **kwargs: Any):
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # Config against data first: a mismatch must leave no run folder and no MLflow run.
         check_data = getattr(self.model, "check_data", None)
         if callable(check_data) and getattr(self, "datamodule", None) is not None:
@@ -425,7 +444,9 @@ class CofrCLI(LightningCLIAdapter):
                 run_dir.rmdir()
             raise
 
-    def _instantiate_run(self, run: RunConfig, run_dir: Path, lock: RunLock, kwargs: dict):
+    def _instantiate_run(
+        self, run: RunConfig, run_dir: Path, lock: RunLock, kwargs: dict
+    ) -> Trainer:
         held: list[Callback] = [HoldRunLock(lock)] if lock.held else []
         self.check_not_overwriting(run_dir)
         self.choose_checkpoint(run_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Iterable
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -28,7 +29,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """argparse whose errors are :class:`UserError`: the message and where help is, not
     the usage text (the command prints it as one line)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         raise UserError(f"{message} (`{self.prog} --help` lists the options)")
 
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -49,6 +49,9 @@ from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule, Trainer
 
 RECIPE = "conf/experiment/quality-cpu.yaml"
 EXPERIMENT = "bench-quality"
@@ -246,7 +249,14 @@ def step_recorder() -> Any:
             self.step_ends: list[float] = []
             self.tokens_per_step = 0
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        def on_train_batch_end(
+            self,
+            trainer: Trainer,
+            pl_module: LightningModule,
+            outputs: Any,
+            batch: Any,
+            batch_idx: int,
+        ) -> None:
             self.step_ends.append(time.perf_counter())
             self.tokens_per_step = (batch.shape[1] - 1) * batch.shape[0]
             norm = trainer.callback_metrics.get("opt/grad_norm")

@@ -121,7 +121,10 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
-        """Incremental forward (``cofrgenet.nn.decoding``): keys and values are cached."""
+        """Incremental forward (``cofrgenet.nn.decoding``): keys and values are cached.
+
+        x: (B, T, C), the tokens at positions ``start .. start + T - 1`` -> (B, T, C).
+        """
         B, T, C = x.shape
         q, k, v = self._heads(x, start)
         k = append(state, "k", k, dim=2, capacity=self.max_len)

@@ -187,7 +187,10 @@ class CAttnU(LadderLayer):
 
     def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): the ladder outputs y_e of the
-        tokens seen are the state; the new columns t of U_e mix them."""
+        tokens seen are the state; the new columns t of U_e mix them.
+
+        x: (B, T, C), the tokens at positions ``start .. start + T - 1`` -> (B, T, C).
+        """
         length = x.shape[1]
         y = append(
             state, "y", self.ladder_outputs(x, start), dim=3, capacity=self.max_len
@@ -306,7 +309,10 @@ class CAttnM(LadderLayer):
 
     def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): the values X W^v are the state
-        (the logits need only the new queries and the key positions)."""
+        (the logits need only the new queries and the key positions).
+
+        x: (B, T, C), the tokens at positions ``start .. start + T - 1`` -> (B, T, C).
+        """
         length = x.shape[1]
         _check_length("CAttnM", start + length, self.max_len)
         queries, _ = self.attention_logits(x)  # (B, T, L)

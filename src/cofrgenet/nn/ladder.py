@@ -318,7 +318,9 @@ class LadderLayer(nn.Module):
         return f"denominators={self.denominator_kind!r}{floor}, clip_outputs={self.clip_outputs}"
 
 
-def _fill_missing_ranges(module, state_dict, prefix, *args) -> None:
+def _fill_missing_ranges(
+    module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args
+) -> None:
     """Checkpoints from before output clipping load with empty ranges (no clipping)."""
     output_range = getattr(module, "output_range", None)
     if output_range is None:

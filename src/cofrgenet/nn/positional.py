@@ -38,7 +38,9 @@ def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
 # Sinusoidal ---------------------------------------------------------------------------
 
 
-def sinusoidal_encoding(positions: Tensor, dim: int, base: float = 10000.0, dtype=None) -> Tensor:
+def sinusoidal_encoding(
+    positions: Tensor, dim: int, base: float = 10000.0, dtype: torch.dtype | None = None
+) -> Tensor:
     """Sinusoidal position vectors of the original transformer: positions (...,) -> (..., dim).
 
     PE[pos, 2i] = sin(pos / base^(2i / dim)),  PE[pos, 2i + 1] = cos(pos / base^(2i / dim)).
@@ -167,7 +169,10 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 
 def alibi_bias(
-    n_head: int, length: int, device: torch.device | str | None = None, dtype=torch.float32
+    n_head: int,
+    length: int,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Causal ALiBi logit bias -> (n_head, length, length).
 

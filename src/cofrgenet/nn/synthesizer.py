@@ -91,7 +91,10 @@ class DenseSynthesizer(nn.Module):
 
     def decode(self, x: Tensor, state: dict[str, Any], start: int) -> Tensor:
         """Incremental forward (``cofrgenet.nn.decoding``): the values are cached (the
-        logits need only the new queries and the key positions)."""
+        logits need only the new queries and the key positions).
+
+        x: (B, T, C), the tokens at positions ``start .. start + T - 1`` -> (B, T, C).
+        """
         B, T, C = x.shape
         logits = self.attention_logits(x, start + T)  # (B, H, T, start + T)
         logits = logits.masked_fill(~causal_rows(start, T, x.device), float("-inf"))

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cofrgenet.sweeps.spec import (
     StorageOptions,
@@ -18,6 +18,10 @@ from cofrgenet.sweeps.spec import (
     parse_assignment,
     parse_sweep,
 )
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
 
 EXAMPLES = """examples:
   cofr sweep run sweeps/tiny-cpu.yaml                      # one worker (start several)
@@ -136,7 +140,7 @@ def _sweep(path: str, args: argparse.Namespace) -> Sweep:
     return load_sweep(path, overrides)
 
 
-def _load_study(args: argparse.Namespace):
+def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStorage]:
     """(study, sweep, storage) from a sweep file or a study name."""
     import optuna
 

@@ -149,7 +149,14 @@ class PruneAtStep(Callback):
     def _stop_requested(self) -> bool:
         return REQUEUE.is_set() or bool(self.stop_file and os.path.exists(self.stop_file))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         stop = self._stop_requested() if trainer.is_global_zero else False
         if trainer.world_size > 1:
             stop = trainer.strategy.broadcast(stop, src=0)
@@ -176,7 +183,7 @@ class SweepCLI(CofrCLI):
         """A retried trial whose checkpoint is at its last step (the worker died before
         the study heard of it) is measured as it stands: no check."""
 
-    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]):
+    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         from lightning.fabric.plugins.environments import ClusterEnvironment
         from lightning.pytorch.plugins.environments import LightningEnvironment
 

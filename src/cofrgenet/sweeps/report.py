@@ -47,7 +47,15 @@ def heatmap_table(
     return xs, ys, cells
 
 
-def plot_heatmap(xs, ys, cells, x_key: str, y_key: str, metric: str, path: Path) -> None:
+def plot_heatmap(
+    xs: list[Any],
+    ys: list[Any],
+    cells: list[list[float]],
+    x_key: str,
+    y_key: str,
+    metric: str,
+    path: Path,
+) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 

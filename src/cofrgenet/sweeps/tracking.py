@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def run_config(sweep: Sweep, runs_dir: str | None = None) -> RunConfig:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path):
+def file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

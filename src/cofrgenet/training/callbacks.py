@@ -137,7 +137,9 @@ class DyadicUnfreezing(L.Callback):
             rank_zero_info(f"DyadicUnfreezing ({self.schedule}, lr {self.lr}): {plan}")
         self.apply(pl_module, trainer.global_step)
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self.apply(pl_module, trainer.global_step)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -201,11 +203,15 @@ class LadderHealthMonitor(L.Callback):
             layer.track_health = on
             layer.health_near = self.near
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._metrics = {}
         self._set_tracking(pl_module, self._due(trainer))
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         if not self._due(trainer):
             return
         squares: dict[int, torch.Tensor] = {}
@@ -227,7 +233,14 @@ class LadderHealthMonitor(L.Callback):
         ladder = sum(squares.values())
         self._metrics["ladder/grad_share"] = (ladder / total.clamp_min(1e-30)).sqrt().item()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         layers = list(ladder_layers(pl_module))
         if not layers or not any(layer.track_health for _, layer in layers):
             return
@@ -283,12 +296,21 @@ class StopOnSignal(L.Callback):
         self.signal = signum
         print("\nCtrl-C: stopping after this step (press it again to abort without saving)")
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         if self.signal == signal.SIGINT:
             self._stop(trainer)
             raise RunInterrupted(128 + signal.SIGINT)
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if isinstance(exception, SIGTERMException) and self.saved is None:
@@ -349,7 +371,9 @@ class NonFiniteLossGuard(L.Callback):
     Under DDP the decision is reduced across ranks, so every rank stops together.
     """
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss) -> None:
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
         bad = not bool(torch.isfinite(loss.detach()).all())
         if not trainer.strategy.reduce_boolean_decision(bad, all=False):
             return

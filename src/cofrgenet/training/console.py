@@ -69,7 +69,14 @@ class StepProgressBar(RichProgressBar):
         super().on_train_epoch_start(trainer, pl_module)
         self._show_steps(trainer)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._show_steps(trainer)
 

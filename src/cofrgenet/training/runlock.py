@@ -99,5 +99,7 @@ class HoldRunLock(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.lock.release()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         self.lock.release()

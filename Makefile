@@ -16,9 +16,9 @@ install:
 		echo "torchvision does not match this torch build: uninstalling it (not needed)"; \
 		$(PY) -m pip uninstall -y torchvision; }
 	$(PY) -c "import torch, lightning, cofrgenet; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| lightning', lightning.__version__)"
-	@# Learn the help texts and config keys of fit/validate/test/predict now, so that their
+	@# Learn the help texts and config keys of fit/validate/test now, so that their
 	@# --help and config errors answer without importing Lightning (cofrgenet/cli_cache.py).
-	@for command in fit validate test predict; do $(VENV)/bin/cofr $$command --help >/dev/null; done
+	@for command in fit validate test; do $(VENV)/bin/cofr $$command --help >/dev/null; done
 
 test:
 	$(PY) -m pytest

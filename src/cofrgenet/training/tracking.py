@@ -149,6 +149,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
             raise ConfigError(
                 f"no MLflow server answers at {uri} ({reason}): start it, or {fix}"
             ) from None
+    if uri.startswith("sqlite:///"):
+        return  # a local store: made on first use (and not by a start that fails later)
     try:
         MlflowClient(uri)
     except MlflowException as error:

@@ -235,20 +235,14 @@ def log_to_mlflow(
     if loaded.mlflow_run_id is None:
         return None
     from mlflow.entities import Metric
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    uri = loaded.tracking_uri
-    moved = "was the run folder moved or copied? --no-mlflow skips logging"
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise NotLogged(f"no MLflow store at {uri} ({moved})")
-    client = MlflowClient(uri)
-    try:
-        client.get_run(loaded.mlflow_run_id)
-    except MlflowException as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        message = f"MLflow run {loaded.mlflow_run_id} is not in {uri}: {first} ({moved})"
-        raise NotLogged(message) from None
+    from cofrgenet.training.pretrained import unreachable_run
+
+    problem = unreachable_run(loaded.tracking_uri, loaded.mlflow_run_id)
+    if problem is not None:
+        raise NotLogged(problem)
+    client = MlflowClient(loaded.tracking_uri)
     now = int(time.time() * 1000)
     items = [Metric(k, float(v), now, loaded.step) for k, v in mlflow_metrics(results).items()]
     for first in range(0, len(items), 100):  # MLflow's batch limit

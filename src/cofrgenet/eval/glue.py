@@ -462,6 +462,11 @@ def log_to_pretraining_run(
 ) -> str | None:
     """Log ``metrics`` (at ``step``) and ``tags`` onto the pretraining run; returns a
     warning instead of failing (the fine-tuning's own results stand without it)."""
+    from cofrgenet.training.pretrained import unreachable_run
+
+    problem = unreachable_run(uri, run_id)  # before a client could make a stray store
+    if problem is not None:
+        return f"could not log onto the pretraining run: {problem}"
     try:
         from mlflow import MlflowClient
         from mlflow.entities import Metric, RunTag

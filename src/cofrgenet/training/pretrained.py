@@ -229,6 +229,24 @@ def tracking_uri_of(run_dir: Path) -> str:
     return tracking_uri(RunConfig(runs_dir=runs_dir, tracking_uri=run.get("tracking_uri")))
 
 
+def unreachable_run(uri: str, run_id: str) -> str | None:
+    """Why the training run ``run_id`` cannot be logged onto at ``uri`` (a local store
+    that is not there: a moved or copied run folder; a run the store lacks; a server
+    down), or None when it can. Creates no store on the way."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    moved = "was the run folder moved or copied? --no-mlflow skips logging"
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return f"no MLflow store at {uri} ({moved})"
+    try:
+        MlflowClient(uri).get_run(run_id)
+    except MlflowException as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"MLflow run {run_id} is not in {uri}: {first} ({moved})"
+    return None
+
+
 def load_checkpoint(
     path: str | Path,
     device: str = "cpu",

@@ -7,6 +7,7 @@ checkpoint has a run folder, a tokenizer folder and an MLflow run like a user's.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 from cofrgenet.training.cli import CofrCLI
@@ -22,6 +23,14 @@ def tiny_byte_data(out: Path) -> Path:
     if not (out / "meta.json").is_file():
         prepare_data(source="pydoc", tokenizer="byte", out=out, max_docs=12, num_workers=1)
     return out
+
+
+def unloadable_checkpoint(path: Path) -> Path:
+    """An empty zip archive at ``path``: it passes the first look every command takes at
+    a checkpoint (a readable archive) and fails only if loaded, so a test using it shows
+    that its error comes before the model is loaded."""
+    zipfile.ZipFile(path, "w").close()
+    return path
 
 
 def trained_checkpoint(

@@ -26,7 +26,7 @@ from cofrgenet.eval.tasks import (
     read_rows,
     split_last_word,
 )
-from eval_helpers import tiny_byte_data, trained_checkpoint
+from eval_helpers import tiny_byte_data, trained_checkpoint, unloadable_checkpoint
 from test_cli_errors import one_line_error
 
 WIKITEXT = (
@@ -263,8 +263,7 @@ def test_an_empty_or_undecodable_text_file_names_the_file(tmp_path, task):
 def test_cofr_eval_refuses_a_bad_set_file_before_loading_the_model(
     tmp_path, capsys, no_hub, task, file, content, problem
 ):
-    ckpt = tmp_path / "not-loaded.ckpt"  # empty: loading it would fail otherwise
-    ckpt.touch()
+    ckpt = unloadable_checkpoint(tmp_path / "not-loaded.ckpt")
     data = tmp_path / "sets"
     (data / file).parent.mkdir(parents=True, exist_ok=True)
     (data / file).write_bytes(content)
@@ -336,8 +335,7 @@ def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
 
 
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
-    ckpt = tmp_path / "not-loaded.ckpt"  # empty: loading it would fail otherwise
-    ckpt.touch()
+    ckpt = unloadable_checkpoint(tmp_path / "not-loaded.ckpt")
     status = main(["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])
     assert status == 2
     err = capsys.readouterr().err
@@ -361,8 +359,12 @@ def test_cofr_eval_checks_the_checkpoint_and_data_dir_before_the_network(tmp_pat
     assert line.startswith(f"cofr eval: error: no checkpoint file at {tmp_path / 'nope.ckpt'}")
     line = one_line_error(capsys, ["eval", str(tmp_path), "--tasks", "wikitext-2"])
     assert f"{tmp_path} is a folder, not a checkpoint file" in line
-    ckpt = tmp_path / "x.ckpt"
-    ckpt.touch()
+    # A save cut short (no zip directory at its end) is refused before the hub too.
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(b"PK\x03\x04" + bytes(100))
+    line = one_line_error(capsys, ["eval", str(cut), "--tasks", "wikitext-2"])
+    assert line.startswith("cofr eval: error: this checkpoint is damaged or not a cofrgenet")
+    ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")
     missing = tmp_path / "nonexist"
     argv = ["eval", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(missing)]
     line = one_line_error(capsys, argv)
@@ -378,8 +380,7 @@ def test_cofr_eval_refuses_sizes_below_one_at_parse_time(capsys, option, value):
 
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
     data = write_eval_data(tmp_path / "sets")
-    ckpt = tmp_path / "x.ckpt"
-    ckpt.touch()  # not loaded: the --json path is refused first
+    ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the --json path is refused first
     argv = ["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(data), "--json"]
     line = one_line_error(capsys, [*argv, str(tmp_path)])
     assert line == (
@@ -402,8 +403,11 @@ def test_finetune_glue_checks_the_checkpoint_and_json_before_the_data(
     argv = ["finetune", "glue", "--task", "sst2", "--no-mlflow", "--ckpt"]
     line = one_line_error(capsys, [*argv, str(tmp_path / "nope.ckpt")])
     assert f"no checkpoint file at {tmp_path / 'nope.ckpt'}" in line
-    ckpt = tmp_path / "x.ckpt"
-    ckpt.touch()
+    cut = tmp_path / "cut.ckpt"  # a save cut short
+    cut.write_bytes(b"PK\x03\x04" + bytes(100))
+    line = one_line_error(capsys, [*argv, str(cut)])
+    assert f"this checkpoint is damaged or not a cofrgenet checkpoint: {cut}" in line
+    ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")
     line = one_line_error(capsys, [*argv, str(ckpt), "--json", str(tmp_path)])
     assert f"--json {tmp_path} is a folder" in line
 

@@ -32,6 +32,7 @@ from cofrgenet.eval.glue_data import (
     read_task_tsv,
     truncate_pair,
 )
+from eval_helpers import tiny_byte_data, trained_checkpoint, unloadable_checkpoint
 
 # ------------------------------------------------ tiny files in the original GLUE layouts
 
@@ -246,7 +247,7 @@ def test_a_missing_file_names_its_path_and_source(tmp_path, task, missing):
 
 
 def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
-    (tmp_path / "x.ckpt").touch()  # the checkpoint is checked first (before any data)
+    unloadable_checkpoint(tmp_path / "x.ckpt")  # the checkpoint is checked first (before any data)
     status = cofr(
         ["finetune", "glue", "--task", "rte", "--ckpt", str(tmp_path / "x.ckpt"),
          "--data-dir", str(tmp_path)]
@@ -285,7 +286,7 @@ def test_trainer_options_lightning_refuses_are_one_line_errors_before_the_data(
         raise AssertionError("read the GLUE data before checking the trainer options")
 
     monkeypatch.setattr(glue, "load_task", no_data)
-    (tmp_path / "x.ckpt").touch()
+    unloadable_checkpoint(tmp_path / "x.ckpt")
     argv = ["finetune", "glue", "--task", "sst2", "--ckpt", str(tmp_path / "x.ckpt")]
     status = cofr([*argv, "--no-mlflow", option, value])
     err = capsys.readouterr().err.strip()
@@ -431,8 +432,6 @@ def test_schedule_and_config_checks():
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     """A tiny `cofr fit` checkpoint (bytes, block 32) with its run folder and MLflow run."""
-    from eval_helpers import tiny_byte_data, trained_checkpoint
-
     root = tmp_path_factory.mktemp("glue")
     data = tiny_byte_data(root / "data")
     return trained_checkpoint(root, data, preset="gpt2-tiny-f", steps=2)

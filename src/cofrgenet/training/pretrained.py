@@ -11,6 +11,7 @@ and compiled checkpoints included) but without importing Lightning
 from __future__ import annotations
 
 import functools
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,17 @@ def checkpoint_file(path: str | Path) -> Path:
     """``path`` if it is a file (or a sharded FSDP checkpoint folder, which
     :func:`cofrgenet.training.checkpoints.load` explains), else a one-line
     :class:`CheckpointNotFound`: every reader of checkpoints (generate, eval, export,
-    GLUE) checks its argument with this first, before any other work."""
+    GLUE) checks its argument with this first, before any other work.
+
+    A file must also be a zip archive whose directory reads (a save cut short has none):
+    a cheap look at its end, so that a damaged checkpoint fails before the data or the
+    hub are touched; the members' checksums are checked when it is loaded."""
     from cofrgenet.training import checkpoints
 
     path = Path(path)
     if path.is_file():
+        if not zipfile.is_zipfile(path):
+            raise checkpoints.damaged(path)
         return path
     if not path.is_dir():
         raise CheckpointNotFound(

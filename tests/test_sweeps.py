@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.sweeps import SweepError, load_sweep, parse_sweep
 from cofrgenet.sweeps import storage as st
+from cofrgenet.sweeps.fitconfig import check_model_values
 from cofrgenet.sweeps.spec import (
     StorageOptions,
     encode_value,
@@ -632,14 +633,14 @@ def test_a_worker_stops_when_trials_keep_failing_for_one_reason(tiny_data, tmp_p
             sampler={"name": "grid"},
             pruner={"name": "none"},
             n_trials=None,
-            space={"model.config.ladders": {"choices": [0]},
+            space={"data.block_size": {"choices": [64]},
                    "model.optimizer.lr": {"choices": [1e-3, 2e-3, 3e-3, 4e-3, 5e-3]}},
             overrides={"data.data_dir": str(tiny_data)},
         )  # fmt: skip
 
     result = run_worker(load_sweep(failing_sweep(tmp_path / "a")), report=False, mlflow=False)
     assert len(result.outcomes) == 3 and not result.done
-    assert "ladders must be a positive integer" in result.failing
+    assert "data.block_size=64 exceeds the model's block_size=32" in result.failing
     proc = subprocess.run(
         cofr("sweep", "run", str(failing_sweep(tmp_path / "b")), "--no-report", "--no-mlflow"),
         capture_output=True, text=True, env=worker_env(), timeout=600,
@@ -896,7 +897,7 @@ def test_a_worker_whose_trials_all_failed_exits_1(tiny_data, tmp_path, capsys):
         sampler={"name": "grid"},
         pruner={"name": "none"},
         n_trials=None,
-        space={"model.config.ladders": {"choices": [0]},
+        space={"data.block_size": {"choices": [64]},
                "model.optimizer.lr": {"choices": [1e-3, 2e-3]}},
         overrides={"data.data_dir": str(tiny_data)},
     )  # fmt: skip
@@ -906,7 +907,7 @@ def test_a_worker_whose_trials_all_failed_exits_1(tiny_data, tmp_path, capsys):
     assert main(["sweep", "run", str(path), "--no-mlflow", "--no-report"]) == 1
     err = capsys.readouterr().err
     assert "cofr sweep run: no trial of this worker completed: 2 failed, the last with: " in err
-    assert "ladders must be a positive integer" in err
+    assert "data.block_size=64 exceeds the model's block_size=32" in err
     sweep = load_sweep(path)
     trials = study_of(st.default_storage(sweep), sweep.study).get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
@@ -1066,6 +1067,28 @@ def test_a_typo_in_a_fixed_preset_stops_the_worker_before_the_study(tmp_path):
     with pytest.raises(SweepError, match=r"model\.preset: unknown preset 'gpt2-tiny-ff' "):
         run_worker(load_sweep(sweep_path), report=False, mlflow=False)
     assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+
+def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, capsys):
+    """A bad fixed model.config value is refused before the study (and before sbatch);
+    one that only clashes with some sampled values is left to those trials."""
+    bad = write_sweep(tmp_path, overrides={"model.config.n_head": 5})
+    message = (
+        r"no trial could build its model \(at each of the 4 points of the space tried\): "
+        r"n_embd \(64\) must be a multiple of n_head \(5\)"
+    )
+    with pytest.raises(SweepError, match=message):
+        run_worker(load_sweep(bad), report=False, mlflow=False)
+    line = one_line_error(capsys, ["sweep", "submit", str(bad), "--dry-run"])
+    assert "no trial could build its model" in line and "n_head (5)" in line
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+    # n_head 3 does not divide the width 64, n_head 4 does: only some trials fail.
+    mixed = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 4]}}))
+    check_model_values(mixed, trial_config(mixed, {"model.config.n_head": 3}))
+    wrong = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 5]}}))
+    with pytest.raises(SweepError, match=r"2 points .*: n_embd \(64\) must be a multiple of"):
+        check_model_values(wrong, trial_config(wrong, {"model.config.n_head": 3}))
 
 
 def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):

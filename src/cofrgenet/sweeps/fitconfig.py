@@ -22,8 +22,10 @@ to size a ``tokens`` budget and to derive ``#SBATCH`` resources (``cofr sweep su
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import io
+import itertools
 import logging
 import tempfile
 import warnings
@@ -34,7 +36,7 @@ from typing import Any
 import yaml
 
 from cofrgenet.errors import ConfigError, did_you_mean
-from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.config import ModelConfig, resolve_model_config
 from cofrgenet.models.presets import preset_dict
 from cofrgenet.sweeps.spec import (
     Sweep,
@@ -45,6 +47,7 @@ from cofrgenet.sweeps.spec import (
     set_dotted,
 )
 from cofrgenet.training.cli import ParseOnlyCLI
+from cofrgenet.training.model_options import overrides_dict
 
 
 @contextlib.contextmanager
@@ -224,3 +227,47 @@ def checked_config(args: Sequence[str]) -> tuple[dict[str, Any], str]:
         hints = "".join(did_you_mean(key, valid) for key in unknown)
         raise SweepError(f"unknown model.config key(s) {unknown}{hints}")
     return config, text
+
+
+#: At most this many points of the space are tried by :func:`check_model_values`.
+MODEL_PROBES = 32
+
+
+def _model_problem(config: dict[str, Any]) -> str | None:
+    """Why ``config``'s ``model.preset`` and ``model.config`` make no ModelConfig, or None."""
+    model = config.get("model") or {}
+    try:
+        resolve_model_config(model.get("preset"), overrides_dict(model.get("config")))
+    except (ConfigError, TypeError, ValueError) as error:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return None
+
+
+def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
+    """SweepError when no point of the space builds a model: a fixed ``model.config``
+    value that is invalid whatever is sampled (``n_head: 5`` with a width of 64) would
+    otherwise fail every trial; the parse already refused wrong types and choices.
+
+    ``probe`` is one trial's resolved config. The space's model keys are set to each
+    combination of their ends (``low``, ``high``) or choices, at most
+    :data:`MODEL_PROBES` of them; one valid combination is enough, since a value that
+    is only invalid beside some sampled ones fails just those trials.
+    """
+    keys = [p for p in sweep.space if p.key == "model.preset" or p.key.startswith("model.config.")]
+    ends = [
+        list(p.choices) if p.kind == "categorical" else list(dict.fromkeys([p.low, p.high]))
+        for p in keys
+    ]
+    problems: list[str] = []
+    for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
+        config = copy.deepcopy(probe)
+        for param, value in zip(keys, values, strict=True):
+            set_dotted(config, param.key, int(value) if param.kind == "int" else value)
+        problem = _model_problem(config)
+        if problem is None:
+            return
+        problems.append(problem)
+    tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""
+    raise SweepError(
+        f"no trial could build its model{tried}: {problems[0]}; fix the sweep's overrides or --set"
+    )

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import check_keys
+from cofrgenet.sweeps.fitconfig import check_keys, check_model_values
 from cofrgenet.sweeps.objective import REQUEUE, UID_ATTR, Outcome, TrialContext, run_trial
 from cofrgenet.sweeps.spec import (
     Sweep,
@@ -220,6 +220,7 @@ def run_worker(
     check_keys(sweep, extra)
     try:
         probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
+        check_model_values(sweep, probe)
     except SweepError as error:
         raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
 

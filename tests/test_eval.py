@@ -156,6 +156,14 @@ def test_text_perplexity_normalisations():
     assert result.token_ppl == pytest.approx(math.exp(result.nll / result.tokens))
     assert result.word_ppl == pytest.approx(math.exp(result.nll / 5))
     assert result.bits_per_byte == pytest.approx(result.nll / math.log(2) / result.bytes)
+    # Given the text before detokenisation, words and bytes are counted on it; the
+    # scored tokens (and so the NLL) are those of the detokenised text.
+    original = "héllo wide world\nof text , and more"
+    again = text_perplexity(
+        model, lambda s: list(s.encode()), 256, text, block=4, stride=2, original=original
+    )
+    assert (again.nll, again.tokens) == (result.nll, result.tokens)
+    assert (again.words, again.bytes) == (8, len(original.encode()))
 
 
 # ------------------------------------------------------------------ LAMBADA
@@ -176,6 +184,21 @@ def test_continuation_scores_match_a_direct_computation():
         target = torch.tensor(cont)
         assert loglik == pytest.approx(logprobs.gather(-1, target[:, None]).sum().item(), rel=1e-6)
         assert greedy == bool((logprobs.argmax(-1) == target).all())
+
+
+def test_the_greedy_choice_is_among_the_tokenizers_ids():
+    """A padded vocabulary's extra ids are no token: one of them at the top of the logits
+    does not make the target not greedy (as in the harness)."""
+
+    def padded(inputs: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(*inputs.shape, 8)
+        logits[..., 3] = 5.0  # the target
+        logits[..., 7] = 5.1  # a padding id, beyond the tokenizer's 6 ids
+        return logits
+
+    pairs = [([1, 2], [3])]
+    assert score_continuations(padded, pairs, block=4)[0][1] is False
+    assert score_continuations(padded, pairs, block=4, n_real=6)[0][1] is True
 
 
 # ------------------------------------------------------------------ data
@@ -202,9 +225,11 @@ def test_a_missing_set_names_the_expected_file_and_its_source(tmp_path, monkeypa
 
 
 def test_hub_rows_are_joined_like_the_files(monkeypatch, tmp_path):
-    lines = [" = A = \n", " \n", " text , here \n"]
-    monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: lines)
-    assert read_rows(get_task("wikitext-2"), "test", tmp_path) == ["".join(lines)]
+    # WikiText's hub builder yields each line of the file, but "" for a blank line (" \n").
+    rows = ["", " = A = \n", "", " text , here \n", "", " = B = \n"]
+    monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: rows)
+    file = " \n = A = \n \n text , here \n \n = B = \n"
+    assert read_rows(get_task("wikitext-2"), "test", tmp_path) == [file]
     monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: [" \n", ""])
     with pytest.raises(EvalDataError, match="ptb: the Hugging Face dataset's test split has no"):
         read_rows(get_task("ptb"), "test", tmp_path)
@@ -292,7 +317,10 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     report = json.loads(out.read_text())
     wiki = report["results"]["wikitext-2"]
     assert report["stride"] == 16 and report["block_size"] == 32
-    assert wiki["words"] == len(wikitext_detokenize(WIKITEXT).split())
+    # Words and bytes of the original text, as lm-eval's wikitext task counts them: the
+    # detokenised text has fewer words (", " and " @-@ " join their neighbours).
+    assert wiki["words"] == len(WIKITEXT.split()) > len(wikitext_detokenize(WIKITEXT).split())
+    assert wiki["bytes"] == len(WIKITEXT.encode())
     assert 1 < wiki["token_ppl"] < 400 and wiki["word_ppl"] > wiki["token_ppl"]
     assert 0 <= report["results"]["lambada"]["accuracy"] <= 1
     assert report["results"]["lambada"]["examples"] == 2

@@ -99,6 +99,14 @@ def test_loglikelihood_equals_the_model_called_directly(lm):
     assert got[1][0] == pytest.approx(lm.loglikelihood(requests(("x = 1 +", " 2")))[0][0], abs=1e-6)
 
 
+def test_a_whitespace_context_is_read_as_eos(lm):
+    # lm-eval moves the context's trailing whitespace onto the continuation: nothing is
+    # left of "\n", and EOS is the context, as for "".
+    ((logprob, _),) = lm.loglikelihood(requests(("\n", "x")))
+    tokens = [BYTES.eos_id, *BYTES.encode("\nx")]
+    assert logprob == pytest.approx(direct_logprob(lm.model, tokens[:-1], tokens[1:]), abs=1e-5)
+
+
 @pytest.mark.parametrize("preset", ["gpt2-tiny-fa", "llama3-tiny-a", "lstm-tiny"])
 def test_batches_padded_on_the_right_score_like_single_sequences(preset):
     # Every mixer is causal, so right padding in a batch changes no scored position.

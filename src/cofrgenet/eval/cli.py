@@ -156,18 +156,20 @@ def evaluate_tasks(
                 block,
                 batch_size,
                 device,
+                n_real=tokenizer.vocab_size,
             ).metrics()
         else:
-            text = task.detokenize(texts[name][0])
+            raw = texts[name][0]
             metrics = text_perplexity(
                 loaded.model,
                 tokenizer.encode,
                 tokenizer.eos_id,
-                text,
+                task.detokenize(raw),
                 block,
                 stride,
                 batch_size,
                 device,
+                original=raw,
             ).metrics()
         metrics["seconds"] = time.perf_counter() - started
         results[name] = metrics

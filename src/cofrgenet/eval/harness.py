@@ -372,8 +372,11 @@ class _CofrgenetLMImpl:
         disable_tqdm: bool = False,
         **kwargs: Any,
     ) -> list[tuple[float, bool]]:
+        # A context of whitespace only ("\n") leaves no context ids once lm-eval has moved
+        # its trailing whitespace into the continuation: EOS stands in, as for "".
         results = self._score_sequences(
-            [(ctx, cont) for _, ctx, cont in requests], disable_tqdm=disable_tqdm
+            [(ctx or [self.eot_token_id], cont) for _, ctx, cont in requests],
+            disable_tqdm=disable_tqdm,
         )
         for (request, _, _), answer in zip(requests, results, strict=True):
             if request is not None:

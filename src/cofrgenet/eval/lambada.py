@@ -46,11 +46,14 @@ def score_continuations(
     block: int,
     batch_size: int = 16,
     device: str | torch.device = "cpu",
+    n_real: int | None = None,
 ) -> list[tuple[float, bool]]:
     """(log-likelihood, greedy) of each continuation given its context.
 
     pairs: (context ids, continuation ids); the context must not be empty (start it with
     EOS when there is none). Their concatenation keeps its last ``block + 1`` tokens.
+    n_real: the tokenizer's vocabulary size; the greedy choice is taken among ids below
+    it (the ids above pad the model's vocabulary and are no token).
     """
     if any(len(cont) > block for _, cont in pairs):
         raise ValueError(f"a continuation is longer than the model's block ({block} tokens)")
@@ -69,7 +72,7 @@ def score_continuations(
             target = torch.tensor(cont, device=device)
             picked = logprobs[i, positions]  # (n, V)
             loglik = picked.gather(-1, target[:, None]).sum().item()
-            greedy = bool((picked.argmax(-1) == target).all())
+            greedy = bool((picked[:, :n_real].argmax(-1) == target).all())
             results.append((loglik, greedy))
     return results
 
@@ -82,12 +85,15 @@ def lambada(
     block: int,
     batch_size: int = 16,
     device: str | torch.device = "cpu",
+    n_real: int | None = None,
 ) -> LambadaResult:
+    """Accuracy and target-word perplexity over ``passages`` (n_real: as for
+    :func:`score_continuations`)."""
     pairs = []
     for passage in passages:
         context, target = split_last_word(passage)
         pairs.append(([eos_id, *encode(context)], encode(target)))
-    scores = score_continuations(model, pairs, block, batch_size, device)
+    scores = score_continuations(model, pairs, block, batch_size, device, n_real)
     return LambadaResult(
         correct=sum(greedy for _, greedy in scores),
         examples=len(scores),

@@ -12,8 +12,10 @@ with different tokenizers compare (:class:`PerplexityResult`):
 
 * token perplexity: ``exp(nll / tokens)``; depends on the tokenizer.
 * word perplexity: ``exp(nll / words)``, words = whitespace-separated words of the
-  scored (detokenised) text; the same for every tokenizer.
-* bits per byte: ``nll / (ln 2 * bytes)``, bytes = the scored text's UTF-8 bytes.
+  set's original text, before detokenisation (the dataset's own word-level tokens, as
+  lm-evaluation-harness's ``wikitext`` task and GPT-2's paper count them); the same for
+  every tokenizer.
+* bits per byte: ``nll / (ln 2 * bytes)``, bytes = the original text's UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -131,15 +133,19 @@ def text_perplexity(
     stride: int | None = None,
     batch_size: int = 8,
     device: str | torch.device = "cpu",
+    original: str | None = None,
 ) -> PerplexityResult:
     """Sliding-window perplexity of ``text`` (already detokenised) under ``model``.
 
     stride: default ``block // 2``.
+    original: the text before detokenisation, whose words and bytes are the
+    denominators of word perplexity and bits per byte (default: ``text``).
     """
     ids = torch.tensor([eos_id, *encode(text)], dtype=torch.long, device=device)
     if len(ids) < 2:
         raise ValueError("the text is empty: nothing to score")
     nll, tokens = window_nll(model, ids, block, stride or max(1, block // 2), batch_size)
+    counted = text if original is None else original
     return PerplexityResult(
-        nll=nll, tokens=tokens, words=len(text.split()), bytes=len(text.encode("utf-8"))
+        nll=nll, tokens=tokens, words=len(counted.split()), bytes=len(counted.encode("utf-8"))
     )

@@ -48,6 +48,8 @@ class Task:
     hub: (dataset path, config name, text field) in the Hugging Face hub.
     hub_splits: our split name -> the hub's.
     join: how the hub's rows are joined into one text.
+    blank_row: what an empty hub row stands for (WikiText's builder yields "" for the
+        file's blank lines, which are " \n").
     source: where the original files come from (for the error message).
     """
 
@@ -59,6 +61,7 @@ class Task:
     join: str
     detokenizer: str
     source: str
+    blank_row: str = ""
 
     @property
     def detokenize(self) -> Callable[[str], str]:
@@ -78,6 +81,7 @@ def _wikitext(size: str) -> Task:
         join="",  # the hub's rows are the file's lines, newline included
         detokenizer="wikitext",
         source=f"wikitext-{size}-raw-v1.zip (Salesforce's WikiText release; unzip it here)",
+        blank_row=" \n",
     )
 
 
@@ -152,7 +156,9 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         ) from None
     if not any(isinstance(row, str) and row.strip() for row in rows):  # nothing to score
         raise EvalDataError(f"{task.name}: the Hugging Face dataset's {split} split has no text")
-    return rows if task.kind == "lambada" else [task.join.join(rows)]
+    if task.kind == "lambada":
+        return rows
+    return [task.join.join(row or task.blank_row for row in rows)]
 
 
 def _layout(task: Task) -> str:

@@ -330,6 +330,23 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     run = mlflow.get_run(report["mlflow_run_id"])
     assert run.data.metrics["eval/wikitext-2/word_ppl"] == pytest.approx(wiki["word_ppl"])
     assert "eval/lambada/accuracy" in run.data.metrics
+    tags = run.data.tags
+    assert tags["eval/wikitext-2/protocol"] == "step 2, test split, stride 16 of block 32"
+    assert tags["eval/lambada/protocol"] == "step 2, test split"
+
+    # The validation split goes under eval/valid/ (the test figures stay), and a --limit
+    # run is not logged at all: neither may stand beside the paper's test-set columns.
+    text = WIKITEXT.replace("Boulter", "Smith")
+    (data / "wikitext-2-raw" / "wiki.valid.raw").write_text(text)
+    valid = ["eval", str(checkpoint), "--tasks", "wikitext-2", "--data-dir", str(data)]
+    assert main([*valid, "--split", "valid", "--stride", "16"]) == 0
+    assert "as eval/valid/<task>/<metric>" in capsys.readouterr().out
+    assert main([*argv, "--limit", "1"]) == 0
+    assert "not logged to MLflow: --limit 1 scores part of the sets" in capsys.readouterr().out
+    metrics = mlflow.get_run(report["mlflow_run_id"]).data.metrics
+    assert metrics["eval/wikitext-2/word_ppl"] == pytest.approx(wiki["word_ppl"])
+    assert metrics["eval/valid/wikitext-2/word_ppl"] != pytest.approx(wiki["word_ppl"])
+    assert metrics["eval/lambada/examples"] == 2
 
     # Disjoint windows see less context: never a lower NLL than overlapping ones here.
     assert main([*argv, "--json", str(out), "--stride", "32", "--no-mlflow"]) == 0

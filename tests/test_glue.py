@@ -552,6 +552,27 @@ def test_the_hub_gives_the_same_examples_and_a_clear_error_offline(monkeypatch):
     assert "--data-dir" in message and "gluebenchmark.com" in message and "\n" not in message
 
 
+def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
+    pretrained, tmp_path, capsys
+):
+    import mlflow
+
+    glue = _tiny_sst2(tmp_path / "glue")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{pretrained.parents[3] / 'mlflow.db'}")
+    pretrain_id = (pretrained.parents[1] / "mlflow_run_id").read_text().strip()
+    before = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
+         "--batch-size", "8", "--max-steps", "1", "--max-eval-samples", "4",
+         "--accelerator", "cpu", "--no-progress", "--name", "part"]
+    )  # fmt: skip
+    assert status == 0
+    err = capsys.readouterr().err
+    assert "not logged onto the pretraining run: --max-eval-samples 4 use part of the task" in err
+    after = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
+    assert [(m.value, m.timestamp) for m in after] == [(m.value, m.timestamp) for m in before]
+
+
 def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeypatch, capsys):
     import mlflow
 

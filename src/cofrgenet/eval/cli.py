@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit",
         type=at_least(int, 1),
         default=None,
-        help="only the first N LAMBADA passages / harness docs",
+        help="only the first N LAMBADA passages / harness docs (not logged to MLflow)",
     )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
     parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N")
@@ -214,13 +214,31 @@ def print_harness_results(results: dict[str, dict[str, float]], title: str) -> N
     Console(width=max(Console().width, 110)).print(table)
 
 
-def mlflow_metrics(results: dict[str, dict[str, float]]) -> dict[str, float]:
-    """``eval/<task>/<metric>`` for every number (counts and seconds included)."""
+def metric_prefix(task: str, split: str) -> str:
+    """Where ``task``'s numbers go in MLflow: ``eval/<task>`` for the test split (the
+    paper's, which ``cofr compare`` sets beside its rows), ``eval/valid/<task>`` for the
+    validation split, so neither replaces the other. Harness tasks keep ``eval/<task>``:
+    their split is the task's own."""
+    return f"eval/{task}" if split == "test" or task not in TASKS else f"eval/{split}/{task}"
+
+
+def mlflow_metrics(results: dict[str, dict[str, float]], split: str = "test") -> dict[str, float]:
+    """``<prefix>/<metric>`` for every number (counts and seconds included)."""
     return {
-        f"eval/{task}/{key}": value
+        f"{metric_prefix(task, split)}/{key}": value
         for task, metrics in results.items()
         for key, value in metrics.items()
     }
+
+
+def protocol(task: str, step: int | None, report: dict[str, Any]) -> str:
+    """How ``task``'s numbers were made, in a few words (an MLflow tag beside them)."""
+    if task not in TASKS:
+        return f"step {step}, lm-evaluation-harness"
+    made = f"step {step}, {report['split']} split"
+    if get_task(task).kind == "perplexity":
+        made += f", stride {report['stride']} of block {report['block_size']}"
+    return made
 
 
 class NotLogged(Exception):
@@ -236,7 +254,7 @@ def log_to_mlflow(
     server down): the results are printed already, and no store is created on the way."""
     if loaded.mlflow_run_id is None:
         return None
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
     from cofrgenet.training.pretrained import unreachable_run
@@ -246,9 +264,17 @@ def log_to_mlflow(
         raise NotLogged(problem)
     client = MlflowClient(loaded.tracking_uri)
     now = int(time.time() * 1000)
-    items = [Metric(k, float(v), now, loaded.step) for k, v in mlflow_metrics(results).items()]
+    split = report["split"]
+    logged = mlflow_metrics(results, split)
+    items = [Metric(k, float(v), now, loaded.step) for k, v in logged.items()]
+    # How each number was made, beside it (a later run with another stride replaces it).
+    tags = [
+        RunTag(f"{metric_prefix(task, split)}/protocol", protocol(task, loaded.step, report))
+        for task in results
+    ]
     for first in range(0, len(items), 100):  # MLflow's batch limit
         client.log_batch(loaded.mlflow_run_id, metrics=items[first : first + 100])
+    client.log_batch(loaded.mlflow_run_id, tags=tags)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     client.log_text(loaded.mlflow_run_id, json.dumps(report, indent=2), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id
@@ -316,7 +342,12 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         write_results(out, report)
         print(f"results: {out}")
-    if not args.no_mlflow:
+    if not args.no_mlflow and args.limit is not None:
+        print(
+            f"not logged to MLflow: --limit {args.limit} scores part of the sets, which "
+            "would stand beside full scores under the same names (run without --limit)"
+        )
+    elif not args.no_mlflow:
         try:
             run_id = log_to_mlflow(loaded, results, report)
         except NotLogged as error:
@@ -325,5 +356,6 @@ def run(args: argparse.Namespace) -> int:
         if run_id is None:
             print("not logged to MLflow: the checkpoint is not in a tracked run folder")
         else:
-            print(f"logged to MLflow run {run_id} as eval/<task>/<metric> ({loaded.tracking_uri})")
+            where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
+            print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")
     return 0

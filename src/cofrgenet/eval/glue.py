@@ -728,7 +728,21 @@ def finetune(
         "run_dir": str(run_dir),
         "warnings": warnings,
     }
-    if mlflow and loaded.mlflow_run_id and loaded.tracking_uri:
+    partial = [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in (
+            ("max_train_samples", config.max_train_samples),
+            ("max_eval_samples", config.max_eval_samples),
+        )
+        if value is not None
+    ]
+    if mlflow and loaded.mlflow_run_id and partial:
+        # A subset's scores would stand beside full ones under the same names.
+        warnings.append(
+            f"not logged onto the pretraining run: {' and '.join(partial)} use part of the "
+            "task (its own fine-tuning run has them)"
+        )
+    elif mlflow and loaded.mlflow_run_id and loaded.tracking_uri:
         warning = log_to_pretraining_run(
             loaded.tracking_uri,
             loaded.mlflow_run_id,

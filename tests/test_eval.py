@@ -481,6 +481,13 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert int(cells[5].replace(",", "")) > 0 and float(cells[10]) > 1  # params, ptb ppl
     assert "| GPT2-xl (paper) |" in table and "| 30.12 |" in table
     assert (out / "pareto.png").stat().st_size > 1000
+    # An older checkpoint (step 1) evaluated later does not replace the newest's figure.
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
+    client.log_metric(run_id, "eval/ptb/word_ppl", 12345.0, step=1)
+    assert main([*argv, "--metric", "eval/ptb/word_ppl"]) == 0
+    assert "12345" not in (out / "compare.md").read_text()
+    assert f"| {cells[10]} |" in (out / "compare.md").read_text()
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
 

@@ -145,11 +145,17 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
     rates = [m.value for m in client.get_metric_history(run.info.run_id, RATE_KEY)]
     metrics = dict(run.data.metrics)
     for key in metrics:
-        if key == "val/loss" or key.startswith("eval/"):
+        if key != "val/loss" and not key.startswith("eval/"):
+            continue
+        history = client.get_metric_history(run.info.run_id, key)
+        if key == "val/loss":
             # The value logged last: a final `cofr validate` logs after the fit at an
             # earlier step, which MLflow's "latest" (highest step) would hide.
-            history = client.get_metric_history(run.info.run_id, key)
             metrics[key] = max(history, key=lambda m: (m.timestamp, m.step)).value
+        elif key.startswith("eval/"):
+            # The newest checkpoint's (each is logged at its checkpoint's step), evaluated
+            # last: an older checkpoint evaluated later does not replace it.
+            metrics[key] = max(history, key=lambda m: (m.step, m.timestamp)).value
     return RunRow(
         run_id=run.info.run_id,
         name=run.info.run_name or run.info.run_id[:8],

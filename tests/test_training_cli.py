@@ -82,7 +82,14 @@ def test_every_conf_file_parses_against_the_code():
     files = sorted(CONF.rglob("*.yaml"))
     assert len(files) >= 15  # trainer and data groups, experiments
     for path in files:
-        ParseOnlyCLI(args=["fit", "--config", str(path)])
+        parsed = ParseOnlyCLI(args=["fit", "--config", str(path)]).config["fit"]
+        # Lightning counts val_check_interval in training batches, not optimizer steps:
+        # a recipe that validates where it checkpoints multiplies by the accumulation.
+        accumulate = parsed["trainer"]["accumulate_grad_batches"]
+        interval = parsed["trainer"]["val_check_interval"]
+        every = parsed["run"]["checkpoint_every_n_steps"]
+        if isinstance(interval, int) and every and accumulate > 1:
+            assert interval == every * accumulate, f"{path}: validates every {interval} batches"
         section = yaml.safe_load(path.read_text()).get("model")
         if section and "preset" in section:  # not a trainer file's `compile: true` alone
             config = ModelConfig.from_preset(section["preset"], **(section.get("config") or {}))

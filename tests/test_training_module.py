@@ -171,6 +171,30 @@ def _fresh_linear() -> torch.Tensor:
     )
 
 
+def test_an_epoch_limit_before_max_steps_sets_the_schedules_length():
+    """max_steps 100, but one epoch of 10 batches with accumulation 2 ends the run after 5
+    optimizer steps: the depths are released and the learning rate reaches its floor
+    within those 5, not on a 100-step plan the run never reaches."""
+    torch.manual_seed(0)
+    config = OptimizerConfig(lr=1e-2, warmup_steps=0, min_lr_ratio=0.1)
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 2}, optimizer=config)
+    dyadic = DyadicUnfreezing("paper")
+    lrs = []
+
+    class LearningRates(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            lrs.append(optimizer.param_groups[0]["lr"])
+
+    trainer = tiny_trainer(
+        100, [dyadic, LearningRates()], max_epochs=1, limit_train_batches=10,
+        accumulate_grad_batches=2,
+    )  # fmt: skip
+    trainer.fit(module, token_loader())
+    assert trainer.global_step == 5 and module.total_steps() == 5
+    assert dyadic._releases == {1: release_step(1, 5, "paper"), 2: release_step(2, 5, "paper")}
+    assert lrs[0] == pytest.approx(1e-2) and lrs[-1] < 0.2e-2  # near the 1e-3 floor
+
+
 def test_dyadic_unfreezing_is_a_function_of_the_global_step():
     module = LanguageModel("gpt2-tiny-f", config={"depth": 2})
     callback = DyadicUnfreezing("paper", total_steps=100)
@@ -266,6 +290,8 @@ def test_gradient_spikes_are_counted_against_the_recent_median():
     resumed = LanguageModel("gpt2-tiny")
     resumed.on_load_checkpoint(checkpoint)
     assert resumed.grad_spikes == 2
+    # The window of recent norms resumes too: the next spike counts at once.
+    assert int(resumed._count_spike(torch.tensor(50.0))) == 3
 
 
 def test_released_depths_get_a_schedule_of_their_own():

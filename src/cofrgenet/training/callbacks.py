@@ -20,6 +20,7 @@ from torch import nn
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
+from cofrgenet.training.optim import planned_steps
 
 SCHEDULES = ("paper", "early", "none")
 #: How a released depth's learning rate is set (DyadicUnfreezing's ``lr``).
@@ -83,8 +84,8 @@ class DyadicUnfreezing(L.Callback):
 
     Args:
         schedule: "paper" (default), "early" or "none"; see :func:`release_step`.
-        total_steps: t; default: the trainer's ``max_steps`` (or its estimated stepping
-            batches when ``max_steps`` is -1).
+        total_steps: t; default: the steps the run will take: ``max_steps``, or fewer
+            when an epoch limit ends it first (:func:`~cofrgenet.training.optim.planned_steps`).
         lr: "global" (the paper's: a released depth follows the run's learning-rate
             schedule, so under warmup + cosine the last depths train near the floor) or
             "release" (each depth gets the run's warmup + cosine restarted at its release
@@ -111,9 +112,7 @@ class DyadicUnfreezing(L.Callback):
     def _total(self, trainer: L.Trainer) -> int:
         if self.total_steps is not None:
             return self.total_steps
-        if trainer.max_steps and trainer.max_steps > 0:
-            return trainer.max_steps
-        return int(trainer.estimated_stepping_batches)
+        return planned_steps(trainer)
 
     def release_steps(self, module: nn.Module, total_steps: int) -> dict[int, int]:
         depths = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from cofrgenet.training.optim import (
     OptimizerConfig,
     build_adamw,
     describe_groups,
+    planned_steps,
     released_warmup_cosine,
     scales_loss,
     warmup_cosine,
@@ -130,10 +130,18 @@ class LanguageModel(L.LightningModule):
         checkpoint["state_dict"] = uncompiled(checkpoint.get("state_dict", {}))
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
         self._spike_count = torch.tensor(int(checkpoint.get("grad_spikes", 0)))
+        # The recent norms the spike test compares with: without them a resumed run
+        # would count no spike for its first SPIKE_WINDOW steps.
+        window = checkpoint.get("grad_norm_window")
+        if window is not None and len(window) == SPIKE_WINDOW:
+            self._grad_norms = torch.tensor(window, dtype=torch.float32)
+            self._grad_norm_count = int(checkpoint.get("grad_norm_count", 0))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
         checkpoint["grad_spikes"] = self.grad_spikes
+        checkpoint["grad_norm_window"] = self._grad_norms.cpu().tolist()
+        checkpoint["grad_norm_count"] = self._grad_norm_count
         checkpoint["model_config"] = self.model_config.to_dict()
 
     # ------------------------------------------------------------------------ steps
@@ -226,12 +234,8 @@ class LanguageModel(L.LightningModule):
     # -------------------------------------------------------------------- optimizer
 
     def total_steps(self) -> int:
-        if self.trainer.max_steps and self.trainer.max_steps > 0:
-            return self.trainer.max_steps
-        steps = self.trainer.estimated_stepping_batches
-        if not math.isfinite(steps):
-            raise ConfigError("set trainer.max_steps: the cosine schedule needs the run's length")
-        return int(steps)
+        """The run's optimizer steps (:func:`cofrgenet.training.optim.planned_steps`)."""
+        return planned_steps(self.trainer)
 
     def _release_plan(self) -> dict[int, int]:
         """{depth: release step} when a DyadicUnfreezing(lr="release") is on the trainer."""

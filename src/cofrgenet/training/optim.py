@@ -265,3 +265,17 @@ def released_warmup_cosine(
         return 0.0
     window = max(1, total_steps - release)
     return warmup_cosine(step - release, window, min(warmup_steps, window // 4), min_lr_ratio)
+
+
+def planned_steps(trainer: Any) -> int:
+    """t, the optimizer steps this run will take, for the cosine schedule and the dyadic
+    release steps: ``max_steps``, or fewer when an epoch limit (``max_epochs``,
+    ``limit_train_batches``) ends the run first. Lightning's estimate, which counts
+    gradient accumulation; ConfigError when the run has no end."""
+    steps = trainer.estimated_stepping_batches
+    if not math.isfinite(steps):
+        raise ConfigError(
+            "set trainer.max_steps (or max_epochs): the cosine schedule and the dyadic "
+            "release steps need the run's length"
+        )
+    return int(steps)

@@ -276,6 +276,31 @@ def test_training_logs_and_health_at_the_steps_measured():
     assert all(0 < m["ladder/cffn/max_abs_z"] <= 2.0 for m in health)
 
 
+def test_with_accumulation_each_step_logs_once_its_mean_loss_and_health():
+    """accumulate_grad_batches 2: train/loss is the mean of the step's two micro-batch
+    losses (not the last one's), and the ladder health is written once per due step, at
+    that step (not also at the previous step, from the first micro-batch)."""
+    torch.manual_seed(0)
+    losses: list[float] = []
+
+    class MicroLosses(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            losses.append(float(outputs["loss"]) * 2)  # Lightning scales it by 1/accumulation
+
+    logger = RecordingLogger()
+    trainer = tiny_trainer(
+        4, [LadderHealthMonitor(every_n_steps=2), MicroLosses()], log_every_n_steps=1,
+        logger=logger, accumulate_grad_batches=2,
+    )  # fmt: skip
+    trainer.fit(LanguageModel("gpt2-tiny-fa"), token_loader())
+    assert logger.steps_of("train/loss") == [0, 1, 2, 3]
+    logged = [m["train/loss"] for _, m in logger.records if "train/loss" in m]
+    means = [(a + b) / 2 for a, b in zip(losses[::2], losses[1::2], strict=True)]
+    assert logged == pytest.approx(means, rel=1e-6)
+    for key in ("ladder/cffn/min_abs_kd", "ladder/grad_share"):
+        assert logger.steps_of(key) == [0, 2], key
+
+
 def test_gradient_spikes_are_counted_against_the_recent_median():
     module = LanguageModel("gpt2-tiny")
     norms = [1.0] * SPIKE_WINDOW + [9.0, 11.0, 1.0, 30.0]
@@ -425,7 +450,10 @@ def test_dyadic_unfreezing_refuses_ddp_that_expects_every_gradient(tmp_path):
 
     def start(wrapped: nn.Module) -> None:
         trainer = SimpleNamespace(
-            strategy=SimpleNamespace(model=wrapped), max_steps=10, global_step=0
+            strategy=SimpleNamespace(model=wrapped),
+            max_steps=10,
+            estimated_stepping_batches=10,
+            global_step=0,
         )
         DyadicUnfreezing().on_train_start(trainer, wrapped)
 

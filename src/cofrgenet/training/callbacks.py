@@ -177,7 +177,8 @@ def _layer_kind(layer: LadderLayer) -> str:
 class LadderHealthMonitor(L.Callback):
     """Ladder health every ``every_n_steps`` optimizer steps, logged at the step measured.
 
-    Per layer type (cffn, cattnu, cattnm), from that step's forward:
+    Once per optimizer step; with gradient accumulation, the forward statistics are
+    those of the step's last micro-batch. Per layer type (cffn, cattnu, cattnm):
     ``ladder/<type>/near_pole_share`` (share of units with |K_d| < ``near``, mean over
     layers: their gradients are 1/K_d^2 times larger, so this is the alarm that matters),
     ``ladder/<type>/clamped_share`` (|K_d| < eps), ``ladder/<type>/min_abs_kd`` and
@@ -193,6 +194,7 @@ class LadderHealthMonitor(L.Callback):
         self.every_n_steps = every_n_steps
         self.near = near
         self._metrics: dict[str, float] = {}
+        self._step = -1  # the optimizer step whose micro-batches are running
 
     def _due(self, trainer: L.Trainer) -> bool:
         return trainer.global_step % self.every_n_steps == 0
@@ -205,7 +207,9 @@ class LadderHealthMonitor(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._metrics = {}
+        if trainer.global_step != self._step:  # the first micro-batch of a step
+            self._step = trainer.global_step
+            self._metrics = {}
         self._set_tracking(pl_module, self._due(trainer))
 
     def on_before_optimizer_step(
@@ -243,6 +247,8 @@ class LadderHealthMonitor(L.Callback):
         layers = list(ladder_layers(pl_module))
         if not layers or not any(layer.track_health for _, layer in layers):
             return
+        if trainer.global_step == self._step:
+            return  # inside a gradient accumulation: the step's last micro-batch reports
         by_kind: dict[str, list] = defaultdict(list)
         for _, layer in layers:
             health = layer.health()

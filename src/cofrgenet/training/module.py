@@ -81,6 +81,7 @@ class LanguageModel(L.LightningModule):
         self._spike_count = torch.zeros((), dtype=torch.long)
         self._grad_norms = torch.full((SPIKE_WINDOW,), float("nan"))  # ring of recent norms
         self._grad_norm_count = 0
+        self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
         self._peak_flops: float | None = None
 
@@ -159,7 +160,7 @@ class LanguageModel(L.LightningModule):
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss, tokens = self._loss(batch)
         self.tokens_seen += tokens * self.trainer.world_size
-        self.log("train/loss", loss, prog_bar=True)
+        self._step_losses.append(loss.detach())  # train/loss: see on_before_optimizer_step
         self.log("data/tokens_seen", float(self.tokens_seen))
         self.log("opt/lr", self.optimizers().param_groups[0]["lr"])
         return loss
@@ -184,6 +185,12 @@ class LanguageModel(L.LightningModule):
             self.log("perf/mfu", utilisation, prog_bar=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._step_losses:
+            # The step's loss: the mean over its micro-batches (gradient accumulation) and
+            # over the ranks, as its gradient is (each micro-batch's mean loss, scaled).
+            mean = torch.stack(self._step_losses).mean()
+            self._step_losses = []
+            self.log("train/loss", mean, prog_bar=True, sync_dist=True)
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:
             return

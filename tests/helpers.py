@@ -43,3 +43,19 @@ class DumpWeights(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._dump(trainer, pl_module, "")
+
+
+class DumpGradNorms(L.Callback):
+    """Write the ``opt/grad_norm`` each rank logged, one per step, to
+    ``folder/rank<r>-grad-norms.pt`` at the end of training."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.norms: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.norms.append(float(trainer.callback_metrics["opt/grad_norm"]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self.norms, self.folder / f"rank{trainer.global_rank}-grad-norms.pt")

@@ -307,6 +307,8 @@ def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, t
             "--trainer.callbacks.total_steps=8",
             "--trainer.callbacks+=helpers.DumpWeights",
             f"--trainer.callbacks.folder={tmp_path / folder}",
+            "--trainer.callbacks+=helpers.DumpGradNorms",
+            f"--trainer.callbacks.folder={tmp_path / folder}",
             *extra,
         )
         subprocess.run(
@@ -335,6 +337,9 @@ def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, t
     late = [k for k in frozen if k.split(".")[-1] in ("3", "4")]  # depths 4 and 5
     for key in late:
         assert torch.equal(end[0][key], start[key]), key
+    # The gradient norm is the whole gradient's on every rank, not the rank's shard's.
+    norms = [torch.load(tmp_path / "first" / f"rank{r}-grad-norms.pt") for r in (0, 1)]
+    assert len(norms[0]) == 4 and norms[0] == pytest.approx(norms[1], rel=1e-5)
 
 
 def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):

@@ -21,6 +21,7 @@ from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.training.optim import planned_steps
+from cofrgenet.training.strategies import sharded_gradients
 
 SCHEDULES = ("paper", "early", "none")
 #: How a released depth's learning rate is set (DyadicUnfreezing's ``lr``).
@@ -217,23 +218,32 @@ class LadderHealthMonitor(L.Callback):
     ) -> None:
         if not self._due(trainer):
             return
-        squares: dict[int, torch.Tensor] = {}
+
+        def square(params: Iterator[nn.Parameter]) -> torch.Tensor:
+            grads = [p.grad.detach().float() for p in params if p.grad is not None]
+            return sum((g.square().sum().cpu() for g in grads), torch.zeros(()))
+
+        by_depth: dict[int, list[nn.Parameter]] = defaultdict(list)
         for _, layer in ladder_layers(pl_module):
             for depth, params in layer.ladder_parameters_by_depth().items():
-                for param in params:
-                    if param.grad is not None:
-                        square = param.grad.detach().float().square().sum()
-                        squares[depth] = squares.get(depth, 0) + square
-        if not squares:
-            return
-        total = sum(
-            p.grad.detach().float().square().sum()
-            for p in pl_module.parameters()
-            if p.grad is not None
+                by_depth[depth].extend(params)
+        depths = sorted(by_depth)  # the same on every rank: one collective below
+        has_grad = {d: any(p.grad is not None for p in by_depth[d]) for d in depths}
+        squares = torch.stack(
+            [square(iter(by_depth[d])) for d in depths] + [square(pl_module.parameters())]
         )
-        for depth, square in squares.items():
-            self._metrics[f"ladder/grad_norm/depth_{depth}"] = square.sqrt().item()
-        ladder = sum(squares.values())
+        flags = torch.tensor([float(has_grad[d]) for d in depths])
+        if sharded_gradients(trainer):  # each rank holds a shard of every gradient
+            both = torch.cat([squares, flags]).to(pl_module.device)
+            both = trainer.strategy.reduce(both, reduce_op="sum").cpu()
+            squares, flags = both[: len(depths) + 1], both[len(depths) + 1 :]
+        trained = [d for d, flag in zip(depths, flags.tolist(), strict=True) if flag > 0]
+        if not trained:  # every depth frozen: no ladder gradient this step
+            return
+        for i, depth in enumerate(depths):
+            if depth in trained:
+                self._metrics[f"ladder/grad_norm/depth_{depth}"] = squares[i].sqrt().item()
+        ladder, total = squares[:-1].sum(), squares[-1]
         self._metrics["ladder/grad_share"] = (ladder / total.clamp_min(1e-30)).sqrt().item()
 
     def on_train_batch_end(

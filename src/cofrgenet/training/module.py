@@ -29,6 +29,7 @@ from cofrgenet.training.optim import (
     warmup_cosine,
 )
 from cofrgenet.training.perf import device_peak_flops, mfu
+from cofrgenet.training.strategies import sharded_gradients
 
 #: A step's pre-clip gradient norm is a spike above this many times the median of the
 #: previous SPIKE_WINDOW steps.
@@ -192,9 +193,15 @@ class LanguageModel(L.LightningModule):
             self._step_losses = []
             self.log("train/loss", mean, prog_bar=True, sync_dist=True)
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:
+        if sharded_gradients(self.trainer):
+            # Each rank holds a shard of the gradients (and maybe none): every rank joins
+            # the sum of squares, else the others would wait for it.
+            square = sum((g.detach().float().square().sum() for g in grads), torch.zeros(()))
+            norm = self.trainer.strategy.reduce(square.to(self.device), reduce_op="sum").sqrt()
+        elif grads:
+            norm = torch.nn.utils.get_total_norm(grads).detach()
+        else:
             return
-        norm = torch.nn.utils.get_total_norm(grads).detach()
         self.log("opt/grad_norm", norm)
         self.log("opt/grad_spikes", self._count_spike(norm).float())
 

@@ -47,3 +47,9 @@ class LadderFSDPStrategy(FSDPStrategy):
             device_id=torch.device("cpu"),
             **self.kwargs,
         )
+
+
+def sharded_gradients(trainer: Any) -> bool:
+    """Whether each rank's ``.grad`` holds only its shard of the gradients (FSDP), so a
+    gradient norm needs a sum over the ranks (DDP's gradients are whole on every rank)."""
+    return isinstance(trainer.strategy, FSDPStrategy)

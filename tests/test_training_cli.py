@@ -499,16 +499,18 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
 def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     tiny_data, tmp_path, signum
 ):
-    """`cofr fit` in its own process gets SIGTERM (or Ctrl-C) during step 5: it finishes
-    the step, saves it (the periodic checkpoint was at step 4), ends the MLflow run as
-    KILLED, prints how to resume, and exits 128 + signal; the resume carries on from 6."""
+    """`cofr fit` in its own process, accumulating 2 micro-batches a step, gets SIGTERM
+    (or Ctrl-C) during the first micro-batch of step 5: it finishes the step (both
+    micro-batches), saves it (the periodic checkpoint was at step 4), ends the MLflow
+    run as KILLED with step 5's metrics, prints how to resume, and exits 128 + signal;
+    the resume carries on from 6 and ends where an uninterrupted run does."""
     import subprocess
     import sys
 
     args = fit_args(
         tmp_path, tiny_data, "--run.name", "sig", "--run.checkpoint_every_n_steps", "4",
-        "--trainer.max_steps", "12",
-        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=5",
+        "--trainer.max_steps", "12", "--trainer.accumulate_grad_batches", "2",
+        "--trainer.log_every_n_steps", "1", "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=5",
         f"--trainer.callbacks.signum={signum}",
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
@@ -525,10 +527,17 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     assert saved["global_step"] == 6  # step 5 (0-based) completed, nothing lost
     (run,) = mlflow_runs(tmp_path / "runs").itertuples()
     assert run.status == "KILLED"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert [m.step for m in client.get_metric_history(run.run_id, "train/loss")] == [*range(6)]
+    more = ["--trainer.max_steps", "8", "--trainer.accumulate_grad_batches", "2"]
     resumed = CofrCLI(args=fit_args(
-        tmp_path, tiny_data, "--run.name", "sig", "--trainer.max_steps", "8", "--ckpt_path", "last"
+        tmp_path, tiny_data, "--run.name", "sig", *more, "--ckpt_path", "last"
     ))  # fmt: skip
     assert resumed.trainer.global_step == 8
+    whole = CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "whole", *more))
+    ours, theirs = resumed.model.state_dict(), whole.model.state_dict()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key  # the same micro-batches, same steps
 
 
 def test_a_bare_fit_trains_on_the_default_data(tmp_path, monkeypatch):

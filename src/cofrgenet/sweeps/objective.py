@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import threading
 import time
 import traceback
@@ -245,7 +246,8 @@ def classify(error: BaseException) -> tuple[str, bool, bool]:
 
     text = f"{type(error).__name__}: {error}".strip()
     if isinstance(error, SIGTERMException):
-        return "worker terminated (SIGTERM) during the trial", True, True
+        name = "Ctrl-C" if error.code == 128 + signal.SIGINT else "SIGTERM"
+        return f"worker terminated ({name}) during the trial", True, True
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         return f"worker interrupted during the trial ({text})", True, True
     if isinstance(error, NonFiniteLossError):

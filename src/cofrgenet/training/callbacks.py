@@ -281,35 +281,58 @@ def _mean(values: Iterator[torch.Tensor]) -> float:
     return torch.stack(list(values)).float().mean().item()
 
 
-class RunInterrupted(SystemExit):
-    """A fit stopped by a signal after saving its step; the exit status is 128 + signal."""
-
-
 class StopOnSignal(L.Callback):
-    """SIGTERM or Ctrl-C: save the current step, mark the MLflow run KILLED, say how to
-    resume, and exit with status 128 + the signal's number.
+    """SIGTERM or Ctrl-C: finish the running optimizer step, save it, mark the MLflow run
+    KILLED, say how to resume, and exit with status 128 + the signal's number.
 
-    SIGTERM is Lightning's own: it finishes the running step and raises SIGTERMException
-    (on every rank together); this callback saves ``checkpoints/last.ckpt`` there. The
-    first Ctrl-C is turned into the same thing (the step finishes, then the save); a second
-    one aborts at once. SLURM's SIGUSR1 requeue path (Lightning's ``hpc_ckpt_<n>.ckpt``) is
-    left as it is. ``cofr fit`` turns the SIGTERMException into exit status 143.
+    The handlers only note a signal. At the end of each optimizer step (all of its
+    micro-batches: a checkpoint taken inside a gradient accumulation would resume past
+    micro-batches whose gradients it does not hold) the ranks agree whether any rank got
+    one. Then Lightning's own SIGTERM handler is called, so Lightning stops every rank
+    together once the step's metrics are written (``SIGTERMException``), and this
+    callback saves ``checkpoints/last.ckpt``. A second Ctrl-C aborts at once. A SIGUSR1
+    handler already in place (Lightning's SLURM requeue, which saves
+    ``hpc_ckpt_<n>.ckpt``; a sweep worker's) is deferred to the step's end the same way.
+    ``cofr fit`` exits with the status the exception carries (143 or 130).
     """
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self.saved: Path | None = None
+        self._pending: set[int] = set()
+        self._deferred: dict[int, Any] = {}  # signal -> the handler it stood in for
         self._previous_sigint: Any = None
+        self._step = -1
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning has put its SIGTERM (and SLURM SIGUSR1) handlers in place.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+            if signum is None:
+                continue
+            handler = signal.getsignal(signum)
+            if callable(handler) or signum == signal.SIGTERM:
+                self._deferred[signum] = handler
+                signal.signal(signum, self._on_deferred)
+
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.signal is not None:  # the second Ctrl-C: abort now
+        if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt
-        self.signal = signum
+        self._pending.add(signal.SIGINT)
         print("\nCtrl-C: stopping after this step (press it again to abort without saving)")
+
+    def _on_deferred(self, signum: int, frame: Any) -> None:
+        self._pending.add(signum)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step = trainer.global_step
 
     def on_train_batch_end(
         self,
@@ -319,9 +342,43 @@ class StopOnSignal(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if self.signal == signal.SIGINT:
-            self._stop(trainer)
-            raise RunInterrupted(128 + signal.SIGINT)
+        if trainer.global_step == self._step:
+            return  # inside a gradient accumulation: the step finishes first
+        self._act(trainer, pl_module)
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # Validation inside fit runs between optimizer steps: a requeue need not wait for
+        # it to end (SLURM's warning comes a fixed time before the kill).
+        if trainer.state.fn == "fit":
+            self._act(trainer, pl_module)
+
+    def _act(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """At a step boundary: act on the signals any rank has noted, on every rank."""
+        got = [float(signum in self._pending) for signum in STOP_SIGNALS]
+        agreed = trainer.strategy.reduce(
+            torch.tensor(got, device=pl_module.device), reduce_op="sum"
+        )
+        arrived = {s for s, n in zip(STOP_SIGNALS, agreed.tolist(), strict=True) if n > 0}
+        self._pending.clear()
+        usr1 = getattr(signal, "SIGUSR1", None)
+        if usr1 in arrived and callable(self._deferred.get(usr1)):
+            self._deferred[usr1](usr1, None)  # e.g. Lightning's: save hpc_ckpt, requeue
+        stop = arrived & {signal.SIGTERM, signal.SIGINT}
+        if stop and self.signal is None:
+            self.signal = signal.SIGINT if signal.SIGINT in stop else signal.SIGTERM
+            lightning = self._deferred.get(signal.SIGTERM)
+            if callable(lightning):
+                lightning(signal.SIGTERM, None)  # Lightning stops after this step's logs
+            else:
+                trainer.should_stop = True
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -329,17 +386,27 @@ class StopOnSignal(L.Callback):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if isinstance(exception, SIGTERMException) and self.saved is None:
-            self.signal = signal.SIGTERM
+            self.signal = self.signal or signal.SIGTERM
             self._stop(trainer)
-        self._restore_sigint()
+            exception.code = 128 + self.signal  # the status cofr fit exits with
+        self._restore_handlers()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.signal is not None and self.saved is None:  # stopped without Lightning's help
+            self._stop(trainer)
+        self._restore_handlers()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_sigint()
+        self._restore_handlers()
 
-    def _restore_sigint(self) -> None:
+    def _restore_handlers(self) -> None:
         if self._previous_sigint is not None:
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
+        for signum, handler in self._deferred.items():
+            if signal.getsignal(signum) == self._on_deferred:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._deferred = {}
 
     def _stop(self, trainer: L.Trainer) -> None:
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
@@ -353,6 +420,13 @@ class StopOnSignal(L.Callback):
             f"stopped by {name} after step {trainer.global_step}: saved {path}\n"
             f"resume with: {resume_command(Path(trainer.default_root_dir).name)}"
         )
+
+
+#: The signals StopOnSignal notes and acts on at the end of an optimizer step, in the
+#: order the ranks exchange them.
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None
+)
 
 
 def resume_command(run_name: str) -> str:

@@ -508,8 +508,10 @@ def main(args: list[str] | None = None) -> None:
         args = None  # the same words: say so, or Lightning warns that both were given
     try:
         CofrCLI(args=args)
-    except SIGTERMException:  # Lightning's, a SystemExit with status 0: say it was killed
-        raise SystemExit(128 + signal.SIGTERM) from None
+    except SIGTERMException as stopped:  # Lightning's, a SystemExit: say it was killed
+        # StopOnSignal sets the status (130 for Ctrl-C); Lightning's alone leaves none.
+        code = stopped.code if isinstance(stopped.code, int) and stopped.code else None
+        raise SystemExit(code or 128 + signal.SIGTERM) from None
 
 
 if __name__ == "__main__":

@@ -107,6 +107,23 @@ def test_a_whitespace_context_is_read_as_eos(lm):
     assert logprob == pytest.approx(direct_logprob(lm.model, tokens[:-1], tokens[1:]), abs=1e-5)
 
 
+def test_a_dataset_out_of_reach_is_one_clear_error(ckpt, monkeypatch, capsys):
+    import lm_eval
+
+    def offline(**kwargs):
+        raise ConnectionError(
+            "Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)"
+        )
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", offline)
+    with pytest.raises(
+        HarnessError,
+        match=r"^a task's dataset is neither cached nor reachable: "
+        r"Couldn't reach 'Rowan/hellaswag' on the Hub .*HF_DATASETS_OFFLINE",
+    ):
+        run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS))
+
+
 @pytest.mark.parametrize("preset", ["gpt2-tiny-fa", "llama3-tiny-a", "lstm-tiny"])
 def test_batches_padded_on_the_right_score_like_single_sequences(preset):
     # Every mixer is causal, so right padding in a batch changes no scored position.

@@ -675,19 +675,27 @@ def run_harness(
     lm = _lm_class()(
         ckpt=str(ckpt), device=device, batch_size=batch_size, tokenizer_dir=tokenizer_dir, seed=seed
     )
-    results = simple_evaluate(
-        model=lm,
-        tasks=names,
-        num_fewshot=num_fewshot,
-        limit=limit,
-        task_manager=task_manager,
-        bootstrap_iters=bootstrap_iters,
-        log_samples=False,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    try:
+        results = simple_evaluate(
+            model=lm,
+            tasks=names,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=task_manager,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+    except ConnectionError as error:  # datasets' "Couldn't reach '<name>' on the Hub"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else "no network"
+        raise HarnessError(
+            f"a task's dataset is neither cached nor reachable: {reason}; run it once where "
+            "the Hugging Face hub answers (the cache then serves it, HF_DATASETS_OFFLINE=1 "
+            "skips the hub's retries), or give the data as a local task (--include-path)"
+        ) from None
     if results is None:  # only on non-zero ranks of a distributed run
         return {}
     return flatten_results(results)

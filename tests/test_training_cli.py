@@ -382,6 +382,27 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     assert "argument --port: must be at most 65535" in capsys.readouterr().err
 
 
+def test_a_port_another_cofr_ui_claimed_is_passed_over():
+    """Two `cofr ui` started together: the second does not take the port whose server is
+    still starting (not yet listening); once the first lets go, the port is free again."""
+    import socket
+
+    from cofrgenet.training.ui import claim_port
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = claim_port("127.0.0.1", port)
+    assert first is not None and first[0] == port
+    second = claim_port("127.0.0.1", port)
+    assert second is not None and second[0] > port
+    first[1].close()
+    second[1].close()
+    again = claim_port("127.0.0.1", port)
+    assert again is not None and again[0] == port
+    again[1].close()
+
+
 @pytest.mark.slow
 def test_ui_serves_the_run_store(tiny_data, tmp_path):
     """`cofr ui` takes the next port when its own is busy, prints the URL once the server

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
@@ -70,11 +73,24 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str, port: int, tries: int = 20) -> int | None:
-    """``port`` or the next free one above it (None if ``tries`` ports are all taken)."""
+def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, IO[str]] | None:
+    """(``port`` or the next free one above it, the lock that holds it for this process),
+    or None if ``tries`` ports are all taken.
+
+    A port is claimed with a lock file as well as a bind probe: a second `cofr ui` started
+    while the first's server is still starting (about 20 s, not listening yet) would
+    otherwise take the same port, print the first one's URL, and see its server fail."""
+    folder = Path(tempfile.gettempdir())
     for candidate in range(port, port + tries):
+        lock = (folder / f"cofr-ui-{candidate}.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another `cofr ui` holds it
+            lock.close()
+            continue
         if port_free(host, candidate):
-            return candidate
+            return candidate, lock
+        lock.close()
     return None
 
 
@@ -111,9 +127,10 @@ def run(args: argparse.Namespace) -> int:
         socket.getaddrinfo(args.host, args.port)
     except socket.gaierror as error:
         raise UserError(f"--host {args.host}: {error.strerror}") from None
-    port = free_port(args.host, args.port)
-    if port is None:
+    claimed = claim_port(args.host, args.port)
+    if claimed is None:
         raise UserError(f"ports {args.port}-{args.port + 19} on {args.host} are all in use: --port")
+    port, lock = claimed
     if port != args.port:
         print(f"port {args.port} is in use (another `cofr ui`?): using {port}")
     args.port = port
@@ -140,3 +157,4 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_group(server)
+        lock.close()  # the port is free again

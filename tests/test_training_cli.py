@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -721,7 +722,8 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
     config = tmp_path / "runs" / "test" / "first" / "config.yaml"
     before = config.read_text()
     resume = ["--run.name", "first", "--ckpt_path", "last", "--trainer.max_steps", "4"]
-    with pytest.raises(ConfigError, match=r"trained with model\.preset 'gpt2-tiny-f'"):
+    message = rf"trained with model\.preset 'gpt2-tiny-f'.*--config {re.escape(str(config))}\)"
+    with pytest.raises(ConfigError, match=message):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.config.depth", "2"))
     assert config.read_text() == before
     run_folder = str(config.parent)

@@ -211,11 +211,14 @@ def check_same_network(path: str | Path, module: nn.Module) -> int | None:
     trained = f"model.preset {hparams.get('preset')!r}" + (
         f", model.config {given}" if given else ""
     )
+    folders = (Path(path).parent, Path(path).parent.parent)  # hpc_ckpt or checkpoints/
+    config = next((f / "config.yaml" for f in folders if (f / "config.yaml").is_file()), None)
+    where = f" (all of the run's settings: --config {config})" if config else ""
     raise ConfigError(
         f"{path} holds another network than this run builds ({len(differ)} parameter(s) "
         f"differ, e.g. {first}: {theirs.get(first, 'absent')} in the checkpoint, "
-        f"{ours.get(first, 'absent')} here); it was trained with {trained}: resume with "
-        "those model settings, or start a new run with another --run.name"
+        f"{ours.get(first, 'absent')} here); it was trained with {trained}: give those "
+        f"model settings{where}, or start a new run with another --run.name"
     )
 
 

@@ -26,6 +26,12 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         logger.info("GPU available: False, used: False")
     assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]
     assert all(reason for _, reason in HARMLESS)  # every silenced message says why
+    caplog.clear()
+    litdata = logging.getLogger("litdata.streaming.dataset")  # its own logger, filtered too
+    with caplog.at_level(logging.WARNING, logger="litdata.streaming.dataset"):
+        litdata.warning("Using state dict override, may lead to unexpected behavior if ...")
+        litdata.warning("a chunk is missing")
+    assert [r.getMessage() for r in caplog.records] == ["a chunk is missing"]
 
 
 def test_progress_bar_metrics_have_short_names():

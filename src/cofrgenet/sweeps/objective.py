@@ -378,8 +378,9 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                 )
             else:
                 value = float(metric)
-                with contextlib.suppress(Exception):
-                    trial.report(value, final_step)
+                if callback.last_step != final_step:  # else on_validation_end reported it
+                    with contextlib.suppress(Exception):
+                        trial.report(value, final_step)
                 if math.isfinite(value):
                     outcome = Outcome(TrialState.COMPLETE, value=value, run_dir=run_dir)
                 else:

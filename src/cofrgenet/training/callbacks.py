@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import signal
 import sys
@@ -303,8 +304,10 @@ class StopOnSignal(L.Callback):
         self._deferred: dict[int, Any] = {}  # signal -> the handler it stood in for
         self._previous_sigint: Any = None
         self._step = -1
+        self._pid = os.getpid()  # the trainer's process
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
@@ -321,6 +324,8 @@ class StopOnSignal(L.Callback):
                 signal.signal(signum, self._on_deferred)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:
+            return  # a data loader worker (forked with this handler): the trainer decides
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt
         self._pending.add(signal.SIGINT)

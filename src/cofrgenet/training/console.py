@@ -29,7 +29,22 @@ HARMLESS: tuple[tuple[str, str], ...] = (
      "validation batches only; training uses full batches"),
     ("LightningCLI's args parameter is intended to run from within Python",
      "cofr passes the command line itself, with an experiment's base: files expanded"),
+    ("The `srun` command is available on your system but is not used",
+     "a local run on a SLURM login or build node; slurm/*.sbatch start cofr under srun"),
+    ("Checkpoint directory ",
+     "a resume writes into its run's checkpoints; a fresh fit into a used run is refused"),
+    ("Using state dict override, may lead to unexpected behavior",
+     "data/datamodule.py asks for it: its own fingerprint check replaces litdata's path check"),
 )  # fmt: skip
+
+#: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).
+FILTERED_LOGGERS = (
+    "lightning.pytorch",
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric",
+    "lightning.fabric.utilities.rank_zero",
+    "litdata.streaming.dataset",
+)
 
 
 class _DropHarmless(logging.Filter):
@@ -46,7 +61,7 @@ def quiet_known_noise() -> None:
     """
     for start, _ in HARMLESS:
         warnings.filterwarnings("ignore", message=re.escape(start))
-    for name in ("lightning.pytorch", "lightning.pytorch.utilities.rank_zero", "lightning.fabric"):
+    for name in FILTERED_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropHarmless) for f in logger.filters):
             logger.addFilter(_DropHarmless())

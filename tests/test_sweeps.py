@@ -815,6 +815,14 @@ def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):
+    path = str(write_sweep(tmp_path))
+    for command in ("status", "report"):
+        line = one_line_error(capsys, ["sweep", command, path])
+        assert "no study 'tiny-cpu' yet: " in line and "`cofr sweep run` starts it" in line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_report_out_must_be_a_folder(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine\n")

@@ -164,6 +164,11 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
                 )
             url = f"journal:{path.resolve()}"
         sweep = None
+    journal = st.journal_path(url)
+    if journal is not None and not journal.exists():  # opening it would make an empty one
+        raise SweepError(
+            f"no study {name!r} yet: {journal} does not exist (`cofr sweep run` starts it)"
+        )
     storage = st.open_storage(url)
     try:
         study = optuna.load_study(study_name=name, storage=storage)

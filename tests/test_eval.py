@@ -485,9 +485,12 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
     run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
     client.log_metric(run_id, "eval/ptb/word_ppl", 12345.0, step=1)
+    client.log_metric(run_id, "glue/sst2/accuracy", 0.9123, step=2)  # cofr finetune glue's
     assert main([*argv, "--metric", "eval/ptb/word_ppl"]) == 0
-    assert "12345" not in (out / "compare.md").read_text()
-    assert f"| {cells[10]} |" in (out / "compare.md").read_text()
+    table = (out / "compare.md").read_text()
+    assert "12345" not in table and f"| {cells[10]} |" in table
+    header = next(line for line in table.splitlines() if line.startswith("| run |"))
+    assert header.endswith("| sst2/accuracy |") and "| 91.23 |" in table
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
 

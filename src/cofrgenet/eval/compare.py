@@ -218,8 +218,16 @@ def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def _percent(value: float | None) -> float | None:
+    return None if value is None else 100 * value
+
+
 def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
-    """The runs (and the paper's rows) as a markdown table."""
+    """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
+    score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %."""
+    glue = sorted(
+        {k for r in rows for k in r.metrics if k.startswith("glue/") and not k.endswith("/loss")}
+    )
     header = [
         "run",
         "experiment",
@@ -232,6 +240,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "val loss",
         "tokens/s",
         *(f"{task} ppl" for task in PAPER_METRICS),
+        *(key.removeprefix("glue/") for key in glue),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
     for row in rows:
@@ -247,6 +256,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
             _fmt(row.metrics.get("val/loss"), ".4f"),
             _fmt(row.tokens_per_s, ",.0f"),
             *(_fmt(row.metrics.get(key), ".2f") for key in PAPER_METRICS.values()),
+            *(_fmt(_percent(row.metrics.get(key)), ".2f") for key in glue),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if paper:
@@ -263,6 +273,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 "",
                 "",
                 *(f"{values[task]:.2f}" for task in PAPER_METRICS),
+                *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

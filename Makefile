@@ -5,9 +5,14 @@ PY := $(VENV)/bin/python
 
 .PHONY: install test test-slow test-all lint demo bench-ops clean
 
+# torch's own wheel index, for a CPU-only machine whose pip would take PyPI's CUDA build
+# (several GB): make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
+	$(if $(TORCH_INDEX),$(PY) -m pip install -c constraints.txt torch --index-url $(TORCH_INDEX))
 	$(PY) -m pip install -c constraints.txt -e '.[dev,eval]'
 	@# PyPI's torchvision is built against CUDA torch and fails to import beside the CPU
 	@# build (torchvision::nms does not exist), which breaks `import lightning`. litdata

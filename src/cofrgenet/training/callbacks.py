@@ -367,11 +367,14 @@ class StopOnSignal(L.Callback):
 
     def _act(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """At a step boundary: act on the signals any rank has noted, on every rank."""
-        got = [float(signum in self._pending) for signum in STOP_SIGNALS]
-        agreed = trainer.strategy.reduce(
-            torch.tensor(got, device=pl_module.device), reduce_op="sum"
-        )
-        arrived = {s for s, n in zip(STOP_SIGNALS, agreed.tolist(), strict=True) if n > 0}
+        if trainer.world_size == 1:  # nothing to agree on: no tensor, no device sync
+            arrived = set(self._pending)
+        else:
+            got = [float(signum in self._pending) for signum in STOP_SIGNALS]
+            agreed = trainer.strategy.reduce(
+                torch.tensor(got, device=pl_module.device), reduce_op="sum"
+            )
+            arrived = {s for s, n in zip(STOP_SIGNALS, agreed.tolist(), strict=True) if n > 0}
         self._pending.clear()
         usr1 = getattr(signal, "SIGUSR1", None)
         if usr1 in arrived and callable(self._deferred.get(usr1)):

@@ -82,7 +82,10 @@ def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, IO[str]] | N
     otherwise take the same port, print the first one's URL, and see its server fail."""
     folder = Path(tempfile.gettempdir())
     for candidate in range(port, port + tries):
-        lock = (folder / f"cofr-ui-{candidate}.lock").open("w")
+        try:  # per user: another user's lock file would not open for writing
+            lock = (folder / f"cofr-ui-{os.getuid()}-{candidate}.lock").open("w")
+        except OSError:
+            continue
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # another `cofr ui` holds it

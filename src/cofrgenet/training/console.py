@@ -146,6 +146,9 @@ class RunSummary(L.Callback):
     """Three lines at the end of a fit: the run folder, its checkpoints, its MLflow run."""
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        bar = trainer.progress_bar_callback
+        if isinstance(bar, RichProgressBar):  # its last redraw would land below the lines
+            bar.teardown(trainer, pl_module, "fit")
         rank_zero_info("\n".join(summary_lines(trainer)))
 
 

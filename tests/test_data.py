@@ -620,6 +620,40 @@ def test_preparing_again_with_the_same_settings_is_a_no_op(tmp_path, capsys):
     assert "already prepared with other settings" in err and "--overwrite" in err
 
 
+def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
+    """Same command, but a source file changed since: the old tokens are not reused."""
+    import os
+
+    docs = tmp_path / "txt"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"{i:02d}.txt").write_text(f"document {i} " * 20)
+    out = tmp_path / "mine"
+    args = ["--source", "text", "--glob", str(docs / "*.txt"), "--num-workers", "1",
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    assert main(args) == 0 and "already prepared with these settings" in capsys.readouterr().err
+    edited = docs / "03.txt"
+    edited.write_text("entirely new words " * 30)
+    os.utime(edited, ns=(edited.stat().st_atime_ns, edited.stat().st_mtime_ns + 10**9))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "was prepared from these files, which changed since" in err and "--overwrite" in err
+    assert main([*args, "--overwrite"]) == 0
+
+
+def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path, capsys):
+    hub = FakeHub({"validation": [{"page": "= A =\nwords"}, {"page": "= B =\nmore"}]})
+    out = tmp_path / "leak"
+    args = ["--source", "hf", "--dataset", "wikitext-103", "--split", "validation",
+            "--out", str(out), "--num-workers", "1"]  # fmt: skip
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    with pytest.raises(PrepareError, match="--split validation is also the validation split"):
+        prepare_module.run(parser.parse_args(args), loader=hub)
+    assert not out.exists()
+
+
 # ------------------------------------------------------------- bad input, one line
 
 

@@ -443,13 +443,24 @@ def prepare_data(
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
     if not overwrite and (out / META_FILE).exists():
         existing = read_meta(out)
+        asked = source.describe()
+        if "contents" not in existing.source_args:  # prepared before contents were recorded
+            asked.pop("contents", None)
         request = {
             "source": source.kind,
-            "source_args": source.describe(),
+            "source_args": asked,
             "tokenizer": tokenizer,
             "tokenizer_args": tokenizer_args,
             "split_args": split_args,
         }
+        same_but_contents = _plain({**existing.source_args, "contents": None}) == _plain(
+            {**asked, "contents": None}
+        )
+        if same_but_contents and _plain(existing.source_args) != _plain(asked):
+            raise PrepareError(
+                f"{str(out)!r} was prepared from these files, which changed since (sizes or "
+                "modification times): pass --overwrite to prepare them again"
+            )
         differences = [
             f"{key}: {getattr(existing, key)!r} there, {value!r} asked"
             for key, value in request.items()
@@ -696,6 +707,13 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     val_source = None
     if args.source == "hf":
         val_split = args.val_split or hf_val_split(args.dataset)
+        train_split = getattr(source, "split", args.split)
+        if val_split and val_split.lower() != "none" and val_split == train_split:
+            raise PrepareError(
+                f"--split {train_split} is also the validation split: every validation "
+                "document would be trained on; give another --val-split, or --val-split none "
+                "to hold out --val-fraction of the training documents"
+            )
         if val_split and val_split.lower() != "none":
             val_source = make_source(
                 "hf",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import glob as _glob
+import hashlib
 import json
 import os
 import platform
@@ -64,6 +65,17 @@ class Source:
     def describe(self) -> dict[str, Any]:
         """JSON-able arguments that identify the source (stored in meta.json)."""
         raise NotImplementedError
+
+
+def files_signature(files: Sequence[str]) -> str:
+    """A short hash of the files' paths, sizes and modification times: changes when a
+    file is edited, added or removed (stored in meta.json, so that preparing an edited
+    corpus again does not reuse the old tokens)."""
+    digest = hashlib.sha256()
+    for path in files:
+        stat = os.stat(path)
+        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def _checked_text(value: Any, where: str, field: str) -> str:
@@ -145,7 +157,11 @@ class TextFilesSource(Source):
         return [Path(self.files[i]).read_text(encoding="utf-8", errors="replace") for i in indices]
 
     def describe(self) -> dict[str, Any]:
-        return {"glob": self.patterns, "files": len(self.files)}
+        return {
+            "glob": self.patterns,
+            "files": len(self.files),
+            "contents": files_signature(self.files),
+        }
 
 
 class _FileRowSource(Source):
@@ -224,7 +240,12 @@ class JsonlSource(_FileRowSource):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.patterns, "text_field": self.text_field, "files": len(self.files)}
+        return {
+            "path": self.patterns,
+            "text_field": self.text_field,
+            "files": len(self.files),
+            "contents": files_signature(self.files),
+        }
 
 
 class ParquetSource(_FileRowSource):
@@ -269,7 +290,12 @@ class ParquetSource(_FileRowSource):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.patterns, "text_field": self.text_field, "files": len(self.files)}
+        return {
+            "path": self.patterns,
+            "text_field": self.text_field,
+            "files": len(self.files),
+            "contents": files_signature(self.files),
+        }
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,34 @@ def test_top_p_reaches_every_generate(preset):
     assert not torch.equal(hot, greedy)  # temperature 5 over 50 ids: the check has teeth
 
 
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "gpt2-tiny-f", "lstm-tiny"])
+def test_every_generate_keeps_to_the_tokenizers_ids_and_stops_at_eos(preset):
+    """A padded vocabulary (50 ids, the tokenizer's 20): no id above 20 is sampled, hot
+    as the sampling is; and every row stops once it has sampled the stop id, through each
+    model's own generate and training.generate.sample's fallback loop."""
+    from cofrgenet.training.generate import sample
+
+    config = ModelConfig.from_preset(preset, vocab_size=50, block_size=BLOCK)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    prompt = torch.randint(0, 20, (3, 2), generator=torch.Generator().manual_seed(1))
+    plain = torch.nn.Sequential(*[model])  # no generate of its own: the recompute loop
+    for generate in (model.generate, lambda *a, **k: sample(plain, a[0], a[1], BLOCK, **k)):
+        hot = generate(prompt, 40, temperature=50.0, generator=torch.Generator().manual_seed(2))
+        assert int(hot[:, 2:].max()) >= 20  # without the limit, padded ids come up
+        kept = generate(
+            prompt, 40, temperature=50.0, generator=torch.Generator().manual_seed(2), vocab=20
+        )
+        assert int(kept[:, 2:].max()) < 20
+        stop = int(kept[0, 2])  # the first row's first sampled id: it stops at once
+        ended = generate(
+            prompt, 40, temperature=50.0, generator=torch.Generator().manual_seed(2), vocab=20,
+            stop_id=stop,
+        )  # fmt: skip
+        assert ended.shape[1] < kept.shape[1] and torch.equal(ended, kept[:, : ended.shape[1]])
+        assert all(stop in row[2:].tolist() for row in ended)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -40,11 +40,14 @@ def generate_cached(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
     top_p: float | None = None,
+    vocab: int | None = None,
+    stop_id: int | None = None,
 ) -> Tensor:
-    """Sample ``max_new_tokens`` after idx (B, T) from a transformer -> (B, T + new).
+    """Sample up to ``max_new_tokens`` after idx (B, T) from a transformer -> (B, T + new).
 
     Sampling as :func:`~cofrgenet.nn.decoding.sample_next` (temperature, top-k, then
-    nucleus top-p).
+    nucleus top-p, among the first ``vocab`` ids); it ends early once every row has
+    produced ``stop_id``.
 
     ``model`` has ``config.block_size``, ``new_cache()``, ``forward(idx, cache)`` and
     ``can_decode``; a model whose mixers cannot decode, or a model in training mode
@@ -55,7 +58,9 @@ def generate_cached(
     # inference_mode, not no_grad: ~10% less per-op overhead in one-token steps. The
     # result is copied out of it, so the ids can feed a training step later.
     with torch.inference_mode(), reusing_stacked_weights():
-        out = _sample_tokens(model, idx, max_new_tokens, temperature, top_k, generator, top_p)
+        out = _sample_tokens(
+            model, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
+        )
     return out.clone()
 
 
@@ -67,11 +72,14 @@ def _sample_tokens(
     top_k: int | None,
     generator: torch.Generator | None,
     top_p: float | None,
+    vocab: int | None = None,
+    stop_id: int | None = None,
 ) -> Tensor:
     block = model.config.block_size
     cached = model.can_decode and not model.training
     cache = None
     out = idx
+    stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
         if not cached or out.shape[1] > block:
             logits = _full_context_logits(model, out, block)
@@ -80,6 +88,10 @@ def _sample_tokens(
             logits = model(out, cache)[:, -1, :]
         else:
             logits = model(out[:, -1:], cache)[:, -1, :]
-        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p)
+        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
         out = torch.cat((out, next_id), dim=1)
+        if stop_id is not None:
+            stopped |= next_id[:, 0] == stop_id
+            if bool(stopped.all()):
+                break
     return out.clone()

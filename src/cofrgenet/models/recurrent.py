@@ -108,12 +108,15 @@ class RecurrentLM(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
         top_p: float | None = None,
+        vocab: int | None = None,
+        stop_id: int | None = None,
     ) -> Tensor:
-        """Extend idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
+        """Extend idx (B, T) by up to ``max_new_tokens`` sampled tokens -> (B, T + new).
 
         Reads the prompt once, then feeds one token per step with the hidden state carried
         over (O(1) per token). temperature 0 is greedy; ``top_k`` keeps the k likeliest,
-        ``top_p`` then the smallest set holding that much probability (nucleus).
+        ``top_p`` then the smallest set holding that much probability (nucleus), among
+        the first ``vocab`` ids. Ends early once every row has produced ``stop_id``.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -121,11 +124,16 @@ class RecurrentLM(nn.Module):
             return idx
         logits, state = self.step(idx)
         out = [idx]
+        stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
         for i in range(max_new_tokens):
             next_id = sample_next(
-                logits[:, -1, :].float(), temperature, top_k, generator, top_p=top_p
+                logits[:, -1, :].float(), temperature, top_k, generator, top_p=top_p, vocab=vocab
             )
             out.append(next_id)
+            if stop_id is not None:
+                stopped |= next_id[:, 0] == stop_id
+                if bool(stopped.all()):
+                    break
             if i + 1 < max_new_tokens:
                 logits, state = self.step(next_id, state)
         return torch.cat(out, dim=1)

@@ -21,12 +21,16 @@ def sample(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
     top_p: float | None = None,
+    vocab: int | None = None,
+    stop_id: int | None = None,
 ) -> Tensor:
-    """Extend token ids idx (B, T) by ``max_new_tokens`` sampled tokens -> (B, T + new).
+    """Extend token ids idx (B, T) by up to ``max_new_tokens`` sampled tokens -> (B, T + new).
 
     temperature 0 is greedy decoding; otherwise the ``top_k`` likeliest ids, then the
-    smallest set of them holding ``top_p`` of the probability (nucleus sampling). The
-    context is cropped to the last ``block_size`` tokens. Models with their own
+    smallest set of them holding ``top_p`` of the probability (nucleus sampling), among
+    the first ``vocab`` ids (the tokenizer's: a padded vocabulary's extra ids are no
+    token). Sampling ends early once every row has produced ``stop_id``. The context is
+    cropped to the last ``block_size`` tokens. Models with their own
     ``generate`` (transformers decode incrementally through their mixers' caches,
     recurrent ones carry a hidden state) are asked to do it themselves; anything else
     recomputes the context for every token.
@@ -39,11 +43,18 @@ def sample(
             top_k=top_k,
             generator=generator,
             top_p=top_p,
+            vocab=vocab,
+            stop_id=stop_id,
         )
+    stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
         logits = model(idx[:, -block_size:])[:, -1, :]
-        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p)
+        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
         idx = torch.cat([idx, next_id], dim=1)
+        if stop_id is not None:
+            stopped |= next_id[:, 0] == stop_id
+            if bool(stopped.all()):
+                break
     return idx
 
 
@@ -74,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="then the smallest set of ids holding this much probability (nucleus); 1: all",
     )
+    parser.add_argument(
+        "--past-eos",
+        action="store_true",
+        help="sample on past the end-of-text token into new documents (default: stop there)",
+    )
     parser.add_argument("--num-samples", type=at_least(int, 1), default=1, help=">= 1")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
@@ -99,8 +115,13 @@ def run(args: argparse.Namespace) -> int:
         top_k=top_k,
         generator=generator,
         top_p=args.top_p if args.top_p < 1 else None,
+        vocab=tokenizer.vocab_size,
+        stop_id=None if args.past_eos else tokenizer.eos_id,
     )
     for row in out.tolist():
-        print(tokenizer.decode(row))
+        new = row[len(ids) :]
+        if not args.past_eos and tokenizer.eos_id in new:  # the document ended there
+            new = new[: new.index(tokenizer.eos_id)]
+        print(tokenizer.decode(row[: len(ids)] + new))
         print("-" * 40)
     return 0

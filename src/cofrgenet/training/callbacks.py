@@ -22,7 +22,7 @@ from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.training.optim import planned_steps
-from cofrgenet.training.strategies import sharded_gradients
+from cofrgenet.training.strategies import grad_square_sum, summed_over_shards
 
 SCHEDULES = ("paper", "early", "none")
 #: How a released depth's learning rate is set (DyadicUnfreezing's ``lr``).
@@ -219,25 +219,18 @@ class LadderHealthMonitor(L.Callback):
     ) -> None:
         if not self._due(trainer):
             return
-
-        def square(params: Iterator[nn.Parameter]) -> torch.Tensor:
-            grads = [p.grad.detach().float() for p in params if p.grad is not None]
-            return sum((g.square().sum().cpu() for g in grads), torch.zeros(()))
-
         by_depth: dict[int, list[nn.Parameter]] = defaultdict(list)
         for _, layer in ladder_layers(pl_module):
             for depth, params in layer.ladder_parameters_by_depth().items():
                 by_depth[depth].extend(params)
         depths = sorted(by_depth)  # the same on every rank: one collective below
-        has_grad = {d: any(p.grad is not None for p in by_depth[d]) for d in depths}
-        squares = torch.stack(
-            [square(iter(by_depth[d])) for d in depths] + [square(pl_module.parameters())]
-        )
-        flags = torch.tensor([float(has_grad[d]) for d in depths])
-        if sharded_gradients(trainer):  # each rank holds a shard of every gradient
-            both = torch.cat([squares, flags]).to(pl_module.device)
-            both = trainer.strategy.reduce(both, reduce_op="sum").cpu()
-            squares, flags = both[: len(depths) + 1], both[len(depths) + 1 :]
+        device = pl_module.device
+        squares = [grad_square_sum(by_depth[d], device) for d in depths]
+        squares.append(grad_square_sum(pl_module.parameters(), device))
+        flags = [float(any(p.grad is not None for p in by_depth[d])) for d in depths]
+        both = torch.cat([torch.stack(squares), torch.tensor(flags, device=device)])
+        both = summed_over_shards(trainer, both).cpu()  # each rank holds a shard (FSDP)
+        squares, flags = both[: len(depths) + 1], both[len(depths) + 1 :]
         trained = [d for d, flag in zip(depths, flags.tolist(), strict=True) if flag > 0]
         if not trained:  # every depth frozen: no ladder gradient this step
             return

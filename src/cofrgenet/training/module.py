@@ -29,7 +29,11 @@ from cofrgenet.training.optim import (
     warmup_cosine,
 )
 from cofrgenet.training.perf import device_peak_flops, mfu
-from cofrgenet.training.strategies import sharded_gradients
+from cofrgenet.training.strategies import (
+    grad_square_sum,
+    sharded_gradients,
+    summed_over_shards,
+)
 
 #: A step's pre-clip gradient norm is a spike above this many times the median of the
 #: previous SPIKE_WINDOW steps.
@@ -193,11 +197,9 @@ class LanguageModel(L.LightningModule):
             self._step_losses = []
             self.log("train/loss", mean, prog_bar=True, sync_dist=True)
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if sharded_gradients(self.trainer):
-            # Each rank holds a shard of the gradients (and maybe none): every rank joins
-            # the sum of squares, else the others would wait for it.
-            square = sum((g.detach().float().square().sum() for g in grads), torch.zeros(()))
-            norm = self.trainer.strategy.reduce(square.to(self.device), reduce_op="sum").sqrt()
+        if sharded_gradients(self.trainer):  # every rank joins, with a shard or none
+            square = grad_square_sum(self.parameters(), self.device)
+            norm = summed_over_shards(self.trainer, square).sqrt()
         elif grads:
             norm = torch.nn.utils.get_total_norm(grads).detach()
         else:

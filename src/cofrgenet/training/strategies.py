@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -53,3 +54,21 @@ def sharded_gradients(trainer: Any) -> bool:
     """Whether each rank's ``.grad`` holds only its shard of the gradients (FSDP), so a
     gradient norm needs a sum over the ranks (DDP's gradients are whole on every rank)."""
     return isinstance(trainer.strategy, FSDPStrategy)
+
+
+def grad_square_sum(params: Iterable[torch.nn.Parameter], device: torch.device) -> torch.Tensor:
+    """Sum of the squared gradients of ``params`` (those that have one): 0-d float32 on
+    ``device``, with no host sync."""
+    total = torch.zeros((), device=device)
+    for param in params:
+        if param.grad is not None:
+            total = total + param.grad.detach().float().square().sum().to(device)
+    return total
+
+
+def summed_over_shards(trainer: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over the ranks when they hold shards of the gradients (every rank
+    must call it then, gradient or not, else the others wait for it), else as it is."""
+    if not sharded_gradients(trainer):
+        return tensor
+    return trainer.strategy.reduce(tensor, reduce_op="sum")

@@ -152,7 +152,7 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
             # The value logged last: a final `cofr validate` logs after the fit at an
             # earlier step, which MLflow's "latest" (highest step) would hide.
             metrics[key] = max(history, key=lambda m: (m.timestamp, m.step)).value
-        elif key.startswith("eval/"):
+        else:
             # The newest checkpoint's (each is logged at its checkpoint's step), evaluated
             # last: an older checkpoint evaluated later does not replace it.
             metrics[key] = max(history, key=lambda m: (m.step, m.timestamp)).value

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cofrgenet.nn.decoding import sample_next
+from cofrgenet.nn.decoding import all_stopped, sample_next
 from cofrgenet.nn.ladder import reusing_stacked_weights
 
 
@@ -90,8 +90,6 @@ def _sample_tokens(
             logits = model(out[:, -1:], cache)[:, -1, :]
         next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
         out = torch.cat((out, next_id), dim=1)
-        if stop_id is not None:
-            stopped |= next_id[:, 0] == stop_id
-            if bool(stopped.all()):
-                break
+        if all_stopped(stopped, next_id, stop_id):
+            break
     return out.clone()

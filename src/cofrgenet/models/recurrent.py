@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.registry import ARCHITECTURES
-from cofrgenet.nn.decoding import sample_next
+from cofrgenet.nn.decoding import all_stopped, sample_next
 
 #: torch module and gates per hidden unit (the FLOPs of one step scale with the gates).
 CELLS: dict[str, tuple[type[nn.RNNBase], int]] = {
@@ -130,10 +130,8 @@ class RecurrentLM(nn.Module):
                 logits[:, -1, :].float(), temperature, top_k, generator, top_p=top_p, vocab=vocab
             )
             out.append(next_id)
-            if stop_id is not None:
-                stopped |= next_id[:, 0] == stop_id
-                if bool(stopped.all()):
-                    break
+            if all_stopped(stopped, next_id, stop_id):
+                break
             if i + 1 < max_new_tokens:
                 logits, state = self.step(next_id, state)
         return torch.cat(out, dim=1)

@@ -82,3 +82,12 @@ def sample_next(
         drop = probs.cumsum(dim=-1) - probs >= top_p
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def all_stopped(stopped: Tensor, next_id: Tensor, stop_id: int | None) -> bool:
+    """Mark in ``stopped`` (B,) bool, in place, the rows whose ``next_id`` (B, 1) is
+    ``stop_id``; whether every row has stopped (never, for ``stop_id`` None)."""
+    if stop_id is None:
+        return False
+    stopped |= next_id[:, 0] == stop_id
+    return bool(stopped.all())

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from cofrgenet.dataclass_options import at_least, probability
-from cofrgenet.nn.decoding import sample_next
+from cofrgenet.nn.decoding import all_stopped, sample_next
 
 
 @torch.no_grad()
@@ -51,10 +51,8 @@ def sample(
         logits = model(idx[:, -block_size:])[:, -1, :]
         next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
         idx = torch.cat([idx, next_id], dim=1)
-        if stop_id is not None:
-            stopped |= next_id[:, 0] == stop_id
-            if bool(stopped.all()):
-                break
+        if all_stopped(stopped, next_id, stop_id):
+            break
     return idx
 
 

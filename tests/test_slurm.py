@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from cofrgenet.sweeps import SweepError, load_sweep
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.slurm import SubmitOptions, parse_sbatch_header, render
-from cofrgenet.sweeps.spec import base_config, get_dotted, parse_assignment
+from cofrgenet.sweeps.spec import base_config, flow_yaml, get_dotted, parse_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "sweeps"
@@ -77,6 +77,21 @@ def test_sweep_sbatch_resources_agree_with_the_trainer():
     )
     assert int(header["cpus-per-task"]) >= 4
     check_agreement(load_sweep(SWEEPS / "paper-grid-cofrgenet-f.yaml"), SubmitOptions(workers=16))
+
+
+def test_the_worker_line_keeps_the_study_and_every_set_value():
+    """`submit --study X` runs study X (its journal, its trials), and a --set value reads
+    back as it was given: null, not the string 'None'; the string 'true', not True."""
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml", {"study": "other"})
+    values = {"trainer.gradient_clip_val": None, "trainer.precision": "32-true"}
+    rendered = render(tiny, SubmitOptions(settings=values))
+    words = rendered.worker_args
+    assert words[words.index("--study") + 1] == "other"
+    assert "sweeps/other/optuna.journal" in words[words.index("--storage") + 1]
+    got = worker_settings(rendered.script)
+    assert all(got[key] == value for key, value in values.items()), got
+    for value in (None, "true", "null", {"a": 1, "b": [0.5, "x"]}, [0, 1], 1e-4, "a: b"):
+        assert parse_assignment(f"key={flow_yaml(value)}") == ("key", value)
 
 
 def test_sweep_sbatch_refuses_what_cannot_agree():

@@ -115,6 +115,63 @@ def test_param_specs_read_ranges_and_choices():
         parse_param("k", "float 0.1..0.2").grid_values()
 
 
+def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
+    """A sampler typo, a step of 0, a heat map of unknown keys, liveness settings under
+    which live workers count as lost, n_trials beside a grid: refused with the key."""
+    good = {"study": "s", "space": {"a.b": "int 1..4", "c": [1, 3]}, "n_trials": 2}
+    cases = [
+        ({"sampler": {"name": "tpe", "n_startup_trial": 4}}, "sampler.n_startup_trial: not an "
+         "option of the tpe sampler (Optuna's TPESampler) (did you mean 'n_startup_trials'?)"),
+        ({"sampler": {"name": "random", "multivariate": True}}, "sampler.multivariate"),
+        ({"sampler": {"name": "tpe", "seed": "x"}}, "sampler.seed must be a whole number"),
+        ({"space": {"a.b": "int 1..4 step 0"}}, "space.a.b: step must be > 0"),
+        ({"space": {"a.b": {"type": "int", "low": 1, "high": 4, "step": -1}}}, "step must be > 0"),
+        ({"space": {"a.b": "int 1..4 step 1.5"}}, "an int range needs a whole step"),
+        ({"heatmap": ["a.b", "d"]}, "heatmap: 'd' is not a key of the space"),
+        ({"storage_options": {"heartbeat_interval": 120, "grace_period": 10}},
+         "storage_options.grace_period 10 s must exceed twice the heartbeat_interval"),
+        ({"storage_options": {"grace_period": -5}}, "storage_options.grace_period -5 s"),
+        ({"storage_options": {"max_retry": "x"}}, "storage_options.max_retry must be a whole"),
+        ({"storage_options": {"max_retry": -1}}, "storage_options.max_retry must be >= 0"),
+        ({"sampler": {"name": "grid"}, "n_trials": 5}, "n_trials 5: a grid sweep trains every "
+         "one of its 8 points once"),
+    ]  # fmt: skip
+    for changes, message in cases:
+        with pytest.raises(SweepError, match=re.escape(message)):
+            parse_sweep({**good, **changes})
+    grid = parse_sweep({**good, "sampler": {"name": "grid"}, "n_trials": 8})
+    assert grid.total_trials == 8
+    parse_sweep({**good, "sampler": {"name": "tpe", "multivariate": True, "n_startup_trials": 3}})
+    parse_sweep({**good, "heatmap": ["c", "a.b"], "storage_options": {"grace_period": 121}})
+
+
+def test_val_every_counts_optimizer_steps_under_accumulation():
+    from cofrgenet.sweeps.spec import budget_settings
+
+    sweep = parse_sweep(
+        {"study": "s", "space": {"a": [1]}, "n_trials": 1, "budget": {"steps": 6, "val_every": 2}}
+    )
+    config = {"trainer": {"accumulate_grad_batches": 2}}
+    assert budget_settings(sweep, config) == [
+        ("trainer.max_steps", 6),
+        ("trainer.val_check_interval", 4),  # batches: every 2 optimizer steps
+    ]
+    with pytest.raises(ValueError, match="needs the config"):
+        budget_settings(sweep, None)
+
+
+def test_the_shipped_sweeps_validate_where_they_checkpoint():
+    """Lightning counts val_check_interval in batches: under accumulation a sweep that
+    reports where it checkpoints multiplies by it (as conf/experiment's recipes do)."""
+    for path in SWEEPS:
+        overrides = load_sweep(path).overrides
+        accumulate = overrides.get("trainer.accumulate_grad_batches", 1)
+        interval = overrides.get("trainer.val_check_interval")
+        every = overrides.get("run.checkpoint_every_n_steps")
+        if isinstance(interval, int) and every:
+            assert interval == every * accumulate, f"{path.name}: every {interval} batches"
+
+
 def test_sweep_file_errors_name_the_problem(tmp_path):
     good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 2}
     parse_sweep(good)
@@ -529,6 +586,124 @@ def test_open_study_enqueues_the_grid_once(tmp_path):
     assert created and not created_again
     waiting = again.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 6
+
+
+def _tiny_study(tmp_path: Path, **storage_options) -> tuple:
+    sweep = parse_sweep(
+        {"study": "w", "space": {"a": [1, 2]}, "n_trials": 4, "storage_options": storage_options}
+    )
+    storage = st.open_storage(f"journal:{tmp_path / 'w.journal'}")
+    study, _ = open_study(sweep, storage, 0)
+    return sweep, storage, study
+
+
+def test_workers_in_one_slurm_job_are_told_apart(tmp_path, monkeypatch):
+    """Two workers of one job (srun -n 2, or started by hand in one allocation) share
+    SLURM_JOB_ID: neither takes the other's live trial for its own requeued one."""
+    from cofrgenet.sweeps.worker import next_trial
+
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_JOB_ID", "999")
+    assert st.Worker.current().worker_id == "slurm-999"
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert st.Worker.current().worker_id == "slurm-999.1"
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    me = st.Worker.current()
+    assert me.worker_id == "slurm-999"
+
+    sweep, storage, study = _tiny_study(tmp_path)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        # The other worker, alive on this host, with the same worker id, trains trial 0.
+        busy = study.ask()
+        twin = st.Worker(me.host, other.pid, st._pid_start(other.pid), me.worker_id, {})
+        st.claim(storage, study, busy.number, twin)
+        trial, resumed = next_trial(study, storage, sweep, me)
+        assert (trial.number, resumed) == (1, False)
+        assert st.frozen_trial(storage, study, busy.number).state == TrialState.RUNNING
+    finally:
+        other.kill()
+        other.wait()
+    # Gone (a requeue ended it): now trial 0 is this task's to resume.
+    trial, resumed = next_trial(study, storage, sweep, me)
+    assert (trial.number, resumed) == (0, True)
+
+
+def test_a_live_local_worker_is_never_lost_and_a_late_result_is_not_lost_silently(tmp_path, caplog):
+    from cofrgenet.sweeps.objective import Outcome
+    from cofrgenet.sweeps.worker import _tell
+
+    sweep, storage, study = _tiny_study(tmp_path)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        trial = study.ask()
+        worker = st.Worker(st.Worker.current().host, other.pid, None, None, {})
+        st.claim(storage, study, trial.number, worker)
+        trial.set_user_attr(st.HEARTBEAT, time.time() - 10_000)  # a long silent step
+        frozen = st.frozen_trial(storage, study, trial.number)
+        assert st.lost_reason(frozen, storage, sweep.storage_options) is None
+        assert st.lost_trials(study, storage, sweep.storage_options) == {}
+    finally:
+        other.kill()
+        other.wait()
+    # Another worker failed it meanwhile: this worker's COMPLETE is refused, and says so.
+    assert st.fail_trial(storage, st.trial_id(storage, study, trial.number), "lost")
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        told = _tell(study, storage, trial, Outcome(TrialState.COMPLETE, value=1.0), sweep)
+    assert told is False
+    assert st.frozen_trial(storage, study, trial.number).state == TrialState.FAIL
+    assert "was ended as FAIL by another worker (lost)" in caplog.text
+
+
+def test_studies_sharing_an_experiment_keep_their_own_trial_folders(tmp_path):
+    from cofrgenet.sweeps.objective import TRIAL_FILE, _claim_folder, trial_run_dir
+    from cofrgenet.training.runlock import RunFolderBusyError, RunLock
+
+    own = parse_sweep({"study": "s", "space": {"a": [1]}, "n_trials": 1})
+    assert trial_run_dir(own, tmp_path, 3) == tmp_path / "s" / "trial-0003"
+    shared = [
+        parse_sweep({"study": name, "experiment": "x", "space": {"a": [1]}, "n_trials": 1})
+        for name in ("a", "b")
+    ]
+    folders = [trial_run_dir(sweep, tmp_path, 0) for sweep in shared]
+    assert folders == [tmp_path / "x" / "a-trial-0000", tmp_path / "x" / "b-trial-0000"]
+    # A folder of another study is moved aside, never from under a live fit.
+    run_dir = folders[0]
+    _claim_folder(run_dir, {"study": "a", "uid": "old", "root_number": 0})
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        with pytest.raises(RunFolderBusyError):
+            _claim_folder(run_dir, {"study": "a", "uid": "new", "root_number": 0})
+        assert yaml.safe_load((run_dir / TRIAL_FILE).read_text())["uid"] == "old"
+    finally:
+        lock.release()
+
+
+def test_a_resumed_trial_forgets_what_an_earlier_attempt_decided(tiny_data, tmp_path, monkeypatch):
+    """A ddp_spawn rank leaves its stop and prune steps in the trial's attributes for the
+    worker; a requeued attempt that trains to the end must not read the old ones back."""
+    from cofrgenet.sweeps.objective import LAST_REPORT, PRUNED_AT, REQUEUED_AT
+
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=1, overrides={"data.data_dir": str(tiny_data)})
+    )
+    storage = st.open_storage(st.default_storage(sweep))
+    study, _ = open_study(sweep, storage, 0)
+    first = study.ask()
+    st.claim(storage, study, first.number, st.Worker("gone-host", 1, None, "slurm-5_0", {}))
+    for key in (REQUEUED_AT, PRUNED_AT):
+        first.set_user_attr(key, 1)
+    first.set_user_attr(LAST_REPORT, [1, 9.0])
+    result = run_worker(sweep, report=False, mlflow=False)
+    (trial,) = result.study.get_trials()
+    assert trial.state == TrialState.COMPLETE, result.outcomes
+    assert trial.user_attrs[REQUEUED_AT] is None and trial.user_attrs[PRUNED_AT] is None
 
 
 def test_lost_worker_detection(tmp_path, monkeypatch):

@@ -112,9 +112,25 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     _worker_options(parser)
     parser.add_argument("--workers", type=int, default=1, help="array tasks (workers)")
-    parser.add_argument("--partition", default=None)
-    parser.add_argument("--gpus-per-worker", type=int, default=None)
-    parser.add_argument("--cpus-per-worker", type=int, default=None)
+    parser.add_argument(
+        "--partition",
+        default=None,
+        help="the SLURM partition (default: the sweep's slurm.partition)",
+    )
+    parser.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=None,
+        help="GPUs per array task, all for one trial at a time (ddp_spawn above 1); 0: CPU "
+        "(default: the sweep's slurm.gpus_per_worker, else the config's GPU devices)",
+    )
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=None,
+        help="CPUs per array task, at least data.num_workers + 1 (default: the sweep's "
+        "slurm.cpus_per_worker, else data.num_workers + 1, else 4 per GPU + 1)",
+    )
     parser.add_argument("--time", default=None, help="per task, e.g. 04:00:00")
     parser.add_argument("--mem", default=None, help="per task, e.g. 64G")
     parser.add_argument(

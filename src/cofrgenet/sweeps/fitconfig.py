@@ -44,6 +44,7 @@ from cofrgenet.sweeps.spec import (
     budget_settings,
     config_settings,
     encode_value,
+    needs_config,
     set_dotted,
 )
 from cofrgenet.training.cli import ParseOnlyCLI
@@ -187,11 +188,11 @@ def trial_words(
     more: Sequence[tuple[str, Any]] = (),
 ) -> list[str]:
     """One trial's ``cofr fit`` words: base files, then overrides, ``extra``, sampled
-    ``params``, the budget, ``more`` (``run.*``). A ``tokens`` budget parses the words
-    once without it, for the trial's batch geometry."""
+    ``params``, the budget, ``more`` (``run.*``). A ``tokens`` budget or ``val_every``
+    parses the words once without it, for the batch geometry and gradient accumulation."""
     settings = config_settings(sweep, params, extra)
     config = None
-    if sweep.budget.tokens is not None and sweep.budget.steps is None:
+    if needs_config(sweep):
         config = resolve_config(fit_words(sweep.base, settings, settings_file))
     settings += [*budget_settings(sweep, config), *more]
     return fit_words(sweep.base, settings, settings_file)

@@ -32,6 +32,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training.cli import CofrCLI
+from cofrgenet.training.runlock import RunFolderBusyError, RunLock
 
 TRIAL_FILE = "trial.json"
 PRUNED_AT, REQUEUED_AT, LAST_REPORT = "cofr.pruned_at", "cofr.stopped_at", "cofr.last_report"
@@ -57,6 +58,23 @@ class Outcome:
 
 def trial_name(number: int) -> str:
     return f"trial-{number:04d}"
+
+
+#: The trial attribute that names its run folder (as the worker saw it: --runs-dir).
+RUN_DIR_ATTR = "cofr.run_dir"
+
+
+def trial_run_dir(sweep: Sweep, runs_dir: str | Path, root: int) -> Path:
+    """The run folder of the trial whose first attempt is number ``root``.
+
+    ``<runs_dir>/<experiment>/trial-NNNN``; when the sweep names an experiment other than
+    its study, ``<study>-trial-NNNN``: studies that share an experiment (one sweep file
+    run as several studies with ``--study``) must not share their trials' checkpoints.
+    """
+    name = trial_name(root)
+    if sweep.experiment != sweep.study:
+        name = f"{sweep.study}-{name}"
+    return Path(runs_dir) / sweep.experiment / name
 
 
 class PruneAtStep(Callback):
@@ -229,6 +247,10 @@ def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
             owner.get(k) == identity[k] for k in ("study", "uid", "root_number")
         )
         if not same:
+            # Not from under a process that trains in it (RunFolderBusyError names it).
+            lock = RunLock(run_dir)
+            lock.acquire()
+            lock.release()
             aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
             logging.getLogger("cofrgenet.sweeps").warning(
                 f"{run_dir} belongs to another study: moved to {aside}"
@@ -270,8 +292,14 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     """Train one trial and say how it ended (the worker tells Optuna)."""
     sweep, study = ctx.sweep, ctx.study
     frozen = st.frozen_trial(ctx.storage, study, trial.number)
+    # What a ddp_spawn rank of an earlier attempt left (PruneAtStep.recover reads them):
+    # a resumed attempt decides afresh.
+    for key in (PRUNED_AT, REQUEUED_AT, LAST_REPORT):
+        if frozen.user_attrs.get(key) is not None:
+            trial.set_user_attr(key, None)
     root = st.root_number(frozen)
-    run_dir = Path(ctx.runs_dir) / sweep.experiment / trial_name(root)
+    run_dir = trial_run_dir(sweep, ctx.runs_dir, root)
+    trial.set_user_attr(RUN_DIR_ATTR, str(run_dir.resolve()))
     try:
         params = {p.key: p.suggest(trial) for p in sweep.space}
     except Exception as error:
@@ -284,7 +312,10 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         "trial_number": trial.number,
         "params": params,
     }
-    _claim_folder(run_dir, identity)
+    try:
+        _claim_folder(run_dir, identity)
+    except RunFolderBusyError as busy:
+        return Outcome(TrialState.FAIL, reason=str(busy))
     run = [
         ("run.experiment", sweep.experiment),
         ("run.name", run_dir.name),

@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from cofrgenet.atomic import replacing, write_text_atomic
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.objective import trial_name
+from cofrgenet.sweeps.objective import RUN_DIR_ATTR, trial_run_dir
 from cofrgenet.sweeps.spec import Sweep
 
 
@@ -142,7 +142,9 @@ def summary_markdown(
     if best is None:
         lines += ["No trial completed.", ""]
     else:
-        folder = Path(sweep.runs_dir) / sweep.experiment / trial_name(st.root_number(best))
+        folder = best.user_attrs.get(RUN_DIR_ATTR) or trial_run_dir(
+            sweep, sweep.runs_dir, st.root_number(best)
+        )
         lines += [
             f"## Best trial: #{best.number}, {sweep.objective.metric} = {best.value:.6g}",
             "",

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.spec import Sweep, SweepError, base_config, check_extra, get_dotted
+from cofrgenet.sweeps.spec import (
+    Sweep,
+    SweepError,
+    base_config,
+    check_extra,
+    flow_yaml,
+    get_dotted,
+)
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork")
@@ -206,11 +213,12 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     for extra, where in [*extras, *((e, "--sbatch") for e in options.sbatch_args)]:
         key, value = _sbatch_option(extra, where)
         sbatch[key] = value
-    args = [str(sweep.path), "--storage", url, "--runs-dir", str(runs_dir)]
+    # --study always: the file's own, or the one `submit --study` gave.
+    args = [str(sweep.path), "--study", sweep.study, "--storage", url, "--runs-dir", str(runs_dir)]
     if options.n_trials is not None:
         args += ["--n-trials", str(options.n_trials)]
     for key, value in settings.items():
-        args += ["--set", f"{key}={value}"]
+        args += ["--set", f"{key}={flow_yaml(value)}"]
     header = [f"#SBATCH --{k}={v}" if v != "" else f"#SBATCH --{k}" for k, v in sbatch.items()]
     script = "\n".join(
         [

@@ -17,7 +17,7 @@ A sweep file (``sweeps/*.yaml``)::
     pruner: {name: median}             # median | percentile | hyperband | sha | none
     objective: {metric: val/loss, direction: minimize}
     budget: {steps: 2000}              # or {tokens: 1.0e8}; optional val_every: N steps
-    n_trials: 40                       # the study's trial budget (grid: the grid's size)
+    n_trials: 40                       # the study's trial budget (none for grid: every point)
     storage: null                      # default: journal file runs/sweeps/<study>/optuna.journal
 
 Keys are the keys of the full training config (``cofr fit --print_config`` shows them):
@@ -36,6 +36,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,10 @@ def parse_param(key: str, value: Any) -> ParamSpec:
     step = None if step is None else _number(step, key)
     if log and step is not None:
         raise SweepError(f"space.{key}: log and step cannot be combined")
+    if step is not None and not step > 0:
+        raise SweepError(f"space.{key}: step must be > 0, got {value.get('step')!r}")
+    if kind == "int" and step is not None and step != int(step):
+        raise SweepError(f"space.{key}: an int range needs a whole step, got {step}")
     if kind == "int" and (low != int(low) or high != int(high)):
         raise SweepError(f"space.{key}: int bounds must be whole numbers")
     grid = tuple(value.get("grid") or ())
@@ -193,17 +198,43 @@ class Budget:
 
     steps: int | None = None
     tokens: float | None = None
-    #: Validate (and report to the pruner) every N optimizer steps; default: the config's.
+    #: Validate (and report to the pruner) every N optimizer steps (N times the gradient
+    #: accumulation in Lightning's ``val_check_interval``, which counts batches); default:
+    #: the config's ``trainer.val_check_interval``.
     val_every: int | None = None
 
 
 @dataclass
 class StorageOptions:
-    """Liveness of trials: heartbeats and how often a lost trial is retried."""
+    """Liveness of trials: heartbeats and how often a lost trial is retried.
+
+    A worker on another host is lost after ``grace_period`` seconds without a heartbeat;
+    heartbeats come every ``heartbeat_interval`` seconds, so the grace period must span
+    more than two of them (a busy storage delays a beat).
+    """
 
     heartbeat_interval: int = 60
     grace_period: int = 300
     max_retry: int = 3
+
+    def check(self) -> None:
+        """SweepError for values under which live workers would be declared lost."""
+        for name in ("heartbeat_interval", "grace_period", "max_retry"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SweepError(f"storage_options.{name} must be a whole number, got {value!r}")
+        if self.heartbeat_interval < 1:
+            raise SweepError(
+                f"storage_options.heartbeat_interval must be >= 1 s, got {self.heartbeat_interval}"
+            )
+        if self.grace_period <= 2 * self.heartbeat_interval:
+            raise SweepError(
+                f"storage_options.grace_period {self.grace_period} s must exceed twice the "
+                f"heartbeat_interval ({self.heartbeat_interval} s), or live workers on other "
+                f"hosts are taken for lost: raise it above {2 * self.heartbeat_interval}"
+            )
+        if self.max_retry < 0:
+            raise SweepError(f"storage_options.max_retry must be >= 0, got {self.max_retry}")
 
 
 @dataclass
@@ -253,11 +284,11 @@ class Sweep:
 
     @property
     def total_trials(self) -> int:
-        """The study's trial budget: ``n_trials``, or the grid's size."""
-        if self.n_trials is not None:
-            return self.n_trials
+        """The study's trial budget: the grid's size, or ``n_trials``."""
         if self.is_grid:
             return len(self.grid)
+        if self.n_trials is not None:
+            return self.n_trials
         raise SweepError("n_trials is required unless the sampler is grid")
 
     def param(self, key: str) -> ParamSpec | None:
@@ -499,9 +530,62 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         raw=copy.deepcopy(raw),
     )
     if sweep.is_grid:
-        sweep.grid  # noqa: B018 - raises for float ranges without grid values
+        points = len(sweep.grid)  # raises for float ranges without grid values
+        if resolve and sweep.n_trials is not None and sweep.n_trials != points:
+            raise SweepError(
+                f"n_trials {sweep.n_trials}: a grid sweep trains every one of its {points} "
+                "points once; drop n_trials (or use a tpe or random sampler)"
+            )
     sweep.total_trials  # noqa: B018 - raises when n_trials is missing
+    if resolve:
+        sweep.storage_options.check()
+        _check_sampler(sweep.sampler)
+        _check_heatmap(sweep)
     return sweep
+
+
+def _check_sampler(sampler: dict[str, Any]) -> None:
+    """SweepError naming a ``sampler`` option Optuna's sampler does not take (built once
+    here: a typo would otherwise stop every worker with a traceback)."""
+    import inspect
+
+    import optuna
+
+    name = sampler["name"]
+    # grid: every point is queued when the study is made; a seeded random sampler stands by.
+    cls = optuna.samplers.TPESampler if name == "tpe" else optuna.samplers.RandomSampler
+    accepted = [k for k in inspect.signature(cls.__init__).parameters if k != "self"]
+    options = {k: v for k, v in sampler.items() if k not in ("name", "seed")}
+    for key in options:
+        if key not in accepted:
+            raise SweepError(
+                f"sampler.{key}: not an option of the {name} sampler (Optuna's "
+                f"{cls.__name__}){did_you_mean(str(key), accepted)}"
+            )
+    seed = sampler.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise SweepError(f"sampler.seed must be a whole number, got {seed!r}")
+    try:
+        with warnings.catch_warnings():  # experimental options (multivariate, ...) warn
+            warnings.simplefilter("ignore")
+            cls(seed=seed, **options)
+    except Exception as error:
+        raise SweepError(
+            f"sampler {sampler!r} is refused by Optuna's {cls.__name__}: {error}"
+        ) from None
+
+
+def _check_heatmap(sweep: Sweep) -> None:
+    if sweep.heatmap is None:
+        return
+    keys = [p.key for p in sweep.space]
+    if len(sweep.heatmap) != 2:
+        raise SweepError(f"heatmap: two keys of the space, got {list(sweep.heatmap)}")
+    for key in sweep.heatmap:
+        if key not in keys:
+            raise SweepError(
+                f"heatmap: {key!r} is not a key of the space{did_you_mean(str(key), keys)}"
+            )
 
 
 def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Sweep:
@@ -563,8 +647,12 @@ def encode_value(value: Any) -> str:
     Strings go as they are (the parser reads a ``str`` option's word verbatim); anything
     else as flow YAML, which the parser reads back to the same value.
     """
-    if isinstance(value, str):
-        return value
+    return value if isinstance(value, str) else flow_yaml(value)
+
+
+def flow_yaml(value: Any) -> str:
+    """``value`` as one line of YAML that reads back to it (``null``; ``'true'`` for the
+    string): the VALUE of a ``--set KEY=VALUE`` (:func:`parse_assignment`)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False)
     return text.removesuffix("\n").removesuffix("\n...").strip()
 
@@ -642,18 +730,31 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
     return max(1, math.ceil(float(tokens) / per_step))
 
 
+def needs_config(sweep: Sweep) -> bool:
+    """Whether :func:`budget_settings` needs the trial's config: a tokens budget (its batch
+    geometry) or ``val_every`` (its gradient accumulation)."""
+    tokens = sweep.budget.tokens is not None and sweep.budget.steps is None
+    return tokens or sweep.budget.val_every is not None
+
+
 def budget_settings(sweep: Sweep, config: dict[str, Any] | None) -> list[tuple[str, Any]]:
-    """``trainer.max_steps`` (and ``val_check_interval``) of the sweep's budget; a tokens
-    budget needs the trial's ``config`` (its batch geometry)."""
+    """``trainer.max_steps`` (and ``val_check_interval``) of the sweep's budget, for the
+    trial's ``config`` when :func:`needs_config`."""
     out: list[tuple[str, Any]] = []
+    if config is None and needs_config(sweep):
+        raise ValueError("a tokens budget or val_every needs the config")
     if sweep.budget.steps is not None:
         out.append(("trainer.max_steps", int(sweep.budget.steps)))
     elif sweep.budget.tokens is not None:
-        if config is None:
-            raise ValueError("a tokens budget needs the config")
         out.append(("trainer.max_steps", steps_for_tokens(config, sweep.budget.tokens)))
     if sweep.budget.val_every is not None:
-        out.append(("trainer.val_check_interval", int(sweep.budget.val_every)))
+        # Lightning counts val_check_interval in batches: N optimizer steps are N x the
+        # accumulation's batches.
+        accumulate = (
+            1 if config is None else get_dotted(config, "trainer.accumulate_grad_batches", 1)
+        )
+        interval = int(sweep.budget.val_every) * int(accumulate or 1)
+        out.append(("trainer.val_check_interval", interval))
     return out
 
 

@@ -72,10 +72,11 @@ HEARTBEAT, STARTED, FAIL_REASON, RESUMED = (
     "fail_reason",
     "cofr.resumed_from_step",
 )
-SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK = (
+SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = (
     "slurm.job_id",
     "slurm.array_job_id",
     "slurm.array_task_id",
+    "slurm.procid",
 )
 
 
@@ -398,7 +399,8 @@ class Worker:
     host: str
     pid: int
     pid_start: str | None
-    #: Stable across requeues under SLURM (the array task or the job); None elsewhere.
+    #: Stable across requeues under SLURM (the array task or the job, and the task of a
+    #: step that runs several: ``srun -n 2 cofr sweep run``); None elsewhere.
     worker_id: str | None
     slurm: dict[str, str]
 
@@ -409,6 +411,7 @@ class Worker:
             SLURM_JOB: env.get("SLURM_JOB_ID", ""),
             SLURM_ARRAY_JOB: env.get("SLURM_ARRAY_JOB_ID", ""),
             SLURM_ARRAY_TASK: env.get("SLURM_ARRAY_TASK_ID", ""),
+            SLURM_PROC: env.get("SLURM_PROCID", ""),
         }
         slurm = {k: v for k, v in slurm.items() if v}
         if slurm.get(SLURM_ARRAY_JOB) and slurm.get(SLURM_ARRAY_TASK):
@@ -417,6 +420,8 @@ class Worker:
             worker_id = f"slurm-{slurm[SLURM_JOB]}"
         else:
             worker_id = None
+        if worker_id and slurm.get(SLURM_PROC, "0") != "0":  # one of several srun tasks
+            worker_id += f".{slurm[SLURM_PROC]}"
         pid = os.getpid()
         return cls(socket.gethostname(), pid, _pid_start(pid), worker_id, slurm)
 
@@ -528,15 +533,23 @@ class Heartbeat:
 # ------------------------------------------------------------------ lost workers
 
 
+def held_by_live_process(trial: FrozenTrial) -> bool:
+    """Whether the process that claimed ``trial`` runs on this host now (this one included)."""
+    attrs = trial.user_attrs
+    host, pid = attrs.get(HOST), attrs.get(PID)
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return False
+    return pid == os.getpid() or pid_alive(pid, attrs.get(PID_START))
+
+
 def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOptions) -> str | None:
     """Why a RUNNING trial's worker is gone, or None while it may be alive."""
     attrs = trial.user_attrs
+    if held_by_live_process(trial):  # on this host: its process decides, not the clock
+        return None
     host, pid = attrs.get(HOST), attrs.get(PID)
-    if host == socket.gethostname() and isinstance(pid, int):
-        if pid == os.getpid():
-            return None
-        if not pid_alive(pid, attrs.get(PID_START)):
-            return f"worker {attrs.get(WORKER, pid)} died during the trial (process gone)"
+    if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid():
+        return f"worker {attrs.get(WORKER, pid)} died during the trial (process gone)"
     beat = attrs.get(HEARTBEAT)
     if beat is not None and uses_heartbeat_table(storage):
         # Claimed, so it has a row in Optuna's heartbeat table, which decides (lost_trials).
@@ -614,7 +627,7 @@ def lost_trials(
         if spare and trial.user_attrs.get(WORKER_ID) == spare:
             continue
         reason = lost_reason(trial, storage, options)
-        if reason is None and trial.number in stale:
+        if reason is None and trial.number in stale and not held_by_live_process(trial):
             reason = (
                 f"worker {trial.user_attrs.get(WORKER, '?')} lost: no heartbeat for more "
                 f"than {options.grace_period} s"

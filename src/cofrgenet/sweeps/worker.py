@@ -111,6 +111,9 @@ def next_trial(
             if (
                 trial.state == TrialState.RUNNING
                 and trial.user_attrs.get(st.WORKER_ID) == worker.worker_id
+                # A live process with the same id (a second worker started in one SLURM
+                # allocation by hand) still trains it: not a trial left by a requeue.
+                and not st.held_by_live_process(trial)
             ):
                 st.claim(storage, study, trial.number, worker)
                 return st.open_trial(storage, study, trial.number), True
@@ -181,7 +184,18 @@ def _tell(
     trial: optuna.Trial,
     outcome: Outcome,
     sweep: Sweep,
-) -> None:
+) -> bool:
+    """Tell the study how ``trial`` ended; False when it had been ended already (another
+    worker took it for lost), so that this outcome is not recorded."""
+    now = st.frozen_trial(storage, study, trial.number)
+    if now.state.is_finished():
+        reason = now.user_attrs.get(st.FAIL_REASON)
+        log.warning(
+            f"trial {trial.number} was ended as {now.state.name} by another worker"
+            f"{f' ({reason})' if reason else ''} while this one trained it: its "
+            f"{outcome.state.name} here is not recorded"
+        )
+        return False
     if outcome.state == TrialState.FAIL:
         trial.set_user_attr(st.FAIL_REASON, outcome.reason or "?")
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -196,6 +210,7 @@ def _tell(
         study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
     else:
         study.tell(trial, outcome.value, skip_if_finished=True)
+    return True
 
 
 def run_worker(
@@ -294,7 +309,10 @@ def run_worker(
                 result.requeued = True
                 _requeue_job(worker)
                 break
-            _tell(study, storage, trial, outcome, sweep)
+            if not _tell(study, storage, trial, outcome, sweep):
+                outcome.reason = "; ".join(
+                    filter(None, [outcome.reason, "not recorded: another worker ended it first"])
+                )
             value = "" if outcome.value is None else f" value {outcome.value:.6g}"
             why = f" ({outcome.reason})" if outcome.reason else ""
             log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")

@@ -723,7 +723,8 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
         else:
             raise SweepError(
                 "budget.tokens needs an integer trainer.devices (got "
-                f"{devices!r}) to turn tokens into steps"
+                f"{devices!r}) to turn tokens into steps: set it in the sweep's overrides "
+                "(cofr sweep submit sets it from --gpus-per-worker)"
             )
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     per_step = batch * block * accumulate * devices * nodes

@@ -67,6 +67,25 @@ def test_any_source_change_invalidates_the_cache(cache, monkeypatch):
     cli_cache.fingerprint.cache_clear()
 
 
+def test_a_script_of_ones_own_has_its_own_cache(cache, monkeypatch, tmp_path):
+    """A script that registers mixers before cofrgenet.cli.main has other choices in its
+    help than `cofr`: its entries are not plain cofr's."""
+    import sys
+    import types
+
+    cli_cache.store_keys("fit", ["trainer.max_steps"])
+    script = tmp_path / "train_mine.py"
+    script.write_text("import my_mixers\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    cli_cache.fingerprint.cache_clear()
+    try:
+        assert cli_cache.cached_keys("fit") is None
+    finally:
+        cli_cache.fingerprint.cache_clear()
+
+
 def test_one_help_call_teaches_the_keys_too(cache, capsys, monkeypatch):
     """`make install` runs `cofr <command> --help` once: after it, a typo is caught
     without Lightning, on the very first real call."""

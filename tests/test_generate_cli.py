@@ -70,6 +70,17 @@ def test_a_missing_checkpoint_or_a_folder_is_one_line(capsys, tmp_path, run_fold
     assert "is a folder, not a checkpoint file" in line and "did you mean" not in line
 
 
+def test_a_checkpoint_of_an_unregistered_mixer_is_one_line(capsys, tmp_path):
+    """Trained by a script that registered its own mixer, read by plain `cofr`."""
+    path = write_checkpoint(tmp_path / "mine.ckpt", None)
+    saved = torch.load(path, weights_only=False)
+    saved["hyper_parameters"]["config"]["attention"] = "shift"
+    torch.save(saved, path)
+    line = one_line_error(capsys, ["generate", "--ckpt", str(path), "--prompt", "a"])
+    assert line.startswith("cofr generate: error: unknown attention mixer 'shift'")
+    assert "importing its module first: docs/architecture.md" in line
+
+
 def test_the_shared_check_names_a_missing_checkpoint_for_every_reader(tmp_path):
     with pytest.raises(pretrained.CheckpointNotFound, match="no checkpoint file at"):
         pretrained.load_checkpoint(tmp_path / "nope.ckpt")
@@ -96,6 +107,23 @@ def test_bad_sampling_options_are_refused_at_parse_time(capsys, option, value, m
     # The checkpoint does not exist: the option is refused before it is looked at.
     line = one_line_error(capsys, ["generate", "--ckpt", "nope.ckpt", option, value])
     assert line.startswith(f"cofr generate: error: {message}")
+
+
+def test_generate_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    for option, default in (
+        ("--max-new-tokens", 200),
+        ("--temperature", 0.8),
+        ("--top-k", 50),
+        ("--top-p", 1.0),
+        ("--num-samples", 1),
+        ("--seed", 1337),
+        ("--device", "cpu"),
+    ):
+        help_text = out.split(f" {option} ", 1)[1].split(" --", 1)[0]
+        assert f"(default: {default})" in help_text, option
 
 
 def test_a_device_this_machine_lacks_is_refused_at_parse_time(capsys):

@@ -6,8 +6,9 @@ small cache: the help text of that command line, and the dotted keys the ``fit``
 ``validate``, ... parser accepts. Later calls answer from the cache: the help is printed
 as it was, and an unknown key (``--trainer.max_stepz``, or ``max_stepz:`` under
 ``trainer:`` in a ``--config`` file) is reported at once, with the same message the
-full parser gives. Entries are keyed by a fingerprint of the installed versions and of
-this package's source files, so any change invalidates them. The cache lives in
+full parser gives. Entries are keyed by a fingerprint of the installed versions, of
+this package's source files and of the program that runs it (``cofr``, or a user's
+script that registers its own mixers first), so any change invalidates them. The cache lives in
 ``$COFR_CACHE_DIR`` (default ``~/.cache/cofrgenet/cli``); when it cannot be written,
 everything works as without it.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import metadata
@@ -43,6 +45,11 @@ def fingerprint() -> str:
             digest.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{dist}=none;".encode())
+    # The program that runs the CLI: a user's script that registers its own mixers
+    # before calling cofrgenet.cli.main has other choices in its help than `cofr`.
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main and Path(main).is_file():
+        digest.update(f"main={Path(main).resolve()}:{Path(main).stat().st_mtime_ns};".encode())
     package = Path(__file__).resolve().parent
     for path in sorted(package.rglob("*.py")):
         stat = path.stat()

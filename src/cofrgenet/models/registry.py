@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from torch import nn
 
+from cofrgenet.errors import ConfigError, did_you_mean
+
 if TYPE_CHECKING:
     from cofrgenet.models.config import ModelConfig
 
@@ -141,13 +143,16 @@ class Registry(Generic[E]):
         del self._entries[name]
 
     def entry(self, name: str) -> E:
-        """The entry for ``name``; unknown names raise ValueError listing the registered ones."""
+        """The entry for ``name``; an unknown name raises ConfigError (a ValueError)
+        listing the registered ones: a one-line error in every command."""
         self._load()
         try:
             return self._entries[name]
         except KeyError:
-            raise ValueError(
-                f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}{did_you_mean(str(name), self.names())}; "
+                f"registered: {', '.join(self.names())} (one of your own is registered by "
+                "importing its module first: docs/architecture.md)"
             ) from None
 
     def build(self, name: str, *args: Any) -> nn.Module:

@@ -66,6 +66,28 @@ def test_cli_help_runs_as_a_script():
     assert "cofr bench ops" in proc.stdout
 
 
+def test_every_option_of_every_command_has_help():
+    """`cofr <command> --help` explains each option (fit/validate/test: LightningCLI's
+    parser, tested in test_training_cli.py)."""
+    import argparse
+
+    for command in cli.COMMANDS:
+        if command.passthrough:
+            continue
+        parser = cli.build_parser(list(command.path))
+        for word in command.path:
+            subparsers = next(
+                a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+            )
+            parser = subparsers.choices[word]
+        bare = [
+            action.option_strings or [action.dest]
+            for action in parser._actions
+            if not action.help and not isinstance(action, argparse._HelpAction)
+        ]
+        assert not bare, f"cofr {' '.join(command.path)}: no help for {bare}"
+
+
 def test_bench_ops_help_lists_every_field(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "ops", "--help"])

@@ -655,6 +655,54 @@ def test_lightning_private_api_is_pinned():
         assert not used, f"{path} uses LightningCLI's {used}: go through lightning_cli.py"
 
 
+def option_help(help_text: str, option: str) -> str:
+    """What argparse ``help_text`` says of ``option``, without jsonargparse's
+    ``(type: ..., default: ...)`` suffix and with the lines joined."""
+    lines = help_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [option])
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * 10):  # the next option, or the next group's title
+            break
+        block.append(line)
+    text = " ".join(" ".join(block).split())
+    text = text.split(" ", 1)[1] if " " in text else ""  # drop the option itself
+    metavar = option.rsplit(".", 1)[-1].lstrip("-").upper()
+    if text.startswith(metavar):
+        text = text[len(metavar) :]
+    if text[:1] in ("{", "["):  # choices, or a list's [ITEM,...]
+        text = text.split("}" if text[0] == "{" else "]", 1)[1]
+    return re.sub(r"\(type: .*$", "", text).strip()
+
+
+def test_fit_help_gives_cofr_meanings(capsys):
+    """`cofr fit --help` says what cofr does with --ckpt_path (a path, or `last`; none of
+    Lightning's keywords), and has a help line for every field of RunConfig and
+    OptimizerConfig (jsonargparse reads them from the classes' ``Args:`` sections)."""
+    import dataclasses
+
+    from cofrgenet import cli
+    from cofrgenet.training.optim import OptimizerConfig
+    from cofrgenet.training.tracking import RunConfig
+
+    assert cli.main(["fit", "--help"]) == 0
+    fit_help = capsys.readouterr().out
+    ckpt = option_help(fit_help, "--ckpt_path")
+    assert "`last`" in ckpt and "newest intact checkpoint" in ckpt
+    for lightning_word in ("registry", 'hpc"', "best", "an exception is raised"):
+        assert lightning_word not in ckpt, lightning_word
+    for field in dataclasses.fields(RunConfig):
+        assert option_help(fit_help, f"--run.{field.name}"), f"run.{field.name} has no help"
+    with pytest.raises(SystemExit):
+        ParseOnlyCLI(args=["fit", "--model.optimizer.help"])
+    optimizer_help = capsys.readouterr().out
+    for field in dataclasses.fields(OptimizerConfig):
+        option = f"--model.optimizer.{field.name}"
+        assert option_help(optimizer_help, option), f"{option} has no help"
+    assert cli.main(["validate", "--help"]) == 0
+    assert "`last` (also when unset)" in option_help(capsys.readouterr().out, "--ckpt_path")
+
+
 @pytest.mark.parametrize(
     "args,match",
     [

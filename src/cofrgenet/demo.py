@@ -49,8 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="override trainer.max_steps (default: the configs')",
     )
-    parser.add_argument("--runs-dir", default="runs")
-    parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument(
+        "--runs-dir",
+        default="runs",
+        help="where the runs, their MLflow store and the results table go (default: runs)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=DATA_DIR,
+        help=f"the prepared data folder, made from pydoc when missing (default: {DATA_DIR})",
+    )
 
 
 def ensure_data(data_dir: str, console: Console) -> None:

@@ -87,14 +87,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="local copies of the sets in their original layouts (docs/evaluation.md); "
         f"without one, the Hugging Face dataset (default: {DEFAULT_DATA_DIR})",
     )
-    parser.add_argument("--split", choices=("test", "valid"), default="test")
+    parser.add_argument(
+        "--split",
+        choices=("test", "valid"),
+        default="test",
+        help="which split of each set to score; LAMBADA has test only (default: test)",
+    )
     parser.add_argument(
         "--stride",
         type=at_least(int, 1),
         default=None,
         help="tokens between sliding windows (default: block/2; block: disjoint windows)",
     )
-    parser.add_argument("--batch-size", type=at_least(int, 1), default=8)
+    parser.add_argument(
+        "--batch-size",
+        type=at_least(int, 1),
+        default=8,
+        help="windows (LAMBADA: passages) per forward pass, and the harness's batch size "
+        "(default: 8)",
+    )
     parser.add_argument(
         "--limit",
         type=at_least(int, 1),

@@ -12,8 +12,8 @@ synthesizer, CAttnU and CAttnM attention and MLP, SwiGLU and Cffn feed-forward
 networks; RNN, LSTM and GRU), operation for operation as cofrgenet computes them in eval
 mode, so float32 logits agree to rounding. Parameter names are cofrgenet's.
 
-Inference only: ladder outputs are always clipped to the range recorded in training
-(cofrgenet's eval mode), continued fractions use the eager continuant recurrence with
+Inference only: ladder outputs are clipped to the range recorded in training when
+``ladder_clip`` is true (cofrgenet's eval mode), continued fractions use the eager continuant recurrence with
 plain autograd, and dropout is absent. There is no key/value cache: ``generate``
 re-reads the context (the last ``block_size`` tokens for transformers, the whole
 sequence for recurrent models) at every step.

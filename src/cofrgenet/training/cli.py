@@ -60,6 +60,25 @@ from cofrgenet.training.tracking import (
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
 EVALUATIONS = ("validate", "test")
 
+#: ``--ckpt_path`` as cofr reads it (Lightning's own help names keywords cofr does not
+#: take: any value but ``last`` is a path).
+CKPT_PATH_HELP = {
+    "fit": (
+        "resume from this checkpoint file, or from `last`: the run's newest intact "
+        "checkpoint (checkpoints/last.ckpt, checkpoints/step*.ckpt, a SLURM requeue's "
+        "hpc_ckpt_*.ckpt), a damaged newer one passed over with a warning; without "
+        "--run.name (outside SLURM), the run of --run.experiment with the newest "
+        "checkpoint (an error if none has one); a named run with no folder starts "
+        "fresh. Unset: a new run"
+    ),
+    **dict.fromkeys(
+        EVALUATIONS,
+        "the checkpoint file to evaluate, or `last` (also when unset): the newest intact "
+        "checkpoint of the run named by --run.experiment and --run.name (without "
+        "--run.name, outside SLURM: the experiment's run with the newest checkpoint)",
+    ),
+}
+
 
 class RunExistsError(UserError, FileExistsError):
     """A fresh fit named a run folder that holds another run's checkpoints or MLflow run."""
@@ -172,6 +191,7 @@ class CofrCLI(LightningCLIAdapter):
         **kwargs: Any,
     ) -> None:
         self.extra_callbacks = list(extra_callbacks or [])
+        self.with_subcommands = run  # LightningCLI adds fit, validate, ... only to run one
         quiet_known_noise()
         super().__init__(
             LanguageModel,
@@ -189,6 +209,9 @@ class CofrCLI(LightningCLIAdapter):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if self.with_subcommands:
+            for subcommand, text in CKPT_PATH_HELP.items():
+                self.set_help(subcommand, "--ckpt_path", text)
         words = list(sys.argv[1:] if args is None else args)
         expanded = recipes.expand(words)
         if expanded != words:  # else leave args as given (Lightning warns about argv + args)

@@ -62,35 +62,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ckpt", required=True, help="a checkpoint, e.g. runs/demo/<run>/checkpoints/last.ckpt"
     )
-    parser.add_argument("--prompt", default="", help="text to continue")
+    parser.add_argument(
+        "--prompt",
+        default="",
+        help="text to continue (default: none; sampling starts from the end-of-text token)",
+    )
     parser.add_argument(
         "--data",
         default=None,
         help="data folder whose tokenizer to use (default: the one the run trained on)",
     )
     parser.add_argument(
-        "--max-new-tokens", type=at_least(int, 1), default=200, help="tokens to sample (>= 1)"
+        "--max-new-tokens",
+        type=at_least(int, 1),
+        default=200,
+        help="tokens to sample, >= 1 (default: %(default)s)",
     )
     parser.add_argument(
-        "--temperature", type=at_least(float, 0), default=0.8, help=">= 0; 0: greedy"
+        "--temperature",
+        type=at_least(float, 0),
+        default=0.8,
+        help=">= 0; 0: greedy (default: %(default)s)",
     )
     parser.add_argument(
-        "--top-k", type=at_least(int, 0), default=50, help="sample the k likeliest ids; 0: all"
+        "--top-k",
+        type=at_least(int, 0),
+        default=50,
+        help="sample the k likeliest ids; 0: all (default: %(default)s)",
     )
     parser.add_argument(
         "--top-p",
         type=probability,
         default=1.0,
-        help="then the smallest set of ids holding this much probability (nucleus); 1: all",
+        help="then the smallest set of ids holding this much probability (nucleus); 1: all "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--past-eos",
         action="store_true",
         help="sample on past the end-of-text token into new documents (default: stop there)",
     )
-    parser.add_argument("--num-samples", type=at_least(int, 1), default=1, help=">= 1")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--num-samples",
+        type=at_least(int, 1),
+        default=1,
+        help="samples of the prompt, drawn as one batch, >= 1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1337, help="seed of the sampling (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--device",
+        type=device_arg,
+        default="cpu",
+        help="cpu, cuda or cuda:N (default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

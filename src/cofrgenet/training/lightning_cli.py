@@ -39,6 +39,15 @@ class LightningCLIAdapter(LightningCLI):
         configured and extra callbacks). Subclasses adjust the trainer here."""
         return self._instantiate_trainer(config, callbacks)
 
+    def set_help(self, subcommand: str, option: str, text: str) -> None:
+        """Replace the help of ``option`` (e.g. ``--ckpt_path``) in ``subcommand``'s parser.
+
+        LightningCLI adds a subcommand's own arguments (``Trainer.fit``'s) after every hook
+        that customises the parser, with the help of Lightning's docstring; jsonargparse
+        has no public call to change the help of an added argument, so this sets the
+        argparse action's ``help`` (a KeyError names an option that is gone)."""
+        self.subcommand_parser(subcommand)._option_string_actions[option].help = text
+
     def run_subcommand(self, subcommand: str) -> None:
         """Run ``fit``, ``validate``, ... once everything is built; a parse-only subclass
         (``training.cli.ParseOnlyCLI``: config checks, sweeps) makes this do nothing."""

@@ -51,7 +51,8 @@ class LanguageModel(L.LightningModule):
             ``cofr fit`` trains once ``cofr data prepare`` has made it.
         config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``),
             a :data:`~cofrgenet.training.model_options.ModelOverrides` or a dict.
-        optimizer: AdamW + warmup/cosine settings.
+        optimizer: AdamW + warmup/cosine settings (OptimizerConfig); None: its defaults
+            (``cofr fit --model.optimizer.help`` lists the fields).
         compile: compile the model's forward with torch.compile (checkpoints keep plain
             parameter names, so they load whether or not either side compiled).
 

@@ -26,14 +26,22 @@ from cofrgenet.errors import ConfigError
 class OptimizerConfig:
     """AdamW and its schedule. Defaults follow the paper's pretraining (lr 6e-4, wd 0.1).
 
-    warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to
-    ``lr * min_lr_ratio`` at the run's last step. fused: torch's fused AdamW kernel (one
-    pass over all parameters instead of a loop of small ops per tensor); None uses it
-    where every parameter is a floating-point tensor on CPU or CUDA and no gradient
-    scaler (``precision: 16-mixed``) is in use (the optimizer step about 5x faster on a
-    2-core CPU at 1.8M parameters); false gives torch's unfused AdamW (foreach on CUDA,
-    a loop over tensors on CPU). A resumed run keeps the choice of its config, not the
-    checkpoint's.
+    Args:
+        lr: peak learning rate, reached at the end of the warmup.
+        weight_decay: AdamW's decoupled weight decay, of matrices and embeddings (not
+            of what a module lists in ``no_weight_decay()``).
+        betas: AdamW's (beta1, beta2), each in [0, 1).
+        eps: AdamW's epsilon.
+        warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to
+            ``lr * min_lr_ratio`` at the run's last step.
+        min_lr_ratio: the learning rate at the run's last step, as a fraction of ``lr``.
+        fused: torch's fused AdamW kernel (one pass over all parameters instead of a loop
+            of small ops per tensor); None uses it where every parameter is a
+            floating-point tensor on CPU or CUDA and no gradient scaler
+            (``precision: 16-mixed``) is in use (the optimizer step about 5x faster on a
+            2-core CPU at 1.8M parameters); false gives torch's unfused AdamW (foreach on
+            CUDA, a loop over tensors on CPU). A resumed run keeps the choice of its
+            config, not the checkpoint's.
     """
 
     lr: float = 6e-4

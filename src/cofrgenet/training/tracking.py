@@ -41,14 +41,22 @@ MAX_PARAM_LENGTH = 500
 class RunConfig:
     """Where a run lives and where it is tracked.
 
-    experiment: MLflow experiment and folder name. name: the run's folder and MLflow run
-    name; default: ``slurm-<job id>`` under SLURM (a requeued job keeps its id, so it
-    finds its checkpoint and MLflow run again), else a timestamp; with ``--ckpt_path
-    last`` and no name, the run of the experiment with the newest checkpoint. tracking_uri: any MLflow
-    URI; default ``MLFLOW_TRACKING_URI`` or ``sqlite:///<runs_dir>/mlflow.db``.
-    checkpoint_every_n_steps: a checkpoint ``step<N>.ckpt`` every N optimizer steps (and
-    ``last.ckpt`` at each save and at the end). keep_checkpoints: how many of the newest
-    ``step*.ckpt`` to keep (-1: all). mlflow: set false to train without tracking.
+    The run's folder is ``<runs_dir>/<experiment>/<name>/``.
+
+    Args:
+        experiment: MLflow experiment and folder name.
+        name: the run's folder and MLflow run name; None: ``slurm-<job id>`` under SLURM
+            (a requeued job keeps its id, so it finds its checkpoint and MLflow run
+            again), else a timestamp; with ``--ckpt_path last`` and no name, the run of
+            the experiment with the newest checkpoint.
+        runs_dir: the folder of every experiment's runs, and of the default MLflow
+            store.
+        tracking_uri: any MLflow URI; None: ``MLFLOW_TRACKING_URI``, else
+            ``sqlite:///<runs_dir>/mlflow.db``.
+        checkpoint_every_n_steps: a checkpoint ``step<N>.ckpt`` every N optimizer steps
+            (and ``last.ckpt`` at each save and at the end).
+        keep_checkpoints: how many of the newest ``step*.ckpt`` to keep (-1: all).
+        mlflow: log the run to MLflow; false trains without tracking.
     """
 
     experiment: str = "default"

@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tracking-uri", default=None, help="another MLflow store (default: runs/mlflow.db)"
     )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the server listens on; 0.0.0.0: every interface (default: 127.0.0.1)",
+    )
     parser.add_argument("--port", type=tcp_port, default=5000, help="1-65535 (default: 5000)")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import shlex
@@ -377,7 +379,11 @@ class StopOnSignal(L.Callback):
             self.signal = signal.SIGINT if signal.SIGINT in stop else signal.SIGTERM
             lightning = self._deferred.get(signal.SIGTERM)
             if callable(lightning):
-                lightning(signal.SIGTERM, None)  # Lightning stops after this step's logs
+                # Lightning stops after this step's logs. Its handler logs "Received
+                # SIGTERM", which a Ctrl-C is not: _stop names the signal that came.
+                hide = "Received SIGTERM" if self.signal == signal.SIGINT else None
+                with _drop_log_records(_LIGHTNING_SIGNAL_LOGGER, hide):
+                    lightning(signal.SIGTERM, None)
             else:
                 trainer.should_stop = True
 
@@ -421,6 +427,26 @@ class StopOnSignal(L.Callback):
             f"stopped by {name} after step {trainer.global_step}: saved {path}\n"
             f"resume with: {resume_command(Path(trainer.default_root_dir).name)}"
         )
+
+
+#: Where Lightning's SIGTERM handler logs (the module's logger, by logging's convention).
+_LIGHTNING_SIGNAL_LOGGER = "lightning.pytorch.trainer.connectors.signal_connector"
+
+
+@contextlib.contextmanager
+def _drop_log_records(logger_name: str, containing: str | None) -> Iterator[None]:
+    """Drop the records of logger ``logger_name`` whose message contains ``containing``
+    (none when it is None)."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return containing is None or containing not in record.getMessage()
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 #: The signals StopOnSignal notes and acts on at the end of an optimizer step, in the

@@ -807,6 +807,9 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
     last_ckpt = str(run / "checkpoints" / "last.ckpt")
     given = validate("--run.name", "a", "--ckpt_path", last_ckpt).trainer.callback_metrics
     assert float(first) == float(given["val/loss"])  # the run's newest checkpoint, by default
+    # The network is the checkpoint's (its hyperparameters), whatever the command builds.
+    other = validate("--run.name", "a", "--model.preset", "gpt2-tiny", "--model.config", "{}")
+    assert float(other.trainer.callback_metrics["val/loss"]) == float(first)
     tested = CofrCLI(args=["test", *fit_args(tmp_path, tiny_data, "--run.name", "a")[1:]])
     runs = mlflow_runs(tmp_path / "runs")
     assert len(runs) == 1  # onto the run's own MLflow run, at its step (2)

@@ -147,6 +147,14 @@ def _user_error_behind(error: BaseException) -> UserError | None:
     return None
 
 
+def _run_config(value: Any) -> RunConfig:
+    """The ``run`` settings, parsed (a Namespace) or instantiated."""
+    if isinstance(value, RunConfig):
+        return value
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig(**{k: v for k, v in dict(value).items() if k in fields})
+
+
 def _holds_only_lock(run_dir: Path) -> bool:
     return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
 
@@ -231,6 +239,24 @@ class CofrCLI(LightningCLIAdapter):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path not in (None, "last"):
             checkpoints.check(ckpt_path)
+        elif subcommand in EVALUATIONS:
+            self._evaluate_newest_checkpoint(subcommand)
+
+    def _evaluate_newest_checkpoint(self, subcommand: str) -> None:
+        """``cofr validate``/``test`` without a file: name the run's newest intact
+        checkpoint now, so that Lightning builds the model from its hyperparameters (as it
+        does for a ``--ckpt_path`` file) instead of the command's model settings.
+        Without one, ``choose_checkpoint`` says what is missing."""
+        config = self.config[subcommand]
+        run_dir = resolve_run_dir(_run_config(config.get("run")), resume_last=True)
+        chosen, skipped = checkpoints.newest_intact(run_dir)
+        if chosen is None:
+            return
+        if skipped:
+            rank_zero_warn(
+                f"{skipped[0]} is damaged (a save cut short?): evaluating {chosen} instead"
+            )
+        config.ckpt_path = str(chosen)
 
     def instantiate_classes(self) -> None:
         """Build model, data and trainer; an error in what the user gave stays one line.
@@ -297,11 +323,7 @@ class CofrCLI(LightningCLIAdapter):
         )
 
     def run_config(self) -> RunConfig:
-        value = self.config_value(self.config_init, "run")
-        if isinstance(value, RunConfig):
-            return value
-        fields = {f.name for f in dataclasses.fields(RunConfig)}
-        return RunConfig(**{k: v for k, v in dict(value).items() if k in fields})
+        return _run_config(self.config_value(self.config_init, "run"))
 
     def _resuming_last(self) -> bool:
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""

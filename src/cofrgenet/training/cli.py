@@ -19,6 +19,7 @@ import itertools
 import re
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ from cofrgenet.training.tracking import (
 
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
 EVALUATIONS = ("validate", "test")
+
+#: The start of Lightning's warning that a checkpoint's callbacks are not all configured.
+_CALLBACKS_NOT_GIVEN = "Be aware that when using `ckpt_path`, callbacks used to create"
 
 #: ``--ckpt_path`` as cofr reads it (Lightning's own help names keywords cofr does not
 #: take: any value but ``last`` is a path).
@@ -418,6 +422,14 @@ class CofrCLI(LightningCLIAdapter):
                 f"{skipped[0]} is damaged (a save cut short?): resuming from {chosen} instead"
             )
         self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
+
+    def run_subcommand(self, subcommand: str) -> None:
+        with warnings.catch_warnings():
+            if subcommand in EVALUATIONS:
+                # Lightning asks for the callbacks that saved the checkpoint, to restore
+                # their state (ModelCheckpoint's count): an evaluation saves nothing.
+                warnings.filterwarnings("ignore", message=re.escape(_CALLBACKS_NOT_GIVEN))
+            super().run_subcommand(subcommand)
 
     def default_callbacks(
         self, run_dir: Path, run: RunConfig, configured: list[Callback]

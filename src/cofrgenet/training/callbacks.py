@@ -381,8 +381,12 @@ class StopOnSignal(L.Callback):
             if callable(lightning):
                 # Lightning stops after this step's logs. Its handler logs "Received
                 # SIGTERM", which a Ctrl-C is not: _stop names the signal that came.
-                hide = "Received SIGTERM" if self.signal == signal.SIGINT else None
-                with _drop_log_records(_LIGHTNING_SIGNAL_LOGGER, hide):
+                quiet = (
+                    _drop_log_records(_LIGHTNING_SIGNAL_LOGGER, "Received SIGTERM")
+                    if self.signal == signal.SIGINT
+                    else contextlib.nullcontext()
+                )
+                with quiet:
                     lightning(signal.SIGTERM, None)
             else:
                 trainer.should_stop = True
@@ -434,12 +438,11 @@ _LIGHTNING_SIGNAL_LOGGER = "lightning.pytorch.trainer.connectors.signal_connecto
 
 
 @contextlib.contextmanager
-def _drop_log_records(logger_name: str, containing: str | None) -> Iterator[None]:
-    """Drop the records of logger ``logger_name`` whose message contains ``containing``
-    (none when it is None)."""
+def _drop_log_records(logger_name: str, containing: str) -> Iterator[None]:
+    """Drop the records of logger ``logger_name`` whose message contains ``containing``."""
 
     def keep(record: logging.LogRecord) -> bool:
-        return containing is None or containing not in record.getMessage()
+        return containing not in record.getMessage()
 
     logger = logging.getLogger(logger_name)
     logger.addFilter(keep)

@@ -159,6 +159,18 @@ def _run_config(value: Any) -> RunConfig:
     return RunConfig(**{k: v for k, v in dict(value).items() if k in fields})
 
 
+def _newest_intact_checkpoint(run_dir: Path, doing: str) -> Path | None:
+    """The run's newest intact checkpoint (None: it has none), with a warning that names
+    a damaged newer one passed over (``doing`` that one instead); only damaged ones: an
+    error."""
+    chosen, skipped = checkpoints.newest_intact(run_dir)
+    if chosen is None and skipped:
+        raise checkpoints.damaged(skipped[0])
+    if chosen is not None and skipped:
+        rank_zero_warn(f"{skipped[0]} is damaged (a save cut short?): {doing} {chosen} instead")
+    return chosen
+
+
 def _holds_only_lock(run_dir: Path) -> bool:
     return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
 
@@ -253,14 +265,9 @@ class CofrCLI(LightningCLIAdapter):
         Without one, ``choose_checkpoint`` says what is missing."""
         config = self.config[subcommand]
         run_dir = resolve_run_dir(_run_config(config.get("run")), resume_last=True)
-        chosen, skipped = checkpoints.newest_intact(run_dir)
-        if chosen is None:
-            return
-        if skipped:
-            rank_zero_warn(
-                f"{skipped[0]} is damaged (a save cut short?): evaluating {chosen} instead"
-            )
-        config.ckpt_path = str(chosen)
+        chosen = _newest_intact_checkpoint(run_dir, "evaluating")
+        if chosen is not None:
+            config.ckpt_path = str(chosen)
 
     def instantiate_classes(self) -> None:
         """Build model, data and trainer; an error in what the user gave stays one line.
@@ -406,10 +413,8 @@ class CofrCLI(LightningCLIAdapter):
         if ckpt_path != "last":
             checkpoints.check(ckpt_path)
             return
-        chosen, skipped = checkpoints.newest_intact(run_dir)
+        chosen = _newest_intact_checkpoint(run_dir, "resuming from")
         if chosen is None:
-            if skipped:
-                raise checkpoints.damaged(skipped[0])
             if self.subcommand in EVALUATIONS:
                 raise ConfigError(
                     f"cofr {self.subcommand}: {run_dir} holds no checkpoint to evaluate: "
@@ -417,10 +422,6 @@ class CofrCLI(LightningCLIAdapter):
                     "with --ckpt_path"
                 )
             return  # nothing saved yet: Lightning starts from scratch, and says so
-        if skipped:
-            rank_zero_warn(
-                f"{skipped[0]} is damaged (a save cut short?): resuming from {chosen} instead"
-            )
         self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
 
     def run_subcommand(self, subcommand: str) -> None:

@@ -35,6 +35,9 @@ WIKITEXT = (
     "guest @-@ starring role in 2000 , earning $ 3 @,@ 000 ( about 1 @.@ 5 % ) . \n"
     ' = = Career = = \n \n In 2006 , Boulter starred in " Herons " by Simon Stephens . \n'
 )
+#: The same text in the <unk> release (wikitext-2-v1): words rare in WikiText-2's
+#: training set replaced.
+WIKITEXT_UNK = WIKITEXT.replace("Boulter", "<unk>").replace("Herons", "<unk>")
 PTB = (
     " no it was n't black monday \n but while the new york stock exchange did n't fall \n"
     " the company 's shares rose N N to $ N \n"
@@ -49,6 +52,8 @@ LAMBADA = [
 def write_eval_data(root: Path) -> Path:
     (root / "wikitext-2-raw").mkdir(parents=True, exist_ok=True)
     (root / "wikitext-2-raw" / "wiki.test.raw").write_text(WIKITEXT)
+    (root / "wikitext-2").mkdir(parents=True, exist_ok=True)
+    (root / "wikitext-2" / "wiki.test.tokens").write_text(WIKITEXT_UNK)
     (root / "ptb.test.txt").write_text(PTB)
     (root / "lambada_test.jsonl").write_text(
         "".join(json.dumps({"text": t}) + "\n" for t in LAMBADA)
@@ -207,6 +212,7 @@ def test_the_greedy_choice_is_among_the_tokenizers_ids():
 def test_local_files_in_the_original_layouts_are_read(tmp_path):
     root = write_eval_data(tmp_path)
     assert read_rows(get_task("wikitext-2"), "test", root) == [WIKITEXT]
+    assert read_rows(get_task("wikitext-2-v1"), "test", root) == [WIKITEXT_UNK]
     assert read_rows(get_task("ptb"), "test", root) == [PTB]
     assert read_rows(get_task("lambada"), "test", root) == LAMBADA
 
@@ -217,9 +223,20 @@ def test_a_missing_set_names_the_expected_file_and_its_source(tmp_path, monkeypa
 
     monkeypatch.setattr(eval_tasks, "_from_hub", unreachable)
     with pytest.raises(
-        EvalDataNotFound, match=r"wikitext-103-raw/wiki\.valid\.raw.*wikitext-103-raw-v1\.zip"
+        EvalDataNotFound,
+        match=r"wikitext-103-raw/wiki\.valid\.raw.*\(ConnectionError: offline\); get "
+        r"wikitext-103-raw-v1\.zip",
     ):
         read_rows(get_task("wikitext-103"), "valid", tmp_path)
+    with pytest.raises(EvalDataNotFound, match=r"wikitext-103/wiki\.test\.tokens.*-103-v1\.zip"):
+        read_rows(get_task("wikitext-103-v1"), "test", tmp_path)
+
+    def script_dataset(task, split):  # what datasets >= 4 says of a loading-script dataset
+        raise RuntimeError("Dataset scripts are no longer supported, but found ptb_text_only.py")
+
+    monkeypatch.setattr(eval_tasks, "_from_hub", script_dataset)
+    with pytest.raises(EvalDataNotFound, match=r"\(RuntimeError: Dataset scripts are no long"):
+        read_rows(get_task("ptb"), "test", tmp_path)
     with pytest.raises(Exception, match="has no 'valid' split"):
         read_rows(get_task("lambada"), "valid", tmp_path)
 
@@ -310,7 +327,8 @@ def checkpoint(tmp_path_factory) -> Path:
 def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     data = write_eval_data(tmp_path / "sets")
     out = tmp_path / "eval.json"
-    argv = ["eval", str(checkpoint), "--tasks", "wikitext-2,ptb,lambada", "--data-dir", str(data)]
+    tasks = "wikitext-2,wikitext-2-v1,ptb,lambada"
+    argv = ["eval", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]
     assert main([*argv, "--json", str(out), "--stride", "16"]) == 0
     printed = capsys.readouterr().out
     assert "wikitext-2" in printed and "logged to MLflow run" in printed
@@ -322,6 +340,13 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert wiki["words"] == len(WIKITEXT.split()) > len(wikitext_detokenize(WIKITEXT).split())
     assert wiki["bytes"] == len(WIKITEXT.encode())
     assert 1 < wiki["token_ppl"] < 400 and wiki["word_ppl"] > wiki["token_ppl"]
+    # Word-level LM papers also count each line's end (<eos>): 6 lines here.
+    assert wiki["lines"] == WIKITEXT.count("\n") == 6
+    assert wiki["word_ppl_eos"] == pytest.approx(math.exp(wiki["nll"] / (wiki["words"] + 6)))
+    assert report["results"]["ptb"]["lines"] == 3
+    # The <unk> release is another text: another score (the paper's WikiText columns).
+    assert report["results"]["wikitext-2-v1"]["words"] == wiki["words"]
+    assert report["results"]["wikitext-2-v1"]["nll"] != wiki["nll"]
     assert 0 <= report["results"]["lambada"]["accuracy"] <= 1
     assert report["results"]["lambada"]["examples"] == 2
 
@@ -469,7 +494,8 @@ def test_pareto_front_keeps_the_points_nothing_beats():
 
 def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     data = write_eval_data(tmp_path / "sets")
-    assert main(["eval", str(checkpoint), "--tasks", "ptb", "--data-dir", str(data)]) == 0
+    tasks = "ptb,wikitext-2-v1"  # the paper's WikiText column is the <unk> release's
+    assert main(["eval", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]) == 0
     runs_dir = checkpoint.parents[3]
     out = tmp_path / "cmp"
     argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
@@ -479,6 +505,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "gpt2-tiny-f (cffn+softmax)" and cells[3] == "5" and cells[4] == "3"
     assert int(cells[5].replace(",", "")) > 0 and float(cells[10]) > 1  # params, ptb ppl
+    assert float(cells[11]) > 1  # wikitext-2 ppl, from the <unk> release
     assert "| GPT2-xl (paper) |" in table and "| 30.12 |" in table
     assert (out / "pareto.png").stat().st_size > 1000
     # An older checkpoint (step 1) evaluated later does not replace the newest's figure.

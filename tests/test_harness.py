@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -419,6 +420,10 @@ def test_unknown_tasks_and_a_missing_lm_eval_are_user_errors(ckpt, monkeypatch):
         harness._expand_tasks(tasks, ["cofr_tiny_mcc"])
     with pytest.raises(HarnessError, match="not a folder"):
         run_harness(ckpt, ["cofr_tiny_mc"], include_path=str(TASKS / "nowhere"))
+    # An lm_eval older than 0.4.10 has no model_registry: named, with the version needed.
+    monkeypatch.setitem(sys.modules, "lm_eval.api.registry", types.ModuleType("old_registry"))
+    with pytest.raises(HarnessNotInstalled, match=r"too old: cofr needs lm_eval >= 0\.4\.10"):
+        run_harness(ckpt, ["cofr_tiny_mc"])
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval -> ImportError
     with pytest.raises(HarnessNotInstalled, match="pip install lm_eval"):
         run_harness(ckpt, ["cofr_tiny_mc"])

@@ -54,9 +54,9 @@ DEFAULT_METRIC = "val/loss"
 #: Our metric that stands beside each of the paper's columns (docs/evaluation.md says why).
 PAPER_METRICS = {
     "ptb": "eval/ptb/word_ppl",
-    "wikitext-2": "eval/wikitext-2/word_ppl",
+    "wikitext-2": "eval/wikitext-2-v1/word_ppl",
     "lambada": "eval/lambada/ppl",
-    "wikitext-103": "eval/wikitext-103/word_ppl",
+    "wikitext-103": "eval/wikitext-103-v1/word_ppl",
 }
 RATE_KEY = "perf/tokens_per_sec"
 
@@ -426,7 +426,8 @@ def run(args: argparse.Namespace) -> int:
     table = markdown_table(rows)
     (out / "compare.md").write_text(
         f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n"
-        "Our perplexity columns are `eval/<task>/word_ppl` (LAMBADA: target-word `ppl`) from "
+        "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
+        "`wikitext-2-v1` and `wikitext-103-v1`; LAMBADA: target-word `ppl`) from "
         "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
     )
     print(table)

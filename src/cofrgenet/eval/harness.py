@@ -71,13 +71,24 @@ class HarnessError(UserError, ValueError):
     """A harness task or option the user gave is not valid."""
 
 
+#: The oldest lm_eval with the registry and generation helpers used here.
+LM_EVAL_MIN = "0.4.10"
+
+
 def _require_lm_eval() -> None:
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval
     except ImportError:
         raise HarnessNotInstalled(
             "the lm-evaluation-harness is not installed: `pip install lm_eval` "
             "(or the project's extra: `pip install -e '.[eval]'`)"
+        ) from None
+    try:  # added in 0.4.10, with lm_eval.models.utils' generation helpers
+        from lm_eval.api.registry import model_registry  # noqa: F401
+    except ImportError:
+        raise HarnessNotInstalled(
+            f"lm_eval {getattr(lm_eval, '__version__', '(unknown version)')} is too old: "
+            f"cofr needs lm_eval >= {LM_EVAL_MIN} (`pip install -U 'lm_eval>={LM_EVAL_MIN}'`)"
         ) from None
 
 

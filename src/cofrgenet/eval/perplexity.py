@@ -13,8 +13,9 @@ with different tokenizers compare (:class:`PerplexityResult`):
 * token perplexity: ``exp(nll / tokens)``; depends on the tokenizer.
 * word perplexity: ``exp(nll / words)``, words = whitespace-separated words of the
   set's original text, before detokenisation (the dataset's own word-level tokens, as
-  lm-evaluation-harness's ``wikitext`` task and GPT-2's paper count them); the same for
-  every tokenizer.
+  lm-evaluation-harness's ``wikitext`` task counts them); the same for every tokenizer.
+  ``word_ppl_eos`` also counts each line's end as a word, the ``<eos>`` of word-level
+  language modelling (PTB's test set: 78,669 words + 3,761 lines = the usual 82,430).
 * bits per byte: ``nll / (ln 2 * bytes)``, bytes = the original text's UTF-8 bytes.
 """
 
@@ -68,6 +69,13 @@ class PerplexityResult:
     tokens: int
     words: int
     bytes: int
+    lines: int
+
+    @classmethod
+    def of_text(cls, nll: float, tokens: int, original: str) -> PerplexityResult:
+        """The totals with the denominators counted on ``original`` (before detokenising)."""
+        lines = original.count("\n") + (0 if original.endswith("\n") else 1)
+        return cls(nll, tokens, len(original.split()), len(original.encode("utf-8")), lines)
 
     @property
     def token_ppl(self) -> float:
@@ -78,6 +86,10 @@ class PerplexityResult:
         return math.exp(self.nll / self.words)
 
     @property
+    def word_ppl_eos(self) -> float:
+        return math.exp(self.nll / (self.words + self.lines))
+
+    @property
     def bits_per_byte(self) -> float:
         return self.nll / (math.log(2) * self.bytes)
 
@@ -86,6 +98,7 @@ class PerplexityResult:
         return {
             "token_ppl": self.token_ppl,
             "word_ppl": self.word_ppl,
+            "word_ppl_eos": self.word_ppl_eos,
             "bits_per_byte": self.bits_per_byte,
             **{key: float(value) for key, value in asdict(self).items()},
         }
@@ -138,14 +151,11 @@ def text_perplexity(
     """Sliding-window perplexity of ``text`` (already detokenised) under ``model``.
 
     stride: default ``block // 2``.
-    original: the text before detokenisation, whose words and bytes are the
+    original: the text before detokenisation, whose words, lines and bytes are the
     denominators of word perplexity and bits per byte (default: ``text``).
     """
     ids = torch.tensor([eos_id, *encode(text)], dtype=torch.long, device=device)
     if len(ids) < 2:
         raise ValueError("the text is empty: nothing to score")
     nll, tokens = window_nll(model, ids, block, stride or max(1, block // 2), batch_size)
-    counted = text if original is None else original
-    return PerplexityResult(
-        nll=nll, tokens=tokens, words=len(counted.split()), bytes=len(counted.encode("utf-8"))
-    )
+    return PerplexityResult.of_text(nll, tokens, text if original is None else original)

@@ -4,14 +4,22 @@ Each task reads a local copy in the original distribution's layout under ``--dat
 first; without one, the Hugging Face dataset (from the local ``datasets`` cache, or the
 hub when reachable; ``HF_HUB_OFFLINE=1`` skips the hub). The local layouts:
 
-==============  ============================================  ==========================
-task            files under --data-dir                        from
-==============  ============================================  ==========================
-wikitext-2      ``wikitext-2-raw/wiki.{valid,test}.raw``      wikitext-2-raw-v1.zip
-wikitext-103    ``wikitext-103-raw/wiki.{valid,test}.raw``    wikitext-103-raw-v1.zip
-ptb             ``ptb.{valid,test}.txt``                      Mikolov's simple-examples
-lambada         ``lambada_test.jsonl`` (``{"text": ...}``)   OpenAI's GPT-2 release
-==============  ============================================  ==========================
+===============  ============================================  =========================
+task             files under --data-dir                        from
+===============  ============================================  =========================
+wikitext-2-v1    ``wikitext-2/wiki.{valid,test}.tokens``       wikitext-2-v1.zip
+wikitext-103-v1  ``wikitext-103/wiki.{valid,test}.tokens``     wikitext-103-v1.zip
+wikitext-2       ``wikitext-2-raw/wiki.{valid,test}.raw``      wikitext-2-raw-v1.zip
+wikitext-103     ``wikitext-103-raw/wiki.{valid,test}.raw``    wikitext-103-raw-v1.zip
+ptb              ``ptb.{valid,test}.txt``                      Mikolov's simple-examples
+lambada          ``lambada_test.jsonl`` (``{"text": ...}``)   OpenAI's GPT-2 release
+===============  ============================================  =========================
+
+The raw WikiText-2 and WikiText-103 test sets are the same text; the ``-v1`` releases
+differ, as each replaces the words rare in its own training set by ``<unk>``. GPT-2's
+paper reports different numbers for the two (18.34, 17.48), which only the ``-v1``
+files give: they are the paper's columns (``cofr compare``), the raw ones are what
+lm-evaluation-harness's ``wikitext`` task scores.
 """
 
 from __future__ import annotations
@@ -71,23 +79,32 @@ class Task:
         return Path(data_dir) / self.files[split]
 
 
-def _wikitext(size: str) -> Task:
+def _wikitext(size: str, raw: bool) -> Task:
+    """WikiText-``size``: the raw release, or the ``<unk>`` one (``-v1``)."""
+    release = f"wikitext-{size}-raw-v1" if raw else f"wikitext-{size}-v1"
+    files = (
+        {s: f"wikitext-{size}-raw/wiki.{s}.raw" for s in ("valid", "test")}
+        if raw
+        else {s: f"wikitext-{size}/wiki.{s}.tokens" for s in ("valid", "test")}
+    )
     return Task(
-        name=f"wikitext-{size}",
+        name=f"wikitext-{size}" if raw else release,
         kind="perplexity",
-        files={s: f"wikitext-{size}-raw/wiki.{s}.raw" for s in ("valid", "test")},
-        hub=("Salesforce/wikitext", f"wikitext-{size}-raw-v1", "text"),
+        files=files,
+        hub=("Salesforce/wikitext", release, "text"),
         hub_splits={"valid": "validation", "test": "test"},
         join="",  # the hub's rows are the file's lines, newline included
         detokenizer="wikitext",
-        source=f"wikitext-{size}-raw-v1.zip (Salesforce's WikiText release; unzip it here)",
+        source=f"{release}.zip (Salesforce's WikiText release; unzip it here)",
         blank_row=" \n",
     )
 
 
 TASKS: dict[str, Task] = {
-    "wikitext-2": _wikitext("2"),
-    "wikitext-103": _wikitext("103"),
+    "wikitext-2-v1": _wikitext("2", raw=False),
+    "wikitext-103-v1": _wikitext("103", raw=False),
+    "wikitext-2": _wikitext("2", raw=True),
+    "wikitext-103": _wikitext("103", raw=True),
     "ptb": Task(
         name="ptb",
         kind="perplexity",
@@ -150,15 +167,25 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         hub = "/".join(part for part in task.hub[:2] if part)
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
         raise EvalDataNotFound(
-            f"{task.name}: no file {path}, and the Hugging Face dataset {hub} is not "
-            f"reachable{offline} ({type(error).__name__}); get {task.source} and put it "
-            f"there, or pass --data-dir DIR"
+            f"{task.name}: no file {path}, and the Hugging Face dataset {hub} could not be "
+            f"loaded{offline} ({_why(error)}); get {task.source} and put it there, or pass "
+            "--data-dir DIR"
         ) from None
     if not any(isinstance(row, str) and row.strip() for row in rows):  # nothing to score
         raise EvalDataError(f"{task.name}: the Hugging Face dataset's {split} split has no text")
     if task.kind == "lambada":
         return rows
     return [task.join.join(row or task.blank_row for row in rows)]
+
+
+def _why(error: Exception, limit: int = 160) -> str:
+    """The exception's type and the first line of its message, cut to ``limit`` chars:
+    "not reachable" and "the hub's loading script is no longer supported" need
+    different fixes."""
+    first = next((line for line in str(error).splitlines() if line.strip()), "").strip()
+    if len(first) > limit:
+        first = first[: limit - 3] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _layout(task: Task) -> str:

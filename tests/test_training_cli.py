@@ -835,6 +835,44 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
         validate("--run.name", "a")
 
 
+def test_an_evaluated_file_logs_onto_the_run_that_saved_it_and_leaves_its_status(
+    tiny_data, tmp_path
+):
+    """validate --ckpt_path FILE: the metrics go to the MLflow run of FILE's run folder
+    (not the experiment's newest run), whose status stays; a file outside any run
+    folder is evaluated and logged nowhere."""
+    import shutil
+
+    for name in ("a", "b"):  # b: the experiment's newest run
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", name))
+    runs = tmp_path / "runs" / "test"
+    ids = {name: (runs / name / "mlflow_run_id").read_text().strip() for name in ("a", "b")}
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    client.set_terminated(ids["a"], "KILLED")  # a run stopped by a signal, awaiting its resume
+
+    def history(name: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in client.get_metric_history(ids[name], "val/loss")]
+
+    before = {name: history(name) for name in ids}
+    ckpt = runs / "a" / "checkpoints" / "last.ckpt"
+    args = fit_args(tmp_path, tiny_data, "--ckpt_path", str(ckpt))[1:]
+    loss = float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"])
+    assert history("a") == [*before["a"], (2, loss)] and history("b") == before["b"]
+    assert client.get_run(ids["a"]).info.status == "KILLED"
+
+    lone = tmp_path / "elsewhere" / "copy.ckpt"
+    lone.parent.mkdir()
+    shutil.copy(ckpt, lone)
+    args = fit_args(tmp_path, tiny_data, "--ckpt_path", str(lone))[1:]
+    again = CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"]
+    assert float(again) == loss
+    assert {name: history(name) for name in ids} == {
+        "a": [*before["a"], (2, loss)],
+        "b": before["b"],
+    }
+    assert len(mlflow_runs(tmp_path / "runs")) == 2 and sorted(lone.parent.iterdir()) == [lone]
+
+
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):
     from cofrgenet.training.tracking import latest_run
 

@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
@@ -336,6 +336,24 @@ class CofrCLI(LightningCLIAdapter):
     def run_config(self) -> RunConfig:
         return _run_config(self.config_value(self.config_init, "run"))
 
+    def _run_and_folder(self) -> tuple[RunConfig, Path]:
+        """The run settings and folder this command acts on. validate/test of a checkpoint
+        file act on the run it was saved in, whatever ``--run.*`` say: its metrics go to
+        that run's MLflow run, in that run's store; a file outside any run folder is
+        evaluated without MLflow."""
+        run = self.run_config()
+        ckpt_path = self.config_value(self.config, "ckpt_path")
+        if self.subcommand not in EVALUATIONS or ckpt_path in (None, "last"):
+            return run, resolve_run_dir(run, resume_last=self._resuming_last())
+        from cofrgenet.training.pretrained import run_dir_of, tracking_uri_of
+
+        ckpt = Path(ckpt_path).absolute()
+        run_dir = run_dir_of(ckpt)
+        if run_dir is None:
+            rank_zero_info(f"not logged to MLflow: {ckpt} is not in a cofr fit run folder")
+            return dataclasses.replace(run, mlflow=False), ckpt.parent
+        return dataclasses.replace(run, tracking_uri=tracking_uri_of(run_dir)), run_dir
+
     def _resuming_last(self) -> bool:
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""
         if self.subcommand in EVALUATIONS:
@@ -483,8 +501,7 @@ class CofrCLI(LightningCLIAdapter):
         check_data = getattr(self.model, "check_data", None)
         if callable(check_data) and getattr(self, "datamodule", None) is not None:
             check_data(self.datamodule)
-        run = self.run_config()
-        run_dir = resolve_run_dir(run, resume_last=self._resuming_last())
+        run, run_dir = self._run_and_folder()
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
         logger = self.config_value(self.config, "trainer.logger")
         if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
@@ -540,7 +557,7 @@ class CofrCLI(LightningCLIAdapter):
                 artifact_location=artifact_location(run),
                 tags={"run_dir": str(run_dir.resolve())},
                 # validate/test log at the checkpoint's step, which the run has passed
-                skip_replayed=self.subcommand == "fit",
+                evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
             )
         elif logger is None:

@@ -214,20 +214,21 @@ class CofrMLFlowLogger(MLFlowLogger):
     run (values already logged by a previous attempt of the same run are skipped, since
     MLflow refuses to change a parameter).
 
-    skip_replayed: drop metrics of steps the run has logged already (a resume replays
-    them). eval_step: log every metric at this step, the evaluated checkpoint's
-    (``cofr validate``/``test``), whatever the trainer's step says.
+    evaluation: ``cofr validate``/``test`` logging onto the run that saved the checkpoint:
+    every metric goes at ``eval_step`` (the checkpoint's step, when known), and the run's
+    status is left as it is. Otherwise (training) metrics of steps the run has logged
+    already are dropped: a resume replays them.
     """
 
     def __init__(
         self,
         run_dir: Path,
-        skip_replayed: bool = True,
+        evaluation: bool = False,
         eval_step: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.skip_replayed = skip_replayed
+        self.evaluation = evaluation
         #: An evaluation's metrics go at the step of the checkpoint it evaluates.
         self.eval_step = eval_step
         self.store_uri: str | None = kwargs.get("tracking_uri")
@@ -249,9 +250,9 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
-        if self.eval_step is not None:
-            step = self.eval_step
-        elif self.skip_replayed and step is not None and step <= self.logged_through():
+        if self.evaluation:
+            step = self.eval_step if self.eval_step is not None else step
+        elif step is not None and step <= self.logged_through():
             return  # a replayed step: its values are in the run's history already
         super().log_metrics(metrics, step)
 
@@ -271,6 +272,10 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        if self.evaluation:
+            # The training run's status is not an evaluation's: that run may be KILLED
+            # awaiting its resume, or training in another process.
+            return
         super().finalize("KILLED" if self._killed else status)
 
     @rank_zero_only

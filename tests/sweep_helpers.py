@@ -48,13 +48,22 @@ class RecordStartStep(L.Callback):
 
 
 class SignalAtStep(L.Callback):
-    """Send this process ``signum`` once, at the start of training step ``step``: a kill
-    or a Ctrl-C that lands mid-step, deterministically."""
+    """Send this process ``signum`` once, at the start of training step ``step`` (or, with
+    ``during="validation"``, of the second batch of the validation after that step): a
+    kill or a Ctrl-C that lands mid-step or mid-validation, deterministically."""
 
-    def __init__(self, step: int, signum: int) -> None:
-        self.step, self.signum, self.sent = step, signum, False
+    def __init__(self, step: int, signum: int, during: str = "training") -> None:
+        self.step, self.signum, self.during, self.sent = step, signum, during, False
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def _send(self, trainer) -> None:
         if trainer.global_step == self.step and not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.during == "training":
+            self._send(trainer)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, *args) -> None:
+        if self.during == "validation" and batch_idx == 1 and not trainer.sanity_checking:
+            self._send(trainer)

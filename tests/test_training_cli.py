@@ -566,6 +566,38 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
         assert torch.equal(ours[key], theirs[key]), key  # the same micro-batches, same steps
 
 
+def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(tiny_data, tmp_path):
+    """SIGTERM at the second of 4 validation batches (after step 10): the validation ends
+    and is logged as an uninterrupted run logs it, then the run stops and saves step 10."""
+    import subprocess
+    import sys
+
+    common = ["--trainer.max_steps", "12", "--trainer.log_every_n_steps", "1"]
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "sig", *common,
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=10",
+        "--trainer.callbacks.signum=15", "--trainer.callbacks.during=validation",
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM after step 10" in out
+    run_dir = tmp_path / "runs" / "test" / "sig"
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "whole", *common))
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+
+    def val_losses(name: str) -> list[tuple[int, float]]:
+        run_id = (tmp_path / "runs" / "test" / name / "mlflow_run_id").read_text().strip()
+        return [(m.step, m.value) for m in client.get_metric_history(run_id, "val/loss")]
+
+    assert val_losses("sig") == val_losses("whole") != []
+
+
 def test_a_bare_fit_trains_on_the_default_data(tmp_path, monkeypatch):
     """`cofr data prepare` then `cofr fit` with nothing else (here capped at 2 steps)."""
     from cofrgenet import cli

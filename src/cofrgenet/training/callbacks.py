@@ -284,7 +284,8 @@ class StopOnSignal(L.Callback):
     The handlers only note a signal. At the end of each optimizer step (all of its
     micro-batches: a checkpoint taken inside a gradient accumulation would resume past
     micro-batches whose gradients it does not hold) the ranks agree whether any rank got
-    one. Then Lightning's own SIGTERM handler is called, so Lightning stops every rank
+    one; a signal that comes while validation runs is acted on when it ends. Then
+    Lightning's own SIGTERM handler is called, so Lightning stops every rank
     together once the step's metrics are written (``SIGTERMException``), and this
     callback saves ``checkpoints/last.ckpt``. A second Ctrl-C aborts at once. A SIGUSR1
     handler already in place (Lightning's SLURM requeue, which saves
@@ -346,17 +347,11 @@ class StopOnSignal(L.Callback):
             return  # inside a gradient accumulation: the step finishes first
         self._act(trainer, pl_module)
 
-    def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        # Validation inside fit runs between optimizer steps: a requeue need not wait for
-        # it to end (SLURM's warning comes a fixed time before the kill).
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A signal that came during validation inside fit is acted on once it has ended,
+        # not per batch: ranks may hold different numbers of validation batches (an
+        # exchange per batch would then pair with another collective and hang), and a
+        # checkpoint saved mid-validation would resume to a score of part of the set.
         if trainer.state.fn == "fit":
             self._act(trainer, pl_module)
 

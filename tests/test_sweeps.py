@@ -588,6 +588,40 @@ def test_open_study_enqueues_the_grid_once(tmp_path):
     assert len(waiting) == 6
 
 
+def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp_path, monkeypatch):
+    """Workers started together: one creates the study, the other loads it before the
+    grid is queued. It waits for the grid instead of finding nothing to do and leaving."""
+    import threading
+
+    from cofrgenet.sweeps import worker as sweep_worker
+
+    sweep = parse_sweep(
+        {"study": "g", "space": {"a": [1, 2], "b": "int 1..3"}, "sampler": {"name": "grid"}}
+    )
+    storage = st.open_storage(f"journal:{tmp_path / 'g.journal'}")
+    creating = optuna.create_study(study_name="g", storage=storage)  # the setup not yet done
+
+    def finish_setup() -> None:
+        time.sleep(0.5)
+        creating.set_user_attr(sweep_worker.UID_ATTR, "u")
+        creating.set_user_attr("cofr.sweep", sweep.raw)
+        for point in sweep.grid:
+            creating.enqueue_trial(point)
+
+    finisher = threading.Thread(target=finish_setup)
+    finisher.start()
+    loaded, created = open_study(sweep, storage, 1)
+    waiting = loaded.get_trials(states=(TrialState.WAITING,))  # as open_study returns
+    finisher.join()
+    assert not created and len(waiting) == 6
+    assert loaded.user_attrs[sweep_worker.UID_ATTR] == "u"
+
+    optuna.create_study(study_name="h", storage=storage)  # its creator died mid-setup
+    monkeypatch.setattr(sweep_worker, "SETUP_TIMEOUT_S", 0.3)
+    with pytest.raises(SweepError, match=r"study 'h' exists but its setup never finished"):
+        open_study(parse_sweep({**sweep.raw, "study": "h"}), storage, 1)
+
+
 def _tiny_study(tmp_path: Path, **storage_options) -> tuple:
     sweep = parse_sweep(
         {"study": "w", "space": {"a": [1, 2]}, "n_trials": 4, "storage_options": storage_options}

@@ -78,6 +78,7 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         created = False
+        wait_for_setup(study, sweep)
         existing = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(sweep, offset + 7919 * existing)
     if study.direction.name.lower() != sweep.objective.direction:
@@ -92,6 +93,35 @@ def open_study(
             for point in sweep.grid:
                 study.enqueue_trial(point)
     return study, created
+
+
+#: How long a worker waits for the worker that created the study to finish setting it up.
+SETUP_TIMEOUT_S = 120.0
+
+
+def setup_done(study: optuna.Study, sweep: Sweep) -> bool:
+    """Whether the creating worker has set the study's attributes and queued its grid
+    (the last thing :func:`open_study` does for a new study)."""
+    attrs = study.user_attrs
+    if UID_ATTR not in attrs or "cofr.sweep" not in attrs:
+        return False
+    return not sweep.is_grid or len(study.get_trials(deepcopy=False)) >= len(sweep.grid)
+
+
+def wait_for_setup(study: optuna.Study, sweep: Sweep, timeout: float | None = None) -> None:
+    """Wait until the study is set up. Workers start together (a SLURM array): one that
+    loses the race to create the study would otherwise find no queued grid point and
+    leave at once, or run its trials without the study's id."""
+    deadline = time.monotonic() + (SETUP_TIMEOUT_S if timeout is None else timeout)
+    while not setup_done(study, sweep):
+        if time.monotonic() > deadline:
+            raise SweepError(
+                f"study {sweep.study!r} exists but its setup never finished (the worker "
+                f"that created it died, or the sweep's grid differs from the study's): "
+                f"use another study name, or delete it (optuna delete-study --study-name "
+                f"{sweep.study} --storage URL)"
+            )
+        time.sleep(0.2)
 
 
 def next_trial(

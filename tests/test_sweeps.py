@@ -1319,3 +1319,31 @@ def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
     with pytest.raises(SweepError, match="must be >= 1"):
         run_worker(load_sweep(path), n_trials=0, report=False, mlflow=False)
+
+
+def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
+    """The stop file (or SIGUSR1) seen during a gradient accumulation: the checkpoint is
+    saved once the step's last micro-batch has run, never between its micro-batches."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+
+    trial = optuna.create_study().ask()
+    stop_file = tmp_path / "stop"
+    stop_file.touch()
+    callback = PruneAtStep(trial, "val/loss", "", "s", stop_file=str(stop_file))
+    saved: list[tuple[int, Path]] = []
+    trainer = SimpleNamespace(
+        global_step=3, is_global_zero=True, world_size=1, should_stop=False,
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.save_checkpoint = lambda path: saved.append((trainer.global_step, Path(path)))
+    callback._share = lambda key, value: None  # no study storage here
+    callback.on_train_batch_start(trainer, None, None, 0)
+    callback.on_train_batch_end(trainer, None, None, None, 0)  # micro-batch 1 of step 3
+    assert saved == [] and not trainer.should_stop
+    callback.on_train_batch_start(trainer, None, None, 1)
+    trainer.global_step = 4  # micro-batch 2: the optimizer stepped
+    callback.on_train_batch_end(trainer, None, None, None, 1)
+    assert saved == [(4, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
+    assert callback.requeued_at == 4

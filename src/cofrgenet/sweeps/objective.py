@@ -31,6 +31,7 @@ from cofrgenet.atomic import write_text_atomic
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
+from cofrgenet.training import checkpoints
 from cofrgenet.training.cli import CofrCLI
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
 
@@ -106,6 +107,7 @@ class PruneAtStep(Callback):
         self.pruned_at: int | None = None
         self.requeued_at: int | None = None
         self.start_step: int | None = None
+        self._batch_step = -1  # global_step when the running micro-batch started
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -168,6 +170,11 @@ class PruneAtStep(Callback):
     def _stop_requested(self) -> bool:
         return REQUEUE.is_set() or bool(self.stop_file and os.path.exists(self.stop_file))
 
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_step = trainer.global_step
+
     def on_train_batch_end(
         self,
         trainer: Trainer,
@@ -176,6 +183,10 @@ class PruneAtStep(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if trainer.global_step == self._batch_step:
+            # Inside a gradient accumulation: a checkpoint here would resume past
+            # micro-batches whose gradients it does not hold. The step finishes first.
+            return
         stop = self._stop_requested() if trainer.is_global_zero else False
         if trainer.world_size > 1:
             stop = trainer.strategy.broadcast(stop, src=0)
@@ -373,7 +384,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         stop_file=str(ctx.stop_file) if ctx.stop_file else None,
     )
     args = ["fit", *args]
-    if (run_dir / "checkpoints" / "last.ckpt").exists():
+    if checkpoints.candidates(run_dir):  # any: a kill may come between two saves
         args += ["--ckpt_path", "last"]
     cli = None
     try:

@@ -905,6 +905,24 @@ def test_an_evaluated_file_logs_onto_the_run_that_saved_it_and_leaves_its_status
     assert len(mlflow_runs(tmp_path / "runs")) == 2 and sorted(lone.parent.iterdir()) == [lone]
 
 
+def test_a_resumed_run_reads_running_in_mlflow_while_it_trains(tiny_data, tmp_path):
+    import lightning as L
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    run_id = (tmp_path / "runs" / "test" / "a" / "mlflow_run_id").read_text().strip()
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    client.set_terminated(run_id, "KILLED")  # stopped by a signal
+    seen: list[str] = []
+
+    class Status(L.Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            seen.append(client.get_run(run_id).info.status)
+
+    resume = ["--trainer.max_steps", "3", "--run.name", "a", "--ckpt_path", "last"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *resume), extra_callbacks=[Status()])
+    assert seen == ["RUNNING"] and client.get_run(run_id).info.status == "FINISHED"
+
+
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):
     from cofrgenet.training.tracking import latest_run
 

@@ -258,11 +258,14 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def remember_run(self) -> None:
-        """Create the MLflow run if needed and store its id in the run folder."""
+        """Create the MLflow run if needed and store its id in the run folder; a resumed
+        run (KILLED, FAILED or FINISHED by its last attempt) reads RUNNING again."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         id_file = self.run_dir / RUN_ID_FILE
         if not id_file.exists():
             write_text_atomic(id_file, self.run_id + "\n")
+        elif self.experiment.get_run(self.run_id).info.status != "RUNNING":
+            self.experiment.update_run(self.run_id, status="RUNNING")
 
     _killed = False
 

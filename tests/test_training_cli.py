@@ -923,6 +923,33 @@ def test_a_resumed_run_reads_running_in_mlflow_while_it_trains(tiny_data, tmp_pa
     assert seen == ["RUNNING"] and client.get_run(run_id).info.status == "FINISHED"
 
 
+def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_path, monkeypatch):
+    """Not through $TMPDIR (node-local on clusters: the move onto the shared file system
+    would be a copy into the open checkpoint); a save that fails leaves the old file."""
+    import tempfile
+
+    from cofrgenet.training import checkpoints
+    from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
+
+    cli = CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2"))
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    (last,) = (tmp_path / "runs" / "test").glob("*/checkpoints/last.ckpt")
+    before = last.read_bytes()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))  # unusable
+    cli.trainer.save_checkpoint(tmp_path / "copy" / "again.ckpt")
+    assert checkpoints.is_intact(tmp_path / "copy" / "again.ckpt")
+
+    def full_disk(obj, file):
+        file.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        cli.trainer.save_checkpoint(last)
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+    assert last.read_bytes() == before
+
+
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):
     from cofrgenet.training.tracking import latest_run
 

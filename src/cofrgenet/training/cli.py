@@ -38,6 +38,7 @@ from cofrgenet.data import TokenDataModule
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
+from cofrgenet.training.checkpoint_io import with_atomic_checkpoints
 from cofrgenet.training.console import (
     ModelReport,
     RunSummary,
@@ -563,6 +564,10 @@ class CofrCLI(LightningCLIAdapter):
         elif logger is None:
             trainer_config["logger"] = False
         return self.build_trainer(trainer_config, extra)
+
+    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        config["plugins"] = with_atomic_checkpoints(config.get("plugins"))
+        return super().build_trainer(config, callbacks)
 
 
 class ParseOnlyCLI(CofrCLI):

@@ -1,0 +1,72 @@
+"""Checkpoint files written whole or not at all, on any file system layout.
+
+Lightning's ``TorchCheckpointIO`` writes a local checkpoint through fsspec's
+transaction: the bytes go to a temporary file made by ``tempfile.mkstemp()`` in
+``$TMPDIR``, which is then moved onto the checkpoint. On a cluster ``$TMPDIR`` is
+usually node-local while runs live on a shared file system, so the move is a copy into
+the open ``last.ckpt``: a job killed during it (SLURM's grace period after SIGTERM ends
+with SIGKILL) leaves the previous good checkpoint truncated, and the node's /tmp must
+hold a whole checkpoint. :class:`AtomicCheckpointIO` writes the temporary file beside
+the checkpoint, flushes it to disk and renames it over the old one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
+
+from cofrgenet.atomic import replacing
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are a same-folder write, fsync and rename
+    (remote URLs keep Lightning's own path)."""
+
+    def save_checkpoint(
+        self,
+        checkpoint: dict[str, Any],
+        path: str | os.PathLike[str],
+        storage_options: Any | None = None,
+    ) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path) as tmp, open(tmp, "wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+        _fsync_folder(path.parent)  # the rename itself survives a node crash
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # a file system that cannot open folders: the rename is done anyway
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def with_atomic_checkpoints(plugins: Any) -> list[Any]:
+    """The trainer's ``plugins`` with :class:`AtomicCheckpointIO`, unless one of them is
+    a checkpoint writer already (the user's choice stands)."""
+    given = (
+        []
+        if plugins is None
+        else list(plugins)
+        if isinstance(plugins, (list, tuple))
+        else [plugins]
+    )
+    if any(isinstance(plugin, CheckpointIO) for plugin in given):
+        return given
+    return [*given, AtomicCheckpointIO()]

@@ -296,7 +296,7 @@ def load_task_hub(task: GlueTask, cache_dir: str | None = None) -> TaskData:
         import datasets
     except ImportError:
         raise GlueDataNotFound(
-            "loading GLUE from the hub needs `datasets` (pip install 'cofrgenet[hf]'); or pass "
+            "loading GLUE from the hub needs `datasets` (pip install -e '.[hf]' in the cofrgenet checkout); or pass "
             f"--data-dir with the original GLUE files: {GLUE_SOURCE}"
         ) from None
     errors = []

@@ -106,3 +106,29 @@ def test_the_scan_sees_every_import_form():
         "    from cofrgenet.bench.train import run\n"
     )
     assert packages_in(source, "cofrgenet.nn") == {"training", "models", "nn", "sweeps", "bench"}
+
+
+#: Commands whose parsers import torch still: ``ui`` (its run-store settings live in the
+#: Lightning-side tracking module) and ``bench ops`` (its options are read off the ops).
+PARSERS_WITH_TORCH = {("ui",), ("bench", "ops")}
+
+
+def test_command_parsers_need_no_torch():
+    """``cofr <command> --help`` builds the command's parser: torch (2-3 s to import)
+    belongs in ``run``."""
+    import subprocess
+    import sys
+
+    from cofrgenet.cli import COMMANDS
+
+    paths = [c.path for c in COMMANDS if not c.passthrough and c.path not in PARSERS_WITH_TORCH]
+    code = (
+        "import argparse, subprocess, sys\n"
+        "from cofrgenet.cli import COMMANDS\n"
+        "path = tuple(sys.argv[1:])\n"
+        "(command,) = [c for c in COMMANDS if c.path == path]\n"
+        "command.load().add_arguments(argparse.ArgumentParser())\n"
+        "assert 'torch' not in sys.modules, path\n"
+    )
+    for path in paths:
+        subprocess.run([sys.executable, "-c", code, *path], check=True)

@@ -70,6 +70,38 @@ def probability(text: str) -> float:
     return value
 
 
+def device_problem(text: str) -> str | None:
+    """Why torch cannot run on device ``text`` here (``foo``, ``cuda`` without CUDA,
+    ``cuda:3`` on a one-GPU machine), or None when it can."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"unknown device {text!r}; use cpu, cuda or cuda:N"
+    if device.type == "cpu":
+        return None
+    backends = (getattr(torch, device.type, None), getattr(torch.backends, device.type, None))
+    available = next((b.is_available for b in backends if hasattr(b, "is_available")), None)
+    if available is None or not available():
+        return f"device {text!r}: torch sees no {device.type} device on this machine; use cpu"
+    count = getattr(backends[0], "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        return f"device {text!r}: this machine has {count()} {device.type} device(s)"
+    return None
+
+
+def device_arg(text: str) -> str:
+    """argparse ``type`` of a ``--device`` option: refused at parse time, in one line
+    (``cpu``, the usual default, without importing torch: ``--help`` stays quick)."""
+    if text == "cpu":
+        return text
+    problem = device_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _int(text: str) -> int:
     return parse_int(text)
 

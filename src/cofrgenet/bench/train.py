@@ -167,8 +167,8 @@ def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
 def check_settings(cfg: TrainBenchConfig) -> None:
     """What ``__post_init__`` cannot see, checked before any work: the variants and modes,
     each variant's model at the bench's shape, the device, the output folder."""
+    from cofrgenet.dataclass_options import device_problem
     from cofrgenet.errors import UserError
-    from cofrgenet.training.pretrained import device_problem
 
     unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
     if unknown or not set(cfg.modes) <= {"eager", "compiled"}:

@@ -17,21 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.dataclass_options import at_least
+from cofrgenet.dataclass_options import at_least, device_arg
 from cofrgenet.errors import UserError
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
 #: The paper's four columns (docs/evaluation.md says why WikiText's are the -v1 releases).
 DEFAULT_TASKS = "wikitext-2-v1,wikitext-103-v1,ptb,lambada"
-
-
-def device(text: str) -> str:
-    """argparse ``type`` of ``--device``: one torch can use here (cpu, cuda, cuda:N)."""
-    if text == "cpu":  # the default: no torch import while parsing
-        return text
-    from cofrgenet.training.pretrained import device_arg
-
-    return device_arg(text)
 
 
 def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Path:
@@ -114,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only the first N LAMBADA passages / harness docs (not logged to MLflow)",
     )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument(
         "--tokenizer",
         default=None,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cofrgenet.nn.decoding import all_stopped, sample_next
+from cofrgenet.nn.decoding import sample_tokens
 from cofrgenet.nn.ladder import reusing_stacked_weights
 
 
@@ -77,19 +77,16 @@ def _sample_tokens(
 ) -> Tensor:
     block = model.config.block_size
     cached = model.can_decode and not model.training
-    cache = None
-    out = idx
-    stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    for _ in range(max_new_tokens):
+    cache: DecodeCache | None = None
+
+    def logits_after(out: Tensor, new: Tensor) -> Tensor:
+        nonlocal cache
         if not cached or out.shape[1] > block:
-            logits = _full_context_logits(model, out, block)
-        elif cache is None:  # the prompt, once
+            return _full_context_logits(model, out, block)
+        if cache is None:  # new is the prompt
             cache = model.new_cache()
-            logits = model(out, cache)[:, -1, :]
-        else:
-            logits = model(out[:, -1:], cache)[:, -1, :]
-        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
-        out = torch.cat((out, next_id), dim=1)
-        if all_stopped(stopped, next_id, stop_id):
-            break
-    return out.clone()
+        return model(new, cache)[:, -1, :]
+
+    return sample_tokens(
+        logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
+    )

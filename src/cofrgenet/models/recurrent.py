@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.registry import ARCHITECTURES
-from cofrgenet.nn.decoding import all_stopped, sample_next
+from cofrgenet.nn.decoding import sample_tokens
 
 #: torch module and gates per hidden unit (the FLOPs of one step scale with the gates).
 CELLS: dict[str, tuple[type[nn.RNNBase], int]] = {
@@ -122,19 +122,16 @@ class RecurrentLM(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_new_tokens <= 0:
             return idx
-        logits, state = self.step(idx)
-        out = [idx]
-        stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        for i in range(max_new_tokens):
-            next_id = sample_next(
-                logits[:, -1, :].float(), temperature, top_k, generator, top_p=top_p, vocab=vocab
-            )
-            out.append(next_id)
-            if all_stopped(stopped, next_id, stop_id):
-                break
-            if i + 1 < max_new_tokens:
-                logits, state = self.step(next_id, state)
-        return torch.cat(out, dim=1)
+        state: State | None = None
+
+        def logits_after(out: Tensor, new: Tensor) -> Tensor:
+            nonlocal state
+            logits, state = self.step(new, state)
+            return logits[:, -1, :]
+
+        return sample_tokens(
+            logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
+        )
 
     @staticmethod
     def parameter_component(name: str) -> tuple[str, int | None]:

@@ -17,6 +17,7 @@ SwiGLU, Cffn) need nothing: they have no ``decode``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,6 +83,37 @@ def sample_next(
         drop = probs.cumsum(dim=-1) - probs >= top_p
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def sample_tokens(
+    logits_after: Callable[[Tensor, Tensor], Tensor],
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    top_p: float | None = None,
+    vocab: int | None = None,
+    stop_id: int | None = None,
+) -> Tensor:
+    """Extend ids idx (B, T) by up to ``max_new_tokens`` sampled ids -> (B, T + new): the
+    loop every generator shares.
+
+    ``logits_after(out, new)`` returns the last position's logits (B, V) after the ids so
+    far, out (B, T'), whose last ``new.shape[1]`` ids ``new`` the model has not read yet
+    (the prompt first, then the latest id): a cached or recurrent model reads ``new``
+    alone, any other all of ``out``. Sampling as :func:`sample_next`; the loop ends early
+    once every row has produced ``stop_id``.
+    """
+    out = new = idx
+    stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    for _ in range(max_new_tokens):
+        logits = logits_after(out, new)
+        new = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
+        out = torch.cat((out, new), dim=1)
+        if all_stopped(stopped, new, stop_id):
+            break
+    return out
 
 
 def all_stopped(stopped: Tensor, next_id: Tensor, stop_id: int | None) -> bool:

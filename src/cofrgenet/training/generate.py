@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor, nn
+from cofrgenet.dataclass_options import at_least, device_arg, probability
 
-from cofrgenet.dataclass_options import at_least, probability
-from cofrgenet.nn.decoding import all_stopped, sample_next
+if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
+    import torch
+    from torch import Tensor, nn
 
 
-@torch.no_grad()
 def sample(
     model: nn.Module,
     idx: Tensor,
@@ -35,30 +35,29 @@ def sample(
     recurrent ones carry a hidden state) are asked to do it themselves; anything else
     recomputes the context for every token.
     """
-    if hasattr(model, "generate"):
-        return model.generate(
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            generator=generator,
-            top_p=top_p,
-            vocab=vocab,
-            stop_id=stop_id,
-        )
-    stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    for _ in range(max_new_tokens):
-        logits = model(idx[:, -block_size:])[:, -1, :]
-        next_id = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
-        idx = torch.cat([idx, next_id], dim=1)
-        if all_stopped(stopped, next_id, stop_id):
-            break
-    return idx
+    import torch
+
+    from cofrgenet.nn.decoding import sample_tokens
+
+    with torch.no_grad():
+        if hasattr(model, "generate"):
+            return model.generate(
+                idx,
+                max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                generator=generator,
+                top_p=top_p,
+                vocab=vocab,
+                stop_id=stop_id,
+            )
+        return sample_tokens(
+            lambda out, new: model(out[:, -block_size:])[:, -1, :],
+            idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id,
+        )  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from cofrgenet.training.pretrained import device_arg
-
     parser.add_argument(
         "--ckpt", required=True, help="a checkpoint, e.g. runs/demo/<run>/checkpoints/last.ckpt"
     )
@@ -120,6 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from cofrgenet.training.pretrained import load_checkpoint
 
     loaded = load_checkpoint(

@@ -60,7 +60,7 @@ def resolve_device(name: str) -> torch.device:
     torch cannot use here is a :class:`~cofrgenet.errors.ConfigError`, as in ``cofr eval``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from cofrgenet.training.pretrained import device_problem
+    from cofrgenet.dataclass_options import device_problem
 
     problem = device_problem(name)
     if problem is not None:

@@ -354,9 +354,35 @@ def test_the_in_process_check_matches_and_writes_the_files(tmp_path):
     assert settings["cofr"] == config.to_dict()
     assert settings["auto_map"]["AutoModelForCausalLM"] == "modeling_cofrgenet.CofrGeNetForCausalLM"
     assert settings["eos_token_id"] == 256
+    # Generation never picks the padded ids 257..299 (no token), as cofr generate; the
+    # tokenizer pads batches with end-of-text.
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert generation["suppress_tokens"] == list(range(257, 300))
+    tokenizer_settings = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert tokenizer_settings["pad_token"] == tokenizer_settings["eos_token"]
     # The copied modeling file imports nothing of cofrgenet's.
     source = (tmp_path / "out" / "modeling_cofrgenet.py").read_text()
     assert "import cofrgenet" not in source and "from cofrgenet" not in source
+
+
+def test_the_check_reads_the_whole_block(tmp_path, monkeypatch):
+    """A difference at positions past the first VERIFY_LENGTH (here the learned position
+    rows 12..15 of a 16-token block) is caught."""
+    config = ModelConfig(arch="gpt", attention="softmax", ffn="cffn", position="learned", **TINY)
+    model = build_model(config)
+    written = export.export_state_dict
+
+    def late_rows_lost(model, config):
+        state = written(model, config)
+        wpe = next(key for key in state if key.endswith("wpe.weight"))
+        state[wpe][12:] = 0.0
+        return state
+
+    monkeypatch.setattr(export, "VERIFY_LENGTH", 8)
+    monkeypatch.setattr(export, "export_state_dict", late_rows_lost)
+    with pytest.raises(export.ExportMismatch, match="logits differ"):
+        export_model(model, config, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_exported_model_takes_right_padding_and_labels(tmp_path):

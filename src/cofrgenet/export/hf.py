@@ -57,7 +57,8 @@ EXPORT_FILES = (
 )
 SUPPORTED_ARCHS = ("gpt", "llama", "rnn", "lstm", "gru")
 DEFAULT_TOLERANCE = 1e-5
-#: Longest sequence the export check runs (the whole block when shorter).
+#: The export check's batch: two sequences of this many tokens (the block when shorter),
+#: then one of the whole block (learned positions, CAttn's per-position parameters).
 VERIFY_LENGTH = 128
 AUTO_MAP = {
     "AutoConfig": "modeling_cofrgenet.CofrGeNetConfig",
@@ -291,7 +292,7 @@ def export_model(
             out_dir=out, tokenizer_note=None if tokenizer is not None else tokenizer_note
         )
         eos = None if tokenizer is None else tokenizer.eos_id
-        _write_config(work, config, eos)
+        _write_config(work, config, eos, None if tokenizer is None else tokenizer.vocab_size)
         _write_weights(work, state)
         shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), work / MODELING_FILE)
         if tokenizer is not None:
@@ -484,13 +485,20 @@ def _hf_config(config: ModelConfig, eos: int | None) -> Any:
     )
 
 
-def _write_config(out: Path, config: ModelConfig, eos: int | None) -> None:
+def _write_config(out: Path, config: ModelConfig, eos: int | None, n_real: int | None) -> None:
+    """config.json and generation_config.json; ``n_real``: the tokenizer's size, whose
+    padded ids beyond it generation never picks (as ``cofr generate``)."""
     from transformers import GenerationConfig
 
     _hf_config(config, eos).save_pretrained(out)
+    padding = [] if n_real is None else list(range(n_real, config.vocab_size))
     # No KV cache: generation re-reads the context at every step.
     generation = GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, use_cache=False
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        use_cache=False,
+        suppress_tokens=padding or None,
     )
     generation.save_pretrained(out)
 
@@ -567,7 +575,8 @@ def export_tokenizer(
             f"cannot export a {tokenizer.kind!r} tokenizer (byte, bpe and gpt2 export); "
             "pass --no-tokenizer"
         )
-    kwargs: dict[str, Any] = {"eos_token": EOS_TEXT, "bos_token": EOS_TEXT}
+    # Padding is the end-of-text token, as GPT-2's users set it: batches of prompts pad.
+    kwargs: dict[str, Any] = {"eos_token": EOS_TEXT, "bos_token": EOS_TEXT, "pad_token": EOS_TEXT}
     if model_max_length is not None:
         kwargs["model_max_length"] = model_max_length
     fast = PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
@@ -647,7 +656,11 @@ def verify_export(
     exported.eval()
     length = min(config.block_size, VERIFY_LENGTH)
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, config.vocab_size, (2, length), generator=generator)
+    batches = [torch.randint(0, config.vocab_size, (2, length), generator=generator)]
+    if config.block_size > length:
+        batches.append(
+            torch.randint(0, config.vocab_size, (1, config.block_size), generator=generator)
+        )
     ladders = [m for m in model.modules() if isinstance(m, LadderLayer)]
     saved_impl = [m.impl for m in ladders]
     was_training = model.training
@@ -656,13 +669,14 @@ def verify_export(
             module.impl = "continuant"
         model.eval()
         with torch.no_grad():
-            ours = model(ids).float()
-            theirs = exported(input_ids=ids).logits.float()
+            difference = max(
+                (model(ids).float() - exported(input_ids=ids).logits.float()).abs().max().item()
+                for ids in batches
+            )
     finally:
         for module, impl in zip(ladders, saved_impl, strict=True):
             module.impl = impl
         model.train(was_training)
-    difference = (ours - theirs).abs().max().item()
     if not difference <= tolerance:
         raise ExportMismatch(
             f"the exported model's logits differ from the checkpoint's by {difference:.3g} "

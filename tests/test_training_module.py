@@ -208,6 +208,35 @@ def test_dyadic_unfreezing_is_a_function_of_the_global_step():
     assert all(p.requires_grad for p in by_depth[2])
 
 
+def test_a_resume_with_more_steps_never_freezes_a_released_depth_again(tmp_path):
+    """8 steps release depth 1 at 4 and depth 2 at 6; resumed to 16 steps, whose plan
+    would release them at 8 and 12, both keep training from where they were."""
+    torch.manual_seed(0)
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 2})
+    first = DyadicUnfreezing("paper")
+    trainer = tiny_trainer(8, [first])
+    trainer.fit(module, token_loader())
+    assert first._releases == {1: 4, 2: 6}
+    trainer.save_checkpoint(tmp_path / "step8.ckpt")
+
+    seen: list[bool] = []
+
+    class Depth2Trains(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            seen.append(all(p.requires_grad for p in _by_depth(pl_module)[2]))
+
+    resumed = DyadicUnfreezing("paper")
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 2})
+    tiny_trainer(16, [resumed, Depth2Trains()]).fit(
+        module, token_loader(), ckpt_path=tmp_path / "step8.ckpt"
+    )
+    assert resumed._releases == {1: 4, 2: 6} and seen == [True] * 8
+    # A fresh run of 16 steps still follows its own plan.
+    fresh = DyadicUnfreezing("paper")
+    tiny_trainer(16, [fresh]).fit(LanguageModel("gpt2-tiny-f", config={"depth": 2}), token_loader())
+    assert fresh._releases == {1: 8, 2: 12}
+
+
 class Recorder(L.Callback):
     def __init__(self) -> None:
         self.metrics: list[dict[str, float]] = []

@@ -82,9 +82,11 @@ class DyadicUnfreezing(L.Callback):
     parameters are in the optimizer from the start (see ``training.optim``), so a released
     depth is updated from its release step on.
 
-    The state is a pure function of ``trainer.global_step``: it is reapplied before every
-    batch, so it holds across resume and requeue without extra checkpoint state, and it
-    uses no gradient hooks (works with DDP; with FSDP use ``use_orig_params=True``).
+    The state is a function of ``trainer.global_step``: it is reapplied before every batch,
+    so it holds across resume and requeue, and it uses no gradient hooks (works with DDP;
+    with FSDP use ``use_orig_params=True``). The checkpoint keeps the plan and its step:
+    a run resumed with a larger ``max_steps`` (a later plan) never freezes again a depth
+    that was training already.
 
     Args:
         schedule: "paper" (default), "early" or "none"; see :func:`release_step`.
@@ -108,10 +110,27 @@ class DyadicUnfreezing(L.Callback):
         self.total_steps = total_steps
         self.lr = lr
         self._releases: dict[int, int] = {}
+        self._step = 0  # the step the next batch trains (saved with the plan)
+        #: (plan, step) of the checkpoint this run resumed from.
+        self._resumed: tuple[dict[int, int], int] | None = None
 
     def plan(self, trainer: L.Trainer, module: nn.Module) -> dict[int, int]:
-        """{depth: release step} of ``module``'s ladder depths in this trainer's run."""
-        return self.release_steps(module, self._total(trainer))
+        """{depth: release step} of ``module``'s ladder depths in this trainer's run; a
+        depth released before the checkpoint this run resumed from keeps its release."""
+        plan = self.release_steps(module, self._total(trainer))
+        if self._resumed is not None:
+            before, step = self._resumed
+            for depth, released in before.items():
+                if depth in plan and released <= step < plan[depth]:
+                    plan[depth] = released
+        return plan
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"releases": dict(self._releases), "step": self._step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        releases = {int(depth): int(step) for depth, step in state_dict["releases"].items()}
+        self._resumed = (releases, int(state_dict["step"]))
 
     def _total(self, trainer: L.Trainer) -> int:
         if self.total_steps is not None:
@@ -143,6 +162,7 @@ class DyadicUnfreezing(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._step = trainer.global_step
         self.apply(pl_module, trainer.global_step)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cofrgenet.errors import ConfigError
+from cofrgenet.models import estimate_flops_per_token
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import (
     DyadicUnfreezing,
@@ -268,6 +269,21 @@ class RecordingLogger(Logger):
 
     def steps_of(self, key: str) -> list[int]:
         return [step for step, metrics in self.records if key in metrics]
+
+
+def test_flops_and_mfu_count_the_sequence_length_trained():
+    """Sequences of 16 tokens on a model of block 64: attention FLOPs at 16, not 64."""
+    torch.manual_seed(0)
+    module = LanguageModel("gpt2-tiny", config={"block_size": 64})
+    recorder = Recorder()
+    tiny_trainer(4, [recorder], log_every_n_steps=1).fit(module, token_loader(length=17))
+    logged = [m for m in recorder.metrics if "perf/flops_per_s" in m]
+    assert logged
+    at_16 = estimate_flops_per_token(module.model_config, 16).training
+    assert at_16 < estimate_flops_per_token(module.model_config, 64).training
+    for metrics in logged:
+        per_token = metrics["perf/flops_per_s"] / metrics["perf/tokens_per_sec"]
+        assert per_token == pytest.approx(at_16)
 
 
 def test_training_logs_and_health_at_the_steps_measured():

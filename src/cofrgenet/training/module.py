@@ -80,7 +80,7 @@ class LanguageModel(L.LightningModule):
         self.optimizer_config = optimizer or OptimizerConfig()
         self.compile_model = compile
         self._model_compiled = False  # configure_model runs once per fit/validate/test
-        self.flops_per_token = estimate_flops_per_token(self.model_config).training
+        self._flops_per_token: dict[int, int] = {}  # sequence length -> training FLOPs
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
         self.tokens_seen = 0
@@ -182,13 +182,23 @@ class LanguageModel(L.LightningModule):
         tokens = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size
         rate = tokens / max(elapsed, 1e-9)
         self.log("perf/tokens_per_sec", rate, prog_bar=True)
-        # Per device: the analytic training FLOPs of the tokens each device processed.
-        self.log("perf/flops_per_s", self.flops_per_token * rate / self.trainer.world_size)
+        # Per device: the analytic training FLOPs of the tokens each device processed, at
+        # the length trained (data.block_size may be shorter than the model's block).
+        flops = self.flops_per_token(batch.shape[1] - 1)
+        self.log("perf/flops_per_s", flops * rate / self.trainer.world_size)
         if self._peak_flops is None:
             self._peak_flops = device_peak_flops(self.device, self.trainer.precision) or 0.0
-        utilisation = mfu(self.flops_per_token, rate, self._peak_flops, self.trainer.world_size)
+        utilisation = mfu(flops, rate, self._peak_flops, self.trainer.world_size)
         if utilisation is not None:
             self.log("perf/mfu", utilisation, prog_bar=True)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Analytic training FLOPs per token of sequences of ``seq_len`` tokens (attention
+        grows with the length)."""
+        if seq_len not in self._flops_per_token:
+            estimate = estimate_flops_per_token(self.model_config, seq_len)
+            self._flops_per_token[seq_len] = estimate.training
+        return self._flops_per_token[seq_len]
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._step_losses:

@@ -90,6 +90,7 @@ class LanguageModel(L.LightningModule):
         self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
         self._peak_flops: float | None = None
+        self._resumed_rng_state: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- set-up and checks
 
@@ -143,6 +144,10 @@ class LanguageModel(L.LightningModule):
         if window is not None and len(window) == SPIKE_WINDOW:
             self._grad_norms = torch.tensor(window, dtype=torch.float32)
             self._grad_norm_count = int(checkpoint.get("grad_norm_count", 0))
+        # Dropout's random state where the step stopped, set before the first step: a
+        # resume then draws the masks an uninterrupted run draws (its seed would restart
+        # them from the first step's, and the new data loader iterator draws one more).
+        self._resumed_rng_state = checkpoint.get("rng_state")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
@@ -150,6 +155,10 @@ class LanguageModel(L.LightningModule):
         checkpoint["grad_norm_window"] = self._grad_norms.cpu().tolist()
         checkpoint["grad_norm_count"] = self._grad_norm_count
         checkpoint["model_config"] = self.model_config.to_dict()
+        checkpoint["rng_state"] = {
+            "cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        }
 
     # ------------------------------------------------------------------------ steps
 
@@ -162,6 +171,13 @@ class LanguageModel(L.LightningModule):
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         return loss, targets.numel()
+
+    def on_train_batch_start(self, batch: Tensor, batch_idx: int) -> None:
+        state, self._resumed_rng_state = self._resumed_rng_state, None
+        if state is not None:
+            torch.set_rng_state(state["cpu"])
+            if state["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda"])
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss, tokens = self._loss(batch)

@@ -50,8 +50,10 @@ def check_agreement(sweep, options: SubmitOptions) -> tuple[dict, dict]:
     devices = get_dotted(config, "trainer.devices")
     if get_dotted(config, "trainer.accelerator") == "gpu":
         assert header["gres"] == f"gpu:{devices}"
-        if devices > 1:
-            assert get_dotted(config, "trainer.strategy") == "ddp_spawn"
+        if devices > 1:  # spawned ranks; told of frozen ladder depths (no gradient)
+            frozen = "DyadicUnfreezing" in str(get_dotted(config, "trainer.callbacks", ""))
+            expected = "ddp_spawn_find_unused_parameters_true" if frozen else "ddp_spawn"
+            assert get_dotted(config, "trainer.strategy") == expected
     else:
         assert "gres" not in header and devices == 1
     workers = get_dotted(config, "data.num_workers")
@@ -70,8 +72,9 @@ def test_sweep_sbatch_resources_agree_with_the_trainer():
     header, _ = check_agreement(tpe, SubmitOptions(workers=8, partition="gpu"))
     assert header["gres"] == "gpu:1" and header["partition"] == "gpu"
     assert header["cpus-per-task"] == "8" and header["mem"] == "64G"
-    header, _ = check_agreement(tpe, SubmitOptions(workers=4, gpus_per_worker=2))
+    header, config = check_agreement(tpe, SubmitOptions(workers=4, gpus_per_worker=2))
     assert header["gres"] == "gpu:2"
+    assert get_dotted(config, "trainer.strategy") == "ddp_spawn_find_unused_parameters_true"
     header, _ = check_agreement(
         tpe, SubmitOptions(workers=2, gpus_per_worker=0, settings={"data.num_workers": 3})
     )

@@ -37,7 +37,20 @@ from cofrgenet.sweeps.spec import (
 )
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
-SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork")
+#: Strategies that start their ranks from the one worker process (Lightning's names).
+SPAWN_STRATEGIES = tuple(
+    f"{kind}{variant}"
+    for kind in ("ddp_spawn", "ddp_notebook", "ddp_fork")
+    for variant in ("", "_find_unused_parameters_false", "_find_unused_parameters_true")
+)
+
+
+def _has_callback(config: dict[str, Any], name: str) -> bool:
+    """Whether the trainer's callbacks include one of class ``name``."""
+    callbacks = get_dotted(config, "trainer.callbacks", None) or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    paths = [c.get("class_path", "") if isinstance(c, dict) else str(c) for c in callbacks]
+    return any(path.rpartition(".")[2] == name for path in paths)
 
 
 @dataclass
@@ -102,7 +115,12 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
         settings["trainer.devices"] = gpus
         strategy = get_dotted(config, "trainer.strategy", "auto")
         if gpus > 1 and not (isinstance(strategy, str) and strategy in SPAWN_STRATEGIES):
-            settings["trainer.strategy"] = "ddp_spawn"
+            # Frozen ladder depths get no gradient: DDP must be told (DyadicUnfreezing
+            # refuses to train otherwise).
+            frozen = _has_callback(config, "DyadicUnfreezing")
+            settings["trainer.strategy"] = (
+                "ddp_spawn_find_unused_parameters_true" if frozen else "ddp_spawn"
+            )
     else:
         settings["trainer.accelerator"] = "cpu"
         settings["trainer.devices"] = 1

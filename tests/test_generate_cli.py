@@ -20,9 +20,10 @@ from test_cli_errors import one_line_error
 MODEL = {"vocab_size": 257, "block_size": 16}
 
 
-def write_checkpoint(path: Path, data_dir: str | None) -> Path:
+def write_checkpoint(path: Path, data_dir: str | None, trained_with: dict | None = None) -> Path:
     """A checkpoint as ``cofr fit`` writes it (what the readers use of it), without
-    training: the weights of a fresh gpt2-tiny, its hyperparameters, the data folder."""
+    training: the weights of a fresh gpt2-tiny, its hyperparameters, the data folder
+    (and the tokenizer its data state names, ``trained_with``)."""
     model = build_model(resolve_model_config("gpt2-tiny", MODEL))
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +33,7 @@ def write_checkpoint(path: Path, data_dir: str | None) -> Path:
             "global_step": 3,
             "hyper_parameters": {"preset": "gpt2-tiny", "config": dict(MODEL)},
             "datamodule_hyper_parameters": {"data_dir": data_dir},
+            **({"TokenDataModule": {"fingerprint": trained_with}} if trained_with else {}),
         },
         path,
     )
@@ -144,6 +146,30 @@ def test_a_data_flag_that_is_no_data_folder_names_the_flag(capsys, tmp_path, run
     assert "training data folder" not in line
     line = one_line_error(capsys, ["generate", "--ckpt", ckpt, "--data", str(tmp_path)])
     assert f"--data {tmp_path} is not a prepared data folder (no meta.json)" in line
+
+
+def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_path, data):
+    """The training data folder prepared again with another tokenizer (or a wrong
+    --data): its ids would be sampled, scored and exported as the model's."""
+    ckpt = write_checkpoint(
+        tmp_path / "bpe.ckpt", str(data), trained_with={"tokenizer": "bpe", "vocab_size": 300}
+    )
+    line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"])
+    assert line == (
+        f"cofr generate: error: {data} holds a byte, 257 ids tokenizer, but {ckpt} was "
+        "trained with bpe, 300 ids: the folder was prepared again since; pass one with the "
+        "model's tokenizer (--data DIR)"
+    )
+    sets = tmp_path / "sets"
+    sets.mkdir()
+    (sets / "lambada_test.jsonl").write_text('{"text": "a passage ending in a word"}\n')
+    evaluate = ["eval", str(ckpt), "--tasks", "lambada", "--data-dir", str(sets), "--no-mlflow"]
+    line = one_line_error(capsys, [*evaluate, "--tokenizer", str(data)])
+    assert "give the data folder the model trained on (--tokenizer DIR)" in line
+    same = write_checkpoint(
+        tmp_path / "byte.ckpt", str(data), trained_with={"tokenizer": "byte", "vocab_size": 257}
+    )
+    assert main(["generate", "--ckpt", str(same), "--max-new-tokens", "2"]) == 0
 
 
 def test_a_relative_data_folder_is_found_from_another_folder(

@@ -10,6 +10,7 @@ and compiled checkpoints included) but without importing Lightning
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import zipfile
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ from cofrgenet.models import ModelConfig
 
 class TokenizerNotFound(UserError, FileNotFoundError):
     """The data folder whose tokenizer a checkpoint needs is not on this machine."""
+
+
+class TokenizerMismatch(UserError, ValueError):
+    """A tokenizer folder whose tokenizer is not the one the checkpoint trained with."""
 
 
 class CheckpointNotFound(UserError, FileNotFoundError):
@@ -108,6 +113,9 @@ class LoadedCheckpoint:
     tokenizer_flag: str = "--tokenizer"
     #: data_dir came from that option (the user's), not from the checkpoint.
     tokenizer_given: bool = False
+    #: The tokenizer the model trained with, as the checkpoint's data state names it:
+    #: {"tokenizer": kind, "vocab_size": n}; empty for a checkpoint without one.
+    trained_with: dict[str, Any] = dataclasses.field(default_factory=dict)
     _tokenizer: Tokenizer | None = None
 
     @functools.cached_property
@@ -128,10 +136,31 @@ class LoadedCheckpoint:
         if self._tokenizer is None:
             folder = self._tokenizer_folder()
             try:
-                self._tokenizer = load_tokenizer(folder)
+                tokenizer = load_tokenizer(folder)
             except DataFolderError as error:
                 raise TokenizerNotFound(_one_line(error)) from None
+            self._check_trained_with(tokenizer, folder)
+            self._tokenizer = tokenizer
         return self._tokenizer
+
+    def _check_trained_with(self, tokenizer: Tokenizer, folder: Path) -> None:
+        """Refuse a folder whose tokenizer is not the model's (a data folder prepared
+        again with another tokenizer, or the wrong ``--tokenizer``): its ids would be
+        scored, sampled and exported as if they were, without any error."""
+        kind, size = self.trained_with.get("tokenizer"), self.trained_with.get("vocab_size")
+        if kind in (None, tokenizer.kind) and size in (None, tokenizer.vocab_size):
+            return
+        theirs = f"{tokenizer.kind}, {tokenizer.vocab_size} ids"
+        ours = f"{kind}, {size} ids"
+        hint = (
+            f"give the data folder the model trained on ({self.tokenizer_flag} DIR)"
+            if self.tokenizer_given
+            else f"the folder was prepared again since; pass one with the model's tokenizer "
+            f"({self.tokenizer_flag} DIR)"
+        )
+        raise TokenizerMismatch(
+            f"{folder} holds a {theirs} tokenizer, but {self.path} was trained with {ours}: {hint}"
+        )
 
     def _tokenizer_folder(self) -> Path:
         """The prepared data folder to read the tokenizer from, or a one-line error."""
@@ -252,4 +281,13 @@ def load_checkpoint(
         mlflow_run_id=run_id_of(run_dir),
         tokenizer_flag=tokenizer_flag,
         tokenizer_given=bool(tokenizer_dir),
+        trained_with=_trained_tokenizer(checkpoint),
     )
+
+
+def _trained_tokenizer(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer kind and size in the checkpoint's data state (``TokenDataModule``'s
+    resume fingerprint, saved under its class name), or {}."""
+    state = checkpoint.get("TokenDataModule") or {}
+    fingerprint = state.get("fingerprint") or {} if isinstance(state, dict) else {}
+    return {k: fingerprint[k] for k in ("tokenizer", "vocab_size") if k in fingerprint}

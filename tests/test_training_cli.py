@@ -759,6 +759,19 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.max_steps", "0"], "trainer.max_steps must be >= 1"),
         (["--trainer.max_steps", "-5"], "trainer: `max_steps` must be"),
         (["--trainer.max_steps", "x"], "trainer.max_steps: expected an integer, got 'x'"),
+        (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches must be >= 1"),
+        (["--trainer.val_check_interval", "0"], r"val_check_interval must be > 0"),
+        (["--trainer.limit_train_batches", "0"], "limit_train_batches is 0: nothing would"),
+        (["--trainer.max_epochs", "0"], "trainer.max_epochs is 0: nothing would train"),
+        (["--trainer.strategy", "ddpp"], r"^trainer: You selected an invalid strategy name"),
+        (
+            [
+                "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
+                "--trainer.callbacks.schedule",
+                "papr",
+            ],
+            r"^unknown dyadic schedule 'papr'",
+        ),
         (
             ["--model.config.depth", "1.5"],
             r"^model\.config\.depth: expected an integer, got '1\.5'$",

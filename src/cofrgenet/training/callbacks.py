@@ -103,9 +103,9 @@ class DyadicUnfreezing(L.Callback):
         self, schedule: str = "paper", total_steps: int | None = None, lr: str = "global"
     ) -> None:
         if schedule not in SCHEDULES:
-            raise ValueError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
+            raise ConfigError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
         if lr not in RELEASE_LR:
-            raise ValueError(f"unknown DyadicUnfreezing lr {lr!r}; choose one of {RELEASE_LR}")
+            raise ConfigError(f"unknown DyadicUnfreezing lr {lr!r}; choose one of {RELEASE_LR}")
         self.schedule = schedule
         self.total_steps = total_steps
         self.lr = lr

@@ -369,6 +369,7 @@ class CofrCLI(LightningCLIAdapter):
         max_steps = self.config_value(self.config, "trainer.max_steps")
         if max_steps == 0:
             raise ConfigError("trainer.max_steps must be >= 1, or -1 for max_epochs to decide")
+        _check_trainer_counts(lambda key: self.config_value(self.config, f"trainer.{key}"))
         if self.config_value(self.config, "ckpt_path") != "last" or checkpoints.candidates(run_dir):
             return
         if run.name is None and slurm_run_name() is None:
@@ -563,11 +564,36 @@ class CofrCLI(LightningCLIAdapter):
             )
         elif logger is None:
             trainer_config["logger"] = False
-        return self.build_trainer(trainer_config, extra)
+        try:
+            return self.build_trainer(trainer_config, extra)
+        except UserError:
+            raise
+        except ValueError as error:  # a Trainer setting Lightning refuses, e.g. a strategy name
+            raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         config["plugins"] = with_atomic_checkpoints(config.get("plugins"))
         return super().build_trainer(config, callbacks)
+
+
+def _check_trainer_counts(value: Any) -> None:
+    """Refuse trainer counts that Lightning takes and then divides by (a traceback after
+    the run folder exists) or that train nothing and exit 0. ``value(key)``: the
+    setting of ``trainer.<key>``."""
+    accumulate = value("accumulate_grad_batches")
+    if accumulate is not None and (isinstance(accumulate, bool) or not accumulate >= 1):
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches must be >= 1 (1: no accumulation), got {accumulate}"
+        )
+    interval = value("val_check_interval")
+    if interval is not None and not interval > 0:
+        raise ConfigError(
+            f"trainer.val_check_interval must be > 0 (batches, or a fraction of an epoch), got "
+            f"{interval}; to validate less, raise it, or set trainer.limit_val_batches: 0"
+        )
+    for key in ("limit_train_batches", "max_epochs"):
+        if value(key) == 0 and not isinstance(value(key), bool):
+            raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
 
 
 class ParseOnlyCLI(CofrCLI):

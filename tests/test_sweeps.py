@@ -834,6 +834,24 @@ def test_a_typo_in_a_space_key_stops_the_worker_before_any_trial(tiny_data, tmp_
     assert not (tmp_path / "runs" / "tiny-cpu").exists()  # no trial folder was made
 
 
+def test_a_missing_data_folder_stops_the_worker_before_the_study_exists(tmp_path):
+    """Every trial would fail on it, each using up the study's budget."""
+    sweep_path = write_sweep(tmp_path, overrides={"data.data_dir": str(tmp_path / "no-data")})
+    with pytest.raises(SweepError, match=r"data\.data_dir: data folder .*no-data' does not"):
+        run_worker(load_sweep(sweep_path), report=False, mlflow=False)
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+
+def test_a_study_made_for_another_metric_is_refused(tmp_path):
+    storage = st.open_storage(f"journal:{tmp_path / 'm.journal'}")
+    space = {"a": [1, 2]}
+    open_study(parse_sweep({"study": "m", "space": space, "n_trials": 2}), storage, 0)
+    other = {"metric": "train/loss", "direction": "minimize"}
+    with pytest.raises(SweepError, match=r"study 'm' ranks trials by val/loss, the sweep says"):
+        changed = {"study": "m", "space": space, "n_trials": 2, "objective": other}
+        open_study(parse_sweep(changed), storage, 1)
+
+
 def test_a_worker_stops_when_trials_keep_failing_for_one_reason(tiny_data, tmp_path):
     def failing_sweep(folder: Path) -> Path:
         folder.mkdir()
@@ -1229,8 +1247,8 @@ def test_a_damaged_journal_names_the_file_and_the_repair(tmp_path, capsys):
     assert len(study_of(url, "tiny-cpu").get_trials()) == 3
 
 
-def test_an_unreachable_database_is_one_line(tmp_path, capsys):
-    path = str(write_sweep(tmp_path))
+def test_an_unreachable_database_is_one_line(tiny_data, tmp_path, capsys):
+    path = str(write_sweep(tmp_path, overrides={"data.data_dir": str(tiny_data)}))
     url = "postgresql://me:secret@127.0.0.1:1/db"  # port 1: refused at once
     for command in (["status"], ["run", "--no-mlflow", "--no-report"]):
         start = time.monotonic()

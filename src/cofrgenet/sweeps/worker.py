@@ -22,10 +22,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from cofrgenet.errors import UserError
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values
 from cofrgenet.sweeps.objective import REQUEUE, UID_ATTR, Outcome, TrialContext, run_trial
 from cofrgenet.sweeps.spec import (
+    Objective,
     Sweep,
     SweepError,
     build_pruner,
@@ -86,6 +88,14 @@ def open_study(
             f"study {sweep.study!r} exists with direction {study.direction.name.lower()}, "
             f"the sweep says {sweep.objective.direction}: use another study name"
         )
+    stored = (study.user_attrs.get("cofr.sweep") or {}).get("objective") or {}
+    metric = stored.get("metric", Objective().metric) if isinstance(stored, dict) else None
+    if not created and metric is not None and metric != sweep.objective.metric:
+        raise SweepError(
+            f"study {sweep.study!r} ranks trials by {metric}, the sweep says "
+            f"{sweep.objective.metric}: its values would be ranked against the other's; use "
+            "another study name"
+        )
     if created:
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
@@ -93,6 +103,22 @@ def open_study(
             for point in sweep.grid:
                 study.enqueue_trial(point)
     return study, created
+
+
+def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
+    """SweepError when the trials' data folder is not a prepared one: every trial would
+    fail on it, and each failure would use up the study's budget."""
+    import inspect
+
+    from cofrgenet.data import TokenDataModule
+    from cofrgenet.data.meta import read_meta
+
+    default = inspect.signature(TokenDataModule).parameters["data_dir"].default
+    data_dir = get_dotted(probe, "data.data_dir", None) or default
+    try:
+        read_meta(data_dir)
+    except UserError as error:
+        raise SweepError(f"{sweep.path or sweep.study}: data.data_dir: {error}") from None
 
 
 #: How long a worker waits for the worker that created the study to finish setting it up.
@@ -268,6 +294,7 @@ def run_worker(
         check_model_values(sweep, probe)
     except SweepError as error:
         raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
+    check_data_folder(sweep, probe)
 
     worker = st.Worker.current()
     storage = st.open_storage(url, sweep.storage_options)

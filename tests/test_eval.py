@@ -533,6 +533,22 @@ def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, c
     assert out.read_text() == "mine"
 
 
+def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatch):
+    """As cofr fit does: a file path, an unknown scheme, a server that does not answer,
+    a sqlite store that does not exist (reading it would make an empty one)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["compare", "--experiment", "x", "--tracking-uri"]
+    line = one_line_error(capsys, [*argv, "runs/mlflow.db"])
+    assert line.startswith("cofr compare: error: MLflow cannot use 'runs/mlflow.db'")
+    line = one_line_error(capsys, [*argv, "http://127.0.0.1:9"])
+    assert line.startswith("cofr compare: error: no MLflow server answers at http://127.0.0.1:9")
+    line = one_line_error(capsys, [*argv, "sqlite:///none/x.db"])
+    assert (
+        line == "cofr compare: error: --tracking-uri sqlite:///none/x.db: no run store at none/x.db"
+    )
+    assert not (tmp_path / "none").exists()
+
+
 def test_a_metric_no_run_has_is_refused_with_the_closest_name():
     from types import SimpleNamespace
 

@@ -395,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow.tracking import MlflowClient
 
-    from cofrgenet.training.tracking import RunConfig, tracking_uri
+    from cofrgenet.training.tracking import RunConfig, check_tracking_uri, tracking_uri
 
     experiments = list(args.experiment)
     if args.sweep:
@@ -409,6 +409,10 @@ def run(args: argparse.Namespace) -> int:
         and not args.tracking_uri
     ):
         raise UserError(f"no run store at {args.runs_dir}/mlflow.db: train a run first (cofr fit)")
+    check_tracking_uri(uri, fix="fix --tracking-uri (or MLFLOW_TRACKING_URI)")
+    store = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    if store is not None and not Path(store).is_file():  # reading it would create it, empty
+        raise UserError(f"--tracking-uri {uri}: no run store at {store}")
     client = MlflowClient(uri)
     rows, skipped = collect_runs(client, args.runs, experiments)
     if not rows:

@@ -594,7 +594,7 @@ def finetune(
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
-    from cofrgenet.training.tracking import RunConfig, flatten, folder_name
+    from cofrgenet.training.tracking import RunConfig, check_tracking_uri, flatten, folder_name
     from cofrgenet.training.tracking import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
@@ -649,6 +649,7 @@ def finetune(
 
     logger: Any = False
     if mlflow:
+        check_tracking_uri(uri, fix="fix --tracking-uri, or pass --no-mlflow")
         from lightning.pytorch.loggers import MLFlowLogger
 
         tags = {

@@ -136,16 +136,17 @@ def tracking_uri(run: RunConfig) -> str:
     return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
 
 
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -> None:
     """Refuse a tracking URI before a run starts: a scheme MLflow does not know, or a
-    server that does not answer (MLflow's own client retries for minutes, silently)."""
+    server that does not answer (MLflow's own client retries for minutes, silently).
+    ``fix``: what the message tells the user to change (default: ``cofr fit``'s options)."""
     import urllib.error
     import urllib.request
 
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    fix = "fix --run.tracking_uri (or MLFLOW_TRACKING_URI), or train with --run.mlflow false"
+    fix = fix or "fix --run.tracking_uri (or MLFLOW_TRACKING_URI), or train with --run.mlflow false"
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):

@@ -39,3 +39,12 @@ def test_every_experiment_is_a_delta_over_existing_groups():
         assert len(files) >= 3 and files[-1].endswith(path.name), path
         assert all((ROOT / f).is_file() for f in files), path
     assert not (ROOT / "conf" / "model").exists()  # presets are one flag: --model.preset
+
+
+def test_one_base_may_be_named_without_a_list(tmp_path):
+    """``base: file.yaml``, as recipes.bases_of reads it, is also what the parser takes."""
+    from cofrgenet.training.cli import ParseOnlyCLI
+
+    (tmp_path / "exp.yaml").write_text(f"base: {ROOT / 'conf/trainer/cpu-debug.yaml'}\n")
+    cli = ParseOnlyCLI(args=["fit", "--config", str(tmp_path / "exp.yaml")])
+    assert cli.config.fit.trainer.max_steps == 20  # cpu-debug's

@@ -329,7 +329,7 @@ class CofrCLI(LightningCLIAdapter):
         parser.add_class_arguments(RunConfig, "run")
         parser.add_argument(
             f"--{recipes.KEY}",
-            type=list[str] | None,
+            type=list[str] | str | None,  # one file may be named without a list
             default=None,
             help="config files this one builds on, read before it (cofrgenet/recipes.py)",
         )

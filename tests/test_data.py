@@ -777,3 +777,9 @@ def test_num_workers_must_be_at_least_one(tmp_path, capsys):
     with pytest.raises(PrepareError, match="--num-workers must be at least 1"):
         prepare_data(PydocSource(), tmp_path / "api", max_docs=4, num_workers=0)
     assert not (tmp_path / "api").exists()
+
+
+def test_a_file_that_is_no_parquet_is_named(tmp_path):
+    (tmp_path / "b.parquet").write_text('{"text": "a JSON line, not Parquet"}\n')
+    with pytest.raises(SourceError, match=r"b\.parquet: not a readable Parquet file \("):
+        ParquetSource(str(tmp_path / "b.parquet"))

@@ -261,7 +261,12 @@ class ParquetSource(_FileRowSource):
         self.files = _expand(self.patterns, "Parquet")
         self._group_starts: list[list[int]] = []  # per file: first row of each row group + total
         for path in self.files:
-            meta = pq.ParquetFile(path).metadata
+            try:
+                meta = pq.ParquetFile(path).metadata
+            except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+                raise SourceError(
+                    f"{path}: not a readable Parquet file ({str(error).splitlines()[0]})"
+                ) from None
             names = meta.schema.to_arrow_schema().names
             if text_field not in names:
                 raise SourceError(

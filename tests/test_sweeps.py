@@ -470,6 +470,32 @@ def slow_sweep(tmp_path: Path, tiny_data: Path) -> Path:
     )
 
 
+def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data, tmp_path):
+    """The trial saves and is queued for a retry; the worker says to run the sweep again
+    (not `cofr fit`, which would train the trial outside the study) and exits 130."""
+    sweep_path = slow_sweep(tmp_path, tiny_data)
+    sweep = load_sweep(sweep_path)
+    run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
+    proc = subprocess.Popen(
+        cofr("sweep", "run", str(sweep_path), "--no-report"),
+        env=worker_env(COFR_TEST_SLEEP="1.5"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        _wait_for(
+            lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), 300, proc, "a checkpoint"
+        )
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert f"resume with: cofr sweep run {sweep_path} --no-report" in out
+    assert "stopped by a signal; the trial resumes from its checkpoint" in out
+    assert "resume with: cofr fit" not in out
+
+
 def test_killed_worker_trial_is_failed_and_retried_from_its_checkpoint(tiny_data, tmp_path):
     sweep_path = slow_sweep(tmp_path, tiny_data)
     sweep = load_sweep(sweep_path)

@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, print_summary, run_worker
+    from cofrgenet.training.callbacks import resume_command
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
     logger = logging.getLogger("cofrgenet.sweeps")
@@ -232,6 +233,13 @@ def run(args: argparse.Namespace) -> int:
         mlflow=not args.no_mlflow,
     )
     print_summary(result)
+    if result.signal_status is not None:
+        print(
+            f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint when "
+            f"a worker runs again: {resume_command()}",
+            file=sys.stderr,
+        )
+        return result.signal_status
     if result.failing is not None:
         print(
             f"cofr sweep run: stopped: {MAX_SAME_FAILURES} trials in a row failed with: "

@@ -55,6 +55,8 @@ class Outcome:
     requeue: bool = False
     run_dir: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: A signal stopped the trial: the status the worker exits with (128 + its number).
+    signal_status: int | None = None
 
 
 def trial_name(number: int) -> str:
@@ -290,6 +292,18 @@ def classify(error: BaseException) -> tuple[str, bool, bool]:
     return text, False, False
 
 
+def _signal_status(error: BaseException) -> int | None:
+    """128 + the signal that stopped a trial (StopOnSignal's SIGTERMException carries it),
+    None for any other ending."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    if isinstance(error, SIGTERMException):
+        return error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
+    if isinstance(error, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    return None
+
+
 def _free_memory() -> None:
     gc.collect()
     with contextlib.suppress(Exception):
@@ -435,6 +449,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, SystemExit):
             outcome.stop_worker = True
+        outcome.signal_status = _signal_status(exc)
     finally:
         del cli
         _free_memory()

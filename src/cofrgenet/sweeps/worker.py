@@ -196,6 +196,8 @@ class WorkerResult:
     requeued: bool = False
     #: Set when the worker stopped because trials kept failing for one reason.
     failing: str | None = None
+    #: 128 + the signal (SIGTERM, Ctrl-C) that stopped the worker during a trial.
+    signal_status: int | None = None
 
     @property
     def failed(self) -> list[Outcome]:
@@ -374,6 +376,7 @@ def run_worker(
             why = f" ({outcome.reason})" if outcome.reason else ""
             log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
             if outcome.stop_worker:
+                result.signal_status = outcome.signal_status
                 break
             if _same_failures(result.outcomes) >= MAX_SAME_FAILURES:
                 result.failing = outcome.reason

@@ -474,8 +474,11 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
 )
 
 
-def resume_command(run_name: str) -> str:
-    """This process's ``cofr fit`` command line, made to resume run ``run_name``."""
+def resume_command(run_name: str | None = None) -> str:
+    """This process's ``cofr fit`` command line, made to resume run ``run_name``; a sweep
+    worker's (``cofr sweep run``, or ``run_name`` None) resumes its trial when run again."""
+    if run_name is None or sys.argv[1:3] == ["sweep", "run"]:
+        return shlex.join(["cofr", *sys.argv[1:]])
     words, skip = [], False
     for word in sys.argv[1:]:
         if skip:

@@ -39,3 +39,18 @@ def test_demo_prepares_trains_both_and_prints_the_table(tmp_path):
         val_loss = float(row.split("|")[6])
         assert 0 < val_loss < 10
     assert "cofr ui" in result.stdout
+
+
+def test_a_failing_step_is_named_without_a_traceback(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text("{}")  # taken for prepared: the fit's own check refuses it
+    command = [sys.executable, "-m", "cofrgenet.cli", "demo", "--max-steps", "1",
+               "--runs-dir", str(tmp_path / "runs"), "--data-dir", str(data)]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert (
+        "cofr demo: stopped: `cofr fit --config conf/experiment/demo-gpt2.yaml ...` failed" in out
+    )
+    assert "Traceback" not in out and "CalledProcessError" not in out

@@ -182,6 +182,16 @@ def markdown(results: list[DemoResult]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except subprocess.CalledProcessError as error:
+        # The step has printed its own error; say which step it was, without a traceback.
+        step = " ".join(str(word) for word in error.cmd[3:6])
+        print(f"cofr demo: stopped: `cofr {step} ...` failed (exit status {error.returncode})")
+        return error.returncode or 1
+
+
+def _run(args: argparse.Namespace) -> int:
     console = Console()
     ensure_data(args.data_dir, console)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -871,9 +871,11 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
     (logged,) = client.get_metric_history(runs.run_id[0], "test/loss")
     assert (logged.step, logged.value) == (2, float(tested.trainer.callback_metrics["test/loss"]))
     assert (run / "config.yaml").read_text() == config
-    with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate"):
+    with pytest.raises(ConfigError, match=r"^experiment 'nothing' has no run in .*nothing: name"):
         validate("--run.experiment", "nothing")
     assert not (tmp_path / "runs" / "nothing").exists()
+    with pytest.raises(ConfigError, match=r"aa holds no checkpoint to evaluate \(did you mean 'a'"):
+        validate("--run.name", "aa")
 
     for ckpt in (run / "checkpoints").glob("*.ckpt"):
         ckpt.unlink()  # a run whose checkpoints were deleted, or one that died before a save
@@ -881,6 +883,8 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
     with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate"):
         validate("--run.name", "a")
+    with pytest.raises(ConfigError, match=r"^no run of experiment 'test' in .* has a checkpoint"):
+        validate()
 
 
 def test_an_evaluated_file_logs_onto_the_run_that_saved_it_and_leaves_its_status(
@@ -964,6 +968,25 @@ def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_pa
         cli.trainer.save_checkpoint(last)
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
     assert last.read_bytes() == before
+
+
+def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):
+    """validate reads no training stream: another corpus of the model's tokenizer is
+    scored; one of another tokenizer is refused, naming it (not 'cannot resume')."""
+    from cofrgenet.data import prepare_data
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    other = tmp_path / "other-byte"
+    prepare_data(source="pydoc", tokenizer="byte", out=other, max_docs=8, num_workers=1)
+    args = fit_args(tmp_path, other, "--run.name", "a")[1:]
+    assert float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"]) > 0
+    bpe = tmp_path / "other-bpe"
+    prepare_data(
+        source="pydoc", tokenizer="bpe", vocab_size=300, out=bpe, max_docs=8, num_workers=1
+    )
+    args = fit_args(tmp_path, bpe, "--run.name", "a")[1:]
+    with pytest.raises(ConfigError, match=r"other-bpe was made with another tokenizer .*'bpe'"):
+        CofrCLI(args=["validate", *args])
 
 
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):

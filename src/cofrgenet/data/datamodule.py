@@ -238,6 +238,19 @@ class TokenDataModule(L.LightningDataModule):
             return
         saved = state_dict.get("fingerprint", {})
         now = self._fingerprint()
+        if not self._resuming_fit():
+            # An evaluation reads no training stream: any data will do that the model's
+            # tokenizer wrote (a held-out corpus of its own, say).
+            tokenizer = {k: now[k] for k in ("tokenizer", "vocab_size")}
+            changed = {k: (saved[k], v) for k, v in tokenizer.items() if saved.get(k, v) != v}
+            if changed:
+                details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                raise ConfigError(
+                    f"{self.data_dir} was made with another tokenizer than the checkpoint's "
+                    f"model trained with ({details}): evaluate on data prepared with the "
+                    "model's tokenizer"
+                )
+            return
         changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -250,6 +263,11 @@ class TokenDataModule(L.LightningDataModule):
             self._train_loader.load_state_dict(loader_state)
         else:
             self._pending_state = loader_state
+
+    def _resuming_fit(self) -> bool:
+        """Whether the state is loaded to resume training (not to evaluate a checkpoint)."""
+        trainer = getattr(self, "trainer", None)
+        return trainer is None or trainer.state.fn == "fit"
 
     def __repr__(self) -> str:
         return (

@@ -172,6 +172,23 @@ def _newest_intact_checkpoint(run_dir: Path, doing: str) -> Path | None:
     return chosen
 
 
+def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
+    """Why validate/test found no checkpoint: the run named has none, or (no name given)
+    no run of the experiment has one; with the runs there are, for a typo."""
+    fix = "name a trained run with --run.experiment and --run.name, or a file with --ckpt_path"
+    experiment_dir = run_dir.parent
+    runs = (
+        sorted(p.name for p in experiment_dir.iterdir() if p.is_dir())
+        if experiment_dir.is_dir()
+        else []
+    )
+    if run.name is not None or slurm_run_name() is not None:
+        return f"{run_dir} holds no checkpoint to evaluate{did_you_mean(run_dir.name, runs)}: {fix}"
+    if not runs:
+        return f"experiment {run.experiment!r} has no run in {experiment_dir}: {fix}"
+    return f"no run of experiment {run.experiment!r} in {experiment_dir} has a checkpoint: {fix}"
+
+
 def _holds_only_lock(run_dir: Path) -> bool:
     return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
 
@@ -436,11 +453,7 @@ class CofrCLI(LightningCLIAdapter):
         chosen = _newest_intact_checkpoint(run_dir, "resuming from")
         if chosen is None:
             if self.subcommand in EVALUATIONS:
-                raise ConfigError(
-                    f"cofr {self.subcommand}: {run_dir} holds no checkpoint to evaluate: "
-                    "name a trained run with --run.experiment and --run.name, or a file "
-                    "with --ckpt_path"
-                )
+                raise ConfigError(_nothing_to_evaluate(self.run_config(), run_dir))
             return  # nothing saved yet: Lightning starts from scratch, and says so
         self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
 
@@ -502,7 +515,7 @@ class CofrCLI(LightningCLIAdapter):
         # Config against data first: a mismatch must leave no run folder and no MLflow run.
         check_data = getattr(self.model, "check_data", None)
         if callable(check_data) and getattr(self, "datamodule", None) is not None:
-            check_data(self.datamodule)
+            check_data(self.datamodule, evaluating=self.subcommand in EVALUATIONS)
         run, run_dir = self._run_and_folder()
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
         logger = self.config_value(self.config, "trainer.logger")

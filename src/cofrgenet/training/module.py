@@ -97,7 +97,7 @@ class LanguageModel(L.LightningModule):
     def setup(self, stage: str) -> None:
         datamodule = getattr(self._attached_trainer(), "datamodule", None)
         if datamodule is not None:
-            self.check_data(datamodule)
+            self.check_data(datamodule, evaluating=stage != "fit")
 
     def _attached_trainer(self) -> L.Trainer | None:
         """The Trainer, or None when the module is not attached to one (the public
@@ -107,10 +107,18 @@ class LanguageModel(L.LightningModule):
         except RuntimeError:
             return None
 
-    def check_data(self, datamodule: Any) -> None:
+    def check_data(self, datamodule: Any, evaluating: bool = False) -> None:
         """Raise a clear error when the data does not fit the model (vocabulary, block
-        size). ``cofr fit`` calls it before it creates a run folder or an MLflow run."""
+        size). ``cofr fit`` calls it before it creates a run folder or an MLflow run;
+        ``evaluating``: the model is a checkpoint's (validate/test), so only the data can
+        change."""
         data_vocab = getattr(datamodule, "vocab_size", None)
+        if data_vocab is not None and data_vocab > self.model_config.vocab_size and evaluating:
+            raise ConfigError(
+                f"the data's tokenizer has {data_vocab} token ids but the checkpoint's model "
+                f"only {self.model_config.vocab_size}: evaluate on data prepared with the "
+                "model's tokenizer (--data.data_dir)"
+            )
         if data_vocab is not None and data_vocab > self.model_config.vocab_size:
             raise ConfigError(
                 f"the data's tokenizer has {data_vocab} token ids but the model's vocab_size is "

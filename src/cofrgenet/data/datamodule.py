@@ -194,11 +194,28 @@ class TokenDataModule(L.LightningDataModule):
                 f"{self.block_size + 1} tokens per process: lower data.batch_size or "
                 "block_size, or prepare more text"
             )
+        self._check_val_interval(len(loader))
         if self._pending_state is not None:
             loader.load_state_dict(self._pending_state)
             self._pending_state = None
         self._train_loader = loader
         return loader
+
+    def _check_val_interval(self, batches: int) -> None:
+        """Lightning refuses a val_check_interval of more batches than an epoch holds
+        (when it validates per epoch) with a traceback: a small corpus says so in one line."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return
+        interval = trainer.val_check_interval
+        per_epoch = trainer.check_val_every_n_epoch is not None
+        if isinstance(interval, int) and per_epoch and interval > batches:
+            raise ConfigError(
+                f"trainer.val_check_interval is {interval} batches, but an epoch of "
+                f"{str(self.data_dir)!r} holds {batches} (data.batch_size={self.batch_size}): "
+                f"lower it to at most {batches}, or set trainer.check_val_every_n_epoch: null "
+                "to count batches across epochs"
+            )
 
     def val_dataloader(self) -> Any:
         return self._loader("val", self.val_batch_size, shuffle=False, drop_last=False)

@@ -14,6 +14,7 @@ or one experiment file from ``conf/experiment/``, which names its groups as ``ba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import re
@@ -457,13 +458,33 @@ class CofrCLI(LightningCLIAdapter):
             return  # nothing saved yet: Lightning starts from scratch, and says so
         self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
 
+    _new_run_dir: Path | None = None  # the run folder this start made, if it made one
+
     def run_subcommand(self, subcommand: str) -> None:
         with warnings.catch_warnings():
             if subcommand in EVALUATIONS:
                 # Lightning asks for the callbacks that saved the checkpoint, to restore
                 # their state (ModelCheckpoint's count): an evaluation saves nothing.
                 warnings.filterwarnings("ignore", message=re.escape(_CALLBACKS_NOT_GIVEN))
-            super().run_subcommand(subcommand)
+            try:
+                super().run_subcommand(subcommand)
+            except UserError:
+                self._forget_refused_start()
+                raise
+
+    def _forget_refused_start(self) -> None:
+        """A fit refused once the data loaded (a setting the loader shows wrong) trained
+        nothing: the run folder it made goes, so that the same command with the setting
+        fixed starts that run (its MLflow run stays, FAILED, with its config)."""
+        run_dir = self._new_run_dir
+        if self.subcommand != "fit" or run_dir is None or rank_zero_only.rank != 0:
+            return
+        if self.trainer.global_step > 0 or checkpoints.candidates(run_dir):
+            return
+        for name in ("config.yaml", RUN_ID_FILE, LOCK_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # anything else in it stays, and the folder
+            run_dir.rmdir()
 
     def default_callbacks(
         self, run_dir: Path, run: RunConfig, configured: list[Callback]
@@ -525,6 +546,7 @@ class CofrCLI(LightningCLIAdapter):
         new_folder = not run_dir.exists()
         if self.subcommand == "fit" and rank_zero_only.rank == 0:
             lock.acquire()  # before anything is written: a second fit stops here
+        self._new_run_dir = run_dir if new_folder else None
         try:
             return self._instantiate_run(run, run_dir, lock, kwargs)
         except BaseException:

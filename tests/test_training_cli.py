@@ -760,6 +760,8 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.max_steps", "-5"], "trainer: `max_steps` must be"),
         (["--trainer.max_steps", "x"], "trainer.max_steps: expected an integer, got 'x'"),
         (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches must be >= 1"),
+        (["--trainer.gradient_clip_val", "-1"], r"gradient_clip_val must be >= 0"),
+        (["--run.checkpoint_every_n_steps", "0"], r"checkpoint_every_n_steps must be >= 1"),
         (["--trainer.val_check_interval", "0"], r"val_check_interval must be > 0"),
         (["--trainer.limit_train_batches", "0"], "limit_train_batches is 0: nothing would"),
         (["--trainer.max_epochs", "0"], "trainer.max_epochs is 0: nothing would train"),

@@ -626,6 +626,11 @@ def _check_trainer_counts(value: Any) -> None:
             f"trainer.val_check_interval must be > 0 (batches, or a fraction of an epoch), got "
             f"{interval}; to validate less, raise it, or set trainer.limit_val_batches: 0"
         )
+    clip = value("gradient_clip_val")
+    if clip is not None and not isinstance(clip, bool) and clip < 0:  # Lightning: no clipping
+        raise ConfigError(
+            f"trainer.gradient_clip_val must be >= 0 (null or 0: no clipping), got {clip}"
+        )
     for key in ("limit_train_batches", "max_epochs"):
         if value(key) == 0 and not isinstance(value(key), bool):
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")

@@ -81,6 +81,11 @@ class RunConfig:
             raise ConfigError(
                 f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"
             )
+        if self.checkpoint_every_n_steps < 1:  # Lightning's 0 silently saves only at the end
+            raise ConfigError(
+                "run.checkpoint_every_n_steps must be >= 1 (a large value saves only "
+                f"last.ckpt, at the end), got {self.checkpoint_every_n_steps}"
+            )
 
 
 def folder_name(name: str, empty: str = "run") -> str:

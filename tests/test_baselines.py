@@ -625,7 +625,8 @@ def test_recurrent_models_train_through_the_lightning_module():
     module = LanguageModel(preset="gru-tiny")
     loss, tokens = module._loss(torch.randint(0, 256, (2, 17)))
     assert tokens == 32 and math.isfinite(loss.item())
-    assert module.flops_per_token == estimate_flops_per_token(module.model_config).training
+    at_16 = estimate_flops_per_token(module.model_config, 16).training
+    assert module.flops_per_token(16) == at_16
 
 
 # Every documented combination builds -----------------------------------------------------

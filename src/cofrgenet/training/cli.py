@@ -479,11 +479,13 @@ class CofrCLI(LightningCLIAdapter):
         run_dir = self._new_run_dir
         if self.subcommand != "fit" or run_dir is None or rank_zero_only.rank != 0:
             return
-        if self.trainer.global_step > 0 or checkpoints.candidates(run_dir):
+        written = ("config.yaml", RUN_ID_FILE, LOCK_FILE)
+        others = [p for p in run_dir.iterdir() if p.name not in written]
+        if self.trainer.global_step > 0 or others:  # anything else (a checkpoint) keeps it
             return
-        for name in ("config.yaml", RUN_ID_FILE, LOCK_FILE):
+        for name in written:
             (run_dir / name).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # anything else in it stays, and the folder
+        with contextlib.suppress(OSError):
             run_dir.rmdir()
 
     def default_callbacks(

@@ -23,7 +23,7 @@ from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
 
 from cofrgenet.data.env import default_loader_workers
-from cofrgenet.data.meta import DataMeta, check_vocab, read_meta
+from cofrgenet.data.meta import DataMeta, check_vocab, read_meta, tokenizer_changes
 from cofrgenet.errors import ConfigError
 
 
@@ -75,6 +75,10 @@ def resolve_num_workers(num_workers: int | None) -> int:
     return num_workers
 
 
+#: The data folder a run reads unless data.data_dir says otherwise (`cofr data prepare`'s).
+DEFAULT_DATA_DIR = "data/pydoc-byte"
+
+
 class TokenDataModule(L.LightningDataModule):
     """Train/val token streams of a folder made by ``cofr data prepare``.
 
@@ -93,7 +97,7 @@ class TokenDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        data_dir: str = "data/pydoc-byte",
+        data_dir: str = DEFAULT_DATA_DIR,
         block_size: int | None = None,
         batch_size: int = 16,
         num_workers: int | None = None,
@@ -258,8 +262,7 @@ class TokenDataModule(L.LightningDataModule):
         if not self._resuming_fit():
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).
-            tokenizer = {k: now[k] for k in ("tokenizer", "vocab_size")}
-            changed = {k: (saved[k], v) for k, v in tokenizer.items() if saved.get(k, v) != v}
+            changed = tokenizer_changes(saved, now)
             if changed:
                 details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
                 raise ConfigError(

@@ -129,6 +129,20 @@ class DataMeta:
         return path
 
 
+#: What a model trained on a data folder depends on: its tokenizer (kind and size).
+TOKENIZER_KEYS = ("tokenizer", "vocab_size")
+
+
+def tokenizer_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved, now)} of the :data:`TOKENIZER_KEYS` whose values differ; a key one
+    side lacks (an older checkpoint) is not compared."""
+    return {
+        key: (saved[key], now[key])
+        for key in TOKENIZER_KEYS
+        if key in saved and key in now and saved[key] != now[key]
+    }
+
+
 def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
     """Fail fast when token ids of the data (``0 .. meta.vocab_size - 1``) overflow the model.
 

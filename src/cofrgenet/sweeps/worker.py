@@ -108,13 +108,10 @@ def open_study(
 def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
     """SweepError when the trials' data folder is not a prepared one: every trial would
     fail on it, and each failure would use up the study's budget."""
-    import inspect
-
-    from cofrgenet.data import TokenDataModule
+    from cofrgenet.data.datamodule import DEFAULT_DATA_DIR
     from cofrgenet.data.meta import read_meta
 
-    default = inspect.signature(TokenDataModule).parameters["data_dir"].default
-    data_dir = get_dotted(probe, "data.data_dir", None) or default
+    data_dir = get_dotted(probe, "data.data_dir", None) or DEFAULT_DATA_DIR
     try:
         read_meta(data_dir)
     except UserError as error:

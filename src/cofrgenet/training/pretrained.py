@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 
 from cofrgenet.data import Tokenizer, load_tokenizer
-from cofrgenet.data.meta import DataFolderError
+from cofrgenet.data.meta import TOKENIZER_KEYS, DataFolderError, tokenizer_changes
 from cofrgenet.errors import UserError
 from cofrgenet.models import ModelConfig
 
@@ -147,11 +147,11 @@ class LoadedCheckpoint:
         """Refuse a folder whose tokenizer is not the model's (a data folder prepared
         again with another tokenizer, or the wrong ``--tokenizer``): its ids would be
         scored, sampled and exported as if they were, without any error."""
-        kind, size = self.trained_with.get("tokenizer"), self.trained_with.get("vocab_size")
-        if kind in (None, tokenizer.kind) and size in (None, tokenizer.vocab_size):
+        found = {"tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size}
+        if not tokenizer_changes(self.trained_with, found):
             return
         theirs = f"{tokenizer.kind}, {tokenizer.vocab_size} ids"
-        ours = f"{kind}, {size} ids"
+        ours = f"{self.trained_with.get('tokenizer')}, {self.trained_with.get('vocab_size')} ids"
         hint = (
             f"give the data folder the model trained on ({self.tokenizer_flag} DIR)"
             if self.tokenizer_given
@@ -290,4 +290,4 @@ def _trained_tokenizer(checkpoint: dict[str, Any]) -> dict[str, Any]:
     resume fingerprint, saved under its class name), or {}."""
     state = checkpoint.get("TokenDataModule") or {}
     fingerprint = state.get("fingerprint") or {} if isinstance(state, dict) else {}
-    return {k: fingerprint[k] for k in ("tokenizer", "vocab_size") if k in fingerprint}
+    return {k: fingerprint[k] for k in TOKENIZER_KEYS if k in fingerprint}

@@ -39,6 +39,12 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of ``error``'s message, stripped ("" for none): one
+    line for an error message that names a dependency's exception."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+
+
 def not_valid_yaml(source: object, error: Exception) -> str:
     """``<source>, line L, column C: not valid YAML: <problem>`` for a YAML parse error
     (without its position when it has none)."""

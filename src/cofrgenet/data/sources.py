@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, first_line
 
 SOURCE_KINDS = ("pydoc", "text", "jsonl", "parquet", "hf")
 
@@ -265,7 +265,7 @@ class ParquetSource(_FileRowSource):
                 meta = pq.ParquetFile(path).metadata
             except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
                 raise SourceError(
-                    f"{path}: not a readable Parquet file ({str(error).splitlines()[0]})"
+                    f"{path}: not a readable Parquet file ({first_line(error)})"
                 ) from None
             names = meta.schema.to_arrow_schema().names
             if text_field not in names:

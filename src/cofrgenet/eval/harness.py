@@ -42,7 +42,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cofrgenet.errors import UserError, did_you_mean
+from cofrgenet.errors import UserError, did_you_mean, first_line
 
 if TYPE_CHECKING:
     import torch
@@ -701,7 +701,7 @@ def run_harness(
             fewshot_random_seed=seed,
         )
     except ConnectionError as error:  # datasets' "Couldn't reach '<name>' on the Hub"
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else "no network"
+        reason = first_line(error) or "no network"
         raise HarnessError(
             f"a task's dataset is neither cached nor reachable: {reason}; run it once where "
             "the Hugging Face hub answers (the cache then serves it, HF_DATASETS_OFFLINE=1 "

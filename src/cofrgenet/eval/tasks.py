@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, first_line
 from cofrgenet.eval.detokenize import DETOKENIZERS
 
 Split = Literal["valid", "test"]
@@ -182,7 +182,7 @@ def _why(error: Exception, limit: int = 160) -> str:
     """The exception's type and the first line of its message, cut to ``limit`` chars:
     "not reachable" and "the hub's loading script is no longer supported" need
     different fixes."""
-    first = next((line for line in str(error).splitlines() if line.strip()), "").strip()
+    first = first_line(error)
     if len(first) > limit:
         first = first[: limit - 3] + "..."
     return f"{type(error).__name__}: {first}" if first else type(error).__name__

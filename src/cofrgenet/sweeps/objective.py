@@ -33,6 +33,7 @@ from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
 from cofrgenet.training.cli import CofrCLI
+from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
 
 TRIAL_FILE = "trial.json"
@@ -219,11 +220,9 @@ class SweepCLI(CofrCLI):
         from lightning.fabric.plugins.environments import ClusterEnvironment
         from lightning.pytorch.plugins.environments import LightningEnvironment
 
-        plugins = config.get("plugins") or []
-        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
-        if not any(isinstance(p, ClusterEnvironment) for p in plugins):
-            plugins.append(LightningEnvironment())
-        config["plugins"] = plugins
+        config["plugins"] = with_default_plugin(
+            config.get("plugins"), ClusterEnvironment, LightningEnvironment
+        )
         return super().build_trainer(config, callbacks)
 
 
@@ -273,35 +272,27 @@ def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
     write_text_atomic(marker, json.dumps(identity, indent=2, default=str) + "\n")
 
 
-def classify(error: BaseException) -> tuple[str, bool, bool]:
-    """(reason, retry, stop_worker) of an exception raised by a trial."""
+def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
+    """(reason, retry, stop_worker, signal_status) of an exception raised by a trial;
+    signal_status: 128 + the signal that stopped it (StopOnSignal's SIGTERMException
+    carries it; a Ctrl-C that aborted at once is a KeyboardInterrupt), else None."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from cofrgenet.training.callbacks import NonFiniteLossError
 
     text = f"{type(error).__name__}: {error}".strip()
     if isinstance(error, SIGTERMException):
-        name = "Ctrl-C" if error.code == 128 + signal.SIGINT else "SIGTERM"
-        return f"worker terminated ({name}) during the trial", True, True
+        status = error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
+        name = "Ctrl-C" if status == 128 + signal.SIGINT else "SIGTERM"
+        return f"worker terminated ({name}) during the trial", True, True, status
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        return f"worker interrupted during the trial ({text})", True, True
+        status = 128 + signal.SIGINT if isinstance(error, KeyboardInterrupt) else None
+        return f"worker interrupted during the trial ({text})", True, True, status
     if isinstance(error, NonFiniteLossError):
-        return f"non-finite loss: {error}", False, False
+        return f"non-finite loss: {error}", False, False, None
     if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
-        return f"out of memory: {error}", False, False
-    return text, False, False
-
-
-def _signal_status(error: BaseException) -> int | None:
-    """128 + the signal that stopped a trial (StopOnSignal's SIGTERMException carries it),
-    None for any other ending."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    if isinstance(error, SIGTERMException):
-        return error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
-    if isinstance(error, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    return None
+        return f"out of memory: {error}", False, False, None
+    return text, False, False, None
 
 
 def _free_memory() -> None:
@@ -442,14 +433,16 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                 else:
                     outcome.reason = f"objective {sweep.objective.metric} is {value}"
     except BaseException as exc:
-        reason, retry, stop = classify(exc)
+        reason, retry, stop, status = classify(exc)
         outcome = Outcome(
-            TrialState.FAIL, reason=reason, retry=retry, stop_worker=stop, run_dir=run_dir
+            TrialState.FAIL,
+            reason=reason,
+            retry=retry,
+            stop_worker=stop,
+            run_dir=run_dir,
+            signal_status=status,
         )
         (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
-        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, SystemExit):
-            outcome.stop_worker = True
-        outcome.signal_status = _signal_status(exc)
     finally:
         del cli
         _free_memory()

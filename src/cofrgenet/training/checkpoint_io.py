@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cofrgenet.atomic import replacing
 
@@ -55,18 +55,3 @@ def _fsync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(descriptor)
-
-
-def with_atomic_checkpoints(plugins: Any) -> list[Any]:
-    """The trainer's ``plugins`` with :class:`AtomicCheckpointIO`, unless one of them is
-    a checkpoint writer already (the user's choice stands)."""
-    given = (
-        []
-        if plugins is None
-        else list(plugins)
-        if isinstance(plugins, (list, tuple))
-        else [plugins]
-    )
-    if any(isinstance(plugin, CheckpointIO) for plugin in given):
-        return given
-    return [*given, AtomicCheckpointIO()]

@@ -31,22 +31,29 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.data import TokenDataModule
-from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
+from cofrgenet.errors import (
+    ConfigError,
+    UserError,
+    did_you_mean,
+    first_line,
+    not_valid_yaml,
+)
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
-from cofrgenet.training.checkpoint_io import with_atomic_checkpoints
+from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
 from cofrgenet.training.console import (
     ModelReport,
     RunSummary,
     StepProgressBar,
     quiet_known_noise,
 )
-from cofrgenet.training.lightning_cli import LightningCLIAdapter
+from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
 from cofrgenet.training.tracking import (
@@ -606,10 +613,13 @@ class CofrCLI(LightningCLIAdapter):
         except UserError:
             raise
         except ValueError as error:  # a Trainer setting Lightning refuses, e.g. a strategy name
-            raise ConfigError(f"trainer: {str(error).strip().splitlines()[0]}") from None
+            raise ConfigError(f"trainer: {first_line(error)}") from None
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        config["plugins"] = with_atomic_checkpoints(config.get("plugins"))
+        # Checkpoints written beside themselves, unless the config names a writer.
+        config["plugins"] = with_default_plugin(
+            config.get("plugins"), CheckpointIO, AtomicCheckpointIO
+        )
         return super().build_trainer(config, callbacks)
 
 

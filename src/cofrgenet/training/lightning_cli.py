@@ -10,6 +10,7 @@ when a Lightning upgrade moves them, instead of a fit failing somewhere deep.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning
@@ -59,3 +60,14 @@ class LightningCLIAdapter(LightningCLI):
 
 def pinned_version_ok() -> bool:
     return lightning.__version__.startswith(PINNED_LIGHTNING + ".")
+
+
+def with_default_plugin(plugins: Any, kind: type, default: Callable[[], Any]) -> list[Any]:
+    """A Trainer's ``plugins`` (None, one, or a list) as a list, with ``default()`` added
+    unless one of them is a ``kind`` already (the user's choice stands)."""
+    given = (
+        [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+    )
+    if any(isinstance(plugin, kind) for plugin in given):
+        return given
+    return [*given, default()]

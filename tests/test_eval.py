@@ -448,6 +448,15 @@ def test_cofr_eval_refuses_sizes_below_one_at_parse_time(capsys, option, value):
     assert line.startswith(f"cofr eval: error: argument {option}: must be >= 1, got {value}")
 
 
+@pytest.mark.parametrize("option,value", [("--include-path", "tasks"), ("--num-fewshot", "5")])
+def test_cofr_eval_refuses_harness_options_without_harness_tasks(capsys, option, value):
+    line = one_line_error(capsys, ["eval", "nope.ckpt", "--tasks", "ptb", option, value])
+    assert (
+        line
+        == f"cofr eval: error: {option} applies to lm-eval tasks only: give them with --harness"
+    )
+
+
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
     data = write_eval_data(tmp_path / "sets")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the --json path is refused first

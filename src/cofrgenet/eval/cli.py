@@ -289,6 +289,13 @@ def run(args: argparse.Namespace) -> int:
     tasks, harness_tasks = _names(args.tasks), _names(args.harness)
     if not tasks and not harness_tasks:
         raise UserError("nothing to evaluate: give --tasks and/or --harness")
+    if not harness_tasks:  # both only reach lm-eval; silently unused, they mislead
+        for flag, value in (
+            ("--include-path", args.include_path),
+            ("--num-fewshot", args.num_fewshot),
+        ):
+            if value is not None:
+                raise UserError(f"{flag} applies to lm-eval tasks only: give them with --harness")
     for name in tasks:
         get_task(name)
     # What the user gave is checked first, before the network or the model: the

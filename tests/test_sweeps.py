@@ -1068,6 +1068,15 @@ def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_an_empty_or_bad_study_override_is_refused(tmp_path, capsys):
+    """--study '' is not "no override": it would run the sweep file's study unasked."""
+    path = str(write_sweep(tmp_path))
+    for value in ("", "a/b"):
+        line = one_line_error(capsys, ["sweep", "run", path, "--no-mlflow", "--study", value])
+        assert f"study {value!r}: a name of letters, digits" in line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):
     path = str(write_sweep(tmp_path))
     for command in ("status", "report"):

@@ -151,7 +151,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _sweep(path: str, args: argparse.Namespace) -> Sweep:
     overrides: dict[str, Any] = {}
-    if getattr(args, "study", None) and path != args.study:
+    if getattr(args, "study", None) is not None and path != args.study:
         overrides["study"] = args.study
     return load_sweep(path, overrides)
 

@@ -481,7 +481,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         raise SweepError(f"unknown sweep key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
     study = raw.get("study")
     if not study or not re.fullmatch(r"[A-Za-z0-9._-]+", str(study)):
-        raise SweepError("study: a name of letters, digits, '.', '_' or '-' is required")
+        raise SweepError(f"study {study!r}: a name of letters, digits, '.', '_' or '-' is required")
     sweep_dir = path.parent if path is not None else None
     base = raw.get("base") or []
     base = [base] if isinstance(base, str) else list(base)

@@ -781,6 +781,7 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.precision", "17"], "trainer.precision: '17' is not one of 64, 32, 16, .*bf16"),
         (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
         (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),
+        (["--run.name", "ab/c"], r"run\.name 'ab/c' has a path separator.*use 'ab-c'"),
         (["--trainer.accelerator", "mps"], r"not available.*--trainer\.accelerator cpu"),
         (["--run.tracking_uri", "foo://bar"], r"MLflow cannot use 'foo://bar'.*--run.mlflow false"),
         (["--run.tracking_uri", "http://127.0.0.1:9"], r"no MLflow server answers at http"),

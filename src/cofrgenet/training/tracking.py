@@ -77,6 +77,11 @@ class RunConfig:
                     f"run.{key} {value!r} is not a folder name: use letters, digits, "
                     "'.', '_' or '-', not only dots"
                 )
+            if "/" in value or "\\" in value:  # it would not make a nested folder
+                raise ConfigError(
+                    f"run.{key} {value!r} has a path separator: runs are one folder deep "
+                    f"(<runs_dir>/<experiment>/<name>); use {folder_name(value)!r}"
+                )
         if self.keep_checkpoints == 0 or self.keep_checkpoints < -1:
             raise ConfigError(
                 f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"

@@ -973,6 +973,23 @@ def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_pa
     assert last.read_bytes() == before
 
 
+def test_a_new_requeue_checkpoint_replaces_the_older_ones(tiny_data, tmp_path):
+    """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none; only
+    the newest is kept once it is written (other checkpoints are left alone)."""
+    from cofrgenet.training import checkpoints
+
+    cli = CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2"))
+    (run_dir,) = (tmp_path / "runs" / "test").glob("*")
+    for n in (1, 2, 10):
+        (run_dir / f"hpc_ckpt_{n}.ckpt").write_bytes(b"older")
+    (run_dir / "hpc_ckpt_notes.txt").write_text("kept")
+    cli.trainer.save_checkpoint(run_dir / "hpc_ckpt_3.ckpt")
+    names = sorted(p.name for p in run_dir.glob("hpc_ckpt_*"))
+    assert names == ["hpc_ckpt_10.ckpt", "hpc_ckpt_3.ckpt", "hpc_ckpt_notes.txt"]
+    assert checkpoints.is_intact(run_dir / "hpc_ckpt_3.ckpt")
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
 def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):
     """validate reads no training stream: another corpus of the model's tokenizer is
     scored; one of another tokenizer is refused, naming it (not 'cannot resume')."""

@@ -8,11 +8,17 @@ the open ``last.ckpt``: a job killed during it (SLURM's grace period after SIGTE
 with SIGKILL) leaves the previous good checkpoint truncated, and the node's /tmp must
 hold a whole checkpoint. :class:`AtomicCheckpointIO` writes the temporary file beside
 the checkpoint, flushes it to disk and renames it over the old one.
+
+Lightning names its SLURM requeue checkpoint ``hpc_ckpt_<n>.ckpt`` with a new ``n`` at
+each requeue and never removes the older ones; each holds the optimizer state too, so a
+job requeued often filled the disk. Once a new one is safely written, the older ones
+beside it are removed (:func:`remove_older_requeue_checkpoints`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,9 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cofrgenet.atomic import replacing
+
+#: Lightning's name for the checkpoint it saves on SIGUSR1 before requeueing the job.
+REQUEUE_CHECKPOINT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -42,6 +51,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             file.flush()
             os.fsync(file.fileno())
         _fsync_folder(path.parent)  # the rename itself survives a node crash
+        remove_older_requeue_checkpoints(path)
+
+
+def remove_older_requeue_checkpoints(saved: Path) -> list[Path]:
+    """Remove the ``hpc_ckpt_<k>.ckpt`` files beside ``saved`` = ``hpc_ckpt_<n>.ckpt`` with
+    k < n (nothing when ``saved`` is another checkpoint); returns the paths removed."""
+    match = REQUEUE_CHECKPOINT.fullmatch(saved.name)
+    if match is None:
+        return []
+    removed = []
+    for other in saved.parent.glob("hpc_ckpt_*.ckpt"):
+        older = REQUEUE_CHECKPOINT.fullmatch(other.name)
+        if older is not None and int(older.group(1)) < int(match.group(1)) and other.is_file():
+            other.unlink(missing_ok=True)
+            removed.append(other)
+    return removed
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -255,7 +255,10 @@ def describe_groups(groups: list[dict]) -> list[str]:
 
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the base lr at ``step`` (0-based): linear warmup, then cosine decay."""
+    """Multiplier of the base lr at ``step`` (0-based): linear warmup, then cosine decay.
+
+    As transformers' ``get_cosine_schedule_with_warmup``: the floor ``min_lr_ratio`` is
+    reached at ``step == total_steps``, one past the last step taken."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if total_steps <= warmup_steps:

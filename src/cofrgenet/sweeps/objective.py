@@ -195,7 +195,7 @@ class PruneAtStep(Callback):
             stop = trainer.strategy.broadcast(stop, src=0)
         if stop and self.requeued_at is None:
             folder = Path(trainer.default_root_dir) / "checkpoints"
-            trainer.save_checkpoint(folder / "last.ckpt")
+            trainer.save_checkpoint(folder / "last.ckpt", weights_only=False)
             self.requeued_at = trainer.global_step
             if trainer.is_global_zero:
                 self._share(REQUEUED_AT, trainer.global_step)

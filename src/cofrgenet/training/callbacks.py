@@ -436,7 +436,7 @@ class StopOnSignal(L.Callback):
 
     def _stop(self, trainer: L.Trainer) -> None:
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # Lightning logs a line if unset
         self.saved = path
         for logger in trainer.loggers:
             if hasattr(logger, "mark_killed"):
@@ -517,7 +517,7 @@ class NonFiniteLossGuard(L.Callback):
         step = trainer.global_step
         folder = Path(trainer.default_root_dir) / "checkpoints"
         path = folder / f"nonfinite-step{step:07d}.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # Lightning logs a line if unset
         raise NonFiniteLossError(
             f"the training loss became {loss.item()} at step {step}; the weights from before "
             f"this step are saved in {path}. Look at ladder health first: "

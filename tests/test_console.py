@@ -72,3 +72,52 @@ def test_the_model_report_replaces_lightnings_summary(caplog):
         ModelReport().on_fit_start(trainer, module)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "ladder" in text and "FLOPs per token (analytic" in text and "training " in text
+
+
+def test_the_training_bar_counts_optimizer_steps_over_the_whole_fit():
+    """Two epochs, two batches a step: Lightning's bar restarts at each epoch and moves per
+    batch, so rich's speed read thousands of it/s and a second left; ours reads steps over
+    the fit, and the time left follows from it."""
+    import time
+
+    import lightning as L
+    import torch
+    from rich.text import Text
+    from torch.utils.data import DataLoader
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.02)
+            return self.layer(batch).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    seen = {}
+
+    class Look(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            bar = trainer.progress_bar_callback
+            task = bar.progress.tasks[bar.train_progress_bar_id]
+            columns = bar.configure_columns(trainer)
+            seen["text"] = " ".join(
+                c.render(task).plain for c in columns if isinstance(c.render(task), Text)
+            )
+            seen["fields"] = dict(task.fields)
+
+    bar = StepProgressBar()
+    trainer = L.Trainer(
+        max_steps=6, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+        callbacks=[bar, Look()], accelerator="cpu", enable_model_summary=False,
+    )  # fmt: skip
+    start = time.monotonic()
+    trainer.fit(Tiny(), DataLoader(torch.randn(8, 2), batch_size=2))  # 4 batches an epoch
+    wall = time.monotonic() - start
+    rate = seen["fields"]["steps_per_s"]
+    assert 6 / wall <= rate <= 6 / (6 * 2 * 0.02), seen  # steps over the fit, not batches
+    assert f"{rate:.2f} steps/s" in seen["text"] and "6/6" in seen["text"]
+    assert seen["fields"]["remaining_s"] == 0

@@ -8,14 +8,22 @@ project, and :func:`quiet_known_noise` installs the filters (once per process).
 from __future__ import annotations
 
 import logging
+import math
 import re
+import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import (
+    CustomTimeColumn,
+    ProcessingSpeedColumn,
+)
 from lightning.pytorch.utilities import rank_zero_info
+from rich.text import Text
 
 from cofrgenet.training.tracking import CofrMLFlowLogger
 
@@ -76,9 +84,50 @@ SHORT_NAMES = {
 }
 
 
+class StepTimeColumn(CustomTimeColumn):
+    """Elapsed and remaining time of the whole fit on the training bar (Lightning's
+    column restarts at each epoch, and rich's estimate reads the steps' jumps)."""
+
+    def render(self, task: Any) -> Text:
+        if "elapsed_s" not in task.fields:  # the validation bar: rich's own clock
+            return super().render(task)
+        remaining = task.fields["remaining_s"]
+        left = "-:--:--" if remaining is None else str(timedelta(seconds=int(remaining)))
+        elapsed = timedelta(seconds=int(task.fields["elapsed_s"]))
+        return Text(f"{elapsed} • {left}", style=self.style)
+
+
+class StepSpeedColumn(ProcessingSpeedColumn):
+    """Optimizer steps per second on the training bar (not batches: with gradient
+    accumulation several batches make one step)."""
+
+    def render(self, task: Any) -> Text:
+        if "elapsed_s" not in task.fields:
+            return super().render(task)
+        rate = task.fields["steps_per_s"]
+        return Text(f"{rate or 0:.2f} steps/s", style=self.style)
+
+
 class StepProgressBar(RichProgressBar):
     """Training progress as optimizer steps out of ``max_steps`` (not batches of an
-    epoch, which read ``Epoch 0/-2`` or ``30/9`` after a resume), metrics by short names."""
+    epoch, which read ``Epoch 0/-2`` or ``30/9`` after a resume), metrics by short names.
+
+    Speed and time left are steps over this process's fit: the bar Lightning resets at
+    each epoch and moves per batch would show thousands of it/s and a second left."""
+
+    _clock: tuple[float, int] | None = None  # (when, global step) at this fit's start
+
+    def configure_columns(self, trainer: L.Trainer) -> list:
+        swap = {CustomTimeColumn: StepTimeColumn, ProcessingSpeedColumn: StepSpeedColumn}
+        columns = []
+        for column in super().configure_columns(trainer):
+            ours = swap.get(type(column))
+            columns.append(column if ours is None else ours(style=column.style))
+        return columns
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._clock = (time.monotonic(), trainer.global_step)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
@@ -99,11 +148,20 @@ class StepProgressBar(RichProgressBar):
         if self.progress is None or self.train_progress_bar_id is None:
             return
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        if total is None and math.isfinite(trainer.estimated_stepping_batches):
+            total = int(trainer.estimated_stepping_batches)  # an epoch limit ends the fit
+        step = trainer.global_step
+        started, first = self._clock or (time.monotonic(), step)
+        elapsed = time.monotonic() - started
+        rate = (step - first) / elapsed if step > first and elapsed > 0 else None
         self.progress.update(
             self.train_progress_bar_id,
-            completed=trainer.global_step,
-            total=total,
-            description=f"step {trainer.global_step}/{total if total else '?'}",
+            completed=step,
+            total=total or float("inf"),  # Lightning's unknown total: reads "N/--"
+            description="step",
+            elapsed_s=elapsed,
+            steps_per_s=rate,
+            remaining_s=(total - step) / rate if rate and total else None,
         )
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:

@@ -1390,7 +1390,7 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
         global_step=3, is_global_zero=True, world_size=1, should_stop=False,
         default_root_dir=str(tmp_path),
     )  # fmt: skip
-    trainer.save_checkpoint = lambda path: saved.append((trainer.global_step, Path(path)))
+    trainer.save_checkpoint = lambda path, **_: saved.append((trainer.global_step, Path(path)))
     callback._share = lambda key, value: None  # no study storage here
     callback.on_train_batch_start(trainer, None, None, 0)
     callback.on_train_batch_end(trainer, None, None, None, 0)  # micro-batch 1 of step 3

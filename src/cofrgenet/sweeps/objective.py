@@ -32,6 +32,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
+from cofrgenet.training.callbacks import StepBoundaries
 from cofrgenet.training.cli import CofrCLI
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
@@ -81,7 +82,7 @@ def trial_run_dir(sweep: Sweep, runs_dir: str | Path, root: int) -> Path:
     return Path(runs_dir) / sweep.experiment / name
 
 
-class PruneAtStep(Callback):
+class PruneAtStep(StepBoundaries):
     """Report ``monitor`` to the Optuna trial after each validation, at the global step.
 
     Prunes by stopping the trainer (the run ends normally, its MLflow run is kept); the
@@ -110,7 +111,6 @@ class PruneAtStep(Callback):
         self.pruned_at: int | None = None
         self.requeued_at: int | None = None
         self.start_step: int | None = None
-        self._batch_step = -1  # global_step when the running micro-batch started
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -173,23 +173,9 @@ class PruneAtStep(Callback):
     def _stop_requested(self) -> bool:
         return REQUEUE.is_set() or bool(self.stop_file and os.path.exists(self.stop_file))
 
-    def on_train_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._batch_step = trainer.global_step
-
-    def on_train_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        if trainer.global_step == self._batch_step:
-            # Inside a gradient accumulation: a checkpoint here would resume past
-            # micro-batches whose gradients it does not hold. The step finishes first.
-            return
+    def on_step_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Not inside a gradient accumulation: a checkpoint there would resume past
+        # micro-batches whose gradients it does not hold.
         stop = self._stop_requested() if trainer.is_global_zero else False
         if trainer.world_size > 1:
             stop = trainer.strategy.broadcast(stop, src=0)

@@ -198,7 +198,43 @@ def _layer_kind(layer: LadderLayer) -> str:
     return type(layer).__name__.lower()
 
 
-class LadderHealthMonitor(L.Callback):
+class StepBoundaries(L.Callback):
+    """Hooks at optimizer-step boundaries: Lightning's batch hooks run per micro-batch,
+    and under gradient accumulation several micro-batches make one step.
+
+    :meth:`on_step_start` runs before a step's first micro-batch and :meth:`on_step_end`
+    after its last (the optimizer has stepped: ``trainer.global_step`` has moved on).
+    Subclasses that override the batch hooks call ``super()``'s.
+    """
+
+    _running_step = -1  # the optimizer step whose micro-batches are running
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step != self._running_step:
+            self._running_step = trainer.global_step
+            self.on_step_start(trainer, pl_module)
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if trainer.global_step != self._running_step:
+            self.on_step_end(trainer, pl_module)
+
+    def on_step_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Before the first micro-batch of optimizer step ``trainer.global_step``."""
+
+    def on_step_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """After the last micro-batch of the step: ``trainer.global_step`` steps are done."""
+
+
+class LadderHealthMonitor(StepBoundaries):
     """Ladder health every ``every_n_steps`` optimizer steps, logged at the step measured.
 
     Once per optimizer step; with gradient accumulation, the forward statistics are
@@ -218,7 +254,6 @@ class LadderHealthMonitor(L.Callback):
         self.every_n_steps = every_n_steps
         self.near = near
         self._metrics: dict[str, float] = {}
-        self._step = -1  # the optimizer step whose micro-batches are running
 
     def _due(self, trainer: L.Trainer) -> bool:
         return trainer.global_step % self.every_n_steps == 0
@@ -228,12 +263,8 @@ class LadderHealthMonitor(L.Callback):
             layer.track_health = on
             layer.health_near = self.near
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step != self._step:  # the first micro-batch of a step
-            self._step = trainer.global_step
-            self._metrics = {}
+    def on_step_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._metrics = {}
         self._set_tracking(pl_module, self._due(trainer))
 
     def on_before_optimizer_step(
@@ -262,19 +293,10 @@ class LadderHealthMonitor(L.Callback):
         ladder, total = squares[:-1].sum(), squares[-1]
         self._metrics["ladder/grad_share"] = (ladder / total.clamp_min(1e-30)).sqrt().item()
 
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_step_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         layers = list(ladder_layers(pl_module))
         if not layers or not any(layer.track_health for _, layer in layers):
             return
-        if trainer.global_step == self._step:
-            return  # inside a gradient accumulation: the step's last micro-batch reports
         by_kind: dict[str, list] = defaultdict(list)
         for _, layer in layers:
             health = layer.health()
@@ -297,7 +319,7 @@ def _mean(values: Iterator[torch.Tensor]) -> float:
     return torch.stack(list(values)).float().mean().item()
 
 
-class StopOnSignal(L.Callback):
+class StopOnSignal(StepBoundaries):
     """SIGTERM or Ctrl-C: finish the running optimizer step, save it, mark the MLflow run
     KILLED, say how to resume, and exit with status 128 + the signal's number.
 
@@ -319,7 +341,6 @@ class StopOnSignal(L.Callback):
         self._pending: set[int] = set()
         self._deferred: dict[int, Any] = {}  # signal -> the handler it stood in for
         self._previous_sigint: Any = None
-        self._step = -1
         self._pid = os.getpid()  # the trainer's process
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -350,21 +371,7 @@ class StopOnSignal(L.Callback):
     def _on_deferred(self, signum: int, frame: Any) -> None:
         self._pending.add(signum)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self._step = trainer.global_step
-
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        if trainer.global_step == self._step:
-            return  # inside a gradient accumulation: the step finishes first
+    def on_step_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._act(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1068,6 +1068,29 @@ def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_a_mistyped_storage_file_is_refused_when_the_study_exists_elsewhere(tmp_path, capsys):
+    """Optuna would start the study anew in the mistyped file; one line says where it is."""
+    path = str(write_sweep(tmp_path))
+    sweep = load_sweep(path)
+    home = st.default_storage(sweep)
+    typo = f"journal:{tmp_path / 'optuna.jounral'}"
+    st.check_given_storage(typo, home, sweep.study)  # no study yet: a new file is fine
+    st.journal_path(home).parent.mkdir(parents=True)
+    st.journal_path(home).touch()
+    for command in (["run", "--no-mlflow"], ["submit", "--dry-run"]):
+        line = one_line_error(
+            capsys, ["sweep", *command[:1], path, *command[1:], "--storage", typo]
+        )
+        assert f"--storage {typo}: no such file, and study 'tiny-cpu' is stored in " in line
+        assert "leave out --storage to go on with it, or give --study NAME" in line
+    assert not st.journal_path(typo).exists()
+    for fine in (home, f"journal:{path}", "postgresql://u@h/db", None):  # same, existing, server
+        st.check_given_storage(fine, home, sweep.study)
+    sqlite = f"sqlite:///{tmp_path / 'typo.db'}"
+    with pytest.raises(SweepError, match="no such file"):
+        st.check_given_storage(sqlite, home, sweep.study)
+
+
 def test_an_empty_or_bad_study_override_is_refused(tmp_path, capsys):
     """--study '' is not "no override": it would run the sweep file's study unasked."""
     path = str(write_sweep(tmp_path))

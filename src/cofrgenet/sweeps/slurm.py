@@ -222,7 +222,9 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     _check_header_inputs(sweep, options)
     sbatch, settings = resources(sweep, options)
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
-    url = options.storage or sweep.storage or st.default_storage(sweep, str(runs_dir))
+    home = sweep.storage or st.default_storage(sweep, str(runs_dir))
+    st.check_given_storage(options.storage, home, sweep.study)
+    url = options.storage or home
     if st.journal_path(url) is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
     logs = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"

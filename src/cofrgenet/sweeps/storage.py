@@ -98,6 +98,30 @@ def journal_path(url: str) -> Path | None:
     return None
 
 
+def storage_file(url: str) -> Path | None:
+    """The file a journal or sqlite storage lives in; None for a database server."""
+    path = journal_path(url)
+    if path is None and url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+    return None if path is None else path.expanduser()
+
+
+def check_given_storage(given: str | None, home: str, study: str) -> None:
+    """SweepError for a ``--storage`` file that does not exist while the study's own
+    storage ``home`` (the sweep file's, or the default journal) does: Optuna would start
+    the study anew in the mistyped file, and its trials would repeat the study's."""
+    given_file, home_file = storage_file(given or ""), storage_file(home)
+    if given_file is None or given_file.exists() or home_file is None:
+        return
+    if not home_file.exists() or given_file.resolve() == home_file.resolve():
+        return
+    raise SweepError(
+        f"--storage {describe_storage(given or '')}: no such file, and study {study!r} is "
+        f"stored in {home_file}: leave out --storage to go on with it, or give --study "
+        "NAME to start a new study in that file"
+    )
+
+
 def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage:
     """A journal or RDB storage; RDB ones with heartbeats (``heartbeat_interval``)."""
     options = options or StorageOptions()

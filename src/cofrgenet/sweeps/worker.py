@@ -282,7 +282,9 @@ def run_worker(
     if n_trials is not None and n_trials < 1:  # would only create the study
         raise SweepError(f"n_trials for this worker must be >= 1, got {n_trials}")
     runs_dir = runs_dir or sweep.runs_dir
-    url = storage_url or sweep.storage or st.default_storage(sweep, runs_dir)
+    home = sweep.storage or st.default_storage(sweep, runs_dir)
+    st.check_given_storage(storage_url, home, sweep.study)
+    url = storage_url or home
     # Fail fast, before the study exists, on a sweep whose trials could not train as
     # asked: a --set the sweep overrides, a key that is not cofr fit's (a typo), a config
     # that does not parse (open_storage then refuses a storage URL that is none).

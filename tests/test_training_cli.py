@@ -723,7 +723,7 @@ def test_fit_help_gives_cofr_meanings(capsys):
 
     from cofrgenet import cli
     from cofrgenet.training.optim import OptimizerConfig
-    from cofrgenet.training.tracking import RunConfig
+    from cofrgenet.training.run_store import RunConfig
 
     assert cli.main(["fit", "--help"]) == 0
     fit_help = capsys.readouterr().out
@@ -1024,7 +1024,7 @@ def test_a_start_refused_once_the_data_loaded_can_be_started_again(tiny_data, tm
 
 
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):
-    from cofrgenet.training.tracking import latest_run
+    from cofrgenet.training.run_store import latest_run
 
     saved, failed = tmp_path / "saved", tmp_path / "failed"
     (saved / "checkpoints").mkdir(parents=True)

@@ -112,7 +112,7 @@ def collect(config_path: str, run_dir: Path, minutes: float, runs_dir: str) -> D
     import mlflow
 
     from cofrgenet.models import ModelConfig, count_parameters
-    from cofrgenet.training.tracking import RUN_ID_FILE, RunConfig, tracking_uri
+    from cofrgenet.training.run_store import RUN_ID_FILE, RunConfig, tracking_uri
 
     section = yaml.safe_load(Path(config_path).read_text())["model"]
     counts = count_parameters(

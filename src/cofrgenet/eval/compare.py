@@ -395,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow.tracking import MlflowClient
 
-    from cofrgenet.training.tracking import RunConfig, check_tracking_uri, tracking_uri
+    from cofrgenet.training.run_store import RunConfig, check_tracking_uri, tracking_uri
 
     experiments = list(args.experiment)
     if args.sweep:

@@ -594,8 +594,8 @@ def finetune(
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
-    from cofrgenet.training.tracking import RunConfig, check_tracking_uri, flatten, folder_name
-    from cofrgenet.training.tracking import tracking_uri as default_tracking_uri
+    from cofrgenet.training.run_store import RunConfig, check_tracking_uri, flatten, folder_name
+    from cofrgenet.training.run_store import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
     check_trainer_options(accelerator, precision)  # before the model load and the MLflow run

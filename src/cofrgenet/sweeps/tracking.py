@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.sweeps.spec import Sweep
-from cofrgenet.training.tracking import (
+from cofrgenet.training.run_store import (
     RUN_ID_FILE,
     RunConfig,
     artifact_location,

@@ -55,10 +55,8 @@ from cofrgenet.training.console import (
 )
 from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
 from cofrgenet.training.module import LanguageModel
-from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
-from cofrgenet.training.tracking import (
+from cofrgenet.training.run_store import (
     RUN_ID_FILE,
-    CofrMLFlowLogger,
     RunConfig,
     artifact_location,
     check_tracking_uri,
@@ -66,6 +64,8 @@ from cofrgenet.training.tracking import (
     slurm_run_name,
     tracking_uri,
 )
+from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
+from cofrgenet.training.tracking import CofrMLFlowLogger
 
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
 EVALUATIONS = ("validate", "test")

@@ -214,7 +214,7 @@ def run_dir_of(ckpt: Path) -> Path | None:
 
 def run_id_of(run_dir: Path | None) -> str | None:
     """The MLflow run id of a run folder, if it was tracked. ("mlflow_run_id" is
-    tracking.RUN_ID_FILE, written out here: importing tracking imports Lightning.)"""
+    run_store.RUN_ID_FILE, written out here: this module stays light for `cofr generate`.)"""
     if run_dir is None or not (run_dir / "mlflow_run_id").is_file():
         return None
     return (run_dir / "mlflow_run_id").read_text().strip()
@@ -222,7 +222,7 @@ def run_id_of(run_dir: Path | None) -> str | None:
 
 def tracking_uri_of(run_dir: Path) -> str:
     """The MLflow tracking URI of a tracked run folder, from its config.yaml."""
-    from cofrgenet.training.tracking import RunConfig, tracking_uri  # imports Lightning
+    from cofrgenet.training.run_store import RunConfig, tracking_uri
 
     run: dict[str, Any] = {}
     config_file = run_dir / "config.yaml"

@@ -18,8 +18,8 @@ from typing import IO
 
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
-from cofrgenet.training import tracking
-from cofrgenet.training.tracking import RunConfig, artifact_location, tracking_uri
+from cofrgenet.training import run_store
+from cofrgenet.training.run_store import RunConfig, artifact_location, tracking_uri
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +124,7 @@ def stop_group(server: subprocess.Popen) -> None:
 def run(args: argparse.Namespace) -> int:
     store = Path(args.runs_dir) / "mlflow.db"
     # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
-    if args.tracking_uri is None and not tracking.USER_TRACKING_URI and not store.exists():
+    if args.tracking_uri is None and not run_store.USER_TRACKING_URI and not store.exists():
         print(
             f"no MLflow store at {store} yet: train something first (e.g. `make demo`)",
             file=sys.stderr,

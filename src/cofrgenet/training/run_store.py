@@ -1,0 +1,217 @@
+"""Where runs live, without Lightning: run folders and the MLflow store.
+
+Layout under ``runs_dir`` (default ``runs/``)::
+
+    runs/mlflow.db                      the MLflow store (sqlite, no server needed)
+    runs/mlartifacts/                   MLflow artifacts
+    runs/<experiment>/<run>/            one training run
+        checkpoints/last.ckpt, step*.ckpt
+        config.yaml                     the resolved configuration
+        mlflow_run_id                   so a resumed or requeued run logs into the same run
+
+Commands that only read or name runs (``cofr ui``, ``compare``, ``finetune glue``, the
+demo) import this module, not :mod:`cofrgenet.training.tracking` (whose logger imports
+Lightning, seconds at start-up).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.errors import ConfigError
+
+RUN_ID_FILE = "mlflow_run_id"
+#: The metric whose history says up to which step a run has logged.
+HISTORY_KEY = "train/loss"
+#: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
+#: logger calls) writes the variable, so reading it later would pick up the previous run's
+#: store in a process that trains several runs (sweeps, tests).
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+#: Parameter values longer than this are cut (MLflow refuses values over 6000 characters,
+#: and long values are unreadable in the UI); the full config is an artifact.
+MAX_PARAM_LENGTH = 500
+
+
+@dataclass
+class RunConfig:
+    """Where a run lives and where it is tracked.
+
+    The run's folder is ``<runs_dir>/<experiment>/<name>/``.
+
+    Args:
+        experiment: MLflow experiment and folder name.
+        name: the run's folder and MLflow run name; None: ``slurm-<job id>`` under SLURM
+            (a requeued job keeps its id, so it finds its checkpoint and MLflow run
+            again), else a timestamp; with ``--ckpt_path last`` and no name, the run of
+            the experiment with the newest checkpoint.
+        runs_dir: the folder of every experiment's runs, and of the default MLflow
+            store.
+        tracking_uri: any MLflow URI; None: ``MLFLOW_TRACKING_URI``, else
+            ``sqlite:///<runs_dir>/mlflow.db``.
+        checkpoint_every_n_steps: a checkpoint ``step<N>.ckpt`` every N optimizer steps
+            (and ``last.ckpt`` at each save and at the end).
+        keep_checkpoints: how many of the newest ``step*.ckpt`` to keep (-1: all).
+        mlflow: log the run to MLflow; false trains without tracking.
+    """
+
+    experiment: str = "default"
+    name: str | None = None
+    runs_dir: str = "runs"
+    tracking_uri: str | None = None
+    checkpoint_every_n_steps: int = 500
+    keep_checkpoints: int = 2
+    mlflow: bool = True
+
+    def __post_init__(self) -> None:
+        for key, value in (("experiment", self.experiment), ("name", self.name)):
+            if value is None and key == "name":
+                continue
+            # The folder runs/<experiment>/<name>: "", "." or ".." would land elsewhere.
+            if not isinstance(value, str) or not folder_name(value, ""):
+                raise ConfigError(
+                    f"run.{key} {value!r} is not a folder name: use letters, digits, "
+                    "'.', '_' or '-', not only dots"
+                )
+            if "/" in value or "\\" in value:  # it would not make a nested folder
+                raise ConfigError(
+                    f"run.{key} {value!r} has a path separator: runs are one folder deep "
+                    f"(<runs_dir>/<experiment>/<name>); use {folder_name(value)!r}"
+                )
+        if self.keep_checkpoints == 0 or self.keep_checkpoints < -1:
+            raise ConfigError(
+                f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"
+            )
+        if self.checkpoint_every_n_steps < 1:  # Lightning's 0 silently saves only at the end
+            raise ConfigError(
+                "run.checkpoint_every_n_steps must be >= 1 (a large value saves only "
+                f"last.ckpt, at the end), got {self.checkpoint_every_n_steps}"
+            )
+
+
+def folder_name(name: str, empty: str = "run") -> str:
+    """``name`` as a folder name: other characters become '-', and a leading '.' is dropped
+    (no hidden folder, no '..')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-.").rstrip("-") or empty
+
+
+def slurm_run_name() -> str | None:
+    """A name stable across requeues: the array job and task, or the job id."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"slurm-{array_job}_{task}"
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm-{job}" if job else None
+
+
+def latest_run(experiment_dir: Path) -> Path | None:
+    """The run folder of ``experiment_dir`` with the newest checkpoint; None if none has one.
+
+    Folders without a checkpoint (a run that failed before its first save) are passed
+    over: resuming one would silently start from scratch.
+    """
+    from cofrgenet.training.checkpoints import candidates
+
+    if not experiment_dir.is_dir():
+        return None
+    newest: dict[Path, float] = {}
+    for run in experiment_dir.iterdir():
+        saved = candidates(run)  # newest first
+        if saved:
+            newest[run] = saved[0].stat().st_mtime
+    return max(newest, key=newest.__getitem__) if newest else None
+
+
+def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:
+    experiment_dir = Path(run.runs_dir) / folder_name(run.experiment)
+    name = run.name or slurm_run_name()
+    if name is None and resume_last:
+        found = latest_run(experiment_dir)
+        if found is not None:
+            return found
+    if name is None:
+        name = time.strftime("%Y%m%d-%H%M%S")
+    return experiment_dir / folder_name(name)
+
+
+def tracking_uri(run: RunConfig) -> str:
+    if run.tracking_uri:
+        return run.tracking_uri
+    if USER_TRACKING_URI:
+        return USER_TRACKING_URI
+    return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
+
+
+def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -> None:
+    """Refuse a tracking URI before a run starts: a scheme MLflow does not know, or a
+    server that does not answer (MLflow's own client retries for minutes, silently).
+    ``fix``: what the message tells the user to change (default: ``cofr fit``'s options)."""
+    import urllib.error
+    import urllib.request
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    fix = fix or "fix --run.tracking_uri (or MLFLOW_TRACKING_URI), or train with --run.mlflow false"
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers: an older server without /health, or behind a proxy
+        except (OSError, ValueError) as error:
+            reason = getattr(error, "reason", error)
+            raise ConfigError(
+                f"no MLflow server answers at {uri} ({reason}): start it, or {fix}"
+            ) from None
+    if uri.startswith("sqlite:///"):
+        return  # a local store: made on first use (and not by a start that fails later)
+    try:
+        MlflowClient(uri)
+    except MlflowException as error:
+        first = str(error).split(". ")[0]
+        raise ConfigError(f"MLflow cannot use {uri!r}: {first}; {fix}") from None
+
+
+def artifact_location(run: RunConfig) -> str | None:
+    """Artifacts beside the local sqlite store; a server decides for itself."""
+    uri = tracking_uri(run)
+    if uri.startswith("sqlite:"):
+        return (Path(run.runs_dir).resolve() / "mlartifacts").as_uri()
+    return None
+
+
+def cut(value: Any) -> str:
+    """``value`` as an MLflow param value: text of at most MAX_PARAM_LENGTH characters."""
+    text = str(value)
+    return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
+
+
+def log_new_params(client: Any, run_id: str, params: dict[str, str]) -> list[str]:
+    """Log the params the run does not have yet, in MLflow's batches of 100 (a param
+    cannot change once logged); returns the keys it has already with another value."""
+    from mlflow.entities import Param
+
+    existing = client.get_run(run_id).data.params
+    items = [Param(k, v) for k, v in params.items() if k not in existing]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100])
+    return [k for k, v in params.items() if k in existing and existing[k] != v]
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+    """Nested dicts/lists -> {"a.b.0": "value"} with values cut to MAX_PARAM_LENGTH."""
+    flat: dict[str, str] = {}
+    if isinstance(config, dict):
+        items = config.items()
+    elif isinstance(config, (list, tuple)) and any(isinstance(v, (dict, list)) for v in config):
+        items = ((str(i), v) for i, v in enumerate(config))
+    else:
+        return {prefix: cut(config)}
+    for key, value in items:
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat

@@ -148,9 +148,9 @@ class StepProgressBar(RichProgressBar):
         if self.progress is None or self.train_progress_bar_id is None:
             return
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        planned = trainer.estimated_stepping_batches  # an epoch limit ends the fit
-        if total is None and math.isfinite(planned) and planned > 0:  # -1: a stream's end
-            total = int(planned)
+        if total is None:  # an epoch limit ends the fit; -1: Lightning cannot count them
+            planned = trainer.estimated_stepping_batches
+            total = int(planned) if math.isfinite(planned) and planned > 0 else None
         step = trainer.global_step
         started, first = self._clock or (time.monotonic(), step)
         elapsed = time.monotonic() - started

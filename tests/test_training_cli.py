@@ -974,21 +974,33 @@ def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_pa
     assert last.read_bytes() == before
 
 
-def test_a_new_requeue_checkpoint_replaces_the_older_ones(tiny_data, tmp_path):
-    """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none; only
-    the newest is kept once it is written (other checkpoints are left alone)."""
-    from cofrgenet.training import checkpoints
+def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
+    """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none: once
+    its SIGUSR1 handler (deferred to the step's end) has saved one, only the newest is
+    kept, file or FSDP shard folder; other checkpoints are left alone."""
+    import signal
+    from types import SimpleNamespace
 
-    cli = CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2"))
-    (run_dir,) = (tmp_path / "runs" / "test").glob("*")
-    for n in (1, 2, 10):
-        (run_dir / f"hpc_ckpt_{n}.ckpt").write_bytes(b"older")
-    (run_dir / "hpc_ckpt_notes.txt").write_text("kept")
-    cli.trainer.save_checkpoint(run_dir / "hpc_ckpt_3.ckpt")
-    names = sorted(p.name for p in run_dir.glob("hpc_ckpt_*"))
-    assert names == ["hpc_ckpt_10.ckpt", "hpc_ckpt_3.ckpt", "hpc_ckpt_notes.txt"]
-    assert checkpoints.is_intact(run_dir / "hpc_ckpt_3.ckpt")
-    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"older")
+    (tmp_path / "hpc_ckpt_2.ckpt").mkdir()  # sharded: a folder
+    (tmp_path / "hpc_ckpt_2.ckpt" / "__0_0.distcp").write_bytes(b"shard")
+    (tmp_path / "hpc_ckpt_notes.txt").write_text("kept")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"kept")
+
+    def lightning_requeue(signum, frame):  # saves hpc_ckpt_<max + 1>, then requeues
+        (tmp_path / "hpc_ckpt_3.ckpt").write_bytes(b"newest")
+
+    stop = StopOnSignal()
+    stop._deferred[signal.SIGUSR1] = lightning_requeue
+    stop._pending.add(signal.SIGUSR1)
+    trainer = SimpleNamespace(world_size=1, is_global_zero=True, default_root_dir=str(tmp_path))
+    stop._act(trainer, None)
+    names = sorted(p.name for p in tmp_path.glob("hpc_ckpt_*"))
+    assert names == ["hpc_ckpt_3.ckpt", "hpc_ckpt_notes.txt"]
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists() and stop.signal is None
 
 
 def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):

@@ -23,6 +23,7 @@ from torch import nn
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
+from cofrgenet.training.checkpoint_io import remove_older_requeue_checkpoints
 from cofrgenet.training.optim import planned_steps
 from cofrgenet.training.strategies import grad_square_sum, summed_over_shards
 
@@ -396,6 +397,8 @@ class StopOnSignal(StepBoundaries):
         usr1 = getattr(signal, "SIGUSR1", None)
         if usr1 in arrived and callable(self._deferred.get(usr1)):
             self._deferred[usr1](usr1, None)  # e.g. Lightning's: save hpc_ckpt, requeue
+            if trainer.is_global_zero:  # the new one is written: the older ones go
+                remove_older_requeue_checkpoints(Path(trainer.default_root_dir))
         stop = arrived & {signal.SIGTERM, signal.SIGINT}
         if stop and self.signal is None:
             self.signal = signal.SIGINT if signal.SIGINT in stop else signal.SIGTERM

@@ -9,16 +9,18 @@ with SIGKILL) leaves the previous good checkpoint truncated, and the node's /tmp
 hold a whole checkpoint. :class:`AtomicCheckpointIO` writes the temporary file beside
 the checkpoint, flushes it to disk and renames it over the old one.
 
-Lightning names its SLURM requeue checkpoint ``hpc_ckpt_<n>.ckpt`` with a new ``n`` at
-each requeue and never removes the older ones; each holds the optimizer state too, so a
-job requeued often filled the disk. Once a new one is safely written, the older ones
-beside it are removed (:func:`remove_older_requeue_checkpoints`).
+Lightning names its SLURM requeue checkpoint ``hpc_ckpt_<n>.ckpt`` (a file, or a folder
+of shards under FSDP) with a new ``n`` at each requeue and never removes the older ones;
+each holds the optimizer state too, so a job requeued often filled the disk.
+:func:`remove_older_requeue_checkpoints` keeps the newest (``StopOnSignal`` calls it once
+Lightning's requeue handler has saved one).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,21 +53,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             file.flush()
             os.fsync(file.fileno())
         _fsync_folder(path.parent)  # the rename itself survives a node crash
-        remove_older_requeue_checkpoints(path)
 
 
-def remove_older_requeue_checkpoints(saved: Path) -> list[Path]:
-    """Remove the ``hpc_ckpt_<k>.ckpt`` files beside ``saved`` = ``hpc_ckpt_<n>.ckpt`` with
-    k < n (nothing when ``saved`` is another checkpoint); returns the paths removed."""
-    match = REQUEUE_CHECKPOINT.fullmatch(saved.name)
-    if match is None:
-        return []
-    removed = []
-    for other in saved.parent.glob("hpc_ckpt_*.ckpt"):
-        older = REQUEUE_CHECKPOINT.fullmatch(other.name)
-        if older is not None and int(older.group(1)) < int(match.group(1)) and other.is_file():
-            other.unlink(missing_ok=True)
-            removed.append(other)
+def remove_older_requeue_checkpoints(run_dir: Path) -> list[Path]:
+    """Remove every ``hpc_ckpt_<k>.ckpt`` (file or shard folder) of ``run_dir`` but the
+    one with the largest k; returns the paths removed."""
+    numbered = {}
+    for path in Path(run_dir).glob("hpc_ckpt_*.ckpt"):
+        match = REQUEUE_CHECKPOINT.fullmatch(path.name)
+        if match is not None:
+            numbered[int(match.group(1))] = path
+    removed = [numbered[k] for k in sorted(numbered)[:-1]]
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return removed
 
 

@@ -974,6 +974,33 @@ def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_pa
     assert last.read_bytes() == before
 
 
+def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_data, tmp_path):
+    """Its last step is no periodic one (3 of every 10): last.ckpt is still taken where
+    a periodic checkpoint is, so the resume to 5 steps logs every metric at the same
+    step, with the same value and epoch, as an uninterrupted 5-step run (Lightning's
+    end-of-training checkpoint started a new epoch, one step later)."""
+    every = ("--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "3")
+    CofrCLI(
+        args=fit_args(tmp_path, tiny_data, *every, "--trainer.max_steps", "3", "--run.name", "a")
+    )
+    resume = ("--trainer.max_steps", "5", "--ckpt_path", "last")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *every, *resume, "--run.name", "a"))
+    CofrCLI(
+        args=fit_args(tmp_path, tiny_data, *every, "--trainer.max_steps", "5", "--run.name", "b")
+    )
+    assert [p.name for p in (tmp_path / "runs" / "test" / "a" / "checkpoints").iterdir()] == [
+        "last.ckpt"
+    ]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    ids = dict(zip(*(mlflow_runs(tmp_path / "runs")[k] for k in ("tags.mlflow.runName", "run_id"))))
+    for key in ("train/loss", "val/loss", "epoch", "data/tokens_seen"):
+        a, b = (
+            [(m.step, round(m.value, 5)) for m in client.get_metric_history(ids[name], key)]
+            for name in "ab"
+        )
+        assert a == b, key
+
+
 def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none: once
     its SIGUSR1 handler (deferred to the step's end) has saved one, only the newest is

@@ -55,6 +55,7 @@ from cofrgenet.training.console import (
 )
 from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
 from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.run_checkpoint import RunCheckpoint
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
     RunConfig,
@@ -502,7 +503,7 @@ class CofrCLI(LightningCLIAdapter):
         callbacks: list[Callback] = []
         if not any(issubclass(k, ModelCheckpoint) for k in kinds):
             callbacks.append(
-                ModelCheckpoint(
+                RunCheckpoint(
                     dirpath=run_dir / "checkpoints",
                     filename="step{step:07d}",
                     auto_insert_metric_name=False,

@@ -1,0 +1,53 @@
+"""The run's checkpoints: periodic ``step*.ckpt`` and ``last.ckpt``, the final one taken
+where a periodic one is.
+
+Lightning's ``ModelCheckpoint`` saves ``last.ckpt`` at the end of training when the last
+step is not one of its periodic steps. That checkpoint holds the loops' state after the
+epoch's end: a run resumed from it to train further (a larger ``max_steps``) starts a
+new epoch and logs every metric one step later than a run that never stopped (the
+weights are the same). :class:`RunCheckpoint` saves the final step at the end of its
+batch instead, exactly where a periodic checkpoint is taken, and the end of training
+then saves nothing more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` at ``max_steps`` resumes like a periodic
+    one (see the module's docstring)."""
+
+    _final_saved: int | None = None  # the global step saved as the final one
+
+    def __init__(self, *args: Any, every_n_train_steps: int | None = None, **kwargs: Any):
+        super().__init__(*args, every_n_train_steps=every_n_train_steps, **kwargs)
+        self.periodic = every_n_train_steps or 0
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        step = trainer.global_step
+        if self.save_last and 0 < trainer.max_steps <= step and self._final_saved != step:
+            # Once per step: with gradient accumulation the step's last micro-batch has
+            # moved global_step to max_steps, and the earlier ones have not.
+            self._final_saved = step
+            periodic = self.periodic > 0 and step % self.periodic == 0  # saved it just now
+            if self.dirpath is not None and not periodic:
+                last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+                trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._final_saved != trainer.global_step:  # e.g. an epoch limit ended the fit
+            super().on_train_end(trainer, pl_module)

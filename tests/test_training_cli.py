@@ -197,10 +197,27 @@ def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     assert len(runs) == 1
     run_id = runs.run_id[0]
     client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
-    params = client.get_run(run_id).data.params
+    run = client.get_run(run_id)
+    params = run.data.params
     assert params["model.preset"] == "gpt2-tiny-f"
     assert params["trainer.max_steps"] == "4"
     assert all(len(v) <= 500 for v in params.values())
+    # The model as built (the preset's depth and ladder count, not "None"), searchable;
+    # unset keys and how the command was called (config files, ckpt_path) are no params.
+    from cofrgenet.models import count_parameters
+    from cofrgenet.models.config import resolve_model_config
+
+    built = resolve_model_config("gpt2-tiny-f", {"vocab_size": 320, "block_size": 32})
+    assert params["model.config.depth"] == str(built.depth) and built.depth is not None
+    assert params["model.config.ladders"] == str(built.ladders)
+    assert "None" not in params.values() and "config" not in params and "ckpt_path" not in params
+    found = client.search_runs(
+        [run.info.experiment_id], f"params.`model.config.depth` = '{built.depth}'"
+    )
+    assert [r.info.run_id for r in found] == [run_id]
+    assert run.data.metrics["model/n_params"] == count_parameters(built).total
+    assert run.data.metrics["model/n_params_ladder"] == count_parameters(built).ladder > 0
+    assert run.data.metrics["model/training_flops_per_token"] > 0
     assert len(client.get_metric_history(run_id, "train/loss")) == 4
     # From the second step on (the first has no previous step to time against).
     flops = client.get_metric_history(run_id, "perf/flops_per_s")
@@ -999,6 +1016,9 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
             for name in "ab"
         )
         assert a == b, key
+    resumed = client.get_run(ids["a"]).data  # params cannot change: the new budget is a tag
+    assert resumed.params["trainer.max_steps"] == "3"
+    assert resumed.tags["latest/trainer.max_steps"] == "5"
 
 
 def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):

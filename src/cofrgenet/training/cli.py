@@ -114,7 +114,8 @@ class ConfigToRun(SaveConfigCallback):
         for logger in trainer.loggers:
             if isinstance(logger, CofrMLFlowLogger):
                 logger.remember_run()
-                logger.log_config(self.config.clone().as_dict(), yaml_text)
+                model_config = getattr(pl_module, "model_config", None)
+                logger.log_config(self.config.clone().as_dict(), yaml_text, model_config)
 
 
 def _bad_choice(message: str) -> str | None:

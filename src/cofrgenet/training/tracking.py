@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.training.run_store import (
@@ -17,6 +17,38 @@ from cofrgenet.training.run_store import (
     flatten,
     log_new_params,
 )
+
+#: Top-level keys of ``cofr fit``'s config that are how it was invoked, not what trains:
+#: the config files read and the checkpoint resumed (it changes at each resume).
+INVOCATION_KEYS = ("config", "ckpt_path")
+
+
+def run_params(config: dict[str, Any], model_config: Any = None) -> dict[str, str]:
+    """The run's MLflow params: ``config`` flattened without unset (None) values and
+    invocation keys; ``model.config.*`` are the resolved model's (a preset's depth and
+    ladder count too, so runs can be filtered by them), ``model_config`` a ModelConfig."""
+    config = {k: v for k, v in config.items() if k not in INVOCATION_KEYS}
+    params = {k: v for k, v in flatten(config).items() if v != "None"}
+    if model_config is not None:
+        params = {k: v for k, v in params.items() if not k.startswith("model.config.")}
+        resolved = flatten(model_config.to_dict(), "model.config")
+        params.update({k: v for k, v in resolved.items() if v != "None"})
+    return params
+
+
+def model_metrics(model_config: Any) -> dict[str, float]:
+    """Sizes of the model, as metrics (numbers sort and filter as numbers in MLflow):
+    parameters in all, in ladders and outside the embeddings, and training FLOPs per
+    token at the model's block size."""
+    from cofrgenet.models import count_parameters, estimate_flops_per_token
+
+    count = count_parameters(model_config)
+    return {
+        "model/n_params": float(count.total),
+        "model/n_params_ladder": float(count.ladder),
+        "model/n_params_non_embedding": float(count.total - count.embedding),
+        "model/training_flops_per_token": float(estimate_flops_per_token(model_config).training),
+    }
 
 
 class CofrMLFlowLogger(MLFlowLogger):
@@ -99,15 +131,31 @@ class CofrMLFlowLogger(MLFlowLogger):
         return
 
     @rank_zero_only
-    def log_config(self, config: dict[str, Any], yaml_text: str) -> None:
+    def log_config(self, config: dict[str, Any], yaml_text: str, model_config: Any = None) -> None:
+        """Params (:func:`run_params`), the model's sizes (:func:`model_metrics`, at step 0)
+        and the config as artifacts. A resume that changed a param (a larger max_steps)
+        keeps the first value, as MLflow params cannot change, and sets the new one as the
+        tag ``latest/<key>``."""
         client, run_id = self.experiment, self.run_id
-        changed = log_new_params(client, run_id, flatten(config))
+        params = run_params(config, model_config)
+        changed = log_new_params(client, run_id, params)
         if changed:
-            rank_zero_warn(
-                f"MLflow run {run_id} already has different values for {changed[:5]}"
-                f"{'...' if len(changed) > 5 else ''}; keeping the first ones (MLflow params "
-                "are immutable); the new config is logged as an artifact."
+            from mlflow.entities import RunTag
+
+            client.log_batch(run_id, tags=[RunTag(f"latest/{k}", params[k]) for k in changed])
+            shown = ", ".join(changed[:5]) + ("..." if len(changed) > 5 else "")
+            rank_zero_info(  # a resume with more steps is routine: no warning
+                f"MLflow: {shown} changed since the run began; its params keep the first "
+                "values (they cannot change) and the tags latest/<key> hold the new ones"
             )
+        if model_config is not None:
+            from mlflow.entities import Metric
+
+            logged = client.get_run(run_id).data.metrics
+            now = int(time.time() * 1000)
+            sizes = model_metrics(model_config)
+            items = [Metric(k, v, now, 0) for k, v in sizes.items() if k not in logged]
+            client.log_batch(run_id, metrics=items)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         client.log_text(run_id, yaml_text, "config.yaml")
         client.log_text(run_id, yaml_text, f"configs/config-{stamp}.yaml")

@@ -218,6 +218,19 @@ def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     assert run.data.metrics["model/n_params"] == count_parameters(built).total
     assert run.data.metrics["model/n_params_ladder"] == count_parameters(built).ladder > 0
     assert run.data.metrics["model/training_flops_per_token"] > 0
+    # Which code ran: the package's version and, in a checkout, its commit.
+    import subprocess
+    from importlib.metadata import version
+
+    import cofrgenet
+
+    tags = run.data.tags
+    assert tags["cofrgenet.version"] == version("cofrgenet") and tags["cofrgenet.command"]
+    source = Path(cofrgenet.__file__).parent
+    head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True)
+    if head.returncode == 0:
+        assert tags["mlflow.source.git.commit"] == head.stdout.decode().strip()
+        assert tags["cofrgenet.git_dirty"] in ("true", "false")
     assert len(client.get_metric_history(run_id, "train/loss")) == 4
     # From the second step on (the first has no previous step to time against).
     flops = client.get_metric_history(run_id, "perf/flops_per_s")
@@ -1009,7 +1022,8 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
         "last.ckpt"
     ]
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
-    ids = dict(zip(*(mlflow_runs(tmp_path / "runs")[k] for k in ("tags.mlflow.runName", "run_id"))))
+    runs = mlflow_runs(tmp_path / "runs")
+    ids = dict(zip(runs["tags.mlflow.runName"], runs["run_id"], strict=True))
     for key in ("train/loss", "val/loss", "epoch", "data/tokens_seen"):
         a, b = (
             [(m.step, round(m.value, 5)) for m in client.get_metric_history(ids[name], key)]

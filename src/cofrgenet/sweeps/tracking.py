@@ -24,6 +24,7 @@ from cofrgenet.training.run_store import (
     RUN_ID_FILE,
     RunConfig,
     artifact_location,
+    code_tags,
     cut,
     log_new_params,
     tracking_uri,
@@ -96,6 +97,15 @@ def sweep_params(sweep: Sweep) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def created_by() -> dict[str, str]:
+    """Tags of a run this module creates: who (as MLflow's own runs have) and which code."""
+    import getpass
+
+    with contextlib.suppress(Exception):  # no user name in some containers
+        return {"mlflow.user": getpass.getuser(), **code_tags()}
+    return code_tags()
+
+
 def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: str) -> str:
     exp = experiment_id(client, run)
     parent = client.create_run(
@@ -106,6 +116,7 @@ def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: s
             "optuna.storage": storage,
             "cofr.sweep": "parent",
             "cofr.sweep_file": str(sweep.path or ""),
+            **created_by(),
         },
     )
     run_id = parent.info.run_id
@@ -140,7 +151,7 @@ def child_run(
         created = client.create_run(
             experiment_id(client, run),
             run_name=run_dir.name,
-            tags={"mlflow.parentRunId": parent_id},
+            tags={"mlflow.parentRunId": parent_id, **created_by()},
         )
         run_id = created.info.run_id
         run_dir.mkdir(parents=True, exist_ok=True)

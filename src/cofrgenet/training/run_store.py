@@ -16,8 +16,13 @@ Lightning, seconds at start-up).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
+import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,3 +220,36 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     for key, value in items:
         flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat
+
+
+@functools.cache
+def _code_version() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    tags: dict[str, str] = {}
+    with contextlib.suppress(PackageNotFoundError):
+        tags["cofrgenet.version"] = version("cofrgenet")
+    source = Path(__file__).resolve().parents[1]  # the package's folder
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit:  # an installed copy outside a checkout has none
+        tags["mlflow.source.git.commit"] = commit
+        changes = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+        tags["cofrgenet.git_dirty"] = "true" if changes else "false"
+    return tags
+
+
+def code_tags() -> dict[str, str]:
+    """Which code made a run, as MLflow tags: cofrgenet's version, the git commit of its
+    source (MLflow's "Git commit"; ``cofrgenet.git_dirty``: uncommitted changes in it)
+    when it is a checkout, and the command line (``cofrgenet.command``)."""
+    return {**_code_version(), "cofrgenet.command": cut(shlex.join(sys.argv))}

@@ -14,6 +14,7 @@ from cofrgenet.atomic import write_text_atomic
 from cofrgenet.training.run_store import (
     HISTORY_KEY,
     RUN_ID_FILE,
+    code_tags,
     flatten,
     log_new_params,
 )
@@ -105,12 +106,17 @@ class CofrMLFlowLogger(MLFlowLogger):
     def remember_run(self) -> None:
         """Create the MLflow run if needed and store its id in the run folder; a resumed
         run (KILLED, FAILED or FINISHED by its last attempt) reads RUNNING again."""
+        from mlflow.entities import RunTag
+
         self.run_dir.mkdir(parents=True, exist_ok=True)
         id_file = self.run_dir / RUN_ID_FILE
         if not id_file.exists():
             write_text_atomic(id_file, self.run_id + "\n")
         elif self.experiment.get_run(self.run_id).info.status != "RUNNING":
             self.experiment.update_run(self.run_id, status="RUNNING")
+        # This attempt's code: a resume may run another commit.
+        tags = [RunTag(k, v) for k, v in code_tags().items()]
+        self.experiment.log_batch(self.run_id, tags=tags)
 
     _killed = False
 

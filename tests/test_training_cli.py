@@ -1030,6 +1030,9 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
             for name in "ab"
         )
         assert a == b, key
+    # A score is logged at the step its weights reached (3 steps taken: step 3), the step
+    # of the checkpoint and of the sweep pruner's report.
+    assert [m.step for m in client.get_metric_history(ids["b"], "val/loss")] == [3]
     resumed = client.get_run(ids["a"]).data  # params cannot change: the new budget is a tag
     assert resumed.params["trainer.max_steps"] == "3"
     assert resumed.tags["latest/trainer.max_steps"] == "5"

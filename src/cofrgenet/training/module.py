@@ -267,10 +267,21 @@ class LanguageModel(L.LightningModule):
         self.val_loss.update(loss, weight=tokens)
 
     def on_validation_epoch_end(self) -> None:
-        value = self.val_loss.compute()
-        self.log("val/loss", value, prog_bar=True, sync_dist=False)
-        self.log("val/ppl", torch.exp(value))
+        value = self.val_loss.compute()  # summed over ranks already
+        self._log_scores({"val/loss": value, "val/ppl": torch.exp(value)}, prog_bar="val/loss")
         self.val_loss.reset()
+
+    def _log_scores(self, scores: dict[str, Tensor], prog_bar: str | None = None) -> None:
+        """Scores of the weights after ``global_step`` optimizer steps, written to the
+        loggers at that step: the checkpoint's and the sweep pruner's step (Lightning
+        would write them one step earlier, at the step of the last training loss)."""
+        for name, value in scores.items():  # callback metrics (checkpoints, pruning, bar)
+            self.log(name, value, prog_bar=name == prog_bar, logger=False)
+        if self.trainer.sanity_checking:
+            return
+        values = {name: float(value) for name, value in scores.items()}
+        for logger in self.loggers:
+            logger.log_metrics(values, step=self.global_step)
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
         loss, tokens = self._loss(batch)
@@ -278,8 +289,7 @@ class LanguageModel(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         value = self.test_loss.compute()
-        self.log("test/loss", value)
-        self.log("test/ppl", torch.exp(value))
+        self._log_scores({"test/loss": value, "test/ppl": torch.exp(value)})
         self.test_loss.reset()
 
     # -------------------------------------------------------------------- optimizer

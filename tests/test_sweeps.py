@@ -380,7 +380,12 @@ def test_two_workers_in_parallel(kind, tiny_data, tmp_path, capsys):
         assert child.data.tags["optuna.state"] == trial.state.name
         for key, value in trial.params.items():
             assert child.data.params[key] == str(value)
-    assert "val/loss" in by_number[complete[0].number].data.metrics
+    # The trial's curves and its objective value sit at the steps Optuna saw them.
+    done = by_number[complete[0].number]
+    val = client.get_metric_history(done.info.run_id, "val/loss")
+    assert {m.step for m in val} == set(complete[0].intermediate_values)
+    (value,) = client.get_metric_history(done.info.run_id, "optuna/value")
+    assert (value.step, value.value) == (6, complete[0].value)
 
     report = tmp_path / "runs" / "sweeps" / study_name / "report"
     for name in (

@@ -50,6 +50,8 @@ class Outcome:
     state: TrialState
     value: float | None = None
     reason: str | None = None
+    #: The optimizer step ``value`` was measured at.
+    step: int | None = None
     #: The worker must stop after this trial (SIGTERM, Ctrl-C, requeue).
     stop_worker: bool = False
     #: Queue a retry of this failed trial (it was interrupted, not wrong).
@@ -394,7 +396,12 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                 run_dir=run_dir,
             )
         elif callback.pruned_at is not None:
-            outcome = Outcome(TrialState.PRUNED, value=callback.last_value, run_dir=run_dir)
+            outcome = Outcome(
+                TrialState.PRUNED,
+                value=callback.last_value,
+                step=callback.last_step,
+                run_dir=run_dir,
+            )
             outcome.reason = f"pruned at step {callback.pruned_at}"
         else:
             logged = dict(trainer.callback_metrics)
@@ -415,7 +422,9 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                     with contextlib.suppress(Exception):
                         trial.report(value, final_step)
                 if math.isfinite(value):
-                    outcome = Outcome(TrialState.COMPLETE, value=value, run_dir=run_dir)
+                    outcome = Outcome(
+                        TrialState.COMPLETE, value=value, step=final_step, run_dir=run_dir
+                    )
                 else:
                     outcome.reason = f"objective {sweep.objective.metric} is {value}"
     except BaseException as exc:
@@ -442,6 +451,6 @@ def _finish_mlflow(ctx: TrialContext, run_id: str | None, outcome: Outcome) -> N
     from cofrgenet.sweeps.tracking import finish_child
 
     try:
-        finish_child(ctx.mlflow_client, run_id, outcome.state.name, outcome.value, outcome.reason)
+        finish_child(ctx.mlflow_client, run_id, outcome)
     except Exception as error:  # tracking trouble must not lose the trial's result
         logging.getLogger("cofrgenet.sweeps").warning(f"MLflow: {error}")

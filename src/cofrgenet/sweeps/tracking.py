@@ -12,7 +12,7 @@ import contextlib
 import fcntl
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
@@ -29,6 +29,9 @@ from cofrgenet.training.run_store import (
     log_new_params,
     tracking_uri,
 )
+
+if TYPE_CHECKING:
+    from cofrgenet.sweeps.objective import Outcome  # which imports this module
 
 PARENT_ATTR = "mlflow_parent_run_id"
 
@@ -171,15 +174,16 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, Any]) -> None:
         client.log_batch(run_id, tags=items[start : start + 100])
 
 
-def finish_child(
-    client: MlflowClient, run_id: str, state: str, value: float | None, reason: str | None
-) -> None:
+def finish_child(client: MlflowClient, run_id: str, outcome: Outcome) -> None:
+    """End a trial's run with its :class:`~cofrgenet.sweeps.objective.Outcome`: the state
+    as a tag, and the objective's value at the step it was measured."""
+    state = outcome.state.name
     tags: dict[str, Any] = {"optuna.state": state}
-    if reason:
-        tags["optuna.fail_reason"] = reason
+    if outcome.reason:
+        tags["optuna.fail_reason"] = outcome.reason
     set_tags(client, run_id, tags)
-    if value is not None:
-        client.log_metric(run_id, "optuna/value", value)
+    if outcome.value is not None:
+        client.log_metric(run_id, "optuna/value", outcome.value, step=outcome.step or 0)
     status = "FAILED" if state == "FAIL" else "FINISHED"
     if state == "RUNNING":  # requeued: it goes on later
         status = "KILLED"

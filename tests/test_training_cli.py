@@ -1076,7 +1076,22 @@ def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp
     other = tmp_path / "other-byte"
     prepare_data(source="pydoc", tokenizer="byte", out=other, max_docs=8, num_workers=1)
     args = fit_args(tmp_path, other, "--run.name", "a")[1:]
-    assert float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"]) > 0
+    scored = float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"])
+    assert scored > 0
+    # Onto the run, beside its own curves (its val/loss stays the training data's), under
+    # the folder's name, with the folder's path as a tag.
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (tmp_path / "runs" / "test" / "a" / "mlflow_run_id").read_text().strip()
+    (logged,) = client.get_metric_history(run_id, "eval/val/other-byte/loss")
+    assert (logged.step, logged.value) == (2, scored)
+    assert all(m.value != scored for m in client.get_metric_history(run_id, "val/loss"))
+    tags = client.get_run(run_id).data.tags
+    assert tags["eval/val/other-byte/data_dir"] == str(other.resolve())
+    # The training's own data keeps its keys: the same score as the training's validation.
+    same = fit_args(tmp_path, tiny_data, "--run.name", "a")[1:]
+    CofrCLI(args=["validate", *same])
+    assert client.get_metric_history(run_id, "val/loss")[-1].step == 2
+    assert len(client.get_metric_history(run_id, "eval/val/other-byte/loss")) == 1
     bpe = tmp_path / "other-bpe"
     prepare_data(
         source="pydoc", tokenizer="bpe", vocab_size=300, out=bpe, max_docs=8, num_workers=1

@@ -607,6 +607,7 @@ class CofrCLI(LightningCLIAdapter):
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
+                eval_data=None if self.subcommand == "fit" else self._other_data(chosen),
             )
         elif logger is None:
             trainer_config["logger"] = False
@@ -616,6 +617,18 @@ class CofrCLI(LightningCLIAdapter):
             raise
         except ValueError as error:  # a Trainer setting Lightning refuses, e.g. a strategy name
             raise ConfigError(f"trainer: {first_line(error)}") from None
+
+    def _other_data(self, checkpoint: str | None) -> Path | None:
+        """The data folder validate/test score when it is not the one ``checkpoint``
+        trained on (None when it is, or either is not known)."""
+        folder = getattr(getattr(self, "datamodule", None), "data_dir", None)
+        if folder is None or checkpoint in (None, "last") or checkpoints.is_sharded(checkpoint):
+            return None
+        hparams = checkpoints.load(checkpoint).get("datamodule_hyper_parameters") or {}
+        trained = hparams.get("data_dir")
+        if trained is not None and Path(trained).resolve() == Path(folder).resolve():
+            return None
+        return Path(folder)
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         # Checkpoints written beside themselves, unless the config names a writer.

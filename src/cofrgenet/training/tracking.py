@@ -62,8 +62,12 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     evaluation: ``cofr validate``/``test`` logging onto the run that saved the checkpoint:
     every metric goes at ``eval_step`` (the checkpoint's step, when known), and the run's
-    status is left as it is. Otherwise (training) metrics of steps the run has logged
-    already are dropped: a resume replays them.
+    status is left as it is. ``eval_data``: the data folder scored when it is not the one
+    the run trained on; its scores go under ``eval/<split>/<folder's name>/`` (``val/loss``
+    of ``data/owt`` is ``eval/val/owt/loss``, with the folder's path as the tag
+    ``.../data_dir``), so the run's own curves stay the training data's. Otherwise
+    (training) metrics of steps the run has logged already are dropped: a resume replays
+    them.
     """
 
     def __init__(
@@ -71,12 +75,15 @@ class CofrMLFlowLogger(MLFlowLogger):
         run_dir: Path,
         evaluation: bool = False,
         eval_step: int | None = None,
+        eval_data: str | Path | None = None,
         **kwargs: Any,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.evaluation = evaluation
         #: An evaluation's metrics go at the step of the checkpoint it evaluates.
         self.eval_step = eval_step
+        #: The data folder an evaluation scored, when not the training's.
+        self.eval_data = None if eval_data is None else Path(eval_data).resolve()
         self.store_uri: str | None = kwargs.get("tracking_uri")
         self.experiment_name: str = kwargs.get("experiment_name", "Default")
         id_file = self.run_dir / RUN_ID_FILE
@@ -94,10 +101,24 @@ class CofrMLFlowLogger(MLFlowLogger):
             self._logged_through = max((m.step for m in history), default=-1)
         return self._logged_through
 
+    def evaluation_key(self, key: str) -> str:
+        """``val/loss`` -> ``eval/val/<data>/loss`` (keys without a split kept as they are)."""
+        split, _, metric = key.partition("/")
+        if not metric or self.eval_data is None:
+            return key
+        return f"eval/{split}/{self.eval_data.name}/{metric}"
+
     @rank_zero_only
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
         if self.evaluation:
             step = self.eval_step if self.eval_step is not None else step
+            if self.eval_data is not None:  # other data: beside the run's curves
+                from mlflow.entities import RunTag
+
+                metrics = {self.evaluation_key(k): v for k, v in metrics.items()}
+                folders = {k.rsplit("/", 1)[0] for k in metrics if k.startswith("eval/")}
+                tags = [RunTag(f"{f}/data_dir", str(self.eval_data)) for f in sorted(folders)]
+                self.experiment.log_batch(self.run_id, tags=tags)
         elif step is not None and step <= self.logged_through():
             return  # a replayed step: its values are in the run's history already
         super().log_metrics(metrics, step)

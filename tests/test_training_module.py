@@ -286,6 +286,20 @@ def test_flops_and_mfu_count_the_sequence_length_trained():
         assert per_token == pytest.approx(at_16)
 
 
+def test_throughput_is_measured_at_every_step_but_the_first_and_scores_at_their_step():
+    """A validation breaks the batch-to-batch timing: the next batch is timed from its own
+    start (else Lightning would log the previous rate again). val/* are logged at the
+    step their weights reached: after 2 steps at 2."""
+    torch.manual_seed(0)
+    logger = RecordingLogger()
+    trainer = tiny_trainer(6, logger=logger, log_every_n_steps=1, val_check_interval=2)
+    trainer.fit(LanguageModel("gpt2-tiny"), token_loader(), token_loader(n_batches=2))
+    assert logger.steps_of("perf/tokens_per_sec") == [1, 2, 3, 4, 5]
+    rates = [m["perf/tokens_per_sec"] for _, m in logger.records if "perf/tokens_per_sec" in m]
+    assert len(set(rates)) == len(rates), rates  # each step's own
+    assert logger.steps_of("val/loss") == [2, 4, 6]
+
+
 def test_training_logs_and_health_at_the_steps_measured():
     torch.manual_seed(0)
     module = LanguageModel("gpt2-tiny-fa", optimizer=OptimizerConfig(warmup_steps=2))

@@ -89,6 +89,8 @@ class LanguageModel(L.LightningModule):
         self._grad_norm_count = 0
         self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
+        self._batch_start = 0.0
+        self._after_validation = False  # time the next batch from its own start
         self._peak_flops: float | None = None
         self._resumed_rng_state: dict[str, Any] | None = None
 
@@ -181,6 +183,7 @@ class LanguageModel(L.LightningModule):
         return loss, targets.numel()
 
     def on_train_batch_start(self, batch: Tensor, batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
         state, self._resumed_rng_state = self._resumed_rng_state, None
         if state is not None:
             torch.set_rng_state(state["cpu"])
@@ -197,8 +200,11 @@ class LanguageModel(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Tensor, batch_idx: int) -> None:
         # Wall time between consecutive batch ends: data loading included, and the first
-        # batch (warm-up, compilation) left out.
+        # batch (warm-up, compilation) left out. The batch after a validation is timed
+        # from its own start: a step without a rate would show the previous one again.
         now, previous = time.perf_counter(), self._last_batch_end
+        if previous is None and self._after_validation:
+            previous, self._after_validation = self._batch_start, False
         self._last_batch_end = now
         if previous is None:
             return
@@ -260,7 +266,10 @@ class LanguageModel(L.LightningModule):
         return int(self._spike_count.item())
 
     def on_validation_start(self) -> None:
-        self._last_batch_end = None  # keep validation time out of the training throughput
+        # Validation time is no training time. Not before the first batch (the sanity
+        # check): that batch's warm-up stays untimed.
+        self._after_validation = self._last_batch_end is not None
+        self._last_batch_end = None
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         loss, tokens = self._loss(batch)

@@ -372,6 +372,8 @@ def test_two_workers_in_parallel(kind, tiny_data, tmp_path, capsys):
     assert len(parents) == 1
     parent = parents[0]
     assert study.user_attrs[st_parent_attr()] == parent.info.run_id
+    assert parent.data.params["sampler.name"] == "tpe"  # one param per option, no repr
+    assert parent.data.tags["mlflow.user"] and parent.data.tags["cofrgenet.version"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == len(trials)
     by_number = {int(r.data.tags["optuna.trial_number"]): r for r in children}

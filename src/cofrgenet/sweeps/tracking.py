@@ -26,6 +26,7 @@ from cofrgenet.training.run_store import (
     artifact_location,
     code_tags,
     cut,
+    flatten,
     log_new_params,
     tracking_uri,
 )
@@ -97,7 +98,8 @@ def sweep_params(sweep: Sweep) -> dict[str, Any]:
         "base": [str(p) for p in sweep.base],
     }
     params.update({f"space.{k}": v for k, v in sweep.raw.get("space", {}).items()})
-    return {k: v for k, v in params.items() if v is not None}
+    # Nested options one param each (sampler.name, pruner.n_startup_trials), not a repr.
+    return flatten({k: v for k, v in params.items() if v is not None})
 
 
 def created_by() -> dict[str, str]:

@@ -281,16 +281,13 @@ class LanguageModel(L.LightningModule):
         self.val_loss.reset()
 
     def _log_scores(self, scores: dict[str, Tensor], prog_bar: str | None = None) -> None:
-        """Scores of the weights after ``global_step`` optimizer steps, written to the
-        loggers at that step: the checkpoint's and the sweep pruner's step (Lightning
-        would write them one step earlier, at the step of the last training loss)."""
-        for name, value in scores.items():  # callback metrics (checkpoints, pruning, bar)
-            self.log(name, value, prog_bar=name == prog_bar, logger=False)
-        if self.trainer.sanity_checking:
-            return
-        values = {name: float(value) for name, value in scores.items()}
-        for logger in self.loggers:
-            logger.log_metrics(values, step=self.global_step)
+        """Scores of the weights after ``global_step`` optimizer steps, logged at that step
+        (Lightning's ``step`` key): the checkpoint's and the sweep pruner's step, where
+        Lightning would log them one step earlier, at the step of the last training loss."""
+        for name, value in scores.items():
+            self.log(name, value, prog_bar=name == prog_bar)
+        if self.trainer.state.fn == "fit":  # validate/test log at the checkpoint's step
+            self.log("step", float(self.global_step))
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
         loss, tokens = self._loss(batch)

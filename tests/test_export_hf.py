@@ -425,6 +425,9 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
     assert main(["export", "hf", str(checkpoint), str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tokenizer: byte" in printed and "logits match" in printed
+    assert "trust_remote_code=True" in printed  # the hub's loaders ask for it otherwise
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == modes["config.json"], modes  # not 0600
     loaded = load_checkpoint(checkpoint)
     config = loaded.config
     ids = torch.randint(0, config.vocab_size, (2, config.block_size))

@@ -165,7 +165,10 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"wrote {report.out_dir}: {', '.join(report.files)}")
     if report.tokenizer is not None:
-        print(f"tokenizer: {report.tokenizer} (AutoTokenizer.from_pretrained loads it)")
+        print(
+            f"tokenizer: {report.tokenizer} (AutoTokenizer.from_pretrained(FOLDER, "
+            "trust_remote_code=True) loads it, as AutoModelForCausalLM does the model)"
+        )
     else:
         print(f"tokenizer: not exported ({report.tokenizer_note})")
     if report.max_abs_diff is not None:
@@ -506,7 +509,13 @@ def _write_config(out: Path, config: ModelConfig, eos: int | None, n_real: int |
 def _write_weights(out: Path, state: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
-    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    path = out / WEIGHTS_FILE
+    save_file(state, str(path), metadata={"format": "pt"})
+    # safetensors writes through a private temporary file (mode 0600): readable as the
+    # export's other files are, by the group that shares a model folder.
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def _max_length(config: ModelConfig) -> int | None:

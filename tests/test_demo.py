@@ -25,7 +25,8 @@ def test_demo_prepares_trains_both_and_prints_the_table(tmp_path):
         "--data-dir",
         str(tmp_path / "data" / "pydoc-byte"),
     ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # From another folder: the default configs are the checkout's.
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "data" / "pydoc-byte" / "meta.json").exists()
     [summary] = (tmp_path / "runs").glob("demo-*.md")
@@ -54,3 +55,18 @@ def test_a_failing_step_is_named_without_a_traceback(tmp_path):
         "cofr demo: stopped: `cofr fit --config conf/experiment/demo-gpt2.yaml ...` failed" in out
     )
     assert "Traceback" not in out and "CalledProcessError" not in out
+
+
+def test_a_missing_config_is_refused_before_the_data_is_made(tmp_path, capsys, monkeypatch):
+    from cofrgenet.cli import main
+    from cofrgenet.recipes import CHECKOUT, bundled
+
+    monkeypatch.chdir(tmp_path)  # not the repository root: conf/... is the checkout's
+    assert bundled("conf/experiment/demo-gpt2.yaml") == CHECKOUT / "conf/experiment/demo-gpt2.yaml"
+    assert bundled("nope.yaml") == Path("nope.yaml")
+    data = tmp_path / "data"
+    assert main(["demo", "--configs", "nope.yaml", "--data-dir", str(data)]) == 2
+    assert "cofr demo: error: --configs: no config file nope.yaml; give its path" in (
+        capsys.readouterr().err
+    )
+    assert not data.exists()

@@ -192,6 +192,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from cofrgenet.errors import UserError
+    from cofrgenet.recipes import bundled
+
+    args.configs = [str(bundled(config)) for config in args.configs]
+    for config in args.configs:  # before minutes of data preparation
+        if not Path(config).is_file():
+            raise UserError(f"--configs: no config file {config}; give its path")
     console = Console()
     ensure_data(args.data_dir, console)
     stamp = time.strftime("%Y%m%d-%H%M%S")

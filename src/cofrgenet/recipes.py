@@ -28,6 +28,20 @@ from cofrgenet.errors import ConfigError
 KEY = "base"
 
 
+#: The checkout cofrgenet runs from (an editable install): conf/, sweeps/ are there.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def bundled(path: str | Path) -> Path:
+    """``path`` from the working directory when it is there, else from the checkout
+    cofrgenet runs from: the project's own ``conf/...`` files found from any folder (as
+    given when neither has it, for the caller to report)."""
+    path = Path(path)
+    if path.exists() or path.is_absolute() or not (CHECKOUT / path).exists():
+        return path
+    return CHECKOUT / path
+
+
 def _load(path: Path) -> Any:
     import yaml
 

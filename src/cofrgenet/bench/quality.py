@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
+from cofrgenet.recipes import bundled
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
@@ -592,6 +593,7 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
 
 
 def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any], list[Row]]:
+    cfg = replace(cfg, recipe=str(bundled(cfg.recipe)))  # conf/... from any folder
     recipe_model_config(cfg)  # a bad --recipe fails before the data is made
     ensure_data(cfg)
     started = dt.datetime.now(dt.timezone.utc)

@@ -28,7 +28,7 @@ FORBIDDEN = {
     "eval": {"sweeps", "bench"},
 }
 APEX = {"cli", "demo"}
-UTILITIES = {"atomic", "cli_cache", "dataclass_options", "errors", "lazy", "recipes"}
+UTILITIES = {"atomic", "cli_cache", "dataclass_options", "errors", "lazy", "recipes", "terminal"}
 for _name in UTILITIES:
     FORBIDDEN[_name] = STACK | APEX
 for _package in STACK:

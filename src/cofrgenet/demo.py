@@ -19,6 +19,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from cofrgenet import terminal
+
 DEMO_CONFIGS = ("conf/experiment/demo-gpt2.yaml", "conf/experiment/demo-cofrgenet-f.yaml")
 DATA_DIR = "data/pydoc-byte"
 
@@ -199,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
     for config in args.configs:  # before minutes of data preparation
         if not Path(config).is_file():
             raise UserError(f"--configs: no config file {config}; give its path")
-    console = Console()
+    console = terminal.console()
     ensure_data(args.data_dir, console)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = []

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cofrgenet import terminal
 from cofrgenet.bench import variants
 from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import machine_summary
@@ -562,7 +563,6 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="cofr bench quality")
@@ -570,7 +570,7 @@ def print_table(rows: list[Row]) -> None:
         table.add_column(name, justify="left" if i < 2 else "right")
     for cells in table_rows(rows):
         table.add_row(*cells)
-    Console(width=200).print(table)
+    terminal.console(fit=table).print(table)
 
 
 def ensure_data(cfg: QualityBenchConfig) -> None:

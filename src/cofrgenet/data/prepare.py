@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from cofrgenet import terminal
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
@@ -687,12 +688,11 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     Errors in what the user gave raise :class:`~cofrgenet.errors.UserError`, which ``cofr``
     prints as one line (exit status 2).
     """
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()  # the summary table
-    err_console = Console(stderr=True)  # progress and errors
+    console = terminal.console()  # the summary table
+    err_console = terminal.console(stderr=True)  # progress and errors
     out = Path(args.out) if args.out else default_out(args)
     source = make_source(
         args.source,
@@ -741,7 +741,7 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
         start_method=args.start_method,
         command_line=getattr(args, "command_line", ""),
         log=lambda message: err_console.print(
-            f"[dim]prepare:[/] {escape(message)}", highlight=False
+            f"[dim]prepare:[/] {escape(message)}", highlight=False, soft_wrap=True
         ),
     )
 

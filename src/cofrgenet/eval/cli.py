@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cofrgenet import terminal
 from cofrgenet.dataclass_options import at_least, device_arg
 from cofrgenet.errors import UserError
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
@@ -180,7 +181,6 @@ def evaluate_tasks(
 
 
 def print_results(results: dict[str, dict[str, float]], title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -202,12 +202,11 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
             cell(metrics, "accuracy", ".4f"),
             cell(metrics, "ppl", ".2f"),
         )
-    Console(width=max(Console().width, 110)).print(table)
+    terminal.console().print(table)
 
 
 def print_harness_results(results: dict[str, dict[str, float]], title: str) -> None:
     """Harness tasks have metrics of their own (acc, acc_norm, exact_match, ...)."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -216,7 +215,7 @@ def print_harness_results(results: dict[str, dict[str, float]], title: str) -> N
     for name, metrics in results.items():
         for key, value in metrics.items():
             table.add_row(name, key, f"{value:.4f}")
-    Console(width=max(Console().width, 110)).print(table)
+    terminal.console().print(table)
 
 
 def metric_prefix(task: str, split: str) -> str:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cofrgenet import terminal
 from cofrgenet.errors import UserError
 from cofrgenet.eval.glue_data import TASKS, GlueTask, TaskData, encode_examples, load_task
 
@@ -483,7 +484,6 @@ def log_to_pretraining_run(
 
 
 def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -511,7 +511,7 @@ def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: s
             f"{scores['loss']:.4f}",
             f"{paper[0]:.2f} / {paper[1]:.2f}" if paper else "",
         )
-    Console(stderr=False).print(table)
+    terminal.console().print(table)
 
 
 def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from rich.console import Console
 from rich.table import Table
 
+from cofrgenet import terminal
 from cofrgenet.errors import UserError
 
 
@@ -56,8 +56,5 @@ def run(args: argparse.Namespace) -> int:
         )
     for row in rows:
         table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # a pipe or a file: whole rows, however wide
-        console = Console(width=Console(width=10_000).measure(table).maximum)
-    console.print(table)
+    terminal.console(fit=table).print(table)  # whole rows, however wide
     return 0

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.table import Table
 
+from cofrgenet import terminal
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.spec import StorageOptions
 
@@ -117,7 +118,5 @@ def print_status(
     console: Console | None = None,
 ) -> None:
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
+        console = terminal.console()
     console.print(status_table(study, storage, options))

@@ -12,8 +12,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rich.console import Console
-
+from cofrgenet import terminal
 from cofrgenet.bench.files import stem_once
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import resolve_device, run_benchmark
@@ -71,9 +70,7 @@ def config_from_args(args: argparse.Namespace) -> OpsBenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``cofr bench ops`` (args from :func:`add_arguments`)."""
-    console = Console(log_path=False)
-    if not console.is_terminal:  # a log file: do not squeeze the table into 80 columns
-        console.width = max(console.width, 140)
+    console = terminal.console(log_path=False)
     # A bad option is a ConfigError: `cofr` prints it as "cofr bench ops: error: ...".
     config = config_from_args(args)
     resolve_device(config.device)  # before anything is timed or written

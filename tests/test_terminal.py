@@ -1,0 +1,19 @@
+"""Output written to a file or a pipe is not squeezed into rich's 80 columns."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from cofrgenet import terminal
+
+
+def test_off_a_terminal_the_console_is_wide_enough_for_whole_rows(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert not terminal.console().is_terminal  # pytest captures the output
+    assert terminal.console().width == terminal.FILE_WIDTH
+    table = Table()
+    table.add_column("preset")
+    table.add_row("x" * 300)
+    assert terminal.console(fit=table).width >= 300
+    monkeypatch.setenv("COLUMNS", "90")  # the user's choice wins
+    assert terminal.console().width == 90

@@ -375,7 +375,7 @@ class HFSource(Source):
             raise HFUnavailableError(
                 f"could not load {what}, split {self.split!r}: {type(err).__name__}: {err}\n"
                 "Without network access to the hub (or a copy in the local HF cache, read with "
-                "HF_DATASETS_OFFLINE=1), prepare a local copy instead: "
+                "HF_HUB_OFFLINE=1), prepare a local copy instead: "
                 f"{OFFLINE_ALTERNATIVES}."
             ) from err
         columns = getattr(self._ds, "column_names", None)

@@ -704,7 +704,7 @@ def run_harness(
         reason = first_line(error) or "no network"
         raise HarnessError(
             f"a task's dataset is neither cached nor reachable: {reason}; run it once where "
-            "the Hugging Face hub answers (the cache then serves it, HF_DATASETS_OFFLINE=1 "
+            "the Hugging Face hub answers (the cache then serves it, HF_HUB_OFFLINE=1 "
             "skips the hub's retries), or give the data as a local task (--include-path)"
         ) from None
     if results is None:  # only on non-zero ranks of a distributed run

@@ -39,18 +39,21 @@ def run(args: argparse.Namespace) -> int:
                 config.position,
                 str(config.n_layer),
                 str(config.n_embd),
+                f"{config.vocab_size:,}",
                 f"{counts.total:,}",
                 f"{counts.ladder:,}",
             )
         )
-    table = Table(title="model presets (counted on the meta device)")
-    columns = ("preset", "arch", "attention", "ffn", "position", "layers", "width")
+    # The embeddings count at the preset's vocabulary: a run on other data (the demo's
+    # 320 byte ids) has fewer parameters.
+    table = Table(title="model presets (counted on the meta device, at their vocab)")
+    columns = ("preset", "arch", "attention", "ffn", "position", "layers", "width", "vocab")
     for index, column in enumerate((*columns, "parameters", "ladder")):
         # Names and counts are never cut, even in a narrow terminal.
         whole = column in ("preset", "parameters")
         table.add_column(
             column,
-            justify="right" if column in ("layers", "width", "parameters", "ladder") else "left",
+            justify="left" if index < 5 else "right",
             no_wrap=whole,
             min_width=max(len(row[index]) for row in rows) if whole else None,
         )

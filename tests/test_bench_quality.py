@@ -153,3 +153,15 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     # ladders off: same parameter count, different training
     assert runs["cofrgenet-f"]["parameters"] == runs["cofrgenet-f-ladders-off"]["parameters"]
     assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]
+
+
+def test_the_help_says_what_an_unset_field_means(capsys):
+    """No "(default: None)": unset shape fields keep the recipe's, and a help that says
+    its own default is not given a second one."""
+    from cofrgenet.cli import main
+
+    assert main(["bench", "quality", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and ") (default:" not in text
+    assert "optimizer steps per run (default: the recipe's)" in text
+    assert "validation batches (default: the whole val split)" in text

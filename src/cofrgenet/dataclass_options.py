@@ -176,6 +176,8 @@ def _show_item(value: Any, fmt: Callable[[Any], str] | None) -> str:
         return "x".join(_show_item(v, fmt) for v in value)
     if value == "":
         return "''"
+    if value is None:
+        return "none"
     return fmt(value) if fmt is not None and value is not None else str(value)
 
 
@@ -200,7 +202,8 @@ def add_dataclass_arguments(parser: AddsArguments, cls: type, *, given_only: boo
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = _show(default, f.metadata.get("format"))
         help_text = f.metadata.get("help", "")
-        help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
+        if "(default: " not in help_text:  # a help may say what an unset value means
+            help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
         options: dict[str, Any] = {
             "default": argparse.SUPPRESS if given_only else default,
             "help": help_text.replace("%", "%%"),  # argparse %-formats help strings

@@ -129,26 +129,32 @@ DEFAULT_VARIANTS = (
 DYADIC = ("none", "paper", "release")
 
 
+#: What an unset shape or run-length field of QualityBenchConfig means.
+RECIPES = " (default: the recipe's)"
+
+
 @dataclass
 class QualityBenchConfig:
     """Settings of ``cofr bench quality``; unset shape and run-length fields keep the recipe's."""
 
     variants: tuple[str, ...] = field(
-        default=DEFAULT_VARIANTS, metadata={"help": f"variants to train; known: {list(VARIANTS)}"}
+        default=DEFAULT_VARIANTS,
+        metadata={"help": f"variants to train; known: {', '.join(VARIANTS)}"},
     )
     seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"help": "seeds, one run each"})
-    steps: int | None = field(default=None, metadata={"help": "optimizer steps per run"})
-    batch_size: int | None = field(default=None, metadata={"help": "sequences per step"})
-    block_size: int | None = field(default=None, metadata={"help": "tokens per sequence"})
-    n_layer: int | None = field(default=None, metadata={"help": "transformer blocks"})
-    n_embd: int | None = field(default=None, metadata={"help": "width"})
-    n_head: int | None = field(default=None, metadata={"help": "attention heads"})
-    lr: float | None = field(default=None, metadata={"help": "peak learning rate"})
+    steps: int | None = field(default=None, metadata={"help": "optimizer steps per run" + RECIPES})
+    batch_size: int | None = field(default=None, metadata={"help": "sequences per step" + RECIPES})
+    block_size: int | None = field(default=None, metadata={"help": "tokens per sequence" + RECIPES})
+    n_layer: int | None = field(default=None, metadata={"help": "transformer blocks" + RECIPES})
+    n_embd: int | None = field(default=None, metadata={"help": "width" + RECIPES})
+    n_head: int | None = field(default=None, metadata={"help": "attention heads" + RECIPES})
+    lr: float | None = field(default=None, metadata={"help": "peak learning rate" + RECIPES})
     val_batches: int | None = field(
         default=None, metadata={"help": "validation batches (default: the whole val split)"}
     )
     dyadic: str = field(
-        default="none", metadata={"help": f"dyadic unfreezing of ladder variants: {DYADIC}"}
+        default="none",
+        metadata={"help": f"dyadic unfreezing of ladder variants: {', '.join(DYADIC)}"},
     )
     model_config: str | None = field(
         default=None,

@@ -228,3 +228,36 @@ def test_models_list_with_a_filter_matching_nothing_is_an_error(capsys):
     line = captured.err.strip()
     assert line.startswith("cofr models list: error: no preset matches 'gpt2-tinyy'; closest: ")
     assert "gpt2-tiny" in line and "\n" not in line
+
+
+def test_a_sample_cut_at_the_end_of_text_says_so(capsys, tmp_path, data, monkeypatch):
+    """Fewer tokens than --max-new-tokens: the line under the sample says why."""
+    from cofrgenet.training import generate
+
+    def ends_after_two(model, idx, max_new_tokens, *args, **kwargs):
+        new = torch.tensor([[65, 66, 256, 67]] * idx.shape[0])  # "AB", EOS, then more
+        return torch.cat([idx, new[:, :max_new_tokens]], dim=1)
+
+    monkeypatch.setattr(generate, "sample", ends_after_two)
+    ckpt = write_checkpoint(
+        tmp_path / "byte.ckpt", str(data), trained_with={"tokenizer": "byte", "vocab_size": 257}
+    )
+    assert main(["generate", "--ckpt", str(ckpt), "--prompt", "x", "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "xAB\n[end of text after 2 tokens; --past-eos samples on]" in out
+    assert (
+        main(
+            [
+                "generate",
+                "--ckpt",
+                str(ckpt),
+                "--prompt",
+                "x",
+                "--max-new-tokens",
+                "4",
+                "--past-eos",
+            ]
+        )
+        == 0
+    )
+    assert "end of text" not in capsys.readouterr().out

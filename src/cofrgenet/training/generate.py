@@ -145,8 +145,11 @@ def run(args: argparse.Namespace) -> int:
     )
     for row in out.tolist():
         new = row[len(ids) :]
-        if not args.past_eos and tokenizer.eos_id in new:  # the document ended there
+        ended = not args.past_eos and tokenizer.eos_id in new  # the document ended there
+        if ended:
             new = new[: new.index(tokenizer.eos_id)]
         print(tokenizer.decode(row[: len(ids)] + new))
+        if ended:  # fewer tokens than asked: say why
+            print(f"[end of text after {len(new)} tokens; --past-eos samples on]")
         print("-" * 40)
     return 0

@@ -32,6 +32,12 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         litdata.warning("Using state dict override, may lead to unexpected behavior if ...")
         litdata.warning("a chunk is missing")
     assert [r.getMessage() for r in caplog.records] == ["a chunk is missing"]
+    caplog.clear()
+    store = logging.getLogger("mlflow.store.db.utils")  # a new run store: routine
+    with caplog.at_level(logging.INFO, logger="mlflow.store.db.utils"):
+        store.info("Creating initial MLflow database tables...")
+        store.info("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
 
 
 def test_progress_bar_metrics_have_short_names():

@@ -43,6 +43,9 @@ HARMLESS: tuple[tuple[str, str], ...] = (
      "a resume writes into its run's checkpoints; a fresh fit into a used run is refused"),
     ("Using state dict override, may lead to unexpected behavior",
      "data/datamodule.py asks for it: its own fingerprint check replaces litdata's path check"),
+    ("Experiment with name ", "a new MLflow experiment, made by its first run (a warning there)"),
+    ("Creating initial MLflow database tables", "a new run store, made once"),
+    ("Updating database tables", "MLflow bringing a new run store's schema up to date"),
 )  # fmt: skip
 
 #: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).
@@ -52,6 +55,8 @@ FILTERED_LOGGERS = (
     "lightning.fabric",
     "lightning.fabric.utilities.rank_zero",
     "litdata.streaming.dataset",
+    "lightning.pytorch.loggers.mlflow",
+    "mlflow.store.db.utils",
 )
 
 

@@ -1038,6 +1038,57 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
     assert resumed.tags["latest/trainer.max_steps"] == "5"
 
 
+def test_a_fit_stopped_by_a_callback_that_saved_resumes_like_one_that_never_stopped(
+    tiny_data, tmp_path
+):
+    """A sweep trial stopped for a requeue: its callback saves last.ckpt at the end of
+    step 3 and stops the fit. Lightning's end-of-training save must not replace it (that
+    checkpoint resumes one step late, in a new epoch)."""
+    import lightning as L
+
+    class SaveAndStop(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                trainer.save_checkpoint(
+                    Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+                )
+                trainer.should_stop = True
+
+    every = ("--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "2")
+    first = fit_args(tmp_path, tiny_data, *every, "--trainer.max_steps", "5", "--run.name", "a")
+    CofrCLI(args=first, extra_callbacks=[SaveAndStop()])
+    CofrCLI(
+        args=fit_args(
+            tmp_path,
+            tiny_data,
+            *every,
+            "--trainer.max_steps",
+            "5",
+            "--run.name",
+            "a",
+            "--ckpt_path",
+            "last",
+        )
+    )
+    CofrCLI(
+        args=fit_args(tmp_path, tiny_data, *every, "--trainer.max_steps", "5", "--run.name", "b")
+    )
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    runs = mlflow_runs(tmp_path / "runs")
+    ids = dict(zip(runs["tags.mlflow.runName"], runs["run_id"], strict=True))
+    history = {
+        (name, key): [
+            (m.step, round(m.value, 5)) for m in client.get_metric_history(ids[name], key)
+        ]
+        for name in "ab"
+        for key in ("train/loss", "val/loss", "epoch")
+    }
+    for key in ("train/loss", "epoch"):
+        assert history["a", key] == history["b", key], key
+    # Lightning validates a fit stopped early once more, at 3: the rest is the same.
+    assert [v for v in history["a", "val/loss"] if v[0] != 3] == history["b", "val/loss"]
+
+
 def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none: once
     its SIGUSR1 handler (deferred to the step's end) has saved one, only the newest is

@@ -15,5 +15,5 @@ def test_off_a_terminal_the_console_is_wide_enough_for_whole_rows(monkeypatch):
     table.add_column("preset")
     table.add_row("x" * 300)
     assert terminal.console(fit=table).width >= 300
-    monkeypatch.setenv("COLUMNS", "90")  # the user's choice wins
-    assert terminal.console().width == 90
+    monkeypatch.setenv("COLUMNS", "80")  # a shell's terminal width, passed on to a pipe
+    assert terminal.console().width == terminal.FILE_WIDTH

@@ -3,12 +3,12 @@
 On a terminal rich fits its width. Written to a file or a pipe (a SLURM ``.out`` file, a
 log, ``| tee``), rich assumes 80 columns: tables are cut (``gpt2-m…``) and messages
 wrap mid-sentence. There the console is as wide as what it prints, at least
-:data:`FILE_WIDTH` columns (``COLUMNS`` in the environment still wins, as with rich).
+:data:`FILE_WIDTH` columns, whatever ``COLUMNS`` says (a shell that exports it passes its
+terminal's width on to the pipe).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -21,7 +21,7 @@ def console(*, stderr: bool = False, fit: RenderableType | None = None, **kwargs
     """A rich Console on stdout (or ``stderr``); off a terminal at least FILE_WIDTH
     columns wide, and wide enough for ``fit`` (a table's whole rows)."""
     made = Console(stderr=stderr, **kwargs)
-    if made.is_terminal or "COLUMNS" in os.environ:
+    if made.is_terminal:
         return made
     width = FILE_WIDTH
     if fit is not None:

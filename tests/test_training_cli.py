@@ -218,6 +218,13 @@ def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     assert run.data.metrics["model/n_params"] == count_parameters(built).total
     assert run.data.metrics["model/n_params_ladder"] == count_parameters(built).ladder > 0
     assert run.data.metrics["model/training_flops_per_token"] > 0
+    # What it trained on: the folder as a whole path, the tokenizer, each split's tokens.
+    from cofrgenet.data.meta import read_meta
+
+    meta = read_meta(tiny_data)
+    assert params["data.folder"] == str(tiny_data.resolve())
+    assert params["data.tokenizer"] == meta.tokenizer
+    assert params["data.train_tokens"] == str(meta.train_tokens)
     # Which code ran: the package's version and, in a checkout, its commit.
     import subprocess
     from importlib.metadata import version

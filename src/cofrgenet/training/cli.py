@@ -66,7 +66,7 @@ from cofrgenet.training.run_store import (
     tracking_uri,
 )
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
-from cofrgenet.training.tracking import CofrMLFlowLogger
+from cofrgenet.training.tracking import CofrMLFlowLogger, data_params
 
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
 EVALUATIONS = ("validate", "test")
@@ -115,7 +115,8 @@ class ConfigToRun(SaveConfigCallback):
             if isinstance(logger, CofrMLFlowLogger):
                 logger.remember_run()
                 model_config = getattr(pl_module, "model_config", None)
-                logger.log_config(self.config.clone().as_dict(), yaml_text, model_config)
+                data = data_params(trainer.datamodule)
+                logger.log_config(self.config.clone().as_dict(), yaml_text, model_config, data)
 
 
 def _bad_choice(message: str) -> str | None:

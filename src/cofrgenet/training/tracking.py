@@ -37,6 +37,22 @@ def run_params(config: dict[str, Any], model_config: Any = None) -> dict[str, st
     return params
 
 
+def data_params(datamodule: Any) -> dict[str, str]:
+    """What a run trained on, from its prepared folder's ``meta.json``: the folder (as an
+    absolute path; the config may hold a relative one), source, tokenizer and the tokens
+    of each split. Empty for a datamodule without a prepared folder."""
+    meta, folder = getattr(datamodule, "meta", None), getattr(datamodule, "data_dir", None)
+    if meta is None or folder is None:
+        return {}
+    params = {
+        "data.folder": str(Path(folder).resolve()),
+        "data.source": meta.source,
+        "data.tokenizer": meta.tokenizer,
+    }
+    params.update({f"data.{name}_tokens": str(info.tokens) for name, info in meta.splits.items()})
+    return params
+
+
 def model_metrics(model_config: Any) -> dict[str, float]:
     """Sizes of the model, as metrics (numbers sort and filter as numbers in MLflow):
     parameters in all, in ladders and outside the embeddings, and training FLOPs per
@@ -158,13 +174,19 @@ class CofrMLFlowLogger(MLFlowLogger):
         return
 
     @rank_zero_only
-    def log_config(self, config: dict[str, Any], yaml_text: str, model_config: Any = None) -> None:
-        """Params (:func:`run_params`), the model's sizes (:func:`model_metrics`, at step 0)
-        and the config as artifacts. A resume that changed a param (a larger max_steps)
+    def log_config(
+        self,
+        config: dict[str, Any],
+        yaml_text: str,
+        model_config: Any = None,
+        data: dict[str, str] | None = None,
+    ) -> None:
+        """Params (:func:`run_params`, and ``data``: :func:`data_params`), the model's sizes
+        (:func:`model_metrics`, at step 0) and the config as artifacts. A resume that changed a param (a larger max_steps)
         keeps the first value, as MLflow params cannot change, and sets the new one as the
         tag ``latest/<key>``."""
         client, run_id = self.experiment, self.run_id
-        params = run_params(config, model_config)
+        params = {**run_params(config, model_config), **(data or {})}
         changed = log_new_params(client, run_id, params)
         if changed:
             from mlflow.entities import RunTag

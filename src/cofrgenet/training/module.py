@@ -89,7 +89,6 @@ class LanguageModel(L.LightningModule):
         self._grad_norm_count = 0
         self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
-        self._batch_start = 0.0
         self._after_validation = False  # time the next batch from its own start
         self._peak_flops: float | None = None
         self._resumed_rng_state: dict[str, Any] | None = None
@@ -183,7 +182,8 @@ class LanguageModel(L.LightningModule):
         return loss, targets.numel()
 
     def on_train_batch_start(self, batch: Tensor, batch_idx: int) -> None:
-        self._batch_start = time.perf_counter()
+        if self._after_validation:  # a step without a rate would show the previous one
+            self._last_batch_end, self._after_validation = time.perf_counter(), False
         state, self._resumed_rng_state = self._resumed_rng_state, None
         if state is not None:
             torch.set_rng_state(state["cpu"])
@@ -200,11 +200,9 @@ class LanguageModel(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Tensor, batch_idx: int) -> None:
         # Wall time between consecutive batch ends: data loading included, and the first
-        # batch (warm-up, compilation) left out. The batch after a validation is timed
-        # from its own start: a step without a rate would show the previous one again.
+        # batch (warm-up, compilation) left out; the batch after a validation is timed from
+        # its own start (on_train_batch_start).
         now, previous = time.perf_counter(), self._last_batch_end
-        if previous is None and self._after_validation:
-            previous, self._after_validation = self._batch_start, False
         self._last_batch_end = now
         if previous is None:
             return

@@ -24,6 +24,7 @@ from cofrgenet.data import Tokenizer, load_tokenizer
 from cofrgenet.data.meta import TOKENIZER_KEYS, DataFolderError, tokenizer_changes
 from cofrgenet.errors import UserError
 from cofrgenet.models import ModelConfig
+from cofrgenet.training.run_store import RUN_ID_FILE
 
 
 class TokenizerNotFound(UserError, FileNotFoundError):
@@ -207,17 +208,16 @@ class LoadedCheckpoint:
 def run_dir_of(ckpt: Path) -> Path | None:
     """``runs/<exp>/<run>`` for ``runs/<exp>/<run>/checkpoints/x.ckpt`` (or an hpc_ckpt)."""
     for folder in (ckpt.parent.parent, ckpt.parent):
-        if (folder / "config.yaml").is_file() or (folder / "mlflow_run_id").is_file():
+        if (folder / "config.yaml").is_file() or (folder / RUN_ID_FILE).is_file():
             return folder
     return None
 
 
 def run_id_of(run_dir: Path | None) -> str | None:
-    """The MLflow run id of a run folder, if it was tracked. ("mlflow_run_id" is
-    run_store.RUN_ID_FILE, written out here: this module stays light for `cofr generate`.)"""
-    if run_dir is None or not (run_dir / "mlflow_run_id").is_file():
+    """The MLflow run id of a run folder, if it was tracked."""
+    if run_dir is None or not (run_dir / RUN_ID_FILE).is_file():
         return None
-    return (run_dir / "mlflow_run_id").read_text().strip()
+    return (run_dir / RUN_ID_FILE).read_text().strip()
 
 
 def tracking_uri_of(run_dir: Path) -> str:

@@ -320,31 +320,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         _claim_folder(run_dir, identity)
     except RunFolderBusyError as busy:
         return Outcome(TrialState.FAIL, reason=str(busy))
-    run = [
-        ("run.experiment", sweep.experiment),
-        ("run.name", run_dir.name),
-        ("run.runs_dir", str(ctx.runs_dir)),
-    ]
-    if sweep.tracking_uri:
-        run.append(("run.tracking_uri", sweep.tracking_uri))
-    if not ctx.track:
-        run.append(("run.mlflow", False))
-    # The trial trains with these words, merged by cofr fit's parser (fitconfig.py).
-    args: list[str] = []
-    config: dict[str, Any] | None = None
-    try:
-        args = trial_words(sweep, params, ctx.extra, run_dir / "sweep-settings.yaml", run)
-        config, text = checked_config(args)
-    except SweepError as parse_error:
-        error: str | None = str(parse_error)
-    else:
-        error = None
-        # The resolved config, under the command line that reproduces it.
-        command = shlex.join(["cofr", "fit", *args]).splitlines()
-        header = "".join(f"# {line}\n" for line in command)
-        (run_dir / "sweep-trial.yaml").write_text(header + text)
-    outcome = Outcome(TrialState.FAIL, run_dir=run_dir)
 
+    args, config, error = _trial_config(ctx, params, run_dir)
     child_id = None
     mlflow_on = ctx.run_mlflow if config is None else get_dotted(config, "run.mlflow", True)
     if ctx.mlflow_client is not None and mlflow_on:
@@ -364,16 +341,52 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             tags, params,
         )  # fmt: skip
 
-    if error is not None:
-        outcome.reason = f"bad sample or sweep config: {error}"
-        _finish_mlflow(ctx, child_id, outcome)
-        return outcome
+    if error is None:
+        outcome = _train(ctx, trial, args, run_dir)
+    else:
+        outcome = Outcome(
+            TrialState.FAIL, reason=f"bad sample or sweep config: {error}", run_dir=run_dir
+        )
+    _finish_mlflow(ctx, child_id, outcome)
+    return outcome
 
+
+def _trial_config(
+    ctx: TrialContext, params: dict[str, Any], run_dir: Path
+) -> tuple[list[str], dict[str, Any] | None, str | None]:
+    """``cofr fit``'s words for this trial, its resolved config (None if the words do not
+    parse) and the parse error. The config is written to ``sweep-trial.yaml`` under the
+    command line that reproduces it."""
+    sweep = ctx.sweep
+    run = [
+        ("run.experiment", sweep.experiment),
+        ("run.name", run_dir.name),
+        ("run.runs_dir", str(ctx.runs_dir)),
+    ]
+    if sweep.tracking_uri:
+        run.append(("run.tracking_uri", sweep.tracking_uri))
+    if not ctx.track:
+        run.append(("run.mlflow", False))
+    # The trial trains with these words, merged by cofr fit's parser (fitconfig.py).
+    args: list[str] = []
+    try:
+        args = trial_words(sweep, params, ctx.extra, run_dir / "sweep-settings.yaml", run)
+        config, text = checked_config(args)
+    except SweepError as parse_error:
+        return args, None, str(parse_error)
+    command = shlex.join(["cofr", "fit", *args]).splitlines()
+    header = "".join(f"# {line}\n" for line in command)
+    (run_dir / "sweep-trial.yaml").write_text(header + text)
+    return args, config, None
+
+
+def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Path) -> Outcome:
+    """Fit the trial with ``cofr fit``'s ``args`` (resuming its last checkpoint if any)."""
     callback = PruneAtStep(
         trial,
-        sweep.objective.metric,
+        ctx.sweep.objective.metric,
         ctx.storage_url,
-        sweep.study,
+        ctx.sweep.study,
         stop_file=str(ctx.stop_file) if ctx.stop_file else None,
     )
     args = ["fit", *args]
@@ -383,53 +396,12 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     try:
         with given_args():
             cli = SweepCLI(args=args, extra_callbacks=[callback])
-        trainer = cli.trainer
-        callback.recover(ctx.storage, study)
-        # Under ddp_spawn the main process's trainer does not see the ranks' step.
-        final_step = max(trainer.global_step, callback.last_step or 0)
-        if callback.requeued_at is not None:
-            outcome = Outcome(
-                TrialState.RUNNING,
-                reason=f"stopped at step {callback.requeued_at} for a requeue",
-                stop_worker=True,
-                requeue=True,
-                run_dir=run_dir,
-            )
-        elif callback.pruned_at is not None:
-            outcome = Outcome(
-                TrialState.PRUNED,
-                value=callback.last_value,
-                step=callback.last_step,
-                run_dir=run_dir,
-            )
-            outcome.reason = f"pruned at step {callback.pruned_at}"
-        else:
-            logged = dict(trainer.callback_metrics)
-            if callback.last_step != final_step:
-                # The last validation was before the end: measure the final model. It
-                # resets the logged metrics: train/loss is the last step's, from before.
-                trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-                logged.update(trainer.callback_metrics)
-            metric = logged.get(sweep.objective.metric)
-            if metric is None:
-                outcome.reason = (
-                    f"objective metric {sweep.objective.metric!r} was never logged; logged: "
-                    f"{sorted(logged)}"
-                )
-            else:
-                value = float(metric)
-                if callback.last_step != final_step:  # else on_validation_end reported it
-                    with contextlib.suppress(Exception):
-                        trial.report(value, final_step)
-                if math.isfinite(value):
-                    outcome = Outcome(
-                        TrialState.COMPLETE, value=value, step=final_step, run_dir=run_dir
-                    )
-                else:
-                    outcome.reason = f"objective {sweep.objective.metric} is {value}"
+        callback.recover(ctx.storage, ctx.study)
+        return _fit_outcome(ctx, trial, cli, callback, run_dir)
     except BaseException as exc:
         reason, retry, stop, status = classify(exc)
-        outcome = Outcome(
+        (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+        return Outcome(
             TrialState.FAIL,
             reason=reason,
             retry=retry,
@@ -437,12 +409,58 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             run_dir=run_dir,
             signal_status=status,
         )
-        (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
     finally:
         del cli
         _free_memory()
-    _finish_mlflow(ctx, child_id, outcome)
-    return outcome
+
+
+def _fit_outcome(
+    ctx: TrialContext,
+    trial: optuna.Trial,
+    cli: SweepCLI,
+    callback: PruneAtStep,
+    run_dir: Path,
+) -> Outcome:
+    """How a fit that returned ended: requeued, pruned, or its objective at the last step
+    (validating the final model when the last validation came before it)."""
+    trainer, metric_name = cli.trainer, ctx.sweep.objective.metric
+    # Under ddp_spawn the main process's trainer does not see the ranks' step.
+    final_step = max(trainer.global_step, callback.last_step or 0)
+    if callback.requeued_at is not None:
+        return Outcome(
+            TrialState.RUNNING,
+            reason=f"stopped at step {callback.requeued_at} for a requeue",
+            stop_worker=True,
+            requeue=True,
+            run_dir=run_dir,
+        )
+    if callback.pruned_at is not None:
+        return Outcome(
+            TrialState.PRUNED,
+            value=callback.last_value,
+            step=callback.last_step,
+            reason=f"pruned at step {callback.pruned_at}",
+            run_dir=run_dir,
+        )
+    logged = dict(trainer.callback_metrics)
+    if callback.last_step != final_step:
+        # The last validation was before the end: measure the final model. It resets the
+        # logged metrics: train/loss is the last step's, from before.
+        trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+        logged.update(trainer.callback_metrics)
+    metric = logged.get(metric_name)
+    if metric is None:
+        reason = f"objective metric {metric_name!r} was never logged; logged: {sorted(logged)}"
+        return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)
+    value = float(metric)
+    if callback.last_step != final_step:  # else on_validation_end reported it
+        with contextlib.suppress(Exception):
+            trial.report(value, final_step)
+    if not math.isfinite(value):
+        return Outcome(
+            TrialState.FAIL, reason=f"objective {metric_name} is {value}", run_dir=run_dir
+        )
+    return Outcome(TrialState.COMPLETE, value=value, step=final_step, run_dir=run_dir)
 
 
 def _finish_mlflow(ctx: TrialContext, run_id: str | None, outcome: Outcome) -> None:

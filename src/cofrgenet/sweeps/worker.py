@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,42 +286,16 @@ def run_worker(
     home = sweep.storage or st.default_storage(sweep, runs_dir)
     st.check_given_storage(storage_url, home, sweep.study)
     url = storage_url or home
-    # Fail fast, before the study exists, on a sweep whose trials could not train as
-    # asked: a --set the sweep overrides, a key that is not cofr fit's (a typo), a config
-    # that does not parse (open_storage then refuses a storage URL that is none).
-    check_extra(sweep, extra, mlflow)
-    check_keys(sweep, extra)
-    try:
-        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
-        check_model_values(sweep, probe)
-    except SweepError as error:
-        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
-    check_data_folder(sweep, probe)
+    probe = _checked_trial_config(sweep, extra, mlflow)
 
     worker = st.Worker.current()
     storage = st.open_storage(url, sweep.storage_options)
     study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
     folder = st.study_folder(sweep, runs_dir)
     folder.mkdir(parents=True, exist_ok=True)
-
-    client = parent = None
-    if mlflow:
-        from cofrgenet.sweeps import tracking
-
-        run = tracking.run_config(sweep, runs_dir)
-        client = tracking.client_for(run)
-        # One parent run per study: created under a lock beside the run store, so workers
-        # that start together on a new study make one (the study attribute names it).
-        with tracking.file_lock(Path(runs_dir) / ".sweep-parent.lock"):
-            parent = study.user_attrs.get(PARENT_ATTR)
-            if parent is None:
-                parent = tracking.create_parent(client, run, sweep, st.describe_storage(url))
-                study.set_user_attr(PARENT_ATTR, parent)
-        tracking.set_parent_status(client, parent, "RUNNING")
-
+    client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
     stop_file.parent.mkdir(parents=True, exist_ok=True)
-    stop_file.unlink(missing_ok=True)
     ctx = TrialContext(
         sweep=sweep,
         study=study,
@@ -335,58 +310,14 @@ def run_worker(
         run_mlflow=bool(get_dotted(probe, "run.mlflow", True)),
         track=mlflow,
     )
-
-    def on_usr1(signum: int, frame: Any) -> None:
-        REQUEUE.set()
-        with contextlib.suppress(OSError):
-            stop_file.touch()
-
-    previous = signal.signal(signal.SIGUSR1, on_usr1)
-    REQUEUE.clear()
-    result = WorkerResult(study)
     log.info(
         f"worker {worker.label}: study {sweep.study} on {st.describe_storage(url)} "
         f"({'created' if created else 'loaded'})"
     )
-    try:
-        while n_trials is None or len(result.outcomes) < n_trials:
-            if REQUEUE.is_set():  # SIGUSR1 between trials: come back after the requeue
-                result.requeued = True
-                _requeue_job(worker)
-                break
-            trial, resumed = next_trial(study, storage, sweep, worker)
-            if trial is None:
-                break
-            log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
-            interval = sweep.storage_options.heartbeat_interval
-            with st.Heartbeat(storage, study, trial.number, interval):
-                outcome = run_trial(ctx, trial)
-            result.outcomes.append((trial.number, outcome))
-            if outcome.requeue:
-                trial.set_user_attr("cofr.requeued_at", time.time())
-                result.requeued = True
-                _requeue_job(worker)
-                break
-            if not _tell(study, storage, trial, outcome, sweep):
-                outcome.reason = "; ".join(
-                    filter(None, [outcome.reason, "not recorded: another worker ended it first"])
-                )
-            value = "" if outcome.value is None else f" value {outcome.value:.6g}"
-            why = f" ({outcome.reason})" if outcome.reason else ""
-            log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
-            if outcome.stop_worker:
-                result.signal_status = outcome.signal_status
-                break
-            if _same_failures(result.outcomes) >= MAX_SAME_FAILURES:
-                result.failing = outcome.reason
-                log.error(
-                    f"the last {MAX_SAME_FAILURES} trials failed for the same reason; stopping "
-                    f"this worker: {outcome.reason}"
-                )
-                break
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-        stop_file.unlink(missing_ok=True)
+    result = WorkerResult(study)
+    with _requeue_on_usr1(stop_file):
+        _run_trials(ctx, result, n_trials)
+
     result.done = study_done(study, sweep)
     if result.done and client is not None and parent is not None:
         from cofrgenet.sweeps import tracking
@@ -400,6 +331,105 @@ def run_worker(
         except Exception as error:
             log.warning(f"report failed: {type(error).__name__}: {error}")
     return result
+
+
+def _checked_trial_config(
+    sweep: Sweep, extra: dict[str, Any] | None, mlflow: bool
+) -> dict[str, Any]:
+    """The config of a trial at the space's defaults, after checking that the sweep's
+    trials could train as asked.
+
+    Fails fast, before the study exists: a --set the sweep overrides, a key that is not
+    cofr fit's (a typo), a config that does not parse (open_storage then refuses a storage
+    URL that is none), a model value out of range, a missing data folder.
+    """
+    check_extra(sweep, extra, mlflow)
+    check_keys(sweep, extra)
+    try:
+        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
+        check_model_values(sweep, probe)
+    except SweepError as error:
+        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
+    check_data_folder(sweep, probe)
+    return probe
+
+
+def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> tuple[Any, str]:
+    """The MLflow client and the study's parent run (created by the first worker), RUNNING."""
+    from cofrgenet.sweeps import tracking
+
+    run = tracking.run_config(sweep, runs_dir)
+    client = tracking.client_for(run)
+    # One parent run per study: created under a lock beside the run store, so workers that
+    # start together on a new study make one (the study attribute names it).
+    with tracking.file_lock(Path(runs_dir) / ".sweep-parent.lock"):
+        parent = study.user_attrs.get(PARENT_ATTR)
+        if parent is None:
+            parent = tracking.create_parent(client, run, sweep, st.describe_storage(url))
+            study.set_user_attr(PARENT_ATTR, parent)
+    tracking.set_parent_status(client, parent, "RUNNING")
+    return client, parent
+
+
+@contextlib.contextmanager
+def _requeue_on_usr1(stop_file: Path) -> Iterator[None]:
+    """SIGUSR1 (SLURM's warning before a time limit) asks for a requeue: it sets
+    ``REQUEUE`` and touches ``stop_file``, which the training trial polls."""
+
+    def on_usr1(signum: int, frame: Any) -> None:
+        REQUEUE.set()
+        with contextlib.suppress(OSError):
+            stop_file.touch()
+
+    stop_file.unlink(missing_ok=True)
+    previous = signal.signal(signal.SIGUSR1, on_usr1)
+    REQUEUE.clear()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        stop_file.unlink(missing_ok=True)
+
+
+def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -> None:
+    """Take and train trials until ``n_trials``, the study's budget, a requeue, a signal or
+    a run of identical failures; each outcome goes to ``result``."""
+    study, storage, sweep, worker = ctx.study, ctx.storage, ctx.sweep, ctx.worker
+    while n_trials is None or len(result.outcomes) < n_trials:
+        if REQUEUE.is_set():  # SIGUSR1 between trials: come back after the requeue
+            result.requeued = True
+            _requeue_job(worker)
+            return
+        trial, resumed = next_trial(study, storage, sweep, worker)
+        if trial is None:
+            return
+        log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
+        interval = sweep.storage_options.heartbeat_interval
+        with st.Heartbeat(storage, study, trial.number, interval):
+            outcome = run_trial(ctx, trial)
+        result.outcomes.append((trial.number, outcome))
+        if outcome.requeue:
+            trial.set_user_attr("cofr.requeued_at", time.time())
+            result.requeued = True
+            _requeue_job(worker)
+            return
+        if not _tell(study, storage, trial, outcome, sweep):
+            outcome.reason = "; ".join(
+                filter(None, [outcome.reason, "not recorded: another worker ended it first"])
+            )
+        value = "" if outcome.value is None else f" value {outcome.value:.6g}"
+        why = f" ({outcome.reason})" if outcome.reason else ""
+        log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
+        if outcome.stop_worker:
+            result.signal_status = outcome.signal_status
+            return
+        if _same_failures(result.outcomes) >= MAX_SAME_FAILURES:
+            result.failing = outcome.reason
+            log.error(
+                f"the last {MAX_SAME_FAILURES} trials failed for the same reason; stopping "
+                f"this worker: {outcome.reason}"
+            )
+            return
 
 
 def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:

@@ -501,6 +501,18 @@ def test_pareto_front_keeps_the_points_nothing_beats():
     assert pareto_front(points) == [4, 0, 1, 3]
 
 
+def test_pareto_front_of_an_accuracy_keeps_the_highest():
+    from cofrgenet.eval.compare import higher_is_better, pareto_front
+
+    accuracies = [(1e6, 0.60), (1e7, 0.70), (1e8, 0.80), (2e7, 0.65)]
+    assert pareto_front(accuracies, higher_is_better=True) == [0, 1, 2]
+    for metric in ("eval/lambada/accuracy", "glue/cola/mcc", "eval/hellaswag/acc_norm",
+                   "eval/gsm8k/exact_match/strict-match", "glue/mrpc/f1"):  # fmt: skip
+        assert higher_is_better(metric), metric
+    for metric in ("val/loss", "eval/wikitext-2-v1/word_ppl", "eval/ptb/bits_per_byte"):
+        assert not higher_is_better(metric), metric
+
+
 def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     data = write_eval_data(tmp_path / "sets")
     tasks = "ptb,wikitext-2-v1"  # the paper's WikiText column is the <unk> release's

@@ -279,14 +279,29 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both (lower x, lower y), by x."""
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+#: Metric name parts (after "/") whose larger values are better; any other metric is a
+#: loss, a perplexity or bits per byte, where smaller is better.
+HIGHER_IS_BETTER = ("acc", "f1", "mcc", "exact_match", "bleu", "rouge", "tokens_per_sec", "mfu")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether larger values of ``metric`` are better: accuracies (``eval/lambada/accuracy``,
+    harness ``acc_norm``), GLUE's F1 and MCC, throughput; not losses or perplexities."""
+    return any(part.startswith(HIGHER_IS_BETTER) for part in metric.split("/"))
+
+
+def pareto_front(
+    points: Sequence[tuple[float, float]], higher_is_better: bool = False
+) -> list[int]:
+    """Indices of the points no other point beats on both (lower x; lower y, or higher y
+    when ``higher_is_better``), by x."""
+    sign = -1.0 if higher_is_better else 1.0
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], sign * points[i][1]))
     front, best = [], float("inf")
     for i in order:
-        if points[i][1] < best:
+        if sign * points[i][1] < best:
             front.append(i)
-            best = points[i][1]
+            best = sign * points[i][1]
     return front
 
 
@@ -316,7 +331,8 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
             s=40,
         )
     points = [(float(x_of(r) or 0), r.metrics[metric]) for r in kept]
-    front = pareto_front(points)
+    better_up = higher_is_better(metric)
+    front = pareto_front(points, better_up)
     ax.plot(
         [points[i][0] for i in front],
         [points[i][1] for i in front],
@@ -335,7 +351,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
         )
     ax.set_xscale("log")
     ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} ({'higher' if better_up else 'lower'} is better)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

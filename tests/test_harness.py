@@ -8,6 +8,7 @@ here that loads a jsonl with ``dataset_path: json``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -192,11 +193,14 @@ def greedy_reference(model: nn.Module, prompt: str, n: int) -> str:
     return BYTES.decode(out[0, ids.shape[1] :].tolist())
 
 
-def test_generate_until_is_greedy_sample(lm):
+def test_generate_until_is_greedy_sample(lm, caplog):
     # Two prompts of one length share a batch; the model takes no mask, so others do not.
     prompts = ["The if statement", "A class", "The for statement iterates over " * 2, "A def"]
-    args = {"until": [], "max_gen_toks": 16, "do_sample": False}
-    got = lm.generate_until(requests(*((p, dict(args)) for p in prompts)))
+    # lm_eval's normalize_gen_kwargs adds temperature 0.0 to greedy requests.
+    args = {"until": [], "max_gen_toks": 16, "do_sample": False, "temperature": 0.0}
+    with caplog.at_level(logging.WARNING):
+        got = lm.generate_until(requests(*((p, dict(args)) for p in prompts)))
+    assert "ignoring" not in caplog.text
     for prompt, text in zip(prompts, got, strict=True):
         # EOS stops generation too (lm_eval adds its text to the stop strings).
         assert text == greedy_reference(lm.model, prompt, 16).split(EOS_TEXT)[0]

@@ -486,7 +486,10 @@ class _CofrgenetLMImpl:
 
         max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
         do_sample = bool(kwargs.pop("do_sample", False))
-        temperature = float(kwargs.pop("temperature", 0.0) or 0.0) if do_sample else 0.0
+        temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+        if not do_sample and temperature > 0:  # greedy: a temperature would be ignored
+            kwargs["temperature"] = temperature
+        temperature = temperature if do_sample else 0.0
         top_k = kwargs.pop("top_k", None)
         top_p = kwargs.pop("top_p", None)
         ignored = {k: v for k, v in kwargs.items() if k not in ("max_length",)}

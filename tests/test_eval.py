@@ -247,6 +247,11 @@ def test_hub_rows_are_joined_like_the_files(monkeypatch, tmp_path):
     monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: rows)
     file = " \n = A = \n \n text , here \n \n = B = \n"
     assert read_rows(get_task("wikitext-2"), "test", tmp_path) == [file]
+    # PTB's rows are its lines' words, stripped or not: the file's lines are " w1 ... wn \n".
+    rows = ["no it was n't black monday", " but while the new york stock exchange \n"]
+    monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: rows)
+    file = " no it was n't black monday \n but while the new york stock exchange \n"
+    assert read_rows(get_task("ptb"), "test", tmp_path) == [file]
     monkeypatch.setattr(eval_tasks, "_from_hub", lambda task, split: [" \n", ""])
     with pytest.raises(EvalDataError, match="ptb: the Hugging Face dataset's test split has no"):
         read_rows(get_task("ptb"), "test", tmp_path)

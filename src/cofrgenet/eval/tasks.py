@@ -58,6 +58,9 @@ class Task:
     join: how the hub's rows are joined into one text.
     blank_row: what an empty hub row stands for (WikiText's builder yields "" for the
         file's blank lines, which are " \n").
+    line_format: the file's line for a hub row's stripped text, where the hub's rows are
+        not the file's lines (PTB's files read " w1 ... wn \n"): the byte count and the
+        tokens then match the file's. None: rows are joined with ``join``.
     source: where the original files come from (for the error message).
     """
 
@@ -70,6 +73,7 @@ class Task:
     detokenizer: str
     source: str
     blank_row: str = ""
+    line_format: str | None = None
 
     @property
     def detokenize(self) -> Callable[[str], str]:
@@ -111,8 +115,9 @@ TASKS: dict[str, Task] = {
         files={s: f"ptb.{s}.txt" for s in ("valid", "test")},
         hub=("ptb-text-only/ptb_text_only", "penn_treebank", "sentence"),
         hub_splits={"valid": "validation", "test": "test"},
-        join="\n",
+        join="",
         detokenizer="ptb",
+        line_format=" {} \n",
         source="simple-examples.tgz from Mikolov's RNNLM page (its data/ptb.*.txt)",
     ),
     "lambada": Task(
@@ -175,6 +180,8 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         raise EvalDataError(f"{task.name}: the Hugging Face dataset's {split} split has no text")
     if task.kind == "lambada":
         return rows
+    if task.line_format is not None:
+        return ["".join(task.line_format.format(row.strip()) for row in rows)]
     return [task.join.join(row or task.blank_row for row in rows)]
 
 

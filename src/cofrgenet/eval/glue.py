@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
 from cofrgenet.errors import UserError
-from cofrgenet.eval.glue_data import TASKS, GlueTask, TaskData, encode_examples, load_task
+from cofrgenet.eval.glue_data import (
+    TASKS,
+    Example,
+    GlueTask,
+    TaskData,
+    encode_examples,
+    load_task,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -565,6 +572,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loaders(
+    data: TaskData, config: FinetuneConfig, tokenizer: Any, max_length: int
+) -> tuple[list[Example], dict[str, list[Example]], Any, list[Any]]:
+    """The examples used (``--max-*-samples`` subsets) and their data loaders: training
+    shuffled by ``config.seed``, each dev set sorted by length (less padding)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    rng = random.Random(config.seed)
+    train = _subset(data.train, config.max_train_samples, rng)
+    dev = {k: _subset(v, config.max_eval_samples, None) for k, v in data.dev.items()}
+    train_ids, train_labels = encode_examples(train, tokenizer, max_length)
+    pad = tokenizer.eos_id  # any id: pooling never reads past a sequence's length
+    collate_fn = functools.partial(collate, pad_id=pad)
+    train_loader = DataLoader(
+        list(zip(train_ids, train_labels, strict=True)),
+        batch_size=config.batch_size,
+        shuffle=True,
+        collate_fn=collate_fn,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    dev_loaders = []
+    for split in data.task.dev_splits():
+        ids, labels = encode_examples(dev[split.name], tokenizer, max_length)
+        pairs = sorted(zip(ids, labels, strict=True), key=lambda p: len(p[0]))
+        dev_loaders.append(DataLoader(pairs, batch_size=config.batch_size, collate_fn=collate_fn))
+    return train, dev, train_loader, dev_loaders
+
+
 def finetune(
     ckpt: Path,
     data: TaskData,
@@ -588,9 +624,7 @@ def finetune(
     the fine-tuning run, ``pretrain_run_id``, ``config`` and data sizes.
     """
     import lightning as L
-    import torch
     from lightning.pytorch.callbacks import RichProgressBar
-    from torch.utils.data import DataLoader
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
@@ -610,24 +644,7 @@ def finetune(
     max_length = min(config.max_length or loaded.block_size, loaded.block_size)
 
     L.seed_everything(config.seed, workers=True, verbose=False)
-    rng = random.Random(config.seed)
-    train = _subset(data.train, config.max_train_samples, rng)
-    dev = {k: _subset(v, config.max_eval_samples, None) for k, v in data.dev.items()}
-    train_ids, train_labels = encode_examples(train, tokenizer, max_length)
-    pad = tokenizer.eos_id  # any id: pooling never reads past a sequence's length
-    collate_fn = functools.partial(collate, pad_id=pad)
-    train_loader = DataLoader(
-        list(zip(train_ids, train_labels, strict=True)),
-        batch_size=config.batch_size,
-        shuffle=True,
-        collate_fn=collate_fn,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
-    dev_loaders = []
-    for split in task.dev_splits():
-        ids, labels = encode_examples(dev[split.name], tokenizer, max_length)
-        pairs = sorted(zip(ids, labels, strict=True), key=lambda p: len(p[0]))  # less padding
-        dev_loaders.append(DataLoader(pairs, batch_size=config.batch_size, collate_fn=collate_fn))
+    train, dev, train_loader, dev_loaders = _loaders(data, config, tokenizer, max_length)
 
     hidden = strip_lm_head(loaded.model)
     loaded.model.train()  # loaded in eval mode; Lightning keeps the modes it finds
@@ -729,27 +746,9 @@ def finetune(
         "run_dir": str(run_dir),
         "warnings": warnings,
     }
-    partial = [
-        f"--{name.replace('_', '-')} {value}"
-        for name, value in (
-            ("max_train_samples", config.max_train_samples),
-            ("max_eval_samples", config.max_eval_samples),
-        )
-        if value is not None
-    ]
-    if mlflow and loaded.mlflow_run_id and partial:
-        # A subset's scores would stand beside full ones under the same names.
-        warnings.append(
-            f"not logged onto the pretraining run: {' and '.join(partial)} use part of the "
-            "task (its own fine-tuning run has them)"
-        )
-    elif mlflow and loaded.mlflow_run_id and loaded.tracking_uri:
-        warning = log_to_pretraining_run(
-            loaded.tracking_uri,
-            loaded.mlflow_run_id,
-            metrics,
-            pretrain_step,
-            {f"glue.{task.name}.run_id": str(run_id)},
+    if mlflow and loaded.mlflow_run_id:
+        warning = _log_onto_pretraining_run(
+            loaded, config, task.name, metrics, pretrain_step, run_id
         )
         if warning:
             warnings.append(warning)
@@ -759,3 +758,37 @@ def finetune(
     if mlflow:
         logger.experiment.log_text(run_id, text, "glue_results.json")
     return result
+
+
+def _log_onto_pretraining_run(
+    loaded: Any,
+    config: FinetuneConfig,
+    task: str,
+    metrics: dict[str, float],
+    pretrain_step: int,
+    run_id: str | None,
+) -> str | None:
+    """Log the dev ``metrics`` onto the run that pretrained the checkpoint (at its step),
+    unless only part of the task was used; returns a warning, or None."""
+    partial = [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in (
+            ("max_train_samples", config.max_train_samples),
+            ("max_eval_samples", config.max_eval_samples),
+        )
+        if value is not None
+    ]
+    if partial:  # a subset's scores would stand beside full ones under the same names
+        return (
+            f"not logged onto the pretraining run: {' and '.join(partial)} use part of the "
+            "task (its own fine-tuning run has them)"
+        )
+    if not loaded.tracking_uri:
+        return None
+    return log_to_pretraining_run(
+        loaded.tracking_uri,
+        loaded.mlflow_run_id,
+        metrics,
+        pretrain_step,
+        {f"glue.{task}.run_id": str(run_id)},
+    )

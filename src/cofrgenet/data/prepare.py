@@ -359,6 +359,64 @@ def _remove_written(out: Path, created: bool) -> None:
             out.rmdir()
 
 
+def _split(
+    source: Source,
+    val_source: Source | None,
+    val_fraction: float,
+    seed: int,
+    max_docs: int | None,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Document indices of the train and val splits, and how they were made (meta.json's
+    ``split_args``): ``val_fraction`` of ``source`` at random, or ``val_source`` whole."""
+    n = len(source) if max_docs is None else min(len(source), max_docs)
+    if val_source is None:
+        train_idx, val_idx = split_documents(n, val_fraction, seed)
+        split_args: dict[str, Any] = {
+            "method": "random documents",
+            "val_fraction": val_fraction,
+            "seed": seed,
+        }
+    else:
+        n_val = len(val_source) if max_docs is None else min(len(val_source), max_docs)
+        if n == 0 or n_val == 0:
+            raise PrepareError(f"empty split: {n} training and {n_val} validation documents")
+        train_idx, val_idx = np.arange(n), np.arange(n_val)
+        split_args = {"method": "source splits", "val": val_source.describe()}
+    if max_docs is not None:
+        split_args["max_docs"] = max_docs
+    return train_idx, val_idx, split_args
+
+
+def _same_prepare(out: Path, request: dict[str, Any]) -> DataMeta:
+    """The metadata of the data folder ``out`` when it was prepared as ``request`` (meta.json's
+    source, source_args, tokenizer, tokenizer_args and split_args) asks; else PrepareError,
+    naming what differs."""
+    existing = read_meta(out)
+    asked = dict(request["source_args"])
+    if "contents" not in existing.source_args:  # prepared before contents were recorded
+        asked.pop("contents", None)
+    request = {**request, "source_args": asked}
+    same_but_contents = _plain({**existing.source_args, "contents": None}) == _plain(
+        {**asked, "contents": None}
+    )
+    if same_but_contents and _plain(existing.source_args) != _plain(asked):
+        raise PrepareError(
+            f"{str(out)!r} was prepared from these files, which changed since (sizes or "
+            "modification times): pass --overwrite to prepare them again"
+        )
+    differences = [
+        f"{key}: {getattr(existing, key)!r} there, {value!r} asked"
+        for key, value in request.items()
+        if _plain(getattr(existing, key)) != _plain(value)
+    ]
+    if differences:
+        raise PrepareError(
+            f"{str(out)!r} is already prepared with other settings ({'; '.join(differences)}): "
+            "pass --overwrite to replace it, or choose another --out"
+        )
+    return existing
+
+
 def prepare_data(
     source: Source | str,
     out: str | os.PathLike[str],
@@ -411,22 +469,7 @@ def prepare_data(
     started = time.perf_counter()
 
     # 1. Split documents.
-    n = len(source) if max_docs is None else min(len(source), max_docs)
-    if val_source is None:
-        train_idx, val_idx = split_documents(n, val_fraction, seed)
-        split_args: dict[str, Any] = {
-            "method": "random documents",
-            "val_fraction": val_fraction,
-            "seed": seed,
-        }
-    else:
-        n_val = len(val_source) if max_docs is None else min(len(val_source), max_docs)
-        if n == 0 or n_val == 0:
-            raise PrepareError(f"empty split: {n} training and {n_val} validation documents")
-        train_idx, val_idx = np.arange(n), np.arange(n_val)
-        split_args = {"method": "source splits", "val": val_source.describe()}
-    if max_docs is not None:
-        split_args["max_docs"] = max_docs
+    train_idx, val_idx, split_args = _split(source, val_source, val_fraction, seed, max_docs)
     log(f"documents: {len(train_idx)} train, {len(val_idx)} val")
 
     # 2. Tokenizer (checked before anything is written: a missing gpt2 file fails fast).
@@ -443,39 +486,16 @@ def prepare_data(
             )
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
     if not overwrite and (out / META_FILE).exists():
-        existing = read_meta(out)
-        asked = source.describe()
-        if "contents" not in existing.source_args:  # prepared before contents were recorded
-            asked.pop("contents", None)
         request = {
             "source": source.kind,
-            "source_args": asked,
+            "source_args": source.describe(),
             "tokenizer": tokenizer,
             "tokenizer_args": tokenizer_args,
             "split_args": split_args,
         }
-        same_but_contents = _plain({**existing.source_args, "contents": None}) == _plain(
-            {**asked, "contents": None}
-        )
-        if same_but_contents and _plain(existing.source_args) != _plain(asked):
-            raise PrepareError(
-                f"{str(out)!r} was prepared from these files, which changed since (sizes or "
-                "modification times): pass --overwrite to prepare them again"
-            )
-        differences = [
-            f"{key}: {getattr(existing, key)!r} there, {value!r} asked"
-            for key, value in request.items()
-            if _plain(getattr(existing, key)) != _plain(value)
-        ]
-        if not differences:
-            log(
-                f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)"
-            )
-            return existing
-        raise PrepareError(
-            f"{str(out)!r} is already prepared with other settings ({'; '.join(differences)}): "
-            "pass --overwrite to replace it, or choose another --out"
-        )
+        existing = _same_prepare(out, request)
+        log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
+        return existing
     _clear_output(out, overwrite)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)

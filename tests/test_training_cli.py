@@ -856,7 +856,8 @@ def test_too_little_data_for_one_batch_is_an_error(tiny_data, tmp_path):
 
 
 def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_path):
-    """A resume with other model settings fails before the run's config.yaml is rewritten;
+    """A resume with other model or data settings fails before the run's config.yaml is
+    rewritten;
     --ckpt_path last with a name that has no folder starts from scratch, saying so."""
     steps = ["--trainer.max_steps", "2"]
     CofrCLI(args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "first"))
@@ -866,6 +867,9 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
     message = rf"trained with model\.preset 'gpt2-tiny-f'.*--config {re.escape(str(config))}\)"
     with pytest.raises(ConfigError, match=message):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.config.depth", "2"))
+    assert config.read_text() == before
+    with pytest.raises(ConfigError, match=r"cannot resume the data stream exactly.*seed: \d+ -> 5"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--data.seed", "5"))
     assert config.read_text() == before
     run_folder = str(config.parent)
     with pytest.raises(UserError, match=r"is a folder, not a checkpoint file: did you mean .*last"):

@@ -271,6 +271,17 @@ class TokenDataModule(L.LightningDataModule):
                     "model's tokenizer"
                 )
             return
+        self.check_resumable(state_dict)
+        loader_state = state_dict["train_loader"]
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(loader_state)
+        else:
+            self._pending_state = loader_state
+
+    def check_resumable(self, state_dict: dict[str, Any]) -> None:
+        """Refuse to resume training from ``state_dict`` (a checkpoint's state of this
+        module) when the data settings changed since: the batches would not continue."""
+        saved, now = state_dict.get("fingerprint", {}), self._fingerprint()
         changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -278,11 +289,6 @@ class TokenDataModule(L.LightningDataModule):
                 f"cannot resume the data stream exactly: the data settings changed since the "
                 f"checkpoint ({details}). Resume with the original data folder and settings."
             )
-        loader_state = state_dict["train_loader"]
-        if self._train_loader is not None:
-            self._train_loader.load_state_dict(loader_state)
-        else:
-            self._pending_state = loader_state
 
     def _resuming_fit(self) -> bool:
         """Whether the state is loaded to resume training (not to evaluate a checkpoint)."""

@@ -445,6 +445,18 @@ class CofrCLI(LightningCLIAdapter):
                 f"{step} to train on (it is {max_steps})"
             )
 
+    def check_same_data(self, checkpoint: str) -> None:
+        """A resumed fit must read the data stream it left (the datamodule's check at
+        restore comes after the run's config.yaml and MLflow record are rewritten)."""
+        datamodule = getattr(self, "datamodule", None)
+        check = getattr(datamodule, "check_resumable", None)
+        if self.subcommand != "fit" or check is None or checkpoints.is_sharded(checkpoint):
+            return
+        # Lightning keeps a datamodule's state under its class's name.
+        state = checkpoints.load(checkpoint).get(type(datamodule).__qualname__)
+        if state:
+            check(state)
+
     def choose_checkpoint(self, run_dir: Path) -> None:
         """Check ``--ckpt_path``; for ``last``, take the run's newest intact checkpoint.
 
@@ -579,6 +591,7 @@ class CofrCLI(LightningCLIAdapter):
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
             step = checkpoints.check_same_network(chosen, self.model)
             self.check_steps_left(chosen, step)
+            self.check_same_data(chosen)
         given = self.config_value(self.config_init, "trainer", default={})
         if not hasattr(given, "keys"):  # jsonargparse lets `trainer: 5` through
             raise ConfigError(f"trainer must be a mapping of Trainer settings, got {given!r}")

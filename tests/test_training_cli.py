@@ -1006,13 +1006,34 @@ def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_pa
 
     def full_disk(obj, file):
         file.write(b"half a checkpoint")
-        raise OSError(28, "No space left on device")
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:  # as torch.save reports it
+            raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos") from None
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    message = (
+        r"cannot write the checkpoint .*last.ckpt: No space left on device; .*--ckpt_path last"
+    )
+    with pytest.raises(UserError, match=message):
         cli.trainer.save_checkpoint(last)
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
     assert last.read_bytes() == before
+
+
+def test_a_run_killed_in_its_first_save_resumes_from_scratch(tiny_data, tmp_path):
+    """A kill during the first checkpoint's write leaves only its temporary file: that is
+    no checkpoint to resume (nor one a fresh fit would overwrite), and the resume removes it."""
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    folder = tmp_path / "runs" / "test" / "a" / "checkpoints"
+    for path in folder.iterdir():
+        path.unlink()
+    unfinished = folder / ".step0000001.ckpt.12866.tmp.ckpt"
+    unfinished.write_bytes(b"")
+    resume = ["--trainer.max_steps", "2", "--run.name", "a", "--ckpt_path", "last"]
+    cli = CofrCLI(args=fit_args(tmp_path, tiny_data, *resume))
+    assert cli.trainer.global_step == 2
+    assert not unfinished.exists() and (folder / "last.ckpt").is_file()
 
 
 def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_data, tmp_path):

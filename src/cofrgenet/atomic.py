@@ -27,7 +27,8 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: keep the first error
+            tmp.unlink(missing_ok=True)
         raise
 
 

@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cofrgenet.atomic import replacing
+from cofrgenet.errors import UserError
 
 #: Lightning's name for the checkpoint it saves on SIGUSR1 before requeueing the job.
 REQUEUE_CHECKPOINT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
@@ -47,12 +48,39 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(path) as tmp, open(tmp, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with replacing(path) as tmp, open(tmp, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+        except (OSError, RuntimeError) as error:
+            cause = _os_error_behind(error)
+            if cause is None:
+                raise
+            raise CheckpointWriteError(
+                f"cannot write the checkpoint {path}: {cause.strerror or cause}; the "
+                "checkpoints saved before are intact: make room (or make the folder "
+                "writable), then resume with --ckpt_path last"
+            ) from error
         _fsync_folder(path.parent)  # the rename itself survives a node crash
+
+
+class CheckpointWriteError(UserError, OSError):
+    """A checkpoint could not be written (a full disk, a read-only folder)."""
+
+
+def _os_error_behind(error: BaseException) -> OSError | None:
+    """The OSError behind ``error``: torch.save reports a full disk as a RuntimeError
+    ("unexpected pos ...") raised while handling the write's OSError."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def remove_older_requeue_checkpoints(run_dir: Path) -> list[Path]:

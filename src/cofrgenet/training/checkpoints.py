@@ -35,7 +35,7 @@ def damaged(path: Path) -> CheckpointError:
     """The error for a file that is not an intact checkpoint, naming an intact one beside
     it (a run keeps ``last.ckpt`` and its newest ``step*.ckpt``) when there is one."""
     path = Path(path)
-    others = [p for p in path.parent.glob("*.ckpt") if p != path and is_intact(p)]
+    others = [p for p in checkpoint_files(path.parent) if p != path and is_intact(p)]
     if others:
         newest = max(others, key=lambda p: p.stat().st_mtime)
         hint = f": {newest} is intact (or `--ckpt_path last` picks the newest intact one)"
@@ -44,6 +44,22 @@ def damaged(path: Path) -> CheckpointError:
     return CheckpointError(
         f"this checkpoint is damaged or not a cofrgenet checkpoint: {path}{hint}"
     )
+
+
+def checkpoint_files(folder: Path, pattern: str = "*.ckpt") -> list[Path]:
+    """The checkpoints in ``folder`` matching ``pattern``, without the temporary files of
+    saves under way or cut short (``.<name>.<pid>.tmp.ckpt``, :mod:`cofrgenet.atomic`)."""
+    return [p for p in Path(folder).glob(pattern) if not p.name.startswith(".")]
+
+
+def remove_unfinished_saves(run_dir: Path) -> list[Path]:
+    """Remove the temporary files that saves of a killed process left in ``run_dir`` and
+    its ``checkpoints/``; returns them. Call it only while holding the run's lock (no
+    other process is saving there)."""
+    found = [p for sub in (run_dir, run_dir / "checkpoints") for p in sub.glob(".*.tmp.ckpt")]
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
 
 
 #: Files of a sharded (FSDP ``state_dict_type: sharded``) checkpoint folder: the
@@ -83,7 +99,7 @@ def checkpoint_in(folder: Path) -> Path | None:
     for candidate in (folder / "checkpoints" / "last.ckpt", folder / "last.ckpt"):
         if candidate.is_file():
             return candidate
-    found = [p for sub in (folder / "checkpoints", folder) for p in sub.glob("*.ckpt")]
+    found = [p for sub in (folder / "checkpoints", folder) for p in checkpoint_files(sub)]
     found = [p for p in found if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
@@ -99,7 +115,7 @@ def check(path: str | Path) -> Path:
     """``path`` if it is an intact checkpoint file, else a CheckpointError naming it."""
     path = Path(path)
     if not path.exists():
-        near = path.parent.glob("*.ckpt") if path.parent.is_dir() else []
+        near = checkpoint_files(path.parent) if path.parent.is_dir() else []
         names = [p.name for p in near]
         hint = did_you_mean(path.name, names) or (
             f" (checkpoints there: {', '.join(sorted(names)[:4])})" if names else ""
@@ -114,7 +130,10 @@ def check(path: str | Path) -> Path:
 
 def candidates(run_dir: Path) -> list[Path]:
     """The run's checkpoints a resume may use, newest first."""
-    found = [*run_dir.glob("hpc_ckpt_*.ckpt"), *(run_dir / "checkpoints").glob("*.ckpt")]
+    found = [
+        *checkpoint_files(run_dir, "hpc_ckpt_*.ckpt"),
+        *checkpoint_files(run_dir / "checkpoints"),
+    ]
     found = [p for p in found if not p.name.startswith("nonfinite-")]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 

@@ -419,7 +419,7 @@ class CofrCLI(LightningCLIAdapter):
         its MLflow run (whose history would keep the earlier values of every step)."""
         if self.subcommand != "fit" or self.config_value(self.config, "ckpt_path") is not None:
             return
-        existing = sorted((run_dir / "checkpoints").glob("*.ckpt"))
+        existing = sorted(checkpoints.checkpoint_files(run_dir / "checkpoints"))
         if existing:
             raise RunExistsError(
                 f"run folder {run_dir} already holds checkpoints ({existing[-1].name}, ...): "
@@ -570,6 +570,8 @@ class CofrCLI(LightningCLIAdapter):
         new_folder = not run_dir.exists()
         if self.subcommand == "fit" and rank_zero_only.rank == 0:
             lock.acquire()  # before anything is written: a second fit stops here
+            for path in checkpoints.remove_unfinished_saves(run_dir):
+                rank_zero_info(f"removed {path.name}: a save that a killed run left unfinished")
         self._new_run_dir = run_dir if new_folder else None
         try:
             return self._instantiate_run(run, run_dir, lock, kwargs)

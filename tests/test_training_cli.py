@@ -1036,6 +1036,19 @@ def test_a_run_killed_in_its_first_save_resumes_from_scratch(tiny_data, tmp_path
     assert not unfinished.exists() and (folder / "last.ckpt").is_file()
 
 
+def test_periodic_checkpoints_are_named_by_the_step_they_hold(tiny_data, tmp_path):
+    """Validations between saves must not rename them: each step<N>.ckpt holds step N and
+    the newest K are kept."""
+    args = ["--trainer.max_steps", "9", "--trainer.val_check_interval", "3"]
+    args += ["--run.checkpoint_every_n_steps", "2", "--run.keep_checkpoints", "2"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--run.name", "a"))
+    folder = tmp_path / "runs" / "test" / "a" / "checkpoints"
+    periodic = sorted(p.name for p in folder.glob("step*.ckpt"))
+    assert periodic == ["step0000006.ckpt", "step0000008.ckpt"]
+    for name in periodic:
+        assert torch.load(folder / name, weights_only=False)["global_step"] == int(name[4:11])
+
+
 def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_data, tmp_path):
     """Its last step is no periodic one (3 of every 10): last.ckpt is still taken where
     a periodic checkpoint is, so the resume to 5 steps logs every metric at the same

@@ -279,13 +279,20 @@ class LanguageModel(L.LightningModule):
         self.val_loss.reset()
 
     def _log_scores(self, scores: dict[str, Tensor], prog_bar: str | None = None) -> None:
-        """Scores of the weights after ``global_step`` optimizer steps, logged at that step
-        (Lightning's ``step`` key): the checkpoint's and the sweep pruner's step, where
-        Lightning would log them one step earlier, at the step of the last training loss."""
+        """Scores of the weights after ``global_step`` optimizer steps, logged at that step:
+        the checkpoint's and the sweep pruner's step, where Lightning would log them one
+        step earlier, at the step of the last training loss. During a fit they go to the
+        loggers directly: Lightning's ``step`` key would do it too, but would stay in the
+        callback metrics, where ModelCheckpoint reads it as the step of every periodic
+        checkpoint until the next validation (names and top-k order then lag behind).
+        validate/test log through Lightning at the checkpoint's step."""
+        fitting = self.trainer.state.fn == "fit"
         for name, value in scores.items():
-            self.log(name, value, prog_bar=name == prog_bar)
-        if self.trainer.state.fn == "fit":  # validate/test log at the checkpoint's step
-            self.log("step", float(self.global_step))
+            self.log(name, value, prog_bar=name == prog_bar, logger=not fitting)
+        if fitting and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            values = {name: float(value) for name, value in scores.items()}
+            for logger in self.loggers:
+                logger.log_metrics(values, step=self.global_step)
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
         loss, tokens = self._loss(batch)

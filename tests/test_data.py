@@ -399,6 +399,17 @@ def test_cli_prepares_and_reports(tmp_path, capsys):
     assert main(["--source", "text", "--out", str(tmp_path / "x")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("cofr data prepare: error: ") and "--glob" in line
+    # An option the source or tokenizer would not read is refused, not dropped.
+    for extra, message in (
+        (["--glob", "*.txt"], "--glob is for --source text or jsonl or parquet, not pydoc"),
+        (["--dataset", "openwebtext"], "--dataset is for --source hf, not pydoc"),
+        (["--val-split", "test"], "--val-split is for --source hf, not pydoc"),
+        (["--vocab-size", "1000"], "--vocab-size is for --tokenizer bpe, not byte"),
+        (["--gpt2-dir", "x"], "--gpt2-dir is for --tokenizer gpt2, not byte"),
+    ):
+        assert main([*extra, "--out", str(tmp_path / "y")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "y").exists()
 
 
 def test_module_runs_as_a_script_and_imports_lazily():
@@ -569,6 +580,15 @@ def test_missing_data_folder_names_the_prepare_command(tmp_path):
     assert f"cofr data prepare --source pydoc --tokenizer bpe --out {missing}" in str(info.value)
     with pytest.raises(DataFolderError, match="cofr data prepare --source pydoc --out"):
         load_tokenizer(tmp_path / "elsewhere")
+
+
+def test_a_file_or_another_folder_given_as_data_is_named_so(pydoc_byte, tmp_path):
+    with pytest.raises(DataFolderError, match=r"is a file.*did you mean '.*pydoc-byte'\?"):
+        read_meta(pydoc_byte / "meta.json")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.yaml").write_text("x: 1\n")
+    with pytest.raises(DataFolderError, match=r"is not a data folder \(no meta.json"):
+        read_meta(tmp_path / "conf")
 
 
 def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):

@@ -167,6 +167,13 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
       size its index says (a copy cut short, a full disk): the same.
     """
     data_dir = Path(data_dir)
+    if data_dir.is_file():
+        folder = data_dir.parent if data_dir.name == META_FILE else None
+        hint = f": did you mean {str(folder)!r}?" if folder is not None else ""
+        raise DataFolderError(
+            f"data folder {str(data_dir)!r} is a file, not a folder made by `cofr data "
+            f"prepare`{hint}"
+        )
     if not data_dir.is_dir():
         raise DataFolderError(
             f"data folder {str(data_dir)!r} does not exist. Make it with:\n"
@@ -174,6 +181,13 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
             "(or another --source/--tokenizer; see `cofr data prepare --help`)."
         )
     meta_path = data_dir / META_FILE
+    prepared = {*SPLITS, TOKENIZER_DIR, ".cache"}  # what a prepare writes before meta.json
+    if not meta_path.is_file() and not any((data_dir / name).exists() for name in prepared):
+        raise DataFolderError(
+            f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor anything `cofr "
+            "data prepare` writes): pass the folder it made (its --out), or make one with:\n"
+            f"  {prepare_command(data_dir)}"
+        )
     if not meta_path.is_file():
         raise DataFolderError(
             f"data folder {str(data_dir)!r} is half-written: it has no {META_FILE} (which "

@@ -620,7 +620,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tok.add_argument(
         "--vocab-size",
         type=int,
-        default=DEFAULT_VOCAB_SIZE,
+        default=None,
         metavar="N",
         help=f"bpe vocabulary size, EOS and 256 bytes included (default: {DEFAULT_VOCAB_SIZE})",
     )
@@ -702,6 +702,38 @@ def default_out(args: argparse.Namespace) -> Path:
     return Path("data") / f"{name}-{args.tokenizer}"
 
 
+#: Options that only some sources read (``make_source`` takes --glob and --path for any
+#: file source), and the sources that do.
+SOURCE_OPTIONS = {
+    "glob": ("text", "jsonl", "parquet"),
+    "path": ("text", "jsonl", "parquet"),
+    "text_field": ("jsonl", "parquet", "hf"),
+    "dataset": ("hf",),
+    "subset": ("hf",),
+    "split": ("hf",),
+    "val_split": ("hf",),
+}
+#: Options that only one tokenizer reads.
+TOKENIZER_OPTIONS = {"vocab_size": "bpe", "gpt2_dir": "gpt2"}
+
+
+def check_applicable(args: argparse.Namespace) -> None:
+    """Refuse an option that the chosen source or tokenizer would not read (a data folder
+    made without it would look as if it had been)."""
+    for name, kinds in SOURCE_OPTIONS.items():
+        if getattr(args, name, None) is not None and args.source not in kinds:
+            raise PrepareError(
+                f"--{name.replace('_', '-')} is for --source {' or '.join(kinds)}, not "
+                f"{args.source}: drop it, or choose the source it belongs to"
+            )
+    for name, kind in TOKENIZER_OPTIONS.items():
+        if getattr(args, name, None) is not None and args.tokenizer != kind:
+            raise PrepareError(
+                f"--{name.replace('_', '-')} is for --tokenizer {kind}, not {args.tokenizer}: "
+                f"drop it, or pass --tokenizer {kind}"
+            )
+
+
 def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     """Run ``cofr data prepare`` with parsed ``args``; prints a summary table.
 
@@ -711,6 +743,7 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    check_applicable(args)
     console = terminal.console()  # the summary table
     err_console = terminal.console(stderr=True)  # progress and errors
     out = Path(args.out) if args.out else default_out(args)
@@ -743,13 +776,11 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
                 text_field=args.text_field,
                 loader=loader,
             )
-    elif args.val_split:
-        raise PrepareError("--val-split is for --source hf")
     meta = prepare_data(
         source,
         out,
         tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
+        vocab_size=DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
         gpt2_dir=args.gpt2_dir,
         val_fraction=args.val_fraction,
         val_source=val_source,

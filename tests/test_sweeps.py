@@ -175,8 +175,19 @@ def test_the_shipped_sweeps_validate_where_they_checkpoint():
 def test_sweep_file_errors_name_the_problem(tmp_path):
     good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 2}
     parse_sweep(good)
-    with pytest.raises(SweepError, match="unknown sweep key"):
+    with pytest.raises(SweepError, match=r"unknown sweep key.*did you mean 'sampler'"):
         parse_sweep({**good, "smapler": {}})
+    for text, message in (
+        ("", r"empty.yaml holds no settings"),
+        ("- study: s\n", r"list.yaml is not a sweep file: it holds a YAML list"),
+        ("study: s\nspace: {a.b: int 1..2}\nn_trials: 2\nsmapler: {}\n", r"in .*typo.yaml"),
+    ):
+        name = {"": "empty", "-": "list"}.get(text[:1], "typo")
+        (tmp_path / f"{name}.yaml").write_text(text)
+        with pytest.raises(SweepError, match=message):
+            load_sweep(tmp_path / f"{name}.yaml")
+    with pytest.raises(SweepError, match=r"is a folder, not a sweep file \(its sweep files: "):
+        load_sweep(tmp_path)
     with pytest.raises(SweepError, match=r"sampler\.name"):
         parse_sweep({**good, "sampler": {"name": "cmaes-ish"}})
     with pytest.raises(SweepError, match="n_trials"):

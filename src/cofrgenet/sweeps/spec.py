@@ -476,9 +476,11 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     unchecked (a study's stored copy, read for status and reports)."""
     if not isinstance(raw, dict):
         raise SweepError("a sweep file is a YAML mapping")
-    unknown = set(raw) - _TOP_KEYS
+    unknown = sorted(set(raw) - _TOP_KEYS, key=str)
     if unknown:
-        raise SweepError(f"unknown sweep key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+        where = f" in {path}" if path is not None else ""
+        hint = did_you_mean(str(unknown[0]), sorted(_TOP_KEYS))
+        raise SweepError(f"unknown sweep key(s) {unknown}{where}{hint}; known: {sorted(_TOP_KEYS)}")
     study = raw.get("study")
     if not study or not re.fullmatch(r"[A-Za-z0-9._-]+", str(study)):
         raise SweepError(f"study {study!r}: a name of letters, digits, '.', '_' or '-' is required")
@@ -591,14 +593,25 @@ def _check_heatmap(sweep: Sweep) -> None:
 def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Sweep:
     """Read a sweep file; ``overrides`` (dotted sweep keys, e.g. ``{"storage": ...}``) win."""
     path = Path(path)
+    if path.is_dir():
+        names = sorted(p.name for p in path.glob("*.yaml"))[:4]
+        inside = f" (its sweep files: {', '.join(names)})" if names else ""
+        raise SweepError(f"{path} is a folder, not a sweep file{inside}")
     if not path.is_file():
         raise SweepError(f"no sweep file at {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise SweepError(not_valid_yaml(path, error)) from None
     except (OSError, UnicodeDecodeError) as error:
         raise SweepError(f"cannot read the sweep file {path}: {error}") from None
+    if raw is None:
+        raise SweepError(f"{path} holds no settings: a sweep file names a study and a space")
+    if not isinstance(raw, dict):
+        raise SweepError(
+            f"{path} is not a sweep file: it holds a YAML {type(raw).__name__}, not a "
+            "mapping of sweep keys (study, space, ...)"
+        )
     for key, value in (overrides or {}).items():
         set_dotted(raw, key, value)
     return parse_sweep(raw, path.resolve())

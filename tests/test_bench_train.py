@@ -265,6 +265,8 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
         (["--device", "foo"], "--device: unknown device 'foo'"),
         (["--variants", "gpt2-nope"], "variant gpt2-nope: unknown preset 'gpt2-nope'"),
+        (["--variants", "lstn"], "--variants: unknown variant 'lstn' (did you mean 'lstm'?)"),
+        (["--modes", "eagre"], "--modes: unknown mode 'eagre' (did you mean 'eager'?)"),
     ],
 )
 def test_bad_settings_are_one_line_before_any_work(monkeypatch, tmp_path, capsys, options, message):

@@ -168,13 +168,20 @@ def check_settings(cfg: TrainBenchConfig) -> None:
     """What ``__post_init__`` cannot see, checked before any work: the variants and modes,
     each variant's model at the bench's shape, the device, the output folder."""
     from cofrgenet.dataclass_options import device_problem
-    from cofrgenet.errors import UserError
+    from cofrgenet.errors import UserError, did_you_mean
 
     unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
-    if unknown or not set(cfg.modes) <= {"eager", "compiled"}:
+    if unknown:
         raise UserError(
-            f"unknown variants {unknown} or modes {cfg.modes}: variants are "
-            f"{', '.join(VARIANTS)} or preset names; modes eager, compiled"
+            f"--variants: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], list(VARIANTS))}; "
+            f"known: {', '.join(VARIANTS)}, or a preset name"
+        )
+    modes = ("eager", "compiled")
+    bad_modes = [m for m in cfg.modes if m not in modes]
+    if bad_modes:
+        raise UserError(
+            f"--modes: unknown mode {bad_modes[0]!r}{did_you_mean(bad_modes[0], list(modes))}; "
+            "known: eager, compiled"
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")

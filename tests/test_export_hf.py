@@ -501,6 +501,9 @@ def test_a_missing_checkpoint_is_a_one_line_error(tmp_path, capsys):
     assert main(["export", "hf", str(tmp_path / "none.ckpt"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "error: no checkpoint" in err and "Traceback" not in err
+    both = ["--tokenizer", str(tmp_path), "--no-tokenizer"]  # one would be dropped
+    assert main(["export", "hf", str(tmp_path / "none.ckpt"), str(tmp_path / "out"), *both]) == 2
+    assert "--no-tokenizer: not allowed with argument --tokenizer" in capsys.readouterr().err
 
 
 def test_a_user_registered_mixer_is_refused(tmp_path):

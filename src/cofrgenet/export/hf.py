@@ -128,13 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
     )
     parser.add_argument("out_dir", help="folder to write (created; must be empty or an export)")
-    parser.add_argument(
+    tokenizer = parser.add_mutually_exclusive_group()
+    tokenizer.add_argument(
         "--tokenizer",
         default=None,
         metavar="DIR",
         help="prepared data folder whose tokenizer to export (default: the run's own)",
     )
-    parser.add_argument(
+    tokenizer.add_argument(
         "--no-tokenizer", action="store_true", help="write the model only, no tokenizer files"
     )
     parser.add_argument(

@@ -37,6 +37,8 @@ def test_a_typo_on_the_command_line_and_in_model_config(capsys):
     assert "unknown key 'trainer.max_stepz' (did you mean 'trainer.max_steps'?)" in line
     line = one_line_error(capsys, ["fit", "--config", DEMO, "--model.config", '{"depht": 3}'])
     assert "unknown key 'model.config.depht' (did you mean 'model.config.depth'?)" in line
+    line = one_line_error(capsys, ["fit", "--config", DEMO, "--model.optimizer.lrr", "1"])
+    assert "unknown key 'model.optimizer.lrr' (did you mean 'model.optimizer.lr'?)" in line
 
 
 def test_missing_data_and_bad_arguments_of_other_commands(capsys, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import re
 import subprocess
@@ -418,7 +419,10 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
         command[command.index("--backend-store-uri") + 1]
         == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     )
-    assert main(["ui", "--runs-dir", str(tmp_path / "empty")]) == 1  # no store yet: says so
+    assert main(["ui", "--runs-dir", str(tmp_path / "empty")]) == 2  # no store yet: says so
+    assert "no MLflow store at" in capsys.readouterr().err
+    assert main(["ui", "--tracking-uri", "foo://bar"]) == 2
+    assert "MLflow cannot use 'foo://bar'" in capsys.readouterr().err
     for port in ("-1", "0", "65536"):
         assert main(["ui", "--port", port]) == 2
     assert "argument --port: must be at most 65535" in capsys.readouterr().err
@@ -770,6 +774,8 @@ def test_fit_help_gives_cofr_meanings(capsys):
         assert lightning_word not in ckpt, lightning_word
     for field in dataclasses.fields(RunConfig):
         assert option_help(fit_help, f"--run.{field.name}"), f"run.{field.name} has no help"
+    optimizer = option_help(fit_help, "--model.optimizer")  # names every field
+    assert all(field.name in optimizer for field in dataclasses.fields(OptimizerConfig))
     with pytest.raises(SystemExit):
         ParseOnlyCLI(args=["fit", "--model.optimizer.help"])
     optimizer_help = capsys.readouterr().out
@@ -820,6 +826,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
         (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),
         (["--run.name", "ab/c"], r"run\.name 'ab/c' has a path separator.*use 'ab-c'"),
+        (
+            ["--run.name", "über run"],
+            r"run\.name 'über run' is not a folder name.*e\.g\. 'ber-run'",
+        ),
         (["--trainer.accelerator", "mps"], r"not available.*--trainer\.accelerator cpu"),
         (["--run.tracking_uri", "foo://bar"], r"MLflow cannot use 'foo://bar'.*--run.mlflow false"),
         (["--run.tracking_uri", "http://127.0.0.1:9"], r"no MLflow server answers at http"),
@@ -882,7 +892,7 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
         )
 
 
-def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
+def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplog):
     """A resume with no step left, a fresh fit into a run folder that still holds an
     MLflow run, and an evaluation with no checkpoint are errors that leave the run as it
     was; validate scores the run's newest checkpoint and keeps its config."""
@@ -907,8 +917,13 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path):
     given = validate("--run.name", "a", "--ckpt_path", last_ckpt).trainer.callback_metrics
     assert float(first) == float(given["val/loss"])  # the run's newest checkpoint, by default
     # The network is the checkpoint's (its hyperparameters), whatever the command builds.
-    other = validate("--run.name", "a", "--model.preset", "gpt2-tiny", "--model.config", "{}")
+    with caplog.at_level(logging.INFO):
+        other = validate("--run.name", "a", "--model.preset", "gpt2-tiny", "--model.config", "{}")
     assert float(other.trainer.callback_metrics["val/loss"]) == float(first)
+    note = (
+        "cofr validate scores the checkpoint's own model: --model.config, --model.preset not used"
+    )
+    assert note in caplog.text
     tested = CofrCLI(args=["test", *fit_args(tmp_path, tiny_data, "--run.name", "a")[1:]])
     runs = mlflow_runs(tmp_path / "runs")
     assert len(runs) == 1  # onto the run's own MLflow run, at its step (2)

@@ -536,8 +536,11 @@ def run(args: argparse.Namespace) -> int:
     from cofrgenet.dataclass_options import dataclass_from_args
     from cofrgenet.eval.cli import check_data_dir, check_output_file, write_results
     from cofrgenet.training.pretrained import checkpoint_file
+    from cofrgenet.training.run_store import check_folder_name
 
     config = dataclass_from_args(FinetuneConfig, args)
+    if args.name is not None:
+        check_folder_name("--name", args.name)
     ckpt = checkpoint_file(args.ckpt)  # before the data: the hub may take a while
     out = check_output_file(args.json) if args.json else None  # before the fine-tuning
     check_data_dir(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import itertools
 import re
 import signal
@@ -149,6 +150,24 @@ def _bad_union(message: str) -> str | None:
     if not kinds:
         return None
     return f"{key.group(1)}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
+
+
+def _bad_nested_key(message: str) -> tuple[str, list[str]] | None:
+    """(the dotted key, the valid keys beside it) of jsonargparse's report of an unknown
+    field of a dataclass-typed option (``--model.optimizer.lrr``, in a Union with None)."""
+    key = re.search(r'Parser key "([^"]+)"', message)
+    option = re.search(r"Option '([^']+)' is not accepted", message)
+    class_path = re.search(r"given class_path '([\w.]+)'", message)
+    if not (key and option):
+        return None
+    fields: list[str] = []
+    if class_path is not None:
+        module, _, name = class_path.group(1).rpartition(".")
+        with contextlib.suppress(Exception):
+            kind = getattr(importlib.import_module(module), name)
+            fields = [f.name for f in dataclasses.fields(kind)]
+    prefix = key.group(1)
+    return f"{prefix}.{option.group(1)}", [f"{prefix}.{field}" for field in fields]
 
 
 def _user_error_behind(error: BaseException) -> UserError | None:
@@ -286,6 +305,13 @@ class CofrCLI(LightningCLIAdapter):
             checkpoints.check(ckpt_path)
         elif subcommand in EVALUATIONS:
             self._evaluate_newest_checkpoint(subcommand)
+        if subcommand in EVALUATIONS:
+            given = sorted({w.split("=", 1)[0] for w in words[1:] if w.startswith("--model")})
+            if given:  # the checkpoint's hyperparameters build the model
+                rank_zero_info(
+                    f"cofr {subcommand} scores the checkpoint's own model: {', '.join(given)} "
+                    "not used"
+                )
 
     def _evaluate_newest_checkpoint(self, subcommand: str) -> None:
         """``cofr validate``/``test`` without a file: name the run's newest intact
@@ -345,6 +371,10 @@ class CofrCLI(LightningCLIAdapter):
         match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
         if subcommand is None:
             return f"{message} (`cofr --help` lists the commands)"
+        nested = _bad_nested_key(message)
+        if nested is not None:
+            key, fields = nested
+            return cli_cache.unknown_key_message(subcommand, key, words[1:], fields)
         if match is None:
             return f"{message} (`cofr {subcommand} --help` lists every option)"
         defaults = self.subcommand_parser(subcommand).get_defaults()  # a jsonargparse Namespace

@@ -51,8 +51,10 @@ class LanguageModel(L.LightningModule):
             ``cofr fit`` trains once ``cofr data prepare`` has made it.
         config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``),
             a :data:`~cofrgenet.training.model_options.ModelOverrides` or a dict.
-        optimizer: AdamW + warmup/cosine settings (OptimizerConfig); None: its defaults
-            (``cofr fit --model.optimizer.help`` lists the fields).
+        optimizer: AdamW + warmup/cosine settings (OptimizerConfig), e.g.
+            ``--model.optimizer.lr 3e-4``: lr, weight_decay, betas, eps, warmup_steps,
+            min_lr_ratio, fused (``cofr fit --model.optimizer.help`` describes them);
+            None: their defaults.
         compile: compile the model's forward with torch.compile (checkpoints keep plain
             parameter names, so they load whether or not either side compiled).
 
@@ -128,10 +130,11 @@ class LanguageModel(L.LightningModule):
             )
         block = getattr(datamodule, "block_size", None)
         if block is not None and block > self.model_config.block_size:
+            fix = "" if evaluating else " or raise model.config.block_size"
+            model = "the checkpoint's model" if evaluating else "the model"
             raise ConfigError(
-                f"data.block_size={block} exceeds the model's block_size="
-                f"{self.model_config.block_size}: lower data.block_size or raise "
-                "model.config.block_size"
+                f"data.block_size={block} exceeds {model}'s block_size="
+                f"{self.model_config.block_size}: lower data.block_size{fix}"
             )
 
     def configure_model(self) -> None:

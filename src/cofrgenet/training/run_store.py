@@ -87,6 +87,8 @@ class RunConfig:
                     f"run.{key} {value!r} has a path separator: runs are one folder deep "
                     f"(<runs_dir>/<experiment>/<name>); use {folder_name(value)!r}"
                 )
+        if self.name is not None:  # the folder's name is the MLflow run's
+            check_folder_name("run.name", self.name)
         if self.keep_checkpoints == 0 or self.keep_checkpoints < -1:
             raise ConfigError(
                 f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"
@@ -102,6 +104,16 @@ def folder_name(name: str, empty: str = "run") -> str:
     """``name`` as a folder name: other characters become '-', and a leading '.' is dropped
     (no hidden folder, no '..')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-.").rstrip("-") or empty
+
+
+def check_folder_name(option: str, name: str) -> None:
+    """Refuse a run name that its folder (and so its MLflow run) would not keep as given:
+    "run 1" and "run-1" would be one folder, "über" would be "ber"."""
+    if folder_name(name, "") != name:
+        raise ConfigError(
+            f"{option} {name!r} is not a folder name as given: use letters, digits, '.', "
+            f"'_' or '-', e.g. {folder_name(name)!r}"
+        )
 
 
 def slurm_run_name() -> str | None:

@@ -125,11 +125,17 @@ def run(args: argparse.Namespace) -> int:
     store = Path(args.runs_dir) / "mlflow.db"
     # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
     if args.tracking_uri is None and not run_store.USER_TRACKING_URI and not store.exists():
-        print(
-            f"no MLflow store at {store} yet: train something first (e.g. `make demo`)",
-            file=sys.stderr,
+        raise UserError(
+            f"no MLflow store at {store} yet: train something first (e.g. `make demo`), or "
+            "name the runs folder with --runs-dir"
         )
-        return 1
+    if args.tracking_uri is not None:
+        if args.tracking_uri.startswith(("http://", "https://")):
+            raise UserError(
+                f"--tracking-uri {args.tracking_uri} is a tracking server, which has its own "
+                "UI: open it in a browser (cofr ui serves a store, e.g. sqlite:///runs/mlflow.db)"
+            )
+        run_store.check_tracking_uri(args.tracking_uri, fix="fix --tracking-uri")
     try:
         socket.getaddrinfo(args.host, args.port)
     except socket.gaierror as error:

@@ -49,8 +49,9 @@ class RecordStartStep(L.Callback):
 
 class SignalAtStep(L.Callback):
     """Send this process ``signum`` once, at the start of training step ``step`` (or, with
-    ``during="validation"``, of the second batch of the validation after that step): a
-    kill or a Ctrl-C that lands mid-step or mid-validation, deterministically."""
+    ``during="validation"``, of the second batch of the validation after that step; with
+    ``during="start"``, at the fit's start, before any step): a kill or a Ctrl-C that
+    lands mid-step, mid-validation or while starting, deterministically."""
 
     def __init__(self, step: int, signum: int, during: str = "training") -> None:
         self.step, self.signum, self.during, self.sent = step, signum, during, False
@@ -59,6 +60,10 @@ class SignalAtStep(L.Callback):
         if trainer.global_step == self.step and not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.during == "start":  # the MLflow run exists, no step has run
+            self._send(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.during == "training":

@@ -611,6 +611,32 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
         assert torch.equal(ours[key], theirs[key]), key  # the same micro-batches, same steps
 
 
+def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tmp_path):
+    """After the MLflow run exists and before the first step (data, checkpoint, compile):
+    the fit stops at once with 143, saves nothing and ends its run KILLED, not RUNNING."""
+    import subprocess
+    import sys
+
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "early", "--trainer.max_steps", "4",
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=0",
+        "--trainer.callbacks.signum=15", "--trainer.callbacks.during=start",
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM before training began" in out
+    run_dir = tmp_path / "runs" / "test" / "early"
+    assert not list(run_dir.glob("checkpoints/*.ckpt"))
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
 def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(tiny_data, tmp_path):
     """SIGTERM at the second of 4 validation batches (after step 10): the validation ends
     and is logged as an uninterrupted run logs it, then the run stops and saves step 10."""

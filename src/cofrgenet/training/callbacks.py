@@ -334,6 +334,10 @@ class StopOnSignal(StepBoundaries):
     handler already in place (Lightning's SLURM requeue, which saves
     ``hpc_ckpt_<n>.ckpt``; a sweep worker's) is deferred to the step's end the same way.
     ``cofr fit`` exits with the status the exception carries (143 or 130).
+
+    Before training begins (data, model and checkpoint set up, a compile), after the
+    MLflow run exists, SIGTERM stops the fit at once: nothing new to save, the MLflow run
+    ends KILLED, not RUNNING for ever.
     """
 
     def __init__(self) -> None:
@@ -343,6 +347,32 @@ class StopOnSignal(StepBoundaries):
         self._deferred: dict[int, Any] = {}  # signal -> the handler it stood in for
         self._previous_sigint: Any = None
         self._pid = os.getpid()  # the trainer's process
+        # "starting" (setup to the first training step: SIGTERM stops at once), "training"
+        # (Lightning's handler and ours note it), "idle" (before setup, after the fit)
+        self._phase = "idle"
+        self._before_start: Any = None  # the SIGTERM handler before setup
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        self._pid, self._phase = os.getpid(), "starting"
+        self._before_start = signal.signal(signal.SIGTERM, self._on_sigterm_while_starting)
+
+    def _on_sigterm_while_starting(self, signum: int, frame: Any) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if os.getpid() == self._pid and self._phase == "starting":
+            self.signal = signal.SIGTERM
+            raise SIGTERMException(128 + signum)
+        if os.getpid() == self._pid and self._phase == "training":
+            return  # called by Lightning's handler, which keeps the ones it found
+        # Lightning may put this handler back after the fit: act as the one it replaced.
+        previous = self._before_start
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pid = os.getpid()
@@ -350,6 +380,7 @@ class StopOnSignal(StepBoundaries):
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._phase = "training"
         # After Lightning has put its SIGTERM (and SLURM SIGUSR1) handlers in place.
         if threading.current_thread() is not threading.main_thread():
             return
@@ -421,10 +452,20 @@ class StopOnSignal(StepBoundaries):
     ) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        if isinstance(exception, SIGTERMException) and self.saved is None:
+        if isinstance(exception, SIGTERMException) and self._phase == "starting":
+            self._mark_killed(trainer)
+            exception.code = 128 + signal.SIGTERM
+            rank_zero_info(
+                "stopped by SIGTERM before training began: nothing new to save; to start "
+                f"again: {resume_command(Path(trainer.default_root_dir).name)}"
+            )
+        elif isinstance(exception, SIGTERMException) and self.saved is None:
             self.signal = self.signal or signal.SIGTERM
             self._stop(trainer)
             exception.code = 128 + self.signal  # the status cofr fit exits with
+        elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C, or one while starting
+            self._mark_killed(trainer)
+        self._phase = "idle"
         self._restore_handlers()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -433,9 +474,12 @@ class StopOnSignal(StepBoundaries):
         self._restore_handlers()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._phase = "idle"
         self._restore_handlers()
 
     def _restore_handlers(self) -> None:
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm_while_starting:
+            signal.signal(signal.SIGTERM, self._before_start or signal.SIG_DFL)
         if self._previous_sigint is not None:
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
@@ -448,14 +492,18 @@ class StopOnSignal(StepBoundaries):
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # Lightning logs a line if unset
         self.saved = path
-        for logger in trainer.loggers:
-            if hasattr(logger, "mark_killed"):
-                logger.mark_killed()
+        self._mark_killed(trainer)
         name = signal.Signals(self.signal).name
         rank_zero_info(
             f"stopped by {name} after step {trainer.global_step}: saved {path}\n"
             f"resume with: {resume_command(Path(trainer.default_root_dir).name)}"
         )
+
+    @staticmethod
+    def _mark_killed(trainer: L.Trainer) -> None:
+        for logger in trainer.loggers:
+            if hasattr(logger, "mark_killed"):
+                logger.mark_killed()
 
 
 #: Where Lightning's SIGTERM handler logs (the module's logger, by logging's convention).

@@ -93,3 +93,10 @@ def test_an_extra_word_points_to_its_commands_help(capsys):
         "cofr models list: error: unrecognized arguments: foo "
         "(`cofr models list --help` lists the options)"
     )
+
+
+def test_a_mistyped_option_of_an_argparse_command_gets_a_did_you_mean(capsys):
+    line = one_line_error(capsys, ["models", "list", "--filtr", "tiny"])
+    assert "unrecognized arguments: --filtr tiny (did you mean '--filter'?)" in line
+    line = one_line_error(capsys, ["models", "list", "--max_new_tokens=3"])  # nothing close
+    assert "did you mean" not in line

@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from cofrgenet.errors import OneLineErrorParser, UserError
+from cofrgenet.errors import OneLineErrorParser, UserError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             help=command.help,
             description=command.help,
         )
-        leaf.set_defaults(_command=command)
+        leaf.set_defaults(_command=command, _parser=leaf)
         if command is selected and not command.passthrough:
             command.load().add_arguments(leaf)
     return parser
@@ -257,8 +258,15 @@ def _run(argv: list[str]) -> int:
     command: Command | None = getattr(args, "_command", None)
     if extra:  # argparse would name the root parser's help, not the command's
         where = " ".join(["cofr", *(command.path if command else ())])
+        hint = ""
+        flag = next((word.split("=", 1)[0] for word in extra if word.startswith("--")), None)
+        if flag is not None and getattr(args, "_parser", None) is not None:
+            # Compared without their dashes, which every option shares.
+            options = set(re.findall(r"--([A-Za-z][\w-]*)", args._parser.format_help()))
+            hint = did_you_mean(flag[2:], sorted(options)).replace(" '", " '--", 1)
         raise UserError(
-            f"unrecognized arguments: {' '.join(extra)} (`{where} --help` lists the options)"
+            f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the "
+            "options)"
         )
     if command is None:
         parser.print_help()

@@ -269,6 +269,8 @@ def test_sbatch_header_values_cannot_inject_lines_or_break_the_header(tmp_path):
         (SubmitOptions(sbatch_args=["--comment=two words"]), "--sbatch comment 'two words'"),
         (SubmitOptions(sbatch_args=["--acc ount=x"]), "--sbatch '--acc ount=x': expected"),
         (SubmitOptions(runs_dir=str(tmp_path / "my runs")), "the runs folder (--runs-dir)"),
+        (SubmitOptions(time="4h"), "--time '4h' is not a SLURM time: e.g. 04:00:00"),
+        (SubmitOptions(mem="lots"), "--mem 'lots' is not a SLURM mem: e.g. 64G"),
     ]
     for options, message in cases:
         with pytest.raises(SweepError, match=re.escape(message)):
@@ -277,6 +279,20 @@ def test_sbatch_header_values_cannot_inject_lines_or_break_the_header(tmp_path):
     with pytest.raises(SweepError, match=re.escape("slurm.time (in the sweep) '1:00:00\\n")):
         render(tiny, SubmitOptions())
     # The flag replaces the sweep's value; a plain --sbatch flag has no value.
+    for time, mem in (
+        ("90", "16000"),
+        ("2-00:00:00", "64G"),
+        ("1-12", "512m"),
+        ("UNLIMITED", "1T"),
+    ):
+        render(tiny, SubmitOptions(time=time, mem=mem))  # SLURM's other forms pass
     options = SubmitOptions(time="1:00:00", sbatch_args=["--exclusive", "--account=abc"])
     header = parse_sbatch_header(render(tiny, options).script)
     assert (header["time"], header["exclusive"], header["account"]) == ("1:00:00", "", "abc")
+
+
+def test_submit_refuses_to_wait_for_a_dry_run(capsys):
+    from cofrgenet.cli import main
+
+    assert main(["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--dry-run", "--wait"]) == 2
+    assert "--dry-run submits none: drop one" in capsys.readouterr().err

@@ -265,8 +265,7 @@ def _run(argv: list[str]) -> int:
             options = set(re.findall(r"--([A-Za-z][\w-]*)", args._parser.format_help()))
             hint = did_you_mean(flag[2:], sorted(options)).replace(" '", " '--", 1)
         raise UserError(
-            f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the "
-            "options)"
+            f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the options)"
         )
     if command is None:
         parser.print_help()

@@ -290,6 +290,8 @@ def submit(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.slurm import SubmitOptions
     from cofrgenet.sweeps.slurm import submit as do_submit
 
+    if args.dry_run and args.wait:
+        raise SweepError("--wait waits for the submitted job, and --dry-run submits none: drop one")
     options = SubmitOptions(
         workers=args.workers,
         partition=args.partition,

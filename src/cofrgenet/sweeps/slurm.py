@@ -192,15 +192,30 @@ def _sbatch_option(text: str, where: str) -> tuple[str, str]:
     return key, check_sbatch_value(f"{where} {key}", value)
 
 
+#: sbatch's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes, days-hours:minutes:seconds, or no limit.
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE)
+#: sbatch's --mem: a size in megabytes, or with a K, M, G or T unit.
+SLURM_MEM = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE)
+_FORMATS = {
+    "time": (SLURM_TIME, "e.g. 04:00:00, 90 (minutes) or 2-00:00:00 (days-hours:minutes:seconds)"),
+    "mem": (SLURM_MEM, "e.g. 64G or 16000 (megabytes)"),
+}
+
+
 def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
     """Every value that goes into an #SBATCH line, checked before the (slow) config parse,
     named as the user gave it: the flag, else the sweep's ``slurm.*`` key."""
     for name in ("time", "mem", "partition"):
         flag, default = getattr(options, name), getattr(sweep.slurm, name)
-        if flag:
-            check_sbatch_value(f"--{name}", flag)
-        elif default:
-            check_sbatch_value(f"slurm.{name} (in the sweep)", default)
+        option = f"--{name}" if flag else f"slurm.{name} (in the sweep)"
+        value = flag or default
+        if not value:
+            continue
+        text = check_sbatch_value(option, value)
+        pattern, example = _FORMATS.get(name, (None, ""))
+        if pattern is not None and not pattern.fullmatch(text):
+            raise SweepError(f"{option} {text!r} is not a SLURM {name}: {example}")
     for extra in sweep.slurm.extra:
         _sbatch_option(extra, "slurm.extra (in the sweep)")
     for extra in options.sbatch_args:

@@ -76,6 +76,11 @@ class LanguageModel(L.LightningModule):
         super().__init__()
         # A plain dict in the checkpoint (weights_only loading unpickles no classes).
         config = overrides_dict(config)
+        if preset is None and not config:  # ModelConfig's defaults are no model of ours
+            raise ConfigError(
+                "model.preset is null but model.config gives no field: name a preset "
+                "(`cofr models list`), or give the model's fields in model.config"
+            )
         self.save_hyperparameters()
         self.model_config = resolve_model_config(preset, config)
         self.model = build_model(self.model_config)

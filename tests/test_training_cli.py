@@ -601,6 +601,7 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     assert [m.step for m in client.get_metric_history(run.run_id, "train/loss")] == [*range(6)]
     more = ["--trainer.max_steps", "8", "--trainer.accumulate_grad_batches", "2"]
+    more += ["--trainer.log_every_n_steps", "1"]
     resumed = CofrCLI(args=fit_args(
         tmp_path, tiny_data, "--run.name", "sig", *more, "--ckpt_path", "last"
     ))  # fmt: skip
@@ -609,6 +610,13 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     ours, theirs = resumed.model.state_dict(), whole.model.state_dict()
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key  # the same micro-batches, same steps
+
+    def history(name: str) -> list[tuple[int, float]]:  # each step once, at its own step
+        run_id = (run_dir.parent / name / "mlflow_run_id").read_text().strip()
+        metrics = client.get_metric_history(run_id, "train/loss")
+        return [(m.step, round(m.value, 5)) for m in metrics]
+
+    assert history("sig") == history("whole")
 
 
 def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tmp_path):
@@ -667,6 +675,15 @@ def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(ti
         return [(m.step, m.value) for m in client.get_metric_history(run_id, "val/loss")]
 
     assert val_losses("sig") == val_losses("whole") != []
+    # Resumed, it logs every later step where the uninterrupted run does.
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "sig", *common, "--ckpt_path", "last"))
+
+    def history(name: str, key: str) -> list[tuple[int, float]]:
+        run_id = (tmp_path / "runs" / "test" / name / "mlflow_run_id").read_text().strip()
+        return [(m.step, round(m.value, 5)) for m in client.get_metric_history(run_id, key)]
+
+    for key in ("train/loss", "opt/lr", "val/loss"):
+        assert history("sig", key) == history("whole", key), key
 
 
 def test_a_bare_fit_trains_on_the_default_data(tmp_path, monkeypatch):

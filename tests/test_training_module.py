@@ -685,6 +685,8 @@ def test_adam_state_is_made_up_front_and_equals_adams_own(fused):
 
 def test_no_preset_and_no_model_fields_is_refused():
     """ModelConfig's own defaults (GPT-2 small's shape, vocab 50257) are no model a run asked for."""
-    with pytest.raises(ConfigError, match=r"model\.preset is null but model\.config gives no field"):
+    with pytest.raises(
+        ConfigError, match=r"model\.preset is null but model\.config gives no field"
+    ):
         LanguageModel(preset=None)
     assert LanguageModel(preset=None, config={"n_layer": 1, "n_embd": 32, "n_head": 2}).model

@@ -433,6 +433,11 @@ class StopOnSignal(StepBoundaries):
         stop = arrived & {signal.SIGTERM, signal.SIGINT}
         if stop and self.signal is None:
             self.signal = signal.SIGINT if signal.SIGINT in stop else signal.SIGTERM
+            # Saved here, where a periodic checkpoint is (a step's end) or ModelCheckpoint's
+            # save after a validation: Lightning resumes either with its step counter
+            # right. Saved later, when Lightning raises, every metric of the resumed run
+            # was logged one step late.
+            self._stop(trainer)
             lightning = self._deferred.get(signal.SIGTERM)
             if callable(lightning):
                 # Lightning stops after this step's logs. Its handler logs "Received
@@ -459,9 +464,10 @@ class StopOnSignal(StepBoundaries):
                 "stopped by SIGTERM before training began: nothing new to save; to start "
                 f"again: {resume_command(Path(trainer.default_root_dir).name)}"
             )
-        elif isinstance(exception, SIGTERMException) and self.saved is None:
+        elif isinstance(exception, SIGTERMException):
             self.signal = self.signal or signal.SIGTERM
-            self._stop(trainer)
+            if self.saved is None:  # a SIGTERM Lightning's handler noted before ours
+                self._stop(trainer)
             exception.code = 128 + self.signal  # the status cofr fit exits with
         elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C, or one while starting
             self._mark_killed(trainer)

@@ -562,6 +562,17 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(folder / "lats.ckpt")))
 
 
+def cofr_in_a_process(args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    """``cofr <args>`` in its own process (signals to it stay there), with the tests'
+    helpers (``sweep_helpers.SignalAtStep``) importable; the result and its whole output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    env.pop("MLFLOW_TRACKING_URI", None)  # set by earlier in-process runs (mlflow does)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
+    )
+    return proc, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     tiny_data, tmp_path, signum
@@ -571,21 +582,13 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     micro-batches), saves it (the periodic checkpoint was at step 4), ends the MLflow
     run as KILLED with step 5's metrics, prints how to resume, and exits 128 + signal;
     the resume carries on from 6 and ends where an uninterrupted run does."""
-    import subprocess
-    import sys
-
     args = fit_args(
         tmp_path, tiny_data, "--run.name", "sig", "--run.checkpoint_every_n_steps", "4",
         "--trainer.max_steps", "12", "--trainer.accumulate_grad_batches", "2",
         "--trainer.log_every_n_steps", "1", "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=5",
         f"--trainer.callbacks.signum={signum}",
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
-    env.pop("MLFLOW_TRACKING_URI", None)  # set by earlier in-process runs (mlflow does)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
-    )
-    out = proc.stdout + proc.stderr
+    proc, out = cofr_in_a_process(args)
     assert proc.returncode == 128 + signum, out[-3000:]
     run_dir = tmp_path / "runs" / "test" / "sig"
     assert f"saved {run_dir / 'checkpoints' / 'last.ckpt'}" in out
@@ -622,20 +625,12 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
 def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tmp_path):
     """After the MLflow run exists and before the first step (data, checkpoint, compile):
     the fit stops at once with 143, saves nothing and ends its run KILLED, not RUNNING."""
-    import subprocess
-    import sys
-
     args = fit_args(
         tmp_path, tiny_data, "--run.name", "early", "--trainer.max_steps", "4",
         "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=0",
         "--trainer.callbacks.signum=15", "--trainer.callbacks.during=start",
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
-    )
-    out = proc.stdout + proc.stderr
+    proc, out = cofr_in_a_process(args)
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM before training began" in out
     run_dir = tmp_path / "runs" / "test" / "early"
@@ -648,21 +643,13 @@ def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tm
 def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(tiny_data, tmp_path):
     """SIGTERM at the second of 4 validation batches (after step 10): the validation ends
     and is logged as an uninterrupted run logs it, then the run stops and saves step 10."""
-    import subprocess
-    import sys
-
     common = ["--trainer.max_steps", "12", "--trainer.log_every_n_steps", "1"]
     args = fit_args(
         tmp_path, tiny_data, "--run.name", "sig", *common,
         "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=10",
         "--trainer.callbacks.signum=15", "--trainer.callbacks.during=validation",
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
-    )
-    out = proc.stdout + proc.stderr
+    proc, out = cofr_in_a_process(args)
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM after step 10" in out
     run_dir = tmp_path / "runs" / "test" / "sig"

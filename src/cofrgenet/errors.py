@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Iterable
-from typing import NoReturn
+from typing import NoReturn, TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class UserError(Exception):
@@ -37,6 +39,19 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def raised_from(error: BaseException, kind: type[E]) -> E | None:
+    """The exception of type ``kind`` that ``error`` is, or was raised from or while
+    handling (following ``__cause__`` and ``__context__``); None if there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def first_line(error: BaseException) -> str:

@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from cofrgenet.atomic import replacing
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, raised_from
 
 #: Lightning's name for the checkpoint it saves on SIGUSR1 before requeueing the job.
 REQUEUE_CHECKPOINT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
@@ -55,7 +55,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
         except (OSError, RuntimeError) as error:
-            cause = _os_error_behind(error)
+            # torch.save reports a full disk as a RuntimeError raised while handling the
+            # write's OSError.
+            cause = raised_from(error, OSError)
             if cause is None:
                 raise
             raise CheckpointWriteError(
@@ -68,19 +70,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class CheckpointWriteError(UserError, OSError):
     """A checkpoint could not be written (a full disk, a read-only folder)."""
-
-
-def _os_error_behind(error: BaseException) -> OSError | None:
-    """The OSError behind ``error``: torch.save reports a full disk as a RuntimeError
-    ("unexpected pos ...") raised while handling the write's OSError."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def remove_older_requeue_checkpoints(run_dir: Path) -> list[Path]:

@@ -44,6 +44,7 @@ from cofrgenet.errors import (
     did_you_mean,
     first_line,
     not_valid_yaml,
+    raised_from,
 )
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
@@ -168,18 +169,6 @@ def _bad_nested_key(message: str) -> tuple[str, list[str]] | None:
             fields = [f.name for f in dataclasses.fields(kind)]
     prefix = key.group(1)
     return f"{prefix}.{option.group(1)}", [f"{prefix}.{field}" for field in fields]
-
-
-def _user_error_behind(error: BaseException) -> UserError | None:
-    """The UserError ``error`` was raised from, if any (following causes and contexts)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, UserError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _run_config(value: Any) -> RunConfig:
@@ -343,7 +332,7 @@ class CofrCLI(LightningCLIAdapter):
                 )
             raise ConfigError(f"trainer: {error}{hint}") from None
         except ValueError as error:
-            cause = _user_error_behind(error)
+            cause = raised_from(error, UserError)
             if cause is None:
                 raise
             raise cause from None

@@ -183,10 +183,12 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     meta_path = data_dir / META_FILE
     prepared = {*SPLITS, TOKENIZER_DIR, ".cache"}  # what a prepare writes before meta.json
     if not meta_path.is_file() and not any((data_dir / name).exists() for name in prepared):
+        empty = not any(data_dir.iterdir())  # prepare writes into an empty folder only
+        out = data_dir if empty else Path("NEW_FOLDER")
         raise DataFolderError(
             f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor anything `cofr "
             "data prepare` writes): pass the folder it made (its --out), or make one with:\n"
-            f"  {prepare_command(data_dir)}"
+            f"  {prepare_command(out)}"
         )
     if not meta_path.is_file():
         raise DataFolderError(

@@ -496,7 +496,9 @@ class CofrCLI(LightningCLIAdapter):
         if chosen is None:
             if self.subcommand in EVALUATIONS:
                 raise ConfigError(_nothing_to_evaluate(self.run_config(), run_dir))
-            return  # nothing saved yet: Lightning starts from scratch, and says so
+            if run_dir.exists():  # a missing folder was announced by resolve_run_dir
+                rank_zero_info(f"--ckpt_path last: {run_dir} holds no checkpoint yet: from step 0")
+            return  # Lightning starts from scratch (its warning's save_last hint aside)
         self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
 
     _new_run_dir: Path | None = None  # the run folder this start made, if it made one

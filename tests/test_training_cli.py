@@ -858,7 +858,7 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--run.name", "ab/c"], r"run\.name 'ab/c' has a path separator.*use 'ab-c'"),
         (
             ["--run.name", "über run"],
-            r"run\.name 'über run' is not a folder name.*e\.g\. 'ber-run'",
+            r"run\.name 'über run' is not a folder name.*e\.g\. 'uber-run'",
         ),
         (["--trainer.accelerator", "mps"], r"not available.*--trainer\.accelerator cpu"),
         (["--run.tracking_uri", "foo://bar"], r"MLflow cannot use 'foo://bar'.*--run.mlflow false"),

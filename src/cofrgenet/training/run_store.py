@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,9 +111,11 @@ def check_folder_name(option: str, name: str) -> None:
     """Refuse a run name that its folder (and so its MLflow run) would not keep as given:
     "run 1" and "run-1" would be one folder, "über" would be "ber"."""
     if folder_name(name, "") != name:
+        # The suggestion keeps accented letters' base letters ("über" -> "uber").
+        plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
         raise ConfigError(
             f"{option} {name!r} is not a folder name as given: use letters, digits, '.', "
-            f"'_' or '-', e.g. {folder_name(name)!r}"
+            f"'_' or '-', e.g. {folder_name(plain)!r}"
         )
 
 

@@ -158,6 +158,7 @@ def test_overwrite_replaces_a_half_written_folder(tmp_path):
     out = tmp_path / "pydoc-byte"
     (out / "train").mkdir(parents=True)
     (out / "train" / "chunk-0-0.bin").write_bytes(b"junk")
+    (out / ".meta.json.4242.tmp.json").write_text("{")  # killed while writing meta.json
     with pytest.raises(DataFolderError, match="half-written"):
         read_meta(out)
     with pytest.raises(PrepareError, match="half-written"):

@@ -12,8 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+#: ``.<name>.<pid>.tmp<suffix>``: what :func:`replacing` writes before its rename.
+_TEMPORARY = re.compile(r"\..+\.\d+\.tmp(\.[^.]+)?")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file ``name`` is the temporary file of a write under way or cut short
+    (a kill between the write and the rename leaves it)."""
+    return _TEMPORARY.fullmatch(name) is not None
 
 
 @contextlib.contextmanager

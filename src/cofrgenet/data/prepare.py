@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from cofrgenet import terminal
+from cofrgenet.atomic import is_temporary
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
@@ -76,7 +77,7 @@ DEFAULT_CHUNK_BYTES = "64MB"
 DEFAULT_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 START_METHODS = ("fork", "spawn", "forkserver")
 #: Entries of a data folder that --overwrite may delete (anything else: refuse).
-_OWNED = {*SPLITS, TOKENIZER_DIR, META_FILE, f".{META_FILE}.tmp", ".cache"}
+_OWNED = {*SPLITS, TOKENIZER_DIR, META_FILE, ".cache"}
 #: litdata's size units (``litdata.utilities.format._FORMAT_TO_RATIO``): powers of 1000.
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(b?)", re.IGNORECASE)
@@ -308,7 +309,8 @@ def _plain(value: Any) -> Any:
 
 
 def _foreign_files(names: Iterable[str]) -> str:
-    foreign = sorted(set(names) - _OWNED)
+    # A meta.json write cut short leaves its temporary file (cofrgenet.atomic): ours too.
+    foreign = sorted(name for name in set(names) - _OWNED if not is_temporary(name))
     return ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
 
 

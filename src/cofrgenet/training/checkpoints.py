@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.atomic import is_temporary
 from cofrgenet.errors import ConfigError, UserError, did_you_mean
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.models.config import resolve_model_config
@@ -47,8 +48,9 @@ def damaged(path: Path) -> CheckpointError:
 
 
 def checkpoint_files(folder: Path, pattern: str = "*.ckpt") -> list[Path]:
-    """The checkpoints in ``folder`` matching ``pattern``, without the temporary files of
-    saves under way or cut short (``.<name>.<pid>.tmp.ckpt``, :mod:`cofrgenet.atomic`)."""
+    """The checkpoints in ``folder`` matching ``pattern``, without hidden files: the
+    temporary files of saves under way or cut short (:func:`cofrgenet.atomic.is_temporary`)
+    among them."""
     return [p for p in Path(folder).glob(pattern) if not p.name.startswith(".")]
 
 
@@ -56,7 +58,10 @@ def remove_unfinished_saves(run_dir: Path) -> list[Path]:
     """Remove the temporary files that saves of a killed process left in ``run_dir`` and
     its ``checkpoints/``; returns them. Call it only while holding the run's lock (no
     other process is saving there)."""
-    found = [p for sub in (run_dir, run_dir / "checkpoints") for p in sub.glob(".*.tmp.ckpt")]
+    found = [
+        p for sub in (run_dir, run_dir / "checkpoints") for p in sub.glob(".*.ckpt")
+        if is_temporary(p.name)
+    ]  # fmt: skip
     for path in found:
         path.unlink(missing_ok=True)
     return found

@@ -261,9 +261,8 @@ def _run(argv: list[str]) -> int:
         hint = ""
         flag = next((word.split("=", 1)[0] for word in extra if word.startswith("--")), None)
         if flag is not None and getattr(args, "_parser", None) is not None:
-            # Compared without their dashes, which every option shares.
-            options = set(re.findall(r"--([A-Za-z][\w-]*)", args._parser.format_help()))
-            hint = did_you_mean(flag[2:], sorted(options)).replace(" '", " '--", 1)
+            options = set(re.findall(r"--[A-Za-z][\w-]*", args._parser.format_help()))
+            hint = did_you_mean(flag, sorted(options), prefix="--")
         raise UserError(
             f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the options)"
         )

@@ -35,10 +35,12 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise UserError(f"{message} (`{self.prog} --help` lists the options)")
 
 
-def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or ``""``. ``prefix``, which
+    every candidate shares (``--`` of options), is left out of the comparison."""
+    names = [c.removeprefix(prefix) for c in candidates]
+    close = difflib.get_close_matches(word.removeprefix(prefix), names, n=1, cutoff=0.6)
+    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
 
 
 def raised_from(error: BaseException, kind: type[E]) -> E | None:

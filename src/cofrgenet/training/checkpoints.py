@@ -205,9 +205,12 @@ def check_denominators(checkpoint: dict[str, Any], model: nn.Module) -> None:
         )
 
 
-def check_same_network(path: str | Path, module: nn.Module) -> int | None:
+def check_same_network(
+    path: str | Path, module: nn.Module, saved: dict[str, Any] | None = None
+) -> int | None:
     """Refuse a checkpoint whose parameters do not fit ``module`` (a LanguageModel);
-    return its global step (None for a sharded one).
+    return its global step (None for a sharded one). ``saved``: its contents, if the
+    caller has read them (:func:`load`).
 
     Resuming with other model settings would fail only after the run's config.yaml and
     MLflow record had been rewritten, in a loading error that names tensors, not
@@ -216,7 +219,7 @@ def check_same_network(path: str | Path, module: nn.Module) -> int | None:
     """
     if is_sharded(path):  # its shards load per rank; FSDP checks them itself
         return None
-    saved = load(path)
+    saved = load(path) if saved is None else saved
     step = saved.get("global_step")
     theirs = {
         key: tuple(value.shape)

@@ -464,15 +464,16 @@ class CofrCLI(LightningCLIAdapter):
                 f"{step} to train on (it is {max_steps})"
             )
 
-    def check_same_data(self, checkpoint: str) -> None:
-        """A resumed fit must read the data stream it left (the datamodule's check at
-        restore comes after the run's config.yaml and MLflow record are rewritten)."""
+    def check_same_data(self, saved: dict[str, Any] | None) -> None:
+        """A resumed fit must read the data stream the checkpoint ``saved`` left (the
+        datamodule's check at restore comes after the run's config.yaml and MLflow record
+        are rewritten). None (a sharded checkpoint): checked at restore only."""
         datamodule = getattr(self, "datamodule", None)
         check = getattr(datamodule, "check_resumable", None)
-        if self.subcommand != "fit" or check is None or checkpoints.is_sharded(checkpoint):
+        if self.subcommand != "fit" or check is None or saved is None:
             return
         # Lightning keeps a datamodule's state under its class's name.
-        state = checkpoints.load(checkpoint).get(type(datamodule).__qualname__)
+        state = saved.get(type(datamodule).__qualname__)
         if state:
             check(state)
 
@@ -611,10 +612,13 @@ class CofrCLI(LightningCLIAdapter):
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
         step = None
+        saved = None  # the chosen checkpoint's contents (memory-mapped), read once
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
-            step = checkpoints.check_same_network(chosen, self.model)
+            if not checkpoints.is_sharded(chosen):
+                saved = checkpoints.load(chosen)
+            step = checkpoints.check_same_network(chosen, self.model, saved)
             self.check_steps_left(chosen, step)
-            self.check_same_data(chosen)
+            self.check_same_data(saved)
         given = self.config_value(self.config_init, "trainer", default={})
         if not hasattr(given, "keys"):  # jsonargparse lets `trainer: 5` through
             raise ConfigError(f"trainer must be a mapping of Trainer settings, got {given!r}")
@@ -644,7 +648,7 @@ class CofrCLI(LightningCLIAdapter):
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
-                eval_data=None if self.subcommand == "fit" else self._other_data(chosen),
+                eval_data=None if self.subcommand == "fit" else self._other_data(saved),
             )
         elif logger is None:
             trainer_config["logger"] = False
@@ -655,13 +659,13 @@ class CofrCLI(LightningCLIAdapter):
         except ValueError as error:  # a Trainer setting Lightning refuses, e.g. a strategy name
             raise ConfigError(f"trainer: {first_line(error)}") from None
 
-    def _other_data(self, checkpoint: str | None) -> Path | None:
-        """The data folder validate/test score when it is not the one ``checkpoint``
-        trained on (None when it is, or either is not known)."""
+    def _other_data(self, saved: dict[str, Any] | None) -> Path | None:
+        """The data folder validate/test score when it is not the one the checkpoint
+        ``saved`` trained on (None when it is, or either is not known)."""
         folder = getattr(getattr(self, "datamodule", None), "data_dir", None)
-        if folder is None or checkpoint in (None, "last") or checkpoints.is_sharded(checkpoint):
+        if folder is None or saved is None:
             return None
-        hparams = checkpoints.load(checkpoint).get("datamodule_hyper_parameters") or {}
+        hparams = saved.get("datamodule_hyper_parameters") or {}
         trained = hparams.get("data_dir")
         if trained is not None and Path(trained).resolve() == Path(folder).resolve():
             return None

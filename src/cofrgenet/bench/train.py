@@ -172,9 +172,10 @@ def check_settings(cfg: TrainBenchConfig) -> None:
 
     unknown = [v for v in cfg.variants if v not in VARIANTS and "-" not in v]
     if unknown:
+        hint = did_you_mean(unknown[0], list(VARIANTS))
         raise UserError(
-            f"--variants: unknown variant {unknown[0]!r}{did_you_mean(unknown[0], list(VARIANTS))}; "
-            f"known: {', '.join(VARIANTS)}, or a preset name"
+            f"--variants: unknown variant {unknown[0]!r}{hint}; known: {', '.join(VARIANTS)}, "
+            "or a preset name"
         )
     modes = ("eager", "compiled")
     bad_modes = [m for m in cfg.modes if m not in modes]

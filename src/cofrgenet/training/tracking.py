@@ -182,9 +182,9 @@ class CofrMLFlowLogger(MLFlowLogger):
         data: dict[str, str] | None = None,
     ) -> None:
         """Params (:func:`run_params`, and ``data``: :func:`data_params`), the model's sizes
-        (:func:`model_metrics`, at step 0) and the config as artifacts. A resume that changed a param (a larger max_steps)
-        keeps the first value, as MLflow params cannot change, and sets the new one as the
-        tag ``latest/<key>``."""
+        (:func:`model_metrics`, at step 0) and the config as artifacts. A resume that
+        changed a param (a larger max_steps) keeps the first value, as MLflow params cannot
+        change, and sets the new one as the tag ``latest/<key>``."""
         client, run_id = self.experiment, self.run_id
         params = {**run_params(config, model_config), **(data or {})}
         changed = log_new_params(client, run_id, params)

@@ -874,6 +874,25 @@ def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path,
     assert run_dirs == [], f"a failed start left {run_dirs}"
 
 
+def test_the_seed_is_said_once_the_run_is_built_not_above_an_error(tiny_data, tmp_path, caplog):
+    def said() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith(("Seed set", "seed_everything"))
+        ]
+
+    with caplog.at_level(logging.INFO), pytest.raises(UserError, match="unknown preset"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.preset", "gpt2-tinyy"))
+    assert said() == []
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        CofrCLI(
+            args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1", "--seed_everything", "7")
+        )
+    assert said() == ["seed_everything: 7"]
+
+
 @pytest.mark.parametrize(
     "text,match",
     [

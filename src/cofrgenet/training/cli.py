@@ -336,6 +336,9 @@ class CofrCLI(LightningCLIAdapter):
             if cause is None:
                 raise
             raise cause from None
+        seed = self.config_value(self.config, "seed_everything")
+        if seed is not False:  # seeded before the build (console.HARMLESS), said now
+            rank_zero_info(f"seed_everything: {seed}")
 
     def _explain(self, message: str, args: Any) -> str:
         """A parse error with the file that holds the bad key and the closest valid key."""

@@ -46,6 +46,8 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("Experiment with name ", "a new MLflow experiment, made by its first run (a warning there)"),
     ("Creating initial MLflow database tables", "a new run store, made once"),
     ("Updating database tables", "MLflow bringing a new run store's schema up to date"),
+    ("Seed set to ", "LightningCLI seeds before it builds anything; cofr says it once the "
+     "model, data and trainer are built, not above an error in what was given"),
 )  # fmt: skip
 
 #: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).
@@ -54,6 +56,7 @@ FILTERED_LOGGERS = (
     "lightning.pytorch.utilities.rank_zero",
     "lightning.fabric",
     "lightning.fabric.utilities.rank_zero",
+    "lightning.fabric.utilities.seed",
     "litdata.streaming.dataset",
     "lightning.pytorch.loggers.mlflow",
     "mlflow.store.db.utils",

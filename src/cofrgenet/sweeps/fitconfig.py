@@ -26,7 +26,6 @@ import copy
 import functools
 import io
 import itertools
-import logging
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -60,19 +59,6 @@ def given_args() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _parse_only() -> Iterator[None]:
-    """Around a parse that trains nothing: given_args, and no "Seed set to ..." line."""
-    seed_log = logging.getLogger("lightning.fabric.utilities.seed")
-    level = seed_log.level
-    seed_log.setLevel(logging.WARNING)
-    try:
-        with given_args():
-            yield
-    finally:
-        seed_log.setLevel(level)
-
-
 def resolve(args: Sequence[str]) -> str:
     """The config ``cofr fit ARGS`` trains with, as the YAML its run saves (``config.yaml``).
 
@@ -83,7 +69,7 @@ def resolve(args: Sequence[str]) -> str:
         with (
             contextlib.redirect_stderr(err),
             contextlib.redirect_stdout(io.StringIO()),
-            _parse_only(),
+            given_args(),
         ):
             cli = ParseOnlyCLI(args=["fit", *args])
     except SystemExit:
@@ -101,7 +87,7 @@ def resolve(args: Sequence[str]) -> str:
 @functools.cache
 def option_keys() -> frozenset[str]:
     """The dotted names of ``cofr fit``'s options (``trainer.devices``, ``model.preset``)."""
-    with contextlib.redirect_stdout(io.StringIO()), _parse_only():
+    with contextlib.redirect_stdout(io.StringIO()), given_args():
         cli = ParseOnlyCLI(args=["fit"])
     return frozenset(cli.config["fit"].keys())
 

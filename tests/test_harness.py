@@ -121,7 +121,7 @@ def test_a_dataset_out_of_reach_is_one_clear_error(ckpt, monkeypatch, capsys):
     with pytest.raises(
         HarnessError,
         match=r"^a task's dataset is neither cached nor reachable: "
-        r"Couldn't reach 'Rowan/hellaswag' on the Hub .*HF_HUB_OFFLINE",
+        r"Couldn't reach 'Rowan/hellaswag' on the Hub .*local task \(--include-path\)",
     ):
         run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS))
 

@@ -28,7 +28,16 @@ FORBIDDEN = {
     "eval": {"sweeps", "bench"},
 }
 APEX = {"cli", "demo"}
-UTILITIES = {"atomic", "cli_cache", "dataclass_options", "errors", "lazy", "recipes", "terminal"}
+UTILITIES = {
+    "atomic",
+    "cli_cache",
+    "dataclass_options",
+    "errors",
+    "hub",
+    "lazy",
+    "recipes",
+    "terminal",
+}
 for _name in UTILITIES:
     FORBIDDEN[_name] = STACK | APEX
 for _package in STACK:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from cofrgenet.errors import UserError, first_line
+from cofrgenet.hub import offline_unless_reachable
 
 SOURCE_KINDS = ("pydoc", "text", "jsonl", "parquet", "hf")
 
@@ -336,6 +337,7 @@ Loader = Callable[..., Any]
 
 
 def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
+    offline_unless_reachable()  # before datasets is imported: no retries of a dead hub
     try:
         import datasets
     except ImportError as err:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cofrgenet.errors import UserError
+from cofrgenet.hub import offline_unless_reachable
 
 #: Where the original files come from (named in every missing-file error).
 ORIGINAL_SOURCE = (
@@ -292,6 +293,7 @@ def _from_rows(task: GlueTask, rows: Any) -> list[Example]:
 def load_task_hub(task: GlueTask, cache_dir: str | None = None) -> TaskData:
     """``task`` from the hub's ``nyu-mll/glue`` (or the legacy ``glue``) via ``datasets``;
     a copy in the ``datasets`` cache serves when the hub is unreachable."""
+    offline_unless_reachable()  # before datasets is imported: no retries of a dead hub
     try:
         import datasets
     except ImportError:

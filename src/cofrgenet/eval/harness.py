@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet.errors import UserError, did_you_mean, first_line
+from cofrgenet.hub import offline_unless_reachable
 
 if TYPE_CHECKING:
     import torch
@@ -675,6 +676,7 @@ def run_harness(
     bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexities;
     lm_eval's default 100000 takes minutes); 0 skips them.
     """
+    offline_unless_reachable()  # before lm_eval imports the hub's client: no retries
     _require_lm_eval()
     if not tasks:
         raise HarnessError("no harness tasks given")
@@ -707,8 +709,8 @@ def run_harness(
         reason = first_line(error) or "no network"
         raise HarnessError(
             f"a task's dataset is neither cached nor reachable: {reason}; run it once where "
-            "the Hugging Face hub answers (the cache then serves it, HF_HUB_OFFLINE=1 "
-            "skips the hub's retries), or give the data as a local task (--include-path)"
+            "the Hugging Face hub answers (the cache then serves it), or give the data as "
+            "a local task (--include-path)"
         ) from None
     if results is None:  # only on non-zero ranks of a distributed run
         return {}

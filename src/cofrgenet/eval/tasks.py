@@ -33,6 +33,7 @@ from typing import Literal
 
 from cofrgenet.errors import UserError, first_line
 from cofrgenet.eval.detokenize import DETOKENIZERS
+from cofrgenet.hub import offline_unless_reachable
 
 Split = Literal["valid", "test"]
 #: Where ``cofr eval`` looks for local copies unless ``--data-dir`` says otherwise.
@@ -145,6 +146,7 @@ def get_task(name: str) -> Task:
 
 def _from_hub(task: Task, split: str) -> list[str]:
     """The rows' text from ``datasets`` (cache or hub); raises on any failure."""
+    offline_unless_reachable()  # before datasets is imported: no retries of a dead hub
     import datasets
 
     path, config, field = task.hub

@@ -1,0 +1,98 @@
+"""A hub that cannot be reached: the local cache at once, not after ~25 s of retries."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cofrgenet import hub
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """As on a user's machine: not offline, no proxy, huggingface_hub not imported yet."""
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", *hub._PROXY_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "huggingface_hub", raising=False)
+    return monkeypatch
+
+
+def refused_endpoint() -> str:
+    """An http address on this machine where nothing listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_an_unreachable_hub_sets_offline_mode(online, capsys):
+    online.setenv("HF_ENDPOINT", refused_endpoint())
+    reason = hub.offline_unless_reachable()
+    assert reason is not None and reason.startswith("127.0.0.1: ")
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert "reading the local cache only, as with HF_HUB_OFFLINE=1" in capsys.readouterr().err
+
+
+def test_a_reachable_hub_changes_nothing(online, capsys):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        online.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub.offline_unless_reachable() is None
+    assert "HF_HUB_OFFLINE" not in os.environ
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [("HF_HUB_OFFLINE", "1"), ("HTTPS_PROXY", "http://proxy:3128"), ("imported", "")],
+    ids=["already offline", "proxy", "hub client imported"],
+)
+def test_the_probe_stands_aside(online, setting):
+    """Offline already, a proxy (a direct connection says nothing about it), or a hub
+    client that has read its settings: nothing is probed or changed."""
+    online.setenv("HF_ENDPOINT", refused_endpoint())
+    name, value = setting
+    if name == "imported":
+        online.setitem(sys.modules, "huggingface_hub", object())
+    else:
+        online.setenv(name, value)
+    assert hub.offline_unless_reachable() is None
+    assert os.environ.get("HF_HUB_OFFLINE") == (value if name == "HF_HUB_OFFLINE" else None)
+
+
+def test_an_evaluation_set_without_hub_or_cache_fails_at_once(tmp_path):
+    """The whole path, in a fresh process (the hub client not imported yet), with an
+    empty cache: the error comes in seconds, where the hub's retries took ~25 s."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *hub._PROXY_VARIABLES)
+    }
+    env.update(
+        HF_ENDPOINT=refused_endpoint(),
+        HF_HOME=str(tmp_path / "hf"),
+        PYTHONPATH=str(SRC),
+    )
+    code = (
+        "from cofrgenet.eval.tasks import get_task, read_rows\n"
+        f"read_rows(get_task('wikitext-2'), 'test', {str(tmp_path / 'eval')!r})\n"
+    )
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    elapsed = time.perf_counter() - start
+    assert done.returncode != 0
+    assert "EvalDataNotFound: wikitext-2: no file" in done.stderr
+    assert "(HF_HUB_OFFLINE is set)" in done.stderr
+    assert "Retrying in" not in done.stderr
+    assert elapsed < 15, f"{elapsed:.1f} s"

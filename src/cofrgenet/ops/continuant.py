@@ -13,9 +13,9 @@ Rescaling: continuants grow geometrically with d and |a|. When |K_j| passes 2^64
 running values are multiplied by 2^-64 (exact in binary floating point) and a per-element
 counter ``scale`` is incremented, so the true K_j is ``stored * 2^(64 * scale)``. The clamp
 compares the true |K_d| with eps; gradients use the scale difference between K_{d-k} and
-K_d. The eager path first runs without rescaling and reruns with it only if something
-overflowed (scaling by powers of two changes no bits otherwise); compiled paths always
-rescale, which costs nothing once fused.
+K_d. The eager and compiled paths first run without rescaling and rerun with it only if
+something overflowed (scaling by powers of two changes no bits otherwise); the Triton
+kernels always carry the scale, which costs nothing inside one kernel.
 
 The kernels below are plain functions over a ``coefficient(k)`` callable returning a_{k+1}
 (0-based k), so continued fractions on (..., d) tensors and univariate ladders (a_k

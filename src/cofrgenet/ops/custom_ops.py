@@ -527,7 +527,7 @@ def pvariate_ladder(
     floor: float,
     backend: str,
 ) -> Tensor:
-    """p-variate ladders x (..., p), weight/bias (d, p, m) -> (..., m) as one custom op
+    """p-variate ladders x (..., p), weight (d, L, p), bias (d, L) -> (..., L) as one custom op
     (its autograd inside the op). The CPU backends ("torch", "compiled") go through
     ``pvariate_ladder_with_state_op``, which keeps 1 / K_d for backward; the stateless
     ``pvariate_ladder_op`` serves triton, and on CPU it is the twin the tests hold the

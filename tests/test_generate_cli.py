@@ -138,19 +138,20 @@ def test_a_device_this_machine_lacks_is_refused_at_parse_time(capsys):
     assert "argument --device:" in line and expected in line
 
 
-def test_a_data_flag_that_is_no_data_folder_names_the_flag(capsys, tmp_path, run_folder):
+@pytest.mark.parametrize("flag", ["--tokenizer", "--data"])  # --data: its first name
+def test_a_tokenizer_flag_that_is_no_data_folder_names_the_flag(capsys, tmp_path, run_folder, flag):
     ckpt = str(run_folder / "checkpoints" / "last.ckpt")
     missing = tmp_path / "nonexist"
-    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, "--data", str(missing)])
-    assert line.startswith(f"cofr generate: error: --data {missing}: no such folder")
+    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, flag, str(missing)])
+    assert line.startswith(f"cofr generate: error: --tokenizer {missing}: no such folder")
     assert "training data folder" not in line
-    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, "--data", str(tmp_path)])
-    assert f"--data {tmp_path} is not a prepared data folder (no meta.json)" in line
+    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, flag, str(tmp_path)])
+    assert f"--tokenizer {tmp_path} is not a prepared data folder (no meta.json)" in line
 
 
 def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_path, data):
     """The training data folder prepared again with another tokenizer (or a wrong
-    --data): its ids would be sampled, scored and exported as the model's."""
+    --tokenizer): its ids would be sampled, scored and exported as the model's."""
     ckpt = write_checkpoint(
         tmp_path / "bpe.ckpt", str(data), trained_with={"tokenizer": "bpe", "vocab_size": 300}
     )
@@ -158,7 +159,7 @@ def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_
     assert line == (
         f"cofr generate: error: {data} holds a byte, 257 ids tokenizer, but {ckpt} was "
         "trained with bpe, 300 ids: the folder was prepared again since; pass one with the "
-        "model's tokenizer (--data DIR)"
+        "model's tokenizer (--tokenizer DIR)"
     )
     sets = tmp_path / "sets"
     sets.mkdir()
@@ -204,7 +205,7 @@ def test_a_relative_data_folder_not_found_lists_the_paths_tried(
     assert "training data folder 'pyd' (relative to where it was trained)" in line
     for tried in (tmp_path / "pyd", tmp_path / "proj" / "pyd", run_folder.parent / "pyd"):
         assert str(tried) in line
-    assert line.endswith("or pass --data DIR")
+    assert line.endswith("or pass --tokenizer DIR")
 
 
 # ------------------------------------------------------------- cofr models list

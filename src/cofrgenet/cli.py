@@ -77,14 +77,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("validate",),
-        "evaluate a checkpoint on the validation split",
+        "evaluate a checkpoint on the data folder's held-out (val) split",
         _LIGHTNING,
         True,
         keep_words=True,
     ),
     Command(
         ("test",),
-        "evaluate a checkpoint on the held-out split (test/loss, test/ppl)",
+        "validate, logged as test/loss, test/ppl (the same val split; docs/training.md)",
         _LIGHTNING,
         True,
         keep_words=True,

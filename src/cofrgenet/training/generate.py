@@ -67,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="text to continue (default: none; sampling starts from the end-of-text token)",
     )
     parser.add_argument(
-        "--data",
+        "--tokenizer",
+        "--data",  # its first name, kept for older scripts
         default=None,
-        help="data folder whose tokenizer to use (default: the one the run trained on)",
+        metavar="DIR",
+        help="prepared data folder whose tokenizer to use (default: the run's training data)",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -123,9 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cofrgenet.training.pretrained import load_checkpoint
 
-    loaded = load_checkpoint(
-        args.ckpt, args.device, tokenizer_dir=args.data, tokenizer_flag="--data"
-    )
+    loaded = load_checkpoint(args.ckpt, args.device, tokenizer_dir=args.tokenizer)
     tokenizer = loaded.tokenizer
     ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)

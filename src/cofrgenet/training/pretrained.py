@@ -110,9 +110,7 @@ class LoadedCheckpoint:
     data_dir: str | None
     run_dir: Path | None
     mlflow_run_id: str | None
-    #: The option that names another tokenizer folder, for the messages.
-    tokenizer_flag: str = "--tokenizer"
-    #: data_dir came from that option (the user's), not from the checkpoint.
+    #: data_dir came from ``--tokenizer`` (the user's), not from the checkpoint.
     tokenizer_given: bool = False
     #: The tokenizer the model trained with, as the checkpoint's data state names it:
     #: {"tokenizer": kind, "vocab_size": n}; empty for a checkpoint without one.
@@ -154,10 +152,10 @@ class LoadedCheckpoint:
         theirs = f"{tokenizer.kind}, {tokenizer.vocab_size} ids"
         ours = f"{self.trained_with.get('tokenizer')}, {self.trained_with.get('vocab_size')} ids"
         hint = (
-            f"give the data folder the model trained on ({self.tokenizer_flag} DIR)"
+            "give the data folder the model trained on (--tokenizer DIR)"
             if self.tokenizer_given
-            else f"the folder was prepared again since; pass one with the model's tokenizer "
-            f"({self.tokenizer_flag} DIR)"
+            else "the folder was prepared again since; pass one with the model's tokenizer "
+            "(--tokenizer DIR)"
         )
         raise TokenizerMismatch(
             f"{folder} holds a {theirs} tokenizer, but {self.path} was trained with {ours}: {hint}"
@@ -165,7 +163,7 @@ class LoadedCheckpoint:
 
     def _tokenizer_folder(self) -> Path:
         """The prepared data folder to read the tokenizer from, or a one-line error."""
-        flag = self.tokenizer_flag
+        flag = "--tokenizer"
         if self.tokenizer_given:
             assert self.data_dir is not None
             folder = Path(self.data_dir).expanduser()
@@ -256,12 +254,11 @@ def load_checkpoint(
     path: str | Path,
     device: str = "cpu",
     tokenizer_dir: str | None = None,
-    tokenizer_flag: str = "--tokenizer",
 ) -> LoadedCheckpoint:
     """Load ``path`` (a ``cofr fit`` checkpoint) for inference on ``device``.
 
     tokenizer_dir: a prepared data folder whose tokenizer to use instead of the one the
-    run trained on (same vocabulary); tokenizer_flag: the command's option for it.
+    run trained on (same vocabulary), the commands' ``--tokenizer``.
     """
     from cofrgenet.training import checkpoints
 
@@ -279,7 +276,6 @@ def load_checkpoint(
         data_dir=None if data_dir is None else str(data_dir),
         run_dir=run_dir,
         mlflow_run_id=run_id_of(run_dir),
-        tokenizer_flag=tokenizer_flag,
         tokenizer_given=bool(tokenizer_dir),
         trained_with=_trained_tokenizer(checkpoint),
     )

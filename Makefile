@@ -46,7 +46,7 @@ lint:
 	$(VENV)/bin/ruff format --check src tests
 
 bench-ops:
-	$(VENV)/bin/cofr bench ops --out docs/benchmarks
+	$(VENV)/bin/cofr bench ops --out-dir docs/benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info

@@ -160,7 +160,7 @@ step train 240 40 "$PY" -m cofrgenet.cli bench train --device "$DEVICE" --out-di
 TRAIN_RC=$RC
 
 # 3. The op benchmark at the sizes, with the GPU targets.
-BENCH=("$PY" -m cofrgenet.cli bench ops --device "$DEVICE" --out "$RESULTS")
+BENCH=("$PY" -m cofrgenet.cli bench ops --device "$DEVICE" --out-dir "$RESULTS")
 if [ "$DRY" = 1 ]; then
   step ops 120 20 "${BENCH[@]}" --quick --impls literal,continuant --time-budget 60
 else

@@ -113,7 +113,7 @@ def _parse(words: str) -> tuple[OpsBenchConfig, OutputOptions]:
 def test_bench_ops_flags_of_gpu_check_and_makefile():
     """The flags scripts/gpu_check.sh and the Makefile pass keep their meaning."""
     config, options = _parse(
-        "--device cuda --out docs/benchmarks --impls literal,continuant,compiled,triton "
+        "--device cuda --out-dir docs/benchmarks --impls literal,continuant,compiled,triton "
         "--repeats 10 --warmup 3 --time-budget 70 --sizes 2^20 --depths 3,5,8 "
         "--ladder-sizes 8192x2304 --ladder-depths 3,5,8 --ensemble-sizes 8192x768 "
         "--ensemble-ladders 3 --ensemble-depths 5 --cffn-sizes '' --suffix=-extra"
@@ -134,10 +134,10 @@ def test_bench_ops_flags_of_gpu_check_and_makefile():
         ensemble_depths=(5,),
         cffn_sizes=(),
     )
-    assert options == OutputOptions(out=Path("docs/benchmarks"), suffix="-extra")
-    assert _parse("--out docs/benchmarks") == (
+    assert options == OutputOptions(out_dir=Path("docs/benchmarks"), suffix="-extra")
+    assert _parse("--out docs/benchmarks") == (  # its older name
         OpsBenchConfig(),
-        OutputOptions(out=Path("docs/benchmarks")),
+        OutputOptions(out_dir=Path("docs/benchmarks")),
     )
 
 
@@ -203,7 +203,7 @@ def test_registry_adds_commands(monkeypatch, capsys):
 
 
 def test_bench_ops_writes_table_and_json(tmp_path):
-    argv = ["bench", "ops", "--quick", *TINY, "--repeats", "3", "--out", str(tmp_path)]
+    argv = ["bench", "ops", "--quick", *TINY, "--repeats", "3", "--out-dir", str(tmp_path)]
     assert cli.main(argv) == 0
 
     [json_path] = tmp_path.glob("ops-cpu-*-quick.json")
@@ -316,7 +316,7 @@ def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(measure, "bench_workload", bench)
-    argv = ["bench", "ops", "--quick", *TINY, "--impls", "literal", "--out", str(tmp_path)]
+    argv = ["bench", "ops", "--quick", *TINY, "--impls", "literal", "--out-dir", str(tmp_path)]
     assert cli.main(argv) == 130  # cofr's Ctrl-C: one line, exit 130
     [json_path] = tmp_path.glob("ops-cpu-*-quick.json")
     report = json.loads(json_path.read_text())
@@ -427,7 +427,7 @@ def test_unknown_impl_is_an_error():
 def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
     capsys, tmp_path, words, message
 ):
-    argv = ["bench", "ops", "--quick", "--out", str(tmp_path / "out"), *shlex.split(words)]
+    argv = ["bench", "ops", "--quick", "--out-dir", str(tmp_path / "out"), *shlex.split(words)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"cofr bench ops: error: {message}") and len(err.splitlines()) == 1
@@ -436,7 +436,7 @@ def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
 def test_bench_ops_on_cuda_without_cuda_says_so(capsys, tmp_path):
-    argv = ["bench", "ops", "--quick", "--device", "cuda", "--out", str(tmp_path / "out")]
+    argv = ["bench", "ops", "--quick", "--device", "cuda", "--out-dir", str(tmp_path / "out")]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
@@ -494,7 +494,7 @@ def test_minor_page_faults_count_fresh_memory():
 def test_bench_ops_compiled(tmp_path):
     """The torch.compile path end to end (compiles: tens of seconds)."""
     argv = ["bench", "ops", "--quick", "--sizes", "4096", "--depths", "3", "--ladder-sizes"]
-    argv += ["64x64", "--impls", "literal,compiled", "--out", str(tmp_path)]
+    argv += ["64x64", "--impls", "literal,compiled", "--out-dir", str(tmp_path)]
     assert cli.main(argv) == 0
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert all(r["error"] is None and r["median_ms"] > 0 for r in report["results"])

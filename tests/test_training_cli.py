@@ -814,6 +814,13 @@ def test_fit_help_gives_cofr_meanings(capsys):
         assert option_help(optimizer_help, option), f"{option} has no help"
     assert cli.main(["validate", "--help"]) == 0
     assert "`last` (also when unset)" in option_help(capsys.readouterr().out, "--ckpt_path")
+    assert cli.main(["test", "--help"]) == 0  # our description, not Lightning's cut one
+    test_help = " ".join(capsys.readouterr().out.split())
+    assert "Score a checkpoint like validate, logged as test/loss" in test_help
+    assert "separated from fit" not in test_help and "checkpoint: --ckpt_path" in test_help
+    assert ":data:`" not in fit_help and "(*) marks fields whose default" in " ".join(
+        fit_help.split()
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ Field metadata read here, all optional:
 * ``cli``: False leaves the field off the command line;
 * ``metavar``: the placeholder in the help (default: the field name, or ``A,B,...``);
 * ``choices``: the values a scalar field accepts;
-* ``format``: a callable showing one default value in the help (e.g. ``2^20``).
+* ``format``: a callable showing one default value in the help (e.g. ``2^20``);
+* ``aliases``: other flags for the same option (an older name kept working).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def add_dataclass_arguments(parser: AddsArguments, cls: type, *, given_only: boo
     for f in dataclasses.fields(cls):
         if not f.init or f.metadata.get("cli") is False:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ("--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ()))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = _show(default, f.metadata.get("format"))
         help_text = f.metadata.get("help", "")
@@ -210,7 +211,7 @@ def add_dataclass_arguments(parser: AddsArguments, cls: type, *, given_only: boo
         }
         base = _scalar(hints[f.name])
         if base is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **options)
             continue
         if _is_list(base):
             item = typing.get_args(base)[0]
@@ -223,7 +224,7 @@ def add_dataclass_arguments(parser: AddsArguments, cls: type, *, given_only: boo
             if "choices" in f.metadata:
                 options["choices"] = tuple(f.metadata["choices"])
                 del options["metavar"]  # argparse then shows {a,b,c}
-        parser.add_argument(flag, **options)
+        parser.add_argument(*flags, dest=f.name, **options)
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace, base: T | None = None) -> T:

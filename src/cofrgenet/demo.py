@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--configs",
         nargs="+",
         default=list(DEMO_CONFIGS),
-        help="experiment configs to train and compare",
+        help="experiment configs to train and compare (default: " + " ".join(DEMO_CONFIGS) + ")",
     )
     parser.add_argument(
         "--max-steps",

@@ -154,7 +154,11 @@ class QualityBenchConfig:
     )
     dyadic: str = field(
         default="none",
-        metadata={"help": f"dyadic unfreezing of ladder variants: {', '.join(DYADIC)}"},
+        metadata={
+            "help": "dyadic unfreezing of ladder variants: none; paper, the paper's "
+            "schedule with released depths on the run's lr schedule; release, the same "
+            "with each released depth on its own warmup + cosine",
+        },
     )
     model_config: str | None = field(
         default=None,
@@ -651,7 +655,6 @@ def write_report(report: dict[str, Any], rows: list[Row], out_dir: Path) -> tupl
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (__doc__ or "").split("\n\n")[0]
     add_dataclass_arguments(parser, QualityBenchConfig)
 
 

@@ -816,7 +816,6 @@ def write_report(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (__doc__ or "").split("\n\n")[0]
     add_dataclass_arguments(parser, TrainBenchConfig)
 
 

@@ -106,7 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only the first N LAMBADA passages / harness docs (not logged to MLflow)",
     )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
-    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N (default: cpu)"
+    )
     parser.add_argument(
         "--tokenizer",
         default=None,
@@ -121,7 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAMLs")
     parser.add_argument(
-        "--num-fewshot", type=at_least(int, 0), default=None, help="harness tasks' shots"
+        "--num-fewshot",
+        type=at_least(int, 0),
+        default=None,
+        help="harness tasks' shots (default: each task's own)",
     )
     parser.add_argument(
         "--no-mlflow", action="store_true", help="do not log the results to the run's MLflow run"

@@ -100,9 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--x",
         choices=("params", "flops"),
         default="params",
-        help="x axis: parameters or FLOPs/token",
+        help="x axis: parameters or FLOPs/token (default: params)",
     )
-    parser.add_argument("--out", default=None, help="folder for compare.md and pareto.png")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for compare.md and pareto.png (default: runs/compare/<time>/)",
+    )
 
 
 # ------------------------------------------------------------------ runs from MLflow

@@ -85,7 +85,8 @@ class FinetuneConfig:
     )
     grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip (0: none)"})
     max_length: int | None = field(
-        default=None, metadata={"help": "tokens per example (default and cap: block_size)"}
+        default=None,
+        metadata={"help": "tokens per example, at most block_size (default: block_size)"},
     )
     max_steps: int | None = field(
         default=None, metadata={"help": "stop after this many optimizer steps"}
@@ -409,9 +410,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prepared data folder whose tokenizer to use (default: the checkpoint's)",
     )
     add_dataclass_arguments(parser, FinetuneConfig)
-    parser.add_argument("--accelerator", default="auto", help="Lightning accelerator")
     parser.add_argument(
-        "--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed on GPUs"
+        "--accelerator", default="auto", help="Lightning accelerator (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--precision",
+        default="32-true",
+        help="Lightning precision, e.g. bf16-mixed on GPUs (default: %(default)s)",
     )
     parser.add_argument(
         "--runs-dir",
@@ -429,7 +434,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", default=None, help="run name (default: <pretraining run>-<time>)")
     parser.add_argument(
-        "--mlflow", action=argparse.BooleanOptionalAction, default=True, help="track in MLflow"
+        "--mlflow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="track in MLflow (default: on)",
     )
     parser.add_argument(
         "--progress",

@@ -57,7 +57,11 @@ def _at_least_one(text: str) -> int:
 
 def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--n-trials", type=_at_least_one, default=None, help="trials this worker runs at most"
+        "--n-trials",
+        type=_at_least_one,
+        default=None,
+        help="trials each worker runs at most (default: until the study's budget, the "
+        "sweep's n_trials or grid, is used up)",
     )
     parser.add_argument(
         "--set",

@@ -95,6 +95,23 @@ CKPT_PATH_HELP = {
     ),
 }
 
+#: What ``cofr fit/validate/test --help`` say first, in place of Lightning's docstrings.
+DESCRIPTIONS = {
+    "fit": (
+        "Train a model: a new run, or one resumed with --ckpt_path last. Model, data, "
+        "trainer and run settings come from YAML files (--config, later files win) and "
+        "options (docs/training.md)."
+    ),
+    "validate": (
+        "Score a checkpoint on its data folder's held-out split, val: val/loss and val/ppl, "
+        "logged to its run at the checkpoint's step."
+    ),
+    "test": (
+        "Score a checkpoint like validate, logged as test/loss and test/ppl: a prepared data "
+        "folder has one held-out split, val (docs/training.md)."
+    ),
+}
+
 
 class RunExistsError(UserError, FileExistsError):
     """A fresh fit named a run folder that holds another run's checkpoints or MLflow run."""
@@ -273,6 +290,7 @@ class CofrCLI(LightningCLIAdapter):
         if self.with_subcommands:
             for subcommand, text in CKPT_PATH_HELP.items():
                 self.set_help(subcommand, "--ckpt_path", text)
+                self.set_description(subcommand, DESCRIPTIONS[subcommand], "checkpoint")
         words = list(sys.argv[1:] if args is None else args)
         expanded = recipes.expand(words)
         if expanded != words:  # else leave args as given (Lightning warns about argv + args)

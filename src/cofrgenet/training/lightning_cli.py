@@ -49,6 +49,18 @@ class LightningCLIAdapter(LightningCLI):
         argparse action's ``help`` (a KeyError names an option that is gone)."""
         self.subcommand_parser(subcommand)._option_string_actions[option].help = text
 
+    def set_description(self, subcommand: str, text: str, group_title: str) -> None:
+        """Replace ``subcommand``'s description and the title of the group of its own
+        arguments (``--ckpt_path``): both are the first lines of Lightning's docstring of
+        the Trainer method, cut mid-sentence for ``test``. The description is argparse's
+        public attribute; the group is found through argparse's list of groups."""
+        parser = self.subcommand_parser(subcommand)
+        parser.description = text
+        ckpt_path = parser._option_string_actions["--ckpt_path"]
+        for group in parser._action_groups:
+            if ckpt_path in group._group_actions:
+                group.title = group_title
+
     def run_subcommand(self, subcommand: str) -> None:
         """Run ``fit``, ``validate``, ... once everything is built; a parse-only subclass
         (``training.cli.ParseOnlyCLI``: config checks, sweeps) makes this do nothing."""

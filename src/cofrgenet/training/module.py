@@ -49,8 +49,9 @@ class LanguageModel(L.LightningModule):
             None to give every ModelConfig field in ``config``. The default, gpt2-mini
             (vocabulary 512, block 256), fits the default data (bytes, 257 ids), so a bare
             ``cofr fit`` trains once ``cofr data prepare`` has made it.
-        config: ModelConfig fields overriding the preset (e.g. ``{depth: 3, ladders: 5}``),
-            a :data:`~cofrgenet.training.model_options.ModelOverrides` or a dict.
+        config: ModelConfig fields overriding the preset (e.g. {depth: 3, ladders: 5}),
+            as a dict or a ModelOverrides; (*) marks fields whose default, null, means
+            the architecture's (e.g. attention softmax and norm layernorm for gpt).
         optimizer: AdamW + warmup/cosine settings (OptimizerConfig), e.g.
             ``--model.optimizer.lr 3e-4``: lr, weight_decay, betas, eps, warmup_steps,
             min_lr_ratio, fused (``cofr fit --model.optimizer.help`` describes them);

@@ -32,11 +32,12 @@ class OutputOptions:
             "results are saved with a -quick suffix"
         },
     )
-    out: Path = field(
+    out_dir: Path = field(
         default=Path("runs/bench"),
         metadata={
-            "help": "directory for ops-<device>-<date>.md/.json (pass --out docs/benchmarks "
-            "to record a result in the repository)"
+            "help": "folder for ops-<device>-<date>.md/.json (--out-dir docs/benchmarks "
+            "records a result in the repository; --out: its older name)",
+            "aliases": ("--out",),
         },
     )
     save: bool = field(
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
     suffix = options.suffix + ("-quick" if options.quick else "")
-    out = Path(options.out)
+    out = Path(options.out_dir)
     stem = stem_once(lambda report: report_stem(report, out, suffix))
 
     def save(report: Report) -> tuple[Path, Path]:

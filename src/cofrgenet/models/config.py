@@ -153,7 +153,22 @@ class ModelConfig:
     tie_embeddings: bool | None = None
 
     def __post_init__(self) -> None:
-        # Patterns read from YAML/JSON may arrive as tuples: store lists (plain types).
+        self._store_patterns_as_lists()
+        # Fields left at None take the architecture's defaults.
+        arch = ARCHITECTURES.entry(self.arch)
+        for name, value in arch.defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        self._check_sizes()
+        self._check_choices()
+        self._check_numbers()
+        if self.rope_scaling is not None:
+            self.rope_scaling = _check_rope_scaling(self.rope_scaling)
+        if arch.validate is not None:
+            arch.validate(self)
+
+    def _store_patterns_as_lists(self) -> None:
+        """Patterns read from YAML/JSON may arrive as tuples: store lists (plain types)."""
         for name in ("attention_pattern", "ffn_pattern"):
             value = getattr(self, name)
             if value is None:
@@ -163,58 +178,50 @@ class ModelConfig:
             if len(value) == 0:
                 raise ConfigError(f"{name} must not be empty (use None for 'no pattern')")
             setattr(self, name, list(value))
-        # Fields left at None take the architecture's defaults.
-        arch = ARCHITECTURES.entry(self.arch)
-        for name, value in arch.defaults.items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
+
+    def _check_sizes(self) -> None:
+        """Whole numbers >= 1 (None allowed where the field has a meaning for it)."""
+        optional = ("n_kv_head", "ffn_hidden", "sparse_stride", "sparse_summary", "rnn_hidden")
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "ladders", "depth"):
+            if not _is_positive_int(getattr(self, name)):
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in optional:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("n_kv_head", "ffn_hidden", "sparse_stride", "sparse_summary", "rnn_hidden"):
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1
-            ):
+            if value is not None and not _is_positive_int(value):
                 raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
             raise ConfigError(
                 f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    def _check_choices(self) -> None:
+        """Names from fixed sets, with a did-you-mean (position and norm may be None)."""
         for name, choices in (
             ("cffn_ladder", LADDER_KINDS),
             ("ladder_grad", GRAD_MODES),
             ("ladder_impl", IMPLS),
+            ("ladder_denominators", DENOMINATORS),
+            ("position", POSITIONS),
+            ("norm", NORMS),
         ):
-            if getattr(self, name) not in choices:
+            value = getattr(self, name)
+            if value not in choices and not (value is None and name in ("position", "norm")):
                 raise ConfigError(
-                    f"{name} must be one of {choices}, got {getattr(self, name)!r}"
-                    + did_you_mean(str(getattr(self, name)), choices)
+                    f"{name} must be one of {choices}, got {value!r}"
+                    + did_you_mean(str(value), choices)
                 )
-        if self.ladder_denominators not in DENOMINATORS:
-            raise ConfigError(
-                f"ladder_denominators must be one of {DENOMINATORS}, "
-                f"got {self.ladder_denominators!r}"
-            )
+
+    def _check_numbers(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not (isinstance(self.ladder_floor, (int, float)) and self.ladder_floor > 0):
             raise ConfigError(f"ladder_floor must be a positive number, got {self.ladder_floor!r}")
         if self.ladder_out_std is not None and not self.ladder_out_std > 0:
             raise ConfigError(
                 f"ladder_out_std must be positive or None, got {self.ladder_out_std!r}"
             )
-        if self.position is not None and self.position not in POSITIONS:
-            raise ConfigError(f"position must be one of {POSITIONS}, got {self.position!r}")
-        if self.norm is not None and self.norm not in NORMS:
-            raise ConfigError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta!r}")
-        if self.rope_scaling is not None:
-            self.rope_scaling = _check_rope_scaling(self.rope_scaling)
-        if arch.validate is not None:
-            arch.validate(self)
 
     # Per-layer choice -------------------------------------------------------------
 
@@ -281,6 +288,10 @@ def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> M
     if preset is None:
         return ModelConfig.from_dict(overrides)
     return ModelConfig.from_preset(preset, **overrides)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _check_rope_scaling(scaling: Any) -> dict[str, Any]:

@@ -896,6 +896,40 @@ def test_a_study_made_for_another_metric_is_refused(tmp_path):
         open_study(parse_sweep(changed), storage, 1)
 
 
+def test_a_study_made_from_another_version_of_the_sweep_is_refused(tmp_path):
+    """Trials trained with another budget, data or space would be ranked against the
+    study's: refused, naming each change. Its budget (n_trials) and sampler may change."""
+    storage = st.open_storage(f"journal:{tmp_path / 'v.journal'}")
+    first = {
+        "study": "v",
+        "space": {"model.config.depth": "int 1..2"},
+        "overrides": {"data.batch_size": 4},
+        "budget": {"steps": 6},
+        "n_trials": 2,
+    }
+    open_study(parse_sweep(first), storage, 0)
+    more = {**first, "n_trials": 5, "sampler": {"name": "random", "seed": 3}}
+    _, created = open_study(parse_sweep(more), storage, 1)
+    assert not created
+    changed = {
+        **first,
+        "space": {"model.config.depth": "int 1..2", "model.config.n_layer": "int 1..2"},
+        "overrides": {"data.batch_size": 8},
+        "budget": {"steps": 10},
+    }
+    with pytest.raises(SweepError) as refused:
+        open_study(parse_sweep(changed), storage, 1)
+    message = str(refused.value)
+    assert message.startswith("study 'v' was created from another version of this sweep (")
+    for change in (
+        "overrides.data.batch_size: 4 -> 8",
+        "space.model.config.n_layer added",
+        "budget.steps: 6 -> 10",
+    ):
+        assert change in message
+    assert message.endswith("give the changed sweep a new study name (study: ...)")
+
+
 def test_a_worker_stops_when_trials_keep_failing_for_one_reason(tiny_data, tmp_path):
     def failing_sweep(folder: Path) -> Path:
         folder.mkdir()

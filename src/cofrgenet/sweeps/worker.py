@@ -89,7 +89,8 @@ def open_study(
             f"study {sweep.study!r} exists with direction {study.direction.name.lower()}, "
             f"the sweep says {sweep.objective.direction}: use another study name"
         )
-    stored = (study.user_attrs.get("cofr.sweep") or {}).get("objective") or {}
+    stored_sweep = study.user_attrs.get("cofr.sweep") or {}
+    stored = stored_sweep.get("objective") or {}
     metric = stored.get("metric", Objective().metric) if isinstance(stored, dict) else None
     if not created and metric is not None and metric != sweep.objective.metric:
         raise SweepError(
@@ -97,6 +98,8 @@ def open_study(
             f"{sweep.objective.metric}: its values would be ranked against the other's; use "
             "another study name"
         )
+    if not created and isinstance(stored_sweep, dict):
+        check_same_trials(sweep, stored_sweep)
     if created:
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
@@ -104,6 +107,48 @@ def open_study(
             for point in sweep.grid:
                 study.enqueue_trial(point)
     return study, created
+
+
+#: The sweep file's sections that say what a trial trains: a study's trials are ranked
+#: against each other only while these stay as the study was created with. n_trials,
+#: sampler, pruner, storage and tracking settings may change between runs.
+TRIAL_SECTIONS = ("base", "overrides", "space", "budget")
+
+
+def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
+    """SweepError naming what changed when ``sweep`` trains other trials than the sweep
+    file the study was created from (``stored``, its raw YAML)."""
+    changes = [
+        change
+        for section in TRIAL_SECTIONS
+        for change in _section_changes(section, stored.get(section), sweep.raw.get(section))
+    ]
+    if changes:
+        shown = ", ".join(changes[:4]) + (
+            f" and {len(changes) - 4} more" if len(changes) > 4 else ""
+        )
+        raise SweepError(
+            f"study {sweep.study!r} was created from another version of this sweep ({shown}): "
+            "its trials would be ranked against trials trained otherwise. Put the file back, "
+            "or give the changed sweep a new study name (study: ...)"
+        )
+
+
+def _section_changes(section: str, old: Any, new: Any) -> list[str]:
+    """What differs between two versions of a sweep file section, key by key."""
+    old = [] if old is None and section == "base" else {} if old is None else old
+    new = [] if new is None and section == "base" else {} if new is None else new
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [f"{section}: {old!r} -> {new!r}"]
+    changes = []
+    for key in sorted(set(old) | set(new), key=str):
+        if key not in new:
+            changes.append(f"{section}.{key} removed")
+        elif key not in old:
+            changes.append(f"{section}.{key} added")
+        elif old[key] != new[key]:
+            changes.append(f"{section}.{key}: {old[key]!r} -> {new[key]!r}")
+    return changes
 
 
 def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:

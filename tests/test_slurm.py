@@ -97,6 +97,20 @@ def test_the_worker_line_keeps_the_study_and_every_set_value():
         assert parse_assignment(f"key={flow_yaml(value)}") == ("key", value)
 
 
+def test_array_tasks_sharing_a_journal_file_are_warned(capsys, monkeypatch):
+    """A journal file is safe on one host; array tasks may land on several."""
+    monkeypatch.delenv("COFR_SWEEP_STORAGE", raising=False)
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    render(tiny, SubmitOptions(workers=1))
+    assert capsys.readouterr().err == ""
+    render(tiny, SubmitOptions(workers=4))
+    warning = capsys.readouterr().err
+    assert warning.startswith("warning: 4 array tasks share the journal file ")
+    assert "give a PostgreSQL storage" in warning
+    render(tiny, SubmitOptions(workers=4, storage="postgresql://u:p$$w@db:5432/optuna"))
+    assert capsys.readouterr().err == ""
+
+
 def test_sweep_sbatch_refuses_what_cannot_agree():
     tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
     with pytest.raises(SweepError, match="num_nodes"):

@@ -79,6 +79,10 @@ def write_sweep(tmp_path: Path, name: str = "sweep.yaml", **changes) -> Path:
     raw["runs_dir"] = str(tmp_path / "runs")
     for key, value in changes.items():  # replaced, except overrides: merged
         raw[key] = {**raw[key], **value} if key == "overrides" else value
+    for key in raw["space"]:  # a searched key is not also fixed (refused)
+        raw["overrides"].pop(key, None)
+    if (raw.get("budget") or {}).get("val_every"):  # the budget sets it
+        raw["overrides"].pop("trainer.val_check_interval", None)
     path = tmp_path / name
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -135,6 +139,20 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"storage_options": {"max_retry": -1}}, "storage_options.max_retry must be >= 0"),
         ({"sampler": {"name": "grid"}, "n_trials": 5}, "n_trials 5: a grid sweep trains every "
          "one of its 8 points once"),
+        # Overrides the sweep would replace in every trial.
+        ({"overrides": {"a.b": 2}}, "overrides: a.b: the sweep searches this key; remove it "
+         "from the space or remove it from the overrides"),
+        ({"overrides": {"run.name": "mine"}}, "overrides: run.name: the sweep names each "
+         "trial's run trial-<number>; remove it from the overrides"),
+        ({"budget": {"steps": 6}, "overrides": {"trainer.max_steps": 100}},
+         "overrides: trainer.max_steps: the sweep's budget sets this key"),
+        # Sections written as a scalar or a list instead of a mapping.
+        ({"sampler": "tpe"}, "sampler: a mapping of options is expected (e.g. `sampler: "
+         "{key: value}`), got 'tpe'"),
+        ({"pruner": "median"}, "pruner: a mapping of options is expected"),
+        ({"objective": "val/loss"}, "objective: a mapping of options is expected"),
+        ({"budget": 6}, "budget: a mapping of options is expected"),
+        ({"overrides": ["a=1"]}, "overrides: a mapping of options is expected"),
     ]  # fmt: skip
     for changes, message in cases:
         with pytest.raises(SweepError, match=re.escape(message)):
@@ -143,6 +161,28 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
     assert grid.total_trials == 8
     parse_sweep({**good, "sampler": {"name": "tpe", "multivariate": True, "n_startup_trials": 3}})
     parse_sweep({**good, "heatmap": ["c", "a.b"], "storage_options": {"grace_period": 121}})
+
+
+def test_storage_variables_expand_braced_names_only(monkeypatch):
+    """${VAR} from the environment; a bare $ is literal (passwords); a value that is one
+    unset variable means the default; an unset one inside a URL, or a typo of a set one,
+    is refused."""
+    good = {"study": "s", "space": {"a": [1, 2]}, "n_trials": 2}
+    monkeypatch.delenv("COFR_SWEEP_STORAGE", raising=False)
+    assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAGE}"}).storage is None
+    url = "postgresql://bob:pa$$w0rd@db:5432/optuna"
+    assert parse_sweep({**good, "storage": url}).storage == url
+    monkeypatch.setenv("COFR_SWEEP_STORAGE", "postgresql://db/optuna")
+    assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAGE}"}).storage == (
+        "postgresql://db/optuna"
+    )
+    with pytest.raises(SweepError, match=re.escape(
+        "storage: ${COFR_SWEEP_STORAG} is not set in the environment (did you mean "
+        "${COFR_SWEEP_STORAGE}, which is?)"
+    )):  # fmt: skip
+        parse_sweep({**good, "storage": "${COFR_SWEEP_STORAG}"})
+    with pytest.raises(SweepError, match=r"^tracking_uri: \$\{NO_SUCH_DIR_X\} is not set"):
+        parse_sweep({**good, "tracking_uri": "sqlite:///${NO_SUCH_DIR_X}/mlflow.db"})
 
 
 def test_val_every_counts_optimizer_steps_under_accumulation():

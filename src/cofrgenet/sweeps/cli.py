@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.sweeps.spec import (
     StorageOptions,
     Sweep,
@@ -115,7 +116,9 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep", help="sweep file")
     _common(parser)
     _worker_options(parser)
-    parser.add_argument("--workers", type=int, default=1, help="array tasks (workers)")
+    parser.add_argument(
+        "--workers", type=_at_least_one, default=1, help="array tasks (workers) (default: 1)"
+    )
     parser.add_argument(
         "--partition",
         default=None,
@@ -123,14 +126,14 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpus-per-worker",
-        type=int,
+        type=at_least(int, 0),
         default=None,
         help="GPUs per array task, all for one trial at a time (ddp_spawn above 1); 0: CPU "
         "(default: the sweep's slurm.gpus_per_worker, else the config's GPU devices)",
     )
     parser.add_argument(
         "--cpus-per-worker",
-        type=int,
+        type=_at_least_one,
         default=None,
         help="CPUs per array task, at least data.num_workers + 1 (default: the sweep's "
         "slurm.cpus_per_worker, else data.num_workers + 1, else 4 per GPU + 1)",

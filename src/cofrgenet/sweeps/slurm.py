@@ -242,6 +242,13 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     url = options.storage or home
     if st.journal_path(url) is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
+    elif st.journal_path(url) is not None and options.workers > 1:
+        print(
+            f"warning: {options.workers} array tasks share the journal file "
+            f"{st.journal_path(url)}, which is safe on one host only; for workers on several "
+            "hosts give a PostgreSQL storage (storage: or --storage; docs/sweeps.md)",
+            file=sys.stderr,
+        )
     logs = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     sbatch["output"] = check_sbatch_value("the runs folder (--runs-dir)", logs / "%A_%a.out")
     extras = [(e, "slurm.extra (in the sweep)") for e in sweep.slurm.extra]

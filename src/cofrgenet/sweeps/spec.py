@@ -31,6 +31,7 @@ its own parser (:mod:`cofrgenet.sweeps.fitconfig`).
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import math
 import os
@@ -323,18 +324,43 @@ _TOP_KEYS = {
 }
 
 
-def _expand(value: str | None) -> str | None:
-    """``${VAR}`` from the environment; an unset or empty result is None (the default)."""
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: Any, where: str) -> str | None:
+    """``${VAR}`` references replaced from the environment (a bare ``$`` is literal: a
+    password may hold one). A value that is one unset variable is None (the default); an
+    unset variable inside a longer value, or one named like a set variable (a typo), is
+    a SweepError."""
     if value is None:
         return None
-    expanded = os.path.expandvars(str(value))
-    if not expanded.strip() or "$" in expanded:
-        return None
-    return expanded
+    text = str(value)
+    for name in _VARIABLE.findall(text):
+        if os.environ.get(name):
+            continue
+        close = difflib.get_close_matches(name, [k for k in os.environ if os.environ[k]], 1, 0.9)
+        hint = f" (did you mean ${{{close[0]}}}, which is?)" if close else ""
+        if hint or _VARIABLE.fullmatch(text.strip()) is None:
+            raise SweepError(f"{where}: ${{{name}}} is not set in the environment{hint}")
+        return None  # the whole value is one unset variable: the default
+    expanded = _VARIABLE.sub(lambda m: os.environ[m.group(1)], text)
+    return expanded if expanded.strip() else None
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    """A sweep file section that holds options: a mapping ({} when absent)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SweepError(
+            f"{where}: a mapping of options is expected (e.g. `{where}: {{key: value}}`), "
+            f"got {value!r}"
+        )
+    return dict(value)
 
 
 def _options(cls: type, value: Any, where: str) -> Any:
-    value = dict(value or {})
+    value = _mapping(value, where)
     names = set(cls.__dataclass_fields__)
     unknown = set(value) - names
     if unknown:
@@ -487,16 +513,16 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     sweep_dir = path.parent if path is not None else None
     base = raw.get("base") or []
     base = [base] if isinstance(base, str) else list(base)
-    overrides = dict(raw.get("overrides") or {})
+    overrides = _mapping(raw.get("overrides"), "overrides")
     space_raw = raw.get("space") or {}
     if not isinstance(space_raw, dict) or not space_raw:
         raise SweepError("space: at least one dotted config key to search")
     space = [parse_param(str(k), v) for k, v in space_raw.items()]
-    sampler = dict(raw.get("sampler") or {"name": "tpe"})
+    sampler = _mapping(raw.get("sampler"), "sampler") or {"name": "tpe"}
     sampler.setdefault("name", "tpe")
     if sampler["name"] not in SAMPLERS:
         raise SweepError(f"sampler.name must be one of {SAMPLERS}, got {sampler['name']!r}")
-    pruner = dict(raw.get("pruner") or {"name": "none"})
+    pruner = _mapping(raw.get("pruner"), "pruner") or {"name": "none"}
     pruner.setdefault("name", "none")
     if pruner["name"] not in PRUNERS:
         raise SweepError(f"pruner.name must be one of {PRUNERS}, got {pruner['name']!r}")
@@ -522,11 +548,11 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         objective=objective,
         budget=budget,
         n_trials=None if n_trials is None else int(float(n_trials)),
-        storage=_expand(raw.get("storage")),
+        storage=_expand(raw.get("storage"), "storage"),
         storage_options=_options(StorageOptions, raw.get("storage_options"), "storage_options"),
         experiment=str(raw.get("experiment") or study),
         runs_dir=str(raw.get("runs_dir") or "runs"),
-        tracking_uri=_expand(raw.get("tracking_uri")),
+        tracking_uri=_expand(raw.get("tracking_uri"), "tracking_uri"),
         slurm=_options(SlurmOptions, raw.get("slurm"), "slurm"),
         heatmap=tuple(heatmap) if heatmap else None,
         raw=copy.deepcopy(raw),
@@ -540,6 +566,9 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
             )
     sweep.total_trials  # noqa: B018 - raises when n_trials is missing
     if resolve:
+        # An override of a key the sweep sets in every trial would be silently replaced.
+        fixed = sweep_keys(sweep)
+        _check_not_set_again(fixed, overrides, "overrides: {key}", "remove it from the overrides")
         sweep.storage_options.check()
         _check_sampler(sweep.sampler)
         _check_heatmap(sweep)
@@ -679,10 +708,11 @@ def config_settings(
 
 
 def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
-    """The config keys a sweep sets in every trial after ``--set`` (so a ``--set`` of one
-    would be ignored), each with what to do instead (``{target}``: the key)."""
+    """The config keys a sweep sets in every trial after its overrides and ``--set`` (so
+    either of one would be ignored), each with what to do instead (``{target}``: the key,
+    ``{drop}``: how to drop the other setting)."""
     fixed = {
-        p.key: "the sweep searches {target}; remove it from the space or drop the --set"
+        p.key: "the sweep searches {target}; remove it from the space or {drop}"
         for p in sweep.space
     }
     if sweep.budget.steps is not None or sweep.budget.tokens is not None:
@@ -690,7 +720,7 @@ def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
     if sweep.budget.val_every is not None:
         fixed["trainer.val_check_interval"] = "the sweep's budget.val_every sets {target}"
     fixed["run.experiment"] = "the sweep's experiment sets {target}; change it there"
-    fixed["run.name"] = "the sweep names each trial's run trial-<number>; drop the --set"
+    fixed["run.name"] = "the sweep names each trial's run trial-<number>; {drop}"
     fixed["run.runs_dir"] = "the sweep sets {target}; use --runs-dir"
     if sweep.tracking_uri:
         fixed["run.tracking_uri"] = "the sweep's tracking_uri sets {target}; change it there"
@@ -702,12 +732,17 @@ def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
 def check_extra(sweep: Sweep, extra: dict[str, Any] | None, mlflow: bool = True) -> None:
     """SweepError for a ``--set`` key that the sweep sets again in every trial (a searched
     key, the budget's ``trainer.max_steps``, ``run.name``...), or a key above one."""
-    fixed = sweep_keys(sweep, mlflow)
-    for key in extra or {}:
+    _check_not_set_again(sweep_keys(sweep, mlflow), extra or {}, "--set {key}", "drop the --set")
+
+
+def _check_not_set_again(
+    fixed: dict[str, str], given: dict[str, Any], where: str, drop: str
+) -> None:
+    for key in given:
         for target, why in fixed.items():
             if target == key or target.startswith(key + "."):
                 name = "this key" if target == key else target
-                raise SweepError(f"--set {key}: {why.format(target=name)}")
+                raise SweepError(f"{where.format(key=key)}: {why.format(target=name, drop=drop)}")
 
 
 def base_config(sweep: Sweep, extra: dict[str, Any] | None = None) -> dict[str, Any]:

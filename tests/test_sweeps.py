@@ -851,6 +851,52 @@ def test_lost_worker_detection(tmp_path, monkeypatch):
     )
 
 
+def test_a_lost_trials_mlflow_run_ends_failed_and_its_reason_tag_follows_the_state(tmp_path):
+    """A trial failed as lost no longer reads RUNNING in MLflow; a retry that completes
+    drops the failed attempt's reason, and a pruned run's reason is not a failure's."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import RUN_DIR_ATTR, Outcome
+    from cofrgenet.sweeps.tracking import finish_child
+    from cofrgenet.sweeps.worker import _end_lost_run, next_trial
+    from cofrgenet.training.run_store import RUN_ID_FILE
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("l")).info.run_id
+    run_dir = tmp_path / "trial-0000"
+    run_dir.mkdir()
+    (run_dir / RUN_ID_FILE).write_text(run_id + "\n")
+    storage = st.open_storage(f"journal:{tmp_path / 'l.journal'}")
+    study = optuna.create_study(study_name="l", storage=storage)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lost = study.ask()
+    lost.suggest_categorical("a", [1, 2])
+    here = __import__("socket").gethostname()
+    st.claim(storage, study, lost.number, st.Worker(here, dead.pid, None, "", {}))
+    lost.set_user_attr(RUN_DIR_ATTR, str(run_dir))
+    sweep = parse_sweep({"study": "l", "space": {"a": [1, 2]}, "n_trials": 1})
+    ctx = SimpleNamespace(mlflow_client=client, storage=storage, study=study)
+    ended = []
+
+    def on_lost(number, retry):
+        ended.append((number, retry))
+        _end_lost_run(ctx, number, retry)
+
+    retry, _ = next_trial(study, storage, sweep, st.Worker.current(), on_lost)
+    assert ended == [(0, 1)] and retry.number == 1
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["optuna.state"] == "FAIL"
+    assert run.data.tags["optuna.fail_reason"].endswith("died during the trial (process "
+                                                       "gone); retried as trial 1")  # fmt: skip
+    finish_child(client, run_id, Outcome(TrialState.COMPLETE, value=1.5, step=6))
+    tags = client.get_run(run_id).data.tags
+    assert tags["optuna.state"] == "COMPLETE" and "optuna.fail_reason" not in tags
+    finish_child(client, run_id, Outcome(TrialState.PRUNED, reason="pruned at step 2"))
+    tags = client.get_run(run_id).data.tags
+    assert tags["optuna.prune_reason"] == "pruned at step 2" and "optuna.fail_reason" not in tags
+
+
 def test_rdb_stale_trials_fail_with_their_reason_and_are_retried(tmp_path):
     """RDB storages (sqlite here, PostgreSQL in production): Optuna's heartbeat table, by
     the database's clock, finds a worker lost on another host; its trial fails with the

@@ -136,6 +136,12 @@ def set_parent_status(client: MlflowClient, run_id: str, status: str) -> None:
         client.update_run(run_id, status=status)
 
 
+def run_id_in(run_dir: Path) -> str | None:
+    """The MLflow run id a trial's run folder names (None before its run was made)."""
+    id_file = run_dir / RUN_ID_FILE
+    return (id_file.read_text().strip() or None) if id_file.exists() else None
+
+
 def child_run(
     client: MlflowClient,
     run: RunConfig,
@@ -146,7 +152,7 @@ def child_run(
 ) -> str:
     """The trial's MLflow run: the one named in ``run_dir`` (a resume) or a new child."""
     id_file = run_dir / RUN_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.exists() else None
+    run_id = run_id_in(run_dir)
     if run_id:
         try:
             client.get_run(run_id)
@@ -176,14 +182,29 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, Any]) -> None:
         client.log_batch(run_id, tags=items[start : start + 100])
 
 
+#: The tag that holds an outcome's reason, by Optuna state (RUNNING: a requeued trial
+#: that goes on later). A run keeps only its latest state's: a retry that completes
+#: drops the failed attempt's fail_reason.
+REASON_TAGS = {
+    "FAIL": "optuna.fail_reason",
+    "PRUNED": "optuna.prune_reason",
+    "RUNNING": "optuna.stop_reason",
+}
+
+
 def finish_child(client: MlflowClient, run_id: str, outcome: Outcome) -> None:
     """End a trial's run with its :class:`~cofrgenet.sweeps.objective.Outcome`: the state
-    as a tag, and the objective's value at the step it was measured."""
+    as a tag, its reason under the state's tag (:data:`REASON_TAGS`), and the objective's
+    value at the step it was measured."""
     state = outcome.state.name
     tags: dict[str, Any] = {"optuna.state": state}
-    if outcome.reason:
-        tags["optuna.fail_reason"] = outcome.reason
+    if outcome.reason and state in REASON_TAGS:
+        tags[REASON_TAGS[state]] = outcome.reason
     set_tags(client, run_id, tags)
+    earlier = client.get_run(run_id).data.tags
+    for tag in REASON_TAGS.values():
+        if tag in earlier and tag not in tags:
+            client.delete_tag(run_id, tag)
     if outcome.value is not None:
         client.log_metric(run_id, "optuna/value", outcome.value, step=outcome.step or 0)
     status = "FAILED" if state == "FAIL" else "FINISHED"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,14 @@ from optuna.trial import TrialState
 from cofrgenet.errors import UserError
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values
-from cofrgenet.sweeps.objective import REQUEUE, UID_ATTR, Outcome, TrialContext, run_trial
+from cofrgenet.sweeps.objective import (
+    REQUEUE,
+    RUN_DIR_ATTR,
+    UID_ATTR,
+    Outcome,
+    TrialContext,
+    run_trial,
+)
 from cofrgenet.sweeps.spec import (
     Objective,
     Sweep,
@@ -194,16 +201,23 @@ def wait_for_setup(study: optuna.Study, sweep: Sweep, timeout: float | None = No
 
 
 def next_trial(
-    study: optuna.Study, storage: optuna.storages.BaseStorage, sweep: Sweep, worker: st.Worker
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    sweep: Sweep,
+    worker: st.Worker,
+    on_lost: Callable[[int, int | None], None] | None = None,
 ) -> tuple[optuna.Trial | None, bool]:
     """(trial, resumed): this worker's own unfinished trial, a queued one, a new one.
 
-    ``storage``: the one the study was opened with (:func:`st.open_storage`).
+    ``storage``: the one the study was opened with (:func:`st.open_storage`). Trials whose
+    worker is gone are failed first (and retried); ``on_lost(number, retry)`` for each.
     """
     options = sweep.storage_options
     for number, retry in st.fail_lost_trials(study, storage, options, worker.worker_id):
         note = f"retried as trial {retry}" if retry is not None else "no retries left"
         log.warning(f"trial {number}: its worker is gone; marked FAIL, {note}")
+        if on_lost is not None:
+            on_lost(number, retry)
     trials = study.get_trials(deepcopy=False)
     if worker.worker_id:
         for trial in trials:
@@ -445,7 +459,9 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
             result.requeued = True
             _requeue_job(worker)
             return
-        trial, resumed = next_trial(study, storage, sweep, worker)
+        trial, resumed = next_trial(
+            study, storage, sweep, worker, lambda number, retry: _end_lost_run(ctx, number, retry)
+        )
         if trial is None:
             return
         log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
@@ -475,6 +491,26 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
                 f"this worker: {outcome.reason}"
             )
             return
+
+
+def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
+    """End the MLflow run of a trial failed as lost FAILED, with why: it would read
+    RUNNING until a retry resumes it, or for ever without one."""
+    if ctx.mlflow_client is None:
+        return
+    from cofrgenet.sweeps import tracking
+
+    frozen = st.frozen_trial(ctx.storage, ctx.study, number)
+    run_dir = frozen.user_attrs.get(RUN_DIR_ATTR)
+    run_id = tracking.run_id_in(Path(run_dir)) if run_dir else None
+    if run_id is None:  # lost before its run was made
+        return
+    reason = str(frozen.user_attrs.get(st.FAIL_REASON) or "its worker is gone")
+    reason += f"; retried as trial {retry}" if retry is not None else "; no retries left"
+    try:
+        tracking.finish_child(ctx.mlflow_client, run_id, Outcome(TrialState.FAIL, reason=reason))
+    except Exception as error:  # tracking trouble must not stop the worker
+        log.warning(f"MLflow: {error}")
 
 
 def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:

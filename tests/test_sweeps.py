@@ -897,6 +897,34 @@ def test_a_lost_trials_mlflow_run_ends_failed_and_its_reason_tag_follows_the_sta
     assert tags["optuna.prune_reason"] == "pruned at step 2" and "optuna.fail_reason" not in tags
 
 
+def test_status_names_each_attempts_next_retry_and_counts_retried_failures(tmp_path):
+    from rich.console import Console
+
+    from cofrgenet.sweeps.status import status_table
+
+    storage = st.open_storage(f"journal:{tmp_path / 'r.journal'}")
+    study = optuna.create_study(study_name="r", storage=storage)
+    first = study.ask()
+    first.suggest_int("x", 0, 3)
+    study.tell(first, state=TrialState.FAIL)
+    for _ in range(2):  # 0 -> 1 -> 2: the second attempt fails too, the third completes
+        failed = study.get_trials()[-1]
+        st.retry_trial(study, failed, max_retry=3)
+        attempt = study.ask()
+        if attempt.number == 1:
+            study.tell(attempt, state=TrialState.FAIL)
+        else:
+            study.tell(attempt, 1.0)
+    assert st.state_counts(study.get_trials()) == "1 complete, 2 fail (2 retried)"
+    console = Console(width=200, record=True)
+    console.print(status_table(study, storage))
+    text = console.export_text()
+    cells = [line.split("│") for line in text.splitlines()]
+    rows = {row[1].strip(): row[-2] for row in cells if len(row) > 2}
+    assert "retried as #1" in rows["0"] and "retried as #2" in rows["1"]
+    assert "retry of #1" in rows["2"] and "3 trials (1 complete, 2 fail (2 retried))" in text
+
+
 def test_rdb_stale_trials_fail_with_their_reason_and_are_retried(tmp_path):
     """RDB storages (sqlite here, PostgreSQL in production): Optuna's heartbeat table, by
     the database's clock, finds a worker lost on another host; its trial fails with the

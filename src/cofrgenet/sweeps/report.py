@@ -124,15 +124,12 @@ def summary_markdown(
     caveats = caveats or {}
     trials = study.get_trials(deepcopy=False)
     keys = [p.key for p in sweep.space]
-    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     lines = [
         f"# Sweep report: {study.study_name}",
         "",
         f"Objective: {sweep.objective.direction} `{sweep.objective.metric}`; "
         f"sampler {sweep.sampler.get('name')}, pruner {sweep.pruner.get('name')}; "
-        f"{len(trials)} trials: "
-        + ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
-        + ".",
+        f"{len(trials)} trials: {st.state_counts(trials)}.",
         "",
     ]
     try:

@@ -78,12 +78,12 @@ def status_table(
     shorts = [k.rsplit(".", 1)[-1] for k in keys]
     if len(set(shorts)) < len(shorts):
         shorts = keys
-    retried = {}
+    retried = {}  # attempt -> the attempt that retries it (the next, not the last)
     for trial in trials:
-        for number in trial.system_attrs.get("retry_history") or []:
-            retried[number] = trial.number
-    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
-    summary = ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
+        history = trial.system_attrs.get("retry_history") or []
+        if history:
+            retried[history[-1]] = trial.number
+    summary = st.state_counts(trials)
     try:
         best = study.best_trial
         best_text = f"; best #{best.number} = {best.value:.6g}"

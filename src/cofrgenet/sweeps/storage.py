@@ -693,6 +693,20 @@ def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     return out
 
 
+def state_counts(trials: list[FrozenTrial]) -> str:
+    """``3 complete, 2 fail (2 retried)``: trials by state, failures that a later attempt
+    retries told apart (an interrupted attempt is not a failed trial)."""
+    retried = retried_numbers(trials)
+    parts = []
+    for state in TrialState:
+        count = sum(1 for t in trials if t.state == state)
+        if not count:
+            continue
+        again = sum(1 for t in trials if t.state == state and t.number in retried)
+        parts.append(f"{count} {state.name.lower()}" + (f" ({again} retried)" if again else ""))
+    return ", ".join(parts)
+
+
 def budget_used(trials: list[FrozenTrial]) -> int:
     """Trials that count against ``n_trials``: all but WAITING ones and retried failures."""
     retried = retried_numbers(trials)

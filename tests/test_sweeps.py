@@ -925,6 +925,22 @@ def test_status_names_each_attempts_next_retry_and_counts_retried_failures(tmp_p
     assert "retry of #1" in rows["2"] and "3 trials (1 complete, 2 fail (2 retried))" in text
 
 
+def test_an_rdb_worker_asks_trials_without_optunas_heartbeat_warnings(tmp_path):
+    """The worker beats heartbeats itself (outside Study.optimize), on purpose."""
+    import warnings
+
+    from cofrgenet.sweeps.worker import next_trial
+
+    sweep = parse_sweep({"study": "w", "space": {"a": [1, 2]}, "n_trials": 2})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        storage = st.open_storage(f"sqlite:///{tmp_path / 'w.db'}", sweep.storage_options)
+        study = optuna.create_study(study_name="w", storage=storage)
+        trial, _ = next_trial(study, storage, sweep, st.Worker.current())
+    assert trial is not None
+    assert [str(w.message) for w in caught if "eartbeat" in str(w.message)] == []
+
+
 def test_rdb_stale_trials_fail_with_their_reason_and_are_retried(tmp_path):
     """RDB storages (sqlite here, PostgreSQL in production): Optuna's heartbeat table, by
     the database's clock, finds a worker lost on another host; its trial fails with the
@@ -1271,7 +1287,13 @@ def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):
     for command in ("status", "report"):
         line = one_line_error(capsys, ["sweep", command, path])
         assert "no study 'tiny-cpu' yet: " in line and "`cofr sweep run` starts it" in line
+        assert "give --storage as its workers were given it" in line
     assert not (tmp_path / "runs").exists()
+    # A mistyped sqlite --storage: no empty database made (a later run would start there).
+    typo = tmp_path / "nope.db"
+    line = one_line_error(capsys, ["sweep", "status", "tiny-cpu", "--storage", f"sqlite:///{typo}"])
+    assert f"no study 'tiny-cpu' yet: {typo} does not exist" in line
+    assert "check the path" in line and not typo.exists()
 
 
 def test_report_out_must_be_a_folder(tmp_path, capsys):

@@ -183,14 +183,21 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
             path = Path(runs_dir) / "sweeps" / name / "optuna.journal"
             if not path.exists():
                 raise SweepError(
-                    f"no study {name!r} at {path}: give its sweep file or --storage URL"
+                    f"no study {name!r} at {path}: give its sweep file, or the --storage URL "
+                    "its workers were given"
                 )
             url = f"journal:{path.resolve()}"
         sweep = None
-    journal = st.journal_path(url)
-    if journal is not None and not journal.exists():  # opening it would make an empty one
+    file = st.storage_file(url)
+    if file is not None and not file.exists():  # opening it would make an empty one
+        hint = (
+            "give --storage as its workers were given it"
+            if args.storage is None
+            else "check the path, or leave --storage out for the sweep's own storage"
+        )
         raise SweepError(
-            f"no study {name!r} yet: {journal} does not exist (`cofr sweep run` starts it)"
+            f"no study {name!r} yet: {file} does not exist (`cofr sweep run` starts it; "
+            f"a study run elsewhere: {hint})"
         )
     storage = st.open_storage(url)
     try:

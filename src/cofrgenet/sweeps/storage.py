@@ -44,6 +44,7 @@ import shutil
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,12 +135,14 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
     # losers fail on a duplicate type or table. Creation is idempotent: try again.
     for attempt in range(6):
         try:
-            return RDBStorage(
-                url,
-                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-                heartbeat_interval=options.heartbeat_interval,
-                grace_period=options.grace_period,
-            )
+            with warnings.catch_warnings():  # "heartbeat_interval is experimental": chosen
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs=None if url.startswith("sqlite") else {"pool_pre_ping": True},
+                    heartbeat_interval=options.heartbeat_interval,
+                    grace_period=options.grace_period,
+                )
         except ImportError as error:
             raise SweepError(
                 f"storage {describe_storage(url)!r}: {error}; install its database driver "

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,7 +234,10 @@ def next_trial(
     waiting = any(t.state == TrialState.WAITING for t in trials)
     if not waiting and (sweep.is_grid or st.budget_used(trials) >= sweep.total_trials):
         return None, False
-    trial = study.ask()
+    with warnings.catch_warnings():
+        # Optuna expects heartbeats under Study.optimize; the worker beats them itself.
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+        trial = study.ask()
     st.claim(storage, study, trial.number, worker)
     trial.set_user_attr(st.STARTED, time.time())
     return trial, False

@@ -131,6 +131,8 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"space": {"a.b": "int 1..4 step 0"}}, "space.a.b: step must be > 0"),
         ({"space": {"a.b": {"type": "int", "low": 1, "high": 4, "step": -1}}}, "step must be > 0"),
         ({"space": {"a.b": "int 1..4 step 1.5"}}, "an int range needs a whole step"),
+        ({"space": {"a.b": {"type": "float", "low": 1, "high": 4, "log": "no"}}},
+         "space.a.b: log must be true or false, got 'no'"),
         ({"heatmap": ["a.b", "d"]}, "heatmap: 'd' is not a key of the space"),
         ({"storage_options": {"heartbeat_interval": 120, "grace_period": 10}},
          "storage_options.grace_period 10 s must exceed twice the heartbeat_interval"),
@@ -476,7 +478,7 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
         sampler={"name": "grid"},
         pruner={"name": "none"},
         n_trials=None,
-        space={"model.config.ladders": {"choices": [0, 1]}, "model.optimizer.lr": {"choices": [1e-3, 0.5]}},
+        space={"data.block_size": {"choices": [64, 32]}, "model.optimizer.lr": {"choices": [1e-3, 0.5]}},
         overrides={
             "data.data_dir": str(tiny_data),
             "trainer.callbacks": [{"class_path": "sweep_helpers.PoisonWeights", "init_args": {"lr_above": 0.1}}],
@@ -487,10 +489,10 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
     trials = result.study.get_trials()
     assert len(trials) == 4 and result.done
     for trial in trials:
-        ladders, lr = trial.params["model.config.ladders"], trial.params["model.optimizer.lr"]
-        if ladders == 0:
+        block, lr = trial.params["data.block_size"], trial.params["model.optimizer.lr"]
+        if block == 64:  # longer than the model's 32: refused when the trial starts
             assert trial.state == TrialState.FAIL
-            assert "ladders must be a positive integer" in trial.user_attrs[st.FAIL_REASON]
+            assert "exceeds the model's block_size=32" in trial.user_attrs[st.FAIL_REASON]
         elif lr > 0.1:
             assert trial.state == TrialState.FAIL
             assert trial.user_attrs[st.FAIL_REASON].startswith("non-finite loss")
@@ -1246,7 +1248,7 @@ def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     assert "not a journal file or database URL" in line
     missing = f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}"
     line = one_line_error(capsys, ["sweep", "status", path, "--storage", missing])
-    assert "no folder" in line and "nowhere" in line
+    assert "nowhere/x.db does not exist" in line
     assert not (tmp_path / "nowhere").exists()
 
 
@@ -1564,12 +1566,32 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     assert "no trial could build its model" in line and "n_head (5)" in line
     assert not (tmp_path / "runs").exists()  # no study, no trial folder
 
-    # n_head 3 does not divide the width 64, n_head 4 does: only some trials fail.
-    mixed = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 4]}}))
+    # n_head 3 divides the width 96, not 64: only the trials that draw both fail.
+    space = {"model.config.n_head": {"choices": [3, 4]}, "model.config.n_embd": [64, 96]}
+    mixed = load_sweep(write_sweep(tmp_path, space=space))
     check_model_values(mixed, trial_config(mixed, {"model.config.n_head": 3}))
+    # n_head 3 with the width fixed at 64: every trial that draws it fails.
+    alone = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 4]}}))
+    with pytest.raises(SweepError, match=r"^space\.model\.config\.n_head: 3 builds no model: "):
+        check_model_values(alone, trial_config(alone, {"model.config.n_head": 4}))
+    # A wrong type among the choices, a range end out of bounds.
+    typed = load_sweep(write_sweep(tmp_path, space={"model.config.ladders": [1, "three"]}))
+    with pytest.raises(SweepError, match=r"ladders: 'three' builds no model: ladders must be"):
+        check_model_values(typed, trial_config(typed, {"model.config.ladders": 1}))
+    ranged = load_sweep(write_sweep(tmp_path, space={"model.config.depth": "int 0..2"}))
+    with pytest.raises(SweepError, match=r"depth: 0 builds no model: depth must be a positive"):
+        check_model_values(ranged, trial_config(ranged, {"model.config.depth": 1}))
     wrong = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 5]}}))
     with pytest.raises(SweepError, match=r"2 points .*: n_embd \(64\) must be a multiple of"):
         check_model_values(wrong, trial_config(wrong, {"model.config.n_head": 3}))
+
+
+def test_a_data_value_that_fails_every_trial_stops_the_worker(tiny_data, tmp_path):
+    """data.batch_size 0 would fail every trial, each using up the study's budget."""
+    path = write_sweep(tmp_path, overrides={"data.data_dir": str(tiny_data), "data.batch_size": 0})
+    with pytest.raises(SweepError, match=r"data\.batch_size must be >= 1, got 0"):
+        run_worker(load_sweep(path), report=False, mlflow=False)
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
 
 
 def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):

@@ -245,16 +245,26 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
         list(p.choices) if p.kind == "categorical" else list(dict.fromkeys([p.low, p.high]))
         for p in keys
     ]
-    problems: list[str] = []
+    problems: dict[tuple[Any, ...], str | None] = {}
     for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
         config = copy.deepcopy(probe)
         for param, value in zip(keys, values, strict=True):
             set_dotted(config, param.key, int(value) if param.kind == "int" else value)
-        problem = _model_problem(config)
-        if problem is None:
-            return
-        problems.append(problem)
-    tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""
-    raise SweepError(
-        f"no trial could build its model{tried}: {problems[0]}; fix the sweep's overrides or --set"
-    )
+        problems[values] = _model_problem(config)
+    if all(problems.values()):
+        first = next(iter(problems.values()))
+        tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""
+        raise SweepError(
+            f"no trial could build its model{tried}: {first}; fix the sweep's overrides or --set"
+        )
+    # A choice or range end that builds no model beside any other value tried (a wrong
+    # type, a depth of 0) would fail every trial that draws it.
+    for index, param in enumerate(keys):
+        for value in ends[index]:
+            tried = [why for values, why in problems.items() if values[index] == value]
+            if tried and all(tried):
+                shown = int(value) if param.kind == "int" else value
+                raise SweepError(
+                    f"space.{param.key}: {shown!r} builds no model: {tried[0]}; remove it "
+                    "from the space"
+                )

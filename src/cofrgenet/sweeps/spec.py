@@ -167,7 +167,9 @@ def parse_param(key: str, value: Any) -> ParamSpec:
     low, high = _number(value.get("low"), key), _number(value.get("high"), key)
     if not low <= high:
         raise SweepError(f"space.{key}: low {low} > high {high}")
-    log = bool(value.get("log", False))
+    log = value.get("log", False)
+    if not isinstance(log, bool):  # YAML's true/false; bool("no") would be True
+        raise SweepError(f"space.{key}: log must be true or false, got {log!r}")
     if log and low <= 0:
         raise SweepError(f"space.{key}: a log range needs low > 0")
     step = value.get("step")

@@ -162,7 +162,7 @@ def _section_changes(section: str, old: Any, new: Any) -> list[str]:
 def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
     """SweepError when the trials' data folder is not a prepared one: every trial would
     fail on it, and each failure would use up the study's budget."""
-    from cofrgenet.data.datamodule import DEFAULT_DATA_DIR
+    from cofrgenet.data.datamodule import DEFAULT_DATA_DIR, TokenDataModule
     from cofrgenet.data.meta import read_meta
 
     data_dir = get_dotted(probe, "data.data_dir", None) or DEFAULT_DATA_DIR
@@ -170,6 +170,13 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
         read_meta(data_dir)
     except UserError as error:
         raise SweepError(f"{sweep.path or sweep.study}: data.data_dir: {error}") from None
+    # The other data settings as the trials' data module checks them (data.batch_size: 0).
+    settings = dict(probe.get("data") or {})
+    settings["block_size"] = settings.get("block_size") or 1  # unset: the model's
+    try:
+        TokenDataModule(**settings)
+    except UserError as error:
+        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
 
 
 #: How long a worker waits for the worker that created the study to finish setting it up.

@@ -693,6 +693,18 @@ def test_unsupported_combinations_raise():
             build_model(combination.config(vocab_size=32, block_size=8, n_embd=16, n_head=2))
 
 
+def test_the_presets_table_in_the_docs_is_current():
+    """docs/models.md's presets table is presets_markdown()'s output, counts both ways."""
+    from cofrgenet.models import presets_markdown
+
+    table = presets_markdown()
+    assert table in (ROOT / "docs" / "models.md").read_text(), "regenerate the presets table"
+    row = next(line for line in table.splitlines() if line.startswith("| gpt2-mini-f |"))
+    cells = [c.strip() for c in row.split("|")]
+    total, unbiased, ladder = (int(cells[i].replace(",", "")) for i in (9, 10, 12))
+    assert 0 < total - unbiased < ladder  # the ladder biases: part of the ladder count
+
+
 def test_documented_model_sections_build():
     """The "Picking a baseline" table's model sections are valid configs."""
     import yaml

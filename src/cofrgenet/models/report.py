@@ -154,18 +154,19 @@ def presets_markdown(names: list[str] | None = None) -> str:
 
     header = (
         "| preset | arch | n_layer | n_embd | heads | attention | ffn | position | params "
-        "| non-embedding | ladder | train GFLOP/token |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| without ladder biases | non-embedding | ladder | train GFLOP/token |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [header]
     for name in list_presets() if names is None else names:
         config = ModelConfig.from_preset(name)
         counts = count_parameters(config)
+        unbiased = count_parameters(config.replace(ladder_bias=False)).total
         flops = estimate_flops_per_token(config)
         lines.append(
             f"| {name} | {config.arch} | {config.n_layer} | {config.n_embd} "
             f"| {heads_label(config)} | {config.attention or '-'} | {config.ffn or '-'} "
-            f"| {config.position} | {counts.total:,} | {counts.non_embedding:,} "
+            f"| {config.position} | {counts.total:,} | {unbiased:,} | {counts.non_embedding:,} "
             f"| {counts.ladder:,} | {flops.training / 1e9:.4g} |"
         )
     return "\n".join(lines)

@@ -165,10 +165,10 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
     parse_sweep({**good, "heatmap": ["c", "a.b"], "storage_options": {"grace_period": 121}})
 
 
-def test_storage_variables_expand_braced_names_only(monkeypatch):
+def test_storage_variables_expand_braced_names_only(monkeypatch, caplog):
     """${VAR} from the environment; a bare $ is literal (passwords); a value that is one
-    unset variable means the default; an unset one inside a URL, or a typo of a set one,
-    is refused."""
+    unset variable means the default (a close name that is set: a warning); an unset one
+    inside a URL is refused where that storage is used, not when --storage replaces it."""
     good = {"study": "s", "space": {"a": [1, 2]}, "n_trials": 2}
     monkeypatch.delenv("COFR_SWEEP_STORAGE", raising=False)
     assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAGE}"}).storage is None
@@ -178,13 +178,32 @@ def test_storage_variables_expand_braced_names_only(monkeypatch):
     assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAGE}"}).storage == (
         "postgresql://db/optuna"
     )
-    with pytest.raises(SweepError, match=re.escape(
-        "storage: ${COFR_SWEEP_STORAG} is not set in the environment (did you mean "
-        "${COFR_SWEEP_STORAGE}, which is?)"
-    )):  # fmt: skip
-        parse_sweep({**good, "storage": "${COFR_SWEEP_STORAG}"})
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAG}"}).storage is None
+    assert "(did you mean ${COFR_SWEEP_STORAGE}, which is?)" in caplog.text
+    inside = parse_sweep({**good, "storage": "postgresql://u:${NO_SUCH_PW_X}@db/optuna"})
+    with pytest.raises(SweepError, match=r"^storage: \$\{NO_SUCH_PW_X\} is not set"):
+        st.home_storage(inside)
+    stored = parse_sweep({**good, "storage": "postgresql://u:${NO_SUCH_PW_X}@db/o"}, resolve=False)
+    assert stored.storage is None and stored.storage_error is None  # status --storage URL
     with pytest.raises(SweepError, match=r"^tracking_uri: \$\{NO_SUCH_DIR_X\} is not set"):
         parse_sweep({**good, "tracking_uri": "sqlite:///${NO_SUCH_DIR_X}/mlflow.db"})
+
+
+def test_sweep_review_edge_cases():
+    """A sqlite URL with options names its file; an override of a parent key that does
+    not hold the searched key stands; a stepped range's top end is the last step; a
+    stored range's `log: 1` still reads."""
+    assert st.storage_file("sqlite:////tmp/q.db?timeout=30") == Path("/tmp/q.db")
+    good = {"study": "s", "space": {"model.config.depth": "int 1..3"}, "n_trials": 2}
+    parse_sweep({**good, "overrides": {"model.config": {"dropout": 0.1}}})
+    with pytest.raises(SweepError, match=r"overrides: model\.config: the sweep searches"):
+        parse_sweep({**good, "overrides": {"model.config": {"depth": 2}}})
+    from cofrgenet.sweeps.fitconfig import _ends
+
+    assert _ends(parse_param("model.config.n_head", "int 2..5 step 2")) == [2, 4]
+    ranged = {"type": "float", "low": 1e-4, "high": 1e-2, "log": 1}
+    assert parse_param("model.optimizer.lr", ranged).log is True
 
 
 def test_val_every_counts_optimizer_steps_under_accumulation():
@@ -1060,6 +1079,13 @@ def test_a_study_made_from_another_version_of_the_sweep_is_refused(tmp_path):
     ):
         assert change in message
     assert message.endswith("give the changed sweep a new study name (study: ...)")
+    # A grid that grew: named at once, not after waiting for points the study never queued.
+    grid = {"study": "g2", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}}
+    open_study(parse_sweep(grid), storage, 0)
+    start = time.monotonic()
+    with pytest.raises(SweepError, match=r"another version of this sweep \(space\.a: "):
+        open_study(parse_sweep({**grid, "space": {"a": [1, 2, 3]}}), storage, 1)
+    assert time.monotonic() - start < 10
 
 
 def test_a_worker_stops_when_trials_keep_failing_for_one_reason(tiny_data, tmp_path):
@@ -1574,6 +1600,11 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     alone = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 4]}}))
     with pytest.raises(SweepError, match=r"^space\.model\.config\.n_head: 3 builds no model: "):
         check_model_values(alone, trial_config(alone, {"model.config.n_head": 4}))
+    # Only range ends are tried: n_head 4 or 8 with a width of 30 builds no model, while
+    # 5 or 6 would; the width 30 is not judged against a range.
+    space = {"model.config.n_head": "int 4..8", "model.config.n_embd": [64, 30]}
+    partial = load_sweep(write_sweep(tmp_path, space=space))
+    check_model_values(partial, trial_config(partial, {"model.config.n_head": 4}))
     # A wrong type among the choices, a range end out of bounds.
     typed = load_sweep(write_sweep(tmp_path, space={"model.config.ladders": [1, "three"]}))
     with pytest.raises(SweepError, match=r"ladders: 'three' builds no model: ladders must be"):

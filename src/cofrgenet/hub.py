@@ -50,7 +50,11 @@ def offline_unless_reachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
     host = parts.hostname or endpoint
     port = parts.port or (80 if parts.scheme == "http" else 443)
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
+        # One address, one timeout (create_connection would wait ``timeout`` per address).
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.settimeout(timeout)
+            probe.connect(address)
     except OSError as error:
         reason = f"{host}: {error}"
         os.environ["HF_HUB_OFFLINE"] = "1"

@@ -173,7 +173,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     if args.study.endswith((".yaml", ".yml")) or Path(args.study).is_file():
         sweep = load_sweep(args.study)
         runs_dir = args.runs_dir or sweep.runs_dir
-        url = args.storage or sweep.storage or st.default_storage(sweep, runs_dir)
+        url = args.storage or st.home_storage(sweep, runs_dir)
         name = sweep.study
     else:
         name = args.study

@@ -26,6 +26,7 @@ import copy
 import functools
 import io
 import itertools
+import math
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -230,6 +231,17 @@ def _model_problem(config: dict[str, Any]) -> str | None:
     return None
 
 
+def _ends(param: Any) -> list[Any]:
+    """The choices of a categorical key; the lowest and highest values a range draws
+    (with a step, the last one on it: ``int 2..5 step 2`` draws 2 and 4)."""
+    if param.kind == "categorical":
+        return list(param.choices)
+    high = param.high
+    if param.step:
+        high = param.low + math.floor((param.high - param.low) / param.step) * param.step
+    return list(dict.fromkeys([param.low, high]))
+
+
 def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     """SweepError when no point of the space builds a model: a fixed ``model.config``
     value that is invalid whatever is sampled (``n_head: 5`` with a width of 64) would
@@ -238,13 +250,11 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     ``probe`` is one trial's resolved config. The space's model keys are set to each
     combination of their ends (``low``, ``high``) or choices, at most
     :data:`MODEL_PROBES` of them; one valid combination is enough, since a value that
-    is only invalid beside some sampled ones fails just those trials.
+    is only invalid beside some sampled ones fails just those trials. A value invalid
+    beside every value of the other keys (all tried, all lists of choices) is refused.
     """
     keys = [p for p in sweep.space if p.key == "model.preset" or p.key.startswith("model.config.")]
-    ends = [
-        list(p.choices) if p.kind == "categorical" else list(dict.fromkeys([p.low, p.high]))
-        for p in keys
-    ]
+    ends = [_ends(p) for p in keys]
     problems: dict[tuple[Any, ...], str | None] = {}
     for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
         config = copy.deepcopy(probe)
@@ -257,9 +267,15 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
         raise SweepError(
             f"no trial could build its model{tried}: {first}; fix the sweep's overrides or --set"
         )
-    # A choice or range end that builds no model beside any other value tried (a wrong
-    # type, a depth of 0) would fail every trial that draws it.
+    # A choice or range end that builds no model beside every value of the other keys (a
+    # wrong type, a depth of 0) would fail every trial that draws it. Judged only where
+    # all those values were tried: the others are lists of choices, none left out.
+    if len(problems) < math.prod(len(e) for e in ends):
+        return
     for index, param in enumerate(keys):
+        others = [p for p in keys if p is not param]
+        if any(p.kind != "categorical" for p in others):
+            continue
         for value in ends[index]:
             tried = [why for values, why in problems.items() if values[index] == value]
             if tried and all(tried):

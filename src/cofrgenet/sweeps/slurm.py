@@ -237,7 +237,7 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     _check_header_inputs(sweep, options)
     sbatch, settings = resources(sweep, options)
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
-    home = sweep.storage or st.default_storage(sweep, str(runs_dir))
+    home = st.home_storage(sweep, str(runs_dir))
     st.check_given_storage(options.storage, home, sweep.study)
     url = options.storage or home
     if st.journal_path(url) is None and url.startswith("sqlite"):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import logging
 import math
 import os
 import re
@@ -168,6 +169,8 @@ def parse_param(key: str, value: Any) -> ParamSpec:
     if not low <= high:
         raise SweepError(f"space.{key}: low {low} > high {high}")
     log = value.get("log", False)
+    if log in (None, 0, 1):  # an empty `log:`, or 0/1
+        log = bool(log)
     if not isinstance(log, bool):  # YAML's true/false; bool("no") would be True
         raise SweepError(f"space.{key}: log must be true or false, got {log!r}")
     if log and low <= 0:
@@ -273,6 +276,9 @@ class Sweep:
     #: The two keys of the report's heat map (default: the *.depth and *.ladders keys).
     heatmap: tuple[str, str] | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    #: Why ``storage`` cannot be used (an unset variable inside its URL): raised where the
+    #: sweep's own storage is needed, not when a ``--storage`` replaces it.
+    storage_error: str | None = None
 
     @property
     def grid(self) -> list[dict[str, Any]]:
@@ -326,14 +332,15 @@ _TOP_KEYS = {
 }
 
 
+log = logging.getLogger("cofrgenet.sweeps")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _expand(value: Any, where: str) -> str | None:
     """``${VAR}`` references replaced from the environment (a bare ``$`` is literal: a
-    password may hold one). A value that is one unset variable is None (the default); an
-    unset variable inside a longer value, or one named like a set variable (a typo), is
-    a SweepError."""
+    password may hold one). A value that is one unset variable is None (the default,
+    with a warning when a set variable has a close name: a typo?); an unset variable
+    inside a longer value is a SweepError."""
     if value is None:
         return None
     text = str(value)
@@ -342,8 +349,10 @@ def _expand(value: Any, where: str) -> str | None:
             continue
         close = difflib.get_close_matches(name, [k for k in os.environ if os.environ[k]], 1, 0.9)
         hint = f" (did you mean ${{{close[0]}}}, which is?)" if close else ""
-        if hint or _VARIABLE.fullmatch(text.strip()) is None:
+        if _VARIABLE.fullmatch(text.strip()) is None:
             raise SweepError(f"{where}: ${{{name}}} is not set in the environment{hint}")
+        if hint:
+            log.warning(f"{where}: ${{{name}}} is not set: the default is used{hint}")
         return None  # the whole value is one unset variable: the default
     expanded = _VARIABLE.sub(lambda m: os.environ[m.group(1)], text)
     return expanded if expanded.strip() else None
@@ -539,6 +548,17 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         _check_values(objective, budget, n_trials)
         _check_pruner(pruner, budget)
     heatmap = raw.get("heatmap")
+    storage, storage_error = None, None
+    try:
+        storage = _expand(raw.get("storage"), "storage")
+    except SweepError as error:  # a --storage may replace it: refused where it is used
+        storage_error = str(error) if resolve else None
+    try:
+        tracking_uri = _expand(raw.get("tracking_uri"), "tracking_uri")
+    except SweepError:
+        if resolve:
+            raise
+        tracking_uri = None  # a study's stored copy: the tracking URI comes from elsewhere
     sweep = Sweep(
         path=path,
         study=str(study),
@@ -550,14 +570,15 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         objective=objective,
         budget=budget,
         n_trials=None if n_trials is None else int(float(n_trials)),
-        storage=_expand(raw.get("storage"), "storage"),
+        storage=storage,
         storage_options=_options(StorageOptions, raw.get("storage_options"), "storage_options"),
         experiment=str(raw.get("experiment") or study),
         runs_dir=str(raw.get("runs_dir") or "runs"),
-        tracking_uri=_expand(raw.get("tracking_uri"), "tracking_uri"),
+        tracking_uri=tracking_uri,
         slurm=_options(SlurmOptions, raw.get("slurm"), "slurm"),
         heatmap=tuple(heatmap) if heatmap else None,
         raw=copy.deepcopy(raw),
+        storage_error=storage_error,
     )
     if sweep.is_grid:
         points = len(sweep.grid)  # raises for float ranges without grid values
@@ -720,10 +741,12 @@ def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
     if sweep.budget.steps is not None or sweep.budget.tokens is not None:
         fixed["trainer.max_steps"] = "the sweep's budget sets {target}; change the budget"
     if sweep.budget.val_every is not None:
-        fixed["trainer.val_check_interval"] = "the sweep's budget.val_every sets {target}"
+        fixed["trainer.val_check_interval"] = (
+            "the sweep's budget.val_every sets {target}; change budget.val_every"
+        )
     fixed["run.experiment"] = "the sweep's experiment sets {target}; change it there"
     fixed["run.name"] = "the sweep names each trial's run trial-<number>; {drop}"
-    fixed["run.runs_dir"] = "the sweep sets {target}; use --runs-dir"
+    fixed["run.runs_dir"] = "the sweep sets {target}; use its runs_dir: key or --runs-dir"
     if sweep.tracking_uri:
         fixed["run.tracking_uri"] = "the sweep's tracking_uri sets {target}; change it there"
     if not mlflow:
@@ -740,9 +763,13 @@ def check_extra(sweep: Sweep, extra: dict[str, Any] | None, mlflow: bool = True)
 def _check_not_set_again(
     fixed: dict[str, str], given: dict[str, Any], where: str, drop: str
 ) -> None:
-    for key in given:
+    missing = object()
+    for key, value in given.items():
         for target, why in fixed.items():
-            if target == key or target.startswith(key + "."):
+            inside = target.startswith(key + ".")
+            if inside and get_dotted(value, target[len(key) + 1 :], missing) is missing:
+                continue  # `model.config: {dropout: 0.1}` beside a searched model.config.depth
+            if target == key or inside:
                 name = "this key" if target == key else target
                 raise SweepError(f"{where.format(key=key)}: {why.format(target=name, drop=drop)}")
 

@@ -86,6 +86,16 @@ def default_storage(sweep: Sweep, runs_dir: str | None = None) -> str:
     return f"journal:{(folder / 'optuna.journal').resolve()}"
 
 
+def home_storage(sweep: Sweep, runs_dir: str | None = None) -> str:
+    """Where the sweep file keeps its study: its ``storage``, else the default journal.
+
+    A ``storage`` naming an unset variable inside a longer URL is refused here, where it
+    would be used (a ``--storage`` given instead never gets here)."""
+    if sweep.storage_error:
+        raise SweepError(sweep.storage_error)
+    return sweep.storage or default_storage(sweep, runs_dir)
+
+
 def study_folder(sweep: Sweep, runs_dir: str | None = None) -> Path:
     """``<runs_dir>/sweeps/<study>/``: the journal, worker logs, reports, sbatch files."""
     return Path(runs_dir or sweep.runs_dir) / "sweeps" / sweep.study
@@ -103,7 +113,7 @@ def storage_file(url: str) -> Path | None:
     """The file a journal or sqlite storage lives in; None for a database server."""
     path = journal_path(url)
     if path is None and url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
+        path = Path(url[len("sqlite:///") :].split("?", 1)[0])  # ?timeout=30: options
     return None if path is None else path.expanduser()
 
 

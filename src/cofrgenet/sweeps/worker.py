@@ -89,6 +89,10 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         created = False
+        wait_for_setup(study, sweep, grid=False)
+        stored_sweep = study.user_attrs.get("cofr.sweep")
+        if isinstance(stored_sweep, dict):  # before waiting for a grid it may not have
+            check_same_trials(sweep, stored_sweep)
         wait_for_setup(study, sweep)
         existing = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(sweep, offset + 7919 * existing)
@@ -106,8 +110,6 @@ def open_study(
             f"{sweep.objective.metric}: its values would be ranked against the other's; use "
             "another study name"
         )
-    if not created and isinstance(stored_sweep, dict):
-        check_same_trials(sweep, stored_sweep)
     if created:
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
@@ -144,8 +146,10 @@ def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
 
 def _section_changes(section: str, old: Any, new: Any) -> list[str]:
     """What differs between two versions of a sweep file section, key by key."""
-    old = [] if old is None and section == "base" else {} if old is None else old
-    new = [] if new is None and section == "base" else {} if new is None else new
+    if section == "base":  # `base: x.yaml` is `base: [x.yaml]`
+        old, new = ([b] if isinstance(b, str) else list(b or []) for b in (old, new))
+    old = {} if old is None else old
+    new = {} if new is None else new
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return [] if old == new else [f"{section}: {old!r} -> {new!r}"]
     changes = []
@@ -172,7 +176,8 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
         raise SweepError(f"{sweep.path or sweep.study}: data.data_dir: {error}") from None
     # The other data settings as the trials' data module checks them (data.batch_size: 0).
     settings = dict(probe.get("data") or {})
-    settings["block_size"] = settings.get("block_size") or 1  # unset: the model's
+    if settings.get("block_size") is None:  # unset: the model's, any valid one here
+        settings["block_size"] = 1
     try:
         TokenDataModule(**settings)
     except UserError as error:
@@ -183,21 +188,25 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
 SETUP_TIMEOUT_S = 120.0
 
 
-def setup_done(study: optuna.Study, sweep: Sweep) -> bool:
-    """Whether the creating worker has set the study's attributes and queued its grid
-    (the last thing :func:`open_study` does for a new study)."""
+def setup_done(study: optuna.Study, sweep: Sweep, grid: bool = True) -> bool:
+    """Whether the creating worker has set the study's attributes and (``grid``) queued
+    its grid (the last thing :func:`open_study` does for a new study)."""
     attrs = study.user_attrs
     if UID_ATTR not in attrs or "cofr.sweep" not in attrs:
         return False
-    return not sweep.is_grid or len(study.get_trials(deepcopy=False)) >= len(sweep.grid)
+    if not grid or not sweep.is_grid:
+        return True
+    return len(study.get_trials(deepcopy=False)) >= len(sweep.grid)
 
 
-def wait_for_setup(study: optuna.Study, sweep: Sweep, timeout: float | None = None) -> None:
+def wait_for_setup(
+    study: optuna.Study, sweep: Sweep, timeout: float | None = None, grid: bool = True
+) -> None:
     """Wait until the study is set up. Workers start together (a SLURM array): one that
     loses the race to create the study would otherwise find no queued grid point and
     leave at once, or run its trials without the study's id."""
     deadline = time.monotonic() + (SETUP_TIMEOUT_S if timeout is None else timeout)
-    while not setup_done(study, sweep):
+    while not setup_done(study, sweep, grid):
         if time.monotonic() > deadline:
             raise SweepError(
                 f"study {sweep.study!r} exists but its setup never finished (the worker "
@@ -353,7 +362,7 @@ def run_worker(
     if n_trials is not None and n_trials < 1:  # would only create the study
         raise SweepError(f"n_trials for this worker must be >= 1, got {n_trials}")
     runs_dir = runs_dir or sweep.runs_dir
-    home = sweep.storage or st.default_storage(sweep, runs_dir)
+    home = st.home_storage(sweep, runs_dir)
     st.check_given_storage(storage_url, home, sweep.study)
     url = storage_url or home
     probe = _checked_trial_config(sweep, extra, mlflow)
@@ -513,13 +522,13 @@ def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
 
     frozen = st.frozen_trial(ctx.storage, ctx.study, number)
     run_dir = frozen.user_attrs.get(RUN_DIR_ATTR)
-    run_id = tracking.run_id_in(Path(run_dir)) if run_dir else None
-    if run_id is None:  # lost before its run was made
-        return
     reason = str(frozen.user_attrs.get(st.FAIL_REASON) or "its worker is gone")
     reason += f"; retried as trial {retry}" if retry is not None else "; no retries left"
     try:
-        tracking.finish_child(ctx.mlflow_client, run_id, Outcome(TrialState.FAIL, reason=reason))
+        run_id = tracking.run_id_in(Path(run_dir)) if run_dir else None
+        if run_id is not None:  # None: lost before its run was made
+            outcome = Outcome(TrialState.FAIL, reason=reason)
+            tracking.finish_child(ctx.mlflow_client, run_id, outcome)
     except Exception as error:  # tracking trouble must not stop the worker
         log.warning(f"MLflow: {error}")
 

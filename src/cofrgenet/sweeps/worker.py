@@ -164,24 +164,23 @@ def _section_changes(section: str, old: Any, new: Any) -> list[str]:
 
 
 def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
-    """SweepError when the trials' data folder is not a prepared one: every trial would
-    fail on it, and each failure would use up the study's budget."""
+    """SweepError when the trials' data folder is not a prepared one, or a data setting is
+    one the trials' data module refuses (``data.batch_size: 0``): every trial would fail
+    on it, and each failure would use up the study's budget."""
     from cofrgenet.data.datamodule import DEFAULT_DATA_DIR, TokenDataModule
-    from cofrgenet.data.meta import read_meta
+    from cofrgenet.data.meta import DataFolderError
 
-    data_dir = get_dotted(probe, "data.data_dir", None) or DEFAULT_DATA_DIR
-    try:
-        read_meta(data_dir)
-    except UserError as error:
-        raise SweepError(f"{sweep.path or sweep.study}: data.data_dir: {error}") from None
-    # The other data settings as the trials' data module checks them (data.batch_size: 0).
     settings = dict(probe.get("data") or {})
+    settings["data_dir"] = settings.get("data_dir") or DEFAULT_DATA_DIR
     if settings.get("block_size") is None:  # unset: the model's, any valid one here
         settings["block_size"] = 1
+    where = sweep.path or sweep.study
     try:
         TokenDataModule(**settings)
+    except DataFolderError as error:
+        raise SweepError(f"{where}: data.data_dir: {error}") from None
     except UserError as error:
-        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
+        raise SweepError(f"{where}: {error}") from None
 
 
 #: How long a worker waits for the worker that created the study to finish setting it up.

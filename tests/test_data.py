@@ -606,6 +606,25 @@ def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
         read_meta(half)
 
 
+def test_a_damaged_folder_names_the_command_that_made_it(pydoc_byte, tmp_path):
+    """Remaking a folder replaces its data: the remake command is the one meta.json
+    records, never a guess that would fill the folder with another corpus."""
+    mine = tmp_path / "my-corpus"
+    shutil.copytree(pydoc_byte, mine)
+    meta = json.loads((mine / "meta.json").read_text())
+    meta["command_line"] = "cofr data prepare --source text --glob 'notes/*.txt' --out my-corpus"
+    (mine / "meta.json").write_text(json.dumps(meta))
+    (mine / "val" / "index.json").unlink()
+    with pytest.raises(DataFolderError) as damaged:
+        read_meta(mine)
+    assert str(damaged.value).endswith(
+        "cofr data prepare --source text --glob 'notes/*.txt' --out my-corpus --overwrite"
+    )
+    (mine / "meta.json").unlink()  # unknown: a placeholder, not --source pydoc
+    with pytest.raises(DataFolderError, match=r"<the options that made it> --out .*--overwrite"):
+        read_meta(mine)
+
+
 def test_vocab_mismatch_fails_fast(pydoc_byte):
     dm = TokenDataModule(str(pydoc_byte), block_size=8, batch_size=2, num_workers=0)
     with pytest.raises(VocabMismatchError, match=r"vocab_size 257.*model has vocab_size 256"):

@@ -55,11 +55,14 @@ def prepare_command(out: str | os.PathLike[str], extra: str = "") -> str:
 
     Default folder names are ``<source>-<tokenizer>`` (``<dataset>-<tokenizer>`` for hf);
     when ``out`` follows them the command uses that source and tokenizer, else the
-    bundled default (``--source pydoc``, byte tokenizer).
+    bundled default (``--source pydoc``, byte tokenizer). With ``--overwrite`` (a folder
+    to remake, whose data it would replace) an unknown name gets a placeholder for its
+    options instead of that default.
     """
     from cofrgenet.data.sources import HF_PRESETS
 
-    words = ["cofr data prepare", "--source pydoc"]
+    default = "--source pydoc" if "--overwrite" not in extra else "<the options that made it>"
+    words = ["cofr data prepare", default]
     parts = Path(out).name.rsplit("-", 1)
     if len(parts) == 2 and parts[1] in _TOKENIZERS:
         name, tokenizer = parts
@@ -157,6 +160,16 @@ def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
         )
 
 
+def _remake_command(data_dir: Path, meta: DataMeta) -> str:
+    """The command that made ``data_dir`` (its ``meta.json`` records it), with
+    ``--overwrite``; the name-based guess when it was not recorded."""
+    if not meta.command_line:
+        return prepare_command(data_dir, "--overwrite")
+    return meta.command_line + (
+        "" if "--overwrite" in meta.command_line.split() else " --overwrite"
+    )
+
+
 def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     """Read and check ``data_dir/meta.json``; a clear :class:`DataFolderError` otherwise.
 
@@ -207,21 +220,20 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     if meta.format_version != FORMAT_VERSION:
         raise DataFolderError(
             f"{str(data_dir)!r} has data format {meta.format_version}, this cofrgenet reads "
-            f"format {FORMAT_VERSION}. Remake it with `{meta.command_line or prepare_command(data_dir)}"
-            " --overwrite`."
+            f"format {FORMAT_VERSION}. Remake it with `{_remake_command(data_dir, meta)}`."
         )
     for split in SPLITS:
         if not (data_dir / split / "index.json").is_file():
             raise DataFolderError(
                 f"data folder {str(data_dir)!r} is half-written: {split}/index.json is missing. "
-                f"Rerun the prepare command with --overwrite, e.g.:\n"
-                f"  {prepare_command(data_dir, '--overwrite')}"
+                f"Rerun the prepare command with --overwrite:\n"
+                f"  {_remake_command(data_dir, meta)}"
             )
         damaged = _damaged_chunk(data_dir / split)
         if damaged is not None:
             raise DataFolderError(
                 f"data folder {str(data_dir)!r} is damaged: {split}/{damaged}. Copy it again, "
-                f"or remake it with:\n  {prepare_command(data_dir, '--overwrite')}"
+                f"or remake it with:\n  {_remake_command(data_dir, meta)}"
             )
     return meta
 

@@ -52,6 +52,7 @@ from cofrgenet.data.tokenizer import (
     find_gpt2_files,
     gpt2_tokenizer,
 )
+from cofrgenet.errors import UserError
 
 SEED = 7
 
@@ -635,7 +636,8 @@ def test_vocab_mismatch_fails_fast(pydoc_byte):
 
 def test_block_larger_than_the_split_is_explained(pydoc_byte):
     dm = TokenDataModule(str(pydoc_byte), block_size=10**6, batch_size=1, num_workers=0)
-    with pytest.raises(ValueError, match="lower block_size"):
+    # A UserError: `cofr fit` says it in one line and removes the run it had started.
+    with pytest.raises(UserError, match="lower block_size or prepare more data"):
         dm.val_dataloader()
 
 

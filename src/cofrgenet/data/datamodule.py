@@ -169,11 +169,12 @@ class TokenDataModule(L.LightningDataModule):
         )
         if len(dataset) == 0:
             tokens = self.meta.splits[split].tokens
-            raise ValueError(
+            raise ConfigError(
                 f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
                 f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "
                 f"{self.block_size + 1} tokens: lower block_size or prepare more data "
-                "(for val: a larger --val-fraction)"
+                "(for val: a larger --val-fraction; a small split keeps more with fewer "
+                "prepare --num-workers, each of which ends its own chunks)"
             )
         return dataset
 

@@ -173,6 +173,32 @@ def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_
     assert main(["generate", "--ckpt", str(same), "--max-new-tokens", "2"]) == 0
 
 
+def test_a_bpe_tokenizer_trained_again_with_the_same_size_is_refused(capsys, tmp_path):
+    """Same kind, same size, other merges (a folder prepared again on another split):
+    its ids mean other text. The tokenizer file's digest tells them apart."""
+    from cofrgenet.data import PydocSource, prepare_data
+    from cofrgenet.data.meta import tokenizer_digest
+
+    folders = []
+    for seed in (1, 2):
+        out = tmp_path / f"bpe-{seed}"
+        prepare_data(PydocSource(), out, tokenizer="bpe", vocab_size=280, max_docs=20,
+                     seed=seed, num_workers=1)  # fmt: skip
+        folders.append(out)
+    first, second = folders
+    assert tokenizer_digest(first) != tokenizer_digest(second)
+    trained_with = {
+        "tokenizer": "bpe",
+        "vocab_size": 280,
+        "tokenizer_sha256": tokenizer_digest(first),
+    }
+    ckpt = write_checkpoint(tmp_path / "bpe.ckpt", str(first), trained_with=trained_with)
+    argv = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2", "--tokenizer"]
+    line = one_line_error(capsys, [*argv, str(second)])
+    assert f"{second} holds a bpe, 280 ids (another one: its tokenizer.json differs)" in line
+    assert main([*argv, str(first)]) == 0
+
+
 def test_a_relative_data_folder_is_found_from_another_folder(
     capsys, tmp_path, run_folder, monkeypatch
 ):

@@ -23,7 +23,13 @@ from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
 
 from cofrgenet.data.env import default_loader_workers
-from cofrgenet.data.meta import DataMeta, check_vocab, read_meta, tokenizer_changes
+from cofrgenet.data.meta import (
+    DataMeta,
+    check_vocab,
+    read_meta,
+    tokenizer_changes,
+    tokenizer_digest,
+)
 from cofrgenet.errors import ConfigError
 
 
@@ -124,6 +130,7 @@ class TokenDataModule(L.LightningDataModule):
         self.hparams["data_dir"] = str(self.data_dir)
         # Fails fast on a missing or half-written folder.
         self.meta: DataMeta = read_meta(self.data_dir)
+        self.tokenizer_sha256 = tokenizer_digest(self.data_dir)  # read once: in every save
         self.block_size = block_size
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
@@ -237,6 +244,7 @@ class TokenDataModule(L.LightningDataModule):
             "source": self.meta.source,
             "tokenizer": self.meta.tokenizer,
             "vocab_size": self.meta.vocab_size,
+            "tokenizer_sha256": self.tokenizer_sha256,
             "train_tokens": self.meta.train_tokens,
             "train_chunks": self.meta.splits["train"].chunks,
             "block_size": self.block_size,

@@ -14,6 +14,7 @@ bad folder costs no litdata/torch import.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -27,6 +28,8 @@ from cofrgenet.errors import UserError
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
 TOKENIZER_DIR = "tokenizer"
+#: The tokenizer a bpe or gpt2 folder holds, under TOKENIZER_DIR.
+TOKENIZER_FILE = "tokenizer.json"
 #: Bumped when the folder layout or meta.json fields change incompatibly.
 FORMAT_VERSION = 1
 
@@ -133,7 +136,18 @@ class DataMeta:
 
 
 #: What a model trained on a data folder depends on: its tokenizer (kind and size).
-TOKENIZER_KEYS = ("tokenizer", "vocab_size")
+#: What says which tokenizer wrote a folder's ids. The digest tells apart two BPE
+#: tokenizers of one size (trained again on other text, or with another seed).
+TOKENIZER_KEYS = ("tokenizer", "vocab_size", "tokenizer_sha256")
+
+
+def tokenizer_digest(data_dir: str | os.PathLike[str]) -> str | None:
+    """The first 16 hex digits of the sha256 of the folder's tokenizer file; None for a
+    folder without one (byte)."""
+    path = Path(data_dir) / TOKENIZER_DIR / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def tokenizer_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from cofrgenet.data.meta import TOKENIZER_DIR, read_meta
+from cofrgenet.data.meta import TOKENIZER_DIR, TOKENIZER_FILE, read_meta
 from cofrgenet.errors import UserError
 
 EOS_TEXT = "<|endoftext|>"
-TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_KINDS = ("byte", "bpe", "gpt2")
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS_ID = 50256

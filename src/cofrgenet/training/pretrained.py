@@ -21,7 +21,13 @@ import yaml
 from torch import nn
 
 from cofrgenet.data import Tokenizer, load_tokenizer
-from cofrgenet.data.meta import TOKENIZER_KEYS, DataFolderError, tokenizer_changes
+from cofrgenet.data.meta import (
+    TOKENIZER_FILE,
+    TOKENIZER_KEYS,
+    DataFolderError,
+    tokenizer_changes,
+    tokenizer_digest,
+)
 from cofrgenet.errors import UserError
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.run_store import RUN_ID_FILE
@@ -146,10 +152,17 @@ class LoadedCheckpoint:
         """Refuse a folder whose tokenizer is not the model's (a data folder prepared
         again with another tokenizer, or the wrong ``--tokenizer``): its ids would be
         scored, sampled and exported as if they were, without any error."""
-        found = {"tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size}
-        if not tokenizer_changes(self.trained_with, found):
+        found = {
+            "tokenizer": tokenizer.kind,
+            "vocab_size": tokenizer.vocab_size,
+            "tokenizer_sha256": tokenizer_digest(folder),
+        }
+        changed = tokenizer_changes(self.trained_with, found)
+        if not changed:
             return
         theirs = f"{tokenizer.kind}, {tokenizer.vocab_size} ids"
+        if set(changed) == {"tokenizer_sha256"}:  # same kind and size, other merges
+            theirs = f"{theirs} (another one: its {TOKENIZER_FILE} differs)"
         ours = f"{self.trained_with.get('tokenizer')}, {self.trained_with.get('vocab_size')} ids"
         hint = (
             "give the data folder the model trained on (--tokenizer DIR)"

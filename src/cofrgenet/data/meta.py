@@ -53,19 +53,18 @@ _SOURCE_HINTS = {
 _TOKENIZERS = ("byte", "bpe", "gpt2")
 
 
-def prepare_command(out: str | os.PathLike[str], extra: str = "") -> str:
+def prepare_command(
+    out: str | os.PathLike[str], extra: str = "", unknown: str = "--source pydoc"
+) -> str:
     """The ``cofr data prepare`` command line that makes the folder ``out``.
 
     Default folder names are ``<source>-<tokenizer>`` (``<dataset>-<tokenizer>`` for hf);
-    when ``out`` follows them the command uses that source and tokenizer, else the
-    bundled default (``--source pydoc``, byte tokenizer). With ``--overwrite`` (a folder
-    to remake, whose data it would replace) an unknown name gets a placeholder for its
-    options instead of that default.
+    when ``out`` follows them the command uses that source and tokenizer, else
+    ``unknown`` (the bundled default: ``--source pydoc``, byte tokenizer).
     """
     from cofrgenet.data.sources import HF_PRESETS
 
-    default = "--source pydoc" if "--overwrite" not in extra else "<the options that made it>"
-    words = ["cofr data prepare", default]
+    words = ["cofr data prepare", unknown]
     parts = Path(out).name.rsplit("-", 1)
     if len(parts) == 2 and parts[1] in _TOKENIZERS:
         name, tokenizer = parts
@@ -135,8 +134,7 @@ class DataMeta:
         return path
 
 
-#: What a model trained on a data folder depends on: its tokenizer (kind and size).
-#: What says which tokenizer wrote a folder's ids. The digest tells apart two BPE
+#: What a model trained on a data folder depends on: which tokenizer wrote its ids. The digest tells apart two BPE
 #: tokenizers of one size (trained again on other text, or with another seed).
 TOKENIZER_KEYS = ("tokenizer", "vocab_size", "tokenizer_sha256")
 
@@ -174,11 +172,12 @@ def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
         )
 
 
-def _remake_command(data_dir: Path, meta: DataMeta) -> str:
+def _remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
     """The command that made ``data_dir`` (its ``meta.json`` records it), with
-    ``--overwrite``; the name-based guess when it was not recorded."""
-    if not meta.command_line:
-        return prepare_command(data_dir, "--overwrite")
+    ``--overwrite``. Unrecorded, the name-based guess; for a name that tells nothing, a
+    placeholder: never the bundled corpus, which would replace the folder's data."""
+    if meta is None or not meta.command_line:
+        return prepare_command(data_dir, "--overwrite", unknown="<the options that made it>")
     return meta.command_line + (
         "" if "--overwrite" in meta.command_line.split() else " --overwrite"
     )
@@ -222,14 +221,14 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
             f"data folder {str(data_dir)!r} is half-written: it has no {META_FILE} (which "
             "`cofr data prepare` writes last), so an earlier prepare was interrupted or failed. "
             f"Rerun the prepare command with --overwrite, e.g.:\n"
-            f"  {prepare_command(data_dir, '--overwrite')}"
+            f"  {_remake_command(data_dir)}"
         )
     try:
         meta = DataMeta.from_dict(json.loads(meta_path.read_text()))
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise DataFolderError(
             f"{str(meta_path)!r} is unreadable ({err}). Remake the folder with:\n"
-            f"  {prepare_command(data_dir, '--overwrite')}"
+            f"  {_remake_command(data_dir)}"
         ) from err
     if meta.format_version != FORMAT_VERSION:
         raise DataFolderError(

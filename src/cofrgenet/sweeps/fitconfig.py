@@ -233,13 +233,14 @@ def _model_problem(config: dict[str, Any]) -> str | None:
 
 def _ends(param: Any) -> list[Any]:
     """The choices of a categorical key; the lowest and highest values a range draws
-    (with a step, the last one on it: ``int 2..5 step 2`` draws 2 and 4)."""
+    (with a step, the last one on it: ``int 2..5 step 2`` draws 2 and 4; ints as ints)."""
     if param.kind == "categorical":
         return list(param.choices)
     high = param.high
     if param.step:
         high = param.low + math.floor((param.high - param.low) / param.step) * param.step
-    return list(dict.fromkeys([param.low, high]))
+    ends = [param.low, high] if param.kind == "float" else [int(param.low), int(high)]
+    return list(dict.fromkeys(ends))
 
 
 def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
@@ -259,7 +260,7 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
         config = copy.deepcopy(probe)
         for param, value in zip(keys, values, strict=True):
-            set_dotted(config, param.key, int(value) if param.kind == "int" else value)
+            set_dotted(config, param.key, value)
         problems[values] = _model_problem(config)
     if all(problems.values()):
         first = next(iter(problems.values()))
@@ -279,8 +280,7 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
         for value in ends[index]:
             tried = [why for values, why in problems.items() if values[index] == value]
             if tried and all(tried):
-                shown = int(value) if param.kind == "int" else value
                 raise SweepError(
-                    f"space.{param.key}: {shown!r} builds no model: {tried[0]}; remove it "
+                    f"space.{param.key}: {value!r} builds no model: {tried[0]}; remove it "
                     "from the space"
                 )

@@ -240,12 +240,13 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     home = st.home_storage(sweep, str(runs_dir))
     st.check_given_storage(options.storage, home, sweep.study)
     url = options.storage or home
-    if st.journal_path(url) is None and url.startswith("sqlite"):
+    journal = st.journal_path(url)
+    if journal is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
-    elif st.journal_path(url) is not None and options.workers > 1:
+    elif journal is not None and options.workers > 1:
         print(
             f"warning: {options.workers} array tasks share the journal file "
-            f"{st.journal_path(url)}, which is safe on one host only; for workers on several "
+            f"{journal}, which is safe on one host only; for workers on several "
             "hosts give a PostgreSQL storage (storage: or --storage; docs/sweeps.md)",
             file=sys.stderr,
         )

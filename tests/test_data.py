@@ -758,6 +758,71 @@ def test_a_bad_record_is_one_line_and_leaves_no_process_behind(tmp_path):
     assert not out.exists()  # what the failed prepare wrote is gone: rerun as is
 
 
+SLOW_PREPARE = """
+import os, sys, time
+from cofrgenet.data.prepare import prepare_data
+from cofrgenet.data.sources import Source
+
+class SlowSource(Source):
+    kind = "slow"
+    def __len__(self):
+        return 400
+    def read(self, indices):
+        with open(sys.argv[2], "a") as fh:  # the worker says it is running
+            fh.write(f"{os.getpid()}\\n")
+        time.sleep(0.05)
+        return [f"document {i} " * 50 for i in indices]
+    def describe(self):
+        return {}
+
+if __name__ == "__main__":
+    prepare_data(SlowSource(), sys.argv[1], num_workers=2, docs_per_item=1)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
+    """kill -9 or SIGTERM of the main process mid-tokenizing: its workers go within
+    seconds and write nothing more (an orphan went on writing chunks into the folder
+    that the next `prepare --overwrite` was filling)."""
+    (tmp_path / "slow.py").write_text(SLOW_PREPARE)
+    out, pids = tmp_path / "out", tmp_path / "pids"
+    command = [sys.executable, str(tmp_path / "slow.py"), str(out), str(pids)]
+    proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(set(read_pids(pids))) < 2:
+            time.sleep(0.1)
+        assert len(set(read_pids(pids))) >= 2, "the workers never started"
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = session_processes(proc.pid)
+        written = read_pids(pids)
+        time.sleep(0.5)
+        assert read_pids(pids) == written, "a worker read on after its parent was gone"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # only this test's processes
+    assert not left, f"processes left running: {left}"
+    assert len(written) < 400  # stopped mid-way, not run to the end
+
+
+def read_pids(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def test_prepare_gives_back_the_ctrl_c_handler(tmp_path):
+    """litdata's optimize leaves a SIGINT handler that ends the process with status 0;
+    after a prepare, Ctrl-C must raise KeyboardInterrupt again (bench quality trains next)."""
+    before = signal.getsignal(signal.SIGINT)
+    prepare_data("pydoc", tmp_path / "out", max_docs=12, num_workers=1, seed=SEED)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 @pytest.mark.parametrize(
     ("record", "message"),
     [

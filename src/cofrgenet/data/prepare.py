@@ -30,7 +30,9 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -166,6 +168,11 @@ class EncodeDocuments:
     :func:`raise_worker_error` raises it in the main process once ``optimize`` returns.
     (litdata answers a raising ``fn`` by terminating its workers, which leaves their
     download/remove helper processes running, blocked, holding the parent's stdout.)
+
+    In a worker, a watchdog thread ends the worker and its helpers, writing nothing more,
+    once the process that started it is gone (kill -9, SIGTERM, Ctrl-C of the main
+    process): an orphan would go on writing chunks into a folder that the next
+    ``prepare --overwrite`` is filling.
     """
 
     def __init__(
@@ -181,10 +188,15 @@ class EncodeDocuments:
         self.dtype = np.dtype(dtype)
         self.indices = np.arange(len(source)) if indices is None else np.asarray(indices)
         self.error_file = None if error_file is None else str(error_file)
+        self.main_pid = os.getpid()
+        self._watched_pid: int | None = None
 
     def __call__(self, item: Sequence[int]) -> Iterator[Any]:
         import torch
 
+        if self._watched_pid != os.getpid() and os.getpid() != self.main_pid:
+            self._watched_pid = os.getpid()
+            _exit_when_orphaned()
         if self.error_file is not None and os.path.exists(self.error_file):
             return  # an item failed already: the main process reports it
         start, stop = item
@@ -198,6 +210,21 @@ class EncodeDocuments:
             return
         if ids is not None:
             yield torch.from_numpy(ids)
+
+
+def _exit_when_orphaned(poll_s: float = 0.2) -> None:
+    """Start a daemon thread that ends this process, and the helper processes it
+    started, as soon as its parent process is gone (its parent pid changes)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent and parent != 1:
+            time.sleep(poll_s)
+        for child in multiprocessing.active_children():
+            child.kill()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-when-orphaned", daemon=True).start()
 
 
 def _record_error(path: str, err: Exception) -> None:
@@ -237,8 +264,10 @@ def raise_worker_error(path: str | os.PathLike[str]) -> None:
 def _litdata_environment(cache_root: Path) -> Iterator[None]:
     """Keep litdata's caches under ``cache_root`` and restore the multiprocessing start method.
 
-    ``optimize`` sets the start method for the whole process; this puts the previous one
-    back afterwards. Workers get ``TOKENIZERS_PARALLELISM=false``: one process per CPU
+    ``optimize`` sets the start method for the whole process and leaves its own SIGINT
+    handler installed (it ends the process with ``os._exit(0)``: a later Ctrl-C, in
+    training after ``cofr bench quality`` prepared its data, would exit with status 0
+    and no checkpoint); this puts both back afterwards. Workers get ``TOKENIZERS_PARALLELISM=false``: one process per CPU
     already, and no fork-after-parallelism warning from ``tokenizers``.
     """
     keys = (
@@ -248,6 +277,8 @@ def _litdata_environment(cache_root: Path) -> Iterator[None]:
     )
     saved = {k: os.environ.get(k) for k in keys}
     method = multiprocessing.get_start_method(allow_none=True)
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main_thread else None
     os.environ[keys[0]] = str(cache_root / "chunks")
     os.environ[keys[1]] = str(cache_root / "data")
     os.environ[keys[2]] = "false"
@@ -260,6 +291,8 @@ def _litdata_environment(cache_root: Path) -> Iterator[None]:
             else:
                 os.environ[k] = v
         multiprocessing.set_start_method(method, force=True)
+        if main_thread and sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
         shutil.rmtree(cache_root, ignore_errors=True)
 
 

@@ -315,6 +315,17 @@ def test_record_sources_end_to_end(tmp_path, kind):
         assert np.array_equal(stream(out / split), expected)
 
 
+def test_a_lone_surrogate_escape_in_jsonl_becomes_a_replacement_character(tmp_path):
+    """A JSON "\\ud800" without its pair has no UTF-8 form: it was a UnicodeEncodeError
+    traceback from a worker; a pair stays the character it encodes."""
+    lines = ['{"text": "half \\ud800 of a pair"}', '{"text": "a pair \\ud83d\\ude00"}']
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    source = JsonlSource(str(tmp_path / "s.jsonl"))
+    assert source.read([0, 1]) == ["half \ufffd of a pair", "a pair \U0001f600"]
+    meta = prepare_data(source, tmp_path / "out", val_fraction=0.5, seed=SEED, num_workers=1)
+    assert meta.splits["train"].documents == 1
+
+
 def test_sources_and_encoder_pickle_for_spawned_workers(tmp_path):
     write_corpus(tmp_path)
     for source in (PydocSource(), TextFilesSource(str(tmp_path / "*.txt"))):
@@ -852,6 +863,21 @@ def test_out_holding_the_users_own_files_is_not_a_data_folder(tmp_path, capsys):
         assert "is not a data folder" in line and "doc0.txt" in line
         assert "choose another --out" in line and "half-written" not in line
     assert sorted(p.name for p in mine.iterdir()) == before  # nothing deleted, nothing added
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
+    """--out under a file, or a link to a missing folder: it was a mkdir traceback."""
+    (tmp_path / "a-file").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "missing")
+    cases = {
+        str(tmp_path / "a-file" / "sub"): f"{str(tmp_path / 'a-file')!r} is a file",
+        str(tmp_path / "link"): f"is a link to {str(tmp_path / 'missing')!r}, which does not exist",
+    }
+    for out, message in cases.items():
+        assert main(["--max-docs", "4", "--num-workers", "1", "--out", out]) == 2
+        line = last_error_line(capsys)
+        assert message in line and "choose another --out" in line
+    assert (tmp_path / "a-file").read_text() == "mine" and not (tmp_path / "missing").exists()
 
 
 def test_chunk_bytes_are_checked_before_anything_is_written(tmp_path, capsys):

@@ -380,6 +380,21 @@ def _clear_output(out: Path, overwrite: bool) -> None:
             path.unlink(missing_ok=True)
 
 
+def _make_folder(out: Path) -> None:
+    """``mkdir -p out``, with a one-line error naming what stands in the way."""
+    if out.is_symlink() and not out.exists():
+        raise PrepareError(
+            f"--out {str(out)!r} is a link to {os.readlink(out)!r}, which does not exist; "
+            "make that folder or choose another --out"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        why = f"{str(blocker)!r} is a file" if blocker else (err.strerror or str(err))
+        raise PrepareError(f"cannot make --out {str(out)!r}: {why}; choose another --out") from err
+
+
 def _remove_written(out: Path, created: bool) -> None:
     """Remove what a failed prepare wrote to ``out`` (only its own entries; ``out`` itself
     if this prepare ``created`` it and nothing else is left)."""
@@ -533,7 +548,7 @@ def prepare_data(
         return existing
     _clear_output(out, overwrite)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    _make_folder(out)
     try:
         if tokenizer == "bpe":
             log(

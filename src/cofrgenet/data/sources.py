@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,11 @@ def files_signature(files: Sequence[str]) -> str:
         stat = os.stat(path)
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
+
+
+#: A JSON escape ``\ud800``..``\udfff`` that is not half of a pair: no UTF-8 encodes it,
+#: so it becomes U+FFFD, as bad bytes of text files do.
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _checked_text(value: Any, where: str, field: str) -> str:
@@ -237,7 +243,7 @@ class JsonlSource(_FileRowSource):
                     value = record[self.text_field]
                     if not isinstance(value, str):
                         value = self._text(value, _line_at(path, offset))
-                    out.append(value)
+                    out.append(_LONE_SURROGATE.sub("\ufffd", value))
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -315,6 +315,56 @@ def test_cola_without_labels_is_not_read_as_empty(tmp_path):
         read_task_tsv(TASKS["cola"], tmp_path)  # CoLA's test.tsv layout given as train
 
 
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ("sentence\tlabel\n", "train.tsv has no examples under its header"),
+        ("", "train.tsv is empty: expected a header row"),
+        ("sentence\tlabel\nun caf\xe9 sans sucre\t1\n", r"not UTF-8 text \(byte 0xe9 on line 2\)"),
+    ],
+)
+def test_an_empty_or_latin1_file_is_named(tmp_path, train, message):
+    """A header-only file gave no examples and a fine-tune of nothing; Latin-1 gave a
+    UnicodeDecodeError traceback."""
+    folder = tmp_path / "SST-2"
+    folder.mkdir()
+    (folder / "train.tsv").write_bytes(train.encode("latin-1"))
+    (folder / "dev.tsv").write_text("sentence\tlabel\na fine film\t1\n")
+    with pytest.raises(GlueFormatError, match=message):
+        read_task_tsv(TASKS["sst2"], tmp_path)
+
+
+def test_a_headerless_cola_file_without_rows_is_named(tmp_path):
+    folder = tmp_path / "CoLA"
+    folder.mkdir()
+    (folder / "train.tsv").write_text(GLUE_FILES["cola"]["train.tsv"])
+    (folder / "dev.tsv").write_text("\n")
+    with pytest.raises(GlueFormatError, match=r"dev.tsv has no examples$"):
+        read_task_tsv(TASKS["cola"], tmp_path)
+
+
+def test_skipped_rows_are_said_before_the_fine_tuning(pretrained, tmp_path, monkeypatch, capsys):
+    import cofrgenet.eval.glue as glue_module
+
+    glue = _tiny_sst2(tmp_path / "glue")
+    with open(glue / "SST-2" / "dev.tsv", "a") as fh:
+        fh.write("a film with no label\na film\tmaybe\n")
+    said = []
+
+    def finetune(*args, **kwargs):
+        said.append(capsys.readouterr().err)
+        raise UserError("stopped here")
+
+    monkeypatch.setattr(glue_module, "finetune", finetune)
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
+         "--accelerator", "cpu", "--no-progress"]
+    )  # fmt: skip
+    assert status == 2
+    assert f"warning: {glue / 'SST-2' / 'dev.tsv'}: skipped 2 malformed rows" in said[0]
+    assert "a label not in ['0', '1']" in said[0]
+
+
 # ------------------------------------------------------------------------------ metrics
 
 

@@ -557,6 +557,8 @@ def run(args: argparse.Namespace) -> int:
     check_trainer_options(args.accelerator, args.precision)  # before the data and the model
     task = TASKS[args.task]
     data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
+    for warning in data.warnings():  # now, not only after the fine-tuning
+        print(f"warning: {warning}", file=sys.stderr)
     result = finetune(
         ckpt,
         data,
@@ -574,7 +576,7 @@ def run(args: argparse.Namespace) -> int:
     )
     header = f"GLUE {task.name} dev ({result['steps']} steps, {result['source']}), %"
     _print_table(task, result["splits"], header)
-    for warning in result["warnings"]:
+    for warning in result["warnings"][len(data.warnings()) :]:  # the others came first
         print(f"warning: {warning}", file=sys.stderr)
     if result.get("run_id"):
         print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
@@ -736,7 +738,7 @@ def finetune(
         trainer.validate(module, dataloaders=dev_loaders, verbose=False)
 
     metrics = metric_keys(task, module.results)
-    warnings = [f"{path}: skipped {n} malformed rows" for path, n in data.skipped.items()]
+    warnings = data.warnings()
     run_id = logger.run_id if mlflow else None
     result: dict[str, Any] = {
         "task": task.name,

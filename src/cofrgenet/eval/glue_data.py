@@ -184,6 +184,15 @@ class TaskData:
     source: str
     skipped: dict[str, int] = field(default_factory=dict)
 
+    def warnings(self) -> list[str]:
+        """One line per file that had rows left out."""
+        labels = sorted(self.task.label_values)
+        return [
+            f"{path}: skipped {n} malformed row{'s' * (n != 1)} (too few columns, or a label "
+            f"not in {labels})"
+            for path, n in self.skipped.items()
+        ]
+
 
 # ------------------------------------------------------------------------- TSV files
 
@@ -206,7 +215,15 @@ def _lines(path: Path) -> list[str]:
     """The file's lines. Split on "\\n" only: GLUE sentences can hold a stray "\\r" or
     unbalanced quotes, so neither universal newlines nor csv quoting may touch them
     (MRPC's files start with a byte-order mark)."""
-    text = path.read_bytes().decode("utf-8-sig")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise GlueFormatError(
+            f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}), as the "
+            f"original GLUE files are: save it as UTF-8 ({GLUE_SOURCE})"
+        ) from None
     return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
 
 
@@ -235,6 +252,8 @@ def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], int]:
         text_idx = [int(c) for c in task.columns]
         label_idx = int(task.label_column)
         rows = lines
+    if not rows:
+        raise GlueFormatError(f"{path} has no examples{' under its header' * task.header}")
     need = max([*text_idx, label_idx]) + 1
     examples: list[Example] = []
     skipped = 0
@@ -246,7 +265,7 @@ def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], int]:
             continue
         texts = [cells[i] for i in text_idx]
         examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, label))
-    if not examples and rows:
+    if not examples:
         raise GlueFormatError(
             f"{path}: none of its {len(rows)} rows has the columns and labels of GLUE "
             f"{task.folder} (labels {sorted(task.label_values)}): {GLUE_SOURCE}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -17,7 +18,7 @@ from torch import nn
 from cofrgenet.cli import main
 from cofrgenet.eval import tasks as eval_tasks
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
-from cofrgenet.eval.lambada import score_continuations
+from cofrgenet.eval.lambada import lambada, score_continuations
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
 from cofrgenet.eval.tasks import (
     EvalDataError,
@@ -269,6 +270,7 @@ LAYOUT = r'one JSON object \{"text": "<passage>"\} per line'
         (["", '{"text": 3}'], r"line 2: \"text\" is a JSON number, not a string"),
         (['{"text": "  "}'], r'line 1: "text" is empty'),
         (["", " "], r" is empty"),
+        (['{"text": "a b"}', '{"text": " oneword "}'], r'line 2: "text" is one word, with no'),
     ],
 )
 def test_a_bad_lambada_file_names_the_file_the_line_and_the_layout(tmp_path, lines, problem):
@@ -277,6 +279,13 @@ def test_a_bad_lambada_file_names_the_file_the_line_and_the_layout(tmp_path, lin
     with pytest.raises(EvalDataError, match=problem) as error:
         read_rows(get_task("lambada"), "test", tmp_path)
     assert str(error.value).startswith(str(path)) and re.search(LAYOUT, str(error.value))
+
+
+def test_a_target_word_longer_than_the_block_is_named():
+    model = lambda idx: torch.zeros(*idx.shape, 8)  # noqa: E731
+    encode = lambda text: [1] * len(text)  # noqa: E731  one id per character
+    with pytest.raises(EvalDataError, match=r"passage 2: its last word 'abcdefghij' is 11 tokens"):
+        lambada(model, encode, 0, ["a bc", "a abcdefghij"], block=8)
 
 
 def test_a_passage_may_hold_a_raw_line_separator(tmp_path):
@@ -473,6 +482,51 @@ def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_h
     )
     line = one_line_error(capsys, [*argv, str(ckpt / "out.json")])
     assert line == f"cofr eval: error: --json {ckpt / 'out.json'}: {ckpt} is a file, not a folder"
+    # The checkpoint given again as --json was replaced by the results.
+    before = ckpt.read_bytes()
+    line = one_line_error(capsys, [*argv, str(ckpt)])
+    assert line == (
+        f"cofr eval: error: --json {ckpt} exists and is not a JSON results file: it is not "
+        "replaced; give another file name"
+    )
+    assert ckpt.read_bytes() == before
+
+
+def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub):
+    """--limit with perplexity sets only scored them whole, then did not log them."""
+    data = write_eval_data(tmp_path / "sets")
+    ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")
+    argv = ["eval", str(ckpt), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
+    line = one_line_error(capsys, [*argv, "--limit", "2"])
+    assert line == (
+        "cofr eval: error: --limit applies to LAMBADA passages and harness docs only; "
+        "perplexity sets are scored whole (leave it out)"
+    )
+
+
+def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """A misspelt harness task failed only after every cofr task was scored (hours on
+    WikiText-103); one named like a cofr task replaced that task's results silently."""
+    pytest.importorskip("lm_eval")
+    from cofrgenet.eval import cli as eval_cli
+
+    def scored(*args, **kwargs):
+        raise AssertionError("cofr tasks were scored before the harness tasks were checked")
+
+    monkeypatch.setattr(eval_cli, "evaluate_tasks", scored)
+    include = tmp_path / "tasks"
+    shutil.copytree(Path(__file__).parent / "data" / "harness", include)
+    yaml_text = (include / "cofr_ppl.yaml").read_text().replace("task: cofr_tiny_ppl", "task: ptb")
+    (include / "ptb.yaml").write_text(yaml_text)
+    data = write_eval_data(tmp_path / "sets")
+    argv = ["eval", str(checkpoint), "--tasks", "ptb", "--data-dir", str(data)]
+    argv += ["--include-path", str(include), "--no-mlflow", "--harness"]
+    line = one_line_error(capsys, [*argv, "cofr_tiny_mcc"])
+    assert "unknown harness task 'cofr_tiny_mcc' (did you mean 'cofr_tiny_mc'?)" in line
+    line = one_line_error(capsys, [*argv, "ptb"])
+    assert "harness task 'ptb' has the name of cofr's own ptb task" in line
 
 
 def test_finetune_glue_checks_the_checkpoint_and_json_before_the_data(

@@ -458,6 +458,10 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
     args = ["export", "hf", str(checkpoint), str(out), "--overwrite", "--no-tokenizer"]
     assert main(args) == 0
     assert not (out / "tokenizer.json").exists()
+    # Without the tokenizer, generation still never picks the ids past its 257 (the
+    # checkpoint records its size): hf.generate sampled padded ids, cofr generate none.
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["suppress_tokens"] == list(range(257, config.vocab_size))
 
 
 def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
@@ -621,3 +625,17 @@ def test_overwrite_only_replaces_an_export(tmp_path):
         export_model(model, config, tmp_path / "out", verify=False, overwrite=True)
     assert "notes.txt" in _one_line(info.value)
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+    # A user's own files that bear an export's names are no earlier export either.
+    (tmp_path / "out" / "notes.txt").unlink()
+    (tmp_path / "out" / "README.md").write_text("mine")
+    with pytest.raises(OutputExists, match=r"holds none \(no modeling_cofrgenet\.py\)") as info:
+        export_model(model, config, tmp_path / "out", verify=False, overwrite=True)
+    assert (tmp_path / "out" / "README.md").read_text() == "mine"
+
+
+def test_an_out_dir_that_cannot_be_made_is_one_line(tmp_path):
+    config = CONFIGS["rnn"]
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(export.ExportError, match=r"cannot write the export to .*a-file"):
+        export_model(build_model(config).eval(), config, tmp_path / "a-file" / "out", verify=False)
+    assert (tmp_path / "a-file").read_text() == "mine"

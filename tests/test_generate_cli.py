@@ -288,3 +288,6 @@ def test_a_sample_cut_at_the_end_of_text_says_so(capsys, tmp_path, data, monkeyp
         == 0
     )
     assert "end of text" not in capsys.readouterr().out
+    # Without a prompt the sample starts a document: the EOS it starts from is not shown.
+    assert main(["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"]) == 0
+    assert capsys.readouterr().out.startswith("AB\n")

@@ -433,6 +433,17 @@ def test_unknown_tasks_and_a_missing_lm_eval_are_user_errors(ckpt, monkeypatch):
         run_harness(ckpt, ["cofr_tiny_mc"])
 
 
+def test_lm_evals_command_line_says_a_missing_checkpoint_in_one_line(tmp_path, capsys):
+    argv = ["--model", "cofrgenet", "--model_args", f"ckpt={tmp_path / 'none.ckpt'}"]
+    argv += ["--tasks", "cofr_tiny_mc", "--include_path", str(TASKS), "--device", "cpu"]
+    with pytest.raises(SystemExit) as info:
+        harness.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"python -m cofrgenet.eval.harness: error: no checkpoint file at {tmp_path}" in err
+
+
 @pytest.mark.slow
 def test_lm_evals_command_line_runs_the_model(ckpt, tmp_path):
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}

@@ -540,6 +540,13 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
     assert "error: this checkpoint is damaged or not a cofrgenet checkpoint" in (
         capsys.readouterr().err
     )
+    # A zip that is no torch archive is not offered as "intact".
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "other.ckpt", "w") as archive:
+        archive.writestr("notes.txt", "not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"\(a save cut short, or another kind of file\)"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--ckpt_path", str(junk)))
     # A last.ckpt cut short: --ckpt_path last resumes from the newest intact one instead.
     args = ("--run.name", "cut", "--run.checkpoint_every_n_steps", "2", "--run.mlflow", "false")
     CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "4"))

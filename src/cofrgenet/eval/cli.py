@@ -27,8 +27,9 @@ DEFAULT_TASKS = "wikitext-2-v1,wikitext-103-v1,ptb,lambada"
 
 
 def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Path:
-    """``path`` if a results file can be written there: it is not a folder, and its
-    nearest existing parent is a writable folder (missing ones are made when writing).
+    """``path`` if a results file can be written there: it is not a folder nor a file other
+    than JSON (a checkpoint given twice), and its nearest existing parent is a writable
+    folder (missing ones are made when writing).
     Checked before the work, so that results are never computed only to be lost."""
     out = Path(path)
     if out.is_dir():
@@ -38,7 +39,18 @@ def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Pat
         raise UserError(f"{flag} {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise UserError(f"{flag} {out}: cannot write in {parent} (permission denied)")
+    if out.is_file() and out.stat().st_size and not _looks_like_json(out):
+        raise UserError(
+            f"{flag} {out} exists and is not a JSON results file: it is not replaced; "
+            "give another file name"
+        )
     return out
+
+
+def _looks_like_json(path: Path) -> bool:
+    """Whether the file starts like a JSON object (a results file written before)."""
+    with open(path, "rb") as fh:
+        return fh.read(256).lstrip().startswith(b"{")
 
 
 def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
@@ -77,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help="local copies of the sets in their original layouts (docs/evaluation.md); "
-        f"without one, the Hugging Face dataset (default: {DEFAULT_DATA_DIR})",
+        help="folder of local copies of the sets in their original layouts "
+        "(docs/evaluation.md); a set not found there is loaded from the Hugging Face hub "
+        f"(default: {DEFAULT_DATA_DIR})",
     )
     parser.add_argument(
         "--split",
@@ -302,6 +315,15 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"{flag} applies to lm-eval tasks only: give them with --harness")
     for name in tasks:
         get_task(name)
+    if (
+        args.limit is not None
+        and not harness_tasks
+        and not any(get_task(name).kind == "lambada" for name in tasks)
+    ):
+        raise UserError(
+            "--limit applies to LAMBADA passages and harness docs only; perplexity sets are "
+            "scored whole (leave it out)"
+        )
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
     from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
@@ -316,6 +338,11 @@ def run(args: argparse.Namespace) -> int:
     out = check_output_file(args.json) if args.json else None
     # Every set is found before the model is loaded: a missing file fails at once.
     texts = {name: read_rows(get_task(name), args.split, data_dir) for name in tasks}
+    resolved = None
+    if harness_tasks:  # names too: a typo must not wait for the other tasks' scores
+        from cofrgenet.eval.harness import resolve_tasks
+
+        resolved = resolve_tasks(harness_tasks, args.include_path, reserved=list(TASKS))
 
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
     if args.stride is not None and args.stride > loaded.block_size:
@@ -325,20 +352,25 @@ def run(args: argparse.Namespace) -> int:
     results = evaluate_tasks(
         loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit
     )
+    title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     harness: dict[str, dict[str, float]] = {}
-    if harness_tasks:
+    if resolved is not None:
         from cofrgenet.eval.harness import run_harness
 
-        harness = run_harness(
-            args.ckpt,
-            harness_tasks,
-            include_path=args.include_path,
-            limit=args.limit,
-            batch_size=args.batch_size,
-            device=args.device,
-            num_fewshot=args.num_fewshot,
-            tokenizer_dir=args.tokenizer,
-        )
+        try:
+            harness = run_harness(
+                args.ckpt,
+                resolved,
+                limit=args.limit,
+                batch_size=args.batch_size,
+                device=args.device,
+                num_fewshot=args.num_fewshot,
+                tokenizer_dir=args.tokenizer,
+            )
+        except (UserError, KeyboardInterrupt):
+            if tasks:  # scores already computed are shown, not lost with the harness's
+                print_results(results, title + ", before the harness stopped")
+            raise
         results.update(harness)
     report = {
         "checkpoint": str(args.ckpt),
@@ -350,7 +382,6 @@ def run(args: argparse.Namespace) -> int:
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
     }
-    title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     if tasks:
         print_results({k: v for k, v in results.items() if k in tasks}, title)
     if harness:

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -655,9 +656,44 @@ def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return flat
 
 
+@dataclass(frozen=True)
+class ResolvedTasks:
+    """Harness task names checked against lm_eval's index (globs expanded), with the
+    index itself: building it reads every task YAML (seconds), so it is done once."""
+
+    names: list[str]
+    task_manager: Any
+
+
+def resolve_tasks(
+    tasks: Sequence[str], include_path: str | None = None, reserved: Sequence[str] = ()
+) -> ResolvedTasks:
+    """Check ``tasks`` before any work: lm_eval installed, ``include_path`` a folder, every
+    name known, and none in ``reserved`` (names whose results would be replaced)."""
+    offline_unless_reachable()  # before lm_eval imports the hub's client: no retries
+    _require_lm_eval()
+    if not tasks:
+        raise HarnessError("no harness tasks given")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise HarnessError(f"--include-path {include_path!r} is not a folder")
+    from lm_eval.tasks import TaskManager
+
+    register()
+    task_manager = TaskManager(include_path=include_path)
+    names = _expand_tasks(task_manager, tasks)
+    clash = [name for name in names if name in reserved]
+    if clash:
+        raise HarnessError(
+            f"harness task {clash[0]!r} has the name of cofr's own {clash[0]} task, whose "
+            "results and MLflow metrics it would replace: give it another name (the `task:` "
+            "of its YAML)"
+        )
+    return ResolvedTasks(names, task_manager)
+
+
 def run_harness(
     ckpt: str | Path,
-    tasks: list[str],
+    tasks: Sequence[str] | ResolvedTasks,
     *,
     include_path: str | None = None,
     limit: int | float | None = None,
@@ -672,32 +708,24 @@ def run_harness(
 
     include_path: a folder of extra task YAMLs (lm_eval's ``--include_path``), added to
     lm_eval's own tasks (one of the same name replaces lm_eval's). ``tasks`` may also
-    hold globs (``arc_*``) and YAML file paths.
+    hold globs (``arc_*``) and YAML file paths, or be :func:`resolve_tasks`'s answer
+    (``include_path`` is then the one given there).
     bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexities;
     lm_eval's default 100000 takes minutes); 0 skips them.
     """
-    offline_unless_reachable()  # before lm_eval imports the hub's client: no retries
-    _require_lm_eval()
-    if not tasks:
-        raise HarnessError("no harness tasks given")
-    if include_path is not None and not Path(include_path).is_dir():
-        raise HarnessError(f"--include-path {include_path!r} is not a folder")
+    resolved = tasks if isinstance(tasks, ResolvedTasks) else resolve_tasks(tasks, include_path)
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
-    register()
-    task_manager = TaskManager(include_path=include_path)
-    names = _expand_tasks(task_manager, tasks)
     lm = _lm_class()(
         ckpt=str(ckpt), device=device, batch_size=batch_size, tokenizer_dir=tokenizer_dir, seed=seed
     )
     try:
         results = simple_evaluate(
             model=lm,
-            tasks=names,
+            tasks=resolved.names,
             num_fewshot=num_fewshot,
             limit=limit,
-            task_manager=task_manager,
+            task_manager=resolved.task_manager,
             bootstrap_iters=bootstrap_iters,
             log_samples=False,
             random_seed=seed,
@@ -726,7 +754,11 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except UserError as error:  # a missing checkpoint, another tokenizer...: one line
+        print(f"python -m {MODULE}: error: {error}", file=sys.stderr)
+        raise SystemExit(error.exit_status) from None
 
 
 # Importing this module makes ``--model cofrgenet`` known to lm_eval when it is installed

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cofrgenet.eval.tasks import split_last_word
+from cofrgenet.eval.tasks import EvalDataError, split_last_word
 
 
 @dataclass
@@ -90,9 +90,15 @@ def lambada(
     """Accuracy and target-word perplexity over ``passages`` (n_real: as for
     :func:`score_continuations`)."""
     pairs = []
-    for passage in passages:
+    for number, passage in enumerate(passages, start=1):
         context, target = split_last_word(passage)
         pairs.append(([eos_id, *encode(context)], encode(target)))
+        if len(pairs[-1][1]) > block:
+            raise EvalDataError(
+                f"LAMBADA passage {number}: its last word {target.strip()[:40]!r} is "
+                f"{len(pairs[-1][1])} tokens, more than the model's block ({block}): "
+                "it cannot be scored"
+            )
     scores = score_continuations(model, pairs, block, batch_size, device, n_real)
     return LambadaResult(
         correct=sum(greedy for _, greedy in scores),

@@ -253,6 +253,11 @@ def _lambada_passages(task: Task, path: Path, text: str) -> list[str]:
             )
         if not passage.strip():
             raise EvalDataError(f'{where}: "text" is empty; expected {_layout(task)}')
+        if " " not in passage.strip():
+            raise EvalDataError(
+                f'{where}: "text" is one word, with no context to predict it from; '
+                f"expected {_layout(task)}"
+            )
         passages.append(passage)
     if not passages:
         raise EvalDataError(f"{path} is empty: expected {_layout(task)}")

@@ -254,6 +254,7 @@ def export_hf_report(
         verify=verify,
         tolerance=tolerance,
         source=str(ckpt),
+        n_real=loaded.trained_with.get("vocab_size"),
     )
 
 
@@ -268,11 +269,14 @@ def export_model(
     verify: bool = True,
     tolerance: float = DEFAULT_TOLERANCE,
     source: str | None = None,
+    n_real: int | None = None,
 ) -> ExportReport:
     """Write ``model`` (built from ``config``) as a Hugging Face folder ``out_dir``.
 
     The model is read, never changed (its ladder ``impl`` is switched to the eager
-    continuant for the check and restored).
+    continuant for the check and restored). ``n_real``: without a ``tokenizer``, the size
+    of the one the model trained with, so that generation never picks the padded ids
+    beyond it (as with a tokenizer).
     """
     _require_transformers()
     check_exportable(model, config)
@@ -287,16 +291,22 @@ def export_model(
     state = export_state_dict(model, config)
     _check_state_dict(state, config)
     created = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
     # Written and checked beside OUT_DIR, then moved in: a failure leaves OUT_DIR as it was.
     work = out.parent / f".{out.name}.export-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    work.mkdir()  # not mkdtemp: the folder keeps the usual permissions once moved
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work.mkdir()  # not mkdtemp: the folder keeps the usual permissions once moved
+    except OSError as error:
+        raise ExportError(
+            f"cannot write the export to {out}: {error.strerror or error} "
+            f"({error.filename or out.parent}); choose another folder"
+        ) from None
     try:
         report = ExportReport(
             out_dir=out, tokenizer_note=None if tokenizer is not None else tokenizer_note
         )
         eos = None if tokenizer is None else tokenizer.eos_id
-        _write_config(work, config, eos, None if tokenizer is None else tokenizer.vocab_size)
+        _write_config(work, config, eos, n_real if tokenizer is None else tokenizer.vocab_size)
         _write_weights(work, state)
         shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), work / MODELING_FILE)
         if tokenizer is not None:
@@ -422,6 +432,11 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
         raise OutputExists(
             f"--overwrite replaces an earlier export only, but {out} also holds "
             f"{', '.join(foreign[:5])}; choose a new or empty folder"
+        )
+    if MODELING_FILE not in present:  # a user's own README.md / config.json, not an export
+        raise OutputExists(
+            f"--overwrite replaces an earlier export only, and {out} holds none (no "
+            f"{MODELING_FILE}): its {', '.join(present[:5])} stay; choose a new or empty folder"
         )
 
 

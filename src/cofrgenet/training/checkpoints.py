@@ -39,7 +39,10 @@ def damaged(path: Path) -> CheckpointError:
     others = [p for p in checkpoint_files(path.parent) if p != path and is_intact(p)]
     if others:
         newest = max(others, key=lambda p: p.stat().st_mtime)
-        hint = f": {newest} is intact (or `--ckpt_path last` picks the newest intact one)"
+        hint = (
+            f": {newest} is intact (`cofr fit ... --ckpt_path last` resumes from the newest "
+            "intact one)"
+        )
     else:
         hint = " (a save cut short, or another kind of file)"
     return CheckpointError(
@@ -84,13 +87,15 @@ def has_shard_markers(path: str | Path) -> bool:
 
 
 def is_intact(path: str | Path) -> bool:
-    """Whether ``path`` is a complete torch.save archive (every member's CRC checks out),
-    or a sharded checkpoint folder with its metadata and Lightning's entries."""
+    """Whether ``path`` is a complete torch.save archive (its pickle there, every member's
+    CRC checks out), or a sharded checkpoint folder with its metadata and Lightning's
+    entries."""
     if is_sharded(path):
         return all((Path(path) / name).is_file() for name in SHARDED_MARKERS)
     try:
         with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
+            pickled = any(name.endswith("data.pkl") for name in archive.namelist())
+            return pickled and archive.testzip() is None
     except (OSError, zipfile.BadZipFile, EOFError):
         return False
 

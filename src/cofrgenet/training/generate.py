@@ -148,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         ended = not args.past_eos and tokenizer.eos_id in new  # the document ended there
         if ended:
             new = new[: new.index(tokenizer.eos_id)]
-        print(tokenizer.decode(row[: len(ids)] + new))
+        shown = row[: len(ids)] if args.prompt else []  # not the EOS that starts a document
+        print(tokenizer.decode(shown + new))
         if ended:  # fewer tokens than asked: say why
             print(f"[end of text after {len(new)} tokens; --past-eos samples on]")
         print("-" * 40)

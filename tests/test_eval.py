@@ -504,6 +504,26 @@ def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub)
     )
 
 
+def test_an_interrupted_eval_shows_the_tasks_it_finished(checkpoint, tmp_path, capsys, monkeypatch):
+    from cofrgenet.eval import perplexity
+
+    real, calls = perplexity.text_perplexity, []
+
+    def second_is_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
+    data = write_eval_data(tmp_path / "sets")
+    argv = ["eval", str(checkpoint), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
+    assert main([*argv, "--no-mlflow"]) == 130
+    printed = capsys.readouterr().out
+    assert "the tasks finished before the interrupt" in " ".join(printed.split())  # wrapped
+    assert "ptb" in printed and "wikitext-2" not in printed
+
+
 def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(
     checkpoint, tmp_path, capsys, monkeypatch
 ):

@@ -158,13 +158,16 @@ def evaluate_tasks(
     batch_size: int,
     device: str,
     limit: int | None = None,
+    results: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{task: metrics} of a :class:`~cofrgenet.training.pretrained.LoadedCheckpoint`."""
+    """{task: metrics} of a :class:`~cofrgenet.training.pretrained.LoadedCheckpoint`,
+    filled into ``results`` when given, one task at a time (so that an interrupted run
+    still has the tasks it finished)."""
     from cofrgenet.eval.lambada import lambada
     from cofrgenet.eval.perplexity import text_perplexity
 
     tokenizer, block = loaded.tokenizer, loaded.block_size
-    results: dict[str, dict[str, float]] = {}
+    results = {} if results is None else results
     for name in tasks:
         task = get_task(name)
         started = time.perf_counter()
@@ -349,10 +352,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             f"--stride {args.stride} exceeds the model's block size {loaded.block_size}"
         )
-    results = evaluate_tasks(
-        loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit
-    )
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
+    results: dict[str, dict[str, float]] = {}
+    try:
+        evaluate_tasks(
+            loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit, results
+        )
+    except KeyboardInterrupt:
+        if results:  # hours of scores are not thrown away with the task under way
+            print_results(results, title + ", the tasks finished before the interrupt")
+        raise
     harness: dict[str, dict[str, float]] = {}
     if resolved is not None:
         from cofrgenet.eval.harness import run_harness

@@ -787,16 +787,21 @@ class SlowSource(Source):
         return {}
 
 if __name__ == "__main__":
-    prepare_data(SlowSource(), sys.argv[1], num_workers=2, docs_per_item=1)
+    try:
+        prepare_data(SlowSource(), sys.argv[1], num_workers=2, docs_per_item=1)
+    except KeyboardInterrupt:
+        sys.exit(130)
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
     """kill -9 or SIGTERM of the main process mid-tokenizing: its workers go within
     seconds and write nothing more (an orphan went on writing chunks into the folder
-    that the next `prepare --overwrite` was filling)."""
+    that the next `prepare --overwrite` was filling). Ctrl-C (SIGINT to the whole process
+    group, as a terminal sends it) raises KeyboardInterrupt and removes what was written:
+    litdata's own handler ended the process with status 0."""
     (tmp_path / "slow.py").write_text(SLOW_PREPARE)
     out, pids = tmp_path / "out", tmp_path / "pids"
     command = [sys.executable, str(tmp_path / "slow.py"), str(out), str(pids)]
@@ -806,8 +811,11 @@ def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
         while time.monotonic() < deadline and len(set(read_pids(pids))) < 2:
             time.sleep(0.1)
         assert len(set(read_pids(pids))) >= 2, "the workers never started"
-        proc.send_signal(sig)
-        proc.wait(timeout=30)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        rc = proc.wait(timeout=30)
         deadline = time.monotonic() + 5
         while session_processes(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -820,6 +828,8 @@ def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
             os.killpg(proc.pid, signal.SIGKILL)  # only this test's processes
     assert not left, f"processes left running: {left}"
     assert len(written) < 400  # stopped mid-way, not run to the end
+    if sig == signal.SIGINT:
+        assert rc == 130 and not out.exists()
 
 
 def read_pids(path: Path) -> list[str]:

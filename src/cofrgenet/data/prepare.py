@@ -11,7 +11,9 @@ Steps:
    document's ids followed by EOS, written as a TokensLoader token stream. A worker that
    meets a bad document records the error and stops; the main process raises it once
    litdata's workers are done (litdata's own error path terminates workers and would
-   leave their helper processes running).
+   leave their helper processes running). ``optimize`` runs in a child process of its
+   own (its SIGINT handler exits with status 0), which dies with this one; its workers
+   end themselves once it is gone.
 4. Write ``meta.json`` last, atomically: a folder without it is half-written. A prepare
    that fails on what the user gave removes what it wrote.
 
@@ -260,25 +262,47 @@ def raise_worker_error(path: str | os.PathLike[str]) -> None:
     raise RuntimeError(f"tokenizing failed in a worker process:\n{report['traceback']}")
 
 
+def _optimize_in_child(options: dict[str, Any], parent: int) -> None:
+    """``litdata.optimize(**options)``, in a process of its own that dies with ``parent``.
+
+    optimize installs a SIGINT handler that ends its process with status 0 (a Ctrl-C of
+    ``cofr data prepare`` exited 0, and a later one in the caller's process, training after
+    ``cofr bench quality`` prepared its data, too), and sets the multiprocessing start
+    method for the whole process: both stay in this child. Its workers end themselves
+    once it is gone (:func:`_exit_when_orphaned`).
+    """
+    from litdata import optimize
+
+    _die_with_parent(parent)
+    optimize(**options)
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this process when ``parent`` (its parent, now) dies: the kernel's parent-death
+    signal on Linux, a watchdog thread elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL) == 0:
+            if os.getppid() != parent:  # it died before the call
+                os._exit(1)
+            return
+    _exit_when_orphaned()
+
+
 @contextlib.contextmanager
 def _litdata_environment(cache_root: Path) -> Iterator[None]:
-    """Keep litdata's caches under ``cache_root`` and restore the multiprocessing start method.
-
-    ``optimize`` sets the start method for the whole process and leaves its own SIGINT
-    handler installed (it ends the process with ``os._exit(0)``: a later Ctrl-C, in
-    training after ``cofr bench quality`` prepared its data, would exit with status 0
-    and no checkpoint); this puts both back afterwards. Workers get ``TOKENIZERS_PARALLELISM=false``: one process per CPU
-    already, and no fork-after-parallelism warning from ``tokenizers``.
-    """
+    """Keep litdata's caches under ``cache_root``; workers get
+    ``TOKENIZERS_PARALLELISM=false``: one process per CPU already, and no
+    fork-after-parallelism warning from ``tokenizers``."""
     keys = (
         "DATA_OPTIMIZER_CACHE_FOLDER",
         "DATA_OPTIMIZER_DATA_CACHE_FOLDER",
         "TOKENIZERS_PARALLELISM",
     )
     saved = {k: os.environ.get(k) for k in keys}
-    method = multiprocessing.get_start_method(allow_none=True)
-    main_thread = threading.current_thread() is threading.main_thread()
-    sigint = signal.getsignal(signal.SIGINT) if main_thread else None
     os.environ[keys[0]] = str(cache_root / "chunks")
     os.environ[keys[1]] = str(cache_root / "data")
     os.environ[keys[2]] = "false"
@@ -290,9 +314,6 @@ def _litdata_environment(cache_root: Path) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        multiprocessing.set_start_method(method, force=True)
-        if main_thread and sigint is not None:
-            signal.signal(signal.SIGINT, sigint)
         shutil.rmtree(cache_root, ignore_errors=True)
 
 
@@ -304,7 +325,6 @@ def _write_split(
     docs_per_item: int | None,
     start_method: str,
 ) -> SplitInfo:
-    from litdata import optimize
     from litdata.streaming.item_loader import TokensLoader
 
     n = len(fn.indices)
@@ -312,25 +332,38 @@ def _write_split(
         # About 16 work items per worker for balance, at most 256 documents per item.
         docs_per_item = max(1, min(256, math.ceil(n / (16 * num_workers))))
     inputs = [[i, min(i + docs_per_item, n)] for i in range(0, n, docs_per_item)]
+    options = {
+        "fn": fn,
+        "inputs": inputs,
+        "output_dir": str(output_dir),
+        "chunk_bytes": chunk_bytes,
+        "item_loader": TokensLoader(),
+        "num_workers": max(1, min(num_workers, len(inputs))),
+        "keep_data_ordered": True,
+        "reorder_files": False,
+        "start_method": start_method,
+        "verbose": False,
+    }
+    context = multiprocessing.get_context(start_method)
+    child = context.Process(
+        target=_optimize_in_child, args=(options, os.getpid()), name="cofr-tokenize"
+    )
+    child.start()
     try:
-        optimize(
-            fn=fn,
-            inputs=inputs,
-            output_dir=str(output_dir),
-            chunk_bytes=chunk_bytes,
-            item_loader=TokensLoader(),
-            num_workers=max(1, min(num_workers, len(inputs))),
-            keep_data_ordered=True,
-            reorder_files=False,
-            start_method=start_method,
-            verbose=False,
-        )
-    except Exception:
-        if fn.error_file is not None:
-            raise_worker_error(fn.error_file)
+        child.join()
+    except BaseException:  # Ctrl-C (the child has it too), SystemExit: stop it and its workers
+        child.kill()
+        child.join()
         raise
     if fn.error_file is not None:
         raise_worker_error(fn.error_file)
+    if not (output_dir / "index.json").is_file():
+        if child.exitcode == 0:  # litdata's SIGINT handler ends with os._exit(0)
+            raise KeyboardInterrupt
+        raise RuntimeError(
+            f"tokenizing into {output_dir} failed in its process (exit status "
+            f"{child.exitcode}); its error is printed above"
+        )
     index = json.loads((output_dir / "index.json").read_text())
     tokens = sum(int(c["dim"] or 0) for c in index["chunks"])
     return SplitInfo(documents=n, tokens=tokens, chunks=len(index["chunks"]))
@@ -575,8 +608,9 @@ def prepare_data(
                 )
                 if splits[split].tokens == 0:
                     raise PrepareError(f"the {split} split has no tokens (its documents are empty)")
-    except UserError:
-        # A bad record, an empty split: remove what was written, so a rerun needs no --overwrite.
+    except (UserError, KeyboardInterrupt):
+        # A bad record, an empty split, Ctrl-C: remove what was written, so that the same
+        # command runs again as it is (no --overwrite).
         _remove_written(out, created)
         raise
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -370,8 +371,17 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert run.data.metrics["eval/wikitext-2/word_ppl"] == pytest.approx(wiki["word_ppl"])
     assert "eval/lambada/accuracy" in run.data.metrics
     tags = run.data.tags
-    assert tags["eval/wikitext-2/protocol"] == "step 2, test split, stride 16 of block 32"
-    assert tags["eval/lambada/protocol"] == "step 2, test split"
+    # Which text was scored, too: another copy of a set must not pass for the same one.
+    wiki_sha = hashlib.sha256(WIKITEXT.encode()).hexdigest()[:12]
+    assert report["data"]["wikitext-2"] == {
+        "source": str(data / "wikitext-2-raw" / "wiki.test.raw"),
+        "sha256": wiki_sha,
+    }
+    assert tags["eval/wikitext-2/protocol"] == (
+        f"step 2, test split, stride 16 of block 32, text sha256 {wiki_sha}"
+    )
+    lambada_sha = report["data"]["lambada"]["sha256"]
+    assert tags["eval/lambada/protocol"] == f"step 2, test split, text sha256 {lambada_sha}"
 
     # The validation split goes under eval/valid/ (the test figures stay), and a --limit
     # run is not logged at all: neither may stand beside the paper's test-set columns.

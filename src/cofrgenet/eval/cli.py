@@ -10,6 +10,7 @@ checkpoint's step), so the MLflow UI and ``cofr compare`` put runs side by side 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -263,7 +264,25 @@ def protocol(task: str, step: int | None, report: dict[str, Any]) -> str:
     made = f"step {step}, {report['split']} split"
     if get_task(task).kind == "perplexity":
         made += f", stride {report['stride']} of block {report['block_size']}"
+    data = report.get("data", {}).get(task)
+    if data:  # another copy of a set (another PTB preprocessing) must not pass for the same
+        made += f", text sha256 {data['sha256']}"
     return made
+
+
+def data_sources(
+    tasks: list[str], texts: dict[str, list[str]], split: str, data_dir: str
+) -> dict[str, dict[str, str]]:
+    """Where each set's text came from (its local file, or the hub) and a digest of it."""
+    sources = {}
+    for name in tasks:
+        task = get_task(name)
+        path = task.local_path(data_dir, split)
+        digest = hashlib.sha256("\0".join(texts[name]).encode()).hexdigest()[:12]
+        hub = "/".join(part for part in task.hub[:2] if part)
+        source = str(path) if path.is_file() else f"hub:{hub}"
+        sources[name] = {"source": source, "sha256": digest}
+    return sources
 
 
 class NotLogged(Exception):
@@ -388,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
         "stride": args.stride or max(1, loaded.block_size // 2),
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
+        "data": data_sources(tasks, texts, args.split, data_dir),
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
     }

@@ -569,6 +569,32 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(folder / "lats.ckpt")))
 
 
+def test_a_resume_applies_the_optimizer_settings_it_is_given(tiny_data, tmp_path):
+    """Optimizer.load_state_dict took lr, weight decay, betas and eps from the checkpoint,
+    and LambdaLR its base lrs: a resume with another lr went on with the old one while
+    config.yaml and MLflow said the new one. The moments and step counters are kept."""
+    from cofrgenet.training.optim import warmup_cosine
+
+    args = ("--run.name", "lr", "--run.mlflow", "false", "--model.optimizer.warmup_steps", "2")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "4"))
+    changed = ("--model.optimizer.lr", "1e-4", "--model.optimizer.weight_decay", "0.3",
+               "--model.optimizer.betas", "[0.8, 0.9]", "--model.optimizer.eps", "1e-6")  # fmt: skip
+    resumed = CofrCLI(
+        args=fit_args(tmp_path, tiny_data, *args, *changed, "--trainer.max_steps", "6",
+                      "--ckpt_path", "last")
+    )  # fmt: skip
+    optimizer = resumed.trainer.optimizers[0]
+    scheduler = resumed.trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.base_lrs == [1e-4] * len(optimizer.param_groups)
+    for group in optimizer.param_groups:
+        assert group["initial_lr"] == 1e-4 and group["betas"] == (0.8, 0.9)
+        assert group["eps"] == 1e-6 and group["weight_decay"] in (0.0, 0.3)
+        if group["depth"] == 0:  # not held back by a dyadic release
+            assert group["lr"] == pytest.approx(1e-4 * warmup_cosine(6, 6, 2, 0.1))
+    assert any(group["weight_decay"] == 0.3 for group in optimizer.param_groups)
+    assert all(int(optimizer.state[p]["step"]) == 6 for p in resumed.model.parameters())
+
+
 def cofr_in_a_process(args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
     """``cofr <args>`` in its own process (signals to it stay there), with the tests'
     helpers (``sweep_helpers.SignalAtStep``) importable; the result and its whole output."""

@@ -166,6 +166,23 @@ class LanguageModel(L.LightningModule):
         # resume then draws the masks an uninterrupted run draws (its seed would restart
         # them from the first step's, and the new data loader iterator draws one more).
         self._resumed_rng_state = checkpoint.get("rng_state")
+        self._use_configured_learning_rate(checkpoint)
+
+    def _use_configured_learning_rate(self, checkpoint: dict[str, Any]) -> None:
+        """The LR schedule's base is the config's ``lr``, not the checkpoint's: a resume
+        with another ``--model.optimizer.lr`` applies it (every group starts from the one
+        ``lr``; the optimizer's own groups follow in ``optim.keep_built_settings``)."""
+        lr = self.optimizer_config.lr
+        for scheduler in checkpoint.get("lr_schedulers") or []:
+            old = scheduler.get("base_lrs")
+            if not old:
+                continue
+            if any(base != lr for base in old):
+                rank_zero_info(f"resume: learning rate {old[0]:g} -> {lr:g} (the config's)")
+            last = scheduler.get("_last_lr") or []
+            rescaled = [v * lr / b if b and b != lr else v for v, b in zip(last, old, strict=False)]
+            scheduler["_last_lr"] = rescaled
+            scheduler["base_lrs"] = [lr] * len(old)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen

@@ -161,7 +161,7 @@ def build_adamw(
         fused=True if fused else None,
     )
     materialise_adam_state(optimizer)
-    optimizer.register_load_state_dict_pre_hook(keep_kernel_choice)
+    optimizer.register_load_state_dict_pre_hook(keep_built_settings)
     return optimizer
 
 
@@ -171,23 +171,34 @@ def scales_loss(trainer: Any) -> bool:
     return getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None
 
 
-def keep_kernel_choice(
+#: Group settings a resume takes from the optimizer built from the run's config, not
+#: from the checkpoint (``lr``, the scheduled value, is rescaled apart).
+BUILT_SETTINGS = ("fused", "foreach", "weight_decay", "betas", "eps", "initial_lr")
+
+
+def keep_built_settings(
     optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
 ) -> dict[str, Any]:
-    """A load_state_dict pre-hook: the built optimizer's fused / foreach choice wins over
-    the checkpoint's.
+    """A load_state_dict pre-hook: the built optimizer's group settings win over the
+    checkpoint's; its moments and step counters are kept.
 
-    ``Optimizer.load_state_dict`` takes every group setting from the checkpoint, fused
-    included, while whether GradScaler lets the step unscale is fixed when the optimizer
-    is built: a run saved unfused and resumed fused would crash in its first scaled step,
-    and ``fused: false`` could not undo a fused checkpoint. The step counters move where
-    the built kernel keeps them (torch moves them to the device for a fused one; the
-    unfused kernels keep them on the CPU). The caller's dict is not changed.
+    ``Optimizer.load_state_dict`` takes every group setting from the checkpoint, so a
+    resume with ``--model.optimizer.lr 1e-5`` (or another weight decay, betas, eps) went
+    on with the old values while the config and MLflow said the new ones. The learning
+    rate the schedule had reached is rescaled to the new base (``initial_lr``, which the
+    LR scheduler sets). The fused / foreach choice matters the same way: whether
+    GradScaler lets the step unscale is fixed when the optimizer is built, so a run saved
+    unfused and resumed fused would crash in its first scaled step. The step counters
+    move where the built kernel keeps them (torch moves them to the device for a fused
+    one; the unfused kernels keep them on the CPU). The caller's dict is not changed.
     """
     state = dict(state_dict["state"])
     groups = []
     for saved, built in zip(state_dict["param_groups"], optimizer.param_groups, strict=False):
-        saved = {**saved, "fused": built.get("fused"), "foreach": built.get("foreach")}
+        base, new_base = saved.get("initial_lr"), built.get("initial_lr")
+        same = not (base and new_base) or new_base == base  # a plain resume stays bit-exact
+        lr = saved["lr"] if same else saved["lr"] * new_base / base
+        saved = {**saved, **{k: built[k] for k in BUILT_SETTINGS if k in built}, "lr": lr}
         if not (saved["fused"] or built.get("capturable")):
             for param_id in saved["params"]:
                 entry = state.get(param_id)

@@ -469,6 +469,20 @@ def test_datamodule_batches(pydoc_byte):
     assert torch.equal(val[0], next(iter(dm.val_dataloader())))
 
 
+def test_validation_batches_do_not_depend_on_the_loader_workers(pydoc_byte):
+    """litdata's workers take chunks in turn: with limit_val_batches the blocks scored,
+    and val/loss, depended on data.num_workers (a machine's CPU count by default)."""
+    assert read_meta(pydoc_byte).splits["val"].chunks >= 2  # else nothing to interleave
+
+    def val_batches(num_workers: int) -> list[torch.Tensor]:
+        dm = TokenDataModule(str(pydoc_byte), block_size=32, batch_size=2, num_workers=num_workers)
+        return list(dm.val_dataloader())
+
+    alone, shared = val_batches(0), val_batches(2)
+    assert len(alone) == len(shared)
+    assert all(torch.equal(a, b) for a, b in zip(alone, shared, strict=True))
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_datamodule_resumes_with_exactly_the_next_batch(pydoc_byte, tmp_path, num_workers):
     def make(data_dir=pydoc_byte):

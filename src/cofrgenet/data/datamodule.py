@@ -185,11 +185,13 @@ class TokenDataModule(L.LightningDataModule):
             )
         return dataset
 
-    def _loader(self, split: str, batch_size: int, shuffle: bool, drop_last: bool) -> Any:
+    def _loader(
+        self, split: str, batch_size: int, shuffle: bool, drop_last: bool, num_workers: int
+    ) -> Any:
         return ResumableStreamingDataLoader(
             self._dataset(split, shuffle, drop_last),
             batch_size=batch_size,
-            num_workers=self.num_workers,
+            num_workers=num_workers,
             collate_fn=collate_tokens,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,
@@ -197,7 +199,9 @@ class TokenDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> Any:
         # Full batches only: one shape for torch.compile.
-        loader = self._loader("train", self.batch_size, self.shuffle, drop_last=True)
+        loader = self._loader(
+            "train", self.batch_size, self.shuffle, drop_last=True, num_workers=self.num_workers
+        )
         if len(loader) == 0:  # else Lightning ends the fit at once, with exit status 0
             tokens = self.meta.splits["train"].tokens
             raise ConfigError(
@@ -230,7 +234,12 @@ class TokenDataModule(L.LightningDataModule):
             )
 
     def val_dataloader(self) -> Any:
-        return self._loader("val", self.val_batch_size, shuffle=False, drop_last=False)
+        # In the main process: litdata's workers take chunks in turn, so with
+        # limit_val_batches (every conf/trainer file sets it) the blocks scored, and
+        # val/loss, depended on data.num_workers, which differs between machines.
+        return self._loader(
+            "val", self.val_batch_size, shuffle=False, drop_last=False, num_workers=0
+        )
 
     def test_dataloader(self) -> Any:
         """The held-out ``val`` split (prepared folders have no separate test split)."""

@@ -938,11 +938,20 @@ def test_the_seed_is_said_once_the_run_is_built_not_above_an_error(tiny_data, tm
     [
         ("# nothing set\n", "holds no settings"),
         ("trainer:\n  max_steps: 2\n   bad: [1,\n", r"line 3, column 7: .*not valid YAML"),
-        ("trainer: 5\n", "trainer must be a mapping"),
+        ("trainer: 5\n", "`trainer:` holds a number, not its keys"),
+        # These reset every earlier setting of the section, or dropped a block, silently.
+        ("trainer:\n  # max_steps: 3\n", "`trainer:` holds nothing, not its keys"),
+        ("run: [a]\n", "`run:` holds a list, not its keys"),
+        ("model:\n  config: [1, 2]\n", "`model.config:` holds a list"),
+        ("trainer:\n  max_steps: 7\ntrainer:\n  accelerator: cpu\n", "'trainer' is given twice"),
     ],
-    ids=["empty", "syntax", "not-a-mapping"],
-)
+    ids=["empty", "syntax", "not-a-mapping", "empty-section", "list-section", "list-config",
+         "twice"],
+)  # fmt: skip
 def test_a_bad_config_file_is_named(tiny_data, tmp_path, text, match):
+    """Before jsonargparse reads it: an empty section or a list there reset every earlier
+    setting of the section to its default (accelerator: auto, no clipping), and a key
+    given twice kept only its last block."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     with pytest.raises(UserError, match=match):

@@ -229,15 +229,28 @@ def _holds_only_lock(run_dir: Path) -> bool:
     return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
 
 
+#: Config sections that hold keys: jsonargparse reads an empty one (all keys commented
+#: out) or a list there as "reset every earlier setting of it to its default".
+MAPPING_SECTIONS = ("trainer", "model", "data", "run", "model.config", "model.optimizer")
+_YAML_KINDS = {
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
 def _bad_config_file(words: list[str]) -> str | None:
-    """What is wrong with the first ``--config`` file that is not a YAML mapping."""
+    """What is wrong with the first ``--config`` file that is not a YAML mapping, has a
+    key twice, or holds something else than keys in one of :data:`MAPPING_SECTIONS`."""
     import yaml
 
     paths = [b for a, b in itertools.pairwise(words) if a in ("-c", "--config")]
     paths += [w.split("=", 1)[1] for w in words if w.startswith("--config=")]
     for path in paths:
         try:
-            content = yaml.safe_load(Path(path).read_text())
+            content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())  # a SafeLoader
         except OSError:
             continue  # a missing file has its own message
         except yaml.YAMLError as error:
@@ -246,7 +259,40 @@ def _bad_config_file(words: list[str]) -> str | None:
             return f"config file {path} holds no settings (empty or only comments): drop it"
         if not isinstance(content, dict):
             return f"config file {path} must hold a mapping of keys, not {type(content).__name__}"
+        for dotted in MAPPING_SECTIONS:
+            parent, _, key = dotted.rpartition(".")
+            holder = content.get(parent) if parent else content
+            if not isinstance(holder, dict) or key not in holder:
+                continue
+            value = holder[key]
+            if not isinstance(value, dict):
+                what = "nothing" if value is None else _YAML_KINDS.get(type(value), "a value")
+                return (
+                    f"config file {path}: `{dotted}:` holds {what}, not its keys (it would "
+                    "reset every earlier setting of it): give its keys, or drop it"
+                )
     return None
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the
+        last, so a second ``trainer:`` block silently dropped the first)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 class CofrCLI(LightningCLIAdapter):
@@ -300,6 +346,9 @@ class CofrCLI(LightningCLIAdapter):
             # parsing, so that `--help` (which exits inside the parse) stores them too.
             keys = self.subcommand_parser(words[0]).get_defaults().keys()
             cli_cache.store_keys(words[0], keys)
+        bad_file = _bad_config_file(expanded)  # before jsonargparse resets a section for it
+        if bad_file is not None:
+            raise ConfigError(bad_file)
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:

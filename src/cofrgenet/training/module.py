@@ -97,6 +97,7 @@ class LanguageModel(L.LightningModule):
         self._grad_norm_count = 0
         self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
+        self._stepped_at: float | None = None  # when the running batch's optimizer step ended
         self._after_validation = False  # time the next batch from its own start
         self._peak_flops: float | None = None
         self._resumed_rng_state: dict[str, Any] | None = None
@@ -224,15 +225,23 @@ class LanguageModel(L.LightningModule):
         self.log("opt/lr", self.optimizers().param_groups[0]["lr"])
         return loss
 
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # The step's compute ends here, before the callbacks' batch-end work (a periodic
+        # checkpoint save), which is not training time.
+        self._stepped_at = time.perf_counter()
+
     def on_train_batch_end(self, outputs: Any, batch: Tensor, batch_idx: int) -> None:
-        # Wall time between consecutive batch ends: data loading included, and the first
+        # Wall time from the previous batch's end (its callbacks done) to this batch's
+        # optimizer step: data loading included, checkpoint saves not, and the first
         # batch (warm-up, compilation) left out; the batch after a validation is timed from
         # its own start (on_train_batch_start).
-        now, previous = time.perf_counter(), self._last_batch_end
-        self._last_batch_end = now
+        now = time.perf_counter()
+        end, self._stepped_at = self._stepped_at or now, None
+        previous, self._last_batch_end = self._last_batch_end, now
         if previous is None:
             return
-        elapsed = now - previous
+        elapsed = end - previous
         tokens = (batch.shape[1] - 1) * batch.shape[0] * self.trainer.world_size
         rate = tokens / max(elapsed, 1e-9)
         self.log("perf/tokens_per_sec", rate, prog_bar=True)

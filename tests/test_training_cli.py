@@ -188,6 +188,29 @@ def test_fit_resume_continues_exactly(tiny_data, tmp_path):
     assert histories["a"] == histories["b"]
 
 
+def test_a_replayed_validation_is_not_logged_twice(tmp_path):
+    """Killed after val/loss at step 20 but before train/loss of step 20: the resume from
+    step 15 replayed val/loss at 20, which train/loss's history had not reached."""
+    from mlflow.entities import Metric
+
+    from cofrgenet.training.tracking import RUN_ID_FILE, CofrMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.tracking.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    losses = [Metric("train/loss", 1.0, 0, step) for step in range(20)]
+    client.log_batch(run_id, metrics=[*losses, Metric("val/loss", 2.0, 0, 20)])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / RUN_ID_FILE).write_text(run_id + "\n")
+    logger = CofrMLFlowLogger(run_dir=tmp_path / "run", experiment_name="e", tracking_uri=uri)
+    logger.log_metrics({"train/loss": 1.0}, step=19)  # replayed
+    logger.log_metrics({"val/loss": 2.0, "val/ppl": 7.4}, step=20)  # val/ppl: new at 20
+    logger.log_metrics({"train/loss": 1.0}, step=20)
+    logger.log_metrics({"val/loss": 2.0}, step=30)
+    steps = {k: [m.step for m in client.get_metric_history(run_id, k)] for k in ("train/loss", "val/loss", "val/ppl")}  # fmt: skip
+    assert steps == {"train/loss": [*range(20), 20], "val/loss": [20, 30], "val/ppl": [20]}
+
+
 def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     CofrCLI(
         args=fit_args(

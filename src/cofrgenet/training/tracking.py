@@ -108,6 +108,10 @@ class CofrMLFlowLogger(MLFlowLogger):
         # those are in the history already (the resume is bit for bit), so they are not
         # logged twice. None: not looked up yet; -1: nothing logged before.
         self._logged_through: int | None = None if run_id else -1
+        #: The same for each validation key: a validation logged after the last train/loss
+        #: (killed before the next step's) is replayed at a step train/loss had not reached.
+        self._validated_through: dict[str, int] = {}
+        self._resumed = run_id is not None
         super().__init__(run_id=run_id, **kwargs)
 
     def logged_through(self) -> int:
@@ -116,6 +120,19 @@ class CofrMLFlowLogger(MLFlowLogger):
             history = self.experiment.get_metric_history(self.run_id, HISTORY_KEY)
             self._logged_through = max((m.step for m in history), default=-1)
         return self._logged_through
+
+    def _replayed(self, key: str, step: int) -> bool:
+        """Whether ``key`` at ``step`` is in the run's history already."""
+        if not self._resumed:
+            return False
+        if step <= self.logged_through():
+            return True
+        if not key.startswith("val/"):
+            return False
+        if key not in self._validated_through:
+            history = self.experiment.get_metric_history(self.run_id, key)
+            self._validated_through[key] = max((m.step for m in history), default=-1)
+        return step <= self._validated_through[key]
 
     def evaluation_key(self, key: str) -> str:
         """``val/loss`` -> ``eval/val/<data>/loss`` (keys without a split kept as they are)."""
@@ -135,8 +152,10 @@ class CofrMLFlowLogger(MLFlowLogger):
                 folders = {k.rsplit("/", 1)[0] for k in metrics if k.startswith("eval/")}
                 tags = [RunTag(f"{f}/data_dir", str(self.eval_data)) for f in sorted(folders)]
                 self.experiment.log_batch(self.run_id, tags=tags)
-        elif step is not None and step <= self.logged_through():
-            return  # a replayed step: its values are in the run's history already
+        elif step is not None:  # a replayed step's values are in the run's history already
+            metrics = {k: v for k, v in metrics.items() if not self._replayed(k, step)}
+            if not metrics:
+                return
         super().log_metrics(metrics, step)
 
     @rank_zero_only

@@ -1002,6 +1002,14 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
     with pytest.raises(ConfigError, match=r"cannot resume the data stream exactly.*seed: \d+ -> 5"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--data.seed", "5"))
     assert config.read_text() == before
+    # Settings of the same shapes: the weights would train on as another function.
+    other = '{"vocab_size": 320, "block_size": 32, "ladder_floor": 2.0, "ladder_grad": "exact"}'
+    message = (
+        r"other model settings .*\(ladder_floor 0\.5 -> 2\.0, ladder_grad 'paper' -> 'exact'\)"
+    )
+    with pytest.raises(ConfigError, match=message):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.config", other))
+    assert config.read_text() == before
     run_folder = str(config.parent)
     with pytest.raises(UserError, match=r"is a folder, not a checkpoint file: did you mean .*last"):
         CofrCLI(

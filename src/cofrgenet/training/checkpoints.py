@@ -254,6 +254,35 @@ def check_same_network(
     )
 
 
+#: Model settings that choose how a function is computed, not which: a resume may change
+#: them (a CPU run resumed on a GPU with the Triton kernels).
+EXECUTION_SETTINGS = frozenset({"ladder_impl"})
+
+
+def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelConfig) -> None:
+    """Refuse to resume a checkpoint whose model was trained with other settings of the
+    same shapes (``ladder_floor``, ``ladder_grad``, ``dropout``...): the weights would go
+    on training as another function, while the run's MLflow params keep the first ones.
+    Checkpoints without a recorded ``model_config`` are not compared."""
+    theirs = saved.get("model_config")
+    if not isinstance(theirs, dict):
+        return
+    ours = config.to_dict()
+    differ = [  # a setting newer than the checkpoint is not compared
+        key
+        for key in sorted(theirs)
+        if key in ours and key not in EXECUTION_SETTINGS and theirs[key] != ours[key]
+    ]
+    if not differ:
+        return
+    changes = ", ".join(f"{k} {theirs.get(k)!r} -> {ours.get(k)!r}" for k in differ[:4])
+    raise ConfigError(
+        f"{path} was trained with other model settings than this resume builds ({changes}): "
+        "give the run's settings (its config.yaml), or start a new run with another "
+        "--run.name"
+    )
+
+
 def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
     """(the network, its ModelConfig) of a ``cofr fit`` checkpoint, weights loaded, on CPU.
 

@@ -687,6 +687,8 @@ class CofrCLI(LightningCLIAdapter):
             if not checkpoints.is_sharded(chosen):
                 saved = checkpoints.load(chosen)
             step = checkpoints.check_same_network(chosen, self.model, saved)
+            if self.subcommand == "fit" and saved is not None:
+                checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)
             self.check_same_data(saved)
         given = self.config_value(self.config_init, "trainer", default={})

@@ -19,7 +19,7 @@ import yaml
 
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.models import ModelConfig
-from cofrgenet.training.cli import CofrCLI, ParseOnlyCLI
+from cofrgenet.training.cli import CofrCLI, ParseOnlyCLI, RunExistsError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -1019,6 +1019,28 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
         CofrCLI(
             args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "frist", "--ckpt_path", "last")
         )
+
+
+def test_a_rollback_or_a_fork_goes_into_a_new_run(tiny_data, tmp_path):
+    """--ckpt_path FILE into a run folder with later checkpoints, or with its own when the
+    file is another run's, mixed two histories: last-v1.ckpt beside a stale last.ckpt
+    (which `cofr generate` then loaded) and two val/loss values at a step."""
+    every = ("--run.checkpoint_every_n_steps", "2", "--run.mlflow", "false")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "a", "--trainer.max_steps", "4"))  # fmt: skip
+    folder = tmp_path / "runs" / "test" / "a" / "checkpoints"
+    early = str(folder / "step0000002.ckpt")
+    more = ("--trainer.max_steps", "6", "--ckpt_path")
+    with pytest.raises(RunExistsError, match=r"is at step 2, but run folder .* goes on to step 4"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "a", *more, early))
+    # A new run from it is the way: its history starts there.
+    forked = CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "b", *more, early))
+    assert forked.trainer.global_step == 6
+    theirs = str(tmp_path / "runs" / "test" / "b" / "checkpoints" / "last.ckpt")
+    with pytest.raises(RunExistsError, match=r"is another run's checkpoint, and run folder"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "a", "--trainer.max_steps", "8", "--ckpt_path", theirs))  # fmt: skip
+    # Resuming its own newest stays as it was.
+    resumed = CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "a", *more, "last"))
+    assert resumed.trainer.global_step == 6
 
 
 def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplog):

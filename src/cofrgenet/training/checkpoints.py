@@ -13,6 +13,7 @@ network a checkpoint holds without Lightning (``cofr generate`` and evaluation s
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,19 @@ def candidates(run_dir: Path) -> list[Path]:
     ]
     found = [p for p in found if not p.name.startswith("nonfinite-")]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def step_of(path: Path) -> int | None:
+    """The global step a checkpoint holds: from its name (``step0000030.ckpt``), else read
+    from the file (memory-mapped); None for one that cannot be read."""
+    named = re.fullmatch(r"step(\d+)(?:-v\d+)?\.ckpt", path.name)
+    if named:
+        return int(named.group(1))
+    try:
+        step = load(path).get("global_step")
+    except CheckpointError:
+        return None
+    return step if isinstance(step, int) else None
 
 
 def newest_intact(run_dir: Path) -> tuple[Path | None, list[Path]]:

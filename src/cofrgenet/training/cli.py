@@ -522,6 +522,32 @@ class CofrCLI(LightningCLIAdapter):
                 "last, or start a new run with another --run.name"
             )
 
+    def check_not_forking(self, run_dir: Path, checkpoint: str, step: int | None) -> None:
+        """``--ckpt_path FILE`` into a run folder that holds other checkpoints must go on
+        from its newest: from an earlier one (a rollback), or from another run's, two
+        histories would share the folder (``last-v1.ckpt`` beside a stale ``last.ckpt``)
+        and the MLflow run (two values at a step)."""
+        if self.subcommand != "fit" or step is None:
+            return
+        chosen = Path(checkpoint).resolve()
+        others = [p for p in checkpoints.candidates(run_dir) if p.resolve() != chosen]
+        if not others:
+            return
+        if run_dir.resolve() not in chosen.parents:
+            raise RunExistsError(
+                f"--ckpt_path {checkpoint} is another run's checkpoint, and run folder "
+                f"{run_dir} holds its own ({others[0].name}, ...): to go on from it, start a "
+                "new run with another --run.name"
+            )
+        later = [(p, s) for p in others if (s := checkpoints.step_of(p)) is not None and s > step]
+        if later:
+            path, at = later[0]
+            raise RunExistsError(
+                f"--ckpt_path {checkpoint} is at step {step}, but run folder {run_dir} goes "
+                f"on to step {at} ({path.name}): to go on from the earlier one, start a new "
+                "run from it with another --run.name (or resume with --ckpt_path last)"
+            )
+
     def check_steps_left(self, checkpoint: str, step: int | None) -> None:
         """A resumed fit must have steps left: Lightning would stop at once, exit 0 and
         leave the run's config rewritten with the lower max_steps."""
@@ -687,6 +713,7 @@ class CofrCLI(LightningCLIAdapter):
             if not checkpoints.is_sharded(chosen):
                 saved = checkpoints.load(chosen)
             step = checkpoints.check_same_network(chosen, self.model, saved)
+            self.check_not_forking(run_dir, chosen, step)
             if self.subcommand == "fit" and saved is not None:
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)

@@ -630,6 +630,9 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert header.endswith("| sst2/accuracy |") and "| 91.23 |" in table
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
+    # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
+    assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
+    assert 'no MLflow run with id or name "eval\'d"' in capsys.readouterr().err
 
 
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):

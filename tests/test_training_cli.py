@@ -1021,6 +1021,13 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
         )
 
 
+def test_a_runs_dir_under_a_file_is_one_line(tiny_data, tmp_path):
+    (tmp_path / "a-file").write_text("mine")
+    runs = str(tmp_path / "a-file" / "runs")
+    with pytest.raises(UserError, match=r"cannot make the run folder .*a-file is a file"):
+        CofrCLI(args=[*fit_args(tmp_path, tiny_data), "--run.runs_dir", runs])
+
+
 def test_a_rollback_or_a_fork_goes_into_a_new_run(tiny_data, tmp_path):
     """--ckpt_path FILE into a run folder with later checkpoints, or with its own when the
     file is another run's, mixed two histories: last-v1.ckpt beside a stale last.ckpt

@@ -191,9 +191,16 @@ def collect_runs(
             )
         found += client.search_runs([experiment.experiment_id], max_results=5000)
     for ref in refs:
-        runs = client.search_runs(
-            list(names), filter_string=f"attributes.run_name = '{ref}'", max_results=10
-        )
+        if "'" in ref:  # no quoting for it in MLflow's filter strings: compare the names here
+            runs = [
+                r
+                for r in client.search_runs(list(names), max_results=5000)
+                if r.info.run_name == ref
+            ]
+        else:
+            runs = client.search_runs(
+                list(names), filter_string=f"attributes.run_name = '{ref}'", max_results=10
+            )
         if not runs:
             try:
                 runs = [client.get_run(ref)]

@@ -53,7 +53,14 @@ class RunLock:
         """Take the lock or raise RunFolderBusyError naming the holder."""
         if self.held:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # --run.runs_dir under a file, a read-only disk
+            blocker = next((p for p in self.run_dir.parents if p.is_file()), None)
+            why = f"{blocker} is a file" if blocker else (error.strerror or str(error))
+            raise UserError(
+                f"cannot make the run folder {self.run_dir}: {why}; choose another --run.runs_dir"
+            ) from None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -104,8 +104,9 @@ def train(config: str, run_name: str, args: argparse.Namespace, console: Console
     started = time.perf_counter()
     subprocess.run(command, check=True)
     minutes = (time.perf_counter() - started) / 60
-    # Lightning stops at max_steps before the last scheduled validation: validate the
-    # final checkpoint so both models are compared at the same step, in the same run.
+    # A fit validates every val_check_interval steps: a --max-steps that is no multiple
+    # of it ends unscored. Validate the final checkpoint so both models are compared at
+    # the same step, in the same run.
     subprocess.run([*command[:3], "validate", *command[4:], "--ckpt_path", "last"], check=True)
     return minutes
 

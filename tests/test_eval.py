@@ -630,6 +630,20 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert header.endswith("| sst2/accuracy |") and "| 91.23 |" in table
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
+    # A killed run says so beside its name; a start refused after its MLflow run existed
+    # (FAILED, no step) is passed over, not a row that looks like a duplicate.
+    config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    experiment_id = client.get_run(run_id).info.experiment_id
+    for name, status, steps in (("cut", "KILLED", 10), ("refused", "FAILED", 0)):
+        other = client.create_run(experiment_id, run_name=name).info.run_id
+        client.log_text(other, config_text, "config.yaml")
+        for step in range(steps):
+            client.log_metric(other, "train/loss", 3.0, step=step)
+        client.set_terminated(other, status)
+    assert main(argv) == 0
+    table, printed = (out / "compare.md").read_text(), capsys.readouterr().out
+    assert "| cut [killed at step 10] |" in table and "refused" not in table
+    assert "failed before a step): refused" in " ".join(printed.split())
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
     assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
     assert 'no MLflow run with id or name "eval\'d"' in capsys.readouterr().err

@@ -135,12 +135,18 @@ def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
 
 
 def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
-    """A :class:`RunRow`, or None for a run without a cofrgenet config (sweep parents)."""
+    """A :class:`RunRow`, or None for a run without a cofrgenet config (sweep parents) or
+    a failed one that trained no step. A run not FINISHED has its state and step beside
+    its name."""
     from cofrgenet.models import count_parameters, estimate_flops_per_token
 
     config = _logged_config(client, run.info.run_id)
     if config is None or "model" not in config:
         return None
+    status = run.info.status
+    trained = client.get_metric_history(run.info.run_id, "train/loss")
+    if status == "FAILED" and not trained:
+        return None  # a start refused after its MLflow run existed: no step, no score
     model_config = model_config_of(config)
     counts = count_parameters(model_config)
     mixers = sorted({m for m in (model_config.attention, model_config.ffn) if isinstance(m, str)})
@@ -160,9 +166,13 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
             # The newest checkpoint's (each is logged at its checkpoint's step), evaluated
             # last: an older checkpoint evaluated later does not replace it.
             metrics[key] = max(history, key=lambda m: (m.step, m.timestamp)).value
+    name = run.info.run_name or run.info.run_id[:8]
+    if status != "FINISHED":  # a killed or running run beside finished ones: say so
+        step = max((m.step for m in trained), default=-1) + 1
+        name += f" [{status.lower()} at step {step}]"
     return RunRow(
         run_id=run.info.run_id,
-        name=run.info.run_name or run.info.run_id[:8],
+        name=name,
         experiment=experiment,
         variant=preset if not mixers else f"{preset} ({'+'.join(mixers)})",
         params=counts.total,
@@ -178,7 +188,7 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
 def collect_runs(
     client: Any, refs: Sequence[str], experiments: Sequence[str]
 ) -> tuple[list[RunRow], list[str]]:
-    """(rows, names of the runs passed over: no cofrgenet config)."""
+    """(rows, names of the runs passed over: no cofrgenet config, or failed before a step)."""
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
     for name in experiments:
@@ -472,6 +482,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"Pareto plot: {plot}" if plot else no_plot)
     if skipped:
         print(
-            f"passed over (no cofrgenet config): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
+            f"passed over (no cofrgenet config, or failed before a step): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
         )
     return 0

@@ -79,7 +79,12 @@ class RunRow:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="*", help="MLflow run ids or run names")
+    parser.add_argument(
+        "runs",
+        nargs="*",
+        help="MLflow run ids or run names (with none, and no --experiment or --sweep: every "
+        "run of the store)",
+    )
     parser.add_argument(
         "--experiment",
         action="append",

@@ -1099,8 +1099,8 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplo
         ckpt.unlink()  # a run whose checkpoints were deleted, or one that died before a save
     with pytest.raises(UserError, match=r"belongs to MLflow run \w+, which has no checkpoint"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
-    with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate"):
-        validate("--run.name", "a")
+    with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate: name"):
+        validate("--run.name", "a")  # no "did you mean 'a'" for itself
     with pytest.raises(ConfigError, match=r"^no run of experiment 'test' in .* has a checkpoint"):
         validate()
 

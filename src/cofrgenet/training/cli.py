@@ -219,7 +219,9 @@ def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
         else []
     )
     if run.name is not None or slurm_run_name() is not None:
-        return f"{run_dir} holds no checkpoint to evaluate{did_you_mean(run_dir.name, runs)}: {fix}"
+        others = [name for name in runs if name != run_dir.name]  # not itself, if it is there
+        hint = did_you_mean(run_dir.name, others)
+        return f"{run_dir} holds no checkpoint to evaluate{hint}: {fix}"
     if not runs:
         return f"experiment {run.experiment!r} has no run in {experiment_dir}: {fix}"
     return f"no run of experiment {run.experiment!r} in {experiment_dir} has a checkpoint: {fix}"

@@ -1024,7 +1024,7 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
 def test_a_runs_dir_under_a_file_is_one_line(tiny_data, tmp_path):
     (tmp_path / "a-file").write_text("mine")
     runs = str(tmp_path / "a-file" / "runs")
-    with pytest.raises(UserError, match=r"cannot make the run folder .*a-file is a file"):
+    with pytest.raises(UserError, match=r"cannot make the run folder .*a-file' is a file"):
         CofrCLI(args=[*fit_args(tmp_path, tiny_data), "--run.runs_dir", runs])
 
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from cofrgenet import terminal
-from cofrgenet.atomic import is_temporary
+from cofrgenet.atomic import is_temporary, why_no_folder
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
@@ -423,8 +423,7 @@ def _make_folder(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-        why = f"{str(blocker)!r} is a file" if blocker else (err.strerror or str(err))
+        why = why_no_folder(out, err)
         raise PrepareError(f"cannot make --out {str(out)!r}: {why}; choose another --out") from err
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cofrgenet.atomic import why_no_folder
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
 
@@ -298,8 +299,7 @@ def export_model(
         work.mkdir()  # not mkdtemp: the folder keeps the usual permissions once moved
     except OSError as error:
         raise ExportError(
-            f"cannot write the export to {out}: {error.strerror or error} "
-            f"({error.filename or out.parent}); choose another folder"
+            f"cannot write the export to {out}: {why_no_folder(work, error)}; choose another folder"
         ) from None
     try:
         report = ExportReport(

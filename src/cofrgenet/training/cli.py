@@ -707,6 +707,7 @@ class CofrCLI(LightningCLIAdapter):
     ) -> Trainer:
         held: list[Callback] = [HoldRunLock(lock)] if lock.held else []
         self.check_not_overwriting(run_dir)
+        asked = self.config_value(self.config_init, "ckpt_path")  # before "last" is resolved
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
         step = None
@@ -715,7 +716,8 @@ class CofrCLI(LightningCLIAdapter):
             if not checkpoints.is_sharded(chosen):
                 saved = checkpoints.load(chosen)
             step = checkpoints.check_same_network(chosen, self.model, saved)
-            self.check_not_forking(run_dir, chosen, step)
+            if asked != "last":  # the run's own choice: a SLURM requeue's may be older
+                self.check_not_forking(run_dir, chosen, step)
             if self.subcommand == "fit" and saved is not None:
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)

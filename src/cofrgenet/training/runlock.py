@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning as L
 
+from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import UserError
 
 LOCK_FILE = ".lock"
@@ -56,10 +57,9 @@ class RunLock:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # --run.runs_dir under a file, a read-only disk
-            blocker = next((p for p in self.run_dir.parents if p.is_file()), None)
-            why = f"{blocker} is a file" if blocker else (error.strerror or str(error))
             raise UserError(
-                f"cannot make the run folder {self.run_dir}: {why}; choose another --run.runs_dir"
+                f"cannot make the run folder {self.run_dir}: "
+                f"{why_no_folder(self.run_dir, error)}; choose another --run.runs_dir"
             ) from None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
@@ -269,7 +270,16 @@ class TokenDataModule(L.LightningDataModule):
             loader_state = self._pending_state
         else:
             loader_state = self._train_loader.state_dict()
-        return {"train_loader": loader_state, "fingerprint": self._fingerprint()}
+        return {
+            "train_loader": loader_state,
+            "fingerprint": self._fingerprint(),
+            "loader": self._loader_settings(),
+        }
+
+    def _loader_settings(self) -> dict[str, int]:
+        """Settings a resume may change (a larger batch, another node's CPU count), but
+        then the batches do not continue exactly: said, not refused."""
+        return {"batch_size": self.batch_size, "num_workers": self.num_workers}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a saved position: applied to the current or the next training loader."""
@@ -290,6 +300,15 @@ class TokenDataModule(L.LightningDataModule):
                 )
             return
         self.check_resumable(state_dict)
+        saved_loader, now_loader = state_dict.get("loader") or {}, self._loader_settings()
+        moved = [
+            f"{k} {v} -> {now_loader[k]}" for k, v in saved_loader.items() if now_loader.get(k) != v
+        ]
+        if moved:
+            rank_zero_warn(
+                f"data.{', data.'.join(moved)} since the checkpoint: training goes on, but "
+                "not with exactly the batches an uninterrupted run would have read"
+            )
         loader_state = state_dict["train_loader"]
         if self._train_loader is not None:
             self._train_loader.load_state_dict(loader_state)

@@ -279,8 +279,7 @@ def data_sources(
         task = get_task(name)
         path = task.local_path(data_dir, split)
         digest = hashlib.sha256("\0".join(texts[name]).encode()).hexdigest()[:12]
-        hub = "/".join(part for part in task.hub[:2] if part)
-        source = str(path) if path.is_file() else f"hub:{hub}"
+        source = str(path) if path.is_file() else f"hub:{task.hub_name}"
         sources[name] = {"source": source, "sha256": digest}
     return sources
 

@@ -149,7 +149,10 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
     if config is None or "model" not in config:
         return None
     status = run.info.status
-    trained = client.get_metric_history(run.info.run_id, "train/loss")
+    # Only a run not FINISHED needs its last step (a full history read, so not for all).
+    trained = (
+        [] if status == "FINISHED" else client.get_metric_history(run.info.run_id, "train/loss")
+    )
     if status == "FAILED" and not trained:
         return None  # a start refused after its MLflow run existed: no step, no score
     model_config = model_config_of(config)

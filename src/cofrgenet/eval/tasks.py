@@ -83,6 +83,11 @@ class Task:
     def local_path(self, data_dir: str | Path, split: str) -> Path:
         return Path(data_dir) / self.files[split]
 
+    @property
+    def hub_name(self) -> str:
+        """``path/config`` of the hub's dataset, as messages and reports name it."""
+        return "/".join(part for part in self.hub[:2] if part)
+
 
 def _wikitext(size: str, raw: bool) -> Task:
     """WikiText-``size``: the raw release, or the ``<unk>`` one (``-v1``)."""
@@ -171,10 +176,9 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
     try:
         rows = _from_hub(task, split)
     except Exception as error:  # no datasets, no cache, no network: all mean "not here"
-        hub = "/".join(part for part in task.hub[:2] if part)
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
         raise EvalDataNotFound(
-            f"{task.name}: no file {path}, and the Hugging Face dataset {hub} could not be "
+            f"{task.name}: no file {path}, and the Hugging Face dataset {task.hub_name} could not be "
             f"loaded{offline} ({_why(error)}); get {task.source} and put it there, or pass "
             "--data-dir DIR"
         ) from None

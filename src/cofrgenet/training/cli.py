@@ -424,10 +424,6 @@ class CofrCLI(LightningCLIAdapter):
         union = _bad_union(message)
         if union is not None:
             return union
-        if message.startswith(("Unexpected config", "Problems parsing config")):
-            bad_file = _bad_config_file(words)
-            if bad_file is not None:
-                return bad_file
         subcommand = words[0] if words and words[0] in self.subcommands() else None
         match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
         if subcommand is None:

@@ -51,15 +51,18 @@ class SignalAtStep(L.Callback):
     """Send this process ``signum`` once, at the start of training step ``step`` (or, with
     ``during="validation"``, of the second batch of the validation after that step; with
     ``during="start"``, at the fit's start, before any step): a kill or a Ctrl-C that
-    lands mid-step, mid-validation or while starting, deterministically."""
+    lands mid-step, mid-validation or while starting, deterministically. ``times=2``
+    sends it twice in a row (an impatient second Ctrl-C)."""
 
-    def __init__(self, step: int, signum: int, during: str = "training") -> None:
-        self.step, self.signum, self.during, self.sent = step, signum, during, False
+    def __init__(self, step: int, signum: int, during: str = "training", times: int = 1) -> None:
+        self.step, self.signum, self.during, self.times = step, signum, during, times
+        self.sent = False
 
     def _send(self, trainer) -> None:
         if trainer.global_step == self.step and not self.sent:
             self.sent = True
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.during == "start":  # the MLflow run exists, no step has run

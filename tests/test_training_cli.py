@@ -678,6 +678,22 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     assert history("sig") == history("whole")
 
 
+def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path):
+    """An impatient second Ctrl-C reaches Lightning's own handler, which ends the process
+    with status 1: `cofr fit` exits 130 all the same (a script or SLURM tells an
+    interrupted fit from a failed one by it), and its MLflow run is KILLED."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "twice", "--trainer.max_steps", "8",
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=3",
+        "--trainer.callbacks.signum=2", "--trainer.callbacks.times=2",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args)
+    assert proc.returncode == 130, out[-3000:]
+    run_id = (tmp_path / "runs" / "test" / "twice" / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
 def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tmp_path):
     """After the MLflow run exists and before the first step (data, checkpoint, compile):
     the fit stops at once with 143, saves nothing and ends its run KILLED, not RUNNING."""

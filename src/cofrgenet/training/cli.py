@@ -825,6 +825,12 @@ def main(args: list[str] | None = None) -> None:
         # StopOnSignal sets the status (130 for Ctrl-C); Lightning's alone leaves none.
         code = stopped.code if isinstance(stopped.code, int) and stopped.code else None
         raise SystemExit(code or 128 + signal.SIGTERM) from None
+    except SystemExit as stopped:
+        # Lightning ends a fit that a KeyboardInterrupt reached (a second Ctrl-C, or one
+        # while starting) with sys.exit(1) inside its handler: Ctrl-C's status is 130.
+        if stopped.code == 1 and isinstance(stopped.__context__, KeyboardInterrupt):
+            raise SystemExit(128 + signal.SIGINT) from None
+        raise
 
 
 if __name__ == "__main__":

@@ -258,6 +258,18 @@ def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
     assert str(tmp_path / "RTE" / "train.tsv") in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("option", ["--experiment", "--name"])
+def test_a_name_its_folder_would_not_keep_is_refused_first(tmp_path, capsys, option):
+    """runs/<experiment>/<name>: "my exp" would share runs/my-exp with "my-exp"."""
+    status = cofr(
+        ["finetune", "glue", "--task", "rte", "--ckpt", str(tmp_path / "none.ckpt"), option,
+         "my exp"]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert f"{option} 'my exp' is not a folder name as given" in err and "'my-exp'" in err
+
+
 def _cuda() -> bool:
     import torch
 

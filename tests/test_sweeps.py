@@ -134,6 +134,8 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"space": {"a.b": {"type": "float", "low": 1, "high": 4, "log": "no"}}},
          "space.a.b: log must be true or false, got 'no'"),
         ({"heatmap": ["a.b", "d"]}, "heatmap: 'd' is not a key of the space"),
+        ({"experiment": "my exp"}, "experiment 'my exp' is not a folder name as given: use "
+         "letters, digits, '.', '_' or '-', e.g. 'my-exp'"),  # "my-exp" would share runs/my-exp
         ({"storage_options": {"heartbeat_interval": 120, "grace_period": 10}},
          "storage_options.grace_period 10 s must exceed twice the heartbeat_interval"),
         ({"storage_options": {"grace_period": -5}}, "storage_options.grace_period -5 s"),

@@ -936,6 +936,11 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),
         (["--run.name", "ab/c"], r"run\.name 'ab/c' has a path separator.*use 'ab-c'"),
         (
+            ["--run.experiment", "my exp"],
+            r"run\.experiment 'my exp' is not a folder name as "
+            r"given.*e\.g\. 'my-exp'",
+        ),  # it would share runs/my-exp with the experiment my-exp
+        (
             ["--run.name", "über run"],
             r"run\.name 'über run' is not a folder name.*e\.g\. 'uber-run'",
         ),

@@ -547,8 +547,9 @@ def run(args: argparse.Namespace) -> int:
     from cofrgenet.training.run_store import check_folder_name
 
     config = dataclass_from_args(FinetuneConfig, args)
-    if args.name is not None:
-        check_folder_name("--name", args.name)
+    for option, name in (("--experiment", args.experiment), ("--name", args.name)):
+        if name is not None:  # each is a folder: runs/<experiment>/<name>
+            check_folder_name(option, name)
     ckpt = checkpoint_file(args.ckpt)  # before the data: the hub may take a while
     out = check_output_file(args.json) if args.json else None  # before the fine-tuning
     check_data_dir(

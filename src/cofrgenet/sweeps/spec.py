@@ -45,7 +45,8 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.errors import UserError, did_you_mean, not_valid_yaml
+from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
+from cofrgenet.training.run_store import check_folder_name
 
 SAMPLERS = ("tpe", "random", "grid")
 #: What a trial can report as its objective: the metrics LanguageModel logs at every
@@ -547,6 +548,12 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     if resolve:  # a study's stored copy is read as an older cofr wrote it
         _check_values(objective, budget, n_trials)
         _check_pruner(pruner, budget)
+    experiment = str(raw.get("experiment") or study)
+    if resolve:  # the trials' run.experiment: their folder runs/<experiment>/
+        try:
+            check_folder_name("experiment", experiment)
+        except ConfigError as error:
+            raise SweepError(str(error)) from None
     heatmap = raw.get("heatmap")
     storage, storage_error = None, None
     try:
@@ -572,7 +579,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         n_trials=None if n_trials is None else int(float(n_trials)),
         storage=storage,
         storage_options=_options(StorageOptions, raw.get("storage_options"), "storage_options"),
-        experiment=str(raw.get("experiment") or study),
+        experiment=experiment,
         runs_dir=str(raw.get("runs_dir") or "runs"),
         tracking_uri=tracking_uri,
         slurm=_options(SlurmOptions, raw.get("slurm"), "slurm"),

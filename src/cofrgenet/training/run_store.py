@@ -88,8 +88,9 @@ class RunConfig:
                     f"run.{key} {value!r} has a path separator: runs are one folder deep "
                     f"(<runs_dir>/<experiment>/<name>); use {folder_name(value)!r}"
                 )
-        if self.name is not None:  # the folder's name is the MLflow run's
-            check_folder_name("run.name", self.name)
+            # The folder's name is the MLflow experiment's and run's: "my exp" would share
+            # runs/my-exp with the experiment "my-exp".
+            check_folder_name(f"run.{key}", value)
         if self.keep_checkpoints == 0 or self.keep_checkpoints < -1:
             raise ConfigError(
                 f"run.keep_checkpoints must be >= 1, or -1 for all, got {self.keep_checkpoints}"
@@ -108,8 +109,8 @@ def folder_name(name: str, empty: str = "run") -> str:
 
 
 def check_folder_name(option: str, name: str) -> None:
-    """Refuse a run name that its folder (and so its MLflow run) would not keep as given:
-    "run 1" and "run-1" would be one folder, "über" would be "ber"."""
+    """Refuse an experiment or run name that its folder would not keep as given: "run 1"
+    and "run-1" would be one folder, "über" would be "ber"."""
     if folder_name(name, "") != name:
         # The suggestion keeps accented letters' base letters ("über" -> "uber").
         plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()

@@ -279,6 +279,29 @@ def test_output_range_widens_at_once_and_forgets_slowly():
     assert r(torch.tensor([[5.0, -5.0]])).tolist() == [[0.5, 1.25]]
 
 
+def test_output_range_takes_every_rank_s_extremes_in_one_exchange(monkeypatch):
+    """Under data parallelism: one all_reduce per forward (it runs in every ladder layer of
+    every step), and the range is the min / max over both ranks' batches."""
+    import cofrgenet.nn.ladder as ladder
+
+    other_rank = torch.tensor([[-4.0, 0.5], [1.0, 9.0]])  # what the second rank saw
+    calls = []
+
+    def all_reduce(tensor, op):  # rank 0's view of a MAX over ranks 0 and 1
+        assert op == ladder.dist.ReduceOp.MAX
+        calls.append(tensor.shape)
+        theirs = torch.stack([other_rank.amin(0).neg(), other_rank.amax(0)])
+        tensor.copy_(torch.maximum(tensor, theirs))
+
+    monkeypatch.setattr(ladder.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(ladder.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(ladder.dist, "all_reduce", all_reduce)
+    r = ladder.OutputRange((2,))
+    r(torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+    assert len(calls) == 1
+    assert r.low.tolist() == [-4.0, 0.5] and r.high.tolist() == [2.0, 9.0]
+
+
 def test_no_weight_decay_names_ladder_biases_and_cattn_u_linear_terms():
     cffn = Cffn(8, 2, 3)
     assert cffn.no_weight_decay() == {f"denominators.bias.{k}" for k in range(3)}

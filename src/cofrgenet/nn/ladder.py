@@ -200,8 +200,10 @@ class OutputRange(nn.Module):
         batch_high = z.detach().amax(dim=dims).to(high.dtype)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank's batch is "seen in training", and replicas must stay identical.
-            dist.all_reduce(batch_low, op=dist.ReduceOp.MIN)
-            dist.all_reduce(batch_high, op=dist.ReduceOp.MAX)
+            # One exchange, not two: min(x) = -max(-x), exactly.
+            extremes = torch.stack([batch_low.neg(), batch_high])
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+            batch_low, batch_high = extremes[0].neg(), extremes[1]
         m = self.momentum
         seen = torch.isfinite(low)
         low.copy_(

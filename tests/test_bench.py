@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
+import itertools
 import json
 import math
 import os
@@ -459,12 +461,21 @@ def test_summary_statistics():
     assert Summary.of([7.0]).q1 == 7.0
 
 
-def test_time_interleaved_rotates_order():
+def test_time_interleaved_varies_the_order_and_collects_no_garbage_while_timing():
+    """Each candidate goes first, and after each other one, equally often; the garbage
+    collector never runs inside a round (a collection slowed the call after it 3x)."""
     order: list[str] = []
     fns = {name: (lambda n=name: order.append(n)) for name in "abc"}
-    samples = time_interleaved(fns, repeats=3, device=torch.device("cpu"))
-    assert order == list("abc" + "bca" + "cab")
-    assert all(len(v) == 3 for v in samples.values())
+    samples = time_interleaved(fns, repeats=6, device=torch.device("cpu"))
+    rounds = ["".join(order[i : i + 3]) for i in range(0, 18, 3)]
+    assert sorted(rounds) == sorted(map("".join, itertools.permutations("abc")))
+    assert all(len(v) == 6 for v in samples.values())
+    pair = []
+    time_interleaved({n: (lambda n=n: pair.append(n)) for n in "ab"}, 4, torch.device("cpu"))
+    assert pair == list("ab" + "ba" + "ba" + "ab")  # first 2 of 4 times each
+    enabled = []
+    time_interleaved({"a": lambda: enabled.append(gc.isenabled())}, 3, torch.device("cpu"))
+    assert enabled == [False] * 3 and gc.isenabled()
 
 
 LINUX_PROC = os.path.exists("/proc/stat")

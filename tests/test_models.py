@@ -71,6 +71,13 @@ def test_config_rejects_bad_values(bad):
         ModelConfig(**bad)
 
 
+def test_rope_with_an_odd_head_dimension_is_refused_when_the_config_is_made():
+    """Not later, when the model is built (a traceback from the RoPE layer)."""
+    with pytest.raises(ConfigError, match=r"n_embd / n_head = 33 / 3 = 11 must be even"):
+        ModelConfig.from_preset("llama3-mini", n_embd=33, n_head=3, n_kv_head=None)
+    ModelConfig.from_preset("gpt2-mini", n_embd=33, n_head=3)  # learned positions: fine
+
+
 def test_per_layer_choice_cycles():
     config = tiny(n_layer=5, attention_pattern=["softmax", "cattn_m"], ffn_pattern=["cffn"])
     assert [config.attention_for(i) for i in range(5)] == ["softmax", "cattn_m"] * 2 + ["softmax"]

@@ -229,6 +229,11 @@ def _check_transformer_config(config: ModelConfig) -> None:
             f"n_embd ({config.n_embd}) must be a multiple of n_head ({config.n_head}): "
             f"{', '.join(with_heads)} attention splits the width into n_head heads"
         )
+    if config.position == "rope" and with_heads and (config.n_embd // config.n_head) % 2:
+        raise ConfigError(
+            f"position='rope' rotates pairs of a head's dimensions: n_embd / n_head = "
+            f"{config.n_embd} / {config.n_head} = {config.n_embd // config.n_head} must be even"
+        )
     if config.position in RELATIVE_POSITIONS and not any(
         ATTENTION.entry(n).relative_positions for n in names
     ):

@@ -424,6 +424,8 @@ def test_unknown_impl_is_an_error():
         ("--time-budget -1", "--time-budget must be >= 0, got -1.0"),
         ("--ladder-sizes 0x8", "--ladder-sizes: sizes and depths must be >= 1, got 0"),
         ("--device foo", "--device: unknown device 'foo'; use cpu, cuda or cuda:N"),
+        ("--eps 0", "--eps must be > 0 (the least |K_d|), got 0.0"),  # every op would fail
+        ("--suffix a/b", "--suffix 'a/b': it goes into the report's file name"),
     ],
 )
 def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
@@ -434,6 +436,26 @@ def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"cofr bench ops: error: {message}") and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()  # refused before anything is timed or written
+
+
+def test_bench_ops_out_dir_that_cannot_be_made_fails_before_the_timing(
+    capsys, tmp_path, monkeypatch
+):
+    import cofrgenet.bench.ops.command as command
+
+    def timed(*args, **kwargs):
+        raise AssertionError("timed before the output folder was checked")
+
+    monkeypatch.setattr(command, "run_benchmark", timed)
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    assert cli.main(["bench", "ops", "--quick", "--out-dir", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"cofr bench ops: error: --out-dir {blocker / 'out'}: cannot make this folder: "
+        f"'{blocker}' is a file"
+    )
+    assert blocker.read_text() == "mine"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")

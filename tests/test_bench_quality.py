@@ -65,6 +65,9 @@ def test_config_errors_and_generated_options():
     assert cfg.seeds == (4, 5) and cfg.variants == ("gpt2",) and cfg.steps == 3
     assert cfg.n_embd == 32  # --quick fills what was not given
     assert "--no-quick" in parser.format_help() and "--runs-dir" in parser.format_help()
+    # A --quick run is a pipeline check: not into the project's records unless asked.
+    assert cfg.out_dir == "runs/bench" and QualityBenchConfig().out_dir == "docs/benchmarks"
+    assert QualityBenchConfig(quick=True, out_dir="docs/benchmarks").out_dir == "docs/benchmarks"
 
 
 RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-cpu.yaml"
@@ -82,6 +85,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--recipe", "nope.yaml"], "--recipe nope.yaml: no such file; give a cofr fit config"),
         (["--recipe", "bad.yaml"], "--recipe bad.yaml, line 2, column 1: not valid YAML"),
         (["--recipe", "list.yaml"], "--recipe list.yaml: expected a cofr fit config"),
+        (["--tag", "a b"], "--tag 'a b': it goes into the report's file name; use letters"),
+        (["--out-dir", "bad.yaml/out"], "--out-dir bad.yaml/out: cannot make this folder: 'bad.yaml' is a file"),
         (["--recipe", str(RECIPE), "--data-dir", "data/nope"], "--data-dir data/nope: no prepared data there (no meta.json); make it with `cofr data prepare --out data/nope`"),
     ],
 )  # fmt: skip

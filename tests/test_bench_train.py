@@ -291,8 +291,86 @@ def test_an_out_dir_that_is_a_file_or_a_missing_gpu_is_one_line(monkeypatch, tmp
     afile.write_text("mine")
     argv = ["bench", "train", *(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items())]
     line = one_line_error(capsys, [*argv, "--out-dir", str(afile)])
-    assert line == f"cofr bench train: error: --out-dir {afile}: {afile} is a file, not a folder"
+    assert line == (
+        f"cofr bench train: error: --out-dir {afile}: cannot make this folder: '{afile}' is a file"
+    )
     assert afile.read_text() == "mine"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     line = one_line_error(capsys, [*argv, "--out-dir", str(tmp_path), "--device", "cuda"])
     assert "--device: device 'cuda': torch sees no cuda device on this machine" in line
+
+
+def test_a_partial_report_with_one_peak_of_two_states_its_targets():
+    """cofrgenet-f measured before gpt2 (--variants cofrgenet-f,gpt2): the partial report
+    after its memory stage has its peak and not yet gpt2's, and crashed on it."""
+    from cofrgenet.bench.train import targets
+
+    timed = {"step_ms": [10.0], "round_ids": [0], "flops_per_token": 10, "tokens_per_s": 1.0}
+    report = {
+        "config": {"steps": 1},
+        "results": [
+            {"variant": "cofrgenet-f", "mode": "eager", **timed, "peak_memory_bytes": 2**20},
+            {"variant": "gpt2", "mode": "eager", **timed, "peak_memory_bytes": None},
+        ],
+    }
+    lines = targets(report)
+    assert any("tokens/s (eager)" in line for line in lines)
+    assert not any("training peak" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--variants", "gpt2,gpt2"], "--variants: 'gpt2' is given twice"),
+        (["--modes", "eager,eager"], "--modes: 'eager' is given twice"),
+        (["--tag", "a/b"], "--tag 'a/b': it goes into the report's file name"),
+        (["--out-dir", "{file}/sub"], "--out-dir {file}/sub: cannot make this folder: "),
+    ],
+)
+def test_bad_settings_fail_before_anything_is_measured(
+    tmp_path, capsys, monkeypatch, args, message
+):
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the settings were checked")
+
+    monkeypatch.setattr(train, "run_benchmark", measured)
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    args = [a.replace("{file}", str(blocker)) for a in args]
+    # Each run's own --out-dir, unless the case gives one (the last one given wins).
+    assert cli.main(["bench", "train", "--out-dir", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message.replace("{file}", str(blocker)) in err and len(err.splitlines()) == 1
+    assert blocker.read_text() == "mine"
+
+
+def test_every_variant_of_the_quality_bench_can_be_timed():
+    """A name means one model in both benches (synthesizer-d was 'unknown preset' here)."""
+    from cofrgenet.bench import variants
+    from cofrgenet.bench.train import check_settings
+
+    check_settings(TrainBenchConfig(variants=tuple(variants.MODELS), **TINY))
+
+
+def test_a_variant_that_cannot_train_here_is_reported_and_the_others_timed(monkeypatch):
+    """float16 LSTMs have no CPU kernel: the eager warm-up failed with a traceback and
+    no report; now the failure is in the report and the others are timed."""
+    trainer = train.Trainer
+
+    def fails_for_lstm(cfg, variant, mode):
+        if variant == "lstm":
+            raise RuntimeError("no float16 kernel\nmore detail")
+        return trainer(cfg, variant, mode)
+
+    monkeypatch.setattr(train, "Trainer", fails_for_lstm)
+    _compile_as_identity(monkeypatch)
+    cfg = TrainBenchConfig(
+        variants=("gpt2", "lstm"), batch_size=2, steps=1, rounds=1, warmup=0,
+        memory=False, generation=False, **TINY,
+    )  # fmt: skip
+    report = run_benchmark(cfg, "test")
+    assert _pairs(report) == [("gpt2", "eager"), ("gpt2", "compiled")]
+    assert report["failed"] == {
+        "lstm eager": "RuntimeError: no float16 kernel",
+        "lstm compiled": "RuntimeError: no float16 kernel",
+    }

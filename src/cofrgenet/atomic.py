@@ -49,7 +49,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 
 
 def why_no_folder(path: Path, error: OSError) -> str:
-    """Why ``mkdir -p path`` failed, in a few words: the file that stands where a parent
-    folder should be, else the system's reason."""
-    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    """Why ``mkdir -p path`` failed, in a few words: the file that stands where the folder
+    or a parent folder should be, else the system's reason."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
     return f"{str(blocker)!r} is a file" if blocker else (error.strerror or str(error))

@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from cofrgenet import terminal
+from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench import variants
-from cofrgenet.bench.files import free_stem, with_suffix
+from cofrgenet.bench.files import check_file_name_part, free_stem, make_out_dir, with_suffix
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
@@ -171,7 +172,13 @@ class QualityBenchConfig:
     )
     recipe: str = field(default=RECIPE, metadata={"help": "the cofr fit config every run uses"})
     runs_dir: str = field(default="runs", metadata={"help": "run folders and MLflow store"})
-    out_dir: str = field(default="docs/benchmarks", metadata={"help": "where reports go"})
+    out_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "where reports go (default: docs/benchmarks, the project's records; "
+            "runs/bench with --quick, a pipeline check)"
+        },
+    )
     quick: bool = field(
         default=False, metadata={"help": "a tiny model and a few steps: checks the pipeline"}
     )
@@ -192,6 +199,9 @@ class QualityBenchConfig:
                 f"{did_you_mean(self.dyadic, DYADIC)}"
             )
         self.model_overrides()  # fails early on bad JSON
+        check_file_name_part("--tag", self.tag)
+        if self.out_dir is None:
+            self.out_dir = "runs/bench" if self.quick else "docs/benchmarks"
         if self.quick:  # a pipeline check, not a measurement
             for name, value in QUICK.items():
                 if getattr(self, name) is None:
@@ -649,8 +659,8 @@ def write_report(report: dict[str, Any], rows: list[Row], out_dir: Path) -> tupl
         suffix += f"-{report['config']['tag']}"
     stem = free_stem(out_dir, f"quality-{report['device']}-{report['date']}{suffix}")
     md, js = with_suffix(stem, ".md"), with_suffix(stem, ".json")
-    md.write_text(to_markdown(report, rows))
-    js.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomic(md, to_markdown(report, rows))
+    write_text_atomic(js, json.dumps(report, indent=2, default=str) + "\n")
     return md, js
 
 
@@ -660,8 +670,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(QualityBenchConfig, args)
+    out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
     report, rows = run_benchmark(cfg, getattr(args, "command_line", "cofr bench quality"))
     print_table(rows)
-    md, js = write_report(report, rows, Path(cfg.out_dir))
+    md, js = write_report(report, rows, out_dir)
     print(f"wrote {md} and {js}")
     return 0

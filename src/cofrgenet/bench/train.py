@@ -46,25 +46,32 @@ from typing import Any
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench import variants
-from cofrgenet.bench.files import free_stem, stem_once, with_suffix
+from cofrgenet.bench.files import (
+    check_file_name_part,
+    free_stem,
+    make_out_dir,
+    stem_once,
+    with_suffix,
+)
 from cofrgenet.bench.machine import machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
-#: Variant name -> (preset, overrides) (``bench.variants``); every variant is rebuilt at
-#: the bench's shape.
+#: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
+#: bench's shape.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    name: variants.model(name)
-    for name in (
-        "gpt2",
-        "cofrgenet-f",
-        "cofrgenet-f-elementwise",
-        "cofrgenet-a",
-        "cofrgenet-a-u",
-        "cofrgenet",
-        "llama3",
-        "lstm",
-    )
+    name: variants.model(name) for name in variants.MODELS
 }
+#: The variants timed unless ``--variants`` is given.
+DEFAULT_VARIANTS = (
+    "gpt2",
+    "cofrgenet-f",
+    "cofrgenet-f-elementwise",
+    "cofrgenet-a",
+    "cofrgenet-a-u",
+    "cofrgenet",
+    "llama3",
+    "lstm",
+)
 BASELINE = "gpt2"
 #: The training dtypes: float32, or autocast to one of the others.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -88,7 +95,7 @@ Key = tuple[str, str]
 @dataclass
 class TrainBenchConfig:
     variants: tuple[str, ...] = field(
-        default=tuple(VARIANTS),
+        default=DEFAULT_VARIANTS,
         metadata={"help": f"variants ({', '.join(VARIANTS)}) or any preset name"},
     )
     modes: tuple[str, ...] = field(
@@ -108,8 +115,12 @@ class TrainBenchConfig:
         metadata={"help": "float32, or bfloat16 / float16 (autocast)", "choices": DTYPES},
     )
     device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
-    memory: bool = field(default=True, metadata={"help": "measure activation and peak memory"})
-    generation: bool = field(default=True, metadata={"help": "measure generation speed"})
+    memory: bool = field(
+        default=True, metadata={"help": "measure activation and peak memory (eager mode)"}
+    )
+    generation: bool = field(
+        default=True, metadata={"help": "measure generation speed (eager mode)"}
+    )
     gen_tokens: int = field(default=32, metadata={"help": "tokens generated per variant"})
     seed: int = field(default=0, metadata={"help": "random seed of weights and tokens"})
     out_dir: str = field(default="runs/bench", metadata={"help": "folder of the report"})
@@ -186,6 +197,10 @@ def check_settings(cfg: TrainBenchConfig) -> None:
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
+    for option, given in (("--variants", cfg.variants), ("--modes", cfg.modes)):
+        twice = next((name for name in given if given.count(name) > 1), None)
+        if twice is not None:  # one trainer per (variant, mode): a repeat would be a new row
+            raise UserError(f"{option}: {twice!r} is given twice; name each once")
     for variant in cfg.variants:
         try:
             model_config(cfg, variant)
@@ -194,10 +209,7 @@ def check_settings(cfg: TrainBenchConfig) -> None:
     problem = device_problem(cfg.device)
     if problem is not None:
         raise UserError(f"--device: {problem}")
-    out = Path(cfg.out_dir)
-    taken = next((p for p in (out, *out.parents) if p.exists()), None)
-    if taken is not None and not taken.is_dir():
-        raise UserError(f"--out-dir {cfg.out_dir}: {taken} is a file, not a folder")
+    check_file_name_part("--tag", cfg.tag)
 
 
 def _autocast(cfg: TrainBenchConfig) -> Any:
@@ -553,17 +565,34 @@ class _Run:
             report["partial"] = True
         return report
 
+    def warm_up_each(self, keys: Sequence[Key]) -> list[Key]:
+        """Warm up each of ``keys``; those that fail (a dtype a layer does not support on
+        this device, say) are recorded, and the others returned."""
+        warm = []
+        for key in keys:
+            try:
+                self.warm_up([key])
+            except Exception as error:  # reported; the other variants still run
+                self._record_failure(key, error)
+            else:
+                warm.append(key)
+        return warm
+
     def compile_stage(self, key: Key, partners: Sequence[Key]) -> None:
         """Compile ``key`` and time it beside ``partners``; a failure (a cold compile on a
         machine this code never ran on, say) is recorded and the run goes on."""
+        partners = [p for p in partners if p in self.trainers]  # not those that failed
         try:
             self.warm_up([key])
             self.time_rounds([key, *partners])
         except Exception as error:  # reported; the other variants still run
-            message = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
-            self.failed[" ".join(key)] = message
-            self.trainers.pop(key, None)  # frees its model and compiled graphs
-            print(f"{' '.join(key)} failed, the run goes on: {message}", file=sys.stderr)
+            self._record_failure(key, error)
+
+    def _record_failure(self, key: Key, error: Exception) -> None:
+        message = f"{type(error).__name__}: {(str(error).strip() or '?').splitlines()[0][:300]}"
+        self.failed[" ".join(key)] = message
+        self.trainers.pop(key, None)  # frees its model and compiled graphs
+        print(f"{' '.join(key)} failed, the run goes on: {message}", file=sys.stderr)
 
 
 def run_benchmark(
@@ -588,9 +617,8 @@ def run_benchmark(
             on_update(run.report(partial=True))
 
     tokens_per_step = cfg.batch_size * cfg.block_size
-    eager = [key for key in run.keys if key[1] == "eager"]
+    eager = run.warm_up_each([key for key in run.keys if key[1] == "eager"])
     if eager:
-        run.warm_up(eager)
         run.time_rounds(eager)
         update()
     for key in eager:
@@ -766,7 +794,8 @@ def targets(report: dict[str, Any]) -> list[str]:
                 f"{f['tokens_per_s'] / g['tokens_per_s']:.2f})"
             )
     f, g = by.get(("cofrgenet-f", "eager")), by.get((BASELINE, "eager"))
-    if f and g and f["peak_memory_bytes"] is not None:
+    # A partial report may hold one's peak and not yet the other's.
+    if f and g and f["peak_memory_bytes"] is not None and g["peak_memory_bytes"] is not None:
         lines.append(
             f"- cofrgenet-f training peak <= gpt2's: {f['peak_memory_bytes'] / 2**20:,.1f} MB vs "
             f"{g['peak_memory_bytes'] / 2**20:,.1f} MB: "
@@ -821,7 +850,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
-    out_dir = Path(cfg.out_dir)
+    check_settings(cfg)
+    out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before the work
     pairs = len(cfg.variants) * len(cfg.modes)
     stem = stem_once(lambda report: report_stem(report, out_dir))
 

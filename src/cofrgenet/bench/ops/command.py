@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cofrgenet import terminal
-from cofrgenet.bench.files import stem_once
+from cofrgenet.bench.files import check_file_name_part, make_out_dir, stem_once
 from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import resolve_device, run_benchmark
 from cofrgenet.bench.ops.report import print_report, report_stem, write_report
@@ -77,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(config.device)  # before anything is timed or written
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
+    check_file_name_part("--suffix", options.suffix)
     suffix = options.suffix + ("-quick" if options.quick else "")
-    out = Path(options.out_dir)
+    # Made now: a folder it cannot write fails before the timing, not after it.
+    out = make_out_dir(options.out_dir) if options.save else Path(options.out_dir)
     stem = stem_once(lambda report: report_stem(report, out, suffix))
 
     def save(report: Report) -> tuple[Path, Path]:

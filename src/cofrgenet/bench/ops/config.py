@@ -189,6 +189,8 @@ class OpsBenchConfig:
         for option, values in sizes.items():
             if any(v < 1 for v in values):
                 raise ConfigError(f"{option}: sizes and depths must be >= 1, got {min(values)}")
+        if not self.eps > 0:  # every op refuses it: each workload would only "fail"
+            raise ConfigError(f"--eps must be > 0 (the least |K_d|), got {self.eps}")
 
 
 #: Tiny sizes for tests and CI: seconds, no compilation unless asked for.

@@ -70,3 +70,37 @@ def test_a_missing_config_is_refused_before_the_data_is_made(tmp_path, capsys, m
         capsys.readouterr().err
     )
     assert not data.exists()
+
+
+def test_own_configs_train_on_their_own_data_and_names_stay_apart(tmp_path, monkeypatch):
+    """`--configs` of other experiments: no --data.data_dir of the demo's pydoc bytes (the
+    fit read data/pydoc-byte instead of the config's own), nothing prepared, and two
+    files of one name get a run folder each."""
+    import cofrgenet.demo as demo
+    from cofrgenet.cli import main
+
+    fits = []
+
+    def fake_run(command, check):
+        if command[3] == "fit":
+            fits.append(command)
+            name = command[command.index("--run.name") + 1]
+            (tmp_path / "runs" / "exp" / name).mkdir(parents=True)
+        elif command[3] != "validate":
+            raise AssertionError(f"ran {command[3:6]}")
+
+    monkeypatch.setattr(demo.subprocess, "run", fake_run)
+    monkeypatch.setattr(demo, "collect", lambda run_dir, minutes, runs_dir: demo.DemoResult(
+        run_dir.name, "p", 1, 0, float("nan"), 1.0, 2.7, minutes, run_dir, "pydoc, bpe"
+    ))  # fmt: skip
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "mine.yaml").write_text("model: {preset: gpt2-tiny}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--configs", "a/mine.yaml", "b/mine.yaml", "--runs-dir", "runs"]) == 0
+    assert all("--data.data_dir" not in command for command in fits)
+    assert not (tmp_path / "data").exists()
+    names = [command[command.index("--run.name") + 1].rsplit("-", 2)[0] for command in fits]
+    assert names == ["mine-1", "mine-2"]
+    [summary] = (tmp_path / "runs").glob("demo-*.md")
+    assert "| p | 1 | 0 | - | 1.000 | 2.70 |" in summary.read_text()  # nothing logged: "-"

@@ -8,6 +8,7 @@ of ``conf/experiment/demo-*.yaml`` (same width and depth) one after the other th
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
@@ -15,7 +16,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -36,6 +36,7 @@ class DemoResult:
     val_ppl: float
     minutes: float
     run_dir: Path
+    data: str  # the data's source and tokenizer, as the run logged them
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data-dir",
-        default=DATA_DIR,
-        help=f"the prepared data folder, made from pydoc when missing (default: {DATA_DIR})",
+        default=None,
+        help="the prepared data folder of every run, made from pydoc (bytes) when missing "
+        f"(default: the configs' own; the demo configs' {DATA_DIR} is made when missing)",
     )
 
 
@@ -95,9 +97,11 @@ def train(config: str, run_name: str, args: argparse.Namespace, console: Console
         run_name,
         "--run.runs_dir",
         args.runs_dir,
-        "--data.data_dir",
-        args.data_dir,
+        "--run.mlflow",
+        "true",  # the table is read from what the runs logged
     ]
+    if args.data_dir is not None:
+        command += ["--data.data_dir", args.data_dir]
     if args.max_steps is not None:
         command += ["--trainer.max_steps", str(args.max_steps)]
     console.rule(f"[bold]{run_name}[/]: {' '.join(command[3:])}")
@@ -111,18 +115,15 @@ def train(config: str, run_name: str, args: argparse.Namespace, console: Console
     return minutes
 
 
-def collect(config_path: str, run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
+def collect(run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
+    """The run's row, from what its fit and validate logged to MLflow."""
     import mlflow
 
-    from cofrgenet.models import ModelConfig, count_parameters
     from cofrgenet.training.run_store import RUN_ID_FILE, RunConfig, tracking_uri
 
-    section = yaml.safe_load(Path(config_path).read_text())["model"]
-    counts = count_parameters(
-        ModelConfig.from_preset(section["preset"], **(section.get("config") or {}))
-    )
     client = mlflow.tracking.MlflowClient(tracking_uri(RunConfig(runs_dir=runs_dir)))
     run_id = (run_dir / RUN_ID_FILE).read_text().strip()
+    logged = client.get_run(run_id).data
 
     def history(key: str) -> list[float]:
         # In logging order: the final `validate` logs after the fit, whatever its step.
@@ -133,19 +134,26 @@ def collect(config_path: str, run_dir: Path, minutes: float, runs_dir: str) -> D
     losses, ppls = history("val/loss"), history("val/ppl")
     return DemoResult(
         name=run_dir.name,
-        preset=section["preset"],
-        parameters=counts.total,
-        ladder_parameters=counts.ladder,
+        preset=logged.params.get("model.preset", "?"),
+        parameters=int(logged.metrics["model/n_params"]),
+        ladder_parameters=int(logged.metrics["model/n_params_ladder"]),
         tokens_per_sec=statistics.median(rates) if rates else float("nan"),
         val_loss=losses[-1] if losses else float("nan"),
         val_ppl=ppls[-1] if ppls else float("nan"),
         minutes=minutes,
         run_dir=run_dir,
+        data=f"{logged.params.get('data.source', '?')}, {logged.params.get('data.tokenizer', '?')}",
     )
 
 
+def _number(value: float, spec: str) -> str:
+    """``value`` formatted, or "-" where nothing was logged (a run too short to log it)."""
+    return format(value, spec) if math.isfinite(value) else "-"
+
+
 def results_table(results: list[DemoResult]) -> Table:
-    table = Table(title=f"cofr demo, {time.strftime('%Y-%m-%d')} (CPU, Python docs, byte tokens)")
+    data = "; ".join(dict.fromkeys(r.data for r in results))
+    table = Table(title=f"cofr demo, {time.strftime('%Y-%m-%d')} (data: {data})")
     for column in (
         "run",
         "preset",
@@ -163,9 +171,9 @@ def results_table(results: list[DemoResult]) -> Table:
             r.preset,
             f"{r.parameters:,}",
             f"{r.ladder_parameters:,}",
-            f"{r.tokens_per_sec:,.0f}",
-            f"{r.val_loss:.3f}",
-            f"{r.val_ppl:.2f}",
+            _number(r.tokens_per_sec, ",.0f"),
+            _number(r.val_loss, ".3f"),
+            _number(r.val_ppl, ".2f"),
             f"{r.minutes:.1f}",
         )
     return table
@@ -178,10 +186,21 @@ def markdown(results: list[DemoResult]) -> str:
     ]
     for r in results:
         lines.append(
-            f"| {r.name} | {r.preset} | {r.parameters:,} | {r.ladder_parameters:,} | {r.tokens_per_sec:,.0f} "
-            f"| {r.val_loss:.3f} | {r.val_ppl:.2f} | {r.minutes:.1f} |"
+            f"| {r.name} | {r.preset} | {r.parameters:,} | {r.ladder_parameters:,} "
+            f"| {_number(r.tokens_per_sec, ',.0f')} | {_number(r.val_loss, '.3f')} "
+            f"| {_number(r.val_ppl, '.2f')} | {r.minutes:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def run_names(configs: list[str]) -> list[str]:
+    """A run name per config, from its file name (``demo-`` dropped), numbered where two
+    files share one: each run must have its own folder."""
+    stems = [Path(config).stem.removeprefix("demo-") for config in configs]
+    return [
+        stem if stems.count(stem) == 1 else f"{stem}-{stems[: i + 1].count(stem)}"
+        for i, stem in enumerate(stems)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,22 +217,22 @@ def _run(args: argparse.Namespace) -> int:
     from cofrgenet.errors import UserError
     from cofrgenet.recipes import bundled
 
+    own_configs = args.configs != list(DEMO_CONFIGS)
     args.configs = [str(bundled(config)) for config in args.configs]
     for config in args.configs:  # before minutes of data preparation
         if not Path(config).is_file():
             raise UserError(f"--configs: no config file {config}; give its path")
     console = terminal.console()
-    ensure_data(args.data_dir, console)
+    if args.data_dir is not None or not own_configs:
+        ensure_data(args.data_dir or DATA_DIR, console)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = []
-    for config in args.configs:
-        name = f"{Path(config).stem.removeprefix('demo-')}-{stamp}"
+    for name, config in zip(run_names(args.configs), args.configs, strict=True):
+        name = f"{name}-{stamp}"
         minutes = train(config, name, args, console)
-        experiment = (
-            yaml.safe_load(Path(config).read_text()).get("run", {}).get("experiment", "default")
-        )
-        run_dir = Path(args.runs_dir) / experiment / name
-        results.append(collect(config, run_dir, minutes, args.runs_dir))
+        # The fit's experiment comes from the config and its bases: the name is unique.
+        [run_dir] = Path(args.runs_dir).glob(f"*/{name}")
+        results.append(collect(run_dir, minutes, args.runs_dir))
     console.print(results_table(results))
     summary = Path(args.runs_dir) / f"demo-{stamp}.md"
     summary.write_text(markdown(results))

@@ -472,6 +472,27 @@ def test_a_port_another_cofr_ui_claimed_is_passed_over():
     again[1].close()
 
 
+def test_the_ui_port_probe_knows_ipv6_and_stops_at_65535(monkeypatch):
+    """`--host ::1` was probed with an IPv4 socket (every port "in use"), and a busy
+    65535 made it try 65536 (OverflowError)."""
+    import socket
+
+    from cofrgenet.training import ui
+
+    asked = []
+    monkeypatch.setattr(ui, "port_free", lambda host, port: asked.append(port) and False)
+    assert ui.claim_port("127.0.0.1", 65534) is None and asked == [65534, 65535]
+    monkeypatch.undo()
+    if socket.has_ipv6:
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+                port = probe.getsockname()[1]
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        assert ui.port_free("::1", port)
+
+
 @pytest.mark.slow
 def test_ui_serves_the_run_store(tiny_data, tmp_path):
     """`cofr ui` takes the next port when its own is busy, prints the URL once the server

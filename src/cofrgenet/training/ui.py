@@ -68,10 +68,15 @@ START_TIMEOUT = 120.0
 
 
 def port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
+    """Whether ``host:port`` can be listened on now (an IPv6 ``host`` probed as IPv6)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return False
+    with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((host, port))
+            probe.bind(address)
         except OSError:
             return False
     return True
@@ -85,7 +90,7 @@ def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, IO[str]] | N
     while the first's server is still starting (about 20 s, not listening yet) would
     otherwise take the same port, print the first one's URL, and see its server fail."""
     folder = Path(tempfile.gettempdir())
-    for candidate in range(port, port + tries):
+    for candidate in range(port, min(port + tries, 65536)):  # no port above 65535
         try:  # per user: another user's lock file would not open for writing
             lock = (folder / f"cofr-ui-{os.getuid()}-{candidate}.lock").open("w")
         except OSError:
@@ -142,14 +147,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--host {args.host}: {error.strerror}") from None
     claimed = claim_port(args.host, args.port)
     if claimed is None:
-        raise UserError(f"ports {args.port}-{args.port + 19} on {args.host} are all in use: --port")
+        last = min(args.port + 19, 65535)
+        raise UserError(f"ports {args.port}-{last} on {args.host} are all in use: --port")
     port, lock = claimed
     if port != args.port:
         print(f"port {args.port} is in use (another `cofr ui`?): using {port}")
     args.port = port
     # Its own process group: on exit the whole group goes, so nothing keeps the port.
     server = subprocess.Popen(ui_command(args), start_new_session=True)
-    base = f"http://{args.host}:{port}"
+    base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"  # IPv6: [::1]
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         print(f"starting the MLflow UI on {args.host}:{port} ...", flush=True)

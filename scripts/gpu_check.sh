@@ -92,7 +92,10 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", 
 ')
 GPU=${INFO%%$'\n'*}
 [ "$DRY" = 1 ] && GPU=cpu
+# A second check of the day gets its own log (-2, -3, ...), as the reports get their own.
 LOG="$RESULTS/gpu-check-$GPU-$DATE.log"
+n=2
+while [ -e "$LOG" ]; do LOG="$RESULTS/gpu-check-$GPU-$DATE-$n.log"; n=$((n + 1)); done
 {
   echo "# gpu_check $(date -u +%FT%TZ) on $(hostname)$([ "$DRY" = 1 ] && echo ' (dry run)')"
   nvidia-smi -L 2>/dev/null || true

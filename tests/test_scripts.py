@@ -83,3 +83,19 @@ def test_gpu_check_dry_run_runs_every_step_on_cpu(tmp_path):
     assert "partial report, 4 of 4 timed" in log and "partial report: " in log
     for report in out.glob("*.json"):
         assert "partial" not in json.loads(report.read_text()), report.name
+
+
+def test_a_second_gpu_check_of_the_day_keeps_the_first_one_s_log(tmp_path):
+    """The log's name is chosen as the reports' are: -2, -3, ... when taken (a second run
+    of the day replaced the first's log in docs/benchmarks)."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(script) if line.startswith("LOG="))
+    naming = "\n".join(script[start : start + 3])
+    assert naming.splitlines()[-1].startswith("while ")
+    (tmp_path / "gpu-check-h200-2026-12-03.log").write_text("first")
+    (tmp_path / "gpu-check-h200-2026-12-03-2.log").write_text("second")
+    done = subprocess.run(
+        ["bash", "-c", f'RESULTS={tmp_path}; GPU=h200; DATE=2026-12-03\n{naming}\necho "$LOG"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == str(tmp_path / "gpu-check-h200-2026-12-03-3.log")

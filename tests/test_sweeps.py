@@ -1666,3 +1666,25 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     callback.on_train_batch_end(trainer, None, None, None, 1)
     assert saved == [(4, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
     assert callback.requeued_at == 4
+
+
+def test_trials_failing_alike_at_other_steps_count_as_the_same_reason():
+    """A NaN loss names its step and the trial's checkpoint: compared as plain text, three
+    diverging trials in a row never stopped the worker (a whole study's budget burnt)."""
+    from optuna.trial import TrialState
+
+    from cofrgenet.sweeps.objective import Outcome
+    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, _same_failures
+
+    def nan(step: int, trial: int) -> Outcome:
+        return Outcome(TrialState.FAIL, reason=(
+            f"non-finite loss: the training loss became nan at step {step}; the weights from "
+            f"before this step are saved in runs/s/trial-{trial:04d}/checkpoints/last.ckpt."
+        ))  # fmt: skip
+
+    outcomes = [(n, nan(step, n)) for n, step in enumerate([3, 12, 7])]
+    assert _same_failures(outcomes) == MAX_SAME_FAILURES
+    other = Outcome(TrialState.FAIL, reason="ValueError: n_head must be positive")
+    assert _same_failures([*outcomes, (3, other)]) == 1
+    done = Outcome(TrialState.COMPLETE, value=1.0)
+    assert _same_failures([(0, done), (1, nan(3, 1))]) == 1

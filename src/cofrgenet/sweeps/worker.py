@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import signal
 import subprocess
@@ -533,13 +534,22 @@ def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
 
 
 def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:
-    """How many of the latest outcomes in a row are failures with the latest's reason."""
+    """How many of the latest outcomes in a row are failures for the latest's reason
+    (:func:`failure_kind`: a NaN loss at another step is the same reason)."""
     count = 0
+    latest = failure_kind(outcomes[-1][1].reason) if outcomes else ""
     for _, outcome in reversed(outcomes):
-        if outcome.state != TrialState.FAIL or outcome.reason != outcomes[-1][1].reason:
+        if outcome.state != TrialState.FAIL or failure_kind(outcome.reason) != latest:
             break
         count += 1
     return count
+
+
+def failure_kind(reason: str | None) -> str:
+    """A failure's reason without what differs from trial to trial: paths (each trial's
+    checkpoint), numbers and nan/inf (the step, the size an allocation asked for)."""
+    kind = re.sub(r"\S*[/\\]\S*", "<path>", reason or "")
+    return re.sub(r"-?\b(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)\b", "<n>", kind)
 
 
 def print_summary(result: WorkerResult, out: Any = sys.stdout) -> None:

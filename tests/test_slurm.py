@@ -310,3 +310,39 @@ def test_submit_refuses_to_wait_for_a_dry_run(capsys):
 
     assert main(["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--dry-run", "--wait"]) == 2
     assert "--dry-run submits none: drop one" in capsys.readouterr().err
+
+
+def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, capsys):
+    """The script exports the URL and the workers read it (--storage env:NAME): ps, logs
+    and MLflow's cofrgenet.command tag showed `--storage postgresql://u:secret@...`."""
+    import argparse
+    import shlex
+
+    from cofrgenet.sweeps.cli import storage_argument
+    from cofrgenet.sweeps.slurm import STORAGE_VARIABLE
+    from cofrgenet.training.run_store import code_tags, hide_passwords
+
+    url = "postgresql://alice:s3cr$t@db.example:5432/optuna"
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    rendered = render(tiny, SubmitOptions(workers=4, storage=url))
+    words = rendered.worker_args
+    assert words[words.index("--storage") + 1] == f"env:{STORAGE_VARIABLE}"
+    [export] = [line for line in rendered.script.splitlines() if STORAGE_VARIABLE + "=" in line]
+    assert shlex.split(export) == ["export", f"{STORAGE_VARIABLE}={url}"]
+    assert rendered.script.count("s3cr$t") == 1  # that line alone
+    monkeypatch.setenv(STORAGE_VARIABLE, url)
+    assert storage_argument(f"env:{STORAGE_VARIABLE}") == url
+    monkeypatch.delenv(STORAGE_VARIABLE)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\$COFR_SWEEP_STORAGE_URL is not set"):
+        storage_argument(f"env:{STORAGE_VARIABLE}")
+    assert (
+        render(tiny, SubmitOptions(storage="journal:/j/x.journal")).worker_args.count(
+            "journal:/j/x.journal"
+        )
+        == 1
+    )  # nothing to hide: the URL as given
+    # A password typed on a command line is hidden where it is recorded or said.
+    monkeypatch.setattr(sys, "argv", ["cofr", "sweep", "run", "x.yaml", "--storage", url])
+    assert "s3cr" not in code_tags()["cofrgenet.command"]
+    assert hide_passwords(url) == "postgresql://alice:***@db.example:5432/optuna"
+    assert hide_passwords("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,12 +38,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage",
         default=None,
-        help="Optuna storage: journal:PATH or an RDB URL (default: the sweep's, else "
-        "journal:<runs-dir>/sweeps/<study>/optuna.journal)",
+        type=storage_argument,
+        help="Optuna storage: journal:PATH or an RDB URL, or env:NAME for the URL in "
+        "environment variable NAME (a password stays off the command line) (default: the "
+        "sweep's, else journal:<runs-dir>/sweeps/<study>/optuna.journal)",
     )
     parser.add_argument(
         "--runs-dir", default=None, help="runs folder (default: the sweep's runs_dir, runs)"
     )
+
+
+def storage_argument(value: str) -> str:
+    """An argparse type: ``--storage``'s URL; ``env:NAME`` reads it from the environment,
+    so that a password is not on the command line, where ``ps`` and MLflow tags show it
+    (a rendered SLURM script passes it so)."""
+    if not value.startswith("env:"):
+        return value
+    name = value.removeprefix("env:")
+    url = os.environ.get(name, "")
+    if not url.strip():
+        raise argparse.ArgumentTypeError(f"{value}: ${name} is not set in the environment")
+    return url
 
 
 def _at_least_one(text: str) -> int:
@@ -321,8 +337,10 @@ def submit(args: argparse.Namespace) -> int:
     )
     sweep = _sweep(args.sweep, args)
     path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
-    if args.dry_run:
-        print(path, end="")
+    if args.dry_run:  # the script, with any password hidden (the file would hold it)
+        from cofrgenet.training.run_store import hide_passwords
+
+        print(hide_passwords(path), end="")
         return 0
     print(f"submitted {path} as job {job} ({args.workers} workers)")
     print(f"follow with: cofr sweep status {args.sweep}")

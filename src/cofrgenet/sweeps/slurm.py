@@ -16,6 +16,7 @@ worker's command line), so they cannot disagree:
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -35,6 +36,7 @@ from cofrgenet.sweeps.spec import (
     flow_yaml,
     get_dotted,
 )
+from cofrgenet.training.run_store import hide_passwords
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
 #: Strategies that start their ranks from the one worker process (Lightning's names).
@@ -66,6 +68,11 @@ class SubmitOptions:
     runs_dir: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     sbatch_args: list[str] = field(default_factory=list)
+
+
+#: The environment variable a rendered script gives its workers a storage URL with a
+#: password in (``--storage env:COFR_SWEEP_STORAGE_URL``).
+STORAGE_VARIABLE = "COFR_SWEEP_STORAGE_URL"
 
 
 @dataclass
@@ -256,8 +263,14 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     for extra, where in [*extras, *((e, "--sbatch") for e in options.sbatch_args)]:
         key, value = _sbatch_option(extra, where)
         sbatch[key] = value
+    # A password goes to the workers in the environment, not on their command lines
+    # (ps, logs and MLflow's command tag show those): the script is the user's alone.
+    private = hide_passwords(url) != url
+    exports = [f"export {STORAGE_VARIABLE}={shlex.quote(url)}"] if private else []
+    storage = f"env:{STORAGE_VARIABLE}" if private else url
     # --study always: the file's own, or the one `submit --study` gave.
-    args = [str(sweep.path), "--study", sweep.study, "--storage", url, "--runs-dir", str(runs_dir)]
+    args = [str(sweep.path), "--study", sweep.study, "--storage", storage]
+    args += ["--runs-dir", str(runs_dir)]
     if options.n_trials is not None:
         args += ["--n-trials", str(options.n_trials)]
     for key, value in settings.items():
@@ -270,6 +283,7 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
             *header,
             "",
             f"export COFR_PYTHON={shlex.quote(sys.executable)}",
+            *exports,
             "# The worker's arguments, unless given on the sbatch command line.",
             f"if [ $# -eq 0 ]; then set -- {shlex.join(args)}; fi",
             "",
@@ -300,7 +314,9 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    path.write_text(rendered.script)
+    # Only its owner reads it: it may hold the storage's password (render).
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as script:
+        script.write(rendered.script)
     command = ["sbatch", "--parsable"]
     if wait:
         command.append("--wait")

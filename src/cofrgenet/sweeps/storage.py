@@ -396,12 +396,9 @@ def check_rdb_url(url: str) -> None:
 
 def describe_storage(url: str) -> str:
     """The URL without a password, for logs and tags."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        user = credentials.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+    from cofrgenet.training.run_store import hide_passwords
+
+    return hide_passwords(url)
 
 
 # ----------------------------------------------------------------------- the worker

@@ -25,6 +25,7 @@ from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.training.checkpoint_io import remove_older_requeue_checkpoints
 from cofrgenet.training.optim import planned_steps
+from cofrgenet.training.run_store import hide_passwords
 from cofrgenet.training.strategies import grad_square_sum, summed_over_shards
 
 SCHEDULES = ("paper", "early", "none")
@@ -542,7 +543,7 @@ def resume_command(run_name: str | None = None) -> str:
     """This process's ``cofr fit`` command line, made to resume run ``run_name``; a sweep
     worker's (``cofr sweep run``, or ``run_name`` None) resumes its trial when run again."""
     if run_name is None or sys.argv[1:3] == ["sweep", "run"]:
-        return shlex.join(["cofr", *sys.argv[1:]])
+        return hide_passwords(shlex.join(["cofr", *sys.argv[1:]]))  # said in logs
     words, skip = [], False
     for word in sys.argv[1:]:
         if skip:

@@ -267,5 +267,15 @@ def _code_version() -> dict[str, str]:
 def code_tags() -> dict[str, str]:
     """Which code made a run, as MLflow tags: cofrgenet's version, the git commit of its
     source (MLflow's "Git commit"; ``cofrgenet.git_dirty``: uncommitted changes in it)
-    when it is a checkout, and the command line (``cofrgenet.command``)."""
-    return {**_code_version(), "cofrgenet.command": cut(shlex.join(sys.argv))}
+    when it is a checkout, and the command line (``cofrgenet.command``, passwords hidden)."""
+    return {**_code_version(), "cofrgenet.command": cut(hide_passwords(shlex.join(sys.argv)))}
+
+
+#: ``scheme://user:password@``: the password part of a URL.
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][\w+.-]*://[^\s:/@]*:)\S*@")  # to the last @
+
+
+def hide_passwords(text: str) -> str:
+    """``text`` with every URL's password as ``***`` (a database URL in a command line,
+    on its way into a log or an MLflow tag that others read)."""
+    return _URL_PASSWORD.sub(r"\1***@", text)

@@ -1688,3 +1688,31 @@ def test_trials_failing_alike_at_other_steps_count_as_the_same_reason():
     assert _same_failures([*outcomes, (3, other)]) == 1
     done = Outcome(TrialState.COMPLETE, value=1.0)
     assert _same_failures([(0, done), (1, nan(3, 1))]) == 1
+
+
+def test_a_changed_tracking_uri_gets_a_new_parent_run_and_the_report_still_runs(
+    tiny_data, tmp_path, capsys
+):
+    """The study named a parent run of the first store: trials logged to a second store
+    pointed at a run that store lacks (not nested), and `cofr sweep report` crashed."""
+    from cofrgenet.cli import main
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    first = run_worker(load_sweep(write_sweep(tmp_path, **common)), report=False)
+    old_parent = first.study.user_attrs[st_parent_attr()]
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    moved = write_sweep(tmp_path, "moved.yaml", tracking_uri=other, **{**common, "n_trials": 2})
+    second = run_worker(load_sweep(moved), report=False)
+    new_parent = second.study.user_attrs[st_parent_attr()]
+    assert new_parent != old_parent
+    client = mlflow.MlflowClient(other)
+    assert client.get_run(new_parent).data.tags["cofr.sweep"] == "parent"
+    [child] = [
+        r for r in client.search_runs([client.get_run(new_parent).info.experiment_id])
+        if r.data.tags.get("mlflow.parentRunId") == new_parent
+    ]  # fmt: skip
+    assert child.data.tags["optuna.trial_number"] == "1"
+    capsys.readouterr()
+    assert main(["sweep", "report", str(write_sweep(tmp_path, "back.yaml", **common))]) == 0
+    assert "is not in this run store" in capsys.readouterr().out  # the first store again

@@ -299,7 +299,7 @@ def status(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps import storage as st
     from cofrgenet.sweeps.report import write_report
-    from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config
+    from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config, run_exists
 
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise SweepError(f"--out {args.out} is a file: --out must be a folder (made if missing)")
@@ -309,6 +309,13 @@ def report(args: argparse.Namespace) -> int:
     if not args.no_mlflow and study.user_attrs.get(PARENT_ATTR):
         client = client_for(run_config(sweep))
         parent = study.user_attrs[PARENT_ATTR]
+        if not run_exists(client, parent):  # the store changed since: report files only
+            print(
+                f"note: the study's MLflow parent run {parent} is not in this run store "
+                "(tracking_uri changed, or the store was removed): the report is not logged "
+                "to MLflow; the next `cofr sweep run` makes a new parent run"
+            )
+            client = parent = None
     files = write_report(study, sweep, out, client, parent)
     print(f"report of {study.study_name} in {out}: {', '.join(sorted(files))}")
     if parent:

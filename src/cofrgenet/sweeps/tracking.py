@@ -131,6 +131,15 @@ def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: s
     return run_id
 
 
+def run_exists(client: MlflowClient, run_id: str) -> bool:
+    """Whether ``run_id`` is a live run of this store (not in another store, deleted, or
+    in a store since removed)."""
+    try:
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        return False
+
+
 def set_parent_status(client: MlflowClient, run_id: str, status: str) -> None:
     with contextlib.suppress(MlflowException):
         client.update_run(run_id, status=status)

@@ -443,6 +443,14 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
     # start together on a new study make one (the study attribute names it).
     with tracking.file_lock(Path(runs_dir) / ".sweep-parent.lock"):
         parent = study.user_attrs.get(PARENT_ATTR)
+        if parent is not None and not tracking.run_exists(client, parent):
+            # Trials would name a parent this store does not have (not nested in the UI).
+            log.warning(
+                f"the study's MLflow parent run {parent} is not in "
+                f"{st.describe_storage(tracking.tracking_uri(run))} (tracking_uri changed, or "
+                "the store was removed): a new parent run is made there"
+            )
+            parent = None
         if parent is None:
             parent = tracking.create_parent(client, run, sweep, st.describe_storage(url))
             study.set_user_attr(PARENT_ATTR, parent)

@@ -1716,3 +1716,27 @@ def test_a_changed_tracking_uri_gets_a_new_parent_run_and_the_report_still_runs(
     capsys.readouterr()
     assert main(["sweep", "report", str(write_sweep(tmp_path, "back.yaml", **common))]) == 0
     assert "is not in this run store" in capsys.readouterr().out  # the first store again
+
+
+def test_status_and_report_find_a_study_run_under_another_name(tiny_data, tmp_path, capsys):
+    """`cofr sweep run FILE --study other` said to follow with `cofr sweep status FILE`,
+    which showed the file's own study; status and report take --study now."""
+    import argparse
+
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.cli import _status_command
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = str(write_sweep(tmp_path, **common))
+    run_worker(load_sweep(path, {"study": "other"}), report=False, mlflow=False)
+    said = _status_command(argparse.Namespace(sweep=path, study="other"))
+    assert said == f"cofr sweep status {path} --study other"
+    assert _status_command(argparse.Namespace(sweep=path, study=None)).endswith(path)
+    capsys.readouterr()
+    assert main(["sweep", "status", path, "--study", "other"]) == 0
+    assert "study other: 1 trials" in capsys.readouterr().out
+    assert main(["sweep", "report", path, "--study", "other", "--no-mlflow"]) == 0
+    assert (tmp_path / "runs" / "sweeps" / "other" / "report" / "summary.md").is_file()
+    assert main(["sweep", "status", "other", "--study", "x"]) == 2
+    assert "--study x: give it with a sweep file" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -116,6 +117,20 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="a study name or its sweep file")
     _common(parser)
+    parser.add_argument(
+        "--study",
+        dest="study_name",
+        default=None,
+        help="with a sweep file: the study its workers ran with --study (default: the file's)",
+    )
+
+
+def _status_command(args: argparse.Namespace) -> str:
+    """The `cofr sweep status` of the study this command ran (the file's own, or --study's)."""
+    words = ["cofr", "sweep", "status", args.sweep]
+    if getattr(args, "study", None) is not None and args.study != args.sweep:
+        words += ["--study", args.study]
+    return shlex.join(words)
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,12 +201,18 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     from cofrgenet.sweeps import storage as st
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    given_name = getattr(args, "study_name", None)
     if args.study.endswith((".yaml", ".yml")) or Path(args.study).is_file():
-        sweep = load_sweep(args.study)
+        sweep = load_sweep(args.study, {"study": given_name} if given_name else None)
         runs_dir = args.runs_dir or sweep.runs_dir
         url = args.storage or st.home_storage(sweep, runs_dir)
         name = sweep.study
     else:
+        if given_name is not None:
+            raise SweepError(
+                f"--study {given_name}: give it with a sweep file; {args.study!r} is a study "
+                "name already"
+            )
         name = args.study
         runs_dir = args.runs_dir or "runs"
         url = args.storage
@@ -281,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         failed = result.failed
         print(
             f"cofr sweep run: no trial of this worker completed: {len(failed)} failed, the "
-            f"last with: {failed[-1].reason} (`cofr sweep status {args.sweep}`)",
+            f"last with: {failed[-1].reason} (`{_status_command(args)}`)",
             file=sys.stderr,
         )
         return 1
@@ -350,7 +371,7 @@ def submit(args: argparse.Namespace) -> int:
         print(hide_passwords(path), end="")
         return 0
     print(f"submitted {path} as job {job} ({args.workers} workers)")
-    print(f"follow with: cofr sweep status {args.sweep}")
+    print(f"follow with: {_status_command(args)}")
     return 0
 
 

@@ -1278,6 +1278,14 @@ def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     line = one_line_error(capsys, ["sweep", "status", path, "--storage", missing])
     assert "nowhere/x.db does not exist" in line
     assert not (tmp_path / "nowhere").exists()
+    # A scheme typo made a folder "jornal:" in the cwd; sqlite:// is a study in memory.
+    typo = f"jornal:{tmp_path / 'x.journal'}"
+    for command in (["status", path], ["run", path, "--no-mlflow"]):
+        line = one_line_error(capsys, ["sweep", *command, "--storage", typo])
+        assert "unknown scheme 'jornal:' (did you mean 'journal'?)" in line
+    line = one_line_error(capsys, ["sweep", "status", path, "--storage", "sqlite://"])
+    assert "storage 'sqlite://' is an in-memory database" in line
+    assert not list(Path.cwd().glob("jornal:*"))
 
 
 def test_a_mistyped_storage_file_is_refused_when_the_study_exists_elsewhere(tmp_path, capsys):

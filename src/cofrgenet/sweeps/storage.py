@@ -102,9 +102,17 @@ def study_folder(sweep: Sweep, runs_dir: str | None = None) -> Path:
 
 
 def journal_path(url: str) -> Path | None:
+    """The journal file of a ``journal:PATH`` or bare ``*.journal`` storage, else None."""
     if url.startswith("journal:"):
         return Path(url[len("journal:") :].removeprefix("//"))
     if url.endswith((".journal", ".log")) and "://" not in url:
+        scheme = re.match(r"([A-Za-z][\w+.-]*):", url)
+        if scheme:  # "jornal:/x.journal" would be a folder named "jornal:" in the cwd
+            hint = did_you_mean(scheme.group(1), ["journal"])
+            raise SweepError(
+                f"storage {url!r}: unknown scheme {scheme.group(1) + ':'!r}{hint}; use "
+                f"{STORAGE_FORMS}"
+            )
         return Path(url)
     return None
 
@@ -388,7 +396,12 @@ def check_rdb_url(url: str) -> None:
             f"storage {shown!r}: unknown URL scheme {scheme + '://'!r}{hint}; use {STORAGE_FORMS}"
         ) from None
     database = parsed.database
-    if parsed.get_backend_name() == "sqlite" and database and database != ":memory:":
+    if parsed.get_backend_name() == "sqlite" and database in (None, "", ":memory:"):
+        raise SweepError(
+            f"storage {shown!r} is an in-memory database: the study would end with the "
+            "worker; give a file, sqlite:///PATH.db"
+        )
+    if parsed.get_backend_name() == "sqlite":
         folder = Path(database).expanduser().parent
         if not folder.is_dir():
             raise SweepError(f"storage {shown!r}: no folder {folder} for the sqlite file")

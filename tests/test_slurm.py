@@ -346,3 +346,22 @@ def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, cap
     assert "s3cr" not in code_tags()["cofrgenet.command"]
     assert hide_passwords(url) == "postgresql://alice:***@db.example:5432/optuna"
     assert hide_passwords("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"
+
+
+def test_gpus_per_worker_0_in_the_sweep_file_and_a_set_submit_would_replace(tmp_path):
+    """`slurm: {gpus_per_worker: 0}` read as unset (a GPU base config got --gres=gpu:1),
+    and `--set trainer.devices=4` was replaced by 1 without a word."""
+    raw = yaml.safe_load((SWEEPS / "tpe-depth-ladders-lr.yaml").read_text())
+    raw["base"] = [str(ROOT / b) for b in raw["base"]]
+    raw["slurm"] = {**raw["slurm"], "gpus_per_worker": 0, "cpus_per_worker": None}
+    raw.pop("storage", None)
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    rendered = render(load_sweep(path), SubmitOptions(workers=2))
+    assert "gres" not in parse_sbatch_header(rendered.script)
+    assert rendered.settings["trainer.accelerator"] == "cpu"
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    with pytest.raises(SweepError, match=r"--set trainer.devices=4: submit sets trainer.devices "
+                       r"to 1 .* give --gpus-per-worker"):  # fmt: skip
+        render(tiny, SubmitOptions(settings={"trainer.devices": 4}))
+    render(tiny, SubmitOptions(settings={"trainer.devices": 1}))  # what it sets anyway: fine

@@ -113,8 +113,10 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
             "trainer.num_nodes: 1 in the sweep (multi-node runs: slurm/train.sbatch)"
         )
     gpus = options.gpus_per_worker
+    if gpus is None:  # an explicit 0 in the sweep file is a CPU worker, as --gpus-per-worker 0
+        gpus = sweep.slurm.gpus_per_worker
     if gpus is None:
-        gpus = sweep.slurm.gpus_per_worker or _accelerator_gpus(config)
+        gpus = _accelerator_gpus(config)
     if gpus < 0:
         raise SweepError("--gpus-per-worker must be >= 0")
     if gpus > 0:
@@ -135,6 +137,13 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
         if strategy not in (None, "auto"):
             settings["trainer.strategy"] = "auto"
     settings["trainer.num_nodes"] = 1
+    for key, value in options.settings.items():
+        if settings.get(key) != value:  # the #SBATCH resources decide it: say so, not replace
+            raise SweepError(
+                f"--set {key}={flow_yaml(value)}: submit sets {key} to {flow_yaml(settings[key])} "
+                "to match the SLURM resources; give --gpus-per-worker (GPUs per worker, 0 "
+                "for CPU) instead"
+            )
     num_workers = get_dotted(config, "data.num_workers")
     cpus = options.cpus_per_worker or sweep.slurm.cpus_per_worker
     if cpus is None:

@@ -251,7 +251,7 @@ class SlurmOptions:
     partition: str | None = None
     time: str = "04:00:00"
     cpus_per_worker: int | None = None
-    gpus_per_worker: int = 0
+    gpus_per_worker: int | None = None  # None: the config's GPU devices (0 without)
     mem: str | None = None
     extra: list[str] = field(default_factory=list)
 

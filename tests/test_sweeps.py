@@ -1748,3 +1748,26 @@ def test_status_and_report_find_a_study_run_under_another_name(tiny_data, tmp_pa
     assert (tmp_path / "runs" / "sweeps" / "other" / "report" / "summary.md").is_file()
     assert main(["sweep", "status", "other", "--study", "x"]) == 2
     assert "--study x: give it with a sweep file" in capsys.readouterr().err
+
+
+def test_sampler_seeds_stay_in_numpy_s_range_and_a_negative_worker_index_is_refused(
+    tmp_path, capsys
+):
+    """A seed near 2**32 plus a pid, or a --worker-index of -5, ended in numpy's
+    `Seed must be between 0 and 2**32 - 1` traceback."""
+    from cofrgenet.sweeps.worker import make_sampler
+    from test_cli_errors import one_line_error
+
+    for seed, offset in ((2**32 - 1, 4_000_000), (0, -5), (7, 3)):
+        sweep = parse_sweep(
+            {
+                "study": "s",
+                "space": {"a": [1]},
+                "n_trials": 1,
+                "sampler": {"name": "tpe", "seed": seed},
+            }
+        )
+        assert make_sampler(sweep, offset) is not None  # built: numpy took the seed
+    path = str(write_sweep(tmp_path))
+    line = one_line_error(capsys, ["sweep", "run", path, "--worker-index", "-5"])
+    assert "argument --worker-index: must be >= 0, got -5" in line

@@ -100,7 +100,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _worker_options(parser)
     parser.add_argument(
         "--worker-index",
-        type=int,
+        type=at_least(int, 0),
         default=None,
         help="offsets the sampler seed (default: the SLURM array index, else the pid)",
     )

@@ -62,7 +62,8 @@ def make_sampler(sweep: Sweep, offset: int) -> optuna.samplers.BaseSampler:
     """
     options = {k: v for k, v in sweep.sampler.items() if k not in ("name", "seed")}
     seed = sweep.sampler.get("seed")
-    seed = None if seed is None else int(seed) + offset
+    # numpy takes seeds in [0, 2**32): wrapped, a large seed plus a pid still fits.
+    seed = None if seed is None else (int(seed) + offset) % 2**32
     name = sweep.sampler["name"]
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, **options)

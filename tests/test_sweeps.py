@@ -1771,3 +1771,23 @@ def test_sampler_seeds_stay_in_numpy_s_range_and_a_negative_worker_index_is_refu
     path = str(write_sweep(tmp_path))
     line = one_line_error(capsys, ["sweep", "run", path, "--worker-index", "-5"])
     assert "argument --worker-index: must be >= 0, got -5" in line
+
+
+def test_the_heat_map_sorts_a_choice_of_none_beside_numbers():
+    """`ffn_hidden: {choices: [null, 128]}` on a heat-map axis: sorting None with ints
+    was a TypeError, and the report (the worker's, and `cofr sweep report`) failed."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    from cofrgenet.sweeps.report import heatmap_table
+
+    hidden = CategoricalDistribution([None, 128, 64])
+    depth = IntDistribution(1, 3)
+    trials = [
+        create_trial(params={"h": h, "d": d}, distributions={"h": hidden, "d": depth}, value=v)
+        for h, d, v in [(128, 1, 3.0), (None, 1, 2.5), (64, 2, 2.0), (None, 1, 2.7)]
+    ]
+    xs, ys, cells = heatmap_table(trials, "h", "d", maximize=False)
+    assert xs == [None, 64, 128] and ys == [1, 2]
+    assert (cells[0][0], cells[0][2], cells[1][1]) == (2.5, 3.0, 2.0)  # the best per cell
+    assert cells[0][1] != cells[0][1] and cells[1][0] != cells[1][0]  # NaN: no trial there

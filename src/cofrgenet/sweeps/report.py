@@ -28,17 +28,24 @@ def _savefig(figure: Any, path: Path) -> None:
         figure.savefig(tmp, dpi=110, bbox_inches="tight")
 
 
+def _axis_order(value: Any) -> tuple[int, Any]:
+    """Sort key of a categorical choice (None, a number or a string: Optuna's kinds): None
+    first, then numbers, then strings, so a choice list mixing them still sorts."""
+    if value is None:
+        return (0, 0)
+    return (1, value) if isinstance(value, int | float) else (2, str(value))
+
+
 def heatmap_table(
     trials: list[FrozenTrial], x_key: str, y_key: str, maximize: bool
 ) -> tuple[list[Any], list[Any], list[list[float]]]:
     """(x values, y values, best objective per cell, NaN where no trial completed)."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    xs = sorted({t.params[x_key] for t in done if x_key in t.params and y_key in t.params})
-    ys = sorted({t.params[y_key] for t in done if x_key in t.params and y_key in t.params})
+    both = [t for t in done if x_key in t.params and y_key in t.params]
+    xs = sorted({t.params[x_key] for t in both}, key=_axis_order)
+    ys = sorted({t.params[y_key] for t in both}, key=_axis_order)
     cells = [[math.nan] * len(xs) for _ in ys]
-    for t in done:
-        if x_key not in t.params or y_key not in t.params:
-            continue
+    for t in both:
         i, j = ys.index(t.params[y_key]), xs.index(t.params[x_key])
         old = cells[i][j]
         better = t.value > old if maximize else t.value < old

@@ -85,6 +85,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--recipe", "nope.yaml"], "--recipe nope.yaml: no such file; give a cofr fit config"),
         (["--recipe", "bad.yaml"], "--recipe bad.yaml, line 2, column 1: not valid YAML"),
         (["--recipe", "list.yaml"], "--recipe list.yaml: expected a cofr fit config"),
+        (["--steps", "-5"], "--steps must be >= 1, got -5"),
+        (["--lr", "0"], "--lr must be > 0, got 0.0"),
         (["--tag", "a b"], "--tag 'a b': it goes into the report's file name; use letters"),
         (["--out-dir", "bad.yaml/out"], "--out-dir bad.yaml/out: cannot make this folder: 'bad.yaml' is a file"),
         (["--recipe", str(RECIPE), "--data-dir", "data/nope"], "--data-dir data/nope: no prepared data there (no meta.json); make it with `cofr data prepare --out data/nope`"),
@@ -151,6 +153,8 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     assert "cofr bench quality --quick" in md.read_text()
     runs = {r["variant"]: r for r in report["runs"]}
     assert set(runs) == {"gpt2", "cofrgenet-f", "cofrgenet-f-ladders-off"}
+    # Where the recipe's trainer put the runs (it said "cpu" whatever the recipe).
+    assert report["device"] == "cpu" and {r["device"] for r in runs.values()} == {"cpu"}
     for run in runs.values():
         assert math.isfinite(run["val_loss"]) and run["steps"] == 8 and not run["nonfinite"]
     assert runs["gpt2"]["val_loss_unclipped"] is None  # no ladders, nothing to clip

@@ -7,6 +7,7 @@ points, so that ``cofr bench --help`` starts fast.
 from __future__ import annotations
 
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,20 @@ def device_name(device: Any) -> str:
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()
+
+
+def name_slug(name: str) -> str:
+    """A device name as report files hold it: ``NVIDIA H200`` -> ``nvidia-h200``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def device_label(device: Any) -> str:
+    """A device as report files name it: ``cpu``, or the GPU's name as a slug."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    return name_slug(torch.cuda.get_device_name(device))
 
 
 def machine_summary(device: Any) -> str:

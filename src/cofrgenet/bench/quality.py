@@ -48,7 +48,7 @@ from cofrgenet import terminal
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench import variants
 from cofrgenet.bench.files import check_file_name_part, free_stem, make_out_dir, with_suffix
-from cofrgenet.bench.machine import machine_summary
+from cofrgenet.bench.machine import device_label, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled
@@ -198,6 +198,13 @@ class QualityBenchConfig:
                 f"--dyadic must be one of {', '.join(DYADIC)}, got {self.dyadic!r}"
                 f"{did_you_mean(self.dyadic, DYADIC)}"
             )
+        for name in ("steps", "batch_size", "block_size", "n_layer", "n_embd", "n_head",
+                     "val_batches"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value < 1:  # else a recipe key's error names the wrong flag
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
         self.model_overrides()  # fails early on bad JSON
         check_file_name_part("--tag", self.tag)
         if self.out_dir is None:
@@ -256,6 +263,9 @@ class RunResult:
     nonfinite: bool
     seconds: float
     run_dir: str
+    #: What it trained on: "cpu", or the GPU's name as a slug ("nvidia-h200"); "" when the
+    #: run stopped before it could say (a non-finite loss).
+    device: str = ""
 
 
 def step_recorder() -> Any:
@@ -451,6 +461,7 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if cli is None:
         return result
     module, trainer = cli.model, cli.trainer
+    result.device = device_label(trainer.strategy.root_device)
     result.parameters = sum(p.numel() for p in module.model.parameters())
     result.spikes = module.grad_spikes
     result.val_loss = float(trainer.callback_metrics["val/loss"])
@@ -633,13 +644,15 @@ def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any]
     settings = {k: getattr(cfg, k) for k in QUICK}
     settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
     settings |= {"model config": cfg.model_config}
+    # The recipe's trainer decides where the runs train (quality-cpu.yaml: the CPU).
+    devices = sorted({r.device for r in results if r.device}) or ["cpu"]
     report = {
         "command": command,
         "date": started.date().isoformat(),
         "started": started.isoformat(timespec="seconds"),
         "minutes": minutes,
-        "device": "cpu",
-        "machine": machine_summary("cpu"),
+        "device": "+".join(devices),
+        "machine": machine_summary("cpu" if devices == ["cpu"] else "cuda"),
         "recipe": cfg.recipe,
         "settings": ", ".join(f"{k} {v}" for k, v in settings.items() if v is not None)
         or "as in the recipe",

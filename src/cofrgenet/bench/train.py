@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from cofrgenet.bench.files import (
     stem_once,
     with_suffix,
 )
-from cofrgenet.bench.machine import machine_summary
+from cofrgenet.bench.machine import machine_summary, name_slug
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
@@ -826,7 +825,7 @@ def report_stem(report: dict[str, Any], out_dir: Path) -> Path:
     """``out_dir/train-<device>-<date>[-<tag>]``, or with ``-2``, ``-3``, ... when a report
     of that name is there already: a run never replaces another's report."""
     # cpu, or the GPU's name as a slug (train-nvidia-h200-2026-12-01), as `cofr bench ops`.
-    device = re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-")
+    device = name_slug(report["device"])
     tag = report["config"].get("tag")
     return free_stem(out_dir, f"train-{device}-{report['date']}{f'-{tag}' if tag else ''}")
 

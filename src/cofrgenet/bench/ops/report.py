@@ -8,7 +8,6 @@ rewritten after each workload (partial, until the run ends).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from rich.table import Table
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench.files import free_stem, with_suffix
+from cofrgenet.bench.machine import name_slug
 from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
 from cofrgenet.bench.ops.formatting import ms, percent, speedup
 from cofrgenet.bench.ops.results import Report, Result
@@ -258,7 +258,7 @@ def device_label(meta: dict[str, Any]) -> str:
     """``cpu``, or the CUDA device's name as a file-name slug (``nvidia-h200``)."""
     if meta["device"] == "cpu":
         return "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", meta["device_name"].lower()).strip("-") or meta["device"]
+    return name_slug(meta["device_name"]) or meta["device"]
 
 
 def report_stem(report: Report, out_dir: Path, suffix: str = "") -> Path:

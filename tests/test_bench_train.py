@@ -374,3 +374,22 @@ def test_a_variant_that_cannot_train_here_is_reported_and_the_others_timed(monke
         "lstm eager": "RuntimeError: no float16 kernel",
         "lstm compiled": "RuntimeError: no float16 kernel",
     }
+
+
+def test_generation_tokens_per_s_are_medians_of_interleaved_calls(monkeypatch):
+    """One timed call each was the figure: a slow first call set it (14 ms against 0.1)."""
+    from cofrgenet.bench import timing
+    from cofrgenet.bench.train import GENERATION_REPEATS, Trainer, generation_speed
+
+    calls = []
+    real = timing.time_interleaved
+
+    def recorded(fns, repeats, device):
+        calls.append((sorted(fns), repeats))
+        return real(fns, repeats, device)
+
+    monkeypatch.setattr(timing, "time_interleaved", recorded)
+    cfg = TrainBenchConfig(variants=("gpt2",), batch_size=1, gen_tokens=2, **TINY)
+    speed = generation_speed(cfg, Trainer(cfg, "gpt2", "eager"))
+    assert calls == [(["cached", "recomputed"], GENERATION_REPEATS)] and GENERATION_REPEATS >= 3
+    assert speed["gen_cached_tokens_per_s"] > 0 and speed["gen_recompute_tokens_per_s"] > 0

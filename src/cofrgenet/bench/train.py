@@ -419,14 +419,17 @@ def _one_token_steps(model: Any, prefix: Any) -> Callable[[Any], Any]:
 
 #: Timed forwards per latency figure (one-token steps, and whole-context forwards).
 LATENCY_STEPS = 16
+#: Timed generations per tokens/s figure, cached and recomputed interleaved (median).
+GENERATION_REPEATS = 3
 
 
 def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float]:
-    """Tokens/s generating ``gen_tokens`` after an 8-token prompt, cached and recomputed,
-    and the latency of one token near a full context both ways (ms, medians)."""
+    """Tokens/s generating ``gen_tokens`` after an 8-token prompt, cached and recomputed
+    (medians of :data:`GENERATION_REPEATS` interleaved calls), and the latency of one token
+    near a full context both ways (ms, medians)."""
     import torch
 
-    from cofrgenet.bench.timing import time_once
+    from cofrgenet.bench.timing import time_interleaved, time_once
     from cofrgenet.nn import reusing_stacked_weights
     from cofrgenet.nn.decoding import sample_next
 
@@ -439,8 +442,8 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
             idx = torch.cat([idx, sample_next(logits, 0.0)], dim=1)
         return idx
 
-    def rate(fn: Callable[[], Any]) -> float:
-        return cfg.gen_tokens / (time_once(fn, device) / 1e3)
+    def rate(ms: list[float]) -> float:
+        return cfg.gen_tokens / (statistics.median(ms) / 1e3)
 
     context = trainer.batch[:1, : block - 1]
     # Both ways in inference mode, as model.generate runs: the ratio is the cache's alone.
@@ -448,8 +451,12 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
         # First calls at new shapes pay for kernel selection and compilation: untimed.
         model.generate(prompt, 4, temperature=0.0)
         recompute(prompt, 4)
-        cached = rate(lambda: model.generate(prompt, cfg.gen_tokens, temperature=0.0))
-        recomputed = rate(lambda: recompute(prompt, cfg.gen_tokens))
+        ways = {
+            "cached": lambda: model.generate(prompt, cfg.gen_tokens, temperature=0.0),
+            "recomputed": lambda: recompute(prompt, cfg.gen_tokens),
+        }
+        ms = time_interleaved(ways, GENERATION_REPEATS, device)  # medians, side by side
+        cached, recomputed = rate(ms["cached"]), rate(ms["recomputed"])
         # Latency of one token near a full context: the median of LATENCY_STEPS forwards
         # of the whole context, against LATENCY_STEPS consecutive one-token steps at
         # positions block - LATENCY_STEPS - 1 .. block - 2 after a prefill (twice).

@@ -1791,3 +1791,31 @@ def test_the_heat_map_sorts_a_choice_of_none_beside_numbers():
     assert xs == [None, 64, 128] and ys == [1, 2]
     assert (cells[0][0], cells[0][2], cells[1][1]) == (2.5, 3.0, 2.0)  # the best per cell
     assert cells[0][1] != cells[0][1] and cells[1][0] != cells[1][0]  # NaN: no trial there
+
+
+def test_a_requeue_that_is_not_made_ends_the_worker_with_1(tmp_path, monkeypatch, capsys):
+    """`scontrol requeue` failing (or SIGUSR1 outside SLURM) left status 0: the array task
+    read as a success while its trial waited, RUNNING, for a worker."""
+    import cofrgenet.sweeps.worker as worker_module
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.worker import WorkerResult, _requeue_job
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'Invalid job id' >&2\nexit 1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    worker = st.Worker("h", 1, None, "slurm-7_0", {st.SLURM_JOB: "8", st.SLURM_ARRAY_JOB: "7",
+                                                  st.SLURM_ARRAY_TASK: "0"})  # fmt: skip
+    assert _requeue_job(worker) == "scontrol requeue 7_0 failed: Invalid job id"
+    assert _requeue_job(st.Worker("h", 1, None, None, {})) == "this is not a SLURM job"
+
+    def requeue_not_made(sweep, **kwargs):
+        study = optuna.create_study()
+        return WorkerResult(study, requeued=True, not_requeued="this is not a SLURM job")
+
+    monkeypatch.setattr(worker_module, "run_worker", requeue_not_made)
+    path = str(write_sweep(tmp_path))
+    assert main(["sweep", "run", path, "--no-mlflow"]) == 1
+    err = capsys.readouterr().err
+    assert "stopped for a requeue, but this is not a SLURM job; the trial resumes" in err

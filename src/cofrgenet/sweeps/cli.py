@@ -291,6 +291,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return result.signal_status
+    if result.not_requeued is not None:
+        print(
+            f"cofr sweep run: stopped for a requeue, but {result.not_requeued}; the trial "
+            f"resumes from its checkpoint when a worker runs again: {resume_command()}",
+            file=sys.stderr,
+        )
+        return 1
     if result.failing is not None:
         print(
             f"cofr sweep run: stopped: {MAX_SAME_FAILURES} trials in a row failed with: "

@@ -272,6 +272,9 @@ class WorkerResult:
     outcomes: list[tuple[int, Outcome]] = field(default_factory=list)
     done: bool = False
     requeued: bool = False
+    #: Why a requeue the worker stopped for was not made (then it exits 1: the job's
+    #: state must not read as a success while its trial waits for a worker).
+    not_requeued: str | None = None
     #: Set when the worker stopped because trials kept failing for one reason.
     failing: str | None = None
     #: 128 + the signal (SIGTERM, Ctrl-C) that stopped the worker during a trial.
@@ -292,18 +295,21 @@ class WorkerResult:
         return not any(o.state in finished for _, o in self.outcomes)
 
 
-def _requeue_job(worker: st.Worker) -> None:
+def _requeue_job(worker: st.Worker) -> str | None:
+    """Ask SLURM to requeue this job; None once asked, else why it was not."""
     job = worker.slurm.get(st.SLURM_JOB)
     if worker.slurm.get(st.SLURM_ARRAY_JOB) and worker.slurm.get(st.SLURM_ARRAY_TASK):
         job = f"{worker.slurm[st.SLURM_ARRAY_JOB]}_{worker.slurm[st.SLURM_ARRAY_TASK]}"
     if not job or shutil.which("scontrol") is None:
-        log.warning("stopped for a requeue, but this is not a SLURM job: run the worker again")
-        return
-    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if result.returncode == 0:
-        log.info(f"requeued SLURM job {job}")
+        why = "this is not a SLURM job"
     else:
-        log.warning(f"scontrol requeue {job} failed: {result.stderr.strip()}")
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if done.returncode == 0:
+            log.info(f"requeued SLURM job {job}")
+            return None
+        why = f"scontrol requeue {job} failed: {done.stderr.strip() or done.returncode}"
+    log.warning(f"stopped for a requeue, but {why}: run the worker again")
+    return why
 
 
 def _seed_offset(worker: st.Worker, worker_index: int | None) -> int:
@@ -486,7 +492,7 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
     while n_trials is None or len(result.outcomes) < n_trials:
         if REQUEUE.is_set():  # SIGUSR1 between trials: come back after the requeue
             result.requeued = True
-            _requeue_job(worker)
+            result.not_requeued = _requeue_job(worker)
             return
         trial, resumed = next_trial(
             study, storage, sweep, worker, lambda number, retry: _end_lost_run(ctx, number, retry)
@@ -501,7 +507,7 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
         if outcome.requeue:
             trial.set_user_attr("cofr.requeued_at", time.time())
             result.requeued = True
-            _requeue_job(worker)
+            result.not_requeued = _requeue_job(worker)
             return
         if not _tell(study, storage, trial, outcome, sweep):
             outcome.reason = "; ".join(

@@ -695,6 +695,20 @@ def test_open_study_enqueues_the_grid_once(tmp_path):
     assert len(waiting) == 6
 
 
+def test_a_worker_with_an_allowed_edit_updates_the_study_s_stored_sweep(tmp_path):
+    """`cofr sweep status/report STUDY` read the sweep file as the study was created with:
+    after a run with more n_trials or another pruner, they showed the old ones."""
+    raw = {"study": "e", "space": {"a": "int 1..4"}, "n_trials": 2, "pruner": {"name": "none"}}
+    storage = st.open_storage(f"journal:{tmp_path / 'e.journal'}")
+    open_study(parse_sweep(raw), storage, 0)
+    edited = {**raw, "n_trials": 5, "pruner": {"name": "median"}}
+    study, created = open_study(parse_sweep(edited), storage, 1)
+    assert not created and study.user_attrs["cofr.sweep"]["n_trials"] == 5
+    assert optuna.load_study(study_name="e", storage=storage).user_attrs["cofr.sweep"] == (
+        parse_sweep(edited).raw
+    )
+
+
 def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp_path, monkeypatch):
     """Workers started together: one creates the study, the other loads it before the
     grid is queued. It waits for the grid instead of finding nothing to do and leaving."""

@@ -112,6 +112,10 @@ def open_study(
             f"{sweep.objective.metric}: its values would be ranked against the other's; use "
             "another study name"
         )
+    if not created and stored_sweep != sweep.raw:
+        # Its trials are the same (checked above); n_trials, the sampler or the pruner may
+        # have changed: `cofr sweep status/report STUDY` read this copy.
+        study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)

@@ -566,8 +566,8 @@ def test_reports_name_the_cpu_model():
 
 
 def test_report_files_name_a_device_alike_in_every_bench():
-    from cofrgenet.bench.machine import device_label, name_slug
+    from cofrgenet.bench.machine import device_slug, name_slug
 
     assert name_slug("NVIDIA H200") == "nvidia-h200"
     assert name_slug(" Tesla V100-SXM2 (16GB) ") == "tesla-v100-sxm2-16gb"
-    assert device_label("cpu") == "cpu"
+    assert device_slug("cpu") == "cpu"

@@ -37,7 +37,7 @@ def name_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def device_label(device: Any) -> str:
+def device_slug(device: Any) -> str:
     """A device as report files name it: ``cpu``, or the GPU's name as a slug."""
     import torch
 

@@ -48,7 +48,7 @@ from cofrgenet import terminal
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench import variants
 from cofrgenet.bench.files import check_file_name_part, free_stem, make_out_dir, with_suffix
-from cofrgenet.bench.machine import device_label, machine_summary
+from cofrgenet.bench.machine import device_slug, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled
@@ -461,7 +461,7 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if cli is None:
         return result
     module, trainer = cli.model, cli.trainer
-    result.device = device_label(trainer.strategy.root_device)
+    result.device = device_slug(trainer.strategy.root_device)
     result.parameters = sum(p.numel() for p in module.model.parameters())
     result.spikes = module.grad_spikes
     result.val_loss = float(trainer.callback_metrics["val/loss"])

@@ -155,6 +155,30 @@ def test_prepare_refuses_existing_folders_without_overwrite(pydoc_byte, tmp_path
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 
+def test_overwrite_never_deletes_a_corpus_in_folders_named_train_and_val(tmp_path):
+    """A user's own corpus/train/*.txt read as a half-written prepare: the error said to
+    pass --overwrite, which deleted every text file (the same advice came from cofr fit).
+    A train/ that links to another folder was deleted through the link, half way."""
+    corpus = tmp_path / "corpus"
+    for split in ("train", "val"):
+        (corpus / split).mkdir(parents=True)
+        (corpus / split / "d1.txt").write_text("hello " * 50)
+    with pytest.raises(DataFolderError, match=r"not a data folder .*it holds train, val"):
+        read_meta(corpus)
+    for overwrite in (False, True):
+        with pytest.raises(PrepareError, match=r"did not write \(train, val\)"):
+            prepare_data(PydocSource(), corpus, max_docs=8, num_workers=1, overwrite=overwrite)
+    assert (corpus / "train" / "d1.txt").read_text() == "hello " * 50
+    linked = tmp_path / "linked"
+    prepare_data(PydocSource(), linked, max_docs=8, num_workers=1)
+    store = tmp_path / "store"
+    (linked / "train").rename(store)
+    (linked / "train").symlink_to(store)
+    with pytest.raises(PrepareError, match=r"did not write \(train\)"):
+        prepare_data(PydocSource(), linked, max_docs=8, num_workers=1, overwrite=True)
+    assert (linked / "meta.json").is_file() and (store / "index.json").is_file()
+
+
 def test_overwrite_replaces_a_half_written_folder(tmp_path):
     out = tmp_path / "pydoc-byte"
     (out / "train").mkdir(parents=True)

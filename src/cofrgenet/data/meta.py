@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.atomic import write_text_atomic
+from cofrgenet.atomic import is_temporary, write_text_atomic
 from cofrgenet.errors import UserError
 
 META_FILE = "meta.json"
@@ -30,6 +31,35 @@ SPLITS = ("train", "val")
 TOKENIZER_DIR = "tokenizer"
 #: The tokenizer a bpe or gpt2 folder holds, under TOKENIZER_DIR.
 TOKENIZER_FILE = "tokenizer.json"
+#: Files a prepare writes in a split folder: litdata's chunks and (partial) indexes.
+_SPLIT_FILE = re.compile(r"(chunk-[\w.-]*\.bin|(\w+[.-])?index\.json)(\.tmp[\w.]*)?")
+#: The entries of a data folder a prepare writes besides meta.json (.cache: litdata's).
+PREPARED_ENTRIES = (*SPLITS, TOKENIZER_DIR, ".cache")
+
+
+def written_by_prepare(path: Path) -> bool:
+    """Whether ``path``, an entry of a data folder, is one `cofr data prepare` writes:
+    meta.json, litdata's cache, or a split or tokenizer folder holding only its files. A
+    folder the user made (their corpus in ``train/``), or a link to one, is not."""
+    name = path.name
+    if name in (META_FILE, ".cache") or is_temporary(name):
+        return True
+    if path.is_symlink() or not path.is_dir() or name not in PREPARED_ENTRIES:
+        return False
+    if name == TOKENIZER_DIR:
+        return all(f.name == TOKENIZER_FILE or is_temporary(f.name) for f in path.iterdir())
+    return all(
+        f.is_file() and (_SPLIT_FILE.fullmatch(f.name) or is_temporary(f.name))
+        for f in path.iterdir()
+    )
+
+
+def foreign_entries(data_dir: Path) -> list[str]:
+    """The sorted names of ``data_dir``'s entries that `cofr data prepare` did not write:
+    an --overwrite never deletes them, and a folder holding them is no half-written one."""
+    return sorted(p.name for p in data_dir.iterdir() if not written_by_prepare(p))
+
+
 #: Bumped when the folder layout or meta.json fields change incompatibly.
 FORMAT_VERSION = 1
 
@@ -207,14 +237,16 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
             "(or another --source/--tokenizer; see `cofr data prepare --help`)."
         )
     meta_path = data_dir / META_FILE
-    prepared = {*SPLITS, TOKENIZER_DIR, ".cache"}  # what a prepare writes before meta.json
-    if not meta_path.is_file() and not any((data_dir / name).exists() for name in prepared):
-        empty = not any(data_dir.iterdir())  # prepare writes into an empty folder only
-        out = data_dir if empty else Path("NEW_FOLDER")
+    foreign = foreign_entries(data_dir) if not meta_path.is_file() else []
+    written = any((data_dir / name).exists() for name in PREPARED_ENTRIES)
+    if not meta_path.is_file() and (foreign or not written):
+        # Not half-written: an --overwrite would refuse it (it deletes only its own files).
+        out = data_dir if not foreign and not written else Path("NEW_FOLDER")
+        held = f"; it holds {', '.join(foreign[:5])}" if foreign else ""
         raise DataFolderError(
-            f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor anything `cofr "
-            "data prepare` writes): pass the folder it made (its --out), or make one with:\n"
-            f"  {prepare_command(out)}"
+            f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor only what `cofr "
+            f"data prepare` writes{held}): pass the folder it made (its --out), or make one "
+            f"with:\n  {prepare_command(out)}"
         )
     if not meta_path.is_file():
         raise DataFolderError(

@@ -44,14 +44,15 @@ from typing import Any
 import numpy as np
 
 from cofrgenet import terminal
-from cofrgenet.atomic import is_temporary, why_no_folder
+from cofrgenet.atomic import why_no_folder
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
-    SPLITS,
+    PREPARED_ENTRIES,
     TOKENIZER_DIR,
     DataMeta,
     SplitInfo,
+    foreign_entries,
     read_meta,
 )
 from cofrgenet.data.sources import (
@@ -80,8 +81,6 @@ DEFAULT_CHUNK_BYTES = "64MB"
 #: spawn, which re-imports torch in every worker); spawn elsewhere.
 DEFAULT_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 START_METHODS = ("fork", "spawn", "forkserver")
-#: Entries of a data folder that --overwrite may delete (anything else: refuse).
-_OWNED = {*SPLITS, TOKENIZER_DIR, META_FILE, ".cache"}
 #: litdata's size units (``litdata.utilities.format._FORMAT_TO_RATIO``): powers of 1000.
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(b?)", re.IGNORECASE)
@@ -374,12 +373,6 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _foreign_files(names: Iterable[str]) -> str:
-    # A meta.json write cut short leaves its temporary file (cofrgenet.atomic): ours too.
-    foreign = sorted(name for name in set(names) - _OWNED if not is_temporary(name))
-    return ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-
-
 def _clear_output(out: Path, overwrite: bool) -> None:
     if not out.exists():
         return
@@ -388,7 +381,9 @@ def _clear_output(out: Path, overwrite: bool) -> None:
     entries = {p.name for p in out.iterdir()}
     if not entries:
         return
-    foreign = _foreign_files(entries)
+    # By content: a train/ of the user's own text files is not ours to delete.
+    names = foreign_entries(out)
+    foreign = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     if foreign and META_FILE not in entries:
         raise PrepareError(
             f"--out {str(out)!r} is not a data folder: it holds files that `cofr data prepare` "
@@ -407,7 +402,7 @@ def _clear_output(out: Path, overwrite: bool) -> None:
     (out / META_FILE).unlink(missing_ok=True)
     for name in entries:
         path = out / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
@@ -430,7 +425,7 @@ def _make_folder(out: Path) -> None:
 def _remove_written(out: Path, created: bool) -> None:
     """Remove what a failed prepare wrote to ``out`` (only its own entries; ``out`` itself
     if this prepare ``created`` it and nothing else is left)."""
-    for name in _OWNED:
+    for name in (*PREPARED_ENTRIES, META_FILE):
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

@@ -45,7 +45,7 @@ from cofrgenet.data import (
 )
 from cofrgenet.data.env import default_loader_workers
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
-from cofrgenet.data.sources import HFSource
+from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
     EOS_TEXT,
     TokenizerFilesNotFound,
@@ -872,6 +872,36 @@ def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
     assert len(written) < 400  # stopped mid-way, not run to the end
     if sig == signal.SIGINT:
         assert rc == 130 and not out.exists()
+
+
+class KilledWorkerSource(Source):
+    """40 documents; the worker that reads document 7 is killed (kill -9, as the system's
+    out-of-memory killer does)."""
+
+    kind = "killed"
+
+    def __init__(self) -> None:
+        self.main = os.getpid()
+
+    def __len__(self) -> int:
+        return 40
+
+    def read(self, indices):
+        if 7 in indices and os.getpid() != self.main:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return [f"document {i} " * 20 for i in indices]
+
+    def describe(self):
+        return {}
+
+
+def test_a_worker_killed_by_the_system_fails_the_prepare_instead_of_losing_tokens(tmp_path):
+    """litdata ended the run as a success: the folder looked complete, with about half
+    the tokens, and prepare exited 0."""
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError, match=r"lost work \(\d+ of \d+ work items not done"):
+        prepare_data(KilledWorkerSource(), out, num_workers=2, docs_per_item=1, seed=SEED)
+    assert not out.exists()  # removed: the same command runs again as it is
 
 
 def read_pids(path: Path) -> list[str]:

@@ -170,6 +170,11 @@ class EncodeDocuments:
     (litdata answers a raising ``fn`` by terminating its workers, which leaves their
     download/remove helper processes running, blocked, holding the parent's stdout.)
 
+    With ``ledger_dir``, each item's start and token count are appended, once tokenized, to
+    a file per worker there (:func:`read_ledger`): a worker that the system killed (out of
+    memory) leaves items without a line, or lines whose tokens never reached a chunk, and
+    litdata ends such a run as if it had succeeded.
+
     In a worker, a watchdog thread ends the worker and its helpers, writing nothing more,
     once the process that started it is gone (kill -9, SIGTERM, Ctrl-C of the main
     process): an orphan would go on writing chunks into a folder that the next
@@ -183,12 +188,14 @@ class EncodeDocuments:
         dtype: Any,
         indices: np.ndarray | None = None,
         error_file: str | os.PathLike[str] | None = None,
+        ledger_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.source = source
         self.tokenizer = tokenizer
         self.dtype = np.dtype(dtype)
         self.indices = np.arange(len(source)) if indices is None else np.asarray(indices)
         self.error_file = None if error_file is None else str(error_file)
+        self.ledger_dir = None if ledger_dir is None else str(ledger_dir)
         self.main_pid = os.getpid()
         self._watched_pid: int | None = None
 
@@ -209,8 +216,23 @@ class EncodeDocuments:
                 raise
             _record_error(self.error_file, err)
             return
+        if self.ledger_dir is not None:
+            with open(os.path.join(self.ledger_dir, f"{os.getpid()}.txt"), "a") as ledger:
+                ledger.write(f"{start} {0 if ids is None else ids.size}\n")
         if ids is not None:
             yield torch.from_numpy(ids)
+
+
+def read_ledger(ledger_dir: Path) -> dict[int, int]:
+    """{item start: tokens} of the items the workers tokenized (:class:`EncodeDocuments`);
+    a line a killed worker left half-written does not count."""
+    done: dict[int, int] = {}
+    for path in ledger_dir.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if len(words) == 2 and all(w.isdigit() for w in words):
+                done[int(words[0])] = int(words[1])
+    return done
 
 
 def _exit_when_orphaned(poll_s: float = 0.2) -> None:
@@ -272,6 +294,9 @@ def _optimize_in_child(options: dict[str, Any], parent: int) -> None:
     """
     from litdata import optimize
 
+    # A process group of its own: the caller ends every process of it once it returns,
+    # helpers orphaned by a killed worker too. Ctrl-C reaches the caller, which kills it.
+    os.setpgrp()
     _die_with_parent(parent)
     optimize(**options)
 
@@ -343,6 +368,9 @@ def _write_split(
         "start_method": start_method,
         "verbose": False,
     }
+    if fn.ledger_dir is not None:
+        shutil.rmtree(fn.ledger_dir, ignore_errors=True)
+        os.makedirs(fn.ledger_dir)
     context = multiprocessing.get_context(start_method)
     child = context.Process(
         target=_optimize_in_child, args=(options, os.getpid()), name="cofr-tokenize"
@@ -350,10 +378,14 @@ def _write_split(
     child.start()
     try:
         child.join()
-    except BaseException:  # Ctrl-C (the child has it too), SystemExit: stop it and its workers
+    except BaseException:  # Ctrl-C, SystemExit: stop it and its workers
         child.kill()
         child.join()
         raise
+    finally:
+        # Its process group: a helper whose worker was killed sleeps on, orphaned.
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, signal.SIGKILL)
     if fn.error_file is not None:
         raise_worker_error(fn.error_file)
     if not (output_dir / "index.json").is_file():
@@ -365,7 +397,22 @@ def _write_split(
         )
     index = json.loads((output_dir / "index.json").read_text())
     tokens = sum(int(c["dim"] or 0) for c in index["chunks"])
+    if fn.ledger_dir is not None:
+        _check_complete(read_ledger(Path(fn.ledger_dir)), len(inputs), tokens, output_dir.name)
     return SplitInfo(documents=n, tokens=tokens, chunks=len(index["chunks"]))
+
+
+def _check_complete(done: dict[int, int], items: int, written: int, split: str) -> None:
+    """A PrepareError unless every one of ``items`` work items was tokenized and every
+    token reached a chunk: litdata ends a run whose worker the system killed as done."""
+    missing, lost = items - len(done), sum(done.values()) - written
+    if missing or lost:
+        raise PrepareError(
+            f"tokenizing the {split} split lost work ({missing} of {items} work items not "
+            f"done, {max(lost, 0):,} tokens not written): a tokenizing process died, killed "
+            "by the system (out of memory?). What was written is removed; run the command "
+            "again, with a lower --num-workers if memory is short"
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -596,7 +643,8 @@ def prepare_data(
                 log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
                 error_file = out / ".cache" / f"{split}-error.pickle"
                 error_file.parent.mkdir(parents=True, exist_ok=True)
-                fn = EncodeDocuments(src, tok, dtype, idx, error_file=error_file)
+                ledger = out / ".cache" / f"{split}-ledger"
+                fn = EncodeDocuments(src, tok, dtype, idx, error_file, ledger)
                 splits[split] = _write_split(
                     fn, out / split, num_workers, chunk_bytes, docs_per_item, start_method
                 )

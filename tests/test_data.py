@@ -1018,3 +1018,23 @@ def test_bpe_training_cuts_long_runs_without_whitespace():
     assert pieces[-1] == "no long run here"  # untouched
     bpe = train_bpe(["def f(x): return x\n"] * 5 + ["x" * 200_000], 300)
     assert bpe.decode(bpe.encode("x" * 5000)) == "x" * 5000
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"vocab_size": "257"}, "vocab_size must be a whole number, got '257'"),
+        ({"splits": {"train": {"documents": 1, "tokens": -5}, "val": {"documents": 1, "tokens": 9}}},
+         "splits.train.tokens must be a whole number, got -5"),
+        ({"source_args": []}, "source_args must be an object, got []"),
+    ],
+)  # fmt: skip
+def test_a_hand_edited_meta_json_of_the_wrong_types_is_named(pydoc_byte, tmp_path, edit, message):
+    """A "vocab_size": "257" was read, and failed as a TypeError in the model's check."""
+    copy = tmp_path / "copy"
+    shutil.copytree(pydoc_byte, copy)
+    meta = {**json.loads((copy / "meta.json").read_text()), **edit}
+    (copy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFolderError, match="unreadable") as error:
+        read_meta(copy)
+    assert message in str(error.value)

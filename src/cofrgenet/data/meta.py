@@ -148,10 +148,27 @@ class DataMeta:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataMeta:
+        """The metadata ``data`` holds; TypeError naming a field of the wrong type (a
+        hand-edited ``"vocab_size": "257"`` failed later, deep in training)."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["splits"] = {k: SplitInfo(**v) for k, v in data["splits"].items()}
-        return cls(**kwargs)
+        meta = cls(**kwargs)
+        kinds = {
+            "int": (int, "a whole number"),
+            "str": (str, "a string"),
+            "dict": (dict, "an object"),
+        }
+        for f in fields(cls):  # annotations are strings here: "int", "dict[str, Any]"
+            kind, said = kinds.get(str(f.type).split("[")[0], (object, ""))
+            value = getattr(meta, f.name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TypeError(f"{f.name} must be {said}, got {value!r}")
+        for name, split in meta.splits.items():
+            for key, value in asdict(split).items():
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise TypeError(f"splits.{name}.{key} must be a whole number, got {value!r}")
+        return meta
 
     def check_vocab(self, model_vocab_size: int) -> None:
         """Raise :class:`VocabMismatchError` when the model cannot embed every token id."""

@@ -754,6 +754,20 @@ def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path,
     assert not out.exists()
 
 
+@pytest.mark.parametrize("given", [["--val-fraction", "0.3"], ["--seed", "9"]])
+def test_a_split_option_a_preset_with_its_own_validation_split_ignores_is_refused(tmp_path, given):
+    """--val-fraction and --seed were ignored without a word for wikitext-2 (its own
+    validation split): the folder read as if 30% had been held out."""
+    hub = FakeHub({"train": [{"page": "= A =\nwords"}], "validation": [{"page": "= B =\nx"}]})
+    out = tmp_path / "wt"
+    args = ["--source", "hf", "--dataset", "wikitext-2", "--out", str(out), *given]
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    with pytest.raises(PrepareError, match=rf"^{given[0]}: wikitext-2 has its own validation"):
+        prepare_module.run(parser.parse_args(args), loader=hub)
+    assert not out.exists()
+
+
 # ------------------------------------------------------------- bad input, one line
 
 

@@ -772,13 +772,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--val-fraction",
         type=float,
-        default=DEFAULT_VAL_FRACTION,
+        default=None,
         metavar="F",
         help=f"fraction of documents held out for validation, at least one (default: {DEFAULT_VAL_FRACTION})",
     )
-    out.add_argument(
-        "--seed", type=int, default=DEFAULT_SEED, help=f"split seed (default: {DEFAULT_SEED})"
-    )
+    out.add_argument("--seed", type=int, default=None, help=f"split seed (default: {DEFAULT_SEED})")
     out.add_argument(
         "--out",
         metavar="DIR",
@@ -914,15 +912,24 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
                 text_field=args.text_field,
                 loader=loader,
             )
+    given = [
+        f"--{n.replace('_', '-')}" for n in ("val_fraction", "seed") if getattr(args, n) is not None
+    ]
+    if val_source is not None and given:  # nothing is held out: it would read as if it were
+        raise PrepareError(
+            f"{' and '.join(given)}: {args.dataset} has its own validation split "
+            f"({val_split}), so no training document is held out; drop "
+            f"{'them' if len(given) > 1 else 'it'}, or pass --val-split none"
+        )
     meta = prepare_data(
         source,
         out,
         tokenizer=args.tokenizer,
         vocab_size=DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
         gpt2_dir=args.gpt2_dir,
-        val_fraction=args.val_fraction,
+        val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
         val_source=val_source,
-        seed=args.seed,
+        seed=DEFAULT_SEED if args.seed is None else args.seed,
         num_workers=args.num_workers,
         max_docs=args.max_docs,
         overwrite=args.overwrite,

@@ -537,8 +537,9 @@ def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataM
     )
     if same_but_contents and _plain(existing.source_args) != _plain(asked):
         raise PrepareError(
-            f"{str(out)!r} was prepared from these files, which changed since (sizes or "
-            "modification times): pass --overwrite to prepare them again"
+            f"{str(out)!r} was prepared from other files than these, or from these before "
+            "they changed (their paths, sizes or modification times differ; a relative glob "
+            "finds other files from another folder): pass --overwrite to prepare them"
         )
     differences = [
         f"{key}: {getattr(existing, key)!r} there, {value!r} asked"

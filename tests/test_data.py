@@ -744,15 +744,24 @@ def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
 
 
 def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path, capsys):
-    hub = FakeHub({"validation": [{"page": "= A =\nwords"}, {"page": "= B =\nmore"}]})
+    rows = [{"page": "= A =\nwords"}, {"page": "= B =\nmore"}]
+    hub = FakeHub({"validation": rows, "train": rows})
     out = tmp_path / "leak"
     args = ["--source", "hf", "--dataset", "wikitext-103", "--split", "validation",
             "--out", str(out), "--num-workers", "1"]  # fmt: skip
     parser = argparse.ArgumentParser()
     prepare_module.add_arguments(parser)
-    with pytest.raises(PrepareError, match="--split validation is also the validation split"):
+    with pytest.raises(PrepareError, match="--split validation holds the validation split"):
         prepare_module.run(parser.parse_args(args), loader=hub)
     assert not out.exists()
+    # A slice of the training split is in it too (it passed as another name).
+    sliced = ["--source", "hf", "--dataset", "wikitext-103", "--split", "train",
+              "--val-split", "train[:5%]", "--out", str(out), "--num-workers", "1"]  # fmt: skip
+    with pytest.raises(
+        PrepareError, match=r"--split train holds the validation split train\[:5%\]"
+    ):
+        prepare_module.run(parser.parse_args(sliced), loader=hub)
+    assert prepare_module._splits_overlap("train[:95%]", "train[95%:]") is False
 
 
 @pytest.mark.parametrize("given", [["--val-fraction", "0.3"], ["--seed", "9"]])

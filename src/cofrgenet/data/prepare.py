@@ -854,6 +854,14 @@ SOURCE_OPTIONS = {
 TOKENIZER_OPTIONS = {"vocab_size": "bpe", "gpt2_dir": "gpt2"}
 
 
+def _splits_overlap(train: str, val: str) -> bool:
+    """Whether two hub split names surely share rows: the same, or one a slice of the
+    other whole (``train`` and ``train[:5%]``). Two slices of one split are taken as the
+    user cut them."""
+    same_base = train.split("[", 1)[0].strip() == val.split("[", 1)[0].strip()
+    return train == val or (same_base and ("[" not in train or "[" not in val))
+
+
 def check_applicable(args: argparse.Namespace) -> None:
     """Refuse an option that the chosen source or tokenizer would not read (a data folder
     made without it would look as if it had been)."""
@@ -898,11 +906,11 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     if args.source == "hf":
         val_split = args.val_split or hf_val_split(args.dataset)
         train_split = getattr(source, "split", args.split)
-        if val_split and val_split.lower() != "none" and val_split == train_split:
+        if val_split and val_split.lower() != "none" and _splits_overlap(train_split, val_split):
             raise PrepareError(
-                f"--split {train_split} is also the validation split: every validation "
-                "document would be trained on; give another --val-split, or --val-split none "
-                "to hold out --val-fraction of the training documents"
+                f"--split {train_split} holds the validation split {val_split}: every "
+                "validation document would be trained on; give another --val-split, or "
+                "--val-split none to hold out --val-fraction of the training documents"
             )
         if val_split and val_split.lower() != "none":
             val_source = make_source(

@@ -1833,3 +1833,17 @@ def test_a_requeue_that_is_not_made_ends_the_worker_with_1(tmp_path, monkeypatch
     assert main(["sweep", "run", path, "--no-mlflow"]) == 1
     err = capsys.readouterr().err
     assert "stopped for a requeue, but this is not a SLURM job; the trial resumes" in err
+
+
+def test_a_model_vocabulary_smaller_than_the_data_s_is_refused_before_the_study(
+    tiny_data, tmp_path
+):
+    """Each trial failed alone on it (three of them used up before the worker stopped)."""
+    path = write_sweep(
+        tmp_path, overrides={"data.data_dir": str(tiny_data), "model.config.vocab_size": 100}
+    )
+    with pytest.raises(SweepError, match=r"has vocab_size 100: set model.config.vocab_size"):
+        run_worker(load_sweep(path), mlflow=False)
+    assert not (tmp_path / "runs" / "sweeps").exists() or not list(
+        (tmp_path / "runs" / "sweeps").rglob("*.journal")
+    )  # no study made

@@ -231,6 +231,18 @@ def _model_problem(config: dict[str, Any]) -> str | None:
     return None
 
 
+def model_vocab_size(config: dict[str, Any]) -> int | None:
+    """The vocabulary of ``config``'s model (its preset's unless ``model.config`` sets
+    one); None when no model can be made of it (:func:`check_model_values` says why)."""
+    model = config.get("model") or {}
+    try:
+        return resolve_model_config(
+            model.get("preset"), overrides_dict(model.get("config"))
+        ).vocab_size
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
 def _ends(param: Any) -> list[Any]:
     """The choices of a categorical key; the lowest and highest values a range draws
     (with a step, the last one on it: ``int 2..5 step 2`` draws 2 and 4; ints as ints)."""

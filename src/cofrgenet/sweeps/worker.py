@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from cofrgenet.errors import UserError
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import check_keys, check_model_values
+from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
 from cofrgenet.sweeps.objective import (
     REQUEUE,
     RUN_DIR_ATTR,
@@ -182,11 +182,20 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
         settings["block_size"] = 1
     where = sweep.path or sweep.study
     try:
-        TokenDataModule(**settings)
+        data = TokenDataModule(**settings)
     except DataFolderError as error:
         raise SweepError(f"{where}: data.data_dir: {error}") from None
     except UserError as error:
         raise SweepError(f"{where}: {error}") from None
+    if any(p.key in ("model.preset", "model.config.vocab_size") for p in sweep.space):
+        return  # the vocabulary varies: trials whose model is too small fail alone
+    vocab = model_vocab_size(probe)
+    if vocab is not None and data.vocab_size > vocab:
+        raise SweepError(
+            f"{where}: the data's tokenizer has {data.vocab_size} token ids but the trials' "
+            f"model has vocab_size {vocab}: set model.config.vocab_size: {data.vocab_size} "
+            "(or more) in the sweep's overrides, or give a data folder of the model's tokenizer"
+        )
 
 
 #: How long a worker waits for the worker that created the study to finish setting it up.

@@ -393,3 +393,12 @@ def test_generation_tokens_per_s_are_medians_of_interleaved_calls(monkeypatch):
     speed = generation_speed(cfg, Trainer(cfg, "gpt2", "eager"))
     assert calls == [(["cached", "recomputed"], GENERATION_REPEATS)] and GENERATION_REPEATS >= 3
     assert speed["gen_cached_tokens_per_s"] > 0 and speed["gen_recompute_tokens_per_s"] > 0
+
+
+def test_compiled_only_says_that_memory_and_generation_go_unmeasured(monkeypatch, tmp_path, capsys):
+    _compile_as_identity(monkeypatch)
+    argv = ["bench", "train", "--variants", "gpt2", "--modes", "compiled", "--batch-size", "1"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--out-dir", str(tmp_path)]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    assert cli.main(argv) == 0
+    assert "memory and generation are measured on the eager trainers" in capsys.readouterr().err

@@ -857,6 +857,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
     check_settings(cfg)
+    if "eager" not in cfg.modes and (cfg.memory or cfg.generation):
+        print("note: memory and generation are measured on the eager trainers: none here "
+              "(--modes compiled)", file=sys.stderr)  # fmt: skip
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before the work
     pairs = len(cfg.variants) * len(cfg.modes)
     stem = stem_once(lambda report: report_stem(report, out_dir))

@@ -36,6 +36,7 @@ UTILITIES = {
     "hub",
     "lazy",
     "recipes",
+    "redact",
     "terminal",
 }
 for _name in UTILITIES:

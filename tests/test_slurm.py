@@ -312,15 +312,16 @@ def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     assert "--dry-run submits none: drop one" in capsys.readouterr().err
 
 
-def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, capsys):
+def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, capsys, tmp_path):
     """The script exports the URL and the workers read it (--storage env:NAME): ps, logs
     and MLflow's cofrgenet.command tag showed `--storage postgresql://u:secret@...`."""
     import argparse
     import shlex
 
+    from cofrgenet.redact import hide_passwords
     from cofrgenet.sweeps.cli import storage_argument
     from cofrgenet.sweeps.slurm import STORAGE_VARIABLE
-    from cofrgenet.training.run_store import code_tags, hide_passwords
+    from cofrgenet.training.run_store import code_tags
 
     url = "postgresql://alice:s3cr$t@db.example:5432/optuna"
     tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
@@ -346,6 +347,25 @@ def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, cap
     assert "s3cr" not in code_tags()["cofrgenet.command"]
     assert hide_passwords(url) == "postgresql://alice:***@db.example:5432/optuna"
     assert hide_passwords("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"
+    query = "postgresql://u@h/db?sslmode=x&password=s3cr"  # a password as a parameter
+    assert hide_passwords(query) == "postgresql://u@h/db?sslmode=x&password=***"
+    assert render(tiny, SubmitOptions(storage=query)).worker_args.count(query) == 0
+    # A variable holding no URL (a password variable, by mistake) is not echoed.
+    monkeypatch.setenv("PGPASSWORD", "hunter2")
+    with pytest.raises(
+        argparse.ArgumentTypeError, match=r"\$PGPASSWORD holds no storage URL"
+    ) as bad:
+        storage_argument("env:PGPASSWORD")
+    assert "hunter2" not in str(bad.value)
+    # The run folder's lock file (mode 0644) records the command line, hidden too.
+    from cofrgenet.training.runlock import RunLock
+
+    lock = RunLock(tmp_path / "run")
+    lock.acquire()
+    try:
+        assert "s3cr" not in (tmp_path / "run" / ".lock").read_text()
+    finally:
+        lock.release()
 
 
 def test_gpus_per_worker_0_in_the_sweep_file_and_a_set_submit_would_replace(tmp_path):

@@ -16,6 +16,7 @@ worker's command line), so they cannot disagree:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.spec import (
     Sweep,
@@ -36,7 +38,6 @@ from cofrgenet.sweeps.spec import (
     flow_yaml,
     get_dotted,
 )
-from cofrgenet.training.run_store import hide_passwords
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
 #: Strategies that start their ranks from the one worker process (Lightning's names).
@@ -322,10 +323,16 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    # Only its owner reads it: it may hold the storage's password (render).
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as script:
-        script.write(rendered.script)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for number in itertools.count(1):  # two submits in one second: -2, -3, ...
+        path = folder / f"sweep-{stamp}{f'-{number}' if number > 1 else ''}.sbatch"
+        try:  # only its owner reads it: it may hold the storage's password (render)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as script:
+            script.write(rendered.script)
+        break
     command = ["sbatch", "--parsable"]
     if wait:
         command.append("--wait")

@@ -55,6 +55,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
 from cofrgenet.errors import did_you_mean
+from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
 
 log = logging.getLogger("cofrgenet.sweeps")
@@ -135,7 +136,7 @@ def check_given_storage(given: str | None, home: str, study: str) -> None:
     if not home_file.exists() or given_file.resolve() == home_file.resolve():
         return
     raise SweepError(
-        f"--storage {describe_storage(given or '')}: no such file, and study {study!r} is "
+        f"--storage {hide_passwords(given or '')}: no such file, and study {study!r} is "
         f"stored in {home_file}: leave out --storage to go on with it, or give --study "
         "NAME to start a new study in that file"
     )
@@ -163,7 +164,7 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
                 )
         except ImportError as error:
             raise SweepError(
-                f"storage {describe_storage(url)!r}: {error}; install its database driver "
+                f"storage {hide_passwords(url)!r}: {error}; install its database driver "
                 "(PostgreSQL: pip install 'psycopg[binary]')"
             ) from None
         except Exception as error:
@@ -173,7 +174,7 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
                 if isinstance(error, DBAPIError):
                     raise SweepError(_unreachable(url, error)) from None
                 raise
-            log.warning(f"opening {describe_storage(url)} failed ({error!r:.200}); retrying")
+            log.warning(f"opening {hide_passwords(url)} failed ({error!r:.200}); retrying")
             time.sleep(0.5 + random.random() * 2)
     raise AssertionError("unreachable")
 
@@ -364,7 +365,7 @@ def _unreachable(url: str, error: Exception) -> str:
     if password:
         reason = reason.replace(str(password), "***")
     return (
-        f"cannot reach the study database {describe_storage(url)}: is the server up, and "
+        f"cannot reach the study database {hide_passwords(url)}: is the server up, and "
         f"its host, port, user and password right? ({reason})"
     )
 
@@ -381,7 +382,7 @@ def check_rdb_url(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    shown = describe_storage(url)
+    shown = hide_passwords(url)
     if "://" not in url:
         raise SweepError(
             f"storage {shown!r}: not a journal file or database URL; use {STORAGE_FORMS}"
@@ -405,13 +406,6 @@ def check_rdb_url(url: str) -> None:
         folder = Path(database).expanduser().parent
         if not folder.is_dir():
             raise SweepError(f"storage {shown!r}: no folder {folder} for the sqlite file")
-
-
-def describe_storage(url: str) -> str:
-    """The URL without a password, for logs and tags."""
-    from cofrgenet.training.run_store import hide_passwords
-
-    return hide_passwords(url)
 
 
 # ----------------------------------------------------------------------- the worker

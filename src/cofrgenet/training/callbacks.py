@@ -23,9 +23,9 @@ from torch import nn
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
+from cofrgenet.redact import hide_passwords
 from cofrgenet.training.checkpoint_io import remove_older_requeue_checkpoints
 from cofrgenet.training.optim import planned_steps
-from cofrgenet.training.run_store import hide_passwords
 from cofrgenet.training.strategies import grad_square_sum, summed_over_shards
 
 SCHEDULES = ("paper", "early", "none")
@@ -557,7 +557,9 @@ def resume_command(run_name: str | None = None) -> str:
         words.append(word)
     if not words or words[0] != "fit":
         words = ["fit", "..."]
-    return shlex.join(["cofr", *words, "--run.name", run_name, "--ckpt_path", "last"])
+    return hide_passwords(
+        shlex.join(["cofr", *words, "--run.name", run_name, "--ckpt_path", "last"])
+    )
 
 
 class NonFiniteLossError(UserError, RuntimeError):

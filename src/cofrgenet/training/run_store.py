@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet.errors import ConfigError
+from cofrgenet.redact import hide_passwords
 
 RUN_ID_FILE = "mlflow_run_id"
 #: The metric whose history says up to which step a run has logged.
@@ -269,13 +270,3 @@ def code_tags() -> dict[str, str]:
     source (MLflow's "Git commit"; ``cofrgenet.git_dirty``: uncommitted changes in it)
     when it is a checkout, and the command line (``cofrgenet.command``, passwords hidden)."""
     return {**_code_version(), "cofrgenet.command": cut(hide_passwords(shlex.join(sys.argv)))}
-
-
-#: ``scheme://user:password@``: the password part of a URL.
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][\w+.-]*://[^\s:/@]*:)\S*@")  # to the last @
-
-
-def hide_passwords(text: str) -> str:
-    """``text`` with every URL's password as ``***`` (a database URL in a command line,
-    on its way into a log or an MLflow tag that others read)."""
-    return _URL_PASSWORD.sub(r"\1***@", text)

@@ -23,6 +23,7 @@ import lightning as L
 
 from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import UserError
+from cofrgenet.redact import hide_passwords
 
 LOCK_FILE = ".lock"
 
@@ -71,7 +72,7 @@ class RunLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": dt.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join(["cofr", *sys.argv[1:]])[:500],
+            "command": hide_passwords(" ".join(["cofr", *sys.argv[1:]]))[:500],  # 0644
         }
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(me) + "\n").encode())

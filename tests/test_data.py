@@ -762,6 +762,8 @@ def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path,
     ):
         prepare_module.run(parser.parse_args(sliced), loader=hub)
     assert prepare_module._splits_overlap("train[:95%]", "train[95%:]") is False
+    assert prepare_module._splits_overlap("train+validation", "validation") is True
+    assert prepare_module._splits_overlap("train", "test+validation") is False
 
 
 @pytest.mark.parametrize("given", [["--val-fraction", "0.3"], ["--seed", "9"]])
@@ -1051,6 +1053,7 @@ def test_bpe_training_cuts_long_runs_without_whitespace():
         ({"splits": {"train": {"documents": 1, "tokens": -5}, "val": {"documents": 1, "tokens": 9}}},
          "splits.train.tokens must be a whole number, got -5"),
         ({"source_args": []}, "source_args must be an object, got []"),
+        ({"splits": None}, "expected an object with a splits object"),
     ],
 )  # fmt: skip
 def test_a_hand_edited_meta_json_of_the_wrong_types_is_named(pydoc_byte, tmp_path, edit, message):

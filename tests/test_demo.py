@@ -104,3 +104,25 @@ def test_own_configs_train_on_their_own_data_and_names_stay_apart(tmp_path, monk
     assert names == ["mine-1", "mine-2"]
     [summary] = (tmp_path / "runs").glob("demo-*.md")
     assert "| p | 1 | 0 | - | 1.000 | 2.70 |" in summary.read_text()  # nothing logged: "-"
+
+
+def test_one_of_the_demo_configs_alone_still_gets_its_data_made(tmp_path, monkeypatch):
+    """`cofr demo --configs conf/experiment/demo-gpt2.yaml` skipped the data it needs."""
+    import cofrgenet.demo as demo
+    from cofrgenet.cli import main
+
+    made = []
+    monkeypatch.setattr(demo, "ensure_data", lambda data_dir, console: made.append(data_dir))
+
+    def train(config, name, args, console):  # the fit's run folder, and its minutes
+        (tmp_path / "runs" / "exp" / name).mkdir(parents=True)
+        return 0.0
+
+    monkeypatch.setattr(demo, "train", train)
+    monkeypatch.setattr(demo, "collect", lambda run_dir, minutes, runs_dir: demo.DemoResult(
+        run_dir.name, "p", 1, 0, 1.0, 1.0, 2.7, minutes, run_dir, "pydoc, byte"
+    ))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    config = str(ROOT / "conf/experiment/demo-gpt2.yaml")
+    assert main(["demo", "--configs", config, "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert made == [demo.DATA_DIR]

@@ -1690,26 +1690,33 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     assert callback.requeued_at == 4
 
 
-def test_trials_failing_alike_at_other_steps_count_as_the_same_reason():
-    """A NaN loss names its step and the trial's checkpoint: compared as plain text, three
-    diverging trials in a row never stopped the worker (a whole study's budget burnt)."""
+def test_trials_failing_alike_in_other_folders_count_as_the_same_reason():
+    """Reasons that name each trial's own folder were compared as plain text: three
+    trials failing on the same missing file in a row never stopped the worker. Failures
+    that depend on the sampled point (a NaN loss, out of memory) never stop it."""
     from optuna.trial import TrialState
 
     from cofrgenet.sweeps.objective import Outcome
     from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, _same_failures
 
-    def nan(step: int, trial: int) -> Outcome:
+    def missing(trial: int) -> Outcome:
         return Outcome(TrialState.FAIL, reason=(
-            f"non-finite loss: the training loss became nan at step {step}; the weights from "
-            f"before this step are saved in runs/s/trial-{trial:04d}/checkpoints/last.ckpt."
+            f"FileNotFoundError: runs/s/trial-{trial:04d}/tokenizer.json: no such file"
         ))  # fmt: skip
 
-    outcomes = [(n, nan(step, n)) for n, step in enumerate([3, 12, 7])]
+    def nan(step: int) -> Outcome:
+        return Outcome(TrialState.FAIL, reason=(
+            f"non-finite loss: the training loss became nan at step {step}; the weights from "
+            "before this step are saved in runs/s/trial-0001/checkpoints/last.ckpt."
+        ))  # fmt: skip
+
+    outcomes = [(n, missing(n)) for n in range(3)]
     assert _same_failures(outcomes) == MAX_SAME_FAILURES
     other = Outcome(TrialState.FAIL, reason="ValueError: n_head must be positive")
     assert _same_failures([*outcomes, (3, other)]) == 1
+    assert _same_failures([(n, nan(step)) for n, step in enumerate([3, 12, 7, 5])]) == 0
     done = Outcome(TrialState.COMPLETE, value=1.0)
-    assert _same_failures([(0, done), (1, nan(3, 1))]) == 1
+    assert _same_failures([(0, done), (1, missing(1))]) == 1
 
 
 def test_a_changed_tracking_uri_gets_a_new_parent_run_and_the_report_still_runs(
@@ -1842,8 +1849,29 @@ def test_a_model_vocabulary_smaller_than_the_data_s_is_refused_before_the_study(
     path = write_sweep(
         tmp_path, overrides={"data.data_dir": str(tiny_data), "model.config.vocab_size": 100}
     )
-    with pytest.raises(SweepError, match=r"has vocab_size 100: set model.config.vocab_size"):
+    with pytest.raises(
+        SweepError, match=r"but the model has vocab_size 100. Set the model.s vocab_size"
+    ):
         run_worker(load_sweep(path), mlflow=False)
     assert not (tmp_path / "runs" / "sweeps").exists() or not list(
         (tmp_path / "runs" / "sweeps").rglob("*.journal")
     )  # no study made
+
+
+def test_a_store_that_cannot_answer_is_not_taken_for_a_missing_parent_run():
+    """Any MlflowException read as "missing": a tracking server down for a moment made
+    the worker start another parent run and split the study's trials between two."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, TEMPORARILY_UNAVAILABLE
+
+    from cofrgenet.sweeps.tracking import run_missing
+
+    class Store:
+        def __init__(self, code):
+            self.code = code
+
+        def get_run(self, run_id):
+            raise MlflowException("no", error_code=self.code)
+
+    assert run_missing(Store(RESOURCE_DOES_NOT_EXIST), "r") is True
+    assert run_missing(Store(TEMPORARILY_UNAVAILABLE), "r") is False

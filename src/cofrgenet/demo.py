@@ -217,13 +217,16 @@ def _run(args: argparse.Namespace) -> int:
     from cofrgenet.errors import UserError
     from cofrgenet.recipes import bundled
 
-    own_configs = args.configs != list(DEMO_CONFIGS)
     args.configs = [str(bundled(config)) for config in args.configs]
+    # The demo's configs train on its pydoc bytes, made here when missing; others bring
+    # their own data.
+    ours = {Path(bundled(d)).resolve() for d in DEMO_CONFIGS}
+    demo_configs = any(Path(c).resolve() in ours for c in args.configs)
     for config in args.configs:  # before minutes of data preparation
         if not Path(config).is_file():
             raise UserError(f"--configs: no config file {config}; give its path")
     console = terminal.console()
-    if args.data_dir is not None or not own_configs:
+    if args.data_dir is not None or demo_configs:
         ensure_data(args.data_dir or DATA_DIR, console)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = []

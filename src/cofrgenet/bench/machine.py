@@ -38,12 +38,11 @@ def name_slug(name: str) -> str:
 
 
 def device_slug(device: Any) -> str:
-    """A device as report files name it: ``cpu``, or the GPU's name as a slug."""
+    """A device as report files name it: the GPU's name as a slug, else its type (cpu)."""
     import torch
 
-    if torch.device(device).type != "cuda":
-        return "cpu"
-    return name_slug(torch.cuda.get_device_name(device))
+    device = torch.device(device)
+    return name_slug(torch.cuda.get_device_name(device)) if device.type == "cuda" else device.type
 
 
 def machine_summary(device: Any) -> str:

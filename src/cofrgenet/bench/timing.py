@@ -14,10 +14,13 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def synchronize(device: torch.device) -> None:
@@ -68,14 +71,21 @@ class Summary:
         return asdict(self)
 
 
+def round_order(names: Sequence[T], round_index: int) -> list[T]:
+    """The order of round ``round_index`` of interleaved timings: rotated by one each
+    round, backwards every other cycle of rotations, so that no candidate always runs
+    first or right after a given other one (with three, six rounds run all six orders)."""
+    cycle, shift = divmod(round_index, len(names) or 1)
+    order = [*names[shift:], *names[:shift]]
+    return order[::-1] if cycle % 2 else order
+
+
 def time_interleaved(
     fns: Mapping[str, Callable[[], object]], repeats: int, device: torch.device
 ) -> dict[str, list[float]]:
     """Time every function ``repeats`` times, one call of each per round.
 
-    The order within a round rotates by one each round, and every other cycle of rotations
-    runs backwards, so no candidate always runs first (cold caches) or right after a given
-    other one (with three candidates, six rounds run all six orders). As in ``timeit``,
+    The order of each round is :func:`round_order`'s. As in ``timeit``,
     garbage is collected once before and the collector is off while timing: a collection
     between rounds made the call after it up to 3x slower, and with two candidates that
     call was the first-listed one's in most rounds.
@@ -90,9 +100,7 @@ def time_interleaved(
     gc.disable()
     try:
         for round_index in range(repeats):
-            cycle, shift = divmod(round_index, len(names) or 1)
-            order = names[shift:] + names[:shift]
-            for name in reversed(order) if cycle % 2 else order:
+            for name in round_order(names, round_index):
                 samples[name].append(time_once(fns[name], device))
     finally:
         if collecting:

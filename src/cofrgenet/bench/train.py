@@ -524,15 +524,16 @@ class _Run:
             self.trainers[key].timed_steps(self.cfg.warmup)
 
     def time_rounds(self, keys: Sequence[Key]) -> None:
-        """``cfg.rounds`` interleaved rounds of ``keys`` (all warm), the order rotating.
+        """``cfg.rounds`` interleaved rounds of ``keys`` (all warm), in ``round_order``.
 
         A round is recorded once all its keys are timed: one that raises leaves no
         half-round behind (round ids keep pairing the steps taken side by side).
         """
+        from cofrgenet.bench.timing import round_order
+
         for index in range(self.cfg.rounds):
-            shift = index % len(keys)
             steps = {key: self.trainers[key].timed_steps(self.cfg.steps)
-                     for key in [*keys[shift:], *keys[:shift]]}  # fmt: skip
+                     for key in round_order(keys, index)}  # fmt: skip
             for key, ms in steps.items():
                 result = self.trainers[key].result
                 result.step_ms += ms

@@ -150,6 +150,8 @@ class DataMeta:
     def from_dict(cls, data: dict[str, Any]) -> DataMeta:
         """The metadata ``data`` holds; TypeError naming a field of the wrong type (a
         hand-edited ``"vocab_size": "257"`` failed later, deep in training)."""
+        if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
+            raise TypeError("expected an object with a splits object")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["splits"] = {k: SplitInfo(**v) for k, v in data["splits"].items()}

@@ -389,8 +389,8 @@ def _write_split(
     if fn.error_file is not None:
         raise_worker_error(fn.error_file)
     if not (output_dir / "index.json").is_file():
-        if child.exitcode == 0:  # litdata's SIGINT handler ends with os._exit(0)
-            raise KeyboardInterrupt
+        if child.exitcode == 0 and fn.ledger_dir is not None:  # its only worker died, say
+            _check_complete(read_ledger(Path(fn.ledger_dir)), len(inputs), 0, output_dir.name)
         raise RuntimeError(
             f"tokenizing into {output_dir} failed in its process (exit status "
             f"{child.exitcode}); its error is printed above"
@@ -855,11 +855,17 @@ TOKENIZER_OPTIONS = {"vocab_size": "bpe", "gpt2_dir": "gpt2"}
 
 
 def _splits_overlap(train: str, val: str) -> bool:
-    """Whether two hub split names surely share rows: the same, or one a slice of the
-    other whole (``train`` and ``train[:5%]``). Two slices of one split are taken as the
-    user cut them."""
-    same_base = train.split("[", 1)[0].strip() == val.split("[", 1)[0].strip()
-    return train == val or (same_base and ("[" not in train or "[" not in val))
+    """Whether two hub split specs surely share rows: a part of one (``a+b`` joins parts)
+    is a part of the other, or a slice of one the other holds whole (``train`` and
+    ``train[:5%]``). Two slices of one split are taken as the user cut them."""
+
+    def parts(spec: str) -> list[tuple[str, bool]]:  # (split name, sliced)
+        return [(p.split("[", 1)[0].strip(), "[" in p) for p in spec.split("+")]
+
+    vals = parts(val)
+    if any(p.strip() in {v.strip() for v in val.split("+")} for p in train.split("+")):
+        return True
+    return any(t == v and not (t_cut and v_cut) for t, t_cut in parts(train) for v, v_cut in vals)
 
 
 def check_applicable(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet.dataclass_options import at_least
+from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import (
     StorageOptions,
     Sweep,
@@ -59,6 +60,12 @@ def storage_argument(value: str) -> str:
     url = os.environ.get(name, "")
     if not url.strip():
         raise argparse.ArgumentTypeError(f"{value}: ${name} is not set in the environment")
+    if not (url.startswith("journal:") or "://" in url or url.endswith((".journal", ".log"))):
+        # Its value is not echoed in any error: ${PGPASSWORD} given by mistake, say.
+        raise argparse.ArgumentTypeError(
+            f"{value}: ${name} holds no storage URL (journal:PATH, a *.journal file or "
+            "scheme://...; its value is not shown)"
+        )
     return url
 
 
@@ -240,7 +247,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        raise SweepError(f"no study {name!r} in {st.describe_storage(url)}") from None
+        raise SweepError(f"no study {name!r} in {hide_passwords(url)}") from None
     if sweep is None:
         raw = study.user_attrs.get("cofr.sweep")
         if not raw:
@@ -327,7 +334,7 @@ def status(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps import storage as st
     from cofrgenet.sweeps.report import write_report
-    from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config, run_exists
+    from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config, run_missing
 
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise SweepError(f"--out {args.out} is a file: --out must be a folder (made if missing)")
@@ -337,7 +344,7 @@ def report(args: argparse.Namespace) -> int:
     if not args.no_mlflow and study.user_attrs.get(PARENT_ATTR):
         client = client_for(run_config(sweep))
         parent = study.user_attrs[PARENT_ATTR]
-        if not run_exists(client, parent):  # the store changed since: report files only
+        if run_missing(client, parent):  # the store changed since: report files only
             print(
                 f"note: the study's MLflow parent run {parent} is not in this run store "
                 "(tracking_uri changed, or the store was removed): the report is not logged "
@@ -373,8 +380,6 @@ def submit(args: argparse.Namespace) -> int:
     sweep = _sweep(args.sweep, args)
     path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
     if args.dry_run:  # the script, with any password hidden (the file would hold it)
-        from cofrgenet.training.run_store import hide_passwords
-
         print(hide_passwords(path), end="")
         return 0
     print(f"submitted {path} as job {job} ({args.workers} workers)")

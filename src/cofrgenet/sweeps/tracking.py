@@ -131,13 +131,14 @@ def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: s
     return run_id
 
 
-def run_exists(client: MlflowClient, run_id: str) -> bool:
-    """Whether ``run_id`` is a live run of this store (not in another store, deleted, or
-    in a store since removed)."""
+def run_missing(client: MlflowClient, run_id: str) -> bool:
+    """Whether ``run_id`` is surely not a live run of this store (in another store,
+    deleted, or in a store since removed); False when the store cannot say (a server
+    briefly down is no reason to make another parent run)."""
     try:
-        return client.get_run(run_id).info.lifecycle_stage == "active"
-    except MlflowException:
-        return False
+        return client.get_run(run_id).info.lifecycle_stage != "active"
+    except MlflowException as error:
+        return error.error_code == "RESOURCE_DOES_NOT_EXIST"
 
 
 def set_parent_status(client: MlflowClient, run_id: str, status: str) -> None:

@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import TrialState
 
 from cofrgenet.errors import UserError
+from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
 from cofrgenet.sweeps.objective import (
@@ -190,12 +191,11 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
     if any(p.key in ("model.preset", "model.config.vocab_size") for p in sweep.space):
         return  # the vocabulary varies: trials whose model is too small fail alone
     vocab = model_vocab_size(probe)
-    if vocab is not None and data.vocab_size > vocab:
-        raise SweepError(
-            f"{where}: the data's tokenizer has {data.vocab_size} token ids but the trials' "
-            f"model has vocab_size {vocab}: set model.config.vocab_size: {data.vocab_size} "
-            "(or more) in the sweep's overrides, or give a data folder of the model's tokenizer"
-        )
+    if vocab is not None:
+        try:
+            data.check_vocab(vocab)
+        except UserError as error:
+            raise SweepError(f"{where}: {error}") from None
 
 
 #: How long a worker waits for the worker that created the study to finish setting it up.
@@ -410,7 +410,7 @@ def run_worker(
         track=mlflow,
     )
     log.info(
-        f"worker {worker.label}: study {sweep.study} on {st.describe_storage(url)} "
+        f"worker {worker.label}: study {sweep.study} on {hide_passwords(url)} "
         f"({'created' if created else 'loaded'})"
     )
     result = WorkerResult(study)
@@ -463,16 +463,16 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
     # start together on a new study make one (the study attribute names it).
     with tracking.file_lock(Path(runs_dir) / ".sweep-parent.lock"):
         parent = study.user_attrs.get(PARENT_ATTR)
-        if parent is not None and not tracking.run_exists(client, parent):
+        if parent is not None and tracking.run_missing(client, parent):
             # Trials would name a parent this store does not have (not nested in the UI).
             log.warning(
                 f"the study's MLflow parent run {parent} is not in "
-                f"{st.describe_storage(tracking.tracking_uri(run))} (tracking_uri changed, or "
+                f"{hide_passwords(tracking.tracking_uri(run))} (tracking_uri changed, or "
                 "the store was removed): a new parent run is made there"
             )
             parent = None
         if parent is None:
-            parent = tracking.create_parent(client, run, sweep, st.describe_storage(url))
+            parent = tracking.create_parent(client, run, sweep, hide_passwords(url))
             study.set_user_attr(PARENT_ATTR, parent)
     tracking.set_parent_status(client, parent, "RUNNING")
     return client, parent
@@ -561,13 +561,22 @@ def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
         log.warning(f"MLflow: {error}")
 
 
+#: Failures that depend on the sampled point (a learning rate that diverges, a model too
+#: big for the GPU): the study goes on past any number of them, as it would past bad values.
+POINT_FAILURES = ("non-finite loss:", "out of memory:")
+
+
 def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:
     """How many of the latest outcomes in a row are failures for the latest's reason
-    (:func:`failure_kind`: a NaN loss at another step is the same reason)."""
+    (:func:`failure_kind`: the same error naming another trial's folder is the same
+    reason); 0 when the latest is a :data:`POINT_FAILURES` one."""
     count = 0
     latest = failure_kind(outcomes[-1][1].reason) if outcomes else ""
     for _, outcome in reversed(outcomes):
-        if outcome.state != TrialState.FAIL or failure_kind(outcome.reason) != latest:
+        reason = outcome.reason or ""
+        if outcome.state != TrialState.FAIL or reason.startswith(POINT_FAILURES):
+            break
+        if failure_kind(reason) != latest:
             break
         count += 1
     return count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import os
 import signal
@@ -68,17 +69,21 @@ START_TIMEOUT = 120.0
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be listened on now (an IPv6 ``host`` probed as IPv6)."""
+    """Whether ``host:port`` can be listened on now, at every address ``host`` names
+    (``localhost`` may be both ``::1`` and ``127.0.0.1``; an IPv6 one probed as IPv6)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError:
         return False
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    unusable = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)  # no IPv6 here: nobody binds it
+    for family, kind, proto, _, address in addresses:
         try:
-            probe.bind(address)
-        except OSError:
-            return False
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+        except OSError as error:
+            if error.errno not in unusable:
+                return False
     return True
 
 

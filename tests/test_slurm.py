@@ -385,3 +385,23 @@ def test_gpus_per_worker_0_in_the_sweep_file_and_a_set_submit_would_replace(tmp_
                        r"to 1 .* give --gpus-per-worker"):  # fmt: skip
         render(tiny, SubmitOptions(settings={"trainer.devices": 4}))
     render(tiny, SubmitOptions(settings={"trainer.devices": 1}))  # what it sets anyway: fine
+
+
+def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypatch):
+    """The script may hold the storage's password: it is written for its owner alone,
+    and a second submit of the same second gets its own file (it was a FileExistsError)."""
+    import cofrgenet.sweeps.slurm as slurm
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    monkeypatch.setattr(slurm.time, "strftime", lambda fmt, *a: "20261203-120000")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 0, stdout="4242\n", stderr=""
+    ))  # fmt: skip
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    options = SubmitOptions(runs_dir=str(tmp_path / "runs"), storage="postgresql://u:pw@h/db")
+    paths = [Path(slurm.submit(tiny, options, dry_run=False, wait=False)[0]) for _ in range(2)]
+    assert [p.name for p in paths] == [
+        "sweep-20261203-120000.sbatch",
+        "sweep-20261203-120000-2.sbatch",
+    ]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in paths)

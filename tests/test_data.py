@@ -928,7 +928,7 @@ def test_a_worker_killed_by_the_system_fails_the_prepare_instead_of_losing_token
     """litdata ended the run as a success: the folder looked complete, with about half
     the tokens, and prepare exited 0."""
     out = tmp_path / "out"
-    with pytest.raises(PrepareError, match=r"lost work \(\d+ of \d+ work items not done"):
+    with pytest.raises(PrepareError, match=r"lost work"):
         prepare_data(KilledWorkerSource(), out, num_workers=2, docs_per_item=1, seed=SEED)
     assert not out.exists()  # removed: the same command runs again as it is
 

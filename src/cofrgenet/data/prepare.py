@@ -283,7 +283,7 @@ def raise_worker_error(path: str | os.PathLike[str]) -> None:
     raise RuntimeError(f"tokenizing failed in a worker process:\n{report['traceback']}")
 
 
-def _optimize_in_child(options: dict[str, Any], parent: int) -> None:
+def _optimize_in_child(options: dict[str, Any], parent: int, death_file: str | None) -> None:
     """``litdata.optimize(**options)``, in a process of its own that dies with ``parent``.
 
     optimize installs a SIGINT handler that ends its process with status 0 (a Ctrl-C of
@@ -298,7 +298,40 @@ def _optimize_in_child(options: dict[str, Any], parent: int) -> None:
     # helpers orphaned by a killed worker too. Ctrl-C reaches the caller, which kills it.
     os.setpgrp()
     _die_with_parent(parent)
+    if death_file is not None:
+        _end_when_a_worker_is_killed(death_file)
     optimize(**options)
+
+
+def _end_when_a_worker_is_killed(death_file: str, poll_s: float = 0.2) -> None:
+    """Start a daemon thread that, once a worker process of this one dies by a signal
+    (the system's out-of-memory killer), writes ``death_file`` and ends this process
+    group: litdata then either waits for that worker for ever or ends as if all was done."""
+
+    from multiprocessing.process import BaseProcess
+
+    # Every process this one starts, from its start on: one killed at once (and reaped
+    # by litdata) would never show in a later look at multiprocessing.active_children().
+    started: list[BaseProcess] = []
+    start = BaseProcess.start
+
+    def start_and_note(process: BaseProcess) -> None:
+        start(process)
+        started.append(process)
+
+    BaseProcess.start = start_and_note  # type: ignore[method-assign]  # this process only
+
+    def watch() -> None:
+        while True:
+            for process in list(started):
+                code = process.exitcode
+                if code is not None and code < 0:
+                    with open(death_file, "w") as fh:
+                        fh.write(f"{process.pid} {-code}\n")
+                    os.killpg(0, signal.SIGKILL)
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="end-when-a-worker-is-killed", daemon=True).start()
 
 
 def _die_with_parent(parent: int) -> None:
@@ -372,8 +405,9 @@ def _write_split(
         shutil.rmtree(fn.ledger_dir, ignore_errors=True)
         os.makedirs(fn.ledger_dir)
     context = multiprocessing.get_context(start_method)
+    death_file = None if fn.ledger_dir is None else os.path.join(fn.ledger_dir, "killed")
     child = context.Process(
-        target=_optimize_in_child, args=(options, os.getpid()), name="cofr-tokenize"
+        target=_optimize_in_child, args=(options, os.getpid(), death_file), name="cofr-tokenize"
     )
     child.start()
     try:
@@ -388,6 +422,13 @@ def _write_split(
             os.killpg(child.pid, signal.SIGKILL)
     if fn.error_file is not None:
         raise_worker_error(fn.error_file)
+    if death_file is not None and os.path.exists(death_file):
+        pid, signum = Path(death_file).read_text().split()
+        raise PrepareError(
+            f"tokenizing the {output_dir.name} split lost work: tokenizing process {pid} was "
+            f"killed (signal {signum}), by the system if memory ran out. What was written "
+            "is removed; run the command again, with a lower --num-workers if memory is short"
+        )
     if not (output_dir / "index.json").is_file():
         if child.exitcode == 0 and fn.ledger_dir is not None:  # its only worker died, say
             _check_complete(read_ledger(Path(fn.ledger_dir)), len(inputs), 0, output_dir.name)

@@ -900,13 +900,14 @@ def _splits_overlap(train: str, val: str) -> bool:
     is a part of the other, or a slice of one the other holds whole (``train`` and
     ``train[:5%]``). Two slices of one split are taken as the user cut them."""
 
-    def parts(spec: str) -> list[tuple[str, bool]]:  # (split name, sliced)
-        return [(p.split("[", 1)[0].strip(), "[" in p) for p in spec.split("+")]
+    def parts(spec: str) -> list[tuple[str, str]]:  # (the part as given, its split's name)
+        return [(p.strip(), p.split("[", 1)[0].strip()) for p in spec.split("+")]
 
-    vals = parts(val)
-    if any(p.strip() in {v.strip() for v in val.split("+")} for p in train.split("+")):
-        return True
-    return any(t == v and not (t_cut and v_cut) for t, t_cut in parts(train) for v, v_cut in vals)
+    return any(
+        t == v or (t_split == v_split and ("[" not in t or "[" not in v))
+        for t, t_split in parts(train)
+        for v, v_split in parts(val)
+    )
 
 
 def check_applicable(args: argparse.Namespace) -> None:

@@ -221,11 +221,16 @@ def checked_config(args: Sequence[str]) -> tuple[dict[str, Any], str]:
 MODEL_PROBES = 32
 
 
+def _model_config(config: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig of ``config``'s ``model.preset`` and ``model.config``."""
+    model = config.get("model") or {}
+    return resolve_model_config(model.get("preset"), overrides_dict(model.get("config")))
+
+
 def _model_problem(config: dict[str, Any]) -> str | None:
     """Why ``config``'s ``model.preset`` and ``model.config`` make no ModelConfig, or None."""
-    model = config.get("model") or {}
     try:
-        resolve_model_config(model.get("preset"), overrides_dict(model.get("config")))
+        _model_config(config)
     except (ConfigError, TypeError, ValueError) as error:
         return str(error).splitlines()[0] if str(error) else type(error).__name__
     return None
@@ -234,11 +239,8 @@ def _model_problem(config: dict[str, Any]) -> str | None:
 def model_vocab_size(config: dict[str, Any]) -> int | None:
     """The vocabulary of ``config``'s model (its preset's unless ``model.config`` sets
     one); None when no model can be made of it (:func:`check_model_values` says why)."""
-    model = config.get("model") or {}
     try:
-        return resolve_model_config(
-            model.get("preset"), overrides_dict(model.get("config"))
-        ).vocab_size
+        return _model_config(config).vocab_size
     except (ConfigError, TypeError, ValueError):
         return None
 

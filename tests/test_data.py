@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -546,6 +547,26 @@ def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
     with pytest.warns(UserWarning, match=r"data\.batch_size 2 -> 4 since the checkpoint"):
         larger.load_state_dict(state)
 
+
+
+def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tmp_path):
+    def make(data_dir=pydoc_byte):
+        return TokenDataModule(str(data_dir), block_size=16, batch_size=2, num_workers=0)
+
+    dm = make()
+    next(iter(dm.train_dataloader()))
+    state = dm.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make().load_state_dict(state)  # the same split: nothing to say
+    # The same training split beside another held-out one (a dataset's other split).
+    other = tmp_path / "other-val"
+    shutil.copytree(pydoc_byte, other)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["split_args"] = {"method": "source splits", "val": "test"}
+    (other / "meta.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match="val/loss before and after this resume"):
+        make(other).load_state_dict(state)
 
 @pytest.fixture(scope="module")
 def small_byte(tmp_path_factory) -> Path:

@@ -274,7 +274,13 @@ class TokenDataModule(L.LightningDataModule):
             "train_loader": loader_state,
             "fingerprint": self._fingerprint(),
             "loader": self._loader_settings(),
+            "val_split": self._val_split(),
         }
+
+    def _val_split(self) -> dict[str, Any]:
+        """What val/loss is measured on: another split may resume, but the curve jumps."""
+        val = self.meta.splits["val"]
+        return {"tokens": val.tokens, "chunks": val.chunks, "split_args": self.meta.split_args}
 
     def _loader_settings(self) -> dict[str, int]:
         """Settings a resume may change (a larger batch, another node's CPU count), but
@@ -308,6 +314,12 @@ class TokenDataModule(L.LightningDataModule):
             rank_zero_warn(
                 f"data.{', data.'.join(moved)} since the checkpoint: training goes on, but "
                 "not with exactly the batches an uninterrupted run would have read"
+            )
+        saved_val = state_dict.get("val_split")
+        if saved_val is not None and saved_val != self._val_split():
+            rank_zero_warn(
+                f"{self.data_dir}'s validation split is not the one the checkpoint's run "
+                "validated on: val/loss before and after this resume are not comparable"
             )
         loader_state = state_dict["train_loader"]
         if self._train_loader is not None:

@@ -548,7 +548,6 @@ def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
         larger.load_state_dict(state)
 
 
-
 def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tmp_path):
     def make(data_dir=pydoc_byte):
         return TokenDataModule(str(data_dir), block_size=16, batch_size=2, num_workers=0)
@@ -567,6 +566,7 @@ def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tm
     (other / "meta.json").write_text(json.dumps(meta))
     with pytest.warns(UserWarning, match="val/loss before and after this resume"):
         make(other).load_state_dict(state)
+
 
 @pytest.fixture(scope="module")
 def small_byte(tmp_path_factory) -> Path:

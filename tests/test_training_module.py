@@ -653,6 +653,26 @@ def test_a_gradient_scaler_keeps_adamw_unfused():
         build_adamw(model, OptimizerConfig(fused=True), grad_scaler=True)
 
 
+def test_bf16_mixed_clips_gradients_with_the_fused_adamw():
+    """Lightning's mixed-precision plugin refuses to clip for a fused optimizer even under
+    bf16, where nothing is scaled: every bf16 config with clipping stopped at step 1."""
+
+    class ClippedNorms(L.Callback):
+        norms: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            # The step's gradients are still there (zeroed before the next backward).
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            self.norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+    module = LanguageModel("gpt2-tiny-f", config={"vocab_size": 256, "block_size": 16})
+    norms = ClippedNorms()
+    trainer = tiny_trainer(2, [norms], precision="bf16-mixed", gradient_clip_val=1e-3)
+    trainer.fit(module, token_loader(n_batches=2))
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert len(norms.norms) == 2 and all(n <= 1e-3 * 1.001 for n in norms.norms)
+
+
 @pytest.mark.parametrize("saved_fused", [False, True], ids=["unfused-to-fused", "fused-to-unfused"])
 def test_a_resumed_optimizer_keeps_its_own_kernel_choice(saved_fused):
     """load_state_dict would take fused/foreach from the checkpoint: a run saved unfused

@@ -643,7 +643,7 @@ def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeyp
     status = cofr(
         ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",
          "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
-         "--json", str(out)]
+         "--json", str(out), "--precision", "bf16-mixed"]  # clips with the fused AdamW
     )  # fmt: skip
     assert status == 0
     printed = capsys.readouterr().out

@@ -658,7 +658,8 @@ def test_bf16_mixed_clips_gradients_with_the_fused_adamw():
     bf16, where nothing is scaled: every bf16 config with clipping stopped at step 1."""
 
     class ClippedNorms(L.Callback):
-        norms: list[float] = []
+        def __init__(self) -> None:
+            self.norms: list[torch.Tensor] = []
 
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
             # The step's gradients are still there (zeroed before the next backward).

@@ -234,7 +234,12 @@ def _classifier_class() -> type:
     import torch.nn.functional as F
     from torch import nn
 
-    from cofrgenet.training.optim import OptimizerConfig, build_adamw, scales_loss
+    from cofrgenet.training.optim import (
+        OptimizerConfig,
+        build_adamw,
+        clip_gradients,
+        scales_loss,
+    )
 
     class GlueClassifier(L.LightningModule):
         """A decoder (hidden states (B, T, C), see :func:`strip_lm_head`) with a linear
@@ -306,6 +311,14 @@ def _classifier_class() -> type:
                 if self.logger is not None:
                     self.logger.log_metrics(logged, step=self.trainer.global_step)
             self.validated_at = self.trainer.global_step
+
+        def configure_gradient_clipping(
+            self,
+            optimizer: torch.optim.Optimizer,
+            gradient_clip_val: float | None = None,
+            gradient_clip_algorithm: str | None = None,
+        ) -> None:
+            clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
         def configure_optimizers(self) -> dict[str, Any]:
             cfg = self.config

@@ -22,6 +22,7 @@ from cofrgenet.training.model_options import ModelOverrides, overrides_dict
 from cofrgenet.training.optim import (
     OptimizerConfig,
     build_adamw,
+    clip_gradients,
     describe_groups,
     planned_steps,
     released_warmup_cosine,
@@ -360,28 +361,7 @@ class LanguageModel(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip by the global norm; under FSDP through the wrapper's own ``clip_grad_norm_``
-        (the norm of the sharded gradients across ranks), since Lightning's FSDP
-        precision plugin refuses norm clipping and would stop the first step.
-
-        Without a gradient scaler the gradients are clipped here too: Lightning's
-        mixed-precision plugin refuses any optimizer that could unscale in its step (fused
-        AdamW says so on every device), even under bf16-mixed, where nothing is scaled,
-        so every bf16 config with clipping stopped at its first step."""
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        model = self.trainer.model
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
-            if isinstance(model, FullyShardedDataParallel):
-                model.clip_grad_norm_(gradient_clip_val)
-                return
-            if not scales_loss(self.trainer):
-                params = [
-                    p for g in optimizer.param_groups for p in g["params"] if p.grad is not None
-                ]
-                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
-                return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optimizer_config

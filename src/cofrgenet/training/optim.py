@@ -171,6 +171,36 @@ def scales_loss(trainer: Any) -> bool:
     return getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None
 
 
+def clip_gradients(
+    module: Any,
+    optimizer: torch.optim.Optimizer,
+    clip_val: float | None,
+    algorithm: str | None,
+) -> None:
+    """A LightningModule's ``configure_gradient_clipping``: by the global norm; under FSDP
+    through the wrapper's own ``clip_grad_norm_`` (the norm of the sharded gradients
+    across ranks), since Lightning's FSDP precision plugin refuses norm clipping and would
+    stop the first step.
+
+    Without a gradient scaler the gradients are clipped here too (by norm or by value): Lightning's
+    mixed-precision plugin refuses any optimizer that could unscale in its step (fused
+    AdamW says so on every device), even under bf16-mixed, where nothing is scaled, so
+    every bf16 config with clipping stopped at its first step."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    by_norm = algorithm in (None, "norm")
+    if clip_val and by_norm and isinstance(module.trainer.model, FullyShardedDataParallel):
+        module.trainer.model.clip_grad_norm_(clip_val)
+    elif clip_val and not scales_loss(module.trainer):
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if by_norm:
+            torch.nn.utils.clip_grad_norm_(params, clip_val)
+        else:
+            torch.nn.utils.clip_grad_value_(params, clip_val)
+    else:
+        module.clip_gradients(optimizer, clip_val, algorithm)
+
+
 #: Group settings a resume takes from the optimizer built from the run's config, not
 #: from the checkpoint (``lr``, the scheduled value, is rescaled apart).
 BUILT_SETTINGS = ("fused", "foreach", "weight_decay", "betas", "eps", "initial_lr")

@@ -509,6 +509,18 @@ def test_validation_batches_do_not_depend_on_the_loader_workers(pydoc_byte):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+def test_new_loader_iterators_leave_the_global_random_state_alone(pydoc_byte, num_workers):
+    """An uninterrupted run validates or starts an epoch after a checkpoint's save, a
+    resumed one does not: a draw there would change every later dropout mask."""
+    dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=num_workers)
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    next(iter(train))
+    next(iter(val))
+    assert torch.equal(torch.get_rng_state(), before)
+
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_datamodule_resumes_with_exactly_the_next_batch(pydoc_byte, tmp_path, num_workers):
     def make(data_dir=pydoc_byte):
         return TokenDataModule(

@@ -196,6 +196,10 @@ class TokenDataModule(L.LightningDataModule):
             collate_fn=collate_tokens,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,
+            # Each new iterator draws its workers' base seed from this generator, not
+            # from the global random state: a validation or a new epoch right after a
+            # checkpoint moved that state, so a resumed run's dropout masks differed.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> Any:

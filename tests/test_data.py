@@ -520,6 +520,7 @@ def test_new_loader_iterators_leave_the_global_random_state_alone(pydoc_byte, nu
     next(iter(val))
     assert torch.equal(torch.get_rng_state(), before)
 
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_datamodule_resumes_with_exactly_the_next_batch(pydoc_byte, tmp_path, num_workers):
     def make(data_dir=pydoc_byte):

@@ -12,6 +12,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -236,6 +237,53 @@ def test_a_resume_with_more_steps_never_freezes_a_released_depth_again(tmp_path)
     fresh = DyadicUnfreezing("paper")
     tiny_trainer(16, [fresh]).fit(LanguageModel("gpt2-tiny-f", config={"depth": 2}), token_loader())
     assert fresh._releases == {1: 8, 2: 12}
+
+
+class RestoredAfterSetup(SingleDeviceStrategy):
+    """FSDP's order on one CPU: the optimizer is built before the checkpoint is restored."""
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("strategy", ["auto", "restored-after-setup"])
+def test_a_resume_with_more_steps_keeps_the_released_depths_learning_rates(tmp_path, strategy):
+    """lr="release", 8 steps: depth 1 released at 4, depth 2 at 6. Resumed to 16 steps,
+    whose own plan says 8 and 12, every group follows the kept releases and the 16-step
+    schedule from the first resumed step on (under FSDP's restore order too)."""
+    optimizer = OptimizerConfig(lr=1e-3, warmup_steps=2, min_lr_ratio=0.1)
+
+    def module() -> LanguageModel:
+        return LanguageModel("gpt2-tiny-f", config={"depth": 2}, optimizer=optimizer)
+
+    torch.manual_seed(0)
+    trainer = tiny_trainer(8, [DyadicUnfreezing("paper", lr="release")])
+    trainer.fit(module(), token_loader())
+    trainer.save_checkpoint(tmp_path / "step8.ckpt")
+
+    lrs: dict[int, dict[str, float]] = {}
+
+    class Lrs(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            groups = trainer.optimizers[0].param_groups
+            lrs[trainer.global_step] = {g["name"]: g["lr"] for g in groups}
+
+    resumed = tiny_trainer(
+        16,
+        [DyadicUnfreezing("paper", lr="release"), Lrs()],
+        strategy="auto" if strategy == "auto" else RestoredAfterSetup(torch.device("cpu")),
+    )
+    # Lightning loads weights_only after setup whatever fit is told; the config is a class.
+    with torch.serialization.safe_globals([OptimizerConfig]):
+        resumed.fit(module(), token_loader(), ckpt_path=tmp_path / "step8.ckpt")
+    assert sorted(lrs) == list(range(8, 16))
+    for step, rates in lrs.items():
+        run = warmup_cosine(step, 16, 2, 0.1)
+        assert rates["decay"] == pytest.approx(1e-3 * run), step
+        for depth, release in ((1, 4), (2, 6)):
+            expected = 1e-3 * released_warmup_cosine(step, release, 16, 2, 0.1)
+            assert rates[f"decay/depth_{depth}"] == pytest.approx(expected), (step, depth)
 
 
 class Recorder(L.Callback):

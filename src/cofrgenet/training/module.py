@@ -102,6 +102,8 @@ class LanguageModel(L.LightningModule):
         self._after_validation = False  # time the next batch from its own start
         self._peak_flops: float | None = None
         self._resumed_rng_state: dict[str, Any] | None = None
+        #: {depth: release step} the learning-rate schedule follows (lr="release").
+        self._lr_releases: dict[int, int] = {}
 
     # ---------------------------------------------------------------- set-up and checks
 
@@ -355,6 +357,25 @@ class LanguageModel(L.LightningModule):
                 return callback.plan(self.trainer, self)
         return {}
 
+    def on_train_start(self) -> None:
+        """Set every group's learning rate for the step the run starts at.
+
+        A resume with a larger ``max_steps`` took the checkpoint's rates, which followed
+        the old schedule until the first scheduler step. Under FSDP the optimizer is built
+        before the checkpoint restores DyadicUnfreezing's kept releases, so the depth
+        groups followed the new plan's later ones: released depths trained at rate 0."""
+        self._lr_releases = self._release_plan()
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+                for group, base, factor in zip(
+                    scheduler.optimizer.param_groups,
+                    scheduler.base_lrs,
+                    scheduler.lr_lambdas,
+                    strict=True,
+                ):
+                    group["lr"] = base * factor(scheduler.last_epoch)
+
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,
@@ -388,13 +409,20 @@ class LanguageModel(L.LightningModule):
             "optimizer groups:\n  " + "\n  ".join(describe_groups(optimizer.param_groups))
         )
 
+        self._lr_releases = releases  # read at every step: on_train_start renews it
+
         def schedule_of(group: dict) -> Any:
-            release = releases.get(group["depth"], 0)
-            if release == 0:
-                return lambda step: warmup_cosine(step, total, cfg.warmup_steps, cfg.min_lr_ratio)
-            return lambda step: released_warmup_cosine(
-                step, release, total, cfg.warmup_steps, cfg.min_lr_ratio
-            )
+            depth = group["depth"]
+
+            def factor(step: int) -> float:
+                release = self._lr_releases.get(depth, 0)
+                if release == 0:
+                    return warmup_cosine(step, total, cfg.warmup_steps, cfg.min_lr_ratio)
+                return released_warmup_cosine(
+                    step, release, total, cfg.warmup_steps, cfg.min_lr_ratio
+                )
+
+            return factor
 
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, [schedule_of(group) for group in optimizer.param_groups]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import subprocess
@@ -432,6 +433,34 @@ def test_with_accumulation_each_step_logs_once_its_mean_loss_and_health():
     assert logged == pytest.approx(means, rel=1e-6)
     for key in ("ladder/cffn/min_abs_kd", "ladder/grad_share"):
         assert logger.steps_of(key) == [0, 2], key
+
+
+def test_an_epochs_short_last_step_gets_the_mean_loss_gradient():
+    """15 batches with accumulation 2: the epoch's 8th step has one micro-batch, whose
+    loss Lightning still divides by 2. Its gradient is the mean loss's all the same."""
+    torch.manual_seed(0)
+    module = LanguageModel("gpt2-tiny-f", config={"vocab_size": 256, "block_size": 16})
+    loader = token_loader(n_batches=15)
+    last_batch = list(loader)[-1]
+    before: list[LanguageModel] = []
+    grads: list[list[torch.Tensor]] = []
+
+    class LastStep(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == 14:
+                before.append(copy.deepcopy(pl_module))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 14:  # the step's gradients are zeroed only before the next one
+                grads.append([p.grad.clone() for p in pl_module.parameters()])
+
+    trainer = tiny_trainer(100, [LastStep()], max_epochs=1, accumulate_grad_batches=2)
+    trainer.fit(module, loader)
+    assert trainer.global_step == 8
+    reference = before[0]
+    reference._loss(last_batch)[0].backward()
+    for ours, theirs in zip(grads[0], reference.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs.grad)
 
 
 def test_gradient_spikes_are_counted_against_the_recent_median():

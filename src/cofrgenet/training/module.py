@@ -267,6 +267,14 @@ class LanguageModel(L.LightningModule):
         return self._flops_per_token[seq_len]
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        micro_batches, accumulate = len(self._step_losses), self.trainer.accumulate_grad_batches
+        if 0 < micro_batches < accumulate:
+            # An epoch's last step may hold fewer micro-batches than accumulate_grad_batches,
+            # but Lightning divided each one's loss by the full count: the step's gradient
+            # (its norm, its clipping, its update) would shrink by micro_batches/accumulate.
+            for param in self.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(accumulate / micro_batches)
         if self._step_losses:
             # The step's loss: the mean over its micro-batches (gradient accumulation) and
             # over the ranks, as its gradient is (each micro-batch's mean loss, scaled).

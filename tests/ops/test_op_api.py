@@ -208,6 +208,32 @@ def test_auto_picks_triton_on_cuda_compiles_large_cpu_inputs_and_honours_the_swi
     assert resolve_impl("auto", 1 << 20, cpu) == "continuant"
 
 
+def test_only_a_failure_of_the_compiled_kernel_alone_turns_compiling_off(monkeypatch):
+    """An error the eager kernel raises too (out of memory, a bad input) is the caller's
+    and leaves compiling on; a compiler failure falls back for the rest of the process."""
+    from cofrgenet.ops import continuant
+
+    def broken_compile(fn):
+        def run(*args):
+            raise RuntimeError("inductor: no C compiler")
+
+        return run
+
+    def kernel(x, fail):
+        if fail:
+            raise MemoryError("out of memory")
+        return x + 1
+
+    monkeypatch.setattr(continuant, "_compiled", broken_compile)
+    monkeypatch.setattr(continuant, "_compile_failed", False)
+    with pytest.raises(MemoryError):
+        continuant._run(kernel, True, 1, True)
+    assert continuant.compile_available()
+    with pytest.warns(RuntimeWarning, match="falling back to the eager continuant path"):
+        assert continuant._run(kernel, True, 1, False) == 2
+    assert not continuant.compile_available()
+
+
 @needs_triton
 def test_choosing_triton_for_cuda_traces_without_a_graph_break():
     """The CUDA branch of impl="auto" (checked on any machine: no tensor on the GPU)."""

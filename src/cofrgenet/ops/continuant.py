@@ -457,20 +457,25 @@ def compile_available() -> bool:
 
 
 def _run(fn: Callable, compiled: bool, *args):
-    """Run a kernel compiled (with rescaling inside) or eagerly; fall back once on failure."""
+    """Run a kernel compiled (with rescaling inside) or eagerly; when only the compiled
+    kernel fails (a missing C compiler, an inductor bug), eagerly for the rest of the
+    process. A failure of both (out of memory, say) is raised and keeps the compiled path
+    for the next call: a sweep worker goes on to its next trial at full speed."""
     global _compile_failed
-    if compiled and not _compile_failed:
-        try:
-            return _compiled(fn)(*args)
-        except Exception as error:  # a missing C compiler or an inductor bug
-            _compile_failed = True
-            warnings.warn(
-                f"torch.compile of the continuant kernels failed ({type(error).__name__}: "
-                f"{error}); falling back to the eager continuant path for this process.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    return fn(*args)
+    if not compiled or _compile_failed:
+        return fn(*args)
+    try:
+        return _compiled(fn)(*args)
+    except Exception as error:
+        result = fn(*args)  # raises when the eager kernel fails too
+        _compile_failed = True
+        warnings.warn(
+            f"torch.compile of the continuant kernels failed ({type(error).__name__}: "
+            f"{error}); falling back to the eager continuant path for this process.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return result
 
 
 def _forward_with_overflow_check(fn: Callable, compiled: bool, *args):

@@ -486,6 +486,8 @@ def test_schedule_and_config_checks():
         FinetuneConfig(lr=0)
     with pytest.raises(UserError, match="--max-steps"):
         FinetuneConfig(max_steps=0)
+    with pytest.raises(UserError, match=r"--seed must be in \[0, 4294967295\], got -1"):
+        FinetuneConfig(seed=-1)  # numpy's refusal came after the model had loaded
 
 
 # --------------------------------------------------------------------------- end to end

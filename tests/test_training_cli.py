@@ -926,6 +926,8 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--data.batch_size", "0"], "data.batch_size must be >= 1"),
         (["--data.val_batch_size", "-3"], "data.val_batch_size must be >= 1"),
         (["--data.num_workers", "-1"], "data.num_workers must be >= 0"),
+        (["--data.seed", "-1"], r"data\.seed must be in \[0, 4294967295\], got -1"),
+        (["--seed_everything", "4294967296"], r"^seed_everything must be in \[0, 4294967295\]"),
         (["--model.config.n_head", "3"], r"n_embd \(64\) must be a multiple of n_head \(3\)"),
         (["--model.optimizer.lr", "-1"], "optimizer.lr must be positive"),
         (["--model.optimizer", '{"betas": [0.9, 1.5]}'], r"optimizer.betas must be two .*\[0, 1\)"),

@@ -69,3 +69,13 @@ def not_valid_yaml(source: object, error: Exception) -> str:
     where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark else f"{source}"
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
     return f"{where}: not valid YAML: {problem}"
+
+
+#: Seeds numpy (hence litdata and Lightning's seed_everything) takes: [0, 2**32).
+SEED_LIMIT = 2**32
+
+
+def check_seed(seed: int, option: str) -> None:
+    """Refuse a seed numpy would refuse deep inside a run, with a traceback."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"{option} must be in [0, {SEED_LIMIT - 1}], got {seed}")

@@ -31,7 +31,7 @@ from cofrgenet.data.meta import (
     tokenizer_changes,
     tokenizer_digest,
 )
-from cofrgenet.errors import ConfigError
+from cofrgenet.errors import ConfigError, check_seed
 
 
 def collate_tokens(items: list[Tensor]) -> Tensor:
@@ -125,6 +125,7 @@ class TokenDataModule(L.LightningDataModule):
         ):
             if value < 1:
                 raise ConfigError(f"data.{key} must be >= 1, got {value}")
+        check_seed(seed, "data.seed")
         # Absolute in the saved hyperparameters: a checkpoint read from another working
         # directory (cofr generate, eval) still finds the folder and its tokenizer.
         self.data_dir = Path(data_dir).expanduser().resolve()

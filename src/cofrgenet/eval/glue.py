@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
     TASKS,
     Example,
@@ -121,6 +121,7 @@ class FinetuneConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+        check_seed(self.seed, "--seed")
 
 
 # --------------------------------------------------------------------------- metrics

@@ -41,6 +41,7 @@ from cofrgenet.data import TokenDataModule
 from cofrgenet.errors import (
     ConfigError,
     UserError,
+    check_seed,
     did_you_mean,
     first_line,
     not_valid_yaml,
@@ -355,9 +356,12 @@ class CofrCLI(LightningCLIAdapter):
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:
             raise ConfigError(self._explain(str(error), args)) from None
+        subcommand = self.config.get("subcommand")
+        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
+        if not isinstance(seed, bool) and isinstance(seed, int):  # True: a random one
+            check_seed(seed, "seed_everything")
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
         # check the file before anything unpickles it.
-        subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path not in (None, "last"):
             checkpoints.check(ckpt_path)

@@ -1030,6 +1030,27 @@ def test_too_little_data_for_one_batch_is_an_error(tiny_data, tmp_path):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--data.batch_size", "100000"))
 
 
+def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_path, monkeypatch):
+    """The saved config.yaml holds what its bases gave; it names none (relative paths
+    from where the run started, which the error of a resume tells users to pass)."""
+    recipes_dir = tmp_path / "mine"
+    (recipes_dir / "groups").mkdir(parents=True)
+    (recipes_dir / "groups" / "steps.yaml").write_text("trainer:\n  max_steps: 2\n")
+    (recipes_dir / "exp.yaml").write_text("base: [groups/steps.yaml]\nrun:\n  name: made\n")
+    monkeypatch.chdir(recipes_dir)
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", "exp.yaml"))
+    saved = tmp_path / "runs" / "test" / "made" / "config.yaml"
+    text = saved.read_text()
+    assert "base: null" in text and "max_steps: 2" in text
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cli = CofrCLI(args=["validate", "--config", str(saved)])  # the run's last checkpoint
+    assert cli.trainer.callback_metrics["val/loss"] > 0
+    with pytest.raises(ConfigError, match=r"--base is read in config files only"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--base", str(recipes_dir / "exp.yaml")))
+
+
 def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_path):
     """A resume with other model or data settings fails before the run's config.yaml is
     rewritten;

@@ -14,7 +14,8 @@ An experiment is a delta over the groups in ``conf/trainer`` and ``conf/data``::
 conf/experiment/paper-gpt2-xl-owt.yaml``: the bases first, in order, so the file's own
 values win, and a base's own bases before it. A path is looked up from the working
 directory, then from the folder of the file that names it. jsonargparse merges the files
-as for any ``--config`` list; ``base`` itself is a recorded, otherwise unused option.
+as for any ``--config`` list; ``base`` itself is an otherwise unused option, given in
+files only, and left out of the config a run saves (that one is whole: it needs no base).
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ def bases_of(path: str | Path) -> list[Path]:
     resolved = []
     for entry in entries:
         # From the working directory, else from the naming file's folder and its parents
-        # (conf/trainer/x.yaml named in conf/experiment/y.yaml, run from anywhere).
+        # (conf/trainer/x.yaml named in conf/experiment/y.yaml, run from anywhere), else
+        # from the checkout (a config.yaml saved by a run before bases were left out).
         here = path.resolve().parent
-        for candidate in (Path(entry), *(folder / entry for folder in (here, *here.parents))):
+        folders = (Path(), here, *here.parents, CHECKOUT)
+        for candidate in (folder / entry for folder in folders):
             if candidate.is_file():
                 resolved.append(candidate)
                 break

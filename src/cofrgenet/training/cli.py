@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import (
     Callback,
@@ -58,6 +59,7 @@ from cofrgenet.training.console import (
 )
 from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
 from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.optim import OptimizerConfig
 from cofrgenet.training.run_checkpoint import RunCheckpoint
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
@@ -127,7 +129,14 @@ class ConfigToRun(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":  # an evaluation keeps the config the run was trained with
             return
-        yaml_text = self.parser.dump(self.config, skip_none=False)
+        # Whole as it is: the bases it was built on are in it already, and their paths
+        # (relative to where the run started) would not resolve from elsewhere.
+        config = self.config.clone()
+        config[recipes.KEY] = None
+        if config.get("model") is not None and config.model.get("optimizer") is None:
+            # `optimizer: null` would reset the section (refused when the file is read).
+            config.model.optimizer = Namespace(**dataclasses.asdict(OptimizerConfig()))
+        yaml_text = self.parser.dump(config, skip_none=False)
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", yaml_text)
@@ -349,6 +358,11 @@ class CofrCLI(LightningCLIAdapter):
             # parsing, so that `--help` (which exits inside the parse) stores them too.
             keys = self.subcommand_parser(words[0]).get_defaults().keys()
             cli_cache.store_keys(words[0], keys)
+        if any(w == f"--{recipes.KEY}" or w.startswith(f"--{recipes.KEY}=") for w in words):
+            raise ConfigError(
+                f"--{recipes.KEY} is read in config files only; on the command line give "
+                "each file with --config, bases first"
+            )
         bad_file = _bad_config_file(expanded)  # before jsonargparse resets a section for it
         if bad_file is not None:
             raise ConfigError(bad_file)
@@ -450,7 +464,8 @@ class CofrCLI(LightningCLIAdapter):
             f"--{recipes.KEY}",
             type=list[str] | str | None,  # one file may be named without a list
             default=None,
-            help="config files this one builds on, read before it (cofrgenet/recipes.py)",
+            help="in a config file: the files it builds on, read before it "
+            "(cofrgenet/recipes.py); on the command line give each with --config",
         )
 
     def run_config(self) -> RunConfig:

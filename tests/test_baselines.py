@@ -156,6 +156,8 @@ def test_alibi_bias_is_linear_in_distance_and_causal():
             for j in range(5):
                 expected = -slopes[h] * (i - j) if j <= i else float("-inf")
                 assert bias[h, i, j].item() == expected
+    # A decoding step builds only its new rows (the whole square is O(T^2) per token).
+    assert torch.equal(alibi_bias(6, 5, dtype=F64, start=3), bias[:, 3:])
 
 
 # Attention mixers against naive references -------------------------------------------
@@ -224,6 +226,8 @@ def test_sparse_masks_follow_the_paper_definitions(pattern):
     for T, stride, summary in ((23, 4, 2), (16, 5, 1), (9, 3, 3)):
         expected = _allowed(pattern, T, stride, summary)
         torch.testing.assert_close(sparse_mask(pattern, T, stride, summary), expected)
+        rows = sparse_mask(pattern, T, stride, summary, start=T - 2)  # a decoding step's
+        torch.testing.assert_close(rows, expected[T - 2 :])
         assert expected.diagonal().all()  # every query keeps itself: no empty softmax row
     # Sparse: far fewer keys than dense causal attention at long T.
     mask = sparse_mask(pattern, 1024, 32, 4)

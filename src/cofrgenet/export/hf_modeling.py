@@ -421,7 +421,9 @@ class CausalSelfAttention(nn.Module):
         if not self.alibi:
             return allowed
         bias = alibi_bias(self.n_head, length, device, dtype)
-        return bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+        if allowed is not None:
+            bias = bias.masked_fill(~allowed, float("-inf"))
+        return bias.unsqueeze(0)  # 4-D: a 3-D float mask sends SDPA to its slow math kernel
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape

@@ -71,19 +71,24 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(dim, dim, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def allowed_keys(self, length: int, device: torch.device) -> Tensor | None:
-        """(T, T) bool, True where query i may attend key j; None for the plain causal mask."""
+    def allowed_keys(self, length: int, device: torch.device, start: int = 0) -> Tensor | None:
+        """(T - start, T) bool, True where query i (from ``start``) may attend key j; None
+        for the plain causal mask."""
         return None
 
     def attention_mask(
-        self, length: int, device: torch.device, dtype: torch.dtype
+        self, length: int, device: torch.device, dtype: torch.dtype, start: int = 0
     ) -> Tensor | None:
-        """The ``attn_mask`` for SDPA: None (use ``is_causal``), (T, T) bool or (H, T, T) float."""
-        allowed = self.allowed_keys(length, device)
+        """The ``attn_mask`` for SDPA of the queries ``start .. length - 1``: None (use
+        ``is_causal``), (T - start, T) bool or (1, H, T - start, T) float."""
+        allowed = self.allowed_keys(length, device, start)
         if not self.alibi:
             return allowed
-        bias = alibi_bias(self.n_head, length, device, dtype)  # causal already
-        return bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+        bias = alibi_bias(self.n_head, length, device, dtype, start)  # causal already
+        if allowed is not None:
+            bias = bias.masked_fill(~allowed, float("-inf"))
+        # 4-D: on CPU a 3-D float mask sent SDPA to its math kernel, about 7x slower.
+        return bias.unsqueeze(0)
 
     def _heads(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, n_head, T, hd), k and v (B, n_kv_head, T, hd) of tokens at start.."""
@@ -129,12 +134,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self._heads(x, start)
         k = append(state, "k", k, dim=2, capacity=self.max_len)
         v = append(state, "v", v, dim=2, capacity=self.max_len)
-        total = start + T
-        mask = self.attention_mask(total, x.device, q.dtype)
-        if mask is None:
-            mask = None if T == 1 else causal_rows(start, T, x.device)
-        else:
-            mask = mask[..., start:, :]
+        mask = self.attention_mask(start + T, x.device, q.dtype, start)  # the new rows
+        if mask is None and T > 1:
+            mask = causal_rows(start, T, x.device)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, enable_gqa=self.n_kv_head != self.n_head
         )

@@ -173,13 +173,17 @@ def alibi_bias(
     length: int,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    start: int = 0,
 ) -> Tensor:
-    """Causal ALiBi logit bias -> (n_head, length, length).
+    """Causal ALiBi logit bias of the queries at ``start .. length - 1`` over keys
+    ``0 .. length - 1`` -> (n_head, length - start, length).
 
     bias[h, i, j] = -m_h (i - j) for keys j <= i and -inf for j > i (the causal mask).
+    A decoding step asks for its new rows only: the whole square is O(T^2) per token.
     """
     slopes = torch.tensor(alibi_slopes(n_head), device=device, dtype=dtype)
-    pos = torch.arange(length, device=device)
-    distance = (pos[:, None] - pos[None, :]).to(dtype)  # (T, T), i - j
+    queries = torch.arange(start, length, device=device)
+    keys = torch.arange(length, device=device)
+    distance = (queries[:, None] - keys[None, :]).to(dtype)  # i - j
     bias = -slopes[:, None, None] * distance
     return bias.masked_fill(distance < 0, float("-inf"))

@@ -32,15 +32,17 @@ def sparse_mask(
     stride: int,
     summary: int = 1,
     device: torch.device | str | None = None,
+    start: int = 0,
 ) -> Tensor:
-    """(T, T) bool mask of ``pattern``: True where query i (row) may attend key j (column).
+    """(T - start, T) bool mask of ``pattern``: True where query i (row, from ``start``)
+    may attend key j (column).
 
     Built at every call (T^2 integer ops, small next to the attention it masks; no cache,
-    which torch.compile would trace through anyway).
+    which torch.compile would trace through anyway); a decoding step builds its new rows.
     """
     if stride < 1:
         raise ValueError(f"sparse stride must be >= 1, got {stride}")
-    i = torch.arange(length, device=device)[:, None]
+    i = torch.arange(start, length, device=device)[:, None]
     j = torch.arange(length, device=device)[None, :]
     causal = j <= i
     if pattern == "strided":
@@ -98,8 +100,8 @@ class SparseCausalSelfAttention(CausalSelfAttention):
         self.summary = default_summary(self.stride) if summary is None else summary
         sparse_mask(pattern, 1, self.stride, self.summary)  # validate the sizes now
 
-    def allowed_keys(self, length: int, device: torch.device) -> Tensor:
-        return sparse_mask(self.pattern, length, self.stride, self.summary, device)
+    def allowed_keys(self, length: int, device: torch.device, start: int = 0) -> Tensor:
+        return sparse_mask(self.pattern, length, self.stride, self.summary, device, start)
 
     def extra_repr(self) -> str:
         summary = f", summary={self.summary}" if self.pattern == "fixed" else ""

@@ -96,3 +96,34 @@ def test_an_evaluation_set_without_hub_or_cache_fails_at_once(tmp_path):
     assert "(HF_HUB_OFFLINE is set)" in done.stderr
     assert "Retrying in" not in done.stderr
     assert elapsed < 15, f"{elapsed:.1f} s"
+
+
+def test_glue_from_the_hub_without_hub_or_cache_fails_at_once(tmp_path):
+    """`cofr finetune glue` without --data-dir, as a user runs it: its option checks
+    import Lightning (hence the hub's client) before the data, so the probe comes first."""
+    import zipfile
+
+    ckpt = tmp_path / "model.ckpt"
+    with zipfile.ZipFile(ckpt, "w") as archive:  # the data is read before the checkpoint
+        archive.writestr("archive/data.pkl", b"")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *hub._PROXY_VARIABLES)
+    }
+    env.update(HF_ENDPOINT=refused_endpoint(), HF_HOME=str(tmp_path / "hf"))
+    command = [sys.executable, "-m", "cofrgenet.cli", "finetune", "glue", "--task", "rte"]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [*command, "--ckpt", str(ckpt), "--no-mlflow", "--accelerator", "cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    elapsed = time.perf_counter() - start
+    assert done.returncode != 0
+    assert "reading the local cache only" in done.stderr
+    assert "Retrying in" not in done.stderr
+    assert elapsed < 15, f"{elapsed:.1f} s"

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
 from cofrgenet.errors import UserError, check_seed
+from cofrgenet.hub import offline_unless_reachable
 from cofrgenet.eval.glue_data import (
     TASKS,
     Example,
@@ -560,6 +561,11 @@ def run(args: argparse.Namespace) -> int:
     from cofrgenet.training.pretrained import checkpoint_file
     from cofrgenet.training.run_store import check_folder_name
 
+    if args.data_dir is None:
+        # Now: the checks below import Lightning, which imports the hub's client, and
+        # the probe does nothing once that has read its settings (the hub's ~25 s of
+        # retries came back).
+        offline_unless_reachable()
     config = dataclass_from_args(FinetuneConfig, args)
     for option, name in (("--experiment", args.experiment), ("--name", args.name)):
         if name is not None:  # each is a folder: runs/<experiment>/<name>

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
 from cofrgenet.errors import UserError, check_seed
-from cofrgenet.hub import offline_unless_reachable
 from cofrgenet.eval.glue_data import (
     TASKS,
     Example,
@@ -41,6 +40,7 @@ from cofrgenet.eval.glue_data import (
     encode_examples,
     load_task,
 )
+from cofrgenet.hub import offline_unless_reachable
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

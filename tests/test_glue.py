@@ -527,7 +527,7 @@ def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
         warnings.simplefilter("always")
         status = cofr(
             ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
-             "--batch-size", "8", "--epochs", "2", "--max-steps", "5", "--lr", "1e-3",
+             "--batch-size", "8", "--epochs", "2", "--lr", "1e-3",
              "--accelerator", "cpu", "--no-progress", "--json", str(out), "--name", "e2e"]
         )  # fmt: skip
     printed = capsys.readouterr().out
@@ -536,7 +536,7 @@ def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
     assert not [w for w in caught if "eval mode" in str(w.message)]
     assert "accuracy" in printed and "93.56 / 94.16" in printed  # the table, paper beside
     result = json.loads(out.read_text())
-    assert result["steps"] == 5 and result["train_examples"] == 24
+    assert result["steps"] == 6 and result["train_examples"] == 24
     assert set(result["metrics"]) == {"glue/sst2/accuracy"}
     accuracy_ = result["metrics"]["glue/sst2/accuracy"]
     assert 0.0 <= accuracy_ <= 1.0 and result["splits"]["dev"]["examples"] == 10
@@ -550,7 +550,7 @@ def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
     assert finetune_run.data.params["task"] == "sst2"
     assert finetune_run.data.params["lr"] == "0.001"
     history = client.get_metric_history(result["run_id"], "glue/sst2/accuracy")
-    assert [m.step for m in history] == [3, 5]  # after epoch 1 (3 steps), then at max_steps
+    assert [m.step for m in history] == [3, 6]  # after each epoch of 3 steps
     assert history[-1].value == pytest.approx(accuracy_)
     assert "glue/sst2/loss" in finetune_run.data.metrics
     pretrain_run = client.get_run(pretrain_id)
@@ -625,14 +625,22 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{pretrained.parents[3] / 'mlflow.db'}")
     pretrain_id = (pretrained.parents[1] / "mlflow_run_id").read_text().strip()
     before = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
+    out = tmp_path / "part.json"
     status = cofr(
         ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
          "--batch-size", "8", "--max-steps", "1", "--max-eval-samples", "4",
-         "--accelerator", "cpu", "--no-progress", "--name", "part"]
+         "--accelerator", "cpu", "--no-progress", "--name", "part", "--json", str(out)]
     )  # fmt: skip
     assert status == 0
+    # Stopped by --max-steps between evaluations: scored at that step all the same.
+    run_id = json.loads(out.read_text())["run_id"]
+    assert [m.step for m in client.get_metric_history(run_id, "glue/sst2/accuracy")] == [1]
     err = capsys.readouterr().err
-    assert "not logged onto the pretraining run: --max-eval-samples 4 use part of the task" in err
+    # 1 step of 3 epochs x 3 batches: cut short, as a subset of the task is
+    assert (
+        "not logged onto the pretraining run: --max-eval-samples 4 and --max-steps 1 use part "
+        "of the task" in err
+    )
     after = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
     assert [(m.value, m.timestamp) for m in after] == [(m.value, m.timestamp) for m in before]
 

@@ -781,8 +781,9 @@ def finetune(
         "warnings": warnings,
     }
     if mlflow and loaded.mlflow_run_id:
+        stopped_at = trainer.global_step < config.epochs * steps_per_epoch
         warning = _log_onto_pretraining_run(
-            loaded, config, task.name, metrics, pretrain_step, run_id
+            loaded, config, task.name, metrics, pretrain_step, run_id, stopped_at
         )
         if warning:
             warnings.append(warning)
@@ -801,14 +802,17 @@ def _log_onto_pretraining_run(
     metrics: dict[str, float],
     pretrain_step: int,
     run_id: str | None,
+    stopped_early: bool = False,
 ) -> str | None:
     """Log the dev ``metrics`` onto the run that pretrained the checkpoint (at its step),
-    unless only part of the task was used; returns a warning, or None."""
+    unless only part of the task was used (a subset, or ``stopped_early`` by --max-steps
+    before the epochs ended); returns a warning, or None."""
     partial = [
         f"--{name.replace('_', '-')} {value}"
         for name, value in (
             ("max_train_samples", config.max_train_samples),
             ("max_eval_samples", config.max_eval_samples),
+            ("max_steps", config.max_steps if stopped_early else None),
         )
         if value is not None
     ]

@@ -643,6 +643,18 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     )
     after = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
     assert [(m.value, m.timestamp) for m in after] == [(m.value, m.timestamp) for m in before]
+    # The same name again, or the pretraining run's own folder: refused, nothing replaced.
+    results = pretrained.parents[3] / "glue-sst2" / "part" / "results.json"
+    before_text = results.read_text()
+    again = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
+             str(glue), "--max-steps", "1", "--accelerator", "cpu", "--no-progress"]  # fmt: skip
+    for where in (
+        ["--name", "part"],
+        ["--experiment", "test", "--name", pretrained.parents[1].name],
+    ):
+        assert cofr([*again, *where]) == 2
+        assert "holds another run already" in capsys.readouterr().err
+    assert results.read_text() == before_text
 
 
 def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeypatch, capsys):

@@ -19,7 +19,9 @@ Torch and Lightning are imported inside functions: ``cofr finetune glue --help``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import itertools
 import json
 import math
 import random
@@ -689,8 +691,8 @@ def finetune(
         runs_dir or (loaded.run_dir.parent.parent if loaded.run_dir else "runs")
     ).resolve()
     experiment = experiment or f"glue-{task.name}"
-    name = name or f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = runs_root / folder_name(experiment) / folder_name(name)
+    run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
+    name = run_dir.name
     uri = (
         tracking_uri
         or loaded.tracking_uri
@@ -793,6 +795,31 @@ def finetune(
     if mlflow:
         logger.experiment.log_text(run_id, text, "glue_results.json")
     return result
+
+
+def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> Path:
+    """The fine-tuning run's folder, made now, empty: a named one that holds anything (an
+    earlier fine-tuning, or the pretraining run itself) is refused; a dated default name
+    gets a suffix (-2, -3, ...) when another run took it in the same second."""
+    from cofrgenet.training.run_store import folder_name
+
+    if name is not None:
+        run_dir = experiment_dir / folder_name(name)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise UserError(
+                f"{run_dir} holds another run already (its results and MLflow run would be "
+                "replaced): pick another --name or --experiment"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+    base = folder_name(f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    experiment_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        run_dir = experiment_dir / (base if attempt == 1 else f"{base}-{attempt}")
+        with contextlib.suppress(FileExistsError):
+            run_dir.mkdir()  # atomic: two runs started at once get two folders
+            return run_dir
+    raise AssertionError("itertools.count never ends")
 
 
 def _log_onto_pretraining_run(

@@ -32,6 +32,7 @@ UTILITIES = {
     "atomic",
     "cli_cache",
     "dataclass_options",
+    "environment",
     "errors",
     "hub",
     "lazy",

@@ -927,6 +927,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--data.val_batch_size", "-3"], "data.val_batch_size must be >= 1"),
         (["--data.num_workers", "-1"], "data.num_workers must be >= 0"),
         (["--data.seed", "-1"], r"data\.seed must be in \[0, 4294967295\], got -1"),
+        (
+            ["--run.runs_dir", "${COFR_TEST_UNSET}/runs"],
+            r"^run\.runs_dir: \$\{COFR_TEST_UNSET\} is not set in the environment",
+        ),
         (["--seed_everything", "4294967296"], r"^seed_everything must be in \[0, 4294967295\]"),
         (["--model.config.n_head", "3"], r"n_embd \(64\) must be a multiple of n_head \(3\)"),
         (["--model.optimizer.lr", "-1"], "optimizer.lr must be positive"),
@@ -1049,6 +1053,18 @@ def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_p
     assert cli.trainer.callback_metrics["val/loss"] > 0
     with pytest.raises(ConfigError, match=r"--base is read in config files only"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--base", str(recipes_dir / "exp.yaml")))
+
+
+def test_paths_in_a_config_take_variables_and_the_home_folder(tiny_data, tmp_path, monkeypatch):
+    """${VAR} and ~ as in a shell (and in sweep files): not a folder named '$HOME'."""
+    monkeypatch.setenv("COFR_TEST_DATA", str(tiny_data.parent))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    args = fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1", "--run.name", "vars")
+    args[args.index(str(tiny_data))] = "${COFR_TEST_DATA}/" + tiny_data.name
+    args[args.index(str(tmp_path / "runs"))] = "~/runs"
+    cli = CofrCLI(args=args)
+    assert cli.datamodule.data_dir == tiny_data.resolve()
+    assert (tmp_path / "home" / "runs" / "test" / "vars" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_path):

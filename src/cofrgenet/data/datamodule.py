@@ -31,6 +31,7 @@ from cofrgenet.data.meta import (
     tokenizer_changes,
     tokenizer_digest,
 )
+from cofrgenet.environment import expand_variables
 from cofrgenet.errors import ConfigError, check_seed
 
 
@@ -128,7 +129,9 @@ class TokenDataModule(L.LightningDataModule):
         check_seed(seed, "data.seed")
         # Absolute in the saved hyperparameters: a checkpoint read from another working
         # directory (cofr generate, eval) still finds the folder and its tokenizer.
-        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.data_dir = (
+            Path(expand_variables(str(data_dir), "data.data_dir")).expanduser().resolve()
+        )
         self.hparams["data_dir"] = str(self.data_dir)
         # Fails fast on a missing or half-written folder.
         self.meta: DataMeta = read_meta(self.data_dir)

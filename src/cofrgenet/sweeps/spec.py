@@ -31,7 +31,6 @@ its own parser (:mod:`cofrgenet.sweeps.fitconfig`).
 from __future__ import annotations
 
 import copy
-import difflib
 import itertools
 import logging
 import math
@@ -45,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from cofrgenet.environment import VARIABLE, close_variable_hint, expand_variables, unset_variables
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.training.run_store import check_folder_name
 
@@ -334,7 +334,6 @@ _TOP_KEYS = {
 
 
 log = logging.getLogger("cofrgenet.sweeps")
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _expand(value: Any, where: str) -> str | None:
@@ -345,17 +344,14 @@ def _expand(value: Any, where: str) -> str | None:
     if value is None:
         return None
     text = str(value)
-    for name in _VARIABLE.findall(text):
-        if os.environ.get(name):
-            continue
-        close = difflib.get_close_matches(name, [k for k in os.environ if os.environ[k]], 1, 0.9)
-        hint = f" (did you mean ${{{close[0]}}}, which is?)" if close else ""
-        if _VARIABLE.fullmatch(text.strip()) is None:
+    for name in unset_variables(text):
+        hint = close_variable_hint(name)
+        if VARIABLE.fullmatch(text.strip()) is None:
             raise SweepError(f"{where}: ${{{name}}} is not set in the environment{hint}")
         if hint:
             log.warning(f"{where}: ${{{name}}} is not set: the default is used{hint}")
         return None  # the whole value is one unset variable: the default
-    expanded = _VARIABLE.sub(lambda m: os.environ[m.group(1)], text)
+    expanded = expand_variables(text, where)
     return expanded if expanded.strip() else None
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.environment import expand_variables
 from cofrgenet.errors import ConfigError
 from cofrgenet.redact import hide_passwords
 
@@ -75,6 +76,10 @@ class RunConfig:
     mlflow: bool = True
 
     def __post_init__(self) -> None:
+        # ${VAR} and ~ as in a shell: a literal "$HOME/runs" folder helps no one.
+        self.runs_dir = str(Path(expand_variables(self.runs_dir, "run.runs_dir")).expanduser())
+        if self.tracking_uri is not None:
+            self.tracking_uri = expand_variables(self.tracking_uri, "run.tracking_uri")
         for key, value in (("experiment", self.experiment), ("name", self.name)):
             if value is None and key == "name":
                 continue

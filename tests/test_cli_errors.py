@@ -41,6 +41,17 @@ def test_a_typo_on_the_command_line_and_in_model_config(capsys):
     assert "unknown key 'model.optimizer.lrr' (did you mean 'model.optimizer.lr'?)" in line
 
 
+def test_a_whole_config_file_given_to_a_section_option_says_to_use_config(capsys):
+    """`--trainer FILE` reads FILE's keys as trainer's: a file `trainer: {...}` made
+    'unknown key trainer.accelerator (did you mean trainer.accelerator?)'."""
+    trainer_file = str(ROOT / "conf" / "trainer" / "cpu-debug.yaml")
+    line = one_line_error(capsys, ["fit", "--config", DEMO, "--trainer", trainer_file])
+    assert line.endswith(
+        "--trainer FILE takes a file of trainer keys alone, but its file holds a top-level "
+        "`trainer:`: give that file with --config"
+    )
+
+
 def test_missing_data_and_bad_arguments_of_other_commands(capsys, tmp_path):
     err = one_line_error(capsys, ["fit", "--config", DEMO, "--data.data_dir", str(tmp_path)])
     assert "cofr data prepare" in err or "meta.json" in err

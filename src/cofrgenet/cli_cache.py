@@ -148,6 +148,13 @@ def unknown_key_message(
     subcommand: str, key: str, words: Sequence[str], valid: Iterable[str]
 ) -> str:
     """The one message for a key the parser does not know, with its file and a hint."""
+    section = key.split(".", 1)[0]
+    doubled = key in valid or key.startswith(f"{section}.{section}.")
+    if doubled and f"--{section}" in words:  # `--trainer FILE` of a file `trainer: {...}`
+        return (
+            f"--{section} FILE takes a file of {section} keys alone, but its file holds a "
+            f"top-level `{section}:`: give that file with --config"
+        )
     where = "".join(f" in {path}" for path in config_files(words) if holds_key(path, key))
     return (
         f"unknown key {key!r}{where}{did_you_mean(key, list(valid))}; "

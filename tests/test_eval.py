@@ -481,6 +481,25 @@ def test_cofr_eval_refuses_harness_options_without_harness_tasks(capsys, option,
     )
 
 
+@pytest.mark.parametrize(
+    "tasks,option,value,to",
+    [
+        ("", "--split", "valid", "the sets of --tasks"),
+        ("", "--data-dir", "sets", "the sets of --tasks"),
+        ("", "--stride", "7", "the perplexity sets of --tasks"),
+        ("lambada", "--stride", "7", "the perplexity sets of --tasks"),
+    ],
+)
+def test_cofr_eval_refuses_set_options_that_no_set_reads(capsys, tasks, option, value, to):
+    """Harness-only (or LAMBADA-only) runs ignored them, and the JSON recorded them."""
+    argv = ["eval", "nope.ckpt", "--tasks", tasks, "--harness", "x", option, value]
+    line = one_line_error(capsys, argv)
+    assert line == (
+        f"cofr eval: error: {option} applies to {to} only (not to LAMBADA's passages or "
+        "harness tasks): leave it out"
+    )
+
+
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
     data = write_eval_data(tmp_path / "sets")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the --json path is refused first

@@ -97,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--split",
         choices=("test", "valid"),
-        default="test",
-        help="which split of each set to score; LAMBADA has test only (default: test)",
+        default=None,
+        help="which split of each --tasks set to score; LAMBADA has test only (default: test)",
     )
     parser.add_argument(
         "--stride",
@@ -336,6 +336,18 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"{flag} applies to lm-eval tasks only: give them with --harness")
     for name in tasks:
         get_task(name)
+    kinds = {get_task(name).kind for name in tasks}
+    for flag, value, applies, to in (  # silently unused, they would mislead
+        ("--split", args.split, kinds, "the sets of --tasks"),
+        ("--data-dir", args.data_dir, kinds, "the sets of --tasks"),
+        ("--stride", args.stride, kinds & {"perplexity"}, "the perplexity sets of --tasks"),
+    ):
+        if value is not None and not applies:
+            raise UserError(
+                f"{flag} applies to {to} only (not to LAMBADA's passages or harness tasks): "
+                "leave it out"
+            )
+    args.split = args.split or "test"
     if (
         args.limit is not None
         and not harness_tasks

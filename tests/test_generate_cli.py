@@ -255,6 +255,8 @@ def test_models_list_with_a_filter_matching_nothing_is_an_error(capsys):
     line = captured.err.strip()
     assert line.startswith("cofr models list: error: no preset matches 'gpt2-tinyy'; closest: ")
     assert "gpt2-tiny" in line and "\n" not in line
+    assert main(["models", "list", "--filter", "GPT2-TINY-F"]) == 0  # any case
+    assert "gpt2-tiny-f" in capsys.readouterr().out
 
 
 def test_a_sample_cut_at_the_end_of_text_says_so(capsys, tmp_path, data, monkeypatch):

@@ -12,16 +12,17 @@ from cofrgenet.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--filter", default="", help="only presets whose name contains this")
+    parser.add_argument("--filter", default="", help="only presets whose name contains this (any case)")
 
 
 def run(args: argparse.Namespace) -> int:
     from cofrgenet.models import ModelConfig, count_parameters, list_presets
 
     presets = list_presets()
-    names = [name for name in presets if args.filter in name]
+    wanted = args.filter.lower()  # preset names are lower case
+    names = [name for name in presets if wanted in name]
     if not names:
-        close = difflib.get_close_matches(args.filter, presets, n=3, cutoff=0.0)
+        close = difflib.get_close_matches(wanted, presets, n=3, cutoff=0.0)
         raise UserError(
             f"no preset matches {args.filter!r}; closest: {', '.join(close)} "
             "(`cofr models list` lists them all)"

@@ -665,11 +665,13 @@ def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeyp
     status = cofr(
         ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",
          "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
-         "--json", str(out), "--precision", "bf16-mixed"]  # clips with the fused AdamW
+         "--json", str(out), "--precision", "bf16-mixed",  # clips with the fused AdamW
+         "--max-length", "5000"]
     )  # fmt: skip
     assert status == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert "mnli-mm" in printed
+    assert "--max-length 5000 is more than the model's block size: inputs were cut at" in err
     result = json.loads(out.read_text())
     assert set(result["metrics"]) == {"glue/mnli/accuracy", "glue/mnli-mm/accuracy"}
     assert result["splits"]["dev_mismatched"]["examples"] == 2

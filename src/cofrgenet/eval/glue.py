@@ -762,6 +762,11 @@ def finetune(
 
     metrics = metric_keys(task, module.results)
     warnings = data.warnings()
+    if config.max_length is not None and config.max_length > loaded.block_size:
+        warnings.append(
+            f"--max-length {config.max_length} is more than the model's block size: "
+            f"inputs were cut at {loaded.block_size} tokens"
+        )
     run_id = logger.run_id if mlflow else None
     result: dict[str, Any] = {
         "task": task.name,

@@ -12,7 +12,9 @@ from cofrgenet.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--filter", default="", help="only presets whose name contains this (any case)")
+    parser.add_argument(
+        "--filter", default="", help="only presets whose name contains this (any case)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

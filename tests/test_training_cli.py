@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -607,8 +608,15 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
     # Given by path, a damaged checkpoint's error names an intact one beside it; a typo'd
     # name gets a did-you-mean.
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=r"damaged .*step\d+\.ckpt is intact"):
+    with pytest.raises(CheckpointError, match=r"damaged .*step\d+\.ckpt, of the same run, is"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(last)))
+    # Outside a run's checkpoints folder, another .ckpt beside it may be anything.
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    shutil.copy(last, loose / "mine.ckpt")
+    shutil.copy(step, loose / "other.ckpt")
+    with pytest.raises(CheckpointError, match=r"mine\.ckpt \(a save cut short, or another"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(loose / "mine.ckpt")))
     with pytest.raises(CheckpointError, match=r"no checkpoint at .*lats.ckpt \(did you mean 'last"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(folder / "lats.ckpt")))
 

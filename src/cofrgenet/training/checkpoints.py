@@ -35,15 +35,14 @@ class CheckpointError(UserError, ValueError):
 
 def damaged(path: Path) -> CheckpointError:
     """The error for a file that is not an intact checkpoint, naming an intact one beside
-    it (a run keeps ``last.ckpt`` and its newest ``step*.ckpt``) when there is one."""
+    it in a run's checkpoints folder (a run keeps ``last.ckpt`` and its newest
+    ``step*.ckpt``) when there is one; elsewhere a ``.ckpt`` beside it may be anything."""
     path = Path(path)
+    in_run = path.parent.name == Path(RUN_CHECKPOINTS).name
     others = [p for p in checkpoint_files(path.parent) if p != path and is_intact(p)]
-    if others:
+    if in_run and others:
         newest = max(others, key=lambda p: p.stat().st_mtime)
-        hint = (
-            f": {newest} is intact (`cofr fit ... --ckpt_path last` resumes from the newest "
-            "intact one)"
-        )
+        hint = f": {newest}, of the same run, is intact"
     else:
         hint = " (a save cut short, or another kind of file)"
     return CheckpointError(

@@ -947,6 +947,14 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.max_steps", "0"], "trainer.max_steps must be >= 1"),
         (["--trainer.max_steps", "-5"], "trainer: `max_steps` must be"),
         (["--trainer.max_steps", "x"], "trainer.max_steps: expected an integer, got 'x'"),
+        (
+            ["--model.optimizer.betas", "0.9,0.95"],
+            r"^model\.optimizer\.betas: expected a list in brackets \('\[a, b\]'\), got",
+        ),
+        (
+            ["--model.optimizer.betas", "[0.9]"],
+            r"^model\.optimizer\.betas: expected a list of 2 values in brackets, got '\[0\.9\]'$",
+        ),
         (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches must be >= 1"),
         (["--trainer.gradient_clip_val", "-1"], r"gradient_clip_val must be >= 0"),
         (["--run.checkpoint_every_n_steps", "0"], r"checkpoint_every_n_steps must be >= 1"),

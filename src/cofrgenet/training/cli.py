@@ -162,7 +162,23 @@ def _bad_choice(message: str) -> str | None:
     return f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
 
 
-_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
+_TYPE_NAMES = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "text",
+    "tuple": "a list in brackets ('[a, b]')",
+}
+
+
+def _given_key(key: str, words: list[str]) -> str:
+    """The dotted key as the command line gave it: jsonargparse names a dataclass field
+    by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
+    for word in words:
+        given = word[2:].split("=", 1)[0] if word.startswith("--") else ""
+        if given.endswith(f".{key}"):
+            return given
+    return key
 
 
 def _bad_union(message: str) -> str | None:
@@ -434,11 +450,18 @@ class CofrCLI(LightningCLIAdapter):
         if choice is not None:
             return choice
         wrong_type = re.search(
-            r'Parser key "([^"]+)":\s+Expected a <class \'(\w+)\'>\. Got value: (.*)', message
+            r'Parser key "([^"]+)":\s+Expected a (?:<class \'(\w+)\'>|tuple with (\d+) '
+            r"elements)\. Got value: (.*)",
+            message,
         )
         if wrong_type is not None:
-            key, expected, value = wrong_type.groups()
-            return f"{key}: expected {_TYPE_NAMES.get(expected, expected)}, got {value.strip()!r}"
+            key, expected, count, value = wrong_type.groups()
+            kind = (
+                f"a list of {count} values in brackets"
+                if count
+                else _TYPE_NAMES.get(expected, expected)
+            )
+            return f"{_given_key(key, words)}: expected {kind}, got {value.strip()!r}"
         union = _bad_union(message)
         if union is not None:
             return union

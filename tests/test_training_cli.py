@@ -1071,6 +1071,18 @@ def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_p
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--base", str(recipes_dir / "exp.yaml")))
 
 
+def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, capsys):
+    """Files and options apply in order: `--trainer.max_steps 3 --config F` loses the 3
+    when F sets max_steps."""
+    args = fit_args(tmp_path, tiny_data, "--print_config")
+    with (
+        pytest.warns(UserWarning, match=r"--trainer\.max_steps is replaced by .*cpu-debug\.yaml"),
+        pytest.raises(SystemExit),
+    ):
+        CofrCLI(args=["fit", "--trainer.max_steps", "3", *args[1:]])
+    assert "max_steps: 20" in capsys.readouterr().out  # cpu-debug.yaml's
+
+
 def test_paths_in_a_config_take_variables_and_the_home_folder(tiny_data, tmp_path, monkeypatch):
     """${VAR} and ~ as in a shell (and in sweep files): not a folder named '$HOME'."""
     monkeypatch.setenv("COFR_TEST_DATA", str(tiny_data.parent))

@@ -171,6 +171,27 @@ _TYPE_NAMES = {
 }
 
 
+def _replaced_by_later_files(words: list[str]) -> list[str]:
+    """Command-line ``--a.b v`` options that a ``--config`` file given after them sets
+    again: the later one wins, so the option given is silently lost."""
+    import yaml
+
+    replaced = []
+    for i, word in enumerate(words):
+        if not word.startswith("--") or "." not in word or word.startswith("--config"):
+            continue
+        key = word[2:].split("=", 1)[0].rstrip("+")
+        for path in cli_cache.config_files(words[i + 1 :]):
+            try:
+                keys = cli_cache.yaml_keys(yaml.safe_load(Path(path).read_text()) or {})
+            except (OSError, yaml.YAMLError):
+                continue  # the parser reports the file
+            if any(k == key or k.startswith(f"{key}.") for k in keys):
+                replaced.append(f"--{key} is replaced by {path}, given after it")
+                break
+    return replaced
+
+
 def _given_key(key: str, words: list[str]) -> str:
     """The dotted key as the command line gave it: jsonargparse names a dataclass field
     by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
@@ -382,6 +403,8 @@ class CofrCLI(LightningCLIAdapter):
         bad_file = _bad_config_file(expanded)  # before jsonargparse resets a section for it
         if bad_file is not None:
             raise ConfigError(bad_file)
+        for replaced in _replaced_by_later_files(expanded):
+            rank_zero_warn(f"{replaced}: put options after the --config files they change")
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:

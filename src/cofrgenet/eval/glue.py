@@ -239,13 +239,13 @@ def _classifier_class() -> type:
     from torch import nn
 
     from cofrgenet.training.optim import (
+        ClipsGradients,
         OptimizerConfig,
         build_adamw,
-        clip_gradients,
         scales_loss,
     )
 
-    class GlueClassifier(L.LightningModule):
+    class GlueClassifier(ClipsGradients, L.LightningModule):
         """A decoder (hidden states (B, T, C), see :func:`strip_lm_head`) with a linear
         head on the last token's state: batches (ids (B, T), lengths (B,), labels (B,))
         -> class logits (B, K).
@@ -315,14 +315,6 @@ def _classifier_class() -> type:
                 if self.logger is not None:
                     self.logger.log_metrics(logged, step=self.trainer.global_step)
             self.validated_at = self.trainer.global_step
-
-        def configure_gradient_clipping(
-            self,
-            optimizer: torch.optim.Optimizer,
-            gradient_clip_val: float | None = None,
-            gradient_clip_algorithm: str | None = None,
-        ) -> None:
-            clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
         def configure_optimizers(self) -> dict[str, Any]:
             cfg = self.config

@@ -20,9 +20,9 @@ from cofrgenet.nn import LadderLayer
 from cofrgenet.training.checkpoints import check_denominators, uncompiled
 from cofrgenet.training.model_options import ModelOverrides, overrides_dict
 from cofrgenet.training.optim import (
+    ClipsGradients,
     OptimizerConfig,
     build_adamw,
-    clip_gradients,
     describe_groups,
     planned_steps,
     released_warmup_cosine,
@@ -42,7 +42,7 @@ SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 20
 
 
-class LanguageModel(L.LightningModule):
+class LanguageModel(ClipsGradients, L.LightningModule):
     """Next-token language modelling for every model variant.
 
     Args:
@@ -383,14 +383,6 @@ class LanguageModel(L.LightningModule):
                     strict=True,
                 ):
                     group["lr"] = base * factor(scheduler.last_epoch)
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optimizer_config

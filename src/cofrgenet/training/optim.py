@@ -201,6 +201,19 @@ def clip_gradients(
         module.clip_gradients(optimizer, clip_val, algorithm)
 
 
+class ClipsGradients:
+    """A LightningModule mixin (list it first): ``configure_gradient_clipping`` by
+    :func:`clip_gradients`."""
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
 #: Group settings a resume takes from the optimizer built from the run's config, not
 #: from the checkpoint (``lr``, the scheduled value, is rescaled apart).
 BUILT_SETTINGS = ("fused", "foreach", "weight_decay", "betas", "eps", "initial_lr")

@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -559,6 +560,12 @@ def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
     larger = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=4, num_workers=0, seed=5)
     with pytest.warns(UserWarning, match=r"data\.batch_size 2 -> 4 since the checkpoint"):
         larger.load_state_dict(state)
+    # More sequences per step (a larger batch, or more processes): Lightning ends the
+    # resumed epoch by its old batch count, before the data is read; said as such.
+    more = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=5)
+    more.trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"))
+    with pytest.warns(UserWarning, match=r"^processes 1 -> 2 since .*; 2 -> 4 sequences per step"):
+        more.load_state_dict(state)
 
 
 def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tmp_path):

@@ -291,9 +291,14 @@ class TokenDataModule(L.LightningDataModule):
         return {"tokens": val.tokens, "chunks": val.chunks, "split_args": self.meta.split_args}
 
     def _loader_settings(self) -> dict[str, int]:
-        """Settings a resume may change (a larger batch, another node's CPU count), but
-        then the batches do not continue exactly: said, not refused."""
-        return {"batch_size": self.batch_size, "num_workers": self.num_workers}
+        """Settings a resume may change (a larger batch, more devices, another node's CPU
+        count), but then the batches do not continue exactly: said, not refused."""
+        trainer = getattr(self, "trainer", None)
+        return {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "world_size": trainer.world_size if trainer is not None else 1,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a saved position: applied to the current or the next training loader."""
@@ -314,14 +319,30 @@ class TokenDataModule(L.LightningDataModule):
                 )
             return
         self.check_resumable(state_dict)
-        saved_loader, now_loader = state_dict.get("loader") or {}, self._loader_settings()
+        now_loader = self._loader_settings()
+        # litdata's own state has the world size of checkpoints from before it was saved here.
+        saved_world = (state_dict["train_loader"].get("dataset") or {}).get("world_size", 1)
+        saved_loader = {"world_size": saved_world, **(state_dict.get("loader") or {})}
+        names = {"world_size": "processes"}
         moved = [
-            f"{k} {v} -> {now_loader[k]}" for k, v in saved_loader.items() if now_loader.get(k) != v
+            f"{names.get(k, f'data.{k}')} {v} -> {now_loader[k]}"
+            for k, v in saved_loader.items()
+            if now_loader.get(k) != v
         ]
         if moved:
+            before = saved_loader.get("batch_size", self.batch_size) * saved_loader["world_size"]
+            after = self.batch_size * now_loader["world_size"]
+            skipped = (
+                f"; {before} -> {after} sequences per step: Lightning counts the resumed "
+                "epoch's batches at the old size, so it ends that epoch early and part of "
+                "its data is not read (resume from a checkpoint at an epoch's end, or with "
+                "the old batch size and processes)"
+                if after > before
+                else ""
+            )
             rank_zero_warn(
-                f"data.{', data.'.join(moved)} since the checkpoint: training goes on, but "
-                "not with exactly the batches an uninterrupted run would have read"
+                f"{', '.join(moved)} since the checkpoint: training goes on, but not with "
+                f"exactly the batches an uninterrupted run would have read{skipped}"
             )
         saved_val = state_dict.get("val_split")
         if saved_val is not None and saved_val != self._val_split():

@@ -54,7 +54,7 @@ from cofrgenet.data.tokenizer import (
     find_gpt2_files,
     gpt2_tokenizer,
 )
-from cofrgenet.errors import UserError
+from cofrgenet.errors import ConfigError, UserError
 
 SEED = 7
 
@@ -520,6 +520,24 @@ def test_new_loader_iterators_leave_the_global_random_state_alone(pydoc_byte, nu
     next(iter(train))
     next(iter(val))
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_validation_split_that_leaves_a_process_no_batch_is_one_line(pydoc_byte, monkeypatch):
+    """litdata gives each of W processes whole batches (the last one the rest): a split of
+    fewer than W x val_batch_size blocks left rank 0 none, and Lightning stopped a DDP fit
+    with a traceback that one process never met."""
+    blocks = len(
+        TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2)._dataset("val", False, False)
+    )
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, val_batch_size=blocks)
+    dm.trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"))
+    with pytest.raises(
+        ConfigError, match=rf"needs {2 * blocks} blocks .*lower data\.val_batch_size"
+    ):
+        dm.val_dataloader()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -246,9 +246,20 @@ class TokenDataModule(L.LightningDataModule):
         # In the main process: litdata's workers take chunks in turn, so with
         # limit_val_batches (every conf/trainer file sets it) the blocks scored, and
         # val/loss, depended on data.num_workers, which differs between machines.
-        return self._loader(
+        loader = self._loader(
             "val", self.val_batch_size, shuffle=False, drop_last=False, num_workers=0
         )
+        if len(loader) == 0:  # else litdata's traceback, on this process only
+            processes = self._loader_settings()["world_size"]
+            raise ConfigError(
+                f"the val split of {str(self.data_dir)!r} gives this process no batch: "
+                f"litdata gives each of the {processes} processes whole batches of "
+                f"data.val_batch_size={self.val_batch_size} blocks (the last one the rest), "
+                f"so it needs {processes * self.val_batch_size} blocks of block_size + 1 = "
+                f"{self.block_size + 1} tokens: lower data.val_batch_size, or prepare a "
+                "larger --val-fraction"
+            )
+        return loader
 
     def test_dataloader(self) -> Any:
         """The held-out ``val`` split (prepared folders have no separate test split)."""

@@ -19,7 +19,14 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         quiet_known_noise()
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", stacklevel=1)
         warnings.warn("something new and worth reading", stacklevel=1)
-    assert [str(w.message) for w in caught] == ["something new and worth reading"]
+        # val/* scores are synced MeanMetrics; another metric logged so would not be
+        recommended = "It is recommended to use `self.log({!r}, ..., sync_dist=True)` when"
+        warnings.warn(recommended.format("val/loss"), stacklevel=1)
+        warnings.warn(recommended.format("train/other"), stacklevel=1)
+    assert [str(w.message) for w in caught] == [
+        "something new and worth reading",
+        recommended.format("train/other"),
+    ]
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         logger.info("💡 Tip: For seamless cloud logging and experiment tracking, try ...")

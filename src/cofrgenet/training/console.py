@@ -48,6 +48,9 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("Updating database tables", "MLflow bringing a new run store's schema up to date"),
     ("Seed set to ", "LightningCLI seeds before it builds anything; cofr says it once the "
      "model, data and trainer are built, not above an error in what was given"),
+    ("It is recommended to use `self.log('val/", "the scores are torchmetrics MeanMetrics, "
+     "weighted by tokens and synced across processes by their compute()"),
+    ("It is recommended to use `self.log('test/", "as val/: synced by MeanMetric.compute()"),
 )  # fmt: skip
 
 #: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).

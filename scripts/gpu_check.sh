@@ -13,17 +13,21 @@
 #      with the kernels inside, whole Cffn layers through inductor; ~175 tests on 12
 #      xdist workers, 60 s per test where pytest-timeout is there. tests/test_decoding.py
 #      and test_bench_train.py run on the CPU only: left out.                   [40-80 s]
-#   2. train, 240 s: `cofr bench train` at gpt2-small width (12 x 768, block 1024,
-#      batch 8) for gpt2, cofrgenet-f, cofrgenet-a and cofrgenet, bf16 autocast: tokens/s
-#      eager and whole-model compiled (the Triton kernels inside the graph), compiled vs
-#      eager, MFU, training peak memory (no generation). Eager first, every variant and
+#   2. train, 240 s: `cofr bench train` at gpt2-small's shape (12 x 768, block 1024,
+#      vocab 50257, batch 8) for gpt2, cofrgenet-f, cofrgenet-a and cofrgenet, bf16
+#      autocast: tokens/s eager and whole-model compiled (the Triton kernels inside the
+#      graph), compiled vs eager, MFU (measured and data-sheet peaks), training peak
+#      memory (no generation), the GPU targets. Eager first, every variant and
 #      then its memory [~40 s]; then one variant compiled at a time, a cold whole-model
-#      compile each [~35-50 s each]; the report rewritten after each.         [200-260 s]
+#      compile each [~35-50 s each]; the report rewritten after each, and whole before
+#      the graph breaks are counted (each count re-traces a model).         [200-260 s]
 #   3. ops, 120 s: `cofr bench ops` at the ops issue's sizes (continued_fraction
 #      (2^20, d), ladders (8192, 2304), the elementwise Cffn ensemble (8192, 768) L=3
 #      d=5; literal, continuant, compiled, triton; fwd and fwd+bwd) with the GPU targets,
-#      one op at a time in turn (cf, ladder, ensemble, cf, ...) [~10-25 s a workload,
-#      compiles included]. --time-budget 80: no workload starts that would end after
+#      one op at a time in turn (cf, ladder, ensemble, cf, ...), depth 5 (the models')
+#      first [~10-25 s a workload, compiles included]. Each timing is one call between
+#      two synchronizes, launch overhead included: at these sizes the bandwidth figures
+#      read low (step 4's sizes say more). --time-budget 80: no workload starts that would end after
 #      80 s if it took as long as the longest so far; 40 s are left for start-up and
 #      one workload longer than those before it.                               [90-120 s]
 #   4. extra: larger op sizes (bandwidth) and whole Cffn layers, only with 45 s or more
@@ -67,6 +71,13 @@ elif [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
 elif command -v python3 >/dev/null && sees_gpu python3; then
   PY=python3
 else
+  # Say why before anything else: the device image reaches no package index.
+  for candidate in .venv/bin/python python3; do
+    command -v "$candidate" >/dev/null || continue
+    echo "== $candidate:"
+    timeout -k 5 60 "$candidate" -c 'import torch, triton; print(torch.__version__, torch.cuda.is_available())' 2>&1 | tail -5
+  done
+  nvidia-smi 2>&1 | head -15
   echo "no Python whose torch sees a GPU: trying make install (needs a package index)"
   make install || exit 1
   PY=.venv/bin/python
@@ -144,7 +155,9 @@ if [ "$DRY" = 1 ]; then
   PYTEST+=(--collect-only -q)  # the selected tests' ids
 else
   PYTEST+=(-v)
-  if "$PY" -c 'import xdist' >/dev/null 2>&1; then PYTEST+=(-n 12); fi
+  # loadfile: one file's tests (which share Triton specializations) on one worker, so
+  # that the workers do not compile the same kernels side by side.
+  if "$PY" -c 'import xdist' >/dev/null 2>&1; then PYTEST+=(-n 12 --dist loadfile); fi
 fi
 if "$PY" -c 'import pytest_timeout' >/dev/null 2>&1; then PYTEST+=(--timeout 60); fi
 step tests 110 40 "${PYTEST[@]}" tests/ops
@@ -155,8 +168,9 @@ if [ "$DRY" = 1 ]; then
   SHAPE=(--n-layer 1 --n-embd 32 --n-head 2 --block-size 16 --batch-size 2 --steps 1
          --rounds 1 --warmup 1 --modes eager --dtype float32 --gen-tokens 2)
 else
-  SHAPE=(--n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --batch-size 8 --steps 5
-         --rounds 2 --warmup 2 --modes eager,compiled --dtype bfloat16 --no-generation)
+  SHAPE=(--n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --vocab-size 50257
+         --batch-size 8 --steps 5 --rounds 2 --warmup 2 --modes eager,compiled
+         --dtype bfloat16 --no-generation)
 fi
 step train 240 40 "$PY" -m cofrgenet.cli bench train --device "$DEVICE" --out-dir "$RESULTS" \
   --variants gpt2,cofrgenet-f,cofrgenet-a,cofrgenet "${SHAPE[@]}"
@@ -168,8 +182,8 @@ if [ "$DRY" = 1 ]; then
   step ops 120 20 "${BENCH[@]}" --quick --impls literal,continuant --time-budget 60
 else
   step ops 120 60 "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 \
-    --warmup 3 --time-budget 80 --sizes 2^20 --depths 3,5,8 --ladder-sizes 8192x2304 \
-    --ladder-depths 3,5,8 --ensemble-sizes 8192x768 --ensemble-ladders 3 \
+    --warmup 3 --time-budget 80 --sizes 2^20 --depths 5,8,3 --ladder-sizes 8192x2304 \
+    --ladder-depths 5,8,3 --ensemble-sizes 8192x768 --ensemble-ladders 3 \
     --ensemble-depths 5 --cffn-sizes ''
 fi
 BENCH_RC=$RC

@@ -533,6 +533,28 @@ def test_bench_ops_compiled(tmp_path):
     assert all(r["error"] is None and r["median_ms"] > 0 for r in report["results"])
 
 
+def test_a_compile_that_fell_back_to_eager_is_no_compiled_timing(tmp_path, monkeypatch):
+    """continuant._run runs eagerly once torch.compile fails: timed, that read as the
+    compiled path's speed (and the GPU targets judged Triton against it)."""
+    from cofrgenet.ops import continuant
+
+    def broken(fn):
+        def run(*args):
+            raise RuntimeError("inductor: no C compiler")
+
+        return run
+
+    monkeypatch.setattr(continuant, "_compiled", broken)
+    monkeypatch.setattr(continuant, "_compile_failed", False)
+    argv = ["bench", "ops", "--quick", "--sizes", "256", "--depths", "3", "--ladder-sizes"]
+    argv += ["16x16", "--ensemble-sizes", "", "--cffn-sizes", "", "--impls", "literal,compiled"]
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        cli.main([*argv, "--out-dir", str(tmp_path)])
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    compiled = [r for r in report["results"] if r["impl"] == "compiled"]
+    assert compiled and all("continuant kernels ran eagerly" in r["error"] for r in compiled)
+
+
 def test_reports_never_replace_another_runs_report(tmp_path):
     """Every bench (ops, train, quality) names its files through free_stem."""
     from cofrgenet.bench.files import free_stem, with_suffix

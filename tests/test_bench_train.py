@@ -107,9 +107,11 @@ def test_bench_train_reports_after_each_stage_with_ratios_from_shared_rounds(mon
     report = run_benchmark(cfg, "test", on_update=lambda r: snapshots.append(copy.deepcopy(r)))
     f, g = ("cofrgenet-f", "eager"), ("gpt2", "eager")
     fc, gc = ("cofrgenet-f", "compiled"), ("gpt2", "compiled")
-    # Eager first (every variant: no compile), then one compiled variant per stage.
-    assert [_pairs(s) for s in snapshots] == [[f, g], [f, g, gc], [f, fc, g, gc]]
-    assert all(s["partial"] for s in snapshots) and "partial" not in report
+    # Eager first (every variant: no compile), then one compiled variant per stage, then
+    # the whole report but for the graph breaks (counting them re-traces every model).
+    assert [_pairs(s) for s in snapshots] == [[f, g], [f, g, gc], [f, fc, g, gc], [f, fc, g, gc]]
+    assert all(s["partial"] for s in snapshots[:-1]) and "partial" not in snapshots[-1]
+    assert "partial" not in report
     assert _pairs(report) == [f, fc, g, gc]  # each variant's modes together, as given
     by = {(r["variant"], r["mode"]): r for r in report["results"]}
     # Each compiled variant was timed beside its eager self and gpt2 compiled.
@@ -142,8 +144,8 @@ def test_round_ratios_pair_the_rounds_two_variants_shared():
         round_ratios(report, {**a, "round_ids": [0, 1, 3]}, b)
 
 
-def test_bench_train_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
-    def killed(trainer):  # as if the wall-clock limit struck before the last stage
+def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
+    def killed(trainer):  # as if the wall-clock limit struck in the graph-break count
         raise KeyboardInterrupt
 
     _compile_as_identity(monkeypatch, graph_breaks=killed)
@@ -152,21 +154,22 @@ def test_bench_train_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 130  # Ctrl-C's status
     [js] = tmp_path.glob("train-cpu-*.json")
-    report = json.loads(js.read_text())
-    assert report["partial"] is True and len(report["results"]) == 4
-    assert all(r["tokens_per_s"] > 0 for r in report["results"])
-    assert "**Partial report**" in js.with_suffix(".md").read_text()
+    report = json.loads(js.read_text())  # whole, but for the graph breaks it was counting
+    assert "partial" not in report and len(report["results"]) == 4
+    assert all(r["tokens_per_s"] > 0 and r["graph_breaks"] is None for r in report["results"])
+    assert "Targets:" in js.with_suffix(".md").read_text()
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
     monkeypatch.setattr(train, "graph_breaks", lambda trainer: 0)
     assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
-    # The next run of the day writes its own report: the partial one is kept.
+    # The next run of the day writes its own report: the first one is kept.
     second = js.with_name(js.stem + "-2.json")
     report = json.loads(second.read_text())
     assert "partial" not in report and len(report["results"]) == 4
     assert report["machine"] == machine_summary("cpu")  # the CPU model, not just "x86_64"
     assert "Partial" not in second.with_suffix(".md").read_text()
-    assert json.loads(js.read_text())["partial"] is True
+    assert report["results"][1]["graph_breaks"] == 0  # compiled gpt2's, counted this time
+    assert json.loads(js.read_text())["results"][1]["graph_breaks"] is None
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "lstm"])
@@ -316,6 +319,47 @@ def test_a_partial_report_with_one_peak_of_two_states_its_targets():
     lines = targets(report)
     assert any("tokens/s (eager)" in line for line in lines)
     assert not any("training peak" in line for line in lines)
+
+
+def test_on_a_gpu_of_known_peak_the_issues_gpu_targets_and_the_usual_mfu_are_reported():
+    """A synthetic H200 report: MFU against the data sheet beside the measured peak's, and
+    the GPU targets (-f >= 1.2x gpt2 compiled, compiled >= 1.3x eager, gpt2 MFU >= 40%)."""
+    from cofrgenet.bench.train import targets, to_markdown
+
+    def result(variant, mode, ms, flops):
+        return {
+            "variant": variant, "mode": mode, "step_ms": [ms], "round_ids": [0],
+            "flops_per_token": flops, "tokens_per_s": 8192 / (ms / 1e3), "params": 1,
+            "graph_breaks": 0, "activation_bytes_per_token": None, "peak_memory_bytes": None,
+            "gen_cached_tokens_per_s": None,
+        }  # fmt: skip
+
+    report = {
+        "device": "NVIDIA H200", "date": "2026-12-03", "command": "c", "machine": "m",
+        "minutes": 1.0, "peak_flops": 700e12, "datasheet_peak_flops": 989e12,
+        "config": {"steps": 1, "rounds": 1, "n_layer": 12, "n_embd": 768, "n_head": 12,
+                   "block_size": 1024, "vocab_size": 50257, "batch_size": 8,
+                   "dtype": "bfloat16", "variants": ["gpt2", "cofrgenet-f"],
+                   "modes": ["eager", "compiled"]},
+        "layer_activation_bytes_per_token": {},
+        "results": [
+            result("gpt2", "eager", 100.0, 6e9), result("gpt2", "compiled", 70.0, 6e9),
+            result("cofrgenet-f", "eager", 90.0, 4e9), result("cofrgenet-f", "compiled", 60.0, 4e9),
+        ],
+    }  # fmt: skip
+    lines = targets(report)
+    assert "- GPU: cofrgenet-f / gpt2 tokens/s (compiled) >= 1.2: per round 1.167x" in "\n".join(
+        lines
+    )
+    assert any(x.startswith("- GPU: cofrgenet-f / gpt2") and x.endswith("MISSED") for x in lines)
+    assert any(x.startswith("- GPU: gpt2 compiled / eager") and x.endswith(": met") for x in lines)
+    gpt2_mfu = 8192 / 0.07 * 6e9 / 989e12  # 71.0%
+    assert f"- GPU: gpt2 MFU (compiled, data sheet) >= 40%: {gpt2_mfu:.1%}: met" in lines
+    md = to_markdown(report)
+    assert "the data sheet's dense peak (bfloat16): 989 TFLOP/s" in md
+    assert f"| {gpt2_mfu:.1%} |" in md
+    del report["datasheet_peak_flops"]  # a CPU, or a GPU the table does not know
+    assert not any("GPU:" in x for x in targets(report))
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,7 @@ from cofrgenet.bench.timing import (
 )
 from cofrgenet.errors import ConfigError
 from cofrgenet.ops import resolve_impl
+from cofrgenet.ops.continuant import compile_available
 
 
 def resolve_device(name: str) -> torch.device:
@@ -134,6 +135,9 @@ def bench_workload(
                 if mode == config.modes[0]:
                     with torch.no_grad():
                         outputs[impl] = forward_fn(w, impl, config, layer)(inputs).float()
+                if resolved == "compiled" and not compile_available():
+                    # continuant._run fell back to eager: its times are not compiled ones
+                    raise RuntimeError("torch.compile failed; the continuant kernels ran eagerly")
             except Exception as error:  # e.g. an impl that needs another device
                 result.error = _error_text(error)
                 log(f"  {impl} {mode} failed: {result.error}")

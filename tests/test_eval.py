@@ -481,23 +481,23 @@ def test_cofr_eval_refuses_harness_options_without_harness_tasks(capsys, option,
     )
 
 
+STRIDE_SETS = "the perplexity sets of --tasks (not LAMBADA's passages or harness tasks)"
+
+
 @pytest.mark.parametrize(
     "tasks,option,value,to",
     [
-        ("", "--split", "valid", "the sets of --tasks"),
-        ("", "--data-dir", "sets", "the sets of --tasks"),
-        ("", "--stride", "7", "the perplexity sets of --tasks"),
-        ("lambada", "--stride", "7", "the perplexity sets of --tasks"),
+        ("", "--split", "valid", "the sets of --tasks (not harness tasks)"),
+        ("", "--data-dir", "sets", "the sets of --tasks (not harness tasks)"),
+        ("", "--stride", "7", STRIDE_SETS),
+        ("lambada", "--stride", "7", STRIDE_SETS),
     ],
 )
 def test_cofr_eval_refuses_set_options_that_no_set_reads(capsys, tasks, option, value, to):
     """Harness-only (or LAMBADA-only) runs ignored them, and the JSON recorded them."""
     argv = ["eval", "nope.ckpt", "--tasks", tasks, "--harness", "x", option, value]
     line = one_line_error(capsys, argv)
-    assert line == (
-        f"cofr eval: error: {option} applies to {to} only (not to LAMBADA's passages or "
-        "harness tasks): leave it out"
-    )
+    assert line == f"cofr eval: error: {option} applies to {to} only: leave it out"
 
 
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):

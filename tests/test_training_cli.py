@@ -1081,6 +1081,18 @@ def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, c
     ):
         CofrCLI(args=["fit", "--trainer.max_steps", "3", *args[1:]])
     assert "max_steps: 20" in capsys.readouterr().out  # cpu-debug.yaml's
+    from cofrgenet.training.cli import _replaced_by_later_files
+
+    debug = str(CONF / "trainer" / "cpu-debug.yaml")
+    given_again = ["--trainer.max_steps", "3", "--config", debug, "--trainer.max_steps", "5"]
+    assert _replaced_by_later_files(given_again) == []  # the last value stands
+    merged = tmp_path / "depth.yaml"  # a mapping is merged field by field
+    merged.write_text("model:\n  config:\n    depth: 2\n")
+    assert (
+        _replaced_by_later_files(["--model.config", '{"ladders": 3}', "--config", str(merged)])
+        == []
+    )
+    assert _replaced_by_later_files(["--model.config", '{"depth": 3}', "--config", str(merged)])
 
 
 def test_paths_in_a_config_take_variables_and_the_home_folder(tiny_data, tmp_path, monkeypatch):

@@ -334,25 +334,17 @@ def run(args: argparse.Namespace) -> int:
         ):
             if value is not None:
                 raise UserError(f"{flag} applies to lm-eval tasks only: give them with --harness")
-    for name in tasks:
-        get_task(name)
     kinds = {get_task(name).kind for name in tasks}
     for flag, value, applies, to in (  # silently unused, they would mislead
-        ("--split", args.split, kinds, "the sets of --tasks"),
-        ("--data-dir", args.data_dir, kinds, "the sets of --tasks"),
-        ("--stride", args.stride, kinds & {"perplexity"}, "the perplexity sets of --tasks"),
-    ):
+        ("--split", args.split, kinds, "the sets of --tasks (not harness tasks)"),
+        ("--data-dir", args.data_dir, kinds, "the sets of --tasks (not harness tasks)"),
+        ("--stride", args.stride, kinds & {"perplexity"},
+         "the perplexity sets of --tasks (not LAMBADA's passages or harness tasks)"),
+    ):  # fmt: skip
         if value is not None and not applies:
-            raise UserError(
-                f"{flag} applies to {to} only (not to LAMBADA's passages or harness tasks): "
-                "leave it out"
-            )
+            raise UserError(f"{flag} applies to {to} only: leave it out")
     args.split = args.split or "test"
-    if (
-        args.limit is not None
-        and not harness_tasks
-        and not any(get_task(name).kind == "lambada" for name in tasks)
-    ):
+    if args.limit is not None and not harness_tasks and "lambada" not in kinds:
         raise UserError(
             "--limit applies to LAMBADA passages and harness docs only; perplexity sets are "
             "scored whole (leave it out)"

@@ -173,20 +173,33 @@ _TYPE_NAMES = {
 
 def _replaced_by_later_files(words: list[str]) -> list[str]:
     """Command-line ``--a.b v`` options that a ``--config`` file given after them sets
-    again: the later one wins, so the option given is silently lost."""
+    again (and no later option restores): the later one wins, so the option given is
+    silently lost. A mapping value (``--model.config '{...}'``) is merged field by field:
+    only the fields the file sets again count."""
     import yaml
+
+    def key_of(word: str) -> str:
+        return word[2:].split("=", 1)[0].rstrip("+")
 
     replaced = []
     for i, word in enumerate(words):
         if not word.startswith("--") or "." not in word or word.startswith("--config"):
             continue
-        key = word[2:].split("=", 1)[0].rstrip("+")
-        for path in cli_cache.config_files(words[i + 1 :]):
+        key, later = key_of(word), words[i + 1 :]
+        if any(w.startswith("--") and key_of(w) == key for w in later):
+            continue  # given again after the files: that value stands
+        value = word.split("=", 1)[1] if "=" in word else (later[0] if later else "")
+        try:
+            given = yaml.safe_load(value) if value.startswith("{") else None
+        except yaml.YAMLError:
+            given = None
+        fields = [f"{key}.{k}" for k in cli_cache.yaml_keys(given)] if given else [key]
+        for path in cli_cache.config_files(later):
             try:
                 keys = cli_cache.yaml_keys(yaml.safe_load(Path(path).read_text()) or {})
             except (OSError, yaml.YAMLError):
                 continue  # the parser reports the file
-            if any(k == key or k.startswith(f"{key}.") for k in keys):
+            if any(k == f or k.startswith(f"{f}.") for k in keys for f in fields):
                 replaced.append(f"--{key} is replaced by {path}, given after it")
                 break
     return replaced

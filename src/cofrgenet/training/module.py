@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -226,7 +227,21 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self._step_losses.append(loss.detach())  # train/loss: see on_before_optimizer_step
         self.log("data/tokens_seen", float(self.tokens_seen))
         self.log("opt/lr", self.optimizers().param_groups[0]["lr"])
-        return loss
+        return loss * self._short_step_factor(batch_idx)
+
+    def _short_step_factor(self, batch_idx: int) -> float:
+        """accumulate / micro-batches for the micro-batches of an epoch's last step when it
+        holds fewer than ``accumulate_grad_batches`` (else 1): Lightning divides each loss
+        by the full count, so that step's gradient (its norm, the callbacks' ladder norms,
+        its clipping and update) would shrink by micro-batches / accumulate."""
+        accumulate, batches = (
+            self.trainer.accumulate_grad_batches,
+            self.trainer.num_training_batches,
+        )
+        if accumulate == 1 or not math.isfinite(batches):
+            return 1.0
+        micro_batches = min(accumulate, int(batches) - (batch_idx - batch_idx % accumulate))
+        return accumulate / micro_batches
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -267,14 +282,6 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         return self._flops_per_token[seq_len]
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        micro_batches, accumulate = len(self._step_losses), self.trainer.accumulate_grad_batches
-        if 0 < micro_batches < accumulate:
-            # An epoch's last step may hold fewer micro-batches than accumulate_grad_batches,
-            # but Lightning divided each one's loss by the full count: the step's gradient
-            # (its norm, its clipping, its update) would shrink by micro_batches/accumulate.
-            for param in self.parameters():
-                if param.grad is not None:
-                    param.grad.mul_(accumulate / micro_batches)
         if self._step_losses:
             # The step's loss: the mean over its micro-batches (gradient accumulation) and
             # over the ranks, as its gradient is (each micro-batch's mean loss, scaled).

@@ -250,7 +250,7 @@ class TokenDataModule(L.LightningDataModule):
             "val", self.val_batch_size, shuffle=False, drop_last=False, num_workers=0
         )
         if len(loader) == 0:  # else litdata's traceback, on this process only
-            processes = self._loader_settings()["world_size"]
+            processes = self.trainer.world_size if self.trainer is not None else 1
             raise ConfigError(
                 f"the val split of {str(self.data_dir)!r} gives this process no batch: "
                 f"litdata gives each of the {processes} processes whole batches of "
@@ -359,7 +359,8 @@ class TokenDataModule(L.LightningDataModule):
         if saved_val is not None and saved_val != self._val_split():
             rank_zero_warn(
                 f"{self.data_dir}'s validation split is not the one the checkpoint's run "
-                "validated on: val/loss before and after this resume are not comparable"
+                "validated on: val/loss before and after this resume are not comparable "
+                "(resume with the folder the run validated on to keep one curve)"
             )
         loader_state = state_dict["train_loader"]
         if self._train_loader is not None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import itertools
 import json
 import math
 import random
@@ -780,9 +779,9 @@ def finetune(
         "warnings": warnings,
     }
     if mlflow and loaded.mlflow_run_id:
-        stopped_at = trainer.global_step < config.epochs * steps_per_epoch
+        stopped_early = trainer.global_step < config.epochs * steps_per_epoch
         warning = _log_onto_pretraining_run(
-            loaded, config, task.name, metrics, pretrain_step, run_id, stopped_at
+            loaded, config, task.name, metrics, pretrain_step, run_id, stopped_early
         )
         if warning:
             warnings.append(warning)
@@ -811,12 +810,13 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
         return run_dir
     base = folder_name(f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     experiment_dir.mkdir(parents=True, exist_ok=True)
-    for attempt in itertools.count(1):
-        run_dir = experiment_dir / (base if attempt == 1 else f"{base}-{attempt}")
+    run_dir, attempt = experiment_dir / base, 1
+    while True:
         with contextlib.suppress(FileExistsError):
             run_dir.mkdir()  # atomic: two runs started at once get two folders
             return run_dir
-    raise AssertionError("itertools.count never ends")
+        attempt += 1
+        run_dir = experiment_dir / f"{base}-{attempt}"
 
 
 def _log_onto_pretraining_run(

@@ -24,10 +24,11 @@ class CausalSelfAttention(nn.Module):
       (n_head + 2 n_kv_head) * head_dim (q, then k, then v).
     * ``rope``: rotary embeddings applied to q and k.
     * ``alibi``: ALiBi biases added to the logits (then the kernel gets an explicit
-      (H, T, T) float mask instead of ``is_causal``, so no flash kernel).
+      (1, H, T, T) float mask instead of ``is_causal``, so no flash kernel).
 
-    Subclasses restrict the keys further by overriding :meth:`allowed_keys` (sparse
-    attention).
+    Subclasses restrict the keys further by overriding :meth:`allowed_keys`
+    ``(length, device, start)`` -> (length - start, length) bool, the rows of the queries
+    ``start .. length - 1`` (a decoding step asks for its new rows only; sparse attention).
 
     Args:
         dim: embedding width C; must be divisible by ``n_head``.

@@ -38,11 +38,12 @@ def damaged(path: Path) -> CheckpointError:
     it in a run's checkpoints folder (a run keeps ``last.ckpt`` and its newest
     ``step*.ckpt``) when there is one; elsewhere a ``.ckpt`` beside it may be anything."""
     path = Path(path)
-    in_run = path.parent.name == Path(RUN_CHECKPOINTS).name
+    # A run's checkpoints/ folder, beside the config.yaml the run saved.
+    in_run = path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file()
     others = [p for p in checkpoint_files(path.parent) if p != path and is_intact(p)]
     if in_run and others:
         newest = max(others, key=lambda p: p.stat().st_mtime)
-        hint = f": {newest}, of the same run, is intact"
+        hint = f": {newest}, of the same run, is intact (give it instead)"
     else:
         hint = " (a save cut short, or another kind of file)"
     return CheckpointError(

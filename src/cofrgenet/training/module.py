@@ -378,7 +378,10 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         A resume with a larger ``max_steps`` took the checkpoint's rates, which followed
         the old schedule until the first scheduler step. Under FSDP the optimizer is built
         before the checkpoint restores DyadicUnfreezing's kept releases, so the depth
-        groups followed the new plan's later ones: released depths trained at rate 0."""
+        groups followed the new plan's later ones: released depths trained at rate 0.
+        This sets the rates a resume starts with; the rescales on load
+        (``optim.keep_built_settings``, ``_use_configured_learning_rate``) give the same
+        values and serve optimizers without this hook."""
         self._lr_releases = self._release_plan()
         for config in self.trainer.lr_scheduler_configs:
             scheduler = config.scheduler

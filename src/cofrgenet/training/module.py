@@ -380,8 +380,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         before the checkpoint restores DyadicUnfreezing's kept releases, so the depth
         groups followed the new plan's later ones: released depths trained at rate 0.
         This sets the rates a resume starts with; the rescales on load
-        (``optim.keep_built_settings``, ``_use_configured_learning_rate``) give the same
-        values and serve optimizers without this hook."""
+        (``optim.keep_built_settings``, ``_use_configured_learning_rate``) agree on a plain
+        resume and serve optimizers without this hook."""
         self._lr_releases = self._release_plan()
         for config in self.trainer.lr_scheduler_configs:
             scheduler = config.scheduler

@@ -11,10 +11,14 @@ into each other's temporary file.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: ``.<name>.<pid>.tmp<suffix>``: what :func:`replacing` writes before its rename.
 _TEMPORARY = re.compile(r"\..+\.\d+\.tmp(\.[^.]+)?")
@@ -40,6 +44,17 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(OSError):  # a read-only folder: keep the first error
             tmp.unlink(missing_ok=True)
         raise
+
+
+def create_numbered(folder: Path, stem: str, suffix: str, create: Callable[[Path], T]) -> T:
+    """``create(folder / (stem + suffix))``, or with ``-2``, ``-3``, ... after ``stem``
+    while ``create`` raises FileExistsError: ``create`` makes its path exclusively (an
+    ``O_EXCL`` open, a ``mkdir``), so two processes naming one in the same second get
+    two names, never one file."""
+    for number in itertools.count(1):
+        with contextlib.suppress(FileExistsError):
+            return create(folder / f"{stem}{f'-{number}' if number > 1 else ''}{suffix}")
+    raise AssertionError("unreachable: itertools.count never ends")
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

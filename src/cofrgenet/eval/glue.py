@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
+from cofrgenet.atomic import create_numbered
 from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
     TASKS,
@@ -355,7 +356,6 @@ def check_trainer_options(accelerator: str, precision: str) -> None:
     Lightning knows what this machine and this Lightning can run: a Trainer with only
     these settings is made and thrown away (milliseconds), the accelerator alone first
     so that the error names the option at fault."""
-    import contextlib
     import logging
     import warnings
 
@@ -808,15 +808,14 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
             )
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
-    base = folder_name(f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     experiment_dir.mkdir(parents=True, exist_ok=True)
-    run_dir, attempt = experiment_dir / base, 1
-    while True:
-        with contextlib.suppress(FileExistsError):
-            run_dir.mkdir()  # atomic: two runs started at once get two folders
-            return run_dir
-        attempt += 1
-        run_dir = experiment_dir / f"{base}-{attempt}"
+
+    def make(run_dir: Path) -> Path:
+        run_dir.mkdir()  # exclusive: two runs started at once get two folders
+        return run_dir
+
+    stem = folder_name(f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return create_numbered(experiment_dir, stem, "", make)
 
 
 def _log_onto_pretraining_run(

@@ -16,7 +16,6 @@ worker's command line), so they cannot disagree:
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import shlex
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.atomic import create_numbered
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.spec import (
@@ -323,16 +323,18 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for number in itertools.count(1):  # two submits in one second: -2, -3, ...
-        path = folder / f"sweep-{stamp}{f'-{number}' if number > 1 else ''}.sbatch"
-        try:  # only its owner reads it: it may hold the storage's password (render)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue
+
+    def write_script(path: Path) -> Path:
+        # Only its owner reads it: it may hold the storage's password (render).
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as script:
             script.write(rendered.script)
-        break
+        return path
+
+    # Two submits in one second: -2, -3, ...
+    path = create_numbered(
+        folder, f"sweep-{time.strftime('%Y%m%d-%H%M%S')}", ".sbatch", write_script
+    )
     command = ["sbatch", "--parsable"]
     if wait:
         command.append("--wait")

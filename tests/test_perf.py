@@ -56,3 +56,12 @@ def test_cpu_peak_is_measured_and_mfu_is_a_fraction():
     assert device_peak_flops(torch.device("cpu"), "32-true") == peak
     assert mfu(1e6, 100.0, peak) == pytest.approx(1e8 / peak)
     assert mfu(1e6, 100.0, None) is None
+
+
+def test_precision_kinds_of_lightning_flags_and_dtype_names():
+    """`cofr bench train --dtype bfloat16` looks its data-sheet peak up by the dtype's name."""
+    from cofrgenet.training.perf import precision_kind
+
+    assert [precision_kind(p) for p in ("bf16-mixed", "bfloat16", "torch.bfloat16")] == ["bf16"] * 3
+    assert [precision_kind(p) for p in ("16-mixed", "float16", 16)] == ["fp16"] * 3
+    assert [precision_kind(p) for p in ("32-true", "float32", None)] == ["fp32"] * 3

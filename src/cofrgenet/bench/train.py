@@ -286,18 +286,13 @@ def peak_matmul_flops(cfg: TrainBenchConfig) -> float:
     return 2 * n**3 / (best_ms / 1e3)
 
 
-#: ``cfg.dtype`` -> the Lightning precision whose data-sheet peak applies.
-PRECISION_OF_DTYPE = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
-
-
 def datasheet_peak_flops(device: Any, dtype: str) -> float | None:
-    """The data sheet's dense peak of a known GPU for ``dtype`` (None elsewhere): the usual
-    MFU's denominator, beside the run's own measured matmul peak."""
-    if device.type != "cuda":
-        return None
+    """The data sheet's dense peak of a known GPU for ``dtype`` (None elsewhere: on a CPU
+    ``device_peak_flops`` measures one): the usual MFU's denominator, beside the run's own
+    measured matmul peak."""
     from cofrgenet.training.perf import device_peak_flops
 
-    return device_peak_flops(device, PRECISION_OF_DTYPE.get(dtype, dtype))
+    return device_peak_flops(device, dtype) if device.type == "cuda" else None
 
 
 def graph_breaks(trainer: Trainer) -> int:

@@ -22,9 +22,9 @@ PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
 
 
 def precision_kind(precision: str | int | None) -> str:
-    """Lightning precision flag -> "bf16" | "fp16" | "fp32"."""
+    """Lightning precision flag (or a dtype's name: ``bfloat16``) -> "bf16" | "fp16" | "fp32"."""
     text = str(precision)
-    if "bf16" in text:
+    if "bf16" in text or "bfloat16" in text:
         return "bf16"
     if "16" in text:
         return "fp16"

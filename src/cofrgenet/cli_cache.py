@@ -119,6 +119,12 @@ def config_files(words: Sequence[str]) -> list[str]:
     return files
 
 
+def option_key(word: str) -> str:
+    """The key of a command-line word ``--a.b``, ``--a.b=v`` or ``--a.b+=v`` (jsonargparse's
+    append): ``a.b``."""
+    return word[2:].split("=", 1)[0].rstrip("+")
+
+
 def yaml_keys(node: Any, prefix: str = "") -> list[str]:
     """Dotted paths to the leaves of nested mappings (lists are leaves)."""
     if not isinstance(node, dict) or not node:
@@ -180,8 +186,7 @@ def check_keys(subcommand: str, words: Sequence[str]) -> None:
     if keys is None:
         return
     valid = set(keys)
-    # --a.b, --a.b=v and --a.b+=v (jsonargparse's append)
-    given = [w[2:].split("=", 1)[0].rstrip("+") for w in words if w.startswith("--") and "." in w]
+    given = [option_key(w) for w in words if w.startswith("--") and "." in w]
     for path in config_files(words):
         import yaml
 

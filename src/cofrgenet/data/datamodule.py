@@ -250,7 +250,7 @@ class TokenDataModule(L.LightningDataModule):
             "val", self.val_batch_size, shuffle=False, drop_last=False, num_workers=0
         )
         if len(loader) == 0:  # else litdata's traceback, on this process only
-            processes = self.trainer.world_size if self.trainer is not None else 1
+            processes = self._world_size()
             raise ConfigError(
                 f"the val split of {str(self.data_dir)!r} gives this process no batch: "
                 f"litdata gives each of the {processes} processes whole batches of "
@@ -304,12 +304,16 @@ class TokenDataModule(L.LightningDataModule):
     def _loader_settings(self) -> dict[str, int]:
         """Settings a resume may change (a larger batch, more devices, another node's CPU
         count), but then the batches do not continue exactly: said, not refused."""
-        trainer = getattr(self, "trainer", None)
         return {
             "batch_size": self.batch_size,
             "num_workers": self.num_workers,
-            "world_size": trainer.world_size if trainer is not None else 1,
+            "world_size": self._world_size(),
         }
+
+    def _world_size(self) -> int:
+        """The processes training together (1 before a trainer is attached)."""
+        trainer = getattr(self, "trainer", None)
+        return trainer.world_size if trainer is not None else 1
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a saved position: applied to the current or the next training loader."""

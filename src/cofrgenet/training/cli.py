@@ -178,15 +178,12 @@ def _replaced_by_later_files(words: list[str]) -> list[str]:
     only the fields the file sets again count."""
     import yaml
 
-    def key_of(word: str) -> str:
-        return word[2:].split("=", 1)[0].rstrip("+")
-
     replaced = []
     for i, word in enumerate(words):
         if not word.startswith("--") or "." not in word or word.startswith("--config"):
             continue
-        key, later = key_of(word), words[i + 1 :]
-        if any(w.startswith("--") and key_of(w) == key for w in later):
+        key, later = cli_cache.option_key(word), words[i + 1 :]
+        if any(w.startswith("--") and cli_cache.option_key(w) == key for w in later):
             continue  # given again after the files: that value stands
         value = word.split("=", 1)[1] if "=" in word else (later[0] if later else "")
         try:
@@ -209,7 +206,7 @@ def _given_key(key: str, words: list[str]) -> str:
     """The dotted key as the command line gave it: jsonargparse names a dataclass field
     by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
     for word in words:
-        given = word[2:].split("=", 1)[0] if word.startswith("--") else ""
+        given = cli_cache.option_key(word) if word.startswith("--") else ""
         if given.endswith(f".{key}"):
             return given
     return key

@@ -19,6 +19,22 @@ class StopAtStep(L.Callback):
             trainer.should_stop = True
 
 
+class DumpBatchSeeds(L.Callback):
+    """Save the seed each training batch's random draws started from (the module seeds
+    every batch) to ``folder/rank<r>-seeds.pt``, one per batch."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seeds: list[int] = []
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.seeds.append(torch.initial_seed())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self.seeds, self.folder / f"rank{trainer.global_rank}-seeds.pt")
+
+
 class DumpWeights(L.Callback):
     """Save each rank's parameters at the start and the end of training to
     ``folder/rank<r>-start.pt`` and ``folder/rank<r>.pt`` (full tensors, also under FSDP:

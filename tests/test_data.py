@@ -511,8 +511,8 @@ def test_validation_batches_do_not_depend_on_the_loader_workers(pydoc_byte):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_new_loader_iterators_leave_the_global_random_state_alone(pydoc_byte, num_workers):
-    """An uninterrupted run validates or starts an epoch after a checkpoint's save, a
-    resumed one does not: a draw there would change every later dropout mask."""
+    """Loader iterators draw their worker seeds from generators of their own: a new
+    iterator (a validation, a new epoch) leaves the model's random draws alone."""
     dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=num_workers)
     train, val = dm.train_dataloader(), dm.val_dataloader()
     torch.manual_seed(0)

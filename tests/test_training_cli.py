@@ -140,7 +140,7 @@ def test_experiment_configs_run(experiment, tiny_data, tmp_path):
 
 def test_fit_resume_continues_exactly(tiny_data, tmp_path):
     """k steps, stop, resume to n == n uninterrupted steps, losses bit for bit, same MLflow run
-    (with dropout: the random state is in the checkpoint)."""
+    (with dropout: each batch's masks follow from the seed and the batch's place)."""
     n, k = 12, 5
     common = [
         "--model.config.dropout",
@@ -323,11 +323,14 @@ def test_config_data_mismatch_fails_fast_and_leaves_nothing(tiny_data, tmp_path,
 
 @pytest.mark.slow
 def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
-    """2-process DDP on CPU (gloo) with dyadic unfreezing: every rank ends with the same weights."""
+    """2-process DDP on CPU (gloo) with dyadic unfreezing and dropout: every rank ends with
+    the same weights, and each drew dropout masks of its own."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     args = fit_args(
         tmp_path,
         tiny_data,
+        "--model.config.dropout",
+        "0.1",
         "--trainer.max_steps",
         "8",
         "--trainer.devices",
@@ -337,10 +340,15 @@ def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
         "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
         "--trainer.callbacks+=helpers.DumpWeights",
         f"--trainer.callbacks.folder={tmp_path / 'weights'}",
+        "--trainer.callbacks+=helpers.DumpBatchSeeds",
+        f"--trainer.callbacks.folder={tmp_path / 'weights'}",
     )
     subprocess.run(
         [sys.executable, "-m", "cofrgenet.training.cli", *args], check=True, env=env, timeout=600
     )
+    seeds = [torch.load(tmp_path / "weights" / f"rank{r}-seeds.pt") for r in (0, 1)]
+    assert len(seeds[0]) == len(seeds[1]) == 8
+    assert not set(seeds[0]) & set(seeds[1]), "the processes drew the same dropout masks"
     rank0 = torch.load(tmp_path / "weights" / "rank0.pt")
     rank1 = torch.load(tmp_path / "weights" / "rank1.pt")
     assert rank0.keys() == rank1.keys()

@@ -29,7 +29,7 @@ from cofrgenet.training.callbacks import (
     release_step,
 )
 from cofrgenet.training.model_options import ModelOverrides
-from cofrgenet.training.module import SPIKE_WINDOW, LanguageModel
+from cofrgenet.training.module import SPIKE_WINDOW, LanguageModel, batch_seed
 from cofrgenet.training.optim import (
     OptimizerConfig,
     describe_groups,
@@ -814,3 +814,25 @@ def test_no_preset_and_no_model_fields_is_refused():
     ):
         LanguageModel(preset=None)
     assert LanguageModel(preset=None, config={"n_layer": 1, "n_embd": 32, "n_head": 2}).model
+
+
+def test_every_batch_and_process_gets_its_own_dropout_seed():
+    """Seeds follow from (seed, rank, epoch, batch) alone: DDP processes sharing one seed
+    draw different masks, and a resume draws the ones an uninterrupted run draws."""
+    places = [(rank, epoch, batch) for rank in (0, 1) for epoch in (0, 1) for batch in (0, 1, 7)]
+    seeds = [batch_seed(1337, *place) for place in places]
+    assert len(set(seeds)) == len(places)
+    assert seeds == [batch_seed(1337, *place) for place in places]
+    assert batch_seed(1338, 0, 0, 0) != batch_seed(1337, 0, 0, 0)
+    torch.manual_seed(batch_seed(2**64 - 1, 3, 0, 5))  # torch takes any seed it returns
+
+
+def test_a_checkpoint_keeps_the_dropout_seed_of_its_run():
+    """A resume under another (or no) seed_everything draws the original run's masks."""
+    torch.manual_seed(11)
+    saved = {}
+    LanguageModel("gpt2-tiny").on_save_checkpoint(saved)
+    torch.manual_seed(12)
+    resumed = LanguageModel("gpt2-tiny")
+    resumed.on_load_checkpoint(saved)
+    assert resumed.dropout_seed == 11

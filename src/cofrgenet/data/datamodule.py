@@ -201,8 +201,7 @@ class TokenDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,
             # Each new iterator draws its workers' base seed from this generator, not
-            # from the global random state: a validation or a new epoch right after a
-            # checkpoint moved that state, so a resumed run's dropout masks differed.
+            # from the global random state, which is the model's (dropout).
             generator=torch.Generator().manual_seed(self.seed),
         )
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
@@ -41,6 +42,17 @@ from cofrgenet.training.strategies import (
 #: previous SPIKE_WINDOW steps.
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 20
+
+
+def batch_seed(seed: int, rank: int, epoch: int, batch_idx: int) -> int:
+    """The seed of one training batch's random draws (dropout) on one process.
+
+    Drawn from the batch's place rather than carried over from the previous batch: a
+    resume from any checkpoint draws the masks of an uninterrupted run without the
+    random state in the checkpoint, and the processes of a DDP or FSDP run, which share
+    one seed, draw masks of their own."""
+    entropy = np.random.SeedSequence([seed, rank, epoch, batch_idx])
+    return int(entropy.generate_state(1, np.uint64)[0])
 
 
 class LanguageModel(ClipsGradients, L.LightningModule):
@@ -102,7 +114,10 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self._stepped_at: float | None = None  # when the running batch's optimizer step ended
         self._after_validation = False  # time the next batch from its own start
         self._peak_flops: float | None = None
-        self._resumed_rng_state: dict[str, Any] | None = None
+        #: Seeds every training batch's random draws (dropout) with the process's rank,
+        #: epoch and batch: the global seed when the module is built (seed_everything's),
+        #: or a resumed checkpoint's.
+        self.dropout_seed = torch.initial_seed()
         #: {depth: release step} the learning-rate schedule follows (lr="release").
         self._lr_releases: dict[int, int] = {}
 
@@ -167,10 +182,9 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         if window is not None and len(window) == SPIKE_WINDOW:
             self._grad_norms = torch.tensor(window, dtype=torch.float32)
             self._grad_norm_count = int(checkpoint.get("grad_norm_count", 0))
-        # Dropout's random state where the step stopped, set before the first step: a
-        # resume then draws the masks an uninterrupted run draws (its seed would restart
-        # them from the first step's, and the new data loader iterator draws one more).
-        self._resumed_rng_state = checkpoint.get("rng_state")
+        # Each batch's dropout masks follow from this seed and the batch's place alone,
+        # so a resume draws the masks an uninterrupted run draws.
+        self.dropout_seed = int(checkpoint.get("dropout_seed", self.dropout_seed))
         self._use_configured_learning_rate(checkpoint)
 
     def _use_configured_learning_rate(self, checkpoint: dict[str, Any]) -> None:
@@ -195,10 +209,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         checkpoint["grad_norm_window"] = self._grad_norms.cpu().tolist()
         checkpoint["grad_norm_count"] = self._grad_norm_count
         checkpoint["model_config"] = self.model_config.to_dict()
-        checkpoint["rng_state"] = {
-            "cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        }
+        checkpoint["dropout_seed"] = self.dropout_seed
 
     # ------------------------------------------------------------------------ steps
 
@@ -215,11 +226,9 @@ class LanguageModel(ClipsGradients, L.LightningModule):
     def on_train_batch_start(self, batch: Tensor, batch_idx: int) -> None:
         if self._after_validation:  # a step without a rate would show the previous one
             self._last_batch_end, self._after_validation = time.perf_counter(), False
-        state, self._resumed_rng_state = self._resumed_rng_state, None
-        if state is not None:
-            torch.set_rng_state(state["cpu"])
-            if state["cuda"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda"])
+        torch.manual_seed(
+            batch_seed(self.dropout_seed, self.global_rank, self.current_epoch, batch_idx)
+        )
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         loss, tokens = self._loss(batch)

@@ -111,3 +111,38 @@ def test_a_mistyped_option_of_an_argparse_command_gets_a_did_you_mean(capsys):
     assert "unrecognized arguments: --filtr tiny (did you mean '--filter'?)" in line
     line = one_line_error(capsys, ["models", "list", "--max_new_tokens=3"])  # nothing close
     assert "did you mean" not in line
+
+
+@pytest.mark.parametrize(
+    "words,options",
+    [
+        (["eval"], ["--tasks", "ptb"]),
+        (["export", "hf"], []),
+        (["generate"], []),
+        (["finetune", "glue"], ["--task", "sst2"]),
+    ],
+    ids=lambda value: "-".join(value) if value and value[0][0] != "-" else "",
+)
+def test_every_command_reads_its_checkpoint_from_ckpt(capsys, tmp_path, words, options):
+    """One name for a checkpoint (`--ckpt`; fit's `--ckpt_path` takes it too): `eval` and
+    `export hf` took a positional word, which they still take."""
+    missing = str(tmp_path / "missing.ckpt")
+    if words[0] == "export":
+        options = [*options, str(tmp_path / "out")]
+    line = one_line_error(capsys, [*words, "--ckpt", missing, *options])
+    assert f"no checkpoint file at {missing}" in line
+    if words[0] in ("eval", "export"):
+        line = one_line_error(capsys, [*words, missing, *options])
+        assert f"no checkpoint file at {missing}" in line
+        line = one_line_error(capsys, [*words, missing, *options, "--ckpt", "b"])
+        assert line.endswith(f"two checkpoints given ({missing} and --ckpt b): give --ckpt only")
+    line = one_line_error(capsys, [*words, *options])
+    assert "--ckpt" in line and "required" in line
+
+
+def test_fit_takes_ckpt_for_its_ckpt_path(capsys):
+    """jsonargparse takes an option's unique prefix: `--ckpt` is fit's `--ckpt_path`."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["validate", "--config", DEMO, "--ckpt", "x.ckpt", "--print_config"])
+    assert stop.value.code == 0
+    assert "ckpt_path: x.ckpt" in capsys.readouterr().out

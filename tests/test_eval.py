@@ -324,7 +324,7 @@ def test_cofr_eval_refuses_a_bad_set_file_before_loading_the_model(
     data = tmp_path / "sets"
     (data / file).parent.mkdir(parents=True, exist_ok=True)
     (data / file).write_bytes(content)
-    argv = ["eval", str(ckpt), "--tasks", task, "--no-mlflow", "--data-dir", str(data)]
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", task, "--no-mlflow", "--data-dir", str(data)]
     line = one_line_error(capsys, argv)
     assert line.startswith(f"cofr eval: error: {data / file}") and problem in line
 
@@ -343,7 +343,7 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     data = write_eval_data(tmp_path / "sets")
     out = tmp_path / "eval.json"
     tasks = "wikitext-2,wikitext-2-v1,ptb,lambada"
-    argv = ["eval", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]
+    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]
     assert main([*argv, "--json", str(out), "--stride", "16"]) == 0
     printed = capsys.readouterr().out
     assert "wikitext-2" in printed and "logged to MLflow run" in printed
@@ -387,7 +387,7 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     # run is not logged at all: neither may stand beside the paper's test-set columns.
     text = WIKITEXT.replace("Boulter", "Smith")
     (data / "wikitext-2-raw" / "wiki.valid.raw").write_text(text)
-    valid = ["eval", str(checkpoint), "--tasks", "wikitext-2", "--data-dir", str(data)]
+    valid = ["eval", "--ckpt", str(checkpoint), "--tasks", "wikitext-2", "--data-dir", str(data)]
     assert main([*valid, "--split", "valid", "--stride", "16"]) == 0
     assert "as eval/valid/<task>/<metric>" in capsys.readouterr().out
     assert main([*argv, "--limit", "1"]) == 0
@@ -419,7 +419,17 @@ def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
     data = write_eval_data(tmp_path / "sets")
     out = tmp_path / "eval.json"
     ckpt = moved / "checkpoints" / checkpoint.name
-    argv = ["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(data), "--json", str(out)]
+    argv = [
+        "eval",
+        "--ckpt",
+        str(ckpt),
+        "--tasks",
+        "ptb",
+        "--data-dir",
+        str(data),
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "ptb" in captured.out and json.loads(out.read_text())["results"]["ptb"]
@@ -430,7 +440,7 @@ def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
 
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
     ckpt = unloadable_checkpoint(tmp_path / "not-loaded.ckpt")
-    status = main(["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])
+    status = main(["eval", "--ckpt", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])
     assert status == 2
     err = capsys.readouterr().err
     assert f"no file {tmp_path / 'ptb.test.txt'}" in err and "simple-examples" in err
@@ -449,18 +459,20 @@ def no_hub(monkeypatch):
 
 
 def test_cofr_eval_checks_the_checkpoint_and_data_dir_before_the_network(tmp_path, capsys, no_hub):
-    line = one_line_error(capsys, ["eval", str(tmp_path / "nope.ckpt"), "--tasks", "wikitext-2"])
+    line = one_line_error(
+        capsys, ["eval", "--ckpt", str(tmp_path / "nope.ckpt"), "--tasks", "wikitext-2"]
+    )
     assert line.startswith(f"cofr eval: error: no checkpoint file at {tmp_path / 'nope.ckpt'}")
-    line = one_line_error(capsys, ["eval", str(tmp_path), "--tasks", "wikitext-2"])
+    line = one_line_error(capsys, ["eval", "--ckpt", str(tmp_path), "--tasks", "wikitext-2"])
     assert f"{tmp_path} is a folder, not a checkpoint file" in line
     # A save cut short (no zip directory at its end) is refused before the hub too.
     cut = tmp_path / "cut.ckpt"
     cut.write_bytes(b"PK\x03\x04" + bytes(100))
-    line = one_line_error(capsys, ["eval", str(cut), "--tasks", "wikitext-2"])
+    line = one_line_error(capsys, ["eval", "--ckpt", str(cut), "--tasks", "wikitext-2"])
     assert line.startswith("cofr eval: error: this checkpoint is damaged or not a cofrgenet")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")
     missing = tmp_path / "nonexist"
-    argv = ["eval", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(missing)]
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(missing)]
     line = one_line_error(capsys, argv)
     assert line.startswith(f"cofr eval: error: --data-dir {missing}: no such folder")
 
@@ -503,7 +515,7 @@ def test_cofr_eval_refuses_set_options_that_no_set_reads(capsys, tasks, option, 
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
     data = write_eval_data(tmp_path / "sets")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the --json path is refused first
-    argv = ["eval", str(ckpt), "--tasks", "ptb", "--data-dir", str(data), "--json"]
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "ptb", "--data-dir", str(data), "--json"]
     line = one_line_error(capsys, [*argv, str(tmp_path)])
     assert line == (
         f"cofr eval: error: --json {tmp_path} is a folder: give a file name, e.g. "
@@ -525,7 +537,7 @@ def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub)
     """--limit with perplexity sets only scored them whole, then did not log them."""
     data = write_eval_data(tmp_path / "sets")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")
-    argv = ["eval", str(ckpt), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
     line = one_line_error(capsys, [*argv, "--limit", "2"])
     assert line == (
         "cofr eval: error: --limit applies to LAMBADA passages and harness docs only; "
@@ -546,7 +558,7 @@ def test_an_interrupted_eval_shows_the_tasks_it_finished(checkpoint, tmp_path, c
 
     monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
     data = write_eval_data(tmp_path / "sets")
-    argv = ["eval", str(checkpoint), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
+    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
     assert main([*argv, "--no-mlflow"]) == 130
     printed = capsys.readouterr().out
     assert "the tasks finished before the interrupt" in " ".join(printed.split())  # wrapped
@@ -570,7 +582,7 @@ def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(
     yaml_text = (include / "cofr_ppl.yaml").read_text().replace("task: cofr_tiny_ppl", "task: ptb")
     (include / "ptb.yaml").write_text(yaml_text)
     data = write_eval_data(tmp_path / "sets")
-    argv = ["eval", str(checkpoint), "--tasks", "ptb", "--data-dir", str(data)]
+    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "ptb", "--data-dir", str(data)]
     argv += ["--include-path", str(include), "--no-mlflow", "--harness"]
     line = one_line_error(capsys, [*argv, "cofr_tiny_mcc"])
     assert "unknown harness task 'cofr_tiny_mcc' (did you mean 'cofr_tiny_mc'?)" in line
@@ -624,7 +636,7 @@ def test_pareto_front_of_an_accuracy_keeps_the_highest():
 def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     data = write_eval_data(tmp_path / "sets")
     tasks = "ptb,wikitext-2-v1"  # the paper's WikiText column is the <unk> release's
-    assert main(["eval", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]) == 0
+    assert main(["eval", "--ckpt", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]) == 0
     runs_dir = checkpoint.parents[3]
     out = tmp_path / "cmp"
     argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
@@ -709,7 +721,7 @@ def test_a_metric_no_run_has_is_refused_with_the_closest_name():
     ):
         check_metric("val/losss", rows)
     with pytest.raises(
-        UserError, match=r"eval/hellaswag/acc: no run has it \(`cofr eval CKPT` logs"
+        UserError, match=r"eval/hellaswag/acc: no run has it \(`cofr eval --ckpt CKPT` logs"
     ):
         check_metric("eval/hellaswag/acc", rows)
 
@@ -729,7 +741,7 @@ def test_cofr_compare_checks_the_metric_before_writing(checkpoint, tmp_path, cap
 def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys):
     include = Path(__file__).parent / "data" / "harness"
     out = tmp_path / "harness.json"
-    argv = ["eval", str(checkpoint), "--tasks", "", "--harness", "cofr_tiny_mc"]
+    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "", "--harness", "cofr_tiny_mc"]
     assert main([*argv, "--include-path", str(include), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "cofr_tiny_mc" in printed and "acc_norm" in printed

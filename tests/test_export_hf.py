@@ -422,7 +422,7 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
     from cofrgenet.training.pretrained import load_checkpoint
 
     out = tmp_path / "hf"
-    assert main(["export", "hf", str(checkpoint), str(out)]) == 0
+    assert main(["export", "hf", "--ckpt", str(checkpoint), str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tokenizer: byte" in printed and "logits match" in printed
     assert "trust_remote_code=True" in printed  # the hub's loaders ask for it otherwise
@@ -453,9 +453,9 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
     assert len(generated) == len(ours) or generated[-1] == loaded.tokenizer.eos_id
     _check_tokenizer_result(case, got, eos=256)
     # An earlier export is replaced with --overwrite, never silently.
-    assert main(["export", "hf", str(checkpoint), str(out)]) == 2
+    assert main(["export", "hf", "--ckpt", str(checkpoint), str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
-    args = ["export", "hf", str(checkpoint), str(out), "--overwrite", "--no-tokenizer"]
+    args = ["export", "hf", "--ckpt", str(checkpoint), str(out), "--overwrite", "--no-tokenizer"]
     assert main(args) == 0
     assert not (out / "tokenizer.json").exists()
     # Without the tokenizer, generation still never picks the ids past its 257 (the
@@ -502,11 +502,14 @@ def test_a_missing_checkpoint_is_a_one_line_error(tmp_path, capsys):
     with pytest.raises(CheckpointNotFound) as info:
         export.export_hf(tmp_path / "none.ckpt", tmp_path / "out")
     assert "no checkpoint" in _one_line(info.value)
-    assert main(["export", "hf", str(tmp_path / "none.ckpt"), str(tmp_path / "out")]) == 2
+    assert main(["export", "hf", "--ckpt", str(tmp_path / "none.ckpt"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "error: no checkpoint" in err and "Traceback" not in err
     both = ["--tokenizer", str(tmp_path), "--no-tokenizer"]  # one would be dropped
-    assert main(["export", "hf", str(tmp_path / "none.ckpt"), str(tmp_path / "out"), *both]) == 2
+    assert (
+        main(["export", "hf", "--ckpt", str(tmp_path / "none.ckpt"), str(tmp_path / "out"), *both])
+        == 2
+    )
     assert "--no-tokenizer: not allowed with argument --tokenizer" in capsys.readouterr().err
 
 
@@ -592,7 +595,7 @@ def test_a_negative_tolerance_and_bad_paths_are_one_line(checkpoint, tmp_path, c
     from test_cli_errors import one_line_error
 
     out = tmp_path / "out"
-    argv = ["export", "hf", str(checkpoint), str(out)]
+    argv = ["export", "hf", "--ckpt", str(checkpoint), str(out)]
     line = one_line_error(capsys, [*argv, "--tolerance", "-1"])
     assert line.startswith("cofr export hf: error: argument --tolerance: must be >= 0")
     missing = tmp_path / "nonexist"
@@ -600,7 +603,7 @@ def test_a_negative_tolerance_and_bad_paths_are_one_line(checkpoint, tmp_path, c
     assert line.startswith(f"cofr export hf: error: --tokenizer {missing}: no such folder")
     assert "training data folder" not in line
     run_dir = checkpoint.parents[1]
-    line = one_line_error(capsys, ["export", "hf", str(run_dir), str(out)])
+    line = one_line_error(capsys, ["export", "hf", "--ckpt", str(run_dir), str(out)])
     assert f"did you mean {checkpoint}?" in line
     assert not out.exists()
 

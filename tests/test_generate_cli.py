@@ -164,7 +164,16 @@ def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_
     sets = tmp_path / "sets"
     sets.mkdir()
     (sets / "lambada_test.jsonl").write_text('{"text": "a passage ending in a word"}\n')
-    evaluate = ["eval", str(ckpt), "--tasks", "lambada", "--data-dir", str(sets), "--no-mlflow"]
+    evaluate = [
+        "eval",
+        "--ckpt",
+        str(ckpt),
+        "--tasks",
+        "lambada",
+        "--data-dir",
+        str(sets),
+        "--no-mlflow",
+    ]
     line = one_line_error(capsys, [*evaluate, "--tokenizer", str(data)])
     assert "give the data folder the model trained on (--tokenizer DIR)" in line
     same = write_checkpoint(

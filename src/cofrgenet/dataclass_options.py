@@ -103,6 +103,37 @@ def device_arg(text: str) -> str:
     return text
 
 
+def add_checkpoint_argument(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+    """``--ckpt PATH``, every command's name for the checkpoint it reads (``cofr fit``'s
+    ``--ckpt_path`` takes ``--ckpt`` too). ``positional``: a first positional word is
+    taken as well, as older versions of the command took it; :func:`checkpoint_given`
+    reads the one given."""
+    parser.add_argument(
+        "--ckpt",
+        metavar="PATH",
+        help="the checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt",
+        required=not positional,
+    )
+    if positional:
+        parser.add_argument("ckpt_word", nargs="?", help=argparse.SUPPRESS)
+
+
+def checkpoint_given(args: argparse.Namespace) -> str:
+    """The checkpoint of :func:`add_checkpoint_argument`: ``--ckpt`` or the positional
+    word, exactly one of them."""
+    from cofrgenet.errors import UserError
+
+    word, option = getattr(args, "ckpt_word", None), args.ckpt
+    if word is not None and option is not None:
+        raise UserError(f"two checkpoints given ({word} and --ckpt {option}): give --ckpt only")
+    if word is None and option is None:
+        raise UserError(
+            "the following arguments are required: --ckpt (e.g. "
+            "runs/<experiment>/<run>/checkpoints/last.ckpt)"
+        )
+    return option if option is not None else word
+
+
 def _int(text: str) -> int:
     return parse_int(text)
 

@@ -1,4 +1,4 @@
-"""``cofr eval CKPT --tasks wikitext-2-v1,ptb,lambada``: the paper's evaluations of a checkpoint.
+"""``cofr eval --ckpt CKPT --tasks wikitext-2-v1,ptb,lambada``: the paper's evaluations of a checkpoint.
 
 Results are printed as a table, written as JSON (``--json OUT``) and logged to MLflow as
 metrics of the checkpoint's own training run (``eval/<task>/<metric>``, at the
@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet import terminal
-from cofrgenet.dataclass_options import at_least, device_arg
+from cofrgenet.dataclass_options import (
+    add_checkpoint_argument,
+    at_least,
+    checkpoint_given,
+    device_arg,
+)
 from cofrgenet.errors import UserError
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
@@ -78,9 +83,7 @@ def write_results(out: Path, report: dict[str, Any], flag: str = "--json") -> No
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
-    )
+    add_checkpoint_argument(parser, positional=True)
     parser.add_argument(
         "--tasks",
         default=DEFAULT_TASKS,
@@ -324,6 +327,7 @@ def log_to_mlflow(
 
 
 def run(args: argparse.Namespace) -> int:
+    args.ckpt = checkpoint_given(args)
     tasks, harness_tasks = _names(args.tasks), _names(args.harness)
     if not tasks and not harness_tasks:
         raise UserError("nothing to evaluate: give --tasks and/or --harness")

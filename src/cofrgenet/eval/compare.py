@@ -428,7 +428,7 @@ def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
     listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
     hint = did_you_mean(metric, names)
     if not hint and metric.startswith("eval/"):
-        hint = " (`cofr eval CKPT` logs eval/<task>/<metric> onto a checkpoint's run)"
+        hint = " (`cofr eval --ckpt CKPT` logs eval/<task>/<metric> onto a checkpoint's run)"
     raise UserError(
         f"--metric {metric}: no run has it{hint}; the runs have: {listed or 'no metrics'}"
     )

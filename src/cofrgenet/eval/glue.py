@@ -397,14 +397,10 @@ def check_trainer_options(accelerator: str, precision: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``cofr finetune glue``."""
-    from cofrgenet.dataclass_options import add_dataclass_arguments
+    from cofrgenet.dataclass_options import add_checkpoint_argument, add_dataclass_arguments
 
     parser.add_argument("--task", required=True, choices=list(TASKS), help="the GLUE task")
-    parser.add_argument(
-        "--ckpt",
-        required=True,
-        help="a `cofr fit` checkpoint, e.g. runs/<exp>/<run>/checkpoints/last.ckpt",
-    )
+    add_checkpoint_argument(parser)
     parser.add_argument(
         "--data-dir",
         default=None,

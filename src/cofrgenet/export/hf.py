@@ -1,4 +1,4 @@
-"""``cofr export hf CKPT OUT_DIR``: a checkpoint as a Hugging Face ``transformers`` folder.
+"""``cofr export hf --ckpt CKPT OUT_DIR``: a checkpoint as a Hugging Face ``transformers`` folder.
 
 The folder loads with ``AutoModelForCausalLM.from_pretrained(OUT_DIR,
 trust_remote_code=True)`` on a machine with torch and transformers but without
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet.atomic import why_no_folder
-from cofrgenet.dataclass_options import at_least
+from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, checkpoint_given
 from cofrgenet.errors import UserError
 
 if TYPE_CHECKING:
@@ -125,9 +125,7 @@ class ExportReport:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "ckpt", help="a checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
-    )
+    add_checkpoint_argument(parser, positional=True)
     parser.add_argument("out_dir", help="folder to write (created; must be empty or an export)")
     tokenizer = parser.add_mutually_exclusive_group()
     tokenizer.add_argument(
@@ -157,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = export_hf_report(
-        args.ckpt,
+        checkpoint_given(args),
         args.out_dir,
         tokenizer_dir=args.tokenizer,
         with_tokenizer=not args.no_tokenizer,

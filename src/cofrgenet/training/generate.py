@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cofrgenet.dataclass_options import at_least, device_arg, probability
+from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, device_arg, probability
 
 if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
     import torch
@@ -58,9 +58,7 @@ def sample(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ckpt", required=True, help="a checkpoint, e.g. runs/demo/<run>/checkpoints/last.ckpt"
-    )
+    add_checkpoint_argument(parser)
     parser.add_argument(
         "--prompt",
         default="",

@@ -21,6 +21,7 @@ from op_cases import (
     CLAMPING,
     HALF,
     HALF_IDS,
+    assert_close_where_normal,
     away_from_poles,
     compiles_fullgraph,
     half_tol,
@@ -221,7 +222,9 @@ def test_large_depth_and_magnitude_stay_finite(impl, on, grad):
     (grad_a,) = torch.autograd.grad(out.sum(), a)
     assert torch.isfinite(out).all() and torch.isfinite(grad_a).all()
     assert rel_err(out, reference_continued_fraction(a.detach().cpu())) < 1e-5
-    assert rel_err(grad_a, reference_paper_grad(a.detach().cpu())) < 1e-4
+    # Per element: the gradient of a_k falls like 1e-4 per depth.
+    normal = assert_close_where_normal(grad_a, reference_paper_grad(a.detach().cpu()), 1e-4)
+    assert normal[:, :6].all()  # a guard: the check reaches several depths
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["paper", "exact"])

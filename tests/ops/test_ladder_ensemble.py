@@ -48,6 +48,30 @@ def test_matches_reference(impl, on, ladders, depth, bias, grad):
             assert rel_err(t.grad, want[name]) < 1e-10, name
 
 
+@pytest.mark.parametrize("grad", ["paper", "exact"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize(
+    "rows,p,ladders,depth",
+    [(131, 27, 3, 5), (1, 1, 1, 1), (1, 1, 1, 3), (2, 1, 2, 2)],
+    ids=["several-row-blocks", "one-unit", "one-unit-deep", "one-channel"],
+)
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_row_blocks_and_degenerate_shapes(impl, on, rows, p, ladders, depth, bias, grad):
+    """131 rows: the Triton kernel runs several row programs, whose partial sums of the
+    weight gradients it adds up (33 rows fit one on CPU); one row, one channel, one
+    ladder: the smallest shapes."""
+    x, w, v, b = ensemble_inputs(rows, p, ladders, depth, on, bias=bias, seed=2)
+    leaves = require_grad(x, w, v, b)
+    out = ladder_ensemble(*leaves, grad=grad, impl=impl)
+    upstream = upstream_like(out.shape, on, seed=3, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    want = ensemble_reference(*leaves, upstream, grad)
+    assert rel_err(out, want["out"]) < 1e-10
+    for name, t in zip(NAMES, leaves, strict=True):
+        if t is not None:
+            assert rel_err(t.grad, want[name]) < 1e-10, name
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("impl", impls(*CLAMPING))
 def test_float32_and_bf16(impl, on, dtype, tol):

@@ -1063,6 +1063,28 @@ def test_a_study_made_for_another_metric_is_refused(tmp_path):
         open_study(parse_sweep(changed), storage, 1)
 
 
+def test_status_and_report_refuse_a_sweep_file_with_another_objective(tmp_path, capsys):
+    """A file saying maximize val/ppl for a study of minimized val/loss: the report
+    labelled val/loss values val/ppl and mapped each cell's worst trial."""
+    from test_cli_errors import one_line_error
+
+    sweep = load_sweep(write_sweep(tmp_path))
+    open_study(sweep, st.open_storage(st.home_storage(sweep, sweep.runs_dir)), 0)
+    objective = {"metric": "val/ppl", "direction": "maximize"}
+    edited = str(write_sweep(tmp_path, "edited.yaml", objective=objective))
+    for command in ("status", "report"):
+        extra = ["--no-mlflow"] if command == "report" else []
+        line = one_line_error(capsys, ["sweep", command, edited, *extra])
+        assert line.endswith(
+            "study 'tiny-cpu' exists with direction minimize, the sweep says maximize: give "
+            "the study's own sweep file, or its name (tiny-cpu)"
+        )
+    objective["direction"] = "minimize"
+    edited = str(write_sweep(tmp_path, "edited.yaml", objective=objective))
+    line = one_line_error(capsys, ["sweep", "status", edited])
+    assert "study 'tiny-cpu' ranks trials by val/loss, the sweep says val/ppl" in line
+
+
 def test_a_study_made_from_another_version_of_the_sweep_is_refused(tmp_path):
     """Trials trained with another budget, data or space would be ranked against the
     study's: refused, naming each change. Its budget (n_trials) and sampler may change."""

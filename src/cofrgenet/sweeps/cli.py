@@ -18,6 +18,7 @@ from cofrgenet.sweeps.spec import (
     Sweep,
     SweepError,
     check_extra,
+    check_same_objective,
     load_sweep,
     parse_assignment,
     parse_sweep,
@@ -253,6 +254,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         if not raw:
             raise SweepError(f"study {name!r} was not made by cofr sweep run")
         sweep = parse_sweep(raw, resolve=False)
+    else:
+        check_same_objective(study, sweep, f"give the study's own sweep file, or its name ({name})")
     if st.uses_heartbeat_table(storage) and sweep.storage_options != StorageOptions():
         # Staleness by the sweep's own heartbeat interval and grace period.
         storage = st.open_storage(url, sweep.storage_options)

@@ -851,3 +851,22 @@ def trial_config(
     with tempfile.TemporaryDirectory() as folder:
         words = trial_words(sweep, params, extra, Path(folder) / "sweep-settings.yaml")
         return checked_config(words)[0]
+
+
+def check_same_objective(study: Any, sweep: Sweep, fix: str) -> None:
+    """Refuse a sweep whose objective (metric, direction) is not the stored study's: its
+    values would be ranked, labelled and mapped as another metric's. ``fix``: what to
+    do instead, for the message."""
+    direction = study.direction.name.lower()
+    if direction != sweep.objective.direction:
+        raise SweepError(
+            f"study {sweep.study!r} exists with direction {direction}, the sweep says "
+            f"{sweep.objective.direction}: {fix}"
+        )
+    stored = (study.user_attrs.get("cofr.sweep") or {}).get("objective") or {}
+    metric = stored.get("metric", Objective().metric) if isinstance(stored, dict) else None
+    if metric is not None and metric != sweep.objective.metric:
+        raise SweepError(
+            f"study {sweep.study!r} ranks trials by {metric}, the sweep says "
+            f"{sweep.objective.metric}: its values would be ranked against the other's; {fix}"
+        )

@@ -38,11 +38,11 @@ from cofrgenet.sweeps.objective import (
     run_trial,
 )
 from cofrgenet.sweeps.spec import (
-    Objective,
     Sweep,
     SweepError,
     build_pruner,
     check_extra,
+    check_same_objective,
     get_dotted,
     trial_config,
 )
@@ -99,20 +99,9 @@ def open_study(
         wait_for_setup(study, sweep)
         existing = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(sweep, offset + 7919 * existing)
-    if study.direction.name.lower() != sweep.objective.direction:
-        raise SweepError(
-            f"study {sweep.study!r} exists with direction {study.direction.name.lower()}, "
-            f"the sweep says {sweep.objective.direction}: use another study name"
-        )
+    if not created:
+        check_same_objective(study, sweep, "use another study name")
     stored_sweep = study.user_attrs.get("cofr.sweep") or {}
-    stored = stored_sweep.get("objective") or {}
-    metric = stored.get("metric", Objective().metric) if isinstance(stored, dict) else None
-    if not created and metric is not None and metric != sweep.objective.metric:
-        raise SweepError(
-            f"study {sweep.study!r} ranks trials by {metric}, the sweep says "
-            f"{sweep.objective.metric}: its values would be ranked against the other's; use "
-            "another study name"
-        )
     if not created and stored_sweep != sweep.raw:
         # Its trials are the same (checked above); n_trials, the sampler or the pruner may
         # have changed: `cofr sweep status/report STUDY` read this copy.

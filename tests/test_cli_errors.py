@@ -138,6 +138,10 @@ def test_every_command_reads_its_checkpoint_from_ckpt(capsys, tmp_path, words, o
         assert line.endswith(f"two checkpoints given ({missing} and --ckpt b): give --ckpt only")
     line = one_line_error(capsys, [*words, *options])
     assert "--ckpt" in line and "required" in line
+    if words[0] == "export":  # the one word was read as OUT_DIR
+        assert line.endswith(
+            f"usage: cofr export hf --ckpt CKPT OUT_DIR (the one word given, {options[-1]}, is OUT_DIR)"
+        )
 
 
 def test_fit_takes_ckpt_for_its_ckpt_path(capsys):

@@ -118,9 +118,10 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser, positional: bool = 
         parser.add_argument("ckpt_word", nargs="?", help=argparse.SUPPRESS)
 
 
-def checkpoint_given(args: argparse.Namespace) -> str:
+def checkpoint_given(args: argparse.Namespace, usage: str = "") -> str:
     """The checkpoint of :func:`add_checkpoint_argument`: ``--ckpt`` or the positional
-    word, exactly one of them."""
+    word, exactly one of them. ``usage``: the command's shape, said when neither is given
+    (a command with another positional word read the only word given as that one)."""
     from cofrgenet.errors import UserError
 
     word, option = getattr(args, "ckpt_word", None), args.ckpt
@@ -129,7 +130,7 @@ def checkpoint_given(args: argparse.Namespace) -> str:
     if word is None and option is None:
         raise UserError(
             "the following arguments are required: --ckpt (e.g. "
-            "runs/<experiment>/<run>/checkpoints/last.ckpt)"
+            f"runs/<experiment>/<run>/checkpoints/last.ckpt){usage and f'; usage: {usage}'}"
         )
     return option if option is not None else word
 

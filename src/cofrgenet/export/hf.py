@@ -154,8 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    usage = f"cofr export hf --ckpt CKPT OUT_DIR (the one word given, {args.out_dir}, is OUT_DIR)"
     report = export_hf_report(
-        checkpoint_given(args),
+        checkpoint_given(args, usage),
         args.out_dir,
         tokenizer_dir=args.tokenizer,
         with_tokenizer=not args.no_tokenizer,

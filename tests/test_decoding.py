@@ -167,3 +167,11 @@ def test_every_generate_keeps_to_the_tokenizers_ids_and_stops_at_eos(preset):
 def test_bad_sampling_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         sample_next(torch.zeros(1, 5), 1.0, **kwargs)
+
+
+def test_a_tiny_temperature_samples_the_arg_max():
+    """logits / 1e-40 overflowed to inf and softmax gave NaN: a traceback from
+    `cofr generate --temperature 1e-40`."""
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.9], [-2.0, -7.0, -1.5, float("-inf")]])
+    for temperature in (1e-40, 1e-30):
+        assert sample_next(logits, temperature).flatten().tolist() == [1, 2]

@@ -72,7 +72,9 @@ def sample_next(
     logits = logits.float() if vocab is None else logits[:, :vocab].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    # Less the row's max first: a tiny temperature then sends the others to -inf, not the
+    # max to inf (whose softmax is NaN).
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -328,6 +328,17 @@ def test_the_gpt2_tokenizer_exports(tmp_path):
     _check_tokenizer_result(case, results[case["dir"]], eos=50256)
 
 
+def test_a_bf16_model_is_checked_in_float32_as_written(tmp_path):
+    """The export writes float32 weights; the check compared them with the bf16 model's
+    logits, failed and asked for a bug report."""
+    config = CONFIGS["paper-denominators"]
+    torch.manual_seed(0)
+    model = build_model(config).eval().to(torch.bfloat16)
+    report = export_model(model, config, tmp_path / "out")
+    assert report.max_abs_diff is not None and report.max_abs_diff <= TOLERANCE
+    assert next(model.parameters()).dtype == torch.bfloat16  # the model is left as it was
+
+
 def test_the_in_process_check_matches_and_writes_the_files(tmp_path):
     config = CONFIGS["paper-denominators"].replace(vocab_size=300)  # room for 257 bytes
     torch.manual_seed(0)

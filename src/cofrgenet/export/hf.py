@@ -662,8 +662,11 @@ def verify_export(
     random token ids (2, min(block_size, 128)); returns the max abs difference.
 
     Raises :class:`ExportMismatch` above ``tolerance``. ``model`` runs in eval mode with
-    its ladders on the eager continuant path (the one cofrgenet uses on CPU).
+    its ladders on the eager continuant path (the one cofrgenet uses on CPU), in float32
+    on CPU as the export loads (a copy of a model held in another dtype or on a GPU).
     """
+    import copy
+
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -685,6 +688,8 @@ def verify_export(
         batches.append(
             torch.randint(0, config.vocab_size, (1, config.block_size), generator=generator)
         )
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
+        model = copy.deepcopy(model).float().cpu()
     ladders = [m for m in model.modules() if isinstance(m, LadderLayer)]
     saved_impl = [m.impl for m in ladders]
     was_training = model.training

@@ -339,6 +339,25 @@ def test_a_bf16_model_is_checked_in_float32_as_written(tmp_path):
     assert next(model.parameters()).dtype == torch.bfloat16  # the model is left as it was
 
 
+@pytest.mark.parametrize(
+    "name,clipped",
+    [("gpt-softmax-mlp-rope", False), ("no-clip-no-ladder-bias", False), ("patterns", True)],
+)
+def test_the_readme_names_the_folder_and_clips_only_clipped_ladders(
+    tmp_path, monkeypatch, name, clipped
+):
+    """OUT_DIR `.` wrote from_pretrained(""), and every README said ladder outputs are
+    clipped, for models without ladders or with ladder_clip false too."""
+    folder = tmp_path / "my-export"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    config = CONFIGS[name]
+    export_model(build_model(config), config, ".", verify=False)
+    readme = (folder / "README.md").read_text()
+    assert 'from_pretrained("my-export", trust_remote_code=True)' in readme
+    assert ("ladder outputs are clipped" in readme) == clipped
+
+
 def test_the_in_process_check_matches_and_writes_the_files(tmp_path):
     config = CONFIGS["paper-denominators"].replace(vocab_size=300)  # room for 257 bytes
     torch.manual_seed(0)
@@ -416,6 +435,14 @@ def test_the_exported_model_takes_right_padding_and_labels(tmp_path):
     assert abs(loss.item() - expected.item()) <= 1e-5
     with pytest.raises(ValueError, match="right padding only"):
         exported(input_ids=ids, attention_mask=torch.tensor([[0] * 3 + [1] * 5, [1] * 8]))
+    # generate appends after a row's padding: refused, prompts of one length work.
+    padded = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    with pytest.raises(ValueError, match="generate from prompts of one length"):
+        exported.generate(input_ids=ids, attention_mask=padded, max_new_tokens=2)
+    out = exported.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False
+    )
+    assert out.shape == (2, 10)
 
 
 # A real checkpoint through the command -------------------------------------------------

@@ -313,7 +313,7 @@ def export_model(
             report.tokenizer = tokenizer.kind
         if verify:
             report.max_abs_diff = verify_export(model, config, work, tolerance)
-        _write_readme(work, config, report, source, name=out.name)
+        _write_readme(work, config, report, source, out.resolve().name, _clips_ladders(model))
         report.files = sorted(p.name for p in work.iterdir() if p.name in EXPORT_FILES)
         _move_into_place(work, out)
     except BaseException:
@@ -599,7 +599,7 @@ def export_tokenizer(
             f"cannot export a {tokenizer.kind!r} tokenizer (byte, bpe and gpt2 export); "
             "pass --no-tokenizer"
         )
-    # Padding is the end-of-text token, as GPT-2's users set it: batches of prompts pad.
+    # Padding is the end-of-text token, as GPT-2's users set it: batches pad for scoring.
     kwargs: dict[str, Any] = {"eos_token": EOS_TEXT, "bos_token": EOS_TEXT, "pad_token": EOS_TEXT}
     if model_max_length is not None:
         kwargs["model_max_length"] = model_max_length
@@ -612,8 +612,20 @@ def export_tokenizer(
     config_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
+def _clips_ladders(model: nn.Module) -> bool:
+    """Whether the model has ladders whose outputs eval mode clips (``ladder_clip``)."""
+    from cofrgenet.nn import LadderLayer
+
+    return any(isinstance(m, LadderLayer) and m.clip_outputs for m in model.modules())
+
+
 def _write_readme(
-    out: Path, config: ModelConfig, report: ExportReport, source: str | None, name: str
+    out: Path,
+    config: ModelConfig,
+    report: ExportReport,
+    source: str | None,
+    name: str,
+    clips_ladders: bool,
 ) -> None:
     mixers = (
         f"attention {config.attention_pattern or config.attention}, "
@@ -627,6 +639,7 @@ def _write_readme(
         else f"max abs difference {report.max_abs_diff:.2e} from cofrgenet's logits"
     )
     tokenizer = report.tokenizer or f"not exported ({report.tokenizer_note})"
+    clipped = ": ladder outputs are clipped to their training range" if clips_ladders else ""
     text = f"""# CoFrGeNet export
 
 Exported by `cofr export hf` from `{source or "a model in memory"}`.
@@ -646,8 +659,8 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0
 ```
 
 `modeling_cofrgenet.py` needs only torch and transformers. It is an inference
-re-implementation: ladder outputs are clipped to their training range, and there is no
-key/value cache (generation re-reads the context at every step).
+re-implementation{clipped}, and there is no key/value cache (generation re-reads the
+context at every step).
 """
     (out / "README.md").write_text(text)
 

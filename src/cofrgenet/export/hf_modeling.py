@@ -720,7 +720,14 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
         self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         """The whole context at every step (no cache); transformers see the last block_size
-        tokens, as ``cofr generate`` does, recurrent models everything."""
+        tokens, as ``cofr generate`` does, recurrent models everything. Prompts of one
+        length only: generate appends each new token after a row's padding."""
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError(
+                "CofrGeNet models generate from prompts of one length (no padding): "
+                "generate would append each token after a row's padding; run prompts of "
+                "other lengths one at a time (padded batches are fine for scoring)"
+            )
         if self.arch in TRANSFORMER_ARCHS:
             input_ids = input_ids[:, -self.block_size :]
             if attention_mask is not None:

@@ -53,12 +53,18 @@ def test_a_reachable_hub_changes_nothing(online, capsys):
 
 @pytest.mark.parametrize(
     "setting",
-    [("HF_HUB_OFFLINE", "1"), ("HTTPS_PROXY", "http://proxy:3128"), ("imported", "")],
-    ids=["already offline", "proxy", "hub client imported"],
+    [
+        ("HF_HUB_OFFLINE", "1"),
+        ("HF_HUB_OFFLINE", "0"),
+        ("HTTPS_PROXY", "http://proxy:3128"),
+        ("imported", ""),
+    ],
+    ids=["already offline", "online by choice", "proxy", "hub client imported"],
 )
 def test_the_probe_stands_aside(online, setting):
-    """Offline already, a proxy (a direct connection says nothing about it), or a hub
-    client that has read its settings: nothing is probed or changed."""
+    """Offline already, online by the user's choice (HF_HUB_OFFLINE=0 was made 1), a
+    proxy (a direct connection says nothing about it), or a hub client that has read its
+    settings: nothing is probed or changed."""
     online.setenv("HF_ENDPOINT", refused_endpoint())
     name, value = setting
     if name == "imported":

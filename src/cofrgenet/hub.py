@@ -29,7 +29,6 @@ _PROXY_VARIABLES = (
     "ALL_PROXY",
     "all_proxy",
 )
-_TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 def offline_unless_reachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -41,7 +40,7 @@ def offline_unless_reachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
     ``huggingface_hub`` has been imported (it has read its settings). A one-line note
     on stderr says what happened.
     """
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE:
+    if "HF_HUB_OFFLINE" in os.environ:  # the user's choice, either way
         return None
     if "huggingface_hub" in sys.modules or any(os.environ.get(v) for v in _PROXY_VARIABLES):
         return None

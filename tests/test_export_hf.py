@@ -502,9 +502,12 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
     assert generation["suppress_tokens"] == list(range(257, config.vocab_size))
 
 
+@pytest.mark.parametrize("trained_with", ["byte", "bpe"])
 def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
-    checkpoint, tmp_path, monkeypatch
+    checkpoint, tmp_path, monkeypatch, trained_with
 ):
+    """Bytes need no files: a byte checkpoint exports its tokenizer (and EOS, without
+    which HF generate never stops) all the same; another one exports without, saying why."""
     from cofrgenet.training import pretrained as checkpoint_module
 
     real = checkpoint_module.load_checkpoint
@@ -513,12 +516,19 @@ def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
         loaded = real(*args, **kwargs)
         if kwargs.get("tokenizer_dir") is None:
             loaded.data_dir = str(tmp_path / "moved-away")
+            if trained_with == "bpe":
+                loaded.trained_with = {"tokenizer": "bpe", "vocab_size": 300}
         return loaded
 
     monkeypatch.setattr(checkpoint_module, "load_checkpoint", moved_data)
     report = export.export_hf_report(checkpoint, tmp_path / "out", verify=False)
-    assert report.tokenizer is None and "not on this machine" in report.tokenizer_note
     assert (tmp_path / "out" / "model.safetensors").is_file()
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    if trained_with == "byte":
+        assert report.tokenizer == "byte" and generation["eos_token_id"] == 256
+        assert (tmp_path / "out" / "tokenizer.json").is_file()
+        return
+    assert report.tokenizer is None and "not on this machine" in report.tokenizer_note
     assert not (tmp_path / "out" / "tokenizer.json").exists()
     # A tokenizer asked for explicitly must be found.
     with pytest.raises(UserError):

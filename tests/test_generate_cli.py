@@ -230,6 +230,16 @@ def test_a_relative_data_folder_is_found_from_another_folder(
     assert pretrained.data_dir_candidates("/abs/pyd", ckpt, run_folder) == [Path("/abs/pyd")]
 
 
+def test_a_byte_checkpoint_needs_no_data_folder(capsys, tmp_path):
+    """Bytes need no files: a checkpoint trained on them generates (and exports its
+    tokenizer) with its data folder gone."""
+    trained_with = {"tokenizer": "byte", "vocab_size": 257}
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", str(tmp_path / "gone"), trained_with)
+    argv = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "3", "--prompt", "def"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("def")
+
+
 def test_a_relative_data_folder_not_found_lists_the_paths_tried(
     capsys, tmp_path, run_folder, monkeypatch
 ):

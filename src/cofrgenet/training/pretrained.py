@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from torch import nn
 
-from cofrgenet.data import Tokenizer, load_tokenizer
+from cofrgenet.data import ByteTokenizer, Tokenizer, load_tokenizer
 from cofrgenet.data.meta import (
     TOKENIZER_FILE,
     TOKENIZER_KEYS,
@@ -137,7 +137,14 @@ class LoadedCheckpoint:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer of the data the model trained on (or of ``tokenizer_dir``)."""
+        """The tokenizer of the data the model trained on (or of ``tokenizer_dir``). A byte
+        tokenizer needs no files: a checkpoint trained on bytes has it without the data
+        folder."""
+        byte = ByteTokenizer()
+        if self._tokenizer is None and not self.tokenizer_given:
+            trained = self.trained_with.get("tokenizer"), self.trained_with.get("vocab_size")
+            if trained == (byte.kind, byte.vocab_size):
+                self._tokenizer = byte
         if self._tokenizer is None:
             folder = self._tokenizer_folder()
             try:

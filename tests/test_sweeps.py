@@ -1370,6 +1370,23 @@ def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):
     assert "check the path" in line and not typo.exists()
 
 
+def test_a_storage_or_runs_folder_under_a_file_is_one_line(tiny_data, tmp_path, capsys):
+    """`--storage journal:run1.log/x.journal` or `--runs-dir run1.log/sub`, where
+    run1.log is a file: FileExistsError / NotADirectoryError tracebacks."""
+    path = str(write_sweep(tmp_path, overrides={"data.data_dir": str(tiny_data)}))
+    blocker = tmp_path / "run1.log"
+    blocker.write_text("a log\n")
+    run = ["sweep", "run", path, "--no-mlflow", "--no-report"]
+    line = one_line_error(capsys, [*run, "--storage", f"journal:{blocker / 'x.journal'}"])
+    assert line.endswith(
+        f"cannot make {blocker}, the folder of the study's storage: {str(blocker)!r} is a "
+        "file; choose another with --storage or --runs-dir"
+    )
+    line = one_line_error(capsys, [*run, "--runs-dir", str(blocker / "sub")])
+    assert f"cannot make {blocker / 'sub' / 'sweeps' / 'tiny-cpu'}, the folder of the " in line
+    assert blocker.read_text() == "a log\n"
+
+
 def test_report_out_must_be_a_folder(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine\n")

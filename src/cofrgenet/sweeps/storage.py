@@ -54,6 +54,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
+from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import did_you_mean
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
@@ -211,7 +212,7 @@ class _RepairingLock(JournalFileOpenLock):
 
 
 def _open_journal(path: Path) -> JournalStorage:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "the study's storage", "--storage or --runs-dir")
     # The open() lock works on NFSv3+ too and is released after 30 s if its holder died.
     lock = _RepairingLock(path)
     try:  # once now: a torn tail is cut (and reported) before the study is read
@@ -224,6 +225,18 @@ def _open_journal(path: Path) -> JournalStorage:
         return JournalStorage(backend)
     except ValueError as error:  # json.JSONDecodeError, or Optuna's "Invalid log format."
         raise SweepError(damaged_journal(path, error)) from None
+
+
+def make_folder(folder: Path, what: str, options: str) -> None:
+    """``mkdir -p folder``, or a one-line SweepError naming ``what`` it is for and the
+    ``options`` that choose another."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SweepError(
+            f"cannot make {folder}, the folder of {what}: {why_no_folder(folder, error)}; "
+            f"choose another with {options}"
+        ) from None
 
 
 def _torn_copy(journal: Path) -> Path:

@@ -377,10 +377,10 @@ def run_worker(
     probe = _checked_trial_config(sweep, extra, mlflow)
 
     worker = st.Worker.current()
+    folder = st.study_folder(sweep, runs_dir)
+    st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     storage = st.open_storage(url, sweep.storage_options)
     study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
-    folder = st.study_folder(sweep, runs_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
     stop_file.parent.mkdir(parents=True, exist_ok=True)

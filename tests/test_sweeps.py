@@ -157,12 +157,26 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"objective": "val/loss"}, "objective: a mapping of options is expected"),
         ({"budget": 6}, "budget: a mapping of options is expected"),
         ({"overrides": ["a=1"]}, "overrides: a mapping of options is expected"),
+        ({"base": 5}, "base: a config file or a list of them, got 5"),
+        # Grid values: a list, within the range (whole for int), for the grid sampler.
+        ({"sampler": {"name": "grid"}, "space": {"a.b": {"type": "int", "low": 1, "high": 4,
+          "grid": [0, 9]}}}, "space.a.b: grid value 0 is not a whole number within 1..4"),
+        ({"sampler": {"name": "grid"}, "space": {"a.b": {"type": "int", "low": 1, "high": 4,
+          "grid": [2.5]}}}, "space.a.b: grid value 2.5 is not a whole number within 1..4"),
+        ({"sampler": {"name": "grid"}, "space": {"a.b": {"type": "float", "low": 1, "high": 4,
+          "grid": "1,2"}}}, "space.a.b: grid must be a list of values, e.g. [1, 4]"),
+        ({"space": {"a.b": {"type": "int", "low": 1, "high": 4, "grid": [1, 2]}}},
+         "space.a.b: grid values apply to the grid sampler only (sampler: {name: grid}); the "
+         "tpe sampler draws from the range"),
     ]  # fmt: skip
     for changes, message in cases:
         with pytest.raises(SweepError, match=re.escape(message)):
             parse_sweep({**good, **changes})
     grid = parse_sweep({**good, "sampler": {"name": "grid"}, "n_trials": 8})
     assert grid.total_trials == 8
+    space = {"a.b": {"type": "float", "low": 1, "high": 4, "grid": [1, 2.5, 4.0]}}
+    grid = parse_sweep({**good, "space": space, "sampler": {"name": "grid"}, "n_trials": 3})
+    assert grid.grid == [{"a.b": 1.0}, {"a.b": 2.5}, {"a.b": 4.0}]
     parse_sweep({**good, "sampler": {"name": "tpe", "multivariate": True, "n_startup_trials": 3}})
     parse_sweep({**good, "heatmap": ["c", "a.b"], "storage_options": {"grace_period": 121}})
 

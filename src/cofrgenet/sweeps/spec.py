@@ -186,8 +186,26 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         raise SweepError(f"space.{key}: an int range needs a whole step, got {step}")
     if kind == "int" and (low != int(low) or high != int(high)):
         raise SweepError(f"space.{key}: int bounds must be whole numbers")
-    grid = tuple(value.get("grid") or ())
+    grid = _grid(value.get("grid"), key, kind, low, high)
     return ParamSpec(key, kind, low=low, high=high, step=step, log=log, grid=grid)
+
+
+def _grid(values: Any, key: str, kind: str, low: float, high: float) -> tuple[Any, ...]:
+    """A range's ``grid:`` values, each a number (whole for int) within ``low..high``."""
+    if values is None:
+        return ()
+    if not isinstance(values, list) or not values:
+        raise SweepError(f"space.{key}: grid must be a list of values, e.g. [{low:g}, {high:g}]")
+    points = []
+    for value in values:
+        number = math.nan if isinstance(value, bool) else _number(value, key)
+        if not (low <= number <= high and (kind == "float" or number == int(number))):
+            what = "a whole number" if kind == "int" else "a number"
+            raise SweepError(
+                f"space.{key}: grid value {value!r} is not {what} within {low:g}..{high:g}"
+            )
+        points.append(int(number) if kind == "int" else number)
+    return tuple(points)
 
 
 # ------------------------------------------------------------------------ the sweep
@@ -520,7 +538,9 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         raise SweepError(f"study {study!r}: a name of letters, digits, '.', '_' or '-' is required")
     sweep_dir = path.parent if path is not None else None
     base = raw.get("base") or []
-    base = [base] if isinstance(base, str) else list(base)
+    base = [base] if isinstance(base, str) else base
+    if not isinstance(base, list) or not all(isinstance(b, str) for b in base):
+        raise SweepError(f"base: a config file or a list of them, got {raw.get('base')!r}")
     overrides = _mapping(raw.get("overrides"), "overrides")
     space_raw = raw.get("space") or {}
     if not isinstance(space_raw, dict) or not space_raw:
@@ -590,6 +610,11 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
                 f"n_trials {sweep.n_trials}: a grid sweep trains every one of its {points} "
                 "points once; drop n_trials (or use a tpe or random sampler)"
             )
+    elif resolve and (gridded := next((p.key for p in sweep.space if p.grid), None)):
+        raise SweepError(
+            f"space.{gridded}: grid values apply to the grid sampler only (sampler: "
+            f"{{name: grid}}); the {sweep.sampler['name']} sampler draws from the range"
+        )
     sweep.total_trials  # noqa: B018 - raises when n_trials is missing
     if resolve:
         # An override of a key the sweep sets in every trial would be silently replaced.

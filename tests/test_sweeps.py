@@ -1686,6 +1686,11 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     typed = load_sweep(write_sweep(tmp_path, space={"model.config.ladders": [1, "three"]}))
     with pytest.raises(SweepError, match=r"ladders: 'three' builds no model: ladders must be"):
         check_model_values(typed, trial_config(typed, {"model.config.ladders": 1}))
+    # Beside a range too, when the reason is the same at both of its ends.
+    space = {"model.config.ladders": [1, "three"], "model.config.depth": "int 1..4"}
+    typed = load_sweep(write_sweep(tmp_path, space=space))
+    with pytest.raises(SweepError, match=r"ladders: 'three' builds no model: ladders must be"):
+        check_model_values(typed, trial_config(typed, {"model.config.ladders": 1}))
     ranged = load_sweep(write_sweep(tmp_path, space={"model.config.depth": "int 0..2"}))
     with pytest.raises(SweepError, match=r"depth: 0 builds no model: depth must be a positive"):
         check_model_values(ranged, trial_config(ranged, {"model.config.depth": 1}))

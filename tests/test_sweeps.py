@@ -697,6 +697,28 @@ def test_a_folder_from_another_study_is_moved_aside(tiny_data, tmp_path):
     assert yaml.safe_load(resolved) == yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
+def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_path):
+    """`storage: ${COFR_SWEEP_STORAGE}` run once unset, once set: the second run started a
+    new study and moved the first one's trial folders aside, while the first study still
+    pointed to them."""
+    common = {"n_trials": 1, "overrides": {"data.data_dir": str(tiny_data)}}
+    sweep = load_sweep(write_sweep(tmp_path, **common))
+    run_worker(sweep, report=False, mlflow=False)
+    trial = tmp_path / "runs" / sweep.experiment / "trial-0000"
+    other = f"journal:{tmp_path / 'other.journal'}"
+    moved = load_sweep(write_sweep(tmp_path, "moved.yaml", storage=other, **common))
+    with pytest.raises(SweepError) as refused:
+        run_worker(moved, report=False, mlflow=False)
+    assert str(refused.value) == (
+        f"study 'tiny-cpu' is not in {other}, but {trial} holds a trial of a study of that "
+        "name, stored elsewhere: give the storage its workers used (--storage, or the "
+        f"sweep's storage:), a new --study NAME, or move {trial.parent} away to start the "
+        "study anew"
+    )
+    assert trial.is_dir() and not list(trial.parent.glob("trial-0000.old-*"))
+    assert "tiny-cpu" not in optuna.get_all_study_names(st.open_storage(other))
+
+
 def test_open_study_enqueues_the_grid_once(tmp_path):
     sweep = parse_sweep(
         {"study": "g", "space": {"a": [1, 2], "b": "int 1..3"}, "sampler": {"name": "grid"}}

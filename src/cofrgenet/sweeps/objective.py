@@ -235,6 +235,20 @@ class TrialContext:
     track: bool = True
 
 
+def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> Path | None:
+    """A trial folder in the runs folder made by a study of this sweep's name (whatever
+    its storage), or None."""
+    first = trial_run_dir(sweep, runs_dir, 0)
+    for marker in sorted(first.parent.glob(f"{first.name[:-4]}*/{TRIAL_FILE}")):
+        try:
+            owner = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(owner, dict) and owner.get("study") == sweep.study:
+            return marker.parent
+    return None
+
+
 def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
     """Make ``run_dir`` this trial's: a folder left by another study is moved aside."""
     marker = run_dir / TRIAL_FILE

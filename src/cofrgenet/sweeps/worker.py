@@ -36,6 +36,7 @@ from cofrgenet.sweeps.objective import (
     Outcome,
     TrialContext,
     run_trial,
+    trial_of_this_name,
 )
 from cofrgenet.sweeps.spec import (
     Sweep,
@@ -119,6 +120,25 @@ def open_study(
 #: against each other only while these stay as the study was created with. n_trials,
 #: sampler, pruner, storage and tracking settings may change between runs.
 TRIAL_SECTIONS = ("base", "overrides", "space", "budget")
+
+
+def check_not_stored_elsewhere(
+    sweep: Sweep, storage: optuna.storages.BaseStorage, url: str, runs_dir: str
+) -> None:
+    """Refuse to start a study whose name has trials in the runs folder already: they
+    are another storage's study of that name (an unset variable in the sweep's
+    ``storage:``, another ``--storage``), whose checkpoints the new one would move aside
+    while that study still points to them."""
+    if sweep.study in optuna.get_all_study_names(storage):
+        return
+    found = trial_of_this_name(sweep, runs_dir)
+    if found is not None:
+        raise SweepError(
+            f"study {sweep.study!r} is not in {hide_passwords(url)}, but {found} holds a "
+            "trial of a study of that name, stored elsewhere: give the storage its workers "
+            f"used (--storage, or the sweep's storage:), a new --study NAME, or move "
+            f"{found.parent} away to start the study anew"
+        )
 
 
 def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
@@ -380,6 +400,7 @@ def run_worker(
     folder = st.study_folder(sweep, runs_dir)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     storage = st.open_storage(url, sweep.storage_options)
+    check_not_stored_elsewhere(sweep, storage, url, runs_dir)
     study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"

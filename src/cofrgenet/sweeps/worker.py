@@ -397,9 +397,9 @@ def run_worker(
     probe = _checked_trial_config(sweep, extra, mlflow)
 
     worker = st.Worker.current()
+    storage = st.open_storage(url, sweep.storage_options)
     folder = st.study_folder(sweep, runs_dir)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
-    storage = st.open_storage(url, sweep.storage_options)
     check_not_stored_elsewhere(sweep, storage, url, runs_dir)
     study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)

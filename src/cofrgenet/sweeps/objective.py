@@ -239,7 +239,8 @@ def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> Path | None:
     """A trial folder in the runs folder made by a study of this sweep's name (whatever
     its storage), or None."""
     first = trial_run_dir(sweep, runs_dir, 0)
-    for marker in sorted(first.parent.glob(f"{first.name[:-4]}*/{TRIAL_FILE}")):
+    every = first.name.replace(trial_name(0), "trial-*")  # also those moved aside (.old-)
+    for marker in sorted(first.parent.glob(f"{every}/{TRIAL_FILE}")):
         try:
             owner = json.loads(marker.read_text())
         except (OSError, ValueError):

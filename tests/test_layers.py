@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cofrgenet.nn import CAttnM, CAttnU, Cffn, LadderWeights
+from cofrgenet.ops import triton_available
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -69,6 +70,9 @@ def test_cattn_m_formula(bias, ladder_bias, dim, max_len, ladders, depth):
         assert n_params(layer) == ladders * (dim + max_len) + dim * dim
 
 
+#: The op implementations the layers are compared through; triton where it is installed.
+IMPLS = ("literal", "continuant", "compiled") + (("triton",) if triton_available() else ())
+
 LAYERS = {
     "cffn-scalar": lambda **kw: Cffn(16, 3, 4, ladder="scalar", **kw),
     "cffn-elementwise": lambda **kw: Cffn(16, 2, 3, ladder="elementwise", **kw),
@@ -111,26 +115,29 @@ def test_bf16_autocast_follows_the_float32_layer(name):
 
 @pytest.mark.parametrize("denominators", ["positive", "paper"])
 @pytest.mark.parametrize("name", LAYERS)
-def test_impls_agree_forward_and_backward(name, denominators):
+def test_impls_agree_forward_and_backward(name, denominators, device):
     """The layer gives the same values and gradients through each op implementation.
 
     Inputs are kept small so that no ladder is near a pole of any level: there the literal
-    form, which clamps every level, legitimately differs from the continuant form.
+    form, which clamps every level, legitimately differs from the continuant form. triton
+    runs on the device fixture's device (Triton's interpreter without a GPU), the others
+    on CPU.
     """
     torch.manual_seed(0)
     base = LAYERS[name](denominators=denominators).double()
     x = 0.3 * torch.randn(2, 9, 16, dtype=torch.float64)
     results = {}
-    for impl in ("literal", "continuant", "compiled"):
-        layer = LAYERS[name](denominators=denominators).double()
+    for impl in IMPLS:
+        on = device if impl == "triton" else torch.device("cpu")
+        layer = LAYERS[name](denominators=denominators).double().to(on)
         layer.load_state_dict(base.state_dict())
         layer.impl = impl
-        xi = x.clone().requires_grad_()
+        xi = x.to(on, copy=True).requires_grad_()
         layer(xi).square().sum().backward()
-        grads = [p.grad for p in layer.parameters()]
-        results[impl] = (layer(x), xi.grad, grads)
+        grads = [p.grad.cpu() for p in layer.parameters()]
+        results[impl] = (layer(x.to(on)).detach().cpu(), xi.grad.cpu(), grads)
     ref_out, ref_gx, ref_grads = results["literal"]
-    for impl in ("continuant", "compiled"):
+    for impl in IMPLS[1:]:
         out, gx, grads = results[impl]
         torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(gx, ref_gx, rtol=1e-9, atol=1e-12)

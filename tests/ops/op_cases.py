@@ -53,8 +53,28 @@ def impls(*names: str) -> list:
 
 
 def half_tol(dtype: torch.dtype) -> float:
-    """Forward tolerance of a half-precision input (gradients get twice this)."""
+    """Forward tolerance of a half-precision input whose p-variate denominators are rounded
+    to it (gradients get twice this): loose, see :func:`half_ulps` for the tight check."""
     return 1e-2 if dtype == torch.bfloat16 else 2e-3
+
+
+def ulps_off(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> float:
+    """max |got - want| in units in the last place of ``dtype`` at each |want| (float64):
+    ``want`` correctly rounded to ``dtype`` is 0.5 off. NaN anywhere fails any bound."""
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
+    info = torch.finfo(dtype)
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(info.tiny)))) * info.eps
+    return ((got - want).abs() / ulp).max().item()
+
+
+def half_ulps(impl: str, on: torch.device, dtype: torch.dtype) -> float:
+    """The :func:`ulps_off` a half-precision op may be: computed in float32 and rounded
+    once, values and gradients are 0.5 off, p-variate gradients (sums of terms rounded to
+    the half dtype) up to 1.03; computed in the half dtype, 1.8 to 6 (the compiled
+    p-variate ladder's 1.5 hides in its rounding). Triton's interpreter truncates to
+    bfloat16 (triton.runtime.interpreter._convert_float, no rounding mode): 1 more."""
+    truncates = impl == "triton" and on.type == "cpu" and dtype == torch.bfloat16
+    return 2.6 if truncates else 1.6
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -159,6 +179,21 @@ def ladder_overflow_inputs(d: int, device):
     return [t.to(device) for t in (x, w, b)]
 
 
+def half_exact_pvariate_inputs(rows, n_l, d, device, dtype, seed=6):
+    """x (rows, 4), weight (d, L, 4), bias (d, L) on grids (x in 1/4, W in 1/32, b in
+    1/128) whose denominators W_k x + b_k are multiples of 1/128 in [0.5, 2): exact in
+    bfloat16 and float16, so that computing them in x's dtype (as the ops do) rounds
+    nothing and the float64 reference sees the same ladders."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(2, 7, (rows, 4), generator=g) / 4
+    w = torch.randint(1, 3, (d, n_l, 4), generator=g) / 32
+    b = torch.randint(64, 192, (d, n_l), generator=g) / 128
+    a = torch.einsum("np,klp->nlk", x.double(), w.double()) + b.double().t()
+    # A guard on the construction: the denominators need no rounding.
+    assert torch.equal(a.to(dtype).double(), a) and (a >= 0.5).all() and (a < 2).all()
+    return [t.to(device=device, dtype=dtype) for t in (x, w, b)]
+
+
 # ------------------------------------------------------------------------- ensembles
 
 
@@ -171,6 +206,37 @@ def ensemble_inputs(rows, p, n_l, d, device, bias=True, seed=0, dtype=torch.floa
     b = 1 + 0.1 * torch.randn(d, n_l, p, generator=g, dtype=torch.float64) if bias else None
     v = torch.randn(p, n_l, generator=g, dtype=torch.float64)
     return [None if t is None else t.to(device=device, dtype=dtype) for t in (x, w, v, b)]
+
+
+def clamped_units(a: torch.Tensor, eps: float = 0.01) -> torch.Tensor:
+    """The units of partial denominators a (..., d) whose |K_d| < eps, in float64."""
+    return suffix_continuants(a.detach().cpu().double())[-1].abs() < eps
+
+
+def onto_poles(x, weight, bias, eps=0.01, units=4, seed=0):
+    """(weight, bias) with ladder 0 of the first ``units`` channels moved onto poles in
+    x's first row (partial denominators from :func:`near_poles`): clamped units whatever
+    the random draw, so that the grad modes differ."""
+    d = weight.shape[0]
+    a = near_poles(units, d, eps, seed=seed).t().to(weight)  # (d, units)
+    x0 = x.reshape(-1, x.shape[-1])[0, :units]
+    weight = weight.clone()
+    if bias is None:
+        weight[:, 0, :units] = a / x0
+        return weight, None
+    bias = bias.clone()
+    bias[:, 0, :units] = a - weight[:, 0, :units] * x0
+    return weight, bias
+
+
+def ensemble_clamped_units(x, weight, bias, eps=0.01) -> int:
+    """How many of the ensemble's ladder units (row, ladder, channel) have |K_d| < eps."""
+    x, weight = x.detach().cpu().double(), weight.detach().cpu().double()
+    d, n_l, p = weight.shape
+    repeated = x.unsqueeze(-2).expand(*x.shape[:-1], n_l, p).reshape(*x.shape[:-1], n_l * p)
+    b2 = None if bias is None else bias.detach().cpu().double().reshape(d, n_l * p)
+    a = ladder_denominators(repeated, weight.reshape(d, n_l * p), b2)
+    return int(clamped_units(a, eps).sum())
 
 
 def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01):

@@ -17,9 +17,11 @@ from cofrgenet.ops import ladder_ensemble
 from op_cases import (
     CLAMPING,
     compiles_fullgraph,
+    ensemble_clamped_units,
     ensemble_inputs,
     ensemble_reference,
     impls,
+    onto_poles,
     positive_ensemble_reference,
     rel_err,
     require_grad,
@@ -34,8 +36,11 @@ NAMES = ("x", "weight", "mix", "bias")
 @pytest.mark.parametrize("ladders,depth", [(1, 1), (3, 5), (2, 8)])
 @pytest.mark.parametrize("impl", impls(*CLAMPING))
 def test_matches_reference(impl, on, ladders, depth, bias, grad):
-    """float64, random x and W: some ladders clamped, so the grad modes differ."""
+    """float64, random x and W, some ladders moved onto poles: clamped units, so the grad
+    modes differ (random draws alone leave none in some cases)."""
     x, w, v, b = ensemble_inputs(33, 27, ladders, depth, on, bias=bias, seed=depth)
+    w, b = onto_poles(x, w, b, seed=depth)
+    assert ensemble_clamped_units(x, w, b) > 0  # a guard: the grad modes are told apart
     leaves = require_grad(x.view(3, 11, 27), w, v, b)
     out = ladder_ensemble(*leaves, grad=grad, impl=impl)
     upstream = upstream_like(out.shape, on, seed=3, dtype=torch.float64)

@@ -12,7 +12,11 @@ import torch
 
 from cofrgenet.ops import custom_ops as ops
 from cofrgenet.ops import pvariate_ladder
-from cofrgenet.ops.reference import reference_pvariate_ladder, suffix_continuants
+from cofrgenet.ops.reference import (
+    reference_positive_denominators,
+    reference_pvariate_ladder,
+    suffix_continuants,
+)
 from op_cases import (
     BACKEND,
     CLAMPING,
@@ -20,14 +24,18 @@ from op_cases import (
     HALF_IDS,
     IMPLS,
     check_with_state_op,
+    clamped_units,
     compiles_fullgraph,
     float64_leaves,
+    half_exact_pvariate_inputs,
     half_tol,
+    half_ulps,
     impl_param,
     impls,
     near_poles,
     rel_err,
     require_grad,
+    ulps_off,
     upstream_like,
 )
 
@@ -87,6 +95,22 @@ def test_matches_reference(impl, grad, on, d, bias):
     check_against_reference(out, (x, w, b), upstream, 1e-5)
 
 
+@pytest.mark.parametrize("impl,grad", IMPL_GRADS)
+@pytest.mark.parametrize(
+    "p,ladders", [(1, 3), (24, 1), (1, 1)], ids=["one-input", "one-ladder", "one-each"]
+)
+def test_degenerate_shapes(impl, grad, on, p, ladders):
+    """One input (p = 1), one ladder (L = 1) or both: size-1 dims of the matmuls and of
+    the (..., L) output that a squeeze or a reshape could get wrong, float64 against the
+    reference."""
+    x, w, b = require_grad(*pvariate_inputs((37,), p, ladders, 3, on, seed=3, dtype=torch.float64))
+    out = pvariate_ladder(x, w, b, grad=grad, impl=impl)
+    upstream = upstream_like(out.shape, on, seed=2, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    assert out.shape == (37, ladders) and out.dtype == torch.float64
+    check_against_reference(out, (x, w, b), upstream, 1e-10)
+
+
 @pytest.mark.parametrize("impl", impls())
 @pytest.mark.parametrize("d", [1, 3, 5])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
@@ -135,6 +159,26 @@ def test_empty_inputs(impl, on):
     assert torch.equal(w.grad, torch.zeros_like(w))
 
 
+@pytest.mark.parametrize("d", [1, 3])
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_a_floor_below_eps_clamps_gradients_too(impl, on, d):
+    """floor 0.001 < eps 0.01, exact mode: biases -6.5 keep the denominators within 0.003
+    of the floor, so that K_d < eps for odd d (clamped), beside unclamped ladders (biases
+    1); values and gradients are the clamped function's, as the float64 reference's."""
+    floor = 0.001
+    x, w, b = pvariate_inputs((2, 5), 6, 4, d, on, signed=True, seed=d, dtype=torch.float64)
+    w = w * 0.05
+    b[:, :2], b[:, 2:] = -6.5, 1.0
+    u = torch.einsum("...p,klp->...lk", x, w) + b.t()
+    clamped = clamped_units(reference_positive_denominators(u, floor))
+    assert clamped[..., :2].all() and not clamped[..., 2:].any()  # a guard on the inputs
+    x, w, b = require_grad(x, w, b)
+    out = pvariate_ladder(x, w, b, grad="exact", impl=impl, floor=floor)
+    upstream = upstream_like(out.shape, on, seed=2, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    check_against_reference(out, (x, w, b), upstream, 1e-10, floor=floor)
+
+
 @pytest.mark.parametrize("impl", impls("continuant", "triton"))  # compiled: same kernels
 def test_large_depth_stays_finite(impl, on):
     """a ~ 1000 at d = 16: K_d ~ 1e48 overflows float32 (the rescaled path, whose counts
@@ -153,6 +197,26 @@ def test_large_depth_stays_finite(impl, on):
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize("impl", impls())
 def test_half_precision(impl, on, dtype):
+    """Denominators exact in the half dtype, the ladders computed in float32 and rounded
+    once: each value and gradient within half_ulps of the float64 reference (computing
+    in the half dtype puts x's gradient 2 or more ulps off)."""
+    x, w, b = require_grad(*half_exact_pvariate_inputs(33, 3, 5, on, dtype))
+    out = pvariate_ladder(x, w, b, impl=impl)
+    out.sum().backward()
+    assert out.dtype == x.grad.dtype == w.grad.dtype == b.grad.dtype == dtype
+    ref_leaves = float64_leaves(x, w, b)
+    ref = reference_pvariate_ladder(*ref_leaves)
+    ref.sum().backward()
+    bound = half_ulps(impl, on, dtype)
+    assert ulps_off(out, ref, dtype) < bound
+    for name, got, want in zip(("x", "weight", "bias"), (x, w, b), ref_leaves, strict=True):
+        assert ulps_off(got.grad, want.grad, dtype) < bound, name
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("impl", impls())
+def test_half_precision_rounded_denominators(impl, on, dtype):
+    """Denominators W_k x + b_k computed in x's dtype round (by design): a loose bound."""
     x, w, b = require_grad(*pvariate_inputs((33,), 24, 3, 5, on, seed=6, dtype=dtype))
     out = pvariate_ladder(x, w, b, impl=impl)
     out.sum().backward()

@@ -12,9 +12,11 @@ import torch
 from cofrgenet.ops import custom_ops as ops
 from cofrgenet.ops import univariate_ladder
 from cofrgenet.ops.reference import (
+    ladder_denominators,
     reference_continued_fraction,
     reference_exact_grad,
     reference_paper_grad,
+    reference_positive_denominators,
     reference_univariate_ladder,
 )
 from op_cases import (
@@ -25,9 +27,10 @@ from op_cases import (
     IMPLS,
     away_from_poles,
     check_with_state_op,
+    clamped_units,
     compiles_fullgraph,
     float64_leaves,
-    half_tol,
+    half_ulps,
     impl_param,
     impls,
     ladder_inputs,
@@ -36,6 +39,7 @@ from op_cases import (
     rel_err,
     require_grad,
     signed_ladder_inputs,
+    ulps_off,
     upstream_like,
 )
 
@@ -75,6 +79,21 @@ def test_matches_reference(impl, grad, on, d, bias):
     (out * upstream).sum().backward()
     assert out.shape == x.shape and out.dtype == torch.float32
     check_against_reference(out, (x, w, b), upstream, 1e-5)
+
+
+@pytest.mark.parametrize("impl,grad", IMPL_GRADS)
+@pytest.mark.parametrize(
+    "rows,n", [(1, 19), (70, 1), (1, 1)], ids=["one-row", "one-channel", "one-unit"]
+)
+def test_degenerate_shapes(impl, grad, on, rows, n):
+    """One row (M = 1), one channel (n = 1) or both: size-1 dims that a squeeze, a
+    broadcast or a tile mask could get wrong, float64 against the reference."""
+    x, w, b = require_grad(*ladder_inputs(rows, n, 3, on, seed=3, dtype=torch.float64))
+    out = univariate_ladder(x, w, b, grad=grad, impl=impl)
+    upstream = upstream_like(x.shape, on, seed=2, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    assert out.shape == x.shape and out.dtype == torch.float64
+    check_against_reference(out, (x, w, b), upstream, 1e-10)
 
 
 @pytest.mark.parametrize("impl", impls())
@@ -170,11 +189,19 @@ def test_large_depth_stays_finite(impl, on, d):
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize("impl", impls())
 def test_half_precision(impl, on, dtype):
+    """Computed in float32 and rounded once: each value and gradient within half_ulps of
+    the float64 reference (computing in the half dtype is several ulps off)."""
     x, w, b = require_grad(*ladder_inputs(33, 24, 5, on, seed=6, dtype=dtype))
     out = univariate_ladder(x, w, b, impl=impl)
     out.sum().backward()
     assert out.dtype == x.grad.dtype == w.grad.dtype == b.grad.dtype == dtype
-    check_against_reference(out, (x, w, b), torch.ones(out.shape), half_tol(dtype))
+    ref_leaves = float64_leaves(x, w, b)
+    ref = reference_univariate_ladder(*ref_leaves)
+    ref.sum().backward()
+    bound = half_ulps(impl, on, dtype)
+    assert ulps_off(out, ref, dtype) < bound
+    for name, got, want in zip("xwb", (x, w, b), ref_leaves, strict=True):
+        assert ulps_off(got.grad, want.grad, dtype) < bound, name
 
 
 # ---------------------------------------------------------------- positive denominators
@@ -302,6 +329,27 @@ def test_a_floor_below_eps_still_clamps(impl, on):
     b = torch.full((1, 4), -200.0, device=on)  # softplus underflows: a_1 = floor
     out = univariate_ladder(x, w, b, eps=0.1, floor=0.001, impl=impl)
     torch.testing.assert_close(out.cpu(), torch.full((1, 4), 10.0))
+
+
+@pytest.mark.parametrize("d", [1, 3])
+@pytest.mark.parametrize("impl", impls(*CLAMPING))
+def test_a_floor_below_eps_clamps_gradients_too(impl, on, d):
+    """floor 0.001 < eps 0.01, exact mode: biases -6.5 keep the denominators within 0.003
+    of the floor, so that K_d < eps for odd d (clamped), beside unclamped units (biases
+    1); the gradients are the clamped function's, through the softplus, as the float64
+    reference's (the test above checks only the value)."""
+    floor = 0.001
+    x, w, b = signed_ladder_inputs((2, 5), 8, d, on, seed=d, dtype=torch.float64)
+    w = w * 0.02
+    b[:, :4], b[:, 4:] = -6.5, 1.0
+    a = reference_positive_denominators(ladder_denominators(x, w, b), floor)
+    clamped = clamped_units(a)
+    assert clamped[..., :4].all() and not clamped[..., 4:].any()  # a guard on the inputs
+    x, w, b = require_grad(x, w, b)
+    out = univariate_ladder(x, w, b, grad="exact", impl=impl, floor=floor)
+    upstream = upstream_like(out.shape, on, seed=2, dtype=torch.float64)
+    (out * upstream).sum().backward()
+    check_against_reference(out, (x, w, b), upstream, 1e-10, floor=floor)
 
 
 # --------------------------------------------------------- memory, without autograd

@@ -668,8 +668,9 @@ class CofrCLI(LightningCLIAdapter):
                 raise ConfigError(_nothing_to_evaluate(self.run_config(), run_dir))
             if run_dir.exists():  # a missing folder was announced by resolve_run_dir
                 rank_zero_info(f"--ckpt_path last: {run_dir} holds no checkpoint yet: from step 0")
-            return  # Lightning starts from scratch (its warning's save_last hint aside)
-        self.config_init[self.subcommand]["ckpt_path"] = str(chosen)
+        # Lightning gets the file, or None to start from scratch: its own `last` would
+        # find nothing and warn with a hint to set ModelCheckpoint(save_last=True).
+        self.config_init[self.subcommand]["ckpt_path"] = None if chosen is None else str(chosen)
 
     _new_run_dir: Path | None = None  # the run folder this start made, if it made one
 

@@ -665,15 +665,22 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     # (FAILED, no step) is passed over, not a row that looks like a duplicate.
     config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
     experiment_id = client.get_run(run_id).info.experiment_id
-    for name, status, steps in (("cut", "KILLED", 10), ("refused", "FAILED", 0)):
+    for name, status, steps in (
+        ("cut", "KILLED", 10),
+        ("late", "KILLED", 10),
+        ("refused", "FAILED", 0),
+    ):
         other = client.create_run(experiment_id, run_name=name).info.run_id
         client.log_text(other, config_text, "config.yaml")
         for step in range(steps):
             client.log_metric(other, "train/loss", 3.0, step=step)
+        if name == "late":  # stopped after step 14, its last 4 steps not logged yet
+            client.set_tag(other, "cofr.stopped_at_step", "14")
         client.set_terminated(other, status)
     assert main(argv) == 0
     table, printed = (out / "compare.md").read_text(), capsys.readouterr().out
     assert "| cut [killed at step 10] |" in table and "refused" not in table
+    assert "| late [killed at step 14] |" in table
     assert "failed before a step): refused" in " ".join(printed.split())
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
     assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2

@@ -696,6 +696,7 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     assert run.status == "KILLED"
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     assert [m.step for m in client.get_metric_history(run.run_id, "train/loss")] == [*range(6)]
+    assert client.get_run(run.run_id).data.tags["cofr.stopped_at_step"] == "6"  # cofr compare's
     more = ["--trainer.max_steps", "8", "--trainer.accumulate_grad_batches", "2"]
     more += ["--trainer.log_every_n_steps", "1"]
     resumed = CofrCLI(args=fit_args(

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from cofrgenet.errors import UserError
+from cofrgenet.training.run_store import STOPPED_AT_TAG
 
 #: The paper's table (spec section 5): GPT2-xl-sized models pretrained on OpenWebText.
 PAPER_ROWS: tuple[tuple[str, float, dict[str, float]], ...] = (
@@ -177,6 +178,8 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
     name = run.info.run_name or run.info.run_id[:8]
     if status != "FINISHED":  # a killed or running run beside finished ones: say so
         step = max((m.step for m in trained), default=-1) + 1
+        if status == "KILLED":  # where it stopped: the history lags by log_every_n_steps
+            step = int(run.data.tags.get(STOPPED_AT_TAG, step))
         name += f" [{status.lower()} at step {step}]"
     return RunRow(
         run_id=run.info.run_id,

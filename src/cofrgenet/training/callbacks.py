@@ -510,7 +510,7 @@ class StopOnSignal(StepBoundaries):
     def _mark_killed(trainer: L.Trainer) -> None:
         for logger in trainer.loggers:
             if hasattr(logger, "mark_killed"):
-                logger.mark_killed()
+                logger.mark_killed(trainer.global_step)
 
 
 #: Where Lightning's SIGTERM handler logs (the module's logger, by logging's convention).

@@ -36,6 +36,8 @@ from cofrgenet.redact import hide_passwords
 RUN_ID_FILE = "mlflow_run_id"
 #: The metric whose history says up to which step a run has logged.
 HISTORY_KEY = "train/loss"
+#: The tag of the step a run stopped after when a signal stopped it (KILLED).
+STOPPED_AT_TAG = "cofr.stopped_at_step"
 #: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
 #: logger calls) writes the variable, so reading it later would pick up the previous run's
 #: store in a process that trains several runs (sweeps, tests).

@@ -14,6 +14,7 @@ from cofrgenet.atomic import write_text_atomic
 from cofrgenet.training.run_store import (
     HISTORY_KEY,
     RUN_ID_FILE,
+    STOPPED_AT_TAG,
     code_tags,
     flatten,
     log_new_params,
@@ -176,9 +177,17 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     _killed = False
 
-    def mark_killed(self) -> None:
-        """The run was stopped by a signal: end it as KILLED, not FAILED."""
+    def mark_killed(self, step: int) -> None:
+        """The run was stopped by a signal after ``step``: end it as KILLED, not FAILED,
+        with that step as a tag (:data:`STOPPED_AT_TAG`); its last logged step lags by up
+        to ``log_every_n_steps``."""
         self._killed = True
+        self._tag_stopped_at(step)
+
+    @rank_zero_only
+    def _tag_stopped_at(self, step: int) -> None:
+        if not self.evaluation:
+            self.experiment.set_tag(self.run_id, STOPPED_AT_TAG, str(step))
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:

@@ -79,8 +79,9 @@ class DyadicUnfreezing(L.Callback):
     """Freeze depth-i ladder parameters until their release step (spec section 4).
 
     Linear (depth-0) parameters train from step 0. Frozen parameters still take part in
-    the forward pass; they get ``requires_grad=False``, hence no gradient, so AdamW gives
-    them no moments and no weight decay, and they do not change by a single bit. All
+    the forward pass; they get ``requires_grad=False``, hence no gradient, so AdamW skips
+    them (their moments stay at the zeros ``optim.materialise_adam_state`` made, and no
+    weight decay applies), and they do not change by a single bit. All
     parameters are in the optimizer from the start (see ``training.optim``), so a released
     depth is updated from its release step on.
 

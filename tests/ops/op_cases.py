@@ -77,6 +77,18 @@ def half_ulps(impl: str, on: torch.device, dtype: torch.dtype) -> float:
     return 2.6 if truncates else 1.6
 
 
+def check_half_ulps(out, leaves, reference, names, impl, on, dtype) -> None:
+    """``out`` and the gradients of ``out.sum()`` w.r.t. ``leaves`` (already computed)
+    within :func:`half_ulps` of ``reference`` run on float64 copies of the leaves."""
+    ref_leaves = float64_leaves(*leaves)
+    ref = reference(*ref_leaves)
+    ref.sum().backward()
+    bound = half_ulps(impl, on, dtype)
+    assert ulps_off(out, ref, dtype) < bound
+    for name, got, want in zip(names, leaves, ref_leaves, strict=True):
+        assert ulps_off(got.grad, want.grad, dtype) < bound, name
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|, on CPU in float64 (NaN anywhere fails any bound)."""
     got, want = got.detach().cpu().double(), want.detach().cpu().double()

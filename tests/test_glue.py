@@ -318,6 +318,18 @@ def test_a_file_without_the_expected_columns_says_which(tmp_path):
         read_task_tsv(TASKS["rte"], tmp_path)
 
 
+def test_a_file_whose_rows_are_mostly_malformed_is_refused(tmp_path):
+    """Another task's file, or a damaged one: it read with a warning, as a handful of
+    examples."""
+    folder = tmp_path / "SST-2"
+    folder.mkdir()
+    rows = "".join(f"a film {i}\tmaybe\n" for i in range(5))
+    (folder / "train.tsv").write_text(f"sentence\tlabel\na fine film\t1\n{rows}")
+    (folder / "dev.tsv").write_text(GLUE_FILES["sst2"]["dev.tsv"])
+    with pytest.raises(GlueFormatError, match=r"train\.tsv: 5 of its 6 rows lack the columns"):
+        read_task_tsv(TASKS["sst2"], tmp_path)
+
+
 def test_cola_without_labels_is_not_read_as_empty(tmp_path):
     folder = tmp_path / "CoLA"
     folder.mkdir()

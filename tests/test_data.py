@@ -1124,3 +1124,64 @@ def test_a_hand_edited_meta_json_of_the_wrong_types_is_named(pydoc_byte, tmp_pat
     with pytest.raises(DataFolderError, match="unreadable") as error:
         read_meta(copy)
     assert message in str(error.value)
+
+
+def test_a_failed_overwrite_keeps_the_folder_it_would_replace(tmp_path):
+    """The old folder was deleted before the new one was read: a bad record (or Ctrl-C)
+    hours into a large corpus left an empty folder and the data gone."""
+    out = tmp_path / "good"
+    write_corpus(tmp_path / "corpus")
+    before = prepare_data(TextFilesSource(str(tmp_path / "corpus" / "*.txt")), out, num_workers=1)
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n' * 3)
+    bad = JsonlSource.__new__(JsonlSource)  # past the constructor's check of record 0
+    bad.__init__(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(UserError, match="text"):
+        prepare_data(bad, out, num_workers=1, overwrite=True, val_fraction=0.5)
+    assert read_meta(out).splits == before.splits  # the old folder, whole
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]
+    after = prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
+    assert read_meta(out).splits == after.splits and read_meta(out).source == "pydoc"
+
+
+def test_unreadable_and_output_files_in_the_corpus_are_one_line(tmp_path):
+    """An unreadable file was a traceback from a worker (and a half-written folder); a
+    glob that reaches --out read the last prepare's chunks as text."""
+    write_corpus(tmp_path / "corpus")
+    locked = tmp_path / "corpus" / "doc0.txt"
+    source = TextFilesSource(str(tmp_path / "corpus" / "*.txt"))
+    real_open = open
+
+    def refusing_open(path, *args, **kwargs):
+        if str(path) == str(locked.resolve()):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pytest.MonkeyPatch.context()).setattr("builtins.open", refusing_open)
+        with pytest.raises(UserError, match=rf"{locked.resolve()}: cannot read it \(Permission"):
+            prepare_data(source, tmp_path / "out", num_workers=1)
+    assert not (tmp_path / "out").exists()
+    inside = tmp_path / "corpus" / "data"
+    prepare_data(source, inside, num_workers=1)
+    everything = TextFilesSource(str(tmp_path / "corpus" / "**" / "*"))
+    with pytest.raises(UserError, match=r"the corpus files include \d+ in --out .*narrow"):
+        prepare_data(everything, inside, num_workers=1, overwrite=True)
+
+
+def test_text_files_keep_their_line_ends(tmp_path):
+    """\\r\\n and a lone \\r were read as \\n: the byte tokenizer stored other bytes than
+    the file's (JSONL and Parquet text came back exactly)."""
+    (tmp_path / "a.txt").write_bytes(b"one\r\ntwo\rthree\n")
+    assert TextFilesSource(str(tmp_path / "a.txt")).read([0]) == ["one\r\ntwo\rthree\n"]
+
+
+def test_a_bad_seed_or_gpt2_folder_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"--seed must be in \[0, "):
+        prepare_data("pydoc", tmp_path / "out", seed=-1, num_workers=1)
+    fake = tmp_path / "gpt2"
+    fake.mkdir()
+    (fake / "encoder.json").write_text('{"a": 0}')
+    (fake / "vocab.bpe").write_text("#version: 0.2\n")
+    with pytest.raises(UserError, match=r"is not GPT-2's vocabulary|are not GPT-2's tokenizer"):
+        prepare_data("pydoc", tmp_path / "out", tokenizer="gpt2", gpt2_dir=fake, num_workers=1)
+    assert not (tmp_path / "out").exists()

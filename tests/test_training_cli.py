@@ -1439,6 +1439,23 @@ def test_a_fit_stopped_by_a_callback_that_saved_resumes_like_one_that_never_stop
     assert [v for v in history["a", "val/loss"] if v[0] != 3] == history["b", "val/loss"]
 
 
+def test_ctrl_c_after_a_fit_in_the_same_process_interrupts(tiny_data, tmp_path):
+    """Lightning puts back the handlers it found at fit start, StopOnSignal's SIGINT one
+    among them: a Ctrl-C between two fits of one process (bench quality, a sweep worker)
+    only printed "stopping after this step" and the process went on."""
+    import signal
+    import time
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2"))
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none: once
     its SIGUSR1 handler (deferred to the step's end) has saved one, only the newest is

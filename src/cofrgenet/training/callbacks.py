@@ -348,6 +348,7 @@ class StopOnSignal(StepBoundaries):
         self._pending: set[int] = set()
         self._deferred: dict[int, Any] = {}  # signal -> the handler it stood in for
         self._previous_sigint: Any = None
+        self._sigint_before: Any = None  # the SIGINT handler before the fit, kept
         self._pid = os.getpid()  # the trainer's process
         # "starting" (setup to the first training step: SIGTERM stops at once), "training"
         # (Lightning's handler and ours note it), "idle" (before setup, after the fit)
@@ -380,6 +381,7 @@ class StopOnSignal(StepBoundaries):
         self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+            self._sigint_before = self._previous_sigint
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._phase = "training"
@@ -397,6 +399,17 @@ class StopOnSignal(StepBoundaries):
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if os.getpid() != self._pid:
             return  # a data loader worker (forked with this handler): the trainer decides
+        if self._phase == "idle":
+            # Lightning puts the handlers it found at fit start back after the fit, this
+            # one among them: act as the one it replaced (a Ctrl-C between two fits of
+            # one process, a benchmark's or a sweep's, was swallowed).
+            before = self._sigint_before
+            if before is None or before == signal.SIG_DFL:
+                before = signal.default_int_handler
+            signal.signal(signal.SIGINT, before)
+            if callable(before):
+                before(signum, frame)
+            return
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt
         self._pending.add(signal.SIGINT)

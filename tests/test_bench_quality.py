@@ -89,6 +89,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--lr", "0"], "--lr must be > 0, got 0.0"),
         (["--tag", "a b"], "--tag 'a b': it goes into the report's file name; use letters"),
         (["--out-dir", "bad.yaml/out"], "--out-dir bad.yaml/out: cannot make this folder: 'bad.yaml' is a file"),
+        (["--seeds", "0,1,0"], "--seeds: 0 given twice; give each once"),
+        (["--variants", "gpt2,gpt2"], "--variants: gpt2 given twice; give each once"),
         (["--recipe", str(RECIPE), "--data-dir", "data/nope"], "--data-dir data/nope: no prepared data there (no meta.json); make it with `cofr data prepare --out data/nope`"),
     ],
 )  # fmt: skip
@@ -162,6 +164,42 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     # ladders off: same parameter count, different training
     assert runs["cofrgenet-f"]["parameters"] == runs["cofrgenet-f-ladders-off"]["parameters"]
     assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]
+
+
+def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys):
+    """The report was written only once every run had finished: a Ctrl-C (or a failed
+    run) hours in kept nothing of the finished runs but their MLflow records."""
+    import cofrgenet.bench.quality as quality
+
+    finished = []
+
+    def fake_run(cfg, variant, seed, stamp):
+        if len(finished) == 2:
+            raise KeyboardInterrupt
+        finished.append(_result(variant.name, seed, 5.0))
+        return finished[-1]
+
+    monkeypatch.setattr(quality, "run_variant", fake_run)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
+            str(tmp_path / "data"), "--variants", "gpt2,cofrgenet-f", "--seeds", "0,1",
+            "--out-dir", str(tmp_path / "out")]  # fmt: skip
+    assert cli.main(argv) == 130  # Ctrl-C's status
+    (md,) = (tmp_path / "out").glob("*.md")
+    text = md.read_text()
+    assert "**Partial**: 2 runs finished; still to run: gpt2 seed 1, cofrgenet-f seed 1." in text
+    assert json.loads(md.with_suffix(".json").read_text())["partial"] is True
+    assert f"stopped: the runs finished so far are in {md} (partial)" in capsys.readouterr().err
+    # A run that finishes rewrites its own partial report, with nothing pending.
+    finished.clear()
+    monkeypatch.setattr(
+        quality, "run_variant", lambda cfg, v, seed, stamp: _result(v.name, seed, 5.0)
+    )
+    assert cli.main(argv) == 0
+    (whole,) = set((tmp_path / "out").glob("*.md")) - {md}
+    assert "Partial" not in whole.read_text() and "Partial" in md.read_text()
+    assert "partial" not in json.loads(whole.with_suffix(".json").read_text())
 
 
 def test_the_help_says_what_an_unset_field_means(capsys):

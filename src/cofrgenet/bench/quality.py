@@ -37,7 +37,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +47,13 @@ import yaml
 from cofrgenet import terminal
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench import variants
-from cofrgenet.bench.files import check_file_name_part, free_stem, make_out_dir, with_suffix
+from cofrgenet.bench.files import (
+    check_file_name_part,
+    free_stem,
+    make_out_dir,
+    stem_once,
+    with_suffix,
+)
 from cofrgenet.bench.machine import device_slug, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
@@ -193,6 +199,10 @@ class QualityBenchConfig:
             )
         if not self.variants or not self.seeds:
             raise ConfigError("give at least one variant (--variants) and one seed (--seeds)")
+        for flag, values in (("--variants", self.variants), ("--seeds", self.seeds)):
+            repeated = sorted({str(v) for v in values if values.count(v) > 1})
+            if repeated:  # the second run would find the first one's run folder taken
+                raise ConfigError(f"{flag}: {', '.join(repeated)} given twice; give each once")
         if self.dyadic not in DYADIC:
             raise ConfigError(
                 f"--dyadic must be one of {', '.join(DYADIC)}, got {self.dyadic!r}"
@@ -577,6 +587,14 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
         f"({report['settings']}). Seeds: {report['seeds']}. Started {report['started']}, "
         f"took {report['minutes']:.1f} min.",
         "",
+    ]
+    if report.get("partial"):
+        lines += [
+            f"**Partial**: {len(report['runs'])} runs finished; still to run: "
+            f"{', '.join(report['pending'])}. The finished benchmark rewrites this file.",
+            "",
+        ]
+    lines += [
         "| " + " | ".join(HEADER) + " |",
         "|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADER))) + "|",
     ]
@@ -623,23 +641,43 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     )
 
 
-def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any], list[Row]]:
+def run_benchmark(
+    cfg: QualityBenchConfig,
+    command: str,
+    on_update: Callable[[dict[str, Any], list[Row]], None] | None = None,
+) -> tuple[dict[str, Any], list[Row]]:
+    """Train every variant for every seed; the report and its rows. ``on_update`` gets
+    the partial report after each run (marked ``partial``, with the runs ``pending``)."""
     cfg = replace(cfg, recipe=str(bundled(cfg.recipe)))  # conf/... from any folder
     recipe_model_config(cfg)  # a bad --recipe fails before the data is made
     ensure_data(cfg)
     started = dt.datetime.now(dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    results: list[RunResult] = []
     # Seed-major: a drifting machine load hits every variant alike.
-    for seed in cfg.seeds:
-        for name in cfg.variants:
-            result = run_variant(cfg, VARIANTS[name], seed, stamp)
-            results.append(result)
-            print(
-                f"{name} seed {seed}: val loss {result.val_loss:.4f}, "
-                f"{result.tokens_per_sec:,.0f} tokens/s, {result.seconds:.0f} s",
-                file=sys.stderr,
-            )
+    order = [(seed, name) for seed in cfg.seeds for name in cfg.variants]
+    results: list[RunResult] = []
+    for index, (seed, name) in enumerate(order):
+        result = run_variant(cfg, VARIANTS[name], seed, stamp)
+        results.append(result)
+        print(
+            f"{name} seed {seed}: val loss {result.val_loss:.4f}, "
+            f"{result.tokens_per_sec:,.0f} tokens/s, {result.seconds:.0f} s",
+            file=sys.stderr,
+        )
+        if on_update is not None and index + 1 < len(order):
+            pending = [f"{n} seed {s}" for s, n in order[index + 1 :]]
+            on_update(*_report(cfg, command, started, results, pending))
+    return _report(cfg, command, started, results, [])
+
+
+def _report(
+    cfg: QualityBenchConfig,
+    command: str,
+    started: dt.datetime,
+    results: list[RunResult],
+    pending: list[str],
+) -> tuple[dict[str, Any], list[Row]]:
+    """The report of the runs finished so far (``partial`` while runs are ``pending``)."""
     minutes = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60
     settings = {k: getattr(cfg, k) for k in QUICK}
     settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
@@ -660,17 +698,23 @@ def run_benchmark(cfg: QualityBenchConfig, command: str) -> tuple[dict[str, Any]
         "config": asdict(cfg),
         "runs": [asdict(r) for r in results],
     }
+    if pending:
+        report |= {"partial": True, "pending": pending}
     rows = summarize(results)
     report["rows"] = [asdict(r) for r in rows]
     return report, rows
 
 
-def write_report(report: dict[str, Any], rows: list[Row], out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def report_stem(report: dict[str, Any], out_dir: Path) -> Path:
+    """The free ``quality-<device>-<date>[-quick][-tag]`` stem in ``out_dir``."""
     suffix = "-quick" if report["config"]["quick"] else ""
     if report["config"]["tag"]:
         suffix += f"-{report['config']['tag']}"
-    stem = free_stem(out_dir, f"quality-{report['device']}-{report['date']}{suffix}")
+    return free_stem(out_dir, f"quality-{report['device']}-{report['date']}{suffix}")
+
+
+def write_report(report: dict[str, Any], rows: list[Row], stem: Path) -> tuple[Path, Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
     md, js = with_suffix(stem, ".md"), with_suffix(stem, ".json")
     write_text_atomic(md, to_markdown(report, rows))
     write_text_atomic(js, json.dumps(report, indent=2, default=str) + "\n")
@@ -684,8 +728,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(QualityBenchConfig, args)
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
-    report, rows = run_benchmark(cfg, getattr(args, "command_line", "cofr bench quality"))
+    stem = stem_once(lambda report: report_stem(report, out_dir))
+    saved: list[Path] = []
+
+    def save_partial(report: dict[str, Any], rows: list[Row]) -> None:
+        saved[:] = [write_report(report, rows, stem(report))[0]]
+
+    try:
+        report, rows = run_benchmark(
+            cfg, getattr(args, "command_line", "cofr bench quality"), save_partial
+        )
+    except BaseException:  # Ctrl-C, a failed run: say where the finished runs are
+        if saved:
+            print(f"stopped: the runs finished so far are in {saved[0]} (partial)", file=sys.stderr)
+        raise
     print_table(rows)
-    md, js = write_report(report, rows, out_dir)
+    md, js = write_report(report, rows, stem(report))
     print(f"wrote {md} and {js}")
     return 0

@@ -38,7 +38,7 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -627,6 +627,30 @@ def run_benchmark(
     drops every compiled graph). ``on_update`` gets the partial report after each stage.
     """
     check_settings(cfg)
+    with _compile_limits(len(cfg.variants)):
+        return _run_benchmark(cfg, command, on_update)
+
+
+@contextlib.contextmanager
+def _compile_limits(variants: int) -> Iterator[None]:
+    """Room for a compiled graph per variant: they share ``forward``'s code object, whose
+    cache holds 8 by default; past it, torch runs a model eager with a warning, and the
+    bench would time that as compiled. Hitting the limit anyway is an error (recorded)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    limits = {"recompile_limit": max(config.recompile_limit, 4 * variants)}
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        limits["fail_on_recompile_limit_hit"] = True
+    with config.patch(**limits):
+        yield
+
+
+def _run_benchmark(
+    cfg: TrainBenchConfig,
+    command: str,
+    on_update: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
     run = _Run(cfg, command)
 
     def update() -> None:
@@ -656,7 +680,7 @@ def run_benchmark(
         update()
     run.peak = max(run.peak, peak_matmul_flops(cfg))
     if on_update is not None:  # whole but for the graph breaks: counting re-traces each model
-        on_update(run.report(partial=False))
+        on_update(run.report(partial=True))
     for key in run.timed_keys():
         if key[1] == "compiled":
             try:
@@ -926,7 +950,8 @@ def run(args: argparse.Namespace) -> int:
 
     def save_partial(report: dict[str, Any]) -> None:
         md, _ = save(report)
-        what = "partial report" if report.get("partial") else "report, graph breaks to count"
+        timed = len(report["results"]) + len(report.get("failed", {}))
+        what = "report, graph breaks to count" if timed == pairs else "partial report"
         print(f"{what}, {len(report['results'])} of {pairs} timed: {md}", flush=True)
 
     command = getattr(args, "command_line", "cofr bench train")

@@ -352,6 +352,28 @@ def test_targets_come_from_measurements():
     assert checks[0].speedup == result.speedup
 
 
+def test_targets_are_checked_for_their_dtype_and_fastest_counts_auto():
+    """A float64 run printed "MET: auto >= 5x literal", a float32 target; with literal and
+    auto timed, "fastest" named literal at 40x auto's time (auto was left out)."""
+    from cofrgenet.bench.ops import targets_for
+
+    cpu = torch.device("cpu")
+    assert (
+        targets_for(cpu) and not targets_for(cpu, "float64") and not targets_for(cpu, grad="exact")
+    )
+    config = OpsBenchConfig(
+        sizes=(4096,), depths=(8,), ladder_sizes=(), ensemble_sizes=(), cffn_sizes=(),
+        impls=("literal", "auto"), modes=("fwd+bwd",), repeats=3, warmup=1, device="cpu",
+        dtype="float64",
+    )  # fmt: skip
+    report = run_benchmark(config)
+    auto = next(r for r in report.results if r.impl == "auto")
+    assert auto.speedup > 1 and report.targets == []
+    assert f"auto ({auto.resolved}): " in to_markdown(report)
+    with pytest.raises(ValueError, match="--impls: nothing to time"):
+        OpsBenchConfig(impls=()).validate()
+
+
 def test_triton_is_skipped_on_cpu_with_a_note():
     config = OpsBenchConfig(
         sizes=(64,),

@@ -44,7 +44,8 @@ class OutputOptions:
         default=True, metadata={"help": "write the report files (--no-save: print the table only)"}
     )
     suffix: str = field(
-        default="", metadata={"help": "appended to the file names (after the date), e.g. -extra"}
+        default="",
+        metadata={"help": "appended to the file names (after the date), e.g. --suffix=-extra"},
     )
     fail_on_miss: bool = field(
         default=False, metadata={"help": "exit with status 1 if a measured target is missed"}

@@ -164,6 +164,9 @@ class OpsBenchConfig:
         bad option (the device is checked when the run starts: parsing stays fast)."""
         choices = (("--impls", self.impls, IMPLS), ("--modes", self.modes, MODES))
         choices += (("--cffn-kinds", self.cffn_kinds, CFFN_KINDS),)
+        for option, given in (("--impls", self.impls), ("--modes", self.modes)):
+            if not given:  # an empty report, status 0
+                raise ConfigError(f"{option}: nothing to time; give at least one")
         for option, given, known in choices:
             for name in given:
                 if name not in known:

@@ -236,7 +236,7 @@ def run_benchmark(
         "config": asdict(config),
     }
     workloads = config.workloads()
-    targets = targets_for(device)
+    targets = targets_for(device, config.dtype, config.grad)
     measured: dict[int, list[Result]] = {}
 
     def report(meta: dict[str, Any]) -> Report:

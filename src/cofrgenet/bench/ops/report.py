@@ -52,14 +52,21 @@ def _gbps(r: Result) -> str:
 
 
 def _fastest_cell(by_impl: dict[str, Result]) -> str:
-    """The fastest measured impl, with its bandwidth (ops) or the ladders' share (Cffn)."""
-    timed = [r for r in by_impl.values() if r.summary is not None and r.impl != "auto"]
+    """The fastest measured impl, with its bandwidth (ops) or the ladders' share (Cffn);
+    auto stands for the impl it picked when that one was not timed itself."""
+    ran = {r.impl for r in by_impl.values() if r.summary is not None}
+    timed = [
+        r
+        for r in by_impl.values()
+        if r.summary is not None and (r.impl != "auto" or r.resolved not in ran)
+    ]
     if not timed:
         return "-"
     best = min(timed, key=lambda r: r.summary.median)
+    name = f"auto ({best.resolved})" if best.impl == "auto" else best.impl
     if best.ladder_share is not None:
-        return f"{best.impl}: ladders {percent(best.ladder_share)} of the layer"
-    return f"{best.impl}: {_gbps(best)}"
+        return f"{name}: ladders {percent(best.ladder_share)} of the layer"
+    return f"{name}: {_gbps(best)}"
 
 
 def _ratio_cell(by_impl: dict[str, Result], impl: str, versus: str) -> str:
@@ -227,7 +234,7 @@ a (N, D); `ladder RxN d=D` is `univariate_ladder` on x (R, N) with weight and bi
 `ensemble RxP L=L d=D` is `ladder_ensemble` (the elementwise Cffn's ladders) on x (R, P)
 with weight and bias (D, L, P) and mix (P, L); `Cffn-scalar` / `Cffn-elementwise` time a
 whole `Cffn` layer (gate, U and ladders) on x (R, P). "fastest" names the fastest impl
-(auto left out) with its bandwidth: the minimum bytes the op must move (inputs read and
+(auto only when the impl it picked was not timed itself) with its bandwidth: the minimum bytes the op must move (inputs read and
 outputs written once; fwd+bwd adds the backward's reads and gradient writes) over its
 median time, and that as a share of the copy bandwidth above; for Cffn layers, the
 ladders' share of the layer's time (1 - time of its matmuls alone / time of the layer).

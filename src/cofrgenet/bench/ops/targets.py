@@ -33,6 +33,10 @@ class Target:
     min_copy_fraction: float | None = None
     #: The device type the target is for: targets of another device are not checked.
     device: str = "cpu"
+    #: The input dtype and gradient mode the target was set for: a run of others checks
+    #: none (float64 inputs are no float32 target's measurement).
+    dtype: str = "float32"
+    grad: str = "paper"
 
     @property
     def workload(self) -> Workload:
@@ -88,9 +92,16 @@ GPU_TARGETS = (
 )  # fmt: skip
 
 
-def targets_for(device: torch.device) -> tuple[Target, ...]:
-    """The targets set for this device type (the CPU ones, or the GPU ones on CUDA)."""
-    return tuple(t for t in (*TARGETS, *GPU_TARGETS) if t.device == device.type)
+def targets_for(
+    device: torch.device, dtype: str = "float32", grad: str = "paper"
+) -> tuple[Target, ...]:
+    """The targets set for this device type (the CPU ones, or the GPU ones on CUDA), input
+    dtype and gradient mode."""
+    return tuple(
+        t
+        for t in (*TARGETS, *GPU_TARGETS)
+        if (t.device, t.dtype, t.grad) == (device.type, dtype, grad)
+    )
 
 
 @dataclass

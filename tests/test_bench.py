@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -604,9 +605,16 @@ def test_reports_name_the_cpu_model():
         if models:
             assert cpu_name() == models[0].split(":", 1)[1].strip()
     assert device_name(torch.device("cpu")) == cpu_name()
+    from cofrgenet.training.run_store import code_description
+
     assert machine_summary("cpu") == (
-        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        f"{cpu_name()}, {torch.get_num_threads()} threads, python {platform.python_version()}, "
+        f"torch {torch.__version__}, {code_description()}"
     )
+    # The commit of the checkout the figures came from, and whether it had changes.
+    assert code_description().startswith("cofrgenet ")
+    if (Path(__file__).resolve().parents[1] / ".git").exists():
+        assert ", commit " in code_description()
 
 
 def test_report_files_name_a_device_alike_in_every_bench():

@@ -46,9 +46,15 @@ def device_slug(device: Any) -> str:
 
 
 def machine_summary(device: Any) -> str:
-    """One line: the host CPU, torch's threads and versions (and CUDA's on a GPU), e.g.
-    ``AMD EPYC, 2 threads, torch 2.13.0+cpu``."""
+    """One line: the host CPU, torch's threads, the versions (CUDA's on a GPU) and the code,
+    e.g. ``AMD EPYC, 2 threads, python 3.11.7, torch 2.13.0+cpu, cofrgenet 0.1.0, commit
+    1a2b3c4``: what a figure needs to be reproduced."""
     import torch
 
+    from cofrgenet.training.run_store import code_description
+
     cuda = f", cuda {torch.version.cuda}" if torch.device(device).type == "cuda" else ""
-    return f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}{cuda}"
+    return (
+        f"{cpu_name()}, {torch.get_num_threads()} threads, python {platform.python_version()}, "
+        f"torch {torch.__version__}{cuda}, {code_description()}"
+    )

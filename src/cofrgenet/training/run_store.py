@@ -272,6 +272,17 @@ def _code_version() -> dict[str, str]:
     return tags
 
 
+def code_description() -> str:
+    """The code that runs, in words for a report: ``cofrgenet 0.1.0, commit 1a2b3c4``, with
+    ``(uncommitted changes)`` when its checkout has them."""
+    tags = _code_version()
+    words = [f"cofrgenet {tags.get('cofrgenet.version', 'unknown')}"]
+    if commit := tags.get("mlflow.source.git.commit"):
+        dirty = " (uncommitted changes)" if tags.get("cofrgenet.git_dirty") == "true" else ""
+        words.append(f"commit {commit[:7]}{dirty}")
+    return ", ".join(words)
+
+
 def code_tags() -> dict[str, str]:
     """Which code made a run, as MLflow tags: cofrgenet's version, the git commit of its
     source (MLflow's "Git commit"; ``cofrgenet.git_dirty``: uncommitted changes in it)

@@ -509,11 +509,20 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
 
 
+def _delta(runs: list[RunResult], baseline: list[RunResult] | None) -> float | None:
+    """Mean val-loss difference to ``baseline`` over the seeds both finished (a NaN run
+    dropped from one mean only would compare different seeds); None without a pair."""
+    theirs = {r.seed: r.val_loss for r in baseline or [] if math.isfinite(r.val_loss)}
+    pairs = [
+        r.val_loss - theirs[r.seed] for r in runs if math.isfinite(r.val_loss) and r.seed in theirs
+    ]
+    return statistics.fmean(pairs) if pairs else None
+
+
 def summarize(results: list[RunResult]) -> list[Row]:
     by_variant: dict[str, list[RunResult]] = {}
     for r in results:
         by_variant.setdefault(r.variant, []).append(r)
-    means = {v: _mean_std([r.val_loss for r in rs])[0] for v, rs in by_variant.items()}
     rows = []
     for name, runs in by_variant.items():
         mean, std = _mean_std([r.val_loss for r in runs])
@@ -526,8 +535,8 @@ def summarize(results: list[RunResult]) -> list[Row]:
                 parameters=max(r.parameters for r in runs),
                 val_mean=mean,
                 val_std=std,
-                delta_gpt2=mean - means["gpt2"] if "gpt2" in means else None,
-                delta_matched=mean - means["gpt2-matched"] if "gpt2-matched" in means else None,
+                delta_gpt2=_delta(runs, by_variant.get("gpt2")),
+                delta_matched=_delta(runs, by_variant.get("gpt2-matched")),
                 clip_effect=statistics.fmean(clip) if clip else None,
                 tokens_per_sec=statistics.median(r.tokens_per_sec for r in runs),
                 spike_share=sum(r.spikes for r in runs) / max(1, steps),
@@ -604,7 +613,7 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
         "Val loss: nats per token on the validation split (all of it unless val_batches is "
         "set) after the last step, with "
         "ladder outputs clipped to their training range (the default in eval); clip effect: "
-        "mean of (clipped - unclipped). Δ: difference of means. Spike share: steps whose "
+        "mean of (clipped - unclipped). Δ: mean difference over the seeds both runs finished. Spike share: steps whose "
         "pre-clip gradient norm exceeded 10x the median of the 20 before, over all steps of "
         "all seeds. Tokens/s: median per-step rate after warm-up (a shared machine: noisy).",
     ]

@@ -1446,7 +1446,8 @@ def test_ctrl_c_after_a_fit_in_the_same_process_interrupts(tiny_data, tmp_path):
     import signal
     import time
 
-    before = signal.getsignal(signal.SIGINT)
+    # Python's own handler before the fit (a pytest-xdist worker may ignore SIGINT).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2"))
         with pytest.raises(KeyboardInterrupt):

@@ -111,7 +111,7 @@ def test_bench_train_reports_after_each_stage_with_ratios_from_shared_rounds(mon
     # the whole report but for the graph breaks (counting them re-traces every model).
     assert [_pairs(s) for s in snapshots] == [[f, g], [f, g, gc], [f, fc, g, gc], [f, fc, g, gc]]
     # The last one too: a run cut short while it counts graph breaks has not counted them.
-    assert all(s["partial"] for s in snapshots)
+    assert all(s["partial"] for s in snapshots) and snapshots[-1]["graph_breaks_pending"]
     assert "partial" not in report
     assert _pairs(report) == [f, fc, g, gc]  # each variant's modes together, as given
     by = {(r["variant"], r["mode"]): r for r in report["results"]}

@@ -680,7 +680,7 @@ def _run_benchmark(
         update()
     run.peak = max(run.peak, peak_matmul_flops(cfg))
     if on_update is not None:  # whole but for the graph breaks: counting re-traces each model
-        on_update(run.report(partial=True))
+        on_update({**run.report(partial=True), "graph_breaks_pending": True})
     for key in run.timed_keys():
         if key[1] == "compiled":
             try:
@@ -950,8 +950,8 @@ def run(args: argparse.Namespace) -> int:
 
     def save_partial(report: dict[str, Any]) -> None:
         md, _ = save(report)
-        timed = len(report["results"]) + len(report.get("failed", {}))
-        what = "report, graph breaks to count" if timed == pairs else "partial report"
+        pending = report.get("graph_breaks_pending")
+        what = "report, graph breaks to count" if pending else "partial report"
         print(f"{what}, {len(report['results'])} of {pairs} timed: {md}", flush=True)
 
     command = getattr(args, "command_line", "cofr bench train")

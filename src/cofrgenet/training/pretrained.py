@@ -140,8 +140,8 @@ class LoadedCheckpoint:
         """The tokenizer of the data the model trained on (or of ``tokenizer_dir``). A byte
         tokenizer needs no files: a checkpoint trained on bytes has it without the data
         folder."""
-        byte = ByteTokenizer()
         if self._tokenizer is None and not self.tokenizer_given:
+            byte = ByteTokenizer()
             trained = self.trained_with.get("tokenizer"), self.trained_with.get("vocab_size")
             if trained == (byte.kind, byte.vocab_size):
                 self._tokenizer = byte

@@ -247,7 +247,9 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
 
 
 @functools.cache
+@functools.cache  # the code a process runs is the one it imported: two git calls once
 def _code_version() -> dict[str, str]:
+    """cofrgenet's version and git commit and state (read only; callers copy it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     tags: dict[str, str] = {}

@@ -46,6 +46,7 @@ from cofrgenet.data import (
     train_bpe,
 )
 from cofrgenet.data.env import default_loader_workers
+from cofrgenet.data.meta import PREPARE_LOCK
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
@@ -55,6 +56,7 @@ from cofrgenet.data.tokenizer import (
     gpt2_tokenizer,
 )
 from cofrgenet.errors import ConfigError, UserError
+from cofrgenet.folder_lock import FolderLock
 
 SEED = 7
 
@@ -1185,3 +1187,24 @@ def test_a_bad_seed_or_gpt2_folder_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"is not GPT-2's vocabulary|are not GPT-2's tokenizer"):
         prepare_data("pydoc", tmp_path / "out", tokenizer="gpt2", gpt2_dir=fake, num_workers=1)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_runs(tmp_path):
+    """Two prepares into one --out at once: the second deleted the first's staging
+    folder mid-write, or moved its own half of the splits in beside the first's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    first = FolderLock(out / PREPARE_LOCK)
+    assert first.try_acquire()
+    with pytest.raises(PrepareError, match=r"is being prepared by process \d+ .*wait for it"):
+        prepare_data("pydoc", out, max_docs=8, num_workers=1)
+    assert [p.name for p in out.iterdir()] == [PREPARE_LOCK]
+    first.release()  # as a killed prepare leaves it: the file stays, the flock is gone
+    prepare_data("pydoc", out, max_docs=8, num_workers=1)
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]
+    read_meta(out)
+    (out / PREPARE_LOCK).touch()  # a killed prepare's file is its own, not the user's
+    with pytest.raises(PrepareError, match="already prepared"):  # not "half-written"
+        prepare_data("pydoc", out, max_docs=9, num_workers=1)
+    prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]

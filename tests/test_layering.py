@@ -34,6 +34,7 @@ UTILITIES = {
     "dataclass_options",
     "environment",
     "errors",
+    "folder_lock",
     "hub",
     "lazy",
     "recipes",

@@ -48,6 +48,7 @@ from cofrgenet.atomic import why_no_folder
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
+    PREPARE_LOCK,
     STAGING_DIR,
     TOKENIZER_DIR,
     DataMeta,
@@ -73,6 +74,7 @@ from cofrgenet.data.tokenizer import (
     train_bpe,
 )
 from cofrgenet.errors import OneLineErrorParser, UserError, check_seed
+from cofrgenet.folder_lock import FolderLock
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
@@ -468,9 +470,8 @@ def _check_output(out: Path, overwrite: bool) -> None:
     new folder is written aside first (:func:`_move_in`)."""
     if not out.exists():
         return
-    if not out.is_dir():
-        raise PrepareError(f"--out {str(out)!r} exists and is not a folder; choose another --out")
-    entries = {p.name for p in out.iterdir()}
+    _check_is_folder(out)
+    entries = {p.name for p in out.iterdir()} - {PREPARE_LOCK}
     if not entries:
         return
     # By content: a train/ of the user's own text files is not ours to delete.
@@ -490,6 +491,29 @@ def _check_output(out: Path, overwrite: bool) -> None:
     if not overwrite:
         state = "is already prepared" if META_FILE in entries else "holds a half-written prepare"
         raise PrepareError(f"{str(out)!r} {state}; pass --overwrite to replace it")
+
+
+def _check_is_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {str(out)!r} exists and is not a folder; choose another --out")
+
+
+def _lock_output(out: Path) -> FolderLock:
+    """Hold ``out``'s lock for the prepare: a second prepare into it at once would
+    delete the first's staging folder, or move its half-written splits in."""
+    lock = FolderLock(out / PREPARE_LOCK)
+    try:
+        taken = lock.try_acquire()
+    except OSError as err:
+        raise PrepareError(
+            f"cannot write in --out {str(out)!r}: {err.strerror}; choose another --out"
+        ) from None
+    if not taken:
+        raise PrepareError(
+            f"--out {str(out)!r} is being prepared by {lock.describe_holder()}: wait for it "
+            "to finish, or choose another --out"
+        )
+    return lock
 
 
 def _check_not_inside(source: Source, out: Path) -> None:
@@ -679,80 +703,90 @@ def prepare_data(
                 f"got {vocab_size}"
             )
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
-    if not overwrite and (out / META_FILE).exists():
-        request = {
-            "source": source.kind,
-            "source_args": source.describe(),
-            "tokenizer": tokenizer,
-            "tokenizer_args": tokenizer_args,
-            "split_args": split_args,
-        }
-        existing = _same_prepare(out, request, chunk_bytes)
-        log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
-        return existing
-    _check_output(out, overwrite)
+    _check_is_folder(out)
     created = not out.exists()
     _make_folder(out)
-    # Written aside, then moved in: a prepare that fails (a bad record, an empty split,
-    # Ctrl-C) leaves an --overwrite's old folder whole and the same command runnable.
-    stage = out / STAGING_DIR
+    lock = _lock_output(out)
     try:
-        _remove(stage)  # a killed prepare's
-        stage.mkdir()
-        if tokenizer == "bpe":
+        if not overwrite and (out / META_FILE).exists():
+            request = {
+                "source": source.kind,
+                "source_args": source.describe(),
+                "tokenizer": tokenizer,
+                "tokenizer_args": tokenizer_args,
+                "split_args": split_args,
+            }
+            existing = _same_prepare(out, request, chunk_bytes)
             log(
-                f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} "
-                "training documents"
+                f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)"
             )
-            tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
-        tok.save(stage / TOKENIZER_DIR)
-        dtype = token_dtype(tok.vocab_size)
-
-        # 3. Tokenize and write each split.
-        splits: dict[str, SplitInfo] = {}
-        with _litdata_environment(stage / ".cache"):
-            for split, src, idx in (
-                ("train", source, train_idx),
-                ("val", source if val_source is None else val_source, val_idx),
-            ):
-                log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
-                error_file = stage / ".cache" / f"{split}-error.pickle"
-                error_file.parent.mkdir(parents=True, exist_ok=True)
-                ledger = stage / ".cache" / f"{split}-ledger"
-                fn = EncodeDocuments(src, tok, dtype, idx, error_file, ledger)
-                splits[split] = _write_split(
-                    fn, stage / split, num_workers, chunk_bytes, docs_per_item, start_method
+            return existing
+        _check_output(out, overwrite)
+        # Written aside, then moved in: a prepare that fails (a bad record, an empty split,
+        # Ctrl-C) leaves an --overwrite's old folder whole and the same command runnable.
+        stage = out / STAGING_DIR
+        try:
+            _remove(stage)  # a killed prepare's
+            stage.mkdir()
+            if tokenizer == "bpe":
+                log(
+                    f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} "
+                    "training documents"
                 )
-                if splits[split].tokens == 0:
-                    drawn = " (another --seed draws others)" if val_source is None else ""
-                    raise PrepareError(
-                        f"the {split} split has no tokens: its {len(idx)} document(s) are "
-                        f"empty{drawn}; drop empty documents from the corpus"
+                tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
+            tok.save(stage / TOKENIZER_DIR)
+            dtype = token_dtype(tok.vocab_size)
+
+            # 3. Tokenize and write each split.
+            splits: dict[str, SplitInfo] = {}
+            with _litdata_environment(stage / ".cache"):
+                for split, src, idx in (
+                    ("train", source, train_idx),
+                    ("val", source if val_source is None else val_source, val_idx),
+                ):
+                    log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
+                    error_file = stage / ".cache" / f"{split}-error.pickle"
+                    error_file.parent.mkdir(parents=True, exist_ok=True)
+                    ledger = stage / ".cache" / f"{split}-ledger"
+                    fn = EncodeDocuments(src, tok, dtype, idx, error_file, ledger)
+                    splits[split] = _write_split(
+                        fn, stage / split, num_workers, chunk_bytes, docs_per_item, start_method
                     )
+                    if splits[split].tokens == 0:
+                        drawn = " (another --seed draws others)" if val_source is None else ""
+                        raise PrepareError(
+                            f"the {split} split has no tokens: its {len(idx)} document(s) are "
+                            f"empty{drawn}; drop empty documents from the corpus"
+                        )
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        _move_in(stage, out)
+
+        # 4. meta.json, last.
+        meta = DataMeta(
+            source=source.kind,
+            source_args=source.describe(),
+            tokenizer=tok.kind,
+            vocab_size=tok.vocab_size,
+            eos_id=tok.eos_id,
+            dtype=dtype.name,
+            splits=splits,
+            tokenizer_args=tokenizer_args,
+            split_args=split_args,
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            cofrgenet_version=_version(),
+            command_line=command_line,
+        )
+        meta.write(out)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
         if created:
+            lock.release(remove=True)
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
-    _move_in(stage, out)
-
-    # 4. meta.json, last.
-    meta = DataMeta(
-        source=source.kind,
-        source_args=source.describe(),
-        tokenizer=tok.kind,
-        vocab_size=tok.vocab_size,
-        eos_id=tok.eos_id,
-        dtype=dtype.name,
-        splits=splits,
-        tokenizer_args=tokenizer_args,
-        split_args=split_args,
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        cofrgenet_version=_version(),
-        command_line=command_line,
-    )
-    meta.write(out)
+    finally:
+        lock.release(remove=True)
     log(f"done in {time.perf_counter() - started:.1f} s")
     return meta
 

@@ -1,0 +1,94 @@
+"""One writer per folder: an exclusive lock that a crashed process cannot leave stuck.
+
+An ``flock`` on a file in the folder: the kernel drops it when the holding process
+exits, however it exits, so a crash or a ``kill -9`` never leaves a folder locked. The
+file says who holds it (process, host, since, command), for the error a second writer
+gets. Users: ``cofr fit``'s run folder (:mod:`cofrgenet.training.runlock`) and ``cofr
+data prepare``'s --out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from cofrgenet.redact import hide_passwords
+
+
+class FolderLock:
+    """The exclusive lock held on ``path`` (a file, made if missing)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def holder(self) -> dict[str, Any]:
+        """What the holder wrote into the lock file (empty if unreadable)."""
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def describe_holder(self) -> str:
+        """``process 12 on host since 2026-12-04T03:00:00 (cofr fit ...)``, for errors."""
+        info = self.holder()
+        since = f" since {info['since']}" if "since" in info else ""
+        command = f" ({info['command']})" if info.get("command") else ""
+        return f"process {info.get('pid', '?')} on {info.get('host', '?')}{since}{command}"
+
+    def try_acquire(self) -> bool:
+        """Take the lock; False when another process holds it. Raises OSError when the
+        lock file cannot be made."""
+        if self.held:
+            return True
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            # A holder that removed the file on release (release(remove=True)) may have
+            # done so between our open and our flock: then we hold a file no one else
+            # sees, and must lock the one at the path now.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": dt.datetime.now().isoformat(timespec="seconds"),
+            "command": hide_passwords(" ".join(["cofr", *sys.argv[1:]]))[:500],  # 0644
+        }
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(me) + "\n").encode())
+        self._fd = fd
+        return True
+
+    def release(self, remove: bool = False) -> None:
+        """Let go of the lock; ``remove`` also deletes the lock file (safe: a process
+        that opened it before checks, after its flock, that it is still the file at the
+        path)."""
+        if self._fd is None:
+            return
+        try:
+            if remove:
+                self.path.unlink(missing_ok=True)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,41 @@
+"""The one-writer-per-folder lock (run folders, data folders)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from cofrgenet.folder_lock import FolderLock
+
+
+def test_one_holder_at_a_time_and_who_it_is(tmp_path):
+    first, second = FolderLock(tmp_path / ".lock"), FolderLock(tmp_path / ".lock")
+    assert first.try_acquire() and first.held
+    assert not second.try_acquire() and not second.held
+    assert second.describe_holder().startswith(f"process {os.getpid()} on ")
+    first.release(remove=True)
+    assert not (tmp_path / ".lock").exists()
+    assert second.try_acquire()
+    second.release()
+    assert (tmp_path / ".lock").exists()  # kept unless asked: flock needs no cleanup
+
+
+def test_a_lock_file_removed_between_open_and_flock_is_not_taken(tmp_path, monkeypatch):
+    """A holder that removes the file on release, between a second process's open and
+    its flock, would leave that process holding a file no one else sees: a third
+    process would make a new one and hold it too."""
+    path = tmp_path / ".lock"
+    real_flock = fcntl.flock
+    removed: list[int] = []
+
+    def flock_after_a_removal(fd: int, operation: int) -> None:
+        if not removed:  # the holder's release(remove=True) lands right here, once
+            removed.append(fd)
+            path.unlink()
+        real_flock(fd, operation)
+
+    path.touch()
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_removal)
+    lock = FolderLock(path)
+    assert lock.try_acquire() and removed
+    assert not FolderLock(path).try_acquire()  # the file at the path is the one held

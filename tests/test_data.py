@@ -354,6 +354,19 @@ def test_a_lone_surrogate_escape_in_jsonl_becomes_a_replacement_character(tmp_pa
     assert meta.splits["train"].documents == 1
 
 
+def test_bad_utf8_bytes_in_jsonl_become_replacement_characters_as_in_text_files(tmp_path):
+    """One undecodable byte in a JSONL line stopped the whole prepare (text files had
+    their bad bytes replaced); a UTF-8 byte-order mark made the first record unreadable."""
+    data = b'\xef\xbb\xbf{"text": "first"}\n{"text": "bad \xff byte"}\n{"text": "ok"}\n'
+    (tmp_path / "b.jsonl").write_bytes(data)
+    (tmp_path / "b.txt").write_bytes(b"bad \xff byte")
+    source = JsonlSource(str(tmp_path / "b.jsonl"))
+    assert source.read([0, 1, 2]) == ["first", "bad \ufffd byte", "ok"]
+    assert source.read([1]) == TextFilesSource(str(tmp_path / "b.txt")).read([0])
+    meta = prepare_data(source, tmp_path / "out", val_fraction=0.34, seed=SEED, num_workers=1)
+    assert meta.splits["train"].documents + meta.splits["val"].documents == 3
+
+
 def test_sources_and_encoder_pickle_for_spawned_workers(tmp_path):
     write_corpus(tmp_path)
     for source in (PydocSource(), TextFilesSource(str(tmp_path / "*.txt"))):

@@ -245,10 +245,12 @@ class JsonlSource(_FileRowSource):
                 for r in rows:
                     offset = int(self._offsets[f][r])
                     fh.seek(offset)
-                    line = fh.readline()
+                    # Bad bytes become U+FFFD, as in text files: one stray byte of a
+                    # crawl must not end a prepare hours in. (A file's BOM is dropped.)
+                    line = fh.readline().decode("utf-8", errors="replace")
                     try:
-                        record = json.loads(line)
-                    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+                        record = json.loads(line.removeprefix("\ufeff") if offset == 0 else line)
+                    except ValueError as err:
                         where = _line_at(path, offset)
                         raise SourceError(f"{where}: not a JSON record ({err})") from err
                     if not isinstance(record, dict) or self.text_field not in record:

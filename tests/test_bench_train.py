@@ -173,6 +173,19 @@ def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
     assert json.loads(js.read_text())["results"][1]["graph_breaks"] is None
 
 
+def test_llama3_keeps_grouped_query_attention_at_any_head_count():
+    """--n-head 3 against llama3's 2 key/value heads made it plain multi-head attention,
+    silently: the most key/value heads that divide the heads, named in the report."""
+    from cofrgenet.bench.train import grouped_kv_heads, model_config
+
+    assert model_config(TrainBenchConfig(**TINY), "llama3").n_kv_head == 2
+    odd = TrainBenchConfig(**{**TINY, "n_embd": 48, "n_head": 3}, variants=("gpt2", "llama3"))
+    assert model_config(odd, "llama3").n_kv_head == 1
+    assert grouped_kv_heads(odd) == {"llama3": 1}
+    six = TrainBenchConfig(**{**TINY, "n_embd": 48, "n_head": 6}, variants=("llama3",))
+    assert grouped_kv_heads(six) == {"llama3": 2}
+
+
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "lstm"])
 def test_every_transformer_variant_compiles_whole_without_graph_breaks(variant):
     from cofrgenet.bench.train import model_config

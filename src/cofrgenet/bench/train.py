@@ -102,7 +102,13 @@ class TrainBenchConfig:
     )
     n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
     n_embd: int = field(default=256, metadata={"help": "width of every variant"})
-    n_head: int = field(default=4, metadata={"help": "attention heads"})
+    n_head: int = field(
+        default=4,
+        metadata={
+            "help": "attention heads (llama3 keeps grouped key/value heads: the most that "
+            "divide them, up to its preset's)"
+        },
+    )
     block_size: int = field(default=256, metadata={"help": "sequence length"})
     vocab_size: int = field(default=512, metadata={"help": "vocabulary"})
     batch_size: int = field(default=8, metadata={"help": "sequences per step"})
@@ -169,9 +175,19 @@ def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
     preset, overrides = VARIANTS.get(variant, (variant, {}))
     shape = {name: getattr(cfg, name) for name in SHAPE_FIELDS}
     kv_heads = ModelConfig.from_preset(preset).n_kv_head
-    if kv_heads is not None and cfg.n_head % kv_heads:  # GQA's groups do not fit: MHA
-        overrides = {**overrides, "n_kv_head": None}
+    if kv_heads is not None and cfg.n_head % kv_heads:
+        # The preset's groups do not fit --n-head: the most key/value heads that do,
+        # never more than the preset's (grouped-query attention stays grouped). The
+        # report lists every variant's key/value heads.
+        fitting = max(k for k in range(1, kv_heads + 1) if cfg.n_head % k == 0)
+        overrides = {**overrides, "n_kv_head": fitting}
     return ModelConfig.from_preset(preset, **shape, **overrides)
+
+
+def grouped_kv_heads(cfg: TrainBenchConfig) -> dict[str, int]:
+    """The key/value heads of the variants with grouped-query attention (llama3's)."""
+    configs = {variant: model_config(cfg, variant) for variant in cfg.variants}
+    return {v: c.n_kv_head for v, c in configs.items() if c.n_kv_head not in (None, cfg.n_head)}
 
 
 def check_settings(cfg: TrainBenchConfig) -> None:
@@ -573,6 +589,7 @@ class _Run:
             "config": asdict(self.cfg),
             "peak_flops": self.peak,
             "datasheet_peak_flops": datasheet_peak_flops(device, self.cfg.dtype),
+            "kv_heads": grouped_kv_heads(self.cfg),
             "layer_activation_bytes_per_token": dict(self.layers),
             "results": [asdict(result) for result in results],
         }
@@ -747,7 +764,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"block {cfg['block_size']}, vocab {cfg['vocab_size']}, batch {cfg['batch_size']}, "
         f"{cfg['dtype']}; median of the timed steps, {cfg['steps']} a round, "
         f"{cfg['rounds']} rounds a stage (eager variants and compiled gpt2 are also timed "
-        "beside each compiled variant)",
+        "beside each compiled variant)"
+        + "".join(f"; {v}: {k} key/value heads" for v, k in report.get("kv_heads", {}).items()),
         f"- peak measured in this run (matmul, {cfg['dtype']}): {peak / 1e9:,.1f} GFLOP/s "
         "(the MFU column's)",
     ]

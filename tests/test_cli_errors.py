@@ -79,6 +79,30 @@ def test_programming_errors_keep_their_traceback(monkeypatch):
         cli.main(["models", "list"])
 
 
+def test_running_out_of_memory_is_one_line_with_what_to_lower(capsys, monkeypatch):
+    """A batch too large for the machine was a 40-line traceback out of the embedding."""
+    import torch
+
+    import cofrgenet.models.cli as models_cli
+
+    def too_large(args):
+        torch.empty(2**62, dtype=torch.uint8)  # the CPU allocator's own error
+
+    def cuda_too_large(args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 GiB")
+
+    monkeypatch.setattr(models_cli, "run", too_large)
+    assert cli.main(["models", "list"]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("cofr models list: error: out of memory (") and "\n" not in line
+    assert "can't allocate memory" in line and "lower the batch size" in line
+    monkeypatch.setattr(models_cli, "run", cuda_too_large)
+    assert cli.main(["models", "list"]) == 1
+    assert "error: out of memory (CUDA out of memory. Tried" in capsys.readouterr().err
+    with pytest.raises(torch.OutOfMemoryError):
+        cli.main(["--debug", "models", "list"])
+
+
 def test_did_you_mean():
     assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
     assert did_you_mean("zzz", ["depth"]) == ""

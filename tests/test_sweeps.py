@@ -1799,6 +1799,23 @@ def test_trials_failing_alike_in_other_folders_count_as_the_same_reason():
     assert _same_failures([(0, done), (1, missing(1))]) == 1
 
 
+def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():
+    """Only CUDA's message was read as out of memory: on CPU, three trials too large
+    for the machine in a row stopped the worker as a repeated failure."""
+    import torch
+
+    from cofrgenet.sweeps.objective import classify
+    from cofrgenet.sweeps.worker import POINT_FAILURES
+
+    try:
+        torch.empty(2**62, dtype=torch.uint8)
+    except RuntimeError as error:
+        reason, *_ = classify(error)
+    assert reason.startswith(POINT_FAILURES)
+    reason, *_ = classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert reason.startswith(POINT_FAILURES)
+
+
 def test_a_changed_tracking_uri_gets_a_new_parent_run_and_the_report_still_runs(
     tiny_data, tmp_path, capsys
 ):

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from cofrgenet.errors import OneLineErrorParser, UserError, did_you_mean
+from cofrgenet.errors import (
+    OneLineErrorParser,
+    UserError,
+    did_you_mean,
+    first_line,
+    is_out_of_memory,
+)
 
 
 @dataclass(frozen=True)
@@ -244,6 +250,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = " ".join(["cofr", *(selected.path if selected else ())])
         print(f"{where}: error: {error}", file=sys.stderr)
         return error.exit_status
+    except Exception as error:
+        if debug or not is_out_of_memory(error):
+            raise
+        selected = _selected(argv)
+        where = " ".join(["cofr", *(selected.path if selected else ())])
+        print(
+            f"{where}: error: out of memory ({first_line(error)[:300]}): lower the batch "
+            "size, the sequence length or the model's size (--debug shows where)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _run(argv: list[str]) -> int:

@@ -4,7 +4,8 @@ A config key or value, a data folder, a checkpoint, a sweep file: when one of th
 wrong, the traceback says nothing the message does not, and it buries the message. Such
 errors derive from :class:`UserError`; ``cofr`` prints ``cofr <command>: error: <message>``
 and exits with ``exit_status`` (2). ``cofr --debug ...`` or ``COFR_DEBUG=1`` shows the
-traceback. Every other exception is a bug and keeps its traceback.
+traceback. Running out of memory is one line too (with what to lower). Every other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def first_line(error: BaseException) -> str:
     """The first non-blank line of ``error``'s message, stripped ("" for none): one
     line for an error message that names a dependency's exception."""
     return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device or host running out of memory: CUDA's
+    ``OutOfMemoryError``, the CPU allocator's "can't allocate memory", a MemoryError."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return "out of memory" in text or "can't allocate memory" in text
 
 
 def not_valid_yaml(source: object, error: Exception) -> str:

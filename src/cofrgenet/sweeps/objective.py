@@ -28,6 +28,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from optuna.trial import TrialState
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.errors import is_out_of_memory
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
@@ -293,7 +294,7 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         return f"worker interrupted during the trial ({text})", True, True, status
     if isinstance(error, NonFiniteLossError):
         return f"non-finite loss: {error}", False, False, None
-    if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
+    if is_out_of_memory(error):
         return f"out of memory: {error}", False, False, None
     return text, False, False, None
 

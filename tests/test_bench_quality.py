@@ -134,6 +134,24 @@ def test_summary_rows():
     assert f.clip_effect == pytest.approx(-0.05) and f.spike_share == pytest.approx(0.05)
 
 
+def test_the_report_names_each_variants_schedule_where_they_differ():
+    from cofrgenet.bench.quality import trained_with
+
+    plan = {"steps": 200, "batch_size": 16, "block_size": 128, "lr": 1e-3,
+            "warmup_steps": 20, "min_lr_ratio": 0.1, "weight_decay": 0.1}  # fmt: skip
+    same = [_result("gpt2", 0, 5.0), _result("cofrgenet-f", 0, 5.0), _result("x", 0, math.nan)]
+    for result in same[:2]:
+        result.schedule = dict(plan)
+    assert trained_with(same) == (
+        "200 steps of 16 x 128 tokens, lr 0.001 (warm-up 20, cosine to 0.1x), weight decay 0.1"
+    )
+    same[1].schedule["lr"] = 3e-4
+    assert trained_with(same).startswith("gpt2: 200 steps") and "; cofrgenet-f: " in (
+        trained_with(same)
+    )
+    assert "lr 0.0003" in trained_with(same) and trained_with([]) == ""
+
+
 def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     """Real `cofr fit` runs of three variants (a few steps each), report files written."""
     monkeypatch.chdir(tmp_path)  # the default data folder (made on first use) is relative
@@ -154,6 +172,9 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     (md,) = out.glob("quality-cpu-*-quick.md")
     report = json.loads(md.with_suffix(".json").read_text())
     assert "cofr bench quality --quick" in md.read_text()
+    # What the runs trained with, as the fit resolved it (the recipe's lr, quick's warm-up).
+    trained = "8 steps of 4 x 32 tokens, lr 0.001 (warm-up 2, cosine to 0.1x), weight decay 0.1"
+    assert f"Trained with: {trained}." in md.read_text()
     runs = {r["variant"]: r for r in report["runs"]}
     assert set(runs) == {"gpt2", "cofrgenet-f", "cofrgenet-f-ladders-off"}
     # Where the recipe's trainer put the runs (it said "cpu" whatever the recipe).

@@ -37,7 +37,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,6 +276,8 @@ class RunResult:
     #: What it trained on: "cpu", or the GPU's name as a slug ("nvidia-h200"); "" when the
     #: run stopped before it could say (a non-finite loss).
     device: str = ""
+    #: How it trained, as the fit resolved it (recipe, deltas and flags): ``schedule_of``.
+    schedule: dict[str, Any] = field(default_factory=dict)
 
 
 def step_recorder() -> Any:
@@ -472,6 +474,7 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
         return result
     module, trainer = cli.model, cli.trainer
     result.device = device_slug(trainer.strategy.root_device)
+    result.schedule = schedule_of(module, trainer, cli.datamodule)
     result.parameters = sum(p.numel() for p in module.model.parameters())
     result.spikes = module.grad_spikes
     result.val_loss = float(trainer.callback_metrics["val/loss"])
@@ -480,6 +483,38 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
             metrics = trainer.validate(module, datamodule=cli.datamodule, verbose=False)
         result.val_loss_unclipped = float(metrics[0]["val/loss"])
     return result
+
+
+def schedule_of(module: Any, trainer: Any, datamodule: Any) -> dict[str, Any]:
+    """The settings a run trained with, whichever file or flag set them."""
+    optimizer = module.optimizer_config
+    return {
+        "steps": trainer.max_steps,
+        "batch_size": datamodule.batch_size,
+        "block_size": datamodule.block_size,
+        "lr": optimizer.lr,
+        "warmup_steps": optimizer.warmup_steps,
+        "min_lr_ratio": optimizer.min_lr_ratio,
+        "weight_decay": optimizer.weight_decay,
+    }
+
+
+def describe_schedule(schedule: dict[str, Any]) -> str:
+    """``200 steps of 16 x 128 tokens, lr 0.001 (warm-up 20, cosine to 0.1x), weight
+    decay 0.1``."""
+    return (
+        f"{schedule['steps']} steps of {schedule['batch_size']} x {schedule['block_size']} "
+        f"tokens, lr {schedule['lr']:g} (warm-up {schedule['warmup_steps']}, cosine to "
+        f"{schedule['min_lr_ratio']:g}x), weight decay {schedule['weight_decay']:g}"
+    )
+
+
+def trained_with(results: Sequence[RunResult]) -> str:
+    """The finished runs' schedules: one, or each variant's where they differ."""
+    described = {r.variant: describe_schedule(r.schedule) for r in results if r.schedule}
+    if len(set(described.values())) <= 1:
+        return next(iter(described.values()), "")
+    return "; ".join(f"{variant}: {text}" for variant, text in described.items())
 
 
 # -------------------------------------------------------------------------- the report
@@ -597,6 +632,8 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
         f"took {report['minutes']:.1f} min.",
         "",
     ]
+    if report.get("trained_with"):
+        lines += [f"Trained with: {report['trained_with']}.", ""]
     if report.get("partial"):
         lines += [
             f"**Partial**: {len(report['runs'])} runs finished; still to run: "
@@ -703,6 +740,7 @@ def _report(
         "recipe": cfg.recipe,
         "settings": ", ".join(f"{k} {v}" for k, v in settings.items() if v is not None)
         or "as in the recipe",
+        "trained_with": trained_with(results),
         "seeds": list(cfg.seeds),
         "config": asdict(cfg),
         "runs": [asdict(r) for r in results],

@@ -731,6 +731,27 @@ def test_open_study_enqueues_the_grid_once(tmp_path):
     assert len(waiting) == 6
 
 
+def test_status_shows_the_values_of_queued_grid_points(tmp_path):
+    """A grid's queued (WAITING) trials showed blank parameter columns, and a study no
+    worker had run yet showed no parameter columns at all."""
+    from rich.console import Console
+
+    from cofrgenet.sweeps.status import status_table
+
+    sweep = parse_sweep(
+        {"study": "g", "space": {"a": [1, 2], "b": [3]}, "sampler": {"name": "grid"}}
+    )
+    storage = st.open_storage(f"journal:{tmp_path / 'g.journal'}")
+    study, _ = open_study(sweep, storage, 0)
+    console = Console(record=True, width=200)
+    console.print(status_table(study, storage))
+    lines = console.export_text().splitlines()
+    (header,) = [line for line in lines if "┃ state" in line]
+    assert [cell.strip() for cell in header.split("┃")[1:5]] == ["#", "state", "a", "b"]
+    rows = [[cell.strip() for cell in line.split("│")[1:5]] for line in lines if "WAITING" in line]
+    assert sorted(rows) == [["0", "WAITING", "1", "3"], ["1", "WAITING", "2", "3"]]
+
+
 def test_a_worker_with_an_allowed_edit_updates_the_study_s_stored_sweep(tmp_path):
     """`cofr sweep status/report STUDY` read the sweep file as the study was created with:
     after a run with more n_trials or another pruner, they showed the old ones."""

@@ -74,7 +74,7 @@ def status_table(
     options = options or StorageOptions()
     lost = st.lost_trials(study, storage, options)  # before get_trials: none missed
     trials = study.get_trials(deepcopy=False)
-    keys = sorted({k for t in trials for k in t.distributions})
+    keys = sorted({k for t in trials for k in st.trial_params(t)})
     shorts = [k.rsplit(".", 1)[-1] for k in keys]
     if len(set(shorts)) < len(shorts):
         shorts = keys
@@ -102,7 +102,7 @@ def status_table(
         table.add_row(
             str(trial.number),
             f"[{STATE_STYLE.get(state, '')}]{state}[/]",
-            *[_fmt(trial.params.get(k)) for k in keys],
+            *[_fmt(st.trial_params(trial).get(k)) for k in keys],
             _fmt(value),
             duration(trial),
             str(worker),

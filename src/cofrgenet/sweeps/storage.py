@@ -75,6 +75,8 @@ HEARTBEAT, STARTED, FAIL_REASON, RESUMED = (
     "fail_reason",
     "cofr.resumed_from_step",
 )
+#: A queued grid point's values (Optuna gives a WAITING trial no params until it runs).
+GRID_POINT = "cofr.grid_point"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = (
     "slurm.job_id",
     "slurm.array_job_id",
@@ -650,6 +652,11 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
         if history and history[-1] == trial.number:
             return queued.number
     return None
+
+
+def trial_params(trial: FrozenTrial) -> dict[str, Any]:
+    """The trial's parameter values: its params, or the grid point it is queued for."""
+    return trial.params or dict(trial.user_attrs.get(GRID_POINT) or {})
 
 
 def fail_trial(storage: BaseStorage, trial_id: int, reason: str) -> bool:

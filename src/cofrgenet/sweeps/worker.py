@@ -112,7 +112,7 @@ def open_study(
         study.set_user_attr("cofr.sweep", sweep.raw)
         if sweep.is_grid:
             for point in sweep.grid:
-                study.enqueue_trial(point)
+                study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
     return study, created
 
 

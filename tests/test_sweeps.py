@@ -731,6 +731,29 @@ def test_open_study_enqueues_the_grid_once(tmp_path):
     assert len(waiting) == 6
 
 
+def test_a_worker_with_other_training_settings_is_refused(tmp_path):
+    """Workers of one study with different --set (another learning rate, block size)
+    ranked trials trained otherwise against each other, silently. Where a worker runs
+    (its data copy, runs folder, devices) may differ."""
+    sweep = parse_sweep({"study": "s", "space": {"a": "int 1..4"}, "n_trials": 2})
+    storage = st.open_storage(f"journal:{tmp_path / 's.journal'}")
+    first = {"data.data_dir": "/node1/data", "model.optimizer.lr": 1e-3, "data.block_size": 64}
+    open_study(sweep, storage, 0, first)
+    local = {**first, "data.data_dir": "/node2/data", "run.mlflow": False, "trainer.devices": 2}
+    assert not open_study(sweep, storage, 1, local)[1]
+    other = {**first, "model.optimizer.lr": 3e-3}
+    with pytest.raises(SweepError, match=(
+        r"other --set settings \(model.optimizer.lr: 0.001 in the study's, 0.003 here\).*"
+        r"same --set as its first worker, or another study name"
+    )):  # fmt: skip
+        open_study(sweep, storage, 2, other)
+    missing = {k: v for k, v in first.items() if k != "data.block_size"}
+    with pytest.raises(SweepError, match=r"data.block_size only in the study's"):
+        open_study(sweep, storage, 3, missing)
+    with pytest.raises(SweepError, match=r"trainer.max_steps only in this worker's"):
+        open_study(sweep, storage, 4, {**first, "trainer.max_steps": 9})
+
+
 def test_status_shows_the_values_of_queued_grid_points(tmp_path):
     """A grid's queued (WAITING) trials showed blank parameter columns, and a study no
     worker had run yet showed no parameter columns at all."""

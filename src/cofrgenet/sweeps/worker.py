@@ -78,9 +78,14 @@ def make_pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
 
 
 def open_study(
-    sweep: Sweep, storage: optuna.storages.BaseStorage, offset: int
+    sweep: Sweep,
+    storage: optuna.storages.BaseStorage,
+    offset: int,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[optuna.Study, bool]:
-    """Create the study (True) or load it (False); exactly one worker creates it."""
+    """Create the study (True) or load it (False); exactly one worker creates it.
+    ``extra``: this worker's ``--set`` settings, checked against the study's."""
+    extra = dict(extra or {})
     kwargs = {
         "study_name": sweep.study,
         "storage": storage,
@@ -102,12 +107,14 @@ def open_study(
         study.sampler = make_sampler(sweep, offset + 7919 * existing)
     if not created:
         check_same_objective(study, sweep, "use another study name")
+        check_same_settings(study, extra)
     stored_sweep = study.user_attrs.get("cofr.sweep") or {}
     if not created and stored_sweep != sweep.raw:
         # Its trials are the same (checked above); n_trials, the sampler or the pruner may
         # have changed: `cofr sweep status/report STUDY` read this copy.
         study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
+        study.set_user_attr(SETTINGS_ATTR, extra)  # before setup_done's attributes
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
         if sweep.is_grid:
@@ -157,6 +164,45 @@ def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
             f"study {sweep.study!r} was created from another version of this sweep ({shown}): "
             "its trials would be ranked against trials trained otherwise. Put the file back, "
             "or give the changed sweep a new study name (study: ...)"
+        )
+
+
+#: The study's first worker's ``--set`` settings (later workers must train alike).
+SETTINGS_ATTR = "cofr.settings"
+#: ``--set`` keys that say where or on what a worker runs, not what a trial trains: they
+#: may differ between workers (a node-local copy of the data, another runs folder).
+WORKER_LOCAL_SETTINGS = ("run.", "data.data_dir", "data.num_workers", "trainer.devices",
+                         "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+                         "trainer.enable_progress_bar", "trainer.enable_model_summary")  # fmt: skip
+
+
+def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
+    """SweepError when this worker's ``--set`` trains otherwise than the study's first
+    worker's (a study made before they were stored takes this worker's)."""
+    stored = study.user_attrs.get(SETTINGS_ATTR)
+    if not isinstance(stored, dict):
+        study.set_user_attr(SETTINGS_ATTR, extra)
+        return
+
+    def training(settings: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in settings.items() if not k.startswith(WORKER_LOCAL_SETTINGS)}
+
+    theirs, mine = training(stored), training(extra)
+    changes = [
+        f"{key} only in the study's" if key not in mine
+        else f"{key} only in this worker's" if key not in theirs
+        else f"{key}: {theirs[key]!r} in the study's, {mine[key]!r} here"
+        for key in sorted(set(theirs) | set(mine))
+        if key not in theirs or key not in mine or theirs[key] != mine[key]
+    ]  # fmt: skip
+    if changes:
+        shown = ", ".join(changes[:4]) + (
+            f" and {len(changes) - 4} more" if len(changes) > 4 else ""
+        )
+        raise SweepError(
+            f"study {study.study_name!r} was started with other --set settings ({shown}): "
+            "its trials would be ranked against trials trained otherwise. Give the same "
+            "--set as its first worker, or another study name (--study)"
         )
 
 
@@ -401,7 +447,7 @@ def run_worker(
     folder = st.study_folder(sweep, runs_dir)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     check_not_stored_elsewhere(sweep, storage, url, runs_dir)
-    study, created = open_study(sweep, storage, _seed_offset(worker, worker_index))
+    study, created = open_study(sweep, storage, _seed_offset(worker, worker_index), extra)
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
     stop_file.parent.mkdir(parents=True, exist_ok=True)

@@ -157,11 +157,9 @@ def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
         for change in _section_changes(section, stored.get(section), sweep.raw.get(section))
     ]
     if changes:
-        shown = ", ".join(changes[:4]) + (
-            f" and {len(changes) - 4} more" if len(changes) > 4 else ""
-        )
         raise SweepError(
-            f"study {sweep.study!r} was created from another version of this sweep ({shown}): "
+            f"study {sweep.study!r} was created from another version of this sweep "
+            f"({_first_four(changes)}): "
             "its trials would be ranked against trials trained otherwise. Put the file back, "
             "or give the changed sweep a new study name (study: ...)"
         )
@@ -196,14 +194,17 @@ def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
         if key not in theirs or key not in mine or theirs[key] != mine[key]
     ]  # fmt: skip
     if changes:
-        shown = ", ".join(changes[:4]) + (
-            f" and {len(changes) - 4} more" if len(changes) > 4 else ""
-        )
         raise SweepError(
-            f"study {study.study_name!r} was started with other --set settings ({shown}): "
+            f"study {study.study_name!r} was started with other --set settings "
+            f"({_first_four(changes)}): "
             "its trials would be ranked against trials trained otherwise. Give the same "
             "--set as its first worker, or another study name (--study)"
         )
+
+
+def _first_four(changes: list[str]) -> str:
+    more = f" and {len(changes) - 4} more" if len(changes) > 4 else ""
+    return ", ".join(changes[:4]) + more
 
 
 def _section_changes(section: str, old: Any, new: Any) -> list[str]:

@@ -968,6 +968,41 @@ def test_lost_worker_detection(tmp_path, monkeypatch):
     )
 
 
+def test_a_lost_trials_duration_ends_at_its_last_heartbeat(tmp_path, monkeypatch):
+    """A lost trial's duration grew for as long as it stayed RUNNING, and once failed
+    it ended when another worker noticed, not when its worker was last heard of."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from cofrgenet.sweeps import status
+
+    storage = st.open_storage(f"journal:{tmp_path / 'l.journal'}")
+    study = optuna.create_study(study_name="l", storage=storage)
+    trial = study.ask()
+    started = st.frozen_trial(storage, study, trial.number).datetime_start.timestamp()
+    st.claim(storage, study, trial.number, st.Worker("elsewhere", 1, None, "w1", {}))
+    trial.set_user_attr(st.HEARTBEAT, started + 65)  # last heard of 65 s in
+    later = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
+    later["time"] = lambda: started + 3 * 3600  # three hours on
+    for module in (st, status):
+        monkeypatch.setattr(module, "time", SimpleNamespace(**later))
+    options = parse_sweep({"study": "l", "space": {"a": [1]}, "n_trials": 1}).storage_options
+
+    def shown_duration() -> str:
+        console = Console(record=True, width=200)
+        console.print(status.status_table(study, storage, options))
+        lines = console.export_text().splitlines()
+        (header,) = [line for line in lines if "┃ state" in line]
+        (row,) = [line for line in lines if "│ 0 " in line]
+        column = [cell.strip() for cell in header.split("┃")].index("duration")
+        return row.split("│")[column].strip()
+
+    assert shown_duration() == "1:05"  # RUNNING, lost: not 3:00:00
+    assert st.fail_lost_trials(study, storage, options)
+    assert shown_duration() == "1:05"  # FAIL: not the moment it was failed
+
+
 def test_a_lost_trials_mlflow_run_ends_failed_and_its_reason_tag_follows_the_state(tmp_path):
     """A trial failed as lost no longer reads RUNNING in MLflow; a retry that completes
     drops the failed attempt's reason, and a pruned run's reason is not a failure's."""

@@ -24,12 +24,17 @@ STATE_STYLE = {
 }
 
 
-def duration(trial: FrozenTrial) -> str:
+def duration(trial: FrozenTrial, until: float | None = None) -> str:
+    """Start to end (or now); a lost trial's ends at its last heartbeat (``until``, or
+    the one kept when it was failed), not when another worker noticed."""
     start = trial.datetime_start
     if start is None:
         return ""
-    end = trial.datetime_complete
-    seconds = (end - start).total_seconds() if end else time.time() - start.timestamp()
+    end = trial.user_attrs.get(st.LAST_SEEN, until)
+    if end is None:
+        complete = trial.datetime_complete
+        end = complete.timestamp() if complete else time.time()
+    seconds = max(0.0, float(end) - start.timestamp())
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
@@ -104,7 +109,7 @@ def status_table(
             f"[{STATE_STYLE.get(state, '')}]{state}[/]",
             *[_fmt(st.trial_params(trial).get(k)) for k in keys],
             _fmt(value),
-            duration(trial),
+            duration(trial, st.last_seen(trial, storage) if trial.number in lost else None),
             str(worker),
             note(trial, retried, lost),
         )

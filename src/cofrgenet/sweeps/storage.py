@@ -75,6 +75,9 @@ HEARTBEAT, STARTED, FAIL_REASON, RESUMED = (
     "fail_reason",
     "cofr.resumed_from_step",
 )
+#: A lost trial's last heartbeat, kept when it is failed: its duration ends there, not
+#: when another worker noticed.
+LAST_SEEN = "cofr.last_seen"
 #: A queued grid point's values (Optuna gives a WAITING trial no params until it runs).
 GRID_POINT = "cofr.grid_point"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = (
@@ -598,6 +601,15 @@ def held_by_live_process(trial: FrozenTrial) -> bool:
     return pid == os.getpid() or pid_alive(pid, attrs.get(PID_START))
 
 
+def last_seen(trial: FrozenTrial, storage: BaseStorage) -> float | None:
+    """When a trial's worker last beat its heart (seconds since the epoch), where the
+    trial's own attributes say it (not on an RDB with Optuna's heartbeat table)."""
+    beat = trial.user_attrs.get(HEARTBEAT)
+    if beat is None or uses_heartbeat_table(storage):
+        return None
+    return float(beat)
+
+
 def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOptions) -> str | None:
     """Why a RUNNING trial's worker is gone, or None while it may be alive."""
     attrs = trial.user_attrs
@@ -716,6 +728,9 @@ def fail_lost_trials(
     done: list[tuple[int, int | None]] = []
     for number, reason in lost_trials(study, storage, options, spare, stale or set()).items():
         tid = trial_id(storage, study, number)
+        seen = last_seen(storage.get_trial(tid), storage)
+        if seen is not None:
+            storage.set_trial_user_attr(tid, LAST_SEEN, seen)
         if fail_trial(storage, tid, reason):
             frozen = storage.get_trial(tid)
             done.append((number, retry_trial(study, frozen, options.max_retry)))

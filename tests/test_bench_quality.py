@@ -53,6 +53,17 @@ def test_fit_arguments_are_a_cofr_fit_command_line():
     assert model["vocab_size"] == 2048  # the recipe's own model.config is kept
 
 
+def test_a_recipes_base_files_keep_their_model_config(tmp_path):
+    """Only the recipe file's own model.config was read: a key set in one of its base:
+    files was dropped from every run (a run's --model.config replaces the section)."""
+    (tmp_path / "shape.yaml").write_text("model:\n  config:\n    n_layer: 3\n    vocab_size: 300\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("base: [shape.yaml]\nmodel:\n  config:\n    vocab_size: 512\n")
+    args = fit_arguments(QualityBenchConfig(recipe=str(recipe)), VARIANTS["gpt2"], 0, "x")
+    model = json.loads(args[args.index("--model.config") + 1])
+    assert model["n_layer"] == 3 and model["vocab_size"] == 512  # the recipe's own wins
+
+
 def test_config_errors_and_generated_options():
     with pytest.raises(ValueError, match="unknown variant"):
         QualityBenchConfig(variants=("gpt3",))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import io
 import itertools
 import json
@@ -374,7 +375,21 @@ def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
             f"--recipe {path}: expected a cofr fit config (a mapping, its model and "
             "model.config mappings when given)"
         )
-    return dict(config)
+    return dict(_resolved_model_config(str(path), path.stat().st_mtime_ns))
+
+
+@functools.cache
+def _resolved_model_config(path: str, mtime_ns: int) -> tuple[tuple[str, Any], ...]:
+    """``model.config`` as ``cofr fit --config path`` merges it with its ``base:`` files
+    (a run's ``--model.config`` replaces the section whole: a base's keys must be in it)."""
+    from cofrgenet.training.cli import resolve_fit_config
+
+    try:
+        resolved = yaml.safe_load(resolve_fit_config(["--config", path]))
+    except ConfigError as error:
+        raise ConfigError(f"--recipe {path}: {error}") from None
+    config = (resolved.get("model") or {}).get("config") or {}
+    return tuple((key, value) for key, value in config.items() if value is not None)
 
 
 def matched_ffn_hidden(gpt2_fields: dict[str, Any]) -> int:

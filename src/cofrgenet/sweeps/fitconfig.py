@@ -28,8 +28,7 @@ import io
 import itertools
 import math
 import tempfile
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +46,8 @@ from cofrgenet.sweeps.spec import (
     needs_config,
     set_dotted,
 )
-from cofrgenet.training.cli import ParseOnlyCLI
+from cofrgenet.training.cli import ParseOnlyCLI, given_args, resolve_fit_config
 from cofrgenet.training.model_options import overrides_dict
-
-
-@contextlib.contextmanager
-def given_args() -> Iterator[None]:
-    """Around a LightningCLI made with ``args=``: its warning that the process's own argv
-    (``cofr sweep run ...``, pytest's) is not those words says nothing here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        yield
 
 
 def resolve(args: Sequence[str]) -> str:
@@ -65,24 +55,10 @@ def resolve(args: Sequence[str]) -> str:
 
     Raises SweepError with the parser's message when the words do not parse.
     """
-    err = io.StringIO()
     try:
-        with (
-            contextlib.redirect_stderr(err),
-            contextlib.redirect_stdout(io.StringIO()),
-            given_args(),
-        ):
-            cli = ParseOnlyCLI(args=["fit", *args])
-    except SystemExit:
-        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
-        raise SweepError(
-            "the config does not parse: " + (" ".join(lines[-3:]) or "unknown error")
-        ) from None
-    except Exception as error:
-        raise SweepError(f"the config does not parse: {error}") from None
-    # The fit part of the dump: what ConfigToRun writes as the run's config.yaml.
-    full = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
-    return yaml.safe_dump(full["fit"], sort_keys=False)
+        return resolve_fit_config(args)
+    except ConfigError as error:
+        raise SweepError(str(error)) from None
 
 
 @functools.cache

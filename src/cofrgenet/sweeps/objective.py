@@ -30,11 +30,11 @@ from optuna.trial import TrialState
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import is_out_of_memory
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import checked_config, given_args, trial_words
+from cofrgenet.sweeps.fitconfig import checked_config, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import StepBoundaries
-from cofrgenet.training.cli import CofrCLI
+from cofrgenet.training.cli import CofrCLI, given_args
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
 

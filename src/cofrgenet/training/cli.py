@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -888,6 +889,45 @@ class ParseOnlyCLI(CofrCLI):
 
     def run_subcommand(self, subcommand: str) -> None:
         pass
+
+
+@contextlib.contextmanager
+def given_args() -> Iterator[None]:
+    """Around a LightningCLI made with ``args=``: its warning that the process's own argv
+    (``cofr sweep run ...``, pytest's) is not those words says nothing here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        yield
+
+
+def resolve_fit_config(args: Sequence[str]) -> str:
+    """The config ``cofr fit ARGS`` trains with, as the YAML its run saves (``config.yaml``):
+    every ``--config`` with its ``base:`` files, merged as ``cofr fit`` merges them.
+
+    Raises ConfigError with the parser's message when the words do not parse.
+    """
+    import io
+
+    import yaml
+
+    err = io.StringIO()
+    try:
+        with (
+            contextlib.redirect_stderr(err),
+            contextlib.redirect_stdout(io.StringIO()),
+            given_args(),
+        ):
+            cli = ParseOnlyCLI(args=["fit", *args])
+    except SystemExit:
+        lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
+        raise ConfigError(
+            "the config does not parse: " + (" ".join(lines[-3:]) or "unknown error")
+        ) from None
+    except Exception as error:
+        raise ConfigError(f"the config does not parse: {error}") from None
+    # The fit part of the dump: what ConfigToRun writes as the run's config.yaml.
+    full = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+    return yaml.safe_dump(full["fit"], sort_keys=False)
 
 
 def main(args: list[str] | None = None) -> None:

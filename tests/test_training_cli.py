@@ -1551,3 +1551,22 @@ def test_checkpoints_keep_the_data_folder_as_an_absolute_path(tiny_data, tmp_pat
     (last,) = (tmp_path / "runs" / "test").glob("*/checkpoints/last.ckpt")
     saved = torch.load(last, weights_only=True)["datamodule_hyper_parameters"]["data_dir"]
     assert saved == str(tiny_data.resolve())
+
+
+def test_the_mlflow_client_splits_batches_at_mlflows_limits(tmp_path):
+    """cofr logs params, tags and metrics in one log_batch call each (eval: a tag per
+    task, over 100 with a large harness group): the pinned MLflow's client splits them."""
+    import mlflow
+    from mlflow.entities import Metric, Param, RunTag
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    client.log_batch(
+        run_id,
+        metrics=[Metric(f"m{i}", float(i), 0, 0) for i in range(1001)],
+        params=[Param(f"p{i}", "v") for i in range(101)],
+        tags=[RunTag(f"t{i}", "v") for i in range(250)],
+    )
+    data = client.get_run(run_id).data
+    assert (len(data.metrics), len(data.params)) == (1001, 101)
+    assert len([k for k in data.tags if k.startswith("t")]) == 250

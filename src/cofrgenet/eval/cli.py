@@ -318,9 +318,8 @@ def log_to_mlflow(
         RunTag(f"{metric_prefix(task, split)}/protocol", protocol(task, loaded.step, report))
         for task in results
     ]
-    for first in range(0, len(items), 100):  # MLflow's batch limit
-        client.log_batch(loaded.mlflow_run_id, metrics=items[first : first + 100])
-    client.log_batch(loaded.mlflow_run_id, tags=tags)
+    # One call: the client splits it at MLflow's limits (100 tags, 1000 metrics a request).
+    client.log_batch(loaded.mlflow_run_id, metrics=items, tags=tags)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     client.log_text(loaded.mlflow_run_id, json.dumps(report, indent=2), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id

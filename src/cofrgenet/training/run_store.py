@@ -221,14 +221,13 @@ def cut(value: Any) -> str:
 
 
 def log_new_params(client: Any, run_id: str, params: dict[str, str]) -> list[str]:
-    """Log the params the run does not have yet, in MLflow's batches of 100 (a param
-    cannot change once logged); returns the keys it has already with another value."""
+    """Log the params the run does not have yet (a param cannot change once logged);
+    returns the keys it has already with another value. (``MlflowClient.log_batch``
+    splits a batch at MLflow's limits itself: 100 params or tags, 1000 metrics a call.)"""
     from mlflow.entities import Param
 
     existing = client.get_run(run_id).data.params
-    items = [Param(k, v) for k, v in params.items() if k not in existing]
-    for start in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[start : start + 100])
+    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items() if k not in existing])
     return [k for k, v in params.items() if k in existing and existing[k] != v]
 
 

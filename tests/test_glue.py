@@ -558,6 +558,14 @@ def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
     finetune_run = client.get_run(result["run_id"])
     pretrain_id = (run_dir / "mlflow_run_id").read_text().strip()
     assert finetune_run.data.tags["cofr.pretrain_run_id"] == pretrain_id
+    # The code's tags as on a pretraining run, the command under the same key.
+    tags = finetune_run.data.tags
+    assert tags["cofrgenet.command"].startswith("cofr finetune glue --task sst2")
+    assert "cofrgenet.version" in tags and "cofr.command" not in tags
+    import torch
+
+    saved = torch.load(pretrained, map_location="cpu", weights_only=True)
+    assert finetune_run.data.params["pretrain_step"] == str(saved["global_step"])
     assert client.get_experiment(finetune_run.info.experiment_id).name == "glue-sst2"
     assert finetune_run.data.params["task"] == "sst2"
     assert finetune_run.data.params["lr"] == "0.001"

@@ -465,18 +465,6 @@ def _artifact_location(uri: str) -> str | None:
     return None
 
 
-def checkpoint_step(path: Path) -> int:
-    """The optimizer step a checkpoint was saved at (0 if it does not say); memory-mapped,
-    so a large checkpoint is not read twice."""
-    import torch
-
-    try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception:  # an old (non-zip) file: the step only labels a metric
-        return 0
-    return int(checkpoint.get("global_step", 0)) if isinstance(checkpoint, dict) else 0
-
-
 def log_to_pretraining_run(
     uri: str, run_id: str, metrics: dict[str, float], step: int, tags: dict[str, str]
 ) -> str | None:
@@ -685,14 +673,18 @@ def finetune(
         or loaded.tracking_uri
         or default_tracking_uri(RunConfig(runs_dir=str(runs_root)))
     )
-    pretrain_step = checkpoint_step(ckpt)
+    pretrain_step = loaded.step
 
     logger: Any = False
     if mlflow:
         check_tracking_uri(uri, fix="fix --tracking-uri, or pass --no-mlflow")
         from lightning.pytorch.loggers import MLFlowLogger
 
+        from cofrgenet.redact import hide_passwords
+        from cofrgenet.training.run_store import code_tags, cut
+
         tags = {
+            **code_tags(),  # which code fine-tuned, as on a pretraining run
             "cofr.task": task.name,
             "cofr.ckpt": str(ckpt.resolve()),
             "cofr.data": data.source,
@@ -701,7 +693,7 @@ def finetune(
         if loaded.mlflow_run_id:
             tags["cofr.pretrain_run_id"] = loaded.mlflow_run_id
         if command_line:
-            tags["cofr.command"] = command_line
+            tags["cofrgenet.command"] = cut(hide_passwords(command_line))
         logger = MLFlowLogger(
             experiment_name=experiment,
             run_name=name,

@@ -184,7 +184,7 @@ def summary_markdown(
         "|---" * (len(keys) + 4) + "|",
     ]
     for t in trials:
-        why = t.user_attrs.get(st.FAIL_REASON) or t.user_attrs.get("pruned") or ""
+        why = t.user_attrs.get(st.FAIL_REASON) or t.user_attrs.get(st.PRUNE_REASON) or ""
         if len(why) > 160:
             why = why[:157] + "..."
         lines.append(

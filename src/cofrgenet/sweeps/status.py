@@ -49,7 +49,9 @@ def note(trial: FrozenTrial, retried: dict[int, int], lost: dict[int, str]) -> s
     if trial.state == TrialState.FAIL:
         parts.append(str(trial.user_attrs.get(st.FAIL_REASON, "no reason recorded")))
     if trial.state == TrialState.PRUNED:
-        parts.append(str(trial.user_attrs.get("pruned", f"pruned at step {trial.last_step}")))
+        parts.append(
+            str(trial.user_attrs.get(st.PRUNE_REASON, f"pruned at step {trial.last_step}"))
+        )
     if trial.state == TrialState.RUNNING:
         if trial.number in lost:
             parts.append(f"stale? {lost[trial.number]}")

@@ -75,6 +75,8 @@ HEARTBEAT, STARTED, FAIL_REASON, RESUMED = (
     "fail_reason",
     "cofr.resumed_from_step",
 )
+#: Why a trial was pruned (the pruner's step and values), beside FAIL_REASON.
+PRUNE_REASON = "pruned"
 #: A lost trial's last heartbeat, kept when it is failed: its duration ends there, not
 #: when another worker noticed.
 LAST_SEEN = "cofr.last_seen"

@@ -417,7 +417,7 @@ def _tell(
                 log.warning(f"trial {trial.number} will be retried as trial {retry}")
     elif outcome.state == TrialState.PRUNED:
         if outcome.reason:
-            trial.set_user_attr("pruned", outcome.reason)
+            trial.set_user_attr(st.PRUNE_REASON, outcome.reason)
         study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
     else:
         study.tell(trial, outcome.value, skip_if_finished=True)

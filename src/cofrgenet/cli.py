@@ -22,9 +22,9 @@ import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
+from cofrgenet import package_version
 from cofrgenet.errors import (
     OneLineErrorParser,
     UserError,
@@ -170,13 +170,6 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
-def _version() -> str:
-    try:
-        return metadata.version("cofrgenet")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def _epilog() -> str:
     width = max(len(" ".join(c.path)) for c in COMMANDS)
     lines = [f"  cofr {' '.join(c.path):<{width}}  {c.help}" for c in COMMANDS]
@@ -199,7 +192,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"cofr {_version()}")
+    parser.add_argument("--version", action="version", version=f"cofr {package_version()}")
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks of errors (also COFR_DEBUG=1)"
     )

@@ -368,7 +368,7 @@ def layer_activation_bytes(cfg: TrainBenchConfig) -> dict[str, int]:
         config = model_config(cfg, "gpt2")
         config = type(config).from_dict({**config.to_dict(), **overrides})
         registry = FFN if slot == "ffn" else ATTENTION
-        layer = registry.entry(mixer).builder(config, 0).to(cfg.device).train()
+        layer = registry.build(mixer, config, 0).to(cfg.device).train()
         x = torch.randn(
             cfg.batch_size, cfg.block_size, cfg.n_embd, device=cfg.device, requires_grad=True
         )

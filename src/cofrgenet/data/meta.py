@@ -144,10 +144,6 @@ class DataMeta:
     def train_tokens(self) -> int:
         return self.splits["train"].tokens
 
-    @property
-    def val_tokens(self) -> int:
-        return self.splits["val"].tokens
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

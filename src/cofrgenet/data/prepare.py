@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from cofrgenet import terminal
+from cofrgenet import package_version, terminal
 from cofrgenet.atomic import why_no_folder
 from cofrgenet.data.env import available_cpus
 from cofrgenet.data.meta import (
@@ -119,15 +119,6 @@ def check_num_workers(value: int) -> int:
             f"got {value}; leave it out for one per CPU"
         )
     return value
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("cofrgenet")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def split_documents(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -775,7 +766,7 @@ def prepare_data(
             tokenizer_args=tokenizer_args,
             split_args=split_args,
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            cofrgenet_version=_version(),
+            cofrgenet_version=package_version(),
             command_line=command_line,
         )
         meta.write(out)

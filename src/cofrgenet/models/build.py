@@ -19,7 +19,7 @@ def build_model(config: ModelConfig) -> nn.Module:
     """
     if not isinstance(config, ModelConfig):
         raise TypeError(f"build_model expects a ModelConfig, got {type(config).__name__}")
-    return ARCHITECTURES.entry(config.arch).builder(config)
+    return ARCHITECTURES.build(config.arch, config)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,8 @@ from torch import nn
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.registry import ATTENTION, FFN, Registry
 from cofrgenet.nn.attention import CausalSelfAttention
+from cofrgenet.nn.cattn import CAttnM, CAttnU
+from cofrgenet.nn.cffn import Cffn
 from cofrgenet.nn.mlp import MLP, SwiGLU, swiglu_hidden
 from cofrgenet.nn.positional import RotaryEmbedding
 from cofrgenet.nn.sparse_attention import SparseCausalSelfAttention
@@ -184,16 +186,12 @@ def build_dense_synthesizer(config: ModelConfig, layer_idx: int) -> nn.Module:
 @ATTENTION.register("cattn_u", flops=_cattn_u_flops)
 def build_cattn_u(config: ModelConfig, layer_idx: int) -> nn.Module:
     """CoFrGeNet CAttnU: univariate ladders across tokens (tied to block_size)."""
-    from cofrgenet.nn import CAttnU
-
     return CAttnU(config.n_embd, config.block_size, config.depth, **_ladder_kwargs(config))
 
 
 @ATTENTION.register("cattn_m", flops=_cattn_m_flops)
 def build_cattn_m(config: ModelConfig, layer_idx: int) -> nn.Module:
     """CoFrGeNet CAttnM: p-variate ladders mapped to causal attention weights."""
-    from cofrgenet.nn import CAttnM
-
     return CAttnM(
         config.n_embd, config.block_size, config.ladders, config.depth, **_ladder_kwargs(config)
     )
@@ -214,8 +212,6 @@ def build_swiglu(config: ModelConfig, layer_idx: int) -> nn.Module:
 @FFN.register("cffn", flops=_cffn_flops)
 def build_cffn(config: ModelConfig, layer_idx: int) -> nn.Module:
     """CoFrGeNet Cffn: gated ladder ensemble replacing the MLP."""
-    from cofrgenet.nn import Cffn
-
     return Cffn(
         config.n_embd,
         config.ladders,

@@ -22,6 +22,7 @@ from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.generation import DecodeCache, generate_cached
 from cofrgenet.models.mixers import mixer_flops, residual_std
 from cofrgenet.models.registry import ARCHITECTURES, ATTENTION, FFN
+from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
 
@@ -290,8 +291,6 @@ ARCHITECTURES.register(
 def self_initialising_types() -> tuple[type[nn.Module], ...]:
     """Module types whose parameters the model's init must leave alone (CoFrGeNet layers,
     which take the residual std from their builders)."""
-    from cofrgenet.nn import LadderLayer
-
     return (LadderLayer,)
 
 

@@ -16,7 +16,6 @@ Lightning, seconds at start-up).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cofrgenet import package_version
 from cofrgenet.environment import expand_variables
 from cofrgenet.errors import ConfigError
 from cofrgenet.redact import hide_passwords
@@ -245,15 +245,12 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-@functools.cache
 @functools.cache  # the code a process runs is the one it imported: two git calls once
 def _code_version() -> dict[str, str]:
     """cofrgenet's version and git commit and state (read only; callers copy it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     tags: dict[str, str] = {}
-    with contextlib.suppress(PackageNotFoundError):
-        tags["cofrgenet.version"] = version("cofrgenet")
+    if (installed := package_version()) != "unknown":
+        tags["cofrgenet.version"] = installed
     source = Path(__file__).resolve().parents[1]  # the package's folder
 
     def git(*args: str) -> str | None:

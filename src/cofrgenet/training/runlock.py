@@ -11,7 +11,6 @@ never leaves a folder locked, and the file says who holds it, for the error a se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 
@@ -37,10 +36,6 @@ class RunLock:
     @property
     def held(self) -> bool:
         return self._lock.held
-
-    def holder(self) -> dict[str, Any]:
-        """What the holder wrote into the lock file (empty if unreadable)."""
-        return self._lock.holder()
 
     def acquire(self) -> None:
         """Take the lock or raise RunFolderBusyError naming the holder."""

@@ -33,7 +33,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
-from cofrgenet.training.callbacks import StepBoundaries
+from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, resume_command
 from cofrgenet.training.cli import CofrCLI, given_args
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
@@ -411,7 +411,9 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     cli = None
     try:
         with given_args():
-            cli = SweepCLI(args=args, extra_callbacks=[callback])
+            # Said on SIGTERM or Ctrl-C: the worker resumes the trial, not a cofr fit.
+            stop = StopOnSignal(resume_hint=lambda run_name: resume_command())
+            cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
         callback.recover(ctx.storage, ctx.study)
         return _fit_outcome(ctx, trial, cli, callback, run_dir)
     except BaseException as exc:

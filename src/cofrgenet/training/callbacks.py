@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -342,7 +342,10 @@ class StopOnSignal(StepBoundaries):
     ends KILLED, not RUNNING for ever.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resume_hint: Callable[[str], str] | None = None) -> None:
+        """``resume_hint(run name)``: the command said to resume (default:
+        :func:`resume_command`, this ``cofr fit`` made to resume its run)."""
+        self.resume_hint = resume_hint or resume_command
         self.signal: int | None = None
         self.saved: Path | None = None
         self._pending: set[int] = set()
@@ -477,7 +480,7 @@ class StopOnSignal(StepBoundaries):
             exception.code = 128 + signal.SIGTERM
             rank_zero_info(
                 "stopped by SIGTERM before training began: nothing new to save; to start "
-                f"again: {resume_command(Path(trainer.default_root_dir).name)}"
+                f"again: {self.resume_hint(Path(trainer.default_root_dir).name)}"
             )
         elif isinstance(exception, SIGTERMException):
             self.signal = self.signal or signal.SIGTERM
@@ -517,7 +520,7 @@ class StopOnSignal(StepBoundaries):
         name = signal.Signals(self.signal).name
         rank_zero_info(
             f"stopped by {name} after step {trainer.global_step}: saved {path}\n"
-            f"resume with: {resume_command(Path(trainer.default_root_dir).name)}"
+            f"resume with: {self.resume_hint(Path(trainer.default_root_dir).name)}"
         )
 
     @staticmethod
@@ -554,9 +557,10 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
 
 
 def resume_command(run_name: str | None = None) -> str:
-    """This process's ``cofr fit`` command line, made to resume run ``run_name``; a sweep
-    worker's (``cofr sweep run``, or ``run_name`` None) resumes its trial when run again."""
-    if run_name is None or sys.argv[1:3] == ["sweep", "run"]:
+    """This process's ``cofr fit`` command line, made to resume run ``run_name``; with
+    ``run_name`` None, the process's own command line as it stands (a sweep worker's,
+    which resumes its trial when run again)."""
+    if run_name is None:
         return hide_passwords(shlex.join(["cofr", *sys.argv[1:]]))  # said in logs
     words, skip = [], False
     for word in sys.argv[1:]:

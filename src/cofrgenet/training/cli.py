@@ -359,7 +359,8 @@ class CofrCLI(LightningCLIAdapter):
     """LightningCLI with run folders, MLflow tracking and the project's default callbacks.
 
     ``extra_callbacks``: callbacks added to whatever the configs ask for (a sweep's pruner,
-    a benchmark's recorder).
+    a benchmark's recorder); one of a default callback's type replaces that default (a
+    sweep's StopOnSignal, which names the sweep's command).
     """
 
     #: True where the caller wrote the run folder's MLflow run id before a fresh fit (a
@@ -806,7 +807,7 @@ class CofrCLI(LightningCLIAdapter):
             self.config_value(self.config_init, c)
             for c in self.subcommand_parser(self.subcommand).callback_keys
         ]
-        extra += self.default_callbacks(run_dir, run, [*configured, *extra])
+        extra += self.default_callbacks(run_dir, run, [*configured, *extra, *self.extra_callbacks])
         extra += self.extra_callbacks + held
         if trainer_config.get("enable_progress_bar") is False:
             extra = [c for c in extra if not isinstance(c, RichProgressBar)]

@@ -58,6 +58,24 @@ def test_unknown_keys_are_caught_before_lightning_once_the_keys_are_known(
     cli_cache.check_keys("fit", words)
 
 
+def test_the_quick_checks_read_base_files_and_short_config_flags(cache, capsys, tmp_path):
+    """The quick key check and the help cache read only `--config F` words themselves: a
+    typo in a base: file or a -c file went to the full parser, and a cached help stayed
+    the same after its recipe's base file changed."""
+    cli_cache.store_keys("fit", ["trainer.max_steps", "data.batch_size"])
+    base = tmp_path / "base.yaml"
+    base.write_text("trainer:\n  max_stepz: 3\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("base: [base.yaml]\ndata:\n  batch_size: 4\n")
+    assert cli_cache.config_files(["-c", str(recipe)]) == [str(base), str(recipe)]
+    for flag in ("--config", "-c"):
+        with pytest.raises(cli_cache.ConfigError, match=r"unknown key 'trainer.max_stepz' in "):
+            cli_cache.check_keys("fit", [flag, str(recipe)])
+    before = cli_cache._help_key(["--config", str(recipe), "--help"])
+    base.write_text("trainer:\n  max_steps: 3\n")
+    assert cli_cache._help_key(["--config", str(recipe), "--help"]) != before
+
+
 def test_any_source_change_invalidates_the_cache(cache, monkeypatch):
     cli_cache.store_keys("fit", ["trainer.max_steps"])
     assert cli_cache.cached_keys("fit") == ["trainer.max_steps"]

@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from cofrgenet import recipes
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import ConfigError, did_you_mean
 
@@ -110,13 +111,9 @@ def cached_keys(subcommand: str) -> list[str] | None:
 
 
 def config_files(words: Sequence[str]) -> list[str]:
-    files = []
-    for i, word in enumerate(words):
-        if word == "--config" and i + 1 < len(words):
-            files.append(words[i + 1])
-        elif word.startswith("--config="):
-            files.append(word.split("=", 1)[1])
-    return files
+    """The config files ``words`` read, in order: each ``--config``/``-c`` file after the
+    ``base:`` files it names (:mod:`cofrgenet.recipes`), as ``cofr fit`` reads them."""
+    return recipes.config_paths(recipes.expand(words))
 
 
 def option_key(word: str) -> str:

@@ -93,6 +93,22 @@ def _with_bases(path: Path, chain: tuple[Path, ...]) -> list[Path]:
     return [*files, path]
 
 
+def config_paths(words: Sequence[str]) -> list[str]:
+    """The files of ``words``' ``--config F``, ``-c F`` and ``--config=F``, in order."""
+    paths = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("--config", "-c") and i + 1 < len(words):
+            paths.append(words[i + 1])
+            i += 2
+            continue
+        if word.startswith("--config="):
+            paths.append(word.split("=", 1)[1])
+        i += 1
+    return paths
+
+
 def expand(words: Sequence[str]) -> list[str]:
     """``words`` with every ``--config F`` preceded by ``--config`` for F's bases."""
     out: list[str] = []

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
-import itertools
 import re
 import signal
 import sys
@@ -306,9 +305,7 @@ def _bad_config_file(words: list[str]) -> str | None:
     key twice, or holds something else than keys in one of :data:`MAPPING_SECTIONS`."""
     import yaml
 
-    paths = [b for a, b in itertools.pairwise(words) if a in ("-c", "--config")]
-    paths += [w.split("=", 1)[1] for w in words if w.startswith("--config=")]
-    for path in paths:
+    for path in recipes.config_paths(words):
         try:
             content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())  # a SafeLoader
         except OSError:

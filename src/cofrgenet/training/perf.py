@@ -31,15 +31,11 @@ def precision_kind(precision: str | int | None) -> str:
     return "fp32"
 
 
-def measured_peak_flops(device_type: str, dtype: torch.dtype = torch.float32) -> float:
-    """Best FLOP/s of a few square matmuls on this machine (~0.1 s on a CPU, once per
-    process): the peak a CPU run's MFU is measured against, since CPUs have no data sheet
-    figure that holds for a shared, throttled or partly used machine."""
-    return _measured_peak_flops(device_type, dtype)
-
-
 @functools.cache
-def _measured_peak_flops(device_type: str, dtype: torch.dtype) -> float:
+def measured_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of a few square CPU matmuls in ``dtype`` (~0.1 s, once per process):
+    the peak a CPU run's MFU is measured against, since CPUs have no data sheet figure
+    that holds for a shared, throttled or partly used machine."""
     import time
 
     n = 1024
@@ -61,7 +57,7 @@ def device_peak_flops(device: torch.device, precision: str | int | None) -> floa
     a measured matmul peak on CPUs (:func:`measured_peak_flops`), None for unknown GPUs."""
     if device.type == "cpu":
         dtype = torch.bfloat16 if precision_kind(precision) == "bf16" else torch.float32
-        return measured_peak_flops("cpu", dtype)
+        return measured_peak_flops(dtype)
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device).lower()

@@ -31,11 +31,15 @@ def precision_kind(precision: str | int | None) -> str:
     return "fp32"
 
 
-@functools.cache
 def measured_peak_flops(dtype: torch.dtype = torch.float32) -> float:
-    """Best FLOP/s of a few square CPU matmuls in ``dtype`` (~0.1 s, once per process):
-    the peak a CPU run's MFU is measured against, since CPUs have no data sheet figure
-    that holds for a shared, throttled or partly used machine."""
+    """Best FLOP/s of a few square CPU matmuls in ``dtype`` (~0.1 s, once per process
+    and dtype): the peak a CPU run's MFU is measured against, since CPUs have no data
+    sheet figure that holds for a shared, throttled or partly used machine."""
+    return _measured_peak_flops(dtype)  # one cache key however dtype is passed
+
+
+@functools.cache
+def _measured_peak_flops(dtype: torch.dtype) -> float:
     import time
 
     n = 1024

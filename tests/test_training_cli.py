@@ -1570,3 +1570,21 @@ def test_the_mlflow_client_splits_batches_at_mlflows_limits(tmp_path):
     data = client.get_run(run_id).data
     assert (len(data.metrics), len(data.params)) == (1001, 101)
     assert len([k for k in data.tags if k.startswith("t")]) == 250
+
+
+def test_a_fit_validates_every_interval_of_steps_across_epochs(tiny_data, tmp_path):
+    """Lightning counts val_check_interval within an epoch unless
+    check_val_every_n_epoch is null: with an epoch of 220 batches and an interval of
+    100, the demo validated at 100, 200 and 320, never at its last step, 300."""
+    from cofrgenet.data import TokenDataModule
+
+    epoch = len(TokenDataModule(str(tiny_data), block_size=32, batch_size=16).train_dataloader())
+    interval = next(k for k in range(epoch // 2, epoch) if epoch % k)  # not dividing an epoch
+    steps = interval * (2 * epoch // interval + 1)  # past two epochs, on an interval
+    args = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(interval)]
+    args += ["--data.batch_size", "16", "--trainer.limit_val_batches", "1"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--run.name", "v"))
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (tmp_path / "runs" / "test" / "v" / "mlflow_run_id").read_text().strip()
+    validated = [m.step for m in client.get_metric_history(run_id, "val/loss")]
+    assert validated == list(range(interval, steps + 1, interval))

@@ -1525,6 +1525,7 @@ def test_a_start_refused_once_the_data_loaded_can_be_started_again(tiny_data, tm
     folder and its MLflow run are made by then): one line, and the folder, which holds
     nothing trained, goes, so the same command with the setting fixed starts the run."""
     run = ["--run.name", "r", "--trainer.max_steps", "2"]
+    run += ["--trainer.check_val_every_n_epoch", "1"]  # the interval counted within epochs
     with pytest.raises(ConfigError, match=r"^trainer.val_check_interval is 100000 batches, but"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "--trainer.val_check_interval", "100000"))
     cli = CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "--trainer.val_check_interval", "2"))
@@ -1588,3 +1589,32 @@ def test_a_fit_validates_every_interval_of_steps_across_epochs(tiny_data, tmp_pa
     run_id = (tmp_path / "runs" / "test" / "v" / "mlflow_run_id").read_text().strip()
     validated = [m.step for m in client.get_metric_history(run_id, "val/loss")]
     assert validated == list(range(interval, steps + 1, interval))
+
+
+def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_path, monkeypatch):
+    """`cofr validate --ckpt_path CKPT` read the default data folder (another tokenizer:
+    refused) or every validation batch, and logged that score onto the run's val/loss
+    beside the fit's own at the same step. It now takes the run's data folder (a
+    relative one found above the run folder) and validation batches from its config."""
+    import shutil
+
+    shutil.copytree(tiny_data, tmp_path / "data" / "tiny")
+    monkeypatch.chdir(tmp_path)
+    args = fit_args(tmp_path, Path("data/tiny"), "--trainer.max_steps", "4", "--run.name", "a")
+    args += ["--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2"]
+    fit = float(CofrCLI(args=args).trainer.callback_metrics["val/loss"])
+    ckpt = tmp_path / "runs" / "test" / "a" / "checkpoints" / "last.ckpt"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    cli = CofrCLI(
+        args=["validate", "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false"]
+    )
+    assert float(cli.trainer.callback_metrics["val/loss"]) == fit
+    assert Path(cli.datamodule.data_dir) == tmp_path / "data" / "tiny"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (ckpt.parent.parent / "mlflow_run_id").read_text().strip()
+    assert [m.value for m in client.get_metric_history(run_id, "val/loss")] == [fit, fit]
+    assert not (tmp_path / "elsewhere" / "runs").exists()
+    (tmp_path / "data" / "tiny").rename(tmp_path / "data" / "moved")
+    with pytest.raises(ConfigError, match=r"trained on the data folder 'data/tiny', not found as "):
+        CofrCLI(args=["validate", "--ckpt_path", str(ckpt)])

@@ -429,6 +429,8 @@ class CofrCLI(LightningCLIAdapter):
             checkpoints.check(ckpt_path)
         elif subcommand in EVALUATIONS:
             self._evaluate_newest_checkpoint(subcommand)
+        if subcommand in EVALUATIONS and not recipes.config_paths(words):
+            self._score_as_the_fit_did(subcommand, words)
         if subcommand in EVALUATIONS:
             given = sorted({w.split("=", 1)[0] for w in words[1:] if w.startswith("--model")})
             if given:  # the checkpoint's hyperparameters build the model
@@ -436,6 +438,56 @@ class CofrCLI(LightningCLIAdapter):
                     f"cofr {subcommand} scores the checkpoint's own model: {', '.join(given)} "
                     "not used"
                 )
+
+    def _score_as_the_fit_did(self, subcommand: str, words: list[str]) -> None:
+        """``cofr validate``/``test`` without ``--config``: the data and batches the run's
+        own validations scored (its ``config.yaml``), for what the command does not give.
+        The scores go onto the run's curves at the checkpoint's step: scored otherwise
+        (the default data folder, every batch), they stood beside the fit's as its own."""
+        from cofrgenet.training.pretrained import run_dir_of
+
+        ckpt = self.config[subcommand].get("ckpt_path")
+        run_dir = run_dir_of(Path(ckpt)) if ckpt not in (None, "last") else None
+        saved = run_dir / "config.yaml" if run_dir is not None else None
+        if saved is None or not saved.is_file():
+            return
+        import yaml
+
+        try:
+            fit = yaml.safe_load(saved.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return  # a damaged config.yaml: the command's own settings
+        given = {cli_cache.option_key(w) for w in words if w.startswith("--")}
+        taken = []
+        for key in SCORING_KEYS:
+            section, field = key.split(".")
+            value = (fit.get(section) or {}).get(field) if isinstance(fit, dict) else None
+            if key in given or value is None:
+                continue
+            if key == "data.data_dir":
+                value = self._trained_data_dir(str(value), Path(ckpt), run_dir)
+            self.config[subcommand][key] = value
+            taken.append(f"{key}={value}")
+        if taken:
+            rank_zero_info(
+                f"cofr {subcommand} scores as the run's fit did ({saved}): {', '.join(taken)}"
+            )
+
+    @staticmethod
+    def _trained_data_dir(stored: str, ckpt: Path, run_dir: Path | None) -> str:
+        """The run's data folder on this machine, or a one-line error naming where it
+        was looked for."""
+        from cofrgenet.training.pretrained import data_dir_candidates
+
+        tried = data_dir_candidates(stored, ckpt, run_dir)
+        for folder in tried:
+            if (folder / "meta.json").is_file():
+                return str(folder)
+        raise ConfigError(
+            f"the run trained on the data folder {stored!r}, not found as "
+            f"{', '.join(map(str, tried))}: run from the folder it was trained in, or pass "
+            "--data.data_dir DIR"
+        )
 
     def _evaluate_newest_checkpoint(self, subcommand: str) -> None:
         """``cofr validate``/``test`` without a file: name the run's newest intact
@@ -822,7 +874,7 @@ class CofrCLI(LightningCLIAdapter):
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
-                eval_data=None if self.subcommand == "fit" else self._other_data(saved),
+                eval_data=None if self.subcommand == "fit" else self._other_data(saved, chosen),
             )
         elif logger is None:
             trainer_config["logger"] = False
@@ -833,16 +885,23 @@ class CofrCLI(LightningCLIAdapter):
         except ValueError as error:  # a Trainer setting Lightning refuses, e.g. a strategy name
             raise ConfigError(f"trainer: {first_line(error)}") from None
 
-    def _other_data(self, saved: dict[str, Any] | None) -> Path | None:
+    def _other_data(self, saved: dict[str, Any] | None, chosen: Any) -> Path | None:
         """The data folder validate/test score when it is not the one the checkpoint
-        ``saved`` trained on (None when it is, or either is not known)."""
+        ``saved`` (at ``chosen``) trained on (None when it is, or either is not known).
+        A relative training folder is where the run's data is found from here or above
+        the run folder (:func:`~cofrgenet.training.pretrained.data_dir_candidates`)."""
+        from cofrgenet.training.pretrained import data_dir_candidates, run_dir_of
+
         folder = getattr(getattr(self, "datamodule", None), "data_dir", None)
         if folder is None or saved is None:
             return None
         hparams = saved.get("datamodule_hyper_parameters") or {}
         trained = hparams.get("data_dir")
-        if trained is not None and Path(trained).resolve() == Path(folder).resolve():
-            return None
+        if trained is not None:
+            ckpt = Path(str(chosen))
+            places = data_dir_candidates(str(trained), ckpt, run_dir_of(ckpt))
+            if any(place.resolve() == Path(folder).resolve() for place in places):
+                return None
         return Path(folder)
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
@@ -876,6 +935,18 @@ def _check_trainer_counts(value: Any) -> None:
     for key in ("limit_train_batches", "max_epochs"):
         if value(key) == 0 and not isinstance(value(key), bool):
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
+
+
+#: What decides a validation's or test's score: ``cofr validate``/``test`` take these
+#: from the run's config.yaml when the command gives neither them nor a ``--config``.
+SCORING_KEYS = (
+    "data.data_dir",
+    "data.block_size",
+    "data.batch_size",
+    "data.val_batch_size",
+    "trainer.limit_val_batches",
+    "trainer.limit_test_batches",
+)
 
 
 class ParseOnlyCLI(CofrCLI):

@@ -573,7 +573,8 @@ def test_recurrent_counts_and_flops():
     model = build_model(config)
     counts = count_parameters(model)
     assert counts.total == _recurrent_formula(config) == sum(p.numel() for p in model.parameters())
-    assert counts.embedding == 256 * 64 and counts.head == 48 * 256  # untied: sizes differ
+    vocab = config.vocab_size
+    assert counts.embedding == vocab * 64 and counts.head == 48 * vocab  # untied: sizes differ
     assert counts.attention == counts.ffn == counts.norm == counts.other == 0
     assert [layer["recurrent"] for layer in counts.per_layer] == [
         4 * 48 * (64 + 48 + 2),
@@ -584,7 +585,7 @@ def test_recurrent_counts_and_flops():
     flops = estimate_flops_per_token(config)
     assert flops.breakdown == {
         "recurrent": 2 * 4 * 48 * ((64 + 48) + 2 * (48 + 48)),
-        "lm_head": 2 * 48 * 256,
+        "lm_head": 2 * 48 * vocab,
     }
     tied = build_model(tiny("gru-tiny"))
     assert tied.tied and tied.lm_head.weight is tied.wte.weight
@@ -695,6 +696,18 @@ def test_unsupported_combinations_raise():
     for combination in rejected:
         with pytest.raises(ValueError, match=r"acts on q\.k logits"):
             build_model(combination.config(vocab_size=32, block_size=8, n_embd=16, n_head=2))
+
+
+def test_the_tiny_presets_hold_the_default_prepared_data():
+    """Every tiny preset had 256 ids: none could train on `cofr data prepare`'s default
+    byte folder (257 ids with EOS) without a vocab_size override."""
+    from cofrgenet.data import ByteTokenizer
+    from cofrgenet.models import list_presets
+
+    tiny_presets = [name for name in list_presets() if "tiny" in name]
+    assert tiny_presets
+    for name in tiny_presets:
+        assert ModelConfig.from_preset(name).vocab_size >= ByteTokenizer().vocab_size, name
 
 
 def test_the_presets_table_in_the_docs_is_current():

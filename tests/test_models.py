@@ -116,7 +116,7 @@ def test_registering_a_new_mixer_needs_no_block_change():
         assert isinstance(model.transformer.h[0].attn, _ScaledIdentity)
         assert isinstance(model.transformer.h[0].mlp, MLP)
         assert isinstance(model.transformer.h[1].mlp, _ScaledIdentity)
-        assert model(torch.randint(0, 256, (2, 8))).shape == (2, 8, 256)
+        assert model(torch.randint(0, 256, (2, 8))).shape == (2, 8, config.vocab_size)
         # No flops formula registered: 2 FLOPs per parameter.
         flops = estimate_flops_per_token(config)
         assert flops.breakdown["attention"] == 2 * config.n_layer
@@ -178,7 +178,7 @@ def test_forward_shape(attention, ffn):
     torch.manual_seed(0)
     model = build_model(tiny(attention=attention, ffn=ffn))
     logits = model(torch.randint(0, 256, (2, 17)))
-    assert logits.shape == (2, 17, 256)
+    assert logits.shape == (2, 17, model.config.vocab_size)
     assert torch.isfinite(logits).all()
 
 
@@ -293,7 +293,7 @@ def test_count_parameters_components_sum_to_total():
     parts = counts.embedding + counts.head + counts.attention + counts.ffn + counts.norm
     assert parts + counts.other == counts.total == sum(p.numel() for p in model.parameters())
     assert counts.other == 0 and counts.head == 0  # tied head
-    assert counts.embedding == 256 * 64 + 128 * 64
+    assert counts.embedding == config.vocab_size * 64 + 128 * 64
     assert 0 < counts.ladder < counts.attention + counts.ffn
     assert [row[0] for row in counts.rows()][-1] == "total"
     assert "ladder" in counts.table()
@@ -317,8 +317,9 @@ def test_per_layer_pattern_builds_those_mixers():
 
 def test_untied_head_counted_separately():
     counts = count_parameters(tiny(tie_embeddings=False))
-    assert counts.head == 64 * 256
-    assert counts.total == count_parameters(tiny()).total + 64 * 256
+    vocab = tiny().vocab_size
+    assert counts.head == 64 * vocab
+    assert counts.total == count_parameters(tiny()).total + 64 * vocab
 
 
 def test_flops_match_nanogpt_for_gpt2_small():

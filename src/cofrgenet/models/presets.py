@@ -1,6 +1,7 @@
 """Named model presets: GPT-2 and Llama 3 shapes, their CoFrGeNet variants, and RNNs.
 
-Transformer bases (tiny/mini ones for CPU tests) each also give:
+Transformer bases (tiny/mini ones for CPU tests; the tiny ones' vocabulary of 320 holds
+the byte tokenizer's 257 ids, as the default ``cofr data prepare`` makes) each also give:
 
 * ``B-f``:  CoFrGeNet-F, the feed-forward network (MLP or SwiGLU) replaced by Cffn;
 * ``B-a``:  CoFrGeNet-A, attention replaced by CAttnM (the paper's default for -A);
@@ -58,7 +59,7 @@ _LLAMA32 = {
 
 #: Base shapes: name -> (fields, variant table).
 GPT2_BASES: dict[str, dict[str, Any]] = {
-    "gpt2-tiny": {"vocab_size": 256, "block_size": 128, "n_layer": 2, "n_embd": 64, "n_head": 4},
+    "gpt2-tiny": {"vocab_size": 320, "block_size": 128, "n_layer": 2, "n_embd": 64, "n_head": 4},
     "gpt2-mini": {"vocab_size": 512, "block_size": 256, "n_layer": 4, "n_embd": 128, "n_head": 4},
     "gpt2-small": {**_GPT2, "n_layer": 12, "n_embd": 768, "n_head": 12},
     "gpt2-medium": {**_GPT2, "n_layer": 24, "n_embd": 1024, "n_head": 16},
@@ -67,7 +68,7 @@ GPT2_BASES: dict[str, dict[str, Any]] = {
 }
 LLAMA_BASES: dict[str, dict[str, Any]] = {
     "llama3-tiny": {
-        "vocab_size": 256,
+        "vocab_size": 320,
         "block_size": 128,
         "n_layer": 2,
         "n_embd": 64,
@@ -104,7 +105,7 @@ LLAMA_BASES: dict[str, dict[str, Any]] = {
     },
 }
 RECURRENT_BASES: dict[str, dict[str, Any]] = {
-    "tiny": {"vocab_size": 256, "block_size": 128, "n_layer": 2, "n_embd": 64},
+    "tiny": {"vocab_size": 320, "block_size": 128, "n_layer": 2, "n_embd": 64},
     "mini": {"vocab_size": 512, "block_size": 256, "n_layer": 2, "n_embd": 128},
 }
 

@@ -103,6 +103,30 @@ def test_running_out_of_memory_is_one_line_with_what_to_lower(capsys, monkeypatc
         cli.main(["--debug", "models", "list"])
 
 
+def test_our_own_warnings_are_one_line(monkeypatch):
+    """`--ckpt_path last` of a missing run printed `.../training/cli.py:625: UserWarning:
+    ...` and the `rank_zero_warn(` source line under it."""
+    import warnings
+
+    import cofrgenet.models.cli as models_cli
+
+    shown: list[str] = []
+
+    def formats(args):
+        ours, theirs = cli.__file__, warnings.__file__
+        shown.extend(warnings.formatwarning("a note", UserWarning, f, 1) for f in (ours, theirs))
+        return 0
+
+    monkeypatch.setattr(models_cli, "run", formats)
+    cli.main(["models", "list"])
+    assert shown[0] == "warning: a note\n"
+    assert shown[1].startswith(f"{warnings.__file__}:1: UserWarning: a note")
+    shown.clear()
+    cli.main(["--debug", "models", "list"])  # --debug: where it came from
+    assert "cli.py:1: UserWarning: a note" in shown[0]
+    assert warnings.formatwarning("x", UserWarning, cli.__file__, 1) != "warning: x\n"
+
+
 def test_did_you_mean():
     assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
     assert did_you_mean("zzz", ["depth"]) == ""

@@ -20,7 +20,8 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("COFR_DEBUG", "") not in ("", "0")
     argv = [word for word in argv if word != "--debug"]
     try:
-        return _run(argv)
+        with _own_warnings_in_one_line(debug):
+            return _run(argv)
     except KeyboardInterrupt:  # before a command's own handler (fit's) is in place
         print("cofr: interrupted", file=sys.stderr)
         return 130
@@ -254,6 +256,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+#: cofrgenet's own source folder: warnings raised from it are ours, said in one line.
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+@contextlib.contextmanager
+def _own_warnings_in_one_line(debug: bool) -> Iterator[None]:
+    """``warning: <message>`` for the warnings cofrgenet raises (Python's format adds our
+    file, line and source line: noise to a user); others keep Python's format."""
+    default = warnings.formatwarning
+
+    def one_line(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
+        if debug or not os.path.abspath(filename).startswith(_PACKAGE + os.sep):
+            return default(message, category, filename, lineno, line)
+        return f"warning: {message}\n"
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
 
 
 def _run(argv: list[str]) -> int:

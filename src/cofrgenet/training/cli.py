@@ -626,6 +626,7 @@ class CofrCLI(LightningCLIAdapter):
                 f"--ckpt_path last: {run_dir} does not exist, so this run starts from "
                 f"scratch{did_you_mean(run_dir.name, names)}"
             )
+            self._said_no_run_folder = True
 
     def check_not_overwriting(self, run_dir: Path) -> None:
         """A fresh fit must not overwrite the checkpoints of an earlier run, nor log into
@@ -717,7 +718,7 @@ class CofrCLI(LightningCLIAdapter):
         if chosen is None:
             if self.subcommand in EVALUATIONS:
                 raise ConfigError(_nothing_to_evaluate(self.run_config(), run_dir))
-            if run_dir.exists():  # a missing folder was announced by resolve_run_dir
+            if not getattr(self, "_said_no_run_folder", False):  # said once is enough
                 rank_zero_info(f"--ckpt_path last: {run_dir} holds no checkpoint yet: from step 0")
         # Lightning gets the file, or None to start from scratch: its own `last` would
         # find nothing and warn with a hint to set ModelCheckpoint(save_last=True).

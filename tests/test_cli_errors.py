@@ -127,6 +127,20 @@ def test_our_own_warnings_are_one_line(monkeypatch):
     assert warnings.formatwarning("x", UserWarning, cli.__file__, 1) != "warning: x\n"
 
 
+def test_an_unreadable_value_and_a_missing_config_file_are_one_line(capsys, tmp_path):
+    """A JSON value cut short was jsonargparse's six-line dump; a missing --config file
+    read `Parser key "config": File does not exist`."""
+    assert cli.main(["fit", "--model.config", '{"depth": 3']) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == (
+        "cofr fit: error: model.config '{\"depth\": 3': not valid YAML or JSON (while parsing "
+        "a flow mapping; did not find expected ',' or '}')"
+    )
+    assert cli.main(["fit", "--config", str(tmp_path / "nonexist.yaml")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == f"cofr fit: error: --config {tmp_path / 'nonexist.yaml'}: no such file"
+
+
 def test_did_you_mean():
     assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
     assert did_you_mean("zzz", ["depth"]) == ""

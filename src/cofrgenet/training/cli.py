@@ -549,6 +549,17 @@ class CofrCLI(LightningCLIAdapter):
         union = _bad_union(message)
         if union is not None:
             return union
+        missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
+        if missing is not None:
+            return f"--config {missing.group(1)}: no such file"
+        unloadable = re.match(
+            r'Parser key "([^"]+)":\s*Unable to load config (\'.*?\')\s', message, re.S
+        )
+        if unloadable is not None:  # a YAML/JSON value that does not parse: its problem
+            key, value = unloadable.groups()
+            problems = [line.strip(" -") for line in message.splitlines() if 'in "<' not in line]
+            problem = "; ".join(p for p in problems[2:] if p) or "cannot be read"
+            return f"{_given_key(key, words)} {value}: not valid YAML or JSON ({problem})"
         subcommand = words[0] if words and words[0] in self.subcommands() else None
         match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
         if subcommand is None:

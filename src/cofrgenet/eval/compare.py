@@ -158,7 +158,8 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
         return None  # a start refused after its MLflow run existed: no step, no score
     model_config = model_config_of(config)
     counts = count_parameters(model_config)
-    mixers = sorted({m for m in (model_config.attention, model_config.ffn) if isinstance(m, str)})
+    # attention+ffn, always in that order (a pattern of several per layer is not named)
+    mixers = [m for m in (model_config.attention, model_config.ffn) if isinstance(m, str)]
     preset = (config.get("model") or {}).get("preset") or "custom"
     has_ladders = counts.ladder > 0
     rates = [m.value for m in client.get_metric_history(run.info.run_id, RATE_KEY)]

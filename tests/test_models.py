@@ -296,7 +296,10 @@ def test_count_parameters_components_sum_to_total():
     assert counts.embedding == config.vocab_size * 64 + 128 * 64
     assert 0 < counts.ladder < counts.attention + counts.ffn
     assert [row[0] for row in counts.rows()][-1] == "total"
-    assert "ladder" in counts.table()
+    # The ladders, in attention and ffn both, under the total: not indented under ffn.
+    last = counts.table().splitlines()[-1]
+    assert last.startswith("ladder") and last.endswith("(of attention + ffn above)")
+    assert f"{counts.ladder:,}" in last
     assert len(counts.per_layer) == 3
     assert sum(layer["attention"] for layer in counts.per_layer) == counts.attention
 

@@ -54,12 +54,17 @@ class ParameterCount:
         return [(n, getattr(self, n), getattr(self, n) / total) for n in names]
 
     def table(self) -> str:
-        """Plain-text table of :meth:`rows` (ladder is included in attention + ffn)."""
+        """Plain-text table of :meth:`rows`; the ladders' parameters, which attention and
+        ffn hold both, are a line of their own under the total."""
         lines = [f"{'component':<12}{'parameters':>16}{'share':>9}"]
+        ladder = ""
         for name, count, share in self.rows():
-            label = "  ladder" if name == "ladder" else name
-            lines.append(f"{label:<12}{count:>16,}{share:>9.1%}")
-        return "\n".join(lines)
+            line = f"{name:<12}{count:>16,}{share:>9.1%}"
+            if name == "ladder":
+                ladder = line + "  (of attention + ffn above)"
+            else:
+                lines.append(line)
+        return "\n".join([*lines, ladder])
 
 
 def _ladder_param_ids(model: nn.Module) -> set[int]:

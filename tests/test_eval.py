@@ -475,6 +475,9 @@ def test_cofr_eval_checks_the_checkpoint_and_data_dir_before_the_network(tmp_pat
     argv = ["eval", "--ckpt", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(missing)]
     line = one_line_error(capsys, argv)
     assert line.startswith(f"cofr eval: error: --data-dir {missing}: no such folder")
+    argv[-1] = str(ckpt)  # one of the set's files given for its folder
+    line = one_line_error(capsys, argv)
+    assert line.startswith(f"cofr eval: error: --data-dir {ckpt} is a file: give the folder ")
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])

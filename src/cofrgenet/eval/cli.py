@@ -62,6 +62,11 @@ def _looks_like_json(path: Path) -> bool:
 def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
     """A ``--data-dir`` given must be a folder (None: the data comes from ``hub``)."""
     if data_dir is not None and not Path(data_dir).is_dir():
+        if Path(data_dir).is_file():
+            raise UserError(
+                f"--data-dir {data_dir} is a file: give the folder that holds it "
+                f"({Path(data_dir).parent}), or leave it out to use {hub}"
+            )
         raise UserError(
             f"--data-dir {data_dir}: no such folder; give {holds}, or leave it out to use {hub}"
         )

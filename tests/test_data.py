@@ -402,6 +402,8 @@ def test_hf_source_without_network_names_offline_alternatives():
     message = str(info.value)
     assert "Skylion007/openwebtext" in message and "ConnectionError" in message
     assert "--source text --glob" in message and "--source jsonl" in message
+    with pytest.raises(HFUnavailableError, match=r"'openwebtxt' \(did you mean 'openwebtext'"):
+        HFSource("openwebtxt", loader=offline)  # a preset's name mistyped
 
 
 def test_hf_source_without_datasets_package(monkeypatch):

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from cofrgenet.errors import UserError, first_line
+from cofrgenet.errors import UserError, did_you_mean, first_line
 from cofrgenet.hub import offline_unless_reachable
 
 SOURCE_KINDS = ("pydoc", "text", "jsonl", "parquet", "hf")
@@ -402,8 +402,11 @@ class HFSource(Source):
         except HFUnavailableError:
             raise
         except Exception as err:
+            # A preset's name mistyped reads as another hub name: say which one was meant.
+            hint = "" if preset else did_you_mean(dataset, list(HF_PRESETS))
             raise HFUnavailableError(
-                f"could not load {what}, split {self.split!r}: {type(err).__name__}: {err}\n"
+                f"could not load {what}{hint}, split {self.split!r}: {type(err).__name__}: "
+                f"{err}\n"
                 "Without network access to the hub (or a copy in the local HF cache, read with "
                 "HF_HUB_OFFLINE=1), prepare a local copy instead: "
                 f"{OFFLINE_ALTERNATIVES}."

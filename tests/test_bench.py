@@ -375,6 +375,17 @@ def test_targets_are_checked_for_their_dtype_and_fastest_counts_auto():
         OpsBenchConfig(impls=()).validate()
 
 
+def test_a_target_whose_workload_was_not_timed_does_not_read_as_a_result():
+    """`not measured: auto >= 5x literal` read as a finding about auto."""
+    from cofrgenet.bench.ops.report import _target_line
+    from cofrgenet.bench.ops.targets import TargetCheck, targets_for
+
+    target = targets_for(torch.device("cpu"))[0]
+    line = _target_line(TargetCheck(target, speedup=None))
+    assert line == f"NOT TIMED (its workload was skipped or failed): {target.describe()}"
+    assert _target_line(TargetCheck(target, speedup=1e9)).startswith("MET: ")
+
+
 def test_triton_is_skipped_on_cpu_with_a_note():
     config = OpsBenchConfig(
         sizes=(64,),

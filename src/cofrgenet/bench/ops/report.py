@@ -142,7 +142,7 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 def _target_line(check: TargetCheck) -> str:
     if check.met is None:
-        return f"not measured: {check.target.describe()}"
+        return f"NOT TIMED (its workload was skipped or failed): {check.target.describe()}"
     verdict = "MET" if check.met else "MISSED"
     if check.target.min_copy_fraction is not None:
         measured = percent(check.speedup)

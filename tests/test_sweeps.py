@@ -1317,14 +1317,14 @@ def test_workers_finishing_together_take_turns_writing_the_report(tmp_path):
     import multiprocessing
 
     from cofrgenet.sweeps.report import write_report
-    from cofrgenet.sweeps.tracking import file_lock
+    from cofrgenet.folder_lock import waiting_for
 
     sweep = load_sweep(write_sweep(tmp_path))
     study = _finished_study(sweep)
     out = tmp_path / "report"
     out.mkdir()
     fork = multiprocessing.get_context("fork")
-    with file_lock(tmp_path / ".report.lock"):  # another writer holds the folder
+    with waiting_for(tmp_path / ".report.lock"):  # another writer holds the folder
         child = fork.Process(target=_report_in_child, args=(study, sweep, out))
         child.start()
         time.sleep(2.0)

@@ -866,6 +866,13 @@ def test_lightning_private_api_is_pinned():
         assert name in vars(strategies.LadderFSDPStrategy), name
     params = inspect.signature(LightningCLI._instantiate_trainer).parameters
     assert list(params)[1:3] == ["config", "callbacks"]
+    # Loggers named by their modules' paths: a renamed module would leave a filter idle.
+    import importlib.util
+
+    from cofrgenet.training import callbacks, console
+
+    for logger in (*console.FILTERED_LOGGERS, callbacks._LIGHTNING_SIGNAL_LOGGER):
+        assert importlib.util.find_spec(logger) is not None, logger
     src = ROOT / "src" / "cofrgenet"
     sources = [src / "training" / "cli.py", *sorted((src / "sweeps").glob("*.py"))]
     for path in sources:

@@ -4,17 +4,20 @@ An ``flock`` on a file in the folder: the kernel drops it when the holding proce
 exits, however it exits, so a crash or a ``kill -9`` never leaves a folder locked. The
 file says who holds it (process, host, since, command), for the error a second writer
 gets. Users: ``cofr fit``'s run folder (:mod:`cofrgenet.training.runlock`) and ``cofr
-data prepare``'s --out.
+data prepare``'s --out. :func:`waiting_for` is the blocking kind, for a short critical
+section between processes (sweep workers creating one MLflow store or report).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +95,17 @@ class FolderLock:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+@contextlib.contextmanager
+def waiting_for(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (made, with its folder, if missing) for the
+    block, waiting while another process holds it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

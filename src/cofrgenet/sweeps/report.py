@@ -208,10 +208,10 @@ def write_report(
     that finish a sweep together each write the report, and one must not delete a plot
     the other has just written.
     """
-    from cofrgenet.sweeps.tracking import file_lock
+    from cofrgenet.folder_lock import waiting_for
 
     out.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.parent / f".{out.name}.lock"):
+    with waiting_for(out.parent / f".{out.name}.lock"):
         return _write_report(study, sweep, out, client, parent_run_id)
 
 

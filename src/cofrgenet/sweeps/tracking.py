@@ -9,8 +9,6 @@ study's run in the UI; the sampled params are MLflow params under their config k
 from __future__ import annotations
 
 import contextlib
-import fcntl
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +17,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.folder_lock import waiting_for
 from cofrgenet.sweeps.spec import Sweep
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
@@ -45,24 +44,13 @@ def run_config(sweep: Sweep, runs_dir: str | None = None) -> RunConfig:
     )
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def client_for(run: RunConfig) -> MlflowClient:
     """A client on the run store; a fresh sqlite store is created under a file lock, since
     workers that start together would otherwise race on its schema migration."""
     uri = tracking_uri(run)
     if not uri.startswith("sqlite:"):
         return MlflowClient(uri)
-    with file_lock(Path(run.runs_dir) / ".mlflow.lock"):
+    with waiting_for(Path(run.runs_dir) / ".mlflow.lock"):
         client = MlflowClient(uri)  # opening the store creates and migrates its schema
         client.search_experiments(max_results=1)
     return client

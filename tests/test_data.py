@@ -46,7 +46,7 @@ from cofrgenet.data import (
     train_bpe,
 )
 from cofrgenet.data.env import default_loader_workers
-from cofrgenet.data.meta import PREPARE_LOCK
+from cofrgenet.data.meta import PREPARE_LOCK, DataMeta
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
@@ -1221,5 +1221,20 @@ def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_runs(tmp_
     (out / PREPARE_LOCK).touch()  # a killed prepare's file is its own, not the user's
     with pytest.raises(PrepareError, match="already prepared"):  # not "half-written"
         prepare_data("pydoc", out, max_docs=9, num_workers=1)
+    with pytest.MonkeyPatch.context() as patch:  # the same settings again: nothing written,
+        patch.setattr(prepare_module, "_lock_output", None)  # so no lock (a read-only disk)
+        assert prepare_data("pydoc", out, max_docs=8, num_workers=1) == read_meta(out)
+    # Held to the end: moving the new folder in must not remove the lock file.
+    held_at_meta: list[bool] = []
+    real_write = DataMeta.write
+
+    def write_and_probe(meta, folder):
+        held_at_meta.append(not FolderLock(out / PREPARE_LOCK).try_acquire())
+        return real_write(meta, folder)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DataMeta, "write", write_and_probe)
+        prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
+    assert held_at_meta == [True]
     prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]

@@ -39,3 +39,16 @@ def test_a_lock_file_removed_between_open_and_flock_is_not_taken(tmp_path, monke
     lock = FolderLock(path)
     assert lock.try_acquire() and removed
     assert not FolderLock(path).try_acquire()  # the file at the path is the one held
+
+
+def test_a_release_removes_only_its_own_lock_file(tmp_path):
+    """A holder whose file was replaced (removed, then made and taken by another) deleted
+    the other's on release: a third process could then take a lock beside the second."""
+    path = tmp_path / ".lock"
+    first = FolderLock(path)
+    assert first.try_acquire()
+    path.unlink()  # gone while held (a cleanup that should not have touched it)
+    second = FolderLock(path)
+    assert second.try_acquire()
+    first.release(remove=True)
+    assert path.exists() and not FolderLock(path).try_acquire()  # still the second's

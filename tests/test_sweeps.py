@@ -1316,8 +1316,8 @@ def test_workers_finishing_together_take_turns_writing_the_report(tmp_path):
     that once left a two-worker sweep without optimization_history.png."""
     import multiprocessing
 
-    from cofrgenet.sweeps.report import write_report
     from cofrgenet.folder_lock import waiting_for
+    from cofrgenet.sweeps.report import write_report
 
     sweep = load_sweep(write_sweep(tmp_path))
     study = _finished_study(sweep)

@@ -64,11 +64,7 @@ class FolderLock:
             # A holder that removed the file on release (release(remove=True)) may have
             # done so between our open and our flock: then we hold a file no one else
             # sees, and must lock the one at the path now.
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            if _same_file(self.path, fd):
                 break
             os.close(fd)
         me = {
@@ -82,19 +78,31 @@ class FolderLock:
         self._fd = fd
         return True
 
+    def _is_the_file_at_the_path(self) -> bool:
+        return self._fd is not None and _same_file(self.path, self._fd)
+
     def release(self, remove: bool = False) -> None:
-        """Let go of the lock; ``remove`` also deletes the lock file (safe: a process
-        that opened it before checks, after its flock, that it is still the file at the
-        path)."""
+        """Let go of the lock; ``remove`` also deletes the lock file if it is still the
+        one held (safe: a process that opened it before checks, after its flock, that it
+        is still the file at the path)."""
         if self._fd is None:
             return
         try:
-            if remove:
+            if remove and self._is_the_file_at_the_path():
                 self.path.unlink(missing_ok=True)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` names the file open as ``fd`` (not one made since in its place)."""
+    try:
+        at_path, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
 
 @contextlib.contextmanager

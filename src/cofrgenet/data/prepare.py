@@ -532,7 +532,7 @@ def _move_in(stage: Path, out: Path) -> None:
     between leaves a folder that reads as half-written, never as the old one."""
     (out / META_FILE).unlink(missing_ok=True)
     for entry in list(out.iterdir()):  # the old folder's (a cut write's temporary files too)
-        if entry.name != stage.name and written_by_prepare(entry):
+        if entry.name not in (stage.name, PREPARE_LOCK) and written_by_prepare(entry):
             _remove(entry)
     for entry in stage.iterdir():
         entry.rename(out / entry.name)
@@ -694,24 +694,23 @@ def prepare_data(
                 f"got {vocab_size}"
             )
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
+    # Read only, before the lock: a prepared folder on a read-only disk is still "done".
+    if not overwrite and (out / META_FILE).exists():
+        request = {
+            "source": source.kind,
+            "source_args": source.describe(),
+            "tokenizer": tokenizer,
+            "tokenizer_args": tokenizer_args,
+            "split_args": split_args,
+        }
+        existing = _same_prepare(out, request, chunk_bytes)
+        log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
+        return existing
     _check_is_folder(out)
     created = not out.exists()
     _make_folder(out)
     lock = _lock_output(out)
     try:
-        if not overwrite and (out / META_FILE).exists():
-            request = {
-                "source": source.kind,
-                "source_args": source.describe(),
-                "tokenizer": tokenizer,
-                "tokenizer_args": tokenizer_args,
-                "split_args": split_args,
-            }
-            existing = _same_prepare(out, request, chunk_bytes)
-            log(
-                f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)"
-            )
-            return existing
         _check_output(out, overwrite)
         # Written aside, then moved in: a prepare that fails (a bad record, an empty split,
         # Ctrl-C) leaves an --overwrite's old folder whole and the same command runnable.

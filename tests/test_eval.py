@@ -647,7 +647,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table = (out / "compare.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| evaluated |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] == "gpt2-tiny-f (softmax+cffn)"  # attention first, as for every variant and cells[3] == "5" and cells[4] == "3"
+    # The mixers: attention first, as for every variant.
+    assert cells[2] == "gpt2-tiny-f (softmax+cffn)" and cells[3] == "5" and cells[4] == "3"
     assert int(cells[5].replace(",", "")) > 0 and float(cells[10]) > 1  # params, ptb ppl
     assert float(cells[11]) > 1  # wikitext-2 ppl, from the <unk> release
     assert "| GPT2-xl (paper) |" in table and "| 30.12 |" in table

@@ -1596,6 +1596,9 @@ def test_a_fit_validates_every_interval_of_steps_across_epochs(tiny_data, tmp_pa
     run_id = (tmp_path / "runs" / "test" / "v" / "mlflow_run_id").read_text().strip()
     validated = [m.step for m in client.get_metric_history(run_id, "val/loss")]
     assert validated == list(range(interval, steps + 1, interval))
+    fraction = ["--trainer.val_check_interval", "0.5", "--run.name", "f"]
+    with pytest.raises(ConfigError, match=r"add --trainer.check_val_every_n_epoch 1\)$"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *fraction))
 
 
 def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_path, monkeypatch):
@@ -1625,3 +1628,13 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_pat
     (tmp_path / "data" / "tiny").rename(tmp_path / "data" / "moved")
     with pytest.raises(ConfigError, match=r"trained on the data folder 'data/tiny', not found as "):
         CofrCLI(args=["validate", "--ckpt_path", str(ckpt)])
+    # A ${VAR} in the saved folder is expanded; a fit that validated nothing (limit 0)
+    # does not make this command score nothing; a smaller --data.batch_size counts.
+    saved = ckpt.parent.parent / "config.yaml"
+    text = saved.read_text().replace("data_dir: data/tiny", "data_dir: ${COFR_TEST_DATA}/moved")
+    saved.write_text(text.replace("limit_val_batches: 2", "limit_val_batches: 0"))
+    monkeypatch.setenv("COFR_TEST_DATA", str(tmp_path / "data"))
+    quiet = ["--trainer.enable_progress_bar", "false"]
+    cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), "--data.batch_size", "2", *quiet])
+    assert Path(cli.datamodule.data_dir) == tmp_path / "data" / "moved"
+    assert cli.datamodule.val_batch_size == 2 and cli.trainer.num_val_batches[0] > 2

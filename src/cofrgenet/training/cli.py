@@ -39,6 +39,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.data import TokenDataModule
+from cofrgenet.environment import expand_variables
 from cofrgenet.errors import (
     ConfigError,
     UserError,
@@ -458,12 +459,20 @@ class CofrCLI(LightningCLIAdapter):
         except (OSError, yaml.YAMLError):
             return  # a damaged config.yaml: the command's own settings
         given = {cli_cache.option_key(w) for w in words if w.startswith("--")}
+
+        def is_given(key: str) -> bool:  # itself, or its whole section (--data FILE)
+            return key in given or key.split(".")[0] in given
+
         taken = []
         for key in SCORING_KEYS:
             section, field = key.split(".")
             value = (fit.get(section) or {}).get(field) if isinstance(fit, dict) else None
-            if key in given or value is None:
+            if is_given(key) or value is None:
                 continue
+            if key == "data.val_batch_size" and is_given("data.batch_size"):
+                continue  # a smaller --data.batch_size (out of memory) shrinks both
+            if key.startswith("trainer.limit_") and value == 0:
+                continue  # a fit that skipped validation: this command scores all
             if key == "data.data_dir":
                 value = self._trained_data_dir(str(value), Path(ckpt), run_dir)
             self.config[subcommand][key] = value
@@ -475,11 +484,19 @@ class CofrCLI(LightningCLIAdapter):
 
     @staticmethod
     def _trained_data_dir(stored: str, ckpt: Path, run_dir: Path | None) -> str:
-        """The run's data folder on this machine, or a one-line error naming where it
-        was looked for."""
+        """The run's data folder on this machine: the checkpoint's own absolute path when
+        it is here, else the run's config.yaml value (``${VAR}`` expanded) looked for
+        from here and above the run folder; or a one-line error naming where it looked."""
         from cofrgenet.training.pretrained import data_dir_candidates
 
-        tried = data_dir_candidates(stored, ckpt, run_dir)
+        tried: list[Path] = []
+        if not checkpoints.is_sharded(ckpt):
+            with contextlib.suppress(Exception):  # unreadable: checked, and said, later
+                hparams = checkpoints.load(ckpt).get("datamodule_hyper_parameters") or {}
+                if hparams.get("data_dir"):
+                    tried.append(Path(str(hparams["data_dir"])))
+        stored = expand_variables(stored, "data.data_dir (the run's config.yaml)")
+        tried += [p for p in data_dir_candidates(stored, ckpt, run_dir) if p not in tried]
         for folder in tried:
             if (folder / "meta.json").is_file():
                 return str(folder)
@@ -517,6 +534,8 @@ class CofrCLI(LightningCLIAdapter):
                     " (this machine has none: --trainer.accelerator cpu, or a "
                     "conf/trainer/cpu*.yaml)"
                 )
+            elif "check_val_every_n_epoch=None" in str(error):  # conf/trainer files' setting
+                hint = " (a fraction of an epoch: add --trainer.check_val_every_n_epoch 1)"
             raise ConfigError(f"trainer: {error}{hint}") from None
         except ValueError as error:
             cause = raised_from(error, UserError)
@@ -936,8 +955,9 @@ def _check_trainer_counts(value: Any) -> None:
     interval = value("val_check_interval")
     if interval is not None and not interval > 0:
         raise ConfigError(
-            f"trainer.val_check_interval must be > 0 (batches, or a fraction of an epoch), got "
-            f"{interval}; to validate less, raise it, or set trainer.limit_val_batches: 0"
+            f"trainer.val_check_interval must be > 0 (batches; a fraction of an epoch with "
+            f"trainer.check_val_every_n_epoch set), got {interval}; to validate less, raise "
+            "it, or set trainer.limit_val_batches: 0"
         )
     clip = value("gradient_clip_val")
     if clip is not None and not isinstance(clip, bool) and clip < 0:  # Lightning: no clipping

@@ -752,6 +752,18 @@ def test_a_worker_with_other_training_settings_is_refused(tmp_path):
         open_study(sweep, storage, 3, missing)
     with pytest.raises(SweepError, match=r"trainer.max_steps only in this worker's"):
         open_study(sweep, storage, 4, {**first, "trainer.max_steps": 9})
+    # Stored: the training keys only (a run.tracking_uri may hold a password), as JSON.
+    import datetime
+
+    stored = optuna.load_study(study_name="s", storage=storage).user_attrs["cofr.settings"]
+    assert stored == {"model.optimizer.lr": 1e-3, "data.block_size": 64}
+    dated = parse_sweep({"study": "d", "space": {"a": "int 1..4"}, "n_trials": 2})
+    secret = {
+        "run.tracking_uri": "postgresql://u:secret@db/x",
+        "data.tag": datetime.date(2026, 1, 2),
+    }
+    study, _ = open_study(dated, storage, 0, secret)
+    assert study.user_attrs["cofr.settings"] == {"data.tag": "2026-01-02"}
 
 
 def test_status_shows_the_values_of_queued_grid_points(tmp_path):

@@ -8,6 +8,7 @@ of its own, or when the study's budget (``n_trials``, or the grid) is used up.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import shutil
@@ -115,7 +116,7 @@ def open_study(
         # have changed: `cofr sweep status/report STUDY` read this copy.
         study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
-        study.set_user_attr(SETTINGS_ATTR, extra)  # before setup_done's attributes
+        study.set_user_attr(SETTINGS_ATTR, training_settings(extra))  # before setup_done's
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
         if sweep.is_grid:
@@ -175,18 +176,21 @@ WORKER_LOCAL_SETTINGS = ("run.", "data.data_dir", "data.num_workers", "trainer.d
                          "trainer.enable_progress_bar", "trainer.enable_model_summary")  # fmt: skip
 
 
+def training_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The ``--set`` settings that change what a trial trains, as JSON keeps them (the
+    study stores these: not ``run.*``, whose tracking URI may hold a password)."""
+    kept = {k: v for k, v in settings.items() if not k.startswith(WORKER_LOCAL_SETTINGS)}
+    return json.loads(json.dumps(kept, default=str))  # a YAML date is its text
+
+
 def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
     """SweepError when this worker's ``--set`` trains otherwise than the study's first
-    worker's (a study made before they were stored takes this worker's)."""
-    stored = study.user_attrs.get(SETTINGS_ATTR)
-    if not isinstance(stored, dict):
-        study.set_user_attr(SETTINGS_ATTR, extra)
-        return
-
-    def training(settings: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in settings.items() if not k.startswith(WORKER_LOCAL_SETTINGS)}
-
-    theirs, mine = training(stored), training(extra)
+    worker's. A study made before they were stored takes this worker's, and is read
+    back: of workers starting together, the last to write wins and the others compare."""
+    mine = training_settings(extra)
+    if not isinstance(study.user_attrs.get(SETTINGS_ATTR), dict):
+        study.set_user_attr(SETTINGS_ATTR, mine)
+    theirs = study.user_attrs.get(SETTINGS_ATTR) or {}
     changes = [
         f"{key} only in the study's" if key not in mine
         else f"{key} only in this worker's" if key not in theirs

@@ -118,19 +118,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ runs from MLflow
 
 
-def model_config_of(config: dict[str, Any]) -> Any:
-    """The ModelConfig of a run's logged configuration (its ``model:`` section)."""
-    from cofrgenet.models.config import resolve_model_config
-    from cofrgenet.models.presets import DEFAULT_PRESET
-    from cofrgenet.training.model_options import overrides_dict
-
-    model = config.get("model") or {}
-    # A dumped config lists every override field, unset ones as null.
-    return resolve_model_config(
-        model.get("preset", DEFAULT_PRESET), overrides_dict(model.get("config"))
-    )
-
-
 def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -156,7 +143,9 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
     )
     if status == "FAILED" and not trained:
         return None  # a start refused after its MLflow run existed: no step, no score
-    model_config = model_config_of(config)
+    from cofrgenet.training.model_options import model_config_of
+
+    model_config = model_config_of(config.get("model"))
     counts = count_parameters(model_config)
     # attention+ffn, always in that order (a pattern of several per layer is not named)
     mixers = [m for m in (model_config.attention, model_config.ffn) if isinstance(m, str)]

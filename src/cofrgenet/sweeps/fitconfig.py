@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from cofrgenet.errors import ConfigError, did_you_mean
-from cofrgenet.models.config import ModelConfig, resolve_model_config
+from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.presets import preset_dict
 from cofrgenet.sweeps.spec import (
     Sweep,
@@ -47,7 +47,7 @@ from cofrgenet.sweeps.spec import (
     set_dotted,
 )
 from cofrgenet.training.cli import ParseOnlyCLI, given_args, resolve_fit_config
-from cofrgenet.training.model_options import overrides_dict
+from cofrgenet.training.model_options import model_config_of
 
 
 def resolve(args: Sequence[str]) -> str:
@@ -199,8 +199,7 @@ MODEL_PROBES = 32
 
 def _model_config(config: dict[str, Any]) -> ModelConfig:
     """The ModelConfig of ``config``'s ``model.preset`` and ``model.config``."""
-    model = config.get("model") or {}
-    return resolve_model_config(model.get("preset"), overrides_dict(model.get("config")))
+    return model_config_of(config.get("model"))
 
 
 def _model_problem(config: dict[str, Any]) -> str | None:

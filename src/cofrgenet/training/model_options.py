@@ -82,3 +82,16 @@ def overrides_dict(config: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(config):
         config = dataclasses.asdict(config)
     return {k: v for k, v in dict(config).items() if v is not None}
+
+
+def model_config_of(model: dict[str, Any] | None) -> ModelConfig:
+    """The ModelConfig a run's ``model:`` section (``preset`` and ``config``, as a saved
+    ``config.yaml`` or a resolved sweep config holds it) describes, as ``cofr fit``
+    builds it: a missing preset is the default one."""
+    from cofrgenet.models.config import resolve_model_config
+    from cofrgenet.models.presets import DEFAULT_PRESET
+
+    model = model or {}
+    return resolve_model_config(
+        model.get("preset", DEFAULT_PRESET), overrides_dict(model.get("config"))
+    )

@@ -23,8 +23,9 @@ Conventions (those of the harness's Hugging Face model, ``lm_eval.models.hugging
 * loglikelihood_rolling: EOS, then the text in disjoint windows of ``max_length``
   (``get_rolling_token_windows`` + ``make_disjoint_window``); each token is scored once.
 * generate_until: the prompt's last ``max_length`` tokens, then token by token with the
-  context sliding like ``cofr generate`` (``training.generate.sample``), until a stop
-  string (or EOS) or ``max_gen_toks``. Greedy by default; ``do_sample`` / ``temperature``
+  context sliding like ``cofr generate`` (each token drawn by ``nn.decoding.sample_next``,
+  as there; :func:`decode` is this module's own loop, since it stops on strings and drops
+  finished rows), until a stop string (or EOS) or ``max_gen_toks``. Greedy by default; ``do_sample`` / ``temperature``
   / ``top_k`` / ``top_p`` sample, seeded by the model argument ``seed``.
 
 Log-probabilities are the model's own: a softmax over all its logits, padded vocabulary
@@ -528,8 +529,8 @@ def next_token(
 ) -> Tensor:
     """Next ids (B, 1) from last-position logits (B, V), never an id >= ``n_real``.
 
-    temperature 0 is greedy; otherwise as ``training.generate.sample`` (temperature, then
-    top-k), then nucleus (top-p) filtering.
+    temperature 0 is greedy; otherwise ``nn.decoding.sample_next``, as ``cofr generate``
+    draws (temperature, then top-k, then nucleus (top-p) filtering).
     """
     from cofrgenet.nn.decoding import sample_next
 

@@ -241,21 +241,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         if debug:
             raise
-        selected = _selected(argv)
-        where = " ".join(["cofr", *(selected.path if selected else ())])
-        print(f"{where}: error: {error}", file=sys.stderr)
+        print(f"{_command_words(argv)}: error: {error}", file=sys.stderr)
         return error.exit_status
     except Exception as error:
         if debug or not is_out_of_memory(error):
             raise
-        selected = _selected(argv)
-        where = " ".join(["cofr", *(selected.path if selected else ())])
         print(
-            f"{where}: error: out of memory ({first_line(error)[:300]}): lower the batch "
-            "size, the sequence length or the model's size (--debug shows where)",
+            f"{_command_words(argv)}: error: out of memory ({first_line(error)[:300]}): "
+            "lower the batch size, the sequence length or the model's size (--debug shows "
+            "where)",
             file=sys.stderr,
         )
         return 1
+
+
+def _command_words(argv: list[str]) -> str:
+    """``cofr data prepare``: the command ``argv`` names, for its error lines."""
+    selected = _selected(argv)
+    return " ".join(["cofr", *(selected.path if selected else ())])
 
 
 #: cofrgenet's own source folder: warnings raised from it are ours, said in one line.

@@ -78,9 +78,6 @@ class FolderLock:
         self._fd = fd
         return True
 
-    def _is_the_file_at_the_path(self) -> bool:
-        return self._fd is not None and _same_file(self.path, self._fd)
-
     def release(self, remove: bool = False) -> None:
         """Let go of the lock; ``remove`` also deletes the lock file if it is still the
         one held (safe: a process that opened it before checks, after its flock, that it
@@ -88,7 +85,7 @@ class FolderLock:
         if self._fd is None:
             return
         try:
-            if remove and self._is_the_file_at_the_path():
+            if remove and _same_file(self.path, self._fd):
                 self.path.unlink(missing_ok=True)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:

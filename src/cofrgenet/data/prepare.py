@@ -456,12 +456,9 @@ def _plain(value: Any) -> Any:
 
 
 def _check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an ``out`` that is not a folder, holds files a prepare did not write, or is
-    prepared (or half-written) already without ``overwrite``. Nothing is deleted here: the
-    new folder is written aside first (:func:`_move_in`)."""
-    if not out.exists():
-        return
-    _check_is_folder(out)
+    """Refuse an ``out`` folder (made, and locked, by now) that holds files a prepare did
+    not write, or is prepared (or half-written) already without ``overwrite``. Nothing is
+    deleted here: the new folder is written aside first (:func:`_move_in`)."""
     entries = {p.name for p in out.iterdir()} - {PREPARE_LOCK}
     if not entries:
         return

@@ -25,8 +25,9 @@ Conventions (those of the harness's Hugging Face model, ``lm_eval.models.hugging
 * generate_until: the prompt's last ``max_length`` tokens, then token by token with the
   context sliding like ``cofr generate`` (each token drawn by ``nn.decoding.sample_next``,
   as there; :func:`decode` is this module's own loop, since it stops on strings and drops
-  finished rows), until a stop string (or EOS) or ``max_gen_toks``. Greedy by default; ``do_sample`` / ``temperature``
-  / ``top_k`` / ``top_p`` sample, seeded by the model argument ``seed``.
+  finished rows), until a stop string (or EOS) or ``max_gen_toks``. Greedy by default;
+  ``do_sample`` / ``temperature`` / ``top_k`` / ``top_p`` sample, seeded by the model
+  argument ``seed``.
 
 Log-probabilities are the model's own: a softmax over all its logits, padded vocabulary
 included (as in training). Ids the tokenizer does not have (a vocabulary padded to a

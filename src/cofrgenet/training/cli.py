@@ -365,6 +365,8 @@ class CofrCLI(LightningCLIAdapter):
     #: sweep's trial logs into the child run it made); a fresh ``cofr fit`` refuses a
     #: folder that holds one.
     run_id_from_caller = False
+    #: Whether this start said already that its --ckpt_path last run folder is missing.
+    _said_no_run_folder = False
 
     def __init__(
         self,
@@ -748,7 +750,7 @@ class CofrCLI(LightningCLIAdapter):
         if chosen is None:
             if self.subcommand in EVALUATIONS:
                 raise ConfigError(_nothing_to_evaluate(self.run_config(), run_dir))
-            if not getattr(self, "_said_no_run_folder", False):  # said once is enough
+            if not self._said_no_run_folder:  # said once is enough
                 rank_zero_info(f"--ckpt_path last: {run_dir} holds no checkpoint yet: from step 0")
         # Lightning gets the file, or None to start from scratch: its own `last` would
         # find nothing and warn with a hint to set ModelCheckpoint(save_last=True).

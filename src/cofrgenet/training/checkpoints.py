@@ -24,9 +24,8 @@ from torch import Tensor, nn
 from cofrgenet.atomic import is_temporary
 from cofrgenet.errors import ConfigError, UserError, did_you_mean
 from cofrgenet.models import ModelConfig, build_model
-from cofrgenet.models.config import resolve_model_config
 from cofrgenet.nn import LadderLayer
-from cofrgenet.training.model_options import overrides_dict
+from cofrgenet.training.model_options import model_config_of, overrides_dict
 
 
 class CheckpointError(UserError, ValueError):
@@ -310,7 +309,7 @@ def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
             "this checkpoint has no model hyperparameters (model.preset, model.config): "
             "it was not written by cofr fit"
         )
-    config = resolve_model_config(hparams["preset"], overrides_dict(hparams.get("config")))
+    config = model_config_of(hparams)
     model = build_model(config)
     check_denominators(checkpoint, model)
     state = uncompiled(checkpoint["state_dict"])

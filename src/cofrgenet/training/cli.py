@@ -824,13 +824,11 @@ class CofrCLI(LightningCLIAdapter):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("data") is None or config.data.get("block_size") is not None:
             return
-        from cofrgenet.models.config import resolve_model_config
-        from cofrgenet.training.model_options import overrides_dict
+        from cofrgenet.training.model_options import model_config_of
 
-        model = config.model
-        given = model.get("config")
-        overrides = overrides_dict(None if given is None else vars(given))
-        config.data.block_size = resolve_model_config(model.preset, overrides).block_size
+        given = config.model.get("config")
+        model = {"preset": config.model.preset, "config": None if given is None else vars(given)}
+        config.data.block_size = model_config_of(model).block_size
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # Config against data first: a mismatch must leave no run folder and no MLflow run.

@@ -1638,3 +1638,19 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_pat
     cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), "--data.batch_size", "2", *quiet])
     assert Path(cli.datamodule.data_dir) == tmp_path / "data" / "moved"
     assert cli.datamodule.val_batch_size == 2 and cli.trainer.num_val_batches[0] > 2
+
+
+def test_artifacts_lie_beside_the_sqlite_database_of_every_command(tmp_path, monkeypatch):
+    """One rule for fit, sweeps, the UI and GLUE: ``mlartifacts/`` beside the store's
+    database file, whatever folder the URI is relative to; a server chooses its own."""
+    from cofrgenet.training.run_store import RunConfig, artifact_location
+
+    monkeypatch.chdir(tmp_path)
+    beside = (tmp_path / "store" / "mlartifacts").as_uri()
+    assert artifact_location("sqlite:///store/mlflow.db") == beside  # relative: no ValueError
+    assert artifact_location(f"sqlite:///{tmp_path}/store/mlflow.db?timeout=30") == beside
+    assert artifact_location("http://localhost:5000") is None
+    run = RunConfig(runs_dir="runs", tracking_uri="sqlite:///store/mlflow.db")
+    assert artifact_location(run) == beside  # not the runs folder: where the store is
+    default = RunConfig(runs_dir="runs", tracking_uri=None)
+    assert artifact_location(default) == (tmp_path / "runs" / "mlartifacts").as_uri()

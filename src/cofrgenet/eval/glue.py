@@ -458,13 +458,6 @@ def _subset(items: list[Any], size: int | None, rng: random.Random | None) -> li
     return rng.sample(items, size) if rng is not None else items[:size]
 
 
-def _artifact_location(uri: str) -> str | None:
-    """Artifacts beside a local sqlite store (``.../mlflow.db`` -> ``.../mlartifacts``)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-    return None
-
-
 def log_to_pretraining_run(
     uri: str, run_id: str, metrics: dict[str, float], step: int, tags: dict[str, str]
 ) -> str | None:
@@ -639,7 +632,13 @@ def finetune(
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
-    from cofrgenet.training.run_store import RunConfig, check_tracking_uri, flatten, folder_name
+    from cofrgenet.training.run_store import (
+        RunConfig,
+        artifact_location,
+        check_tracking_uri,
+        flatten,
+        folder_name,
+    )
     from cofrgenet.training.run_store import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
@@ -698,7 +697,7 @@ def finetune(
             experiment_name=experiment,
             run_name=name,
             tracking_uri=uri,
-            artifact_location=_artifact_location(uri),
+            artifact_location=artifact_location(uri),
             tags=tags,
         )
         params = {

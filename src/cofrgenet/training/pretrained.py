@@ -30,7 +30,7 @@ from cofrgenet.data.meta import (
 )
 from cofrgenet.errors import UserError
 from cofrgenet.models import ModelConfig
-from cofrgenet.training.run_store import RUN_ID_FILE
+from cofrgenet.training.run_store import RUN_ID_FILE, sqlite_database
 
 
 class TokenizerNotFound(UserError, FileNotFoundError):
@@ -260,7 +260,8 @@ def unreachable_run(uri: str, run_id: str) -> str | None:
     from mlflow.tracking import MlflowClient
 
     moved = "was the run folder moved or copied? --no-mlflow skips logging"
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    database = sqlite_database(uri)
+    if database is not None and not database.is_file():
         return f"no MLflow store at {uri} ({moved})"
     try:
         MlflowClient(uri).get_run(run_id)

@@ -206,12 +206,19 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
         raise ConfigError(f"MLflow cannot use {uri!r}: {first}; {fix}") from None
 
 
-def artifact_location(run: RunConfig) -> str | None:
-    """Artifacts beside the local sqlite store; a server decides for itself."""
-    uri = tracking_uri(run)
-    if uri.startswith("sqlite:"):
-        return (Path(run.runs_dir).resolve() / "mlartifacts").as_uri()
-    return None
+def artifact_location(run: RunConfig | str) -> str | None:
+    """Where a new experiment keeps its artifacts: ``mlartifacts/`` beside a sqlite store's
+    database file (``.../mlflow.db`` -> ``.../mlartifacts``), as a ``file:`` URI; None for a
+    server, which decides for itself. ``run``: a run's settings or a tracking URI."""
+    database = sqlite_database(tracking_uri(run) if isinstance(run, RunConfig) else run)
+    return None if database is None else (database.resolve().parent / "mlartifacts").as_uri()
+
+
+def sqlite_database(uri: str) -> Path | None:
+    """The database file of a local ``sqlite:///PATH[?options]`` store; None for others."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
 def cut(value: Any) -> str:

@@ -45,7 +45,7 @@ from cofrgenet.data import (
     split_documents,
     train_bpe,
 )
-from cofrgenet.data.env import default_loader_workers
+from cofrgenet.data.cpus import default_loader_workers
 from cofrgenet.data.meta import PREPARE_LOCK, DataMeta
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source

@@ -31,8 +31,8 @@ APEX = {"cli", "demo"}
 UTILITIES = {
     "atomic",
     "cli_cache",
+    "config_variables",
     "dataclass_options",
-    "environment",
     "errors",
     "folder_lock",
     "hub",

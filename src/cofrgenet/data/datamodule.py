@@ -23,7 +23,8 @@ from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
 
-from cofrgenet.data.env import default_loader_workers
+from cofrgenet.config_variables import expand_variables
+from cofrgenet.data.cpus import default_loader_workers
 from cofrgenet.data.meta import (
     DataMeta,
     check_vocab,
@@ -31,7 +32,6 @@ from cofrgenet.data.meta import (
     tokenizer_changes,
     tokenizer_digest,
 )
-from cofrgenet.environment import expand_variables
 from cofrgenet.errors import ConfigError, check_seed
 
 

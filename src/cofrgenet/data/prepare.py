@@ -45,7 +45,7 @@ import numpy as np
 
 from cofrgenet import package_version, terminal
 from cofrgenet.atomic import why_no_folder
-from cofrgenet.data.env import available_cpus
+from cofrgenet.data.cpus import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
     PREPARE_LOCK,

@@ -44,7 +44,12 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.environment import VARIABLE, close_variable_hint, expand_variables, unset_variables
+from cofrgenet.config_variables import (
+    VARIABLE,
+    close_variable_hint,
+    expand_variables,
+    unset_variables,
+)
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.training.run_store import check_folder_name
 

@@ -38,8 +38,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
-from cofrgenet.environment import expand_variables
 from cofrgenet.errors import (
     ConfigError,
     UserError,

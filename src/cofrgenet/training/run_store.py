@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet import package_version
-from cofrgenet.environment import expand_variables
+from cofrgenet.config_variables import expand_variables
 from cofrgenet.errors import ConfigError
 from cofrgenet.redact import hide_passwords
 

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+import sqlite3
 from pathlib import Path
 
 import mlflow
@@ -712,10 +713,20 @@ def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatc
     line = one_line_error(capsys, [*argv, "http://127.0.0.1:9"])
     assert line.startswith("cofr compare: error: no MLflow server answers at http://127.0.0.1:9")
     line = one_line_error(capsys, [*argv, "sqlite:///none/x.db"])
-    assert (
-        line == "cofr compare: error: --tracking-uri sqlite:///none/x.db: no run store at none/x.db"
-    )
+    missing = "cofr compare: error: no run store at none/x.db: train a run first (cofr fit), or"
+    assert line == f"{missing} fix --tracking-uri"
     assert not (tmp_path / "none").exists()
+    # A store named by MLFLOW_TRACKING_URI, with sqlite options: its file is the one checked.
+    from cofrgenet.training import run_store
+
+    (tmp_path / "store").mkdir()
+    sqlite3.connect(tmp_path / "store" / "mlflow.db").close()
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///store/mlflow.db?timeout=30")
+    line = one_line_error(capsys, ["compare", "--experiment", "x"])  # read, not refused
+    assert line == "cofr compare: error: no MLflow experiment 'x'"
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///none/y.db")
+    line = one_line_error(capsys, ["compare", "--experiment", "x"])
+    assert line == f"{missing} fix MLFLOW_TRACKING_URI".replace("x.db", "y.db")
 
 
 def test_a_metric_no_run_has_is_refused_with_the_closest_name():

@@ -452,7 +452,11 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
         == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     )
     assert main(["ui", "--runs-dir", str(tmp_path / "empty")]) == 2  # no store yet: says so
-    assert "no MLflow store at" in capsys.readouterr().err
+    assert "no run store at" in capsys.readouterr().err
+    # A mistyped store is refused too: serving it would make an empty one and show no runs.
+    assert main(["ui", "--tracking-uri", f"sqlite:///{tmp_path}/typo.db"]) == 2
+    assert "fix --tracking-uri" in capsys.readouterr().err
+    assert not (tmp_path / "typo.db").exists()
     assert main(["ui", "--tracking-uri", "foo://bar"]) == 2
     assert "MLflow cannot use 'foo://bar'" in capsys.readouterr().err
     for port in ("-1", "0", "65536"):

@@ -433,7 +433,13 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow.tracking import MlflowClient
 
-    from cofrgenet.training.run_store import RunConfig, check_tracking_uri, tracking_uri
+    from cofrgenet.training.run_store import (
+        RunConfig,
+        check_store_exists,
+        check_tracking_uri,
+        tracking_uri,
+        tracking_uri_source,
+    )
 
     experiments = list(args.experiment)
     if args.sweep:
@@ -441,16 +447,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
     check_out_folder(out)  # before the store is read: nothing is computed only to be lost
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
-    if (
-        uri.startswith("sqlite:")
-        and not (Path(args.runs_dir) / "mlflow.db").is_file()
-        and not args.tracking_uri
-    ):
-        raise UserError(f"no run store at {args.runs_dir}/mlflow.db: train a run first (cofr fit)")
-    check_tracking_uri(uri, fix="fix --tracking-uri (or MLFLOW_TRACKING_URI)")
-    store = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
-    if store is not None and not Path(store).is_file():  # reading it would create it, empty
-        raise UserError(f"--tracking-uri {uri}: no run store at {store}")
+    named_by = tracking_uri_source(args.tracking_uri)
+    check_store_exists(uri, named_by)
+    check_tracking_uri(uri, fix=f"fix {named_by or '--tracking-uri'}")
     client = MlflowClient(uri)
     rows, skipped = collect_runs(client, args.runs, experiments)
     if not rows:

@@ -58,6 +58,7 @@ from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import did_you_mean
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
+from cofrgenet.training.run_store import sqlite_database
 
 log = logging.getLogger("cofrgenet.sweeps")
 
@@ -128,9 +129,7 @@ def journal_path(url: str) -> Path | None:
 
 def storage_file(url: str) -> Path | None:
     """The file a journal or sqlite storage lives in; None for a database server."""
-    path = journal_path(url)
-    if path is None and url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :].split("?", 1)[0])  # ?timeout=30: options
+    path = journal_path(url) or sqlite_database(url)
     return None if path is None else path.expanduser()
 
 

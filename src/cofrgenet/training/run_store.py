@@ -168,11 +168,21 @@ def resolve_run_dir(run: RunConfig, resume_last: bool) -> Path:
 
 
 def tracking_uri(run: RunConfig) -> str:
+    """The run's store: ``run.tracking_uri``, else the user's ``MLFLOW_TRACKING_URI``, else
+    ``sqlite:///<runs_dir>/mlflow.db``."""
     if run.tracking_uri:
         return run.tracking_uri
     if USER_TRACKING_URI:
         return USER_TRACKING_URI
     return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
+
+
+def tracking_uri_source(given: str | None, option: str = "--tracking-uri") -> str | None:
+    """What named a command's store, for its messages: ``option`` when ``given``, else
+    ``MLFLOW_TRACKING_URI`` when the user set it, else None (the runs folder's own)."""
+    if given:
+        return option
+    return "MLFLOW_TRACKING_URI" if USER_TRACKING_URI else None
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -> None:
@@ -212,6 +222,18 @@ def artifact_location(run: RunConfig | str) -> str | None:
     server, which decides for itself. ``run``: a run's settings or a tracking URI."""
     database = sqlite_database(tracking_uri(run) if isinstance(run, RunConfig) else run)
     return None if database is None else (database.resolve().parent / "mlartifacts").as_uri()
+
+
+def check_store_exists(uri: str, named_by: str | None) -> None:
+    """ConfigError when ``uri`` is a local sqlite store whose database file is not there:
+    reading it would make an empty one, and a mistyped path would show no runs.
+    ``named_by``: the option or variable that gave ``uri`` (None: the default store of
+    ``--runs-dir``), which the message tells the user to fix."""
+    database = sqlite_database(uri)
+    if database is None or database.expanduser().is_file():
+        return
+    fix = f"fix {named_by}" if named_by else "name the runs folder with --runs-dir"
+    raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
 
 
 def sqlite_database(uri: str) -> Path | None:

@@ -132,13 +132,9 @@ def stop_group(server: subprocess.Popen) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = Path(args.runs_dir) / "mlflow.db"
     # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
-    if args.tracking_uri is None and not run_store.USER_TRACKING_URI and not store.exists():
-        raise UserError(
-            f"no MLflow store at {store} yet: train something first (e.g. `make demo`), or "
-            "name the runs folder with --runs-dir"
-        )
+    uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
+    run_store.check_store_exists(uri, run_store.tracking_uri_source(args.tracking_uri))
     if args.tracking_uri is not None:
         if args.tracking_uri.startswith(("http://", "https://")):
             raise UserError(

@@ -774,3 +774,16 @@ def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys
     assert run.data.metrics["eval/cofr_tiny_mc/acc"] == pytest.approx(
         results["cofr_tiny_mc"]["acc"]
     )
+    assert (
+        run.data.tags["eval/cofr_tiny_mc/protocol"]
+        == f"step 2, lm-evaluation-harness, tasks of {include}"
+    )
+    # One-shot scores are names of their own beside the 0-shot ones, which they leave be.
+    assert (
+        main([*argv, "--include-path", str(include), "--num-fewshot", "1", "--json", str(out)]) == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["num_fewshot"] == 1 and set(report["results"]) == {"cofr_tiny_mc/1shot"}
+    metrics = mlflow.get_run(report["mlflow_run_id"]).data.metrics
+    assert metrics["eval/cofr_tiny_mc/1shot/acc"] == report["results"]["cofr_tiny_mc/1shot"]["acc"]
+    assert metrics["eval/cofr_tiny_mc/acc"] == pytest.approx(results["cofr_tiny_mc"]["acc"])

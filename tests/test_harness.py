@@ -490,3 +490,7 @@ def test_flatten_results_keeps_numbers_and_names_filters():
     assert harness.flatten_results(results) == {
         "gsm": {"exact_match/strict-match": 0.5, "acc": 0.25, "sample_len": 4.0}
     }
+    # Few-shot scores get names of their own: they never replace the 0-shot ones.
+    results["results"]["arc"] = {"acc,none": 0.5}
+    results["n-shot"] = {"gsm": 5, "arc": 0}
+    assert set(harness.flatten_results(results)) == {"gsm/5shot", "arc"}

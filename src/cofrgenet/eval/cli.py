@@ -268,7 +268,10 @@ def mlflow_metrics(results: dict[str, dict[str, float]], split: str = "test") ->
 def protocol(task: str, step: int | None, report: dict[str, Any]) -> str:
     """How ``task``'s numbers were made, in a few words (an MLflow tag beside them)."""
     if task not in TASKS:
-        return f"step {step}, lm-evaluation-harness"
+        made = f"step {step}, lm-evaluation-harness"
+        if report.get("include_path"):  # its YAMLs may replace lm_eval's task of that name
+            made += f", tasks of {report['include_path']}"
+        return made
     made = f"step {step}, {report['split']} split"
     if get_task(task).kind == "perplexity":
         made += f", stride {report['stride']} of block {report['block_size']}"
@@ -419,6 +422,12 @@ def run(args: argparse.Namespace) -> int:
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
         "data": data_sources(tasks, texts, args.split, data_dir),
+        **(
+            {"num_fewshot": args.num_fewshot, "include_path": args.include_path}
+            if harness_tasks
+            else {}
+        ),
+        "limit": args.limit,
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
     }

@@ -643,8 +643,11 @@ def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
 
     lm_eval keys metrics ``"acc,none"`` (metric, filter): the ``none`` filter is dropped,
     others become ``"exact_match/strict-match"`` (MLflow metric names take no commas).
-    Non-numbers (aliases, "N/A" standard errors) are left out.
+    Non-numbers (aliases, "N/A" standard errors) are left out. A task scored with
+    few-shot examples is keyed ``"<task>/<n>shot"`` (its metrics ``eval/arc_easy/5shot/acc``):
+    a 5-shot accuracy is another number than the 0-shot one, never its replacement.
     """
+    shots = results.get("n-shot", {})
     flat: dict[str, dict[str, float]] = {}
     for task, metrics in results.get("results", {}).items():
         row: dict[str, float] = {}
@@ -654,7 +657,8 @@ def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
             metric, _, filter_name = key.partition(",")
             name = metric if filter_name in ("", "none") else f"{metric}/{filter_name}"
             row[name] = float(value)
-        flat[task] = row
+        n_shot = shots.get(task)
+        flat[f"{task}/{n_shot}shot" if isinstance(n_shot, int) and n_shot > 0 else task] = row
     return flat
 
 

@@ -20,18 +20,21 @@ from test_cli_errors import one_line_error
 MODEL = {"vocab_size": 257, "block_size": 16}
 
 
-def write_checkpoint(path: Path, data_dir: str | None, trained_with: dict | None = None) -> Path:
+def write_checkpoint(
+    path: Path, data_dir: str | None, trained_with: dict | None = None, vocab_size: int = 257
+) -> Path:
     """A checkpoint as ``cofr fit`` writes it (what the readers use of it), without
     training: the weights of a fresh gpt2-tiny, its hyperparameters, the data folder
     (and the tokenizer its data state names, ``trained_with``)."""
-    model = build_model(resolve_model_config("gpt2-tiny", MODEL))
+    model_config = {**MODEL, "vocab_size": vocab_size}
+    model = build_model(resolve_model_config("gpt2-tiny", model_config))
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(
         {
             "state_dict": state,
             "global_step": 3,
-            "hyper_parameters": {"preset": "gpt2-tiny", "config": dict(MODEL)},
+            "hyper_parameters": {"preset": "gpt2-tiny", "config": model_config},
             "datamodule_hyper_parameters": {"data_dir": data_dir},
             **({"TokenDataModule": {"fingerprint": trained_with}} if trained_with else {}),
         },
@@ -182,6 +185,23 @@ def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_
     assert main(["generate", "--ckpt", str(same), "--max-new-tokens", "2"]) == 0
 
 
+def test_a_tokenizer_with_more_ids_than_the_model_is_refused_by_every_reader(
+    capsys, tmp_path, data
+):
+    """A checkpoint that names no tokenizer (written before they were recorded) with a
+    folder whose tokenizer has more ids than the model embeds: eval, generate and GLUE
+    would index past the embedding (a device-side assert on CUDA)."""
+    ckpt = write_checkpoint(tmp_path / "small.ckpt", str(data), vocab_size=200)
+    expected = (
+        f"{data} holds a byte, 257 ids tokenizer, more ids than {ckpt}'s model has (200): "
+        "give the data folder the model trained on (--tokenizer DIR)"
+    )
+    line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"])
+    assert line == f"cofr generate: error: {expected}"
+    with pytest.raises(pretrained.TokenizerMismatch, match="more ids than"):
+        pretrained.load_checkpoint(ckpt, "cpu", str(data)).tokenizer
+
+
 def test_a_bpe_tokenizer_trained_again_with_the_same_size_is_refused(capsys, tmp_path):
     """Same kind, same size, other merges (a folder prepared again on another split):
     its ids mean other text. The tokenizer file's digest tells them apart."""
@@ -201,7 +221,9 @@ def test_a_bpe_tokenizer_trained_again_with_the_same_size_is_refused(capsys, tmp
         "vocab_size": 280,
         "tokenizer_sha256": tokenizer_digest(first),
     }
-    ckpt = write_checkpoint(tmp_path / "bpe.ckpt", str(first), trained_with=trained_with)
+    ckpt = write_checkpoint(
+        tmp_path / "bpe.ckpt", str(first), trained_with=trained_with, vocab_size=280
+    )
     argv = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2", "--tokenizer"]
     line = one_line_error(capsys, [*argv, str(second)])
     assert f"{second} holds a bpe, 280 ids (another one: its tokenizer.json differs)" in line

@@ -645,12 +645,7 @@ def finetune(
     check_trainer_options(accelerator, precision)  # before the model load and the MLflow run
     task = data.task
     loaded = load_checkpoint(ckpt, "cpu", tokenizer_dir)
-    tokenizer = loaded.tokenizer
-    if tokenizer.vocab_size > loaded.config.vocab_size:
-        raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} ids but {ckpt}'s model only "
-            f"{loaded.config.vocab_size}: pass the --tokenizer the model was trained with"
-        )
+    tokenizer = loaded.tokenizer  # checked against the model (ids it has embeddings for)
     max_length = min(config.max_length or loaded.block_size, loaded.block_size)
 
     L.seed_everything(config.seed, workers=True, verbose=False)

@@ -165,9 +165,15 @@ class LoadedCheckpoint:
             "tokenizer_sha256": tokenizer_digest(folder),
         }
         changed = tokenizer_changes(self.trained_with, found)
-        if not changed:
+        vocab = self.config.vocab_size
+        if not changed and tokenizer.vocab_size <= vocab:
             return
         theirs = f"{tokenizer.kind}, {tokenizer.vocab_size} ids"
+        if not changed:  # a checkpoint that names no tokenizer: its ids would overflow
+            raise TokenizerMismatch(
+                f"{folder} holds a {theirs} tokenizer, more ids than {self.path}'s model has "
+                f"({vocab}): give the data folder the model trained on (--tokenizer DIR)"
+            )
         if set(changed) == {"tokenizer_sha256"}:  # same kind and size, other merges
             theirs = f"{theirs} (another one: its {TOKENIZER_FILE} differs)"
         ours = f"{self.trained_with.get('tokenizer')}, {self.trained_with.get('vocab_size')} ids"

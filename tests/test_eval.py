@@ -760,11 +760,19 @@ def test_cofr_compare_checks_the_metric_before_writing(checkpoint, tmp_path, cap
     assert line.startswith(f"cofr compare: error: --out {out} is a file: give a folder")
 
 
-def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys):
+def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys, monkeypatch):
+    from cofrgenet.training import pretrained
+
+    loads = []  # one model in memory: the harness scores the one cofr eval loaded
+    load = pretrained.load_checkpoint
+    monkeypatch.setattr(
+        pretrained, "load_checkpoint", lambda *a, **k: loads.append(a) or load(*a, **k)
+    )
     include = Path(__file__).parent / "data" / "harness"
     out = tmp_path / "harness.json"
     argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "", "--harness", "cofr_tiny_mc"]
     assert main([*argv, "--include-path", str(include), "--json", str(out)]) == 0
+    assert len(loads) == 1
     printed = capsys.readouterr().out
     assert "cofr_tiny_mc" in printed and "acc_norm" in printed
     results = json.loads(out.read_text())["results"]

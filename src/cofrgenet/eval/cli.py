@@ -401,13 +401,12 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             harness = run_harness(
-                args.ckpt,
+                loaded,
                 resolved,
                 limit=args.limit,
                 batch_size=args.batch_size,
                 device=args.device,
                 num_fewshot=args.num_fewshot,
-                tokenizer_dir=args.tokenizer,
             )
         except (UserError, KeyboardInterrupt):
             if tasks:  # scores already computed are shown, not lost with the harness's

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from cofrgenet.data import Tokenizer
+    from cofrgenet.training.pretrained import LoadedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +242,10 @@ class _CofrgenetLMImpl:
         max_length: int | None = None,
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         seed: int = 1234,
+        ckpt: str | None = None,
     ) -> Any:
-        """Wrap a model already in memory (tests, notebooks) instead of a checkpoint file."""
+        """Wrap a model already in memory (a loaded checkpoint, tests, notebooks) instead
+        of a checkpoint file; ``ckpt``: the file it came from, for lm_eval's report."""
         self = cls.__new__(cls)
         super(_CofrgenetLMImpl, self).__init__()  # type: ignore[misc]  # lm_eval's LM
         self._setup(
@@ -255,7 +258,7 @@ class _CofrgenetLMImpl:
             max_gen_toks=max_gen_toks,
             seed=seed,
         )
-        self.ckpt = None
+        self.ckpt = ckpt
         return self
 
     def _setup(
@@ -698,7 +701,7 @@ def resolve_tasks(
 
 
 def run_harness(
-    ckpt: str | Path,
+    ckpt: str | Path | LoadedCheckpoint,
     tasks: Sequence[str] | ResolvedTasks,
     *,
     include_path: str | None = None,
@@ -712,6 +715,9 @@ def run_harness(
 ) -> dict[str, dict[str, float]]:
     """{task: {metric: value}} from lm_eval.simple_evaluate through the cofrgenet LM.
 
+    ckpt: a checkpoint file, or one loaded already (``cofr eval`` scores its own sets with
+    it: the model is not loaded twice; ``tokenizer_dir`` is then the one it was loaded with).
+
     include_path: a folder of extra task YAMLs (lm_eval's ``--include_path``), added to
     lm_eval's own tasks (one of the same name replaces lm_eval's). ``tasks`` may also
     hold globs (``arc_*``) and YAML file paths, or be :func:`resolve_tasks`'s answer
@@ -722,9 +728,24 @@ def run_harness(
     resolved = tasks if isinstance(tasks, ResolvedTasks) else resolve_tasks(tasks, include_path)
     from lm_eval import simple_evaluate
 
-    lm = _lm_class()(
-        ckpt=str(ckpt), device=device, batch_size=batch_size, tokenizer_dir=tokenizer_dir, seed=seed
-    )
+    if isinstance(ckpt, (str, Path)):
+        lm = _lm_class()(
+            ckpt=str(ckpt),
+            device=device,
+            batch_size=batch_size,
+            tokenizer_dir=tokenizer_dir,
+            seed=seed,
+        )
+    else:
+        lm = _lm_class().from_model(
+            ckpt.model,
+            ckpt.tokenizer,
+            ckpt.block_size,
+            device=device,
+            batch_size=batch_size,
+            seed=seed,
+            ckpt=str(ckpt.path),
+        )
     try:
         results = simple_evaluate(
             model=lm,

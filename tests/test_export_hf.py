@@ -18,6 +18,7 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -637,6 +638,29 @@ def test_a_failed_overwrite_keeps_the_earlier_export(tmp_path):
     assert "tokenizer.json" not in report.files and not (out / "tokenizer.json").exists()
     assert sorted(p.name for p in out.iterdir()) == report.files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]
+    # Interrupted while the new export takes the old one's place: the old one, whole.
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace, calls = os.replace, []
+
+    def interrupted(source, target):
+        if Path(target).parent == out and Path(source).parent.name.startswith(".out.export"):
+            calls.append(target)  # a new file moving in: the old export is aside by now
+            if len(calls) == 2:  # one new file in already
+                raise KeyboardInterrupt
+        real_replace(source, target)
+
+    with (
+        mock.patch("cofrgenet.export.hf.os.replace", interrupted),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        export_model(model, config, out, verify=False, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]
+    # Through a symlink: the folder it names gets the export, the link stays a link.
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    export_model(model, config, link, verify=False, overwrite=True)
+    assert link.is_symlink() and (out / "config.json").is_file()
 
 
 def test_a_negative_tolerance_and_bad_paths_are_one_line(checkpoint, tmp_path, capsys):

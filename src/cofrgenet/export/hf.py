@@ -288,6 +288,8 @@ def export_model(
         )
     out = Path(out_dir)
     _check_out_dir(out, overwrite)
+    if out.is_symlink():  # the folder it names is replaced, not the link
+        out = out.resolve()
     state = export_state_dict(model, config)
     _check_state_dict(state, config)
     created = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
@@ -302,7 +304,7 @@ def export_model(
         ) from None
     try:
         report = ExportReport(
-            out_dir=out, tokenizer_note=None if tokenizer is not None else tokenizer_note
+            out_dir=Path(out_dir), tokenizer_note=None if tokenizer is not None else tokenizer_note
         )
         eos = None if tokenizer is None else tokenizer.eos_id
         _write_config(work, config, eos, n_real if tokenizer is None else tokenizer.vocab_size)
@@ -326,17 +328,35 @@ def export_model(
 
 
 def _move_into_place(work: Path, out: Path) -> None:
-    """Make the checked export in ``work`` the contents of ``out`` (a new folder: one
-    rename; an existing one, empty or an earlier export: its export files replaced)."""
+    """Make the checked export in ``work`` (a sibling of ``out``) the contents of ``out``:
+    one rename for a new folder. Into an existing one (empty, or an earlier export with
+    ``--overwrite``), file by file, the folder kept (it may be the working directory):
+    the earlier export's files go aside first and come back if the move fails or is
+    interrupted, so ``out`` never ends as a mix of two exports."""
     if not out.exists():
         os.replace(work, out)
         return
-    out.mkdir(exist_ok=True)
-    for name in EXPORT_FILES:  # an earlier export's files (overwrite)
-        if not (work / name).exists():
-            (out / name).unlink(missing_ok=True)
-    for path in sorted(work.iterdir()):
-        os.replace(path, out / path.name)
+    aside = work.with_name(f"{work.name}.replaced")
+    aside.mkdir()
+    old = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES)
+    new = sorted(p.name for p in work.iterdir())
+    moved_aside: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in old:
+            os.replace(out / name, aside / name)
+            moved_aside.append(name)
+        for name in new:
+            os.replace(work / name, out / name)
+            moved_in.append(name)
+    except BaseException:
+        for name in moved_in:  # back into work, which the caller removes
+            os.replace(out / name, work / name)
+        for name in moved_aside:
+            os.replace(aside / name, out / name)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
     work.rmdir()
 
 

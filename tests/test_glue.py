@@ -727,3 +727,16 @@ def test_finetuning_learns_a_separable_toy_task(pretrained, tmp_path):
     assert result["steps"] == 36
     assert result["metrics"]["glue/sst2/accuracy"] >= 0.9
     assert result["splits"]["dev"]["loss"] < 0.5
+
+
+def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, capsys):
+    glue = _tiny_sst2(tmp_path / "glue")
+    runs = tmp_path / "runs"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
+         "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
+         "--tracking-uri", "foo://bar"]
+    )  # fmt: skip
+    assert status == 2
+    assert "MLflow cannot use 'foo://bar'" in capsys.readouterr().err
+    assert not runs.exists()

@@ -660,18 +660,19 @@ def finetune(
         runs_dir or (loaded.run_dir.parent.parent if loaded.run_dir else "runs")
     ).resolve()
     experiment = experiment or f"glue-{task.name}"
-    run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
-    name = run_dir.name
     uri = (
         tracking_uri
         or loaded.tracking_uri
         or default_tracking_uri(RunConfig(runs_dir=str(runs_root)))
     )
+    if mlflow:  # before the run folder: a store that cannot be used leaves nothing behind
+        check_tracking_uri(uri, fix="fix --tracking-uri, or pass --no-mlflow")
+    run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
+    name = run_dir.name
     pretrain_step = loaded.step
 
     logger: Any = False
     if mlflow:
-        check_tracking_uri(uri, fix="fix --tracking-uri, or pass --no-mlflow")
         from lightning.pytorch.loggers import MLFlowLogger
 
         from cofrgenet.redact import hide_passwords

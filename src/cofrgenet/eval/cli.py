@@ -295,10 +295,6 @@ def data_sources(
     return sources
 
 
-class NotLogged(Exception):
-    """The results could not go onto the checkpoint's MLflow run; the message says why."""
-
-
 def log_to_mlflow(
     loaded: Any, results: dict[str, dict[str, float]], report: dict[str, Any]
 ) -> str | None:
@@ -308,26 +304,19 @@ def log_to_mlflow(
     server down): the results are printed already, and no store is created on the way."""
     if loaded.mlflow_run_id is None:
         return None
-    from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
-    from cofrgenet.training.pretrained import unreachable_run
+    from cofrgenet.training.pretrained import log_onto_run
 
-    problem = unreachable_run(loaded.tracking_uri, loaded.mlflow_run_id)
-    if problem is not None:
-        raise NotLogged(problem)
-    client = MlflowClient(loaded.tracking_uri)
-    now = int(time.time() * 1000)
     split = report["split"]
-    logged = mlflow_metrics(results, split)
-    items = [Metric(k, float(v), now, loaded.step) for k, v in logged.items()]
     # How each number was made, beside it (a later run with another stride replaces it).
-    tags = [
-        RunTag(f"{metric_prefix(task, split)}/protocol", protocol(task, loaded.step, report))
+    tags = {
+        f"{metric_prefix(task, split)}/protocol": protocol(task, loaded.step, report)
         for task in results
-    ]
-    # One call: the client splits it at MLflow's limits (100 tags, 1000 metrics a request).
-    client.log_batch(loaded.mlflow_run_id, metrics=items, tags=tags)
+    }
+    uri = loaded.tracking_uri
+    log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
+    client = MlflowClient(uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     client.log_text(loaded.mlflow_run_id, json.dumps(report, indent=2), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id
@@ -362,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
         )
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
-    from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
+    from cofrgenet.training.pretrained import NotLogged, checkpoint_file, load_checkpoint
 
     checkpoint_file(args.ckpt)
     data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
@@ -445,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
     elif not args.no_mlflow:
         try:
             run_id = log_to_mlflow(loaded, results, report)
-        except NotLogged as error:
+        except NotLogged as error:  # the results are printed and written already
             print(f"not logged to MLflow: {error}", file=sys.stderr)
             return 0
         if run_id is None:

@@ -458,31 +458,6 @@ def _subset(items: list[Any], size: int | None, rng: random.Random | None) -> li
     return rng.sample(items, size) if rng is not None else items[:size]
 
 
-def log_to_pretraining_run(
-    uri: str, run_id: str, metrics: dict[str, float], step: int, tags: dict[str, str]
-) -> str | None:
-    """Log ``metrics`` (at ``step``) and ``tags`` onto the pretraining run; returns a
-    warning instead of failing (the fine-tuning's own results stand without it)."""
-    from cofrgenet.training.pretrained import unreachable_run
-
-    problem = unreachable_run(uri, run_id)  # before a client could make a stray store
-    if problem is not None:
-        return f"could not log onto the pretraining run: {problem}"
-    try:
-        from mlflow import MlflowClient
-        from mlflow.entities import Metric, RunTag
-
-        stamp = int(time.time() * 1000)
-        MlflowClient(tracking_uri=uri).log_batch(
-            run_id,
-            metrics=[Metric(key, value, stamp, step) for key, value in metrics.items()],
-            tags=[RunTag(key, value) for key, value in tags.items()],
-        )
-    except Exception as error:  # moved store, deleted run, server down
-        return f"could not log onto the pretraining run {run_id} at {uri}: {error}"
-    return None
-
-
 def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: str) -> None:
     from rich.table import Table
 
@@ -829,10 +804,11 @@ def _log_onto_pretraining_run(
         )
     if not loaded.tracking_uri:
         return None
-    return log_to_pretraining_run(
-        loaded.tracking_uri,
-        loaded.mlflow_run_id,
-        metrics,
-        pretrain_step,
-        {f"glue.{task}.run_id": str(run_id)},
-    )
+    from cofrgenet.training.pretrained import NotLogged, log_onto_run
+
+    tags = {f"glue.{task}.run_id": str(run_id)}
+    try:
+        log_onto_run(loaded.tracking_uri, loaded.mlflow_run_id, metrics, pretrain_step, tags)
+    except NotLogged as error:  # the fine-tuning's own results stand without it
+        return f"could not log onto the pretraining run: {error}"
+    return None

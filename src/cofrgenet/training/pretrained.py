@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from cofrgenet.data.meta import (
     tokenizer_changes,
     tokenizer_digest,
 )
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, first_line
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.run_store import RUN_ID_FILE, sqlite_database
 
@@ -256,6 +257,35 @@ def tracking_uri_of(run_dir: Path) -> str:
     if not Path(runs_dir).is_absolute() and not Path(runs_dir).is_dir():
         runs_dir = str(run_dir.parent.parent)  # the run folder was moved or copied
     return tracking_uri(RunConfig(runs_dir=runs_dir, tracking_uri=run.get("tracking_uri")))
+
+
+class NotLogged(Exception):
+    """Results could not go onto a training run in MLflow; the message says why."""
+
+
+def log_onto_run(
+    uri: str, run_id: str, metrics: dict[str, float], step: int, tags: dict[str, str]
+) -> None:
+    """Log ``metrics`` (at ``step``) and ``tags`` onto the training run ``run_id`` (what an
+    evaluation or a fine-tuning of its checkpoint measured), in one call: the client splits
+    it at MLflow's limits. Raises NotLogged, with the reason, when the run cannot be
+    reached (a moved or copied run folder, a server down); no store is made on the way."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    problem = unreachable_run(uri, run_id)
+    if problem is not None:
+        raise NotLogged(problem)
+    now = int(time.time() * 1000)
+    try:
+        MlflowClient(uri).log_batch(
+            run_id,
+            metrics=[Metric(key, float(value), now, step) for key, value in metrics.items()],
+            tags=[RunTag(key, value) for key, value in tags.items()],
+        )
+    except (MlflowException, OSError) as error:  # a deleted run, a server gone meanwhile
+        raise NotLogged(f"MLflow run {run_id} at {uri}: {first_line(error)}") from None
 
 
 def unreachable_run(uri: str, run_id: str) -> str | None:

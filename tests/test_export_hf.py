@@ -444,6 +444,12 @@ def test_the_exported_model_takes_right_padding_and_labels(tmp_path):
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False
     )
     assert out.shape == (2, 10)
+    # A cache asked for is made by transformers and not read: every step sees the context.
+    cached = exported.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
+        use_cache=True,
+    )  # fmt: skip
+    assert torch.equal(cached, out)
 
 
 # A real checkpoint through the command -------------------------------------------------

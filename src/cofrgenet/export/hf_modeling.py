@@ -734,10 +734,6 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
                 attention_mask = attention_mask[:, -self.block_size :]
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # no KV cache: every step re-reads the context
-
 
 def _check_right_padding(attention_mask: Tensor) -> None:
     mask = attention_mask.to(torch.int64)

@@ -528,7 +528,7 @@ def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
         return loaded
 
     monkeypatch.setattr(checkpoint_module, "load_checkpoint", moved_data)
-    report = export.export_hf_report(checkpoint, tmp_path / "out", verify=False)
+    report = export.export_hf(checkpoint, tmp_path / "out", verify=False)
     assert (tmp_path / "out" / "model.safetensors").is_file()
     generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
     if trained_with == "byte":

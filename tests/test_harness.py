@@ -29,6 +29,7 @@ from cofrgenet.data.tokenizer import EOS_TEXT
 from cofrgenet.eval import harness
 from cofrgenet.eval.harness import HarnessError, HarnessNotInstalled, run_harness
 from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.nn.decoding import sample_next
 from cofrgenet.training.generate import sample
 
 TASKS = Path(__file__).resolve().parent / "data" / "harness"
@@ -248,12 +249,12 @@ def test_sampling_is_seeded_and_never_picks_padded_ids(lm):
         {"temperature": 1.0, "top_k": 5},
         {"temperature": 1.0, "top_p": 0.9},
     ):
-        assert (harness.next_token(logits, 257, **kwargs) < 257).all()
+        assert (sample_next(logits, **kwargs, vocab=257) < 257).all()
 
 
 def test_top_p_keeps_the_smallest_set_holding_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    picks = {int(harness.next_token(logits, 4, temperature=1.0, top_p=0.7)) for _ in range(200)}
+    picks = {int(sample_next(logits, 1.0, top_p=0.7, vocab=4)) for _ in range(200)}
     assert picks == {0, 1}
 
 

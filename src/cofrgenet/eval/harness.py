@@ -503,14 +503,16 @@ class _CofrgenetLMImpl:
         if ignored:
             log.warning("cofrgenet model: ignoring generation arguments %s", ignored)
 
-        def choose(logits: Tensor) -> Tensor:
-            return next_token(
+        def choose(logits: Tensor) -> Tensor:  # as cofr generate draws; no padded id
+            from cofrgenet.nn.decoding import sample_next
+
+            return sample_next(
                 logits,
-                self._n_real,
-                temperature=temperature,
+                temperature,
                 top_k=None if top_k in (None, 0) else int(top_k),
-                top_p=None if top_p in (None, 1, 1.0) else float(top_p),
                 generator=generator,
+                top_p=None if top_p in (None, 1, 1.0) else float(top_p),
+                vocab=self._n_real,
             )
 
         def stopped(tokens: list[int]) -> bool:
@@ -521,24 +523,6 @@ class _CofrgenetLMImpl:
         with torch.no_grad():
             new = decode(self.model, idx, max_new, self.max_length, choose, stopped)
         return [self.tok_decode(tokens) for tokens in new]
-
-
-def next_token(
-    logits: Tensor,
-    n_real: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Next ids (B, 1) from last-position logits (B, V), never an id >= ``n_real``.
-
-    temperature 0 is greedy; otherwise ``nn.decoding.sample_next``, as ``cofr generate``
-    draws (temperature, then top-k, then nucleus (top-p) filtering).
-    """
-    from cofrgenet.nn.decoding import sample_next
-
-    return sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=n_real)
 
 
 def decode(

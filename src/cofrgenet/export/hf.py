@@ -155,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     usage = f"cofr export hf --ckpt CKPT OUT_DIR (the one word given, {args.out_dir}, is OUT_DIR)"
-    report = export_hf_report(
+    report = export_hf(
         checkpoint_given(args, usage),
         args.out_dir,
         tokenizer_dir=args.tokenizer,
@@ -195,34 +195,14 @@ def export_hf(
     overwrite: bool = False,
     verify: bool = True,
     tolerance: float = DEFAULT_TOLERANCE,
-) -> Path:
-    """Write checkpoint ``ckpt_path`` as a Hugging Face folder ``out_dir``; returns it.
+) -> ExportReport:
+    """Write checkpoint ``ckpt_path`` as a Hugging Face folder ``out_dir``; returns what
+    was written (``out_dir``, ``files``, the tokenizer exported or why not, the check's
+    largest logit difference).
 
     tokenizer_dir: a prepared data folder whose tokenizer to export instead of the run's.
     Without it, a tokenizer that cannot be found is skipped (the model is still written).
     """
-    return export_hf_report(
-        ckpt_path,
-        out_dir,
-        tokenizer_dir=tokenizer_dir,
-        with_tokenizer=with_tokenizer,
-        overwrite=overwrite,
-        verify=verify,
-        tolerance=tolerance,
-    ).out_dir
-
-
-def export_hf_report(
-    ckpt_path: str | Path,
-    out_dir: str | Path,
-    *,
-    tokenizer_dir: str | Path | None = None,
-    with_tokenizer: bool = True,
-    overwrite: bool = False,
-    verify: bool = True,
-    tolerance: float = DEFAULT_TOLERANCE,
-) -> ExportReport:
-    """:func:`export_hf`, returning the full :class:`ExportReport`."""
     from cofrgenet.training import pretrained
     from cofrgenet.training.pretrained import load_checkpoint
 

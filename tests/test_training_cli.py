@@ -720,6 +720,29 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     assert history("sig") == history("whole")
 
 
+def test_last_ckpt_is_the_newest_step_after_a_resume_from_a_signal_stop(tiny_data, tmp_path):
+    """Stopped by a signal before the first periodic checkpoint, the run's only
+    ``last.ckpt`` is the stop's save, which Lightning's checkpoint state does not know as
+    its own: the resumed run must still write its later steps into ``last.ckpt`` (once
+    they went to ``last-v1.ckpt``, and generate/eval/export read the stopped weights)."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "early", "--run.checkpoint_every_n_steps", "100",
+        "--trainer.max_steps", "8", "--trainer.callbacks+=sweep_helpers.SignalAtStep",
+        "--trainer.callbacks.step=1", "--trainer.callbacks.signum=15",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args)
+    assert proc.returncode == 143, out[-3000:]
+    checkpoints = tmp_path / "runs" / "test" / "early" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 2
+    resumed = CofrCLI(args=fit_args(
+        tmp_path, tiny_data, "--run.name", "early", "--run.checkpoint_every_n_steps", "3",
+        "--trainer.max_steps", "8", "--ckpt_path", "last",
+    ))  # fmt: skip
+    assert resumed.trainer.global_step == 8
+    assert not list(checkpoints.glob("last-v*.ckpt"))
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
 def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path):
     """An impatient second Ctrl-C reaches Lightning's own handler, which ends the process
     with status 1: `cofr fit` exits 130 all the same (a script or SLURM tells an

@@ -30,6 +30,10 @@ class RunCheckpoint(ModelCheckpoint):
     _step_began = 0.0  # when the running step's batch began (time.time())
 
     def __init__(self, *args: Any, every_n_train_steps: int | None = None, **kwargs: Any):
+        # last.ckpt is replaced, never versioned: a signal's stop saves it outside this
+        # callback, so after a resume Lightning would not know it as its own and would
+        # write the later steps to last-v1.ckpt, leaving last.ckpt at the stop.
+        kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, every_n_train_steps=every_n_train_steps, **kwargs)
         self.periodic = every_n_train_steps or 0
 

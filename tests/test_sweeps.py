@@ -2063,3 +2063,39 @@ def test_a_store_that_cannot_answer_is_not_taken_for_a_missing_parent_run():
 
     assert run_missing(Store(RESOURCE_DOES_NOT_EXIST), "r") is True
     assert run_missing(Store(TEMPORARILY_UNAVAILABLE), "r") is False
+
+
+def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(tiny_data, tmp_path, monkeypatch):
+    """Between "trial N: starting" and the fit's own signal handler (the config parse, the
+    model and data building): the trial is failed and retried, the worker stops with 143,
+    as for a SIGTERM during training; once the worker died with the trial RUNNING."""
+    from cofrgenet.sweeps import objective
+
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=1, overrides={"data.data_dir": str(tiny_data)})
+    )
+    parse = objective._trial_config
+
+    def terminated_while_parsing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(objective, "_trial_config", terminated_while_parsing)
+    unhandled = []  # where the worker does not handle it: noted, not the test run's end
+
+    def note(signum, frame):
+        unhandled.append(signum)
+
+    before = signal.signal(signal.SIGTERM, note)
+    try:
+        result = run_worker(sweep, report=False, mlflow=False)
+        assert signal.getsignal(signal.SIGTERM) == note  # put back after the trial
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not unhandled
+    assert result.signal_status == 128 + signal.SIGTERM
+    ((_, outcome),) = result.outcomes
+    assert outcome.retry and outcome.reason == "worker terminated (SIGTERM) during the trial"
+    trials = result.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].system_attrs["retry_history"] == [0]

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,8 +338,60 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     except RunFolderBusyError as busy:
         return Outcome(TrialState.FAIL, reason=str(busy))
 
+    child: list[str] = []  # the trial's MLflow run, once made
+    try:
+        with _sigterm_raises():  # until the fit's StopOnSignal takes the signal over
+            outcome = _config_and_train(ctx, trial, frozen, root, params, run_dir, child)
+    except BaseException as exc:  # SIGTERM or Ctrl-C before the fit took them over
+        reason, retry, stop, status = classify(exc)
+        if status is None:
+            raise
+        outcome = Outcome(
+            TrialState.FAIL,
+            reason=reason,
+            retry=retry,
+            stop_worker=stop,
+            run_dir=run_dir,
+            signal_status=status,
+        )
+    _finish_mlflow(ctx, child[0] if child else None, outcome)
+    return outcome
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Lightning's SIGTERMException (as StopOnSignal's does before the
+    first step) while a trial is set up: the config parse and the model and data building
+    before the fit's own handler would otherwise end the worker with its trial RUNNING,
+    no retry queued and no resume hint. Main thread only (signals can be set there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    def raise_it(signum: int, frame: Any) -> None:
+        raise SIGTERMException(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_it)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _config_and_train(
+    ctx: TrialContext,
+    trial: optuna.Trial,
+    frozen: optuna.trial.FrozenTrial,
+    root: int,
+    params: dict[str, Any],
+    run_dir: Path,
+    child: list[str],
+) -> Outcome:
+    """The trial's config, its MLflow child run (its id appended to ``child``) and its
+    fit: how it ended."""
+    sweep = ctx.sweep
     args, config, error = _trial_config(ctx, params, run_dir)
-    child_id = None
     mlflow_on = ctx.run_mlflow if config is None else get_dotted(config, "run.mlflow", True)
     if ctx.mlflow_client is not None and mlflow_on:
         from cofrgenet.sweeps.tracking import child_run, run_config
@@ -356,15 +409,12 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             ctx.mlflow_client, run_config(sweep, ctx.runs_dir), run_dir, ctx.parent_run_id,
             tags, params,
         )  # fmt: skip
+        child.append(child_id)
 
     if error is None:
-        outcome = _train(ctx, trial, args, run_dir)
-    else:
-        outcome = Outcome(
-            TrialState.FAIL, reason=f"bad sample or sweep config: {error}", run_dir=run_dir
-        )
-    _finish_mlflow(ctx, child_id, outcome)
-    return outcome
+        return _train(ctx, trial, args, run_dir)
+    reason = f"bad sample or sweep config: {error}"
+    return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)
 
 
 def _trial_config(

@@ -2099,3 +2099,23 @@ def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(tiny_data, tmp_p
     trials = result.study.get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
     assert trials[1].system_attrs["retry_history"] == [0]
+
+
+def test_sampled_values_that_build_no_model_together_fail_only_their_points(tiny_data, tmp_path):
+    """`n_head: int 4..8` beside a width of 64: both ends build a model, 5, 6 and 7 do
+    not. Each of those points fails before its fit starts, and three of them in a row do
+    not stop the worker (once: "3 trials in a row failed with: ConfigError ...")."""
+    sweep = load_sweep(write_sweep(
+        tmp_path, space={"model.config.n_head": "int 4..8"}, sampler={"name": "grid"},
+        pruner={"name": "none"}, budget={"steps": 2}, n_trials=5,
+        overrides={"data.data_dir": str(tiny_data), "model.config.n_embd": 64},
+    ))  # fmt: skip
+    result = run_worker(sweep, report=False, mlflow=False)
+    assert len(result.outcomes) == 5 and result.failing is None
+    by_head = {t.params["model.config.n_head"]: t for t in result.study.get_trials()}
+    assert {h: t.state for h, t in by_head.items()} == {
+        4: TrialState.COMPLETE, 5: TrialState.FAIL, 6: TrialState.FAIL,
+        7: TrialState.FAIL, 8: TrialState.COMPLETE,
+    }  # fmt: skip
+    reason = by_head[7].user_attrs[st.FAIL_REASON]
+    assert reason.startswith("no model at this point:") and "n_head (7)" in reason, reason

@@ -202,7 +202,7 @@ def _model_config(config: dict[str, Any]) -> ModelConfig:
     return model_config_of(config.get("model"))
 
 
-def _model_problem(config: dict[str, Any]) -> str | None:
+def model_problem(config: dict[str, Any]) -> str | None:
     """Why ``config``'s ``model.preset`` and ``model.config`` make no ModelConfig, or None."""
     try:
         _model_config(config)
@@ -250,7 +250,7 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
         config = copy.deepcopy(probe)
         for param, value in zip(keys, values, strict=True):
             set_dotted(config, param.key, value)
-        problems[values] = _model_problem(config)
+        problems[values] = model_problem(config)
     if all(problems.values()):
         first = next(iter(problems.values()))
         tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""

@@ -31,7 +31,7 @@ from optuna.trial import TrialState
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import is_out_of_memory
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import checked_config, trial_words
+from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, resume_command
@@ -42,6 +42,9 @@ from cofrgenet.training.runlock import RunFolderBusyError, RunLock
 TRIAL_FILE = "trial.json"
 PRUNED_AT, REQUEUED_AT, LAST_REPORT = "cofr.pruned_at", "cofr.stopped_at", "cofr.last_report"
 UID_ATTR = "cofr.uid"
+#: The reason's start for a trial whose sampled values build no model together
+#: (``n_head 7`` drawn beside a width of 64): that point fails, the sweep goes on.
+NO_MODEL_HERE = "no model at this point:"
 
 #: Set by the worker's SIGUSR1 handler: save, stop and leave the trial for a requeue.
 REQUEUE = threading.Event()
@@ -411,9 +414,12 @@ def _config_and_train(
         )  # fmt: skip
         child.append(child_id)
 
-    if error is None:
+    if error is not None:
+        reason = f"bad sample or sweep config: {error}"
+    elif (problem := model_problem(config or {})) is not None:  # before the fit's start-up
+        reason = f"{NO_MODEL_HERE} {problem}"
+    else:
         return _train(ctx, trial, args, run_dir)
-    reason = f"bad sample or sweep config: {error}"
     return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)
 
 

@@ -1810,6 +1810,14 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     wrong = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 5]}}))
     with pytest.raises(SweepError, match=r"2 points .*: n_embd \(64\) must be a multiple of"):
         check_model_values(wrong, trial_config(wrong, {"model.config.n_head": 3}))
+    # Every point fails, and the fixed settings alone build a model: the space is named.
+    space = {"model.config.depth": "int -2..0", "model.config.ladders": [1, 3]}
+    negative = load_sweep(write_sweep(tmp_path, space=space))
+    with pytest.raises(SweepError) as blamed:
+        check_model_values(negative, trial_config(negative, {"model.config.depth": 0}))
+    assert str(blamed.value).endswith(
+        "fix the values of space.model.config.depth, space.model.config.ladders"
+    )
 
 
 def test_a_data_value_that_fails_every_trial_stops_the_worker(tiny_data, tmp_path):

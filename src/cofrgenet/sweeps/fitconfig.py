@@ -232,6 +232,18 @@ def _ends(param: Any) -> list[Any]:
     return list(dict.fromkeys(ends))
 
 
+def _builds_without(probe: dict[str, Any], keys: list[Any]) -> bool:
+    """Whether ``probe`` builds a model with the space's model ``keys`` left to the preset
+    (``model.preset`` to the default one)."""
+    config = copy.deepcopy(probe)
+    for param in keys:
+        if param.key == "model.preset":
+            (config.get("model") or {}).pop("preset", None)
+        else:
+            set_dotted(config, param.key, None)  # unset: the preset's value
+    return model_problem(config) is None
+
+
 def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     """SweepError when no point of the space builds a model: a fixed ``model.config``
     value that is invalid whatever is sampled (``n_head: 5`` with a width of 64) would
@@ -254,9 +266,10 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     if all(problems.values()):
         first = next(iter(problems.values()))
         tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""
-        raise SweepError(
-            f"no trial could build its model{tried}: {first}; fix the sweep's overrides or --set"
-        )
+        fix = "fix the sweep's overrides or --set"
+        if keys and _builds_without(probe, keys):  # the space's values are the trouble
+            fix = "fix the values of " + ", ".join(f"space.{p.key}" for p in keys)
+        raise SweepError(f"no trial could build its model{tried}: {first}; {fix}")
     # A choice or range end that builds no model beside every value of the other keys (a
     # wrong type, a depth of 0) would fail every trial that draws it. Judged only where
     # all those values were tried (the others are lists of choices, none left out), or

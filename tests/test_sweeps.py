@@ -589,6 +589,13 @@ def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data,
     assert f"resume with: cofr sweep run {sweep_path} --no-report" in out
     assert "stopped by a signal; the trial resumes from its checkpoint" in out
     assert "resume with: cofr fit" not in out
+    # The retry completes: the stop's traceback and step tag are no longer the trial's.
+    assert (run_dir / "error.txt").exists()
+    result = run_worker(sweep, report=False)
+    assert [t.state for t in result.study.get_trials()] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert not (run_dir / "error.txt").exists()
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    assert "cofr.stopped_at_step" not in mlflow_client(tmp_path).get_run(run_id).data.tags
 
 
 def test_killed_worker_trial_is_failed_and_retried_from_its_checkpoint(tiny_data, tmp_path):

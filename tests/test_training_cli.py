@@ -707,6 +707,7 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
         tmp_path, tiny_data, "--run.name", "sig", *more, "--ckpt_path", "last"
     ))  # fmt: skip
     assert resumed.trainer.global_step == 8
+    assert "cofr.stopped_at_step" not in client.get_run(run.run_id).data.tags  # resumed
     whole = CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "whole", *more))
     ours, theirs = resumed.model.state_dict(), whole.model.state_dict()
     for key in ours:

@@ -471,7 +471,10 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
             stop = StopOnSignal(resume_hint=lambda run_name: resume_command())
             cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
         callback.recover(ctx.storage, ctx.study)
-        return _fit_outcome(ctx, trial, cli, callback, run_dir)
+        outcome = _fit_outcome(ctx, trial, cli, callback, run_dir)
+        if outcome.state != TrialState.FAIL:  # an earlier attempt's traceback: not this one's
+            (run_dir / "error.txt").unlink(missing_ok=True)
+        return outcome
     except BaseException as exc:
         reason, retry, stop, status = classify(exc)
         (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))

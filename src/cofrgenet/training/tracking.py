@@ -169,8 +169,12 @@ class CofrMLFlowLogger(MLFlowLogger):
         id_file = self.run_dir / RUN_ID_FILE
         if not id_file.exists():
             write_text_atomic(id_file, self.run_id + "\n")
-        elif self.experiment.get_run(self.run_id).info.status != "RUNNING":
-            self.experiment.update_run(self.run_id, status="RUNNING")
+        else:
+            run = self.experiment.get_run(self.run_id)
+            if run.info.status != "RUNNING":
+                self.experiment.update_run(self.run_id, status="RUNNING")
+            if STOPPED_AT_TAG in run.data.tags:  # the stop it resumes from is over
+                self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
         # This attempt's code: a resume may run another commit.
         tags = [RunTag(k, v) for k, v in code_tags().items()]
         self.experiment.log_batch(self.run_id, tags=tags)

@@ -127,6 +127,11 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"sampler": {"name": "tpe", "n_startup_trial": 4}}, "sampler.n_startup_trial: not an "
          "option of the tpe sampler (Optuna's TPESampler) (did you mean 'n_startup_trials'?)"),
         ({"sampler": {"name": "random", "multivariate": True}}, "sampler.multivariate"),
+        ({"sampler": {"name": "tpee"}}, "got 'tpee' (did you mean 'tpe'?)"),
+        ({"pruner": {"name": "medain"}}, "got 'medain' (did you mean 'median'?)"),
+        ({"objective": {"metric": "val/loss", "direction": "minimise"}},
+         "got 'minimise' (did you mean 'minimize'?)"),
+        ({"space": {"c": {"choice": [1, 3]}}}, "unknown field(s) ['choice'] (did you mean 'choices'?)"),
         ({"sampler": {"name": "tpe", "seed": "x"}}, "sampler.seed must be a whole number"),
         ({"space": {"a.b": "int 1..4 step 0"}}, "space.a.b: step must be > 0"),
         ({"space": {"a.b": {"type": "int", "low": 1, "high": 4, "step": -1}}}, "step must be > 0"),
@@ -1502,6 +1507,13 @@ def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):
     line = one_line_error(capsys, ["sweep", "status", "tiny-cpu", "--storage", f"sqlite:///{typo}"])
     assert f"no study 'tiny-cpu' yet: {typo} does not exist" in line
     assert "check the path" in line and not typo.exists()
+    # A mistyped study name gets the closest study of the runs folder.
+    journal = tmp_path / "runs" / "sweeps" / "tiny-cpu" / "optuna.journal"
+    journal.parent.mkdir(parents=True)
+    journal.touch()
+    runs = str(tmp_path / "runs")
+    line = one_line_error(capsys, ["sweep", "status", "tiny-cpy", "--runs-dir", runs])
+    assert "no study 'tiny-cpy' at " in line and "(did you mean 'tiny-cpu'?)" in line
 
 
 def test_a_storage_or_runs_folder_under_a_file_is_one_line(tiny_data, tmp_path, capsys):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet.dataclass_options import at_least
+from cofrgenet.errors import did_you_mean
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import (
     StorageOptions,
@@ -227,9 +228,10 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         if url is None:
             path = Path(runs_dir) / "sweeps" / name / "optuna.journal"
             if not path.exists():
+                studies = [p.parent.name for p in path.parent.parent.glob("*/optuna.journal")]
                 raise SweepError(
-                    f"no study {name!r} at {path}: give its sweep file, or the --storage URL "
-                    "its workers were given"
+                    f"no study {name!r} at {path}{did_you_mean(name, studies)}: give its "
+                    "sweep file, or the --storage URL its workers were given"
                 )
             url = f"journal:{path.resolve()}"
         sweep = None

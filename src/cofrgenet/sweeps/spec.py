@@ -157,9 +157,11 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         value = {"choices": value}
     if not isinstance(value, dict):
         raise SweepError(f"space.{key}: expected a range string, a list or a mapping")
-    unknown = set(value) - {"type", "low", "high", "step", "log", "choices", "grid"}
+    fields = ("type", "low", "high", "step", "log", "choices", "grid")
+    unknown = sorted(set(value) - set(fields))
     if unknown:
-        raise SweepError(f"space.{key}: unknown field(s) {sorted(unknown)}")
+        hint = did_you_mean(str(unknown[0]), fields)
+        raise SweepError(f"space.{key}: unknown field(s) {unknown}{hint}")
     if "choices" in value:
         choices = tuple(value["choices"] or ())
         if not choices:
@@ -554,14 +556,19 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     sampler = _mapping(raw.get("sampler"), "sampler") or {"name": "tpe"}
     sampler.setdefault("name", "tpe")
     if sampler["name"] not in SAMPLERS:
-        raise SweepError(f"sampler.name must be one of {SAMPLERS}, got {sampler['name']!r}")
+        hint = did_you_mean(str(sampler["name"]), SAMPLERS)
+        raise SweepError(f"sampler.name must be one of {SAMPLERS}, got {sampler['name']!r}{hint}")
     pruner = _mapping(raw.get("pruner"), "pruner") or {"name": "none"}
     pruner.setdefault("name", "none")
     if pruner["name"] not in PRUNERS:
-        raise SweepError(f"pruner.name must be one of {PRUNERS}, got {pruner['name']!r}")
+        hint = did_you_mean(str(pruner["name"]), PRUNERS)
+        raise SweepError(f"pruner.name must be one of {PRUNERS}, got {pruner['name']!r}{hint}")
     objective = _options(Objective, raw.get("objective"), "objective")
     if objective.direction not in ("minimize", "maximize"):
-        raise SweepError("objective.direction must be minimize or maximize")
+        hint = did_you_mean(str(objective.direction), ("minimize", "maximize"))
+        raise SweepError(
+            f"objective.direction must be minimize or maximize, got {objective.direction!r}{hint}"
+        )
     budget = _options(Budget, raw.get("budget"), "budget")
     if budget.steps is not None and budget.tokens is not None:
         raise SweepError("budget: give steps or tokens, not both")

@@ -17,7 +17,6 @@ from cofrgenet.eval.glue import (
     accuracy,
     collate,
     f1_score,
-    linear_warmup_decay,
     matthews_corrcoef,
     pool_last,
     strip_lm_head,
@@ -32,6 +31,7 @@ from cofrgenet.eval.glue_data import (
     read_task_tsv,
     truncate_pair,
 )
+from cofrgenet.training.optim import warmup_linear
 from eval_helpers import tiny_byte_data, trained_checkpoint, unloadable_checkpoint
 
 # ------------------------------------------------ tiny files in the original GLUE layouts
@@ -489,11 +489,11 @@ def test_the_decoder_gives_hidden_states_and_padding_does_not_change_them(preset
 
 
 def test_schedule_and_config_checks():
-    assert linear_warmup_decay(0, 100, 10) == pytest.approx(0.1)
-    assert linear_warmup_decay(9, 100, 10) == pytest.approx(1.0)
-    assert linear_warmup_decay(55, 100, 10) == pytest.approx(0.5)
-    assert linear_warmup_decay(100, 100, 10) == 0.0
-    assert linear_warmup_decay(0, 10, 0) == 1.0
+    assert warmup_linear(0, 100, 10) == pytest.approx(0.1)
+    assert warmup_linear(9, 100, 10) == pytest.approx(1.0)
+    assert warmup_linear(55, 100, 10) == pytest.approx(0.5)
+    assert warmup_linear(100, 100, 10) == 0.0
+    assert warmup_linear(0, 10, 0) == 1.0
     with pytest.raises(UserError, match="--lr"):
         FinetuneConfig(lr=0)
     with pytest.raises(UserError, match="--max-steps"):

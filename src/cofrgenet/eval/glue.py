@@ -221,14 +221,6 @@ def collate(batch: Sequence[tuple[list[int], int]], pad_id: int) -> tuple[Tensor
     return ids, lengths, labels
 
 
-def linear_warmup_decay(step: int, total: int, warmup: int) -> float:
-    """lr multiplier at ``step``: linear 0 -> 1 over ``warmup`` steps, then 1 -> 0 at
-    ``total`` (BERT's and RoBERTa's fine-tuning schedule)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
 @functools.cache
 def _classifier_class() -> type:
     """The LightningModule class, made on first use so that importing this module (for
@@ -242,7 +234,9 @@ def _classifier_class() -> type:
         ClipsGradients,
         OptimizerConfig,
         build_adamw,
+        planned_steps,
         scales_loss,
+        warmup_linear,
     )
 
     class GlueClassifier(ClipsGradients, L.LightningModule):
@@ -325,10 +319,10 @@ def _classifier_class() -> type:
                 ),
                 grad_scaler=scales_loss(self.trainer),
             )
-            total = max(1, int(self.trainer.estimated_stepping_batches))
+            total = max(1, planned_steps(self.trainer))
             warmup = round(cfg.warmup_ratio * total)
             schedule = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda step: linear_warmup_decay(step, total, warmup)
+                optimizer, lambda step: warmup_linear(step, total, warmup)
             )
             return {
                 "optimizer": optimizer,
@@ -337,13 +331,6 @@ def _classifier_class() -> type:
 
     GlueClassifier.__qualname__ = "GlueClassifier"  # not `_classifier_class.<locals>...`
     return GlueClassifier
-
-
-def __getattr__(name: str) -> Any:
-    # `from cofrgenet.eval.glue import GlueClassifier` works; importing the module stays light.
-    if name == "GlueClassifier":
-        return _classifier_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------ the command

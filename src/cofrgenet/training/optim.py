@@ -321,6 +321,14 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warmup_linear(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Multiplier of the base lr at ``step`` (0-based): linear 0 -> 1 over ``warmup_steps``,
+    then 1 -> 0 at ``total_steps`` (BERT's and RoBERTa's fine-tuning schedule, GLUE's)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
 def released_warmup_cosine(
     step: int, release: int, total_steps: int, warmup_steps: int, min_lr_ratio: float
 ) -> float:

@@ -63,6 +63,11 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text)
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest parent that exists (a folder to be made goes in it)."""
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def why_no_folder(path: Path, error: OSError) -> str:
     """Why ``mkdir -p path`` failed, in a few words: the file that stands where the folder
     or a parent folder should be, else the system's reason."""

@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from cofrgenet import terminal
@@ -26,65 +24,11 @@ from cofrgenet.dataclass_options import (
     device_arg,
 )
 from cofrgenet.errors import UserError
+from cofrgenet.eval.paths import check_data_dir, check_output_file, write_results
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
 #: The paper's four columns (docs/evaluation.md says why WikiText's are the -v1 releases).
 DEFAULT_TASKS = "wikitext-2-v1,wikitext-103-v1,ptb,lambada"
-
-
-def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Path:
-    """``path`` if a results file can be written there: it is not a folder nor a file other
-    than JSON (a checkpoint given twice), and its nearest existing parent is a writable
-    folder (missing ones are made when writing).
-    Checked before the work, so that results are never computed only to be lost."""
-    out = Path(path)
-    if out.is_dir():
-        raise UserError(f"{flag} {out} is a folder: give a file name, e.g. {out / 'results.json'}")
-    parent = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
-    if not parent.is_dir():
-        raise UserError(f"{flag} {out}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"{flag} {out}: cannot write in {parent} (permission denied)")
-    if out.is_file() and out.stat().st_size and not _looks_like_json(out):
-        raise UserError(
-            f"{flag} {out} exists and is not a JSON results file: it is not replaced; "
-            "give another file name"
-        )
-    return out
-
-
-def _looks_like_json(path: Path) -> bool:
-    """Whether the file starts like a JSON object (a results file written before)."""
-    with open(path, "rb") as fh:
-        return fh.read(256).lstrip().startswith(b"{")
-
-
-def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
-    """A ``--data-dir`` given must be a folder (None: the data comes from ``hub``)."""
-    if data_dir is not None and not Path(data_dir).is_dir():
-        if Path(data_dir).is_file():
-            raise UserError(
-                f"--data-dir {data_dir} is a file: give the folder that holds it "
-                f"({Path(data_dir).parent}), or leave it out to use {hub}"
-            )
-        raise UserError(
-            f"--data-dir {data_dir}: no such folder; give {holds}, or leave it out to use {hub}"
-        )
-
-
-def write_results(out: Path, report: dict[str, Any], flag: str = "--json") -> None:
-    """Write ``report`` as JSON to ``out``; if that fails after all, print it to stdout
-    first (results are not lost), then the one-line error."""
-    text = json.dumps(report, indent=2) + "\n"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    except OSError as error:
-        sys.stdout.write(text)
-        raise UserError(
-            f"{flag} {out}: could not write ({error.strerror or error}); the results are "
-            "printed above"
-        ) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from cofrgenet.atomic import nearest_existing
 from cofrgenet.errors import UserError
 from cofrgenet.training.run_store import STOPPED_AT_TAG
 
@@ -402,7 +403,7 @@ def check_out_folder(out: Path) -> None:
         raise UserError(
             f"--out {out} is a file: give a folder for compare.md and pareto.png (made if missing)"
         )
-    parent = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    parent = nearest_existing(out.absolute().parent)
     if not parent.is_dir():
         raise UserError(f"--out {out}: {parent} is a file, not a folder")
 

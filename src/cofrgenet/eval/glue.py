@@ -489,7 +489,7 @@ def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[st
 def run(args: argparse.Namespace) -> int:
     """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
     from cofrgenet.dataclass_options import dataclass_from_args
-    from cofrgenet.eval.cli import check_data_dir, check_output_file, write_results
+    from cofrgenet.eval.paths import check_data_dir, check_output_file, write_results
     from cofrgenet.training.pretrained import checkpoint_file
     from cofrgenet.training.run_store import check_folder_name
 

@@ -403,8 +403,8 @@ def test_the_check_reads_the_whole_block(tmp_path, monkeypatch):
     model = build_model(config)
     written = export.export_state_dict
 
-    def late_rows_lost(model, config):
-        state = written(model, config)
+    def late_rows_lost(model):
+        state = written(model)
         wpe = next(key for key in state if key.endswith("wpe.weight"))
         state[wpe][12:] = 0.0
         return state
@@ -414,6 +414,12 @@ def test_the_check_reads_the_whole_block(tmp_path, monkeypatch):
     with pytest.raises(export.ExportMismatch, match="logits differ"):
         export_model(model, config, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_standalone_modeling_file_knows_the_exports_architectures():
+    from cofrgenet.export import hf_modeling
+
+    assert hf_modeling.TRANSFORMER_ARCHS == export.TRANSFORMER_ARCHS
 
 
 def test_the_exported_model_takes_right_padding_and_labels(tmp_path):

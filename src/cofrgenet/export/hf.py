@@ -56,7 +56,10 @@ EXPORT_FILES = (
     "README.md",
     *TOKENIZER_FILES,
 )
-SUPPORTED_ARCHS = ("gpt", "llama", "rnn", "lstm", "gru")
+#: The architectures hf_modeling.py re-implements (its own TRANSFORMER_ARCHS, which a test
+#: holds equal: the modeling file is standalone and imports nothing of cofrgenet).
+TRANSFORMER_ARCHS = ("gpt", "llama")
+SUPPORTED_ARCHS = (*TRANSFORMER_ARCHS, "rnn", "lstm", "gru")
 DEFAULT_TOLERANCE = 1e-5
 #: The export check's batch: two sequences of this many tokens (the block when shorter),
 #: then one of the whole block (learned positions, CAttn's per-position parameters).
@@ -270,7 +273,7 @@ def export_model(
     _check_out_dir(out, overwrite)
     if out.is_symlink():  # the folder it names is replaced, not the link
         out = out.resolve()
-    state = export_state_dict(model, config)
+    state = export_state_dict(model)
     _check_state_dict(state, config)
     created = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
     # Written and checked beside OUT_DIR, then moved in: a failure leaves OUT_DIR as it was.
@@ -365,7 +368,7 @@ def check_exportable(model: nn.Module, config: ModelConfig) -> None:
     )
     if config.arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"cannot export architecture {config.arch!r}: {hint}")
-    expected_model = GPT if config.arch in ("gpt", "llama") else RecurrentLM
+    expected_model = GPT if config.arch in TRANSFORMER_ARCHS else RecurrentLM
     if type(model) is not expected_model:
         raise UnsupportedModel(
             f"cannot export a {type(model).__name__} as arch {config.arch!r} (its builder was "
@@ -439,21 +442,22 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
         )
 
 
-def _tied(config: ModelConfig) -> bool:
-    """Whether the head shares the embedding (recurrent models: only when H == C)."""
-    if config.arch in ("gpt", "llama"):
-        return bool(config.tie_embeddings)
-    return bool(config.tie_embeddings) and (config.rnn_hidden or config.n_embd) == config.n_embd
+def _tied(model: nn.Module) -> bool:
+    """Whether the head's weight is another parameter of the model (the embedding)."""
+    head = model.get_parameter("lm_head.weight")
+    shared = model.named_parameters(remove_duplicate=False)
+    return any(p is head for name, p in shared if name != "lm_head.weight")
 
 
-def export_state_dict(model: nn.Module, config: ModelConfig) -> dict[str, torch.Tensor]:
+def export_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict as the export stores it: float32, contiguous, detached
     copies; a tied head's ``lm_head.weight`` left out (it is the embedding)."""
     import torch
 
     state = {}
+    tied = _tied(model)
     for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and _tied(config):
+        if name == "lm_head.weight" and tied:
             continue
         value = tensor.detach().to("cpu")
         if value.is_floating_point():
@@ -535,7 +539,7 @@ def _write_weights(out: Path, state: dict[str, torch.Tensor]) -> None:
 
 def _max_length(config: ModelConfig) -> int | None:
     """The tokenizer's model_max_length: block_size for transformers, none for recurrent."""
-    return config.block_size if config.arch in ("gpt", "llama") else None
+    return config.block_size if config.arch in TRANSFORMER_ARCHS else None
 
 
 def byte_tokenizer_backend() -> Any:
@@ -630,7 +634,7 @@ def _write_readme(
     mixers = (
         f"attention {config.attention_pattern or config.attention}, "
         f"ffn {config.ffn_pattern or config.ffn}, position {config.position}"
-        if config.arch in ("gpt", "llama")
+        if config.arch in TRANSFORMER_ARCHS
         else "recurrent"
     )
     check = (

@@ -295,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
         )
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
+    from cofrgenet.eval.perplexity import default_stride
     from cofrgenet.training.pretrained import NotLogged, checkpoint_file, load_checkpoint
 
     checkpoint_file(args.ckpt)
@@ -350,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
         "split": args.split,
-        "stride": args.stride or max(1, loaded.block_size // 2),
+        "stride": args.stride or default_stride(loaded.block_size),
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
         "data": data_sources(tasks, texts, args.split, data_dir),

@@ -763,13 +763,16 @@ def main(argv: list[str] | None = None) -> None:
     register()
     from lm_eval.__main__ import cli_evaluate
 
-    if argv is not None:
+    saved = sys.argv
+    if argv is not None:  # lm_eval's parser reads sys.argv only
         sys.argv = [sys.argv[0], *argv]
     try:
         cli_evaluate()
     except UserError as error:  # a missing checkpoint, another tokenizer...: one line
         print(f"python -m {MODULE}: error: {error}", file=sys.stderr)
         raise SystemExit(error.exit_status) from None
+    finally:
+        sys.argv = saved
 
 
 # Importing this module makes ``--model cofrgenet`` known to lm_eval when it is installed

@@ -40,6 +40,12 @@ class Window:
     context: int
 
 
+def default_stride(block: int) -> int:
+    """Half the block: every scored token after the first window sees at least that much
+    context."""
+    return max(1, block // 2)
+
+
 def sliding_windows(n_ids: int, block: int, stride: int) -> list[Window]:
     """The windows that score targets ``ids[1:]`` of ``n_ids`` ids, each exactly once.
 
@@ -157,5 +163,5 @@ def text_perplexity(
     ids = torch.tensor([eos_id, *encode(text)], dtype=torch.long, device=device)
     if len(ids) < 2:
         raise ValueError("the text is empty: nothing to score")
-    nll, tokens = window_nll(model, ids, block, stride or max(1, block // 2), batch_size)
+    nll, tokens = window_nll(model, ids, block, stride or default_stride(block), batch_size)
     return PerplexityResult.of_text(nll, tokens, text if original is None else original)

@@ -20,8 +20,9 @@ from torch import nn
 from cofrgenet.cli import main
 from cofrgenet.eval import tasks as eval_tasks
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
-from cofrgenet.eval.lambada import lambada, score_continuations
+from cofrgenet.eval.lambada import lambada
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
+from cofrgenet.eval.scoring import score_continuations
 from cofrgenet.eval.tasks import (
     EvalDataError,
     EvalDataNotFound,
@@ -185,7 +186,7 @@ def test_continuation_scores_match_a_direct_computation():
     torch.manual_seed(0)
     model = PositionAware()
     pairs = [([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2], [3, 4]), ([5], [6, 7, 8])]
-    scores = score_continuations(model, pairs, block=6, batch_size=2)
+    scores = score_continuations(model, pairs, max_length=6, batch_size=2)
     for (ctx, cont), (loglik, greedy) in zip(pairs, scores, strict=True):
         row = torch.tensor((ctx + cont)[-7:])
         logprobs = F.log_softmax(model(row[None, :-1])[0], -1)[-len(cont) :]
@@ -205,8 +206,8 @@ def test_the_greedy_choice_is_among_the_tokenizers_ids():
         return logits
 
     pairs = [([1, 2], [3])]
-    assert score_continuations(padded, pairs, block=4)[0][1] is False
-    assert score_continuations(padded, pairs, block=4, n_real=6)[0][1] is True
+    assert score_continuations(padded, pairs, max_length=4)[0][1] is False
+    assert score_continuations(padded, pairs, max_length=4, n_real=6)[0][1] is True
 
 
 # ------------------------------------------------------------------ data

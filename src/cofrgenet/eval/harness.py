@@ -152,38 +152,6 @@ def _int_or_auto(value: int | str | None, default: int) -> int:
     return size
 
 
-def _pad_right(rows: Sequence[Sequence[int]], pad: int, device: Any) -> Tensor:
-    """(B, T) long tensor of ``rows`` padded on the right to the longest."""
-    import torch
-
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-    return out.to(device)
-
-
-def score_windows(
-    tokens: Sequence[int], start: int, max_length: int
-) -> list[tuple[list[int], int]]:
-    """Windows that score ``tokens[start:]`` once each, given ``tokens[:start]`` (start >= 1).
-
-    Each window is (input ids, n): the model reads at most ``max_length`` ids, those just
-    before the window's last target, and its last n positions predict the window's n
-    targets (at most ``max_length``, disjoint). A single window is the harness's
-    ``(context + continuation)[-(max_length + 1):][:-1]``.
-    """
-    if start < 1:
-        raise ValueError("score_windows needs at least one context token")
-    windows = []
-    pos = start
-    while pos < len(tokens):
-        stop = min(pos + max_length, len(tokens))
-        windows.append((list(tokens[max(0, stop - 1 - max_length) : stop - 1]), stop - pos))
-        pos = stop
-    return windows
-
-
 class _CofrgenetLMImpl:
     """lm_eval model over a ``cofr fit`` checkpoint (``--model cofrgenet``).
 
@@ -326,63 +294,30 @@ class _CofrgenetLMImpl:
 
     # -- scoring -----------------------------------------------------------------------
 
-    def _forward_logprobs(self, rows: Sequence[Sequence[int]]) -> Tensor:
-        """Log-softmax (B, T, V) in float32 of right-padded ``rows`` (the model is causal,
-        so padding after a row changes none of its positions)."""
-        import torch
-
-        with torch.no_grad():
-            logits = self.model(_pad_right(rows, self.eot_token_id, self._device))
-        return torch.log_softmax(logits.float(), dim=-1)
-
-    def _score_windows(
-        self, windows: Sequence[tuple[list[int], int, list[int]]], disable_tqdm: bool = True
-    ) -> list[tuple[float, bool]]:
-        """(sum log-prob, all greedy) of each (input ids, n scored, targets) window.
-
-        Windows run longest first, ``batch_size`` at a time, so a batch pads little.
-        """
-        import torch
-        from tqdm import tqdm
-
-        order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
-        out: list[tuple[float, bool]] = [(0.0, True)] * len(windows)
-        bar = tqdm(total=len(windows), disable=disable_tqdm, desc="Scoring windows")
-        for at in range(0, len(order), self.batch_size):
-            batch = order[at : at + self.batch_size]
-            logprobs = self._forward_logprobs([windows[i][0] for i in batch])
-            for row, i in enumerate(batch):
-                inputs, n, targets = windows[i]
-                lp = logprobs[row, len(inputs) - n : len(inputs)]  # (n, V)
-                target = torch.as_tensor(targets, dtype=torch.long, device=lp.device)
-                total = float(lp.gather(1, target[:, None]).sum())
-                greedy = bool((lp[:, : self._n_real].argmax(-1) == target).all())
-                out[i] = (total, greedy)
-            bar.update(len(batch))
-        bar.close()
-        return out
-
     def _score_sequences(
         self, requests: Sequence[tuple[list[int], list[int]]], disable_tqdm: bool = True
     ) -> list[tuple[float, bool]]:
         """(log P(continuation | context), is greedy) of token (context, continuation) pairs."""
-        windows: list[tuple[list[int], int, list[int]]] = []
-        owner: list[int] = []
-        for k, (context, continuation) in enumerate(requests):
-            tokens = [*context, *continuation]
-            start = len(context)
-            for inputs, n in score_windows(tokens, start, self.max_length):
-                end = start + n
-                windows.append((inputs, n, tokens[start:end]))
-                owner.append(k)
-                start = end
-        scores = self._score_windows(windows, disable_tqdm=disable_tqdm)
-        totals = [0.0] * len(requests)
-        greedy = [True] * len(requests)
-        for k, (lp, is_greedy) in zip(owner, scores, strict=True):
-            totals[k] += lp
-            greedy[k] = greedy[k] and is_greedy
-        return list(zip(totals, greedy, strict=True))
+        from tqdm import tqdm
+
+        from cofrgenet.eval.scoring import score_continuations
+
+        with tqdm(disable=disable_tqdm, desc="Scoring windows") as bar:
+
+            def progress(n: int, total: int) -> None:
+                bar.total = total
+                bar.update(n)
+
+            return score_continuations(
+                self.model,
+                requests,
+                self.max_length,
+                self.batch_size,
+                self._device,
+                n_real=self._n_real,
+                pad_id=self.eot_token_id,
+                on_batch=progress,
+            )
 
     def _loglikelihood_tokens(
         self,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
-from cofrgenet.atomic import create_numbered
+from cofrgenet.atomic import create_numbered, write_text_atomic
 from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
     TASKS,
@@ -476,7 +476,7 @@ def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: s
     terminal.console().print(table)
 
 
-def metric_keys(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[str, float]:
+def dev_metrics(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[str, float]:
     """``{"glue/<key>/<metric>": value}`` of the dev results (the task's metrics only)."""
     return {
         f"glue/{split.key}/{name}": results[split.name][name]
@@ -590,17 +590,10 @@ def finetune(
     the fine-tuning run, ``pretrain_run_id``, ``config`` and data sizes.
     """
     import lightning as L
-    from lightning.pytorch.callbacks import RichProgressBar
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
-    from cofrgenet.training.run_store import (
-        RunConfig,
-        artifact_location,
-        check_tracking_uri,
-        flatten,
-        folder_name,
-    )
+    from cofrgenet.training.run_store import RunConfig, check_tracking_uri, folder_name
     from cofrgenet.training.run_store import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
@@ -630,73 +623,20 @@ def finetune(
     if mlflow:  # before the run folder: a store that cannot be used leaves nothing behind
         check_tracking_uri(uri, fix="fix --tracking-uri, or pass --no-mlflow")
     run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
-    name = run_dir.name
-    pretrain_step = loaded.step
 
+    sizes = {"train_examples": len(train), **{f"dev_examples.{k}": len(v) for k, v in dev.items()}}
     logger: Any = False
     if mlflow:
-        from lightning.pytorch.loggers import MLFlowLogger
-
-        from cofrgenet.redact import hide_passwords
-        from cofrgenet.training.run_store import code_tags, cut
-
-        tags = {
-            **code_tags(),  # which code fine-tuned, as on a pretraining run
-            "cofr.task": task.name,
-            "cofr.ckpt": str(ckpt.resolve()),
-            "cofr.data": data.source,
-            "run_dir": str(run_dir),
-        }
-        if loaded.mlflow_run_id:
-            tags["cofr.pretrain_run_id"] = loaded.mlflow_run_id
-        if command_line:
-            tags["cofrgenet.command"] = cut(hide_passwords(command_line))
-        logger = MLFlowLogger(
-            experiment_name=experiment,
-            run_name=name,
-            tracking_uri=uri,
-            artifact_location=artifact_location(uri),
-            tags=tags,
+        logger = _mlflow_logger(
+            experiment, run_dir, uri, ckpt, loaded, data, config, sizes, max_length, command_line
         )
-        params = {
-            "task": task.name,
-            "ckpt": str(ckpt.resolve()),
-            "pretrain_run_id": loaded.mlflow_run_id or "",
-            "pretrain_step": pretrain_step,
-            "data": data.source,
-            "train_examples": len(train),
-            **{f"dev_examples.{k}": len(v) for k, v in dev.items()},
-            **asdict(config),
-            "max_length": max_length,
-            **flatten(loaded.config.to_dict(), "model"),
-        }
-        logger.log_hyperparams(flatten(params))
-
-    callbacks: list[Any] = [RichProgressBar(leave=True)] if progress else []
     steps_per_epoch = max(1, math.ceil(len(train) / config.batch_size))
-    trainer = L.Trainer(
-        accelerator=accelerator,
-        devices=1,  # the dev metrics are computed on one process
-        precision=precision,
-        max_epochs=config.epochs,
-        max_steps=config.max_steps or -1,
-        gradient_clip_val=config.grad_clip or None,
-        val_check_interval=config.eval_every,
-        check_val_every_n_epoch=None if config.eval_every else 1,
-        num_sanity_val_steps=0,
-        log_every_n_steps=min(50, steps_per_epoch),
-        logger=logger,
-        callbacks=callbacks,
-        enable_checkpointing=False,
-        enable_progress_bar=progress,
-        enable_model_summary=False,
-        default_root_dir=str(run_dir),
-    )
+    trainer = _trainer(config, accelerator, precision, progress, logger, run_dir, steps_per_epoch)
     trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
     if module.validated_at != trainer.global_step:  # stopped by max_steps between evaluations
         trainer.validate(module, dataloaders=dev_loaders, verbose=False)
 
-    metrics = metric_keys(task, module.results)
+    metrics = dev_metrics(task, module.results)
     warnings = data.warnings()
     if config.max_length is not None and config.max_length > loaded.block_size:
         warnings.append(
@@ -716,7 +656,7 @@ def finetune(
         "source": data.source,
         "config": asdict(config),
         "pretrain_run_id": loaded.mlflow_run_id,
-        "pretrain_step": pretrain_step,
+        "pretrain_step": loaded.step,
         "run_id": run_id,
         "tracking_uri": uri if mlflow else None,
         "experiment": experiment if mlflow else None,
@@ -726,16 +666,102 @@ def finetune(
     if mlflow and loaded.mlflow_run_id:
         stopped_early = trainer.global_step < config.epochs * steps_per_epoch
         warning = _log_onto_pretraining_run(
-            loaded, config, task.name, metrics, pretrain_step, run_id, stopped_early
+            loaded, config, task.name, metrics, loaded.step, run_id, stopped_early
         )
         if warning:
             warnings.append(warning)
     run_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2) + "\n"
-    (run_dir / "results.json").write_text(text)
+    write_text_atomic(run_dir / "results.json", text)
     if mlflow:
         logger.experiment.log_text(run_id, text, "glue_results.json")
     return result
+
+
+def _mlflow_logger(
+    experiment: str,
+    run_dir: Path,
+    uri: str,
+    ckpt: Path,
+    loaded: Any,
+    data: TaskData,
+    config: FinetuneConfig,
+    sizes: dict[str, int],
+    max_length: int,
+    command_line: str | None,
+) -> Any:
+    """The fine-tuning run's MLFlowLogger, named as its folder, with the tags of a
+    pretraining run (code version, command) and its settings logged as params."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from cofrgenet.redact import hide_passwords
+    from cofrgenet.training.run_store import artifact_location, code_tags, cut, flatten
+
+    tags = {
+        **code_tags(),  # which code fine-tuned, as on a pretraining run
+        "cofr.task": data.task.name,
+        "cofr.ckpt": str(ckpt.resolve()),
+        "cofr.data": data.source,
+        "run_dir": str(run_dir),
+    }
+    if loaded.mlflow_run_id:
+        tags["cofr.pretrain_run_id"] = loaded.mlflow_run_id
+    if command_line:
+        tags["cofrgenet.command"] = cut(hide_passwords(command_line))
+    logger = MLFlowLogger(
+        experiment_name=experiment,
+        run_name=run_dir.name,
+        tracking_uri=uri,
+        artifact_location=artifact_location(uri),
+        tags=tags,
+    )
+    params = {
+        "task": data.task.name,
+        "ckpt": str(ckpt.resolve()),
+        "pretrain_run_id": loaded.mlflow_run_id or "",
+        "pretrain_step": loaded.step,
+        "data": data.source,
+        **sizes,
+        **asdict(config),
+        "max_length": max_length,
+        **flatten(loaded.config.to_dict(), "model"),
+    }
+    logger.log_hyperparams(flatten(params))
+    return logger
+
+
+def _trainer(
+    config: FinetuneConfig,
+    accelerator: str,
+    precision: str,
+    progress: bool,
+    logger: Any,
+    run_dir: Path,
+    steps_per_epoch: int,
+) -> Any:
+    """The fine-tuning's Trainer: one device, no checkpoints, the dev sets scored every
+    ``eval_every`` steps (else each epoch's end)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    return L.Trainer(
+        accelerator=accelerator,
+        devices=1,  # the dev metrics are computed on one process
+        precision=precision,
+        max_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        gradient_clip_val=config.grad_clip or None,
+        val_check_interval=config.eval_every,
+        check_val_every_n_epoch=None if config.eval_every else 1,
+        num_sanity_val_steps=0,
+        log_every_n_steps=min(50, steps_per_epoch),
+        logger=logger,
+        callbacks=[RichProgressBar(leave=True)] if progress else [],
+        enable_checkpointing=False,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        default_root_dir=str(run_dir),
+    )
 
 
 def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> Path:

@@ -266,12 +266,12 @@ def log_to_mlflow(
     return loaded.mlflow_run_id
 
 
-def run(args: argparse.Namespace) -> int:
-    args.ckpt = checkpoint_given(args)
-    tasks, harness_tasks = _names(args.tasks), _names(args.harness)
+def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: list[str]) -> None:
+    """Refuse options that would be silently unused by the tasks asked for (they mislead),
+    and an evaluation of nothing; ``--split`` defaults to test."""
     if not tasks and not harness_tasks:
         raise UserError("nothing to evaluate: give --tasks and/or --harness")
-    if not harness_tasks:  # both only reach lm-eval; silently unused, they mislead
+    if not harness_tasks:  # both only reach lm-eval
         for flag, value in (
             ("--include-path", args.include_path),
             ("--num-fewshot", args.num_fewshot),
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
             if value is not None:
                 raise UserError(f"{flag} applies to lm-eval tasks only: give them with --harness")
     kinds = {get_task(name).kind for name in tasks}
-    for flag, value, applies, to in (  # silently unused, they would mislead
+    for flag, value, applies, to in (
         ("--split", args.split, kinds, "the sets of --tasks (not harness tasks)"),
         ("--data-dir", args.data_dir, kinds, "the sets of --tasks (not harness tasks)"),
         ("--stride", args.stride, kinds & {"perplexity"},
@@ -293,10 +293,16 @@ def run(args: argparse.Namespace) -> int:
             "--limit applies to LAMBADA passages and harness docs only; perplexity sets are "
             "scored whole (leave it out)"
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    args.ckpt = checkpoint_given(args)
+    tasks, harness_tasks = _names(args.tasks), _names(args.harness)
+    _check_options(args, tasks, harness_tasks)
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
     from cofrgenet.eval.perplexity import default_stride
-    from cofrgenet.training.pretrained import NotLogged, checkpoint_file, load_checkpoint
+    from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
 
     checkpoint_file(args.ckpt)
     data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
@@ -371,20 +377,34 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         write_results(out, report)
         print(f"results: {out}")
-    if not args.no_mlflow and args.limit is not None:
+    if not args.no_mlflow:
+        _log_and_say(args, loaded, results, report)
+    return 0
+
+
+def _log_and_say(
+    args: argparse.Namespace,
+    loaded: Any,
+    results: dict[str, dict[str, float]],
+    report: dict[str, Any],
+) -> None:
+    """Log the results onto the checkpoint's run (not a --limit run's: part of the sets
+    would stand beside full scores under the same names) and say where, or why not."""
+    from cofrgenet.training.pretrained import NotLogged
+
+    if args.limit is not None:
         print(
             f"not logged to MLflow: --limit {args.limit} scores part of the sets, which "
             "would stand beside full scores under the same names (run without --limit)"
         )
-    elif not args.no_mlflow:
-        try:
-            run_id = log_to_mlflow(loaded, results, report)
-        except NotLogged as error:  # the results are printed and written already
-            print(f"not logged to MLflow: {error}", file=sys.stderr)
-            return 0
-        if run_id is None:
-            print("not logged to MLflow: the checkpoint is not in a tracked run folder")
-        else:
-            where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
-            print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")
-    return 0
+        return
+    try:
+        run_id = log_to_mlflow(loaded, results, report)
+    except NotLogged as error:  # the results are printed and written already
+        print(f"not logged to MLflow: {error}", file=sys.stderr)
+        return
+    if run_id is None:
+        print("not logged to MLflow: the checkpoint is not in a tracked run folder")
+    else:
+        where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
+        print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")

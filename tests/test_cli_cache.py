@@ -58,6 +58,31 @@ def test_unknown_keys_are_caught_before_lightning_once_the_keys_are_known(
     cli_cache.check_keys("fit", words)
 
 
+def test_an_unknown_preset_is_caught_before_lightning_with_the_parsers_message(
+    cache, capsys, monkeypatch, tmp_path
+):
+    assert cli.main(["fit", "--config", DEMO, "--model.preset", "gpt2-tiniest"]) == 2
+    slow = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown preset 'gpt2-tiniest' (did you mean 'gpt2-tiny'?)" in slow
+    forbid_lightning(monkeypatch)
+    assert cli.main(["fit", "--config", DEMO, "--model.preset=gpt2-tiniest"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == slow
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  preset: gpt2-tiniest\n")
+    assert cli.main(["fit", "--config", DEMO, "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == slow
+    # Read in order, as the parser does: a later file's preset wins, a known one passes;
+    # no preset (a whole model.config) passes too.
+    known = tmp_path / "known.yaml"
+    known.write_text("model:\n  preset: gpt2-tiny\n")
+    for words in (
+        ["--model.preset", "gpt2-tiniest", "--config", str(known)],
+        ["--config", str(recipe), "--model.preset", "gpt2-mini"],
+        ["--model.preset", "null"],
+    ):
+        cli_cache.check_keys("fit", words)
+
+
 def test_the_quick_checks_read_base_files_and_short_config_flags(cache, capsys, tmp_path):
     """The quick key check and the help cache read only `--config F` words themselves: a
     typo in a base: file or a -c file went to the full parser, and a cached help stayed

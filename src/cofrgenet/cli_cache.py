@@ -27,7 +27,7 @@ from typing import Any
 
 from cofrgenet import recipes
 from cofrgenet.atomic import write_text_atomic
-from cofrgenet.errors import ConfigError, did_you_mean
+from cofrgenet.errors import ConfigError, did_you_mean, unknown_name
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -107,6 +107,20 @@ def cached_keys(subcommand: str) -> list[str] | None:
     return None if text is None else json.loads(text)
 
 
+#: The key whose value is checked against the names the full parser accepts.
+PRESET_KEY = "model.preset"
+
+
+def store_presets(names: Iterable[str]) -> None:
+    """The model presets ``model.preset`` accepts (besides none)."""
+    _write(_path("choices", PRESET_KEY), json.dumps(list(names)))
+
+
+def cached_presets() -> list[str] | None:
+    text = _read(_path("choices", PRESET_KEY))
+    return None if text is None else json.loads(text)
+
+
 # ------------------------------------------------------------------ unknown keys
 
 
@@ -134,17 +148,7 @@ def yaml_keys(node: Any, prefix: str = "") -> list[str]:
 
 def holds_key(path: str, dotted: str) -> bool:
     """Whether YAML file ``path`` has the nested key ``dotted`` (a.b.c)."""
-    import yaml
-
-    try:
-        node: Any = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return _yaml_value(path, dotted) is not _MISSING
 
 
 def unknown_key_message(
@@ -194,3 +198,53 @@ def check_keys(subcommand: str, words: Sequence[str]) -> None:
     for key in given:
         if "." in key and not _known(key, valid):
             raise ConfigError(unknown_key_message(subcommand, key, words, valid))
+    check_preset(words)
+
+
+def given_preset(words: Sequence[str]) -> Any:
+    """The ``model.preset`` that ``words`` give, as the parser reads them in order (a
+    later ``--config`` file or ``--model.preset`` wins); None when none is given or it
+    cannot be told without the parser (a whole ``--model`` section)."""
+    value = None
+    expanded = recipes.expand(words)
+    flag = f"--{PRESET_KEY}"
+    for i, word in enumerate(expanded):
+        if word == "--model" or word.startswith("--model="):
+            return None
+        if word == "--config" and i + 1 < len(expanded):
+            node = _yaml_value(expanded[i + 1], PRESET_KEY)
+            value = node if node is not _MISSING else value
+        elif word == flag and i + 1 < len(expanded):
+            value = expanded[i + 1]
+        elif word.startswith(f"{flag}="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def check_preset(words: Sequence[str]) -> None:
+    """Raise the full parser's ConfigError for a ``model.preset`` it does not know."""
+    names = cached_presets()
+    value = given_preset(words)
+    if names is None or not isinstance(value, str) or value in names:
+        return
+    if value.lower() in ("null", "none", "~", ""):  # no preset: a full model.config
+        return
+    raise ConfigError(unknown_name("preset", value, names))
+
+
+_MISSING = object()
+
+
+def _yaml_value(path: str, dotted: str) -> Any:
+    """The value at nested key ``dotted`` of YAML file ``path``, or ``_MISSING``."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return _MISSING
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node

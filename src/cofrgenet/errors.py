@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NoReturn, TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -42,6 +42,12 @@ def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "") -> str:
     names = [c.removeprefix(prefix) for c in candidates]
     close = difflib.get_close_matches(word.removeprefix(prefix), names, n=1, cutoff=0.6)
     return f" (did you mean {prefix + close[0]!r}?)" if close else ""
+
+
+def unknown_name(kind: str, name: str, names: Sequence[str]) -> str:
+    """The one message for a name not among ``names`` (a preset, a registered mixer):
+    the closest name and every name."""
+    return f"unknown {kind} {name!r}{did_you_mean(name, names)}; available: {', '.join(names)}"
 
 
 def raised_from(error: BaseException, kind: type[E]) -> E | None:

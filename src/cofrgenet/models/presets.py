@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cofrgenet.errors import ConfigError, did_you_mean
+from cofrgenet.errors import ConfigError, unknown_name
 
 # Shared by every transformer preset; a preset's own entries take precedence.
 _LADDERS: dict[str, Any] = {"ladders": 3, "depth": 5, "cffn_ladder": "scalar", "dropout": 0.0}
@@ -159,8 +159,5 @@ def list_presets() -> list[str]:
 def preset_dict(name: str) -> dict[str, Any]:
     """A copy of preset ``name``'s config fields; unknown names raise ValueError."""
     if name not in PRESETS:
-        raise ConfigError(
-            f"unknown preset {name!r}{did_you_mean(str(name), PRESETS)}; available: "
-            f"{', '.join(PRESETS)}"
-        )
+        raise ConfigError(unknown_name("preset", str(name), list(PRESETS)))
     return {k: dict(v) if isinstance(v, dict) else v for k, v in PRESETS[name].items()}

@@ -49,6 +49,7 @@ from cofrgenet.errors import (
     not_valid_yaml,
     raised_from,
 )
+from cofrgenet.models.presets import list_presets
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
@@ -407,6 +408,7 @@ class CofrCLI(LightningCLIAdapter):
             # parsing, so that `--help` (which exits inside the parse) stores them too.
             keys = self.subcommand_parser(words[0]).get_defaults().keys()
             cli_cache.store_keys(words[0], keys)
+            cli_cache.store_presets(list_presets())
         if any(w == f"--{recipes.KEY}" or w.startswith(f"--{recipes.KEY}=") for w in words):
             raise ConfigError(
                 f"--{recipes.KEY} is read in config files only; on the command line give "

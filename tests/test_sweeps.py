@@ -2027,6 +2027,13 @@ def test_the_heat_map_sorts_a_choice_of_none_beside_numbers():
     assert xs == [None, 64, 128] and ys == [1, 2]
     assert (cells[0][0], cells[0][2], cells[1][1]) == (2.5, 3.0, 2.0)  # the best per cell
     assert cells[0][1] != cells[0][1] and cells[1][0] != cells[1][0]  # NaN: no trial there
+    # A depth whose trials were all pruned keeps its row, empty, instead of vanishing.
+    pruned = create_trial(
+        params={"h": 64, "d": 3}, distributions={"h": hidden, "d": depth},
+        state=TrialState.PRUNED, intermediate_values={2: 9.0},
+    )  # fmt: skip
+    xs, ys, cells = heatmap_table([*trials, pruned], "h", "d", maximize=False)
+    assert ys == [1, 2, 3] and all(v != v for v in cells[2])
 
 
 def test_a_requeue_that_is_not_made_ends_the_worker_with_1(tmp_path, monkeypatch, capsys):

@@ -39,13 +39,17 @@ def _axis_order(value: Any) -> tuple[int, Any]:
 def heatmap_table(
     trials: list[FrozenTrial], x_key: str, y_key: str, maximize: bool
 ) -> tuple[list[Any], list[Any], list[list[float]]]:
-    """(x values, y values, best objective per cell, NaN where no trial completed)."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    both = [t for t in done if x_key in t.params and y_key in t.params]
-    xs = sorted({t.params[x_key] for t in both}, key=_axis_order)
-    ys = sorted({t.params[y_key] for t in both}, key=_axis_order)
+    """(x values, y values, best objective per cell, NaN where no trial completed).
+
+    The axes hold every value a trial drew, so that a row or column whose trials were all
+    pruned or failed shows as such instead of vanishing."""
+    drawn = [t for t in trials if x_key in t.params and y_key in t.params]
+    xs = sorted({t.params[x_key] for t in drawn}, key=_axis_order)
+    ys = sorted({t.params[y_key] for t in drawn}, key=_axis_order)
     cells = [[math.nan] * len(xs) for _ in ys]
-    for t in both:
+    for t in drawn:
+        if t.state != TrialState.COMPLETE or t.value is None:
+            continue
         i, j = ys.index(t.params[y_key]), xs.index(t.params[x_key])
         old = cells[i][j]
         better = t.value > old if maximize else t.value < old
@@ -169,7 +173,7 @@ def summary_markdown(
             lines.append(
                 f"| {y} | " + " | ".join("-" if math.isnan(v) else f"{v:.4f}" for v in row) + " |"
             )
-        lines.append("")
+        lines += ["", "-: no completed trial there (pruned, failed, or none drawn yet).", ""]
     lines += ["## Plots", ""]
     for title, file in images.items():
         lines.append(f"![{title}]({file})")

@@ -1668,6 +1668,34 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_pat
     assert cli.datamodule.val_batch_size == 2 and cli.trainer.num_val_batches[0] > 2
 
 
+def test_validate_logs_into_the_store_of_the_checkpoints_own_runs_folder(
+    tiny_data, tmp_path, monkeypatch, caplog
+):
+    """A run of `--run.runs_dir runs` validated from another folder that holds a `runs/`
+    of its own: the scores went to that folder's store (made empty on the way). They go
+    to the run's own; with its store gone, they are scored and not logged."""
+    monkeypatch.chdir(tmp_path)
+    args = fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a")
+    CofrCLI(args=[*args, "--run.runs_dir", "runs", "--trainer.limit_val_batches", "1"])
+    ckpt = tmp_path / "runs" / "test" / "a" / "checkpoints" / "last.ckpt"
+    other = tmp_path / "other"
+    (other / "runs").mkdir(parents=True)
+    monkeypatch.chdir(other)
+    quiet = ["--trainer.enable_progress_bar", "false"]
+    cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), *quiet])
+    score = float(cli.trainer.callback_metrics["val/loss"])
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (ckpt.parent.parent / "mlflow_run_id").read_text().strip()
+    assert client.get_metric_history(run_id, "val/loss")[-1].value == score
+    assert list((other / "runs").iterdir()) == []
+    (tmp_path / "runs" / "mlflow.db").rename(tmp_path / "moved.db")
+    with caplog.at_level(logging.INFO):
+        cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), *quiet])
+    assert float(cli.trainer.callback_metrics["val/loss"]) == score
+    assert "not logged to MLflow: no MLflow store at" in caplog.text
+    assert not (tmp_path / "runs" / "mlflow.db").exists()
+
+
 def test_artifacts_lie_beside_the_sqlite_database_of_every_command(tmp_path, monkeypatch):
     """One rule for fit, sweeps, the UI and GLUE: ``mlartifacts/`` beside the store's
     database file, whatever folder the URI is relative to; a server chooses its own."""

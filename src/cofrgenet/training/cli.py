@@ -621,14 +621,24 @@ class CofrCLI(LightningCLIAdapter):
         ckpt_path = self.config_value(self.config, "ckpt_path")
         if self.subcommand not in EVALUATIONS or ckpt_path in (None, "last"):
             return run, resolve_run_dir(run, resume_last=self._resuming_last())
-        from cofrgenet.training.pretrained import run_dir_of, tracking_uri_of
+        from cofrgenet.training.pretrained import (
+            run_dir_of,
+            run_id_of,
+            tracking_uri_of,
+            unreachable_run,
+        )
 
         ckpt = Path(ckpt_path).absolute()
         run_dir = run_dir_of(ckpt)
         if run_dir is None:
             rank_zero_info(f"not logged to MLflow: {ckpt} is not in a cofr fit run folder")
             return dataclasses.replace(run, mlflow=False), ckpt.parent
-        return dataclasses.replace(run, tracking_uri=tracking_uri_of(run_dir)), run_dir
+        uri, run_id = tracking_uri_of(run_dir), run_id_of(run_dir)
+        problem = unreachable_run(uri, run_id) if run.mlflow and run_id else None
+        if problem is not None:  # scored all the same; no stray store is made
+            rank_zero_info(f"not logged to MLflow: {problem}")
+            return dataclasses.replace(run, mlflow=False), run_dir
+        return dataclasses.replace(run, tracking_uri=uri), run_dir
 
     def _resuming_last(self) -> bool:
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""

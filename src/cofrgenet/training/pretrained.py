@@ -246,16 +246,17 @@ def run_id_of(run_dir: Path | None) -> str | None:
 
 
 def tracking_uri_of(run_dir: Path) -> str:
-    """The MLflow tracking URI of a tracked run folder, from its config.yaml."""
+    """The MLflow tracking URI of a tracked run folder: its config.yaml's
+    ``run.tracking_uri``, else the user's ``MLFLOW_TRACKING_URI``, else the store of the
+    runs folder holding it (``<runs_dir>/<experiment>/<run>``: the folder two levels up,
+    wherever it was moved, never a runs folder of that name under the working directory)."""
     from cofrgenet.training.run_store import RunConfig, tracking_uri
 
     run: dict[str, Any] = {}
     config_file = run_dir / "config.yaml"
     if config_file.is_file():
         run = (yaml.safe_load(config_file.read_text()) or {}).get("run") or {}
-    runs_dir = run.get("runs_dir") or str(run_dir.parent.parent)
-    if not Path(runs_dir).is_absolute() and not Path(runs_dir).is_dir():
-        runs_dir = str(run_dir.parent.parent)  # the run folder was moved or copied
+    runs_dir = str(run_dir.resolve().parent.parent)
     return tracking_uri(RunConfig(runs_dir=runs_dir, tracking_uri=run.get("tracking_uri")))
 
 

@@ -744,6 +744,29 @@ def test_last_ckpt_is_the_newest_step_after_a_resume_from_a_signal_stop(tiny_dat
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
+def test_an_epoch_limited_fit_saves_its_last_step(tiny_data, tmp_path):
+    """No max_steps, one epoch of 7 steps, checkpoints every 3: Lightning's end-of-fit
+    save is skipped once a periodic one was made, and last.ckpt stayed at step 6."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "epoch", "--trainer.max_steps", "-1",
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "7",
+        "--run.checkpoint_every_n_steps", "3", "--trainer.limit_val_batches", "1",
+    )  # fmt: skip
+    assert CofrCLI(args=args).trainer.global_step == 7
+    last = tmp_path / "runs" / "test" / "epoch" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 7
+    # max_steps a multiple of the interval on an epoch's last batch, no validation due
+    # there: Lightning puts that save off to a validation that never comes.
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "deferred", "--trainer.max_steps", "6",
+        "--trainer.limit_train_batches", "6", "--run.checkpoint_every_n_steps", "3",
+        "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
+    )  # fmt: skip
+    assert CofrCLI(args=args).trainer.global_step == 6
+    last = tmp_path / "runs" / "test" / "deferred" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+
+
 def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path):
     """An impatient second Ctrl-C reaches Lightning's own handler, which ends the process
     with status 1: `cofr fit` exits 130 all the same (a script or SLURM tells an

@@ -1,15 +1,16 @@
 """The run's checkpoints: periodic ``step*.ckpt`` and ``last.ckpt``, the final one taken
 where a periodic one is.
 
-Lightning's ``ModelCheckpoint`` saves ``last.ckpt`` at the end of training when the last
-step is not one of its periodic steps. That checkpoint holds the loops' state after the
-epoch's end: a run resumed from it to train further (a larger ``max_steps``) starts a
-new epoch and logs every metric one step later than a run that never stopped (the
-weights are the same). :class:`RunCheckpoint` saves the final step at the end of its
-batch instead, exactly where a periodic checkpoint is taken, and the end of training
-then saves nothing more; nor does it when a callback saved ``last.ckpt`` during the last
-step and stopped the fit (a sweep trial stopped for a requeue): the end-of-training save
-would replace that checkpoint with one that resumes the same way, one step late.
+A ``last.ckpt`` saved at the end of training holds the loops' state after the epoch's
+end: a run resumed from it to train further (a larger ``max_steps``) starts a new epoch
+and logs every metric one step later than a run that never stopped (the weights are the
+same). :class:`RunCheckpoint` saves the final step at the end of its batch instead,
+exactly where a periodic checkpoint is taken, unless ``last.ckpt`` was written during
+that step already (its periodic save, or a callback's that stopped the fit: a sweep
+trial stopped for a requeue). The end of training saves only a fit that ended
+otherwise (an epoch limit, an early stop), and always then: Lightning's own end save
+is skipped once any checkpoint was saved in the process, which left ``last.ckpt`` at
+the last periodic step.
 """
 
 from __future__ import annotations
@@ -29,13 +30,12 @@ class RunCheckpoint(ModelCheckpoint):
     _final_saved: int | None = None  # the global step saved as the final one
     _step_began = 0.0  # when the running step's batch began (time.time())
 
-    def __init__(self, *args: Any, every_n_train_steps: int | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         # last.ckpt is replaced, never versioned: a signal's stop saves it outside this
         # callback, so after a resume Lightning would not know it as its own and would
         # write the later steps to last-v1.ckpt, leaving last.ckpt at the stop.
         kwargs.setdefault("enable_version_counter", False)
-        super().__init__(*args, every_n_train_steps=every_n_train_steps, **kwargs)
-        self.periodic = every_n_train_steps or 0
+        super().__init__(*args, **kwargs)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -55,21 +55,28 @@ class RunCheckpoint(ModelCheckpoint):
         step = trainer.global_step
         if self.save_last and 0 < trainer.max_steps <= step and self._final_saved != step:
             # Once per step: with gradient accumulation the step's last micro-batch has
-            # moved global_step to max_steps, and the earlier ones have not.
+            # moved global_step to max_steps, and the earlier ones have not. A periodic
+            # save of this step may have been put off to a validation that never comes.
             self._final_saved = step
-            periodic = self.periodic > 0 and step % self.periodic == 0  # saved it just now
-            last = self._last_path()
-            if last is not None and not periodic:
-                trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+            self._save_last_unless_written(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._final_saved == trainer.global_step:
-            return
+        # Lightning saves at the end only when this process saved no last.ckpt before:
+        # an epoch limit (or an early stop) would leave last.ckpt at the last periodic
+        # step. A last.ckpt written during the last step (the final save, a signal's
+        # stop) is that step's and stays.
+        if self.save_last:
+            self._save_last_unless_written(trainer)
+
+    def _save_last_unless_written(self, trainer: L.Trainer) -> None:
+        """Save ``last.ckpt`` unless it was written during the running step (every rank
+        follows rank 0's view of the file: the save is collective)."""
         last = self._last_path()
-        stopped = trainer.should_stop and last is not None and last.exists()
-        if stopped and last.stat().st_mtime >= self._step_began:  # saved in the last step
+        if last is None:
             return
-        super().on_train_end(trainer, pl_module)  # e.g. an epoch limit ended the fit
+        written = last.exists() and last.stat().st_mtime >= self._step_began
+        if not trainer.strategy.broadcast(written):
+            trainer.save_checkpoint(last, weights_only=self.save_weights_only)
 
     def _last_path(self) -> Path | None:
         if self.dirpath is None:

@@ -50,7 +50,8 @@ class RecordStartStep(L.Callback):
 class SignalAtStep(L.Callback):
     """Send this process ``signum`` once, at the start of training step ``step`` (or, with
     ``during="validation"``, of the second batch of the validation after that step; with
-    ``during="start"``, at the fit's start, before any step): a kill or a Ctrl-C that
+    ``during="start"``, at the fit's start, before any step; ``during="sanity"``, in the
+    sanity check's validation): a kill or a Ctrl-C that
     lands mid-step, mid-validation or while starting, deterministically. ``times=2``
     sends it twice in a row (an impatient second Ctrl-C)."""
 
@@ -74,4 +75,6 @@ class SignalAtStep(L.Callback):
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, *args) -> None:
         if self.during == "validation" and batch_idx == 1 and not trainer.sanity_checking:
+            self._send(trainer)
+        if self.during == "sanity" and trainer.sanity_checking:  # the fit's first validation
             self._send(trainer)

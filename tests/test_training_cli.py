@@ -801,6 +801,24 @@ def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tm
     assert client.get_run(run_id).info.status == "KILLED"
 
 
+def test_a_ctrl_c_in_the_sanity_check_aborts_with_130_and_saves_nothing(tiny_data, tmp_path):
+    """The sanity check runs before the first step (a GPU config's compile is there): a
+    Ctrl-C then saved a step-0 last.ckpt and the fit ended with status 0."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "sane", "--trainer.max_steps", "4",
+        "--trainer.num_sanity_val_steps", "2", "--trainer.callbacks+=sweep_helpers.SignalAtStep",
+        "--trainer.callbacks.step=0", "--trainer.callbacks.signum=2",
+        "--trainer.callbacks.during=sanity",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args)
+    assert proc.returncode == 130, out[-3000:]
+    run_dir = tmp_path / "runs" / "test" / "sane"
+    assert not list(run_dir.glob("checkpoints/*.ckpt"))
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
 def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(tiny_data, tmp_path):
     """SIGTERM at the second of 4 validation batches (after step 10): the validation ends
     and is logged as an uninterrupted run logs it, then the run stops and saves step 10."""

@@ -337,9 +337,9 @@ class StopOnSignal(StepBoundaries):
     ``hpc_ckpt_<n>.ckpt``; a sweep worker's) is deferred to the step's end the same way.
     ``cofr fit`` exits with the status the exception carries (143 or 130).
 
-    Before training begins (data, model and checkpoint set up, a compile), after the
-    MLflow run exists, SIGTERM stops the fit at once: nothing new to save, the MLflow run
-    ends KILLED, not RUNNING for ever.
+    Before training begins (data, model and checkpoint set up, the sanity check's
+    validation, a compile), after the MLflow run exists, SIGTERM or Ctrl-C stops the fit
+    at once: nothing new to save, the MLflow run ends KILLED, not RUNNING for ever.
     """
 
     def __init__(self, resume_hint: Callable[[str], str] | None = None) -> None:
@@ -413,6 +413,8 @@ class StopOnSignal(StepBoundaries):
             if callable(before):
                 before(signum, frame)
             return
+        if self._phase == "starting":  # no step to finish: a step-0 save resumes nothing
+            raise KeyboardInterrupt
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt
         self._pending.add(signal.SIGINT)

@@ -1596,18 +1596,32 @@ def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp
         CofrCLI(args=["validate", *args])
 
 
-def test_a_start_refused_once_the_data_loaded_can_be_started_again(tiny_data, tmp_path):
+def test_a_start_refused_once_the_data_loaded_can_be_started_again(
+    tiny_data, tmp_path, monkeypatch
+):
     """A val_check_interval longer than an epoch is found when the loader exists (the run
     folder and its MLflow run are made by then): one line, and the folder, which holds
-    nothing trained, goes, so the same command with the setting fixed starts the run."""
+    nothing trained, goes, so the same command with the setting fixed starts the run;
+    unless another start has taken the folder's lock meanwhile: it is then that one's."""
+    from cofrgenet.training.runlock import RunLock
+
     run = ["--run.name", "r", "--trainer.max_steps", "2"]
     run += ["--trainer.check_val_every_n_epoch", "1"]  # the interval counted within epochs
+    too_long = ["--trainer.val_check_interval", "100000"]
+    with monkeypatch.context() as taken:
+        taken.setattr(RunLock, "try_acquire", lambda self: False)
+        with pytest.raises(ConfigError, match=r"^trainer.val_check_interval is 100000 batches"):
+            CofrCLI(args=fit_args(tmp_path, tiny_data, *run, *too_long))
+    folder = tmp_path / "runs" / "test" / "r"
+    assert (folder / "config.yaml").exists() and (folder / ".lock").exists()
+    shutil.rmtree(folder)  # that start's business; this test's next start is alone
     with pytest.raises(ConfigError, match=r"^trainer.val_check_interval is 100000 batches, but"):
-        CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "--trainer.val_check_interval", "100000"))
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *run, *too_long))
+    assert not folder.exists()
     cli = CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "--trainer.val_check_interval", "2"))
     assert cli.trainer.global_step == 2
-    # The refused start's MLflow run stays (FAILED, with its config), the new one trained.
-    assert sorted(mlflow_runs(tmp_path / "runs").status) == ["FAILED", "FINISHED"]
+    # The refused starts' MLflow runs stay (FAILED, with their config), the new one trained.
+    assert sorted(mlflow_runs(tmp_path / "runs").status) == ["FAILED", "FAILED", "FINISHED"]
 
 
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):

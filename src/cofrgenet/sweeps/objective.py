@@ -270,12 +270,14 @@ def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
             # Not from under a process that trains in it (RunFolderBusyError names it).
             lock = RunLock(run_dir)
             lock.acquire()
-            lock.release()
             aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
             logging.getLogger("cofrgenet.sweeps").warning(
                 f"{run_dir} belongs to another study: moved to {aside}"
             )
-            run_dir.rename(aside)
+            try:  # moved while held: no process can start in it on the way
+                run_dir.rename(aside)
+            finally:
+                lock.release()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(marker, json.dumps(identity, indent=2, default=str) + "\n")
 

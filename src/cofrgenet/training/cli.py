@@ -793,8 +793,12 @@ class CofrCLI(LightningCLIAdapter):
         others = [p for p in run_dir.iterdir() if p.name not in written]
         if self.trainer.global_step > 0 or others:  # anything else (a checkpoint) keeps it
             return
-        for name in written:
+        lock = RunLock(run_dir)  # the fit let its lock go: taken again to empty the folder
+        if not lock.try_acquire():  # another start has the folder now: it is its own
+            return
+        for name in ("config.yaml", RUN_ID_FILE):
             (run_dir / name).unlink(missing_ok=True)
+        lock.release(remove=True)
         with contextlib.suppress(OSError):
             run_dir.rmdir()
 
@@ -862,10 +866,13 @@ class CofrCLI(LightningCLIAdapter):
         try:
             return self._instantiate_run(run, run_dir, lock, kwargs)
         except BaseException:
-            lock.release()
-            if new_folder and _holds_only_lock(run_dir):
-                lock.path.unlink()  # a folder this start made and wrote nothing into
-                run_dir.rmdir()
+            # A folder this start made and wrote nothing into goes, its lock file removed
+            # while held.
+            empty = new_folder and lock.held and _holds_only_lock(run_dir)
+            lock.release(remove=empty)
+            if empty:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
             raise
 
     def _instantiate_run(

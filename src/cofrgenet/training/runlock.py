@@ -54,8 +54,15 @@ class RunLock:
                 "for it to finish, or start a separate run with another --run.name"
             )
 
-    def release(self) -> None:
-        self._lock.release()
+    def try_acquire(self) -> bool:
+        """Take the lock of an existing run folder; False when another process holds it."""
+        return self._lock.try_acquire()
+
+    def release(self, remove: bool = False) -> None:
+        """Let go of the lock; ``remove`` also deletes the lock file, while still holding
+        it (deleted after the release, a start that took it in between would hold a file
+        no one else sees, and a third start could take the folder too)."""
+        self._lock.release(remove=remove)
 
 
 class HoldRunLock(L.Callback):

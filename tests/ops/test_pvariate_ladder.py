@@ -207,6 +207,30 @@ def test_half_precision(impl, on, dtype):
     check_half_ulps(out, (x, w, b), reference_pvariate_ladder, names, impl, on, dtype)
 
 
+@pytest.mark.parametrize("grad", ["paper", "exact"])
+@pytest.mark.parametrize("impl", impls())
+def test_float16_gradients_stay_finite_through_a_clamped_denominator(impl, on, grad):
+    """a = (-1/4, 4): K_2 = 4 (-1/4) + 1 = 0 is clamped, and d loss / d a_1 = -(4/eps)^2
+    = -1.6e5 in paper mode, past float16's 65504, while x's gradient, that times the
+    weight 2^-10, is -156.25. It came out -inf: d loss / d a was rounded to float16
+    before the chain rule. Each gradient as the same ladder's in float32 (the weight's
+    own -1.6e5 is -inf in float16: a value past its range)."""
+    weight = torch.tensor([[[2.0**-10]], [[0.0]]], device=on)  # (d, L, p) = (2, 1, 1)
+    bias = torch.tensor([[-0.25 - 2.0**-10], [4.0]], device=on)  # exact in float16
+    grads = {}
+    for dtype in (torch.float32, torch.float16):
+        x, w, b = require_grad(
+            *(t.to(dtype, copy=True) for t in (torch.ones(1, 1, device=on), weight, bias))
+        )
+        pvariate_ladder(x, w, b, grad=grad, impl=impl).sum().backward()
+        grads[dtype] = (x.grad.float(), w.grad.float(), b.grad.float())
+    wide, half = grads[torch.float32], grads[torch.float16]
+    assert torch.isfinite(wide[0]).all() and torch.isfinite(half[0]).all()
+    torch.testing.assert_close(half[0], wide[0], rtol=2e-3, atol=0)
+    fits = wide[1].abs() <= torch.finfo(torch.float16).max
+    torch.testing.assert_close(half[1][fits], wide[1][fits], rtol=2e-3, atol=0)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize("impl", impls())
 def test_half_precision_rounded_denominators(impl, on, dtype):

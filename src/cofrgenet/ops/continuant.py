@@ -57,6 +57,14 @@ def cast(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
+def chain_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a p-variate ladder's backward carries d loss / d a in, through the chain
+    rule to x and the parameters: float32 for float16 inputs, whose range ends at 65504
+    while a clamped denominator's gradient, (K/eps)^2, is often larger (and finite once
+    multiplied by the weights); the inputs' own dtype otherwise."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 # ----------------------------------------------------------------------------- recurrences
 
 
@@ -331,17 +339,19 @@ def pvariate_backward(
     need_x: bool,
     need_params: bool,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """(grad_x, grad_weight, grad_bias) in the inputs' dtypes from d loss / d a (..., L, d)."""
+    """(grad_x, grad_weight, grad_bias) in the inputs' dtypes from d loss / d a (..., L, d),
+    carried through the chain rule in :func:`chain_dtype`."""
+    dtype = chain_dtype(x.dtype)
     with _autocast_off(x.device.type):
-        grad_u = cast(grad_a, x.dtype)
+        grad_u = cast(grad_a, dtype)
         if floor > 0:  # a_k = floor + softplus(u_k): d a_k / d u_k = sigmoid(u_k)
-            grad_u = grad_u * torch.sigmoid(u)
-        b = None if bias is None else cast(bias, x.dtype)
+            grad_u = grad_u * torch.sigmoid(cast(u, dtype))
+        b = None if bias is None else cast(bias, dtype)
         grad_x, grad_w, grad_b = pvariate_chain(
-            x, cast(weight, x.dtype), b, grad_u, need_x, need_params
+            cast(x, dtype), cast(weight, dtype), b, grad_u, need_x, need_params
         )
     return (
-        grad_x,
+        None if grad_x is None else cast(grad_x, x.dtype),
         None if grad_w is None else cast(grad_w, weight.dtype),
         None if grad_b is None or bias is None else cast(grad_b, bias.dtype),
     )
@@ -508,8 +518,9 @@ def _cf_gradient(
     exact: bool,
     rescaled: bool,
     compiled: bool,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """d loss / d a from the forward state, in a's layout and dtype."""
+    """d loss / d a from the forward state, in a's layout and in ``dtype`` (a's)."""
     depth_major = is_depth_major(a)
     grad = _run(
         _cf_backward,
@@ -525,7 +536,7 @@ def _cf_gradient(
     )
     if depth_major:  # (d, ...) -> (..., d), the same layout as a
         grad = grad.movedim(0, -1)
-    return cast(grad, a.dtype)
+    return cast(grad, a.dtype if dtype is None else dtype)
 
 
 def _ladder_gradients(
@@ -765,8 +776,9 @@ def pvariate_ladder_gradients(
     recomputed (one (d L) x p matmul), the forward recurrence is not."""
     u, a = pvariate_denominators(x, weight, bias, floor)
     grad_a = _cf_gradient(
-        a, cast(a, r.dtype), r, scale, clamped, grad_out, exact, rescaled, compiled
-    )
+        a, cast(a, r.dtype), r, scale, clamped, grad_out, exact, rescaled, compiled,
+        chain_dtype(x.dtype),
+    )  # fmt: skip
     return pvariate_backward(x, weight, bias, u, grad_a, floor, need_x, need_params)
 
 

@@ -215,6 +215,7 @@ def _pv_backward(
     """(grad_x, grad_weight, grad_bias), the denominators recomputed from x; one not
     asked for is an empty (0,) tensor."""
     u, a = continuant.pvariate_denominators(x, weight, bias, floor)
+    a = continuant.cast(a, continuant.chain_dtype(a.dtype))  # fp16: d loss / d a in fp32
     grad_a = _cf_backward(a, grad_out.to(a.dtype).contiguous(), eps, exact, backend)
     grad_x, grad_w, grad_b = continuant.pvariate_backward(
         x, weight, bias, u, grad_a, floor, need_x, need_params

@@ -160,12 +160,6 @@ class TokenDataModule(L.LightningDataModule):
         """Raise a clear error when the model's vocabulary is smaller than the data's."""
         check_vocab(self.meta, model_vocab_size)
 
-    def tokenizer(self) -> Any:
-        """The tokenizer the folder was prepared with (see ``cofrgenet.data.load_tokenizer``)."""
-        from cofrgenet.data.tokenizer import load_tokenizer
-
-        return load_tokenizer(self.data_dir)
-
     # ---------------------------------------------------------------- datasets
 
     def _dataset(self, split: str, shuffle: bool, drop_last: bool) -> Any:

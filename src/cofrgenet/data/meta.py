@@ -173,10 +173,6 @@ class DataMeta:
                     raise TypeError(f"splits.{name}.{key} must be a whole number, got {value!r}")
         return meta
 
-    def check_vocab(self, model_vocab_size: int) -> None:
-        """Raise :class:`VocabMismatchError` when the model cannot embed every token id."""
-        check_vocab(self, model_vocab_size)
-
     def write(self, data_dir: str | os.PathLike[str]) -> Path:
         """Write ``meta.json`` atomically (temporary file, then rename)."""
         path = Path(data_dir) / META_FILE

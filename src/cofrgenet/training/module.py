@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from cofrgenet.data.datamodule import batch_to_xy
 from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.config import resolve_model_config
@@ -217,8 +218,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         return self.model(idx)
 
     def _loss(self, batch: Tensor) -> tuple[Tensor, int]:
-        batch = batch.long()
-        inputs, targets = batch[:, :-1], batch[:, 1:]
+        inputs, targets = batch_to_xy(batch)
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         return loss, targets.numel()

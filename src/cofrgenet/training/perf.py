@@ -9,9 +9,8 @@ import torch
 #: Dense peak FLOP/s by device name fragment and compute dtype (no sparsity). Sources:
 #: vendor data sheets (SXM parts). Matched case-insensitively, first match wins.
 PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
-    ("h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),  # GH200's "h200" too
     ("h100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("gh200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     ("b200", {"bf16": 2250e12, "fp16": 2250e12, "fp32": 80e12}),
     ("a100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
     ("l40s", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),

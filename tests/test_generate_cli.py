@@ -67,6 +67,10 @@ def test_a_missing_checkpoint_or_a_folder_is_one_line(capsys, tmp_path, run_fold
         f"cofr generate: error: no checkpoint file at {tmp_path / 'nope.ckpt'}; runs keep "
         "theirs in runs/<experiment>/<run>/checkpoints/"
     )
+    # A mistyped name beside the run's checkpoints: the closest one, as cofr validate says.
+    typo = run_folder / "checkpoints" / "lats.ckpt"
+    line = one_line_error(capsys, ["generate", "--ckpt", str(typo)])
+    assert line == f"cofr generate: error: no checkpoint file at {typo} (did you mean 'last.ckpt'?)"
     # The run folder: its last.ckpt is suggested.
     line = one_line_error(capsys, ["generate", "--ckpt", str(run_folder)])
     assert f"{run_folder} is a folder, not a checkpoint file" in line

@@ -629,7 +629,9 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
     shutil.copy(step, loose / "other.ckpt")
     with pytest.raises(CheckpointError, match=r"mine\.ckpt \(a save cut short, or another"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(loose / "mine.ckpt")))
-    with pytest.raises(CheckpointError, match=r"no checkpoint at .*lats.ckpt \(did you mean 'last"):
+    with pytest.raises(
+        CheckpointError, match=r"no checkpoint file at .*lats.ckpt \(did you mean 'last"
+    ):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(folder / "lats.ckpt")))
 
 

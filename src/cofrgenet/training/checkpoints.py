@@ -121,16 +121,23 @@ def folder_hint(path: Path) -> str:
     return f"{path} is a folder, not a checkpoint file: {hint}"
 
 
+def missing(path: Path) -> str:
+    """The message for a checkpoint path with nothing there: the closest checkpoint name
+    of its folder, else the ones there, else where runs keep theirs."""
+    names = [p.name for p in checkpoint_files(path.parent)] if path.parent.is_dir() else []
+    hint = did_you_mean(path.name, names) or (
+        f" (checkpoints there: {', '.join(sorted(names)[:4])})"
+        if names
+        else f"; runs keep theirs in {RUN_CHECKPOINTS}"
+    )
+    return f"no checkpoint file at {path}{hint}"
+
+
 def check(path: str | Path) -> Path:
     """``path`` if it is an intact checkpoint file, else a CheckpointError naming it."""
     path = Path(path)
     if not path.exists():
-        near = checkpoint_files(path.parent) if path.parent.is_dir() else []
-        names = [p.name for p in near]
-        hint = did_you_mean(path.name, names) or (
-            f" (checkpoints there: {', '.join(sorted(names)[:4])})" if names else ""
-        )
-        raise CheckpointError(f"no checkpoint at {path}{hint}")
+        raise CheckpointError(missing(path))
     if path.is_dir() and not has_shard_markers(path):
         raise CheckpointError(folder_hint(path))
     if not is_intact(path):

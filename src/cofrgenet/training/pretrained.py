@@ -63,9 +63,7 @@ def checkpoint_file(path: str | Path) -> Path:
             raise checkpoints.damaged(path)
         return path
     if not path.is_dir():
-        raise CheckpointNotFound(
-            f"no checkpoint file at {path}; runs keep theirs in {checkpoints.RUN_CHECKPOINTS}"
-        )
+        raise CheckpointNotFound(checkpoints.missing(path))
     if checkpoints.has_shard_markers(path):
         return path  # a sharded checkpoint: checkpoints.load says how to consolidate it
     raise CheckpointNotFound(checkpoints.folder_hint(path))

@@ -1753,6 +1753,43 @@ def test_validate_logs_into_the_store_of_the_checkpoints_own_runs_folder(
     assert not (tmp_path / "runs" / "mlflow.db").exists()
 
 
+def test_a_checkpoint_copied_into_another_runs_folder_is_not_logged_as_that_runs(
+    tiny_data, tmp_path, caplog
+):
+    """A copy of run a's checkpoint in run b's folder: its scores went onto b's MLflow run
+    (at a's step, where cofr compare then read them as b's). Told by the run id the
+    checkpoint records, or, for a checkpoint older than that, by its model."""
+    from cofrgenet.training import pretrained
+
+    for name, depth in (("a", "2"), ("b", "3")):
+        args = fit_args(tmp_path, tiny_data, "--run.name", name, "--trainer.max_steps", "2")
+        CofrCLI(args=[*args, "--model.config.depth", depth, "--trainer.limit_val_batches", "1"])
+    runs = tmp_path / "runs" / "test"
+    own = pretrained.load_checkpoint(runs / "a" / "checkpoints" / "last.ckpt")
+    a_id = (runs / "a" / "mlflow_run_id").read_text().strip()
+    assert own.mlflow_run_id == a_id and own.foreign is None
+    copy = runs / "b" / "checkpoints" / "foreign.ckpt"
+    shutil.copy(runs / "a" / "checkpoints" / "last.ckpt", copy)
+    loaded = pretrained.load_checkpoint(copy)
+    assert loaded.mlflow_run_id is None and f"was saved by MLflow run {a_id}, not by b's" in (
+        loaded.foreign or ""
+    )
+    with caplog.at_level(logging.INFO):
+        CofrCLI(
+            args=["validate", "--ckpt_path", str(copy), "--trainer.enable_progress_bar", "false"]
+        )
+    assert f"not logged to MLflow: {copy} was saved by MLflow run {a_id}" in caplog.text
+    b_id = (runs / "b" / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_metric_history(b_id, "val/loss") == []  # the fit validated nothing
+    saved = torch.load(copy, weights_only=True)
+    del saved["mlflow_run_id"]  # a checkpoint from before the id was recorded
+    torch.save(saved, copy)
+    assert "holds another model than b's config.yaml (depth differs)" in (
+        pretrained.load_checkpoint(copy).foreign or ""
+    )
+
+
 def test_artifacts_lie_beside_the_sqlite_database_of_every_command(tmp_path, monkeypatch):
     """One rule for fit, sweeps, the UI and GLUE: ``mlartifacts/`` beside the store's
     database file, whatever folder the URI is relative to; a server chooses its own."""

@@ -404,7 +404,8 @@ def _log_and_say(
         print(f"not logged to MLflow: {error}", file=sys.stderr)
         return
     if run_id is None:
-        print("not logged to MLflow: the checkpoint is not in a tracked run folder")
+        why = loaded.foreign or "the checkpoint is not in a tracked run folder"
+        print(f"not logged to MLflow: {why}")
     else:
         where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
         print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")

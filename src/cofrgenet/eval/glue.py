@@ -663,6 +663,8 @@ def finetune(
         "run_dir": str(run_dir),
         "warnings": warnings,
     }
+    if mlflow and loaded.foreign:
+        warnings.append(f"not logged onto the pretraining run: {loaded.foreign}")
     if mlflow and loaded.mlflow_run_id:
         stopped_early = trainer.global_step < config.epochs * steps_per_epoch
         warning = _log_onto_pretraining_run(

@@ -622,6 +622,7 @@ class CofrCLI(LightningCLIAdapter):
         if self.subcommand not in EVALUATIONS or ckpt_path in (None, "last"):
             return run, resolve_run_dir(run, resume_last=self._resuming_last())
         from cofrgenet.training.pretrained import (
+            foreign_checkpoint,
             run_dir_of,
             run_id_of,
             tracking_uri_of,
@@ -634,7 +635,11 @@ class CofrCLI(LightningCLIAdapter):
             rank_zero_info(f"not logged to MLflow: {ckpt} is not in a cofr fit run folder")
             return dataclasses.replace(run, mlflow=False), ckpt.parent
         uri, run_id = tracking_uri_of(run_dir), run_id_of(run_dir)
-        problem = unreachable_run(uri, run_id) if run.mlflow and run_id else None
+        problem = None
+        if run.mlflow and run_id:
+            saved = checkpoints.load(ckpt)  # memory-mapped: its metadata only is read
+            problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
+            problem = problem or unreachable_run(uri, run_id)
         if problem is not None:  # scored all the same; no stray store is made
             rank_zero_info(f"not logged to MLflow: {problem}")
             return dataclasses.replace(run, mlflow=False), run_dir

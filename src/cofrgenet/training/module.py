@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -33,6 +34,7 @@ from cofrgenet.training.optim import (
     warmup_cosine,
 )
 from cofrgenet.training.perf import device_peak_flops, mfu
+from cofrgenet.training.run_store import RUN_ID_FILE
 from cofrgenet.training.strategies import (
     grad_square_sum,
     sharded_gradients,
@@ -211,6 +213,11 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         checkpoint["grad_norm_count"] = self._grad_norm_count
         checkpoint["model_config"] = self.model_config.to_dict()
         checkpoint["dropout_seed"] = self.dropout_seed
+        # Whose checkpoint it is: a copy in another run's folder must not be scored as
+        # that run's (pretrained.foreign_checkpoint).
+        id_file = Path(self.trainer.default_root_dir) / RUN_ID_FILE
+        if id_file.is_file():
+            checkpoint["mlflow_run_id"] = id_file.read_text().strip()
 
     # ------------------------------------------------------------------------ steps
 

@@ -115,6 +115,9 @@ class LoadedCheckpoint:
     data_dir: str | None
     run_dir: Path | None
     mlflow_run_id: str | None
+    #: Why the checkpoint's results are not the run folder's to log (a checkpoint copied
+    #: from another run), else None.
+    foreign: str | None = None
     #: data_dir came from ``--tokenizer`` (the user's), not from the checkpoint.
     tokenizer_given: bool = False
     #: The tokenizer the model trained with, as the checkpoint's data state names it:
@@ -236,6 +239,38 @@ def run_dir_of(ckpt: Path) -> Path | None:
     return None
 
 
+def foreign_checkpoint(
+    path: Path, checkpoint: dict[str, Any], run_dir: Path, run_id: str
+) -> str | None:
+    """Why checkpoint ``path`` (its loaded dict) is not run ``run_id``'s though it lies in
+    that run's folder (a copy from another run: its scores would go onto another model's
+    MLflow run, where the newest step's win), or None when it is. Read from the run id
+    the checkpoint recorded; a checkpoint older than that is compared by its model."""
+    from cofrgenet.training.checkpoints import EXECUTION_SETTINGS
+    from cofrgenet.training.model_options import model_config_of
+
+    saved = checkpoint.get("mlflow_run_id")
+    if saved is not None:
+        if saved == run_id:
+            return None
+        return f"{path} was saved by MLflow run {saved}, not by {run_dir.name}'s run {run_id}"
+    config_file = run_dir / "config.yaml"
+    theirs = checkpoint.get("model_config")
+    if not isinstance(theirs, dict) or not config_file.is_file():
+        return None
+    try:
+        model = (yaml.safe_load(config_file.read_text()) or {}).get("model")
+        ours = model_config_of(model).to_dict()
+    except (yaml.YAMLError, ValueError, TypeError, UserError):
+        return None  # a config.yaml this code cannot read says nothing against it
+    differ = [
+        k for k in theirs if k in ours and k not in EXECUTION_SETTINGS and theirs[k] != ours[k]
+    ]
+    if not differ:
+        return None
+    return f"{path} holds another model than {run_dir.name}'s config.yaml ({differ[0]} differs)"
+
+
 def run_id_of(run_dir: Path | None) -> str | None:
     """The MLflow run id of a run folder, if it was tracked."""
     if run_dir is None or not (run_dir / RUN_ID_FILE).is_file():
@@ -324,6 +359,8 @@ def load_checkpoint(
     model.to(device).eval()
     data_dir = tokenizer_dir or checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
     run_dir = run_dir_of(path.resolve())
+    run_id = run_id_of(run_dir)
+    foreign = None if run_id is None else foreign_checkpoint(path, checkpoint, run_dir, run_id)
     return LoadedCheckpoint(
         path=path,
         step=int(checkpoint.get("global_step", 0)),
@@ -331,7 +368,8 @@ def load_checkpoint(
         config=config,
         data_dir=None if data_dir is None else str(data_dir),
         run_dir=run_dir,
-        mlflow_run_id=run_id_of(run_dir),
+        mlflow_run_id=None if foreign else run_id,
+        foreign=foreign,
         tokenizer_given=bool(tokenizer_dir),
         trained_with=_trained_tokenizer(checkpoint),
     )

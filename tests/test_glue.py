@@ -740,3 +740,42 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert status == 2
     assert "MLflow cannot use 'foo://bar'" in capsys.readouterr().err
     assert not runs.exists()
+
+
+def test_ctrl_c_during_the_fine_tuning_ends_its_run_killed_with_130(
+    pretrained, tmp_path, capsys, monkeypatch
+):
+    """Lightning ended it with status 1, the MLflow run FAILED with the scores of part of
+    the training, and an empty run folder that let the same --name start a second run."""
+    import signal
+
+    import mlflow
+
+    from cofrgenet.eval import glue as glue_module
+
+    classifier = glue_module._classifier_class()
+
+    def interrupted(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(classifier, "training_step", interrupted)
+    glue = _tiny_sst2(tmp_path / "glue")
+    runs = tmp_path / "runs"
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        status = cofr(
+            ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
+             str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
+             "--name", "stopped"]
+        )  # fmt: skip
+    except KeyboardInterrupt:  # not pytest's to stop on
+        pytest.fail("the KeyboardInterrupt left cofr's main")
+    finally:
+        signal.signal(signal.SIGINT, before)  # Lightning leaves Ctrl-C ignored
+    assert status == 130 and "cofr: interrupted" in capsys.readouterr().err
+    assert not (runs / "glue-sst2" / "stopped").exists()
+    store = pretrained.parents[3] / "mlflow.db"  # the pretraining run's store
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name("glue-sst2").experiment_id
+    (run,) = client.search_runs([experiment], "attributes.run_name = 'stopped'")
+    assert run.info.status == "KILLED"

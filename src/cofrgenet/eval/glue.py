@@ -632,9 +632,21 @@ def finetune(
         )
     steps_per_epoch = max(1, math.ceil(len(train) / config.batch_size))
     trainer = _trainer(config, accelerator, precision, progress, logger, run_dir, steps_per_epoch)
-    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
-    if module.validated_at != trainer.global_step:  # stopped by max_steps between evaluations
-        trainer.validate(module, dataloaders=dev_loaders, verbose=False)
+    try:
+        trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
+        if module.validated_at != trainer.global_step:  # stopped by max_steps meanwhile
+            trainer.validate(module, dataloaders=dev_loaders, verbose=False)
+    except SystemExit as stopped:
+        # Lightning ends a fit that Ctrl-C reached with sys.exit(1), its run FAILED with
+        # the scores of a part of the training: the run is KILLED, the folder it made
+        # and left empty goes, and Ctrl-C's own status (130) follows.
+        if not isinstance(stopped.__context__, KeyboardInterrupt):
+            raise
+        if mlflow:
+            logger.experiment.set_terminated(logger.run_id, "KILLED")
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
+        raise KeyboardInterrupt from None
 
     metrics = dev_metrics(task, module.results)
     warnings = data.warnings()

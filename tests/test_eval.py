@@ -532,10 +532,20 @@ def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_h
     before = ckpt.read_bytes()
     line = one_line_error(capsys, [*argv, str(ckpt)])
     assert line == (
-        f"cofr eval: error: --json {ckpt} exists and is not a JSON results file: it is not "
-        "replaced; give another file name"
+        f"cofr eval: error: --json {ckpt} exists and is not a results file of cofr eval or "
+        "GLUE: it is not replaced; give another file name"
     )
     assert ckpt.read_bytes() == before
+    # Nor any JSON file: an exported model's config.json given by mistake.
+    config = tmp_path / "config.json"
+    config.write_text('{"architectures": ["CofrGeNetForCausalLM"]}')
+    line = one_line_error(capsys, [*argv, str(config)])
+    assert "is not a results file of cofr eval or GLUE" in line
+    results = tmp_path / "earlier.json"  # an earlier results file is replaced
+    results.write_text('{"checkpoint": "x.ckpt", "results": {}}')
+    from cofrgenet.eval.paths import check_output_file
+
+    assert check_output_file(results) == results
 
 
 def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub):

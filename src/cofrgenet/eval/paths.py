@@ -26,18 +26,26 @@ def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Pat
         raise UserError(f"{flag} {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise UserError(f"{flag} {out}: cannot write in {parent} (permission denied)")
-    if out.is_file() and out.stat().st_size and not _looks_like_json(out):
+    if out.is_file() and out.stat().st_size and not _is_results_file(out):
         raise UserError(
-            f"{flag} {out} exists and is not a JSON results file: it is not replaced; "
-            "give another file name"
+            f"{flag} {out} exists and is not a results file of cofr eval or GLUE: it is not "
+            "replaced; give another file name"
         )
     return out
 
 
-def _looks_like_json(path: Path) -> bool:
-    """Whether the file starts like a JSON object (a results file written before)."""
-    with open(path, "rb") as fh:
-        return fh.read(256).lstrip().startswith(b"{")
+#: Keys every results file these commands write has (cofr eval's, GLUE's).
+RESULTS_KEYS = ("results", "metrics")
+
+
+def _is_results_file(path: Path) -> bool:
+    """Whether the file is a JSON results file written before (not any JSON: a model's
+    config.json given by mistake)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(report, dict) and any(key in report for key in RESULTS_KEYS)
 
 
 def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:

@@ -442,6 +442,9 @@ def test_the_exported_model_takes_right_padding_and_labels(tmp_path):
     assert abs(loss.item() - expected.item()) <= 1e-5
     with pytest.raises(ValueError, match="right padding only"):
         exported(input_ids=ids, attention_mask=torch.tensor([[0] * 3 + [1] * 5, [1] * 8]))
+    for unsupported in ("output_hidden_states", "output_attentions"):  # not a silent None
+        with pytest.raises(ValueError, match=f"{unsupported} is not supported"):
+            exported(input_ids=ids, **{unsupported: True})
     # generate appends after a row's padding: refused, prompts of one length work.
     padded = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
     with pytest.raises(ValueError, match="generate from prompts of one length"):

@@ -701,6 +701,11 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
         """
         if input_ids is None:
             raise ValueError("CofrGeNet models take input_ids (inputs_embeds is not supported)")
+        asked = [k for k in ("output_hidden_states", "output_attentions") if kwargs.get(k)]
+        if asked:  # silently None would read as the model's answer
+            raise ValueError(
+                f"CofrGeNet models return logits (and the loss) only: {asked[0]} is not supported"
+            )
         if attention_mask is not None:
             _check_right_padding(attention_mask)
         logits = self.compute_logits(input_ids)

@@ -701,6 +701,20 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
     assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
     assert 'no MLflow run with id or name "eval\'d"' in capsys.readouterr().err
+    # Scores of another copy of PTB (another digest) are marked, not silently set beside.
+    ours = client.get_run(run_id).data.tags["eval/ptb/protocol"]
+    copy = client.create_run(experiment_id, run_name="copy").info.run_id
+    client.log_text(copy, config_text, "config.yaml")
+    client.log_metric(copy, "eval/ptb/word_ppl", 99.0, step=2)
+    client.set_tag(copy, "eval/ptb/protocol", "step 2, test split, text sha256 000000000000")
+    client.set_terminated(copy, "FINISHED")
+    assert main(argv) == 0
+    table = (out / "compare.md").read_text()
+    assert "| 99.00 (a) |" in table and f"| {cells[10]} (b) |" in table  # rows by name
+    assert "`eval/ptb/word_ppl` was scored in different ways, not comparable as is: (a) " in table
+    assert "(a) test split, text sha256 000000000000" in table
+    assert f"(b) {ours.split(', ', 1)[1]}" in table  # the step is no difference
+    assert "wikitext-2-v1/word_ppl` was scored" not in table  # one way only: unmarked
 
 
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):

@@ -18,6 +18,7 @@ spec section 5) follow. Written to ``--out`` (default ``runs/compare/<time>/``):
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 import time
@@ -78,6 +79,9 @@ class RunRow:
     ladders: int | None
     metrics: dict[str, float] = field(default_factory=dict)
     tokens_per_s: float | None = None
+    #: How each eval/ set was scored (its ``<prefix>/protocol`` tag without the step):
+    #: the split, stride and block, a digest of the text.
+    protocols: dict[str, str] = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +188,11 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
         ladders=model_config.ladders if has_ladders else None,
         metrics=metrics,
         tokens_per_s=statistics.median(rates) if rates else None,
+        protocols={
+            key.removesuffix("/protocol"): re.sub(r"^step \d+, ", "", value)
+            for key, value in run.data.tags.items()
+            if key.startswith("eval/") and key.endswith("/protocol")
+        },
     )
 
 
@@ -266,6 +275,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         *(key.removeprefix("glue/") for key in glue),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
+    marks = _protocol_marks(rows)
     for row in rows:
         cells = [
             row.name,
@@ -278,7 +288,10 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
             _fmt(row.flops_per_token, ","),
             _fmt(row.metrics.get("val/loss"), ".4f"),
             _fmt(row.tokens_per_s, ",.0f"),
-            *(_fmt(row.metrics.get(key), ".2f") for key in PAPER_METRICS.values()),
+            *(
+                _fmt(row.metrics.get(key), ".2f") + marks.get((row.run_id, key), "")
+                for key in PAPER_METRICS.values()
+            ),
             *(_fmt(_percent(row.metrics.get(key)), ".2f") for key in glue),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -299,7 +312,43 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    notes = _protocol_notes(rows)
+    return "\n".join(lines) + "\n" + (f"\n{notes}\n" if notes else "")
+
+
+def _protocols_by_column(rows: Sequence[RunRow]) -> dict[str, list[str]]:
+    """For each paper column whose runs were scored in more than one way (another copy
+    of the text, stride or split), the ways, in order of first appearance."""
+    out = {}
+    for key in PAPER_METRICS.values():
+        prefix = key.rsplit("/", 1)[0]
+        ways = [r.protocols.get(prefix, "?") for r in rows if key in r.metrics]
+        distinct = list(dict.fromkeys(ways))
+        if len(distinct) > 1:
+            out[key] = distinct
+    return out
+
+
+def _protocol_marks(rows: Sequence[RunRow]) -> dict[tuple[str, str], str]:
+    """(run id, metric) -> `` (a)``, `` (b)``...: which way a cell of such a column was
+    scored (:func:`_protocol_notes` says what each letter is)."""
+    marks = {}
+    for key, ways in _protocols_by_column(rows).items():
+        prefix = key.rsplit("/", 1)[0]
+        for row in rows:
+            if key in row.metrics:
+                way = ways.index(row.protocols.get(prefix, "?"))
+                marks[(row.run_id, key)] = f" ({chr(ord('a') + way)})"
+    return marks
+
+
+def _protocol_notes(rows: Sequence[RunRow]) -> str:
+    """Below the table: the columns whose cells were scored in different ways, and how."""
+    lines = []
+    for key, ways in _protocols_by_column(rows).items():
+        what = "; ".join(f"({chr(ord('a') + i)}) {way}" for i, way in enumerate(ways))
+        lines.append(f"* `{key}` was scored in different ways, not comparable as is: {what}")
+    return "\n".join(lines)
 
 
 #: Metric name parts (after "/") whose larger values are better; any other metric is a

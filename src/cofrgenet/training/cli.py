@@ -279,7 +279,11 @@ def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
     )
     if run.name is not None or slurm_run_name() is not None:
         others = [name for name in runs if name != run_dir.name]  # not itself, if it is there
-        hint = did_you_mean(run_dir.name, others)
+        # A name that starts others (`gpt2` of the dated `gpt2-20261204-103816`): the newest.
+        dated = [name for name in others if name.startswith(f"{run_dir.name}-")]
+        hint = did_you_mean(run_dir.name, others) or (
+            f" (did you mean {dated[-1]!r}, the newest run named so?)" if dated else ""
+        )
         return f"{run_dir} holds no checkpoint to evaluate{hint}: {fix}"
     if not runs:
         return f"experiment {run.experiment!r} has no run in {experiment_dir}: {fix}"

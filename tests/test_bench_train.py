@@ -202,9 +202,12 @@ def test_every_transformer_variant_compiles_whole_without_graph_breaks(variant):
     assert not [str(w.message) for w in caught if "Dynamo" in str(w.message)]
 
 
-def test_a_compiled_cofrgenet_trains_like_the_eager_one():
+@pytest.mark.parametrize("attention", ["cattn_m", "cattn_u"])
+def test_a_compiled_cofrgenet_trains_like_the_eager_one(attention):
+    """Loss and every gradient of the whole model compiled (inductor), against eager:
+    the Cffn ladders and each CAttn variant."""
     torch.manual_seed(0)
-    config = ModelConfig.from_preset("gpt2-tiny-fa", **TINY)
+    config = ModelConfig.from_preset("gpt2-tiny-fa", **TINY, attention=attention)
     eager = build_model(config)
     compiled = build_model(config)
     compiled.load_state_dict(eager.state_dict())

@@ -52,6 +52,19 @@ def test_decoding_in_chunks_equals_the_full_forward(name):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_decoding_in_chunks_equals_the_full_forward_in_float32(name):
+    """The precision models run in: each decode path within float32 rounding of forward
+    (the float64 test above holds the arithmetic; this one, its float32 kernels)."""
+    model = model_of(name).float()
+    idx = torch.randint(0, 50, (3, BLOCK), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache()
+        pieces = [model(idx[:, a:b], cache) for a, b in ((0, 5), (5, 6), (6, 7), (7, 12))]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-5)
+
+
 def test_a_cache_past_the_block_is_refused():
     model = model_of("gpt2-softmax-learned")
     cache = model.new_cache()

@@ -293,11 +293,21 @@ def test_inference_path_equals_the_autograd_path(impl):
 
 @pytest.mark.parametrize("impl", impls(*CLAMPING))
 def test_custom_op(impl, on):
-    """The torch.library op of each backend (opcheck), with and without bias and floor."""
+    """The torch.library op of each backend (opcheck), with and without bias and floor,
+    and its float64 values and gradients against the reference."""
     backend = BACKEND[impl]
     x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on, signed=True))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, False, 0.5, backend))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, None, 0.01, True, 0.5, backend))
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    out = ops.pvariate_ladder_op(*leaves, 0.01, False, 0.5, backend)
+    out.sum().backward()
+    ref_leaves = float64_leaves(*leaves)
+    ref = reference_pvariate_ladder(*ref_leaves, floor=0.5)
+    ref.sum().backward()
+    assert rel_err(out, ref) < 1e-12
+    for got, want in zip(leaves, ref_leaves, strict=True):
+        assert rel_err(got.grad, want.grad) < 1e-12
     x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, True, 0.0, backend))
 

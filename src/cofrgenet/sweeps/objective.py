@@ -314,6 +314,19 @@ def _free_memory() -> None:
             torch.cuda.empty_cache()
 
 
+def failed_outcome(error: BaseException, run_dir: Path) -> Outcome:
+    """The FAIL outcome of a trial that ``error`` ended (:func:`classify` says how)."""
+    reason, retry, stop, status = classify(error)
+    return Outcome(
+        TrialState.FAIL,
+        reason=reason,
+        retry=retry,
+        stop_worker=stop,
+        run_dir=run_dir,
+        signal_status=status,
+    )
+
+
 def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     """Train one trial and say how it ended (the worker tells Optuna)."""
     sweep, study = ctx.sweep, ctx.study
@@ -348,17 +361,9 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         with _sigterm_raises():  # until the fit's StopOnSignal takes the signal over
             outcome = _config_and_train(ctx, trial, frozen, root, params, run_dir, child)
     except BaseException as exc:  # SIGTERM or Ctrl-C before the fit took them over
-        reason, retry, stop, status = classify(exc)
-        if status is None:
+        outcome = failed_outcome(exc, run_dir)
+        if outcome.signal_status is None:
             raise
-        outcome = Outcome(
-            TrialState.FAIL,
-            reason=reason,
-            retry=retry,
-            stop_worker=stop,
-            run_dir=run_dir,
-            signal_status=status,
-        )
     _finish_mlflow(ctx, child[0] if child else None, outcome)
     return outcome
 
@@ -478,16 +483,8 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
             (run_dir / "error.txt").unlink(missing_ok=True)
         return outcome
     except BaseException as exc:
-        reason, retry, stop, status = classify(exc)
         (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
-        return Outcome(
-            TrialState.FAIL,
-            reason=reason,
-            retry=retry,
-            stop_worker=stop,
-            run_dir=run_dir,
-            signal_status=status,
-        )
+        return failed_outcome(exc, run_dir)
     finally:
         del cli
         _free_memory()

@@ -1917,6 +1917,22 @@ def test_trials_failing_alike_in_other_folders_count_as_the_same_reason():
     assert _same_failures([(0, done), (1, missing(1))]) == 1
 
 
+def test_a_ctrl_c_that_lightning_turned_into_exit_1_keeps_its_status():
+    """Ctrl-C while a trial's fit starts: Lightning ends it with sys.exit(1), which read
+    as an interruption without a signal (no 130, no "stopped by a signal")."""
+    from cofrgenet.sweeps.objective import classify
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemExit(1)  # noqa: B904  (as Lightning's handler does)
+    except SystemExit as exited:
+        *_, status = classify(exited)
+    assert status == 130
+    assert classify(SystemExit(1))[-1] is None  # a plain exit is no signal
+
+
 def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():
     """Only CUDA's message was read as out of memory: on CPU, three trials too large
     for the machine in a row stopped the worker as a repeated failure."""
@@ -2103,18 +2119,19 @@ def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(tiny_data, tmp_p
     """Between "trial N: starting" and the fit's own signal handler (the config parse, the
     model and data building): the trial is failed and retried, the worker stops with 143,
     as for a SIGTERM during training; once the worker died with the trial RUNNING."""
-    from cofrgenet.sweeps import objective
+    from cofrgenet.training import cli as training_cli
 
     sweep = load_sweep(
         write_sweep(tmp_path, n_trials=1, overrides={"data.data_dir": str(tiny_data)})
     )
-    parse = objective._trial_config
 
-    def terminated_while_parsing(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return parse(*args, **kwargs)
+    class TerminatedWhileParsing(training_cli.ParseOnlyCLI):
+        def __init__(self, *args, **kwargs):  # in the parse, whose SystemExit it is not
+            if signal.getsignal(signal.SIGTERM) is not note:  # a trial's, not the startup's
+                os.kill(os.getpid(), signal.SIGTERM)
+            super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(objective, "_trial_config", terminated_while_parsing)
+    monkeypatch.setattr(training_cli, "ParseOnlyCLI", TerminatedWhileParsing)
     unhandled = []  # where the worker does not handle it: noted, not the test run's end
 
     def note(signum, frame):

@@ -296,7 +296,11 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         name = "Ctrl-C" if status == 128 + signal.SIGINT else "SIGTERM"
         return f"worker terminated ({name}) during the trial", True, True, status
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        status = 128 + signal.SIGINT if isinstance(error, KeyboardInterrupt) else None
+        # Lightning ends a fit that Ctrl-C reached with sys.exit(1): Ctrl-C's status.
+        ctrl_c = isinstance(error, KeyboardInterrupt) or isinstance(
+            error.__context__, KeyboardInterrupt
+        )
+        status = 128 + signal.SIGINT if ctrl_c else None
         return f"worker interrupted during the trial ({text})", True, True, status
     if isinstance(error, NonFiniteLossError):
         return f"non-finite loss: {error}", False, False, None

@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
@@ -1047,6 +1048,8 @@ def resolve_fit_config(args: Sequence[str]) -> str:
             given_args(),
         ):
             cli = ParseOnlyCLI(args=["fit", *args])
+    except SIGTERMException:  # a SystemExit too: the process is told to stop, not the parse
+        raise
     except SystemExit:
         lines = [line for line in err.getvalue().strip().splitlines() if line.strip()]
         raise ConfigError(
@@ -1060,8 +1063,6 @@ def resolve_fit_config(args: Sequence[str]) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
     if args is not None and list(args) == sys.argv[1:]:
         args = None  # the same words: say so, or Lightning warns that both were given
     try:

@@ -42,6 +42,9 @@ def _is_results_file(path: Path) -> bool:
     """Whether the file is a JSON results file written before (not any JSON: a model's
     config.json given by mistake)."""
     try:
+        with open(path, "rb") as fh:  # not a checkpoint's gigabytes: its first bytes
+            if not fh.read(256).lstrip().startswith(b"{") or path.stat().st_size > 2**26:
+                return False
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False

@@ -280,8 +280,9 @@ def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
     )
     if run.name is not None or slurm_run_name() is not None:
         others = [name for name in runs if name != run_dir.name]  # not itself, if it is there
-        # A name that starts others (`gpt2` of the dated `gpt2-20261204-103816`): the newest.
-        dated = [name for name in others if name.startswith(f"{run_dir.name}-")]
+        # A name that starts dated ones (`gpt2` of `gpt2-20261204-103816`): the newest.
+        stamp = re.compile(rf"{re.escape(run_dir.name)}-\d{{8}}-\d{{6}}(-\d+)?")
+        dated = [name for name in others if stamp.fullmatch(name)]
         hint = did_you_mean(run_dir.name, others) or (
             f" (did you mean {dated[-1]!r}, the newest run named so?)" if dated else ""
         )
@@ -642,9 +643,12 @@ class CofrCLI(LightningCLIAdapter):
         uri, run_id = tracking_uri_of(run_dir), run_id_of(run_dir)
         problem = None
         if run.mlflow and run_id:
-            saved = checkpoints.load(ckpt)  # memory-mapped: its metadata only is read
-            problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
-            problem = problem or unreachable_run(uri, run_id)
+            if not checkpoints.is_sharded(ckpt):  # a folder: checkpoints.load explains it
+                saved = checkpoints.load(ckpt)  # memory-mapped: its metadata only is read
+                problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
+            if problem is None:
+                check_tracking_uri(uri)  # a server that is down: refused in seconds
+                problem = unreachable_run(uri, run_id)
         if problem is not None:  # scored all the same; no stray store is made
             rank_zero_info(f"not logged to MLflow: {problem}")
             return dataclasses.replace(run, mlflow=False), run_dir
@@ -804,7 +808,13 @@ class CofrCLI(LightningCLIAdapter):
         if self.trainer.global_step > 0 or others:  # anything else (a checkpoint) keeps it
             return
         lock = RunLock(run_dir)  # the fit let its lock go: taken again to empty the folder
-        if not lock.try_acquire():  # another start has the folder now: it is its own
+        try:
+            if not lock.try_acquire():  # another start has the folder now: it is its own
+                return
+        except OSError:  # the folder is gone: nothing to forget
+            return
+        if [p for p in run_dir.iterdir() if p.name not in written]:  # another start's since
+            lock.release()
             return
         for name in ("config.yaml", RUN_ID_FILE):
             (run_dir / name).unlink(missing_ok=True)

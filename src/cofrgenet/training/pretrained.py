@@ -261,7 +261,7 @@ def foreign_checkpoint(
     try:
         model = (yaml.safe_load(config_file.read_text()) or {}).get("model")
         ours = model_config_of(model).to_dict()
-    except (yaml.YAMLError, ValueError, TypeError, UserError):
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError, UserError):
         return None  # a config.yaml this code cannot read says nothing against it
     differ = [
         k for k in theirs if k in ours and k not in EXECUTION_SETTINGS and theirs[k] != ours[k]
@@ -289,7 +289,7 @@ def tracking_uri_of(run_dir: Path) -> str:
     config_file = run_dir / "config.yaml"
     if config_file.is_file():
         run = (yaml.safe_load(config_file.read_text()) or {}).get("run") or {}
-    runs_dir = str(run_dir.resolve().parent.parent)
+    runs_dir = str(run_dir.absolute().parent.parent)  # a symlinked folder's own parents
     return tracking_uri(RunConfig(runs_dir=runs_dir, tracking_uri=run.get("tracking_uri")))
 
 

@@ -215,7 +215,11 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         checkpoint["dropout_seed"] = self.dropout_seed
         # Whose checkpoint it is: a copy in another run's folder must not be scored as
         # that run's (pretrained.foreign_checkpoint).
-        id_file = Path(self.trainer.default_root_dir) / RUN_ID_FILE
+        try:
+            root = self.trainer.default_root_dir
+        except RuntimeError:  # saved by hand, outside a fit
+            return
+        id_file = Path(root) / RUN_ID_FILE
         if id_file.is_file():
             checkpoint["mlflow_run_id"] = id_file.read_text().strip()
 

@@ -279,6 +279,16 @@ def check_same_network(
 EXECUTION_SETTINGS = frozenset({"ladder_impl"})
 
 
+def changed_settings(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The model settings (ModelConfig fields) whose values differ, sorted; a setting one
+    side lacks (newer than a checkpoint) and :data:`EXECUTION_SETTINGS` are not compared."""
+    return [
+        key
+        for key in sorted(theirs)
+        if key in ours and key not in EXECUTION_SETTINGS and theirs[key] != ours[key]
+    ]
+
+
 def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelConfig) -> None:
     """Refuse to resume a checkpoint whose model was trained with other settings of the
     same shapes (``ladder_floor``, ``ladder_grad``, ``dropout``...): the weights would go
@@ -288,11 +298,7 @@ def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelCo
     if not isinstance(theirs, dict):
         return
     ours = config.to_dict()
-    differ = [  # a setting newer than the checkpoint is not compared
-        key
-        for key in sorted(theirs)
-        if key in ours and key not in EXECUTION_SETTINGS and theirs[key] != ours[key]
-    ]
+    differ = changed_settings(theirs, ours)
     if not differ:
         return
     changes = ", ".join(f"{k} {theirs.get(k)!r} -> {ours.get(k)!r}" for k in differ[:4])

@@ -34,7 +34,7 @@ from cofrgenet.training.optim import (
     warmup_cosine,
 )
 from cofrgenet.training.perf import device_peak_flops, mfu
-from cofrgenet.training.run_store import RUN_ID_FILE
+from cofrgenet.training.pretrained import run_id_of
 from cofrgenet.training.strategies import (
     grad_square_sum,
     sharded_gradients,
@@ -216,12 +216,11 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         # Whose checkpoint it is: a copy in another run's folder must not be scored as
         # that run's (pretrained.foreign_checkpoint).
         try:
-            root = self.trainer.default_root_dir
+            run_id = run_id_of(Path(self.trainer.default_root_dir))
         except RuntimeError:  # saved by hand, outside a fit
             return
-        id_file = Path(root) / RUN_ID_FILE
-        if id_file.is_file():
-            checkpoint["mlflow_run_id"] = id_file.read_text().strip()
+        if run_id is not None:
+            checkpoint["mlflow_run_id"] = run_id
 
     # ------------------------------------------------------------------------ steps
 

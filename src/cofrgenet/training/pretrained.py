@@ -246,7 +246,7 @@ def foreign_checkpoint(
     that run's folder (a copy from another run: its scores would go onto another model's
     MLflow run, where the newest step's win), or None when it is. Read from the run id
     the checkpoint recorded; a checkpoint older than that is compared by its model."""
-    from cofrgenet.training.checkpoints import EXECUTION_SETTINGS
+    from cofrgenet.training.checkpoints import changed_settings
     from cofrgenet.training.model_options import model_config_of
 
     saved = checkpoint.get("mlflow_run_id")
@@ -263,9 +263,7 @@ def foreign_checkpoint(
         ours = model_config_of(model).to_dict()
     except (yaml.YAMLError, ValueError, TypeError, AttributeError, UserError):
         return None  # a config.yaml this code cannot read says nothing against it
-    differ = [
-        k for k in theirs if k in ours and k not in EXECUTION_SETTINGS and theirs[k] != ours[k]
-    ]
+    differ = changed_settings(theirs, ours)
     if not differ:
         return None
     return f"{path} holds another model than {run_dir.name}'s config.yaml ({differ[0]} differs)"

@@ -118,9 +118,14 @@ def test_custom_op(impl, on):
     """The ensemble's torch.library op (triton only: the others compose univariate_ladder)."""
     x, w, v, b = ensemble_inputs(10, 12, 2, 3, on, dtype=torch.float32)
     x, w, v, b = require_grad(x.view(2, 5, 12), w, v, b)
-    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False, 0.0))
-    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, None, v, 0.01, True, 0.0))
-    torch.library.opcheck(ops.ladder_ensemble_op, (x, w, b, v, 0.01, False, 0.5))
+    # Eager and AOT autograd hand the backward kernel differently laid out gradients (an
+    # expanded one against a contiguous one); Triton specializes on strides, and the two
+    # builds round apart by a few ulps where the gradient is large (on an H200, 2026-12-04:
+    # 1 element of 120 at 1.9e-6 relative, against opcheck's float32 default of 1.3e-6).
+    tolerance = {"atol": 1e-5, "rtol": 1e-5}
+    for bias, exact, floor in ((b, False, 0.0), (None, True, 0.0), (b, False, 0.5)):
+        args = (x, w, bias, v, 0.01, exact, floor)
+        torch.library.opcheck(ops.ladder_ensemble_op, args, **tolerance)
 
 
 @pytest.mark.parametrize("impl", impls("continuant", "triton"))

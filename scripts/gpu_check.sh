@@ -1,39 +1,48 @@
 #!/usr/bin/env bash
-# The one prepared GPU check, under 9 minutes cold on one H200 (16 cores). Each step runs
+# The one prepared GPU check, about 9 minutes cold on one H200 (16 cores). Each step runs
 # under `timeout -k 10` (TERM at its limit, KILL 10 s later); its whole output goes to the
 # log, then its last lines to the console, and what it wrote is copied to $OUT as soon as
 # it ends. The benchmarks also rewrite their reports (marked partial) as they go, so a
 # step cut short keeps what it measured. Limits, worst case [a cold run's estimate]:
 #
 #   0. start-up: a Python whose torch sees the GPU; versions.                   [10-20 s]
-#   1. tests, 110 s: the tests of tests/ops that run on the GPU (pytest plugin
+#   1. tests, 150 s: the tests of tests/ops that run on the GPU (pytest plugin
 #      cofrgenet.bench.gpu_tests: those taking the `device` fixture, and of the per-impl
 #      ones only triton's, the others run on the CPU): every Triton kernel forward and
 #      backward against the references, the custom ops' fake layouts, fullgraph compiles
-#      with the kernels inside, whole Cffn layers through inductor; ~175 tests on 12
+#      with the kernels inside, whole Cffn layers through inductor; 212 tests on 14
 #      xdist workers, 60 s per test where pytest-timeout is there. tests/test_decoding.py
-#      and test_bench_train.py run on the CPU only: left out.                   [40-80 s]
-#   2. train, 240 s: `cofr bench train` at gpt2-small's shape (12 x 768, block 1024,
-#      vocab 50257, batch 8) for gpt2, cofrgenet-f, cofrgenet-a and cofrgenet, bf16
-#      autocast: tokens/s eager and whole-model compiled (the Triton kernels inside the
-#      graph), compiled vs eager, MFU (measured and data-sheet peaks), training peak
-#      memory (no generation), the GPU targets. Eager first, every variant and
-#      then its memory [~40 s]; then one variant compiled at a time, a cold whole-model
-#      compile each [~35-50 s each]; the report rewritten after each, and whole before
-#      the graph breaks are counted (each count re-traces a model).         [200-260 s]
-#   3. ops, 120 s: `cofr bench ops` at the ops issue's sizes (continued_fraction
+#      and test_bench_train.py run on the CPU only: left out. On the H200 (2026-12-04)
+#      one file per worker (--dist loadfile) ran 177 in 110 s, the two longest files
+#      last on two workers: tests are now dealt out one by one (Triton's on-disk cache
+#      shares the kernels the workers compile).                               [90-130 s]
+#   2. train, 255 s: `cofr bench train` at gpt2-small's shape (12 x 768, block 1024,
+#      vocab 50257, batch 8) for gpt2 and cofrgenet-f (the targets' two), bf16 autocast:
+#      tokens/s eager, whole-model compiled (the Triton kernels inside the graph) and
+#      compiled with CUDA graphs (mode reduce-overhead), each against eager, MFU
+#      (measured and data-sheet peaks), training peak memory (no generation), the GPU
+#      targets. Eager first, both variants and then their memory [~20 s]; then one
+#      variant in one compiled mode at a time, a cold whole-model compile each [~35-50 s
+#      each]; the report rewritten after each, and whole before the graph breaks are
+#      counted (each count re-traces a model). Each variant and mode also runs 2 steps
+#      under torch.profiler: host dispatches, kernels and the kernels' share of the step
+#      (a host-bound step reads low), the costliest operators and kernels. The first
+#      H200 run (2026-12-04: cofrgenet-a and cofrgenet too, no CUDA graphs, no profiles)
+#      took 208 s, and found cofrgenet-f's compiled step host-bound (docs/ops.md).
+#                                                                         [200-250 s]
+#   3. ops, 100 s: `cofr bench ops` at the ops issue's sizes (continued_fraction
 #      (2^20, d), ladders (8192, 2304), the elementwise Cffn ensemble (8192, 768) L=3
 #      d=5; literal, continuant, compiled, triton; fwd and fwd+bwd) with the GPU targets,
 #      one op at a time in turn (cf, ladder, ensemble, cf, ...), depth 5 (the models')
 #      first [~10-25 s a workload, compiles included]. Each timing is one call between
 #      two synchronizes, launch overhead included: at these sizes the bandwidth figures
-#      read low (step 4's sizes say more). --time-budget 80: no workload starts that would end after
-#      80 s if it took as long as the longest so far; 40 s are left for start-up and
-#      one workload longer than those before it.                               [90-120 s]
+#      read low (step 4's sizes say more). --time-budget 65: no workload starts that would
+#      end after 65 s if it took as long as the longest so far; 35 s are left for start-up
+#      and one workload longer than those before it (74 s in all on the H200).  [70-100 s]
 #   4. extra: larger op sizes (bandwidth) and whole Cffn layers, only with 45 s or more
-#      left of the 490 s of steps 0-3.
+#      left of the 525 s of steps 0-3.
 #
-# 20 + 110 + 240 + 120 = 490 s; 520 s (8.7 min) if each step also needs its 10 s to KILL.
+# 20 + 150 + 255 + 100 = 525 s; 555 s (9.3 min) if each step also needs its 10 s to KILL.
 #
 # Run from anywhere: bash scripts/gpu_check.sh [--dry-run]
 # Results under docs/benchmarks/: gpu-check-<gpu>-<date>.log (every step's whole output),
@@ -54,7 +63,7 @@ START=$(date +%s)
 DATE=$(date -u +%F)
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
-TOTAL=490  # seconds for steps 0-3 (see above); step 4 gets what they leave
+TOTAL=525  # seconds for steps 0-3 (see above); step 4 gets what they leave
 
 elapsed() { echo $(($(date +%s) - START)); }
 sees_gpu() {
@@ -155,12 +164,13 @@ if [ "$DRY" = 1 ]; then
   PYTEST+=(--collect-only -q)  # the selected tests' ids
 else
   PYTEST+=(-v)
-  # loadfile: one file's tests (which share Triton specializations) on one worker, so
-  # that the workers do not compile the same kernels side by side.
-  if "$PY" -c 'import xdist' >/dev/null 2>&1; then PYTEST+=(-n 12 --dist loadfile); fi
+  # One test at a time to each free worker: whole files per worker (loadfile) left the
+  # two longest files to two workers at the end. Kernels a worker compiled land in
+  # Triton's on-disk cache, where the others find them.
+  if "$PY" -c 'import xdist' >/dev/null 2>&1; then PYTEST+=(-n 14 --dist load); fi
 fi
 if "$PY" -c 'import pytest_timeout' >/dev/null 2>&1; then PYTEST+=(--timeout 60); fi
-step tests 110 40 "${PYTEST[@]}" tests/ops
+step tests 150 40 "${PYTEST[@]}" tests/ops
 TESTS_RC=$RC
 
 # 2. Training speed at gpt2-small width, compiled, bf16, Triton inside the graph.
@@ -169,11 +179,11 @@ if [ "$DRY" = 1 ]; then
          --rounds 1 --warmup 1 --modes eager --dtype float32 --gen-tokens 2)
 else
   SHAPE=(--n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --vocab-size 50257
-         --batch-size 8 --steps 5 --rounds 2 --warmup 2 --modes eager,compiled
+         --batch-size 8 --steps 5 --rounds 2 --warmup 2 --modes eager,compiled,cudagraphs
          --dtype bfloat16 --no-generation)
 fi
-step train 240 40 "$PY" -m cofrgenet.cli bench train --device "$DEVICE" --out-dir "$RESULTS" \
-  --variants gpt2,cofrgenet-f,cofrgenet-a,cofrgenet "${SHAPE[@]}"
+step train 255 40 "$PY" -m cofrgenet.cli bench train --device "$DEVICE" --out-dir "$RESULTS" \
+  --variants gpt2,cofrgenet-f "${SHAPE[@]}"
 TRAIN_RC=$RC
 
 # 3. The op benchmark at the issue's sizes, with the GPU targets.
@@ -181,8 +191,8 @@ BENCH=("$PY" -m cofrgenet.cli bench ops --device "$DEVICE" --out-dir "$RESULTS")
 if [ "$DRY" = 1 ]; then
   step ops 120 20 "${BENCH[@]}" --quick --impls literal,continuant --time-budget 60
 else
-  step ops 120 60 "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 \
-    --warmup 3 --time-budget 80 --sizes 2^20 --depths 5,8,3 --ladder-sizes 8192x2304 \
+  step ops 100 60 "${BENCH[@]}" --impls literal,continuant,compiled,triton --repeats 10 \
+    --warmup 3 --time-budget 65 --sizes 2^20 --depths 5,8,3 --ladder-sizes 8192x2304 \
     --ladder-depths 5,8,3 --ensemble-sizes 8192x768 --ensemble-ladders 3 \
     --ensemble-depths 5 --cffn-sizes ''
 fi

@@ -51,6 +51,13 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
     assert "| cofrgenet-f | eager |" in text and "training peak <= gpt2's" in text
     ratio = r"\d+\.\d{3}x \[\d+\.\d{3}-\d+\.\d{3}\]"
     assert re.search(rf"\(eager\) >= 0\.9 x their FLOPs ratio: per round {ratio} vs", text)
+    # Two profiled steps each: host dispatches and the costliest operators (no kernels on
+    # a CPU). The p-variate ladder is one of cofrgenet-f's dispatches, not gpt2's.
+    for r in results.values():
+        assert r["profile"]["steps"] == 2 and r["profile"]["dispatches"] > 10
+        assert r["profile"]["kernels"] is None and r["profile"]["host_top"]
+    assert "| variant | mode | step ms | host dispatches/step |\n" in text
+    assert "- cofrgenet-f eager: `" in text and "kernels' share" not in text
 
 
 def test_round_ratio_is_the_median_of_per_round_ratios():
@@ -281,6 +288,7 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--rounds", "0"], "--rounds must be >= 1, got 0"),
         (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
         (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["--profile-steps", "-1"], "--profile-steps must be >= 0, got -1"),
         (["--n-head", "3"], "--n-head 3 does not divide --n-embd 32"),
         (["--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
         (["--device", "foo"], "--device: unknown device 'foo'"),
@@ -375,8 +383,39 @@ def test_on_a_gpu_of_known_peak_the_issues_gpu_targets_and_the_usual_mfu_are_rep
     md = to_markdown(report)
     assert "the data sheet's dense peak (bfloat16): 989 TFLOP/s" in md
     assert f"| {gpt2_mfu:.1%} |" in md
+    report["results"] += [
+        result("gpt2", "cudagraphs", 50.0, 6e9), result("cofrgenet-f", "cudagraphs", 40.0, 4e9),
+    ]  # fmt: skip
+    lines = targets(report)
+    assert any(x.startswith("- GPU: cofrgenet-f / gpt2 tokens/s (cudagraphs) >= 1.2: per round "
+                            "1.250x") and x.endswith(": met") for x in lines)  # fmt: skip
+    assert any(x.startswith("- GPU: gpt2 cudagraphs / eager tokens/s >= 1.3") for x in lines)
+    assert any(x.startswith("- GPU: gpt2 MFU (cudagraphs, data sheet)") for x in lines)
+    never_slower = next(x for x in lines if x.startswith("- compiled never slower"))
+    assert "gpt2 1.429x" in never_slower and "gpt2 cudagraphs 2.000x" in never_slower
+    assert "Cudagraphs against eager" in to_markdown(report)
     del report["datasheet_peak_flops"]  # a CPU, or a GPU the table does not know
     assert not any("GPU:" in x for x in targets(report))
+
+
+def test_a_profiled_gpu_step_shows_how_much_of_it_the_kernels_fill():
+    """The kernels' own time over the median step: a host-bound variant reads low."""
+
+    def result(variant, ms, kernel_ms):
+        profile = {
+            "steps": 2, "dispatches": 900.0, "kernels": 400.0, "kernel_ms": kernel_ms,
+            "host_top": [["aten::mm", 1.5, 147.0]], "device_top": [["nvjet_gemm", 9.0, 99.0]],
+        }  # fmt: skip
+        return {"variant": variant, "mode": "compiled", "step_ms": [ms, ms], "profile": profile}
+
+    lines = train._profile_lines(
+        {"results": [result("gpt2", 25.0, 22.0), result("cofrgenet-f", 46.0, 21.5)]}
+    )
+    assert "| gpt2 | compiled | 25.00 | 900 | 400 | 22.00 | 88% |" in lines
+    assert "| cofrgenet-f | compiled | 46.00 | 900 | 400 | 21.50 | 47% |" in lines
+    assert "- gpt2 compiled: `nvjet_gemm` 9.00 (99x)" in lines
+    assert "- gpt2 compiled: `aten::mm` 1.50 (147x)" in lines
+    assert train._profile_lines({"results": [{**result("gpt2", 1.0, 1.0), "profile": None}]}) == []
 
 
 @pytest.mark.parametrize(
@@ -483,3 +522,35 @@ def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):
     train.run_benchmark(many, "test")
     assert seen["limit"] >= 4 * len(train.VARIANTS) > 8
     assert torch._dynamo.config.recompile_limit == 8  # put back
+    both = TrainBenchConfig(
+        variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), **TINY
+    )
+    train.run_benchmark(both, "test")  # a graph per variant and compiled mode
+    assert seen["limit"] == max(8, 4 * 2 * len(names))
+
+
+def test_cudagraphs_mode_compiles_for_replay_and_marks_each_step(monkeypatch):
+    """cudagraphs: torch.compile's reduce-overhead mode, a new CUDA-graph step marked
+    before each training step; timed in its own stages beside eager and gpt2 alike."""
+    modes, marks = [], []
+
+    def fake_compile(model, mode=None):
+        modes.append(mode)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    cfg = TrainBenchConfig(variants=("gpt2",), batch_size=1, **TINY)
+    for mode in ("compiled", "cudagraphs"):
+        trainer = train.Trainer(cfg, "gpt2", mode)
+        trainer.timed_steps(2)
+    assert modes == [None, "reduce-overhead"] and len(marks) == 2
+    cfg = TrainBenchConfig(
+        variants=("cofrgenet-f", "gpt2"), modes=("eager", "compiled", "cudagraphs"), **TINY
+    )
+    assert train.compiled_stages(cfg) == [
+        (("gpt2", "compiled"), (("gpt2", "eager"),)),
+        (("cofrgenet-f", "compiled"), (("cofrgenet-f", "eager"), ("gpt2", "compiled"))),
+        (("gpt2", "cudagraphs"), (("gpt2", "eager"),)),
+        (("cofrgenet-f", "cudagraphs"), (("cofrgenet-f", "eager"), ("gpt2", "cudagraphs"))),
+    ]

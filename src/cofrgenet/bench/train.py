@@ -72,6 +72,11 @@ DEFAULT_VARIANTS = (
     "lstm",
 )
 BASELINE = "gpt2"
+#: The modes, and the torch.compile mode of the compiled ones. cudagraphs records each
+#: step's kernels once as CUDA graphs and replays them, so a step costs no per-kernel
+#: launch on the host (on a CPU it is the same as compiled).
+MODES = ("eager", "compiled", "cudagraphs")
+COMPILE_MODES = {"compiled": None, "cudagraphs": "reduce-overhead"}
 #: The training dtypes: float32, or autocast to one of the others.
 DTYPES = ("float32", "bfloat16", "float16")
 #: Settings that must be >= 1 (warmup may be 0).
@@ -98,7 +103,11 @@ class TrainBenchConfig:
         metadata={"help": f"variants ({', '.join(VARIANTS)}) or any preset name"},
     )
     modes: tuple[str, ...] = field(
-        default=("eager", "compiled"), metadata={"help": "eager and/or compiled"}
+        default=("eager", "compiled"),
+        metadata={
+            "help": "eager, compiled (torch.compile) and/or cudagraphs (torch.compile with "
+            "mode='reduce-overhead': CUDA graphs, no per-kernel launch cost)"
+        },
     )
     n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
     n_embd: int = field(default=256, metadata={"help": "width of every variant"})
@@ -127,6 +136,14 @@ class TrainBenchConfig:
         default=True, metadata={"help": "measure generation speed (eager mode)"}
     )
     gen_tokens: int = field(default=32, metadata={"help": "tokens generated per variant"})
+    profile_steps: int = field(
+        default=2,
+        metadata={
+            "help": "steps of each variant and mode run under torch.profiler after the timed "
+            "ones: host dispatches, device kernels and their time per step, the costliest "
+            "operators (0: none)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "random seed of weights and tokens"})
     out_dir: str = field(default="runs/bench", metadata={"help": "folder of the report"})
     tag: str | None = field(default=None, metadata={"help": "appended to the report's file name"})
@@ -138,8 +155,10 @@ class TrainBenchConfig:
             if getattr(self, name) < 1:
                 flag = f"--{name.replace('_', '-')}"
                 raise UserError(f"{flag} must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise UserError(f"--warmup must be >= 0, got {self.warmup}")
+        for name in ("warmup", "profile_steps"):
+            if getattr(self, name) < 0:
+                flag = f"--{name.replace('_', '-')}"
+                raise UserError(f"{flag} must be >= 0, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.n_embd % self.n_head:
@@ -167,6 +186,8 @@ class VariantResult:
     gen_recompute_tokens_per_s: float | None = None
     latency_cached_ms: float | None = None
     latency_recompute_ms: float | None = None
+    #: Where a step goes (:class:`~cofrgenet.bench.step_profile.StepProfile`, as a dict).
+    profile: dict[str, Any] | None = None
 
 
 def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
@@ -203,12 +224,12 @@ def check_settings(cfg: TrainBenchConfig) -> None:
             f"--variants: unknown variant {unknown[0]!r}{hint}; known: {', '.join(VARIANTS)}, "
             "or a preset name"
         )
-    modes = ("eager", "compiled")
+    modes = MODES
     bad_modes = [m for m in cfg.modes if m not in modes]
     if bad_modes:
         raise UserError(
             f"--modes: unknown mode {bad_modes[0]!r}{did_you_mean(bad_modes[0], list(modes))}; "
-            "known: eager, compiled"
+            f"known: {', '.join(MODES)}"
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
@@ -249,8 +270,9 @@ class Trainer:
         self.config = model_config(cfg, variant)
         self.model = build_model(self.config).to(self.device).train()
         self.forward: Callable[..., Any] = self.model
-        if mode == "compiled":
-            self.forward = torch.compile(self.model)
+        self.cudagraphs = mode == "cudagraphs"
+        if mode in COMPILE_MODES:
+            self.forward = torch.compile(self.model, mode=COMPILE_MODES[mode])
         # The trainer's AdamW (groups by role, fused where torch has it), as users run it.
         self.optimizer = build_adamw(self.model, OptimizerConfig())
         generator = torch.Generator().manual_seed(cfg.seed)
@@ -273,6 +295,10 @@ class Trainer:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
     def step(self) -> None:
+        if self.cudagraphs:  # a new step: the graphs may reuse the last one's outputs
+            import torch
+
+            torch.compiler.cudagraph_mark_step_begin()
         self.loss().backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -509,20 +535,20 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
 
 
 def compiled_stages(cfg: TrainBenchConfig) -> list[tuple[Key, tuple[Key, ...]]]:
-    """Each variant to compile, with the warm trainers timed beside it.
+    """Each variant to compile (in each compiled mode), with the warm trainers timed
+    beside it.
 
-    Beside its eager self (compiled vs eager per round) and gpt2 compiled (vs gpt2 per
-    round), so that every ratio the report gives per round comes from steps taken side by
-    side. gpt2 goes first: the others need it warm.
+    Beside its eager self (compiled vs eager per round) and gpt2 in the same mode (vs gpt2
+    per round), so that every ratio the report gives per round comes from steps taken side
+    by side. gpt2 goes first in each mode: the others need it warm.
     """
-    if "compiled" not in cfg.modes:
-        return []
     stages = []
-    for variant in sorted(cfg.variants, key=lambda v: v != BASELINE):
-        partners = [(variant, "eager")] if "eager" in cfg.modes else []
-        if variant != BASELINE and BASELINE in cfg.variants:
-            partners.append((BASELINE, "compiled"))
-        stages.append(((variant, "compiled"), tuple(partners)))
+    for mode in (m for m in cfg.modes if m in COMPILE_MODES):
+        for variant in sorted(cfg.variants, key=lambda v: v != BASELINE):
+            partners = [(variant, "eager")] if "eager" in cfg.modes else []
+            if variant != BASELINE and BASELINE in cfg.variants:
+                partners.append((BASELINE, mode))
+            stages.append(((variant, mode), tuple(partners)))
     return stages
 
 
@@ -564,6 +590,23 @@ class _Run:
                 result.step_ms += ms
                 result.round_ids.append(self.rounds_done)
             self.rounds_done += 1
+
+    def profile(self, keys: Sequence[Key]) -> None:
+        """``cfg.profile_steps`` steps of each of ``keys`` under torch.profiler (after the
+        timed ones: the profiler's overhead stays out of tokens/s). A profile that fails
+        leaves the key's timings as they are."""
+        from cofrgenet.bench.step_profile import profile_steps
+
+        if not self.cfg.profile_steps:
+            return
+        for key in keys:
+            trainer = self.trainers[key]
+            try:
+                found = profile_steps(trainer.step, self.cfg.profile_steps, trainer.device)
+            except Exception as error:  # noted; the run goes on
+                print(f"{' '.join(key)} not profiled: {error}", file=sys.stderr)
+            else:
+                trainer.result.profile = asdict(found)
 
     def timed_keys(self) -> list[Key]:
         """The keys with timed steps, in report order."""
@@ -619,6 +662,7 @@ class _Run:
         try:
             self.warm_up([key])
             self.time_rounds([key, *partners])
+            self.profile([key])
         except Exception as error:  # reported; the other variants still run
             self._record_failure(key, error)
 
@@ -644,19 +688,21 @@ def run_benchmark(
     drops every compiled graph). ``on_update`` gets the partial report after each stage.
     """
     check_settings(cfg)
-    with _compile_limits(len(cfg.variants)):
+    compiled_modes = sum(mode in COMPILE_MODES for mode in cfg.modes)
+    with _compile_limits(len(cfg.variants) * max(1, compiled_modes)):
         return _run_benchmark(cfg, command, on_update)
 
 
 @contextlib.contextmanager
-def _compile_limits(variants: int) -> Iterator[None]:
-    """Room for a compiled graph per variant: they share ``forward``'s code object, whose
-    cache holds 8 by default; past it, torch runs a model eager with a warning, and the
-    bench would time that as compiled. Hitting the limit anyway is an error (recorded)."""
+def _compile_limits(models: int) -> Iterator[None]:
+    """Room for a compiled graph per model (variant and compiled mode): they share
+    ``forward``'s code object, whose cache holds 8 by default; past it, torch runs a model
+    eager with a warning, and the bench would time that as compiled. Hitting the limit
+    anyway is an error (recorded)."""
     import torch._dynamo
 
     config = torch._dynamo.config
-    limits = {"recompile_limit": max(config.recompile_limit, 4 * variants)}
+    limits = {"recompile_limit": max(config.recompile_limit, 4 * models)}
     if hasattr(config, "fail_on_recompile_limit_hit"):
         limits["fail_on_recompile_limit_hit"] = True
     with config.patch(**limits):
@@ -678,6 +724,7 @@ def _run_benchmark(
     eager = run.warm_up_each([key for key in run.keys if key[1] == "eager"])
     if eager:
         run.time_rounds(eager)
+        run.profile(eager)
         update()
     for key in eager:
         trainer, result = run.trainers[key], run.trainers[key].result
@@ -699,7 +746,7 @@ def _run_benchmark(
     if on_update is not None:  # whole but for the graph breaks: counting re-traces each model
         on_update({**run.report(partial=True), "graph_breaks_pending": True})
     for key in run.timed_keys():
-        if key[1] == "compiled":
+        if key[1] in COMPILE_MODES:
             try:
                 run.trainers[key].result.graph_breaks = graph_breaks(run.trainers[key])
             except Exception as error:  # the count is left empty
@@ -763,8 +810,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- shape: {cfg['n_layer']} layers x {cfg['n_embd']}, {cfg['n_head']} heads, "
         f"block {cfg['block_size']}, vocab {cfg['vocab_size']}, batch {cfg['batch_size']}, "
         f"{cfg['dtype']}; median of the timed steps, {cfg['steps']} a round, "
-        f"{cfg['rounds']} rounds a stage (eager variants and compiled gpt2 are also timed "
-        "beside each compiled variant)"
+        f"{cfg['rounds']} rounds a stage (eager variants and gpt2 in the same mode are also "
+        "timed beside each compiled variant)"
         + "".join(f"; {v}: {k} key/value heads" for v, k in report.get("kv_heads", {}).items()),
         f"- peak measured in this run (matmul, {cfg['dtype']}): {peak / 1e9:,.1f} GFLOP/s "
         "(the MFU column's)",
@@ -799,14 +846,16 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{_fmt(r['activation_bytes_per_token'], ',')} | {_fmt(peak_mb, ',.1f')} |"
         )
     eager = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
-    compiled = {r["variant"]: r for r in report["results"] if r["mode"] == "compiled"}
-    if compiled and eager:
-        lines += ["", "Compiled against eager (tokens/s ratio of the medians; per round: "
-            "median [range]): " + ", ".join(
-            f"{v} {compiled[v]['tokens_per_s'] / eager[v]['tokens_per_s']:.2f}x "
-            f"(per round {round_ratio(report, compiled[v], eager[v])})"
-            for v in compiled if v in eager
-        ) + "."]  # fmt: skip
+    for mode in COMPILE_MODES:
+        compiled = {r["variant"]: r for r in report["results"] if r["mode"] == mode}
+        if compiled and eager:
+            lines += ["", f"{mode.capitalize()} against eager (tokens/s ratio of the medians; "
+                "per round: median [range]): " + ", ".join(
+                f"{v} {compiled[v]['tokens_per_s'] / eager[v]['tokens_per_s']:.2f}x "
+                f"(per round {round_ratio(report, compiled[v], eager[v])})"
+                for v in compiled if v in eager
+            ) + "."]  # fmt: skip
+    lines += _profile_lines(report)
     layers = report.get("layer_activation_bytes_per_token") or {}
     if layers:
         lines += [
@@ -845,6 +894,57 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _profile_lines(report: dict[str, Any], top: int = 5) -> list[str]:
+    """The profiled steps: a table of dispatches and kernels, then each key's costliest
+    operators on the host and kernels on the device."""
+    profiled = [r for r in report["results"] if r.get("profile")]
+    if not profiled:
+        return []
+    steps = profiled[0]["profile"]["steps"]
+    device = any(r["profile"]["kernel_ms"] is not None for r in profiled)
+    lines = [
+        "",
+        f"Where a step goes (torch.profiler over {steps} steps after the timed ones; step ms: "
+        "the timed steps' median"
+        + (
+            "; kernels' share: the kernels' own time over it, so well below 100% the device "
+            "waits for the host to queue work):"
+            if device
+            else "; on a CPU the host runs the kernels itself):"
+        ),
+        "",
+        "| variant | mode | step ms | host dispatches/step |"
+        + (" kernels/step | kernel ms/step | kernels' share of the step |" if device else ""),
+        "|---|---|---:|---:|" + ("---:|---:|---:|" if device else ""),
+    ]
+    for r in profiled:
+        prof, step_ms = r["profile"], statistics.median(r["step_ms"])
+        row = f"| {r['variant']} | {r['mode']} | {step_ms:,.2f} | {prof['dispatches']:,.0f} |"
+        if device:
+            share = None if prof["kernel_ms"] is None else prof["kernel_ms"] / step_ms
+            row += (
+                f" {_fmt(prof['kernels'], ',.0f')} | {_fmt(prof['kernel_ms'], ',.2f')} | "
+                f"{_fmt(share, '.0%')} |"
+            )
+        lines.append(row)
+
+    def costliest(entries: list[Any]) -> str:
+        return ", ".join(f"`{name}` {ms:,.2f} ({calls:g}x)" for name, ms, calls in entries[:top])
+
+    lines += ["", "Most host time, self (ms a step, calls a step):", ""]
+    lines += [
+        f"- {r['variant']} {r['mode']}: {costliest(r['profile']['host_top'])}" for r in profiled
+    ]
+    on_device = [r for r in profiled if r["profile"]["device_top"]]
+    if on_device:
+        lines += ["", "Most device time (ms a step, launches a step):", ""]
+        lines += [
+            f"- {r['variant']} {r['mode']}: {costliest(r['profile']['device_top'])}"
+            for r in on_device
+        ]
+    return lines
+
+
 def targets(report: dict[str, Any]) -> list[str]:
     """Issue 13's targets, each marked met or missed from this run's numbers."""
     by = {(r["variant"], r["mode"]): r for r in report["results"]}
@@ -853,7 +953,7 @@ def targets(report: dict[str, Any]) -> list[str]:
     def mark(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
-    for mode in ("eager", "compiled"):
+    for mode in MODES:
         f, g = by.get(("cofrgenet-f", mode)), by.get((BASELINE, mode))
         if f and g:
             speed = statistics.median(round_ratios(report, f, g))
@@ -872,10 +972,10 @@ def targets(report: dict[str, Any]) -> list[str]:
             f"{g['peak_memory_bytes'] / 2**20:,.1f} MB: "
             f"{mark(f['peak_memory_bytes'] <= g['peak_memory_bytes'])}"
         )
-    pairs = {
-        v: (r, by[(v, "eager")])
+    pairs = {  # "gpt2" for compiled, "gpt2 cudagraphs" for the other compiled mode
+        v if m == "compiled" else f"{v} {m}": (r, by[(v, "eager")])
         for (v, m), r in by.items()
-        if m == "compiled" and (v, "eager") in by
+        if m in COMPILE_MODES and (v, "eager") in by
     }
     slower = [v for v, (c, e) in pairs.items() if statistics.median(round_ratios(report, c, e)) < 1]
     if pairs:
@@ -899,31 +999,32 @@ def gpu_targets(
 ) -> list[str]:
     """Issue 13's GPU targets, on a GPU whose data-sheet peak is known: cofrgenet-f
     >= 1.2x gpt2's tokens/s and compiled >= 1.3x eager (both compiled, per-round medians),
-    gpt2's compiled MFU against the data sheet >= 40%."""
+    gpt2's compiled MFU against the data sheet >= 40%; for each compiled mode timed."""
     sheet = report.get("datasheet_peak_flops")
     if not sheet:
         return []
     lines = []
-    f, g = by.get(("cofrgenet-f", "compiled")), by.get((BASELINE, "compiled"))
-    if f and g:
-        speed = statistics.median(round_ratios(report, f, g))
-        lines.append(
-            f"- GPU: cofrgenet-f / gpt2 tokens/s (compiled) >= 1.2: per round "
-            f"{round_ratio(report, f, g, 3)}: {mark(speed >= 1.2)}"
-        )
-    for variant in (BASELINE, "cofrgenet-f"):
-        c, e = by.get((variant, "compiled")), by.get((variant, "eager"))
-        if c and e:
-            speed = statistics.median(round_ratios(report, c, e))
+    for mode in COMPILE_MODES:
+        f, g = by.get(("cofrgenet-f", mode)), by.get((BASELINE, mode))
+        if f and g:
+            speed = statistics.median(round_ratios(report, f, g))
             lines.append(
-                f"- GPU: {variant} compiled / eager tokens/s >= 1.3: per round "
-                f"{round_ratio(report, c, e, 3)}: {mark(speed >= 1.3)}"
+                f"- GPU: cofrgenet-f / gpt2 tokens/s ({mode}) >= 1.2: per round "
+                f"{round_ratio(report, f, g, 3)}: {mark(speed >= 1.2)}"
             )
-    if g:
-        used = g["tokens_per_s"] * g["flops_per_token"] / sheet
-        lines.append(
-            f"- GPU: gpt2 MFU (compiled, data sheet) >= 40%: {used:.1%}: {mark(used >= 0.4)}"
-        )
+        for variant in (BASELINE, "cofrgenet-f"):
+            c, e = by.get((variant, mode)), by.get((variant, "eager"))
+            if c and e:
+                speed = statistics.median(round_ratios(report, c, e))
+                lines.append(
+                    f"- GPU: {variant} {mode} / eager tokens/s >= 1.3: per round "
+                    f"{round_ratio(report, c, e, 3)}: {mark(speed >= 1.3)}"
+                )
+        if g:
+            used = g["tokens_per_s"] * g["flops_per_token"] / sheet
+            lines.append(
+                f"- GPU: gpt2 MFU ({mode}, data sheet) >= 40%: {used:.1%}: {mark(used >= 0.4)}"
+            )
     return lines
 
 

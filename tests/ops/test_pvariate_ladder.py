@@ -7,6 +7,8 @@ The op keeps no (..., L, d) tensor for backward: that is tested here too.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -257,21 +259,61 @@ def test_autocast_denominators_are_not_rounded(impl):
 # ---------------------------------------------------------------- what backward keeps
 
 
-@pytest.mark.parametrize("impl", impls(*CLAMPING))
+@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
 def test_keeps_no_partial_denominators_for_backward(impl, on):
-    """No (..., L, d) tensor (denominators, their linear parts, continuants) is saved:
-    x, the parameters and, for the continuant paths, 1 / K_d (..., L); backward
-    recomputes the rest."""
+    """The continuant paths save no (..., L, d) tensor (denominators, their linear parts,
+    continuants): x, the parameters and 1 / K_d (..., L); backward recomputes the rest."""
     x, w, b = require_grad(*pvariate_inputs((6, 7), 16, 3, 5, on, signed=True))
     saved: list[torch.Size] = []
     with torch.autograd.graph.saved_tensors_hooks(
         lambda t: saved.append(t.shape) or t, lambda t: t
     ):
         out = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
-    kept = [x.shape, w.shape, b.shape] + ([] if impl == "triton" else [out.shape])
-    assert sorted(saved) == sorted(kept)
+    assert sorted(saved) == sorted([x.shape, w.shape, b.shape, out.shape])
     out.sum().backward()
     check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=0.5)
+
+
+@pytest.mark.parametrize("impl", impls("triton"))
+@pytest.mark.parametrize("floor", [0.5, None])
+def test_triton_keeps_the_denominators_not_a_recompute(impl, on, floor):
+    """triton keeps, besides x and the weights (views of them, no copies), the
+    denominators (and with a floor their linear parts: softplus's input): L d values a row
+    each, far less than x, and backward needs no second matmul."""
+    x, w, b = require_grad(*pvariate_inputs((6, 7), 16, 3, 5, on, signed=True))
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = pvariate_ladder(x, w, b, impl=impl, floor=floor)
+    depth_sized = [t for t in saved if t.shape == (6, 7, 3, 5)]
+    assert len(depth_sized) == (2 if floor else 1)
+    others = {t.untyped_storage().data_ptr() for t in saved if t.shape != (6, 7, 3, 5)}
+    assert others == {x.untyped_storage().data_ptr(), w.untyped_storage().data_ptr()}
+    out.sum().backward()
+    check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=floor)
+
+
+@pytest.mark.parametrize("impl", impls("triton"))
+def test_triton_graph_holds_the_denominators_as_plain_ops(impl, on):
+    """Traced, the triton path is a matmul and its link in the graph (for inductor to fuse)
+    around one opaque continued-fraction op; float16 keeps the fused p-variate op."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    for dtype, opaque in (
+        (torch.float32, "continued_fraction"),
+        (torch.float16, "pvariate_ladder"),
+    ):
+        x, w, b = pvariate_inputs((2, 5), 12, 3, 4, on, signed=True, dtype=dtype)
+        compiled = torch.compile(
+            lambda *t: pvariate_ladder(*t, impl=impl, floor=0.5), backend=record, fullgraph=True
+        )
+        compiled(x, w, b)
+        ops_called = set(re.findall(r"cofrgenet\.(\w+)\.default", graphs[-1]))
+        assert ops_called == {opaque}, graphs[-1]
+        assert ("softplus" in graphs[-1]) == (opaque == "continued_fraction")
 
 
 @pytest.mark.parametrize("impl", impls("continuant", "compiled"))

@@ -280,10 +280,15 @@ def pvariate_ladder(
         floor: as in :func:`univariate_ladder` (a_k = floor + softplus(W_k x + b_k)).
 
     Returns:
-        (..., L) in x's dtype. Backward recomputes the (..., L, d) partial denominators
-        (one small matmul) instead of keeping them: the continuant implementations save
-        x, the parameters and 1 / K_d (..., L), triton only x and the parameters. The
-        denominators are computed in x's dtype, outside autocast.
+        (..., L) in x's dtype. The denominators are computed in x's dtype, outside
+        autocast. The continuant implementations save x, the parameters and 1 / K_d
+        (..., L), and backward recomputes the (..., L, d) denominators (one small matmul).
+        triton computes them with plain ops (which inductor fuses with their link) and
+        runs only the continued fraction as a kernel: autograd keeps the denominators
+        (L d values a row, ~1% of a Cffn's activations) rather than pay a second matmul
+        and a custom op's eager work in every layer's backward (the GPU step was
+        host-bound: docs/ops.md). float16 inputs go through the fused op, which carries
+        d loss / d a in float32.
     """
     _check_pvariate(x, weight, bias)
     _check_common(eps, grad, impl)
@@ -296,7 +301,10 @@ def pvariate_ladder(
     exact = grad == "exact"
     if chosen == "triton":
         _check_triton(x)
-        return custom_ops.pvariate_ladder(x, weight, bias, float(eps), exact, link, "triton")
+        if x.dtype == torch.float16:  # the fused op carries d loss / d a in float32
+            return custom_ops.pvariate_ladder(x, weight, bias, float(eps), exact, link, "triton")
+        _, a = continuant.pvariate_denominators(x, weight, bias, link)  # kept, not recomputed
+        return custom_ops.continued_fraction(a, float(eps), exact, "triton")
     if torch.compiler.is_compiling():
         return custom_ops.pvariate_ladder(
             x, weight, bias, float(eps), exact, link, _graph_backend(chosen)

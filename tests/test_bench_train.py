@@ -512,16 +512,19 @@ def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):
     def recording_run(cfg, command, on_update):
         config = torch._dynamo.config
         seen.update(limit=config.recompile_limit, fail=config.fail_on_recompile_limit_hit)
+        seen["graphs_or_error"] = torch._inductor.config.triton.cudagraph_or_error
         return {}
 
     monkeypatch.setattr(train, "_run_benchmark", recording_run)
     names = sorted(train.VARIANTS)[:3]
     train.run_benchmark(TrainBenchConfig(variants=tuple(names), **TINY), "test")
-    assert seen == {"limit": max(8, 4 * len(names)), "fail": True}
+    # cudagraphs that inductor would skip are an error (recorded), not timed as cudagraphs
+    assert seen == {"limit": max(8, 4 * len(names)), "fail": True, "graphs_or_error": True}
     many = TrainBenchConfig(variants=tuple(sorted(train.VARIANTS)), **TINY)
     train.run_benchmark(many, "test")
     assert seen["limit"] >= 4 * len(train.VARIANTS) > 8
     assert torch._dynamo.config.recompile_limit == 8  # put back
+    assert not torch._inductor.config.triton.cudagraph_or_error
     both = TrainBenchConfig(
         variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), **TINY
     )

@@ -15,7 +15,8 @@
 #      and test_bench_train.py run on the CPU only: left out. On the H200 (2026-12-04)
 #      one file per worker (--dist loadfile) ran 177 in 110 s, the two longest files
 #      last on two workers: tests are now dealt out one by one (Triton's on-disk cache
-#      shares the kernels the workers compile).                               [90-130 s]
+#      shares the kernels the workers have compiled; two may still compile one side by
+#      side). Not yet timed this way.                                        [90-130 s]
 #   2. train, 255 s: `cofr bench train` at gpt2-small's shape (12 x 768, block 1024,
 #      vocab 50257, batch 8) for gpt2 and cofrgenet-f (the targets' two), bf16 autocast:
 #      tokens/s eager, whole-model compiled (the Triton kernels inside the graph) and

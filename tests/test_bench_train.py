@@ -295,6 +295,10 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--variants", "gpt2-nope"], "variant gpt2-nope: unknown preset 'gpt2-nope'"),
         (["--variants", "lstn"], "--variants: unknown variant 'lstn' (did you mean 'lstm'?)"),
         (["--modes", "eagre"], "--modes: unknown mode 'eagre' (did you mean 'eager'?)"),
+        (
+            ["--modes", "cudagraphs", "--warmup", "1"],
+            "--warmup 1: cudagraphs records its graphs in the",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_before_any_work(monkeypatch, tmp_path, capsys, options, message):

@@ -49,6 +49,7 @@ def test_on_a_gpu_kernels_are_counted_and_timed_and_annotations_are_not(monkeypa
         event("gemm_kernel", 40, 140, cuda), event("gemm_kernel", 200, 300, cuda),
         event("triton_poi_fused", 300, 310, cuda),
         event("Optimizer.step#AdamW.step", 0, 500, cuda, annotation=True),
+        event("cudaDeviceSynchronize", 30, 400),  # the host waiting: not among the costliest
     ]  # fmt: skip
 
     class FakeProfile:
@@ -70,3 +71,4 @@ def test_on_a_gpu_kernels_are_counted_and_timed_and_annotations_are_not(monkeypa
     assert found.dispatches == 0.5  # aten::mm once in two steps; the runtime call is none
     assert found.kernels == 1.5 and found.kernel_ms == 0.105  # (100 + 100 + 10) us / 2
     assert found.device_top == [("gemm_kernel", 0.1, 1.0), ("triton_poi_fused", 0.005, 0.5)]
+    assert [name for name, _, _ in found.host_top] == ["aten::mm", "cudaLaunchKernel"]

@@ -244,13 +244,22 @@ def test_half_precision_rounded_denominators(impl, on, dtype):
     check_against_reference(out, (x, w, b), torch.ones(out.shape), half_tol(dtype))
 
 
-@pytest.mark.parametrize("impl", impls("continuant", "compiled"))
-def test_autocast_denominators_are_not_rounded(impl):
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("impl", impls("continuant", "compiled", "triton"))
+def test_autocast_denominators_are_not_rounded(impl, on, traced):
     """Under bf16 autocast the denominators are still computed in x's dtype (float32),
-    in forward and in backward's recomputation: float32 accuracy, float32 gradients."""
-    x, w, b = require_grad(*pvariate_inputs((40,), 24, 3, 5, "cpu", signed=True, seed=8))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = pvariate_ladder(x, w, b, impl=impl, floor=0.5)
+    in forward and in backward (recomputed or chained): float32 accuracy, float32
+    gradients; also traced, where AOT autograd would put autocast on a plain-op
+    backward (triton's denominators: 4e-3 relative error in x's gradient)."""
+    x, w, b = require_grad(*pvariate_inputs((40,), 24, 3, 5, on, signed=True, seed=8))
+
+    def ladders(*leaves):
+        return pvariate_ladder(*leaves, impl=impl, floor=0.5)
+
+    if traced:
+        ladders = torch.compile(ladders, backend="aot_eager", fullgraph=True)
+    with torch.autocast(on.type, dtype=torch.bfloat16):
+        out = ladders(x, w, b)
     out.sum().backward()
     assert out.dtype == x.grad.dtype == torch.float32
     check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=0.5)
@@ -277,7 +286,7 @@ def test_keeps_no_partial_denominators_for_backward(impl, on):
 @pytest.mark.parametrize("impl", impls("triton"))
 @pytest.mark.parametrize("floor", [0.5, None])
 def test_triton_keeps_the_denominators_not_a_recompute(impl, on, floor):
-    """triton keeps, besides x and the weights (views of them, no copies), the
+    """triton keeps, besides x and the parameters (themselves, no copies), the
     denominators (and with a floor their linear parts: softplus's input): L d values a row
     each, far less than x, and backward needs no second matmul."""
     x, w, b = require_grad(*pvariate_inputs((6, 7), 16, 3, 5, on, signed=True))
@@ -287,7 +296,7 @@ def test_triton_keeps_the_denominators_not_a_recompute(impl, on, floor):
     depth_sized = [t for t in saved if t.shape == (6, 7, 3, 5)]
     assert len(depth_sized) == (2 if floor else 1)
     others = {t.untyped_storage().data_ptr() for t in saved if t.shape != (6, 7, 3, 5)}
-    assert others == {x.untyped_storage().data_ptr(), w.untyped_storage().data_ptr()}
+    assert others == {t.untyped_storage().data_ptr() for t in (x, w, b)}
     out.sum().backward()
     check_against_reference(out, (x, w, b), torch.ones(out.shape), 1e-5, floor=floor)
 

@@ -72,9 +72,10 @@ DEFAULT_VARIANTS = (
     "lstm",
 )
 BASELINE = "gpt2"
-#: The modes, and the torch.compile mode of the compiled ones. cudagraphs records each
-#: step's kernels once as CUDA graphs and replays them, so a step costs no per-kernel
-#: launch on the host (on a CPU it is the same as compiled).
+#: The modes, and the torch.compile mode of the compiled ones. cudagraphs records the
+#: model's forward and backward kernels once as CUDA graphs and replays them, without a
+#: launch per kernel on the host (the loss and the optimizer still launch theirs; on a
+#: CPU it is the same as compiled).
 MODES = ("eager", "compiled", "cudagraphs")
 COMPILE_MODES = {"compiled": None, "cudagraphs": "reduce-overhead"}
 #: The training dtypes: float32, or autocast to one of the others.
@@ -106,7 +107,7 @@ class TrainBenchConfig:
         default=("eager", "compiled"),
         metadata={
             "help": "eager, compiled (torch.compile) and/or cudagraphs (torch.compile with "
-            "mode='reduce-overhead': CUDA graphs, no per-kernel launch cost)"
+            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs)"
         },
     )
     n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
@@ -233,6 +234,12 @@ def check_settings(cfg: TrainBenchConfig) -> None:
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
+    if "cudagraphs" in cfg.modes and cfg.warmup < 2 and cfg.device.startswith("cuda"):
+        # CUDA graph trees run a step eagerly, then record: the third step is a replay.
+        raise UserError(
+            f"--warmup {cfg.warmup}: cudagraphs records its graphs in the second step, which "
+            "would be timed; give --warmup 2 or more"
+        )
     for option, given in (("--variants", cfg.variants), ("--modes", cfg.modes)):
         twice = next((name for name in given if given.count(name) > 1), None)
         if twice is not None:  # one trainer per (variant, mode): a repeat would be a new row

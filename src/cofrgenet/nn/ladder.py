@@ -261,7 +261,8 @@ class LadderLayer(nn.Module):
     def pvariate_ladders(self, x: Tensor, weights: LadderWeights) -> Tensor:
         """f~ of p-variate ladders on x (..., p) -> (..., L), recording health if asked.
 
-        The partial denominators are recomputed in backward, not kept (pvariate_ladder).
+        The CPU's implementations recompute the partial denominators in backward; triton
+        (CUDA) keeps them (see :func:`cofrgenet.ops.pvariate_ladder`).
         """
         weight, bias = weights.stacked_weight(), weights.stacked_bias()  # (d, L, p), (d, L)
         if self.track_health:

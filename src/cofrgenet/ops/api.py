@@ -283,9 +283,10 @@ def pvariate_ladder(
         (..., L) in x's dtype. The denominators are computed in x's dtype, outside
         autocast. The continuant implementations save x, the parameters and 1 / K_d
         (..., L), and backward recomputes the (..., L, d) denominators (one small matmul).
-        triton computes them with plain ops (which inductor fuses with their link) and
-        runs only the continued fraction as a kernel: autograd keeps the denominators
-        (L d values a row, ~1% of a Cffn's activations) rather than pay a second matmul
+        triton computes them traceably (:class:`continuant.PvariateDenominators`, which
+        inductor fuses with their link) and runs only the continued fraction as a
+        kernel: autograd keeps the denominators and, with a floor, their linear parts
+        (2 L d values a row, ~1% of a Cffn's activations) rather than pay a second matmul
         and a custom op's eager work in every layer's backward (the GPU step was
         host-bound: docs/ops.md). float16 inputs go through the fused op, which carries
         d loss / d a in float32.
@@ -303,7 +304,7 @@ def pvariate_ladder(
         _check_triton(x)
         if x.dtype == torch.float16:  # the fused op carries d loss / d a in float32
             return custom_ops.pvariate_ladder(x, weight, bias, float(eps), exact, link, "triton")
-        _, a = continuant.pvariate_denominators(x, weight, bias, link)  # kept, not recomputed
+        a = continuant.PvariateDenominators.apply(x, weight, bias, link)  # kept, not recomputed
         return custom_ops.continued_fraction(a, float(eps), exact, "triton")
     if torch.compiler.is_compiling():
         return custom_ops.pvariate_ladder(

@@ -357,6 +357,35 @@ def pvariate_backward(
     )
 
 
+class PvariateDenominators(torch.autograd.Function):
+    """a = link(W x + b), (..., L, d) depth-major, with the chain rule of
+    :func:`pvariate_backward` as its backward: both outside autocast.
+
+    The denominators as plain ops would do forward's matmul outside autocast, but traced,
+    AOT autograd puts the surrounding autocast on their backward and rounds its matmuls
+    to half precision (bf16: 4e-3 relative error in x's gradient; fp16 with a scaled
+    loss: inf). A Function's backward keeps its own autocast setting, traced or not.
+    Saves x, the parameters and, with a floor, u (softplus's input).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, floor: float) -> Tensor:
+        u, a = pvariate_denominators(x, weight, bias, floor)
+        ctx.save_for_backward(x, weight, bias, u if floor > 0 else None)
+        ctx.floor = floor
+        return a
+
+    @staticmethod
+    def backward(ctx, grad_a: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, bias, u = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        with torch.autocast(x.device.type, enabled=False):  # also when traced under it
+            grad_x, grad_w, grad_b = pvariate_backward(
+                x, weight, bias, u, grad_a, ctx.floor, need_x, need_w or need_b
+            )
+        return grad_x, grad_w if need_w else None, grad_b if need_b else None, None
+
+
 def pvariate_chain(
     x: Tensor, weight: Tensor, bias: Tensor | None, grad_u: Tensor, need_x: bool, need_params: bool
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:

@@ -35,9 +35,10 @@
 #      (2^20, d), ladders (8192, 2304), the elementwise Cffn ensemble (8192, 768) L=3
 #      d=5; literal, continuant, compiled, triton; fwd and fwd+bwd) with the GPU targets,
 #      one op at a time in turn (cf, ladder, ensemble, cf, ...), depth 5 (the models')
-#      first [~10-25 s a workload, compiles included]. Each timing is one call between
-#      two synchronizes, launch overhead included: at these sizes the bandwidth figures
-#      read low (step 4's sizes say more). --time-budget 65: no workload starts that would
+#      first [~10-25 s a workload, compiles included]. Each sample is the mean of 10
+#      calls between two synchronizes (the first H200 run timed one call a sample, and the
+#      synchronization then outweighed these sizes' kernels); launch overhead stays in,
+#      as in a training step. --time-budget 65: no workload starts that would
 #      end after 65 s if it took as long as the longest so far; 35 s are left for start-up
 #      and one workload longer than those before it (74 s in all on the H200).  [70-100 s]
 #   4. extra: larger op sizes (bandwidth) and whole Cffn layers, only with 45 s or more

@@ -460,6 +460,7 @@ def test_unknown_impl_is_an_error():
         ("--device foo", "--device: unknown device 'foo'; use cpu, cuda or cuda:N"),
         ("--eps 0", "--eps must be > 0 (the least |K_d|), got 0.0"),  # every op would fail
         ("--suffix a/b", "--suffix 'a/b': it goes into the report's file name"),
+        ("--calls-per-sample 0", "--calls-per-sample must be >= 1, got 0"),
     ],
 )
 def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
@@ -532,6 +533,25 @@ def test_time_interleaved_varies_the_order_and_collects_no_garbage_while_timing(
     enabled = []
     time_interleaved({"a": lambda: enabled.append(gc.isenabled())}, 3, torch.device("cpu"))
     assert enabled == [False] * 3 and gc.isenabled()
+
+
+def test_a_sample_is_the_mean_of_its_calls_between_two_synchronizations(monkeypatch):
+    """--calls-per-sample: one pair of synchronizations for several calls (10 by default on
+    CUDA, where one costs as much as a small kernel), each sample their mean."""
+    from cofrgenet.bench import timing
+    from cofrgenet.bench.ops.config import OpsBenchConfig
+    from cofrgenet.bench.ops.report import _calls
+
+    clock, syncs, calls = iter([1.0, 1.006]), [], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(timing, "synchronize", lambda device: syncs.append(device))
+    ms = timing.time_once(lambda: calls.append(1), torch.device("cpu"), calls=3)
+    assert ms == pytest.approx(2.0) and len(calls) == 3 and len(syncs) == 2
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (OpsBenchConfig().sample_calls(cpu), OpsBenchConfig().sample_calls(cuda)) == (1, 10)
+    assert OpsBenchConfig(calls_per_sample=4).sample_calls(cuda) == 4
+    assert _calls({"calls_per_sample": 10}, " of {} calls") == " of 10 calls"
+    assert _calls({"calls_per_sample": 1}, " of {} calls") == _calls({}, " of {} calls") == ""
 
 
 LINUX_PROC = os.path.exists("/proc/stat")

@@ -29,13 +29,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_once(fn: Callable[[], object], device: torch.device) -> float:
-    """Wall-clock milliseconds of one call of ``fn``, synchronised on both sides."""
+def time_once(fn: Callable[[], object], device: torch.device, calls: int = 1) -> float:
+    """Wall-clock milliseconds a call of ``fn``: ``calls`` calls back to back, synchronised
+    on both sides, divided by ``calls``. Several calls share one synchronisation, which
+    on a GPU can cost as much as a small kernel (a training step does not synchronise
+    between its ops)."""
     synchronize(device)
     start = time.perf_counter()
-    fn()
+    for _ in range(calls):
+        fn()
     synchronize(device)
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - start) * 1e3 / calls
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,10 @@ def round_order(names: Sequence[T], round_index: int) -> list[T]:
 
 
 def time_interleaved(
-    fns: Mapping[str, Callable[[], object]], repeats: int, device: torch.device
+    fns: Mapping[str, Callable[[], object]], repeats: int, device: torch.device, calls: int = 1
 ) -> dict[str, list[float]]:
-    """Time every function ``repeats`` times, one call of each per round.
+    """Time every function ``repeats`` times, one sample of each per round (a sample:
+    :func:`time_once` of ``calls`` calls).
 
     The order of each round is :func:`round_order`'s. As in ``timeit``,
     garbage is collected once before and the collector is off while timing: a collection
@@ -101,7 +106,7 @@ def time_interleaved(
     try:
         for round_index in range(repeats):
             for name in round_order(names, round_index):
-                samples[name].append(time_once(fns[name], device))
+                samples[name].append(time_once(fns[name], device, calls))
     finally:
         if collecting:
             gc.enable()

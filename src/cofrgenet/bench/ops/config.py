@@ -102,6 +102,14 @@ class OpsBenchConfig:
     )
     repeats: int = field(default=7, metadata=_help("timed calls per (impl, mode), interleaved"))
     warmup: int = field(default=2, metadata=_help("untimed calls after the first one"))
+    calls_per_sample: int | None = field(
+        default=None,
+        metadata=_help(
+            "calls timed back to back between two synchronizations, a sample being their "
+            "mean (default: 10 on CUDA, where a synchronization costs as much as a small "
+            "kernel, 1 on CPU)"
+        ),
+    )
     dtype: str = field(default="float32", metadata=_help("input dtype", choices=tuple(DTYPES)))
     device: str = field(
         default="auto", metadata=_help("cpu, cuda, cuda:N or auto, which is cuda if available")
@@ -159,6 +167,12 @@ class OpsBenchConfig:
         ]
         return cf + ladders + ensembles + layers
 
+    def sample_calls(self, device: torch.device) -> int:
+        """Calls a timed sample holds on ``device`` (``calls_per_sample``, or its default)."""
+        if self.calls_per_sample is not None:
+            return self.calls_per_sample
+        return 10 if device.type == "cuda" else 1
+
     def validate(self) -> None:
         """Raise :class:`~cofrgenet.errors.ConfigError` (a ValueError) naming the first
         bad option (the device is checked when the run starts: parsing stays fast)."""
@@ -180,6 +194,8 @@ class OpsBenchConfig:
         least |= {"--wait-quiet": (self.wait_quiet, 0), "--time-budget": (self.time_budget, 0)}
         if self.threads is not None:
             least["--threads"] = (self.threads, 1)
+        if self.calls_per_sample is not None:
+            least["--calls-per-sample"] = (self.calls_per_sample, 1)
         for option, (value, low) in least.items():
             if value < low:
                 raise ConfigError(f"{option} must be >= {low}, got {value}")

@@ -2,7 +2,10 @@
 
 The first call of each (impl, mode) is timed on its own ("first call": ``torch.compile``
 compiles there), followed by untimed warm-up calls; then every (impl, mode) of a workload
-is timed ``repeats`` times, interleaved round by round (:mod:`cofrgenet.bench.timing`).
+is timed ``repeats`` times, interleaved round by round (:mod:`cofrgenet.bench.timing`),
+each sample the mean of ``calls_per_sample`` calls between two synchronizations (10 on
+CUDA: the first H200 run timed one call a sample, and at the issue's sizes a ~10 us
+kernel read 0.23 ms, mostly the synchronization).
 Workloads run one op at a time in turn (:func:`run_order`), each reported as soon as it
 is measured (a partial report), within the time budget.
 """
@@ -154,7 +157,7 @@ def bench_workload(
         if config.wait_quiet > 0:
             wait_for_quiet(BUSY_THRESHOLD, max(deadline - time.monotonic(), 0.0))
         with BackgroundLoad() as background:
-            samples = time_interleaved(calls, config.repeats, device)
+            samples = time_interleaved(calls, config.repeats, device, config.sample_calls(device))
         busy = background.fraction is not None and background.fraction > BUSY_THRESHOLD
         if not busy or time.monotonic() >= deadline:
             break
@@ -231,6 +234,7 @@ def run_benchmark(
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
         "copy_bandwidth_gbps": copy_gbps,
+        "calls_per_sample": config.sample_calls(device),
         "load_average_start": _load_average(),
         "command": command,
         "config": asdict(config),

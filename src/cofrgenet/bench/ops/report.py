@@ -174,7 +174,7 @@ def print_report(report: Report, console: Console) -> None:
     table = Table(
         title=f"cofr bench ops: median ms (speedup vs literal), {meta['device_name']}, "
         f"{meta['threads']} threads, {meta['config']['dtype']}, "
-        f"{meta['config']['repeats']} repeats",
+        f"{meta['config']['repeats']} repeats{_calls(meta, ' of {} calls')}",
     )
     for i, name in enumerate(header):
         table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
@@ -192,6 +192,13 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _calls(meta: dict[str, Any], text: str) -> str:
+    """``text`` with the calls a sample holds, when more than one (reports from before
+    ``--calls-per-sample`` held one)."""
+    calls = meta.get("calls_per_sample", 1)
+    return text.format(calls) if calls > 1 else ""
 
 
 def _copy(meta: dict[str, Any]) -> str:
@@ -223,7 +230,7 @@ def to_markdown(report: Report) -> str:
 - torch {meta["torch"]}, Python {meta["python"]}, {meta["threads"]} threads
 - copy bandwidth (`dst.copy_(src)`, bytes read + written): {_copy(meta)}
 - dtype {config["dtype"]}, grad="{config["grad"]}", eps {config["eps"]}
-- repeats {config["repeats"]} (interleaved across impls), warm-up {config["warmup"]} after the first call
+- repeats {config["repeats"]} (interleaved across impls){_calls(meta, ", each the mean of {} calls back to back between two synchronizations")}, warm-up {config["warmup"]} after the first call
 - load average (1, 5, 15 min): {meta["load_average_start"]} at start, {meta["load_average_end"]} at end
 - command: `{meta["command"]}`
 

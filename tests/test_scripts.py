@@ -80,7 +80,7 @@ def test_gpu_check_dry_run_runs_every_step_on_cpu(tmp_path):
     # rewritten (partial) as the benchmarks went, and the finished ones.
     log = next(out.glob("gpu-check-*.log")).read_text()
     _assert_gpu_selection(_selected_ids(log))
-    assert "partial report, 2 of 2 timed" in log and "partial report: " in log
+    assert "partial report, 4 of 4 timed" in log and "partial report: " in log
     for report in out.glob("*.json"):
         assert "partial" not in json.loads(report.read_text()), report.name
 

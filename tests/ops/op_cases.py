@@ -122,6 +122,20 @@ def float64_leaves(*tensors):
     return [None if t is None else t.detach().cpu().double().requires_grad_() for t in tensors]
 
 
+def check_float64_op(op, tensors, args, reference, **reference_kwargs) -> None:
+    """``op(*tensors, *args)`` in float64 (copies of ``tensors``): values and the gradients
+    of its sum within 1e-12 of ``reference(*tensors, **reference_kwargs)``'s."""
+    leaves = [t.detach().double().requires_grad_() for t in tensors]
+    out = op(*leaves, *args)
+    out.sum().backward()
+    ref_leaves = float64_leaves(*leaves)
+    ref = reference(*ref_leaves, **reference_kwargs)
+    ref.sum().backward()
+    assert rel_err(out, ref) < 1e-12
+    for got, want in zip(leaves, ref_leaves, strict=True):
+        assert rel_err(got.grad, want.grad) < 1e-12
+
+
 # --------------------------------------------------------------- partial denominators
 
 

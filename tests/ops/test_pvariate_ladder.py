@@ -25,6 +25,7 @@ from op_cases import (
     HALF,
     HALF_IDS,
     IMPLS,
+    check_float64_op,
     check_half_ulps,
     check_with_state_op,
     clamped_units,
@@ -350,15 +351,8 @@ def test_custom_op(impl, on):
     x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on, signed=True))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, False, 0.5, backend))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, None, 0.01, True, 0.5, backend))
-    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
-    out = ops.pvariate_ladder_op(*leaves, 0.01, False, 0.5, backend)
-    out.sum().backward()
-    ref_leaves = float64_leaves(*leaves)
-    ref = reference_pvariate_ladder(*ref_leaves, floor=0.5)
-    ref.sum().backward()
-    assert rel_err(out, ref) < 1e-12
-    for got, want in zip(leaves, ref_leaves, strict=True):
-        assert rel_err(got.grad, want.grad) < 1e-12
+    args = (0.01, False, 0.5, backend)
+    check_float64_op(ops.pvariate_ladder_op, (x, w, b), args, reference_pvariate_ladder, floor=0.5)
     x, w, b = require_grad(*pvariate_inputs((2, 5), 12, 3, 4, on))
     torch.library.opcheck(ops.pvariate_ladder_op, (x, w, b, 0.01, True, 0.0, backend))
 

@@ -26,6 +26,7 @@ from op_cases import (
     HALF_IDS,
     IMPLS,
     away_from_poles,
+    check_float64_op,
     check_half_ulps,
     check_with_state_op,
     clamped_units,
@@ -396,15 +397,8 @@ def test_custom_op(impl, on):
     torch.library.opcheck(op, (x, w, b, 0.01, False, 0.0, backend))
     torch.library.opcheck(op, (x, w, None, 0.01, True, 0.0, backend))
     torch.library.opcheck(op, (x, w, b, 0.01, False, 0.5, backend))
-    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
-    out = op(*leaves, 0.01, False, 0.5, backend)
-    out.sum().backward()
-    ref_leaves = float64_leaves(*leaves)
-    ref = reference_univariate_ladder(*ref_leaves, floor=0.5)
-    ref.sum().backward()
-    assert rel_err(out, ref) < 1e-12
-    for got, want in zip(leaves, ref_leaves, strict=True):
-        assert rel_err(got.grad, want.grad) < 1e-12
+    args = (0.01, False, 0.5, backend)
+    check_float64_op(op, (x, w, b), args, reference_univariate_ladder, floor=0.5)
 
 
 @pytest.mark.parametrize("impl", impls("continuant", "compiled"))

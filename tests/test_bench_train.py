@@ -561,3 +561,16 @@ def test_cudagraphs_mode_compiles_for_replay_and_marks_each_step(monkeypatch):
         (("gpt2", "cudagraphs"), (("gpt2", "eager"),)),
         (("cofrgenet-f", "cudagraphs"), (("cofrgenet-f", "eager"), ("gpt2", "cudagraphs"))),
     ]
+
+
+def test_graph_breaks_are_counted_once_a_variant_in_both_compiled_modes(monkeypatch):
+    """The count re-traces the model, whatever its compile mode: once a variant."""
+    counted = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)
+    monkeypatch.setattr(train, "graph_breaks", lambda trainer: counted.append(1) or 3)
+    cfg = TrainBenchConfig(
+        variants=("gpt2",), modes=("compiled", "cudagraphs"), batch_size=1, steps=1,
+        rounds=1, warmup=0, profile_steps=0, **TINY,
+    )  # fmt: skip
+    report = run_benchmark(cfg, "test")
+    assert len(counted) == 1 and [r["graph_breaks"] for r in report["results"]] == [3, 3]

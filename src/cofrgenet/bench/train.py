@@ -80,7 +80,7 @@ MODES = ("eager", "compiled", "cudagraphs")
 COMPILE_MODES = {"compiled": None, "cudagraphs": "reduce-overhead"}
 #: The training dtypes: float32, or autocast to one of the others.
 DTYPES = ("float32", "bfloat16", "float16")
-#: Settings that must be >= 1 (warmup may be 0).
+#: Settings that must be >= 1.
 POSITIVE_FIELDS = (
     "n_layer",
     "n_embd",
@@ -92,6 +92,8 @@ POSITIVE_FIELDS = (
     "rounds",
     "gen_tokens",
 )
+#: Settings that may be 0.
+NON_NEGATIVE_FIELDS = ("warmup", "profile_steps")
 SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")
 #: (variant, mode): one trainer of the run.
 Key = tuple[str, str]
@@ -152,14 +154,11 @@ class TrainBenchConfig:
     def __post_init__(self) -> None:
         from cofrgenet.errors import UserError
 
-        for name in POSITIVE_FIELDS:
-            if getattr(self, name) < 1:
+        bounds = [(name, 1) for name in POSITIVE_FIELDS]
+        for name, least in bounds + [(name, 0) for name in NON_NEGATIVE_FIELDS]:
+            if getattr(self, name) < least:
                 flag = f"--{name.replace('_', '-')}"
-                raise UserError(f"{flag} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "profile_steps"):
-            if getattr(self, name) < 0:
-                flag = f"--{name.replace('_', '-')}"
-                raise UserError(f"{flag} must be >= 0, got {getattr(self, name)}")
+                raise UserError(f"{flag} must be >= {least}, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.n_embd % self.n_head:
@@ -225,11 +224,10 @@ def check_settings(cfg: TrainBenchConfig) -> None:
             f"--variants: unknown variant {unknown[0]!r}{hint}; known: {', '.join(VARIANTS)}, "
             "or a preset name"
         )
-    modes = MODES
-    bad_modes = [m for m in cfg.modes if m not in modes]
+    bad_modes = [m for m in cfg.modes if m not in MODES]
     if bad_modes:
         raise UserError(
-            f"--modes: unknown mode {bad_modes[0]!r}{did_you_mean(bad_modes[0], list(modes))}; "
+            f"--modes: unknown mode {bad_modes[0]!r}{did_you_mean(bad_modes[0], list(MODES))}; "
             f"known: {', '.join(MODES)}"
         )
     if not cfg.variants or not cfg.modes:
@@ -762,10 +760,13 @@ def _run_benchmark(
     run.peak = max(run.peak, peak_matmul_flops(cfg))
     if on_update is not None:  # whole but for the graph breaks: counting re-traces each model
         on_update({**run.report(partial=True), "graph_breaks_pending": True})
+    counted: dict[str, int] = {}  # variant -> breaks: the count traces the model, not a mode
     for key in run.timed_keys():
         if key[1] in COMPILE_MODES:
             try:
-                run.trainers[key].result.graph_breaks = graph_breaks(run.trainers[key])
+                if key[0] not in counted:
+                    counted[key[0]] = graph_breaks(run.trainers[key])
+                run.trainers[key].result.graph_breaks = counted[key[0]]
             except Exception as error:  # the count is left empty
                 print(f"graph breaks of {key[0]} not counted: {error}", file=sys.stderr)
     return run.report(partial=False)

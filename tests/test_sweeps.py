@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import signal
@@ -1022,9 +1023,25 @@ def test_a_lost_trials_duration_ends_at_its_last_heartbeat(tmp_path, monkeypatch
         column = [cell.strip() for cell in header.split("┃")].index("duration")
         return row.split("│")[column].strip()
 
-    assert shown_duration() == "1:05"  # RUNNING, lost: not 3:00:00
+    assert shown_duration() == "≥1:05"  # RUNNING, lost: not 3:00:00
     assert st.fail_lost_trials(study, storage, options)
-    assert shown_duration() == "1:05"  # FAIL: not the moment it was failed
+    assert shown_duration() == "≥1:05"  # FAIL: not the moment it was failed
+
+
+def test_a_trial_lost_before_its_first_heartbeat_shows_less_than_an_interval():
+    """Not 0:00: its worker lived for up to one heartbeat interval after the claim."""
+    from cofrgenet.sweeps import status
+
+    start = datetime.datetime(2026, 1, 1, 12, 0, 0)
+    trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={
+        st.LAST_SEEN: start.timestamp()})  # fmt: skip
+    trial.datetime_start = start
+    assert status.duration(trial, interval=60) == "<1:00"
+    trial.user_attrs[st.LAST_SEEN] = start.timestamp() + 3700
+    assert status.duration(trial, interval=60) == "≥1:01:40"
+    del trial.user_attrs[st.LAST_SEEN]
+    trial.datetime_complete = start + datetime.timedelta(seconds=42)
+    assert status.duration(trial) == "0:42"  # ended normally: exact
 
 
 def test_a_lost_trials_mlflow_run_ends_failed_and_its_reason_tag_follows_the_state(tmp_path):

@@ -24,17 +24,26 @@ STATE_STYLE = {
 }
 
 
-def duration(trial: FrozenTrial, until: float | None = None) -> str:
-    """Start to end (or now); a lost trial's ends at its last heartbeat (``until``, or
-    the one kept when it was failed), not when another worker noticed."""
+def duration(trial: FrozenTrial, until: float | None = None, interval: float = 60.0) -> str:
+    """Start to end (or now). A lost trial's ends at its last heartbeat (``until``, or
+    the one kept when it was failed), not when another worker noticed; its worker may
+    have lived up to a heartbeat ``interval`` longer, so it shows as a bound: ``≥1:05``,
+    or ``<1:00`` when it died before its first heartbeat."""
     start = trial.datetime_start
     if start is None:
         return ""
     end = trial.user_attrs.get(st.LAST_SEEN, until)
+    lost = end is not None
     if end is None:
         complete = trial.datetime_complete
         end = complete.timestamp() if complete else time.time()
     seconds = max(0.0, float(end) - start.timestamp())
+    if lost and round(seconds) == 0:
+        return f"<{_clock(interval)}"
+    return f"≥{_clock(seconds)}" if lost else _clock(seconds)
+
+
+def _clock(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
@@ -111,7 +120,11 @@ def status_table(
             f"[{STATE_STYLE.get(state, '')}]{state}[/]",
             *[_fmt(st.trial_params(trial).get(k)) for k in keys],
             _fmt(value),
-            duration(trial, st.last_seen(trial, storage) if trial.number in lost else None),
+            duration(
+                trial,
+                st.last_seen(trial, storage) if trial.number in lost else None,
+                options.heartbeat_interval,
+            ),
             str(worker),
             note(trial, retried, lost),
         )

@@ -2187,3 +2187,33 @@ def test_sampled_values_that_build_no_model_together_fail_only_their_points(tiny
     }  # fmt: skip
     reason = by_head[7].user_attrs[st.FAIL_REASON]
     assert reason.startswith("no model at this point:") and "n_head (7)" in reason, reason
+
+
+def test_the_studys_mlflow_run_is_not_left_running_by_the_last_worker_to_leave(tiny_data, tmp_path):
+    """A worker that leaves a study unfinished (its --n-trials) marks the study's run
+    KILLED with how far it got; the next worker makes it live again, and FINISHED."""
+    sweep_path = write_sweep(
+        tmp_path,
+        sampler={"name": "grid"},
+        pruner={"name": "none"},
+        n_trials=None,
+        space={"model.optimizer.lr": {"choices": [1e-3, 2e-3]}},
+        overrides={"data.data_dir": str(tiny_data)},
+    )
+    sweep = load_sweep(sweep_path)
+
+    result = run_worker(sweep, n_trials=1, report=False)
+    assert not result.done
+
+    def parent_run():
+        run_id = result.study.user_attrs[st_parent_attr()]
+        return mlflow_client(tmp_path).get_run(run_id)
+
+    parent = parent_run()
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["cofr.study_state"] == (
+        f"stopped at 1 of 2 trials: `cofr sweep run {sweep_path}` goes on"
+    )
+    assert run_worker(sweep, report=False).done
+    parent = parent_run()
+    assert (parent.info.status, parent.data.tags["cofr.study_state"]) == ("FINISHED", "complete")

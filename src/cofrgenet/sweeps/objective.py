@@ -408,7 +408,7 @@ def _config_and_train(
     args, config, error = _trial_config(ctx, params, run_dir)
     mlflow_on = ctx.run_mlflow if config is None else get_dotted(config, "run.mlflow", True)
     if ctx.mlflow_client is not None and mlflow_on:
-        from cofrgenet.sweeps.tracking import child_run, run_config
+        from cofrgenet.sweeps import tracking
 
         tags = {
             "optuna.study": sweep.study,
@@ -419,11 +419,14 @@ def _config_and_train(
             "optuna.worker": ctx.worker.label,
             **ctx.worker.slurm,
         }
-        child_id = child_run(
-            ctx.mlflow_client, run_config(sweep, ctx.runs_dir), run_dir, ctx.parent_run_id,
+        child_id = tracking.child_run(
+            ctx.mlflow_client, tracking.run_config(sweep, ctx.runs_dir), run_dir, ctx.parent_run_id,
             tags, params,
         )  # fmt: skip
         child.append(child_id)
+        # A worker that left early marked the study's run KILLED: it is live again.
+        if ctx.parent_run_id:
+            tracking.set_parent_status(ctx.mlflow_client, ctx.parent_run_id, "RUNNING")
 
     if error is not None:
         reason = f"bad sample or sweep config: {error}"

@@ -477,14 +477,14 @@ def run_worker(
         f"({'created' if created else 'loaded'})"
     )
     result = WorkerResult(study)
-    with _requeue_on_usr1(stop_file):
-        _run_trials(ctx, result, n_trials)
+    try:
+        with _requeue_on_usr1(stop_file):
+            _run_trials(ctx, result, n_trials)
+    finally:
+        if client is not None and parent is not None:
+            _settle_parent_run(client, parent, study, sweep)
 
     result.done = study_done(study, sweep)
-    if result.done and client is not None and parent is not None:
-        from cofrgenet.sweeps import tracking
-
-        tracking.set_parent_status(client, parent, "FINISHED")
     if result.done and report:
         from cofrgenet.sweeps.report import write_report
 
@@ -493,6 +493,31 @@ def run_worker(
         except Exception as error:
             log.warning(f"report failed: {type(error).__name__}: {error}")
     return result
+
+
+def _settle_parent_run(client: Any, parent: str, study: optuna.Study, sweep: Sweep) -> None:
+    """The study's MLflow run as a leaving worker finds the study: FINISHED when it is
+    done; KILLED, with the tag ``cofr.study_state`` saying how far it got, when no trial
+    is running any more (the last worker left early: its ``--n-trials``, a stop, an
+    error), so the UI shows no run as live that nobody works on; else left RUNNING.
+    Never raises: it runs on the way out of an error too."""
+    from cofrgenet.sweeps import tracking
+
+    try:
+        trials = study.get_trials(deepcopy=False)
+        if study_done(study, sweep):
+            tracking.set_tags(client, parent, {"cofr.study_state": "complete"})
+            tracking.set_parent_status(client, parent, "FINISHED")
+        elif not any(t.state == TrialState.RUNNING for t in trials):
+            used = st.budget_used(trials)
+            where = f" {sweep.path}" if sweep.path else ""
+            state = (
+                f"stopped at {used} of {sweep.total_trials} trials: `cofr sweep run{where}` goes on"
+            )
+            tracking.set_tags(client, parent, {"cofr.study_state": state})
+            tracking.set_parent_status(client, parent, "KILLED")
+    except Exception as error:  # the storage or the server is gone: the run stays as it was
+        log.warning(f"the study's MLflow run {parent} was left as it was: {error}")
 
 
 def _checked_trial_config(

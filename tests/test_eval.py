@@ -384,6 +384,7 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     )
     lambada_sha = report["data"]["lambada"]["sha256"]
     assert tags["eval/lambada/protocol"] == f"step 2, test split, text sha256 {lambada_sha}"
+    assert tags["eval/lambada/protocol/step-2"] == tags["eval/lambada/protocol"]  # compare's
 
     # The validation split goes under eval/valid/ (the test figures stay), and a --limit
     # run is not logged at all: neither may stand beside the paper's test-set columns.
@@ -715,6 +716,16 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert "(a) test split, text sha256 000000000000" in table
     assert f"(b) {ours.split(', ', 1)[1]}" in table  # the step is no difference
     assert "wikitext-2-v1/word_ppl` was scored" not in table  # one way only: unmarked
+    # An older checkpoint of the copy evaluated later, another way: its tag is the
+    # latest, but the table still shows step 2's number, so the mark stays step 2's way.
+    client.set_tag(copy, "eval/ptb/protocol/step-2", "step 2, test split, text sha256 000000000000")
+    client.log_metric(copy, "eval/ptb/word_ppl", 50.0, step=1)
+    client.set_tag(copy, "eval/ptb/protocol", "step 1, test split, text sha256 111111111111")
+    client.set_tag(copy, "eval/ptb/protocol/step-1", "step 1, test split, text sha256 111111111111")
+    assert main(argv) == 0
+    table = (out / "compare.md").read_text()
+    assert "| 99.00 (a) |" in table and "(a) test split, text sha256 000000000000" in table
+    assert "111111111111" not in table
 
 
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):

@@ -253,11 +253,13 @@ def log_to_mlflow(
     from cofrgenet.training.pretrained import log_onto_run
 
     split = report["split"]
-    # How each number was made, beside it (a later run with another stride replaces it).
-    tags = {
-        f"{metric_prefix(task, split)}/protocol": protocol(task, loaded.step, report)
-        for task in results
-    }
+    # How each number was made, beside it: the latest evaluation's (a later run with
+    # another stride replaces it), and one per step (cofr compare shows the newest
+    # checkpoint's numbers, which an older checkpoint evaluated later does not replace).
+    tags = {}
+    for task in results:
+        prefix, made = metric_prefix(task, split), protocol(task, loaded.step, report)
+        tags[f"{prefix}/protocol"] = tags[f"{prefix}/protocol/step-{loaded.step}"] = made
     uri = loaded.tracking_uri
     log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
     client = MlflowClient(uri)

@@ -158,6 +158,7 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
     has_ladders = counts.ladder > 0
     rates = [m.value for m in client.get_metric_history(run.info.run_id, RATE_KEY)]
     metrics = dict(run.data.metrics)
+    eval_steps: dict[str, int] = {}  # eval prefix -> the step of the numbers shown
     for key in metrics:
         if key != "val/loss" and not key.startswith("eval/"):
             continue
@@ -169,7 +170,9 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
         else:
             # The newest checkpoint's (each is logged at its checkpoint's step), evaluated
             # last: an older checkpoint evaluated later does not replace it.
-            metrics[key] = max(history, key=lambda m: (m.step, m.timestamp)).value
+            shown = max(history, key=lambda m: (m.step, m.timestamp))
+            metrics[key] = shown.value
+            eval_steps[key.rsplit("/", 1)[0]] = shown.step
     name = run.info.run_name or run.info.run_id[:8]
     if status != "FINISHED":  # a killed or running run beside finished ones: say so
         step = max((m.step for m in trained), default=-1) + 1
@@ -188,12 +191,23 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
         ladders=model_config.ladders if has_ladders else None,
         metrics=metrics,
         tokens_per_s=statistics.median(rates) if rates else None,
-        protocols={
-            key.removesuffix("/protocol"): re.sub(r"^step \d+, ", "", value)
-            for key, value in run.data.tags.items()
-            if key.startswith("eval/") and key.endswith("/protocol")
-        },
+        protocols=_protocols(run.data.tags, eval_steps),
     )
+
+
+def _protocols(tags: dict[str, str], eval_steps: dict[str, int]) -> dict[str, str]:
+    """How each eval/ prefix's numbers shown were scored, without the step: the tag of
+    their step, or the latest tag where it is that step's (runs evaluated before the
+    per-step tags). None known: the prefix is left out (a ``?`` mark)."""
+    protocols = {}
+    for prefix, step in eval_steps.items():
+        made = tags.get(f"{prefix}/protocol/step-{step}")
+        latest = tags.get(f"{prefix}/protocol", "")
+        if made is None and latest.startswith(f"step {step}, "):
+            made = latest
+        if made is not None:
+            protocols[prefix] = re.sub(r"^step \d+, ", "", made)
+    return protocols
 
 
 def collect_runs(

@@ -78,3 +78,14 @@ class SignalAtStep(L.Callback):
             self._send(trainer)
         if self.during == "sanity" and trainer.sanity_checking:  # the fit's first validation
             self._send(trainer)
+
+
+class LastCheckpointFromTheFuture(L.Callback):
+    """A shared filesystem whose server clock runs an hour ahead of this node's: at the
+    start of every step, the run's ``last.ckpt`` (if any) is stamped an hour on."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        last = os.path.join(trainer.checkpoint_callback.dirpath, "last.ckpt")
+        if os.path.exists(last):
+            ahead = time.time() + 3600
+            os.utime(last, (ahead, ahead))

@@ -767,6 +767,17 @@ def test_an_epoch_limited_fit_saves_its_last_step(tiny_data, tmp_path):
     assert CofrCLI(args=args).trainer.global_step == 6
     last = tmp_path / "runs" / "test" / "deferred" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 6
+    # A filesystem clock an hour ahead of the node's: step 6's last.ckpt looked written
+    # during step 7 (its mtime after the step began), and step 7 was not saved.
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "skew", "--trainer.max_steps", "-1",
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "7",
+        "--run.checkpoint_every_n_steps", "3", "--trainer.limit_val_batches", "1",
+        "--trainer.callbacks+=sweep_helpers.LastCheckpointFromTheFuture",
+    )  # fmt: skip
+    assert CofrCLI(args=args).trainer.global_step == 7
+    last = tmp_path / "runs" / "test" / "skew" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 7
 
 
 def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path):

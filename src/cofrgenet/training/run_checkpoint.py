@@ -7,7 +7,12 @@ and logs every metric one step later than a run that never stopped (the weights 
 same). :class:`RunCheckpoint` saves the final step at the end of its batch instead,
 exactly where a periodic checkpoint is taken, unless ``last.ckpt`` was written during
 that step already (its periodic save, or a callback's that stopped the fit: a sweep
-trial stopped for a requeue). The end of training saves only a fit that ended
+trial stopped for a requeue). "Written during the step" is told by the file's status
+(mtime in ns, size, inode) against its status when the step began, not by comparing
+its mtime with this node's clock: a shared filesystem stamps files with its server's
+clock, which may run ahead of the node's. Every save is a new file renamed over the old
+(:class:`~cofrgenet.training.checkpoint_io.AtomicCheckpointIO`), so its inode changes
+even where mtimes are coarse. The end of training saves only a fit that ended
 otherwise (an epoch limit, an early stop), and always then: Lightning's own end save
 is skipped once any checkpoint was saved in the process, which left ``last.ckpt`` at
 the last periodic step.
@@ -15,7 +20,7 @@ the last periodic step.
 
 from __future__ import annotations
 
-import time
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,7 @@ class RunCheckpoint(ModelCheckpoint):
     one (see the module's docstring)."""
 
     _final_saved: int | None = None  # the global step saved as the final one
-    _step_began = 0.0  # when the running step's batch began (time.time())
+    _last_at_step_start: tuple[int, int, int] | None = None  # last.ckpt's file status
 
     def __init__(self, *args: Any, **kwargs: Any):
         # last.ckpt is replaced, never versioned: a signal's stop saves it outside this
@@ -41,7 +46,7 @@ class RunCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        self._step_began = time.time()
+        self._last_at_step_start = _file_status(self._last_path())
 
     def on_train_batch_end(
         self,
@@ -74,7 +79,8 @@ class RunCheckpoint(ModelCheckpoint):
         last = self._last_path()
         if last is None:
             return
-        written = last.exists() and last.stat().st_mtime >= self._step_began
+        status = _file_status(last)
+        written = status is not None and status != self._last_at_step_start
         if not trainer.strategy.broadcast(written):
             trainer.save_checkpoint(last, weights_only=self.save_weights_only)
 
@@ -82,3 +88,12 @@ class RunCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             return None
         return Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+
+
+def _file_status(path: Path | None) -> tuple[int, int, int] | None:
+    """(mtime in ns, size, inode) of a file; None when it does not exist."""
+    try:
+        stat = os.stat(path) if path is not None else None
+    except FileNotFoundError:
+        return None
+    return None if stat is None else (stat.st_mtime_ns, stat.st_size, stat.st_ino)

@@ -814,6 +814,35 @@ def test_a_worker_with_an_allowed_edit_updates_the_study_s_stored_sweep(tmp_path
     )
 
 
+def test_a_grid_may_grow_and_its_new_points_are_queued_once(tmp_path):
+    """Values added to a grid sweep's space: the study goes on with the new points queued
+    (once, whichever worker comes first), its finished trials kept. A grid that lost or
+    changed a point, or searches another key, is still refused."""
+    raw = {"study": "g", "space": {"a": [1, 2], "b": [3]}, "sampler": {"name": "grid"}}
+    storage = st.open_storage(f"journal:{tmp_path / 'g.journal'}")
+    study, _ = open_study(parse_sweep(raw), storage, 0)
+    first = study.get_trials(states=(TrialState.WAITING,))[0]
+    study.tell(study.ask(), 1.0)  # point a=1 done
+    assert st.trial_params(study.get_trials()[first.number]) == {"a": 1, "b": 3}
+
+    grown = parse_sweep({**raw, "space": {"a": [1, 2, 4], "b": [3, 5]}})
+    lock = tmp_path / "grid.lock"
+    for offset in (1, 2):  # a second worker finds nothing more to queue
+        study, created = open_study(grown, storage, offset, grid_lock=lock)
+        assert not created
+        points = sorted(tuple(st.trial_params(t).values()) for t in study.get_trials())
+        assert points == sorted(tuple(point.values()) for point in grown.grid)
+    assert study.user_attrs["cofr.sweep"] == grown.raw
+    assert [t.state for t in study.get_trials()].count(TrialState.COMPLETE) == 1
+
+    for space in ({"a": [1, 4], "b": [3, 5]}, {"a": [1, 2, 4], "b": [3, 5], "c": [0]}):
+        with pytest.raises(SweepError, match=r"a grid may grow: values added, none removed"):
+            open_study(parse_sweep({**raw, "space": space}), storage, 3)
+    with pytest.raises(SweepError, match=r"base: \[\] -> \['x.yaml'\]\)") as refused:
+        open_study(parse_sweep({**grown.raw, "base": ["x.yaml"]}, resolve=False), storage, 3)
+    assert "a grid may grow" not in str(refused.value)  # only the space may grow
+
+
 def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp_path, monkeypatch):
     """Workers started together: one creates the study, the other loads it before the
     grid is queued. It waits for the grid instead of finding nothing to do and leaving."""
@@ -832,7 +861,7 @@ def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp
         creating.set_user_attr(sweep_worker.UID_ATTR, "u")
         creating.set_user_attr("cofr.sweep", sweep.raw)
         for point in sweep.grid:
-            creating.enqueue_trial(point)
+            creating.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
 
     finisher = threading.Thread(target=finish_setup)
     finisher.start()

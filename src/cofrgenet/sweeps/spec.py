@@ -281,6 +281,13 @@ class SlurmOptions:
     extra: list[str] = field(default_factory=list)
 
 
+def grid_points(space: list[ParamSpec]) -> list[dict[str, Any]]:
+    """Every point of a grid over ``space``, in a fixed order (the last key varies fastest)."""
+    keys = [p.key for p in space]
+    values = [p.grid_values() for p in space]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
 @dataclass
 class Sweep:
     path: Path | None
@@ -309,9 +316,7 @@ class Sweep:
     @property
     def grid(self) -> list[dict[str, Any]]:
         """Every point of the grid (grid sampler), in a fixed order."""
-        keys = [p.key for p in self.space]
-        values = [p.grid_values() for p in self.space]
-        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+        return grid_points(self.space)
 
     @property
     def is_grid(self) -> bool:

@@ -48,6 +48,8 @@ from cofrgenet.sweeps.spec import (
     check_extra,
     check_same_objective,
     get_dotted,
+    grid_points,
+    parse_param,
     trial_config,
 )
 from cofrgenet.sweeps.tracking import PARENT_ATTR
@@ -85,9 +87,12 @@ def open_study(
     storage: optuna.storages.BaseStorage,
     offset: int,
     extra: dict[str, Any] | None = None,
+    grid_lock: Path | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
-    ``extra``: this worker's ``--set`` settings, checked against the study's."""
+    ``extra``: this worker's ``--set`` settings, checked against the study's. A grid
+    sweep whose grid grew (values added, none removed) queues its new points, under
+    ``grid_lock`` (a file) so that workers starting together queue each once."""
     extra = dict(extra or {})
     kwargs = {
         "study_name": sweep.study,
@@ -101,11 +106,19 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         created = False
-        wait_for_setup(study, sweep, grid=False)
+        wait_for_setup(study, sweep, points=0)
         stored_sweep = study.user_attrs.get("cofr.sweep")
+        points = len(sweep.grid) if sweep.is_grid else 0
         if isinstance(stored_sweep, dict):  # before waiting for a grid it may not have
-            check_same_trials(sweep, stored_sweep)
-        wait_for_setup(study, sweep)
+            old_points = grown_grid(sweep, stored_sweep)
+            if old_points is None:
+                check_same_trials(sweep, stored_sweep)
+            else:
+                points = len(old_points)
+        wait_for_setup(study, sweep, points=points)  # the grid its creator queued
+        if sweep.is_grid:
+            with waiting_for(grid_lock) if grid_lock else contextlib.nullcontext():
+                queue_missing_points(study, sweep)
         existing = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(sweep, offset + 7919 * existing)
     if not created:
@@ -113,8 +126,8 @@ def open_study(
         check_same_settings(study, extra)
     stored_sweep = study.user_attrs.get("cofr.sweep") or {}
     if not created and stored_sweep != sweep.raw:
-        # Its trials are the same (checked above); n_trials, the sampler or the pruner may
-        # have changed: `cofr sweep status/report STUDY` read this copy.
+        # Its trials are the same (checked above); n_trials, the sampler, the pruner or
+        # a grown grid may have changed: `cofr sweep status/report STUDY` read this copy.
         study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
         study.set_user_attr(SETTINGS_ATTR, training_settings(extra))  # before setup_done's
@@ -124,6 +137,42 @@ def open_study(
             for point in sweep.grid:
                 study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
     return study, created
+
+
+def grown_grid(sweep: Sweep, stored: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The study's grid points (from ``stored``, the sweep file it was created from) when
+    ``sweep`` only grows that grid: both grid sweeps, the same searched keys, every old
+    point still in the new grid, the rest of the trial sections alike. None otherwise."""
+    if not sweep.is_grid or (stored.get("sampler") or {}).get("name") != "grid":
+        return None
+    others = [
+        change
+        for section in TRIAL_SECTIONS
+        if section != "space"
+        for change in _section_changes(section, stored.get(section), sweep.raw.get(section))
+    ]
+    if others:
+        return None
+    try:
+        old_space = [parse_param(str(k), v) for k, v in (stored.get("space") or {}).items()]
+        old = grid_points(old_space)
+    except SweepError:
+        return None
+    new = sweep.grid
+    same_keys = [p.key for p in old_space] == [p.key for p in sweep.space]
+    if not same_keys or any(point not in new for point in old):
+        return None
+    return old
+
+
+def queue_missing_points(study: optuna.Study, sweep: Sweep) -> None:
+    """Queue the grid points no trial of the study has (queued, run, or retried): the
+    points a grown grid added."""
+    have = [st.trial_params(t) for t in study.get_trials(deepcopy=False)]
+    for point in sweep.grid:
+        if point not in have:
+            study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
+            have.append(point)
 
 
 #: The sweep file's sections that say what a trial trains: a study's trials are ranked
@@ -160,11 +209,14 @@ def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
         for change in _section_changes(section, stored.get(section), sweep.raw.get(section))
     ]
     if changes:
+        in_space = all(change.startswith("space") for change in changes)
+        grows = " (a grid may grow: values added, none removed or changed)"
+        grows = grows if sweep.is_grid and in_space else ""
         raise SweepError(
             f"study {sweep.study!r} was created from another version of this sweep "
             f"({_first_four(changes)}): "
             "its trials would be ranked against trials trained otherwise. Put the file back, "
-            "or give the changed sweep a new study name (study: ...)"
+            f"or give the changed sweep a new study name (study: ...){grows}"
         )
 
 
@@ -264,25 +316,24 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
 SETUP_TIMEOUT_S = 120.0
 
 
-def setup_done(study: optuna.Study, sweep: Sweep, grid: bool = True) -> bool:
-    """Whether the creating worker has set the study's attributes and (``grid``) queued
-    its grid (the last thing :func:`open_study` does for a new study)."""
+def setup_done(study: optuna.Study, points: int) -> bool:
+    """Whether the creating worker has set the study's attributes and queued its grid's
+    ``points`` (the last thing :func:`open_study` does for a new study)."""
     attrs = study.user_attrs
     if UID_ATTR not in attrs or "cofr.sweep" not in attrs:
         return False
-    if not grid or not sweep.is_grid:
-        return True
-    return len(study.get_trials(deepcopy=False)) >= len(sweep.grid)
+    return points == 0 or len(study.get_trials(deepcopy=False)) >= points
 
 
 def wait_for_setup(
-    study: optuna.Study, sweep: Sweep, timeout: float | None = None, grid: bool = True
+    study: optuna.Study, sweep: Sweep, points: int, timeout: float | None = None
 ) -> None:
-    """Wait until the study is set up. Workers start together (a SLURM array): one that
-    loses the race to create the study would otherwise find no queued grid point and
-    leave at once, or run its trials without the study's id."""
+    """Wait until the study is set up, its grid's ``points`` queued. Workers start
+    together (a SLURM array): one that loses the race to create the study would
+    otherwise find no queued grid point and leave at once, or run its trials without
+    the study's id."""
     deadline = time.monotonic() + (SETUP_TIMEOUT_S if timeout is None else timeout)
-    while not setup_done(study, sweep, grid):
+    while not setup_done(study, points):
         if time.monotonic() > deadline:
             raise SweepError(
                 f"study {sweep.study!r} exists but its setup never finished (the worker "
@@ -454,7 +505,9 @@ def run_worker(
     folder = st.study_folder(sweep, runs_dir)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     check_not_stored_elsewhere(sweep, storage, url, runs_dir)
-    study, created = open_study(sweep, storage, _seed_offset(worker, worker_index), extra)
+    study, created = open_study(
+        sweep, storage, _seed_offset(worker, worker_index), extra, folder / ".grid.lock"
+    )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
     stop_file.parent.mkdir(parents=True, exist_ok=True)

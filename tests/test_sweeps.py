@@ -1302,12 +1302,13 @@ def test_a_study_made_from_another_version_of_the_sweep_is_refused(tmp_path):
     ):
         assert change in message
     assert message.endswith("give the changed sweep a new study name (study: ...)")
-    # A grid that grew: named at once, not after waiting for points the study never queued.
+    # A grid that changed (not grown): named at once, not after waiting for points the
+    # study never queued.
     grid = {"study": "g2", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}}
     open_study(parse_sweep(grid), storage, 0)
     start = time.monotonic()
     with pytest.raises(SweepError, match=r"another version of this sweep \(space\.a: "):
-        open_study(parse_sweep({**grid, "space": {"a": [1, 2, 3]}}), storage, 1)
+        open_study(parse_sweep({**grid, "space": {"a": [1, 3, 4]}}), storage, 1)
     assert time.monotonic() - start < 10
 
 

@@ -247,3 +247,19 @@ def test_the_help_says_what_an_unset_field_means(capsys):
     assert "(default: None)" not in text and ") (default:" not in text
     assert "optimizer steps per run (default: the recipe's)" in text
     assert "validation batches (default: the whole val split)" in text
+
+
+def test_the_default_data_folder_must_hold_the_benchmarks_tokens(tmp_path, monkeypatch):
+    """A folder made otherwise under the default name (a byte prepare, following a wrong
+    hint) is refused, naming what differs, instead of being benchmarked silently."""
+    from cofrgenet.bench.quality import ensure_data
+    from cofrgenet.data import PrepareError, PydocSource, prepare_data
+
+    monkeypatch.chdir(tmp_path)
+    cfg = QualityBenchConfig()
+    prepare_data(PydocSource(), cfg.data_dir, tokenizer="byte", max_docs=20, num_workers=1)
+    with pytest.raises(
+        PrepareError,
+        match=r"already prepared with other settings \(.*tokenizer: 'byte' there, 'bpe' asked",
+    ):
+        ensure_data(cfg)

@@ -46,7 +46,7 @@ from cofrgenet.data import (
     train_bpe,
 )
 from cofrgenet.data.cpus import default_loader_workers
-from cofrgenet.data.meta import PREPARE_LOCK, DataMeta
+from cofrgenet.data.meta import PREPARE_LOCK, DataMeta, prepare_command
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
@@ -708,7 +708,17 @@ def test_missing_data_folder_names_the_prepare_command(tmp_path):
     missing = tmp_path / "pydoc-bpe"
     with pytest.raises(DataFolderError) as info:
         TokenDataModule(str(missing), block_size=8, batch_size=2)
-    assert f"cofr data prepare --source pydoc --tokenizer bpe --out {missing}" in str(info.value)
+    # A bundled recipe's folder: its exact options (a BPE vocabulary is not in the name).
+    assert f"prepare --source pydoc --tokenizer bpe --vocab-size 2048 --out {missing}" in str(
+        info.value
+    )
+    quality = prepare_command("data/pydoc-bpe-quality")
+    assert quality.endswith("--vocab-size 2048 --val-fraction 0.15 --out data/pydoc-bpe-quality")
+    # Another name: its source and tokenizer when it starts with them, a suffix or not.
+    assert prepare_command("x/pydoc-bpe-mine") == (
+        "cofr data prepare --source pydoc --tokenizer bpe --out x/pydoc-bpe-mine"
+    )
+    assert prepare_command("x/mine") == "cofr data prepare --source pydoc --out x/mine"
     with pytest.raises(DataFolderError, match="cofr data prepare --source pydoc --out"):
         load_tokenizer(tmp_path / "elsewhere")
 

@@ -48,3 +48,27 @@ def test_one_base_may_be_named_without_a_list(tmp_path):
     (tmp_path / "exp.yaml").write_text(f"base: {ROOT / 'conf/trainer/cpu-debug.yaml'}\n")
     cli = ParseOnlyCLI(args=["fit", "--config", str(tmp_path / "exp.yaml")])
     assert cli.config.fit.trainer.max_steps == 20  # cpu-debug's
+
+
+def test_every_recipes_prepare_command_is_the_one_a_missing_folder_names():
+    """A recipe's header says how its data folder is made; a missing folder's error must
+    name that same command (it named a byte folder for the BPE quality recipe)."""
+    import re
+    import shlex
+
+    from cofrgenet.data.meta import prepare_command
+
+    checked = 0
+    for path in sorted([*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "sweeps").glob("*.yaml")]):
+        header = "\n".join(
+            line.lstrip("#").strip()
+            for line in path.read_text().splitlines()
+            if line.startswith("#")
+        )
+        header = header.replace("\\\n", " ")  # continued lines
+        for command in re.findall(r"cofr data prepare [^\n]*", header):
+            words = shlex.split(command)
+            out = words[words.index("--out") + 1]
+            assert " ".join(command.split()) == prepare_command(out), path
+            checked += 1
+    assert checked >= 4

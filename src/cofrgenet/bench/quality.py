@@ -684,10 +684,12 @@ def print_table(rows: list[Row]) -> None:
 
 
 def ensure_data(cfg: QualityBenchConfig) -> None:
-    """Make the default data folder from the bundled pydoc text when it is missing."""
-    if (Path(cfg.data_dir) / "meta.json").exists():
-        return
+    """Make the default data folder from the bundled pydoc text when it is missing; one
+    found there must have been made so (PrepareError naming what differs: a byte folder
+    under that name would be benchmarked silently)."""
     if cfg.data_dir != QualityBenchConfig.data_dir:
+        if (Path(cfg.data_dir) / "meta.json").exists():
+            return
         from cofrgenet.data.meta import DataFolderError
 
         raise DataFolderError(

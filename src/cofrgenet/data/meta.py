@@ -86,6 +86,15 @@ _SOURCE_HINTS = {
     "hf": "--dataset NAME",
 }
 _TOKENIZERS = ("byte", "bpe", "gpt2")
+#: The folders the bundled recipes train on (conf/, sweeps/), and the options that make
+#: them exactly: a folder name alone does not say a BPE vocabulary or a split
+#: (tests/test_recipes.py holds these to the recipes' headers).
+BUNDLED_FOLDERS = {
+    "pydoc-byte": "--source pydoc --tokenizer byte",
+    "pydoc-bpe": "--source pydoc --tokenizer bpe --vocab-size 2048",
+    "pydoc-bpe-quality": "--source pydoc --tokenizer bpe --vocab-size 2048 --val-fraction 0.15",
+    "openwebtext-gpt2": "--source hf --dataset openwebtext --tokenizer gpt2",
+}
 
 
 def prepare_command(
@@ -93,16 +102,24 @@ def prepare_command(
 ) -> str:
     """The ``cofr data prepare`` command line that makes the folder ``out``.
 
-    Default folder names are ``<source>-<tokenizer>`` (``<dataset>-<tokenizer>`` for hf);
-    when ``out`` follows them the command uses that source and tokenizer, else
-    ``unknown`` (the bundled default: ``--source pydoc``, byte tokenizer).
+    A bundled recipe's folder (:data:`BUNDLED_FOLDERS`) gets its exact options. Default
+    folder names are ``<source>-<tokenizer>`` (``<dataset>-<tokenizer>`` for hf), also
+    with a suffix (``pydoc-bpe-mine``); when ``out`` follows them the command uses that
+    source and tokenizer, else ``unknown`` (the bundled default: ``--source pydoc``,
+    byte tokenizer).
     """
     from cofrgenet.data.sources import HF_PRESETS
 
+    bundled = BUNDLED_FOLDERS.get(Path(out).name)
+    if bundled is not None:
+        words = ["cofr data prepare", bundled, f"--out {shlex.quote(str(out))}", extra]
+        return " ".join(w for w in words if w)
     words = ["cofr data prepare", unknown]
-    parts = Path(out).name.rsplit("-", 1)
-    if len(parts) == 2 and parts[1] in _TOKENIZERS:
-        name, tokenizer = parts
+    parts = Path(out).name.split("-")
+    # The tokenizer is the first part that names one: hf datasets may hold dashes.
+    at = next((i for i, part in enumerate(parts) if i and part in _TOKENIZERS), None)
+    if at is not None:
+        name, tokenizer = "-".join(parts[:at]), parts[at]
         if name in _SOURCE_HINTS:
             words = ["cofr data prepare", f"--source {name}", _SOURCE_HINTS[name]]
         elif name in HF_PRESETS:

@@ -11,7 +11,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
@@ -33,7 +33,7 @@ from cofrgenet.training.optim import (
     scales_loss,
     warmup_cosine,
 )
-from cofrgenet.training.perf import device_peak_flops, mfu
+from cofrgenet.training.perf import RunPeak
 from cofrgenet.training.pretrained import run_id_of
 from cofrgenet.training.strategies import (
     grad_square_sum,
@@ -116,7 +116,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self._last_batch_end: float | None = None
         self._stepped_at: float | None = None  # when the running batch's optimizer step ended
         self._after_validation = False  # time the next batch from its own start
-        self._peak_flops: float | None = None
+        self._peak: RunPeak | None = None
         #: Seeds every training batch's random draws (dropout) with the process's rank,
         #: epoch and batch: the global seed when the module is built (seed_everything's),
         #: or a resumed checkpoint's.
@@ -286,9 +286,17 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         # the length trained (data.block_size may be shorter than the model's block).
         flops = self.flops_per_token(batch.shape[1] - 1)
         self.log("perf/flops_per_s", flops * rate / self.trainer.world_size)
-        if self._peak_flops is None:
-            self._peak_flops = device_peak_flops(self.device, self.trainer.precision) or 0.0
-        utilisation = mfu(flops, rate, self._peak_flops, self.trainer.world_size)
+        if self._peak is None:
+            self._peak = RunPeak(self.device, self.trainer.precision)
+        warned = self._peak.too_low
+        step = self.trainer.global_step
+        utilisation = self._peak.mfu(flops, rate, self.trainer.world_size, step)
+        if self._peak.too_low and not warned:
+            rank_zero_warn(
+                f"perf/mfu is {utilisation:.0%} at step {step}: this CPU's matmul peak, "
+                "measured again, is below the rate the model's FLOPs count implies (other "
+                "processes may hold its cores at times); read perf/mfu as approximate"
+            )
         if utilisation is not None:
             self.log("perf/mfu", utilisation, prog_bar=True)
 

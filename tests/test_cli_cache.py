@@ -52,6 +52,17 @@ def test_unknown_keys_are_caught_before_lightning_once_the_keys_are_known(
     assert fast == slow and "unknown key 'trainer.max_stepz' in " in fast
     assert cli.main(["fit", "--config", DEMO, "--data.batch_sise", "3"]) == 2
     assert "did you mean 'data.batch_size'?" in capsys.readouterr().err
+    # A dashed option names what it was meant as, not a config file's section; the same
+    # from the full parser (first) and from the quick check.
+    assert cli.main(["fit", "--config", DEMO, "--run-name", "x"]) == 2
+    dashed = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown option --run-name: did you mean --run.name?" in dashed and " in " not in dashed
+    for flag, meant in (
+        ("--ckpt-path", "--ckpt_path"),
+        ("--trainer-max-steps", "--trainer.max_steps"),
+    ):
+        assert cli.main(["fit", "--config", DEMO, flag, "3"]) == 2
+        assert f"unknown option {flag}: did you mean {meant}?" in capsys.readouterr().err
     # What the parser accepts passes the quick check (nothing is flagged).
     words = ["--config", DEMO, "--trainer.callbacks+=helpers.StopAtStep",
              "--trainer.callbacks.step=5", "--model.config", "{}", "--model.optimizer.lr", "1"]  # fmt: skip

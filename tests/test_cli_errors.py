@@ -41,6 +41,13 @@ def test_a_typo_on_the_command_line_and_in_model_config(capsys):
     assert "unknown key 'model.optimizer.lrr' (did you mean 'model.optimizer.lr'?)" in line
 
 
+def test_a_dashed_option_is_named_as_typed_with_what_it_was_meant_as(capsys):
+    """The full parser's view (no key cache): `--run-name` was "unknown key 'run' in
+    demo-gpt2.yaml", blaming a valid file for a section the user never typed."""
+    line = one_line_error(capsys, ["fit", "--config", DEMO, "--run-name", "x"])
+    assert line.startswith("cofr fit: error: unknown option --run-name: did you mean --run.name?")
+
+
 def test_a_whole_config_file_given_to_a_section_option_says_to_use_config(capsys):
     """`--trainer FILE` reads FILE's keys as trainer's: a file `trainer: {...}` made
     'unknown key trainer.accelerator (did you mean trainer.accelerator?)'."""

@@ -16,6 +16,7 @@ everything works as without it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -151,10 +152,32 @@ def holds_key(path: str, dotted: str) -> bool:
     return _yaml_value(path, dotted) is not _MISSING
 
 
+def dashed_option(key: str, valid: Iterable[str]) -> str | None:
+    """The key a dashed option (``--run-name``, ``--trainer-max-steps``) was meant as,
+    its dashes read as dots or underscores (``run.name``, ``trainer.max_steps``); None
+    when no reading is a valid key."""
+    parts = key.split("-")
+    if len(parts) < 2 or len(parts) > 8:
+        return None
+    valid = set(valid)
+    for seps in itertools.product("._", repeat=len(parts) - 1):
+        meant = parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=True))
+        if meant in valid:
+            return meant
+    return None
+
+
 def unknown_key_message(
     subcommand: str, key: str, words: Sequence[str], valid: Iterable[str]
 ) -> str:
     """The one message for a key the parser does not know, with its file and a hint."""
+    valid = list(valid)
+    meant = dashed_option(key, valid)
+    if meant is not None:
+        return (
+            f"unknown option --{key}: did you mean --{meant}? (options are dotted keys, "
+            f"words joined by underscores); `cofr {subcommand} --help` lists every option"
+        )
     section = key.split(".", 1)[0]
     doubled = key in valid or key.startswith(f"{section}.{section}.")
     if doubled and f"--{section}" in words:  # `--trainer FILE` of a file `trainer: {...}`
@@ -187,6 +210,10 @@ def check_keys(subcommand: str, words: Sequence[str]) -> None:
     if keys is None:
         return
     valid = set(keys)
+    for word in words:  # --run-name: before the full parser, which blames a config file
+        key = option_key(word) if word.startswith("--") else ""
+        if "-" in key and key not in valid and dashed_option(key, valid) is not None:
+            raise ConfigError(unknown_key_message(subcommand, key, words, valid))
     given = [option_key(w) for w in words if w.startswith("--") and "." in w]
     for path in config_files(words):
         import yaml

@@ -590,7 +590,7 @@ class CofrCLI(LightningCLIAdapter):
             problem = "; ".join(p for p in problems[2:] if p) or "cannot be read"
             return f"{_given_key(key, words)} {value}: not valid YAML or JSON ({problem})"
         subcommand = words[0] if words and words[0] in self.subcommands() else None
-        match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.]+)", message)
+        match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.-]+)", message)
         if subcommand is None:
             return f"{message} (`cofr --help` lists the commands)"
         nested = _bad_nested_key(message)

@@ -1248,3 +1248,12 @@ def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_runs(tmp_
     assert held_at_meta == [True]
     prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]
+
+
+def test_a_corpus_of_one_text_file_says_how_to_make_more_documents(tmp_path):
+    """A single text file is the most natural first try: the error says that a file is a
+    document and how to give more than one."""
+    (tmp_path / "book.txt").write_text("one long text\n" * 100)
+    with pytest.raises(PrepareError, match=r"got 1: --source text reads one document per file"):
+        prepare_data(TextFilesSource(str(tmp_path / "book.txt")), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -550,6 +550,14 @@ def _make_folder(out: Path) -> None:
         raise PrepareError(f"cannot make --out {str(out)!r}: {why}; choose another --out") from err
 
 
+#: What to do about a corpus of one document, by source kind.
+_ONE_DOCUMENT_FIX = {
+    "text": "--source text reads one document per file: split the text into several files, "
+    "or write one document per line of a JSONL file for --source jsonl",
+    "jsonl": "--source jsonl reads one document per line; give more lines (or files)",
+}
+
+
 def _split(
     source: Source,
     val_source: Source | None,
@@ -561,6 +569,11 @@ def _split(
     ``split_args``): ``val_fraction`` of ``source`` at random, or ``val_source`` whole."""
     n = len(source) if max_docs is None else min(len(source), max_docs)
     if val_source is None:
+        if n == 1 and source.kind in _ONE_DOCUMENT_FIX:  # a first try: one text file
+            raise PrepareError(
+                f"need at least 2 documents to split into train and val, got 1: "
+                f"{_ONE_DOCUMENT_FIX[source.kind]}"
+            )
         train_idx, val_idx = split_documents(n, val_fraction, seed)
         split_args: dict[str, Any] = {
             "method": "random documents",

@@ -464,6 +464,28 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     assert "argument --port: must be at most 65535" in capsys.readouterr().err
 
 
+def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_path, monkeypatch):
+    """The server's output goes to a log file (the terminal shows cofr ui's own lines);
+    when it exits before answering, its last lines are printed."""
+    import mlflow
+
+    from cofrgenet.cli import main
+    from cofrgenet.training import ui
+
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    failing = [
+        sys.executable,
+        "-c",
+        "import sys; print('address already in use: boom'); sys.exit(3)",
+    ]
+    monkeypatch.setattr(ui, "ui_command", lambda args: failing)
+    assert main(["ui", "--runs-dir", str(tmp_path), "--port", "5093"]) == 1
+    captured = capsys.readouterr()
+    assert "the MLflow server exited (3); the end of its log, " in captured.err
+    assert "  address already in use: boom" in captured.err
+    assert "boom" not in captured.out
+
+
 def test_a_port_another_cofr_ui_claimed_is_passed_over():
     """Two `cofr ui` started together: the second does not take the port whose server is
     still starting (not yet listening); once the first lets go, the port is free again."""
@@ -532,6 +554,9 @@ def test_ui_serves_the_run_store(tiny_data, tmp_path):
             assert time.monotonic() < deadline and ui.poll() is None, lines
             lines.append(ui.stdout.readline().strip())
         assert f"port {port} is in use" in lines[0]
+        # Only cofr ui's own lines: the server's (uvicorn, warnings) go to its log file.
+        assert len(lines) == 3 and lines[1].startswith("starting the MLflow UI"), lines
+        assert ui.stdout.readline().startswith("server log: ")
         url = lines[-1].split()[2]
         served = url.split("/#/")[0]
         assert url.endswith("/#/experiments") and served != f"http://127.0.0.1:{port}"

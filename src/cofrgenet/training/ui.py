@@ -154,8 +154,14 @@ def run(args: argparse.Namespace) -> int:
     if port != args.port:
         print(f"port {args.port} is in use (another `cofr ui`?): using {port}")
     args.port = port
+    # The server's own output (uvicorn's access lines, deprecation warnings of its
+    # dependencies) goes to a log file: the terminal keeps the one line that matters.
+    log_path = Path(tempfile.gettempdir()) / f"cofr-ui-{os.getuid()}-{port}.log"
+    log = log_path.open("w")
     # Its own process group: on exit the whole group goes, so nothing keeps the port.
-    server = subprocess.Popen(ui_command(args), start_new_session=True)
+    server = subprocess.Popen(
+        ui_command(args), start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+    )
     base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"  # IPv6: [::1]
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
@@ -163,18 +169,36 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + START_TIMEOUT
         while not answers(f"{base}/health"):
             if server.poll() is not None:
-                print(f"the MLflow server exited ({server.returncode})", file=sys.stderr)
+                failed = f"the MLflow server exited ({server.returncode})"
+                print(
+                    f"{failed}; the end of its log, {log_path}:\n{_tail(log_path)}", file=sys.stderr
+                )
                 return 1
             if time.monotonic() > deadline:
-                print(f"the MLflow server did not answer in {START_TIMEOUT:.0f} s", file=sys.stderr)
+                print(
+                    f"the MLflow server did not answer in {START_TIMEOUT:.0f} s; its log: "
+                    f"{log_path}",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(0.5)
         # The experiments list (experiment tracking), not MLflow 3's GenAI landing page.
         print(f"MLflow UI: {base}/#/experiments  (Ctrl-C stops it)", flush=True)
+        print(f"server log: {log_path}", flush=True)
         return server.wait()
     except KeyboardInterrupt:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_group(server)
+        log.close()
         lock.close()  # the port is free again
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file, indented."""
+    with contextlib.suppress(OSError):
+        return "\n".join(
+            f"  {line}" for line in path.read_text(errors="replace").splitlines()[-lines:]
+        )
+    return "  (unreadable)"

@@ -654,3 +654,12 @@ def test_report_files_name_a_device_alike_in_every_bench():
     assert name_slug("NVIDIA H200") == "nvidia-h200"
     assert name_slug(" Tesla V100-SXM2 (16GB) ") == "tesla-v100-sxm2-16gb"
     assert device_slug("cpu") == "cpu"
+
+
+def test_a_negative_ladder_share_reads_as_noise():
+    """A Cffn layer timed faster than its own matmuls alone printed "ladders -21% of the
+    layer": a difference of two timings below zero is their noise."""
+    from cofrgenet.bench.ops.formatting import share
+
+    assert share(-0.21) == "<0% (noise)"
+    assert share(0.345) == "34%" and share(None) == "-"

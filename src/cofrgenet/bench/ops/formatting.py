@@ -22,6 +22,14 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def share(value: float | None) -> str:
+    """A share of a time, measured as a difference of two timings: below zero it is
+    within their noise (a layer timed faster than its own matmuls), and says so."""
+    if value is not None and value < 0:
+        return "<0% (noise)"
+    return percent(value)
+
+
 def speedup(value: float | None) -> str:
     """A ratio of times as ``12.3x``; ``-`` for None."""
     return "-" if value is None else f"{value:.1f}x"

@@ -18,7 +18,7 @@ from cofrgenet.atomic import write_text_atomic
 from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import name_slug
 from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
-from cofrgenet.bench.ops.formatting import ms, percent, speedup
+from cofrgenet.bench.ops.formatting import ms, percent, share, speedup
 from cofrgenet.bench.ops.results import Report, Result
 from cofrgenet.bench.ops.targets import TargetCheck
 from cofrgenet.bench.ops.workloads import Workload
@@ -65,7 +65,7 @@ def _fastest_cell(by_impl: dict[str, Result]) -> str:
     best = min(timed, key=lambda r: r.summary.median)
     name = f"auto ({best.resolved})" if best.impl == "auto" else best.impl
     if best.ladder_share is not None:
-        return f"{name}: ladders {percent(best.ladder_share)} of the layer"
+        return f"{name}: ladders {share(best.ladder_share)} of the layer"
     return f"{name}: {_gbps(best)}"
 
 
@@ -129,7 +129,7 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                 speedup(r.speedup),
                 "-" if r.gbps is None else f"{r.gbps:.1f}",
                 percent(r.copy_fraction),
-                percent(r.ladder_share),
+                share(r.ladder_share),
                 "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.1e}",
                 "-" if r.page_faults is None else str(r.page_faults),
             ]
@@ -244,7 +244,8 @@ whole `Cffn` layer (gate, U and ladders) on x (R, P). "fastest" names the fastes
 (auto only when the impl it picked was not timed itself) with its bandwidth: the minimum bytes the op must move (inputs read and
 outputs written once; fwd+bwd adds the backward's reads and gradient writes) over its
 median time, and that as a share of the copy bandwidth above; for Cffn layers, the
-ladders' share of the layer's time (1 - time of its matmuls alone / time of the layer).
+ladders' share of the layer's time (1 - time of its matmuls alone / time of the layer;
+"<0% (noise)" where the layer timed faster than its matmuls alone).
 "skipped": triton on a CPU, where only Triton's interpreter could run it.
 "other load" is the share of the machine's CPU that other processes used while that
 workload was timed (from /proc/stat); above {percent(BUSY_THRESHOLD)} its numbers are unreliable.

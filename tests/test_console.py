@@ -134,3 +134,24 @@ def test_the_training_bar_counts_optimizer_steps_over_the_whole_fit():
     assert 6 / wall <= rate <= 6 / (6 * 2 * 0.02), seen  # steps over the fit, not batches
     assert f"{rate:.2f} steps/s" in seen["text"] and "6/6" in seen["text"]
     assert seen["fields"]["remaining_s"] == 0
+
+
+def test_the_run_summary_ends_with_its_notes(caplog, tmp_path):
+    """What the start warned of that must not scroll away (a --ckpt_path last typo) is
+    printed again below the summary lines."""
+    import logging
+    from types import SimpleNamespace
+
+    from cofrgenet.training.console import RunSummary
+
+    notes: list[str] = []
+    summary = RunSummary(notes)
+    notes.append("note: this run started from scratch")  # added after the callback was made
+    trainer = SimpleNamespace(
+        default_root_dir=str(tmp_path), global_step=3, loggers=[], progress_bar_callback=None
+    )
+    with caplog.at_level(logging.INFO):
+        summary.on_fit_end(trainer, None)
+    lines = caplog.text.strip().splitlines()
+    assert any(f"run folder: {tmp_path}" in line for line in lines)
+    assert lines[-1].endswith("note: this run started from scratch")

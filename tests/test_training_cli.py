@@ -21,6 +21,7 @@ import yaml
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.cli import CofrCLI, ParseOnlyCLI, RunExistsError
+from cofrgenet.training.console import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -1260,11 +1261,17 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
             args=fit_args(tmp_path, tiny_data, "--run.name", "first", "--ckpt_path", run_folder)
         )
     with pytest.warns(UserWarning, match=r"frist does not exist.*did you mean 'first'") as said:
-        CofrCLI(
+        typo = CofrCLI(
             args=fit_args(tmp_path, tiny_data, *steps, "--run.name", "frist", "--ckpt_path", "last")
         )
     # Not Lightning's own warning too, whose hint (ModelCheckpoint(save_last=True)) misleads.
     assert not [w for w in said if "save_last" in str(w.message)]
+    # Said again below the summary lines, where the progress output cannot push it away.
+    (summary,) = [c for c in typo.trainer.callbacks if isinstance(c, RunSummary)]
+    assert summary.notes == [
+        f"note: this run started from scratch: --ckpt_path last found no "
+        f"{tmp_path / 'runs' / 'test' / 'frist'} (did you mean 'first'?)"
+    ]
 
 
 def test_a_runs_dir_under_a_file_is_one_line(tiny_data, tmp_path):

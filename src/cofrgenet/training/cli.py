@@ -384,6 +384,8 @@ class CofrCLI(LightningCLIAdapter):
     ) -> None:
         self.extra_callbacks = list(extra_callbacks or [])
         self.with_subcommands = run  # LightningCLI adds fit, validate, ... only to run one
+        #: Said again below the fit's summary lines (a start-up warning scrolls away).
+        self.summary_notes: list[str] = []
         quiet_known_noise()
         super().__init__(
             LanguageModel,
@@ -680,11 +682,16 @@ class CofrCLI(LightningCLIAdapter):
         if not run_dir.exists():  # a first start under SLURM or a sweep, or a typo
             parent = run_dir.parent
             names = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
+            hint = did_you_mean(run_dir.name, names)
             rank_zero_warn(
-                f"--ckpt_path last: {run_dir} does not exist, so this run starts from "
-                f"scratch{did_you_mean(run_dir.name, names)}"
+                f"--ckpt_path last: {run_dir} does not exist, so this run starts from scratch{hint}"
             )
             self._said_no_run_folder = True
+            if hint:  # a close name: more likely a typo than a first start
+                self.summary_notes.append(
+                    f"note: this run started from scratch: --ckpt_path last found no "
+                    f"{run_dir}{hint}"
+                )
 
     def check_not_overwriting(self, run_dir: Path) -> None:
         """A fresh fit must not overwrite the checkpoints of an earlier run, nor log into
@@ -850,7 +857,7 @@ class CofrCLI(LightningCLIAdapter):
         if not any(issubclass(k, RichProgressBar) for k in kinds):
             callbacks += [StepProgressBar(leave=True), ModelReport()]
         if self.subcommand == "fit" and RunSummary not in kinds:
-            callbacks.append(RunSummary())
+            callbacks.append(RunSummary(self.summary_notes))
         return callbacks
 
     def before_instantiate_classes(self) -> None:

@@ -213,13 +213,18 @@ class ModelReport(ModelSummary):
 
 
 class RunSummary(L.Callback):
-    """Three lines at the end of a fit: the run folder, its checkpoints, its MLflow run."""
+    """Three lines at the end of a fit: the run folder, its checkpoints, its MLflow run;
+    then ``notes``, what the start warned of that must not scroll away (the list may
+    grow until the fit ends)."""
+
+    def __init__(self, notes: list[str] | None = None):
+        self.notes = notes if notes is not None else []
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         bar = trainer.progress_bar_callback
         if isinstance(bar, RichProgressBar):  # its last redraw would land below the lines
             bar.teardown(trainer, pl_module, "fit")
-        rank_zero_info("\n".join(summary_lines(trainer)))
+        rank_zero_info("\n".join([*summary_lines(trainer), *self.notes]))
 
 
 def summary_lines(trainer: L.Trainer) -> list[str]:

@@ -406,6 +406,21 @@ def test_hf_source_without_network_names_offline_alternatives():
         HFSource("openwebtxt", loader=offline)  # a preset's name mistyped
 
 
+def test_a_hub_dataset_that_is_a_loading_script_says_how_to_read_its_parquet():
+    """datasets >= 4 refuses script datasets (OpenWebText's was one): the error names the
+    hub's Parquet conversion and the --source parquet command, not a network problem."""
+
+    def scripted(path, subset, *, split):
+        raise RuntimeError("Dataset scripts are no longer supported, but found openwebtext.py")
+
+    with pytest.raises(HFUnavailableError) as info:
+        HFSource("openwebtext", loader=scripted)
+    message = str(info.value)
+    assert "huggingface.co/datasets/Skylion007/openwebtext/tree/refs%2Fconvert%2Fparquet" in message
+    assert "--source parquet --path 'DIR/*.parquet' --text-field text" in message
+    assert "pip install 'datasets<4'" in message and "network" not in message
+
+
 def test_hf_source_without_datasets_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(HFUnavailableError, match=r"pip install datasets.*--source text"):

@@ -360,6 +360,9 @@ HF_PRESETS: dict[str, HFPreset] = {
     "lambada": HFPreset("cimec/lambada", None, "text", val_split="validation"),
 }
 
+#: What ``datasets`` >= 4 raises for a hub dataset that is a loading script.
+SCRIPTS_UNSUPPORTED = "Dataset scripts are no longer supported"
+
 #: ``loader(path, subset, split=...) -> dataset``: ``datasets.load_dataset`` by default.
 Loader = Callable[..., Any]
 
@@ -404,12 +407,24 @@ class HFSource(Source):
         except Exception as err:
             # A preset's name mistyped reads as another hub name: say which one was meant.
             hint = "" if preset else did_you_mean(dataset, list(HF_PRESETS))
+            if SCRIPTS_UNSUPPORTED in str(err):
+                fix = (
+                    f"{what} is a loading script, which `datasets` >= 4 no longer runs. Run "
+                    "this prepare with `pip install 'datasets<4'` (3.6 runs it), or prepare "
+                    "a Parquet copy with --source parquet --path 'DIR/*.parquet' --text-field "
+                    f"{self.text_field} (the hub's own conversion, "
+                    f"https://huggingface.co/datasets/{self.path}/tree/refs%2Fconvert%2Fparquet, "
+                    "may hold only part of a large dataset: compare its row count)."
+                )
+            else:
+                fix = (
+                    "Without network access to the hub (or a copy in the local HF cache, read "
+                    "with HF_HUB_OFFLINE=1), prepare a local copy instead: "
+                    f"{OFFLINE_ALTERNATIVES}."
+                )
             raise HFUnavailableError(
                 f"could not load {what}{hint}, split {self.split!r}: {type(err).__name__}: "
-                f"{err}\n"
-                "Without network access to the hub (or a copy in the local HF cache, read with "
-                "HF_HUB_OFFLINE=1), prepare a local copy instead: "
-                f"{OFFLINE_ALTERNATIVES}."
+                f"{err}\n{fix}"
             ) from err
         columns = getattr(self._ds, "column_names", None)
         if columns is None and len(self._ds):

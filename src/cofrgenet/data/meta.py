@@ -93,7 +93,7 @@ BUNDLED_FOLDERS = {
     "pydoc-byte": "--source pydoc --tokenizer byte",
     "pydoc-bpe": "--source pydoc --tokenizer bpe --vocab-size 2048",
     "pydoc-bpe-quality": "--source pydoc --tokenizer bpe --vocab-size 2048 --val-fraction 0.15",
-    "openwebtext-gpt2": "--source hf --dataset openwebtext --tokenizer gpt2",
+    "openwebtext-gpt2": "--source hf --dataset openwebtext --tokenizer gpt2 --val-fraction 0.01",
 }
 
 

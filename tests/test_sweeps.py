@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -815,32 +816,61 @@ def test_a_worker_with_an_allowed_edit_updates_the_study_s_stored_sweep(tmp_path
 
 
 def test_a_grid_may_grow_and_its_new_points_are_queued_once(tmp_path):
-    """Values added to a grid sweep's space: the study goes on with the new points queued
-    (once, whichever worker comes first), its finished trials kept. A grid that lost or
-    changed a point, or searches another key, is still refused."""
-    raw = {"study": "g", "space": {"a": [1, 2], "b": [3]}, "sampler": {"name": "grid"}}
+    """Values added to a grid sweep's ranges: the study goes on with the new points queued
+    (once, whichever worker comes first), its finished trials kept, and its trials take
+    their parameters (Optuna accepts a range's new bounds). A grid that lost a point, a
+    list of choices that changed (Optuna keeps those fixed: every trial would fail), or
+    another key, is still refused."""
+    a12 = {"type": "int", "low": 1, "high": 2}
+    raw = {"study": "g", "space": {"a": a12, "b": [3]}, "sampler": {"name": "grid"}}
     storage = st.open_storage(f"journal:{tmp_path / 'g.journal'}")
     study, _ = open_study(parse_sweep(raw), storage, 0)
-    first = study.get_trials(states=(TrialState.WAITING,))[0]
-    study.tell(study.ask(), 1.0)  # point a=1 done
-    assert st.trial_params(study.get_trials()[first.number]) == {"a": 1, "b": 3}
 
-    grown = parse_sweep({**raw, "space": {"a": [1, 2, 4], "b": [3, 5]}})
+    def run_next(sweep) -> optuna.Trial:
+        trial = study.ask()  # the next queued point, its parameters suggested as a trial does
+        assert {p.key: p.suggest(trial) for p in sweep.space} == trial.params
+        return trial
+
+    study.tell(run_next(parse_sweep(raw)), 1.0)  # point a=1 done
+    failed = study.ask()  # point a=2 fails after suggesting `a` alone: its params are
+    parse_sweep(raw).space[0].suggest(failed)  # partial, its point is not queued again
+    study.tell(failed, state=TrialState.FAIL)
+
+    grown = parse_sweep({**raw, "space": {"a": {**a12, "high": 4}, "b": [3]}})
     lock = tmp_path / "grid.lock"
     for offset in (1, 2):  # a second worker finds nothing more to queue
         study, created = open_study(grown, storage, offset, grid_lock=lock)
         assert not created
-        points = sorted(tuple(st.trial_params(t).values()) for t in study.get_trials())
+        points = sorted(tuple(st.grid_point(t).values()) for t in study.get_trials())
         assert points == sorted(tuple(point.values()) for point in grown.grid)
     assert study.user_attrs["cofr.sweep"] == grown.raw
-    assert [t.state for t in study.get_trials()].count(TrialState.COMPLETE) == 1
+    assert run_next(grown).params == {"a": 3, "b": 3}  # a new point trains
+    # A retry of the partial trial is for its whole point, and so not queued again either.
+    frozen = study.get_trials()[failed.number]
+    number = st.retry_trial(study, frozen, max_retry=3)
+    retry = study.get_trials()[number]
+    assert st.grid_point(retry) == {"a": 2, "b": 3} and retry.params == {"a": 2}
+    count = len(study.get_trials())
+    open_study(grown, storage, 5, grid_lock=lock)
+    assert len(study.get_trials()) == count
+    states = [t.state for t in study.get_trials()]
+    assert states.count(TrialState.COMPLETE) == 1 and states.count(TrialState.FAIL) == 1
 
-    for space in ({"a": [1, 4], "b": [3, 5]}, {"a": [1, 2, 4], "b": [3, 5], "c": [0]}):
-        with pytest.raises(SweepError, match=r"a grid may grow: values added, none removed"):
+    lost = {"a": {**a12, "low": 2, "high": 4}, "b": [3]}
+    for space in (lost, {"a": a12, "b": [3, 5]}, {"a": a12, "b": [3], "c": [0]}):
+        with pytest.raises(SweepError, match=r"a grid may grow: values added to int or float"):
             open_study(parse_sweep({**raw, "space": space}), storage, 3)
     with pytest.raises(SweepError, match=r"base: \[\] -> \['x.yaml'\]\)") as refused:
         open_study(parse_sweep({**grown.raw, "base": ["x.yaml"]}, resolve=False), storage, 3)
     assert "a grid may grow" not in str(refused.value)  # only the space may grow
+    # A worker refused for another objective queues nothing.
+    more = parse_sweep({**grown.raw, "space": {"a": {**a12, "high": 5}, "b": [3]}})
+    count = len(study.get_trials())
+    with pytest.raises(SweepError):
+        open_study(
+            replace(more, objective=replace(more.objective, direction="maximize")), storage, 4
+        )
+    assert len(study.get_trials()) == count
 
 
 def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp_path, monkeypatch):

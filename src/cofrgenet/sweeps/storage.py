@@ -648,6 +648,8 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
         k: v for k, v in trial.user_attrs.items() if not k.startswith(("cofr.", "slurm."))
     }
     user_attrs.pop(FAIL_REASON, None)
+    if GRID_POINT in trial.user_attrs:  # the point it retries (queue_missing_points)
+        user_attrs[GRID_POINT] = trial.user_attrs[GRID_POINT]
     # Grid bookkeeping belongs to the failed attempt.
     system_attrs.pop("grid_id", None)
     system_attrs.pop("search_space", None)
@@ -670,6 +672,13 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
 def trial_params(trial: FrozenTrial) -> dict[str, Any]:
     """The trial's parameter values: its params, or the grid point it is queued for."""
     return trial.params or dict(trial.user_attrs.get(GRID_POINT) or {})
+
+
+def grid_point(trial: FrozenTrial) -> dict[str, Any]:
+    """The grid point a trial is for: the one it was queued for, which a trial that
+    failed before suggesting every parameter holds whole (its params do not)."""
+    point = trial.user_attrs.get(GRID_POINT)
+    return dict(point) if point else dict(trial.params)
 
 
 def fail_trial(storage: BaseStorage, trial_id: int, reason: str) -> bool:

@@ -91,8 +91,9 @@ def open_study(
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
     ``extra``: this worker's ``--set`` settings, checked against the study's. A grid
-    sweep whose grid grew (values added, none removed) queues its new points, under
-    ``grid_lock`` (a file) so that workers starting together queue each once."""
+    sweep whose grid grew (ranges' values added, none removed) queues its new points once
+    every check passed, under ``grid_lock`` (a file) so that workers starting together
+    queue each once."""
     extra = dict(extra or {})
     kwargs = {
         "study_name": sweep.study,
@@ -116,14 +117,12 @@ def open_study(
             else:
                 points = len(old_points)
         wait_for_setup(study, sweep, points=points)  # the grid its creator queued
-        if sweep.is_grid:
-            with waiting_for(grid_lock) if grid_lock else contextlib.nullcontext():
-                queue_missing_points(study, sweep)
-        existing = len(study.get_trials(deepcopy=False))
-        study.sampler = make_sampler(sweep, offset + 7919 * existing)
-    if not created:
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
+        if sweep.is_grid:  # only once this worker may join: a refused one changes nothing
+            queue_missing_points(study, sweep, grid_lock)
+        existing = len(study.get_trials(deepcopy=False))
+        study.sampler = make_sampler(sweep, offset + 7919 * existing)
     stored_sweep = study.user_attrs.get("cofr.sweep") or {}
     if not created and stored_sweep != sweep.raw:
         # Its trials are the same (checked above); n_trials, the sampler, the pruner or
@@ -142,7 +141,9 @@ def open_study(
 def grown_grid(sweep: Sweep, stored: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The study's grid points (from ``stored``, the sweep file it was created from) when
     ``sweep`` only grows that grid: both grid sweeps, the same searched keys, every old
-    point still in the new grid, the rest of the trial sections alike. None otherwise."""
+    point still in the new grid, the rest of the trial sections alike, and no list of
+    choices changed (Optuna keeps a parameter's choices fixed within a study: every
+    trial would fail). None otherwise."""
     if not sweep.is_grid or (stored.get("sampler") or {}).get("name") != "grid":
         return None
     others = [
@@ -158,21 +159,37 @@ def grown_grid(sweep: Sweep, stored: dict[str, Any]) -> list[dict[str, Any]] | N
         old = grid_points(old_space)
     except SweepError:
         return None
-    new = sweep.grid
-    same_keys = [p.key for p in old_space] == [p.key for p in sweep.space]
-    if not same_keys or any(point not in new for point in old):
+    if [p.key for p in old_space] != [p.key for p in sweep.space]:
         return None
-    return old
+    if any(
+        old_param.kind == "categorical" and old_param.choices != new_param.choices
+        for old_param, new_param in zip(old_space, sweep.space, strict=True)
+    ):
+        return None
+    new = sweep.grid
+    return None if any(point not in new for point in old) else old
 
 
-def queue_missing_points(study: optuna.Study, sweep: Sweep) -> None:
-    """Queue the grid points no trial of the study has (queued, run, or retried): the
-    points a grown grid added."""
-    have = [st.trial_params(t) for t in study.get_trials(deepcopy=False)]
-    for point in sweep.grid:
-        if point not in have:
+def queue_missing_points(study: optuna.Study, sweep: Sweep, lock: Path | None = None) -> None:
+    """Queue the grid points no trial of the study is for (queued, run, or retried): the
+    points a grown grid added. Under ``lock`` (a file), taken only when points are
+    missing and where the file system can lock (else two workers starting together on
+    two hosts may both queue a point: it then trains twice)."""
+
+    def missing() -> list[dict[str, Any]]:
+        have = [st.grid_point(t) for t in study.get_trials(deepcopy=False)]
+        return [point for point in sweep.grid if point not in have]
+
+    if not missing():
+        return
+    with contextlib.ExitStack() as stack:
+        if lock is not None:
+            try:
+                stack.enter_context(waiting_for(lock))
+            except OSError as error:  # a shared file system without flock (ENOSYS)
+                log.warning(f"queueing the grown grid's points without a lock ({error})")
+        for point in missing():  # again, inside the lock: another worker may have
             study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
-            have.append(point)
 
 
 #: The sweep file's sections that say what a trial trains: a study's trials are ranked
@@ -210,7 +227,10 @@ def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
     ]
     if changes:
         in_space = all(change.startswith("space") for change in changes)
-        grows = " (a grid may grow: values added, none removed or changed)"
+        grows = (
+            " (a grid may grow: values added to int or float ranges, none removed; a "
+            "list of choices is fixed for the study's life, as Optuna keeps it)"
+        )
         grows = grows if sweep.is_grid and in_space else ""
         raise SweepError(
             f"study {sweep.study!r} was created from another version of this sweep "

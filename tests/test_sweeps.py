@@ -2277,3 +2277,29 @@ def test_the_studys_mlflow_run_is_not_left_running_by_the_last_worker_to_leave(t
     assert run_worker(sweep, report=False).done
     parent = parent_run()
     assert (parent.info.status, parent.data.tags["cofr.study_state"]) == ("FINISHED", "complete")
+
+
+def test_a_leaving_worker_does_not_leave_the_studys_run_killed_under_a_new_trial(
+    tmp_path, monkeypatch
+):
+    """Worker A leaves and sees no trial running; worker B takes one before A writes
+    KILLED: A looks again and sets the run RUNNING, without the stop's tag."""
+    from cofrgenet.sweeps import tracking
+    from cofrgenet.sweeps.worker import _settle_parent_run
+
+    sweep = parse_sweep({"study": "p", "space": {"a": [1, 2]}, "n_trials": 2})
+    storage = st.open_storage(f"journal:{tmp_path / 'p.journal'}")
+    study, _ = open_study(sweep, storage, 0)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = client.create_run(client.create_experiment("p")).info.run_id
+    written = tracking.set_parent_status
+
+    def status_then_b_takes_a_trial(client, run_id, status):
+        written(client, run_id, status)
+        if status == "KILLED":
+            study.ask()  # worker B's trial, RUNNING
+
+    monkeypatch.setattr(tracking, "set_parent_status", status_then_b_takes_a_trial)
+    _settle_parent_run(client, parent, study, sweep)
+    run = client.get_run(parent)
+    assert run.info.status == "RUNNING" and tracking.STUDY_STATE_TAG not in run.data.tags

@@ -424,9 +424,11 @@ def _config_and_train(
             tags, params,
         )  # fmt: skip
         child.append(child_id)
+    if ctx.mlflow_client is not None and ctx.parent_run_id:
+        from cofrgenet.sweeps import tracking
+
         # A worker that left early marked the study's run KILLED: it is live again.
-        if ctx.parent_run_id:
-            tracking.set_parent_status(ctx.mlflow_client, ctx.parent_run_id, "RUNNING")
+        tracking.mark_parent_running(ctx.mlflow_client, ctx.parent_run_id)
 
     if error is not None:
         reason = f"bad sample or sweep config: {error}"

@@ -134,6 +134,17 @@ def set_parent_status(client: MlflowClient, run_id: str, status: str) -> None:
         client.update_run(run_id, status=status)
 
 
+#: The study's run's tag that says how far a study its last worker left got.
+STUDY_STATE_TAG = "cofr.study_state"
+
+
+def mark_parent_running(client: MlflowClient, run_id: str) -> None:
+    """The study's run is live again: RUNNING, without the tag of an earlier stop."""
+    set_parent_status(client, run_id, "RUNNING")
+    with contextlib.suppress(MlflowException):  # no such tag: nothing to take back
+        client.delete_tag(run_id, STUDY_STATE_TAG)
+
+
 def run_id_in(run_dir: Path) -> str | None:
     """The MLflow run id a trial's run folder names (None before its run was made)."""
     id_file = run_dir / RUN_ID_FILE

@@ -576,19 +576,23 @@ def _settle_parent_run(client: Any, parent: str, study: optuna.Study, sweep: Swe
     Never raises: it runs on the way out of an error too."""
     from cofrgenet.sweeps import tracking
 
+    def running() -> bool:
+        return any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+
     try:
-        trials = study.get_trials(deepcopy=False)
         if study_done(study, sweep):
-            tracking.set_tags(client, parent, {"cofr.study_state": "complete"})
+            tracking.set_tags(client, parent, {tracking.STUDY_STATE_TAG: "complete"})
             tracking.set_parent_status(client, parent, "FINISHED")
-        elif not any(t.state == TrialState.RUNNING for t in trials):
-            used = st.budget_used(trials)
+        elif not running():
+            used = st.budget_used(study.get_trials(deepcopy=False))
             where = f" {sweep.path}" if sweep.path else ""
             state = (
                 f"stopped at {used} of {sweep.total_trials} trials: `cofr sweep run{where}` goes on"
             )
-            tracking.set_tags(client, parent, {"cofr.study_state": state})
+            tracking.set_tags(client, parent, {tracking.STUDY_STATE_TAG: state})
             tracking.set_parent_status(client, parent, "KILLED")
+            if running():  # another worker took a trial meanwhile: the study is live
+                tracking.mark_parent_running(client, parent)
     except Exception as error:  # the storage or the server is gone: the run stays as it was
         log.warning(f"the study's MLflow run {parent} was left as it was: {error}")
 

@@ -1274,6 +1274,20 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
     ]
 
 
+def test_a_first_slurm_start_is_not_taken_for_a_typo(tiny_data, tmp_path, monkeypatch):
+    """slurm/train.sbatch resumes with --ckpt_path last under the job's name: the first
+    start of job 4812377 beside job 4812350's run is no probable typo."""
+    (tmp_path / "runs" / "test" / "slurm-4812350").mkdir(parents=True)
+    monkeypatch.setenv("SLURM_JOB_ID", "4812377")
+    with pytest.warns(UserWarning, match=r"slurm-4812377 does not exist") as said:
+        cli = CofrCLI(
+            args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1", "--ckpt_path", "last")
+        )
+    assert not [w for w in said if "did you mean" in str(w.message)]
+    (summary,) = [c for c in cli.trainer.callbacks if isinstance(c, RunSummary)]
+    assert summary.notes == []
+
+
 def test_a_runs_dir_under_a_file_is_one_line(tiny_data, tmp_path):
     (tmp_path / "a-file").write_text("mine")
     runs = str(tmp_path / "a-file" / "runs")

@@ -682,7 +682,8 @@ class CofrCLI(LightningCLIAdapter):
         if not run_dir.exists():  # a first start under SLURM or a sweep, or a typo
             parent = run_dir.parent
             names = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
-            hint = did_you_mean(run_dir.name, names)
+            # A name of SLURM's (slurm-<job id>) is near its siblings' by nature: no hint.
+            hint = did_you_mean(run_dir.name, names) if run.name is not None else ""
             rank_zero_warn(
                 f"--ckpt_path last: {run_dir} does not exist, so this run starts from scratch{hint}"
             )

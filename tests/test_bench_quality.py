@@ -251,15 +251,30 @@ def test_the_help_says_what_an_unset_field_means(capsys):
 
 def test_the_default_data_folder_must_hold_the_benchmarks_tokens(tmp_path, monkeypatch):
     """A folder made otherwise under the default name (a byte prepare, following a wrong
-    hint) is refused, naming what differs, instead of being benchmarked silently."""
+    hint) is refused, naming what differs, instead of being benchmarked silently; one
+    made for the benchmark under another Python (pydoc's text records its version) is
+    taken as it is."""
+    import shutil
+
     from cofrgenet.bench.quality import ensure_data
-    from cofrgenet.data import PrepareError, PydocSource, prepare_data
+    from cofrgenet.data import DataFolderError, PydocSource, prepare_data
 
     monkeypatch.chdir(tmp_path)
     cfg = QualityBenchConfig()
     prepare_data(PydocSource(), cfg.data_dir, tokenizer="byte", max_docs=20, num_workers=1)
-    with pytest.raises(
-        PrepareError,
-        match=r"already prepared with other settings \(.*tokenizer: 'byte' there, 'bpe' asked",
-    ):
+    with pytest.raises(DataFolderError, match=r"other tokens than the benchmark's .*'byte'.*rm -r"):
         ensure_data(cfg)
+    shutil.rmtree(cfg.data_dir)
+    prepare_data(PydocSource(), cfg.data_dir, tokenizer="bpe", vocab_size=2048, val_fraction=0.15,
+                 max_docs=20, num_workers=1)  # fmt: skip
+    meta = Path(cfg.data_dir) / "meta.json"
+    text = json.loads(meta.read_text())
+    text["source_args"]["python"] = "3.0.1"
+    meta.write_text(json.dumps(text))
+    ensure_data(cfg)
+    # The missing-folder hint makes the same folder.
+    from cofrgenet.bench.quality import BENCH_DATA
+    from cofrgenet.data.meta import prepare_command
+
+    made_so = "--tokenizer {tokenizer} --vocab-size {vocab_size} --val-fraction {val_fraction}"
+    assert made_so.format(**BENCH_DATA) in prepare_command(cfg.data_dir)

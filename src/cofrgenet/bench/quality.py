@@ -685,23 +685,42 @@ def print_table(rows: list[Row]) -> None:
 
 def ensure_data(cfg: QualityBenchConfig) -> None:
     """Make the default data folder from the bundled pydoc text when it is missing; one
-    found there must have been made so (PrepareError naming what differs: a byte folder
-    under that name would be benchmarked silently)."""
-    if cfg.data_dir != QualityBenchConfig.data_dir:
-        if (Path(cfg.data_dir) / "meta.json").exists():
-            return
-        from cofrgenet.data.meta import DataFolderError
+    found there must hold the benchmark's tokens (a byte folder under that name would be
+    benchmarked silently): DataFolderError otherwise."""
+    from cofrgenet.data.meta import DataFolderError, read_meta
 
+    folder = Path(cfg.data_dir)
+    if cfg.data_dir != QualityBenchConfig.data_dir:
+        if (folder / "meta.json").exists():
+            return
         raise DataFolderError(
             f"--data-dir {cfg.data_dir}: no prepared data there (no meta.json); make it with "
             f"`cofr data prepare --out {cfg.data_dir}`, or leave --data-dir out to use "
             f"{QualityBenchConfig.data_dir} (made on first use)"
         )
+    if (folder / "meta.json").exists():
+        meta = read_meta(folder)
+        # What the numbers depend on; not the Python version pydoc's text came from.
+        made = {
+            "source": meta.source,
+            "tokenizer": meta.tokenizer,
+            "vocab_size": meta.tokenizer_args.get("requested_vocab_size"),
+            "val_fraction": meta.split_args.get("val_fraction"),
+        }
+        if made != {"source": "pydoc", **BENCH_DATA}:
+            raise DataFolderError(
+                f"{folder} holds other tokens than the benchmark's ({made}; the benchmark's: "
+                f"pydoc, {BENCH_DATA}): move it away (`rm -r {folder}`: the next run makes it "
+                "anew), or give --data-dir"
+            )
+        return
     from cofrgenet.data.prepare import prepare_data
 
-    prepare_data(
-        "pydoc", cfg.data_dir, tokenizer="bpe", vocab_size=2048, val_fraction=0.15, num_workers=1
-    )
+    prepare_data("pydoc", cfg.data_dir, num_workers=1, **BENCH_DATA)
+
+
+#: How the benchmark's default data folder is made (conf/experiment/quality-cpu.yaml's).
+BENCH_DATA = {"tokenizer": "bpe", "vocab_size": 2048, "val_fraction": 0.15}
 
 
 def run_benchmark(

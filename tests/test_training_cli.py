@@ -448,6 +448,7 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
         runs_dir=str(tmp_path), tracking_uri=None, host="127.0.0.1", port=5001
     )
     command = ui_command(args)
+    assert "--no-access-log" in command  # no line per request in the server's log
     assert (
         command[command.index("--backend-store-uri") + 1]
         == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
@@ -485,6 +486,11 @@ def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_pa
     assert "the MLflow server exited (3); the end of its log, " in captured.err
     assert "  address already in use: boom" in captured.err
     assert "boom" not in captured.out
+    # Its log file is not opened through a link another user left in /tmp.
+    victim, link = tmp_path / "victim", tmp_path / "cofr-ui.log"
+    victim.write_text("mine")
+    link.symlink_to(victim)
+    assert ui._open_log(link) is None and victim.read_text() == "mine"
 
 
 def test_a_port_another_cofr_ui_claimed_is_passed_over():

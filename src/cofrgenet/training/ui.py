@@ -57,6 +57,9 @@ def ui_command(args: argparse.Namespace) -> list[str]:
         args.host,
         "--port",
         str(args.port),
+        # No line per request in the server's log, which lives as long as the UI does.
+        "--uvicorn-opts",
+        "--no-access-log",
     ]
     artifacts = artifact_location(run)
     if artifacts:
@@ -154,13 +157,16 @@ def run(args: argparse.Namespace) -> int:
     if port != args.port:
         print(f"port {args.port} is in use (another `cofr ui`?): using {port}")
     args.port = port
-    # The server's own output (uvicorn's access lines, deprecation warnings of its
-    # dependencies) goes to a log file: the terminal keeps the one line that matters.
+    # The server's own output (start-up lines, deprecation warnings of its dependencies)
+    # goes to a log file: the terminal keeps the one line that matters.
     log_path = Path(tempfile.gettempdir()) / f"cofr-ui-{os.getuid()}-{port}.log"
-    log = log_path.open("w")
+    log = _open_log(log_path)
     # Its own process group: on exit the whole group goes, so nothing keeps the port.
     server = subprocess.Popen(
-        ui_command(args), start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+        ui_command(args),
+        start_new_session=True,
+        stdout=log if log is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"  # IPv6: [::1]
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -170,29 +176,41 @@ def run(args: argparse.Namespace) -> int:
         while not answers(f"{base}/health"):
             if server.poll() is not None:
                 failed = f"the MLflow server exited ({server.returncode})"
-                print(
-                    f"{failed}; the end of its log, {log_path}:\n{_tail(log_path)}", file=sys.stderr
-                )
+                if log is not None:
+                    failed += f"; the end of its log, {log_path}:\n{_tail(log_path)}"
+                print(failed, file=sys.stderr)
                 return 1
             if time.monotonic() > deadline:
+                where = f"; its log: {log_path}" if log is not None else ""
                 print(
-                    f"the MLflow server did not answer in {START_TIMEOUT:.0f} s; its log: "
-                    f"{log_path}",
+                    f"the MLflow server did not answer in {START_TIMEOUT:.0f} s{where}",
                     file=sys.stderr,
                 )
                 return 1
             time.sleep(0.5)
         # The experiments list (experiment tracking), not MLflow 3's GenAI landing page.
         print(f"MLflow UI: {base}/#/experiments  (Ctrl-C stops it)", flush=True)
-        print(f"server log: {log_path}", flush=True)
+        if log is not None:
+            print(f"server log: {log_path}", flush=True)
         return server.wait()
     except KeyboardInterrupt:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_group(server)
-        log.close()
+        if log is not None:
+            log.close()
         lock.close()  # the port is free again
+
+
+def _open_log(path: Path) -> IO[str] | None:
+    """``path`` opened for writing, anew; not through a link another user left in the
+    shared temporary folder. None when it cannot be (the server's output is dropped)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    return os.fdopen(fd, "w")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

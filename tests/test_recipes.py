@@ -56,9 +56,9 @@ def test_every_recipes_prepare_command_is_the_one_a_missing_folder_names():
     import re
     import shlex
 
-    from cofrgenet.data.meta import prepare_command
+    from cofrgenet.data.meta import BUNDLED_FOLDERS, prepare_command
 
-    checked = 0
+    checked, made = 0, set()
     for path in sorted([*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "sweeps").glob("*.yaml")]):
         header = "\n".join(
             line.lstrip("#").strip()
@@ -70,5 +70,6 @@ def test_every_recipes_prepare_command_is_the_one_a_missing_folder_names():
             words = shlex.split(command)
             out = words[words.index("--out") + 1]
             assert " ".join(command.split()) == prepare_command(out), path
-            checked += 1
+            checked, made = checked + 1, made | {Path(out).name}
     assert checked >= 4
+    assert set(BUNDLED_FOLDERS) <= made  # every bundled folder's command is a recipe's

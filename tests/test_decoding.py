@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.models.generation import decode_until
 from cofrgenet.nn.decoding import sample_next
 
 #: (preset, overrides): every attention mixer, every position encoding that reaches one.
@@ -188,3 +189,62 @@ def test_a_tiny_temperature_samples_the_arg_max():
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9], [-2.0, -7.0, -1.5, float("-inf")]])
     for temperature in (1e-40, 1e-30):
         assert sample_next(logits, temperature).flatten().tolist() == [1, 2]
+
+
+# -- decode_until: each row to its own stop (the evaluation harness's generate_until) --
+
+HARNESS_BLOCK, HARNESS_VOCAB = 32, 257  # bytes and EOS
+
+
+def full_recompute(model, idx, steps, max_length, stop_after=None):
+    """Greedy ids after each row of idx, re-reading the last max_length ids every step."""
+    out = []
+    for row in idx:
+        ids, new = row[None], []
+        for _ in range(steps):
+            with torch.no_grad():
+                token = model(ids[:, -max_length:])[0, -1].argmax()
+            new.append(int(token))
+            ids = torch.cat([ids, token.view(1, 1)], dim=1)
+            if stop_after is not None and new == stop_after:
+                break
+        out.append(new)
+    return out
+
+
+@pytest.mark.parametrize("attention", ["softmax", "cattn_u", "cattn_m"])
+def test_a_transformer_decodes_through_its_cache_like_a_full_recompute(attention, monkeypatch):
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset(
+        "gpt2-tiny-f", vocab_size=HARNESS_VOCAB, block_size=HARNESS_BLOCK, attention=attention
+    )
+    model = build_model(config).eval()
+    calls = []
+    forward = model.forward
+    monkeypatch.setattr(
+        model, "forward", lambda idx, cache=None: calls.append(idx.shape[1]) or forward(idx, cache)
+    )
+    idx = torch.tensor([list(b"abcd"), list(b"wxyz"), list(b"0123")])
+    expected = full_recompute(model, idx, 12, HARNESS_BLOCK)
+    stop_row0 = expected[0][:3]
+    expected[0] = stop_row0  # row 0 stops early and leaves the batch with its cache rows
+    calls.clear()
+    new = decode_until(
+        model,
+        idx,
+        12,
+        HARNESS_BLOCK,
+        choose=lambda logits: logits.argmax(-1, keepdim=True),
+        stopped=lambda tokens: tokens == stop_row0,
+    )
+    assert new == expected
+    assert calls == [4] + [1] * 11  # the prompt once, then one token a step
+    # Past max_length the window slides, and the cache gives way to a recompute.
+    long = torch.tensor([list(b"x" * (HARNESS_BLOCK - 2))])
+    expected = full_recompute(model, long, 6, HARNESS_BLOCK)
+    calls.clear()
+    new = decode_until(
+        model, long, 6, HARNESS_BLOCK, lambda lg: lg.argmax(-1, keepdim=True), lambda t: False
+    )
+    assert new == expected
+    assert calls == [HARNESS_BLOCK - 2, 1, 1] + [HARNESS_BLOCK] * 3

@@ -29,6 +29,7 @@ from cofrgenet.data.tokenizer import EOS_TEXT
 from cofrgenet.eval import harness
 from cofrgenet.eval.harness import HarnessError, HarnessNotInstalled, run_harness
 from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.models.generation import decode_until
 from cofrgenet.nn.decoding import sample_next
 from cofrgenet.training.generate import sample
 
@@ -277,7 +278,7 @@ def test_a_recurrent_model_generates_with_its_state_and_scores_like_a_transforme
     expected = [
         sample(model, idx[i : i + 1], 10, BLOCK, temperature=0)[0, 2:].tolist() for i in (0, 1)
     ]
-    new = harness.decode(
+    new = decode_until(
         model,
         idx,
         10,
@@ -290,60 +291,6 @@ def test_a_recurrent_model_generates_with_its_state_and_scores_like_a_transforme
     ((logprob, _),) = lm.loglikelihood(requests((context, continuation)))
     tokens = BYTES.encode(context + continuation)
     assert logprob == pytest.approx(direct_logprob(model, tokens[:-1], tokens[-2:]), abs=1e-5)
-
-
-def full_recompute(model, idx, steps, max_length, stop_after=None):
-    """Greedy ids after each row of idx, re-reading the last max_length ids every step."""
-    out = []
-    for row in idx:
-        ids, new = row[None], []
-        for _ in range(steps):
-            with torch.no_grad():
-                token = model(ids[:, -max_length:])[0, -1].argmax()
-            new.append(int(token))
-            ids = torch.cat([ids, token.view(1, 1)], dim=1)
-            if stop_after is not None and new == stop_after:
-                break
-        out.append(new)
-    return out
-
-
-@pytest.mark.parametrize("attention", ["softmax", "cattn_u", "cattn_m"])
-def test_a_transformer_decodes_through_its_cache_like_a_full_recompute(attention, monkeypatch):
-    torch.manual_seed(0)
-    config = ModelConfig.from_preset(
-        "gpt2-tiny-f", vocab_size=BYTES.vocab_size, block_size=BLOCK, attention=attention
-    )
-    model = build_model(config).eval()
-    calls = []
-    forward = model.forward
-    monkeypatch.setattr(
-        model, "forward", lambda idx, cache=None: calls.append(idx.shape[1]) or forward(idx, cache)
-    )
-    idx = torch.tensor([BYTES.encode("abcd"), BYTES.encode("wxyz"), BYTES.encode("0123")])
-    expected = full_recompute(model, idx, 12, BLOCK)
-    stop_row0 = expected[0][:3]
-    expected[0] = stop_row0  # row 0 stops early and leaves the batch with its cache rows
-    calls.clear()
-    new = harness.decode(
-        model,
-        idx,
-        12,
-        BLOCK,
-        choose=lambda logits: logits.argmax(-1, keepdim=True),
-        stopped=lambda tokens: tokens == stop_row0,
-    )
-    assert new == expected
-    assert calls == [4] + [1] * 11  # the prompt once, then one token a step
-    # Past max_length the window slides, and the cache gives way to a recompute.
-    long = torch.tensor([BYTES.encode("x" * (BLOCK - 2))])
-    expected = full_recompute(model, long, 6, BLOCK)
-    calls.clear()
-    new = harness.decode(
-        model, long, 6, BLOCK, lambda lg: lg.argmax(-1, keepdim=True), lambda t: False
-    )
-    assert new == expected
-    assert calls == [BLOCK - 2, 1, 1] + [BLOCK] * 3
 
 
 def test_a_transformer_refuses_max_length_past_block_size(ckpt):

@@ -1,12 +1,16 @@
-"""Token generation with the mixers' incremental decoding (``cofrgenet.nn.decoding``)."""
+"""Token generation with the mixers' incremental decoding (``cofrgenet.nn.decoding``):
+:func:`generate_cached` samples a fixed number of tokens (``cofr generate``),
+:func:`decode_until` continues each row until its own stop (the evaluation harness's
+``generate_until``), recurrent models included."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from cofrgenet.nn.decoding import sample_tokens
 from cofrgenet.nn.ladder import reusing_stacked_weights
@@ -90,3 +94,75 @@ def _sample_tokens(
     return sample_tokens(
         logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
     )
+
+
+def decode_until(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    max_length: int,
+    choose: Callable[[Tensor], Tensor],
+    stopped: Callable[[list[int]], bool],
+) -> list[list[int]]:
+    """New token ids of each row of ``idx`` (B, T): ``choose`` picks each next token from
+    the last logits, until ``stopped(new ids)`` or ``max_new_tokens``.
+
+    Recurrent models (with ``step``) read the prompt once and carry their hidden state.
+    Transformers whose mixers decode incrementally (``can_decode``, eval mode) read it
+    once into a decode cache while the context fits in ``max_length``, then re-read the
+    last ``max_length`` ids each step, as any other model does. Finished rows leave the
+    batch, with their rows of the state or cache.
+    """
+    if max_new_tokens <= 0:
+        return [[] for _ in range(idx.shape[0])]
+    with reusing_stacked_weights():
+        rows = list(range(idx.shape[0]))  # original row of each active row
+        new: list[list[int]] = [[] for _ in rows]
+        step = getattr(model, "step", None)
+        recurrent = callable(step)
+        state: Any = None
+        cache: Any = None
+        if recurrent:
+            logits, state = step(idx)
+        elif (
+            getattr(model, "can_decode", False)
+            and not model.training
+            and idx.shape[1] <= max_length
+        ):
+            cache = model.new_cache()
+            logits = model(idx, cache)
+        else:
+            logits = model(idx[:, -max_length:])
+        for i in range(max_new_tokens):
+            next_ids = choose(logits[:, -1, :])  # (B, 1)
+            keep = []
+            for r, token in enumerate(next_ids[:, 0].tolist()):
+                new[rows[r]].append(token)
+                if not stopped(new[rows[r]]):
+                    keep.append(r)
+            if not keep or i + 1 == max_new_tokens:
+                break
+            if len(keep) < len(rows):  # drop finished rows from the batch
+                rows = [rows[r] for r in keep]
+                index = torch.tensor(keep, device=idx.device)
+                idx, next_ids = idx[index], next_ids[index]
+                if recurrent:
+                    state = _select_rows(state, index)
+                elif cache is not None:
+                    cache.select_rows(index)
+            idx = torch.cat([idx, next_ids], dim=1)
+            if recurrent:
+                logits, state = step(next_ids, state)
+            elif cache is not None and idx.shape[1] <= max_length:
+                logits = model(next_ids, cache)
+            else:  # past max_length the window slides: recompute it
+                cache = None
+                logits = model(idx[:, -max_length:])
+        return new
+
+
+def _select_rows(state: Any, index: Tensor) -> Any:
+    """Rows ``index`` of a recurrent state: h (layers, B, H) or an LSTM's (h, c)."""
+    if isinstance(state, tuple):
+        return tuple(s[:, index] for s in state)
+    return state[:, index]

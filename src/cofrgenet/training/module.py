@@ -291,6 +291,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         warned = self._peak.too_low
         step = self.trainer.global_step
         utilisation = self._peak.mfu(flops, rate, self.trainer.world_size, step)
+        if self._peak.checked_at == step:  # measured again (~0.1 s): not the next step's time
+            self._last_batch_end = time.perf_counter()
         if self._peak.too_low and not warned:
             rank_zero_warn(
                 f"perf/mfu is {utilisation:.0%} at step {step}: this CPU's matmul peak, "

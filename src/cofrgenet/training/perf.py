@@ -96,15 +96,18 @@ class RunPeak:
     def __init__(self, device: torch.device, precision: str | int | None, recheck_steps: int = 50):
         self.device, self.precision, self.recheck_steps = device, precision, recheck_steps
         self.flops = device_peak_flops(device, precision) or 0.0
-        self._checked_at: int | None = None
+        #: The step at which the peak was last measured again (None: not yet).
+        self.checked_at: int | None = None
         self.too_low = False
 
-    def mfu(self, flops_per_token: float, tokens_per_sec: float, world_size: int, step: int):
+    def mfu(
+        self, flops_per_token: float, tokens_per_sec: float, world_size: int, step: int
+    ) -> float | None:
         """:func:`mfu` of the step against this peak (None without one)."""
         value = mfu(flops_per_token, tokens_per_sec, self.flops, world_size)
-        due = self._checked_at is None or step - self._checked_at >= self.recheck_steps
+        due = self.checked_at is None or step - self.checked_at >= self.recheck_steps
         if value is not None and value > 1 and self.device.type == "cpu" and due:
-            self._checked_at = step
+            self.checked_at = step
             self.flops = device_peak_flops(self.device, self.precision, again=True) or 0.0
             value = mfu(flops_per_token, tokens_per_sec, self.flops, world_size)
             self.too_low = value is not None and value > 1

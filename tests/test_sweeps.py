@@ -2303,3 +2303,30 @@ def test_a_leaving_worker_does_not_leave_the_studys_run_killed_under_a_new_trial
     _settle_parent_run(client, parent, study, sweep)
     run = client.get_run(parent)
     assert run.info.status == "RUNNING" and tracking.STUDY_STATE_TAG not in run.data.tags
+
+
+def test_a_grid_point_queued_twice_by_two_hosts_trains_once(tmp_path):
+    """Without a lock across hosts two workers may both queue a grown grid's point: the
+    later waiting copy is failed as a duplicate (with its reason); the first copy, and a
+    retry of a failed trial, are left alone."""
+    from cofrgenet.sweeps.worker import fail_duplicate_points
+
+    sweep = parse_sweep({"study": "d", "space": {"a": "int 1..2"}, "sampler": {"name": "grid"}})
+    storage = st.open_storage(f"journal:{tmp_path / 'd.journal'}")
+    study, _ = open_study(sweep, storage, 0)  # points a=1 (#0) and a=2 (#1) queued
+    running = study.ask()  # a=1 taken by a worker
+    for point in ({"a": 1}, {"a": 2}):  # the other host queued both again
+        study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
+    study.tell(running, state=TrialState.FAIL)
+    retry = st.retry_trial(study, st.frozen_trial(storage, study, running.number), max_retry=3)
+    fail_duplicate_points(study, storage)
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states == {
+        0: TrialState.FAIL,  # ran and failed: its retry (#4) and copy (#2) decide
+        1: TrialState.WAITING,  # a=2, first queued
+        2: TrialState.WAITING,  # a=1's copy, first of its point not failed
+        3: TrialState.FAIL,  # a=2's copy
+        4: TrialState.WAITING,  # the retry of #0
+    }
+    assert retry == 4
+    assert study.get_trials()[3].user_attrs[st.FAIL_REASON].startswith("duplicate of trial 1:")

@@ -120,7 +120,7 @@ def open_study(
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
         if sweep.is_grid:  # only once this worker may join: a refused one changes nothing
-            queue_missing_points(study, sweep, grid_lock)
+            queue_missing_points(study, storage, sweep, grid_lock)
         existing = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(sweep, offset + 7919 * existing)
     stored_sweep = study.user_attrs.get("cofr.sweep") or {}
@@ -170,11 +170,17 @@ def grown_grid(sweep: Sweep, stored: dict[str, Any]) -> list[dict[str, Any]] | N
     return None if any(point not in new for point in old) else old
 
 
-def queue_missing_points(study: optuna.Study, sweep: Sweep, lock: Path | None = None) -> None:
+def queue_missing_points(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    sweep: Sweep,
+    lock: Path | None = None,
+) -> None:
     """Queue the grid points no trial of the study is for (queued, run, or retried): the
     points a grown grid added. Under ``lock`` (a file), taken only when points are
-    missing and where the file system can lock (else two workers starting together on
-    two hosts may both queue a point: it then trains twice)."""
+    missing. Where the file system cannot lock across hosts, two workers starting
+    together may both queue a point: the later copy is then failed as a duplicate while
+    it still waits (:func:`fail_duplicate_points`)."""
 
     def missing() -> list[dict[str, Any]]:
         have = [st.grid_point(t) for t in study.get_trials(deepcopy=False)]
@@ -190,6 +196,27 @@ def queue_missing_points(study: optuna.Study, sweep: Sweep, lock: Path | None = 
                 log.warning(f"queueing the grown grid's points without a lock ({error})")
         for point in missing():  # again, inside the lock: another worker may have
             study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
+    fail_duplicate_points(study, storage)
+
+
+def fail_duplicate_points(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
+    """Fail each waiting trial whose grid point an earlier trial (waiting, running or
+    ended other than failed) is for already; retries (of a failed one) are left alone.
+    Every worker that queued points runs this after, so the later of two copies goes."""
+    first: dict[str, int] = {}
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        if trial.state == TrialState.FAIL or not trial.user_attrs.get(st.GRID_POINT):
+            continue
+        key = json.dumps(st.grid_point(trial), sort_keys=True, default=str)
+        retry = bool(trial.system_attrs.get("retry_history"))
+        if key not in first:
+            first[key] = trial.number
+        elif trial.state == TrialState.WAITING and not retry:
+            reason = (
+                f"duplicate of trial {first[key]}: two workers queued this point of the grown "
+                "grid at once (no lock across their hosts)"
+            )
+            st.fail_trial(storage, st.trial_id(storage, study, trial.number), reason)
 
 
 #: The sweep file's sections that say what a trial trains: a study's trials are ranked

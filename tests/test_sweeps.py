@@ -2330,3 +2330,21 @@ def test_a_grid_point_queued_twice_by_two_hosts_trains_once(tmp_path):
     }
     assert retry == 4
     assert study.get_trials()[3].user_attrs[st.FAIL_REASON].startswith("duplicate of trial 1:")
+
+
+def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tiny_data, tmp_path):
+    """budget.tokens 100 is one step of 4 x 32 tokens: Hyperband's min_resource 2 never
+    comes (as budget.steps 1 is refused); val_every past the last step leaves the pruner
+    the final validation alone. Both stop the worker before the study exists."""
+    data = {"data.data_dir": str(tiny_data)}
+    cases = (
+        ({"tokens": 100}, {"name": "hyperband", "min_resource": 2},
+         "pruner.min_resource: 2 is above the budget's 1 steps (what budget.tokens 100 makes)"),
+        ({"steps": 3, "val_every": 5}, {"name": "median"},
+         "budget.val_every: 5 is above the budget's 3 steps"),
+    )  # fmt: skip
+    for budget, pruner, message in cases:
+        sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=data))
+        with pytest.raises(SweepError, match=re.escape(message)):
+            run_worker(sweep, report=False, mlflow=False)
+        assert not list((tmp_path / "runs").rglob("*.journal"))

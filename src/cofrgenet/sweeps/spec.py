@@ -881,6 +881,32 @@ def budget_settings(sweep: Sweep, config: dict[str, Any] | None) -> list[tuple[s
     return out
 
 
+def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
+    """SweepError when the budget, in steps for a trial's ``config``, leaves the pruner
+    nothing to do: a tokens budget below Hyperband's ``min_resource`` (the steps budget
+    is checked when the sweep is read), or ``val_every`` past the last step (the pruner
+    would see the final validation alone)."""
+    settings = dict(budget_settings(sweep, config))
+    steps = settings.get("trainer.max_steps", get_dotted(config, "trainer.max_steps", -1))
+    if not isinstance(steps, int) or steps < 1:
+        return  # an epoch-limited fit: its steps are the data's to say
+    made = ""
+    if sweep.budget.steps is None and sweep.budget.tokens is not None:
+        made = f" (what budget.tokens {float(sweep.budget.tokens):g} makes)"
+    low = sweep.pruner.get("min_resource", 1)
+    if sweep.pruner.get("name") == "hyperband" and isinstance(low, int) and low > steps:
+        raise SweepError(
+            f"pruner.min_resource: {low} is above the budget's {steps} steps{made}, so "
+            "Hyperband would never prune; lower min_resource or raise the budget"
+        )
+    if sweep.budget.val_every is not None and sweep.budget.val_every > steps:
+        raise SweepError(
+            f"budget.val_every: {sweep.budget.val_every} is above the budget's {steps} "
+            f"steps{made}: a trial would validate once, at its end, and the pruner see "
+            "nothing before; lower val_every"
+        )
+
+
 def trial_config(
     sweep: Sweep, params: dict[str, Any], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from cofrgenet.sweeps.spec import (
     Sweep,
     SweepError,
     build_pruner,
+    check_budget,
     check_extra,
     check_same_objective,
     get_dotted,
@@ -639,6 +640,7 @@ def _checked_trial_config(
     try:
         probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
         check_model_values(sweep, probe)
+        check_budget(sweep, probe)
     except SweepError as error:
         raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
     check_data_folder(sweep, probe)

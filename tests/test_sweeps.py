@@ -113,6 +113,8 @@ def test_param_specs_read_ranges_and_choices():
     assert lr.kind == "float" and lr.log and lr.low == 1e-4 and lr.high == 3e-3
     assert parse_param("k", "int 2..16 step 2").grid_values() == [2, 4, 6, 8, 10, 12, 14, 16]
     assert parse_param("k", [1, 3, 5, 7]).choices == (1, 3, 5, 7)
+    with pytest.raises(SweepError, match=r"^space.k: low 8 > high 1$"):  # as written, not 8.0
+        parse_param("k", "int 8..1")
     assert parse_param("k", {"choices": ["a", "b"]}).kind == "categorical"
     for bad in ("int 1-8", "float 0..1 log", {"type": "int", "low": 1.5, "high": 3}, []):
         with pytest.raises(SweepError):
@@ -2348,3 +2350,19 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
         with pytest.raises(SweepError, match=re.escape(message)):
             run_worker(sweep, report=False, mlflow=False)
         assert not list((tmp_path / "runs").rglob("*.journal"))
+
+
+def test_a_later_sweep_file_shows_on_the_studys_run(tiny_data, tmp_path):
+    """n_trials extended by a later run: the study's MLflow run keeps its first params
+    (MLflow's cannot change) and says the new value as the tag latest/n_trials."""
+    overrides = {"data.data_dir": str(tiny_data)}
+    first = load_sweep(
+        write_sweep(tmp_path, n_trials=1, pruner={"name": "none"}, overrides=overrides)
+    )
+    result = run_worker(first, report=False)
+    more = load_sweep(
+        write_sweep(tmp_path, n_trials=2, pruner={"name": "none"}, overrides=overrides)
+    )
+    run_worker(more, report=False)
+    run = mlflow_client(tmp_path).get_run(result.study.user_attrs[st_parent_attr()])
+    assert run.data.params["n_trials"] == "1" and run.data.tags["latest/n_trials"] == "2"

@@ -175,7 +175,7 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         raise SweepError(f"space.{key}: type must be int or float (or give choices)")
     low, high = _number(value.get("low"), key), _number(value.get("high"), key)
     if not low <= high:
-        raise SweepError(f"space.{key}: low {low} > high {high}")
+        raise SweepError(f"space.{key}: low {low:g} > high {high:g}")
     log = value.get("log", False)
     if log in (None, 0, 1):  # an empty `log:`, or 0/1
         log = bool(log)

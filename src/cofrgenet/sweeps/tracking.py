@@ -82,6 +82,7 @@ def sweep_params(sweep: Sweep) -> dict[str, Any]:
         "objective.direction": sweep.objective.direction,
         "budget.steps": sweep.budget.steps,
         "budget.tokens": sweep.budget.tokens,
+        "budget.val_every": sweep.budget.val_every,
         "n_trials": sweep.total_trials,
         "base": [str(p) for p in sweep.base],
     }
@@ -117,6 +118,18 @@ def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: s
     if sweep.path is not None and sweep.path.is_file():
         client.log_text(run_id, sweep.path.read_text(), "sweep.yaml")
     return run_id
+
+
+def update_parent(client: MlflowClient, run_id: str, sweep: Sweep) -> None:
+    """The sweep file a later worker runs, on the study's run: the params it adds, and
+    for those it changes (``n_trials`` extended, another pruner) the tag ``latest/<key>``,
+    as MLflow params cannot change; the file itself as ``sweep.yaml`` again."""
+    params = {k: cut(v) for k, v in sweep_params(sweep).items()}
+    changed = log_new_params(client, run_id, params)
+    if changed:
+        set_tags(client, run_id, {f"latest/{k}": params[k] for k in changed})
+    if sweep.path is not None and sweep.path.is_file():
+        client.log_text(run_id, sweep.path.read_text(), "sweep.yaml")
 
 
 def run_missing(client: MlflowClient, run_id: str) -> bool:

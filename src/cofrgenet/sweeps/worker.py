@@ -668,6 +668,8 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
         if parent is None:
             parent = tracking.create_parent(client, run, sweep, hide_passwords(url))
             study.set_user_attr(PARENT_ATTR, parent)
+        else:
+            tracking.update_parent(client, parent, sweep)
     tracking.set_parent_status(client, parent, "RUNNING")
     return client, parent
 

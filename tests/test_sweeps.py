@@ -544,9 +544,9 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
             assert trial.state == TrialState.COMPLETE
     summary = (tmp_path / "runs" / "sweeps" / sweep.study / "report" / "summary.md").read_text()
     assert "non-finite loss" in summary and "Best trial" in summary
-    # 1 complete trial: the importances (if drawn) say they are not to be trusted.
-    if "![parameter importances]" in summary:
-        assert "from 1 complete trial(s) only: not reliable below 10" in summary
+    # 1 complete trial: no importances (equal bars that meant nothing), and it says why.
+    assert "![parameter importances]" not in summary
+    assert "1 complete trial(s): at least 2 needed" in summary
 
 
 def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
@@ -2366,3 +2366,19 @@ def test_a_later_sweep_file_shows_on_the_studys_run(tiny_data, tmp_path):
     run_worker(more, report=False)
     run = mlflow_client(tmp_path).get_run(result.study.user_attrs[st_parent_attr()])
     assert run.data.params["n_trials"] == "1" and run.data.tags["latest/n_trials"] == "2"
+
+
+def test_a_prune_reason_says_by_which_pruner_and_at_what_value():
+    """It said "pruned at step 6" alone: status, report and the MLflow tag carry it."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import _prune_reason
+
+    sweep = parse_sweep({"study": "s", "space": {"a": [1]}, "n_trials": 1,
+                         "pruner": {"name": "hyperband"}, "budget": {"steps": 6}})  # fmt: skip
+    ctx = SimpleNamespace(sweep=sweep)
+    assert (
+        _prune_reason(ctx, 6, 5.2134)
+        == "pruned at step 6 by the hyperband pruner (val/loss 5.213 there)"
+    )
+    assert _prune_reason(ctx, 2, None) == "pruned at step 2 by the hyperband pruner"

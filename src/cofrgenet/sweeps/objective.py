@@ -524,7 +524,7 @@ def _fit_outcome(
             TrialState.PRUNED,
             value=callback.last_value,
             step=callback.last_step,
-            reason=f"pruned at step {callback.pruned_at}",
+            reason=_prune_reason(ctx, callback.pruned_at, callback.last_value),
             run_dir=run_dir,
         )
     logged = dict(trainer.callback_metrics)
@@ -557,3 +557,10 @@ def _finish_mlflow(ctx: TrialContext, run_id: str | None, outcome: Outcome) -> N
         finish_child(ctx.mlflow_client, run_id, outcome)
     except Exception as error:  # tracking trouble must not lose the trial's result
         logging.getLogger("cofrgenet.sweeps").warning(f"MLflow: {error}")
+
+
+def _prune_reason(ctx: TrialContext, step: int, value: float | None) -> str:
+    """``pruned at step 6 by the hyperband pruner (val/loss 5.21 there)``: when, by which
+    rule, at what value (Optuna's pruners do not say against which trials)."""
+    at = "" if value is None else f" ({ctx.sweep.objective.metric} {value:.4g} there)"
+    return f"pruned at step {step} by the {ctx.sweep.pruner.get('name')} pruner{at}"

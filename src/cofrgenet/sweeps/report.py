@@ -110,7 +110,8 @@ def _optuna_plot(
             ax = getattr(ovm, name)(study, **kwargs)
         figure = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
         if caveat and hasattr(ax, "set_title"):
-            ax.set_title(f"{ax.get_title()}\n({caveat})", fontsize=9)
+            # Under the axis label: a second title line ran into optuna's own title.
+            ax.set_xlabel(f"{ax.get_xlabel()}\n({caveat})")
         _savefig(figure, path)
         plt.close(figure)
         return None
@@ -243,6 +244,10 @@ def _write_report(
         "parameter importances": ("plot_param_importances", "param_importances.png", {}),
         "intermediate values": ("plot_intermediate_values", "intermediate_values.png", {}),
     }
+    if complete < 2:  # one trial has no spread to apportion: equal bars that mean nothing
+        del plots["parameter importances"]
+        skipped["parameter importances"] = f"{complete} complete trial(s): at least 2 needed"
+        (out / "param_importances.png").unlink(missing_ok=True)
     for title, (name, file, kwargs) in plots.items():
         error = _optuna_plot(name, study, out / file, caveats.get(title), **kwargs)
         if error is None:

@@ -2382,3 +2382,25 @@ def test_a_prune_reason_says_by_which_pruner_and_at_what_value():
         == "pruned at step 6 by the hyperband pruner (val/loss 5.213 there)"
     )
     assert _prune_reason(ctx, 2, None) == "pruned at step 2 by the hyperband pruner"
+
+
+def test_a_pruner_that_judges_before_the_ladders_train_is_warned_of():
+    """With the paper's dyadic schedule no depth trains before half the budget: a
+    Hyperband rung at step 250 of 3050 compares untrained ladders."""
+    from cofrgenet.sweeps.spec import pruning_before_ladders
+
+    dyadic = [{"class_path": "cofrgenet.training.callbacks.DyadicUnfreezing",
+               "init_args": {"schedule": "paper"}}]  # fmt: skip
+    config = {"trainer": {"max_steps": 3050, "callbacks": dyadic}}
+    raw = {"study": "s", "space": {"a": [1]}, "n_trials": 1}
+    early = parse_sweep({**raw, "pruner": {"name": "hyperband", "min_resource": 250}})
+    warning = pruning_before_ladders(early, config)
+    assert warning is not None and "from step 250 (min_resource)" in warning
+    assert "no ladder depth trains before step 1525 of 3050" in warning
+    late = parse_sweep({**raw, "pruner": {"name": "hyperband", "min_resource": 1600}})
+    assert pruning_before_ladders(late, config) is None
+    median = parse_sweep({**raw, "pruner": {"name": "median"}})  # n_warmup_steps 0
+    assert "from step 0 (n_warmup_steps)" in pruning_before_ladders(median, config)
+    dyadic[0]["init_args"]["schedule"] = "none"
+    assert pruning_before_ladders(early, config) is None  # ladders train from step 0
+    assert pruning_before_ladders(parse_sweep({**raw, "pruner": {"name": "none"}}), config) is None

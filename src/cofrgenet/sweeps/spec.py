@@ -907,6 +907,39 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
         )
 
 
+def pruning_before_ladders(sweep: Sweep, config: dict[str, Any]) -> str | None:
+    """A warning when the pruner judges trials before their ladders train: with the
+    paper's dyadic schedule no ladder depth trains before half the budget, so a pruner
+    whose first judgement comes earlier compares models that differ in d and L only
+    by ladders still at their initial values. None when it does not."""
+    from cofrgenet.training.callbacks import release_step
+
+    settings = dict(budget_settings(sweep, config))
+    steps = settings.get("trainer.max_steps", get_dotted(config, "trainer.max_steps", -1))
+    callbacks = get_dotted(config, "trainer.callbacks", None) or []
+    schedules = [
+        (c.get("init_args") or {}).get("schedule", "paper")
+        for c in callbacks
+        if isinstance(c, dict) and str(c.get("class_path", "")).endswith("DyadicUnfreezing")
+    ]
+    name = sweep.pruner.get("name")
+    first = {"hyperband": "min_resource", "sha": "min_resource"}.get(name, "n_warmup_steps")
+    judged = sweep.pruner.get(first, 1 if first == "min_resource" else 0)
+    if name == "none" or not isinstance(judged, int) or not isinstance(steps, int):
+        return None  # no pruner, or its first step is its own to pick ("auto")
+    if steps < 1 or schedules[:1] != ["paper"]:  # its depth 1, the first, trains from t/2
+        return None
+    released = release_step(1, steps, "paper")
+    if judged >= released:
+        return None
+    return (
+        f"the {name} pruner judges trials from step {judged} ({first}), but with the "
+        f"paper's dyadic schedule no ladder depth trains before step {released} of "
+        f"{steps}: earlier prunes compare untrained ladders. Raise {first} past "
+        f"{released}, or search without the schedule (DyadicUnfreezing schedule: none)"
+    )
+
+
 def trial_config(
     sweep: Sweep, params: dict[str, Any], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:

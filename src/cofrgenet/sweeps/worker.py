@@ -51,6 +51,7 @@ from cofrgenet.sweeps.spec import (
     get_dotted,
     grid_points,
     parse_param,
+    pruning_before_ladders,
     trial_config,
 )
 from cofrgenet.sweeps.tracking import PARENT_ATTR
@@ -641,6 +642,8 @@ def _checked_trial_config(
         probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
         check_model_values(sweep, probe)
         check_budget(sweep, probe)
+        if (warning := pruning_before_ladders(sweep, probe)) is not None:
+            log.warning(warning)
     except SweepError as error:
         raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
     check_data_folder(sweep, probe)

@@ -1593,6 +1593,7 @@ def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):
     runs = str(tmp_path / "runs")
     line = one_line_error(capsys, ["sweep", "status", "tiny-cpy", "--runs-dir", runs])
     assert "no study 'tiny-cpy' at " in line and "(did you mean 'tiny-cpu'?)" in line
+    assert "the --runs-dir its workers ran in" in line  # a study run elsewhere: say how
 
 
 def test_a_storage_or_runs_folder_under_a_file_is_one_line(tiny_data, tmp_path, capsys):

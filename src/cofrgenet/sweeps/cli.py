@@ -231,7 +231,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
                 studies = [p.parent.name for p in path.parent.parent.glob("*/optuna.journal")]
                 raise SweepError(
                     f"no study {name!r} at {path}{did_you_mean(name, studies)}: give its "
-                    "sweep file, or the --storage URL its workers were given"
+                    "sweep file, the --runs-dir its workers ran in, or the --storage URL "
+                    "they were given"
                 )
             url = f"journal:{path.resolve()}"
         sweep = None

@@ -407,28 +407,26 @@ def _config_and_train(
     sweep = ctx.sweep
     args, config, error = _trial_config(ctx, params, run_dir)
     mlflow_on = ctx.run_mlflow if config is None else get_dotted(config, "run.mlflow", True)
-    if ctx.mlflow_client is not None and mlflow_on:
+    if ctx.mlflow_client is not None:  # not imported otherwise: mlflow is slow to import
         from cofrgenet.sweeps import tracking
 
-        tags = {
-            "optuna.study": sweep.study,
-            "optuna.trial_number": trial.number,
-            "optuna.first_trial_number": root,
-            "optuna.retry_history": frozen.system_attrs.get("retry_history"),
-            "optuna.state": "RUNNING",
-            "optuna.worker": ctx.worker.label,
-            **ctx.worker.slurm,
-        }
-        child_id = tracking.child_run(
-            ctx.mlflow_client, tracking.run_config(sweep, ctx.runs_dir), run_dir, ctx.parent_run_id,
-            tags, params,
-        )  # fmt: skip
-        child.append(child_id)
-    if ctx.mlflow_client is not None and ctx.parent_run_id:
-        from cofrgenet.sweeps import tracking
-
-        # A worker that left early marked the study's run KILLED: it is live again.
-        tracking.mark_parent_running(ctx.mlflow_client, ctx.parent_run_id)
+        if mlflow_on:
+            tags = {
+                "optuna.study": sweep.study,
+                "optuna.trial_number": trial.number,
+                "optuna.first_trial_number": root,
+                "optuna.retry_history": frozen.system_attrs.get("retry_history"),
+                "optuna.state": "RUNNING",
+                "optuna.worker": ctx.worker.label,
+                **ctx.worker.slurm,
+            }
+            run = tracking.run_config(sweep, ctx.runs_dir)
+            child.append(
+                tracking.child_run(ctx.mlflow_client, run, run_dir, ctx.parent_run_id, tags, params)
+            )
+        if ctx.parent_run_id:
+            # A worker that left early marked the study's run KILLED: it is live again.
+            tracking.mark_parent_running(ctx.mlflow_client, ctx.parent_run_id)
 
     if error is not None:
         reason = f"bad sample or sweep config: {error}"

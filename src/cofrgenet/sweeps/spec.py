@@ -881,15 +881,22 @@ def budget_settings(sweep: Sweep, config: dict[str, Any] | None) -> list[tuple[s
     return out
 
 
+def budget_steps(sweep: Sweep, config: dict[str, Any]) -> int | None:
+    """The optimizer steps a trial of ``config`` trains: the budget's, else the config's
+    ``trainer.max_steps``; None for an epoch-limited fit (its steps are the data's)."""
+    settings = dict(budget_settings(sweep, config))
+    steps = settings.get("trainer.max_steps", get_dotted(config, "trainer.max_steps", -1))
+    return steps if isinstance(steps, int) and steps >= 1 else None
+
+
 def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
     """SweepError when the budget, in steps for a trial's ``config``, leaves the pruner
     nothing to do: a tokens budget below Hyperband's ``min_resource`` (the steps budget
     is checked when the sweep is read), or ``val_every`` past the last step (the pruner
     would see the final validation alone)."""
-    settings = dict(budget_settings(sweep, config))
-    steps = settings.get("trainer.max_steps", get_dotted(config, "trainer.max_steps", -1))
-    if not isinstance(steps, int) or steps < 1:
-        return  # an epoch-limited fit: its steps are the data's to say
+    steps = budget_steps(sweep, config)
+    if steps is None:
+        return
     made = ""
     if sweep.budget.steps is None and sweep.budget.tokens is not None:
         made = f" (what budget.tokens {float(sweep.budget.tokens):g} makes)"
@@ -914,8 +921,7 @@ def pruning_before_ladders(sweep: Sweep, config: dict[str, Any]) -> str | None:
     by ladders still at their initial values. None when it does not."""
     from cofrgenet.training.callbacks import release_step
 
-    settings = dict(budget_settings(sweep, config))
-    steps = settings.get("trainer.max_steps", get_dotted(config, "trainer.max_steps", -1))
+    steps = budget_steps(sweep, config)
     callbacks = get_dotted(config, "trainer.callbacks", None) or []
     schedules = [
         (c.get("init_args") or {}).get("schedule", "paper")
@@ -925,9 +931,9 @@ def pruning_before_ladders(sweep: Sweep, config: dict[str, Any]) -> str | None:
     name = sweep.pruner.get("name")
     first = {"hyperband": "min_resource", "sha": "min_resource"}.get(name, "n_warmup_steps")
     judged = sweep.pruner.get(first, 1 if first == "min_resource" else 0)
-    if name == "none" or not isinstance(judged, int) or not isinstance(steps, int):
-        return None  # no pruner, or its first step is its own to pick ("auto")
-    if steps < 1 or schedules[:1] != ["paper"]:  # its depth 1, the first, trains from t/2
+    if name == "none" or not isinstance(judged, int) or steps is None:
+        return None  # no pruner, its first step is its own to pick ("auto"), or no steps
+    if schedules[:1] != ["paper"]:  # its depth 1, the first, trains from t/2
         return None
     released = release_step(1, steps, "paper")
     if judged >= released:

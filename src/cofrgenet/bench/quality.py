@@ -690,15 +690,16 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     from cofrgenet.data.meta import DataFolderError, read_meta
 
     folder = Path(cfg.data_dir)
+    prepared = (folder / "meta.json").exists()
     if cfg.data_dir != QualityBenchConfig.data_dir:
-        if (folder / "meta.json").exists():
+        if prepared:
             return
         raise DataFolderError(
             f"--data-dir {cfg.data_dir}: no prepared data there (no meta.json); make it with "
             f"`cofr data prepare --out {cfg.data_dir}`, or leave --data-dir out to use "
             f"{QualityBenchConfig.data_dir} (made on first use)"
         )
-    if (folder / "meta.json").exists():
+    if prepared:
         meta = read_meta(folder)
         # What the numbers depend on; not the Python version pydoc's text came from.
         made = {

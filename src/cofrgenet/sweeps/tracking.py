@@ -27,6 +27,7 @@ from cofrgenet.training.run_store import (
     cut,
     flatten,
     log_new_params,
+    log_params_tagging_changes,
     tracking_uri,
 )
 
@@ -114,20 +115,16 @@ def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: s
         },
     )
     run_id = parent.info.run_id
-    log_params(client, run_id, sweep_params(sweep))
-    if sweep.path is not None and sweep.path.is_file():
-        client.log_text(run_id, sweep.path.read_text(), "sweep.yaml")
+    update_parent(client, run_id, sweep)
     return run_id
 
 
 def update_parent(client: MlflowClient, run_id: str, sweep: Sweep) -> None:
-    """The sweep file a later worker runs, on the study's run: the params it adds, and
-    for those it changes (``n_trials`` extended, another pruner) the tag ``latest/<key>``,
-    as MLflow params cannot change; the file itself as ``sweep.yaml`` again."""
-    params = {k: cut(v) for k, v in sweep_params(sweep).items()}
-    changed = log_new_params(client, run_id, params)
-    if changed:
-        set_tags(client, run_id, {f"latest/{k}": params[k] for k in changed})
+    """The sweep file a worker runs, on the study's run (the first, from
+    :func:`create_parent`, or a later one's): the params it adds, for those it changes
+    (``n_trials`` extended, another pruner) the tag ``latest/<key>`` as MLflow params
+    cannot change, and the file itself as ``sweep.yaml``."""
+    log_params_tagging_changes(client, run_id, {k: cut(v) for k, v in sweep_params(sweep).items()})
     if sweep.path is not None and sweep.path.is_file():
         client.log_text(run_id, sweep.path.read_text(), "sweep.yaml")
 

@@ -260,6 +260,18 @@ def log_new_params(client: Any, run_id: str, params: dict[str, str]) -> list[str
     return [k for k, v in params.items() if k in existing and existing[k] != v]
 
 
+def log_params_tagging_changes(client: Any, run_id: str, params: dict[str, str]) -> list[str]:
+    """:func:`log_new_params`, and for each param the run holds with another value the
+    tag ``latest/<key>`` with the new one (a resume with more steps, a sweep's extended
+    ``n_trials``: MLflow params cannot change); returns those keys."""
+    from mlflow.entities import RunTag
+
+    changed = log_new_params(client, run_id, params)
+    if changed:
+        client.log_batch(run_id, tags=[RunTag(f"latest/{k}", params[k]) for k in changed])
+    return changed
+
+
 def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     """Nested dicts/lists -> {"a.b.0": "value"} with values cut to MAX_PARAM_LENGTH."""
     flat: dict[str, str] = {}

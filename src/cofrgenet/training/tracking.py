@@ -17,7 +17,7 @@ from cofrgenet.training.run_store import (
     STOPPED_AT_TAG,
     code_tags,
     flatten,
-    log_new_params,
+    log_params_tagging_changes,
 )
 
 #: Top-level keys of ``cofr fit``'s config that are how it was invoked, not what trains:
@@ -219,11 +219,8 @@ class CofrMLFlowLogger(MLFlowLogger):
         change, and sets the new one as the tag ``latest/<key>``."""
         client, run_id = self.experiment, self.run_id
         params = {**run_params(config, model_config), **(data or {})}
-        changed = log_new_params(client, run_id, params)
+        changed = log_params_tagging_changes(client, run_id, params)
         if changed:
-            from mlflow.entities import RunTag
-
-            client.log_batch(run_id, tags=[RunTag(f"latest/{k}", params[k]) for k in changed])
             shown = ", ".join(changed[:5]) + ("..." if len(changed) > 5 else "")
             rank_zero_info(  # a resume with more steps is routine: no warning
                 f"MLflow: {shown} changed since the run began; its params keep the first "

@@ -2277,7 +2277,16 @@ def test_the_studys_mlflow_run_is_not_left_running_by_the_last_worker_to_leave(t
     assert parent.data.tags["cofr.study_state"] == (
         f"stopped at 1 of 2 trials: `cofr sweep run {sweep_path}` goes on"
     )
+    # A worker that joins: the run is live from its start, not only from its first trial.
+    from cofrgenet.sweeps.worker import _parent_run
+
+    _parent_run(sweep, str(tmp_path / "runs"), result.study, "journal")
+    parent = parent_run()
+    assert parent.info.status == "RUNNING" and "cofr.study_state" not in parent.data.tags
     assert run_worker(sweep, report=False).done
+    parent = parent_run()
+    assert (parent.info.status, parent.data.tags["cofr.study_state"]) == ("FINISHED", "complete")
+    _parent_run(sweep, str(tmp_path / "runs"), result.study, "journal")  # a late worker
     parent = parent_run()
     assert (parent.info.status, parent.data.tags["cofr.study_state"]) == ("FINISHED", "complete")
 

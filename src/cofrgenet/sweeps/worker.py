@@ -651,7 +651,8 @@ def _checked_trial_config(
 
 
 def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> tuple[Any, str]:
-    """The MLflow client and the study's parent run (created by the first worker), RUNNING."""
+    """The MLflow client and the study's parent run (created by the first worker), RUNNING
+    unless the study is done."""
     from cofrgenet.sweeps import tracking
 
     run = tracking.run_config(sweep, runs_dir)
@@ -673,7 +674,8 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
             study.set_user_attr(PARENT_ATTR, parent)
         else:
             tracking.update_parent(client, parent, sweep)
-    tracking.set_parent_status(client, parent, "RUNNING")
+    if not study_done(study, sweep):  # live again: without the tag of an earlier stop
+        tracking.mark_parent_running(client, parent)
     return client, parent
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import lightning as L
@@ -53,17 +54,28 @@ class SignalAtStep(L.Callback):
     ``during="start"``, at the fit's start, before any step; ``during="sanity"``, in the
     sanity check's validation): a kill or a Ctrl-C that
     lands mid-step, mid-validation or while starting, deterministically. ``times=2``
-    sends it twice in a row (an impatient second Ctrl-C)."""
+    sends it twice in a row (an impatient second Ctrl-C). ``group=True`` sends it to the
+    whole process group, data loader workers included, as SLURM and a terminal do (the
+    process must lead its own group: ``start_new_session``)."""
 
-    def __init__(self, step: int, signum: int, during: str = "training", times: int = 1) -> None:
+    def __init__(
+        self, step: int, signum: int, during: str = "training", times: int = 1,
+        group: bool = False,
+    ) -> None:  # fmt: skip
         self.step, self.signum, self.during, self.times = step, signum, during, times
+        self.group = group
         self.sent = False
 
     def _send(self, trainer) -> None:
         if trainer.global_step == self.step and not self.sent:
             self.sent = True
             for _ in range(self.times):
-                os.kill(os.getpid(), self.signum)
+                if self.group:  # sent by another process, as SLURM's slurmstepd does
+                    assert os.getpgid(0) == os.getpid(), "not a group of its own"
+                    kill = ["kill", f"-{self.signum}", "--", f"-{os.getpgid(0)}"]
+                    subprocess.run(kill, check=True, start_new_session=True)
+                else:
+                    os.kill(os.getpid(), self.signum)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.during == "start":  # the MLflow run exists, no step has run

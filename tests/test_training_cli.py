@@ -693,15 +693,41 @@ def test_a_resume_applies_the_optimizer_settings_it_is_given(tiny_data, tmp_path
     assert all(int(optimizer.state[p]["step"]) == 6 for p in resumed.model.parameters())
 
 
-def cofr_in_a_process(args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
-    """``cofr <args>`` in its own process (signals to it stay there), with the tests'
-    helpers (``sweep_helpers.SignalAtStep``) importable; the result and its whole output."""
+def cofr_in_a_process(
+    args: list[str], own_group: bool = False
+) -> tuple[subprocess.CompletedProcess, str]:
+    """``cofr <args>`` in its own process (signals to it stay there; ``own_group``: in a
+    process group of its own, for signals to the group), with the tests' helpers
+    (``sweep_helpers.SignalAtStep``) importable; the result and its whole output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
     env.pop("MLFLOW_TRACKING_URI", None)  # set by earlier in-process runs (mlflow does)
     proc = subprocess.run(
-        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
-    )
+        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env,
+        start_new_session=own_group,
+    )  # fmt: skip
     return proc, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_process_group_stops_at_the_step_end_with_loader_workers(
+    tiny_data, tmp_path, signum
+):
+    """SLURM signals every process of a job step, a terminal's Ctrl-C its whole group:
+    data loader workers too. A worker killed by SIGTERM made the trainer raise mid-step
+    ("DataLoader worker ... killed by signal"), with no save and the run FAILED."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "group", "--trainer.max_steps", "12",
+        "--data.num_workers", "1", "--trainer.callbacks+=sweep_helpers.SignalAtStep",
+        "--trainer.callbacks.step=5", f"--trainer.callbacks.signum={signum}",
+        "--trainer.callbacks.group=true",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args, own_group=True)
+    assert proc.returncode == 128 + signum, out[-3000:]
+    assert "killed by signal" not in out and "exited unexpectedly" not in out
+    last = tmp_path / "runs" / "test" / "group" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+    (run,) = mlflow_runs(tmp_path / "runs").itertuples()
+    assert run.status == "KILLED"
 
 
 @pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])

@@ -13,6 +13,7 @@ sequence.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,27 @@ def batch_to_xy(batch: Tensor) -> tuple[Tensor, Tensor]:
     """``(B, T + 1)`` tokens -> inputs ``(B, T)`` and next-token targets ``(B, T)``, int64."""
     batch = batch.long()
     return batch[:, :-1], batch[:, 1:]
+
+
+#: Signals that ask the trainer to stop or requeue (Ctrl-C, SLURM's kill and its warning).
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, name)
+)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: the stop signals are the trainer's alone.
+
+    SLURM signals every process of a job step, and a terminal's Ctrl-C every process of
+    its group, workers included. torch's SIGTERM handler killed a worker, whose death
+    then raised in the trainer mid-step ("DataLoader worker ... killed by signal"): no
+    step-end save. A worker forked with Lightning's SIGUSR1 handler ran the requeue
+    (a checkpoint of its stale copy, ``scontrol requeue``) itself. The trainer stops at
+    a step's end and ends its workers; a worker whose trainer died ends by torch's
+    watchdog (it checks its parent every few seconds).
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
@@ -194,6 +216,7 @@ class TokenDataModule(L.LightningDataModule):
             collate_fn=collate_tokens,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,
+            worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
             # Each new iterator draws its workers' base seed from this generator, not
             # from the global random state, which is the model's (dropout).
             generator=torch.Generator().manual_seed(self.seed),

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from cofrgenet.data.datamodule import STOP_SIGNALS
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
@@ -439,6 +440,7 @@ class StopOnSignal(StepBoundaries):
         if trainer.world_size == 1:  # nothing to agree on: no tensor, no device sync
             arrived = set(self._pending)
         else:
+            # Exchanged in STOP_SIGNALS' order, the same on every rank.
             got = [float(signum in self._pending) for signum in STOP_SIGNALS]
             agreed = trainer.strategy.reduce(
                 torch.tensor(got, device=pl_module.device), reduce_op="sum"
@@ -549,13 +551,6 @@ def _drop_log_records(logger_name: str, containing: str) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(keep)
-
-
-#: The signals StopOnSignal notes and acts on at the end of an optimizer step, in the
-#: order the ranks exchange them.
-STOP_SIGNALS: tuple[int, ...] = tuple(
-    s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None
-)
 
 
 def resume_command(run_name: str | None = None) -> str:

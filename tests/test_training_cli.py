@@ -1629,6 +1629,42 @@ def test_ctrl_c_after_a_fit_in_the_same_process_interrupts(tiny_data, tmp_path):
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_slurm_requeue_leaves_the_mlflow_run_killed_not_finished(tiny_data, tmp_path):
+    """SLURM's SIGUSR1 before the time limit: Lightning's handler (run at the step's end)
+    ends the loggers as "finished", saves hpc_ckpt_1 and runs ``scontrol requeue``, after
+    which SLURM kills the job. Killed hard there, the run stayed FINISHED, a finished
+    run in the UI that was about to go on; it is KILLED at the step it stopped."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # notes its arguments, then kills the job hard
+    scontrol.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "scontrol.args"}\nkill -9 $PPID\n')
+    scontrol.chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+             "SLURM_JOB_NAME": "cofr-train", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODELIST": "localhost"}  # fmt: skip
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "requeued", "--trainer.max_steps", "12",
+        "--trainer.log_every_n_steps", "1", "--trainer.callbacks+=sweep_helpers.SignalAtStep",
+        "--trainer.callbacks.step=5", "--trainer.callbacks.signum=10",
+    )  # fmt: skip
+    env = {**os.environ, **slurm, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), *sys.path])
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == -9, out[-3000:]  # killed by the fake scontrol
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    saved = torch.load(tmp_path / "runs" / "test" / "requeued" / "hpc_ckpt_1.ckpt",
+                       weights_only=True)  # fmt: skip
+    assert saved["global_step"] == 6
+    (run,) = mlflow_runs(tmp_path / "runs").itertuples()
+    assert run.status == "KILLED"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_run(run.run_id).data.tags["cofr.stopped_at_step"] == "6"
+
+
 def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none: once
     its SIGUSR1 handler (deferred to the step's end) has saved one, only the newest is
@@ -1651,7 +1687,9 @@ def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     stop = StopOnSignal()
     stop._deferred[signal.SIGUSR1] = lightning_requeue
     stop._pending.add(signal.SIGUSR1)
-    trainer = SimpleNamespace(world_size=1, is_global_zero=True, default_root_dir=str(tmp_path))
+    trainer = SimpleNamespace(
+        world_size=1, is_global_zero=True, default_root_dir=str(tmp_path), loggers=[]
+    )
     stop._act(trainer, None)
     names = sorted(p.name for p in tmp_path.glob("hpc_ckpt_*"))
     assert names == ["hpc_ckpt_3.ckpt", "hpc_ckpt_notes.txt"]

@@ -449,6 +449,9 @@ class StopOnSignal(StepBoundaries):
         self._pending.clear()
         usr1 = getattr(signal, "SIGUSR1", None)
         if usr1 in arrived and callable(self._deferred.get(usr1)):
+            # Lightning's ends the loggers as "finished" before SLURM kills the job for
+            # its requeue: the run is KILLED at this step, awaiting the requeued job.
+            self._mark_killed(trainer)
             self._deferred[usr1](usr1, None)  # e.g. Lightning's: save hpc_ckpt, requeue
             if trainer.is_global_zero:  # the new one is written: the older ones go
                 remove_older_requeue_checkpoints(Path(trainer.default_root_dir))

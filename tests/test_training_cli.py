@@ -418,6 +418,39 @@ def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, t
     assert len(norms[0]) == 4 and norms[0] == pytest.approx(norms[1], rel=1e-5)
 
 
+def test_a_sharded_save_cut_short_leaves_a_folder_that_is_not_resumed_from(tmp_path, monkeypatch):
+    """FSDP's sharded save rewrites last.ckpt's shards in place and its markers last: cut
+    short (a kill while saving), the old markers stood beside a mix of two steps' shards
+    and the folder passed as intact. The markers go before the save starts; a meta.pt
+    cut short is refused too."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from cofrgenet.training.checkpoints import is_intact
+    from cofrgenet.training.strategies import LadderFSDPStrategy
+
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"step 4")
+    (folder / ".metadata").write_bytes(b"step 4")
+    torch.save({"global_step": 4}, folder / "meta.pt")
+    assert is_intact(folder)
+
+    def killed_while_saving(self, checkpoint, filepath, storage_options=None):
+        (Path(filepath) / "__0_0.distcp").write_bytes(b"step 6, half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FSDPStrategy, "save_checkpoint", killed_while_saving)
+    with pytest.raises(KeyboardInterrupt):
+        LadderFSDPStrategy(state_dict_type="sharded").save_checkpoint({}, folder)
+    assert not is_intact(folder)
+    (folder / ".metadata").write_bytes(b"step 6")
+    meta = folder / "meta.pt"
+    torch.save({"global_step": 6, "loops": list(range(1000))}, meta)
+    assert is_intact(folder)
+    meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 2])
+    assert not is_intact(folder)
+
+
 def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
     from cofrgenet.cli import main
 

@@ -90,8 +90,9 @@ def is_intact(path: str | Path) -> bool:
     """Whether ``path`` is a complete torch.save archive (its pickle there, every member's
     CRC checks out), or a sharded checkpoint folder with its metadata and Lightning's
     entries."""
-    if is_sharded(path):
-        return all((Path(path) / name).is_file() for name in SHARDED_MARKERS)
+    if is_sharded(path):  # torch's metadata (written whole), then Lightning's archive
+        folder = Path(path)
+        return (folder / ".metadata").is_file() and is_intact(folder / "meta.pt")
     try:
         with zipfile.ZipFile(path) as archive:
             pickled = any(name.endswith("data.pkl") for name in archive.namelist())

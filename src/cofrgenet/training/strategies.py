@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.nn import Module
+
+from cofrgenet.training.checkpoints import SHARDED_MARKERS
 
 #: The private FSDPStrategy methods overridden below (tests check that they still exist:
 #: were one renamed, the override would silently stop running).
@@ -25,6 +28,24 @@ class LadderFSDPStrategy(FSDPStrategy):
 
     def __init__(self, use_orig_params: bool = True, **kwargs: Any) -> None:
         super().__init__(use_orig_params=use_orig_params, **kwargs)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Lightning's save, after rank 0 has removed the markers of a sharded checkpoint
+        already at ``filepath`` (``last.ckpt`` is saved again each time).
+
+        A sharded save rewrites the shards in place and writes the markers last; a save
+        cut short (a kill in SLURM's grace period) left the old markers beside a mix of
+        two steps' shards, which looked intact and was resumed from. Without markers
+        the folder is refused and the resume takes the newest intact checkpoint. Rank 0
+        removes them before the save's first collective (the path's broadcast), so no
+        rank writes a shard before they are gone.
+        """
+        if self.global_rank == 0 and Path(filepath).is_dir():
+            for name in SHARDED_MARKERS:
+                (Path(filepath) / name).unlink(missing_ok=True)
+        super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def _setup_model(self, model: Module) -> Module:
         """On CPU (gloo), wrap with an explicit CPU ``device_id``.

@@ -1498,6 +1498,26 @@ def test_a_resumed_run_reads_running_in_mlflow_while_it_trains(tiny_data, tmp_pa
     assert seen == ["RUNNING"] and client.get_run(run_id).info.status == "FINISHED"
 
 
+def test_a_resume_reads_its_checkpoint_through_once_to_check_it(tiny_data, tmp_path, monkeypatch):
+    """Checking an archive reads every byte of it (18 GB at gpt2-xl, on every rank): the
+    command line, the resume's choice and the load checked last.ckpt three times."""
+    import zipfile
+
+    args = ("--run.name", "once", "--run.mlflow", "false")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "2"))
+    checked = []
+    testzip = zipfile.ZipFile.testzip
+
+    def counted(archive):
+        checked.append(Path(archive.filename).name)
+        return testzip(archive)
+
+    monkeypatch.setattr(zipfile.ZipFile, "testzip", counted)
+    more = ("--trainer.max_steps", "4", "--ckpt_path", "last")
+    assert CofrCLI(args=fit_args(tmp_path, tiny_data, *args, *more)).trainer.global_step == 4
+    assert checked.count("last.ckpt") == 1, checked
+
+
 def test_checkpoints_are_written_beside_themselves_and_renamed(tiny_data, tmp_path, monkeypatch):
     """Not through $TMPDIR (node-local on clusters: the move onto the shared file system
     would be a copy into the open checkpoint); a save that fails leaves the old file."""

@@ -1498,6 +1498,18 @@ def test_a_resumed_run_reads_running_in_mlflow_while_it_trains(tiny_data, tmp_pa
     assert seen == ["RUNNING"] and client.get_run(run_id).info.status == "FINISHED"
 
 
+def test_disabled_ladders_are_not_released_by_dyadic_unfreezing(tiny_data, tmp_path):
+    """DyadicUnfreezing released the ladders DisableLadders froze (then weight-decayed at
+    zero gradient): the two together are refused, naming the fix."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.mlflow", "false", "--trainer.max_steps", "2",
+        "--trainer.callbacks+=cofrgenet.training.callbacks.DisableLadders",
+        "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="drop one of the two callbacks"):
+        CofrCLI(args=args)
+
+
 def test_a_resume_reads_its_checkpoint_through_once_to_check_it(tiny_data, tmp_path, monkeypatch):
     """Checking an archive reads every byte of it (18 GB at gpt2-xl, on every rank): the
     command line, the resume's choice and the load checked last.ckpt three times."""

@@ -10,7 +10,8 @@ runs are tracked in MLflow like any other (experiment ``bench-quality``). Varian
 * ``cofrgenet-f`` (scalar ladders) and ``cofrgenet-f-elementwise``;
 * ``cofrgenet-f-ladders-off``: cofrgenet-f with V = 0 and every ladder parameter frozen
   (:class:`~cofrgenet.training.callbacks.DisableLadders`): what the gated linear path
-  does alone, so the difference to cofrgenet-f is what the ladders add;
+  does alone, so the difference to cofrgenet-f is what the ladders add (never with
+  ``--dyadic``: it has no ladders to release);
 * ``cofrgenet-a`` (CAttnM), ``cofrgenet-a-u`` (CAttnU), ``cofrgenet`` (CAttnM + Cffn);
 * ablations, by name only: ``cofrgenet-f-paper`` (the paper's denominators, poles and
   all), ``cofrgenet-f-unscaled`` (U and V at std 0.02), ``cofrgenet-f-dyadic`` (the
@@ -457,7 +458,7 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if variant.ladders_off:
         extra.append(DisableLadders())
     dyadic = variant.dyadic or cfg.dyadic
-    if dyadic != "none":  # a no-op for models without ladders
+    if dyadic != "none" and not variant.ladders_off:  # a no-op for models without ladders
         extra.append(DyadicUnfreezing("paper", lr="release" if dyadic == "release" else "global"))
     args = fit_arguments(cfg, variant, seed, name)
     start = time.perf_counter()

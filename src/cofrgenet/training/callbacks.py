@@ -191,6 +191,12 @@ class DisableLadders(L.Callback):
         layers = [layer for _, layer in ladder_layers(pl_module) if isinstance(layer, Cffn)]
         if not layers:
             raise ValueError("DisableLadders switches off Cffn ladders, but the model has no Cffn")
+        if any(isinstance(c, DyadicUnfreezing) for c in trainer.callbacks):
+            # It would release the frozen ladders, which then weight-decay at zero gradient.
+            raise ConfigError(
+                "DisableLadders freezes the ladders that DyadicUnfreezing trains: drop one "
+                "of the two callbacks (the ablation runs without DyadicUnfreezing)"
+            )
         with torch.no_grad():
             for layer in layers:
                 layer.mix.zero_()

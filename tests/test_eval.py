@@ -656,7 +656,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     runs_dir = checkpoint.parents[3]
     out = tmp_path / "cmp"
     argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
-    assert main([*argv, "--metric", "eval/ptb/word_ppl"]) == 0
+    assert main([*argv, "--metric", "eval/ptb/word_ppl_eos"]) == 0
     table = (out / "compare.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| evaluated |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -669,9 +669,16 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     # An older checkpoint (step 1) evaluated later does not replace the newest's figure.
     client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
     run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
-    client.log_metric(run_id, "eval/ptb/word_ppl", 12345.0, step=1)
+    # PTB's column counts line ends as words (the paper's GPT2-xl PTB is GPT-2's so).
+    scored = client.get_run(run_id).data.metrics
+    assert (
+        cells[10]
+        == f"{scored['eval/ptb/word_ppl_eos']:.2f}"
+        != f"{scored['eval/ptb/word_ppl']:.2f}"
+    )
+    client.log_metric(run_id, "eval/ptb/word_ppl_eos", 12345.0, step=1)
     client.log_metric(run_id, "glue/sst2/accuracy", 0.9123, step=2)  # cofr finetune glue's
-    assert main([*argv, "--metric", "eval/ptb/word_ppl"]) == 0
+    assert main([*argv, "--metric", "eval/ptb/word_ppl_eos"]) == 0
     table = (out / "compare.md").read_text()
     assert "12345" not in table and f"| {cells[10]} |" in table
     header = next(line for line in table.splitlines() if line.startswith("| run |"))
@@ -706,20 +713,22 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     ours = client.get_run(run_id).data.tags["eval/ptb/protocol"]
     copy = client.create_run(experiment_id, run_name="copy").info.run_id
     client.log_text(copy, config_text, "config.yaml")
-    client.log_metric(copy, "eval/ptb/word_ppl", 99.0, step=2)
+    client.log_metric(copy, "eval/ptb/word_ppl_eos", 99.0, step=2)
     client.set_tag(copy, "eval/ptb/protocol", "step 2, test split, text sha256 000000000000")
     client.set_terminated(copy, "FINISHED")
     assert main(argv) == 0
     table = (out / "compare.md").read_text()
     assert "| 99.00 (a) |" in table and f"| {cells[10]} (b) |" in table  # rows by name
-    assert "`eval/ptb/word_ppl` was scored in different ways, not comparable as is: (a) " in table
+    assert (
+        "`eval/ptb/word_ppl_eos` was scored in different ways, not comparable as is: (a) " in table
+    )
     assert "(a) test split, text sha256 000000000000" in table
     assert f"(b) {ours.split(', ', 1)[1]}" in table  # the step is no difference
     assert "wikitext-2-v1/word_ppl` was scored" not in table  # one way only: unmarked
     # An older checkpoint of the copy evaluated later, another way: its tag is the
     # latest, but the table still shows step 2's number, so the mark stays step 2's way.
     client.set_tag(copy, "eval/ptb/protocol/step-2", "step 2, test split, text sha256 000000000000")
-    client.log_metric(copy, "eval/ptb/word_ppl", 50.0, step=1)
+    client.log_metric(copy, "eval/ptb/word_ppl_eos", 50.0, step=1)
     client.set_tag(copy, "eval/ptb/protocol", "step 1, test split, text sha256 111111111111")
     client.set_tag(copy, "eval/ptb/protocol/step-1", "step 1, test split, text sha256 111111111111")
     assert main(argv) == 0

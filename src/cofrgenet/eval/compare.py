@@ -56,7 +56,7 @@ PAPER_ROWS: tuple[tuple[str, float, dict[str, float]], ...] = (
 DEFAULT_METRIC = "val/loss"
 #: Our metric that stands beside each of the paper's columns (docs/evaluation.md says why).
 PAPER_METRICS = {
-    "ptb": "eval/ptb/word_ppl",
+    "ptb": "eval/ptb/word_ppl_eos",  # line ends count as words: see docs/evaluation.md
     "wikitext-2": "eval/wikitext-2-v1/word_ppl",
     "lambada": "eval/lambada/ppl",
     "wikitext-103": "eval/wikitext-103-v1/word_ppl",
@@ -532,7 +532,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "compare.md").write_text(
         f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n"
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
-        "`wikitext-2-v1` and `wikitext-103-v1`; LAMBADA: target-word `ppl`) from "
+        "`wikitext-2-v1` and `wikitext-103-v1`; PTB: `word_ppl_eos`, line ends counted as "
+        "words; LAMBADA: target-word `ppl`) from "
         "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
     )
     print(table)

@@ -645,7 +645,10 @@ def test_pareto_front_of_an_accuracy_keeps_the_highest():
     for metric in ("eval/lambada/accuracy", "glue/cola/mcc", "eval/hellaswag/acc_norm",
                    "eval/gsm8k/exact_match/strict-match", "glue/mrpc/f1"):  # fmt: skip
         assert higher_is_better(metric), metric
-    for metric in ("val/loss", "eval/wikitext-2-v1/word_ppl", "eval/ptb/bits_per_byte"):
+    assert higher_is_better("perf/tokens_per_sec") and higher_is_better("perf/mfu")
+    for metric in ("val/loss", "eval/wikitext-2-v1/word_ppl", "eval/ptb/bits_per_byte",
+                   "eval/arc_easy/acc_stderr", "eval/accent_task/word_perplexity",
+                   "glue/f1_task/loss"):  # fmt: skip
         assert not higher_is_better(metric), metric
 
 

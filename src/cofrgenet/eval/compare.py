@@ -372,8 +372,14 @@ HIGHER_IS_BETTER = ("acc", "f1", "mcc", "exact_match", "bleu", "rouge", "tokens_
 
 def higher_is_better(metric: str) -> bool:
     """Whether larger values of ``metric`` are better: accuracies (``eval/lambada/accuracy``,
-    harness ``acc_norm``), GLUE's F1 and MCC, throughput; not losses or perplexities."""
-    return any(part.startswith(HIGHER_IS_BETTER) for part in metric.split("/"))
+    harness ``acc_norm``), GLUE's F1 and MCC, throughput; not losses or perplexities, nor
+    standard errors (``acc_stderr``). Only the metric's own name counts, not a task's
+    (``eval/<task>/<metric>[/<filter>]``, ``glue/<task>/<metric>``)."""
+    parts = metric.split("/")
+    names = parts[2:] if parts[0] in ("eval", "glue") and len(parts) > 2 else parts[-1:]
+    if any(name.endswith("_stderr") for name in names):
+        return False
+    return any(name.startswith(HIGHER_IS_BETTER) for name in names)
 
 
 def pareto_front(

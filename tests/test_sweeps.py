@@ -1054,6 +1054,31 @@ def test_lost_worker_detection(tmp_path, monkeypatch):
     )
 
 
+def test_a_trial_left_for_a_slurm_requeue_waits_the_grace_period_on_its_host(tmp_path):
+    """Its worker's process is gone by design: another worker on that host failed it at
+    once (a retry used up per requeue; with max_retry 0 the trial was dropped)."""
+    import socket
+
+    storage = st.open_storage(f"journal:{tmp_path / 'r.journal'}")
+    study = optuna.create_study(study_name="r", storage=storage)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    options = parse_sweep({"study": "r", "space": {"a": [1]}, "n_trials": 1}).storage_options
+    trial = study.ask()
+    attrs = {st.HOST: socket.gethostname(), st.PID: dead.pid, st.WORKER: "slurm-7_0"}
+    for key, value in {**attrs, st.HEARTBEAT: time.time(), st.REQUEUED: time.time()}.items():
+        trial.set_user_attr(key, value)
+    assert st.lost_reason(st.frozen_trial(storage, study, trial.number), storage, options) is None
+    trial.set_user_attr(st.REQUEUED, time.time() - options.grace_period - 5)
+    reason = st.lost_reason(st.frozen_trial(storage, study, trial.number), storage, options)
+    assert (
+        reason.startswith("worker slurm-7_0 left it for a SLURM requeue 30")
+        and "not come back" in reason
+    )
+    trial.set_user_attr(st.REQUEUED, None)  # taken up again: its process decides again
+    assert "died" in st.lost_reason(st.frozen_trial(storage, study, trial.number), storage, options)
+
+
 def test_a_lost_trials_duration_ends_at_its_last_heartbeat(tmp_path, monkeypatch):
     """A lost trial's duration grew for as long as it stayed RUNNING, and once failed
     it ended when another worker noticed, not when its worker was last heard of."""

@@ -64,7 +64,7 @@ def note(trial: FrozenTrial, retried: dict[int, int], lost: dict[int, str]) -> s
     if trial.state == TrialState.RUNNING:
         if trial.number in lost:
             parts.append(f"stale? {lost[trial.number]}")
-        if trial.user_attrs.get("cofr.requeued_at"):
+        if trial.user_attrs.get(st.REQUEUED):
             parts.append("waiting for its SLURM requeue")
     history = trial.system_attrs.get("retry_history")
     if history:

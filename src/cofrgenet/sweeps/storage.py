@@ -81,6 +81,9 @@ PRUNE_REASON = "pruned"
 #: A lost trial's last heartbeat, kept when it is failed: its duration ends there, not
 #: when another worker noticed.
 LAST_SEEN = "cofr.last_seen"
+#: When a worker left its RUNNING trial for a SLURM requeue (seconds since the epoch);
+#: cleared when the requeued task takes it up again.
+REQUEUED = "cofr.requeued_at"
 #: A queued grid point's values (Optuna gives a WAITING trial no params until it runs).
 GRID_POINT = "cofr.grid_point"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = (
@@ -616,6 +619,15 @@ def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOption
     attrs = trial.user_attrs
     if held_by_live_process(trial):  # on this host: its process decides, not the clock
         return None
+    requeued = attrs.get(REQUEUED)
+    if isinstance(requeued, int | float):  # its process is gone by design: the clock decides
+        waited = time.time() - requeued
+        if waited <= options.grace_period:
+            return None
+        return (
+            f"worker {attrs.get(WORKER, '?')} left it for a SLURM requeue {waited:.0f} s ago "
+            f"and has not come back (grace period {options.grace_period} s)"
+        )
     host, pid = attrs.get(HOST), attrs.get(PID)
     if host == socket.gethostname() and isinstance(pid, int) and pid != os.getpid():
         return f"worker {attrs.get(WORKER, pid)} died during the trial (process gone)"

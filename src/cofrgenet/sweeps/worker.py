@@ -422,6 +422,9 @@ def next_trial(
                 and not st.held_by_live_process(trial)
             ):
                 st.claim(storage, study, trial.number, worker)
+                if trial.user_attrs.get(st.REQUEUED) is not None:  # back from the requeue
+                    tid = st.trial_id(storage, study, trial.number)
+                    storage.set_trial_user_attr(tid, st.REQUEUED, None)
                 return st.open_trial(storage, study, trial.number), True
     waiting = any(t.state == TrialState.WAITING for t in trials)
     if not waiting and (sweep.is_grid or st.budget_used(trials) >= sweep.total_trials):
@@ -719,7 +722,7 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
             outcome = run_trial(ctx, trial)
         result.outcomes.append((trial.number, outcome))
         if outcome.requeue:
-            trial.set_user_attr("cofr.requeued_at", time.time())
+            trial.set_user_attr(st.REQUEUED, time.time())
             result.requeued = True
             result.not_requeued = _requeue_job(worker)
             return

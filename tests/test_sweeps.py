@@ -2100,9 +2100,44 @@ def test_status_and_report_find_a_study_run_under_another_name(tiny_data, tmp_pa
     assert _status_command(argparse.Namespace(sweep=path, study=None)).endswith(path)
     capsys.readouterr()
     assert main(["sweep", "status", path, "--study", "other"]) == 0
-    assert "study other: 1 trials" in capsys.readouterr().out
+    assert "study other: 1 trial (" in capsys.readouterr().out
     assert main(["sweep", "report", path, "--study", "other", "--no-mlflow"]) == 0
     assert (tmp_path / "runs" / "sweeps" / "other" / "report" / "summary.md").is_file()
+
+
+def test_the_status_command_a_submit_suggests_names_its_storage_and_runs_folder(
+    tiny_data, tmp_path, monkeypatch, capsys
+):
+    """`cofr sweep submit --study S --storage URL` said to follow with a status command
+    without --storage, which answered "no study 'S' yet"."""
+    import argparse
+    import shlex
+
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.cli import _status_command, storage_argument
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = str(write_sweep(tmp_path, **common))
+    monkeypatch.setenv("MY_STUDIES", f"journal:{tmp_path / 'elsewhere.journal'}")
+    storage = storage_argument("env:MY_STUDIES")
+    runs = str(tmp_path / "other-runs")
+    run_worker(
+        load_sweep(path, {"study": "s", "storage": str(storage), "runs_dir": runs}),
+        report=False, mlflow=False,
+    )  # fmt: skip
+    said = _status_command(
+        argparse.Namespace(sweep=path, study="s", storage=storage, runs_dir=runs)
+    )
+    assert said == f"cofr sweep status {path} --study s --storage env:MY_STUDIES --runs-dir {runs}"
+    capsys.readouterr()
+    assert main(shlex.split(said)[1:]) == 0
+    assert "study s: 1 trial (" in capsys.readouterr().out
+    secret = storage_argument("postgresql://cofr:hunter2@db/cofr")
+    said = _status_command(
+        argparse.Namespace(sweep=path, study=None, storage=secret, runs_dir=None)
+    )
+    assert "hunter2" not in said and "--storage" in said
     assert main(["sweep", "status", "other", "--study", "x"]) == 2
     assert "--study x: give it with a sweep file" in capsys.readouterr().err
 

@@ -57,7 +57,7 @@ def storage_argument(value: str) -> str:
     so that a password is not on the command line, where ``ps`` and MLflow tags show it
     (a rendered SLURM script passes it so)."""
     if not value.startswith("env:"):
-        return value
+        return StorageURL(value, given=value)
     name = value.removeprefix("env:")
     url = os.environ.get(name, "")
     if not url.strip():
@@ -68,7 +68,19 @@ def storage_argument(value: str) -> str:
             f"{value}: ${name} holds no storage URL (journal:PATH, a *.journal file or "
             "scheme://...; its value is not shown)"
         )
-    return url
+    return StorageURL(url, given=value)
+
+
+class StorageURL(str):
+    """``--storage``'s URL, which remembers how it was given (``env:NAME``), for the
+    commands a message suggests."""
+
+    given: str
+
+    def __new__(cls, url: str, given: str) -> StorageURL:
+        self = super().__new__(cls, url)
+        self.given = given
+        return self
 
 
 def _at_least_one(text: str) -> int:
@@ -135,10 +147,15 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _status_command(args: argparse.Namespace) -> str:
-    """The `cofr sweep status` of the study this command ran (the file's own, or --study's)."""
+    """The `cofr sweep status` of the study this command ran (the file's own, or --study's,
+    in --storage and --runs-dir as given)."""
     words = ["cofr", "sweep", "status", args.sweep]
     if getattr(args, "study", None) is not None and args.study != args.sweep:
         words += ["--study", args.study]
+    if getattr(args, "storage", None) is not None:  # as given: env:NAME, or passwords hidden
+        words += ["--storage", hide_passwords(getattr(args.storage, "given", args.storage))]
+    if getattr(args, "runs_dir", None) is not None:
+        words += ["--runs-dir", args.runs_dir]
     return shlex.join(words)
 
 
@@ -388,7 +405,8 @@ def submit(args: argparse.Namespace) -> int:
     if args.dry_run:  # the script, with any password hidden (the file would hold it)
         print(hide_passwords(path), end="")
         return 0
-    print(f"submitted {path} as job {job} ({args.workers} workers)")
+    workers = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
+    print(f"submitted {path} as job {job} ({workers})")
     print(f"follow with: {_status_command(args)}")
     return 0
 

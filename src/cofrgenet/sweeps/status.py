@@ -105,8 +105,9 @@ def status_table(
         best_text = f"; best #{best.number} = {best.value:.6g}"
     except ValueError:
         best_text = ""
+    count = f"{len(trials)} trial{'' if len(trials) == 1 else 's'}"
     table = Table(
-        title=f"study {study.study_name}: {len(trials)} trials ({summary or 'none'}){best_text}",
+        title=f"study {study.study_name}: {count} ({summary or 'none'}){best_text}",
         title_justify="left",
     )
     for column in ("#", "state", *shorts, "value", "duration", "worker / SLURM job", "note"):

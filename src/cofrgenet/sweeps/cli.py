@@ -77,9 +77,9 @@ class StorageURL(str):
 
     given: str
 
-    def __new__(cls, url: str, given: str) -> StorageURL:
+    def __new__(cls, url: str, given: str | None = None) -> StorageURL:
         self = super().__new__(cls, url)
-        self.given = given
+        self.given = url if given is None else given
         return self
 
 

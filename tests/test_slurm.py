@@ -387,12 +387,33 @@ def test_gpus_per_worker_0_in_the_sweep_file_and_a_set_submit_would_replace(tmp_
     render(tiny, SubmitOptions(settings={"trainer.devices": 1}))  # what it sets anyway: fine
 
 
+def test_submit_refuses_a_database_it_cannot_reach_before_sbatch(tmp_path, monkeypatch):
+    """Each array task found the storage unreachable once it started, after the queue's
+    wait; submit asks the server first."""
+    import socket
+
+    import cofrgenet.sweeps.slurm as slurm
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    calls = []
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: calls.append(a))
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql://cofr:secret@127.0.0.1:{port}/cofr"
+    options = SubmitOptions(runs_dir=str(tmp_path / "runs"), storage=url)
+    with pytest.raises(SweepError, match=r"cannot reach the study database .*:\*\*\*@") as error:
+        slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
+    assert "secret" not in str(error.value) and calls == []
+
+
 def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypatch):
     """The script may hold the storage's password: it is written for its owner alone,
     and a second submit of the same second gets its own file (it was a FileExistsError)."""
     import cofrgenet.sweeps.slurm as slurm
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    monkeypatch.setattr(slurm.st, "check_reachable", lambda url: None)  # no server here
     monkeypatch.setattr(slurm.time, "strftime", lambda fmt, *a: "20261203-120000")
     monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
         a, 0, stdout="4242\n", stderr=""

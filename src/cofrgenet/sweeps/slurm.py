@@ -83,6 +83,8 @@ class Rendered:
     settings: dict[str, Any]
     resources: dict[str, str]
     worker_args: list[str]
+    #: The study's storage URL the workers get.
+    storage: str
 
 
 def _accelerator_gpus(config: dict[str, Any]) -> int:
@@ -300,7 +302,7 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
             _template_body(),
         ]
     )
-    return Rendered(script.rstrip() + "\n", settings, sbatch, args)
+    return Rendered(script.rstrip() + "\n", settings, sbatch, args, url)
 
 
 def parse_sbatch_header(script: str) -> dict[str, str]:
@@ -320,6 +322,9 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
         return rendered.script, ""
     if shutil.which("sbatch") is None:
         raise SweepError("sbatch not found: is this a SLURM login node? (--dry-run prints)")
+    if st.journal_path(rendered.storage) is None:  # a database: reachable now, not after
+        st.check_rdb_url(rendered.storage)  # the queue's wait, from every task at once
+        st.check_reachable(rendered.storage)
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)

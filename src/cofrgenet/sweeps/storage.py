@@ -159,7 +159,7 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
     if path is not None:
         return _open_journal(path)
     check_rdb_url(url)
-    _check_reachable(url)
+    check_reachable(url)
     # Workers that start together on a new database race to create Optuna's tables; the
     # losers fail on a duplicate type or table. Creation is idempotent: try again.
     for attempt in range(6):
@@ -346,7 +346,7 @@ def damaged_journal(journal: Path, error: Exception) -> str:
 # ------------------------------------------------------------------ databases
 
 
-def _check_reachable(url: str) -> None:
+def check_reachable(url: str) -> None:
     """SweepError, after a few tries, for a database server that cannot be reached (down,
     wrong host, port, user or password): at once, not as a driver traceback after the
     table-creation retries of :func:`open_storage`."""

@@ -1730,6 +1730,21 @@ def test_a_slurm_requeue_leaves_the_mlflow_run_killed_not_finished(tiny_data, tm
     assert client.get_run(run.run_id).data.tags["cofr.stopped_at_step"] == "6"
 
 
+def test_a_finished_fit_removes_its_requeue_checkpoints(tiny_data, tmp_path):
+    """A requeued job's hpc_ckpt_<n>.ckpt stayed beside the finished run's last.ckpt: a
+    second copy of weights and optimizer (gigabytes at xl) that no resume would take."""
+    args = ("--run.name", "rq", "--run.mlflow", "false")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "2"))
+    run_dir = tmp_path / "runs" / "test" / "rq"
+    requeue = run_dir / "hpc_ckpt_1.ckpt"
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", requeue)
+    os.utime(requeue, (1, 1))  # older than last.ckpt: the resume takes last.ckpt
+    (run_dir / "hpc_ckpt_notes.txt").write_text("not a checkpoint of Lightning's")
+    more = ("--trainer.max_steps", "4", "--ckpt_path", "last")
+    assert CofrCLI(args=fit_args(tmp_path, tiny_data, *args, *more)).trainer.global_step == 4
+    assert not requeue.exists() and (run_dir / "hpc_ckpt_notes.txt").exists()
+
+
 def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     """Lightning numbers hpc_ckpt_<n> anew at each SLURM requeue and removes none: once
     its SIGUSR1 handler (deferred to the step's end) has saved one, only the newest is

@@ -25,7 +25,7 @@ from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.redact import hide_passwords
-from cofrgenet.training.checkpoint_io import remove_older_requeue_checkpoints
+from cofrgenet.training.checkpoint_io import remove_requeue_checkpoints
 from cofrgenet.training.optim import planned_steps
 from cofrgenet.training.strategies import grad_square_sum, summed_over_shards
 
@@ -460,7 +460,7 @@ class StopOnSignal(StepBoundaries):
             self._mark_killed(trainer)
             self._deferred[usr1](usr1, None)  # e.g. Lightning's: save hpc_ckpt, requeue
             if trainer.is_global_zero:  # the new one is written: the older ones go
-                remove_older_requeue_checkpoints(Path(trainer.default_root_dir))
+                remove_requeue_checkpoints(Path(trainer.default_root_dir))
         stop = arrived & {signal.SIGTERM, signal.SIGINT}
         if stop and self.signal is None:
             self.signal = signal.SIGINT if signal.SIGINT in stop else signal.SIGTERM

@@ -12,8 +12,9 @@ the checkpoint, flushes it to disk and renames it over the old one.
 Lightning names its SLURM requeue checkpoint ``hpc_ckpt_<n>.ckpt`` (a file, or a folder
 of shards under FSDP) with a new ``n`` at each requeue and never removes the older ones;
 each holds the optimizer state too, so a job requeued often filled the disk.
-:func:`remove_older_requeue_checkpoints` keeps the newest (``StopOnSignal`` calls it once
-Lightning's requeue handler has saved one).
+:func:`remove_requeue_checkpoints` keeps the newest (``StopOnSignal`` calls it once
+Lightning's requeue handler has saved one), or none once ``last.ckpt`` holds the fit's
+last step (``RunCheckpoint`` at the end of training).
 """
 
 from __future__ import annotations
@@ -72,15 +73,16 @@ class CheckpointWriteError(UserError, OSError):
     """A checkpoint could not be written (a full disk, a read-only folder)."""
 
 
-def remove_older_requeue_checkpoints(run_dir: Path) -> list[Path]:
-    """Remove every ``hpc_ckpt_<k>.ckpt`` (file or shard folder) of ``run_dir`` but the
-    one with the largest k; returns the paths removed."""
+def remove_requeue_checkpoints(run_dir: Path, keep_newest: bool = True) -> list[Path]:
+    """Remove every ``hpc_ckpt_<k>.ckpt`` (file or shard folder) of ``run_dir``, but the
+    one with the largest k when ``keep_newest``; returns the paths removed."""
     numbered = {}
     for path in Path(run_dir).glob("hpc_ckpt_*.ckpt"):
         match = REQUEUE_CHECKPOINT.fullmatch(path.name)
         if match is not None:
             numbered[int(match.group(1))] = path
-    removed = [numbered[k] for k in sorted(numbered)[:-1]]
+    ordered = [numbered[k] for k in sorted(numbered)]
+    removed = ordered[:-1] if keep_newest else ordered
     for path in removed:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

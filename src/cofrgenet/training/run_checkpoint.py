@@ -27,6 +27,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from cofrgenet.training.checkpoint_io import remove_requeue_checkpoints
+
 
 class RunCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose ``last.ckpt`` at ``max_steps`` resumes like a periodic
@@ -72,6 +74,11 @@ class RunCheckpoint(ModelCheckpoint):
         # stop) is that step's and stays.
         if self.save_last:
             self._save_last_unless_written(trainer)
+            last = self._last_path()
+            if trainer.is_global_zero and last is not None and last.exists():
+                # last.ckpt holds the last step: a requeue's checkpoint is an older copy
+                # of weights and optimizer (gigabytes at xl), which no resume would take.
+                remove_requeue_checkpoints(Path(trainer.default_root_dir), keep_newest=False)
 
     def _save_last_unless_written(self, trainer: L.Trainer) -> None:
         """Save ``last.ckpt`` unless it was written during the running step (every rank

@@ -1727,7 +1727,9 @@ def test_a_slurm_requeue_leaves_the_mlflow_run_killed_not_finished(tiny_data, tm
     (run,) = mlflow_runs(tmp_path / "runs").itertuples()
     assert run.status == "KILLED"
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
-    assert client.get_run(run.run_id).data.tags["cofr.stopped_at_step"] == "6"
+    tags = client.get_run(run.run_id).data.tags
+    assert tags["cofr.stopped_at_step"] == "6"
+    assert tags["slurm.job_id"] == "4242" and "slurm.array_job_id" not in tags  # its job
 
 
 def test_a_finished_fit_removes_its_requeue_checkpoints(tiny_data, tmp_path):

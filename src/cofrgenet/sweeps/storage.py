@@ -58,7 +58,7 @@ from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import did_you_mean
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
-from cofrgenet.training.run_store import sqlite_database
+from cofrgenet.training.run_store import slurm_tags, sqlite_database
 
 log = logging.getLogger("cofrgenet.sweeps")
 
@@ -469,14 +469,7 @@ class Worker:
 
     @classmethod
     def current(cls) -> Worker:
-        env = os.environ
-        slurm = {
-            SLURM_JOB: env.get("SLURM_JOB_ID", ""),
-            SLURM_ARRAY_JOB: env.get("SLURM_ARRAY_JOB_ID", ""),
-            SLURM_ARRAY_TASK: env.get("SLURM_ARRAY_TASK_ID", ""),
-            SLURM_PROC: env.get("SLURM_PROCID", ""),
-        }
-        slurm = {k: v for k, v in slurm.items() if v}
+        slurm = slurm_tags()
         if slurm.get(SLURM_ARRAY_JOB) and slurm.get(SLURM_ARRAY_TASK):
             worker_id = f"slurm-{slurm[SLURM_ARRAY_JOB]}_{slurm[SLURM_ARRAY_TASK]}"
         elif slurm.get(SLURM_JOB):

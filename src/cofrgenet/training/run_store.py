@@ -128,6 +128,20 @@ def check_folder_name(option: str, name: str) -> None:
         )
 
 
+#: MLflow tags of the SLURM job a process runs in, and their environment variables.
+SLURM_TAGS = {
+    "slurm.job_id": "SLURM_JOB_ID",
+    "slurm.array_job_id": "SLURM_ARRAY_JOB_ID",
+    "slurm.array_task_id": "SLURM_ARRAY_TASK_ID",
+    "slurm.procid": "SLURM_PROCID",
+}
+
+
+def slurm_tags() -> dict[str, str]:
+    """The SLURM job this process runs in, as MLflow tags; none outside SLURM."""
+    return {tag: os.environ[var] for tag, var in SLURM_TAGS.items() if os.environ.get(var)}
+
+
 def slurm_run_name() -> str | None:
     """A name stable across requeues: the array job and task, or the job id."""
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")

@@ -18,6 +18,7 @@ from cofrgenet.training.run_store import (
     code_tags,
     flatten,
     log_params_tagging_changes,
+    slurm_tags,
 )
 
 #: Top-level keys of ``cofr fit``'s config that are how it was invoked, not what trains:
@@ -175,8 +176,8 @@ class CofrMLFlowLogger(MLFlowLogger):
                 self.experiment.update_run(self.run_id, status="RUNNING")
             if STOPPED_AT_TAG in run.data.tags:  # the stop it resumes from is over
                 self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
-        # This attempt's code: a resume may run another commit.
-        tags = [RunTag(k, v) for k, v in code_tags().items()]
+        # This attempt's code (a resume may run another commit) and SLURM job.
+        tags = [RunTag(k, v) for k, v in {**code_tags(), **slurm_tags()}.items()]
         self.experiment.log_batch(self.run_id, tags=tags)
 
     _killed = False

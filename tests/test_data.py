@@ -700,6 +700,17 @@ def test_lightning_resume_matches_an_uninterrupted_run(small_byte, tmp_path, num
     (path,) = (tmp_path / "ckpt").glob(f"*step={k}.ckpt")
     resumed = fit(n, Tiny(), ckpt_path=path)
     assert resumed == full[k:]  # same steps, same batches, same losses, across the epoch end
+    # Resumed twice in one epoch: litdata's loader advanced its worker cycle once per
+    # load of its state (the data module's and Lightning's), so the second resume took
+    # the workers' batches in another order, and a third repeated one and skipped one.
+    j = per_epoch // 3
+    L.seed_everything(0)
+    first = ModelCheckpoint(dirpath=tmp_path / "first", every_n_train_steps=j, save_top_k=-1)
+    fit(j + 1, Tiny(), [first])
+    second = ModelCheckpoint(dirpath=tmp_path / "second", every_n_train_steps=j, save_top_k=-1)
+    fit(2 * j + 1, Tiny(), [second], ckpt_path=next((tmp_path / "first").glob(f"*step={j}.ckpt")))
+    twice = fit(n, Tiny(), ckpt_path=next((tmp_path / "second").glob(f"*step={2 * j}.ckpt")))
+    assert twice == full[2 * j :]
 
 
 def test_num_workers_follow_slurm(monkeypatch, pydoc_byte):

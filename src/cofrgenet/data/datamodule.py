@@ -69,7 +69,8 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """A ``StreamingDataLoader`` whose resumed epoch ends like any other (litdata 0.2.76).
+    """A ``StreamingDataLoader`` whose resumed epoch ends like any other, and that may
+    load its state more than once (litdata 0.2.76).
 
     After ``load_state_dict`` litdata's loader replays the loaded position on every
     ``iter()`` until one iteration runs to exhaustion. Lightning ends an epoch by
@@ -81,6 +82,11 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
     _resumed_epoch_started = False
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
+        # litdata steps its cycle over the workers on to the saved position, but reuses a
+        # cycle it made before: a second load (the data module's, then Lightning's)
+        # stepped it on twice, and the resumed epoch took the workers' batches in
+        # another order. A fresh cycle makes each load start from the first worker.
+        self._worker_idx = None
         super().load_state_dict(obj)
         self._resumed_epoch_started = False
 

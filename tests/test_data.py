@@ -713,6 +713,26 @@ def test_lightning_resume_matches_an_uninterrupted_run(small_byte, tmp_path, num
     assert twice == full[2 * j :]
 
 
+def test_a_script_exits_with_a_loader_still_iterating(small_byte, tmp_path):
+    """Workers ignore SIGTERM (the trainer's to act on), and multiprocessing ends a
+    process's workers at its exit with SIGTERM, then waits for them without a timeout:
+    a script that left a loader iterating never exited."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        "from cofrgenet.data.datamodule import TokenDataModule\n"
+        "loader = TokenDataModule(sys.argv[1], block_size=64, batch_size=4, num_workers=2)\n"
+        "batches = iter(loader.train_dataloader())\n"
+        "next(batches)\n"
+        "print('iterating', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(small_byte)], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "iterating" in done.stdout, done.stderr[-2000:]
+
+
 def test_num_workers_follow_slurm(monkeypatch, pydoc_byte):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
     assert default_loader_workers() == 5

@@ -13,6 +13,9 @@ sequence.
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -53,7 +56,7 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
 )
 
 
-def ignore_stop_signals(worker_id: int) -> None:
+class IgnoreStopSignals:
     """A loader worker's ``worker_init_fn``: the stop signals are the trainer's alone.
 
     SLURM signals every process of a job step, and a terminal's Ctrl-C every process of
@@ -63,9 +66,36 @@ def ignore_stop_signals(worker_id: int) -> None:
     (a checkpoint of its stale copy, ``scontrol requeue``) itself. The trainer stops at
     a step's end and ends its workers; a worker whose trainer died ends by torch's
     watchdog (it checks its parent every few seconds).
+
+    One SIGTERM is obeyed: multiprocessing's, when the parent's interpreter exits with a
+    loader still iterating (a script's, a notebook's), after which it waits for its
+    workers without a timeout. The parent sets ``exiting`` at exit, before that.
     """
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+
+    def __init__(self, exiting: Any) -> None:
+        self.exiting = exiting  # a multiprocessing Event, shared with the workers
+
+    def __call__(self, worker_id: int) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.exiting.is_set():
+            os._exit(0)
+
+
+_parent_exiting: Any = None
+
+
+def stop_signals_ignored() -> IgnoreStopSignals:
+    """The workers' ``worker_init_fn``, with the event this process sets at its exit
+    (made once: its exit hook runs before multiprocessing's, which ends the workers)."""
+    global _parent_exiting
+    if _parent_exiting is None:
+        _parent_exiting = multiprocessing.Event()
+        atexit.register(_parent_exiting.set)
+    return IgnoreStopSignals(_parent_exiting)
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
@@ -222,7 +252,7 @@ class TokenDataModule(L.LightningDataModule):
             collate_fn=collate_tokens,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=False,
-            worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
+            worker_init_fn=stop_signals_ignored() if num_workers > 0 else None,
             # Each new iterator draws its workers' base seed from this generator, not
             # from the global random state, which is the model's (dropout).
             generator=torch.Generator().manual_seed(self.seed),

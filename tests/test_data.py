@@ -618,6 +618,38 @@ def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
         more.load_state_dict(state)
 
 
+def test_the_training_order_is_the_same_on_every_file_system(pydoc_byte, monkeypatch):
+    """litdata shuffled by windows on NFS, Lustre, GPFS, BeeGFS or VAST (forced here by
+    LITDATA_POSIX_FAST=1) and fully on a local disk, and a chunk's blocks within windows
+    of 256 ($LITDATA_ITEM_SHUFFLE_WINDOW): a folder staged from one to the other resumed
+    into another order, and several workers read fewer blocks an epoch."""
+
+    def epoch(num_workers):
+        dm = TokenDataModule(
+            str(pydoc_byte), block_size=64, batch_size=2, num_workers=num_workers, seed=7
+        )
+        batches = list(dm.train_dataloader())
+        assert len(batches) == len(dm.train_dataloader())
+        return [hashlib.sha1(row.numpy().tobytes()).hexdigest() for b in batches for row in b]
+
+    monkeypatch.delenv("LITDATA_POSIX_FAST", raising=False)
+    monkeypatch.delenv("LITDATA_ITEM_SHUFFLE_WINDOW", raising=False)
+    local = {n: epoch(n) for n in (0, 2)}
+    monkeypatch.setenv("LITDATA_POSIX_FAST", "1")
+    monkeypatch.setenv("LITDATA_ITEM_SHUFFLE_WINDOW", "4")
+    assert {n: epoch(n) for n in (0, 2)} == local
+    assert sorted(local[2]) == sorted(local[0])  # every block once, whatever the workers
+    # A checkpoint of an earlier version (litdata's window order) says the order changed.
+    dm = TokenDataModule(str(pydoc_byte), block_size=64, batch_size=2, num_workers=0, seed=7)
+    next(iter(dm.train_dataloader()))
+    state = dm.state_dict()
+    del state["loader"]["order"]
+    with pytest.warns(UserWarning, match=r"the data order blocks shuffled within windows"):
+        TokenDataModule(
+            str(pydoc_byte), block_size=64, batch_size=2, num_workers=0, seed=7
+        ).load_state_dict(state)
+
+
 def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tmp_path):
     def make(data_dir=pydoc_byte):
         return TokenDataModule(str(data_dir), block_size=16, batch_size=2, num_workers=0)

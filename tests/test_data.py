@@ -343,6 +343,23 @@ def test_record_sources_end_to_end(tmp_path, kind):
         assert np.array_equal(stream(out / split), expected)
 
 
+def test_the_validation_blocks_do_not_depend_on_the_prepare_workers(tmp_path):
+    """No block crosses a chunk's end and each worker ends its own chunks: validation
+    prepared with 1 and 3 workers (machines with other CPU counts, by default) scored
+    other blocks from the same tokens, under the same meta.json."""
+    folders = {}
+    for workers in (1, 3):
+        folders[workers] = tmp_path / f"w{workers}"
+        prepare_data(PydocSource(), folders[workers], max_docs=30, val_fraction=0.3,
+                     num_workers=workers, chunk_bytes=20_000)  # fmt: skip
+    one, three = (json.loads((folders[w] / "val" / "index.json").read_text()) for w in (1, 3))
+    assert [c["dim"] for c in one["chunks"]] == [c["dim"] for c in three["chunks"]]
+    assert np.array_equal(stream(folders[1] / "val"), stream(folders[3] / "val"))
+    train = [json.loads((folders[w] / "train" / "index.json").read_text()) for w in (1, 3)]
+    assert np.array_equal(stream(folders[1] / "train"), stream(folders[3] / "train"))
+    assert len(train[1]["chunks"]) > len(train[0]["chunks"])  # training keeps its workers
+
+
 def test_a_lone_surrogate_escape_in_jsonl_becomes_a_replacement_character(tmp_path):
     """A JSON "\\ud800" without its pair has no UTF-8 form: it was a UnicodeEncodeError
     traceback from a worker; a pair stays the character it encodes."""

@@ -744,13 +744,17 @@ def prepare_data(
                     ("train", source, train_idx),
                     ("val", source if val_source is None else val_source, val_idx),
                 ):
-                    log(f"tokenizing {split}: {len(idx)} documents, {num_workers} worker(s)")
+                    # Each worker ends its own chunks, and no block crosses a chunk's end:
+                    # the blocks depend on the worker count. Validation is written by one,
+                    # so that val/loss compares across machines (a small share of the text).
+                    workers = num_workers if split == "train" else 1
+                    log(f"tokenizing {split}: {len(idx)} documents, {workers} worker(s)")
                     error_file = stage / ".cache" / f"{split}-error.pickle"
                     error_file.parent.mkdir(parents=True, exist_ok=True)
                     ledger = stage / ".cache" / f"{split}-ledger"
                     fn = EncodeDocuments(src, tok, dtype, idx, error_file, ledger)
                     splits[split] = _write_split(
-                        fn, stage / split, num_workers, chunk_bytes, docs_per_item, start_method
+                        fn, stage / split, workers, chunk_bytes, docs_per_item, start_method
                     )
                     if splits[split].tokens == 0:
                         drawn = " (another --seed draws others)" if val_source is None else ""

@@ -544,13 +544,16 @@ def test_datamodule_batches(pydoc_byte):
     assert torch.equal(val[0], next(iter(dm.val_dataloader())))
 
 
-def test_validation_batches_do_not_depend_on_the_loader_workers(pydoc_byte):
+def test_validation_batches_do_not_depend_on_the_loader_workers(tmp_path):
     """litdata's workers take chunks in turn: with limit_val_batches the blocks scored,
     and val/loss, depended on data.num_workers (a machine's CPU count by default)."""
-    assert read_meta(pydoc_byte).splits["val"].chunks >= 2  # else nothing to interleave
+    folder = tmp_path / "small-chunks"
+    prepare_data(PydocSource(), folder, max_docs=30, val_fraction=0.3, num_workers=1,
+                 chunk_bytes=20_000)  # fmt: skip
+    assert read_meta(folder).splits["val"].chunks >= 2  # else nothing to interleave
 
     def val_batches(num_workers: int) -> list[torch.Tensor]:
-        dm = TokenDataModule(str(pydoc_byte), block_size=32, batch_size=2, num_workers=num_workers)
+        dm = TokenDataModule(str(folder), block_size=32, batch_size=2, num_workers=num_workers)
         return list(dm.val_dataloader())
 
     alone, shared = val_batches(0), val_batches(2)

@@ -443,6 +443,16 @@ def test_a_sharded_save_cut_short_leaves_a_folder_that_is_not_resumed_from(tmp_p
     with pytest.raises(KeyboardInterrupt):
         LadderFSDPStrategy(state_dict_type="sharded").save_checkpoint({}, folder)
     assert not is_intact(folder)
+    # A full save (another state_dict_type on resume) replaces the folder, as Lightning
+    # does by its markers: not removed first.
+    (folder / ".metadata").write_bytes(b"step 4")
+    torch.save({"global_step": 4}, folder / "meta.pt")
+    full = []
+    monkeypatch.setattr(
+        FSDPStrategy, "save_checkpoint", lambda *a, **k: full.append(is_intact(folder))
+    )
+    LadderFSDPStrategy(state_dict_type="full").save_checkpoint({}, folder)
+    assert full == [True]
     (folder / ".metadata").write_bytes(b"step 6")
     meta = folder / "meta.pt"
     torch.save({"global_step": 6, "loops": list(range(1000))}, meta)
@@ -1694,15 +1704,18 @@ def test_ctrl_c_after_a_fit_in_the_same_process_interrupts(tiny_data, tmp_path):
         signal.signal(signal.SIGINT, before)
 
 
-def test_a_slurm_requeue_leaves_the_mlflow_run_killed_not_finished(tiny_data, tmp_path):
+@pytest.mark.parametrize("requeued", [True, False], ids=["requeued", "requeue-refused"])
+def test_a_slurm_requeue_leaves_the_mlflow_run_killed_not_finished(tiny_data, tmp_path, requeued):
     """SLURM's SIGUSR1 before the time limit: Lightning's handler (run at the step's end)
     ends the loggers as "finished", saves hpc_ckpt_1 and runs ``scontrol requeue``, after
     which SLURM kills the job. Killed hard there, the run stayed FINISHED, a finished
-    run in the UI that was about to go on; it is KILLED at the step it stopped."""
+    run in the UI that was about to go on; it is KILLED at the step it stopped. A
+    requeue that scontrol refuses trains on, and the run ends FINISHED."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scontrol = bin_dir / "scontrol"  # notes its arguments, then kills the job hard
-    scontrol.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "scontrol.args"}\nkill -9 $PPID\n')
+    end = "kill -9 $PPID" if requeued else "exit 1"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "scontrol.args"}\n{end}\n')
     scontrol.chmod(0o755)
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
              "SLURM_JOB_NAME": "cofr-train", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
@@ -1719,8 +1732,15 @@ def test_a_slurm_requeue_leaves_the_mlflow_run_killed_not_finished(tiny_data, tm
         [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == -9, out[-3000:]  # killed by the fake scontrol
     assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    if not requeued:
+        assert proc.returncode == 0, out[-3000:]
+        (run,) = mlflow_runs(tmp_path / "runs").itertuples()
+        client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+        assert run.status == "FINISHED"
+        assert "cofr.stopped_at_step" not in client.get_run(run.run_id).data.tags
+        return
+    assert proc.returncode == -9, out[-3000:]  # killed by the fake scontrol
     saved = torch.load(tmp_path / "runs" / "test" / "requeued" / "hpc_ckpt_1.ckpt",
                        weights_only=True)  # fmt: skip
     assert saved["global_step"] == 6

@@ -508,6 +508,12 @@ class StopOnSignal(StepBoundaries):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.signal is not None and self.saved is None:  # stopped without Lightning's help
             self._stop(trainer)
+        elif self.signal is None:
+            # Trained to its end after all: a requeue that failed (scontrol refused), or
+            # came too late to stop it. The run finished; it is not awaiting a requeue.
+            for logger in trainer.loggers:
+                if hasattr(logger, "mark_going_on"):
+                    logger.mark_going_on()
         self._restore_handlers()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

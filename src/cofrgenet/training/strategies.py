@@ -28,6 +28,8 @@ class LadderFSDPStrategy(FSDPStrategy):
 
     def __init__(self, use_orig_params: bool = True, **kwargs: Any) -> None:
         super().__init__(use_orig_params=use_orig_params, **kwargs)
+        # Lightning's default: one file. A full save over a sharded folder replaces it.
+        self.sharded_saves = kwargs.get("state_dict_type", "full") == "sharded"
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
@@ -42,7 +44,7 @@ class LadderFSDPStrategy(FSDPStrategy):
         removes them before the save's first collective (the path's broadcast), so no
         rank writes a shard before they are gone.
         """
-        if self.global_rank == 0 and Path(filepath).is_dir():
+        if self.sharded_saves and self.global_rank == 0 and Path(filepath).is_dir():
             for name in SHARDED_MARKERS:
                 (Path(filepath) / name).unlink(missing_ok=True)
         super().save_checkpoint(checkpoint, filepath, storage_options)

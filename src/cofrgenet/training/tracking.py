@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from mlflow.exceptions import MlflowException
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.training.run_store import (
@@ -188,6 +190,18 @@ class CofrMLFlowLogger(MLFlowLogger):
         to ``log_every_n_steps``."""
         self._killed = True
         self._tag_stopped_at(step)
+
+    def mark_going_on(self) -> None:
+        """Take back :meth:`mark_killed`: the run went on (a requeue that did not come)."""
+        if self._killed:
+            self._killed = False
+            self._untag_stopped_at()
+
+    @rank_zero_only
+    def _untag_stopped_at(self) -> None:
+        if not self.evaluation:
+            with contextlib.suppress(MlflowException):  # no such tag: nothing to take back
+                self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
 
     @rank_zero_only
     def _tag_stopped_at(self, step: int) -> None:

@@ -663,7 +663,18 @@ def test_the_training_order_is_the_same_on_every_file_system(pydoc_byte, monkeyp
     dm = TokenDataModule(str(pydoc_byte), block_size=64, batch_size=2, num_workers=0, seed=7)
     next(iter(dm.train_dataloader()))
     state = dm.state_dict()
-    del state["loader"]["order"]
+    del state["order"]
+    unshuffled = TokenDataModule(
+        str(pydoc_byte), block_size=64, batch_size=2, num_workers=0, seed=7, shuffle=False
+    )
+    next(iter(unshuffled.train_dataloader()))
+    old_unshuffled = unshuffled.state_dict()
+    del old_unshuffled["order"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in order before and after: nothing to say
+        TokenDataModule(
+            str(pydoc_byte), block_size=64, batch_size=2, num_workers=0, seed=7, shuffle=False
+        ).load_state_dict(old_unshuffled)
     with pytest.warns(UserWarning, match=r"the data order blocks shuffled within windows"):
         TokenDataModule(
             str(pydoc_byte), block_size=64, batch_size=2, num_workers=0, seed=7

@@ -259,8 +259,8 @@ class TokenDataModule(L.LightningDataModule):
                 f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
                 f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "
                 f"{self.block_size + 1} tokens: lower block_size or prepare more data "
-                "(for val: a larger --val-fraction; a small split keeps more with fewer "
-                "prepare --num-workers, each of which ends its own chunks)"
+                "(for val: a larger --val-fraction; a small train split keeps more with "
+                "fewer prepare --num-workers, each of which ends its own chunks)"
             )
         return dataset
 
@@ -368,7 +368,13 @@ class TokenDataModule(L.LightningDataModule):
             "fingerprint": self._fingerprint(),
             "loader": self._loader_settings(),
             "val_split": self._val_split(),
+            # Beside "loader", whose keys versions before it compare one by one.
+            "order": self._order(),
         }
+
+    def _order(self) -> str:
+        """The training stream's order (:data:`DATA_ORDER` when shuffled)."""
+        return DATA_ORDER if self.shuffle else "in order (not shuffled)"
 
     def _val_split(self) -> dict[str, Any]:
         """What val/loss is measured on: another split may resume, but the curve jumps."""
@@ -382,7 +388,6 @@ class TokenDataModule(L.LightningDataModule):
             "batch_size": self.batch_size,
             "num_workers": self.num_workers,
             "world_size": self._world_size(),
-            "order": DATA_ORDER,
         }
 
     def _world_size(self) -> int:
@@ -414,10 +419,12 @@ class TokenDataModule(L.LightningDataModule):
         saved_world = (state_dict["train_loader"].get("dataset") or {}).get("world_size", 1)
         saved_loader = {"world_size": saved_world, **(state_dict.get("loader") or {})}
         # Checkpoints from before the order was pinned: litdata's window shuffle.
-        saved_loader.setdefault("order", "blocks shuffled within windows (litdata's default)")
+        earlier = "blocks shuffled within windows (litdata's default)"
+        now_loader["order"] = self._order()
+        saved_loader["order"] = state_dict.get("order", earlier if self.shuffle else self._order())
         names = {"world_size": "processes", "order": "the data order"}
         moved = [
-            f"{names.get(k, f'data.{k}')} {v} -> {now_loader[k]}"
+            f"{names.get(k, f'data.{k}')} {v} -> {now_loader.get(k)}"
             for k, v in saved_loader.items()
             if now_loader.get(k) != v
         ]

@@ -405,6 +405,13 @@ def test_submit_refuses_a_database_it_cannot_reach_before_sbatch(tmp_path, monke
     with pytest.raises(SweepError, match=r"cannot reach the study database .*:\*\*\*@") as error:
         slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
     assert "secret" not in str(error.value) and calls == []
+    assert str(error.value).endswith("(where only the compute nodes reach it: --no-storage-check)")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: calls.append(a) or subprocess.CompletedProcess(a, 0, stdout="7\n", stderr=""))  # fmt: skip
+    options.check_storage = False
+    assert (
+        slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)[1]
+        == "7"
+    )
 
 
 def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypatch):

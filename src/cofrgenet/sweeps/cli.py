@@ -71,6 +71,11 @@ def storage_argument(value: str) -> str:
     return StorageURL(url, given=value)
 
 
+def plain(url: str | None) -> str | None:
+    """A :class:`StorageURL` as a plain ``str``, for what stores or dumps it (YAML)."""
+    return None if url is None else str.__str__(url)
+
+
 class StorageURL(str):
     """``--storage``'s URL, which remembers how it was given (``env:NAME``), for the
     commands a message suggests."""
@@ -207,6 +212,12 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     parser.add_argument("--wait", action="store_true", help="sbatch --wait: block until done")
+    parser.add_argument(
+        "--no-storage-check",
+        action="store_true",
+        help="submit without connecting to a database storage from this host first "
+        "(where only the compute nodes reach it)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -306,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_worker(
         sweep,
         n_trials=args.n_trials,
-        storage_url=args.storage,
+        storage_url=plain(args.storage),
         runs_dir=args.runs_dir,
         extra=extra,
         worker_index=args.worker_index,
@@ -395,10 +406,11 @@ def submit(args: argparse.Namespace) -> int:
         time=args.time,
         mem=args.mem,
         n_trials=args.n_trials,
-        storage=args.storage,
+        storage=plain(args.storage),
         runs_dir=args.runs_dir,
         settings=_settings(args),
         sbatch_args=args.sbatch_args,
+        check_storage=not args.no_storage_check,
     )
     sweep = _sweep(args.sweep, args)
     path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)

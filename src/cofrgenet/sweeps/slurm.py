@@ -69,6 +69,9 @@ class SubmitOptions:
     runs_dir: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     sbatch_args: list[str] = field(default_factory=list)
+    #: Ask a database storage from this host before sbatch (off where only the compute
+    #: nodes reach it).
+    check_storage: bool = True
 
 
 #: The environment variable a rendered script gives its workers a storage URL with a
@@ -324,7 +327,13 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
         raise SweepError("sbatch not found: is this a SLURM login node? (--dry-run prints)")
     if st.journal_path(rendered.storage) is None:  # a database: reachable now, not after
         st.check_rdb_url(rendered.storage)  # the queue's wait, from every task at once
-        st.check_reachable(rendered.storage)
+        if options.check_storage:
+            try:
+                st.check_reachable(rendered.storage)
+            except SweepError as error:
+                raise SweepError(
+                    f"{error} (where only the compute nodes reach it: --no-storage-check)"
+                ) from None
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)

@@ -178,7 +178,8 @@ class CofrMLFlowLogger(MLFlowLogger):
                 self.experiment.update_run(self.run_id, status="RUNNING")
             if STOPPED_AT_TAG in run.data.tags:  # the stop it resumes from is over
                 self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
-        # This attempt's code (a resume may run another commit) and SLURM job.
+        # This attempt's code (a resume may run another commit) and SLURM job (an earlier
+        # attempt's job tags stay when this one runs outside SLURM).
         tags = [RunTag(k, v) for k, v in {**code_tags(), **slurm_tags()}.items()]
         self.experiment.log_batch(self.run_id, tags=tags)
 

@@ -351,17 +351,40 @@ def graph_breaks(trainer: Trainer) -> int:
     return int(explained.graph_break_count)
 
 
+#: Autograd nodes of a cast or a view: what lies between a parameter and the copy of it
+#: that autocast makes for a matmul (``ToCopyBackward0``, then ``TBackward0``).
+CAST_OR_VIEW = frozenset({
+    "ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
+    "ViewBackward0", "UnsafeViewBackward0", "ExpandBackward0", "UnsqueezeBackward0",
+    "SqueezeBackward0", "SqueezeBackward1", "AliasBackward0", "CloneBackward0",
+})  # fmt: skip
+
+
+def is_parameter_copy(tensor: Any, params: set[int]) -> bool:
+    """Whether ``tensor`` is a parameter's cast or view (autocast's bf16 weight copy): its
+    autograd history leads to one of ``params`` (ids) through casts and views only."""
+    node = tensor.grad_fn
+    while node is not None and node.name() in CAST_OR_VIEW:
+        inputs = [n for n, _ in node.next_functions if n is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+    return node is not None and id(getattr(node, "variable", None)) in params
+
+
 def saved_bytes(module: Any, run: Callable[[], Any]) -> int:
     """Bytes of the tensors autograd keeps for backward while ``run()`` runs (each storage
-    once; ``module``'s parameters excluded)."""
+    once; ``module``'s parameters excluded, and their casts under autocast: weights, not
+    activations)."""
     import torch
 
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    param_ids = {id(p) for p in module.parameters()}
     storages: dict[int, int] = {}
 
     def pack(tensor: Any) -> Any:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
+        if storage.data_ptr() not in params and not is_parameter_copy(tensor, param_ids):
             storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 

@@ -143,6 +143,12 @@ def test_summary_rows():
     # Over the seeds both finished (seed 0): gpt2's mean of both seeds, 5.1, gave -0.2.
     assert f.delta_gpt2 == pytest.approx(-0.1) and f.delta_matched == pytest.approx(-0.4)
     assert f.clip_effect == pytest.approx(-0.05) and f.spike_share == pytest.approx(0.05)
+    # One finished seed has no spread: not "± 0.0000".
+    from cofrgenet.bench.quality import table_rows
+
+    cells = {row[0]: row[3] for row in table_rows(list(rows.values()))}
+    assert cells["cofrgenet-f"] == "4.9000 (one seed)" and f.val_std is None
+    assert cells["gpt2"].startswith("5.1000 ± 0.14")
 
 
 def test_the_report_names_each_variants_schedule_where_they_differ():

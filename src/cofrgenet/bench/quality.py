@@ -542,7 +542,7 @@ class Row:
     about: str
     parameters: int
     val_mean: float
-    val_std: float
+    val_std: float | None  # None from fewer than two finished seeds
     delta_gpt2: float | None
     delta_matched: float | None
     clip_effect: float | None  # mean of (clipped - unclipped) val loss
@@ -553,11 +553,19 @@ class Row:
     seeds: int
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample std of the finite values; std None from fewer than two (one seed
+    has no spread to show: it read "± 0.0000")."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
-        return math.nan, math.nan
-    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
+        return math.nan, None
+    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else None
+
+
+def _mean_and_spread(mean: float, std: float | None) -> str:
+    if not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.4f} ± {std:.4f}" if std is not None else f"{mean:.4f} (one seed)"
 
 
 def _delta(runs: list[RunResult], baseline: list[RunResult] | None) -> float | None:
@@ -624,7 +632,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
             r.variant,
             r.about,
             f"{r.parameters:,}",
-            f"{r.val_mean:.4f} ± {r.val_std:.4f}",
+            _mean_and_spread(r.val_mean, r.val_std),
             _signed(r.delta_gpt2),
             _signed(r.delta_matched),
             _signed(r.clip_effect),

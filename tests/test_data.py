@@ -46,7 +46,7 @@ from cofrgenet.data import (
     train_bpe,
 )
 from cofrgenet.data.cpus import default_loader_workers
-from cofrgenet.data.meta import PREPARE_LOCK, DataMeta, prepare_command
+from cofrgenet.data.meta import PREPARE_LOCK, READERS_LOCK, DataMeta, prepare_command
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
@@ -796,6 +796,29 @@ def test_a_script_exits_with_a_loader_still_iterating(small_byte, tmp_path):
     assert done.returncode == 0 and "iterating" in done.stdout, done.stderr[-2000:]
 
 
+def test_a_folder_a_run_reads_is_not_prepared_again_under_it(tmp_path):
+    """prepare --overwrite replaced a folder's chunk files while a run streamed it (the
+    run read the new chunks through its old index); a run starting during a prepare
+    read the old ones. Each now refuses while the other holds the folder."""
+    from cofrgenet.folder_lock import ReadersLock
+
+    folder = tmp_path / "data"
+    prepare_data(PydocSource(), folder, max_docs=8, num_workers=1)
+    run = TokenDataModule(str(folder), block_size=16, batch_size=2, num_workers=0)
+    run.setup("fit")
+    with pytest.raises(PrepareError, match=r"is being read by a training run .*stop it first"):
+        prepare_data(PydocSource(), folder, max_docs=8, num_workers=1, overwrite=True)
+    assert (folder / "meta.json").is_file()  # untouched
+    run.teardown("fit")
+    prepare_data(PydocSource(), folder, max_docs=8, num_workers=1, overwrite=True)
+    assert (folder / READERS_LOCK).is_file() and (folder / "meta.json").is_file()
+    replacer = ReadersLock(folder / READERS_LOCK)
+    assert replacer.replace()  # as a prepare --overwrite under way holds it
+    with pytest.raises(ConfigError, match=r"is being prepared again .*wait for it"):
+        TokenDataModule(str(folder), block_size=16, batch_size=2, num_workers=0).setup("fit")
+    replacer.release()
+
+
 def test_num_workers_follow_slurm(monkeypatch, pydoc_byte):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
     assert default_loader_workers() == 5
@@ -1274,7 +1297,7 @@ def test_a_failed_overwrite_keeps_the_folder_it_would_replace(tmp_path):
     with pytest.raises(UserError, match="text"):
         prepare_data(bad, out, num_workers=1, overwrite=True, val_fraction=0.5)
     assert read_meta(out).splits == before.splits  # the old folder, whole
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]
+    assert sorted(p.name for p in out.iterdir()) == [READERS_LOCK, "meta.json", "train", "val"]
     after = prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
     assert read_meta(out).splits == after.splits and read_meta(out).source == "pydoc"
 
@@ -1335,7 +1358,7 @@ def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_runs(tmp_
     assert [p.name for p in out.iterdir()] == [PREPARE_LOCK]
     first.release()  # as a killed prepare leaves it: the file stays, the flock is gone
     prepare_data("pydoc", out, max_docs=8, num_workers=1)
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]
+    assert sorted(p.name for p in out.iterdir()) == [READERS_LOCK, "meta.json", "train", "val"]
     read_meta(out)
     (out / PREPARE_LOCK).touch()  # a killed prepare's file is its own, not the user's
     with pytest.raises(PrepareError, match="already prepared"):  # not "half-written"
@@ -1356,7 +1379,7 @@ def test_a_second_prepare_into_the_same_out_is_refused_while_the_first_runs(tmp_
         prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
     assert held_at_meta == [True]
     prepare_data("pydoc", out, max_docs=8, num_workers=1, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train", "val"]
+    assert sorted(p.name for p in out.iterdir()) == [READERS_LOCK, "meta.json", "train", "val"]
 
 
 def test_a_corpus_of_one_text_file_says_how_to_make_more_documents(tmp_path):

@@ -114,3 +114,54 @@ def waiting_for(path: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class ReadersLock:
+    """Many readers or one replacer of a folder: a shared ``flock`` that training runs
+    hold on their data folder, which ``cofr data prepare --overwrite`` must take alone
+    before it replaces the folder's files (a run streaming it would read the new chunks
+    through the old index). Where the lock file cannot be made (a read-only folder),
+    nothing is locked: nothing can replace the files there either."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+            try:
+                return os.open(self.path, flags, 0o644)
+            except OSError:
+                continue
+        return None
+
+    def _take(self, mode: int) -> bool:
+        """Take the lock in ``mode`` without waiting: False when it is held otherwise."""
+        if self._fd is not None:
+            return True
+        fd = self._open()
+        if fd is None:
+            return True
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except OSError:  # a file system without flock: as a read-only one
+            os.close(fd)
+            return True
+        self._fd = fd
+        return True
+
+    def read(self) -> bool:
+        """Take a reader's share; False while a replacer holds the folder."""
+        return self._take(fcntl.LOCK_SH)
+
+    def replace(self) -> bool:
+        """Take the folder alone; False while any reader holds it."""
+        return self._take(fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None

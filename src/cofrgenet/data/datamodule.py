@@ -31,6 +31,7 @@ from torch import Tensor
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.data.cpus import default_loader_workers
 from cofrgenet.data.meta import (
+    READERS_LOCK,
     DataMeta,
     check_vocab,
     read_meta,
@@ -38,6 +39,7 @@ from cofrgenet.data.meta import (
     tokenizer_digest,
 )
 from cofrgenet.errors import ConfigError, check_seed
+from cofrgenet.folder_lock import ReadersLock
 
 
 def collate_tokens(items: list[Tensor]) -> Tensor:
@@ -237,6 +239,28 @@ class TokenDataModule(L.LightningDataModule):
     def check_vocab(self, model_vocab_size: int) -> None:
         """Raise a clear error when the model's vocabulary is smaller than the data's."""
         check_vocab(self.meta, model_vocab_size)
+
+    # ---------------------------------------------------------------- the folder
+
+    _readers: ReadersLock | None = None
+
+    def setup(self, stage: str) -> None:
+        """Share the data folder's readers lock while Lightning uses this module: a
+        ``cofr data prepare --overwrite`` of the folder waits for no run that streams it
+        (it would replace the chunks under the run's index) and refuses instead."""
+        if self._readers is None:
+            readers = ReadersLock(self.data_dir / READERS_LOCK)
+            if not readers.read():
+                raise ConfigError(
+                    f"{self.data_dir} is being prepared again (cofr data prepare "
+                    "--overwrite): wait for it to finish, then start this run"
+                )
+            self._readers = readers
+
+    def teardown(self, stage: str) -> None:
+        if self._readers is not None:
+            self._readers.release()
+            self._readers = None
 
     # ---------------------------------------------------------------- datasets
 

@@ -49,6 +49,7 @@ from cofrgenet.data.cpus import available_cpus
 from cofrgenet.data.meta import (
     META_FILE,
     PREPARE_LOCK,
+    READERS_LOCK,
     STAGING_DIR,
     TOKENIZER_DIR,
     DataMeta,
@@ -74,7 +75,7 @@ from cofrgenet.data.tokenizer import (
     train_bpe,
 )
 from cofrgenet.errors import OneLineErrorParser, UserError, check_seed
-from cofrgenet.folder_lock import FolderLock
+from cofrgenet.folder_lock import FolderLock, ReadersLock
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
@@ -459,7 +460,7 @@ def _check_output(out: Path, overwrite: bool) -> None:
     """Refuse an ``out`` folder (made, and locked, by now) that holds files a prepare did
     not write, or is prepared (or half-written) already without ``overwrite``. Nothing is
     deleted here: the new folder is written aside first (:func:`_move_in`)."""
-    entries = {p.name for p in out.iterdir()} - {PREPARE_LOCK}
+    entries = {p.name for p in out.iterdir()} - {PREPARE_LOCK, READERS_LOCK}
     if not entries:
         return
     # By content: a train/ of the user's own text files is not ours to delete.
@@ -529,7 +530,7 @@ def _move_in(stage: Path, out: Path) -> None:
     between leaves a folder that reads as half-written, never as the old one."""
     (out / META_FILE).unlink(missing_ok=True)
     for entry in list(out.iterdir()):  # the old folder's (a cut write's temporary files too)
-        if entry.name not in (stage.name, PREPARE_LOCK) and written_by_prepare(entry):
+        if entry.name not in (stage.name, PREPARE_LOCK, READERS_LOCK) and written_by_prepare(entry):
             _remove(entry)
     for entry in stage.iterdir():
         entry.rename(out / entry.name)
@@ -720,7 +721,15 @@ def prepare_data(
     created = not out.exists()
     _make_folder(out)
     lock = _lock_output(out)
+    # Held until the end: a run that streams the folder now would read the new chunks
+    # through the old index, and one that starts while this prepare runs, the old ones.
+    readers = ReadersLock(out / READERS_LOCK)
     try:
+        if not readers.replace():
+            raise PrepareError(
+                f"--out {str(out)!r} is being read by a training run (cofr fit, a sweep "
+                "trial): stop it first, or prepare into another --out"
+            )
         _check_output(out, overwrite)
         # Written aside, then moved in: a prepare that fails (a bad record, an empty split,
         # Ctrl-C) leaves an --overwrite's old folder whole and the same command runnable.
@@ -784,12 +793,17 @@ def prepare_data(
         )
         meta.write(out)
     except BaseException:
+        readers.release()
+        if not (out / META_FILE).exists():  # no data, so no reader: the folder as it was
+            with contextlib.suppress(OSError):
+                (out / READERS_LOCK).unlink(missing_ok=True)
         if created:
             lock.release(remove=True)
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
     finally:
+        readers.release()
         lock.release(remove=True)
     log(f"done in {time.perf_counter() - started:.1f} s")
     return meta

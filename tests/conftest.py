@@ -7,7 +7,9 @@ no CUDA device is present. Importing torch does not import triton.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -18,8 +20,12 @@ if not torch.cuda.is_available():
 # No test reaches the Hugging Face hub (evaluation sets come from local files).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-# The CLI's cache (cofrgenet.cli_cache) of this test session, not the user's.
-os.environ.setdefault("COFR_CACHE_DIR", tempfile.mkdtemp(prefix="cofr-cli-cache-"))
+# The CLI's cache (cofrgenet.cli_cache) of this test session, not the user's; removed
+# at the session's end (xdist workers and subprocesses inherit the variable).
+if "COFR_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="cofr-cli-cache-")
+    os.environ["COFR_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
 @pytest.fixture

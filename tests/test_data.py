@@ -817,6 +817,15 @@ def test_a_folder_a_run_reads_is_not_prepared_again_under_it(tmp_path):
     with pytest.raises(ConfigError, match=r"is being prepared again .*wait for it"):
         TokenDataModule(str(folder), block_size=16, batch_size=2, num_workers=0).setup("fit")
     replacer.release()
+    # Loader workers do not keep the trainer's hold (they outlive a killed one a while).
+    run = TokenDataModule(str(folder), block_size=16, batch_size=2, num_workers=1)
+    run.setup("fit")
+    batches = iter(run.train_dataloader())
+    next(batches)  # a worker runs, forked while the trainer held the folder
+    run.teardown("fit")
+    assert replacer.replace()
+    replacer.release()
+    del batches
 
 
 def test_num_workers_follow_slurm(monkeypatch, pydoc_byte):

@@ -213,6 +213,44 @@ def test_a_replayed_validation_is_not_logged_twice(tmp_path):
     assert steps == {"train/loss": [*range(20), 20], "val/loss": [20, 30], "val/ppl": [20]}
 
 
+def test_a_stopped_run_reads_killed_before_it_finalizes(tmp_path):
+    """KILLED was written at finalize: a second SIGTERM on the way out (SLURM's, a
+    user's) ended the process first, and the run stayed RUNNING. A requeue that does not
+    come takes it back."""
+    from cofrgenet.training.tracking import RUN_ID_FILE, CofrMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.tracking.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / RUN_ID_FILE).write_text(run_id + "\n")
+    logger = CofrMLFlowLogger(run_dir=tmp_path / "run", experiment_name="e", tracking_uri=uri)
+    logger.mark_killed(7)
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["cofr.stopped_at_step"] == "7"
+    logger.mark_going_on()
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and "cofr.stopped_at_step" not in run.data.tags
+
+
+def test_a_ctrl_c_after_the_stop_is_saved_lets_the_stop_end(tmp_path):
+    """A second Ctrl-C once the stop's checkpoint was saved raised KeyboardInterrupt
+    inside MLflow's last writes (a SQLAlchemy traceback); the save is done: it is let be."""
+    import signal
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    stop = StopOnSignal()
+    stop._phase, stop.signal = "training", signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):  # before the save: abort without saving
+        stop._on_sigint(signal.SIGINT, None)
+    stop.saved = tmp_path / "last.ckpt"
+    try:
+        stop._on_sigint(signal.SIGINT, None)  # after it: nothing to abort
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C after the stop's save interrupted its way out")
+
+
 def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     CofrCLI(
         args=fit_args(

@@ -151,6 +151,7 @@ class ReadersLock:
             os.close(fd)
             return True
         self._fd = fd
+        _HELD_READER_FDS.add(fd)
         return True
 
     def read(self) -> bool:
@@ -163,5 +164,20 @@ class ReadersLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            _HELD_READER_FDS.discard(self._fd)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+
+#: The descriptors of this process's readers locks: a forked child (a data loader
+#: worker) shares their flock until it closes its copies.
+_HELD_READER_FDS: set[int] = set()
+
+
+def close_inherited_reader_locks() -> None:
+    """In a forked child: close the copies of the parent's readers locks, so that the
+    folder is free once the parent lets go (or dies), not when the child exits too."""
+    for fd in list(_HELD_READER_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_READER_FDS.clear()

@@ -39,7 +39,7 @@ from cofrgenet.data.meta import (
     tokenizer_digest,
 )
 from cofrgenet.errors import ConfigError, check_seed
-from cofrgenet.folder_lock import ReadersLock
+from cofrgenet.folder_lock import ReadersLock, close_inherited_reader_locks
 
 
 def collate_tokens(items: list[Tensor]) -> Tensor:
@@ -82,6 +82,9 @@ class IgnoreStopSignals:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        # Not the trainer's hold on the data folder: a worker outlives a killed trainer
+        # by a few seconds, in which the folder looked in use.
+        close_inherited_reader_locks()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self.exiting.is_set():

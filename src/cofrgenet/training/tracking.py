@@ -188,7 +188,9 @@ class CofrMLFlowLogger(MLFlowLogger):
     def mark_killed(self, step: int) -> None:
         """The run was stopped by a signal after ``step``: end it as KILLED, not FAILED,
         with that step as a tag (:data:`STOPPED_AT_TAG`); its last logged step lags by up
-        to ``log_every_n_steps``."""
+        to ``log_every_n_steps``. KILLED is written now, not at :meth:`finalize`: a second
+        SIGTERM on the way out (SLURM's, a user's) ended the process before that, and the
+        run stayed RUNNING."""
         self._killed = True
         self._tag_stopped_at(step)
 
@@ -203,11 +205,13 @@ class CofrMLFlowLogger(MLFlowLogger):
         if not self.evaluation:
             with contextlib.suppress(MlflowException):  # no such tag: nothing to take back
                 self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
+            self.experiment.update_run(self.run_id, status="RUNNING")
 
     @rank_zero_only
     def _tag_stopped_at(self, step: int) -> None:
         if not self.evaluation:
             self.experiment.set_tag(self.run_id, STOPPED_AT_TAG, str(step))
+            self.experiment.update_run(self.run_id, status="KILLED")
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:

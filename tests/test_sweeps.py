@@ -1027,17 +1027,24 @@ def test_a_resumed_trial_forgets_what_an_earlier_attempt_decided(tiny_data, tmp_
     assert trial.user_attrs[REQUEUED_AT] is None and trial.user_attrs[PRUNED_AT] is None
 
 
-def test_lost_worker_detection(tmp_path, monkeypatch):
-    """A dead pid on this host is lost at once; elsewhere only after the grace period."""
-    storage = st.open_storage(f"journal:{tmp_path / 'l.journal'}")
-    study = optuna.create_study(study_name="l", storage=storage)
+def study_and_dead_pid(tmp_path, name: str):
+    """(storage, a new study ``name`` in a journal, its storage options, the pid of a
+    process that has ended): for telling lost trials from live ones."""
+    storage = st.open_storage(f"journal:{tmp_path / f'{name}.journal'}")
+    study = optuna.create_study(study_name=name, storage=storage)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    options = parse_sweep({"study": "l", "space": {"a": [1]}, "n_trials": 1}).storage_options
+    options = parse_sweep({"study": name, "space": {"a": [1]}, "n_trials": 1}).storage_options
+    return storage, study, options, dead.pid
+
+
+def test_lost_worker_detection(tmp_path, monkeypatch):
+    """A dead pid on this host is lost at once; elsewhere only after the grace period."""
+    storage, study, options, dead_pid = study_and_dead_pid(tmp_path, "l")
     trial = study.ask()
     for key, value in {
         st.HOST: os.uname().nodename,
-        st.PID: dead.pid,
+        st.PID: dead_pid,
         st.HEARTBEAT: time.time(),
     }.items():
         trial.set_user_attr(key, value)
@@ -1059,13 +1066,9 @@ def test_a_trial_left_for_a_slurm_requeue_waits_the_grace_period_on_its_host(tmp
     once (a retry used up per requeue; with max_retry 0 the trial was dropped)."""
     import socket
 
-    storage = st.open_storage(f"journal:{tmp_path / 'r.journal'}")
-    study = optuna.create_study(study_name="r", storage=storage)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    options = parse_sweep({"study": "r", "space": {"a": [1]}, "n_trials": 1}).storage_options
+    storage, study, options, dead_pid = study_and_dead_pid(tmp_path, "r")
     trial = study.ask()
-    attrs = {st.HOST: socket.gethostname(), st.PID: dead.pid, st.WORKER: "slurm-7_0"}
+    attrs = {st.HOST: socket.gethostname(), st.PID: dead_pid, st.WORKER: "slurm-7_0"}
     for key, value in {**attrs, st.HEARTBEAT: time.time(), st.REQUEUED: time.time()}.items():
         trial.set_user_attr(key, value)
     assert st.lost_reason(st.frozen_trial(storage, study, trial.number), storage, options) is None

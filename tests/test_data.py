@@ -806,8 +806,13 @@ def test_a_folder_a_run_reads_is_not_prepared_again_under_it(tmp_path):
     prepare_data(PydocSource(), folder, max_docs=8, num_workers=1)
     run = TokenDataModule(str(folder), block_size=16, batch_size=2, num_workers=0)
     run.setup("fit")
+
+    class Unread(PydocSource):  # refused before the source is listed (a large one is slow)
+        def __len__(self):
+            raise AssertionError("the source was listed before the refusal")
+
     with pytest.raises(PrepareError, match=r"is being read by a training run .*stop it first"):
-        prepare_data(PydocSource(), folder, max_docs=8, num_workers=1, overwrite=True)
+        prepare_data(Unread(), folder, max_docs=8, num_workers=1, overwrite=True)
     assert (folder / "meta.json").is_file()  # untouched
     run.teardown("fit")
     prepare_data(PydocSource(), folder, max_docs=8, num_workers=1, overwrite=True)

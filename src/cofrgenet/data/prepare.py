@@ -537,6 +537,22 @@ def _move_in(stage: Path, out: Path) -> None:
     stage.rmdir()
 
 
+def _being_read(out: Path) -> PrepareError:
+    return PrepareError(
+        f"--out {str(out)!r} is being read by a training run (cofr fit, a sweep trial): "
+        "stop it first, or prepare into another --out"
+    )
+
+
+def _check_no_readers(out: Path) -> None:
+    """Refuse at once a folder a training run reads (the lock is taken for good later)."""
+    probe = ReadersLock(out / READERS_LOCK)
+    free = probe.replace()
+    probe.release()
+    if not free:
+        raise _being_read(out)
+
+
 def _make_folder(out: Path) -> None:
     """``mkdir -p out``, with a one-line error naming what stands in the way."""
     if out.is_symlink() and not out.exists():
@@ -687,6 +703,8 @@ def prepare_data(
     num_workers = available_cpus() if num_workers is None else check_num_workers(num_workers)
     chunk_bytes = parse_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
+    if overwrite and (out / META_FILE).exists():
+        _check_no_readers(out)  # before reading a source that may be large
 
     # 1. Split documents.
     train_idx, val_idx, split_args = _split(source, val_source, val_fraction, seed, max_docs)
@@ -726,10 +744,7 @@ def prepare_data(
     readers = ReadersLock(out / READERS_LOCK)
     try:
         if not readers.replace():
-            raise PrepareError(
-                f"--out {str(out)!r} is being read by a training run (cofr fit, a sweep "
-                "trial): stop it first, or prepare into another --out"
-            )
+            raise _being_read(out)
         _check_output(out, overwrite)
         # Written aside, then moved in: a prepare that fails (a bad record, an empty split,
         # Ctrl-C) leaves an --overwrite's old folder whole and the same command runnable.

@@ -40,6 +40,8 @@ STAGING_DIR = ".next"
 PREPARE_LOCK = ".prepare.lock"
 #: The lock training runs share on their data folder (cofrgenet.folder_lock.ReadersLock).
 READERS_LOCK = ".readers.lock"
+#: The lock files of a data folder: prepare's own, they stay through a prepare.
+LOCK_FILES = (PREPARE_LOCK, READERS_LOCK)
 #: The entries of a data folder a prepare writes besides meta.json (.cache: litdata's).
 PREPARED_ENTRIES = (*SPLITS, TOKENIZER_DIR, ".cache", STAGING_DIR)
 
@@ -49,7 +51,7 @@ def written_by_prepare(path: Path) -> bool:
     meta.json, litdata's cache, or a split or tokenizer folder holding only its files. A
     folder the user made (their corpus in ``train/``), or a link to one, is not."""
     name = path.name
-    if name in (META_FILE, ".cache", STAGING_DIR, PREPARE_LOCK, READERS_LOCK) or is_temporary(name):
+    if name in (META_FILE, ".cache", STAGING_DIR, *LOCK_FILES) or is_temporary(name):
         return True
     if path.is_symlink() or not path.is_dir() or name not in PREPARED_ENTRIES:
         return False

@@ -47,6 +47,7 @@ from cofrgenet import package_version, terminal
 from cofrgenet.atomic import why_no_folder
 from cofrgenet.data.cpus import available_cpus
 from cofrgenet.data.meta import (
+    LOCK_FILES,
     META_FILE,
     PREPARE_LOCK,
     READERS_LOCK,
@@ -460,7 +461,7 @@ def _check_output(out: Path, overwrite: bool) -> None:
     """Refuse an ``out`` folder (made, and locked, by now) that holds files a prepare did
     not write, or is prepared (or half-written) already without ``overwrite``. Nothing is
     deleted here: the new folder is written aside first (:func:`_move_in`)."""
-    entries = {p.name for p in out.iterdir()} - {PREPARE_LOCK, READERS_LOCK}
+    entries = {p.name for p in out.iterdir()} - set(LOCK_FILES)
     if not entries:
         return
     # By content: a train/ of the user's own text files is not ours to delete.
@@ -530,7 +531,7 @@ def _move_in(stage: Path, out: Path) -> None:
     between leaves a folder that reads as half-written, never as the old one."""
     (out / META_FILE).unlink(missing_ok=True)
     for entry in list(out.iterdir()):  # the old folder's (a cut write's temporary files too)
-        if entry.name not in (stage.name, PREPARE_LOCK, READERS_LOCK) and written_by_prepare(entry):
+        if entry.name not in (stage.name, *LOCK_FILES) and written_by_prepare(entry):
             _remove(entry)
     for entry in stage.iterdir():
         entry.rename(out / entry.name)
@@ -808,7 +809,6 @@ def prepare_data(
         )
         meta.write(out)
     except BaseException:
-        readers.release()
         if not (out / META_FILE).exists():  # no data, so no reader: the folder as it was
             with contextlib.suppress(OSError):
                 (out / READERS_LOCK).unlink(missing_ok=True)

@@ -58,7 +58,12 @@ from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import did_you_mean
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
-from cofrgenet.training.run_store import slurm_tags, sqlite_database
+from cofrgenet.training.run_store import (
+    SLURM_TAGS,
+    slurm_run_name,
+    slurm_tags,
+    sqlite_database,
+)
 
 log = logging.getLogger("cofrgenet.sweeps")
 
@@ -86,12 +91,7 @@ LAST_SEEN = "cofr.last_seen"
 REQUEUED = "cofr.requeued_at"
 #: A queued grid point's values (Optuna gives a WAITING trial no params until it runs).
 GRID_POINT = "cofr.grid_point"
-SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = (
-    "slurm.job_id",
-    "slurm.array_job_id",
-    "slurm.array_task_id",
-    "slurm.procid",
-)
+SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = SLURM_TAGS  # the keys of slurm_tags()
 
 
 def default_storage(sweep: Sweep, runs_dir: str | None = None) -> str:
@@ -470,12 +470,7 @@ class Worker:
     @classmethod
     def current(cls) -> Worker:
         slurm = slurm_tags()
-        if slurm.get(SLURM_ARRAY_JOB) and slurm.get(SLURM_ARRAY_TASK):
-            worker_id = f"slurm-{slurm[SLURM_ARRAY_JOB]}_{slurm[SLURM_ARRAY_TASK]}"
-        elif slurm.get(SLURM_JOB):
-            worker_id = f"slurm-{slurm[SLURM_JOB]}"
-        else:
-            worker_id = None
+        worker_id = slurm_run_name()  # the array job and task, or the job
         if worker_id and slurm.get(SLURM_PROC, "0") != "0":  # one of several srun tasks
             worker_id += f".{slurm[SLURM_PROC]}"
         pid = os.getpid()

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from mlflow.exceptions import MlflowException
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.training.run_store import (
@@ -173,11 +171,7 @@ class CofrMLFlowLogger(MLFlowLogger):
         if not id_file.exists():
             write_text_atomic(id_file, self.run_id + "\n")
         else:
-            run = self.experiment.get_run(self.run_id)
-            if run.info.status != "RUNNING":
-                self.experiment.update_run(self.run_id, status="RUNNING")
-            if STOPPED_AT_TAG in run.data.tags:  # the stop it resumes from is over
-                self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
+            self._mark_running()
         # This attempt's code (a resume may run another commit) and SLURM job (an earlier
         # attempt's job tags stay when this one runs outside SLURM).
         tags = [RunTag(k, v) for k, v in {**code_tags(), **slurm_tags()}.items()]
@@ -198,14 +192,18 @@ class CofrMLFlowLogger(MLFlowLogger):
         """Take back :meth:`mark_killed`: the run went on (a requeue that did not come)."""
         if self._killed:
             self._killed = False
-            self._untag_stopped_at()
+            if not self.evaluation:
+                self._mark_running()
 
     @rank_zero_only
-    def _untag_stopped_at(self) -> None:
-        if not self.evaluation:
-            with contextlib.suppress(MlflowException):  # no such tag: nothing to take back
-                self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
+    def _mark_running(self) -> None:
+        """RUNNING, without the tag of a stop that is over (a resume, or a requeue that
+        did not come)."""
+        run = self.experiment.get_run(self.run_id)
+        if run.info.status != "RUNNING":
             self.experiment.update_run(self.run_id, status="RUNNING")
+        if STOPPED_AT_TAG in run.data.tags:
+            self.experiment.delete_tag(self.run_id, STOPPED_AT_TAG)
 
     @rank_zero_only
     def _tag_stopped_at(self, step: int) -> None:

@@ -158,6 +158,10 @@ def test_alibi_bias_is_linear_in_distance_and_causal():
                 assert bias[h, i, j].item() == expected
     # A decoding step builds only its new rows (the whole square is O(T^2) per token).
     assert torch.equal(alibi_bias(6, 5, dtype=F64, start=3), bias[:, 3:])
+    # In bf16 each bias is the float32 one rounded once (distances past 256 are not
+    # integers in bf16: rounded twice, they were off by several logits at 1024).
+    wide = alibi_bias(12, 1024)
+    assert torch.equal(alibi_bias(12, 1024, dtype=torch.bfloat16), wide.to(torch.bfloat16))
 
 
 # Attention mixers against naive references -------------------------------------------
@@ -418,7 +422,8 @@ def test_llama_preset_round_trips_through_json():
     ids=["arch", "position", "norm", "kv_heads", "rope_scaling", "rnn_position", "rnn_hidden"],
 )
 def test_config_rejects_bad_baseline_values(bad, match):
-    with pytest.raises(ValueError, match=match):
+    """ConfigError: a one-line message in every command, not a traceback."""
+    with pytest.raises(ConfigError, match=match):
         ModelConfig(**bad)
 
 

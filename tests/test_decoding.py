@@ -219,11 +219,15 @@ def test_a_transformer_decodes_through_its_cache_like_a_full_recompute(attention
         "gpt2-tiny-f", vocab_size=HARNESS_VOCAB, block_size=HARNESS_BLOCK, attention=attention
     )
     model = build_model(config).eval()
-    calls = []
+    calls, grad_modes = [], set()
     forward = model.forward
-    monkeypatch.setattr(
-        model, "forward", lambda idx, cache=None: calls.append(idx.shape[1]) or forward(idx, cache)
-    )
+
+    def counted_forward(idx, cache=None):
+        calls.append(idx.shape[1])
+        grad_modes.add(torch.is_grad_enabled())
+        return forward(idx, cache)
+
+    monkeypatch.setattr(model, "forward", counted_forward)
     idx = torch.tensor([list(b"abcd"), list(b"wxyz"), list(b"0123")])
     expected = full_recompute(model, idx, 12, HARNESS_BLOCK)
     stop_row0 = expected[0][:3]
@@ -239,6 +243,8 @@ def test_a_transformer_decodes_through_its_cache_like_a_full_recompute(attention
     )
     assert new == expected
     assert calls == [4] + [1] * 11  # the prompt once, then one token a step
+    # Called with autograd on, it still keeps no graph: cache writes would chain into one.
+    assert grad_modes == {False}
     # Past max_length the window slides, and the cache gives way to a recompute.
     long = torch.tensor([list(b"x" * (HARNESS_BLOCK - 2))])
     expected = full_recompute(model, long, 6, HARNESS_BLOCK)

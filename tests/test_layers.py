@@ -286,6 +286,29 @@ def test_output_range_widens_at_once_and_forgets_slowly():
     assert r(torch.tensor([[5.0, -5.0]])).tolist() == [[0.5, 1.25]]
 
 
+def test_output_range_keeps_its_range_through_a_non_finite_batch():
+    """One NaN or inf in a training batch (the step the non-finite-loss guard skips) must
+    not become a bound: eval would then clip every output, clean ones too, to NaN."""
+    from cofrgenet.nn.ladder import OutputRange
+
+    r = OutputRange((3,), momentum=0.5)
+    r(torch.tensor([[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]))
+    r(torch.tensor([[float("nan"), float("inf"), 2.5], [1.0, float("-inf"), 2.5]]))
+    assert r.low.tolist() == [0.0, 1.0, 2.25] and r.high.tolist() == [1.0, 2.0, 2.75]
+    fresh = OutputRange((1,))
+    fresh(torch.tensor([[float("nan")]]))  # never seen a finite value: still unseen
+    assert torch.isinf(fresh.low).all() and torch.isinf(fresh.high).all()
+    layer = Cffn(8, 3, 2)
+    x = torch.randn(4, 5, 8)
+    with torch.no_grad():
+        layer(x)
+        poisoned = x.clone()
+        poisoned[0, 0, 0] = float("inf")
+        layer(poisoned)
+        layer.eval()
+        assert torch.isfinite(layer(x)).all()
+
+
 def test_output_range_takes_every_rank_s_extremes_in_one_exchange(monkeypatch):
     """Under data parallelism: one all_reduce per forward (it runs in every ladder layer of
     every step), and the range is the min / max over both ranks' batches."""
@@ -325,7 +348,7 @@ def test_no_weight_decay_names_ladder_biases_and_cattn_u_linear_terms():
 def test_bad_denominators():
     with pytest.raises(ValueError, match="unknown denominators 'linear'"):
         Cffn(8, 2, 2, denominators="linear")
-    with pytest.raises(ValueError, match="floor must be a positive number"):
+    with pytest.raises(ValueError, match="floor must be a finite positive number"):
         CAttnM(8, 6, 2, 2, floor=0.0)
 
 

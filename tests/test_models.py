@@ -63,8 +63,27 @@ def test_config_unknown_key_names_key_and_valid_keys():
         {"ladder_grad": "exactt"},
         {"ladder_impl": "tritn"},
         {"attention_pattern": []},
+        {"ladder_eps": 0.0},
+        {"ladder_eps": float("nan")},
+        {"ladder_floor": float("inf")},
+        {"norm_eps": -1.0},
+        {"ffn": "mpl"},
+        {"ffn_pattern": ["mlp", "cfnn"]},
     ],
-    ids=["n_layer0", "dropout1", "cffn_ladder", "ladder_grad", "ladder_impl", "empty_pattern"],
+    ids=[
+        "n_layer0",
+        "dropout1",
+        "cffn_ladder",
+        "ladder_grad",
+        "ladder_impl",
+        "empty_pattern",
+        "ladder_eps0",
+        "ladder_eps_nan",
+        "ladder_floor_inf",
+        "norm_eps_negative",
+        "ffn_typo",
+        "ffn_pattern_typo",
+    ],
 )
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ConfigError):
@@ -91,7 +110,7 @@ def test_unknown_mixer_names_raise_with_registered_names():
     with pytest.raises(ValueError, match=r"unknown attention mixer 'nope'.*softmax.*cattn_m"):
         build_model(tiny(attention="nope"))
     with pytest.raises(ValueError, match=r"unknown ffn mixer 'nope'.*mlp.*cffn"):
-        build_model(tiny(ffn_pattern=["mlp", "nope"]))
+        tiny(ffn_pattern=["mlp", "nope"])
     with pytest.raises(ValueError, match="already registered"):
         ATTENTION.register("softmax")(lambda config, layer_idx: nn.Identity())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,8 +215,13 @@ class ModelConfig:
     def _check_numbers(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not (isinstance(self.ladder_floor, (int, float)) and self.ladder_floor > 0):
-            raise ConfigError(f"ladder_floor must be a positive number, got {self.ladder_floor!r}")
+        # Checked here, not at the first forward (eps, floor) or by a NaN loss (norm_eps).
+        for name in ("ladder_floor", "ladder_eps"):
+            value = getattr(self, name)
+            if not (_is_finite_number(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite positive number, got {value!r}")
+        if not (_is_finite_number(self.norm_eps) and self.norm_eps >= 0):
+            raise ConfigError(f"norm_eps must be a finite number >= 0, got {self.norm_eps!r}")
         if self.ladder_out_std is not None and not self.ladder_out_std > 0:
             raise ConfigError(
                 f"ladder_out_std must be positive or None, got {self.ladder_out_std!r}"
@@ -288,6 +294,10 @@ def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> M
     if preset is None:
         return ModelConfig.from_dict(overrides)
     return ModelConfig.from_preset(preset, **overrides)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_positive_int(value: Any) -> bool:

@@ -115,7 +115,8 @@ def decode_until(
     """
     if max_new_tokens <= 0:
         return [[] for _ in range(idx.shape[0])]
-    with reusing_stacked_weights():
+    # Without it, every cache write would join one autograd graph, growing each step.
+    with torch.inference_mode(), reusing_stacked_weights():
         rows = list(range(idx.shape[0]))  # original row of each active row
         new: list[list[int]] = [[] for _ in rows]
         step = getattr(model, "step", None)

@@ -18,6 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.registry import ARCHITECTURES
 from cofrgenet.nn.decoding import sample_tokens
@@ -161,7 +162,7 @@ def recurrent_flops(config: ModelConfig, seq_len: int) -> dict[str, int]:
 
 def _validate_recurrent(config: ModelConfig) -> None:
     if config.position not in (None, "none"):
-        raise ValueError(
+        raise ConfigError(
             f"arch {config.arch!r} reads tokens in order and takes no position encoding; "
             f"got position={config.position!r} (use 'none')"
         )

@@ -223,6 +223,8 @@ def _check_transformer_config(config: ModelConfig) -> None:
     for name in ("attention", "ffn", "norm", "position", "bias", "tie_embeddings"):
         if getattr(config, name) is None:
             raise ValueError(f"a transformer needs config.{name} (arch {config.arch!r})")
+    for ffn in {config.ffn_for(i) for i in range(config.n_layer)}:
+        FFN.entry(ffn)  # a typo fails here, when the config is made, not at build time
     names = {config.attention_for(i) for i in range(config.n_layer)}
     with_heads = sorted(n for n in names if ATTENTION.entry(n).uses_heads)
     if with_heads and config.n_embd % config.n_head:

@@ -67,7 +67,7 @@ def check_denominators(denominators: str, floor: float) -> None:
             "('positive': a_k = floor + softplus(w x + b), no poles; 'paper': a_k = w x + b)"
         )
     if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
-        raise ValueError(f"the denominator floor must be a positive number, got {floor!r}")
+        raise ValueError(f"the denominator floor must be a finite positive number, got {floor!r}")
 
 
 #: The stacks of :func:`reusing_stacked_weights` blocks: (LadderWeights, name) -> tensor.
@@ -206,12 +206,16 @@ class OutputRange(nn.Module):
             batch_low, batch_high = extremes[0].neg(), extremes[1]
         m = self.momentum
         seen = torch.isfinite(low)
-        low.copy_(
-            torch.where(seen, torch.minimum(batch_low, low + m * (batch_low - low)), batch_low)
+        new_low = torch.where(
+            seen, torch.minimum(batch_low, low + m * (batch_low - low)), batch_low
         )
-        high.copy_(
-            torch.where(seen, torch.maximum(batch_high, high + m * (batch_high - high)), batch_high)
+        new_high = torch.where(
+            seen, torch.maximum(batch_high, high + m * (batch_high - high)), batch_high
         )
+        # A ladder whose batch held a NaN or an infinity keeps its range: stored, it would
+        # clip every later eval output to NaN (and the non-finite-loss guard's checkpoint).
+        low.copy_(torch.where(torch.isfinite(batch_low), new_low, low))
+        high.copy_(torch.where(torch.isfinite(batch_high), new_high, high))
 
     def forward(self, z: Tensor, length: int | slice | None = None) -> Tensor:
         if self.training:

@@ -29,9 +29,9 @@ RELATIVE_POSITIONS = ("rope", "alibi")
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_len")
 
 
-def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Angles in float32 at least (bf16 positions lose integers above 256), float64 for
-    # float64 inputs so reference tests stay exact.
+def _position_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Positions, angles and distances in float32 at least (bf16 loses integers above
+    # 256), float64 for float64 inputs so reference tests stay exact.
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -47,7 +47,7 @@ def sinusoidal_encoding(
     An odd ``dim`` drops the last cosine column. ``dtype`` defaults to float32.
     """
     dtype = torch.float32 if dtype is None else dtype
-    work = _angle_dtype(dtype)
+    work = _position_dtype(dtype)
     exponents = torch.arange(0, dim, 2, device=positions.device, dtype=work) / dim
     angles = positions.to(work)[..., None] * base**-exponents  # (..., ceil(dim / 2))
     table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # sin, cos interleaved
@@ -130,7 +130,7 @@ class RotaryEmbedding(nn.Module):
         self, length: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         """cos and sin of position x frequency -> two (length, head_dim // 2) tensors."""
-        work = _angle_dtype(dtype)
+        work = _position_dtype(dtype)
         inv_freq = rope_frequencies(self.head_dim, self.theta, self.scaling, device, work)
         angles = torch.outer(torch.arange(length, device=device, dtype=work), inv_freq)
         return angles.cos(), angles.sin()
@@ -181,9 +181,12 @@ def alibi_bias(
     bias[h, i, j] = -m_h (i - j) for keys j <= i and -inf for j > i (the causal mask).
     A decoding step asks for its new rows only: the whole square is O(T^2) per token.
     """
-    slopes = torch.tensor(alibi_slopes(n_head), device=device, dtype=dtype)
+    # Made in float32 and rounded once: in bf16, distances past 256 (and their products
+    # with the slopes) would round twice, by several logits at a length of 1024.
+    work = _position_dtype(dtype)
+    slopes = torch.tensor(alibi_slopes(n_head), device=device, dtype=work)
     queries = torch.arange(start, length, device=device)
     keys = torch.arange(length, device=device)
-    distance = (queries[:, None] - keys[None, :]).to(dtype)  # i - j
+    distance = (queries[:, None] - keys[None, :]).to(work)  # i - j
     bias = -slopes[:, None, None] * distance
-    return bias.masked_fill(distance < 0, float("-inf"))
+    return bias.masked_fill(distance < 0, float("-inf")).to(dtype)

@@ -1199,6 +1199,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.limit_train_batches", "0"], "limit_train_batches is 0: nothing would"),
         (["--trainer.max_epochs", "0"], "trainer.max_epochs is 0: nothing would train"),
         (["--trainer.strategy", "ddpp"], r"^trainer: You selected an invalid strategy name"),
+        (["--trainer.devices", "abc"], r"^trainer: `devices` selected with `CPUAccelerator`"),
+        (["--trainer.devices", "-2"], r"^trainer: `devices` selected with `CPUAccelerator`"),
+        (["--trainer.default_root_dir", "elsewhere"], r"^trainer\.default_root_dir is the run"),
+        (["--trainer.enable_checkpointing", "false"], r"enable_checkpointing: false is not"),
         (
             [
                 "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
@@ -1282,6 +1286,26 @@ def test_a_bad_config_file_is_named(tiny_data, tmp_path, text, match):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(bad)))
 
 
+def test_triton_ladders_on_a_cpu_run_are_refused_before_the_run_starts(
+    tiny_data, tmp_path, monkeypatch
+):
+    """The kernels would raise at the first step, after the run folder was written."""
+    monkeypatch.delenv("TRITON_INTERPRET")  # the test suite's interpreter: as on a user's CPU
+    args = fit_args(tmp_path, tiny_data, "--model.config.ladder_impl", "triton")
+    with pytest.raises(UserError, match=r"ladder_impl: triton needs a CUDA device.*on CPU"):
+        CofrCLI(args=args)
+    assert not (tmp_path / "runs" / "test").exists() or not any(
+        (tmp_path / "runs" / "test").iterdir()
+    )
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tiny_data, tmp_path):
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("# café\ntrainer:\n  max_steps: 2\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"latin1\.yaml is not UTF-8 text \(byte 5\)"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(latin1)))
+
+
 def test_too_little_data_for_one_batch_is_an_error(tiny_data, tmp_path):
     with pytest.raises(ConfigError, match=r"gives no full batch of data\.batch_size=100000"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--data.batch_size", "100000"))
@@ -1306,6 +1330,8 @@ def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_p
     assert cli.trainer.callback_metrics["val/loss"] > 0
     with pytest.raises(ConfigError, match=r"--base is read in config files only"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--base", str(recipes_dir / "exp.yaml")))
+    with pytest.raises(ConfigError, match=r"--base is read in config files only"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--base+", str(recipes_dir / "exp.yaml")))
 
 
 def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, capsys):
@@ -1330,6 +1356,27 @@ def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, c
         == []
     )
     assert _replaced_by_later_files(["--model.config", '{"depth": 3}', "--config", str(merged)])
+    # Top-level keys and section files count too; the file named is the one that wins.
+    seed = tmp_path / "seed.yaml"
+    seed.write_text("seed_everything: 7\ntrainer:\n  max_steps: 9\n")
+    section = tmp_path / "trainer.yaml"
+    section.write_text("max_steps: 4\nlog_every_n_steps: 2\n")
+    assert _replaced_by_later_files(["--seed_everything", "5", "--config", str(seed)]) == [
+        f"--seed_everything is replaced by {seed}, given after it"
+    ]
+    assert _replaced_by_later_files(
+        ["--trainer.max_steps", "50", "--trainer", str(section), "--config", debug]
+    ) == [
+        f"--trainer.max_steps is replaced by {debug}, given after it",
+        f"trainer.log_every_n_steps, trainer.max_steps of --trainer {section} replaced by "
+        f"{debug}, given after it",
+    ]
+    assert _replaced_by_later_files(["--trainer.max_steps", "50", "--trainer", str(section)]) == [
+        f"--trainer.max_steps is replaced by {section}, given after it"
+    ]
+    assert _replaced_by_later_files(["--trainer", str(section), "--config", str(seed)]) == [
+        f"trainer.max_steps of --trainer {section} replaced by {seed}, given after it"
+    ]
 
 
 def test_paths_in_a_config_take_variables_and_the_home_folder(tiny_data, tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ def _load(path: Path) -> Any:
 
     try:
         return yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None  # the config parser reports what is wrong with the file itself
 
 

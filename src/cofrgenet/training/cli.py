@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
+import os
 import re
 import signal
 import sys
@@ -25,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import (
@@ -174,34 +176,75 @@ _TYPE_NAMES = {
 }
 
 
-def _replaced_by_later_files(words: list[str]) -> list[str]:
-    """Command-line ``--a.b v`` options that a ``--config`` file given after them sets
-    again (and no later option restores): the later one wins, so the option given is
-    silently lost. A mapping value (``--model.config '{...}'``) is merged field by field:
-    only the fields the file sets again count."""
+#: Options that also take a file of their section's keys (``--trainer FILE``).
+SECTION_FILE_OPTIONS = ("trainer", "model", "data", "run")
+
+
+def _file_word(words: list[str], i: int) -> tuple[str, str] | None:
+    """(path, key prefix) when ``words[i]`` reads a file: ``--config F`` (prefix "") or
+    ``--trainer F`` (prefix "trainer."; also with ``=``); else None."""
+    word = words[i]
+    option, _, value = word.partition("=")
+    if not value:
+        value = words[i + 1] if i + 1 < len(words) else ""
+    if option in ("--config", "-c") and value:
+        return value, ""
+    if option[2:] in SECTION_FILE_OPTIONS and option.startswith("--") and Path(value).is_file():
+        return value, f"{option[2:]}."
+    return None
+
+
+def _file_keys(path: str, prefix: str) -> list[str]:
     import yaml
 
+    try:
+        return [prefix + k for k in cli_cache.yaml_keys(yaml.safe_load(Path(path).read_text()))]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []  # the parser reports the file
+
+
+def _replaced_by_later_files(words: list[str]) -> list[str]:
+    """Command-line options (``--a.b v``, ``--ckpt_path v``, ``--trainer FILE``) that a
+    file given after them (``--config F``, ``--trainer F``) sets again, and no later
+    option restores: the later one wins, so the option given is silently lost. A mapping
+    (``--model.config '{...}'``, a section file) is merged field by field: only the
+    fields the file sets again count. ``words`` have their ``base:`` files expanded."""
+    import yaml
+
+    files = [  # (word index, path, the keys it sets), each file read once
+        (i, read[0], _file_keys(*read)) for i in range(len(words)) if (read := _file_word(words, i))
+    ]
     replaced = []
     for i, word in enumerate(words):
-        if not word.startswith("--") or "." not in word or word.startswith("--config"):
+        if not word.startswith("--") or word.startswith("--config"):
             continue
         key, later = cli_cache.option_key(word), words[i + 1 :]
         if any(w.startswith("--") and cli_cache.option_key(w) == key for w in later):
             continue  # given again after the files: that value stands
-        value = word.split("=", 1)[1] if "=" in word else (later[0] if later else "")
-        try:
-            given = yaml.safe_load(value) if value.startswith("{") else None
-        except yaml.YAMLError:
-            given = None
-        fields = [f"{key}.{k}" for k in cli_cache.yaml_keys(given)] if given else [key]
-        for path in cli_cache.config_files(later):
+        section_file = _file_word(words, i)
+        if section_file is not None:
+            fields = _file_keys(*section_file)
+        else:
+            value = word.split("=", 1)[1] if "=" in word else (later[0] if later else "")
             try:
-                keys = cli_cache.yaml_keys(yaml.safe_load(Path(path).read_text()) or {})
-            except (OSError, yaml.YAMLError):
-                continue  # the parser reports the file
-            if any(k == f or k.startswith(f"{f}.") for k in keys for f in fields):
-                replaced.append(f"--{key} is replaced by {path}, given after it")
-                break
+                given = yaml.safe_load(value) if value.startswith("{") else None
+            except yaml.YAMLError:
+                given = None
+            fields = [f"{key}.{k}" for k in cli_cache.yaml_keys(given)] if given else [key]
+        lost, last = set(), None  # the last file that sets one again: its value stands
+        for j, path, keys in files:
+            hit = {f for f in fields for k in keys if j > i and (k == f or k.startswith(f"{f}."))}
+            if hit:
+                lost, last = lost | hit, path
+        if last is None:
+            continue
+        if section_file is None:
+            replaced.append(f"--{key} is replaced by {last}, given after it")
+        else:
+            names = ", ".join(sorted(lost))
+            replaced.append(
+                f"{names} of --{key} {section_file[0]} replaced by {last}, given after it"
+            )
     return replaced
 
 
@@ -318,6 +361,8 @@ def _bad_config_file(words: list[str]) -> str | None:
             content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())  # a SafeLoader
         except OSError:
             continue  # a missing file has its own message
+        except UnicodeDecodeError as error:
+            return f"config file {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
         except yaml.YAMLError as error:
             return f"config file {not_valid_yaml(path, error)}"
         if content is None:
@@ -417,7 +462,8 @@ class CofrCLI(LightningCLIAdapter):
             keys = self.subcommand_parser(words[0]).get_defaults().keys()
             cli_cache.store_keys(words[0], keys)
             cli_cache.store_presets(list_presets())
-        if any(w == f"--{recipes.KEY}" or w.startswith(f"--{recipes.KEY}=") for w in words):
+        # --base+ too: jsonargparse's append form, which it would take and then ignore.
+        if any(w.split("=", 1)[0].rstrip("+") == f"--{recipes.KEY}" for w in words):
             raise ConfigError(
                 f"--{recipes.KEY} is read in config files only; on the command line give "
                 "each file with --config, bases first"
@@ -468,7 +514,7 @@ class CofrCLI(LightningCLIAdapter):
 
         try:
             fit = yaml.safe_load(saved.read_text()) or {}
-        except (OSError, yaml.YAMLError):
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return  # a damaged config.yaml: the command's own settings
         given = {cli_cache.option_key(w) for w in words if w.startswith("--")}
 
@@ -880,6 +926,11 @@ class CofrCLI(LightningCLIAdapter):
         if callable(check_data) and getattr(self, "datamodule", None) is not None:
             check_data(self.datamodule, evaluating=self.subcommand in EVALUATIONS)
         run, run_dir = self._run_and_folder()
+        _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
+        _check_ladder_device(
+            getattr(self.model, "model_config", None),
+            self.config_value(self.config, "trainer.accelerator"),
+        )
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
         logger = self.config_value(self.config, "trainer.logger")
         if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
@@ -960,7 +1011,9 @@ class CofrCLI(LightningCLIAdapter):
             return self.build_trainer(trainer_config, extra)
         except UserError:
             raise
-        except ValueError as error:  # a Trainer setting Lightning refuses, e.g. a strategy name
+        # A Trainer setting Lightning refuses: a strategy name (ValueError), devices: abc
+        # or -2 on CPU (TypeError).
+        except (ValueError, TypeError) as error:
             raise ConfigError(f"trainer: {first_line(error)}") from None
 
     def _other_data(self, saved: dict[str, Any] | None, chosen: Any) -> Path | None:
@@ -988,6 +1041,40 @@ class CofrCLI(LightningCLIAdapter):
             config.get("plugins"), CheckpointIO, AtomicCheckpointIO
         )
         return super().build_trainer(config, callbacks)
+
+
+def _check_trainer_settings(value: Any) -> None:
+    """Refuse Trainer settings that the run's own machinery replaces: taken, they would be
+    ignored (the run folder) or fail against the run's checkpoint callback. ``value(key)``:
+    the setting of ``trainer.<key>``."""
+    if value("default_root_dir") is not None:
+        raise ConfigError(
+            "trainer.default_root_dir is the run folder, <run.runs_dir>/<run.experiment>/"
+            "<run.name>: give --run.runs_dir (and --run.experiment, --run.name) instead"
+        )
+    if value("enable_checkpointing") is False:
+        raise ConfigError(
+            "trainer.enable_checkpointing: false is not supported (runs keep checkpoints to "
+            "resume); save fewer with --run.checkpoint_every_n_steps and --run.keep_checkpoints"
+        )
+
+
+def _check_ladder_device(config: Any, accelerator: Any) -> None:
+    """Refuse ``ladder_impl: triton`` on a run that trains on CPU before anything is
+    written: the kernels would raise at the first step, after the run folder was made."""
+    if getattr(config, "ladder_impl", None) != "triton":
+        return
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels run on CPU, interpreted
+        return
+    on_gpu = accelerator in ("gpu", "cuda") or (
+        accelerator in (None, "auto") and torch.cuda.is_available()
+    )
+    if not on_gpu:
+        raise ConfigError(
+            f"model.config.ladder_impl: triton needs a CUDA device, and this run trains on "
+            f"{'CPU' if accelerator in (None, 'auto', 'cpu') else accelerator}: use "
+            "ladder_impl: auto (the Triton kernels wherever there is a GPU) or continuant"
+        )
 
 
 def _check_trainer_counts(value: Any) -> None:

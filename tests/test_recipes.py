@@ -23,6 +23,41 @@ def test_bases_come_first_in_order_and_recursively(tmp_path):
     assert expand(words)[-2:] == ["--trainer.max_steps", "3"]  # overrides stay last
 
 
+def test_a_base_an_earlier_config_read_is_not_read_again(tmp_path):
+    """`--config exp.yaml --config delta.yaml`, both on group.yaml: read again, the group
+    would undo exp.yaml's changes to it (max_steps back to 1000)."""
+    from cofrgenet.training.cli import ParseOnlyCLI
+
+    (tmp_path / "group.yaml").write_text("trainer: {max_steps: 1000, accelerator: cpu}\n")
+    (tmp_path / "exp.yaml").write_text("base: [group.yaml]\ntrainer: {max_steps: 300}\n")
+    (tmp_path / "delta.yaml").write_text("base: [group.yaml]\nseed_everything: 3\n")
+    words = [
+        "fit",
+        "--config",
+        str(tmp_path / "exp.yaml"),
+        "--config",
+        str(tmp_path / "delta.yaml"),
+    ]
+    files = [Path(w).name for w in expand(words) if w.endswith(".yaml")]
+    assert files == ["group.yaml", "exp.yaml", "delta.yaml"]
+    assert ParseOnlyCLI(args=words).config.fit.trainer.max_steps == 300
+
+
+def test_a_later_files_base_that_sets_values_back_is_said(tmp_path, monkeypatch):
+    from cofrgenet.training.cli import _bases_undoing_earlier_files
+
+    monkeypatch.chdir(tmp_path)  # bases found from the naming file's folder: whole paths
+
+    debug, exp = ROOT / "conf/trainer/cpu-debug.yaml", ROOT / "conf/experiment/demo-gpt2.yaml"
+    cpu = ROOT / "conf/trainer/cpu.yaml"
+    assert _bases_undoing_earlier_files(["--config", str(debug), "--config", str(exp)]) == [
+        f"{cpu}, a base of {exp}, sets trainer.limit_val_batches, trainer.log_every_n_steps, "
+        f"trainer.val_check_interval back after {debug}: give {debug} after {exp} to keep its "
+        "values"
+    ]
+    assert _bases_undoing_earlier_files(["--config", str(exp), "--config", str(debug)]) == []
+
+
 def test_a_missing_base_and_a_loop_are_config_errors(tmp_path):
     (tmp_path / "x.yaml").write_text("base: [nowhere.yaml]\n")
     with pytest.raises(ConfigError, match=r"names nowhere\.yaml"):

@@ -12,7 +12,8 @@ An experiment is a delta over the groups in ``conf/trainer`` and ``conf/data``::
 ``cofr fit --config conf/experiment/paper-gpt2-xl-owt.yaml`` then reads as
 ``--config conf/trainer/ddp.yaml --config conf/data/openwebtext-gpt2.yaml --config
 conf/experiment/paper-gpt2-xl-owt.yaml``: the bases first, in order, so the file's own
-values win, and a base's own bases before it. A path is looked up from the working
+values win, and a base's own bases before it; a base that an earlier ``--config`` of
+the line already read is not read again. A path is looked up from the working
 directory, then from the folder of the file that names it. jsonargparse merges the files
 as for any ``--config`` list; ``base`` itself is an otherwise unused option, given in
 files only, and left out of the config a run saves (that one is whole: it needs no base).
@@ -109,23 +110,45 @@ def config_paths(words: Sequence[str]) -> list[str]:
     return paths
 
 
+def config_entries(words: Sequence[str]) -> list[tuple[str, list[Path]]]:
+    """Each ``--config F`` of ``words`` (F as given) with the files it reads, in order:
+    F's ``base:`` files, then F. A base that an earlier ``--config`` already read is not
+    read again: it would undo what the files between gave (``--config exp.yaml --config
+    delta.yaml``, both on ``conf/trainer/cpu.yaml``, would lose exp.yaml's changes to
+    it). A missing F reads as itself (the parser reports it)."""
+    entries: list[tuple[str, list[Path]]] = []
+    read: set[Path] = set()  # files that earlier entries read
+    for path in config_paths(words):
+        if not Path(path).is_file():
+            entries.append((path, [Path(path)]))
+            continue
+        *bases, own = _with_bases(Path(path), ())
+        files = [base for base in bases if base.resolve() not in read] + [own]
+        entries.append((path, files))
+        read.update(file.resolve() for file in files)
+    return entries
+
+
 def expand(words: Sequence[str]) -> list[str]:
-    """``words`` with every ``--config F`` preceded by ``--config`` for F's bases."""
+    """``words`` with every ``--config F`` preceded by ``--config`` for F's bases (those
+    not read for an earlier ``--config``: :func:`config_entries`)."""
+    entries = iter(config_entries(words))
     out: list[str] = []
     i = 0
     while i < len(words):
         word = words[i]
         if word in ("--config", "-c") and i + 1 < len(words):
-            path, i = words[i + 1], i + 2
+            i += 2
         elif word.startswith("--config="):
-            path, i = word.split("=", 1)[1], i + 1
+            i += 1
         else:
             out.append(word)
             i += 1
             continue
-        if not Path(path).is_file():
-            out += ["--config", path]  # the parser says the file is missing
+        given, files = next(entries)
+        if not Path(given).is_file():
+            out += ["--config", given]  # as given: the parser says the file is missing
             continue
-        for file in _with_bases(Path(path), ()):
+        for file in files:
             out += ["--config", str(file)]
     return out

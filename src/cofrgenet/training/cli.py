@@ -194,13 +194,27 @@ def _file_word(words: list[str], i: int) -> tuple[str, str] | None:
     return None
 
 
-def _file_keys(path: str, prefix: str) -> list[str]:
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of the leaves of nested mappings (lists are leaves)."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _file_values(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        return [prefix + k for k in cli_cache.yaml_keys(yaml.safe_load(Path(path).read_text()))]
+        return _leaves(yaml.safe_load(path.read_text()))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return []  # the parser reports the file
+        return {}  # the parser reports the file
+
+
+def _file_keys(path: str, prefix: str) -> list[str]:
+    return [prefix + key for key in _file_values(Path(path))]
 
 
 def _replaced_by_later_files(words: list[str]) -> list[str]:
@@ -246,6 +260,36 @@ def _replaced_by_later_files(words: list[str]) -> list[str]:
                 f"{names} of --{key} {section_file[0]} replaced by {last}, given after it"
             )
     return replaced
+
+
+def _bases_undoing_earlier_files(words: list[str]) -> list[str]:
+    """A later ``--config`` file's base that sets keys back to other values after an
+    earlier ``--config`` file set them (and neither that file nor its later bases sets
+    them again): the base silently undoes the earlier file (``--config cpu-debug.yaml
+    --config exp.yaml``, exp.yaml on ``cpu.yaml``). One message per such base."""
+    said = []
+    setter: dict[str, tuple[str, Any]] = {}  # key -> (earlier --config file, its value)
+    for given, files in recipes.config_entries(words):
+        values = [_file_values(file) for file in files]
+        for k, base in enumerate(files[:-1]):
+            again = set().union(*values[k + 1 :])
+            undone = sorted(
+                key
+                for key, value in values[k].items()
+                if key in setter and setter[key][1] != value and key not in again
+            )
+            if not undone:
+                continue
+            earlier = sorted({setter[key][0] for key in undone})
+            shown = ", ".join(undone[:3]) + (f" (+{len(undone) - 3} more)" if undone[3:] else "")
+            files_named = ", ".join(earlier)
+            said.append(
+                f"{base}, a base of {given}, sets {shown} back after {files_named}: give "
+                f"{files_named} after {given} to keep {'their' if earlier[1:] else 'its'} values"
+            )
+        for file, file_values in zip(files, values, strict=True):
+            setter.update({key: (str(file), value) for key, value in file_values.items()})
+    return said
 
 
 def _given_key(key: str, words: list[str]) -> str:
@@ -473,6 +517,8 @@ class CofrCLI(LightningCLIAdapter):
             raise ConfigError(bad_file)
         for replaced in _replaced_by_later_files(expanded):
             rank_zero_warn(f"{replaced}: put options after the --config files they change")
+        for undone in _bases_undoing_earlier_files(words):
+            rank_zero_warn(undone)
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as error:

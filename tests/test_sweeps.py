@@ -278,9 +278,28 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
         parse_sweep({**good, "sampler": {"name": "cmaes-ish"}})
     with pytest.raises(SweepError, match="n_trials"):
         parse_sweep({k: v for k, v in good.items() if k != "n_trials"})
-    with pytest.raises(SweepError, match="not found"):
+    with pytest.raises(SweepError, match=r"names conf/nowhere\.yaml, which is neither under"):
         parse_sweep({**good, "base": ["conf/nowhere.yaml"]})
     assert parse_sweep({**good, "sampler": {"name": "grid"}, "n_trials": None}).total_trials == 2
+
+
+def test_a_sweeps_bases_are_found_as_a_fit_configs_are(tmp_path, monkeypatch):
+    """One lookup for `base:` (recipes.find_base): a copy of a bundled sweep elsewhere
+    finds conf/ in the checkout, and ${VAR} is the one variable syntax."""
+    monkeypatch.chdir(tmp_path)
+    copy = tmp_path / "mine.yaml"
+    copy.write_text((ROOT / "sweeps" / "tiny-cpu.yaml").read_text())
+    sweep = load_sweep(copy)
+    assert all(base.is_file() for base in sweep.base)
+    monkeypatch.setenv("COFR_TEST_GROUPS", str(ROOT / "conf" / "trainer"))
+    text = copy.read_text()
+    first = sweep.base[0].name
+    assert f"conf/trainer/{first}" in text
+    copy.write_text(text.replace(f"conf/trainer/{first}", f"${{COFR_TEST_GROUPS}}/{first}"))
+    assert load_sweep(copy).base[0] == (ROOT / "conf" / "trainer" / first).resolve()
+    monkeypatch.delenv("COFR_TEST_GROUPS")
+    with pytest.raises(SweepError, match=r"\$\{COFR_TEST_GROUPS\} is not set"):
+        load_sweep(copy)
 
 
 def test_tokens_budget_becomes_steps():

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cofrgenet.config_variables import expand_variables
 from cofrgenet.errors import ConfigError
 
 KEY = "base"
@@ -53,6 +54,24 @@ def _load(path: Path) -> Any:
         return None  # the config parser reports what is wrong with the file itself
 
 
+def find_base(entry: str, naming: Path | None) -> Path:
+    """The file a ``base:`` entry of the file ``naming`` names (fit configs and sweep
+    files alike): ``${VAR}`` and ``~`` expanded, then looked up from the working
+    directory, else from ``naming``'s folder and its parents (conf/trainer/x.yaml named
+    in conf/experiment/y.yaml, run from anywhere), else from the checkout (the bundled
+    recipes, and a config.yaml saved by a run before bases were left out)."""
+    where = f"{naming}: `{KEY}:`" if naming is not None else f"`{KEY}:`"
+    name = Path(expand_variables(entry, where)).expanduser()
+    here = naming.resolve().parent if naming is not None else Path.cwd()
+    for folder in (Path(), here, *here.parents, CHECKOUT):
+        if (folder / name).is_file():  # an absolute name stays itself
+            return folder / name
+    held = f"the folders holding {naming.name}" if naming is not None else "the checkout"
+    raise ConfigError(
+        f"{where} names {entry}, which is neither under the working directory nor under {held}"
+    )
+
+
 def bases_of(path: str | Path) -> list[Path]:
     """The files ``path``'s ``base:`` names, resolved (empty when it names none)."""
     path = Path(path)
@@ -64,23 +83,7 @@ def bases_of(path: str | Path) -> list[Path]:
         entries = [entries]
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
         raise ConfigError(f"{path}: `{KEY}:` must be a list of config files, got {entries!r}")
-    resolved = []
-    for entry in entries:
-        # From the working directory, else from the naming file's folder and its parents
-        # (conf/trainer/x.yaml named in conf/experiment/y.yaml, run from anywhere), else
-        # from the checkout (a config.yaml saved by a run before bases were left out).
-        here = path.resolve().parent
-        folders = (Path(), here, *here.parents, CHECKOUT)
-        for candidate in (folder / entry for folder in folders):
-            if candidate.is_file():
-                resolved.append(candidate)
-                break
-        else:
-            raise ConfigError(
-                f"{path}: `{KEY}:` names {entry}, which is neither under the working "
-                f"directory nor under the folders holding {path.name}"
-            )
-    return resolved
+    return [find_base(entry, path) for entry in entries]
 
 
 def _with_bases(path: Path, chain: tuple[Path, ...]) -> list[Path]:

@@ -51,6 +51,7 @@ from cofrgenet.config_variables import (
     unset_variables,
 )
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
+from cofrgenet.recipes import find_base
 from cofrgenet.training.run_store import check_folder_name
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -406,16 +407,13 @@ def _options(cls: type, value: Any, where: str) -> Any:
     return cls(**value)
 
 
-def resolve_base(entry: str, sweep_dir: Path | None) -> Path:
-    """A base config path: absolute, relative to the working directory, or to the sweep."""
-    path = Path(os.path.expandvars(entry)).expanduser()
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
-    if sweep_dir is not None and not path.is_absolute():
-        candidates += [sweep_dir / path, sweep_dir.parent / path]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    raise SweepError(f"base config {entry!r} not found (looked in {[str(c) for c in candidates]})")
+def resolve_base(entry: str, sweep_file: Path | None) -> Path:
+    """A base config path, found as a fit config's ``base:`` entries are
+    (:func:`cofrgenet.recipes.find_base`), made absolute for the trial workers."""
+    try:
+        return find_base(entry, sweep_file).resolve()
+    except ConfigError as error:
+        raise SweepError(str(error)) from None
 
 
 def _whole(value: Any, where: str) -> int:
@@ -548,7 +546,6 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     study = raw.get("study")
     if not study or not re.fullmatch(r"[A-Za-z0-9._-]+", str(study)):
         raise SweepError(f"study {study!r}: a name of letters, digits, '.', '_' or '-' is required")
-    sweep_dir = path.parent if path is not None else None
     base = raw.get("base") or []
     base = [base] if isinstance(base, str) else base
     if not isinstance(base, list) or not all(isinstance(b, str) for b in base):
@@ -602,7 +599,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     sweep = Sweep(
         path=path,
         study=str(study),
-        base=[resolve_base(str(b), sweep_dir) if resolve else Path(str(b)) for b in base],
+        base=[resolve_base(str(b), path) if resolve else Path(str(b)) for b in base],
         overrides=overrides,
         space=space,
         sampler=sampler,

@@ -97,6 +97,12 @@ def test_rope_with_an_odd_head_dimension_is_refused_when_the_config_is_made():
     ModelConfig.from_preset("gpt2-mini", n_embd=33, n_head=3)  # learned positions: fine
 
 
+def test_preset_none_as_a_word_says_to_give_null():
+    """`--model.preset None` reaches the model as the string 'None'."""
+    with pytest.raises(ConfigError, match=r"unknown preset 'None': for no preset give null"):
+        ModelConfig.from_preset("None")
+
+
 def test_per_layer_choice_cycles():
     config = tiny(n_layer=5, attention_pattern=["softmax", "cattn_m"], ffn_pattern=["cffn"])
     assert [config.attention_for(i) for i in range(5)] == ["softmax", "cattn_m"] * 2 + ["softmax"]

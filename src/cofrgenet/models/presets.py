@@ -159,5 +159,10 @@ def list_presets() -> list[str]:
 def preset_dict(name: str) -> dict[str, Any]:
     """A copy of preset ``name``'s config fields; unknown names raise ValueError."""
     if name not in PRESETS:
+        if str(name).lower() in ("none", "~"):  # `--model.preset None`: a string there
+            raise ConfigError(
+                f"unknown preset {name!r}: for no preset give null (`--model.preset null`), "
+                "with the model's fields in model.config"
+            )
         raise ConfigError(unknown_name("preset", str(name), list(PRESETS)))
     return {k: dict(v) if isinstance(v, dict) else v for k, v in PRESETS[name].items()}

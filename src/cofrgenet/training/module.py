@@ -63,7 +63,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
 
     Args:
         preset: a name from ``cofrgenet.models.list_presets()`` (e.g. "gpt2-mini-f"), or
-            None to give every ModelConfig field in ``config``. The default, gpt2-mini
+            null (None) to give every ModelConfig field in ``config``. The default, gpt2-mini
             (vocabulary 512, block 256), fits the default data (bytes, 257 ids), so a bare
             ``cofr fit`` trains once ``cofr data prepare`` has made it.
         config: ModelConfig fields overriding the preset (e.g. {depth: 3, ladders: 5}),

@@ -1199,6 +1199,11 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.limit_train_batches", "0"], "limit_train_batches is 0: nothing would"),
         (["--trainer.max_epochs", "0"], "trainer.max_epochs is 0: nothing would train"),
         (["--trainer.strategy", "ddpp"], r"^trainer: You selected an invalid strategy name"),
+        (
+            ["--trainer.callbacks+=DyadicUnfreezng"],
+            r"^trainer\.callbacks: 'DyadicUnfreezng' is no callback class \(did you mean "
+            r"'cofrgenet\.training\.callbacks\.DyadicUnfreezing'\?\)",
+        ),
         (["--trainer.devices", "abc"], r"^trainer: `devices` selected with `CPUAccelerator`"),
         (["--trainer.devices", "-2"], r"^trainer: `devices` selected with `CPUAccelerator`"),
         (["--trainer.default_root_dir", "elsewhere"], r"^trainer\.default_root_dir is the run"),

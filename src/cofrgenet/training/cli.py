@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import os
 import re
@@ -315,6 +316,34 @@ def _bad_union(message: str) -> str | None:
     if not kinds:
         return None
     return f"{key.group(1)}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
+
+
+def _bad_callback_class(message: str) -> str | None:
+    """One line for a ``trainer.callbacks`` entry that names no class (jsonargparse's
+    report lists every Union subtype), with the closest of the callbacks we know."""
+    key = re.search(r'Parser key "(trainer\.callbacks)"', message)
+    given = re.search(r"Expected a dot import path string: (\S+)", message)
+    if not (key and given):
+        return None
+    import lightning.pytorch.callbacks as lightning_callbacks
+
+    from cofrgenet.training import callbacks as ours
+
+    known = [
+        f"{module.__name__}.{name}"
+        for module in (ours, lightning_callbacks)
+        for name, value in vars(module).items()
+        if isinstance(value, type) and issubclass(value, Callback) and not name.startswith("_")
+    ]
+    name = given.group(1)
+    by_name = {path.rpartition(".")[2]: path for path in known}
+    close = difflib.get_close_matches(name.rpartition(".")[2], list(by_name), n=1, cutoff=0.6)
+    hint = f" (did you mean {by_name[close[0]]!r}?)" if close else ""
+    return (
+        f"trainer.callbacks: {name!r} is no callback class{hint}; give its import path, "
+        "e.g. cofrgenet.training.callbacks.DyadicUnfreezing (its arguments: `cofr fit "
+        "--trainer.callbacks.help CLASS`)"
+    )
 
 
 def _bad_nested_key(message: str) -> tuple[str, list[str]] | None:
@@ -669,6 +698,9 @@ class CofrCLI(LightningCLIAdapter):
                 else _TYPE_NAMES.get(expected, expected)
             )
             return f"{_given_key(key, words)}: expected {kind}, got {value.strip()!r}"
+        callback = _bad_callback_class(message)
+        if callback is not None:
+            return callback
         union = _bad_union(message)
         if union is not None:
             return union

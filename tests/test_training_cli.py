@@ -1304,6 +1304,22 @@ def test_triton_ladders_on_a_cpu_run_are_refused_before_the_run_starts(
     )
 
 
+def test_a_callback_argument_typo_names_the_closest_and_the_callbacks_help(tiny_data, tmp_path):
+    """`cofr fit --help` does not list a callback's arguments: its own help does."""
+    bad = tmp_path / "callbacks.yaml"
+    bad.write_text(
+        "trainer:\n  callbacks:\n    - class_path: cofrgenet.training.callbacks.DyadicUnfreezing\n"
+        "      init_args: {schedul: paper}\n"
+    )
+    with pytest.raises(UserError) as raised:
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(bad)))
+    assert str(raised.value) == (
+        "unknown key 'trainer.callbacks.schedul' (did you mean 'trainer.callbacks.schedule'?); "
+        "the arguments of cofrgenet.training.callbacks.DyadicUnfreezing: `cofr fit "
+        "--trainer.callbacks.help cofrgenet.training.callbacks.DyadicUnfreezing`"
+    )
+
+
 def test_a_config_file_that_is_not_utf8_is_named(tiny_data, tmp_path):
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("# café\ntrainer:\n  max_steps: 2\n".encode("latin-1"))

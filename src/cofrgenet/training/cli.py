@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import inspect
 import os
 import re
 import signal
@@ -359,7 +360,14 @@ def _bad_nested_key(message: str) -> tuple[str, list[str]] | None:
         module, _, name = class_path.group(1).rpartition(".")
         with contextlib.suppress(Exception):
             kind = getattr(importlib.import_module(module), name)
-            fields = [f.name for f in dataclasses.fields(kind)]
+            if dataclasses.is_dataclass(kind):
+                fields = [f.name for f in dataclasses.fields(kind)]
+            else:  # a callback: its __init__'s named arguments
+                fields = [
+                    p.name
+                    for p in inspect.signature(kind).parameters.values()
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                ]
     prefix = key.group(1)
     return f"{prefix}.{option.group(1)}", [f"{prefix}.{field}" for field in fields]
 
@@ -722,6 +730,14 @@ class CofrCLI(LightningCLIAdapter):
         nested = _bad_nested_key(message)
         if nested is not None:
             key, fields = nested
+            class_path = re.search(r"given class_path '([\w.]+)'", message)
+            if key.startswith("trainer.callbacks.") and class_path is not None:
+                # Not `cofr fit --help`: it does not list a callback's arguments.
+                return (
+                    f"unknown key {key!r}{did_you_mean(key, fields)}; the arguments of "
+                    f"{class_path.group(1)}: `cofr {subcommand} --trainer.callbacks.help "
+                    f"{class_path.group(1)}`"
+                )
             return cli_cache.unknown_key_message(subcommand, key, words[1:], fields)
         if match is None:
             return f"{message} (`cofr {subcommand} --help` lists every option)"

@@ -58,6 +58,18 @@ def test_a_later_files_base_that_sets_values_back_is_said(tmp_path, monkeypatch)
     assert _bases_undoing_earlier_files(["--config", str(exp), "--config", str(debug)]) == []
 
 
+def test_the_bundled_recipes_are_found_from_any_folder(tmp_path, monkeypatch):
+    """As `cofr demo` and `cofr bench quality` find them: the README's commands work
+    from a project folder of one's own; a file of that name there comes first."""
+    monkeypatch.chdir(tmp_path)
+    words = ["--config", "conf/experiment/demo-gpt2.yaml"]
+    assert expand(words)[-1] == str(ROOT / "conf/experiment/demo-gpt2.yaml")
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf/experiment/demo-gpt2.yaml").write_text("seed_everything: 3\n")
+    assert expand(words) == words
+    assert expand(["--config", "conf/nowhere.yaml"]) == ["--config", "conf/nowhere.yaml"]
+
+
 def test_a_missing_base_and_a_loop_are_config_errors(tmp_path):
     (tmp_path / "x.yaml").write_text("base: [nowhere.yaml]\n")
     with pytest.raises(ConfigError, match=r"names nowhere\.yaml"):

@@ -118,14 +118,16 @@ def config_entries(words: Sequence[str]) -> list[tuple[str, list[Path]]]:
     F's ``base:`` files, then F. A base that an earlier ``--config`` already read is not
     read again: it would undo what the files between gave (``--config exp.yaml --config
     delta.yaml``, both on ``conf/trainer/cpu.yaml``, would lose exp.yaml's changes to
-    it). A missing F reads as itself (the parser reports it)."""
+    it). F is looked up as :func:`bundled` does; a missing F reads as itself (the parser
+    reports it)."""
     entries: list[tuple[str, list[Path]]] = []
     read: set[Path] = set()  # files that earlier entries read
     for path in config_paths(words):
-        if not Path(path).is_file():
+        found = bundled(path)  # conf/... of the checkout, from any folder
+        if not found.is_file():
             entries.append((path, [Path(path)]))
             continue
-        *bases, own = _with_bases(Path(path), ())
+        *bases, own = _with_bases(found, ())
         files = [base for base in bases if base.resolve() not in read] + [own]
         entries.append((path, files))
         read.update(file.resolve() for file in files)
@@ -149,7 +151,7 @@ def expand(words: Sequence[str]) -> list[str]:
             i += 1
             continue
         given, files = next(entries)
-        if not Path(given).is_file():
+        if not files[-1].is_file():
             out += ["--config", given]  # as given: the parser says the file is missing
             continue
         for file in files:

@@ -1204,6 +1204,8 @@ def test_fit_help_gives_cofr_meanings(capsys):
             r"^trainer\.callbacks: 'DyadicUnfreezng' is no callback class \(did you mean "
             r"'cofrgenet\.training\.callbacks\.DyadicUnfreezing'\?\)",
         ),
+        (["-config", "x.yaml"], r"^-config: options take two dashes \(--config\)$"),
+        (["-trainer.max_steps=3"], r"^-trainer\.max_steps: options take two dashes"),
         (["--trainer.devices", "abc"], r"^trainer: `devices` selected with `CPUAccelerator`"),
         (["--trainer.devices", "-2"], r"^trainer: `devices` selected with `CPUAccelerator`"),
         (["--trainer.default_root_dir", "elsewhere"], r"^trainer\.default_root_dir is the run"),

@@ -178,6 +178,11 @@ _TYPE_NAMES = {
 }
 
 
+#: The first words of options that a single dash turns into another one (``-config``).
+SINGLE_DASH_SLIPS = ("config", "ckpt_path", "seed_everything", "print_config", "trainer", "model",
+                     "data", "run")  # fmt: skip
+
+
 #: Options that also take a file of their section's keys (``--trainer FILE``).
 SECTION_FILE_OPTIONS = ("trainer", "model", "data", "run")
 
@@ -543,6 +548,10 @@ class CofrCLI(LightningCLIAdapter):
             keys = self.subcommand_parser(words[0]).get_defaults().keys()
             cli_cache.store_keys(words[0], keys)
             cli_cache.store_presets(list_presets())
+        for word in words:  # `-config x`: argparse would read `-c onfig`
+            key = word[1:].split("=", 1)[0].rstrip("+")
+            if word[:2] != "--" and word[:1] == "-" and key.split(".")[0] in SINGLE_DASH_SLIPS:
+                raise ConfigError(f"-{key}: options take two dashes (--{key})")
         # --base+ too: jsonargparse's append form, which it would take and then ignore.
         if any(w.split("=", 1)[0].rstrip("+") == f"--{recipes.KEY}" for w in words):
             raise ConfigError(

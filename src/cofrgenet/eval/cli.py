@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="folder of local copies of the sets in their original layouts "
         "(docs/evaluation.md); a set not found there is loaded from the Hugging Face hub "
-        f"(default: {DEFAULT_DATA_DIR})",
+        f"(default: {DEFAULT_DATA_DIR} where it exists; given, it must exist)",
     )
     parser.add_argument(
         "--split",

@@ -309,6 +309,16 @@ def test_trainer_options_lightning_refuses_are_one_line_errors_before_the_data(
         glue.check_trainer_options(**settings)
 
 
+def test_a_tracking_uri_with_no_mlflow_is_refused(tmp_path, capsys):
+    """Contradictory: the user meant one of them (cofr eval refuses options that do not
+    apply, for this reason)."""
+    argv = ["finetune", "glue", "--task", "sst2", "--ckpt", str(tmp_path / "x.ckpt")]
+    assert cofr([*argv, "--no-mlflow", "--tracking-uri", "sqlite:///x.db"]) == 2
+    assert "--tracking-uri names the MLflow store, and --no-mlflow logs nothing" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_file_without_the_expected_columns_says_which(tmp_path):
     folder = tmp_path / "RTE"
     folder.mkdir()
@@ -500,6 +510,8 @@ def test_schedule_and_config_checks():
         FinetuneConfig(max_steps=0)
     with pytest.raises(UserError, match=r"--seed must be in \[0, 4294967295\], got -1"):
         FinetuneConfig(seed=-1)  # numpy's refusal came after the model had loaded
+    with pytest.raises(UserError, match=r"--betas takes two values in \[0, 1\).*\(0\.9, 2\.0\)"):
+        FinetuneConfig(betas=(0.9, 2.0))  # Adam's refusal came once Lightning had started
 
 
 # --------------------------------------------------------------------------- end to end
@@ -691,7 +703,8 @@ def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeyp
     assert status == 0
     printed, err = capsys.readouterr()
     assert "mnli-mm" in printed
-    assert "--max-length 5000 is more than the model's block size: inputs were cut at" in err
+    # Said once, when the model is loaded, not only after the fine-tuning.
+    assert err.count("--max-length 5000 is more than the model's block size: inputs are cut") == 1
     result = json.loads(out.read_text())
     assert set(result["metrics"]) == {"glue/mnli/accuracy", "glue/mnli-mm/accuracy"}
     assert result["splits"]["dev_mismatched"]["examples"] == 2

@@ -26,7 +26,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,7 +113,10 @@ class FinetuneConfig:
             (self.batch_size >= 1, "--batch-size must be >= 1"),
             (0 <= self.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)"),
             (0 <= self.head_dropout < 1, "--head-dropout must be in [0, 1)"),
-            (len(self.betas) == 2, "--betas takes two values, e.g. 0.9,0.999"),
+            (
+                len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                f"--betas takes two values in [0, 1), e.g. 0.9,0.999; got {self.betas}",
+            ),
         ]
         for name in ("max_length", "max_steps", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
@@ -498,6 +501,10 @@ def run(args: argparse.Namespace) -> int:
         # the probe does nothing once that has read its settings (the hub's ~25 s of
         # retries came back).
         offline_unless_reachable()
+    if not args.mlflow and args.tracking_uri is not None:
+        raise UserError(
+            "--tracking-uri names the MLflow store, and --no-mlflow logs nothing: drop one"
+        )
     config = dataclass_from_args(FinetuneConfig, args)
     for option, name in (("--experiment", args.experiment), ("--name", args.name)):
         if name is not None:  # each is a folder: runs/<experiment>/<name>
@@ -510,8 +517,14 @@ def run(args: argparse.Namespace) -> int:
     check_trainer_options(args.accelerator, args.precision)  # before the data and the model
     task = TASKS[args.task]
     data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
-    for warning in data.warnings():  # now, not only after the fine-tuning
+    said: list[str] = []
+
+    def say(warning: str) -> None:
+        said.append(warning)
         print(f"warning: {warning}", file=sys.stderr)
+
+    for warning in data.warnings():  # now, not only after the fine-tuning
+        say(warning)
     result = finetune(
         ckpt,
         data,
@@ -526,11 +539,13 @@ def run(args: argparse.Namespace) -> int:
         mlflow=args.mlflow,
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         command_line=getattr(args, "command_line", None),
+        say=say,
     )
     header = f"GLUE {task.name} dev ({result['steps']} steps, {result['source']}), %"
     _print_table(task, result["splits"], header)
-    for warning in result["warnings"][len(data.warnings()) :]:  # the others came first
-        print(f"warning: {warning}", file=sys.stderr)
+    for warning in result["warnings"]:
+        if warning not in said:
+            print(f"warning: {warning}", file=sys.stderr)
     if result.get("run_id"):
         print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
     if out is not None:
@@ -582,12 +597,14 @@ def finetune(
     mlflow: bool = True,
     progress: bool = False,
     command_line: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune checkpoint ``ckpt`` on ``data``; returns the results (the JSON of ``--json``).
 
     Results: ``metrics`` ({"glue/<key>/<metric>": fraction}), ``splits`` (per dev set:
     the metrics, ``loss``, ``examples``), ``run_id``/``tracking_uri``/``experiment`` of
-    the fine-tuning run, ``pretrain_run_id``, ``config`` and data sizes.
+    the fine-tuning run, ``pretrain_run_id``, ``config``, data sizes and ``warnings``,
+    those known before the fine-tuning also passed to ``say`` then.
     """
     import lightning as L
 
@@ -602,6 +619,15 @@ def finetune(
     loaded = load_checkpoint(ckpt, "cpu", tokenizer_dir)
     tokenizer = loaded.tokenizer  # checked against the model (ids it has embeddings for)
     max_length = min(config.max_length or loaded.block_size, loaded.block_size)
+    early = []
+    if config.max_length is not None and config.max_length > loaded.block_size:
+        early.append(
+            f"--max-length {config.max_length} is more than the model's block size: "
+            f"inputs are cut at {loaded.block_size} tokens"
+        )
+    for warning in early:  # now, not only after the fine-tuning
+        if say is not None:
+            say(warning)
 
     L.seed_everything(config.seed, workers=True, verbose=False)
     train, dev, train_loader, dev_loaders = _loaders(data, config, tokenizer, max_length)
@@ -649,12 +675,7 @@ def finetune(
         raise KeyboardInterrupt from None
 
     metrics = dev_metrics(task, module.results)
-    warnings = data.warnings()
-    if config.max_length is not None and config.max_length > loaded.block_size:
-        warnings.append(
-            f"--max-length {config.max_length} is more than the model's block size: "
-            f"inputs were cut at {loaded.block_size} tokens"
-        )
+    warnings = data.warnings() + early
     run_id = logger.run_id if mlflow else None
     result: dict[str, Any] = {
         "task": task.name,

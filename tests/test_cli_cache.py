@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,60 @@ def test_one_help_call_teaches_the_keys_too(cache, capsys, monkeypatch):
     forbid_lightning(monkeypatch)
     assert cli.main(["validate", "--config", DEMO, "--trainer.max_stepz", "3"]) == 2
     assert "did you mean 'trainer.max_steps'" in capsys.readouterr().err
+
+
+def test_a_damaged_cache_file_is_removed_and_counts_as_missing(cache, capsys, monkeypatch):
+    """A keys file cut short made every `cofr fit` end in a JSONDecodeError traceback;
+    one of the wrong shape is no better. The cache is optional: the full parser answers."""
+    cli_cache.store_keys("fit", ["trainer.max_steps"])
+    cli_cache.store_presets(["gpt2-tiny"])
+    keys = cli_cache._path("keys", "fit")
+    presets = cli_cache._path("choices", cli_cache.PRESET_KEY)
+    for damaged in ('["trainer.max_st', "{}", "null", "\xff"):
+        keys.write_text(damaged, encoding="latin-1")
+        presets.write_text(damaged, encoding="latin-1")
+        assert cli_cache.cached_keys("fit") is None and not keys.exists()
+        assert cli_cache.cached_presets() is None and not presets.exists()
+    keys.write_text('["trainer.max_st')
+    cli_cache.check_keys("fit", ["--config", DEMO, "--trainer.max_stepz", "3"])
+    assert not keys.exists()
+
+
+def test_writes_remove_the_files_of_old_fingerprints(cache, monkeypatch):
+    """Every edit or upgrade made a new set of files and none went away. A write keeps its
+    own fingerprint's files and those of the few most recently written others (two
+    checkouts sharing the cache), and leaves files that are not the cache's alone."""
+    cache.mkdir()
+    (cache / "notes.txt").write_text("mine")
+    fingerprints = [f"{n:016x}" for n in range(cli_cache.KEEP_FINGERPRINTS + 2)]
+    for age, fp in enumerate(fingerprints):  # the first is the newest
+        for name in (f"keys-fit-{fp}", f"help-0123456789abcdef-{fp}", f".keys-fit-{fp}.123.tmp"):
+            (cache / name).write_text("[]")  # the last: a write killed midway
+            os.utime(cache / name, (1000 - age, 1000 - age))
+    current = fingerprints[-1]  # the oldest: its own write keeps it
+    monkeypatch.setattr(cli_cache, "fingerprint", lambda: current)
+    cli_cache.store_keys("validate", ["trainer.max_steps"])
+    kept = {m[1] for p in cache.iterdir() if (m := cli_cache._ENTRY.fullmatch(p.name))}
+    assert kept == {current, *fingerprints[: cli_cache.KEEP_FINGERPRINTS - 1]}
+    assert (cache / "notes.txt").read_text() == "mine"
+    assert not (cache / f".keys-fit-{fingerprints[-2]}.123.tmp").exists()
+    assert cli_cache.cached_keys("validate") == ["trainer.max_steps"]
+    # Removal errors (a file another process removed, a read-only folder) are ignored.
+    monkeypatch.setattr(cli_cache, "fingerprint", lambda: "f" * 16)
+    monkeypatch.setattr(Path, "unlink", lambda *a, **k: (_ for _ in ()).throw(PermissionError))
+    cli_cache.store_keys("fit", ["data.batch_size"])
+    assert cli_cache.cached_keys("fit") == ["data.batch_size"]
+
+
+def test_a_config_file_that_is_not_utf8_is_left_to_the_full_parser(cache, monkeypatch, tmp_path):
+    """The quick checks read the config files as text: one that is not UTF-8 ended `cofr
+    fit` in a UnicodeDecodeError traceback instead of the full parser's message."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"trainer:\n  max_stepz: 3 # \xff\xfe\n")
+    monkeypatch.setattr(cli_cache, "config_files", lambda words: [str(bad)])
+    cli_cache.store_keys("fit", ["trainer.max_steps"])
+    cli_cache.store_presets(["gpt2-tiny"])
+    words = ["--config", str(bad)]
+    cli_cache.check_keys("fit", words)  # nothing raised: the full parser reports it
+    assert cli_cache._yaml_value(str(bad), "trainer") is cli_cache._MISSING
+    assert cli_cache.cached_help([*words, "--help"]) is None

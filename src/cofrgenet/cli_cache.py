@@ -10,17 +10,21 @@ full parser gives. Entries are keyed by a fingerprint of the installed versions,
 this package's source files and of the program that runs it (``cofr``, or a user's
 script that registers its own mixers first), so any change invalidates them. The cache lives in
 ``$COFR_CACHE_DIR`` (default ``~/.cache/cofrgenet/cli``); when it cannot be written,
-everything works as without it.
+everything works as without it. A file that does not parse (cut short, edited) is
+removed and counts as missing; each write removes the files of all but the few most
+recently written fingerprints, so edits and upgrades do not pile up old entries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import os
+import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -63,11 +67,70 @@ def _path(kind: str, key: str) -> Path:
     return cache_dir() / f"{kind}-{key}-{fingerprint()}"
 
 
+#: A cache file ``<kind>-<key>-<fingerprint>``, or the temporary file of its write
+#: (:func:`cofrgenet.atomic.replacing`); group 1 is the fingerprint.
+_ENTRY = re.compile(r"\.?(?:help|keys|choices)-.+-([0-9a-f]{16})(?:\.\d+\.tmp)?")
+
+#: Fingerprints whose files a write keeps: its own and the most recently written others.
+#: More than one, so that two checkouts (or `cofr` and a script of one's own) sharing the
+#: cache do not wipe each other's entries at every call.
+KEEP_FINGERPRINTS = 4
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_json(path: Path, valid: Callable[[Any], bool]) -> Any:
+    """The JSON in ``path`` when ``valid(value)``, else None. A file that does not parse
+    (a disk filled mid-write, an edit) is removed: the cache is optional, and the full
+    parser writes it again."""
+    try:
+        data = path.read_bytes()
     except OSError:
         return None
+    try:
+        value = json.loads(data)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        value = None
+    if value is None or not valid(value):
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return None
+    return value
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _prune(folder: Path) -> None:
+    """Remove the cache files of fingerprints other than the current one and the
+    ``KEEP_FINGERPRINTS - 1`` most recently written. Another process may be reading or
+    writing them: a file gone by then is a cache miss there, and every error is ignored."""
+    newest: dict[str, float] = {}
+    entries: list[tuple[str, Path]] = []
+    try:
+        for entry in os.scandir(folder):
+            match = _ENTRY.fullmatch(entry.name)
+            if match is None:
+                continue  # not the cache's: COFR_CACHE_DIR may be a shared folder
+            with contextlib.suppress(OSError):
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+                newest[match[1]] = max(newest.get(match[1], mtime), mtime)
+                entries.append((match[1], Path(entry.path)))
+    except OSError:
+        return
+    current = fingerprint()
+    others = sorted((fp for fp in newest if fp != current), key=newest.__getitem__, reverse=True)
+    keep = {current, *others[: KEEP_FINGERPRINTS - 1]}
+    for fp, path in entries:
+        if fp not in keep:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
 
 def _write(path: Path, text: str) -> None:
@@ -75,14 +138,16 @@ def _write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, text)
     except OSError:
-        pass  # a read-only home: no cache, nothing else changes
+        return  # a read-only home: no cache, nothing else changes
+    _prune(path.parent)
 
 
 def _help_key(words: Sequence[str]) -> str:
     """The command line, with the content of every --config file it names."""
     digest = hashlib.sha1("\0".join(words).encode())
     for path in config_files(words):
-        digest.update((_read(Path(path)) or "").encode())
+        with contextlib.suppress(OSError):  # bytes: not UTF-8 is the full parser's to report
+            digest.update(Path(path).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -104,8 +169,7 @@ def store_keys(subcommand: str, keys: Iterable[str]) -> None:
 
 
 def cached_keys(subcommand: str) -> list[str] | None:
-    text = _read(_path("keys", subcommand))
-    return None if text is None else json.loads(text)
+    return _read_json(_path("keys", subcommand), _is_names)
 
 
 #: The key whose value is checked against the names the full parser accepts.
@@ -118,8 +182,7 @@ def store_presets(names: Iterable[str]) -> None:
 
 
 def cached_presets() -> list[str] | None:
-    text = _read(_path("choices", PRESET_KEY))
-    return None if text is None else json.loads(text)
+    return _read_json(_path("choices", PRESET_KEY), _is_names)
 
 
 # ------------------------------------------------------------------ unknown keys
@@ -220,7 +283,7 @@ def check_keys(subcommand: str, words: Sequence[str]) -> None:
 
         try:
             given += yaml_keys(yaml.safe_load(Path(path).read_text()) or {})
-        except (OSError, yaml.YAMLError):
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return  # the full parser says what is wrong with the file
     for key in given:
         if "." in key and not _known(key, valid):
@@ -268,8 +331,8 @@ def _yaml_value(path: str, dotted: str) -> Any:
 
     try:
         node: Any = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return _MISSING
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return _MISSING  # the full parser says what is wrong with the file
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return _MISSING

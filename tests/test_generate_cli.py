@@ -118,6 +118,14 @@ def test_bad_sampling_options_are_refused_at_parse_time(capsys, option, value, m
     assert line.startswith(f"cofr generate: error: {message}")
 
 
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "-1", str(2**32)])
+def test_a_seed_out_of_range_is_one_line_before_the_checkpoint_is_read(capsys, seed):
+    """A seed past 64 bits was an OverflowError traceback from torch; every other --seed
+    is checked against the range numpy takes."""
+    line = one_line_error(capsys, ["generate", "--ckpt", "nope.ckpt", "--seed", seed])
+    assert line == f"cofr generate: error: --seed must be in [0, {2**32 - 1}], got {seed}"
+
+
 def test_generate_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])

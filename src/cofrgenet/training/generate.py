@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, device_arg, probability
+from cofrgenet.errors import check_seed
 
 if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
     import torch
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
     from cofrgenet.training.pretrained import load_checkpoint
 
+    # Before the checkpoint is loaded: torch refuses a seed past 64 bits with a traceback.
+    check_seed(args.seed, "--seed")
     loaded = load_checkpoint(args.ckpt, args.device, tokenizer_dir=args.tokenizer)
     tokenizer = loaded.tokenizer
     ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]

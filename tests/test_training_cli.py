@@ -547,6 +547,33 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     assert "argument --port: must be at most 65535" in capsys.readouterr().err
 
 
+def test_ui_refuses_a_tracking_server_however_it_is_named(capsys, monkeypatch, tmp_path):
+    """A server named by MLFLOW_TRACKING_URI was handed to `mlflow ui`, whose traceback
+    showed; named by --tracking-uri, it was one line. Both are one line now, and the help
+    of `cofr ui` and `cofr compare` says the variable wins over --runs-dir."""
+    from cofrgenet.cli import main
+    from cofrgenet.training import run_store
+    from test_cli_errors import one_line_error
+
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", "http://127.0.0.1:1")
+    line = one_line_error(capsys, ["ui", "--runs-dir", str(tmp_path)])
+    assert line == (
+        "cofr ui: error: MLFLOW_TRACKING_URI=http://127.0.0.1:1 is a tracking server, which "
+        "has its own UI: open it in a browser (cofr ui serves a store, e.g. "
+        "sqlite:///runs/mlflow.db)"
+    )
+    line = one_line_error(capsys, ["ui", "--tracking-uri", "http://127.0.0.1:1"])
+    assert "error: --tracking-uri http://127.0.0.1:1 is a tracking server" in line
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", "foo://bar")
+    line = one_line_error(capsys, ["ui"])
+    assert "MLflow cannot use 'foo://bar'" in line and line.endswith("fix MLFLOW_TRACKING_URI")
+    for command in ("ui", "compare"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+        assert "(default: MLFLOW_TRACKING_URI when set, else <runs-dir>/mlflow.db)" in out
+
+
 def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_path, monkeypatch):
     """The server's output goes to a log file (the terminal shows cofr ui's own lines);
     when it exits before answering, its last lines are printed."""

@@ -98,9 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every run of this experiment (repeatable)",
     )
     parser.add_argument("--sweep", default=None, help="a sweep file: compare its study's trials")
-    parser.add_argument("--runs-dir", default="runs", help="the run store (default: runs)")
     parser.add_argument(
-        "--tracking-uri", default=None, help="an MLflow URI instead of runs/mlflow.db"
+        "--runs-dir",
+        default="runs",
+        help="the runs folder, whose mlflow.db is read (default: runs)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="another MLflow store (default: MLFLOW_TRACKING_URI when set, else "
+        "<runs-dir>/mlflow.db)",
     )
     parser.add_argument(
         "--metric",

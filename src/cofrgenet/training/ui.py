@@ -24,9 +24,16 @@ from cofrgenet.training.run_store import RunConfig, artifact_location, tracking_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs-dir", default="runs", help="the runs folder (default: runs)")
     parser.add_argument(
-        "--tracking-uri", default=None, help="another MLflow store (default: runs/mlflow.db)"
+        "--runs-dir",
+        default="runs",
+        help="the runs folder: its mlflow.db is served (default: runs)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="another MLflow store (default: MLFLOW_TRACKING_URI when set, else "
+        "<runs-dir>/mlflow.db)",
     )
     parser.add_argument(
         "--host",
@@ -137,14 +144,16 @@ def stop_group(server: subprocess.Popen) -> None:
 def run(args: argparse.Namespace) -> int:
     # The user's MLFLOW_TRACKING_URI, not what an earlier in-process run set.
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
-    run_store.check_store_exists(uri, run_store.tracking_uri_source(args.tracking_uri))
-    if args.tracking_uri is not None:
-        if args.tracking_uri.startswith(("http://", "https://")):
+    named_by = run_store.tracking_uri_source(args.tracking_uri)
+    run_store.check_store_exists(uri, named_by)
+    if named_by is not None:  # --tracking-uri or MLFLOW_TRACKING_URI: the server gets it
+        given = f"{named_by} {uri}" if named_by.startswith("--") else f"{named_by}={uri}"
+        if uri.startswith(("http://", "https://")):
             raise UserError(
-                f"--tracking-uri {args.tracking_uri} is a tracking server, which has its own "
-                "UI: open it in a browser (cofr ui serves a store, e.g. sqlite:///runs/mlflow.db)"
+                f"{given} is a tracking server, which has its own UI: open it in a browser "
+                "(cofr ui serves a store, e.g. sqlite:///runs/mlflow.db)"
             )
-        run_store.check_tracking_uri(args.tracking_uri, fix="fix --tracking-uri")
+        run_store.check_tracking_uri(uri, fix=f"fix {named_by}")
     try:
         socket.getaddrinfo(args.host, args.port)
     except socket.gaierror as error:

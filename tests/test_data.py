@@ -159,6 +159,35 @@ def test_prepare_refuses_existing_folders_without_overwrite(pydoc_byte, tmp_path
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 
+def test_options_refused_without_the_source_are_refused_before_it_is_read(tmp_path):
+    """A too small --vocab-size, a --gpt2-dir without GPT-2's files, an --out that is a
+    file or a folder of one's own were refused only after the whole source was listed and
+    split (minutes for a large hub dataset)."""
+
+    class Unread(PydocSource):
+        def __len__(self):
+            raise AssertionError("the source was listed before the refusal")
+
+    with pytest.raises(PrepareError, match=r"--vocab-size must be at least 258 .*got 100"):
+        prepare_data(Unread(), tmp_path / "a", tokenizer="bpe", vocab_size=100, num_workers=1)
+    with pytest.raises(UserError, match=r"GPT-2 tokenizer files not found in "):
+        prepare_data(
+            Unread(), tmp_path / "b", tokenizer="gpt2", gpt2_dir=tmp_path / "none", num_workers=1
+        )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    file = tmp_path / "file"
+    file.write_text("mine")
+    with pytest.raises(PrepareError, match=r"--out '.*file' exists and is not a folder"):
+        prepare_data(Unread(), file, num_workers=1)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for overwrite in (False, True):
+        with pytest.raises(PrepareError, match=r"is not a data folder: .*\(notes.txt\)"):
+            prepare_data(Unread(), mine, num_workers=1, overwrite=overwrite)
+    assert file.read_text() == "mine" and [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
 def test_overwrite_never_deletes_a_corpus_in_folders_named_train_and_val(tmp_path):
     """A user's own corpus/train/*.txt read as a half-written prepare: the error said to
     pass --overwrite, which deleted every text file (the same advice came from cofr fit).

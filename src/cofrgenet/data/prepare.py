@@ -464,6 +464,20 @@ def _check_output(out: Path, overwrite: bool) -> None:
     entries = {p.name for p in out.iterdir()} - set(LOCK_FILES)
     if not entries:
         return
+    _check_no_foreign_files(out, overwrite=True)
+    if not overwrite:
+        state = "is already prepared" if META_FILE in entries else "holds a half-written prepare"
+        raise PrepareError(f"{str(out)!r} {state}; pass --overwrite to replace it")
+
+
+def _check_no_foreign_files(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` folder that holds files a prepare did not write: it is no data
+    folder, or (``overwrite``) an --overwrite would leave them among the new data. Without
+    ``overwrite``, a prepared folder's are left to :func:`_same_prepare` (the same settings
+    again are no error)."""
+    entries = {p.name for p in out.iterdir()} - set(LOCK_FILES)
+    if not entries or (META_FILE in entries and not overwrite):
+        return
     # By content: a train/ of the user's own text files is not ours to delete.
     names = foreign_entries(out)
     foreign = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
@@ -478,9 +492,6 @@ def _check_output(out: Path, overwrite: bool) -> None:
             f"that `cofr data prepare` did not write ({foreign}); move them out or choose "
             "another --out"
         )
-    if not overwrite:
-        state = "is already prepared" if META_FILE in entries else "holds a half-written prepare"
-        raise PrepareError(f"{str(out)!r} {state}; pass --overwrite to replace it")
 
 
 def _check_is_folder(out: Path) -> None:
@@ -704,14 +715,16 @@ def prepare_data(
     num_workers = available_cpus() if num_workers is None else check_num_workers(num_workers)
     chunk_bytes = parse_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
+    # What can be refused without the source is refused before it is listed and split
+    # (a large hub dataset takes minutes to read, only to be refused).
+    _check_is_folder(out)
+    with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
+        if out.is_dir():
+            _check_no_foreign_files(out, overwrite)
     if overwrite and (out / META_FILE).exists():
-        _check_no_readers(out)  # before reading a source that may be large
+        _check_no_readers(out)
 
-    # 1. Split documents.
-    train_idx, val_idx, split_args = _split(source, val_source, val_fraction, seed, max_docs)
-    log(f"documents: {len(train_idx)} train, {len(val_idx)} val")
-
-    # 2. Tokenizer (checked before anything is written: a missing gpt2 file fails fast).
+    # 1. Tokenizer (checked before anything is written: a missing gpt2 file fails fast).
     tokenizer_args: dict[str, Any] = {}
     if tokenizer == "gpt2":
         tok: Tokenizer = gpt2_tokenizer(gpt2_dir)
@@ -724,6 +737,10 @@ def prepare_data(
                 f"got {vocab_size}"
             )
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
+
+    # 2. Split documents.
+    train_idx, val_idx, split_args = _split(source, val_source, val_fraction, seed, max_docs)
+    log(f"documents: {len(train_idx)} train, {len(val_idx)} val")
     # Read only, before the lock: a prepared folder on a read-only disk is still "done".
     if not overwrite and (out / META_FILE).exists():
         request = {
@@ -736,7 +753,7 @@ def prepare_data(
         existing = _same_prepare(out, request, chunk_bytes)
         log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
         return existing
-    _check_is_folder(out)
+    _check_is_folder(out)  # again: a file may have been made there meanwhile
     created = not out.exists()
     _make_folder(out)
     lock = _lock_output(out)

@@ -126,3 +126,31 @@ def test_one_of_the_demo_configs_alone_still_gets_its_data_made(tmp_path, monkey
     config = str(ROOT / "conf/experiment/demo-gpt2.yaml")
     assert main(["demo", "--configs", config, "--runs-dir", str(tmp_path / "runs")]) == 0
     assert made == [demo.DATA_DIR]
+
+
+def test_every_config_and_max_steps_are_checked_before_anything_trains(
+    tmp_path, capsys, monkeypatch
+):
+    """`--configs A B` trained A for minutes before B's typo was found, and `--max-steps 0`
+    was refused by the first fit only."""
+    import cofrgenet.demo as demo
+    from cofrgenet.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("trained or prepared before the configs were checked")
+
+    monkeypatch.setattr(demo.subprocess, "run", never)
+    monkeypatch.setattr(demo, "ensure_data", never)
+    good = str(ROOT / "conf/experiment/demo-gpt2.yaml")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model: {preset: gpt2-tiny}\ntrainer: {max_stepz: 3}\n")
+    runs = str(tmp_path / "runs")
+    assert main(["demo", "--configs", good, str(typo), "--runs-dir", runs]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"cofr demo: error: --configs {typo}: the config does not parse: ")
+    assert "unknown key 'trainer.max_stepz'" in line
+    for steps in ("0", "-1"):
+        assert main(["demo", "--max-steps", steps, "--runs-dir", runs]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"cofr demo: error: argument --max-steps: must be >= 1, got {steps}")
+    assert not (tmp_path / "runs").exists()

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cofrgenet import terminal
+from cofrgenet.dataclass_options import at_least
 
 DEMO_CONFIGS = ("conf/experiment/demo-gpt2.yaml", "conf/experiment/demo-cofrgenet-f.yaml")
 DATA_DIR = "data/pydoc-byte"
@@ -48,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-steps",
-        type=int,
+        type=at_least(int, 1),  # at parse time: 0 was refused by the first fit only
         default=None,
-        help="override trainer.max_steps (default: the configs')",
+        help="override trainer.max_steps, >= 1 (default: the configs')",
     )
     parser.add_argument(
         "--runs-dir",
@@ -85,12 +86,9 @@ def ensure_data(data_dir: str, console: Console) -> None:
     subprocess.run(command, check=True)
 
 
-def train(config: str, run_name: str, args: argparse.Namespace, console: Console) -> float:
-    command = [
-        sys.executable,
-        "-m",
-        "cofrgenet.cli",
-        "fit",
+def fit_words(config: str, run_name: str, args: argparse.Namespace) -> list[str]:
+    """The words after ``cofr fit`` that train ``config`` as run ``run_name``."""
+    words = [
         "--config",
         config,
         "--run.name",
@@ -101,9 +99,27 @@ def train(config: str, run_name: str, args: argparse.Namespace, console: Console
         "true",  # the table is read from what the runs logged
     ]
     if args.data_dir is not None:
-        command += ["--data.data_dir", args.data_dir]
+        words += ["--data.data_dir", args.data_dir]
     if args.max_steps is not None:
-        command += ["--trainer.max_steps", str(args.max_steps)]
+        words += ["--trainer.max_steps", str(args.max_steps)]
+    return words
+
+
+def check_configs(configs: list[str], run_names: list[str], args: argparse.Namespace) -> None:
+    """Parse every config as its fit will, before any trains: a typo in the last one was
+    found only after the others had trained (minutes each). Nothing is built or run."""
+    from cofrgenet.errors import ConfigError, UserError
+    from cofrgenet.training.cli import resolve_fit_config
+
+    for config, name in zip(configs, run_names, strict=True):
+        try:
+            resolve_fit_config(fit_words(config, name, args))
+        except ConfigError as error:
+            raise UserError(f"--configs {config}: {error}") from None
+
+
+def train(config: str, run_name: str, args: argparse.Namespace, console: Console) -> float:
+    command = [sys.executable, "-m", "cofrgenet.cli", "fit", *fit_words(config, run_name, args)]
     console.rule(f"[bold]{run_name}[/]: {' '.join(command[3:])}")
     started = time.perf_counter()
     subprocess.run(command, check=True)
@@ -225,13 +241,15 @@ def _run(args: argparse.Namespace) -> int:
     for config in args.configs:  # before minutes of data preparation
         if not Path(config).is_file():
             raise UserError(f"--configs: no config file {config}; give its path")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    names = [f"{name}-{stamp}" for name in run_names(args.configs)]
     console = terminal.console()
+    console.print(f"checking {len(args.configs)} config(s)")
+    check_configs(args.configs, names, args)  # before the data and the first fit
     if args.data_dir is not None or demo_configs:
         ensure_data(args.data_dir or DATA_DIR, console)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     results = []
-    for name, config in zip(run_names(args.configs), args.configs, strict=True):
-        name = f"{name}-{stamp}"
+    for name, config in zip(names, args.configs, strict=True):
         minutes = train(config, name, args, console)
         # The fit's experiment comes from the config and its bases: the name is unique.
         [run_dir] = Path(args.runs_dir).glob(f"*/{name}")

@@ -155,3 +155,48 @@ def test_the_run_summary_ends_with_its_notes(caplog, tmp_path):
     lines = caplog.text.strip().splitlines()
     assert any(f"run folder: {tmp_path}" in line for line in lines)
     assert lines[-1].endswith("note: this run started from scratch")
+
+
+def test_the_summary_names_the_store_cofr_ui_must_serve(tmp_path, monkeypatch):
+    """A run kept in another store (`--run.runs_dir "my runs"`) ended on "browse it with
+    `cofr ui`", which serves runs/mlflow.db, where the run is not."""
+    from types import SimpleNamespace
+
+    from cofrgenet.training import run_store
+    from cofrgenet.training.run_store import RunConfig, tracking_uri, ui_command_line
+    from cofrgenet.training.tracking import CofrMLFlowLogger
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", None)
+    elsewhere = tmp_path.parent / "other place"
+    for runs_dir, command in (
+        ("runs", "cofr ui"),
+        ("my runs", "cofr ui --runs-dir 'my runs'"),
+        (str(elsewhere), f"cofr ui --runs-dir '{elsewhere}'"),
+    ):
+        uri = tracking_uri(RunConfig(runs_dir=runs_dir))
+        assert ui_command_line(uri) == command
+        assert ui_command_line(f"{uri}?timeout=30") == command  # the same database
+    assert ui_command_line(f"sqlite:///{tmp_path}/runs/mlflow.db") == "cofr ui"
+    other = f"sqlite:///{tmp_path}/my store.db"
+    assert ui_command_line(other) == f"cofr ui --tracking-uri 'sqlite:///{tmp_path}/my store.db'"
+    # MLFLOW_TRACKING_URI wins over --runs-dir in cofr ui: its store is the bare one's,
+    # and another is named whole.
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:////x/mlflow.db")
+    assert ui_command_line("sqlite:////x/mlflow.db") == "cofr ui"
+    mine = tracking_uri(
+        RunConfig(runs_dir="my runs", tracking_uri=f"sqlite:///{tmp_path}/r/mlflow.db")
+    )
+    assert ui_command_line(mine) == f"cofr ui --tracking-uri sqlite:///{tmp_path}/r/mlflow.db"
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", None)
+
+    class Logged(CofrMLFlowLogger):  # a logger's answers, without a store
+        run_id, experiment_id, experiment_name = "abc", "1", "exp"
+        store_uri = tracking_uri(RunConfig(runs_dir="my runs"))
+
+    trainer = SimpleNamespace(
+        default_root_dir=str(tmp_path), global_step=0, loggers=[object.__new__(Logged)]
+    )
+    assert summary_lines(trainer)[-1] == (
+        "MLflow run: abc (experiment 'exp'), browse it with `cofr ui --runs-dir 'my runs'`"
+    )

@@ -154,3 +154,26 @@ def test_every_config_and_max_steps_are_checked_before_anything_trains(
         line = capsys.readouterr().err.strip().splitlines()[-1]
         assert line.startswith(f"cofr demo: error: argument --max-steps: must be >= 1, got {steps}")
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_end_names_the_runs_dir_cofr_ui_must_serve(tmp_path, capsys, monkeypatch):
+    """`cofr demo --runs-dir "my runs"` ended on a bare `cofr ui`, which serves
+    runs/mlflow.db, where its runs are not."""
+    import cofrgenet.demo as demo
+    from cofrgenet.cli import main
+    from cofrgenet.training import run_store
+
+    def train(config, name, args, console):
+        (Path(args.runs_dir) / "exp" / name).mkdir(parents=True)
+        return 0.0
+
+    monkeypatch.setattr(demo, "train", train)
+    monkeypatch.setattr(demo, "collect", lambda run_dir, minutes, runs_dir: demo.DemoResult(
+        run_dir.name, "p", 1, 0, 1.0, 1.0, 2.7, minutes, run_dir, "pydoc, byte"
+    ))  # fmt: skip
+    monkeypatch.setattr(run_store, "USER_TRACKING_URI", None)
+    monkeypatch.setenv("COLUMNS", "200")  # no line wrapping
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("model: {preset: gpt2-tiny}\n")
+    assert main(["demo", "--configs", "mine.yaml", "--runs-dir", "my runs"]) == 0
+    assert "the MLflow UI: cofr ui --runs-dir 'my runs' (it prints" in capsys.readouterr().out

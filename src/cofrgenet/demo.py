@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.table import Table
 
 from cofrgenet import terminal
@@ -258,5 +259,11 @@ def _run(args: argparse.Namespace) -> int:
     summary = Path(args.runs_dir) / f"demo-{stamp}.md"
     summary.write_text(markdown(results))
     console.print(f"table saved to {summary}")
-    console.print("compare the runs in the MLflow UI: [bold]cofr ui[/] (it prints the URL to open)")
+    from cofrgenet.training.run_store import RunConfig, tracking_uri, ui_command_line
+
+    # The runs' store: a bare `cofr ui` serves runs/mlflow.db, not another --runs-dir's.
+    ui = ui_command_line(tracking_uri(RunConfig(runs_dir=args.runs_dir)))
+    console.print(
+        f"compare the runs in the MLflow UI: [bold]{rich_escape(ui)}[/] (it prints the URL to open)"
+    )
     return 0

@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks.progress.rich_progress import (
 from lightning.pytorch.utilities import rank_zero_info
 from rich.text import Text
 
+from cofrgenet.training.run_store import ui_command_line
 from cofrgenet.training.tracking import CofrMLFlowLogger
 
 #: (start of the message, why it is harmless here). Warnings and log records alike.
@@ -240,8 +241,8 @@ def summary_lines(trainer: L.Trainer) -> list[str]:
         uri = logger.store_uri or ""
         if uri.startswith(("http://", "https://")):
             where = f"{uri.rstrip('/')}/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
-        else:
-            where = "browse it with `cofr ui`"
+        else:  # with the store: a bare `cofr ui` serves runs/mlflow.db only
+            where = f"browse it with `{ui_command_line(uri) if uri else 'cofr ui'}`"
         lines.append(
             f"MLflow run: {logger.run_id} (experiment {logger.experiment_name!r}), {where}"
         )

@@ -16,6 +16,7 @@ Lightning, seconds at start-up).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -189,6 +190,27 @@ def tracking_uri(run: RunConfig) -> str:
     if USER_TRACKING_URI:
         return USER_TRACKING_URI
     return f"sqlite:///{Path(run.runs_dir).resolve() / 'mlflow.db'}"
+
+
+def ui_command_line(uri: str) -> str:
+    """The ``cofr ui`` command, as one would type it here, that serves store ``uri``: bare
+    for the store it serves by default (a run kept elsewhere is not in that one), else
+    with ``--runs-dir`` for a ``<folder>/mlflow.db``, else with ``--tracking-uri``."""
+    default = tracking_uri(RunConfig())
+    database, default_database = sqlite_database(uri), sqlite_database(default)
+    if uri == default or (
+        database is not None
+        and default_database is not None
+        and database.expanduser().resolve() == default_database.expanduser().resolve()
+    ):
+        return "cofr ui"
+    # MLFLOW_TRACKING_URI wins over --runs-dir in cofr ui: the store is named whole then.
+    if database is not None and database.name == "mlflow.db" and not USER_TRACKING_URI:
+        folder = database.expanduser().resolve().parent
+        with contextlib.suppress(ValueError):  # a folder below this one: its short name
+            folder = folder.relative_to(Path.cwd().resolve())
+        return shlex.join(["cofr", "ui", "--runs-dir", str(folder)])
+    return shlex.join(["cofr", "ui", "--tracking-uri", uri])
 
 
 def tracking_uri_source(given: str | None, option: str = "--tracking-uri") -> str | None:

@@ -75,6 +75,18 @@ def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
         cli.main(["fit", "--config", DEMO, "--trainer.max_stepz", "3"])
 
 
+def test_cofr_debug_set_to_a_no_leaves_debugging_off(capsys, monkeypatch):
+    """COFR_DEBUG=false turned debugging on: only an unset, empty or 0 value was off."""
+    for off in ("0", "false", "False", "no", "OFF", " ", ""):
+        monkeypatch.setenv("COFR_DEBUG", off)
+        line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
+        assert "argument --vocab-size: invalid int" in line, off
+    for on in ("1", "true", "yes", "on"):
+        monkeypatch.setenv("COFR_DEBUG", on)
+        with pytest.raises(UserError):
+            cli.main(["data", "prepare", "--vocab-size", "x"])
+
+
 def test_programming_errors_keep_their_traceback(monkeypatch):
     def broken(args):
         raise KeyError("a bug")

@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command line, or ``COFR_DEBUG=1``, shows their traceback instead.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("COFR_DEBUG", "") not in ("", "0")
+    debug = "--debug" in argv or debug_from_environment()
     argv = [word for word in argv if word != "--debug"]
     try:
         with _own_warnings_in_one_line(debug):
@@ -253,6 +253,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+#: COFR_DEBUG values that leave debugging off (COFR_DEBUG=false turned it on).
+_OFF = ("", "0", "false", "no", "off", "n", "f")
+
+
+def debug_from_environment() -> bool:
+    """Whether ``COFR_DEBUG`` asks for tracebacks: any value but a usual way of saying no."""
+    return os.environ.get("COFR_DEBUG", "").strip().lower() not in _OFF
 
 
 def _command_words(argv: list[str]) -> str:

@@ -93,7 +93,7 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--model-config", "[1]"], "--model-config must be a JSON object"),
         (["--model-config", '{"depht": 3}'], "--model-config: unknown ModelConfig field 'depht' (did you mean 'depth'?)"),
         (["--dyadic", "papr"], "--dyadic must be one of none, paper, release, got 'papr' (did you"),
-        (["--recipe", "nope.yaml"], "--recipe nope.yaml: no such file; give a cofr fit config"),
+        (["--recipe", "nope.yaml"], "--recipe nope.yaml: no such file; give a cofr fit config (default: conf/experiment/quality-cpu.yaml)"),
         (["--recipe", "bad.yaml"], "--recipe bad.yaml, line 2, column 1: not valid YAML"),
         (["--recipe", "list.yaml"], "--recipe list.yaml: expected a cofr fit config"),
         (["--steps", "-5"], "--steps must be >= 1, got -5"),
@@ -122,6 +122,8 @@ def test_bad_options_are_one_line_errors_before_the_data_is_made(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"cofr bench quality: error: {message}"), err
     assert len(err.splitlines()) == 1 and not (tmp_path / "data").exists()
+    # The default recipe is found from any folder (here too): no "run from the root".
+    assert "repository root" not in err
 
 
 def _result(variant, seed, loss, spikes=0, steps=10, unclipped=None):

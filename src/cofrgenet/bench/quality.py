@@ -359,10 +359,8 @@ def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
     path = Path(cfg.recipe)
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "no such file"
-        raise ConfigError(
-            f"--recipe {path}: {what}; give a cofr fit config (the default, {RECIPE}, is "
-            "relative: run from the repository root or pass its full path)"
-        )
+        # No "run from the repository root": bundled() finds conf/... from any folder.
+        raise ConfigError(f"--recipe {path}: {what}; give a cofr fit config (default: {RECIPE})")
     try:
         recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:

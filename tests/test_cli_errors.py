@@ -192,6 +192,15 @@ def test_a_mistyped_option_of_an_argparse_command_gets_a_did_you_mean(capsys):
     assert "unrecognized arguments: --filtr tiny (did you mean '--filter'?)" in line
     line = one_line_error(capsys, ["models", "list", "--max_new_tokens=3"])  # nothing close
     assert "did you mean" not in line
+    line = one_line_error(capsys, ["models", "list", "-filter", "tiny"])  # one dash short
+    assert "unrecognized arguments: -filter tiny (did you mean '--filter'?)" in line
+
+
+def test_a_word_before_the_command_points_to_cofrs_own_help(capsys):
+    line = one_line_error(capsys, ["--verbose", "models", "list"])
+    assert (
+        line == "cofr: error: unrecognized arguments: --verbose (`cofr --help` lists the options)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -303,12 +303,16 @@ def _run(argv: list[str]) -> int:
     args, extra = parser.parse_known_args(argv)
     command: Command | None = getattr(args, "_command", None)
     if extra:  # argparse would name the root parser's help, not the command's
-        where = " ".join(["cofr", *(command.path if command else ())])
+        path = list(command.path) if command else []
+        # A word before the command (`cofr --verbose fit`) is cofr's own option.
+        before = bool(path) and argv.index(extra[0]) < argv.index(path[0])
+        where = " ".join(["cofr", *([] if before else path)])
         hint = ""
-        flag = next((word.split("=", 1)[0] for word in extra if word.startswith("--")), None)
-        if flag is not None and getattr(args, "_parser", None) is not None:
+        flag = next((word.split("=", 1)[0] for word in extra if word.startswith("-")), None)
+        if flag is not None and not before and getattr(args, "_parser", None) is not None:
             options = set(re.findall(r"--[A-Za-z][\w-]*", args._parser.format_help()))
-            hint = did_you_mean(flag, sorted(options), prefix="--")
+            # `-ckpt`: one dash short of --ckpt
+            hint = did_you_mean("--" + flag.lstrip("-"), sorted(options), prefix="--")
         raise UserError(
             f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the options)"
         )

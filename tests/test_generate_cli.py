@@ -126,6 +126,16 @@ def test_a_seed_out_of_range_is_one_line_before_the_checkpoint_is_read(capsys, s
     assert line == f"cofr generate: error: --seed must be in [0, {2**32 - 1}], got {seed}"
 
 
+@pytest.mark.parametrize(
+    "given", [["--top-k", "5"], ["--top-p", "0.5"], ["--top-k", "5", "--top-p", "0.5"]]
+)
+def test_greedy_decoding_refuses_sampling_options(capsys, given):
+    """`--temperature 0 --top-k 5`: one of the two was not meant; neither applies."""
+    line = one_line_error(capsys, ["generate", "--ckpt", "nope.ckpt", "--temperature", "0", *given])
+    flags = " and ".join(word for word in given if word.startswith("--"))
+    assert line.startswith(f"cofr generate: error: --temperature 0 decodes greedily, so {flags}")
+
+
 def test_generate_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])

@@ -6,11 +6,14 @@ import argparse
 from typing import TYPE_CHECKING
 
 from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, device_arg, probability
-from cofrgenet.errors import check_seed
+from cofrgenet.errors import UserError, check_seed
 
 if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
     import torch
     from torch import Tensor, nn
+
+#: Sampled ids are drawn among the k likeliest unless --top-k says otherwise.
+DEFAULT_TOP_K = 50
 
 
 def sample(
@@ -87,15 +90,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-k",
         type=at_least(int, 0),
-        default=50,
-        help="sample the k likeliest ids; 0: all (default: %(default)s)",
+        default=None,  # None: not given (greedy decoding refuses it); 50 when sampling
+        help=f"sample the k likeliest ids; 0: all (default: {DEFAULT_TOP_K})",
     )
     parser.add_argument(
         "--top-p",
         type=probability,
-        default=1.0,
+        default=None,
         help="then the smallest set of ids holding this much probability (nucleus); 1: all "
-        "(default: %(default)s)",
+        "(default: 1.0)",
     )
     parser.add_argument(
         "--past-eos",
@@ -126,12 +129,23 @@ def run(args: argparse.Namespace) -> int:
 
     # Before the checkpoint is loaded: torch refuses a seed past 64 bits with a traceback.
     check_seed(args.seed, "--seed")
+    if args.temperature == 0:
+        given = [
+            flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p)) if v is not None
+        ]
+        if given:  # the user meant to sample, or not: say so rather than guess
+            raise UserError(
+                f"--temperature 0 decodes greedily, so {' and '.join(given)} would not "
+                "apply: drop them, or give a temperature > 0 to sample"
+            )
+    top_k = DEFAULT_TOP_K if args.top_k is None else args.top_k
+    top_p = 1.0 if args.top_p is None else args.top_p
     loaded = load_checkpoint(args.ckpt, args.device, tokenizer_dir=args.tokenizer)
     tokenizer = loaded.tokenizer
     ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    top_k = args.top_k if args.top_k > 0 else None
+    top_k = top_k or None  # 0: all
     out = sample(
         loaded.model,
         idx,
@@ -140,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=top_k,
         generator=generator,
-        top_p=args.top_p if args.top_p < 1 else None,
+        top_p=top_p if top_p < 1 else None,
         vocab=tokenizer.vocab_size,
         stop_id=None if args.past_eos else tokenizer.eos_id,
     )

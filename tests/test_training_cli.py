@@ -1349,6 +1349,24 @@ def test_a_callback_argument_typo_names_the_closest_and_the_callbacks_help(tiny_
     )
 
 
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("", r"^--trainer \S+section\.yaml holds no settings"),
+        ("- 1\n", r"^--trainer \S+section\.yaml must hold a mapping of trainer keys, not a list"),
+        ("max_stepz: 3\n", r"^unknown key 'trainer\.max_stepz' in \S+section\.yaml \(did you mean "
+                           r"'trainer\.max_steps'\?\)"),
+    ],
+    ids=["empty", "list", "typo"],
+)  # fmt: skip
+def test_a_bad_section_file_is_named(tiny_data, tmp_path, text, match):
+    """`--trainer FILE` as `--config FILE`: the file and the key in full."""
+    section = tmp_path / "section.yaml"
+    section.write_text(text)
+    with pytest.raises(UserError, match=match):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer", str(section)))
+
+
 def test_a_config_file_that_is_not_utf8_is_named(tiny_data, tmp_path):
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("# café\ntrainer:\n  max_steps: 2\n".encode("latin-1"))

@@ -470,6 +470,32 @@ def _bad_config_file(words: list[str]) -> str | None:
     return None
 
 
+def _bad_section_file(words: list[str]) -> str | None:
+    """What is wrong with the first ``--trainer FILE`` (any section's) that is not UTF-8
+    YAML holding a mapping of the section's keys."""
+    import yaml
+
+    for i in range(len(words)):
+        read = _file_word(words, i)
+        if read is None or not read[1]:
+            continue  # not a section file
+        path, option = read[0], f"--{read[1].rstrip('.')}"
+        try:
+            content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())
+        except OSError:
+            continue  # the parser says the file is missing
+        except UnicodeDecodeError as error:
+            return f"{option} {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
+        except yaml.YAMLError as error:
+            return f"{option} {not_valid_yaml(path, error)}"
+        if content is None:
+            return f"{option} {path} holds no settings (empty or only comments): drop it"
+        if not isinstance(content, dict):
+            what = _YAML_KINDS.get(type(content), "a value")
+            return f"{option} {path} must hold a mapping of {option[2:]} keys, not {what}"
+    return None
+
+
 def _unique_key_loader() -> type:
     import yaml
 
@@ -558,7 +584,8 @@ class CofrCLI(LightningCLIAdapter):
                 f"--{recipes.KEY} is read in config files only; on the command line give "
                 "each file with --config, bases first"
             )
-        bad_file = _bad_config_file(expanded)  # before jsonargparse resets a section for it
+        # before jsonargparse resets a section for it
+        bad_file = _bad_config_file(expanded) or _bad_section_file(expanded)
         if bad_file is not None:
             raise ConfigError(bad_file)
         for replaced in _replaced_by_later_files(expanded):
@@ -754,6 +781,16 @@ class CofrCLI(LightningCLIAdapter):
         valid = [k for k in defaults.keys() if k != "config"]  # noqa: SIM118
         cli_cache.store_keys(subcommand, valid)
         key = match.group(1) or match.group(2)
+        for i in range(len(words)):  # a key of a --trainer FILE: named in full, with its file
+            read = _file_word(words, i)
+            if read is None or not read[1]:
+                continue
+            dotted = key if key.startswith(read[1]) else read[1] + key
+            if dotted in _file_keys(*read):
+                return (
+                    f"unknown key {dotted!r} in {read[0]}{did_you_mean(dotted, valid)}; "
+                    f"`cofr {subcommand} --help` lists every option"
+                )
         return cli_cache.unknown_key_message(subcommand, key, words[1:], valid)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

@@ -1077,6 +1077,8 @@ class CofrCLI(LightningCLIAdapter):
             check_tracking_uri(tracking_uri(run))
         lock = RunLock(run_dir)
         new_folder = not run_dir.exists()
+        # The folders above it that this start makes (the experiment's, the runs folder).
+        made_above = [p for p in run_dir.parents if not p.exists()]
         if self.subcommand == "fit" and rank_zero_only.rank == 0:
             lock.acquire()  # before anything is written: a second fit stops here
             for path in checkpoints.remove_unfinished_saves(run_dir):
@@ -1090,8 +1092,11 @@ class CofrCLI(LightningCLIAdapter):
             empty = new_folder and lock.held and _holds_only_lock(run_dir)
             lock.release(remove=empty)
             if empty:
-                with contextlib.suppress(OSError):
-                    run_dir.rmdir()
+                for folder in (run_dir, *made_above):  # deepest first; stops at a full one
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
             raise
 
     def _instantiate_run(

@@ -41,9 +41,11 @@ def trained_checkpoint(
     steps: int = 2,
     name: str = "run",
     experiment: str = "test",
+    trained_length: int | None = None,
 ) -> Path:
     """Train ``steps`` steps of ``preset`` (block 32, vocab 320 unless ``config`` says
-    otherwise) under ``root/runs`` and return ``.../checkpoints/last.ckpt``."""
+    otherwise) on sequences of ``trained_length`` (default: the block) under
+    ``root/runs`` and return ``.../checkpoints/last.ckpt``."""
     model_config = {"vocab_size": 320, "block_size": 32, **(config or {})}
     CofrCLI(
         args=[
@@ -57,7 +59,7 @@ def trained_checkpoint(
             "--data.data_dir",
             str(data),
             "--data.block_size",
-            str(model_config["block_size"]),
+            str(trained_length or model_config["block_size"]),
             "--data.batch_size",
             "4",
             "--data.num_workers",

@@ -405,6 +405,37 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert json.loads(out.read_text())["results"]["wikitext-2"]["nll"] != wiki["nll"]
 
 
+def test_cofr_eval_scores_windows_of_the_length_the_model_trained_at(tmp_path, capsys):
+    """A block-32 model trained on 16-token sequences: positions 16..31 never trained, so
+    the default window is 16 (runs that differ in data.block_size alone then compare)."""
+    from cofrgenet.training.pretrained import load_checkpoint
+
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"), trained_length=16)
+    assert load_checkpoint(ckpt).context_length == 16
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(data)]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "note: scoring 16-token windows, the length" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert (report["window"], report["stride"], report["block_size"]) == (16, 8, 32)
+    tags = (
+        mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+        .get_run(report["mlflow_run_id"])
+        .data.tags
+    )
+    assert ", stride 8 of a 16-token window (block 32), " in tags["eval/wikitext-2/protocol"]
+    assert main([*argv, "--json", str(out), "--window", "32", "--no-mlflow"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    whole = json.loads(out.read_text())
+    assert (whole["window"], whole["stride"]) == (32, 16)
+    assert whole["results"]["wikitext-2"]["nll"] != report["results"]["wikitext-2"]["nll"]
+    assert main([*argv, "--window", "64"]) == 2
+    assert "--window 64 exceeds the model's block size 32" in capsys.readouterr().err
+    assert main([*argv, "--stride", "20"]) == 2
+    assert "--stride 20 exceeds the 16-token window" in capsys.readouterr().err
+
+
 def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
     checkpoint, tmp_path, capsys, monkeypatch
 ):

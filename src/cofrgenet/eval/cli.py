@@ -59,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens between sliding windows (default: block/2; block: disjoint windows)",
     )
     parser.add_argument(
+        "--window",
+        type=at_least(int, 1),
+        default=None,
+        help="tokens of context a scored window holds, at most the model's block size "
+        "(default: the length the model trained at, data.block_size, else its block size)",
+    )
+    parser.add_argument(
         "--batch-size",
         type=at_least(int, 1),
         default=8,
@@ -112,14 +119,16 @@ def evaluate_tasks(
     device: str,
     limit: int | None = None,
     results: dict[str, dict[str, float]] | None = None,
+    window: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """{task: metrics} of a :class:`~cofrgenet.training.pretrained.LoadedCheckpoint`,
     filled into ``results`` when given, one task at a time (so that an interrupted run
-    still has the tasks it finished)."""
+    still has the tasks it finished). ``window``: tokens of context a scored window
+    holds (default: the length the model trained at, ``loaded.context_length``)."""
     from cofrgenet.eval.lambada import lambada
     from cofrgenet.eval.perplexity import text_perplexity
 
-    tokenizer, block = loaded.tokenizer, loaded.block_size
+    tokenizer, block = loaded.tokenizer, window or loaded.context_length
     results = {} if results is None else results
     for name in tasks:
         task = get_task(name)
@@ -218,7 +227,9 @@ def protocol(task: str, step: int | None, report: dict[str, Any]) -> str:
         return made
     made = f"step {step}, {report['split']} split"
     if get_task(task).kind == "perplexity":
-        made += f", stride {report['stride']} of block {report['block_size']}"
+        block, window = report["block_size"], report.get("window", report["block_size"])
+        of = f"block {block}" if window == block else f"a {window}-token window (block {block})"
+        made += f", stride {report['stride']} of {of}"
     data = report.get("data", {}).get(task)
     if data:  # another copy of a set (another PTB preprocessing) must not pass for the same
         made += f", text sha256 {data['sha256']}"
@@ -323,16 +334,31 @@ def run(args: argparse.Namespace) -> int:
         resolved = resolve_tasks(harness_tasks, args.include_path, reserved=list(TASKS))
 
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
-    if args.stride is not None and args.stride > loaded.block_size:
+    if args.window is not None and args.window > loaded.block_size:
         raise UserError(
-            f"--stride {args.stride} exceeds the model's block size {loaded.block_size}"
+            f"--window {args.window} exceeds the model's block size {loaded.block_size}"
+        )
+    window = args.window or loaded.context_length
+    if args.window is None and window < loaded.block_size:
+        # Positions past it never trained: scored there, runs that differ only in
+        # data.block_size would not compare.
+        print(
+            f"note: scoring {window}-token windows, the length {args.ckpt} trained at (its "
+            f"block size: {loaded.block_size}; --window {loaded.block_size} for the whole block)",
+            file=sys.stderr,
+        )
+    if args.stride is not None and args.stride > window:
+        raise UserError(
+            f"--stride {args.stride} exceeds the {window}-token window"
+            + ("" if args.window else " (the length the model trained at; see --window)")
         )
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     results: dict[str, dict[str, float]] = {}
     try:
         evaluate_tasks(
-            loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit, results
-        )
+            loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit, results,
+            window,
+        )  # fmt: skip
     except KeyboardInterrupt:
         if results:  # hours of scores are not thrown away with the task under way
             print_results(results, title + ", the tasks finished before the interrupt")
@@ -349,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size,
                 device=args.device,
                 num_fewshot=args.num_fewshot,
+                max_length=window,
             )
         except (UserError, KeyboardInterrupt):
             if tasks:  # scores already computed are shown, not lost with the harness's
@@ -359,7 +386,8 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
         "split": args.split,
-        "stride": args.stride or default_stride(loaded.block_size),
+        "stride": args.stride or default_stride(window),
+        "window": window,
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
         "data": data_sources(tasks, texts, args.split, data_dir),

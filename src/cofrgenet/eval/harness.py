@@ -156,8 +156,8 @@ class _CofrgenetLMImpl:
     """lm_eval model over a ``cofr fit`` checkpoint (``--model cofrgenet``).
 
     Model arguments: ``ckpt`` (required), ``tokenizer_dir`` (a prepared data folder whose
-    tokenizer to use), ``device``, ``batch_size``, ``max_length`` (default block_size;
-    longer only for recurrent models), ``max_gen_toks`` (256) and ``seed`` (1234, for
+    tokenizer to use), ``device``, ``batch_size``, ``max_length`` (default: the length the
+    model trained at, else its block_size; longer only for recurrent models), ``max_gen_toks`` (256) and ``seed`` (1234, for
     sampled generation).
     """
 
@@ -192,7 +192,7 @@ class _CofrgenetLMImpl:
             loaded.block_size,
             device=device,
             batch_size=batch_size,
-            max_length=max_length,
+            max_length=max_length or loaded.context_length,
             max_gen_toks=max_gen_toks,
             seed=seed,
         )
@@ -557,6 +557,7 @@ def run_harness(
     tokenizer_dir: str | None = None,
     bootstrap_iters: int = 1000,
     seed: int = 1234,
+    max_length: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """{task: {metric: value}} from lm_eval.simple_evaluate through the cofrgenet LM.
 
@@ -569,6 +570,8 @@ def run_harness(
     (``include_path`` is then the one given there).
     bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexities;
     lm_eval's default 100000 takes minutes); 0 skips them.
+    max_length: tokens of context per request (default: the length the model trained
+    at, else its block size).
     """
     resolved = tasks if isinstance(tasks, ResolvedTasks) else resolve_tasks(tasks, include_path)
     from lm_eval import simple_evaluate
@@ -580,6 +583,7 @@ def run_harness(
             batch_size=batch_size,
             tokenizer_dir=tokenizer_dir,
             seed=seed,
+            max_length=max_length,
         )
     else:
         lm = _lm_class().from_model(
@@ -590,6 +594,7 @@ def run_harness(
             batch_size=batch_size,
             seed=seed,
             ckpt=str(ckpt.path),
+            max_length=max_length or ckpt.context_length,
         )
     try:
         results = simple_evaluate(

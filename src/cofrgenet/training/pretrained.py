@@ -123,6 +123,9 @@ class LoadedCheckpoint:
     #: The tokenizer the model trained with, as the checkpoint's data state names it:
     #: {"tokenizer": kind, "vocab_size": n}; empty for a checkpoint without one.
     trained_with: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The sequence length the model trained at (``data.block_size``), when the
+    #: checkpoint records it; a run may train shorter than the model's block size.
+    trained_length: int | None = None
     _tokenizer: Tokenizer | None = None
 
     @functools.cached_property
@@ -136,6 +139,14 @@ class LoadedCheckpoint:
     @property
     def block_size(self) -> int:
         return self.config.block_size
+
+    @property
+    def context_length(self) -> int:
+        """The longest context the model trained on: ``trained_length`` when it is
+        shorter than the block size (later positions never trained), else the block."""
+        if self.trained_length is None:
+            return self.block_size
+        return min(self.trained_length, self.block_size)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -370,7 +381,15 @@ def load_checkpoint(
         foreign=foreign,
         tokenizer_given=bool(tokenizer_dir),
         trained_with=_trained_tokenizer(checkpoint),
+        trained_length=_trained_length(checkpoint),
     )
+
+
+def _trained_length(checkpoint: dict[str, Any]) -> int | None:
+    """``data.block_size`` of the fit (its data module's hyper-parameters), or None."""
+    hparams = checkpoint.get("datamodule_hyper_parameters") or {}
+    length = hparams.get("block_size") if isinstance(hparams, dict) else None
+    return length if isinstance(length, int) and not isinstance(length, bool) else None
 
 
 def _trained_tokenizer(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -293,6 +293,16 @@ def bpe_tokenizer():
     return train_bpe(TEXTS * 20, vocab_size=300, min_frequency=1)
 
 
+def test_the_recorded_tokenizer_kind_gives_its_eos_id(bpe_tokenizer):
+    """Without the tokenizer, EOS is known from the kind a checkpoint records."""
+    from cofrgenet.data.tokenizer import GPT2_EOS_ID
+
+    assert export.trained_eos_id({"tokenizer": "byte", "vocab_size": 257}) == 256
+    assert export.trained_eos_id({"tokenizer": "gpt2"}) == GPT2_EOS_ID
+    assert export.trained_eos_id({"tokenizer": "bpe"}) == bpe_tokenizer.eos_id == 0
+    assert export.trained_eos_id({}) is None  # a checkpoint that names no tokenizer
+
+
 def test_every_mixer_exports_and_matches_without_cofrgenet(tmp_path, bpe_tokenizer):
     cases = [
         _model_case(name, config, tmp_path / "exports", seed)
@@ -516,6 +526,11 @@ def test_cofr_export_hf_writes_a_loadable_model_and_tokenizer(checkpoint, tmp_pa
     # checkpoint records its size): hf.generate sampled padded ids, cofr generate none.
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["suppress_tokens"] == list(range(257, config.vocab_size))
+    # It still stops at end-of-text (256), as cofr generate: config.json and
+    # generation_config.json had no EOS without the tokenizer, so generate never stopped.
+    settings = json.loads((out / "config.json").read_text())
+    assert settings["eos_token_id"] == settings["bos_token_id"] == 256
+    assert generation["eos_token_id"] == generation["pad_token_id"] == 256
 
 
 @pytest.mark.parametrize("trained_with", ["byte", "bpe"])
@@ -546,6 +561,9 @@ def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
         return
     assert report.tokenizer is None and "not on this machine" in report.tokenizer_note
     assert not (tmp_path / "out" / "tokenizer.json").exists()
+    # EOS comes from the tokenizer kind the checkpoint records: bpe's is id 0.
+    assert generation["eos_token_id"] == generation["pad_token_id"] == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 0
     # A tokenizer asked for explicitly must be found.
     with pytest.raises(UserError):
         export.export_hf(checkpoint, tmp_path / "out2", tokenizer_dir=tmp_path / "no-such-data")

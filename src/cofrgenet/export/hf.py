@@ -238,6 +238,21 @@ def export_hf(
         tolerance=tolerance,
         source=str(ckpt),
         n_real=loaded.trained_with.get("vocab_size"),
+        eos_id=trained_eos_id(loaded.trained_with),
+    )
+
+
+#: The end-of-text id of cofrgenet's bpe: train_bpe's only special token, trained first.
+BPE_EOS_ID = 0
+
+
+def trained_eos_id(trained_with: dict[str, Any]) -> int | None:
+    """The end-of-text id of the tokenizer a checkpoint records (``trained_with``: its kind
+    and size; no id is stored, but every kind fixes it), None for a checkpoint naming none."""
+    from cofrgenet.data.tokenizer import GPT2_EOS_ID, ByteTokenizer
+
+    return {"byte": ByteTokenizer().eos_id, "gpt2": GPT2_EOS_ID, "bpe": BPE_EOS_ID}.get(
+        trained_with.get("tokenizer", "")
     )
 
 
@@ -253,13 +268,15 @@ def export_model(
     tolerance: float = DEFAULT_TOLERANCE,
     source: str | None = None,
     n_real: int | None = None,
+    eos_id: int | None = None,
 ) -> ExportReport:
     """Write ``model`` (built from ``config``) as a Hugging Face folder ``out_dir``.
 
     The model is read, never changed (its ladder ``impl`` is switched to the eager
     continuant for the check and restored). ``n_real``: without a ``tokenizer``, the size
     of the one the model trained with, so that generation never picks the padded ids
-    beyond it (as with a tokenizer).
+    beyond it (as with a tokenizer); ``eos_id``: likewise its end-of-text id, where
+    ``generate`` stops (as ``cofr generate``).
     """
     _require_transformers()
     check_exportable(model, config)
@@ -289,7 +306,9 @@ def export_model(
         report = ExportReport(
             out_dir=Path(out_dir), tokenizer_note=None if tokenizer is not None else tokenizer_note
         )
-        eos = None if tokenizer is None else tokenizer.eos_id
+        # Without a tokenizer, the end-of-text id the checkpoint records: HF generate
+        # would otherwise never stop where cofr generate does.
+        eos = eos_id if tokenizer is None else tokenizer.eos_id
         _write_config(work, config, eos, n_real if tokenizer is None else tokenizer.vocab_size)
         _write_weights(work, state)
         shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), work / MODELING_FILE)

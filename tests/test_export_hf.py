@@ -569,6 +569,36 @@ def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
         export.export_hf(checkpoint, tmp_path / "out2", tokenizer_dir=tmp_path / "no-such-data")
 
 
+def test_a_data_folder_prepared_again_with_another_tokenizer_is_refused(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    """The run's data folder is there but holds another tokenizer: exit 0 with a note
+    and no tokenizer written, where cofr generate refuses. Only a missing folder is a note."""
+    from cofrgenet.cli import main
+    from cofrgenet.training import pretrained as checkpoint_module
+
+    real = checkpoint_module.load_checkpoint
+
+    def trained_on_bpe(*args: Any, **kwargs: Any) -> Any:
+        loaded = real(*args, **kwargs)
+        loaded.trained_with = {"tokenizer": "bpe", "vocab_size": 300}  # the folder: byte
+        return loaded
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", trained_on_bpe)
+    out = tmp_path / "out"
+    assert main(["export", "hf", "--ckpt", str(checkpoint), str(out), "--no-verify"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a byte, 257 ids tokenizer" in err and "--tokenizer DIR" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    # --no-tokenizer exports the model all the same.
+    assert (
+        main(["export", "hf", "--ckpt", str(checkpoint), str(out), "--no-verify", "--no-tokenizer"])
+        == 0
+    )
+    assert not (out / "tokenizer.json").exists()
+
+
 # Refusals ------------------------------------------------------------------------------
 
 

@@ -204,7 +204,9 @@ def export_hf(
     largest logit difference).
 
     tokenizer_dir: a prepared data folder whose tokenizer to export instead of the run's.
-    Without it, a tokenizer that cannot be found is skipped (the model is still written).
+    Without it, a run's data folder that is not on this machine is skipped (the model is
+    still written); one that is there but holds another tokenizer, or is damaged, is an
+    error, as in ``cofr generate``.
     """
     from cofrgenet.training import pretrained
     from cofrgenet.training.pretrained import load_checkpoint
@@ -223,9 +225,11 @@ def export_hf(
     if with_tokenizer:
         try:
             tokenizer = loaded.tokenizer
-        except (UserError, OSError, ValueError) as error:
+        except pretrained.TokenizerNotFound as error:
             if tokenizer_dir is not None:  # asked for explicitly: an error, not a note
                 raise
+            # Only a folder not found is a note: one prepared again with another
+            # tokenizer (TokenizerMismatch) or damaged is refused, as cofr generate does.
             note = str(error)
     return export_model(
         loaded.model,

@@ -471,6 +471,32 @@ def test_the_exported_model_takes_right_padding_and_labels(tmp_path):
     assert torch.equal(cached, out)
 
 
+@pytest.mark.parametrize("name", ["patterns", "gpt-no-bias-untied", "gru-untied"])
+def test_a_resized_vocabulary_saves_and_loads(tmp_path, name):
+    """resize_token_embeddings set config.vocab_size but not config.cofr["vocab_size"],
+    which builds the model: save_pretrained then from_pretrained failed (size mismatch),
+    and a vocab_size given to the config built the old size."""
+    from cofrgenet.export.hf_modeling import CofrGeNetConfig, CofrGeNetForCausalLM
+
+    config = CONFIGS[name]
+    export_model(build_model(config), config, tmp_path / "out", verify=False)
+    exported = CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "out"))
+    exported.resize_token_embeddings(64)
+    assert exported.config.cofr["vocab_size"] == 64
+    exported.save_pretrained(str(tmp_path / "resized"))
+    saved = json.loads((tmp_path / "resized" / "config.json").read_text())
+    assert saved["vocab_size"] == saved["cofr"]["vocab_size"] == 64
+    reloaded = CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "resized")).eval()
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        assert reloaded(input_ids=ids).logits.shape == (1, 8, 64)
+    # The Hugging Face name wins over cofr's when both are given.
+    settings = CofrGeNetConfig.from_pretrained(str(tmp_path / "out"), vocab_size=80)
+    assert settings.cofr["vocab_size"] == 80
+    fresh = CofrGeNetForCausalLM(settings)
+    assert fresh.get_input_embeddings().weight.shape[0] == 80
+
+
 # A real checkpoint through the command -------------------------------------------------
 
 

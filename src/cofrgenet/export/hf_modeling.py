@@ -49,26 +49,32 @@ _RESCALE_AT = 2.0**_RESCALE_EXPONENT
 _RESCALE_BY = 2.0**-_RESCALE_EXPONENT
 
 
+#: The usual Hugging Face names of cofrgenet's settings: {theirs: ours}.
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "max_position_embeddings": "block_size",
+}
+
+
 class CofrGeNetConfig(PretrainedConfig):
     """Configuration of an exported CoFrGeNet model.
 
     ``cofr`` holds cofrgenet's ``ModelConfig.to_dict()`` (architecture, shape, mixers,
     ladder options); the usual Hugging Face names (vocab_size, hidden_size,
     num_hidden_layers, num_attention_heads, max_position_embeddings) are filled from it.
+    They stay in step with ``cofr``, the Hugging Face name winning: one given
+    (``from_pretrained(..., vocab_size=400)``) or set (``resize_token_embeddings`` sets
+    ``vocab_size``) is written into ``cofr``, which the model is built from.
     """
 
     model_type = "cofrgenet"
 
     def __init__(self, cofr: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self.cofr = dict(cofr or {})
-        names = (
-            ("vocab_size", "vocab_size"),
-            ("n_embd", "hidden_size"),
-            ("n_layer", "num_hidden_layers"),
-            ("n_head", "num_attention_heads"),
-            ("block_size", "max_position_embeddings"),
-        )
-        for ours, theirs in names:
+        for theirs, ours in HF_NAMES.items():
             if ours in self.cofr:
                 kwargs.setdefault(theirs, self.cofr[ours])
         # The head shares the embedding inside the model (no lm_head.weight when tied):
@@ -81,6 +87,14 @@ class CofrGeNetConfig(PretrainedConfig):
         if "max_position_embeddings" in kwargs:
             self.max_position_embeddings = kwargs.pop("max_position_embeddings")
         super().__init__(**kwargs)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        # Written through to cofr, which builds the model: a resized vocabulary saved
+        # with a stale cofr["vocab_size"] no longer loaded (size mismatch).
+        cofr = self.__dict__.get("cofr")
+        if key in HF_NAMES and cofr is not None and value is not None:
+            cofr[HF_NAMES[key]] = value
 
 
 # Continued fractions -------------------------------------------------------------------
@@ -616,7 +630,7 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
         super().__init__(config)
         cofr = config.cofr
         self.arch = cofr["arch"]
-        C, V = cofr["n_embd"], cofr["vocab_size"]
+        C, V = cofr["n_embd"], config.vocab_size  # the HF name wins (kept in step)
         self.block_size = cofr["block_size"]
         if self.arch in TRANSFORMER_ARCHS:
             modules: dict[str, nn.Module] = {"wte": nn.Embedding(V, C)}

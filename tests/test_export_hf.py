@@ -497,6 +497,30 @@ def test_a_resized_vocabulary_saves_and_loads(tmp_path, name):
     assert fresh.get_input_embeddings().weight.shape[0] == 80
 
 
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default `max_length`")
+@pytest.mark.parametrize("name", ["gru-untied", "gpt-softmax-mlp-rope"])
+def test_only_transformers_have_a_maximum_length(tmp_path, name):
+    """Recurrent exports had max_position_embeddings = block_size: generate warned past it
+    ("exceeded the model's predefined maximum length") and capped its default length
+    there, though they read any length."""
+    from cofrgenet.export.hf_modeling import CofrGeNetForCausalLM
+
+    config = CONFIGS[name]
+    export_model(build_model(config), config, tmp_path / "out", verify=False)
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    exported = CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    ids = torch.randint(0, config.vocab_size, (1, PROMPT_LEN))
+    out = exported.generate(input_ids=ids, do_sample=False)  # 20 new tokens by default
+    if config.arch in ("gpt", "llama"):
+        assert saved["max_position_embeddings"] == config.block_size
+        assert out.shape[1] == config.block_size
+        return
+    assert saved["max_position_embeddings"] is None
+    assert exported.config.max_position_embeddings is None
+    assert exported.config.cofr["block_size"] == config.block_size
+    assert out.shape[1] == PROMPT_LEN + 20
+
+
 # A real checkpoint through the command -------------------------------------------------
 
 

@@ -64,8 +64,8 @@ class CofrGeNetConfig(PretrainedConfig):
 
     ``cofr`` holds cofrgenet's ``ModelConfig.to_dict()`` (architecture, shape, mixers,
     ladder options); the usual Hugging Face names (vocab_size, hidden_size,
-    num_hidden_layers, num_attention_heads, max_position_embeddings) are filled from it.
-    They stay in step with ``cofr``, the Hugging Face name winning: one given
+    num_hidden_layers, num_attention_heads, max_position_embeddings) are filled from it;
+    recurrent models, which read any length, have max_position_embeddings None. They stay in step with ``cofr``, the Hugging Face name winning: one given
     (``from_pretrained(..., vocab_size=400)``) or set (``resize_token_embeddings`` sets
     ``vocab_size``) is written into ``cofr``, which the model is built from.
     """
@@ -74,9 +74,13 @@ class CofrGeNetConfig(PretrainedConfig):
 
     def __init__(self, cofr: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self.cofr = dict(cofr or {})
-        for theirs, ours in HF_NAMES.items():
+        for theirs, ours in self._aliases().items():
             if ours in self.cofr:
                 kwargs.setdefault(theirs, self.cofr[ours])
+        if self.cofr.get("arch") in RECURRENT_CELLS:
+            # No position limit (block_size was the training length only): with one,
+            # generate warned past it and capped its default length at it.
+            kwargs.setdefault("max_position_embeddings", None)
         # The head shares the embedding inside the model (no lm_head.weight when tied):
         # transformers' own tying machinery is not needed.
         kwargs["tie_word_embeddings"] = False
@@ -88,13 +92,20 @@ class CofrGeNetConfig(PretrainedConfig):
             self.max_position_embeddings = kwargs.pop("max_position_embeddings")
         super().__init__(**kwargs)
 
+    def _aliases(self) -> dict[str, str]:
+        """HF_NAMES, less max_position_embeddings for recurrent models (no position limit)."""
+        if self.__dict__.get("cofr", {}).get("arch") in RECURRENT_CELLS:
+            return {k: v for k, v in HF_NAMES.items() if k != "max_position_embeddings"}
+        return HF_NAMES
+
     def __setattr__(self, key: str, value: Any) -> None:
         super().__setattr__(key, value)
         # Written through to cofr, which builds the model: a resized vocabulary saved
         # with a stale cofr["vocab_size"] no longer loaded (size mismatch).
         cofr = self.__dict__.get("cofr")
-        if key in HF_NAMES and cofr is not None and value is not None:
-            cofr[HF_NAMES[key]] = value
+        aliases = self._aliases()
+        if key in aliases and cofr is not None and value is not None:
+            cofr[aliases[key]] = value
 
 
 # Continued fractions -------------------------------------------------------------------

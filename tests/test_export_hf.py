@@ -369,6 +369,27 @@ def test_the_readme_names_the_folder_and_clips_only_clipped_ladders(
     assert ("ladder outputs are clipped" in readme) == clipped
 
 
+@pytest.mark.parametrize("tokenizer,eos", [("byte", None), (None, 256), (None, None)])
+def test_the_readme_shows_autotokenizer_only_with_a_tokenizer(tmp_path, tokenizer, eos):
+    """The README's snippet loaded AutoTokenizer from folders exported without one."""
+    config = CONFIGS["gpt-softmax-mlp-rope"].replace(vocab_size=300)
+    export_model(
+        build_model(config),
+        config,
+        tmp_path / "out",
+        tokenizer=ByteTokenizer() if tokenizer else None,
+        eos_id=eos,
+        verify=False,
+    )
+    readme = (tmp_path / "out" / "README.md").read_text()
+    snippet = readme.split("```python\n")[1].split("```")[0]
+    compile(snippet, "README.md", "exec")
+    assert 'AutoModelForCausalLM.from_pretrained("out", trust_remote_code=True)' in snippet
+    assert ("AutoTokenizer" in snippet) == (tokenizer is not None)
+    if tokenizer is None:
+        assert f"torch.tensor([[{0 if eos is None else eos}]])" in snippet
+
+
 def test_the_in_process_check_matches_and_writes_the_files(tmp_path):
     config = CONFIGS["paper-denominators"].replace(vocab_size=300)  # room for 257 bytes
     torch.manual_seed(0)

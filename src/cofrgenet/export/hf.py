@@ -321,7 +321,7 @@ def export_model(
             report.tokenizer = tokenizer.kind
         if verify:
             report.max_abs_diff = verify_export(model, config, work, tolerance)
-        _write_readme(work, config, report, source, out.resolve().name, _clips_ladders(model))
+        _write_readme(work, config, report, source, out.resolve().name, _clips_ladders(model), eos)
         report.files = sorted(p.name for p in work.iterdir() if p.name in EXPORT_FILES)
         _move_into_place(work, out)
     except BaseException:
@@ -653,6 +653,7 @@ def _write_readme(
     source: str | None,
     name: str,
     clips_ladders: bool,
+    eos: int | None = None,
 ) -> None:
     mixers = (
         f"attention {config.attention_pattern or config.attention}, "
@@ -667,6 +668,26 @@ def _write_readme(
     )
     tokenizer = report.tokenizer or f"not exported ({report.tokenizer_note})"
     clipped = ": ladder outputs are clipped to their training range" if clips_ladders else ""
+    if report.tokenizer is not None:
+        usage = f"""from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+ids = tokenizer("Hello", return_tensors="pt").input_ids
+print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0]))"""
+    else:  # AutoTokenizer would fail on this folder: the model takes token ids
+        ids = (
+            "torch.tensor([[0]])  # your prompt's token ids"
+            if eos is None
+            else f"torch.tensor([[{eos}]])  # end-of-text: a new document"
+        )
+        usage = f"""import torch
+from transformers import AutoModelForCausalLM
+
+model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
+# No tokenizer here: ids of the tokenizer the model trained with.
+ids = {ids}
+print(model.generate(ids, max_new_tokens=20, do_sample=False)[0].tolist())"""
     text = f"""# CoFrGeNet export
 
 Exported by `cofr export hf` from `{source or "a model in memory"}`.
@@ -677,12 +698,7 @@ Exported by `cofr export hf` from `{source or "a model in memory"}`.
 * logits check: {check}
 
 ```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
-ids = tokenizer("Hello", return_tensors="pt").input_ids
-print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0]))
+{usage}
 ```
 
 `modeling_cofrgenet.py` needs only torch and transformers. It is an inference

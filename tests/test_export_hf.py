@@ -696,6 +696,25 @@ def test_a_missing_checkpoint_is_a_one_line_error(tmp_path, capsys):
     assert "--no-tokenizer: not allowed with argument --tokenizer" in capsys.readouterr().err
 
 
+def test_a_torch_file_that_is_no_fit_checkpoint_is_named_so(tmp_path, capsys):
+    """A bare state_dict (torch.save(model.state_dict())) was called damaged, "a save
+    cut short": it loads fine, it is only not what cofr fit writes."""
+    from cofrgenet.cli import main
+
+    bare = tmp_path / "X.pt"
+    torch.save(build_model(CONFIGS["rnn"]).state_dict(), bare)
+    out = tmp_path / "out"
+    assert main(["export", "hf", "--ckpt", str(bare), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {bare} is not a cofr fit checkpoint: it holds a bare state_dict" in err
+    assert "cut short" not in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    listed = tmp_path / "list.pt"
+    torch.save([1, 2], listed)
+    with pytest.raises(UserError, match="not a cofr fit checkpoint: it holds a list"):
+        export.export_hf(listed, out)
+
+
 def test_a_user_registered_mixer_is_refused(tmp_path):
     @ATTENTION.register("toy_attention_for_export_test")
     def build(config: ModelConfig, layer_idx: int) -> nn.Module:

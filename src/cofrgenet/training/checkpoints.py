@@ -211,8 +211,22 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     except Exception:
         raise damaged(path) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise damaged(path)
+        # It read whole, so not damaged: another program's file (a bare state_dict).
+        raise not_fit_checkpoint(path, checkpoint)
     return checkpoint
+
+
+def not_fit_checkpoint(path: Path, contents: Any) -> CheckpointError:
+    """The error for a torch file that loads but is not what ``cofr fit`` saves."""
+    if isinstance(contents, dict) and contents:
+        tensors = all(isinstance(value, Tensor) for value in contents.values())
+        held = "a bare state_dict" if tensors else "a dict without state_dict"
+    else:
+        held = f"a {type(contents).__name__}"
+    return CheckpointError(
+        f"{path} is not a cofr fit checkpoint: it holds {held}, no hyper-parameters; give "
+        "a checkpoint cofr fit wrote (runs/<experiment>/<run>/checkpoints/last.ckpt)"
+    )
 
 
 #: Key prefix of the parameters of a model compiled by wrapping (``torch.compile(model)``).

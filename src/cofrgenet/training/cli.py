@@ -437,24 +437,37 @@ _YAML_KINDS = {
 }
 
 
+def _yaml_mapping(path: str, label: str, keys: str = "keys") -> dict | str | None:
+    """The mapping that YAML file ``path`` holds; or, as one line, what is wrong with it
+    (``label`` names the file: ``config file``, ``--trainer``); None when it cannot be
+    read (a missing file has the parser's own message)."""
+    import yaml
+
+    try:
+        content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())  # a SafeLoader
+    except OSError:
+        return None
+    except UnicodeDecodeError as error:
+        return f"{label} {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
+    except yaml.YAMLError as error:
+        return f"{label} {not_valid_yaml(path, error)}"
+    if content is None:
+        return f"{label} {path} holds no settings (empty or only comments): drop it"
+    if not isinstance(content, dict):
+        what = _YAML_KINDS.get(type(content), type(content).__name__)
+        return f"{label} {path} must hold a mapping of {keys}, not {what}"
+    return content
+
+
 def _bad_config_file(words: list[str]) -> str | None:
     """What is wrong with the first ``--config`` file that is not a YAML mapping, has a
     key twice, or holds something else than keys in one of :data:`MAPPING_SECTIONS`."""
-    import yaml
-
     for path in recipes.config_paths(words):
-        try:
-            content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())  # a SafeLoader
-        except OSError:
-            continue  # a missing file has its own message
-        except UnicodeDecodeError as error:
-            return f"config file {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
-        except yaml.YAMLError as error:
-            return f"config file {not_valid_yaml(path, error)}"
-        if content is None:
-            return f"config file {path} holds no settings (empty or only comments): drop it"
+        content = _yaml_mapping(path, "config file")
         if not isinstance(content, dict):
-            return f"config file {path} must hold a mapping of keys, not {type(content).__name__}"
+            if content is None:
+                continue
+            return content
         for dotted in MAPPING_SECTIONS:
             parent, _, key = dotted.rpartition(".")
             holder = content.get(parent) if parent else content
@@ -473,26 +486,13 @@ def _bad_config_file(words: list[str]) -> str | None:
 def _bad_section_file(words: list[str]) -> str | None:
     """What is wrong with the first ``--trainer FILE`` (any section's) that is not UTF-8
     YAML holding a mapping of the section's keys."""
-    import yaml
-
     for i in range(len(words)):
         read = _file_word(words, i)
-        if read is None or not read[1]:
-            continue  # not a section file
-        path, option = read[0], f"--{read[1].rstrip('.')}"
-        try:
-            content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())
-        except OSError:
-            continue  # the parser says the file is missing
-        except UnicodeDecodeError as error:
-            return f"{option} {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
-        except yaml.YAMLError as error:
-            return f"{option} {not_valid_yaml(path, error)}"
-        if content is None:
-            return f"{option} {path} holds no settings (empty or only comments): drop it"
-        if not isinstance(content, dict):
-            what = _YAML_KINDS.get(type(content), "a value")
-            return f"{option} {path} must hold a mapping of {option[2:]} keys, not {what}"
+        if read is not None and read[1]:  # a section file
+            section = read[1].rstrip(".")
+            content = _yaml_mapping(read[0], f"--{section}", f"{section} keys")
+            if isinstance(content, str):
+                return content
     return None
 
 

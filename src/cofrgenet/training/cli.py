@@ -786,7 +786,8 @@ class CofrCLI(LightningCLIAdapter):
             if read is None or not read[1]:
                 continue
             dotted = key if key.startswith(read[1]) else read[1] + key
-            if dotted in _file_keys(*read):
+            # `trainer.trainer.x`: a whole config given as the section: said by cli_cache
+            if dotted in _file_keys(*read) and not dotted.startswith(read[1] * 2):
                 return (
                     f"unknown key {dotted!r} in {read[0]}{did_you_mean(dotted, valid)}; "
                     f"`cofr {subcommand} --help` lists every option"

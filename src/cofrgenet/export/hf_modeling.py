@@ -65,7 +65,8 @@ class CofrGeNetConfig(PretrainedConfig):
     ``cofr`` holds cofrgenet's ``ModelConfig.to_dict()`` (architecture, shape, mixers,
     ladder options); the usual Hugging Face names (vocab_size, hidden_size,
     num_hidden_layers, num_attention_heads, max_position_embeddings) are filled from it;
-    recurrent models, which read any length, have max_position_embeddings None. They stay in step with ``cofr``, the Hugging Face name winning: one given
+    recurrent models, which read any length, have max_position_embeddings None. They stay
+    in step with ``cofr``, the Hugging Face name winning: one given
     (``from_pretrained(..., vocab_size=400)``) or set (``resize_token_embeddings`` sets
     ``vocab_size``) is written into ``cofr``, which the model is built from.
     """

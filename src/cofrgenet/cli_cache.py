@@ -200,14 +200,19 @@ def option_key(word: str) -> str:
     return word[2:].split("=", 1)[0].rstrip("+")
 
 
+def yaml_leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted path: value} of the leaves of nested mappings (lists are leaves)."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node} if prefix else {}
+    leaves: dict[str, Any] = {}
+    for key, value in node.items():
+        leaves.update(yaml_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return leaves
+
+
 def yaml_keys(node: Any, prefix: str = "") -> list[str]:
     """Dotted paths to the leaves of nested mappings (lists are leaves)."""
-    if not isinstance(node, dict) or not node:
-        return [prefix] if prefix else []
-    keys = []
-    for key, value in node.items():
-        keys += yaml_keys(value, f"{prefix}.{key}" if prefix else str(key))
-    return keys
+    return list(yaml_leaves(node, prefix))
 
 
 def holds_key(path: str, dotted: str) -> bool:

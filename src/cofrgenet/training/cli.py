@@ -201,21 +201,11 @@ def _file_word(words: list[str], i: int) -> tuple[str, str] | None:
     return None
 
 
-def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
-    """{dotted key: value} of the leaves of nested mappings (lists are leaves)."""
-    if not isinstance(node, dict) or not node:
-        return {prefix: node} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def _file_values(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        return _leaves(yaml.safe_load(path.read_text()))
+        return cli_cache.yaml_leaves(yaml.safe_load(path.read_text()))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}  # the parser reports the file
 

@@ -309,6 +309,30 @@ def test_output_range_keeps_its_range_through_a_non_finite_batch():
         assert torch.isfinite(layer(x)).all()
 
 
+def test_output_range_forgets_in_bf16_true_training():
+    """Lightning's bf16-true builds the model under a bf16 default dtype and casts it with
+    .to(bfloat16): the range stays float32, else a step's drift (momentum x the gap)
+    rounds away and an early extreme is never forgotten. Device moves and float64 still
+    apply."""
+    from cofrgenet.nn.ladder import OutputRange
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        r = OutputRange((1,))
+    finally:
+        torch.set_default_dtype(default)
+    r = r.to(torch.bfloat16)
+    assert r.low.dtype == r.high.dtype == torch.float32
+    r(torch.tensor([[-100.0], [100.0]], dtype=torch.bfloat16))  # an early extreme
+    for _ in range(50):  # then batches within [-1, 1]: momentum 0.01 a step
+        r(torch.tensor([[-1.0], [1.0]], dtype=torch.bfloat16))
+    assert r.high.item() < 100 * 0.99**50 + 1.01
+    assert Cffn(8, 2, 3).bfloat16().output_range.low.dtype == torch.float32
+    assert r.double().low.dtype == torch.float64
+    assert r.to("meta").low.device.type == "meta"
+
+
 def test_output_range_takes_every_rank_s_extremes_in_one_exchange(monkeypatch):
     """Under data parallelism: one all_reduce per forward (it runs in every ladder layer of
     every step), and the range is the min / max over both ranks' batches."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -167,6 +167,10 @@ class LadderWeights(nn.Module):
         return out
 
 
+def _at_least_float32(t: Tensor) -> Tensor:
+    return t.float() if t.dtype.itemsize < 4 else t
+
+
 class OutputRange(nn.Module):
     """Range of ladder outputs seen in training; a clip to it in eval mode.
 
@@ -183,8 +187,21 @@ class OutputRange(nn.Module):
     def __init__(self, shape: tuple[int, ...], momentum: float = 0.01) -> None:
         super().__init__()
         self.momentum = momentum
-        self.register_buffer("low", torch.full(shape, float("-inf")))
-        self.register_buffer("high", torch.full(shape, float("inf")))
+        # At least float32, whatever the default dtype (bf16-true builds models under a bf16
+        # one) or a module cast: in bf16 a step's drift, momentum x the gap, mostly rounds
+        # away, and the range would never forget.
+        self.register_buffer("low", _at_least_float32(torch.full(shape, float("-inf"))))
+        self.register_buffer("high", _at_least_float32(torch.full(shape, float("inf"))))
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> OutputRange:
+        # Module.to(dtype), .half() and .bfloat16() come here: follow device moves and
+        # float64, not a cast to 16 bits.
+        low, high = self.low, self.high
+        super()._apply(fn, recurse)
+        if self.low.dtype != _at_least_float32(self.low).dtype:
+            self.low = _at_least_float32(low.to(self.low.device))
+            self.high = _at_least_float32(high.to(self.high.device))
+        return self
 
     def _bounds(self, length: int | slice | None) -> tuple[Tensor, Tensor]:
         if length is None:

@@ -75,10 +75,10 @@ def test_a_cache_past_the_block_is_refused():
             model(torch.zeros(1, 1, dtype=torch.long), cache)
 
 
-def recompute_every_step(model, idx, new, temperature, top_k, generator):
+def recompute_every_step(model, idx, new, temperature, top_k, generator, context=BLOCK):
     """The reference: the whole (cropped) context at every step."""
     for _ in range(new):
-        logits = model(idx[:, -BLOCK:])[:, -1, :]
+        logits = model(idx[:, -context:])[:, -1, :]
         idx = torch.cat([idx, sample_next(logits, temperature, top_k, generator)], dim=1)
     return idx
 
@@ -97,6 +97,27 @@ def test_cached_generation_equals_recomputation_past_the_block(name, temperature
             model, prompt, new, temperature, 10, torch.Generator().manual_seed(3)
         )
     assert torch.equal(cached, reference)
+
+
+@pytest.mark.parametrize("name", ["gpt2-softmax-learned", "cattn_m"])
+def test_generation_reads_at_most_the_context_it_is_given(name):
+    """A model trained on sequences shorter than its block generates from windows of the
+    trained length (``cofr generate`` passes it): positions past it never trained."""
+    model = model_of(name)
+    prompt = torch.randint(0, 50, (2, 3), generator=torch.Generator().manual_seed(2))
+    context = BLOCK // 2
+    with torch.no_grad():
+        cropped = model.generate(
+            prompt, BLOCK, 0.9, 10, torch.Generator().manual_seed(3), context=context
+        )
+        reference = recompute_every_step(
+            model, prompt, BLOCK, 0.9, 10, torch.Generator().manual_seed(3), context
+        )
+        whole_block = model.generate(prompt, BLOCK, 0.9, 10, torch.Generator().manual_seed(3))
+    assert torch.equal(cropped, reference)
+    assert not torch.equal(cropped, whole_block)  # the window matters: the test has teeth
+    with pytest.raises(ValueError, match="context must be in"):
+        model.generate(prompt, 2, context=BLOCK + 1)
 
 
 def test_training_mode_generation_recomputes():

@@ -21,11 +21,16 @@ MODEL = {"vocab_size": 257, "block_size": 16}
 
 
 def write_checkpoint(
-    path: Path, data_dir: str | None, trained_with: dict | None = None, vocab_size: int = 257
+    path: Path,
+    data_dir: str | None,
+    trained_with: dict | None = None,
+    vocab_size: int = 257,
+    trained_length: int | None = None,
 ) -> Path:
     """A checkpoint as ``cofr fit`` writes it (what the readers use of it), without
     training: the weights of a fresh gpt2-tiny, its hyperparameters, the data folder
-    (and the tokenizer its data state names, ``trained_with``)."""
+    (and the tokenizer its data state names, ``trained_with``; the sequence length it
+    trained at, ``trained_length``)."""
     model_config = {**MODEL, "vocab_size": vocab_size}
     model = build_model(resolve_model_config("gpt2-tiny", model_config))
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
@@ -35,7 +40,10 @@ def write_checkpoint(
             "state_dict": state,
             "global_step": 3,
             "hyper_parameters": {"preset": "gpt2-tiny", "config": model_config},
-            "datamodule_hyper_parameters": {"data_dir": data_dir},
+            "datamodule_hyper_parameters": {
+                "data_dir": data_dir,
+                **({"block_size": trained_length} if trained_length else {}),
+            },
             **({"TokenDataModule": {"fingerprint": trained_with}} if trained_with else {}),
         },
         path,
@@ -356,3 +364,26 @@ def test_a_sample_cut_at_the_end_of_text_says_so(capsys, tmp_path, data, monkeyp
     # Without a prompt the sample starts a document: the EOS it starts from is not shown.
     assert main(["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"]) == 0
     assert capsys.readouterr().out.startswith("AB\n")
+
+
+def test_generate_reads_at_most_the_length_the_model_trained_at(capsys, tmp_path, monkeypatch):
+    """A run trained on 8-token sequences with a 16-token block: later positions never
+    trained, so the context is cropped at 8 (as cofr eval's windows), and it is said."""
+    from cofrgenet.training import generate
+
+    seen = []
+    real_sample = generate.sample
+
+    def spy(model, idx, max_new_tokens, block_size, **kwargs):
+        seen.append(block_size)
+        return real_sample(model, idx, max_new_tokens, block_size, **kwargs)
+
+    monkeypatch.setattr(generate, "sample", spy)
+    byte = {"tokenizer": "byte", "vocab_size": 257}
+    ckpt = write_checkpoint(tmp_path / "short.ckpt", None, byte, trained_length=8)
+    argv = ["generate", "--ckpt", str(ckpt), "--prompt", "abc", "--max-new-tokens"]
+    assert main([*argv, "10"]) == 0
+    assert seen == [8]
+    assert "note: reading at most the last 8 tokens" in capsys.readouterr().err
+    assert main([*argv, "5"]) == 0  # 3 + 5 tokens fit: nothing to say
+    assert seen == [8, 8] and "note" not in capsys.readouterr().err

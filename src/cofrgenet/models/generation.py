@@ -46,24 +46,39 @@ def generate_cached(
     top_p: float | None = None,
     vocab: int | None = None,
     stop_id: int | None = None,
+    context: int | None = None,
 ) -> Tensor:
     """Sample up to ``max_new_tokens`` after idx (B, T) from a transformer -> (B, T + new).
 
     Sampling as :func:`~cofrgenet.nn.decoding.sample_next` (temperature, top-k, then
     nucleus top-p, among the first ``vocab`` ids); it ends early once every row has
-    produced ``stop_id``.
+    produced ``stop_id``. Once a sequence outgrows ``context`` tokens (default and at
+    most ``config.block_size``; shorter for a model trained on shorter sequences), each
+    step reads the last ``context`` again.
 
     ``model`` has ``config.block_size``, ``new_cache()``, ``forward(idx, cache)`` and
     ``can_decode``; a model whose mixers cannot decode, or a model in training mode
     (dropout), recomputes the whole context at every step instead.
     """
+    block = model.config.block_size
+    if context is not None and not 1 <= context <= block:
+        raise ValueError(f"context must be in [1, block_size={block}], got {context}")
     if max_new_tokens <= 0:
         return idx
     # inference_mode, not no_grad: ~10% less per-op overhead in one-token steps. The
     # result is copied out of it, so the ids can feed a training step later.
     with torch.inference_mode(), reusing_stacked_weights():
         out = _sample_tokens(
-            model, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
+            model,
+            idx,
+            max_new_tokens,
+            temperature,
+            top_k,
+            generator,
+            top_p,
+            vocab,
+            stop_id,
+            block if context is None else context,
         )
     return out.clone()
 
@@ -76,17 +91,17 @@ def _sample_tokens(
     top_k: int | None,
     generator: torch.Generator | None,
     top_p: float | None,
-    vocab: int | None = None,
-    stop_id: int | None = None,
+    vocab: int | None,
+    stop_id: int | None,
+    context: int,
 ) -> Tensor:
-    block = model.config.block_size
     cached = model.can_decode and not model.training
     cache: DecodeCache | None = None
 
     def logits_after(out: Tensor, new: Tensor) -> Tensor:
         nonlocal cache
-        if not cached or out.shape[1] > block:
-            return _full_context_logits(model, out, block)
+        if not cached or out.shape[1] > context:
+            return _full_context_logits(model, out, context)
         if cache is None:  # new is the prompt
             cache = model.new_cache()
         return model(new, cache)[:, -1, :]

@@ -180,6 +180,7 @@ class GPT(nn.Module):
         top_p: float | None = None,
         vocab: int | None = None,
         stop_id: int | None = None,
+        context: int | None = None,
     ) -> Tensor:
         """Extend idx (B, T) by up to ``max_new_tokens`` sampled tokens -> (B, T + new).
 
@@ -187,13 +188,13 @@ class GPT(nn.Module):
         set of them holding ``top_p`` of the probability (nucleus sampling), among the
         first ``vocab`` ids (the tokenizer's; default all). Sampling ends early once every
         row has produced ``stop_id``. The prompt is read once, then one token per step
-        through the mixers' caches; once a sequence outgrows the block, every step reads
-        the last ``block_size`` tokens again (positions restart with the window, as in
-        full recomputation). The tokens are those of recomputing the whole context at
-        every step (eval mode).
+        through the mixers' caches; once a sequence outgrows ``context`` (default: the
+        block size), every step reads the last ``context`` tokens again (positions restart
+        with the window, as in full recomputation). The tokens are those of recomputing
+        the whole context at every step (eval mode).
         """
         return generate_cached(
-            self, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
+            self, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id, context
         )
 
     @staticmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, device_arg, probability
@@ -34,10 +35,11 @@ def sample(
     smallest set of them holding ``top_p`` of the probability (nucleus sampling), among
     the first ``vocab`` ids (the tokenizer's: a padded vocabulary's extra ids are no
     token). Sampling ends early once every row has produced ``stop_id``. The context is
-    cropped to the last ``block_size`` tokens. Models with their own
-    ``generate`` (transformers decode incrementally through their mixers' caches,
-    recurrent ones carry a hidden state) are asked to do it themselves; anything else
-    recomputes the context for every token.
+    cropped to the last ``block_size`` tokens (the length the model trained at, which
+    may be shorter than its block). Models with their own ``generate`` are asked to do
+    it themselves: transformers decode incrementally through their mixers' caches (and
+    crop the same way), recurrent ones carry a hidden state over the whole sequence.
+    Anything else recomputes the context for every token.
     """
     import torch
 
@@ -45,6 +47,7 @@ def sample(
 
     with torch.no_grad():
         if hasattr(model, "generate"):
+            window = {"context": block_size} if hasattr(model, "new_cache") else {}
             return model.generate(
                 idx,
                 max_new_tokens,
@@ -54,6 +57,7 @@ def sample(
                 top_p=top_p,
                 vocab=vocab,
                 stop_id=stop_id,
+                **window,
             )
         return sample_tokens(
             lambda out, new: model(out[:, -block_size:])[:, -1, :],
@@ -146,11 +150,18 @@ def run(args: argparse.Namespace) -> int:
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     top_k = top_k or None  # 0: all
+    context = loaded.context_length
+    if context < loaded.block_size and len(ids) + args.max_new_tokens > context:
+        print(
+            f"note: reading at most the last {context} tokens, the length {args.ckpt} "
+            f"trained at (its block is {loaded.block_size}; later positions never trained)",
+            file=sys.stderr,
+        )
     out = sample(
         loaded.model,
         idx,
         args.max_new_tokens,
-        loaded.block_size,
+        context,
         temperature=args.temperature,
         top_k=top_k,
         generator=generator,

@@ -2426,6 +2426,53 @@ def test_a_grid_point_queued_twice_by_two_hosts_trains_once(tmp_path):
     assert study.get_trials()[3].user_attrs[st.FAIL_REASON].startswith("duplicate of trial 1:")
 
 
+def test_a_grid_worker_that_loses_the_last_point_to_another_trains_no_new_trial(tmp_path):
+    """A worker saw a WAITING grid point, another took it before this one's ask(): ask
+    made a new trial, which the stand-by random sampler filled with a point that had run
+    (a duplicate cell). It is failed untrained and counted for nothing; the worker looks
+    again, and takes a point queued meanwhile or leaves."""
+    from cofrgenet.sweeps.worker import next_trial
+
+    sweep = parse_sweep({"study": "r", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}})
+    url = f"journal:{tmp_path / 'r.journal'}"
+    storage = st.open_storage(url)
+    study, _ = open_study(sweep, storage, 0)
+    done = study.ask()
+    sweep.space[0].suggest(done)
+    study.tell(done, 1.0)
+    other = optuna.load_study(study_name="r", storage=st.open_storage(url))
+    real_ask = study.ask
+
+    def ask_after_race(*args, **kwargs):
+        study.ask = real_ask  # once
+        other.ask()  # another worker takes the last queued point (a=2)
+        return real_ask(*args, **kwargs)
+
+    study.ask = ask_after_race
+    me = st.Worker.current()
+    assert next_trial(study, storage, sweep, me) == (None, False)
+    trials = study.get_trials()
+    discarded = trials[-1]
+    assert discarded.state == TrialState.FAIL and not discarded.params
+    assert discarded.user_attrs[st.FAIL_REASON].startswith("not trained: no grid point was left")
+    assert st.budget_used(trials) == 2  # the two points, not the discarded trial
+
+    def ask_then_requeue(*args, **kwargs):  # and a point is queued while this worker asks
+        study.ask = real_ask  # once
+        other.ask()
+        trial = real_ask(*args, **kwargs)
+        study.enqueue_trial({"a": 1}, user_attrs={st.GRID_POINT: {"a": 1}})
+        return trial
+
+    study.enqueue_trial({"a": 2}, user_attrs={st.GRID_POINT: {"a": 2}})
+    study.ask = ask_then_requeue
+    trial, resumed = next_trial(study, storage, sweep, me)
+    assert not resumed and st.frozen_trial(storage, study, trial.number).user_attrs[
+        st.GRID_POINT
+    ] == {"a": 1}
+    assert sweep.space[0].suggest(trial) == 1
+
+
 def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tiny_data, tmp_path):
     """budget.tokens 100 is one step of 4 x 32 tokens: Hyperband's min_resource 2 never
     comes (as budget.steps 1 is refused); val_every past the last step leaves the pruner

@@ -91,6 +91,9 @@ LAST_SEEN = "cofr.last_seen"
 REQUEUED = "cofr.requeued_at"
 #: A queued grid point's values (Optuna gives a WAITING trial no params until it runs).
 GRID_POINT = "cofr.grid_point"
+#: Set on a trial failed untrained because it was made by mistake (a grid worker's ask
+#: found the last queued point taken by another worker): it counts for no budget.
+DISCARDED = "cofr.discarded"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = SLURM_TAGS  # the keys of slurm_tags()
 
 
@@ -770,9 +773,16 @@ def state_counts(trials: list[FrozenTrial]) -> str:
 
 
 def budget_used(trials: list[FrozenTrial]) -> int:
-    """Trials that count against ``n_trials``: all but WAITING ones and retried failures."""
+    """Trials that count against ``n_trials``: all but WAITING ones, retried failures and
+    discarded trials (:data:`DISCARDED`)."""
     retried = retried_numbers(trials)
-    return sum(1 for t in trials if t.state != TrialState.WAITING and t.number not in retried)
+    return sum(
+        1
+        for t in trials
+        if t.state != TrialState.WAITING
+        and t.number not in retried
+        and not t.user_attrs.get(DISCARDED)
+    )
 
 
 def root_number(trial: FrozenTrial) -> int:

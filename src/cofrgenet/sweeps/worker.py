@@ -426,16 +426,39 @@ def next_trial(
                     tid = st.trial_id(storage, study, trial.number)
                     storage.set_trial_user_attr(tid, st.REQUEUED, None)
                 return st.open_trial(storage, study, trial.number), True
-    waiting = any(t.state == TrialState.WAITING for t in trials)
-    if not waiting and (sweep.is_grid or st.budget_used(trials) >= sweep.total_trials):
-        return None, False
-    with warnings.catch_warnings():
-        # Optuna expects heartbeats under Study.optimize; the worker beats them itself.
-        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-        trial = study.ask()
-    st.claim(storage, study, trial.number, worker)
-    trial.set_user_attr(st.STARTED, time.time())
-    return trial, False
+    while True:
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if not waiting and (sweep.is_grid or st.budget_used(trials) >= sweep.total_trials):
+            return None, False
+        with warnings.catch_warnings():
+            # Optuna expects heartbeats under Study.optimize; the worker beats them itself.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            trial = study.ask()
+        if sweep.is_grid and not _queued(st.frozen_trial(storage, study, trial.number)):
+            # Another worker took the last queued point between get_trials and ask: ask
+            # made a new trial, which the stand-by sampler would fill with a point that
+            # runs already. Fail it untrained, counted for nothing, and look again.
+            _discard(storage, study, trial.number)
+            trials = study.get_trials(deepcopy=False)
+            continue
+        st.claim(storage, study, trial.number, worker)
+        trial.set_user_attr(st.STARTED, time.time())
+        return trial, False
+
+
+def _queued(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial that ask() returned was queued (a grid point or a retry: its values
+    fixed), rather than made new for the sampler to fill."""
+    fixed = trial.system_attrs.get("fixed_params")
+    return bool(fixed or trial.params or trial.user_attrs.get(st.GRID_POINT))
+
+
+def _discard(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> None:
+    tid = st.trial_id(storage, study, number)
+    storage.set_trial_user_attr(tid, st.DISCARDED, True)
+    reason = "not trained: no grid point was left (another worker took the last queued one)"
+    st.fail_trial(storage, tid, reason)
+    log.info(f"trial {number}: {reason}")
 
 
 def study_done(study: optuna.Study, sweep: Sweep) -> bool:

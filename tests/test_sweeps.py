@@ -801,6 +801,38 @@ def test_a_worker_with_other_training_settings_is_refused(tmp_path):
     assert study.user_attrs["cofr.settings"] == {"data.tag": "2026-01-02"}
 
 
+def test_a_worker_on_another_number_of_devices_is_refused(tiny_data, tmp_path):
+    """trainer.devices and trainer.num_nodes were worker-local: a worker on 4 GPUs joined
+    a study of 1-GPU trials, whose global batch (and a tokens budget's steps) was 4 times
+    smaller. Their product is the study's; how a worker gets there may differ."""
+    from cofrgenet.sweeps.spec import data_parallel_width
+
+    def width(**trainer) -> int:
+        return data_parallel_width({"trainer": trainer})
+
+    assert width(devices=1) == 1 and width(devices="2", num_nodes=2) == 4
+    assert width(devices=[0, 1]) == 2 and width(devices="0,1,2") == 3
+    assert width(accelerator="cpu", devices="auto") == 1  # as Lightning's CPU takes it
+    sweep = parse_sweep({"study": "s", "space": {"a": "int 1..4"}, "n_trials": 2})
+    storage = st.open_storage(f"journal:{tmp_path / 's.journal'}")
+    open_study(sweep, storage, 0, {"trainer.devices": 2}, width=width(devices=2))
+    two_nodes = {"trainer.devices": 1, "trainer.num_nodes": 2}
+    assert not open_study(sweep, storage, 1, two_nodes, width=width(devices=1, num_nodes=2))[1]
+    with pytest.raises(SweepError, match=(
+        r"^study 's' trains each trial on 2 device\(s\) in all \(trainer.devices x "
+        r"trainer.num_nodes\), this worker on 4: the global batch, hence the trials, would "
+        r"differ. Give this worker 2 device\(s\)"
+    )):  # fmt: skip
+        open_study(sweep, storage, 2, {"trainer.devices": 4}, width=4)
+    stored = optuna.load_study(study_name="s", storage=storage).user_attrs
+    assert stored["cofr.data_parallel_width"] == 2
+    # A worker reads its width from its trials' config (tiny-cpu: one CPU device).
+    tiny = load_sweep(write_sweep(tmp_path, overrides={"data.data_dir": str(tiny_data)}))
+    open_study(tiny, st.open_storage(st.home_storage(tiny)), 0, width=3)
+    with pytest.raises(SweepError, match=r"trains each trial on 3 device\(s\).*worker on 1:"):
+        run_worker(tiny, report=False, mlflow=False)
+
+
 def test_status_shows_the_values_of_queued_grid_points(tmp_path):
     """A grid's queued (WAITING) trials showed blank parameter columns, and a study no
     worker had run yet showed no parameter columns at all."""

@@ -850,6 +850,41 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
     return max(1, math.ceil(float(tokens) / per_step))
 
 
+def data_parallel_width(config: dict[str, Any]) -> int:
+    """How many processes train one trial side by side, ``trainer.devices`` x
+    ``trainer.num_nodes``, with the devices as Lightning reads them (``"2"`` and ``[0, 1]``
+    are 2; ``auto`` and ``-1`` every device of the accelerator on this host). It scales
+    the global batch, and so a ``tokens`` budget's steps and the ladders' release steps."""
+    devices = get_dotted(config, "trainer.devices", "auto")
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text.lstrip("-").isdigit():
+            devices = int(text)
+        elif "," in text:  # "0,1": device ids
+            devices = [d for d in text.split(",") if d.strip()]
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        count = devices
+    else:  # auto, -1
+        count = _auto_device_count(get_dotted(config, "trainer.accelerator", "auto"))
+    nodes = get_dotted(config, "trainer.num_nodes", 1)
+    nodes = int(nodes) if isinstance(nodes, int | str) and str(nodes).strip().isdigit() else 1
+    return max(1, count) * max(1, nodes)
+
+
+def _auto_device_count(accelerator: Any) -> int:
+    """The devices Lightning's ``devices: auto`` takes for ``accelerator`` on this host."""
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator
+
+    name = str(accelerator or "auto")
+    gpus = {CUDAAccelerator: ("cuda", "gpu", "auto"), MPSAccelerator: ("mps", "gpu", "auto")}
+    for cls, names in gpus.items():
+        if name in names and cls.is_available():
+            return int(cls.auto_device_count())
+    return int(CPUAccelerator.auto_device_count()) if name in ("cpu", "auto") else 1
+
+
 def needs_config(sweep: Sweep) -> bool:
     """Whether :func:`budget_settings` needs the trial's config: a tokens budget (its batch
     geometry) or ``val_every`` (its gradient accumulation)."""

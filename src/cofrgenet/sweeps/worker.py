@@ -48,6 +48,7 @@ from cofrgenet.sweeps.spec import (
     check_budget,
     check_extra,
     check_same_objective,
+    data_parallel_width,
     get_dotted,
     grid_points,
     parse_param,
@@ -90,9 +91,11 @@ def open_study(
     offset: int,
     extra: dict[str, Any] | None = None,
     grid_lock: Path | None = None,
+    width: int | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
-    ``extra``: this worker's ``--set`` settings, checked against the study's. A grid
+    ``extra``: this worker's ``--set`` settings, checked against the study's; ``width``:
+    its trials' data-parallel width (:func:`data_parallel_width`), likewise. A grid
     sweep whose grid grew (ranges' values added, none removed) queues its new points once
     every check passed, under ``grid_lock`` (a file) so that workers starting together
     queue each once."""
@@ -121,6 +124,7 @@ def open_study(
         wait_for_setup(study, sweep, points=points)  # the grid its creator queued
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
+        check_same_width(study, width)
         if sweep.is_grid:  # only once this worker may join: a refused one changes nothing
             queue_missing_points(study, storage, sweep, grid_lock)
         existing = len(study.get_trials(deepcopy=False))
@@ -132,6 +136,8 @@ def open_study(
         study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
         study.set_user_attr(SETTINGS_ATTR, training_settings(extra))  # before setup_done's
+        if width is not None:
+            study.set_user_attr(WIDTH_ATTR, width)
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
         if sweep.is_grid:
@@ -272,7 +278,8 @@ def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:
 #: The study's first worker's ``--set`` settings (later workers must train alike).
 SETTINGS_ATTR = "cofr.settings"
 #: ``--set`` keys that say where or on what a worker runs, not what a trial trains: they
-#: may differ between workers (a node-local copy of the data, another runs folder).
+#: may differ between workers (a node-local copy of the data, another runs folder); the
+#: devices and nodes only as long as their product does not (:func:`check_same_width`).
 WORKER_LOCAL_SETTINGS = ("run.", "data.data_dir", "data.num_workers", "trainer.devices",
                          "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
                          "trainer.enable_progress_bar", "trainer.enable_model_summary")  # fmt: skip
@@ -306,6 +313,30 @@ def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
             f"({_first_four(changes)}): "
             "its trials would be ranked against trials trained otherwise. Give the same "
             "--set as its first worker, or another study name (--study)"
+        )
+
+
+#: The data-parallel width (devices x nodes) of the study's trials.
+WIDTH_ATTR = "cofr.data_parallel_width"
+
+
+def check_same_width(study: optuna.Study, width: int | None) -> None:
+    """SweepError when this worker trains its trials on another number of devices x nodes
+    than the study's: the global batch is that many times ``data.batch_size``, so its
+    trials (and a ``tokens`` budget's steps, the ladders' release steps) would differ. A
+    study made before widths were stored takes this worker's."""
+    if width is None:
+        return
+    theirs = study.user_attrs.get(WIDTH_ATTR)
+    if not isinstance(theirs, int):
+        study.set_user_attr(WIDTH_ATTR, width)
+        theirs = study.user_attrs.get(WIDTH_ATTR)
+    if theirs != width:
+        raise SweepError(
+            f"study {study.study_name!r} trains each trial on {theirs} device(s) in all "
+            f"(trainer.devices x trainer.num_nodes), this worker on {width}: the global "
+            f"batch, hence the trials, would differ. Give this worker {theirs} device(s) "
+            "(--set trainer.devices=N, --gpus-per-worker), or another study name (--study)"
         )
 
 
@@ -581,7 +612,12 @@ def run_worker(
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     check_not_stored_elsewhere(sweep, storage, url, runs_dir)
     study, created = open_study(
-        sweep, storage, _seed_offset(worker, worker_index), extra, folder / ".grid.lock"
+        sweep,
+        storage,
+        _seed_offset(worker, worker_index),
+        extra,
+        folder / ".grid.lock",
+        width=data_parallel_width(probe),
     )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"

@@ -1053,6 +1053,56 @@ def test_studies_sharing_an_experiment_keep_their_own_trial_folders(tmp_path):
         lock.release()
 
 
+def test_a_retry_resumes_in_the_run_folder_its_first_attempt_recorded(
+    tiny_data, tmp_path, monkeypatch, caplog
+):
+    """On shared storage a worker started from another directory (another runs folder)
+    rebuilt a retry's folder from its own runs_dir and trained it from scratch, beside
+    the first attempt's checkpoints. It resumes in the recorded folder when that exists,
+    and logs to its own MLflow store; else it falls back to its own runs folder."""
+    from cofrgenet.sweeps import objective
+    from cofrgenet.sweeps.objective import RUN_DIR_ATTR, Outcome, TrialContext, run_trial
+
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=2, overrides={"data.data_dir": str(tiny_data)})
+    )
+    storage = st.open_storage(f"journal:{tmp_path / 's.journal'}")
+    study, _ = open_study(sweep, storage, 0)
+    first_dir = tmp_path / "A" / "runs" / sweep.experiment / "trial-0000"
+    (first_dir / "checkpoints").mkdir(parents=True)
+    first = study.ask()
+    first.set_user_attr(RUN_DIR_ATTR, str(first_dir))
+    st.fail_trial(storage, st.trial_id(storage, study, first.number), "worker gone")
+    st.retry_trial(study, st.frozen_trial(storage, study, first.number), max_retry=3)
+
+    trained: list[Path] = []
+
+    def fake_train(ctx, trial, args, run_dir):
+        trained.append(run_dir)
+        return Outcome(TrialState.COMPLETE, value=1.0)
+
+    monkeypatch.setattr(objective, "_train", fake_train)
+    runs_b = tmp_path / "B" / "runs"
+    ctx = TrialContext(sweep, study, storage, "-", str(runs_b), {}, st.Worker.current())
+    with caplog.at_level("INFO", logger="cofrgenet.sweeps"):
+        run_trial(ctx, study.ask())
+    assert trained[-1] == first_dir
+    assert f"trial 1: resuming in {first_dir}, the run folder trial 0 (its first" in caplog.text
+    config = yaml.safe_load((first_dir / "sweep-trial.yaml").read_text())
+    assert Path(config["run"]["runs_dir"]) == tmp_path / "A" / "runs"
+    assert config["run"]["tracking_uri"] == f"sqlite:///{runs_b / 'mlflow.db'}"
+    assert study.get_trials()[1].user_attrs[RUN_DIR_ATTR] == str(first_dir)
+
+    # The recorded folder is gone (another host's disk): this worker's own, as before.
+    study.tell(1, 1.0)
+    second = study.ask()
+    second.set_user_attr(RUN_DIR_ATTR, str(tmp_path / "gone" / sweep.experiment / "trial-0002"))
+    st.fail_trial(storage, st.trial_id(storage, study, second.number), "worker gone")
+    st.retry_trial(study, st.frozen_trial(storage, study, second.number), max_retry=3)
+    run_trial(ctx, study.ask())
+    assert trained[-1] == runs_b / sweep.experiment / "trial-0002"
+
+
 def test_a_resumed_trial_forgets_what_an_earlier_attempt_decided(tiny_data, tmp_path, monkeypatch):
     """A ddp_spawn rank leaves its stop and prune steps in the trial's attributes for the
     worker; a requeued attempt that trains to the end must not read the old ones back."""

@@ -342,6 +342,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             trial.set_user_attr(key, None)
     root = st.root_number(frozen)
     run_dir = trial_run_dir(sweep, ctx.runs_dir, root)
+    if root != trial.number:
+        run_dir = first_attempt_folder(ctx, trial.number, root, run_dir)
     trial.set_user_attr(RUN_DIR_ATTR, str(run_dir.resolve()))
     try:
         params = {p.key: p.suggest(trial) for p in sweep.space}
@@ -370,6 +372,26 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             raise
     _finish_mlflow(ctx, child[0] if child else None, outcome)
     return outcome
+
+
+def first_attempt_folder(ctx: TrialContext, number: int, root: int, here: Path) -> Path:
+    """The run folder a retry resumes: the one its first attempt (trial ``root``) recorded
+    when it exists, else ``here`` (this worker's runs folder). A worker started from
+    another directory, or with another ``--runs-dir``, on shared storage would otherwise
+    train the retry from scratch beside the first attempt's checkpoints."""
+    recorded = st.frozen_trial(ctx.storage, ctx.study, root).user_attrs.get(RUN_DIR_ATTR)
+    if not recorded:
+        return here
+    first = Path(str(recorded))
+    # Its runs folder holds it as <experiment>/<name>: the fit's run.* settings name it so.
+    same_names = (first.parent.name, first.name) == (here.parent.name, here.name)
+    if first == here.resolve() or not same_names or not first.is_dir():
+        return here
+    logging.getLogger("cofrgenet.sweeps").info(
+        f"trial {number}: resuming in {first}, the run folder trial {root} (its first "
+        f"attempt) recorded, not {here}"
+    )
+    return first
 
 
 @contextlib.contextmanager
@@ -444,13 +466,21 @@ def _trial_config(
     parse) and the parse error. The config is written to ``sweep-trial.yaml`` under the
     command line that reproduces it."""
     sweep = ctx.sweep
+    runs_dir = str(ctx.runs_dir)
+    if run_dir.parent.parent != Path(runs_dir):  # a retry in its first attempt's folder
+        runs_dir = str(run_dir.parent.parent)
     run = [
         ("run.experiment", sweep.experiment),
         ("run.name", run_dir.name),
-        ("run.runs_dir", str(ctx.runs_dir)),
+        ("run.runs_dir", runs_dir),
     ]
     if sweep.tracking_uri:
         run.append(("run.tracking_uri", sweep.tracking_uri))
+    elif runs_dir != str(ctx.runs_dir) and ctx.track:
+        # The trial's MLflow run is in this worker's store, not that runs folder's.
+        from cofrgenet.training.run_store import RunConfig, tracking_uri
+
+        run.append(("run.tracking_uri", tracking_uri(RunConfig(runs_dir=str(ctx.runs_dir)))))
     if not ctx.track:
         run.append(("run.mlflow", False))
     # The trial trains with these words, merged by cofr fit's parser (fitconfig.py).

@@ -28,6 +28,7 @@ from cofrgenet.sweeps.spec import (
     StorageOptions,
     encode_value,
     parse_param,
+    pruning_before_ladders,
     steps_for_tokens,
     trial_config,
 )
@@ -321,6 +322,8 @@ def test_every_shipped_sweep_builds_valid_trial_configs(path):
         params = {k: (int(v) if sweep.param(k).kind == "int" else v) for k, v in params.items()}
         config = trial_config(sweep, params)  # parses through `cofr fit`, or SweepError
         assert config["trainer"]["max_steps"] >= 1
+        # No pruner of a shipped sweep judges trials before their deepest ladders train.
+        assert pruning_before_ladders(sweep, config) is None
         model = config["model"]
         fields = {k: v for k, v in (model.get("config") or {}).items() if v is not None}
         with torch.device("meta"):
@@ -2589,6 +2592,23 @@ def test_a_later_sweep_file_shows_on_the_studys_run(tiny_data, tmp_path):
     assert run.data.params["n_trials"] == "1" and run.data.tags["latest/n_trials"] == "2"
 
 
+def test_hyperbands_max_resource_is_the_steps_a_tokens_budget_makes(
+    tiny_data, tmp_path, monkeypatch
+):
+    """The pruner got budget.steps, None under budget.tokens: Hyperband's max_resource was
+    "auto" (the first trial's last step) instead of the trials' steps."""
+    from cofrgenet.sweeps import worker as sweep_worker
+
+    seen = []
+    monkeypatch.setattr(sweep_worker, "_run_trials", lambda ctx, *_: seen.append(ctx.study))
+    budget = {"tokens": 4 * 32 * 5}  # 5 steps of data.batch_size 4 x block 32
+    pruner = {"name": "hyperband", "min_resource": 2}
+    data = {"data.data_dir": str(tiny_data)}
+    sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=data))
+    run_worker(sweep, report=False, mlflow=False)
+    assert seen[0].pruner._max_resource == 5  # Optuna keeps it private
+
+
 def test_a_prune_reason_says_by_which_pruner_and_at_what_value():
     """It said "pruned at step 6" alone: status, report and the MLflow tag carry it."""
     from types import SimpleNamespace
@@ -2607,19 +2627,38 @@ def test_a_prune_reason_says_by_which_pruner_and_at_what_value():
 
 def test_a_pruner_that_judges_before_the_ladders_train_is_warned_of():
     """With the paper's dyadic schedule no depth trains before half the budget: a
-    Hyperband rung at step 250 of 3050 compares untrained ladders."""
-    from cofrgenet.sweeps.spec import pruning_before_ladders
-
+    Hyperband rung at step 250 of 3050 compares untrained ladders. It warned of depth 1
+    alone: a rung at step 1600 compared d = 7 trials whose deepest ladders train only from
+    step 3027 (the shipped TPE sweep did)."""
     dyadic = [{"class_path": "cofrgenet.training.callbacks.DyadicUnfreezing",
                "init_args": {"schedule": "paper"}}]  # fmt: skip
-    config = {"trainer": {"max_steps": 3050, "callbacks": dyadic}}
+    model = {"preset": "gpt2-tiny-f", "config": {"depth": 1}}
+    config = {"trainer": {"max_steps": 3050, "callbacks": dyadic}, "model": model}
     raw = {"study": "s", "space": {"a": [1]}, "n_trials": 1}
     early = parse_sweep({**raw, "pruner": {"name": "hyperband", "min_resource": 250}})
     warning = pruning_before_ladders(early, config)
     assert warning is not None and "from step 250 (min_resource)" in warning
-    assert "no ladder depth trains before step 1525 of 3050" in warning
+    assert "ladder depth 1 (of the depths up to 1 that the trials train) trains only from " \
+        "step 1525 of 3050" in warning  # fmt: skip
     late = parse_sweep({**raw, "pruner": {"name": "hyperband", "min_resource": 1600}})
     assert pruning_before_ladders(late, config) is None
+    # Past depth 1's release, but the deepest depth searched comes last: 7 at t (1 - 2^-7).
+    depths = {"model.config.depth": {"choices": [1, 3, 5, 7]}}
+    deep = parse_sweep({**late.raw, "space": depths})
+    assert "ladder depth 7 (of the depths up to 7 that the trials train) trains only from " \
+        "step 3027 of 3050" in pruning_before_ladders(deep, config)  # fmt: skip
+    ranged = parse_sweep({**late.raw, "space": {"model.config.depth": "int 1..8 step 3"}})
+    assert "ladder depth 7 " in pruning_before_ladders(ranged, config)  # 1, 4, 7
+    past = parse_sweep({**deep.raw, "pruner": {"name": "hyperband", "min_resource": 3027}})
+    assert pruning_before_ladders(past, config) is None
+    fixed = {**config, "model": {"preset": "gpt2-tiny-f", "config": {"depth": 3}}}
+    assert "ladder depth 3 " in pruning_before_ladders(late, fixed)  # the model's depth
+    assert "ladder depth 5 " in pruning_before_ladders(late, {**config, "model": None})
+    dyadic[0]["init_args"]["total_steps"] = 1000  # the schedule's own t
+    assert "from step 993 of 3050" in pruning_before_ladders(parse_sweep(
+        {**raw, "space": depths, "pruner": {"name": "median", "n_warmup_steps": 800}}
+    ), config)  # fmt: skip
+    del dyadic[0]["init_args"]["total_steps"]
     median = parse_sweep({**raw, "pruner": {"name": "median"}})  # n_warmup_steps 0
     assert "from step 0 (n_warmup_steps)" in pruning_before_ladders(median, config)
     dyadic[0]["init_args"]["schedule"] = "none"

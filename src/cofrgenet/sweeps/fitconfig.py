@@ -220,6 +220,15 @@ def model_vocab_size(config: dict[str, Any]) -> int | None:
         return None
 
 
+def model_depth(config: dict[str, Any]) -> int | None:
+    """The ladder depth of ``config``'s model (its preset's unless ``model.config`` sets
+    one); None when no model can be made of it."""
+    try:
+        return _model_config(config).depth
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
 def _ends(param: Any) -> list[Any]:
     """The choices of a categorical key; the lowest and highest values a range draws
     (with a step, the last one on it: ``int 2..5 step 2`` draws 2 and 4; ints as ints)."""

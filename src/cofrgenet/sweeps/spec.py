@@ -946,35 +946,59 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
         )
 
 
+def deepest_depth(sweep: Sweep, config: dict[str, Any]) -> int | None:
+    """The deepest ladder depth the sweep's trials train: the highest value of a searched
+    ``model.config.depth``, else the depth of ``config``'s model; None if unknown."""
+    param = sweep.param("model.config.depth")
+    if param is None:
+        from cofrgenet.sweeps.fitconfig import model_depth
+
+        return model_depth(config)
+    if param.kind == "categorical":
+        values = [c for c in param.choices if isinstance(c, int) and not isinstance(c, bool)]
+    elif sweep.is_grid or param.grid:
+        values = [int(v) for v in param.grid_values()]
+    else:  # the last value on the range's step
+        step = param.step or 1
+        values = [int(param.low + math.floor((param.high - param.low) / step) * step)]
+    return max(values, default=None)
+
+
 def pruning_before_ladders(sweep: Sweep, config: dict[str, Any]) -> str | None:
-    """A warning when the pruner judges trials before their ladders train: with the
-    paper's dyadic schedule no ladder depth trains before half the budget, so a pruner
-    whose first judgement comes earlier compares models that differ in d and L only
-    by ladders still at their initial values. None when it does not."""
+    """A warning when the pruner judges trials before the dyadic schedule has released
+    every ladder depth they train (with the paper's schedule the deepest comes last:
+    depth d from t (1 - 2^-d)): a prune then compares models whose deepest ladders are
+    still at their initial values, blind to the d axis. None when it does not."""
     from cofrgenet.training.callbacks import release_step
 
     steps = budget_steps(sweep, config)
     callbacks = get_dotted(config, "trainer.callbacks", None) or []
-    schedules = [
-        (c.get("init_args") or {}).get("schedule", "paper")
+    dyadic = [
+        c.get("init_args") or {}
         for c in callbacks
         if isinstance(c, dict) and str(c.get("class_path", "")).endswith("DyadicUnfreezing")
     ]
     name = sweep.pruner.get("name")
     first = {"hyperband": "min_resource", "sha": "min_resource"}.get(name, "n_warmup_steps")
     judged = sweep.pruner.get(first, 1 if first == "min_resource" else 0)
-    if name == "none" or not isinstance(judged, int) or steps is None:
-        return None  # no pruner, its first step is its own to pick ("auto"), or no steps
-    if schedules[:1] != ["paper"]:  # its depth 1, the first, trains from t/2
+    if name == "none" or not isinstance(judged, int) or steps is None or not dyadic:
+        return None  # no pruner, its first step its own to pick ("auto"), no steps or schedule
+    schedule = dyadic[0].get("schedule", "paper")
+    total = dyadic[0].get("total_steps")
+    total = total if isinstance(total, int) and not isinstance(total, bool) else steps
+    if schedule not in ("paper", "early"):  # none: every depth trains from step 0
         return None
-    released = release_step(1, steps, "paper")
-    if judged >= released:
+    deepest = deepest_depth(sweep, config) or 1  # unknown: depth 1, there is one at least
+    releases = {depth: release_step(depth, total, schedule) for depth in range(1, deepest + 1)}
+    depth = max(releases, key=lambda d: (releases[d], d))  # the last released
+    if judged >= releases[depth]:
         return None
     return (
         f"the {name} pruner judges trials from step {judged} ({first}), but with the "
-        f"paper's dyadic schedule no ladder depth trains before step {released} of "
-        f"{steps}: earlier prunes compare untrained ladders. Raise {first} past "
-        f"{released}, or search without the schedule (DyadicUnfreezing schedule: none)"
+        f"{schedule} dyadic schedule ladder depth {depth} (of the depths up to {deepest} "
+        f"that the trials train) trains only from step {releases[depth]} of {steps}: "
+        f"earlier prunes compare untrained ladders. Raise {first} past "
+        f"{releases[depth]}, or search without the schedule (DyadicUnfreezing schedule: none)"
     )
 
 

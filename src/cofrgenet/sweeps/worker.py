@@ -44,6 +44,7 @@ from cofrgenet.sweeps.objective import (
 from cofrgenet.sweeps.spec import (
     Sweep,
     SweepError,
+    budget_steps,
     build_pruner,
     check_budget,
     check_extra,
@@ -81,8 +82,11 @@ def make_sampler(sweep: Sweep, offset: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.RandomSampler(seed=seed, **options)
 
 
-def make_pruner(sweep: Sweep) -> optuna.pruners.BasePruner:
-    return build_pruner(sweep.pruner, sweep.budget.steps)
+def make_pruner(sweep: Sweep, steps: int | None = None) -> optuna.pruners.BasePruner:
+    """The sweep's pruner; Hyperband's ``max_resource`` defaults to ``steps``, the steps a
+    trial trains (:func:`budget_steps`: also those a ``tokens`` budget makes), else to
+    ``budget.steps``."""
+    return build_pruner(sweep.pruner, sweep.budget.steps if steps is None else steps)
 
 
 def open_study(
@@ -92,10 +96,12 @@ def open_study(
     extra: dict[str, Any] | None = None,
     grid_lock: Path | None = None,
     width: int | None = None,
+    steps: int | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
     ``extra``: this worker's ``--set`` settings, checked against the study's; ``width``:
-    its trials' data-parallel width (:func:`data_parallel_width`), likewise. A grid
+    its trials' data-parallel width (:func:`data_parallel_width`), likewise; ``steps``:
+    the steps a trial trains, for the pruner (:func:`make_pruner`). A grid
     sweep whose grid grew (ranges' values added, none removed) queues its new points once
     every check passed, under ``grid_lock`` (a file) so that workers starting together
     queue each once."""
@@ -104,7 +110,7 @@ def open_study(
         "study_name": sweep.study,
         "storage": storage,
         "sampler": make_sampler(sweep, offset),
-        "pruner": make_pruner(sweep),
+        "pruner": make_pruner(sweep, steps),
     }
     try:
         study = optuna.create_study(direction=sweep.objective.direction, **kwargs)
@@ -618,6 +624,7 @@ def run_worker(
         extra,
         folder / ".grid.lock",
         width=data_parallel_width(probe),
+        steps=budget_steps(sweep, probe),
     )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"

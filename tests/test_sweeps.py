@@ -138,6 +138,13 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
          "got 'minimise' (did you mean 'minimize'?)"),
         ({"space": {"c": {"choice": [1, 3]}}}, "unknown field(s) ['choice'] (did you mean 'choices'?)"),
         ({"sampler": {"name": "tpe", "seed": "x"}}, "sampler.seed must be a whole number"),
+        # Values of the wrong type: Optuna takes them, and fails at trial 0 or at 10.
+        ({"sampler": {"name": "tpe", "gamma": 0.5}}, "sampler.gamma: 0.5 is refused by "
+         "Optuna's TPESampler: TypeError: 'float' object is not callable"),
+        ({"sampler": {"name": "tpe", "n_startup_trials": "x"}}, "sampler.n_startup_trials: "
+         "'x' is refused by Optuna's TPESampler: TypeError"),
+        ({"sampler": {"name": "tpe", "multivariate": True, "n_ei_candidates": "9"}},
+         "sampler.n_ei_candidates: '9' is refused by Optuna's TPESampler"),
         ({"space": {"a.b": "int 1..4 step 0"}}, "space.a.b: step must be > 0"),
         ({"space": {"a.b": {"type": "int", "low": 1, "high": 4, "step": -1}}}, "step must be > 0"),
         ({"space": {"a.b": "int 1..4 step 1.5"}}, "an int range needs a whole step"),

@@ -635,14 +635,17 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         fixed = sweep_keys(sweep)
         _check_not_set_again(fixed, overrides, "overrides: {key}", "remove it from the overrides")
         sweep.storage_options.check()
-        _check_sampler(sweep.sampler)
+        _check_sampler(sweep.sampler, sweep.space)
         _check_heatmap(sweep)
     return sweep
 
 
-def _check_sampler(sampler: dict[str, Any]) -> None:
-    """SweepError naming a ``sampler`` option Optuna's sampler does not take (built once
-    here: a typo would otherwise stop every worker with a traceback)."""
+def _check_sampler(sampler: dict[str, Any], space: list[ParamSpec] | None = None) -> None:
+    """SweepError naming a ``sampler`` option Optuna's sampler does not take, or whose
+    value it fails on. The sampler is built once here and draws ``space`` in memory past
+    its startup trials (no training): a typo or a value of the wrong type (``gamma:
+    0.5``, ``n_startup_trials: "x"``) would otherwise fail every trial, or stop every
+    worker with a traceback, at trial 0 or once TPE takes over from its random start."""
     import inspect
 
     import optuna
@@ -661,14 +664,54 @@ def _check_sampler(sampler: dict[str, Any]) -> None:
     seed = sampler.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SweepError(f"sampler.seed must be a whole number, got {seed!r}")
+    error = _sampler_problem(cls, seed, options, space or [])
+    if error is None:
+        return
+    # The option at fault: the one the message names, else the first that fails alone.
+    key = next((k for k in options if re.search(rf"\b{re.escape(str(k))}\b", str(error))), None)
+    if key is None:
+        key = next(
+            (k for k in options if _sampler_problem(cls, seed, {k: options[k]}, space or [])),
+            None,
+        )
+    where = f"sampler.{key}: {options[key]!r}" if key else f"sampler {sampler!r}"
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    raise SweepError(
+        f"{where} is refused by Optuna's {cls.__name__}: {type(error).__name__}"
+        f"{': ' + message if message else ''}"
+    )
+
+
+def _sampler_problem(
+    cls: type, seed: int | None, options: dict[str, Any], space: list[ParamSpec]
+) -> Exception | None:
+    """What building the sampler and running it on ``space`` raises, or None: an
+    in-memory study of its startup trials (at most 10 of them here) and one more, with
+    made-up objective values."""
+    import optuna
+
+    startup = options.get("n_startup_trials", 10)
+    trials = 1
+    if isinstance(startup, int) and not isinstance(startup, bool):
+        trials = max(0, min(startup, 10)) + 1
+        if "n_startup_trials" in options:  # the first trial past the startup ones is TPE's
+            options = {**options, "n_startup_trials": trials - 1}
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # no "A new study created" lines
     try:
         with warnings.catch_warnings():  # experimental options (multivariate, ...) warn
             warnings.simplefilter("ignore")
-            cls(seed=seed, **options)
-    except Exception as error:
-        raise SweepError(
-            f"sampler {sampler!r} is refused by Optuna's {cls.__name__}: {error}"
-        ) from None
+            study = optuna.create_study(sampler=cls(seed=seed, **options))
+            for number in range(trials if space else 0):
+                trial = study.ask()
+                for param in space:
+                    param.suggest(trial)
+                study.tell(trial, float(number))
+    except Exception as error:  # whatever it is, every trial would fail with it
+        return error
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return None
 
 
 def _check_heatmap(sweep: Sweep) -> None:

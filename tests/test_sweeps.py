@@ -138,6 +138,12 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
          "got 'minimise' (did you mean 'minimize'?)"),
         ({"space": {"c": {"choice": [1, 3]}}}, "unknown field(s) ['choice'] (did you mean 'choices'?)"),
         ({"sampler": {"name": "tpe", "seed": "x"}}, "sampler.seed must be a whole number"),
+        # Choices that are not a list were split into their letters or keys.
+        ({"space": {"c": {"choices": "13"}}}, "space.c: choices must be a list, e.g. "
+         "{choices: [1, 3]}, got '13'"),
+        ({"space": {"c": {"choices": {"a": 1}}}}, "space.c: choices must be a list, e.g. "
+         "{choices: [1, 3]}, got {'a': 1}"),
+        ({"heatmap": "a.b"}, "heatmap: a list of two keys of the space, got 'a.b'"),
         # Values of the wrong type: Optuna takes them, and fails at trial 0 or at 10.
         ({"sampler": {"name": "tpe", "gamma": 0.5}}, "sampler.gamma: 0.5 is refused by "
          "Optuna's TPESampler: TypeError: 'float' object is not callable"),

@@ -164,7 +164,12 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         hint = did_you_mean(str(unknown[0]), fields)
         raise SweepError(f"space.{key}: unknown field(s) {unknown}{hint}")
     if "choices" in value:
-        choices = tuple(value["choices"] or ())
+        given = value["choices"]
+        if given is not None and not isinstance(given, list):  # "13" would be ('1', '3')
+            raise SweepError(
+                f"space.{key}: choices must be a list, e.g. {{choices: [1, 3]}}, got {given!r}"
+            )
+        choices = tuple(given or ())
         if not choices:
             raise SweepError(f"space.{key}: choices is empty")
         for choice in choices:
@@ -585,6 +590,8 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         except ConfigError as error:
             raise SweepError(str(error)) from None
     heatmap = raw.get("heatmap")
+    if heatmap is not None and not isinstance(heatmap, list):  # a string is not its letters
+        raise SweepError(f"heatmap: a list of two keys of the space, got {heatmap!r}")
     storage, storage_error = None, None
     try:
         storage = _expand(raw.get("storage"), "storage")

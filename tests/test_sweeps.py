@@ -316,6 +316,39 @@ def test_a_sweeps_bases_are_found_as_a_fit_configs_are(tmp_path, monkeypatch):
         load_sweep(copy)
 
 
+def test_a_bundled_sweep_file_is_found_from_any_folder(tmp_path, monkeypatch, capsys):
+    """`cofr fit --config conf/...` finds the checkout's files from anywhere, `cofr sweep
+    run sweeps/tiny-cpu.yaml` did not. And status/report's --runs-dir help said "the
+    sweep's runs_dir" where a study name has none."""
+    import argparse
+
+    from cofrgenet.sweeps.cli import add_run_arguments, add_study_arguments
+
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep("sweeps/tiny-cpu.yaml")
+    assert sweep.path == ROOT / "sweeps" / "tiny-cpu.yaml"
+    line = one_line_error(capsys, ["sweep", "status", "sweeps/tiny-cpu.yaml"])
+    assert "no study 'tiny-cpu' yet: " in line  # the file was read: its study is not there
+    with pytest.raises(SweepError, match=r"no sweep file at sweeps/nope.yaml"):
+        load_sweep("sweeps/nope.yaml")
+    mine = tmp_path / "sweeps" / "tiny-cpu.yaml"  # one of the working directory wins
+    mine.parent.mkdir()
+    mine.write_text(yaml.safe_dump({**load_sweep(ROOT / "sweeps" / "tiny-cpu.yaml").raw,
+                                    "study": "mine", "base": []}))  # fmt: skip
+    assert load_sweep("sweeps/tiny-cpu.yaml").study == "mine"
+
+    def runs_dir_help(add) -> str:
+        parser = argparse.ArgumentParser()
+        add(parser)
+        (action,) = [a for a in parser._actions if "--runs-dir" in a.option_strings]
+        return action.help
+
+    assert runs_dir_help(add_study_arguments) == (
+        "runs folder (default: a sweep file's runs_dir; with a study name, runs)"
+    )
+    assert runs_dir_help(add_run_arguments) == "runs folder (default: the sweep's runs_dir, runs)"
+
+
 def test_tokens_budget_becomes_steps():
     config = {
         "data": {"batch_size": 8, "block_size": 1024},

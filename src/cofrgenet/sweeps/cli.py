@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import did_you_mean
+from cofrgenet.recipes import bundled
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import (
     StorageOptions,
@@ -38,7 +39,10 @@ EXAMPLES = """examples:
 """
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(
+    parser: argparse.ArgumentParser,
+    runs_help: str = "runs folder (default: the sweep's runs_dir, runs)",
+) -> None:
     parser.add_argument(
         "--storage",
         default=None,
@@ -47,9 +51,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "environment variable NAME (a password stays off the command line) (default: the "
         "sweep's, else journal:<runs-dir>/sweeps/<study>/optuna.journal)",
     )
-    parser.add_argument(
-        "--runs-dir", default=None, help="runs folder (default: the sweep's runs_dir, runs)"
-    )
+    parser.add_argument("--runs-dir", default=None, help=runs_help)
 
 
 def storage_argument(value: str) -> str:
@@ -142,7 +144,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="a study name or its sweep file")
-    _common(parser)
+    # A study name has no sweep file to read a runs_dir from.
+    _common(parser, "runs folder (default: a sweep file's runs_dir; with a study name, runs)")
     parser.add_argument(
         "--study",
         dest="study_name",
@@ -239,7 +242,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     given_name = getattr(args, "study_name", None)
-    if args.study.endswith((".yaml", ".yml")) or Path(args.study).is_file():
+    if args.study.endswith((".yaml", ".yml")) or bundled(args.study).is_file():
         sweep = load_sweep(args.study, {"study": given_name} if given_name else None)
         runs_dir = args.runs_dir or sweep.runs_dir
         url = args.storage or st.home_storage(sweep, runs_dir)

@@ -51,7 +51,7 @@ from cofrgenet.config_variables import (
     unset_variables,
 )
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
-from cofrgenet.recipes import find_base
+from cofrgenet.recipes import bundled, find_base
 from cofrgenet.training.run_store import check_folder_name
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -735,8 +735,11 @@ def _check_heatmap(sweep: Sweep) -> None:
 
 
 def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Sweep:
-    """Read a sweep file; ``overrides`` (dotted sweep keys, e.g. ``{"storage": ...}``) win."""
-    path = Path(path)
+    """Read a sweep file; ``overrides`` (dotted sweep keys, e.g. ``{"storage": ...}``) win.
+    A path not under the working directory is looked up in the checkout, as ``cofr fit
+    --config`` does (:func:`cofrgenet.recipes.bundled`): ``sweeps/tiny-cpu.yaml`` from
+    any folder."""
+    path = bundled(path)
     if path.is_dir():
         names = sorted(p.name for p in path.glob("*.yaml"))[:4]
         inside = f" (its sweep files: {', '.join(names)})" if names else ""

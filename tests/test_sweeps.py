@@ -349,6 +349,47 @@ def test_a_bundled_sweep_file_is_found_from_any_folder(tmp_path, monkeypatch, ca
     assert runs_dir_help(add_run_arguments) == "runs folder (default: the sweep's runs_dir, runs)"
 
 
+def test_workers_in_other_directories_read_the_same_bases_or_are_refused(
+    tiny_data, tmp_path, monkeypatch
+):
+    """A base was looked up from the working directory first, and a joining worker was
+    compared by the base entries' text alone: two workers started in different folders
+    trained different configs under one study. A sweep's bases are found from its own
+    folder first, and the study keeps what they hold: a worker whose files differ is
+    refused, naming the file."""
+    sweep_dir, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+    for folder, lr in ((sweep_dir, 1e-3), (elsewhere, 3e-3)):
+        (folder / "conf").mkdir(parents=True)
+        (folder / "conf" / "lr.yaml").write_text(f"model:\n  optimizer:\n    lr: {lr}\n")
+    raw = yaml.safe_load(write_sweep(tmp_path, overrides={"data.data_dir": str(tiny_data)})
+                         .read_text())  # fmt: skip
+    raw["base"] = [*raw["base"], "conf/lr.yaml"]
+    path = sweep_dir / "sweep.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.chdir(elsewhere)
+    sweep = load_sweep(path)
+    assert sweep.base[-1] == sweep_dir / "conf" / "lr.yaml"  # not the working directory's
+
+    from cofrgenet.sweeps.worker import base_digests
+
+    mine = base_digests(sweep)
+    assert [d["entry"] for d in mine] == raw["base"]
+    storage = st.open_storage(st.home_storage(sweep))
+    open_study(sweep, storage, 0, bases=mine)
+    assert not open_study(sweep, storage, 1, bases=base_digests(sweep))[1]
+    (sweep_dir / "conf" / "lr.yaml").write_text("model:\n  optimizer:\n    lr: 0.01\n")
+    with pytest.raises(SweepError, match=(
+        rf"^study 'tiny-cpu': base conf/lr.yaml holds other settings \({sweep_dir}/conf/lr.yaml, "
+        r"changed since the study's first worker read it\): its trials would be ranked"
+    )):  # fmt: skip
+        run_worker(sweep, report=False, mlflow=False)
+    moved = [{**d, "path": "/other/conf/lr.yaml", "sha256": "x"}
+             if d["entry"] == "conf/lr.yaml" else d for d in mine]  # fmt: skip
+    with pytest.raises(SweepError, match=r"\(/other/conf/lr.yaml here, .*sweep/conf/lr.yaml for "
+                       r"the study's first worker\)"):  # fmt: skip
+        open_study(sweep, storage, 2, bases=moved)
+
+
 def test_tokens_budget_becomes_steps():
     config = {
         "data": {"batch_size": 8, "block_size": 1024},

@@ -54,16 +54,22 @@ def _load(path: Path) -> Any:
         return None  # the config parser reports what is wrong with the file itself
 
 
-def find_base(entry: str, naming: Path | None) -> Path:
+def find_base(entry: str, naming: Path | None, naming_first: bool = False) -> Path:
     """The file a ``base:`` entry of the file ``naming`` names (fit configs and sweep
     files alike): ``${VAR}`` and ``~`` expanded, then looked up from the working
     directory, else from ``naming``'s folder and its parents (conf/trainer/x.yaml named
     in conf/experiment/y.yaml, run from anywhere), else from the checkout (the bundled
-    recipes, and a config.yaml saved by a run before bases were left out)."""
+    recipes, and a config.yaml saved by a run before bases were left out).
+
+    ``naming_first``: ``naming``'s folders before the working directory (a sweep file's
+    bases: its workers, started from any directory, read the same files)."""
     where = f"{naming}: `{KEY}:`" if naming is not None else f"`{KEY}:`"
     name = Path(expand_variables(entry, where)).expanduser()
     here = naming.resolve().parent if naming is not None else Path.cwd()
-    for folder in (Path(), here, *here.parents, CHECKOUT):
+    folders = [Path(), here, *here.parents, CHECKOUT]
+    if naming_first and naming is not None:
+        folders = [here, *here.parents, Path(), CHECKOUT]
+    for folder in folders:
         if (folder / name).is_file():  # an absolute name stays itself
             return folder / name
     held = f"the folders holding {naming.name}" if naming is not None else "the checkout"

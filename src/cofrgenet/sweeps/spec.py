@@ -414,9 +414,11 @@ def _options(cls: type, value: Any, where: str) -> Any:
 
 def resolve_base(entry: str, sweep_file: Path | None) -> Path:
     """A base config path, found as a fit config's ``base:`` entries are
-    (:func:`cofrgenet.recipes.find_base`), made absolute for the trial workers."""
+    (:func:`cofrgenet.recipes.find_base`) but from the sweep file's folder and its parents
+    before the working directory, so that workers started from anywhere read the same
+    files; made absolute for the trial workers."""
     try:
-        return find_base(entry, sweep_file).resolve()
+        return find_base(entry, sweep_file, naming_first=True).resolve()
     except ConfigError as error:
         raise SweepError(str(error)) from None
 

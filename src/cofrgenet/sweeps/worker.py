@@ -97,11 +97,13 @@ def open_study(
     grid_lock: Path | None = None,
     width: int | None = None,
     steps: int | None = None,
+    bases: list[dict[str, str]] | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
     ``extra``: this worker's ``--set`` settings, checked against the study's; ``width``:
     its trials' data-parallel width (:func:`data_parallel_width`), likewise; ``steps``:
-    the steps a trial trains, for the pruner (:func:`make_pruner`). A grid
+    the steps a trial trains, for the pruner (:func:`make_pruner`); ``bases``: what its
+    base files hold (:func:`base_digests`), checked against the study's. A grid
     sweep whose grid grew (ranges' values added, none removed) queues its new points once
     every check passed, under ``grid_lock`` (a file) so that workers starting together
     queue each once."""
@@ -131,6 +133,7 @@ def open_study(
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
         check_same_width(study, width)
+        check_same_bases(study, bases)
         if sweep.is_grid:  # only once this worker may join: a refused one changes nothing
             queue_missing_points(study, storage, sweep, grid_lock)
         existing = len(study.get_trials(deepcopy=False))
@@ -144,6 +147,8 @@ def open_study(
         study.set_user_attr(SETTINGS_ATTR, training_settings(extra))  # before setup_done's
         if width is not None:
             study.set_user_attr(WIDTH_ATTR, width)
+        if bases is not None:
+            study.set_user_attr(BASES_ATTR, bases)
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
         study.set_user_attr("cofr.sweep", sweep.raw)
         if sweep.is_grid:
@@ -343,6 +348,58 @@ def check_same_width(study: optuna.Study, width: int | None) -> None:
             f"(trainer.devices x trainer.num_nodes), this worker on {width}: the global "
             f"batch, hence the trials, would differ. Give this worker {theirs} device(s) "
             "(--set trainer.devices=N, --gpus-per-worker), or another study name (--study)"
+        )
+
+
+#: What the study's base files held: [{entry, path, sha256}], one per ``base:`` entry.
+BASES_ATTR = "cofr.bases"
+
+
+def base_digests(sweep: Sweep) -> list[dict[str, str]]:
+    """Each ``base:`` entry of the sweep as written, the file this worker found for it,
+    and the SHA-256 of what a trial reads for it: that file after the bases it names
+    itself, found as ``cofr fit`` finds them."""
+    import hashlib
+
+    from cofrgenet.recipes import config_entries
+
+    entries = sweep.raw.get("base") or []
+    entries = [entries] if isinstance(entries, str) else list(entries)
+    out = []
+    for entry, path in zip(entries, sweep.base, strict=False):
+        digest = hashlib.sha256()
+        for _, files in config_entries(["--config", str(path)]):
+            for file in files:
+                with contextlib.suppress(OSError):  # the parser reports a missing one
+                    digest.update(file.read_bytes())
+        out.append({"entry": str(entry), "path": str(path), "sha256": digest.hexdigest()})
+    return out
+
+
+def check_same_bases(study: optuna.Study, bases: list[dict[str, str]] | None) -> None:
+    """SweepError naming the first base file whose content differs from what the study's
+    first worker read (another checkout, a copy in another working directory, an edit):
+    its trials would train another config under the same sweep file. A study made before
+    these were stored takes this worker's."""
+    if bases is None:
+        return
+    theirs = study.user_attrs.get(BASES_ATTR)
+    if not isinstance(theirs, list):
+        study.set_user_attr(BASES_ATTR, bases)
+        return
+    for mine, first in zip(bases, theirs, strict=False):
+        if not isinstance(first, dict) or mine["sha256"] == first.get("sha256"):
+            continue
+        where = (
+            f"{mine['path']} here, {first.get('path')} for the study's first worker"
+            if mine["path"] != first.get("path")
+            else f"{mine['path']}, changed since the study's first worker read it"
+        )
+        raise SweepError(
+            f"study {study.study_name!r}: base {mine['entry']} holds other settings "
+            f"({where}): its trials would be ranked against trials trained otherwise. Give "
+            "this worker the same file (the same checkout; a base named by an absolute path "
+            "or ${VAR}), or another study name (--study)"
         )
 
 
@@ -625,6 +682,7 @@ def run_worker(
         folder / ".grid.lock",
         width=data_parallel_width(probe),
         steps=budget_steps(sweep, probe),
+        bases=base_digests(sweep),
     )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
@@ -114,6 +116,43 @@ def waiting_for(path: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: What flock fails with on a file system that cannot lock files (Lustre mounted with
+#: noflock: ENOSYS; some NFS and FUSE mounts: EOPNOTSUPP, ENOLCK).
+NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
+#: The lock files :func:`waiting_for_if_lockable` has warned of (once each per process).
+_WARNED_UNLOCKABLE: set[str] = set()
+
+
+@contextlib.contextmanager
+def waiting_for_if_lockable(path: str | os.PathLike[str], what: str) -> Iterator[bool]:
+    """:func:`waiting_for`, or, where the file system cannot lock files
+    (:data:`NO_FLOCK`), the block without a lock and one warning per lock file: ``what``
+    is done unguarded (processes that do it at once may each do it), which beats a
+    traceback on every start. Yields whether the lock is held."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in NO_FLOCK:
+                raise
+            if str(path) not in _WARNED_UNLOCKABLE:
+                _WARNED_UNLOCKABLE.add(str(path))
+                logging.getLogger("cofrgenet").warning(
+                    f"{path}: this file system cannot lock files ({error.strerror}): "
+                    f"{what} without a lock"
+                )
+            locked = False
+        else:
+            locked = True
+        try:
+            yield locked
+        finally:
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class ReadersLock:

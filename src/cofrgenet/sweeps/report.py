@@ -213,10 +213,13 @@ def write_report(
     that finish a sweep together each write the report, and one must not delete a plot
     the other has just written.
     """
-    from cofrgenet.folder_lock import waiting_for
+    from cofrgenet.folder_lock import waiting_for_if_lockable
 
     out.mkdir(parents=True, exist_ok=True)
-    with waiting_for(out.parent / f".{out.name}.lock"):
+    with waiting_for_if_lockable(
+        out.parent / f".{out.name}.lock",
+        f"writing {out} (workers finishing together may mix their files)",
+    ):
         return _write_report(study, sweep, out, client, parent_run_id)
 
 

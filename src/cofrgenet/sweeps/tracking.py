@@ -17,7 +17,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from cofrgenet.atomic import write_text_atomic
-from cofrgenet.folder_lock import waiting_for
+from cofrgenet.folder_lock import waiting_for_if_lockable
 from cofrgenet.sweeps.spec import Sweep
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
@@ -51,7 +51,10 @@ def client_for(run: RunConfig) -> MlflowClient:
     uri = tracking_uri(run)
     if not uri.startswith("sqlite:"):
         return MlflowClient(uri)
-    with waiting_for(Path(run.runs_dir) / ".mlflow.lock"):
+    with waiting_for_if_lockable(
+        Path(run.runs_dir) / ".mlflow.lock",
+        f"opening {uri} (workers starting together may race to make its tables)",
+    ):
         client = MlflowClient(uri)  # opening the store creates and migrates its schema
         client.search_experiments(max_results=1)
     return client

@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from cofrgenet.errors import UserError
-from cofrgenet.folder_lock import waiting_for
+from cofrgenet.folder_lock import waiting_for, waiting_for_if_lockable
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
@@ -786,7 +786,10 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
     client = tracking.client_for(run)
     # One parent run per study: created under a lock beside the run store, so workers that
     # start together on a new study make one (the study attribute names it).
-    with waiting_for(Path(runs_dir) / ".sweep-parent.lock"):
+    lock = Path(runs_dir) / ".sweep-parent.lock"
+    with waiting_for_if_lockable(
+        lock, "making the study's MLflow parent run (workers starting together may each make one)"
+    ):
         parent = study.user_attrs.get(PARENT_ATTR)
         if parent is not None and tracking.run_missing(client, parent):
             # Trials would name a parent this store does not have (not nested in the UI).

@@ -2580,6 +2580,44 @@ def test_the_studys_mlflow_run_is_not_left_running_by_the_last_worker_to_leave(t
     assert (parent.info.status, parent.data.tags["cofr.study_state"]) == ("FINISHED", "complete")
 
 
+def test_a_last_worker_under_no_mlflow_settles_the_studys_run_and_logs_the_report(
+    tiny_data, tmp_path
+):
+    """The study's MLflow run was settled only by workers with MLflow: when the last one
+    ran with --no-mlflow, the run its predecessors made stayed RUNNING, without a report."""
+    sweep = load_sweep(write_sweep(
+        tmp_path, sampler={"name": "grid"}, pruner={"name": "none"}, n_trials=None,
+        space={"model.optimizer.lr": {"choices": [1e-3, 2e-3]}},
+        overrides={"data.data_dir": str(tiny_data)},
+    ))  # fmt: skip
+    from cofrgenet.sweeps.worker import _parent_run
+
+    study, _ = open_study(sweep, st.open_storage(st.home_storage(sweep)), 0)
+    _, parent = _parent_run(sweep, str(tmp_path / "runs"), study, "journal")  # a first worker
+    for _ in sweep.grid:  # whose trials ended
+        trial = study.ask()
+        sweep.space[0].suggest(trial)
+        study.tell(trial, 1.0)
+    assert mlflow_client(tmp_path).get_run(parent).info.status == "RUNNING"
+    assert run_worker(sweep, mlflow=False).done  # the last worker, without MLflow
+    run = mlflow_client(tmp_path).get_run(parent)
+    assert (run.info.status, run.data.tags["cofr.study_state"]) == ("FINISHED", "complete")
+    logged = [a.path for a in mlflow_client(tmp_path).list_artifacts(parent, "report")]
+    assert "report/summary.md" in logged
+    # A study whose run is in another store than this worker's is left alone.
+    other = load_sweep(write_sweep(tmp_path, name="other.yaml", study="other", n_trials=1,
+                                   overrides={"data.data_dir": str(tiny_data)}))  # fmt: skip
+    study, _ = open_study(other, st.open_storage(st.home_storage(other)), 0)
+    _, parent = _parent_run(other, str(tmp_path / "runs"), study, "journal")
+    study.set_user_attr("cofr.mlflow_store", "http://elsewhere:5000")
+    trial = study.ask()
+    for param in other.space:
+        param.suggest(trial)
+    study.tell(trial, 1.0)
+    assert run_worker(other, mlflow=False, report=False).done
+    assert mlflow_client(tmp_path).get_run(parent).info.status == "RUNNING"
+
+
 def test_a_leaving_worker_does_not_leave_the_studys_run_killed_under_a_new_trial(
     tmp_path, monkeypatch
 ):

@@ -17,17 +17,20 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.errors import ConfigError
 from cofrgenet.folder_lock import waiting_for_if_lockable
 from cofrgenet.sweeps.spec import Sweep
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
     RunConfig,
     artifact_location,
+    check_tracking_uri,
     code_tags,
     cut,
     flatten,
     log_new_params,
     log_params_tagging_changes,
+    sqlite_database,
     tracking_uri,
 )
 
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
     from cofrgenet.sweeps.objective import Outcome  # which imports this module
 
 PARENT_ATTR = "mlflow_parent_run_id"
+#: The store of the study's parent run (its tracking URI, passwords hidden): a worker
+#: under --no-mlflow settles the run there only when its own store is that one.
+PARENT_STORE_ATTR = "cofr.mlflow_store"
 
 
 def run_config(sweep: Sweep, runs_dir: str | None = None) -> RunConfig:
@@ -58,6 +64,21 @@ def client_for(run: RunConfig) -> MlflowClient:
         client = MlflowClient(uri)  # opening the store creates and migrates its schema
         client.search_experiments(max_results=1)
     return client
+
+
+def existing_client(run: RunConfig) -> MlflowClient | None:
+    """A client on the run store when it exists (a local sqlite store that is not there
+    is not made) and answers (a server that does not: MLflow's client would retry for
+    minutes); None otherwise."""
+    uri = tracking_uri(run)
+    database = sqlite_database(uri)
+    if database is not None and not database.is_file():
+        return None
+    try:
+        check_tracking_uri(uri)
+    except ConfigError:
+        return None
+    return MlflowClient(uri)
 
 
 def experiment_id(client: MlflowClient, run: RunConfig) -> str:

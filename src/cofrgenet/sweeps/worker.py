@@ -710,6 +710,8 @@ def run_worker(
         with _requeue_on_usr1(stop_file):
             _run_trials(ctx, result, n_trials)
     finally:
+        if client is None and not mlflow:  # earlier workers' parent run: settled all the same
+            client, parent = _recorded_parent_run(sweep, runs_dir, study)
         if client is not None and parent is not None:
             _settle_parent_run(client, parent, study, sweep)
 
@@ -751,6 +753,32 @@ def _settle_parent_run(client: Any, parent: str, study: optuna.Study, sweep: Swe
                 tracking.mark_parent_running(client, parent)
     except Exception as error:  # the storage or the server is gone: the run stays as it was
         log.warning(f"the study's MLflow run {parent} was left as it was: {error}")
+
+
+def _recorded_parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study) -> tuple[Any, Any]:
+    """(client, parent run) of the study's MLflow run that earlier workers made, for a
+    worker under --no-mlflow to settle on its way out (a last worker that leaves it
+    RUNNING leaves it so for good): when the study names one, in the store this worker
+    would log to, which the study records as that run's. (None, None) otherwise; never
+    raises, nor makes a store."""
+    parent = study.user_attrs.get(PARENT_ATTR)
+    if parent is None:
+        return None, None
+    from cofrgenet.sweeps import tracking
+
+    try:
+        run = tracking.run_config(sweep, runs_dir)
+        recorded = study.user_attrs.get(tracking.PARENT_STORE_ATTR)
+        if recorded is not None and recorded != hide_passwords(tracking.tracking_uri(run)):
+            log.info(f"the study's MLflow run {parent} is in {recorded}: left as it is")
+            return None, None
+        client = tracking.existing_client(run)
+        if client is None or tracking.run_missing(client, parent):
+            return None, None
+        return client, parent
+    except Exception as error:  # tracking trouble must not stop the worker's way out
+        log.warning(f"the study's MLflow run {parent} was left as it was: {error}")
+        return None, None
 
 
 def _checked_trial_config(
@@ -804,6 +832,9 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
             study.set_user_attr(PARENT_ATTR, parent)
         else:
             tracking.update_parent(client, parent, sweep)
+        store = hide_passwords(tracking.tracking_uri(run))
+        if study.user_attrs.get(tracking.PARENT_STORE_ATTR) != store:
+            study.set_user_attr(tracking.PARENT_STORE_ATTR, store)
     if not study_done(study, sweep):  # live again: without the tag of an earlier stop
         tracking.mark_parent_running(client, parent)
     return client, parent

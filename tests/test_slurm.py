@@ -66,20 +66,28 @@ def check_agreement(sweep, options: SubmitOptions) -> tuple[dict, dict]:
 
 def test_sweep_sbatch_resources_agree_with_the_trainer():
     tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
-    header, _ = check_agreement(tiny, SubmitOptions(workers=2))
+    header, _ = check_agreement(tiny, SubmitOptions(workers=2, shared_journal=True))
     assert header["cpus-per-task"] == "1"  # data.num_workers 0
     tpe = load_sweep(SWEEPS / "tpe-depth-ladders-lr.yaml")
-    header, _ = check_agreement(tpe, SubmitOptions(workers=8, partition="gpu"))
+    header, _ = check_agreement(tpe, SubmitOptions(workers=8, partition="gpu", shared_journal=True))
     assert header["gres"] == "gpu:1" and header["partition"] == "gpu"
     assert header["cpus-per-task"] == "8" and header["mem"] == "64G"
-    header, config = check_agreement(tpe, SubmitOptions(workers=4, gpus_per_worker=2))
+    header, config = check_agreement(
+        tpe, SubmitOptions(workers=4, gpus_per_worker=2, shared_journal=True)
+    )
     assert header["gres"] == "gpu:2"
     assert get_dotted(config, "trainer.strategy") == "ddp_spawn_find_unused_parameters_true"
     header, _ = check_agreement(
-        tpe, SubmitOptions(workers=2, gpus_per_worker=0, settings={"data.num_workers": 3})
+        tpe,
+        SubmitOptions(
+            workers=2, gpus_per_worker=0, settings={"data.num_workers": 3}, shared_journal=True
+        ),
     )
     assert int(header["cpus-per-task"]) >= 4
-    check_agreement(load_sweep(SWEEPS / "paper-grid-cofrgenet-f.yaml"), SubmitOptions(workers=16))
+    check_agreement(
+        load_sweep(SWEEPS / "paper-grid-cofrgenet-f.yaml"),
+        SubmitOptions(workers=16, shared_journal=True),
+    )
 
 
 def test_the_worker_line_keeps_the_study_and_every_set_value():
@@ -97,16 +105,26 @@ def test_the_worker_line_keeps_the_study_and_every_set_value():
         assert parse_assignment(f"key={flow_yaml(value)}") == ("key", value)
 
 
-def test_array_tasks_sharing_a_journal_file_are_warned(capsys, monkeypatch):
-    """A journal file is safe on one host; array tasks may land on several."""
+def test_array_tasks_share_the_default_journal_only_when_told_it_is_shared(capsys, monkeypatch):
+    """A journal file is safe on one host; array tasks may land on several. `--workers 8`
+    with no storage given shared the default journal across nodes with a warning alone:
+    it is refused unless --shared-journal says every node mounts it."""
     monkeypatch.delenv("COFR_SWEEP_STORAGE", raising=False)
     tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
     render(tiny, SubmitOptions(workers=1))
     assert capsys.readouterr().err == ""
-    render(tiny, SubmitOptions(workers=4))
+    with pytest.raises(SweepError, match=(
+        r"^--workers 4 would share the default journal file .*/runs/sweeps/tiny-cpu/"
+        r"optuna.journal across nodes: give a PostgreSQL storage \(storage: or --storage\), "
+        r"or --shared-journal if every node mounts that folder"
+    )):  # fmt: skip
+        render(tiny, SubmitOptions(workers=4))
+    render(tiny, SubmitOptions(workers=4, shared_journal=True))
+    assert capsys.readouterr().err == ""
+    render(tiny, SubmitOptions(workers=4, storage="journal:/shared/s.journal"))  # chosen: a warning
     warning = capsys.readouterr().err
-    assert warning.startswith("warning: 4 array tasks share the journal file ")
-    assert "give a PostgreSQL storage" in warning
+    assert warning.startswith("warning: 4 array tasks share the journal file /shared/s.journal")
+    assert "--shared-journal says it is" in warning
     render(tiny, SubmitOptions(workers=4, storage="postgresql://u:p$$w@db:5432/optuna"))
     assert capsys.readouterr().err == ""
 
@@ -122,7 +140,7 @@ def test_sweep_sbatch_refuses_what_cannot_agree():
 def test_submit_dry_run_prints_the_script(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "cofrgenet.cli", "sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"),
-         "--workers", "2", "--runs-dir", str(tmp_path / "runs"), "--dry-run"],
+         "--workers", "2", "--shared-journal", "--runs-dir", str(tmp_path / "runs"), "--dry-run"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -211,7 +229,7 @@ def test_tiny_sweep_on_the_local_slurm_cluster(tiny_data, tmp_path):
     env.update(OMP_NUM_THREADS="1")
     result = subprocess.run(
         [sys.executable, "-m", "cofrgenet.cli", "sweep", "submit", str(sweep_path), "--workers", "2",
-         "--runs-dir", str(runs), "--set", f"data.data_dir={tiny_data}", "--time", "00:20:00", "--wait"],
+         "--shared-journal", "--runs-dir", str(runs), "--set", f"data.data_dir={tiny_data}", "--time", "00:20:00", "--wait"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900,
     )  # fmt: skip
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(runs.rglob("slurm/*.out")))
@@ -377,7 +395,7 @@ def test_gpus_per_worker_0_in_the_sweep_file_and_a_set_submit_would_replace(tmp_
     raw.pop("storage", None)
     path = tmp_path / "cpu.yaml"
     path.write_text(yaml.safe_dump(raw))
-    rendered = render(load_sweep(path), SubmitOptions(workers=2))
+    rendered = render(load_sweep(path), SubmitOptions(workers=2, shared_journal=True))
     assert "gres" not in parse_sbatch_header(rendered.script)
     assert rendered.settings["trainer.accelerator"] == "cpu"
     tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")

@@ -35,6 +35,7 @@ EXAMPLES = """examples:
   cofr sweep run sweeps/tiny-cpu.yaml --n-trials 2 --set data.data_dir=/data/pydoc-byte
   cofr sweep status tiny-cpu                               # or the sweep file
   cofr sweep report tiny-cpu                               # -> runs/sweeps/tiny-cpu/report/
+  COFR_SWEEP_STORAGE=postgresql://... \\
   cofr sweep submit sweeps/tpe-depth-ladders-lr.yaml --workers 8 --gpus-per-worker 1 --dry-run
 """
 
@@ -220,6 +221,12 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="submit without connecting to a database storage from this host first "
         "(where only the compute nodes reach it)",
+    )
+    parser.add_argument(
+        "--shared-journal",
+        action="store_true",
+        help="the journal file storage is on a file system every node mounts: more than "
+        "one worker may share it (the default journal is refused for --workers > 1 without)",
     )
 
 
@@ -414,6 +421,7 @@ def submit(args: argparse.Namespace) -> int:
         settings=_settings(args),
         sbatch_args=args.sbatch_args,
         check_storage=not args.no_storage_check,
+        shared_journal=args.shared_journal,
     )
     sweep = _sweep(args.sweep, args)
     path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)

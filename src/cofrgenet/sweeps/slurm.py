@@ -72,6 +72,9 @@ class SubmitOptions:
     #: Ask a database storage from this host before sbatch (off where only the compute
     #: nodes reach it).
     check_storage: bool = True
+    #: The user says the journal file is on a file system every node mounts
+    #: (``--shared-journal``): several array tasks may then share it.
+    shared_journal: bool = False
 
 
 #: The environment variable a rendered script gives its workers a storage URL with a
@@ -265,11 +268,19 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     journal = st.journal_path(url)
     if journal is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
-    elif journal is not None and options.workers > 1:
+    elif journal is not None and options.workers > 1 and not options.shared_journal:
+        # Array tasks land on several nodes: they share the journal only through a file
+        # system they all mount. Nobody chose the default one for that: say so, or not.
+        if not options.storage and not sweep.storage:
+            raise SweepError(
+                f"--workers {options.workers} would share the default journal file "
+                f"{journal} across nodes: give a PostgreSQL storage (storage: or --storage), "
+                "or --shared-journal if every node mounts that folder (docs/sweeps.md)"
+            )
         print(
             f"warning: {options.workers} array tasks share the journal file "
-            f"{journal}, which is safe on one host only; for workers on several "
-            "hosts give a PostgreSQL storage (storage: or --storage; docs/sweeps.md)",
+            f"{journal}: it must be on a file system every node mounts (--shared-journal "
+            "says it is); for many hosts a PostgreSQL storage is sturdier (docs/sweeps.md)",
             file=sys.stderr,
         )
     logs = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"

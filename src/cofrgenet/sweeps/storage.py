@@ -3,10 +3,15 @@
 Storage URLs:
 
 * ``journal:PATH`` (or a path ending in ``.journal``): Optuna's journal file, for workers
-  on one host. The default: ``journal:<runs_dir>/sweeps/<study>/optuna.journal``.
-* ``postgresql://...`` (``mysql://``, ``sqlite:///...``): an RDB server, for workers on
-  many hosts. Never put sqlite or journal files on NFS. Any other URL (a scheme
-  SQLAlchemy does not know) is refused at once (:func:`check_rdb_url`).
+  on one host. The default: ``journal:<runs_dir>/sweeps/<study>/optuna.journal``. Hosts
+  that all mount one shared file system (NFSv3+, Lustre) may share it: its lock is
+  Optuna's open()-based one (an ``O_EXCL`` lock file, atomic there; no ``flock``), and
+  their clocks must agree, as heartbeats are compared across hosts. ``cofr sweep submit``
+  asks ``--shared-journal`` for that with the default journal.
+* ``postgresql://...`` (``mysql://``, ``sqlite:///...``): an RDB server, the sturdy choice
+  for workers on many hosts. Never put sqlite files on NFS (its locks are unreliable
+  there). Any other URL (a scheme SQLAlchemy does not know) is refused at once
+  (:func:`check_rdb_url`).
 
 Liveness. Every RUNNING trial carries its worker in user attributes (``cofr.host``,
 ``cofr.pid``, ``cofr.pid_start``: the process start time, so a reused pid is not taken
@@ -225,7 +230,8 @@ class _RepairingLock(JournalFileOpenLock):
 
 def _open_journal(path: Path) -> JournalStorage:
     make_folder(path.parent, "the study's storage", "--storage or --runs-dir")
-    # The open() lock works on NFSv3+ too and is released after 30 s if its holder died.
+    # The open() lock works on NFSv3+ and Lustre too (see the module's docstring), and is
+    # released after 30 s if its holder died.
     lock = _RepairingLock(path)
     try:  # once now: a torn tail is cut (and reported) before the study is read
         lock.acquire()

@@ -377,6 +377,9 @@ def test_workers_in_other_directories_read_the_same_bases_or_are_refused(
     storage = st.open_storage(st.home_storage(sweep))
     open_study(sweep, storage, 0, bases=mine)
     assert not open_study(sweep, storage, 1, bases=base_digests(sweep))[1]
+    # A comment or another layout changes no setting (a checkout updated between workers).
+    (sweep_dir / "conf" / "lr.yaml").write_text("# the lr\nmodel: {optimizer: {lr: 1.0e-3}}\n")
+    assert base_digests(sweep) == mine
     (sweep_dir / "conf" / "lr.yaml").write_text("model:\n  optimizer:\n    lr: 0.01\n")
     with pytest.raises(SweepError, match=(
         rf"^study 'tiny-cpu': base conf/lr.yaml holds other settings \({sweep_dir}/conf/lr.yaml, "
@@ -2220,6 +2223,28 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     callback.on_train_batch_end(trainer, None, None, None, 1)
     assert saved == [(4, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
     assert callback.requeued_at == 4
+
+
+def test_a_spawned_rank_judges_with_the_sweeps_pruner(tmp_path):
+    """Under ddp_spawn the callback is pickled into each rank, which reopens the study:
+    with the sweep's pruner, not Optuna's default MedianPruner (which would prune even a
+    sweep with ``pruner: none``)."""
+    import pickle
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+
+    url = f"journal:{tmp_path / 'p.journal'}"
+    study = optuna.create_study(
+        study_name="p", storage=st.open_storage(url), pruner=optuna.pruners.NopPruner()
+    )
+    for value in range(6):  # past the default MedianPruner's 5 startup trials
+        trial = study.ask()
+        trial.report(value, 10)
+        study.tell(trial, value)
+    trial = study.ask()
+    callback = pickle.loads(pickle.dumps(PruneAtStep(trial, "val/loss", url, "p")))
+    callback.trial.report(100.0, 10)  # far worse than every finished trial at step 10
+    assert not callback.trial.should_prune()
 
 
 def test_trials_failing_alike_in_other_folders_count_as_the_same_reason():

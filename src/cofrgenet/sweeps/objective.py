@@ -96,7 +96,8 @@ class PruneAtStep(StepBoundaries):
     objective then tells PRUNED. Also stops, after saving ``last.ckpt``, when the worker
     got SIGUSR1 (SLURM's warning before the time limit) or ``stop_file`` appears.
     Under several devices rank 0 talks to Optuna and broadcasts the decisions. Picklable
-    (``ddp_spawn``): ranks in other processes reopen the storage from its URL.
+    (``ddp_spawn``): ranks in other processes reopen the storage from its URL, with the
+    study's pruner (``pruner``; default the trial's study's), not Optuna's default one.
     """
 
     def __init__(
@@ -106,8 +107,10 @@ class PruneAtStep(StepBoundaries):
         storage_url: str,
         study_name: str,
         stop_file: str | None = None,
+        pruner: optuna.pruners.BasePruner | None = None,
     ) -> None:
         self._trial: optuna.Trial | None = trial
+        self.pruner = trial.study.pruner if pruner is None else pruner
         self.number = trial.number
         self.monitor = monitor
         self.storage_url = storage_url
@@ -146,7 +149,9 @@ class PruneAtStep(StepBoundaries):
     def trial(self) -> optuna.Trial:
         if self._trial is None:
             storage = st.open_storage(self.storage_url)
-            study = optuna.load_study(study_name=self.study_name, storage=storage)
+            study = optuna.load_study(
+                study_name=self.study_name, storage=storage, pruner=self.pruner
+            )
             self._trial = st.open_trial(storage, study, self.number)
         return self._trial
 

@@ -357,9 +357,12 @@ BASES_ATTR = "cofr.bases"
 
 def base_digests(sweep: Sweep) -> list[dict[str, str]]:
     """Each ``base:`` entry of the sweep as written, the file this worker found for it,
-    and the SHA-256 of what a trial reads for it: that file after the bases it names
-    itself, found as ``cofr fit`` finds them."""
+    and the SHA-256 of what a trial reads for it: the settings of that file and of the
+    bases it names itself, found as ``cofr fit`` finds them (parsed: a comment or a
+    layout change is no other setting)."""
     import hashlib
+
+    import yaml
 
     from cofrgenet.recipes import config_entries
 
@@ -370,8 +373,10 @@ def base_digests(sweep: Sweep) -> list[dict[str, str]]:
         digest = hashlib.sha256()
         for _, files in config_entries(["--config", str(path)]):
             for file in files:
-                with contextlib.suppress(OSError):  # the parser reports a missing one
-                    digest.update(file.read_bytes())
+                # The parser reports a missing or broken file: here it is hashed as read.
+                with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError):
+                    settings = yaml.safe_load(file.read_text(encoding="utf-8"))
+                    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
         out.append({"entry": str(entry), "path": str(path), "sha256": digest.hexdigest()})
     return out
 

@@ -7,6 +7,7 @@ import itertools
 import math
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import lightning as L
@@ -196,6 +197,18 @@ def test_an_epoch_limit_before_max_steps_sets_the_schedules_length():
     assert trainer.global_step == 5 and module.total_steps() == 5
     assert dyadic._releases == {1: release_step(1, 5, "paper"), 2: release_step(2, 5, "paper")}
     assert lrs[0] == pytest.approx(1e-2) and lrs[-1] < 0.2e-2  # near the 1e-3 floor
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_of():
+    """cpu-debug's 20 steps under the default 100-step warm-up never reach the peak rate:
+    said once at the start, and not for a warm-up shorter than the run."""
+    module = LanguageModel("gpt2-tiny", optimizer=OptimizerConfig(warmup_steps=100))
+    with pytest.warns(UserWarning, match=r"warmup_steps \(100\) is not below the run's 4 "):
+        tiny_trainer(4).fit(module, token_loader())
+    module = LanguageModel("gpt2-tiny", optimizer=OptimizerConfig(warmup_steps=2))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*warmup_steps")
+        tiny_trainer(4).fit(module, token_loader())
 
 
 def test_dyadic_unfreezing_is_a_function_of_the_global_step():

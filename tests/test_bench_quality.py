@@ -76,9 +76,9 @@ def test_config_errors_and_generated_options():
     assert cfg.seeds == (4, 5) and cfg.variants == ("gpt2",) and cfg.steps == 3
     assert cfg.n_embd == 32  # --quick fills what was not given
     assert "--no-quick" in parser.format_help() and "--runs-dir" in parser.format_help()
-    # A --quick run is a pipeline check: not into the project's records unless asked.
-    assert cfg.out_dir == "runs/bench" and QualityBenchConfig().out_dir == "docs/benchmarks"
-    assert QualityBenchConfig(quick=True, out_dir="docs/benchmarks").out_dir == "docs/benchmarks"
+    # Like every bench: into runs/bench, not a checkout's tracked docs, unless asked.
+    assert cfg.out_dir == "runs/bench" and QualityBenchConfig().out_dir == "runs/bench"
+    assert QualityBenchConfig(out_dir="docs/benchmarks").out_dir == "docs/benchmarks"
 
 
 RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-cpu.yaml"
@@ -286,3 +286,15 @@ def test_the_default_data_folder_must_hold_the_benchmarks_tokens(tmp_path, monke
 
     made_so = "--tokenizer {tokenizer} --vocab-size {vocab_size} --val-fraction {val_fraction}"
     assert made_so.format(**BENCH_DATA) in prepare_command(cfg.data_dir)
+
+
+def test_a_difference_that_rounds_to_zero_is_shown_unsigned():
+    from cofrgenet.bench.quality import _signed
+
+    assert [_signed(v) for v in (-3e-6, 0.0, 2e-6, -0.00012, None)] == [
+        "0.0000",
+        "0.0000",
+        "0.0000",
+        "-0.0001",
+        "",
+    ]

@@ -22,7 +22,8 @@ Per run: the final validation loss over the whole val split (and, for ladder mod
 the same without eval clipping of ladder outputs), median tokens/s after warm-up, the
 largest pre-clip gradient norm, the share of steps that were gradient-norm spikes (> 10x
 the median of the 20 before), and whether the loss went non-finite. The report (markdown
-+ JSON, with the command) goes to ``docs/benchmarks/quality-<device>-<date>.{md,json}``.
++ JSON, with the command) goes to ``<out-dir>/quality-<device>-<date>.{md,json}``: ``runs/bench``
+unless ``--out-dir`` names another folder (``docs/benchmarks`` for the project's records).
 """
 
 from __future__ import annotations
@@ -180,12 +181,9 @@ class QualityBenchConfig:
     )
     recipe: str = field(default=RECIPE, metadata={"help": "the cofr fit config every run uses"})
     runs_dir: str = field(default="runs", metadata={"help": "run folders and MLflow store"})
-    out_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "where reports go (default: docs/benchmarks, the project's records; "
-            "runs/bench with --quick, a pipeline check)"
-        },
+    out_dir: str = field(
+        default="runs/bench",
+        metadata={"help": "where reports go; docs/benchmarks for the project's records"},
     )
     quick: bool = field(
         default=False, metadata={"help": "a tiny model and a few steps: checks the pipeline"}
@@ -219,8 +217,6 @@ class QualityBenchConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         self.model_overrides()  # fails early on bad JSON
         check_file_name_part("--tag", self.tag)
-        if self.out_dir is None:
-            self.out_dir = "runs/bench" if self.quick else "docs/benchmarks"
         if self.quick:  # a pipeline check, not a measurement
             for name, value in QUICK.items():
                 if getattr(self, name) is None:
@@ -621,7 +617,10 @@ HEADER = [
 
 
 def _signed(value: float | None) -> str:
-    return "" if value is None or not math.isfinite(value) else f"{value:+.4f}"
+    if value is None or not math.isfinite(value):
+        return ""
+    text = f"{value:+.4f}"
+    return "0.0000" if float(text) == 0 else text  # not "-0.0000" for a tiny negative
 
 
 def table_rows(rows: list[Row]) -> list[list[str]]:

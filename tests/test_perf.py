@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -83,3 +85,23 @@ def test_a_cpu_peak_beaten_by_a_step_is_measured_again(monkeypatch):
     assert peak.mfu(1e6, 8000.0, 1, step=5) == pytest.approx(2.0)  # not yet due
     assert peak.mfu(1e6, 8000.0, 1, step=12) == pytest.approx(2.0) and peak.too_low
     assert perf.measured_peak_flops(torch.float32) == 4e9  # the best kept, per process
+
+
+def test_a_peak_given_in_the_environment_is_every_runs_denominator(monkeypatch):
+    """Each cofr fit measured its own CPU peak, so two runs' MFUs did not compare (a
+    demo read 38% and 90% for the slower and faster FLOP rate): $COFR_PEAK_FLOPS fixes
+    it, is never measured again, and gives an unknown GPU one."""
+    from cofrgenet.errors import ConfigError
+    from cofrgenet.training import perf
+
+    monkeypatch.setattr(perf, "_matmul_flops", lambda dtype: pytest.fail("measured"))
+    monkeypatch.setenv("COFR_PEAK_FLOPS", "2e9")
+    peak = perf.RunPeak(torch.device("cpu"), "32-true", recheck_steps=1)
+    assert peak.mfu(1e6, 1000.0, 1, step=1) == pytest.approx(0.5)
+    assert peak.mfu(1e6, 8000.0, 1, step=5) == pytest.approx(4.0)  # kept as given
+    for bad in ("fast", "0", "-1e9", "inf"):
+        monkeypatch.setenv("COFR_PEAK_FLOPS", bad)
+        with pytest.raises(ConfigError, match=rf"COFR_PEAK_FLOPS='{re.escape(bad)}': give"):
+            perf.RunPeak(torch.device("cpu"), "32-true")
+    monkeypatch.setenv("COFR_PEAK_FLOPS", " ")
+    assert perf.peak_flops_from_env() is None

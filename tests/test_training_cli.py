@@ -1276,6 +1276,14 @@ def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path,
     assert not (tmp_path / "runs" / "test").exists(), "a failed start left its folders"
 
 
+def test_a_bad_peak_in_the_environment_fails_before_the_run(tiny_data, tmp_path, monkeypatch):
+    """$COFR_PEAK_FLOPS is read at the first step's end: a typo there is found first."""
+    monkeypatch.setenv("COFR_PEAK_FLOPS", "1e12x")
+    with pytest.raises(UserError, match=r"^COFR_PEAK_FLOPS='1e12x': give one device's peak"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data))
+    assert not (tmp_path / "runs" / "test").exists(), "a failed start left its folders"
+
+
 def test_the_seed_is_said_once_the_run_is_built_not_above_an_error(tiny_data, tmp_path, caplog):
     def said() -> list[str]:
         return [

@@ -67,6 +67,7 @@ from cofrgenet.training.console import (
 from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
 from cofrgenet.training.module import LanguageModel
 from cofrgenet.training.optim import OptimizerConfig
+from cofrgenet.training.perf import peak_flops_from_env
 from cofrgenet.training.run_checkpoint import RunCheckpoint
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
@@ -1058,6 +1059,7 @@ class CofrCLI(LightningCLIAdapter):
             check_data(self.datamodule, evaluating=self.subcommand in EVALUATIONS)
         run, run_dir = self._run_and_folder()
         _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
+        peak_flops_from_env()  # read at the first step: a bad value fails here, not there
         _check_ladder_device(
             getattr(self.model, "model_config", None),
             self.config_value(self.config, "trainer.accelerator"),

@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+import math
+import os
+
 import torch
+
+from cofrgenet.errors import ConfigError
+
+#: The environment variable that sets the peak FLOP/s of one device for ``perf/mfu``,
+#: in place of the data sheet's (GPUs) or a matmul measured at the start (CPUs): MFUs of
+#: runs in different processes then share a denominator, and a GPU missing from
+#: :data:`PEAK_FLOPS` gets one.
+PEAK_FLOPS_ENV = "COFR_PEAK_FLOPS"
+
+
+def peak_flops_from_env() -> float | None:
+    """``$COFR_PEAK_FLOPS`` as a number, None when unset or empty; ConfigError when it is
+    not a positive number."""
+    text = os.environ.get(PEAK_FLOPS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            f"{PEAK_FLOPS_ENV}={text!r}: give one device's peak FLOP/s as a positive number "
+            "(e.g. 9.89e14 for an H100 in bf16), or unset it"
+        )
+    return value
+
 
 #: Dense peak FLOP/s by device name fragment and compute dtype (no sparsity). Sources:
 #: vendor data sheets (SXM parts). Matched case-insensitively, first match wins.
@@ -89,13 +119,16 @@ def mfu(
 
 
 class RunPeak:
-    """The peak a training run's MFU is measured against. A CPU's is measured, and
-    measured again (at most every ``recheck_steps`` steps) when a step's MFU comes out
-    above 1; if it still does, :attr:`too_low` says so (the caller warns once)."""
+    """The peak a training run's MFU is measured against: ``$COFR_PEAK_FLOPS`` when set,
+    else the device's (:func:`device_peak_flops`). A measured CPU peak is measured again
+    (at most every ``recheck_steps`` steps) when a step's MFU comes out above 1; if it
+    still does, :attr:`too_low` says so (the caller warns once)."""
 
     def __init__(self, device: torch.device, precision: str | int | None, recheck_steps: int = 50):
         self.device, self.precision, self.recheck_steps = device, precision, recheck_steps
-        self.flops = device_peak_flops(device, precision) or 0.0
+        given = peak_flops_from_env()
+        self.measured = given is None and device.type == "cpu"
+        self.flops = given if given is not None else device_peak_flops(device, precision) or 0.0
         #: The step at which the peak was last measured again (None: not yet).
         self.checked_at: int | None = None
         self.too_low = False
@@ -106,7 +139,7 @@ class RunPeak:
         """:func:`mfu` of the step against this peak (None without one)."""
         value = mfu(flops_per_token, tokens_per_sec, self.flops, world_size)
         due = self.checked_at is None or step - self.checked_at >= self.recheck_steps
-        if value is not None and value > 1 and self.device.type == "cpu" and due:
+        if value is not None and value > 1 and self.measured and due:
             self.checked_at = step
             self.flops = device_peak_flops(self.device, self.precision, again=True) or 0.0
             value = mfu(flops_per_token, tokens_per_sec, self.flops, world_size)

@@ -627,8 +627,9 @@ def st_parent_attr() -> str:
     return PARENT_ATTR
 
 
-def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_path):
-    """A sample the model rejects and a NaN loss end FAIL with reasons; the rest run."""
+def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_path, caplog):
+    """A sample the model rejects and a NaN loss end FAIL with reasons; the rest run. The
+    worker that finishes the study says where its report is."""
     sweep_path = write_sweep(
         tmp_path,
         sampler={"name": "grid"},
@@ -641,7 +642,10 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
         },
     )  # fmt: skip
     sweep = load_sweep(sweep_path)
-    result = run_worker(sweep, report=True)
+    with caplog.at_level("INFO", logger="cofrgenet.sweeps"):
+        result = run_worker(sweep, report=True)
+    report = tmp_path / "runs" / "sweeps" / sweep.study / "report"
+    assert f"study {sweep.study} done: report in {report} (" in caplog.text
     trials = result.study.get_trials()
     assert len(trials) == 4 and result.done
     for trial in trials:

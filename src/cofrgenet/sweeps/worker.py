@@ -725,7 +725,9 @@ def run_worker(
         from cofrgenet.sweeps.report import write_report
 
         try:
-            write_report(study, sweep, folder / "report", client, parent)
+            files = write_report(study, sweep, folder / "report", client, parent)
+            log.info(f"study {sweep.study} done: report in {folder / 'report'} "
+                     f"({', '.join(sorted(files))})")  # fmt: skip
         except Exception as error:
             log.warning(f"report failed: {type(error).__name__}: {error}")
     return result

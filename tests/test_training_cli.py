@@ -499,6 +499,25 @@ def test_a_sharded_save_cut_short_leaves_a_folder_that_is_not_resumed_from(tmp_p
     assert not is_intact(folder)
 
 
+def test_fsdp_keeps_the_ladders_output_ranges_in_float32():
+    """Lightning's FSDP casts buffers to bf16 under bf16-mixed and bf16-true, bypassing
+    OutputRange's own guard: its 1% drift a step then rounds away. The strategy keeps
+    buffers float32 (the models' only buffers), and a mixed_precision given is kept."""
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from torch.distributed.fsdp import MixedPrecision
+
+    from cofrgenet.training.strategies import LadderFSDPStrategy
+
+    for precision in ("bf16-mixed", "bf16-true", "16-mixed", "32-true"):
+        strategy = LadderFSDPStrategy()
+        strategy.precision_plugin = FSDPPrecision(precision)
+        config = strategy.mixed_precision_config
+        assert config.buffer_dtype == torch.float32, precision
+        assert config.param_dtype == FSDPPrecision(precision).mixed_precision_config.param_dtype
+    given = MixedPrecision(buffer_dtype=torch.bfloat16)
+    assert LadderFSDPStrategy(mixed_precision=given).mixed_precision_config is given
+
+
 def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
     from cofrgenet.cli import main
 

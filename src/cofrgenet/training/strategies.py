@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,19 @@ class LadderFSDPStrategy(FSDPStrategy):
         super().__init__(use_orig_params=use_orig_params, **kwargs)
         # Lightning's default: one file. A full save over a sharded folder replaces it.
         self.sharded_saves = kwargs.get("state_dict_type", "full") == "sharded"
+
+    @property
+    def mixed_precision_config(self) -> Any:
+        """Lightning's, with buffers kept in float32: ``bf16-mixed`` and ``bf16-true`` cast
+        them to bf16, where the ladders' output ranges (the models' only buffers) drift by
+        1% a step, a change that mostly rounds away (``OutputRange``). A
+        ``mixed_precision`` given to the strategy is used as given."""
+        config = super().mixed_precision_config
+        if self.mixed_precision or config is None or config.buffer_dtype is None:
+            return config
+        if config.buffer_dtype.itemsize >= 4:
+            return config
+        return dataclasses.replace(config, buffer_dtype=torch.float32)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None

@@ -26,20 +26,21 @@ def write_checkpoint(
     trained_with: dict | None = None,
     vocab_size: int = 257,
     trained_length: int | None = None,
+    preset: str = "gpt2-tiny",
 ) -> Path:
     """A checkpoint as ``cofr fit`` writes it (what the readers use of it), without
     training: the weights of a fresh gpt2-tiny, its hyperparameters, the data folder
     (and the tokenizer its data state names, ``trained_with``; the sequence length it
     trained at, ``trained_length``)."""
     model_config = {**MODEL, "vocab_size": vocab_size}
-    model = build_model(resolve_model_config("gpt2-tiny", model_config))
+    model = build_model(resolve_model_config(preset, model_config))
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(
         {
             "state_dict": state,
             "global_step": 3,
-            "hyper_parameters": {"preset": "gpt2-tiny", "config": model_config},
+            "hyper_parameters": {"preset": preset, "config": model_config},
             "datamodule_hyper_parameters": {
                 "data_dir": data_dir,
                 **({"block_size": trained_length} if trained_length else {}),
@@ -387,3 +388,9 @@ def test_generate_reads_at_most_the_length_the_model_trained_at(capsys, tmp_path
     assert "note: reading at most the last 8 tokens" in capsys.readouterr().err
     assert main([*argv, "5"]) == 0  # 3 + 5 tokens fit: nothing to say
     assert seen == [8, 8] and "note" not in capsys.readouterr().err
+    # A recurrent model reads the whole sequence through its state: no window to note.
+    lstm = write_checkpoint(
+        tmp_path / "lstm.ckpt", None, byte, trained_length=8, preset="lstm-tiny"
+    )
+    assert main(["generate", "--ckpt", str(lstm), "--prompt", "abc", "--max-new-tokens", "10"]) == 0
+    assert "note" not in capsys.readouterr().err

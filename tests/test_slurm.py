@@ -127,6 +127,10 @@ def test_array_tasks_share_the_default_journal_only_when_told_it_is_shared(capsy
     assert "--shared-journal says it is" in warning
     render(tiny, SubmitOptions(workers=4, storage="postgresql://u:p$$w@db:5432/optuna"))
     assert capsys.readouterr().err == ""
+    # A bundled sweep whose storage comes from an unset variable names the variable.
+    paper = load_sweep(SWEEPS / "paper-grid-cofrgenet-f.yaml")
+    with pytest.raises(SweepError, match=r"\(\$\{COFR_SWEEP_STORAGE\} in the environment, "):
+        render(paper, SubmitOptions(workers=8))
 
 
 def test_sweep_sbatch_refuses_what_cannot_agree():

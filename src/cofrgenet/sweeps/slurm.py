@@ -272,10 +272,13 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
         # Array tasks land on several nodes: they share the journal only through a file
         # system they all mount. Nobody chose the default one for that: say so, or not.
         if not options.storage and not sweep.storage:
+            raw = sweep.raw.get("storage")
+            named = f"{raw} in the environment, " if isinstance(raw, str) and "${" in raw else ""
             raise SweepError(
                 f"--workers {options.workers} would share the default journal file "
-                f"{journal} across nodes: give a PostgreSQL storage (storage: or --storage), "
-                "or --shared-journal if every node mounts that folder (docs/sweeps.md)"
+                f"{journal} across nodes: give a PostgreSQL storage ({named}storage: or "
+                "--storage), or --shared-journal if every node mounts that folder "
+                "(docs/sweeps.md)"
             )
         print(
             f"warning: {options.workers} array tasks share the journal file "

@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     top_k = top_k or None  # 0: all
     context = loaded.context_length
-    if context < loaded.block_size and len(ids) + args.max_new_tokens > context:
+    crops = hasattr(loaded.model, "new_cache") or not hasattr(loaded.model, "generate")
+    if crops and context < loaded.block_size and len(ids) + args.max_new_tokens > context:
         print(
             f"note: reading at most the last {context} tokens, the length {args.ckpt} "
             f"trained at (its block is {loaded.block_size}; later positions never trained)",

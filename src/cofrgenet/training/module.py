@@ -437,11 +437,11 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                 for p in params
             }
             depth_of = lambda p: depths.get(id(p), 0)  # noqa: E731
-        if 0 < total <= cfg.warmup_steps:
+        if 0 < total < cfg.warmup_steps:
             # The debug trainer's 20 steps under the default 100-step warm-up: a run that
             # ends below its peak rate looks untrained, however good the model.
             rank_zero_warn(
-                f"model.optimizer.warmup_steps ({cfg.warmup_steps}) is not below the run's "
+                f"model.optimizer.warmup_steps ({cfg.warmup_steps}) is longer than the run's "
                 f"{total} optimizer steps: the learning rate never reaches "
                 f"model.optimizer.lr ({cfg.lr:g}) nor decays. Give "
                 f"--model.optimizer.warmup_steps N with N well below {total}"

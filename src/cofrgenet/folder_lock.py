@@ -104,40 +104,29 @@ def _same_file(path: Path, fd: int) -> bool:
     return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
 
-@contextlib.contextmanager
-def waiting_for(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (made, with its folder, if missing) for the
-    block, waiting while another process holds it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 #: What flock fails with on a file system that cannot lock files (Lustre mounted with
 #: noflock: ENOSYS; some NFS and FUSE mounts: EOPNOTSUPP, ENOLCK).
 NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
-#: The lock files :func:`waiting_for_if_lockable` has warned of (once each per process).
+#: The lock files :func:`waiting_for` has warned of going unlocked (once each per process).
 _WARNED_UNLOCKABLE: set[str] = set()
 
 
 @contextlib.contextmanager
-def waiting_for_if_lockable(path: str | os.PathLike[str], what: str) -> Iterator[bool]:
-    """:func:`waiting_for`, or, where the file system cannot lock files
-    (:data:`NO_FLOCK`), the block without a lock and one warning per lock file: ``what``
-    is done unguarded (processes that do it at once may each do it), which beats a
-    traceback on every start. Yields whether the lock is held."""
+def waiting_for(path: str | os.PathLike[str], what: str | None = None) -> Iterator[bool]:
+    """Hold an exclusive flock on ``path`` (made, with its folder, if missing) for the
+    block, waiting while another process holds it; yields whether the lock is held.
+
+    Where the file system cannot lock files (:data:`NO_FLOCK`), the OSError is raised,
+    unless ``what`` says what the lock guards: then the block runs without it, with one
+    warning per lock file that ``what`` goes unguarded (processes doing it at once may
+    each do it), which beats a traceback on every start."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError as error:
-            if error.errno not in NO_FLOCK:
+            if what is None or error.errno not in NO_FLOCK:
                 raise
             if str(path) not in _WARNED_UNLOCKABLE:
                 _WARNED_UNLOCKABLE.add(str(path))

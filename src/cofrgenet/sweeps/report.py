@@ -213,10 +213,10 @@ def write_report(
     that finish a sweep together each write the report, and one must not delete a plot
     the other has just written.
     """
-    from cofrgenet.folder_lock import waiting_for_if_lockable
+    from cofrgenet.folder_lock import waiting_for
 
     out.mkdir(parents=True, exist_ok=True)
-    with waiting_for_if_lockable(
+    with waiting_for(
         out.parent / f".{out.name}.lock",
         f"writing {out} (workers finishing together may mix their files)",
     ):

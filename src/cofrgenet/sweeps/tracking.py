@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import ConfigError
-from cofrgenet.folder_lock import waiting_for_if_lockable
+from cofrgenet.folder_lock import waiting_for
 from cofrgenet.sweeps.spec import Sweep
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
@@ -57,7 +57,7 @@ def client_for(run: RunConfig) -> MlflowClient:
     uri = tracking_uri(run)
     if not uri.startswith("sqlite:"):
         return MlflowClient(uri)
-    with waiting_for_if_lockable(
+    with waiting_for(
         Path(run.runs_dir) / ".mlflow.lock",
         f"opening {uri} (workers starting together may race to make its tables)",
     ):

@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from cofrgenet.errors import UserError
-from cofrgenet.folder_lock import waiting_for, waiting_for_if_lockable
+from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
@@ -209,10 +209,7 @@ def queue_missing_points(
         return
     with contextlib.ExitStack() as stack:
         if lock is not None:
-            try:
-                stack.enter_context(waiting_for(lock))
-            except OSError as error:  # a shared file system without flock (ENOSYS)
-                log.warning(f"queueing the grown grid's points without a lock ({error})")
+            stack.enter_context(waiting_for(lock, "queueing the grown grid's points"))
         for point in missing():  # again, inside the lock: another worker may have
             study.enqueue_trial(point, user_attrs={st.GRID_POINT: point})
     fail_duplicate_points(study, storage)
@@ -822,7 +819,7 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
     # One parent run per study: created under a lock beside the run store, so workers that
     # start together on a new study make one (the study attribute names it).
     lock = Path(runs_dir) / ".sweep-parent.lock"
-    with waiting_for_if_lockable(
+    with waiting_for(
         lock, "making the study's MLflow parent run (workers starting together may each make one)"
     ):
         parent = study.user_attrs.get(PARENT_ATTR)

@@ -17,6 +17,13 @@ if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
 DEFAULT_TOP_K = 50
 
 
+def crops_context(model: nn.Module) -> bool:
+    """Whether :func:`sample` reads ``model`` through a window of the last tokens: a
+    transformer (its cache) or a model without ``generate``; a recurrent model carries
+    its state over the whole sequence."""
+    return hasattr(model, "new_cache") or not hasattr(model, "generate")
+
+
 def sample(
     model: nn.Module,
     idx: Tensor,
@@ -47,7 +54,7 @@ def sample(
 
     with torch.no_grad():
         if hasattr(model, "generate"):
-            window = {"context": block_size} if hasattr(model, "new_cache") else {}
+            window = {"context": block_size} if crops_context(model) else {}
             return model.generate(
                 idx,
                 max_new_tokens,
@@ -151,8 +158,11 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     top_k = top_k or None  # 0: all
     context = loaded.context_length
-    crops = hasattr(loaded.model, "new_cache") or not hasattr(loaded.model, "generate")
-    if crops and context < loaded.block_size and len(ids) + args.max_new_tokens > context:
+    if (
+        crops_context(loaded.model)
+        and context < loaded.block_size
+        and len(ids) + args.max_new_tokens > context
+    ):
         print(
             f"note: reading at most the last {context} tokens, the length {args.ckpt} "
             f"trained at (its block is {loaded.block_size}; later positions never trained)",

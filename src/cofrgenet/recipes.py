@@ -45,13 +45,15 @@ def bundled(path: str | Path) -> Path:
     return CHECKOUT / path
 
 
-def _load(path: Path) -> Any:
+def load_yaml(path: Path) -> Any:
+    """What the YAML file ``path`` holds; None when it cannot be read or parsed (the
+    config parser reports what is wrong with the file itself)."""
     import yaml
 
     try:
         return yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None  # the config parser reports what is wrong with the file itself
+        return None
 
 
 def find_base(entry: str, naming: Path | None, naming_first: bool = False) -> Path:
@@ -81,7 +83,7 @@ def find_base(entry: str, naming: Path | None, naming_first: bool = False) -> Pa
 def bases_of(path: str | Path) -> list[Path]:
     """The files ``path``'s ``base:`` names, resolved (empty when it names none)."""
     path = Path(path)
-    data = _load(path)
+    data = load_yaml(path)
     if not isinstance(data, dict) or data.get(KEY) is None:
         return []
     entries = data[KEY]

@@ -359,9 +359,7 @@ def base_digests(sweep: Sweep) -> list[dict[str, str]]:
     layout change is no other setting)."""
     import hashlib
 
-    import yaml
-
-    from cofrgenet.recipes import config_entries
+    from cofrgenet.recipes import config_entries, load_yaml
 
     entries = sweep.raw.get("base") or []
     entries = [entries] if isinstance(entries, str) else list(entries)
@@ -369,11 +367,9 @@ def base_digests(sweep: Sweep) -> list[dict[str, str]]:
     for entry, path in zip(entries, sweep.base, strict=False):
         digest = hashlib.sha256()
         for _, files in config_entries(["--config", str(path)]):
-            for file in files:
-                # The parser reports a missing or broken file: here it is hashed as read.
-                with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError):
-                    settings = yaml.safe_load(file.read_text(encoding="utf-8"))
-                    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+            for file in files:  # a missing or broken one hashes as null: the parser says why
+                settings = load_yaml(file)
+                digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
         out.append({"entry": str(entry), "path": str(path), "sha256": digest.hexdigest()})
     return out
 

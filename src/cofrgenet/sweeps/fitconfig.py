@@ -229,7 +229,7 @@ def model_depth(config: dict[str, Any]) -> int | None:
         return None
 
 
-def _ends(param: Any) -> list[Any]:
+def drawn_ends(param: Any) -> list[Any]:
     """The choices of a categorical key; the lowest and highest values a range draws
     (with a step, the last one on it: ``int 2..5 step 2`` draws 2 and 4; ints as ints)."""
     if param.kind == "categorical":
@@ -265,7 +265,7 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     beside every value of the other keys (all tried, all lists of choices) is refused.
     """
     keys = [p for p in sweep.space if p.key == "model.preset" or p.key.startswith("model.config.")]
-    ends = [_ends(p) for p in keys]
+    ends = [drawn_ends(p) for p in keys]
     problems: dict[tuple[Any, ...], str | None] = {}
     for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
         config = copy.deepcopy(probe)

@@ -1004,18 +1004,17 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
 def deepest_depth(sweep: Sweep, config: dict[str, Any]) -> int | None:
     """The deepest ladder depth the sweep's trials train: the highest value of a searched
     ``model.config.depth``, else the depth of ``config``'s model; None if unknown."""
+    from cofrgenet.sweeps.fitconfig import drawn_ends, model_depth
+
     param = sweep.param("model.config.depth")
     if param is None:
-        from cofrgenet.sweeps.fitconfig import model_depth
-
         return model_depth(config)
     if param.kind == "categorical":
         values = [c for c in param.choices if isinstance(c, int) and not isinstance(c, bool)]
     elif sweep.is_grid or param.grid:
         values = [int(v) for v in param.grid_values()]
-    else:  # the last value on the range's step
-        step = param.step or 1
-        values = [int(param.low + math.floor((param.high - param.low) / step) * step)]
+    else:  # the range's ends: with a step, the last value on it
+        values = [int(v) for v in drawn_ends(param)]
     return max(values, default=None)
 
 

@@ -889,28 +889,22 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
     block = int(get_dotted(config, "data.block_size", 256))
     accumulate = int(get_dotted(config, "trainer.accumulate_grad_batches", 1) or 1)
     devices = get_dotted(config, "trainer.devices", 1)
-    if isinstance(devices, str) and devices.strip().isdigit():
-        devices = int(devices)  # Lightning reads "2" as 2 devices, as cofr fit --trainer.devices 2
-    if not isinstance(devices, int):
-        if isinstance(devices, (list, tuple)):
-            devices = len(devices)
-        else:
-            raise SweepError(
-                "budget.tokens needs an integer trainer.devices (got "
-                f"{devices!r}) to turn tokens into steps: set it in the sweep's overrides "
-                "(cofr sweep submit sets it from --gpus-per-worker)"
-            )
+    count = device_count(devices)
+    if count is None:  # auto and -1 count the devices of the host that trains, not this one
+        raise SweepError(
+            "budget.tokens needs an integer trainer.devices (got "
+            f"{devices!r}) to turn tokens into steps: set it in the sweep's overrides "
+            "(cofr sweep submit sets it from --gpus-per-worker)"
+        )
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
-    per_step = batch * block * accumulate * devices * nodes
+    per_step = batch * block * accumulate * count * nodes
     return max(1, math.ceil(float(tokens) / per_step))
 
 
-def data_parallel_width(config: dict[str, Any]) -> int:
-    """How many processes train one trial side by side, ``trainer.devices`` x
-    ``trainer.num_nodes``, with the devices as Lightning reads them (``"2"`` and ``[0, 1]``
-    are 2; ``auto`` and ``-1`` every device of the accelerator on this host). It scales
-    the global batch, and so a ``tokens`` budget's steps and the ladders' release steps."""
-    devices = get_dotted(config, "trainer.devices", "auto")
+def device_count(devices: Any) -> int | None:
+    """The devices ``trainer.devices`` names, as Lightning reads it (``"2"``, ``2`` and
+    ``[0, 1]`` and ``"0,1"`` are 2); None for ``auto``, ``-1`` and anything else that
+    counts the devices of the host that trains."""
     if isinstance(devices, str):
         text = devices.strip()
         if text.lstrip("-").isdigit():
@@ -918,10 +912,19 @@ def data_parallel_width(config: dict[str, Any]) -> int:
         elif "," in text:  # "0,1": device ids
             devices = [d for d in text.split(",") if d.strip()]
     if isinstance(devices, (list, tuple)):
-        count = len(devices)
-    elif isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        count = devices
-    else:  # auto, -1
+        return len(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    return None
+
+
+def data_parallel_width(config: dict[str, Any]) -> int:
+    """How many processes train one trial side by side, ``trainer.devices`` x
+    ``trainer.num_nodes``, with the devices as Lightning reads them (``"2"`` and ``[0, 1]``
+    are 2; ``auto`` and ``-1`` every device of the accelerator on this host). It scales
+    the global batch, and so a ``tokens`` budget's steps and the ladders' release steps."""
+    count = device_count(get_dotted(config, "trainer.devices", "auto"))
+    if count is None:  # auto, -1
         count = _auto_device_count(get_dotted(config, "trainer.accelerator", "auto"))
     nodes = get_dotted(config, "trainer.num_nodes", 1)
     nodes = int(nodes) if isinstance(nodes, int | str) and str(nodes).strip().isdigit() else 1

@@ -238,9 +238,9 @@ def test_sweep_review_edge_cases():
     parse_sweep({**good, "overrides": {"model.config": {"dropout": 0.1}}})
     with pytest.raises(SweepError, match=r"overrides: model\.config: the sweep searches"):
         parse_sweep({**good, "overrides": {"model.config": {"depth": 2}}})
-    from cofrgenet.sweeps.fitconfig import _ends
+    from cofrgenet.sweeps.fitconfig import drawn_ends
 
-    assert _ends(parse_param("model.config.n_head", "int 2..5 step 2")) == [2, 4]
+    assert drawn_ends(parse_param("model.config.n_head", "int 2..5 step 2")) == [2, 4]
     ranged = {"type": "float", "low": 1e-4, "high": 1e-2, "log": 1}
     assert parse_param("model.optimizer.lr", ranged).log is True
 

@@ -413,6 +413,35 @@ def test_bad_utf8_bytes_in_jsonl_become_replacement_characters_as_in_text_files(
     assert meta.splits["train"].documents + meta.splits["val"].documents == 3
 
 
+def test_text_files_drop_a_bom_read_utf16_and_refuse_other_encodings(tmp_path):
+    """A UTF-8 BOM was kept as three junk tokens at the start of each document (JSONL
+    dropped it); UTF-16 and Latin-1 files went in garbled without a word."""
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
+    (tmp_path / "utf16.txt").write_bytes("Grüße aus Köln".encode("utf-16"))
+    assert TextFilesSource(str(tmp_path / "*.txt")).read([0, 1]) == ["hello", "Grüße aus Köln"]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "latin1.txt").write_bytes(("Grüße aus Köln. " * 20).encode("latin-1"))
+    (tmp_path / "bad" / "utf16-no-bom.txt").write_bytes(("plain words " * 20).encode("utf-16-le"))
+    for name in ("latin1.txt", "utf16-no-bom.txt"):
+        with pytest.raises(SourceError, match=f"{name} is not UTF-8 text.*convert it"):
+            TextFilesSource(str(tmp_path / "bad" / name)).read([0])
+
+
+def test_no_match_errors_say_why_a_folder_or_brackets_matched_nothing(tmp_path):
+    (tmp_path / "run[1]").mkdir()
+    (tmp_path / "run[1]" / "a.txt").write_text("words")
+    with pytest.raises(SourceError, match=r"is a folder; give the files in it"):
+        TextFilesSource(str(tmp_path / "run[1]"))
+    with pytest.raises(SourceError, match=r"write a literal \[ as \[\[\]"):
+        TextFilesSource(str(tmp_path / "run[1]" / "*.txt"))
+    assert TextFilesSource(str(tmp_path / "run[[]1]" / "*.txt")).read([0]) == ["words"]
+
+
+def test_max_docs_1_is_named_as_the_cause(tmp_path):
+    with pytest.raises(PrepareError, match="--max-docs 1 leaves one document"):
+        prepare_data(PydocSource(), tmp_path / "one", max_docs=1, num_workers=1)
+
+
 def test_sources_and_encoder_pickle_for_spawned_workers(tmp_path):
     write_corpus(tmp_path)
     for source in (PydocSource(), TextFilesSource(str(tmp_path / "*.txt"))):

@@ -598,6 +598,11 @@ def _split(
     ``split_args``): ``val_fraction`` of ``source`` at random, or ``val_source`` whole."""
     n = len(source) if max_docs is None else min(len(source), max_docs)
     if val_source is None:
+        if n == 1 and max_docs == 1 and len(source) > 1:
+            raise PrepareError(
+                "--max-docs 1 leaves one document, and the split needs at least 2 (one "
+                "for train, one for val): give --max-docs 2 or more"
+            )
         if n == 1 and source.kind in _ONE_DOCUMENT_FIX:  # a first try: one text file
             raise PrepareError(
                 f"need at least 2 documents to split into train and val, got 1: "

@@ -17,6 +17,7 @@ except for BPE training.
 from __future__ import annotations
 
 import bisect
+import codecs
 import contextlib
 import glob as _glob
 import hashlib
@@ -122,8 +123,21 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
         matches = _glob.glob(pattern, recursive=True) if _glob.has_magic(pattern) else [pattern]
         files.update(str(Path(m).resolve()) for m in matches if os.path.isfile(m))
     if not files:
-        raise SourceError(f"no {what} files match {list(patterns)!r}")
+        raise SourceError(f"no {what} files match {list(patterns)!r}{_no_match_hint(patterns)}")
     return sorted(files)
+
+
+def _no_match_hint(patterns: Sequence[str]) -> str:
+    """Why a pattern that names something on disk matched no file, if it does."""
+    for pattern in map(str, patterns):
+        path = os.path.expanduser(pattern)
+        if os.path.isdir(path):
+            return f": {pattern!r} is a folder; give the files in it, e.g. '{pattern.rstrip('/')}/**/*'"
+        if "[" in pattern and _glob.glob(path.replace("[", "[[]"), recursive=True):
+            return (
+                f": in {pattern!r}, [...] is a set of characters to glob; write a literal [ as [[]"
+            )
+    return ""
 
 
 @contextlib.contextmanager
@@ -136,11 +150,34 @@ def _reading(path: str) -> Iterator[None]:
         raise SourceError(f"{path}: cannot read it ({error.strerror or error})") from None
 
 
+#: Undecodable bytes (each becomes U+FFFD) and NULs a text file may hold before it is
+#: refused as not UTF-8: a stray byte passes, a Latin-1 or UTF-16 file without its BOM does not.
+MAX_REPLACED = (16, 0.01)  # (count, share of the file's characters): both exceeded
+
+
 def _read_text(path: str) -> str:
-    """A text file's contents as written: undecodable bytes replaced, line ends kept
-    (``\r\n`` stays, as in JSONL and Parquet text)."""
-    with _reading(path), open(path, encoding="utf-8", errors="replace", newline="") as fh:
-        return fh.read()
+    """A text file's contents as written: line ends kept (``\r\n`` stays, as in JSONL
+    and Parquet text), a byte-order mark dropped (UTF-16 with one is decoded as such), a
+    few undecodable bytes replaced; a SourceError for a file that is not UTF-8 at all."""
+    with _reading(path), open(path, "rb") as fh:
+        data = fh.read()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        encoding = "utf-16"  # reads the BOM, and drops it
+    else:
+        encoding = "utf-8-sig"  # drops a UTF-8 BOM, as the JSONL source does
+    text = data.decode(encoding, errors="replace")
+    # Universal newlines off, as open(newline="") reads: only the BOM and bad bytes change.
+    replaced = text.count("\ufffd") - data.decode(encoding, errors="ignore").count("\ufffd")
+    # NULs too: UTF-16 without a BOM decodes as ASCII letters between NULs.
+    bad = replaced + text.count("\x00")
+    count, share = MAX_REPLACED
+    if bad > count and bad > share * len(text):
+        raise SourceError(
+            f"{path} is not UTF-8 text ({bad:,} of its {len(text):,} characters are "
+            "undecodable bytes or NULs): convert it first (iconv -f LATIN1 -t UTF-8, or its real "
+            "encoding), or leave it out of --glob"
+        )
+    return text
 
 
 class PydocSource(Source):

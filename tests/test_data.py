@@ -676,6 +676,35 @@ def test_datamodule_resumes_with_exactly_the_next_batch(pydoc_byte, tmp_path, nu
     assert all(torch.equal(a, b) for a, b in zip(following, reference[3:], strict=True))
 
 
+def test_a_resume_with_num_workers_unset_keeps_the_checkpoints_count(pydoc_byte, monkeypatch):
+    """The default count follows the machine's CPUs, and litdata's position in an epoch
+    does not carry exactly to another count: a resume on another node skipped blocks."""
+
+    def make(num_workers):
+        return TokenDataModule(
+            str(pydoc_byte), block_size=16, batch_size=3, num_workers=num_workers, seed=5
+        )
+
+    reference = [b for _, b in zip(range(6), make(2).train_dataloader(), strict=False)]
+    dm = make(2)
+    iterator = iter(dm.train_dataloader())
+    for _ in range(3):
+        next(iterator)
+    state = dm.state_dict()
+    del iterator
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")  # this node's default: 0 workers
+    resumed = make(None)
+    assert resumed.num_workers == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing changed that the user set
+        resumed.load_state_dict(state)
+    assert resumed.num_workers == 2
+    following = [b for _, b in zip(range(3), resumed.train_dataloader(), strict=False)]
+    assert all(torch.equal(a, b) for a, b in zip(following, reference[3:], strict=True))
+    with pytest.warns(UserWarning, match=r"data\.num_workers 2 -> 0 .*skipped or read twice"):
+        make(0).load_state_dict(state)  # set by the user: used, and said
+
+
 def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
     dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=5)
     next(iter(dm.train_dataloader()))

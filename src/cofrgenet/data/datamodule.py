@@ -8,7 +8,7 @@ Resume: the training loader is a ``StreamingDataLoader`` whose position is part 
 state (``state_dict`` / ``load_state_dict``; Lightning stores it in checkpoints), so a
 resumed run continues with exactly the next batch. The order is fixed by ``seed`` (and
 the epoch); resume with the same ``batch_size`` and ``num_workers`` for an identical
-sequence.
+sequence (``num_workers`` left unset follows the checkpoint's).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
@@ -223,6 +223,7 @@ class TokenDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = resolve_num_workers(num_workers)
+        self._num_workers_given = num_workers is not None
         self.seed = seed
         self.shuffle = shuffle
         self._train_loader: Any = None
@@ -441,6 +442,7 @@ class TokenDataModule(L.LightningDataModule):
                 )
             return
         self.check_resumable(state_dict)
+        self._follow_saved_workers(state_dict.get("loader") or {})
         now_loader = self._loader_settings()
         # litdata's own state has the world size of checkpoints from before it was saved here.
         saved_world = (state_dict["train_loader"].get("dataset") or {}).get("world_size", 1)
@@ -468,7 +470,8 @@ class TokenDataModule(L.LightningDataModule):
             )
             rank_zero_warn(
                 f"{', '.join(moved)} since the checkpoint: training goes on, but not with "
-                f"exactly the batches an uninterrupted run would have read{skipped}"
+                "exactly the batches an uninterrupted run would have read (blocks of the "
+                f"resumed epoch may be skipped or read twice){skipped}"
             )
         saved_val = state_dict.get("val_split")
         if saved_val is not None and saved_val != self._val_split():
@@ -482,6 +485,21 @@ class TokenDataModule(L.LightningDataModule):
             self._train_loader.load_state_dict(loader_state)
         else:
             self._pending_state = loader_state
+
+    def _follow_saved_workers(self, saved_loader: dict[str, Any]) -> None:
+        """A resume with ``data.num_workers`` unset keeps the checkpoint's worker count:
+        the default follows the machine's CPUs, and litdata's position in an epoch does not
+        carry exactly to another count (blocks skipped or read twice)."""
+        saved = saved_loader.get("num_workers")
+        if self._num_workers_given or self._train_loader is not None or saved is None:
+            return
+        if saved != self.num_workers:
+            rank_zero_info(
+                f"data.num_workers: {saved} loader processes, as the checkpoint's run had "
+                f"(this machine's default is {self.num_workers}; set data.num_workers to "
+                "change it, at the cost of an inexact resume of this epoch)"
+            )
+            self.num_workers = int(saved)
 
     def check_resumable(self, state_dict: dict[str, Any]) -> None:
         """Refuse to resume training from ``state_dict`` (a checkpoint's state of this

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import pickle
 import shutil
@@ -632,21 +633,51 @@ def test_new_loader_iterators_leave_the_global_random_state_alone(pydoc_byte, nu
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_a_validation_split_that_leaves_a_process_no_batch_is_one_line(pydoc_byte, monkeypatch):
-    """litdata gives each of W processes whole batches (the last one the rest): a split of
-    fewer than W x val_batch_size blocks left rank 0 none, and Lightning stopped a DDP fit
-    with a traceback that one process never met."""
-    blocks = len(
-        TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2)._dataset("val", False, False)
-    )
+def _as_rank(monkeypatch, dm, rank: int, processes: int) -> None:
+    """``dm`` as process ``rank`` of ``processes`` (litdata reads torch.distributed)."""
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
-    dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, val_batch_size=blocks)
-    dm.trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"))
-    with pytest.raises(
-        ConfigError, match=rf"needs {2 * blocks} blocks .*lower data\.val_batch_size"
-    ):
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: processes)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: rank)
+    fn = SimpleNamespace(fn="fit")
+    dm.trainer = SimpleNamespace(world_size=processes, global_rank=rank, state=fn)
+
+
+@pytest.mark.parametrize("processes", [2, 3, 4])
+def test_every_process_scores_as_many_validation_batches(tmp_path, monkeypatch, processes):
+    """litdata gave each process whole batches and the last one the rest (2, 2, 2 and 5
+    batches for 84 blocks of 8 on 4): a process with an extra batch ran a forward the
+    others did not join, which hangs a model whose forward holds collectives (FSDP
+    wrapped per block)."""
+
+    folder = tmp_path / "small-chunks"
+    prepare_data(PydocSource(), folder, max_docs=12, val_fraction=0.3, num_workers=1,
+                 chunk_bytes=4_000)  # fmt: skip
+    assert read_meta(folder).splits["val"].chunks >= 3  # shares that cross chunks
+
+    def make():
+        return TokenDataModule(str(folder), block_size=64, batch_size=2, val_batch_size=3)
+
+    single = torch.cat(list(make().val_dataloader()))
+    blocks = len(make()._dataset("val", False, False))
+    assert len(single) == blocks  # every block of the split, once
+    share = blocks // processes
+    assert share >= 4, "the test wants a few batches per process"
+    shares = []
+    for rank in range(processes):
+        dm = make()
+        _as_rank(monkeypatch, dm, rank, processes)
+        batches = list(dm.val_dataloader())
+        assert len(batches) == len(dm.val_dataloader()) == math.ceil(share / 3)
+        shares.append(torch.cat(batches))
+    # The processes' shares in rank order: the split's first processes x share blocks.
+    assert torch.equal(torch.cat(shares), single[: processes * share])
+
+
+def test_a_validation_split_of_fewer_blocks_than_processes_is_one_line(pydoc_byte, monkeypatch):
+    dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2)
+    blocks = len(dm._dataset("val", False, False))
+    _as_rank(monkeypatch, dm, 0, blocks + 1)
+    with pytest.raises(ConfigError, match=rf"holds {blocks} block.*fewer than the {blocks + 1}"):
         dm.val_dataloader()
 
 

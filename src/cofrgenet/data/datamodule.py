@@ -35,6 +35,7 @@ from cofrgenet.data.meta import (
     DataMeta,
     check_vocab,
     read_meta,
+    split_blocks,
     tokenizer_changes,
     tokenizer_digest,
 )
@@ -102,6 +103,31 @@ def stop_signals_ignored() -> IgnoreStopSignals:
         _parent_exiting = multiprocessing.Event()
         atexit.register(_parent_exiting.set)
     return IgnoreStopSignals(_parent_exiting)
+
+
+class ValidationShare(torch.utils.data.IterableDataset):
+    """One process's share of the val split: blocks ``rank * m`` to ``(rank + 1) * m - 1``
+    of the split in order, ``m = blocks // processes``.
+
+    Every process gets as many blocks, so as many batches: a process with an extra
+    batch ran a forward the others did not join, which hangs a model whose forward holds
+    collectives (FSDP wrapped per block). litdata's own split gave the last process the
+    rest (2, 2, 2 and 5 batches for 84 blocks of 8 on 4 processes). The last
+    ``blocks % processes`` blocks (fewer than the processes) go unscored; one process
+    scores them all. Iterable, so that Lightning adds no sampler of its own.
+    """
+
+    def __init__(self, dataset: StreamingDataset, blocks: int, rank: int, processes: int):
+        self.dataset = dataset
+        share = blocks // processes
+        self.start, self.stop = rank * share, (rank + 1) * share
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Any:
+        for index in range(self.start, self.stop):
+            yield self.dataset[index]  # a global block index: no rank of litdata's
 
 
 #: The training order: blocks shuffled across the whole of each chunk ("full"), chunks
@@ -281,16 +307,19 @@ class TokenDataModule(L.LightningDataModule):
             item_shuffle_window=ITEM_SHUFFLE_WINDOW,
         )
         pin_shuffle(dataset)
-        if len(dataset) == 0:
-            tokens = self.meta.splits[split].tokens
-            raise ConfigError(
-                f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
-                f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "
-                f"{self.block_size + 1} tokens: lower block_size or prepare more data "
-                "(for val: a larger --val-fraction; a small train split keeps more with "
-                "fewer prepare --num-workers, each of which ends its own chunks)"
-            )
+        if split == "train" and len(dataset) == 0:  # val: checked over all processes
+            raise self._no_block(split)
         return dataset
+
+    def _no_block(self, split: str) -> ConfigError:
+        tokens = self.meta.splits[split].tokens
+        return ConfigError(
+            f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
+            f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "
+            f"{self.block_size + 1} tokens: lower block_size or prepare more data "
+            "(for val: a larger --val-fraction; a small train split keeps more with "
+            "fewer prepare --num-workers, each of which ends its own chunks)"
+        )
 
     def _loader(
         self, split: str, batch_size: int, shuffle: bool, drop_last: bool, num_workers: int
@@ -345,23 +374,31 @@ class TokenDataModule(L.LightningDataModule):
             )
 
     def val_dataloader(self) -> Any:
+        """The val split in order, this process's share of it (:class:`ValidationShare`),
+        in batches of ``val_batch_size`` (the last one partial)."""
+        blocks = split_blocks(self.data_dir / "val", self.block_size + 1)
+        processes, rank = self._world_size(), self._global_rank()
+        if blocks == 0:
+            raise self._no_block("val")
+        if blocks < processes:
+            raise ConfigError(
+                f"the val split of {str(self.data_dir)!r} holds {blocks} block(s) of "
+                f"block_size + 1 = {self.block_size + 1} tokens, fewer than the {processes} "
+                "processes that score it: lower block_size, prepare a larger "
+                "--val-fraction, or validate on fewer devices"
+            )
         # In the main process: litdata's workers take chunks in turn, so with
         # limit_val_batches (every conf/trainer file sets it) the blocks scored, and
         # val/loss, depended on data.num_workers, which differs between machines.
-        loader = self._loader(
-            "val", self.val_batch_size, shuffle=False, drop_last=False, num_workers=0
+        dataset = self._dataset("val", shuffle=False, drop_last=False)
+        return torch.utils.data.DataLoader(
+            ValidationShare(dataset, blocks, rank, processes),
+            batch_size=self.val_batch_size,
+            num_workers=0,
+            collate_fn=collate_tokens,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator(),  # its iterators draw no seed from the model's
         )
-        if len(loader) == 0:  # else litdata's traceback, on this process only
-            processes = self._world_size()
-            raise ConfigError(
-                f"the val split of {str(self.data_dir)!r} gives this process no batch: "
-                f"litdata gives each of the {processes} processes whole batches of "
-                f"data.val_batch_size={self.val_batch_size} blocks (the last one the rest), "
-                f"so it needs {processes * self.val_batch_size} blocks of block_size + 1 = "
-                f"{self.block_size + 1} tokens: lower data.val_batch_size, or prepare a "
-                "larger --val-fraction"
-            )
-        return loader
 
     def test_dataloader(self) -> Any:
         """The held-out ``val`` split (prepared folders have no separate test split)."""
@@ -422,6 +459,11 @@ class TokenDataModule(L.LightningDataModule):
         """The processes training together (1 before a trainer is attached)."""
         trainer = getattr(self, "trainer", None)
         return trainer.world_size if trainer is not None else 1
+
+    def _global_rank(self) -> int:
+        """This process's rank among them (0 before a trainer is attached)."""
+        trainer = getattr(self, "trainer", None)
+        return trainer.global_rank if trainer is not None else 0
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a saved position: applied to the current or the next training loader."""

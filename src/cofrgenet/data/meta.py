@@ -320,6 +320,14 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     return meta
 
 
+def split_blocks(split_dir: Path, block_tokens: int) -> int:
+    """How many items of ``block_tokens`` tokens a prepared split holds, all processes
+    together: litdata's ``TokensLoader`` cuts each chunk into whole blocks, the chunk's
+    tail is left over."""
+    index = json.loads((split_dir / "index.json").read_text())
+    return sum(int(chunk["dim"] or 0) // block_tokens for chunk in index["chunks"])
+
+
 def _damaged_chunk(split_dir: Path) -> str | None:
     """What is wrong with the first chunk of ``split_dir`` that is missing or whose size
     is not the one its ``index.json`` records (uncompressed chunks only), or None."""

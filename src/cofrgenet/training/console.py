@@ -35,7 +35,8 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("💡 Tip: For seamless cloud logging", "an advertisement; runs are tracked in MLflow"),
     ("Trainer already configured with model summary callbacks", "we add RichModelSummary"),
     ("You're operating within a distributed environment and have disabled the `drop_last`",
-     "validation batches only; training uses full batches"),
+     "the val split's dataset only; cofr splits it evenly over the processes itself "
+     "(data/datamodule.py ValidationShare), and training uses full batches"),
     ("LightningCLI's args parameter is intended to run from within Python",
      "cofr passes the command line itself, with an experiment's base: files expanded"),
     ("The `srun` command is available on your system but is not used",

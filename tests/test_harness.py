@@ -392,6 +392,25 @@ def test_lm_evals_command_line_says_a_missing_checkpoint_in_one_line(tmp_path, c
     assert f"python -m cofrgenet.eval.harness: error: no checkpoint file at {tmp_path}" in err
 
 
+def test_lm_evals_command_line_defaults_to_a_device_this_machine_has(monkeypatch):
+    """lm_eval's own default is cuda:0: a traceback on a machine without CUDA, where
+    docs/harness.md promises cpu."""
+    import lm_eval.__main__
+
+    seen = []
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(sys.argv[1:]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    harness.main(["--model", "cofrgenet", "--tasks", "x"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    harness.main(["--model", "cofrgenet", "--tasks", "x"])
+    harness.main(["--model", "cofrgenet", "--device=cuda:1"])
+    assert seen == [
+        ["--model", "cofrgenet", "--tasks", "x", "--device", "cpu"],
+        ["--model", "cofrgenet", "--tasks", "x", "--device", "cuda"],
+        ["--model", "cofrgenet", "--device=cuda:1"],
+    ]
+
+
 @pytest.mark.slow
 def test_lm_evals_command_line_runs_the_model(ckpt, tmp_path):
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}

@@ -175,7 +175,6 @@ class _CofrgenetLMImpl:
         seed: int = 1234,
         **unused: Any,
     ) -> None:
-        import torch
 
         super().__init__()  # type: ignore[call-arg]  # lm_eval's LM: rank, cache hook
         if unused:
@@ -184,7 +183,7 @@ class _CofrgenetLMImpl:
             raise HarnessError("the cofrgenet model needs a checkpoint: --model_args ckpt=PATH")
         from cofrgenet.training.pretrained import load_checkpoint
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device or default_device()
         loaded = load_checkpoint(ckpt, device=device, tokenizer_dir=tokenizer_dir)
         self._setup(
             loaded.model,
@@ -622,6 +621,13 @@ def run_harness(
     return flatten_results(results)
 
 
+def default_device() -> str:
+    """``cuda`` where torch sees a GPU, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def main(argv: list[str] | None = None) -> None:
     """lm_eval's command line with the ``cofrgenet`` model registered:
     ``python -m cofrgenet.eval.harness --model cofrgenet --model_args ckpt=... --tasks ...``.
@@ -630,8 +636,11 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv
-    if argv is not None:  # lm_eval's parser reads sys.argv only
-        sys.argv = [sys.argv[0], *argv]
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(arg == "--device" or arg.startswith("--device=") for arg in args):
+        # lm_eval's default is cuda:0, a traceback on a machine without CUDA.
+        args += ["--device", default_device()]
+    sys.argv = [sys.argv[0], *args]  # lm_eval's parser reads sys.argv only
     try:
         cli_evaluate()
     except UserError as error:  # a missing checkpoint, another tokenizer...: one line

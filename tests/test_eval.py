@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -547,6 +548,26 @@ def test_cofr_eval_refuses_set_options_that_no_set_reads(capsys, tasks, option, 
     argv = ["eval", "nope.ckpt", "--tasks", tasks, "--harness", "x", option, value]
     line = one_line_error(capsys, argv)
     assert line == f"cofr eval: error: {option} applies to {to} only: leave it out"
+
+
+def test_cofr_eval_split_valid_leaves_lambada_out_of_the_default_tasks(capsys):
+    """LAMBADA has a test split only: `cofr eval --split valid` failed on the default
+    list; a list the user gave names the tasks that have the split."""
+    from cofrgenet.eval import cli as eval_cli
+
+    tasks = eval_cli._names(eval_cli.DEFAULT_TASKS)
+    parser = argparse.ArgumentParser()
+    eval_cli.add_arguments(parser)
+    args = parser.parse_args(["x.ckpt", "--split", "valid"])
+    eval_cli._check_options(args, tasks, [])
+    assert tasks == ["wikitext-2-v1", "wikitext-103-v1", "ptb"]
+    assert "--split valid: leaving out lambada (test split only)" in capsys.readouterr().err
+    line = one_line_error(capsys, ["eval", "x.ckpt", "--tasks", "ptb,lambada", "--split", "valid"])
+    assert line == (
+        "cofr eval: error: --split valid: lambada has no such split (test only): give --tasks ptb"
+    )
+    line = one_line_error(capsys, ["eval", "x.ckpt", "--tasks", "lambada", "--split", "valid"])
+    assert line.endswith("give --split test")
 
 
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):

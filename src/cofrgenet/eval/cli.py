@@ -301,6 +301,18 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
         if value is not None and not applies:
             raise UserError(f"{flag} applies to {to} only: leave it out")
     args.split = args.split or "test"
+    without = [name for name in tasks if args.split not in get_task(name).hub_splits]
+    if without and args.tasks == DEFAULT_TASKS:  # the default list: score what has it
+        print(f"cofr eval: --split {args.split}: leaving out {', '.join(without)} (test split "
+              "only)", file=sys.stderr)  # fmt: skip
+        tasks[:] = [name for name in tasks if name not in without]
+    elif without:
+        keep = [name for name in tasks if name not in without]
+        fix = f"--tasks {','.join(keep)}" if keep else "--split test"
+        raise UserError(
+            f"--split {args.split}: {', '.join(without)} has no such split (test only): give {fix}"
+        )
+    kinds = {get_task(name).kind for name in tasks}
     if args.limit is not None and not harness_tasks and "lambada" not in kinds:
         raise UserError(
             "--limit applies to LAMBADA passages and harness docs only; perplexity sets are "

@@ -594,6 +594,14 @@ def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_h
     config.write_text('{"architectures": ["CofrGeNetForCausalLM"]}')
     line = one_line_error(capsys, [*argv, str(config)])
     assert "is not a results file of cofr eval or GLUE" in line
+    # Nor GLUE's results (another model's, maybe): each command replaces its own only.
+    glue = tmp_path / "glue.json"
+    glue.write_text('{"task": "sst2", "metrics": {"accuracy": 0.5}}')
+    line = one_line_error(capsys, [*argv, str(glue)])
+    assert line == (
+        f"cofr eval: error: --json {glue} holds GLUE's results, not cofr eval's: it is not "
+        "replaced; give another file name"
+    )
     results = tmp_path / "earlier.json"  # an earlier results file is replaced
     results.write_text('{"checkpoint": "x.ckpt", "results": {}}')
     from cofrgenet.eval.paths import check_output_file

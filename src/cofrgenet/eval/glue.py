@@ -510,7 +510,8 @@ def run(args: argparse.Namespace) -> int:
         if name is not None:  # each is a folder: runs/<experiment>/<name>
             check_folder_name(option, name)
     ckpt = checkpoint_file(args.ckpt)  # before the data: the hub may take a while
-    out = check_output_file(args.json) if args.json else None  # before the fine-tuning
+    # Before the fine-tuning: results are never computed only to be lost.
+    out = check_output_file(args.json, kind="metrics") if args.json else None
     check_data_dir(
         args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
     )

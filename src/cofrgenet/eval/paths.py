@@ -12,11 +12,17 @@ from typing import Any
 from cofrgenet.atomic import nearest_existing, write_text_atomic
 from cofrgenet.errors import UserError
 
+#: The key that marks each command's results file, and the command's name.
+RESULTS_KINDS = {"results": "cofr eval", "metrics": "GLUE"}
 
-def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Path:
-    """``path`` if a results file can be written there: it is not a folder nor a file other
-    than JSON (a checkpoint given twice), and its nearest existing parent is a writable
-    folder (missing ones are made when writing).
+
+def check_output_file(
+    path: str | os.PathLike[str], flag: str = "--json", kind: str = "results"
+) -> Path:
+    """``path`` if a results file of ``kind`` (a key of :data:`RESULTS_KINDS`) can be
+    written there: it is not a folder, nor a file other than such results (a checkpoint
+    given twice, another command's results), and its nearest existing parent is a
+    writable folder (missing ones are made when writing).
     Checked before the work, so that results are never computed only to be lost."""
     out = Path(path)
     if out.is_dir():
@@ -26,29 +32,34 @@ def check_output_file(path: str | os.PathLike[str], flag: str = "--json") -> Pat
         raise UserError(f"{flag} {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise UserError(f"{flag} {out}: cannot write in {parent} (permission denied)")
-    if out.is_file() and out.stat().st_size and not _is_results_file(out):
-        raise UserError(
-            f"{flag} {out} exists and is not a results file of cofr eval or GLUE: it is not "
-            "replaced; give another file name"
-        )
+    if out.is_file() and out.stat().st_size:
+        found = _results_kind(out)
+        if found is None:
+            raise UserError(
+                f"{flag} {out} exists and is not a results file of cofr eval or GLUE: it is "
+                "not replaced; give another file name"
+            )
+        if found != kind:
+            raise UserError(
+                f"{flag} {out} holds {RESULTS_KINDS[found]}'s results, not "
+                f"{RESULTS_KINDS[kind]}'s: it is not replaced; give another file name"
+            )
     return out
 
 
-#: Keys every results file these commands write has (cofr eval's, GLUE's).
-RESULTS_KEYS = ("results", "metrics")
-
-
-def _is_results_file(path: Path) -> bool:
-    """Whether the file is a JSON results file written before (not any JSON: a model's
-    config.json given by mistake)."""
+def _results_kind(path: Path) -> str | None:
+    """Which command's JSON results file ``path`` is (a key of :data:`RESULTS_KINDS`),
+    or None for anything else (a model's config.json given by mistake)."""
     try:
         with open(path, "rb") as fh:  # not a checkpoint's gigabytes: its first bytes
             if not fh.read(256).lstrip().startswith(b"{") or path.stat().st_size > 2**26:
-                return False
+                return None
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(report, dict) and any(key in report for key in RESULTS_KEYS)
+        return None
+    if not isinstance(report, dict):
+        return None
+    return next((key for key in RESULTS_KINDS if key in report), None)
 
 
 def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:

@@ -689,6 +689,23 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     assert results.read_text() == before_text
 
 
+def test_finetune_inputs_default_to_the_length_the_model_trained_at(tmp_path, capsys):
+    """A run trained on 16-token sequences of a 32-token block: fine-tuning read inputs up
+    to 32 tokens, positions that never trained, where cofr eval scores 16-token windows."""
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"), trained_length=16)
+    glue = _tiny_sst2(tmp_path / "glue")
+    out = tmp_path / "results.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(ckpt), "--data-dir", str(glue),
+         "--batch-size", "8", "--max-steps", "1", "--accelerator", "cpu", "--no-progress",
+         "--no-mlflow", "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    err = capsys.readouterr().err
+    assert f"inputs are cut at 16 tokens, the length {ckpt} trained at" in err
+    assert json.loads(out.read_text())["max_length"] == 16
+
+
 def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeypatch, capsys):
     import mlflow
 

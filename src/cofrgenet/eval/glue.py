@@ -619,12 +619,20 @@ def finetune(
     task = data.task
     loaded = load_checkpoint(ckpt, "cpu", tokenizer_dir)
     tokenizer = loaded.tokenizer  # checked against the model (ids it has embeddings for)
-    max_length = min(config.max_length or loaded.block_size, loaded.block_size)
+    # Default: the length the model trained at, as cofr eval's windows (later positions
+    # never trained, and runs differing only in data.block_size would not compare).
+    max_length = min(config.max_length or loaded.context_length, loaded.block_size)
     early = []
     if config.max_length is not None and config.max_length > loaded.block_size:
         early.append(
             f"--max-length {config.max_length} is more than the model's block size: "
             f"inputs are cut at {loaded.block_size} tokens"
+        )
+    elif config.max_length is None and max_length < loaded.block_size:
+        early.append(
+            f"inputs are cut at {max_length} tokens, the length {ckpt} trained at (its "
+            f"block size: {loaded.block_size}; --max-length {loaded.block_size} for the whole "
+            "block)"
         )
     for warning in early:  # now, not only after the fine-tuning
         if say is not None:

@@ -570,6 +570,13 @@ def test_cofr_eval_split_valid_leaves_lambada_out_of_the_default_tasks(capsys):
     assert line.endswith("give --split test")
 
 
+def test_a_checkpoint_not_written_by_cofr_fit_is_named(tmp_path, capsys):
+    ckpt = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}}, ckpt)
+    line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"])
+    assert line.startswith(f"cofr generate: error: {ckpt}: this checkpoint has no model hyper")
+
+
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
     data = write_eval_data(tmp_path / "sets")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the --json path is refused first

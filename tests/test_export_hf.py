@@ -659,7 +659,7 @@ def test_a_data_folder_prepared_again_with_another_tokenizer_is_refused(
     out = tmp_path / "out"
     assert main(["export", "hf", "--ckpt", str(checkpoint), str(out), "--no-verify"]) == 2
     err = capsys.readouterr().err
-    assert "holds a byte, 257 ids tokenizer" in err and "--tokenizer DIR" in err
+    assert "holds a byte tokenizer of 257 ids" in err and "--tokenizer DIR" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
     # --no-tokenizer exports the model all the same.

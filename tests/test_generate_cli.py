@@ -191,8 +191,8 @@ def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_
     )
     line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"])
     assert line == (
-        f"cofr generate: error: {data} holds a byte, 257 ids tokenizer, but {ckpt} was "
-        "trained with bpe, 300 ids: the folder was prepared again since; pass one with the "
+        f"cofr generate: error: {data} holds a byte tokenizer of 257 ids, and {ckpt} was "
+        "trained with a bpe tokenizer of 300 ids: the folder was prepared again since; pass one with the "
         "model's tokenizer (--tokenizer DIR)"
     )
     sets = tmp_path / "sets"
@@ -224,7 +224,7 @@ def test_a_tokenizer_with_more_ids_than_the_model_is_refused_by_every_reader(
     would index past the embedding (a device-side assert on CUDA)."""
     ckpt = write_checkpoint(tmp_path / "small.ckpt", str(data), vocab_size=200)
     expected = (
-        f"{data} holds a byte, 257 ids tokenizer, more ids than {ckpt}'s model has (200): "
+        f"{data} holds a byte tokenizer of 257 ids, more ids than {ckpt}'s model has (200): "
         "give the data folder the model trained on (--tokenizer DIR)"
     )
     line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"])
@@ -257,7 +257,11 @@ def test_a_bpe_tokenizer_trained_again_with_the_same_size_is_refused(capsys, tmp
     )
     argv = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2", "--tokenizer"]
     line = one_line_error(capsys, [*argv, str(second)])
-    assert f"{second} holds a bpe, 280 ids (another one: its tokenizer.json differs)" in line
+    assert (
+        f"{second} holds a bpe tokenizer of 280 ids, and {ckpt} was trained with another one "
+        in line
+    )
+    assert "(their tokenizer.json files differ)" in line
     assert main([*argv, str(first)]) == 0
 
 

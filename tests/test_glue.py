@@ -670,8 +670,8 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     err = capsys.readouterr().err
     # 1 step of 3 epochs x 3 batches: cut short, as a subset of the task is
     assert (
-        "not logged onto the pretraining run: --max-eval-samples 4 and --max-steps 1 use part "
-        "of the task" in err
+        "not logged onto the pretraining run: the scores are of part of the task "
+        "(--max-eval-samples 4 and --max-steps 1)" in err
     )
     after = client.get_metric_history(pretrain_id, "glue/sst2/accuracy")
     assert [(m.value, m.timestamp) for m in after] == [(m.value, m.timestamp) for m in before]

@@ -26,6 +26,7 @@ pytest.importorskip("lm_eval")
 
 from cofrgenet.data import ByteTokenizer
 from cofrgenet.data.tokenizer import EOS_TEXT
+from cofrgenet.errors import UserError
 from cofrgenet.eval import harness
 from cofrgenet.eval.harness import HarnessError, HarnessNotInstalled, run_harness
 from cofrgenet.models import ModelConfig, build_model
@@ -390,6 +391,12 @@ def test_lm_evals_command_line_says_a_missing_checkpoint_in_one_line(tmp_path, c
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert f"python -m cofrgenet.eval.harness: error: no checkpoint file at {tmp_path}" in err
+
+
+def test_the_models_tokenizer_errors_name_the_model_argument(ckpt, tmp_path):
+    """Under lm_eval the folder is the model argument tokenizer_dir=, not cofr's flag."""
+    with pytest.raises(UserError, match=rf"^tokenizer_dir={tmp_path / 'none'}: no such folder"):
+        harness.CofrgenetLM(ckpt=str(ckpt), device="cpu", tokenizer_dir=str(tmp_path / "none"))
 
 
 def test_lm_evals_command_line_defaults_to_a_device_this_machine_has(monkeypatch):

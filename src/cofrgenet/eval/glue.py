@@ -856,8 +856,8 @@ def _log_onto_pretraining_run(
     ]
     if partial:  # a subset's scores would stand beside full ones under the same names
         return (
-            f"not logged onto the pretraining run: {' and '.join(partial)} use part of the "
-            "task (its own fine-tuning run has them)"
+            f"not logged onto the pretraining run: the scores are of part of the task "
+            f"({' and '.join(partial)}); its own fine-tuning run has them"
         )
     if not loaded.tracking_uri:
         return None

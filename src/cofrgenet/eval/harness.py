@@ -184,7 +184,9 @@ class _CofrgenetLMImpl:
         from cofrgenet.training.pretrained import load_checkpoint
 
         device = device or default_device()
-        loaded = load_checkpoint(ckpt, device=device, tokenizer_dir=tokenizer_dir)
+        loaded = load_checkpoint(
+            ckpt, device=device, tokenizer_dir=tokenizer_dir, tokenizer_option="tokenizer_dir"
+        )
         self._setup(
             loaded.model,
             loaded.tokenizer,

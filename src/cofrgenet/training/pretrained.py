@@ -120,6 +120,9 @@ class LoadedCheckpoint:
     foreign: str | None = None
     #: data_dir came from ``--tokenizer`` (the user's), not from the checkpoint.
     tokenizer_given: bool = False
+    #: How the caller's user names that folder, for the errors: a command's flag, or a
+    #: keyword (``tokenizer_dir``: lm_eval's ``--model_args``).
+    tokenizer_option: str = "--tokenizer"
     #: The tokenizer the model trained with, as the checkpoint's data state names it:
     #: {"tokenizer": kind, "vocab_size": n}; empty for a checkpoint without one.
     trained_with: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -181,46 +184,53 @@ class LoadedCheckpoint:
         vocab = self.config.vocab_size
         if not changed and tokenizer.vocab_size <= vocab:
             return
-        theirs = f"{tokenizer.kind}, {tokenizer.vocab_size} ids"
+        theirs = f"{tokenizer.kind} tokenizer of {tokenizer.vocab_size} ids"
         if not changed:  # a checkpoint that names no tokenizer: its ids would overflow
             raise TokenizerMismatch(
-                f"{folder} holds a {theirs} tokenizer, more ids than {self.path}'s model has "
-                f"({vocab}): give the data folder the model trained on (--tokenizer DIR)"
+                f"{folder} holds a {theirs}, more ids than {self.path}'s model has "
+                f"({vocab}): give the data folder the model trained on ({self._option('DIR')})"
             )
+        ours = (
+            f"a {self.trained_with.get('tokenizer')} tokenizer of "
+            f"{self.trained_with.get('vocab_size')} ids"
+        )
         if set(changed) == {"tokenizer_sha256"}:  # same kind and size, other merges
-            theirs = f"{theirs} (another one: its {TOKENIZER_FILE} differs)"
-        ours = f"{self.trained_with.get('tokenizer')}, {self.trained_with.get('vocab_size')} ids"
+            ours = f"another one (their {TOKENIZER_FILE} files differ)"
         hint = (
-            "give the data folder the model trained on (--tokenizer DIR)"
+            f"give the data folder the model trained on ({self._option('DIR')})"
             if self.tokenizer_given
             else "the folder was prepared again since; pass one with the model's tokenizer "
-            "(--tokenizer DIR)"
+            f"({self._option('DIR')})"
         )
         raise TokenizerMismatch(
-            f"{folder} holds a {theirs} tokenizer, but {self.path} was trained with {ours}: {hint}"
+            f"{folder} holds a {theirs}, and {self.path} was trained with {ours}: {hint}"
         )
+
+    def _option(self, value: str) -> str:
+        """The tokenizer option given ``value``, as the user writes it."""
+        option = self.tokenizer_option
+        return f"{option} {value}" if option.startswith("-") else f"{option}={value}"
 
     def _tokenizer_folder(self) -> Path:
         """The prepared data folder to read the tokenizer from, or a one-line error."""
-        flag = "--tokenizer"
         if self.tokenizer_given:
             assert self.data_dir is not None
             folder = Path(self.data_dir).expanduser()
             if not folder.is_dir():
                 raise TokenizerNotFound(
-                    f"{flag} {self.data_dir}: no such folder; give a prepared data folder "
+                    f"{self._option(str(self.data_dir))}: no such folder; give a prepared data folder "
                     "(one with meta.json, as `cofr data prepare` writes)"
                 )
             if not _prepared(folder):
                 raise TokenizerNotFound(
-                    f"{flag} {self.data_dir} is not a prepared data folder (no meta.json); "
+                    f"{self._option(str(self.data_dir))} is not a prepared data folder (no meta.json); "
                     "give the folder `cofr data prepare` wrote"
                 )
             return folder
         if self.data_dir is None:
             raise TokenizerNotFound(
                 f"{self.path} does not say which data it was trained on: pass the "
-                f"prepared data folder whose tokenizer to use ({flag} DIR)"
+                f"prepared data folder whose tokenizer to use ({self._option('DIR')})"
             )
         tried = data_dir_candidates(self.data_dir, self.path, self.run_dir)
         for folder in tried:
@@ -232,13 +242,13 @@ class LoadedCheckpoint:
             raise TokenizerNotFound(
                 f"the tokenizer of {self.path} lives in its training data folder "
                 f"{self.data_dir}, which is not on this machine: copy that folder's "
-                f"meta.json and tokenizer/ here, or pass {flag} DIR"
+                f"meta.json and tokenizer/ here, or pass {self._option('DIR')}"
             )
         raise TokenizerNotFound(
             f"the tokenizer of {self.path} lives in its training data folder "
             f"{self.data_dir!r} (relative to where it was trained), not found as "
             f"{', '.join(map(str, tried))}: run from the folder it was trained in, or pass "
-            f"{flag} DIR"
+            f"{self._option('DIR')}"
         )
 
 
@@ -354,17 +364,22 @@ def load_checkpoint(
     path: str | Path,
     device: str = "cpu",
     tokenizer_dir: str | None = None,
+    tokenizer_option: str = "--tokenizer",
 ) -> LoadedCheckpoint:
     """Load ``path`` (a ``cofr fit`` checkpoint) for inference on ``device``.
 
     tokenizer_dir: a prepared data folder whose tokenizer to use instead of the one the
-    run trained on (same vocabulary), the commands' ``--tokenizer``.
+    run trained on (same vocabulary), the commands' ``--tokenizer`` (``tokenizer_option``:
+    its name in the errors).
     """
     from cofrgenet.training import checkpoints
 
     path = checkpoint_file(path)
     checkpoint = checkpoints.load(path)
-    model, config = checkpoints.restore_model(checkpoint)
+    try:
+        model, config = checkpoints.restore_model(checkpoint)
+    except checkpoints.CheckpointError as error:  # it cannot name the file it was given
+        raise checkpoints.CheckpointError(f"{path}: {error}") from None
     model.to(device).eval()
     data_dir = tokenizer_dir or checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
     run_dir = run_dir_of(path.resolve())
@@ -380,6 +395,7 @@ def load_checkpoint(
         mlflow_run_id=None if foreign else run_id,
         foreign=foreign,
         tokenizer_given=bool(tokenizer_dir),
+        tokenizer_option=tokenizer_option,
         trained_with=_trained_tokenizer(checkpoint),
         trained_length=_trained_length(checkpoint),
     )

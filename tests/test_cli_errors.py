@@ -163,6 +163,11 @@ def test_an_unreadable_value_and_a_missing_config_file_are_one_line(capsys, tmp_
 def test_did_you_mean():
     assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
     assert did_you_mean("zzz", ["depth"]) == ""
+    # Case alone: "PTB" was no match for "ptb" (difflib compares the letters as typed).
+    assert did_you_mean("PTB", ["ptb", "lambada"]) == " (did you mean 'ptb'?)"
+    assert did_you_mean("--Max-Steps", ["--max-steps"], prefix="--") == (
+        " (did you mean '--max-steps'?)"
+    )
 
 
 def test_ctrl_c_before_a_command_handles_it_is_one_line(capsys, monkeypatch):

@@ -40,8 +40,10 @@ def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "") -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""``. ``prefix``, which
     every candidate shares (``--`` of options), is left out of the comparison."""
     names = [c.removeprefix(prefix) for c in candidates]
-    close = difflib.get_close_matches(word.removeprefix(prefix), names, n=1, cutoff=0.6)
-    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
+    by_lower = {name.lower(): name for name in reversed(names)}  # "PTB" finds "ptb"
+    typed = word.removeprefix(prefix).lower()
+    close = difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {prefix + by_lower[close[0]]!r}?)" if close else ""
 
 
 def unknown_name(kind: str, name: str, names: Sequence[str]) -> str:

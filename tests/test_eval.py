@@ -577,6 +577,16 @@ def test_a_checkpoint_not_written_by_cofr_fit_is_named(tmp_path, capsys):
     assert line.startswith(f"cofr generate: error: {ckpt}: this checkpoint has no model hyper")
 
 
+def test_cofr_eval_names_every_set_it_cannot_read(tmp_path, capsys, no_hub):
+    """Only the first missing set was named: the user fixed them one run at a time."""
+    ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the sets are read first
+    (tmp_path / "sets").mkdir()
+    argv = ["eval", "--ckpt", str(ckpt), "--data-dir", str(tmp_path / "sets"), "--tasks"]
+    line = one_line_error(capsys, [*argv, "ptb,wikitext-2,lambada"])
+    assert line.startswith("cofr eval: error: ptb: no file ")
+    assert line.endswith("(wikitext-2, lambada: cannot be read either)")
+
+
 def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_hub):
     data = write_eval_data(tmp_path / "sets")
     ckpt = unloadable_checkpoint(tmp_path / "x.ckpt")  # the --json path is refused first

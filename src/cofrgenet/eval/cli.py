@@ -320,6 +320,23 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
         )
 
 
+def _read_sets(tasks: list[str], split: str, data_dir: str) -> dict[str, list[str]]:
+    """Each set's rows; one error for those that cannot be read, the first in full and
+    the others named (all are fixed before a second try, not one a run)."""
+    texts, failed = {}, []
+    for name in tasks:
+        try:
+            texts[name] = read_rows(get_task(name), split, data_dir)
+        except UserError as error:
+            failed.append((name, error))
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        others = ", ".join(name for name, _ in failed[1:])
+        raise UserError(f"{failed[0][1]} ({others}: cannot be read either)")
+    return texts
+
+
 def run(args: argparse.Namespace) -> int:
     args.ckpt = checkpoint_given(args)
     tasks, harness_tasks = _names(args.tasks), _names(args.harness)
@@ -338,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     )
     out = check_output_file(args.json) if args.json else None
     # Every set is found before the model is loaded: a missing file fails at once.
-    texts = {name: read_rows(get_task(name), args.split, data_dir) for name in tasks}
+    texts = _read_sets(tasks, args.split, data_dir)
     resolved = None
     if harness_tasks:  # names too: a typo must not wait for the other tasks' scores
         from cofrgenet.eval.harness import resolve_tasks

@@ -174,24 +174,31 @@ TASKS: dict[str, GlueTask] = {
 class TaskData:
     """A task's examples: ``train`` and one list per dev split (by :attr:`DevSplit.name`).
 
-    skipped: rows per file that were left out (too few columns, an unknown label: QQP's
-    train file has a few such rows). source: "tsv:<folder>" or "hub:<name>".
+    skipped: the line numbers of the rows left out, per file (too few columns, an unknown
+    label: QQP's train file has a few such rows). source: "tsv:<folder>" or "hub:<name>".
     """
 
     task: GlueTask
     train: list[Example]
     dev: dict[str, list[Example]]
     source: str
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, list[int]] = field(default_factory=dict)
 
     def warnings(self) -> list[str]:
         """One line per file that had rows left out."""
         labels = sorted(self.task.label_values)
         return [
-            f"{path}: skipped {n} malformed row{'s' * (n != 1)} (too few columns, or a label "
-            f"not in {labels})"
-            for path, n in self.skipped.items()
+            f"{path}: skipped {len(lines)} malformed row{'s' * (len(lines) != 1)} "
+            f"({_line_list(lines)}: too few columns, or a label not in {labels})"
+            for path, lines in self.skipped.items()
         ]
+
+
+def _line_list(numbers: list[int], shown: int = 5) -> str:
+    """``line 3`` / ``lines 3, 8 and 2 more``: where to look, without a list of thousands."""
+    head = ", ".join(map(str, numbers[:shown]))
+    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
+    return f"line{'s' * (len(numbers) != 1)} {head}{more}"
 
 
 # ------------------------------------------------------------------------- TSV files
@@ -211,8 +218,8 @@ def _expect_file(task: GlueTask, path: Path, split: str) -> Path:
     return path
 
 
-def _lines(path: Path) -> list[str]:
-    """The file's lines. Split on "\\n" only: GLUE sentences can hold a stray "\\r" or
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """The file's non-blank lines with their 1-based numbers. Split on "\\n" only: GLUE sentences can hold a stray "\\r" or
     unbalanced quotes, so neither universal newlines nor csv quoting may touch them
     (MRPC's files start with a byte-order mark)."""
     data = path.read_bytes()
@@ -224,11 +231,13 @@ def _lines(path: Path) -> list[str]:
             f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}), as the "
             f"original GLUE files are: save it as UTF-8 ({GLUE_SOURCE})"
         ) from None
-    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    lines = enumerate(text.split("\n"), start=1)
+    return [(number, line.rstrip("\r")) for number, line in lines if line.strip()]
 
 
-def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], int]:
-    """(examples, rows skipped) of one original GLUE train/dev file of ``task``.
+def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], list[int]]:
+    """(examples, line numbers of the rows skipped) of one original GLUE train/dev file
+    of ``task``.
 
     Columns are found by header name (by index for CoLA's header-less files), so MNLI's
     train (label1, gold_label) and dev (label1..label5, gold_label) layouts both read.
@@ -237,7 +246,7 @@ def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], int]:
     if task.header:
         if not lines:
             raise GlueFormatError(f"{path} is empty: expected a header row")
-        header = lines[0].split("\t")
+        header = lines[0][1].split("\t")
         wanted = [*task.columns, task.label_column]
         missing = [c for c in wanted if c not in header]
         if missing:
@@ -256,12 +265,12 @@ def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], int]:
         raise GlueFormatError(f"{path} has no examples{' under its header' * task.header}")
     need = max([*text_idx, label_idx]) + 1
     examples: list[Example] = []
-    skipped = 0
-    for row in rows:
+    skipped: list[int] = []
+    for number, row in rows:
         cells = row.split("\t")
         label = task.label_values.get(cells[label_idx].strip()) if len(cells) >= need else None
         if label is None:
-            skipped += 1  # a short row or an unlabelled one: the hub drops them too
+            skipped.append(number)  # a short row or an unlabelled one: the hub drops them too
             continue
         texts = [cells[i] for i in text_idx]
         examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, label))
@@ -270,9 +279,9 @@ def read_tsv(task: GlueTask, path: Path) -> tuple[list[Example], int]:
             f"{path}: none of its {len(rows)} rows has the columns and labels of GLUE "
             f"{task.folder} (labels {sorted(task.label_values)}): {GLUE_SOURCE}"
         )
-    if skipped > len(examples):  # the originals skip a few in 10**5 (QQP's short rows)
+    if len(skipped) > len(examples):  # the originals skip a few in 10**5 (QQP's short rows)
         raise GlueFormatError(
-            f"{path}: {skipped} of its {len(rows)} rows lack the columns or labels of GLUE "
+            f"{path}: {len(skipped)} of its {len(rows)} rows lack the columns or labels of GLUE "
             f"{task.folder} (labels {sorted(task.label_values)}), so it is not that task's "
             f"file (another task's, or damaged): {GLUE_SOURCE}"
         )
@@ -286,7 +295,7 @@ def read_task_tsv(task: GlueTask, data_dir: str | Path) -> TaskData:
     for split in task.dev_splits():
         files[split.name] = _expect_file(task, folder / split.file, split.name)
     read = {name: read_tsv(task, path) for name, path in files.items()}
-    skipped = {str(files[name]): count for name, (_, count) in read.items() if count}
+    skipped = {str(files[name]): lines for name, (_, lines) in read.items() if lines}
     return TaskData(
         task=task,
         train=read["train"][0],

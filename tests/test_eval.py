@@ -874,3 +874,46 @@ def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys
     metrics = mlflow.get_run(report["mlflow_run_id"]).data.metrics
     assert metrics["eval/cofr_tiny_mc/1shot/acc"] == report["results"]["cofr_tiny_mc/1shot"]["acc"]
     assert metrics["eval/cofr_tiny_mc/acc"] == pytest.approx(results["cofr_tiny_mc"]["acc"])
+
+
+def test_lambada_and_harness_tags_name_a_window_other_than_the_default(tmp_path, capsys):
+    """--window changes LAMBADA's and the harness's scores (contexts cut to it), so their
+    protocol tags name it and cofr compare marks a run scored so beside one scored at the
+    default; at the default the tags read as before, so runs logged earlier still match."""
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"), trained_length=16)
+    data = write_eval_data(tmp_path / "sets")
+    runs_dir = tmp_path / "runs"
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "lambada", "--data-dir", str(data)]
+    assert main(argv) == 0
+    default = client.get_run(run_id).data.tags["eval/lambada/protocol"]
+    assert re.fullmatch(r"step 2, test split, text sha256 [0-9a-f]{12}", default)
+    assert main([*argv, "--window", "16"]) == 0  # the default (trained length) named: alike
+    assert client.get_run(run_id).data.tags["eval/lambada/protocol"] == default
+    assert main([*argv, "--window", "8"]) == 0
+    cut = client.get_run(run_id).data.tags["eval/lambada/protocol"]
+    assert cut == default.replace("split, ", "split, 8-token window, ")
+    include = Path(__file__).parent / "data" / "harness"
+    harness = ["eval", "--ckpt", str(ckpt), "--tasks", "", "--harness", "cofr_tiny_mc"]
+    assert main([*harness, "--include-path", str(include), "--window", "8"]) == 0
+    assert client.get_run(run_id).data.tags["eval/cofr_tiny_mc/protocol"] == (
+        f"step 2, lm-evaluation-harness, max_length 8, tasks of {include}"
+    )
+    # The tour's case: a run scored at the default beside this one, scored at window 8.
+    config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    other = client.create_run(client.get_run(run_id).info.experiment_id, run_name="at-default")
+    client.log_text(other.info.run_id, config_text, "config.yaml")
+    client.log_metric(other.info.run_id, "eval/lambada/ppl", 99.0, step=2)
+    client.set_tag(other.info.run_id, "eval/lambada/protocol", default)
+    client.set_terminated(other.info.run_id, "FINISHED")
+    out = tmp_path / "cmp"
+    capsys.readouterr()
+    assert (
+        main(["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)])
+        == 0
+    )
+    table = (out / "compare.md").read_text()
+    assert "| 99.00 (a) |" in table
+    assert "`eval/lambada/ppl` was scored in different ways" in table
+    assert f"(b) {cut.split(', ', 1)[1]}" in table

@@ -771,6 +771,55 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert "111111111111" not in table
 
 
+def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):
+    """The tour's case: PTB scored on the checkpoint of step 10 while the fit went on to
+    validate at step 140 stood unmarked beside that val loss, as did an SST-2 score of
+    step 50's checkpoint."""
+    runs_dir = checkpoint.parents[3]
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
+    config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    experiment_id = client.create_experiment("steps-apart", str(tmp_path / "artifacts"))
+
+    def run_with(name: str, scores: dict[str, list[tuple[int, float]]]) -> str:
+        """A run logging (step, value)s of each metric, in that order of time."""
+        new = client.create_run(experiment_id, run_name=name).info.run_id
+        client.log_text(new, config_text, "config.yaml")
+        for key, logged in scores.items():
+            for order, (step, value) in enumerate(logged):
+                client.log_metric(new, key, value, timestamp=1000 + order, step=step)
+        return new
+
+    run_with(
+        "live",
+        {
+            "train/loss": [(145, 3.0)],  # still running: at step 146
+            "val/loss": [(70, 4.0), (140, 3.5)],
+            "eval/ptb/word_ppl_eos": [(10, 55.0)],
+            "eval/wikitext-2-v1/word_ppl": [(140, 20.0)],
+            "glue/sst2/accuracy": [(50, 0.91)],
+        },
+    )
+    done = run_with("done", {"val/loss": [(140, 3.4)], "eval/ptb/word_ppl_eos": [(140, 40.0)]})
+    client.set_terminated(done, "FINISHED")
+    # No val loss: its scores are held to its newest one.
+    no_val = run_with("no-val", {"eval/ptb/word_ppl_eos": [(30, 45.0)]})
+    client.log_metric(no_val, "glue/sst2/accuracy", 0.8, step=20)
+    client.set_terminated(no_val, "FINISHED")
+    out = tmp_path / "cmp"
+    argv = ["compare", "--experiment", "steps-apart", "--runs-dir", str(runs_dir), "--out"]
+    assert main([*argv, str(out)]) == 0
+    table = (out / "compare.md").read_text()
+    rows = {line.split(" |")[0].removeprefix("| "): line for line in table.splitlines()}
+    assert "| 55.00 [1] | 20.00 |" in rows["live [running at step 146]"]
+    assert rows["live [running at step 146]"].endswith("| 91.00 [2] |")
+    assert "* [1] live [running at step 146]: scored at step 10, its val loss at step 140" in table
+    assert "* [2] live [running at step 146]: scored at step 50, its val loss at step 140" in table
+    assert "| 40.00 |" in rows["done"] and "[" not in rows["done"]
+    assert "| 45.00 |" in rows["no-val"] and rows["no-val"].endswith("| 80.00 [3] |")
+    assert "* [3] no-val: scored at step 20, its newest score at step 30" in table
+
+
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):
     out = tmp_path / "compare.md"
     out.write_text("mine")

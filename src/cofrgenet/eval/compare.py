@@ -13,7 +13,7 @@ Written to ``--out`` (default ``runs/compare/<time>/``):
 * ``pareto.png``: parameters (or FLOPs per token, ``--x flops``) against ``--metric``,
   one marker per variant, the Pareto front (no other run is both smaller and better)
   drawn through the points it keeps; the paper's rows are added when ``--metric`` is one
-  of their perplexities.
+  of their perplexities and the x axis parameters (the paper gives no FLOPs).
 """
 
 from __future__ import annotations
@@ -489,6 +489,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
         lw=1,
         label="Pareto front",
     )
+    # The paper's rows have parameter counts only: no FLOPs follow from its sizes.
     if paper_task is not None and x_axis == "params":
         ax.scatter(
             [p for _, p, _ in PAPER_ROWS],

@@ -817,6 +817,55 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert "111111111111" not in table
 
 
+def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):
+    """The tour's case: PTB scored on the checkpoint of step 10 while the fit went on to
+    validate at step 140 stood unmarked beside that val loss, as did an SST-2 score of
+    step 50's checkpoint."""
+    runs_dir = checkpoint.parents[3]
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
+    config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    experiment_id = client.create_experiment("steps-apart", str(tmp_path / "artifacts"))
+
+    def run_with(name: str, scores: dict[str, list[tuple[int, float]]]) -> str:
+        """A run logging (step, value)s of each metric, in that order of time."""
+        new = client.create_run(experiment_id, run_name=name).info.run_id
+        client.log_text(new, config_text, "config.yaml")
+        for key, logged in scores.items():
+            for order, (step, value) in enumerate(logged):
+                client.log_metric(new, key, value, timestamp=1000 + order, step=step)
+        return new
+
+    run_with(
+        "live",
+        {
+            "train/loss": [(145, 3.0)],  # still running: at step 146
+            "val/loss": [(70, 4.0), (140, 3.5)],
+            "eval/ptb/word_ppl_eos": [(10, 55.0)],
+            "eval/wikitext-2-v1/word_ppl": [(140, 20.0)],
+            "glue/sst2/accuracy": [(50, 0.91)],
+        },
+    )
+    done = run_with("done", {"val/loss": [(140, 3.4)], "eval/ptb/word_ppl_eos": [(140, 40.0)]})
+    client.set_terminated(done, "FINISHED")
+    # No val loss: its scores are held to its newest one.
+    no_val = run_with("no-val", {"eval/ptb/word_ppl_eos": [(30, 45.0)]})
+    client.log_metric(no_val, "glue/sst2/accuracy", 0.8, step=20)
+    client.set_terminated(no_val, "FINISHED")
+    out = tmp_path / "cmp"
+    argv = ["compare", "--experiment", "steps-apart", "--runs-dir", str(runs_dir), "--out"]
+    assert main([*argv, str(out)]) == 0
+    table = (out / "compare.md").read_text()
+    rows = {line.split(" |")[0].removeprefix("| "): line for line in table.splitlines()}
+    assert "| 55.00 [1] | 20.00 |" in rows["live [running at step 146]"]
+    assert rows["live [running at step 146]"].endswith("| 91.00 [2] |")
+    assert "* [1] live [running at step 146]: scored at step 10, its val loss at step 140" in table
+    assert "* [2] live [running at step 146]: scored at step 50, its val loss at step 140" in table
+    assert "| 40.00 |" in rows["done"] and "[" not in rows["done"]
+    assert "| 45.00 |" in rows["no-val"] and rows["no-val"].endswith("| 80.00 [3] |")
+    assert "* [3] no-val: scored at step 20, its newest score at step 30" in table
+
+
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):
     out = tmp_path / "compare.md"
     out.write_text("mine")
@@ -920,3 +969,46 @@ def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys
     metrics = mlflow.get_run(report["mlflow_run_id"]).data.metrics
     assert metrics["eval/cofr_tiny_mc/1shot/acc"] == report["results"]["cofr_tiny_mc/1shot"]["acc"]
     assert metrics["eval/cofr_tiny_mc/acc"] == pytest.approx(results["cofr_tiny_mc"]["acc"])
+
+
+def test_lambada_and_harness_tags_name_a_window_other_than_the_default(tmp_path, capsys):
+    """--window changes LAMBADA's and the harness's scores (contexts cut to it), so their
+    protocol tags name it and cofr compare marks a run scored so beside one scored at the
+    default; at the default the tags read as before, so runs logged earlier still match."""
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"), trained_length=16)
+    data = write_eval_data(tmp_path / "sets")
+    runs_dir = tmp_path / "runs"
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "lambada", "--data-dir", str(data)]
+    assert main(argv) == 0
+    default = client.get_run(run_id).data.tags["eval/lambada/protocol"]
+    assert re.fullmatch(r"step 2, test split, text sha256 [0-9a-f]{12}", default)
+    assert main([*argv, "--window", "16"]) == 0  # the default (trained length) named: alike
+    assert client.get_run(run_id).data.tags["eval/lambada/protocol"] == default
+    assert main([*argv, "--window", "8"]) == 0
+    cut = client.get_run(run_id).data.tags["eval/lambada/protocol"]
+    assert cut == default.replace("split, ", "split, 8-token window, ")
+    include = Path(__file__).parent / "data" / "harness"
+    harness = ["eval", "--ckpt", str(ckpt), "--tasks", "", "--harness", "cofr_tiny_mc"]
+    assert main([*harness, "--include-path", str(include), "--window", "8"]) == 0
+    assert client.get_run(run_id).data.tags["eval/cofr_tiny_mc/protocol"] == (
+        f"step 2, lm-evaluation-harness, max_length 8, tasks of {include}"
+    )
+    # The tour's case: a run scored at the default beside this one, scored at window 8.
+    config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    other = client.create_run(client.get_run(run_id).info.experiment_id, run_name="at-default")
+    client.log_text(other.info.run_id, config_text, "config.yaml")
+    client.log_metric(other.info.run_id, "eval/lambada/ppl", 99.0, step=2)
+    client.set_tag(other.info.run_id, "eval/lambada/protocol", default)
+    client.set_terminated(other.info.run_id, "FINISHED")
+    out = tmp_path / "cmp"
+    capsys.readouterr()
+    assert (
+        main(["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)])
+        == 0
+    )
+    table = (out / "compare.md").read_text()
+    assert "| 99.00 (a) |" in table
+    assert "`eval/lambada/ppl` was scored in different ways" in table
+    assert f"(b) {cut.split(', ', 1)[1]}" in table

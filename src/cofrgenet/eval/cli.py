@@ -218,18 +218,29 @@ def mlflow_metrics(results: dict[str, dict[str, float]], split: str = "test") ->
     }
 
 
-def protocol(task: str, step: int | None, report: dict[str, Any]) -> str:
-    """How ``task``'s numbers were made, in a few words (an MLflow tag beside them)."""
+def protocol(task: str, step: int | None, report: dict[str, Any], default_window: int) -> str:
+    """How ``task``'s numbers were made, in a few words (an MLflow tag beside them).
+
+    ``default_window``: the window ``cofr eval`` takes without ``--window`` (the length
+    the model trained at). LAMBADA's and the harness's tags name the window only when it
+    is another (contexts cut shorter or kept longer change their scores), so a tag made
+    at the default reads as before the window was named, and old runs still compare."""
+    window = report.get("window", report["block_size"])
+    chosen = window != default_window
     if task not in TASKS:
         made = f"step {step}, lm-evaluation-harness"
+        if chosen:  # the harness's own name for it (docs/harness.md)
+            made += f", max_length {window}"
         if report.get("include_path"):  # its YAMLs may replace lm_eval's task of that name
             made += f", tasks of {report['include_path']}"
         return made
     made = f"step {step}, {report['split']} split"
     if get_task(task).kind == "perplexity":
-        block, window = report["block_size"], report.get("window", report["block_size"])
+        block = report["block_size"]
         of = f"block {block}" if window == block else f"a {window}-token window (block {block})"
         made += f", stride {report['stride']} of {of}"
+    elif chosen:  # LAMBADA: a context longer than the window keeps its last tokens
+        made += f", {window}-token window"
     data = report.get("data", {}).get(task)
     if data:  # another copy of a set (another PTB preprocessing) must not pass for the same
         made += f", text sha256 {data['sha256']}"
@@ -269,7 +280,8 @@ def log_to_mlflow(
     # checkpoint's numbers, which an older checkpoint evaluated later does not replace).
     tags = {}
     for task in results:
-        prefix, made = metric_prefix(task, split), protocol(task, loaded.step, report)
+        made = protocol(task, loaded.step, report, default_window=loaded.context_length)
+        prefix = metric_prefix(task, split)
         tags[f"{prefix}/protocol"] = tags[f"{prefix}/protocol/step-{loaded.step}"] = made
     uri = loaded.tracking_uri
     log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)

@@ -5,14 +5,15 @@ or by sweep file (``--sweep``: the study's trials). For each run the table gives
 model (preset, mixers, ladder depth d and count L), parameters and analytic FLOPs per
 token (computed from the run's logged config, so every run is counted the same way),
 its last ``val/loss``, the median ``perf/tokens_per_sec`` and the ``cofr eval`` metrics
-(``eval/<task>/<metric>``); the paper's published rows (GPT2-xl on OpenWebText,
-spec section 5) follow. Written to ``--out`` (default ``runs/compare/<time>/``):
+(``eval/<task>/<metric>``), marked where they were scored at another step than the val
+loss; the paper's published rows (GPT2-xl on OpenWebText, spec section 5) follow.
+Written to ``--out`` (default ``runs/compare/<time>/``):
 
 * ``compare.md``: that table in markdown;
 * ``pareto.png``: parameters (or FLOPs per token, ``--x flops``) against ``--metric``,
   one marker per variant, the Pareto front (no other run is both smaller and better)
   drawn through the points it keeps; the paper's rows are added when ``--metric`` is one
-  of their perplexities.
+  of their perplexities and the x axis parameters (the paper gives no FLOPs).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class RunRow:
     #: How each eval/ set was scored (its ``<prefix>/protocol`` tag without the step):
     #: the split, stride and block, a digest of the text.
     protocols: dict[str, str] = field(default_factory=dict)
+    #: The step each ``val/loss``, ``eval/`` and ``glue/`` number shown was logged at:
+    #: a score from another step than the val loss's (an older checkpoint's) is marked.
+    steps: dict[str, int] = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,21 +169,23 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
     has_ladders = counts.ladder > 0
     rates = [m.value for m in client.get_metric_history(run.info.run_id, RATE_KEY)]
     metrics = dict(run.data.metrics)
+    steps: dict[str, int] = {}  # metric -> the step of the number shown
     eval_steps: dict[str, int] = {}  # eval prefix -> the step of the numbers shown
     for key in metrics:
-        if key != "val/loss" and not key.startswith("eval/"):
+        if key != "val/loss" and not _is_score(key):
             continue
         history = client.get_metric_history(run.info.run_id, key)
         if key == "val/loss":
             # The value logged last: a final `cofr validate` logs after the fit at an
             # earlier step, which MLflow's "latest" (highest step) would hide.
-            metrics[key] = max(history, key=lambda m: (m.timestamp, m.step)).value
+            shown = max(history, key=lambda m: (m.timestamp, m.step))
         else:
             # The newest checkpoint's (each is logged at its checkpoint's step), evaluated
             # last: an older checkpoint evaluated later does not replace it.
             shown = max(history, key=lambda m: (m.step, m.timestamp))
-            metrics[key] = shown.value
-            eval_steps[key.rsplit("/", 1)[0]] = shown.step
+            if key.startswith("eval/"):
+                eval_steps[key.rsplit("/", 1)[0]] = shown.step
+        metrics[key], steps[key] = shown.value, shown.step
     name = run.info.run_name or run.info.run_id[:8]
     if status != "FINISHED":  # a killed or running run beside finished ones: say so
         step = max((m.step for m in trained), default=-1) + 1
@@ -199,7 +205,13 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
         metrics=metrics,
         tokens_per_s=statistics.median(rates) if rates else None,
         protocols=_protocols(run.data.tags, eval_steps),
+        steps=steps,
     )
+
+
+def _is_score(key: str) -> bool:
+    """A ``cofr eval`` metric, or a GLUE dev score the table shows (not its loss)."""
+    return key.startswith("eval/") or (key.startswith("glue/") and not key.endswith("/loss"))
 
 
 def _protocols(tags: dict[str, str], eval_steps: dict[str, int]) -> dict[str, str]:
@@ -278,9 +290,7 @@ def _percent(value: float | None) -> float | None:
 def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
     score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %."""
-    glue = sorted(
-        {k for r in rows for k in r.metrics if k.startswith("glue/") and not k.endswith("/loss")}
-    )
+    glue = sorted({k for r in rows for k in r.metrics if k.startswith("glue/") and _is_score(k)})
     header = [
         "run",
         "experiment",
@@ -297,6 +307,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
     marks = _protocol_marks(rows)
+    step_marks, step_notes = _step_marks(rows, [*PAPER_METRICS.values(), *glue])
     for row in rows:
         cells = [
             row.name,
@@ -310,10 +321,15 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
             _fmt(row.metrics.get("val/loss"), ".4f"),
             _fmt(row.tokens_per_s, ",.0f"),
             *(
-                _fmt(row.metrics.get(key), ".2f") + marks.get((row.run_id, key), "")
+                _fmt(row.metrics.get(key), ".2f")
+                + marks.get((row.run_id, key), "")
+                + step_marks.get((row.run_id, key), "")
                 for key in PAPER_METRICS.values()
             ),
-            *(_fmt(_percent(row.metrics.get(key)), ".2f") for key in glue),
+            *(
+                _fmt(_percent(row.metrics.get(key)), ".2f") + step_marks.get((row.run_id, key), "")
+                for key in glue
+            ),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if paper:
@@ -333,8 +349,42 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    notes = _protocol_notes(rows)
+    notes = "\n".join(note for note in (_protocol_notes(rows), step_notes) if note)
     return "\n".join(lines) + "\n" + (f"\n{notes}\n" if notes else "")
+
+
+def _reference_step(row: RunRow) -> int | None:
+    """The step a row's scores are held to: its val loss's, else its newest score's."""
+    if "val/loss" in row.steps:
+        return row.steps["val/loss"]
+    scored = [step for key, step in row.steps.items() if _is_score(key)]
+    return max(scored, default=None)
+
+
+def _step_marks(
+    rows: Sequence[RunRow], columns: Sequence[str]
+) -> tuple[dict[tuple[str, str], str], str]:
+    """(run id, metric) -> `` [1]``, `` [2]``...: a cell of ``columns`` scored at another
+    step than its row's val loss (an older checkpoint evaluated), so that it is not read
+    as the same model's; and the notes below the table saying which steps."""
+    marks: dict[tuple[str, str], str] = {}
+    numbers: dict[tuple[str, int], int] = {}  # (run id, step) -> its footnote
+    notes = []
+    for row in rows:
+        reference = _reference_step(row)
+        for key in columns:
+            step = row.steps.get(key)
+            if key not in row.metrics or step is None or step == reference:
+                continue
+            if (row.run_id, step) not in numbers:
+                numbers[(row.run_id, step)] = len(numbers) + 1
+                held_to = "val loss" if "val/loss" in row.steps else "newest score"
+                notes.append(
+                    f"* [{len(numbers)}] {row.name}: scored at step {step}, "
+                    f"its {held_to} at step {reference}"
+                )
+            marks[(row.run_id, key)] = f" [{numbers[(row.run_id, step)]}]"
+    return marks, "\n".join(notes)
 
 
 def _protocols_by_column(rows: Sequence[RunRow]) -> dict[str, list[str]]:
@@ -439,6 +489,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
         lw=1,
         label="Pareto front",
     )
+    # The paper's rows have parameter counts only: no FLOPs follow from its sizes.
     if paper_task is not None and x_axis == "params":
         ax.scatter(
             [p for _, p, _ in PAPER_ROWS],

@@ -398,8 +398,9 @@ def test_skipped_rows_are_said_before_the_fine_tuning(pretrained, tmp_path, monk
     )  # fmt: skip
     assert status == 2
     assert f"warning: {glue / 'SST-2' / 'dev.tsv'}: skipped 2 malformed rows" in said[0]
-    assert f"(lines {lines + 1}, {lines + 3}: too few columns, or a label not in ['0', '1'])" in (
-        said[0]
+    assert (
+        f"(lines {lines + 1}, {lines + 3}: too few columns, or a label not in ['0', '1'])"
+        in (said[0])
     )
 
 

@@ -399,23 +399,18 @@ def test_the_models_tokenizer_errors_name_the_model_argument(ckpt, tmp_path):
         harness.CofrgenetLM(ckpt=str(ckpt), device="cpu", tokenizer_dir=str(tmp_path / "none"))
 
 
-def test_lm_evals_command_line_defaults_to_a_device_this_machine_has(monkeypatch):
-    """lm_eval's own default is cuda:0: a traceback on a machine without CUDA, where
-    docs/harness.md promises cpu."""
-    import lm_eval.__main__
-
-    seen = []
-    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(sys.argv[1:]))
+def test_lm_evals_command_line_device_falls_back_to_one_this_machine_has(ckpt, monkeypatch):
+    """lm_eval's command line passes its own default device, cuda:0, whatever the machine
+    (a traceback without CUDA), and its --device beside device= in --model_args was a
+    "multiple values" traceback: the model arguments win, and CUDA falls back to cpu."""
+    cls = harness.CofrgenetLM
+    lm = cls.create_from_arg_string(
+        f"ckpt={ckpt},device=cpu", {"device": "cuda:0", "batch_size": 5}
+    )
+    assert (str(lm._device), lm.batch_size) == ("cpu", 5)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    harness.main(["--model", "cofrgenet", "--tasks", "x"])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    harness.main(["--model", "cofrgenet", "--tasks", "x"])
-    harness.main(["--model", "cofrgenet", "--device=cuda:1"])
-    assert seen == [
-        ["--model", "cofrgenet", "--tasks", "x", "--device", "cpu"],
-        ["--model", "cofrgenet", "--tasks", "x", "--device", "cuda"],
-        ["--model", "cofrgenet", "--device=cuda:1"],
-    ]
+    lm = cls.create_from_arg_obj({"ckpt": str(ckpt)}, {"device": "cuda:0", "batch_size": None})
+    assert (str(lm._device), lm.batch_size) == ("cpu", 8)
 
 
 @pytest.mark.slow

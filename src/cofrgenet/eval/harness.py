@@ -152,6 +152,18 @@ def _int_or_auto(value: int | str | None, default: int) -> int:
     return size
 
 
+def usable_device(device: str | None) -> str:
+    """``device``, or ``cuda`` where torch sees a GPU and ``cpu`` elsewhere when it is
+    None, or when it names CUDA on a machine without it: lm_eval's command line passes
+    its own default, ``cuda:0``, whatever the machine (said in a warning)."""
+    import torch
+
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        log.warning("cofrgenet model: device %s, but torch sees no CUDA device: cpu", device)
+        return "cpu"
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 class _CofrgenetLMImpl:
     """lm_eval model over a ``cofr fit`` checkpoint (``--model cofrgenet``).
 
@@ -162,6 +174,24 @@ class _CofrgenetLMImpl:
     """
 
     backend = "causal"
+
+    @classmethod
+    def create_from_arg_string(
+        cls, arg_string: str, additional_config: dict[str, Any] | None = None
+    ) -> Any:
+        """lm_eval's, with ``--model_args`` winning over its command line's own
+        ``--device``/``--batch_size`` (their defaults included): lm_eval passes both, and
+        ``device=`` in the model arguments was a "multiple values" traceback."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> Any:
+        given = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**given, **arg_dict})
 
     def __init__(
         self,
@@ -183,7 +213,7 @@ class _CofrgenetLMImpl:
             raise HarnessError("the cofrgenet model needs a checkpoint: --model_args ckpt=PATH")
         from cofrgenet.training.pretrained import load_checkpoint
 
-        device = device or default_device()
+        device = usable_device(device)
         loaded = load_checkpoint(
             ckpt, device=device, tokenizer_dir=tokenizer_dir, tokenizer_option="tokenizer_dir"
         )
@@ -623,13 +653,6 @@ def run_harness(
     return flatten_results(results)
 
 
-def default_device() -> str:
-    """``cuda`` where torch sees a GPU, else ``cpu``."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def main(argv: list[str] | None = None) -> None:
     """lm_eval's command line with the ``cofrgenet`` model registered:
     ``python -m cofrgenet.eval.harness --model cofrgenet --model_args ckpt=... --tasks ...``.
@@ -638,11 +661,8 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not any(arg == "--device" or arg.startswith("--device=") for arg in args):
-        # lm_eval's default is cuda:0, a traceback on a machine without CUDA.
-        args += ["--device", default_device()]
-    sys.argv = [sys.argv[0], *args]  # lm_eval's parser reads sys.argv only
+    if argv is not None:  # lm_eval's parser reads sys.argv only
+        sys.argv = [sys.argv[0], *argv]
     try:
         cli_evaluate()
     except UserError as error:  # a missing checkpoint, another tokenizer...: one line

@@ -420,10 +420,19 @@ def test_text_files_drop_a_bom_read_utf16_and_refuse_other_encodings(tmp_path):
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
     (tmp_path / "utf16.txt").write_bytes("Grüße aus Köln".encode("utf-16"))
     assert TextFilesSource(str(tmp_path / "*.txt")).read([0, 1]) == ["hello", "Grüße aus Köln"]
+    (tmp_path / "utf32.txt").write_bytes("hello".encode("utf-32"))  # its BOM starts UTF-16's
+    assert TextFilesSource(str(tmp_path / "utf32.txt")).read([0]) == ["hello"]
+    # A stray byte passes (one, and one more per 10,000 characters), as in JSONL.
+    (tmp_path / "stray.txt").write_bytes(b"a stray \xff byte")
+    assert TextFilesSource(str(tmp_path / "stray.txt")).read([0]) == ["a stray \ufffd byte"]
+    bad = {
+        "latin1-short.txt": "Le café est très bon.".encode("latin-1"),
+        "latin1-long.txt": ("plain English text " * 1000 + "café " * 40).encode("latin-1"),
+        "utf16-no-bom.txt": "hello world ok".encode("utf-16-le"),
+    }
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "latin1.txt").write_bytes(("Grüße aus Köln. " * 20).encode("latin-1"))
-    (tmp_path / "bad" / "utf16-no-bom.txt").write_bytes(("plain words " * 20).encode("utf-16-le"))
-    for name in ("latin1.txt", "utf16-no-bom.txt"):
+    for name, data in bad.items():
+        (tmp_path / "bad" / name).write_bytes(data)
         with pytest.raises(SourceError, match=f"{name} is not UTF-8 text.*convert it"):
             TextFilesSource(str(tmp_path / "bad" / name)).read([0])
 
@@ -431,8 +440,12 @@ def test_text_files_drop_a_bom_read_utf16_and_refuse_other_encodings(tmp_path):
 def test_no_match_errors_say_why_a_folder_or_brackets_matched_nothing(tmp_path):
     (tmp_path / "run[1]").mkdir()
     (tmp_path / "run[1]" / "a.txt").write_text("words")
-    with pytest.raises(SourceError, match=r"is a folder; give the files in it"):
+    with pytest.raises(
+        SourceError, match=r"is a folder; give the files in it, e.g. '.*/\*\*/\*\.txt'"
+    ):
         TextFilesSource(str(tmp_path / "run[1]"))
+    with pytest.raises(SourceError, match=r"is a folder; .*/\*\*/\*\.jsonl'"):
+        JsonlSource(str(tmp_path))
     with pytest.raises(SourceError, match=r"write a literal \[ as \[\[\]"):
         TextFilesSource(str(tmp_path / "run[1]" / "*.txt"))
     assert TextFilesSource(str(tmp_path / "run[[]1]" / "*.txt")).read([0]) == ["words"]

@@ -123,16 +123,23 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
         matches = _glob.glob(pattern, recursive=True) if _glob.has_magic(pattern) else [pattern]
         files.update(str(Path(m).resolve()) for m in matches if os.path.isfile(m))
     if not files:
-        raise SourceError(f"no {what} files match {list(patterns)!r}{_no_match_hint(patterns)}")
+        raise SourceError(
+            f"no {what} files match {list(patterns)!r}{_no_match_hint(patterns, what)}"
+        )
     return sorted(files)
 
 
-def _no_match_hint(patterns: Sequence[str]) -> str:
+#: The files of a folder to suggest, by source (``_expand``'s ``what``).
+_SUFFIXES = {"text": "txt", "JSONL": "jsonl", "Parquet": "parquet"}
+
+
+def _no_match_hint(patterns: Sequence[str], what: str) -> str:
     """Why a pattern that names something on disk matched no file, if it does."""
     for pattern in map(str, patterns):
         path = os.path.expanduser(pattern)
         if os.path.isdir(path):
-            return f": {pattern!r} is a folder; give the files in it, e.g. '{pattern.rstrip('/')}/**/*'"
+            files = f"{pattern.rstrip('/')}/**/*.{_SUFFIXES.get(what, '*')}"
+            return f": {pattern!r} is a folder; give the files in it, e.g. '{files}'"
         if "[" in pattern and _glob.glob(path.replace("[", "[[]"), recursive=True):
             return (
                 f": in {pattern!r}, [...] is a set of characters to glob; write a literal [ as [[]"
@@ -151,31 +158,39 @@ def _reading(path: str) -> Iterator[None]:
 
 
 #: Undecodable bytes (each becomes U+FFFD) and NULs a text file may hold before it is
-#: refused as not UTF-8: a stray byte passes, a Latin-1 or UTF-16 file without its BOM does not.
-MAX_REPLACED = (16, 0.01)  # (count, share of the file's characters): both exceeded
+#: refused as not UTF-8: one, and one more per this many characters. A stray byte of a
+#: crawl passes; a Latin-1 file (every accented letter) or UTF-16 without its BOM (a NUL
+#: beside every ASCII letter) does not.
+STRAY_EVERY = 10_000
+
+#: Byte-order marks and the codec that reads (and drops) each; UTF-32's before UTF-16's,
+#: whose little-endian mark begins UTF-32's.
+_BOMS = (
+    ((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE), "utf-32"),
+    ((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE), "utf-16"),
+)
 
 
 def _read_text(path: str) -> str:
     """A text file's contents as written: line ends kept (``\r\n`` stays, as in JSONL
-    and Parquet text), a byte-order mark dropped (UTF-16 with one is decoded as such), a
-    few undecodable bytes replaced; a SourceError for a file that is not UTF-8 at all."""
+    and Parquet text), a byte-order mark dropped (UTF-16 and UTF-32 with one decoded as
+    such), a few stray undecodable bytes replaced; a SourceError for a file that is not
+    UTF-8 (see :data:`STRAY_EVERY`)."""
     with _reading(path), open(path, "rb") as fh:
         data = fh.read()
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        encoding = "utf-16"  # reads the BOM, and drops it
-    else:
-        encoding = "utf-8-sig"  # drops a UTF-8 BOM, as the JSONL source does
-    text = data.decode(encoding, errors="replace")
-    # Universal newlines off, as open(newline="") reads: only the BOM and bad bytes change.
-    replaced = text.count("\ufffd") - data.decode(encoding, errors="ignore").count("\ufffd")
-    # NULs too: UTF-16 without a BOM decodes as ASCII letters between NULs.
-    bad = replaced + text.count("\x00")
-    count, share = MAX_REPLACED
-    if bad > count and bad > share * len(text):
+    # utf-8-sig drops a UTF-8 BOM, as the JSONL source does.
+    encoding = next((codec for marks, codec in _BOMS if data.startswith(marks)), "utf-8-sig")
+    try:
+        text, bad = data.decode(encoding), 0
+    except UnicodeDecodeError:
+        text = data.decode(encoding, errors="replace")
+        bad = text.count("\ufffd") - data.decode(encoding, errors="ignore").count("\ufffd")
+    bad += text.count("\x00")
+    if bad > 1 + len(text) // STRAY_EVERY:
         raise SourceError(
             f"{path} is not UTF-8 text ({bad:,} of its {len(text):,} characters are "
-            "undecodable bytes or NULs): convert it first (iconv -f LATIN1 -t UTF-8, or its real "
-            "encoding), or leave it out of --glob"
+            "undecodable bytes or NULs): convert it to UTF-8 first (iconv -f <its encoding> "
+            "-t UTF-8: LATIN1, UTF-16LE...), or leave it out of --glob"
         )
     return text
 

@@ -729,24 +729,28 @@ def test_a_resume_with_num_workers_unset_keeps_the_checkpoints_count(pydoc_byte,
             str(pydoc_byte), block_size=16, batch_size=3, num_workers=num_workers, seed=5
         )
 
-    reference = [b for _, b in zip(range(6), make(2).train_dataloader(), strict=False)]
-    dm = make(2)
+    reference = [b for _, b in zip(range(6), make(1).train_dataloader(), strict=False)]
+    dm = make(1)
     iterator = iter(dm.train_dataloader())
     for _ in range(3):
         next(iterator)
     state = dm.state_dict()
     del iterator
-    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")  # this node's default: 0 workers
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")  # this node's default: 2 workers
     resumed = make(None)
-    assert resumed.num_workers == 0
+    assert resumed.num_workers == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing changed that the user set
         resumed.load_state_dict(state)
-    assert resumed.num_workers == 2
+    assert resumed.num_workers == 1
     following = [b for _, b in zip(range(3), resumed.train_dataloader(), strict=False)]
     assert all(torch.equal(a, b) for a, b in zip(following, reference[3:], strict=True))
-    with pytest.warns(UserWarning, match=r"data\.num_workers 2 -> 0 .*skipped or read twice"):
+    with pytest.warns(UserWarning, match=r"data\.num_workers 1 -> 0 .*skipped or read twice"):
         make(0).load_state_dict(state)  # set by the user: used, and said
+    # More workers than this node has CPUs for (a larger node's default): not followed.
+    larger = {**state, "loader": {**state["loader"], "num_workers": 5}}
+    with pytest.warns(UserWarning, match=r"data\.num_workers 5 -> 2 "):
+        make(None).load_state_dict(larger)
 
 
 def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):

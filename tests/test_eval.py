@@ -568,6 +568,8 @@ def test_cofr_eval_split_valid_leaves_lambada_out_of_the_default_tasks(capsys):
     )
     line = one_line_error(capsys, ["eval", "x.ckpt", "--tasks", "lambada", "--split", "valid"])
     assert line.endswith("give --split test")
+    line = one_line_error(capsys, ["eval", "x.ckpt", "--split", "valid", "--limit", "5"])
+    assert line.endswith("and --split valid left LAMBADA out: leave --limit out")
 
 
 def test_a_checkpoint_not_written_by_cofr_fit_is_named(tmp_path, capsys):
@@ -613,12 +615,17 @@ def test_cofr_eval_checks_the_json_path_before_evaluating(tmp_path, capsys, no_h
     assert "is not a results file of cofr eval or GLUE" in line
     # Nor GLUE's results (another model's, maybe): each command replaces its own only.
     glue = tmp_path / "glue.json"
-    glue.write_text('{"task": "sst2", "metrics": {"accuracy": 0.5}}')
+    glue.write_text('{"task": "sst2", "ckpt": "x.ckpt", "metrics": {"accuracy": 0.5}}')
     line = one_line_error(capsys, [*argv, str(glue)])
     assert line == (
         f"cofr eval: error: --json {glue} holds GLUE's results, not cofr eval's: it is not "
         "replaced; give another file name"
     )
+    # Nor lm_eval's own output, which has a "results" key too.
+    harness_output = tmp_path / "lm_eval.json"
+    harness_output.write_text('{"results": {"arc_easy": {}}, "config": {}}')
+    line = one_line_error(capsys, [*argv, str(harness_output)])
+    assert "is not a results file of cofr eval or GLUE" in line
     results = tmp_path / "earlier.json"  # an earlier results file is replaced
     results.write_text('{"checkpoint": "x.ckpt", "results": {}}')
     from cofrgenet.eval.paths import check_output_file

@@ -29,7 +29,7 @@ from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
 
 from cofrgenet.config_variables import expand_variables
-from cofrgenet.data.cpus import default_loader_workers
+from cofrgenet.data.cpus import available_cpus, default_loader_workers
 from cofrgenet.data.meta import (
     READERS_LOCK,
     DataMeta,
@@ -113,8 +113,8 @@ class ValidationShare(torch.utils.data.IterableDataset):
     batch ran a forward the others did not join, which hangs a model whose forward holds
     collectives (FSDP wrapped per block). litdata's own split gave the last process the
     rest (2, 2, 2 and 5 batches for 84 blocks of 8 on 4 processes). The last
-    ``blocks % processes`` blocks (fewer than the processes) go unscored; one process
-    scores them all. Iterable, so that Lightning adds no sampler of its own.
+    ``blocks % processes`` blocks (fewer than the processes) go unscored (a single
+    process scores every block). Iterable, so that Lightning adds no sampler of its own.
     """
 
     def __init__(self, dataset: StreamingDataset, blocks: int, rank: int, processes: int):
@@ -531,9 +531,12 @@ class TokenDataModule(L.LightningDataModule):
     def _follow_saved_workers(self, saved_loader: dict[str, Any]) -> None:
         """A resume with ``data.num_workers`` unset keeps the checkpoint's worker count:
         the default follows the machine's CPUs, and litdata's position in an epoch does not
-        carry exactly to another count (blocks skipped or read twice)."""
+        carry exactly to another count (blocks skipped or read twice). Not more workers
+        than this machine has CPUs for: then the default, with the warning."""
         saved = saved_loader.get("num_workers")
         if self._num_workers_given or self._train_loader is not None or saved is None:
+            return
+        if saved > max(0, available_cpus() - 1):  # a larger node's: the default, and said
             return
         if saved != self.num_workers:
             rank_zero_info(

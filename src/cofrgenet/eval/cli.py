@@ -326,6 +326,11 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
         )
     kinds = {get_task(name).kind for name in tasks}
     if args.limit is not None and not harness_tasks and "lambada" not in kinds:
+        if without:
+            raise UserError(
+                f"--limit applies to LAMBADA passages and harness docs only, and --split "
+                f"{args.split} left LAMBADA out: leave --limit out"
+            )
         raise UserError(
             "--limit applies to LAMBADA passages and harness docs only; perplexity sets are "
             "scored whole (leave it out)"

@@ -12,8 +12,10 @@ from typing import Any
 from cofrgenet.atomic import nearest_existing, write_text_atomic
 from cofrgenet.errors import UserError
 
-#: The key that marks each command's results file, and the command's name.
+#: The keys that mark each command's results file (lm_eval's own output has "results"
+#: too), and the command's name.
 RESULTS_KINDS = {"results": "cofr eval", "metrics": "GLUE"}
+_KIND_KEYS = {"results": {"checkpoint", "results"}, "metrics": {"task", "ckpt", "metrics"}}
 
 
 def check_output_file(
@@ -59,7 +61,7 @@ def _results_kind(path: Path) -> str | None:
         return None
     if not isinstance(report, dict):
         return None
-    return next((key for key in RESULTS_KINDS if key in report), None)
+    return next((kind for kind, keys in _KIND_KEYS.items() if keys <= report.keys()), None)
 
 
 def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:

@@ -31,7 +31,8 @@ from cofrgenet.training.tracking import CofrMLFlowLogger
 #: (start of the message, why it is harmless here). Warnings and log records alike.
 HARMLESS: tuple[tuple[str, str], ...] = (
     ("`isinstance(treespec, LeafSpec)` is deprecated", "Lightning's own use of torch's pytree"),
-    ("Your `IterableDataset` has `__len__` defined", "litdata shards the stream per worker"),
+    ("Your `IterableDataset` has `__len__` defined", "litdata shards the training stream "
+     "per worker; the val share (ValidationShare) is read in the main process"),
     ("💡 Tip: For seamless cloud logging", "an advertisement; runs are tracked in MLflow"),
     ("Trainer already configured with model summary callbacks", "we add RichModelSummary"),
     ("You're operating within a distributed environment and have disabled the `drop_last`",

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -47,6 +48,7 @@ from cofrgenet.data import (
     train_bpe,
 )
 from cofrgenet.data.cpus import default_loader_workers
+from cofrgenet.data.datamodule import stop_signals_ignored
 from cofrgenet.data.meta import PREPARE_LOCK, READERS_LOCK, DataMeta, prepare_command
 from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
@@ -1538,3 +1540,36 @@ def test_a_corpus_of_one_text_file_says_how_to_make_more_documents(tmp_path):
     with pytest.raises(PrepareError, match=r"got 1: --source text reads one document per file"):
         prepare_data(TextFilesSource(str(tmp_path / "book.txt")), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _worker_until_stopped(init) -> None:
+    init(0)  # a loader worker's worker_init_fn: ignores the stop signals
+    time.sleep(120)
+
+
+def _rank_with_a_loader_worker(ready) -> None:
+    """A spawned process (a ddp_spawn rank) with a daemonic worker, as a DataLoader's."""
+    worker = multiprocessing.get_context("fork").Process(
+        target=_worker_until_stopped, args=(stop_signals_ignored(),), daemon=True
+    )
+    worker.start()
+    ready.put(worker.pid)
+    # Returns: multiprocessing ends the worker (SIGTERM) and joins it, without atexit.
+
+
+def test_a_spawned_rank_with_loader_workers_exits(tmp_path):
+    """The workers obey SIGTERM once their parent exits; the event saying so was set by
+    atexit, which a ddp_spawn rank (a multiprocessing child) never runs: after Ctrl-C the
+    rank joined its workers for ever."""
+    spawn = multiprocessing.get_context("spawn")
+    ready = spawn.Queue()
+    rank = spawn.Process(target=_rank_with_a_loader_worker, args=(ready,))
+    rank.start()
+    worker = ready.get(timeout=60)
+    rank.join(timeout=30)
+    try:
+        assert rank.exitcode == 0, "the rank hung joining its worker"
+    finally:
+        for pid in (rank.pid, worker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -13,9 +13,9 @@ sequence (``num_workers`` left unset follows the checkpoint's).
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 from pathlib import Path
@@ -97,11 +97,14 @@ _parent_exiting: Any = None
 
 def stop_signals_ignored() -> IgnoreStopSignals:
     """The workers' ``worker_init_fn``, with the event this process sets at its exit
-    (made once: its exit hook runs before multiprocessing's, which ends the workers)."""
+    (made once). Set by a multiprocessing finalizer, which runs before multiprocessing
+    ends the workers both where this process exits through ``atexit`` (a script) and
+    where it is itself a multiprocessing child (a ``ddp_spawn`` rank), which skips
+    ``atexit``: there the workers ignored the SIGTERM and the rank's join of them hung."""
     global _parent_exiting
     if _parent_exiting is None:
         _parent_exiting = multiprocessing.Event()
-        atexit.register(_parent_exiting.set)
+        multiprocessing.util.Finalize(None, _parent_exiting.set, exitpriority=100)
     return IgnoreStopSignals(_parent_exiting)
 
 

@@ -601,6 +601,32 @@ def test_checkpoints_load_whether_or_not_compiled(tmp_path):
     assert set(compiled.state_dict()) == set(module.state_dict())
 
 
+def test_a_compiled_model_may_recompile_for_each_ladder_state(monkeypatch):
+    """Dynamo's default limit (8 graphs) was passed within 20 steps of ddp.yaml with
+    dyadic unfreezing (a graph per requires_grad state, grad mode, health recording):
+    the later releases then ran uncompiled."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    LanguageModel("gpt2-tiny-f", compile=True).configure_model()
+    assert torch._dynamo.config.recompile_limit >= 2 * 2 * 6 + 4  # d = 5: 6 states
+
+
+def test_model_compile_under_fsdp_is_refused_before_it_compiles(monkeypatch):
+    """Compiled before FSDP shards it, the model failed at its first backward
+    ("a gradient of size [n] to a tensor of size [2n]"), minutes of compiling in."""
+    from cofrgenet.training.strategies import LadderFSDPStrategy
+
+    module = LanguageModel("gpt2-tiny-f", compile=False)
+    trainer = SimpleNamespace(strategy=LadderFSDPStrategy(), datamodule=None)
+    monkeypatch.setattr(module, "_attached_trainer", lambda: trainer)
+    module.setup("fit")  # not compiled: nothing to refuse
+    module = LanguageModel("gpt2-tiny-f", compile=True)
+    monkeypatch.setattr(module, "_attached_trainer", lambda: trainer)
+    with pytest.raises(ConfigError, match=r"model\.compile does not work under FSDP"):
+        module.setup("fit")
+
+
 @pytest.mark.parametrize(
     "preset", ["lstm-tiny", "gru-tiny", "rnn-tiny", "llama3-tiny-fa", "gpt2-tiny-a"]
 )

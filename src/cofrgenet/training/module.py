@@ -11,6 +11,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -56,6 +57,22 @@ def batch_seed(seed: int, rank: int, epoch: int, batch_idx: int) -> int:
     one seed, draw masks of their own."""
     entropy = np.random.SeedSequence([seed, rank, epoch, batch_idx])
     return int(entropy.generate_state(1, np.uint64)[0])
+
+
+#: Graphs a compiled model may need: one per state of its ladders' requires_grad (each
+#: dyadic release changes it: d + 1 states), training and validation (grad mode), ladder
+#: health recorded or not, and a partial last validation batch. Dynamo's default (8) was
+#: passed within 20 steps of conf/trainer/ddp.yaml with dyadic unfreezing; past it the
+#: later releases ran uncompiled.
+RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles() -> None:
+    """Raise dynamo's per-function recompile limit to :data:`RECOMPILE_LIMIT`."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
 
 class LanguageModel(ClipsGradients, L.LightningModule):
@@ -127,9 +144,18 @@ class LanguageModel(ClipsGradients, L.LightningModule):
     # ---------------------------------------------------------------- set-up and checks
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self._attached_trainer(), "datamodule", None)
+        trainer = self._attached_trainer()
+        datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:
             self.check_data(datamodule, evaluating=stage != "fit")
+        if self.compile_model and isinstance(getattr(trainer, "strategy", None), FSDPStrategy):
+            # configure_model compiles before FSDP flattens the parameters: the compiled
+            # graph then assigns whole gradients to shards ("a gradient of size [n] to a
+            # tensor of size [2n]") at the first backward, after minutes of compiling.
+            raise ConfigError(
+                "model.compile does not work under FSDP here (the model is compiled before "
+                "FSDP shards it): set model.compile: false, as conf/trainer/fsdp.yaml does"
+            )
 
     def _attached_trainer(self) -> L.Trainer | None:
         """The Trainer, or None when the module is not attached to one (the public
@@ -171,6 +197,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         # (FSDP flattens parameters), and weight decay is decided by them.
         self._built_ndims = {name: p.dim() for name, p in self.model.named_parameters()}
         if self.compile_model and not self._model_compiled:
+            allow_recompiles()
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
             self._model_compiled = True
 

@@ -32,6 +32,12 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         logger.info("💡 Tip: For seamless cloud logging and experiment tracking, try ...")
         logger.info("GPU available: False, used: False")
     assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]
+    caplog.clear()
+    seed = logging.getLogger("lightning.fabric.utilities.seed")  # on every rank, prefixed
+    with caplog.at_level(logging.INFO, logger="lightning.fabric.utilities.seed"):
+        seed.info("[rank: 1] Seed set to 1337")
+        seed.info("[rank: 1] something else")
+    assert [r.getMessage() for r in caplog.records] == ["[rank: 1] something else"]
     assert all(reason for _, reason in HARMLESS)  # every silenced message says why
     caplog.clear()
     litdata = logging.getLogger("litdata.streaming.dataset")  # its own logger, filtered too

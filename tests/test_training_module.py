@@ -612,6 +612,18 @@ def test_a_compiled_model_may_recompile_for_each_ladder_state(monkeypatch):
     assert torch._dynamo.config.recompile_limit >= 2 * 2 * 6 + 4  # d = 5: 6 states
 
 
+def test_each_process_silences_the_known_noise_at_setup(monkeypatch):
+    """A ddp_spawn rank does not inherit the CLI's warning filters: every known-harmless
+    warning printed again, once per rank."""
+    module = LanguageModel("gpt2-tiny-f")
+    monkeypatch.setattr(module, "_attached_trainer", lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # a fresh process's filters
+        module.setup("fit")
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", stacklevel=1)
+    assert not caught
+
+
 def test_model_compile_under_fsdp_is_refused_before_it_compiles(monkeypatch):
     """Compiled before FSDP shards it, the model failed at its first backward
     ("a gradient of size [n] to a tensor of size [2n]"), minutes of compiling in."""

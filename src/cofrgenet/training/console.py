@@ -69,9 +69,13 @@ FILTERED_LOGGERS = (
 )
 
 
+#: Lightning's prefix of a message logged on every rank ("[rank: 1] Seed set to 7").
+_RANK_PREFIX = re.compile(r"^\[rank: \d+\] ")
+
+
 class _DropHarmless(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        message = _RANK_PREFIX.sub("", record.getMessage())
         return not any(message.startswith(start) for start, _ in HARMLESS)
 
 

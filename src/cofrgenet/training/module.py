@@ -23,6 +23,7 @@ from cofrgenet.models.config import resolve_model_config
 from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.checkpoints import check_denominators, uncompiled
+from cofrgenet.training.console import quiet_known_noise
 from cofrgenet.training.model_options import ModelOverrides, overrides_dict
 from cofrgenet.training.optim import (
     ClipsGradients,
@@ -144,6 +145,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
     # ---------------------------------------------------------------- set-up and checks
 
     def setup(self, stage: str) -> None:
+        # Again in each process: a ddp_spawn rank does not inherit the CLI's filters.
+        quiet_known_noise()
         trainer = self._attached_trainer()
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:

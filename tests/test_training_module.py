@@ -26,6 +26,7 @@ from cofrgenet.training.callbacks import (
     LadderHealthMonitor,
     NonFiniteLossError,
     NonFiniteLossGuard,
+    StopOnSignal,
     ladder_layers,
     release_step,
 )
@@ -887,3 +888,15 @@ def test_a_checkpoint_keeps_the_dropout_seed_of_its_run():
     resumed = LanguageModel("gpt2-tiny")
     resumed.on_load_checkpoint(saved)
     assert resumed.dropout_seed == 11
+
+
+def test_the_ddp_spawn_launcher_leaves_the_ranks_run_alone():
+    """Under ddp_spawn Ctrl-C reaches the launching process too: its logger, which has no
+    run (the ranks made it), was asked to mark one KILLED and made a second, empty run."""
+    marked = []
+    logger = SimpleNamespace(mark_killed=marked.append)
+    launcher = SimpleNamespace(world_size=2, loggers=[logger], global_step=88)
+    StopOnSignal._mark_killed(launcher)  # torch.distributed is not initialized here
+    assert marked == []
+    StopOnSignal._mark_killed(SimpleNamespace(world_size=1, loggers=[logger], global_step=88))
+    assert marked == [88]

@@ -546,6 +546,10 @@ class StopOnSignal(StepBoundaries):
 
     @staticmethod
     def _mark_killed(trainer: L.Trainer) -> None:
+        if trainer.world_size > 1 and not torch.distributed.is_initialized():
+            # ddp_spawn's launching process: its ranks made the run and mark it; here
+            # the logger has no run, and asking for its id made a second, empty one.
+            return
         for logger in trainer.loggers:
             if hasattr(logger, "mark_killed"):
                 logger.mark_killed(trainer.global_step)

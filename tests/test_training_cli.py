@@ -360,6 +360,24 @@ def test_config_data_mismatch_fails_fast_and_leaves_nothing(tiny_data, tmp_path,
         assert len(mlflow_runs(runs)) == 0, "an MLflow run was left behind"
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "auto"])
+def test_dyadic_unfreezing_under_a_ddp_expecting_every_gradient_is_refused_at_start(
+    tiny_data, tmp_path, strategy
+):
+    """Each rank refused it once its model was wrapped: the error twice, and under
+    ddp_spawn a traceback that left the MLflow run RUNNING and the run folder behind."""
+    name = "ddp" if strategy == "auto" else strategy
+    args = fit_args(
+        tmp_path, tiny_data, "--trainer.devices", "2", "--trainer.strategy", strategy,
+        "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
+    )  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=rf"set trainer.strategy: {name}_find_unused_parameters_true"
+    ):
+        CofrCLI(args=args)
+    assert not (tmp_path / "runs" / "test").exists(), "a run folder was left behind"
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
     """2-process DDP on CPU (gloo) with dyadic unfreezing and dropout: every rank ends with

@@ -72,7 +72,8 @@ def check_frozen_parameters_allowed(wrapped: nn.Module | None) -> None:
     if isinstance(wrapped, DistributedDataParallel) and not wrapped.find_unused_parameters:
         raise ConfigError(
             "DyadicUnfreezing freezes ladder depths, which then get no gradient; DDP must "
-            "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true"
+            "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true "
+            "(ddp_spawn_find_unused_parameters_true under ddp_spawn)"
         )
 
 

@@ -1059,6 +1059,9 @@ class CofrCLI(LightningCLIAdapter):
             check_data(self.datamodule, evaluating=self.subcommand in EVALUATIONS)
         run, run_dir = self._run_and_folder()
         _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
+        _check_unused_parameters_allowed(
+            lambda key: self.config_value(self.config_init, f"trainer.{key}")
+        )
         peak_flops_from_env()  # read at the first step: a bad value fails here, not there
         _check_ladder_device(
             getattr(self.model, "model_config", None),
@@ -1194,6 +1197,34 @@ def _check_trainer_settings(value: Any) -> None:
         raise ConfigError(
             "trainer.enable_checkpointing: false is not supported (runs keep checkpoints to "
             "resume); save fewer with --run.checkpoint_every_n_steps and --run.keep_checkpoints"
+        )
+
+
+#: DDP strategies that expect a gradient for every parameter, by name.
+_ALL_GRADIENTS_DDP = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
+def _check_unused_parameters_allowed(value: Any) -> None:
+    """DyadicUnfreezing under a DDP that expects every gradient, refused before the
+    processes start (each rank refused it once its model was wrapped: twice, and under
+    ddp_spawn as a traceback, leaving the run RUNNING). ``value(key)``: the instantiated
+    ``trainer.<key>``."""
+    from cofrgenet.training.callbacks import DyadicUnfreezing
+
+    strategy, devices = value("strategy"), value("devices")
+    if not any(isinstance(c, DyadicUnfreezing) for c in value("callbacks") or ()):
+        return
+    several = (
+        (isinstance(devices, int) and devices > 1)
+        or (isinstance(devices, (list, tuple)) and len(devices) > 1)
+        or (isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 1)
+    )
+    several = several or (value("num_nodes") or 1) > 1
+    if several and (strategy in _ALL_GRADIENTS_DDP or strategy == "auto"):
+        name = "ddp" if strategy == "auto" else strategy
+        raise ConfigError(
+            f"DyadicUnfreezing freezes ladder depths, which then get no gradient; {name} must "
+            f"be told to expect that: set trainer.strategy: {name}_find_unused_parameters_true"
         )
 
 

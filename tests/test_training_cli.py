@@ -2236,3 +2236,33 @@ def test_artifacts_lie_beside_the_sqlite_database_of_every_command(tmp_path, mon
     assert artifact_location(run) == beside  # not the runs folder: where the store is
     default = RunConfig(runs_dir="runs", tracking_uri=None)
     assert artifact_location(default) == (tmp_path / "runs" / "mlartifacts").as_uri()
+
+
+def test_a_sharded_checkpoint_is_scored_under_fsdp_only_and_with_its_own_model(
+    tiny_data, tmp_path, monkeypatch
+):
+    """LightningCLI reads a checkpoint file's hyperparameters, not a sharded folder's:
+    under FSDP the default preset was built ("size mismatch" per rank), and in one
+    process the folder was opened as a file (IsADirectoryError)."""
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"shards")
+    hparams = {"preset": "gpt2-tiny-fa", "config": {"vocab_size": 320, "block_size": 32}}
+    torch.save({"global_step": 2, "hyper_parameters": hparams}, folder / "meta.pt")
+    evaluate = ["validate", "--config", str(CONF / "trainer" / "cpu-debug.yaml")]
+    evaluate += ["--data.data_dir", str(tiny_data), "--ckpt_path", str(folder)]
+    from cofrgenet.training.checkpoints import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"is a sharded FSDP checkpoint .*score it with"):
+        CofrCLI(args=evaluate)
+    parsed = []
+
+    def parsed_only(cli):  # an FSDP trainer is not built here: the parsed config is enough
+        parsed.append(cli.config)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CofrCLI, "instantiate_classes", parsed_only)
+    strategy = '{"class_path": "cofrgenet.training.strategies.LadderFSDPStrategy"}'
+    with pytest.raises(KeyboardInterrupt):
+        CofrCLI(args=[*evaluate, "--trainer.strategy", strategy])
+    assert parsed[0].validate.model.preset == "gpt2-tiny-fa"

@@ -596,6 +596,8 @@ class CofrCLI(LightningCLIAdapter):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path not in (None, "last"):
             checkpoints.check(ckpt_path)
+            if subcommand in EVALUATIONS and checkpoints.is_sharded(ckpt_path):
+                self._use_sharded_hyperparameters(subcommand, Path(ckpt_path))
         elif subcommand in EVALUATIONS:
             self._evaluate_newest_checkpoint(subcommand)
         if subcommand in EVALUATIONS and not recipes.config_paths(words):
@@ -607,6 +609,31 @@ class CofrCLI(LightningCLIAdapter):
                     f"cofr {subcommand} scores the checkpoint's own model: {', '.join(given)} "
                     "not used"
                 )
+
+    def _use_sharded_hyperparameters(self, subcommand: str, folder: Path) -> None:
+        """The model of a sharded FSDP checkpoint (its ``meta.pt``), as LightningCLI
+        takes a checkpoint file's: it reads files only, and the default preset was built
+        and failed to load the shards ("size mismatch"). Scored under FSDP only: another
+        strategy reads one file."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        strategy = self.config[subcommand].get("trainer", {}).get("strategy")
+        fsdp = (
+            isinstance(strategy, FSDPStrategy)
+            or "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower()
+        )
+        if not fsdp:
+            raise checkpoints.CheckpointError(
+                f"{folder} is a sharded FSDP checkpoint (one shard per rank): score it with "
+                "the FSDP strategy it trained with (--config conf/trainer/fsdp.yaml), or make "
+                "it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "
+                f"{folder}` and use {folder}.consolidated"
+            )
+        meta = torch.load(folder / "meta.pt", weights_only=True, map_location="cpu")
+        hparams = dict(meta.get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _score_as_the_fit_did(self, subcommand: str, words: list[str]) -> None:
         """``cofr validate``/``test`` without ``--config``: the data and batches the run's

@@ -2266,3 +2266,23 @@ def test_a_sharded_checkpoint_is_scored_under_fsdp_only_and_with_its_own_model(
     with pytest.raises(KeyboardInterrupt):
         CofrCLI(args=[*evaluate, "--trainer.strategy", strategy])
     assert parsed[0].validate.model.preset == "gpt2-tiny-fa"
+
+
+def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():
+    """torch passes a spawned rank's error on as text: a refused setting came out as
+    a traceback from the launching process, not the one-line error plain ddp gives."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    from cofrgenet.training.cli import user_error_of_rank
+
+    def raised(last_line: str) -> ProcessRaisedException:
+        text = (
+            f"\n\n-- Process 0 terminated with the following error:\nTraceback ...\n{last_line}\n"
+        )
+        return ProcessRaisedException(text, 0, 1234)
+
+    error = user_error_of_rank(raised("cofrgenet.errors.ConfigError: lower data.batch_size"))
+    assert isinstance(error, UserError) and str(error) == "lower data.batch_size"
+    assert user_error_of_rank(raised("RuntimeError: CUDA out of memory")) is None
+    assert user_error_of_rank(raised("cofrgenet.nowhere.Error: x")) is None
+    assert user_error_of_rank(raised("cofrgenet.training.cli.CofrCLI: not an error")) is None

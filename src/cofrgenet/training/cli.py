@@ -40,6 +40,7 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.multiprocessing import ProcessRaisedException
 
 from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
@@ -1008,6 +1009,29 @@ class CofrCLI(LightningCLIAdapter):
             except UserError:
                 self._forget_refused_start()
                 raise
+            except ProcessRaisedException as error:  # ddp_spawn: a rank's own error
+                refused = user_error_of_rank(error)
+                if refused is None:
+                    raise
+                self._fail_spawned_run()
+                self._forget_refused_start()
+                raise refused from None
+
+    def _fail_spawned_run(self) -> None:
+        """End as FAILED the MLflow run a ddp_spawn rank made and left RUNNING when it
+        refused a setting (the ranks die without finalizing their logger)."""
+        run_dir = self._new_run_dir
+        id_file = None if run_dir is None else run_dir / RUN_ID_FILE
+        if id_file is None or not id_file.is_file() or rank_zero_only.rank != 0:
+            return
+        run = self.run_config()
+        if not run.mlflow:
+            return
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=tracking_uri(run))
+        with contextlib.suppress(Exception):  # the store is the rank's; nothing to lose
+            client.set_terminated(id_file.read_text().strip(), status="FAILED")
 
     def _forget_refused_start(self) -> None:
         """A fit refused once the data loaded (a setting the loader shows wrong) trained
@@ -1225,6 +1249,21 @@ def _check_trainer_settings(value: Any) -> None:
             "trainer.enable_checkpointing: false is not supported (runs keep checkpoints to "
             "resume); save fewer with --run.checkpoint_every_n_steps and --run.keep_checkpoints"
         )
+
+
+def user_error_of_rank(error: ProcessRaisedException) -> UserError | None:
+    """The UserError a spawned rank raised, from the traceback text torch passes on
+    (``cofrgenet.errors.ConfigError: <message>`` on its last line), or None."""
+    last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+    name, _, message = last.partition(": ")
+    module, _, cls_name = name.rpartition(".")
+    if not module.startswith("cofrgenet.") or not message:
+        return None
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError):
+        return None
+    return UserError(message) if isinstance(cls, type) and issubclass(cls, UserError) else None
 
 
 #: DDP strategies that expect a gradient for every parameter, by name.

@@ -33,6 +33,7 @@ UTILITIES = {
     "cli_cache",
     "config_variables",
     "dataclass_options",
+    "devices",
     "errors",
     "folder_lock",
     "hub",

@@ -50,6 +50,7 @@ from cofrgenet.config_variables import (
     expand_variables,
     unset_variables,
 )
+from cofrgenet.devices import device_count
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled, find_base
 from cofrgenet.training.run_store import check_folder_name
@@ -899,23 +900,6 @@ def steps_for_tokens(config: dict[str, Any], tokens: float) -> int:
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     per_step = batch * block * accumulate * count * nodes
     return max(1, math.ceil(float(tokens) / per_step))
-
-
-def device_count(devices: Any) -> int | None:
-    """The devices ``trainer.devices`` names, as Lightning reads it (``"2"``, ``2`` and
-    ``[0, 1]`` and ``"0,1"`` are 2); None for ``auto``, ``-1`` and anything else that
-    counts the devices of the host that trains."""
-    if isinstance(devices, str):
-        text = devices.strip()
-        if text.lstrip("-").isdigit():
-            devices = int(text)
-        elif "," in text:  # "0,1": device ids
-            devices = [d for d in text.split(",") if d.strip()]
-    if isinstance(devices, (list, tuple)):
-        return len(devices)
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        return devices
-    return None
 
 
 def data_parallel_width(config: dict[str, Any]) -> int:

@@ -46,6 +46,7 @@ from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
+from cofrgenet.devices import device_count
 from cofrgenet.errors import (
     ConfigError,
     UserError,
@@ -1280,12 +1281,7 @@ def _check_unused_parameters_allowed(value: Any) -> None:
     strategy, devices = value("strategy"), value("devices")
     if not any(isinstance(c, DyadicUnfreezing) for c in value("callbacks") or ()):
         return
-    several = (
-        (isinstance(devices, int) and devices > 1)
-        or (isinstance(devices, (list, tuple)) and len(devices) > 1)
-        or (isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 1)
-    )
-    several = several or (value("num_nodes") or 1) > 1
+    several = (device_count(devices) or 1) > 1 or (value("num_nodes") or 1) > 1
     if several and (strategy in _ALL_GRADIENTS_DDP or strategy == "auto"):
         name = "ddp" if strategy == "auto" else strategy
         raise ConfigError(

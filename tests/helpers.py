@@ -46,10 +46,14 @@ class DumpWeights(L.Callback):
     def _dump(self, trainer, pl_module, suffix: str) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        from cofrgenet.training.optim import unwrapped_name
+
         self.folder.mkdir(parents=True, exist_ok=True)
         if isinstance(trainer.model, FSDP):  # the whole tensors, gathered from the shards
             with FSDP.summon_full_params(trainer.model, writeback=False):
-                state = {k: v.detach().clone() for k, v in pl_module.named_parameters()}
+                state = {
+                    unwrapped_name(k): v.detach().clone() for k, v in pl_module.named_parameters()
+                }
         else:
             state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         torch.save(state, self.folder / f"rank{trainer.global_rank}{suffix}.pt")

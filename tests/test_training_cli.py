@@ -416,19 +416,22 @@ def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
 @pytest.mark.slow
 def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, tmp_path):
     """2-process FSDP on CPU (gloo): frozen depths stay bit-identical, replicas agree, and
-    the run resumes from its checkpoint."""
+    the run resumes from its checkpoint, also into another wrapping: saved with the whole
+    model as one FSDP unit (as before wrap_blocks), resumed with one unit per block, it
+    ends where an uninterrupted per-block run does (its optimizer state carried over)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    strategy = {
-        "class_path": "cofrgenet.training.strategies.LadderFSDPStrategy",
-        "init_args": {"state_dict_type": "sharded"},  # as conf/trainer/fsdp.yaml
-    }
 
-    def fit(steps: int, folder: str, *extra: str) -> None:
+    def fit(steps: int, folder: str, *extra: str, name: str = "fsdp", blocks: bool = True):
+        strategy = {
+            "class_path": "cofrgenet.training.strategies.LadderFSDPStrategy",
+            # state_dict_type as conf/trainer/fsdp.yaml
+            "init_args": {"state_dict_type": "sharded", "wrap_blocks": blocks},
+        }
         args = fit_args(
             tmp_path,
             tiny_data,
             "--run.name",
-            "fsdp",
+            name,
             "--trainer.max_steps",
             str(steps),
             "--trainer.devices",
@@ -450,8 +453,9 @@ def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, t
             timeout=600,
         )
 
-    fit(4, "first")
+    fit(4, "first", blocks=False)
     fit(8, "resumed", "--ckpt_path", "last")
+    fit(8, "straight", name="straight")
     start = torch.load(tmp_path / "first" / "rank0-start.pt")
     resumed_start = torch.load(tmp_path / "resumed" / "rank0-start.pt")
     end = [torch.load(tmp_path / "resumed" / f"rank{r}.pt") for r in (0, 1)]
@@ -469,6 +473,9 @@ def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, t
     late = [k for k in frozen if k.split(".")[-1] in ("3", "4")]  # depths 4 and 5
     for key in late:
         assert torch.equal(end[0][key], start[key]), key
+    straight = torch.load(tmp_path / "straight" / "rank0.pt")
+    for key in start:  # the same sums, in another order across FSDP units
+        torch.testing.assert_close(end[0][key], straight[key], rtol=1e-5, atol=1e-7)
     # The gradient norm is the whole gradient's on every rank, not the rank's shard's.
     norms = [torch.load(tmp_path / "first" / f"rank{r}-grad-norms.pt") for r in (0, 1)]
     assert len(norms[0]) == 4 and norms[0] == pytest.approx(norms[1], rel=1e-5)

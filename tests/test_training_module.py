@@ -37,6 +37,7 @@ from cofrgenet.training.optim import (
     describe_groups,
     param_groups,
     released_warmup_cosine,
+    unwrapped_name,
     warmup_cosine,
 )
 
@@ -749,6 +750,46 @@ def test_weight_decay_follows_the_built_shapes_when_the_model_is_flattened():
     }
     assert "transformer.h.0.mlp.linear.weight" in groups["decay"]
     assert "transformer.h.0.mlp.linear.bias" in groups["no_decay"]
+
+
+def test_fsdp_wraps_each_block_and_the_optimizer_groups_keep_their_names(tmp_path):
+    """LadderFSDPStrategy makes each block an FSDP unit (wrap_blocks) or the model one
+    unit. Parameter names then hold ``_fsdp_wrapped_module`` segments; the optimizer
+    groups (decay by the built shapes, the exempt names) are those of the unwrapped
+    model, or every block matrix would go undecayed, and a sharded checkpoint's optimizer
+    state would not load into the other wrapping."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from cofrgenet.training.strategies import LadderFSDPStrategy
+
+    def groups_of(model: nn.Module, ndims: dict[str, int] | None) -> dict[str, list[str]]:
+        return {g["name"]: g["param_names"] for g in param_groups(model, 0.1, None, ndims)}
+
+    built = LanguageModel("gpt2-tiny-f", config={"ladder_denominators": "paper"}).model
+    want = groups_of(built, None)
+    assert want["decay"] and want["no_decay"]
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        for wrap_blocks, units in ((True, 1 + len(built.transformer.h)), (False, 1)):
+            model = copy.deepcopy(built)
+            ndims = {name: p.dim() for name, p in model.named_parameters()}
+            strategy = LadderFSDPStrategy(
+                wrap_blocks=wrap_blocks, parallel_devices=[torch.device("cpu")]
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # FSDP: NO_SHARD in a world of one
+                wrapped = strategy._setup_model(model)
+            assert sum(isinstance(m, FullyShardedDataParallel) for m in wrapped.modules()) == (
+                units
+            )
+            assert groups_of(wrapped, ndims) == want, wrap_blocks
+    finally:
+        dist.destroy_process_group()
+    assert unwrapped_name("_fsdp_wrapped_module.h.0._fsdp_wrapped_module.mlp.w") == "h.0.mlp.w"
+    assert unwrapped_name("h.0._checkpoint_wrapped_module._orig_mod.w") == "h.0.w"
+    assert unwrapped_name("my_orig_mod.w") == "my_orig_mod.w"
 
 
 def test_adamw_is_fused_where_torch_can_and_unfused_when_asked():

@@ -69,13 +69,27 @@ class OptimizerConfig:
             )
 
 
+#: Name segments that wrappers insert between a module and its submodules: FSDP's
+#: per-block units, activation checkpointing, torch.compile.
+WRAPPER_SEGMENTS = re.compile(
+    r"(^|\.)(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)"
+)
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter's or module's name as the model was built, whatever wraps its parts:
+    ``transformer.h.0._fsdp_wrapped_module.mlp.weight`` -> ``transformer.h.0.mlp.weight``."""
+    return WRAPPER_SEGMENTS.sub("", name).lstrip(".")
+
+
 def no_weight_decay_names(model: nn.Module) -> set[str]:
-    """Full names of the parameters that modules exempt with ``no_weight_decay()``."""
+    """Full names (as built, :func:`unwrapped_name`) of the parameters that modules exempt
+    with ``no_weight_decay()``."""
     names: set[str] = set()
     for prefix, module in model.named_modules():
         exempt = getattr(module, "no_weight_decay", None)
         if callable(exempt):
-            names.update(f"{prefix}.{name}" if prefix else name for name in exempt())
+            names.update(unwrapped_name(f"{prefix}.{name}") for name in exempt())
     return names
 
 
@@ -102,11 +116,12 @@ def param_groups(
     them all look like biases).
     """
     exempt = no_weight_decay_names(model)
-    unknown = exempt - {name for name, _ in model.named_parameters()}
+    named = [(unwrapped_name(name), param) for name, param in model.named_parameters()]
+    unknown = exempt - {name for name, _ in named}
     if unknown:
         raise ValueError(f"no_weight_decay() names parameters that do not exist: {unknown}")
     groups: dict[tuple[bool, int], dict] = {}
-    for name, param in model.named_parameters():
+    for name, param in named:
         decay = decays(name, (ndims or {}).get(name, param.dim()), exempt)
         depth = 0 if depth_of is None else depth_of(param)
         key = (decay, depth)

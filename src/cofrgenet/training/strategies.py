@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.nn import Module
 
+from cofrgenet.models.transformer import Block
 from cofrgenet.training.checkpoints import SHARDED_MARKERS
 
 #: The private FSDPStrategy methods overridden below (tests check that they still exist:
@@ -19,15 +20,28 @@ PRIVATE_METHODS = ("_setup_model",)
 
 
 class LadderFSDPStrategy(FSDPStrategy):
-    """FSDP with ``use_orig_params=True`` as a named, YAML-checkable argument.
+    """FSDP with ``use_orig_params=True`` and per-block wrapping as named, YAML-checkable
+    arguments.
 
     Dyadic unfreezing toggles ``requires_grad`` per ladder depth; FSDP's flattened
     parameters allow mixed ``requires_grad`` only with ``use_orig_params=True``.
     (Lightning's FSDPStrategy forwards it through ``**kwargs``, which a config checker
     cannot see.)
+
+    Args:
+        use_orig_params: keep each parameter addressable (required by dyadic unfreezing).
+        wrap_blocks: make each transformer block its own FSDP unit, gathered only for its
+            own forward and backward, so a rank holds one block's full weights at a time
+            beside its shards; false makes the whole model one unit (all its weights
+            gathered for the whole step). A YAML file cannot name Lightning's
+            ``auto_wrap_policy`` (a set of classes); one given in Python wins.
     """
 
-    def __init__(self, use_orig_params: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, use_orig_params: bool = True, wrap_blocks: bool = True, **kwargs: Any
+    ) -> None:
+        if wrap_blocks and kwargs.get("auto_wrap_policy") is None:
+            kwargs["auto_wrap_policy"] = {Block}
         super().__init__(use_orig_params=use_orig_params, **kwargs)
         # Lightning's default: one file. A full save over a sharded folder replaces it.
         self.sharded_saves = kwargs.get("state_dict_type", "full") == "sharded"

@@ -416,6 +416,19 @@ def test_layers_build_on_meta_device():
     assert all(p.is_meta for layer in layers for p in layer.parameters())
 
 
+def test_stacked_weights_read_depths_that_fsdp_set_as_plain_tensors():
+    """FSDP (use_orig_params) replaces a unit's parameters by plain tensor views while it
+    recomputes a checkpointed block in backward; the stacks still hold every depth."""
+    weights = LadderWeights(3, (2, 4), (2,))
+    weights.reset_parameters(0.5)
+    want = torch.stack([w.detach() * 2 for w in weights.weight])
+    for k, param in enumerate(list(weights.weight)):
+        delattr(weights.weight, str(k))
+        setattr(weights.weight, str(k), param.detach() * 2)  # as FSDP's unsharded views
+    assert not list(weights.weight.parameters())
+    torch.testing.assert_close(weights.stacked_weight(), want, rtol=0, atol=0)
+
+
 def test_reusing_stacked_weights_stacks_once_per_block_and_only_without_autograd():
     """Generation stacks each ladder's per-depth weights once (``reusing_stacked_weights``);
     outside the block, or with autograd on, every call stacks afresh."""

@@ -7,7 +7,8 @@ import math
 
 import pytest
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from cofrgenet.errors import ConfigError
 from cofrgenet.models import (
@@ -384,6 +385,52 @@ def test_block_applies_dropout_only_for_mixers_without_their_own():
     assert block[0].attn.dropout == 0.1 and block[0].attn_dropout.p == 0.0  # softmax owns it
     assert block[0].mlp_dropout.p == 0.0  # MLP owns it
     assert block[1].mlp_dropout.p == 0.1  # Cffn has no dropout of its own
+
+
+@pytest.mark.parametrize(
+    "preset,extra",
+    [
+        ("gpt2-tiny-fa", {"attention_pattern": ["cattn_u", "cattn_m"]}),
+        ("gpt2-tiny", {}),
+        ("llama3-tiny-f", {"cffn_ladder": "elementwise"}),
+    ],
+)
+def test_recomputed_blocks_give_the_same_gradients_and_keep_less(preset, extra):
+    """Activation checkpointing (``recompute_blocks``): bit-identical loss and gradients,
+    dropout included (its random state is replayed), with a fraction of the bytes kept
+    for backward; evaluation and no-grad forwards are unchanged."""
+    config = ModelConfig.from_preset(preset, ladder_impl="continuant", dropout=0.1, **extra)
+    torch.manual_seed(0)
+    kept_all, recomputed = build_model(config), build_model(config)
+    recomputed.load_state_dict(kept_all.state_dict())
+    recomputed.recompute_blocks()
+    idx = torch.randint(0, config.vocab_size, (2, 11))
+
+    def step(model: torch.nn.Module) -> tuple[Tensor, dict[str, Tensor], int]:
+        saved: list[int] = []
+
+        def keep(t: Tensor) -> Tensor:
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        torch.manual_seed(1)
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            loss = F.cross_entropy(model(idx).flatten(0, 1), idx.roll(-1, 1).flatten())
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return loss, grads, sum(saved)
+
+    loss, grads, kept = step(kept_all.train())
+    loss_r, grads_r, kept_r = step(recomputed.train())
+    assert torch.equal(loss, loss_r)
+    assert grads.keys() == grads_r.keys() and len(grads) > 10
+    for name in grads:
+        assert torch.equal(grads[name], grads_r[name]), name
+    assert kept_r < kept / 2, (kept_r, kept)
+    with torch.no_grad():
+        assert torch.equal(kept_all.eval()(idx), recomputed.eval()(idx))
+    recomputed.recompute_blocks(False)
+    assert not any(block.recompute for block in recomputed.transformer.h)
 
 
 @pytest.mark.parametrize("n_layer,width,length", [(4, 256, 128), (12, 768, 128)])

@@ -792,6 +792,14 @@ def test_fsdp_wraps_each_block_and_the_optimizer_groups_keep_their_names(tmp_pat
     assert unwrapped_name("my_orig_mod.w") == "my_orig_mod.w"
 
 
+def test_activation_checkpointing_recomputes_transformer_blocks_and_refuses_recurrent():
+    module = LanguageModel("gpt2-tiny-f", activation_checkpointing=True)
+    assert all(block.recompute for block in module.model.transformer.h)
+    assert not any(b.recompute for b in LanguageModel("gpt2-tiny-f").model.transformer.h)
+    with pytest.raises(ConfigError, match=r"activation_checkpointing.*RecurrentLM"):
+        LanguageModel("lstm-tiny", activation_checkpointing=True)
+
+
 def test_adamw_is_fused_where_torch_can_and_unfused_when_asked():
     from cofrgenet.training.optim import build_adamw, fused_adamw_supported
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from cofrgenet.errors import ConfigError
 from cofrgenet.models.config import ModelConfig
@@ -50,10 +51,20 @@ class Block(nn.Module):
         # state dicts do not depend on it).
         self.attn_dropout = nn.Dropout(0.0 if attn_entry.owns_dropout else config.dropout)
         self.mlp_dropout = nn.Dropout(0.0 if ffn_entry.owns_dropout else config.dropout)
+        #: Activation checkpointing (:meth:`GPT.recompute_blocks`): a run-time choice, not
+        #: part of the config, so checkpoints do not depend on it.
+        self.recompute = False
 
     def forward(self, x: Tensor, state: dict[str, Any] | None = None, start: int = 0) -> Tensor:
         """x: (B, T, C) -> (B, T, C). With ``state`` (eval only), x holds positions
-        start.. and the attention mixer decodes incrementally (``cofrgenet.nn.decoding``)."""
+        start.. and the attention mixer decodes incrementally (``cofrgenet.nn.decoding``).
+        With ``recompute`` on, a training forward keeps only x for backward and runs
+        again there (activation checkpointing; the random state of dropout is replayed)."""
+        if self.recompute and state is None and self.training and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, None, start, use_reentrant=False)
+        return self._forward(x, state, start)
+
+    def _forward(self, x: Tensor, state: dict[str, Any] | None, start: int) -> Tensor:
         h = self.ln_1(x)
         mixed = self.attn(h) if state is None else self.attn.decode(h, state, start)
         x = x + (self.attn_dropout(mixed) if self.training else mixed)
@@ -160,6 +171,13 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length = seq_len
         return self.lm_head(self.transformer.ln_f(x))
+
+    def recompute_blocks(self, on: bool = True) -> None:
+        """Activation checkpointing: each block keeps only its input for backward and
+        recomputes the rest there (about one more forward of compute per step, for the
+        activation memory of one block instead of ``n_layer``)."""
+        for block in self.transformer.h:
+            block.recompute = on
 
     @property
     def can_decode(self) -> bool:

@@ -98,9 +98,13 @@ def _stack_depths(per_depth: nn.ParameterList) -> Tensor:
 
     A one-token decoding step is bound by op dispatch (a few us an op): stack costs an
     unsqueeze per depth besides its cat, and indexing a ParameterList ~1 us a depth in
-    Python, hence parameters(recurse=False).
+    Python, hence parameters(recurse=False). FSDP (``use_orig_params``) sets them as
+    plain tensors while it recomputes a checkpointed block in backward, which
+    ``parameters()`` does not list: then they are indexed.
     """
     tensors = tuple(per_depth.parameters(recurse=False))
+    if len(tensors) != len(per_depth):
+        tensors = tuple(per_depth)
     return torch.cat(tensors).view(len(tensors), *tensors[0].shape)
 
 

@@ -93,6 +93,10 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             None: their defaults.
         compile: compile the model's forward with torch.compile (checkpoints keep plain
             parameter names, so they load whether or not either side compiled).
+        activation_checkpointing: each transformer block keeps only its input for
+            backward and recomputes its activations there (about a third more compute a
+            step, for the activation memory of one block instead of all): for a batch or
+            model whose activations do not fit. Checkpoints do not depend on it.
 
     Batches are (B, T + 1) token ids: inputs are the first T, targets the last T.
     Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm
@@ -108,6 +112,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         config: ModelOverrides = ModelOverrides(),  # noqa: B008 (read-only, every field None)
         optimizer: OptimizerConfig | None = None,
         compile: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         # A plain dict in the checkpoint (weights_only loading unpickles no classes).
@@ -120,6 +125,14 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self.save_hyperparameters()
         self.model_config = resolve_model_config(preset, config)
         self.model = build_model(self.model_config)
+        if activation_checkpointing:
+            if not hasattr(self.model, "recompute_blocks"):
+                raise ConfigError(
+                    "model.activation_checkpointing recomputes transformer blocks; "
+                    f"{type(self.model).__name__} ({self.model_config.arch}) has none: "
+                    "leave it false"
+                )
+            self.model.recompute_blocks()
         self.optimizer_config = optimizer or OptimizerConfig()
         self.compile_model = compile
         self._model_compiled = False  # configure_model runs once per fit/validate/test

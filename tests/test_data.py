@@ -838,6 +838,37 @@ def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tm
         make(other).load_state_dict(state)
 
 
+def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_byte):
+    """Each process scores an equal share of the val split, cut to limit_val_batches
+    batches: with other processes (or another cut), cofr validate scores other blocks
+    than the fit did at the same step, and its val/loss differs for the same weights."""
+
+    def attach(dm: TokenDataModule, processes: int, fn: str, limit: int | float = 4):
+        state = SimpleNamespace(fn=fn)
+        dm.trainer = SimpleNamespace(
+            world_size=processes, global_rank=0, state=state, limit_val_batches=limit
+        )
+        return dm
+
+    def make(processes: int, fn: str, limit: int | float = 4):
+        dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0)
+        return attach(dm, processes, fn, limit)
+
+    fitted = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0)
+    next(iter(fitted.train_dataloader()))
+    state = attach(fitted, 2, "fit").state_dict()
+    assert state["val_scored"] == {"processes": 2, "val_batch_size": 2, "limit_val_batches": 4}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make(2, "validate").load_state_dict(state)  # as the fit scored: nothing to say
+        make(1, "test").load_state_dict(state)  # no fit curve to compare with
+        make(1, "validate").load_state_dict({k: v for k, v in state.items() if k != "val_scored"})
+    with pytest.warns(UserWarning, match=r"other blocks .*\(processes 2 -> 1\)"):
+        make(1, "validate").load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"limit_val_batches 4 -> 1\.0"):
+        make(2, "fit", limit=1.0).load_state_dict(state)  # a resume: the curve jumps
+
+
 @pytest.fixture(scope="module")
 def small_byte(tmp_path_factory) -> Path:
     """Three pydoc topics: an epoch of a few dozen batches, so a short run crosses epochs."""

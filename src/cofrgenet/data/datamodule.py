@@ -436,6 +436,7 @@ class TokenDataModule(L.LightningDataModule):
             "fingerprint": self._fingerprint(),
             "loader": self._loader_settings(),
             "val_split": self._val_split(),
+            "val_scored": self._val_scored(),
             # Beside "loader", whose keys versions before it compare one by one.
             "order": self._order(),
         }
@@ -448,6 +449,37 @@ class TokenDataModule(L.LightningDataModule):
         """What val/loss is measured on: another split may resume, but the curve jumps."""
         val = self.meta.splits["val"]
         return {"tokens": val.tokens, "chunks": val.chunks, "split_args": self.meta.split_args}
+
+    def _val_scored(self) -> dict[str, Any]:
+        """Which blocks of the val split val/loss averages: each process's equal share
+        (:class:`ValidationShare`), cut to ``limit_val_batches`` batches of
+        ``val_batch_size``."""
+        trainer = getattr(self, "trainer", None)
+        return {
+            "processes": self._world_size(),
+            "val_batch_size": self.val_batch_size,
+            "limit_val_batches": getattr(trainer, "limit_val_batches", None),
+        }
+
+    def _warn_if_scored_elsewhere(self, state_dict: dict[str, Any]) -> None:
+        """Warn when val/loss will average other blocks than the checkpoint's run did: at
+        the same step, ``cofr validate`` (or the resumed curve) would show another number
+        for the same weights."""
+        saved = state_dict.get("val_scored")
+        trainer = getattr(self, "trainer", None)
+        if saved is None or getattr(trainer, "state", None) is None:
+            return
+        if trainer.state.fn not in ("fit", "validate"):
+            return
+        now = self._val_scored()
+        changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if k in saved and saved[k] != now[k]]
+        if changed:
+            rank_zero_warn(
+                f"val/loss scores other blocks of the val split than the checkpoint's run "
+                f"did ({', '.join(changed)}): at the same step it differs from that run's "
+                "curve for the same weights (use the run's processes, val_batch_size and "
+                "limit_val_batches to compare)"
+            )
 
     def _loader_settings(self) -> dict[str, Any]:
         """Settings a resume may change (a larger batch, more devices, another node's CPU
@@ -474,6 +506,7 @@ class TokenDataModule(L.LightningDataModule):
             return
         saved = state_dict.get("fingerprint", {})
         now = self._fingerprint()
+        self._warn_if_scored_elsewhere(state_dict)
         if not self._resuming_fit():
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).

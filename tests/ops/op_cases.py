@@ -106,6 +106,21 @@ def assert_close_where_normal(got: torch.Tensor, want: torch.Tensor, rtol: float
     return normal
 
 
+def assert_close_to_magnitude(got, want, magnitude, rtol: float, name: str = "") -> None:
+    """|got - want| <= rtol * magnitude element by element, ``magnitude`` the sum of the
+    absolute values of the terms that make up ``want`` (what rounding errors scale with).
+    Every element is checked relative to its own size, unless a sum cancelled: there
+    relative to its terms. :func:`rel_err`, relative to the largest element of values
+    and gradients that reach 1e5 on poles, lets almost any error of the others pass."""
+    got, want, magnitude = (t.detach().cpu().double() for t in (got, want, magnitude))
+    off = (got - want).abs()
+    bad = ~(off <= rtol * magnitude)  # NaN fails
+    assert not bad.any(), (
+        f"{name}: {int(bad.sum())} of {bad.numel()} elements off by more than {rtol} of "
+        f"their terms' magnitude (worst {(off / magnitude).nan_to_num(float('inf')).max():.3g})"
+    )
+
+
 def upstream_like(shape, device, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
     """A fixed random upstream gradient."""
     g = torch.Generator().manual_seed(seed)
@@ -265,11 +280,14 @@ def ensemble_clamped_units(x, weight, bias, eps=0.01) -> int:
     return int(clamped_units(a, eps).sum())
 
 
-def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01):
+def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01, magnitudes=False):
     """Output and (x, weight, mix, bias) gradients of the ensemble, float64, by hand.
 
     The composite: L p univariate ladders on x repeated L times, mixed by V; per-unit
-    gradients from the closed forms of the grad mode, then the chain rule.
+    gradients from the closed forms of the grad mode, then the chain rule. With
+    ``magnitudes``, each of them as the sum of the absolute values of its terms (|V z|
+    over ladders, |d loss / d a_k w_k| over ladders and depths, ...): the scale of its
+    rounding errors, for :func:`assert_close_to_magnitude`.
     """
     x, weight, mix, upstream = (t.detach().cpu().double() for t in (x, weight, mix, upstream))
     d, n_l, p = weight.shape
@@ -280,6 +298,9 @@ def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01):
     a = ladder_denominators(repeated, w2, b2)  # (..., L p, d)
     value = reference_continued_fraction(a, eps).unflatten(-1, (n_l, p))  # (..., L, p)
     per_unit = (reference_exact_grad if grad == "exact" else reference_paper_grad)(a, eps)
+    if magnitudes:
+        terms = (value, per_unit, mix, upstream, repeated, w2)
+        value, per_unit, mix, upstream, repeated, w2 = (t.abs() for t in terms)
     up = (upstream.unsqueeze(-2) * mix.t()).flatten(-2)  # (..., L p): upstream of ladder j
     t = per_unit * up.unsqueeze(-1)  # (..., L p, d): d loss / d a_k
     sum_lead = tuple(range(len(lead)))

@@ -16,6 +16,7 @@ from cofrgenet.ops import custom_ops as ops
 from cofrgenet.ops import ladder_ensemble
 from op_cases import (
     CLAMPING,
+    assert_close_to_magnitude,
     compiles_fullgraph,
     ensemble_clamped_units,
     ensemble_inputs,
@@ -77,18 +78,30 @@ def test_row_blocks_and_degenerate_shapes(impl, on, rows, p, ladders, depth, bia
             assert rel_err(t.grad, want[name]) < 1e-10, name
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(
+    "dtype,rtol", [(torch.float32, 2e-4), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"]
+)
 @pytest.mark.parametrize("impl", impls(*CLAMPING))
-def test_float32_and_bf16(impl, on, dtype, tol):
+def test_float32_and_bf16(impl, on, dtype, rtol):
+    """Random x and W, a few units on poles: x gradients reach 5e4 (median 0.17), so a
+    bound relative to the largest element checked none of the others. Each element of
+    the output and of every gradient is within ``rtol`` of the magnitude of its terms
+    (ensemble_reference's magnitudes): in float32, near-pole units lose up to 6.7e-5 to
+    cancellation in K_d (1e-6 where every |K_d| > 1); in bf16, computed in float32 and
+    rounded (the continuant paths also round each ladder's value), up to 8.6e-3."""
     leaves = require_grad(*ensemble_inputs(40, 70, 3, 5, on, seed=1, dtype=dtype))
+    x, w, _, b = leaves
+    assert ensemble_clamped_units(x, w, b) > 0  # a guard: units on poles
     out = ladder_ensemble(*leaves, impl=impl)
-    upstream = torch.ones_like(out)
+    upstream = upstream_like(out.shape, on, seed=3, dtype=dtype)
     out.backward(upstream)
     want = ensemble_reference(*leaves, upstream)
+    magnitude = ensemble_reference(*leaves, upstream, magnitudes=True)
     assert out.dtype == dtype
-    assert rel_err(out, want["out"]) < tol
+    assert_close_to_magnitude(out, want["out"], magnitude["out"], rtol, "out")
     for name, t in zip(NAMES, leaves, strict=True):
-        assert t.grad.dtype == dtype and rel_err(t.grad, want[name]) < 2 * tol, name
+        assert t.grad.dtype == dtype
+        assert_close_to_magnitude(t.grad, want[name], magnitude[name], rtol, name)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])

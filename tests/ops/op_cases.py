@@ -315,6 +315,22 @@ def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01, m
     return grads
 
 
+def univariate_reference(x, weight, bias, upstream, grad="paper", eps=0.01):
+    """Output and (x, weight, bias) gradients of univariate ladders, float64, from the
+    closed forms (:func:`ensemble_reference` with one ladder mixed by 1): exact where
+    autograd through the float64 reference loses the deepest gradients (~1e-100 when
+    K_d ~ 1e50) to its own rounding (~1e-19)."""
+    n = x.shape[-1]
+    bias = None if bias is None else bias.unsqueeze(1)
+    mix = torch.ones(n, 1, dtype=torch.float64)
+    want = ensemble_reference(x, weight.unsqueeze(1), mix, bias, upstream, grad, eps)
+    want["weight"] = want["weight"].squeeze(1)
+    if bias is not None:
+        want["bias"] = want["bias"].squeeze(1)
+    del want["mix"]
+    return want
+
+
 def positive_ensemble_reference(x, w, v, b, floor):
     """The positive-denominator ensemble in float64 with plain autograd."""
     d, n_l, p = w.shape

@@ -249,6 +249,21 @@ def ensemble_inputs(rows, p, n_l, d, device, bias=True, seed=0, dtype=torch.floa
     return [None if t is None else t.to(device=device, dtype=dtype) for t in (x, w, v, b)]
 
 
+def ensemble_overflow_inputs(device):
+    """x (8, 16), weight and bias (16, 2, 16), mix (16, 2), float32: ladder 0 is
+    :func:`ladder_overflow_inputs` (d = 16, K_d ~ 1e50 overflows float32), ladder 1 its
+    weights / 1e3 (a ~ 1 to 5, K_d < 1e12): rescaled tiles holding units that need no
+    rescaling."""
+    x, w, b = ladder_overflow_inputs(16, "cpu")
+    weight = torch.stack([w, w * 1e-3], 1)
+    bias = torch.stack([b, b], 1)
+    mix = torch.randn(16, 2, generator=torch.Generator().manual_seed(5))
+    a = ladder_denominators(x.double(), w.double() * 1e-3, b.double())
+    # A guard on the construction: ladder 1 needs no rescaling.
+    assert (suffix_continuants(a)[-1].abs() < 1e12).all()
+    return [t.to(device) for t in (x, weight, mix, bias)]
+
+
 def clamped_units(a: torch.Tensor, eps: float = 0.01) -> torch.Tensor:
     """The units of partial denominators a (..., d) whose |K_d| < eps, in float64."""
     return suffix_continuants(a.detach().cpu().double())[-1].abs() < eps

@@ -332,9 +332,9 @@ def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01, m
 
 def univariate_reference(x, weight, bias, upstream, grad="paper", eps=0.01):
     """Output and (x, weight, bias) gradients of univariate ladders, float64, from the
-    closed forms (:func:`ensemble_reference` with one ladder mixed by 1): exact where
-    autograd through the float64 reference loses the deepest gradients (~1e-100 when
-    K_d ~ 1e50) to its own rounding (~1e-19)."""
+    closed forms (:func:`ensemble_reference` with one ladder mixed by 1). They keep the
+    deep gradients (~1e-100 when K_d ~ 1e50) that autograd through the float64
+    reference loses to its own rounding (~1e-19)."""
     n = x.shape[-1]
     bias = None if bias is None else bias.unsqueeze(1)
     mix = torch.ones(n, 1, dtype=torch.float64)

@@ -106,6 +106,21 @@ def assert_close_where_normal(got: torch.Tensor, want: torch.Tensor, rtol: float
     return normal
 
 
+def assert_close_to_magnitude(got, want, magnitude, rtol: float, name: str = "") -> None:
+    """|got - want| <= rtol * magnitude element by element, ``magnitude`` the sum of the
+    absolute values of the terms that make up ``want`` (what rounding errors scale with).
+    Every element is checked relative to its own size, unless a sum cancelled: there
+    relative to its terms. :func:`rel_err`, relative to the largest element of values
+    and gradients that reach 1e5 on poles, lets almost any error of the others pass."""
+    got, want, magnitude = (t.detach().cpu().double() for t in (got, want, magnitude))
+    off = (got - want).abs()
+    bad = ~(off <= rtol * magnitude)  # NaN fails
+    assert not bad.any(), (
+        f"{name}: {int(bad.sum())} of {bad.numel()} elements off by more than {rtol} of "
+        f"their terms' magnitude (worst {(off / magnitude).nan_to_num(float('inf')).max():.3g})"
+    )
+
+
 def upstream_like(shape, device, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
     """A fixed random upstream gradient."""
     g = torch.Generator().manual_seed(seed)
@@ -234,6 +249,21 @@ def ensemble_inputs(rows, p, n_l, d, device, bias=True, seed=0, dtype=torch.floa
     return [None if t is None else t.to(device=device, dtype=dtype) for t in (x, w, v, b)]
 
 
+def ensemble_overflow_inputs(device):
+    """x (8, 16), weight and bias (16, 2, 16), mix (16, 2), float32: ladder 0 is
+    :func:`ladder_overflow_inputs` (d = 16, K_d ~ 1e50 overflows float32), ladder 1 its
+    weights / 1e3 (a ~ 1 to 5, K_d < 1e12): rescaled tiles holding units that need no
+    rescaling."""
+    x, w, b = ladder_overflow_inputs(16, "cpu")
+    weight = torch.stack([w, w * 1e-3], 1)
+    bias = torch.stack([b, b], 1)
+    mix = torch.randn(16, 2, generator=torch.Generator().manual_seed(5))
+    a = ladder_denominators(x.double(), w.double() * 1e-3, b.double())
+    # A guard on the construction: ladder 1 needs no rescaling.
+    assert (suffix_continuants(a)[-1].abs() < 1e12).all()
+    return [t.to(device) for t in (x, weight, mix, bias)]
+
+
 def clamped_units(a: torch.Tensor, eps: float = 0.01) -> torch.Tensor:
     """The units of partial denominators a (..., d) whose |K_d| < eps, in float64."""
     return suffix_continuants(a.detach().cpu().double())[-1].abs() < eps
@@ -265,11 +295,14 @@ def ensemble_clamped_units(x, weight, bias, eps=0.01) -> int:
     return int(clamped_units(a, eps).sum())
 
 
-def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01):
+def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01, magnitudes=False):
     """Output and (x, weight, mix, bias) gradients of the ensemble, float64, by hand.
 
     The composite: L p univariate ladders on x repeated L times, mixed by V; per-unit
-    gradients from the closed forms of the grad mode, then the chain rule.
+    gradients from the closed forms of the grad mode, then the chain rule. With
+    ``magnitudes``, each of them as the sum of the absolute values of its terms (|V z|
+    over ladders, |d loss / d a_k w_k| over ladders and depths, ...): the scale of its
+    rounding errors, for :func:`assert_close_to_magnitude`.
     """
     x, weight, mix, upstream = (t.detach().cpu().double() for t in (x, weight, mix, upstream))
     d, n_l, p = weight.shape
@@ -280,6 +313,9 @@ def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01):
     a = ladder_denominators(repeated, w2, b2)  # (..., L p, d)
     value = reference_continued_fraction(a, eps).unflatten(-1, (n_l, p))  # (..., L, p)
     per_unit = (reference_exact_grad if grad == "exact" else reference_paper_grad)(a, eps)
+    if magnitudes:
+        terms = (value, per_unit, mix, upstream, repeated, w2)
+        value, per_unit, mix, upstream, repeated, w2 = (t.abs() for t in terms)
     up = (upstream.unsqueeze(-2) * mix.t()).flatten(-2)  # (..., L p): upstream of ladder j
     t = per_unit * up.unsqueeze(-1)  # (..., L p, d): d loss / d a_k
     sum_lead = tuple(range(len(lead)))
@@ -292,6 +328,22 @@ def ensemble_reference(x, weight, mix, bias, upstream, grad="paper", eps=0.01):
     if bias is not None:
         grads["bias"] = t.sum(sum_lead).t().reshape(d, n_l, p)
     return grads
+
+
+def univariate_reference(x, weight, bias, upstream, grad="paper", eps=0.01):
+    """Output and (x, weight, bias) gradients of univariate ladders, float64, from the
+    closed forms (:func:`ensemble_reference` with one ladder mixed by 1). They keep the
+    deep gradients (~1e-100 when K_d ~ 1e50) that autograd through the float64
+    reference loses to its own rounding (~1e-19)."""
+    n = x.shape[-1]
+    bias = None if bias is None else bias.unsqueeze(1)
+    mix = torch.ones(n, 1, dtype=torch.float64)
+    want = ensemble_reference(x, weight.unsqueeze(1), mix, bias, upstream, grad, eps)
+    want["weight"] = want["weight"].squeeze(1)
+    if bias is not None:
+        want["bias"] = want["bias"].squeeze(1)
+    del want["mix"]
+    return want
 
 
 def positive_ensemble_reference(x, w, v, b, floor):

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -490,6 +491,44 @@ def test_the_exported_model_takes_right_padding_and_labels(tmp_path):
         use_cache=True,
     )  # fmt: skip
     assert torch.equal(cached, out)
+
+
+def test_the_exported_model_recomputes_its_blocks_when_asked(tmp_path):
+    """transformers' activation (gradient) checkpointing: the blocks keep only their
+    input for backward and recompute; the gradients are those without it."""
+    from cofrgenet.export.hf_modeling import CofrGeNetForCausalLM
+
+    config = CONFIGS["patterns"]
+    torch.manual_seed(0)
+    export_model(build_model(config), config, tmp_path / "out", verify=False)
+    kept, recomputed = (
+        CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "out")).train() for _ in range(2)
+    )
+    enable = getattr(recomputed, "activation_checkpointing_enable", None)  # transformers 5.x
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the older name's deprecation
+        (enable or recomputed.gradient_checkpointing_enable)()
+    assert all(block.gradient_checkpointing for block in recomputed.transformer["h"])
+    ids = torch.randint(0, config.vocab_size, (2, 8))
+
+    def kept_for_backward(model: torch.nn.Module) -> int:
+        """Elements the forward keeps for backward; runs the backward."""
+        sizes = []
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return sum(sizes)
+
+    assert kept_for_backward(recomputed) < kept_for_backward(kept) / 2
+    for (name, a), b in zip(kept.named_parameters(), recomputed.parameters(), strict=True):
+        assert (a.grad is None) == (b.grad is None), name
+        if a.grad is not None:
+            assert torch.equal(a.grad, b.grad), name
 
 
 @pytest.mark.parametrize("name", ["patterns", "gpt-no-bias-untied", "gru-untied"])

@@ -569,7 +569,14 @@ def layer_mixer(cofr: dict[str, Any], kind: str, layer: int) -> str:
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). (B, T, C) -> same."""
+    """Pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). (B, T, C) -> same.
+
+    ``gradient_checkpointing`` and ``_gradient_checkpointing_func`` are set by
+    transformers' ``gradient_checkpointing_enable()``: a training forward then keeps only
+    x for backward and recomputes the block there.
+    """
+
+    gradient_checkpointing = False
 
     def __init__(self, cofr: dict[str, Any], layer: int) -> None:
         super().__init__()
@@ -579,6 +586,11 @@ class Block(nn.Module):
         self.mlp = build_ffn(layer_mixer(cofr, "ffn", layer), cofr)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func(self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -597,7 +609,7 @@ class CofrGeNetPreTrainedModel(PreTrainedModel):
     config_class = CofrGeNetConfig
     base_model_prefix = "model"  # no such submodule: parameter names are used as they are
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # transformer blocks; recurrent models have none
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -105,6 +105,22 @@ def test_float32_and_bf16(impl, on, dtype, rtol):
         assert_close_to_magnitude(t.grad, want[name], magnitude[name], rtol, name)
 
 
+@pytest.mark.parametrize("impl", impls())
+def test_bf16_inputs_with_float32_parameters_give_bf16(impl, on):
+    """A Cffn under autocast hands the ladders a bf16 x beside its float32 weights and mix:
+    every implementation returns x's dtype (the mixing alone promoted to float32 in
+    literal and continuant, while the fused kernel wrote bf16), with float32 gradients
+    of the float32 leaves."""
+    x, w, mix, b = ensemble_inputs(6, 10, 3, 4, on, seed=2, dtype=torch.float32)
+    x = x.to(torch.bfloat16).requires_grad_()
+    w, mix, b = require_grad(w, mix, b)
+    out = ladder_ensemble(x, w, mix, b, impl=impl)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert x.grad.dtype == torch.bfloat16
+    assert w.grad.dtype == mix.grad.dtype == b.grad.dtype == torch.float32
+
+
 @pytest.mark.parametrize("impl", impls(*CLAMPING))
 def test_float32_overflow_matches_reference(impl, on):
     """float32, ladder 0 of every unit overflowing K_d (d = 16, a ~ 1e3: rescaled tiles)

@@ -388,7 +388,7 @@ def ladder_ensemble(
         impl=chosen,
         floor=floor,
     )
-    return mix_ensemble(z.unflatten(-1, (n_l, p)), mix)
+    return mix_ensemble(z.unflatten(-1, (n_l, p)), mix).to(x.dtype)  # as the fused kernel
 
 
 def mix_ensemble(z: Tensor, mix: Tensor) -> Tensor:

@@ -514,7 +514,7 @@ def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):
     seen = {}
 
     def recording_run(cfg, command, on_update):
-        config = torch._dynamo.config
+        config = torch.compiler.config
         seen.update(limit=config.recompile_limit, fail=config.fail_on_recompile_limit_hit)
         seen["graphs_or_error"] = torch._inductor.config.triton.cudagraph_or_error
         return {}
@@ -527,7 +527,7 @@ def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):
     many = TrainBenchConfig(variants=tuple(sorted(train.VARIANTS)), **TINY)
     train.run_benchmark(many, "test")
     assert seen["limit"] >= 4 * len(train.VARIANTS) > 8
-    assert torch._dynamo.config.recompile_limit == 8  # put back
+    assert torch.compiler.config.recompile_limit == 8  # put back
     assert not torch._inductor.config.triton.cudagraph_or_error
     both = TrainBenchConfig(
         variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), **TINY

@@ -1211,6 +1211,7 @@ def test_fit_help_gives_cofr_meanings(capsys):
     fit_help = capsys.readouterr().out
     ckpt = option_help(fit_help, "--ckpt_path")
     assert "`last`" in ckpt and "newest intact checkpoint" in ckpt
+    assert "\ncheckpoint:\n  --ckpt_path" in fit_help  # its group, not Lightning's docstring
     for lightning_word in ("registry", 'hpc"', "best", "an exception is raised"):
         assert lightning_word not in ckpt, lightning_word
     for field in dataclasses.fields(RunConfig):

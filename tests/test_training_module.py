@@ -609,9 +609,9 @@ def test_a_compiled_model_may_recompile_for_each_ladder_state(monkeypatch):
     the later releases then ran uncompiled."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(torch.compiler.config, "recompile_limit", 8)
     LanguageModel("gpt2-tiny-f", compile=True).configure_model()
-    assert torch._dynamo.config.recompile_limit >= 2 * 2 * 6 + 4  # d = 5: 6 states
+    assert torch.compiler.config.recompile_limit >= 2 * 2 * 6 + 4  # d = 5: 6 states
 
 
 def test_each_process_silences_the_known_noise_at_setup(monkeypatch):

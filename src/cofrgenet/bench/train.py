@@ -727,13 +727,13 @@ def _compile_limits(models: int) -> Iterator[None]:
     ``forward``'s code object, whose cache holds 8 by default; past it, torch runs a model
     eager with a warning, and the bench would time that as compiled. Hitting the limit
     anyway is an error (recorded)."""
-    import torch._dynamo
     import torch._inductor.config
 
-    config = torch._dynamo.config
-    limits = {"recompile_limit": max(config.recompile_limit, 4 * models)}
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        limits["fail_on_recompile_limit_hit"] = True
+    config = torch.compiler.config
+    limits = {
+        "recompile_limit": max(config.recompile_limit, 4 * models),
+        "fail_on_recompile_limit_hit": True,
+    }
     # A cudagraphs model whose graphs inductor would run without CUDA graphs (a mutated
     # input, a CPU op in the graph) fails, recorded with inductor's reason, instead of
     # being timed as cudagraphs. (On a CPU inductor skips them silently: no error.)

@@ -21,7 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 #: The Lightning minor version these wrappers were written and tested against.
 PINNED_LIGHTNING = "2.6"
 #: The private LightningCLI methods used below.
-PRIVATE_METHODS = ("_parser", "_get", "_instantiate_trainer", "_run_subcommand")
+PRIVATE_METHODS = ("_parser", "_instantiate_trainer", "_run_subcommand")
 
 
 class LightningCLIAdapter(LightningCLI):
@@ -32,8 +32,9 @@ class LightningCLIAdapter(LightningCLI):
         return self._parser(subcommand)
 
     def config_value(self, config: Any, key: str, default: Any = None) -> Any:
-        """``key`` of the parsed (or instantiated) ``config`` of the current subcommand."""
-        return self._get(config, key, default=default)
+        """``key`` of the parsed (or instantiated) ``config`` of the current subcommand
+        (under the subcommand's name once parsed with subcommands, at the top without)."""
+        return config.get(str(self.subcommand), config).get(key, default)
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         """A Trainer from its init arguments and extra callbacks (Lightning's own merge of
@@ -53,13 +54,11 @@ class LightningCLIAdapter(LightningCLI):
         """Replace ``subcommand``'s description and the title of the group of its own
         arguments (``--ckpt_path``): both are the first lines of Lightning's docstring of
         the Trainer method, cut mid-sentence for ``test``. The description is argparse's
-        public attribute; the group is found through argparse's list of groups."""
+        public attribute; the group is jsonargparse's named group of the method's
+        arguments (``parser.groups``)."""
         parser = self.subcommand_parser(subcommand)
         parser.description = text
-        ckpt_path = parser._option_string_actions["--ckpt_path"]
-        for group in parser._action_groups:
-            if ckpt_path in group._group_actions:
-                group.title = group_title
+        parser.groups[subcommand].title = group_title
 
     def run_subcommand(self, subcommand: str) -> None:
         """Run ``fit``, ``validate``, ... once everything is built; a parse-only subclass

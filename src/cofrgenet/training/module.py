@@ -70,9 +70,7 @@ RECOMPILE_LIMIT = 64
 
 def allow_recompiles() -> None:
     """Raise dynamo's per-function recompile limit to :data:`RECOMPILE_LIMIT`."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
+    config = torch.compiler.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
 

@@ -76,6 +76,23 @@ def test_triton_on_a_cpu_tensor_without_the_interpreter_is_a_clear_error(monkeyp
 
 
 @needs_triton
+@pytest.mark.parametrize("value", ["true", "on", "0", "false"])
+def test_interpreted_is_tritons_own_knob(monkeypatch, value):
+    """TRITON_INTERPRET is a boolean to Triton (``true`` interprets): the launchers and
+    the ahead-of-time compiler's refusal read Triton's knob, not the string "1"."""
+    import triton
+
+    from cofrgenet.ops.triton import aot, runtime
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    expected = value in ("true", "on")
+    assert triton.knobs.runtime.interpret is expected
+    assert runtime.interpreted() is expected
+    monkeypatch.setattr(aot, "compile_all", lambda *args: 0)  # no compiling here
+    assert aot.main([]) == (2 if expected else 0)
+
+
+@needs_triton
 def test_poisoned_buffers_are_nan():
     """The premise of the suites' NaN poisoning (tests/ops/conftest.py)."""
     from cofrgenet.ops.triton import runtime

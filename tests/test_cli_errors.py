@@ -87,6 +87,16 @@ def test_cofr_debug_set_to_a_no_leaves_debugging_off(capsys, monkeypatch):
             cli.main(["data", "prepare", "--vocab-size", "x"])
 
 
+def test_cofr_debug_neither_yes_nor_no_is_a_one_line_error(capsys, monkeypatch):
+    """COFR_DEBUG=maybe turned debugging on (anything but a no did): it names the variable."""
+    monkeypatch.setenv("COFR_DEBUG", "maybe")
+    line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
+    assert line.startswith("cofr data prepare: error: environment variable COFR_DEBUG='maybe'")
+    assert "1, true, yes or on" in line
+    with pytest.raises(UserError, match="COFR_DEBUG='maybe'"):  # --debug: its traceback
+        cli.main(["--debug", "data", "prepare", "--vocab-size", "x"])
+
+
 def test_programming_errors_keep_their_traceback(monkeypatch):
     def broken(args):
         raise KeyError("a bug")

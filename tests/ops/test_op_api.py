@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from cofrgenet.errors import UserError
 from cofrgenet.nn import Cffn
 from cofrgenet.ops import (
     continued_fraction,
@@ -221,8 +222,15 @@ def test_auto_picks_triton_on_cuda_compiles_large_cpu_inputs_and_honours_the_swi
     if HAS_TRITON:
         assert resolve_impl("auto", 1 << 20, torch.device("cuda")) == "triton"
         assert resolve_impl("auto", 10, torch.device("cuda", 0)) == "triton"
-    monkeypatch.setenv("COFRGENET_COMPILE", "0")
-    assert resolve_impl("auto", 1 << 20, cpu) == "continuant"
+    for off in ("0", "false", "no", "off"):  # COFRGENET_COMPILE=false compiled
+        monkeypatch.setenv("COFRGENET_COMPILE", off)
+        assert resolve_impl("auto", 1 << 20, cpu) == "continuant", off
+    for on in ("1", "true", ""):
+        monkeypatch.setenv("COFRGENET_COMPILE", on)
+        assert resolve_impl("auto", 1 << 20, cpu) == "compiled", on
+    monkeypatch.setenv("COFRGENET_COMPILE", "maybe")
+    with pytest.raises(UserError, match=r"COFRGENET_COMPILE='maybe' is not a yes or no"):
+        resolve_impl("auto", 1 << 20, cpu)
 
 
 def test_only_a_failure_of_the_compiled_kernel_alone_turns_compiling_off(monkeypatch):

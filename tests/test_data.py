@@ -755,6 +755,28 @@ def test_a_resume_with_num_workers_unset_keeps_the_checkpoints_count(pydoc_byte,
         make(None).load_state_dict(larger)
 
 
+def test_the_private_litdata_attributes_the_loader_resets_are_still_litdatas():
+    """ResumableStreamingDataLoader.load_state_dict sets litdata's ``_worker_idx`` to None
+    so that litdata's own load_state_dict makes a fresh worker cycle (it does while the
+    attribute is None): renamed in litdata, the line would silently do nothing."""
+    import inspect
+    import re
+
+    from litdata import StreamingDataLoader
+
+    from cofrgenet.data import datamodule
+
+    ours = inspect.getsource(datamodule.ResumableStreamingDataLoader.load_state_dict)
+    made = inspect.getsource(StreamingDataLoader.__init__)
+    loads = inspect.getsource(StreamingDataLoader.load_state_dict)
+    for name in datamodule.LITDATA_PRIVATE:
+        assert f"self.{name} = None" in ours, name  # the list names what we reset
+        assert re.search(rf"self\.{name}\b.*=", made), f"StreamingDataLoader.{name} is gone"
+        assert re.search(rf"if self\.{name} is None:", loads), (
+            f"StreamingDataLoader.load_state_dict no longer makes {name} afresh while None"
+        )
+
+
 def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
     dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=5)
     next(iter(dm.train_dataloader()))

@@ -267,7 +267,7 @@ def test_choosing_triton_for_cuda_traces_without_a_graph_break():
         picked = resolve_impl("auto", 10, torch.device("cuda"))
         return x + (1.0 if picked == "triton" else 0.0)
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     assert torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 1.0
 
 
@@ -339,7 +339,7 @@ def test_cffn_compiles_fullgraph_with_inductor(device, ladder):
         out.square().sum().backward()
         return out.detach(), [xi.grad, *(p.grad.clone() for p in layer.parameters())]
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     eager = run(layer)
     assert_same(eager, run(torch.compile(layer, fullgraph=True)), rtol=1e-5, atol=1e-6)
 

@@ -50,7 +50,7 @@ from cofrgenet.data import (
 from cofrgenet.data.cpus import default_loader_workers
 from cofrgenet.data.datamodule import stop_signals_ignored
 from cofrgenet.data.meta import PREPARE_LOCK, READERS_LOCK, DataMeta, prepare_command
-from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
+from cofrgenet.data.prepare import EncodeDocuments, add_arguments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
     EOS_TEXT,
@@ -1433,6 +1433,27 @@ def test_chunk_bytes_are_checked_before_anything_is_written(tmp_path, capsys):
     args = ["--max-docs", "4", "--num-workers", "1", "--out", str(out), "--chunk-bytes", "4000"]
     assert main(args) == 0
     assert read_meta(out).splits["train"].chunks > 1
+
+
+def test_max_docs_and_vocab_size_are_checked_at_parse_time(tmp_path, capsys):
+    """They were plain ints, checked after the parse (--max-docs) or the folder checks
+    (--vocab-size), and took no 2^k: now they read ints as the other options do."""
+    for extra, message in (
+        (["--max-docs", "0"], "argument --max-docs: must be >= 1, got 0"),
+        (["--max-docs", "x"], "argument --max-docs: expected an int, got 'x'"),
+        (
+            ["--tokenizer", "bpe", "--vocab-size", "100"],
+            "argument --vocab-size: must be >= 258 (256 bytes + EOS + 1 merge), got 100",
+        ),
+    ):
+        out = tmp_path / "out"
+        assert main([*extra, "--out", str(out)]) == 2
+        assert last_error_line(capsys).startswith(f"cofr data prepare: error: {message} (")
+        assert not out.exists()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--max-docs", "2^3", "--vocab-size", "1<<12"])
+    assert (args.max_docs, args.vocab_size) == (8, 4096)
 
 
 def test_num_workers_must_be_at_least_one(tmp_path, capsys):

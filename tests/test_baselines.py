@@ -754,7 +754,7 @@ def test_gelu_tanh_compiled_form_is_the_same_function():
 
     x = torch.linspace(-8, 8, 1001, dtype=torch.float64, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     out = torch.compile(gelu_tanh, backend=record, fullgraph=True)(x)
     want = torch.nn.functional.gelu(x_ref, approximate="tanh")
     (grad,) = torch.autograd.grad(out.sum(), x)

@@ -46,7 +46,12 @@ from cofrgenet.bench.timing import (
     time_interleaved,
     wait_for_quiet,
 )
-from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args, parse_int
+from cofrgenet.dataclass_options import (
+    add_dataclass_arguments,
+    at_least,
+    dataclass_from_args,
+    parse_int,
+)
 
 TINY = ["--sizes", "256", "--depths", "1,3", "--ladder-sizes", "8x16", "--ladder-depths", "2"]
 TINY += ["--ensemble-sizes", "8x16", "--ensemble-depths", "2", "--cffn-sizes", "8x16"]
@@ -510,6 +515,21 @@ def test_bench_ops_on_cuda_without_cuda_says_so(capsys, tmp_path):
 )
 def test_parse_int(text, value):
     assert parse_int(text) == value
+
+
+def test_bounded_int_options_read_ints_as_dataclass_options_do():
+    """at_least(int, ...) options took only plain ints: ``--x 2^16`` was "expected an
+    int", while the benchmarks' dataclass options read it (parse_int)."""
+    positive = at_least(int, 1)
+    assert positive("2^16") == positive("1<<16") == positive("2**16") == 65536
+    assert positive(" 7 ") == 7
+    for bad in ("x", "1.5", "2^"):
+        with pytest.raises(argparse.ArgumentTypeError) as raised:
+            positive(bad)
+        assert str(raised.value) == f"expected an int, got {bad!r}"
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1, got 0"):
+        positive("0")
+    assert at_least(float, 0.5)("2.5") == 2.5  # floats as before
 
 
 def test_summary_statistics():

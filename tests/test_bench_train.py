@@ -202,7 +202,7 @@ def test_every_transformer_variant_compiles_whole_without_graph_breaks(variant):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         explained = torch._dynamo.explain(model)(torch.randint(0, 64, (2, 16)))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     # e.g. "Dynamo detected a call to a functools.lru_cache-wrapped function" (CAttnU's
     # triangle indices did until they became graph constants under compile)
@@ -227,7 +227,7 @@ def test_a_compiled_cofrgenet_trains_like_the_eager_one(attention):
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
         losses.append(loss.item())
-    torch._dynamo.reset()
+    torch.compiler.reset()
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)

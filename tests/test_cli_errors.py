@@ -63,7 +63,9 @@ def test_missing_data_and_bad_arguments_of_other_commands(capsys, tmp_path):
     err = one_line_error(capsys, ["fit", "--config", DEMO, "--data.data_dir", str(tmp_path)])
     assert "cofr data prepare" in err or "meta.json" in err
     line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
-    assert line.startswith("cofr data prepare: error: argument --vocab-size: invalid int")
+    assert line.startswith(
+        "cofr data prepare: error: argument --vocab-size: expected an int, got 'x'"
+    )
     assert "`cofr data prepare --help` lists the options" in line
 
 
@@ -80,11 +82,21 @@ def test_cofr_debug_set_to_a_no_leaves_debugging_off(capsys, monkeypatch):
     for off in ("0", "false", "False", "no", "OFF", " ", ""):
         monkeypatch.setenv("COFR_DEBUG", off)
         line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
-        assert "argument --vocab-size: invalid int" in line, off
+        assert "argument --vocab-size: expected an int" in line, off
     for on in ("1", "true", "yes", "on"):
         monkeypatch.setenv("COFR_DEBUG", on)
         with pytest.raises(UserError):
             cli.main(["data", "prepare", "--vocab-size", "x"])
+
+
+def test_cofr_debug_neither_yes_nor_no_is_a_one_line_error(capsys, monkeypatch):
+    """COFR_DEBUG=maybe turned debugging on (anything but a no did): it names the variable."""
+    monkeypatch.setenv("COFR_DEBUG", "maybe")
+    line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
+    assert line.startswith("cofr data prepare: error: environment variable COFR_DEBUG='maybe'")
+    assert "1, true, yes or on" in line
+    with pytest.raises(UserError, match="COFR_DEBUG='maybe'"):  # --debug: its traceback
+        cli.main(["--debug", "data", "prepare", "--vocab-size", "x"])
 
 
 def test_programming_errors_keep_their_traceback(monkeypatch):

@@ -50,7 +50,7 @@ from cofrgenet.data import (
 from cofrgenet.data.cpus import default_loader_workers
 from cofrgenet.data.datamodule import stop_signals_ignored
 from cofrgenet.data.meta import PREPARE_LOCK, READERS_LOCK, DataMeta, prepare_command
-from cofrgenet.data.prepare import EncodeDocuments, main, parse_chunk_bytes
+from cofrgenet.data.prepare import EncodeDocuments, add_arguments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
     EOS_TEXT,
@@ -755,6 +755,28 @@ def test_a_resume_with_num_workers_unset_keeps_the_checkpoints_count(pydoc_byte,
         make(None).load_state_dict(larger)
 
 
+def test_the_private_litdata_attributes_the_loader_resets_are_still_litdatas():
+    """ResumableStreamingDataLoader.load_state_dict sets litdata's ``_worker_idx`` to None
+    so that litdata's own load_state_dict makes a fresh worker cycle (it does while the
+    attribute is None): renamed in litdata, the line would silently do nothing."""
+    import inspect
+    import re
+
+    from litdata import StreamingDataLoader
+
+    from cofrgenet.data import datamodule
+
+    ours = inspect.getsource(datamodule.ResumableStreamingDataLoader.load_state_dict)
+    made = inspect.getsource(StreamingDataLoader.__init__)
+    loads = inspect.getsource(StreamingDataLoader.load_state_dict)
+    for name in datamodule.LITDATA_PRIVATE:
+        assert f"self.{name} = None" in ours, name  # the list names what we reset
+        assert re.search(rf"self\.{name}\b.*=", made), f"StreamingDataLoader.{name} is gone"
+        assert re.search(rf"if self\.{name} is None:", loads), (
+            f"StreamingDataLoader.load_state_dict no longer makes {name} afresh while None"
+        )
+
+
 def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
     dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=5)
     next(iter(dm.train_dataloader()))
@@ -1411,6 +1433,27 @@ def test_chunk_bytes_are_checked_before_anything_is_written(tmp_path, capsys):
     args = ["--max-docs", "4", "--num-workers", "1", "--out", str(out), "--chunk-bytes", "4000"]
     assert main(args) == 0
     assert read_meta(out).splits["train"].chunks > 1
+
+
+def test_max_docs_and_vocab_size_are_checked_at_parse_time(tmp_path, capsys):
+    """They were plain ints, checked after the parse (--max-docs) or the folder checks
+    (--vocab-size), and took no 2^k: now they read ints as the other options do."""
+    for extra, message in (
+        (["--max-docs", "0"], "argument --max-docs: must be >= 1, got 0"),
+        (["--max-docs", "x"], "argument --max-docs: expected an int, got 'x'"),
+        (
+            ["--tokenizer", "bpe", "--vocab-size", "100"],
+            "argument --vocab-size: must be >= 258 (256 bytes + EOS + 1 merge), got 100",
+        ),
+    ):
+        out = tmp_path / "out"
+        assert main([*extra, "--out", str(out)]) == 2
+        assert last_error_line(capsys).startswith(f"cofr data prepare: error: {message} (")
+        assert not out.exists()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--max-docs", "2^3", "--vocab-size", "1<<12"])
+    assert (args.max_docs, args.vocab_size) == (8, 4096)
 
 
 def test_num_workers_must_be_at_least_one(tmp_path, capsys):

@@ -34,6 +34,7 @@ UTILITIES = {
     "config_variables",
     "dataclass_options",
     "devices",
+    "environment",
     "errors",
     "folder_lock",
     "hub",

@@ -20,6 +20,7 @@ import yaml
 
 from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.models import ModelConfig
+from cofrgenet.ops import triton_available
 from cofrgenet.training.cli import CofrCLI, ParseOnlyCLI, RunExistsError
 from cofrgenet.training.console import RunSummary
 
@@ -1386,6 +1387,25 @@ def test_triton_ladders_on_a_cpu_run_are_refused_before_the_run_starts(
     assert not (tmp_path / "runs" / "test").exists() or not any(
         (tmp_path / "runs" / "test").iterdir()
     )
+
+
+@pytest.mark.skipif(not triton_available(), reason="the triton package is not installed")
+@pytest.mark.parametrize("value", ["1", "true", "on", "yes", "0", "false", ""])
+def test_the_ladder_device_check_reads_triton_interpret_as_triton_does(monkeypatch, value):
+    """TRITON_INTERPRET=true runs the kernels on CPU (Triton reads a boolean): a CPU fit
+    with ladder_impl: triton goes on exactly when Triton's own knob says it interprets."""
+    import triton
+
+    from cofrgenet.training.cli import _check_ladder_device
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    config = ModelConfig(ladder_impl="triton")
+    if triton.knobs.runtime.interpret:
+        _check_ladder_device(config, "cpu")
+    else:
+        with pytest.raises(ConfigError, match="ladder_impl: triton needs a CUDA device"):
+            _check_ladder_device(config, "cpu")
+    assert triton.knobs.runtime.interpret == (value in ("1", "true", "on", "yes"))
 
 
 def test_a_callback_argument_typo_names_the_closest_and_the_callbacks_help(tiny_data, tmp_path):

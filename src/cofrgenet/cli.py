@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cofrgenet import package_version
+from cofrgenet.environment import env_flag
 from cofrgenet.errors import (
     OneLineErrorParser,
     UserError,
@@ -230,9 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command line, or ``COFR_DEBUG=1``, shows their traceback instead.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or debug_from_environment()
+    debug = "--debug" in argv
     argv = [word for word in argv if word != "--debug"]
     try:
+        debug = debug_from_environment() or debug  # a bad COFR_DEBUG: one line
         with _own_warnings_in_one_line(debug):
             return _run(argv)
     except KeyboardInterrupt:  # before a command's own handler (fit's) is in place
@@ -255,13 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-#: COFR_DEBUG values that leave debugging off (COFR_DEBUG=false turned it on).
-_OFF = ("", "0", "false", "no", "off", "n", "f")
-
-
 def debug_from_environment() -> bool:
-    """Whether ``COFR_DEBUG`` asks for tracebacks: any value but a usual way of saying no."""
-    return os.environ.get("COFR_DEBUG", "").strip().lower() not in _OFF
+    """Whether ``COFR_DEBUG`` asks for tracebacks (:func:`cofrgenet.environment.env_flag`:
+    COFR_DEBUG=false leaves them off, a value that is neither yes nor no is an error)."""
+    return env_flag("COFR_DEBUG", False)
 
 
 def _command_words(argv: list[str]) -> str:

@@ -41,17 +41,19 @@ def parse_int(text: str) -> int:
 
 
 def _number(kind: type, text: str) -> Any:
-    """``kind(text)`` (int or float), else argparse's one-line ``expected ...`` error."""
+    """``text`` as a ``kind`` (int, written as :func:`parse_int` reads it, or float), else
+    argparse's one-line ``expected ...`` error."""
     try:
-        return kind(text)
+        return parse_int(text) if kind is int else kind(text)
     except ValueError:
         expected = "an int" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 
 def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
-    """argparse ``type``: a ``kind`` (int or float) >= ``low``, else one line at parse time
-    (``argument --x: must be >= 1, got 0``; NaN refused too). ``note`` follows the bound."""
+    """argparse ``type``: a ``kind`` (int, also written ``2^16`` or ``1<<16``, or float)
+    >= ``low``, else one line at parse time (``argument --x: must be >= 1, got 0``; NaN
+    refused too). ``note`` follows the bound."""
 
     def parse(text: str) -> Any:
         value = _number(kind, text)

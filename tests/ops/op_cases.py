@@ -394,6 +394,6 @@ def check_with_state_op(op, stateless_op, cases, backend, eps=0.01):
 def compiles_fullgraph(fn, leaves, backend="aot_eager"):
     """fn under torch.compile(fullgraph=True) equals fn eagerly, forward and backward
     (``aot_eager``: dynamo and AOTAutograd, no code generation). A graph break raises."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
     assert_same(outputs_and_grads(fn, leaves), outputs_and_grads(compiled, leaves))

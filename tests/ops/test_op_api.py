@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from cofrgenet.errors import UserError
 from cofrgenet.nn import Cffn
 from cofrgenet.ops import (
     continued_fraction,
@@ -73,6 +74,23 @@ def test_triton_on_a_cpu_tensor_without_the_interpreter_is_a_clear_error(monkeyp
         univariate_ladder(torch.rand(4, 3), torch.rand(2, 3), impl="triton")
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         kernels.continued_fraction_fwd(torch.rand(4, 3), 0.01)
+
+
+@needs_triton
+@pytest.mark.parametrize("value", ["true", "on", "0", "false"])
+def test_interpreted_is_tritons_own_knob(monkeypatch, value):
+    """TRITON_INTERPRET is a boolean to Triton (``true`` interprets): the launchers and
+    the ahead-of-time compiler's refusal read Triton's knob, not the string "1"."""
+    import triton
+
+    from cofrgenet.ops.triton import aot, runtime
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    expected = value in ("true", "on")
+    assert triton.knobs.runtime.interpret is expected
+    assert runtime.interpreted() is expected
+    monkeypatch.setattr(aot, "compile_all", lambda *args: 0)  # no compiling here
+    assert aot.main([]) == (2 if expected else 0)
 
 
 @needs_triton
@@ -204,8 +222,15 @@ def test_auto_picks_triton_on_cuda_compiles_large_cpu_inputs_and_honours_the_swi
     if HAS_TRITON:
         assert resolve_impl("auto", 1 << 20, torch.device("cuda")) == "triton"
         assert resolve_impl("auto", 10, torch.device("cuda", 0)) == "triton"
-    monkeypatch.setenv("COFRGENET_COMPILE", "0")
-    assert resolve_impl("auto", 1 << 20, cpu) == "continuant"
+    for off in ("0", "false", "no", "off"):  # COFRGENET_COMPILE=false compiled
+        monkeypatch.setenv("COFRGENET_COMPILE", off)
+        assert resolve_impl("auto", 1 << 20, cpu) == "continuant", off
+    for on in ("1", "true", ""):
+        monkeypatch.setenv("COFRGENET_COMPILE", on)
+        assert resolve_impl("auto", 1 << 20, cpu) == "compiled", on
+    monkeypatch.setenv("COFRGENET_COMPILE", "maybe")
+    with pytest.raises(UserError, match=r"COFRGENET_COMPILE='maybe' is not a yes or no"):
+        resolve_impl("auto", 1 << 20, cpu)
 
 
 def test_only_a_failure_of_the_compiled_kernel_alone_turns_compiling_off(monkeypatch):
@@ -242,7 +267,7 @@ def test_choosing_triton_for_cuda_traces_without_a_graph_break():
         picked = resolve_impl("auto", 10, torch.device("cuda"))
         return x + (1.0 if picked == "triton" else 0.0)
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     assert torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 1.0
 
 
@@ -314,7 +339,7 @@ def test_cffn_compiles_fullgraph_with_inductor(device, ladder):
         out.square().sum().backward()
         return out.detach(), [xi.grad, *(p.grad.clone() for p in layer.parameters())]
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     eager = run(layer)
     assert_same(eager, run(torch.compile(layer, fullgraph=True)), rtol=1e-5, atol=1e-6)
 

@@ -152,6 +152,13 @@ def pin_shuffle(dataset: StreamingDataset) -> None:
         dataset.posix_fast = dataclasses.replace(profile, kind="posix")
 
 
+#: The private ``StreamingDataLoader`` attributes ``ResumableStreamingDataLoader`` sets:
+#: ``_worker_idx``, litdata's cycle over the workers, which its ``load_state_dict`` makes
+#: afresh only while it is None. tests/test_data.py checks that litdata still has and
+#: reads them: were one renamed, the reset below would silently do nothing.
+LITDATA_PRIVATE = ("_worker_idx",)
+
+
 class ResumableStreamingDataLoader(StreamingDataLoader):
     """A ``StreamingDataLoader`` whose resumed epoch ends like any other, and that may
     load its state more than once (litdata 0.2.76).

@@ -75,6 +75,7 @@ from cofrgenet.data.tokenizer import (
     gpt2_tokenizer,
     train_bpe,
 )
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import OneLineErrorParser, UserError, check_seed
 from cofrgenet.folder_lock import FolderLock, ReadersLock
 
@@ -902,7 +903,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     src.add_argument(
         "--max-docs",
-        type=int,
+        type=at_least(int, 1),
         metavar="N",
         help="read only the first N documents (of each split) - for quick tests",
     )
@@ -915,7 +916,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tok.add_argument(
         "--vocab-size",
-        type=int,
+        type=at_least(int, MIN_BPE_VOCAB, " (256 bytes + EOS + 1 merge)"),
         default=None,
         metavar="N",
         help=f"bpe vocabulary size, EOS and 256 bytes included (default: {DEFAULT_VOCAB_SIZE})",

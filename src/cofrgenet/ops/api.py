@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from cofrgenet.environment import env_flag
 from cofrgenet.ops import continuant, custom_ops
 from cofrgenet.ops.literal import literal_continued_fraction, literal_univariate_ladder
 
@@ -62,7 +62,7 @@ def resolve_impl(impl: str, units: int, device: torch.device) -> str:
         return impl
     if device.type == "cuda" and triton_available():
         return "triton"
-    if os.environ.get("COFRGENET_COMPILE", "1") == "0" or not continuant.compile_available():
+    if not env_flag("COFRGENET_COMPILE", True) or not continuant.compile_available():
         return "continuant"
     return "compiled" if units >= AUTO_COMPILE_MIN_UNITS else "continuant"
 

@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-import os
 import re
 import signal
 import sys
@@ -57,6 +56,7 @@ from cofrgenet.errors import (
     raised_from,
 )
 from cofrgenet.models.presets import list_presets
+from cofrgenet.ops.triton_interpreter import interpreted as triton_interpreted
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
 from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
@@ -1295,7 +1295,7 @@ def _check_ladder_device(config: Any, accelerator: Any) -> None:
     written: the kernels would raise at the first step, after the run folder was made."""
     if getattr(config, "ladder_impl", None) != "triton":
         return
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels run on CPU, interpreted
+    if triton_interpreted():  # the kernels run on CPU, interpreted
         return
     on_gpu = accelerator in ("gpu", "cuda") or (
         accelerator in (None, "auto") and torch.cuda.is_available()

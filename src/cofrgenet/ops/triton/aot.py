@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ptxas-info", action="store_true", help="registers and stack (spills) of each kernel"
     )
     args = parser.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if runtime.interpreted():
         print("unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
         return 2
     count = compile_all(args.arch, args.ptxas_info)

@@ -14,19 +14,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from cofrgenet.ops.triton_interpreter import interpreted
+
 #: Fill new outputs with NaN instead of leaving them uninitialised, so that an element a
 #: kernel forgot to write shows up in tests. Tests switch it on (see tests/conftest.py).
 poison_outputs = False
-
-
-@triton.jit
-def _probe(x_ptr):
-    tl.store(x_ptr, 0.0)
-
-
-def interpreted() -> bool:
-    """Whether kernels of this process run in Triton's interpreter (decided at import)."""
-    return type(_probe).__name__ == "InterpretedFunction"
 
 
 def check_tensor(t: Tensor) -> None:

@@ -56,7 +56,7 @@ def resolve_impl(impl: str, units: int, device: torch.device) -> str:
 
     CUDA: the Triton kernels (if triton is installed). CPU: the compiled continuant for
     inputs of at least AUTO_COMPILE_MIN_UNITS ladders, the eager continuant otherwise.
-    Set COFRGENET_COMPILE=0 to never compile.
+    Set COFRGENET_COMPILE=0 (or false, no, off) to never compile.
     """
     if impl != "auto":
         return impl

@@ -29,7 +29,7 @@ TINY = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size":
 def test_bench_train_measures_speed_memory_and_generation(tmp_path):
     cfg = TrainBenchConfig(
         variants=("gpt2", "cofrgenet-f", "lstm"),
-        modes=("eager",),
+        modes=("eager", "recompute"),
         batch_size=2,
         steps=2,
         rounds=2,
@@ -39,7 +39,18 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
         **TINY,
     )
     report = run_benchmark(cfg, "cofr bench train (test)")
-    results = {r["variant"]: r for r in report["results"]}
+    # Activation checkpointing: the transformers only (lstm has no blocks), timed in the
+    # eager rounds, keeping a fraction of eager's activations.
+    recomputed = {r["variant"]: r for r in report["results"] if r["mode"] == "recompute"}
+    results = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
+    assert set(recomputed) == {"gpt2", "cofrgenet-f"}
+    for variant, r in recomputed.items():
+        eager = results[variant]
+        assert r["round_ids"] == eager["round_ids"] and r["gen_cached_tokens_per_s"] is None
+        assert r["activation_bytes_per_token"] < eager["activation_bytes_per_token"] / 2
+        assert r["peak_memory_bytes"] > 0
+    line = next(x for x in to_markdown(report).splitlines() if x.startswith("Recompute"))
+    assert re.search(r"gpt2 \d\.\d\dx \[.*\] tokens/s, 0\.\d\dx activations, \d", line)
     assert set(results) == {"gpt2", "cofrgenet-f", "lstm"} and report["peak_flops"] > 0
     for r in results.values():
         assert len(r["step_ms"]) == 4 and r["tokens_per_s"] > 0

@@ -19,7 +19,10 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
   (gradients, optimizer state, activations; CUDA: the allocator's peak over three steps;
   CPU: the growth of a fresh process's peak RSS over three steps);
 * generation: tokens/s with the mixers' caches against recomputing the context for every
-  token, and the latency of one token at a full context both ways.
+  token, and the latency of one token at a full context both ways;
+* mode ``recompute``: eager with activation checkpointing (``GPT.recompute_blocks``, as
+  ``model.activation_checkpointing``), timed in the same rounds as eager, with its
+  activations and peak memory: what the recomputation costs and saves.
 
 Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command, and
 rewrites them, marked partial, after each stage of the run: a run cut short (a
@@ -75,9 +78,12 @@ BASELINE = "gpt2"
 #: The modes, and the torch.compile mode of the compiled ones. cudagraphs records the
 #: model's forward and backward kernels once as CUDA graphs and replays them, without a
 #: launch per kernel on the host (the loss and the optimizer still launch theirs; on a
-#: CPU it is the same as compiled).
-MODES = ("eager", "compiled", "cudagraphs")
+#: CPU it is the same as compiled). recompute is eager with activation checkpointing
+#: (transformers only: a recurrent model has no blocks to recompute).
+MODES = ("eager", "compiled", "cudagraphs", "recompute")
 COMPILE_MODES = {"compiled": None, "cudagraphs": "reduce-overhead"}
+#: The modes run uncompiled: timed together, in the first stage.
+UNCOMPILED_MODES = ("eager", "recompute")
 #: The training dtypes: float32, or autocast to one of the others.
 DTYPES = ("float32", "bfloat16", "float16")
 #: Settings that must be >= 1.
@@ -108,8 +114,9 @@ class TrainBenchConfig:
     modes: tuple[str, ...] = field(
         default=("eager", "compiled"),
         metadata={
-            "help": "eager, compiled (torch.compile) and/or cudagraphs (torch.compile with "
-            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs)"
+            "help": "eager, compiled (torch.compile), cudagraphs (torch.compile with "
+            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs) and/or "
+            "recompute (eager with activation checkpointing)"
         },
     )
     n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
@@ -205,6 +212,13 @@ def model_config(cfg: TrainBenchConfig, variant: str) -> Any:
     return ModelConfig.from_preset(preset, **shape, **overrides)
 
 
+def recomputes(cfg: TrainBenchConfig, variant: str) -> bool:
+    """Whether ``variant`` has blocks to recompute (mode recompute): transformers do."""
+    from cofrgenet.models.build import build_shapes
+
+    return hasattr(build_shapes(model_config(cfg, variant)), "recompute_blocks")
+
+
 def grouped_kv_heads(cfg: TrainBenchConfig) -> dict[str, int]:
     """The key/value heads of the variants with grouped-query attention (llama3's)."""
     configs = {variant: model_config(cfg, variant) for variant in cfg.variants}
@@ -276,6 +290,8 @@ class Trainer:
         self.model = build_model(self.config).to(self.device).train()
         self.forward: Callable[..., Any] = self.model
         self.cudagraphs = mode == "cudagraphs"
+        if mode == "recompute":
+            self.model.recompute_blocks()
         if mode in COMPILE_MODES:
             self.forward = torch.compile(self.model, mode=COMPILE_MODES[mode])
         # The trainer's AdamW (groups by role, fused where torch has it), as users run it.
@@ -441,15 +457,16 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status: peak RSS needs Linux")
 
 
-def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
+def peak_step_memory(cfg: TrainBenchConfig, variant: str, mode: str = "eager") -> int:
     """Peak memory of training above the built model (bytes): gradients, optimizer state
-    and the activations of a step, over the first three steps."""
+    and the activations of a step, over the first three steps (``mode``: an uncompiled
+    one)."""
     import torch
 
     if cfg.device.startswith("cuda"):
         from cofrgenet.bench.timing import synchronize
 
-        trainer = Trainer(cfg, variant, "eager")
+        trainer = Trainer(cfg, variant, mode)
         synchronize(trainer.device)
         torch.cuda.reset_peak_memory_stats(trainer.device)
         base = torch.cuda.memory_allocated(trainer.device)
@@ -464,14 +481,14 @@ def peak_step_memory(cfg: TrainBenchConfig, variant: str) -> int:
         "import json, sys\n"
         "from cofrgenet.bench.train import Trainer, TrainBenchConfig, peak_rss_bytes\n"
         "cfg = TrainBenchConfig(**json.loads(sys.argv[1]))\n"
-        "t = Trainer(cfg, sys.argv[2], 'eager')\n"
+        "t = Trainer(cfg, sys.argv[2], sys.argv[3])\n"
         "before = peak_rss_bytes()\n"
         "t.step(); t.step(); t.step()\n"
         "print(peak_rss_bytes() - before)\n"
     )
     settings = {k: v for k, v in asdict(cfg).items() if k != "variants"}
     out = subprocess.run(
-        [sys.executable, "-c", probe, json.dumps(settings), variant],
+        [sys.executable, "-c", probe, json.dumps(settings), variant, mode],
         capture_output=True,
         text=True,
         check=True,
@@ -587,7 +604,12 @@ class _Run:
         self.cfg, self.command = cfg, command
         self.started = dt.datetime.now(dt.timezone.utc)
         #: Report order: each variant's modes together, as given.
-        self.keys: list[Key] = [(v, m) for v in cfg.variants for m in cfg.modes]
+        self.keys: list[Key] = [
+            (v, m)
+            for v in cfg.variants
+            for m in cfg.modes
+            if m != "recompute" or recomputes(cfg, v)
+        ]
         self.trainers: dict[Key, Trainer] = {}
         #: "variant mode" -> the error that stopped it (a compile failing on a new machine).
         self.failed: dict[str, str] = {}
@@ -759,7 +781,7 @@ def _run_benchmark(
             on_update(run.report(partial=True))
 
     tokens_per_step = cfg.batch_size * cfg.block_size
-    eager = run.warm_up_each([key for key in run.keys if key[1] == "eager"])
+    eager = run.warm_up_each([key for key in run.keys if key[1] in UNCOMPILED_MODES])
     if eager:
         run.time_rounds(eager)
         run.profile(eager)
@@ -768,8 +790,8 @@ def _run_benchmark(
         trainer, result = run.trainers[key], run.trainers[key].result
         if cfg.memory:
             result.activation_bytes_per_token = activation_bytes(trainer) // tokens_per_step
-            result.peak_memory_bytes = peak_step_memory(cfg, result.variant)
-        if cfg.generation:
+            result.peak_memory_bytes = peak_step_memory(cfg, *key)
+        if cfg.generation and key[1] == "eager":  # the same model as recompute's
             for name, value in generation_speed(cfg, trainer).items():
                 setattr(result, name, value)
         if cfg.memory or cfg.generation:
@@ -896,6 +918,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"(per round {round_ratio(report, compiled[v], eager[v])})"
                 for v in compiled if v in eager
             ) + "."]  # fmt: skip
+    lines += _recompute_lines(report, eager)
     lines += _profile_lines(report)
     layers = report.get("layer_activation_bytes_per_token") or {}
     if layers:
@@ -986,6 +1009,30 @@ def _profile_lines(report: dict[str, Any], top: int = 5) -> list[str]:
     return lines
 
 
+def _recompute_lines(report: dict[str, Any], eager: dict[str, dict[str, Any]]) -> list[str]:
+    """Activation checkpointing against eager: its speed, activations and peak memory."""
+    recomputed = {r["variant"]: r for r in report["results"] if r["mode"] == "recompute"}
+    pairs = [(v, r, eager[v]) for v, r in recomputed.items() if v in eager and r["step_ms"]]
+    if not pairs:
+        return []
+
+    def ratio(r: dict[str, Any], e: dict[str, Any], key: str) -> str:
+        return f"{r[key] / e[key]:.2f}x" if r[key] is not None and e[key] else "-"
+
+    return [
+        "",
+        "Recompute (activation checkpointing) against eager (tokens/s per round: median "
+        "[range]; activations kept for backward; training peak memory): "
+        + "; ".join(
+            f"{v} {round_ratio(report, r, e)} tokens/s, "
+            f"{ratio(r, e, 'activation_bytes_per_token')} activations, "
+            f"{ratio(r, e, 'peak_memory_bytes')} peak"
+            for v, r, e in pairs
+        )
+        + ".",
+    ]
+
+
 def targets(report: dict[str, Any]) -> list[str]:
     """Issue 13's targets, each marked met or missed from this run's numbers."""
     by = {(r["variant"], r["mode"]): r for r in report["results"]}
@@ -994,7 +1041,7 @@ def targets(report: dict[str, Any]) -> list[str]:
     def mark(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
-    for mode in MODES:
+    for mode in ("eager", *COMPILE_MODES):
         f, g = by.get(("cofrgenet-f", mode)), by.get((BASELINE, mode))
         if f and g:
             speed = statistics.median(round_ratios(report, f, g))

@@ -22,6 +22,7 @@ from cofrgenet.models import (
     list_presets,
 )
 from cofrgenet.nn.attention import CausalSelfAttention
+from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.nn.mlp import MLP
 
 ATTENTIONS = ("softmax", "cattn_u", "cattn_m")
@@ -396,9 +397,11 @@ def test_block_applies_dropout_only_for_mixers_without_their_own():
     ],
 )
 def test_recomputed_blocks_give_the_same_gradients_and_keep_less(preset, extra):
-    """Activation checkpointing (``recompute_blocks``): bit-identical loss and gradients,
-    dropout included (its random state is replayed), with a fraction of the bytes kept
-    for backward; evaluation and no-grad forwards are unchanged."""
+    """Activation checkpointing (``recompute_blocks``): bit-identical loss, gradients and
+    buffers, dropout included (its random state is replayed) and the ladders' output
+    ranges (recorded by the first run only: the replay in backward moved them again),
+    with a fraction of the bytes kept for backward; evaluation and no-grad forwards are
+    unchanged."""
     config = ModelConfig.from_preset(preset, ladder_impl="continuant", dropout=0.1, **extra)
     torch.manual_seed(0)
     kept_all, recomputed = build_model(config), build_model(config)
@@ -414,18 +417,29 @@ def test_recomputed_blocks_give_the_same_gradients_and_keep_less(preset, extra):
             return t
 
         torch.manual_seed(1)
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            loss = F.cross_entropy(model(idx).flatten(0, 1), idx.roll(-1, 1).flatten())
-        loss.backward()
+        for batch in (idx, idx.flip(0)):  # two batches: the ranges' second step moves them
+            with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+                loss = F.cross_entropy(model(batch).flatten(0, 1), batch.roll(-1, 1).flatten())
+            loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         return loss, grads, sum(saved)
 
+    for model in (kept_all, recomputed):
+        for layer in model.modules():
+            if isinstance(layer, LadderLayer):
+                layer.track_health = True  # as LadderHealthMonitor at a logging step
     loss, grads, kept = step(kept_all.train())
     loss_r, grads_r, kept_r = step(recomputed.train())
     assert torch.equal(loss, loss_r)
     assert grads.keys() == grads_r.keys() and len(grads) > 10
     for name in grads:
         assert torch.equal(grads[name], grads_r[name]), name
+    buffers = dict(kept_all.named_buffers())
+    layers = [m for m in recomputed.modules() if isinstance(m, LadderLayer)]
+    assert any(".output_range." in name for name in buffers) == bool(layers)
+    for name, buffer in recomputed.named_buffers():
+        assert torch.equal(buffer, buffers[name]), name
+    assert all(layer.track_health and layer.health() is not None for layer in layers)
     assert kept_r < kept / 2, (kept_r, kept)
     with torch.no_grad():
         assert torch.equal(kept_all.eval()(idx), recomputed.eval()(idx))

@@ -23,7 +23,7 @@ from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.generation import DecodeCache, generate_cached
 from cofrgenet.models.mixers import mixer_flops, residual_std
 from cofrgenet.models.registry import ARCHITECTURES, ATTENTION, FFN
-from cofrgenet.nn.ladder import LadderLayer
+from cofrgenet.nn.ladder import LadderLayer, recording_paused
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
 
@@ -54,15 +54,26 @@ class Block(nn.Module):
         #: Activation checkpointing (:meth:`GPT.recompute_blocks`): a run-time choice, not
         #: part of the config, so checkpoints do not depend on it.
         self.recompute = False
+        self._replaying = False
 
     def forward(self, x: Tensor, state: dict[str, Any] | None = None, start: int = 0) -> Tensor:
         """x: (B, T, C) -> (B, T, C). With ``state`` (eval only), x holds positions
         start.. and the attention mixer decodes incrementally (``cofrgenet.nn.decoding``).
         With ``recompute`` on, a training forward keeps only x for backward and runs
-        again there (activation checkpointing; the random state of dropout is replayed)."""
+        again there (activation checkpointing; the random state of dropout is replayed,
+        the ladders' output ranges and health are recorded by the first run only)."""
         if self.recompute and state is None and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, None, start, use_reentrant=False)
+            self._replaying = False  # the first run, inside checkpoint(); then the replay
+            out = checkpoint(self._checkpointed, x, start, use_reentrant=False)
+            self._replaying = True
+            return out
         return self._forward(x, state, start)
+
+    def _checkpointed(self, x: Tensor, start: int) -> Tensor:
+        if not self._replaying:
+            return self._forward(x, None, start)
+        with recording_paused(self):
+            return self._forward(x, None, start)
 
     def _forward(self, x: Tensor, state: dict[str, Any] | None, start: int) -> Tensor:
         h = self.ln_1(x)

@@ -196,6 +196,9 @@ class OutputRange(nn.Module):
         # away, and the range would never forget.
         self.register_buffer("low", _at_least_float32(torch.full(shape, float("-inf"))))
         self.register_buffer("high", _at_least_float32(torch.full(shape, float("inf"))))
+        #: Whether a training forward records its batch (off while activation
+        #: checkpointing replays a forward in backward: :func:`recording_paused`).
+        self.recording = True
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> OutputRange:
         # Module.to(dtype), .half() and .bfloat16() come here: follow device moves and
@@ -240,13 +243,37 @@ class OutputRange(nn.Module):
 
     def forward(self, z: Tensor, length: int | slice | None = None) -> Tensor:
         if self.training:
-            self._observe(z, length)
+            if self.recording:
+                self._observe(z, length)
             return z
         low, high = self._bounds(length)
         return torch.clamp(z, cast(low, z.dtype), cast(high, z.dtype))
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.low.shape)}, momentum={self.momentum}"
+
+
+@contextlib.contextmanager
+def recording_paused(module: nn.Module) -> Iterator[None]:
+    """Within: the ladder layers under ``module`` neither record their output ranges nor
+    their health. For a forward replayed in backward (activation checkpointing): recorded
+    twice, a batch would move the ranges two momentum steps (and, under data parallelism,
+    add an all-reduce per layer to the backward)."""
+    ranges = [m for m in module.modules() if isinstance(m, OutputRange)]
+    layers = [m for m in module.modules() if isinstance(m, LadderLayer)]
+    recording = [r.recording for r in ranges]
+    tracking = [layer.track_health for layer in layers]
+    for r in ranges:
+        r.recording = False
+    for layer in layers:
+        layer.track_health = False
+    try:
+        yield
+    finally:
+        for r, on in zip(ranges, recording, strict=True):
+            r.recording = on
+        for layer, on in zip(layers, tracking, strict=True):
+            layer.track_health = on
 
 
 class LadderLayer(nn.Module):

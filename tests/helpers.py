@@ -37,8 +37,8 @@ class DumpBatchSeeds(L.Callback):
 
 class DumpWeights(L.Callback):
     """Save each rank's parameters at the start and the end of training to
-    ``folder/rank<r>-start.pt`` and ``folder/rank<r>.pt`` (full tensors, also under FSDP:
-    every rank takes part in the gathering ``state_dict`` call)."""
+    ``folder/rank<r>-start.pt`` and ``folder/rank<r>.pt`` (full tensors, buffers included,
+    also under FSDP: every rank takes part in the gathering)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
@@ -51,9 +51,8 @@ class DumpWeights(L.Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         if isinstance(trainer.model, FSDP):  # the whole tensors, gathered from the shards
             with FSDP.summon_full_params(trainer.model, writeback=False):
-                state = {
-                    unwrapped_name(k): v.detach().clone() for k, v in pl_module.named_parameters()
-                }
+                named = [*pl_module.named_parameters(), *pl_module.named_buffers()]
+                state = {unwrapped_name(k): v.detach().clone() for k, v in named}
         else:
             state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         torch.save(state, self.folder / f"rank{trainer.global_rank}{suffix}.pt")

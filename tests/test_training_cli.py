@@ -2273,9 +2273,10 @@ def test_a_sharded_checkpoint_is_scored_under_fsdp_only_and_with_its_own_model(
 ):
     """LightningCLI reads a checkpoint file's hyperparameters, not a sharded folder's:
     under FSDP the default preset was built ("size mismatch" per rank), and in one
-    process the folder was opened as a file (IsADirectoryError)."""
-    folder = tmp_path / "last.ckpt"
-    folder.mkdir()
+    process the folder was opened as a file (IsADirectoryError). The same for the
+    folder a run's name finds (no --ckpt_path)."""
+    folder = tmp_path / "runs" / "exp" / "sharded" / "checkpoints" / "last.ckpt"
+    folder.mkdir(parents=True)
     (folder / ".metadata").write_bytes(b"shards")
     hparams = {"preset": "gpt2-tiny-fa", "config": {"vocab_size": 320, "block_size": 32}}
     torch.save({"global_step": 2, "hyper_parameters": hparams}, folder / "meta.pt")
@@ -2287,15 +2288,26 @@ def test_a_sharded_checkpoint_is_scored_under_fsdp_only_and_with_its_own_model(
         CofrCLI(args=evaluate)
     parsed = []
 
+    class Parsed(Exception):
+        pass
+
     def parsed_only(cli):  # an FSDP trainer is not built here: the parsed config is enough
         parsed.append(cli.config)
-        raise KeyboardInterrupt
+        raise Parsed
 
     monkeypatch.setattr(CofrCLI, "instantiate_classes", parsed_only)
     strategy = '{"class_path": "cofrgenet.training.strategies.LadderFSDPStrategy"}'
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Parsed):
         CofrCLI(args=[*evaluate, "--trainer.strategy", strategy])
     assert parsed[0].validate.model.preset == "gpt2-tiny-fa"
+    by_name = [*evaluate[:-2], "--run.runs_dir", str(tmp_path / "runs"), "--run.experiment"]
+    by_name += ["exp", "--run.name", "sharded"]
+    with pytest.raises(CheckpointError, match=r"is a sharded FSDP checkpoint .*score it with"):
+        CofrCLI(args=by_name)
+    with pytest.raises(Parsed):
+        CofrCLI(args=[*by_name, "--trainer.strategy", strategy])
+    assert parsed[1].validate.model.preset == "gpt2-tiny-fa"
+    assert parsed[1].validate.ckpt_path == str(folder)
 
 
 def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():

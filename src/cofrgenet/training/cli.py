@@ -713,6 +713,8 @@ class CofrCLI(LightningCLIAdapter):
         chosen = _newest_intact_checkpoint(run_dir, "evaluating")
         if chosen is not None:
             config.ckpt_path = str(chosen)
+            if checkpoints.is_sharded(chosen):  # as one given by path
+                self._use_sharded_hyperparameters(subcommand, Path(chosen))
 
     def instantiate_classes(self) -> None:
         """Build model, data and trainer; an error in what the user gave stays one line.

@@ -23,6 +23,9 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         recommended = "It is recommended to use `self.log({!r}, ..., sync_dist=True)` when"
         warnings.warn(recommended.format("val/loss"), stacklevel=1)
         warnings.warn(recommended.format("train/other"), stacklevel=1)
+        # torch.distributed.checkpoint's, at every sharded FSDP save and load
+        sharded = "Please use DTensor instead and we are deprecating ShardedTensor."
+        warnings.warn(sharded, FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == [
         "something new and worth reading",
         recommended.format("train/other"),

@@ -54,6 +54,13 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("It is recommended to use `self.log('val/", "the scores are torchmetrics MeanMetrics, "
      "weighted by tokens and synced across processes by their compute()"),
     ("It is recommended to use `self.log('test/", "as val/: synced by MeanMetric.compute()"),
+    ("Please use DTensor instead and we are deprecating ShardedTensor",
+     "torch.distributed.checkpoint inside Lightning's sharded FSDP save and load (a score "
+     "of lines a checkpoint), not a call of ours"),
+    ("`_get_pg_default_device` will be deprecated",
+     "torch.distributed.checkpoint's own call, in Lightning's sharded FSDP save and load"),
+    ("FSDP is switching to use `NO_SHARD`",
+     "FSDP in one process (a sharded checkpoint validated on one device): nothing to shard"),
 )  # fmt: skip
 
 #: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).

@@ -787,6 +787,11 @@ def test_fsdp_wraps_each_block_and_the_optimizer_groups_keep_their_names(tmp_pat
             assert groups_of(wrapped, ndims) == want, wrap_blocks
     finally:
         dist.destroy_process_group()
+    # Lightning's own activation checkpointing: not applied on CPU, doubled with the
+    # model's on GPU; the model's is named instead.
+    for name in ("activation_checkpointing_policy", "activation_checkpointing"):
+        with pytest.raises(ConfigError, match=f"{name}: set model.activation_checkpointing"):
+            LadderFSDPStrategy(**{name: {torch.nn.Linear}})
     assert unwrapped_name("_fsdp_wrapped_module.h.0._fsdp_wrapped_module.mlp.w") == "h.0.mlp.w"
     assert unwrapped_name("h.0._checkpoint_wrapped_module._orig_mod.w") == "h.0.w"
     assert unwrapped_name("my_orig_mod.w") == "my_orig_mod.w"

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.nn import Module
 
+from cofrgenet.errors import ConfigError
 from cofrgenet.models.transformer import Block
 from cofrgenet.training.checkpoints import SHARDED_MARKERS
 
@@ -35,11 +36,23 @@ class LadderFSDPStrategy(FSDPStrategy):
             beside its shards; false makes the whole model one unit (all its weights
             gathered for the whole step). A YAML file cannot name Lightning's
             ``auto_wrap_policy`` (a set of classes); one given in Python wins.
+
+    Lightning's ``activation_checkpointing(_policy)`` is refused: the model's own
+    (``model.activation_checkpointing``) recomputes the blocks under every strategy.
     """
 
     def __init__(
         self, use_orig_params: bool = True, wrap_blocks: bool = True, **kwargs: Any
     ) -> None:
+        for name in ("activation_checkpointing", "activation_checkpointing_policy"):
+            if kwargs.get(name) is not None:
+                # On CPU _setup_model below would not apply it; on GPU, beside the model's
+                # own, each block would run three times.
+                raise ConfigError(
+                    f"trainer.strategy.init_args.{name}: set model.activation_checkpointing: "
+                    "true instead (each block recomputes inside its FSDP unit, under every "
+                    "strategy)"
+                )
         if wrap_blocks and kwargs.get("auto_wrap_policy") is None:
             kwargs["auto_wrap_policy"] = {Block}
         super().__init__(use_orig_params=use_orig_params, **kwargs)

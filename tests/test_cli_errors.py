@@ -41,6 +41,24 @@ def test_a_typo_on_the_command_line_and_in_model_config(capsys):
     assert "unknown key 'model.optimizer.lrr' (did you mean 'model.optimizer.lr'?)" in line
 
 
+def test_a_mistyped_option_of_a_strategy_class_is_named_with_the_one_meant(capsys, tmp_path):
+    """jsonargparse's report of an init_args key the class does not take lists every
+    Union subtype's error; the line kept was "expected text, got NestedArg(...)"."""
+    fsdp = str(ROOT / "conf" / "trainer" / "fsdp.yaml")
+    want = (
+        "cofr fit: error: trainer.strategy: LadderFSDPStrategy takes no option 'wrap_block' "
+        "(did you mean 'wrap_blocks'?)"
+    )
+    line = one_line_error(capsys, ["fit", "--config", fsdp, "--trainer.strategy.wrap_block", "0"])
+    assert line.startswith(want)
+    typo = tmp_path / "typo.yaml"  # the same in a file; a base class's option too
+    strategy = "cofrgenet.training.strategies.LadderFSDPStrategy"
+    typo.write_text(f"trainer:\n  strategy:\n    class_path: {strategy}\n"
+                    "    init_args: {sharding_strateg: FULL_SHARD}\n")  # fmt: skip
+    line = one_line_error(capsys, ["fit", "--config", str(typo)])
+    assert "no option 'sharding_strateg' (did you mean 'sharding_strategy'?)" in line
+
+
 def test_a_dashed_option_is_named_as_typed_with_what_it_was_meant_as(capsys):
     """The full parser's view (no key cache): `--run-name` was "unknown key 'run' in
     demo-gpt2.yaml", blaming a valid file for a section the user never typed."""

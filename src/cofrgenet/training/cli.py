@@ -302,6 +302,49 @@ def _given_key(key: str, words: list[str]) -> str:
     return key
 
 
+def _bad_class_option(message: str) -> str | None:
+    """One line for an ``init_args`` key the class (``trainer.strategy``'s, a callback's)
+    does not take: jsonargparse's report names it among every Union subtype's errors."""
+    key = re.search(r'Parser key "([^"]+)"', message)
+    bad = re.search(
+        r"Problem with given class_path '([\w.]+)':\s+(?:Option|Key) '(\w+)' is not "
+        r"(?:accepted|expected)",
+        message,
+    )
+    if not (key and bad):
+        return None
+    class_path, option = bad.groups()
+    options = _init_options(class_path)
+    return (
+        f"{key.group(1)}: {class_path.rsplit('.', 1)[-1]} takes no option {option!r}"
+        f"{did_you_mean(option, options)} (`cofr fit --{key.group(1)}.help {class_path}` "
+        "lists them)"
+    )
+
+
+def _init_options(class_path: str) -> list[str]:
+    """The keyword arguments ``class_path``'s constructor takes, those it passes on
+    through ``**kwargs`` to its bases' included ([] if it does not import)."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    options: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters.values()
+        options += [p.name for p in parameters if p.name != "self" and p.kind in (
+            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return list(dict.fromkeys(options))
+
+
 def _bad_union(message: str) -> str | None:
     """One line for jsonargparse's report of a value none of a Union's types takes
     (``int | None`` given 1.5, ``bool | int`` given abc)."""
@@ -767,6 +810,9 @@ class CofrCLI(LightningCLIAdapter):
         callback = _bad_callback_class(message)
         if callback is not None:
             return callback
+        option = _bad_class_option(message)
+        if option is not None:
+            return option
         union = _bad_union(message)
         if union is not None:
             return union

@@ -885,10 +885,15 @@ def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_by
         make(2, "validate").load_state_dict(state)  # as the fit scored: nothing to say
         make(1, "test").load_state_dict(state)  # no fit curve to compare with
         make(1, "validate").load_state_dict({k: v for k, v in state.items() if k != "val_scored"})
-    with pytest.warns(UserWarning, match=r"other blocks .*\(processes 2 -> 1\)"):
+    with pytest.warns(UserWarning, match=r"other blocks .*\(processes \(trainer.devices x "):
         make(1, "validate").load_state_dict(state)
     with pytest.warns(UserWarning, match=r"limit_val_batches 4 -> 1\.0"):
         make(2, "fit", limit=1.0).load_state_dict(state)  # a resume: the curve jumps
+    with warnings.catch_warnings(record=True) as caught:  # a resume on fewer processes
+        warnings.simplefilter("always")
+        make(1, "fit").load_state_dict(state)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "skipped or read twice" in said[0] and "other blocks" in said[0]
 
 
 @pytest.fixture(scope="module")

@@ -468,25 +468,30 @@ class TokenDataModule(L.LightningDataModule):
             "limit_val_batches": getattr(trainer, "limit_val_batches", None),
         }
 
-    def _warn_if_scored_elsewhere(self, state_dict: dict[str, Any]) -> None:
-        """Warn when val/loss will average other blocks than the checkpoint's run did: at
-        the same step, ``cofr validate`` (or the resumed curve) would show another number
-        for the same weights."""
+    def _scored_elsewhere(self, state_dict: dict[str, Any]) -> str | None:
+        """What says that val/loss will average other blocks than the checkpoint's run
+        did (at a step, another number than that run scored or would have scored there
+        for the same weights), or None: then or for ``cofr test``, which no fit scored."""
         saved = state_dict.get("val_scored")
         trainer = getattr(self, "trainer", None)
         if saved is None or getattr(trainer, "state", None) is None:
-            return
+            return None
         if trainer.state.fn not in ("fit", "validate"):
-            return
+            return None
         now = self._val_scored()
-        changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if k in saved and saved[k] != now[k]]
-        if changed:
-            rank_zero_warn(
-                f"val/loss scores other blocks of the val split than the checkpoint's run "
-                f"did ({', '.join(changed)}): at the same step it differs from that run's "
-                "curve for the same weights (use the run's processes, val_batch_size and "
-                "limit_val_batches to compare)"
-            )
+        names = {"processes": "processes (trainer.devices x num_nodes)"}
+        changed = [
+            f"{names.get(k, k)} {saved[k]} -> {now[k]}"
+            for k in now
+            if k in saved and saved[k] != now[k]
+        ]
+        if not changed:
+            return None
+        return (
+            f"val/loss scores other blocks of the val split than the checkpoint's run did "
+            f"({', '.join(changed)}): not comparable with what that run scored, or would "
+            "have, at the same steps (give its values to compare)"
+        )
 
     def _loader_settings(self) -> dict[str, Any]:
         """Settings a resume may change (a larger batch, more devices, another node's CPU
@@ -513,8 +518,10 @@ class TokenDataModule(L.LightningDataModule):
             return
         saved = state_dict.get("fingerprint", {})
         now = self._fingerprint()
-        self._warn_if_scored_elsewhere(state_dict)
+        scored_elsewhere = self._scored_elsewhere(state_dict)
         if not self._resuming_fit():
+            if scored_elsewhere:
+                rank_zero_warn(scored_elsewhere)
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).
             changed = tokenizer_changes(saved, now)
@@ -553,11 +560,14 @@ class TokenDataModule(L.LightningDataModule):
                 if after > before
                 else ""
             )
+            also = f". And {scored_elsewhere}" if scored_elsewhere else ""  # one warning
             rank_zero_warn(
                 f"{', '.join(moved)} since the checkpoint: training goes on, but not with "
                 "exactly the batches an uninterrupted run would have read (blocks of the "
-                f"resumed epoch may be skipped or read twice){skipped}"
+                f"resumed epoch may be skipped or read twice){skipped}{also}"
             )
+        elif scored_elsewhere:
+            rank_zero_warn(scored_elsewhere)
         saved_val = state_dict.get("val_split")
         if saved_val is not None and saved_val != self._val_split():
             rank_zero_warn(

@@ -94,7 +94,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         activation_checkpointing: each transformer block keeps only its input for
             backward and recomputes its activations there (about a third more compute a
             step, for the activation memory of one block instead of all): for a batch or
-            model whose activations do not fit. Checkpoints do not depend on it.
+            model whose activations do not fit. Checkpoints do not depend on it. Recurrent
+            models have no blocks: refused there.
 
     Batches are (B, T + 1) token ids: inputs are the first T, targets the last T.
     Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm

@@ -525,6 +525,13 @@ def test_the_exported_model_recomputes_its_blocks_when_asked(tmp_path):
         return sum(sizes)
 
     assert kept_for_backward(recomputed) < kept_for_backward(kept) / 2
+    config = CONFIGS["gru-untied"]  # no blocks: transformers' own refusal, not a hint to edit
+    export_model(build_model(config), config, tmp_path / "gru", verify=False)
+    recurrent = CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "gru"))
+    with pytest.raises(ValueError, match="does not support"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        (getattr(recurrent, "activation_checkpointing_enable", None)
+         or recurrent.gradient_checkpointing_enable)()  # fmt: skip
     for (name, a), b in zip(kept.named_parameters(), recomputed.parameters(), strict=True):
         assert (a.grad is None) == (b.grad is None), name
         if a.grad is not None:

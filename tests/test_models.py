@@ -445,6 +445,10 @@ def test_recomputed_blocks_give_the_same_gradients_and_keep_less(preset, extra):
         assert torch.equal(kept_all.eval()(idx), recomputed.eval()(idx))
     recomputed.recompute_blocks(False)
     assert not any(block.recompute for block in recomputed.transformer.h)
+    wrapped = torch.nn.ModuleDict({"inner": recomputed.transformer.h[0]})  # as FSDP's units
+    recomputed.transformer.h[0] = wrapped
+    recomputed.recompute_blocks()  # reaches the block inside, not an attribute of the wrapper
+    assert wrapped["inner"].recompute and "recompute" not in vars(wrapped)
 
 
 @pytest.mark.parametrize("n_layer,width,length", [(4, 256, 128), (12, 768, 128)])

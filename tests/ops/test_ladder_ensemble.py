@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from cofrgenet.nn import Cffn
+from cofrgenet.nn.ladder import recording_paused
 from cofrgenet.ops import custom_ops as ops
 from cofrgenet.ops import ladder_ensemble
 from op_cases import (
@@ -262,6 +263,10 @@ def test_cffn_elementwise_uses_the_fused_kernel(impl, on, monkeypatch):
     layer(x)
     # one launch for the whole ensemble, and one no-grad ladder pass recording z's range
     assert sorted(c["L"] for c in calls) == [1, 3]
+    calls.clear()
+    with recording_paused(layer):  # activation checkpointing's replay: nothing to record
+        layer(x)
+    assert [c["L"] for c in calls] == [3]
     calls.clear()
     layer.output_range = None  # no clipping: the fused launch alone
     layer(x)

@@ -12,9 +12,11 @@ synthesizer, CAttnU and CAttnM attention and MLP, SwiGLU and Cffn feed-forward
 networks; RNN, LSTM and GRU), operation for operation as cofrgenet computes them in eval
 mode, so float32 logits agree to rounding. Parameter names are cofrgenet's.
 
-Inference only: ladder outputs are clipped to the range recorded in training when
-``ladder_clip`` is true (cofrgenet's eval mode), continued fractions use the eager continuant recurrence with
-plain autograd, and dropout is absent. There is no key/value cache: ``generate``
+Made for inference and fine-tuning, not for cofrgenet's pretraining: ladder outputs are
+clipped to the range recorded in training when ``ladder_clip`` is true (cofrgenet's eval
+mode, in train mode too), continued fractions use the eager continuant recurrence with
+plain autograd, and dropout is absent. Transformers' activation checkpointing recomputes
+every block (``every_n_layers`` is not read). There is no key/value cache: ``generate``
 re-reads the context (the last ``block_size`` tokens for transformers, the whole
 sequence for recurrent models) at every step.
 """
@@ -678,6 +680,8 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
         else:
             raise ValueError(f"unknown architecture {self.arch!r}")
         self.lm_head = None if self.tied else nn.Linear(H, V, bias=False)
+        # Blocks to recompute: transformers then says "does not support" for the others.
+        self.supports_gradient_checkpointing = self.arch in TRANSFORMER_ARCHS
         self.post_init()
 
     # Embeddings, for transformers' utilities.

@@ -187,8 +187,9 @@ class GPT(nn.Module):
         """Activation checkpointing: each block keeps only its input for backward and
         recomputes the rest there (about one more forward of compute per step, for the
         activation memory of one block instead of ``n_layer``)."""
-        for block in self.transformer.h:
-            block.recompute = on
+        for block in self.modules():  # the blocks themselves, whatever wraps them (FSDP)
+            if isinstance(block, Block):
+                block.recompute = on
 
     @property
     def can_decode(self) -> bool:

@@ -159,7 +159,7 @@ class Cffn(LadderLayer):
             )
             self._record_health(stats)
         if fused and self.training:
-            if self.clip_outputs:
+            if self.clip_outputs and self.output_range.recording:  # not in a replay
                 with torch.no_grad():
                     z = univariate_ladder(x, flat_w, flat_b, impl=self.impl, **kwargs)
                     self.clip(z.unflatten(-1, (n_l, p)))  # records the range

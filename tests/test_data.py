@@ -49,7 +49,13 @@ from cofrgenet.data import (
 )
 from cofrgenet.data.cpus import default_loader_workers
 from cofrgenet.data.datamodule import stop_signals_ignored
-from cofrgenet.data.meta import PREPARE_LOCK, READERS_LOCK, DataMeta, prepare_command
+from cofrgenet.data.meta import (
+    PREPARE_LOCK,
+    READERS_LOCK,
+    DataMeta,
+    prepare_command,
+    split_blocks,
+)
 from cofrgenet.data.prepare import EncodeDocuments, add_arguments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source
 from cofrgenet.data.tokenizer import (
@@ -863,7 +869,8 @@ def test_datamodule_resume_says_when_the_validation_split_changed(pydoc_byte, tm
 def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_byte):
     """Each process scores an equal share of the val split, cut to limit_val_batches
     batches: with other processes (or another cut), cofr validate scores other blocks
-    than the fit did at the same step, and its val/loss differs for the same weights."""
+    than the fit did at the same step, and its val/loss differs for the same weights.
+    Another batching of the same blocks changes nothing (val/loss is token-weighted)."""
 
     def attach(dm: TokenDataModule, processes: int, fn: str, limit: int | float = 4):
         state = SimpleNamespace(fn=fn)
@@ -872,22 +879,31 @@ def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_by
         )
         return dm
 
-    def make(processes: int, fn: str, limit: int | float = 4):
-        dm = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0)
+    def make(processes: int, fn: str, limit: int | float = 4, val_batch_size: int = 2):
+        dm = TokenDataModule(
+            str(pydoc_byte), block_size=16, batch_size=2, num_workers=0,
+            val_batch_size=val_batch_size,
+        )  # fmt: skip
         return attach(dm, processes, fn, limit)
 
+    share = split_blocks(pydoc_byte / "val", 17) // 2
+    assert share > 16  # the cuts below take part of it
     fitted = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0)
     next(iter(fitted.train_dataloader()))
     state = attach(fitted, 2, "fit").state_dict()
-    assert state["val_scored"] == {"processes": 2, "val_batch_size": 2, "limit_val_batches": 4}
+    assert state["val_scored"] == {"processes": 2, "blocks_each": 8}  # 4 batches of 2
+    whole = attach(fitted, 2, "fit", limit=1.0).state_dict()
+    assert whole["val_scored"] == {"processes": 2, "blocks_each": share}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make(2, "validate").load_state_dict(state)  # as the fit scored: nothing to say
+        make(2, "validate", limit=2, val_batch_size=4).load_state_dict(state)  # 8 blocks too
+        make(2, "validate", limit=1.0, val_batch_size=5).load_state_dict(whole)  # all of it
         make(1, "test").load_state_dict(state)  # no fit curve to compare with
         make(1, "validate").load_state_dict({k: v for k, v in state.items() if k != "val_scored"})
     with pytest.warns(UserWarning, match=r"other blocks .*\(processes \(trainer.devices x "):
         make(1, "validate").load_state_dict(state)
-    with pytest.warns(UserWarning, match=r"limit_val_batches 4 -> 1\.0"):
+    with pytest.warns(UserWarning, match=rf"blocks each scores .*\) 8 -> {share}\)"):
         make(2, "fit", limit=1.0).load_state_dict(state)  # a resume: the curve jumps
     with warnings.catch_warnings(record=True) as caught:  # a resume on fewer processes
         warnings.simplefilter("always")

@@ -458,15 +458,20 @@ class TokenDataModule(L.LightningDataModule):
         return {"tokens": val.tokens, "chunks": val.chunks, "split_args": self.meta.split_args}
 
     def _val_scored(self) -> dict[str, Any]:
-        """Which blocks of the val split val/loss averages: each process's equal share
-        (:class:`ValidationShare`), cut to ``limit_val_batches`` batches of
-        ``val_batch_size``."""
-        trainer = getattr(self, "trainer", None)
-        return {
-            "processes": self._world_size(),
-            "val_batch_size": self.val_batch_size,
-            "limit_val_batches": getattr(trainer, "limit_val_batches", None),
-        }
+        """Which blocks of the val split val/loss averages: with W processes, each scores
+        the first ``blocks_each`` of its equal share (:class:`ValidationShare`), the
+        share cut to ``limit_val_batches`` batches of ``val_batch_size`` (Lightning's
+        rule: an int caps the batches, a float scales their count, rounded down).
+        val/loss is token-weighted, so how the blocks are batched changes nothing."""
+        processes = self._world_size()
+        share = split_blocks(self.data_dir / "val", self.block_size + 1) // processes
+        batches = -(-share // self.val_batch_size)
+        limit = getattr(getattr(self, "trainer", None), "limit_val_batches", None)
+        if isinstance(limit, float):
+            batches = int(batches * limit)
+        elif isinstance(limit, int):
+            batches = min(batches, limit)
+        return {"processes": processes, "blocks_each": min(share, batches * self.val_batch_size)}
 
     def _scored_elsewhere(self, state_dict: dict[str, Any]) -> str | None:
         """What says that val/loss will average other blocks than the checkpoint's run
@@ -479,7 +484,10 @@ class TokenDataModule(L.LightningDataModule):
         if trainer.state.fn not in ("fit", "validate"):
             return None
         now = self._val_scored()
-        names = {"processes": "processes (trainer.devices x num_nodes)"}
+        names = {
+            "processes": "processes (trainer.devices x num_nodes)",
+            "blocks_each": "blocks each scores (limit_val_batches x data.val_batch_size)",
+        }
         changed = [
             f"{names.get(k, k)} {saved[k]} -> {now[k]}"
             for k in now
@@ -490,7 +498,7 @@ class TokenDataModule(L.LightningDataModule):
         return (
             f"val/loss scores other blocks of the val split than the checkpoint's run did "
             f"({', '.join(changed)}): not comparable with what that run scored, or would "
-            "have, at the same steps (give its values to compare)"
+            "have, at the same steps (give its settings to compare)"
         )
 
     def _loader_settings(self) -> dict[str, Any]:

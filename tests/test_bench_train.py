@@ -516,7 +516,11 @@ def test_compiled_only_says_that_memory_and_generation_go_unmeasured(monkeypatch
     argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--out-dir", str(tmp_path)]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     assert cli.main(argv) == 0
-    assert "memory and generation are measured on the eager trainers" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "note: memory and generation measured on the uncompiled trainers only" in err
+    recompute = TrainBenchConfig(variants=("gpt2", "lstm"), modes=("eager", "recompute"), **TINY)
+    assert train.timed_keys(recompute) == [("gpt2", "eager"), ("gpt2", "recompute"),
+                                           ("lstm", "eager")]  # fmt: skip
 
 
 def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):

@@ -451,6 +451,30 @@ def test_recomputed_blocks_give_the_same_gradients_and_keep_less(preset, extra):
     assert wrapped["inner"].recompute and "recompute" not in vars(wrapped)
 
 
+@pytest.mark.slow
+def test_a_compiled_model_recomputes_its_blocks_like_the_eager_one():
+    """torch.compile with activation checkpointing: the replay flag is set around the
+    checkpoint inside the traced forward; gradients and the ladders' output ranges follow
+    the eager model without recompute (compiled arithmetic: to rounding), over steps."""
+    config = ModelConfig.from_preset("gpt2-tiny-fa", ladder_impl="continuant")
+    torch.manual_seed(0)
+    eager, compiled = build_model(config).train(), build_model(config).train()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.recompute_blocks()
+    compiled.compile()
+    idx = torch.randint(0, config.vocab_size, (2, 11))
+    for model in (eager, compiled):
+        for batch in (idx, idx.flip(0), idx.roll(1, 1)):
+            F.cross_entropy(model(batch).flatten(0, 1), batch.roll(-1, 1).flatten()).backward()
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+    buffers = dict(compiled.named_buffers())
+    ranges = [n for n in buffers if ".output_range." in n]
+    assert ranges
+    for name, buffer in eager.named_buffers():
+        torch.testing.assert_close(buffers[name], buffer, rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("n_layer,width,length", [(4, 256, 128), (12, 768, 128)])
 def test_ladder_branches_start_as_small_as_the_branches_they_replace(n_layer, width, length):
     """At init, every CoFrGeNet branch's output std is within 2x of the GPT-2 branch it

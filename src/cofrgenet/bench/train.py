@@ -219,6 +219,14 @@ def recomputes(cfg: TrainBenchConfig, variant: str) -> bool:
     return hasattr(build_shapes(model_config(cfg, variant)), "recompute_blocks")
 
 
+def timed_keys(cfg: TrainBenchConfig) -> list[Key]:
+    """Every (variant, mode) the run times, each variant's modes together, as given
+    (recompute for the variants that have blocks to recompute)."""
+    return [
+        (v, m) for v in cfg.variants for m in cfg.modes if m != "recompute" or recomputes(cfg, v)
+    ]
+
+
 def grouped_kv_heads(cfg: TrainBenchConfig) -> dict[str, int]:
     """The key/value heads of the variants with grouped-query attention (llama3's)."""
     configs = {variant: model_config(cfg, variant) for variant in cfg.variants}
@@ -604,12 +612,7 @@ class _Run:
         self.cfg, self.command = cfg, command
         self.started = dt.datetime.now(dt.timezone.utc)
         #: Report order: each variant's modes together, as given.
-        self.keys: list[Key] = [
-            (v, m)
-            for v in cfg.variants
-            for m in cfg.modes
-            if m != "recompute" or recomputes(cfg, v)
-        ]
+        self.keys: list[Key] = timed_keys(cfg)
         self.trainers: dict[Key, Trainer] = {}
         #: "variant mode" -> the error that stopped it (a compile failing on a new machine).
         self.failed: dict[str, str] = {}
@@ -1145,11 +1148,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
     check_settings(cfg)
-    if "eager" not in cfg.modes and (cfg.memory or cfg.generation):
-        print("note: memory and generation are measured on the eager trainers: none here "
-              "(--modes compiled)", file=sys.stderr)  # fmt: skip
+    unmeasured = [
+        what
+        for what, asked, modes in (
+            ("memory", cfg.memory, UNCOMPILED_MODES),
+            ("generation", cfg.generation, ("eager",)),
+        )
+        if asked and not set(cfg.modes) & set(modes)
+    ]
+    if unmeasured:
+        print(f"note: {' and '.join(unmeasured)} measured on the uncompiled trainers only "
+              f"(memory: eager or recompute; generation: eager): none here "
+              f"(--modes {','.join(cfg.modes)})", file=sys.stderr)  # fmt: skip
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before the work
-    pairs = len(cfg.variants) * len(cfg.modes)
+    pairs = len(timed_keys(cfg))
     stem = stem_once(lambda report: report_stem(report, out_dir))
 
     def save(report: dict[str, Any]) -> tuple[Path, Path]:

@@ -302,9 +302,10 @@ def _given_key(key: str, words: list[str]) -> str:
     return key
 
 
-def _bad_class_option(message: str) -> str | None:
+def _bad_class_option(message: str, command: str = "fit") -> str | None:
     """One line for an ``init_args`` key the class (``trainer.strategy``'s, a callback's)
-    does not take: jsonargparse's report names it among every Union subtype's errors."""
+    does not take: jsonargparse's report names it among every Union subtype's errors.
+    ``command``: the subcommand whose help lists the options."""
     key = re.search(r'Parser key "([^"]+)"', message)
     bad = re.search(
         r"Problem with given class_path '([\w.]+)':\s+(?:Option|Key) '(\w+)' is not "
@@ -317,7 +318,7 @@ def _bad_class_option(message: str) -> str | None:
     options = _init_options(class_path)
     return (
         f"{key.group(1)}: {class_path.rsplit('.', 1)[-1]} takes no option {option!r}"
-        f"{did_you_mean(option, options)} (`cofr fit --{key.group(1)}.help {class_path}` "
+        f"{did_you_mean(option, options)} (`cofr {command} --{key.group(1)}.help {class_path}` "
         "lists them)"
     )
 
@@ -810,7 +811,7 @@ class CofrCLI(LightningCLIAdapter):
         callback = _bad_callback_class(message)
         if callback is not None:
             return callback
-        option = _bad_class_option(message)
+        option = _bad_class_option(message, words[0] if words else "fit")
         if option is not None:
             return option
         union = _bad_union(message)

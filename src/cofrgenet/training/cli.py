@@ -811,12 +811,9 @@ class CofrCLI(LightningCLIAdapter):
         callback = _bad_callback_class(message)
         if callback is not None:
             return callback
-        option = _bad_class_option(message, words[0] if words else "fit")
-        if option is not None:
-            return option
         union = _bad_union(message)
-        if union is not None:
-            return union
+        if union is not None:  # a class's option beside a text choice: the option named
+            return _bad_class_option(message, words[0] if words else "fit") or union
         missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
         if missing is not None:
             return f"--config {missing.group(1)}: no such file"

@@ -17,6 +17,7 @@ reference does not have. Each query keeps at least itself, so no row is empty.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -90,7 +91,7 @@ class SparseCausalSelfAttention(CausalSelfAttention):
         pattern: str = "strided",
         stride: int | None = None,
         summary: int | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(dim, n_head, max_len, bias, dropout, **kwargs)
         if pattern not in SPARSE_PATTERNS:

@@ -33,6 +33,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -820,7 +821,16 @@ class PvariateLadder(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float):
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        eps: float,
+        exact: bool,
+        compiled: bool,
+        floor: float,
+    ) -> Tensor:
         value, r, scale, clamped, rescaled = pvariate_ladder_state(
             x, weight, bias, eps, exact, floor, compiled
         )
@@ -859,7 +869,14 @@ class UnivariateLadder(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, x, weight, bias, eps: float, exact: bool, compiled: bool, floor: float
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        eps: float,
+        exact: bool,
+        compiled: bool,
+        floor: float,
     ) -> Tensor:
         value, r, scale, clamped, rescaled = univariate_ladder_state(
             x, weight, bias, eps, exact, floor, compiled

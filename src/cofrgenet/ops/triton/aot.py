@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import triton
@@ -154,7 +154,9 @@ def resource_usage(cubin: bytes) -> str:
     return f"{found[1]} registers, {found[2]} B stack" if found else "usage not found"
 
 
-def compile_all(arch: int = 90, ptxas_info: bool = False, log=print) -> int:
+def compile_all(
+    arch: int = 90, ptxas_info: bool = False, log: Callable[[str], object] = print
+) -> int:
     """Compile every representative specialization; returns the number compiled."""
     target = GPUTarget("cuda", arch, 32)
     count = 0

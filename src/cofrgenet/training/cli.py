@@ -326,9 +326,6 @@ def _bad_class_option(message: str, command: str = "fit") -> str | None:
 def _init_options(class_path: str) -> list[str]:
     """The keyword arguments ``class_path``'s constructor takes, those it passes on
     through ``**kwargs`` to its bases' included ([] if it does not import)."""
-    import importlib
-    import inspect
-
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)

@@ -812,98 +812,66 @@ def pvariate_ladder_gradients(
     return pvariate_backward(x, weight, bias, u, grad_a, floor, need_x, need_params)
 
 
+def _save_ladder_state(
+    ctx: Any, state: Callable, x: Tensor, weight: Tensor, bias: Tensor | None, *options
+) -> Tensor:
+    """A ladder Function's forward: the value of ``state`` (``pvariate_ladder_state`` or
+    ``univariate_ladder_state``), saving what its backward needs."""
+    eps, exact, compiled, floor = options
+    value, r, scale, clamped, rescaled = state(x, weight, bias, eps, exact, floor, compiled)
+    ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
+    ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
+    return value
+
+
+def _saved_ladder_gradients(ctx: Any, gradients: Callable, grad_out: Tensor) -> tuple:
+    """A ladder Function's backward from the state :func:`_save_ladder_state` kept:
+    ``gradients`` is ``pvariate_ladder_gradients`` or ``univariate_ladder_gradients``."""
+    x, weight, bias, r, scale, clamped = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    grad_x, grad_w, grad_b = gradients(
+        x, weight, bias, r, _kept_scale(scale, r), clamped, grad_out, ctx.exact, ctx.floor,
+        ctx.rescaled, needs[0], needs[1] or needs[2], ctx.compiled,
+    )  # fmt: skip
+    return grad_x, grad_w if needs[1] else None, grad_b if needs[2] else None, *[None] * 4
+
+
 class PvariateLadder(torch.autograd.Function):
     """p-variate ladders: x (..., p), weight (d, L, p), bias (d, L) | None -> (..., L).
 
-    Saves x, the parameters and r = 1 / clamp(K_d) (..., L) (the rescale counts only if
-    K_d overflowed, the clamp mask in exact mode): the (..., L, d) linear parts and
-    partial denominators are recomputed in backward (one (d L) x p matmul) instead of kept.
+    apply(x, weight, bias, eps, exact, compiled, floor). Saves x, the parameters and
+    r = 1 / clamp(K_d) (..., L) (the rescale counts only if K_d overflowed, the clamp mask
+    in exact mode): the (..., L, d) linear parts and partial denominators are recomputed
+    in backward (one (d L) x p matmul) instead of kept.
     """
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        eps: float,
-        exact: bool,
-        compiled: bool,
-        floor: float,
-    ) -> Tensor:
-        value, r, scale, clamped, rescaled = pvariate_ladder_state(
-            x, weight, bias, eps, exact, floor, compiled
-        )
-        ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
-        ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
-        return value
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, *options) -> Tensor:
+        return _save_ladder_state(ctx, pvariate_ladder_state, x, weight, bias, *options)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        x, weight, bias, r, scale, clamped = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = pvariate_ladder_gradients(
-            x, weight, bias, r, _kept_scale(scale, r), clamped, grad_out, ctx.exact, ctx.floor,
-            ctx.rescaled, needs[0], needs[1] or needs[2], ctx.compiled,
-        )  # fmt: skip
-        return (
-            grad_x,
-            grad_w if needs[1] else None,
-            grad_b if needs[2] else None,
-            None,
-            None,
-            None,
-            None,
-        )
+    def backward(ctx: Any, grad_out: Tensor) -> tuple:
+        return _saved_ladder_gradients(ctx, pvariate_ladder_gradients, grad_out)
 
 
 class UnivariateLadder(torch.autograd.Function):
     """Elementwise ladders: x (..., n), weight (d, n), bias (d, n) | None -> (..., n).
 
-    Saves only x, the parameters and r (..., n) (plus the rescale counts if K_d overflowed
-    and the clamp mask in exact mode); the (..., n, d) partial denominators are
-    recomputed in backward. ``floor`` > 0 makes them positive:
-    a_k = floor + softplus(x weight[k] + bias[k]).
+    apply(x, weight, bias, eps, exact, compiled, floor). Saves only x, the parameters and
+    r (..., n) (plus the rescale counts if K_d overflowed and the clamp mask in exact
+    mode); the (..., n, d) partial denominators are recomputed in backward. ``floor`` > 0
+    makes them positive: a_k = floor + softplus(x weight[k] + bias[k]).
     """
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        eps: float,
-        exact: bool,
-        compiled: bool,
-        floor: float,
-    ) -> Tensor:
-        value, r, scale, clamped, rescaled = univariate_ladder_state(
-            x, weight, bias, eps, exact, floor, compiled
-        )
-        ctx.save_for_backward(x, weight, bias, r, _scale_to_keep(scale, rescaled), clamped)
-        ctx.exact, ctx.compiled, ctx.rescaled, ctx.floor = exact, compiled, rescaled, floor
-        return value
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, *options) -> Tensor:
+        return _save_ladder_state(ctx, univariate_ladder_state, x, weight, bias, *options)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        x, weight, bias, r, scale, clamped = ctx.saved_tensors
-        scale = _kept_scale(scale, r)
-        needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = univariate_ladder_gradients(
-            x, weight, bias, r, scale, clamped, grad_out, ctx.exact, ctx.floor, ctx.rescaled,
-            needs[0], needs[1] or needs[2], ctx.compiled,
-        )  # fmt: skip
-        return (
-            grad_x,
-            grad_w if needs[1] else None,
-            grad_b if needs[2] else None,
-            None,
-            None,
-            None,
-            None,
-        )
+    def backward(ctx: Any, grad_out: Tensor) -> tuple:
+        return _saved_ladder_gradients(ctx, univariate_ladder_gradients, grad_out)
 
 
 def denominator_stats(

@@ -70,11 +70,21 @@ def check_frozen_parameters_allowed(wrapped: nn.Module | None) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(wrapped, DistributedDataParallel) and not wrapped.find_unused_parameters:
-        raise ConfigError(
-            "DyadicUnfreezing freezes ladder depths, which then get no gradient; DDP must "
-            "be told to expect that: set trainer.strategy: ddp_find_unused_parameters_true "
-            "(ddp_spawn_find_unused_parameters_true under ddp_spawn)"
-        )
+        raise frozen_depths_need_unused_parameters(None)
+
+
+def frozen_depths_need_unused_parameters(strategy: str | None) -> ConfigError:
+    """The refusal of DyadicUnfreezing under ``strategy``, a DDP that expects a gradient
+    for every parameter (None: a DDP strategy of unknown name)."""
+    fix = (
+        "ddp_find_unused_parameters_true (ddp_spawn_find_unused_parameters_true under ddp_spawn)"
+        if strategy is None
+        else f"{strategy}_find_unused_parameters_true"
+    )
+    return ConfigError(
+        f"DyadicUnfreezing freezes ladder depths, which then get no gradient; "
+        f"{strategy or 'DDP'} must be told to expect that: set trainer.strategy: {fix}"
+    )
 
 
 class DyadicUnfreezing(L.Callback):

@@ -58,7 +58,13 @@ from cofrgenet.errors import (
 from cofrgenet.models.presets import list_presets
 from cofrgenet.ops.triton_interpreter import interpreted as triton_interpreted
 from cofrgenet.training import checkpoints
-from cofrgenet.training.callbacks import LadderHealthMonitor, NonFiniteLossGuard, StopOnSignal
+from cofrgenet.training.callbacks import (
+    DyadicUnfreezing,
+    LadderHealthMonitor,
+    NonFiniteLossGuard,
+    StopOnSignal,
+    frozen_depths_need_unused_parameters,
+)
 from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
 from cofrgenet.training.console import (
     ModelReport,
@@ -1319,18 +1325,12 @@ def _check_unused_parameters_allowed(value: Any) -> None:
     processes start (each rank refused it once its model was wrapped: twice, and under
     ddp_spawn as a traceback, leaving the run RUNNING). ``value(key)``: the instantiated
     ``trainer.<key>``."""
-    from cofrgenet.training.callbacks import DyadicUnfreezing
-
     strategy, devices = value("strategy"), value("devices")
     if not any(isinstance(c, DyadicUnfreezing) for c in value("callbacks") or ()):
         return
     several = (device_count(devices) or 1) > 1 or (value("num_nodes") or 1) > 1
     if several and (strategy in _ALL_GRADIENTS_DDP or strategy == "auto"):
-        name = "ddp" if strategy == "auto" else strategy
-        raise ConfigError(
-            f"DyadicUnfreezing freezes ladder depths, which then get no gradient; {name} must "
-            f"be told to expect that: set trainer.strategy: {name}_find_unused_parameters_true"
-        )
+        raise frozen_depths_need_unused_parameters("ddp" if strategy == "auto" else strategy)
 
 
 def _check_ladder_device(config: Any, accelerator: Any) -> None:

@@ -737,19 +737,25 @@ def test_checkpoints_from_before_positive_denominators_ask_for_the_papers():
 
 def test_weight_decay_follows_the_built_shapes_when_the_model_is_flattened():
     """Under FSDP (use_orig_params) every parameter is a 1-D shard by the time the
-    optimizer is made; decay is decided by the dimensions recorded at build."""
+    optimizer is made; decay is decided by the dimensions recorded at build, and the
+    log counts the parameters as built."""
     module = LanguageModel("gpt2-tiny-f")
     ndims = {name: p.dim() for name, p in module.model.named_parameters()}
+    numels = {name: p.numel() for name, p in module.model.named_parameters()}
+    whole = describe_groups(param_groups(module.model, 0.1))
     with torch.no_grad():
         for param in module.model.parameters():
-            param.data = param.data.flatten()  # what FSDP's flat views look like
+            # What FSDP's flat views look like on one rank of two: half of each parameter.
+            param.data = param.data.flatten()[: (param.numel() + 1) // 2]
     flat = {g["name"]: set(g["param_names"]) for g in param_groups(module.model, 0.1)}
     assert "decay" not in flat  # judged by the flat shapes: nothing would decay
-    groups = {
-        g["name"]: set(g["param_names"]) for g in param_groups(module.model, 0.1, None, ndims)
-    }
+    built = param_groups(module.model, 0.1, None, ndims)
+    groups = {g["name"]: set(g["param_names"]) for g in built}
     assert "transformer.h.0.mlp.linear.weight" in groups["decay"]
     assert "transformer.h.0.mlp.linear.bias" in groups["no_decay"]
+    # The log counts whole parameters, not this rank's shards.
+    assert describe_groups(built, numels) == whole
+    assert describe_groups(built) != whole
 
 
 def test_fsdp_wraps_each_block_and_the_optimizer_groups_keep_their_names(tmp_path):

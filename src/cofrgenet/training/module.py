@@ -208,9 +208,10 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             )
 
     def configure_model(self) -> None:
-        # Dimensions as built: a strategy may wrap the model before the optimizer is made
-        # (FSDP flattens parameters), and weight decay is decided by them.
-        self._built_ndims = {name: p.dim() for name, p in self.model.named_parameters()}
+        # Shapes as built: a strategy may wrap the model before the optimizer is made (FSDP
+        # flattens and shards parameters); weight decay is decided by the dimensions, and
+        # the optimizer groups' sizes in the log are those of whole parameters.
+        self._built_shapes = {name: p.shape for name, p in self.model.named_parameters()}
         if self.compile_model and not self._model_compiled:
             allow_recompiles()
             self.model.compile()  # in place: state_dict keys stay free of "_orig_mod."
@@ -488,15 +489,18 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                 f"model.optimizer.lr ({cfg.lr:g}) nor decays. Give "
                 f"--model.optimizer.warmup_steps N with N well below {total}"
             )
+        shapes = getattr(self, "_built_shapes", {})
         optimizer = build_adamw(
             self.model,
             cfg,
             depth_of,
-            getattr(self, "_built_ndims", None),
+            {name: len(shape) for name, shape in shapes.items()} or None,
             grad_scaler=scales_loss(self.trainer),
         )
+        numels = {name: shape.numel() for name, shape in shapes.items()}
         rank_zero_info(
-            "optimizer groups:\n  " + "\n  ".join(describe_groups(optimizer.param_groups))
+            "optimizer groups:\n  "
+            + "\n  ".join(describe_groups(optimizer.param_groups, numels or None))
         )
 
         self._lr_releases = releases  # read at every step: on_train_start renews it

@@ -305,17 +305,21 @@ def materialise_adam_state(optimizer: torch.optim.AdamW) -> None:
             }
 
 
-def describe_groups(groups: list[dict]) -> list[str]:
+def describe_groups(groups: list[dict], numels: dict[str, int] | None = None) -> list[str]:
     """One line per optimizer group for the run log: name, decay, size, parameter names.
 
     Layer indices are folded (``transformer.h.*.mlp.linear.weight``) so a 48-layer model
-    reads as easily as a 2-layer one.
+    reads as easily as a 2-layer one. ``numels`` gives parameters' sizes as built, when
+    the model has since been sharded (FSDP: each rank holds a part of each parameter).
     """
     lines = []
     for group in groups:
         names = group.get("param_names") or []
         folded = sorted({re.sub(r"\.\d+(?=\.|$)", ".*", n) for n in names})
-        count = sum(p.numel() for p in group["params"])
+        if numels is not None and names:
+            count = sum(numels[name] for name in names)
+        else:
+            count = sum(p.numel() for p in group["params"])
         lines.append(
             f"{group.get('name', '?')}: weight_decay {group['weight_decay']}, "
             f"{len(group['params'])} tensors, {count:,} parameters: {', '.join(folded)}"

@@ -2026,6 +2026,39 @@ def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").exists() and stop.signal is None
 
 
+def test_a_stop_signal_after_the_last_step_reaches_the_handler_from_before_the_fit():
+    """SIGTERM or SIGUSR1 noted after the last step's end (during the final checkpoint's
+    save) has no step end left: once the fit is torn down, the handler that was in place
+    before it (a sweep worker's: stop, requeue) gets it, not nobody; a late Ctrl-C is
+    let go (the fit is over)."""
+    import signal
+    from types import SimpleNamespace
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        for signum in before:
+            signal.signal(signum, lambda signum, frame: got.append(signum))
+        stop = StopOnSignal()
+        trainer = SimpleNamespace(world_size=1, loggers=[])
+        stop.on_train_start(trainer, None)  # the handlers now only note signals
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            os.kill(os.getpid(), signum)
+        stop._pending.add(signal.SIGINT)  # a Ctrl-C noted at the same time
+        assert got == []  # noted, not acted on: no step end came
+        stop.on_train_end(trainer, None)
+        assert got == []  # Lightning's handlers are back until its teardown
+        stop.teardown(trainer, None, "fit")
+        assert got == [signal.SIGUSR1, signal.SIGTERM]
+        stop.teardown(trainer, None, "fit")  # delivered once
+        assert got == [signal.SIGUSR1, signal.SIGTERM]
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):
     """validate reads no training stream: another corpus of the model's tokenizer is
     scored; one of another tokenizer is refused, naming it (not 'cannot resume')."""

@@ -532,6 +532,21 @@ class StopOnSignal(StepBoundaries):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._phase = "idle"
         self._restore_handlers()
+        self._deliver_late_signals()
+
+    def _deliver_late_signals(self) -> None:
+        """A SIGTERM or SIGUSR1 noted after the last step's end (while the final checkpoint
+        was saved, say) found no step end to act at: the handler from before the fit, now
+        back in place, gets it, if it is a function (a sweep worker's: stop, or requeue;
+        dropped, the worker began another trial past SLURM's warning). A default action
+        would only end a process whose fit is over; a late Ctrl-C is let go."""
+        late = sorted(self._pending - {signal.SIGINT})
+        self._pending.clear()
+        if os.getpid() != self._pid or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in late:
+            if callable(signal.getsignal(signum)):
+                signal.raise_signal(signum)
 
     def _restore_handlers(self) -> None:
         if signal.getsignal(signal.SIGTERM) == self._on_sigterm_while_starting:

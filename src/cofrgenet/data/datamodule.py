@@ -264,6 +264,7 @@ class TokenDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self._train_loader: Any = None
         self._pending_state: dict[str, Any] | None = None
+        self._val_block_count: int | None = None
 
     # ------------------------------------------------------------------ metadata
 
@@ -386,7 +387,7 @@ class TokenDataModule(L.LightningDataModule):
     def val_dataloader(self) -> Any:
         """The val split in order, this process's share of it (:class:`ValidationShare`),
         in batches of ``val_batch_size`` (the last one partial)."""
-        blocks = split_blocks(self.data_dir / "val", self.block_size + 1)
+        blocks = self._val_blocks()
         processes, rank = self._world_size(), self._global_rank()
         if blocks == 0:
             raise self._no_block("val")
@@ -457,6 +458,14 @@ class TokenDataModule(L.LightningDataModule):
         val = self.meta.splits["val"]
         return {"tokens": val.tokens, "chunks": val.chunks, "split_args": self.meta.split_args}
 
+    def _val_blocks(self) -> int:
+        """Blocks of ``block_size + 1`` tokens in the val split, read from its index once
+        (every checkpoint records how many were scored; the readers lock keeps the folder
+        as it is while the run reads it)."""
+        if self._val_block_count is None:
+            self._val_block_count = split_blocks(self.data_dir / "val", self.block_size + 1)
+        return self._val_block_count
+
     def _val_scored(self) -> dict[str, Any]:
         """Which blocks of the val split val/loss averages: with W processes, each scores
         the first ``blocks_each`` of its equal share (:class:`ValidationShare`), the
@@ -464,7 +473,7 @@ class TokenDataModule(L.LightningDataModule):
         rule: an int caps the batches, a float scales their count, rounded down).
         val/loss is token-weighted, so how the blocks are batched changes nothing."""
         processes = self._world_size()
-        share = split_blocks(self.data_dir / "val", self.block_size + 1) // processes
+        share = self._val_blocks() // processes
         batches = -(-share // self.val_batch_size)
         limit = getattr(getattr(self, "trainer", None), "limit_val_batches", None)
         if isinstance(limit, float):

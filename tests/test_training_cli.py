@@ -2059,6 +2059,40 @@ def test_a_stop_signal_after_the_last_step_reaches_the_handler_from_before_the_f
             signal.signal(signum, handler)
 
 
+def test_a_sigusr1_that_nothing_handles_stops_the_fit_saved(tmp_path):
+    """Outside SLURM's requeue no handler waits for SIGUSR1, whose default action ends the
+    process unsaved: the fit notes it and stops at the step's end as for SIGTERM,
+    saving last.ckpt, with status 128 + 10."""
+    import signal
+    from types import SimpleNamespace
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    saved: list[Path] = []
+    trainer = SimpleNamespace(
+        world_size=1,
+        is_global_zero=True,
+        default_root_dir=str(tmp_path / "run"),
+        loggers=[],
+        global_step=7,
+        should_stop=False,
+        save_checkpoint=lambda path, weights_only: saved.append(path),
+    )
+    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        stop = StopOnSignal()
+        stop.on_train_start(trainer, None)
+        assert signal.getsignal(signal.SIGUSR1) == stop._on_deferred  # else the kill ends us
+        os.kill(os.getpid(), signal.SIGUSR1)
+        stop._act(trainer, None)
+        assert stop.signal == signal.SIGUSR1 and trainer.should_stop
+        assert saved == [tmp_path / "run" / "checkpoints" / "last.ckpt"]
+        stop.teardown(trainer, None, "fit")
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):
     """validate reads no training stream: another corpus of the model's tokenizer is
     scored; one of another tokenizer is refused, naming it (not 'cannot resume')."""

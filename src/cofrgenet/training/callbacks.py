@@ -341,8 +341,9 @@ def _mean(values: Iterator[torch.Tensor]) -> float:
 
 
 class StopOnSignal(StepBoundaries):
-    """SIGTERM or Ctrl-C: finish the running optimizer step, save it, mark the MLflow run
-    KILLED, say how to resume, and exit with status 128 + the signal's number.
+    """SIGTERM, Ctrl-C or a SIGUSR1 that nothing handles (outside SLURM): finish the
+    running optimizer step, save it, mark the MLflow run KILLED, say how to resume, and
+    exit with status 128 + the signal's number.
 
     The handlers only note a signal. At the end of each optimizer step (all of its
     micro-batches: a checkpoint taken inside a gradient accumulation would resume past
@@ -353,7 +354,7 @@ class StopOnSignal(StepBoundaries):
     callback saves ``checkpoints/last.ckpt``. A second Ctrl-C aborts at once. A SIGUSR1
     handler already in place (Lightning's SLURM requeue, which saves
     ``hpc_ckpt_<n>.ckpt``; a sweep worker's) is deferred to the step's end the same way.
-    ``cofr fit`` exits with the status the exception carries (143 or 130).
+    ``cofr fit`` exits with the status the exception carries (143, 130 or 138).
 
     Before training begins (data, model and checkpoint set up, the sanity check's
     validation, a compile), after the MLflow run exists, SIGTERM or Ctrl-C stops the fit
@@ -413,7 +414,9 @@ class StopOnSignal(StepBoundaries):
             if signum is None:
                 continue
             handler = signal.getsignal(signum)
-            if callable(handler) or signum == signal.SIGTERM:
+            # Without a handler SIGUSR1 would end the process unsaved: it stops as
+            # SIGTERM does (a scheduler's warning outside SLURM's requeue).
+            if callable(handler) or handler == signal.SIG_DFL or signum == signal.SIGTERM:
                 self._deferred[signum] = handler
                 signal.signal(signum, self._on_deferred)
 
@@ -475,8 +478,10 @@ class StopOnSignal(StepBoundaries):
             if trainer.is_global_zero:  # the new one is written: the older ones go
                 remove_requeue_checkpoints(Path(trainer.default_root_dir))
         stop = arrived & {signal.SIGTERM, signal.SIGINT}
+        if usr1 in arrived and not callable(self._deferred.get(usr1)):
+            stop.add(usr1)  # no requeue handler: a stop
         if stop and self.signal is None:
-            self.signal = signal.SIGINT if signal.SIGINT in stop else signal.SIGTERM
+            self.signal = next(s for s in (signal.SIGINT, signal.SIGTERM, usr1) if s in stop)
             # Saved here, where a periodic checkpoint is (a step's end) or ModelCheckpoint's
             # save after a validation: Lightning resumes either with its step counter
             # right. Saved later, when Lightning raises, every metric of the resumed run
@@ -485,10 +490,10 @@ class StopOnSignal(StepBoundaries):
             lightning = self._deferred.get(signal.SIGTERM)
             if callable(lightning):
                 # Lightning stops after this step's logs. Its handler logs "Received
-                # SIGTERM", which a Ctrl-C is not: _stop names the signal that came.
+                # SIGTERM", which a Ctrl-C or SIGUSR1 is not: _stop names the one that came.
                 quiet = (
                     _drop_log_records(_LIGHTNING_SIGNAL_LOGGER, "Received SIGTERM")
-                    if self.signal == signal.SIGINT
+                    if self.signal != signal.SIGTERM
                     else contextlib.nullcontext()
                 )
                 with quiet:

@@ -2313,6 +2313,27 @@ def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():
     assert reason.startswith(POINT_FAILURES)
 
 
+def test_a_non_finite_objective_is_a_point_failure_like_a_nan_training_loss(tmp_path):
+    """A final val/loss of NaN or inf (a pole met on the validation data) failed with a
+    reason of its own: three such trials in a row stopped the worker, though NaN losses
+    depend on the sample and never stop it."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import _fit_outcome
+    from cofrgenet.sweeps.worker import POINT_FAILURES, _same_failures
+
+    ctx = SimpleNamespace(sweep=SimpleNamespace(objective=SimpleNamespace(metric="val/loss")))
+    outcomes = []
+    for number, value in enumerate([float("nan"), float("inf"), float("nan")]):
+        trainer = SimpleNamespace(global_step=6, callback_metrics={"val/loss": torch.tensor(value)})
+        callback = SimpleNamespace(requeued_at=None, pruned_at=None, last_step=6, last_value=value)
+        outcome = _fit_outcome(ctx, None, SimpleNamespace(trainer=trainer), callback, tmp_path)
+        assert outcome.state == TrialState.FAIL and outcome.reason.startswith(POINT_FAILURES)
+        assert "val/loss is" in outcome.reason and "at step 6" in outcome.reason
+        outcomes.append((number, outcome))
+    assert _same_failures(outcomes) == 0
+
+
 def test_a_changed_tracking_uri_gets_a_new_parent_run_and_the_report_still_runs(
     tiny_data, tmp_path, capsys
 ):

@@ -45,6 +45,9 @@ UID_ATTR = "cofr.uid"
 #: The reason's start for a trial whose sampled values build no model together
 #: (``n_head 7`` drawn beside a width of 64): that point fails, the sweep goes on.
 NO_MODEL_HERE = "no model at this point:"
+#: The reason's start for a trial whose loss went NaN or inf, in training or in its final
+#: objective: it depends on the sample (a diverging learning rate), the sweep goes on.
+NON_FINITE = "non-finite loss:"
 
 #: Set by the worker's SIGUSR1 handler: save, stop and leave the trial for a requeue.
 REQUEUE = threading.Event()
@@ -308,7 +311,7 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         status = 128 + signal.SIGINT if ctrl_c else None
         return f"worker interrupted during the trial ({text})", True, True, status
     if isinstance(error, NonFiniteLossError):
-        return f"non-finite loss: {error}", False, False, None
+        return f"{NON_FINITE} {error}", False, False, None
     if is_out_of_memory(error):
         return f"out of memory: {error}", False, False, None
     return text, False, False, None
@@ -574,10 +577,9 @@ def _fit_outcome(
     if callback.last_step != final_step:  # else on_validation_end reported it
         with contextlib.suppress(Exception):
             trial.report(value, final_step)
-    if not math.isfinite(value):
-        return Outcome(
-            TrialState.FAIL, reason=f"objective {metric_name} is {value}", run_dir=run_dir
-        )
+    if not math.isfinite(value):  # a point failure, as a NaN training loss is
+        reason = f"{NON_FINITE} the objective {metric_name} is {value} at step {final_step}"
+        return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)
     return Outcome(TrialState.COMPLETE, value=value, step=final_step, run_dir=run_dir)
 
 

@@ -33,6 +33,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
 from cofrgenet.sweeps.objective import (
     NO_MODEL_HERE,
+    NON_FINITE,
     REQUEUE,
     RUN_DIR_ATTR,
     UID_ATTR,
@@ -926,7 +927,7 @@ def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
 #: Failures that depend on the sampled point (a learning rate that diverges, a model too
 #: big for the GPU, values that build no model together): the study goes on past any
 #: number of them, as it would past bad values.
-POINT_FAILURES = ("non-finite loss:", "out of memory:", NO_MODEL_HERE)
+POINT_FAILURES = (NON_FINITE, "out of memory:", NO_MODEL_HERE)
 
 
 def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:

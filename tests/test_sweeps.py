@@ -2229,6 +2229,41 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     assert callback.requeued_at == 4
 
 
+def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
+    """should_prune reads the storage: a brief database or NFS error there failed a
+    healthy trial (no retry), counted towards the worker's repeated failures."""
+    from types import SimpleNamespace
+
+    from sqlalchemy.exc import OperationalError
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+
+    callback = PruneAtStep(optuna.create_study().ask(), "val/loss", "", "s")
+    calls = []
+
+    def should_prune() -> bool:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError("SELECT ...", {}, Exception("server closed the connection"))
+        return True
+
+    callback._trial = SimpleNamespace(report=lambda value, step: None, should_prune=should_prune)
+    trainer = SimpleNamespace(
+        sanity_checking=False, global_step=2, is_global_zero=True, world_size=1,
+        should_stop=False, callback_metrics={"val/loss": torch.tensor(3.0)},
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        for step in (2, 4):
+            trainer.global_step = step
+            callback.on_validation_end(trainer, None)
+    assert not trainer.should_stop and callback.pruned_at is None
+    assert caplog.text.count("the pruner could not read the study at step 2") == 1
+    assert "at step 4" not in caplog.text  # said once
+    trainer.global_step = 6  # the storage answers again: the pruner decides
+    callback.on_validation_end(trainer, None)
+    assert trainer.should_stop and callback.pruned_at == 6
+
+
 def test_a_spawned_rank_judges_with_the_sweeps_pruner(tmp_path):
     """Under ddp_spawn the callback is pickled into each rank, which reopens the study:
     with the sweep's pruner, not Optuna's default MedianPruner (which would prune even a

@@ -124,6 +124,8 @@ class PruneAtStep(StepBoundaries):
         self.pruned_at: int | None = None
         self.requeued_at: int | None = None
         self.start_step: int | None = None
+        #: The storage failed a prune check already: said once, not at every validation.
+        self.prune_check_failed = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -175,7 +177,7 @@ class PruneAtStep(StepBoundaries):
             self._share(LAST_REPORT, [step, value])
             with contextlib.suppress(Exception):  # a step reported by an earlier attempt
                 self.trial.report(value if math.isfinite(value) else float("nan"), step)
-            prune = self.trial.should_prune()
+            prune = self._should_prune(step)
         self.last_step = step if metric is not None else self.last_step
         if trainer.world_size > 1:
             prune = trainer.strategy.broadcast(prune, src=0)
@@ -184,6 +186,21 @@ class PruneAtStep(StepBoundaries):
             if trainer.is_global_zero:
                 self._share(PRUNED_AT, step)
             trainer.should_stop = True
+
+    def _should_prune(self, step: int) -> bool:
+        """The pruner's decision; False when it cannot read the study (a database or
+        NFS blip): a healthy trial must not fail for it, the next validation asks again."""
+        try:
+            return self.trial.should_prune()
+        except Exception as error:
+            if not self.prune_check_failed:
+                self.prune_check_failed = True
+                logging.getLogger("cofrgenet.sweeps").warning(
+                    f"trial {self.number}: the pruner could not read the study at step "
+                    f"{step} ({type(error).__name__}: {str(error)[:200]}); not pruned "
+                    "there, it judges again at the next validation (said once per trial)"
+                )
+            return False
 
     def _stop_requested(self) -> bool:
         return REQUEUE.is_set() or bool(self.stop_file and os.path.exists(self.stop_file))

@@ -1099,6 +1099,59 @@ def test_workers_in_one_slurm_job_are_told_apart(tmp_path, monkeypatch):
     assert (trial.number, resumed) == (0, True)
 
 
+def test_a_tracking_error_while_a_trial_is_set_up_fails_it_for_a_retry(
+    tmp_path, monkeypatch, caplog
+):
+    """An MlflowException while the trial's child run is made (a locked sqlite store, a
+    server blip) escaped run_trial: the worker died with a traceback and the trial stayed
+    RUNNING. Now it ends FAIL through _tell and is retried; a bug there ends it FAIL
+    too, without a retry, its traceback in the log and in the trial's error.txt."""
+    from mlflow.exceptions import MlflowException
+
+    from cofrgenet.sweeps import objective
+    from cofrgenet.sweeps.worker import _tell, next_trial
+
+    sweep, storage, study = _tiny_study(tmp_path)
+    me = st.Worker.current()
+    ctx = objective.TrialContext(
+        sweep=sweep, study=study, storage=storage, storage_url="", runs_dir=str(tmp_path),
+        extra={}, worker=me,
+    )  # fmt: skip
+
+    def locked(*args, **kwargs):  # stands in for tracking.child_run's create_run
+        raise MlflowException("(sqlite3.OperationalError) database is locked")
+
+    monkeypatch.setattr(objective, "_config_and_train", locked)
+    trial, _ = next_trial(study, storage, sweep, me)
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        outcome = objective.run_trial(ctx, trial)
+    assert outcome.state == TrialState.FAIL and outcome.retry and not outcome.stop_worker
+    assert outcome.reason == (
+        "tracking or storage unavailable: MlflowException: (sqlite3.OperationalError) "
+        "database is locked"
+    )
+    assert "Traceback" not in caplog.text  # one line: not the trial's fault, nor a bug
+    assert _tell(study, storage, trial, outcome, sweep)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].system_attrs["retry_history"] == [trial.number]
+
+    def bug(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(objective, "_config_and_train", bug)
+    caplog.clear()
+    retry, _ = next_trial(study, storage, sweep, me)
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        outcome = objective.run_trial(ctx, retry)
+    assert outcome.state == TrialState.FAIL and not outcome.retry
+    assert outcome.reason == "TypeError: unsupported operand type(s) for +: 'int' and 'str'"
+    assert "Traceback" in caplog.text and "in bug" in caplog.text
+    assert "in bug" in (outcome.run_dir / "error.txt").read_text()
+    assert _tell(study, storage, retry, outcome, sweep)
+    assert st.frozen_trial(storage, study, retry.number).state == TrialState.FAIL
+
+
 def test_a_live_local_worker_is_never_lost_and_a_late_result_is_not_lost_silently(tmp_path, caplog):
     from cofrgenet.sweeps.objective import Outcome
     from cofrgenet.sweeps.worker import _tell

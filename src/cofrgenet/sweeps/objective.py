@@ -394,8 +394,67 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     except BaseException as exc:  # SIGTERM or Ctrl-C before the fit took them over
         outcome = failed_outcome(exc, run_dir)
         if outcome.signal_status is None:
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # Left to the worker, it would die with the trial RUNNING until taken for lost.
+            outcome = setup_failed(exc, trial.number, run_dir)
     _finish_mlflow(ctx, child[0] if child else None, outcome)
+    return outcome
+
+
+#: The reason's start for a trial whose MLflow run or storage could not be written
+#: while it was set up (a locked tracking database, a server blip): not the trial's
+#: fault, so it is retried.
+NOT_REACHED = "tracking or storage unavailable:"
+#: Modules whose exceptions say the tracking store or the study's database failed.
+_SERVICE_MODULES = ("mlflow", "sqlalchemy", "requests", "urllib3", "psycopg", "sqlite3")
+
+
+def service_error(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is the tracking store's or the
+    study storage's (MLflow, a database driver, Optuna's storage), not the trial's."""
+    current: BaseException | None = error
+    for _ in range(8):  # raised from ... raised from: a short chain
+        if current is None:
+            return False
+        module = type(current).__module__ or ""
+        if module.split(".")[0] in _SERVICE_MODULES or isinstance(
+            current, optuna.exceptions.StorageInternalError
+        ):
+            return True
+        current = current.__cause__
+    return False
+
+
+def setup_failed(error: Exception, number: int, run_dir: Path) -> Outcome:
+    """The FAIL outcome of a trial whose set-up (its config, its MLflow run) raised
+    ``error``: retried when a service failed (:func:`service_error`). The traceback goes
+    to the trial's ``error.txt``, and to the log for an error that is neither a service's
+    nor the user's (a bug), or under ``COFR_DEBUG``."""
+    from cofrgenet.environment import env_flag
+    from cofrgenet.errors import UserError, first_line
+
+    traceback_text = "".join(traceback.format_exception(error))
+    with contextlib.suppress(OSError):
+        (run_dir / "error.txt").write_text(traceback_text)
+    try:
+        debug = env_flag("COFR_DEBUG", False)
+    except UserError:  # a bad value: cofr said so at its start
+        debug = False
+    log = logging.getLogger("cofrgenet.sweeps")
+    if service_error(error):
+        reason = f"{NOT_REACHED} {type(error).__name__}: {first_line(error)[:300]}"
+        log.warning(f"trial {number}: {reason}; it is retried")
+        if debug:
+            log.warning(traceback_text)
+        return Outcome(TrialState.FAIL, reason=reason, retry=True, run_dir=run_dir)
+    outcome = failed_outcome(error, run_dir)
+    bug = not isinstance(error, UserError) and not is_out_of_memory(error)
+    log.error(
+        f"trial {number}: its set-up failed: {outcome.reason} (traceback in "
+        f"{run_dir / 'error.txt'})",
+        exc_info=error if bug or debug else None,
+    )
     return outcome
 
 

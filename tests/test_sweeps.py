@@ -1152,6 +1152,89 @@ def test_a_tracking_error_while_a_trial_is_set_up_fails_it_for_a_retry(
     assert st.frozen_trial(storage, study, retry.number).state == TrialState.FAIL
 
 
+KILLED_BEFORE_THE_RETRY = """
+import os, signal, sys
+from optuna.trial import TrialState
+from cofrgenet.sweeps import parse_sweep, storage as st, worker
+from cofrgenet.sweeps.objective import Outcome
+sweep = parse_sweep({"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}})
+storage = st.open_storage(sys.argv[1])
+study, _ = worker.open_study(sweep, storage, 0)
+trial, _ = worker.next_trial(study, storage, sweep, st.Worker.current())
+st.retry_trial = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+reason = "worker terminated (SIGTERM) during the trial"
+worker._tell(study, storage, trial, Outcome(TrialState.FAIL, reason=reason, retry=True), sweep)
+"""
+
+
+def test_a_worker_killed_between_failing_a_trial_and_queueing_its_retry_loses_no_point(
+    tmp_path,
+):
+    """_tell failed the trial and then queued its retry, two writes: a worker killed
+    between them left a grid point failed for good (the grid counted it as present, the
+    study as done). The retry is recorded before the FAIL, and the next worker queues it."""
+    from cofrgenet.sweeps.worker import next_trial, queue_missing_points, study_done
+
+    sweep = parse_sweep({"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}})
+    url = f"journal:{tmp_path / 'g.journal'}"
+    storage = st.open_storage(url)
+    study, _ = open_study(sweep, storage, 0)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_THE_RETRY, url], env=worker_env(), timeout=300
+    )
+    assert killed.returncode == -signal.SIGKILL
+    (first, _) = study.get_trials()
+    assert first.state == TrialState.FAIL and st.RETRY_WANTED in first.user_attrs
+    # The other point, taken by a worker that checked for lost trials before the kill.
+    other = study.ask()
+    assert st.grid_point(st.frozen_trial(storage, study, other.number)) != st.grid_point(first)
+    study.tell(other, 1.0)
+    assert not study_done(study, sweep)  # the retry is still to be queued
+    queue_missing_points(study, storage, sweep)  # as a restarted worker does
+    retry, _ = next_trial(study, storage, sweep, st.Worker.current())
+    assert retry is not None
+    frozen = st.frozen_trial(storage, study, retry.number)
+    assert frozen.system_attrs["retry_history"] == [first.number]
+    assert st.grid_point(frozen) == st.grid_point(first)
+    study.tell(retry, 2.0)
+    assert study_done(study, sweep)
+    assert next_trial(study, storage, sweep, st.Worker.current()) == (None, False)
+
+
+def test_a_missing_retry_waits_for_a_live_worker_and_is_queued_once(tmp_path):
+    """A failed trial whose retry is recorded but not queued: left to its worker while
+    that one lives (it queues it next), queued once it is gone, and copies that workers
+    queue at once are discarded but one."""
+    sweep, storage, study = _tiny_study(tmp_path)
+    options = sweep.storage_options
+    here = __import__("socket").gethostname()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        trial = study.ask()
+        tid = st.trial_id(storage, study, trial.number)
+        intent = {st.HOST: here, st.PID: other.pid, st.PID_START: st._pid_start(other.pid)}
+        storage.set_trial_user_attr(tid, st.RETRY_WANTED, {**intent, "at": time.time()})
+        storage.set_trial_state_values(tid, TrialState.FAIL)
+        assert st.queue_missing_retries(study, storage, options) == []
+    finally:
+        other.kill()
+        other.wait()
+    assert st.queue_missing_retries(study, storage, options) == [(0, 1)]
+    assert st.queue_missing_retries(study, storage, options) == []  # queued: not again
+    # A second worker that checked at the same moment queued a copy too.
+    st.retry_trial(study, st.frozen_trial(storage, study, 0), options.max_retry)
+    st.drop_duplicate_retries(study, storage)
+    states = [(t.number, t.state, bool(t.user_attrs.get(st.DISCARDED))) for t in study.get_trials()]
+    assert states == [
+        (0, TrialState.FAIL, False), (1, TrialState.WAITING, False), (2, TrialState.FAIL, True),
+    ]  # fmt: skip
+    assert st.budget_used(study.get_trials()) == 0
+    # Elsewhere: the grace period decides, as for a lost trial.
+    elsewhere = {st.HOST: "elsewhere", st.PID: 1}
+    assert not st.retry_left_behind({**elsewhere, "at": time.time()}, options)
+    assert st.retry_left_behind({**elsewhere, "at": time.time() - 10_000}, options)
+
+
 def test_a_live_local_worker_is_never_lost_and_a_late_result_is_not_lost_silently(tmp_path, caplog):
     from cofrgenet.sweeps.objective import Outcome
     from cofrgenet.sweeps.worker import _tell

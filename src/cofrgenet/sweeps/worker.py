@@ -557,6 +557,8 @@ def _discard(storage: optuna.storages.BaseStorage, study: optuna.Study, number: 
 def study_done(study: optuna.Study, sweep: Sweep) -> bool:
     trials = study.get_trials(deepcopy=False)
     busy = any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials)
+    # A retry its worker was killed before queueing: the next worker queues it.
+    busy = busy or bool(st.unqueued_retries(trials, sweep.storage_options.max_retry))
     return not busy and st.budget_used(trials) >= sweep.total_trials
 
 
@@ -634,6 +636,8 @@ def _tell(
         return False
     if outcome.state == TrialState.FAIL:
         trial.set_user_attr(st.FAIL_REASON, outcome.reason or "?")
+        if outcome.retry:  # before the FAIL: a kill before the retry is queued loses no point
+            trial.set_user_attr(st.RETRY_WANTED, st.retry_intent())
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         if outcome.retry:
             frozen = st.frozen_trial(storage, study, trial.number)

@@ -1099,6 +1099,142 @@ def test_workers_in_one_slurm_job_are_told_apart(tmp_path, monkeypatch):
     assert (trial.number, resumed) == (0, True)
 
 
+def test_a_tracking_error_while_a_trial_is_set_up_fails_it_for_a_retry(
+    tmp_path, monkeypatch, caplog
+):
+    """An MlflowException while the trial's child run is made (a locked sqlite store, a
+    server blip) escaped run_trial: the worker died with a traceback and the trial stayed
+    RUNNING. Now it ends FAIL through _tell and is retried; a bug there ends it FAIL
+    too, without a retry, its traceback in the log and in the trial's error.txt."""
+    from mlflow.exceptions import MlflowException
+
+    from cofrgenet.sweeps import objective
+    from cofrgenet.sweeps.worker import _tell, next_trial
+
+    sweep, storage, study = _tiny_study(tmp_path)
+    me = st.Worker.current()
+    ctx = objective.TrialContext(
+        sweep=sweep, study=study, storage=storage, storage_url="", runs_dir=str(tmp_path),
+        extra={}, worker=me,
+    )  # fmt: skip
+
+    def locked(*args, **kwargs):  # stands in for tracking.child_run's create_run
+        raise MlflowException("(sqlite3.OperationalError) database is locked")
+
+    monkeypatch.setattr(objective, "_config_and_train", locked)
+    trial, _ = next_trial(study, storage, sweep, me)
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        outcome = objective.run_trial(ctx, trial)
+    assert outcome.state == TrialState.FAIL and outcome.retry and not outcome.stop_worker
+    assert outcome.reason == (
+        "tracking or storage unavailable: MlflowException: (sqlite3.OperationalError) "
+        "database is locked"
+    )
+    assert "Traceback" not in caplog.text  # one line: not the trial's fault, nor a bug
+    assert _tell(study, storage, trial, outcome, sweep)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].system_attrs["retry_history"] == [trial.number]
+
+    def bug(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(objective, "_config_and_train", bug)
+    caplog.clear()
+    retry, _ = next_trial(study, storage, sweep, me)
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        outcome = objective.run_trial(ctx, retry)
+    assert outcome.state == TrialState.FAIL and not outcome.retry
+    assert outcome.reason == "TypeError: unsupported operand type(s) for +: 'int' and 'str'"
+    assert "Traceback" in caplog.text and "in bug" in caplog.text
+    assert "in bug" in (outcome.run_dir / "error.txt").read_text()
+    assert _tell(study, storage, retry, outcome, sweep)
+    assert st.frozen_trial(storage, study, retry.number).state == TrialState.FAIL
+
+
+KILLED_BEFORE_THE_RETRY = """
+import os, signal, sys
+from optuna.trial import TrialState
+from cofrgenet.sweeps import parse_sweep, storage as st, worker
+from cofrgenet.sweeps.objective import Outcome
+sweep = parse_sweep({"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}})
+storage = st.open_storage(sys.argv[1])
+study, _ = worker.open_study(sweep, storage, 0)
+trial, _ = worker.next_trial(study, storage, sweep, st.Worker.current())
+st.retry_trial = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+reason = "worker terminated (SIGTERM) during the trial"
+worker._tell(study, storage, trial, Outcome(TrialState.FAIL, reason=reason, retry=True), sweep)
+"""
+
+
+def test_a_worker_killed_between_failing_a_trial_and_queueing_its_retry_loses_no_point(
+    tmp_path,
+):
+    """_tell failed the trial and then queued its retry, two writes: a worker killed
+    between them left a grid point failed for good (the grid counted it as present, the
+    study as done). The retry is recorded before the FAIL, and the next worker queues it."""
+    from cofrgenet.sweeps.worker import next_trial, queue_missing_points, study_done
+
+    sweep = parse_sweep({"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}})
+    url = f"journal:{tmp_path / 'g.journal'}"
+    storage = st.open_storage(url)
+    study, _ = open_study(sweep, storage, 0)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_THE_RETRY, url], env=worker_env(), timeout=300
+    )
+    assert killed.returncode == -signal.SIGKILL
+    (first, _) = study.get_trials()
+    assert first.state == TrialState.FAIL and st.RETRY_WANTED in first.user_attrs
+    # The other point, taken by a worker that checked for lost trials before the kill.
+    other = study.ask()
+    assert st.grid_point(st.frozen_trial(storage, study, other.number)) != st.grid_point(first)
+    study.tell(other, 1.0)
+    assert not study_done(study, sweep)  # the retry is still to be queued
+    queue_missing_points(study, storage, sweep)  # as a restarted worker does
+    retry, _ = next_trial(study, storage, sweep, st.Worker.current())
+    assert retry is not None
+    frozen = st.frozen_trial(storage, study, retry.number)
+    assert frozen.system_attrs["retry_history"] == [first.number]
+    assert st.grid_point(frozen) == st.grid_point(first)
+    study.tell(retry, 2.0)
+    assert study_done(study, sweep)
+    assert next_trial(study, storage, sweep, st.Worker.current()) == (None, False)
+
+
+def test_a_missing_retry_waits_for_a_live_worker_and_is_queued_once(tmp_path):
+    """A failed trial whose retry is recorded but not queued: left to its worker while
+    that one lives (it queues it next), queued once it is gone, and copies that workers
+    queue at once are discarded but one."""
+    sweep, storage, study = _tiny_study(tmp_path)
+    options = sweep.storage_options
+    here = __import__("socket").gethostname()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        trial = study.ask()
+        tid = st.trial_id(storage, study, trial.number)
+        intent = {st.HOST: here, st.PID: other.pid, st.PID_START: st._pid_start(other.pid)}
+        storage.set_trial_user_attr(tid, st.RETRY_WANTED, {**intent, "at": time.time()})
+        storage.set_trial_state_values(tid, TrialState.FAIL)
+        assert st.queue_missing_retries(study, storage, options) == []
+    finally:
+        other.kill()
+        other.wait()
+    assert st.queue_missing_retries(study, storage, options) == [(0, 1)]
+    assert st.queue_missing_retries(study, storage, options) == []  # queued: not again
+    # A second worker that checked at the same moment queued a copy too.
+    st.retry_trial(study, st.frozen_trial(storage, study, 0), options.max_retry)
+    st.drop_duplicate_retries(study, storage)
+    states = [(t.number, t.state, bool(t.user_attrs.get(st.DISCARDED))) for t in study.get_trials()]
+    assert states == [
+        (0, TrialState.FAIL, False), (1, TrialState.WAITING, False), (2, TrialState.FAIL, True),
+    ]  # fmt: skip
+    assert st.budget_used(study.get_trials()) == 0
+    # Elsewhere: the grace period decides, as for a lost trial.
+    elsewhere = {st.HOST: "elsewhere", st.PID: 1}
+    assert not st.retry_left_behind({**elsewhere, "at": time.time()}, options)
+    assert st.retry_left_behind({**elsewhere, "at": time.time() - 10_000}, options)
+
+
 def test_a_live_local_worker_is_never_lost_and_a_late_result_is_not_lost_silently(tmp_path, caplog):
     from cofrgenet.sweeps.objective import Outcome
     from cofrgenet.sweeps.worker import _tell
@@ -2229,6 +2365,41 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     assert callback.requeued_at == 4
 
 
+def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
+    """should_prune reads the storage: a brief database or NFS error there failed a
+    healthy trial (no retry), counted towards the worker's repeated failures."""
+    from types import SimpleNamespace
+
+    from sqlalchemy.exc import OperationalError
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+
+    callback = PruneAtStep(optuna.create_study().ask(), "val/loss", "", "s")
+    calls = []
+
+    def should_prune() -> bool:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError("SELECT ...", {}, Exception("server closed the connection"))
+        return True
+
+    callback._trial = SimpleNamespace(report=lambda value, step: None, should_prune=should_prune)
+    trainer = SimpleNamespace(
+        sanity_checking=False, global_step=2, is_global_zero=True, world_size=1,
+        should_stop=False, callback_metrics={"val/loss": torch.tensor(3.0)},
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+        for step in (2, 4):
+            trainer.global_step = step
+            callback.on_validation_end(trainer, None)
+    assert not trainer.should_stop and callback.pruned_at is None
+    assert caplog.text.count("the pruner could not read the study at step 2") == 1
+    assert "at step 4" not in caplog.text  # said once
+    trainer.global_step = 6  # the storage answers again: the pruner decides
+    callback.on_validation_end(trainer, None)
+    assert trainer.should_stop and callback.pruned_at == 6
+
+
 def test_a_spawned_rank_judges_with_the_sweeps_pruner(tmp_path):
     """Under ddp_spawn the callback is pickled into each rank, which reopens the study:
     with the sweep's pruner, not Optuna's default MedianPruner (which would prune even a
@@ -2311,6 +2482,27 @@ def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():
     assert reason.startswith(POINT_FAILURES)
     reason, *_ = classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert reason.startswith(POINT_FAILURES)
+
+
+def test_a_non_finite_objective_is_a_point_failure_like_a_nan_training_loss(tmp_path):
+    """A final val/loss of NaN or inf (a pole met on the validation data) failed with a
+    reason of its own: three such trials in a row stopped the worker, though NaN losses
+    depend on the sample and never stop it."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import _fit_outcome
+    from cofrgenet.sweeps.worker import POINT_FAILURES, _same_failures
+
+    ctx = SimpleNamespace(sweep=SimpleNamespace(objective=SimpleNamespace(metric="val/loss")))
+    outcomes = []
+    for number, value in enumerate([float("nan"), float("inf"), float("nan")]):
+        trainer = SimpleNamespace(global_step=6, callback_metrics={"val/loss": torch.tensor(value)})
+        callback = SimpleNamespace(requeued_at=None, pruned_at=None, last_step=6, last_value=value)
+        outcome = _fit_outcome(ctx, None, SimpleNamespace(trainer=trainer), callback, tmp_path)
+        assert outcome.state == TrialState.FAIL and outcome.reason.startswith(POINT_FAILURES)
+        assert "val/loss is" in outcome.reason and "at step 6" in outcome.reason
+        outcomes.append((number, outcome))
+    assert _same_failures(outcomes) == 0
 
 
 def test_a_changed_tracking_uri_gets_a_new_parent_run_and_the_report_still_runs(

@@ -45,6 +45,9 @@ UID_ATTR = "cofr.uid"
 #: The reason's start for a trial whose sampled values build no model together
 #: (``n_head 7`` drawn beside a width of 64): that point fails, the sweep goes on.
 NO_MODEL_HERE = "no model at this point:"
+#: The reason's start for a trial whose loss went NaN or inf, in training or in its final
+#: objective: it depends on the sample (a diverging learning rate), the sweep goes on.
+NON_FINITE = "non-finite loss:"
 
 #: Set by the worker's SIGUSR1 handler: save, stop and leave the trial for a requeue.
 REQUEUE = threading.Event()
@@ -121,6 +124,8 @@ class PruneAtStep(StepBoundaries):
         self.pruned_at: int | None = None
         self.requeued_at: int | None = None
         self.start_step: int | None = None
+        #: The storage failed a prune check already: said once, not at every validation.
+        self.prune_check_failed = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -172,7 +177,7 @@ class PruneAtStep(StepBoundaries):
             self._share(LAST_REPORT, [step, value])
             with contextlib.suppress(Exception):  # a step reported by an earlier attempt
                 self.trial.report(value if math.isfinite(value) else float("nan"), step)
-            prune = self.trial.should_prune()
+            prune = self._should_prune(step)
         self.last_step = step if metric is not None else self.last_step
         if trainer.world_size > 1:
             prune = trainer.strategy.broadcast(prune, src=0)
@@ -181,6 +186,21 @@ class PruneAtStep(StepBoundaries):
             if trainer.is_global_zero:
                 self._share(PRUNED_AT, step)
             trainer.should_stop = True
+
+    def _should_prune(self, step: int) -> bool:
+        """The pruner's decision; False when it cannot read the study (a database or
+        NFS blip): a healthy trial must not fail for it, the next validation asks again."""
+        try:
+            return self.trial.should_prune()
+        except Exception as error:
+            if not self.prune_check_failed:
+                self.prune_check_failed = True
+                logging.getLogger("cofrgenet.sweeps").warning(
+                    f"trial {self.number}: the pruner could not read the study at step "
+                    f"{step} ({type(error).__name__}: {str(error)[:200]}); not pruned "
+                    "there, it judges again at the next validation (said once per trial)"
+                )
+            return False
 
     def _stop_requested(self) -> bool:
         return REQUEUE.is_set() or bool(self.stop_file and os.path.exists(self.stop_file))
@@ -308,7 +328,7 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         status = 128 + signal.SIGINT if ctrl_c else None
         return f"worker interrupted during the trial ({text})", True, True, status
     if isinstance(error, NonFiniteLossError):
-        return f"non-finite loss: {error}", False, False, None
+        return f"{NON_FINITE} {error}", False, False, None
     if is_out_of_memory(error):
         return f"out of memory: {error}", False, False, None
     return text, False, False, None
@@ -374,8 +394,67 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
     except BaseException as exc:  # SIGTERM or Ctrl-C before the fit took them over
         outcome = failed_outcome(exc, run_dir)
         if outcome.signal_status is None:
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # Left to the worker, it would die with the trial RUNNING until taken for lost.
+            outcome = setup_failed(exc, trial.number, run_dir)
     _finish_mlflow(ctx, child[0] if child else None, outcome)
+    return outcome
+
+
+#: The reason's start for a trial whose MLflow run or storage could not be written
+#: while it was set up (a locked tracking database, a server blip): not the trial's
+#: fault, so it is retried.
+NOT_REACHED = "tracking or storage unavailable:"
+#: Modules whose exceptions say the tracking store or the study's database failed.
+_SERVICE_MODULES = ("mlflow", "sqlalchemy", "requests", "urllib3", "psycopg", "sqlite3")
+
+
+def service_error(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is the tracking store's or the
+    study storage's (MLflow, a database driver, Optuna's storage), not the trial's."""
+    current: BaseException | None = error
+    for _ in range(8):  # raised from ... raised from: a short chain
+        if current is None:
+            return False
+        module = type(current).__module__ or ""
+        if module.split(".")[0] in _SERVICE_MODULES or isinstance(
+            current, optuna.exceptions.StorageInternalError
+        ):
+            return True
+        current = current.__cause__
+    return False
+
+
+def setup_failed(error: Exception, number: int, run_dir: Path) -> Outcome:
+    """The FAIL outcome of a trial whose set-up (its config, its MLflow run) raised
+    ``error``: retried when a service failed (:func:`service_error`). The traceback goes
+    to the trial's ``error.txt``, and to the log for an error that is neither a service's
+    nor the user's (a bug), or under ``COFR_DEBUG``."""
+    from cofrgenet.environment import env_flag
+    from cofrgenet.errors import UserError, first_line
+
+    traceback_text = "".join(traceback.format_exception(error))
+    with contextlib.suppress(OSError):
+        (run_dir / "error.txt").write_text(traceback_text)
+    try:
+        debug = env_flag("COFR_DEBUG", False)
+    except UserError:  # a bad value: cofr said so at its start
+        debug = False
+    log = logging.getLogger("cofrgenet.sweeps")
+    if service_error(error):
+        reason = f"{NOT_REACHED} {type(error).__name__}: {first_line(error)[:300]}"
+        log.warning(f"trial {number}: {reason}; it is retried")
+        if debug:
+            log.warning(traceback_text)
+        return Outcome(TrialState.FAIL, reason=reason, retry=True, run_dir=run_dir)
+    outcome = failed_outcome(error, run_dir)
+    bug = not isinstance(error, UserError) and not is_out_of_memory(error)
+    log.error(
+        f"trial {number}: its set-up failed: {outcome.reason} (traceback in "
+        f"{run_dir / 'error.txt'})",
+        exc_info=error if bug or debug else None,
+    )
     return outcome
 
 
@@ -574,10 +653,9 @@ def _fit_outcome(
     if callback.last_step != final_step:  # else on_validation_end reported it
         with contextlib.suppress(Exception):
             trial.report(value, final_step)
-    if not math.isfinite(value):
-        return Outcome(
-            TrialState.FAIL, reason=f"objective {metric_name} is {value}", run_dir=run_dir
-        )
+    if not math.isfinite(value):  # a point failure, as a NaN training loss is
+        reason = f"{NON_FINITE} the objective {metric_name} is {value} at step {final_step}"
+        return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)
     return Outcome(TrialState.COMPLETE, value=value, step=final_step, run_dir=run_dir)
 
 

@@ -18,8 +18,9 @@ Liveness. Every RUNNING trial carries its worker in user attributes (``cofr.host
 for the worker; ``cofr.worker_id``: ``slurm-<array job>_<task>`` under SLURM). Before it
 asks for a trial, a worker fails the RUNNING trials whose worker is gone and queues a
 retry of each (same params, ``failed_trial``/``retry_history`` system attributes as
-Optuna's ``RetryHeartbeatStaleTrialCallback``, at most ``max_retry`` times). A worker is
-gone when
+Optuna's ``RetryHeartbeatStaleTrialCallback``, at most ``max_retry`` times), and the
+retries that a worker killed between failing a trial and queueing it left behind
+(:data:`RETRY_WANTED`). A worker is gone when
 
 * it ran on this host and its process is dead (found at once: a killed local worker), or
 * its heartbeat is older than ``grace_period`` seconds: RDB storages use Optuna's
@@ -99,6 +100,11 @@ GRID_POINT = "cofr.grid_point"
 #: Set on a trial failed untrained because it was made by mistake (a grid worker's ask
 #: found the last queued point taken by another worker): it counts for no budget.
 DISCARDED = "cofr.discarded"
+#: Set on a trial before it is failed for a retry: who failed it and when ({cofr.host,
+#: cofr.pid, cofr.pid_start, at}). Failing and queueing the retry are two writes; a
+#: worker killed between them leaves this, and the next check for lost trials queues the
+#: retry (:func:`queue_missing_retries`), else the point would never run again.
+RETRY_WANTED = "cofr.retry_wanted"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = SLURM_TAGS  # the keys of slurm_tags()
 
 
@@ -690,10 +696,19 @@ def grid_point(trial: FrozenTrial) -> dict[str, Any]:
     return dict(point) if point else dict(trial.params)
 
 
-def fail_trial(storage: BaseStorage, trial_id: int, reason: str) -> bool:
-    """RUNNING -> FAIL with ``fail_reason``; False when another process finished it first."""
+def retry_intent() -> dict[str, Any]:
+    """The :data:`RETRY_WANTED` value of this process: who fails the trial, and when."""
+    pid = os.getpid()
+    return {HOST: socket.gethostname(), PID: pid, PID_START: _pid_start(pid), "at": time.time()}
+
+
+def fail_trial(storage: BaseStorage, trial_id: int, reason: str, retry: bool = False) -> bool:
+    """RUNNING -> FAIL with ``fail_reason``; False when another process finished it first.
+    ``retry``: the caller queues a retry next; recorded first (:data:`RETRY_WANTED`)."""
     try:
         storage.set_trial_user_attr(trial_id, FAIL_REASON, reason[:2000])
+        if retry:
+            storage.set_trial_user_attr(trial_id, RETRY_WANTED, retry_intent())
         return bool(storage.set_trial_state_values(trial_id, TrialState.FAIL))
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
@@ -750,10 +765,84 @@ def fail_lost_trials(
         seen = last_seen(storage.get_trial(tid), storage)
         if seen is not None:
             storage.set_trial_user_attr(tid, LAST_SEEN, seen)
-        if fail_trial(storage, tid, reason):
+        if fail_trial(storage, tid, reason, retry=True):
             frozen = storage.get_trial(tid)
             done.append((number, retry_trial(study, frozen, options.max_retry)))
+    queue_missing_retries(study, storage, options)
     return done
+
+
+def retry_left_behind(intent: Any, options: StorageOptions) -> bool:
+    """Whether the process that failed a trial for a retry (``intent``, its
+    :data:`RETRY_WANTED`) can no longer queue it: this process (it queues right after
+    failing, so it got here without), one on this host that is dead, or one elsewhere
+    more than ``grace_period`` seconds ago. A live one is left to queue it itself."""
+    if not isinstance(intent, dict):
+        return True
+    host, pid = intent.get(HOST), intent.get(PID)
+    if host == socket.gethostname() and isinstance(pid, int):
+        return pid == os.getpid() or not pid_alive(pid, intent.get(PID_START))
+    at = intent.get("at")
+    return not isinstance(at, int | float) or time.time() - at > options.grace_period
+
+
+def unqueued_retries(trials: list[FrozenTrial], max_retry: int | None) -> list[FrozenTrial]:
+    """The failed trials that want a retry (:data:`RETRY_WANTED`, within ``max_retry``)
+    which no trial is yet: the study is not done while there are any."""
+    retried = retried_numbers(trials)
+    out = []
+    for trial in trials:
+        if trial.state != TrialState.FAIL or not trial.user_attrs.get(RETRY_WANTED):
+            continue
+        attempts = len(trial.system_attrs.get("retry_history") or []) + 1
+        if trial.number not in retried and (max_retry is None or attempts <= max_retry):
+            out.append(trial)
+    return out
+
+
+def queue_missing_retries(
+    study: optuna.Study, storage: BaseStorage, options: StorageOptions
+) -> list[tuple[int, int]]:
+    """Queue the retry of each failed trial that wanted one (:data:`RETRY_WANTED`) when no
+    trial retries it and the worker that failed it cannot queue it any more (killed
+    between the two writes). Returns (failed trial, its retry). Workers that do this at
+    once queue a copy each: all but one are then discarded (:func:`drop_duplicate_retries`)."""
+    done: list[tuple[int, int]] = []
+    for trial in unqueued_retries(study.get_trials(deepcopy=False), options.max_retry):
+        if not retry_left_behind(trial.user_attrs.get(RETRY_WANTED), options):
+            continue
+        retry = retry_trial(study, trial, options.max_retry)
+        if retry is not None:
+            log.warning(
+                f"trial {trial.number}: its worker failed it for a retry but stopped before "
+                f"queueing it; retried as trial {retry}"
+            )
+            done.append((trial.number, retry))
+    if done:
+        drop_duplicate_retries(study, storage)
+    return done
+
+
+def drop_duplicate_retries(study: optuna.Study, storage: BaseStorage) -> None:
+    """Discard (:data:`DISCARDED`, FAIL) the waiting retries of a trial beyond one: the
+    one a worker took already, else the first. Each worker that queued a missing retry
+    runs this after, so of copies queued at once, every such worker keeps the same one."""
+    by_failed: dict[int, list[FrozenTrial]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        history = trial.system_attrs.get("retry_history")
+        if history and not trial.user_attrs.get(DISCARDED):
+            by_failed.setdefault(history[-1], []).append(trial)
+    for failed, retries in by_failed.items():
+        keep = min(retries, key=lambda t: (t.state == TrialState.WAITING, t.number))
+        for trial in retries:
+            if trial.number != keep.number and trial.state == TrialState.WAITING:
+                tid = trial_id(storage, study, trial.number)
+                storage.set_trial_user_attr(tid, DISCARDED, True)
+                why = (
+                    f"duplicate retry of trial {failed} (trial {keep.number} retries it): "
+                    "queued by two workers at once"
+                )
+                fail_trial(storage, tid, why)
 
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:

@@ -33,6 +33,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
 from cofrgenet.sweeps.objective import (
     NO_MODEL_HERE,
+    NON_FINITE,
     REQUEUE,
     RUN_DIR_ATTR,
     UID_ATTR,
@@ -556,6 +557,8 @@ def _discard(storage: optuna.storages.BaseStorage, study: optuna.Study, number: 
 def study_done(study: optuna.Study, sweep: Sweep) -> bool:
     trials = study.get_trials(deepcopy=False)
     busy = any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials)
+    # A retry its worker was killed before queueing: the next worker queues it.
+    busy = busy or bool(st.unqueued_retries(trials, sweep.storage_options.max_retry))
     return not busy and st.budget_used(trials) >= sweep.total_trials
 
 
@@ -633,6 +636,8 @@ def _tell(
         return False
     if outcome.state == TrialState.FAIL:
         trial.set_user_attr(st.FAIL_REASON, outcome.reason or "?")
+        if outcome.retry:  # before the FAIL: a kill before the retry is queued loses no point
+            trial.set_user_attr(st.RETRY_WANTED, st.retry_intent())
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         if outcome.retry:
             frozen = st.frozen_trial(storage, study, trial.number)
@@ -926,7 +931,7 @@ def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
 #: Failures that depend on the sampled point (a learning rate that diverges, a model too
 #: big for the GPU, values that build no model together): the study goes on past any
 #: number of them, as it would past bad values.
-POINT_FAILURES = ("non-finite loss:", "out of memory:", NO_MODEL_HERE)
+POINT_FAILURES = (NON_FINITE, "out of memory:", NO_MODEL_HERE)
 
 
 def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:

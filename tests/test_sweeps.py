@@ -1609,6 +1609,14 @@ def test_optuna_private_api_is_pinned():
         "study",
         "trial_id",
     ]
+    # System attributes read by name: a queued trial's values (worker._queued), the grid
+    # sampler's bookkeeping (dropped from a retry by storage.retry_trial).
+    study = optuna.create_study()
+    study.enqueue_trial({"x": 1})
+    assert study.get_trials(deepcopy=False)[0].system_attrs["fixed_params"] == {"x": 1}
+    grid = optuna.create_study(sampler=optuna.samplers.GridSampler({"x": [1, 2]}))
+    grid.ask().suggest_categorical("x", [1, 2])
+    assert {"grid_id", "search_space"} <= set(grid.get_trials(deepcopy=False)[0].system_attrs)
 
 
 def test_a_typo_in_a_space_key_stops_the_worker_before_any_trial(tiny_data, tmp_path):

@@ -803,6 +803,30 @@ def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
         more.load_state_dict(state)
 
 
+def test_a_resume_refuses_the_same_tokens_cut_into_other_chunks(pydoc_byte, tmp_path):
+    """Prepared again with another number of workers, a folder holds the same tokens in
+    as many chunks, cut elsewhere: other blocks, so a saved position would replay and
+    skip part of the epoch. Checkpoints from before the layout was recorded resume."""
+    folder = tmp_path / "copy"
+    shutil.copytree(pydoc_byte, folder)
+    settings = {"block_size": 16, "batch_size": 2, "num_workers": 0, "seed": 5}
+    dm = TokenDataModule(str(folder), **settings)
+    next(iter(dm.train_dataloader()))
+    state = dm.state_dict()
+    index_path = folder / "train" / "index.json"
+    index = json.loads(index_path.read_text())
+    assert len(index["chunks"]) >= 2
+    index["chunks"][0]["dim"] -= 100  # the first cut 100 tokens earlier: same total
+    index["chunks"][1]["dim"] += 100
+    index_path.write_text(json.dumps(index))
+    moved = TokenDataModule(str(folder), **settings)
+    assert moved.meta.train_tokens == dm.meta.train_tokens
+    with pytest.raises(ValueError, match="train_chunk_layout"):
+        moved.load_state_dict(state)
+    del state["fingerprint"]["train_chunk_layout"]
+    moved.load_state_dict(state)
+
+
 def test_the_training_order_is_the_same_on_every_file_system(pydoc_byte, monkeypatch):
     """litdata shuffled by windows on NFS, Lustre, GPFS, BeeGFS or VAST (forced here by
     LITDATA_POSIX_FAST=1) and fully on a local disk, and a chunk's blocks within windows

@@ -34,6 +34,7 @@ from cofrgenet.data.meta import (
     READERS_LOCK,
     DataMeta,
     check_vocab,
+    chunk_layout,
     read_meta,
     split_blocks,
     tokenizer_changes,
@@ -255,6 +256,7 @@ class TokenDataModule(L.LightningDataModule):
         # Fails fast on a missing or half-written folder.
         self.meta: DataMeta = read_meta(self.data_dir)
         self.tokenizer_sha256 = tokenizer_digest(self.data_dir)  # read once: in every save
+        self.train_layout = chunk_layout(self.data_dir / "train")  # likewise
         self.block_size = block_size
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
@@ -426,6 +428,8 @@ class TokenDataModule(L.LightningDataModule):
             "tokenizer_sha256": self.tokenizer_sha256,
             "train_tokens": self.meta.train_tokens,
             "train_chunks": self.meta.splits["train"].chunks,
+            # Checkpoints from before it lack it: compared where both have it.
+            "train_chunk_layout": self.train_layout,
             "block_size": self.block_size,
             "seed": self.seed,
             "shuffle": self.shuffle,

@@ -320,6 +320,16 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
     return meta
 
 
+def chunk_layout(split_dir: Path) -> str:
+    """A digest of how a prepared split is cut into chunks (each chunk's name and token
+    count, in order). The same tokens prepared by another number of workers are cut
+    elsewhere, often into as many chunks: the blocks, and a saved stream position in
+    them, are then others."""
+    index = json.loads((split_dir / "index.json").read_text())
+    cuts = [[chunk["filename"], int(chunk["dim"] or 0)] for chunk in index["chunks"]]
+    return hashlib.sha256(json.dumps(cuts).encode()).hexdigest()[:16]
+
+
 def split_blocks(split_dir: Path, block_tokens: int) -> int:
     """How many items of ``block_tokens`` tokens a prepared split holds, all processes
     together: litdata's ``TokensLoader`` cuts each chunk into whole blocks, the chunk's

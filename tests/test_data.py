@@ -57,7 +57,7 @@ from cofrgenet.data.meta import (
     split_blocks,
 )
 from cofrgenet.data.prepare import EncodeDocuments, add_arguments, main, parse_chunk_bytes
-from cofrgenet.data.sources import HFSource, Source
+from cofrgenet.data.sources import HFSource, Source, distinct_topics
 from cofrgenet.data.tokenizer import (
     EOS_TEXT,
     TokenizerFilesNotFound,
@@ -96,6 +96,28 @@ def pydoc_byte(tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------- split
+
+
+def test_pydoc_topics_that_others_contain_are_left_out_so_no_split_shares_text():
+    """pydoc's topics nest (``compound`` holds ``if``, ``for``...; ``if`` and ``else`` are
+    one text): split by topic, 80% of a held-out topic's text was training text too."""
+    line = "a line long enough to be compared between two topics: {}"
+    body = "\n".join(line.format(i) for i in range(10))
+    nested = "\n".join(line.format(i) for i in range(5))
+    topics = {"all": body, "part": nested, "copy": "short", "same": "short", "own": "x" * 50}
+    assert distinct_topics(topics) == ["all", "copy", "own"]
+    source = PydocSource()
+    docs = source.read(range(len(source)))
+    for fraction in (0.05, 0.15, 0.5):
+        train, val = split_documents(len(docs), fraction, seed=1234)
+        train_text = "\n".join(docs[i] for i in train)
+        shared = sum(
+            len(text)
+            for i in val
+            for text in docs[i].split("\n")
+            if len(text.strip()) >= 40 and text in train_text
+        )
+        assert shared <= 0.02 * sum(len(docs[i]) for i in val), fraction
 
 
 def test_split_documents_is_disjoint_deterministic_and_keeps_one_val_document():
@@ -672,7 +694,7 @@ def test_every_process_scores_as_many_validation_batches(tmp_path, monkeypatch, 
 
     folder = tmp_path / "small-chunks"
     prepare_data(PydocSource(), folder, max_docs=12, val_fraction=0.3, num_workers=1,
-                 chunk_bytes=4_000)  # fmt: skip
+                 chunk_bytes=2_000)  # fmt: skip
     assert read_meta(folder).splits["val"].chunks >= 3  # shares that cross chunks
 
     def make():

@@ -2694,6 +2694,32 @@ def test_a_model_vocabulary_smaller_than_the_data_s_is_refused_before_the_study(
     )  # no study made
 
 
+def test_workers_that_each_made_a_parent_run_settle_on_the_oldest(tmp_path):
+    """Workers starting together on a new study under other --runs-dir (the parent run's
+    file lock is per folder), or across hosts without a shared lock, each made a parent
+    run: trials nested under several, the report went to the last. They now take the
+    oldest of the study's and delete their own; an old study's parent is not taken."""
+    from cofrgenet.sweeps import tracking
+
+    sweep = load_sweep(write_sweep(tmp_path, tracking_uri=f"sqlite:///{tmp_path / 'ml.db'}"))
+    run = tracking.run_config(sweep)
+    client = tracking.client_for(run)
+    exp = tracking.experiment_id(client, run)
+    tags = {"cofr.sweep": "parent", "optuna.study": sweep.study, "optuna.storage": "db"}
+    day_ago = int(time.time() * 1000) - 86_400_000
+    earlier_study = client.create_run(exp, start_time=day_ago, tags=tags).info.run_id
+    first = tracking.create_parent(client, run, sweep, "db")
+    elsewhere = tracking.create_parent(client, run, sweep, "another study storage")
+    second = tracking.create_parent(client, run, sweep, "db")
+    # The oldest: the first made, or of two made in one millisecond the lower id.
+    winner, loser = sorted((first, second), key=lambda r: (client.get_run(r).info.start_time, r))
+    assert tracking.settle_parent(client, run, sweep, "db", second) == winner
+    assert tracking.settle_parent(client, run, sweep, "db", first) == winner
+    assert client.get_run(loser).info.lifecycle_stage == "deleted"
+    for kept in (winner, elsewhere, earlier_study):
+        assert client.get_run(kept).info.lifecycle_stage == "active"
+
+
 def test_a_store_that_cannot_answer_is_not_taken_for_a_missing_parent_run():
     """Any MlflowException read as "missing": a tracking server down for a moment made
     the worker start another parent run and split the study's trials between two."""

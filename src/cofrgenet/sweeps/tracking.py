@@ -143,6 +143,44 @@ def create_parent(client: MlflowClient, run: RunConfig, sweep: Sweep, storage: s
     return run_id
 
 
+#: Parent runs made this close together (seconds) are workers racing to make the
+#: study's first: the time between reading the study's parent attribute and setting it.
+SETTLE_WINDOW_S = 600
+
+
+def settle_parent(
+    client: MlflowClient, run: RunConfig, sweep: Sweep, storage: str, mine: str
+) -> str:
+    """The study's parent run once this worker has made ``mine``: the oldest parent of
+    the study (and ``storage``) in the experiment. Workers that each made one at once
+    (another ``--runs-dir``, whose file lock they do not share, or no lock across hosts)
+    then all take the same, and delete their own, so trials nest under one run."""
+    exp = experiment_id(client, run)
+    found = client.search_runs(
+        [exp],
+        # A study name is letters, digits, '.', '_' and '-' (spec): nothing to escape.
+        filter_string=f"tags.`cofr.sweep` = 'parent' and tags.`optuna.study` = '{sweep.study}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=100,
+    )
+    made = client.get_run(mine).info.start_time
+    parents = [
+        r
+        for r in found
+        if r.data.tags.get("optuna.storage") == storage
+        # Made at about the same time: not the parent of an earlier study of this name
+        # (its storage removed and made again), which trials must not join.
+        and abs(r.info.start_time - made) <= SETTLE_WINDOW_S * 1000
+    ]
+    if not parents:  # the store cannot say yet: keep this worker's own
+        return mine
+    first = min(parents, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+    if first != mine:
+        with contextlib.suppress(MlflowException):
+            client.delete_run(mine)
+    return first
+
+
 def update_parent(client: MlflowClient, run_id: str, sweep: Sweep) -> None:
     """The sweep file a worker runs, on the study's run (the first, from
     :func:`create_parent`, or a later one's): the params it adds, for those it changes

@@ -833,7 +833,8 @@ def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> t
             )
             parent = None
         if parent is None:
-            parent = tracking.create_parent(client, run, sweep, hide_passwords(url))
+            made = tracking.create_parent(client, run, sweep, hide_passwords(url))
+            parent = tracking.settle_parent(client, run, sweep, hide_passwords(url), made)
             study.set_user_attr(PARENT_ATTR, parent)
         else:
             tracking.update_parent(client, parent, sweep)

@@ -176,6 +176,18 @@ def test_text_perplexity_normalisations():
     assert (again.words, again.bytes) == (8, len(original.encode()))
 
 
+def test_a_perplexity_past_the_float_range_is_inf_not_an_error():
+    """A diverged model (over ~709 nats a token) raised OverflowError in math.exp, and
+    cofr eval lost every set scored before it."""
+    from cofrgenet.eval.lambada import LambadaResult
+    from cofrgenet.eval.perplexity import PerplexityResult
+
+    metrics = PerplexityResult(nll=1e6, tokens=100, words=20, bytes=100, lines=2).metrics()
+    assert metrics["token_ppl"] == metrics["word_ppl"] == metrics["word_ppl_eos"] == math.inf
+    assert metrics["nll"] == 1e6 and math.isfinite(metrics["bits_per_byte"])
+    assert LambadaResult(correct=0, examples=2, nll=4000.0).metrics()["ppl"] == math.inf
+
+
 # ------------------------------------------------------------------ LAMBADA
 
 

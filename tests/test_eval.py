@@ -6,8 +6,10 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import sqlite3
 from pathlib import Path
 
@@ -657,7 +659,13 @@ def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub)
     )
 
 
-def test_an_interrupted_eval_shows_the_tasks_it_finished(checkpoint, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_eval_keeps_the_tasks_it_finished(
+    checkpoint, tmp_path, capsys, monkeypatch, stop
+):
+    """SIGTERM (SLURM's time limit, scancel) lost every set scored, and Ctrl-C only
+    printed them: both keep them, printed, written marked partial, and logged (each is a
+    whole set's score), then exit 128 + the signal."""
     from cofrgenet.eval import perplexity
 
     real, calls = perplexity.text_perplexity, []
@@ -665,16 +673,37 @@ def test_an_interrupted_eval_shows_the_tasks_it_finished(checkpoint, tmp_path, c
     def second_is_interrupted(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            if stop == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises before this returns
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
-    data = write_eval_data(tmp_path / "sets")
-    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
-    assert main([*argv, "--no-mlflow"]) == 130
-    printed = capsys.readouterr().out
-    assert "the tasks finished before the interrupt" in " ".join(printed.split())  # wrapped
-    assert "ptb" in printed and "wikitext-2" not in printed
+    noted: list[int] = []  # the handler before cofr eval's, which it puts back after
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    try:
+        monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
+        data = write_eval_data(tmp_path / "sets")
+        out = tmp_path / "eval.json"
+        argv = ["eval", "--ckpt", str(checkpoint), "--data-dir", str(data), "--json", str(out)]
+        assert main([*argv, "--tasks", "ptb,wikitext-2"]) == 128 + stop
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert noted == [signal.SIGTERM]  # put back: the next one reaches it
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    captured = capsys.readouterr()
+    what = "the interrupt" if stop == signal.SIGINT else "SIGTERM"
+    assert f"the tasks finished before {what}" in " ".join(captured.out.split())  # wrapped
+    assert "ptb" in captured.out and "wikitext-2" not in captured.out
+    assert f"stopped by {stop.name}: not scored: wikitext-2" in captured.err
+    report = json.loads(out.read_text())
+    assert list(report["results"]) == ["ptb"] and list(report["data"]) == ["ptb"]
+    assert report["partial"] == {"stopped_by": stop.name, "not_scored": ["wikitext-2"]}
+    run = mlflow.MlflowClient(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}").get_run(
+        report["mlflow_run_id"]
+    )
+    nll = report["results"]["ptb"]["nll"]
+    assert run.data.metrics["eval/ptb/nll"] == pytest.approx(nll)
+    assert "logged to MLflow run" in captured.out
 
 
 def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(

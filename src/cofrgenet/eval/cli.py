@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -360,7 +361,6 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args, tasks, harness_tasks)
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
-    from cofrgenet.eval.perplexity import default_stride
     from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
 
     checkpoint_file(args.ckpt)
@@ -400,35 +400,116 @@ def run(args: argparse.Namespace) -> int:
         )
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     results: dict[str, dict[str, float]] = {}
-    try:
-        evaluate_tasks(
-            loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit, results,
-            window,
-        )  # fmt: skip
-    except KeyboardInterrupt:
-        if results:  # hours of scores are not thrown away with the task under way
-            print_results(results, title + ", the tasks finished before the interrupt")
-        raise
     harness: dict[str, dict[str, float]] = {}
-    if resolved is not None:
-        from cofrgenet.eval.harness import run_harness
-
+    stop = _StopOnSigterm()
+    with stop:
         try:
-            harness = run_harness(
-                loaded,
-                resolved,
-                limit=args.limit,
-                batch_size=args.batch_size,
-                device=args.device,
-                num_fewshot=args.num_fewshot,
-                max_length=window,
+            evaluate_tasks(
+                loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit,
+                results, window,
+            )  # fmt: skip
+            if resolved is not None:
+                from cofrgenet.eval.harness import run_harness
+
+                try:
+                    harness = run_harness(
+                        loaded,
+                        resolved,
+                        limit=args.limit,
+                        batch_size=args.batch_size,
+                        device=args.device,
+                        num_fewshot=args.num_fewshot,
+                        max_length=window,
+                    )
+                except UserError:
+                    if tasks:  # scores already computed are shown, not lost with the harness's
+                        print_results(results, title + ", before the harness stopped")
+                    raise
+                results.update(harness)
+        except KeyboardInterrupt:
+            stop.signum = signal.SIGINT
+        except Stopped:
+            pass
+        # From here SIGTERM is only noted: the sets scored are reported, then cofr exits.
+        stop.scoring = False
+        report = _report(args, loaded, results, data_dir, tasks, texts, window)
+        if stop.signum is not None:
+            # Hours of scores are not thrown away with the set under way: each set
+            # finished is a whole set's score, reported as a full run's are.
+            name = signal.Signals(stop.signum).name
+            not_scored = [task for task in [*tasks, *harness_tasks] if task not in results]
+            report["partial"] = {"stopped_by": name, "not_scored": not_scored}
+            print(
+                f"cofr eval: stopped by {name}: "
+                + (f"not scored: {', '.join(not_scored)}" if results else "no set was scored"),
+                file=sys.stderr,
             )
-        except (UserError, KeyboardInterrupt):
-            if tasks:  # scores already computed are shown, not lost with the harness's
-                print_results(results, title + ", before the harness stopped")
-            raise
-        results.update(harness)
-    report = {
+            if not results:  # an earlier --json is not replaced by an empty report
+                return 128 + stop.signum
+            what = "the interrupt" if stop.signum == signal.SIGINT else name
+            title += f", the tasks finished before {what}"
+        if any(task in results for task in tasks):
+            print_results({k: v for k, v in results.items() if k in tasks}, title)
+        if harness:
+            print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
+        if out is not None:
+            write_results(out, report)
+            print(f"results: {out}" + (" (partial: the sets finished)" if stop.signum else ""))
+        if not args.no_mlflow:
+            _log_and_say(args, loaded, results, report)
+    return 0 if stop.signum is None else 128 + stop.signum
+
+
+class Stopped(BaseException):
+    """SIGTERM while scoring (SLURM's time limit, scancel): raised where the scoring is,
+    as Ctrl-C raises KeyboardInterrupt (a BaseException too, so that no ``except
+    Exception`` on the way takes it for an error)."""
+
+
+class _StopOnSigterm:
+    """While scoring, SIGTERM raises :class:`Stopped`, so that the sets finished are
+    reported; after it (``scoring`` False), it is only noted, and the reporting finishes.
+    Its handler from before is put back on leaving. ``signum``: the signal that stopped
+    the evaluation, if one did."""
+
+    def __init__(self) -> None:
+        self.scoring = True
+        self.signum: int | None = None
+        self._before: Any = None
+
+    def __enter__(self) -> _StopOnSigterm:
+        try:
+            self._before = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:  # not the main thread (an embedding): SIGTERM keeps its way
+            self._before = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGTERM, self._before)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.scoring:
+            self.scoring = False  # one raise: a second SIGTERM must not cut the report
+            raise Stopped
+
+
+def _report(
+    args: argparse.Namespace,
+    loaded: Any,
+    results: dict[str, dict[str, float]],
+    data_dir: str,
+    tasks: list[str],
+    texts: dict[str, list[str]],
+    window: int,
+) -> dict[str, Any]:
+    """The JSON report (and MLflow artifact) of ``results``: the sets of ``tasks`` scored
+    and the harness tasks'."""
+    from cofrgenet.eval.perplexity import default_stride
+
+    return {
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
         "split": args.split,
@@ -436,26 +517,16 @@ def run(args: argparse.Namespace) -> int:
         "window": window,
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
-        "data": data_sources(tasks, texts, args.split, data_dir),
+        "data": data_sources([t for t in tasks if t in results], texts, args.split, data_dir),
         **(
             {"num_fewshot": args.num_fewshot, "include_path": args.include_path}
-            if harness_tasks
+            if _names(args.harness)
             else {}
         ),
         "limit": args.limit,
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
     }
-    if tasks:
-        print_results({k: v for k, v in results.items() if k in tasks}, title)
-    if harness:
-        print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
-    if out is not None:
-        write_results(out, report)
-        print(f"results: {out}")
-    if not args.no_mlflow:
-        _log_and_say(args, loaded, results, report)
-    return 0
 
 
 def _log_and_say(

@@ -785,6 +785,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
     assert main([*argv, "--metric", "eval/ptb/word_ppl_eos"]) == 0
+    # What the columns read is said on the console too, not only in compare.md.
+    assert "Our perplexity columns are `eval/<task>/word_ppl`" in capsys.readouterr().out
     table = (out / "compare.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| evaluated |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -863,6 +865,25 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table = (out / "compare.md").read_text()
     assert "| 99.00 (a) |" in table and "(a) test split, text sha256 000000000000" in table
     assert "111111111111" not in table
+
+
+def test_the_compare_table_names_the_wikitext_release_its_columns_read():
+    """The tour's case: `cofr eval --tasks wikitext-2` (the raw release) left the column
+    headed "wikitext-2 ppl" empty, unexplained: it reads wikitext-2-v1 (the paper's)."""
+    from cofrgenet.eval.compare import RunRow, markdown_table
+
+    def row(name: str, metrics: dict[str, float]) -> RunRow:
+        return RunRow(name, name, "e", "gpt2-tiny", 10, 0, 20, None, None, metrics)
+
+    raw = {"eval/wikitext-2/word_ppl": 40.0, "eval/wikitext-103/word_ppl": 41.0}
+    table = markdown_table(
+        [row("raw-only", raw), row("paper's", {"eval/wikitext-2-v1/word_ppl": 42.0})]
+    )
+    header = table.splitlines()[0]
+    assert "| ptb ppl | wikitext-2-v1 ppl | lambada ppl | wikitext-103-v1 ppl |" in header
+    assert "* `wikitext-2-v1 ppl` is empty for raw-only: scored on `wikitext-2` (the raw" in table
+    assert "`cofr eval --tasks wikitext-103-v1` fills it" in table
+    assert "is empty for paper's" not in table and "| 42.00 |" in table
 
 
 def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):

@@ -65,6 +65,19 @@ PAPER_METRICS = {
 RATE_KEY = "perf/tokens_per_sec"
 
 
+def paper_column(metric: str) -> str:
+    """The table's header of a :data:`PAPER_METRICS` column: the ``cofr eval`` task it
+    reads (``wikitext-2-v1 ppl``), not the paper's name (``wikitext-2``, which is
+    another ``cofr eval`` task: the raw release, whose scores this column does not show)."""
+    return f"{metric.split('/')[1]} ppl"
+
+
+def raw_release(metric: str) -> str | None:
+    """The same metric of the raw WikiText release (``eval/wikitext-2/word_ppl`` for
+    ``eval/wikitext-2-v1/word_ppl``), the one a run scored on the other text may have."""
+    return metric.replace("-v1/", "/", 1) if "-v1/" in metric else None
+
+
 @dataclass
 class RunRow:
     """One run's line of the comparison."""
@@ -302,7 +315,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "FLOPs/token",
         "val loss",
         "tokens/s",
-        *(f"{task} ppl" for task in PAPER_METRICS),
+        *(paper_column(key) for key in PAPER_METRICS.values()),
         *(key.removeprefix("glue/") for key in glue),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
@@ -349,8 +362,28 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    notes = "\n".join(note for note in (_protocol_notes(rows), step_notes) if note)
+    notes = "\n".join(
+        note for note in (_protocol_notes(rows), step_notes, _raw_release_notes(rows)) if note
+    )
     return "\n".join(lines) + "\n" + (f"\n{notes}\n" if notes else "")
+
+
+def _raw_release_notes(rows: Sequence[RunRow]) -> str:
+    """Below the table: the runs whose WikiText cell is empty though they have the raw
+    release's score (``cofr eval --tasks wikitext-2``), which is another text than the
+    paper's column (the ``<unk>`` release): not shown there, but said, with the fix."""
+    lines = []
+    for key in PAPER_METRICS.values():
+        raw = raw_release(key)
+        names = [r.name for r in rows if raw in r.metrics and key not in r.metrics]
+        if raw is not None and names:
+            task, raw_task = key.split("/")[1], raw.split("/")[1]
+            lines.append(
+                f"* `{paper_column(key)}` is empty for {', '.join(names)}: scored on "
+                f"`{raw_task}` (the raw text, not the paper's `<unk>` release), whose "
+                f"`{raw}` is not comparable; `cofr eval --tasks {task}` fills it"
+            )
+    return "\n".join(lines)
 
 
 def _reference_step(row: RunRow) -> int | None:
@@ -593,14 +626,17 @@ def run(args: argparse.Namespace) -> int:
             f"--out {out}: cannot make the folder ({error.strerror or error})"
         ) from None
     table = markdown_table(rows)
-    (out / "compare.md").write_text(
-        f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n"
+    footer = (
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
         "`wikitext-2-v1` and `wikitext-103-v1`; PTB: `word_ppl_eos`, line ends counted as "
         "words; LAMBADA: target-word `ppl`) from "
         "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
     )
+    (out / "compare.md").write_text(
+        f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n" + footer
+    )
     print(table)
+    print(footer)  # what the columns read: an empty one is explained here too
     plot = plot_pareto(rows, metric, args.x, out)
     print(f"table: {out / 'compare.md'}")
     if not any(metric in row.metrics for row in rows):  # the default, not logged (yet)

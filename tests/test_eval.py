@@ -188,6 +188,12 @@ def test_a_perplexity_past_the_float_range_is_inf_not_an_error():
     assert metrics["token_ppl"] == metrics["word_ppl"] == metrics["word_ppl_eos"] == math.inf
     assert metrics["nll"] == 1e6 and math.isfinite(metrics["bits_per_byte"])
     assert LambadaResult(correct=0, examples=2, nll=4000.0).metrics()["ppl"] == math.inf
+    from cofrgenet.eval.cli import score_warnings  # and said, as the JSON has null there
+
+    assert score_warnings({"ptb": metrics}) == [
+        "ptb: token_ppl, word_ppl, word_ppl_eos past the float range (inf, null in --json): "
+        "the model has diverged"
+    ]
 
 
 # ------------------------------------------------------------------ LAMBADA
@@ -657,6 +663,39 @@ def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub)
         "cofr eval: error: --limit applies to LAMBADA passages and harness docs only; "
         "perplexity sets are scored whole (leave it out)"
     )
+
+
+def test_a_model_with_nan_weights_is_warned_of_and_its_json_stays_strict(
+    checkpoint, tmp_path, capsys
+):
+    """The tour's case: NaN weights scored LAMBADA's accuracy 0.0000 without a word, and
+    --json held bare NaN tokens, which strict JSON parsers refuse."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    for value in state["state_dict"].values():
+        if value.is_floating_point():
+            value.fill_(float("nan"))
+    broken = tmp_path / "nan.ckpt"
+    torch.save(state, broken)
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--ckpt", str(broken), "--tasks", "ptb,lambada", "--data-dir", str(data)]
+    assert main([*argv, "--json", str(out), "--no-mlflow"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: ptb: token_ppl, word_ppl, word_ppl_eos, bits_per_byte, nll NaN: the " in err
+    assert "warning: lambada: ppl NaN: the model's outputs are not finite" in err
+    assert "so none of lambada's scores mean anything" in err
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"not strict JSON: {token}")
+
+    report = json.loads(out.read_text(), parse_constant=refuse)
+    assert report["results"]["lambada"] == {
+        "accuracy": 0.0,
+        "ppl": None,
+        "examples": 2.0,
+        "seconds": report["results"]["lambada"]["seconds"],
+    }
+    assert report["results"]["ptb"]["word_ppl"] is None and len(report["warnings"]) == 2
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
+import math
 import signal
 import sys
 import time
@@ -25,7 +25,12 @@ from cofrgenet.dataclass_options import (
     device_arg,
 )
 from cofrgenet.errors import UserError
-from cofrgenet.eval.paths import check_data_dir, check_output_file, write_results
+from cofrgenet.eval.paths import (
+    check_data_dir,
+    check_output_file,
+    results_json,
+    write_results,
+)
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
 #: The paper's four columns (docs/evaluation.md says why WikiText's are the -v1 releases).
@@ -189,6 +194,29 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
     terminal.console().print(table)
 
 
+def score_warnings(results: dict[str, dict[str, float]]) -> list[str]:
+    """What the scores of a broken model say, which a table of ``nan`` and an accuracy of
+    0 do not: NaN (its outputs were not finite: NaN or inf weights, a fit that diverged),
+    or a perplexity past the float range (inf). Both are null in the JSON."""
+    warnings = []
+    for task, metrics in results.items():
+        if task not in TASKS:  # a harness task's NaN (a stderr of one doc) is its own
+            continue
+        nan = [key for key, value in metrics.items() if math.isnan(value)]
+        inf = [key for key, value in metrics.items() if math.isinf(value)]
+        if nan:
+            warnings.append(
+                f"{task}: {', '.join(nan)} NaN: the model's outputs are not finite (NaN or "
+                f"inf weights? a fit that diverged), so none of {task}'s scores mean anything"
+            )
+        elif inf:
+            warnings.append(
+                f"{task}: {', '.join(inf)} past the float range (inf, null in --json): "
+                "the model has diverged"
+            )
+    return warnings
+
+
 def print_harness_results(results: dict[str, dict[str, float]], title: str) -> None:
     """Harness tasks have metrics of their own (acc, acc_norm, exact_match, ...)."""
     from rich.table import Table
@@ -288,7 +316,7 @@ def log_to_mlflow(
     log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
     client = MlflowClient(uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    client.log_text(loaded.mlflow_run_id, json.dumps(report, indent=2), f"eval/eval-{stamp}.json")
+    client.log_text(loaded.mlflow_run_id, results_json(report), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id
 
 
@@ -452,6 +480,8 @@ def run(args: argparse.Namespace) -> int:
             print_results({k: v for k, v in results.items() if k in tasks}, title)
         if harness:
             print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
+        for warning in report["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
         if out is not None:
             write_results(out, report)
             print(f"results: {out}" + (" (partial: the sets finished)" if stop.signum else ""))
@@ -526,6 +556,7 @@ def _report(
         "limit": args.limit,
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
+        "warnings": score_warnings(results),
     }
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from cofrgenet.cli import main
 from cofrgenet.eval import tasks as eval_tasks
+from cofrgenet.eval.cli import readable
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
 from cofrgenet.eval.lambada import lambada
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
@@ -665,6 +666,19 @@ def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub)
     )
 
 
+def test_a_huge_perplexity_is_printed_in_scientific_notation(capsys):
+    """The tour's case: 7e127 printed with .2f (128 digits) squeezed the table's other
+    columns to nothing."""
+    from cofrgenet.eval.cli import print_results
+
+    ptb = {"tokens": 8641.0, "token_ppl": 1.421e25, "word_ppl": 7.061e127, "word_ppl_eos": 12.5}
+    print_results({"ptb": {**ptb, "bits_per_byte": 81.1234}}, "diverged")
+    printed = capsys.readouterr().out
+    assert "1.421e+25" in printed and "7.061e+127" in printed and "12.50" in printed
+    assert "8,641" in printed and "81.1234" in printed
+    assert max(len(line) for line in printed.splitlines()) < 100
+
+
 def test_a_model_with_nan_weights_is_warned_of_and_its_json_stays_strict(
     checkpoint, tmp_path, capsys
 ):
@@ -842,8 +856,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     scored = client.get_run(run_id).data.metrics
     assert (
         cells[10]
-        == f"{scored['eval/ptb/word_ppl_eos']:.2f}"
-        != f"{scored['eval/ptb/word_ppl']:.2f}"
+        == readable(scored["eval/ptb/word_ppl_eos"], ".2f")  # as the table prints it
+        != readable(scored["eval/ptb/word_ppl"], ".2f")
     )
     client.log_metric(run_id, "eval/ptb/word_ppl_eos", 12345.0, step=1)
     client.log_metric(run_id, "glue/sst2/accuracy", 0.9123, step=2)  # cofr finetune glue's

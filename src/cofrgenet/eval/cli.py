@@ -169,6 +169,20 @@ def evaluate_tasks(
     return results
 
 
+#: From this size on a score is printed as 7.061e+127: a diverged model's perplexity in
+#: full (128 digits) widened the table past the terminal, its columns squeezed to nothing.
+SCIENTIFIC_FROM = 1e6
+
+
+def readable(value: float, spec: str) -> str:
+    """``value`` in ``spec``, or in 4 significant digits from :data:`SCIENTIFIC_FROM` on."""
+    return (
+        f"{value:.3e}"
+        if math.isfinite(value) and abs(value) >= SCIENTIFIC_FROM
+        else format(value, spec)
+    )
+
+
 def print_results(results: dict[str, dict[str, float]], title: str) -> None:
     from rich.table import Table
 
@@ -178,7 +192,7 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
         table.add_column(column, justify="left" if column == "task" else "right", no_wrap=True)
 
     def cell(metrics: dict[str, float], key: str, fmt: str) -> str:
-        return format(metrics[key], fmt) if key in metrics else ""
+        return readable(metrics[key], fmt) if key in metrics else ""
 
     for name, metrics in results.items():
         table.add_row(

@@ -293,7 +293,9 @@ def collect_runs(
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "" if value is None else format(value, spec)
+    from cofrgenet.eval.cli import readable  # a diverged run's 7e127 as such, not 128 digits
+
+    return "" if value is None else readable(value, spec)
 
 
 def _percent(value: float | None) -> float | None:

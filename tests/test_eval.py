@@ -591,6 +591,13 @@ def test_cofr_eval_split_valid_leaves_lambada_out_of_the_default_tasks(capsys):
     assert line.endswith("give --split test")
     line = one_line_error(capsys, ["eval", "x.ckpt", "--split", "valid", "--limit", "5"])
     assert line.endswith("and --split valid left LAMBADA out: leave --limit out")
+    # The default list written out is named too (the tour's case: LAMBADA left out silently).
+    written = ["eval", "x.ckpt", "--tasks", eval_cli.DEFAULT_TASKS, "--split", "valid"]
+    line = one_line_error(capsys, written)
+    assert line == (
+        "cofr eval: error: --split valid: lambada has no such split (test only): give "
+        "--tasks wikitext-2-v1,wikitext-103-v1,ptb"
+    )
 
 
 def test_a_checkpoint_not_written_by_cofr_fit_is_named(tmp_path, capsys):

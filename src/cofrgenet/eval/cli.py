@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_argument(parser, positional=True)
     parser.add_argument(
         "--tasks",
-        default=DEFAULT_TASKS,
+        default=None,  # None: not given (--split valid then leaves LAMBADA out)
         help=f"comma-separated, from: {', '.join(TASKS)}; '' with --harness only "
         f"(default: {DEFAULT_TASKS})",
     )
@@ -357,7 +357,9 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
             raise UserError(f"{flag} applies to {to} only: leave it out")
     args.split = args.split or "test"
     without = [name for name in tasks if args.split not in get_task(name).hub_splits]
-    if without and args.tasks == DEFAULT_TASKS:  # the default list: score what has it
+    # --tasks not given: score what has the split. Given, even as the default list
+    # written out, each task named is meant: one without it is refused.
+    if without and args.tasks is None:
         print(f"cofr eval: --split {args.split}: leaving out {', '.join(without)} (test split "
               "only)", file=sys.stderr)  # fmt: skip
         tasks[:] = [name for name in tasks if name not in without]
@@ -399,7 +401,8 @@ def _read_sets(tasks: list[str], split: str, data_dir: str) -> dict[str, list[st
 
 def run(args: argparse.Namespace) -> int:
     args.ckpt = checkpoint_given(args)
-    tasks, harness_tasks = _names(args.tasks), _names(args.harness)
+    tasks = _names(DEFAULT_TASKS if args.tasks is None else args.tasks)
+    harness_tasks = _names(args.harness)
     _check_options(args, tasks, harness_tasks)
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.

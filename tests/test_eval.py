@@ -494,6 +494,27 @@ def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
     assert not list(tmp_path.rglob("mlflow.db"))
 
 
+def test_a_run_name_given_as_the_checkpoint_is_pointed_to_its_checkpoint(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """The tour's case: `cofr eval --ckpt g2` (a run's name, as cofr compare takes) said
+    "no checkpoint file at g2 (checkpoints there: ...)", naming the folder's other files."""
+    monkeypatch.chdir(checkpoint.parents[4])  # the folder of runs/
+    unloadable_checkpoint(Path("other.ckpt"))
+    line = one_line_error(capsys, ["eval", "--ckpt", "evaluated"])
+    assert line == (
+        "cofr eval: error: no checkpoint file at evaluated: a run's name? did you mean "
+        "runs/test/evaluated/checkpoints/last.ckpt?"
+    )
+    Path("other.ckpt").unlink()
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, ["eval", "--ckpt", "g2"])
+    assert line == (
+        "cofr eval: error: no checkpoint file at g2: a run's name? give its checkpoint, "
+        "runs/<experiment>/g2/checkpoints/last.ckpt"
+    )
+
+
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
     ckpt = unloadable_checkpoint(tmp_path / "not-loaded.ckpt")
     status = main(["eval", "--ckpt", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])

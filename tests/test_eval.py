@@ -912,11 +912,20 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
         if name == "late":  # stopped after step 14, its last 4 steps not logged yet
             client.set_tag(other, "cofr.stopped_at_step", "14")
         client.set_terminated(other, status)
+    # A cofr finetune glue run (no config.yaml of its own) was passed over as having no
+    # cofrgenet config, "or failed before a step": it is said what it is.
+    tuned = client.create_run(experiment_id, run_name="tuned", tags={"cofr.task": "sst2"})
+    client.set_terminated(tuned.info.run_id, "FINISHED")
     assert main(argv) == 0
     table, printed = (out / "compare.md").read_text(), capsys.readouterr().out
     assert "| cut [killed at step 10] |" in table and "refused" not in table
-    assert "| late [killed at step 14] |" in table
-    assert "failed before a step): refused" in " ".join(printed.split())
+    assert "| late [killed at step 14] |" in table and "tuned" not in table
+    printed = " ".join(printed.split())
+    assert "passed over (failed before a step): refused" in printed
+    assert (
+        "passed over (GLUE fine-tuning runs: their dev scores are columns of the fine-tuned "
+        "run's row): tuned"
+    ) in printed
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
     assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
     assert 'no MLflow run with id or name "eval\'d"' in capsys.readouterr().err

@@ -156,22 +156,31 @@ def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
         return yaml.safe_load(Path(path).read_text()) or {}
 
 
-def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
-    """A :class:`RunRow`, or None for a run without a cofrgenet config (sweep parents) or
-    a failed one that trained no step. A run not FINISHED has its state and step beside
-    its name."""
+#: Why a run is not a row (:func:`describe_run`), as said after the table.
+GLUE_RUN = "GLUE fine-tuning runs: their dev scores are columns of the fine-tuned run's row"
+NO_CONFIG = "no cofrgenet config: a sweep's parent run, another tool's"
+NO_STEP = "failed before a step"
+
+
+def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
+    """A :class:`RunRow`, or why the run is passed over: a ``cofr finetune glue`` run
+    (:data:`GLUE_RUN`), a run without a cofrgenet config (:data:`NO_CONFIG`: sweep
+    parents), a failed one that trained no step (:data:`NO_STEP`). A run not FINISHED
+    has its state and step beside its name."""
     from cofrgenet.models import count_parameters, estimate_flops_per_token
 
+    if "cofr.task" in run.data.tags:  # the tag cofr finetune glue sets (eval/glue.py)
+        return GLUE_RUN
     config = _logged_config(client, run.info.run_id)
     if config is None or "model" not in config:
-        return None
+        return NO_CONFIG
     status = run.info.status
     # Only a run not FINISHED needs its last step (a full history read, so not for all).
     trained = (
         [] if status == "FINISHED" else client.get_metric_history(run.info.run_id, "train/loss")
     )
     if status == "FAILED" and not trained:
-        return None  # a start refused after its MLflow run existed: no step, no score
+        return NO_STEP  # a start refused after its MLflow run existed: no step, no score
     from cofrgenet.training.model_options import model_config_of
 
     model_config = model_config_of(config.get("model"))
@@ -244,8 +253,8 @@ def _protocols(tags: dict[str, str], eval_steps: dict[str, int]) -> dict[str, st
 
 def collect_runs(
     client: Any, refs: Sequence[str], experiments: Sequence[str]
-) -> tuple[list[RunRow], list[str]]:
-    """(rows, names of the runs passed over: no cofrgenet config, or failed before a step)."""
+) -> tuple[list[RunRow], dict[str, list[str]]]:
+    """(rows, {why: names of the runs passed over so}, :func:`describe_run`'s reasons)."""
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
     for name in experiments:
@@ -276,14 +285,16 @@ def collect_runs(
         found += runs
     if not refs and not experiments:
         found = client.search_runs(list(names), max_results=5000)
-    rows, skipped, seen = [], [], set()
+    rows: list[RunRow] = []
+    skipped: dict[str, list[str]] = {}
+    seen = set()
     for run in found:
         if run.info.run_id in seen:
             continue
         seen.add(run.info.run_id)
         row = describe_run(client, run, names.get(run.info.experiment_id, "?"))
-        if row is None:
-            skipped.append(run.info.run_name or run.info.run_id)
+        if isinstance(row, str):
+            skipped.setdefault(row, []).append(run.info.run_name or run.info.run_id)
         else:
             rows.append(row)
     return rows, skipped
@@ -647,8 +658,7 @@ def run(args: argparse.Namespace) -> int:
         x_name = "parameter count" if args.x == "params" else "FLOPs count"
         no_plot = f"no Pareto plot: no run with {metric!r} has a {x_name}"
     print(f"Pareto plot: {plot}" if plot else no_plot)
-    if skipped:
-        print(
-            f"passed over (no cofrgenet config, or failed before a step): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
-        )
+    for why, passed in skipped.items():
+        more = f" ... ({len(passed)} in all)" if len(passed) > 5 else ""
+        print(f"passed over ({why}): {', '.join(passed[:5])}{more}")
     return 0

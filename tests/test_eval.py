@@ -6,8 +6,10 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import sqlite3
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from torch import nn
 
 from cofrgenet.cli import main
 from cofrgenet.eval import tasks as eval_tasks
+from cofrgenet.eval.cli import readable
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
 from cofrgenet.eval.lambada import lambada
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
@@ -174,6 +177,24 @@ def test_text_perplexity_normalisations():
     )
     assert (again.nll, again.tokens) == (result.nll, result.tokens)
     assert (again.words, again.bytes) == (8, len(original.encode()))
+
+
+def test_a_perplexity_past_the_float_range_is_inf_not_an_error():
+    """A diverged model (over ~709 nats a token) raised OverflowError in math.exp, and
+    cofr eval lost every set scored before it."""
+    from cofrgenet.eval.lambada import LambadaResult
+    from cofrgenet.eval.perplexity import PerplexityResult
+
+    metrics = PerplexityResult(nll=1e6, tokens=100, words=20, bytes=100, lines=2).metrics()
+    assert metrics["token_ppl"] == metrics["word_ppl"] == metrics["word_ppl_eos"] == math.inf
+    assert metrics["nll"] == 1e6 and math.isfinite(metrics["bits_per_byte"])
+    assert LambadaResult(correct=0, examples=2, nll=4000.0).metrics()["ppl"] == math.inf
+    from cofrgenet.eval.cli import score_warnings  # and said, as the JSON has null there
+
+    assert score_warnings({"ptb": metrics}) == [
+        "ptb: token_ppl, word_ppl, word_ppl_eos past the float range (inf, null in --json): "
+        "the model has diverged"
+    ]
 
 
 # ------------------------------------------------------------------ LAMBADA
@@ -473,6 +494,27 @@ def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
     assert not list(tmp_path.rglob("mlflow.db"))
 
 
+def test_a_run_name_given_as_the_checkpoint_is_pointed_to_its_checkpoint(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """The tour's case: `cofr eval --ckpt g2` (a run's name, as cofr compare takes) said
+    "no checkpoint file at g2 (checkpoints there: ...)", naming the folder's other files."""
+    monkeypatch.chdir(checkpoint.parents[4])  # the folder of runs/
+    unloadable_checkpoint(Path("other.ckpt"))
+    line = one_line_error(capsys, ["eval", "--ckpt", "evaluated"])
+    assert line == (
+        "cofr eval: error: no checkpoint file at evaluated: a run's name? did you mean "
+        "runs/test/evaluated/checkpoints/last.ckpt?"
+    )
+    Path("other.ckpt").unlink()
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, ["eval", "--ckpt", "g2"])
+    assert line == (
+        "cofr eval: error: no checkpoint file at g2: a run's name? give its checkpoint, "
+        "runs/<experiment>/g2/checkpoints/last.ckpt"
+    )
+
+
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
     ckpt = unloadable_checkpoint(tmp_path / "not-loaded.ckpt")
     status = main(["eval", "--ckpt", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])
@@ -570,6 +612,13 @@ def test_cofr_eval_split_valid_leaves_lambada_out_of_the_default_tasks(capsys):
     assert line.endswith("give --split test")
     line = one_line_error(capsys, ["eval", "x.ckpt", "--split", "valid", "--limit", "5"])
     assert line.endswith("and --split valid left LAMBADA out: leave --limit out")
+    # The default list written out is named too (the tour's case: LAMBADA left out silently).
+    written = ["eval", "x.ckpt", "--tasks", eval_cli.DEFAULT_TASKS, "--split", "valid"]
+    line = one_line_error(capsys, written)
+    assert line == (
+        "cofr eval: error: --split valid: lambada has no such split (test only): give "
+        "--tasks wikitext-2-v1,wikitext-103-v1,ptb"
+    )
 
 
 def test_a_checkpoint_not_written_by_cofr_fit_is_named(tmp_path, capsys):
@@ -645,7 +694,59 @@ def test_cofr_eval_refuses_a_limit_that_limits_nothing(tmp_path, capsys, no_hub)
     )
 
 
-def test_an_interrupted_eval_shows_the_tasks_it_finished(checkpoint, tmp_path, capsys, monkeypatch):
+def test_a_huge_perplexity_is_printed_in_scientific_notation(capsys):
+    """The tour's case: 7e127 printed with .2f (128 digits) squeezed the table's other
+    columns to nothing."""
+    from cofrgenet.eval.cli import print_results
+
+    ptb = {"tokens": 8641.0, "token_ppl": 1.421e25, "word_ppl": 7.061e127, "word_ppl_eos": 12.5}
+    print_results({"ptb": {**ptb, "bits_per_byte": 81.1234}}, "diverged")
+    printed = capsys.readouterr().out
+    assert "1.421e+25" in printed and "7.061e+127" in printed and "12.50" in printed
+    assert "8,641" in printed and "81.1234" in printed
+    assert max(len(line) for line in printed.splitlines()) < 100
+
+
+def test_a_model_with_nan_weights_is_warned_of_and_its_json_stays_strict(
+    checkpoint, tmp_path, capsys
+):
+    """The tour's case: NaN weights scored LAMBADA's accuracy 0.0000 without a word, and
+    --json held bare NaN tokens, which strict JSON parsers refuse."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    for value in state["state_dict"].values():
+        if value.is_floating_point():
+            value.fill_(float("nan"))
+    broken = tmp_path / "nan.ckpt"
+    torch.save(state, broken)
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--ckpt", str(broken), "--tasks", "ptb,lambada", "--data-dir", str(data)]
+    assert main([*argv, "--json", str(out), "--no-mlflow"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: ptb: token_ppl, word_ppl, word_ppl_eos, bits_per_byte, nll NaN: the " in err
+    assert "warning: lambada: ppl NaN: the model's outputs are not finite" in err
+    assert "so none of lambada's scores mean anything" in err
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"not strict JSON: {token}")
+
+    report = json.loads(out.read_text(), parse_constant=refuse)
+    assert report["results"]["lambada"] == {
+        "accuracy": 0.0,
+        "ppl": None,
+        "examples": 2.0,
+        "seconds": report["results"]["lambada"]["seconds"],
+    }
+    assert report["results"]["ptb"]["word_ppl"] is None and len(report["warnings"]) == 2
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_eval_keeps_the_tasks_it_finished(
+    checkpoint, tmp_path, capsys, monkeypatch, stop
+):
+    """SIGTERM (SLURM's time limit, scancel) lost every set scored, and Ctrl-C only
+    printed them: both keep them, printed, written marked partial, and logged (each is a
+    whole set's score), then exit 128 + the signal."""
     from cofrgenet.eval import perplexity
 
     real, calls = perplexity.text_perplexity, []
@@ -653,16 +754,37 @@ def test_an_interrupted_eval_shows_the_tasks_it_finished(checkpoint, tmp_path, c
     def second_is_interrupted(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            if stop == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises before this returns
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
-    data = write_eval_data(tmp_path / "sets")
-    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "ptb,wikitext-2", "--data-dir", str(data)]
-    assert main([*argv, "--no-mlflow"]) == 130
-    printed = capsys.readouterr().out
-    assert "the tasks finished before the interrupt" in " ".join(printed.split())  # wrapped
-    assert "ptb" in printed and "wikitext-2" not in printed
+    noted: list[int] = []  # the handler before cofr eval's, which it puts back after
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    try:
+        monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
+        data = write_eval_data(tmp_path / "sets")
+        out = tmp_path / "eval.json"
+        argv = ["eval", "--ckpt", str(checkpoint), "--data-dir", str(data), "--json", str(out)]
+        assert main([*argv, "--tasks", "ptb,wikitext-2"]) == 128 + stop
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert noted == [signal.SIGTERM]  # put back: the next one reaches it
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    captured = capsys.readouterr()
+    what = "the interrupt" if stop == signal.SIGINT else "SIGTERM"
+    assert f"the tasks finished before {what}" in " ".join(captured.out.split())  # wrapped
+    assert "ptb" in captured.out and "wikitext-2" not in captured.out
+    assert f"stopped by {stop.name}: not scored: wikitext-2" in captured.err
+    report = json.loads(out.read_text())
+    assert list(report["results"]) == ["ptb"] and list(report["data"]) == ["ptb"]
+    assert report["partial"] == {"stopped_by": stop.name, "not_scored": ["wikitext-2"]}
+    run = mlflow.MlflowClient(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}").get_run(
+        report["mlflow_run_id"]
+    )
+    nll = report["results"]["ptb"]["nll"]
+    assert run.data.metrics["eval/ptb/nll"] == pytest.approx(nll)
+    assert "logged to MLflow run" in captured.out
 
 
 def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(
@@ -744,6 +866,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = ["compare", "--experiment", "test", "--runs-dir", str(runs_dir), "--out", str(out)]
     assert main([*argv, "--metric", "eval/ptb/word_ppl_eos"]) == 0
+    # What the columns read is said on the console too, not only in compare.md.
+    assert "Our perplexity columns are `eval/<task>/word_ppl`" in capsys.readouterr().out
     table = (out / "compare.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| evaluated |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -760,8 +884,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     scored = client.get_run(run_id).data.metrics
     assert (
         cells[10]
-        == f"{scored['eval/ptb/word_ppl_eos']:.2f}"
-        != f"{scored['eval/ptb/word_ppl']:.2f}"
+        == readable(scored["eval/ptb/word_ppl_eos"], ".2f")  # as the table prints it
+        != readable(scored["eval/ptb/word_ppl"], ".2f")
     )
     client.log_metric(run_id, "eval/ptb/word_ppl_eos", 12345.0, step=1)
     client.log_metric(run_id, "glue/sst2/accuracy", 0.9123, step=2)  # cofr finetune glue's
@@ -788,11 +912,20 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
         if name == "late":  # stopped after step 14, its last 4 steps not logged yet
             client.set_tag(other, "cofr.stopped_at_step", "14")
         client.set_terminated(other, status)
+    # A cofr finetune glue run (no config.yaml of its own) was passed over as having no
+    # cofrgenet config, "or failed before a step": it is said what it is.
+    tuned = client.create_run(experiment_id, run_name="tuned", tags={"cofr.task": "sst2"})
+    client.set_terminated(tuned.info.run_id, "FINISHED")
     assert main(argv) == 0
     table, printed = (out / "compare.md").read_text(), capsys.readouterr().out
     assert "| cut [killed at step 10] |" in table and "refused" not in table
-    assert "| late [killed at step 14] |" in table
-    assert "failed before a step): refused" in " ".join(printed.split())
+    assert "| late [killed at step 14] |" in table and "tuned" not in table
+    printed = " ".join(printed.split())
+    assert "passed over (failed before a step): refused" in printed
+    assert (
+        "passed over (GLUE fine-tuning runs: their dev scores are columns of the fine-tuned "
+        "run's row): tuned"
+    ) in printed
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
     assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
     assert 'no MLflow run with id or name "eval\'d"' in capsys.readouterr().err
@@ -822,6 +955,25 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table = (out / "compare.md").read_text()
     assert "| 99.00 (a) |" in table and "(a) test split, text sha256 000000000000" in table
     assert "111111111111" not in table
+
+
+def test_the_compare_table_names_the_wikitext_release_its_columns_read():
+    """The tour's case: `cofr eval --tasks wikitext-2` (the raw release) left the column
+    headed "wikitext-2 ppl" empty, unexplained: it reads wikitext-2-v1 (the paper's)."""
+    from cofrgenet.eval.compare import RunRow, markdown_table
+
+    def row(name: str, metrics: dict[str, float]) -> RunRow:
+        return RunRow(name, name, "e", "gpt2-tiny", 10, 0, 20, None, None, metrics)
+
+    raw = {"eval/wikitext-2/word_ppl": 40.0, "eval/wikitext-103/word_ppl": 41.0}
+    table = markdown_table(
+        [row("raw-only", raw), row("paper's", {"eval/wikitext-2-v1/word_ppl": 42.0})]
+    )
+    header = table.splitlines()[0]
+    assert "| ptb ppl | wikitext-2-v1 ppl | lambada ppl | wikitext-103-v1 ppl |" in header
+    assert "* `wikitext-2-v1 ppl` is empty for raw-only: scored on `wikitext-2` (the raw" in table
+    assert "`cofr eval --tasks wikitext-103-v1` fills it" in table
+    assert "is empty for paper's" not in table and "| 42.00 |" in table
 
 
 def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):

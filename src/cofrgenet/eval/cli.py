@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
+import math
+import signal
 import sys
 import time
 from typing import Any
@@ -24,7 +25,12 @@ from cofrgenet.dataclass_options import (
     device_arg,
 )
 from cofrgenet.errors import UserError
-from cofrgenet.eval.paths import check_data_dir, check_output_file, write_results
+from cofrgenet.eval.paths import (
+    check_data_dir,
+    check_output_file,
+    results_json,
+    write_results,
+)
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
 
 #: The paper's four columns (docs/evaluation.md says why WikiText's are the -v1 releases).
@@ -35,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_argument(parser, positional=True)
     parser.add_argument(
         "--tasks",
-        default=DEFAULT_TASKS,
+        default=None,  # None: not given (--split valid then leaves LAMBADA out)
         help=f"comma-separated, from: {', '.join(TASKS)}; '' with --harness only "
         f"(default: {DEFAULT_TASKS})",
     )
@@ -163,6 +169,20 @@ def evaluate_tasks(
     return results
 
 
+#: From this size on a score is printed as 7.061e+127: a diverged model's perplexity in
+#: full (128 digits) widened the table past the terminal, its columns squeezed to nothing.
+SCIENTIFIC_FROM = 1e6
+
+
+def readable(value: float, spec: str) -> str:
+    """``value`` in ``spec``, or in 4 significant digits from :data:`SCIENTIFIC_FROM` on."""
+    return (
+        f"{value:.3e}"
+        if math.isfinite(value) and abs(value) >= SCIENTIFIC_FROM
+        else format(value, spec)
+    )
+
+
 def print_results(results: dict[str, dict[str, float]], title: str) -> None:
     from rich.table import Table
 
@@ -172,7 +192,7 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
         table.add_column(column, justify="left" if column == "task" else "right", no_wrap=True)
 
     def cell(metrics: dict[str, float], key: str, fmt: str) -> str:
-        return format(metrics[key], fmt) if key in metrics else ""
+        return readable(metrics[key], fmt) if key in metrics else ""
 
     for name, metrics in results.items():
         table.add_row(
@@ -186,6 +206,29 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
             cell(metrics, "ppl", ".2f"),
         )
     terminal.console().print(table)
+
+
+def score_warnings(results: dict[str, dict[str, float]]) -> list[str]:
+    """What the scores of a broken model say, which a table of ``nan`` and an accuracy of
+    0 do not: NaN (its outputs were not finite: NaN or inf weights, a fit that diverged),
+    or a perplexity past the float range (inf). Both are null in the JSON."""
+    warnings = []
+    for task, metrics in results.items():
+        if task not in TASKS:  # a harness task's NaN (a stderr of one doc) is its own
+            continue
+        nan = [key for key, value in metrics.items() if math.isnan(value)]
+        inf = [key for key, value in metrics.items() if math.isinf(value)]
+        if nan:
+            warnings.append(
+                f"{task}: {', '.join(nan)} NaN: the model's outputs are not finite (NaN or "
+                f"inf weights? a fit that diverged), so none of {task}'s scores mean anything"
+            )
+        elif inf:
+            warnings.append(
+                f"{task}: {', '.join(inf)} past the float range (inf, null in --json): "
+                "the model has diverged"
+            )
+    return warnings
 
 
 def print_harness_results(results: dict[str, dict[str, float]], title: str) -> None:
@@ -287,7 +330,7 @@ def log_to_mlflow(
     log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
     client = MlflowClient(uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    client.log_text(loaded.mlflow_run_id, json.dumps(report, indent=2), f"eval/eval-{stamp}.json")
+    client.log_text(loaded.mlflow_run_id, results_json(report), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id
 
 
@@ -314,7 +357,9 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
             raise UserError(f"{flag} applies to {to} only: leave it out")
     args.split = args.split or "test"
     without = [name for name in tasks if args.split not in get_task(name).hub_splits]
-    if without and args.tasks == DEFAULT_TASKS:  # the default list: score what has it
+    # --tasks not given: score what has the split. Given, even as the default list
+    # written out, each task named is meant: one without it is refused.
+    if without and args.tasks is None:
         print(f"cofr eval: --split {args.split}: leaving out {', '.join(without)} (test split "
               "only)", file=sys.stderr)  # fmt: skip
         tasks[:] = [name for name in tasks if name not in without]
@@ -356,11 +401,11 @@ def _read_sets(tasks: list[str], split: str, data_dir: str) -> dict[str, list[st
 
 def run(args: argparse.Namespace) -> int:
     args.ckpt = checkpoint_given(args)
-    tasks, harness_tasks = _names(args.tasks), _names(args.harness)
+    tasks = _names(DEFAULT_TASKS if args.tasks is None else args.tasks)
+    harness_tasks = _names(args.harness)
     _check_options(args, tasks, harness_tasks)
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
-    from cofrgenet.eval.perplexity import default_stride
     from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
 
     checkpoint_file(args.ckpt)
@@ -400,35 +445,118 @@ def run(args: argparse.Namespace) -> int:
         )
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     results: dict[str, dict[str, float]] = {}
-    try:
-        evaluate_tasks(
-            loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit, results,
-            window,
-        )  # fmt: skip
-    except KeyboardInterrupt:
-        if results:  # hours of scores are not thrown away with the task under way
-            print_results(results, title + ", the tasks finished before the interrupt")
-        raise
     harness: dict[str, dict[str, float]] = {}
-    if resolved is not None:
-        from cofrgenet.eval.harness import run_harness
-
+    stop = _StopOnSigterm()
+    with stop:
         try:
-            harness = run_harness(
-                loaded,
-                resolved,
-                limit=args.limit,
-                batch_size=args.batch_size,
-                device=args.device,
-                num_fewshot=args.num_fewshot,
-                max_length=window,
+            evaluate_tasks(
+                loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit,
+                results, window,
+            )  # fmt: skip
+            if resolved is not None:
+                from cofrgenet.eval.harness import run_harness
+
+                try:
+                    harness = run_harness(
+                        loaded,
+                        resolved,
+                        limit=args.limit,
+                        batch_size=args.batch_size,
+                        device=args.device,
+                        num_fewshot=args.num_fewshot,
+                        max_length=window,
+                    )
+                except UserError:
+                    if tasks:  # scores already computed are shown, not lost with the harness's
+                        print_results(results, title + ", before the harness stopped")
+                    raise
+                results.update(harness)
+        except KeyboardInterrupt:
+            stop.signum = signal.SIGINT
+        except Stopped:
+            pass
+        # From here SIGTERM is only noted: the sets scored are reported, then cofr exits.
+        stop.scoring = False
+        report = _report(args, loaded, results, data_dir, tasks, texts, window)
+        if stop.signum is not None:
+            # Hours of scores are not thrown away with the set under way: each set
+            # finished is a whole set's score, reported as a full run's are.
+            name = signal.Signals(stop.signum).name
+            not_scored = [task for task in [*tasks, *harness_tasks] if task not in results]
+            report["partial"] = {"stopped_by": name, "not_scored": not_scored}
+            print(
+                f"cofr eval: stopped by {name}: "
+                + (f"not scored: {', '.join(not_scored)}" if results else "no set was scored"),
+                file=sys.stderr,
             )
-        except (UserError, KeyboardInterrupt):
-            if tasks:  # scores already computed are shown, not lost with the harness's
-                print_results(results, title + ", before the harness stopped")
-            raise
-        results.update(harness)
-    report = {
+            if not results:  # an earlier --json is not replaced by an empty report
+                return 128 + stop.signum
+            what = "the interrupt" if stop.signum == signal.SIGINT else name
+            title += f", the tasks finished before {what}"
+        if any(task in results for task in tasks):
+            print_results({k: v for k, v in results.items() if k in tasks}, title)
+        if harness:
+            print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
+        for warning in report["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        if out is not None:
+            write_results(out, report)
+            print(f"results: {out}" + (" (partial: the sets finished)" if stop.signum else ""))
+        if not args.no_mlflow:
+            _log_and_say(args, loaded, results, report)
+    return 0 if stop.signum is None else 128 + stop.signum
+
+
+class Stopped(BaseException):
+    """SIGTERM while scoring (SLURM's time limit, scancel): raised where the scoring is,
+    as Ctrl-C raises KeyboardInterrupt (a BaseException too, so that no ``except
+    Exception`` on the way takes it for an error)."""
+
+
+class _StopOnSigterm:
+    """While scoring, SIGTERM raises :class:`Stopped`, so that the sets finished are
+    reported; after it (``scoring`` False), it is only noted, and the reporting finishes.
+    Its handler from before is put back on leaving. ``signum``: the signal that stopped
+    the evaluation, if one did."""
+
+    def __init__(self) -> None:
+        self.scoring = True
+        self.signum: int | None = None
+        self._before: Any = None
+
+    def __enter__(self) -> _StopOnSigterm:
+        try:
+            self._before = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:  # not the main thread (an embedding): SIGTERM keeps its way
+            self._before = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGTERM, self._before)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.scoring:
+            self.scoring = False  # one raise: a second SIGTERM must not cut the report
+            raise Stopped
+
+
+def _report(
+    args: argparse.Namespace,
+    loaded: Any,
+    results: dict[str, dict[str, float]],
+    data_dir: str,
+    tasks: list[str],
+    texts: dict[str, list[str]],
+    window: int,
+) -> dict[str, Any]:
+    """The JSON report (and MLflow artifact) of ``results``: the sets of ``tasks`` scored
+    and the harness tasks'."""
+    from cofrgenet.eval.perplexity import default_stride
+
+    return {
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
         "split": args.split,
@@ -436,26 +564,17 @@ def run(args: argparse.Namespace) -> int:
         "window": window,
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
-        "data": data_sources(tasks, texts, args.split, data_dir),
+        "data": data_sources([t for t in tasks if t in results], texts, args.split, data_dir),
         **(
             {"num_fewshot": args.num_fewshot, "include_path": args.include_path}
-            if harness_tasks
+            if _names(args.harness)
             else {}
         ),
         "limit": args.limit,
         "mlflow_run_id": loaded.mlflow_run_id,
         "results": results,
+        "warnings": score_warnings(results),
     }
-    if tasks:
-        print_results({k: v for k, v in results.items() if k in tasks}, title)
-    if harness:
-        print_harness_results(harness, f"{args.ckpt}: lm-evaluation-harness")
-    if out is not None:
-        write_results(out, report)
-        print(f"results: {out}")
-    if not args.no_mlflow:
-        _log_and_say(args, loaded, results, report)
-    return 0
 
 
 def _log_and_say(

@@ -65,6 +65,19 @@ PAPER_METRICS = {
 RATE_KEY = "perf/tokens_per_sec"
 
 
+def paper_column(metric: str) -> str:
+    """The table's header of a :data:`PAPER_METRICS` column: the ``cofr eval`` task it
+    reads (``wikitext-2-v1 ppl``), not the paper's name (``wikitext-2``, which is
+    another ``cofr eval`` task: the raw release, whose scores this column does not show)."""
+    return f"{metric.split('/')[1]} ppl"
+
+
+def raw_release(metric: str) -> str | None:
+    """The same metric of the raw WikiText release (``eval/wikitext-2/word_ppl`` for
+    ``eval/wikitext-2-v1/word_ppl``), the one a run scored on the other text may have."""
+    return metric.replace("-v1/", "/", 1) if "-v1/" in metric else None
+
+
 @dataclass
 class RunRow:
     """One run's line of the comparison."""
@@ -143,22 +156,31 @@ def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
         return yaml.safe_load(Path(path).read_text()) or {}
 
 
-def describe_run(client: Any, run: Any, experiment: str) -> RunRow | None:
-    """A :class:`RunRow`, or None for a run without a cofrgenet config (sweep parents) or
-    a failed one that trained no step. A run not FINISHED has its state and step beside
-    its name."""
+#: Why a run is not a row (:func:`describe_run`), as said after the table.
+GLUE_RUN = "GLUE fine-tuning runs: their dev scores are columns of the fine-tuned run's row"
+NO_CONFIG = "no cofrgenet config: a sweep's parent run, another tool's"
+NO_STEP = "failed before a step"
+
+
+def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
+    """A :class:`RunRow`, or why the run is passed over: a ``cofr finetune glue`` run
+    (:data:`GLUE_RUN`), a run without a cofrgenet config (:data:`NO_CONFIG`: sweep
+    parents), a failed one that trained no step (:data:`NO_STEP`). A run not FINISHED
+    has its state and step beside its name."""
     from cofrgenet.models import count_parameters, estimate_flops_per_token
 
+    if "cofr.task" in run.data.tags:  # the tag cofr finetune glue sets (eval/glue.py)
+        return GLUE_RUN
     config = _logged_config(client, run.info.run_id)
     if config is None or "model" not in config:
-        return None
+        return NO_CONFIG
     status = run.info.status
     # Only a run not FINISHED needs its last step (a full history read, so not for all).
     trained = (
         [] if status == "FINISHED" else client.get_metric_history(run.info.run_id, "train/loss")
     )
     if status == "FAILED" and not trained:
-        return None  # a start refused after its MLflow run existed: no step, no score
+        return NO_STEP  # a start refused after its MLflow run existed: no step, no score
     from cofrgenet.training.model_options import model_config_of
 
     model_config = model_config_of(config.get("model"))
@@ -231,8 +253,8 @@ def _protocols(tags: dict[str, str], eval_steps: dict[str, int]) -> dict[str, st
 
 def collect_runs(
     client: Any, refs: Sequence[str], experiments: Sequence[str]
-) -> tuple[list[RunRow], list[str]]:
-    """(rows, names of the runs passed over: no cofrgenet config, or failed before a step)."""
+) -> tuple[list[RunRow], dict[str, list[str]]]:
+    """(rows, {why: names of the runs passed over so}, :func:`describe_run`'s reasons)."""
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
     for name in experiments:
@@ -263,14 +285,16 @@ def collect_runs(
         found += runs
     if not refs and not experiments:
         found = client.search_runs(list(names), max_results=5000)
-    rows, skipped, seen = [], [], set()
+    rows: list[RunRow] = []
+    skipped: dict[str, list[str]] = {}
+    seen = set()
     for run in found:
         if run.info.run_id in seen:
             continue
         seen.add(run.info.run_id)
         row = describe_run(client, run, names.get(run.info.experiment_id, "?"))
-        if row is None:
-            skipped.append(run.info.run_name or run.info.run_id)
+        if isinstance(row, str):
+            skipped.setdefault(row, []).append(run.info.run_name or run.info.run_id)
         else:
             rows.append(row)
     return rows, skipped
@@ -280,7 +304,9 @@ def collect_runs(
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "" if value is None else format(value, spec)
+    from cofrgenet.eval.cli import readable  # a diverged run's 7e127 as such, not 128 digits
+
+    return "" if value is None else readable(value, spec)
 
 
 def _percent(value: float | None) -> float | None:
@@ -302,7 +328,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "FLOPs/token",
         "val loss",
         "tokens/s",
-        *(f"{task} ppl" for task in PAPER_METRICS),
+        *(paper_column(key) for key in PAPER_METRICS.values()),
         *(key.removeprefix("glue/") for key in glue),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
@@ -349,8 +375,28 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    notes = "\n".join(note for note in (_protocol_notes(rows), step_notes) if note)
+    notes = "\n".join(
+        note for note in (_protocol_notes(rows), step_notes, _raw_release_notes(rows)) if note
+    )
     return "\n".join(lines) + "\n" + (f"\n{notes}\n" if notes else "")
+
+
+def _raw_release_notes(rows: Sequence[RunRow]) -> str:
+    """Below the table: the runs whose WikiText cell is empty though they have the raw
+    release's score (``cofr eval --tasks wikitext-2``), which is another text than the
+    paper's column (the ``<unk>`` release): not shown there, but said, with the fix."""
+    lines = []
+    for key in PAPER_METRICS.values():
+        raw = raw_release(key)
+        names = [r.name for r in rows if raw in r.metrics and key not in r.metrics]
+        if raw is not None and names:
+            task, raw_task = key.split("/")[1], raw.split("/")[1]
+            lines.append(
+                f"* `{paper_column(key)}` is empty for {', '.join(names)}: scored on "
+                f"`{raw_task}` (the raw text, not the paper's `<unk>` release), whose "
+                f"`{raw}` is not comparable; `cofr eval --tasks {task}` fills it"
+            )
+    return "\n".join(lines)
 
 
 def _reference_step(row: RunRow) -> int | None:
@@ -593,14 +639,17 @@ def run(args: argparse.Namespace) -> int:
             f"--out {out}: cannot make the folder ({error.strerror or error})"
         ) from None
     table = markdown_table(rows)
-    (out / "compare.md").write_text(
-        f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n"
+    footer = (
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
         "`wikitext-2-v1` and `wikitext-103-v1`; PTB: `word_ppl_eos`, line ends counted as "
         "words; LAMBADA: target-word `ppl`) from "
         "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
     )
+    (out / "compare.md").write_text(
+        f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n" + footer
+    )
     print(table)
+    print(footer)  # what the columns read: an empty one is explained here too
     plot = plot_pareto(rows, metric, args.x, out)
     print(f"table: {out / 'compare.md'}")
     if not any(metric in row.metrics for row in rows):  # the default, not logged (yet)
@@ -609,8 +658,7 @@ def run(args: argparse.Namespace) -> int:
         x_name = "parameter count" if args.x == "params" else "FLOPs count"
         no_plot = f"no Pareto plot: no run with {metric!r} has a {x_name}"
     print(f"Pareto plot: {plot}" if plot else no_plot)
-    if skipped:
-        print(
-            f"passed over (no cofrgenet config, or failed before a step): {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
-        )
+    for why, passed in skipped.items():
+        more = f" ... ({len(passed)} in all)" if len(passed) > 5 else ""
+        print(f"passed over ({why}): {', '.join(passed[:5])}{more}")
     return 0

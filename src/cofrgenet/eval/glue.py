@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import math
 import random
 import sys
@@ -42,6 +41,7 @@ from cofrgenet.eval.glue_data import (
     encode_examples,
     load_task,
 )
+from cofrgenet.eval.paths import results_json
 from cofrgenet.hub import offline_unless_reachable
 
 if TYPE_CHECKING:
@@ -715,7 +715,7 @@ def finetune(
         if warning:
             warnings.append(warning)
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2) + "\n"
+    text = results_json(result)  # strict JSON: a NaN score is null
     write_text_atomic(run_dir / "results.json", text)
     if mlflow:
         logger.experiment.log_text(run_id, text, "glue_results.json")

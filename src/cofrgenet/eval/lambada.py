@@ -14,13 +14,13 @@ A context longer than the model's block keeps its last tokens.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from cofrgenet.eval.perplexity import perplexity
 from cofrgenet.eval.scoring import score_continuations
 from cofrgenet.eval.tasks import EvalDataError, split_last_word
 
@@ -34,7 +34,7 @@ class LambadaResult:
     def metrics(self) -> dict[str, float]:
         return {
             "accuracy": self.correct / self.examples,
-            "ppl": math.exp(self.nll / self.examples),
+            "ppl": perplexity(self.nll / self.examples),
             "examples": float(self.examples),
         }
 

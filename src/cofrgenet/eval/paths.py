@@ -4,6 +4,7 @@ finetune glue``), checked before the work: results are never computed only to be
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -77,10 +78,28 @@ def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
         )
 
 
+def finite(value: Any) -> Any:
+    """``value`` with each NaN or infinite float (a broken or diverged model's scores)
+    replaced by None, recursively: JSON's null. Python writes them as bare ``NaN`` and
+    ``Infinity``, which strict parsers (jq, JavaScript, most languages') refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
+
+
+def results_json(report: dict[str, Any]) -> str:
+    """``report`` as strict JSON (non-finite numbers as null: :func:`finite`)."""
+    return json.dumps(finite(report), indent=2, allow_nan=False) + "\n"
+
+
 def write_results(out: Path, report: dict[str, Any], flag: str = "--json") -> None:
-    """Write ``report`` as JSON to ``out``; if that fails after all, print it to stdout
-    first (results are not lost), then the one-line error."""
-    text = json.dumps(report, indent=2) + "\n"
+    """Write ``report`` as JSON to ``out`` (:func:`results_json`); if that fails after
+    all, print it to stdout first (results are not lost), then the one-line error."""
+    text = results_json(report)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, text)  # an interrupted write keeps the earlier results

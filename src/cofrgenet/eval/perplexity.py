@@ -67,6 +67,16 @@ Window(start=4, length=4, context=2)]
     return windows
 
 
+def perplexity(mean_nll: float) -> float:
+    """``exp(mean_nll)``, inf past the float range: a diverged model's perplexity (over
+    ~709 nats a token) is reported as inf, not an OverflowError that lost every set
+    scored before it. NaN stays NaN."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
+
+
 @dataclass
 class PerplexityResult:
     """Totals of one text: ``nll`` in nats over ``tokens`` scored tokens."""
@@ -85,15 +95,15 @@ class PerplexityResult:
 
     @property
     def token_ppl(self) -> float:
-        return math.exp(self.nll / self.tokens)
+        return perplexity(self.nll / self.tokens)
 
     @property
     def word_ppl(self) -> float:
-        return math.exp(self.nll / self.words)
+        return perplexity(self.nll / self.words)
 
     @property
     def word_ppl_eos(self) -> float:
-        return math.exp(self.nll / (self.words + self.lines))
+        return perplexity(self.nll / (self.words + self.lines))
 
     @property
     def bits_per_byte(self) -> float:

@@ -13,6 +13,7 @@ network a checkpoint holds without Lightning (``cofr generate`` and evaluation s
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import zipfile
@@ -139,7 +140,17 @@ def folder_hint(path: Path) -> str:
 
 def missing(path: Path) -> str:
     """The message for a checkpoint path with nothing there: the closest checkpoint name
-    of its folder, else the ones there, else where runs keep theirs."""
+    of its folder, else the ones there, else where runs keep theirs. A bare word is taken
+    for a run's name (``cofr compare`` takes those): its checkpoint is named instead, the
+    one under ``runs/`` when there is one (the files of the current folder are not it)."""
+    if len(path.parts) == 1 and not path.suffix:
+        found = sorted(Path("runs").glob(f"*/{glob.escape(path.name)}/checkpoints/last.ckpt"))
+        fix = (
+            f"did you mean {' or '.join(map(str, found[:3]))}?"
+            if found
+            else f"give its checkpoint, {RUN_CHECKPOINTS.replace('<run>', path.name)}last.ckpt"
+        )
+        return f"no checkpoint file at {path}: a run's name? {fix}"
     names = [p.name for p in checkpoint_files(path.parent)] if path.parent.is_dir() else []
     hint = did_you_mean(path.name, names) or (
         f" (checkpoints there: {', '.join(sorted(names)[:4])})"

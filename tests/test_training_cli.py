@@ -2026,11 +2026,12 @@ def test_a_new_requeue_checkpoint_replaces_the_older_ones(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").exists() and stop.signal is None
 
 
-def test_a_stop_signal_after_the_last_step_reaches_the_handler_from_before_the_fit():
-    """SIGTERM or SIGUSR1 noted after the last step's end (during the final checkpoint's
-    save) has no step end left: once the fit is torn down, the handler that was in place
-    before it (a sweep worker's: stop, requeue) gets it, not nobody; a late Ctrl-C is
-    let go (the fit is over)."""
+def test_a_stop_signal_after_the_last_step_is_kept_for_what_runs_the_fit():
+    """SIGTERM or SIGUSR1 after the last step's end (during the final checkpoint's save)
+    has no step end left to act at: noted until teardown, through Lightning's handlers
+    put back at train end too (they call the one they found, StopOnSignal's), and kept in
+    ``late_signals`` (a sweep worker then stops or requeues); the handler from before the
+    fit is put back, not called inside Lightning's teardown."""
     import signal
     from types import SimpleNamespace
 
@@ -2038,22 +2039,29 @@ def test_a_stop_signal_after_the_last_step_reaches_the_handler_from_before_the_f
 
     got: list[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+
+    def worker(signum, frame):  # a sweep worker's handlers
+        got.append(signum)
+
     try:
         for signum in before:
-            signal.signal(signum, lambda signum, frame: got.append(signum))
+            signal.signal(signum, worker)
         stop = StopOnSignal()
         trainer = SimpleNamespace(world_size=1, loggers=[])
+        stop.setup(trainer, None, "fit")
+        found = signal.getsignal(signal.SIGTERM)  # StopOnSignal's, which Lightning keeps
+        signal.signal(signal.SIGTERM, lambda signum, frame: found(signum, frame))
         stop.on_train_start(trainer, None)  # the handlers now only note signals
-        for signum in (signal.SIGUSR1, signal.SIGTERM):
-            os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signal.SIGUSR1)
         stop._pending.add(signal.SIGINT)  # a Ctrl-C noted at the same time
-        assert got == []  # noted, not acted on: no step end came
-        stop.on_train_end(trainer, None)
-        assert got == []  # Lightning's handlers are back until its teardown
+        stop.on_train_end(trainer, None)  # Lightning's handlers are back
+        os.kill(os.getpid(), signal.SIGTERM)  # during the final save
+        signal.signal(signal.SIGTERM, found)  # Lightning's teardown puts back the one it found
         stop.teardown(trainer, None, "fit")
-        assert got == [signal.SIGUSR1, signal.SIGTERM]
-        stop.teardown(trainer, None, "fit")  # delivered once
-        assert got == [signal.SIGUSR1, signal.SIGTERM]
+        assert got == []
+        assert stop.late_signals == sorted([signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
+        assert signal.getsignal(signal.SIGTERM) is worker
+        assert signal.getsignal(signal.SIGUSR1) is worker
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
@@ -2075,22 +2083,25 @@ def test_a_sigusr1_that_nothing_handles_stops_the_fit_saved(tmp_path):
         default_root_dir=str(tmp_path / "run"),
         loggers=[],
         global_step=7,
-        should_stop=False,
         save_checkpoint=lambda path, weights_only: saved.append(path),
     )
-    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    lightning: list[int] = []  # Lightning's SIGTERM handler: it stops the fit
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: lightning.append(signum))
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         stop = StopOnSignal()
         stop.on_train_start(trainer, None)
         assert signal.getsignal(signal.SIGUSR1) == stop._on_deferred  # else the kill ends us
         os.kill(os.getpid(), signal.SIGUSR1)
         stop._act(trainer, None)
-        assert stop.signal == signal.SIGUSR1 and trainer.should_stop
+        assert stop.signal == signal.SIGUSR1 and lightning == [signal.SIGTERM]
         assert saved == [tmp_path / "run" / "checkpoints" / "last.ckpt"]
         stop.teardown(trainer, None, "fit")
         assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
     finally:
-        signal.signal(signal.SIGUSR1, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):

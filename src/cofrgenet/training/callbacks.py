@@ -358,7 +358,9 @@ class StopOnSignal(StepBoundaries):
 
     Before training begins (data, model and checkpoint set up, the sanity check's
     validation, a compile), after the MLflow run exists, SIGTERM or Ctrl-C stops the fit
-    at once: nothing new to save, the MLflow run ends KILLED, not RUNNING for ever.
+    at once: nothing new to save, the MLflow run ends KILLED, not RUNNING for ever. One
+    that comes after the last step (the final checkpoint's save) has no step left to stop:
+    it is kept in ``late_signals`` for what runs the fit (a sweep worker then stops).
     """
 
     def __init__(self, resume_hint: Callable[[str], str] | None = None) -> None:
@@ -376,6 +378,8 @@ class StopOnSignal(StepBoundaries):
         # (Lightning's handler and ours note it), "idle" (before setup, after the fit)
         self._phase = "idle"
         self._before_start: Any = None  # the SIGTERM handler before setup
+        #: Signals that came after the last step and were not acted on (see teardown).
+        self.late_signals: list[int] = []
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
@@ -391,6 +395,9 @@ class StopOnSignal(StepBoundaries):
             raise SIGTERMException(128 + signum)
         if os.getpid() == self._pid and self._phase == "training":
             return  # called by Lightning's handler, which keeps the ones it found
+        if os.getpid() == self._pid and self._phase == "ending":
+            self._pending.add(signum)  # after the last step: kept in late_signals
+            return
         # Lightning may put this handler back after the fit: act as the one it replaced.
         previous = self._before_start
         if callable(previous):
@@ -532,26 +539,19 @@ class StopOnSignal(StepBoundaries):
             for logger in trainer.loggers:
                 if hasattr(logger, "mark_going_on"):
                     logger.mark_going_on()
+        if self._phase == "training":
+            self._phase = "ending"
         self._restore_handlers()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._phase == "ending":
+            # Noted after the last step's end (while the final checkpoint was saved, say):
+            # no step end was left to act at. The fit is over and saved; what runs it
+            # decides (a sweep worker stops or requeues after telling the trial's result).
+            self.late_signals = sorted(self._pending)
+        self._pending.clear()
         self._phase = "idle"
         self._restore_handlers()
-        self._deliver_late_signals()
-
-    def _deliver_late_signals(self) -> None:
-        """A SIGTERM or SIGUSR1 noted after the last step's end (while the final checkpoint
-        was saved, say) found no step end to act at: the handler from before the fit, now
-        back in place, gets it, if it is a function (a sweep worker's: stop, or requeue;
-        dropped, the worker began another trial past SLURM's warning). A default action
-        would only end a process whose fit is over; a late Ctrl-C is let go."""
-        late = sorted(self._pending - {signal.SIGINT})
-        self._pending.clear()
-        if os.getpid() != self._pid or threading.current_thread() is not threading.main_thread():
-            return
-        for signum in late:
-            if callable(signal.getsignal(signum)):
-                signal.raise_signal(signum)
 
     def _restore_handlers(self) -> None:
         if signal.getsignal(signal.SIGTERM) == self._on_sigterm_while_starting:

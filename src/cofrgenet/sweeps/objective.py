@@ -193,6 +193,8 @@ class PruneAtStep(StepBoundaries):
         try:
             return self.trial.should_prune()
         except Exception as error:
+            if not service_error(error):  # a pruner's bug: not hidden for the whole study
+                raise
             if not self.prune_check_failed:
                 self.prune_check_failed = True
                 logging.getLogger("cofrgenet.sweeps").warning(
@@ -406,20 +408,31 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
 #: while it was set up (a locked tracking database, a server blip): not the trial's
 #: fault, so it is retried.
 NOT_REACHED = "tracking or storage unavailable:"
-#: Modules whose exceptions say the tracking store or the study's database failed.
-_SERVICE_MODULES = ("mlflow", "sqlalchemy", "requests", "urllib3", "psycopg", "sqlite3")
+#: Modules whose exceptions say the tracking store or the study's database failed
+#: (MLflow's own are judged by their error code: see :func:`service_error`).
+_SERVICE_MODULES = ("sqlalchemy", "requests", "urllib3", "psycopg", "sqlite3")
+#: MLflow's error codes of a store that failed for the moment (a locked or unreachable
+#: database, a server down): not those of a request it refuses (a bad parameter).
+_TRANSIENT_MLFLOW_CODES = ("TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_EXCEEDED")
 
 
 def service_error(error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from) is the tracking store's or the
-    study storage's (MLflow, a database driver, Optuna's storage), not the trial's."""
+    """Whether ``error`` (or an error it was raised from) is a failure of the tracking
+    store or the study's storage, not of the trial: a database driver's or an HTTP
+    client's error, Optuna's storage error, an OS error (a journal file on NFS, a
+    network), or an MLflow error with a code of :data:`_TRANSIENT_MLFLOW_CODES`."""
+    from mlflow.exceptions import MlflowException
+
     current: BaseException | None = error
     for _ in range(8):  # raised from ... raised from: a short chain
         if current is None:
             return False
         module = type(current).__module__ or ""
-        if module.split(".")[0] in _SERVICE_MODULES or isinstance(
-            current, optuna.exceptions.StorageInternalError
+        if isinstance(current, MlflowException):
+            if current.error_code in _TRANSIENT_MLFLOW_CODES:
+                return True
+        elif module.split(".")[0] in _SERVICE_MODULES or isinstance(
+            current, OSError | optuna.exceptions.StorageInternalError
         ):
             return True
         current = current.__cause__
@@ -599,7 +612,7 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
             stop = StopOnSignal(resume_hint=lambda run_name: resume_command())
             cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
         callback.recover(ctx.storage, ctx.study)
-        outcome = _fit_outcome(ctx, trial, cli, callback, run_dir)
+        outcome = after_late_signals(_fit_outcome(ctx, trial, cli, callback, run_dir), stop)
         if outcome.state != TrialState.FAIL:  # an earlier attempt's traceback: not this one's
             (run_dir / "error.txt").unlink(missing_ok=True)
         return outcome
@@ -609,6 +622,26 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     finally:
         del cli
         _free_memory()
+
+
+def after_late_signals(outcome: Outcome, stop: StopOnSignal) -> Outcome:
+    """``outcome`` of a fit that ended, then got a signal after its last step (while its
+    final checkpoint was saved: ``stop.late_signals``). The trial keeps its result;
+    SIGTERM or Ctrl-C stops the worker after it is told, SIGUSR1 requeues the job as
+    between two trials."""
+    late = stop.late_signals
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 in late:
+        REQUEUE.set()
+    ending = [s for s in late if s in (signal.SIGTERM, signal.SIGINT)]
+    if ending and not outcome.stop_worker:
+        outcome.stop_worker = True
+        outcome.signal_status = 128 + ending[0]
+        name = signal.Signals(ending[0]).name
+        outcome.reason = "; ".join(
+            filter(None, [outcome.reason, f"{name} after the last step: the worker stops"])
+        )
+    return outcome
 
 
 def _fit_outcome(

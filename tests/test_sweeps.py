@@ -1229,6 +1229,14 @@ def test_a_missing_retry_waits_for_a_live_worker_and_is_queued_once(tmp_path):
         (0, TrialState.FAIL, False), (1, TrialState.WAITING, False), (2, TrialState.FAIL, True),
     ]  # fmt: skip
     assert st.budget_used(study.get_trials()) == 0
+    # A copy that a worker took between the listing and the discard trains: kept.
+    st.retry_trial(study, st.frozen_trial(storage, study, 0), options.max_retry)
+    listed = study.get_trials(deepcopy=False)
+    storage.set_trial_state_values(st.trial_id(storage, study, 3), TrialState.RUNNING)
+    study.get_trials = lambda deepcopy=True, states=None: listed  # the listing, before
+    st.drop_duplicate_retries(study, storage)
+    taken = st.frozen_trial(storage, study, 3)
+    assert taken.state == TrialState.RUNNING and not taken.user_attrs.get(st.DISCARDED)
     # Elsewhere: the grace period decides, as for a lost trial.
     elsewhere = {st.HOST: "elsewhere", st.PID: 1}
     assert not st.retry_left_behind({**elsewhere, "at": time.time()}, options)
@@ -2406,6 +2414,35 @@ def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
     trainer.global_step = 6  # the storage answers again: the pruner decides
     callback.on_validation_end(trainer, None)
     assert trainer.should_stop and callback.pruned_at == 6
+    # A pruner's own bug is not taken for the storage's: raised, not hidden for the study.
+    callback._trial = SimpleNamespace(report=lambda value, step: None, should_prune=lambda: 1 / 0)
+    trainer.global_step, trainer.should_stop, callback.pruned_at = 8, False, None
+    with pytest.raises(ZeroDivisionError):
+        callback.on_validation_end(trainer, None)
+
+
+def test_service_errors_are_the_stores_failures_not_the_trials():
+    """Retried (not the trial's fault): a database or HTTP client error, an OS error (the
+    default journal storage on NFS), an MLflow error of a store down for the moment. Not:
+    an MLflow request refused (a parameter too long), a bug."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+    from sqlalchemy.exc import OperationalError
+
+    from cofrgenet.sweeps.objective import service_error
+
+    def raised_from(error: BaseException, cause: BaseException) -> BaseException:
+        error.__cause__ = cause
+        return error
+
+    locked = OperationalError("INSERT ...", {}, Exception("database is locked"))
+    assert service_error(locked)
+    assert service_error(OSError(116, "Stale file handle"))
+    assert service_error(MlflowException("down", error_code=TEMPORARILY_UNAVAILABLE))
+    assert service_error(MlflowException("(sqlite3.OperationalError) database is locked"))
+    assert service_error(raised_from(RuntimeError("while logging"), locked))
+    assert not service_error(MlflowException("too long", error_code=INVALID_PARAMETER_VALUE))
+    assert not service_error(TypeError("a bug"))
 
 
 def test_a_spawned_rank_judges_with_the_sweeps_pruner(tmp_path):
@@ -2692,6 +2729,29 @@ def test_a_model_vocabulary_smaller_than_the_data_s_is_refused_before_the_study(
     assert not (tmp_path / "runs" / "sweeps").exists() or not list(
         (tmp_path / "runs" / "sweeps").rglob("*.journal")
     )  # no study made
+
+
+def test_a_signal_after_a_trials_last_step_keeps_its_result_and_stops_the_worker():
+    """SIGTERM or SIGUSR1 during a trial's final checkpoint save (StopOnSignal's
+    late_signals): the trial keeps its result; SIGTERM stops the worker after it is told,
+    SIGUSR1 requeues it as between trials. Delivered inside Lightning's teardown, the
+    worker's handler raised there and the finished trial was failed for a retry."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import REQUEUE, Outcome, after_late_signals
+
+    done = Outcome(TrialState.COMPLETE, value=1.5, step=8)
+    assert after_late_signals(done, SimpleNamespace(late_signals=[])) == done
+    assert not done.stop_worker
+    try:
+        late = SimpleNamespace(late_signals=[signal.SIGUSR1, signal.SIGTERM])
+        outcome = after_late_signals(Outcome(TrialState.COMPLETE, value=1.5, step=8), late)
+        assert outcome.state == TrialState.COMPLETE and outcome.value == 1.5
+        assert outcome.stop_worker and outcome.signal_status == 143
+        assert "SIGTERM after the last step" in outcome.reason
+        assert REQUEUE.is_set()
+    finally:
+        REQUEUE.clear()
 
 
 def test_workers_that_each_made_a_parent_run_settle_on_the_oldest(tmp_path):

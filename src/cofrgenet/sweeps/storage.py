@@ -837,6 +837,10 @@ def drop_duplicate_retries(study: optuna.Study, storage: BaseStorage) -> None:
         for trial in retries:
             if trial.number != keep.number and trial.state == TrialState.WAITING:
                 tid = trial_id(storage, study, trial.number)
+                # Taken from the queue first, as ask() takes a trial: False when a worker
+                # took it since the listing (it trains: kept, not failed under it).
+                if not storage.set_trial_state_values(tid, TrialState.RUNNING):
+                    continue
                 storage.set_trial_user_attr(tid, DISCARDED, True)
                 why = (
                     f"duplicate retry of trial {failed} (trial {keep.number} retries it): "

@@ -156,22 +156,20 @@ def settle_parent(
     (another ``--runs-dir``, whose file lock they do not share, or no lock across hosts)
     then all take the same, and delete their own, so trials nest under one run."""
     exp = experiment_id(client, run)
+    made = client.get_run(mine).info.start_time
+    # Made at about the same time: not the parent of an earlier study of this name (its
+    # storage removed and made again), which trials must not join. A study name is
+    # letters, digits, '.', '_' and '-' (spec): nothing to escape.
     found = client.search_runs(
         [exp],
-        # A study name is letters, digits, '.', '_' and '-' (spec): nothing to escape.
-        filter_string=f"tags.`cofr.sweep` = 'parent' and tags.`optuna.study` = '{sweep.study}'",
+        filter_string=(
+            f"tags.`cofr.sweep` = 'parent' and tags.`optuna.study` = '{sweep.study}' and "
+            f"attributes.start_time >= {made - SETTLE_WINDOW_S * 1000}"
+        ),
         order_by=["attributes.start_time ASC"],
         max_results=100,
     )
-    made = client.get_run(mine).info.start_time
-    parents = [
-        r
-        for r in found
-        if r.data.tags.get("optuna.storage") == storage
-        # Made at about the same time: not the parent of an earlier study of this name
-        # (its storage removed and made again), which trials must not join.
-        and abs(r.info.start_time - made) <= SETTLE_WINDOW_S * 1000
-    ]
+    parents = [r for r in found if r.data.tags.get("optuna.storage") == storage]
     if not parents:  # the store cannot say yet: keep this worker's own
         return mine
     first = min(parents, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id

@@ -627,6 +627,11 @@ class TokenDataModule(L.LightningDataModule):
         changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            if "train_chunk_layout" in changed:  # two digests say nothing by themselves
+                details += (
+                    " (the same number of training tokens cut into other chunks: the folder "
+                    "was prepared again, with another --num-workers?)"
+                )
             raise ConfigError(
                 f"cannot resume the data stream exactly: the data settings changed since the "
                 f"checkpoint ({details}). Resume with the original data folder and settings."

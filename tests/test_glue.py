@@ -4,6 +4,7 @@ the tokenisation, and one end-to-end fine-tune of a tiny checkpoint tracked in M
 from __future__ import annotations
 
 import json
+import os
 import random
 import warnings
 from pathlib import Path
@@ -777,11 +778,14 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert not runs.exists()
 
 
-def test_ctrl_c_during_the_fine_tuning_ends_its_run_killed_with_130(
-    pretrained, tmp_path, capsys, monkeypatch
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
+    pretrained, tmp_path, capsys, monkeypatch, stop
 ):
-    """Lightning ended it with status 1, the MLflow run FAILED with the scores of part of
-    the training, and an empty run folder that let the same --name start a second run."""
+    """Ctrl-C: Lightning ended it with status 1, the MLflow run FAILED with the scores of
+    part of the training, and an empty run folder that let the same --name start a second
+    run. SIGTERM (SLURM's time limit): Lightning's SIGTERMException ended it with status 0.
+    Both end the run KILLED, leave no folder, and exit 130 or 143."""
     import signal
 
     import mlflow
@@ -789,28 +793,38 @@ def test_ctrl_c_during_the_fine_tuning_ends_its_run_killed_with_130(
     from cofrgenet.eval import glue as glue_module
 
     classifier = glue_module._classifier_class()
+    step = classifier.training_step
 
     def interrupted(self, batch, batch_idx):
-        raise KeyboardInterrupt
+        if stop == "ctrl-c":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler notes it, the loop stops
+        return step(self, batch, batch_idx)
 
     monkeypatch.setattr(classifier, "training_step", interrupted)
     glue = _tiny_sst2(tmp_path / "glue")
     runs = tmp_path / "runs"
-    before = signal.getsignal(signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
+            str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
+            "--name", f"stopped-{stop}"]  # fmt: skip
     try:
-        status = cofr(
-            ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
-             str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
-             "--name", "stopped"]
-        )  # fmt: skip
+        status = cofr(args)
     except KeyboardInterrupt:  # not pytest's to stop on
         pytest.fail("the KeyboardInterrupt left cofr's main")
+    except SystemExit as exit:
+        status = exit.code
     finally:
-        signal.signal(signal.SIGINT, before)  # Lightning leaves Ctrl-C ignored
-    assert status == 130 and "cofr: interrupted" in capsys.readouterr().err
-    assert not (runs / "glue-sst2" / "stopped").exists()
+        for signum, handler in before.items():  # Lightning leaves Ctrl-C ignored
+            signal.signal(signum, handler)
+    said = capsys.readouterr().err
+    if stop == "ctrl-c":
+        assert status == 130 and "cofr: interrupted" in said
+    else:
+        assert status == 143 and "stopped by SIGTERM" in said
+    assert not (runs / "glue-sst2" / f"stopped-{stop}").exists()
     store = pretrained.parents[3] / "mlflow.db"  # the pretraining run's store
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
     experiment = client.get_experiment_by_name("glue-sst2").experiment_id
-    (run,) = client.search_runs([experiment], "attributes.run_name = 'stopped'")
+    (run,) = client.search_runs([experiment], f"attributes.run_name = 'stopped-{stop}'")
     assert run.info.status == "KILLED"

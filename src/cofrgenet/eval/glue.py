@@ -23,6 +23,7 @@ import contextlib
 import functools
 import math
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -672,15 +673,22 @@ def finetune(
         if module.validated_at != trainer.global_step:  # stopped by max_steps meanwhile
             trainer.validate(module, dataloaders=dev_loaders, verbose=False)
     except SystemExit as stopped:
-        # Lightning ends a fit that Ctrl-C reached with sys.exit(1), its run FAILED with
-        # the scores of a part of the training: the run is KILLED, the folder it made
-        # and left empty goes, and Ctrl-C's own status (130) follows.
-        if not isinstance(stopped.__context__, KeyboardInterrupt):
+        # Lightning ends a fit that Ctrl-C reached with sys.exit(1), and one that SIGTERM
+        # reached (SLURM's time limit, scancel) with its SIGTERMException, status 0; the
+        # run FAILED or FINISHED with the scores of a part of the training. It is KILLED,
+        # the folder it made and left empty goes, and the signal's status follows.
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        sigterm = isinstance(stopped, SIGTERMException)
+        if not sigterm and not isinstance(stopped.__context__, KeyboardInterrupt):
             raise
         if mlflow:
             logger.experiment.set_terminated(logger.run_id, "KILLED")
         with contextlib.suppress(OSError):
             run_dir.rmdir()
+        if sigterm:
+            print("cofr finetune glue: stopped by SIGTERM: nothing scored", file=sys.stderr)
+            raise SystemExit(128 + signal.SIGTERM) from None
         raise KeyboardInterrupt from None
 
     metrics = dev_metrics(task, module.results)

@@ -280,6 +280,12 @@ def test_the_default_data_folder_must_hold_the_benchmarks_tokens(tmp_path, monke
     text["source_args"]["python"] = "3.0.1"
     meta.write_text(json.dumps(text))
     ensure_data(cfg)
+    # One made before 2026-12-05 (every pydoc topic, nested ones too) is refused: its
+    # held-out topics were partly training text.
+    del text["source_args"]["topics"]
+    meta.write_text(json.dumps(text))
+    with pytest.raises(DataFolderError, match=r"'topics': 'nested ones too'.*rm -r"):
+        ensure_data(cfg)
     # The missing-folder hint makes the same folder.
     from cofrgenet.bench.quality import BENCH_DATA
     from cofrgenet.data.meta import prepare_command

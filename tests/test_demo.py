@@ -177,3 +177,26 @@ def test_the_end_names_the_runs_dir_cofr_ui_must_serve(tmp_path, capsys, monkeyp
     (tmp_path / "mine.yaml").write_text("model: {preset: gpt2-tiny}\n")
     assert main(["demo", "--configs", "mine.yaml", "--runs-dir", "my runs"]) == 0
     assert "the MLflow UI: cofr ui --runs-dir 'my runs' (it prints" in capsys.readouterr().out
+
+
+def test_a_data_folder_of_nested_pydoc_topics_is_warned_of(tmp_path):
+    """A pydoc folder prepared before 2026-12-05 holds the topics that others contain: its
+    held-out topics are partly training text. The demo uses it, saying how to remake it."""
+    import json
+
+    from rich.console import Console
+
+    from cofrgenet import demo
+    from cofrgenet.data import PydocSource, prepare_data
+
+    folder = tmp_path / "pydoc-byte"
+    prepare_data(PydocSource(), folder, tokenizer="byte", max_docs=4, num_workers=1)
+    console = Console(record=True, width=200)
+    demo.ensure_data(str(folder), console)
+    assert "warning" not in console.export_text()
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["source_args"]["topics"]  # as an older cofrgenet wrote it
+    (folder / "meta.json").write_text(json.dumps(meta))
+    demo.ensure_data(str(folder), console)
+    said = " ".join(console.export_text().split())
+    assert "partly training text" in said and f"--out {folder} --overwrite" in said

@@ -8,6 +8,7 @@ of ``conf/experiment/demo-*.yaml`` (same width and depth) one after the other th
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import subprocess
@@ -68,7 +69,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def ensure_data(data_dir: str, console: Console) -> None:
-    if (Path(data_dir) / "meta.json").exists():
+    meta_file = Path(data_dir) / "meta.json"
+    if meta_file.exists():
+        from cofrgenet.data.sources import nested_pydoc_topics
+
+        try:  # read as it is: a damaged folder is the fit's to refuse, naming the fix
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(meta, dict) and nested_pydoc_topics(
+            meta.get("source", ""), meta.get("source_args") or {}
+        ):
+            console.print(
+                f"[yellow]warning:[/] {data_dir} was prepared before 2026-12-05 from every "
+                "pydoc topic, the nested ones too: its held-out topics are partly training "
+                "text, so val loss reads low. Remake it: cofr data prepare --source pydoc "
+                f"--tokenizer byte --out {data_dir} --overwrite"
+            )
         return
     console.print(f"[bold]preparing[/] {data_dir} from Python's bundled documentation")
     command = [

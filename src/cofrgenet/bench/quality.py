@@ -694,6 +694,7 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     found there must hold the benchmark's tokens (a byte folder under that name would be
     benchmarked silently): DataFolderError otherwise."""
     from cofrgenet.data.meta import DataFolderError, read_meta
+    from cofrgenet.data.sources import nested_pydoc_topics
 
     folder = Path(cfg.data_dir)
     prepared = (folder / "meta.json").exists()
@@ -713,11 +714,18 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
             "tokenizer": meta.tokenizer,
             "vocab_size": meta.tokenizer_args.get("requested_vocab_size"),
             "val_fraction": meta.split_args.get("val_fraction"),
+            # Folders from before 2026-12-05 hold the topics that others contain: their
+            # held-out topics were partly training text.
+            "topics": (
+                "nested ones too"
+                if nested_pydoc_topics(meta.source, meta.source_args)
+                else "distinct"
+            ),
         }
-        if made != {"source": "pydoc", **BENCH_DATA}:
+        if made != {"source": "pydoc", **BENCH_DATA, "topics": "distinct"}:
             raise DataFolderError(
                 f"{folder} holds other tokens than the benchmark's ({made}; the benchmark's: "
-                f"pydoc, {BENCH_DATA}): move it away (`rm -r {folder}`: the next run makes it "
+                f"pydoc, {BENCH_DATA}, distinct topics): move it away (`rm -r {folder}`: the next run makes it "
                 "anew), or give --data-dir"
             )
         return

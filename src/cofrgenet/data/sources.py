@@ -221,6 +221,13 @@ class PydocSource(Source):
         }
 
 
+def nested_pydoc_topics(source: str, source_args: dict[str, Any]) -> bool:
+    """Whether a prepared folder (its meta's ``source`` and ``source_args``) holds pydoc's
+    topics from before 2026-12-05, the nested ones too: its held-out topics were then
+    partly training text. Such a folder is made again with ``--overwrite``."""
+    return source == "pydoc" and "topics" not in source_args
+
+
 #: Lines this long or longer are compared between topics; shorter ones (headings, "Note:")
 #: recur in unrelated topics.
 _LONG_LINE = 40

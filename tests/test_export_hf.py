@@ -359,14 +359,16 @@ def test_the_readme_names_the_folder_and_clips_only_clipped_ladders(
     tmp_path, monkeypatch, name, clipped
 ):
     """OUT_DIR `.` wrote from_pretrained(""), and every README said ladder outputs are
-    clipped, for models without ladders or with ladder_clip false too."""
+    clipped, for models without ladders or with ladder_clip false too. The folder is
+    named as a path ("./my-export"): a bare name is a Hub repository's id to transformers
+    (one named like a Hub model, "gpt2", would load that model where the hub answers)."""
     folder = tmp_path / "my-export"
     folder.mkdir()
     monkeypatch.chdir(folder)
     config = CONFIGS[name]
     export_model(build_model(config), config, ".", verify=False)
     readme = (folder / "README.md").read_text()
-    assert 'from_pretrained("my-export", trust_remote_code=True)' in readme
+    assert 'from_pretrained("./my-export", trust_remote_code=True)' in readme
     assert ("ladder outputs are clipped" in readme) == clipped
 
 
@@ -385,7 +387,7 @@ def test_the_readme_shows_autotokenizer_only_with_a_tokenizer(tmp_path, tokenize
     readme = (tmp_path / "out" / "README.md").read_text()
     snippet = readme.split("```python\n")[1].split("```")[0]
     compile(snippet, "README.md", "exec")
-    assert 'AutoModelForCausalLM.from_pretrained("out", trust_remote_code=True)' in snippet
+    assert 'AutoModelForCausalLM.from_pretrained("./out", trust_remote_code=True)' in snippet
     assert ("AutoTokenizer" in snippet) == (tokenizer is not None)
     if tokenizer is None:
         assert f"torch.tensor([[{0 if eos is None else eos}]])" in snippet
@@ -860,6 +862,38 @@ def test_a_failed_overwrite_keeps_the_earlier_export(tmp_path):
     link.symlink_to(out)
     export_model(model, config, link, verify=False, overwrite=True)
     assert link.is_symlink() and (out / "config.json").is_file()
+
+
+def test_a_sigterm_during_the_export_leaves_no_work_folder(checkpoint, tmp_path, capsys):
+    """SLURM's time limit or scancel (SIGTERM) ended the export where it was: its hidden
+    work folder beside OUT_DIR stayed, with the whole model's weights, for ever. It goes
+    now, as for Ctrl-C, and the export exits with 143."""
+    import signal
+
+    from cofrgenet.cli import main
+    from cofrgenet.export import hf
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the export")
+
+    def unhandled(signum, frame):  # stands in for the default action: pytest goes on
+        raise RuntimeError("SIGTERM reached the handler from before the export")
+
+    before = signal.signal(signal.SIGTERM, unhandled)
+    out = tmp_path / "exports" / "out"
+    try:
+        with (
+            mock.patch.object(hf, "verify_export", terminated),
+            pytest.raises(SystemExit) as stopped,
+        ):
+            main(["export", "hf", "--ckpt", str(checkpoint), str(out)])
+        assert signal.getsignal(signal.SIGTERM) == unhandled  # put back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped.value.code == 143
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    assert not (tmp_path / "exports").exists()  # nor the work folder, nor its parent
 
 
 def test_a_negative_tolerance_and_bad_paths_are_one_line(checkpoint, tmp_path, capsys):

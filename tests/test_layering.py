@@ -41,6 +41,7 @@ UTILITIES = {
     "lazy",
     "recipes",
     "redact",
+    "signals",
     "terminal",
 }
 for _name in UTILITIES:

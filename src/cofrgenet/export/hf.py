@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cofrgenet.atomic import why_no_folder
 from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, checkpoint_given
 from cofrgenet.errors import UserError
+from cofrgenet.signals import Terminated, sigterm_raises
 
 if TYPE_CHECKING:
     import torch
@@ -158,15 +160,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     usage = f"cofr export hf --ckpt CKPT OUT_DIR (the one word given, {args.out_dir}, is OUT_DIR)"
-    report = export_hf(
-        checkpoint_given(args, usage),
-        args.out_dir,
-        tokenizer_dir=args.tokenizer,
-        with_tokenizer=not args.no_tokenizer,
-        overwrite=args.overwrite,
-        verify=not args.no_verify,
-        tolerance=args.tolerance,
-    )
+    try:
+        # SLURM's time limit or scancel: the work folder beside OUT_DIR is removed and an
+        # earlier export put back, as for Ctrl-C, not left with the weights in it.
+        with sigterm_raises():
+            report = export_hf(
+                checkpoint_given(args, usage),
+                args.out_dir,
+                tokenizer_dir=args.tokenizer,
+                with_tokenizer=not args.no_tokenizer,
+                overwrite=args.overwrite,
+                verify=not args.no_verify,
+                tolerance=args.tolerance,
+            )
+    except Terminated:
+        print(f"cofr export hf: stopped by SIGTERM: {args.out_dir} as it was", file=sys.stderr)
+        raise
     print(f"wrote {report.out_dir}: {', '.join(report.files)}")
     if report.tokenizer is not None:
         print(
@@ -671,8 +680,8 @@ def _write_readme(
     if report.tokenizer is not None:
         usage = f"""from transformers import AutoModelForCausalLM, AutoTokenizer
 
-model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("./{name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("./{name}", trust_remote_code=True)
 ids = tokenizer("Hello", return_tensors="pt").input_ids
 print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0]))"""
     else:  # AutoTokenizer would fail on this folder: the model takes token ids
@@ -684,7 +693,7 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0
         usage = f"""import torch
 from transformers import AutoModelForCausalLM
 
-model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("./{name}", trust_remote_code=True)
 # No tokenizer here: ids of the tokenizer the model trained with.
 ids = {ids}
 print(model.generate(ids, max_new_tokens=20, do_sample=False)[0].tolist())"""

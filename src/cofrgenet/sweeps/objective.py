@@ -19,7 +19,6 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from optuna.trial import TrialState
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import is_out_of_memory
+from cofrgenet.signals import sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
@@ -491,25 +491,14 @@ def first_attempt_folder(ctx: TrialContext, number: int, root: int, here: Path) 
     return first
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
+def _sigterm_raises() -> contextlib.AbstractContextManager[None]:
     """SIGTERM raises Lightning's SIGTERMException (as StopOnSignal's does before the
     first step) while a trial is set up: the config parse and the model and data building
     before the fit's own handler would otherwise end the worker with its trial RUNNING,
-    no retry queued and no resume hint. Main thread only (signals can be set there)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    no retry queued and no resume hint."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    def raise_it(signum: int, frame: Any) -> None:
-        raise SIGTERMException(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, raise_it)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return sigterm_raises(lambda: SIGTERMException(128 + signal.SIGTERM))
 
 
 def _config_and_train(

@@ -372,6 +372,26 @@ def test_the_readme_names_the_folder_and_clips_only_clipped_ladders(
     assert ("ladder outputs are clipped" in readme) == clipped
 
 
+def test_a_model_trained_shorter_than_its_block_generates_from_its_trained_length(tmp_path):
+    """A run whose data.block_size is below the model's block: cofr generate reads at most
+    the trained length, the export read the whole block (positions that never trained),
+    and nothing in the folder said so. The length is in config.json and the README, and
+    generate crops there; scoring still takes the whole block."""
+    from transformers import AutoModelForCausalLM
+
+    config = ModelConfig(**TINY)  # block 16
+    export_model(build_model(config).eval(), config, tmp_path / "short", trained_length=8)
+    export_model(build_model(config).eval(), config, tmp_path / "whole", trained_length=16)
+    assert json.loads((tmp_path / "short" / "config.json").read_text())["trained_length"] == 8
+    assert "trained_length" not in json.loads((tmp_path / "whole" / "config.json").read_text())
+    assert "trained at 8 tokens" in (tmp_path / "short" / "README.md").read_text()
+    ids = torch.arange(12).unsqueeze(0)
+    for name, read in (("short", 8), ("whole", 12)):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / name, trust_remote_code=True)
+        assert model.prepare_inputs_for_generation(ids)["input_ids"].shape[1] == read
+        assert model(torch.arange(16).unsqueeze(0)).logits.shape[1] == 16
+
+
 @pytest.mark.parametrize("tokenizer,eos", [("byte", None), (None, 256), (None, None)])
 def test_the_readme_shows_autotokenizer_only_with_a_tokenizer(tmp_path, tokenizer, eos):
     """The README's snippet loaded AutoTokenizer from folders exported without one."""

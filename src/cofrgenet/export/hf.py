@@ -252,6 +252,7 @@ def export_hf(
         source=str(ckpt),
         n_real=loaded.trained_with.get("vocab_size"),
         eos_id=trained_eos_id(loaded.trained_with),
+        trained_length=loaded.trained_length,
     )
 
 
@@ -282,6 +283,7 @@ def export_model(
     source: str | None = None,
     n_real: int | None = None,
     eos_id: int | None = None,
+    trained_length: int | None = None,
 ) -> ExportReport:
     """Write ``model`` (built from ``config``) as a Hugging Face folder ``out_dir``.
 
@@ -289,7 +291,9 @@ def export_model(
     continuant for the check and restored). ``n_real``: without a ``tokenizer``, the size
     of the one the model trained with, so that generation never picks the padded ids
     beyond it (as with a tokenizer); ``eos_id``: likewise its end-of-text id, where
-    ``generate`` stops (as ``cofr generate``).
+    ``generate`` stops (as ``cofr generate``); ``trained_length``: the sequence length the
+    model trained at, when shorter than its block: ``generate`` reads at most that many
+    tokens (as ``cofr generate``: later positions never trained).
     """
     _require_transformers()
     check_exportable(model, config)
@@ -322,7 +326,8 @@ def export_model(
         # Without a tokenizer, the end-of-text id the checkpoint records: HF generate
         # would otherwise never stop where cofr generate does.
         eos = eos_id if tokenizer is None else tokenizer.eos_id
-        _write_config(work, config, eos, n_real if tokenizer is None else tokenizer.vocab_size)
+        n_ids = n_real if tokenizer is None else tokenizer.vocab_size
+        _write_config(work, config, eos, n_ids, trained_length)
         _write_weights(work, state)
         shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), work / MODELING_FILE)
         if tokenizer is not None:
@@ -330,7 +335,10 @@ def export_model(
             report.tokenizer = tokenizer.kind
         if verify:
             report.max_abs_diff = verify_export(model, config, work, tolerance)
-        _write_readme(work, config, report, source, out.resolve().name, _clips_ladders(model), eos)
+        _write_readme(
+            work, config, report, source, out.resolve().name, _clips_ladders(model), eos,
+            trained_length,
+        )  # fmt: skip
         report.files = sorted(p.name for p in work.iterdir() if p.name in EXPORT_FILES)
         _move_into_place(work, out)
     except BaseException:
@@ -526,9 +534,10 @@ def _check_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> No
 # Writing -------------------------------------------------------------------------------
 
 
-def _hf_config(config: ModelConfig, eos: int | None) -> Any:
+def _hf_config(config: ModelConfig, eos: int | None, trained_length: int | None = None) -> Any:
     from cofrgenet.export import hf_modeling
 
+    shorter = trained_length is not None and trained_length < config.block_size
     return hf_modeling.CofrGeNetConfig(
         cofr=config.to_dict(),
         architectures=["CofrGeNetForCausalLM"],
@@ -536,15 +545,24 @@ def _hf_config(config: ModelConfig, eos: int | None) -> Any:
         bos_token_id=eos,
         eos_token_id=eos,
         dtype="float32",
+        **({"trained_length": trained_length} if shorter else {}),
     )
 
 
-def _write_config(out: Path, config: ModelConfig, eos: int | None, n_real: int | None) -> None:
+def _write_config(
+    out: Path,
+    config: ModelConfig,
+    eos: int | None,
+    n_real: int | None,
+    trained_length: int | None = None,
+) -> None:
     """config.json and generation_config.json; ``n_real``: the tokenizer's size, whose
-    padded ids beyond it generation never picks (as ``cofr generate``)."""
+    padded ids beyond it generation never picks (as ``cofr generate``);
+    ``trained_length``: the sequence length the run trained at, when shorter than its
+    block (generate crops the context there, as ``cofr generate`` does)."""
     from transformers import GenerationConfig
 
-    _hf_config(config, eos).save_pretrained(out)
+    _hf_config(config, eos, trained_length).save_pretrained(out)
     padding = [] if n_real is None else list(range(n_real, config.vocab_size))
     # No KV cache: generation re-reads the context at every step.
     generation = GenerationConfig(
@@ -663,6 +681,7 @@ def _write_readme(
     name: str,
     clips_ladders: bool,
     eos: int | None = None,
+    trained_length: int | None = None,
 ) -> None:
     mixers = (
         f"attention {config.attention_pattern or config.attention}, "
@@ -697,12 +716,18 @@ model = AutoModelForCausalLM.from_pretrained("./{name}", trust_remote_code=True)
 # No tokenizer here: ids of the tokenizer the model trained with.
 ids = {ids}
 print(model.generate(ids, max_new_tokens=20, do_sample=False)[0].tolist())"""
+    trained = (
+        f", trained at {trained_length} tokens (generate reads the last {trained_length}: "
+        "later positions never trained)"
+        if trained_length is not None and trained_length < config.block_size
+        else ""
+    )
     text = f"""# CoFrGeNet export
 
 Exported by `cofr export hf` from `{source or "a model in memory"}`.
 
 * architecture: {config.arch} ({mixers}), {config.n_layer} layers, width {config.n_embd},
-  vocabulary {config.vocab_size}, block size {config.block_size}
+  vocabulary {config.vocab_size}, block size {config.block_size}{trained}
 * tokenizer: {tokenizer}
 * logits check: {check}
 

@@ -658,6 +658,11 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
         self.arch = cofr["arch"]
         C, V = cofr["n_embd"], config.vocab_size  # the HF name wins (kept in step)
         self.block_size = cofr["block_size"]
+        # generate's context: the length the run trained at, when shorter than the block
+        # (positions past it never trained), as cofr generate reads.
+        self.context = min(
+            getattr(config, "trained_length", None) or self.block_size, self.block_size
+        )
         if self.arch in TRANSFORMER_ARCHS:
             modules: dict[str, nn.Module] = {"wte": nn.Embedding(V, C)}
             self.position = cofr["position"]
@@ -767,7 +772,8 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
         self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         """The whole context at every step (no cache); transformers see the last block_size
-        tokens, as ``cofr generate`` does, recurrent models everything. Prompts of one
+        tokens (the trained length's, when the run trained at less), as ``cofr generate``
+        does, recurrent models everything. Prompts of one
         length only: generate appends each new token after a row's padding."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError(
@@ -776,9 +782,9 @@ class CofrGeNetForCausalLM(CofrGeNetPreTrainedModel, GenerationMixin):
                 "other lengths one at a time (padded batches are fine for scoring)"
             )
         if self.arch in TRANSFORMER_ARCHS:
-            input_ids = input_ids[:, -self.block_size :]
+            input_ids = input_ids[:, -self.context :]
             if attention_mask is not None:
-                attention_mask = attention_mask[:, -self.block_size :]
+                attention_mask = attention_mask[:, -self.context :]
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 

@@ -443,6 +443,12 @@ class StopOnSignal(StepBoundaries):
             return
         if self._phase == "starting":  # no step to finish: a step-0 save resumes nothing
             raise KeyboardInterrupt
+        if self._phase == "ending":  # trained: the final save finishes, then it stops
+            if signal.SIGINT in self._pending:  # the second Ctrl-C
+                raise KeyboardInterrupt
+            self._pending.add(signal.SIGINT)  # kept in late_signals
+            print("\nCtrl-C: training is over; finishing its save (press it again to abort)")
+            return
         if self.saved is not None:  # the stop is saved and on its way out: let it end
             return
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
@@ -541,7 +547,7 @@ class StopOnSignal(StepBoundaries):
                     logger.mark_going_on()
         if self._phase == "training":
             self._phase = "ending"
-        self._restore_handlers()
+        self._restore_handlers(keep_sigint=True)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._phase == "ending":
@@ -553,10 +559,12 @@ class StopOnSignal(StepBoundaries):
         self._phase = "idle"
         self._restore_handlers()
 
-    def _restore_handlers(self) -> None:
+    def _restore_handlers(self, keep_sigint: bool = False) -> None:
+        """Put back the handlers from before; ``keep_sigint``: Ctrl-C's stays this
+        callback's (at train end: the final save and Lightning's teardown are to come)."""
         if signal.getsignal(signal.SIGTERM) == self._on_sigterm_while_starting:
             signal.signal(signal.SIGTERM, self._before_start or signal.SIG_DFL)
-        if self._previous_sigint is not None:
+        if self._previous_sigint is not None and not keep_sigint:
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
         for signum, handler in self._deferred.items():

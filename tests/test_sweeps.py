@@ -1237,6 +1237,11 @@ def test_a_missing_retry_waits_for_a_live_worker_and_is_queued_once(tmp_path):
     st.drop_duplicate_retries(study, storage)
     taken = st.frozen_trial(storage, study, 3)
     assert taken.state == TrialState.RUNNING and not taken.user_attrs.get(st.DISCARDED)
+    # One that another worker discarded since the listing: nothing to do, no error.
+    st.retry_trial(study, st.frozen_trial(storage, study, 0), options.max_retry)
+    listed = optuna.load_study(study_name=study.study_name, storage=storage).get_trials()
+    storage.set_trial_state_values(st.trial_id(storage, study, 4), TrialState.FAIL)
+    st.drop_duplicate_retries(study, storage)  # raised UpdateFinishedTrialError
     # Elsewhere: the grace period decides, as for a lost trial.
     elsewhere = {st.HOST: "elsewhere", st.PID: 1}
     assert not st.retry_left_behind({**elsewhere, "at": time.time()}, options)
@@ -2426,7 +2431,11 @@ def test_service_errors_are_the_stores_failures_not_the_trials():
     default journal storage on NFS), an MLflow error of a store down for the moment. Not:
     an MLflow request refused (a parameter too long), a bug."""
     from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+    from mlflow.protos.databricks_pb2 import (
+        BAD_REQUEST,
+        INVALID_PARAMETER_VALUE,
+        TEMPORARILY_UNAVAILABLE,
+    )
     from sqlalchemy.exc import OperationalError
 
     from cofrgenet.sweeps.objective import service_error
@@ -2442,6 +2451,9 @@ def test_service_errors_are_the_stores_failures_not_the_trials():
     assert service_error(MlflowException("(sqlite3.OperationalError) database is locked"))
     assert service_error(raised_from(RuntimeError("while logging"), locked))
     assert not service_error(MlflowException("too long", error_code=INVALID_PARAMETER_VALUE))
+    # MLflow wraps a database's refusal too (BAD_REQUEST): its code decides, not the cause.
+    refused = raised_from(MlflowException("constraint", error_code=BAD_REQUEST), locked)
+    assert not service_error(refused)
     assert not service_error(TypeError("a bug"))
 
 
@@ -2752,6 +2764,29 @@ def test_a_signal_after_a_trials_last_step_keeps_its_result_and_stops_the_worker
         assert REQUEUE.is_set()
     finally:
         REQUEUE.clear()
+
+
+def test_a_signal_after_the_last_step_then_an_error_still_stops_the_worker(tmp_path, monkeypatch):
+    """A SIGTERM during the final save, then an error (the final validation's, say): the
+    failed outcome dropped the signal, which StopOnSignal had taken from the worker's own
+    handler, and the worker began another trial until SLURM killed it."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps import objective
+
+    class FitThatEndsBadly:
+        def __init__(self, args, extra_callbacks):
+            stop = next(c for c in extra_callbacks if isinstance(c, objective.StopOnSignal))
+            stop.late_signals = [signal.SIGTERM]
+            raise RuntimeError("the final validation failed")
+
+    monkeypatch.setattr(objective, "SweepCLI", FitThatEndsBadly)
+    sweep, _, study = _tiny_study(tmp_path)
+    ctx = SimpleNamespace(sweep=sweep, storage_url="", stop_file=None)
+    (tmp_path / "run").mkdir()
+    outcome = objective._train(ctx, study.ask(), [], tmp_path / "run")
+    assert outcome.state == TrialState.FAIL and "final validation" in outcome.reason
+    assert outcome.stop_worker and outcome.signal_status == 143
 
 
 def test_workers_that_each_made_a_parent_run_settle_on_the_oldest(tmp_path):

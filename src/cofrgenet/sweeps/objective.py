@@ -428,10 +428,10 @@ def service_error(error: BaseException) -> bool:
         if current is None:
             return False
         module = type(current).__module__ or ""
-        if isinstance(current, MlflowException):
-            if current.error_code in _TRANSIENT_MLFLOW_CODES:
-                return True
-        elif module.split(".")[0] in _SERVICE_MODULES or isinstance(
+        if isinstance(current, MlflowException):  # by its code alone: MLflow wraps any
+            # database error, a refused write too (BAD_REQUEST), around the driver's
+            return current.error_code in _TRANSIENT_MLFLOW_CODES
+        if module.split(".")[0] in _SERVICE_MODULES or isinstance(
             current, OSError | optuna.exceptions.StorageInternalError
         ):
             return True
@@ -595,6 +595,7 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     if checkpoints.candidates(run_dir):  # any: a kill may come between two saves
         args += ["--ckpt_path", "last"]
     cli = None
+    stop: StopOnSignal | None = None
     try:
         with given_args():
             # Said on SIGTERM or Ctrl-C: the worker resumes the trial, not a cofr fit.
@@ -607,7 +608,10 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
         return outcome
     except BaseException as exc:
         (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
-        return failed_outcome(exc, run_dir)
+        outcome = failed_outcome(exc, run_dir)
+        # A signal after the last step, then an error (the final validation's): the
+        # worker still stops or requeues as the signal asked.
+        return outcome if stop is None else after_late_signals(outcome, stop)
     finally:
         del cli
         _free_memory()

@@ -839,8 +839,11 @@ def drop_duplicate_retries(study: optuna.Study, storage: BaseStorage) -> None:
                 tid = trial_id(storage, study, trial.number)
                 # Taken from the queue first, as ask() takes a trial: False when a worker
                 # took it since the listing (it trains: kept, not failed under it).
-                if not storage.set_trial_state_values(tid, TrialState.RUNNING):
-                    continue
+                try:
+                    if not storage.set_trial_state_values(tid, TrialState.RUNNING):
+                        continue
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # another worker discarded it first
                 storage.set_trial_user_attr(tid, DISCARDED, True)
                 why = (
                     f"duplicate retry of trial {failed} (trial {keep.number} retries it): "

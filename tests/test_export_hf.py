@@ -385,6 +385,10 @@ def test_a_model_trained_shorter_than_its_block_generates_from_its_trained_lengt
     assert json.loads((tmp_path / "short" / "config.json").read_text())["trained_length"] == 8
     assert "trained_length" not in json.loads((tmp_path / "whole" / "config.json").read_text())
     assert "trained at 8 tokens" in (tmp_path / "short" / "README.md").read_text()
+    # Recurrent models read any length from a zero state: nothing to crop, nothing said.
+    export_model(build_model(CONFIGS["lstm"]), CONFIGS["lstm"], tmp_path / "rnn", trained_length=8)
+    assert "trained_length" not in json.loads((tmp_path / "rnn" / "config.json").read_text())
+    assert "trained at" not in (tmp_path / "rnn" / "README.md").read_text()
     ids = torch.arange(12).unsqueeze(0)
     for name, read in (("short", 8), ("whole", 12)):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / name, trust_remote_code=True)
@@ -872,6 +876,25 @@ def test_a_failed_overwrite_keeps_the_earlier_export(tmp_path):
 
     with (
         mock.patch("cofrgenet.export.hf.os.replace", interrupted),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        export_model(model, config, out, verify=False, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]
+    # Interrupted just after an old file went aside (a signal between the rename and
+    # what the rollback once listed, which then left it there and failed on the folder):
+    # the old one, whole, all the same.
+    calls.clear()
+
+    def interrupted_after(source, target):
+        real_replace(source, target)
+        if Path(target).parent.name.endswith(".replaced"):
+            calls.append(target)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+
+    with (
+        mock.patch("cofrgenet.export.hf.os.replace", interrupted_after),
         pytest.raises(KeyboardInterrupt),
     ):
         export_model(model, config, out, verify=False, overwrite=True)

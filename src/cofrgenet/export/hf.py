@@ -363,21 +363,21 @@ def _move_into_place(work: Path, out: Path) -> None:
     aside.mkdir()
     old = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES)
     new = sorted(p.name for p in work.iterdir())
-    moved_aside: list[str] = []
-    moved_in: list[str] = []
     try:
         for name in old:
             os.replace(out / name, aside / name)
-            moved_aside.append(name)
-        for name in new:
+        for name in new:  # only once every old file is aside
             os.replace(work / name, out / name)
-            moved_in.append(name)
     except BaseException:
-        for name in moved_in:  # back into work, which the caller removes
-            os.replace(out / name, work / name)
-        for name in moved_aside:
-            os.replace(aside / name, out / name)
-        aside.rmdir()
+        # Undone by where the files are, not by lists of those moved: a signal between a
+        # rename and its entry in a list left that file out of the rollback.
+        for name in new:  # back into work, which the caller removes
+            if not (work / name).exists() and (out / name).exists():
+                os.replace(out / name, work / name)
+        for path in aside.iterdir():
+            os.replace(path, out / path.name)
+        with contextlib.suppress(OSError):
+            aside.rmdir()
         raise
     shutil.rmtree(aside, ignore_errors=True)
     work.rmdir()
@@ -537,7 +537,11 @@ def _check_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> No
 def _hf_config(config: ModelConfig, eos: int | None, trained_length: int | None = None) -> Any:
     from cofrgenet.export import hf_modeling
 
-    shorter = trained_length is not None and trained_length < config.block_size
+    shorter = (  # recurrent models read any length from a zero state: nothing to crop
+        config.arch in TRANSFORMER_ARCHS
+        and trained_length is not None
+        and trained_length < config.block_size
+    )
     return hf_modeling.CofrGeNetConfig(
         cofr=config.to_dict(),
         architectures=["CofrGeNetForCausalLM"],
@@ -719,7 +723,9 @@ print(model.generate(ids, max_new_tokens=20, do_sample=False)[0].tolist())"""
     trained = (
         f", trained at {trained_length} tokens (generate reads the last {trained_length}: "
         "later positions never trained)"
-        if trained_length is not None and trained_length < config.block_size
+        if config.arch in TRANSFORMER_ARCHS
+        and trained_length is not None
+        and trained_length < config.block_size
         else ""
     )
     text = f"""# CoFrGeNet export

@@ -1365,7 +1365,14 @@ def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
     (tmp_path / "slow.py").write_text(SLOW_PREPARE)
     out, pids = tmp_path / "out", tmp_path / "pids"
     command = [sys.executable, str(tmp_path / "slow.py"), str(out), str(pids)]
-    proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    # A terminal's foreground process: Ctrl-C at its default, whatever this process has
+    # (an ignored SIGINT is inherited through exec, and Python then keeps ignoring it).
+    proc = subprocess.Popen(
+        command,
+        start_new_session=True,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(set(read_pids(pids))) < 2:

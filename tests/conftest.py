@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -45,3 +46,13 @@ def compiled_means_compiled(request):
         from cofrgenet.ops import continuant
 
         assert continuant.compile_available(), "torch.compile of the continuant kernels failed"
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_not_left_ignored():
+    """Lightning ignores SIGINT once a fit was interrupted, and a later in-process fit puts
+    back the handler it found: an ignored SIGINT then outlived its test, and every later
+    subprocess inherited it through exec (a prepare ignored the test's Ctrl-C)."""
+    yield
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -22,9 +22,9 @@ from torch import nn
 
 from cofrgenet.cli import main
 from cofrgenet.eval import tasks as eval_tasks
-from cofrgenet.eval.cli import readable
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
 from cofrgenet.eval.lambada import lambada
+from cofrgenet.eval.paths import readable
 from cofrgenet.eval.perplexity import sliding_windows, text_perplexity, window_nll
 from cofrgenet.eval.scoring import score_continuations
 from cofrgenet.eval.tasks import (

@@ -28,6 +28,7 @@ from cofrgenet.errors import UserError
 from cofrgenet.eval.paths import (
     check_data_dir,
     check_output_file,
+    readable,
     results_json,
     write_results,
 )
@@ -167,20 +168,6 @@ def evaluate_tasks(
         metrics["seconds"] = time.perf_counter() - started
         results[name] = metrics
     return results
-
-
-#: From this size on a score is printed as 7.061e+127: a diverged model's perplexity in
-#: full (128 digits) widened the table past the terminal, its columns squeezed to nothing.
-SCIENTIFIC_FROM = 1e6
-
-
-def readable(value: float, spec: str) -> str:
-    """``value`` in ``spec``, or in 4 significant digits from :data:`SCIENTIFIC_FROM` on."""
-    return (
-        f"{value:.3e}"
-        if math.isfinite(value) and abs(value) >= SCIENTIFIC_FROM
-        else format(value, spec)
-    )
 
 
 def print_results(results: dict[str, dict[str, float]], title: str) -> None:

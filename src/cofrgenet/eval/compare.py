@@ -32,6 +32,7 @@ import yaml
 
 from cofrgenet.atomic import nearest_existing
 from cofrgenet.errors import UserError
+from cofrgenet.eval.paths import readable
 from cofrgenet.training.run_store import STOPPED_AT_TAG
 
 #: The paper's table (spec section 5): GPT2-xl-sized models pretrained on OpenWebText.
@@ -304,9 +305,7 @@ def collect_runs(
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    from cofrgenet.eval.cli import readable  # a diverged run's 7e127 as such, not 128 digits
-
-    return "" if value is None else readable(value, spec)
+    return "" if value is None else readable(value, spec)  # a diverged run's 7e127
 
 
 def _percent(value: float | None) -> float | None:
@@ -388,8 +387,10 @@ def _raw_release_notes(rows: Sequence[RunRow]) -> str:
     lines = []
     for key in PAPER_METRICS.values():
         raw = raw_release(key)
+        if raw is None:
+            continue
         names = [r.name for r in rows if raw in r.metrics and key not in r.metrics]
-        if raw is not None and names:
+        if names:
             task, raw_task = key.split("/")[1], raw.split("/")[1]
             lines.append(
                 f"* `{paper_column(key)}` is empty for {', '.join(names)}: scored on "

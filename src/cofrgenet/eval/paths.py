@@ -78,6 +78,20 @@ def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
         )
 
 
+#: From this size on a score is printed as 7.061e+127: a diverged model's perplexity in
+#: full (128 digits) widened the table past the terminal, its columns squeezed to nothing.
+SCIENTIFIC_FROM = 1e6
+
+
+def readable(value: float, spec: str) -> str:
+    """``value`` in ``spec``, or in 4 significant digits from :data:`SCIENTIFIC_FROM` on."""
+    return (
+        f"{value:.3e}"
+        if math.isfinite(value) and abs(value) >= SCIENTIFIC_FROM
+        else format(value, spec)
+    )
+
+
 def finite(value: Any) -> Any:
     """``value`` with each NaN or infinite float (a broken or diverged model's scores)
     replaced by None, recursively: JSON's null. Python writes them as bare ``NaN`` and

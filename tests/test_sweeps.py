@@ -767,6 +767,67 @@ def test_killed_worker_trial_is_failed_and_retried_from_its_checkpoint(tiny_data
 
 
 @pytest.mark.slow
+def test_a_worker_taken_for_lost_hands_its_trial_to_the_retry(tiny_data, tmp_path):
+    """A worker fails a trial as lost while its worker, on "another host", still trains it
+    (its heartbeats were refused, say), and takes the retry. The retry used to fail for
+    good on the busy run folder while the first attempt trained on, unrecorded. Now the
+    first worker sees within a heartbeat that its trial ended, saves and stops without
+    touching the study or the MLflow run; the retry waits for the folder, resumes from
+    that checkpoint and completes."""
+    sweep_path = write_sweep(
+        tmp_path,
+        n_trials=1,
+        pruner={"name": "none"},
+        budget={"steps": 8},
+        storage_options={"heartbeat_interval": 1, "grace_period": 60},
+        overrides={
+            "data.data_dir": str(tiny_data),
+            "trainer.val_check_interval": 4,
+            "trainer.callbacks": [{"class_path": "sweep_helpers.SleepPerStep"}],
+        },
+    )
+    sweep = load_sweep(sweep_path)
+    url = st.default_storage(sweep)
+    run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cofr("sweep", "run", str(sweep_path), "--no-report"),
+            env=worker_env(COFR_TEST_SLEEP="1.5"), stdout=log, stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )  # fmt: skip
+        try:
+            _wait_for(
+                lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), 300, proc, "a checkpoint"
+            )
+            # What the lost check of a worker on another host does to it.
+            study = study_of(url, sweep.study)
+            storage = st.open_storage(url)
+            lost = st.frozen_trial(storage, study, 0)
+            reason = "worker slurm-7_0 lost: no heartbeat for more than 60 s"
+            assert st.fail_trial(storage, st.trial_id(storage, study, 0), reason, retry=True)
+            assert st.retry_trial(study, lost, sweep.storage_options.max_retry) == 1
+            result = run_worker(sweep, report=False)  # that worker takes the retry
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = log_path.read_text()
+    assert proc.returncode == 0, out[-3000:]
+    assert "trial 0 was ended by another worker, which took this one for lost" in out
+    stopped = re.search(r"trial 0: FAIL \(ended by another worker.*stopped at step (\d+)", out)
+    assert stopped, out[-3000:]
+    assert [(n, o.state) for n, o in result.outcomes] == [(1, TrialState.COMPLETE)]
+    trials = study_of(url, sweep.study).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[0].user_attrs[st.FAIL_REASON] == reason  # the lost check's, kept
+    assert trials[1].user_attrs[st.RESUMED] == int(stopped.group(1)) > 0
+    client = mlflow_client(tmp_path)
+    run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert (run.info.status, run.data.tags["optuna.state"]) == ("FINISHED", "COMPLETE")
+
+
+@pytest.mark.slow
 def test_requeued_slurm_task_resumes_its_own_trial(tiny_data, tmp_path):
     """SIGUSR1 (SLURM's time-limit warning): checkpoint, leave the trial RUNNING, exit; the
     requeued task (same array id) resumes that trial from its checkpoint."""
@@ -1597,6 +1658,64 @@ def test_rdb_stale_trials_fail_with_their_reason_and_are_retried(tmp_path):
     assert st.frozen_trial(storage, study, alive.number).state == TrialState.RUNNING
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")
+@pytest.mark.parametrize("backend", ["journal", "sqlite"])
+def test_heartbeat_finds_its_trial_ended_by_another_worker(tmp_path, backend):
+    """A worker taken for lost while alive (a storage that refused its heartbeats for a
+    grace period, hosts whose clocks disagree) trained on in a trial already failed and
+    retried, and its retry then failed for good on the busy run folder. Its heartbeat now
+    reads the trial's state: ended elsewhere, it sets ``ended``, touches the file the fit
+    polls, and stops beating; the file goes with the heartbeat."""
+    if backend == "journal":
+        storage = st.open_storage(f"journal:{tmp_path / 'hb.journal'}")
+    else:
+        options = StorageOptions(heartbeat_interval=1, grace_period=3)
+        storage = st.open_storage(f"sqlite:///{tmp_path / 'hb.db'}", options)
+    study = optuna.create_study(study_name="hb", storage=storage)
+    trial = study.ask()
+    st.claim(storage, study, trial.number, st.Worker.current())
+    ended_file = tmp_path / "worker.ended"
+    with st.Heartbeat(storage, study, trial.number, 1, ended_file) as heartbeat:
+        time.sleep(1.5)  # a beat of a trial still RUNNING: nothing happens
+        assert not heartbeat.ended.is_set() and not ended_file.exists()
+        tid = st.trial_id(storage, study, trial.number)
+        assert st.fail_trial(storage, tid, "worker lost: no heartbeat", retry=True)
+        assert heartbeat.ended.wait(5), "the heartbeat did not see its trial ended"
+        assert ended_file.exists()
+    assert not ended_file.exists()
+
+
+def test_a_trial_waits_for_its_run_folder_to_be_let_go(tmp_path, caplog):
+    """A retry whose earlier attempt still trains in the run folder waits for it to stop
+    (up to the grace period), and is failed for another retry when it does not."""
+    import threading
+
+    from cofrgenet.sweeps.objective import wait_for_run_folder
+    from cofrgenet.training.runlock import RunLock
+
+    run_dir = tmp_path / "trial-0000"
+    held = RunLock(run_dir)
+    held.acquire()  # another open file description: it blocks this process's own probe
+    timer = threading.Timer(1.0, held.release)
+    timer.start()
+    try:
+        with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+            assert wait_for_run_folder(run_dir, 30, 3) is None
+    finally:
+        timer.cancel()
+    assert f"trial 3: run folder {run_dir} is in use by process {os.getpid()}" in caplog.text
+    assert "waiting up to 30 s (storage_options.grace_period)" in caplog.text
+    held.acquire()
+    try:
+        busy = wait_for_run_folder(run_dir, 0.5, 3)
+    finally:
+        held.release()
+    assert busy is not None
+    assert busy.startswith(f"run folder {run_dir} still in use by process {os.getpid()}")
+    assert busy.endswith(" after 0.5 s")
+    assert wait_for_run_folder(run_dir, 0, 3) is None  # free: no wait
+
+
 def test_optuna_private_api_is_pinned():
     """storage.py's private Optuna uses were written for OPTUNA_TESTED: an Optuna outside
     it, or one without them, fails here first. Check them there, then move the range."""
@@ -2386,6 +2505,39 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     assert callback.requeued_at == 4
 
 
+def test_a_trial_ended_elsewhere_saves_stops_and_leaves_its_mlflow_run_alone(tmp_path):
+    """The heartbeat's file seen at a step's end: last.ckpt is saved for the retry, the
+    fit stops, nothing is shared with the (finished) trial, and the MLflow logger's
+    finalize no longer ends the run, which the retry now trains in."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+    from cofrgenet.training.tracking import CofrMLFlowLogger
+
+    trial = optuna.create_study().ask()
+    ended_file = tmp_path / "worker.ended"
+    callback = PruneAtStep(trial, "val/loss", "", "s", ended_file=str(ended_file))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = CofrMLFlowLogger(tmp_path / "run", experiment_name="e", tracking_uri=uri)
+    run_id = logger.run_id  # the run is made
+    saved: list[tuple[int, Path]] = []
+    trainer = SimpleNamespace(
+        global_step=5, is_global_zero=True, world_size=1, should_stop=False,
+        default_root_dir=str(tmp_path), loggers=[logger],
+    )  # fmt: skip
+    trainer.save_checkpoint = lambda path, **_: saved.append((trainer.global_step, Path(path)))
+    callback._share = lambda key, value: pytest.fail(f"shared {key} with an ended trial")
+    callback.on_step_end(trainer, None)
+    assert saved == [] and not trainer.should_stop  # no file: nothing happens
+    ended_file.touch()
+    callback.on_step_end(trainer, None)
+    assert saved == [(5, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
+    assert (callback.ended_at, callback.requeued_at) == (5, None)
+    logger.finalize("success")
+    # The run's status is the retry's (a finalize would have made it FINISHED).
+    assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
+
+
 def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
     """should_prune reads the storage: a brief database or NFS error there failed a
     healthy trial (no retry), counted towards the worker's repeated failures."""
@@ -2550,11 +2702,16 @@ def test_a_non_finite_objective_is_a_point_failure_like_a_nan_training_loss(tmp_
     from cofrgenet.sweeps.objective import _fit_outcome
     from cofrgenet.sweeps.worker import POINT_FAILURES, _same_failures
 
-    ctx = SimpleNamespace(sweep=SimpleNamespace(objective=SimpleNamespace(metric="val/loss")))
+    ctx = SimpleNamespace(
+        sweep=SimpleNamespace(objective=SimpleNamespace(metric="val/loss")),
+        ended_elsewhere=lambda: False,
+    )
     outcomes = []
     for number, value in enumerate([float("nan"), float("inf"), float("nan")]):
         trainer = SimpleNamespace(global_step=6, callback_metrics={"val/loss": torch.tensor(value)})
-        callback = SimpleNamespace(requeued_at=None, pruned_at=None, last_step=6, last_value=value)
+        callback = SimpleNamespace(
+            requeued_at=None, pruned_at=None, ended_at=None, last_step=6, last_value=value
+        )
         outcome = _fit_outcome(ctx, None, SimpleNamespace(trainer=trainer), callback, tmp_path)
         assert outcome.state == TrialState.FAIL and outcome.reason.startswith(POINT_FAILURES)
         assert "val/loss is" in outcome.reason and "at step 6" in outcome.reason
@@ -2782,7 +2939,7 @@ def test_a_signal_after_the_last_step_then_an_error_still_stops_the_worker(tmp_p
 
     monkeypatch.setattr(objective, "SweepCLI", FitThatEndsBadly)
     sweep, _, study = _tiny_study(tmp_path)
-    ctx = SimpleNamespace(sweep=sweep, storage_url="", stop_file=None)
+    ctx = SimpleNamespace(sweep=sweep, storage_url="", stop_file=None, ended_file=None)
     (tmp_path / "run").mkdir()
     outcome = objective._train(ctx, study.ask(), [], tmp_path / "run")
     assert outcome.state == TrialState.FAIL and "final validation" in outcome.reason

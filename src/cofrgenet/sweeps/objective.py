@@ -38,6 +38,7 @@ from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, resume_co
 from cofrgenet.training.cli import CofrCLI, given_args
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
+from cofrgenet.training.tracking import CofrMLFlowLogger
 
 TRIAL_FILE = "trial.json"
 PRUNED_AT, REQUEUED_AT, LAST_REPORT = "cofr.pruned_at", "cofr.stopped_at", "cofr.last_report"
@@ -69,6 +70,13 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
     #: A signal stopped the trial: the status the worker exits with (128 + its number).
     signal_status: int | None = None
+    #: Another worker ended the trial while it trained here (it took this worker for
+    #: lost): neither the study nor the MLflow run hear of this attempt's end.
+    ended_elsewhere: bool = False
+
+
+#: The reason of an attempt whose trial another worker ended while it trained.
+ENDED_ELSEWHERE = "ended by another worker, which took this one for lost"
 
 
 def trial_name(number: int) -> str:
@@ -97,7 +105,9 @@ class PruneAtStep(StepBoundaries):
 
     Prunes by stopping the trainer (the run ends normally, its MLflow run is kept); the
     objective then tells PRUNED. Also stops, after saving ``last.ckpt``, when the worker
-    got SIGUSR1 (SLURM's warning before the time limit) or ``stop_file`` appears.
+    got SIGUSR1 (SLURM's warning before the time limit) or ``stop_file`` appears, and
+    when ``ended_file`` appears: another worker ended the trial, and its retry resumes
+    from that checkpoint (:class:`~cofrgenet.sweeps.storage.Heartbeat`).
     Under several devices rank 0 talks to Optuna and broadcasts the decisions. Picklable
     (``ddp_spawn``): ranks in other processes reopen the storage from its URL, with the
     study's pruner (``pruner``; default the trial's study's), not Optuna's default one.
@@ -111,6 +121,7 @@ class PruneAtStep(StepBoundaries):
         study_name: str,
         stop_file: str | None = None,
         pruner: optuna.pruners.BasePruner | None = None,
+        ended_file: str | None = None,
     ) -> None:
         self._trial: optuna.Trial | None = trial
         self.pruner = trial.study.pruner if pruner is None else pruner
@@ -119,10 +130,13 @@ class PruneAtStep(StepBoundaries):
         self.storage_url = storage_url
         self.study_name = study_name
         self.stop_file = stop_file
+        self.ended_file = ended_file
         self.last_step: int | None = None
         self.last_value: float | None = None
         self.pruned_at: int | None = None
         self.requeued_at: int | None = None
+        #: The step at which the fit stopped because another worker ended the trial.
+        self.ended_at: int | None = None
         self.start_step: int | None = None
         #: The storage failed a prune check already: said once, not at every validation.
         self.prune_check_failed = False
@@ -211,15 +225,23 @@ class PruneAtStep(StepBoundaries):
         # Not inside a gradient accumulation: a checkpoint there would resume past
         # micro-batches whose gradients it does not hold.
         stop = self._stop_requested() if trainer.is_global_zero else False
+        ended = bool(self.ended_file and os.path.exists(self.ended_file))
         if trainer.world_size > 1:
-            stop = trainer.strategy.broadcast(stop, src=0)
-        if stop and self.requeued_at is None:
-            folder = Path(trainer.default_root_dir) / "checkpoints"
-            trainer.save_checkpoint(folder / "last.ckpt", weights_only=False)
-            self.requeued_at = trainer.global_step
-            if trainer.is_global_zero:
-                self._share(REQUEUED_AT, trainer.global_step)
-            trainer.should_stop = True
+            stop, ended = trainer.strategy.broadcast((stop, ended), src=0)
+        if not (stop or ended) or self.requeued_at is not None or self.ended_at is not None:
+            return
+        folder = Path(trainer.default_root_dir) / "checkpoints"
+        trainer.save_checkpoint(folder / "last.ckpt", weights_only=False)
+        trainer.should_stop = True
+        if ended:  # the trial is its retry's now, and so is its MLflow run
+            self.ended_at = trainer.global_step
+            for logger in trainer.loggers:
+                if isinstance(logger, CofrMLFlowLogger):
+                    logger.hand_over()
+            return
+        self.requeued_at = trainer.global_step
+        if trainer.is_global_zero:
+            self._share(REQUEUED_AT, trainer.global_step)
 
 
 class SweepCLI(CofrCLI):
@@ -265,6 +287,13 @@ class TrialContext:
     run_mlflow: bool = True
     #: False (``cofr sweep run --no-mlflow``): the trials' fits track nothing either.
     track: bool = True
+    #: Touched by the trial's heartbeat when another worker ended the trial (see
+    #: :class:`~cofrgenet.sweeps.storage.Heartbeat`); the fit polls it.
+    ended_file: Path | None = None
+
+    def ended_elsewhere(self) -> bool:
+        """Whether the training trial's heartbeat found it ended by another worker."""
+        return self.ended_file is not None and self.ended_file.exists()
 
 
 def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> Path | None:
@@ -400,7 +429,12 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                 raise
             # Left to the worker, it would die with the trial RUNNING until taken for lost.
             outcome = setup_failed(exc, trial.number, run_dir)
-    _finish_mlflow(ctx, child[0] if child else None, outcome)
+    if ctx.ended_elsewhere():  # the MLflow run is the retry's now
+        if not outcome.ended_elsewhere:  # it ended here too: a signal, an error
+            outcome.reason = "; ".join(filter(None, [outcome.reason, ENDED_ELSEWHERE]))
+            outcome.ended_elsewhere = True
+    else:
+        _finish_mlflow(ctx, child[0] if child else None, outcome)
     return outcome
 
 
@@ -590,8 +624,12 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
         ctx.storage_url,
         ctx.sweep.study,
         stop_file=str(ctx.stop_file) if ctx.stop_file else None,
+        ended_file=str(ctx.ended_file) if ctx.ended_file else None,
     )
     args = ["fit", *args]
+    busy = wait_for_run_folder(run_dir, ctx.sweep.storage_options.grace_period, trial.number)
+    if busy is not None:
+        return Outcome(TrialState.FAIL, reason=busy, retry=True, run_dir=run_dir)
     if checkpoints.candidates(run_dir):  # any: a kill may come between two saves
         args += ["--ckpt_path", "last"]
     cli = None
@@ -615,6 +653,36 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     finally:
         del cli
         _free_memory()
+
+
+#: How often a trial waiting for its run folder looks again (seconds).
+FOLDER_POLL = 2.0
+
+
+def wait_for_run_folder(run_dir: Path, timeout: float, number: int) -> str | None:
+    """Wait up to ``timeout`` seconds until no process trains in ``run_dir``; None once
+    free, else why not. A retry of a trial whose worker was taken for lost while alive
+    finds that worker still in the folder: it stops at its next step once its heartbeat
+    sees the trial ended (:class:`~cofrgenet.sweeps.storage.Heartbeat`) and saves, and
+    the retry resumes from there rather than failing for good on a busy folder."""
+    if not run_dir.is_dir():  # nothing trains in a folder not made yet
+        return None
+    lock = RunLock(run_dir)
+    deadline = time.monotonic() + timeout
+    said = False
+    while not lock.try_acquire():
+        holder = lock.describe_holder()
+        if time.monotonic() >= deadline:
+            return f"run folder {run_dir} still in use by {holder} after {timeout:g} s"
+        if not said:
+            said = True
+            logging.getLogger("cofrgenet.sweeps").warning(
+                f"trial {number}: run folder {run_dir} is in use by {holder}; waiting up to "
+                f"{timeout:g} s (storage_options.grace_period) for it to end"
+            )
+        time.sleep(max(0.0, min(FOLDER_POLL, deadline - time.monotonic())))
+    lock.release()
+    return None
 
 
 def after_late_signals(outcome: Outcome, stop: StopOnSignal) -> Outcome:
@@ -649,6 +717,13 @@ def _fit_outcome(
     trainer, metric_name = cli.trainer, ctx.sweep.objective.metric
     # Under ddp_spawn the main process's trainer does not see the ranks' step.
     final_step = max(trainer.global_step, callback.last_step or 0)
+    if callback.ended_at is not None or ctx.ended_elsewhere():
+        return Outcome(
+            TrialState.FAIL,
+            reason=f"{ENDED_ELSEWHERE}; stopped at step {final_step}, saved for its retry",
+            run_dir=run_dir,
+            ended_elsewhere=True,
+        )
     if callback.requeued_at is not None:
         return Outcome(
             TrialState.RUNNING,

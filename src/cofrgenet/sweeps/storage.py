@@ -561,14 +561,30 @@ def claim(storage: BaseStorage, study: optuna.Study, number: int, worker: Worker
 
 
 class Heartbeat:
-    """A thread that keeps a trial alive in the storage while it trains."""
+    """A thread that keeps a trial alive in the storage while it trains.
+
+    After each beat it reads the trial's state: a trial that another worker ended (it
+    took this worker for lost: a storage that refused its heartbeats for a grace period,
+    hosts whose clocks disagree) sets :attr:`ended` and touches ``ended_file``, which the
+    fit polls (:class:`~cofrgenet.sweeps.objective.PruneAtStep`) to save and stop, leaving
+    the run folder to the trial's retry. The beats stop there.
+    """
 
     def __init__(
-        self, storage: BaseStorage, study: optuna.Study, number: int, interval: float
+        self,
+        storage: BaseStorage,
+        study: optuna.Study,
+        number: int,
+        interval: float,
+        ended_file: Path | None = None,
     ) -> None:
         self.storage = storage
+        self.number = number
         self.trial_id = trial_id(storage, study, number)
         self.interval = max(1.0, float(interval))
+        self.ended_file = ended_file
+        #: Set once the trial was found ended by another process.
+        self.ended = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cofr-heartbeat", daemon=True)
 
@@ -578,22 +594,49 @@ class Heartbeat:
         else:
             self.storage.set_trial_user_attr(self.trial_id, HEARTBEAT, time.time())
 
+    def ended_elsewhere(self) -> bool:
+        """Whether the trial is finished in the storage (this worker never finishes it
+        while the heartbeat runs)."""
+        return self.storage.get_trial(self.trial_id).state.is_finished()
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
                 self.beat()
+                ended = self.ended_elsewhere()
             except optuna.exceptions.UpdateFinishedTrialError:
-                return
+                ended = True
             except Exception as error:  # a flaky database must not kill the training
                 log.warning(f"heartbeat: {error}")
+                continue
+            if ended and not self._stop.is_set():
+                self._mark_ended()
+                return
+
+    def _mark_ended(self) -> None:
+        log.warning(
+            f"trial {self.number} was ended by another worker, which took this one for "
+            "lost: this worker saves its checkpoint and stops the fit, and the trial's "
+            "retry resumes from it"
+        )
+        if self.ended_file is not None:
+            try:
+                self.ended_file.touch()
+            except OSError as error:
+                log.warning(f"heartbeat: cannot write {self.ended_file}: {error}")
+        self.ended.set()  # after the file: who waits on it finds the file there
 
     def __enter__(self) -> Heartbeat:
+        if self.ended_file is not None:
+            self.ended_file.unlink(missing_ok=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        if self.ended_file is not None:
+            self.ended_file.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------ lost workers

@@ -578,8 +578,13 @@ class WorkerResult:
 
     @property
     def failed(self) -> list[Outcome]:
-        """This worker's failed trials, interrupted ones (retried) left out."""
-        return [o for _, o in self.outcomes if o.state == TrialState.FAIL and not o.retry]
+        """This worker's failed trials, interrupted ones (retried) and those another worker
+        ended (its retry goes on with them) left out."""
+        return [
+            o
+            for _, o in self.outcomes
+            if o.state == TrialState.FAIL and not (o.retry or o.ended_elsewhere)
+        ]
 
     @property
     def none_completed(self) -> bool:
@@ -701,6 +706,7 @@ def run_worker(
         mlflow_client=client,
         parent_run_id=parent,
         stop_file=stop_file,
+        ended_file=stop_file.with_suffix(".ended"),
         run_mlflow=bool(get_dotted(probe, "run.mlflow", True)),
         track=mlflow,
     )
@@ -882,15 +888,17 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
             return
         log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
         interval = sweep.storage_options.heartbeat_interval
-        with st.Heartbeat(storage, study, trial.number, interval):
+        with st.Heartbeat(storage, study, trial.number, interval, ctx.ended_file):
             outcome = run_trial(ctx, trial)
         result.outcomes.append((trial.number, outcome))
-        if outcome.requeue:
+        if outcome.ended_elsewhere:
+            pass  # the trial and its MLflow run are its retry's: nothing to record
+        elif outcome.requeue:
             trial.set_user_attr(st.REQUEUED, time.time())
             result.requeued = True
             result.not_requeued = _requeue_job(worker)
             return
-        if not _tell(study, storage, trial, outcome, sweep):
+        elif not _tell(study, storage, trial, outcome, sweep):
             outcome.reason = "; ".join(
                 filter(None, [outcome.reason, "not recorded: another worker ended it first"])
             )

@@ -50,9 +50,13 @@ class RunLock:
             ) from None
         if not self._lock.try_acquire():
             raise RunFolderBusyError(
-                f"run folder {self.run_dir} is in use by {self._lock.describe_holder()}: wait "
+                f"run folder {self.run_dir} is in use by {self.describe_holder()}: wait "
                 "for it to finish, or start a separate run with another --run.name"
             )
+
+    def describe_holder(self) -> str:
+        """Who holds the lock, as the holder wrote it: ``process 12 on host since ...``."""
+        return self._lock.describe_holder()
 
     def try_acquire(self) -> bool:
         """Take the lock of an existing run folder; False when another process holds it."""

@@ -211,9 +211,16 @@ class CofrMLFlowLogger(MLFlowLogger):
             self.experiment.set_tag(self.run_id, STOPPED_AT_TAG, str(step))
             self.experiment.update_run(self.run_id, status="KILLED")
 
+    _handed_over = False
+
+    def hand_over(self) -> None:
+        """Another process takes the run over (a sweep trial's retry, which resumes this
+        fit's checkpoint): :meth:`finalize` leaves the run's status to it."""
+        self._handed_over = True
+
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        if self.evaluation:
+        if self.evaluation or self._handed_over:
             # The training run's status is not an evaluation's: that run may be KILLED
             # awaiting its resume, or training in another process.
             return

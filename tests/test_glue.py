@@ -778,14 +778,16 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert not runs.exists()
 
 
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm", "sigterm-before-fit"])
 def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     pretrained, tmp_path, capsys, monkeypatch, stop
 ):
     """Ctrl-C: Lightning ended it with status 1, the MLflow run FAILED with the scores of
     part of the training, and an empty run folder that let the same --name start a second
-    run. SIGTERM (SLURM's time limit): Lightning's SIGTERMException ended it with status 0.
-    Both end the run KILLED, leave no folder, and exit 130 or 143."""
+    run. SIGTERM (SLURM's time limit): Lightning's SIGTERMException ended it with status 0;
+    before the fit (its run made, its Trainer not yet), SIGTERM's default action ended the
+    process with the run RUNNING. All end the run KILLED, leave no folder, and exit 130
+    or 143."""
     import signal
 
     import mlflow
@@ -801,13 +803,27 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
         os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler notes it, the loop stops
         return step(self, batch, batch_idx)
 
-    monkeypatch.setattr(classifier, "training_step", interrupted)
+    build_trainer = glue_module._trainer
+
+    def terminated_first(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the MLflow run exists, no Lightning handler
+        return build_trainer(*args, **kwargs)
+
+    if stop == "sigterm-before-fit":
+        monkeypatch.setattr(glue_module, "_trainer", terminated_first)
+    else:
+        monkeypatch.setattr(classifier, "training_step", interrupted)
     glue = _tiny_sst2(tmp_path / "glue")
     runs = tmp_path / "runs"
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
             str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
             "--name", f"stopped-{stop}"]  # fmt: skip
+
+    def unhandled(signum, frame):  # where cofr has no handler: its process would die
+        pytest.fail("SIGTERM reached a point where cofr finetune glue does not handle it")
+
+    signal.signal(signal.SIGTERM, unhandled)
     try:
         status = cofr(args)
     except KeyboardInterrupt:  # not pytest's to stop on

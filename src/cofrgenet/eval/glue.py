@@ -44,6 +44,7 @@ from cofrgenet.eval.glue_data import (
 )
 from cofrgenet.eval.paths import results_json
 from cofrgenet.hub import offline_unless_reachable
+from cofrgenet.signals import sigterm_raises
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -658,38 +659,46 @@ def finetune(
     )
     if mlflow:  # before the run folder: a store that cannot be used leaves nothing behind
         check_tracking_uri(uri, fix="fix --tracking-uri, or pass --no-mlflow")
-    run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
-
     sizes = {"train_examples": len(train), **{f"dev_examples.{k}": len(v) for k, v in dev.items()}}
-    logger: Any = False
-    if mlflow:
-        logger = _mlflow_logger(
-            experiment, run_dir, uri, ckpt, loaded, data, config, sizes, max_length, command_line
-        )
     steps_per_epoch = max(1, math.ceil(len(train) / config.batch_size))
-    trainer = _trainer(config, accelerator, precision, progress, logger, run_dir, steps_per_epoch)
-    try:
-        trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
-        if module.validated_at != trainer.global_step:  # stopped by max_steps meanwhile
-            trainer.validate(module, dataloaders=dev_loaders, verbose=False)
-    except SystemExit as stopped:
-        # Lightning ends a fit that Ctrl-C reached with sys.exit(1), and one that SIGTERM
-        # reached (SLURM's time limit, scancel) with its SIGTERMException, status 0; the
-        # run FAILED or FINISHED with the scores of a part of the training. It is KILLED,
-        # the folder it made and left empty goes, and the signal's status follows.
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
+    logger: Any = False
+    run_dir: Path | None = None
+    # SIGTERM raises from the run folder's making on, outside the fit too (Lightning
+    # raises its own inside): its default action would leave the MLflow run RUNNING.
+    with sigterm_raises(_sigterm_exception):
+        try:
+            run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
+            if mlflow:
+                logger = _mlflow_logger(
+                    experiment, run_dir, uri, ckpt, loaded, data, config, sizes, max_length,
+                    command_line,
+                )  # fmt: skip
+            trainer = _trainer(
+                config, accelerator, precision, progress, logger, run_dir, steps_per_epoch
+            )
+            trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
+            if module.validated_at != trainer.global_step:  # stopped by max_steps meanwhile
+                trainer.validate(module, dataloaders=dev_loaders, verbose=False)
+        except SystemExit as stopped:
+            # Lightning ends a fit that Ctrl-C reached with sys.exit(1), and one that
+            # SIGTERM reached (SLURM's time limit, scancel) with its SIGTERMException,
+            # status 0; the run FAILED or FINISHED with the scores of a part of the
+            # training. It is KILLED, the folder it made and left empty goes, and the
+            # signal's status follows.
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        sigterm = isinstance(stopped, SIGTERMException)
-        if not sigterm and not isinstance(stopped.__context__, KeyboardInterrupt):
-            raise
-        if mlflow:
-            logger.experiment.set_terminated(logger.run_id, "KILLED")
-        with contextlib.suppress(OSError):
-            run_dir.rmdir()
-        if sigterm:
-            print("cofr finetune glue: stopped by SIGTERM: nothing scored", file=sys.stderr)
-            raise SystemExit(128 + signal.SIGTERM) from None
-        raise KeyboardInterrupt from None
+            sigterm = isinstance(stopped, SIGTERMException)
+            if not sigterm and not isinstance(stopped.__context__, KeyboardInterrupt):
+                raise
+            if logger is not False:
+                logger.experiment.set_terminated(logger.run_id, "KILLED")
+            if run_dir is not None:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
+            if sigterm:
+                print("cofr finetune glue: stopped by SIGTERM: nothing scored", file=sys.stderr)
+                raise SystemExit(128 + signal.SIGTERM) from None
+            raise KeyboardInterrupt from None
 
     metrics = dev_metrics(task, module.results)
     warnings = data.warnings() + early
@@ -780,6 +789,13 @@ def _mlflow_logger(
     }
     logger.log_hyperparams(flatten(params))
     return logger
+
+
+def _sigterm_exception() -> BaseException:
+    """What SIGTERM raises outside the fit: the SIGTERMException Lightning raises inside."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    return SIGTERMException(128 + signal.SIGTERM)
 
 
 def _trainer(

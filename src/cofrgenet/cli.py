@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cofrgenet import package_version
-from cofrgenet.environment import env_flag
+from cofrgenet.environment import debug_requested
 from cofrgenet.errors import (
     OneLineErrorParser,
     UserError,
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     argv = [word for word in argv if word != "--debug"]
     try:
-        debug = debug_from_environment() or debug  # a bad COFR_DEBUG: one line
+        debug = debug_requested() or debug  # a bad COFR_DEBUG: one line
         with _own_warnings_in_one_line(debug):
             return _run(argv)
     except KeyboardInterrupt:  # before a command's own handler (fit's) is in place
@@ -255,12 +255,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-
-
-def debug_from_environment() -> bool:
-    """Whether ``COFR_DEBUG`` asks for tracebacks (:func:`cofrgenet.environment.env_flag`:
-    COFR_DEBUG=false leaves them off, a value that is neither yes nor no is an error)."""
-    return env_flag("COFR_DEBUG", False)
 
 
 def _command_words(argv: list[str]) -> str:

@@ -34,3 +34,15 @@ def env_flag(name: str, default: bool) -> bool:
         f"environment variable {name}={text!r} is not a yes or no: set it to 1, true, yes "
         f"or on, or to 0, false, no or off (unset or empty: {'on' if default else 'off'})"
     )
+
+
+def debug_requested(strict: bool = True) -> bool:
+    """Whether ``COFR_DEBUG`` asks for tracebacks (:func:`env_flag`: COFR_DEBUG=false
+    leaves them off). A value that is neither yes nor no is an error, unless ``strict``
+    is False (a check deep in a run, after ``cofr`` refused it at its start): then no."""
+    try:
+        return env_flag("COFR_DEBUG", False)
+    except UserError:
+        if strict:
+            raise
+        return False

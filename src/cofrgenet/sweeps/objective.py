@@ -478,16 +478,13 @@ def setup_failed(error: Exception, number: int, run_dir: Path) -> Outcome:
     ``error``: retried when a service failed (:func:`service_error`). The traceback goes
     to the trial's ``error.txt``, and to the log for an error that is neither a service's
     nor the user's (a bug), or under ``COFR_DEBUG``."""
-    from cofrgenet.environment import env_flag
+    from cofrgenet.environment import debug_requested
     from cofrgenet.errors import UserError, first_line
 
     traceback_text = "".join(traceback.format_exception(error))
     with contextlib.suppress(OSError):
         (run_dir / "error.txt").write_text(traceback_text)
-    try:
-        debug = env_flag("COFR_DEBUG", False)
-    except UserError:  # a bad value: cofr said so at its start
-        debug = False
+    debug = debug_requested(strict=False)  # a bad value: cofr said so at its start
     log = logging.getLogger("cofrgenet.sweeps")
     if service_error(error):
         reason = f"{NOT_REACHED} {type(error).__name__}: {first_line(error)[:300]}"

@@ -40,3 +40,16 @@ def test_another_value_is_an_error_naming_the_variable_and_the_values(monkeypatc
     message = str(raised.value)
     assert f"COFR_TEST_FLAG={value!r}" in message
     assert "1, true, yes or on" in message and "0, false, no or off" in message
+
+
+def test_debug_requested_refuses_a_bad_value_unless_asked_not_to(monkeypatch):
+    """cofr's start refuses COFR_DEBUG=maybe; a check deep in a run (a sweep trial's set-up
+    error) reads it as no rather than fail the trial a second time for it."""
+    from cofrgenet.environment import debug_requested
+
+    monkeypatch.setenv("COFR_DEBUG", "maybe")
+    with pytest.raises(UserError, match="COFR_DEBUG='maybe' is not a yes or no"):
+        debug_requested()
+    assert debug_requested(strict=False) is False
+    monkeypatch.setenv("COFR_DEBUG", "yes")
+    assert debug_requested() is True and debug_requested(strict=False) is True

@@ -464,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
             pass
         # From here SIGTERM is only noted: the sets scored are reported, then cofr exits.
         stop.scoring = False
-        report = _report(args, loaded, results, data_dir, tasks, texts, window)
+        report = _report(args, loaded, results, data_dir, tasks, harness_tasks, texts, window)
         if stop.signum is not None:
             # Hours of scores are not thrown away with the set under way: each set
             # finished is a whole set's score, reported as a full run's are.
@@ -536,11 +536,12 @@ def _report(
     results: dict[str, dict[str, float]],
     data_dir: str,
     tasks: list[str],
+    harness_tasks: list[str],
     texts: dict[str, list[str]],
     window: int,
 ) -> dict[str, Any]:
     """The JSON report (and MLflow artifact) of ``results``: the sets of ``tasks`` scored
-    and the harness tasks'."""
+    and those of ``harness_tasks``."""
     from cofrgenet.eval.perplexity import default_stride
 
     return {
@@ -554,7 +555,7 @@ def _report(
         "data": data_sources([t for t in tasks if t in results], texts, args.split, data_dir),
         **(
             {"num_fewshot": args.num_fewshot, "include_path": args.include_path}
-            if _names(args.harness)
+            if harness_tasks
             else {}
         ),
         "limit": args.limit,

@@ -443,13 +443,13 @@ class StopOnSignal(StepBoundaries):
             return
         if self._phase == "starting":  # no step to finish: a step-0 save resumes nothing
             raise KeyboardInterrupt
+        if self.saved is not None:  # the stop is saved and on its way out: let it end
+            return
         if self._phase == "ending":  # trained: the final save finishes, then it stops
             if signal.SIGINT in self._pending:  # the second Ctrl-C
                 raise KeyboardInterrupt
             self._pending.add(signal.SIGINT)  # kept in late_signals
             print("\nCtrl-C: training is over; finishing its save (press it again to abort)")
-            return
-        if self.saved is not None:  # the stop is saved and on its way out: let it end
             return
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt

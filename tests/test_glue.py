@@ -778,16 +778,16 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert not runs.exists()
 
 
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm", "sigterm-before-fit"])
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm", "sigterm-before-fit", "ctrl-c-before-fit"])
 def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     pretrained, tmp_path, capsys, monkeypatch, stop
 ):
     """Ctrl-C: Lightning ended it with status 1, the MLflow run FAILED with the scores of
     part of the training, and an empty run folder that let the same --name start a second
-    run. SIGTERM (SLURM's time limit): Lightning's SIGTERMException ended it with status 0;
-    before the fit (its run made, its Trainer not yet), SIGTERM's default action ended the
-    process with the run RUNNING. All end the run KILLED, leave no folder, and exit 130
-    or 143."""
+    run. SIGTERM (SLURM's time limit): Lightning's SIGTERMException ended it with status 0.
+    Before the fit (its run made, its Trainer not yet), SIGTERM's default action ended the
+    process with the run RUNNING, and a Ctrl-C left it RUNNING too. All end the run
+    KILLED, leave no folder, and exit 130 or 143."""
     import signal
 
     import mlflow
@@ -800,16 +800,18 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     def interrupted(self, batch, batch_idx):
         if stop == "ctrl-c":
             raise KeyboardInterrupt
-        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler notes it, the loop stops
+        os.kill(os.getpid(), signal.SIGTERM)  # cofr's handler, which Lightning's calls, raises
         return step(self, batch, batch_idx)
 
     build_trainer = glue_module._trainer
 
     def terminated_first(*args, **kwargs):
+        if stop == "ctrl-c-before-fit":
+            raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGTERM)  # the MLflow run exists, no Lightning handler
         return build_trainer(*args, **kwargs)
 
-    if stop == "sigterm-before-fit":
+    if stop.endswith("-before-fit"):
         monkeypatch.setattr(glue_module, "_trainer", terminated_first)
     else:
         monkeypatch.setattr(classifier, "training_step", interrupted)
@@ -834,7 +836,7 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
         for signum, handler in before.items():  # Lightning leaves Ctrl-C ignored
             signal.signal(signum, handler)
     said = capsys.readouterr().err
-    if stop == "ctrl-c":
+    if stop.startswith("ctrl-c"):
         assert status == 130 and "cofr: interrupted" in said
     else:
         assert status == 143 and "stopped by SIGTERM" in said

@@ -669,26 +669,31 @@ def finetune(
         try:
             run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
             if mlflow:
-                logger = _mlflow_logger(
+                logger, params = _mlflow_logger(
                     experiment, run_dir, uri, ckpt, loaded, data, config, sizes, max_length,
                     command_line,
                 )  # fmt: skip
+                logger.log_hyperparams(params)  # makes the run: `logger` can end it
             trainer = _trainer(
                 config, accelerator, precision, progress, logger, run_dir, steps_per_epoch
             )
             trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=dev_loaders)
             if module.validated_at != trainer.global_step:  # stopped by max_steps meanwhile
                 trainer.validate(module, dataloaders=dev_loaders, verbose=False)
-        except SystemExit as stopped:
+        except (SystemExit, KeyboardInterrupt) as stopped:
             # Lightning ends a fit that Ctrl-C reached with sys.exit(1), and one that
             # SIGTERM reached (SLURM's time limit, scancel) with its SIGTERMException,
             # status 0; the run FAILED or FINISHED with the scores of a part of the
-            # training. It is KILLED, the folder it made and left empty goes, and the
-            # signal's status follows.
+            # training. Outside the fit they raise KeyboardInterrupt and (here) the
+            # SIGTERMException. The run is KILLED, the folder it made and left empty goes,
+            # and the signal's status follows.
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
             sigterm = isinstance(stopped, SIGTERMException)
-            if not sigterm and not isinstance(stopped.__context__, KeyboardInterrupt):
+            ctrl_c = isinstance(stopped, KeyboardInterrupt) or isinstance(
+                stopped.__context__, KeyboardInterrupt
+            )
+            if not (sigterm or ctrl_c):
                 raise
             if logger is not False:
                 logger.experiment.set_terminated(logger.run_id, "KILLED")
@@ -750,9 +755,10 @@ def _mlflow_logger(
     sizes: dict[str, int],
     max_length: int,
     command_line: str | None,
-) -> Any:
+) -> tuple[Any, dict[str, Any]]:
     """The fine-tuning run's MLFlowLogger, named as its folder, with the tags of a
-    pretraining run (code version, command) and its settings logged as params."""
+    pretraining run (code version, command), and its settings as params to log (which
+    makes the run)."""
     from lightning.pytorch.loggers import MLFlowLogger
 
     from cofrgenet.redact import hide_passwords
@@ -787,8 +793,7 @@ def _mlflow_logger(
         "max_length": max_length,
         **flatten(loaded.config.to_dict(), "model"),
     }
-    logger.log_hyperparams(flatten(params))
-    return logger
+    return logger, flatten(params)
 
 
 def _sigterm_exception() -> BaseException:

@@ -767,13 +767,17 @@ def test_killed_worker_trial_is_failed_and_retried_from_its_checkpoint(tiny_data
 
 
 @pytest.mark.slow
-def test_a_worker_taken_for_lost_hands_its_trial_to_the_retry(tiny_data, tmp_path):
+def test_a_worker_taken_for_lost_hands_its_trial_to_the_retry(tiny_data, tmp_path, caplog):
     """A worker fails a trial as lost while its worker, on "another host", still trains it
     (its heartbeats were refused, say), and takes the retry. The retry used to fail for
     good on the busy run folder while the first attempt trained on, unrecorded. Now the
     first worker sees within a heartbeat that its trial ended, saves and stops without
     touching the study or the MLflow run; the retry waits for the folder, resumes from
     that checkpoint and completes."""
+    import threading
+
+    from cofrgenet.training.runlock import RunLock
+
     sweep_path = write_sweep(
         tmp_path,
         n_trials=1,
@@ -791,8 +795,8 @@ def test_a_worker_taken_for_lost_hands_its_trial_to_the_retry(tiny_data, tmp_pat
     run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cofr("sweep", "run", str(sweep_path), "--no-report"),
+        proc = subprocess.Popen(  # one trial: the retry is left to the other worker
+            cofr("sweep", "run", str(sweep_path), "--no-report", "--n-trials", "1"),
             env=worker_env(COFR_TEST_SLEEP="1.5"), stdout=log, stderr=subprocess.STDOUT,
             cwd=tmp_path,
         )  # fmt: skip
@@ -807,11 +811,23 @@ def test_a_worker_taken_for_lost_hands_its_trial_to_the_retry(tiny_data, tmp_pat
             reason = "worker slurm-7_0 lost: no heartbeat for more than 60 s"
             assert st.fail_trial(storage, st.trial_id(storage, study, 0), reason, retry=True)
             assert st.retry_trial(study, lost, sweep.storage_options.max_retry) == 1
-            result = run_worker(sweep, report=False)  # that worker takes the retry
             proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
+    # The retry finds the folder held (here by this process, in the first attempt's
+    # stead: when the retry's worker gets there first is up to the machine).
+    held = RunLock(run_dir)
+    held.acquire()
+    timer = threading.Timer(2.0, held.release)
+    timer.start()
+    try:
+        with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
+            result = run_worker(sweep, report=False)  # that worker takes the retry
+    finally:
+        timer.cancel()
+        held.release()
+    assert f"trial 1: run folder {run_dir} is in use by process {os.getpid()}" in caplog.text
     out = log_path.read_text()
     assert proc.returncode == 0, out[-3000:]
     assert "trial 0 was ended by another worker, which took this one for lost" in out
@@ -1714,6 +1730,62 @@ def test_a_trial_waits_for_its_run_folder_to_be_let_go(tmp_path, caplog):
     assert busy.startswith(f"run folder {run_dir} still in use by process {os.getpid()}")
     assert busy.endswith(" after 0.5 s")
     assert wait_for_run_folder(run_dir, 0, 3) is None  # free: no wait
+    assert wait_for_run_folder(tmp_path / "not-made", 30, 3) is None  # a first attempt
+
+
+def test_a_run_folder_taken_between_the_wait_and_the_fit_is_retried(tmp_path, monkeypatch):
+    """The wait lets the folder go before cofr fit takes its lock: a process that takes
+    it in between fails the trial with RunFolderBusyError, for a retry (not for good).
+    A file system without flock leaves the wait to cofr fit's own lock and error."""
+    from cofrgenet.sweeps.objective import classify, wait_for_run_folder
+    from cofrgenet.training.runlock import RunFolderBusyError, RunLock
+
+    reason, retry, stop, status = classify(RunFolderBusyError("run folder x is in use by y"))
+    assert (reason, retry, stop, status) == (
+        "RunFolderBusyError: run folder x is in use by y", True, False, None
+    )  # fmt: skip
+
+    def no_flock(self):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(RunLock, "try_acquire", no_flock)
+    (tmp_path / "run").mkdir()
+    assert wait_for_run_folder(tmp_path / "run", 30, 3) is None
+
+
+def test_a_trial_ended_elsewhere_is_not_a_failure_of_its_worker(tmp_path, monkeypatch):
+    """Neither in the worker's run of same failures (three in a row stopped it with
+    exit 1) nor in its exit status; and one that came with a requeue (SIGUSR1 first)
+    still requeues the SLURM job, without writing to the ended trial."""
+    from cofrgenet.sweeps import worker as worker_module
+    from cofrgenet.sweeps.objective import ENDED_ELSEWHERE, Outcome, TrialContext
+
+    ended = Outcome(TrialState.FAIL, reason=ENDED_ELSEWHERE, ended_elsewhere=True)
+    same = Outcome(TrialState.FAIL, reason="ValueError: x")
+    outcomes = [(0, same), (1, ended), (2, same), (3, ended), (4, ended)]
+    assert worker_module._same_failures(outcomes) == 0
+    assert worker_module._same_failures([*outcomes, (5, same)]) == 3  # ended ones skipped
+    result = worker_module.WorkerResult(None, outcomes=[(0, ended), (1, ended)])
+    assert result.failed == [] and not result.none_completed
+
+    sweep, storage, study = _tiny_study(tmp_path)
+    ctx = TrialContext(
+        sweep=sweep, study=study, storage=storage, storage_url="", runs_dir=str(tmp_path),
+        extra={}, worker=st.Worker.current(),
+    )  # fmt: skip
+
+    def ended_then_requeued(ctx, trial):
+        tid = st.trial_id(storage, study, trial.number)
+        assert st.fail_trial(storage, tid, "worker lost", retry=True)
+        return Outcome(TrialState.RUNNING, requeue=True, stop_worker=True, ended_elsewhere=True)
+
+    asked = []
+    monkeypatch.setattr(worker_module, "run_trial", ended_then_requeued)
+    monkeypatch.setattr(worker_module, "_requeue_job", lambda worker: asked.append(worker))
+    result = worker_module.WorkerResult(study)
+    worker_module._run_trials(ctx, result, None)
+    assert result.requeued and len(asked) == 1
+    assert st.REQUEUED not in study.get_trials()[0].user_attrs
 
 
 def test_optuna_private_api_is_pinned():
@@ -2507,8 +2579,10 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
 
 def test_a_trial_ended_elsewhere_saves_stops_and_leaves_its_mlflow_run_alone(tmp_path):
     """The heartbeat's file seen at a step's end: last.ckpt is saved for the retry, the
-    fit stops, nothing is shared with the (finished) trial, and the MLflow logger's
-    finalize no longer ends the run, which the retry now trains in."""
+    fit stops without the validation Lightning runs before a requested stop, nothing is
+    shared with the (finished) trial or reported by a later validation, and neither the
+    MLflow logger's finalize nor a signal stop (mark_killed) changes the run, which the
+    retry now trains in."""
     from types import SimpleNamespace
 
     from cofrgenet.sweeps.objective import PruneAtStep
@@ -2523,7 +2597,8 @@ def test_a_trial_ended_elsewhere_saves_stops_and_leaves_its_mlflow_run_alone(tmp
     saved: list[tuple[int, Path]] = []
     trainer = SimpleNamespace(
         global_step=5, is_global_zero=True, world_size=1, should_stop=False,
-        default_root_dir=str(tmp_path), loggers=[logger],
+        default_root_dir=str(tmp_path), loggers=[logger], limit_val_batches=4,
+        sanity_checking=False, callback_metrics={"val/loss": torch.tensor(2.0)},
     )  # fmt: skip
     trainer.save_checkpoint = lambda path, **_: saved.append((trainer.global_step, Path(path)))
     callback._share = lambda key, value: pytest.fail(f"shared {key} with an ended trial")
@@ -2533,9 +2608,18 @@ def test_a_trial_ended_elsewhere_saves_stops_and_leaves_its_mlflow_run_alone(tmp
     callback.on_step_end(trainer, None)
     assert saved == [(5, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
     assert (callback.ended_at, callback.requeued_at) == (5, None)
+    assert trainer.limit_val_batches == 0  # Lightning validates before a stop otherwise
+    callback._trial = SimpleNamespace(
+        report=lambda *a: pytest.fail("reported to an ended trial"), should_prune=lambda: False
+    )
+    callback.on_validation_end(trainer, None)
+    assert callback.last_step is None
+    logger.mark_killed(5)  # a SIGTERM on the way out
     logger.finalize("success")
-    # The run's status is the retry's (a finalize would have made it FINISHED).
-    assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
+    # The run's status is the retry's (a finalize would have made it FINISHED, a signal
+    # stop KILLED with a stopped-at tag).
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "RUNNING" and "cofr.stopped_at_step" not in run.data.tags
 
 
 def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
@@ -2704,14 +2788,15 @@ def test_a_non_finite_objective_is_a_point_failure_like_a_nan_training_loss(tmp_
 
     ctx = SimpleNamespace(
         sweep=SimpleNamespace(objective=SimpleNamespace(metric="val/loss")),
-        ended_elsewhere=lambda: False,
+        trial_ended=lambda number: False,
     )
     outcomes = []
     for number, value in enumerate([float("nan"), float("inf"), float("nan")]):
         trainer = SimpleNamespace(global_step=6, callback_metrics={"val/loss": torch.tensor(value)})
         callback = SimpleNamespace(
-            requeued_at=None, pruned_at=None, ended_at=None, last_step=6, last_value=value
-        )
+            number=number, requeued_at=None, pruned_at=None, ended_at=None, last_step=6,
+            last_value=value,
+        )  # fmt: skip
         outcome = _fit_outcome(ctx, None, SimpleNamespace(trainer=trainer), callback, tmp_path)
         assert outcome.state == TrialState.FAIL and outcome.reason.startswith(POINT_FAILURES)
         assert "val/loss is" in outcome.reason and "at step 6" in outcome.reason

@@ -150,9 +150,11 @@ class PruneAtStep(StepBoundaries):
     _remote = False
 
     def _share(self, key: str, value: Any) -> None:
-        """In a spawned rank, leave what the worker must know in the trial's attributes."""
+        """In a spawned rank, leave what the worker must know in the trial's attributes
+        (not in one another worker ended: its worker learns that from the storage)."""
         if self._remote:
-            self.trial.set_user_attr(key, value)
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                self.trial.set_user_attr(key, value)
 
     def recover(self, storage: optuna.storages.BaseStorage, study: optuna.Study) -> None:
         """After a ``ddp_spawn`` fit: read back what rank 0 decided in its process."""
@@ -177,10 +179,12 @@ class PruneAtStep(StepBoundaries):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.start_step = trainer.global_step
         if trainer.is_global_zero and trainer.global_step > 0:
-            self.trial.set_user_attr(st.RESUMED, int(trainer.global_step))
+            # A trial another worker ended meanwhile trains until its heartbeat says so.
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                self.trial.set_user_attr(st.RESUMED, int(trainer.global_step))
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or self.ended_at is not None:
             return
         metric = trainer.callback_metrics.get(self.monitor)
         step = trainer.global_step
@@ -233,6 +237,9 @@ class PruneAtStep(StepBoundaries):
         folder = Path(trainer.default_root_dir) / "checkpoints"
         trainer.save_checkpoint(folder / "last.ckpt", weights_only=False)
         trainer.should_stop = True
+        # Lightning validates before a requested stop: minutes of SLURM's warning, or of
+        # the retry's wait, for scores the resumed trial measures again.
+        trainer.limit_val_batches = 0
         if ended:  # the trial is its retry's now, and so is its MLflow run
             self.ended_at = trainer.global_step
             for logger in trainer.loggers:
@@ -291,9 +298,16 @@ class TrialContext:
     #: :class:`~cofrgenet.sweeps.storage.Heartbeat`); the fit polls it.
     ended_file: Path | None = None
 
-    def ended_elsewhere(self) -> bool:
-        """Whether the training trial's heartbeat found it ended by another worker."""
-        return self.ended_file is not None and self.ended_file.exists()
+    def trial_ended(self, number: int) -> bool:
+        """Whether another worker ended trial ``number`` (which this one trains): its
+        heartbeat said so (``ended_file``), or the storage says so now. False when the
+        storage cannot be read: the worker's own tell finds out then."""
+        if self.ended_file is not None and self.ended_file.exists():
+            return True
+        try:
+            return st.frozen_trial(self.storage, self.study, number).state.is_finished()
+        except Exception:
+            return False
 
 
 def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> Path | None:
@@ -360,6 +374,8 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         return f"worker interrupted during the trial ({text})", True, True, status
     if isinstance(error, NonFiniteLossError):
         return f"{NON_FINITE} {error}", False, False, None
+    if isinstance(error, RunFolderBusyError):  # taken between the wait and the fit's lock
+        return text, True, False, None
     if is_out_of_memory(error):
         return f"out of memory: {error}", False, False, None
     return text, False, False, None
@@ -414,9 +430,18 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         "params": params,
     }
     try:
+        # Before the folder or the MLflow run is touched: an earlier attempt taken for
+        # lost may still train there. SLURM's SIGTERM may come during a wait of minutes.
+        with _sigterm_raises():
+            busy = wait_for_run_folder(run_dir, sweep.storage_options.grace_period, trial.number)
+    except (KeyboardInterrupt, SystemExit) as exc:  # SIGTERMException is a SystemExit
+        return failed_outcome(exc, run_dir)
+    if busy is not None:
+        return Outcome(TrialState.FAIL, reason=busy, retry=True, run_dir=run_dir)
+    try:
         _claim_folder(run_dir, identity)
-    except RunFolderBusyError as busy:
-        return Outcome(TrialState.FAIL, reason=str(busy))
+    except RunFolderBusyError as busy_error:
+        return Outcome(TrialState.FAIL, reason=str(busy_error))
 
     child: list[str] = []  # the trial's MLflow run, once made
     try:
@@ -429,7 +454,9 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                 raise
             # Left to the worker, it would die with the trial RUNNING until taken for lost.
             outcome = setup_failed(exc, trial.number, run_dir)
-    if ctx.ended_elsewhere():  # the MLflow run is the retry's now
+    # Read from the storage, not only the heartbeat's last look: a trial ended since
+    # then must not have its run, the retry's now, ended here.
+    if outcome.ended_elsewhere or ctx.trial_ended(trial.number):
         if not outcome.ended_elsewhere:  # it ended here too: a signal, an error
             outcome.reason = "; ".join(filter(None, [outcome.reason, ENDED_ELSEWHERE]))
             outcome.ended_elsewhere = True
@@ -624,9 +651,6 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
         ended_file=str(ctx.ended_file) if ctx.ended_file else None,
     )
     args = ["fit", *args]
-    busy = wait_for_run_folder(run_dir, ctx.sweep.storage_options.grace_period, trial.number)
-    if busy is not None:
-        return Outcome(TrialState.FAIL, reason=busy, retry=True, run_dir=run_dir)
     if checkpoints.candidates(run_dir):  # any: a kill may come between two saves
         args += ["--ckpt_path", "last"]
     cli = None
@@ -667,7 +691,12 @@ def wait_for_run_folder(run_dir: Path, timeout: float, number: int) -> str | Non
     lock = RunLock(run_dir)
     deadline = time.monotonic() + timeout
     said = False
-    while not lock.try_acquire():
+    while True:
+        try:
+            if lock.try_acquire():
+                break
+        except OSError:  # no flock here: cofr fit's own lock says what is wrong
+            return None
         holder = lock.describe_holder()
         if time.monotonic() >= deadline:
             return f"run folder {run_dir} still in use by {holder} after {timeout:g} s"
@@ -714,10 +743,10 @@ def _fit_outcome(
     trainer, metric_name = cli.trainer, ctx.sweep.objective.metric
     # Under ddp_spawn the main process's trainer does not see the ranks' step.
     final_step = max(trainer.global_step, callback.last_step or 0)
-    if callback.ended_at is not None or ctx.ended_elsewhere():
+    if callback.ended_at is not None:
         return Outcome(
             TrialState.FAIL,
-            reason=f"{ENDED_ELSEWHERE}; stopped at step {final_step}, saved for its retry",
+            reason=f"{ENDED_ELSEWHERE}; stopped at step {callback.ended_at}, saved for its retry",
             run_dir=run_dir,
             ended_elsewhere=True,
         )
@@ -737,6 +766,9 @@ def _fit_outcome(
             reason=_prune_reason(ctx, callback.pruned_at, callback.last_value),
             run_dir=run_dir,
         )
+    if ctx.trial_ended(callback.number):  # the retry measures the checkpoint: not here
+        reason = f"{ENDED_ELSEWHERE}; its fit had ended at step {final_step}"
+        return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir, ended_elsewhere=True)
     logged = dict(trainer.callback_metrics)
     if callback.last_step != final_step:
         # The last validation was before the end: measure the final model. It resets the

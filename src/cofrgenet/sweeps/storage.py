@@ -594,16 +594,16 @@ class Heartbeat:
         else:
             self.storage.set_trial_user_attr(self.trial_id, HEARTBEAT, time.time())
 
-    def ended_elsewhere(self) -> bool:
-        """Whether the trial is finished in the storage (this worker never finishes it
-        while the heartbeat runs)."""
+    def trial_finished(self) -> bool:
+        """Whether the trial is finished in the storage: by another worker, since this one
+        never finishes it while the heartbeat runs."""
         return self.storage.get_trial(self.trial_id).state.is_finished()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
                 self.beat()
-                ended = self.ended_elsewhere()
+                ended = self.trial_finished()
             except optuna.exceptions.UpdateFinishedTrialError:
                 ended = True
             except Exception as error:  # a flaky database must not kill the training
@@ -616,8 +616,8 @@ class Heartbeat:
     def _mark_ended(self) -> None:
         log.warning(
             f"trial {self.number} was ended by another worker, which took this one for "
-            "lost: this worker saves its checkpoint and stops the fit, and the trial's "
-            "retry resumes from it"
+            "lost: this worker saves its checkpoint and stops the fit; the trial's retry, "
+            "if it has one, resumes from it"
         )
         if self.ended_file is not None:
             try:

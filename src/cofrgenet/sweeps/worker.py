@@ -706,7 +706,9 @@ def run_worker(
         mlflow_client=client,
         parent_run_id=parent,
         stop_file=stop_file,
-        ended_file=stop_file.with_suffix(".ended"),
+        # This process's own: two workers of one worker id (one SLURM job) must not stop
+        # each other's fits.
+        ended_file=folder / "workers" / f"{worker.host}-{worker.pid}.ended",
         run_mlflow=bool(get_dotted(probe, "run.mlflow", True)),
         track=mlflow,
     )
@@ -891,13 +893,14 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
         with st.Heartbeat(storage, study, trial.number, interval, ctx.ended_file):
             outcome = run_trial(ctx, trial)
         result.outcomes.append((trial.number, outcome))
-        if outcome.ended_elsewhere:
-            pass  # the trial and its MLflow run are its retry's: nothing to record
-        elif outcome.requeue:
-            trial.set_user_attr(st.REQUEUED, time.time())
+        if outcome.requeue:
+            if not outcome.ended_elsewhere:  # a finished trial takes no attributes
+                trial.set_user_attr(st.REQUEUED, time.time())
             result.requeued = True
             result.not_requeued = _requeue_job(worker)
             return
+        if outcome.ended_elsewhere:
+            pass  # the trial and its MLflow run are its retry's: nothing to record
         elif not _tell(study, storage, trial, outcome, sweep):
             outcome.reason = "; ".join(
                 filter(None, [outcome.reason, "not recorded: another worker ended it first"])
@@ -950,6 +953,8 @@ def _same_failures(outcomes: list[tuple[int, Outcome]]) -> int:
     count = 0
     latest = failure_kind(outcomes[-1][1].reason) if outcomes else ""
     for _, outcome in reversed(outcomes):
+        if outcome.ended_elsewhere:  # another worker's doing, not a failure here
+            continue
         reason = outcome.reason or ""
         if outcome.state != TrialState.FAIL or reason.startswith(POINT_FAILURES):
             break

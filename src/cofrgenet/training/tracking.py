@@ -178,19 +178,22 @@ class CofrMLFlowLogger(MLFlowLogger):
         self.experiment.log_batch(self.run_id, tags=tags)
 
     _killed = False
+    _handed_over = False
 
     def mark_killed(self, step: int) -> None:
         """The run was stopped by a signal after ``step``: end it as KILLED, not FAILED,
         with that step as a tag (:data:`STOPPED_AT_TAG`); its last logged step lags by up
         to ``log_every_n_steps``. KILLED is written now, not at :meth:`finalize`: a second
         SIGTERM on the way out (SLURM's, a user's) ended the process before that, and the
-        run stayed RUNNING."""
+        run stayed RUNNING. Nothing once the run is handed over (:meth:`hand_over`)."""
+        if self._handed_over:
+            return
         self._killed = True
         self._tag_stopped_at(step)
 
     def mark_going_on(self) -> None:
         """Take back :meth:`mark_killed`: the run went on (a requeue that did not come)."""
-        if self._killed:
+        if self._killed and not self._handed_over:
             self._killed = False
             if not self.evaluation:
                 self._mark_running()
@@ -211,11 +214,10 @@ class CofrMLFlowLogger(MLFlowLogger):
             self.experiment.set_tag(self.run_id, STOPPED_AT_TAG, str(step))
             self.experiment.update_run(self.run_id, status="KILLED")
 
-    _handed_over = False
-
     def hand_over(self) -> None:
         """Another process takes the run over (a sweep trial's retry, which resumes this
-        fit's checkpoint): :meth:`finalize` leaves the run's status to it."""
+        fit's checkpoint): from now on the run's status is its to set, and neither
+        :meth:`finalize` nor a signal stop (:meth:`mark_killed`) changes it here."""
         self._handed_over = True
 
     @rank_zero_only

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cofrgenet import cli
-from cofrgenet.errors import ConfigError, UserError, did_you_mean
+from cofrgenet.errors import did_you_mean
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "conf" / "experiment" / "demo-gpt2.yaml")
@@ -87,12 +87,17 @@ def test_missing_data_and_bad_arguments_of_other_commands(capsys, tmp_path):
     assert "`cofr data prepare --help` lists the options" in line
 
 
-def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
-    with pytest.raises(UserError):
-        cli.main(["--debug", "data", "prepare", "--vocab-size", "x"])
+def test_debug_shows_the_traceback_and_keeps_the_status(capsys, tmp_path, monkeypatch):
+    """The traceback above the one-line error; the exit status stays the error's (2), as
+    without --debug (it was 1, Python's for an uncaught exception)."""
+    assert cli.main(["--debug", "data", "prepare", "--vocab-size", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "UserError" in err
+    assert err.splitlines()[-1].startswith("cofr data prepare: error: argument --vocab-size")
     monkeypatch.setenv("COFR_DEBUG", "1")
-    with pytest.raises(ConfigError, match="max_stepz"):
-        cli.main(["fit", "--config", DEMO, "--trainer.max_stepz", "3"])
+    assert cli.main(["fit", "--config", DEMO, "--trainer.max_stepz", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ConfigError" in err and "max_stepz" in err.splitlines()[-1]
 
 
 def test_cofr_debug_set_to_a_no_leaves_debugging_off(capsys, monkeypatch):
@@ -103,8 +108,8 @@ def test_cofr_debug_set_to_a_no_leaves_debugging_off(capsys, monkeypatch):
         assert "argument --vocab-size: expected an int" in line, off
     for on in ("1", "true", "yes", "on"):
         monkeypatch.setenv("COFR_DEBUG", on)
-        with pytest.raises(UserError):
-            cli.main(["data", "prepare", "--vocab-size", "x"])
+        assert cli.main(["data", "prepare", "--vocab-size", "x"]) == 2
+        assert "Traceback" in capsys.readouterr().err, on
 
 
 def test_cofr_debug_neither_yes_nor_no_is_a_one_line_error(capsys, monkeypatch):
@@ -113,8 +118,9 @@ def test_cofr_debug_neither_yes_nor_no_is_a_one_line_error(capsys, monkeypatch):
     line = one_line_error(capsys, ["data", "prepare", "--vocab-size", "x"])
     assert line.startswith("cofr data prepare: error: environment variable COFR_DEBUG='maybe'")
     assert "1, true, yes or on" in line
-    with pytest.raises(UserError, match="COFR_DEBUG='maybe'"):  # --debug: its traceback
-        cli.main(["--debug", "data", "prepare", "--vocab-size", "x"])
+    assert cli.main(["--debug", "data", "prepare", "--vocab-size", "x"]) == 2
+    err = capsys.readouterr().err  # --debug: its traceback too
+    assert "Traceback" in err and "COFR_DEBUG='maybe'" in err.splitlines()[-1]
 
 
 def test_programming_errors_keep_their_traceback(monkeypatch):
@@ -275,3 +281,15 @@ def test_fit_takes_ckpt_for_its_ckpt_path(capsys):
         cli.main(["validate", "--config", DEMO, "--ckpt", "x.ckpt", "--print_config"])
     assert stop.value.code == 0
     assert "ckpt_path: x.ckpt" in capsys.readouterr().out
+
+
+def test_python_dash_m_cofrgenet_runs_cofr():
+    """``python -m cofrgenet`` said the package cannot be executed directly."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cofrgenet", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: cofr ")

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Errors in what the user gave (:class:`cofrgenet.errors.UserError`) print one line,
     ``cofr <command>: error: ...``, and return their status (2); ``--debug`` anywhere on the
-    command line, or ``COFR_DEBUG=1``, shows their traceback instead.
+    command line, or ``COFR_DEBUG=1``, shows their traceback above it (same status).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -241,8 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cofr: interrupted", file=sys.stderr)
         return 130
     except UserError as error:
-        if debug:
-            raise
+        if debug:  # the traceback, and the status the error has without --debug
+            traceback.print_exc()
         print(f"{_command_words(argv)}: error: {error}", file=sys.stderr)
         return error.exit_status
     except Exception as error:

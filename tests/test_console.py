@@ -69,12 +69,18 @@ def test_progress_bar_metrics_have_short_names():
 def test_summary_lines(tmp_path):
     from types import SimpleNamespace
 
-    trainer = SimpleNamespace(default_root_dir=str(tmp_path), global_step=7, loggers=[])
+    trainer = SimpleNamespace(
+        default_root_dir=str(tmp_path), global_step=7, loggers=[], fast_dev_run=False
+    )
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
     assert summary_lines(trainer) == [
         f"run folder: {tmp_path}",
         f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'} (step 7)",
+    ]
+    trainer.fast_dev_run = 1  # its folder goes: not named as the run's
+    assert summary_lines(trainer) == [
+        f"fast_dev_run: nothing saved or logged; {tmp_path} is not kept as a run"
     ]
 
 
@@ -94,6 +100,26 @@ def test_the_model_report_replaces_lightnings_summary(caplog):
         ModelReport().on_fit_start(trainer, module)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "ladder" in text and "FLOPs per token (analytic" in text and "training " in text
+
+
+def test_the_model_report_counts_flops_at_the_length_trained(caplog):
+    """data.block_size 16 on a model of block 32: the line said "sequence 32", while
+    perf/mfu counted 16 tokens a sequence."""
+    from types import SimpleNamespace
+
+    import lightning as L
+
+    from cofrgenet.training.console import ModelReport
+    from cofrgenet.training.module import LanguageModel
+
+    module = LanguageModel("gpt2-tiny-f")
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, accelerator="cpu")
+    trainer.datamodule = SimpleNamespace(block_size=16)  # as Lightning sets it in fit
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        ModelReport().on_fit_start(trainer, module)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert module.model_config.block_size != 16
+    assert "sequence 16): forward" in text
 
 
 def test_the_training_bar_counts_optimizer_steps_over_the_whole_fit():
@@ -157,8 +183,9 @@ def test_the_run_summary_ends_with_its_notes(caplog, tmp_path):
     summary = RunSummary(notes)
     notes.append("note: this run started from scratch")  # added after the callback was made
     trainer = SimpleNamespace(
-        default_root_dir=str(tmp_path), global_step=3, loggers=[], progress_bar_callback=None
-    )
+        default_root_dir=str(tmp_path), global_step=3, loggers=[], progress_bar_callback=None,
+        fast_dev_run=False,
+    )  # fmt: skip
     with caplog.at_level(logging.INFO):
         summary.on_fit_end(trainer, None)
     lines = caplog.text.strip().splitlines()
@@ -204,8 +231,9 @@ def test_the_summary_names_the_store_cofr_ui_must_serve(tmp_path, monkeypatch):
         store_uri = tracking_uri(RunConfig(runs_dir="my runs"))
 
     trainer = SimpleNamespace(
-        default_root_dir=str(tmp_path), global_step=0, loggers=[object.__new__(Logged)]
-    )
+        default_root_dir=str(tmp_path), global_step=0, loggers=[object.__new__(Logged)],
+        fast_dev_run=False,
+    )  # fmt: skip
     assert summary_lines(trainer)[-1] == (
         "MLflow run: abc (experiment 'exp'), browse it with `cofr ui --runs-dir 'my runs'`"
     )

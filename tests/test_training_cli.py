@@ -1256,8 +1256,11 @@ def test_fit_help_gives_cofr_meanings(capsys):
         ),
         (["--seed_everything", "4294967296"], r"^seed_everything must be in \[0, 4294967295\]"),
         (["--model.config.n_head", "3"], r"n_embd \(64\) must be a multiple of n_head \(3\)"),
-        (["--model.optimizer.lr", "-1"], "optimizer.lr must be positive"),
-        (["--model.optimizer", '{"betas": [0.9, 1.5]}'], r"optimizer.betas must be two .*\[0, 1\)"),
+        (["--model.optimizer.lr", "-1"], "^model.optimizer.lr must be positive"),
+        (
+            ["--model.optimizer", '{"betas": [0.9, 1.5]}'],
+            r"^model.optimizer.betas must be two .*\[0, 1\)",
+        ),
         (["--trainer.gradient_clip_algorithm", "nrm"], "trainer: `gradient_clip_algorithm` nrm"),
         (["--trainer.max_steps", "0"], "trainer.max_steps must be >= 1"),
         (["--trainer.max_steps", "-5"], "trainer: `max_steps` must be"),
@@ -1578,6 +1581,12 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
         f"note: this run started from scratch: --ckpt_path last found no "
         f"{tmp_path / 'runs' / 'test' / 'frist'} (did you mean 'first'?)"
     ]
+    # A typo in the experiment: the run of that name in another experiment is named.
+    typo = ["--run.name", "first", "--run.experiment", "tset", "--ckpt_path", "last"]
+    with pytest.warns(UserWarning, match=r"tset/first does not exist") as said:
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *steps, *typo))
+    first = tmp_path / "runs" / "test" / "first"
+    assert f"(did you mean --run.experiment 'test'? {first} exists)" in str(said[0].message)
 
 
 def test_a_first_slurm_start_is_not_taken_for_a_typo(tiny_data, tmp_path, monkeypatch):
@@ -2168,6 +2177,38 @@ def test_a_start_refused_once_the_data_loaded_can_be_started_again(
     assert cli.trainer.global_step == 2
     # The refused starts' MLflow runs stay (FAILED, with their config), the new one trained.
     assert sorted(mlflow_runs(tmp_path / "runs").status) == ["FAILED", "FAILED", "FINISHED"]
+    # A folder that was there before (the user's, with notes): what the refused start
+    # wrote goes, the folder and its notes stay, and the fixed command starts the run
+    # (it was refused: "belongs to MLflow run ..., which has no checkpoint left").
+    mine = tmp_path / "runs" / "test" / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("lr sweep, take 2\n")
+    run[1] = "mine"
+    with pytest.raises(ConfigError, match=r"^trainer.val_check_interval is 100000 batches, but"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *run, *too_long))
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    cli = CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "--trainer.val_check_interval", "2"))
+    assert cli.trainer.global_step == 2 and (mine / "notes.txt").exists()
+
+
+def test_a_fast_dev_run_leaves_no_run_behind(tiny_data, tmp_path):
+    """Lightning's fast_dev_run says "Logging and checkpointing is suppressed", but the
+    run's own last.ckpt was saved, and `--ckpt_path last` then resumed that debug folder
+    as the experiment's newest run. Now it saves nothing, and its folder goes (a folder
+    that was there keeps what it held)."""
+    from cofrgenet.training.run_store import latest_run
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "real", "--trainer.max_steps", "1"))
+    CofrCLI(
+        args=fit_args(tmp_path, tiny_data, "--run.name", "debug", "--trainer.fast_dev_run", "1")
+    )
+    experiment = tmp_path / "runs" / "test"
+    assert not (experiment / "debug").exists()
+    assert latest_run(experiment) == experiment / "real"
+    (experiment / "mine").mkdir()
+    (experiment / "mine" / "notes.txt").write_text("try fast_dev_run first\n")
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "mine", "--trainer.fast_dev_run", "1"))
+    assert sorted(p.name for p in (experiment / "mine").iterdir()) == ["notes.txt"]
 
 
 def test_ckpt_path_last_passes_over_runs_without_a_checkpoint(tmp_path):

@@ -461,6 +461,23 @@ def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
     return f"no run of experiment {run.experiment!r} in {experiment_dir} has a checkpoint: {fix}"
 
 
+def _in_another_experiment(run_dir: Path) -> str:
+    """`` (did you mean --run.experiment 'mine'? runs/mine/first exists)`` when a run of
+    ``run_dir``'s name is in another experiment's folder (the closest to the one given,
+    ``run_dir``'s parent), else ``""``: a typo in the experiment, not a first start."""
+    experiment = run_dir.parent
+    try:
+        others = [p for p in experiment.parent.iterdir() if p != experiment and p.is_dir()]
+    except OSError:  # no runs folder yet
+        return ""
+    holding = {p.name: p for p in others if (p / run_dir.name).is_dir()}
+    if not holding:
+        return ""
+    close = difflib.get_close_matches(experiment.name, list(holding), n=1, cutoff=0.0)
+    name = close[0] if close else sorted(holding)[0]
+    return f" (did you mean --run.experiment {name!r}? {holding[name] / run_dir.name} exists)"
+
+
 def _holds_only_lock(run_dir: Path) -> bool:
     return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
 
@@ -939,7 +956,9 @@ class CofrCLI(LightningCLIAdapter):
             parent = run_dir.parent
             names = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
             # A name of SLURM's (slurm-<job id>) is near its siblings' by nature: no hint.
-            hint = did_you_mean(run_dir.name, names) if run.name is not None else ""
+            hint = ""
+            if run.name is not None:
+                hint = did_you_mean(run_dir.name, names) or _in_another_experiment(run_dir)
             rank_zero_warn(
                 f"--ckpt_path last: {run_dir} does not exist, so this run starts from scratch{hint}"
             )
@@ -1046,7 +1065,12 @@ class CofrCLI(LightningCLIAdapter):
         # find nothing and warn with a hint to set ModelCheckpoint(save_last=True).
         self.config_init[self.subcommand]["ckpt_path"] = None if chosen is None else str(chosen)
 
-    _new_run_dir: Path | None = None  # the run folder this start made, if it made one
+    _start_dir: Path | None = None  # the run folder of this start (fit's)
+    #: The names the run folder held before this start; None when the start made it.
+    _found_at_start: frozenset[str] | None = None
+
+    def _written_by_this_start(self, name: str) -> bool:
+        return self._found_at_start is None or name not in self._found_at_start
 
     def run_subcommand(self, subcommand: str) -> None:
         with warnings.catch_warnings():
@@ -1056,6 +1080,9 @@ class CofrCLI(LightningCLIAdapter):
                 warnings.filterwarnings("ignore", message=re.escape(_CALLBACKS_NOT_GIVEN))
             try:
                 super().run_subcommand(subcommand)
+                if subcommand == "fit" and self.trainer.fast_dev_run:
+                    # Lightning saves and logs nothing then: the folder is no run to resume.
+                    self._forget_refused_start(trained=True)
             except UserError:
                 self._forget_refused_start()
                 raise
@@ -1070,9 +1097,11 @@ class CofrCLI(LightningCLIAdapter):
     def _fail_spawned_run(self) -> None:
         """End as FAILED the MLflow run a ddp_spawn rank made and left RUNNING when it
         refused a setting (the ranks die without finalizing their logger)."""
-        run_dir = self._new_run_dir
+        run_dir = self._start_dir
         id_file = None if run_dir is None else run_dir / RUN_ID_FILE
         if id_file is None or not id_file.is_file() or rank_zero_only.rank != 0:
+            return
+        if not self._written_by_this_start(RUN_ID_FILE):  # a resume's run: not made here
             return
         run = self.run_config()
         if not run.mlflow:
@@ -1083,31 +1112,38 @@ class CofrCLI(LightningCLIAdapter):
         with contextlib.suppress(Exception):  # the store is the rank's; nothing to lose
             client.set_terminated(id_file.read_text().strip(), status="FAILED")
 
-    def _forget_refused_start(self) -> None:
+    def _forget_refused_start(self, trained: bool = False) -> None:
         """A fit refused once the data loaded (a setting the loader shows wrong) trained
-        nothing: the run folder it made goes, so that the same command with the setting
-        fixed starts that run (its MLflow run stays, FAILED, with its config)."""
-        run_dir = self._new_run_dir
+        nothing: what it wrote in the run folder goes (the folder too, when it made it),
+        so that the same command with the setting fixed starts that run (its MLflow run
+        stays, FAILED, with its config). A folder's own files (a user's notes, an earlier
+        run's) stay. ``trained``: a ``fast_dev_run``, whose steps count for nothing."""
+        run_dir = self._start_dir
         if self.subcommand != "fit" or run_dir is None or rank_zero_only.rank != 0:
             return
+        found = self._found_at_start or frozenset()
         written = ("config.yaml", RUN_ID_FILE, LOCK_FILE)
-        others = [p for p in run_dir.iterdir() if p.name not in written]
-        if self.trainer.global_step > 0 or others:  # anything else (a checkpoint) keeps it
+        others = [p for p in run_dir.iterdir() if p.name not in (*written, *found)]
+        if (self.trainer.global_step > 0 and not trained) or others:  # (a checkpoint) keeps it
             return
+        if not any(self._written_by_this_start(name) for name in written[:2]):
+            return  # a resume that wrote nothing new
         lock = RunLock(run_dir)  # the fit let its lock go: taken again to empty the folder
         try:
             if not lock.try_acquire():  # another start has the folder now: it is its own
                 return
         except OSError:  # the folder is gone: nothing to forget
             return
-        if [p for p in run_dir.iterdir() if p.name not in written]:  # another start's since
+        if [p for p in run_dir.iterdir() if p.name not in (*written, *found)]:  # another's
             lock.release()
             return
         for name in ("config.yaml", RUN_ID_FILE):
-            (run_dir / name).unlink(missing_ok=True)
-        lock.release(remove=True)
-        with contextlib.suppress(OSError):
-            run_dir.rmdir()
+            if self._written_by_this_start(name):
+                (run_dir / name).unlink(missing_ok=True)
+        lock.release(remove=self._written_by_this_start(LOCK_FILE))
+        if self._found_at_start is None:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()
 
     def default_callbacks(
         self, run_dir: Path, run: RunConfig, configured: list[Callback]
@@ -1174,13 +1210,14 @@ class CofrCLI(LightningCLIAdapter):
             check_tracking_uri(tracking_uri(run))
         lock = RunLock(run_dir)
         new_folder = not run_dir.exists()
+        self._start_dir = run_dir
+        self._found_at_start = None if new_folder else frozenset(p.name for p in run_dir.iterdir())
         # The folders above it that this start makes (the experiment's, the runs folder).
         made_above = [p for p in run_dir.parents if not p.exists()]
         if self.subcommand == "fit" and rank_zero_only.rank == 0:
             lock.acquire()  # before anything is written: a second fit stops here
             for path in checkpoints.remove_unfinished_saves(run_dir):
                 rank_zero_info(f"removed {path.name}: a save that a killed run left unfinished")
-        self._new_run_dir = run_dir if new_folder else None
         try:
             return self._instantiate_run(run, run_dir, lock, kwargs)
         except BaseException:

@@ -218,7 +218,9 @@ class ModelReport(ModelSummary):
         model = getattr(pl_module, "model", pl_module)
         lines = [count_parameters(model).table()]
         if config is not None:
-            flops = estimate_flops_per_token(config)
+            # At the length trained (data.block_size), as perf/mfu counts them.
+            trained = getattr(trainer.datamodule, "block_size", None)
+            flops = estimate_flops_per_token(config, trained if isinstance(trained, int) else None)
             lines.append(
                 f"FLOPs per token (analytic, sequence {flops.seq_len}): forward "
                 f"{flops.forward:,}, training {flops.training:,}"
@@ -243,6 +245,8 @@ class RunSummary(L.Callback):
 
 def summary_lines(trainer: L.Trainer) -> list[str]:
     run_dir = Path(trainer.default_root_dir)
+    if trainer.fast_dev_run:
+        return [f"fast_dev_run: nothing saved or logged; {run_dir} is not kept as a run"]
     last = run_dir / "checkpoints" / "last.ckpt"
     lines = [f"run folder: {run_dir}"]
     lines.append(

@@ -54,17 +54,21 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}")
+            raise ConfigError(f"model.optimizer.lr must be positive, got {self.lr}")
         if self.warmup_steps < 0:
-            raise ConfigError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ConfigError(f"model.optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError(
+                f"model.optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"
+            )
         self.betas = tuple(self.betas)  # YAML gives a list
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
+            raise ConfigError(
+                f"model.optimizer.betas must be two numbers in [0, 1), got {self.betas}"
+            )
         if self.eps < 0 or self.weight_decay < 0:
             raise ConfigError(
-                f"optimizer.eps and optimizer.weight_decay must be >= 0, got {self.eps}, "
+                f"model.optimizer.eps and model.optimizer.weight_decay must be >= 0, got {self.eps}, "
                 f"{self.weight_decay}"
             )
 

@@ -84,7 +84,7 @@ class RunCheckpoint(ModelCheckpoint):
         """Save ``last.ckpt`` unless it was written during the running step (every rank
         follows rank 0's view of the file: the save is collective)."""
         last = self._last_path()
-        if last is None:
+        if last is None or trainer.fast_dev_run:  # a debug run saves nothing (Lightning's)
             return
         status = _file_status(last)
         written = status is not None and status != self._last_at_step_start

@@ -27,7 +27,7 @@ FORBIDDEN = {
     "export": {"sweeps", "bench"},
     "eval": {"sweeps", "bench"},
 }
-APEX = {"cli", "demo"}
+APEX = {"cli", "demo", "__main__"}  # __main__: `python -m cofrgenet`, the cli
 UTILITIES = {
     "atomic",
     "cli_cache",

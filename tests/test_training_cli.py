@@ -1716,6 +1716,8 @@ def test_an_evaluated_file_logs_onto_the_run_that_saved_it_and_leaves_its_status
     loss = float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"])
     assert history("a") == [*before["a"], (2, loss)] and history("b") == before["b"]
     assert client.get_run(ids["a"]).info.status == "KILLED"
+    CofrCLI(args=["validate", *args])  # the same scores again: no second point at step 2
+    assert history("a") == [*before["a"], (2, loss)]
 
     lone = tmp_path / "elsewhere" / "copy.ckpt"
     lone.parent.mkdir()
@@ -2293,7 +2295,8 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_pat
     assert Path(cli.datamodule.data_dir) == tmp_path / "data" / "tiny"
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     run_id = (ckpt.parent.parent / "mlflow_run_id").read_text().strip()
-    assert [m.value for m in client.get_metric_history(run_id, "val/loss")] == [fit, fit]
+    # The fit's own score at that step, the same: kept once (it was logged twice).
+    assert [m.value for m in client.get_metric_history(run_id, "val/loss")] == [fit]
     assert not (tmp_path / "elsewhere" / "runs").exists()
     (tmp_path / "data" / "tiny").rename(tmp_path / "data" / "moved")
     with pytest.raises(ConfigError, match=r"trained on the data folder 'data/tiny', not found as "):

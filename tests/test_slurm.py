@@ -436,6 +436,33 @@ def test_submit_refuses_a_database_it_cannot_reach_before_sbatch(tmp_path, monke
     )
 
 
+def test_submit_refuses_a_tracking_server_it_cannot_reach_before_sbatch(tmp_path, monkeypatch):
+    """Every task would hang on MLflow's retries after the queue's wait: submit asks the
+    tracking server first (unless --no-storage-check: only the nodes may reach it)."""
+    import dataclasses
+    import socket
+
+    import cofrgenet.sweeps.slurm as slurm
+    from cofrgenet.errors import ConfigError
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    calls = []
+    done = subprocess.CompletedProcess((), 0, stdout="8\n", stderr="")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: calls.append(a) or done)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sweep = dataclasses.replace(
+        load_sweep(SWEEPS / "tiny-cpu.yaml"), tracking_uri=f"http://127.0.0.1:{port}"
+    )
+    options = SubmitOptions(runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match=r"^no MLflow server answers at http://127\.0\.0\.1"):
+        slurm.submit(sweep, options, dry_run=False, wait=False)
+    assert calls == []
+    options.check_storage = False
+    assert slurm.submit(sweep, options, dry_run=False, wait=False)[1] == "8"
+
+
 def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypatch):
     """The script may hold the storage's password: it is written for its owner alone,
     and a second submit of the same second gets its own file (it was a FileExistsError)."""

@@ -137,6 +137,8 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"objective": {"metric": "val/loss", "direction": "minimise"}},
          "got 'minimise' (did you mean 'minimize'?)"),
         ({"space": {"c": {"choice": [1, 3]}}}, "unknown field(s) ['choice'] (did you mean 'choices'?)"),
+        ({"budget": {"step": 6}}, "budget: unknown field(s) ['step'] (did you mean 'steps'?); known"),
+        ({"storage_options": {"heartbeat_intervl": 5}}, "(did you mean 'heartbeat_interval'?)"),
         ({"sampler": {"name": "tpe", "seed": "x"}}, "sampler.seed must be a whole number"),
         # Choices that are not a list were split into their letters or keys.
         ({"space": {"c": {"choices": "13"}}}, "space.c: choices must be a list, e.g. "
@@ -204,9 +206,9 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
     parse_sweep({**good, "heatmap": ["c", "a.b"], "storage_options": {"grace_period": 121}})
 
 
-def test_storage_variables_expand_braced_names_only(monkeypatch, caplog):
+def test_storage_variables_expand_braced_names_only(monkeypatch):
     """${VAR} from the environment; a bare $ is literal (passwords); a value that is one
-    unset variable means the default (a close name that is set: a warning); an unset one
+    unset variable means the default (unless a close name is set: refused); an unset one
     inside a URL is refused where that storage is used, not when --storage replaces it."""
     good = {"study": "s", "space": {"a": [1, 2]}, "n_trials": 2}
     monkeypatch.delenv("COFR_SWEEP_STORAGE", raising=False)
@@ -217,9 +219,11 @@ def test_storage_variables_expand_braced_names_only(monkeypatch, caplog):
     assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAGE}"}).storage == (
         "postgresql://db/optuna"
     )
-    with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
-        assert parse_sweep({**good, "storage": "${COFR_SWEEP_STORAG}"}).storage is None
-    assert "(did you mean ${COFR_SWEEP_STORAGE}, which is?)" in caplog.text
+    # A close name that is set: a typo, refused (it fell back to the local default, each
+    # host's worker running a study of its own).
+    typo = parse_sweep({**good, "storage": "${COFR_SWEEP_STORAG}"})
+    with pytest.raises(SweepError, match=re.escape("(did you mean ${COFR_SWEEP_STORAGE}, wh")):
+        st.home_storage(typo)
     inside = parse_sweep({**good, "storage": "postgresql://u:${NO_SUCH_PW_X}@db/optuna"})
     with pytest.raises(SweepError, match=r"^storage: \$\{NO_SUCH_PW_X\} is not set"):
         st.home_storage(inside)
@@ -1786,6 +1790,31 @@ def test_a_trial_ended_elsewhere_is_not_a_failure_of_its_worker(tmp_path, monkey
     worker_module._run_trials(ctx, result, None)
     assert result.requeued and len(asked) == 1
     assert st.REQUEUED not in study.get_trials()[0].user_attrs
+
+
+@pytest.mark.parametrize(
+    ("uri", "said"),
+    [
+        ("htp://127.0.0.1:1", "MLflow cannot use 'htp://127.0.0.1:1'"),
+        ("http://127.0.0.1:1", "no MLflow server answers at http://127.0.0.1:1"),
+    ],
+)
+def test_a_tracking_uri_that_cannot_work_is_refused_before_the_study(
+    tiny_data, tmp_path, uri, said
+):
+    """A server that does not answer hung the worker for minutes (MLflow's client retries),
+    then a traceback; a scheme MLflow does not know, a traceback; both after the study was
+    created. Now one line, before any work, naming the fix."""
+    from cofrgenet.errors import ConfigError
+
+    overrides = {"data.data_dir": str(tiny_data)}
+    sweep = load_sweep(write_sweep(tmp_path, tracking_uri=uri, overrides=overrides))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=re.escape(said)) as refused:
+        run_worker(sweep, n_trials=1, report=False)
+    assert "fix the sweep's tracking_uri" in str(refused.value)
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "runs" / "sweeps").exists()  # no study, no journal
 
 
 def test_optuna_private_api_is_pinned():

@@ -349,6 +349,11 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
                     f"{error} (where only the compute nodes reach it: --no-storage-check)"
                 ) from None
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
+    if options.check_storage and sweep.tracking_uri:  # as every task would, after the queue
+        from cofrgenet.training.run_store import check_tracking_uri
+
+        fix = "fix the sweep's tracking_uri (where only the compute nodes reach it: "
+        check_tracking_uri(sweep.tracking_uri, fix=fix + "--no-storage-check)")
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
 

@@ -375,18 +375,17 @@ log = logging.getLogger("cofrgenet.sweeps")
 
 def _expand(value: Any, where: str) -> str | None:
     """``${VAR}`` references replaced from the environment (a bare ``$`` is literal: a
-    password may hold one). A value that is one unset variable is None (the default,
-    with a warning when a set variable has a close name: a typo?); an unset variable
-    inside a longer value is a SweepError."""
+    password may hold one). A value that is one unset variable is None (the default),
+    unless a set variable has a close name (a typo: on many hosts each worker would run
+    a study of its own on its local default); an unset variable inside a longer value is
+    a SweepError."""
     if value is None:
         return None
     text = str(value)
     for name in unset_variables(text):
         hint = close_variable_hint(name)
-        if VARIABLE.fullmatch(text.strip()) is None:
+        if VARIABLE.fullmatch(text.strip()) is None or hint:
             raise SweepError(f"{where}: ${{{name}}} is not set in the environment{hint}")
-        if hint:
-            log.warning(f"{where}: ${{{name}}} is not set: the default is used{hint}")
         return None  # the whole value is one unset variable: the default
     expanded = expand_variables(text, where)
     return expanded if expanded.strip() else None
@@ -409,7 +408,11 @@ def _options(cls: type, value: Any, where: str) -> Any:
     names = set(cls.__dataclass_fields__)
     unknown = set(value) - names
     if unknown:
-        raise SweepError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(names)}")
+        first = sorted(unknown)[0]
+        hint = did_you_mean(str(first), names)
+        raise SweepError(
+            f"{where}: unknown field(s) {sorted(unknown)}{hint}; known: {sorted(names)}"
+        )
     return cls(**value)
 
 

@@ -676,6 +676,8 @@ def run_worker(
     st.check_given_storage(storage_url, home, sweep.study)
     url = storage_url or home
     probe = _checked_trial_config(sweep, extra, mlflow)
+    if mlflow:  # before the study is made: MLflow's client retries a dead server for minutes
+        _check_tracking(sweep, runs_dir)
 
     worker = st.Worker.current()
     storage = st.open_storage(url, sweep.storage_options)
@@ -816,6 +818,17 @@ def _checked_trial_config(
         raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
     check_data_folder(sweep, probe)
     return probe
+
+
+def _check_tracking(sweep: Sweep, runs_dir: str) -> None:
+    """One line, before any work, for a tracking store MLflow cannot use or a server that
+    does not answer (:func:`~cofrgenet.training.run_store.check_tracking_uri`)."""
+    from cofrgenet.sweeps import tracking
+    from cofrgenet.training.run_store import check_tracking_uri
+
+    uri = tracking.tracking_uri(tracking.run_config(sweep, runs_dir))
+    fix = "fix the sweep's tracking_uri (or MLFLOW_TRACKING_URI), or run with --no-mlflow"
+    check_tracking_uri(uri, fix=fix)
 
 
 def _parent_run(sweep: Sweep, runs_dir: str, study: optuna.Study, url: str) -> tuple[Any, str]:

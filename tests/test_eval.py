@@ -707,6 +707,15 @@ def test_a_huge_perplexity_is_printed_in_scientific_notation(capsys):
     assert max(len(line) for line in printed.splitlines()) < 100
 
 
+def test_a_huge_harness_score_is_printed_in_scientific_notation(capsys):
+    """The harness table printed lambada's perplexity of a diverged model as 10687060398.9053."""
+    from cofrgenet.eval.cli import print_harness_results
+
+    print_harness_results({"lambada_openai": {"perplexity": 10687060398.9053, "acc": 0.25}}, "t")
+    printed = capsys.readouterr().out
+    assert "1.069e+10" in printed and "10687060398" not in printed and "0.2500" in printed
+
+
 def test_a_model_with_nan_weights_is_warned_of_and_its_json_stays_strict(
     checkpoint, tmp_path, capsys
 ):

@@ -227,7 +227,7 @@ def print_harness_results(results: dict[str, dict[str, float]], title: str) -> N
         table.add_column(column, justify="right" if column == "value" else "left", no_wrap=True)
     for name, metrics in results.items():
         for key, value in metrics.items():
-            table.add_row(name, key, f"{value:.4f}")
+            table.add_row(name, key, readable(value, ".4f"))  # a diverged ppl: 1.069e+10
     terminal.console().print(table)
 
 

@@ -929,7 +929,8 @@ def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_p
         "study anew"
     )
     assert trial.is_dir() and not list(trial.parent.glob("trial-0000.old-*"))
-    assert "tiny-cpu" not in optuna.get_all_study_names(st.open_storage(other))
+    # The journal the refused start made, empty, goes: it would pass for the study's home.
+    assert not (tmp_path / "other.journal").exists()
 
 
 def test_open_study_enqueues_the_grid_once(tmp_path):
@@ -2189,6 +2190,10 @@ def test_a_mistyped_storage_file_is_refused_when_the_study_exists_elsewhere(tmp_
     st.check_given_storage(typo, home, sweep.study)  # no study yet: a new file is fine
     st.journal_path(home).parent.mkdir(parents=True)
     st.journal_path(home).touch()
+    # An empty journal (a refused start's) holds no study: "leave out --storage" would
+    # only lead back to that refusal.
+    st.check_given_storage(typo, home, sweep.study)
+    optuna.create_study(study_name=sweep.study, storage=st.open_storage(home))
     for command in (["run", "--no-mlflow"], ["submit", "--dry-run"]):
         line = one_line_error(
             capsys, ["sweep", *command[:1], path, *command[1:], "--storage", typo]

@@ -159,11 +159,21 @@ def check_given_storage(given: str | None, home: str, study: str) -> None:
         return
     if not home_file.exists() or given_file.resolve() == home_file.resolve():
         return
+    if journal_path(home) is not None and study not in _journal_study_names(home_file):
+        return  # the study is not there either (an empty journal a refused start left)
     raise SweepError(
         f"--storage {hide_passwords(given or '')}: no such file, and study {study!r} is "
         f"stored in {home_file}: leave out --storage to go on with it, or give --study "
         "NAME to start a new study in that file"
     )
+
+
+def _journal_study_names(path: Path) -> list[str]:
+    """The studies a journal file holds ([] when it cannot be read as one)."""
+    try:
+        return optuna.get_all_study_names(JournalStorage(JournalFileBackend(str(path))))
+    except Exception:
+        return []
 
 
 def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage:

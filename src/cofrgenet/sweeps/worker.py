@@ -680,10 +680,17 @@ def run_worker(
         _check_tracking(sweep, runs_dir)
 
     worker = st.Worker.current()
+    journal = st.journal_path(url)
+    new_journal = journal is not None and not journal.exists()
     storage = st.open_storage(url, sweep.storage_options)
     folder = st.study_folder(sweep, runs_dir)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
-    check_not_stored_elsewhere(sweep, storage, url, runs_dir)
+    try:
+        check_not_stored_elsewhere(sweep, storage, url, runs_dir)
+    except SweepError:
+        if new_journal and journal.exists() and journal.stat().st_size == 0:  # made here
+            journal.unlink(missing_ok=True)
+        raise
     study, created = open_study(
         sweep,
         storage,

@@ -2046,6 +2046,35 @@ def test_lock_points_go_on_without_a_lock_where_the_file_system_has_no_flock(
     assert "(Function not implemented): writing " in warned[-1]
 
 
+def test_a_report_without_complete_trials_says_so_without_optunas_log_lines(tmp_path):
+    """Optuna logged "There are no complete trials." (and the like) beside the report's
+    own account of what each plot lacks."""
+    import logging
+
+    from cofrgenet.sweeps.report import write_report
+
+    said: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    sweep = load_sweep(ROOT / "sweeps" / "tiny-cpu.yaml")
+    study = optuna.create_study(study_name=sweep.study)
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # as in a worker
+    collect = Collect()
+    logging.getLogger("optuna").addHandler(collect)  # Optuna's own: not propagated
+    try:
+        write_report(study, sweep, tmp_path / "report")
+    finally:
+        logging.getLogger("optuna").removeHandler(collect)
+        optuna.logging.set_verbosity(before)
+    assert not [m for m in said if "complete trials" in m or "does not contain" in m], said
+    assert "no completed trial" in (tmp_path / "report" / "summary.md").read_text()
+
+
 def _report_in_child(study, sweep, out) -> None:
     from cofrgenet.sweeps.report import write_report
 

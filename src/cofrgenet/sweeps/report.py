@@ -104,7 +104,11 @@ def _optuna_plot(
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as ovm
 
+    verbosity = optuna.logging.get_verbosity()
     try:
+        # Optuna logs (not warns) "There are no complete trials." and the like: the
+        # summary says what a plot lacks.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ax = getattr(ovm, name)(study, **kwargs)
@@ -117,6 +121,8 @@ def _optuna_plot(
         return None
     except Exception as error:
         return f"{type(error).__name__}: {error}"
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def _cell(value: Any) -> str:

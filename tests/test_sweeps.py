@@ -2046,6 +2046,16 @@ def test_lock_points_go_on_without_a_lock_where_the_file_system_has_no_flock(
     assert "(Function not implemented): writing " in warned[-1]
 
 
+def test_a_set_that_does_not_parse_is_named_as_the_users(tiny_data, tmp_path):
+    """`--set data.batch_size=abc` was reported as the sweep file's error."""
+    overrides = {"data.data_dir": str(tiny_data)}
+    path = write_sweep(tmp_path, overrides=overrides)
+    with pytest.raises(SweepError) as refused:
+        run_worker(load_sweep(path), extra={"data.batch_size": "abc"}, report=False, mlflow=False)
+    assert str(refused.value).startswith(f"{path} with --set data.batch_size=abc: ")
+    assert "data.batch_size" in str(refused.value).split(": ", 1)[1]
+
+
 def test_a_report_without_complete_trials_says_so_without_optunas_log_lines(tmp_path):
     """Optuna logged "There are no complete trials." (and the like) beside the report's
     own account of what each plot lacks."""

@@ -822,7 +822,11 @@ def _checked_trial_config(
         if (warning := pruning_before_ladders(sweep, probe)) is not None:
             log.warning(warning)
     except SweepError as error:
-        raise SweepError(f"{sweep.path or sweep.study}: {error}") from None
+        where = str(sweep.path or sweep.study)
+        given = [key for key in (extra or {}) if key in str(error)]  # a --set of the user's
+        if given:
+            where += f" with --set {given[0]}={(extra or {})[given[0]]}"
+        raise SweepError(f"{where}: {error}") from None
     check_data_folder(sweep, probe)
     return probe
 

@@ -1180,3 +1180,15 @@ def test_lambada_and_harness_tags_name_a_window_other_than_the_default(tmp_path,
     assert "| 99.00 (a) |" in table
     assert "`eval/lambada/ppl` was scored in different ways" in table
     assert f"(b) {cut.split(', ', 1)[1]}" in table
+
+
+def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
+    """`cofr compare --sweep sweeps/tiny-cpu.yaml` from another folder could not read the
+    file that `cofr sweep status sweeps/tiny-cpu.yaml` finds in the checkout."""
+    from cofrgenet.errors import UserError
+    from cofrgenet.eval.compare import sweep_experiment
+
+    monkeypatch.chdir(tmp_path)
+    assert sweep_experiment("sweeps/tiny-cpu.yaml") == "tiny-cpu"
+    with pytest.raises(UserError, match="cannot read the sweep file sweeps/no-such.yaml"):
+        sweep_experiment("sweeps/no-such.yaml")

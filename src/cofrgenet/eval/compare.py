@@ -560,9 +560,12 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
 
 def sweep_experiment(path: str) -> str:
     """The MLflow experiment of a sweep file's trials: its ``experiment``, else its
-    ``study`` (as ``cofr sweep run`` names it), read without importing the sweeps."""
+    ``study`` (as ``cofr sweep run`` names it), read without importing the sweeps. The
+    file is found as ``cofr sweep`` finds it: here, else in the checkout (``sweeps/...``)."""
+    from cofrgenet.recipes import bundled
+
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.safe_load(bundled(path).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"cannot read the sweep file {path}: {error}") from None
     name = (raw or {}).get("experiment") or (raw or {}).get("study")

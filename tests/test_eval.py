@@ -1190,5 +1190,5 @@ def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     assert sweep_experiment("sweeps/tiny-cpu.yaml") == "tiny-cpu"
-    with pytest.raises(UserError, match="cannot read the sweep file sweeps/no-such.yaml"):
+    with pytest.raises(UserError, match=r"cannot read the sweep file sweeps/no-such\.yaml"):
         sweep_experiment("sweeps/no-such.yaml")

@@ -1906,6 +1906,23 @@ def test_status_and_report_refuse_a_sweep_file_with_another_objective(tmp_path, 
     assert "study 'tiny-cpu' ranks trials by val/loss, the sweep says val/ppl" in line
 
 
+def test_status_notes_a_sweep_file_that_now_trains_other_trials(tmp_path, capsys):
+    """`cofr sweep run` refuses a file whose budget or space changed since the study was
+    made; status and report showed the study's trials under it without a word."""
+    from cofrgenet import cli
+
+    sweep = load_sweep(write_sweep(tmp_path))
+    open_study(sweep, st.open_storage(st.home_storage(sweep, sweep.runs_dir)), 0)
+    same = str(write_sweep(tmp_path, "same.yaml"))
+    assert cli.main(["sweep", "status", same]) == 0
+    assert "note:" not in capsys.readouterr().err
+    edited = str(write_sweep(tmp_path, "edited.yaml", budget={"steps": 7}))
+    assert cli.main(["sweep", "status", edited]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("note: the study's trials are shown, not this file's: study ")
+    assert "budget" in err
+
+
 def test_a_study_made_from_another_version_of_the_sweep_is_refused(tmp_path):
     """Trials trained with another budget, data or space would be ranked against the
     study's: refused, naming each change. Its budget (n_trials) and sampler may change."""

@@ -297,6 +297,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         sweep = parse_sweep(raw, resolve=False)
     else:
         check_same_objective(study, sweep, f"give the study's own sweep file, or its name ({name})")
+        _note_other_trials(study, sweep)
     if st.uses_heartbeat_table(storage) and sweep.storage_options != StorageOptions():
         # Staleness by the sweep's own heartbeat interval and grace period.
         storage = st.open_storage(url, sweep.storage_options)
@@ -304,6 +305,21 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     if args.runs_dir:
         sweep.runs_dir = args.runs_dir
     return study, sweep, storage
+
+
+def _note_other_trials(study: optuna.Study, sweep: Sweep) -> None:
+    """A note when the sweep file now trains other trials than the study was made from
+    (``cofr sweep run`` refuses it): status and report show the study's trials, not the
+    file's."""
+    from cofrgenet.sweeps.worker import check_same_trials, grown_grid
+
+    stored = study.user_attrs.get("cofr.sweep")
+    if not isinstance(stored, dict) or grown_grid(sweep, stored) is not None:
+        return  # a grown grid is the study's (`run` takes it)
+    try:
+        check_same_trials(sweep, stored)
+    except SweepError as error:
+        print(f"note: the study's trials are shown, not this file's: {error}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

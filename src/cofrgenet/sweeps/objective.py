@@ -738,8 +738,9 @@ def _fit_outcome(
     callback: PruneAtStep,
     run_dir: Path,
 ) -> Outcome:
-    """How a fit that returned ended: requeued, pruned, or its objective at the last step
-    (validating the final model when the last validation came before it)."""
+    """How a fit that returned ended: handed over (another worker ended the trial),
+    requeued, pruned, or its objective at the last step (validating the final model when
+    the last validation came before it)."""
     trainer, metric_name = cli.trainer, ctx.sweep.objective.metric
     # Under ddp_spawn the main process's trainer does not see the ranks' step.
     final_step = max(trainer.global_step, callback.last_step or 0)

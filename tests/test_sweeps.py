@@ -2102,6 +2102,30 @@ def test_a_report_without_complete_trials_says_so_without_optunas_log_lines(tmp_
     assert "no completed trial" in (tmp_path / "report" / "summary.md").read_text()
 
 
+def test_the_reports_trial_table_names_retries_as_status_does():
+    """The report's table gave the fail reason only: "retried as #1" and "retry of #0",
+    which `cofr sweep status` shows, were missing."""
+    from optuna.distributions import IntDistribution
+
+    from cofrgenet.sweeps.report import summary_markdown
+
+    sweep = load_sweep(ROOT / "sweeps" / "tiny-cpu.yaml")
+    study = optuna.create_study(study_name=sweep.study)
+    point = {"params": {"x": 1}, "distributions": {"x": IntDistribution(0, 3)}}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.FAIL, user_attrs={st.FAIL_REASON: "worker lost"}, **point
+        )
+    )
+    study.add_trial(
+        optuna.trial.create_trial(value=1.5, system_attrs={"retry_history": [0]}, **point)
+    )
+    table = summary_markdown(study, sweep, {}, {}, None, {}).split("## Trials")[1]
+    rows = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
+    assert rows["FAIL"].endswith(" | worker lost; retried as #1 |")
+    assert rows["COMPLETE"].endswith(" | 1.5 | retry of #0 |")
+
+
 def _report_in_child(study, sweep, out) -> None:
     from cofrgenet.sweeps.report import write_report
 

@@ -21,6 +21,7 @@ from cofrgenet.atomic import replacing, write_text_atomic
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.objective import RUN_DIR_ATTR, trial_run_dir
 from cofrgenet.sweeps.spec import Sweep
+from cofrgenet.sweeps.status import note, retried_as
 
 
 def _savefig(figure: Any, path: Path) -> None:
@@ -194,8 +195,9 @@ def summary_markdown(
         "| # | state | " + " | ".join(k.rsplit(".", 1)[-1] for k in keys) + " | value | note |",
         "|---" * (len(keys) + 4) + "|",
     ]
+    retried = retried_as(trials)
     for t in trials:
-        why = t.user_attrs.get(st.FAIL_REASON) or t.user_attrs.get(st.PRUNE_REASON) or ""
+        why = note(t, retried, lost={})  # as cofr sweep status says it (retries too)
         if len(why) > 160:
             why = why[:157] + "..."
         lines.append(

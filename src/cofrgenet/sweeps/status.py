@@ -49,6 +49,16 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def retried_as(trials: list[FrozenTrial]) -> dict[int, int]:
+    """Attempt number -> the attempt that retries it (the next one, not the last)."""
+    retried = {}
+    for trial in trials:
+        history = trial.system_attrs.get("retry_history") or []
+        if history:
+            retried[history[-1]] = trial.number
+    return retried
+
+
 def note(trial: FrozenTrial, retried: dict[int, int], lost: dict[int, str]) -> str:
     """Why the trial is in its state: fail reason, pruning step, retries, staleness.
 
@@ -94,11 +104,7 @@ def status_table(
     shorts = [k.rsplit(".", 1)[-1] for k in keys]
     if len(set(shorts)) < len(shorts):
         shorts = keys
-    retried = {}  # attempt -> the attempt that retries it (the next, not the last)
-    for trial in trials:
-        history = trial.system_attrs.get("retry_history") or []
-        if history:
-            retried[history[-1]] = trial.number
+    retried = retried_as(trials)
     summary = st.state_counts(trials)
     try:
         best = study.best_trial

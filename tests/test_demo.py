@@ -200,3 +200,18 @@ def test_a_data_folder_of_nested_pydoc_topics_is_warned_of(tmp_path):
     demo.ensure_data(str(folder), console)
     said = " ".join(console.export_text().split())
     assert "partly training text" in said and f"--out {folder} --overwrite" in said
+
+
+def test_a_tokens_per_s_of_too_few_steps_says_how_many(tmp_path):
+    """`cofr demo --max-steps 10` logs one step's rate: the "median" column put gpt2 at
+    1,658 tokens/s beside 23,931 without saying it was one step each."""
+    from cofrgenet import demo
+
+    def result(rate: float, samples: int) -> demo.DemoResult:
+        return demo.DemoResult(
+            "r", "gpt2-mini", 1, 0, rate, 2.0, 7.4, 0.1, tmp_path, "pydoc, byte", samples
+        )
+
+    table = demo.markdown([result(1658.0, 1), result(9000.0, 2), result(9438.0, 30)])
+    assert "| 1,658 (1 step) |" in table and "| 9,000 (2 steps) |" in table
+    assert "| 9,438 |" in table

@@ -40,6 +40,19 @@ class DemoResult:
     minutes: float
     run_dir: Path
     data: str  # the data's source and tokenizer, as the run logged them
+    #: How many logged steps the tokens/s median is of (a short demo logs one or two).
+    rate_samples: int = 0
+
+    def rate(self) -> str:
+        """The tokens/s median, with its count when too few steps were logged to trust."""
+        text = _number(self.tokens_per_sec, ",.0f")
+        if 0 < self.rate_samples < MIN_RATE_SAMPLES:
+            text += f" ({self.rate_samples} step{'s' if self.rate_samples > 1 else ''})"
+        return text
+
+
+#: Below this many logged steps the tokens/s column says how many it is of.
+MIN_RATE_SAMPLES = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -172,6 +185,7 @@ def collect(run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
         parameters=int(logged.metrics["model/n_params"]),
         ladder_parameters=int(logged.metrics["model/n_params_ladder"]),
         tokens_per_sec=statistics.median(rates) if rates else float("nan"),
+        rate_samples=len(rates),
         val_loss=losses[-1] if losses else float("nan"),
         val_ppl=ppls[-1] if ppls else float("nan"),
         minutes=minutes,
@@ -205,7 +219,7 @@ def results_table(results: list[DemoResult]) -> Table:
             r.preset,
             f"{r.parameters:,}",
             f"{r.ladder_parameters:,}",
-            _number(r.tokens_per_sec, ",.0f"),
+            r.rate(),
             _number(r.val_loss, ".3f"),
             _number(r.val_ppl, ".2f"),
             f"{r.minutes:.1f}",
@@ -221,7 +235,7 @@ def markdown(results: list[DemoResult]) -> str:
     for r in results:
         lines.append(
             f"| {r.name} | {r.preset} | {r.parameters:,} | {r.ladder_parameters:,} "
-            f"| {_number(r.tokens_per_sec, ',.0f')} | {_number(r.val_loss, '.3f')} "
+            f"| {r.rate()} | {_number(r.val_loss, '.3f')} "
             f"| {_number(r.val_ppl, '.2f')} | {r.minutes:.1f} |"
         )
     return "\n".join(lines) + "\n"

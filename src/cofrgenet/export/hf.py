@@ -534,14 +534,21 @@ def _check_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> No
 # Writing -------------------------------------------------------------------------------
 
 
-def _hf_config(config: ModelConfig, eos: int | None, trained_length: int | None = None) -> Any:
-    from cofrgenet.export import hf_modeling
-
-    shorter = (  # recurrent models read any length from a zero state: nothing to crop
+def _crops_to_trained_length(config: ModelConfig, trained_length: int | None) -> bool:
+    """Whether ``generate`` reads only the last ``trained_length`` tokens: a transformer
+    trained on sequences shorter than its block (recurrent models read any length from a
+    zero state: nothing to crop)."""
+    return (
         config.arch in TRANSFORMER_ARCHS
         and trained_length is not None
         and trained_length < config.block_size
     )
+
+
+def _hf_config(config: ModelConfig, eos: int | None, trained_length: int | None = None) -> Any:
+    from cofrgenet.export import hf_modeling
+
+    shorter = _crops_to_trained_length(config, trained_length)
     return hf_modeling.CofrGeNetConfig(
         cofr=config.to_dict(),
         architectures=["CofrGeNetForCausalLM"],
@@ -723,9 +730,7 @@ print(model.generate(ids, max_new_tokens=20, do_sample=False)[0].tolist())"""
     trained = (
         f", trained at {trained_length} tokens (generate reads the last {trained_length}: "
         "later positions never trained)"
-        if config.arch in TRANSFORMER_ARCHS
-        and trained_length is not None
-        and trained_length < config.block_size
+        if _crops_to_trained_length(config, trained_length)
         else ""
     )
     text = f"""# CoFrGeNet export

@@ -39,3 +39,12 @@ def sigterm_raises(make: Callable[[], BaseException] = Terminated) -> Iterator[N
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def lightning_sigterm() -> BaseException:
+    """The SIGTERMException Lightning raises when SIGTERM stops a fit, exit status 143:
+    what SIGTERM raises outside a fit in commands that end as a fit stopped by it does
+    (``sigterm_raises(lightning_sigterm)``)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    return SIGTERMException(128 + signal.SIGTERM)

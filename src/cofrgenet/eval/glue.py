@@ -44,7 +44,7 @@ from cofrgenet.eval.glue_data import (
 )
 from cofrgenet.eval.paths import results_json
 from cofrgenet.hub import offline_unless_reachable
-from cofrgenet.signals import sigterm_raises
+from cofrgenet.signals import lightning_sigterm, sigterm_raises
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -665,7 +665,7 @@ def finetune(
     run_dir: Path | None = None
     # SIGTERM raises from the run folder's making on, outside the fit too (Lightning
     # raises its own inside): its default action would leave the MLflow run RUNNING.
-    with sigterm_raises(_sigterm_exception):
+    with sigterm_raises(lightning_sigterm):
         try:
             run_dir = _new_run_dir(runs_root / folder_name(experiment), name, pretrain_name)
             if mlflow:
@@ -794,13 +794,6 @@ def _mlflow_logger(
         **flatten(loaded.config.to_dict(), "model"),
     }
     return logger, flatten(params)
-
-
-def _sigterm_exception() -> BaseException:
-    """What SIGTERM raises outside the fit: the SIGTERMException Lightning raises inside."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    return SIGTERMException(128 + signal.SIGTERM)
 
 
 def _trainer(

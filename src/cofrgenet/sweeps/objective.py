@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import is_out_of_memory
-from cofrgenet.signals import sigterm_raises
+from cofrgenet.signals import lightning_sigterm, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
@@ -554,9 +554,7 @@ def _sigterm_raises() -> contextlib.AbstractContextManager[None]:
     first step) while a trial is set up: the config parse and the model and data building
     before the fit's own handler would otherwise end the worker with its trial RUNNING,
     no retry queued and no resume hint."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    return sigterm_raises(lambda: SIGTERMException(128 + signal.SIGTERM))
+    return sigterm_raises(lightning_sigterm)
 
 
 def _config_and_train(

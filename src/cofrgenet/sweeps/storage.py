@@ -575,9 +575,9 @@ class Heartbeat:
 
     After each beat it reads the trial's state: a trial that another worker ended (it
     took this worker for lost: a storage that refused its heartbeats for a grace period,
-    hosts whose clocks disagree) sets :attr:`ended` and touches ``ended_file``, which the
-    fit polls (:class:`~cofrgenet.sweeps.objective.PruneAtStep`) to save and stop, leaving
-    the run folder to the trial's retry. The beats stop there.
+    hosts whose clocks disagree) touches ``ended_file``, which the fit polls
+    (:class:`~cofrgenet.sweeps.objective.PruneAtStep`) to save and stop, leaving the run
+    folder to the trial's retry. The beats stop there.
     """
 
     def __init__(
@@ -593,8 +593,6 @@ class Heartbeat:
         self.trial_id = trial_id(storage, study, number)
         self.interval = max(1.0, float(interval))
         self.ended_file = ended_file
-        #: Set once the trial was found ended by another process.
-        self.ended = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cofr-heartbeat", daemon=True)
 
@@ -634,7 +632,6 @@ class Heartbeat:
                 self.ended_file.touch()
             except OSError as error:
                 log.warning(f"heartbeat: cannot write {self.ended_file}: {error}")
-        self.ended.set()  # after the file: who waits on it finds the file there
 
     def __enter__(self) -> Heartbeat:
         if self.ended_file is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import warnings
 from pathlib import Path
 
@@ -846,3 +847,48 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     experiment = client.get_experiment_by_name("glue-sst2").experiment_id
     (run,) = client.search_runs([experiment], f"attributes.run_name = 'stopped-{stop}'")
     assert run.info.status == "KILLED"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_once_scored_waits_until_the_results_are_written(
+    pretrained, tmp_path, capsys, monkeypatch, stop
+):
+    """After the final validation the MLflow run is FINISHED: a SIGTERM there ended the
+    process with no results.json, a Ctrl-C with a traceback's worth of nothing written.
+    Both now wait until the results are written, then stop (143, 130)."""
+    import mlflow
+
+    from cofrgenet.eval import glue as glue_module
+
+    scores = glue_module.dev_metrics
+
+    def signalled_first(*args, **kwargs):
+        os.kill(os.getpid(), stop)
+        return scores(*args, **kwargs)
+
+    monkeypatch.setattr(glue_module, "dev_metrics", signalled_first)
+    glue = _tiny_sst2(tmp_path / "glue")
+    runs = tmp_path / "runs"
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
+            str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
+            "--max-steps", "1", "--name", "scored"]  # fmt: skip
+    try:
+        status = cofr(args)
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt left cofr's main")
+    except SystemExit as exit:
+        status = exit.code
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    said = capsys.readouterr().err
+    assert status == (143 if stop == signal.SIGTERM else 130)
+    assert "once its results were written to" in said
+    result = json.loads((runs / "glue-sst2" / "scored" / "results.json").read_text())
+    assert set(result["metrics"]) == {"glue/sst2/accuracy"}
+    store = pretrained.parents[3] / "mlflow.db"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
+    run = client.get_run(result["run_id"])
+    assert run.info.status == "FINISHED"
+    assert "glue_results.json" in {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -41,6 +41,34 @@ def sigterm_raises(make: Callable[[], BaseException] = Terminated) -> Iterator[N
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def signals_held(*signums: int) -> Iterator[set[int]]:
+    """While inside, the first of each of ``signums`` is noted, not acted on, so that a
+    short piece of work (writing results that exist) finishes; the set yielded holds those
+    that came, for the caller to act on after. A second one of the same signal acts at
+    once: KeyboardInterrupt for SIGINT, :class:`Terminated` for SIGTERM. The handlers
+    from before are put back on leaving. Outside the main thread nothing is held."""
+    arrived: set[int] = set()
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if signum not in arrived:
+            arrived.add(signum)
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated()
+
+    previous = {signum: signal.signal(signum, note) for signum in signums}
+    try:
+        yield arrived
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def lightning_sigterm() -> BaseException:
     """The SIGTERMException Lightning raises when SIGTERM stops a fit, exit status 143:
     what SIGTERM raises outside a fit in commands that end as a fit stopped by it does

@@ -44,7 +44,7 @@ from cofrgenet.eval.glue_data import (
 )
 from cofrgenet.eval.paths import results_json
 from cofrgenet.hub import offline_unless_reachable
-from cofrgenet.signals import lightning_sigterm, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signals_held, sigterm_raises
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -705,42 +705,54 @@ def finetune(
                 raise SystemExit(128 + signal.SIGTERM) from None
             raise KeyboardInterrupt from None
 
-    metrics = dev_metrics(task, module.results)
-    warnings = data.warnings() + early
-    run_id = logger.run_id if mlflow else None
-    result: dict[str, Any] = {
-        "task": task.name,
-        "ckpt": str(ckpt),
-        "metrics": metrics,
-        "splits": module.results,
-        "steps": trainer.global_step,
-        "epochs": trainer.current_epoch,
-        "train_examples": len(train),
-        "max_length": max_length,
-        "source": data.source,
-        "config": asdict(config),
-        "pretrain_run_id": loaded.mlflow_run_id,
-        "pretrain_step": loaded.step,
-        "run_id": run_id,
-        "tracking_uri": uri if mlflow else None,
-        "experiment": experiment if mlflow else None,
-        "run_dir": str(run_dir),
-        "warnings": warnings,
-    }
-    if mlflow and loaded.foreign:
-        warnings.append(f"not logged onto the pretraining run: {loaded.foreign}")
-    if mlflow and loaded.mlflow_run_id:
-        stopped_early = trainer.global_step < config.epochs * steps_per_epoch
-        warning = _log_onto_pretraining_run(
-            loaded, config, task.name, metrics, loaded.step, run_id, stopped_early
+        # The scores exist: a SIGTERM or Ctrl-C now waits until they are written (the run
+        # is FINISHED already; a second one stops at once).
+        with signals_held(signal.SIGINT, signal.SIGTERM) as arrived:
+            metrics = dev_metrics(task, module.results)
+            warnings = data.warnings() + early
+            run_id = logger.run_id if mlflow else None
+            result: dict[str, Any] = {
+                "task": task.name,
+                "ckpt": str(ckpt),
+                "metrics": metrics,
+                "splits": module.results,
+                "steps": trainer.global_step,
+                "epochs": trainer.current_epoch,
+                "train_examples": len(train),
+                "max_length": max_length,
+                "source": data.source,
+                "config": asdict(config),
+                "pretrain_run_id": loaded.mlflow_run_id,
+                "pretrain_step": loaded.step,
+                "run_id": run_id,
+                "tracking_uri": uri if mlflow else None,
+                "experiment": experiment if mlflow else None,
+                "run_dir": str(run_dir),
+                "warnings": warnings,
+            }
+            if mlflow and loaded.foreign:
+                warnings.append(f"not logged onto the pretraining run: {loaded.foreign}")
+            if mlflow and loaded.mlflow_run_id:
+                stopped_early = trainer.global_step < config.epochs * steps_per_epoch
+                warning = _log_onto_pretraining_run(
+                    loaded, config, task.name, metrics, loaded.step, run_id, stopped_early
+                )
+                if warning:
+                    warnings.append(warning)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            text = results_json(result)  # strict JSON: a NaN score is null
+            write_text_atomic(run_dir / "results.json", text)
+            if mlflow:
+                logger.experiment.log_text(run_id, text, "glue_results.json")
+    if signal.SIGTERM in arrived or signal.SIGINT in arrived:
+        what = "SIGTERM" if signal.SIGTERM in arrived else "Ctrl-C"
+        print(
+            f"cofr finetune glue: stopped by {what} once its results were written to {run_dir}",
+            file=sys.stderr,
         )
-        if warning:
-            warnings.append(warning)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    text = results_json(result)  # strict JSON: a NaN score is null
-    write_text_atomic(run_dir / "results.json", text)
-    if mlflow:
-        logger.experiment.log_text(run_id, text, "glue_results.json")
+        if signal.SIGTERM in arrived:
+            raise SystemExit(128 + signal.SIGTERM)
+        raise KeyboardInterrupt
     return result
 
 

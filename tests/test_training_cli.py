@@ -1255,7 +1255,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
             r"^run\.runs_dir: \$\{COFR_TEST_UNSET\} is not set in the environment",
         ),
         (["--seed_everything", "4294967296"], r"^seed_everything must be in \[0, 4294967295\]"),
-        (["--model.config.n_head", "3"], r"n_embd \(64\) must be a multiple of n_head \(3\)"),
+        (
+            ["--model.config.n_head", "3"],
+            r"^model\.config: n_embd \(64\) must be a multiple of n_head",
+        ),
         (["--model.optimizer.lr", "-1"], "^model.optimizer.lr must be positive"),
         (
             ["--model.optimizer", '{"betas": [0.9, 1.5]}'],

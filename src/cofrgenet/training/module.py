@@ -20,7 +20,7 @@ from cofrgenet.data.datamodule import batch_to_xy
 from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.config import resolve_model_config
-from cofrgenet.models.presets import DEFAULT_PRESET
+from cofrgenet.models.presets import DEFAULT_PRESET, preset_dict
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.checkpoints import check_denominators, uncompiled
 from cofrgenet.training.console import quiet_known_noise
@@ -122,7 +122,12 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                 "(`cofr models list`), or give the model's fields in model.config"
             )
         self.save_hyperparameters()
-        self.model_config = resolve_model_config(preset, config)
+        if preset is not None:
+            preset_dict(preset)  # an unknown name is model.preset's error
+        try:
+            self.model_config = resolve_model_config(preset, config)
+        except ConfigError as error:  # fields that do not fit together (n_embd, n_head)
+            raise ConfigError(f"model.config: {error}") from None
         self.model = build_model(self.model_config)
         if activation_checkpointing:
             if not hasattr(self.model, "recompute_blocks"):

@@ -1192,3 +1192,18 @@ def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
     assert sweep_experiment("sweeps/tiny-cpu.yaml") == "tiny-cpu"
     with pytest.raises(UserError, match=r"cannot read the sweep file sweeps/no-such\.yaml"):
         sweep_experiment("sweeps/no-such.yaml")
+
+
+def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):
+    """`cofr sweep run FILE --study other` logs its trials to experiment `other` (the file
+    naming no experiment): `cofr compare --sweep FILE` read the file's study only."""
+    from cofrgenet.eval.compare import sweep_experiment
+
+    assert sweep_experiment("sweeps/tiny-cpu.yaml", "other") == "other"
+    named = tmp_path / "named.yaml"
+    named.write_text("study: s\nexperiment: shared\n")
+    assert sweep_experiment(str(named), "other") == "shared"  # the file's experiment holds
+    assert main(["compare", "--study", "other", "--runs-dir", str(tmp_path)]) == 2
+    assert "--study other names the study of a sweep file: give it with --sweep" in (
+        capsys.readouterr().err
+    )

@@ -117,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sweep", default=None, help="a sweep file: compare its study's trials")
     parser.add_argument(
+        "--study",
+        dest="study_name",
+        default=None,
+        help="with --sweep: the study its workers ran with --study (default: the file's)",
+    )
+    parser.add_argument(
         "--runs-dir",
         default="runs",
         help="the runs folder, whose mlflow.db is read (default: runs)",
@@ -558,17 +564,18 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     return path
 
 
-def sweep_experiment(path: str) -> str:
+def sweep_experiment(path: str, study: str | None = None) -> str:
     """The MLflow experiment of a sweep file's trials: its ``experiment``, else its
-    ``study`` (as ``cofr sweep run`` names it), read without importing the sweeps. The
-    file is found as ``cofr sweep`` finds it: here, else in the checkout (``sweeps/...``)."""
+    ``study`` or the ``study`` its workers were given (as ``cofr sweep run`` names it),
+    read without importing the sweeps. The file is found as ``cofr sweep`` finds it: here,
+    else in the checkout (``sweeps/...``)."""
     from cofrgenet.recipes import bundled
 
     try:
         raw = yaml.safe_load(bundled(path).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"cannot read the sweep file {path}: {error}") from None
-    name = (raw or {}).get("experiment") or (raw or {}).get("study")
+    name = (raw or {}).get("experiment") or study or (raw or {}).get("study")
     if not name:
         raise UserError(f"{path} names no study: is it a sweep file (sweeps/*.yaml)?")
     return str(name)
@@ -620,8 +627,13 @@ def run(args: argparse.Namespace) -> int:
     )
 
     experiments = list(args.experiment)
+    if args.study_name is not None and not args.sweep:
+        raise UserError(
+            f"--study {args.study_name} names the study of a sweep file: give it with --sweep "
+            f"FILE, or compare the study's trials with --experiment {args.study_name}"
+        )
     if args.sweep:
-        experiments.append(sweep_experiment(args.sweep))
+        experiments.append(sweep_experiment(args.sweep, args.study_name))
     out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
     check_out_folder(out)  # before the store is read: nothing is computed only to be lost
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))

@@ -1255,6 +1255,38 @@ def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path,
     assert prepare_module._splits_overlap("train", "test+validation") is False
 
 
+def test_an_out_refused_without_the_hub_dataset_is_refused_before_it_loads(tmp_path):
+    """`cofr data prepare --source hf` loaded the dataset (a download of all OpenWebText)
+    before it said that --out is a file, or that --gpt2-dir holds no GPT-2 files."""
+    hub = FakeHub({"train": [{"text": "words"}]})
+    file = tmp_path / "afile"
+    file.write_text("mine")
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    base = ["--source", "hf", "--dataset", "openwebtext", "--val-split", "none"]
+    with pytest.raises(PrepareError, match=r"--out '.*afile' exists and is not a folder"):
+        prepare_module.run(parser.parse_args([*base, "--out", str(file)]), loader=hub)
+    gpt2 = ["--tokenizer", "gpt2", "--gpt2-dir", str(tmp_path / "none")]
+    with pytest.raises(UserError, match=r"GPT-2 tokenizer files not found in "):
+        prepare_module.run(
+            parser.parse_args([*base, *gpt2, "--out", str(tmp_path / "o")]), loader=hub
+        )
+    assert hub.calls == [] and file.read_text() == "mine"
+
+
+def test_a_failed_prepare_removes_the_parent_folders_it_made(tmp_path):
+    """A prepare into --out a/b/c that failed removed c and left a/b behind."""
+    out = tmp_path / "made" / "deeper" / "out"
+
+    class Failing(PydocSource):
+        def read(self, indices):
+            raise PrepareError("a bad record")
+
+    with pytest.raises(PrepareError, match="a bad record"):
+        prepare_data(Failing(), out, max_docs=10, num_workers=1)
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
 @pytest.mark.parametrize("given", [["--val-fraction", "0.3"], ["--seed", "9"]])
 def test_a_split_option_a_preset_with_its_own_validation_split_ignores_is_refused(tmp_path, given):
     """--val-fraction and --seed were ignored without a word for wikitext-2 (its own
@@ -1507,6 +1539,27 @@ def test_chunk_bytes_are_checked_before_anything_is_written(tmp_path, capsys):
     args = ["--max-docs", "4", "--num-workers", "1", "--out", str(out), "--chunk-bytes", "4000"]
     assert main(args) == 0
     assert read_meta(out).splits["train"].chunks > 1
+
+
+def test_chunks_keep_near_chunk_bytes_with_large_documents(tmp_path, capfd):
+    """Items of several large documents were written whole: `--chunk-bytes 1MB` with
+    180 KB documents made 3.4 MB chunks, and litdata's raw warning about it leaked."""
+    corpus = tmp_path / "big"
+    corpus.mkdir()
+    vocab = ["alpha", "beta", "gamma", "delta"]
+    for i in range(40):  # ~24 KB each: an item of 3 documents is ~70 KB of tokens
+        words = " ".join(vocab[(i + j) % 4] for j in range(4000))
+        (corpus / f"{i:02d}.txt").write_text(words)
+    out = tmp_path / "out"
+    source = TextFilesSource(str(corpus / "*.txt"))
+    prepare_data(source, out, num_workers=1, chunk_bytes=20_000, val_fraction=0.1)
+    for split in ("train", "val"):
+        index = json.loads((out / split / "index.json").read_text())
+        sizes = [chunk["chunk_bytes"] for chunk in index["chunks"]]
+        assert max(sizes) <= 20_000 * 1.1, sizes
+    assert "larger than the target chunk size" not in capfd.readouterr().err
+    chunks = json.loads((out / "train" / "index.json").read_text())["chunks"]
+    assert read_meta(out).splits["train"].tokens == sum(c["dim"] for c in chunks)
 
 
 def test_max_docs_and_vocab_size_are_checked_at_parse_time(tmp_path, capsys):

@@ -72,6 +72,7 @@ from cofrgenet.data.tokenizer import (
     TOKENIZER_KINDS,
     ByteTokenizer,
     Tokenizer,
+    find_gpt2_files,
     gpt2_tokenizer,
     train_bpe,
 )
@@ -112,6 +113,16 @@ def parse_chunk_bytes(value: str | int) -> int:
             f"--chunk-bytes must be a size such as 64MB, 512KB or 1000000 (bytes), got {value!r}"
         )
     return size
+
+
+#: Pieces per chunk (:class:`EncodeDocuments`): a chunk ends at most 1/16 over its size,
+#: within the 10% over which litdata warns.
+PIECES_PER_CHUNK = 16
+
+
+def _piece_tokens(chunk_bytes: int, dtype: Any) -> int:
+    """The most tokens of ``dtype`` written as one litdata item into ``chunk_bytes`` chunks."""
+    return max(1, chunk_bytes // np.dtype(dtype).itemsize // PIECES_PER_CHUNK)
 
 
 def check_num_workers(value: int) -> int:
@@ -167,6 +178,11 @@ class EncodeDocuments:
     (litdata answers a raising ``fn`` by terminating its workers, which leaves their
     download/remove helper processes running, blocked, holding the parent's stdout.)
 
+    An item's tokens are written in pieces of at most ``piece_tokens``: litdata packs
+    whole pieces, and closes a chunk with the piece that crosses ``--chunk-bytes``, so
+    small pieces keep every chunk near the size asked for (items of 256 large documents
+    made chunks several times that size).
+
     With ``ledger_dir``, each item's start and token count are appended, once tokenized, to
     a file per worker there (:func:`read_ledger`): a worker that the system killed (out of
     memory) leaves items without a line, or lines whose tokens never reached a chunk, and
@@ -186,6 +202,7 @@ class EncodeDocuments:
         indices: np.ndarray | None = None,
         error_file: str | os.PathLike[str] | None = None,
         ledger_dir: str | os.PathLike[str] | None = None,
+        piece_tokens: int | None = None,
     ) -> None:
         self.source = source
         self.tokenizer = tokenizer
@@ -193,6 +210,7 @@ class EncodeDocuments:
         self.indices = np.arange(len(source)) if indices is None else np.asarray(indices)
         self.error_file = None if error_file is None else str(error_file)
         self.ledger_dir = None if ledger_dir is None else str(ledger_dir)
+        self.piece_tokens = piece_tokens
         self.main_pid = os.getpid()
         self._watched_pid: int | None = None
 
@@ -216,8 +234,11 @@ class EncodeDocuments:
         if self.ledger_dir is not None:
             with open(os.path.join(self.ledger_dir, f"{os.getpid()}.txt"), "a") as ledger:
                 ledger.write(f"{start} {0 if ids is None else ids.size}\n")
-        if ids is not None:
-            yield torch.from_numpy(ids)
+        if ids is None:
+            return
+        step = self.piece_tokens or ids.size
+        for at in range(0, ids.size, step):  # consecutive: the same stream of tokens
+            yield torch.from_numpy(ids[at : at + step])
 
 
 def read_ledger(ledger_dir: Path) -> dict[int, int]:
@@ -495,6 +516,17 @@ def _check_no_foreign_files(out: Path, overwrite: bool) -> None:
         )
 
 
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse what can be refused of ``out`` without the source, before the source is
+    listed and split (a large hub dataset takes minutes to load, only to be refused)."""
+    _check_is_folder(out)
+    with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
+        if out.is_dir():
+            _check_no_foreign_files(out, overwrite)
+    if overwrite and (out / META_FILE).exists():
+        _check_no_readers(out)
+
+
 def _check_is_folder(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise PrepareError(f"--out {str(out)!r} exists and is not a folder; choose another --out")
@@ -564,6 +596,16 @@ def _check_no_readers(out: Path) -> None:
     probe.release()
     if not free:
         raise _being_read(out)
+
+
+def _missing_folders(out: Path) -> list[Path]:
+    """``out`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for folder in (out, *out.absolute().parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing
 
 
 def _make_folder(out: Path) -> None:
@@ -721,14 +763,7 @@ def prepare_data(
     num_workers = available_cpus() if num_workers is None else check_num_workers(num_workers)
     chunk_bytes = parse_chunk_bytes(chunk_bytes)
     started = time.perf_counter()
-    # What can be refused without the source is refused before it is listed and split
-    # (a large hub dataset takes minutes to read, only to be refused).
-    _check_is_folder(out)
-    with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
-        if out.is_dir():
-            _check_no_foreign_files(out, overwrite)
-    if overwrite and (out / META_FILE).exists():
-        _check_no_readers(out)
+    check_out(out, overwrite)
 
     # 1. Tokenizer (checked before anything is written: a missing gpt2 file fails fast).
     tokenizer_args: dict[str, Any] = {}
@@ -760,7 +795,7 @@ def prepare_data(
         log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
         return existing
     _check_is_folder(out)  # again: a file may have been made there meanwhile
-    created = not out.exists()
+    made = _missing_folders(out)  # removed again if this prepare fails: out, then parents
     _make_folder(out)
     lock = _lock_output(out)
     # Held until the end: a run that streams the folder now would read the new chunks
@@ -800,7 +835,9 @@ def prepare_data(
                     error_file = stage / ".cache" / f"{split}-error.pickle"
                     error_file.parent.mkdir(parents=True, exist_ok=True)
                     ledger = stage / ".cache" / f"{split}-ledger"
-                    fn = EncodeDocuments(src, tok, dtype, idx, error_file, ledger)
+                    fn = EncodeDocuments(
+                        src, tok, dtype, idx, error_file, ledger, _piece_tokens(chunk_bytes, dtype)
+                    )
                     splits[split] = _write_split(
                         fn, stage / split, workers, chunk_bytes, docs_per_item, start_method
                     )
@@ -835,10 +872,11 @@ def prepare_data(
         if not (out / META_FILE).exists():  # no data, so no reader: the folder as it was
             with contextlib.suppress(OSError):
                 (out / READERS_LOCK).unlink(missing_ok=True)
-        if created:
+        if made:
             lock.release(remove=True)
-            with contextlib.suppress(OSError):
-                out.rmdir()
+            with contextlib.suppress(OSError):  # emptied above; a parent may hold others'
+                for folder in made:
+                    folder.rmdir()
         raise
     finally:
         readers.release()
@@ -1057,6 +1095,9 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     console = terminal.console()  # the summary table
     err_console = terminal.console(stderr=True)  # progress and errors
     out = Path(args.out) if args.out else default_out(args)
+    check_out(out, args.overwrite)  # before the source: a hub dataset loads when made
+    if args.tokenizer == "gpt2":
+        find_gpt2_files(args.gpt2_dir)
     source = make_source(
         args.source,
         glob=args.glob,

@@ -2316,6 +2316,27 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_pat
     assert cli.datamodule.val_batch_size == 2 and cli.trainer.num_val_batches[0] > 2
 
 
+def test_validate_scores_the_model_as_it_trained_after_its_preset_changed(
+    tiny_data, tmp_path, monkeypatch
+):
+    """Lightning builds the model from the checkpoint's model.preset as it reads today: a
+    preset changed since (another cofr version) failed to load, or, with a changed
+    default, scored another function under the run's val/loss."""
+    from cofrgenet.models import presets
+
+    args = fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a")
+    args += ["--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "2"]
+    fit = CofrCLI(args=args)
+    trained, score = fit.model.model_config, float(fit.trainer.callback_metrics["val/loss"])
+    changed = dict(presets.PRESETS["gpt2-tiny-f"], n_layer=3, ladder_floor=0.1)
+    monkeypatch.setitem(presets.PRESETS, "gpt2-tiny-f", changed)
+    ckpt = tmp_path / "runs" / "test" / "a" / "checkpoints" / "last.ckpt"
+    quiet = ["--trainer.enable_progress_bar", "false", "--run.mlflow", "false"]
+    cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), *quiet])
+    assert cli.model.model_config == trained
+    assert float(cli.trainer.callback_metrics["val/loss"]) == score
+
+
 def test_validate_logs_into_the_store_of_the_checkpoints_own_runs_folder(
     tiny_data, tmp_path, monkeypatch, caplog
 ):

@@ -698,8 +698,32 @@ def test_restore_model_says_what_is_wrong_with_a_checkpoint():
         checkpoints.restore_model(checkpoint)
     checkpoint["state_dict"]["model.extra"] = torch.zeros(1)
     checkpoint["model_config"]["ladder_denominators"] = "positive"
-    with pytest.raises(RuntimeError, match="Unexpected key"):  # strict, as Lightning loads
-        checkpoints.restore_model(checkpoint)
+    with pytest.raises(checkpoints.CheckpointError, match=r"do not fit .*Unexpected key"):
+        checkpoints.restore_model(checkpoint)  # strict, as Lightning loads; one line
+
+
+def test_a_checkpoint_is_rebuilt_as_it_trained_after_its_preset_changed(monkeypatch):
+    """cofr generate, eval and export rebuilt a checkpoint from its preset as it reads
+    today: a preset with another layer count failed with a page of state_dict keys, a
+    changed default (ladder_floor) loaded and computed another function without a word."""
+    from cofrgenet.models import presets
+
+    module = LanguageModel("gpt2-tiny-f", config={"ladder_floor": 0.25})
+    checkpoint: dict = {
+        "state_dict": {"model." + k: v for k, v in module.model.state_dict().items()},
+        "hyper_parameters": {"preset": "gpt2-tiny-f", "config": None},
+    }
+    module.on_save_checkpoint(checkpoint)
+    checkpoint["hyper_parameters"]["config"] = {"ladder_floor": None}  # as if the default
+    changed = dict(presets.PRESETS["gpt2-tiny-f"], n_layer=3)
+    monkeypatch.setitem(presets.PRESETS, "gpt2-tiny-f", changed)
+    restored, config = checkpoints.restore_model(checkpoint)
+    assert config == module.model_config
+    ids = torch.randint(0, module.model_config.vocab_size, (2, 8))
+    assert torch.equal(restored.eval()(ids), module.eval()(ids))
+    # How to compute is chosen where it runs: the recorded ladder_impl is not imposed.
+    checkpoint["model_config"]["ladder_impl"] = "triton"
+    assert checkpoints.restore_model(checkpoint)[1].ladder_impl != "triton"
 
 
 def test_load_checkpoint_does_not_import_lightning(tmp_path):

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from cofrgenet.atomic import is_temporary
-from cofrgenet.errors import ConfigError, UserError, did_you_mean
+from cofrgenet.errors import ConfigError, UserError, did_you_mean, first_line
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.model_options import model_config_of, overrides_dict
@@ -353,9 +353,9 @@ def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelCo
 def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
     """(the network, its ModelConfig) of a ``cofr fit`` checkpoint, weights loaded, on CPU.
 
-    Built from the checkpoint's hyperparameters (``model.preset`` and ``model.config``)
-    and loaded strictly, as ``LanguageModel.load_from_checkpoint`` does (compiled and
-    pre-output-clipping checkpoints included), without importing Lightning.
+    Built as the checkpoint trained (:func:`trained_model_config`) and loaded strictly,
+    as ``LanguageModel.load_from_checkpoint`` does (compiled and pre-output-clipping
+    checkpoints included), without importing Lightning.
     """
     hparams = checkpoint.get("hyper_parameters")
     if not isinstance(hparams, dict) or "preset" not in hparams:
@@ -363,9 +363,39 @@ def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
             "this checkpoint has no model hyperparameters (model.preset, model.config): "
             "it was not written by cofr fit"
         )
-    config = model_config_of(hparams)
+    config = trained_model_config(checkpoint, model_config_of(hparams))
     model = build_model(config)
     check_denominators(checkpoint, model)
     state = uncompiled(checkpoint["state_dict"])
-    model.load_state_dict({key.removeprefix(MODEL_PREFIX): value for key, value in state.items()})
+    try:
+        model.load_state_dict({key.removeprefix(MODEL_PREFIX): v for key, v in state.items()})
+    except RuntimeError as error:  # "Error(s) in loading state_dict", a page of key names
+        raise CheckpointError(
+            f"the checkpoint's weights do not fit the model its settings build: "
+            f"{first_line(error).rstrip(':. ')} ({_first_key_problem(error)})"
+        ) from None
     return model, config
+
+
+def _first_key_problem(error: RuntimeError) -> str:
+    lines = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+    return lines[0][:200] if lines else "no detail"
+
+
+def trained_model_config(checkpoint: dict[str, Any], built: ModelConfig) -> ModelConfig:
+    """The ModelConfig ``checkpoint`` trained with: ``built`` (what its ``model.preset``
+    and ``model.config`` build today) with the ``model_config`` it recorded laid over it.
+
+    A preset or a default changed since the training (a layer count, a ladder floor)
+    would otherwise rebuild another model under the trained weights: one that fails to
+    load, or one that loads and computes another function. Fields newer than the
+    checkpoint keep ``built``'s values, and so do :data:`EXECUTION_SETTINGS` (how to
+    compute, chosen where the model runs)."""
+    saved = checkpoint.get("model_config")
+    if not isinstance(saved, dict):
+        return built
+    ours = built.to_dict()
+    recorded = {k: v for k, v in saved.items() if k in ours and k not in EXECUTION_SETTINGS}
+    if not changed_settings(recorded, ours):
+        return built
+    return ModelConfig.from_dict({**ours, **recorded})

@@ -55,6 +55,7 @@ from cofrgenet.errors import (
     not_valid_yaml,
     raised_from,
 )
+from cofrgenet.models import ModelConfig
 from cofrgenet.models.presets import list_presets
 from cofrgenet.ops.triton_interpreter import interpreted as triton_interpreted
 from cofrgenet.training import checkpoints
@@ -1181,13 +1182,25 @@ class CofrCLI(LightningCLIAdapter):
         a run asks for shorter training sequences (a longer one is refused by
         ``LanguageModel.check_data``)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand in EVALUATIONS:
+            self._build_as_trained(config)
         if config.get("data") is None or config.data.get("block_size") is not None:
             return
-        from cofrgenet.training.model_options import model_config_of
+        config.data.block_size = _model_config(config).block_size
 
-        given = config.model.get("config")
-        model = {"preset": config.model.preset, "config": None if given is None else vars(given)}
-        config.data.block_size = model_config_of(model).block_size
+    def _build_as_trained(self, config: Namespace) -> None:
+        """validate/test: the model as the checkpoint trained, from the ``model_config``
+        it recorded (:func:`~cofrgenet.training.checkpoints.trained_model_config`), where
+        its preset or a default has changed since: Lightning builds it from the
+        checkpoint's ``model.preset`` and ``model.config``, as they read today."""
+        ckpt = config.get("ckpt_path")
+        if not ckpt or not Path(ckpt).is_file():  # a sharded one: its meta.pt's settings
+            return
+        built = _model_config(config)
+        trained = checkpoints.trained_model_config(checkpoints.load(ckpt), built)
+        if trained is not built:
+            config.model.preset = None
+            config.model.config = Namespace(**trained.to_dict())
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # Config against data first: a mismatch must leave no run folder and no MLflow run.
@@ -1435,6 +1448,15 @@ class ParseOnlyCLI(CofrCLI):
 
     def run_subcommand(self, subcommand: str) -> None:
         pass
+
+
+def _model_config(config: Namespace) -> ModelConfig:
+    """The ModelConfig a parsed command's ``model`` section builds."""
+    from cofrgenet.training.model_options import model_config_of
+
+    given = config.model.get("config")
+    model = {"preset": config.model.preset, "config": None if given is None else vars(given)}
+    return model_config_of(model)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ starting Python and importing transformers dominates the cost.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -740,6 +741,37 @@ def test_a_data_folder_prepared_again_with_another_tokenizer_is_refused(
         == 0
     )
     assert not (out / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["unreadable meta.json", "half-written"])
+def test_a_damaged_data_folder_is_refused_not_exported_without_tokenizer(
+    checkpoint, tmp_path, monkeypatch, capsys, damage
+):
+    """The run's data folder is here but damaged: the model was exported without its
+    tokenizer, status 0, as if the folder were on another machine."""
+    from cofrgenet.cli import main
+    from cofrgenet.training import pretrained as checkpoint_module
+
+    data = tmp_path / "data-copy"
+    real = checkpoint_module.load_checkpoint
+
+    def damaged_data(*args: Any, **kwargs: Any) -> Any:
+        loaded = real(*args, **kwargs)
+        shutil.copytree(loaded._tokenizer_folder(), data)
+        if damage == "half-written":
+            (data / "meta.json").unlink()
+        else:
+            (data / "meta.json").write_text("{bad")
+        loaded.data_dir = str(data.resolve())
+        loaded.trained_with = {"tokenizer": "bpe", "vocab_size": 300}  # no byte shortcut
+        return loaded
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", damaged_data)
+    out = tmp_path / "out"
+    assert main(["export", "hf", "--ckpt", str(checkpoint), str(out), "--no-verify"]) == 2
+    err = capsys.readouterr().err
+    assert "meta.json" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 # Refusals ------------------------------------------------------------------------------

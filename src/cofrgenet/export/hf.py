@@ -238,7 +238,8 @@ def export_hf(
             if tokenizer_dir is not None:  # asked for explicitly: an error, not a note
                 raise
             # Only a folder not found is a note: one prepared again with another
-            # tokenizer (TokenizerMismatch) or damaged is refused, as cofr generate does.
+            # tokenizer (TokenizerMismatch) or damaged (TokenizerUnreadable) is refused,
+            # as cofr generate does.
             note = str(error)
     return export_model(
         loaded.model,

@@ -38,6 +38,11 @@ class TokenizerNotFound(UserError, FileNotFoundError):
     """The data folder whose tokenizer a checkpoint needs is not on this machine."""
 
 
+class TokenizerUnreadable(UserError, ValueError):
+    """The data folder whose tokenizer a checkpoint needs is here, but damaged or
+    half-written: unlike a folder not on this machine, something to mend."""
+
+
 class TokenizerMismatch(UserError, ValueError):
     """A tokenizer folder whose tokenizer is not the one the checkpoint trained with."""
 
@@ -166,7 +171,7 @@ class LoadedCheckpoint:
             try:
                 tokenizer = load_tokenizer(folder)
             except DataFolderError as error:
-                raise TokenizerNotFound(_one_line(error)) from None
+                raise TokenizerUnreadable(_one_line(error)) from None
             self._check_trained_with(tokenizer, folder)
             self._tokenizer = tokenizer
         return self._tokenizer

@@ -12,8 +12,8 @@ starting Python and importing transformers dominates the cost.
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import textwrap

@@ -1635,6 +1635,8 @@ def test_a_hand_edited_meta_json_of_the_wrong_types_is_named(pydoc_byte, tmp_pat
     with pytest.raises(DataFolderError, match="unreadable") as error:
         read_meta(copy)
     assert message in str(error.value)
+    # Its options are lost with it: the command shown is a guess from the folder's name.
+    assert "--overwrite, e.g. (the options its name suggests)" in str(error.value)
 
 
 def test_a_failed_overwrite_keeps_the_folder_it_would_replace(tmp_path):

@@ -289,15 +289,16 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
         raise DataFolderError(
             f"data folder {str(data_dir)!r} is half-written: it has no {META_FILE} (which "
             "`cofr data prepare` writes last), so an earlier prepare was interrupted or failed. "
-            f"Rerun the prepare command with --overwrite, e.g.:\n"
-            f"  {_remake_command(data_dir)}"
+            f"Rerun the prepare command with --overwrite, e.g. (the options its name "
+            f"suggests):\n  {_remake_command(data_dir)}"
         )
     try:
         meta = DataMeta.from_dict(json.loads(meta_path.read_text()))
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise DataFolderError(
-            f"{str(meta_path)!r} is unreadable ({err}). Remake the folder with:\n"
-            f"  {_remake_command(data_dir)}"
+            f"{str(meta_path)!r} is unreadable ({err}), and with it the options that made "
+            "the folder: rerun its prepare command with --overwrite, e.g. (the options its "
+            f"name suggests):\n  {_remake_command(data_dir)}"
         ) from err
     if meta.format_version != FORMAT_VERSION:
         raise DataFolderError(

@@ -215,6 +215,28 @@ def test_ctrl_c_before_a_command_handles_it_is_one_line(capsys, monkeypatch):
     assert capsys.readouterr().err.strip() == "cofr: interrupted"
 
 
+def test_output_piped_into_a_reader_that_leaves_ends_quietly():
+    """`cofr generate ... | head -1` ended in a BrokenPipeError traceback, status 1."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from cofrgenet import cli\n"
+        "def talk(argv):\n"
+        "    for _ in range(10_000): print('x' * 100)\n"
+        "cli._run = talk\n"
+        "sys.exit(cli.main(['generate']))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout.read(10) == b"x" * 10
+    process.stdout.close()  # the reader leaves, as `head` does
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert err == ""
+
+
 def test_predict_is_not_a_command(capsys):
     line = one_line_error(capsys, ["predict", "--config", DEMO])
     assert "invalid choice: 'predict'" in line

@@ -241,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a command's own handler (fit's) is in place
         print("cofr: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `cofr generate ... | head`: the reader has all it wanted
+        _stdout_to_devnull()  # else the exit's flush of stdout fails once more, loudly
+        return 128 + 13  # as a process SIGPIPE ends (`yes | head`)
     except UserError as error:
         if debug:  # the traceback, and the status the error has without --debug
             traceback.print_exc()
@@ -256,6 +259,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's file descriptor at /dev/null (nothing more reaches a closed pipe)."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _command_words(argv: list[str]) -> str:

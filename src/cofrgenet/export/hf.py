@@ -153,13 +153,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tolerance",
         type=at_least(float, 0, " (a max abs difference)"),
-        default=DEFAULT_TOLERANCE,
+        default=None,
         help=f"max abs logit difference the check accepts (default {DEFAULT_TOLERANCE:g})",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     usage = f"cofr export hf --ckpt CKPT OUT_DIR (the one word given, {args.out_dir}, is OUT_DIR)"
+    if args.no_verify and args.tolerance is not None:
+        raise ExportError("--tolerance sets the check that --no-verify skips: drop one of them")
+    tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     try:
         # SLURM's time limit or scancel: the work folder beside OUT_DIR is removed and an
         # earlier export put back, as for Ctrl-C, not left with the weights in it.
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                 with_tokenizer=not args.no_tokenizer,
                 overwrite=args.overwrite,
                 verify=not args.no_verify,
-                tolerance=args.tolerance,
+                tolerance=tolerance,
             )
     except Terminated:
         print(f"cofr export hf: stopped by SIGTERM: {args.out_dir} as it was", file=sys.stderr)

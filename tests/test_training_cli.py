@@ -1220,6 +1220,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
         assert lightning_word not in ckpt, lightning_word
     for field in dataclasses.fields(RunConfig):
         assert option_help(fit_help, f"--run.{field.name}"), f"run.{field.name} has no help"
+    # jsonargparse's "Path to a configuration file." where the README passes JSON.
+    for section in ("--model", "--model.config", "--data", "--run"):
+        assert "inline ('{field: value, ...}')" in option_help(fit_help, section), section
+    assert "Path to a configuration file." not in fit_help
     optimizer = option_help(fit_help, "--model.optimizer")  # names every field
     assert all(field.name in optimizer for field in dataclasses.fields(OptimizerConfig))
     with pytest.raises(SystemExit):

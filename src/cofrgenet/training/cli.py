@@ -93,6 +93,10 @@ from cofrgenet.training.tracking import CofrMLFlowLogger, data_params
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
 EVALUATIONS = ("validate", "test")
 
+#: The help of ``--model``, ``--model.config``, ``--data``...: jsonargparse's says "Path to
+#: a configuration file.", and the README gives ``--model.config`` a JSON mapping.
+SECTION_HELP = "the fields below as one mapping: inline ('{field: value, ...}') or a YAML file"
+
 #: The start of Lightning's warning that a checkpoint's callbacks are not all configured.
 _CALLBACKS_NOT_GIVEN = "Be aware that when using `ckpt_path`, callbacks used to create"
 
@@ -622,6 +626,8 @@ class CofrCLI(LightningCLIAdapter):
             for subcommand, text in CKPT_PATH_HELP.items():
                 self.set_help(subcommand, "--ckpt_path", text)
                 self.set_description(subcommand, DESCRIPTIONS[subcommand], "checkpoint")
+                for option in self.section_options(subcommand):
+                    self.set_help(subcommand, option, SECTION_HELP)
         words = list(sys.argv[1:] if args is None else args)
         expanded = recipes.expand(words)
         if expanded != words:  # else leave args as given (Lightning warns about argv + args)

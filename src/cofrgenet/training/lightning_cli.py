@@ -20,6 +20,8 @@ from lightning.pytorch.cli import LightningCLI
 
 #: The Lightning minor version these wrappers were written and tested against.
 PINNED_LIGHTNING = "2.6"
+#: jsonargparse's help of an option that takes a whole section (:meth:`section_options`).
+JSONARGPARSE_SECTION_HELP = "Path to a configuration file."
 #: The private LightningCLI methods used below.
 PRIVATE_METHODS = ("_parser", "_instantiate_trainer", "_run_subcommand")
 
@@ -49,6 +51,17 @@ class LightningCLIAdapter(LightningCLI):
         has no public call to change the help of an added argument, so this sets the
         argparse action's ``help`` (a KeyError names an option that is gone)."""
         self.subcommand_parser(subcommand)._option_string_actions[option].help = text
+
+    def section_options(self, subcommand: str) -> list[str]:
+        """The options of ``subcommand`` that take a whole section (``--model``,
+        ``--model.config``, ``--data``): jsonargparse's help for them reads "Path to a
+        configuration file.", though an inline mapping is taken too."""
+        actions = self.subcommand_parser(subcommand)._option_string_actions
+        return [
+            option
+            for option, action in actions.items()
+            if option != "--config" and action.help == JSONARGPARSE_SECTION_HELP
+        ]
 
     def set_description(self, subcommand: str, text: str, group_title: str) -> None:
         """Replace ``subcommand``'s description and the title of the group of its own

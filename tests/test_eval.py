@@ -515,6 +515,22 @@ def test_a_run_name_given_as_the_checkpoint_is_pointed_to_its_checkpoint(
     )
 
 
+def test_a_mistyped_run_folder_is_pointed_to_the_checkpoint_meant(checkpoint, capsys, monkeypatch):
+    """`--ckpt runs/test/evaluatd/checkpoints/last.ckpt` (or the run folder's last.ckpt,
+    without checkpoints/) said only where runs keep their checkpoints."""
+    monkeypatch.chdir(checkpoint.parents[4])  # the folder of runs/
+    meant = "runs/test/evaluated/checkpoints/last.ckpt"
+    for given in (
+        "runs/test/evaluatd/checkpoints/last.ckpt",
+        "runs/tset/evaluated/checkpoints/last.ckpt",
+        "runs/test/evaluated/last.ckpt",
+    ):
+        line = one_line_error(capsys, ["eval", "--ckpt", given])
+        assert line == f"cofr eval: error: no checkpoint file at {given}: did you mean {meant}?"
+    line = one_line_error(capsys, ["eval", "--ckpt", "runs/test/zzz/checkpoints/last.ckpt"])
+    assert line.endswith("runs keep theirs in runs/<experiment>/<run>/checkpoints/")
+
+
 def test_cofr_eval_fails_on_missing_data_before_loading_the_model(tmp_path, capsys):
     ckpt = unloadable_checkpoint(tmp_path / "not-loaded.ckpt")
     status = main(["eval", "--ckpt", str(ckpt), "--tasks", "ptb", "--data-dir", str(tmp_path)])

@@ -151,6 +151,9 @@ def missing(path: Path) -> str:
             else f"give its checkpoint, {RUN_CHECKPOINTS.replace('<run>', path.name)}last.ckpt"
         )
         return f"no checkpoint file at {path}: a run's name? {fix}"
+    meant = _checkpoint_meant(path)
+    if meant is not None:
+        return f"no checkpoint file at {path}: did you mean {meant}?"
     names = [p.name for p in checkpoint_files(path.parent)] if path.parent.is_dir() else []
     hint = did_you_mean(path.name, names) or (
         f" (checkpoints there: {', '.join(sorted(names)[:4])})"
@@ -158,6 +161,33 @@ def missing(path: Path) -> str:
         else f"; runs keep theirs in {RUN_CHECKPOINTS}"
     )
     return f"no checkpoint file at {path}{hint}"
+
+
+def _checkpoint_meant(path: Path) -> Path | None:
+    """The checkpoint file a missing ``path`` probably means: the same name in the
+    folder's ``checkpoints/`` (``runs/e/r/last.ckpt``), or with the first folder that does
+    not exist replaced by the closest one beside it (a mistyped run name)."""
+    import difflib
+
+    inside = path.parent / "checkpoints" / path.name
+    if inside.is_file():
+        return inside
+    parts = path.parts
+    for depth in range(1, len(parts)):
+        if not Path(*parts[:depth]).is_dir():
+            break
+    else:
+        return None
+    parent = Path(*parts[: depth - 1]) if depth > 1 else Path(".")
+    try:
+        folders = [p.name for p in parent.iterdir() if p.is_dir()]
+    except OSError:
+        return None
+    for close in difflib.get_close_matches(parts[depth - 1], folders, n=3):
+        candidate = parent.joinpath(close, *parts[depth:])
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def check(path: str | Path) -> Path:

@@ -160,6 +160,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     usage = f"cofr export hf --ckpt CKPT OUT_DIR (the one word given, {args.out_dir}, is OUT_DIR)"
+    if args.out_dir is not None and not str(args.out_dir).strip():  # Path("") is the cwd
+        raise ExportError("OUT_DIR is empty: name the folder to write the export into")
     if args.no_verify and args.tolerance is not None:
         raise ExportError("--tolerance sets the check that --no-verify skips: drop one of them")
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance

@@ -978,6 +978,8 @@ def test_a_negative_tolerance_and_bad_paths_are_one_line(checkpoint, tmp_path, c
     argv = ["export", "hf", "--ckpt", str(checkpoint), str(out)]
     line = one_line_error(capsys, [*argv, "--tolerance", "-1"])
     assert line.startswith("cofr export hf: error: argument --tolerance: must be >= 0")
+    line = one_line_error(capsys, ["export", "hf", str(out), str(checkpoint)])
+    assert line.endswith(f"the other way round? cofr export hf --ckpt {checkpoint} {out}")
     line = one_line_error(capsys, ["export", "hf", "--ckpt", str(checkpoint), ""])
     assert line.endswith("OUT_DIR is empty: name the folder to write the export into")
     line = one_line_error(capsys, [*argv, "--no-verify", "--tolerance", "1e-3"])  # was ignored

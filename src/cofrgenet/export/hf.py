@@ -165,12 +165,18 @@ def run(args: argparse.Namespace) -> int:
     if args.no_verify and args.tolerance is not None:
         raise ExportError("--tolerance sets the check that --no-verify skips: drop one of them")
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+    ckpt = checkpoint_given(args, usage)
+    if not Path(ckpt).exists() and args.out_dir and Path(args.out_dir).is_file():
+        raise ExportError(
+            f"no checkpoint file at {ckpt}, and OUT_DIR {args.out_dir} is a file: the other "
+            f"way round? cofr export hf --ckpt {args.out_dir} {ckpt}"
+        )
     try:
         # SLURM's time limit or scancel: the work folder beside OUT_DIR is removed and an
         # earlier export put back, as for Ctrl-C, not left with the weights in it.
         with sigterm_raises():
             report = export_hf(
-                checkpoint_given(args, usage),
+                ckpt,
                 args.out_dir,
                 tokenizer_dir=args.tokenizer,
                 with_tokenizer=not args.no_tokenizer,

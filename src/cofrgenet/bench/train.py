@@ -28,8 +28,9 @@ Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command,
 rewrites them, marked partial, after each stage of the run: a run cut short (a
 wall-clock limit) keeps what it measured. A report already there is never replaced: a
 second run of the day writes ``train-<device>-<date>-2.{md,json}`` (then ``-3``, ...).
-Settings are checked before any work (sizes >= 1, the dtype, the device, every
-variant's model, the output folder): a wrong one is a one-line error.
+Settings are checked before any work (sizes >= 1, a warm-up step for the compiled
+modes to compile in, the dtype, the device, every variant's model, the output folder): a
+wrong one is a one-line error.
 """
 
 from __future__ import annotations
@@ -132,7 +133,13 @@ class TrainBenchConfig:
     vocab_size: int = field(default=512, metadata={"help": "vocabulary"})
     batch_size: int = field(default=8, metadata={"help": "sequences per step"})
     steps: int = field(default=4, metadata={"help": "timed steps per variant and round"})
-    warmup: int = field(default=2, metadata={"help": "untimed steps before the first round"})
+    warmup: int = field(
+        default=2,
+        metadata={
+            "help": "untimed steps before the first round, where the compiled modes compile "
+            "(at least 1 with compiled, 2 with cudagraphs)"
+        },
+    )
     rounds: int = field(default=5, metadata={"help": "interleaved rounds"})
     dtype: str = field(
         default="float32",
@@ -254,6 +261,14 @@ def check_settings(cfg: TrainBenchConfig) -> None:
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
+    compiling = [m for m in cfg.modes if m in COMPILE_MODES]
+    if compiling and cfg.warmup < 1:
+        # torch.compile compiles in the first call: timed, seconds of compiling would be
+        # read as one step (a 17 s step, 7 tokens/s).
+        raise UserError(
+            f"--warmup 0: {compiling[0]} compiles the model in its first step, which would be "
+            "timed; give --warmup 1 or more"
+        )
     if "cudagraphs" in cfg.modes and cfg.warmup < 2 and cfg.device.startswith("cuda"):
         # CUDA graph trees run a step eagerly, then record: the third step is a replay.
         raise UserError(

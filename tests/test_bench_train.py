@@ -312,6 +312,11 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
             "give --warmup 1 or more",
         ),
         (
+            ["--modes", "eager,cudagraphs"],
+            "--modes cudagraphs needs --device cuda (on cpu inductor runs no CUDA graphs); "
+            "give --device cuda, or time --modes compiled here",
+        ),
+        (
             ["--modes", "cudagraphs", "--warmup", "1", "--device", "cuda"],
             "--warmup 1: cudagraphs records its graphs in the second step",
         ),
@@ -556,8 +561,10 @@ def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):
     assert seen["limit"] >= 4 * len(train.VARIANTS) > 8
     assert torch.compiler.config.recompile_limit == 8  # put back
     assert not torch._inductor.config.triton.cudagraph_or_error
+    # cudagraphs is for a GPU: a cuda device, as if there were one (nothing runs on it).
+    monkeypatch.setattr("cofrgenet.dataclass_options.device_problem", lambda device: None)
     both = TrainBenchConfig(
-        variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), **TINY
+        variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), device="cuda", **TINY
     )
     train.run_benchmark(both, "test")  # a graph per variant and compiled mode
     assert seen["limit"] == max(8, 4 * 2 * len(names))
@@ -595,6 +602,8 @@ def test_graph_breaks_are_counted_once_a_variant_in_both_compiled_modes(monkeypa
     counted = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)
     monkeypatch.setattr(train, "graph_breaks", lambda trainer: counted.append(1) or 3)
+    # cudagraphs is refused on a CPU; with torch.compile faked it only names the compile.
+    monkeypatch.setattr(train, "check_settings", lambda cfg: None)
     cfg = TrainBenchConfig(
         variants=("gpt2",), modes=("compiled", "cudagraphs"), batch_size=1, steps=1,
         rounds=1, warmup=1, profile_steps=0, **TINY,

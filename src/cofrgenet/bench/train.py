@@ -78,9 +78,10 @@ DEFAULT_VARIANTS = (
 BASELINE = "gpt2"
 #: The modes, and the torch.compile mode of the compiled ones. cudagraphs records the
 #: model's forward and backward kernels once as CUDA graphs and replays them, without a
-#: launch per kernel on the host (the loss and the optimizer still launch theirs; on a
-#: CPU it is the same as compiled). recompute is eager with activation checkpointing
-#: (transformers only: a recurrent model has no blocks to recompute).
+#: launch per kernel on the host (the loss and the optimizer still launch theirs; CUDA
+#: only: on a CPU inductor skips the graphs silently, so it is refused there). recompute
+#: is eager with activation checkpointing (transformers only: a recurrent model has no
+#: blocks to recompute).
 MODES = ("eager", "compiled", "cudagraphs", "recompute")
 COMPILE_MODES = {"compiled": None, "cudagraphs": "reduce-overhead"}
 #: The modes run uncompiled: timed together, in the first stage.
@@ -116,8 +117,8 @@ class TrainBenchConfig:
         default=("eager", "compiled"),
         metadata={
             "help": "eager, compiled (torch.compile), cudagraphs (torch.compile with "
-            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs) and/or "
-            "recompute (eager with activation checkpointing)"
+            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs; --device "
+            "cuda only) and/or recompute (eager with activation checkpointing)"
         },
     )
     n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
@@ -241,8 +242,9 @@ def grouped_kv_heads(cfg: TrainBenchConfig) -> dict[str, int]:
 
 
 def check_settings(cfg: TrainBenchConfig) -> None:
-    """What ``__post_init__`` cannot see, checked before any work: the variants and modes,
-    each variant's model at the bench's shape, the device, the output folder."""
+    """What ``__post_init__`` cannot see, checked before any work: the variants and modes
+    (cudagraphs on a GPU only, a warm-up for the compiled ones), each variant's model at
+    the bench's shape, the device, the output folder."""
     from cofrgenet.dataclass_options import device_problem
     from cofrgenet.errors import UserError, did_you_mean
 
@@ -261,6 +263,12 @@ def check_settings(cfg: TrainBenchConfig) -> None:
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
+    if "cudagraphs" in cfg.modes and not cfg.device.startswith("cuda"):
+        # Inductor skips CUDA graphs off a GPU without a word: compiled, named cudagraphs.
+        raise UserError(
+            f"--modes cudagraphs needs --device cuda (on {cfg.device} inductor runs no CUDA "
+            "graphs); give --device cuda, or time --modes compiled here"
+        )
     compiling = [m for m in cfg.modes if m in COMPILE_MODES]
     if compiling and cfg.warmup < 1:
         # torch.compile compiles in the first call: timed, seconds of compiling would be
@@ -269,7 +277,7 @@ def check_settings(cfg: TrainBenchConfig) -> None:
             f"--warmup 0: {compiling[0]} compiles the model in its first step, which would be "
             "timed; give --warmup 1 or more"
         )
-    if "cudagraphs" in cfg.modes and cfg.warmup < 2 and cfg.device.startswith("cuda"):
+    if "cudagraphs" in cfg.modes and cfg.warmup < 2:
         # CUDA graph trees run a step eagerly, then record: the third step is a replay.
         raise UserError(
             f"--warmup {cfg.warmup}: cudagraphs records its graphs in the second step, which "
@@ -776,7 +784,8 @@ def _compile_limits(models: int) -> Iterator[None]:
     }
     # A cudagraphs model whose graphs inductor would run without CUDA graphs (a mutated
     # input, a CPU op in the graph) fails, recorded with inductor's reason, instead of
-    # being timed as cudagraphs. (On a CPU inductor skips them silently: no error.)
+    # being timed as cudagraphs. (On a CPU inductor skips them silently: check_settings
+    # refuses cudagraphs there.)
     inductor = torch._inductor.config
     graphs = (
         {"triton.cudagraph_or_error": True}

@@ -430,6 +430,31 @@ def test_on_a_gpu_of_known_peak_the_issues_gpu_targets_and_the_usual_mfu_are_rep
     assert not any("GPU:" in x for x in targets(report))
 
 
+def test_a_step_faster_than_the_measured_peak_gets_no_mfu(monkeypatch, tmp_path, capsys):
+    """bf16 on a CPU without bf16 matmuls: the measured peak (0.7 GFLOP/s) was below what
+    a step achieved, and the report read MFU 154.5%. Now the cell is marked and a note
+    says why; the JSON keeps the figures; the run warns once about the dtype."""
+    monkeypatch.setattr(train, "peak_matmul_flops", lambda cfg: 1e3)  # slower than any step
+    argv = ["bench", "train", "--variants", "gpt2", "--modes", "eager", "--batch-size", "1"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--no-memory", "--no-generation"]
+    argv += ["--profile-steps", "0", "--dtype", "bfloat16", "--out-dir", str(tmp_path)]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: --dtype bfloat16 on cpu: a CPU without native bfloat16") == 1
+    [js] = tmp_path.glob("train-cpu-*.json")
+    report = json.loads(js.read_text())
+    assert report["peak_flops"] == 1e3 and report["results"][0]["tokens_per_s"] > 0
+    md = js.with_suffix(".md").read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| gpt2 | eager |"))
+    assert "| † |" in row and "%" not in row
+    assert "† No MFU: gpt2 eager achieved more FLOP/s than the bfloat16 matmul peak" in md
+    # A step under the peak keeps its MFU, and no note.
+    report["peak_flops"] = 1e18
+    md = to_markdown(report)
+    assert "No MFU" not in md and "| 0.0% |" in md
+
+
 def test_a_profiled_gpu_step_shows_how_much_of_it_the_kernels_fill():
     """The kernels' own time over the median step: a host-bound variant reads low."""
 

@@ -11,7 +11,8 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
   left out), and each variant's ratio to gpt2 in the same mode;
 * achieved FLOP/s from the analytic training FLOPs per token
   (:func:`cofrgenet.models.estimate_flops_per_token`), and MFU against a peak measured in
-  the same run (the best of a few large matmuls in the training dtype);
+  the same run (the best of a few large matmuls in the training dtype; none where a step
+  beat that peak, as bf16 steps do on a CPU without bf16 matmuls);
 * graph breaks of the whole-model compile (``torch._dynamo.explain``);
 * memory: activation bytes per token kept for backward (every tensor autograd saves,
   parameters excluded), by the whole model and by each FFN / attention replacement
@@ -919,6 +920,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         "activations B/token | training peak MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    above_peak = []  # "variant mode" whose step beat the measured peak: no MFU for them
     for r in report["results"]:
         base = _baseline(report, r["mode"])
         speed = flops = None
@@ -926,15 +928,27 @@ def to_markdown(report: dict[str, Any]) -> str:
             speed = r["tokens_per_s"] / base["tokens_per_s"]
             flops = base["flops_per_token"] / r["flops_per_token"]
         achieved = r["tokens_per_s"] * r["flops_per_token"]
+        if achieved > peak:
+            above_peak.append(f"{r['variant']} {r['mode']}")
         peak_mb = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**20
         lines.append(
             f"| {r['variant']} | {r['mode']} | {r['params']:,} | {r['flops_per_token']:,} | "
             f"{r['tokens_per_s']:,.0f} | {_fmt(speed, '.2f')} | {_fmt(flops, '.2f')} | "
             f"{_fmt(None if speed is None else speed / flops, '.2f')} | "
-            f"{achieved / 1e9:,.2f} | {achieved / peak:.1%} | "
+            f"{achieved / 1e9:,.2f} | {'†' if achieved > peak else f'{achieved / peak:.1%}'} | "
             f"{_fmt(achieved / sheet if sheet else None, '.1%')} | {_fmt(r['graph_breaks'], 'd')} | "
             f"{_fmt(r['activation_bytes_per_token'], ',')} | {_fmt(peak_mb, ',.1f')} |"
         )
+    if above_peak:
+        # A CPU without native bf16/fp16 matmuls runs the peak's matmul far slower than a
+        # step's float32 parts: an MFU over 100% would mean nothing.
+        lines += [
+            "",
+            f"† No MFU: {', '.join(above_peak)} achieved more FLOP/s than the {cfg['dtype']} "
+            f"matmul peak measured in this run ({peak / 1e9:,.2f} GFLOP/s), so that matmul is "
+            f"no ceiling for {cfg['dtype']} on this device (the JSON keeps the figures: "
+            "peak_flops, tokens_per_s, flops_per_token).",
+        ]
     eager = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
     for mode in COMPILE_MODES:
         compiled = {r["variant"]: r for r in report["results"] if r["mode"] == mode}
@@ -1184,6 +1198,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {' and '.join(unmeasured)} measured on the uncompiled trainers only "
               f"(memory: eager or recompute; generation: eager): none here "
               f"(--modes {','.join(cfg.modes)})", file=sys.stderr)  # fmt: skip
+    if cfg.dtype != "float32" and not cfg.device.startswith("cuda"):
+        print(f"warning: --dtype {cfg.dtype} on {cfg.device}: a CPU without native {cfg.dtype} "
+              "matmuls runs them far slower than float32 ones, so its timings and MFU say "
+              "little; --dtype float32 for CPU figures", file=sys.stderr)  # fmt: skip
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before the work
     pairs = len(timed_keys(cfg))
     stem = stem_once(lambda report: report_stem(report, out_dir))

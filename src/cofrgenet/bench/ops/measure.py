@@ -245,7 +245,7 @@ def run_benchmark(
 
     def report(meta: dict[str, Any]) -> Report:
         results = [r for position in sorted(measured) for r in measured[position]]
-        return Report(meta, results, check_targets(results, targets))
+        return Report(meta, results, check_targets(results, targets, config))
 
     def labels(positions: Sequence[int]) -> list[str]:
         return [workloads[p].label for p in sorted(positions)]

@@ -141,6 +141,8 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def _target_line(check: TargetCheck) -> str:
+    if check.not_in_run is not None:  # never asked for: not a skip, nor a failure
+        return f"NOT IN THIS RUN ({check.not_in_run}): {check.target.describe()}"
     if check.met is None:
         return f"NOT TIMED (its workload was skipped or failed): {check.target.describe()}"
     verdict = "MET" if check.met else "MISSED"
@@ -183,6 +185,7 @@ def print_report(report: Report, console: Console) -> None:
     console.print(table)
     for check in report.targets:
         style = {True: "green", False: "red", None: "yellow"}[check.met]
+        style = "dim" if check.not_in_run is not None else style
         console.print(f"[{style}]{_target_line(check)}[/{style}]")
     if warning := busy_warning(report):
         console.print(f"[yellow]warning: {warning}[/yellow]")

@@ -611,6 +611,21 @@ def test_background_load_is_measured_where_proc_stat_is():
     assert (load is not None) == LINUX_PROC
 
 
+def test_a_busy_machine_is_flagged_per_workload():
+    """The warning of `cofr bench ops`, now shared with `cofr bench train`."""
+    from cofrgenet.bench.ops import busy_warning
+    from cofrgenet.bench.ops.results import Report
+
+    busy, quiet = Workload("continued_fraction", 64, 2), Workload("continued_fraction", 64, 3)
+    results = [Result(busy, "fwd", "literal", "literal", background_load=0.5)]
+    results += [Result(quiet, "fwd", "literal", "literal", background_load=0.05)]
+    assert busy_warning(Report({}, results, [])) == (
+        "1 of 2 workloads were timed while other processes used more than 10% of the CPU "
+        "(cf 64 d=2): their timings and ratios are unreliable; rerun them on a quiet machine."
+    )
+    assert busy_warning(Report({}, results[1:], [])) is None
+
+
 def test_minor_page_faults_count_fresh_memory():
     # 64 MiB comes straight from the OS (mmap) and faults when first written; a call
     # that allocates nothing faults (next to) never. The count is the process's: a thread

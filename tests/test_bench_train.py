@@ -455,6 +455,43 @@ def test_a_step_faster_than_the_measured_peak_gets_no_mfu(monkeypatch, tmp_path,
     assert "No MFU" not in md and "| 0.0% |" in md
 
 
+@pytest.mark.parametrize("load, busy", [(0.4, True), (0.02, False)])
+def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load, busy):
+    """A busy machine went unflagged here, while `cofr bench ops` flags it: the same
+    BackgroundLoad and threshold now measure each stage of rounds."""
+    import cofrgenet.bench.timing as timing
+
+    class Load:  # other processes used ``load`` of the CPU while the rounds ran
+        fraction = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self.fraction = load
+
+    monkeypatch.setattr(timing, "BackgroundLoad", Load)
+    monkeypatch.setattr(train, "peak_matmul_flops", lambda cfg: 1e12)
+    cfg = TrainBenchConfig(
+        variants=("gpt2", "cofrgenet-f"), modes=("eager",), batch_size=1, steps=1, rounds=1,
+        warmup=0, memory=False, generation=False, profile_steps=0, **TINY,
+    )  # fmt: skip
+    report = run_benchmark(cfg, "test")
+    assert [r["background_load"] for r in report["results"]] == [load, load]
+    md = to_markdown(report)
+    other = (
+        "- other load (the CPU share other processes used while steps were timed, from "
+        f"/proc/stat): up to {load:.0%}; above 10% a figure is unreliable"
+    )
+    assert other in md
+    warning = (
+        "**Warning:** 2 of 2 variant/mode pairs were timed while other processes used more "
+        "than 10% of the CPU (gpt2 eager, cofrgenet-f eager): their timings and ratios are "
+        "unreliable; rerun them on a quiet machine."
+    )
+    assert (warning in md) == busy
+
+
 def test_a_profiled_gpu_step_shows_how_much_of_it_the_kernels_fill():
     """The kernels' own time over the median step: a host-bound variant reads low."""
 

@@ -14,6 +14,9 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
   the same run (the best of a few large matmuls in the training dtype; none where a step
   beat that peak, as bf16 steps do on a CPU without bf16 matmuls);
 * graph breaks of the whole-model compile (``torch._dynamo.explain``);
+* other load: the CPU share other processes used while the rounds ran
+  (:class:`~cofrgenet.bench.timing.BackgroundLoad`, flagged above ``BUSY_THRESHOLD``, as
+  ``cofr bench ops`` does);
 * memory: activation bytes per token kept for backward (every tensor autograd saves,
   parameters excluded), by the whole model and by each FFN / attention replacement
   beside the layer it replaces, and the peak memory of training above the built model
@@ -195,6 +198,9 @@ class VariantResult:
     #: entries of ``step_ms``: ratios per round pair the rounds two variants shared.
     round_ids: list[int] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    #: The largest share of the CPU other processes used during a stage of rounds it was
+    #: timed in (:class:`~cofrgenet.bench.timing.BackgroundLoad`; None: not measurable).
+    background_load: float | None = None
     graph_breaks: int | None = None
     activation_bytes_per_token: int | None = None
     peak_memory_bytes: int | None = None
@@ -657,16 +663,22 @@ class _Run:
         A round is recorded once all its keys are timed: one that raises leaves no
         half-round behind (round ids keep pairing the steps taken side by side).
         """
-        from cofrgenet.bench.timing import round_order
+        from cofrgenet.bench.timing import BackgroundLoad, round_order
 
-        for index in range(self.cfg.rounds):
-            steps = {key: self.trainers[key].timed_steps(self.cfg.steps)
-                     for key in round_order(keys, index)}  # fmt: skip
-            for key, ms in steps.items():
+        # Other processes on the cores skew the steps (as in `cofr bench ops`): measured.
+        with BackgroundLoad() as background:
+            for index in range(self.cfg.rounds):
+                steps = {key: self.trainers[key].timed_steps(self.cfg.steps)
+                         for key in round_order(keys, index)}  # fmt: skip
+                for key, ms in steps.items():
+                    result = self.trainers[key].result
+                    result.step_ms += ms
+                    result.round_ids.append(self.rounds_done)
+                self.rounds_done += 1
+        if background.fraction is not None:
+            for key in keys:
                 result = self.trainers[key].result
-                result.step_ms += ms
-                result.round_ids.append(self.rounds_done)
-            self.rounds_done += 1
+                result.background_load = max(result.background_load or 0.0, background.fraction)
 
     def profile(self, keys: Sequence[Key]) -> None:
         """``cfg.profile_steps`` steps of each of ``keys`` under torch.profiler (after the
@@ -886,6 +898,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def to_markdown(report: dict[str, Any]) -> str:
+    from cofrgenet.bench.timing import BUSY_THRESHOLD, busy_warning
+
     cfg, peak = report["config"], report["peak_flops"]
     lines = [f"# Training speed ({report['device']}, {report['date']})", ""]
     if report.get("partial"):
@@ -907,6 +921,15 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- peak measured in this run (matmul, {cfg['dtype']}): {peak / 1e9:,.1f} GFLOP/s "
         "(the MFU column's)",
     ]
+    loads = [
+        r["background_load"] for r in report["results"] if r.get("background_load") is not None
+    ]
+    if loads:
+        lines.append(
+            f"- other load (the CPU share other processes used while steps were timed, from "
+            f"/proc/stat): up to {max(loads):.0%}; above {BUSY_THRESHOLD:.0%} a figure is "
+            "unreliable"
+        )
     sheet = report.get("datasheet_peak_flops")
     if sheet:
         lines.append(
@@ -949,6 +972,12 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"no ceiling for {cfg['dtype']} on this device (the JSON keeps the figures: "
             "peak_flops, tokens_per_s, flops_per_token).",
         ]
+    busy = busy_warning(
+        {f"{r['variant']} {r['mode']}": r.get("background_load") for r in report["results"]},
+        "variant/mode pairs",
+    )
+    if busy:
+        lines += ["", f"**Warning:** {busy}"]
     eager = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
     for mode in COMPILE_MODES:
         compiled = {r["variant"]: r for r in report["results"] if r["mode"] == mode}

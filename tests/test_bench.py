@@ -24,6 +24,7 @@ import torch
 from cofrgenet import cli
 from cofrgenet.bench.ops import (
     QUICK,
+    TARGETS,
     OpsBenchConfig,
     OutputOptions,
     Result,
@@ -391,6 +392,28 @@ def test_a_target_whose_workload_was_not_timed_does_not_read_as_a_result():
     assert _target_line(TargetCheck(target, speedup=1e9)).startswith("MET: ")
 
 
+def test_a_target_this_run_never_selected_is_not_read_as_skipped_or_failed():
+    """`--quick --impls literal,continuant` printed "NOT TIMED (its workload was skipped
+    or failed): auto >= 5x literal, ... (2^20, d=5)": no 2^20 size, no auto, nothing
+    skipped. A target the run never selected now says so, and why."""
+    from cofrgenet.bench.ops.report import _target_line
+
+    report = run_benchmark(_small_config())  # cf 64, literal, fwd: neither CPU target
+    lines = [_target_line(c) for c in report.targets]
+    why = "its workload is not among this run's; fwd+bwd not in --modes; auto not in --impls"
+    assert lines[0] == f"NOT IN THIS RUN ({why}): {TARGETS[0].describe()}"
+    assert all(line.startswith("NOT IN THIS RUN (") for line in lines)
+    assert "NOT TIMED" not in to_markdown(report)
+    assert report.to_dict()["targets"][0]["not_in_run"] == why
+    assert report.targets[0].met is None  # nor a miss for --fail-on-miss
+    # Selected, then not timed (it failed, or the time budget ran out): as before.
+    selected = OpsBenchConfig(sizes=(1 << 20,), depths=(5, 8), impls=("literal", "auto"))
+    [check, _] = check_targets([], TARGETS, selected)
+    assert _target_line(check).startswith("NOT TIMED (its workload was skipped or failed): ")
+    only_auto = OpsBenchConfig(sizes=(1 << 20,), depths=(5,), impls=("auto",))
+    assert check_targets([], TARGETS[:1], only_auto)[0].not_in_run == "literal not in --impls"
+
+
 def test_triton_is_skipped_on_cpu_with_a_note():
     config = OpsBenchConfig(
         sizes=(64,),
@@ -586,6 +609,21 @@ def test_background_load_is_measured_where_proc_stat_is():
     load = wait_for_quiet(threshold=0.0, max_wait_s=0.0, window_s=0.05)
     assert time.monotonic() - start < 1.0
     assert (load is not None) == LINUX_PROC
+
+
+def test_a_busy_machine_is_flagged_per_workload():
+    """The warning of `cofr bench ops`, now shared with `cofr bench train`."""
+    from cofrgenet.bench.ops import busy_warning
+    from cofrgenet.bench.ops.results import Report
+
+    busy, quiet = Workload("continued_fraction", 64, 2), Workload("continued_fraction", 64, 3)
+    results = [Result(busy, "fwd", "literal", "literal", background_load=0.5)]
+    results += [Result(quiet, "fwd", "literal", "literal", background_load=0.05)]
+    assert busy_warning(Report({}, results, [])) == (
+        "1 of 2 workloads were timed while other processes used more than 10% of the CPU "
+        "(cf 64 d=2): their timings and ratios are unreliable; rerun them on a quiet machine."
+    )
+    assert busy_warning(Report({}, results[1:], [])) is None
 
 
 def test_minor_page_faults_count_fresh_memory():

@@ -102,6 +102,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--out-dir", "bad.yaml/out"], "--out-dir bad.yaml/out: cannot make this folder: 'bad.yaml' is a file"),
         (["--seeds", "0,1,0"], "--seeds: 0 given twice; give each once"),
         (["--variants", "gpt2,gpt2"], "--variants: gpt2 given twice; give each once"),
+        (["--seeds", "-1"], "--seeds must be in [0, 4294967295], got -1"),
+        (["--seeds", "0,4294967296"], "--seeds must be in [0, 4294967295], got 4294967296"),
+        (["--runs-dir", "bad.yaml/runs"], "--runs-dir bad.yaml/runs: cannot make this folder: 'bad.yaml' is a file"),
         (["--recipe", str(RECIPE), "--data-dir", "data/nope"], "--data-dir data/nope: no prepared data there (no meta.json); make it with `cofr data prepare --out data/nope`"),
     ],
 )  # fmt: skip
@@ -124,6 +127,41 @@ def test_bad_options_are_one_line_errors_before_the_data_is_made(
     assert len(err.splitlines()) == 1 and not (tmp_path / "data").exists()
     # The default recipe is found from any folder (here too): no "run from the root".
     assert "repository root" not in err
+
+
+@pytest.mark.parametrize(
+    "model_config, fix",
+    [(None, '{"vocab_size": 50257}'), ('{"ladders": 8}', '{"ladders": 8, "vocab_size": 50257}')],
+)
+def test_data_of_a_larger_vocabulary_names_this_commands_option(
+    tmp_path, monkeypatch, capsys, model_config, fix
+):
+    """gpt2-tokenized data said "set model.config.vocab_size: 50257", cofr fit's key:
+    here the fix is --model-config, before any run."""
+    import types
+
+    import cofrgenet.bench.quality as quality
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started before the check")
+
+    monkeypatch.setattr(quality, "run_variant", no_run)
+    gpt2_data = types.SimpleNamespace(vocab_size=50257)
+    monkeypatch.setattr("cofrgenet.data.meta.read_meta", lambda data_dir: gpt2_data)
+    data = tmp_path / "gpt2-data"
+    data.mkdir()
+    (data / "meta.json").write_text("{}")
+    argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir", str(data)]
+    argv += ["--variants", "gpt2,cofrgenet-f", "--out-dir", str(tmp_path / "out")]
+    argv += ["--runs-dir", str(tmp_path / "runs")]
+    argv += ["--model-config", model_config] if model_config else []
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"cofr bench quality: error: --data-dir {data}: its tokenizer has 50257 token ids but "
+        f"gpt2's vocab_size is 2048: give --model-config '{fix}' (or more), or data prepared "
+        "with the recipe's tokenizer"
+    )
 
 
 def _result(variant, seed, loss, spikes=0, steps=10, unclipped=None):
@@ -225,7 +263,7 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     (tmp_path / "data" / "meta.json").write_text("{}")
     argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
             str(tmp_path / "data"), "--variants", "gpt2,cofrgenet-f", "--seeds", "0,1",
-            "--out-dir", str(tmp_path / "out")]  # fmt: skip
+            "--out-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
     assert cli.main(argv) == 130  # Ctrl-C's status
     (md,) = (tmp_path / "out").glob("*.md")
     text = md.read_text()

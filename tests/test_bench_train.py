@@ -116,7 +116,7 @@ def test_bench_train_reports_after_each_stage_with_ratios_from_shared_rounds(mon
         batch_size=2,
         steps=1,
         rounds=2,
-        warmup=0,
+        warmup=1,
         memory=False,
         generation=False,
         **TINY,
@@ -169,7 +169,7 @@ def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
 
     _compile_as_identity(monkeypatch, graph_breaks=killed)
     argv = ["bench", "train", "--variants", "gpt2,cofrgenet-f", "--batch-size", "2"]
-    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--no-memory", "--no-generation"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "1", "--no-memory", "--no-generation"]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 130  # Ctrl-C's status
     [js] = tmp_path.glob("train-cpu-*.json")
@@ -307,6 +307,16 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--variants", "lstn"], "--variants: unknown variant 'lstn' (did you mean 'lstm'?)"),
         (["--modes", "eagre"], "--modes: unknown mode 'eagre' (did you mean 'eager'?)"),
         (
+            ["--modes", "eager,compiled", "--warmup", "0"],
+            "--warmup 0: compiled compiles the model in its first step, which would be timed; "
+            "give --warmup 1 or more",
+        ),
+        (
+            ["--modes", "eager,cudagraphs"],
+            "--modes cudagraphs needs --device cuda (on cpu inductor runs no CUDA graphs); "
+            "give --device cuda, or time --modes compiled here",
+        ),
+        (
             ["--modes", "cudagraphs", "--warmup", "1", "--device", "cuda"],
             "--warmup 1: cudagraphs records its graphs in the second step",
         ),
@@ -324,6 +334,13 @@ def test_bad_settings_are_one_line_before_any_work(monkeypatch, tmp_path, capsys
     line = one_line_error(capsys, [*argv, *options])
     assert line.startswith(f"cofr bench train: error: {message}")
     assert not (tmp_path / "out").exists()
+
+
+def test_only_the_compiled_modes_need_a_warm_up_step():
+    """--warmup 0 timed the compilation as a compiled step (17 s, 7 tokens/s): refused
+    with a compiled mode (see above), still fine without one."""
+    train.check_settings(TrainBenchConfig(modes=("eager", "recompute"), warmup=0, **TINY))
+    train.check_settings(TrainBenchConfig(modes=("eager", "compiled"), warmup=1, **TINY))
 
 
 def test_an_out_dir_that_is_a_file_or_a_missing_gpu_is_one_line(monkeypatch, tmp_path, capsys):
@@ -413,6 +430,68 @@ def test_on_a_gpu_of_known_peak_the_issues_gpu_targets_and_the_usual_mfu_are_rep
     assert not any("GPU:" in x for x in targets(report))
 
 
+def test_a_step_faster_than_the_measured_peak_gets_no_mfu(monkeypatch, tmp_path, capsys):
+    """bf16 on a CPU without bf16 matmuls: the measured peak (0.7 GFLOP/s) was below what
+    a step achieved, and the report read MFU 154.5%. Now the cell is marked and a note
+    says why; the JSON keeps the figures; the run warns once about the dtype."""
+    monkeypatch.setattr(train, "peak_matmul_flops", lambda cfg: 1e3)  # slower than any step
+    argv = ["bench", "train", "--variants", "gpt2", "--modes", "eager", "--batch-size", "1"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--no-memory", "--no-generation"]
+    argv += ["--profile-steps", "0", "--dtype", "bfloat16", "--out-dir", str(tmp_path)]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: --dtype bfloat16 on cpu: a CPU without native bfloat16") == 1
+    [js] = tmp_path.glob("train-cpu-*.json")
+    report = json.loads(js.read_text())
+    assert report["peak_flops"] == 1e3 and report["results"][0]["tokens_per_s"] > 0
+    md = js.with_suffix(".md").read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| gpt2 | eager |"))
+    assert "| † |" in row and "%" not in row
+    assert "† No MFU: gpt2 eager achieved more FLOP/s than the bfloat16 matmul peak" in md
+    # A step under the peak keeps its MFU, and no note.
+    report["peak_flops"] = 1e18
+    md = to_markdown(report)
+    assert "No MFU" not in md and "| 0.0% |" in md
+
+
+@pytest.mark.parametrize("load, busy", [(0.4, True), (0.02, False)])
+def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load, busy):
+    """A busy machine went unflagged here, while `cofr bench ops` flags it: the same
+    BackgroundLoad and threshold now measure each stage of rounds."""
+    import cofrgenet.bench.timing as timing
+
+    class Load:  # other processes used ``load`` of the CPU while the rounds ran
+        fraction = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self.fraction = load
+
+    monkeypatch.setattr(timing, "BackgroundLoad", Load)
+    monkeypatch.setattr(train, "peak_matmul_flops", lambda cfg: 1e12)
+    cfg = TrainBenchConfig(
+        variants=("gpt2", "cofrgenet-f"), modes=("eager",), batch_size=1, steps=1, rounds=1,
+        warmup=0, memory=False, generation=False, profile_steps=0, **TINY,
+    )  # fmt: skip
+    report = run_benchmark(cfg, "test")
+    assert [r["background_load"] for r in report["results"]] == [load, load]
+    md = to_markdown(report)
+    other = (
+        "- other load (the CPU share other processes used while steps were timed, from "
+        f"/proc/stat): up to {load:.0%}; above 10% a figure is unreliable"
+    )
+    assert other in md
+    warning = (
+        "**Warning:** 2 of 2 variant/mode pairs were timed while other processes used more "
+        "than 10% of the CPU (gpt2 eager, cofrgenet-f eager): their timings and ratios are "
+        "unreliable; rerun them on a quiet machine."
+    )
+    assert (warning in md) == busy
+
+
 def test_a_profiled_gpu_step_shows_how_much_of_it_the_kernels_fill():
     """The kernels' own time over the median step: a host-bound variant reads low."""
 
@@ -480,7 +559,7 @@ def test_a_variant_that_cannot_train_here_is_reported_and_the_others_timed(monke
     monkeypatch.setattr(train, "Trainer", fails_for_lstm)
     _compile_as_identity(monkeypatch)
     cfg = TrainBenchConfig(
-        variants=("gpt2", "lstm"), batch_size=2, steps=1, rounds=1, warmup=0,
+        variants=("gpt2", "lstm"), batch_size=2, steps=1, rounds=1, warmup=1,
         memory=False, generation=False, **TINY,
     )  # fmt: skip
     report = run_benchmark(cfg, "test")
@@ -513,7 +592,7 @@ def test_generation_tokens_per_s_are_medians_of_interleaved_calls(monkeypatch):
 def test_compiled_only_says_that_memory_and_generation_go_unmeasured(monkeypatch, tmp_path, capsys):
     _compile_as_identity(monkeypatch)
     argv = ["bench", "train", "--variants", "gpt2", "--modes", "compiled", "--batch-size", "1"]
-    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--out-dir", str(tmp_path)]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "1", "--out-dir", str(tmp_path)]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
@@ -544,8 +623,10 @@ def test_compiled_variants_have_room_in_dynamo_s_cache(monkeypatch):
     assert seen["limit"] >= 4 * len(train.VARIANTS) > 8
     assert torch.compiler.config.recompile_limit == 8  # put back
     assert not torch._inductor.config.triton.cudagraph_or_error
+    # cudagraphs is for a GPU: a cuda device, as if there were one (nothing runs on it).
+    monkeypatch.setattr("cofrgenet.dataclass_options.device_problem", lambda device: None)
     both = TrainBenchConfig(
-        variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), **TINY
+        variants=tuple(names), modes=("eager", "compiled", "cudagraphs"), device="cuda", **TINY
     )
     train.run_benchmark(both, "test")  # a graph per variant and compiled mode
     assert seen["limit"] == max(8, 4 * 2 * len(names))
@@ -583,9 +664,11 @@ def test_graph_breaks_are_counted_once_a_variant_in_both_compiled_modes(monkeypa
     counted = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)
     monkeypatch.setattr(train, "graph_breaks", lambda trainer: counted.append(1) or 3)
+    # cudagraphs is refused on a CPU; with torch.compile faked it only names the compile.
+    monkeypatch.setattr(train, "check_settings", lambda cfg: None)
     cfg = TrainBenchConfig(
         variants=("gpt2",), modes=("compiled", "cudagraphs"), batch_size=1, steps=1,
-        rounds=1, warmup=0, profile_steps=0, **TINY,
+        rounds=1, warmup=1, profile_steps=0, **TINY,
     )  # fmt: skip
     report = run_benchmark(cfg, "test")
     assert len(counted) == 1 and [r["graph_breaks"] for r in report["results"]] == [3, 3]

@@ -137,6 +137,8 @@ DEFAULT_VARIANTS = (
     "cofrgenet",
 )
 DYADIC = ("none", "paper", "release")
+#: The largest seed Lightning's ``seed_everything`` takes (numpy's uint32 range).
+MAX_SEED = 2**32 - 1
 
 
 #: What an unset shape or run-length field of QualityBenchConfig means.
@@ -151,7 +153,9 @@ class QualityBenchConfig:
         default=DEFAULT_VARIANTS,
         metadata={"help": f"variants to train; known: {', '.join(VARIANTS)}"},
     )
-    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"help": "seeds, one run each"})
+    seeds: tuple[int, ...] = field(
+        default=(0, 1, 2), metadata={"help": f"seeds, one run each, 0 to {MAX_SEED}"}
+    )
     steps: int | None = field(default=None, metadata={"help": "optimizer steps per run" + RECIPES})
     batch_size: int | None = field(default=None, metadata={"help": "sequences per step" + RECIPES})
     block_size: int | None = field(default=None, metadata={"help": "tokens per sequence" + RECIPES})
@@ -199,6 +203,9 @@ class QualityBenchConfig:
             )
         if not self.variants or not self.seeds:
             raise ConfigError("give at least one variant (--variants) and one seed (--seeds)")
+        bad_seed = next((s for s in self.seeds if not 0 <= s <= MAX_SEED), None)
+        if bad_seed is not None:  # else Lightning's seed_everything names its own option
+            raise ConfigError(f"--seeds must be in [0, {MAX_SEED}], got {bad_seed}")
         for flag, values in (("--variants", self.variants), ("--seeds", self.seeds)):
             repeated = sorted({str(v) for v in values if values.count(v) > 1})
             if repeated:  # the second run would find the first one's run folder taken
@@ -734,6 +741,30 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     prepare_data("pydoc", cfg.data_dir, num_workers=1, **BENCH_DATA)
 
 
+def check_vocab_fits(cfg: QualityBenchConfig) -> None:
+    """Every variant's vocabulary holds the data's token ids: ``cofr fit``'s own check
+    would say "set model.config.vocab_size", which this command sets with --model-config."""
+    from cofrgenet.data.meta import DataFolderError, read_meta
+    from cofrgenet.models.presets import preset_dict
+
+    try:
+        data_vocab = read_meta(cfg.data_dir).vocab_size
+    except DataFolderError:  # the first run's fit says what is wrong with the folder
+        return
+    overrides = cfg.model_overrides()
+    for name in cfg.variants:
+        variant = VARIANTS[name]
+        fields = {**preset_dict(variant.preset), **recipe_model_config(cfg), **overrides}
+        model_vocab = {**fields, **variant.config}.get("vocab_size")
+        if model_vocab is not None and model_vocab < data_vocab:
+            fix = json.dumps({**overrides, "vocab_size": data_vocab})
+            raise ConfigError(
+                f"--data-dir {cfg.data_dir}: its tokenizer has {data_vocab} token ids but "
+                f"{name}'s vocab_size is {model_vocab}: give --model-config '{fix}' (or more), "
+                "or data prepared with the recipe's tokenizer"
+            )
+
+
 #: How the benchmark's default data folder is made (conf/experiment/quality-cpu.yaml's).
 BENCH_DATA = {"tokenizer": "bpe", "vocab_size": 2048, "val_fraction": 0.15}
 
@@ -748,6 +779,7 @@ def run_benchmark(
     cfg = replace(cfg, recipe=str(bundled(cfg.recipe)))  # conf/... from any folder
     recipe_model_config(cfg)  # a bad --recipe fails before the data is made
     ensure_data(cfg)
+    check_vocab_fits(cfg)
     started = dt.datetime.now(dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     # Seed-major: a drifting machine load hits every variant alike.
@@ -826,6 +858,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(QualityBenchConfig, args)
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
+    # The runs' folders too, named by this command's option (the fit's says --run.runs_dir).
+    make_out_dir(cfg.runs_dir, "--runs-dir")
     stem = stem_once(lambda report: report_stem(report, out_dir))
     saved: list[Path] = []
 

@@ -162,6 +162,11 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: Above this share of the machine's CPU used by other processes, timings are flagged
+#: (``cofr bench ops`` per workload, ``cofr bench train`` per variant and mode).
+BUSY_THRESHOLD = 0.10
+
+
 class BackgroundLoad:
     """CPU used by *other* processes (and the hypervisor's steal) while in the block.
 
@@ -201,3 +206,23 @@ def wait_for_quiet(threshold: float, max_wait_s: float, window_s: float = 1.0) -
         load = background.fraction
         if load is None or load <= threshold or time.monotonic() >= deadline:
             return load
+
+
+def is_busy(load: float | None) -> bool:
+    """Whether other processes used more than :data:`BUSY_THRESHOLD` of the CPU (``load``:
+    a :class:`BackgroundLoad` fraction; None, not measured, is not busy)."""
+    return load is not None and load > BUSY_THRESHOLD
+
+
+def busy_warning(loads: Mapping[str, float | None], what: str) -> str | None:
+    """One sentence naming the timings (label -> :class:`BackgroundLoad` fraction while
+    it was timed) taken on a busy machine, out of all ``what`` ("workloads"); None when
+    none was."""
+    busy = [label for label, load in loads.items() if is_busy(load)]
+    if not busy:
+        return None
+    return (
+        f"{len(busy)} of {len(loads)} {what} were timed while other processes used more "
+        f"than {100 * BUSY_THRESHOLD:.0f}% of the CPU ({', '.join(busy)}): their timings and "
+        "ratios are unreliable; rerun them on a quiet machine."
+    )

@@ -11,8 +11,12 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
   left out), and each variant's ratio to gpt2 in the same mode;
 * achieved FLOP/s from the analytic training FLOPs per token
   (:func:`cofrgenet.models.estimate_flops_per_token`), and MFU against a peak measured in
-  the same run (the best of a few large matmuls in the training dtype);
+  the same run (the best of a few large matmuls in the training dtype; none where a step
+  beat that peak, as bf16 steps do on a CPU without bf16 matmuls);
 * graph breaks of the whole-model compile (``torch._dynamo.explain``);
+* other load: the CPU share other processes used while the rounds ran
+  (:class:`~cofrgenet.bench.timing.BackgroundLoad`, flagged above ``BUSY_THRESHOLD``, as
+  ``cofr bench ops`` does);
 * memory: activation bytes per token kept for backward (every tensor autograd saves,
   parameters excluded), by the whole model and by each FFN / attention replacement
   beside the layer it replaces, and the peak memory of training above the built model
@@ -28,8 +32,9 @@ Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command,
 rewrites them, marked partial, after each stage of the run: a run cut short (a
 wall-clock limit) keeps what it measured. A report already there is never replaced: a
 second run of the day writes ``train-<device>-<date>-2.{md,json}`` (then ``-3``, ...).
-Settings are checked before any work (sizes >= 1, the dtype, the device, every
-variant's model, the output folder): a wrong one is a one-line error.
+Settings are checked before any work (sizes >= 1, a warm-up step for the compiled
+modes to compile in, the dtype, the device, every variant's model, the output folder): a
+wrong one is a one-line error.
 """
 
 from __future__ import annotations
@@ -77,9 +82,10 @@ DEFAULT_VARIANTS = (
 BASELINE = "gpt2"
 #: The modes, and the torch.compile mode of the compiled ones. cudagraphs records the
 #: model's forward and backward kernels once as CUDA graphs and replays them, without a
-#: launch per kernel on the host (the loss and the optimizer still launch theirs; on a
-#: CPU it is the same as compiled). recompute is eager with activation checkpointing
-#: (transformers only: a recurrent model has no blocks to recompute).
+#: launch per kernel on the host (the loss and the optimizer still launch theirs; CUDA
+#: only: on a CPU inductor skips the graphs silently, so it is refused there). recompute
+#: is eager with activation checkpointing (transformers only: a recurrent model has no
+#: blocks to recompute).
 MODES = ("eager", "compiled", "cudagraphs", "recompute")
 COMPILE_MODES = {"compiled": None, "cudagraphs": "reduce-overhead"}
 #: The modes run uncompiled: timed together, in the first stage.
@@ -115,8 +121,8 @@ class TrainBenchConfig:
         default=("eager", "compiled"),
         metadata={
             "help": "eager, compiled (torch.compile), cudagraphs (torch.compile with "
-            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs) and/or "
-            "recompute (eager with activation checkpointing)"
+            "mode='reduce-overhead': the model's kernels replayed as CUDA graphs; --device "
+            "cuda only) and/or recompute (eager with activation checkpointing)"
         },
     )
     n_layer: int = field(default=4, metadata={"help": "layers of every variant"})
@@ -132,7 +138,13 @@ class TrainBenchConfig:
     vocab_size: int = field(default=512, metadata={"help": "vocabulary"})
     batch_size: int = field(default=8, metadata={"help": "sequences per step"})
     steps: int = field(default=4, metadata={"help": "timed steps per variant and round"})
-    warmup: int = field(default=2, metadata={"help": "untimed steps before the first round"})
+    warmup: int = field(
+        default=2,
+        metadata={
+            "help": "untimed steps before the first round, where the compiled modes compile "
+            "(at least 1 with compiled, 2 with cudagraphs)"
+        },
+    )
     rounds: int = field(default=5, metadata={"help": "interleaved rounds"})
     dtype: str = field(
         default="float32",
@@ -186,6 +198,9 @@ class VariantResult:
     #: entries of ``step_ms``: ratios per round pair the rounds two variants shared.
     round_ids: list[int] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    #: The largest share of the CPU other processes used during a stage of rounds it was
+    #: timed in (:class:`~cofrgenet.bench.timing.BackgroundLoad`; None: not measurable).
+    background_load: float | None = None
     graph_breaks: int | None = None
     activation_bytes_per_token: int | None = None
     peak_memory_bytes: int | None = None
@@ -234,8 +249,9 @@ def grouped_kv_heads(cfg: TrainBenchConfig) -> dict[str, int]:
 
 
 def check_settings(cfg: TrainBenchConfig) -> None:
-    """What ``__post_init__`` cannot see, checked before any work: the variants and modes,
-    each variant's model at the bench's shape, the device, the output folder."""
+    """What ``__post_init__`` cannot see, checked before any work: the variants and modes
+    (cudagraphs on a GPU only, a warm-up for the compiled ones), each variant's model at
+    the bench's shape, the device, the output folder."""
     from cofrgenet.dataclass_options import device_problem
     from cofrgenet.errors import UserError, did_you_mean
 
@@ -254,7 +270,21 @@ def check_settings(cfg: TrainBenchConfig) -> None:
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
-    if "cudagraphs" in cfg.modes and cfg.warmup < 2 and cfg.device.startswith("cuda"):
+    if "cudagraphs" in cfg.modes and not cfg.device.startswith("cuda"):
+        # Inductor skips CUDA graphs off a GPU without a word: compiled, named cudagraphs.
+        raise UserError(
+            f"--modes cudagraphs needs --device cuda (on {cfg.device} inductor runs no CUDA "
+            "graphs); give --device cuda, or time --modes compiled here"
+        )
+    compiling = [m for m in cfg.modes if m in COMPILE_MODES]
+    if compiling and cfg.warmup < 1:
+        # torch.compile compiles in the first call: timed, seconds of compiling would be
+        # read as one step (a 17 s step, 7 tokens/s).
+        raise UserError(
+            f"--warmup 0: {compiling[0]} compiles the model in its first step, which would be "
+            "timed; give --warmup 1 or more"
+        )
+    if "cudagraphs" in cfg.modes and cfg.warmup < 2:
         # CUDA graph trees run a step eagerly, then record: the third step is a replay.
         raise UserError(
             f"--warmup {cfg.warmup}: cudagraphs records its graphs in the second step, which "
@@ -633,16 +663,22 @@ class _Run:
         A round is recorded once all its keys are timed: one that raises leaves no
         half-round behind (round ids keep pairing the steps taken side by side).
         """
-        from cofrgenet.bench.timing import round_order
+        from cofrgenet.bench.timing import BackgroundLoad, round_order
 
-        for index in range(self.cfg.rounds):
-            steps = {key: self.trainers[key].timed_steps(self.cfg.steps)
-                     for key in round_order(keys, index)}  # fmt: skip
-            for key, ms in steps.items():
+        # Other processes on the cores skew the steps (as in `cofr bench ops`): measured.
+        with BackgroundLoad() as background:
+            for index in range(self.cfg.rounds):
+                steps = {key: self.trainers[key].timed_steps(self.cfg.steps)
+                         for key in round_order(keys, index)}  # fmt: skip
+                for key, ms in steps.items():
+                    result = self.trainers[key].result
+                    result.step_ms += ms
+                    result.round_ids.append(self.rounds_done)
+                self.rounds_done += 1
+        if background.fraction is not None:
+            for key in keys:
                 result = self.trainers[key].result
-                result.step_ms += ms
-                result.round_ids.append(self.rounds_done)
-            self.rounds_done += 1
+                result.background_load = max(result.background_load or 0.0, background.fraction)
 
     def profile(self, keys: Sequence[Key]) -> None:
         """``cfg.profile_steps`` steps of each of ``keys`` under torch.profiler (after the
@@ -761,7 +797,8 @@ def _compile_limits(models: int) -> Iterator[None]:
     }
     # A cudagraphs model whose graphs inductor would run without CUDA graphs (a mutated
     # input, a CPU op in the graph) fails, recorded with inductor's reason, instead of
-    # being timed as cudagraphs. (On a CPU inductor skips them silently: no error.)
+    # being timed as cudagraphs. (On a CPU inductor skips them silently: check_settings
+    # refuses cudagraphs there.)
     inductor = torch._inductor.config
     graphs = (
         {"triton.cudagraph_or_error": True}
@@ -861,6 +898,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def to_markdown(report: dict[str, Any]) -> str:
+    from cofrgenet.bench.timing import BUSY_THRESHOLD, busy_warning
+
     cfg, peak = report["config"], report["peak_flops"]
     lines = [f"# Training speed ({report['device']}, {report['date']})", ""]
     if report.get("partial"):
@@ -882,6 +921,15 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- peak measured in this run (matmul, {cfg['dtype']}): {peak / 1e9:,.1f} GFLOP/s "
         "(the MFU column's)",
     ]
+    loads = [
+        r["background_load"] for r in report["results"] if r.get("background_load") is not None
+    ]
+    if loads:
+        lines.append(
+            f"- other load (the CPU share other processes used while steps were timed, from "
+            f"/proc/stat): up to {max(loads):.0%}; above {BUSY_THRESHOLD:.0%} a figure is "
+            "unreliable"
+        )
     sheet = report.get("datasheet_peak_flops")
     if sheet:
         lines.append(
@@ -895,6 +943,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         "activations B/token | training peak MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    above_peak = []  # "variant mode" whose step beat the measured peak: no MFU for them
     for r in report["results"]:
         base = _baseline(report, r["mode"])
         speed = flops = None
@@ -902,15 +951,33 @@ def to_markdown(report: dict[str, Any]) -> str:
             speed = r["tokens_per_s"] / base["tokens_per_s"]
             flops = base["flops_per_token"] / r["flops_per_token"]
         achieved = r["tokens_per_s"] * r["flops_per_token"]
+        if achieved > peak:
+            above_peak.append(f"{r['variant']} {r['mode']}")
         peak_mb = None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**20
         lines.append(
             f"| {r['variant']} | {r['mode']} | {r['params']:,} | {r['flops_per_token']:,} | "
             f"{r['tokens_per_s']:,.0f} | {_fmt(speed, '.2f')} | {_fmt(flops, '.2f')} | "
             f"{_fmt(None if speed is None else speed / flops, '.2f')} | "
-            f"{achieved / 1e9:,.2f} | {achieved / peak:.1%} | "
+            f"{achieved / 1e9:,.2f} | {'†' if achieved > peak else f'{achieved / peak:.1%}'} | "
             f"{_fmt(achieved / sheet if sheet else None, '.1%')} | {_fmt(r['graph_breaks'], 'd')} | "
             f"{_fmt(r['activation_bytes_per_token'], ',')} | {_fmt(peak_mb, ',.1f')} |"
         )
+    if above_peak:
+        # A CPU without native bf16/fp16 matmuls runs the peak's matmul far slower than a
+        # step's float32 parts: an MFU over 100% would mean nothing.
+        lines += [
+            "",
+            f"† No MFU: {', '.join(above_peak)} achieved more FLOP/s than the {cfg['dtype']} "
+            f"matmul peak measured in this run ({peak / 1e9:,.2f} GFLOP/s), so that matmul is "
+            f"no ceiling for {cfg['dtype']} on this device (the JSON keeps the figures: "
+            "peak_flops, tokens_per_s, flops_per_token).",
+        ]
+    busy = busy_warning(
+        {f"{r['variant']} {r['mode']}": r.get("background_load") for r in report["results"]},
+        "variant/mode pairs",
+    )
+    if busy:
+        lines += ["", f"**Warning:** {busy}"]
     eager = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
     for mode in COMPILE_MODES:
         compiled = {r["variant"]: r for r in report["results"] if r["mode"] == mode}
@@ -1160,6 +1227,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {' and '.join(unmeasured)} measured on the uncompiled trainers only "
               f"(memory: eager or recompute; generation: eager): none here "
               f"(--modes {','.join(cfg.modes)})", file=sys.stderr)  # fmt: skip
+    if cfg.dtype != "float32" and not cfg.device.startswith("cuda"):
+        print(f"warning: --dtype {cfg.dtype} on {cfg.device}: a CPU without native {cfg.dtype} "
+              "matmuls runs them far slower than float32 ones, so its timings and MFU say "
+              "little; --dtype float32 for CPU figures", file=sys.stderr)  # fmt: skip
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before the work
     pairs = len(timed_keys(cfg))
     stem = stem_once(lambda report: report_stem(report, out_dir))

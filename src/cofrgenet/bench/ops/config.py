@@ -12,6 +12,7 @@ import torch
 
 from cofrgenet.bench.ops.formatting import pow2
 from cofrgenet.bench.ops.workloads import Workload
+from cofrgenet.bench.timing import BUSY_THRESHOLD  # shared with bench train; re-exported
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.nn.cffn import LADDER_KINDS
 from cofrgenet.ops import GRAD_MODES, IMPLS
@@ -24,8 +25,6 @@ DTYPES = {
     "float16": torch.float16,
 }
 REFERENCE_IMPL = "literal"
-#: Above this share of the machine's CPU used by other processes, timings are flagged.
-BUSY_THRESHOLD = 0.10
 #: Implementations that run only on CUDA devices (on CPU, Triton's interpreter would).
 CUDA_ONLY_IMPLS = ("triton",)
 CFFN_KINDS = LADDER_KINDS

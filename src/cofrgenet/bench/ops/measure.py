@@ -48,6 +48,7 @@ from cofrgenet.bench.ops.workloads import (
 from cofrgenet.bench.timing import (
     BackgroundLoad,
     Summary,
+    is_busy,
     minor_page_faults,
     peak_memory_bytes,
     time_interleaved,
@@ -158,8 +159,7 @@ def bench_workload(
             wait_for_quiet(BUSY_THRESHOLD, max(deadline - time.monotonic(), 0.0))
         with BackgroundLoad() as background:
             samples = time_interleaved(calls, config.repeats, device, config.sample_calls(device))
-        busy = background.fraction is not None and background.fraction > BUSY_THRESHOLD
-        if not busy or time.monotonic() >= deadline:
+        if not is_busy(background.fraction) or time.monotonic() >= deadline:
             break
         log(f"  busy machine (others used {percent(background.fraction)} of the CPU): again")
     matmuls: dict[str, float] = {}
@@ -245,7 +245,7 @@ def run_benchmark(
 
     def report(meta: dict[str, Any]) -> Report:
         results = [r for position in sorted(measured) for r in measured[position]]
-        return Report(meta, results, check_targets(results, targets))
+        return Report(meta, results, check_targets(results, targets, config))
 
     def labels(positions: Sequence[int]) -> list[str]:
         return [workloads[p].label for p in sorted(positions)]

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.bench import timing
 from cofrgenet.bench.files import free_stem, with_suffix
 from cofrgenet.bench.machine import name_slug
 from cofrgenet.bench.ops.config import BUSY_THRESHOLD, REFERENCE_IMPL
@@ -22,6 +23,7 @@ from cofrgenet.bench.ops.formatting import ms, percent, share, speedup
 from cofrgenet.bench.ops.results import Report, Result
 from cofrgenet.bench.ops.targets import TargetCheck
 from cofrgenet.bench.ops.workloads import Workload
+from cofrgenet.bench.timing import is_busy
 
 
 def _groups(report: Report) -> dict[tuple[Workload, str], dict[str, Result]]:
@@ -141,6 +143,8 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def _target_line(check: TargetCheck) -> str:
+    if check.not_in_run is not None:  # never asked for: not a skip, nor a failure
+        return f"NOT IN THIS RUN ({check.not_in_run}): {check.target.describe()}"
     if check.met is None:
         return f"NOT TIMED (its workload was skipped or failed): {check.target.describe()}"
     verdict = "MET" if check.met else "MISSED"
@@ -149,22 +153,15 @@ def _target_line(check: TargetCheck) -> str:
     else:
         measured = f"{check.speedup:.1f}x"
     line = f"{verdict}: {check.target.describe()} (measured {measured})"
-    if check.background_load is not None and check.background_load > BUSY_THRESHOLD:
+    if is_busy(check.background_load):
         line += f", unreliable: other processes used {percent(check.background_load)} of the CPU"
     return line
 
 
 def busy_warning(report: Report) -> str | None:
     """A warning when other processes used the CPU while workloads were being timed."""
-    loads = {r.workload: r.background_load for r in report.results}
-    busy = [w.label for w, load in loads.items() if load is not None and load > BUSY_THRESHOLD]
-    if not busy:
-        return None
-    return (
-        f"{len(busy)} of {len(loads)} workloads were timed while other processes used more "
-        f"than {percent(BUSY_THRESHOLD)} of the CPU ({', '.join(busy)}): their timings and "
-        "ratios are unreliable; rerun them on a quiet machine."
-    )
+    loads = {r.workload.label: r.background_load for r in report.results}
+    return timing.busy_warning(loads, "workloads")
 
 
 def print_report(report: Report, console: Console) -> None:
@@ -183,6 +180,7 @@ def print_report(report: Report, console: Console) -> None:
     console.print(table)
     for check in report.targets:
         style = {True: "green", False: "red", None: "yellow"}[check.met]
+        style = "dim" if check.not_in_run is not None else style
         console.print(f"[{style}]{_target_line(check)}[/{style}]")
     if warning := busy_warning(report):
         console.print(f"[yellow]warning: {warning}[/yellow]")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cofrgenet.bench.ops.config import MODES, REFERENCE_IMPL
+from cofrgenet.bench.ops.config import MODES, REFERENCE_IMPL, OpsBenchConfig
 from cofrgenet.bench.ops.formatting import percent, pow2
 from cofrgenet.bench.ops.workloads import Workload
 
@@ -112,10 +112,12 @@ class TargetCheck:
     #: The measured speedup, or the fraction of copy bandwidth for bandwidth targets.
     speedup: float | None
     background_load: float | None = None
+    #: Why the run never meant to time it (:func:`not_in_run`); None when it did.
+    not_in_run: str | None = None
 
     @property
     def met(self) -> bool | None:
-        """None when the target's workload was not measured (or failed)."""
+        """None when the target's workload was not measured (not in the run, or failed)."""
         if self.speedup is None:
             return None
         threshold = self.target.min_copy_fraction
@@ -128,13 +130,32 @@ class TargetCheck:
             "speedup": self.speedup,
             "met": self.met,
             "background_load": self.background_load,
+            "not_in_run": self.not_in_run,
         }
 
 
+def not_in_run(target: Target, config: OpsBenchConfig) -> str | None:
+    """Why ``config`` does not time ``target``: its workload, mode or impls not selected
+    (``--quick`` has no 2^20 size; ``--impls literal,continuant`` no auto). None when it
+    does: a target then left without a figure was skipped or failed."""
+    impls = [target.impl]
+    if target.min_copy_fraction is None:  # a speedup compares it with another impl
+        impls.append(target.versus)
+    reasons = [f"{i} not in --impls" for i in dict.fromkeys(impls) if i not in config.impls]
+    if target.mode not in config.modes:
+        reasons.insert(0, f"{target.mode} not in --modes")
+    if target.workload not in config.workloads():
+        reasons.insert(0, "its workload is not among this run's")
+    return "; ".join(reasons) or None
+
+
 def check_targets(
-    results: Sequence[Result], targets: Sequence[Target] = TARGETS
+    results: Sequence[Result],
+    targets: Sequence[Target] = TARGETS,
+    config: OpsBenchConfig | None = None,
 ) -> list[TargetCheck]:
-    """Each target against the measurements (None where its workload was not run).
+    """Each target against the measurements (None where its workload was not run); with
+    the run's ``config``, those it never selected say so (:func:`not_in_run`).
 
     Speedups over literal are the results' own; over another impl, the ratio of the two
     medians; bandwidth targets read the fraction of the copy bandwidth.
@@ -155,5 +176,6 @@ def check_targets(
                 value = r.speedup
             elif (other := by_impl.get(target.versus)) is not None:
                 value = other.summary.median / r.summary.median
-        checks.append(TargetCheck(target, value, background))
+        unselected = None if config is None else not_in_run(target, config)
+        checks.append(TargetCheck(target, value, background, unselected))
     return checks

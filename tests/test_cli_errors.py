@@ -215,26 +215,41 @@ def test_ctrl_c_before_a_command_handles_it_is_one_line(capsys, monkeypatch):
     assert capsys.readouterr().err.strip() == "cofr: interrupted"
 
 
-def test_output_piped_into_a_reader_that_leaves_ends_quietly():
-    """`cofr generate ... | head -1` ended in a BrokenPipeError traceback, status 1."""
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_output_piped_into_a_reader_that_leaves_ends_quietly(unbuffered, monkeypatch):
+    """`cofr generate ... | head -1` ended in a BrokenPipeError traceback, status 1; with
+    buffered output, the exit's flush said "Exception ignored", status 120."""
     import subprocess
     import sys
 
     code = (
-        "import sys; from cofrgenet import cli\n"
+        "import sys, time; from cofrgenet import cli\n"
         "def talk(argv):\n"
-        "    for _ in range(10_000): print('x' * 100)\n"
+        "    print('x' * 9000)\n"
+        "    time.sleep(1)  # the reader leaves meanwhile\n"
+        "    print('the last words')\n"
         "cli._run = talk\n"
         "sys.exit(cli.main(['generate']))\n"
     )
+    monkeypatch.setenv("PYTHONUNBUFFERED", unbuffered)
     process = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert process.stdout.read(10) == b"x" * 10
     process.stdout.close()  # the reader leaves, as `head` does
     err = process.stderr.read().decode()
-    assert process.wait(timeout=120) == 141
-    assert err == ""
+    assert (process.wait(timeout=120), err) == (141, "")
+
+
+def test_a_broken_pipe_elsewhere_than_stdout_is_an_error(monkeypatch):
+    """Only a reader of stdout gone ends quietly: a worker's pipe keeps its traceback."""
+
+    def broken(argv):
+        raise BrokenPipeError("a worker's pipe")
+
+    monkeypatch.setattr(cli, "_run", broken)
+    with pytest.raises(BrokenPipeError, match="a worker's pipe"):
+        cli.main(["generate"])
 
 
 def test_predict_is_not_a_command(capsys):

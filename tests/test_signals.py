@@ -56,3 +56,12 @@ def test_nothing_held_is_an_empty_set(handlers_back):
     with signals_held(signal.SIGTERM) as arrived:
         pass
     assert arrived == set()
+
+
+def test_an_ignored_signal_stays_ignored(handlers_back):
+    """A process started with SIGINT ignored (nohup, a background job) stopped with 130."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with signals_held(signal.SIGINT, signal.SIGTERM) as arrived:
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)
+    assert arrived == set() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN

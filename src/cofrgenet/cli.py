@@ -237,11 +237,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         debug = debug_requested() or debug  # a bad COFR_DEBUG: one line
         with _own_warnings_in_one_line(debug):
-            return _run(argv)
+            status = _run(argv)
+            sys.stdout.flush()  # a reader gone raises here, not in the exit's own flush
+            return status
     except KeyboardInterrupt:  # before a command's own handler (fit's) is in place
         print("cofr: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `cofr generate ... | head`: the reader has all it wanted
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # a worker's pipe, a socket: a failure to show
+            raise
+        # `cofr generate ... | head`: the reader has all it wanted.
         _stdout_to_devnull()  # else the exit's flush of stdout fails once more, loudly
         return 128 + 13  # as a process SIGPIPE ends (`yes | head`)
     except UserError as error:
@@ -259,6 +264,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def _stdout_to_devnull() -> None:

@@ -46,8 +46,9 @@ def signals_held(*signums: int) -> Iterator[set[int]]:
     """While inside, the first of each of ``signums`` is noted, not acted on, so that a
     short piece of work (writing results that exist) finishes; the set yielded holds those
     that came, for the caller to act on after. A second one of the same signal acts at
-    once: KeyboardInterrupt for SIGINT, :class:`Terminated` for SIGTERM. The handlers
-    from before are put back on leaving. Outside the main thread nothing is held."""
+    once: KeyboardInterrupt for SIGINT, :class:`Terminated` for SIGTERM. A signal the
+    process ignores stays ignored, and the handlers from before are put back on leaving.
+    Outside the main thread nothing is held."""
     arrived: set[int] = set()
     if threading.current_thread() is not threading.main_thread():
         yield arrived
@@ -61,7 +62,9 @@ def signals_held(*signums: int) -> Iterator[set[int]]:
             raise KeyboardInterrupt
         raise Terminated()
 
-    previous = {signum: signal.signal(signum, note) for signum in signums}
+    # One the process ignores (started under nohup, in the background) stays ignored.
+    held = [signum for signum in signums if signal.getsignal(signum) != signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, note) for signum in held}
     try:
         yield arrived
     finally:

@@ -2339,6 +2339,19 @@ def test_validate_scores_the_model_as_it_trained_after_its_preset_changed(
     cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), *quiet])
     assert cli.model.model_config == trained
     assert float(cli.trainer.callback_metrics["val/loss"]) == score
+    monkeypatch.delitem(presets.PRESETS, "gpt2-tiny-f")  # removed since: the record builds it
+    cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), *quiet])
+    assert float(cli.trainer.callback_metrics["val/loss"]) == score
+
+
+def test_model_fields_that_do_not_fit_together_are_model_configs_error(tiny_data, tmp_path):
+    """Without --data.block_size the model's config is built before the model, for the
+    data's block size: its error lacked the "model.config:" the model's own has."""
+    args = fit_args(tmp_path, tiny_data, "--model.config.n_head", "3")
+    at = args.index("--data.block_size")
+    del args[at : at + 2]
+    with pytest.raises(ConfigError, match=r"^model\.config: n_embd \(64\) must be a multiple"):
+        CofrCLI(args=args)
 
 
 def test_validate_logs_into_the_store_of_the_checkpoints_own_runs_folder(

@@ -724,6 +724,15 @@ def test_a_checkpoint_is_rebuilt_as_it_trained_after_its_preset_changed(monkeypa
     # How to compute is chosen where it runs: the recorded ladder_impl is not imposed.
     checkpoint["model_config"]["ladder_impl"] = "triton"
     assert checkpoints.restore_model(checkpoint)[1].ladder_impl != "triton"
+    # A preset removed since: the record alone builds it.
+    monkeypatch.delitem(presets.PRESETS, "gpt2-tiny-f")
+    restored, config = checkpoints.restore_model(checkpoint)
+    assert config.replace(ladder_impl=module.model_config.ladder_impl) == module.model_config
+    assert torch.equal(restored.eval()(ids), module(ids))
+    # A recorded value this version no longer takes: named as the record's.
+    checkpoint["model_config"]["cffn_ladder"] = "an-old-name"
+    with pytest.raises(checkpoints.CheckpointError, match=r"the model_config recorded in the "):
+        checkpoints.restore_model(checkpoint)
 
 
 def test_load_checkpoint_does_not_import_lightning(tmp_path):

@@ -393,7 +393,7 @@ def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
             "this checkpoint has no model hyperparameters (model.preset, model.config): "
             "it was not written by cofr fit"
         )
-    config = trained_model_config(checkpoint, model_config_of(hparams))
+    config = trained_model_config(checkpoint, hparams)
     model = build_model(config)
     check_denominators(checkpoint, model)
     state = uncompiled(checkpoint["state_dict"])
@@ -402,7 +402,8 @@ def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
     except RuntimeError as error:  # "Error(s) in loading state_dict", a page of key names
         raise CheckpointError(
             f"the checkpoint's weights do not fit the model its settings build: "
-            f"{first_line(error).rstrip(':. ')} ({_first_key_problem(error)})"
+            f"{first_line(error).rstrip(':. ')} ({_first_key_problem(error)}); was it "
+            "written by another version of cofr? Load it with that one"
         ) from None
     return model, config
 
@@ -412,20 +413,36 @@ def _first_key_problem(error: RuntimeError) -> str:
     return lines[0][:200] if lines else "no detail"
 
 
-def trained_model_config(checkpoint: dict[str, Any], built: ModelConfig) -> ModelConfig:
-    """The ModelConfig ``checkpoint`` trained with: ``built`` (what its ``model.preset``
-    and ``model.config`` build today) with the ``model_config`` it recorded laid over it.
+def trained_model_config(
+    checkpoint: dict[str, Any], model: dict[str, Any] | None, where: str = "the checkpoint"
+) -> ModelConfig:
+    """The ModelConfig ``checkpoint`` trained with: the ``model_config`` it recorded, laid
+    over what its ``model`` section (``preset``, ``config``) builds today.
 
     A preset or a default changed since the training (a layer count, a ladder floor)
     would otherwise rebuild another model under the trained weights: one that fails to
     load, or one that loads and computes another function. Fields newer than the
-    checkpoint keep ``built``'s values, and so do :data:`EXECUTION_SETTINGS` (how to
-    compute, chosen where the model runs)."""
+    checkpoint keep the section's values, and so do :data:`EXECUTION_SETTINGS` (how to
+    compute, chosen where the model runs). A section that builds nothing today (a preset
+    removed since) leaves the record alone, with ModelConfig's defaults for newer fields.
+    Without a record: the section's model. ``where`` names the checkpoint in errors.
+    """
     saved = checkpoint.get("model_config")
     if not isinstance(saved, dict):
+        return model_config_of(model)
+    try:
+        built: ModelConfig | None = model_config_of(model)
+    except ConfigError:
+        built = None
+    ours = built.to_dict() if built is not None else {}
+    fields = ModelConfig.field_names()
+    recorded = {k: v for k, v in saved.items() if k in fields and k not in EXECUTION_SETTINGS}
+    if built is not None and not changed_settings(recorded, ours):
         return built
-    ours = built.to_dict()
-    recorded = {k: v for k, v in saved.items() if k in ours and k not in EXECUTION_SETTINGS}
-    if not changed_settings(recorded, ours):
-        return built
-    return ModelConfig.from_dict({**ours, **recorded})
+    try:
+        return ModelConfig.from_dict({**ours, **recorded})
+    except ConfigError as error:
+        raise CheckpointError(
+            f"the model_config recorded in {where} is not one this version of cofr builds "
+            f"({error}): was it written by another version? Load it with that one"
+        ) from None

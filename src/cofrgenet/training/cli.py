@@ -1200,11 +1200,20 @@ class CofrCLI(LightningCLIAdapter):
         its preset or a default has changed since: Lightning builds it from the
         checkpoint's ``model.preset`` and ``model.config``, as they read today."""
         ckpt = config.get("ckpt_path")
-        if not ckpt or not Path(ckpt).is_file():  # a sharded one: its meta.pt's settings
+        if not ckpt:
             return
-        built = _model_config(config)
-        trained = checkpoints.trained_model_config(checkpoints.load(ckpt), built)
-        if trained is not built:
+        if checkpoints.is_sharded(ckpt):  # its settings: meta.pt, beside the shards
+            saved = torch.load(Path(ckpt) / "meta.pt", weights_only=True, map_location="cpu")
+        elif Path(ckpt).is_file():
+            saved = checkpoints.load(ckpt)
+        else:
+            return
+        trained = checkpoints.trained_model_config(saved, _model_section(config), ckpt)
+        try:
+            built = _model_config(config)
+        except ConfigError:  # a preset removed since: the record builds the model
+            built = None
+        if trained != built:
             config.model.preset = None
             config.model.config = Namespace(**trained.to_dict())
 
@@ -1456,13 +1465,17 @@ class ParseOnlyCLI(CofrCLI):
         pass
 
 
+def _model_section(config: Namespace) -> dict[str, Any]:
+    """A parsed command's ``model`` section as ``preset`` and ``config`` (a dict)."""
+    given = config.model.get("config")
+    return {"preset": config.model.preset, "config": None if given is None else vars(given)}
+
+
 def _model_config(config: Namespace) -> ModelConfig:
     """The ModelConfig a parsed command's ``model`` section builds."""
     from cofrgenet.training.model_options import model_config_of
 
-    given = config.model.get("config")
-    model = {"preset": config.model.preset, "config": None if given is None else vars(given)}
-    return model_config_of(model)
+    return model_config_of(_model_section(config))
 
 
 @contextlib.contextmanager

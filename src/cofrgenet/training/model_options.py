@@ -87,11 +87,17 @@ def overrides_dict(config: Any) -> dict[str, Any]:
 def model_config_of(model: dict[str, Any] | None) -> ModelConfig:
     """The ModelConfig a run's ``model:`` section (``preset`` and ``config``, as a saved
     ``config.yaml`` or a resolved sweep config holds it) describes, as ``cofr fit``
-    builds it: a missing preset is the default one."""
+    builds it: a missing preset is the default one. A ConfigError names the section's
+    part at fault (``model.preset``'s unknown name, ``model.config: ...``)."""
+    from cofrgenet.errors import ConfigError
     from cofrgenet.models.config import resolve_model_config
-    from cofrgenet.models.presets import DEFAULT_PRESET
+    from cofrgenet.models.presets import DEFAULT_PRESET, preset_dict
 
     model = model or {}
-    return resolve_model_config(
-        model.get("preset", DEFAULT_PRESET), overrides_dict(model.get("config"))
-    )
+    preset = model.get("preset", DEFAULT_PRESET)
+    if preset is not None:
+        preset_dict(preset)  # an unknown name is model.preset's error
+    try:
+        return resolve_model_config(preset, overrides_dict(model.get("config")))
+    except ConfigError as error:  # fields that do not fit together (n_embd and n_head)
+        raise ConfigError(f"model.config: {error}") from None

@@ -19,12 +19,11 @@ from torchmetrics import MeanMetric
 from cofrgenet.data.datamodule import batch_to_xy
 from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model, estimate_flops_per_token
-from cofrgenet.models.config import resolve_model_config
-from cofrgenet.models.presets import DEFAULT_PRESET, preset_dict
+from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.checkpoints import check_denominators, uncompiled
 from cofrgenet.training.console import quiet_known_noise
-from cofrgenet.training.model_options import ModelOverrides, overrides_dict
+from cofrgenet.training.model_options import ModelOverrides, model_config_of, overrides_dict
 from cofrgenet.training.optim import (
     ClipsGradients,
     OptimizerConfig,
@@ -122,12 +121,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                 "(`cofr models list`), or give the model's fields in model.config"
             )
         self.save_hyperparameters()
-        if preset is not None:
-            preset_dict(preset)  # an unknown name is model.preset's error
-        try:
-            self.model_config = resolve_model_config(preset, config)
-        except ConfigError as error:  # fields that do not fit together (n_embd, n_head)
-            raise ConfigError(f"model.config: {error}") from None
+        self.model_config = model_config_of({"preset": preset, "config": config})
         self.model = build_model(self.model_config)
         if activation_checkpointing:
             if not hasattr(self.model, "recompute_blocks"):

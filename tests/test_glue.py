@@ -872,7 +872,7 @@ def test_a_stop_once_scored_waits_until_the_results_are_written(
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
             str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
-            "--max-steps", "1", "--name", "scored"]  # fmt: skip
+            "--max-steps", "1", "--name", "scored", "--json", str(tmp_path / "out.json")]  # fmt: skip
     try:
         status = cofr(args)
     except KeyboardInterrupt:
@@ -887,6 +887,7 @@ def test_a_stop_once_scored_waits_until_the_results_are_written(
     assert "once its results were written to" in said
     result = json.loads((runs / "glue-sst2" / "scored" / "results.json").read_text())
     assert set(result["metrics"]) == {"glue/sst2/accuracy"}
+    assert json.loads((tmp_path / "out.json").read_text()) == result  # --json too
     store = pretrained.parents[3] / "mlflow.db"
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
     run = client.get_run(result["run_id"])

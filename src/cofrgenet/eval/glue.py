@@ -42,7 +42,7 @@ from cofrgenet.eval.glue_data import (
     encode_examples,
     load_task,
 )
-from cofrgenet.eval.paths import results_json
+from cofrgenet.eval.paths import results_json, write_results
 from cofrgenet.hub import offline_unless_reachable
 from cofrgenet.signals import lightning_sigterm, signals_held, sigterm_raises
 
@@ -494,7 +494,7 @@ def dev_metrics(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[st
 def run(args: argparse.Namespace) -> int:
     """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
     from cofrgenet.dataclass_options import dataclass_from_args
-    from cofrgenet.eval.paths import check_data_dir, check_output_file, write_results
+    from cofrgenet.eval.paths import check_data_dir, check_output_file
     from cofrgenet.training.pretrained import checkpoint_file
     from cofrgenet.training.run_store import check_folder_name
 
@@ -543,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         command_line=getattr(args, "command_line", None),
         say=say,
+        json_out=out,
     )
     header = f"GLUE {task.name} dev ({result['steps']} steps, {result['source']}), %"
     _print_table(task, result["splits"], header)
@@ -551,8 +552,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
     if result.get("run_id"):
         print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
-    if out is not None:
-        write_results(out, result)
     return 0
 
 
@@ -601,8 +600,10 @@ def finetune(
     progress: bool = False,
     command_line: str | None = None,
     say: Callable[[str], None] | None = None,
+    json_out: Path | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune checkpoint ``ckpt`` on ``data``; returns the results (the JSON of ``--json``).
+    """Fine-tune checkpoint ``ckpt`` on ``data``; returns the results (the JSON of ``--json``,
+    written to ``json_out`` with the run folder's ``results.json``).
 
     Results: ``metrics`` ({"glue/<key>/<metric>": fraction}), ``splits`` (per dev set:
     the metrics, ``loss``, ``examples``), ``run_id``/``tracking_uri``/``experiment`` of
@@ -742,6 +743,8 @@ def finetune(
             run_dir.mkdir(parents=True, exist_ok=True)
             text = results_json(result)  # strict JSON: a NaN score is null
             write_text_atomic(run_dir / "results.json", text)
+            if json_out is not None:
+                write_results(json_out, result)
             if mlflow:
                 logger.experiment.log_text(run_id, text, "glue_results.json")
     if signal.SIGTERM in arrived or signal.SIGINT in arrived:

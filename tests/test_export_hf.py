@@ -743,9 +743,10 @@ def test_a_data_folder_prepared_again_with_another_tokenizer_is_refused(
     assert not (out / "tokenizer.json").exists()
 
 
+@pytest.mark.parametrize("relative", [False, True])
 @pytest.mark.parametrize("damage", ["unreadable meta.json", "half-written"])
 def test_a_damaged_data_folder_is_refused_not_exported_without_tokenizer(
-    checkpoint, tmp_path, monkeypatch, capsys, damage
+    checkpoint, tmp_path, monkeypatch, capsys, damage, relative
 ):
     """The run's data folder is here but damaged: the model was exported without its
     tokenizer, status 0, as if the folder were on another machine."""
@@ -762,11 +763,12 @@ def test_a_damaged_data_folder_is_refused_not_exported_without_tokenizer(
             (data / "meta.json").unlink()
         else:
             (data / "meta.json").write_text("{bad")
-        loaded.data_dir = str(data.resolve())
+        loaded.data_dir = "data-copy" if relative else str(data.resolve())
         loaded.trained_with = {"tokenizer": "bpe", "vocab_size": 300}  # no byte shortcut
         return loaded
 
     monkeypatch.setattr(checkpoint_module, "load_checkpoint", damaged_data)
+    monkeypatch.chdir(tmp_path)  # a relative data folder is looked for from here first
     out = tmp_path / "out"
     assert main(["export", "hf", "--ckpt", str(checkpoint), str(out), "--no-verify"]) == 2
     err = capsys.readouterr().err

@@ -241,9 +241,11 @@ class LoadedCheckpoint:
         for folder in tried:
             if _prepared(folder):
                 return folder
+        # A folder there without meta.json (half-written): load_tokenizer says what is wrong.
+        present = next((folder for folder in tried if folder.is_dir()), None)
+        if present is not None:
+            return present
         if len(tried) == 1:  # an absolute path
-            if tried[0].is_dir():
-                return tried[0]  # without meta.json: load_tokenizer says what is wrong
             raise TokenizerNotFound(
                 f"the tokenizer of {self.path} lives in its training data folder "
                 f"{self.data_dir}, which is not on this machine: copy that folder's "

@@ -1285,6 +1285,9 @@ def test_a_failed_prepare_removes_the_parent_folders_it_made(tmp_path):
     with pytest.raises(PrepareError, match="a bad record"):
         prepare_data(Failing(), out, max_docs=10, num_workers=1)
     assert [p.name for p in tmp_path.iterdir()] == []
+    with pytest.raises(PrepareError, match="a bad record"):  # a path through `..`
+        prepare_data(Failing(), tmp_path / "a" / ".." / "b" / "out", max_docs=10, num_workers=1)
+    assert [p.name for p in tmp_path.iterdir()] == []
 
 
 @pytest.mark.parametrize("given", [["--val-fraction", "0.3"], ["--seed", "9"]])

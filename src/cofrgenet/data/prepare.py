@@ -599,13 +599,16 @@ def _check_no_readers(out: Path) -> None:
 
 
 def _missing_folders(out: Path) -> list[Path]:
-    """``out`` and those of its parents that do not exist yet, deepest first."""
-    missing = []
-    for folder in (out, *out.absolute().parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        missing.append(folder)
-    return missing
+    """The folders on the way to ``out``, itself included, that do not exist yet, deepest
+    first: what ``mkdir -p`` makes (through ``a/../b``, ``a`` too)."""
+    path = out.absolute()
+    prefixes = [Path(*path.parts[:end]) for end in range(1, len(path.parts) + 1)]
+    missing = [
+        folder
+        for folder in prefixes
+        if folder.name not in ("", ".", "..") and not (folder.exists() or folder.is_symlink())
+    ]
+    return missing[::-1]
 
 
 def _make_folder(out: Path) -> None:

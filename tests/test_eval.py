@@ -1202,23 +1202,40 @@ def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
     """`cofr compare --sweep sweeps/tiny-cpu.yaml` from another folder could not read the
     file that `cofr sweep status sweeps/tiny-cpu.yaml` finds in the checkout."""
     from cofrgenet.errors import UserError
-    from cofrgenet.eval.compare import sweep_experiment
+    from cofrgenet.eval.compare import sweep_trials
 
     monkeypatch.chdir(tmp_path)
-    assert sweep_experiment("sweeps/tiny-cpu.yaml") == "tiny-cpu"
+    assert sweep_trials("sweeps/tiny-cpu.yaml") == ("tiny-cpu", "tiny-cpu")
     with pytest.raises(UserError, match=r"cannot read the sweep file sweeps/no-such\.yaml"):
-        sweep_experiment("sweeps/no-such.yaml")
+        sweep_trials("sweeps/no-such.yaml")
+
+
+def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp_path):
+    """Studies may share an experiment (a sweep file's `experiment`): `--sweep FILE`
+    compared every study's trials there, and `--study NAME` changed nothing."""
+    from cofrgenet.eval.compare import collect_runs
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    shared = client.create_experiment("shared")
+    for study in ("mine", "theirs"):
+        run = client.create_run(shared, tags={"optuna.study": study}, run_name=f"{study}-0")
+        client.set_terminated(run.info.run_id)
+    _, skipped = collect_runs(client, [], ["shared"], {"shared": "mine"})
+    assert sorted(n for names in skipped.values() for n in names) == ["mine-0"]
+    _, skipped = collect_runs(client, [], ["shared"])
+    assert sorted(n for names in skipped.values() for n in names) == ["mine-0", "theirs-0"]
 
 
 def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):
     """`cofr sweep run FILE --study other` logs its trials to experiment `other` (the file
     naming no experiment): `cofr compare --sweep FILE` read the file's study only."""
-    from cofrgenet.eval.compare import sweep_experiment
+    from cofrgenet.eval.compare import sweep_trials
 
-    assert sweep_experiment("sweeps/tiny-cpu.yaml", "other") == "other"
+    assert sweep_trials("sweeps/tiny-cpu.yaml", "other") == ("other", "other")
     named = tmp_path / "named.yaml"
     named.write_text("study: s\nexperiment: shared\n")
-    assert sweep_experiment(str(named), "other") == "shared"  # the file's experiment holds
+    assert sweep_trials(str(named)) == ("shared", "s")
+    assert sweep_trials(str(named), "other") == ("shared", "other")  # the file's experiment
     assert main(["compare", "--study", "other", "--runs-dir", str(tmp_path)]) == 2
     assert "--study other names the study of a sweep file: give it with --sweep" in (
         capsys.readouterr().err

@@ -259,9 +259,15 @@ def _protocols(tags: dict[str, str], eval_steps: dict[str, int]) -> dict[str, st
 
 
 def collect_runs(
-    client: Any, refs: Sequence[str], experiments: Sequence[str]
+    client: Any,
+    refs: Sequence[str],
+    experiments: Sequence[str],
+    studies: dict[str, str] | None = None,
 ) -> tuple[list[RunRow], dict[str, list[str]]]:
-    """(rows, {why: names of the runs passed over so}, :func:`describe_run`'s reasons)."""
+    """(rows, {why: names of the runs passed over so}, :func:`describe_run`'s reasons).
+
+    ``studies`` ({experiment: study}): of that experiment, only the trials of that study
+    (their ``optuna.study`` tag): studies may share an experiment."""
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
     for name in experiments:
@@ -272,7 +278,11 @@ def collect_runs(
             raise UserError(
                 f"no MLflow experiment {name!r}{did_you_mean(name, list(names.values()))}"
             )
-        found += client.search_runs([experiment.experiment_id], max_results=5000)
+        runs = client.search_runs([experiment.experiment_id], max_results=5000)
+        study = (studies or {}).get(name)
+        if study is not None:  # compared here: no quoting for a name with ' in a filter
+            runs = [r for r in runs if r.data.tags.get("optuna.study") == study]
+        found += runs
     for ref in refs:
         if "'" in ref:  # no quoting for it in MLflow's filter strings: compare the names here
             runs = [
@@ -564,21 +574,21 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     return path
 
 
-def sweep_experiment(path: str, study: str | None = None) -> str:
-    """The MLflow experiment of a sweep file's trials: its ``experiment``, else its
-    ``study`` or the ``study`` its workers were given (as ``cofr sweep run`` names it),
-    read without importing the sweeps. The file is found as ``cofr sweep`` finds it: here,
-    else in the checkout (``sweeps/...``)."""
+def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:
+    """(the MLflow experiment, the study) of a sweep file's trials: its ``experiment``,
+    else the study, which is ``study`` (the name its workers were given) or the file's
+    own (as ``cofr sweep run`` names them), read without importing the sweeps. The file
+    is found as ``cofr sweep`` finds it: here, else in the checkout (``sweeps/...``)."""
     from cofrgenet.recipes import bundled
 
     try:
         raw = yaml.safe_load(bundled(path).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"cannot read the sweep file {path}: {error}") from None
-    name = (raw or {}).get("experiment") or study or (raw or {}).get("study")
-    if not name:
+    study = study or (raw or {}).get("study")
+    if not study:
         raise UserError(f"{path} names no study: is it a sweep file (sweeps/*.yaml)?")
-    return str(name)
+    return str((raw or {}).get("experiment") or study), str(study)
 
 
 def check_out_folder(out: Path) -> None:
@@ -632,8 +642,10 @@ def run(args: argparse.Namespace) -> int:
             f"--study {args.study_name} names the study of a sweep file: give it with --sweep "
             f"FILE, or compare the study's trials with --experiment {args.study_name}"
         )
+    studies: dict[str, str] = {}
     if args.sweep:
-        experiments.append(sweep_experiment(args.sweep, args.study_name))
+        experiment, studies[experiment] = sweep_trials(args.sweep, args.study_name)
+        experiments.append(experiment)
     out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
     check_out_folder(out)  # before the store is read: nothing is computed only to be lost
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
@@ -641,7 +653,7 @@ def run(args: argparse.Namespace) -> int:
     check_store_exists(uri, named_by)
     check_tracking_uri(uri, fix=f"fix {named_by or '--tracking-uri'}")
     client = MlflowClient(uri)
-    rows, skipped = collect_runs(client, args.runs, experiments)
+    rows, skipped = collect_runs(client, args.runs, experiments, studies)
     if not rows:
         raise UserError("no cofrgenet runs matched: name runs, --experiment or --sweep")
     rows.sort(key=lambda r: (r.experiment, r.variant, r.name))

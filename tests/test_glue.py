@@ -779,6 +779,32 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert not runs.exists()
 
 
+def _stopped_finetune(pretrained: Path, tmp_path: Path, extra: list[str]) -> int:
+    """The status of `cofr finetune glue` on a tiny SST-2 (runs in tmp_path/runs) that a
+    signal stops. A SIGTERM that reaches no handler of cofr's fails the test (its process
+    would die there); SIGINT's and SIGTERM's handlers are put back after (Lightning leaves
+    Ctrl-C ignored)."""
+    glue = _tiny_sst2(tmp_path / "glue")
+    args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
+            str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir",
+            str(tmp_path / "runs"), *extra]  # fmt: skip
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def unhandled(signum, frame):
+        pytest.fail("SIGTERM reached a point where cofr finetune glue does not handle it")
+
+    signal.signal(signal.SIGTERM, unhandled)
+    try:
+        return cofr(args)
+    except KeyboardInterrupt:  # not pytest's to stop on
+        pytest.fail("the KeyboardInterrupt left cofr's main")
+    except SystemExit as exit:
+        return int(exit.code)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm", "sigterm-before-fit", "ctrl-c-before-fit"])
 def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     pretrained, tmp_path, capsys, monkeypatch, stop
@@ -816,26 +842,8 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
         monkeypatch.setattr(glue_module, "_trainer", terminated_first)
     else:
         monkeypatch.setattr(classifier, "training_step", interrupted)
-    glue = _tiny_sst2(tmp_path / "glue")
     runs = tmp_path / "runs"
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
-            str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
-            "--name", f"stopped-{stop}"]  # fmt: skip
-
-    def unhandled(signum, frame):  # where cofr has no handler: its process would die
-        pytest.fail("SIGTERM reached a point where cofr finetune glue does not handle it")
-
-    signal.signal(signal.SIGTERM, unhandled)
-    try:
-        status = cofr(args)
-    except KeyboardInterrupt:  # not pytest's to stop on
-        pytest.fail("the KeyboardInterrupt left cofr's main")
-    except SystemExit as exit:
-        status = exit.code
-    finally:
-        for signum, handler in before.items():  # Lightning leaves Ctrl-C ignored
-            signal.signal(signum, handler)
+    status = _stopped_finetune(pretrained, tmp_path, ["--name", f"stopped-{stop}"])
     said = capsys.readouterr().err
     if stop.startswith("ctrl-c"):
         assert status == 130 and "cofr: interrupted" in said
@@ -867,21 +875,9 @@ def test_a_stop_once_scored_waits_until_the_results_are_written(
         return scores(*args, **kwargs)
 
     monkeypatch.setattr(glue_module, "dev_metrics", signalled_first)
-    glue = _tiny_sst2(tmp_path / "glue")
     runs = tmp_path / "runs"
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    args = ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir",
-            str(glue), "--accelerator", "cpu", "--no-progress", "--runs-dir", str(runs),
-            "--max-steps", "1", "--name", "scored", "--json", str(tmp_path / "out.json")]  # fmt: skip
-    try:
-        status = cofr(args)
-    except KeyboardInterrupt:
-        pytest.fail("the KeyboardInterrupt left cofr's main")
-    except SystemExit as exit:
-        status = exit.code
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+    extra = ["--max-steps", "1", "--name", "scored", "--json", str(tmp_path / "out.json")]
+    status = _stopped_finetune(pretrained, tmp_path, extra)
     said = capsys.readouterr().err
     assert status == (143 if stop == signal.SIGTERM else 130)
     assert "once its results were written to" in said

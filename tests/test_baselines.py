@@ -731,7 +731,7 @@ def test_documented_model_sections_build():
     """The "Picking a baseline" table's model sections are valid configs."""
     import yaml
 
-    from cofrgenet.training.module import resolve_model_config
+    from cofrgenet.models.config import resolve_model_config
 
     text = (ROOT / "docs" / "models.md").read_text()
     table = text.split("| baseline | `model:` section |", 1)[1].split("\n\n", 1)[0]

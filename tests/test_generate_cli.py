@@ -93,6 +93,8 @@ def test_a_checkpoint_of_an_unregistered_mixer_is_one_line(capsys, tmp_path):
     path = write_checkpoint(tmp_path / "mine.ckpt", None)
     saved = torch.load(path, weights_only=False)
     saved["hyper_parameters"]["config"]["attention"] = "shift"
+    if "model_config" in saved:  # the record names it too
+        saved["model_config"]["attention"] = "shift"
     torch.save(saved, path)
     line = one_line_error(capsys, ["generate", "--ckpt", str(path), "--prompt", "a"])
     assert line.startswith("cofr generate: error: unknown attention mixer 'shift'")

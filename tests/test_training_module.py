@@ -729,9 +729,14 @@ def test_a_checkpoint_is_rebuilt_as_it_trained_after_its_preset_changed(monkeypa
     restored, config = checkpoints.restore_model(checkpoint)
     assert config.replace(ladder_impl=module.model_config.ladder_impl) == module.model_config
     assert torch.equal(restored.eval()(ids), module(ids))
-    # A recorded value this version no longer takes: named as the record's.
+    # A recorded value this version no longer takes, where the preset builds: named as
+    # the record's (where neither builds, the preset's own error is raised).
+    monkeypatch.setitem(presets.PRESETS, "gpt2-tiny-f", changed)
     checkpoint["model_config"]["cffn_ladder"] = "an-old-name"
     with pytest.raises(checkpoints.CheckpointError, match=r"the model_config recorded in the "):
+        checkpoints.restore_model(checkpoint)
+    monkeypatch.delitem(presets.PRESETS, "gpt2-tiny-f")
+    with pytest.raises(ConfigError, match=r"unknown preset 'gpt2-tiny-f'"):
         checkpoints.restore_model(checkpoint)
 
 

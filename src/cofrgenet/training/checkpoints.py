@@ -424,16 +424,18 @@ def trained_model_config(
     load, or one that loads and computes another function. Fields newer than the
     checkpoint keep the section's values, and so do :data:`EXECUTION_SETTINGS` (how to
     compute, chosen where the model runs). A section that builds nothing today (a preset
-    removed since) leaves the record alone, with ModelConfig's defaults for newer fields.
-    Without a record: the section's model. ``where`` names the checkpoint in errors.
+    removed since) leaves the record alone, with ModelConfig's defaults for newer fields;
+    where neither builds, the section's error is raised. Without a record: the section's
+    model. ``where`` names the checkpoint in errors.
     """
     saved = checkpoint.get("model_config")
     if not isinstance(saved, dict):
         return model_config_of(model)
+    unbuilt: ConfigError | None = None
     try:
         built: ModelConfig | None = model_config_of(model)
-    except ConfigError:
-        built = None
+    except ConfigError as error:
+        built, unbuilt = None, error
     ours = built.to_dict() if built is not None else {}
     fields = ModelConfig.field_names()
     recorded = {k: v for k, v in saved.items() if k in fields and k not in EXECUTION_SETTINGS}
@@ -442,6 +444,8 @@ def trained_model_config(
     try:
         return ModelConfig.from_dict({**ours, **recorded})
     except ConfigError as error:
+        if unbuilt is not None:  # neither builds: the section's own error (a mixer of
+            raise unbuilt from None  # one's own that is not registered, say)
         raise CheckpointError(
             f"the model_config recorded in {where} is not one this version of cofr builds "
             f"({error}): was it written by another version? Load it with that one"

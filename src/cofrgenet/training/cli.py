@@ -1473,9 +1473,9 @@ def _model_section(config: Namespace) -> dict[str, Any]:
 
 def _model_config(config: Namespace) -> ModelConfig:
     """The ModelConfig a parsed command's ``model`` section builds."""
-    from cofrgenet.training.model_options import model_config_of
+    from cofrgenet.training.model_options import fit_model_config
 
-    return model_config_of(_model_section(config))
+    return fit_model_config(_model_section(config))
 
 
 @contextlib.contextmanager

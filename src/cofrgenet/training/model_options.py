@@ -87,17 +87,27 @@ def overrides_dict(config: Any) -> dict[str, Any]:
 def model_config_of(model: dict[str, Any] | None) -> ModelConfig:
     """The ModelConfig a run's ``model:`` section (``preset`` and ``config``, as a saved
     ``config.yaml`` or a resolved sweep config holds it) describes, as ``cofr fit``
-    builds it: a missing preset is the default one. A ConfigError names the section's
-    part at fault (``model.preset``'s unknown name, ``model.config: ...``)."""
-    from cofrgenet.errors import ConfigError
+    builds it: a missing preset is the default one."""
     from cofrgenet.models.config import resolve_model_config
-    from cofrgenet.models.presets import DEFAULT_PRESET, preset_dict
+    from cofrgenet.models.presets import DEFAULT_PRESET
 
     model = model or {}
-    preset = model.get("preset", DEFAULT_PRESET)
+    return resolve_model_config(
+        model.get("preset", DEFAULT_PRESET), overrides_dict(model.get("config"))
+    )
+
+
+def fit_model_config(model: dict[str, Any] | None) -> ModelConfig:
+    """:func:`model_config_of` for ``cofr fit``'s own options: an error of fields that do
+    not fit together (``n_embd`` and ``n_head``) names ``model.config``, as an error of
+    one field does; an unknown preset stays ``model.preset``'s."""
+    from cofrgenet.errors import ConfigError
+    from cofrgenet.models.presets import DEFAULT_PRESET, preset_dict
+
+    preset = (model or {}).get("preset", DEFAULT_PRESET)
     if preset is not None:
-        preset_dict(preset)  # an unknown name is model.preset's error
+        preset_dict(preset)
     try:
-        return resolve_model_config(preset, overrides_dict(model.get("config")))
-    except ConfigError as error:  # fields that do not fit together (n_embd and n_head)
+        return model_config_of(model)
+    except ConfigError as error:
         raise ConfigError(f"model.config: {error}") from None

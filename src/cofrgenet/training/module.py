@@ -23,7 +23,7 @@ from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.checkpoints import check_denominators, uncompiled
 from cofrgenet.training.console import quiet_known_noise
-from cofrgenet.training.model_options import ModelOverrides, model_config_of, overrides_dict
+from cofrgenet.training.model_options import ModelOverrides, fit_model_config, overrides_dict
 from cofrgenet.training.optim import (
     ClipsGradients,
     OptimizerConfig,
@@ -121,7 +121,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                 "(`cofr models list`), or give the model's fields in model.config"
             )
         self.save_hyperparameters()
-        self.model_config = model_config_of({"preset": preset, "config": config})
+        self.model_config = fit_model_config({"preset": preset, "config": config})
         self.model = build_model(self.model_config)
         if activation_checkpointing:
             if not hasattr(self.model, "recompute_blocks"):

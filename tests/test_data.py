@@ -1274,6 +1274,29 @@ def test_an_out_refused_without_the_hub_dataset_is_refused_before_it_loads(tmp_p
     assert hub.calls == [] and file.read_text() == "mine"
 
 
+def test_a_half_written_or_busy_out_is_refused_before_the_hub_dataset_loads(tmp_path):
+    """A folder a prepare left half-written (or one another prepare is writing) was
+    refused only once the source was loaded and split: minutes for a hub dataset."""
+    out = tmp_path / "half"
+    prepare_data(PydocSource(), out, max_docs=4, num_workers=1)
+    (out / "meta.json").unlink()  # as a killed prepare leaves it
+    hub = FakeHub({"train": [{"text": "words"}]})
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    args = ["--source", "hf", "--dataset", "openwebtext", "--val-split", "none", "--out", str(out)]
+    with pytest.raises(PrepareError, match=r"holds a half-written prepare; pass --overwrite"):
+        prepare_module.run(parser.parse_args(args), loader=hub)
+    writer = FolderLock(out / ".prepare.lock")
+    assert writer.try_acquire()
+    try:
+        with pytest.raises(PrepareError, match=r"is being prepared by process"):
+            prepare_module.run(parser.parse_args([*args, "--overwrite"]), loader=hub)
+    finally:
+        writer.release(remove=True)
+    assert hub.calls == []
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["train", "val"]
+
+
 def test_a_failed_prepare_removes_the_parent_folders_it_made(tmp_path):
     """A prepare into --out a/b/c that failed removed c and left a/b behind."""
     out = tmp_path / "made" / "deeper" / "out"

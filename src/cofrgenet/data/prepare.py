@@ -523,8 +523,22 @@ def check_out(out: Path, overwrite: bool) -> None:
     with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
         if out.is_dir():
             _check_no_foreign_files(out, overwrite)
+            _check_not_half_written(out, overwrite)
     if overwrite and (out / META_FILE).exists():
         _check_no_readers(out)
+
+
+def _check_not_half_written(out: Path, overwrite: bool) -> None:
+    """Refuse a folder that another prepare is writing now, or (without ``overwrite``)
+    one that a prepare left half-written, before the source is read. The checks under
+    the lock (:func:`_check_output`) stand for what changes meanwhile."""
+    if (out / META_FILE).exists() or not ({p.name for p in out.iterdir()} - set(LOCK_FILES)):
+        return
+    _lock_output(out).release(remove=True)  # another prepare writing it now: named
+    if not overwrite:
+        raise PrepareError(
+            f"{str(out)!r} holds a half-written prepare; pass --overwrite to replace it"
+        )
 
 
 def _check_is_folder(out: Path) -> None:

@@ -2495,3 +2495,21 @@ def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():
     assert user_error_of_rank(raised("RuntimeError: CUDA out of memory")) is None
     assert user_error_of_rank(raised("cofrgenet.nowhere.Error: x")) is None
     assert user_error_of_rank(raised("cofrgenet.training.cli.CofrCLI: not an error")) is None
+
+
+def test_saved_settings_reads_a_file_or_a_sharded_folders_meta(tmp_path):
+    """One reader for both kinds: a sharded folder's meta.pt that is not Lightning's
+    dict is a CheckpointError naming the folder, not an AttributeError."""
+    from cofrgenet.training import checkpoints
+
+    file = tmp_path / "one.ckpt"
+    torch.save({"state_dict": {}, "model_config": {"n_layer": 2}}, file)
+    assert checkpoints.saved_settings(file)["model_config"] == {"n_layer": 2}
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"")
+    torch.save({"hyper_parameters": {"preset": "gpt2-mini"}}, folder / "meta.pt")
+    assert checkpoints.saved_settings(folder)["hyper_parameters"] == {"preset": "gpt2-mini"}
+    torch.save(["not", "a", "dict"], folder / "meta.pt")
+    with pytest.raises(checkpoints.CheckpointError, match="meta.pt"):
+        checkpoints.saved_settings(folder)

@@ -257,6 +257,22 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     return checkpoint
 
 
+def saved_settings(path: str | Path) -> dict[str, Any]:
+    """What a checkpoint records beside its weights (``hyper_parameters``,
+    ``model_config``, ...): a file's contents (:func:`load`, tensors memory-mapped) or a
+    sharded FSDP checkpoint's ``meta.pt``, Lightning's entries beside the shards."""
+    if not is_sharded(path):
+        return load(path)
+    meta = Path(path) / "meta.pt"
+    try:
+        saved = torch.load(meta, map_location="cpu", weights_only=True)
+    except Exception:
+        raise damaged(Path(path)) from None
+    if not isinstance(saved, dict):
+        raise not_fit_checkpoint(meta, saved)
+    return saved
+
+
 def not_fit_checkpoint(path: Path, contents: Any) -> CheckpointError:
     """The error for a torch file that loads but is not what ``cofr fit`` saves."""
     if isinstance(contents, dict) and contents:

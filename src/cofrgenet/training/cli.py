@@ -702,8 +702,7 @@ class CofrCLI(LightningCLIAdapter):
                 "it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "
                 f"{folder}` and use {folder}.consolidated"
             )
-        meta = torch.load(folder / "meta.pt", weights_only=True, map_location="cpu")
-        hparams = dict(meta.get("hyper_parameters") or {})
+        hparams = dict(checkpoints.saved_settings(folder).get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
@@ -1202,12 +1201,9 @@ class CofrCLI(LightningCLIAdapter):
         ckpt = config.get("ckpt_path")
         if not ckpt:
             return
-        if checkpoints.is_sharded(ckpt):  # its settings: meta.pt, beside the shards
-            saved = torch.load(Path(ckpt) / "meta.pt", weights_only=True, map_location="cpu")
-        elif Path(ckpt).is_file():
-            saved = checkpoints.load(ckpt)
-        else:
+        if not (checkpoints.is_sharded(ckpt) or Path(ckpt).is_file()):
             return
+        saved = checkpoints.saved_settings(ckpt)
         trained = checkpoints.trained_model_config(saved, _model_section(config), ckpt)
         try:
             built = _model_config(config)

@@ -345,6 +345,17 @@ def check_same_network(
     if not differ:
         return step if isinstance(step, int) else None
     first = differ[0]
+    ours_config = getattr(module, "model_config", None)
+    theirs_config = saved.get("model_config")
+    if isinstance(ours_config, ModelConfig) and isinstance(theirs_config, dict):
+        settings = changed_settings(theirs_config, ours_config.to_dict())
+        if settings:  # the record names them: the options that rebuild its network
+            raise ConfigError(
+                f"{path} holds another network than this run builds ({len(differ)} "
+                f"parameter(s) differ, e.g. {first}); it was trained with "
+                f"{_as_trained(theirs_config, ours_config.to_dict(), settings)}, or start a "
+                "new run with another --run.name"
+            )
     hparams = saved.get("hyper_parameters") or {}
     given = overrides_dict(hparams.get("config"))
     trained = f"model.preset {hparams.get('preset')!r}" + (
@@ -388,12 +399,28 @@ def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelCo
     differ = changed_settings(theirs, ours)
     if not differ:
         return
-    changes = ", ".join(f"{k} {theirs.get(k)!r} -> {ours.get(k)!r}" for k in differ[:4])
     raise ConfigError(
-        f"{path} was trained with other model settings than this resume builds ({changes}): "
-        "give the run's settings (its config.yaml), or start a new run with another "
-        "--run.name"
+        f"{path} was trained with other model settings than this resume builds: "
+        f"{_as_trained(theirs, ours, differ)}, or start a new run with another --run.name"
     )
+
+
+def _as_trained(theirs: dict[str, Any], ours: dict[str, Any], differ: list[str]) -> str:
+    """The settings ``differ`` as trained and as built, and the options that give the
+    trained ones (also where the preset itself has changed since, so that the run's
+    config.yaml builds today's)."""
+    import json
+    import shlex
+
+    def option(key: str) -> str:
+        value = theirs[key]
+        text = value if isinstance(value, str) else json.dumps(value)
+        return f"--model.config.{key} {shlex.quote(text)}"
+
+    shown = differ[:4]
+    more = f" and {len(differ) - len(shown)} more" if len(differ) > len(shown) else ""
+    changes = ", ".join(f"{k} {theirs[k]!r} (here {ours[k]!r})" for k in shown)
+    return f"{changes}{more}: resume with {' '.join(option(k) for k in differ)}"
 
 
 def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:

@@ -2514,5 +2514,5 @@ def test_saved_settings_reads_a_file_or_a_sharded_folders_meta(tmp_path):
     torch.save({"hyper_parameters": {"preset": "gpt2-mini"}}, folder / "meta.pt")
     assert checkpoints.saved_settings(folder)["hyper_parameters"] == {"preset": "gpt2-mini"}
     torch.save(["not", "a", "dict"], folder / "meta.pt")
-    with pytest.raises(checkpoints.CheckpointError, match="meta.pt"):
+    with pytest.raises(checkpoints.CheckpointError, match=r"meta\.pt"):
         checkpoints.saved_settings(folder)

@@ -1557,7 +1557,9 @@ def test_resume_refuses_another_model_and_warns_of_a_missing_run(tiny_data, tmp_
     before = config.read_text()
     resume = ["--run.name", "first", "--ckpt_path", "last", "--trainer.max_steps", "4"]
     # The recorded model_config names the settings and the options that give them back.
-    message = r"another network .* trained with depth 5 \(here 2\): resume with --model.config.depth 5,"
+    message = (
+        r"another network .* trained with depth 5 \(here 2\): resume with --model.config.depth 5,"
+    )
     with pytest.raises(ConfigError, match=message):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.config.depth", "2"))
     assert config.read_text() == before

@@ -25,6 +25,17 @@ def test_a_step_s_dispatches_and_costliest_operators_are_per_step():
     assert ms == sorted(ms, reverse=True)
 
 
+def test_kineto_s_own_lines_leave_stderr_and_the_step_s_stay(capfd):
+    """Kineto wrote "USDT:... profiler_start" lines to file descriptor 2 at each start
+    and stop, into the bench's report; what the step writes there still comes out."""
+    import os
+
+    profile_steps(lambda: os.write(2, b"the step's own line\n"), 1, torch.device("cpu"))
+    err = capfd.readouterr().err
+    assert "the step's own line" in err
+    assert "USDT:" not in err and "profiler_start" not in err
+
+
 def test_at_least_one_step_is_profiled():
     with pytest.raises(ValueError, match="at least one step"):
         profile_steps(lambda: None, 0, torch.device("cpu"))

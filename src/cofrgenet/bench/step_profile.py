@@ -17,7 +17,12 @@ alone cannot show. :func:`profile_steps` counts, per step:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +60,34 @@ def _top(totals: dict[str, list[float]], steps: int, count: int) -> list[tuple[s
     return [(name, us / 1e3 / steps, calls / steps) for name, (us, calls) in ranked]
 
 
+#: The lines kineto (torch.profiler's tracer) writes to file descriptor 2 at each start
+#: and stop, e.g. "USDT:2026-12-05 20:28:40 13239:13239 SyncActivityProfilerHandler.cpp:52]
+#: profiler_start". No setting turns them off (KINETO_LOG_LEVEL leaves them).
+KINETO_LINE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d [^\]]*\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _without_kineto_lines() -> Iterator[None]:
+    """Standard error (file descriptor 2) without :data:`KINETO_LINE`'s lines, which
+    broke into the bench's report; every other line written meanwhile follows at the end."""
+    fd = 2  # kineto's, whatever sys.stderr is
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().splitlines(keepends=True)
+            kept = b"".join(line for line in lines if not KINETO_LINE.match(line))
+            if kept:
+                os.write(fd, kept)
+
+
 def profile_steps(
     step: Callable[[], object], steps: int, device: torch.device, top: int = 8
 ) -> StepProfile:
@@ -67,7 +100,7 @@ def profile_steps(
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     synchronize(device)
-    with profile(activities=activities) as prof:
+    with _without_kineto_lines(), profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         synchronize(device)

@@ -1688,6 +1688,10 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplo
     assert not (tmp_path / "runs" / "nothing").exists()
     with pytest.raises(ConfigError, match=r"aa holds no checkpoint to evaluate \(did you mean 'a'"):
         validate("--run.name", "aa")
+    # Without --data.data_dir: the run's typo is said, not the default data folder's absence.
+    bare = ["validate", "--run.runs_dir", str(tmp_path / "runs"), "--run.experiment", "test"]
+    with pytest.raises(ConfigError, match=r"aa holds no checkpoint to evaluate \(did you mean 'a'"):
+        CofrCLI(args=[*bare, "--run.name", "aa"])
     for dated in ("demo-20261204-100000", "demo-20261204-110000", "demo-small"):
         (run.parent / dated).mkdir()
     newest = r"\(did you mean 'demo-20261204-110000', the newest run named so\?\)"

@@ -777,14 +777,17 @@ class CofrCLI(LightningCLIAdapter):
         """``cofr validate``/``test`` without a file: name the run's newest intact
         checkpoint now, so that Lightning builds the model from its hyperparameters (as it
         does for a ``--ckpt_path`` file) instead of the command's model settings.
-        Without one, ``choose_checkpoint`` says what is missing."""
+        Without one, what is missing is said here: a mistyped run name must not wait for
+        the data module, which would fail first on a default data folder."""
         config = self.config[subcommand]
-        run_dir = resolve_run_dir(_run_config(config.get("run")), resume_last=True)
+        run = _run_config(config.get("run"))
+        run_dir = resolve_run_dir(run, resume_last=True)
         chosen = _newest_intact_checkpoint(run_dir, "evaluating")
-        if chosen is not None:
-            config.ckpt_path = str(chosen)
-            if checkpoints.is_sharded(chosen):  # as one given by path
-                self._use_sharded_hyperparameters(subcommand, Path(chosen))
+        if chosen is None:
+            raise ConfigError(_nothing_to_evaluate(run, run_dir))
+        config.ckpt_path = str(chosen)
+        if checkpoints.is_sharded(chosen):  # as one given by path
+            self._use_sharded_hyperparameters(subcommand, Path(chosen))
 
     def instantiate_classes(self) -> None:
         """Build model, data and trainer; an error in what the user gave stays one line.

@@ -1698,6 +1698,7 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplo
     with pytest.raises(ConfigError, match=rf"demo holds no checkpoint to evaluate {newest}"):
         validate("--run.name", "demo")
 
+    kept = shutil.copy(run / "checkpoints" / "last.ckpt", tmp_path / "kept.ckpt")
     for ckpt in (run / "checkpoints").glob("*.ckpt"):
         ckpt.unlink()  # a run whose checkpoints were deleted, or one that died before a save
     with pytest.raises(UserError, match=r"belongs to MLflow run \w+, which has no checkpoint"):
@@ -1706,6 +1707,14 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplo
         validate("--run.name", "a")  # no "did you mean 'a'" for itself
     with pytest.raises(ConfigError, match=r"^no run of experiment 'test' in .* has a checkpoint"):
         validate()
+    # Stopped on a NaN loss before any other checkpoint: from step 0 with other settings,
+    # the MLflow run would keep the diverged values of the steps it had logged.
+    shutil.copy(kept, run / "checkpoints" / "nonfinite-step0000002.ckpt")
+    stopped = r"stopped on a non-finite loss .*: start a new run .*nonfinite-step0000002\.ckpt\)$"
+    for resume in ((), ("--ckpt_path", "last")):
+        more = ("--trainer.max_steps", "4", "--run.name", "a", *resume)
+        with pytest.raises(RunExistsError, match=stopped):
+            CofrCLI(args=fit_args(tmp_path, tiny_data, *more))
 
 
 def test_an_evaluated_file_logs_onto_the_run_that_saved_it_and_leaves_its_status(

@@ -665,5 +665,6 @@ class NonFiniteLossGuard(L.Callback):
             f"this step are saved in {path}. Look at ladder health first: "
             "ladder/*/near_pole_share and ladder/*/min_abs_kd in MLflow (LadderHealthMonitor) "
             "show whether ladders sit on poles. Remedies: ladder_denominators: positive (no "
-            "poles), a lower optimizer.lr or more warmup, gradient clipping, ladder_bias: true."
+            "poles), a lower optimizer.lr or more warmup, gradient clipping, ladder_bias: true. "
+            f"Then start a new run (another --run.name), from scratch or from --ckpt_path {path}."
         )

@@ -442,6 +442,22 @@ def _newest_intact_checkpoint(run_dir: Path, doing: str) -> Path | None:
     return chosen
 
 
+def _check_not_stopped_on_nonfinite(run_dir: Path) -> None:
+    """``--ckpt_path last`` of a run that stopped on a NaN/Inf loss before any other
+    checkpoint: from step 0, with the settings changed to avoid it (a lower learning
+    rate), it would log a second history into the run's MLflow run, whose first steps keep
+    the diverged values (a resume drops the steps the run has logged)."""
+    stopped = checkpoints.checkpoint_files(run_dir / "checkpoints", "nonfinite-step*.ckpt")
+    if not stopped:
+        return
+    newest = max(stopped, key=lambda p: p.name)
+    raise RunExistsError(
+        f"run folder {run_dir} stopped on a non-finite loss and holds no checkpoint to resume "
+        "from: start a new run with another --run.name, from scratch or from the weights "
+        f"before that step (--ckpt_path {newest})"
+    )
+
+
 def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
     """Why validate/test found no checkpoint: the run named has none, or (no name given)
     no run of the experiment has one; with the runs there are, for a typo."""
@@ -984,6 +1000,8 @@ class CofrCLI(LightningCLIAdapter):
         if self.subcommand != "fit" or self.config_value(self.config, "ckpt_path") is not None:
             return
         existing = sorted(checkpoints.checkpoint_files(run_dir / "checkpoints"))
+        if existing and not checkpoints.candidates(run_dir):  # only a NaN stop's: no resume
+            _check_not_stopped_on_nonfinite(run_dir)
         if existing:
             raise RunExistsError(
                 f"run folder {run_dir} already holds checkpoints ({existing[-1].name}, ...): "
@@ -1068,6 +1086,7 @@ class CofrCLI(LightningCLIAdapter):
         if chosen is None:
             if self.subcommand in EVALUATIONS:
                 raise ConfigError(_nothing_to_evaluate(self.run_config(), run_dir))
+            _check_not_stopped_on_nonfinite(run_dir)
             if not self._said_no_run_folder:  # said once is enough
                 rank_zero_info(f"--ckpt_path last: {run_dir} holds no checkpoint yet: from step 0")
         # Lightning gets the file, or None to start from scratch: its own `last` would

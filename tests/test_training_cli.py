@@ -2531,3 +2531,26 @@ def test_saved_settings_reads_a_file_or_a_sharded_folders_meta(tmp_path):
     torch.save(["not", "a", "dict"], folder / "meta.pt")
     with pytest.raises(checkpoints.CheckpointError, match=r"meta\.pt"):
         checkpoints.saved_settings(folder)
+
+
+def test_a_sigterm_between_the_run_lock_and_the_fit_s_handler_exits_cleanly(tiny_data, tmp_path):
+    """SIGTERM's default action, in the second between the run folder's lock and the
+    fit's own handler, ended the process with its output unwritten (a 0-byte SLURM log)
+    and the folder holding only its lock file."""
+    script = (
+        "import os, signal, sys\n"
+        "from cofrgenet.training import checkpoints, cli\n"
+        "def stopped_here(run_dir):\n"
+        "    print('written before the signal')  # buffered: lost unless Python exits\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return []\n"
+        "checkpoints.remove_unfinished_saves = stopped_here\n"
+        "cli.main(sys.argv[1:])\n"
+    )
+    args = fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "early")
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "written before the signal" in done.stdout
+    assert not (tmp_path / "runs" / "test" / "early").exists()  # made here, nothing in it

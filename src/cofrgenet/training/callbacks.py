@@ -519,7 +519,11 @@ class StopOnSignal(StepBoundaries):
     ) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        if isinstance(exception, SIGTERMException) and self._phase == "starting":
+        # "idle" in a fit: before this callback's setup (cofr fit's SIGTERM raises then too).
+        starting = self._phase == "starting" or (
+            self._phase == "idle" and trainer.state.fn == "fit"
+        )
+        if isinstance(exception, SIGTERMException) and starting:
             self._mark_killed(trainer)
             exception.code = 128 + signal.SIGTERM
             rank_zero_info(

@@ -58,6 +58,7 @@ from cofrgenet.errors import (
 from cofrgenet.models import ModelConfig
 from cofrgenet.models.presets import list_presets
 from cofrgenet.ops.triton_interpreter import interpreted as triton_interpreted
+from cofrgenet.signals import lightning_sigterm, sigterm_raises
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import (
     DyadicUnfreezing,
@@ -1260,11 +1261,11 @@ class CofrCLI(LightningCLIAdapter):
         self._found_at_start = None if new_folder else frozenset(p.name for p in run_dir.iterdir())
         # The folders above it that this start makes (the experiment's, the runs folder).
         made_above = [p for p in run_dir.parents if not p.exists()]
-        if self.subcommand == "fit" and rank_zero_only.rank == 0:
-            lock.acquire()  # before anything is written: a second fit stops here
-            for path in checkpoints.remove_unfinished_saves(run_dir):
-                rank_zero_info(f"removed {path.name}: a save that a killed run left unfinished")
         try:
+            if self.subcommand == "fit" and rank_zero_only.rank == 0:
+                lock.acquire()  # before anything is written: a second fit stops here
+                for path in checkpoints.remove_unfinished_saves(run_dir):
+                    rank_zero_info(f"removed {path.name}: a save that a killed run left unfinished")
             return self._instantiate_run(run, run_dir, lock, kwargs)
         except BaseException:
             # A folder this start made and wrote nothing into goes, its lock file removed
@@ -1540,8 +1541,14 @@ def resolve_fit_config(args: Sequence[str]) -> str:
 def main(args: list[str] | None = None) -> None:
     if args is not None and list(args) == sys.argv[1:]:
         args = None  # the same words: say so, or Lightning warns that both were given
+    words = sys.argv[1:] if args is None else list(args)
+    fits = next((w for w in words if not w.startswith("-")), None) == "fit"
     try:
-        CofrCLI(args=args)
+        # SIGTERM raises from the start, as in the fit before its first step: its default
+        # action, between the run's lock and the fit's own handler, ended the process
+        # with its output unwritten and the run folder holding only a lock file.
+        with sigterm_raises(lightning_sigterm) if fits else contextlib.nullcontext():
+            CofrCLI(args=args)
     except SIGTERMException as stopped:  # Lightning's, a SystemExit: say it was killed
         # StopOnSignal sets the status (130 for Ctrl-C); Lightning's alone leaves none.
         code = stopped.code if isinstance(stopped.code, int) and stopped.code else None

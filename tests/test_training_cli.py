@@ -1889,6 +1889,29 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
     assert resumed.tags["latest/trainer.max_steps"] == "5"
 
 
+def test_a_param_back_at_its_first_value_loses_its_latest_tag(tmp_path):
+    """lr 6e-4, resumed at 1e-4 (tag latest/<key> 1e-4), then at 6e-4 again: the tag
+    still said 1e-4, as only the params that differ from the first value were looked at.
+    Now it goes; a param still changed keeps its tag, with the newest value."""
+    from cofrgenet.training.run_store import log_params_tagging_changes
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    first = {"model.optimizer.lr": "0.0006", "data.batch_size": "4"}
+    assert log_params_tagging_changes(client, run_id, first) == []
+    other = {"model.optimizer.lr": "0.0001", "data.batch_size": "8"}
+    assert log_params_tagging_changes(client, run_id, other) == list(other)
+    tags = client.get_run(run_id).data.tags
+    assert tags["latest/model.optimizer.lr"] == "0.0001" and tags["latest/data.batch_size"] == "8"
+    back = {"model.optimizer.lr": "0.0006", "data.batch_size": "16"}
+    assert log_params_tagging_changes(client, run_id, back) == ["data.batch_size"]
+    data = client.get_run(run_id).data
+    assert data.params == first
+    assert "latest/model.optimizer.lr" not in data.tags
+    assert data.tags["latest/data.batch_size"] == "16"
+
+
 def test_a_fit_stopped_by_a_callback_that_saved_resumes_like_one_that_never_stopped(
     tiny_data, tmp_path
 ):

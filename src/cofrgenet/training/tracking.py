@@ -253,7 +253,8 @@ class CofrMLFlowLogger(MLFlowLogger):
         """Params (:func:`run_params`, and ``data``: :func:`data_params`), the model's sizes
         (:func:`model_metrics`, at step 0) and the config as artifacts. A resume that
         changed a param (a larger max_steps) keeps the first value, as MLflow params cannot
-        change, and sets the new one as the tag ``latest/<key>``."""
+        change, and sets the new one as the tag ``latest/<key>`` (removed again by a resume
+        back at the first value)."""
         client, run_id = self.experiment, self.run_id
         params = {**run_params(config, model_config), **(data or {})}
         changed = log_params_tagging_changes(client, run_id, params)

@@ -565,6 +565,32 @@ def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
     assert "no checkpoint file at" in capsys.readouterr().err
 
 
+def test_a_store_mlflow_refuses_is_named_with_what_mlflow_says_to_do(tmp_path, monkeypatch):
+    """Only MLflow's first sentence was kept: a file:// store read "... is in maintenance
+    mode and will not receive further updates", without the way out (a sqlite store, or
+    MLFLOW_ALLOW_FILE_STORE=true), and an unknown scheme without the schemes it knows."""
+    from cofrgenet.training.run_store import check_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = (tmp_path / "mlruns").as_uri()
+    with pytest.raises(ConfigError) as refused:
+        check_tracking_uri(uri, fix="fix --tracking-uri")
+    assert str(refused.value) == (
+        f"MLflow cannot use {uri!r}: MLflow refuses a file store (a plain path or a file:// "
+        "URI) unless MLFLOW_ALLOW_FILE_STORE=true is set: use a sqlite store such as "
+        "sqlite:///runs/mlflow.db (the default; `mlflow migrate-filestore` moves a file "
+        "store's runs into one), or set that variable; fix --tracking-uri"
+    )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as the message says: then it works
+    check_tracking_uri(uri)
+    with pytest.raises(ConfigError) as refused:
+        check_tracking_uri("foo://bar", fix="fix --tracking-uri")
+    message = str(refused.value)
+    assert message.startswith("MLflow cannot use 'foo://bar': ")
+    assert "Supported URI schemes are: [" in message and "'sqlite'" in message
+    assert "See http" not in message and message.endswith("]; fix --tracking-uri")
+
+
 def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     import argparse
 

@@ -248,8 +248,23 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
     try:
         MlflowClient(uri)
     except MlflowException as error:
-        first = str(error).split(". ")[0]
-        raise ConfigError(f"MLflow cannot use {uri!r}: {first}; {fix}") from None
+        raise ConfigError(f"MLflow cannot use {uri!r}: {mlflow_refusal(error)}; {fix}") from None
+
+
+def mlflow_refusal(error: Exception) -> str:
+    """Why MLflow refused a store, for a one-line message: its file store refusal put
+    plainly with the ways out; another message whole, less the sentences that only point
+    to a web page (its first sentence alone dropped what it says to do)."""
+    message = " ".join(str(error).split())
+    if "MLFLOW_ALLOW_FILE_STORE" in message:  # MLflow 3: a folder of runs (./mlruns)
+        return (
+            "MLflow refuses a file store (a plain path or a file:// URI) unless "
+            "MLFLOW_ALLOW_FILE_STORE=true is set: use a sqlite store such as "
+            "sqlite:///runs/mlflow.db (the default; `mlflow migrate-filestore` moves a file "
+            "store's runs into one), or set that variable"
+        )
+    sentences = [s for s in message.split(". ") if not s.startswith("See ")]
+    return ". ".join(sentences or [message]).rstrip(".")
 
 
 def artifact_location(run: RunConfig | str) -> str | None:

@@ -329,6 +329,15 @@ def log_params_tagging_changes(client: Any, run_id: str, params: dict[str, str])
     return changed
 
 
+def scored_already(client: Any, run_id: str, key: str, step: int, value: Any) -> bool:
+    """Whether ``value`` is the newest point of run ``run_id``'s ``key`` at ``step``: the
+    same checkpoint scored again, one point, not two. Another value is logged, and so is
+    a value back after another (the run's latest must be the newest score, which tags
+    such as ``cofr eval``'s protocol describe)."""
+    at_step = [m for m in client.get_metric_history(run_id, key) if m.step == step]
+    return bool(at_step) and max(at_step, key=lambda m: m.timestamp).value == float(value)
+
+
 def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     """Nested dicts/lists -> {"a.b.0": "value"} with values cut to MAX_PARAM_LENGTH."""
     flat: dict[str, str] = {}

@@ -849,6 +849,23 @@ def test_a_resume_refuses_the_same_tokens_cut_into_other_chunks(pydoc_byte, tmp_
     moved.load_state_dict(state)
 
 
+def test_a_resume_on_other_tokens_is_not_said_to_be_the_same_tokens(pydoc_byte):
+    """Another data folder (other token count, so other chunks) was refused with the
+    hint "the same number of training tokens cut into other chunks", which was false."""
+    settings = {"block_size": 16, "batch_size": 2, "num_workers": 0, "seed": 5}
+    dm = TokenDataModule(str(pydoc_byte), **settings)
+    next(iter(dm.train_dataloader()))
+    state = dm.state_dict()
+    tokens = dm.meta.train_tokens
+    state["fingerprint"].update(train_tokens=tokens + 1000, train_chunk_layout="another")
+    with pytest.raises(ValueError) as refused:
+        TokenDataModule(str(pydoc_byte), **settings).load_state_dict(state)
+    message = str(refused.value)
+    assert f"train_tokens: {tokens + 1000} -> {tokens}" in message
+    assert "train_chunk_layout: 'another' -> " in message
+    assert "the same number of training tokens" not in message
+
+
 def test_the_training_order_is_the_same_on_every_file_system(pydoc_byte, monkeypatch):
     """litdata shuffled by windows on NFS, Lustre, GPFS, BeeGFS or VAST (forced here by
     LITDATA_POSIX_FAST=1) and fully on a local disk, and a chunk's blocks within windows

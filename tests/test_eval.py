@@ -427,6 +427,35 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert json.loads(out.read_text())["results"]["wikitext-2"]["nll"] != wiki["nll"]
 
 
+def test_cofr_eval_again_logs_a_score_once_and_another_score_beside_it(tmp_path, capsys):
+    """Each `cofr eval` of a checkpoint logged its metrics again at the checkpoint's step:
+    three runs, three points, two identical. Now the same score is one point, as `cofr
+    validate` and `test` log it; another setting's score (another stride) is a second."""
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"), name="again")
+    data = write_eval_data(tmp_path / "sets")
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "ptb", "--data-dir", str(data)]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+
+    def points(key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+    for _ in range(2):
+        assert main(argv) == 0
+    ((step, first),) = points("eval/ptb/word_ppl")
+    assert step == 2 and len(points("eval/ptb/nll")) == 1
+    assert main([*argv, "--stride", "32"]) == 0
+    assert "logged to MLflow run" in capsys.readouterr().out
+    ((_, again), (_, other)) = points("eval/ptb/word_ppl")
+    assert again == first != other and [s for s, _ in points("eval/ptb/word_ppl")] == [2, 2]
+    # Back at the first setting: its score is logged again, so the run's latest number is
+    # the one its protocol tag (the newest evaluation's) describes.
+    assert main(argv) == 0
+    assert [v for _, v in points("eval/ptb/word_ppl")] == [first, other, first]
+    assert client.get_run(run_id).data.metrics["eval/ptb/word_ppl"] == first
+    assert ", stride 16 of block 32," in client.get_run(run_id).data.tags["eval/ptb/protocol"]
+
+
 def test_cofr_eval_scores_windows_of_the_length_the_model_trained_at(tmp_path, capsys):
     """A block-32 model trained on 16-token sequences: positions 16..31 never trained, so
     the default window is 16 (runs that differ in data.block_size alone then compare)."""

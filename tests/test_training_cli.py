@@ -565,6 +565,32 @@ def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
     assert "no checkpoint file at" in capsys.readouterr().err
 
 
+def test_a_store_mlflow_refuses_is_named_with_what_mlflow_says_to_do(tmp_path, monkeypatch):
+    """Only MLflow's first sentence was kept: a file:// store read "... is in maintenance
+    mode and will not receive further updates", without the way out (a sqlite store, or
+    MLFLOW_ALLOW_FILE_STORE=true), and an unknown scheme without the schemes it knows."""
+    from cofrgenet.training.run_store import check_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = (tmp_path / "mlruns").as_uri()
+    with pytest.raises(ConfigError) as refused:
+        check_tracking_uri(uri, fix="fix --tracking-uri")
+    assert str(refused.value) == (
+        f"MLflow cannot use {uri!r}: MLflow refuses a file store (a plain path or a file:// "
+        "URI) unless MLFLOW_ALLOW_FILE_STORE=true is set: use a sqlite store such as "
+        "sqlite:///runs/mlflow.db (the default; `mlflow migrate-filestore` moves a file "
+        "store's runs into one), or set that variable; fix --tracking-uri"
+    )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as the message says: then it works
+    check_tracking_uri(uri)
+    with pytest.raises(ConfigError) as refused:
+        check_tracking_uri("foo://bar", fix="fix --tracking-uri")
+    message = str(refused.value)
+    assert message.startswith("MLflow cannot use 'foo://bar': ")
+    assert "Supported URI schemes are: [" in message and "'sqlite'" in message
+    assert "See http" not in message and message.endswith("]; fix --tracking-uri")
+
+
 def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     import argparse
 
@@ -1900,6 +1926,29 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
     resumed = client.get_run(ids["a"]).data  # params cannot change: the new budget is a tag
     assert resumed.params["trainer.max_steps"] == "3"
     assert resumed.tags["latest/trainer.max_steps"] == "5"
+
+
+def test_a_param_back_at_its_first_value_loses_its_latest_tag(tmp_path):
+    """lr 6e-4, resumed at 1e-4 (tag latest/<key> 1e-4), then at 6e-4 again: the tag
+    still said 1e-4, as only the params that differ from the first value were looked at.
+    Now it goes; a param still changed keeps its tag, with the newest value."""
+    from cofrgenet.training.run_store import log_params_tagging_changes
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("x", artifact_location=(tmp_path / "a").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    first = {"model.optimizer.lr": "0.0006", "data.batch_size": "4"}
+    assert log_params_tagging_changes(client, run_id, first) == []
+    other = {"model.optimizer.lr": "0.0001", "data.batch_size": "8"}
+    assert log_params_tagging_changes(client, run_id, other) == list(other)
+    tags = client.get_run(run_id).data.tags
+    assert tags["latest/model.optimizer.lr"] == "0.0001" and tags["latest/data.batch_size"] == "8"
+    back = {"model.optimizer.lr": "0.0006", "data.batch_size": "16"}
+    assert log_params_tagging_changes(client, run_id, back) == ["data.batch_size"]
+    data = client.get_run(run_id).data
+    assert data.params == first
+    assert "latest/model.optimizer.lr" not in data.tags
+    assert data.tags["latest/data.batch_size"] == "16"
 
 
 def test_a_fit_stopped_by_a_callback_that_saved_resumes_like_one_that_never_stopped(

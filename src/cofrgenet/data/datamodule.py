@@ -627,7 +627,9 @@ class TokenDataModule(L.LightningDataModule):
         changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-            if "train_chunk_layout" in changed:  # two digests say nothing by themselves
+            # Two digests say nothing by themselves; the hint holds only for equal counts
+            # (another folder's other tokens are cut elsewhere too).
+            if "train_chunk_layout" in changed and saved.get("train_tokens") == now["train_tokens"]:
                 details += (
                     " (the same number of training tokens cut into other chunks: the folder "
                     "was prepared again, with another --num-workers?)"

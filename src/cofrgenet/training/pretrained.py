@@ -31,7 +31,7 @@ from cofrgenet.data.meta import (
 )
 from cofrgenet.errors import UserError, first_line
 from cofrgenet.models import ModelConfig
-from cofrgenet.training.run_store import RUN_ID_FILE, sqlite_database
+from cofrgenet.training.run_store import RUN_ID_FILE, scored_already, sqlite_database
 
 
 class TokenizerNotFound(UserError, FileNotFoundError):
@@ -329,7 +329,9 @@ def log_onto_run(
     """Log ``metrics`` (at ``step``) and ``tags`` onto the training run ``run_id`` (what an
     evaluation or a fine-tuning of its checkpoint measured), in one call: the client splits
     it at MLflow's limits. Raises NotLogged, with the reason, when the run cannot be
-    reached (a moved or copied run folder, a server down); no store is made on the way."""
+    reached (a moved or copied run folder, a server down); no store is made on the way.
+    A metric the run holds at ``step`` with the same value is not logged again (the same
+    checkpoint scored again: one point, not two, as ``cofr validate`` and ``test`` do)."""
     from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -339,9 +341,16 @@ def log_onto_run(
         raise NotLogged(problem)
     now = int(time.time() * 1000)
     try:
-        MlflowClient(uri).log_batch(
+        client = MlflowClient(uri)
+        logged = client.get_run(run_id).data.metrics  # a key never logged has no history
+        new = {
+            key: value
+            for key, value in metrics.items()
+            if key not in logged or not scored_already(client, run_id, key, step, value)
+        }
+        client.log_batch(
             run_id,
-            metrics=[Metric(key, float(value), now, step) for key, value in metrics.items()],
+            metrics=[Metric(key, float(value), now, step) for key, value in new.items()],
             tags=[RunTag(key, value) for key, value in tags.items()],
         )
     except (MlflowException, OSError) as error:  # a deleted run, a server gone meanwhile

@@ -248,8 +248,23 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
     try:
         MlflowClient(uri)
     except MlflowException as error:
-        first = str(error).split(". ")[0]
-        raise ConfigError(f"MLflow cannot use {uri!r}: {first}; {fix}") from None
+        raise ConfigError(f"MLflow cannot use {uri!r}: {mlflow_refusal(error)}; {fix}") from None
+
+
+def mlflow_refusal(error: Exception) -> str:
+    """Why MLflow refused a store, for a one-line message: its file store refusal put
+    plainly with the ways out; another message whole, less the sentences that only point
+    to a web page (its first sentence alone dropped what it says to do)."""
+    message = " ".join(str(error).split())
+    if "MLFLOW_ALLOW_FILE_STORE" in message:  # MLflow 3: a folder of runs (./mlruns)
+        return (
+            "MLflow refuses a file store (a plain path or a file:// URI) unless "
+            "MLFLOW_ALLOW_FILE_STORE=true is set: use a sqlite store such as "
+            "sqlite:///runs/mlflow.db (the default; `mlflow migrate-filestore` moves a file "
+            "store's runs into one), or set that variable"
+        )
+    sentences = [s for s in message.split(". ") if not s.startswith("See ")]
+    return ". ".join(sentences or [message]).rstrip(".")
 
 
 def artifact_location(run: RunConfig | str) -> str | None:
@@ -299,13 +314,28 @@ def log_new_params(client: Any, run_id: str, params: dict[str, str]) -> list[str
 def log_params_tagging_changes(client: Any, run_id: str, params: dict[str, str]) -> list[str]:
     """:func:`log_new_params`, and for each param the run holds with another value the
     tag ``latest/<key>`` with the new one (a resume with more steps, a sweep's extended
-    ``n_trials``: MLflow params cannot change); returns those keys."""
+    ``n_trials``: MLflow params cannot change); returns those keys. A param back at its
+    first value loses the ``latest/<key>`` an earlier change set (the param is the latest)."""
     from mlflow.entities import RunTag
 
     changed = log_new_params(client, run_id, params)
     if changed:
         client.log_batch(run_id, tags=[RunTag(f"latest/{k}", params[k]) for k in changed])
+    # lr 6e-4, resumed at 1e-4, then at 6e-4 again: the tag would still say 1e-4.
+    tags = client.get_run(run_id).data.tags
+    for key in params:
+        if key not in changed and f"latest/{key}" in tags:
+            client.delete_tag(run_id, f"latest/{key}")
     return changed
+
+
+def scored_already(client: Any, run_id: str, key: str, step: int, value: Any) -> bool:
+    """Whether ``value`` is the newest point of run ``run_id``'s ``key`` at ``step``: the
+    same checkpoint scored again, one point, not two. Another value is logged, and so is
+    a value back after another (the run's latest must be the newest score, which tags
+    such as ``cofr eval``'s protocol describe)."""
+    at_step = [m for m in client.get_metric_history(run_id, key) if m.step == step]
+    return bool(at_step) and max(at_step, key=lambda m: m.timestamp).value == float(value)
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, str]:

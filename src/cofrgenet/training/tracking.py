@@ -18,6 +18,7 @@ from cofrgenet.training.run_store import (
     code_tags,
     flatten,
     log_params_tagging_changes,
+    scored_already,
     slurm_tags,
 )
 
@@ -136,12 +137,6 @@ class CofrMLFlowLogger(MLFlowLogger):
             self._validated_through[key] = max((m.step for m in history), default=-1)
         return step <= self._validated_through[key]
 
-    def _has_point(self, key: str, step: int, value: Any) -> bool:
-        """Whether the run's history holds ``value`` for ``key`` at ``step`` already."""
-        value = float(value)
-        history = self.experiment.get_metric_history(self.run_id, key)
-        return any(m.step == step and m.value == value for m in history)
-
     def evaluation_key(self, key: str) -> str:
         """``val/loss`` -> ``eval/val/<data>/loss`` (keys without a split kept as they are)."""
         split, _, metric = key.partition("/")
@@ -161,7 +156,12 @@ class CofrMLFlowLogger(MLFlowLogger):
                 tags = [RunTag(f"{f}/data_dir", str(self.eval_data)) for f in sorted(folders)]
                 self.experiment.log_batch(self.run_id, tags=tags)
             if step is not None:  # the same checkpoint scored again: one point, not two
-                metrics = {k: v for k, v in metrics.items() if not self._has_point(k, step, v)}
+                client, run_id = self.experiment, self.run_id
+                metrics = {
+                    k: v
+                    for k, v in metrics.items()
+                    if not scored_already(client, run_id, k, step, v)
+                }
                 if not metrics:
                     return
         elif step is not None:  # a replayed step's values are in the run's history already
@@ -253,7 +253,8 @@ class CofrMLFlowLogger(MLFlowLogger):
         """Params (:func:`run_params`, and ``data``: :func:`data_params`), the model's sizes
         (:func:`model_metrics`, at step 0) and the config as artifacts. A resume that
         changed a param (a larger max_steps) keeps the first value, as MLflow params cannot
-        change, and sets the new one as the tag ``latest/<key>``."""
+        change, and sets the new one as the tag ``latest/<key>`` (removed again by a resume
+        back at the first value)."""
         client, run_id = self.experiment, self.run_id
         params = {**run_params(config, model_config), **(data or {})}
         changed = log_params_tagging_changes(client, run_id, params)

@@ -2347,7 +2347,9 @@ def test_a_fit_validates_every_interval_of_steps_across_epochs(tiny_data, tmp_pa
         CofrCLI(args=fit_args(tmp_path, tiny_data, *fraction))
 
 
-def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_path, monkeypatch):
+def test_validate_without_a_config_scores_as_the_runs_fit_did(
+    tiny_data, tmp_path, monkeypatch, caplog
+):
     """`cofr validate --ckpt_path CKPT` read the default data folder (another tokenizer:
     refused) or every validation batch, and logged that score onto the run's val/loss
     beside the fit's own at the same step. It now takes the run's data folder (a
@@ -2372,6 +2374,13 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(tiny_data, tmp_pat
     # The fit's own score at that step, the same: kept once (it was logged twice).
     assert [m.value for m in client.get_metric_history(run_id, "val/loss")] == [fit]
     assert not (tmp_path / "elsewhere" / "runs").exists()
+    # cofr test takes the fit's data, not its validation batches (it said it did).
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        tested = CofrCLI(args=["test", "--ckpt_path", str(ckpt)])
+    (said,) = [r.getMessage() for r in caplog.records if "as the run's fit did" in r.getMessage()]
+    assert "data.data_dir=" in said and "limit_val_batches" not in said
+    assert tested.trainer.num_test_batches[0] > 2  # the whole split
     (tmp_path / "data" / "tiny").rename(tmp_path / "data" / "moved")
     with pytest.raises(ConfigError, match=r"trained on the data folder 'data/tiny', not found as "):
         CofrCLI(args=["validate", "--ckpt_path", str(ckpt)])

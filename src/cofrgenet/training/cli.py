@@ -755,6 +755,8 @@ class CofrCLI(LightningCLIAdapter):
                 continue
             if key == "data.val_batch_size" and is_given("data.batch_size"):
                 continue  # a smaller --data.batch_size (out of memory) shrinks both
+            if key.startswith("trainer.limit_") and key != _OWN_LIMIT[subcommand]:
+                continue  # the other command's batches
             if key.startswith("trainer.limit_") and value == 0:
                 continue  # a fit that skipped validation: this command scores all
             if key == "data.data_dir":
@@ -1463,6 +1465,9 @@ def _check_trainer_counts(value: Any) -> None:
 
 #: What decides a validation's or test's score: ``cofr validate``/``test`` take these
 #: from the run's config.yaml when the command gives neither them nor a ``--config``.
+#: The trainer setting that limits each evaluation's batches.
+_OWN_LIMIT = {"validate": "trainer.limit_val_batches", "test": "trainer.limit_test_batches"}
+
 SCORING_KEYS = (
     "data.data_dir",
     "data.block_size",

@@ -2612,3 +2612,16 @@ def test_a_sigterm_between_the_run_lock_and_the_fit_s_handler_exits_cleanly(tiny
     assert done.returncode == 143, done.stderr[-2000:]
     assert "written before the signal" in done.stdout
     assert not (tmp_path / "runs" / "test" / "early").exists()  # made here, nothing in it
+
+
+def test_the_command_tag_reads_as_typed(monkeypatch):
+    """Under `python -m cofrgenet` the tag read '/path/to/src/cofrgenet/__main__.py fit'."""
+    from cofrgenet.training.run_store import code_tags
+
+    for argv, shown in (
+        (["/x/src/cofrgenet/__main__.py", "fit", "--run.name", "a b"], "cofr fit --run.name 'a b'"),
+        (["/venv/bin/cofr", "fit"], "cofr fit"),
+        (["train.py", "fit"], "train.py fit"),
+    ):
+        monkeypatch.setattr(sys, "argv", argv)
+        assert code_tags()["cofrgenet.command"] == shown

@@ -392,4 +392,15 @@ def code_tags() -> dict[str, str]:
     """Which code made a run, as MLflow tags: cofrgenet's version, the git commit of its
     source (MLflow's "Git commit"; ``cofrgenet.git_dirty``: uncommitted changes in it)
     when it is a checkout, and the command line (``cofrgenet.command``, passwords hidden)."""
-    return {**_code_version(), "cofrgenet.command": cut(hide_passwords(shlex.join(sys.argv)))}
+    return {**_code_version(), "cofrgenet.command": cut(hide_passwords(command_line()))}
+
+
+def command_line() -> str:
+    """This process's command line as it is typed: ``cofr ...`` for the ``cofr`` entry
+    point and for ``python -m cofrgenet`` (whose argv[0] is the path of cofrgenet's
+    ``__main__.py``), another program's own name otherwise."""
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    ours = program.name == "cofr" or (
+        program.name == "__main__.py" and program.parent.name == "cofrgenet"
+    )
+    return shlex.join(["cofr" if ours else str(program), *sys.argv[1:]])

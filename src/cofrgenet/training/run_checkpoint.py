@@ -44,6 +44,14 @@ class RunCheckpoint(ModelCheckpoint):
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Another folder's (a run started from another run's checkpoint, a moved run):
+        # its best/last paths name that folder's files. Lightning kept best_model_path
+        # and warned of the rest ("The dirpath has changed"); none of it is this run's.
+        if state_dict.get("dirpath", self.dirpath) != self.dirpath:
+            return
+        super().load_state_dict(state_dict)
+
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:

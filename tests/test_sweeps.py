@@ -1283,6 +1283,58 @@ def test_a_worker_killed_between_failing_a_trial_and_queueing_its_retry_loses_no
     assert next_trial(study, storage, sweep, st.Worker.current()) == (None, False)
 
 
+def test_signal_stops_use_no_retry_and_a_trial_with_none_left_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """A trial stopped by hand 4 times lost its point: every stop counted towards
+    max_retry (meant for lost or failing workers), the last FAIL, with no retry, counted
+    against n_trials, and the worker still said the trial would resume. Stops count for
+    nothing now; past max_retry, the outcome is a failure that says why, and so does the
+    worker's last line."""
+    import cofrgenet.sweeps.worker as worker_module
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.objective import Outcome
+    from cofrgenet.sweeps.worker import WorkerResult, _tell, next_trial
+
+    sweep, storage, study = _tiny_study(tmp_path, max_retry=1)
+
+    def attempt(signal_status: int | None = None) -> Outcome:
+        trial, _ = next_trial(study, storage, sweep, st.Worker.current())
+        trial.suggest_categorical("a", [1, 2])  # as the trial's config does
+        outcome = Outcome(
+            TrialState.FAIL, reason="stopped", retry=True,
+            stop_worker=signal_status is not None, signal_status=signal_status,
+        )  # fmt: skip
+        assert _tell(study, storage, trial, outcome, sweep)
+        return outcome
+
+    for _ in range(4):  # Ctrl-C, four times
+        assert attempt(130).retry
+    assert st.budget_used(study.get_trials()) == 0
+    assert attempt().retry  # a busy run folder: the one retry
+    assert attempt(143).retry  # SIGTERM: still no count
+    last = attempt()
+    assert not last.retry and last.reason == "stopped; no retries left (max_retry 1)"
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL] * 7
+    assert st.budget_used(trials) == 1 and st.unqueued_retries(trials, 1) == []
+    assert [t.user_attrs.get(st.STOPPED) for t in trials] == [
+        *["Ctrl-C"] * 4,
+        None,
+        "SIGTERM",
+        None,
+    ]
+
+    def stopped_with_no_retry(sweep, **kwargs):
+        return WorkerResult(study, outcomes=[(6, last)], signal_status=130)
+
+    monkeypatch.setattr(worker_module, "run_worker", stopped_with_no_retry)
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 130
+    err = capsys.readouterr().err
+    assert "the trial failed: stopped; no retries left (max_retry 1)" in err
+    assert "resumes" not in err
+
+
 def test_a_missing_retry_waits_for_a_live_worker_and_is_queued_once(tmp_path):
     """A failed trial whose retry is recorded but not queued: left to its worker while
     that one lives (it queues it next), queued once it is gone, and copies that workers

@@ -352,11 +352,20 @@ def run(args: argparse.Namespace) -> int:
     )
     print_summary(result)
     if result.signal_status is not None:
-        print(
-            f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint when "
-            f"a worker runs again: {resume_command()}",
-            file=sys.stderr,
-        )
+        last = result.outcomes[-1][1] if result.outcomes else None
+        if last is not None and last.state == optuna.trial.TrialState.FAIL and not last.retry:
+            # No retry was queued (max_retry used up): nothing resumes the trial.
+            print(
+                f"cofr sweep run: stopped by a signal; the trial failed: {last.reason} "
+                f"(`{_status_command(args)}`)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint "
+                f"when a worker runs again: {resume_command()}",
+                file=sys.stderr,
+            )
         return result.signal_status
     if result.not_requeued is not None:
         print(

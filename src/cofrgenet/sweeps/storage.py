@@ -105,6 +105,13 @@ DISCARDED = "cofr.discarded"
 #: worker killed between them leaves this, and the next check for lost trials queues the
 #: retry (:func:`queue_missing_retries`), else the point would never run again.
 RETRY_WANTED = "cofr.retry_wanted"
+#: Set on a trial a signal stopped (SIGTERM or Ctrl-C, from the user or the scheduler):
+#: the signal's name. Its retry does not count towards ``max_retry``, which bounds the
+#: attempts of lost or failing workers; a stop is no fault of the trial's.
+STOPPED = "cofr.stopped_by"
+#: The system attribute that carries, from retry to retry, the numbers of the earlier
+#: attempts a signal stopped (:data:`STOPPED`): :func:`counted_attempts` leaves them out.
+STOPPED_ATTEMPTS = "cofr.stopped_attempts"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = SLURM_TAGS  # the keys of slurm_tags()
 
 
@@ -699,16 +706,28 @@ def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOption
     return None
 
 
+def counted_attempts(trial: FrozenTrial) -> int:
+    """The attempts of ``trial``'s point, itself included, that count towards
+    ``max_retry``: all but those a signal stopped (:data:`STOPPED`)."""
+    stopped = len(trial.system_attrs.get(STOPPED_ATTEMPTS) or [])
+    stopped += 1 if trial.user_attrs.get(STOPPED) else 0
+    return len(trial.system_attrs.get("retry_history") or []) + 1 - stopped
+
+
 def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> int | None:
-    """Queue a WAITING copy of a failed trial; its number, or None past ``max_retry``."""
+    """Queue a WAITING copy of a failed trial; its number, or None past ``max_retry``
+    (attempts a signal stopped not counted: :func:`counted_attempts`)."""
+    if max_retry is not None and counted_attempts(trial) > max_retry:
+        return None
     system_attrs: dict[str, Any] = {
         "failed_trial": trial.number,
         "retry_history": [],
         **trial.system_attrs,
     }
     system_attrs["retry_history"] = [*system_attrs["retry_history"], trial.number]
-    if max_retry is not None and len(system_attrs["retry_history"]) > max_retry:
-        return None
+    if trial.user_attrs.get(STOPPED):
+        stopped = system_attrs.get(STOPPED_ATTEMPTS) or []
+        system_attrs[STOPPED_ATTEMPTS] = [*stopped, trial.number]
     user_attrs = {
         k: v for k, v in trial.user_attrs.items() if not k.startswith(("cofr.", "slurm."))
     }
@@ -844,8 +863,8 @@ def unqueued_retries(trials: list[FrozenTrial], max_retry: int | None) -> list[F
     for trial in trials:
         if trial.state != TrialState.FAIL or not trial.user_attrs.get(RETRY_WANTED):
             continue
-        attempts = len(trial.system_attrs.get("retry_history") or []) + 1
-        if trial.number not in retried and (max_retry is None or attempts <= max_retry):
+        within = max_retry is None or counted_attempts(trial) <= max_retry
+        if trial.number not in retried and within:
             out.append(trial)
     return out
 

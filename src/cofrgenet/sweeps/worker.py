@@ -643,12 +643,19 @@ def _tell(
         trial.set_user_attr(st.FAIL_REASON, outcome.reason or "?")
         if outcome.retry:  # before the FAIL: a kill before the retry is queued loses no point
             trial.set_user_attr(st.RETRY_WANTED, st.retry_intent())
+            if outcome.signal_status is not None:  # a stop: not one of max_retry's attempts
+                trial.set_user_attr(st.STOPPED, signal_name(outcome.signal_status))
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         if outcome.retry:
             frozen = st.frozen_trial(storage, study, trial.number)
-            retry = st.retry_trial(study, frozen, sweep.storage_options.max_retry)
+            max_retry = sweep.storage_options.max_retry
+            retry = st.retry_trial(study, frozen, max_retry)
             if retry is not None:
                 log.warning(f"trial {trial.number} will be retried as trial {retry}")
+            else:  # a failed trial now, and nothing resumes it
+                outcome.retry = False
+                outcome.reason = f"{outcome.reason}; no retries left (max_retry {max_retry})"
+                log.warning(f"trial {trial.number}: no retries left (max_retry {max_retry})")
     elif outcome.state == TrialState.PRUNED:
         if outcome.reason:
             trial.set_user_attr(st.PRUNE_REASON, outcome.reason)
@@ -656,6 +663,16 @@ def _tell(
     else:
         study.tell(trial, outcome.value, skip_if_finished=True)
     return True
+
+
+def signal_name(status: int) -> str:
+    """``SIGTERM`` for the exit status 143 (128 + the signal), ``Ctrl-C`` for 130."""
+    if status == 128 + signal.SIGINT:
+        return "Ctrl-C"
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"signal {status - 128}"
 
 
 def run_worker(

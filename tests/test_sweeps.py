@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.sweeps import SweepError, load_sweep, parse_sweep
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import check_model_values
+from cofrgenet.sweeps.fitconfig import check_model_values, check_optimizer_values
 from cofrgenet.sweeps.spec import (
     StorageOptions,
     encode_value,
@@ -2702,6 +2702,34 @@ def test_a_data_value_that_fails_every_trial_stops_the_worker(tiny_data, tmp_pat
     with pytest.raises(SweepError, match=r"data\.batch_size must be >= 1, got 0"):
         run_worker(load_sweep(path), report=False, mlflow=False)
     assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+
+def test_an_optimizer_value_that_fails_every_trial_stops_the_worker(tmp_path, capsys):
+    """model.optimizer.lr: -0.001 failed every trial, then the study was done; fixing
+    the file was refused (its overrides changed): the study's name was burnt. Refused
+    before the study (and before sbatch) now, as are a range end and a choice that
+    cofr fit refuses."""
+    space = {"model.config.depth": "int 1..4"}
+    bad = write_sweep(tmp_path, overrides={"model.optimizer.lr": -0.001}, space=space)
+    message = (
+        r"no trial could train: model\.optimizer\.lr must be positive, got -0\.001; fix "
+        r"the sweep's overrides or --set"
+    )
+    with pytest.raises(SweepError, match=message):
+        run_worker(load_sweep(bad), report=False, mlflow=False)
+    line = one_line_error(capsys, ["sweep", "submit", str(bad), "--dry-run"])
+    assert "model.optimizer.lr must be positive, got -0.001" in line
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+    ranged = load_sweep(write_sweep(tmp_path, space={"model.optimizer.lr": "float -1..1"}))
+    with pytest.raises(SweepError, match=r"^space\.model\.optimizer\.lr: -1\.0 trains no trial: "):
+        check_optimizer_values(ranged, trial_config(ranged, {"model.optimizer.lr": 0.5}))
+    space = {"model.optimizer.min_lr_ratio": [0.1, 2]}
+    chosen = load_sweep(write_sweep(tmp_path, space=space))
+    with pytest.raises(SweepError, match=r"min_lr_ratio: 2 trains no trial: .*remove it from"):
+        check_optimizer_values(chosen, trial_config(chosen, {"model.optimizer.min_lr_ratio": 0.1}))
+    good = load_sweep(write_sweep(tmp_path))  # lr: float 1e-4..3e-3 log
+    check_optimizer_values(good, trial_config(good, {"model.optimizer.lr": 1e-3}))
 
 
 def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):

@@ -109,11 +109,15 @@ def _accelerator_gpus(config: dict[str, Any]) -> int:
 
 def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dict[str, Any]]:
     """(#SBATCH options, trainer/data settings for the worker) that agree with each other."""
-    from cofrgenet.sweeps.fitconfig import check_model_values  # imports Lightning
+    from cofrgenet.sweeps.fitconfig import (  # imports Lightning
+        check_model_values,
+        check_optimizer_values,
+    )
 
     check_extra(sweep, options.settings)
     config = base_config(sweep, options.settings)
     check_model_values(sweep, config)  # before sbatch: every array task would fail
+    check_optimizer_values(sweep, config)
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     if nodes != 1:

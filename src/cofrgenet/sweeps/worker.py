@@ -30,7 +30,12 @@ from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
+from cofrgenet.sweeps.fitconfig import (
+    check_keys,
+    check_model_values,
+    check_optimizer_values,
+    model_vocab_size,
+)
 from cofrgenet.sweeps.objective import (
     NO_MODEL_HERE,
     NON_FINITE,
@@ -828,13 +833,14 @@ def _checked_trial_config(
 
     Fails fast, before the study exists: a --set the sweep overrides, a key that is not
     cofr fit's (a typo), a config that does not parse (open_storage then refuses a storage
-    URL that is none), a model value out of range, a missing data folder.
+    URL that is none), a model or optimizer value out of range, a missing data folder.
     """
     check_extra(sweep, extra, mlflow)
     check_keys(sweep, extra)
     try:
         probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
         check_model_values(sweep, probe)
+        check_optimizer_values(sweep, probe)
         check_budget(sweep, probe)
         if (warning := pruning_before_ladders(sweep, probe)) is not None:
             log.warning(warning)

@@ -449,12 +449,15 @@ def submit(args: argparse.Namespace) -> int:
         shared_journal=args.shared_journal,
     )
     sweep = _sweep(args.sweep, args)
-    path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
+    path, job, failed = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
     if args.dry_run:  # the script, with any password hidden (the file would hold it)
         print(hide_passwords(path), end="")
         return 0
     workers = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
     print(f"submitted {path} as job {job} ({workers})")
+    if failed is not None:  # --wait: the job ended, and not well
+        print(f"cofr sweep submit: {failed} (`{_status_command(args)}`)", file=sys.stderr)
+        return 1
     print(f"follow with: {_status_command(args)}")
     return 0
 

@@ -336,11 +336,22 @@ def parse_sbatch_header(script: str) -> dict[str, str]:
     return out
 
 
-def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> tuple[str, str]:
-    """(script path or "-", job id or ""): writes the script and runs sbatch."""
+def job_logs(rendered: Rendered, job: str) -> str:
+    """Where the array tasks of ``job`` write their output: the ``#SBATCH --output``
+    pattern with the job's id (``%A``, ``%j``) in, any task (``%a``) as ``*``."""
+    pattern = rendered.resources.get("output") or "slurm-%A_%a.out"
+    return pattern.replace("%A", job).replace("%j", job).replace("%a", "*")
+
+
+def submit(
+    sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool
+) -> tuple[str, str, str | None]:
+    """(script path or "-", job id or "", why the job failed or None): writes the
+    script and runs sbatch. With ``wait``, sbatch returns when the job ends: non-zero
+    when a task of it failed, the job id printed all the same."""
     rendered = render(sweep, options)
     if dry_run:
-        return rendered.script, ""
+        return rendered.script, "", None
     if shutil.which("sbatch") is None:
         raise SweepError("sbatch not found: is this a SLURM login node? (--dry-run prints)")
     if st.journal_path(rendered.storage) is None:  # a database: reachable now, not after
@@ -376,7 +387,14 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
     if wait:
         command.append("--wait")
     result = subprocess.run([*command, str(path)], capture_output=True, text=True)
-    if result.returncode != 0 and not (wait and result.stdout.strip()):
-        raise SweepError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}")
     job = result.stdout.strip().split(";")[0]
-    return str(path), job
+    if result.returncode != 0 and not (wait and job):
+        path.unlink(missing_ok=True)  # nothing was submitted: no script left to name a job
+        raise SweepError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}")
+    failed = None
+    if result.returncode != 0:  # --wait: the job was submitted, and ended badly
+        failed = (
+            f"job {job} failed (sbatch --wait exit status {result.returncode}); its logs: "
+            f"{job_logs(rendered, job)}"
+        )
+    return str(path), job, failed

@@ -362,6 +362,18 @@ def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys
     assert len(list(logs.glob("*.sbatch"))) == 1  # the failed job's, not the unsubmitted one's
 
 
+def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(tmp_path, monkeypatch):
+    """A --runs-dir under a file (or on a read-only disk) gave mkdir's traceback."""
+    import cofrgenet.sweeps.slurm as slurm
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    options = SubmitOptions(runs_dir=str(blocker / "runs"))
+    with pytest.raises(SweepError, match=rf"^cannot make {blocker}/runs/.*/slurm, the folder of "):
+        slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
+
+
 def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, capsys, tmp_path):
     """The script exports the URL and the workers read it (--storage env:NAME): ps, logs
     and MLflow's cofrgenet.command tag showed `--storage postgresql://u:secret@...`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import re
 import signal
@@ -2730,6 +2731,46 @@ def test_an_optimizer_value_that_fails_every_trial_stops_the_worker(tmp_path, ca
         check_optimizer_values(chosen, trial_config(chosen, {"model.optimizer.min_lr_ratio": 0.1}))
     good = load_sweep(write_sweep(tmp_path))  # lr: float 1e-4..3e-3 log
     check_optimizer_values(good, trial_config(good, {"model.optimizer.lr": 1e-3}))
+
+
+def test_unwritable_storage_and_report_folders_are_said_in_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only folder gave tracebacks (the journal's creation, the report's mkdir),
+    and a sqlite file there, after retries, the advice for a database server that is
+    down. (A read-only file system is simulated: tests may run as root.)"""
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    touch = Path.touch
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == readonly:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return touch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "touch", read_only)
+    journal = readonly / "x.journal"
+    with pytest.raises(SweepError) as error:
+        st.open_storage(f"journal:{journal}")
+    assert str(error.value) == (
+        f"cannot make the study's journal {journal}: Read-only file system; choose another "
+        "with --storage or --runs-dir"
+    )
+    (tmp_path / "dir.db").mkdir()  # a file sqlite cannot open, as in a read-only folder
+    started = time.monotonic()
+    with pytest.raises(SweepError, match=r"dir\.db \(unable to open database file\): its folder"):
+        st.open_storage(f"sqlite:///{tmp_path / 'dir.db'}")
+    assert time.monotonic() - started < 5  # no retries
+
+    path = write_sweep(tmp_path)
+    sweep = load_sweep(path)
+    open_study(sweep, st.open_storage(st.default_storage(sweep)), 0)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = ["--out", str(blocker / "report"), "--no-mlflow"]
+    line = one_line_error(capsys, ["sweep", "report", str(path), *out])
+    assert line.endswith(
+        f"cannot make {blocker / 'report'}, the folder of the report: '{blocker}' is a file; "
+        "choose another with --out"
+    )
 
 
 def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):

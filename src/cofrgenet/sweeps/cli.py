@@ -420,7 +420,15 @@ def report(args: argparse.Namespace) -> int:
                 "to MLflow; the next `cofr sweep run` makes a new parent run"
             )
             client = parent = None
-    files = write_report(study, sweep, out, client, parent)
+    st.make_folder(out, "the report", "--out")
+    try:
+        files = write_report(study, sweep, out, client, parent)
+    except OSError as error:  # a read-only folder
+        where = error.filename or out
+        raise SweepError(
+            f"cannot write the report: {where}: {error.strerror or error}; choose another "
+            "folder with --out"
+        ) from None
     print(f"report of {study.study_name} in {out}: {', '.join(sorted(files))}")
     if parent:
         print(f"logged to MLflow run {parent} (artifacts/report)")

@@ -370,7 +370,7 @@ def submit(
         fix = "fix the sweep's tracking_uri (where only the compute nodes reach it: "
         check_tracking_uri(sweep.tracking_uri, fix=fix + "--no-storage-check)")
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
-    folder.mkdir(parents=True, exist_ok=True)
+    st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 
     def write_script(path: Path) -> Path:
         # Only its owner reads it: it may hold the storage's password (render).
@@ -380,9 +380,15 @@ def submit(
         return path
 
     # Two submits in one second: -2, -3, ...
-    path = create_numbered(
-        folder, f"sweep-{time.strftime('%Y%m%d-%H%M%S')}", ".sbatch", write_script
-    )
+    try:
+        path = create_numbered(
+            folder, f"sweep-{time.strftime('%Y%m%d-%H%M%S')}", ".sbatch", write_script
+        )
+    except OSError as error:  # a read-only folder
+        raise SweepError(
+            f"cannot write the SLURM script in {folder}: {error.strerror or error}; choose "
+            "another with --runs-dir or the sweep's runs_dir"
+        ) from None
     command = ["sbatch", "--parsable"]
     if wait:
         command.append("--wait")

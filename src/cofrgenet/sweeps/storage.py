@@ -209,11 +209,12 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
                 "(PostgreSQL: pip install 'psycopg[binary]')"
             ) from None
         except Exception as error:
-            if attempt == 5:
-                from sqlalchemy.exc import DBAPIError
+            from sqlalchemy.exc import DBAPIError
 
-                if isinstance(error, DBAPIError):
-                    raise SweepError(_unreachable(url, error)) from None
+            database = isinstance(error, DBAPIError)
+            if database and (attempt == 5 or _sqlite_cannot_write(url, error)):
+                raise SweepError(_unreachable(url, error)) from None
+            if attempt == 5:
                 raise
             log.warning(f"opening {hide_passwords(url)} failed ({error!r:.200}); retrying")
             time.sleep(0.5 + random.random() * 2)
@@ -253,6 +254,14 @@ class _RepairingLock(JournalFileOpenLock):
 
 def _open_journal(path: Path) -> JournalStorage:
     make_folder(path.parent, "the study's storage", "--storage or --runs-dir")
+    if not path.exists():  # made here, as Optuna would, to say why it cannot be
+        try:
+            path.touch()
+        except OSError as error:
+            raise SweepError(
+                f"cannot make the study's journal {path}: {error.strerror or error}; "
+                "choose another with --storage or --runs-dir"
+            ) from None
     # The open() lock works on NFSv3+ and Lustre too (see the module's docstring), and is
     # released after 30 s if its holder died.
     lock = _RepairingLock(path)
@@ -410,11 +419,24 @@ def check_reachable(url: str) -> None:
         engine.dispose()
 
 
+def _sqlite_cannot_write(url: str, error: Exception) -> bool:
+    """Whether ``error`` says a sqlite file cannot be made or written (a read-only
+    folder): no retry mends that."""
+    text = str(getattr(error, "orig", None) or error)
+    cannot = ("unable to open database file", "readonly database", "read-only file system")
+    return sqlite_database(url) is not None and any(c in text.lower() for c in cannot)
+
+
 def _unreachable(url: str, error: Exception) -> str:
     from sqlalchemy.engine import make_url
 
     reason = str(getattr(error, "orig", None) or error).strip()
     reason = reason.splitlines()[0] if reason else type(error).__name__
+    if (path := sqlite_database(url)) is not None:  # a local file: no server to ask about
+        return (
+            f"cannot open the study database {path} ({reason}): its folder must be "
+            "writable; choose another with --storage"
+        )
     password = make_url(url).password
     if password:
         reason = reason.replace(str(password), "***")

@@ -1140,6 +1140,42 @@ def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp
         open_study(parse_sweep({**sweep.raw, "study": "h"}), storage, 1)
 
 
+def test_a_half_made_study_is_waited_for_aloud_and_named_with_a_working_delete_command(
+    tmp_path, monkeypatch, caplog
+):
+    """A worker killed between create_study and the study's attributes: the next one
+    waited minutes without a word, then suggested `optuna delete-study ... --storage
+    journal:PATH`, which Optuna's CLI refuses ("Failed to guess storage class")."""
+    import shlex
+
+    from cofrgenet.sweeps import worker as sweep_worker
+
+    journal = tmp_path / "s.journal"
+    url = f"journal:{journal}"
+    storage = st.open_storage(url)
+    optuna.create_study(study_name="s", storage=storage)  # its creator died mid-setup
+    monkeypatch.setattr(sweep_worker, "SETUP_TIMEOUT_S", 0.8)
+    monkeypatch.setattr(sweep_worker, "SETUP_NOTE_S", 0.1)
+    sweep = parse_sweep({"study": "s", "space": {"a": [1, 2]}, "n_trials": 2})
+    with caplog.at_level("INFO", logger="cofrgenet.sweeps"), pytest.raises(SweepError) as error:
+        open_study(sweep, storage, 1, url=url)
+    waits = [r.message for r in caplog.records if "is not set up yet" in r.message]
+    assert waits == ["study 's' exists but is not set up yet: waiting up to 0.8 s for the "
+                     "worker that created it"]  # fmt: skip
+    command = re.search(r"delete it \((optuna delete-study .*)\)$", str(error.value)).group(1)
+    assert command == (
+        f"optuna delete-study --study-name s --storage {journal} --storage-class JournalFileBackend"
+    )
+    optuna_cli = Path(sys.executable).parent / "optuna"
+    done = subprocess.run(
+        [str(optuna_cli), *shlex.split(command)[1:]], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert optuna.get_all_study_names(st.open_storage(url)) == []
+    db = st.delete_study_command("s", "postgresql://u:pw@h/db")
+    assert db == "optuna delete-study --study-name s --storage 'postgresql://u:***@h/db'"
+
+
 def _tiny_study(tmp_path: Path, **storage_options) -> tuple:
     sweep = parse_sweep(
         {"study": "w", "space": {"a": [1, 2]}, "n_trials": 4, "storage_options": storage_options}

@@ -175,6 +175,21 @@ def check_given_storage(given: str | None, home: str, study: str) -> None:
     )
 
 
+def delete_study_command(study: str, url: str) -> str:
+    """The ``optuna delete-study`` command for ``study`` in ``url``, as Optuna's CLI takes
+    it: a journal file by its path and storage class (``journal:PATH`` it cannot guess),
+    a database URL with its password hidden."""
+    import shlex
+
+    words = ["optuna", "delete-study", "--study-name", study, "--storage"]
+    path = journal_path(url)
+    if path is not None:
+        words += [str(path), "--storage-class", "JournalFileBackend"]
+    else:
+        words.append(hide_passwords(url))
+    return shlex.join(words)
+
+
 def _journal_study_names(path: Path) -> list[str]:
     """The studies a journal file holds ([] when it cannot be read as one)."""
     try:

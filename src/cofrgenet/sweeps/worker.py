@@ -104,12 +104,14 @@ def open_study(
     width: int | None = None,
     steps: int | None = None,
     bases: list[dict[str, str]] | None = None,
+    url: str | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
     ``extra``: this worker's ``--set`` settings, checked against the study's; ``width``:
     its trials' data-parallel width (:func:`data_parallel_width`), likewise; ``steps``:
     the steps a trial trains, for the pruner (:func:`make_pruner`); ``bases``: what its
-    base files hold (:func:`base_digests`), checked against the study's. A grid
+    base files hold (:func:`base_digests`), checked against the study's; ``url``: the
+    storage's, named in the command that deletes a study whose setup never finished. A grid
     sweep whose grid grew (ranges' values added, none removed) queues its new points once
     every check passed, under ``grid_lock`` (a file) so that workers starting together
     queue each once."""
@@ -126,7 +128,7 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         created = False
-        wait_for_setup(study, sweep, points=0)
+        wait_for_setup(study, sweep, points=0, url=url)
         stored_sweep = study.user_attrs.get("cofr.sweep")
         points = len(sweep.grid) if sweep.is_grid else 0
         if isinstance(stored_sweep, dict):  # before waiting for a grid it may not have
@@ -135,7 +137,7 @@ def open_study(
                 check_same_trials(sweep, stored_sweep)
             else:
                 points = len(old_points)
-        wait_for_setup(study, sweep, points=points)  # the grid its creator queued
+        wait_for_setup(study, sweep, points=points, url=url)  # the grid its creator queued
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
         check_same_width(study, width)
@@ -472,21 +474,40 @@ def setup_done(study: optuna.Study, points: int) -> bool:
     return points == 0 or len(study.get_trials(deepcopy=False)) >= points
 
 
+#: A worker still waiting for the study's setup after this many seconds says so, once.
+SETUP_NOTE_S = 1.0
+
+
 def wait_for_setup(
-    study: optuna.Study, sweep: Sweep, points: int, timeout: float | None = None
+    study: optuna.Study,
+    sweep: Sweep,
+    points: int,
+    timeout: float | None = None,
+    url: str | None = None,
 ) -> None:
     """Wait until the study is set up, its grid's ``points`` queued. Workers start
     together (a SLURM array): one that loses the race to create the study would
     otherwise find no queued grid point and leave at once, or run its trials without
-    the study's id."""
-    deadline = time.monotonic() + (SETUP_TIMEOUT_S if timeout is None else timeout)
+    the study's id. ``url``: the storage's, for the command that deletes the study."""
+    timeout = SETUP_TIMEOUT_S if timeout is None else timeout
+    start = time.monotonic()
+    said = False
     while not setup_done(study, points):
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if waited > timeout:
+            delete = st.delete_study_command(sweep.study, url) if url else (
+                f"optuna delete-study --study-name {sweep.study} --storage URL"
+            )  # fmt: skip
             raise SweepError(
                 f"study {sweep.study!r} exists but its setup never finished (the worker "
                 f"that created it died, or the sweep's grid differs from the study's): "
-                f"use another study name, or delete it (optuna delete-study --study-name "
-                f"{sweep.study} --storage URL)"
+                f"use another study name, or delete it ({delete})"
+            )
+        if waited > SETUP_NOTE_S and not said:  # a minute and more of silence otherwise
+            said = True
+            log.info(
+                f"study {sweep.study!r} exists but is not set up yet: waiting up to "
+                f"{timeout:g} s for the worker that created it"
             )
         time.sleep(0.2)
 
@@ -722,6 +743,7 @@ def run_worker(
         width=data_parallel_width(probe),
         steps=budget_steps(sweep, probe),
         bases=base_digests(sweep),
+        url=url,
     )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"

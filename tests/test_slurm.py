@@ -334,6 +334,46 @@ def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     assert "--dry-run submits none: drop one" in capsys.readouterr().err
 
 
+def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys):
+    """`sbatch --wait` exits non-zero for a failed job, its id printed all the same:
+    submit said `submitted ... as job N` and exited 0. A failed sbatch (nothing
+    submitted) left its script behind."""
+    from cofrgenet.cli import main
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(
+        '#!/bin/sh\ncase "$*" in *--wait*) echo 4242; exit 3;; esac\n'
+        "echo 'sbatch: error: invalid partition specified: nope' >&2\nexit 1\n"
+    )
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    runs = tmp_path / "runs"
+    submit = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--runs-dir", str(runs)]
+    assert main([*submit, "--wait"]) == 1
+    out, err = capsys.readouterr()
+    assert "as job 4242" in out
+    logs = runs / "sweeps" / "tiny-cpu" / "slurm"
+    assert f"job 4242 failed (sbatch --wait exit status 3); its logs: {logs}/4242_*.out" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(submit) == 2
+    assert "sbatch failed (1): sbatch: error: invalid partition" in capsys.readouterr().err
+    assert len(list(logs.glob("*.sbatch"))) == 1  # the failed job's, not the unsubmitted one's
+
+
+def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(tmp_path, monkeypatch):
+    """A --runs-dir under a file (or on a read-only disk) gave mkdir's traceback."""
+    import cofrgenet.sweeps.slurm as slurm
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    options = SubmitOptions(runs_dir=str(blocker / "runs"))
+    with pytest.raises(SweepError, match=rf"^cannot make {blocker}/runs/.*/slurm, the folder of "):
+        slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
+
+
 def test_a_storage_password_stays_off_the_workers_command_lines(monkeypatch, capsys, tmp_path):
     """The script exports the URL and the workers read it (--storage env:NAME): ps, logs
     and MLflow's cofrgenet.command tag showed `--storage postgresql://u:secret@...`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ from optuna.trial import TrialState
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.sweeps import SweepError, load_sweep, parse_sweep
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import check_model_values
+from cofrgenet.sweeps.fitconfig import check_model_values, check_optimizer_values
 from cofrgenet.sweeps.spec import (
     StorageOptions,
     encode_value,
@@ -1139,6 +1140,42 @@ def test_a_worker_that_loses_the_race_to_create_the_study_waits_for_its_grid(tmp
         open_study(parse_sweep({**sweep.raw, "study": "h"}), storage, 1)
 
 
+def test_a_half_made_study_is_waited_for_aloud_and_named_with_a_working_delete_command(
+    tmp_path, monkeypatch, caplog
+):
+    """A worker killed between create_study and the study's attributes: the next one
+    waited minutes without a word, then suggested `optuna delete-study ... --storage
+    journal:PATH`, which Optuna's CLI refuses ("Failed to guess storage class")."""
+    import shlex
+
+    from cofrgenet.sweeps import worker as sweep_worker
+
+    journal = tmp_path / "s.journal"
+    url = f"journal:{journal}"
+    storage = st.open_storage(url)
+    optuna.create_study(study_name="s", storage=storage)  # its creator died mid-setup
+    monkeypatch.setattr(sweep_worker, "SETUP_TIMEOUT_S", 0.8)
+    monkeypatch.setattr(sweep_worker, "SETUP_NOTE_S", 0.1)
+    sweep = parse_sweep({"study": "s", "space": {"a": [1, 2]}, "n_trials": 2})
+    with caplog.at_level("INFO", logger="cofrgenet.sweeps"), pytest.raises(SweepError) as error:
+        open_study(sweep, storage, 1, url=url)
+    waits = [r.message for r in caplog.records if "is not set up yet" in r.message]
+    assert waits == ["study 's' exists but is not set up yet: waiting up to 0.8 s for the "
+                     "worker that created it"]  # fmt: skip
+    command = re.search(r"delete it \((optuna delete-study .*)\)$", str(error.value)).group(1)
+    assert command == (
+        f"optuna delete-study --study-name s --storage {journal} --storage-class JournalFileBackend"
+    )
+    optuna_cli = Path(sys.executable).parent / "optuna"
+    done = subprocess.run(
+        [str(optuna_cli), *shlex.split(command)[1:]], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert optuna.get_all_study_names(st.open_storage(url)) == []
+    db = st.delete_study_command("s", "postgresql://u:pw@h/db")
+    assert db == "optuna delete-study --study-name s --storage 'postgresql://u:***@h/db'"
+
+
 def _tiny_study(tmp_path: Path, **storage_options) -> tuple:
     sweep = parse_sweep(
         {"study": "w", "space": {"a": [1, 2]}, "n_trials": 4, "storage_options": storage_options}
@@ -1281,6 +1318,58 @@ def test_a_worker_killed_between_failing_a_trial_and_queueing_its_retry_loses_no
     study.tell(retry, 2.0)
     assert study_done(study, sweep)
     assert next_trial(study, storage, sweep, st.Worker.current()) == (None, False)
+
+
+def test_signal_stops_use_no_retry_and_a_trial_with_none_left_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """A trial stopped by hand 4 times lost its point: every stop counted towards
+    max_retry (meant for lost or failing workers), the last FAIL, with no retry, counted
+    against n_trials, and the worker still said the trial would resume. Stops count for
+    nothing now; past max_retry, the outcome is a failure that says why, and so does the
+    worker's last line."""
+    import cofrgenet.sweeps.worker as worker_module
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.objective import Outcome
+    from cofrgenet.sweeps.worker import WorkerResult, _tell, next_trial
+
+    sweep, storage, study = _tiny_study(tmp_path, max_retry=1)
+
+    def attempt(signal_status: int | None = None) -> Outcome:
+        trial, _ = next_trial(study, storage, sweep, st.Worker.current())
+        trial.suggest_categorical("a", [1, 2])  # as the trial's config does
+        outcome = Outcome(
+            TrialState.FAIL, reason="stopped", retry=True,
+            stop_worker=signal_status is not None, signal_status=signal_status,
+        )  # fmt: skip
+        assert _tell(study, storage, trial, outcome, sweep)
+        return outcome
+
+    for _ in range(4):  # Ctrl-C, four times
+        assert attempt(130).retry
+    assert st.budget_used(study.get_trials()) == 0
+    assert attempt().retry  # a busy run folder: the one retry
+    assert attempt(143).retry  # SIGTERM: still no count
+    last = attempt()
+    assert not last.retry and last.reason == "stopped; no retries left (max_retry 1)"
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL] * 7
+    assert st.budget_used(trials) == 1 and st.unqueued_retries(trials, 1) == []
+    assert [t.user_attrs.get(st.STOPPED) for t in trials] == [
+        *["Ctrl-C"] * 4,
+        None,
+        "SIGTERM",
+        None,
+    ]
+
+    def stopped_with_no_retry(sweep, **kwargs):
+        return WorkerResult(study, outcomes=[(6, last)], signal_status=130)
+
+    monkeypatch.setattr(worker_module, "run_worker", stopped_with_no_retry)
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 130
+    err = capsys.readouterr().err
+    assert "the trial failed: stopped; no retries left (max_retry 1)" in err
+    assert "resumes" not in err
 
 
 def test_a_missing_retry_waits_for_a_live_worker_and_is_queued_once(tmp_path):
@@ -2650,6 +2739,74 @@ def test_a_data_value_that_fails_every_trial_stops_the_worker(tiny_data, tmp_pat
     with pytest.raises(SweepError, match=r"data\.batch_size must be >= 1, got 0"):
         run_worker(load_sweep(path), report=False, mlflow=False)
     assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+
+def test_an_optimizer_value_that_fails_every_trial_stops_the_worker(tmp_path, capsys):
+    """model.optimizer.lr: -0.001 failed every trial, then the study was done; fixing
+    the file was refused (its overrides changed): the study's name was burnt. Refused
+    before the study (and before sbatch) now, as are a range end and a choice that
+    cofr fit refuses."""
+    space = {"model.config.depth": "int 1..4"}
+    bad = write_sweep(tmp_path, overrides={"model.optimizer.lr": -0.001}, space=space)
+    message = (
+        r"no trial could train: model\.optimizer\.lr must be positive, got -0\.001; fix "
+        r"the sweep's overrides or --set"
+    )
+    with pytest.raises(SweepError, match=message):
+        run_worker(load_sweep(bad), report=False, mlflow=False)
+    line = one_line_error(capsys, ["sweep", "submit", str(bad), "--dry-run"])
+    assert "model.optimizer.lr must be positive, got -0.001" in line
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+
+    ranged = load_sweep(write_sweep(tmp_path, space={"model.optimizer.lr": "float -1..1"}))
+    with pytest.raises(SweepError, match=r"^space\.model\.optimizer\.lr: -1\.0 trains no trial: "):
+        check_optimizer_values(ranged, trial_config(ranged, {"model.optimizer.lr": 0.5}))
+    space = {"model.optimizer.min_lr_ratio": [0.1, 2]}
+    chosen = load_sweep(write_sweep(tmp_path, space=space))
+    with pytest.raises(SweepError, match=r"min_lr_ratio: 2 trains no trial: .*remove it from"):
+        check_optimizer_values(chosen, trial_config(chosen, {"model.optimizer.min_lr_ratio": 0.1}))
+    good = load_sweep(write_sweep(tmp_path))  # lr: float 1e-4..3e-3 log
+    check_optimizer_values(good, trial_config(good, {"model.optimizer.lr": 1e-3}))
+
+
+def test_unwritable_storage_and_report_folders_are_said_in_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only folder gave tracebacks (the journal's creation, the report's mkdir),
+    and a sqlite file there, after retries, the advice for a database server that is
+    down. (A read-only file system is simulated: tests may run as root.)"""
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    touch = Path.touch
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == readonly:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return touch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "touch", read_only)
+    journal = readonly / "x.journal"
+    with pytest.raises(SweepError) as error:
+        st.open_storage(f"journal:{journal}")
+    assert str(error.value) == (
+        f"cannot make the study's journal {journal}: Read-only file system; choose another "
+        "with --storage or --runs-dir"
+    )
+    (tmp_path / "dir.db").mkdir()  # a file sqlite cannot open, as in a read-only folder
+    started = time.monotonic()
+    with pytest.raises(SweepError, match=r"dir\.db \(unable to open database file\): its folder"):
+        st.open_storage(f"sqlite:///{tmp_path / 'dir.db'}")
+    assert time.monotonic() - started < 5  # no retries
+
+    path = write_sweep(tmp_path)
+    sweep = load_sweep(path)
+    open_study(sweep, st.open_storage(st.default_storage(sweep)), 0)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = ["--out", str(blocker / "report"), "--no-mlflow"]
+    line = one_line_error(capsys, ["sweep", "report", str(path), *out])
+    assert line.endswith(
+        f"cannot make {blocker / 'report'}, the folder of the report: '{blocker}' is a file; "
+        "choose another with --out"
+    )
 
 
 def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):

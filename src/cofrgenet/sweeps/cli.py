@@ -352,11 +352,20 @@ def run(args: argparse.Namespace) -> int:
     )
     print_summary(result)
     if result.signal_status is not None:
-        print(
-            f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint when "
-            f"a worker runs again: {resume_command()}",
-            file=sys.stderr,
-        )
+        last = result.outcomes[-1][1] if result.outcomes else None
+        if last is not None and last.state == optuna.trial.TrialState.FAIL and not last.retry:
+            # No retry was queued (max_retry used up): nothing resumes the trial.
+            print(
+                f"cofr sweep run: stopped by a signal; the trial failed: {last.reason} "
+                f"(`{_status_command(args)}`)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint "
+                f"when a worker runs again: {resume_command()}",
+                file=sys.stderr,
+            )
         return result.signal_status
     if result.not_requeued is not None:
         print(
@@ -411,7 +420,15 @@ def report(args: argparse.Namespace) -> int:
                 "to MLflow; the next `cofr sweep run` makes a new parent run"
             )
             client = parent = None
-    files = write_report(study, sweep, out, client, parent)
+    st.make_folder(out, "the report", "--out")
+    try:
+        files = write_report(study, sweep, out, client, parent)
+    except OSError as error:  # a read-only folder
+        where = error.filename or out
+        raise SweepError(
+            f"cannot write the report: {where}: {error.strerror or error}; choose another "
+            "folder with --out"
+        ) from None
     print(f"report of {study.study_name} in {out}: {', '.join(sorted(files))}")
     if parent:
         print(f"logged to MLflow run {parent} (artifacts/report)")
@@ -440,12 +457,15 @@ def submit(args: argparse.Namespace) -> int:
         shared_journal=args.shared_journal,
     )
     sweep = _sweep(args.sweep, args)
-    path, job = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
+    path, job, failed = do_submit(sweep, options, dry_run=args.dry_run, wait=args.wait)
     if args.dry_run:  # the script, with any password hidden (the file would hold it)
         print(hide_passwords(path), end="")
         return 0
     workers = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
     print(f"submitted {path} as job {job} ({workers})")
+    if failed is not None:  # --wait: the job ended, and not well
+        print(f"cofr sweep submit: {failed} (`{_status_command(args)}`)", file=sys.stderr)
+        return 1
     print(f"follow with: {_status_command(args)}")
     return 0
 

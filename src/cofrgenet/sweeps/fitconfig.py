@@ -43,6 +43,7 @@ from cofrgenet.sweeps.spec import (
     budget_settings,
     config_settings,
     encode_value,
+    get_dotted,
     needs_config,
     set_dotted,
 )
@@ -296,3 +297,41 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
                     f"space.{param.key}: {value!r} builds no model: {tried[0]}; remove it "
                     "from the space"
                 )
+
+
+#: The optimizer's settings in a trial's config.
+OPTIMIZER = "model.optimizer"
+
+
+def optimizer_problem(config: dict[str, Any]) -> str | None:
+    """Why ``config``'s ``model.optimizer`` makes no OptimizerConfig, or None."""
+    from cofrgenet.training.optim import OptimizerConfig
+
+    try:
+        OptimizerConfig(**dict(get_dotted(config, OPTIMIZER) or {}))
+    except (ConfigError, TypeError, ValueError) as error:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return None
+
+
+def check_optimizer_values(sweep: Sweep, probe: dict[str, Any]) -> None:
+    """SweepError when the trials' optimizer settings are ones ``cofr fit`` refuses
+    (``model.optimizer.lr: -0.001``): every trial would fail on them, each using up the
+    study's budget. The fixed settings first (the space's keys left to the optimizer's
+    defaults), then each choice and range end of the space's optimizer keys: each
+    setting is checked on its own, so an end refused is refused whatever else is drawn."""
+    keys = [p for p in sweep.space if p.key.startswith(OPTIMIZER + ".")]
+    fixed = copy.deepcopy(probe)
+    for param in keys:
+        (get_dotted(fixed, OPTIMIZER) or {}).pop(param.key[len(OPTIMIZER) + 1 :], None)
+    if (why := optimizer_problem(fixed)) is not None:
+        raise SweepError(f"no trial could train: {why}; fix the sweep's overrides or --set")
+    for param in keys:
+        for value in drawn_ends(param):
+            config = copy.deepcopy(probe)
+            set_dotted(config, param.key, value)
+            if (why := optimizer_problem(config)) is not None:
+                fix = "remove it from the space" if param.kind == "categorical" else (
+                    "keep the range within the values allowed"
+                )  # fmt: skip
+                raise SweepError(f"space.{param.key}: {value!r} trains no trial: {why}; {fix}")

@@ -109,11 +109,15 @@ def _accelerator_gpus(config: dict[str, Any]) -> int:
 
 def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dict[str, Any]]:
     """(#SBATCH options, trainer/data settings for the worker) that agree with each other."""
-    from cofrgenet.sweeps.fitconfig import check_model_values  # imports Lightning
+    from cofrgenet.sweeps.fitconfig import (  # imports Lightning
+        check_model_values,
+        check_optimizer_values,
+    )
 
     check_extra(sweep, options.settings)
     config = base_config(sweep, options.settings)
     check_model_values(sweep, config)  # before sbatch: every array task would fail
+    check_optimizer_values(sweep, config)
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     if nodes != 1:
@@ -332,11 +336,22 @@ def parse_sbatch_header(script: str) -> dict[str, str]:
     return out
 
 
-def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> tuple[str, str]:
-    """(script path or "-", job id or ""): writes the script and runs sbatch."""
+def job_logs(rendered: Rendered, job: str) -> str:
+    """Where the array tasks of ``job`` write their output: the ``#SBATCH --output``
+    pattern with the job's id (``%A``, ``%j``) in, any task (``%a``) as ``*``."""
+    pattern = rendered.resources.get("output") or "slurm-%A_%a.out"
+    return pattern.replace("%A", job).replace("%j", job).replace("%a", "*")
+
+
+def submit(
+    sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool
+) -> tuple[str, str, str | None]:
+    """(script path or "-", job id or "", why the job failed or None): writes the
+    script and runs sbatch. With ``wait``, sbatch returns when the job ends: non-zero
+    when a task of it failed, the job id printed all the same."""
     rendered = render(sweep, options)
     if dry_run:
-        return rendered.script, ""
+        return rendered.script, "", None
     if shutil.which("sbatch") is None:
         raise SweepError("sbatch not found: is this a SLURM login node? (--dry-run prints)")
     if st.journal_path(rendered.storage) is None:  # a database: reachable now, not after
@@ -355,7 +370,7 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
         fix = "fix the sweep's tracking_uri (where only the compute nodes reach it: "
         check_tracking_uri(sweep.tracking_uri, fix=fix + "--no-storage-check)")
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
-    folder.mkdir(parents=True, exist_ok=True)
+    st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 
     def write_script(path: Path) -> Path:
         # Only its owner reads it: it may hold the storage's password (render).
@@ -365,14 +380,27 @@ def submit(sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool) -> t
         return path
 
     # Two submits in one second: -2, -3, ...
-    path = create_numbered(
-        folder, f"sweep-{time.strftime('%Y%m%d-%H%M%S')}", ".sbatch", write_script
-    )
+    try:
+        path = create_numbered(
+            folder, f"sweep-{time.strftime('%Y%m%d-%H%M%S')}", ".sbatch", write_script
+        )
+    except OSError as error:  # a read-only folder
+        raise SweepError(
+            f"cannot write the SLURM script in {folder}: {error.strerror or error}; choose "
+            "another with --runs-dir or the sweep's runs_dir"
+        ) from None
     command = ["sbatch", "--parsable"]
     if wait:
         command.append("--wait")
     result = subprocess.run([*command, str(path)], capture_output=True, text=True)
-    if result.returncode != 0 and not (wait and result.stdout.strip()):
-        raise SweepError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}")
     job = result.stdout.strip().split(";")[0]
-    return str(path), job
+    if result.returncode != 0 and not (wait and job):
+        path.unlink(missing_ok=True)  # nothing was submitted: no script left to name a job
+        raise SweepError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}")
+    failed = None
+    if result.returncode != 0:  # --wait: the job was submitted, and ended badly
+        failed = (
+            f"job {job} failed (sbatch --wait exit status {result.returncode}); its logs: "
+            f"{job_logs(rendered, job)}"
+        )
+    return str(path), job, failed

@@ -105,6 +105,13 @@ DISCARDED = "cofr.discarded"
 #: worker killed between them leaves this, and the next check for lost trials queues the
 #: retry (:func:`queue_missing_retries`), else the point would never run again.
 RETRY_WANTED = "cofr.retry_wanted"
+#: Set on a trial a signal stopped (SIGTERM or Ctrl-C, from the user or the scheduler):
+#: the signal's name. Its retry does not count towards ``max_retry``, which bounds the
+#: attempts of lost or failing workers; a stop is no fault of the trial's.
+STOPPED = "cofr.stopped_by"
+#: The system attribute that carries, from retry to retry, the numbers of the earlier
+#: attempts a signal stopped (:data:`STOPPED`): :func:`counted_attempts` leaves them out.
+STOPPED_ATTEMPTS = "cofr.stopped_attempts"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = SLURM_TAGS  # the keys of slurm_tags()
 
 
@@ -168,6 +175,21 @@ def check_given_storage(given: str | None, home: str, study: str) -> None:
     )
 
 
+def delete_study_command(study: str, url: str) -> str:
+    """The ``optuna delete-study`` command for ``study`` in ``url``, as Optuna's CLI takes
+    it: a journal file by its path and storage class (``journal:PATH`` it cannot guess),
+    a database URL with its password hidden."""
+    import shlex
+
+    words = ["optuna", "delete-study", "--study-name", study, "--storage"]
+    path = journal_path(url)
+    if path is not None:
+        words += [str(path), "--storage-class", "JournalFileBackend"]
+    else:
+        words.append(hide_passwords(url))
+    return shlex.join(words)
+
+
 def _journal_study_names(path: Path) -> list[str]:
     """The studies a journal file holds ([] when it cannot be read as one)."""
     try:
@@ -202,11 +224,12 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
                 "(PostgreSQL: pip install 'psycopg[binary]')"
             ) from None
         except Exception as error:
-            if attempt == 5:
-                from sqlalchemy.exc import DBAPIError
+            from sqlalchemy.exc import DBAPIError
 
-                if isinstance(error, DBAPIError):
-                    raise SweepError(_unreachable(url, error)) from None
+            database = isinstance(error, DBAPIError)
+            if database and (attempt == 5 or _sqlite_cannot_write(url, error)):
+                raise SweepError(_unreachable(url, error)) from None
+            if attempt == 5:
                 raise
             log.warning(f"opening {hide_passwords(url)} failed ({error!r:.200}); retrying")
             time.sleep(0.5 + random.random() * 2)
@@ -246,6 +269,14 @@ class _RepairingLock(JournalFileOpenLock):
 
 def _open_journal(path: Path) -> JournalStorage:
     make_folder(path.parent, "the study's storage", "--storage or --runs-dir")
+    if not path.exists():  # made here, as Optuna would, to say why it cannot be
+        try:
+            path.touch()
+        except OSError as error:
+            raise SweepError(
+                f"cannot make the study's journal {path}: {error.strerror or error}; "
+                "choose another with --storage or --runs-dir"
+            ) from None
     # The open() lock works on NFSv3+ and Lustre too (see the module's docstring), and is
     # released after 30 s if its holder died.
     lock = _RepairingLock(path)
@@ -403,11 +434,24 @@ def check_reachable(url: str) -> None:
         engine.dispose()
 
 
+def _sqlite_cannot_write(url: str, error: Exception) -> bool:
+    """Whether ``error`` says a sqlite file cannot be made or written (a read-only
+    folder): no retry mends that."""
+    text = str(getattr(error, "orig", None) or error)
+    cannot = ("unable to open database file", "readonly database", "read-only file system")
+    return sqlite_database(url) is not None and any(c in text.lower() for c in cannot)
+
+
 def _unreachable(url: str, error: Exception) -> str:
     from sqlalchemy.engine import make_url
 
     reason = str(getattr(error, "orig", None) or error).strip()
     reason = reason.splitlines()[0] if reason else type(error).__name__
+    if (path := sqlite_database(url)) is not None:  # a local file: no server to ask about
+        return (
+            f"cannot open the study database {path} ({reason}): its folder must be "
+            "writable; choose another with --storage"
+        )
     password = make_url(url).password
     if password:
         reason = reason.replace(str(password), "***")
@@ -699,16 +743,28 @@ def lost_reason(trial: FrozenTrial, storage: BaseStorage, options: StorageOption
     return None
 
 
+def counted_attempts(trial: FrozenTrial) -> int:
+    """The attempts of ``trial``'s point, itself included, that count towards
+    ``max_retry``: all but those a signal stopped (:data:`STOPPED`)."""
+    stopped = len(trial.system_attrs.get(STOPPED_ATTEMPTS) or [])
+    stopped += 1 if trial.user_attrs.get(STOPPED) else 0
+    return len(trial.system_attrs.get("retry_history") or []) + 1 - stopped
+
+
 def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> int | None:
-    """Queue a WAITING copy of a failed trial; its number, or None past ``max_retry``."""
+    """Queue a WAITING copy of a failed trial; its number, or None past ``max_retry``
+    (attempts a signal stopped not counted: :func:`counted_attempts`)."""
+    if max_retry is not None and counted_attempts(trial) > max_retry:
+        return None
     system_attrs: dict[str, Any] = {
         "failed_trial": trial.number,
         "retry_history": [],
         **trial.system_attrs,
     }
     system_attrs["retry_history"] = [*system_attrs["retry_history"], trial.number]
-    if max_retry is not None and len(system_attrs["retry_history"]) > max_retry:
-        return None
+    if trial.user_attrs.get(STOPPED):
+        stopped = system_attrs.get(STOPPED_ATTEMPTS) or []
+        system_attrs[STOPPED_ATTEMPTS] = [*stopped, trial.number]
     user_attrs = {
         k: v for k, v in trial.user_attrs.items() if not k.startswith(("cofr.", "slurm."))
     }
@@ -844,8 +900,8 @@ def unqueued_retries(trials: list[FrozenTrial], max_retry: int | None) -> list[F
     for trial in trials:
         if trial.state != TrialState.FAIL or not trial.user_attrs.get(RETRY_WANTED):
             continue
-        attempts = len(trial.system_attrs.get("retry_history") or []) + 1
-        if trial.number not in retried and (max_retry is None or attempts <= max_retry):
+        within = max_retry is None or counted_attempts(trial) <= max_retry
+        if trial.number not in retried and within:
             out.append(trial)
     return out
 

@@ -30,7 +30,12 @@ from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.fitconfig import check_keys, check_model_values, model_vocab_size
+from cofrgenet.sweeps.fitconfig import (
+    check_keys,
+    check_model_values,
+    check_optimizer_values,
+    model_vocab_size,
+)
 from cofrgenet.sweeps.objective import (
     NO_MODEL_HERE,
     NON_FINITE,
@@ -99,12 +104,14 @@ def open_study(
     width: int | None = None,
     steps: int | None = None,
     bases: list[dict[str, str]] | None = None,
+    url: str | None = None,
 ) -> tuple[optuna.Study, bool]:
     """Create the study (True) or load it (False); exactly one worker creates it.
     ``extra``: this worker's ``--set`` settings, checked against the study's; ``width``:
     its trials' data-parallel width (:func:`data_parallel_width`), likewise; ``steps``:
     the steps a trial trains, for the pruner (:func:`make_pruner`); ``bases``: what its
-    base files hold (:func:`base_digests`), checked against the study's. A grid
+    base files hold (:func:`base_digests`), checked against the study's; ``url``: the
+    storage's, named in the command that deletes a study whose setup never finished. A grid
     sweep whose grid grew (ranges' values added, none removed) queues its new points once
     every check passed, under ``grid_lock`` (a file) so that workers starting together
     queue each once."""
@@ -121,7 +128,7 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         created = False
-        wait_for_setup(study, sweep, points=0)
+        wait_for_setup(study, sweep, points=0, url=url)
         stored_sweep = study.user_attrs.get("cofr.sweep")
         points = len(sweep.grid) if sweep.is_grid else 0
         if isinstance(stored_sweep, dict):  # before waiting for a grid it may not have
@@ -130,7 +137,7 @@ def open_study(
                 check_same_trials(sweep, stored_sweep)
             else:
                 points = len(old_points)
-        wait_for_setup(study, sweep, points=points)  # the grid its creator queued
+        wait_for_setup(study, sweep, points=points, url=url)  # the grid its creator queued
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
         check_same_width(study, width)
@@ -467,21 +474,40 @@ def setup_done(study: optuna.Study, points: int) -> bool:
     return points == 0 or len(study.get_trials(deepcopy=False)) >= points
 
 
+#: A worker still waiting for the study's setup after this many seconds says so, once.
+SETUP_NOTE_S = 1.0
+
+
 def wait_for_setup(
-    study: optuna.Study, sweep: Sweep, points: int, timeout: float | None = None
+    study: optuna.Study,
+    sweep: Sweep,
+    points: int,
+    timeout: float | None = None,
+    url: str | None = None,
 ) -> None:
     """Wait until the study is set up, its grid's ``points`` queued. Workers start
     together (a SLURM array): one that loses the race to create the study would
     otherwise find no queued grid point and leave at once, or run its trials without
-    the study's id."""
-    deadline = time.monotonic() + (SETUP_TIMEOUT_S if timeout is None else timeout)
+    the study's id. ``url``: the storage's, for the command that deletes the study."""
+    timeout = SETUP_TIMEOUT_S if timeout is None else timeout
+    start = time.monotonic()
+    said = False
     while not setup_done(study, points):
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if waited > timeout:
+            delete = st.delete_study_command(sweep.study, url) if url else (
+                f"optuna delete-study --study-name {sweep.study} --storage URL"
+            )  # fmt: skip
             raise SweepError(
                 f"study {sweep.study!r} exists but its setup never finished (the worker "
                 f"that created it died, or the sweep's grid differs from the study's): "
-                f"use another study name, or delete it (optuna delete-study --study-name "
-                f"{sweep.study} --storage URL)"
+                f"use another study name, or delete it ({delete})"
+            )
+        if waited > SETUP_NOTE_S and not said:  # a minute and more of silence otherwise
+            said = True
+            log.info(
+                f"study {sweep.study!r} exists but is not set up yet: waiting up to "
+                f"{timeout:g} s for the worker that created it"
             )
         time.sleep(0.2)
 
@@ -643,12 +669,19 @@ def _tell(
         trial.set_user_attr(st.FAIL_REASON, outcome.reason or "?")
         if outcome.retry:  # before the FAIL: a kill before the retry is queued loses no point
             trial.set_user_attr(st.RETRY_WANTED, st.retry_intent())
+            if outcome.signal_status is not None:  # a stop: not one of max_retry's attempts
+                trial.set_user_attr(st.STOPPED, signal_name(outcome.signal_status))
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         if outcome.retry:
             frozen = st.frozen_trial(storage, study, trial.number)
-            retry = st.retry_trial(study, frozen, sweep.storage_options.max_retry)
+            max_retry = sweep.storage_options.max_retry
+            retry = st.retry_trial(study, frozen, max_retry)
             if retry is not None:
                 log.warning(f"trial {trial.number} will be retried as trial {retry}")
+            else:  # a failed trial now, and nothing resumes it
+                outcome.retry = False
+                outcome.reason = f"{outcome.reason}; no retries left (max_retry {max_retry})"
+                log.warning(f"trial {trial.number}: no retries left (max_retry {max_retry})")
     elif outcome.state == TrialState.PRUNED:
         if outcome.reason:
             trial.set_user_attr(st.PRUNE_REASON, outcome.reason)
@@ -656,6 +689,16 @@ def _tell(
     else:
         study.tell(trial, outcome.value, skip_if_finished=True)
     return True
+
+
+def signal_name(status: int) -> str:
+    """``SIGTERM`` for the exit status 143 (128 + the signal), ``Ctrl-C`` for 130."""
+    if status == 128 + signal.SIGINT:
+        return "Ctrl-C"
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"signal {status - 128}"
 
 
 def run_worker(
@@ -700,6 +743,7 @@ def run_worker(
         width=data_parallel_width(probe),
         steps=budget_steps(sweep, probe),
         bases=base_digests(sweep),
+        url=url,
     )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
@@ -811,13 +855,14 @@ def _checked_trial_config(
 
     Fails fast, before the study exists: a --set the sweep overrides, a key that is not
     cofr fit's (a typo), a config that does not parse (open_storage then refuses a storage
-    URL that is none), a model value out of range, a missing data folder.
+    URL that is none), a model or optimizer value out of range, a missing data folder.
     """
     check_extra(sweep, extra, mlflow)
     check_keys(sweep, extra)
     try:
         probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, extra)
         check_model_values(sweep, probe)
+        check_optimizer_values(sweep, probe)
         check_budget(sweep, probe)
         if (warning := pruning_before_ladders(sweep, probe)) is not None:
             log.warning(warning)

@@ -3689,3 +3689,31 @@ def test_a_pruner_that_judges_before_the_ladders_train_is_warned_of():
     dyadic[0]["init_args"]["schedule"] = "none"
     assert pruning_before_ladders(early, config) is None  # ladders train from step 0
     assert pruning_before_ladders(parse_sweep({**raw, "pruner": {"name": "none"}}), config) is None
+
+
+def test_a_trial_saved_for_a_requeue_that_does_not_come_is_retried_at_once(
+    tiny_data, tmp_path, monkeypatch
+):
+    """SIGUSR1 outside SLURM (or scontrol refusing): the trial stayed RUNNING "waiting for
+    its SLURM requeue", and the next worker ran nothing until the grace period (300 s)
+    was out. It now fails with a retry, as a SIGTERM's stop does, counted for no retry."""
+    import cofrgenet.sweeps.worker as worker_module
+    from cofrgenet.sweeps.objective import Outcome
+
+    def saved_for_a_requeue(ctx, trial):
+        return Outcome(
+            TrialState.RUNNING, reason="stopped at step 2 for a requeue", stop_worker=True,
+            requeue=True,
+        )  # fmt: skip
+
+    monkeypatch.setattr(worker_module, "run_trial", saved_for_a_requeue)
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=1, overrides={"data.data_dir": str(tiny_data)})
+    )
+    result = run_worker(sweep, report=False, mlflow=False)
+    assert result.not_requeued == "this is not a SLURM job"
+    first, retry = result.study.get_trials()
+    assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
+    assert first.user_attrs[st.STOPPED] == "SIGUSR1" and not first.user_attrs.get(st.REQUEUED)
+    assert "for a requeue, but this is not a SLURM job" in first.user_attrs[st.FAIL_REASON]
+    assert st.budget_used(result.study.get_trials()) == 0

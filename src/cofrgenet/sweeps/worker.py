@@ -967,6 +967,8 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
                 trial.set_user_attr(st.REQUEUED, time.time())
             result.requeued = True
             result.not_requeued = _requeue_job(worker)
+            if result.not_requeued is not None and not outcome.ended_elsewhere:
+                _fail_for_a_retry(ctx, trial, outcome, result.not_requeued)
             return
         if outcome.ended_elsewhere:
             pass  # the trial and its MLflow run are its retry's: nothing to record
@@ -987,6 +989,18 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
                 f"this worker: {outcome.reason}"
             )
             return
+
+
+def _fail_for_a_retry(ctx: TrialContext, trial: optuna.Trial, outcome: Outcome, why: str) -> None:
+    """A trial saved for a requeue that will not come (SIGUSR1 outside SLURM, scontrol
+    refused): failed with a retry now, as a SIGTERM's stop is. Left RUNNING for the
+    requeue, the next worker waited out the grace period before resuming it."""
+    trial.set_user_attr(st.REQUEUED, None)
+    outcome.state, outcome.retry = TrialState.FAIL, True
+    outcome.signal_status = 128 + signal.SIGUSR1  # a stop: not one of max_retry's attempts
+    outcome.reason = f"{outcome.reason}, but {why}"
+    _tell(ctx.study, ctx.storage, trial, outcome, ctx.sweep)
+    log.info(f"trial {trial.number}: {outcome.state.name} ({outcome.reason})")
 
 
 def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:

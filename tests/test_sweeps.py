@@ -2767,6 +2767,12 @@ def test_an_optimizer_value_that_fails_every_trial_stops_the_worker(tmp_path, ca
         check_optimizer_values(chosen, trial_config(chosen, {"model.optimizer.min_lr_ratio": 0.1}))
     good = load_sweep(write_sweep(tmp_path))  # lr: float 1e-4..3e-3 log
     check_optimizer_values(good, trial_config(good, {"model.optimizer.lr": 1e-3}))
+    # YAML reads `[6e-4, 3e-4]` (no dots) as strings, which cofr fit's parser makes floats.
+    listed = load_sweep(write_sweep(tmp_path, space={"model.optimizer.lr": ["6e-4", "3e-4"]}))
+    check_optimizer_values(listed, trial_config(listed, {"model.optimizer.lr": "6e-4"}))
+    negative = load_sweep(write_sweep(tmp_path, space={"model.optimizer.lr": ["6e-4", "-1e-3"]}))
+    with pytest.raises(SweepError, match=r"'-1e-3' trains no trial: .*must be positive"):
+        check_optimizer_values(negative, trial_config(negative, {"model.optimizer.lr": "6e-4"}))
 
 
 def test_unwritable_storage_and_report_folders_are_said_in_one_line(tmp_path, monkeypatch, capsys):

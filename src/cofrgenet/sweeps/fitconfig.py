@@ -305,10 +305,19 @@ OPTIMIZER = "model.optimizer"
 
 def optimizer_problem(config: dict[str, Any]) -> str | None:
     """Why ``config``'s ``model.optimizer`` makes no OptimizerConfig, or None."""
+    import dataclasses
+
     from cofrgenet.training.optim import OptimizerConfig
 
+    given = dict(get_dotted(config, OPTIMIZER) or {})
+    for field in dataclasses.fields(OptimizerConfig):
+        # YAML reads 6e-4 (no dot) as a string; cofr fit's parser makes it the float
+        # the field is, and so does this check, or it refused a learning rate that trains.
+        if field.type in (float, "float") and isinstance(given.get(field.name), str):
+            with contextlib.suppress(ValueError):
+                given[field.name] = float(given[field.name])
     try:
-        OptimizerConfig(**dict(get_dotted(config, OPTIMIZER) or {}))
+        OptimizerConfig(**given)
     except (ConfigError, TypeError, ValueError) as error:
         return str(error).splitlines()[0] if str(error) else type(error).__name__
     return None

@@ -2632,3 +2632,35 @@ def test_the_command_tag_reads_as_typed(monkeypatch):
     ):
         monkeypatch.setattr(sys, "argv", argv)
         assert code_tags()["cofrgenet.command"] == shown
+
+
+def test_a_sigterm_outside_the_fit_s_steps_marks_nothing_it_should_not(tmp_path):
+    """cofr fit's SIGTERM raises from its start: one before the MLflow run exists made a
+    run (asking the logger for its id) only to mark it KILLED, and one after the fit's
+    teardown (trained and saved) marked the finished run KILLED, "before training began"."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from cofrgenet.training.callbacks import StopOnSignal
+    from cofrgenet.training.tracking import CofrMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = CofrMLFlowLogger(run_dir=tmp_path / "run", experiment_name="e", tracking_uri=uri)
+    logger.mark_killed(0)
+    client = mlflow.tracking.MlflowClient(uri)
+    made = client.get_experiment_by_name("e")
+    assert made is None or not client.search_runs([made.experiment_id])
+
+    marked: list[int] = []
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(fn="fit"), world_size=1, global_step=5,
+        loggers=[SimpleNamespace(mark_killed=marked.append)], default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    stop = StopOnSignal()
+    stop._set_up = True  # set up, trained, torn down: "idle" again
+    stop.on_exception(trainer, None, SIGTERMException(143))
+    assert marked == [] and stop.saved is None
+    stop = StopOnSignal()  # before its setup: the fit had not begun
+    stop.on_exception(trainer, None, (stopped := SIGTERMException(143)))
+    assert marked == [5] and stopped.code == 143

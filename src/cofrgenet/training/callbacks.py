@@ -381,10 +381,12 @@ class StopOnSignal(StepBoundaries):
         #: Signals that came after the last step and were not acted on (see teardown).
         self.late_signals: list[int] = []
 
+    _set_up = False  # setup has run for a fit: "idle" after it is after the teardown
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
-        self._pid, self._phase = os.getpid(), "starting"
+        self._pid, self._phase, self._set_up = os.getpid(), "starting", True
         self._before_start = signal.signal(signal.SIGTERM, self._on_sigterm_while_starting)
 
     def _on_sigterm_while_starting(self, signum: int, frame: Any) -> None:
@@ -519,11 +521,16 @@ class StopOnSignal(StepBoundaries):
     ) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        # "idle" in a fit: before this callback's setup (cofr fit's SIGTERM raises then too).
-        starting = self._phase == "starting" or (
-            self._phase == "idle" and trainer.state.fn == "fit"
-        )
-        if isinstance(exception, SIGTERMException) and starting:
+        # "idle" in a fit before this callback's setup (cofr fit's SIGTERM raises then
+        # too), not after its teardown (trained and saved: nothing to stop or mark).
+        before_setup = self._phase == "idle" and not self._set_up and trainer.state.fn == "fit"
+        starting = self._phase == "starting" or before_setup
+        launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
+        if isinstance(exception, SIGTERMException) and self._phase == "idle" and not starting:
+            pass
+        elif isinstance(exception, SIGTERMException) and starting and launcher:
+            exception.code = 128 + signal.SIGTERM  # ddp_spawn's launcher: its ranks say it
+        elif isinstance(exception, SIGTERMException) and starting:
             self._mark_killed(trainer)
             exception.code = 128 + signal.SIGTERM
             rank_zero_info(

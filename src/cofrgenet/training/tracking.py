@@ -176,6 +176,7 @@ class CofrMLFlowLogger(MLFlowLogger):
         run (KILLED, FAILED or FINISHED by its last attempt) reads RUNNING again."""
         from mlflow.entities import RunTag
 
+        self._remembered = True
         self.run_dir.mkdir(parents=True, exist_ok=True)
         id_file = self.run_dir / RUN_ID_FILE
         if not id_file.exists():
@@ -189,6 +190,7 @@ class CofrMLFlowLogger(MLFlowLogger):
 
     _killed = False
     _handed_over = False
+    _remembered = False  # remember_run has run: this attempt's MLflow run exists
 
     def mark_killed(self, step: int) -> None:
         """The run was stopped by a signal after ``step``: end it as KILLED, not FAILED,
@@ -199,7 +201,8 @@ class CofrMLFlowLogger(MLFlowLogger):
         if self._handed_over:
             return
         self._killed = True
-        self._tag_stopped_at(step)
+        if self._remembered or self._resumed:  # else no run yet: asking for one made it
+            self._tag_stopped_at(step)
 
     def mark_going_on(self) -> None:
         """Take back :meth:`mark_killed`: the run went on (a requeue that did not come)."""

@@ -2813,6 +2813,15 @@ def test_unwritable_storage_and_report_folders_are_said_in_one_line(tmp_path, mo
         f"cannot make {blocker / 'report'}, the folder of the report: '{blocker}' is a file; "
         "choose another with --out"
     )
+    # A file the report's MLflow copy cannot write is not --out's fault.
+    import cofrgenet.sweeps.report as sweep_report
+
+    def store_refuses(study, sweep, out, client, parent):
+        raise PermissionError(13, "Permission denied", "/srv/mlflow/artifacts/report")
+
+    monkeypatch.setattr(sweep_report, "write_report", store_refuses)
+    line = one_line_error(capsys, ["sweep", "report", str(path), "--out", str(tmp_path / "r")])
+    assert "cannot log the report to MLflow run" in line and "--out" not in line
 
 
 def test_n_trials_below_one_is_refused_when_parsed(tmp_path, capsys):

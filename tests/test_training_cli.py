@@ -23,7 +23,6 @@ from cofrgenet.models import ModelConfig
 from cofrgenet.ops import triton_available
 from cofrgenet.training.cli import CofrCLI, ParseOnlyCLI, RunExistsError
 from cofrgenet.training.console import RunSummary
-from cofrgenet.training.run_checkpoint import RunCheckpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -1667,8 +1666,6 @@ def test_a_rollback_or_a_fork_goes_into_a_new_run(tiny_data, tmp_path):
         forked = CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "b", *more, early))  # fmt: skip
     assert forked.trainer.global_step == 6
     assert not [w for w in caught if "dirpath has changed" in str(w.message)]
-    (saver,) = [c for c in forked.trainer.callbacks if isinstance(c, RunCheckpoint)]
-    assert "/a/" not in saver.best_model_path  # not the other run's file
     theirs = str(tmp_path / "runs" / "test" / "b" / "checkpoints" / "last.ckpt")
     with pytest.raises(RunExistsError, match=r"is another run's checkpoint, and run folder"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *every, "--run.name", "a", "--trainer.max_steps", "8", "--ckpt_path", theirs))  # fmt: skip

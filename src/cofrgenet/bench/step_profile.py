@@ -71,14 +71,21 @@ def _without_kineto_lines() -> Iterator[None]:
     """Standard error (file descriptor 2) without :data:`KINETO_LINE`'s lines, which
     broke into the bench's report; every other line written meanwhile follows at the end."""
     fd = 2  # kineto's, whatever sys.stderr is
-    sys.stderr.flush()
+    try:
+        os.fstat(fd)
+    except OSError:  # closed: nothing to keep clean
+        yield
+        return
+    if sys.stderr is not None:
+        sys.stderr.flush()
     saved = os.dup(fd)
     with tempfile.TemporaryFile() as caught:
         os.dup2(caught.fileno(), fd)
         try:
             yield
         finally:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
             os.dup2(saved, fd)
             os.close(saved)
             caught.seek(0)

@@ -353,7 +353,9 @@ def run(args: argparse.Namespace) -> int:
     print_summary(result)
     if result.signal_status is not None:
         last = result.outcomes[-1][1] if result.outcomes else None
-        if last is not None and last.state == optuna.trial.TrialState.FAIL and not last.retry:
+        failed = last is not None and last.state == optuna.trial.TrialState.FAIL
+        # Ended elsewhere: its retry trains in another worker, which this one was taken for.
+        if failed and not last.retry and not last.ended_elsewhere:
             # No retry was queued (max_retry used up): nothing resumes the trial.
             print(
                 f"cofr sweep run: stopped by a signal; the trial failed: {last.reason} "
@@ -425,6 +427,11 @@ def report(args: argparse.Namespace) -> int:
         files = write_report(study, sweep, out, client, parent)
     except OSError as error:  # a read-only folder
         where = error.filename or out
+        if Path(out).resolve() not in (Path(where).resolve(), *Path(where).resolve().parents):
+            raise SweepError(  # the MLflow artifact store's, not --out's
+                f"cannot log the report to MLflow run {parent}: {where}: "
+                f"{error.strerror or error}; its files are in {out} (--no-mlflow skips MLflow)"
+            ) from None
         raise SweepError(
             f"cannot write the report: {where}: {error.strerror or error}; choose another "
             "folder with --out"

@@ -1463,11 +1463,11 @@ def _check_trainer_counts(value: Any) -> None:
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
 
 
-#: What decides a validation's or test's score: ``cofr validate``/``test`` take these
-#: from the run's config.yaml when the command gives neither them nor a ``--config``.
 #: The trainer setting that limits each evaluation's batches.
 _OWN_LIMIT = {"validate": "trainer.limit_val_batches", "test": "trainer.limit_test_batches"}
 
+#: What decides a validation's or test's score: ``cofr validate``/``test`` take these
+#: from the run's config.yaml when the command gives neither them nor a ``--config``.
 SCORING_KEYS = (
     "data.data_dir",
     "data.block_size",

@@ -3715,17 +3715,26 @@ def test_a_trial_saved_for_a_requeue_that_does_not_come_is_retried_at_once(
     import cofrgenet.sweeps.worker as worker_module
     from cofrgenet.sweeps.objective import Outcome
 
+    children: list[str] = []
+
     def saved_for_a_requeue(ctx, trial):
+        experiment = ctx.mlflow_client.get_experiment_by_name(ctx.sweep.experiment)
+        children.append(ctx.mlflow_client.create_run(experiment.experiment_id).info.run_id)
         return Outcome(
             TrialState.RUNNING, reason="stopped at step 2 for a requeue", stop_worker=True,
-            requeue=True,
+            requeue=True, mlflow_run=children[-1],
         )  # fmt: skip
 
     monkeypatch.setattr(worker_module, "run_trial", saved_for_a_requeue)
+    monkeypatch.chdir(tmp_path)
     sweep = load_sweep(
         write_sweep(tmp_path, n_trials=1, overrides={"data.data_dir": str(tiny_data)})
     )
-    result = run_worker(sweep, report=False, mlflow=False)
+    result = run_worker(sweep, report=False)
+    from cofrgenet.sweeps.tracking import client_for, run_config
+
+    (child,) = children  # its MLflow run says what the study says
+    assert client_for(run_config(sweep)).get_run(child).data.tags["optuna.state"] == "FAIL"
     assert result.not_requeued == "this is not a SLURM job"
     first, retry = result.study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING

@@ -73,6 +73,8 @@ class Outcome:
     #: Another worker ended the trial while it trained here (it took this worker for
     #: lost): neither the study nor the MLflow run hear of this attempt's end.
     ended_elsewhere: bool = False
+    #: The trial's MLflow run, once made (for an end told after the trial's own).
+    mlflow_run: str | None = None
 
 
 #: The reason of an attempt whose trial another worker ended while it trained.
@@ -461,7 +463,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
             outcome.reason = "; ".join(filter(None, [outcome.reason, ENDED_ELSEWHERE]))
             outcome.ended_elsewhere = True
     else:
-        _finish_mlflow(ctx, child[0] if child else None, outcome)
+        outcome.mlflow_run = child[0] if child else None
+        finish_mlflow(ctx, outcome)
     return outcome
 
 
@@ -788,13 +791,14 @@ def _fit_outcome(
     return Outcome(TrialState.COMPLETE, value=value, step=final_step, run_dir=run_dir)
 
 
-def _finish_mlflow(ctx: TrialContext, run_id: str | None, outcome: Outcome) -> None:
-    if run_id is None or ctx.mlflow_client is None:
+def finish_mlflow(ctx: TrialContext, outcome: Outcome) -> None:
+    """End the trial's MLflow run (:attr:`Outcome.mlflow_run`) as ``outcome`` says."""
+    if outcome.mlflow_run is None or ctx.mlflow_client is None:
         return
     from cofrgenet.sweeps.tracking import finish_child
 
     try:
-        finish_child(ctx.mlflow_client, run_id, outcome)
+        finish_child(ctx.mlflow_client, outcome.mlflow_run, outcome)
     except Exception as error:  # tracking trouble must not lose the trial's result
         logging.getLogger("cofrgenet.sweeps").warning(f"MLflow: {error}")
 

@@ -44,6 +44,7 @@ from cofrgenet.sweeps.objective import (
     UID_ATTR,
     Outcome,
     TrialContext,
+    finish_mlflow,
     run_trial,
     trial_of_this_name,
 )
@@ -995,11 +996,13 @@ def _fail_for_a_retry(ctx: TrialContext, trial: optuna.Trial, outcome: Outcome, 
     """A trial saved for a requeue that will not come (SIGUSR1 outside SLURM, scontrol
     refused): failed with a retry now, as a SIGTERM's stop is. Left RUNNING for the
     requeue, the next worker waited out the grace period before resuming it."""
-    trial.set_user_attr(st.REQUEUED, None)
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # _tell says it
+        trial.set_user_attr(st.REQUEUED, None)
     outcome.state, outcome.retry = TrialState.FAIL, True
     outcome.signal_status = 128 + signal.SIGUSR1  # a stop: not one of max_retry's attempts
     outcome.reason = f"{outcome.reason}, but {why}"
-    _tell(ctx.study, ctx.storage, trial, outcome, ctx.sweep)
+    if _tell(ctx.study, ctx.storage, trial, outcome, ctx.sweep):
+        finish_mlflow(ctx, outcome)  # left KILLED for the requeue: failed, for its retry
     log.info(f"trial {trial.number}: {outcome.state.name} ({outcome.reason})")
 
 

@@ -26,6 +26,7 @@ from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.redact import hide_passwords
 from cofrgenet.training.checkpoint_io import remove_requeue_checkpoints
+from cofrgenet.training.checkpoints import NONFINITE_PREFIX
 from cofrgenet.training.optim import planned_steps
 from cofrgenet.training.strategies import grad_square_sum, summed_over_shards
 
@@ -521,22 +522,19 @@ class StopOnSignal(StepBoundaries):
     ) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        # "idle" in a fit before this callback's setup (cofr fit's SIGTERM raises then
-        # too), not after its teardown (trained and saved: nothing to stop or mark).
-        before_setup = self._phase == "idle" and not self._set_up and trainer.state.fn == "fit"
-        starting = self._phase == "starting" or before_setup
-        launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
-        if isinstance(exception, SIGTERMException) and self._phase == "idle" and not starting:
-            pass
-        elif isinstance(exception, SIGTERMException) and starting and launcher:
-            exception.code = 128 + signal.SIGTERM  # ddp_spawn's launcher: its ranks say it
-        elif isinstance(exception, SIGTERMException) and starting:
-            self._mark_killed(trainer)
+        if isinstance(exception, SIGTERMException) and self._phase in ("starting", "idle"):
+            # "idle" in a fit before this callback's setup (cofr fit's SIGTERM raises then
+            # too), not after its teardown (trained and saved: nothing to stop or mark);
+            # ddp_spawn's launcher leaves the saying to its ranks.
+            before_setup = not self._set_up and trainer.state.fn == "fit"
+            launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
+            if (self._phase == "starting" or before_setup) and not launcher:
+                self._mark_killed(trainer)
+                rank_zero_info(
+                    "stopped by SIGTERM before training began: nothing new to save; to start "
+                    f"again: {self.resume_hint(Path(trainer.default_root_dir).name)}"
+                )
             exception.code = 128 + signal.SIGTERM
-            rank_zero_info(
-                "stopped by SIGTERM before training began: nothing new to save; to start "
-                f"again: {self.resume_hint(Path(trainer.default_root_dir).name)}"
-            )
         elif isinstance(exception, SIGTERMException):
             self.signal = self.signal or signal.SIGTERM
             if self.saved is None:  # a SIGTERM Lightning's handler noted before ours
@@ -669,7 +667,7 @@ class NonFiniteLossGuard(L.Callback):
             return
         step = trainer.global_step
         folder = Path(trainer.default_root_dir) / "checkpoints"
-        path = folder / f"nonfinite-step{step:07d}.ckpt"
+        path = folder / f"{NONFINITE_PREFIX}step{step:07d}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # Lightning logs a line if unset
         raise NonFiniteLossError(
             f"the training loss became {loss.item()} at step {step}; the weights from before "

@@ -202,13 +202,23 @@ def check(path: str | Path) -> Path:
     return path
 
 
+#: How the checkpoint a NaN/Inf loss stops a fit with is named (``NonFiniteLossGuard``):
+#: the weights from before that step, no checkpoint to resume from.
+NONFINITE_PREFIX = "nonfinite-"
+
+
+def nonfinite_checkpoints(run_dir: Path) -> list[Path]:
+    """The checkpoints of NaN/Inf stops in ``run_dir``'s ``checkpoints/``."""
+    return checkpoint_files(run_dir / "checkpoints", f"{NONFINITE_PREFIX}*.ckpt")
+
+
 def candidates(run_dir: Path) -> list[Path]:
     """The run's checkpoints a resume may use, newest first."""
     found = [
         *checkpoint_files(run_dir, "hpc_ckpt_*.ckpt"),
         *checkpoint_files(run_dir / "checkpoints"),
     ]
-    found = [p for p in found if not p.name.startswith("nonfinite-")]
+    found = [p for p in found if not p.name.startswith(NONFINITE_PREFIX)]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
@@ -348,13 +358,14 @@ def check_same_network(
     ours_config = getattr(module, "model_config", None)
     theirs_config = saved.get("model_config")
     if isinstance(ours_config, ModelConfig) and isinstance(theirs_config, dict):
-        settings = changed_settings(theirs_config, ours_config.to_dict())
+        built = ours_config.to_dict()
+        settings = changed_settings(theirs_config, built)
         if settings:  # the record names them: the options that rebuild its network
             raise ConfigError(
                 f"{path} holds another network than this run builds ({len(differ)} "
                 f"parameter(s) differ, e.g. {first}); it was trained with "
-                f"{_as_trained(theirs_config, ours_config.to_dict(), settings)}, or start a "
-                "new run with another --run.name"
+                f"{_as_trained(theirs_config, built, settings)}, or start a new run with "
+                "another --run.name"
             )
     hparams = saved.get("hyper_parameters") or {}
     given = overrides_dict(hparams.get("config"))

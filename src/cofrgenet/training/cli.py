@@ -448,7 +448,7 @@ def _check_not_stopped_on_nonfinite(run_dir: Path) -> None:
     checkpoint: from step 0, with the settings changed to avoid it (a lower learning
     rate), it would log a second history into the run's MLflow run, whose first steps keep
     the diverged values (a resume drops the steps the run has logged)."""
-    stopped = checkpoints.checkpoint_files(run_dir / "checkpoints", "nonfinite-step*.ckpt")
+    stopped = checkpoints.nonfinite_checkpoints(run_dir)
     if not stopped:
         return
     newest = max(stopped, key=lambda p: p.name)

@@ -2661,3 +2661,57 @@ def test_a_sigterm_outside_the_fit_s_steps_marks_nothing_it_should_not(tmp_path)
     stop = StopOnSignal()  # before its setup: the fit had not begun
     stop.on_exception(trainer, None, (stopped := SIGTERMException(143)))
     assert marked == [5] and stopped.code == 143
+
+
+def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(tiny_data, tmp_path):
+    """Continued pretraining on another corpus: ``--ckpt_path`` refuses other data (the
+    stream cannot continue) and now names ``model.init_from``, which starts a new run at
+    step 0 from the checkpoint's network weights alone, checked against the model and the
+    data's tokenizer, and tagged with where it started (as a run branched off another
+    run's checkpoint is)."""
+    import lightning as L
+
+    from cofrgenet.data import prepare_data
+
+    other = tmp_path / "other-byte"
+    prepare_data(source="pydoc", tokenizer="byte", out=other, max_docs=6, num_workers=1)
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "a", "--trainer.max_steps", "2"))
+    runs = tmp_path / "runs" / "test"
+    ckpt = runs / "a" / "checkpoints" / "last.ckpt"
+    trained = torch.load(ckpt, weights_only=True)["state_dict"]
+    on_other = ["--data.data_dir", str(other), "--run.name", "b", "--trainer.max_steps", "3"]
+    with pytest.raises(
+        ConfigError, match=rf"cannot resume the data stream.*--model.init_from {ckpt}"
+    ):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *on_other, "--ckpt_path", str(ckpt)))
+
+    class FirstWeights(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+    first = FirstWeights()
+    init = ["--model.init_from", str(ckpt), "--model.config.dropout", "0.1"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *on_other, *init), extra_callbacks=[first])
+    model_keys = [k for k in trained if k.startswith("model.")]
+    assert model_keys and all(torch.equal(first.weights[k], trained[k]) for k in model_keys)
+    assert torch.load(runs / "b" / "checkpoints" / "last.ckpt")["global_step"] == 3  # from 0
+    branch = ["--run.name", "c", "--ckpt_path", str(ckpt), "--trainer.max_steps", "3"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *branch))
+    by_name = mlflow_runs(tmp_path / "runs").set_index("tags.mlflow.runName")
+    assert by_name.loc["b", "tags.cofrgenet.started_from"] == str(ckpt.resolve())
+    assert by_name.loc["c", "tags.cofrgenet.started_from"] == str(ckpt.resolve())
+    assert by_name.loc["b", "params.model.init_from"] == str(ckpt)
+    assert not isinstance(by_name.loc["a", "tags.cofrgenet.started_from"], str)  # NaN: none
+
+    # Refused before anything is written: another network, another tokenizer.
+    message = r"another network .* depth 5 \(here 2\): start from it with --model.config.depth 5$"
+    refused = ["--run.name", "d", "--model.init_from", str(ckpt)]
+    with pytest.raises(ConfigError, match=message):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *refused, "--model.config.depth", "2"))
+    saved = torch.load(ckpt, weights_only=True)
+    saved["TokenDataModule"]["fingerprint"]["tokenizer_sha256"] = "0123456789abcdef"
+    torch.save(saved, other_tokenizer := tmp_path / "other-tokenizer.ckpt")
+    refused[-1] = str(other_tokenizer)
+    with pytest.raises(ConfigError, match=r"another tokenizer .*--tokenizer-from .*pydoc-byte"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *refused))
+    assert not (runs / "d").exists()

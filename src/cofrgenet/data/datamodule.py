@@ -537,22 +537,15 @@ class TokenDataModule(L.LightningDataModule):
         """Continue from a saved position: applied to the current or the next training loader."""
         if not state_dict:
             return
-        saved = state_dict.get("fingerprint", {})
-        now = self._fingerprint()
         scored_elsewhere = self._scored_elsewhere(state_dict)
         if not self._resuming_fit():
             if scored_elsewhere:
                 rank_zero_warn(scored_elsewhere)
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).
-            changed = tokenizer_changes(saved, now)
-            if changed:
-                details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                raise ConfigError(
-                    f"{self.data_dir} was made with another tokenizer than the checkpoint's "
-                    f"model trained with ({details}): evaluate on data prepared with the "
-                    "model's tokenizer"
-                )
+            self.check_same_tokenizer(
+                state_dict, "evaluate on data prepared with the model's tokenizer"
+            )
             return
         self.check_resumable(state_dict)
         self._follow_saved_workers(state_dict.get("loader") or {})
@@ -619,6 +612,18 @@ class TokenDataModule(L.LightningDataModule):
                 "change it, at the cost of an inexact resume of this epoch)"
             )
             self.num_workers = int(saved)
+
+    def check_same_tokenizer(self, state_dict: dict[str, Any], fix: str) -> None:
+        """Refuse a checkpoint's model (``state_dict``: the checkpoint's state of this
+        module) that trained on another tokenizer's ids than this folder holds: they would
+        mean other text. ``fix``: what to do instead, said after the problem."""
+        changed = tokenizer_changes(state_dict.get("fingerprint", {}), self._fingerprint())
+        if changed:
+            details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise ConfigError(
+                f"{self.data_dir} was made with another tokenizer than the checkpoint's "
+                f"model trained with ({details}): {fix}"
+            )
 
     def check_resumable(self, state_dict: dict[str, Any]) -> None:
         """Refuse to resume training from ``state_dict`` (a checkpoint's state of this

@@ -328,11 +328,15 @@ def check_denominators(checkpoint: dict[str, Any], model: nn.Module) -> None:
 
 
 def check_same_network(
-    path: str | Path, module: nn.Module, saved: dict[str, Any] | None = None
+    path: str | Path,
+    module: nn.Module,
+    saved: dict[str, Any] | None = None,
+    starting: bool = False,
 ) -> int | None:
     """Refuse a checkpoint whose parameters do not fit ``module`` (a LanguageModel);
     return its global step (None for a sharded one). ``saved``: its contents, if the
-    caller has read them (:func:`load`).
+    caller has read them (:func:`load`). ``starting``: the checkpoint starts a new run's
+    weights (``model.init_from``) rather than resuming one, which the fix names.
 
     Resuming with other model settings would fail only after the run's config.yaml and
     MLflow record had been rewritten, in a loading error that names tensors, not
@@ -355,6 +359,7 @@ def check_same_network(
     if not differ:
         return step if isinstance(step, int) else None
     first = differ[0]
+    new_run = "" if starting else ", or start a new run with another --run.name"
     ours_config = getattr(module, "model_config", None)
     theirs_config = saved.get("model_config")
     if isinstance(ours_config, ModelConfig) and isinstance(theirs_config, dict):
@@ -364,8 +369,7 @@ def check_same_network(
             raise ConfigError(
                 f"{path} holds another network than this run builds ({len(differ)} "
                 f"parameter(s) differ, e.g. {first}); it was trained with "
-                f"{_as_trained(theirs_config, built, settings)}, or start a new run with "
-                "another --run.name"
+                f"{_as_trained(theirs_config, built, settings, starting)}{new_run}"
             )
     hparams = saved.get("hyper_parameters") or {}
     given = overrides_dict(hparams.get("config"))
@@ -379,7 +383,7 @@ def check_same_network(
         f"{path} holds another network than this run builds ({len(differ)} parameter(s) "
         f"differ, e.g. {first}: {theirs.get(first, 'absent')} in the checkpoint, "
         f"{ours.get(first, 'absent')} here); it was trained with {trained}: give those "
-        f"model settings{where}, or start a new run with another --run.name"
+        f"model settings{where}{new_run}"
     )
 
 
@@ -416,10 +420,13 @@ def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelCo
     )
 
 
-def _as_trained(theirs: dict[str, Any], ours: dict[str, Any], differ: list[str]) -> str:
+def _as_trained(
+    theirs: dict[str, Any], ours: dict[str, Any], differ: list[str], starting: bool = False
+) -> str:
     """The settings ``differ`` as trained and as built, and the options that give the
     trained ones (also where the preset itself has changed since, so that the run's
-    config.yaml builds today's)."""
+    config.yaml builds today's); ``starting``: for a new run's start (``model.init_from``)
+    rather than a resume."""
     import json
     import shlex
 
@@ -431,7 +438,8 @@ def _as_trained(theirs: dict[str, Any], ours: dict[str, Any], differ: list[str])
     shown = differ[:4]
     more = f" and {len(differ) - len(shown)} more" if len(differ) > len(shown) else ""
     changes = ", ".join(f"{k} {theirs[k]!r} (here {ours[k]!r})" for k in shown)
-    return f"{changes}{more}: resume with {' '.join(option(k) for k in differ)}"
+    verb = "start from it with" if starting else "resume with"
+    return f"{changes}{more}: {verb} {' '.join(option(k) for k in differ)}"
 
 
 def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
@@ -460,6 +468,42 @@ def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:
             "written by another version of cofr? Load it with that one"
         ) from None
     return model, config
+
+
+def load_initial_weights(
+    path: str | Path, module: nn.Module, saved: dict[str, Any] | None = None
+) -> list[str]:
+    """Copy the network weights of the ``cofr fit`` checkpoint ``path`` into ``module`` (a
+    LanguageModel, its network as ``module.model``) to start a new run from them
+    (``model.init_from``): the network's parameters and buffers only, not the
+    optimizer's moments, the step, the schedule or the data position.
+
+    The network must be the one the checkpoint trained, by parameter name and shape;
+    settings that keep the shapes may differ (dropout, a ladder floor, the gradient
+    rule): they are returned, as "key trained (here now)" texts, for the caller to say.
+    ``saved``: its contents, if the caller has read them (:func:`load`).
+    """
+    saved = load(path) if saved is None else saved
+    check_same_network(path, module, saved, starting=True)
+    network = getattr(module, "model", module)
+    check_denominators(saved, network)
+    state = uncompiled(saved["state_dict"])
+    weights = {
+        k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)
+    }
+    try:
+        network.load_state_dict(weights)
+    except RuntimeError as error:  # buffers, which check_same_network does not compare
+        raise CheckpointError(
+            f"model.init_from {path}: its weights do not fit this run's network: "
+            f"{first_line(error).rstrip(':. ')} ({_first_key_problem(error)})"
+        ) from None
+    theirs = saved.get("model_config")
+    ours = getattr(module, "model_config", None)
+    if not isinstance(theirs, dict) or not isinstance(ours, ModelConfig):
+        return []
+    built = ours.to_dict()
+    return [f"{k} {theirs[k]!r} (here {built[k]!r})" for k in changed_settings(theirs, built)]
 
 
 def _first_key_problem(error: RuntimeError) -> str:

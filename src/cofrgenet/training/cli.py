@@ -81,6 +81,7 @@ from cofrgenet.training.perf import peak_flops_from_env
 from cofrgenet.training.run_checkpoint import RunCheckpoint
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
+    STARTED_FROM_TAG,
     RunConfig,
     artifact_location,
     check_tracking_uri,
@@ -1056,18 +1057,26 @@ class CofrCLI(LightningCLIAdapter):
                 f"{step} to train on (it is {max_steps})"
             )
 
-    def check_same_data(self, saved: dict[str, Any] | None) -> None:
-        """A resumed fit must read the data stream the checkpoint ``saved`` left (the
-        datamodule's check at restore comes after the run's config.yaml and MLflow record
-        are rewritten). None (a sharded checkpoint): checked at restore only."""
+    def check_same_data(self, saved: dict[str, Any] | None, chosen: str) -> None:
+        """A resumed fit must read the data stream the checkpoint ``saved`` (at
+        ``chosen``) left (the datamodule's check at restore comes after the run's
+        config.yaml and MLflow record are rewritten); the refusal names the way to train
+        its weights on other data. None (a sharded checkpoint): checked at restore only."""
         datamodule = getattr(self, "datamodule", None)
         check = getattr(datamodule, "check_resumable", None)
         if self.subcommand != "fit" or check is None or saved is None:
             return
         # Lightning keeps a datamodule's state under its class's name.
         state = saved.get(type(datamodule).__qualname__)
-        if state:
+        if not state:
+            return
+        try:
             check(state)
+        except ConfigError as error:
+            raise ConfigError(
+                f"{error} To train its weights on this data instead, start a new run from "
+                f"them: --model.init_from {chosen} with another --run.name (no --ckpt_path)"
+            ) from None
 
     def choose_checkpoint(self, run_dir: Path) -> None:
         """Check ``--ckpt_path``; for ``last``, take the run's newest intact checkpoint.
@@ -1301,7 +1310,11 @@ class CofrCLI(LightningCLIAdapter):
             if self.subcommand == "fit" and saved is not None:
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)
-            self.check_same_data(saved)
+            self.check_same_data(saved, chosen)
+        elif self.subcommand == "fit":  # a fresh start, from model.init_from's weights if set
+            load_initial_weights = getattr(self.model, "load_initial_weights", None)
+            if callable(load_initial_weights):
+                load_initial_weights(getattr(self, "datamodule", None))
         given = self.config_value(self.config_init, "trainer", default={})
         if not hasattr(given, "keys"):  # jsonargparse lets `trainer: 5` through
             raise ConfigError(f"trainer must be a mapping of Trainer settings, got {given!r}")
@@ -1327,7 +1340,7 @@ class CofrCLI(LightningCLIAdapter):
                 run_name=run_dir.name,
                 tracking_uri=tracking_uri(run),
                 artifact_location=artifact_location(run),
-                tags={"run_dir": str(run_dir.resolve())},
+                tags={"run_dir": str(run_dir.resolve()), **self._started_from(asked, run_dir)},
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
@@ -1343,6 +1356,22 @@ class CofrCLI(LightningCLIAdapter):
         # or -2 on CPU (TypeError).
         except (ValueError, TypeError) as error:
             raise ConfigError(f"trainer: {first_line(error)}") from None
+
+    def _started_from(self, asked: Any, run_dir: Path) -> dict[str, str]:
+        """:data:`STARTED_FROM_TAG` of a fit whose weights start from a checkpoint of
+        another run: ``--ckpt_path`` (``asked``) naming one, or ``model.init_from``."""
+        from cofrgenet.training.pretrained import run_dir_of
+
+        if self.subcommand != "fit":
+            return {}
+        if asked in (None, "last"):
+            init_from = getattr(self.model, "init_from", None)
+            return {STARTED_FROM_TAG: str(Path(init_from).resolve())} if init_from else {}
+        ckpt = Path(str(asked)).resolve()
+        own = run_dir_of(ckpt)
+        if own is not None and own == run_dir.resolve():
+            return {}
+        return {STARTED_FROM_TAG: str(ckpt)}
 
     def _other_data(self, saved: dict[str, Any] | None, chosen: Any) -> Path | None:
         """The data folder validate/test score when it is not the one the checkpoint

@@ -21,7 +21,7 @@ from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
-from cofrgenet.training.checkpoints import check_denominators, uncompiled
+from cofrgenet.training import checkpoints
 from cofrgenet.training.console import quiet_known_noise
 from cofrgenet.training.model_options import ModelOverrides, fit_model_config, overrides_dict
 from cofrgenet.training.optim import (
@@ -95,6 +95,13 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             step, for the activation memory of one block instead of all): for a batch or
             model whose activations do not fit. Checkpoints do not depend on it. Recurrent
             models have no blocks: refused there.
+        init_from: a ``cofr fit`` checkpoint whose network weights a new run starts
+            from, and nothing else of it (not its optimizer state, step, learning-rate
+            schedule or data position): continued pretraining on another corpus, or a
+            new schedule from trained weights. The model settings must build the
+            checkpoint's network; the data folder must hold its tokenizer. ``cofr fit``
+            loads them (:meth:`load_initial_weights`) on a fresh start only: a resumed
+            run (``--ckpt_path``) takes its checkpoint's weights instead.
 
     Batches are (B, T + 1) token ids: inputs are the first T, targets the last T.
     Metrics: train/loss, val/loss, val/ppl, test/loss, test/ppl, opt/lr, opt/grad_norm
@@ -111,6 +118,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         optimizer: OptimizerConfig | None = None,
         compile: bool = False,
         activation_checkpointing: bool = False,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         # A plain dict in the checkpoint (weights_only loading unpickles no classes).
@@ -132,6 +140,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                 )
             self.model.recompute_blocks()
         self.optimizer_config = optimizer or OptimizerConfig()
+        self.init_from = None if init_from is None else str(init_from)
         self.compile_model = compile
         self._model_compiled = False  # configure_model runs once per fit/validate/test
         self._flops_per_token: dict[int, int] = {}  # sequence length -> training FLOPs
@@ -169,6 +178,31 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             raise ConfigError(
                 "model.compile does not work under FSDP here (the model is compiled before "
                 "FSDP shards it): set model.compile: false, as conf/trainer/fsdp.yaml does"
+            )
+
+    def load_initial_weights(self, datamodule: Any | None = None) -> None:
+        """Load :attr:`init_from`'s network weights (nothing when it is None), checked
+        first against this model's network and ``datamodule``'s tokenizer; say which
+        model settings differ from the checkpoint's where the shapes allow it (dropout,
+        a ladder floor). A Trainer used without ``cofr fit`` calls it before ``fit``."""
+        if self.init_from is None:
+            return
+        saved = checkpoints.load(self.init_from)
+        check_tokenizer = getattr(datamodule, "check_same_tokenizer", None)
+        state = saved.get(type(datamodule).__qualname__)
+        if callable(check_tokenizer) and isinstance(state, dict):
+            trained_on = (saved.get("datamodule_hyper_parameters") or {}).get("data_dir")
+            check_tokenizer(
+                state,
+                "train on data prepared with the checkpoint's tokenizer (`cofr data prepare "
+                f"--tokenizer-from {trained_on or 'ITS_DATA_DIR'} ...`)",
+            )
+        changed = checkpoints.load_initial_weights(self.init_from, self, saved)
+        rank_zero_info(f"model.init_from: network weights of {self.init_from}")
+        if changed:
+            rank_zero_info(
+                "note: model.init_from: this run's model settings differ from the "
+                f"checkpoint's: {', '.join(changed)}"
             )
 
     def _attached_trainer(self) -> L.Trainer | None:
@@ -217,8 +251,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             self._model_compiled = True
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        check_denominators(checkpoint, self.model)
-        checkpoint["state_dict"] = uncompiled(checkpoint.get("state_dict", {}))
+        checkpoints.check_denominators(checkpoint, self.model)
+        checkpoint["state_dict"] = checkpoints.uncompiled(checkpoint.get("state_dict", {}))
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
         self._spike_count = torch.tensor(int(checkpoint.get("grad_spikes", 0)))
         # The recent norms the spike test compares with: without them a resumed run

@@ -39,6 +39,9 @@ RUN_ID_FILE = "mlflow_run_id"
 HISTORY_KEY = "train/loss"
 #: The tag of the step a run stopped after when a signal stopped it (KILLED).
 STOPPED_AT_TAG = "cofr.stopped_at_step"
+#: The tag of the checkpoint a run's weights started from: another run's, resumed into a
+#: new run folder (``--ckpt_path FILE``), or ``model.init_from``'s.
+STARTED_FROM_TAG = "cofrgenet.started_from"
 #: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
 #: logger calls) writes the variable, so reading it later would pick up the previous run's
 #: store in a process that trains several runs (sweeps, tests).

@@ -749,8 +749,9 @@ def load_tokenizer_from(
     try:
         if meta.tokenizer != "byte" and not path.is_file():
             raise PrepareError(
-                f"{said} has no {TOKENIZER_DIR}/{TOKENIZER_FILE}, which its {meta.tokenizer} "
-                "tokenizer is: copy the folder's tokenizer/ again, or give another folder"
+                f"{said} has no {TOKENIZER_DIR}/{TOKENIZER_FILE}, which holds its "
+                f"{meta.tokenizer} tokenizer: copy the folder's tokenizer/ again, or give "
+                "another folder"
             )
         try:
             tok = load_tokenizer(folder)
@@ -1239,8 +1240,8 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     if args.out:
         out = Path(args.out)
     else:  # named after the kind of --tokenizer-from's tokenizer, as if given
-        kind = _tokenizer_from_meta(Path(tokenizer_from)).tokenizer if tokenizer_from else None
-        out = default_out(args, kind)
+        folder = Path(tokenizer_from).expanduser() if tokenizer_from else None
+        out = default_out(args, _tokenizer_from_meta(folder).tokenizer if folder else None)
     check_out(out, args.overwrite)  # before the source: a hub dataset loads when made
     if args.tokenizer == "gpt2":
         find_gpt2_files(args.gpt2_dir)

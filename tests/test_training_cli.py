@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import mlflow
 import pytest
@@ -2692,10 +2693,20 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(ti
 
     first = FirstWeights()
     init = ["--model.init_from", str(ckpt), "--model.config.dropout", "0.1"]
-    CofrCLI(args=fit_args(tmp_path, tiny_data, *on_other, *init), extra_callbacks=[first])
+    # --ckpt_path last as a SLURM job's first start gives it: nothing to resume yet.
+    start = [*on_other, *init, "--ckpt_path", "last"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *start), extra_callbacks=[first])
     model_keys = [k for k in trained if k.startswith("model.")]
     assert model_keys and all(torch.equal(first.weights[k], trained[k]) for k in model_keys)
-    assert torch.load(runs / "b" / "checkpoints" / "last.ckpt")["global_step"] == 3  # from 0
+    own = torch.load(runs / "b" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert own["global_step"] == 3  # from 0
+    # Its resume takes its own checkpoint's weights: init_from is not read again.
+    resumed = FirstWeights()
+    start[start.index("3")] = "4"
+    with mock.patch("cofrgenet.training.checkpoints.load_initial_weights") as load_initial:
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *start), extra_callbacks=[resumed])
+    load_initial.assert_not_called()
+    assert all(torch.equal(resumed.weights[k], own["state_dict"][k]) for k in model_keys)
     branch = ["--run.name", "c", "--ckpt_path", str(ckpt), "--trainer.max_steps", "3"]
     CofrCLI(args=fit_args(tmp_path, tiny_data, *branch))
     by_name = mlflow_runs(tmp_path / "runs").set_index("tags.mlflow.runName")

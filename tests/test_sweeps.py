@@ -2674,6 +2674,41 @@ def test_bad_pruner_options_refuse_the_sweep_file_when_loaded(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_pruner_that_could_never_prune_refuses_the_sweep_file():
+    """A warm-up or first rung at the budget's last step, or more complete trials awaited
+    than the budget can hold while one runs: the pruner prunes nothing, and nothing said
+    so (a sweep ran its whole budget unpruned)."""
+    good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 4, "budget": {"steps": 6}}
+    cases = (
+        ({"name": "median", "n_warmup_steps": 6},
+         "pruner.n_warmup_steps: 6 is not below the budget's 6 steps, so the median pruner "
+         "could prune no trial before its last step; lower n_warmup_steps"),
+        ({"name": "percentile", "percentile": 25.0, "n_warmup_steps": 9}, "n_warmup_steps: 9"),
+        ({"name": "median", "n_startup_trials": 4},
+         "pruner.n_startup_trials: 4 is not below n_trials 4: the median pruner would wait "
+         "for 4 complete trials, but at most 3 can be complete"),
+        ({"name": "percentile", "percentile": 25.0, "n_min_trials": 5}, "n_min_trials: 5 is"),
+        ({"name": "sha", "min_resource": 6}, "pruner.min_resource: 6 puts the sha pruner's "
+         "first rung at step 6, not below the budget's 6 steps"),
+        ({"name": "sha", "min_resource": 2, "reduction_factor": 3, "min_early_stopping_rate": 1},
+         "pruner.min_early_stopping_rate: 1 puts the sha pruner's first rung at step 6 "
+         "(min_resource 2 x reduction_factor 3^1)"),
+    )  # fmt: skip
+    for pruner, message in cases:
+        with pytest.raises(SweepError, match=re.escape(message)):
+            parse_sweep({**good, "pruner": pruner})
+    grid = {"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}}
+    with pytest.raises(SweepError, match=r"n_startup_trials: 2 is not below the grid's 2 points"):
+        parse_sweep({**grid, "pruner": {"name": "median", "n_startup_trials": 2}})
+    for pruner in (
+        {"name": "median", "n_warmup_steps": 5, "n_startup_trials": 3},
+        {"name": "median"},  # Optuna's n_startup_trials 5: not the sweep's to answer for
+        {"name": "sha", "min_resource": 2, "reduction_factor": 2, "min_early_stopping_rate": 1},
+        {"name": "sha"},  # min_resource "auto"
+    ):
+        parse_sweep({**good, "pruner": pruner})
+
+
 def test_a_typo_in_a_fixed_preset_stops_the_worker_before_the_study(tmp_path):
     sweep_path = write_sweep(tmp_path, overrides={"model.preset": "gpt2-tiny-ff"})
     with pytest.raises(SweepError, match=r"model\.preset: unknown preset 'gpt2-tiny-ff' "):
@@ -3608,6 +3643,9 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
          "pruner.min_resource: 2 is above the budget's 1 steps (what budget.tokens 100 makes)"),
         ({"steps": 3, "val_every": 5}, {"name": "median"},
          "budget.val_every: 5 is above the budget's 3 steps"),
+        ({"tokens": 4 * 32 * 3}, {"name": "median", "n_warmup_steps": 3},
+         "pruner.n_warmup_steps: 3 is not below the budget's 3 steps (what budget.tokens "
+         "384 makes), so the median pruner could prune no trial before its last step"),
     )  # fmt: skip
     for budget, pruner, message in cases:
         sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=data))

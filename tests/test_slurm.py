@@ -355,6 +355,29 @@ def test_a_time_limit_the_requeue_signal_cannot_come_before_is_refused(tmp_path,
     assert "so the signal would never come; give a time above 90 s" in capsys.readouterr().err
 
 
+def test_an_sbatch_option_that_needs_a_value_is_refused_without_one(capsys):
+    """--sbatch=--account went into the script as a bare #SBATCH --account, which sbatch
+    refused only after submit had written the script; flags (--exclusive) stay bare."""
+    from cofrgenet.cli import main
+
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    for bare in ("--account", "--partition=", "--job-name"):
+        key = bare.strip("-=")
+        message = f"--sbatch {bare!r}: sbatch's --{key} needs a value; give it as --{key}=VALUE"
+        with pytest.raises(SweepError, match=re.escape(message)):
+            render(tiny, SubmitOptions(sbatch_args=[bare]))
+    tiny.slurm.extra = ["--qos"]
+    with pytest.raises(SweepError, match=re.escape("slurm.extra (in the sweep) '--qos': sbatch")):
+        render(tiny, SubmitOptions())
+    tiny.slurm.extra = []
+    options = SubmitOptions(sbatch_args=["--exclusive", "--requeue", "--account=abc"])
+    header = parse_sbatch_header(render(tiny, options).script)
+    assert (header["exclusive"], header["account"]) == ("", "abc")
+    argv = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--sbatch=--account", "--dry-run"]
+    assert main(argv) == 2
+    assert "sbatch's --account needs a value" in capsys.readouterr().err
+
+
 def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     from cofrgenet.cli import main
 

@@ -212,6 +212,20 @@ def check_sbatch_value(option: str, value: Any) -> str:
     return text
 
 
+#: sbatch options that take a value of their own (not an optional one, as --exclusive's):
+#: one given bare (``--sbatch=--account``) makes sbatch fail on the script, after submit.
+SBATCH_NEEDS_VALUE = frozenset(
+    (
+        "account", "array", "begin", "chdir", "clusters", "comment", "constraint",
+        "cpus-per-gpu", "cpus-per-task", "dependency", "error", "exclude", "gpus",
+        "gpus-per-node", "gpus-per-task", "gres", "input", "job-name", "licenses",
+        "mail-type", "mail-user", "mem", "mem-per-cpu", "mem-per-gpu", "nodelist", "nodes",
+        "ntasks", "ntasks-per-node", "output", "partition", "qos", "reservation", "signal",
+        "time", "time-min", "wckey",
+    )
+)  # fmt: skip
+
+
 def _sbatch_option(text: str, where: str) -> tuple[str, str]:
     """(key, value) of an extra ``--key=value`` (or ``--flag``) #SBATCH option."""
     key, _, value = str(text).lstrip("-").partition("=")
@@ -219,6 +233,10 @@ def _sbatch_option(text: str, where: str) -> tuple[str, str]:
         raise SweepError(
             f"{where} {text!r}: expected an sbatch option, --NAME=VALUE or --NAME "
             "(e.g. --sbatch=--account=abc)"
+        )
+    if key in SBATCH_NEEDS_VALUE and not value:
+        raise SweepError(
+            f"{where} {text!r}: sbatch's --{key} needs a value; give it as --{key}=VALUE"
         )
     return key, check_sbatch_value(f"{where} {key}", value)
 

@@ -667,7 +667,7 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
     assert "non-finite loss" in summary and "Best trial" in summary
     # 1 complete trial: no importances (equal bars that meant nothing), and it says why.
     assert "![parameter importances]" not in summary
-    assert "1 complete trial(s): at least 2 needed" in summary
+    assert "1 complete trial: at least 2 needed" in summary
 
 
 def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
@@ -2215,6 +2215,34 @@ def test_the_reports_trial_table_names_retries_as_status_does():
     rows = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| ")}
     assert rows["FAIL"].endswith(" | worker lost; retried as #1 |")
     assert rows["COMPLETE"].endswith(" | 1.5 | retry of #0 |")
+
+
+def test_counts_of_one_say_trial_not_trials(monkeypatch):
+    """ "1 trials" in the report's summary, the study's stopped-at tag and the grid's
+    n_trials refusal."""
+    from optuna.distributions import IntDistribution
+
+    from cofrgenet.sweeps import tracking
+    from cofrgenet.sweeps.report import summary_markdown
+    from cofrgenet.sweeps.spec import counted
+    from cofrgenet.sweeps.worker import _settle_parent_run
+
+    assert (counted(1, "trial"), counted(0, "trial"), counted(2, "point")) == (
+        "1 trial", "0 trials", "2 points"
+    )  # fmt: skip
+    sweep = parse_sweep({"study": "one", "space": {"x": "int 0..3"}, "n_trials": 1})
+    study = optuna.create_study(study_name=sweep.study)
+    point = {"params": {"x": 1}, "distributions": {"x": IntDistribution(0, 3)}}
+    study.add_trial(optuna.trial.create_trial(value=1.5, **point))
+    assert "; 1 trial: 1 complete." in summary_markdown(study, sweep, {}, {}, None, {})
+    tags: dict = {}
+    monkeypatch.setattr(tracking, "set_tags", lambda client, run, new: tags.update(new))
+    monkeypatch.setattr(tracking, "set_parent_status", lambda *_: None)
+    _settle_parent_run(None, "run", optuna.create_study(study_name="none"), sweep)
+    assert tags[tracking.STUDY_STATE_TAG].startswith("stopped at 0 of 1 trial: ")
+    grid = {"study": "g", "space": {"a": [1]}, "sampler": {"name": "grid"}, "n_trials": 2}
+    with pytest.raises(SweepError, match=r"trains each of its points once \(1 point\)"):
+        parse_sweep(grid)
 
 
 def _report_in_child(study, sweep, out) -> None:

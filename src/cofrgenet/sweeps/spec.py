@@ -129,6 +129,11 @@ class ParamSpec:
         return int(self.low) if self.kind == "int" else float(self.low)
 
 
+def counted(number: float, noun: str) -> str:
+    """``1 trial``, ``2 trials``: a count with its noun in the number it takes."""
+    return f"{number:g} {noun}{'' if number == 1 else 's'}"
+
+
 def _number(text: Any, key: str) -> float:
     try:
         return float(text)
@@ -593,18 +598,16 @@ def _check_pruner_trials(sweep: Sweep) -> None:
     if pruner.get("name") not in ("median", "percentile"):
         return
     total = sweep.total_trials
-    budget = f"the grid's {total} points" if sweep.is_grid else f"n_trials {total}"
-    needs = {
-        "n_startup_trials": "complete trials",
-        "n_min_trials": "complete trials that reported the step",
-    }
-    for key, what in needs.items():
+    budget = f"the grid's {counted(total, 'point')}" if sweep.is_grid else f"n_trials {total}"
+    needs = {"n_startup_trials": "", "n_min_trials": " that reported the step"}
+    for key, which in needs.items():
         value = _number_option(pruner, key, None)
         if value is not None and value >= total:
             raise SweepError(
                 f"pruner.{key}: {value:g} is not below {budget}: the {pruner['name']} "
-                f"pruner would wait for {value:g} {what}, but at most {total - 1} can be "
-                f"complete while a trial runs, so it would never prune; lower {key}"
+                f"pruner would wait for {counted(value, 'complete trial')}{which}, but at "
+                f"most {total - 1} can be complete while a trial runs, so it would never "
+                f"prune; lower {key}"
             )
 
 
@@ -698,8 +701,8 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         points = len(sweep.grid)  # raises for float ranges without grid values
         if resolve and sweep.n_trials is not None and sweep.n_trials != points:
             raise SweepError(
-                f"n_trials {sweep.n_trials}: a grid sweep trains every one of its {points} "
-                "points once; drop n_trials (or use a tpe or random sampler)"
+                f"n_trials {sweep.n_trials}: a grid sweep trains each of its points once "
+                f"({counted(points, 'point')}); drop n_trials (or use a tpe or random sampler)"
             )
     elif resolve and (gridded := next((p.key for p in sweep.space if p.grid), None)):
         raise SweepError(

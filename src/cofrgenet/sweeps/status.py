@@ -13,7 +13,7 @@ from rich.table import Table
 
 from cofrgenet import terminal
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.spec import StorageOptions
+from cofrgenet.sweeps.spec import StorageOptions, counted
 
 STATE_STYLE = {
     "COMPLETE": "green",
@@ -111,7 +111,7 @@ def status_table(
         best_text = f"; best #{best.number} = {best.value:.6g}"
     except ValueError:
         best_text = ""
-    count = f"{len(trials)} trial{'' if len(trials) == 1 else 's'}"
+    count = counted(len(trials), "trial")
     table = Table(
         title=f"study {study.study_name}: {count} ({summary or 'none'}){best_text}",
         title_justify="left",

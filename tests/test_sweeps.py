@@ -3106,9 +3106,22 @@ def test_a_ctrl_c_that_lightning_turned_into_exit_1_keeps_its_status():
         except KeyboardInterrupt:
             raise SystemExit(1)  # noqa: B904  (as Lightning's handler does)
     except SystemExit as exited:
-        *_, status = classify(exited)
-    assert status == 130
+        reason, *_, status = classify(exited)
+    assert status == 130 and reason == "worker interrupted (Ctrl-C) during the trial"
     assert classify(SystemExit(1))[-1] is None  # a plain exit is no signal
+    assert classify(SystemExit(1))[0] == "worker interrupted during the trial (SystemExit: 1)"
+
+
+def test_a_ctrl_c_that_aborted_at_once_says_so_not_an_empty_keyboardinterrupt():
+    """A bare KeyboardInterrupt (no message) was said "worker interrupted during the
+    trial (KeyboardInterrupt:)"; another error without a message kept a dangling colon."""
+    from cofrgenet.sweeps.objective import classify
+
+    reason, retry, stop, status = classify(KeyboardInterrupt())
+    assert reason == "worker interrupted (Ctrl-C) during the trial"
+    assert (retry, stop, status) == (True, True, 130)
+    assert classify(RuntimeError())[0] == "RuntimeError"
+    assert classify(RuntimeError("boom"))[0] == "RuntimeError: boom"
 
 
 def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():

@@ -362,7 +362,8 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
 
     from cofrgenet.training.callbacks import NonFiniteLossError
 
-    text = f"{type(error).__name__}: {error}".strip()
+    # A bare KeyboardInterrupt() has no message: its name alone, not "KeyboardInterrupt:".
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     if isinstance(error, SIGTERMException):
         status = error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
         name = "Ctrl-C" if status == 128 + signal.SIGINT else "SIGTERM"
@@ -372,8 +373,9 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         ctrl_c = isinstance(error, KeyboardInterrupt) or isinstance(
             error.__context__, KeyboardInterrupt
         )
-        status = 128 + signal.SIGINT if ctrl_c else None
-        return f"worker interrupted during the trial ({text})", True, True, status
+        if ctrl_c:
+            return "worker interrupted (Ctrl-C) during the trial", True, True, 128 + signal.SIGINT
+        return f"worker interrupted during the trial ({text})", True, True, None
     if isinstance(error, NonFiniteLossError):
         return f"{NON_FINITE} {error}", False, False, None
     if isinstance(error, RunFolderBusyError):  # taken between the wait and the fit's lock

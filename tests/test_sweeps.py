@@ -697,7 +697,7 @@ def slow_sweep(tmp_path: Path, tiny_data: Path) -> Path:
 
 def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data, tmp_path):
     """The trial saves and is queued for a retry; the worker says to run the sweep again
-    (not `cofr fit`, which would train the trial outside the study) and exits 130."""
+    (not `cofr fit`, which would train the trial outside the study), once, and exits 130."""
     sweep_path = slow_sweep(tmp_path, tiny_data)
     sweep = load_sweep(sweep_path)
     run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
@@ -716,9 +716,14 @@ def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, out[-3000:]
-    assert f"resume with: cofr sweep run {sweep_path} --no-report" in out
-    assert "stopped by a signal; the trial resumes from its checkpoint" in out
-    assert "resume with: cofr fit" not in out
+    command = f"cofr sweep run {sweep_path} --no-report"
+    assert (
+        f"stopped by a signal; the trial resumes from its checkpoint when a worker runs "
+        f"again: {command}" in out
+    )
+    # Said once, as the worker stops: the fit's own "resume with:" line said it before.
+    assert out.count(command) == 1, out[-3000:]
+    assert "resume with:" not in out
     # The retry completes: the stop's traceback and step tag are no longer the trial's.
     assert (run_dir / "error.txt").exists()
     result = run_worker(sweep, report=False)

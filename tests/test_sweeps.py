@@ -1039,6 +1039,34 @@ def test_status_shows_the_values_of_queued_grid_points(tmp_path):
     assert sorted(rows) == [["0", "WAITING", "1", "3"], ["1", "WAITING", "2", "3"]]
 
 
+def test_status_says_how_much_of_the_studys_trial_budget_is_used(tmp_path):
+    """The table counted the trials by state, not against n_trials: how far the study
+    is, and whether workers are still needed, was left to work out."""
+    from rich.console import Console
+
+    from cofrgenet.sweeps.status import status_table
+
+    def text(study, storage) -> str:
+        console = Console(record=True, width=200)
+        console.print(status_table(study, storage))
+        return console.export_text()
+
+    raw = {"study": "b", "space": {"x": "int 0..3"}, "n_trials": 4, "pruner": {"name": "none"}}
+    storage = st.open_storage(f"journal:{tmp_path / 'b.journal'}")
+    study, _ = open_study(parse_sweep(raw), storage, 0)
+    for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
+        trial = study.ask()
+        trial.suggest_int("x", 0, 3)
+        study.tell(trial, 1.0 if state == TrialState.COMPLETE else None, state=state)
+    st.retry_trial(study, study.get_trials()[-1], max_retry=3)  # a retried failure: not used
+    assert "budget: 2 of 4 trials used (1 complete, 1 pruned)" in text(study, storage)
+    grid = {"study": "g", "space": {"a": [1]}, "sampler": {"name": "grid"}}
+    study, _ = open_study(parse_sweep(grid), storage, 0)
+    assert "budget: 0 of 1 trial used" in text(study, storage)  # its point queued
+    plain = optuna.create_study(study_name="plain", storage=storage)  # not cofr's: no budget
+    assert "budget:" not in text(plain, storage)
+
+
 def test_a_worker_with_an_allowed_edit_updates_the_study_s_stored_sweep(tmp_path):
     """`cofr sweep status/report STUDY` read the sweep file as the study was created with:
     after a run with more n_trials or another pruner, they showed the old ones."""

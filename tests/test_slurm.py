@@ -327,6 +327,57 @@ def test_sbatch_header_values_cannot_inject_lines_or_break_the_header(tmp_path):
     assert (header["time"], header["exclusive"], header["account"]) == ("1:00:00", "", "abc")
 
 
+def test_a_time_limit_the_requeue_signal_cannot_come_before_is_refused(tmp_path, capsys):
+    """--time 1 (a minute) with --signal=B:USR1@90: SLURM ends the task before the signal
+    that saves and requeues the trial could come; it was submitted all the same."""
+    from cofrgenet.cli import main
+
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    cases = [
+        (SubmitOptions(time="1"), "--time '1' is 60 s: no longer than the 90 s before the "
+         "end at which submit's --signal=B:USR1@90 asks the worker to save and requeue"),
+        (SubmitOptions(time="1:30"), "--time '1:30' is 90 s"),  # minutes:seconds
+        (SubmitOptions(time="10", sbatch_args=["--signal=B:USR1@600"]),
+         "at which --sbatch --signal=B:USR1@600 asks"),
+        (SubmitOptions(sbatch_args=["--time=0:01:00"]), "--sbatch --time '0:01:00' is 60 s"),
+    ]  # fmt: skip
+    for options, message in cases:
+        with pytest.raises(SweepError, match=re.escape(message)):
+            render(tiny, options)
+    tiny.slurm.time = 1
+    with pytest.raises(SweepError, match=re.escape("slurm.time (in the sweep) '1' is 60 s")):
+        render(tiny, SubmitOptions())
+    for time in ("2", "0-1", "0", "unlimited"):  # 120 s, an hour, no limit
+        render(tiny, SubmitOptions(time=time))
+    render(tiny, SubmitOptions(time="2", sbatch_args=["--signal=B:USR1"]))  # SLURM's 60 s
+    argv = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--time", "1", "--dry-run"]
+    assert main(argv) == 2
+    assert "so the signal would never come; give a time above 90 s" in capsys.readouterr().err
+
+
+def test_an_sbatch_option_that_needs_a_value_is_refused_without_one(capsys):
+    """--sbatch=--account went into the script as a bare #SBATCH --account, which sbatch
+    refused only after submit had written the script; flags (--exclusive) stay bare."""
+    from cofrgenet.cli import main
+
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    for bare in ("--account", "--partition=", "--job-name"):
+        key = bare.strip("-=")
+        message = f"--sbatch {bare!r}: sbatch's --{key} needs a value; give it as --{key}=VALUE"
+        with pytest.raises(SweepError, match=re.escape(message)):
+            render(tiny, SubmitOptions(sbatch_args=[bare]))
+    tiny.slurm.extra = ["--qos"]
+    with pytest.raises(SweepError, match=re.escape("slurm.extra (in the sweep) '--qos': sbatch")):
+        render(tiny, SubmitOptions())
+    tiny.slurm.extra = []
+    options = SubmitOptions(sbatch_args=["--exclusive", "--requeue", "--account=abc"])
+    header = parse_sbatch_header(render(tiny, options).script)
+    assert (header["exclusive"], header["account"]) == ("", "abc")
+    argv = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--sbatch=--account", "--dry-run"]
+    assert main(argv) == 2
+    assert "sbatch's --account needs a value" in capsys.readouterr().err
+
+
 def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     from cofrgenet.cli import main
 

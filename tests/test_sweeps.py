@@ -667,7 +667,7 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
     assert "non-finite loss" in summary and "Best trial" in summary
     # 1 complete trial: no importances (equal bars that meant nothing), and it says why.
     assert "![parameter importances]" not in summary
-    assert "1 complete trial(s): at least 2 needed" in summary
+    assert "1 complete trial: at least 2 needed" in summary
 
 
 def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
@@ -697,7 +697,7 @@ def slow_sweep(tmp_path: Path, tiny_data: Path) -> Path:
 
 def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data, tmp_path):
     """The trial saves and is queued for a retry; the worker says to run the sweep again
-    (not `cofr fit`, which would train the trial outside the study) and exits 130."""
+    (not `cofr fit`, which would train the trial outside the study), once, and exits 130."""
     sweep_path = slow_sweep(tmp_path, tiny_data)
     sweep = load_sweep(sweep_path)
     run_dir = tmp_path / "runs" / sweep.experiment / "trial-0000"
@@ -716,9 +716,14 @@ def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, out[-3000:]
-    assert f"resume with: cofr sweep run {sweep_path} --no-report" in out
-    assert "stopped by a signal; the trial resumes from its checkpoint" in out
-    assert "resume with: cofr fit" not in out
+    command = f"cofr sweep run {sweep_path} --no-report"
+    assert (
+        f"stopped by a signal; the trial resumes from its checkpoint when a worker runs "
+        f"again: {command}" in out
+    )
+    # Said once, as the worker stops: the fit's own "resume with:" line said it before.
+    assert out.count(command) == 1, out[-3000:]
+    assert "resume with:" not in out
     # The retry completes: the stop's traceback and step tag are no longer the trial's.
     assert (run_dir / "error.txt").exists()
     result = run_worker(sweep, report=False)
@@ -1032,6 +1037,34 @@ def test_status_shows_the_values_of_queued_grid_points(tmp_path):
     assert [cell.strip() for cell in header.split("┃")[1:5]] == ["#", "state", "a", "b"]
     rows = [[cell.strip() for cell in line.split("│")[1:5]] for line in lines if "WAITING" in line]
     assert sorted(rows) == [["0", "WAITING", "1", "3"], ["1", "WAITING", "2", "3"]]
+
+
+def test_status_says_how_much_of_the_studys_trial_budget_is_used(tmp_path):
+    """The table counted the trials by state, not against n_trials: how far the study
+    is, and whether workers are still needed, was left to work out."""
+    from rich.console import Console
+
+    from cofrgenet.sweeps.status import status_table
+
+    def text(study, storage) -> str:
+        console = Console(record=True, width=200)
+        console.print(status_table(study, storage))
+        return console.export_text()
+
+    raw = {"study": "b", "space": {"x": "int 0..3"}, "n_trials": 4, "pruner": {"name": "none"}}
+    storage = st.open_storage(f"journal:{tmp_path / 'b.journal'}")
+    study, _ = open_study(parse_sweep(raw), storage, 0)
+    for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
+        trial = study.ask()
+        trial.suggest_int("x", 0, 3)
+        study.tell(trial, 1.0 if state == TrialState.COMPLETE else None, state=state)
+    st.retry_trial(study, study.get_trials()[-1], max_retry=3)  # a retried failure: not used
+    assert "budget: 2 of 4 trials used (1 complete, 1 pruned)" in text(study, storage)
+    grid = {"study": "g", "space": {"a": [1]}, "sampler": {"name": "grid"}}
+    study, _ = open_study(parse_sweep(grid), storage, 0)
+    assert "budget: 0 of 1 trial used" in text(study, storage)  # its point queued
+    plain = optuna.create_study(study_name="plain", storage=storage)  # not cofr's: no budget
+    assert "budget:" not in text(plain, storage)
 
 
 def test_a_worker_with_an_allowed_edit_updates_the_study_s_stored_sweep(tmp_path):
@@ -2217,6 +2250,34 @@ def test_the_reports_trial_table_names_retries_as_status_does():
     assert rows["COMPLETE"].endswith(" | 1.5 | retry of #0 |")
 
 
+def test_counts_of_one_say_trial_not_trials(monkeypatch):
+    """ "1 trials" in the report's summary, the study's stopped-at tag and the grid's
+    n_trials refusal."""
+    from optuna.distributions import IntDistribution
+
+    from cofrgenet.sweeps import tracking
+    from cofrgenet.sweeps.report import summary_markdown
+    from cofrgenet.sweeps.spec import counted
+    from cofrgenet.sweeps.worker import _settle_parent_run
+
+    assert (counted(1, "trial"), counted(0, "trial"), counted(2, "point")) == (
+        "1 trial", "0 trials", "2 points"
+    )  # fmt: skip
+    sweep = parse_sweep({"study": "one", "space": {"x": "int 0..3"}, "n_trials": 1})
+    study = optuna.create_study(study_name=sweep.study)
+    point = {"params": {"x": 1}, "distributions": {"x": IntDistribution(0, 3)}}
+    study.add_trial(optuna.trial.create_trial(value=1.5, **point))
+    assert "; 1 trial: 1 complete." in summary_markdown(study, sweep, {}, {}, None, {})
+    tags: dict = {}
+    monkeypatch.setattr(tracking, "set_tags", lambda client, run, new: tags.update(new))
+    monkeypatch.setattr(tracking, "set_parent_status", lambda *_: None)
+    _settle_parent_run(None, "run", optuna.create_study(study_name="none"), sweep)
+    assert tags[tracking.STUDY_STATE_TAG].startswith("stopped at 0 of 1 trial: ")
+    grid = {"study": "g", "space": {"a": [1]}, "sampler": {"name": "grid"}, "n_trials": 2}
+    with pytest.raises(SweepError, match=r"trains each of its points once \(1 point\)"):
+        parse_sweep(grid)
+
+
 def _report_in_child(study, sweep, out) -> None:
     from cofrgenet.sweeps.report import write_report
 
@@ -2674,6 +2735,41 @@ def test_bad_pruner_options_refuse_the_sweep_file_when_loaded(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_pruner_that_could_never_prune_refuses_the_sweep_file():
+    """A warm-up or first rung at the budget's last step, or more complete trials awaited
+    than the budget can hold while one runs: the pruner prunes nothing, and nothing said
+    so (a sweep ran its whole budget unpruned)."""
+    good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 4, "budget": {"steps": 6}}
+    cases = (
+        ({"name": "median", "n_warmup_steps": 6},
+         "pruner.n_warmup_steps: 6 is not below the budget's 6 steps, so the median pruner "
+         "could prune no trial before its last step; lower n_warmup_steps"),
+        ({"name": "percentile", "percentile": 25.0, "n_warmup_steps": 9}, "n_warmup_steps: 9"),
+        ({"name": "median", "n_startup_trials": 4},
+         "pruner.n_startup_trials: 4 is not below n_trials 4: the median pruner would wait "
+         "for 4 complete trials, but at most 3 can be complete"),
+        ({"name": "percentile", "percentile": 25.0, "n_min_trials": 5}, "n_min_trials: 5 is"),
+        ({"name": "sha", "min_resource": 6}, "pruner.min_resource: 6 puts the sha pruner's "
+         "first rung at step 6, not below the budget's 6 steps"),
+        ({"name": "sha", "min_resource": 2, "reduction_factor": 3, "min_early_stopping_rate": 1},
+         "pruner.min_early_stopping_rate: 1 puts the sha pruner's first rung at step 6 "
+         "(min_resource 2 x reduction_factor 3^1)"),
+    )  # fmt: skip
+    for pruner, message in cases:
+        with pytest.raises(SweepError, match=re.escape(message)):
+            parse_sweep({**good, "pruner": pruner})
+    grid = {"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}}
+    with pytest.raises(SweepError, match=r"n_startup_trials: 2 is not below the grid's 2 points"):
+        parse_sweep({**grid, "pruner": {"name": "median", "n_startup_trials": 2}})
+    for pruner in (
+        {"name": "median", "n_warmup_steps": 5, "n_startup_trials": 3},
+        {"name": "median"},  # Optuna's n_startup_trials 5: not the sweep's to answer for
+        {"name": "sha", "min_resource": 2, "reduction_factor": 2, "min_early_stopping_rate": 1},
+        {"name": "sha"},  # min_resource "auto"
+    ):
+        parse_sweep({**good, "pruner": pruner})
+
+
 def test_a_typo_in_a_fixed_preset_stops_the_worker_before_the_study(tmp_path):
     sweep_path = write_sweep(tmp_path, overrides={"model.preset": "gpt2-tiny-ff"})
     with pytest.raises(SweepError, match=r"model\.preset: unknown preset 'gpt2-tiny-ff' "):
@@ -3043,9 +3139,22 @@ def test_a_ctrl_c_that_lightning_turned_into_exit_1_keeps_its_status():
         except KeyboardInterrupt:
             raise SystemExit(1)  # noqa: B904  (as Lightning's handler does)
     except SystemExit as exited:
-        *_, status = classify(exited)
-    assert status == 130
+        reason, *_, status = classify(exited)
+    assert status == 130 and reason == "worker interrupted (Ctrl-C) during the trial"
     assert classify(SystemExit(1))[-1] is None  # a plain exit is no signal
+    assert classify(SystemExit(1))[0] == "worker interrupted during the trial (SystemExit: 1)"
+
+
+def test_a_ctrl_c_that_aborted_at_once_says_so_not_an_empty_keyboardinterrupt():
+    """A bare KeyboardInterrupt (no message) was said "worker interrupted during the
+    trial (KeyboardInterrupt:)"; another error without a message kept a dangling colon."""
+    from cofrgenet.sweeps.objective import classify
+
+    reason, retry, stop, status = classify(KeyboardInterrupt())
+    assert reason == "worker interrupted (Ctrl-C) during the trial"
+    assert (retry, stop, status) == (True, True, 130)
+    assert classify(RuntimeError())[0] == "RuntimeError"
+    assert classify(RuntimeError("boom"))[0] == "RuntimeError: boom"
 
 
 def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():
@@ -3608,6 +3717,9 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
          "pruner.min_resource: 2 is above the budget's 1 steps (what budget.tokens 100 makes)"),
         ({"steps": 3, "val_every": 5}, {"name": "median"},
          "budget.val_every: 5 is above the budget's 3 steps"),
+        ({"tokens": 4 * 32 * 3}, {"name": "median", "n_warmup_steps": 3},
+         "pruner.n_warmup_steps: 3 is not below the budget's 3 steps (what budget.tokens "
+         "384 makes), so the median pruner could prune no trial before its last step"),
     )  # fmt: skip
     for budget, pruner, message in cases:
         sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=data))

@@ -34,7 +34,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
-from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, resume_command
+from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal
 from cofrgenet.training.cli import CofrCLI, given_args
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
@@ -362,7 +362,8 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
 
     from cofrgenet.training.callbacks import NonFiniteLossError
 
-    text = f"{type(error).__name__}: {error}".strip()
+    # A bare KeyboardInterrupt() has no message: its name alone, not "KeyboardInterrupt:".
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     if isinstance(error, SIGTERMException):
         status = error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
         name = "Ctrl-C" if status == 128 + signal.SIGINT else "SIGTERM"
@@ -372,8 +373,9 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
         ctrl_c = isinstance(error, KeyboardInterrupt) or isinstance(
             error.__context__, KeyboardInterrupt
         )
-        status = 128 + signal.SIGINT if ctrl_c else None
-        return f"worker interrupted during the trial ({text})", True, True, status
+        if ctrl_c:
+            return "worker interrupted (Ctrl-C) during the trial", True, True, 128 + signal.SIGINT
+        return f"worker interrupted during the trial ({text})", True, True, None
     if isinstance(error, NonFiniteLossError):
         return f"{NON_FINITE} {error}", False, False, None
     if isinstance(error, RunFolderBusyError):  # taken between the wait and the fit's lock
@@ -658,8 +660,9 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     stop: StopOnSignal | None = None
     try:
         with given_args():
-            # Said on SIGTERM or Ctrl-C: the worker resumes the trial, not a cofr fit.
-            stop = StopOnSignal(resume_hint=lambda run_name: resume_command())
+            # No resume hint from the fit: `cofr sweep run` says it once, as it stops (the
+            # worker resumes the trial, not a cofr fit), or that the trial failed for good.
+            stop = StopOnSignal(resume_hint=lambda run_name: None)
             cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
         callback.recover(ctx.storage, ctx.study)
         outcome = after_late_signals(_fit_outcome(ctx, trial, cli, callback, run_dir), stop)

@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from cofrgenet.atomic import replacing, write_text_atomic
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.objective import RUN_DIR_ATTR, trial_run_dir
-from cofrgenet.sweeps.spec import Sweep
+from cofrgenet.sweeps.spec import Sweep, counted
 from cofrgenet.sweeps.status import note, retried_as
 
 
@@ -148,7 +148,7 @@ def summary_markdown(
         "",
         f"Objective: {sweep.objective.direction} `{sweep.objective.metric}`; "
         f"sampler {sweep.sampler.get('name')}, pruner {sweep.pruner.get('name')}; "
-        f"{len(trials)} trials: {st.state_counts(trials)}.",
+        f"{counted(len(trials), 'trial')}: {st.state_counts(trials)}.",
         "",
     ]
     try:
@@ -247,7 +247,7 @@ def _write_report(
     caveats: dict[str, str] = {}
     if complete < MIN_TRIALS_FOR_IMPORTANCE:
         caveats["parameter importances"] = (
-            f"from {complete} complete trial(s) only: not reliable below "
+            f"from {counted(complete, 'complete trial')} only: not reliable below "
             f"{MIN_TRIALS_FOR_IMPORTANCE}"
         )
     plots = {
@@ -257,7 +257,9 @@ def _write_report(
     }
     if complete < 2:  # one trial has no spread to apportion: equal bars that mean nothing
         del plots["parameter importances"]
-        skipped["parameter importances"] = f"{complete} complete trial(s): at least 2 needed"
+        skipped["parameter importances"] = (
+            f"{counted(complete, 'complete trial')}: at least 2 needed"
+        )
         (out / "param_importances.png").unlink(missing_ok=True)
     for title, (name, file, kwargs) in plots.items():
         error = _optuna_plot(name, study, out / file, caveats.get(title), **kwargs)

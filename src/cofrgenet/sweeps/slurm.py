@@ -40,6 +40,8 @@ from cofrgenet.sweeps.spec import (
 )
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
+#: The worker's requeue signal: SIGUSR1 to the batch shell 90 s before the time limit.
+REQUEUE_SIGNAL = "B:USR1@90"
 #: Strategies that start their ranks from the one worker process (Lightning's names).
 SPAWN_STRATEGIES = tuple(
     f"{kind}{variant}"
@@ -174,7 +176,7 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
         "ntasks-per-node": "1",
         "cpus-per-task": str(cpus),
         "time": options.time or sweep.slurm.time,
-        "signal": "B:USR1@90",
+        "signal": REQUEUE_SIGNAL,
         "requeue": "",
         "open-mode": "append",
     }
@@ -210,6 +212,20 @@ def check_sbatch_value(option: str, value: Any) -> str:
     return text
 
 
+#: sbatch options that take a value of their own (not an optional one, as --exclusive's):
+#: one given bare (``--sbatch=--account``) makes sbatch fail on the script, after submit.
+SBATCH_NEEDS_VALUE = frozenset(
+    (
+        "account", "array", "begin", "chdir", "clusters", "comment", "constraint",
+        "cpus-per-gpu", "cpus-per-task", "dependency", "error", "exclude", "gpus",
+        "gpus-per-node", "gpus-per-task", "gres", "input", "job-name", "licenses",
+        "mail-type", "mail-user", "mem", "mem-per-cpu", "mem-per-gpu", "nodelist", "nodes",
+        "ntasks", "ntasks-per-node", "output", "partition", "qos", "reservation", "signal",
+        "time", "time-min", "wckey",
+    )
+)  # fmt: skip
+
+
 def _sbatch_option(text: str, where: str) -> tuple[str, str]:
     """(key, value) of an extra ``--key=value`` (or ``--flag``) #SBATCH option."""
     key, _, value = str(text).lstrip("-").partition("=")
@@ -217,6 +233,10 @@ def _sbatch_option(text: str, where: str) -> tuple[str, str]:
         raise SweepError(
             f"{where} {text!r}: expected an sbatch option, --NAME=VALUE or --NAME "
             "(e.g. --sbatch=--account=abc)"
+        )
+    if key in SBATCH_NEEDS_VALUE and not value:
+        raise SweepError(
+            f"{where} {text!r}: sbatch's --{key} needs a value; give it as --{key}=VALUE"
         )
     return key, check_sbatch_value(f"{where} {key}", value)
 
@@ -232,9 +252,37 @@ _FORMATS = {
 }
 
 
+def time_seconds(text: str) -> int | None:
+    """sbatch's ``--time`` (a :data:`SLURM_TIME`) in seconds; None for no limit
+    (``unlimited``, ``infinite``, or 0)."""
+    text = text.strip().lower()
+    if text in ("unlimited", "infinite"):
+        return None
+    days, dash, clock = text.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if dash:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:  # hours:minutes:seconds
+        hours, minutes, seconds = parts
+    else:  # minutes[:seconds]
+        hours, (minutes, seconds) = 0, [*parts, 0][:2]
+    total = (((int(days or 0) * 24) + hours) * 60 + minutes) * 60 + seconds
+    return total or None  # SLURM's --time=0: no limit
+
+
+def signal_lead(text: str) -> int | None:
+    """The seconds before the time limit at which sbatch's ``--signal=[{R|B}:]SIG[@TIME]``
+    sends its signal (SLURM's default: 60); None when ``text`` is no such value."""
+    match = re.fullmatch(r"(?:[A-Za-z]+:)?[A-Za-z0-9]+(?:@(\d+))?", text.strip())
+    if match is None:
+        return None
+    return int(match.group(1)) if match.group(1) is not None else 60
+
+
 def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
     """Every value that goes into an #SBATCH line, checked before the (slow) config parse,
     named as the user gave it: the flag, else the sweep's ``slurm.*`` key."""
+    given: dict[str, tuple[str, str]] = {}  # time, signal: (how it was given, its value)
     for name in ("time", "mem", "partition"):
         flag, default = getattr(options, name), getattr(sweep.slurm, name)
         option = f"--{name}" if flag else f"slurm.{name} (in the sweep)"
@@ -245,10 +293,32 @@ def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
         pattern, example = _FORMATS.get(name, (None, ""))
         if pattern is not None and not pattern.fullmatch(text):
             raise SweepError(f"{option} {text!r} is not a SLURM {name}: {example}")
-    for extra in sweep.slurm.extra:
-        _sbatch_option(extra, "slurm.extra (in the sweep)")
-    for extra in options.sbatch_args:
-        _sbatch_option(extra, "--sbatch")
+        given[name] = (option, text)
+    given["signal"] = ("submit's", REQUEUE_SIGNAL)
+    extras = [(e, "slurm.extra (in the sweep)") for e in sweep.slurm.extra]
+    for extra, where in [*extras, *((e, "--sbatch") for e in options.sbatch_args)]:
+        key, value = _sbatch_option(extra, where)
+        if key == "time":  # replaces submit's own #SBATCH line
+            given[key] = (f"{where} --time", value)
+        elif key == "signal":
+            given[key] = (where, value)
+    _check_signal_before_end(given)
+
+
+def _check_signal_before_end(given: dict[str, tuple[str, str]]) -> None:
+    """SweepError when the job's time limit is no longer than the lead of its requeue
+    signal: SLURM would end the task before the signal, which saves and requeues the
+    trial, could come."""
+    if "time" not in given or not SLURM_TIME.fullmatch(given["time"][1]):
+        return  # no --time (the partition's limit), or one sbatch itself refuses
+    (time_option, text), (signal_option, signal) = given["time"], given["signal"]
+    limit, lead = time_seconds(text), signal_lead(signal)
+    if limit is not None and lead is not None and limit <= lead:
+        raise SweepError(
+            f"{time_option} {text!r} is {limit} s: no longer than the {lead} s before the end "
+            f"at which {signal_option} --signal={signal} asks the worker to save and requeue, "
+            f"so the signal would never come; give a time above {lead} s (e.g. 04:00:00)"
+        )
 
 
 def _template_body() -> str:

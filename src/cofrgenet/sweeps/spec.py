@@ -129,6 +129,11 @@ class ParamSpec:
         return int(self.low) if self.kind == "int" else float(self.low)
 
 
+def counted(number: float, noun: str) -> str:
+    """``1 trial``, ``2 trials``: a count with its noun in the number it takes."""
+    return f"{number:g} {noun}{'' if number == 1 else 's'}"
+
+
 def _number(text: Any, key: str) -> float:
     try:
         return float(text)
@@ -531,6 +536,8 @@ def _check_pruner(pruner: dict[str, Any], budget: Budget) -> None:
                 f"pruner.min_resource: {low} is above the {where} {high}, so Hyperband "
                 "would never prune; lower min_resource"
             )
+    if steps is not None and (late := never_prunes_before_end(pruner, steps)):
+        raise SweepError(late)
     error = _pruner_problem(pruner, steps)
     if error is None:
         return
@@ -542,6 +549,66 @@ def _check_pruner(pruner: dict[str, Any], budget: Budget) -> None:
         )
     where = f"pruner.{key}: {pruner[key]!r}" if key else f"pruner {pruner!r}"
     raise SweepError(f"{where} is refused by the {name} pruner (Optuna's {cls.__name__}): {error}")
+
+
+def _number_option(pruner: dict[str, Any], key: str, default: Any) -> float | None:
+    """A pruner option's value as a number (``default`` when unset); None when it is no
+    number (Optuna's own check names that)."""
+    value = pruner.get(key, default)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def never_prunes_before_end(pruner: dict[str, Any], steps: int, made: str = "") -> str | None:
+    """Why ``pruner`` could prune no trial of ``steps`` steps before its last one (its
+    warm-up or first rung not below ``steps``: a prune at the last step saves nothing and
+    throws a trained trial's value away), or None. ``made``: where ``steps`` came from."""
+    name = pruner.get("name")
+    if name in ("median", "percentile"):
+        # Optuna judges from step == n_warmup_steps on.
+        warmup = _number_option(pruner, "n_warmup_steps", 0)
+        if warmup is not None and warmup >= steps:
+            return (
+                f"pruner.n_warmup_steps: {warmup:g} is not below the budget's {steps} "
+                f"steps{made}, so the {name} pruner could prune no trial before its last "
+                "step; lower n_warmup_steps"
+            )
+    if name == "sha":
+        # Its first rung: min_resource x reduction_factor ^ min_early_stopping_rate.
+        low = _number_option(pruner, "min_resource", None)  # "auto": its own to pick
+        factor = _number_option(pruner, "reduction_factor", 4)
+        rate = _number_option(pruner, "min_early_stopping_rate", 0)
+        if None not in (low, factor, rate) and 0 <= rate < 64 and low * factor**rate >= steps:
+            key = "min_early_stopping_rate" if rate else "min_resource"
+            rung = f" (min_resource {low:g} x reduction_factor {factor:g}^{rate:g})" if rate else ""
+            return (
+                f"pruner.{key}: {pruner[key]} puts the sha pruner's first rung at step "
+                f"{low * factor**rate:g}{rung}, not below the budget's {steps} steps{made}, "
+                f"so it could prune no trial before its last step; lower {key}"
+            )
+    return None
+
+
+def _check_pruner_trials(sweep: Sweep) -> None:
+    """SweepError when the median or percentile pruner needs more complete trials than
+    the study's budget holds while a trial runs (at most ``total_trials - 1``): it would
+    never prune (workers racing for the last trials may overshoot the budget by a few:
+    no pruning to speak of either). Only an option the sweep gives: Optuna's default
+    (n_startup_trials 5) is not refused under a small first budget."""
+    pruner = sweep.pruner
+    if pruner.get("name") not in ("median", "percentile"):
+        return
+    total = sweep.total_trials
+    budget = f"the grid's {counted(total, 'point')}" if sweep.is_grid else f"n_trials {total}"
+    needs = {"n_startup_trials": "", "n_min_trials": " that reported the step"}
+    for key, which in needs.items():
+        value = _number_option(pruner, key, None)
+        if value is not None and value >= total:
+            raise SweepError(
+                f"pruner.{key}: {value:g} is not below {budget}: the {pruner['name']} "
+                f"pruner would wait for {counted(value, 'complete trial')}{which}, but at "
+                f"most {total - 1} can be complete while a trial runs, so it would never "
+                f"prune; lower {key}"
+            )
 
 
 def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = True) -> Sweep:
@@ -634,8 +701,8 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         points = len(sweep.grid)  # raises for float ranges without grid values
         if resolve and sweep.n_trials is not None and sweep.n_trials != points:
             raise SweepError(
-                f"n_trials {sweep.n_trials}: a grid sweep trains every one of its {points} "
-                "points once; drop n_trials (or use a tpe or random sampler)"
+                f"n_trials {sweep.n_trials}: a grid sweep trains each of its points once "
+                f"({counted(points, 'point')}); drop n_trials (or use a tpe or random sampler)"
             )
     elif resolve and (gridded := next((p.key for p in sweep.space if p.grid), None)):
         raise SweepError(
@@ -648,6 +715,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         fixed = sweep_keys(sweep)
         _check_not_set_again(fixed, overrides, "overrides: {key}", "remove it from the overrides")
         sweep.storage_options.check()
+        _check_pruner_trials(sweep)
         _check_sampler(sweep.sampler, sweep.space)
         _check_heatmap(sweep)
     return sweep
@@ -983,6 +1051,8 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
             f"pruner.min_resource: {low} is above the budget's {steps} steps{made}, so "
             "Hyperband would never prune; lower min_resource or raise the budget"
         )
+    if late := never_prunes_before_end(sweep.pruner, steps, made):
+        raise SweepError(late)
     if sweep.budget.val_every is not None and sweep.budget.val_every > steps:
         raise SweepError(
             f"budget.val_every: {sweep.budget.val_every} is above the budget's {steps} "

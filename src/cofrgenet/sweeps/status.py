@@ -13,7 +13,7 @@ from rich.table import Table
 
 from cofrgenet import terminal
 from cofrgenet.sweeps import storage as st
-from cofrgenet.sweeps.spec import StorageOptions
+from cofrgenet.sweeps.spec import StorageOptions, SweepError, counted, parse_sweep
 
 STATE_STYLE = {
     "COMPLETE": "green",
@@ -93,6 +93,23 @@ def _fmt(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def budget_line(study: optuna.Study, trials: list[FrozenTrial]) -> str | None:
+    """``budget: 4 of 10 trials used (2 complete, 1 pruned, 1 fail)``: the trials that
+    count against the study's budget (``n_trials``, or the grid's points) as the study's
+    own copy of its sweep file sets it (the last ``cofr sweep run`` stores it); None for
+    a study without one."""
+    raw = study.user_attrs.get("cofr.sweep")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        total = parse_sweep(raw, resolve=False).total_trials
+    except SweepError:  # a copy this cofr cannot read: the table says the rest
+        return None
+    used = st.budget_trials(trials)
+    counts = f" ({st.state_counts(used)})" if used else ""
+    return f"budget: {len(used)} of {counted(total, 'trial')} used{counts}"
+
+
 def status_table(
     study: optuna.Study, storage: BaseStorage, options: StorageOptions | None = None
 ) -> Table:
@@ -111,10 +128,12 @@ def status_table(
         best_text = f"; best #{best.number} = {best.value:.6g}"
     except ValueError:
         best_text = ""
-    count = f"{len(trials)} trial{'' if len(trials) == 1 else 's'}"
+    count = counted(len(trials), "trial")
     table = Table(
         title=f"study {study.study_name}: {count} ({summary or 'none'}){best_text}",
         title_justify="left",
+        caption=budget_line(study, trials),
+        caption_justify="left",
     )
     for column in ("#", "state", *shorts, "value", "duration", "worker / SLURM job", "note"):
         table.add_column(column, justify="right" if column in ("#", "value") else "left")

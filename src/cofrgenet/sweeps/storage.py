@@ -980,17 +980,22 @@ def state_counts(trials: list[FrozenTrial]) -> str:
     return ", ".join(parts)
 
 
-def budget_used(trials: list[FrozenTrial]) -> int:
+def budget_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials that count against ``n_trials``: all but WAITING ones, retried failures and
     discarded trials (:data:`DISCARDED`)."""
     retried = retried_numbers(trials)
-    return sum(
-        1
+    return [
+        t
         for t in trials
         if t.state != TrialState.WAITING
         and t.number not in retried
         and not t.user_attrs.get(DISCARDED)
-    )
+    ]
+
+
+def budget_used(trials: list[FrozenTrial]) -> int:
+    """How many trials count against ``n_trials`` (:func:`budget_trials`)."""
+    return len(budget_trials(trials))
 
 
 def root_number(trial: FrozenTrial) -> int:

@@ -56,6 +56,7 @@ from cofrgenet.sweeps.spec import (
     check_budget,
     check_extra,
     check_same_objective,
+    counted,
     data_parallel_width,
     get_dotted,
     grid_points,
@@ -812,7 +813,8 @@ def _settle_parent_run(client: Any, parent: str, study: optuna.Study, sweep: Swe
             used = st.budget_used(study.get_trials(deepcopy=False))
             where = f" {sweep.path}" if sweep.path else ""
             state = (
-                f"stopped at {used} of {sweep.total_trials} trials: `cofr sweep run{where}` goes on"
+                f"stopped at {used} of {counted(sweep.total_trials, 'trial')}: "
+                f"`cofr sweep run{where}` goes on"
             )
             tracking.set_tags(client, parent, {tracking.STUDY_STATE_TAG: state})
             tracking.set_parent_status(client, parent, "KILLED")

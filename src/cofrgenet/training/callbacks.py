@@ -364,9 +364,10 @@ class StopOnSignal(StepBoundaries):
     it is kept in ``late_signals`` for what runs the fit (a sweep worker then stops).
     """
 
-    def __init__(self, resume_hint: Callable[[str], str] | None = None) -> None:
+    def __init__(self, resume_hint: Callable[[str], str | None] | None = None) -> None:
         """``resume_hint(run name)``: the command said to resume (default:
-        :func:`resume_command`, this ``cofr fit`` made to resume its run)."""
+        :func:`resume_command`, this ``cofr fit`` made to resume its run); None says none
+        (what runs the fit says it once it knows: a sweep worker)."""
         self.resume_hint = resume_hint or resume_command
         self.signal: int | None = None
         self.saved: Path | None = None
@@ -530,9 +531,10 @@ class StopOnSignal(StepBoundaries):
             launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
             if (self._phase == "starting" or before_setup) and not launcher:
                 self._mark_killed(trainer)
+                hint = self.resume_hint(Path(trainer.default_root_dir).name)
                 rank_zero_info(
-                    "stopped by SIGTERM before training began: nothing new to save; to start "
-                    f"again: {self.resume_hint(Path(trainer.default_root_dir).name)}"
+                    "stopped by SIGTERM before training began: nothing new to save"
+                    + (f"; to start again: {hint}" if hint else "")
                 )
             exception.code = 128 + signal.SIGTERM
         elif isinstance(exception, SIGTERMException):
@@ -587,9 +589,10 @@ class StopOnSignal(StepBoundaries):
         self.saved = path
         self._mark_killed(trainer)
         name = signal.Signals(self.signal).name
+        hint = self.resume_hint(Path(trainer.default_root_dir).name)
         rank_zero_info(
-            f"stopped by {name} after step {trainer.global_step}: saved {path}\n"
-            f"resume with: {self.resume_hint(Path(trainer.default_root_dir).name)}"
+            f"stopped by {name} after step {trainer.global_step}: saved {path}"
+            + (f"\nresume with: {hint}" if hint else "")
         )
 
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import logging
 import os
 import re
 import signal
@@ -29,6 +30,7 @@ from cofrgenet.sweeps.spec import (
     StorageOptions,
     encode_value,
     parse_param,
+    pruner_waits_past_budget,
     pruning_before_ladders,
     steps_for_tokens,
     trial_config,
@@ -2736,19 +2738,16 @@ def test_bad_pruner_options_refuse_the_sweep_file_when_loaded(tmp_path, capsys):
 
 
 def test_a_pruner_that_could_never_prune_refuses_the_sweep_file():
-    """A warm-up or first rung at the budget's last step, or more complete trials awaited
-    than the budget can hold while one runs: the pruner prunes nothing, and nothing said
-    so (a sweep ran its whole budget unpruned)."""
+    """A warm-up or first rung at the budget's last step: the pruner prunes nothing, and
+    nothing said so (a sweep ran its whole budget unpruned). More complete trials awaited
+    than the budget can hold while one runs is said (a smoke run's smaller n_trials is
+    no error)."""
     good = {"study": "s", "space": {"a.b": "int 1..2"}, "n_trials": 4, "budget": {"steps": 6}}
     cases = (
         ({"name": "median", "n_warmup_steps": 6},
          "pruner.n_warmup_steps: 6 is not below the budget's 6 steps, so the median pruner "
          "could prune no trial before its last step; lower n_warmup_steps"),
         ({"name": "percentile", "percentile": 25.0, "n_warmup_steps": 9}, "n_warmup_steps: 9"),
-        ({"name": "median", "n_startup_trials": 4},
-         "pruner.n_startup_trials: 4 is not below n_trials 4: the median pruner would wait "
-         "for 4 complete trials, but at most 3 can be complete"),
-        ({"name": "percentile", "percentile": 25.0, "n_min_trials": 5}, "n_min_trials: 5 is"),
         ({"name": "sha", "min_resource": 6}, "pruner.min_resource: 6 puts the sha pruner's "
          "first rung at step 6, not below the budget's 6 steps"),
         ({"name": "sha", "min_resource": 2, "reduction_factor": 3, "min_early_stopping_rate": 1},
@@ -2758,16 +2757,27 @@ def test_a_pruner_that_could_never_prune_refuses_the_sweep_file():
     for pruner, message in cases:
         with pytest.raises(SweepError, match=re.escape(message)):
             parse_sweep({**good, "pruner": pruner})
+    waits = (
+        ({"name": "median", "n_startup_trials": 4},
+         "pruner.n_startup_trials: 4 is not below n_trials 4: the median pruner waits for 4 "
+         "complete trials, but at most 3 can be complete while a trial runs, so it will "
+         "prune nothing"),
+        ({"name": "percentile", "percentile": 25.0, "n_min_trials": 5}, "n_min_trials: 5 is"),
+    )  # fmt: skip
+    for pruner, message in waits:
+        assert message in (pruner_waits_past_budget(parse_sweep({**good, "pruner": pruner})) or "")
     grid = {"study": "g", "space": {"a": [1, 2]}, "sampler": {"name": "grid"}}
-    with pytest.raises(SweepError, match=r"n_startup_trials: 2 is not below the grid's 2 points"):
-        parse_sweep({**grid, "pruner": {"name": "median", "n_startup_trials": 2}})
+    gridded = parse_sweep({**grid, "pruner": {"name": "median", "n_startup_trials": 2}})
+    assert "n_startup_trials: 2 is not below the grid's 2 points" in (
+        pruner_waits_past_budget(gridded) or ""
+    )
     for pruner in (
         {"name": "median", "n_warmup_steps": 5, "n_startup_trials": 3},
         {"name": "median"},  # Optuna's n_startup_trials 5: not the sweep's to answer for
         {"name": "sha", "min_resource": 2, "reduction_factor": 2, "min_early_stopping_rate": 1},
         {"name": "sha"},  # min_resource "auto"
     ):
-        parse_sweep({**good, "pruner": pruner})
+        assert pruner_waits_past_budget(parse_sweep({**good, "pruner": pruner})) is None
 
 
 def test_a_typo_in_a_fixed_preset_stops_the_worker_before_the_study(tmp_path):
@@ -3473,10 +3483,13 @@ def test_a_store_that_cannot_answer_is_not_taken_for_a_missing_parent_run():
     assert run_missing(Store(TEMPORARILY_UNAVAILABLE), "r") is False
 
 
-def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(tiny_data, tmp_path, monkeypatch):
+def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(
+    tiny_data, tmp_path, monkeypatch, caplog
+):
     """Between "trial N: starting" and the fit's own signal handler (the config parse, the
     model and data building): the trial is failed and retried, the worker stops with 143,
-    as for a SIGTERM during training; once the worker died with the trial RUNNING."""
+    as for a SIGTERM during training; once the worker died with the trial RUNNING. (Its
+    one trial is fewer than the pruner's n_startup_trials: said as the worker starts.)"""
     from cofrgenet.training import cli as training_cli
 
     sweep = load_sweep(
@@ -3497,11 +3510,13 @@ def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(tiny_data, tmp_p
 
     before = signal.signal(signal.SIGTERM, note)
     try:
-        result = run_worker(sweep, report=False, mlflow=False)
+        with caplog.at_level(logging.WARNING, logger="cofrgenet.sweeps"):
+            result = run_worker(sweep, report=False, mlflow=False)
         assert signal.getsignal(signal.SIGTERM) == note  # put back after the trial
     finally:
         signal.signal(signal.SIGTERM, before)
     assert not unhandled
+    assert "pruner.n_startup_trials: 2 is not below n_trials 1" in caplog.text
     assert result.signal_status == 128 + signal.SIGTERM
     ((_, outcome),) = result.outcomes
     assert outcome.retry and outcome.reason == "worker terminated (SIGTERM) during the trial"

@@ -354,6 +354,16 @@ def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
     write_text_atomic(marker, json.dumps(identity, indent=2, default=str) + "\n")
 
 
+def signal_name(status: int) -> str:
+    """``SIGTERM`` for the exit status 143 (128 + the signal), ``Ctrl-C`` for 130."""
+    if status == 128 + signal.SIGINT:
+        return "Ctrl-C"
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"signal {status - 128}"
+
+
 def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
     """(reason, retry, stop_worker, signal_status) of an exception raised by a trial;
     signal_status: 128 + the signal that stopped it (StopOnSignal's SIGTERMException
@@ -366,8 +376,7 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     if isinstance(error, SIGTERMException):
         status = error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
-        name = "Ctrl-C" if status == 128 + signal.SIGINT else "SIGTERM"
-        return f"worker terminated ({name}) during the trial", True, True, status
+        return f"worker terminated ({signal_name(status)}) during the trial", True, True, status
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         # Lightning ends a fit that Ctrl-C reached with sys.exit(1): Ctrl-C's status.
         ctrl_c = isinstance(error, KeyboardInterrupt) or isinstance(

@@ -588,27 +588,29 @@ def never_prunes_before_end(pruner: dict[str, Any], steps: int, made: str = "") 
     return None
 
 
-def _check_pruner_trials(sweep: Sweep) -> None:
-    """SweepError when the median or percentile pruner needs more complete trials than
-    the study's budget holds while a trial runs (at most ``total_trials - 1``): it would
-    never prune (workers racing for the last trials may overshoot the budget by a few:
-    no pruning to speak of either). Only an option the sweep gives: Optuna's default
-    (n_startup_trials 5) is not refused under a small first budget."""
+def pruner_waits_past_budget(sweep: Sweep) -> str | None:
+    """Why the median or percentile pruner would never prune: it waits for more complete
+    trials than the study's budget holds while a trial runs (at most ``total_trials -
+    1``; workers racing for the last trials may overshoot by a few), or None. Said, not
+    refused: a copy of a sweep file with a smaller n_trials for a smoke run is no
+    error. Only an option the sweep gives (Optuna's default n_startup_trials, 5, is not
+    the sweep's to answer for)."""
     pruner = sweep.pruner
     if pruner.get("name") not in ("median", "percentile"):
-        return
+        return None
     total = sweep.total_trials
     budget = f"the grid's {counted(total, 'point')}" if sweep.is_grid else f"n_trials {total}"
     needs = {"n_startup_trials": "", "n_min_trials": " that reported the step"}
     for key, which in needs.items():
         value = _number_option(pruner, key, None)
         if value is not None and value >= total:
-            raise SweepError(
+            return (
                 f"pruner.{key}: {value:g} is not below {budget}: the {pruner['name']} "
-                f"pruner would wait for {counted(value, 'complete trial')}{which}, but at "
-                f"most {total - 1} can be complete while a trial runs, so it would never "
-                f"prune; lower {key}"
+                f"pruner waits for {counted(value, 'complete trial')}{which}, but at most "
+                f"{total - 1} can be complete while a trial runs, so it will prune nothing "
+                f"(lower {key} to prune)"
             )
+    return None
 
 
 def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = True) -> Sweep:
@@ -715,7 +717,6 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         fixed = sweep_keys(sweep)
         _check_not_set_again(fixed, overrides, "overrides: {key}", "remove it from the overrides")
         sweep.storage_options.check()
-        _check_pruner_trials(sweep)
         _check_sampler(sweep.sampler, sweep.space)
         _check_heatmap(sweep)
     return sweep

@@ -46,6 +46,7 @@ from cofrgenet.sweeps.objective import (
     TrialContext,
     finish_mlflow,
     run_trial,
+    signal_name,
     trial_of_this_name,
 )
 from cofrgenet.sweeps.spec import (
@@ -61,6 +62,7 @@ from cofrgenet.sweeps.spec import (
     get_dotted,
     grid_points,
     parse_param,
+    pruner_waits_past_budget,
     pruning_before_ladders,
     trial_config,
 )
@@ -693,16 +695,6 @@ def _tell(
     return True
 
 
-def signal_name(status: int) -> str:
-    """``SIGTERM`` for the exit status 143 (128 + the signal), ``Ctrl-C`` for 130."""
-    if status == 128 + signal.SIGINT:
-        return "Ctrl-C"
-    try:
-        return signal.Signals(status - 128).name
-    except ValueError:
-        return f"signal {status - 128}"
-
-
 def run_worker(
     sweep: Sweep,
     n_trials: int | None = None,
@@ -721,6 +713,8 @@ def run_worker(
     st.check_given_storage(storage_url, home, sweep.study)
     url = storage_url or home
     probe = _checked_trial_config(sweep, extra, mlflow)
+    if idle_pruner := pruner_waits_past_budget(sweep):
+        log.warning(idle_pruner)
     if mlflow:  # before the study is made: MLflow's client retries a dead server for minutes
         _check_tracking(sweep, runs_dir)
 

@@ -536,8 +536,6 @@ def _check_pruner(pruner: dict[str, Any], budget: Budget) -> None:
                 f"pruner.min_resource: {low} is above the {where} {high}, so Hyperband "
                 "would never prune; lower min_resource"
             )
-    if steps is not None and (late := never_prunes_before_end(pruner, steps)):
-        raise SweepError(late)
     error = _pruner_problem(pruner, steps)
     if error is None:
         return
@@ -556,6 +554,24 @@ def _number_option(pruner: dict[str, Any], key: str, default: Any) -> float | No
     number (Optuna's own check names that)."""
     value = pruner.get(key, default)
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def pruner_idle_in_budget(sweep: Sweep, config: dict[str, Any]) -> str | None:
+    """Why the sweep's pruner could prune no trial of ``config`` (a trial's config: the
+    worker's probe at the space's first values) before its last step, or None. Said, not
+    refused: a smoke run's copy with a smaller budget is no error, and where a searched
+    key sets the steps (``trainer.max_steps``, the batch size under a tokens budget)
+    other trials may train longer."""
+    steps = budget_steps(sweep, config)
+    if steps is None:
+        return None
+    if sweep.budget.steps is not None:
+        made = ""
+    elif sweep.budget.tokens is not None:
+        made = f" (what budget.tokens {float(sweep.budget.tokens):g} makes at the space's first values)"
+    else:
+        made = " (trainer.max_steps at the space's first values)"
+    return never_prunes_before_end(sweep.pruner, steps, made)
 
 
 def never_prunes_before_end(pruner: dict[str, Any], steps: int, made: str = "") -> str | None:
@@ -1052,8 +1068,6 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
             f"pruner.min_resource: {low} is above the budget's {steps} steps{made}, so "
             "Hyperband would never prune; lower min_resource or raise the budget"
         )
-    if late := never_prunes_before_end(sweep.pruner, steps, made):
-        raise SweepError(late)
     if sweep.budget.val_every is not None and sweep.budget.val_every > steps:
         raise SweepError(
             f"budget.val_every: {sweep.budget.val_every} is above the budget's {steps} "

@@ -62,6 +62,7 @@ from cofrgenet.sweeps.spec import (
     get_dotted,
     grid_points,
     parse_param,
+    pruner_idle_in_budget,
     pruner_waits_past_budget,
     pruning_before_ladders,
     trial_config,
@@ -861,8 +862,9 @@ def _checked_trial_config(
         check_model_values(sweep, probe)
         check_optimizer_values(sweep, probe)
         check_budget(sweep, probe)
-        if (warning := pruning_before_ladders(sweep, probe)) is not None:
-            log.warning(warning)
+        for warning in (pruning_before_ladders(sweep, probe), pruner_idle_in_budget(sweep, probe)):
+            if warning is not None:
+                log.warning(warning)
     except SweepError as error:
         where = str(sweep.path or sweep.study)
         given = [key for key in (extra or {}) if key in str(error)]  # a --set of the user's

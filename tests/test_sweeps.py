@@ -2266,6 +2266,7 @@ def test_counts_of_one_say_trial_not_trials(monkeypatch):
     assert (counted(1, "trial"), counted(0, "trial"), counted(2, "point")) == (
         "1 trial", "0 trials", "2 points"
     )  # fmt: skip
+    assert counted(1_000_000, "trial") == "1,000,000 trials" and counted(2.5, "x") == "2.5 xs"
     sweep = parse_sweep({"study": "one", "space": {"x": "int 0..3"}, "n_trials": 1})
     study = optuna.create_study(study_name=sweep.study)
     point = {"params": {"x": 1}, "distributions": {"x": IntDistribution(0, 3)}}
@@ -3166,6 +3167,13 @@ def test_a_ctrl_c_that_aborted_at_once_says_so_not_an_empty_keyboardinterrupt():
     assert (retry, stop, status) == (True, True, 130)
     assert classify(RuntimeError())[0] == "RuntimeError"
     assert classify(RuntimeError("boom"))[0] == "RuntimeError: boom"
+    # Ctrl-C as StopOnSignal's exception (after the step's save): the same words.
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    stopped = SIGTERMException(130)
+    assert classify(stopped) == ("worker interrupted (Ctrl-C) during the trial", True, True, 130)
+    stopped = SIGTERMException(128 + signal.SIGUSR1)
+    assert classify(stopped)[0] == "worker terminated (SIGUSR1) during the trial"
 
 
 def test_the_cpu_allocators_out_of_memory_is_a_point_failure_too():

@@ -376,6 +376,8 @@ def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     if isinstance(error, SIGTERMException):
         status = error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
+        if status == 128 + signal.SIGINT:  # as a Ctrl-C that aborted at once says it
+            return "worker interrupted (Ctrl-C) during the trial", True, True, status
         return f"worker terminated ({signal_name(status)}) during the trial", True, True, status
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         # Lightning ends a fit that Ctrl-C reached with sys.exit(1): Ctrl-C's status.

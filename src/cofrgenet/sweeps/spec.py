@@ -131,7 +131,8 @@ class ParamSpec:
 
 def counted(number: float, noun: str) -> str:
     """``1 trial``, ``2 trials``: a count with its noun in the number it takes."""
-    return f"{number:g} {noun}{'' if number == 1 else 's'}"
+    shown = f"{int(number):,}" if float(number).is_integer() else f"{number:g}"  # not 1e+06
+    return f"{shown} {noun}{'' if number == 1 else 's'}"
 
 
 def _number(text: Any, key: str) -> float:

@@ -750,6 +750,12 @@ def test_tokenizer_from_refusals_are_one_line(tiny_bpe, tmp_path, capsys):
         assert f"--tokenizer-from {str(folder)!r} " in line and said in line, line
     assert not out.exists()
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # no lock file left there
+    # Into the folder it reads from: --overwrite would have replaced that corpus.
+    before = sorted(p.name for p in tiny_bpe.rglob("*"))
+    itself = ["--max-docs", "4", "--num-workers", "1", "--overwrite", "--out", str(tiny_bpe)]
+    assert main([*itself, "--tokenizer-from", str(tiny_bpe)]) == 2
+    assert "is the --tokenizer-from folder itself" in last_error_line(capsys)
+    assert sorted(p.name for p in tiny_bpe.rglob("*")) == before
 
 
 # ------------------------------------------------------------------- datamodule

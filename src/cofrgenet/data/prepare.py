@@ -875,6 +875,13 @@ def prepare_data(
         raise PrepareError(f"--max-docs must be positive, got {max_docs}")
     check_seed(seed, "--seed")
     out = Path(out)
+    if tokenizer_from is not None and Path(tokenizer_from).expanduser().resolve() == out.resolve():
+        # --overwrite would replace the corpus the tokenizer comes from, which runs and
+        # their resumes read.
+        raise PrepareError(
+            f"--out {str(out)!r} is the --tokenizer-from folder itself: preparing into it "
+            "would replace the corpus whose tokenizer it reads; give another --out"
+        )
     _check_not_inside(source, out)
     num_workers = available_cpus() if num_workers is None else check_num_workers(num_workers)
     chunk_bytes = parse_chunk_bytes(chunk_bytes)

@@ -2665,7 +2665,9 @@ def test_a_sigterm_outside_the_fit_s_steps_marks_nothing_it_should_not(tmp_path)
     assert marked == [5] and stopped.code == 143
 
 
-def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(tiny_data, tmp_path):
+def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(
+    tiny_data, tmp_path, monkeypatch, caplog
+):
     """Continued pretraining on another corpus: ``--ckpt_path`` refuses other data (the
     stream cannot continue) and now names ``model.init_from``, which starts a new run at
     step 0 from the checkpoint's network weights alone, checked against the model and the
@@ -2686,13 +2688,19 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(ti
         ConfigError, match=rf"cannot resume the data stream.*--model.init_from {ckpt}"
     ):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *on_other, "--ckpt_path", str(ckpt)))
+    # Another reading of the same corpus (a seed) is no case for init_from: not named.
+    with pytest.raises(ConfigError, match="cannot resume the data stream") as refused:
+        reseeded = ["--run.name", "b", "--ckpt_path", str(ckpt), "--data.seed", "5"]
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *reseeded))
+    assert "init_from" not in str(refused.value)
 
     class FirstWeights(L.Callback):
         def on_train_start(self, trainer, pl_module):
             self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
 
     first = FirstWeights()
-    init = ["--model.init_from", str(ckpt), "--model.config.dropout", "0.1"]
+    monkeypatch.chdir(runs)  # a relative path, recorded absolute for a restart elsewhere
+    init = ["--model.init_from", "a/checkpoints/last.ckpt", "--model.config.dropout", "0.1"]
     # --ckpt_path last as a SLURM job's first start gives it: nothing to resume yet.
     start = [*on_other, *init, "--ckpt_path", "last"]
     CofrCLI(args=fit_args(tmp_path, tiny_data, *start), extra_callbacks=[first])
@@ -2707,8 +2715,11 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(ti
         CofrCLI(args=fit_args(tmp_path, tiny_data, *start), extra_callbacks=[resumed])
     load_initial.assert_not_called()
     assert all(torch.equal(resumed.weights[k], own["state_dict"][k]) for k in model_keys)
+    monkeypatch.chdir(tmp_path)
     branch = ["--run.name", "c", "--ckpt_path", str(ckpt), "--trainer.max_steps", "3"]
-    CofrCLI(args=fit_args(tmp_path, tiny_data, *branch))
+    with caplog.at_level(logging.INFO):  # init_from beside another run's checkpoint: said
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *branch, "--model.init_from", str(ckpt)))
+    assert f"model.init_from {ckpt} is not read: the weights, step and data" in caplog.text
     by_name = mlflow_runs(tmp_path / "runs").set_index("tags.mlflow.runName")
     assert by_name.loc["b", "tags.cofrgenet.started_from"] == str(ckpt.resolve())
     assert by_name.loc["c", "tags.cofrgenet.started_from"] == str(ckpt.resolve())
@@ -2716,7 +2727,10 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(ti
     assert not isinstance(by_name.loc["a", "tags.cofrgenet.started_from"], str)  # NaN: none
 
     # Refused before anything is written: another network, another tokenizer.
-    message = r"another network .* depth 5 \(here 2\): start from it with --model.config.depth 5$"
+    message = (
+        r"^model.init_from: .* another network .* depth 5 \(here 2\): start from it with "
+        r"--model.config.depth 5$"
+    )
     refused = ["--run.name", "d", "--model.init_from", str(ckpt)]
     with pytest.raises(ConfigError, match=message):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *refused, "--model.config.depth", "2"))
@@ -2725,6 +2739,9 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(ti
     torch.save(saved, other_tokenizer := tmp_path / "other-tokenizer.ckpt")
     refused[-1] = str(other_tokenizer)
     with pytest.raises(ConfigError, match=r"another tokenizer .*--tokenizer-from .*pydoc-byte"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *refused))
+    refused[-1] = str(tmp_path / "nowhere.ckpt")
+    with pytest.raises(ConfigError, match=r"^model.init_from: .*nowhere.ckpt"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *refused))
     assert not (runs / "d").exists()
 

@@ -625,11 +625,19 @@ class TokenDataModule(L.LightningDataModule):
                 f"model trained with ({details}): {fix}"
             )
 
+    def changes_since(self, state_dict: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """{setting: (saved, now)} of the data settings a resume must keep (the corpus,
+        its tokenizer and chunks, block size, seed, order) that differ from
+        ``state_dict``'s (a checkpoint's state of this module); a setting one side lacks
+        (an older checkpoint) is not compared."""
+        saved, now = state_dict.get("fingerprint", {}), self._fingerprint()
+        return {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
+
     def check_resumable(self, state_dict: dict[str, Any]) -> None:
         """Refuse to resume training from ``state_dict`` (a checkpoint's state of this
         module) when the data settings changed since: the batches would not continue."""
         saved, now = state_dict.get("fingerprint", {}), self._fingerprint()
-        changed = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k]}
+        changed = self.changes_since(state_dict)
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
             # Two digests say nothing by themselves; the hint holds only for equal counts

@@ -495,7 +495,7 @@ def load_initial_weights(
         network.load_state_dict(weights)
     except RuntimeError as error:  # buffers, which check_same_network does not compare
         raise CheckpointError(
-            f"model.init_from {path}: its weights do not fit this run's network: "
+            f"{path}: its weights do not fit this run's network: "
             f"{first_line(error).rstrip(':. ')} ({_first_key_problem(error)})"
         ) from None
     theirs = saved.get("model_config")

@@ -45,6 +45,7 @@ from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
+from cofrgenet.data.meta import TOKENIZER_KEYS
 from cofrgenet.devices import device_count
 from cofrgenet.errors import (
     ConfigError,
@@ -1073,6 +1074,9 @@ class CofrCLI(LightningCLIAdapter):
         try:
             check(state)
         except ConfigError as error:
+            changes = getattr(datamodule, "changes_since", lambda _: {})(state)
+            if not (set(changes) & _OTHER_CORPUS) or set(changes) & set(TOKENIZER_KEYS):
+                raise  # a setting of this corpus's stream, or ids that mean other text
             raise ConfigError(
                 f"{error} To train its weights on this data instead, start a new run from "
                 f"them: --model.init_from {chosen} with another --run.name (no --ckpt_path)"
@@ -1223,6 +1227,11 @@ class CofrCLI(LightningCLIAdapter):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand in EVALUATIONS:
             self._build_as_trained(config)
+        init_from = config.get("model.init_from") if config.get("model") is not None else None
+        if self.subcommand == "fit" and init_from:
+            # As the run's config.yaml and MLflow param: a restart from another folder
+            # (a SLURM first start that saved nothing) finds the same file.
+            config.model.init_from = str(Path(str(init_from)).expanduser().absolute())
         if config.get("data") is None or config.data.get("block_size") is not None:
             return
         config.data.block_size = _model_config(config).block_size
@@ -1311,6 +1320,12 @@ class CofrCLI(LightningCLIAdapter):
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)
             self.check_same_data(saved, chosen)
+            init_from = getattr(self.model, "init_from", None)
+            if self.subcommand == "fit" and init_from and self._started_from(asked, run_dir):
+                rank_zero_info(
+                    f"note: model.init_from {init_from} is not read: the weights, step and "
+                    f"data position come from --ckpt_path {asked}"
+                )
         elif self.subcommand == "fit":  # a fresh start, from model.init_from's weights if set
             load_initial_weights = getattr(self.model, "load_initial_weights", None)
             if callable(load_initial_weights):
@@ -1491,6 +1506,10 @@ def _check_trainer_counts(value: Any) -> None:
         if value(key) == 0 and not isinstance(value(key), bool):
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
 
+
+#: Data settings that differ when a resume is given another corpus (not another reading
+#: of the same one: a seed, the order, the block size).
+_OTHER_CORPUS = frozenset({"source", "train_tokens", "train_chunks", "train_chunk_layout"})
 
 #: The trainer setting that limits each evaluation's batches.
 _OWN_LIMIT = {"validate": "trainer.limit_val_batches", "test": "trainer.limit_test_batches"}

@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from cofrgenet.data.datamodule import batch_to_xy
-from cofrgenet.errors import ConfigError
+from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
@@ -187,17 +187,20 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         a ladder floor). A Trainer used without ``cofr fit`` calls it before ``fit``."""
         if self.init_from is None:
             return
-        saved = checkpoints.load(self.init_from)
-        check_tokenizer = getattr(datamodule, "check_same_tokenizer", None)
-        state = saved.get(type(datamodule).__qualname__)
-        if callable(check_tokenizer) and isinstance(state, dict):
-            trained_on = (saved.get("datamodule_hyper_parameters") or {}).get("data_dir")
-            check_tokenizer(
-                state,
-                "train on data prepared with the checkpoint's tokenizer (`cofr data prepare "
-                f"--tokenizer-from {trained_on or 'ITS_DATA_DIR'} ...`)",
-            )
-        changed = checkpoints.load_initial_weights(self.init_from, self, saved)
+        try:
+            saved = checkpoints.load(self.init_from)
+            check_tokenizer = getattr(datamodule, "check_same_tokenizer", None)
+            state = saved.get(type(datamodule).__qualname__)
+            if callable(check_tokenizer) and isinstance(state, dict):
+                trained_on = (saved.get("datamodule_hyper_parameters") or {}).get("data_dir")
+                check_tokenizer(
+                    state,
+                    "train on data prepared with the checkpoint's tokenizer (`cofr data "
+                    f"prepare --tokenizer-from {trained_on or 'ITS_DATA_DIR'} ...`)",
+                )
+            changed = checkpoints.load_initial_weights(self.init_from, self, saved)
+        except UserError as error:  # the errors name the file, not the option that gave it
+            raise ConfigError(f"model.init_from: {error}") from None
         rank_zero_info(f"model.init_from: network weights of {self.init_from}")
         if changed:
             rank_zero_info(

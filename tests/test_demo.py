@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -81,15 +82,16 @@ def test_own_configs_train_on_their_own_data_and_names_stay_apart(tmp_path, monk
 
     fits = []
 
-    def fake_run(command, check):
+    def fake_run(command):
         if command[3] == "fit":
             fits.append(command)
             name = command[command.index("--run.name") + 1]
             (tmp_path / "runs" / "exp" / name).mkdir(parents=True)
         elif command[3] != "validate":
             raise AssertionError(f"ran {command[3:6]}")
+        return 0, None
 
-    monkeypatch.setattr(demo.subprocess, "run", fake_run)
+    monkeypatch.setattr(demo, "run_passing_signals", fake_run)
     monkeypatch.setattr(demo, "collect", lambda run_dir, minutes, runs_dir: demo.DemoResult(
         run_dir.name, "p", 1, 0, float("nan"), 1.0, 2.7, minutes, run_dir, "pydoc, bpe"
     ))  # fmt: skip
@@ -215,3 +217,29 @@ def test_a_tokens_per_s_of_too_few_steps_says_how_many(tmp_path):
     table = demo.markdown([result(1658.0, 1), result(9000.0, 2), result(9438.0, 30)])
     assert "| 1,658 (1 step) |" in table and "| 9,000 (2 steps) |" in table
     assert "| 9,438 |" in table
+
+
+def test_a_signal_during_a_fit_is_the_fits_to_act_on_and_stops_the_demo(
+    tmp_path, capsys, monkeypatch
+):
+    """A Ctrl-C killed the demo's fit before it saved (subprocess.run's way), its MLflow
+    run left RUNNING; now the fit gets it (tests/test_signals.py), saves and says how to
+    resume, and the demo stops with 130, naming the step, without a table."""
+    import cofrgenet.demo as demo
+    from cofrgenet.cli import main
+
+    steps = []
+
+    def stopped_fit(command):
+        steps.append(command[3])
+        return (130, signal.SIGINT) if command[3] == "fit" else (0, None)
+
+    monkeypatch.setattr(demo, "run_passing_signals", stopped_fit)
+    monkeypatch.setattr(demo, "ensure_data", lambda data_dir, console: None)
+    monkeypatch.chdir(tmp_path)
+    config = str(ROOT / "conf/experiment/demo-gpt2.yaml")
+    assert main(["demo", "--configs", config, "--runs-dir", str(tmp_path / "runs")]) == 130
+    out = capsys.readouterr().out
+    assert f"cofr demo: stopped by Ctrl-C during `cofr fit --config {config} ...`" in out
+    assert steps == ["fit"]  # no validate, no second fit
+    assert not list((tmp_path / "runs").glob("demo-*.md"))

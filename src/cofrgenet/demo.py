@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from rich.table import Table
 
 from cofrgenet import terminal
 from cofrgenet.dataclass_options import at_least
+from cofrgenet.signals import run_passing_signals
 
 DEMO_CONFIGS = ("conf/experiment/demo-gpt2.yaml", "conf/experiment/demo-cofrgenet-f.yaml")
 DATA_DIR = "data/pydoc-byte"
@@ -114,7 +116,28 @@ def ensure_data(data_dir: str, console: Console) -> None:
         "--out",
         data_dir,
     ]
-    subprocess.run(command, check=True)
+    run_step(command)
+
+
+class StepStopped(Exception):
+    """A signal stopped one of the demo's steps (passed on to it: it has saved what it
+    saves, and said how to go on)."""
+
+    def __init__(self, command: list[str], status: int, signum: int) -> None:
+        super().__init__(command, status, signum)
+        self.command, self.status, self.signum = command, status, signum
+
+
+def run_step(command: list[str]) -> None:
+    """Run one step of the demo (``python -m cofrgenet.cli ...``) to its end. A Ctrl-C or
+    SIGTERM goes to the step, which stops as it does alone (a fit after its step, saved,
+    its MLflow run KILLED): :class:`StepStopped`; a failure:
+    ``subprocess.CalledProcessError``."""
+    status, signum = run_passing_signals(command)
+    if signum is not None:
+        raise StepStopped(command, status, signum)
+    if status != 0:
+        raise subprocess.CalledProcessError(status, command)
 
 
 def fit_words(config: str, run_name: str, args: argparse.Namespace) -> list[str]:
@@ -153,12 +176,12 @@ def train(config: str, run_name: str, args: argparse.Namespace, console: Console
     command = [sys.executable, "-m", "cofrgenet.cli", "fit", *fit_words(config, run_name, args)]
     console.rule(f"[bold]{run_name}[/]: {' '.join(command[3:])}")
     started = time.perf_counter()
-    subprocess.run(command, check=True)
+    run_step(command)
     minutes = (time.perf_counter() - started) / 60
     # A fit validates every val_check_interval steps: a --max-steps that is no multiple
     # of it ends unscored. Validate the final checkpoint so both models are compared at
     # the same step, in the same run.
-    subprocess.run([*command[:3], "validate", *command[4:], "--ckpt_path", "last"], check=True)
+    run_step([*command[:3], "validate", *command[4:], "--ckpt_path", "last"])
     return minutes
 
 
@@ -259,6 +282,12 @@ def run(args: argparse.Namespace) -> int:
         step = " ".join(str(word) for word in error.cmd[3:6])
         print(f"cofr demo: stopped: `cofr {step} ...` failed (exit status {error.returncode})")
         return error.returncode or 1
+    except StepStopped as stopped:
+        # The step has said what it saved and how to go on; the demo's table is not made.
+        step = " ".join(str(word) for word in stopped.command[3:6])
+        name = "Ctrl-C" if stopped.signum == signal.SIGINT else signal.Signals(stopped.signum).name
+        print(f"cofr demo: stopped by {name} during `cofr {step} ...`; no table was made")
+        return 128 + stopped.signum
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -9,9 +9,12 @@ the command's cleanups run on the way out.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
@@ -79,3 +82,55 @@ def lightning_sigterm() -> BaseException:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     return SIGTERMException(128 + signal.SIGTERM)
+
+
+#: The signals :func:`run_passing_signals` passes on: Ctrl-C, ``kill`` and SLURM's end,
+#: and a closed terminal's hang-up.
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_passing_signals(command: Sequence[str]) -> tuple[int, int | None]:
+    """Run ``command`` to its end: (its exit status, the last signal passed on to it, or
+    None if none came).
+
+    The :data:`PASSED_ON` signals that reach this process go on to the command, once each
+    time, and its end is waited for: it acts on them itself (``cofr fit`` stops after its
+    step and saves, and marks its MLflow run), where ``subprocess.run`` kills it 0.25 s
+    after a Ctrl-C and leaves it running, orphaned, on SIGTERM. It runs in a process group
+    of its own, so that a terminal's Ctrl-C, which goes to the whole foreground group,
+    reaches it once, through here (a second one aborts a fit at once). A signal this
+    process ignores stays ignored. Outside the main thread: ``subprocess.run``'s way.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.run(list(command), check=False).returncode, None
+    # Popen's process_group is Python 3.11's; setpgrp in the child is the same.
+    own_group: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    )
+    passed: list[int] = []
+    waiting: list[int] = []  # arrived before the process existed
+    process: subprocess.Popen | None = None
+
+    def send(signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it has ended meanwhile
+            assert process is not None
+            process.send_signal(signum)
+
+    def pass_on(signum: int, frame: Any) -> None:
+        passed.append(signum)
+        if process is None:
+            waiting.append(signum)
+        else:
+            send(signum)
+
+    caught = [s for s in PASSED_ON if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, pass_on) for signum in caught}
+    try:
+        process = subprocess.Popen(list(command), **own_group)
+        while waiting:  # one arriving now goes straight to it
+            send(waiting.pop(0))
+        status = process.wait()  # restarted after each handler (PEP 475)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return status, (passed[-1] if passed else None)

@@ -1116,6 +1116,31 @@ def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatc
     assert line == f"{missing} fix MLFLOW_TRACKING_URI".replace("x.db", "y.db")
 
 
+def test_a_damaged_store_is_refused_in_one_line(tmp_path, capsys):
+    """`echo hello > X/mlflow.db`: cofr compare printed SQLAlchemy's traceback ("file is
+    not a database"), cofr ui the server's after "the MLflow server exited (1)"."""
+    from cofrgenet.cli import main
+
+    store = tmp_path / "X"
+    store.mkdir()
+    (store / "mlflow.db").write_text("hello\n")
+    said = (
+        f"error: {store / 'mlflow.db'} is not an MLflow database (file is not a database): "
+        "move it aside (the next cofr fit makes a new store), or name the runs folder with "
+        "--runs-dir"
+    )
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(store)])
+    assert line == f"cofr compare: {said}"
+    assert main(["ui", "--runs-dir", str(store)]) == 2  # before any server starts
+    assert capsys.readouterr().err.strip() == f"cofr ui: {said}"
+    assert sorted(p.name for p in store.iterdir()) == ["mlflow.db"]  # nothing made
+    # Named by --tracking-uri: that is what to fix.
+    line = one_line_error(capsys, ["compare", "--tracking-uri", f"sqlite:///{store}/mlflow.db"])
+    assert line.endswith(
+        "move it aside (the next cofr fit makes a new store), or fix --tracking-uri"
+    )
+
+
 def test_a_metric_no_run_has_is_refused_with_the_closest_name():
     from types import SimpleNamespace
 

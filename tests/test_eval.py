@@ -1110,7 +1110,7 @@ def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatc
     sqlite3.connect(tmp_path / "store" / "mlflow.db").close()
     monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///store/mlflow.db?timeout=30")
     line = one_line_error(capsys, ["compare", "--experiment", "x"])  # read, not refused
-    assert line == "cofr compare: error: no MLflow experiment 'x'"
+    assert line == "cofr compare: error: no MLflow experiment 'x'; the store has: Default"
     monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///none/y.db")
     line = one_line_error(capsys, ["compare", "--experiment", "x"])
     assert line == f"{missing} fix MLFLOW_TRACKING_URI".replace("x.db", "y.db")
@@ -1278,6 +1278,44 @@ def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0"]
     _, skipped = collect_runs(client, [], ["shared"])
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0", "theirs-0"]
+
+
+def test_compare_says_an_experiment_is_empty_or_unknown_with_the_ones_there(tmp_path, capsys):
+    """`--experiment mine`, there and without runs, was "no cofrgenet runs matched: name
+    runs, --experiment or --sweep" (to pass what was passed); `--experiment nosuch` named
+    no experiment that is there unless one was close."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.create_experiment("mine")
+    for name in ("paper-owt", "glue-sst2"):
+        run = client.create_run(client.create_experiment(name), run_name=f"{name}-0")
+        client.set_terminated(run.info.run_id)
+    argv = ["compare", "--runs-dir", str(tmp_path), "--experiment"]
+    assert one_line_error(capsys, [*argv, "mine"]) == (
+        "cofr compare: error: MLflow experiment 'mine' has no runs; experiments with runs: "
+        "glue-sst2, paper-owt"
+    )
+    assert one_line_error(capsys, [*argv, "nosuch"]) == (
+        "cofr compare: error: no MLflow experiment 'nosuch'; the store has: Default, "
+        "glue-sst2, mine, paper-owt"
+    )
+    assert one_line_error(capsys, [*argv, "paper-ow"]).endswith(
+        "no MLflow experiment 'paper-ow' (did you mean 'paper-owt'?); the store has: Default, "
+        "glue-sst2, mine, paper-owt"
+    )
+    # Runs that are there and all passed over: which, and why.
+    line = one_line_error(capsys, [*argv, "paper-owt"])
+    assert line.startswith(
+        "cofr compare: error: no run to compare: every run found was passed over ("
+    )
+    assert "paper-owt-0" in line
+    # A sweep's study with no trials in its (shared) experiment names the studies there.
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("study: s\nexperiment: paper-owt\n")
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(tmp_path), "--sweep", str(sweep)])
+    assert line.startswith(
+        "cofr compare: error: MLflow experiment 'paper-owt' has no trials of study 's' (it has "
+        "none); experiments with runs: "
+    )
 
 
 def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):

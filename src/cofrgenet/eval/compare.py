@@ -270,18 +270,29 @@ def collect_runs(
     (their ``optuna.study`` tag): studies may share an experiment."""
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
+    empty: list[str] = []  # what an experiment named held none of, said if nothing is found
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             from cofrgenet.errors import did_you_mean
 
+            known = sorted(names.values())
             raise UserError(
-                f"no MLflow experiment {name!r}{did_you_mean(name, list(names.values()))}"
+                f"no MLflow experiment {name!r}{did_you_mean(name, known)}; the store has: "
+                f"{short_list(known) or 'none'}"
             )
         runs = client.search_runs([experiment.experiment_id], max_results=5000)
         study = (studies or {}).get(name)
         if study is not None:  # compared here: no quoting for a name with ' in a filter
+            others = sorted({str(r.data.tags.get("optuna.study")) for r in runs} - {"None"})
             runs = [r for r in runs if r.data.tags.get("optuna.study") == study]
+            if not runs:
+                held = f"its runs' studies: {short_list(others)}" if others else "it has none"
+                empty.append(
+                    f"MLflow experiment {name!r} has no trials of study {study!r} ({held})"
+                )
+        elif not runs:
+            empty.append(f"MLflow experiment {name!r} has no runs")
         found += runs
     for ref in refs:
         if "'" in ref:  # no quoting for it in MLflow's filter strings: compare the names here
@@ -302,6 +313,16 @@ def collect_runs(
         found += runs
     if not refs and not experiments:
         found = client.search_runs(list(names), max_results=5000)
+    if not found and empty:  # the experiment named is there, and empty: not a typo
+        with_runs = sorted(
+            name for id_, name in names.items() if client.search_runs([id_], max_results=1)
+        )
+        others = (
+            f"experiments with runs: {short_list(with_runs)}"
+            if with_runs
+            else "no experiment of this store has runs yet (cofr fit makes them)"
+        )
+        raise UserError(f"{'; '.join(empty)}; {others}")
     rows: list[RunRow] = []
     skipped: dict[str, list[str]] = {}
     seen = set()
@@ -315,6 +336,22 @@ def collect_runs(
         else:
             rows.append(row)
     return rows, skipped
+
+
+def short_list(names: Sequence[str], limit: int = 8) -> str:
+    """``a, b, c``, or the first ``limit`` and ``... (12 in all)``: names for one line."""
+    more = f", ... ({len(names)} in all)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def no_rows(skipped: dict[str, list[str]]) -> str:
+    """Why :func:`collect_runs` gave no rows: the runs found were all passed over (and
+    why), or none were found, which (a run or experiment named is found or refused there)
+    is a store without runs."""
+    if skipped:
+        said = "; ".join(f"{why}: {short_list(passed, 5)}" for why, passed in skipped.items())
+        return f"no run to compare: every run found was passed over ({said})"
+    return "this store has no runs yet: train one (cofr fit), or name another with --runs-dir"
 
 
 # ------------------------------------------------------------------ table and plot
@@ -613,7 +650,7 @@ def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
     names = sorted(
         {n for row in rows for n in row.metrics}, key=lambda n: (not n.startswith(usual), n)
     )
-    listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    listed = short_list(names)
     hint = did_you_mean(metric, names)
     if not hint and metric.startswith("eval/"):
         hint = " (`cofr eval --ckpt CKPT` logs eval/<task>/<metric> onto a checkpoint's run)"
@@ -655,7 +692,7 @@ def run(args: argparse.Namespace) -> int:
     client = MlflowClient(uri)
     rows, skipped = collect_runs(client, args.runs, experiments, studies)
     if not rows:
-        raise UserError("no cofrgenet runs matched: name runs, --experiment or --sweep")
+        raise UserError(no_rows(skipped))
     rows.sort(key=lambda r: (r.experiment, r.variant, r.name))
     metric = args.metric or DEFAULT_METRIC
     if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval

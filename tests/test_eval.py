@@ -1030,6 +1030,32 @@ def test_the_compare_table_names_the_wikitext_release_its_columns_read():
     assert "is empty for paper's" not in table and "| 42.00 |" in table
 
 
+@pytest.mark.parametrize(
+    "metric, value, shown, label",
+    [
+        ("glue/sst2/accuracy", 0.625, 62.5, "glue/sst2/accuracy, % (higher is better)"),
+        ("val/loss", 3.25, 3.25, "val/loss (lower is better)"),
+    ],
+)
+def test_the_pareto_plot_reads_a_score_in_the_tables_unit(
+    tmp_path, monkeypatch, metric, value, shown, label
+):
+    """The table showed a GLUE accuracy as 62.50 (%) and the plot's axis as 0.625."""
+    import matplotlib.pyplot as plt
+
+    from cofrgenet.eval.compare import RunRow, markdown_table, plot_pareto
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {metric: value})
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)  # the figure, kept to be read
+    assert plot_pareto([row], metric, "params", tmp_path) == tmp_path / "pareto.png"
+    (ax,) = closed[0].axes
+    assert ax.get_ylabel() == label
+    assert ax.collections[0].get_offsets()[0][1] == pytest.approx(shown)
+    if metric.startswith("glue/"):
+        assert "| 62.50 |" in markdown_table([row], paper=False)
+
+
 def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):
     """The tour's case: PTB scored on the checkpoint of step 10 while the fit went on to
     validate at step 140 stood unmarked beside that val loss, as did an SST-2 score of

@@ -365,10 +365,16 @@ def _percent(value: float | None) -> float | None:
     return None if value is None else 100 * value
 
 
+def in_percent(metric: str) -> bool:
+    """Whether ``metric`` is shown in % (a GLUE dev score, logged as a fraction): in the
+    table and on the Pareto plot's axis alike."""
+    return metric.startswith("glue/") and _is_score(metric)
+
+
 def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
     score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %."""
-    glue = sorted({k for r in rows for k in r.metrics if k.startswith("glue/") and _is_score(k)})
+    glue = sorted({k for r in rows for k in r.metrics if in_percent(k)})
     header = [
         "run",
         "experiment",
@@ -568,18 +574,20 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     paper_task = next((t for t, key in PAPER_METRICS.items() if key == metric), None)
     if not kept:
         return None
+    # The table's unit: a GLUE score read 62.50 there and 0.625 on the axis.
+    scale, unit = (100.0, ", %") if in_percent(metric) else (1.0, "")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = "osD^v<>pPX*h"
     for k, variant in enumerate(sorted({r.variant for r in kept})):
         mine = [r for r in kept if r.variant == variant]
         ax.scatter(
             [x_of(r) for r in mine],
-            [r.metrics[metric] for r in mine],
+            [scale * r.metrics[metric] for r in mine],
             marker=markers[k % len(markers)],
             label=variant,
             s=40,
         )
-    points = [(float(x_of(r) or 0), r.metrics[metric]) for r in kept]
+    points = [(float(x_of(r) or 0), scale * r.metrics[metric]) for r in kept]
     better_up = higher_is_better(metric)
     front = pareto_front(points, better_up)
     ax.plot(
@@ -601,7 +609,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
         )
     ax.set_xscale("log")
     ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")
-    ax.set_ylabel(f"{metric} ({'higher' if better_up else 'lower'} is better)")
+    ax.set_ylabel(f"{metric}{unit} ({'higher' if better_up else 'lower'} is better)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

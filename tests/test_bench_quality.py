@@ -281,6 +281,98 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     assert "partial" not in json.loads(whole.with_suffix(".json").read_text())
 
 
+def _simulated_lightning_stop(how: str):
+    """A CofrCLI that ends as Lightning ends a fit a signal stopped."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    def stopped(*args, **kwargs):
+        if how == "second Ctrl-C":  # Lightning's handler: sys.exit(1) from the interrupt
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise SystemExit(1)  # noqa: B904 (Lightning's own way)
+        if how == "Ctrl-C while starting":
+            raise KeyboardInterrupt
+        if how == "Ctrl-C":  # StopOnSignal saved the step, set the status
+            raise SIGTERMException(130)
+        if how == "SIGTERM":
+            raise SIGTERMException(143)
+        raise SystemExit(1)  # a failure, not a signal
+
+    return stopped
+
+
+@pytest.mark.parametrize(
+    "how, status",
+    [("second Ctrl-C", 130), ("Ctrl-C while starting", 130), ("Ctrl-C", 130), ("SIGTERM", 143)],
+)
+def test_a_signal_that_stops_a_run_ends_the_bench_with_its_status(
+    tmp_path, monkeypatch, capsys, how, status
+):
+    """A second Ctrl-C reaches Lightning's handler, which exits 1: the bench ended with
+    status 1 and only "stopped: ..." (`cofr fit` reads that as 130); and the fit's own
+    "stopped by" lines are inside the bench's quiet output. The bench exits with the
+    fit's status and names the run that was stopped."""
+    import cofrgenet.bench.quality as quality
+    import cofrgenet.training.cli as training_cli
+
+    real_run = quality.run_variant
+
+    def first_finishes(cfg, variant, seed, stamp):
+        if seed == 0:
+            return _result(variant.name, seed, 5.0)
+        return real_run(cfg, variant, seed, stamp)
+
+    monkeypatch.setattr(quality, "run_variant", first_finishes)
+    monkeypatch.setattr(training_cli, "CofrCLI", _simulated_lightning_stop(how))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
+            str(tmp_path / "data"), "--variants", "gpt2", "--seeds", "0,1",
+            "--out-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    if status == 130:
+        assert cli.main(argv) == 130
+    else:
+        with pytest.raises(SystemExit) as done:
+            cli.main(argv)
+        assert done.value.code == status
+    err = capsys.readouterr().err
+    said = "Ctrl-C" if status == 130 else "SIGTERM"
+    assert f"stopped by {said} in the run of gpt2 seed 1 after step 0 (" in err
+    assert "-gpt2-s1): it is not in the report" in err
+    (md,) = (tmp_path / "out").glob("*.md")
+    assert f"stopped: the runs finished so far are in {md} (partial)" in err
+    assert ("cofr: interrupted" in err) == (status == 130)
+    # Not a signal's: the failure goes on as it is.
+    monkeypatch.setattr(training_cli, "CofrCLI", _simulated_lightning_stop("failure"))
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 1
+
+
+def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeypatch, capsys):
+    """The real thing: two Ctrl-Cs at step 2 of the bench's only run (Lightning exits 1)."""
+    import cofrgenet.bench.quality as quality
+
+    monkeypatch.chdir(tmp_path)
+    real_arguments = quality.fit_arguments
+
+    def with_ctrl_c(*args, **kwargs):
+        return [*real_arguments(*args, **kwargs), "--trainer.callbacks+=sweep_helpers.SignalAtStep",
+                "--trainer.callbacks.step=2", "--trainer.callbacks.signum=2",
+                "--trainer.callbacks.times=2"]  # fmt: skip
+
+    monkeypatch.setattr(quality, "fit_arguments", with_ctrl_c)
+    argv = ["bench", "quality", "--quick", "--seeds", "0", "--recipe", str(RECIPE),
+            "--variants", "gpt2", "--runs-dir", str(tmp_path / "runs"),
+            "--out-dir", str(tmp_path / "out")]  # fmt: skip
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "stopped by Ctrl-C in the run of gpt2 seed 0 after step 2 (" in err
+    assert "stopped: no run had finished, so no report was written" in err
+    assert "cofr: interrupted" in err
+
+
 def test_the_help_says_what_an_unset_field_means(capsys):
     """No "(default: None)": unset shape fields keep the recipe's, and a help that says
     its own default is not given a second one."""

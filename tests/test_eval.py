@@ -1030,6 +1030,32 @@ def test_the_compare_table_names_the_wikitext_release_its_columns_read():
     assert "is empty for paper's" not in table and "| 42.00 |" in table
 
 
+@pytest.mark.parametrize(
+    "metric, value, shown, label",
+    [
+        ("glue/sst2/accuracy", 0.625, 62.5, "glue/sst2/accuracy, % (higher is better)"),
+        ("val/loss", 3.25, 3.25, "val/loss (lower is better)"),
+    ],
+)
+def test_the_pareto_plot_reads_a_score_in_the_tables_unit(
+    tmp_path, monkeypatch, metric, value, shown, label
+):
+    """The table showed a GLUE accuracy as 62.50 (%) and the plot's axis as 0.625."""
+    import matplotlib.pyplot as plt
+
+    from cofrgenet.eval.compare import RunRow, markdown_table, plot_pareto
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {metric: value})
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)  # the figure, kept to be read
+    assert plot_pareto([row], metric, "params", tmp_path) == tmp_path / "pareto.png"
+    (ax,) = closed[0].axes
+    assert ax.get_ylabel() == label
+    assert ax.collections[0].get_offsets()[0][1] == pytest.approx(shown)
+    if metric.startswith("glue/"):
+        assert "| 62.50 |" in markdown_table([row], paper=False)
+
+
 def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):
     """The tour's case: PTB scored on the checkpoint of step 10 while the fit went on to
     validate at step 140 stood unmarked beside that val loss, as did an SST-2 score of
@@ -1110,10 +1136,35 @@ def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatc
     sqlite3.connect(tmp_path / "store" / "mlflow.db").close()
     monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///store/mlflow.db?timeout=30")
     line = one_line_error(capsys, ["compare", "--experiment", "x"])  # read, not refused
-    assert line == "cofr compare: error: no MLflow experiment 'x'"
+    assert line == "cofr compare: error: no MLflow experiment 'x'; the store has: Default"
     monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///none/y.db")
     line = one_line_error(capsys, ["compare", "--experiment", "x"])
     assert line == f"{missing} fix MLFLOW_TRACKING_URI".replace("x.db", "y.db")
+
+
+def test_a_damaged_store_is_refused_in_one_line(tmp_path, capsys):
+    """`echo hello > X/mlflow.db`: cofr compare printed SQLAlchemy's traceback ("file is
+    not a database"), cofr ui the server's after "the MLflow server exited (1)"."""
+    from cofrgenet.cli import main
+
+    store = tmp_path / "X"
+    store.mkdir()
+    (store / "mlflow.db").write_text("hello\n")
+    said = (
+        f"error: {store / 'mlflow.db'} is not an MLflow database (file is not a database): "
+        "move it aside (the next cofr fit makes a new store), or name the runs folder with "
+        "--runs-dir"
+    )
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(store)])
+    assert line == f"cofr compare: {said}"
+    assert main(["ui", "--runs-dir", str(store)]) == 2  # before any server starts
+    assert capsys.readouterr().err.strip() == f"cofr ui: {said}"
+    assert sorted(p.name for p in store.iterdir()) == ["mlflow.db"]  # nothing made
+    # Named by --tracking-uri: that is what to fix.
+    line = one_line_error(capsys, ["compare", "--tracking-uri", f"sqlite:///{store}/mlflow.db"])
+    assert line.endswith(
+        "move it aside (the next cofr fit makes a new store), or fix --tracking-uri"
+    )
 
 
 def test_a_metric_no_run_has_is_refused_with_the_closest_name():
@@ -1253,6 +1304,44 @@ def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0"]
     _, skipped = collect_runs(client, [], ["shared"])
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0", "theirs-0"]
+
+
+def test_compare_says_an_experiment_is_empty_or_unknown_with_the_ones_there(tmp_path, capsys):
+    """`--experiment mine`, there and without runs, was "no cofrgenet runs matched: name
+    runs, --experiment or --sweep" (to pass what was passed); `--experiment nosuch` named
+    no experiment that is there unless one was close."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.create_experiment("mine")
+    for name in ("paper-owt", "glue-sst2"):
+        run = client.create_run(client.create_experiment(name), run_name=f"{name}-0")
+        client.set_terminated(run.info.run_id)
+    argv = ["compare", "--runs-dir", str(tmp_path), "--experiment"]
+    assert one_line_error(capsys, [*argv, "mine"]) == (
+        "cofr compare: error: MLflow experiment 'mine' has no runs; experiments with runs: "
+        "glue-sst2, paper-owt"
+    )
+    assert one_line_error(capsys, [*argv, "nosuch"]) == (
+        "cofr compare: error: no MLflow experiment 'nosuch'; the store has: Default, "
+        "glue-sst2, mine, paper-owt"
+    )
+    assert one_line_error(capsys, [*argv, "paper-ow"]).endswith(
+        "no MLflow experiment 'paper-ow' (did you mean 'paper-owt'?); the store has: Default, "
+        "glue-sst2, mine, paper-owt"
+    )
+    # Runs that are there and all passed over: which, and why.
+    line = one_line_error(capsys, [*argv, "paper-owt"])
+    assert line.startswith(
+        "cofr compare: error: no run to compare: every run found was passed over ("
+    )
+    assert "paper-owt-0" in line
+    # A sweep's study with no trials in its (shared) experiment names the studies there.
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("study: s\nexperiment: paper-owt\n")
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(tmp_path), "--sweep", str(sweep)])
+    assert line.startswith(
+        "cofr compare: error: MLflow experiment 'paper-owt' has no trials of study 's' (it has "
+        "none); experiments with runs: "
+    )
 
 
 def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import sys
 import warnings
 from pathlib import Path
 
@@ -259,6 +260,26 @@ def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
     assert status == 2
     assert err.startswith("cofr finetune glue: error: no GLUE RTE train file at ")
     assert str(tmp_path / "RTE" / "train.tsv") in err and len(err.splitlines()) == 1
+
+
+def test_a_missing_checkpoint_is_said_before_the_hub_is_probed(tmp_path, capsys, monkeypatch):
+    """`--ckpt nosuch.ckpt` without the hub: its "note: the Hugging Face hub does not
+    answer" came first, then the error about the checkpoint (checked before any data)."""
+    import cofrgenet.eval.glue as glue
+
+    probed = []
+
+    def offline_hub() -> str:
+        probed.append(True)
+        print("note: the Hugging Face hub does not answer", file=sys.stderr)
+        return "huggingface.co: no network"
+
+    monkeypatch.setattr(glue, "offline_unless_reachable", offline_hub)
+    missing = tmp_path / "nosuch.ckpt"
+    assert cofr(["finetune", "glue", "--task", "sst2", "--ckpt", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cofr finetune glue: error: no checkpoint file at {missing}")
+    assert len(err.splitlines()) == 1 and not probed
 
 
 @pytest.mark.parametrize("option", ["--experiment", "--name"])

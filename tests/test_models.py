@@ -531,3 +531,22 @@ def test_the_config_imports_no_model_code_and_resolves_architectures_lazily():
         "assert (config.ffn, config.position) == ('swiglu', 'rope')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_models_list_counts_every_preset_at_a_given_vocab_and_block_size(capsys):
+    """Counts were at each preset's own vocabulary and block size only: the demo's byte
+    configs (320 ids, 128 positions) train fewer parameters than the list said."""
+    from cofrgenet.cli import main as cofr
+    from cofrgenet.models import ModelConfig, count_parameters
+
+    argv = ["models", "list", "--filter", "gpt2-mini", "--vocab-size", "320", "--block-size"]
+    assert cofr([*argv, "128"]) == 0
+    out = capsys.readouterr().out
+    assert "at vocab 320, block 128" in out
+    for name in ("gpt2-mini", "gpt2-mini-f"):
+        small = count_parameters(ModelConfig.from_preset(name, vocab_size=320, block_size=128))
+        own = count_parameters(ModelConfig.from_preset(name))
+        assert f"{small.total:,}" in out and f"{own.total:,}" not in out
+    assert "850,688" in out and "465,212" in out  # the README's demo table
+    assert cofr([*argv, "0"]) == 2
+    assert "argument --block-size: must be >= 1, got 0" in capsys.readouterr().err

@@ -37,6 +37,7 @@ import itertools
 import json
 import logging
 import math
+import signal
 import statistics
 import sys
 import time
@@ -61,6 +62,7 @@ from cofrgenet.bench.machine import device_slug, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled
+from cofrgenet.signals import lightning_sigterm, sigterm_raises
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
@@ -448,10 +450,30 @@ def clipping_disabled(model: Any) -> Iterator[None]:
             m.output_range = output_range
 
 
+class RunStopped(SystemExit):
+    """A signal stopped the run of ``what`` (``gpt2 seed 1``) after ``steps`` steps; the
+    bench exits with ``code``, the status ``cofr fit`` would (130 Ctrl-C, 143 SIGTERM)."""
+
+    def __init__(self, code: int, what: str, steps: int, run_dir: str) -> None:
+        super().__init__(code)
+        self.what, self.steps, self.run_dir = what, steps, run_dir
+
+    def how(self) -> str:
+        """``Ctrl-C``, ``SIGTERM``: what stopped it, as the fit says it."""
+        signum = int(self.code or 0) - 128
+        if signum == signal.SIGINT:
+            return "Ctrl-C"
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"a signal (status {self.code})"
+
+
 def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str) -> RunResult:
-    """Train one variant with one seed through ``cofr fit``; never raises for a NaN loss."""
+    """Train one variant with one seed through ``cofr fit``; never raises for a NaN loss.
+    A Ctrl-C or SIGTERM that stops the fit raises :class:`RunStopped`."""
     from cofrgenet.training.callbacks import DisableLadders, DyadicUnfreezing, NonFiniteLossError
-    from cofrgenet.training.cli import CofrCLI
+    from cofrgenet.training.cli import CofrCLI, stop_status
 
     name = f"{stamp}-{variant.name}-s{seed}"
     recorder = step_recorder()
@@ -465,13 +487,21 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     start = time.perf_counter()
     nonfinite = False
     cli = None
+    run_dir = str(Path(cfg.runs_dir) / EXPERIMENT / name)
     with _quiet():
         try:
             cli = CofrCLI(args=args, extra_callbacks=extra)
         except NonFiniteLossError:
             nonfinite = True
+        except (SystemExit, KeyboardInterrupt) as stopped:
+            # Read as `cofr fit` reads it (Lightning ends a fit a second Ctrl-C reached
+            # with sys.exit(1)); the fit's own "stopped by" lines went to _quiet's buffer.
+            status = stop_status(stopped)
+            if status is None:
+                raise
+            what = f"{variant.name} seed {seed}"
+            raise RunStopped(status, what, len(recorder.step_ends), run_dir) from None
     seconds = time.perf_counter() - start
-    run_dir = str(Path(cfg.runs_dir) / EXPERIMENT / name)
     grad_norms = recorder.grad_norms
     result = RunResult(
         variant=variant.name,
@@ -867,12 +897,25 @@ def run(args: argparse.Namespace) -> int:
         saved[:] = [write_report(report, rows, stem(report))[0]]
 
     try:
-        report, rows = run_benchmark(
-            cfg, getattr(args, "command_line", "cofr bench quality"), save_partial
-        )
-    except BaseException:  # Ctrl-C, a failed run: say where the finished runs are
+        # SIGTERM raises between and inside the runs as in `cofr fit` (its default action
+        # ended the bench unsaid); each fit's StopOnSignal takes it over while it trains.
+        with sigterm_raises(lightning_sigterm):
+            report, rows = run_benchmark(
+                cfg, getattr(args, "command_line", "cofr bench quality"), save_partial
+            )
+    except BaseException as error:  # Ctrl-C, a failed run: say where the finished runs are
+        if isinstance(error, RunStopped):
+            print(
+                f"stopped by {error.how()} in the run of {error.what} after step "
+                f"{error.steps} ({error.run_dir}): it is not in the report",
+                file=sys.stderr,
+            )
         if saved:
             print(f"stopped: the runs finished so far are in {saved[0]} (partial)", file=sys.stderr)
+        elif isinstance(error, RunStopped):
+            print("stopped: no run had finished, so no report was written", file=sys.stderr)
+        if isinstance(error, RunStopped) and error.code == 128 + signal.SIGINT:
+            raise KeyboardInterrupt from None  # `cofr: interrupted`, status 130, as elsewhere
         raise
     print_table(rows)
     md, js = write_report(report, rows, stem(report))

@@ -270,18 +270,29 @@ def collect_runs(
     (their ``optuna.study`` tag): studies may share an experiment."""
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
+    empty: list[str] = []  # what an experiment named held none of, said if nothing is found
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             from cofrgenet.errors import did_you_mean
 
+            known = sorted(names.values())
             raise UserError(
-                f"no MLflow experiment {name!r}{did_you_mean(name, list(names.values()))}"
+                f"no MLflow experiment {name!r}{did_you_mean(name, known)}; the store has: "
+                f"{short_list(known) or 'none'}"
             )
         runs = client.search_runs([experiment.experiment_id], max_results=5000)
         study = (studies or {}).get(name)
         if study is not None:  # compared here: no quoting for a name with ' in a filter
+            others = sorted({str(r.data.tags.get("optuna.study")) for r in runs} - {"None"})
             runs = [r for r in runs if r.data.tags.get("optuna.study") == study]
+            if not runs:
+                held = f"its runs' studies: {short_list(others)}" if others else "it has none"
+                empty.append(
+                    f"MLflow experiment {name!r} has no trials of study {study!r} ({held})"
+                )
+        elif not runs:
+            empty.append(f"MLflow experiment {name!r} has no runs")
         found += runs
     for ref in refs:
         if "'" in ref:  # no quoting for it in MLflow's filter strings: compare the names here
@@ -302,6 +313,16 @@ def collect_runs(
         found += runs
     if not refs and not experiments:
         found = client.search_runs(list(names), max_results=5000)
+    if not found and empty:  # the experiment named is there, and empty: not a typo
+        with_runs = sorted(
+            name for id_, name in names.items() if client.search_runs([id_], max_results=1)
+        )
+        others = (
+            f"experiments with runs: {short_list(with_runs)}"
+            if with_runs
+            else "no experiment of this store has runs yet (cofr fit makes them)"
+        )
+        raise UserError(f"{'; '.join(empty)}; {others}")
     rows: list[RunRow] = []
     skipped: dict[str, list[str]] = {}
     seen = set()
@@ -317,6 +338,22 @@ def collect_runs(
     return rows, skipped
 
 
+def short_list(names: Sequence[str], limit: int = 8) -> str:
+    """``a, b, c``, or the first ``limit`` and ``... (12 in all)``: names for one line."""
+    more = f", ... ({len(names)} in all)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def no_rows(skipped: dict[str, list[str]]) -> str:
+    """Why :func:`collect_runs` gave no rows: the runs found were all passed over (and
+    why), or none were found, which (a run or experiment named is found or refused there)
+    is a store without runs."""
+    if skipped:
+        said = "; ".join(f"{why}: {short_list(passed, 5)}" for why, passed in skipped.items())
+        return f"no run to compare: every run found was passed over ({said})"
+    return "this store has no runs yet: train one (cofr fit), or name another with --runs-dir"
+
+
 # ------------------------------------------------------------------ table and plot
 
 
@@ -328,10 +365,16 @@ def _percent(value: float | None) -> float | None:
     return None if value is None else 100 * value
 
 
+def in_percent(metric: str) -> bool:
+    """Whether ``metric`` is shown in % (a GLUE dev score, logged as a fraction): in the
+    table and on the Pareto plot's axis alike."""
+    return metric.startswith("glue/") and _is_score(metric)
+
+
 def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
     score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %."""
-    glue = sorted({k for r in rows for k in r.metrics if k.startswith("glue/") and _is_score(k)})
+    glue = sorted({k for r in rows for k in r.metrics if in_percent(k)})
     header = [
         "run",
         "experiment",
@@ -531,18 +574,20 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     paper_task = next((t for t, key in PAPER_METRICS.items() if key == metric), None)
     if not kept:
         return None
+    # The table's unit: a GLUE score read 62.50 there and 0.625 on the axis.
+    scale, unit = (100.0, ", %") if in_percent(metric) else (1.0, "")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = "osD^v<>pPX*h"
     for k, variant in enumerate(sorted({r.variant for r in kept})):
         mine = [r for r in kept if r.variant == variant]
         ax.scatter(
             [x_of(r) for r in mine],
-            [r.metrics[metric] for r in mine],
+            [scale * r.metrics[metric] for r in mine],
             marker=markers[k % len(markers)],
             label=variant,
             s=40,
         )
-    points = [(float(x_of(r) or 0), r.metrics[metric]) for r in kept]
+    points = [(float(x_of(r) or 0), scale * r.metrics[metric]) for r in kept]
     better_up = higher_is_better(metric)
     front = pareto_front(points, better_up)
     ax.plot(
@@ -564,7 +609,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
         )
     ax.set_xscale("log")
     ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")
-    ax.set_ylabel(f"{metric} ({'higher' if better_up else 'lower'} is better)")
+    ax.set_ylabel(f"{metric}{unit} ({'higher' if better_up else 'lower'} is better)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -613,7 +658,7 @@ def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
     names = sorted(
         {n for row in rows for n in row.metrics}, key=lambda n: (not n.startswith(usual), n)
     )
-    listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    listed = short_list(names)
     hint = did_you_mean(metric, names)
     if not hint and metric.startswith("eval/"):
         hint = " (`cofr eval --ckpt CKPT` logs eval/<task>/<metric> onto a checkpoint's run)"
@@ -655,7 +700,7 @@ def run(args: argparse.Namespace) -> int:
     client = MlflowClient(uri)
     rows, skipped = collect_runs(client, args.runs, experiments, studies)
     if not rows:
-        raise UserError("no cofrgenet runs matched: name runs, --experiment or --sweep")
+        raise UserError(no_rows(skipped))
     rows.sort(key=lambda r: (r.experiment, r.variant, r.name))
     metric = args.metric or DEFAULT_METRIC
     if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval

@@ -498,11 +498,6 @@ def run(args: argparse.Namespace) -> int:
     from cofrgenet.training.pretrained import checkpoint_file
     from cofrgenet.training.run_store import check_folder_name
 
-    if args.data_dir is None:
-        # Now: the checks below import Lightning, which imports the hub's client, and
-        # the probe does nothing once that has read its settings (the hub's ~25 s of
-        # retries came back).
-        offline_unless_reachable()
     if not args.mlflow and args.tracking_uri is not None:
         raise UserError(
             "--tracking-uri names the MLflow store, and --no-mlflow logs nothing: drop one"
@@ -511,12 +506,19 @@ def run(args: argparse.Namespace) -> int:
     for option, name in (("--experiment", args.experiment), ("--name", args.name)):
         if name is not None:  # each is a folder: runs/<experiment>/<name>
             check_folder_name(option, name)
-    ckpt = checkpoint_file(args.ckpt)  # before the data: the hub may take a while
+    # Before the hub's probe (its note about an offline hub came before this error) and
+    # the data: the hub may take a while.
+    ckpt = checkpoint_file(args.ckpt)
     # Before the fine-tuning: results are never computed only to be lost.
     out = check_output_file(args.json, kind="metrics") if args.json else None
     check_data_dir(
         args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
     )
+    if args.data_dir is None:
+        # Now: the checks below import Lightning, which imports the hub's client, and
+        # the probe does nothing once that has read its settings (the hub's ~25 s of
+        # retries came back). The checks above are of the arguments alone.
+        offline_unless_reachable()
     check_trainer_options(args.accelerator, args.precision)  # before the data and the model
     task = TASKS[args.task]
     data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load

@@ -8,12 +8,27 @@ import difflib
 from rich.table import Table
 
 from cofrgenet import terminal
+from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--filter", default="", help="only presets whose name contains this (any case)"
+    )
+    # The embeddings (and learned position tables) count at these sizes: a run on other
+    # data has other counts (the demo's byte configs: --vocab-size 320 --block-size 128).
+    parser.add_argument(
+        "--vocab-size",
+        type=at_least(int, 1),
+        metavar="N",
+        help="count every preset at this vocabulary size (default: each preset's own)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=at_least(int, 1),
+        metavar="N",
+        help="count every preset at this maximum sequence length (default: each preset's own)",
     )
 
 
@@ -29,9 +44,14 @@ def run(args: argparse.Namespace) -> int:
             f"no preset matches {args.filter!r}; closest: {', '.join(close)} "
             "(`cofr models list` lists them all)"
         )
+    sizes = {"vocab_size": args.vocab_size, "block_size": args.block_size}
+    sizes = {key: value for key, value in sizes.items() if value is not None}
     rows = []
     for name in names:
-        config = ModelConfig.from_preset(name)
+        try:
+            config = ModelConfig.from_preset(name, **sizes)
+        except ValueError as error:  # a size the preset's layers cannot take
+            raise UserError(f"preset {name}: {error}; give other sizes, or --filter") from None
         counts = count_parameters(config)
         rows.append(
             (
@@ -43,14 +63,19 @@ def run(args: argparse.Namespace) -> int:
                 str(config.n_layer),
                 str(config.n_embd),
                 f"{config.vocab_size:,}",
+                f"{config.block_size:,}",
                 f"{counts.total:,}",
                 f"{counts.ladder:,}",
             )
         )
     # The embeddings count at the preset's vocabulary: a run on other data (the demo's
     # 320 byte ids) has fewer parameters.
-    table = Table(title="model presets (counted on the meta device, at their vocab)")
-    columns = ("preset", "arch", "attention", "ffn", "position", "layers", "width", "vocab")
+    at = ", ".join(f"{k.replace('_size', '')} {v:,}" for k, v in sizes.items())
+    title = f"model presets (counted on the meta device, at {at or 'their vocab and block'})"
+    table = Table(title=title)
+    columns = (
+        "preset", "arch", "attention", "ffn", "position", "layers", "width", "vocab", "block",
+    )  # fmt: skip
     for index, column in enumerate((*columns, "parameters", "ladder")):
         # Names and counts are never cut, even in a narrow terminal.
         whole = column in ("preset", "parameters")

@@ -1591,6 +1591,31 @@ def resolve_fit_config(args: Sequence[str]) -> str:
     return yaml.safe_dump(full["fit"], sort_keys=False)
 
 
+def stop_status(stopped: BaseException) -> int | None:
+    """The exit status of a fit that a signal stopped, from what ended it: 130 for
+    Ctrl-C, 143 for SIGTERM (or the status StopOnSignal gave it); None for any other
+    exit (a failure, a --help), which is not a signal's.
+
+    ``cofr fit`` exits with it, and so does what runs fits in its own process (``cofr
+    bench quality``): one reading of Lightning's ways of ending a stopped fit.
+    """
+    if isinstance(stopped, SIGTERMException):  # Lightning's, a SystemExit: it was killed
+        # StopOnSignal sets the status (130 for Ctrl-C); Lightning's alone leaves none.
+        code = stopped.code if isinstance(stopped.code, int) and stopped.code else None
+        return code or 128 + signal.SIGTERM
+    if isinstance(stopped, KeyboardInterrupt):  # one outside Lightning's fit loop
+        return 128 + signal.SIGINT
+    # Lightning ends a fit that a KeyboardInterrupt reached (a second Ctrl-C, or one
+    # while starting) with sys.exit(1) inside its handler: Ctrl-C's status is 130.
+    if (
+        isinstance(stopped, SystemExit)
+        and stopped.code == 1
+        and isinstance(stopped.__context__, KeyboardInterrupt)
+    ):
+        return 128 + signal.SIGINT
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
     if args is not None and list(args) == sys.argv[1:]:
         args = None  # the same words: say so, or Lightning warns that both were given
@@ -1602,16 +1627,11 @@ def main(args: list[str] | None = None) -> None:
         # with its output unwritten and the run folder holding only a lock file.
         with sigterm_raises(lightning_sigterm) if fits else contextlib.nullcontext():
             CofrCLI(args=args)
-    except SIGTERMException as stopped:  # Lightning's, a SystemExit: say it was killed
-        # StopOnSignal sets the status (130 for Ctrl-C); Lightning's alone leaves none.
-        code = stopped.code if isinstance(stopped.code, int) and stopped.code else None
-        raise SystemExit(code or 128 + signal.SIGTERM) from None
-    except SystemExit as stopped:
-        # Lightning ends a fit that a KeyboardInterrupt reached (a second Ctrl-C, or one
-        # while starting) with sys.exit(1) inside its handler: Ctrl-C's status is 130.
-        if stopped.code == 1 and isinstance(stopped.__context__, KeyboardInterrupt):
-            raise SystemExit(128 + signal.SIGINT) from None
-        raise
+    except SystemExit as stopped:  # a KeyboardInterrupt outside a fit goes on as it is
+        status = stop_status(stopped)
+        if status is None:
+            raise
+        raise SystemExit(status) from None
 
 
 if __name__ == "__main__":

@@ -279,15 +279,43 @@ def artifact_location(run: RunConfig | str) -> str | None:
 
 
 def check_store_exists(uri: str, named_by: str | None) -> None:
-    """ConfigError when ``uri`` is a local sqlite store whose database file is not there:
-    reading it would make an empty one, and a mistyped path would show no runs.
+    """ConfigError when ``uri`` is a local sqlite store whose database file is not there
+    (reading it would make an empty one, and a mistyped path would show no runs), or is
+    not an SQLite database (MLflow's traceback ended "file is not a database").
     ``named_by``: the option or variable that gave ``uri`` (None: the default store of
     ``--runs-dir``), which the message tells the user to fix."""
     database = sqlite_database(uri)
-    if database is None or database.expanduser().is_file():
+    if database is None:
         return
     fix = f"fix {named_by}" if named_by else "name the runs folder with --runs-dir"
-    raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
+    if not database.expanduser().is_file():
+        raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
+    damage = sqlite_damage(database.expanduser())
+    if damage is not None:
+        raise ConfigError(
+            f"{database} is not an MLflow database ({damage}): move it aside (the next "
+            f"cofr fit makes a new store), or {fix}"
+        )
+
+
+def sqlite_damage(database: Path) -> str | None:
+    """What SQLite says is wrong with ``database`` (``file is not a database``, ``database
+    disk image is malformed``), or None when it reads; read-only, nothing is made."""
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None  # cannot be opened (permissions): MLflow's own error says it better
+    try:
+        connection.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.OperationalError:
+        return None  # locked by a writer, unreadable: not damage
+    except sqlite3.DatabaseError as error:
+        return str(error)
+    finally:
+        connection.close()
+    return None
 
 
 def sqlite_database(uri: str) -> Path | None:

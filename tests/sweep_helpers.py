@@ -30,6 +30,10 @@ class PoisonWeights(L.Callback):
     def __init__(self, lr_above: float) -> None:
         self.lr_above = lr_above
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.during == "end":
+            self._send(trainer)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == 1 and pl_module.optimizer_config.lr > self.lr_above:
             with torch.no_grad():
@@ -52,7 +56,8 @@ class SignalAtStep(L.Callback):
     """Send this process ``signum`` once, at the start of training step ``step`` (or, with
     ``during="validation"``, of the second batch of the validation after that step; with
     ``during="start"``, at the fit's start, before any step; ``during="sanity"``, in the
-    sanity check's validation): a kill or a Ctrl-C that
+    sanity check's validation; ``during="end"``, at training's end whatever ``step``,
+    after the last step, as the final checkpoint is saved): a kill or a Ctrl-C that
     lands mid-step, mid-validation or while starting, deterministically. ``times=2``
     sends it twice in a row (an impatient second Ctrl-C). ``group=True`` sends it to the
     whole process group, data loader workers included, as SLURM and a terminal do (the
@@ -67,7 +72,7 @@ class SignalAtStep(L.Callback):
         self.sent = False
 
     def _send(self, trainer) -> None:
-        if trainer.global_step == self.step and not self.sent:
+        if (trainer.global_step == self.step or self.during == "end") and not self.sent:
             self.sent = True
             for _ in range(self.times):
                 if self.group:  # sent by another process, as SLURM's slurmstepd does
@@ -79,6 +84,10 @@ class SignalAtStep(L.Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.during == "start":  # the MLflow run exists, no step has run
+            self._send(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.during == "end":
             self._send(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -95,6 +104,10 @@ class SignalAtStep(L.Callback):
 class LastCheckpointFromTheFuture(L.Callback):
     """A shared filesystem whose server clock runs an hour ahead of this node's: at the
     start of every step, the run's ``last.ckpt`` (if any) is stamped an hour on."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.during == "end":
+            self._send(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         last = os.path.join(trainer.checkpoint_callback.dirpath, "last.ckpt")

@@ -373,6 +373,37 @@ def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeyp
     assert "cofr: interrupted" in err
 
 
+def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
+    tmp_path, monkeypatch, capsys
+):
+    """SIGTERM after the run's last step, as its final checkpoint is saved: the fit ends
+    normally and keeps the signal for what runs it (StopOnSignal.late_signals), which the
+    bench did not read: it went on to the next run, maybe hours long. The finished run
+    goes into the report, and the bench stops with 143."""
+    import cofrgenet.bench.quality as quality
+
+    monkeypatch.chdir(tmp_path)
+    real_arguments = quality.fit_arguments
+
+    def with_sigterm_at_the_end(*args, **kwargs):
+        return [*real_arguments(*args, **kwargs), "--trainer.callbacks+=sweep_helpers.SignalAtStep",
+                "--trainer.callbacks.step=0", "--trainer.callbacks.signum=15",
+                "--trainer.callbacks.during=end"]  # fmt: skip
+
+    monkeypatch.setattr(quality, "fit_arguments", with_sigterm_at_the_end)
+    argv = ["bench", "quality", "--quick", "--seeds", "0,1", "--recipe", str(RECIPE),
+            "--variants", "gpt2", "--runs-dir", str(tmp_path / "runs"),
+            "--out-dir", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 143
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM after the run of gpt2 seed 0 had trained (" in err
+    (md,) = (tmp_path / "out").glob("*.md")
+    assert "still to run: gpt2 seed 1." in md.read_text()  # seed 0 in it, seed 1 not run
+    assert len(list((tmp_path / "runs").glob("*/*-gpt2-s*"))) == 1
+
+
 def test_the_help_says_what_an_unset_field_means(capsys):
     """No "(default: None)": unset shape fields keep the recipe's, and a help that says
     its own default is not given a second one."""

@@ -2711,19 +2711,24 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_s_weights_on_other_data(
     # Its resume takes its own checkpoint's weights: init_from is not read again.
     resumed = FirstWeights()
     start[start.index("3")] = "4"
-    with mock.patch("cofrgenet.training.checkpoints.load_initial_weights") as load_initial:
+    with (
+        mock.patch("cofrgenet.training.checkpoints.load_initial_weights") as load_initial,
+        caplog.at_level(logging.INFO),
+    ):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *start), extra_callbacks=[resumed])
     load_initial.assert_not_called()
+    assert "is not read" not in caplog.text  # its own resume: nothing to say
     assert all(torch.equal(resumed.weights[k], own["state_dict"][k]) for k in model_keys)
     monkeypatch.chdir(tmp_path)
     branch = ["--run.name", "c", "--ckpt_path", str(ckpt), "--trainer.max_steps", "3"]
-    with caplog.at_level(logging.INFO):  # init_from beside another run's checkpoint: said
+    with caplog.at_level(logging.INFO):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *branch, "--model.init_from", str(ckpt)))
-    assert f"model.init_from {ckpt} is not read: the weights, step and data" in caplog.text
+    # LightningCLI builds a --ckpt_path file's model from its hyperparameters: said.
+    assert "own model settings (its hyperparameters): --model.init_from not used" in caplog.text
     by_name = mlflow_runs(tmp_path / "runs").set_index("tags.mlflow.runName")
     assert by_name.loc["b", "tags.cofrgenet.started_from"] == str(ckpt.resolve())
     assert by_name.loc["c", "tags.cofrgenet.started_from"] == str(ckpt.resolve())
-    assert by_name.loc["b", "params.model.init_from"] == str(ckpt)
+    assert Path(by_name.loc["b", "params.model.init_from"]).resolve() == ckpt.resolve()
     assert not isinstance(by_name.loc["a", "tags.cofrgenet.started_from"], str)  # NaN: none
 
     # Refused before anything is written: another network, another tokenizer.

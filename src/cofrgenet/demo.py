@@ -120,8 +120,8 @@ def ensure_data(data_dir: str, console: Console) -> None:
 
 
 class StepStopped(Exception):
-    """A signal stopped one of the demo's steps (passed on to it: it has saved what it
-    saves, and said how to go on)."""
+    """A signal came while one of the demo's steps ran, which got it too (a fit that had
+    begun training saved after its step and said how to go on)."""
 
     def __init__(self, command: list[str], status: int, signum: int) -> None:
         super().__init__(command, status, signum)
@@ -280,8 +280,9 @@ def run(args: argparse.Namespace) -> int:
     except subprocess.CalledProcessError as error:
         # The step has printed its own error; say which step it was, without a traceback.
         step = " ".join(str(word) for word in error.cmd[3:6])
-        print(f"cofr demo: stopped: `cofr {step} ...` failed (exit status {error.returncode})")
-        return error.returncode or 1
+        status = error.returncode
+        print(f"cofr demo: stopped: `cofr {step} ...` failed (exit status {status})")
+        return 128 - status if status < 0 else status or 1  # -9: killed, as a shell says 137
     except StepStopped as stopped:
         # The step has said what it saved and how to go on; the demo's table is not made.
         step = " ".join(str(word) for word in stopped.command[3:6])

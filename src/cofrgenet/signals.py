@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -84,31 +83,46 @@ def lightning_sigterm() -> BaseException:
     return SIGTERMException(128 + signal.SIGTERM)
 
 
-#: The signals :func:`run_passing_signals` passes on: Ctrl-C, ``kill`` and SLURM's end,
-#: and a closed terminal's hang-up.
-PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signals :func:`run_passing_signals` passes on: Ctrl-C, and ``kill``'s and SLURM's
+#: end.
+PASSED_ON = (signal.SIGINT, signal.SIGTERM)
+
+
+def in_terminal_foreground() -> bool:
+    """Whether this process's group is the foreground group of its controlling terminal:
+    a Ctrl-C typed there reaches every process of the group, children included, itself."""
+    try:
+        terminal = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:  # no controlling terminal (a batch job, a pipe, setsid)
+        return False
+    try:
+        return os.tcgetpgrp(terminal) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(terminal)
 
 
 def run_passing_signals(command: Sequence[str]) -> tuple[int, int | None]:
-    """Run ``command`` to its end: (its exit status, the last signal passed on to it, or
-    None if none came).
+    """Run ``command`` to its end: (its exit status, the last :data:`PASSED_ON` signal
+    that reached this process meanwhile, or None).
 
-    The :data:`PASSED_ON` signals that reach this process go on to the command, once each
-    time, and its end is waited for: it acts on them itself (``cofr fit`` stops after its
-    step and saves, and marks its MLflow run), where ``subprocess.run`` kills it 0.25 s
-    after a Ctrl-C and leaves it running, orphaned, on SIGTERM. It runs in a process group
-    of its own, so that a terminal's Ctrl-C, which goes to the whole foreground group,
-    reaches it once, through here (a second one aborts a fit at once). A signal this
-    process ignores stays ignored. Outside the main thread: ``subprocess.run``'s way.
+    Such a signal reaches the command once, and its end is waited for: it acts on it
+    itself (``cofr fit`` stops after its step, saves and marks its MLflow run KILLED),
+    where ``subprocess.run`` kills it 0.25 s after a Ctrl-C and leaves it running,
+    orphaned, on SIGTERM. SIGTERM is passed on (a second one changes nothing for a fit).
+    SIGINT is passed on unless this process is in its terminal's foreground group: a
+    Ctrl-C typed there reaches the command too, and a second one would abort a fit at
+    once. The command stays in this process's group, so the terminal's job control
+    (Ctrl-Z, Ctrl-\\, a hang-up) and a signal to the whole group act on both, as before.
+    A ``kill -INT`` of this process alone, while it is a terminal's foreground job, is
+    not passed on. A signal this process ignores stays ignored. Outside the main thread:
+    ``subprocess.run``'s way.
     """
     if threading.current_thread() is not threading.main_thread():
         return subprocess.run(list(command), check=False).returncode, None
-    # Popen's process_group is Python 3.11's; setpgrp in the child is the same.
-    own_group: dict[str, Any] = (
-        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-    )
-    passed: list[int] = []
-    waiting: list[int] = []  # arrived before the process existed
+    came: list[int] = []
+    waiting: list[int] = []  # to pass on once the process exists
     process: subprocess.Popen | None = None
 
     def send(signum: int) -> None:
@@ -117,20 +131,24 @@ def run_passing_signals(command: Sequence[str]) -> tuple[int, int | None]:
             process.send_signal(signum)
 
     def pass_on(signum: int, frame: Any) -> None:
-        passed.append(signum)
+        came.append(signum)
+        if signum == signal.SIGINT and in_terminal_foreground():
+            return  # the terminal sent it to the command as well
         if process is None:
             waiting.append(signum)
         else:
             send(signum)
 
-    caught = [s for s in PASSED_ON if signal.getsignal(s) != signal.SIG_IGN]
+    # Not one the process ignores, nor one whose handler Python did not set (None:
+    # it could not be put back).
+    caught = [s for s in PASSED_ON if signal.getsignal(s) not in (signal.SIG_IGN, None)]
     previous = {signum: signal.signal(signum, pass_on) for signum in caught}
     try:
-        process = subprocess.Popen(list(command), **own_group)
+        process = subprocess.Popen(list(command))
         while waiting:  # one arriving now goes straight to it
             send(waiting.pop(0))
         status = process.wait()  # restarted after each handler (PEP 475)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return status, (passed[-1] if passed else None)
+    return status, (came[-1] if came else None)

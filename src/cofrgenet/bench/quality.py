@@ -452,11 +452,15 @@ def clipping_disabled(model: Any) -> Iterator[None]:
 
 class RunStopped(SystemExit):
     """A signal stopped the run of ``what`` (``gpt2 seed 1``) after ``steps`` steps; the
-    bench exits with ``code``, the status ``cofr fit`` would (130 Ctrl-C, 143 SIGTERM)."""
+    bench exits with ``code``, the status ``cofr fit`` would (130 Ctrl-C, 143 SIGTERM).
+    ``finished``: the run's result, where the signal came after its last step (while its
+    final checkpoint was saved): it goes into the report, and the bench stops there."""
 
-    def __init__(self, code: int, what: str, steps: int, run_dir: str) -> None:
+    def __init__(
+        self, code: int, what: str, steps: int, run_dir: str, finished: RunResult | None = None
+    ) -> None:
         super().__init__(code)
-        self.what, self.steps, self.run_dir = what, steps, run_dir
+        self.what, self.steps, self.run_dir, self.finished = what, steps, run_dir, finished
 
     def how(self) -> str:
         """``Ctrl-C``, ``SIGTERM``: what stopped it, as the fit says it."""
@@ -520,6 +524,12 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if cli is None:
         return result
     module, trainer = cli.model, cli.trainer
+    late = [
+        signum
+        for callback in trainer.callbacks
+        for signum in getattr(callback, "late_signals", ())
+        if signum in (signal.SIGINT, signal.SIGTERM)
+    ]
     result.device = device_slug(trainer.strategy.root_device)
     result.schedule = schedule_of(module, trainer, cli.datamodule)
     result.parameters = sum(p.numel() for p in module.model.parameters())
@@ -529,6 +539,9 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
         with _quiet(), clipping_disabled(module.model):
             metrics = trainer.validate(module, datamodule=cli.datamodule, verbose=False)
         result.val_loss_unclipped = float(metrics[0]["val/loss"])
+    if late:  # its StopOnSignal kept it for what runs the fit, as a sweep worker reads it
+        what = f"{variant.name} seed {seed}"
+        raise RunStopped(128 + late[0], what, result.steps, run_dir, finished=result)
     return result
 
 
@@ -816,7 +829,14 @@ def run_benchmark(
     order = [(seed, name) for seed in cfg.seeds for name in cfg.variants]
     results: list[RunResult] = []
     for index, (seed, name) in enumerate(order):
-        result = run_variant(cfg, VARIANTS[name], seed, stamp)
+        try:
+            result = run_variant(cfg, VARIANTS[name], seed, stamp)
+        except RunStopped as stopped:  # after its last step: in the report, then stop
+            if stopped.finished is not None and on_update is not None:
+                results.append(stopped.finished)
+                pending = [f"{n} seed {s}" for s, n in order[index + 1 :]]
+                on_update(*_report(cfg, command, started, results, pending))
+            raise
         results.append(result)
         print(
             f"{name} seed {seed}: val loss {result.val_loss:.4f}, "
@@ -904,7 +924,13 @@ def run(args: argparse.Namespace) -> int:
                 cfg, getattr(args, "command_line", "cofr bench quality"), save_partial
             )
     except BaseException as error:  # Ctrl-C, a failed run: say where the finished runs are
-        if isinstance(error, RunStopped):
+        if isinstance(error, RunStopped) and error.finished is not None:
+            print(
+                f"stopped by {error.how()} after the run of {error.what} had trained "
+                f"({error.run_dir}): it is in the report",
+                file=sys.stderr,
+            )
+        elif isinstance(error, RunStopped):
             print(
                 f"stopped by {error.how()} in the run of {error.what} after step "
                 f"{error.steps} ({error.run_dir}): it is not in the report",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -612,6 +613,9 @@ class CofrCLI(LightningCLIAdapter):
     run_id_from_caller = False
     #: Whether this start said already that its --ckpt_path last run folder is missing.
     _said_no_run_folder = False
+    #: fit --ckpt_path FILE: the --model options given, as parsed before LightningCLI laid
+    #: the file's hyperparameters over them ({"--model.optimizer.lr": 0.1}).
+    _given_model: dict[str, Any] = {}  # noqa: RUF012 (replaced, never changed in place)
 
     def __init__(
         self,
@@ -694,13 +698,16 @@ class CofrCLI(LightningCLIAdapter):
             self._evaluate_newest_checkpoint(subcommand)
         if subcommand in EVALUATIONS and not recipes.config_paths(words):
             self._score_as_the_fit_did(subcommand, words)
-        if subcommand in EVALUATIONS:
-            given = sorted({w.split("=", 1)[0] for w in words[1:] if w.startswith("--model")})
-            if given:  # the checkpoint's hyperparameters build the model
-                rank_zero_info(
-                    f"cofr {subcommand} scores the checkpoint's own model: {', '.join(given)} "
-                    "not used"
-                )
+        given = sorted({w.split("=", 1)[0] for w in words[1:] if w.startswith("--model")})
+        if subcommand in EVALUATIONS and given:  # the checkpoint's hyperparameters build it
+            rank_zero_info(
+                f"cofr {subcommand} scores the checkpoint's own model: {', '.join(given)} not used"
+            )
+        elif subcommand == "fit" and ckpt_path not in (None, "last"):
+            # LightningCLI lays a --ckpt_path file's hyperparameters over these next:
+            # before_instantiate_classes says which it replaced.
+            config = self.config[subcommand]
+            self._given_model = {key: copy.deepcopy(config.get(key[2:])) for key in given}
 
     def _use_sharded_hyperparameters(self, subcommand: str, folder: Path) -> None:
         """The model of a sharded FSDP checkpoint (its ``meta.pt``), as LightningCLI
@@ -1227,6 +1234,12 @@ class CofrCLI(LightningCLIAdapter):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand in EVALUATIONS:
             self._build_as_trained(config)
+        replaced = [k for k, v in self._given_model.items() if config.get(k[2:]) != v]
+        if replaced:
+            rank_zero_info(
+                "note: cofr fit --ckpt_path FILE trains with the checkpoint's own model "
+                f"settings (its hyperparameters): {', '.join(replaced)} not used"
+            )
         init_from = config.get("model.init_from") if config.get("model") is not None else None
         if self.subcommand == "fit" and init_from:
             # As the run's config.yaml and MLflow param: a restart from another folder
@@ -1321,7 +1334,8 @@ class CofrCLI(LightningCLIAdapter):
             self.check_steps_left(chosen, step)
             self.check_same_data(saved, chosen)
             init_from = getattr(self.model, "init_from", None)
-            if self.subcommand == "fit" and init_from and self._started_from(asked, run_dir):
+            branched = asked not in (None, "last") and self._started_from(asked, run_dir)
+            if self.subcommand == "fit" and init_from and branched:
                 rank_zero_info(
                     f"note: model.init_from {init_from} is not read: the weights, step and "
                     f"data position come from --ckpt_path {asked}"

@@ -304,7 +304,8 @@ def sqlite_damage(database: Path) -> str | None:
     import sqlite3
 
     try:
-        connection = sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True)
+        # timeout 0: a store a writer holds locked is fine, and said so at once (5 s).
+        connection = sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True, timeout=0)
     except sqlite3.Error:
         return None  # cannot be opened (permissions): MLflow's own error says it better
     try:

@@ -30,10 +30,6 @@ class PoisonWeights(L.Callback):
     def __init__(self, lr_above: float) -> None:
         self.lr_above = lr_above
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.during == "end":
-            self._send(trainer)
-
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == 1 and pl_module.optimizer_config.lr > self.lr_above:
             with torch.no_grad():
@@ -104,10 +100,6 @@ class SignalAtStep(L.Callback):
 class LastCheckpointFromTheFuture(L.Callback):
     """A shared filesystem whose server clock runs an hour ahead of this node's: at the
     start of every step, the run's ``last.ckpt`` (if any) is stamped an hour on."""
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.during == "end":
-            self._send(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         last = os.path.join(trainer.checkpoint_callback.dirpath, "last.ckpt")

@@ -350,22 +350,28 @@ def test_a_signal_that_stops_a_run_ends_the_bench_with_its_status(
     assert done.value.code == 1
 
 
-def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeypatch, capsys):
-    """The real thing: two Ctrl-Cs at step 2 of the bench's only run (Lightning exits 1)."""
+def _real_bench_with_a_signal(tmp_path, monkeypatch, seeds: str, **signal_at_step) -> list[str]:
+    """``cofr bench quality``'s words for real gpt2 runs of ``seeds``, each fit given
+    ``sweep_helpers.SignalAtStep(**signal_at_step)``."""
     import cofrgenet.bench.quality as quality
 
     monkeypatch.chdir(tmp_path)
     real_arguments = quality.fit_arguments
+    options = [f"--trainer.callbacks.{key}={value}" for key, value in signal_at_step.items()]
 
-    def with_ctrl_c(*args, **kwargs):
-        return [*real_arguments(*args, **kwargs), "--trainer.callbacks+=sweep_helpers.SignalAtStep",
-                "--trainer.callbacks.step=2", "--trainer.callbacks.signum=2",
-                "--trainer.callbacks.times=2"]  # fmt: skip
+    def with_the_signal(*args, **kwargs):
+        callback = "--trainer.callbacks+=sweep_helpers.SignalAtStep"
+        return [*real_arguments(*args, **kwargs), callback, *options]
 
-    monkeypatch.setattr(quality, "fit_arguments", with_ctrl_c)
-    argv = ["bench", "quality", "--quick", "--seeds", "0", "--recipe", str(RECIPE),
+    monkeypatch.setattr(quality, "fit_arguments", with_the_signal)
+    return ["bench", "quality", "--quick", "--seeds", seeds, "--recipe", str(RECIPE),
             "--variants", "gpt2", "--runs-dir", str(tmp_path / "runs"),
             "--out-dir", str(tmp_path / "out")]  # fmt: skip
+
+
+def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeypatch, capsys):
+    """The real thing: two Ctrl-Cs at step 2 of the bench's only run (Lightning exits 1)."""
+    argv = _real_bench_with_a_signal(tmp_path, monkeypatch, "0", step=2, signum=2, times=2)
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert "stopped by Ctrl-C in the run of gpt2 seed 0 after step 2 (" in err
@@ -380,20 +386,7 @@ def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
     normally and keeps the signal for what runs it (StopOnSignal.late_signals), which the
     bench did not read: it went on to the next run, maybe hours long. The finished run
     goes into the report, and the bench stops with 143."""
-    import cofrgenet.bench.quality as quality
-
-    monkeypatch.chdir(tmp_path)
-    real_arguments = quality.fit_arguments
-
-    def with_sigterm_at_the_end(*args, **kwargs):
-        return [*real_arguments(*args, **kwargs), "--trainer.callbacks+=sweep_helpers.SignalAtStep",
-                "--trainer.callbacks.step=0", "--trainer.callbacks.signum=15",
-                "--trainer.callbacks.during=end"]  # fmt: skip
-
-    monkeypatch.setattr(quality, "fit_arguments", with_sigterm_at_the_end)
-    argv = ["bench", "quality", "--quick", "--seeds", "0,1", "--recipe", str(RECIPE),
-            "--variants", "gpt2", "--runs-dir", str(tmp_path / "runs"),
-            "--out-dir", str(tmp_path / "out")]  # fmt: skip
+    argv = _real_bench_with_a_signal(tmp_path, monkeypatch, "0,1", step=0, signum=15, during="end")
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     assert done.value.code == 143

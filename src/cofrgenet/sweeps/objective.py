@@ -35,7 +35,7 @@ from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_word
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal
-from cofrgenet.training.cli import CofrCLI, given_args
+from cofrgenet.training.cli import CofrCLI, given_args, stop_status
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
 from cofrgenet.training.tracking import CofrMLFlowLogger
@@ -366,26 +366,18 @@ def signal_name(status: int) -> str:
 
 def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:
     """(reason, retry, stop_worker, signal_status) of an exception raised by a trial;
-    signal_status: 128 + the signal that stopped it (StopOnSignal's SIGTERMException
-    carries it; a Ctrl-C that aborted at once is a KeyboardInterrupt), else None."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
+    signal_status: 128 + the signal that stopped it, read as ``cofr fit`` reads it
+    (:func:`~cofrgenet.training.cli.stop_status`), else None."""
     from cofrgenet.training.callbacks import NonFiniteLossError
 
     # A bare KeyboardInterrupt() has no message: its name alone, not "KeyboardInterrupt:".
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    if isinstance(error, SIGTERMException):
-        status = error.code if isinstance(error.code, int) else 128 + signal.SIGTERM
-        if status == 128 + signal.SIGINT:  # as a Ctrl-C that aborted at once says it
-            return "worker interrupted (Ctrl-C) during the trial", True, True, status
+    status = stop_status(error)
+    if status == 128 + signal.SIGINT:
+        return "worker interrupted (Ctrl-C) during the trial", True, True, status
+    if status is not None:
         return f"worker terminated ({signal_name(status)}) during the trial", True, True, status
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        # Lightning ends a fit that Ctrl-C reached with sys.exit(1): Ctrl-C's status.
-        ctrl_c = isinstance(error, KeyboardInterrupt) or isinstance(
-            error.__context__, KeyboardInterrupt
-        )
-        if ctrl_c:
-            return "worker interrupted (Ctrl-C) during the trial", True, True, 128 + signal.SIGINT
         return f"worker interrupted during the trial ({text})", True, True, None
     if isinstance(error, NonFiniteLossError):
         return f"{NON_FINITE} {error}", False, False, None

@@ -1321,6 +1321,7 @@ class CofrCLI(LightningCLIAdapter):
         asked = self.config_value(self.config_init, "ckpt_path")  # before "last" is resolved
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
+        started_from = self._started_from(asked, run_dir)  # the MLflow tag, if any
         step = None
         saved = None  # the chosen checkpoint's contents (memory-mapped), read once
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
@@ -1334,7 +1335,7 @@ class CofrCLI(LightningCLIAdapter):
             self.check_steps_left(chosen, step)
             self.check_same_data(saved, chosen)
             init_from = getattr(self.model, "init_from", None)
-            branched = asked not in (None, "last") and self._started_from(asked, run_dir)
+            branched = asked not in (None, "last") and started_from
             if self.subcommand == "fit" and init_from and branched:
                 rank_zero_info(
                     f"note: model.init_from {init_from} is not read: the weights, step and "
@@ -1369,7 +1370,7 @@ class CofrCLI(LightningCLIAdapter):
                 run_name=run_dir.name,
                 tracking_uri=tracking_uri(run),
                 artifact_location=artifact_location(run),
-                tags={"run_dir": str(run_dir.resolve()), **self._started_from(asked, run_dir)},
+                tags={"run_dir": str(run_dir.resolve()), **started_from},
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from rich.table import Table
 
 from cofrgenet import terminal
 from cofrgenet.dataclass_options import at_least
-from cofrgenet.signals import run_passing_signals
+from cofrgenet.signals import run_passing_signals, signal_name
 
 DEMO_CONFIGS = ("conf/experiment/demo-gpt2.yaml", "conf/experiment/demo-cofrgenet-f.yaml")
 DATA_DIR = "data/pydoc-byte"
@@ -286,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     except StepStopped as stopped:
         # The step has said what it saved and how to go on; the demo's table is not made.
         step = " ".join(str(word) for word in stopped.command[3:6])
-        name = "Ctrl-C" if stopped.signum == signal.SIGINT else signal.Signals(stopped.signum).name
+        name = signal_name(128 + stopped.signum)
         print(f"cofr demo: stopped by {name} during `cofr {step} ...`; no table was made")
         return 128 + stopped.signum
 

@@ -74,6 +74,16 @@ def signals_held(*signums: int) -> Iterator[set[int]]:
             signal.signal(signum, handler)
 
 
+def signal_name(status: int) -> str:
+    """``SIGTERM`` for the exit status 143 (128 + the signal), ``Ctrl-C`` for 130."""
+    if status == 128 + signal.SIGINT:
+        return "Ctrl-C"
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"signal {status - 128}"
+
+
 def lightning_sigterm() -> BaseException:
     """The SIGTERMException Lightning raises when SIGTERM stops a fit, exit status 143:
     what SIGTERM raises outside a fit in commands that end as a fit stopped by it does

@@ -62,7 +62,7 @@ from cofrgenet.bench.machine import device_slug, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled
-from cofrgenet.signals import lightning_sigterm, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
@@ -464,13 +464,7 @@ class RunStopped(SystemExit):
 
     def how(self) -> str:
         """``Ctrl-C``, ``SIGTERM``: what stopped it, as the fit says it."""
-        signum = int(self.code or 0) - 128
-        if signum == signal.SIGINT:
-            return "Ctrl-C"
-        try:
-            return signal.Signals(signum).name
-        except ValueError:
-            return f"a signal (status {self.code})"
+        return signal_name(int(self.code or 0))
 
 
 def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str) -> RunResult:

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.errors import is_out_of_memory
-from cofrgenet.signals import lightning_sigterm, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
@@ -352,16 +352,6 @@ def _claim_folder(run_dir: Path, identity: dict[str, Any]) -> None:
                 lock.release()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(marker, json.dumps(identity, indent=2, default=str) + "\n")
-
-
-def signal_name(status: int) -> str:
-    """``SIGTERM`` for the exit status 143 (128 + the signal), ``Ctrl-C`` for 130."""
-    if status == 128 + signal.SIGINT:
-        return "Ctrl-C"
-    try:
-        return signal.Signals(status - 128).name
-    except ValueError:
-        return f"signal {status - 128}"
 
 
 def classify(error: BaseException) -> tuple[str, bool, bool, int | None]:

@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
+from cofrgenet.signals import signal_name
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import (
     check_keys,
@@ -46,7 +47,6 @@ from cofrgenet.sweeps.objective import (
     TrialContext,
     finish_mlflow,
     run_trial,
-    signal_name,
     trial_of_this_name,
 )
 from cofrgenet.sweeps.spec import (

@@ -636,13 +636,13 @@ class TokenDataModule(L.LightningDataModule):
     def check_resumable(self, state_dict: dict[str, Any]) -> None:
         """Refuse to resume training from ``state_dict`` (a checkpoint's state of this
         module) when the data settings changed since: the batches would not continue."""
-        saved, now = state_dict.get("fingerprint", {}), self._fingerprint()
         changed = self.changes_since(state_dict)
         if changed:
             details = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
             # Two digests say nothing by themselves; the hint holds only for equal counts
             # (another folder's other tokens are cut elsewhere too).
-            if "train_chunk_layout" in changed and saved.get("train_tokens") == now["train_tokens"]:
+            saved_tokens = state_dict.get("fingerprint", {}).get("train_tokens")
+            if "train_chunk_layout" in changed and saved_tokens == self.meta.train_tokens:
                 details += (
                     " (the same number of training tokens cut into other chunks: the folder "
                     "was prepared again, with another --num-workers?)"

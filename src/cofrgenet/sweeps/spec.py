@@ -528,15 +528,9 @@ def _check_pruner(pruner: dict[str, Any], budget: Budget) -> None:
                 f"{', '.join(accepted)}"
             )
     steps = budget.steps
-    if name == "hyperband":
-        low, high = pruner.get("min_resource", 1), pruner.get("max_resource", steps)
-        numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
-        if numbers and low > high:
-            where = "max_resource" if "max_resource" in pruner else "budget.steps"
-            raise SweepError(
-                f"pruner.min_resource: {low} is above the {where} {high}, so Hyperband "
-                "would never prune; lower min_resource"
-            )
+    high = pruner.get("max_resource", steps)
+    where = "max_resource" if "max_resource" in pruner else "budget.steps"
+    _check_first_rung(pruner, high, f"the {where} {high}", "lower min_resource")
     error = _pruner_problem(pruner, steps)
     if error is None:
         return
@@ -1044,6 +1038,18 @@ def budget_settings(sweep: Sweep, config: dict[str, Any] | None) -> list[tuple[s
     return out
 
 
+def _check_first_rung(pruner: dict[str, Any], last: Any, last_said: str, fix: str) -> None:
+    """SweepError when a Hyperband ``pruner``'s ``min_resource`` is above ``last``, the
+    last step a trial reports (``last_said``: how to name it): it would never prune."""
+    low = pruner.get("min_resource", 1)
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, last))
+    if pruner.get("name") == "hyperband" and numbers and low > last:
+        raise SweepError(
+            f"pruner.min_resource: {low} is above {last_said}, so Hyperband would never "
+            f"prune; {fix}"
+        )
+
+
 def budget_steps(sweep: Sweep, config: dict[str, Any]) -> int | None:
     """The optimizer steps a trial of ``config`` trains: the budget's, else the config's
     ``trainer.max_steps``; None for an epoch-limited fit (its steps are the data's)."""
@@ -1063,12 +1069,12 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
     made = ""
     if sweep.budget.steps is None and sweep.budget.tokens is not None:
         made = f" (what budget.tokens {float(sweep.budget.tokens):g} makes)"
-    low = sweep.pruner.get("min_resource", 1)
-    if sweep.pruner.get("name") == "hyperband" and isinstance(low, int) and low > steps:
-        raise SweepError(
-            f"pruner.min_resource: {low} is above the budget's {steps} steps{made}, so "
-            "Hyperband would never prune; lower min_resource or raise the budget"
-        )
+    _check_first_rung(
+        sweep.pruner,
+        steps,
+        f"the budget's {steps} steps{made}",
+        "lower min_resource or raise the budget",
+    )
     if sweep.budget.val_every is not None and sweep.budget.val_every > steps:
         raise SweepError(
             f"budget.val_every: {sweep.budget.val_every} is above the budget's {steps} "

@@ -470,7 +470,12 @@ class RunStopped(SystemExit):
 def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str) -> RunResult:
     """Train one variant with one seed through ``cofr fit``; never raises for a NaN loss.
     A Ctrl-C or SIGTERM that stops the fit raises :class:`RunStopped`."""
-    from cofrgenet.training.callbacks import DisableLadders, DyadicUnfreezing, NonFiniteLossError
+    from cofrgenet.training.callbacks import (
+        DisableLadders,
+        DyadicUnfreezing,
+        NonFiniteLossError,
+        late_stop,
+    )
     from cofrgenet.training.cli import CofrCLI, stop_status
 
     name = f"{stamp}-{variant.name}-s{seed}"
@@ -518,12 +523,9 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if cli is None:
         return result
     module, trainer = cli.model, cli.trainer
-    late = [
-        signum
-        for callback in trainer.callbacks
-        for signum in getattr(callback, "late_signals", ())
-        if signum in (signal.SIGINT, signal.SIGTERM)
-    ]
+    late = late_stop(
+        signum for callback in trainer.callbacks for signum in getattr(callback, "late_signals", ())
+    )
     result.device = device_slug(trainer.strategy.root_device)
     result.schedule = schedule_of(module, trainer, cli.datamodule)
     result.parameters = sum(p.numel() for p in module.model.parameters())
@@ -533,9 +535,9 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
         with _quiet(), clipping_disabled(module.model):
             metrics = trainer.validate(module, datamodule=cli.datamodule, verbose=False)
         result.val_loss_unclipped = float(metrics[0]["val/loss"])
-    if late:  # its StopOnSignal kept it for what runs the fit, as a sweep worker reads it
+    if late is not None:  # its StopOnSignal kept it for what runs it, as a sweep worker reads it
         what = f"{variant.name} seed {seed}"
-        raise RunStopped(128 + late[0], what, result.steps, run_dir, finished=result)
+        raise RunStopped(128 + late, what, result.steps, run_dir, finished=result)
     return result
 
 

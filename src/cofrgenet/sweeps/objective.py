@@ -34,7 +34,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
 from cofrgenet.training import checkpoints
-from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal
+from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, late_stop
 from cofrgenet.training.cli import CofrCLI, given_args, stop_status
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
@@ -717,11 +717,11 @@ def after_late_signals(outcome: Outcome, stop: StopOnSignal) -> Outcome:
     usr1 = getattr(signal, "SIGUSR1", None)
     if usr1 in late:
         REQUEUE.set()
-    ending = [s for s in late if s in (signal.SIGTERM, signal.SIGINT)]
-    if ending and not outcome.stop_worker:
+    ending = late_stop(late)
+    if ending is not None and not outcome.stop_worker:
         outcome.stop_worker = True
-        outcome.signal_status = 128 + ending[0]
-        name = signal.Signals(ending[0]).name
+        outcome.signal_status = 128 + ending
+        name = signal.Signals(ending).name
         outcome.reason = "; ".join(
             filter(None, [outcome.reason, f"{name} after the last step: the worker stops"])
         )

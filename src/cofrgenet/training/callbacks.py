@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +339,13 @@ class LadderHealthMonitor(StepBoundaries):
 
 def _mean(values: Iterator[torch.Tensor]) -> float:
     return torch.stack(list(values)).float().mean().item()
+
+
+def late_stop(late_signals: Iterable[int]) -> int | None:
+    """The first of a fit's ``late_signals`` (:class:`StopOnSignal`'s, sorted) that stops
+    what runs the fit: Ctrl-C or SIGTERM (a late SIGUSR1 asks for a requeue); None if
+    none did."""
+    return next((s for s in late_signals if s in (signal.SIGINT, signal.SIGTERM)), None)
 
 
 class StopOnSignal(StepBoundaries):

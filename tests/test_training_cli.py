@@ -1365,6 +1365,22 @@ def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path,
     assert not (tmp_path / "runs" / "test").exists(), "a failed start left its folders"
 
 
+def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):
+    """A runs/mlflow.db that is no database: cofr fit printed SQLAlchemy's traceback ("file
+    is not a database") once the run's folder and lock were made."""
+    store = tmp_path / "runs"
+    store.mkdir()
+    (store / "mlflow.db").write_text("hello\n")
+    with pytest.raises(UserError) as refused:
+        CofrCLI(args=fit_args(tmp_path, tiny_data))
+    assert str(refused.value) == (
+        f"{store / 'mlflow.db'} is not an MLflow database (file is not a database): move it "
+        "aside (the next cofr fit makes a new store), or fix --run.tracking_uri (or "
+        "MLFLOW_TRACKING_URI), or train with --run.mlflow false"
+    )
+    assert sorted(p.name for p in store.iterdir()) == ["mlflow.db"]  # nothing made, nor lost
+
+
 def test_a_bad_peak_in_the_environment_fails_before_the_run(tiny_data, tmp_path, monkeypatch):
     """$COFR_PEAK_FLOPS is read at the first step's end: a typo there is found first."""
     monkeypatch.setenv("COFR_PEAK_FLOPS", "1e12x")

@@ -246,8 +246,11 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
             raise ConfigError(
                 f"no MLflow server answers at {uri} ({reason}): start it, or {fix}"
             ) from None
-    if uri.startswith("sqlite:///"):
-        return  # a local store: made on first use (and not by a start that fails later)
+    database = sqlite_database(uri)
+    if database is not None:  # a local store: made on first use, unless a file is in the way
+        if database.expanduser().is_file():
+            check_not_damaged(database, fix)
+        return
     try:
         MlflowClient(uri)
     except MlflowException as error:
@@ -290,6 +293,12 @@ def check_store_exists(uri: str, named_by: str | None) -> None:
     fix = f"fix {named_by}" if named_by else "name the runs folder with --runs-dir"
     if not database.expanduser().is_file():
         raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
+    check_not_damaged(database, fix)
+
+
+def check_not_damaged(database: Path, fix: str) -> None:
+    """ConfigError when the file ``database`` is not a readable SQLite database (MLflow's
+    traceback ended "file is not a database"); ``fix``: the other way out, said last."""
     damage = sqlite_damage(database.expanduser())
     if damage is not None:
         raise ConfigError(

@@ -852,6 +852,34 @@ def test_damaged_checkpoints_get_a_clear_error_or_a_fallback(tiny_data, tmp_path
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--ckpt_path", str(folder / "lats.ckpt")))
 
 
+def test_the_newest_checkpoint_is_the_latest_step_not_the_latest_file(tmp_path):
+    """`cp -r` of a run folder gives its files new times in any order: the resume and the
+    evaluation of a run then took step 10 while last.ckpt held step 20, and a damaged
+    last.ckpt's hint named step 10 while step 20 was intact."""
+    from cofrgenet.training import checkpoints
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder.parent / "config.yaml").write_text("{}\n")
+    for name, step in (("last", 20), ("step0000010", 10), ("step0000020", 20)):
+        torch.save({"state_dict": {}, "global_step": step}, folder / f"{name}.ckpt")
+    os.utime(folder / "step0000010.ckpt", (2e9, 2e9))  # copied last: the newest file
+    os.utime(folder / "last.ckpt", (1e9, 1e9))
+    os.utime(folder / "step0000020.ckpt", (1e9 + 1, 1e9 + 1))
+    names = [p.name for p in checkpoints.candidates(folder.parent)]
+    assert names == ["step0000020.ckpt", "last.ckpt", "step0000010.ckpt"]  # ties: by time
+    (folder / "last.ckpt").write_bytes(b"cut")  # damaged: tried first, passed over
+    assert checkpoints.newest_intact(folder.parent) == (
+        folder / "step0000020.ckpt",
+        [folder / "last.ckpt"],
+    )
+    assert "step0000020.ckpt, of the same run, is intact" in str(
+        checkpoints.damaged(folder / "last.ckpt")
+    )
+    (folder / "step0000020.ckpt").unlink()
+    assert checkpoints.newest_intact(folder.parent)[0] == folder / "step0000010.ckpt"
+
+
 def test_a_resume_applies_the_optimizer_settings_it_is_given(tiny_data, tmp_path):
     """Optimizer.load_state_dict took lr, weight decay, betas and eps from the checkpoint,
     and LambdaLR its base lrs: a resume with another lr went on with the old one while

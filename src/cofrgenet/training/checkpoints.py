@@ -14,6 +14,7 @@ network a checkpoint holds without Lightning (``cofr generate`` and evaluation s
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import zipfile
@@ -43,7 +44,7 @@ def damaged(path: Path) -> CheckpointError:
     in_run = path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file()
     others = [p for p in checkpoint_files(path.parent) if p != path and is_intact(p)]
     if in_run and others:
-        newest = max(others, key=lambda p: p.stat().st_mtime)
+        newest = max(others, key=newness)
         hint = f": {newest}, of the same run, is intact (give it instead)"
     else:
         hint = " (a save cut short, or another kind of file)"
@@ -128,7 +129,7 @@ def checkpoint_in(folder: Path) -> Path | None:
             return candidate
     found = [p for sub in (folder / "checkpoints", folder) for p in checkpoint_files(sub)]
     found = [p for p in found if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    return max(found, key=newness) if found else None
 
 
 def folder_hint(path: Path) -> str:
@@ -213,21 +214,51 @@ def nonfinite_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def candidates(run_dir: Path) -> list[Path]:
-    """The run's checkpoints a resume may use, newest first."""
+    """The run's checkpoints a resume may use, newest first (:func:`newness`)."""
     found = [
         *checkpoint_files(run_dir, "hpc_ckpt_*.ckpt"),
         *checkpoint_files(run_dir / "checkpoints"),
     ]
     found = [p for p in found if not p.name.startswith(NONFINITE_PREFIX)]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    return sorted(found, key=newness, reverse=True)
+
+
+def newness(path: Path) -> tuple[float, float]:
+    """How new a checkpoint of a run is, as a sort key: the step it holds, then its
+    modification time. Times alone order a copied run folder wrongly (``cp -r``, ``scp``,
+    ``rsync`` without ``-t`` give its files new times, in any order), and a resume or an
+    evaluation then took an older step. One whose step cannot be read (a damaged
+    ``last.ckpt``) counts as the newest: it is tried first, and passed over with a word."""
+    step = _named_step(path)
+    if step is None:
+        step = _recorded_step(path)
+    return (math.inf if step is None else step, path.stat().st_mtime)
+
+
+def _named_step(path: Path) -> int | None:
+    named = re.fullmatch(r"step(\d+)(?:-v\d+)?\.ckpt", path.name)
+    return int(named.group(1)) if named else None
+
+
+def _recorded_step(path: Path) -> int | None:
+    """The ``global_step`` in ``path``'s pickle (a sharded checkpoint's ``meta.pt``), its
+    tensors memory-mapped and the archive not checked (:func:`is_intact` reads every
+    byte); None if it does not read."""
+    file = path / "meta.pt" if path.is_dir() else path
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    step = saved.get("global_step") if isinstance(saved, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def step_of(path: Path) -> int | None:
     """The global step a checkpoint holds: from its name (``step0000030.ckpt``), else read
     from the file (memory-mapped); None for one that cannot be read."""
-    named = re.fullmatch(r"step(\d+)(?:-v\d+)?\.ckpt", path.name)
-    if named:
-        return int(named.group(1))
+    named = _named_step(path)
+    if named is not None:
+        return named
     try:
         step = load(path).get("global_step")
     except CheckpointError:

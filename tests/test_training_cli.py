@@ -2506,6 +2506,16 @@ def test_validate_logs_into_the_store_of_the_checkpoints_own_runs_folder(
     assert float(cli.trainer.callback_metrics["val/loss"]) == score
     assert "not logged to MLflow: no MLflow store at" in caplog.text
     assert not (tmp_path / "runs" / "mlflow.db").exists()
+    # A store that is no database (SQLAlchemy's traceback, exit 1, after the scores), or an
+    # empty file (MLflow made its tables in it): scored, not logged, the file left as it is.
+    for content, what in ((b"garbage\n", "file is not a database"), (b"", "an empty file")):
+        (tmp_path / "runs" / "mlflow.db").write_bytes(content)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), *quiet])
+        assert float(cli.trainer.callback_metrics["val/loss"]) == score
+        assert f"is not an MLflow database ({what}; was the run folder moved" in caplog.text
+        assert (tmp_path / "runs" / "mlflow.db").read_bytes() == content
 
 
 def test_a_checkpoint_copied_into_another_runs_folder_is_not_logged_as_that_runs(

@@ -89,6 +89,7 @@ from cofrgenet.training.run_store import (
     check_tracking_uri,
     resolve_run_dir,
     slurm_run_name,
+    sqlite_database,
     tracking_uri,
 )
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
@@ -959,8 +960,9 @@ class CofrCLI(LightningCLIAdapter):
                 saved = checkpoints.load(ckpt)  # memory-mapped: its metadata only is read
                 problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
             if problem is None:
-                check_tracking_uri(uri)  # a server that is down: refused in seconds
-                problem = unreachable_run(uri, run_id)
+                if sqlite_database(uri) is None:  # a server that is down: refused in seconds
+                    check_tracking_uri(uri)
+                problem = unreachable_run(uri, run_id)  # a local store moved or damaged: said
         if problem is not None:  # scored all the same; no stray store is made
             rank_zero_info(f"not logged to MLflow: {problem}")
             return dataclasses.replace(run, mlflow=False), run_dir

@@ -31,7 +31,12 @@ from cofrgenet.data.meta import (
 )
 from cofrgenet.errors import UserError, first_line
 from cofrgenet.models import ModelConfig
-from cofrgenet.training.run_store import RUN_ID_FILE, scored_already, sqlite_database
+from cofrgenet.training.run_store import (
+    RUN_ID_FILE,
+    scored_already,
+    sqlite_damage,
+    sqlite_database,
+)
 
 
 class TokenizerNotFound(UserError, FileNotFoundError):
@@ -366,8 +371,13 @@ def unreachable_run(uri: str, run_id: str) -> str | None:
 
     moved = "was the run folder moved or copied? --no-mlflow skips logging"
     database = sqlite_database(uri)
-    if database is not None and not database.is_file():
-        return f"no MLflow store at {uri} ({moved})"
+    if database is not None:
+        if not database.is_file():
+            return f"no MLflow store at {uri} ({moved})"
+        # SQLite takes an empty file for an empty database, and MLflow made its tables in it.
+        damage = "an empty file" if database.stat().st_size == 0 else sqlite_damage(database)
+        if damage is not None:
+            return f"{database} is not an MLflow database ({damage}; {moved})"
     try:
         MlflowClient(uri).get_run(run_id)
     except MlflowException as error:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cofrgenet.cli import main
+from cofrgenet.data import ByteTokenizer
 from cofrgenet.models import build_model
 from cofrgenet.models.config import resolve_model_config
 from cofrgenet.training import pretrained
@@ -337,40 +339,94 @@ def test_models_list_with_a_filter_matching_nothing_is_an_error(capsys):
     assert "gpt2-tiny-f" in capsys.readouterr().out
 
 
+def sampling_ids(ids: list[int], interrupt: bool = False):
+    """A stand-in for ``generate.sample`` that draws ``ids`` (then, with ``interrupt``, is
+    stopped by a Ctrl-C), handing each to ``on_token`` as the real one does."""
+
+    def sample(model, idx, max_new_tokens, *args, on_token=None, **kwargs):
+        new = torch.tensor([ids[:max_new_tokens]] * idx.shape[0])
+        for i in range(new.shape[1]):
+            if on_token is not None:
+                on_token(new[:, i : i + 1])
+        if interrupt:
+            raise KeyboardInterrupt
+        return torch.cat([idx, new], dim=1)
+
+    return sample
+
+
 def test_a_sample_cut_at_the_end_of_text_says_so(capsys, tmp_path, data, monkeypatch):
-    """Fewer tokens than --max-new-tokens: the line under the sample says why."""
+    """Fewer tokens than --max-new-tokens: a line says why, on stderr (it was written into
+    the sample's text on stdout, so into a file it was sent to)."""
     from cofrgenet.training import generate
 
-    def ends_after_two(model, idx, max_new_tokens, *args, **kwargs):
-        new = torch.tensor([[65, 66, 256, 67]] * idx.shape[0])  # "AB", EOS, then more
-        return torch.cat([idx, new[:, :max_new_tokens]], dim=1)
-
-    monkeypatch.setattr(generate, "sample", ends_after_two)
+    monkeypatch.setattr(generate, "sample", sampling_ids([65, 66, 256, 67]))  # AB, EOS, C
     ckpt = write_checkpoint(
         tmp_path / "byte.ckpt", str(data), trained_with={"tokenizer": "byte", "vocab_size": 257}
     )
-    assert main(["generate", "--ckpt", str(ckpt), "--prompt", "x", "--max-new-tokens", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "xAB\n[end of text after 2 tokens; --past-eos samples on]" in out
-    assert (
-        main(
-            [
-                "generate",
-                "--ckpt",
-                str(ckpt),
-                "--prompt",
-                "x",
-                "--max-new-tokens",
-                "4",
-                "--past-eos",
-            ]
-        )
-        == 0
-    )
-    assert "end of text" not in capsys.readouterr().out
+    args = ["generate", "--ckpt", str(ckpt), "--prompt", "x", "--max-new-tokens", "4"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "xAB\n"
+    assert captured.err == "[end of text after 2 tokens; --past-eos samples on]\n"
+    assert main([*args, "--past-eos"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("xAB") and captured.out.endswith("C\n")
+    assert "end of text" not in captured.err
     # Without a prompt the sample starts a document: the EOS it starts from is not shown.
     assert main(["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2"]) == 0
-    assert capsys.readouterr().out.startswith("AB\n")
+    assert capsys.readouterr().out == "AB\n"
+    # Several samples: each whole, under one another.
+    assert main([*args, "--num-samples", "2"]) == 0
+    assert capsys.readouterr().out == "xAB\n" + "-" * 40 + "\n" + "xAB\n" + "-" * 40 + "\n"
+
+
+def test_a_sample_is_written_as_it_is_drawn_and_kept_on_ctrl_c(capsys, tmp_path, data, monkeypatch):
+    """`cofr generate --max-new-tokens 100000 > out`, then Ctrl-C: out was empty (the text
+    was written once all of it was drawn). A character's bytes are written together."""
+    from cofrgenet.training import generate
+
+    e_acute = list("é".encode())  # two byte ids, one character
+    monkeypatch.setattr(generate, "sample", sampling_ids([65, *e_acute, 66], interrupt=True))
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", str(data))
+    written: list[str] = []
+    out = SimpleNamespace(write=written.append, flush=lambda: None)
+    stream = generate.StreamedText(ByteTokenizer(), out, past_eos=False)
+    for token in [65, *e_acute, 66]:
+        stream.add(torch.tensor([[token]]))
+    assert written == ["A", "é", "B"]  # never half of é
+    args = ["generate", "--ckpt", str(ckpt), "--prompt", "x", "--max-new-tokens", "9"]
+    assert main(args) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "xAéB\n" and captured.err == "cofr: interrupted\n"
+
+
+def test_a_prompt_that_is_no_utf8_is_one_line(capsys, tmp_path, data):
+    """Bytes that are no UTF-8 reach argv as lone surrogates: the byte tokenizer raised
+    UnicodeEncodeError, the BPE ones `TypeError: TextInputSequence must be str`."""
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", str(data))
+    line = one_line_error(capsys, ["generate", "--ckpt", str(ckpt), "--prompt", "caf\udcc3"])
+    assert line.startswith(
+        "cofr generate: error: --prompt is not UTF-8 text (a byte that is none at character 4)"
+    )
+
+
+def test_a_checkpoint_of_nan_weights_is_one_line_not_nul_bytes(capsys, tmp_path, data):
+    """A diverged run's weights: sampling raised torch's "probability tensor contains
+    either inf, nan or element < 0"; greedy decoding printed NUL bytes (id 0), exit 0."""
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", str(data))
+    saved = torch.load(ckpt, weights_only=True)
+    saved["state_dict"]["model.transformer.wte.weight"][3] = float("nan")
+    torch.save(saved, ckpt)
+    for extra in ([], ["--temperature", "0"]):
+        args = ["generate", "--ckpt", str(ckpt), "--prompt", "\x03", *extra]
+        line = one_line_error(capsys, args)
+        assert line == (
+            f"cofr generate: error: {ckpt}: the model's logits hold NaN (after 1 token): 1 of "
+            "its weight tensors hold NaN or Inf (transformer.wte.weight, ...), as a run that "
+            "diverged saves them; sample from an earlier checkpoint of the run"
+        )
+    assert capsys.readouterr().out == ""
 
 
 def test_generate_reads_at_most_the_length_the_model_trained_at(capsys, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cofrgenet.nn.decoding import sample_tokens
+from cofrgenet.nn.decoding import TokenSink, sample_tokens
 from cofrgenet.nn.ladder import reusing_stacked_weights
 
 
@@ -47,6 +47,7 @@ def generate_cached(
     vocab: int | None = None,
     stop_id: int | None = None,
     context: int | None = None,
+    on_token: TokenSink | None = None,
 ) -> Tensor:
     """Sample up to ``max_new_tokens`` after idx (B, T) from a transformer -> (B, T + new).
 
@@ -54,7 +55,7 @@ def generate_cached(
     nucleus top-p, among the first ``vocab`` ids); it ends early once every row has
     produced ``stop_id``. Once a sequence outgrows ``context`` tokens (default and at
     most ``config.block_size``; shorter for a model trained on shorter sequences), each
-    step reads the last ``context`` again.
+    step reads the last ``context`` again. ``on_token(ids)`` gets each step's ids (B, 1).
 
     ``model`` has ``config.block_size``, ``new_cache()``, ``forward(idx, cache)`` and
     ``can_decode``; a model whose mixers cannot decode, or a model in training mode
@@ -79,6 +80,7 @@ def generate_cached(
             vocab,
             stop_id,
             block if context is None else context,
+            on_token,
         )
     return out.clone()
 
@@ -94,6 +96,7 @@ def _sample_tokens(
     vocab: int | None,
     stop_id: int | None,
     context: int,
+    on_token: TokenSink | None,
 ) -> Tensor:
     cached = model.can_decode and not model.training
     cache: DecodeCache | None = None
@@ -107,8 +110,9 @@ def _sample_tokens(
         return model(new, cache)[:, -1, :]
 
     return sample_tokens(
-        logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
-    )
+        logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id,
+        on_token,
+    )  # fmt: skip
 
 
 def decode_until(

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from cofrgenet.errors import ConfigError
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.registry import ARCHITECTURES
-from cofrgenet.nn.decoding import sample_tokens
+from cofrgenet.nn.decoding import TokenSink, sample_tokens
 
 #: torch module and gates per hidden unit (the FLOPs of one step scale with the gates).
 CELLS: dict[str, tuple[type[nn.RNNBase], int]] = {
@@ -111,6 +111,7 @@ class RecurrentLM(nn.Module):
         top_p: float | None = None,
         vocab: int | None = None,
         stop_id: int | None = None,
+        on_token: TokenSink | None = None,
     ) -> Tensor:
         """Extend idx (B, T) by up to ``max_new_tokens`` sampled tokens -> (B, T + new).
 
@@ -118,6 +119,7 @@ class RecurrentLM(nn.Module):
         over (O(1) per token). temperature 0 is greedy; ``top_k`` keeps the k likeliest,
         ``top_p`` then the smallest set holding that much probability (nucleus), among
         the first ``vocab`` ids. Ends early once every row has produced ``stop_id``.
+        ``on_token(ids)`` gets each step's ids (B, 1).
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -131,8 +133,9 @@ class RecurrentLM(nn.Module):
             return logits[:, -1, :]
 
         return sample_tokens(
-            logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id
-        )
+            logits_after, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab,
+            stop_id, on_token,
+        )  # fmt: skip
 
     @staticmethod
     def parameter_component(name: str) -> tuple[str, int | None]:

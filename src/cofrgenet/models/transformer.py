@@ -23,6 +23,7 @@ from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.generation import DecodeCache, generate_cached
 from cofrgenet.models.mixers import mixer_flops, residual_std
 from cofrgenet.models.registry import ARCHITECTURES, ATTENTION, FFN
+from cofrgenet.nn.decoding import TokenSink
 from cofrgenet.nn.ladder import LadderLayer, recording_paused
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
@@ -211,6 +212,7 @@ class GPT(nn.Module):
         vocab: int | None = None,
         stop_id: int | None = None,
         context: int | None = None,
+        on_token: TokenSink | None = None,
     ) -> Tensor:
         """Extend idx (B, T) by up to ``max_new_tokens`` sampled tokens -> (B, T + new).
 
@@ -221,11 +223,13 @@ class GPT(nn.Module):
         through the mixers' caches; once a sequence outgrows ``context`` (default: the
         block size), every step reads the last ``context`` tokens again (positions restart
         with the window, as in full recomputation). The tokens are those of recomputing
-        the whole context at every step (eval mode).
+        the whole context at every step (eval mode). ``on_token(ids)`` gets each step's
+        ids (B, 1).
         """
         return generate_cached(
-            self, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id, context
-        )
+            self, idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id,
+            context, on_token,
+        )  # fmt: skip
 
     @staticmethod
     def parameter_component(name: str) -> tuple[str, int | None]:

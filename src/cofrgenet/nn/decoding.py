@@ -24,6 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+#: Called with each step's sampled ids (B, 1) as they come: ``cofr generate`` writes a
+#: sample's text so, and keeps what was sampled before a Ctrl-C.
+TokenSink = Callable[[Tensor], None]
+
+
+class NonFiniteLogits(ValueError):
+    """The model's logits hold NaN: no token can be sampled (a diverged checkpoint's)."""
+
 
 def causal_rows(start: int, length: int, device: torch.device) -> Tensor:
     """(length, start + length) bool: query ``start + i`` may attend keys ``<= start + i``."""
@@ -97,6 +105,7 @@ def sample_tokens(
     top_p: float | None = None,
     vocab: int | None = None,
     stop_id: int | None = None,
+    on_token: TokenSink | None = None,
 ) -> Tensor:
     """Extend ids idx (B, T) by up to ``max_new_tokens`` sampled ids -> (B, T + new): the
     loop every generator shares.
@@ -105,13 +114,21 @@ def sample_tokens(
     far, out (B, T'), whose last ``new.shape[1]`` ids ``new`` the model has not read yet
     (the prompt first, then the latest id): a cached or recurrent model reads ``new``
     alone, any other all of ``out``. Sampling as :func:`sample_next`; the loop ends early
-    once every row has produced ``stop_id``.
+    once every row has produced ``stop_id``. ``on_token(ids)`` gets each step's ids (B, 1).
+    NonFiniteLogits when the logits hold NaN (greedy decoding would read id 0 from them).
     """
     out = new = idx
     stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
         logits = logits_after(out, new)
+        if bool(logits.isnan().any()):
+            read = out.shape[1]
+            raise NonFiniteLogits(
+                f"the model's logits hold NaN (after {read} token{'s' * (read != 1)})"
+            )
         new = sample_next(logits, temperature, top_k, generator, top_p=top_p, vocab=vocab)
+        if on_token is not None:
+            on_token(new)
         out = torch.cat((out, new), dim=1)
         if all_stopped(stopped, new, stop_id):
             break

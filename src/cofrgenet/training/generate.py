@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, device_arg, probability
 from cofrgenet.errors import UserError, check_seed
@@ -12,6 +12,9 @@ from cofrgenet.errors import UserError, check_seed
 if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
     import torch
     from torch import Tensor, nn
+
+    from cofrgenet.data import Tokenizer
+    from cofrgenet.nn.decoding import TokenSink
 
 #: Sampled ids are drawn among the k likeliest unless --top-k says otherwise.
 DEFAULT_TOP_K = 50
@@ -35,6 +38,7 @@ def sample(
     top_p: float | None = None,
     vocab: int | None = None,
     stop_id: int | None = None,
+    on_token: TokenSink | None = None,
 ) -> Tensor:
     """Extend token ids idx (B, T) by up to ``max_new_tokens`` sampled tokens -> (B, T + new).
 
@@ -46,7 +50,8 @@ def sample(
     may be shorter than its block). Models with their own ``generate`` are asked to do
     it themselves: transformers decode incrementally through their mixers' caches (and
     crop the same way), recurrent ones carry a hidden state over the whole sequence.
-    Anything else recomputes the context for every token.
+    Anything else recomputes the context for every token. ``on_token(ids)`` gets each
+    step's ids (B, 1) as they are sampled.
     """
     import torch
 
@@ -64,12 +69,60 @@ def sample(
                 top_p=top_p,
                 vocab=vocab,
                 stop_id=stop_id,
+                on_token=on_token,
                 **window,
             )
         return sample_tokens(
             lambda out, new: model(out[:, -block_size:])[:, -1, :],
-            idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id,
+            idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id, on_token,
         )  # fmt: skip
+
+
+class StreamedText:
+    """Writes one sample's text to ``out`` as its ids come (:meth:`add`, from
+    :func:`sample`'s ``on_token``), so that a long sample shows while it is drawn and
+    what was drawn before a Ctrl-C stays written. Ids are held back while their text ends
+    in a part of a character (a byte-level token may hold some of its UTF-8 bytes); the
+    end-of-text id ends the text unless ``past_eos``. ``prompt`` is written before the
+    first text: nothing is, if no id comes (an error, a Ctrl-C at once)."""
+
+    #: Ids held back at most: a character's UTF-8 bytes (<= 4) span no more ids.
+    HOLD = 8
+
+    def __init__(self, tokenizer: Tokenizer, out: Any, past_eos: bool, prompt: str = "") -> None:
+        self.tokenizer, self.out, self.past_eos = tokenizer, out, past_eos
+        self.unwritten: str | None = prompt  # None once written
+        self.held: list[int] = []
+        self.count = 0  # ids of the text (not the end-of-text id or past it)
+        self.ended = False  # at the end-of-text id
+
+    def add(self, ids: Tensor) -> None:
+        """Take the next id of the (only) row: ``ids`` (1, 1)."""
+        token = int(ids[0, 0])
+        if self.ended:
+            return
+        if token == self.tokenizer.eos_id and not self.past_eos:
+            self.ended = True
+            self.close()
+            return
+        self.held.append(token)
+        self.count += 1
+        if len(self.held) >= self.HOLD or not self.tokenizer.decode(self.held).endswith("\ufffd"):
+            self._write()
+
+    def close(self) -> None:
+        """Write what is held back, and end the line if anything was written."""
+        if self.held:
+            self._write()
+        if self.unwritten is None:
+            self.out.write("\n")
+            self.out.flush()
+            self.unwritten = ""  # closed: a second close writes nothing
+
+    def _write(self) -> None:
+        self.out.write((self.unwritten or "") + self.tokenizer.decode(self.held))
+        self.out.flush()
+        self.unwritten, self.held = None, []
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from cofrgenet.nn.decoding import NonFiniteLogits
     from cofrgenet.training.pretrained import load_checkpoint
 
     # Before the checkpoint is loaded: torch refuses a seed past 64 bits with a traceback.
@@ -149,6 +203,14 @@ def run(args: argparse.Namespace) -> int:
                 f"--temperature 0 decodes greedily, so {' and '.join(given)} would not "
                 "apply: drop them, or give a temperature > 0 to sample"
             )
+    try:  # argv's bytes that are no UTF-8 came as lone surrogates; no tokenizer takes them
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise UserError(
+            f"--prompt is not UTF-8 text (a byte that is none at character {error.start + 1}): "
+            "give the prompt in UTF-8 (a terminal or file in another encoding: convert it, "
+            "e.g. with iconv)"
+        ) from None
     top_k = DEFAULT_TOP_K if args.top_k is None else args.top_k
     top_p = 1.0 if args.top_p is None else args.top_p
     loaded = load_checkpoint(args.ckpt, args.device, tokenizer_dir=args.tokenizer)
@@ -168,26 +230,52 @@ def run(args: argparse.Namespace) -> int:
             f"trained at (its block is {loaded.block_size}; later positions never trained)",
             file=sys.stderr,
         )
-    out = sample(
-        loaded.model,
-        idx,
-        args.max_new_tokens,
-        context,
-        temperature=args.temperature,
-        top_k=top_k,
-        generator=generator,
-        top_p=top_p if top_p < 1 else None,
-        vocab=tokenizer.vocab_size,
-        stop_id=None if args.past_eos else tokenizer.eos_id,
-    )
+    # One sample is written as it is drawn; several, each whole once all are.
+    stream = None
+    if args.num_samples == 1:
+        stream = StreamedText(tokenizer, sys.stdout, args.past_eos, prompt=args.prompt)
+    try:
+        out = sample(
+            loaded.model,
+            idx,
+            args.max_new_tokens,
+            context,
+            temperature=args.temperature,
+            top_k=top_k,
+            generator=generator,
+            top_p=top_p if top_p < 1 else None,
+            vocab=tokenizer.vocab_size,
+            stop_id=None if args.past_eos else tokenizer.eos_id,
+            on_token=None if stream is None else stream.add,
+        )
+    except NonFiniteLogits as error:
+        raise UserError(f"{args.ckpt}: {error}{_non_finite_weights(loaded.model)}") from None
+    finally:
+        if stream is not None:  # also what a Ctrl-C interrupted
+            stream.close()
     for row in out.tolist():
         new = row[len(ids) :]
         ended = not args.past_eos and tokenizer.eos_id in new  # the document ended there
         if ended:
             new = new[: new.index(tokenizer.eos_id)]
-        shown = row[: len(ids)] if args.prompt else []  # not the EOS that starts a document
-        print(tokenizer.decode(shown + new))
-        if ended:  # fewer tokens than asked: say why
-            print(f"[end of text after {len(new)} tokens; --past-eos samples on]")
-        print("-" * 40)
+        if stream is None:
+            shown = row[: len(ids)] if args.prompt else []  # not the EOS that starts a document
+            print(tokenizer.decode(shown + new))
+        if ended:  # fewer tokens than asked: say why, apart from the text
+            print(f"[end of text after {len(new)} tokens; --past-eos samples on]", file=sys.stderr)
+        if stream is None:
+            print("-" * 40)
     return 0
+
+
+def _non_finite_weights(model: nn.Module) -> str:
+    """What a NaN output's cause most likely is, said after it: weights that are NaN/Inf."""
+    import torch
+
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if not bad:
+        return " (its weights are finite: the numbers overflowed on the way)"
+    return (
+        f": {len(bad)} of its weight tensors hold NaN or Inf ({bad[0]}, ...), as a run that "
+        "diverged saves them; sample from an earlier checkpoint of the run"
+    )

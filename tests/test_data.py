@@ -1307,9 +1307,16 @@ def test_a_damaged_folder_names_the_command_that_made_it(pydoc_byte, tmp_path):
     (mine / "val" / "index.json").unlink()
     with pytest.raises(DataFolderError) as damaged:
         read_meta(mine)
+    # The folder at hand, not the one it was made as (a copy's record names the original,
+    # which that command's --overwrite would replace).
     assert str(damaged.value).endswith(
-        "cofr data prepare --source text --glob 'notes/*.txt' --out my-corpus --overwrite"
+        f"cofr data prepare --source text --glob 'notes/*.txt' --overwrite --out {mine}"
     )
+    meta["command_line"] = "cofr data prepare --source pydoc --out=elsewhere --overwrite"
+    (mine / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFolderError, match=f"--source pydoc --overwrite --out {mine}$"):
+        read_meta(mine)
+    assert read_meta(mine, splits=False).tokenizer == "byte"  # what reading a tokenizer needs
     (mine / "meta.json").unlink()  # unknown: a placeholder, not --source pydoc
     with pytest.raises(DataFolderError, match=r"<the options that made it> --out .*--overwrite"):
         read_meta(mine)

@@ -401,6 +401,23 @@ def test_a_sample_is_written_as_it_is_drawn_and_kept_on_ctrl_c(capsys, tmp_path,
     assert captured.out == "xAéB\n" and captured.err == "cofr: interrupted\n"
 
 
+def test_a_tokenizer_folder_needs_only_meta_json_and_its_tokenizer(
+    capsys, tmp_path, data, monkeypatch
+):
+    """The error for a run whose data folder is elsewhere says "copy that folder's meta.json
+    and tokenizer/ here, or pass --tokenizer DIR": doing so was refused as half-written
+    (train/index.json missing), then as damaged (its chunks)."""
+    from cofrgenet.training import generate
+
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copy(data / "meta.json", only / "meta.json")
+    monkeypatch.setattr(generate, "sample", sampling_ids([65]))
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", None)
+    assert main(["generate", "--ckpt", str(ckpt), "--tokenizer", str(only)]) == 0
+    assert capsys.readouterr().out == "A\n"
+
+
 def test_a_prompt_that_is_no_utf8_is_one_line(capsys, tmp_path, data):
     """Bytes that are no UTF-8 reach argv as lone surrogates: the byte tokenizer raised
     UnicodeEncodeError, the BPE ones `TypeError: TextInputSequence must be str`."""

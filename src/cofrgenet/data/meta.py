@@ -241,17 +241,35 @@ def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
 
 def _remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
     """The command that made ``data_dir`` (its ``meta.json`` records it), with
-    ``--overwrite``. Unrecorded, the name-based guess; for a name that tells nothing, a
-    placeholder: never the bundled corpus, which would replace the folder's data."""
+    ``--overwrite`` and ``--out data_dir``: a copied or moved folder's record names the
+    folder it was made as, which that command would replace. Unrecorded, the name-based
+    guess; for a name that tells nothing, a placeholder: never the bundled corpus, which
+    would replace the folder's data."""
     if meta is None or not meta.command_line:
         return prepare_command(data_dir, "--overwrite", unknown="<the options that made it>")
-    return meta.command_line + (
-        "" if "--overwrite" in meta.command_line.split() else " --overwrite"
-    )
+    try:
+        words = shlex.split(meta.command_line)
+    except ValueError:  # unbalanced quotes: not a command to give again
+        return prepare_command(data_dir, "--overwrite", unknown="<the options that made it>")
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip or word.startswith("--out="):
+            skip = False
+            continue
+        if word == "--out":
+            skip = True  # and its value
+            continue
+        kept.append(word)
+    if "--overwrite" not in kept:
+        kept.append("--overwrite")
+    return shlex.join([*kept, "--out", str(data_dir)])
 
 
-def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
+def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta:
     """Read and check ``data_dir/meta.json``; a clear :class:`DataFolderError` otherwise.
+    ``splits`` False: the splits are not read (what needs the tokenizer alone: a folder of
+    ``meta.json`` and ``tokenizer/`` copied from the training machine serves).
 
     * missing folder: names the ``cofr data prepare`` command that makes it;
     * folder without ``meta.json`` (an interrupted prepare): "half-written", rerun with
@@ -305,7 +323,7 @@ def read_meta(data_dir: str | os.PathLike[str]) -> DataMeta:
             f"{str(data_dir)!r} has data format {meta.format_version}, this cofrgenet reads "
             f"format {FORMAT_VERSION}. Remake it with `{_remake_command(data_dir, meta)}`."
         )
-    for split in SPLITS:
+    for split in SPLITS if splits else ():
         if not (data_dir / split / "index.json").is_file():
             raise DataFolderError(
                 f"data folder {str(data_dir)!r} is half-written: {split}/index.json is missing. "

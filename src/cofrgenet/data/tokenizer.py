@@ -304,8 +304,9 @@ def gpt2_tokenizer(directory: str | os.PathLike[str] | None = None) -> HFTokeniz
 
 
 def load_tokenizer(data_dir: str | os.PathLike[str]) -> Tokenizer:
-    """The tokenizer a prepared data folder was made with (for generation and evaluation)."""
-    meta = read_meta(data_dir)
+    """The tokenizer a prepared data folder was made with (for generation and evaluation):
+    its ``meta.json`` and ``tokenizer/`` are read, not its splits."""
+    meta = read_meta(data_dir, splits=False)
     if meta.tokenizer == "byte":
         tok: Tokenizer = ByteTokenizer()
     elif meta.tokenizer in ("bpe", "gpt2"):

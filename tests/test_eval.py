@@ -841,6 +841,42 @@ def test_an_interrupted_eval_keeps_the_tasks_it_finished(
     assert "logged to MLflow run" in captured.out
 
 
+def test_an_interrupted_eval_does_not_replace_complete_results(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """`--json eval.json` of a finished run, then Ctrl-C in a second one: eval.json held the
+    second's one set alone (with --no-mlflow, the first run's results were gone). The
+    partial results go beside it; partial results are replaced as before."""
+    from cofrgenet.eval import perplexity
+
+    real, calls = perplexity.text_perplexity, []
+
+    def second_is_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--ckpt", str(checkpoint), "--data-dir", str(data), "--json", str(out)]
+    argv += ["--no-mlflow"]
+    assert main([*argv, "--tasks", "ptb"]) == 0
+    complete = out.read_text()
+    monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
+    assert main([*argv, "--tasks", "ptb,wikitext-2"]) == 130
+    partial = tmp_path / "eval.partial.json"
+    assert out.read_text() == complete
+    assert json.loads(partial.read_text())["partial"]["not_scored"] == ["wikitext-2"]
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"results: {partial} (partial: the sets finished; {out} keeps an earlier run's" in said
+    out.write_text(partial.read_text())  # partial results: a stopped run replaces them
+    partial.unlink()
+    calls.clear()
+    assert main([*argv, "--tasks", "ptb,wikitext-2"]) == 130
+    assert "partial" in json.loads(out.read_text()) and not partial.exists()
+
+
 def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(
     checkpoint, tmp_path, capsys, monkeypatch
 ):

@@ -416,7 +416,7 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert main([*valid, "--split", "valid", "--stride", "16"]) == 0
     assert "as eval/valid/<task>/<metric>" in capsys.readouterr().out
     assert main([*argv, "--limit", "1"]) == 0
-    assert "not logged to MLflow: --limit 1 scores part of the sets" in capsys.readouterr().out
+    assert "not logged to MLflow: a run with --limit (1) is not" in capsys.readouterr().out
     metrics = mlflow.get_run(report["mlflow_run_id"]).data.metrics
     assert metrics["eval/wikitext-2/word_ppl"] == pytest.approx(wiki["word_ppl"])
     assert metrics["eval/valid/wikitext-2/word_ppl"] != pytest.approx(wiki["word_ppl"])

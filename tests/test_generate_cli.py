@@ -185,6 +185,10 @@ def test_a_tokenizer_flag_that_is_no_data_folder_names_the_flag(capsys, tmp_path
     assert "training data folder" not in line
     line = one_line_error(capsys, ["generate", "--ckpt", ckpt, flag, str(tmp_path)])
     assert f"--tokenizer {tmp_path} is not a prepared data folder (no meta.json)" in line
+    meta = run_folder.parents[2] / "pyd" / "meta.json"  # the folder's file, not the folder
+    line = one_line_error(capsys, ["generate", "--ckpt", ckpt, flag, str(meta)])
+    assert line.endswith(f"is a file, not a prepared data folder (one with meta.json, as `cofr "
+                         f"data prepare` writes): did you mean {meta.parent}?")  # fmt: skip
 
 
 def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_path, data):

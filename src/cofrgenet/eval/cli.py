@@ -577,8 +577,9 @@ def _log_and_say(
 
     if args.limit is not None:
         print(
-            f"not logged to MLflow: --limit {args.limit} scores part of the sets, which "
-            "would stand beside full scores under the same names (run without --limit)"
+            f"not logged to MLflow: a run with --limit ({args.limit}) is not (the part of a "
+            "set it may score would stand beside full scores under the same names); run "
+            "without --limit to log"
         )
         return
     try:

@@ -58,8 +58,9 @@ def lambada(
         if len(pairs[-1][1]) > block:
             raise EvalDataError(
                 f"LAMBADA passage {number}: its last word {target.strip()[:40]!r} is "
-                f"{len(pairs[-1][1])} tokens, more than the model's block ({block}): "
-                "it cannot be scored"
+                f"{len(pairs[-1][1])} tokens, more than the {block}-token window it is "
+                "scored in (--window; default: the length the model trained at): it cannot "
+                "be scored"
             )
     scores = score_continuations(model, pairs, block, batch_size, device, n_real)
     return LambadaResult(

@@ -226,6 +226,12 @@ class LoadedCheckpoint:
         if self.tokenizer_given:
             assert self.data_dir is not None
             folder = Path(self.data_dir).expanduser()
+            if folder.is_file():
+                hint = f": did you mean {folder.parent}?" if folder.name == "meta.json" else ""
+                raise TokenizerNotFound(
+                    f"{self._option(str(self.data_dir))} is a file, not a prepared data folder "
+                    f"(one with meta.json, as `cofr data prepare` writes){hint}"
+                )
             if not folder.is_dir():
                 raise TokenizerNotFound(
                     f"{self._option(str(self.data_dir))}: no such folder; give a prepared data folder "

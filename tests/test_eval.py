@@ -309,7 +309,9 @@ def test_a_bad_lambada_file_names_the_file_the_line_and_the_layout(tmp_path, lin
 def test_a_target_word_longer_than_the_block_is_named():
     model = lambda idx: torch.zeros(*idx.shape, 8)  # noqa: E731
     encode = lambda text: [1] * len(text)  # noqa: E731  one id per character
-    with pytest.raises(EvalDataError, match=r"passage 2: its last word 'abcdefghij' is 11 tokens"):
+    # The window it is scored in (--window 1 read "more than the model's block (1)").
+    said = r"passage 2: its last word 'abcdefghij' is 11 tokens, more than the 8-token window"
+    with pytest.raises(EvalDataError, match=said):
         lambada(model, encode, 0, ["a bc", "a abcdefghij"], block=8)
 
 

@@ -1759,9 +1759,20 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplo
     (logged,) = client.get_metric_history(runs.run_id[0], "test/loss")
     assert (logged.step, logged.value) == (2, float(tested.trainer.callback_metrics["test/loss"]))
     assert (run / "config.yaml").read_text() == config
-    with pytest.raises(ConfigError, match=r"^experiment 'nothing' has no run in .*nothing: name"):
+    with pytest.raises(ConfigError, match=r"^no experiment 'nothing' in .*runs \(experiments "
+                       r"there: test\): name"):  # fmt: skip
         validate("--run.experiment", "nothing")
     assert not (tmp_path / "runs" / "nothing").exists()
+    with pytest.raises(ConfigError, match=r"^no experiment 'tset' in .*\(did you mean 'test'\?\)"):
+        validate("--run.experiment", "tset")
+    (tmp_path / "runs" / "nothing").mkdir()  # there, without runs
+    with pytest.raises(ConfigError, match=r"^experiment 'nothing' has no run in .*nothing: name"):
+        validate("--run.experiment", "nothing")
+    (tmp_path / "runs" / "nothing").rmdir()
+    for typo in ("lats", "best"):  # what `last` takes, or Lightning's `best`, not a file
+        with pytest.raises(UserError, match=rf"^--ckpt_path {typo}: no such file \(--ckpt_path "
+                           "last takes the run's newest checkpoint; any other"):  # fmt: skip
+            validate("--ckpt_path", typo)
     with pytest.raises(ConfigError, match=r"aa holds no checkpoint to evaluate \(did you mean 'a'"):
         validate("--run.name", "aa")
     # Without --data.data_dir: the run's typo is said, not the default data folder's absence.

@@ -463,16 +463,29 @@ def _check_not_stopped_on_nonfinite(run_dir: Path) -> None:
     )
 
 
+def _close_to_last(word: str) -> list[str]:
+    """[word] when ``word`` is a mistyped ``last`` (``lats``, ``Last``), else []."""
+    import difflib
+
+    return [word] if difflib.get_close_matches(word.lower(), ["last"], cutoff=0.7) else []
+
+
 def _nothing_to_evaluate(run: RunConfig, run_dir: Path) -> str:
     """Why validate/test found no checkpoint: the run named has none, or (no name given)
     no run of the experiment has one; with the runs there are, for a typo."""
     fix = "name a trained run with --run.experiment and --run.name, or a file with --ckpt_path"
     experiment_dir = run_dir.parent
-    runs = (
-        sorted(p.name for p in experiment_dir.iterdir() if p.is_dir())
-        if experiment_dir.is_dir()
-        else []
-    )
+    if not experiment_dir.is_dir():  # a mistyped experiment: the ones with runs
+        runs_dir = experiment_dir.parent
+        experiments = [
+            p.name
+            for p in (sorted(runs_dir.iterdir()) if runs_dir.is_dir() else [])
+            if p.is_dir() and any(p.glob("*/config.yaml"))
+        ]
+        hint = did_you_mean(experiment_dir.name, experiments)
+        listed = f" (experiments there: {', '.join(experiments[:8])})" if experiments else ""
+        return f"no experiment {run.experiment!r} in {runs_dir}{hint or listed}: {fix}"
+    runs = sorted(p.name for p in experiment_dir.iterdir() if p.is_dir())
     if run.name is not None or slurm_run_name() is not None:
         others = [name for name in runs if name != run_dir.name]  # not itself, if it is there
         # A name that starts dated ones (`gpt2` of `gpt2-20261204-103816`): the newest.
@@ -692,6 +705,11 @@ class CofrCLI(LightningCLIAdapter):
         # check the file before anything unpickles it.
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path not in (None, "last"):
+            if not Path(ckpt_path).exists() and ckpt_path in ("best", *_close_to_last(ckpt_path)):
+                raise checkpoints.CheckpointError(
+                    f"--ckpt_path {ckpt_path}: no such file (--ckpt_path last takes the run's "
+                    "newest checkpoint; any other value is a checkpoint file's path)"
+                )
             checkpoints.check(ckpt_path)
             if subcommand in EVALUATIONS and checkpoints.is_sharded(ckpt_path):
                 self._use_sharded_hyperparameters(subcommand, Path(ckpt_path))

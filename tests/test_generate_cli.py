@@ -293,6 +293,13 @@ def test_a_relative_data_folder_is_found_from_another_folder(
         tmp_path / "proj" / "pyd",
     ]
     assert pretrained.data_dir_candidates("/abs/pyd", ckpt, run_folder) == [Path("/abs/pyd")]
+    # A run folder given relative to the current folder: each place once.
+    monkeypatch.chdir(tmp_path / "proj")
+    relative = run_folder.relative_to(tmp_path / "proj")
+    tried = pretrained.data_dir_candidates("pyd", ckpt, relative)
+    assert (
+        len({p.absolute() for p in tried}) == len(tried) and tried[0] == tmp_path / "proj" / "pyd"
+    )
 
 
 def test_a_byte_checkpoint_needs_no_data_folder(capsys, tmp_path):

@@ -100,7 +100,9 @@ def data_dir_candidates(stored: str, ckpt: Path, run_dir: Path | None) -> list[P
     path = Path(stored).expanduser()
     if path.is_absolute():
         return [path]
-    anchor = run_dir if run_dir is not None else ckpt.resolve().parent
+    # Absolute: a relative run folder's last parent, ".", would name the current folder
+    # again, as a relative path (listed twice in the error).
+    anchor = run_dir.absolute() if run_dir is not None else ckpt.resolve().parent
     tried: list[Path] = []
     for base in (Path.cwd(), *anchor.parents):
         candidate = base / path

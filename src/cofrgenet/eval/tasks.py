@@ -177,10 +177,11 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         rows = _from_hub(task, split)
     except Exception as error:  # no datasets, no cache, no network: all mean "not here"
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        # Another folder is a way out only where none was given.
+        other = ", or pass --data-dir DIR" if Path(data_dir) == Path(DEFAULT_DATA_DIR) else ""
         raise EvalDataNotFound(
             f"{task.name}: no file {path}, and the Hugging Face dataset {task.hub_name} could not be "
-            f"loaded{offline} ({_why(error)}); get {task.source} and put it there, or pass "
-            "--data-dir DIR"
+            f"loaded{offline} ({_why(error)}); get {task.source} and put it there{other}"
         ) from None
     if not any(isinstance(row, str) and row.strip() for row in rows):  # nothing to score
         raise EvalDataError(f"{task.name}: the Hugging Face dataset's {split} split has no text")

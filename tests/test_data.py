@@ -1094,6 +1094,8 @@ def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_by
         make(2, "validate", limit=1.0, val_batch_size=5).load_state_dict(whole)  # all of it
         make(1, "test").load_state_dict(state)  # no fit curve to compare with
         make(1, "validate").load_state_dict({k: v for k, v in state.items() if k != "val_scored"})
+        # Another corpus's val split (validate --data.data_dir OTHER): other blocks by design.
+        make(1, "validate").load_state_dict({**state, "val_split": {"tokens": 1, "chunks": 1}})
     with pytest.warns(UserWarning, match=r"other blocks .*\(processes \(trainer.devices x "):
         make(1, "validate").load_state_dict(state)
     with pytest.warns(UserWarning, match=rf"blocks each scores .*\) 8 -> {share}\)"):

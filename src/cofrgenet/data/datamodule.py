@@ -496,6 +496,8 @@ class TokenDataModule(L.LightningDataModule):
             return None
         if trainer.state.fn not in ("fit", "validate"):
             return None
+        if state_dict.get("val_split") not in (None, self._val_split()):
+            return None  # another corpus's val split: other blocks by design, no comparison
         now = self._val_scored()
         names = {
             "processes": "processes (trainer.devices x num_nodes)",

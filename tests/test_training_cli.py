@@ -2254,7 +2254,7 @@ def test_a_sigusr1_that_nothing_handles_stops_the_fit_saved(tmp_path):
             signal.signal(signum, handler)
 
 
-def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path):
+def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp_path, caplog):
     """validate reads no training stream: another corpus of the model's tokenizer is
     scored; one of another tokenizer is refused, naming it (not 'cannot resume')."""
     from cofrgenet.data import prepare_data
@@ -2263,8 +2263,11 @@ def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp
     other = tmp_path / "other-byte"
     prepare_data(source="pydoc", tokenizer="byte", out=other, max_docs=8, num_workers=1)
     args = fit_args(tmp_path, other, "--run.name", "a")[1:]
-    scored = float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"])
+    with caplog.at_level(logging.INFO):
+        scored = float(CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"])
     assert scored > 0
+    # Lightning's table says val/loss: where the score goes is said above it.
+    assert "its scores go to MLflow as eval/val/other-byte/loss and .../ppl" in caplog.text
     # Onto the run, beside its own curves (its val/loss stays the training data's), under
     # the folder's name, with the folder's path as a tag.
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")

@@ -1384,6 +1384,13 @@ class CofrCLI(LightningCLIAdapter):
             extra = [c for c in extra if not isinstance(c, ModelReport)]
         logger = trainer_config.get("logger")
         if run.mlflow and logger in (None, True):
+            other = None if self.subcommand == "fit" else self._other_data(saved, chosen)
+            if other is not None:  # the table below names them as the fit's
+                split = "test" if self.subcommand == "test" else "val"
+                rank_zero_info(
+                    f"{other} is not the data the run trained on: its scores go to MLflow as "
+                    f"eval/{split}/{other.name}/loss and .../ppl, beside the run's {split}/ curves"
+                )
             trainer_config["logger"] = CofrMLFlowLogger(
                 run_dir=run_dir,
                 experiment_name=run.experiment,
@@ -1394,7 +1401,7 @@ class CofrCLI(LightningCLIAdapter):
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
-                eval_data=None if self.subcommand == "fit" else self._other_data(saved, chosen),
+                eval_data=other,
             )
         elif logger is None:
             trainer_config["logger"] = False

@@ -23,12 +23,17 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         recommended = "It is recommended to use `self.log({!r}, ..., sync_dist=True)` when"
         warnings.warn(recommended.format("val/loss"), stacklevel=1)
         warnings.warn(recommended.format("train/other"), stacklevel=1)
+        # validate of a checkpoint outside a run folder: no logger, as said above the table
+        unlogged = "You called `self.log({!r}, ..., logger=True)` but have no logger configured."
+        warnings.warn(unlogged.format("val/loss"), stacklevel=1)
+        warnings.warn(unlogged.format("train/other"), stacklevel=1)
         # torch.distributed.checkpoint's, at every sharded FSDP save and load
         sharded = "Please use DTensor instead and we are deprecating ShardedTensor."
         warnings.warn(sharded, FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == [
         "something new and worth reading",
         recommended.format("train/other"),
+        unlogged.format("train/other"),
     ]
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):

@@ -61,6 +61,9 @@ HARMLESS: tuple[tuple[str, str], ...] = (
      "torch.distributed.checkpoint's own call, in Lightning's sharded FSDP save and load"),
     ("Received SIGTERM: ", "StopOnSignal says which signal stopped the run, after which "
      "step, and how to resume it (Lightning's line came last, below the resume command)"),
+    ("You called `self.log('val/", "validate/test of a checkpoint outside a run folder, "
+     "scored without MLflow as said; logger=True keeps its scores in Lightning's table"),
+    ("You called `self.log('test/", "as val/: logger=True keeps them in the table"),
     ("FSDP is switching to use `NO_SHARD`",
      "FSDP in one process (a sharded checkpoint validated on one device): nothing to shard"),
 )  # fmt: skip

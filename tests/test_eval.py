@@ -1402,3 +1402,19 @@ def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):
     assert "--study other names the study of a sweep file: give it with --sweep" in (
         capsys.readouterr().err
     )
+
+
+def test_the_results_table_shows_the_columns_its_tasks_have(capsys, monkeypatch):
+    """LAMBADA's empty columns stood beside every perplexity set, one of them named just
+    "ppl" beside "token ppl" and "word ppl" (it is the target word's)."""
+    from cofrgenet.eval.cli import print_results
+
+    monkeypatch.setenv("COLUMNS", "200")
+    ptb = {"tokens": 10.0, "token_ppl": 5.0, "word_ppl": 9.0, "word_ppl_eos": 8.0,
+           "bits_per_byte": 1.5}  # fmt: skip
+    print_results({"ptb": ptb}, "t")
+    header = next(line for line in capsys.readouterr().out.splitlines() if "task" in line)
+    assert "token ppl" in header and "accuracy" not in header and "target ppl" not in header
+    print_results({"ptb": ptb, "lambada": {"accuracy": 0.5, "ppl": 7.0}}, "t")
+    header = next(line for line in capsys.readouterr().out.splitlines() if "task" in line)
+    assert "accuracy" in header and "target ppl" in header and "┃ ppl ┃" not in header

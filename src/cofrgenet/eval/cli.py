@@ -173,25 +173,25 @@ def evaluate_tasks(
 def print_results(results: dict[str, dict[str, float]], title: str) -> None:
     from rich.table import Table
 
+    # (column, metric, format): the perplexity sets' columns, then LAMBADA's, each shown
+    # when a task of the table has them.
+    columns = (
+        ("tokens", "tokens", ",.0f"),
+        ("token ppl", "token_ppl", ".2f"),
+        ("word ppl", "word_ppl", ".2f"),
+        ("+eos", "word_ppl_eos", ".2f"),
+        ("bits/byte", "bits_per_byte", ".4f"),
+        ("accuracy", "accuracy", ".4f"),
+        ("target ppl", "ppl", ".2f"),  # LAMBADA's: of the last word, not of the text
+    )
+    shown = [c for c in columns if any(c[1] in metrics for metrics in results.values())]
     table = Table(title=title)
-    columns = ("task", "tokens", "token ppl", "word ppl", "+eos", "bits/byte", "accuracy", "ppl")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "task" else "right", no_wrap=True)
-
-    def cell(metrics: dict[str, float], key: str, fmt: str) -> str:
-        return readable(metrics[key], fmt) if key in metrics else ""
-
+    table.add_column("task", no_wrap=True)
+    for column, _, _ in shown:
+        table.add_column(column, justify="right", no_wrap=True)
     for name, metrics in results.items():
-        table.add_row(
-            name,
-            cell(metrics, "tokens", ",.0f"),
-            cell(metrics, "token_ppl", ".2f"),
-            cell(metrics, "word_ppl", ".2f"),
-            cell(metrics, "word_ppl_eos", ".2f"),
-            cell(metrics, "bits_per_byte", ".4f"),
-            cell(metrics, "accuracy", ".4f"),
-            cell(metrics, "ppl", ".2f"),
-        )
+        cells = [readable(metrics[key], fmt) if key in metrics else "" for _, key, fmt in shown]
+        table.add_row(name, *cells)
     terminal.console().print(table)
 
 

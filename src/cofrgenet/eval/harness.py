@@ -568,10 +568,15 @@ def resolve_tasks(
     names = _expand_tasks(task_manager, tasks)
     clash = [name for name in names if name in reserved]
     if clash:
+        # lm-eval's own tasks of the set go by other names (lambada_openai, ...).
+        variants = sorted(
+            n for n in task_manager.all_tasks if n.startswith(f"{clash[0]}_") and n.count("_") == 1
+        )
+        way = f"lm-eval's own are {', '.join(variants[:4])}; " if variants else ""
         raise HarnessError(
             f"harness task {clash[0]!r} has the name of cofr's own {clash[0]} task, whose "
-            "results and MLflow metrics it would replace: give it another name (the `task:` "
-            "of its YAML)"
+            f"results and MLflow metrics it would replace: {way}--tasks {clash[0]} scores "
+            "cofr's; a task of your own: give it another name (the `task:` of its YAML)"
         )
     return ResolvedTasks(names, task_manager)
 

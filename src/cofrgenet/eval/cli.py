@@ -28,6 +28,7 @@ from cofrgenet.errors import UserError
 from cofrgenet.eval.paths import (
     check_data_dir,
     check_output_file,
+    partial_results_file,
     readable,
     results_json,
     write_results,
@@ -487,8 +488,15 @@ def run(args: argparse.Namespace) -> int:
         for warning in report["warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
         if out is not None:
+            kept = None
+            if stop.signum is not None and (partial := partial_results_file(out)) != out:
+                kept = f"; {out} keeps an earlier run's complete results"
+                out = check_output_file(partial)
             write_results(out, report)
-            print(f"results: {out}" + (" (partial: the sets finished)" if stop.signum else ""))
+            print(
+                f"results: {out}"
+                + (" (partial: the sets finished" + (kept or "") + ")" if stop.signum else "")
+            )
         if not args.no_mlflow:
             _log_and_say(args, loaded, results, report)
     return 0 if stop.signum is None else 128 + stop.signum

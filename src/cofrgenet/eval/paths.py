@@ -50,6 +50,19 @@ def check_output_file(
     return out
 
 
+def partial_results_file(out: Path) -> Path:
+    """Where a stopped evaluation's partial results go when ``--json`` is ``out``: ``out``
+    itself, unless it holds an earlier run's complete results (no ``partial`` record),
+    which a Ctrl-C is not to replace: then ``<stem>.partial<suffix>`` beside it."""
+    if _results_kind(out) is None:
+        return out
+    try:
+        earlier = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return out
+    return out if "partial" in earlier else out.with_name(f"{out.stem}.partial{out.suffix}")
+
+
 def _results_kind(path: Path) -> str | None:
     """Which command's JSON results file ``path`` is (a key of :data:`RESULTS_KINDS`),
     or None for anything else (a model's config.json given by mistake)."""

@@ -385,7 +385,7 @@ def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     assert "--dry-run submits none: drop one" in capsys.readouterr().err
 
 
-def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys):
+def test_submit_wait_says_a_failed_job_and_exits_1(tiny_data, tmp_path, monkeypatch, capsys):
     """`sbatch --wait` exits non-zero for a failed job, its id printed all the same:
     submit said `submitted ... as job N` and exited 0. A failed sbatch (nothing
     submitted) left its script behind."""
@@ -402,6 +402,7 @@ def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     runs = tmp_path / "runs"
     submit = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--runs-dir", str(runs)]
+    submit += ["--set", f"data.data_dir={tiny_data}"]
     assert main([*submit, "--wait"]) == 1
     out, err = capsys.readouterr()
     assert "as job 4242" in out
@@ -413,14 +414,18 @@ def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys
     assert len(list(logs.glob("*.sbatch"))) == 1  # the failed job's, not the unsubmitted one's
 
 
-def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(tmp_path, monkeypatch):
+def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(
+    tiny_data, tmp_path, monkeypatch
+):
     """A --runs-dir under a file (or on a read-only disk) gave mkdir's traceback."""
     import cofrgenet.sweeps.slurm as slurm
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    options = SubmitOptions(runs_dir=str(blocker / "runs"))
+    options = SubmitOptions(
+        runs_dir=str(blocker / "runs"), settings={"data.data_dir": str(tiny_data)}
+    )
     with pytest.raises(SweepError, match=rf"^cannot make {blocker}/runs/.*/slurm, the folder of "):
         slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
 
@@ -558,9 +563,11 @@ def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypat
     """The script may hold the storage's password: it is written for its owner alone,
     and a second submit of the same second gets its own file (it was a FileExistsError)."""
     import cofrgenet.sweeps.slurm as slurm
+    import cofrgenet.sweeps.worker as worker
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
     monkeypatch.setattr(slurm.st, "check_reachable", lambda url: None)  # no server here
+    monkeypatch.setattr(worker, "check_before_submit", lambda *a: None)  # nor its study
     monkeypatch.setattr(slurm.time, "strftime", lambda fmt, *a: "20261203-120000")
     monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
         a, 0, stdout="4242\n", stderr=""

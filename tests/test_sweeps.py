@@ -3883,3 +3883,42 @@ def test_a_trial_saved_for_a_requeue_that_does_not_come_is_retried_at_once(
     assert first.user_attrs[st.STOPPED] == "SIGUSR1" and not first.user_attrs.get(st.REQUEUED)
     assert "for a requeue, but this is not a SLURM job" in first.user_attrs[st.FAIL_REASON]
     assert st.budget_used(result.study.get_trials()) == 0
+
+
+def test_submit_refuses_what_run_refuses_before_sbatch(tiny_data, tmp_path, monkeypatch):
+    """`cofr sweep submit` queued array tasks that all failed (a changed search space),
+    that only said "study X: done" (no trials left), or that all stopped on a missing data
+    folder; `cofr sweep run` refused each at once. Submit refuses them before sbatch."""
+    import subprocess
+
+    import cofrgenet.sweeps.slurm as slurm
+    from cofrgenet.sweeps.slurm import SubmitOptions
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    calls = []
+    done = subprocess.CompletedProcess((), 0, stdout="9\n", stderr="")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: calls.append(a) or done)
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    run_worker(load_sweep(path), report=False, mlflow=False)
+
+    def submit(sweep_file, **options):
+        return slurm.submit(load_sweep(sweep_file), SubmitOptions(**options), False, False)
+
+    with pytest.raises(SweepError, match=r"^study 'tiny-cpu' is done: its 1 trials have run, "
+                       r"so workers would start none\. Raise n_trials in .*sweep\.yaml"):  # fmt: skip
+        submit(path)
+    changed = write_sweep(tmp_path, "changed.yaml", **common | {"n_trials": 2},
+                          space={"model.config.depth": "int 1..8"})  # fmt: skip
+    with pytest.raises(SweepError, match=r"^study 'tiny-cpu' was created from another version"):
+        submit(changed)
+    missing = dict(common, overrides={**common["overrides"], "data.data_dir": "no-such-data"})
+    with pytest.raises(
+        SweepError, match=r"(?s)data\.data_dir: .*no-such-data.*--no-storage-check\)$"
+    ):
+        submit(write_sweep(tmp_path, "nodata.yaml", **missing, study="new"))
+    assert calls == []
+    assert submit(write_sweep(tmp_path, "more.yaml", **common | {"n_trials": 2}))[1] == "9"
+    nodata = write_sweep(tmp_path, "nodata2.yaml", **missing, study="new")
+    assert submit(nodata, check_storage=False)[1] == "9"  # only the nodes may see it

@@ -219,8 +219,9 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-storage-check",
         action="store_true",
-        help="submit without connecting to a database storage from this host first "
-        "(where only the compute nodes reach it)",
+        help="submit without asking a database storage or tracking server, or looking "
+        "for the trials' data folder, from this host first (where only the compute "
+        "nodes reach them)",
     )
     parser.add_argument(
         "--shared-journal",

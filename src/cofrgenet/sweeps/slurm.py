@@ -439,6 +439,18 @@ def submit(
 
         fix = "fix the sweep's tracking_uri (where only the compute nodes reach it: "
         check_tracking_uri(sweep.tracking_uri, fix=fix + "--no-storage-check)")
+    from cofrgenet.sweeps.worker import check_before_submit
+
+    # A database only when it answered above; the data folder only as the tasks see it:
+    # from the submit folder, their working folder unless an --sbatch --chdir moves them.
+    readable = options.check_storage or st.storage_file(rendered.storage) is not None
+    if readable:
+        data = options.check_storage and "chdir" not in rendered.resources
+        try:
+            check_before_submit(sweep, rendered.storage, rendered.settings, data)
+        except SweepError as error:
+            escape = " (where only the compute nodes see it: --no-storage-check)"
+            raise SweepError(f"{error}{escape if 'data_dir' in str(error) else ''}") from None
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 

@@ -3922,3 +3922,28 @@ def test_submit_refuses_what_run_refuses_before_sbatch(tiny_data, tmp_path, monk
     assert submit(write_sweep(tmp_path, "more.yaml", **common | {"n_trials": 2}))[1] == "9"
     nodata = write_sweep(tmp_path, "nodata2.yaml", **missing, study="new")
     assert submit(nodata, check_storage=False)[1] == "9"  # only the nodes may see it
+
+
+def test_a_damaged_mlflow_store_is_one_line_for_run_and_report(tiny_data, tmp_path, capsys):
+    """`echo garbage > runs/mlflow.db`: `cofr sweep report` gave SQLAlchemy's traceback
+    ("file is not a database"); `run` says it in one line before the study is made."""
+    from cofrgenet.errors import ConfigError
+    from cofrgenet.sweeps.tracking import PARENT_ATTR
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    store = tmp_path / "runs" / "mlflow.db"
+    store.parent.mkdir(parents=True)
+    store.write_text("garbage\n")
+    with pytest.raises(ConfigError, match=r"mlflow\.db is not an MLflow database \(file is not"):
+        run_worker(load_sweep(path), report=False)
+    assert not (tmp_path / "runs" / "sweeps" / "tiny-cpu" / "optuna.journal").exists()
+    result = run_worker(load_sweep(path), report=False, mlflow=False)
+    result.study.set_user_attr(PARENT_ATTR, "0123456789abcdef")  # as a tracked worker sets it
+    line = one_line_error(capsys, ["sweep", "report", str(path)])
+    assert line.endswith(
+        "mlflow.db is not an MLflow database (file is not a database): move it aside (the "
+        "next cofr fit makes a new store), or fix the sweep's tracking_uri (or "
+        "MLFLOW_TRACKING_URI), or report with --no-mlflow"
+    )

@@ -414,6 +414,12 @@ def report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else st.study_folder(sweep) / "report"
     client = parent = None
     if not args.no_mlflow and study.user_attrs.get(PARENT_ATTR):
+        from cofrgenet.sweeps.tracking import tracking_uri
+        from cofrgenet.training.run_store import check_tracking_uri
+
+        # A damaged store or a dead server: one line, not MLflow's traceback or retries.
+        fix = "fix the sweep's tracking_uri (or MLFLOW_TRACKING_URI), or report with --no-mlflow"
+        check_tracking_uri(tracking_uri(run_config(sweep)), fix=fix)
         client = client_for(run_config(sweep))
         parent = study.user_attrs[PARENT_ATTR]
         if run_missing(client, parent):  # the store changed since: report files only

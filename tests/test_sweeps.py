@@ -3947,3 +3947,19 @@ def test_a_damaged_mlflow_store_is_one_line_for_run_and_report(tiny_data, tmp_pa
         "next cofr fit makes a new store), or fix the sweep's tracking_uri (or "
         "MLFLOW_TRACKING_URI), or report with --no-mlflow"
     )
+
+
+def test_a_damaged_sqlite_study_database_is_said_at_once(tmp_path, capsys):
+    """`echo garbage > bad.db; cofr sweep status st --storage sqlite:///bad.db` was retried
+    five times (about 10 s), then blamed on a folder that must be writable."""
+    import time
+
+    bad = tmp_path / "bad.db"
+    bad.write_text("garbage\n")
+    started = time.monotonic()
+    line = one_line_error(capsys, ["sweep", "status", "st", "--storage", f"sqlite:///{bad}"])
+    assert time.monotonic() - started < 3
+    assert line.endswith(
+        f"the study database {bad} is damaged (file is not a database): restore it from a "
+        "copy, or move it aside to start its studies anew, or choose another with --storage"
+    )

@@ -436,10 +436,16 @@ def check_reachable(url: str) -> None:
 
 def _sqlite_cannot_write(url: str, error: Exception) -> bool:
     """Whether ``error`` says a sqlite file cannot be made or written (a read-only
-    folder): no retry mends that."""
+    folder), or is damaged: no retry mends that."""
     text = str(getattr(error, "orig", None) or error)
     cannot = ("unable to open database file", "readonly database", "read-only file system")
-    return sqlite_database(url) is not None and any(c in text.lower() for c in cannot)
+    return sqlite_database(url) is not None and any(
+        c in text.lower() for c in (*cannot, *SQLITE_DAMAGE)
+    )
+
+
+#: SQLite's words for a file that is no database, or a damaged one.
+SQLITE_DAMAGE = ("file is not a database", "database disk image is malformed")
 
 
 def _unreachable(url: str, error: Exception) -> str:
@@ -447,7 +453,12 @@ def _unreachable(url: str, error: Exception) -> str:
 
     reason = str(getattr(error, "orig", None) or error).strip()
     reason = reason.splitlines()[0] if reason else type(error).__name__
-    if (path := sqlite_database(url)) is not None:  # a local file: no server to ask about
+    if (path := sqlite_database(url)) is not None and any(d in reason for d in SQLITE_DAMAGE):
+        return (
+            f"the study database {path} is damaged ({reason}): restore it from a copy, or "
+            "move it aside to start its studies anew, or choose another with --storage"
+        )
+    if path is not None:  # a local file: no server to ask about
         return (
             f"cannot open the study database {path} ({reason}): its folder must be "
             "writable; choose another with --storage"

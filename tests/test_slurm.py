@@ -355,6 +355,33 @@ def test_a_time_limit_the_requeue_signal_cannot_come_before_is_refused(tmp_path,
     assert "so the signal would never come; give a time above 90 s" in capsys.readouterr().err
 
 
+def test_a_signal_the_worker_does_not_requeue_on_is_refused(capsys):
+    """--sbatch=--signal=USR1@30 (job steps only: no worker gets it) or B:USR2@300 (the
+    script passes on USR1 alone) replaced the requeue signal: no trial was ever saved and
+    requeued at the time limit."""
+    from cofrgenet.cli import main
+
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    for bad in ("USR1@30", "B:USR2@300", "R:USR1@300", "B:TERM"):
+        with pytest.raises(SweepError, match=re.escape(
+            f"--sbatch --signal={bad}: the worker saves and requeues its trial on SIGUSR1 "
+            "sent to the batch shell, so only the lead time may change: give "
+            "--signal=B:USR1@SECONDS (e.g. B:USR1@300), or leave it out for B:USR1@90"
+        )):  # fmt: skip
+            render(tiny, SubmitOptions(sbatch_args=[f"--signal={bad}"]))
+    for good in ("B:USR1@300", "B:SIGUSR1@120", "b:usr1", "B:10@100"):
+        header = parse_sbatch_header(
+            render(tiny, SubmitOptions(sbatch_args=[f"--signal={good}"])).script
+        )
+        assert header["signal"] == good
+    tiny.slurm.extra = ["--signal=USR1@30"]
+    with pytest.raises(SweepError, match=r"^slurm\.extra \(in the sweep\) --signal=USR1@30: "):
+        render(tiny, SubmitOptions())
+    argv = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--sbatch=--signal=USR1@30"]
+    assert main([*argv, "--dry-run"]) == 2
+    assert "--sbatch --signal=USR1@30: the worker saves" in capsys.readouterr().err
+
+
 def test_an_sbatch_option_that_needs_a_value_is_refused_without_one(capsys):
     """--sbatch=--account went into the script as a bare #SBATCH --account, which sbatch
     refused only after submit had written the script; flags (--exclusive) stay bare."""

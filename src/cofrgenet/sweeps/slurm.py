@@ -301,8 +301,21 @@ def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
         if key == "time":  # replaces submit's own #SBATCH line
             given[key] = (f"{where} --time", value)
         elif key == "signal":
+            _check_requeue_signal(where, value)
             given[key] = (where, value)
     _check_signal_before_end(given)
+
+
+def _check_requeue_signal(where: str, value: str) -> None:
+    """SweepError for a ``--signal`` that replaces submit's ``B:USR1@90`` with one the
+    worker does not requeue on: without ``B:`` only job steps get it (a worker is none),
+    and the batch shell passes on SIGUSR1 alone; only the lead time may change."""
+    if re.fullmatch(r"B:((SIG)?USR1|10)(@\d+)?", value.strip(), re.IGNORECASE) is None:
+        raise SweepError(
+            f"{where} --signal={value}: the worker saves and requeues its trial on SIGUSR1 "
+            f"sent to the batch shell, so only the lead time may change: give "
+            f"--signal=B:USR1@SECONDS (e.g. B:USR1@300), or leave it out for {REQUEUE_SIGNAL}"
+        )
 
 
 def _check_signal_before_end(given: dict[str, tuple[str, str]]) -> None:

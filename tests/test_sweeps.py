@@ -3963,3 +3963,25 @@ def test_a_damaged_sqlite_study_database_is_said_at_once(tmp_path, capsys):
         f"the study database {bad} is damaged (file is not a database): restore it from a "
         "copy, or move it aside to start its studies anew, or choose another with --storage"
     )
+
+
+def test_a_killed_worker_not_yet_reaped_is_not_alive():
+    """A SIGKILLed worker whose parent has not waited for it (a zombie, state Z) counted
+    as alive (kill(pid, 0) finds it): status showed its trial RUNNING and other workers
+    left the trial alone."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        start = st._pid_start(child.pid)
+        assert st.pid_alive(child.pid, start) and st.pid_alive(child.pid, None)
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(100):  # killed, not reaped: Popen waits only when asked
+            if Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        assert not st.pid_alive(child.pid, start) and not st.pid_alive(child.pid, None)
+    finally:
+        child.kill()
+        child.wait()

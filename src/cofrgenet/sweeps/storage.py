@@ -523,13 +523,27 @@ def _pid_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _pid_zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended but is not yet reaped (state Z in ``/proc/PID/stat``; a
+    SIGKILLed worker whose parent has not waited for it): kill(pid, 0) still finds it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no /proc (not Linux), or gone: kill() decides
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"  # field 3, after the command name
+
+
 def pid_alive(pid: int, start: str | None) -> bool:
+    """Whether process ``pid`` of this host, started at ``start`` (:func:`_pid_start`;
+    None: any start) still runs: a zombie has ended."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        return not _pid_zombie(pid)
+    if _pid_zombie(pid):
+        return False
     if start is None or not Path("/proc").is_dir():
         return True
     return _pid_start(pid) == start

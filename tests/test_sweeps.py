@@ -3985,3 +3985,24 @@ def test_a_killed_worker_not_yet_reaped_is_not_alive():
     finally:
         child.kill()
         child.wait()
+
+
+def test_no_validation_with_a_validation_objective_is_refused_before_any_trial(tiny_data, tmp_path):
+    """`trainer.limit_val_batches: 0` with `objective.metric: val/loss` was found after
+    three full trials ("objective metric 'val/loss' was never logged")."""
+    from cofrgenet.sweeps.slurm import SubmitOptions, render
+
+    overrides = {"data.data_dir": str(tiny_data), "trainer.limit_val_batches": 0}
+    path = write_sweep(tmp_path, overrides=overrides)
+    message = (
+        r"trainer\.limit_val_batches: 0 turns validation off, but objective\.metric val/loss "
+        r"is logged by validation: .* or rank by train/loss$"
+    )
+    with pytest.raises(SweepError, match=message):
+        run_worker(load_sweep(path), report=False, mlflow=False)
+    assert not (tmp_path / "runs" / "sweeps").exists()  # before the study
+    with pytest.raises(SweepError, match=message):
+        render(load_sweep(path), SubmitOptions())
+    train = write_sweep(tmp_path, "train.yaml", overrides=overrides,
+                        objective={"metric": "train/loss", "direction": "minimize"})  # fmt: skip
+    render(load_sweep(train), SubmitOptions())  # no validation needed

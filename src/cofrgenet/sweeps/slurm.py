@@ -35,6 +35,7 @@ from cofrgenet.sweeps.spec import (
     SweepError,
     base_config,
     check_extra,
+    check_validates,
     flow_yaml,
     get_dotted,
 )
@@ -120,6 +121,7 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
     config = base_config(sweep, options.settings)
     check_model_values(sweep, config)  # before sbatch: every array task would fail
     check_optimizer_values(sweep, config)
+    check_validates(sweep, config)
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     if nodes != 1:

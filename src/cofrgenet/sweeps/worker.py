@@ -57,6 +57,7 @@ from cofrgenet.sweeps.spec import (
     check_budget,
     check_extra,
     check_same_objective,
+    check_validates,
     counted,
     data_parallel_width,
     get_dotted,
@@ -900,6 +901,7 @@ def _checked_trial_config(
         check_model_values(sweep, probe)
         check_optimizer_values(sweep, probe)
         check_budget(sweep, probe)
+        check_validates(sweep, probe)
         for warning in (pruning_before_ladders(sweep, probe), pruner_idle_in_budget(sweep, probe)):
             if warning is not None:
                 log.warning(warning)

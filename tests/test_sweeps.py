@@ -4006,3 +4006,33 @@ def test_no_validation_with_a_validation_objective_is_refused_before_any_trial(t
     train = write_sweep(tmp_path, "train.yaml", overrides=overrides,
                         objective={"metric": "train/loss", "direction": "minimize"})  # fmt: skip
     render(load_sweep(train), SubmitOptions())  # no validation needed
+
+
+def test_a_note_of_several_lines_stays_on_one_row_of_status_and_report():
+    """A fail reason with newlines (an exception's message) broke the report's Markdown
+    trial table (only | was escaped) and spread over lines in `cofr sweep status`."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from rich.console import Console
+
+    from cofrgenet.sweeps.report import summary_markdown
+    from cofrgenet.sweeps.status import print_status
+
+    sweep = load_sweep(ROOT / "sweeps" / "tiny-cpu.yaml")
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name=sweep.study, storage=storage)
+    distributions = {"x": IntDistribution(0, 3), "y": CategoricalDistribution(["a\nb"])}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.FAIL,
+            params={"x": 1, "y": "a\nb"},
+            distributions=distributions,
+            user_attrs={st.FAIL_REASON: "RuntimeError: first line\n  second | line\n"},
+        )
+    )
+    table = summary_markdown(study, sweep, {}, {}, None, {}).split("## Trials")[1]
+    [row] = [line for line in table.splitlines() if line.startswith("| 0 |")]
+    assert row.endswith(" |  | RuntimeError: first line second / line |")
+    console = Console(width=400, record=True)
+    print_status(study, storage, console=console)
+    [line] = [x for x in console.export_text().splitlines() if "first line" in x]
+    assert "RuntimeError: first line second | line" in line

@@ -4036,3 +4036,22 @@ def test_a_note_of_several_lines_stays_on_one_row_of_status_and_report():
     print_status(study, storage, console=console)
     [line] = [x for x in console.export_text().splitlines() if "first line" in x]
     assert "RuntimeError: first line second | line" in line
+
+
+def test_run_on_a_done_study_says_how_to_add_trials(tiny_data, tmp_path, capsys):
+    """`cofr sweep run FILE --n-trials 2` on a done study printed "study X: done" alone,
+    as if --n-trials could add trials; n_trials in the file bounds the study."""
+    from cofrgenet.cli import main
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    run_worker(load_sweep(path), report=False, mlflow=False)
+    capsys.readouterr()
+    assert main(["sweep", "run", str(path), "--n-trials", "2", "--no-mlflow", "--no-report"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "cofr sweep run: study tiny-cpu has run all its trials, so this worker started none. "
+        f"Raise n_trials in {path} to add trials (--n-trials bounds one worker's alone), or "
+        "give a new --study NAME"
+    ) in err

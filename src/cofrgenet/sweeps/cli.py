@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     check_extra(sweep, extra, mlflow=not args.no_mlflow)
     import optuna
 
-    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, print_summary, run_worker
+    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, done_hint, print_summary, run_worker
     from cofrgenet.training.callbacks import resume_command
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
@@ -352,6 +352,12 @@ def run(args: argparse.Namespace) -> int:
         mlflow=not args.no_mlflow,
     )
     print_summary(result)
+    if result.done and not result.outcomes:  # done before this worker: "done" alone puzzled
+        print(
+            f"cofr sweep run: study {sweep.study} has run all its trials, so this worker "
+            f"started none. {done_hint(sweep)}",
+            file=sys.stderr,
+        )
     if result.signal_status is not None:
         last = result.outcomes[-1][1] if result.outcomes else None
         failed = last is not None and last.state == optuna.trial.TrialState.FAIL

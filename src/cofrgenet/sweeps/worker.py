@@ -629,7 +629,10 @@ def done_hint(sweep: Sweep) -> str:
     where = sweep.path or "the sweep file"
     if sweep.is_grid:
         return f"Add values to the grid's ranges in {where}, or give a new --study NAME"
-    return f"Raise n_trials in {where} to add trials, or give a new --study NAME"
+    return (
+        f"Raise n_trials in {where} to add trials (--n-trials bounds one worker's alone), "
+        "or give a new --study NAME"
+    )
 
 
 @dataclass

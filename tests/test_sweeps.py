@@ -4055,3 +4055,32 @@ def test_run_on_a_done_study_says_how_to_add_trials(tiny_data, tmp_path, capsys)
         f"Raise n_trials in {path} to add trials (--n-trials bounds one worker's alone), or "
         "give a new --study NAME"
     ) in err
+
+
+def test_status_right_after_submit_says_no_trials_yet(tmp_path, monkeypatch, capsys):
+    """`cofr sweep status FILE --study S`, the command submit says to follow with, gave
+    "no study 'S' yet" and exit status 2 until a worker started."""
+    import subprocess
+
+    import cofrgenet.sweeps.slurm as slurm
+    from cofrgenet.cli import main
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    monkeypatch.setattr("cofrgenet.sweeps.worker.check_before_submit", lambda *a: None)
+    done = subprocess.CompletedProcess((), 0, stdout="5\n", stderr="")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: done)
+    path = str(write_sweep(tmp_path))
+    capsys.readouterr()
+    assert main(["sweep", "submit", path, "--study", "s"]) == 0
+    follow = capsys.readouterr().out.splitlines()[-1].removeprefix("follow with: ")
+    assert follow == f"cofr sweep status {path} --study s"
+    assert main(follow.split()[1:]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("study s: no trials yet: ") and "none of its workers has started" in said
+    assert not (tmp_path / "runs" / "sweeps" / "s" / "optuna.journal").exists()
+    # Another study, or another storage than the script's: still no study there.
+    line = one_line_error(capsys, ["sweep", "status", path])
+    assert "no study 'tiny-cpu' yet: " in line
+    other = f"journal:{tmp_path / 'other.journal'}"
+    line = one_line_error(capsys, ["sweep", "status", path, "--study", "s", "--storage", other])
+    assert "no study 's' yet: " in line

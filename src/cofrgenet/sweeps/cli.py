@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import shlex
@@ -277,6 +278,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         sweep = None
     file = st.storage_file(url)
     if file is not None and not file.exists():  # opening it would make an empty one
+        if sweep is not None:
+            _check_submitted(sweep, runs_dir, url)
         hint = (
             "give --storage as its workers were given it"
             if args.storage is None
@@ -290,6 +293,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
+        if sweep is not None:
+            _check_submitted(sweep, runs_dir, url)
         raise SweepError(f"no study {name!r} in {hide_passwords(url)}") from None
     if sweep is None:
         raw = study.user_attrs.get("cofr.sweep")
@@ -306,6 +311,52 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     if args.runs_dir:
         sweep.runs_dir = args.runs_dir
     return study, sweep, storage
+
+
+class NotStartedYet(SweepError):
+    """A study that ``cofr sweep submit`` queued, none of whose workers has started: it
+    has no trials yet (its storage is made by the first worker). ``status`` says so and
+    exits 0; ``report``, with nothing to report, stops on it."""
+
+    def __init__(self, study: str, script: Path) -> None:
+        super().__init__(
+            f"study {study}: no trials yet: {script} was submitted, and none of its workers "
+            "has started (squeue shows the job)"
+        )
+
+
+def _check_submitted(sweep: Sweep, runs_dir: str, url: str) -> None:
+    """NotStartedYet when the study's runs folder holds a script that submit queued for
+    its workers to run the study in ``url`` (a mistyped storage is still an error)."""
+    from cofrgenet.sweeps import storage as st
+
+    folder = st.study_folder(sweep, runs_dir) / "slurm"
+    scripts = [p for p in folder.glob("sweep-*.sbatch") if _submitted_for(p, sweep.study, url)]
+    if scripts:
+        raise NotStartedYet(sweep.study, max(scripts, key=lambda p: p.stat().st_mtime))
+
+
+def _submitted_for(script: Path, study: str, url: str) -> bool:
+    """Whether ``script`` (one submit wrote) runs ``study`` in the storage ``url``: its
+    workers' ``--study`` and ``--storage`` (a URL it exports, or a file by its path)."""
+    from cofrgenet.sweeps import storage as st
+
+    try:
+        lines = script.read_text().splitlines()
+        words = next(shlex.split(x) for x in lines if x.startswith("if [ $# -eq 0 ]; then set"))
+        given = dict(itertools.pairwise(words))
+        storage = given["--storage"]
+        exported = [x.partition("=")[2] for x in lines if x.startswith(f"export {storage[4:]}=")]
+        if storage.startswith("env:") and exported:
+            storage = shlex.split(exported[0])[0]
+    except (OSError, StopIteration, KeyError, ValueError):
+        return False
+    ours, theirs = st.storage_file(url), st.storage_file(storage)
+    if ours is not None and theirs is not None:
+        same = ours.resolve() == theirs.resolve()
+    else:
+        same = storage == url
+    return same and given.get("--study") == study
 
 
 def _note_other_trials(study: optuna.Study, sweep: Sweep) -> None:
@@ -404,7 +455,11 @@ def run(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.status import print_status
 
-    study, sweep, storage = _load_study(args)
+    try:
+        study, sweep, storage = _load_study(args)
+    except NotStartedYet as queued:  # `cofr sweep submit` says to follow with status
+        print(queued)
+        return 0
     print_status(study, storage, sweep.storage_options)
     return 0
 

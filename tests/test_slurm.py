@@ -355,6 +355,33 @@ def test_a_time_limit_the_requeue_signal_cannot_come_before_is_refused(tmp_path,
     assert "so the signal would never come; give a time above 90 s" in capsys.readouterr().err
 
 
+def test_a_signal_the_worker_does_not_requeue_on_is_refused(capsys):
+    """--sbatch=--signal=USR1@30 (job steps only: no worker gets it) or B:USR2@300 (the
+    script passes on USR1 alone) replaced the requeue signal: no trial was ever saved and
+    requeued at the time limit."""
+    from cofrgenet.cli import main
+
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    for bad in ("USR1@30", "B:USR2@300", "R:USR1@300", "B:TERM"):
+        with pytest.raises(SweepError, match=re.escape(
+            f"--sbatch --signal={bad}: the worker saves and requeues its trial on SIGUSR1 "
+            "sent to the batch shell, so only the lead time may change: give "
+            "--signal=B:USR1@SECONDS (e.g. B:USR1@300), or leave it out for B:USR1@90"
+        )):  # fmt: skip
+            render(tiny, SubmitOptions(sbatch_args=[f"--signal={bad}"]))
+    for good in ("B:USR1@300", "B:SIGUSR1@120", "b:usr1", "B:10@100"):
+        header = parse_sbatch_header(
+            render(tiny, SubmitOptions(sbatch_args=[f"--signal={good}"])).script
+        )
+        assert header["signal"] == good
+    tiny.slurm.extra = ["--signal=USR1@30"]
+    with pytest.raises(SweepError, match=r"^slurm\.extra \(in the sweep\) --signal=USR1@30: "):
+        render(tiny, SubmitOptions())
+    argv = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--sbatch=--signal=USR1@30"]
+    assert main([*argv, "--dry-run"]) == 2
+    assert "--sbatch --signal=USR1@30: the worker saves" in capsys.readouterr().err
+
+
 def test_an_sbatch_option_that_needs_a_value_is_refused_without_one(capsys):
     """--sbatch=--account went into the script as a bare #SBATCH --account, which sbatch
     refused only after submit had written the script; flags (--exclusive) stay bare."""
@@ -385,7 +412,7 @@ def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     assert "--dry-run submits none: drop one" in capsys.readouterr().err
 
 
-def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys):
+def test_submit_wait_says_a_failed_job_and_exits_1(tiny_data, tmp_path, monkeypatch, capsys):
     """`sbatch --wait` exits non-zero for a failed job, its id printed all the same:
     submit said `submitted ... as job N` and exited 0. A failed sbatch (nothing
     submitted) left its script behind."""
@@ -402,6 +429,7 @@ def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     runs = tmp_path / "runs"
     submit = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--runs-dir", str(runs)]
+    submit += ["--set", f"data.data_dir={tiny_data}"]
     assert main([*submit, "--wait"]) == 1
     out, err = capsys.readouterr()
     assert "as job 4242" in out
@@ -413,14 +441,18 @@ def test_submit_wait_says_a_failed_job_and_exits_1(tmp_path, monkeypatch, capsys
     assert len(list(logs.glob("*.sbatch"))) == 1  # the failed job's, not the unsubmitted one's
 
 
-def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(tmp_path, monkeypatch):
+def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(
+    tiny_data, tmp_path, monkeypatch
+):
     """A --runs-dir under a file (or on a read-only disk) gave mkdir's traceback."""
     import cofrgenet.sweeps.slurm as slurm
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    options = SubmitOptions(runs_dir=str(blocker / "runs"))
+    options = SubmitOptions(
+        runs_dir=str(blocker / "runs"), settings={"data.data_dir": str(tiny_data)}
+    )
     with pytest.raises(SweepError, match=rf"^cannot make {blocker}/runs/.*/slurm, the folder of "):
         slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
 
@@ -558,9 +590,11 @@ def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypat
     """The script may hold the storage's password: it is written for its owner alone,
     and a second submit of the same second gets its own file (it was a FileExistsError)."""
     import cofrgenet.sweeps.slurm as slurm
+    import cofrgenet.sweeps.worker as worker
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
     monkeypatch.setattr(slurm.st, "check_reachable", lambda url: None)  # no server here
+    monkeypatch.setattr(worker, "check_before_submit", lambda *a: None)  # nor its study
     monkeypatch.setattr(slurm.time, "strftime", lambda fmt, *a: "20261203-120000")
     monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
         a, 0, stdout="4242\n", stderr=""

@@ -3883,3 +3883,204 @@ def test_a_trial_saved_for_a_requeue_that_does_not_come_is_retried_at_once(
     assert first.user_attrs[st.STOPPED] == "SIGUSR1" and not first.user_attrs.get(st.REQUEUED)
     assert "for a requeue, but this is not a SLURM job" in first.user_attrs[st.FAIL_REASON]
     assert st.budget_used(result.study.get_trials()) == 0
+
+
+def test_submit_refuses_what_run_refuses_before_sbatch(tiny_data, tmp_path, monkeypatch):
+    """`cofr sweep submit` queued array tasks that all failed (a changed search space),
+    that only said "study X: done" (no trials left), or that all stopped on a missing data
+    folder; `cofr sweep run` refused each at once. Submit refuses them before sbatch."""
+    import subprocess
+
+    import cofrgenet.sweeps.slurm as slurm
+    from cofrgenet.sweeps.slurm import SubmitOptions
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    calls = []
+    done = subprocess.CompletedProcess((), 0, stdout="9\n", stderr="")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: calls.append(a) or done)
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    run_worker(load_sweep(path), report=False, mlflow=False)
+
+    def submit(sweep_file, **options):
+        return slurm.submit(load_sweep(sweep_file), SubmitOptions(**options), False, False)
+
+    with pytest.raises(SweepError, match=r"^study 'tiny-cpu' is done: its 1 trials have run, "
+                       r"so workers would start none\. Raise n_trials in .*sweep\.yaml"):  # fmt: skip
+        submit(path)
+    changed = write_sweep(tmp_path, "changed.yaml", **common | {"n_trials": 2},
+                          space={"model.config.depth": "int 1..8"})  # fmt: skip
+    with pytest.raises(SweepError, match=r"^study 'tiny-cpu' was created from another version"):
+        submit(changed)
+    missing = dict(common, overrides={**common["overrides"], "data.data_dir": "no-such-data"})
+    with pytest.raises(
+        SweepError, match=r"(?s)data\.data_dir: .*no-such-data.*--no-storage-check\)$"
+    ):
+        submit(write_sweep(tmp_path, "nodata.yaml", **missing, study="new"))
+    assert calls == []
+    assert submit(write_sweep(tmp_path, "more.yaml", **common | {"n_trials": 2}))[1] == "9"
+    nodata = write_sweep(tmp_path, "nodata2.yaml", **missing, study="new")
+    assert submit(nodata, check_storage=False)[1] == "9"  # only the nodes may see it
+
+
+def test_a_damaged_mlflow_store_is_one_line_for_run_and_report(tiny_data, tmp_path, capsys):
+    """`echo garbage > runs/mlflow.db`: `cofr sweep report` gave SQLAlchemy's traceback
+    ("file is not a database"); `run` says it in one line before the study is made."""
+    from cofrgenet.errors import ConfigError
+    from cofrgenet.sweeps.tracking import PARENT_ATTR
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    store = tmp_path / "runs" / "mlflow.db"
+    store.parent.mkdir(parents=True)
+    store.write_text("garbage\n")
+    with pytest.raises(ConfigError, match=r"mlflow\.db is not an MLflow database \(file is not"):
+        run_worker(load_sweep(path), report=False)
+    assert not (tmp_path / "runs" / "sweeps" / "tiny-cpu" / "optuna.journal").exists()
+    result = run_worker(load_sweep(path), report=False, mlflow=False)
+    result.study.set_user_attr(PARENT_ATTR, "0123456789abcdef")  # as a tracked worker sets it
+    line = one_line_error(capsys, ["sweep", "report", str(path)])
+    assert line.endswith(
+        "mlflow.db is not an MLflow database (file is not a database): move it aside (the "
+        "next cofr fit makes a new store), or fix the sweep's tracking_uri (or "
+        "MLFLOW_TRACKING_URI), or report with --no-mlflow"
+    )
+
+
+def test_a_damaged_sqlite_study_database_is_said_at_once(tmp_path, capsys):
+    """`echo garbage > bad.db; cofr sweep status st --storage sqlite:///bad.db` was retried
+    five times (about 10 s), then blamed on a folder that must be writable."""
+    import time
+
+    bad = tmp_path / "bad.db"
+    bad.write_text("garbage\n")
+    started = time.monotonic()
+    line = one_line_error(capsys, ["sweep", "status", "st", "--storage", f"sqlite:///{bad}"])
+    assert time.monotonic() - started < 3
+    assert line.endswith(
+        f"the study database {bad} is damaged (file is not a database): restore it from a "
+        "copy, or move it aside to start its studies anew, or choose another with --storage"
+    )
+
+
+def test_a_killed_worker_not_yet_reaped_is_not_alive():
+    """A SIGKILLed worker whose parent has not waited for it (a zombie, state Z) counted
+    as alive (kill(pid, 0) finds it): status showed its trial RUNNING and other workers
+    left the trial alone."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        start = st._pid_start(child.pid)
+        assert st.pid_alive(child.pid, start) and st.pid_alive(child.pid, None)
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(100):  # killed, not reaped: Popen waits only when asked
+            if Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        assert not st.pid_alive(child.pid, start) and not st.pid_alive(child.pid, None)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_no_validation_with_a_validation_objective_is_refused_before_any_trial(tiny_data, tmp_path):
+    """`trainer.limit_val_batches: 0` with `objective.metric: val/loss` was found after
+    three full trials ("objective metric 'val/loss' was never logged")."""
+    from cofrgenet.sweeps.slurm import SubmitOptions, render
+
+    overrides = {"data.data_dir": str(tiny_data), "trainer.limit_val_batches": 0}
+    path = write_sweep(tmp_path, overrides=overrides)
+    message = (
+        r"trainer\.limit_val_batches: 0 turns validation off, but objective\.metric val/loss "
+        r"is logged by validation: .* or rank by train/loss$"
+    )
+    with pytest.raises(SweepError, match=message):
+        run_worker(load_sweep(path), report=False, mlflow=False)
+    assert not (tmp_path / "runs" / "sweeps").exists()  # before the study
+    with pytest.raises(SweepError, match=message):
+        render(load_sweep(path), SubmitOptions())
+    train = write_sweep(tmp_path, "train.yaml", overrides=overrides,
+                        objective={"metric": "train/loss", "direction": "minimize"})  # fmt: skip
+    render(load_sweep(train), SubmitOptions())  # no validation needed
+
+
+def test_a_note_of_several_lines_stays_on_one_row_of_status_and_report():
+    """A fail reason with newlines (an exception's message) broke the report's Markdown
+    trial table (only | was escaped) and spread over lines in `cofr sweep status`."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from rich.console import Console
+
+    from cofrgenet.sweeps.report import summary_markdown
+    from cofrgenet.sweeps.status import print_status
+
+    sweep = load_sweep(ROOT / "sweeps" / "tiny-cpu.yaml")
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name=sweep.study, storage=storage)
+    distributions = {"x": IntDistribution(0, 3), "y": CategoricalDistribution(["a\nb"])}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.FAIL,
+            params={"x": 1, "y": "a\nb"},
+            distributions=distributions,
+            user_attrs={st.FAIL_REASON: "RuntimeError: first line\n  second | line\n"},
+        )
+    )
+    table = summary_markdown(study, sweep, {}, {}, None, {}).split("## Trials")[1]
+    [row] = [line for line in table.splitlines() if line.startswith("| 0 |")]
+    assert row.endswith(" |  | RuntimeError: first line second / line |")
+    console = Console(width=400, record=True)
+    print_status(study, storage, console=console)
+    [line] = [x for x in console.export_text().splitlines() if "first line" in x]
+    assert "RuntimeError: first line second | line" in line
+
+
+def test_run_on_a_done_study_says_how_to_add_trials(tiny_data, tmp_path, capsys):
+    """`cofr sweep run FILE --n-trials 2` on a done study printed "study X: done" alone,
+    as if --n-trials could add trials; n_trials in the file bounds the study."""
+    from cofrgenet.cli import main
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    run_worker(load_sweep(path), report=False, mlflow=False)
+    capsys.readouterr()
+    assert main(["sweep", "run", str(path), "--n-trials", "2", "--no-mlflow", "--no-report"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "cofr sweep run: study tiny-cpu has run all its trials, so this worker started none. "
+        f"Raise n_trials in {path} to add trials (--n-trials bounds one worker's alone), or "
+        "give a new --study NAME"
+    ) in err
+
+
+def test_status_right_after_submit_says_no_trials_yet(tmp_path, monkeypatch, capsys):
+    """`cofr sweep status FILE --study S`, the command submit says to follow with, gave
+    "no study 'S' yet" and exit status 2 until a worker started."""
+    import subprocess
+
+    import cofrgenet.sweeps.slurm as slurm
+    from cofrgenet.cli import main
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/sbatch")
+    monkeypatch.setattr("cofrgenet.sweeps.worker.check_before_submit", lambda *a: None)
+    done = subprocess.CompletedProcess((), 0, stdout="5\n", stderr="")
+    monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: done)
+    path = str(write_sweep(tmp_path))
+    capsys.readouterr()
+    assert main(["sweep", "submit", path, "--study", "s"]) == 0
+    follow = capsys.readouterr().out.splitlines()[-1].removeprefix("follow with: ")
+    assert follow == f"cofr sweep status {path} --study s"
+    assert main(follow.split()[1:]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("study s: no trials yet: ") and "none of its workers has started" in said
+    assert not (tmp_path / "runs" / "sweeps" / "s" / "optuna.journal").exists()
+    # Another study, or another storage than the script's: still no study there.
+    line = one_line_error(capsys, ["sweep", "status", path])
+    assert "no study 'tiny-cpu' yet: " in line
+    other = f"journal:{tmp_path / 'other.journal'}"
+    line = one_line_error(capsys, ["sweep", "status", path, "--study", "s", "--storage", other])
+    assert "no study 's' yet: " in line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import shlex
@@ -219,8 +220,9 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-storage-check",
         action="store_true",
-        help="submit without connecting to a database storage from this host first "
-        "(where only the compute nodes reach it)",
+        help="submit without asking a database storage or tracking server, or looking "
+        "for the trials' data folder, from this host first (where only the compute "
+        "nodes reach them)",
     )
     parser.add_argument(
         "--shared-journal",
@@ -276,6 +278,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         sweep = None
     file = st.storage_file(url)
     if file is not None and not file.exists():  # opening it would make an empty one
+        if sweep is not None:
+            _check_submitted(sweep, runs_dir, url)
         hint = (
             "give --storage as its workers were given it"
             if args.storage is None
@@ -289,6 +293,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
+        if sweep is not None:
+            _check_submitted(sweep, runs_dir, url)
         raise SweepError(f"no study {name!r} in {hide_passwords(url)}") from None
     if sweep is None:
         raw = study.user_attrs.get("cofr.sweep")
@@ -305,6 +311,52 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     if args.runs_dir:
         sweep.runs_dir = args.runs_dir
     return study, sweep, storage
+
+
+class NotStartedYet(SweepError):
+    """A study that ``cofr sweep submit`` queued, none of whose workers has started: it
+    has no trials yet (its storage is made by the first worker). ``status`` says so and
+    exits 0; ``report``, with nothing to report, stops on it."""
+
+    def __init__(self, study: str, script: Path) -> None:
+        super().__init__(
+            f"study {study}: no trials yet: {script} was submitted, and none of its workers "
+            "has started (squeue shows the job)"
+        )
+
+
+def _check_submitted(sweep: Sweep, runs_dir: str, url: str) -> None:
+    """NotStartedYet when the study's runs folder holds a script that submit queued for
+    its workers to run the study in ``url`` (a mistyped storage is still an error)."""
+    from cofrgenet.sweeps import storage as st
+
+    folder = st.study_folder(sweep, runs_dir) / "slurm"
+    scripts = [p for p in folder.glob("sweep-*.sbatch") if _submitted_for(p, sweep.study, url)]
+    if scripts:
+        raise NotStartedYet(sweep.study, max(scripts, key=lambda p: p.stat().st_mtime))
+
+
+def _submitted_for(script: Path, study: str, url: str) -> bool:
+    """Whether ``script`` (one submit wrote) runs ``study`` in the storage ``url``: its
+    workers' ``--study`` and ``--storage`` (a URL it exports, or a file by its path)."""
+    from cofrgenet.sweeps import storage as st
+
+    try:
+        lines = script.read_text().splitlines()
+        words = next(shlex.split(x) for x in lines if x.startswith("if [ $# -eq 0 ]; then set"))
+        given = dict(itertools.pairwise(words))
+        storage = given["--storage"]
+        exported = [x.partition("=")[2] for x in lines if x.startswith(f"export {storage[4:]}=")]
+        if storage.startswith("env:") and exported:
+            storage = shlex.split(exported[0])[0]
+    except (OSError, StopIteration, KeyError, ValueError):
+        return False
+    ours, theirs = st.storage_file(url), st.storage_file(storage)
+    if ours is not None and theirs is not None:
+        same = ours.resolve() == theirs.resolve()
+    else:
+        same = storage == url
+    return same and given.get("--study") == study
 
 
 def _note_other_trials(study: optuna.Study, sweep: Sweep) -> None:
@@ -330,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
     check_extra(sweep, extra, mlflow=not args.no_mlflow)
     import optuna
 
-    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, print_summary, run_worker
+    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, done_hint, print_summary, run_worker
     from cofrgenet.training.callbacks import resume_command
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
@@ -351,6 +403,12 @@ def run(args: argparse.Namespace) -> int:
         mlflow=not args.no_mlflow,
     )
     print_summary(result)
+    if result.done and not result.outcomes:  # done before this worker: "done" alone puzzled
+        print(
+            f"cofr sweep run: study {sweep.study} has run all its trials, so this worker "
+            f"started none. {done_hint(sweep)}",
+            file=sys.stderr,
+        )
     if result.signal_status is not None:
         last = result.outcomes[-1][1] if result.outcomes else None
         failed = last is not None and last.state == optuna.trial.TrialState.FAIL
@@ -397,7 +455,11 @@ def run(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.status import print_status
 
-    study, sweep, storage = _load_study(args)
+    try:
+        study, sweep, storage = _load_study(args)
+    except NotStartedYet as queued:  # `cofr sweep submit` says to follow with status
+        print(queued)
+        return 0
     print_status(study, storage, sweep.storage_options)
     return 0
 
@@ -413,6 +475,12 @@ def report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else st.study_folder(sweep) / "report"
     client = parent = None
     if not args.no_mlflow and study.user_attrs.get(PARENT_ATTR):
+        from cofrgenet.sweeps.tracking import tracking_uri
+        from cofrgenet.training.run_store import check_tracking_uri
+
+        # A damaged store or a dead server: one line, not MLflow's traceback or retries.
+        fix = "fix the sweep's tracking_uri (or MLFLOW_TRACKING_URI), or report with --no-mlflow"
+        check_tracking_uri(tracking_uri(run_config(sweep)), fix=fix)
         client = client_for(run_config(sweep))
         parent = study.user_attrs[PARENT_ATTR]
         if run_missing(client, parent):  # the store changed since: report files only

@@ -129,7 +129,8 @@ def _optuna_plot(
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "" if value is None else str(value).replace("|", "/")
+    # A Markdown table row is one line: a newline in a cell ends the table.
+    return "" if value is None else " ".join(str(value).split()).replace("|", "/")
 
 
 def summary_markdown(

@@ -35,6 +35,7 @@ from cofrgenet.sweeps.spec import (
     SweepError,
     base_config,
     check_extra,
+    check_validates,
     flow_yaml,
     get_dotted,
 )
@@ -120,6 +121,7 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
     config = base_config(sweep, options.settings)
     check_model_values(sweep, config)  # before sbatch: every array task would fail
     check_optimizer_values(sweep, config)
+    check_validates(sweep, config)
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     if nodes != 1:
@@ -301,8 +303,21 @@ def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
         if key == "time":  # replaces submit's own #SBATCH line
             given[key] = (f"{where} --time", value)
         elif key == "signal":
+            _check_requeue_signal(where, value)
             given[key] = (where, value)
     _check_signal_before_end(given)
+
+
+def _check_requeue_signal(where: str, value: str) -> None:
+    """SweepError for a ``--signal`` that replaces submit's ``B:USR1@90`` with one the
+    worker does not requeue on: without ``B:`` only job steps get it (a worker is none),
+    and the batch shell passes on SIGUSR1 alone; only the lead time may change."""
+    if re.fullmatch(r"B:((SIG)?USR1|10)(@\d+)?", value.strip(), re.IGNORECASE) is None:
+        raise SweepError(
+            f"{where} --signal={value}: the worker saves and requeues its trial on SIGUSR1 "
+            f"sent to the batch shell, so only the lead time may change: give "
+            f"--signal=B:USR1@SECONDS (e.g. B:USR1@300), or leave it out for {REQUEUE_SIGNAL}"
+        )
 
 
 def _check_signal_before_end(given: dict[str, tuple[str, str]]) -> None:
@@ -439,6 +454,18 @@ def submit(
 
         fix = "fix the sweep's tracking_uri (where only the compute nodes reach it: "
         check_tracking_uri(sweep.tracking_uri, fix=fix + "--no-storage-check)")
+    from cofrgenet.sweeps.worker import check_before_submit
+
+    # A database only when it answered above; the data folder only as the tasks see it:
+    # from the submit folder, their working folder unless an --sbatch --chdir moves them.
+    readable = options.check_storage or st.storage_file(rendered.storage) is not None
+    if readable:
+        data = options.check_storage and "chdir" not in rendered.resources
+        try:
+            check_before_submit(sweep, rendered.storage, rendered.settings, data)
+        except SweepError as error:
+            escape = " (where only the compute nodes see it: --no-storage-check)"
+            raise SweepError(f"{error}{escape if 'data_dir' in str(error) else ''}") from None
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 

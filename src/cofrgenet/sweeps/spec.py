@@ -1083,6 +1083,21 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
         )
 
 
+def check_validates(sweep: Sweep, config: dict[str, Any]) -> None:
+    """SweepError when a trial's ``config`` never validates (``trainer.limit_val_batches:
+    0``) while the objective is a validation metric: every trial would fail at its end,
+    its metric never logged, after training in full."""
+    if not sweep.objective.metric.startswith("val/") or sweep.param("trainer.limit_val_batches"):
+        return  # searched: a value without validation fails its trial alone
+    limit = get_dotted(config, "trainer.limit_val_batches", None)
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit == 0:
+        raise SweepError(
+            f"trainer.limit_val_batches: {limit} turns validation off, but objective.metric "
+            f"{sweep.objective.metric} is logged by validation: every trial would end with "
+            "no value; remove limit_val_batches or raise it above 0, or rank by train/loss"
+        )
+
+
 def deepest_depth(sweep: Sweep, config: dict[str, Any]) -> int | None:
     """The deepest ladder depth the sweep's trials train: the highest value of a searched
     ``model.config.depth``, else the depth of ``config``'s model; None if unknown."""

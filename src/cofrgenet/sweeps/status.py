@@ -84,7 +84,9 @@ def note(trial: FrozenTrial, retried: dict[int, int], lost: dict[int, str]) -> s
     resumed = trial.user_attrs.get(st.RESUMED)
     if resumed:
         parts.append(f"resumed at step {resumed}")
-    return "; ".join(parts)
+    # One line: a reason may hold newlines (an exception's message), which broke the
+    # status table's rows and the report's Markdown table.
+    return " ".join("; ".join(parts).split())
 
 
 def _fmt(value: Any) -> str:

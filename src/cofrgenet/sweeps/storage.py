@@ -436,10 +436,16 @@ def check_reachable(url: str) -> None:
 
 def _sqlite_cannot_write(url: str, error: Exception) -> bool:
     """Whether ``error`` says a sqlite file cannot be made or written (a read-only
-    folder): no retry mends that."""
+    folder), or is damaged: no retry mends that."""
     text = str(getattr(error, "orig", None) or error)
     cannot = ("unable to open database file", "readonly database", "read-only file system")
-    return sqlite_database(url) is not None and any(c in text.lower() for c in cannot)
+    return sqlite_database(url) is not None and any(
+        c in text.lower() for c in (*cannot, *SQLITE_DAMAGE)
+    )
+
+
+#: SQLite's words for a file that is no database, or a damaged one.
+SQLITE_DAMAGE = ("file is not a database", "database disk image is malformed")
 
 
 def _unreachable(url: str, error: Exception) -> str:
@@ -447,7 +453,12 @@ def _unreachable(url: str, error: Exception) -> str:
 
     reason = str(getattr(error, "orig", None) or error).strip()
     reason = reason.splitlines()[0] if reason else type(error).__name__
-    if (path := sqlite_database(url)) is not None:  # a local file: no server to ask about
+    if (path := sqlite_database(url)) is not None and any(d in reason for d in SQLITE_DAMAGE):
+        return (
+            f"the study database {path} is damaged ({reason}): restore it from a copy, or "
+            "move it aside to start its studies anew, or choose another with --storage"
+        )
+    if path is not None:  # a local file: no server to ask about
         return (
             f"cannot open the study database {path} ({reason}): its folder must be "
             "writable; choose another with --storage"
@@ -512,13 +523,27 @@ def _pid_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _pid_zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended but is not yet reaped (state Z in ``/proc/PID/stat``; a
+    SIGKILLed worker whose parent has not waited for it): kill(pid, 0) still finds it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no /proc (not Linux), or gone: kill() decides
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"  # field 3, after the command name
+
+
 def pid_alive(pid: int, start: str | None) -> bool:
+    """Whether process ``pid`` of this host, started at ``start`` (:func:`_pid_start`;
+    None: any start) still runs: a zombie has ended."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        return not _pid_zombie(pid)
+    if _pid_zombie(pid):
+        return False
     if start is None or not Path("/proc").is_dir():
         return True
     return _pid_start(pid) == start

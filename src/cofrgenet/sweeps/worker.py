@@ -57,6 +57,7 @@ from cofrgenet.sweeps.spec import (
     check_budget,
     check_extra,
     check_same_objective,
+    check_validates,
     counted,
     data_parallel_width,
     get_dotted,
@@ -593,6 +594,47 @@ def study_done(study: optuna.Study, sweep: Sweep) -> bool:
     return not busy and st.budget_used(trials) >= sweep.total_trials
 
 
+def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: bool) -> None:
+    """What ``cofr sweep run`` would refuse at once, checked by ``cofr sweep submit``
+    before ``sbatch``: else every array task fails on it after the queue's wait. The
+    study in ``url`` (when this host can read it: its file exists, or a database that
+    answered) must be this sweep's (trials, objective) and have trials left; with
+    ``data``, the trials' data folder (under ``settings``, the workers' ``--set``) must
+    be a prepared one, as seen from the submit folder (the tasks' working folder)."""
+    if data:
+        check_data_folder(
+            sweep, trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
+        )
+    file = st.storage_file(url)
+    if file is not None and not file.exists():
+        return  # no study yet: the first task makes it
+    storage = st.open_storage(url, sweep.storage_options)
+    if sweep.study not in optuna.get_all_study_names(storage):
+        return
+    study = optuna.load_study(study_name=sweep.study, storage=storage)
+    stored = study.user_attrs.get("cofr.sweep")
+    if isinstance(stored, dict) and grown_grid(sweep, stored) is None:
+        check_same_trials(sweep, stored)
+    check_same_objective(study, sweep, "use another study name")
+    if study_done(study, sweep):
+        raise SweepError(
+            f"study {sweep.study!r} is done: its {sweep.total_trials} trials have run, so "
+            f"workers would start none. {done_hint(sweep)}"
+        )
+
+
+def done_hint(sweep: Sweep) -> str:
+    """How to get more trials out of a done study: ``n_trials`` in the sweep file bounds
+    the study's trials (``--n-trials`` only a worker's)."""
+    where = sweep.path or "the sweep file"
+    if sweep.is_grid:
+        return f"Add values to the grid's ranges in {where}, or give a new --study NAME"
+    return (
+        f"Raise n_trials in {where} to add trials (--n-trials bounds one worker's alone), "
+        "or give a new --study NAME"
+    )
+
+
 @dataclass
 class WorkerResult:
     study: optuna.Study
@@ -862,6 +904,7 @@ def _checked_trial_config(
         check_model_values(sweep, probe)
         check_optimizer_values(sweep, probe)
         check_budget(sweep, probe)
+        check_validates(sweep, probe)
         for warning in (pruning_before_ladders(sweep, probe), pruner_idle_in_budget(sweep, probe)):
             if warning is not None:
                 log.warning(warning)

@@ -262,7 +262,8 @@ def test_tiny_sweep_on_the_local_slurm_cluster(tiny_data, tmp_path):
 
 def test_ckpt_path_last_prefers_a_newer_requeue_checkpoint(tiny_data, tmp_path):
     """train.sbatch resumes with --ckpt_path last: Lightning's SIGUSR1 checkpoint
-    (hpc_ckpt_<n>.ckpt in the run folder) wins when it is newer than last.ckpt."""
+    (hpc_ckpt_<n>.ckpt in the run folder) wins when it holds a later step than last.ckpt,
+    whichever file is newer (a copied run folder's times say nothing)."""
     from cofrgenet.training.cli import CofrCLI
 
     def fit(steps: int, *extra: str) -> None:
@@ -282,13 +283,17 @@ def test_ckpt_path_last_prefers_a_newer_requeue_checkpoint(tiny_data, tmp_path):
 
     fit(2)
     run_dir = tmp_path / "runs" / "default" / "r"
-    at_step_2 = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    at_step_2 = last.read_bytes()
     fit(4, "--ckpt_path", "last")
     assert (tmp_path / "start").read_text() == "2"
-    (run_dir / "hpc_ckpt_1.ckpt").write_bytes(at_step_2)  # newer than last.ckpt (step 4)
+    requeue = run_dir / "hpc_ckpt_1.ckpt"
+    requeue.write_bytes(last.read_bytes())  # step 4, in the oldest file
+    os.utime(requeue, (1e9, 1e9))
+    last.write_bytes(at_step_2)
     fit(6, "--ckpt_path", "last")
-    assert (tmp_path / "start").read_text() == "2"
-    (run_dir / "checkpoints" / "last.ckpt").touch()  # now last.ckpt (step 6) is newer
+    assert (tmp_path / "start").read_text() == "4"
+    requeue.write_bytes(at_step_2)  # the newest file, of an earlier step than last.ckpt's 6
     fit(8, "--ckpt_path", "last")
     assert (tmp_path / "start").read_text() == "6"
 

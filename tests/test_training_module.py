@@ -205,8 +205,14 @@ def test_a_warm_up_as_long_as_the_run_is_warned_of():
     """cpu-debug's 20 steps under the default 100-step warm-up never reach the peak rate:
     said once at the start, and not for a warm-up shorter than the run."""
     module = LanguageModel("gpt2-tiny", optimizer=OptimizerConfig(warmup_steps=100))
-    with pytest.warns(UserWarning, match=r"warmup_steps \(100\) is longer than the run's 4 "):
+    # A key to set (a --flag in cofr fit, a YAML key or a sweep override), and for a run of a
+    # few steps a value that can be (it said "N well below 1" for a 1-step sweep trial).
+    with pytest.warns(UserWarning, match=r"warmup_steps \(100\) is longer than the run's 4 "
+                      r".*Set model\.optimizer\.warmup_steps to 0$"):  # fmt: skip
         tiny_trainer(4).fit(module, token_loader())
+    module = LanguageModel("gpt2-tiny", optimizer=OptimizerConfig(warmup_steps=100))
+    with pytest.warns(UserWarning, match=r"Set model\.optimizer\.warmup_steps well below 6$"):
+        tiny_trainer(6).fit(module, token_loader())
     module = LanguageModel("gpt2-tiny", optimizer=OptimizerConfig(warmup_steps=4))  # peaks last
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*warmup_steps")

@@ -542,8 +542,12 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             rank_zero_warn(
                 f"model.optimizer.warmup_steps ({cfg.warmup_steps}) is longer than the run's "
                 f"{total} optimizer steps: the learning rate never reaches "
-                f"model.optimizer.lr ({cfg.lr:g}) nor decays. Give "
-                f"--model.optimizer.warmup_steps N with N well below {total}"
+                f"model.optimizer.lr ({cfg.lr:g}) nor decays. Set "
+                + (
+                    f"model.optimizer.warmup_steps well below {total}"
+                    if total > 4
+                    else "model.optimizer.warmup_steps to 0"
+                )
             )
         shapes = getattr(self, "_built_shapes", {})
         optimizer = build_adamw(

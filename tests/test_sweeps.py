@@ -106,6 +106,15 @@ def study_of(url: str, name: str) -> optuna.Study:
 # ----------------------------------------------------------------------- sweep files
 
 
+def test_a_fixed_value_in_the_space_is_pointed_to_overrides():
+    """`space: {model.config.depth: 3}` said only "expected a range string, a list or a
+    mapping"; a value every trial takes belongs under overrides:."""
+    with pytest.raises(SweepError, match=r"^space\.model\.config\.depth: expected a range "
+                       r"string, a list or a mapping, not 3; a value every trial takes goes "
+                       r"under overrides: \(model\.config\.depth: 3\)$"):  # fmt: skip
+        parse_param("model.config.depth", 3)
+
+
 def test_param_specs_read_ranges_and_choices():
     depth = parse_param("model.config.depth", "int 1..8")
     assert (depth.kind, depth.low, depth.high, depth.grid_values()) == (

@@ -164,7 +164,14 @@ def parse_param(key: str, value: Any) -> ParamSpec:
     if isinstance(value, list):
         value = {"choices": value}
     if not isinstance(value, dict):
-        raise SweepError(f"space.{key}: expected a range string, a list or a mapping")
+        fixed = (
+            f"; a value every trial takes goes under overrides: ({key}: {value!r})"
+            if isinstance(value, (int, float, bool)) or value is None
+            else ""
+        )
+        raise SweepError(
+            f"space.{key}: expected a range string, a list or a mapping, not {value!r}{fixed}"
+        )
     fields = ("type", "low", "high", "step", "log", "choices", "grid")
     unknown = sorted(set(value) - set(fields))
     if unknown:

@@ -2456,8 +2456,8 @@ def test_a_mistyped_storage_file_is_refused_when_the_study_exists_elsewhere(tmp_
 def test_an_empty_or_bad_study_override_is_refused(tmp_path, capsys):
     """--study '' is not "no override": it would run the sweep file's study unasked."""
     path = str(write_sweep(tmp_path))
-    for value in ("", "a/b"):
-        line = one_line_error(capsys, ["sweep", "run", path, "--no-mlflow", "--study", value])
+    for value in ("", "a/b", "-x", ".x"):  # -x: refused as "experiment '-x'" at its folder
+        line = one_line_error(capsys, ["sweep", "run", path, "--no-mlflow", f"--study={value}"])
         assert f"study {value!r}: a name of letters, digits" in line
     assert not (tmp_path / "runs").exists()
 

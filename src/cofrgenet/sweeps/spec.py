@@ -53,7 +53,7 @@ from cofrgenet.config_variables import (
 from cofrgenet.devices import device_count
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled, find_base
-from cofrgenet.training.run_store import check_folder_name
+from cofrgenet.training.run_store import check_folder_name, folder_name
 
 SAMPLERS = ("tpe", "random", "grid")
 #: What a trial can report as its objective: the metrics LanguageModel logs at every
@@ -642,8 +642,12 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         hint = did_you_mean(str(unknown[0]), sorted(_TOP_KEYS))
         raise SweepError(f"unknown sweep key(s) {unknown}{where}{hint}; known: {sorted(_TOP_KEYS)}")
     study = raw.get("study")
-    if not study or not re.fullmatch(r"[A-Za-z0-9._-]+", str(study)):
-        raise SweepError(f"study {study!r}: a name of letters, digits, '.', '_' or '-' is required")
+    # As a folder keeps it: the study's runs go to runs/sweeps/<study>/ and its experiment.
+    if not study or folder_name(str(study), "") != str(study):
+        raise SweepError(
+            f"study {study!r}: a name of letters, digits, '.', '_' or '-' is required, not "
+            "starting with '.' or '-'"
+        )
     base = raw.get("base") or []
     base = [base] if isinstance(base, str) else base
     if not isinstance(base, list) or not all(isinstance(b, str) for b in base):

@@ -1103,7 +1103,7 @@ def check_validates(sweep: Sweep, config: dict[str, Any]) -> None:
     limit = get_dotted(config, "trainer.limit_val_batches", None)
     if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit == 0:
         raise SweepError(
-            f"trainer.limit_val_batches: {limit} turns validation off, but objective.metric "
+            f"trainer.limit_val_batches: {limit:g} turns validation off, but objective.metric "
             f"{sweep.objective.metric} is logged by validation: every trial would end with "
             "no value; remove limit_val_batches or raise it above 0, or rank by train/loss"
         )

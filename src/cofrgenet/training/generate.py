@@ -93,7 +93,6 @@ class StreamedText:
         self.tokenizer, self.out, self.past_eos = tokenizer, out, past_eos
         self.unwritten: str | None = prompt  # None once written
         self.held: list[int] = []
-        self.count = 0  # ids of the text (not the end-of-text id or past it)
         self.ended = False  # at the end-of-text id
 
     def add(self, ids: Tensor) -> None:
@@ -106,7 +105,6 @@ class StreamedText:
             self.close()
             return
         self.held.append(token)
-        self.count += 1
         if len(self.held) >= self.HOLD or not self.tokenizer.decode(self.held).endswith("\ufffd"):
             self._write()
 

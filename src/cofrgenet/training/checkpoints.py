@@ -246,11 +246,25 @@ def _recorded_step(path: Path) -> int | None:
     byte); None if it does not read."""
     file = path / "meta.pt" if path.is_dir() else path
     try:
-        saved = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
+        status = os.stat(file)
+    except OSError:
         return None
-    step = saved.get("global_step") if isinstance(saved, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    # A fit start orders the run's checkpoints several times: each file is unpickled once.
+    key = (str(file.resolve()), status.st_mtime_ns, status.st_size, status.st_ino)
+    if key not in _RECORDED_STEPS:
+        try:
+            saved = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:
+            saved = None
+        step = saved.get("global_step") if isinstance(saved, dict) else None
+        _RECORDED_STEPS[key] = (
+            step if isinstance(step, int) and not isinstance(step, bool) else None
+        )
+    return _RECORDED_STEPS[key]
+
+
+#: :func:`_recorded_step`'s answers, by path and file status (a new save is a new inode).
+_RECORDED_STEPS: dict[tuple[str, int, int, int], int | None] = {}
 
 
 def step_of(path: Path) -> int | None:

@@ -488,14 +488,13 @@ def run(args: argparse.Namespace) -> int:
         for warning in report["warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
         if out is not None:
-            kept = None
+            kept = ""
             if stop.signum is not None and (partial := partial_results_file(out)) != out:
                 kept = f"; {out} keeps an earlier run's complete results"
                 out = check_output_file(partial)
             write_results(out, report)
             print(
-                f"results: {out}"
-                + (" (partial: the sets finished" + (kept or "") + ")" if stop.signum else "")
+                f"results: {out}" + (f" (partial: the sets finished{kept})" if stop.signum else "")
             )
         if not args.no_mlflow:
             _log_and_say(args, loaded, results, report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import errno
 import logging
+import math
 import os
 import re
 import signal
@@ -3364,6 +3365,39 @@ def test_the_heat_map_sorts_a_choice_of_none_beside_numbers():
     )  # fmt: skip
     xs, ys, cells = heatmap_table([*trials, pruned], "h", "d", maximize=False)
     assert ys == [1, 2, 3] and all(v != v for v in cells[2])
+
+
+def test_the_heat_map_shows_the_searched_values_not_yet_drawn(tmp_path, monkeypatch):
+    """An int range or choice list of a few values shows all of them (early in a study the
+    axes held only the values drawn, so the untried cells did not show), a wide range
+    only those drawn; a map without any completed cell draws no (empty) colour bar."""
+    from optuna.distributions import IntDistribution
+    from optuna.trial import create_trial
+
+    import cofrgenet.sweeps.report as report
+    from cofrgenet.sweeps.spec import parse_param
+
+    depth, ladders = parse_param("d", "int 1..7 step 2"), parse_param("L", [1, 4, 16])
+    wide = parse_param("w", "int 1..64")
+    assert report.axis_values(depth) == [1, 3, 5, 7]
+    assert report.axis_values(ladders) == [1, 4, 16]
+    assert report.axis_values(wide) == [] and report.axis_values(None) == []
+    assert report.axis_values(parse_param("lr", "float 1e-4..1e-2 log")) == []
+    dists = {"d": IntDistribution(1, 7, step=2), "L": IntDistribution(1, 16)}
+    trial = create_trial(params={"d": 3, "L": 4}, distributions=dists, value=2.0)
+    xs, ys, cells = report.heatmap_table(
+        [trial], "L", "d", False, report.axis_values(ladders), report.axis_values(depth)
+    )
+    assert xs == [1, 4, 16] and ys == [1, 3, 5, 7]
+    assert cells[1][1] == 2.0 and sum(v == v for row in cells for v in row) == 1
+    assert report.heatmap_table([], "L", "d", False, [1], [1]) == ([], [], [])
+
+    figures = []
+    monkeypatch.setattr(report, "_savefig", lambda figure, path: figures.append(len(figure.axes)))
+    report.plot_heatmap(xs, ys, cells, "L", "d", "val/loss", tmp_path / "a.png")
+    empty = [[math.nan] * len(xs) for _ in ys]
+    report.plot_heatmap(xs, ys, empty, "L", "d", "val/loss", tmp_path / "b.png")
+    assert figures == [2, 1]  # the map and its colour bar; the map alone
 
 
 def test_a_requeue_that_is_not_made_ends_the_worker_with_1(tmp_path, monkeypatch, capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from cofrgenet.atomic import replacing, write_text_atomic
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.objective import RUN_DIR_ATTR, trial_run_dir
-from cofrgenet.sweeps.spec import Sweep, counted
+from cofrgenet.sweeps.spec import ParamSpec, Sweep, counted
 from cofrgenet.sweeps.status import note, retried_as
 
 
@@ -37,16 +38,38 @@ def _axis_order(value: Any) -> tuple[int, Any]:
     return (1, value) if isinstance(value, int | float) else (2, str(value))
 
 
+#: An axis lists every value of its searched range up to this many (else those drawn).
+MAX_AXIS_VALUES = 12
+
+
+def axis_values(spec: ParamSpec | None) -> list[Any]:
+    """The values a heat-map axis shows whether drawn or not: a choice list's, or an int
+    range's (or a float range's grid) of at most :data:`MAX_AXIS_VALUES`; [] otherwise."""
+    if spec is None or (spec.kind == "float" and not spec.grid):
+        return []
+    values = spec.grid_values()
+    return values if len(values) <= MAX_AXIS_VALUES else []
+
+
 def heatmap_table(
-    trials: list[FrozenTrial], x_key: str, y_key: str, maximize: bool
+    trials: list[FrozenTrial],
+    x_key: str,
+    y_key: str,
+    maximize: bool,
+    x_values: Sequence[Any] = (),
+    y_values: Sequence[Any] = (),
 ) -> tuple[list[Any], list[Any], list[list[float]]]:
     """(x values, y values, best objective per cell, NaN where no trial completed).
 
     The axes hold every value a trial drew, so that a row or column whose trials were all
-    pruned or failed shows as such instead of vanishing."""
+    pruned or failed shows as such instead of vanishing, and ``x_values``/``y_values``
+    (the searched ranges, :func:`axis_values`), so that the cells not yet tried show too;
+    both empty when no trial drew both keys."""
     drawn = [t for t in trials if x_key in t.params and y_key in t.params]
-    xs = sorted({t.params[x_key] for t in drawn}, key=_axis_order)
-    ys = sorted({t.params[y_key] for t in drawn}, key=_axis_order)
+    if not drawn:
+        return [], [], []
+    xs = sorted({t.params[x_key] for t in drawn} | set(x_values), key=_axis_order)
+    ys = sorted({t.params[y_key] for t in drawn} | set(y_values), key=_axis_order)
     cells = [[math.nan] * len(xs) for _ in ys]
     for t in drawn:
         if t.state != TrialState.COMPLETE or t.value is None:
@@ -87,7 +110,8 @@ def plot_heatmap(
                 bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none"},
             )  # fmt: skip
     ax.grid(False)
-    figure.colorbar(image, ax=ax, label=metric)
+    if not masked.mask.all():  # a colour bar without any value is an empty strip
+        figure.colorbar(image, ax=ax, label=metric)
     ax.set_title(f"{metric} (best per cell)")
     _savefig(figure, path)
     plt.close(figure)
@@ -273,8 +297,14 @@ def _write_report(
     keys = sweep.heatmap_keys()
     if keys is not None:
         x_key, y_key = keys
+        specs = {p.key: p for p in sweep.space}
         xs, ys, cells = heatmap_table(
-            study.get_trials(deepcopy=False), x_key, y_key, sweep.objective.direction == "maximize"
+            study.get_trials(deepcopy=False),
+            x_key,
+            y_key,
+            sweep.objective.direction == "maximize",
+            axis_values(specs.get(x_key)),
+            axis_values(specs.get(y_key)),
         )
         if xs and ys:
             plot_heatmap(xs, ys, cells, x_key, y_key, sweep.objective.metric, out / "heatmap.png")

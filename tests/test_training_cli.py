@@ -1720,6 +1720,54 @@ def test_a_rollback_or_a_fork_goes_into_a_new_run(tiny_data, tmp_path):
     assert resumed.trainer.global_step == 6
 
 
+def test_a_moved_run_keeps_counting_its_newest_checkpoints(tiny_data, tmp_path):
+    """A run folder moved (or its runs folder) and resumed there: its kept checkpoints
+    were forgotten with the old folder's path, so the newest K were counted afresh and
+    the older ones stayed on disk for good."""
+    every = ("--run.checkpoint_every_n_steps", "2", "--run.keep_checkpoints", "2")
+    args = [*every, "--run.mlflow", "false", "--run.name", "a"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *args, "--trainer.max_steps", "6"))
+    (tmp_path / "runs").rename(tmp_path / "moved")
+    moved = ("--run.runs_dir", str(tmp_path / "moved"), "--ckpt_path", "last")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = CofrCLI(args=fit_args(tmp_path, tiny_data, *args, *moved, "--trainer.max_steps", "10"))  # fmt: skip
+    assert resumed.trainer.global_step == 10
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]
+    folder = tmp_path / "moved" / "test" / "a" / "checkpoints"
+    assert sorted(p.name for p in folder.glob("step*.ckpt")) == [
+        "step0000008.ckpt",
+        "step0000010.ckpt",
+    ]
+
+
+def test_a_moved_runs_state_drops_the_checkpoints_lost_in_the_move(tmp_path):
+    from cofrgenet.training.run_checkpoint import RunCheckpoint
+
+    here = tmp_path / "checkpoints"
+    here.mkdir()
+    (here / "step0000006.ckpt").write_bytes(b"x")  # step 4's did not come along
+    old = "/elsewhere/checkpoints"
+    state = {
+        "dirpath": old,
+        "best_k_models": {f"{old}/step0000004.ckpt": 4, f"{old}/step0000006.ckpt": 6},
+        "kth_best_model_path": f"{old}/step0000004.ckpt",
+        "kth_value": 4,
+        "best_model_path": f"{old}/step0000006.ckpt",
+        "best_model_score": 6,
+        "last_model_path": f"{old}/last.ckpt",
+    }
+    callback = RunCheckpoint(dirpath=here, save_top_k=2, monitor="step", mode="max")
+    callback.load_state_dict(state)
+    six = str(here / "step0000006.ckpt")
+    assert callback.best_k_models == {six: 6}
+    assert (callback.kth_best_model_path, callback.kth_value) == (six, 6)
+    assert callback.best_model_path == six and callback.last_model_path == str(here / "last.ckpt")
+    other = RunCheckpoint(dirpath=tmp_path / "new", save_top_k=2, monitor="step", mode="max")
+    other.load_state_dict(state)  # another run's: nothing of it is taken
+    assert other.best_k_models == {} and other.best_model_path == ""
+
+
 def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplog):
     """A resume with no step left, a fresh fit into a run folder that still holds an
     MLflow run, and an evaluation with no checkpoint are errors that leave the run as it

@@ -45,12 +45,47 @@ class RunCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Another folder's (a run started from another run's checkpoint, a moved run):
-        # its best/last paths name that folder's files. Lightning kept best_model_path
-        # and warned of the rest ("The dirpath has changed"); none of it is this run's.
+        # Another folder's: its best/last paths name that folder's files. Lightning kept
+        # best_model_path and warned of the rest ("The dirpath has changed"). A moved run
+        # (its files here) takes them here: without its kept checkpoints the newest K
+        # were counted afresh, and the older ones stayed on disk for good.
         if state_dict.get("dirpath", self.dirpath) != self.dirpath:
-            return
+            moved = self._moved_here(state_dict)
+            if moved is None:  # a run started from another run's checkpoint
+                return
+            state_dict = moved
         super().load_state_dict(state_dict)
+
+    def _moved_here(self, state_dict: dict[str, Any]) -> dict[str, Any] | None:
+        """``state_dict`` with its checkpoint paths in this callback's folder, when the
+        periodic checkpoints it kept are there by name (the run folder was moved); None
+        when none is (another run's state)."""
+        if self.dirpath is None:
+            return None
+        here = Path(self.dirpath)
+
+        def moved(path: Any) -> str:
+            return str(here / Path(path).name) if path else path
+
+        kept = {
+            moved(path): score
+            for path, score in (state_dict.get("best_k_models") or {}).items()
+            if (here / Path(path).name).is_file()
+        }
+        if not kept:
+            return None
+        state = dict(state_dict, dirpath=self.dirpath, best_k_models=kept)
+        for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+            state[key] = moved(state_dict.get(key))
+        if state["kth_best_model_path"] not in kept:  # a file lost in the move
+            worst = min if self.mode == "max" else max
+            state["kth_best_model_path"] = worst(kept, key=kept.__getitem__)
+            state["kth_value"] = kept[state["kth_best_model_path"]]
+        if state["best_model_path"] not in kept:
+            best = max if self.mode == "max" else min
+            state["best_model_path"] = best(kept, key=kept.__getitem__)
+            state["best_model_score"] = kept[state["best_model_path"]]
+        return state
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int

@@ -705,6 +705,8 @@ def test_a_checkpoint_whose_data_folder_is_gone_exports_without_tokenizer(
         return
     assert report.tokenizer is None and "not on this machine" in report.tokenizer_note
     assert not (tmp_path / "out" / "tokenizer.json").exists()
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "not exported (it was not found)" in readme and "--tokenizer" not in readme
     # EOS comes from the tokenizer kind the checkpoint records: bpe's is id 0.
     assert generation["eos_token_id"] == generation["pad_token_id"] == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 0

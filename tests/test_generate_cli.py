@@ -273,6 +273,53 @@ def test_a_bpe_tokenizer_trained_again_with_the_same_size_is_refused(capsys, tmp
     assert main([*argv, str(first)]) == 0
 
 
+def test_a_run_keeps_its_tokenizer_when_the_data_folder_is_prepared_again(capsys, tmp_path):
+    """The run folder's copy of the tokenizer (made at the run's start) serves when the
+    data folder was prepared again with other merges, or is gone: the checkpoints were
+    useless without the original folder. A checkpoint copied into a run folder whose copy
+    is another tokenizer's falls back to its data folder (and its checks)."""
+    from cofrgenet.data import PydocSource, prepare_data
+    from cofrgenet.data.meta import copy_tokenizer, tokenizer_digest
+
+    data = tmp_path / "bpe"
+    prepare_data(PydocSource(), data, tokenizer="bpe", vocab_size=280, max_docs=20, seed=1,
+                 num_workers=1)  # fmt: skip
+    trained_with = {
+        "tokenizer": "bpe",
+        "vocab_size": 280,
+        "tokenizer_sha256": tokenizer_digest(data),
+    }
+    run = tmp_path / "runs" / "exp" / "run"
+    ckpt = write_checkpoint(
+        run / "checkpoints" / "last.ckpt", str(data), trained_with=trained_with, vocab_size=280
+    )
+    (run / "config.yaml").write_text("run:\n  runs_dir: runs\n")  # a run folder
+    assert copy_tokenizer(data, run / "tokenizer")
+    assert not copy_tokenizer(data, run / "tokenizer")  # an existing copy stays
+    assert tokenizer_digest(run / "tokenizer") == trained_with["tokenizer_sha256"]
+    prepare_data(PydocSource(), data, tokenizer="bpe", vocab_size=280, max_docs=20, seed=2,
+                 num_workers=1, overwrite=True)  # fmt: skip
+    assert tokenizer_digest(data) != trained_with["tokenizer_sha256"]
+    argv = ["generate", "--ckpt", str(ckpt), "--max-new-tokens", "2", "--prompt", "def"]
+    assert main(argv) == 0
+    assert main([*argv, "--tokenizer", str(run / "tokenizer")]) == 0
+    again = tmp_path / "again"  # the copy serves as --tokenizer-from
+    prepare_data(PydocSource(), again, tokenizer_from=run / "tokenizer", max_docs=20,
+                 num_workers=1)  # fmt: skip
+    assert tokenizer_digest(again) == trained_with["tokenizer_sha256"]
+    shutil.rmtree(data)
+    assert main(argv) == 0
+    capsys.readouterr()
+    # Another tokenizer's copy beside a foreign checkpoint: not taken.
+    other = tmp_path / "other"
+    prepare_data(PydocSource(), other, tokenizer="bpe", vocab_size=280, max_docs=20, seed=3,
+                 num_workers=1)  # fmt: skip
+    shutil.rmtree(run / "tokenizer")
+    copy_tokenizer(other, run / "tokenizer")
+    line = one_line_error(capsys, argv)
+    assert f"its training data folder {data}, which is not on this machine" in line
+
+
 def test_a_relative_data_folder_is_found_from_another_folder(
     capsys, tmp_path, run_folder, monkeypatch
 ):

@@ -317,6 +317,9 @@ def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     run_dirs = list((tmp_path / "runs" / "test").iterdir())
     assert (run_dirs[0] / "mlflow_run_id").read_text().strip() == run_id
     assert (run_dirs[0] / "checkpoints" / "last.ckpt").exists()
+    # The tokenizer it trained with, kept beside its checkpoints.
+    kept = run_dirs[0] / "tokenizer" / "meta.json"
+    assert kept.read_bytes() == (tiny_data / "meta.json").read_bytes()
 
 
 def test_missing_data_folder_names_the_prepare_command(tmp_path):

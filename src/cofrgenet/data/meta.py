@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,31 @@ def tokenizer_digest(data_dir: str | os.PathLike[str]) -> str | None:
     if not path.is_file():
         return None
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def copy_tokenizer(data_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) -> bool:
+    """Copy a prepared folder's tokenizer (``meta.json`` and ``tokenizer/``) to the new
+    folder ``dest``, which then serves wherever a data folder's tokenizer is read
+    (``--tokenizer``, ``--tokenizer-from``): a run keeps the tokenizer it trained with
+    after its data folder is prepared again or moved. The bytes are copied, so the
+    digest checkpoints record holds. Written whole or not at all (a temporary folder
+    renamed); False, writing nothing, when ``dest`` exists or ``data_dir`` has no
+    ``meta.json``."""
+    source, dest = Path(data_dir), Path(dest)
+    if dest.exists() or not (source / META_FILE).is_file():
+        return False
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        (tmp / TOKENIZER_DIR).mkdir(parents=True, exist_ok=True)
+        (tmp / META_FILE).write_bytes((source / META_FILE).read_bytes())
+        tokenizer = source / TOKENIZER_DIR / TOKENIZER_FILE
+        if tokenizer.is_file():
+            (tmp / TOKENIZER_DIR / TOKENIZER_FILE).write_bytes(tokenizer.read_bytes())
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return True
 
 
 def tokenizer_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -718,7 +718,7 @@ def _tokenizer_from_meta(folder: Path) -> DataMeta:
             "`cofr data prepare` that finished"
         )
     try:
-        return read_meta(folder)
+        return read_meta(folder, splits=False)  # its tokenizer alone (a run folder's copy)
     except DataFolderError as error:  # half-written, damaged: read_meta's, on one line
         raise PrepareError(f"{said}: {' '.join(str(error).split())}") from None
 

@@ -717,7 +717,10 @@ def _write_readme(
         if report.max_abs_diff is None
         else f"max abs difference {report.max_abs_diff:.2e} from cofrgenet's logits"
     )
-    tokenizer = report.tokenizer or f"not exported ({report.tokenizer_note})"
+    # The console said why in full; its advice (copy a folder, --tokenizer) is the
+    # exporter's, not for the model's readers.
+    why = "--no-tokenizer" if report.tokenizer_note == "--no-tokenizer" else "it was not found"
+    tokenizer = report.tokenizer or f"not exported ({why})"
     clipped = ": ladder outputs are clipped to their training range" if clips_ladders else ""
     if report.tokenizer is not None:
         usage = f"""from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -21,6 +21,7 @@ import difflib
 import importlib
 import inspect
 import re
+import shutil
 import signal
 import sys
 import warnings
@@ -46,7 +47,7 @@ from cofrgenet import cli_cache, recipes
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
-from cofrgenet.data.meta import TOKENIZER_KEYS
+from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
 from cofrgenet.devices import device_count
 from cofrgenet.errors import (
     ConfigError,
@@ -83,6 +84,7 @@ from cofrgenet.training.perf import peak_flops_from_env
 from cofrgenet.training.run_checkpoint import RunCheckpoint
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
+    RUN_TOKENIZER_DIR,
     STARTED_FROM_TAG,
     RunConfig,
     artifact_location,
@@ -166,6 +168,9 @@ class ConfigToRun(SaveConfigCallback):
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", yaml_text)
+        data_dir = getattr(trainer.datamodule, "data_dir", None)
+        if data_dir is not None:  # kept by a resume: the data it checked is the same
+            copy_tokenizer(data_dir, run_dir / RUN_TOKENIZER_DIR)
         for logger in trainer.loggers:
             if isinstance(logger, CofrMLFlowLogger):
                 logger.remember_run()
@@ -1193,7 +1198,7 @@ class CofrCLI(LightningCLIAdapter):
         if self.subcommand != "fit" or run_dir is None or rank_zero_only.rank != 0:
             return
         found = self._found_at_start or frozenset()
-        written = ("config.yaml", RUN_ID_FILE, LOCK_FILE)
+        written = ("config.yaml", RUN_ID_FILE, RUN_TOKENIZER_DIR, LOCK_FILE)
         others = [p for p in run_dir.iterdir() if p.name not in (*written, *found)]
         if (self.trainer.global_step > 0 and not trained) or others:  # (a checkpoint) keeps it
             return
@@ -1211,6 +1216,8 @@ class CofrCLI(LightningCLIAdapter):
         for name in ("config.yaml", RUN_ID_FILE):
             if self._written_by_this_start(name):
                 (run_dir / name).unlink(missing_ok=True)
+        if self._written_by_this_start(RUN_TOKENIZER_DIR):
+            shutil.rmtree(run_dir / RUN_TOKENIZER_DIR, ignore_errors=True)
         lock.release(remove=self._written_by_this_start(LOCK_FILE))
         if self._found_at_start is None:
             with contextlib.suppress(OSError):

@@ -26,6 +26,7 @@ from cofrgenet.data.meta import (
     TOKENIZER_FILE,
     TOKENIZER_KEYS,
     DataFolderError,
+    read_meta,
     tokenizer_changes,
     tokenizer_digest,
 )
@@ -33,6 +34,7 @@ from cofrgenet.errors import UserError, first_line
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
+    RUN_TOKENIZER_DIR,
     scored_already,
     sqlite_damage,
     sqlite_database,
@@ -223,6 +225,24 @@ class LoadedCheckpoint:
         option = self.tokenizer_option
         return f"{option} {value}" if option.startswith("-") else f"{option}={value}"
 
+    def _run_copy(self) -> Path | None:
+        """The run folder's copy of the tokenizer it trained with (made at the run's start:
+        it outlives a data folder prepared again or moved), when it is this checkpoint's
+        (a checkpoint copied into another run's folder may not be); else None."""
+        folder = None if self.run_dir is None else self.run_dir / RUN_TOKENIZER_DIR
+        if folder is None or not _prepared(folder):
+            return None
+        try:
+            meta = read_meta(folder, splits=False)
+        except DataFolderError:
+            return None
+        found = {
+            "tokenizer": meta.tokenizer,
+            "vocab_size": meta.vocab_size,
+            "tokenizer_sha256": tokenizer_digest(folder),
+        }
+        return None if tokenizer_changes(self.trained_with, found) else folder
+
     def _tokenizer_folder(self) -> Path:
         """The prepared data folder to read the tokenizer from, or a one-line error."""
         if self.tokenizer_given:
@@ -245,6 +265,9 @@ class LoadedCheckpoint:
                     "give the folder `cofr data prepare` wrote"
                 )
             return folder
+        kept = self._run_copy()
+        if kept is not None:
+            return kept
         if self.data_dir is None:
             raise TokenizerNotFound(
                 f"{self.path} does not say which data it was trained on: pass the "

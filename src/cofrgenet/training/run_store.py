@@ -35,6 +35,9 @@ from cofrgenet.errors import ConfigError
 from cofrgenet.redact import hide_passwords
 
 RUN_ID_FILE = "mlflow_run_id"
+#: The run folder's copy of its data folder's tokenizer (``meta.json``, ``tokenizer/``),
+#: made when the run starts: the checkpoints keep it if the data folder changes.
+RUN_TOKENIZER_DIR = "tokenizer"
 #: The metric whose history says up to which step a run has logged.
 HISTORY_KEY = "train/loss"
 #: The tag of the step a run stopped after when a signal stopped it (KILLED).

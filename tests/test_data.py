@@ -352,6 +352,22 @@ def write_corpus(folder: Path) -> list[str]:
     return texts
 
 
+def test_a_validation_split_too_small_for_a_block_is_said_at_prepare(tmp_path, capsys):
+    """A val split of a few tokens passed the prepare and failed the first fit ("holds
+    no block of block_size + 1 tokens")."""
+    write_corpus(tmp_path / "corpus")
+    glob = str(tmp_path / "corpus" / "*.txt")
+    argv = ["--source", "text", "--glob", glob, "--num-workers", "1"]
+    assert main([*argv, "--out", str(tmp_path / "small")]) == 0
+    val = read_meta(tmp_path / "small").splits["val"].tokens
+    assert f"note: the val split holds {val} tokens: a fit whose data.block_size + 1" in (
+        capsys.readouterr().err
+    )
+    assert main(["--max-docs", "40", "--num-workers", "1", "--out", str(tmp_path / "big")]) == 0
+    assert read_meta(tmp_path / "big").splits["val"].tokens >= 1025
+    assert "note: the val split" not in capsys.readouterr().err
+
+
 def test_text_glob_source_end_to_end(tmp_path):
     texts = write_corpus(tmp_path / "corpus" / "sub")
     source = TextFilesSource(str(tmp_path / "corpus" / "**" / "*.txt"))
@@ -1271,6 +1287,10 @@ def test_missing_data_folder_names_the_prepare_command(tmp_path):
         "cofr data prepare --source pydoc --tokenizer bpe --out x/pydoc-bpe-mine"
     )
     assert prepare_command("x/mine") == "cofr data prepare --source pydoc --out x/mine"
+    # Another source's name: the tokenizer its name says all the same.
+    assert prepare_command("x/mine-bpe") == (
+        "cofr data prepare --source pydoc --tokenizer bpe --out x/mine-bpe"
+    )
     with pytest.raises(DataFolderError, match="cofr data prepare --source pydoc --out"):
         load_tokenizer(tmp_path / "elsewhere")
 
@@ -1284,6 +1304,20 @@ def test_a_file_or_another_folder_given_as_data_is_named_so(pydoc_byte, tmp_path
         DataFolderError, match=r"(?s)is not a data folder \(no meta.json.*--out NEW_FOLDER"
     ):
         read_meta(tmp_path / "conf")  # prepare would refuse a folder of other files
+    # A corpus given as the data folder: the prepare that reads its files.
+    for name, options in (
+        ("a.txt", f"--source text --glob '{tmp_path / 'texts'}/**/*.txt'"),
+        ("a.jsonl", f"--source jsonl --path '{tmp_path / 'texts'}/*.jsonl'"),
+    ):
+        shutil.rmtree(tmp_path / "texts", ignore_errors=True)
+        (tmp_path / "texts").mkdir()
+        (tmp_path / "texts" / name).write_text("words\n")
+        with pytest.raises(DataFolderError) as info:
+            read_meta(tmp_path / "texts")
+        assert (
+            f"make one of its files with:\n  cofr data prepare {options} --out NEW_FOLDER"
+            in str(info.value)
+        )
 
 
 def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
@@ -1386,6 +1420,37 @@ def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
     assert "was prepared from other files than these, or from these before they changed" in err
     assert "--overwrite" in err
     assert main([*args, "--overwrite"]) == 0
+
+
+def test_a_local_dataset_validates_on_its_own_validation_split(tmp_path, capsys):
+    """A dataset that is no preset but has a validation split (a local folder of
+    train/validation Parquet files): carving from train ignored that split unsaid. A
+    mistyped --split of a local folder got advice about the hub."""
+    pytest.importorskip("datasets")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dataset = tmp_path / "mydata"
+    dataset.mkdir()
+    rows = [{"content": f"training document {i} " * 8} for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(rows), dataset / "train.parquet")
+    held = [{"content": "held out words " * 6}, {"content": "more held out text " * 5}]
+    pq.write_table(pa.Table.from_pylist(held), dataset / "validation.parquet")
+    base = ["--source", "hf", "--dataset", str(dataset), "--text-field", "content",
+            "--num-workers", "1"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "own")]) == 0
+    assert "validation: the dataset's own split 'validation'" in capsys.readouterr().err
+    meta = read_meta(tmp_path / "own")
+    assert (meta.splits["train"].documents, meta.splits["val"].documents) == (12, 2)
+    assert meta.split_args["method"] == "source splits"
+    # Asked to carve (--val-fraction, --seed, or --val-split none): carved, as before.
+    assert main([*base, "--val-split", "none", "--out", str(tmp_path / "carved")]) == 0
+    assert read_meta(tmp_path / "carved").splits["train"].documents < 12
+    capsys.readouterr()
+    assert main([*base, "--split", "tain", "--out", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown split" in err and "Check --split" in err
+    assert "hub" not in err and "network" not in err
 
 
 def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path, capsys):
@@ -1611,6 +1676,55 @@ def test_killing_prepare_ends_its_workers_and_their_writes(tmp_path, sig):
     assert len(written) < 400  # stopped mid-way, not run to the end
     if sig == signal.SIGINT:
         assert rc == 130 and not out.exists()
+
+
+SLOW_COMMAND = """
+import os, sys, time
+from cofrgenet.data import prepare
+from cofrgenet.data.sources import Source
+
+class SlowSource(Source):
+    kind = "slow"
+    def __len__(self):
+        return 400
+    def read(self, indices):
+        with open(sys.argv[2], "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+        time.sleep(0.5)
+        return [f"document {i} " * 50 for i in indices]
+    def describe(self):
+        return {}
+
+prepare.make_source = lambda *args, **kwargs: SlowSource()
+sys.exit(prepare.main(["--out", sys.argv[1], "--num-workers", "2"]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_stops_a_prepare_as_ctrl_c_does(tmp_path):
+    """SLURM's time limit (SIGTERM) left the prepare's .next/ and said nothing; Ctrl-C
+    removed what it wrote. Now both do, and SIGTERM says so (exit 143)."""
+    (tmp_path / "slow.py").write_text(SLOW_COMMAND)
+    out, pids = tmp_path / "out", tmp_path / "pids"
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "slow.py"), str(out), str(pids)],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(set(read_pids(pids))) < 2:
+            time.sleep(0.1)
+        assert len(set(read_pids(pids))) >= 2, "the workers never started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # only this test's processes
+    assert proc.returncode == 143, err
+    assert f"cofr data prepare: stopped by SIGTERM: {out} as it was" in err
+    assert not out.exists()
 
 
 class KilledWorkerSource(Source):

@@ -102,6 +102,27 @@ BUNDLED_FOLDERS = {
 }
 
 
+#: The files of a corpus by suffix, and the ``cofr data prepare`` source that reads them.
+_CORPUS_SOURCES = {
+    ".txt": "text --glob",
+    ".md": "text --glob",
+    ".jsonl": "jsonl --path",
+    ".parquet": "parquet --path",
+}
+
+
+def _corpus_options(folder: Path, names: list[str]) -> str | None:
+    """The source options that read the corpus files ``names`` of ``folder`` hold (a
+    folder of text files given as a data folder), or None when none is one."""
+    suffixes = {Path(name).suffix.lower() for name in names}
+    for suffix, source in _CORPUS_SOURCES.items():
+        if suffix in suffixes:
+            kind, flag = source.split()
+            pattern = f"**/*{suffix}" if kind == "text" else f"*{suffix}"
+            return f"--source {kind} {flag} {shlex.quote(str(folder / pattern))}"
+    return None
+
+
 def prepare_command(
     out: str | os.PathLike[str], extra: str = "", unknown: str = "--source pydoc"
 ) -> str:
@@ -129,8 +150,7 @@ def prepare_command(
             words = ["cofr data prepare", f"--source {name}", _SOURCE_HINTS[name]]
         elif name in HF_PRESETS:
             words = ["cofr data prepare", f"--source hf --dataset {name}"]
-        if name in _SOURCE_HINTS or name in HF_PRESETS:
-            words.append(f"--tokenizer {tokenizer}")
+        words.append(f"--tokenizer {tokenizer}")  # the name's, whatever the source
     words += [f"--out {shlex.quote(str(out))}", extra]
     return " ".join(w for w in words if w)
 
@@ -324,10 +344,12 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
         # Not half-written: an --overwrite would refuse it (it deletes only its own files).
         out = data_dir if not foreign and not written else Path("NEW_FOLDER")
         held = f"; it holds {', '.join(foreign[:5])}" if foreign else ""
+        corpus = _corpus_options(data_dir, foreign)
+        make = "make one" if corpus is None else "make one of its files"
         raise DataFolderError(
             f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor only what `cofr "
-            f"data prepare` writes{held}): pass the folder it made (its --out), or make one "
-            f"with:\n  {prepare_command(out)}"
+            f"data prepare` writes{held}): pass the folder it made (its --out), or {make} "
+            f"with:\n  {prepare_command(out, unknown=corpus or '--source pydoc')}"
         )
     if not meta_path.is_file():
         raise DataFolderError(

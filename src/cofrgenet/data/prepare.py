@@ -66,10 +66,12 @@ from cofrgenet.data.meta import (
 from cofrgenet.data.sources import (
     HF_PRESETS,
     SOURCE_KINDS,
+    HFSource,
     Loader,
     Source,
     hf_val_split,
     make_source,
+    own_val_split,
 )
 from cofrgenet.data.tokenizer import (
     MIN_BPE_VOCAB,
@@ -85,6 +87,7 @@ from cofrgenet.data.tokenizer import (
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import OneLineErrorParser, UserError, check_seed, first_line
 from cofrgenet.folder_lock import FolderLock, ReadersLock
+from cofrgenet.signals import Terminated, sigterm_raises
 
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
@@ -139,6 +142,11 @@ def check_num_workers(value: int) -> int:
             f"got {value}; leave it out for one per CPU"
         )
     return value
+
+
+#: A validation split of fewer tokens gets a note: GPT-2's block (1024) + 1, the tokens
+#: one of its validation blocks reads.
+SMALL_VAL_TOKENS = 1025
 
 
 def split_documents(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -965,7 +973,8 @@ def prepare_data(
                     # the blocks depend on the worker count. Validation is written by one,
                     # so that val/loss compares across machines (a small share of the text).
                     workers = num_workers if split == "train" else 1
-                    log(f"tokenizing {split}: {len(idx)} documents, {workers} worker(s)")
+                    docs = f"{len(idx)} document{'' if len(idx) == 1 else 's'}"
+                    log(f"tokenizing {split}: {docs}, {workers} worker(s)")
                     error_file = stage / ".cache" / f"{split}-error.pickle"
                     error_file.parent.mkdir(parents=True, exist_ok=True)
                     ledger = stage / ".cache" / f"{split}-ledger"
@@ -1015,6 +1024,13 @@ def prepare_data(
     finally:
         readers.release()
         lock.release(remove=True)
+    val_tokens = meta.splits["val"].tokens
+    if val_tokens < SMALL_VAL_TOKENS:  # said now, not at the first fit's data check
+        log(
+            f"note: the val split holds {val_tokens} tokens: a fit whose data.block_size + 1 "
+            "is more cannot validate on it (hold out more with --val-fraction, or train "
+            "shorter blocks)"
+        )
     log(f"done in {time.perf_counter() - started:.1f} s")
     return meta
 
@@ -1072,8 +1088,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--val-split",
         metavar="NAME",
-        help="hf split for validation (default: the preset's own, e.g. validation; "
-        "'none' carves --val-fraction out of the training split)",
+        help="hf split for validation (default: the preset's own, else the dataset's "
+        "validation/valid/val/dev split when it has one and neither --val-fraction nor "
+        "--seed is given; 'none' carves --val-fraction out of the training split)",
     )
     src.add_argument(
         "--max-docs",
@@ -1265,6 +1282,17 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     val_source = None
     if args.source == "hf":
         val_split = args.val_split or hf_val_split(args.dataset)
+        carving = args.val_fraction is not None or args.seed is not None
+        if val_split is None and not carving and isinstance(source, HFSource):
+            # The dataset's own, as a preset's: carving from train ignored it unsaid.
+            val_split = own_val_split(source)
+            if val_split is not None:
+                err_console.print(
+                    f"[dim]prepare:[/] validation: the dataset's own split {val_split!r} "
+                    "(--val-split none holds out --val-fraction of the training documents)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         train_split = getattr(source, "split", args.split)
         if val_split and val_split.lower() != "none" and _splits_overlap(train_split, val_split):
             raise PrepareError(
@@ -1290,26 +1318,35 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
             f"({val_split}), so no training document is held out; drop "
             f"{'them' if len(given) > 1 else 'it'}, or pass --val-split none"
         )
-    meta = prepare_data(
-        source,
-        out,
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        gpt2_dir=args.gpt2_dir,
-        tokenizer_from=tokenizer_from,
-        val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
-        val_source=val_source,
-        seed=DEFAULT_SEED if args.seed is None else args.seed,
-        num_workers=args.num_workers,
-        max_docs=args.max_docs,
-        overwrite=args.overwrite,
-        chunk_bytes=args.chunk_bytes,
-        start_method=args.start_method,
-        command_line=getattr(args, "command_line", ""),
-        log=lambda message: err_console.print(
-            f"[dim]prepare:[/] {escape(message)}", highlight=False, soft_wrap=True
-        ),
-    )
+    try:
+        # SLURM's time limit or scancel: what this prepare wrote goes, and an earlier
+        # folder stays as it was, as for Ctrl-C (killed, it left its .next/ behind).
+        with sigterm_raises():
+            meta = prepare_data(
+                source,
+                out,
+                tokenizer=args.tokenizer,
+                vocab_size=args.vocab_size,
+                gpt2_dir=args.gpt2_dir,
+                tokenizer_from=tokenizer_from,
+                val_fraction=DEFAULT_VAL_FRACTION
+                if args.val_fraction is None
+                else args.val_fraction,
+                val_source=val_source,
+                seed=DEFAULT_SEED if args.seed is None else args.seed,
+                num_workers=args.num_workers,
+                max_docs=args.max_docs,
+                overwrite=args.overwrite,
+                chunk_bytes=args.chunk_bytes,
+                start_method=args.start_method,
+                command_line=getattr(args, "command_line", ""),
+                log=lambda message: err_console.print(
+                    f"[dim]prepare:[/] {escape(message)}", highlight=False, soft_wrap=True
+                ),
+            )
+    except Terminated:
+        print(f"cofr data prepare: stopped by SIGTERM: {out} as it was", file=sys.stderr)
+        raise
 
     table = Table(title=escape(str(out)))
     table.add_column("split")

@@ -461,7 +461,8 @@ Loader = Callable[..., Any]
 
 
 def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
-    offline_unless_reachable()  # before datasets is imported: no retries of a dead hub
+    if not Path(path).expanduser().exists():  # a local dataset folder needs no hub
+        offline_unless_reachable()  # before datasets is imported: no retries of a dead hub
     try:
         import datasets
     except ImportError as err:
@@ -509,6 +510,8 @@ class HFSource(Source):
                     f"https://huggingface.co/datasets/{self.path}/tree/refs%2Fconvert%2Fparquet, "
                     "may hold only part of a large dataset: compare its row count)."
                 )
+            elif Path(self.path).expanduser().exists():  # local: no hub to advise about
+                fix = "Check --split, --subset and the folder's files."
             else:
                 fix = (
                     "Without network access to the hub (or a copy in the local HF cache, read "
@@ -529,6 +532,12 @@ class HFSource(Source):
 
     def __len__(self) -> int:
         return len(self._ds)
+
+    @property
+    def split_names(self) -> list[str]:
+        """The dataset's splits, as its loaded split's info lists them ([] if it does not)."""
+        info = getattr(self._ds, "info", None)
+        return list(getattr(info, "splits", None) or {})
 
     def read(self, indices: Sequence[int]) -> list[str]:
         indices = [int(i) for i in indices]
@@ -551,10 +560,21 @@ class HFSource(Source):
         }
 
 
+#: The names a dataset's own validation split goes by, in the order they are looked for.
+VAL_SPLIT_NAMES = ("validation", "valid", "val", "dev")
+
+
 def hf_val_split(dataset: str) -> str | None:
     """The preset's own validation split (None: carve one out of the training split)."""
     preset = HF_PRESETS.get(dataset)
     return preset.val_split if preset else None
+
+
+def own_val_split(source: HFSource) -> str | None:
+    """The validation split the dataset of ``source`` (its training split) has besides,
+    by one of :data:`VAL_SPLIT_NAMES`; None when it lists none."""
+    names = source.split_names
+    return next((n for n in VAL_SPLIT_NAMES if n in names and n != source.split), None)
 
 
 def make_source(

@@ -704,7 +704,7 @@ def test_a_second_corpus_is_prepared_with_the_first_ones_bpe_tokenizer(
     ):
         assert main([*args[:-2], *other]) == 2
         line = last_error_line(capsys)
-        assert "already prepared with other settings (tokenizer_args: " in line, line
+        assert "already prepared with other settings (tokenizer_args." in line, line
         assert "--overwrite" in line
     assert main([*args[:-2], "--tokenizer-from", str(fresh), "--overwrite"]) == 0
     assert tokenizer_digest(out) == tokenizer_digest(fresh)
@@ -1394,6 +1394,7 @@ def test_preparing_again_with_the_same_settings_is_a_no_op(tmp_path, capsys):
     assert main([*args, "--seed", "7"]) == 2
     err = capsys.readouterr().err
     assert "already prepared with other settings" in err and "--overwrite" in err
+    assert "(split_args.seed: 1234 there, 7 asked)" in err  # the entry, not the dicts whole
     # Another chunk size keeps other tail tokens: not "nothing to do".
     assert main([*args, "--chunk-bytes", "20KB"]) == 2
     assert "(chunk_bytes: 64000000 there, 20000 asked)" in capsys.readouterr().err
@@ -1420,6 +1421,10 @@ def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
     assert "was prepared from other files than these, or from these before they changed" in err
     assert "--overwrite" in err
     assert main([*args, "--overwrite"]) == 0
+    (docs / "06.txt").write_text("one more document " * 20)  # a file added
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "(source_args.files: 6 there, 7 asked; source_args.contents: other files)" in err
 
 
 def test_a_local_dataset_validates_on_its_own_validation_split(tmp_path, capsys):

@@ -810,9 +810,9 @@ def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataM
             "finds other files from another folder): pass --overwrite to prepare them"
         )
     differences = [
-        f"{key}: {getattr(existing, key)!r} there, {value!r} asked"
+        difference
         for key, value in request.items()
-        if _plain(getattr(existing, key)) != _plain(value)
+        for difference in _differences(key, _plain(getattr(existing, key)), _plain(value))
     ]
     if differences:
         raise PrepareError(
@@ -820,6 +820,25 @@ def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataM
             "pass --overwrite to replace it, or choose another --out"
         )
     return existing
+
+
+def _differences(key: str, there: Any, asked: Any) -> list[str]:
+    """``key: X there, Y asked`` for a setting that differs, one per differing entry of
+    a dict (``source_args.files: 34 there, 35 asked``, not the two dicts whole)."""
+    if there == asked:
+        return []
+    if not (isinstance(there, dict) and isinstance(asked, dict)):
+        return [f"{key}: {there!r} there, {asked!r} asked"]
+    return [
+        f"{key}.{name}: "
+        + (
+            "other files"
+            if name == "contents"
+            else f"{there.get(name)!r} there, {asked.get(name)!r} asked"
+        )
+        for name in dict.fromkeys([*there, *asked])
+        if there.get(name) != asked.get(name)
+    ]
 
 
 def prepare_data(

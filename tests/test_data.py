@@ -366,6 +366,11 @@ def test_a_validation_split_too_small_for_a_block_is_said_at_prepare(tmp_path, c
     assert f"note: the val split holds {val} tokens: a fit whose data.block_size + 1" in (
         capsys.readouterr().err
     )
+    # A BPE that the corpus cannot fill: its size said as it is trained.
+    bpe = ["--tokenizer", "bpe", "--vocab-size", "5000", "--out", str(tmp_path / "bpe")]
+    assert main([*argv, *bpe]) == 0
+    size = read_meta(tmp_path / "bpe").vocab_size
+    assert f"note: the BPE has {size} ids, not the 5000 asked" in capsys.readouterr().err
     assert main(["--max-docs", "40", "--num-workers", "1", "--out", str(tmp_path / "big")]) == 0
     assert read_meta(tmp_path / "big").splits["val"].tokens >= 1025
     assert "note: the val split" not in capsys.readouterr().err
@@ -499,6 +504,19 @@ def test_no_match_errors_say_why_a_folder_or_brackets_matched_nothing(tmp_path):
     with pytest.raises(SourceError, match=r"write a literal \[ as \[\[\]"):
         TextFilesSource(str(tmp_path / "run[1]" / "*.txt"))
     assert TextFilesSource(str(tmp_path / "run[[]1]" / "*.txt")).read([0]) == ["words"]
+
+
+def test_compressed_files_are_refused_not_read_as_text(tmp_path):
+    """A dump.jsonl.gz read as JSONL was "line 1: not a JSON record"."""
+    import gzip
+
+    for i in range(2):
+        with gzip.open(tmp_path / f"dump{i}.jsonl.gz", "wt") as fh:
+            fh.write('{"text": "words"}\n')
+    with pytest.raises(
+        SourceError, match=r"dump0.jsonl.gz \(and 1 more\) is compressed, .*decompress them"
+    ):
+        JsonlSource(str(tmp_path / "*.jsonl.gz"))
 
 
 def test_max_docs_1_is_named_as_the_cause(tmp_path):

@@ -974,6 +974,11 @@ def prepare_data(
                     "training documents"
                 )
                 tok = bpe_trainer(iter_documents(source, train_idx), vocab_size)
+                if tok.vocab_size < vocab_size:  # a bound: said here, not in the table only
+                    log(
+                        f"note: the BPE has {tok.vocab_size} ids, not the {vocab_size} asked: "
+                        "the training documents hold no more merges"
+                    )
             if tokenizer_file is not None:
                 (stage / TOKENIZER_DIR).mkdir()
                 (stage / TOKENIZER_DIR / TOKENIZER_FILE).write_bytes(tokenizer_file)

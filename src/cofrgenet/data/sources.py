@@ -126,7 +126,18 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
         raise SourceError(
             f"no {what} files match {list(patterns)!r}{_no_match_hint(patterns, what)}"
         )
+    packed = sorted(f for f in files if Path(f).suffix.lower() in _COMPRESSED)
+    if packed and what != "Parquet":  # Parquet compresses inside the file
+        more = f" (and {len(packed) - 1} more)" if len(packed) > 1 else ""
+        raise SourceError(
+            f"{packed[0]}{more} is compressed, and {what} files are read as they are: "
+            "decompress them first (gunzip, xz -d, zstd -d)"
+        )
     return sorted(files)
+
+
+#: The suffixes of compressed files: read as text, they were "not a JSON record" or noise.
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 
 
 #: The files of a folder to suggest, by source (``_expand``'s ``what``).

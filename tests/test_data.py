@@ -2062,9 +2062,35 @@ def test_a_corpus_of_one_text_file_says_how_to_make_more_documents(tmp_path):
     """A single text file is the most natural first try: the error says that a file is a
     document and how to give more than one."""
     (tmp_path / "book.txt").write_text("one long text\n" * 100)
-    with pytest.raises(PrepareError, match=r"got 1: --source text reads one document per file"):
+    with pytest.raises(
+        PrepareError, match=r"got 1: --source text reads one document per file: add --documents"
+    ):
         prepare_data(TextFilesSource(str(tmp_path / "book.txt")), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_one_text_file_splits_into_paragraph_or_line_documents(tmp_path, capsys):
+    """tiny Shakespeare's input.txt: one file, speeches between blank lines."""
+    speeches = [f"SPEAKER {i}:\r\nline one of {i}\nline two" for i in range(30)]
+    (tmp_path / "input.txt").write_text("\n\n".join(speeches) + "\n \n\n", newline="")
+    source = TextFilesSource(str(tmp_path / "input.txt"), documents="paragraphs")
+    assert len(source) == 30 and source.read([0, 29]) == [speeches[0], speeches[29]]
+    lines = TextFilesSource(str(tmp_path / "input.txt"), documents="lines")
+    assert len(lines) == 90 and lines.read([0, 1, 89]) == [
+        "SPEAKER 0:",
+        "line one of 0",
+        "line two",
+    ]
+    assert "documents" not in TextFilesSource(str(tmp_path / "input.txt")).describe()
+    glob = ["--source", "text", "--glob", str(tmp_path / "input.txt"), "--num-workers", "1"]
+    assert main([*glob, "--documents", "paragraphs", "--out", str(tmp_path / "out")]) == 0
+    meta = read_meta(tmp_path / "out")
+    assert meta.splits["train"].documents + meta.splits["val"].documents == 30
+    assert meta.source_args["documents"] == "paragraphs"
+    written = stream(tmp_path / "out" / "train").size + stream(tmp_path / "out" / "val").size
+    assert written == expected_stream(speeches, ByteTokenizer()).size  # each speech, one EOS
+    assert main(["--source", "pydoc", "--documents", "lines", "--out", str(tmp_path / "x")]) == 2
+    assert "--documents is for --source text, not pydoc" in capsys.readouterr().err
 
 
 def _worker_until_stopped(init) -> None:

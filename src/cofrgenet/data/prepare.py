@@ -66,6 +66,7 @@ from cofrgenet.data.meta import (
 from cofrgenet.data.sources import (
     HF_PRESETS,
     SOURCE_KINDS,
+    TEXT_DOCUMENTS,
     HFSource,
     Loader,
     Source,
@@ -655,8 +656,8 @@ def _make_folder(out: Path) -> None:
 
 #: What to do about a corpus of one document, by source kind.
 _ONE_DOCUMENT_FIX = {
-    "text": "--source text reads one document per file: split the text into several files, "
-    "or write one document per line of a JSONL file for --source jsonl",
+    "text": "--source text reads one document per file: add --documents paragraphs (or "
+    "lines) to split it into documents, or give several files",
     "jsonl": "--source jsonl reads one document per line; give more lines (or files)",
 }
 
@@ -1090,6 +1091,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="text files, one document per file (--source text; repeatable, ** recursive)",
     )
     src.add_argument(
+        "--documents",
+        choices=TEXT_DOCUMENTS,
+        help="what one document of --source text is (default: files): paragraphs (text "
+        "between blank lines) or lines split one file, such as tiny Shakespeare's "
+        "input.txt, into documents to hold some out",
+    )
+    src.add_argument(
         "--path",
         action="append",
         metavar="PATTERN",
@@ -1224,6 +1232,7 @@ def default_out(args: argparse.Namespace, tokenizer: str | None = None) -> Path:
 #: file source), and the sources that do.
 SOURCE_OPTIONS = {
     "glob": ("text", "jsonl", "parquet"),
+    "documents": ("text",),
     "path": ("text", "jsonl", "parquet"),
     "text_field": ("jsonl", "parquet", "hf"),
     "dataset": ("hf",),
@@ -1302,6 +1311,7 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
         subset=args.subset,
         split=args.split,
         loader=loader,
+        documents=args.documents,
     )
     val_source = None
     if args.source == "hf":

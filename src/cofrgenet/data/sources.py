@@ -268,31 +268,6 @@ def distinct_topics(topics: dict[str, str]) -> list[str]:
     return sorted(kept)
 
 
-class TextFilesSource(Source):
-    """Local text files (UTF-8; undecodable bytes replaced), one document per non-empty file."""
-
-    kind = "text"
-
-    def __init__(self, patterns: str | Sequence[str]) -> None:
-        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-        self.files = [f for f in _expand(self.patterns, "text") if os.path.getsize(f) > 0]
-        if not self.files:
-            raise SourceError(f"every file matching {self.patterns!r} is empty")
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def read(self, indices: Sequence[int]) -> list[str]:
-        return [_read_text(self.files[i]) for i in indices]
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "glob": self.patterns,
-            "files": len(self.files),
-            "contents": files_signature(self.files),
-        }
-
-
 class _FileRowSource(Source):
     """Documents spread over files: global index -> (file, row) through cumulative counts."""
 
@@ -315,6 +290,64 @@ class _FileRowSource(Source):
         return _checked_text(value, where, self.text_field)
 
     text_field: str
+
+
+#: What one document of ``--source text`` is: a whole file, a paragraph (text between
+#: blank lines: a play's speeches, a book's paragraphs) or a non-blank line.
+TEXT_DOCUMENTS = ("files", "paragraphs", "lines")
+_BLANK_LINES = re.compile(r"\r?\n(?:[ \t]*\r?\n)+")
+
+
+def text_pieces(text: str, documents: str) -> list[str]:
+    """The documents of one file's ``text``: its paragraphs or its lines, blank ones
+    dropped (a paragraph keeps its line ends; a line loses its own)."""
+    parts = _BLANK_LINES.split(text) if documents == "paragraphs" else text.splitlines()
+    return [part for part in parts if part.strip()]
+
+
+class TextFilesSource(_FileRowSource):
+    """Local text files (UTF-8; undecodable bytes replaced): one document per non-empty
+    file, or per paragraph or line of them (``documents``, :data:`TEXT_DOCUMENTS`)."""
+
+    kind = "text"
+
+    def __init__(self, patterns: str | Sequence[str], documents: str = "files") -> None:
+        if documents not in TEXT_DOCUMENTS:
+            raise SourceError(
+                f"documents must be one of {', '.join(TEXT_DOCUMENTS)}, got {documents!r}"
+            )
+        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.documents = documents
+        self.files = [f for f in _expand(self.patterns, "text") if os.path.getsize(f) > 0]
+        if not self.files:
+            raise SourceError(f"every file matching {self.patterns!r} is empty")
+        counts = (
+            [1] * len(self.files)
+            if documents == "files"
+            else [len(text_pieces(_read_text(f), documents)) for f in self.files]
+        )  # a pass over the text, then each read splits the files it needs again
+        self._starts = [0, *np.cumsum(counts).tolist()]
+        if len(self) == 0:
+            raise SourceError(f"the files matching {self.patterns!r} hold only blank lines")
+
+    def read(self, indices: Sequence[int]) -> list[str]:
+        if self.documents == "files":
+            return [_read_text(self.files[i]) for i in indices]
+        out: list[str] = []
+        for f, rows in self._by_file(indices):
+            pieces = text_pieces(_read_text(self.files[f]), self.documents)
+            out += [pieces[r] for r in rows]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        described: dict[str, Any] = {
+            "glob": self.patterns,
+            "files": len(self.files),
+            "contents": files_signature(self.files),
+        }
+        if self.documents != "files":  # a folder made before the option reads the same
+            described["documents"] = self.documents
+        return described
 
 
 class JsonlSource(_FileRowSource):
@@ -598,6 +631,7 @@ def make_source(
     subset: str | None = None,
     split: str | None = None,
     loader: Loader | None = None,
+    documents: str | None = None,
 ) -> Source:
     """Build a source from ``cofr data prepare`` arguments (clear errors for missing ones)."""
     if kind == "pydoc":
@@ -606,7 +640,7 @@ def make_source(
         patterns = glob or path
         if not patterns:
             raise SourceError("--source text needs --glob 'path/*.txt'")
-        return TextFilesSource(patterns)
+        return TextFilesSource(patterns, documents or "files")
     if kind in ("jsonl", "parquet"):
         patterns = path or glob
         if not patterns:

@@ -1479,6 +1479,19 @@ def test_a_local_dataset_validates_on_its_own_validation_split(tmp_path, capsys)
     assert "hub" not in err and "network" not in err
 
 
+def test_carving_beside_a_presets_own_validation_split_is_refused_before_loading(tmp_path):
+    """--val-fraction with wikitext-103 (which has its own validation split) changes
+    nothing: refused before the hub is asked (offline, the hub's error came first)."""
+    hub = FakeHub({"train": [], "validation": []})
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    args = ["--source", "hf", "--dataset", "wikitext-103", "--val-fraction", "0.1",
+            "--out", str(tmp_path / "w")]  # fmt: skip
+    with pytest.raises(PrepareError, match=r"--val-fraction: wikitext-103 has its own validation"):
+        prepare_module.run(parser.parse_args(args), loader=hub)
+    assert hub.calls == []
+
+
 def test_a_training_split_that_is_also_the_validation_split_is_refused(tmp_path, capsys):
     rows = [{"page": "= A =\nwords"}, {"page": "= B =\nmore"}]
     hub = FakeHub({"validation": rows, "train": rows})

@@ -1281,6 +1281,20 @@ def check_applicable(args: argparse.Namespace) -> None:
             )
 
 
+def _check_no_carving(args: argparse.Namespace, val_split: str) -> None:
+    """Refuse --val-fraction and --seed beside a validation split of the dataset's own:
+    nothing is held out, and the folder would read as if it were."""
+    given = [
+        f"--{n.replace('_', '-')}" for n in ("val_fraction", "seed") if getattr(args, n) is not None
+    ]
+    if given:
+        raise PrepareError(
+            f"{' and '.join(given)}: {args.dataset} has its own validation split "
+            f"({val_split}), so no training document is held out; drop "
+            f"{'them' if len(given) > 1 else 'it'}, or pass --val-split none"
+        )
+
+
 def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     """Run ``cofr data prepare`` with parsed ``args``; prints a summary table.
 
@@ -1302,6 +1316,10 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     check_out(out, args.overwrite)  # before the source: a hub dataset loads when made
     if args.tokenizer == "gpt2":
         find_gpt2_files(args.gpt2_dir)
+    if args.source == "hf":  # a preset's own split is known before the hub is asked
+        own = args.val_split or hf_val_split(args.dataset)
+        if own is not None and own.lower() != "none":
+            _check_no_carving(args, own)
     source = make_source(
         args.source,
         glob=args.glob,
@@ -1343,15 +1361,8 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
                 text_field=args.text_field,
                 loader=loader,
             )
-    given = [
-        f"--{n.replace('_', '-')}" for n in ("val_fraction", "seed") if getattr(args, n) is not None
-    ]
-    if val_source is not None and given:  # nothing is held out: it would read as if it were
-        raise PrepareError(
-            f"{' and '.join(given)}: {args.dataset} has its own validation split "
-            f"({val_split}), so no training document is held out; drop "
-            f"{'them' if len(given) > 1 else 'it'}, or pass --val-split none"
-        )
+    if val_source is not None:
+        _check_no_carving(args, val_split)
     try:
         # SLURM's time limit or scancel: what this prepare wrote goes, and an earlier
         # folder stays as it was, as for Ctrl-C (killed, it left its .next/ behind).

@@ -717,6 +717,30 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     assert results.read_text() == before_text
 
 
+def test_caps_above_the_sets_sizes_cut_nothing_and_the_scores_are_logged(tmp_path, capsys):
+    """--max-train-samples 100000 on a 24-example train set used all 24, yet the run
+    counted as partial and its scores stayed off the pretraining run."""
+    import mlflow
+
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"))
+    glue = _tiny_sst2(tmp_path / "glue")
+    out = tmp_path / "full.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(ckpt), "--data-dir", str(glue),
+         "--batch-size", "8", "--epochs", "1", "--max-train-samples", "100000",
+         "--max-eval-samples", "1000", "--max-steps", "50", "--accelerator", "cpu",
+         "--no-progress", "--name", "capped", "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    assert "not logged onto the pretraining run" not in capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["train_examples"] == 24 and result["warnings"] == []
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ckpt.parents[3] / 'mlflow.db'}")
+    pretrain_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+    logged = client.get_run(pretrain_id).data.metrics["glue/sst2/accuracy"]
+    assert logged == pytest.approx(result["metrics"]["glue/sst2/accuracy"])
+
+
 def test_finetune_inputs_default_to_the_length_the_model_trained_at(tmp_path, capsys):
     """A run trained on 16-token sequences of a 32-token block: fine-tuning read inputs up
     to 32 tokens, positions that never trained, where cofr eval scores 16-token windows."""

@@ -738,7 +738,12 @@ def finetune(
             if mlflow and loaded.mlflow_run_id:
                 stopped_early = trainer.global_step < config.epochs * steps_per_epoch
                 warning = _log_onto_pretraining_run(
-                    loaded, config, task.name, metrics, loaded.step, run_id, stopped_early
+                    loaded,
+                    _cut_by(config, data, train, dev, stopped_early),
+                    task.name,
+                    metrics,
+                    loaded.step,
+                    run_id,
                 )
                 if warning:
                     warnings.append(warning)
@@ -872,27 +877,43 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
     return create_numbered(experiment_dir, stem, "", make)
 
 
+def _cut_by(
+    config: FinetuneConfig,
+    data: TaskData,
+    train: list[Example],
+    dev: dict[str, list[Example]],
+    stopped_early: bool,
+) -> list[str]:
+    """The options that left part of the task out (``--max-train-samples 100``), as
+    given: a cap at or above a set's size cuts nothing, and a --max-steps reached after
+    the last epoch's end neither."""
+    cuts = (
+        ("max_train_samples", config.max_train_samples, len(train) < len(data.train)),
+        (
+            "max_eval_samples",
+            config.max_eval_samples,
+            any(len(dev[name]) < len(examples) for name, examples in data.dev.items()),
+        ),
+        ("max_steps", config.max_steps, stopped_early),
+    )
+    return [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value, cut in cuts
+        if cut and value is not None
+    ]
+
+
 def _log_onto_pretraining_run(
     loaded: Any,
-    config: FinetuneConfig,
+    partial: list[str],
     task: str,
     metrics: dict[str, float],
     pretrain_step: int,
     run_id: str | None,
-    stopped_early: bool = False,
 ) -> str | None:
     """Log the dev ``metrics`` onto the run that pretrained the checkpoint (at its step),
-    unless only part of the task was used (a subset, or ``stopped_early`` by --max-steps
-    before the epochs ended); returns a warning, or None."""
-    partial = [
-        f"--{name.replace('_', '-')} {value}"
-        for name, value in (
-            ("max_train_samples", config.max_train_samples),
-            ("max_eval_samples", config.max_eval_samples),
-            ("max_steps", config.max_steps if stopped_early else None),
-        )
-        if value is not None
-    ]
+    unless only part of the task was used (``partial``: the options that cut it, see
+    :func:`_cut_by`); returns a warning, or None."""
     if partial:  # a subset's scores would stand beside full ones under the same names
         return (
             f"not logged onto the pretraining run: the scores are of part of the task "

@@ -890,16 +890,62 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     runs = tmp_path / "runs"
     status = _stopped_finetune(pretrained, tmp_path, ["--name", f"stopped-{stop}"])
     said = capsys.readouterr().err
-    if stop.startswith("ctrl-c"):
-        assert status == 130 and "cofr: interrupted" in said
-    else:
-        assert status == 143 and "stopped by SIGTERM" in said
+    how = "Ctrl-C" if stop.startswith("ctrl-c") else "SIGTERM"
+    assert status == (130 if how == "Ctrl-C" else 143)
     assert not (runs / "glue-sst2" / f"stopped-{stop}").exists()
     store = pretrained.parents[3] / "mlflow.db"  # the pretraining run's store
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
     experiment = client.get_experiment_by_name("glue-sst2").experiment_id
     (run,) = client.search_runs([experiment], f"attributes.run_name = 'stopped-{stop}'")
     assert run.info.status == "KILLED"
+    # One line, the same for both signals, its last: no "cofr: interrupted" after it.
+    assert said.rstrip().splitlines()[-1] == (
+        f"cofr finetune glue: stopped by {how} at step 0: nothing scored; MLflow run "
+        f"{run.info.run_id} ended KILLED; its empty folder {runs / 'glue-sst2' / f'stopped-{stop}'} "
+        "was removed"
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_after_evaluations_says_where_their_scores_are(
+    pretrained, tmp_path, capsys, monkeypatch, stop
+):
+    """Stopped at step 2 of a run scored every step: SIGTERM said "nothing scored" though
+    its KILLED MLflow run held the scores of steps 1 and 2; Ctrl-C said only "cofr:
+    interrupted". Both say where the scores are, and what became of the run folder."""
+    import mlflow
+
+    from cofrgenet.eval import glue as glue_module
+
+    classifier = glue_module._classifier_class()
+    step = classifier.training_step
+
+    def interrupted(self, batch, batch_idx):
+        if self.trainer.global_step == 2:
+            if stop == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(classifier, "training_step", interrupted)
+    name = f"evaluated-{stop.name}"  # two runs in the module's pretraining store
+    extra = ["--batch-size", "8", "--eval-every", "1", "--name", name]
+    status = _stopped_finetune(pretrained, tmp_path, extra)
+    said = capsys.readouterr().err
+    assert status == 128 + stop
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{pretrained.parents[3] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("glue-sst2").experiment_id
+    (run,) = client.search_runs([experiment], f"attributes.run_name = '{name}'")
+    assert run.info.status == "KILLED"
+    history = client.get_metric_history(run.info.run_id, "glue/sst2/accuracy")
+    assert [m.step for m in history] == [1, 2]
+    how = "Ctrl-C" if stop == signal.SIGINT else "SIGTERM"
+    folder = tmp_path / "runs" / "glue-sst2" / name
+    assert said.rstrip().splitlines()[-1] == (
+        f"cofr finetune glue: stopped by {how} at step 2: dev scores up to step 2 are in "
+        f"MLflow run {run.info.run_id} (KILLED); its empty folder {folder} was removed"
+    )
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])

@@ -44,7 +44,7 @@ from cofrgenet.eval.glue_data import (
 )
 from cofrgenet.eval.paths import results_json, write_results
 from cofrgenet.hub import offline_unless_reachable
-from cofrgenet.signals import lightning_sigterm, signals_held, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signal_name, signals_held, sigterm_raises
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -666,6 +666,7 @@ def finetune(
     steps_per_epoch = max(1, math.ceil(len(train) / config.batch_size))
     logger: Any = False
     run_dir: Path | None = None
+    trainer: Any = None
     # SIGTERM raises from the run folder's making on, outside the fit too (Lightning
     # raises its own inside): its default action would leave the MLflow run RUNNING.
     with sigterm_raises(lightning_sigterm):
@@ -689,7 +690,7 @@ def finetune(
             # status 0; the run FAILED or FINISHED with the scores of a part of the
             # training. Outside the fit they raise KeyboardInterrupt and (here) the
             # SIGTERMException. The run is KILLED, the folder it made and left empty goes,
-            # and the signal's status follows.
+            # and the signal's status follows, after one line saying what was kept.
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
             sigterm = isinstance(stopped, SIGTERMException)
@@ -698,15 +699,29 @@ def finetune(
             )
             if not (sigterm or ctrl_c):
                 raise
+            run_id = None
             if logger is not False:
-                logger.experiment.set_terminated(logger.run_id, "KILLED")
+                run_id = logger.run_id
+                logger.experiment.set_terminated(run_id, "KILLED")
+            folder = None
             if run_dir is not None:
-                with contextlib.suppress(OSError):
+                try:
                     run_dir.rmdir()
-            if sigterm:
-                print("cofr finetune glue: stopped by SIGTERM: nothing scored", file=sys.stderr)
-                raise SystemExit(128 + signal.SIGTERM) from None
-            raise KeyboardInterrupt from None
+                    folder = f"its empty folder {run_dir} was removed"
+                except FileNotFoundError:
+                    folder = None
+                except OSError:  # something (not cofr) wrote there meanwhile: not ours to delete
+                    folder = f"its folder {run_dir} is kept (not empty)"
+            status = 128 + (signal.SIGTERM if sigterm else signal.SIGINT)
+            step = trainer.global_step if trainer is not None else 0
+            print(
+                _stopped_line(
+                    signal_name(status), step, module.validated_at, run_id, folder,
+                    _store_note(uri, loaded.tracking_uri),
+                ),
+                file=sys.stderr,
+            )  # fmt: skip
+            raise SystemExit(status) from None
 
         # The scores exist: a SIGTERM or Ctrl-C now waits until they are written (the run
         # is FINISHED already; a second one stops at once).
@@ -764,6 +779,39 @@ def finetune(
             raise SystemExit(128 + signal.SIGTERM)
         raise KeyboardInterrupt
     return result
+
+
+def _stopped_line(
+    how: str,
+    step: int,
+    scored_at: int | None,
+    run_id: str | None,
+    folder: str | None,
+    store: str = "",
+) -> str:
+    """What a fine-tuning stopped by a signal (``how``: ``SIGTERM``, ``Ctrl-C``) after
+    ``step`` optimizer steps kept: the dev scores of its evaluations up to step
+    ``scored_at`` (None: none ran) in its KILLED MLflow run ``run_id`` (None: not
+    tracked), and what became of its run folder (``folder``)."""
+    if scored_at is None:
+        kept = "nothing scored" + (f"; MLflow run {run_id}{store} ended KILLED" if run_id else "")
+    elif run_id is not None:
+        kept = f"dev scores up to step {scored_at} are in MLflow run {run_id}{store} (KILLED)"
+    else:
+        kept = f"dev scores up to step {scored_at} are not kept (--no-mlflow)"
+    return f"cofr finetune glue: stopped by {how} at step {step}: {kept}" + (
+        f"; {folder}" if folder else ""
+    )
+
+
+def _store_note(uri: str, pretraining_uri: str | None) -> str:
+    """`` in <uri>`` where the fine-tuning run's store is not the pretraining run's (a
+    --tracking-uri of its own): an MLflow UI opened on the usual store does not show it."""
+    if pretraining_uri is not None and uri == pretraining_uri:
+        return ""
+    from cofrgenet.redact import hide_passwords
+
+    return f" in {hide_passwords(uri)}"
 
 
 def _mlflow_logger(

@@ -824,6 +824,28 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert not runs.exists()
 
 
+@pytest.mark.parametrize("where", ["runs-dir", "under-it", "experiment"])
+def test_a_runs_dir_that_is_a_file_is_one_line(pretrained, tmp_path, capsys, where):
+    """--runs-dir naming a file ended in NotADirectoryError's traceback from the run
+    folder's mkdir, after the model had loaded."""
+    glue = _tiny_sst2(tmp_path / "glue")
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder\n")
+    runs = {"runs-dir": blocker, "under-it": blocker / "runs", "experiment": tmp_path}[where]
+    if where == "experiment":  # the runs folder is fine, its glue-sst2 is a file
+        blocker = tmp_path / "glue-sst2"
+        blocker.write_text("not a folder\n")
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
+         "--accelerator", "cpu", "--no-progress", "--no-mlflow", "--runs-dir", str(runs)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("cofr finetune glue: error: ")
+    assert f"{str(blocker)!r} is a file" in line and "choose another --runs-dir" in line
+
+
 def _stopped_finetune(pretrained: Path, tmp_path: Path, extra: list[str]) -> int:
     """The status of `cofr finetune glue` on a tiny SST-2 (runs in tmp_path/runs) that a
     signal stops. A SIGTERM that reaches no handler of cofr's fails the test (its process

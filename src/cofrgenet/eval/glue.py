@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
-from cofrgenet.atomic import create_numbered, write_text_atomic
+from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder, write_text_atomic
 from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
     TASKS,
@@ -514,6 +514,7 @@ def run(args: argparse.Namespace) -> int:
     check_data_dir(
         args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
     )
+    check_runs_dir(args.runs_dir)
     if args.data_dir is None:
         # Now: the checks below import Lightning, which imports the hub's client, and
         # the probe does nothing once that has read its settings (the hub's ~25 s of
@@ -908,14 +909,14 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
 
     if name is not None:
         run_dir = experiment_dir / folder_name(name)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.is_dir() and any(run_dir.iterdir()):
             raise UserError(
                 f"{run_dir} holds another run already (its results and MLflow run would be "
                 "replaced): pick another --name or --experiment"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
+        _make_folder(run_dir)
         return run_dir
-    experiment_dir.mkdir(parents=True, exist_ok=True)
+    _make_folder(experiment_dir)
 
     def make(run_dir: Path) -> Path:
         run_dir.mkdir()  # exclusive: two runs started at once get two folders
@@ -949,6 +950,32 @@ def _cut_by(
         for name, value, cut in cuts
         if cut and value is not None
     ]
+
+
+def _make_folder(folder: Path) -> None:
+    """``mkdir -p folder``, or a :class:`UserError` naming what stands in the way (a
+    --runs-dir that is a file, a read-only disk)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(
+            f"cannot make {folder}, a folder of the run: {why_no_folder(folder, error)}; choose "
+            "another --runs-dir"
+        ) from None
+
+
+def check_runs_dir(runs_dir: str | None) -> None:
+    """A ``--runs-dir`` given must be a folder, or one that can be made: checked before
+    the data and the model are loaded (its folder is made only once they are)."""
+    if runs_dir is None:
+        return
+    path = Path(runs_dir).absolute()
+    blocker = nearest_existing(path)
+    if not blocker.is_dir():
+        raise UserError(
+            f"--runs-dir {runs_dir}: {str(blocker)!r} is a file, not a folder; choose another "
+            "--runs-dir"
+        )
 
 
 def _log_onto_pretraining_run(

@@ -669,11 +669,43 @@ def test_the_hub_gives_the_same_examples_and_a_clear_error_offline(monkeypatch):
         Example("he waits", "he is here", 1),
         Example("she left", "she stayed", 2),
     ]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(GlueDataNotFound) as error:
         load_task("cola")
     assert calls[-2:] == [("nyu-mll/glue", "cola"), ("glue", "cola")]
     message = str(error.value)
     assert "--data-dir" in message and "gluebenchmark.com" in message and "\n" not in message
+    # The legacy name's failure is noise ("BuilderConfig 'cola' not found" offline).
+    assert "for glue/cola" not in message and "for nyu-mll/glue/cola" in message
+    assert "; HF_HUB_OFFLINE is set)" in message
+    assert "CoLA/train.tsv and CoLA/dev.tsv, or put them in data/glue" in message
+
+
+def test_without_data_dir_the_task_is_read_from_data_glue_where_it_is(
+    pretrained, tmp_path, monkeypatch
+):
+    """cofr eval reads data/eval by default; finetune glue went to the hub whatever
+    data/glue held. It reads data/glue/<task> where that is, the hub otherwise."""
+    calls = _fake_hub(monkeypatch, {"mnli": MNLI_HUB})
+    monkeypatch.chdir(tmp_path)
+    _tiny_sst2(tmp_path / "data" / "glue")
+    out = tmp_path / "sst2.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--batch-size", "8",
+         "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0 and calls == []
+    result = json.loads(out.read_text())
+    assert result["source"].endswith("data/glue/SST-2") and result["train_examples"] == 24
+    # data/glue without MNLI/: the hub.
+    status = cofr(
+        ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",
+         "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0 and calls == [("nyu-mll/glue", "mnli")]
+    assert json.loads(out.read_text())["source"] == "hub:nyu-mll/glue"
 
 
 def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
@@ -762,6 +794,7 @@ def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeyp
     import mlflow
 
     _fake_hub(monkeypatch, {"mnli": MNLI_HUB})
+    monkeypatch.chdir(tmp_path)  # no data/glue/MNLI, read by default where it is
     out = tmp_path / "mnli.json"
     status = cofr(
         ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",

@@ -35,10 +35,12 @@ from cofrgenet import terminal
 from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder, write_text_atomic
 from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
+    DEFAULT_DATA_DIR,
     TASKS,
     Example,
     GlueTask,
     TaskData,
+    default_data_dir,
     encode_examples,
     load_task,
 )
@@ -396,8 +398,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help="the original GLUE files (SST-2/train.tsv, MNLI/dev_matched.tsv, ...); default: "
-        "the hub's nyu-mll/glue through `datasets`",
+        help="folder of the original GLUE files (SST-2/train.tsv, MNLI/dev_matched.tsv, ...); "
+        f"default: {DEFAULT_DATA_DIR} where it has the task's folder, else the hub's "
+        "nyu-mll/glue through `datasets`",
     )
     parser.add_argument(
         "--tokenizer",
@@ -515,14 +518,16 @@ def run(args: argparse.Namespace) -> int:
         args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
     )
     check_runs_dir(args.runs_dir)
-    if args.data_dir is None:
+    # As cofr eval reads data/eval: the original files where they are, the hub otherwise.
+    data_dir = default_data_dir(args.task) if args.data_dir is None else args.data_dir
+    if data_dir is None:
         # Now: the checks below import Lightning, which imports the hub's client, and
         # the probe does nothing once that has read its settings (the hub's ~25 s of
         # retries came back). The checks above are of the arguments alone.
         offline_unless_reachable()
     check_trainer_options(args.accelerator, args.precision)  # before the data and the model
     task = TASKS[args.task]
-    data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
+    data = load_task(task.name, data_dir)  # first: a missing file costs no model load
     said: list[str] = []
 
     def say(warning: str) -> None:

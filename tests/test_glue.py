@@ -773,6 +773,43 @@ def test_caps_above_the_sets_sizes_cut_nothing_and_the_scores_are_logged(tmp_pat
     assert logged == pytest.approx(result["metrics"]["glue/sst2/accuracy"])
 
 
+def test_a_run_in_another_store_is_named_with_it_and_its_data_folder_is_absolute(
+    tmp_path, capsys, monkeypatch
+):
+    """With --tracking-uri another than the pretraining run's store, the final line and
+    the pretraining run's tag gave the run id alone (not found in the UI of that store);
+    cofr.data and "source" were the folder as given (tsv:glue/SST-2) beside an absolute
+    cofr.ckpt; the table's title read "1 steps"."""
+    import mlflow
+
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"))
+    _tiny_sst2(tmp_path / "glue")
+    monkeypatch.chdir(tmp_path)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    out = tmp_path / "other.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(ckpt), "--data-dir", "glue",
+         "--batch-size", "24", "--epochs", "1", "--accelerator", "cpu", "--no-progress",
+         "--tracking-uri", other, "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    folder = (tmp_path / "glue" / "SST-2").resolve()
+    assert result["steps"] == 1 and result["source"] == f"tsv:{folder}"
+    assert "(1 step," in printed and "1 steps" not in printed
+    assert printed.rstrip().splitlines()[-1] == (
+        f"MLflow run {result['run_id']} in experiment 'glue-sst2' of {other}"
+    )
+    run = mlflow.MlflowClient(tracking_uri=other).get_run(result["run_id"])
+    assert run.data.tags["cofr.data"] == f"tsv:{folder}" == run.data.params["data"]
+    pretraining = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ckpt.parents[3] / 'mlflow.db'}")
+    pretrain_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+    tags = pretraining.get_run(pretrain_id).data.tags
+    assert tags["glue.sst2.run_id"] == result["run_id"]
+    assert tags["glue.sst2.tracking_uri"] == other
+
+
 def test_finetune_inputs_default_to_the_length_the_model_trained_at(tmp_path, capsys):
     """A run trained on 16-token sequences of a 32-token block: fine-tuning read inputs up
     to 32 tokens, positions that never trained, where cofr eval scores 16-token windows."""

@@ -553,13 +553,17 @@ def run(args: argparse.Namespace) -> int:
         say=say,
         json_out=out,
     )
-    header = f"GLUE {task.name} dev ({result['steps']} steps, {result['source']}), %"
+    steps = result["steps"]
+    header = f"GLUE {task.name} dev ({steps} step{'s' * (steps != 1)}, {result['source']}), %"
     _print_table(task, result["splits"], header)
     for warning in result["warnings"]:
         if warning not in said:
             print(f"warning: {warning}", file=sys.stderr)
     if result.get("run_id"):
-        print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
+        # The store named where it is not the pretraining run's (--tracking-uri): a UI
+        # opened on that one does not show this run.
+        store = _store_note(result["tracking_uri"], result["pretrain_tracking_uri"])
+        print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}{store}")
     return 0
 
 
@@ -748,6 +752,7 @@ def finetune(
                 "config": asdict(config),
                 "pretrain_run_id": loaded.mlflow_run_id,
                 "pretrain_step": loaded.step,
+                "pretrain_tracking_uri": loaded.tracking_uri,
                 "run_id": run_id,
                 "tracking_uri": uri if mlflow else None,
                 "experiment": experiment if mlflow else None,
@@ -765,6 +770,7 @@ def finetune(
                     metrics,
                     loaded.step,
                     run_id,
+                    uri,
                 )
                 if warning:
                     warnings.append(warning)
@@ -811,13 +817,13 @@ def _stopped_line(
 
 
 def _store_note(uri: str, pretraining_uri: str | None) -> str:
-    """`` in <uri>`` where the fine-tuning run's store is not the pretraining run's (a
+    """`` of <uri>`` where the fine-tuning run's store is not the pretraining run's (a
     --tracking-uri of its own): an MLflow UI opened on the usual store does not show it."""
     if pretraining_uri is not None and uri == pretraining_uri:
         return ""
     from cofrgenet.redact import hide_passwords
 
-    return f" in {hide_passwords(uri)}"
+    return f" of {hide_passwords(uri)}"
 
 
 def _mlflow_logger(
@@ -990,10 +996,12 @@ def _log_onto_pretraining_run(
     metrics: dict[str, float],
     pretrain_step: int,
     run_id: str | None,
+    uri: str | None = None,
 ) -> str | None:
     """Log the dev ``metrics`` onto the run that pretrained the checkpoint (at its step),
-    unless only part of the task was used (``partial``: the options that cut it, see
-    :func:`_cut_by`); returns a warning, or None."""
+    tagged with the fine-tuning run ``run_id`` and its store ``uri`` (a --tracking-uri
+    may be another than the pretraining run's), unless only part of the task was used (``partial``: the options that cut
+    it, see :func:`_cut_by`); returns a warning, or None."""
     if partial:  # a subset's scores would stand beside full ones under the same names
         return (
             f"not logged onto the pretraining run: the scores are of part of the task "
@@ -1001,9 +1009,12 @@ def _log_onto_pretraining_run(
         )
     if not loaded.tracking_uri:
         return None
+    from cofrgenet.redact import hide_passwords
     from cofrgenet.training.pretrained import NotLogged, log_onto_run
 
     tags = {f"glue.{task}.run_id": str(run_id)}
+    if uri is not None:  # each time: an earlier fine-tuning's store is not left beside it
+        tags[f"glue.{task}.tracking_uri"] = hide_passwords(uri)
     try:
         log_onto_run(loaded.tracking_uri, loaded.mlflow_run_id, metrics, pretrain_step, tags)
     except NotLogged as error:  # the fine-tuning's own results stand without it

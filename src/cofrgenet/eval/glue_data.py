@@ -179,7 +179,8 @@ class TaskData:
     """A task's examples: ``train`` and one list per dev split (by :attr:`DevSplit.name`).
 
     skipped: the line numbers of the rows left out, per file (too few columns, an unknown
-    label: QQP's train file has a few such rows). source: "tsv:<folder>" or "hub:<name>".
+    label: QQP's train file has a few such rows). source: "tsv:<absolute folder>" or
+    "hub:<name>".
     """
 
     task: GlueTask
@@ -304,7 +305,7 @@ def read_task_tsv(task: GlueTask, data_dir: str | Path) -> TaskData:
         task=task,
         train=read["train"][0],
         dev={s.name: read[s.name][0] for s in task.dev_splits()},
-        source=f"tsv:{folder}",
+        source=f"tsv:{folder.resolve()}",  # as cofr.ckpt: where it is, from any folder
         skipped=skipped,
     )
 

@@ -669,11 +669,43 @@ def test_the_hub_gives_the_same_examples_and_a_clear_error_offline(monkeypatch):
         Example("he waits", "he is here", 1),
         Example("she left", "she stayed", 2),
     ]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(GlueDataNotFound) as error:
         load_task("cola")
     assert calls[-2:] == [("nyu-mll/glue", "cola"), ("glue", "cola")]
     message = str(error.value)
     assert "--data-dir" in message and "gluebenchmark.com" in message and "\n" not in message
+    # The legacy name's failure is noise ("BuilderConfig 'cola' not found" offline).
+    assert "for glue/cola" not in message and "for nyu-mll/glue/cola" in message
+    assert "; HF_HUB_OFFLINE is set)" in message
+    assert "CoLA/train.tsv and CoLA/dev.tsv, or put them in data/glue" in message
+
+
+def test_without_data_dir_the_task_is_read_from_data_glue_where_it_is(
+    pretrained, tmp_path, monkeypatch
+):
+    """cofr eval reads data/eval by default; finetune glue went to the hub whatever
+    data/glue held. It reads data/glue/<task> where that is, the hub otherwise."""
+    calls = _fake_hub(monkeypatch, {"mnli": MNLI_HUB})
+    monkeypatch.chdir(tmp_path)
+    _tiny_sst2(tmp_path / "data" / "glue")
+    out = tmp_path / "sst2.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--batch-size", "8",
+         "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0 and calls == []
+    result = json.loads(out.read_text())
+    assert result["source"].endswith("data/glue/SST-2") and result["train_examples"] == 24
+    # data/glue without MNLI/: the hub.
+    status = cofr(
+        ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",
+         "--max-steps", "1", "--accelerator", "cpu", "--no-progress", "--no-mlflow",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0 and calls == [("nyu-mll/glue", "mnli")]
+    assert json.loads(out.read_text())["source"] == "hub:nyu-mll/glue"
 
 
 def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
@@ -717,6 +749,67 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     assert results.read_text() == before_text
 
 
+def test_caps_above_the_sets_sizes_cut_nothing_and_the_scores_are_logged(tmp_path, capsys):
+    """--max-train-samples 100000 on a 24-example train set used all 24, yet the run
+    counted as partial and its scores stayed off the pretraining run."""
+    import mlflow
+
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"))
+    glue = _tiny_sst2(tmp_path / "glue")
+    out = tmp_path / "full.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(ckpt), "--data-dir", str(glue),
+         "--batch-size", "8", "--epochs", "1", "--max-train-samples", "100000",
+         "--max-eval-samples", "1000", "--max-steps", "50", "--accelerator", "cpu",
+         "--no-progress", "--name", "capped", "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    assert "not logged onto the pretraining run" not in capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["train_examples"] == 24 and result["warnings"] == []
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ckpt.parents[3] / 'mlflow.db'}")
+    pretrain_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+    logged = client.get_run(pretrain_id).data.metrics["glue/sst2/accuracy"]
+    assert logged == pytest.approx(result["metrics"]["glue/sst2/accuracy"])
+
+
+def test_a_run_in_another_store_is_named_with_it_and_its_data_folder_is_absolute(
+    tmp_path, capsys, monkeypatch
+):
+    """With --tracking-uri another than the pretraining run's store, the final line and
+    the pretraining run's tag gave the run id alone (not found in the UI of that store);
+    cofr.data and "source" were the folder as given (tsv:glue/SST-2) beside an absolute
+    cofr.ckpt; the table's title read "1 steps"."""
+    import mlflow
+
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"))
+    _tiny_sst2(tmp_path / "glue")
+    monkeypatch.chdir(tmp_path)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    out = tmp_path / "other.json"
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(ckpt), "--data-dir", "glue",
+         "--batch-size", "24", "--epochs", "1", "--accelerator", "cpu", "--no-progress",
+         "--tracking-uri", other, "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    folder = (tmp_path / "glue" / "SST-2").resolve()
+    assert result["steps"] == 1 and result["source"] == f"tsv:{folder}"
+    assert "(1 step," in printed and "1 steps" not in printed
+    assert printed.rstrip().splitlines()[-1] == (
+        f"MLflow run {result['run_id']} in experiment 'glue-sst2' of {other}"
+    )
+    run = mlflow.MlflowClient(tracking_uri=other).get_run(result["run_id"])
+    assert run.data.tags["cofr.data"] == f"tsv:{folder}" == run.data.params["data"]
+    pretraining = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ckpt.parents[3] / 'mlflow.db'}")
+    pretrain_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
+    tags = pretraining.get_run(pretrain_id).data.tags
+    assert tags["glue.sst2.run_id"] == result["run_id"]
+    assert tags["glue.sst2.tracking_uri"] == other
+
+
 def test_finetune_inputs_default_to_the_length_the_model_trained_at(tmp_path, capsys):
     """A run trained on 16-token sequences of a 32-token block: fine-tuning read inputs up
     to 32 tokens, positions that never trained, where cofr eval scores 16-token windows."""
@@ -738,6 +831,7 @@ def test_finetune_mnli_from_the_hub_without_mlflow(pretrained, tmp_path, monkeyp
     import mlflow
 
     _fake_hub(monkeypatch, {"mnli": MNLI_HUB})
+    monkeypatch.chdir(tmp_path)  # no data/glue/MNLI, read by default where it is
     out = tmp_path / "mnli.json"
     status = cofr(
         ["finetune", "glue", "--task", "mnli", "--ckpt", str(pretrained), "--batch-size", "2",
@@ -798,6 +892,28 @@ def test_a_store_that_cannot_be_used_leaves_no_run_folder(pretrained, tmp_path, 
     assert status == 2
     assert "MLflow cannot use 'foo://bar'" in capsys.readouterr().err
     assert not runs.exists()
+
+
+@pytest.mark.parametrize("where", ["runs-dir", "under-it", "experiment"])
+def test_a_runs_dir_that_is_a_file_is_one_line(pretrained, tmp_path, capsys, where):
+    """--runs-dir naming a file ended in NotADirectoryError's traceback from the run
+    folder's mkdir, after the model had loaded."""
+    glue = _tiny_sst2(tmp_path / "glue")
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder\n")
+    runs = {"runs-dir": blocker, "under-it": blocker / "runs", "experiment": tmp_path}[where]
+    if where == "experiment":  # the runs folder is fine, its glue-sst2 is a file
+        blocker = tmp_path / "glue-sst2"
+        blocker.write_text("not a folder\n")
+    status = cofr(
+        ["finetune", "glue", "--task", "sst2", "--ckpt", str(pretrained), "--data-dir", str(glue),
+         "--accelerator", "cpu", "--no-progress", "--no-mlflow", "--runs-dir", str(runs)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("cofr finetune glue: error: ")
+    assert f"{str(blocker)!r} is a file" in line and "choose another --runs-dir" in line
 
 
 def _stopped_finetune(pretrained: Path, tmp_path: Path, extra: list[str]) -> int:
@@ -866,16 +982,62 @@ def test_a_stop_during_the_fine_tuning_ends_its_run_killed(
     runs = tmp_path / "runs"
     status = _stopped_finetune(pretrained, tmp_path, ["--name", f"stopped-{stop}"])
     said = capsys.readouterr().err
-    if stop.startswith("ctrl-c"):
-        assert status == 130 and "cofr: interrupted" in said
-    else:
-        assert status == 143 and "stopped by SIGTERM" in said
+    how = "Ctrl-C" if stop.startswith("ctrl-c") else "SIGTERM"
+    assert status == (130 if how == "Ctrl-C" else 143)
     assert not (runs / "glue-sst2" / f"stopped-{stop}").exists()
     store = pretrained.parents[3] / "mlflow.db"  # the pretraining run's store
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
     experiment = client.get_experiment_by_name("glue-sst2").experiment_id
     (run,) = client.search_runs([experiment], f"attributes.run_name = 'stopped-{stop}'")
     assert run.info.status == "KILLED"
+    # One line, the same for both signals, its last: no "cofr: interrupted" after it.
+    assert said.rstrip().splitlines()[-1] == (
+        f"cofr finetune glue: stopped by {how} at step 0: nothing scored; MLflow run "
+        f"{run.info.run_id} ended KILLED; its empty folder {runs / 'glue-sst2' / f'stopped-{stop}'} "
+        "was removed"
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_after_evaluations_says_where_their_scores_are(
+    pretrained, tmp_path, capsys, monkeypatch, stop
+):
+    """Stopped at step 2 of a run scored every step: SIGTERM said "nothing scored" though
+    its KILLED MLflow run held the scores of steps 1 and 2; Ctrl-C said only "cofr:
+    interrupted". Both say where the scores are, and what became of the run folder."""
+    import mlflow
+
+    from cofrgenet.eval import glue as glue_module
+
+    classifier = glue_module._classifier_class()
+    step = classifier.training_step
+
+    def interrupted(self, batch, batch_idx):
+        if self.trainer.global_step == 2:
+            if stop == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(classifier, "training_step", interrupted)
+    name = f"evaluated-{stop.name}"  # two runs in the module's pretraining store
+    extra = ["--batch-size", "8", "--eval-every", "1", "--name", name]
+    status = _stopped_finetune(pretrained, tmp_path, extra)
+    said = capsys.readouterr().err
+    assert status == 128 + stop
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{pretrained.parents[3] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("glue-sst2").experiment_id
+    (run,) = client.search_runs([experiment], f"attributes.run_name = '{name}'")
+    assert run.info.status == "KILLED"
+    history = client.get_metric_history(run.info.run_id, "glue/sst2/accuracy")
+    assert [m.step for m in history] == [1, 2]
+    how = "Ctrl-C" if stop == signal.SIGINT else "SIGTERM"
+    folder = tmp_path / "runs" / "glue-sst2" / name
+    assert said.rstrip().splitlines()[-1] == (
+        f"cofr finetune glue: stopped by {how} at step 2: dev scores up to step 2 are in "
+        f"MLflow run {run.info.run_id} (KILLED); its empty folder {folder} was removed"
+    )
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])

@@ -32,19 +32,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet import terminal
-from cofrgenet.atomic import create_numbered, write_text_atomic
+from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder, write_text_atomic
 from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
+    DEFAULT_DATA_DIR,
     TASKS,
     Example,
     GlueTask,
     TaskData,
+    default_data_dir,
     encode_examples,
     load_task,
 )
 from cofrgenet.eval.paths import results_json, write_results
 from cofrgenet.hub import offline_unless_reachable
-from cofrgenet.signals import lightning_sigterm, signals_held, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signal_name, signals_held, sigterm_raises
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -396,8 +398,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help="the original GLUE files (SST-2/train.tsv, MNLI/dev_matched.tsv, ...); default: "
-        "the hub's nyu-mll/glue through `datasets`",
+        help="folder of the original GLUE files (SST-2/train.tsv, MNLI/dev_matched.tsv, ...); "
+        f"default: {DEFAULT_DATA_DIR} where it has the task's folder, else the hub's "
+        "nyu-mll/glue through `datasets`",
     )
     parser.add_argument(
         "--tokenizer",
@@ -514,14 +517,17 @@ def run(args: argparse.Namespace) -> int:
     check_data_dir(
         args.data_dir, "the folder of the original GLUE files", "the Hugging Face dataset"
     )
-    if args.data_dir is None:
+    check_runs_dir(args.runs_dir)
+    # As cofr eval reads data/eval: the original files where they are, the hub otherwise.
+    data_dir = default_data_dir(args.task) if args.data_dir is None else args.data_dir
+    if data_dir is None:
         # Now: the checks below import Lightning, which imports the hub's client, and
         # the probe does nothing once that has read its settings (the hub's ~25 s of
         # retries came back). The checks above are of the arguments alone.
         offline_unless_reachable()
     check_trainer_options(args.accelerator, args.precision)  # before the data and the model
     task = TASKS[args.task]
-    data = load_task(task.name, args.data_dir)  # first: a missing file costs no model load
+    data = load_task(task.name, data_dir)  # first: a missing file costs no model load
     said: list[str] = []
 
     def say(warning: str) -> None:
@@ -547,13 +553,17 @@ def run(args: argparse.Namespace) -> int:
         say=say,
         json_out=out,
     )
-    header = f"GLUE {task.name} dev ({result['steps']} steps, {result['source']}), %"
+    steps = result["steps"]
+    header = f"GLUE {task.name} dev ({steps} step{'s' * (steps != 1)}, {result['source']}), %"
     _print_table(task, result["splits"], header)
     for warning in result["warnings"]:
         if warning not in said:
             print(f"warning: {warning}", file=sys.stderr)
     if result.get("run_id"):
-        print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}")
+        # The store named where it is not the pretraining run's (--tracking-uri): a UI
+        # opened on that one does not show this run.
+        store = _store_note(result["tracking_uri"], result["pretrain_tracking_uri"])
+        print(f"MLflow run {result['run_id']} in experiment {result['experiment']!r}{store}")
     return 0
 
 
@@ -666,6 +676,7 @@ def finetune(
     steps_per_epoch = max(1, math.ceil(len(train) / config.batch_size))
     logger: Any = False
     run_dir: Path | None = None
+    trainer: Any = None
     # SIGTERM raises from the run folder's making on, outside the fit too (Lightning
     # raises its own inside): its default action would leave the MLflow run RUNNING.
     with sigterm_raises(lightning_sigterm):
@@ -689,7 +700,7 @@ def finetune(
             # status 0; the run FAILED or FINISHED with the scores of a part of the
             # training. Outside the fit they raise KeyboardInterrupt and (here) the
             # SIGTERMException. The run is KILLED, the folder it made and left empty goes,
-            # and the signal's status follows.
+            # and the signal's status follows, after one line saying what was kept.
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
             sigterm = isinstance(stopped, SIGTERMException)
@@ -698,15 +709,29 @@ def finetune(
             )
             if not (sigterm or ctrl_c):
                 raise
+            run_id = None
             if logger is not False:
-                logger.experiment.set_terminated(logger.run_id, "KILLED")
+                run_id = logger.run_id
+                logger.experiment.set_terminated(run_id, "KILLED")
+            folder = None
             if run_dir is not None:
-                with contextlib.suppress(OSError):
+                try:
                     run_dir.rmdir()
-            if sigterm:
-                print("cofr finetune glue: stopped by SIGTERM: nothing scored", file=sys.stderr)
-                raise SystemExit(128 + signal.SIGTERM) from None
-            raise KeyboardInterrupt from None
+                    folder = f"its empty folder {run_dir} was removed"
+                except FileNotFoundError:
+                    folder = None
+                except OSError:  # something (not cofr) wrote there meanwhile: not ours to delete
+                    folder = f"its folder {run_dir} is kept (not empty)"
+            status = 128 + (signal.SIGTERM if sigterm else signal.SIGINT)
+            step = trainer.global_step if trainer is not None else 0
+            print(
+                _stopped_line(
+                    signal_name(status), step, module.validated_at, run_id, folder,
+                    _store_note(uri, loaded.tracking_uri),
+                ),
+                file=sys.stderr,
+            )  # fmt: skip
+            raise SystemExit(status) from None
 
         # The scores exist: a SIGTERM or Ctrl-C now waits until they are written (the run
         # is FINISHED already; a second one stops at once).
@@ -727,6 +752,7 @@ def finetune(
                 "config": asdict(config),
                 "pretrain_run_id": loaded.mlflow_run_id,
                 "pretrain_step": loaded.step,
+                "pretrain_tracking_uri": loaded.tracking_uri,
                 "run_id": run_id,
                 "tracking_uri": uri if mlflow else None,
                 "experiment": experiment if mlflow else None,
@@ -738,7 +764,13 @@ def finetune(
             if mlflow and loaded.mlflow_run_id:
                 stopped_early = trainer.global_step < config.epochs * steps_per_epoch
                 warning = _log_onto_pretraining_run(
-                    loaded, config, task.name, metrics, loaded.step, run_id, stopped_early
+                    loaded,
+                    _cut_by(config, data, train, dev, stopped_early),
+                    task.name,
+                    metrics,
+                    loaded.step,
+                    run_id,
+                    uri,
                 )
                 if warning:
                     warnings.append(warning)
@@ -759,6 +791,39 @@ def finetune(
             raise SystemExit(128 + signal.SIGTERM)
         raise KeyboardInterrupt
     return result
+
+
+def _stopped_line(
+    how: str,
+    step: int,
+    scored_at: int | None,
+    run_id: str | None,
+    folder: str | None,
+    store: str = "",
+) -> str:
+    """What a fine-tuning stopped by a signal (``how``: ``SIGTERM``, ``Ctrl-C``) after
+    ``step`` optimizer steps kept: the dev scores of its evaluations up to step
+    ``scored_at`` (None: none ran) in its KILLED MLflow run ``run_id`` (None: not
+    tracked), and what became of its run folder (``folder``)."""
+    if scored_at is None:
+        kept = "nothing scored" + (f"; MLflow run {run_id}{store} ended KILLED" if run_id else "")
+    elif run_id is not None:
+        kept = f"dev scores up to step {scored_at} are in MLflow run {run_id}{store} (KILLED)"
+    else:
+        kept = f"dev scores up to step {scored_at} are not kept (--no-mlflow)"
+    return f"cofr finetune glue: stopped by {how} at step {step}: {kept}" + (
+        f"; {folder}" if folder else ""
+    )
+
+
+def _store_note(uri: str, pretraining_uri: str | None) -> str:
+    """`` of <uri>`` where the fine-tuning run's store is not the pretraining run's (a
+    --tracking-uri of its own): an MLflow UI opened on the usual store does not show it."""
+    if pretraining_uri is not None and uri == pretraining_uri:
+        return ""
+    from cofrgenet.redact import hide_passwords
+
+    return f" of {hide_passwords(uri)}"
 
 
 def _mlflow_logger(
@@ -855,14 +920,14 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
 
     if name is not None:
         run_dir = experiment_dir / folder_name(name)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.is_dir() and any(run_dir.iterdir()):
             raise UserError(
                 f"{run_dir} holds another run already (its results and MLflow run would be "
                 "replaced): pick another --name or --experiment"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
+        _make_folder(run_dir)
         return run_dir
-    experiment_dir.mkdir(parents=True, exist_ok=True)
+    _make_folder(experiment_dir)
 
     def make(run_dir: Path) -> Path:
         run_dir.mkdir()  # exclusive: two runs started at once get two folders
@@ -872,27 +937,71 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
     return create_numbered(experiment_dir, stem, "", make)
 
 
+def _cut_by(
+    config: FinetuneConfig,
+    data: TaskData,
+    train: list[Example],
+    dev: dict[str, list[Example]],
+    stopped_early: bool,
+) -> list[str]:
+    """The options that left part of the task out (``--max-train-samples 100``), as
+    given: a cap at or above a set's size cuts nothing, and a --max-steps reached after
+    the last epoch's end neither."""
+    cuts = (
+        ("max_train_samples", config.max_train_samples, len(train) < len(data.train)),
+        (
+            "max_eval_samples",
+            config.max_eval_samples,
+            any(len(dev[name]) < len(examples) for name, examples in data.dev.items()),
+        ),
+        ("max_steps", config.max_steps, stopped_early),
+    )
+    return [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value, cut in cuts
+        if cut and value is not None
+    ]
+
+
+def _make_folder(folder: Path) -> None:
+    """``mkdir -p folder``, or a :class:`UserError` naming what stands in the way (a
+    --runs-dir that is a file, a read-only disk)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(
+            f"cannot make {folder}, a folder of the run: {why_no_folder(folder, error)}; choose "
+            "another --runs-dir"
+        ) from None
+
+
+def check_runs_dir(runs_dir: str | None) -> None:
+    """A ``--runs-dir`` given must be a folder, or one that can be made: checked before
+    the data and the model are loaded (its folder is made only once they are)."""
+    if runs_dir is None:
+        return
+    path = Path(runs_dir).absolute()
+    blocker = nearest_existing(path)
+    if not blocker.is_dir():
+        raise UserError(
+            f"--runs-dir {runs_dir}: {str(blocker)!r} is a file, not a folder; choose another "
+            "--runs-dir"
+        )
+
+
 def _log_onto_pretraining_run(
     loaded: Any,
-    config: FinetuneConfig,
+    partial: list[str],
     task: str,
     metrics: dict[str, float],
     pretrain_step: int,
     run_id: str | None,
-    stopped_early: bool = False,
+    uri: str | None = None,
 ) -> str | None:
     """Log the dev ``metrics`` onto the run that pretrained the checkpoint (at its step),
-    unless only part of the task was used (a subset, or ``stopped_early`` by --max-steps
-    before the epochs ended); returns a warning, or None."""
-    partial = [
-        f"--{name.replace('_', '-')} {value}"
-        for name, value in (
-            ("max_train_samples", config.max_train_samples),
-            ("max_eval_samples", config.max_eval_samples),
-            ("max_steps", config.max_steps if stopped_early else None),
-        )
-        if value is not None
-    ]
+    tagged with the fine-tuning run ``run_id`` and its store ``uri`` (a --tracking-uri
+    may be another than the pretraining run's), unless only part of the task was used (``partial``: the options that cut
+    it, see :func:`_cut_by`); returns a warning, or None."""
     if partial:  # a subset's scores would stand beside full ones under the same names
         return (
             f"not logged onto the pretraining run: the scores are of part of the task "
@@ -900,9 +1009,12 @@ def _log_onto_pretraining_run(
         )
     if not loaded.tracking_uri:
         return None
+    from cofrgenet.redact import hide_passwords
     from cofrgenet.training.pretrained import NotLogged, log_onto_run
 
     tags = {f"glue.{task}.run_id": str(run_id)}
+    if uri is not None:  # each time: an earlier fine-tuning's store is not left beside it
+        tags[f"glue.{task}.tracking_uri"] = hide_passwords(uri)
     try:
         log_onto_run(loaded.tracking_uri, loaded.mlflow_run_id, metrics, pretrain_step, tags)
     except NotLogged as error:  # the fine-tuning's own results stand without it

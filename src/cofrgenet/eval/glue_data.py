@@ -17,12 +17,13 @@ Nothing here imports torch; ``datasets`` is imported only for the hub.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, first_line
 from cofrgenet.hub import offline_unless_reachable
 
 #: Where the original files come from (named in every missing-file error).
@@ -32,6 +33,9 @@ ORIGINAL_SOURCE = (
 )
 GLUE_SOURCE = f"{ORIGINAL_SOURCE}, or drop --data-dir to load nyu-mll/glue with `datasets`"
 HUB_NAMES = ("nyu-mll/glue", "glue")
+#: Where ``cofr finetune glue`` reads a task's original files without ``--data-dir``,
+#: when the task's folder is there (as ``cofr eval`` reads ``data/eval``).
+DEFAULT_DATA_DIR = "data/glue"
 
 
 class GlueDataNotFound(UserError, FileNotFoundError):
@@ -175,7 +179,8 @@ class TaskData:
     """A task's examples: ``train`` and one list per dev split (by :attr:`DevSplit.name`).
 
     skipped: the line numbers of the rows left out, per file (too few columns, an unknown
-    label: QQP's train file has a few such rows). source: "tsv:<folder>" or "hub:<name>".
+    label: QQP's train file has a few such rows). source: "tsv:<absolute folder>" or
+    "hub:<name>".
     """
 
     task: GlueTask
@@ -300,7 +305,7 @@ def read_task_tsv(task: GlueTask, data_dir: str | Path) -> TaskData:
         task=task,
         train=read["train"][0],
         dev={s.name: read[s.name][0] for s in task.dev_splits()},
-        source=f"tsv:{folder}",
+        source=f"tsv:{folder.resolve()}",  # as cofr.ckpt: where it is, from any folder
         skipped=skipped,
     )
 
@@ -340,7 +345,7 @@ def load_task_hub(task: GlueTask, cache_dir: str | None = None) -> TaskData:
         try:
             loaded = datasets.load_dataset(name, task.name, cache_dir=cache_dir)
         except Exception as error:  # offline, not cached, renamed: try the next name
-            errors.append(f"{name}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            errors.append(f"{type(error).__name__}: {first_line(error)[:200]}")
             continue
         return TaskData(
             task=task,
@@ -348,10 +353,22 @@ def load_task_hub(task: GlueTask, cache_dir: str | None = None) -> TaskData:
             dev={s.name: _from_rows(task, loaded[s.hub_split]) for s in task.dev_splits()},
             source=f"hub:{name}",
         )
+    # The current name's error only: the legacy name's ("BuilderConfig 'sst2' not found.
+    # Available: ['default']" offline) says nothing about why the data is not here.
+    offline = "; HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else ""
+    files = " and ".join(f"{task.folder}/{s.file}" for s in task.dev_splits())
     raise GlueDataNotFound(
-        f"could not load GLUE {task.name} from the hub ({'; '.join(errors)}): pass --data-dir "
-        f"DIR with {task.folder}/train.tsv etc. ({ORIGINAL_SOURCE})"
+        f"could not load GLUE {task.name} from the hub's {HUB_NAMES[0]} ({errors[0]}{offline}): "
+        f"pass --data-dir DIR with {task.folder}/train.tsv and {files}, or put them in "
+        f"{DEFAULT_DATA_DIR} ({ORIGINAL_SOURCE})"
     )
+
+
+def default_data_dir(name: str) -> str | None:
+    """:data:`DEFAULT_DATA_DIR` where it holds task ``name``'s folder (``data/glue/SST-2``),
+    else None (the hub)."""
+    task = TASKS[name]
+    return DEFAULT_DATA_DIR if (Path(DEFAULT_DATA_DIR) / task.folder).is_dir() else None
 
 
 def load_task(name: str, data_dir: str | Path | None = None) -> TaskData:

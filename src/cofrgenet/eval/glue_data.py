@@ -31,7 +31,10 @@ ORIGINAL_SOURCE = (
     "the original GLUE data comes from https://gluebenchmark.com/tasks (the "
     "download_glue_data.py layout)"
 )
-GLUE_SOURCE = f"{ORIGINAL_SOURCE}, or drop --data-dir to load nyu-mll/glue with `datasets`"
+GLUE_SOURCE = (
+    f"{ORIGINAL_SOURCE}; without --data-dir, and with no data/glue/<task folder>, "
+    "nyu-mll/glue is loaded from the hub with `datasets`"
+)
 HUB_NAMES = ("nyu-mll/glue", "glue")
 #: Where ``cofr finetune glue`` reads a task's original files without ``--data-dir``,
 #: when the task's folder is there (as ``cofr eval`` reads ``data/eval``).

@@ -1163,6 +1163,60 @@ def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, c
     assert out.read_text() == "mine"
 
 
+def _compare_rows(monkeypatch, tmp_path, rows):
+    """cofr compare on a real (empty) store in ``tmp_path`` that finds ``rows``."""
+    from cofrgenet.eval import compare
+
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    monkeypatch.setattr(compare, "collect_runs", lambda *args, **kwargs: (list(rows), {}))
+
+
+def test_cofr_compare_into_an_earlier_out_leaves_no_stale_plot(tmp_path, capsys, monkeypatch):
+    """The tour's case: a compare without a plot (no run has val/loss) into the folder of
+    an earlier one left that one's pareto.png beside the new compare.md."""
+    from cofrgenet.eval.compare import RunRow
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {"val/loss": 3.0})
+    _compare_rows(monkeypatch, tmp_path, [row])
+    out = tmp_path / "cmp"
+    argv = ["compare", "--runs-dir", str(tmp_path), "--out", str(out)]
+    assert main(argv) == 0 and (out / "pareto.png").is_file()
+    mine = out / "notes.png"
+    mine.write_text("mine")
+    row.metrics = {"eval/ptb/word_ppl_eos": 30.0}
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "no Pareto plot: no run has 'val/loss'" in printed
+    assert f"the earlier {out / 'pareto.png'} removed" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["compare.md", "notes.png"]
+
+
+def test_cofr_compare_default_folders_of_the_same_second_differ(tmp_path, monkeypatch):
+    from cofrgenet.eval import compare
+    from cofrgenet.eval.compare import RunRow
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {"val/loss": 3.0})
+    _compare_rows(monkeypatch, tmp_path, [row])
+    monkeypatch.setattr(compare.time, "strftime", lambda *args: "20260101-000000")
+    for _ in range(2):
+        assert main(["compare", "--runs-dir", str(tmp_path)]) == 0
+    made = sorted(p.name for p in (tmp_path / "compare").iterdir())
+    assert made == ["20260101-000000", "20260101-000000-2"]
+
+
+def test_cofr_compare_names_runs_dir_when_it_is_a_file(tmp_path, capsys):
+    """`--runs-dir FILE` was blamed on --out, whose default is below it."""
+    runs = tmp_path / "runs"
+    runs.write_text("mine")
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(runs)])
+    assert line == (
+        f"cofr compare: error: --runs-dir {runs} is a file: give the runs folder (the one "
+        "holding mlflow.db and compare/)"
+    )
+    assert runs.read_text() == "mine"
+
+
 def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatch):
     """As cofr fit does: a file path, an unknown scheme, a server that does not answer,
     a sqlite store that does not exist (reading it would make an empty one)."""

@@ -7,7 +7,7 @@ token (computed from the run's logged config, so every run is counted the same w
 its last ``val/loss``, the median ``perf/tokens_per_sec`` and the ``cofr eval`` metrics
 (``eval/<task>/<metric>``), marked where they were scored at another step than the val
 loss; the paper's published rows (GPT2-xl on OpenWebText, spec section 5) follow.
-Written to ``--out`` (default ``runs/compare/<time>/``):
+Written to ``--out`` (default ``runs/compare/<time>[-N]/``):
 
 * ``compare.md``: that table in markdown;
 * ``pareto.png``: parameters (or FLOPs per token, ``--x flops``) against ``--metric``,
@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.atomic import nearest_existing
+from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder
 from cofrgenet.errors import UserError
 from cofrgenet.eval.paths import readable
 from cofrgenet.training.run_store import STOPPED_AT_TAG
@@ -147,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default=None,
-        help="folder for compare.md and pareto.png (default: runs/compare/<time>/)",
+        help="folder for compare.md and pareto.png (default: <runs-dir>/compare/<time>/, "
+        "<time>-2/ for another compare in the same second)",
     )
 
 
@@ -636,15 +637,48 @@ def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:
     return str((raw or {}).get("experiment") or study), str(study)
 
 
-def check_out_folder(out: Path) -> None:
-    """``--out`` is a folder (compare.md and pareto.png go in it), or can be made one."""
+def check_out_folder(out: Path, option: str = "--out") -> None:
+    """``--out`` is a folder (compare.md and pareto.png go in it), or can be made one.
+    ``option``: what gave ``out``, named in the message (``--runs-dir`` for the default,
+    ``<runs-dir>/compare/``)."""
     if out.exists() and not out.is_dir():
         raise UserError(
-            f"--out {out} is a file: give a folder for compare.md and pareto.png (made if missing)"
+            f"{option} {out} is a file: give a folder for compare.md and pareto.png "
+            "(made if missing)"
         )
     parent = nearest_existing(out.absolute().parent)
     if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is a file, not a folder")
+        raise UserError(f"{option} {out}: {parent} is a file, not a folder")
+
+
+def check_runs_dir(runs_dir: Path) -> None:
+    """``--runs-dir`` is a folder, or not there (its missing store is said later): a file
+    there was blamed on ``--out``, whose default folder is below it."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise UserError(
+            f"--runs-dir {runs_dir} is a file: give the runs folder (the one holding "
+            "mlflow.db and compare/)"
+        )
+
+
+def make_out_folder(out: Path | None, runs_dir: Path) -> Path:
+    """The folder compare.md goes to: ``out`` (made if missing), else a new
+    ``<runs_dir>/compare/<time>[-N]/`` (two compares in the same second get two)."""
+    try:
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            return out
+        return create_numbered(
+            runs_dir / "compare",
+            time.strftime("%Y%m%d-%H%M%S"),
+            "",
+            lambda path: path.mkdir(parents=True) or path,
+        )
+    except OSError as error:  # made or changed since the checks before the store was read
+        option, folder = ("--out", out) if out is not None else ("--runs-dir", runs_dir)
+        raise UserError(
+            f"{option} {folder}: cannot make the folder ({why_no_folder(folder, error)})"
+        ) from None
 
 
 def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
@@ -691,8 +725,14 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         experiment, studies[experiment] = sweep_trials(args.sweep, args.study_name)
         experiments.append(experiment)
-    out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
-    check_out_folder(out)  # before the store is read: nothing is computed only to be lost
+    runs_dir = Path(args.runs_dir)
+    check_runs_dir(runs_dir)
+    given_out = Path(args.out) if args.out else None
+    # Before the store is read: nothing is computed only to be lost.
+    if given_out is not None:
+        check_out_folder(given_out)
+    else:
+        check_out_folder(runs_dir / "compare", "--runs-dir")
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
     named_by = tracking_uri_source(args.tracking_uri)
     check_store_exists(uri, named_by)
@@ -705,12 +745,7 @@ def run(args: argparse.Namespace) -> int:
     metric = args.metric or DEFAULT_METRIC
     if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval
         check_metric(metric, rows)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:  # made or changed since the check above
-        raise UserError(
-            f"--out {out}: cannot make the folder ({error.strerror or error})"
-        ) from None
+    out = make_out_folder(given_out, runs_dir)
     table = markdown_table(rows)
     footer = (
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
@@ -730,6 +765,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         x_name = "parameter count" if args.x == "params" else "FLOPs count"
         no_plot = f"no Pareto plot: no run with {metric!r} has a {x_name}"
+    stale = out / "pareto.png"
+    if plot is None and stale.exists():  # an earlier compare's, beside this compare.md
+        stale.unlink()
+        no_plot += f"; the earlier {stale} removed"
     print(f"Pareto plot: {plot}" if plot else no_plot)
     for why, passed in skipped.items():
         more = f" ... ({len(passed)} in all)" if len(passed) > 5 else ""

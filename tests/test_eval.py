@@ -1234,7 +1234,7 @@ def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatc
     from cofrgenet.training import run_store
 
     (tmp_path / "store").mkdir()
-    sqlite3.connect(tmp_path / "store" / "mlflow.db").close()
+    mlflow.MlflowClient("sqlite:///store/mlflow.db").search_experiments()  # an empty store
     monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///store/mlflow.db?timeout=30")
     line = one_line_error(capsys, ["compare", "--experiment", "x"])  # read, not refused
     assert line == "cofr compare: error: no MLflow experiment 'x'; the store has: Default"
@@ -1266,6 +1266,36 @@ def test_a_damaged_store_is_refused_in_one_line(tmp_path, capsys):
     assert line.endswith(
         "move it aside (the next cofr fit makes a new store), or fix --tracking-uri"
     )
+
+
+def test_an_empty_or_foreign_database_is_said_so_and_left_as_it_is(tmp_path, capsys):
+    """The tour's case: `cofr compare` on a 0-byte mlflow.db wrote MLflow's schema into it
+    (950 KB, with MLflow's INFO logs) before saying the store had no runs."""
+    from cofrgenet.cli import main
+
+    store = tmp_path / "X"
+    store.mkdir()
+    database = store / "mlflow.db"
+    database.touch()
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(store)])
+    assert line == (
+        f"cofr compare: error: {database} is an empty file, no MLflow store yet: it has no "
+        "runs (cofr fit makes them there), or name the runs folder with --runs-dir"
+    )
+    assert database.stat().st_size == 0 and sorted(p.name for p in store.iterdir()) == ["mlflow.db"]
+    assert main(["ui", "--runs-dir", str(store)]) == 2  # nor does cofr ui's server make it
+    assert database.stat().st_size == 0
+    # Another program's SQLite database under that name: not MLflow's, not written to.
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE notes (text TEXT)")
+    connection.close()
+    size = database.stat().st_size
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(store)])
+    assert line.startswith(
+        f"cofr compare: error: {database} is not an MLflow database (an SQLite database "
+        "without MLflow's tables): move it aside"
+    )
+    assert database.stat().st_size == size
 
 
 def test_a_metric_no_run_has_is_refused_with_the_closest_name():

@@ -1475,6 +1475,26 @@ def test_compare_says_an_experiment_is_empty_or_unknown_with_the_ones_there(tmp_
     )
 
 
+def test_compare_says_a_run_name_of_two_experiments_and_the_closest_name(tmp_path, capsys):
+    """The tour's cases: `cofr compare g1` compared g1 of tour and g1 of tour2 without a
+    word; `cofr compare f2` (no such run) named no run that is there."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    ids = {}
+    for experiment in ("tour", "tour2"):
+        run = client.create_run(client.create_experiment(experiment), run_name="g1")
+        client.set_terminated(run.info.run_id)
+        ids[experiment] = run.info.run_id
+    assert main(["compare", "g1", "--runs-dir", str(tmp_path)]) == 2  # no config: passed over
+    note = next(line for line in capsys.readouterr().err.splitlines() if "note:" in line)
+    assert note.startswith("note: 'g1' names 2 runs, in experiments tour, tour2: all are compared")
+    assert "name one by its id: " in note and all(f"{i} in " in note for i in ids.values())
+    line = one_line_error(capsys, ["compare", "g2", "--runs-dir", str(tmp_path)])
+    assert line == (
+        "cofr compare: error: no MLflow run with id or name 'g2' in this store (did you mean "
+        "'g1'?); its runs: g1"
+    )
+
+
 def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):
     """`cofr sweep run FILE --study other` logs its trials to experiment `other` (the file
     naming no experiment): `cofr compare --sweep FILE` read the file's study only."""

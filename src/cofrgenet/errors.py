@@ -36,13 +36,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
         raise UserError(f"{message} (`{self.prog} --help` lists the options)")
 
 
-def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "") -> str:
+def did_you_mean(
+    word: str, candidates: Iterable[str], prefix: str = "", cutoff: float = 0.6
+) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""``. ``prefix``, which
-    every candidate shares (``--`` of options), is left out of the comparison."""
+    every candidate shares (``--`` of options), is left out of the comparison; ``cutoff``:
+    difflib's least similarity (0.5 finds ``f1`` for ``f2``, two-character names)."""
     names = [c.removeprefix(prefix) for c in candidates]
     by_lower = {name.lower(): name for name in reversed(names)}  # "PTB" finds "ptb"
     typed = word.removeprefix(prefix).lower()
-    close = difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=cutoff)
     return f" (did you mean {prefix + by_lower[close[0]]!r}?)" if close else ""
 
 

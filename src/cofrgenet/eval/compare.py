@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, did_you_mean
 from cofrgenet.eval.paths import readable
 from cofrgenet.training.run_store import STOPPED_AT_TAG
 
@@ -275,8 +276,6 @@ def collect_runs(
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
-            from cofrgenet.errors import did_you_mean
-
             known = sorted(names.values())
             raise UserError(
                 f"no MLflow experiment {name!r}{did_you_mean(name, known)}; the store has: "
@@ -310,7 +309,26 @@ def collect_runs(
             try:
                 runs = [client.get_run(ref)]
             except Exception:
-                raise UserError(f"no MLflow run with id or name {ref!r} in this store") from None
+                known = sorted(
+                    {r.info.run_name for r in client.search_runs(list(names), max_results=5000)}
+                    - {None}
+                )
+                # Run names are short (f1, g1): a one-character slip is half of one.
+                raise UserError(
+                    f"no MLflow run with id or name {ref!r} in this store"
+                    f"{did_you_mean(ref, known, cutoff=0.5)}; its runs: "
+                    f"{short_list(known) or 'none'}"
+                ) from None
+        in_experiments = sorted({names.get(r.info.experiment_id, "?") for r in runs})
+        if len(in_experiments) > 1:  # all compared: said, with how to take one
+            ids = ", ".join(
+                f"{r.info.run_id} in {names.get(r.info.experiment_id, '?')}" for r in runs
+            )
+            print(
+                f"note: {ref!r} names {len(runs)} runs, in experiments "
+                f"{', '.join(in_experiments)}: all are compared (name one by its id: {ids})",
+                file=sys.stderr,
+            )
         found += runs
     if not refs and not experiments:
         found = client.search_runs(list(names), max_results=5000)
@@ -685,8 +703,6 @@ def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
     """``--metric`` is a metric some run has: a typo is refused with the closest name."""
     if any(metric in row.metrics for row in rows):
         return
-    from cofrgenet.errors import did_you_mean
-
     # The metrics a plot is usually made of first, the diagnostics (ladder/, opt/) after.
     usual = ("val/", "eval/", "train/", "perf/")
     names = sorted(

@@ -994,7 +994,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table = (out / "compare.md").read_text()
     assert "12345" not in table and f"| {cells[10]} |" in table
     header = next(line for line in table.splitlines() if line.startswith("| run |"))
-    assert header.endswith("| sst2/accuracy |") and "| 91.23 |" in table
+    assert header.endswith("| sst2/accuracy % |") and "| 91.23 |" in table
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
     # A killed run says so beside its name; a start refused after its MLflow run existed
@@ -1101,6 +1101,45 @@ def test_the_pareto_plot_reads_a_score_in_the_tables_unit(
     assert ax.collections[0].get_offsets()[0][1] == pytest.approx(shown)
     if metric.startswith("glue/"):
         assert "| 62.50 |" in markdown_table([row], paper=False)
+
+
+def test_a_perplexity_is_plotted_on_a_log_axis(tmp_path, monkeypatch):
+    """The tour's case: a diverged run's 547844 on a linear axis squashed every other
+    point, and the paper's rows, into one line at 0."""
+    import matplotlib.pyplot as plt
+
+    from cofrgenet.eval.compare import RunRow, is_perplexity, plot_pareto
+
+    rows = [
+        RunRow(name, name, "e", "gpt2-tiny", size, 0, 20, None, None, {key: value})
+        for name, size, key, value in (
+            ("diverged", 10, "eval/wikitext-2-v1/word_ppl", 547844.35),
+            ("fine", 20, "eval/wikitext-2-v1/word_ppl", 40.0),
+            ("loss", 20, "val/loss", 3.0),
+        )
+    ]
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    plot_pareto(rows, "eval/wikitext-2-v1/word_ppl", "params", tmp_path)
+    plot_pareto(rows, "val/loss", "params", tmp_path)
+    assert [figure.axes[0].get_yscale() for figure in closed] == ["log", "linear"]
+    assert is_perplexity("eval/cofr_task/word_perplexity") and is_perplexity("eval/ptb/token_ppl")
+    assert not is_perplexity("eval/ptb/bits_per_byte") and not is_perplexity("glue/sst2/f1")
+
+
+def test_the_compare_tables_paper_rows_have_its_glue_scores_in_percent_columns():
+    """The paper's rows had empty GLUE cells though its dev scores are in the package
+    (eval/glue.py), and the GLUE headers did not say their cells are in %."""
+    from cofrgenet.eval.compare import RunRow, markdown_table
+
+    metrics = {"glue/sst2/accuracy": 0.9, "glue/mrpc/f1": 0.8, "glue/mnli-mm/accuracy": 0.7}
+    table = markdown_table([RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, metrics)])
+    lines = {line.split(" |")[0].removeprefix("| "): line for line in table.splitlines()}
+    assert lines["run"].endswith("| mnli-mm/accuracy % | mrpc/f1 % | sst2/accuracy % |")
+    assert lines["GPT2-xl (paper)"].endswith("|  |  | 93.56 |")  # no mnli-mm nor F1 in it
+    assert lines["CoFrGeNet-F (paper)"].endswith("|  |  | 94.16 |")
+    assert lines["CoFrGeNet (paper)"].endswith("|  |  |  |")  # the paper gives none
+    assert lines["r"].endswith("| 70.00 | 80.00 | 90.00 |")
 
 
 def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):

@@ -390,9 +390,29 @@ def in_percent(metric: str) -> bool:
     return metric.startswith("glue/") and _is_score(metric)
 
 
+def glue_column(metric: str) -> str:
+    """The table's header of a GLUE dev score: ``sst2/accuracy %`` (logged as a fraction,
+    shown in %)."""
+    return f"{metric.removeprefix('glue/')} %"
+
+
+def paper_glue(row: int, metric: str) -> float | None:
+    """The paper's GLUE dev score (%) of :data:`PAPER_ROWS` ``[row]`` for ``metric``
+    (``glue/<task>/<metric>``): it gives them for GPT2-xl and CoFrGeNet-F only, one
+    number a task, which reads as the accuracy on the matched dev set (eval/glue.py)."""
+    from cofrgenet.eval.glue import PAPER as GLUE_PAPER
+
+    _, task, name = metric.split("/", 2)
+    scores = GLUE_PAPER.get(task)
+    if scores is None or name != "accuracy" or row >= len(scores):
+        return None
+    return scores[row]  # PAPER_ROWS starts with GPT2-xl, CoFrGeNet-F: the pair's order
+
+
 def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
-    score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %."""
+    score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %,
+    with the paper's dev scores in its rows where it gives them."""
     glue = sorted({k for r in rows for k in r.metrics if in_percent(k)})
     header = [
         "run",
@@ -406,7 +426,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "val loss",
         "tokens/s",
         *(paper_column(key) for key in PAPER_METRICS.values()),
-        *(key.removeprefix("glue/") for key in glue),
+        *(glue_column(key) for key in glue),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
     marks = _protocol_marks(rows)
@@ -436,7 +456,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if paper:
-        for name, params, values in PAPER_ROWS:
+        for index, (name, params, values) in enumerate(PAPER_ROWS):
             cells = [
                 f"{name} (paper)",
                 "OpenWebText",
@@ -449,7 +469,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 "",
                 "",
                 *(f"{values[task]:.2f}" for task in PAPER_METRICS),
-                *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
+                *(_fmt(paper_glue(index, key), ".2f") for key in glue),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     notes = "\n".join(
@@ -564,6 +584,15 @@ def higher_is_better(metric: str) -> bool:
     return any(name.startswith(HIGHER_IS_BETTER) for name in names)
 
 
+def is_perplexity(metric: str) -> bool:
+    """Whether ``metric`` is a perplexity (``eval/<task>/word_ppl``, a harness
+    ``word_perplexity``): plotted on a log axis, where a diverged run's 5e5 does not
+    squash the others (and the paper's rows) into one line at the bottom."""
+    parts = metric.split("/")
+    names = parts[2:] if parts[0] in ("eval", "glue") and len(parts) > 2 else parts[-1:]
+    return any("ppl" in name or "perplexity" in name for name in names)
+
+
 def pareto_front(
     points: Sequence[tuple[float, float]], higher_is_better: bool = False
 ) -> list[int]:
@@ -627,6 +656,8 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
             label="paper (GPT2-xl scale)",
         )
     ax.set_xscale("log")
+    if is_perplexity(metric):  # a loss stays linear: its scale is already a log's
+        ax.set_yscale("log")
     ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")
     ax.set_ylabel(f"{metric}{unit} ({'higher' if better_up else 'lower'} is better)")
     ax.legend(fontsize=7)
@@ -767,8 +798,14 @@ def run(args: argparse.Namespace) -> int:
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
         "`wikitext-2-v1` and `wikitext-103-v1`; PTB: `word_ppl_eos`, line ends counted as "
         "words; LAMBADA: target-word `ppl`) from "
-        "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
+        "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5)"
     )
+    if any(in_percent(key) for row in rows for key in row.metrics):
+        footer += (
+            "; GLUE columns are dev scores in %, the paper's (GPT2-xl, CoFrGeNet-F) in the "
+            "accuracy columns"
+        )
+    footer += ".\n"
     (out / "compare.md").write_text(
         f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n" + footer
     )

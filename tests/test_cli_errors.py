@@ -274,6 +274,55 @@ def test_a_mistyped_option_of_an_argparse_command_gets_a_did_you_mean(capsys):
     assert "unrecognized arguments: -filter tiny (did you mean '--filter'?)" in line
 
 
+@pytest.mark.parametrize(
+    "words, where, typed, meant",
+    [
+        (["comapre"], "cofr", "comapre", "compare"),
+        (["models", "lst"], "cofr models", "lst", "list"),
+        (["finetune", "gleu"], "cofr finetune", "gleu", "glue"),
+        (["bench", "opps"], "cofr bench", "opps", "ops"),
+    ],
+)
+def test_a_mistyped_command_gets_a_did_you_mean(capsys, words, where, typed, meant):
+    """argparse's bare "invalid choice" listed every command, the one meant among them."""
+    line = one_line_error(capsys, words)
+    assert line.startswith(
+        f"{where}: error: argument COMMAND: invalid choice: {typed!r} (did you mean "
+        f"{meant!r}?); choose from "
+    )
+    assert line.endswith(f"(`{where} --help` lists the options)")
+
+
+def test_a_group_without_its_command_says_the_groups_words(capsys):
+    """`cofr models` read "cofr: error: the following arguments are required: COMMAND"."""
+    assert one_line_error(capsys, ["models"]) == (
+        "cofr models: error: the following arguments are required: COMMAND "
+        "(`cofr models --help` lists the options)"
+    )
+
+
+@pytest.mark.parametrize(
+    "words, flag, meant",
+    [
+        (["finetune", "glue", "--taks", "sst2"], "--taks", "--task"),
+        (["generate", "--ckpts", "X"], "--ckpts", "--ckpt"),
+    ],
+)
+def test_a_mistyped_required_option_is_said_mistyped_not_missing(capsys, words, flag, meant):
+    """argparse checks required options before it returns the words it did not know:
+    `--taks sst2` was "the following arguments are required: --task"."""
+    where = " ".join(["cofr", *(w for w in words if not w.startswith("-"))][:-1])
+    assert one_line_error(capsys, words) == (
+        f"{where}: error: unrecognized arguments: {flag} (did you mean {meant!r}?) "
+        f"(`{where} --help` lists the options)"
+    )
+
+
+def test_a_missing_required_option_is_still_said_missing(capsys):
+    line = one_line_error(capsys, ["finetune", "glue", "--lr", "-1"])  # a value, not an option
+    assert "the following arguments are required: --task" in line
+
+
 def test_a_word_before_the_command_points_to_cofrs_own_help(capsys):
     line = one_line_error(capsys, ["--verbose", "models", "list"])
     assert (

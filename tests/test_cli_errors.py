@@ -92,7 +92,7 @@ def test_debug_shows_the_traceback_and_keeps_the_status(capsys, tmp_path, monkey
     without --debug (it was 1, Python's for an uncaught exception)."""
     assert cli.main(["--debug", "data", "prepare", "--vocab-size", "x"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("Traceback") and "UserError" in err
+    assert err.startswith("Traceback") and "ParserError" in err  # a UserError: argparse's
     assert err.splitlines()[-1].startswith("cofr data prepare: error: argument --vocab-size")
     monkeypatch.setenv("COFR_DEBUG", "1")
     assert cli.main(["fit", "--config", DEMO, "--trainer.max_stepz", "3"]) == 2

@@ -501,6 +501,24 @@ def test_bench_ops_bad_options_are_one_line_errors_with_the_command(
     assert not (tmp_path / "out").exists()  # refused before anything is timed or written
 
 
+@pytest.mark.parametrize(
+    "words, where",
+    [("", "no CUDA device here"), ("--device cpu", "--device cpu")],
+)
+def test_bench_ops_refuses_triton_without_cuda(capsys, tmp_path, monkeypatch, words, where):
+    """`--impls triton` on a machine without CUDA printed a table of `skipped` cells and
+    exited 0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["bench", "ops", "--quick", "--impls", "literal,triton", "--out-dir"]
+    assert cli.main([*argv, str(tmp_path / "out"), *shlex.split(words)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"cofr bench ops: error: --impls triton: triton needs a CUDA device ({where}); leave "
+        "it out, or run on a machine with CUDA"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_ops_out_dir_that_cannot_be_made_fails_before_the_timing(
     capsys, tmp_path, monkeypatch
 ):

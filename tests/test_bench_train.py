@@ -455,6 +455,23 @@ def test_a_step_faster_than_the_measured_peak_gets_no_mfu(monkeypatch, tmp_path,
     assert "No MFU" not in md and "| 0.0% |" in md
 
 
+def test_an_eager_run_says_nothing_of_graph_breaks(tmp_path, capsys):
+    """`--modes eager` printed "report, graph breaks to count" (no compiled mode ran, so
+    there were none to count) and its partial reports said they were counted at the end."""
+    argv = ["bench", "train", "--variants", "gpt2", "--modes", "eager", "--batch-size", "1"]
+    argv += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--no-memory", "--no-generation"]
+    argv += ["--profile-steps", "0", "--out-dir", str(tmp_path)]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "partial report, 1 of 1 timed: " in printed and "graph breaks to count" not in printed
+    report = json.loads(next(tmp_path.glob("train-cpu-*.json")).read_text())
+    partial = to_markdown({**report, "partial": True})
+    assert "pairs timed so far. The finished run rewrites this file." in partial
+    compiled = {**report, "config": {**report["config"], "modes": ["eager", "compiled"]}}
+    assert "; graph breaks are counted at the end." in to_markdown({**compiled, "partial": True})
+
+
 @pytest.mark.parametrize("load, busy", [(0.4, True), (0.02, False)])
 def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load, busy):
     """A busy machine went unflagged here, while `cofr bench ops` flags it: the same

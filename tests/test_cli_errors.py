@@ -92,7 +92,7 @@ def test_debug_shows_the_traceback_and_keeps_the_status(capsys, tmp_path, monkey
     without --debug (it was 1, Python's for an uncaught exception)."""
     assert cli.main(["--debug", "data", "prepare", "--vocab-size", "x"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("Traceback") and "UserError" in err
+    assert err.startswith("Traceback") and "ParserError" in err  # a UserError: argparse's
     assert err.splitlines()[-1].startswith("cofr data prepare: error: argument --vocab-size")
     monkeypatch.setenv("COFR_DEBUG", "1")
     assert cli.main(["fit", "--config", DEMO, "--trainer.max_stepz", "3"]) == 2
@@ -272,6 +272,55 @@ def test_a_mistyped_option_of_an_argparse_command_gets_a_did_you_mean(capsys):
     assert "did you mean" not in line
     line = one_line_error(capsys, ["models", "list", "-filter", "tiny"])  # one dash short
     assert "unrecognized arguments: -filter tiny (did you mean '--filter'?)" in line
+
+
+@pytest.mark.parametrize(
+    "words, where, typed, meant",
+    [
+        (["comapre"], "cofr", "comapre", "compare"),
+        (["models", "lst"], "cofr models", "lst", "list"),
+        (["finetune", "gleu"], "cofr finetune", "gleu", "glue"),
+        (["bench", "opps"], "cofr bench", "opps", "ops"),
+    ],
+)
+def test_a_mistyped_command_gets_a_did_you_mean(capsys, words, where, typed, meant):
+    """argparse's bare "invalid choice" listed every command, the one meant among them."""
+    line = one_line_error(capsys, words)
+    assert line.startswith(
+        f"{where}: error: argument COMMAND: invalid choice: {typed!r} (did you mean "
+        f"{meant!r}?); choose from "
+    )
+    assert line.endswith(f"(`{where} --help` lists the options)")
+
+
+def test_a_group_without_its_command_says_the_groups_words(capsys):
+    """`cofr models` read "cofr: error: the following arguments are required: COMMAND"."""
+    assert one_line_error(capsys, ["models"]) == (
+        "cofr models: error: the following arguments are required: COMMAND "
+        "(`cofr models --help` lists the options)"
+    )
+
+
+@pytest.mark.parametrize(
+    "words, flag, meant",
+    [
+        (["finetune", "glue", "--taks", "sst2"], "--taks", "--task"),
+        (["generate", "--ckpts", "X"], "--ckpts", "--ckpt"),
+    ],
+)
+def test_a_mistyped_required_option_is_said_mistyped_not_missing(capsys, words, flag, meant):
+    """argparse checks required options before it returns the words it did not know:
+    `--taks sst2` was "the following arguments are required: --task"."""
+    where = " ".join(["cofr", *(w for w in words if not w.startswith("-"))][:-1])
+    assert one_line_error(capsys, words) == (
+        f"{where}: error: unrecognized arguments: {flag} (did you mean {meant!r}?) "
+        f"(`{where} --help` lists the options)"
+    )
+
+
+def test_a_missing_required_option_is_still_said_missing(capsys):
+    line = one_line_error(capsys, ["finetune", "glue", "--lr", "-1"])  # a value, not an option
+    assert "the following arguments are required: --task" in line
 
 
 def test_a_word_before_the_command_points_to_cofrs_own_help(capsys):

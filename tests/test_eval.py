@@ -994,7 +994,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table = (out / "compare.md").read_text()
     assert "12345" not in table and f"| {cells[10]} |" in table
     header = next(line for line in table.splitlines() if line.startswith("| run |"))
-    assert header.endswith("| sst2/accuracy |") and "| 91.23 |" in table
+    assert header.endswith("| sst2/accuracy % |") and "| 91.23 |" in table
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
     assert "did you mean 'test'" in capsys.readouterr().err
     # A killed run says so beside its name; a start refused after its MLflow run existed
@@ -1103,6 +1103,45 @@ def test_the_pareto_plot_reads_a_score_in_the_tables_unit(
         assert "| 62.50 |" in markdown_table([row], paper=False)
 
 
+def test_a_perplexity_is_plotted_on_a_log_axis(tmp_path, monkeypatch):
+    """The tour's case: a diverged run's 547844 on a linear axis squashed every other
+    point, and the paper's rows, into one line at 0."""
+    import matplotlib.pyplot as plt
+
+    from cofrgenet.eval.compare import RunRow, is_perplexity, plot_pareto
+
+    rows = [
+        RunRow(name, name, "e", "gpt2-tiny", size, 0, 20, None, None, {key: value})
+        for name, size, key, value in (
+            ("diverged", 10, "eval/wikitext-2-v1/word_ppl", 547844.35),
+            ("fine", 20, "eval/wikitext-2-v1/word_ppl", 40.0),
+            ("loss", 20, "val/loss", 3.0),
+        )
+    ]
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    plot_pareto(rows, "eval/wikitext-2-v1/word_ppl", "params", tmp_path)
+    plot_pareto(rows, "val/loss", "params", tmp_path)
+    assert [figure.axes[0].get_yscale() for figure in closed] == ["log", "linear"]
+    assert is_perplexity("eval/cofr_task/word_perplexity") and is_perplexity("eval/ptb/token_ppl")
+    assert not is_perplexity("eval/ptb/bits_per_byte") and not is_perplexity("glue/sst2/f1")
+
+
+def test_the_compare_tables_paper_rows_have_its_glue_scores_in_percent_columns():
+    """The paper's rows had empty GLUE cells though its dev scores are in the package
+    (eval/glue.py), and the GLUE headers did not say their cells are in %."""
+    from cofrgenet.eval.compare import RunRow, markdown_table
+
+    metrics = {"glue/sst2/accuracy": 0.9, "glue/mrpc/f1": 0.8, "glue/mnli-mm/accuracy": 0.7}
+    table = markdown_table([RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, metrics)])
+    lines = {line.split(" |")[0].removeprefix("| "): line for line in table.splitlines()}
+    assert lines["run"].endswith("| mnli-mm/accuracy % | mrpc/f1 % | sst2/accuracy % |")
+    assert lines["GPT2-xl (paper)"].endswith("|  |  | 93.56 |")  # no mnli-mm nor F1 in it
+    assert lines["CoFrGeNet-F (paper)"].endswith("|  |  | 94.16 |")
+    assert lines["CoFrGeNet (paper)"].endswith("|  |  |  |")  # the paper gives none
+    assert lines["r"].endswith("| 70.00 | 80.00 | 90.00 |")
+
+
 def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint, tmp_path):
     """The tour's case: PTB scored on the checkpoint of step 10 while the fit went on to
     validate at step 140 stood unmarked beside that val loss, as did an SST-2 score of
@@ -1163,6 +1202,60 @@ def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, c
     assert out.read_text() == "mine"
 
 
+def _compare_rows(monkeypatch, tmp_path, rows):
+    """cofr compare on a real (empty) store in ``tmp_path`` that finds ``rows``."""
+    from cofrgenet.eval import compare
+
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    monkeypatch.setattr(compare, "collect_runs", lambda *args, **kwargs: (list(rows), {}))
+
+
+def test_cofr_compare_into_an_earlier_out_leaves_no_stale_plot(tmp_path, capsys, monkeypatch):
+    """The tour's case: a compare without a plot (no run has val/loss) into the folder of
+    an earlier one left that one's pareto.png beside the new compare.md."""
+    from cofrgenet.eval.compare import RunRow
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {"val/loss": 3.0})
+    _compare_rows(monkeypatch, tmp_path, [row])
+    out = tmp_path / "cmp"
+    argv = ["compare", "--runs-dir", str(tmp_path), "--out", str(out)]
+    assert main(argv) == 0 and (out / "pareto.png").is_file()
+    mine = out / "notes.png"
+    mine.write_text("mine")
+    row.metrics = {"eval/ptb/word_ppl_eos": 30.0}
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "no Pareto plot: no run has 'val/loss'" in printed
+    assert f"the earlier {out / 'pareto.png'} removed" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["compare.md", "notes.png"]
+
+
+def test_cofr_compare_default_folders_of_the_same_second_differ(tmp_path, monkeypatch):
+    from cofrgenet.eval import compare
+    from cofrgenet.eval.compare import RunRow
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {"val/loss": 3.0})
+    _compare_rows(monkeypatch, tmp_path, [row])
+    monkeypatch.setattr(compare.time, "strftime", lambda *args: "20260101-000000")
+    for _ in range(2):
+        assert main(["compare", "--runs-dir", str(tmp_path)]) == 0
+    made = sorted(p.name for p in (tmp_path / "compare").iterdir())
+    assert made == ["20260101-000000", "20260101-000000-2"]
+
+
+def test_cofr_compare_names_runs_dir_when_it_is_a_file(tmp_path, capsys):
+    """`--runs-dir FILE` was blamed on --out, whose default is below it."""
+    runs = tmp_path / "runs"
+    runs.write_text("mine")
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(runs)])
+    assert line == (
+        f"cofr compare: error: --runs-dir {runs} is a file: give the runs folder (the one "
+        "holding mlflow.db and compare/)"
+    )
+    assert runs.read_text() == "mine"
+
+
 def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatch):
     """As cofr fit does: a file path, an unknown scheme, a server that does not answer,
     a sqlite store that does not exist (reading it would make an empty one)."""
@@ -1180,7 +1273,7 @@ def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatc
     from cofrgenet.training import run_store
 
     (tmp_path / "store").mkdir()
-    sqlite3.connect(tmp_path / "store" / "mlflow.db").close()
+    mlflow.MlflowClient("sqlite:///store/mlflow.db").search_experiments()  # an empty store
     monkeypatch.setattr(run_store, "USER_TRACKING_URI", "sqlite:///store/mlflow.db?timeout=30")
     line = one_line_error(capsys, ["compare", "--experiment", "x"])  # read, not refused
     assert line == "cofr compare: error: no MLflow experiment 'x'; the store has: Default"
@@ -1212,6 +1305,36 @@ def test_a_damaged_store_is_refused_in_one_line(tmp_path, capsys):
     assert line.endswith(
         "move it aside (the next cofr fit makes a new store), or fix --tracking-uri"
     )
+
+
+def test_an_empty_or_foreign_database_is_said_so_and_left_as_it_is(tmp_path, capsys):
+    """The tour's case: `cofr compare` on a 0-byte mlflow.db wrote MLflow's schema into it
+    (950 KB, with MLflow's INFO logs) before saying the store had no runs."""
+    from cofrgenet.cli import main
+
+    store = tmp_path / "X"
+    store.mkdir()
+    database = store / "mlflow.db"
+    database.touch()
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(store)])
+    assert line == (
+        f"cofr compare: error: {database} is an empty file, no MLflow store yet: it has no "
+        "runs (cofr fit makes them there), or name the runs folder with --runs-dir"
+    )
+    assert database.stat().st_size == 0 and sorted(p.name for p in store.iterdir()) == ["mlflow.db"]
+    assert main(["ui", "--runs-dir", str(store)]) == 2  # nor does cofr ui's server make it
+    assert database.stat().st_size == 0
+    # Another program's SQLite database under that name: not MLflow's, not written to.
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE notes (text TEXT)")
+    connection.close()
+    size = database.stat().st_size
+    line = one_line_error(capsys, ["compare", "--runs-dir", str(store)])
+    assert line.startswith(
+        f"cofr compare: error: {database} is not an MLflow database (an SQLite database "
+        "without MLflow's tables): move it aside"
+    )
+    assert database.stat().st_size == size
 
 
 def test_a_metric_no_run_has_is_refused_with_the_closest_name():
@@ -1388,6 +1511,26 @@ def test_compare_says_an_experiment_is_empty_or_unknown_with_the_ones_there(tmp_
     assert line.startswith(
         "cofr compare: error: MLflow experiment 'paper-owt' has no trials of study 's' (it has "
         "none); experiments with runs: "
+    )
+
+
+def test_compare_says_a_run_name_of_two_experiments_and_the_closest_name(tmp_path, capsys):
+    """The tour's cases: `cofr compare g1` compared g1 of tour and g1 of tour2 without a
+    word; `cofr compare f2` (no such run) named no run that is there."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    ids = {}
+    for experiment in ("tour", "tour2"):
+        run = client.create_run(client.create_experiment(experiment), run_name="g1")
+        client.set_terminated(run.info.run_id)
+        ids[experiment] = run.info.run_id
+    assert main(["compare", "g1", "--runs-dir", str(tmp_path)]) == 2  # no config: passed over
+    note = next(line for line in capsys.readouterr().err.splitlines() if "note:" in line)
+    assert note.startswith("note: 'g1' names 2 runs, in experiments tour, tour2: all are compared")
+    assert "name one by its id: " in note and all(f"{i} in " in note for i in ids.values())
+    line = one_line_error(capsys, ["compare", "g2", "--runs-dir", str(tmp_path)])
+    assert line == (
+        "cofr compare: error: no MLflow run with id or name 'g2' in this store (did you mean "
+        "'g1'?); its runs: g1"
     )
 
 

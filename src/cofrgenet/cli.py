@@ -30,6 +30,7 @@ from cofrgenet import package_version
 from cofrgenet.environment import debug_requested
 from cofrgenet.errors import (
     OneLineErrorParser,
+    ParserError,
     UserError,
     did_you_mean,
     first_line,
@@ -189,6 +190,14 @@ def _selected(argv: Sequence[str]) -> Command | None:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The full parser; only the command selected by ``argv`` gets its options added."""
+    return _build_parsers(argv)[0]
+
+
+def _build_parsers(
+    argv: Sequence[str],
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+    """(:func:`build_parser`'s parser, the parser of the command ``argv`` selects, None
+    when it selects none)."""
     parser = OneLineErrorParser(
         prog="cofr",
         description="Continued-fraction language models (CoFrGeNet): tools.",
@@ -201,6 +210,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     groups = {(): parser.add_subparsers(title="command groups", metavar="COMMAND")}
     selected = _selected(argv)
+    selected_parser = None
     for command in COMMANDS:
         # Create the group parsers on the way down (cofr bench -> cofr bench ops).
         for depth in range(1, len(command.path)):
@@ -221,7 +231,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         leaf.set_defaults(_command=command, _parser=leaf)
         if command is selected and not command.passthrough:
             command.load().add_arguments(leaf)
-    return parser
+            selected_parser = leaf
+    return parser, selected_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         if debug:  # the traceback, and the status the error has without --debug
             traceback.print_exc()
-        print(f"{_command_words(argv)}: error: {error}", file=sys.stderr)
+        # A parser's error: its words (`cofr models` for `cofr models` alone).
+        where = error.prog if isinstance(error, ParserError) else _command_words(argv)
+        print(f"{where}: error: {error}", file=sys.stderr)
         return error.exit_status
     except Exception as error:
         if debug or not is_out_of_memory(error):
@@ -321,28 +334,68 @@ def _run(argv: list[str]) -> int:
         if selected.module == _LIGHTNING:
             return _run_lightning(selected, words)
         return int(selected.load().main(words) or 0)
-    parser = build_parser(argv)
-    args, extra = parser.parse_known_args(argv)
+    parser, leaf = _build_parsers(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except ParserError:
+        # argparse checks required options before it returns the words it did not know:
+        # `--taks sst2` was "required: --task". The mistyped option is the error to show.
+        unknown = _unknown_options(argv[len(selected.path) :], leaf) if selected and leaf else []
+        if not unknown:
+            raise
+        assert selected is not None
+        raise _unrecognized(unknown, argv, selected.path, leaf) from None
     command: Command | None = getattr(args, "_command", None)
     if extra:  # argparse would name the root parser's help, not the command's
-        path = list(command.path) if command else []
-        # A word before the command (`cofr --verbose fit`) is cofr's own option.
-        before = bool(path) and argv.index(extra[0]) < argv.index(path[0])
-        where = " ".join(["cofr", *([] if before else path)])
-        hint = ""
-        flag = next((word.split("=", 1)[0] for word in extra if word.startswith("-")), None)
-        if flag is not None and not before and getattr(args, "_parser", None) is not None:
-            options = set(re.findall(r"--[A-Za-z][\w-]*", args._parser.format_help()))
-            # `-ckpt`: one dash short of --ckpt
-            hint = did_you_mean("--" + flag.lstrip("-"), sorted(options), prefix="--")
-        raise UserError(
-            f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the options)"
-        )
+        raise _unrecognized(extra, argv, command.path if command else (), leaf)
     if command is None:
         parser.print_help()
         return 2
     args.command_line = shlex.join(["cofr", *argv])
     return int(command.load().run(args))
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option ``parser`` takes (``--ckpt``, ``-h``, aliases)."""
+    return [name for action in parser._actions for name in action.option_strings]
+
+
+def _unknown_options(words: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The words of ``words`` (a command's, after its name) that look like options
+    ``parser`` does not take, as argparse reads them: an unambiguous prefix is taken, a
+    negative number is a value, ``--`` ends the options."""
+    known = _option_strings(parser)
+    unknown = []
+    for word in words:
+        if word == "--":
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("-") or re.fullmatch(r"-\d[\d.e-]*", name) or name == "-":
+            continue
+        if not any(option.startswith(name) for option in known):
+            unknown.append(word)
+    return unknown
+
+
+def _unrecognized(
+    extra: Sequence[str],
+    argv: list[str],
+    path: Sequence[str],
+    leaf: argparse.ArgumentParser | None,
+) -> UserError:
+    """The error of words no parser took, with the closest option to the first flag."""
+    # A word before the command (`cofr --verbose fit`) is cofr's own option.
+    before = bool(path) and argv.index(extra[0]) < argv.index(path[0])
+    where = " ".join(["cofr", *([] if before else path)])
+    hint = ""
+    flag = next((word.split("=", 1)[0] for word in extra if word.startswith("-")), None)
+    if flag is not None and not before and leaf is not None:
+        options = sorted({o for o in _option_strings(leaf) if o.startswith("--")})
+        # `-ckpt`: one dash short of --ckpt
+        hint = did_you_mean("--" + flag.lstrip("-"), options, prefix="--")
+    return UserError(
+        f"unrecognized arguments: {' '.join(extra)}{hint} (`{where} --help` lists the options)"
+    )
 
 
 def _run_lightning(command: Command, words: list[str]) -> int:

@@ -28,21 +28,47 @@ class ConfigError(UserError, ValueError):
     """A configuration key or value that is not valid."""
 
 
+class ParserError(UserError):
+    """An error argparse found; ``prog`` is the parser's (``cofr models`` for ``cofr
+    models`` without its command), the words ``cofr`` puts before the message."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse whose errors are :class:`UserError`: the message and where help is, not
-    the usage text (the command prints it as one line)."""
+    """argparse whose errors are :class:`ParserError`: the message and where help is, not
+    the usage text (the command prints it as one line); a word not among a choice's
+    (a command's, an option's) gets the closest one."""
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        raise UserError(f"{message} (`{self.prog} --help` lists the options)")
+        raise ParserError(f"{message} (`{self.prog} --help` lists the options)", self.prog)
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        # argparse's own check, which every choice goes through (subcommands included),
+        # with a did-you-mean: `cofr comapre` listed every command, and no more.
+        choices = action.choices
+        if choices is None or value in choices:  # type: ignore[operator]
+            return
+        names = [str(choice) for choice in choices]  # type: ignore[union-attr]
+        raise argparse.ArgumentError(
+            action,
+            f"invalid choice: {value!r}{did_you_mean(str(value), names)}; choose from "
+            f"{', '.join(names)}",
+        )
 
 
-def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "") -> str:
+def did_you_mean(
+    word: str, candidates: Iterable[str], prefix: str = "", cutoff: float = 0.6
+) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or ``""``. ``prefix``, which
-    every candidate shares (``--`` of options), is left out of the comparison."""
+    every candidate shares (``--`` of options), is left out of the comparison; ``cutoff``:
+    difflib's least similarity (0.5 finds ``f1`` for ``f2``, two-character names)."""
     names = [c.removeprefix(prefix) for c in candidates]
     by_lower = {name.lower(): name for name in reversed(names)}  # "PTB" finds "ptb"
     typed = word.removeprefix(prefix).lower()
-    close = difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=cutoff)
     return f" (did you mean {prefix + by_lower[close[0]]!r}?)" if close else ""
 
 

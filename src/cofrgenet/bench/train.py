@@ -843,7 +843,10 @@ def _run_benchmark(
         run.compile_stage(key, partners)
         update()
     run.peak = max(run.peak, peak_matmul_flops(cfg))
-    if on_update is not None:  # whole but for the graph breaks: counting re-traces each model
+    compiled = any(key[1] in COMPILE_MODES for key in run.timed_keys())
+    # Whole but for the graph breaks (counting re-traces each model); without a compiled
+    # mode there are none to count and the final report follows at once.
+    if on_update is not None and compiled:
         on_update({**run.report(partial=True), "graph_breaks_pending": True})
     counted: dict[str, int] = {}  # variant -> breaks: the count traces the model, not a mode
     for key in run.timed_keys():
@@ -905,8 +908,13 @@ def to_markdown(report: dict[str, Any]) -> str:
     if report.get("partial"):
         lines += [
             f"**Partial report**, written while the run was going: {len(report['results'])} of "
-            f"{len(cfg['variants']) * len(cfg['modes'])} variant/mode pairs timed so far; "
-            "graph breaks are counted at the end. The finished run rewrites this file.",
+            f"{len(cfg['variants']) * len(cfg['modes'])} variant/mode pairs timed so far"
+            + (
+                "; graph breaks are counted at the end"
+                if set(cfg["modes"]) & set(COMPILE_MODES)
+                else ""
+            )
+            + ". The finished run rewrites this file.",
             "",
         ]
     lines += [

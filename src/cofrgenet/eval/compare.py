@@ -7,7 +7,7 @@ token (computed from the run's logged config, so every run is counted the same w
 its last ``val/loss``, the median ``perf/tokens_per_sec`` and the ``cofr eval`` metrics
 (``eval/<task>/<metric>``), marked where they were scored at another step than the val
 loss; the paper's published rows (GPT2-xl on OpenWebText, spec section 5) follow.
-Written to ``--out`` (default ``runs/compare/<time>/``):
+Written to ``--out`` (default ``runs/compare/<time>[-N]/``):
 
 * ``compare.md``: that table in markdown;
 * ``pareto.png``: parameters (or FLOPs per token, ``--x flops``) against ``--metric``,
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.atomic import nearest_existing
-from cofrgenet.errors import UserError
+from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder
+from cofrgenet.errors import UserError, did_you_mean
 from cofrgenet.eval.paths import readable
 from cofrgenet.training.run_store import STOPPED_AT_TAG
 
@@ -147,7 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default=None,
-        help="folder for compare.md and pareto.png (default: runs/compare/<time>/)",
+        help="folder for compare.md and pareto.png (default: <runs-dir>/compare/<time>/, "
+        "<time>-2/ for another compare in the same second)",
     )
 
 
@@ -274,8 +276,6 @@ def collect_runs(
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
-            from cofrgenet.errors import did_you_mean
-
             known = sorted(names.values())
             raise UserError(
                 f"no MLflow experiment {name!r}{did_you_mean(name, known)}; the store has: "
@@ -309,7 +309,26 @@ def collect_runs(
             try:
                 runs = [client.get_run(ref)]
             except Exception:
-                raise UserError(f"no MLflow run with id or name {ref!r} in this store") from None
+                known = sorted(
+                    {r.info.run_name for r in client.search_runs(list(names), max_results=5000)}
+                    - {None}
+                )
+                # Run names are short (f1, g1): a one-character slip is half of one.
+                raise UserError(
+                    f"no MLflow run with id or name {ref!r} in this store"
+                    f"{did_you_mean(ref, known, cutoff=0.5)}; its runs: "
+                    f"{short_list(known) or 'none'}"
+                ) from None
+        in_experiments = sorted({names.get(r.info.experiment_id, "?") for r in runs})
+        if len(in_experiments) > 1:  # all compared: said, with how to take one
+            ids = ", ".join(
+                f"{r.info.run_id} in {names.get(r.info.experiment_id, '?')}" for r in runs
+            )
+            print(
+                f"note: {ref!r} names {len(runs)} runs, in experiments "
+                f"{', '.join(in_experiments)}: all are compared (name one by its id: {ids})",
+                file=sys.stderr,
+            )
         found += runs
     if not refs and not experiments:
         found = client.search_runs(list(names), max_results=5000)
@@ -371,9 +390,29 @@ def in_percent(metric: str) -> bool:
     return metric.startswith("glue/") and _is_score(metric)
 
 
+def glue_column(metric: str) -> str:
+    """The table's header of a GLUE dev score: ``sst2/accuracy %`` (logged as a fraction,
+    shown in %)."""
+    return f"{metric.removeprefix('glue/')} %"
+
+
+def paper_glue(row: int, metric: str) -> float | None:
+    """The paper's GLUE dev score (%) of :data:`PAPER_ROWS` ``[row]`` for ``metric``
+    (``glue/<task>/<metric>``): it gives them for GPT2-xl and CoFrGeNet-F only, one
+    number a task, which reads as the accuracy on the matched dev set (eval/glue.py)."""
+    from cofrgenet.eval.glue import PAPER as GLUE_PAPER
+
+    _, task, name = metric.split("/", 2)
+    scores = GLUE_PAPER.get(task)
+    if scores is None or name != "accuracy" or row >= len(scores):
+        return None
+    return scores[row]  # PAPER_ROWS starts with GPT2-xl, CoFrGeNet-F: the pair's order
+
+
 def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
     """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
-    score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %."""
+    score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %,
+    with the paper's dev scores in its rows where it gives them."""
     glue = sorted({k for r in rows for k in r.metrics if in_percent(k)})
     header = [
         "run",
@@ -387,7 +426,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "val loss",
         "tokens/s",
         *(paper_column(key) for key in PAPER_METRICS.values()),
-        *(key.removeprefix("glue/") for key in glue),
+        *(glue_column(key) for key in glue),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(header) - 3)]
     marks = _protocol_marks(rows)
@@ -417,7 +456,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if paper:
-        for name, params, values in PAPER_ROWS:
+        for index, (name, params, values) in enumerate(PAPER_ROWS):
             cells = [
                 f"{name} (paper)",
                 "OpenWebText",
@@ -430,7 +469,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
                 "",
                 "",
                 *(f"{values[task]:.2f}" for task in PAPER_METRICS),
-                *("" for _ in glue),  # the paper's GLUE rows: cofr finetune glue's table
+                *(_fmt(paper_glue(index, key), ".2f") for key in glue),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     notes = "\n".join(
@@ -545,6 +584,15 @@ def higher_is_better(metric: str) -> bool:
     return any(name.startswith(HIGHER_IS_BETTER) for name in names)
 
 
+def is_perplexity(metric: str) -> bool:
+    """Whether ``metric`` is a perplexity (``eval/<task>/word_ppl``, a harness
+    ``word_perplexity``): plotted on a log axis, where a diverged run's 5e5 does not
+    squash the others (and the paper's rows) into one line at the bottom."""
+    parts = metric.split("/")
+    names = parts[2:] if parts[0] in ("eval", "glue") and len(parts) > 2 else parts[-1:]
+    return any("ppl" in name or "perplexity" in name for name in names)
+
+
 def pareto_front(
     points: Sequence[tuple[float, float]], higher_is_better: bool = False
 ) -> list[int]:
@@ -608,6 +656,8 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
             label="paper (GPT2-xl scale)",
         )
     ax.set_xscale("log")
+    if is_perplexity(metric):  # a loss stays linear: its scale is already a log's
+        ax.set_yscale("log")
     ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")
     ax.set_ylabel(f"{metric}{unit} ({'higher' if better_up else 'lower'} is better)")
     ax.legend(fontsize=7)
@@ -636,23 +686,54 @@ def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:
     return str((raw or {}).get("experiment") or study), str(study)
 
 
-def check_out_folder(out: Path) -> None:
-    """``--out`` is a folder (compare.md and pareto.png go in it), or can be made one."""
+def check_out_folder(out: Path, option: str = "--out") -> None:
+    """``--out`` is a folder (compare.md and pareto.png go in it), or can be made one.
+    ``option``: what gave ``out``, named in the message (``--runs-dir`` for the default,
+    ``<runs-dir>/compare/``)."""
     if out.exists() and not out.is_dir():
         raise UserError(
-            f"--out {out} is a file: give a folder for compare.md and pareto.png (made if missing)"
+            f"{option} {out} is a file: give a folder for compare.md and pareto.png "
+            "(made if missing)"
         )
     parent = nearest_existing(out.absolute().parent)
     if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is a file, not a folder")
+        raise UserError(f"{option} {out}: {parent} is a file, not a folder")
+
+
+def check_runs_dir(runs_dir: Path) -> None:
+    """``--runs-dir`` is a folder, or not there (its missing store is said later): a file
+    there was blamed on ``--out``, whose default folder is below it."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise UserError(
+            f"--runs-dir {runs_dir} is a file: give the runs folder (the one holding "
+            "mlflow.db and compare/)"
+        )
+
+
+def make_out_folder(out: Path | None, runs_dir: Path) -> Path:
+    """The folder compare.md goes to: ``out`` (made if missing), else a new
+    ``<runs_dir>/compare/<time>[-N]/`` (two compares in the same second get two)."""
+    try:
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            return out
+        return create_numbered(
+            runs_dir / "compare",
+            time.strftime("%Y%m%d-%H%M%S"),
+            "",
+            lambda path: path.mkdir(parents=True) or path,
+        )
+    except OSError as error:  # made or changed since the checks before the store was read
+        option, folder = ("--out", out) if out is not None else ("--runs-dir", runs_dir)
+        raise UserError(
+            f"{option} {folder}: cannot make the folder ({why_no_folder(folder, error)})"
+        ) from None
 
 
 def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
     """``--metric`` is a metric some run has: a typo is refused with the closest name."""
     if any(metric in row.metrics for row in rows):
         return
-    from cofrgenet.errors import did_you_mean
-
     # The metrics a plot is usually made of first, the diagnostics (ladder/, opt/) after.
     usual = ("val/", "eval/", "train/", "perf/")
     names = sorted(
@@ -691,8 +772,14 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         experiment, studies[experiment] = sweep_trials(args.sweep, args.study_name)
         experiments.append(experiment)
-    out = Path(args.out or Path(args.runs_dir) / "compare" / time.strftime("%Y%m%d-%H%M%S"))
-    check_out_folder(out)  # before the store is read: nothing is computed only to be lost
+    runs_dir = Path(args.runs_dir)
+    check_runs_dir(runs_dir)
+    given_out = Path(args.out) if args.out else None
+    # Before the store is read: nothing is computed only to be lost.
+    if given_out is not None:
+        check_out_folder(given_out)
+    else:
+        check_out_folder(runs_dir / "compare", "--runs-dir")
     uri = tracking_uri(RunConfig(runs_dir=args.runs_dir, tracking_uri=args.tracking_uri))
     named_by = tracking_uri_source(args.tracking_uri)
     check_store_exists(uri, named_by)
@@ -705,19 +792,20 @@ def run(args: argparse.Namespace) -> int:
     metric = args.metric or DEFAULT_METRIC
     if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval
         check_metric(metric, rows)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:  # made or changed since the check above
-        raise UserError(
-            f"--out {out}: cannot make the folder ({error.strerror or error})"
-        ) from None
+    out = make_out_folder(given_out, runs_dir)
     table = markdown_table(rows)
     footer = (
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
         "`wikitext-2-v1` and `wikitext-103-v1`; PTB: `word_ppl_eos`, line ends counted as "
         "words; LAMBADA: target-word `ppl`) from "
-        "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5).\n"
+        "`cofr eval`; the paper's rows are GPT2-xl-sized models on OpenWebText (spec section 5)"
     )
+    if any(in_percent(key) for row in rows for key in row.metrics):
+        footer += (
+            "; GLUE columns are dev scores in %, the paper's (GPT2-xl, CoFrGeNet-F) in the "
+            "accuracy columns"
+        )
+    footer += ".\n"
     (out / "compare.md").write_text(
         f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n" + footer
     )
@@ -730,6 +818,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         x_name = "parameter count" if args.x == "params" else "FLOPs count"
         no_plot = f"no Pareto plot: no run with {metric!r} has a {x_name}"
+    stale = out / "pareto.png"
+    if plot is None and stale.exists():  # an earlier compare's, beside this compare.md
+        stale.unlink()
+        no_plot += f"; the earlier {stale} removed"
     print(f"Pareto plot: {plot}" if plot else no_plot)
     for why, passed in skipped.items():
         more = f" ... ({len(passed)} in all)" if len(passed) > 5 else ""

@@ -297,6 +297,19 @@ def check_store_exists(uri: str, named_by: str | None) -> None:
     if not database.expanduser().is_file():
         raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
     check_not_damaged(database, fix)
+    # MLflow's client writes its schema into an empty file or another program's database:
+    # a command that only reads (compare, ui) must leave it as it is.
+    missing = missing_mlflow_tables(database.expanduser())
+    if missing == EMPTY_FILE:
+        raise ConfigError(
+            f"{database} is an empty file, no MLflow store yet: it has no runs (cofr fit "
+            f"makes them there), or {fix}"
+        )
+    if missing is not None:
+        raise ConfigError(
+            f"{database} is not an MLflow database ({missing}): move it aside (the next "
+            f"cofr fit makes a new store), or {fix}"
+        )
 
 
 def check_not_damaged(database: Path, fix: str) -> None:
@@ -329,6 +342,33 @@ def sqlite_damage(database: Path) -> str | None:
     finally:
         connection.close()
     return None
+
+
+#: What :func:`missing_mlflow_tables` says of a 0-byte file.
+EMPTY_FILE = "an empty file"
+
+
+def missing_mlflow_tables(database: Path) -> str | None:
+    """Why the readable SQLite file ``database`` holds no MLflow store: :data:`EMPTY_FILE`,
+    or that it has no MLflow tables (another program's database); None when it has them.
+    Read-only, nothing is made."""
+    import sqlite3
+
+    if database.stat().st_size == 0:
+        return EMPTY_FILE
+    try:
+        connection = sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True, timeout=0)
+    except sqlite3.Error:
+        return None  # cannot be opened (permissions): MLflow's own error says it better
+    try:
+        found = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'experiments'"
+        ).fetchall()
+    except sqlite3.Error:
+        return None  # locked by a writer: one making the store, not another program
+    finally:
+        connection.close()
+    return None if found else "an SQLite database without MLflow's tables"
 
 
 def sqlite_database(uri: str) -> Path | None:

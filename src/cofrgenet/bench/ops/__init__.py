@@ -22,8 +22,9 @@ Bandwidth: each op workload has a minimum number of bytes it must move (inputs r
 once, outputs written once; see :func:`min_bytes`); GB/s = that / median time, and "% copy"
 compares it with the device's copy bandwidth measured at the start of the run. Cffn
 workloads also time the layer's matmuls alone (gate and U, no ladders) and report the
-ladders' share of the layer's time. ``triton`` is skipped on CPU: Triton's interpreter
-runs there, and its timings mean nothing.
+ladders' share of the layer's time. ``triton`` is not run on CPU: Triton's interpreter
+runs there, and its timings mean nothing (the default ``--impls`` leaves it out there,
+and the command refuses it without a CUDA device).
 
 The package, in the order a run goes through it:
 

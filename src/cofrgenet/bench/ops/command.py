@@ -14,11 +14,12 @@ from pathlib import Path
 
 from cofrgenet import terminal
 from cofrgenet.bench.files import check_file_name_part, make_out_dir, stem_once
-from cofrgenet.bench.ops.config import QUICK, OpsBenchConfig
+from cofrgenet.bench.ops.config import CUDA_ONLY_IMPLS, QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import resolve_device, run_benchmark
 from cofrgenet.bench.ops.report import print_report, report_stem, write_report
 from cofrgenet.bench.ops.results import Report
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,14 @@ def run(args: argparse.Namespace) -> int:
     console = terminal.console(log_path=False)
     # A bad option is a ConfigError: `cofr` prints it as "cofr bench ops: error: ...".
     config = config_from_args(args)
-    resolve_device(config.device)  # before anything is timed or written
+    device = resolve_device(config.device)  # before anything is timed or written
+    cuda_only = [impl for impl in config.impls if impl in CUDA_ONLY_IMPLS]
+    if cuda_only and device.type != "cuda":  # else a table of `skipped` cells, status 0
+        where = "no CUDA device here" if config.device == "auto" else f"--device {config.device}"
+        raise ConfigError(
+            f"--impls {','.join(cuda_only)}: {cuda_only[0]} needs a CUDA device ({where}); "
+            "leave it out, or run on a machine with CUDA"
+        )
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
     check_file_name_part("--suffix", options.suffix)

@@ -356,8 +356,9 @@ def _run(argv: list[str]) -> int:
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every option ``parser`` takes (``--ckpt``, ``-h``, aliases)."""
-    return [name for action in parser._actions for name in action.option_strings]
+    """Every option ``parser`` takes (``--ckpt``, ``-h``, aliases), as its help lists them
+    (an option its help text names beside is taken as one too: a rarer did-you-mean)."""
+    return sorted(set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_help())))
 
 
 def _unknown_options(words: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:

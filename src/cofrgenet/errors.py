@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from typing import NoReturn, TypeVar
 
@@ -43,20 +44,29 @@ class OneLineErrorParser(argparse.ArgumentParser):
     (a command's, an option's) gets the closest one."""
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        raise ParserError(f"{message} (`{self.prog} --help` lists the options)", self.prog)
-
-    def _check_value(self, action: argparse.Action, value: object) -> None:
-        # argparse's own check, which every choice goes through (subcommands included),
-        # with a did-you-mean: `cofr comapre` listed every command, and no more.
-        choices = action.choices
-        if choices is None or value in choices:  # type: ignore[operator]
-            return
-        names = [str(choice) for choice in choices]  # type: ignore[union-attr]
-        raise argparse.ArgumentError(
-            action,
-            f"invalid choice: {value!r}{did_you_mean(str(value), names)}; choose from "
-            f"{', '.join(names)}",
+        raise ParserError(
+            f"{_with_closest_choice(message)} (`{self.prog} --help` lists the options)", self.prog
         )
+
+
+#: argparse's message for a word outside a choice list (a command's, an option's); its
+#: choices are quoted up to Python 3.12.7, bare after.
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>.*?)' \(choose from (?P<choices>.*)\)$")
+
+
+def _with_closest_choice(message: str) -> str:
+    """argparse's ``invalid choice`` message with the closest choice named, and its
+    choices unquoted (`cofr comapre` listed every command, and no more); any other
+    message as it is."""
+    found = _INVALID_CHOICE.search(message)
+    if found is None:
+        return message
+    names = [name.strip().strip("'") for name in found["choices"].split(",")]
+    value = found["value"]
+    return (
+        f"{message[: found.start()]}invalid choice: {value!r}{did_you_mean(value, names)}; "
+        f"choose from {', '.join(names)}"
+    )
 
 
 def did_you_mean(

@@ -63,6 +63,38 @@ def test_errors_name_the_problem():
 
 
 @needs_triton
+@pytest.mark.parametrize("impl", ["continuant", "compiled", "literal"])
+@pytest.mark.parametrize("op", ["continued_fraction", "univariate_ladder", "pvariate_ladder"])
+def test_a_second_derivative_through_a_fast_path_is_refused_not_zero(impl, op):
+    """create_graph=True through a first-order backward gave a gradient without a graph:
+    a gradient penalty through it came out 0, silently. The literal path differentiates
+    twice; the fast paths' first derivatives are its."""
+    import cofrgenet.ops as api
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    weight = (0.5 * torch.randn(3, 4, dtype=torch.float64)).requires_grad_()
+
+    def run(impl: str) -> torch.Tensor:
+        if op == "continued_fraction":
+            return api.continued_fraction(x.abs() + 1, impl=impl)
+        if op == "univariate_ladder":
+            return api.univariate_ladder(x, weight, floor=0.5, impl=impl)
+        w = weight.unsqueeze(1).expand(3, 2, 4)  # (depth, L, p): two ladders
+        return api.pvariate_ladder(x, w, floor=0.5, impl=impl)
+
+    (literal,) = torch.autograd.grad(run("literal").sum(), x, create_graph=True)
+    assert literal.requires_grad
+    if impl == "literal":
+        literal.pow(2).sum().backward()
+        assert x.grad is not None and x.grad.abs().sum() > 0
+        return
+    (first,) = torch.autograd.grad(run(impl).sum(), x)  # first order: as before
+    torch.testing.assert_close(first, literal.detach())
+    with pytest.raises(RuntimeError, match=r"first-order only.*impl='literal'"):
+        torch.autograd.grad(run(impl).sum(), x, create_graph=True)
+
+
 def test_triton_on_a_cpu_tensor_without_the_interpreter_is_a_clear_error(monkeypatch):
     from cofrgenet.ops import triton as kernels
     from cofrgenet.ops.triton import runtime

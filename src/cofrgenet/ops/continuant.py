@@ -358,6 +358,35 @@ def pvariate_backward(
     )
 
 
+#: What a second derivative through a fast path says (gradient penalties, Hessians).
+HIGHER_ORDER = (
+    "cofrgenet's continuant and Triton backward passes are first-order only, and a "
+    "gradient taken with create_graph=True through them would miss their terms (0, "
+    "silently): use impl='literal' for higher derivatives"
+)
+
+
+def check_first_order() -> None:
+    """Raise where a backward runs under ``create_graph=True`` (grad mode is on then):
+    the gradient it returns has no graph, so a derivative of it would leave this op's
+    terms out without an error (``once_differentiable`` raises only when the incoming
+    gradient itself requires grad)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(HIGHER_ORDER)
+
+
+def first_order_only(backward: Callable) -> Callable:
+    """``once_differentiable``, and :func:`check_first_order` first."""
+    once = once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def checked(ctx: Any, *grads: Any) -> Any:
+        check_first_order()
+        return once(ctx, *grads)
+
+    return checked
+
+
 class PvariateDenominators(torch.autograd.Function):
     """a = link(W x + b), (..., L, d) depth-major, with the chain rule of
     :func:`pvariate_backward` as its backward: both outside autocast.
@@ -749,7 +778,7 @@ class ContinuedFraction(torch.autograd.Function):
         return cast(value, a.dtype)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_out: Tensor):
         a, r, scale, clamped = ctx.saved_tensors
         scale = _kept_scale(scale, r)
@@ -850,7 +879,7 @@ class PvariateLadder(torch.autograd.Function):
         return _save_ladder_state(ctx, pvariate_ladder_state, x, weight, bias, *options)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx: Any, grad_out: Tensor) -> tuple:
         return _saved_ladder_gradients(ctx, pvariate_ladder_gradients, grad_out)
 
@@ -869,7 +898,7 @@ class UnivariateLadder(torch.autograd.Function):
         return _save_ladder_state(ctx, univariate_ladder_state, x, weight, bias, *options)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx: Any, grad_out: Tensor) -> tuple:
         return _saved_ladder_gradients(ctx, univariate_ladder_gradients, grad_out)
 

@@ -43,7 +43,6 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from cofrgenet.ops import continuant
 from cofrgenet.ops.literal import compute_dtype
@@ -127,6 +126,7 @@ def define_op(
         ctx.options = inputs[tensors:]
 
     def op_backward(ctx, grad_out: Tensor):
+        continuant.check_first_order()
         saved = ctx.saved_tensors
         needs = _needs(ctx.needs_input_grad[:tensors], saved)
         grads = backward_op(*saved, grad_out, *ctx.options, *flags(needs))
@@ -144,7 +144,7 @@ def define_op(
             return forward(*inputs)
 
         @staticmethod
-        @once_differentiable
+        @continuant.first_order_only
         def backward(ctx, grad_out: Tensor):
             saved = ctx.saved_tensors
             needs = _needs(ctx.needs_input_grad[:tensors], saved)
@@ -385,6 +385,7 @@ def define_state_op(
         ctx.options = (exact, floor, backend)
 
     def op_backward(ctx, grad_out: Tensor, *_state_grads):
+        continuant.check_first_order()
         x, weight, bias, r, scale, clamped = ctx.saved_tensors
         needs = _needs(ctx.needs_input_grad[:3], (x, weight, bias))
         grads = backward_op(

@@ -71,6 +71,12 @@ def test_config_unknown_key_names_key_and_valid_keys():
         {"norm_eps": -1.0},
         {"ffn": "mpl"},
         {"ffn_pattern": ["mlp", "cfnn"]},
+        {"bias": "false"},  # a JSON string: kept, it read as true (biases on)
+        {"ladder_clip": "false"},
+        {"tie_embeddings": 0},
+        {"dropout": "0.1"},
+        {"n_embd": 64.0},
+        {"ladder_out_std": float("inf")},
     ],
     ids=[
         "n_layer0",
@@ -85,6 +91,12 @@ def test_config_unknown_key_names_key_and_valid_keys():
         "norm_eps_negative",
         "ffn_typo",
         "ffn_pattern_typo",
+        "bias_string",
+        "ladder_clip_string",
+        "tie_embeddings_int",
+        "dropout_string",
+        "n_embd_float",
+        "ladder_out_std_inf",
     ],
 )
 def test_config_rejects_bad_values(bad):

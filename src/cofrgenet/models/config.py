@@ -155,6 +155,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self._store_patterns_as_lists()
+        self._check_types()
         # Fields left at None take the architecture's defaults.
         arch = ARCHITECTURES.entry(self.arch)
         for name, value in arch.defaults.items():
@@ -179,6 +180,16 @@ class ModelConfig:
             if len(value) == 0:
                 raise ConfigError(f"{name} must not be empty (use None for 'no pattern')")
             setattr(self, name, list(value))
+
+    def _check_types(self) -> None:
+        """Each field of its annotated kind: a JSON or command-line string such as "false"
+        for a bool was kept, and read as true (biases, clipping on)."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            kinds = _FIELD_KINDS.get(str(field.type).replace(" ", ""))
+            if kinds is not None and not any(_is_kind(value, kind) for kind in kinds):
+                names = " or ".join(_KIND_NAMES[kind] for kind in kinds)
+                raise ConfigError(f"{field.name} must be {names}, got {value!r}")
 
     def _check_sizes(self) -> None:
         """Whole numbers >= 1 (None allowed where the field has a meaning for it)."""
@@ -222,9 +233,12 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a finite positive number, got {value!r}")
         if not (_is_finite_number(self.norm_eps) and self.norm_eps >= 0):
             raise ConfigError(f"norm_eps must be a finite number >= 0, got {self.norm_eps!r}")
-        if self.ladder_out_std is not None and not self.ladder_out_std > 0:
+        if self.ladder_out_std is not None and not (
+            _is_finite_number(self.ladder_out_std) and self.ladder_out_std > 0
+        ):
             raise ConfigError(
-                f"ladder_out_std must be positive or None, got {self.ladder_out_std!r}"
+                f"ladder_out_std must be a finite positive number or None, got "
+                f"{self.ladder_out_std!r}"
             )
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta!r}")
@@ -294,6 +308,39 @@ def resolve_model_config(preset: str | None, config: dict[str, Any] | None) -> M
     if preset is None:
         return ModelConfig.from_dict(overrides)
     return ModelConfig.from_preset(preset, **overrides)
+
+
+#: The kinds a field's annotation admits (the annotations are strings here); fields of
+#: other annotations (the patterns, rope_scaling) have checks of their own.
+_FIELD_KINDS = {
+    "bool": ("bool",),
+    "bool|None": ("bool", "None"),
+    "int": ("int",),
+    "int|None": ("int", "None"),
+    "float": ("number",),
+    "float|None": ("number", "None"),
+    "str": ("str",),
+    "str|None": ("str", "None"),
+}
+_KIND_NAMES = {
+    "bool": "true or false",
+    "int": "an integer",
+    "number": "a number",
+    "str": "a name",
+    "None": "null",
+}
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind == "None":
+        return value is None
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, str)
 
 
 def _is_finite_number(value: Any) -> bool:

@@ -484,3 +484,27 @@ def test_reusing_stacked_weights_stacks_once_per_block_and_only_without_autograd
                 fresh = weights.stacked_weight()
                 assert fresh is not first and fresh.requires_grad
         assert weights.stacked_weight() is not first  # the block's stacks are gone
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: Cffn(8, 2, 3), lambda: CAttnU(8, 8, 3), lambda: CAttnM(8, 8, 2, 3)],
+    ids=["cffn", "cattn_u", "cattn_m"],
+)
+def test_an_empty_batch_trains_and_leaves_the_ranges_as_they_were(make):
+    """A batch of no rows (or no tokens) in training: recording its output range took
+    amin over nothing (IndexError), where a plain GPT-2 block returns an empty output."""
+    from cofrgenet.ops import denominator_stats
+
+    torch.manual_seed(0)
+    layer = make()
+    layer(torch.randn(2, 5, 8))
+    ranges = [b.clone() for b in layer.output_range.buffers()]
+    for empty in (torch.randn(0, 5, 8), torch.randn(2, 0, 8)):
+        out = layer(empty.requires_grad_())
+        out.sum().backward()
+        assert out.shape == empty.shape
+    assert all(torch.equal(a, b) for a, b in zip(ranges, layer.output_range.buffers(), strict=True))
+    stats = denominator_stats(torch.rand(0, 3))  # the health of no units
+    assert (stats.clamped, stats.near_pole, stats.max_abs_value) == (0, 0, 0)
+    assert stats.min_abs_kd == float("inf")

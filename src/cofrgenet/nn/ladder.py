@@ -220,8 +220,11 @@ class OutputRange(nn.Module):
     def _observe(self, z: Tensor, length: int | slice | None) -> None:
         low, high = self._bounds(length)
         dims = tuple(range(z.dim() - low.dim()))
-        batch_low = z.detach().amin(dim=dims).to(low.dtype)
-        batch_high = z.detach().amax(dim=dims).to(high.dtype)
+        if z.numel() == 0:  # an empty batch saw nothing (and still joins the exchange)
+            batch_low, batch_high = torch.full_like(low, math.inf), torch.full_like(high, -math.inf)
+        else:
+            batch_low = z.detach().amin(dim=dims).to(low.dtype)
+            batch_high = z.detach().amax(dim=dims).to(high.dtype)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank's batch is "seen in training", and replicas must stay identical.
             # One exchange, not two: min(x) = -max(-x), exactly.

@@ -56,8 +56,12 @@ def resolve_impl(impl: str, units: int, device: torch.device) -> str:
 
     CUDA: the Triton kernels (if triton is installed). CPU: the compiled continuant for
     inputs of at least AUTO_COMPILE_MIN_UNITS ladders, the eager continuant otherwise.
-    Set COFRGENET_COMPILE=0 (or false, no, off) to never compile.
+    Set COFRGENET_COMPILE=0 (or false, no, off) to never compile. No units at all (an
+    empty batch) take the literal form, whatever ``impl``: its plain ops give the empty
+    result and its graph, where the kernels' reshapes of nothing fail.
     """
+    if units == 0:
+        return "literal"
     if impl != "auto":
         return impl
     if device.type == "cuda" and triton_available():

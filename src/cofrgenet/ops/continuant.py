@@ -909,6 +909,9 @@ def denominator_stats(
     """(clamped share, share with |K_d| < near, min |K_d|, max |f~|), 0-d float32, no grad."""
     with torch.no_grad():
         value, _, scale, clamped, k_d = continuant_forward(coefficient, d, eps, rescale=True)
+        if k_d.numel() == 0:  # no units (an empty batch): none clamped, none near a pole
+            zero = torch.zeros((), dtype=torch.float32, device=k_d.device)
+            return zero, zero.clone(), torch.full_like(zero, math.inf), zero.clone()
         true_abs = k_d.double().abs() * _pow2_scale(scale.double())
         return (
             clamped.float().mean(),

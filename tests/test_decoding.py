@@ -275,3 +275,23 @@ def test_a_transformer_decodes_through_its_cache_like_a_full_recompute(attention
     )
     assert new == expected
     assert calls == [HARNESS_BLOCK - 2, 1, 1] + [HARNESS_BLOCK] * 3
+
+
+def test_sampling_checks_its_prompt_and_leaves_the_ladder_ranges_alone():
+    """A (T,) or empty prompt failed with IndexErrors, vocab=0 in amax; generate() on a
+    model left in train mode recorded the sampled contexts into its clip ranges."""
+    from cofrgenet.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig.from_preset("gpt2-tiny-f", block_size=8, vocab_size=32))
+    model(torch.randint(0, 32, (2, 8)))  # train mode: one batch recorded
+    ranges = [b.clone() for name, b in model.named_buffers() if "output_range" in name]
+    for bad in (torch.tensor([1, 2, 3]), torch.zeros(2, 0, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"the prompt must be \(batch, tokens\) ids"):
+            model.generate(bad, 2)
+    with pytest.raises(ValueError, match="vocab must be >= 1"):
+        model.generate(torch.tensor([[1, 2]]), 2, vocab=0)
+    assert model.training
+    model.generate(torch.randint(0, 32, (3, 4)), 6, temperature=1.5)
+    after = [b for name, b in model.named_buffers() if "output_range" in name]
+    assert all(torch.equal(a, b) for a, b in zip(ranges, after, strict=True))

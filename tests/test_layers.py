@@ -508,3 +508,21 @@ def test_an_empty_batch_trains_and_leaves_the_ranges_as_they_were(make):
     stats = denominator_stats(torch.rand(0, 3))  # the health of no units
     assert (stats.clamped, stats.near_pole, stats.max_abs_value) == (0, 0, 0)
     assert stats.min_abs_kd == float("inf")
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: CAttnU(11, 8, 3), lambda: CAttnM(11, 8, 2, 3)], ids=["u", "m"]
+)
+def test_an_attention_input_of_another_shape_is_named_so(make):
+    """A (T, C) input read its channels as its length ("at most max_len=8 tokens, got
+    11") or failed to unpack; CAttnU took a width other than its own."""
+    layer = make()
+    name = type(layer).__name__
+    for shape in [(6, 11), (2, 6, 12)]:
+        with pytest.raises(
+            ValueError, match=rf"{name} takes \(batch, tokens, channels=11\) inputs, got shape"
+        ):
+            layer(torch.randn(*shape))
+    with pytest.raises(ValueError, match="at most max_len=8 tokens"):
+        layer(torch.randn(2, 9, 11))
+    assert layer(torch.randn(2, 6, 11)).shape == (2, 6, 11)

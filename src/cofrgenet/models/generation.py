@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cofrgenet.nn.decoding import TokenSink, sample_tokens
-from cofrgenet.nn.ladder import reusing_stacked_weights
+from cofrgenet.nn.decoding import TokenSink, check_prompt, sample_tokens
+from cofrgenet.nn.ladder import recording_paused, reusing_stacked_weights
 
 
 @dataclass
@@ -61,6 +61,7 @@ def generate_cached(
     ``can_decode``; a model whose mixers cannot decode, or a model in training mode
     (dropout), recomputes the whole context at every step instead.
     """
+    check_prompt(idx)
     block = model.config.block_size
     if context is not None and not 1 <= context <= block:
         raise ValueError(f"context must be in [1, block_size={block}], got {context}")
@@ -68,7 +69,8 @@ def generate_cached(
         return idx
     # inference_mode, not no_grad: ~10% less per-op overhead in one-token steps. The
     # result is copied out of it, so the ids can feed a training step later.
-    with torch.inference_mode(), reusing_stacked_weights():
+    # Sampling is no training: a model left in train mode keeps its ladders' ranges.
+    with torch.inference_mode(), reusing_stacked_weights(), recording_paused(model):
         out = _sample_tokens(
             model,
             idx,
@@ -135,7 +137,7 @@ def decode_until(
     if max_new_tokens <= 0:
         return [[] for _ in range(idx.shape[0])]
     # Without it, every cache write would join one autograd graph, growing each step.
-    with torch.inference_mode(), reusing_stacked_weights():
+    with torch.inference_mode(), reusing_stacked_weights(), recording_paused(model):
         rows = list(range(idx.shape[0]))  # original row of each active row
         new: list[list[int]] = [[] for _ in rows]
         step = getattr(model, "step", None)

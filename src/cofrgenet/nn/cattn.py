@@ -24,6 +24,16 @@ from cofrgenet.nn.ladder import (
 from cofrgenet.ops import ladder_denominator_stats, univariate_ladder
 
 
+def _check_input(name: str, x: Tensor, dim: int, max_len: int) -> None:
+    """x must be (B, T, dim) with T <= max_len: a (T, C) input had its channels read as
+    its length ("at most max_len tokens, got C"), or failed to unpack."""
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(
+            f"{name} takes (batch, tokens, channels={dim}) inputs, got shape {tuple(x.shape)}"
+        )
+    _check_length(name, x.shape[1], max_len)
+
+
 def _check_length(name: str, length: int, max_len: int) -> None:
     if length > max_len:
         raise ValueError(
@@ -180,6 +190,7 @@ class CAttnU(LadderLayer):
         return f + tokens.unflatten(-1, (2, length)) * self.linear[:, positions]
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_input("CAttnU", x, self.dim, self.max_len)
         length = x.shape[1]
         y = self.ladder_outputs(x)  # (B, p, 2, T)
         mixed = torch.einsum("bces,est->bcet", y, self.mixing_matrices(length))
@@ -294,7 +305,7 @@ class CAttnM(LadderLayer):
         return y, self.position_map[:, :length].t()
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_length("CAttnM", x.shape[1], self.max_len)
+        _check_input("CAttnM", x, self.dim, self.max_len)
         queries, keys = self.attention_logits(x)
         values = self.value(x)
         batch = x.shape[0]

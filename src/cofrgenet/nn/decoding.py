@@ -77,6 +77,8 @@ def sample_next(
         raise ValueError(f"top_k must be >= 1 (None: every id), got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] (None or 1: no nucleus cut), got {top_p}")
+    if vocab is not None and vocab < 1:  # 0 failed in amax, -1 dropped the last id
+        raise ValueError(f"vocab must be >= 1 (the ids to sample from; None: all), got {vocab}")
     logits = logits.float() if vocab is None else logits[:, :vocab].float()
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -93,6 +95,16 @@ def sample_next(
         drop = probs.cumsum(dim=-1) - probs >= top_p
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def check_prompt(idx: Tensor) -> None:
+    """idx must be (B, T) ids with T >= 1: a (T,) prompt failed with an IndexError, an
+    empty one at index -1."""
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise ValueError(
+            f"the prompt must be (batch, tokens) ids with at least one token, got shape "
+            f"{tuple(idx.shape)} (one sequence: ids.unsqueeze(0))"
+        )
 
 
 def sample_tokens(
@@ -117,6 +129,7 @@ def sample_tokens(
     once every row has produced ``stop_id``. ``on_token(ids)`` gets each step's ids (B, 1).
     NonFiniteLogits when the logits hold NaN (greedy decoding would read id 0 from them).
     """
+    check_prompt(idx)
     out = new = idx
     stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):

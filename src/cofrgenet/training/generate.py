@@ -56,8 +56,9 @@ def sample(
     import torch
 
     from cofrgenet.nn.decoding import sample_tokens
+    from cofrgenet.nn.ladder import recording_paused
 
-    with torch.no_grad():
+    with torch.no_grad(), recording_paused(model):  # sampling records no ladder range
         if hasattr(model, "generate"):
             window = {"context": block_size} if crops_context(model) else {}
             return model.generate(

@@ -25,8 +25,11 @@ install:
 	@# --help and config errors answer without importing Lightning (cofrgenet/cli_cache.py).
 	@for command in fit validate test; do $(VENV)/bin/cofr $$command --help >/dev/null; done
 
+# The fast tests in parallel (pytest-xdist), one worker per core: most of their time is
+# the start-up of the command-line processes they run. TEST_WORKERS=0 runs them in one.
+TEST_WORKERS ?= auto
 test:
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-slow:
 	$(PY) -m pytest -m slow

@@ -526,3 +526,20 @@ def test_an_attention_input_of_another_shape_is_named_so(make):
     with pytest.raises(ValueError, match="at most max_len=8 tokens"):
         layer(torch.randn(2, 9, 11))
     assert layer(torch.randn(2, 6, 11)).shape == (2, 6, 11)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Cffn(0, 1, 1), "Cffn needs dim >= 1, got 0"),
+        (lambda: CAttnM(0, 8, 1, 1), "CAttnM needs dim >= 1, got 0"),
+        (lambda: CAttnU(8, 0, 1), "CAttnU needs max_len >= 1, got 0"),
+        (lambda: Cffn(8, 2, 3, impl="tritn"), "unknown impl 'tritn'"),
+        (lambda: CAttnU(8, 8, 3, grad="exactt"), "unknown grad mode 'exactt'"),
+        (lambda: CAttnM(8, 8, 2, 3, eps=-1), "eps must be a positive finite number"),
+    ],
+)
+def test_a_layer_refuses_its_bad_options_when_built(make, message):
+    """They failed at the first forward (impl, grad, eps) or with a ZeroDivisionError."""
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -107,6 +107,7 @@ class CAttnU(LadderLayer):
         super().__init__(denominators, floor)
         self.dim, self.max_len, self.depth = dim, max_len, depth
         self.eps, self.grad, self.impl, self.out_std = eps, grad, impl, out_std
+        self.check_options(dim=dim, max_len=max_len)
         has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
         self.linear = nn.Parameter(torch.empty(2, max_len))  # w0_e[s], the depth-0 term
         self.denominators = LadderWeights(
@@ -262,6 +263,7 @@ class CAttnM(LadderLayer):
             raise ValueError(f"CAttnM needs at least one ladder, got ladders={ladders}")
         self.dim, self.max_len, self.ladders, self.depth = dim, max_len, ladders, depth
         self.eps, self.grad, self.impl, self.out_std = eps, grad, impl, out_std
+        self.check_options(dim=dim, max_len=max_len)
         has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
         self.denominators = LadderWeights(
             depth, (ladders, dim), (ladders,) if has_ladder_bias else None

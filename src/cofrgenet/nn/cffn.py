@@ -79,6 +79,7 @@ class Cffn(LadderLayer):
             raise ValueError(f"Cffn needs at least one ladder, got ladders={ladders}")
         self.dim, self.ladders, self.depth, self.ladder = dim, ladders, depth, ladder
         self.eps, self.grad, self.impl, self.out_std = eps, grad, impl, out_std
+        self.check_options(dim=dim)
         has_ladder_bias = resolve_ladder_bias(bias, ladder_bias)
         self.gate = nn.Linear(dim, dim, bias=bias)  # G
         self.linear = nn.Linear(dim, dim, bias=bias)  # U, the depth-0 term

@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from cofrgenet.ops import NEAR_POLE, LadderStats, pvariate_denominator_stats, pvariate_ladder
+from cofrgenet.ops import (
+    NEAR_POLE,
+    LadderStats,
+    check_ladder_options,
+    pvariate_denominator_stats,
+    pvariate_ladder,
+)
 from cofrgenet.ops.continuant import cast
 
 #: Partial-denominator parametrisations (see the module docstring).
@@ -302,6 +308,15 @@ class LadderLayer(nn.Module):
         self.health_near = NEAR_POLE  # |K_d| below which health counts a unit near a pole
         self._health: LadderStats | None = None
         self.register_load_state_dict_pre_hook(_fill_missing_ranges)
+
+    def check_options(self, **sizes: int) -> None:
+        """ValueError for a size below 1 (``dim=0`` divided by zero later) or an eps,
+        grad or impl the ops refuse: said when the layer is built, not at its first
+        forward. Called by subclasses once they set ``eps``, ``grad`` and ``impl``."""
+        for name, size in sizes.items():
+            if not (isinstance(size, int) and size >= 1):
+                raise ValueError(f"{type(self).__name__} needs {name} >= 1, got {size!r}")
+        check_ladder_options(self.eps, self.grad, self.impl)
 
     @property
     def clip_outputs(self) -> bool:

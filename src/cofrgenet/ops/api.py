@@ -76,7 +76,9 @@ def _graph_backend(chosen: str) -> str:
     return "compiled" if chosen == "compiled" else "torch"
 
 
-def _check_common(eps: float, grad: str, impl: str) -> None:
+def check_ladder_options(eps: float, grad: str, impl: str) -> None:
+    """ValueError for an ``eps``, ``grad`` or ``impl`` the ops refuse (the layers check
+    theirs when built, not at their first forward)."""
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a positive finite number (the clamp on |K_d|), got {eps!r}")
     if grad not in GRAD_MODES:
@@ -144,7 +146,7 @@ def continued_fraction(
         (...) tensor of a's dtype: K_{d-1}(a_2..a_d) / clamp(K_d(a_1..a_d)).
     """
     _check_floating("a", a)
-    _check_common(eps, grad, impl)
+    check_ladder_options(eps, grad, impl)
     if a.dim() == 0 or a.shape[-1] == 0:
         raise ValueError(
             "continued_fraction needs at least one partial denominator on the last "
@@ -216,7 +218,7 @@ def univariate_ladder(
         implementations keep no (..., n, d) tensor alive for backward.
     """
     _check_ladder(x, weight, bias)
-    _check_common(eps, grad, impl)
+    check_ladder_options(eps, grad, impl)
     link = _check_floor(floor)
     chosen = resolve_impl(impl, x.numel(), x.device)
     if chosen == "literal":
@@ -296,7 +298,7 @@ def pvariate_ladder(
         d loss / d a in float32.
     """
     _check_pvariate(x, weight, bias)
-    _check_common(eps, grad, impl)
+    check_ladder_options(eps, grad, impl)
     link = _check_floor(floor)
     units = x.numel() // x.shape[-1] * weight.shape[1]
     chosen = resolve_impl(impl, units, x.device)
@@ -374,7 +376,7 @@ def ladder_ensemble(
         implementations run :func:`univariate_ladder` on x repeated L times, then mix.
     """
     _check_ensemble(x, weight, bias, mix)
-    _check_common(eps, grad, impl)
+    check_ladder_options(eps, grad, impl)
     link = _check_floor(floor)
     d, n_l, p = weight.shape
     chosen = resolve_impl(impl, x.numel() * n_l, x.device)

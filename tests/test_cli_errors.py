@@ -293,6 +293,15 @@ def test_a_mistyped_command_gets_a_did_you_mean(capsys, words, where, typed, mea
     assert line.endswith(f"(`{where} --help` lists the options)")
 
 
+@pytest.mark.parametrize("words", [["--verison"], ["--verison", "models", "list"]])
+def test_a_mistyped_option_of_cofr_itself_gets_a_did_you_mean(capsys, words):
+    """A word before any command is cofr's own option: it got no suggestion."""
+    assert one_line_error(capsys, words) == (
+        "cofr: error: unrecognized arguments: --verison (did you mean '--version'?) "
+        "(`cofr --help` lists the options)"
+    )
+
+
 def test_a_group_without_its_command_says_the_groups_words(capsys):
     """`cofr models` read "cofr: error: the following arguments are required: COMMAND"."""
     assert one_line_error(capsys, ["models"]) == (

@@ -344,10 +344,10 @@ def _run(argv: list[str]) -> int:
         if not unknown:
             raise
         assert selected is not None
-        raise _unrecognized(unknown, argv, selected.path, leaf) from None
+        raise _unrecognized(unknown, argv, selected.path, leaf, parser) from None
     command: Command | None = getattr(args, "_command", None)
     if extra:  # argparse would name the root parser's help, not the command's
-        raise _unrecognized(extra, argv, command.path if command else (), leaf)
+        raise _unrecognized(extra, argv, command.path if command else (), leaf, parser)
     if command is None:
         parser.print_help()
         return 2
@@ -383,15 +383,18 @@ def _unrecognized(
     argv: list[str],
     path: Sequence[str],
     leaf: argparse.ArgumentParser | None,
+    root: argparse.ArgumentParser,
 ) -> UserError:
-    """The error of words no parser took, with the closest option to the first flag."""
+    """The error of words no parser took, with the closest option to the first flag:
+    the command's (``leaf``), or cofr's own (``root``) for a word before any command."""
     # A word before the command (`cofr --verbose fit`) is cofr's own option.
     before = bool(path) and argv.index(extra[0]) < argv.index(path[0])
     where = " ".join(["cofr", *([] if before else path)])
     hint = ""
     flag = next((word.split("=", 1)[0] for word in extra if word.startswith("-")), None)
-    if flag is not None and not before and leaf is not None:
-        options = sorted({o for o in _option_strings(leaf) if o.startswith("--")})
+    owner = root if before or not path else leaf
+    if flag is not None and owner is not None:
+        options = sorted({o for o in _option_strings(owner) if o.startswith("--")})
         # `-ckpt`: one dash short of --ckpt
         hint = did_you_mean("--" + flag.lstrip("-"), options, prefix="--")
     return UserError(

@@ -393,7 +393,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``cofr finetune glue``."""
     from cofrgenet.dataclass_options import add_checkpoint_argument, add_dataclass_arguments
 
-    parser.add_argument("--task", required=True, choices=list(TASKS), help="the GLUE task")
+    parser.add_argument(
+        "--task",
+        required=True,
+        choices=list(TASKS),
+        help="the GLUE task (the seven classification tasks; STS-B, a regression, and WNLI "
+        "are not offered)",
+    )
     add_checkpoint_argument(parser)
     parser.add_argument(
         "--data-dir",

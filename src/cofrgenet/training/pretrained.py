@@ -33,6 +33,7 @@ from cofrgenet.data.meta import (
 from cofrgenet.errors import UserError, first_line
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.run_store import (
+    EMPTY_FILE,
     RUN_ID_FILE,
     RUN_TOKENIZER_DIR,
     scored_already,
@@ -406,7 +407,7 @@ def unreachable_run(uri: str, run_id: str) -> str | None:
         if not database.is_file():
             return f"no MLflow store at {uri} ({moved})"
         # SQLite takes an empty file for an empty database, and MLflow made its tables in it.
-        damage = "an empty file" if database.stat().st_size == 0 else sqlite_damage(database)
+        damage = EMPTY_FILE if database.stat().st_size == 0 else sqlite_damage(database)
         if damage is not None:
             return f"{database} is not an MLflow database ({damage}; {moved})"
     try:

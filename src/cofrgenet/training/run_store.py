@@ -286,8 +286,9 @@ def artifact_location(run: RunConfig | str) -> str | None:
 
 def check_store_exists(uri: str, named_by: str | None) -> None:
     """ConfigError when ``uri`` is a local sqlite store whose database file is not there
-    (reading it would make an empty one, and a mistyped path would show no runs), or is
-    not an SQLite database (MLflow's traceback ended "file is not a database").
+    (reading it would make an empty one, and a mistyped path would show no runs), or holds
+    no MLflow store (:func:`store_problem`: an empty file, a damaged one, another
+    program's database; MLflow's traceback ended "file is not a database").
     ``named_by``: the option or variable that gave ``uri`` (None: the default store of
     ``--runs-dir``), which the message tells the user to fix."""
     database = sqlite_database(uri)
@@ -296,18 +297,17 @@ def check_store_exists(uri: str, named_by: str | None) -> None:
     fix = f"fix {named_by}" if named_by else "name the runs folder with --runs-dir"
     if not database.expanduser().is_file():
         raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
-    check_not_damaged(database, fix)
     # MLflow's client writes its schema into an empty file or another program's database:
     # a command that only reads (compare, ui) must leave it as it is.
-    missing = missing_mlflow_tables(database.expanduser())
-    if missing == EMPTY_FILE:
+    problem = store_problem(database.expanduser())
+    if problem == EMPTY_FILE:
         raise ConfigError(
             f"{database} is an empty file, no MLflow store yet: it has no runs (cofr fit "
             f"makes them there), or {fix}"
         )
-    if missing is not None:
+    if problem is not None:
         raise ConfigError(
-            f"{database} is not an MLflow database ({missing}): move it aside (the next "
+            f"{database} is not an MLflow database ({problem}): move it aside (the next "
             f"cofr fit makes a new store), or {fix}"
         )
 
@@ -326,49 +326,46 @@ def check_not_damaged(database: Path, fix: str) -> None:
 def sqlite_damage(database: Path) -> str | None:
     """What SQLite says is wrong with ``database`` (``file is not a database``, ``database
     disk image is malformed``), or None when it reads; read-only, nothing is made."""
+    tables = _sqlite_tables(database)
+    return tables if isinstance(tables, str) else None
+
+
+#: What :func:`store_problem` says of a 0-byte file.
+EMPTY_FILE = "an empty file"
+
+
+def store_problem(database: Path) -> str | None:
+    """Why the SQLite file ``database`` holds no MLflow store: :data:`EMPTY_FILE`, what
+    SQLite says is wrong with it, or that it has no MLflow tables (another program's
+    database); None when it has them, or cannot be read now. One read-only look."""
+    if database.stat().st_size == 0:
+        return EMPTY_FILE
+    tables = _sqlite_tables(database)
+    if tables is None or isinstance(tables, str):
+        return tables
+    return None if "experiments" in tables else "an SQLite database without MLflow's tables"
+
+
+def _sqlite_tables(database: Path) -> list[str] | str | None:
+    """The table names of the SQLite file ``database``; what SQLite says is wrong with it
+    (damage); None when it cannot be read now (permissions: MLflow's own error says it
+    better; locked by a writer: not damage). Read-only, nothing is made."""
     import sqlite3
 
     try:
         # timeout 0: a store a writer holds locked is fine, and said so at once (5 s).
         connection = sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True, timeout=0)
     except sqlite3.Error:
-        return None  # cannot be opened (permissions): MLflow's own error says it better
+        return None
     try:
-        connection.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return [name for (name,) in rows.fetchall()]
     except sqlite3.OperationalError:
-        return None  # locked by a writer, unreadable: not damage
+        return None
     except sqlite3.DatabaseError as error:
         return str(error)
     finally:
         connection.close()
-    return None
-
-
-#: What :func:`missing_mlflow_tables` says of a 0-byte file.
-EMPTY_FILE = "an empty file"
-
-
-def missing_mlflow_tables(database: Path) -> str | None:
-    """Why the readable SQLite file ``database`` holds no MLflow store: :data:`EMPTY_FILE`,
-    or that it has no MLflow tables (another program's database); None when it has them.
-    Read-only, nothing is made."""
-    import sqlite3
-
-    if database.stat().st_size == 0:
-        return EMPTY_FILE
-    try:
-        connection = sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True, timeout=0)
-    except sqlite3.Error:
-        return None  # cannot be opened (permissions): MLflow's own error says it better
-    try:
-        found = connection.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'experiments'"
-        ).fetchall()
-    except sqlite3.Error:
-        return None  # locked by a writer: one making the store, not another program
-    finally:
-        connection.close()
-    return None if found else "an SQLite database without MLflow's tables"
 
 
 def sqlite_database(uri: str) -> Path | None:

@@ -58,8 +58,8 @@ def sample(
     from cofrgenet.nn.decoding import sample_tokens
     from cofrgenet.nn.ladder import recording_paused
 
-    with torch.no_grad(), recording_paused(model):  # sampling records no ladder range
-        if hasattr(model, "generate"):
+    with torch.no_grad():
+        if hasattr(model, "generate"):  # which records no ladder range (generate_cached)
             window = {"context": block_size} if crops_context(model) else {}
             return model.generate(
                 idx,
@@ -73,10 +73,12 @@ def sample(
                 on_token=on_token,
                 **window,
             )
-        return sample_tokens(
-            lambda out, new: model(out[:, -block_size:])[:, -1, :],
-            idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id, on_token,
-        )  # fmt: skip
+        with recording_paused(model):  # sampling records no ladder range
+            return sample_tokens(
+                lambda out, new: model(out[:, -block_size:])[:, -1, :],
+                idx, max_new_tokens, temperature, top_k, generator, top_p, vocab, stop_id,
+                on_token,
+            )  # fmt: skip
 
 
 class StreamedText:

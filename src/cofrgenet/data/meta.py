@@ -103,21 +103,16 @@ BUNDLED_FOLDERS = {
 
 
 #: The files of a corpus by suffix, and the ``cofr data prepare`` source that reads them.
-_CORPUS_SOURCES = {
-    ".txt": "text --glob",
-    ".md": "text --glob",
-    ".jsonl": "jsonl --path",
-    ".parquet": "parquet --path",
-}
+_CORPUS_SOURCES = {".txt": "text", ".md": "text", ".jsonl": "jsonl", ".parquet": "parquet"}
 
 
 def _corpus_options(folder: Path, names: list[str]) -> str | None:
     """The source options that read the corpus files ``names`` of ``folder`` hold (a
     folder of text files given as a data folder), or None when none is one."""
     suffixes = {Path(name).suffix.lower() for name in names}
-    for suffix, source in _CORPUS_SOURCES.items():
+    for suffix, kind in _CORPUS_SOURCES.items():
         if suffix in suffixes:
-            kind, flag = source.split()
+            flag = _SOURCE_HINTS[kind].split()[0]  # --glob or --path, as for a new folder
             pattern = f"**/*{suffix}" if kind == "text" else f"*{suffix}"
             return f"--source {kind} {flag} {shlex.quote(str(folder / pattern))}"
     return None

@@ -344,11 +344,11 @@ def _is_kind(value: Any, kind: str) -> bool:
 
 
 def _is_finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return _is_kind(value, "number") and math.isfinite(value)
 
 
 def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return _is_kind(value, "int") and value >= 1
 
 
 def _check_rope_scaling(scaling: Any) -> dict[str, Any]:

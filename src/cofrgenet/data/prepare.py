@@ -1316,7 +1316,9 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     check_out(out, args.overwrite)  # before the source: a hub dataset loads when made
     if args.tokenizer == "gpt2":
         find_gpt2_files(args.gpt2_dir)
-    if args.source == "hf":  # a preset's own split is known before the hub is asked
+    # A validation split given or a preset's is known before the hub is asked; the
+    # dataset's own found after loading is taken only when nothing asks to carve.
+    if args.source == "hf":
         own = args.val_split or hf_val_split(args.dataset)
         if own is not None and own.lower() != "none":
             _check_no_carving(args, own)
@@ -1361,8 +1363,6 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
                 text_field=args.text_field,
                 loader=loader,
             )
-    if val_source is not None:
-        _check_no_carving(args, val_split)
     try:
         # SLURM's time limit or scancel: what this prepare wrote goes, and an earlier
         # folder stays as it was, as for Ctrl-C (killed, it left its .next/ behind).

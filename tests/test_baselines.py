@@ -418,8 +418,22 @@ def test_llama_preset_round_trips_through_json():
         ({"rope_scaling": {"factor": 8.0}}, "rope_scaling must be None or a dict"),
         ({"arch": "gru", "position": "learned"}, "takes no position encoding"),
         ({"rnn_hidden": 0}, "rnn_hidden must be a positive integer"),
+        ({"arch": "lstm", "attention": "cattn_m"}, r"'lstm' has no attention.*'cattn_m'"),
+        ({"arch": "gru", "ffn_hidden": 64}, r"ffn_hidden=64 would change nothing"),
+        ({"arch": "gpt", "rnn_hidden": 64}, r"rnn_hidden=64 .*'gpt' has none"),
     ],
-    ids=["arch", "position", "norm", "kv_heads", "rope_scaling", "rnn_position", "rnn_hidden"],
+    ids=[
+        "arch",
+        "position",
+        "norm",
+        "kv_heads",
+        "rope_scaling",
+        "rnn_position",
+        "rnn_hidden",
+        "rnn_attention",
+        "rnn_ffn_hidden",
+        "gpt_rnn_hidden",
+    ],
 )
 def test_config_rejects_bad_baseline_values(bad, match):
     """ConfigError: a one-line message in every command, not a traceback."""

@@ -70,7 +70,8 @@ class ModelConfig:
         Fields marked (*) default to None, meaning "the architecture's default"; they are
         filled when the config is made (gpt: softmax, mlp, learned, layernorm, bias, tied;
         llama: softmax, swiglu, rope, rmsnorm, no bias, untied). Recurrent architectures
-        leave the transformer-only ones None.
+        leave the transformer-only ones None and refuse them set (as transformers refuse
+        ``rnn_hidden``): a setting that would change nothing is an error.
     Shape:
         vocab_size, block_size (maximum sequence length; the training length of recurrent
         models), n_layer, n_embd, n_head (query heads), n_kv_head (key/value heads for

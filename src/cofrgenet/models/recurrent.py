@@ -163,7 +163,34 @@ def recurrent_flops(config: ModelConfig, seq_len: int) -> dict[str, int]:
     return {"recurrent": recurrent, "lm_head": 2 * H * config.vocab_size}
 
 
+#: ModelConfig fields only a transformer reads: set on a recurrent model they changed
+#: nothing (an LSTM asked for ``attention: cattn_m`` trained as a plain LSTM, unsaid).
+TRANSFORMER_ONLY = (
+    "attention",
+    "ffn",
+    "attention_pattern",
+    "ffn_pattern",
+    "ffn_hidden",
+    "n_kv_head",
+    "sparse_stride",
+    "sparse_summary",
+    "norm",
+    "rope_scaling",
+)
+
+
 def _validate_recurrent(config: ModelConfig) -> None:
+    ignored = [
+        f"{name}={getattr(config, name)!r}"
+        for name in TRANSFORMER_ONLY
+        if getattr(config, name) is not None
+    ]
+    if ignored:
+        raise ConfigError(
+            f"arch {config.arch!r} has no attention, feed-forward mixers or norms: "
+            f"{', '.join(ignored)} would change nothing (leave it out, or pick a "
+            f"transformer arch: gpt, llama)"
+        )
     if config.position not in (None, "none"):
         raise ConfigError(
             f"arch {config.arch!r} reads tokens in order and takes no position encoding; "

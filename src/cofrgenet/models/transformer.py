@@ -258,6 +258,11 @@ def _check_transformer_config(config: ModelConfig) -> None:
     for name in ("attention", "ffn", "norm", "position", "bias", "tie_embeddings"):
         if getattr(config, name) is None:
             raise ValueError(f"a transformer needs config.{name} (arch {config.arch!r})")
+    if config.rnn_hidden is not None:
+        raise ConfigError(
+            f"rnn_hidden={config.rnn_hidden!r} is the width of a recurrent model's layers; "
+            f"arch {config.arch!r} has none (leave it out, or use arch rnn, lstm or gru)"
+        )
     for ffn in {config.ffn_for(i) for i in range(config.n_layer)}:
         FFN.entry(ffn)  # a typo fails here, when the config is made, not at build time
     names = {config.attention_for(i) for i in range(config.n_layer)}

@@ -143,7 +143,7 @@ def test_bench_ops_flags_of_gpu_check_and_makefile():
         ensemble_depths=(5,),
         cffn_sizes=(),
     )
-    assert options == OutputOptions(out_dir=Path("docs/benchmarks"), suffix="-extra")
+    assert options == OutputOptions(out_dir=Path("docs/benchmarks"), tag="-extra")
     assert _parse("--out docs/benchmarks") == (  # its older name
         OpsBenchConfig(),
         OutputOptions(out_dir=Path("docs/benchmarks")),
@@ -213,10 +213,11 @@ def test_registry_adds_commands(monkeypatch, capsys):
 
 def test_bench_ops_writes_table_and_json(tmp_path):
     argv = ["bench", "ops", "--quick", *TINY, "--repeats", "3", "--out-dir", str(tmp_path)]
+    argv += ["--tag", "extra"]  # named as bench train's and quality's --tag names theirs
     assert cli.main(argv) == 0
 
-    [json_path] = tmp_path.glob("ops-cpu-*-quick.json")
-    [md_path] = tmp_path.glob("ops-cpu-*-quick.md")
+    [json_path] = tmp_path.glob("ops-cpu-*-extra-quick.json")
+    [md_path] = tmp_path.glob("ops-cpu-*-extra-quick.md")
     report = json.loads(json_path.read_text())
     assert report["command"] == "cofr " + " ".join(argv)
     assert report["threads"] == torch.get_num_threads() and report["device_name"]
@@ -487,7 +488,7 @@ def test_unknown_impl_is_an_error():
         ("--ladder-sizes 0x8", "--ladder-sizes: sizes and depths must be >= 1, got 0"),
         ("--device foo", "--device: unknown device 'foo'; use cpu, cuda or cuda:N"),
         ("--eps 0", "--eps must be > 0 (the least |K_d|), got 0.0"),  # every op would fail
-        ("--suffix a/b", "--suffix 'a/b': it goes into the report's file name"),
+        ("--tag a/b", "--tag 'a/b': it goes into the report's file name"),
         ("--calls-per-sample 0", "--calls-per-sample must be >= 1, got 0"),
     ],
 )

@@ -44,9 +44,13 @@ class OutputOptions:
     save: bool = field(
         default=True, metadata={"help": "write the report files (--no-save: print the table only)"}
     )
-    suffix: str = field(
+    tag: str = field(
         default="",
-        metadata={"help": "appended to the file names (after the date), e.g. --suffix=-extra"},
+        metadata={
+            "help": "appended to the report's file name, as bench train's and quality's "
+            "(--tag extra: ops-cpu-<date>-extra.md; --suffix: its older name)",
+            "aliases": ("--suffix",),
+        },
     )
     fail_on_miss: bool = field(
         default=False, metadata={"help": "exit with status 1 if a measured target is missed"}
@@ -86,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
         )
     options = dataclass_from_args(OutputOptions, args)
     command = getattr(args, "command_line", None) or "cofr " + " ".join(sys.argv[1:])
-    check_file_name_part("--suffix", options.suffix)
-    suffix = options.suffix + ("-quick" if options.quick else "")
+    check_file_name_part("--tag", options.tag)
+    # An older --suffix=-extra named the same file as --tag extra does.
+    tag = options.tag.lstrip("-")
+    suffix = (f"-{tag}" if tag else "") + ("-quick" if options.quick else "")
     # Made now: a folder it cannot write fails before the timing, not after it.
     out = make_out_dir(options.out_dir) if options.save else Path(options.out_dir)
     stem = stem_once(lambda report: report_stem(report, out, suffix))

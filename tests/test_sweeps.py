@@ -3490,6 +3490,29 @@ def test_a_signal_after_the_last_step_then_an_error_still_stops_the_worker(tmp_p
     assert outcome.stop_worker and outcome.signal_status == 143
 
 
+def test_a_trials_fit_callbacks_survive_ddp_spawns_pickling(tmp_path, monkeypatch):
+    """ddp_spawn (what `cofr sweep submit --gpus-per-worker 2` sets) pickles the callbacks
+    into each rank: a lambda resume hint failed every trial of a multi-GPU sweep."""
+    import pickle
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps import objective
+
+    class PickledFit:
+        def __init__(self, args, extra_callbacks):
+            for callback in extra_callbacks:
+                pickle.loads(pickle.dumps(callback))
+            raise RuntimeError("pickled")
+
+    monkeypatch.setattr(objective, "SweepCLI", PickledFit)
+    sweep, _, study = _tiny_study(tmp_path)
+    url = f"journal:{tmp_path / 'w.journal'}"  # PruneAtStep reopens the study by its URL
+    ctx = SimpleNamespace(sweep=sweep, storage_url=url, stop_file=None, ended_file=None)
+    (tmp_path / "run").mkdir()
+    outcome = objective._train(ctx, study.ask(), [], tmp_path / "run")
+    assert outcome.state == TrialState.FAIL and outcome.reason.endswith("pickled")
+
+
 def test_workers_that_each_made_a_parent_run_settle_on_the_oldest(tmp_path):
     """Workers starting together on a new study under other --runs-dir (the parent run's
     file lock is per folder), or across hosts without a shared lock, each made a parent

@@ -655,7 +655,7 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
         with given_args():
             # No resume hint from the fit: `cofr sweep run` says it once, as it stops (the
             # worker resumes the trial, not a cofr fit), or that the trial failed for good.
-            stop = StopOnSignal(resume_hint=lambda run_name: None)
+            stop = StopOnSignal(resume_hint=_no_resume_hint)
             cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
         callback.recover(ctx.storage, ctx.study)
         outcome = after_late_signals(_fit_outcome(ctx, trial, cli, callback, run_dir), stop)
@@ -671,6 +671,12 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     finally:
         del cli
         _free_memory()
+
+
+def _no_resume_hint(run_name: str) -> None:
+    """A trial's fit names no resume command. Module-level, not a lambda: ddp_spawn
+    (``--gpus-per-worker`` > 1) pickles the callbacks into each process."""
+    return None
 
 
 #: How often a trial waiting for its run folder looks again (seconds).

@@ -708,6 +708,22 @@ def slow_sweep(tmp_path: Path, tiny_data: Path) -> Path:
     )
 
 
+@pytest.mark.slow
+def test_a_trial_trains_on_two_spawned_processes(tiny_data, tmp_path):
+    """What `cofr sweep submit --gpus-per-worker 2` asks of each worker (ddp_spawn), on 2
+    CPU processes: the trial completes (a callback that did not pickle failed them all)."""
+    sweep_path = write_sweep(
+        tmp_path, n_trials=1, pruner={"name": "none"}, overrides={"data.data_dir": str(tiny_data)}
+    )
+    spawn = ["trainer.devices=2", "trainer.strategy=ddp_spawn", "trainer.accelerator=cpu"]
+    args = cofr("sweep", "run", str(sweep_path), "--no-report", *[f"--set={s}" for s in spawn])
+    done = subprocess.run(args, env=worker_env(), capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sweep = load_sweep(sweep_path)
+    [trial] = study_of(st.default_storage(sweep), sweep.study).get_trials()
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs
+
+
 def test_ctrl_c_stops_the_worker_with_130_and_names_the_sweep_command(tiny_data, tmp_path):
     """The trial saves and is queued for a retry; the worker says to run the sweep again
     (not `cofr fit`, which would train the trial outside the study), once, and exits 130."""

@@ -166,11 +166,12 @@ def test_train_sbatch_takes_the_topology_from_the_allocation(tmp_path, nodes, ta
     # Run the script with a stub srun that prints the command it would launch.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text('#!/bin/sh\necho "$@"\n')
+    (bin_dir / "srun").write_text('#!/bin/sh\necho "$@" "cpus=$SRUN_CPUS_PER_TASK"\n')
     (bin_dir / "srun").chmod(0o755)
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_CPUS_PER_TASK": "6",
         "SLURM_NNODES": nodes,
         "SLURM_NTASKS_PER_NODE": tasks,
         "SLURM_GPUS_ON_NODE": gpus,
@@ -191,6 +192,8 @@ def test_train_sbatch_takes_the_topology_from_the_allocation(tmp_path, nodes, ta
     accelerator = "gpu" if int(gpus) else "cpu"
     assert words[words.index("--trainer.accelerator") + 1] == accelerator
     assert words[words.index("--ckpt_path") + 1] == "last"
+    # srun (Slurm >= 22.05) takes the task's CPUs from here, not from sbatch's request.
+    assert words[-1] == "cpus=6"
 
 
 # ------------------------------------------------------------------ a real cluster

@@ -1290,6 +1290,37 @@ def test_num_workers_follow_slurm(monkeypatch, pydoc_byte):
     )
 
 
+def test_ranks_sharing_a_tasks_cpus_split_the_default_workers(monkeypatch, pydoc_byte):
+    """ddp_spawn in one SLURM task (`cofr sweep submit --gpus-per-worker 2`): each rank took
+    SLURM_CPUS_PER_TASK - 1 loader processes, twice the CPUs the task has. Ranks srun
+    starts as tasks of their own (slurm/train.sbatch) keep their task's CPUs."""
+    from types import SimpleNamespace
+
+    from cofrgenet.data.cpus import processes_sharing_cpus
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    assert default_loader_workers(processes_sharing_cpus(2)) == 3  # 2 x (3 + 1) = 8 CPUs
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    assert processes_sharing_cpus(4) == 4
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")  # srun: a task per rank
+    assert processes_sharing_cpus(4) == 1 and default_loader_workers(1) == 7
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    data = TokenDataModule(str(pydoc_byte), block_size=8, batch_size=2)
+    assert data.num_workers == 7
+    data.trainer = SimpleNamespace(num_devices=2)  # what Lightning attaches: setup reads it
+    data.setup("fit")
+    try:
+        assert data.num_workers == 3
+    finally:
+        data.teardown("fit")
+    given = TokenDataModule(str(pydoc_byte), block_size=8, batch_size=2, num_workers=6)
+    given.trainer = SimpleNamespace(num_devices=2)
+    given.setup("fit")
+    given.teardown("fit")
+    assert given.num_workers == 6  # set by the user: kept
+
+
 # ------------------------------------------------------------------------ errors
 
 

@@ -58,7 +58,7 @@ def check_agreement(sweep, options: SubmitOptions) -> tuple[dict, dict]:
         assert "gres" not in header and devices == 1
     workers = get_dotted(config, "data.num_workers")
     if isinstance(workers, int):
-        assert int(header["cpus-per-task"]) >= workers + 1
+        assert int(header["cpus-per-task"]) >= max(1, devices) * (workers + 1)
     assert header["array"] == f"0-{options.workers - 1}"
     assert header["signal"] == "B:USR1@90" and "requeue" in header
     return header, config
@@ -139,6 +139,15 @@ def test_sweep_sbatch_refuses_what_cannot_agree():
         render(tiny, SubmitOptions(settings={"trainer.num_nodes": 2}))
     with pytest.raises(SweepError, match="cpus-per-worker"):
         render(tiny, SubmitOptions(cpus_per_worker=2, settings={"data.num_workers": 4}))
+    # ddp_spawn: each of G ranks in the task starts its own loaders.
+    spawn = SubmitOptions(gpus_per_worker=4, cpus_per_worker=4, settings={"data.num_workers": 3})
+    with pytest.raises(SweepError, match=(
+        r"^--cpus-per-worker 4 cannot feed each of 4 ranks' data.num_workers 3 loader processes "
+        r"plus the trainer: give at least 16 CPUs, .*SLURM_CPUS_PER_TASK // 4 - 1\)$"
+    )):  # fmt: skip
+        render(tiny, spawn)
+    spawn = SubmitOptions(gpus_per_worker=2, settings={"data.num_workers": 3})
+    assert parse_sbatch_header(render(tiny, spawn).script)["cpus-per-task"] == "8"
 
 
 def test_submit_dry_run_prints_the_script(tmp_path):

@@ -25,11 +25,30 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def default_loader_workers() -> int:
-    """DataLoader workers: one CPU left for the training process.
+def slurm_tasks_per_node() -> int | None:
+    """``SLURM_NTASKS_PER_NODE`` as an int ("8(x2)": 8), or None when unset."""
+    value = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0].strip()
+    return max(1, int(value)) if value.isdigit() else None
 
-    Under SLURM ``SLURM_CPUS_PER_TASK - 1``; elsewhere ``min(4, cpus - 1)``; at least 0.
+
+def processes_sharing_cpus(devices_per_node: int) -> int:
+    """Training processes that share this process's CPUs, given the trainer's devices per
+    node: all of them on one machine (or one SLURM task that starts its ranks itself,
+    ddp_spawn), ``devices / tasks per node`` where srun starts a task per rank."""
+    tasks = slurm_tasks_per_node()
+    if tasks is None:
+        return max(1, devices_per_node)
+    return max(1, devices_per_node // tasks)
+
+
+def default_loader_workers(processes: int = 1) -> int:
+    """DataLoader workers of each of ``processes`` training processes sharing these CPUs:
+    one CPU left for each process.
+
+    Under SLURM ``SLURM_CPUS_PER_TASK // processes - 1``; elsewhere
+    ``min(4, cpus // processes - 1)``; at least 0.
     """
+    share = available_cpus() // max(1, processes)
     if slurm_cpus() is not None:
-        return max(0, available_cpus() - 1)
-    return max(0, min(4, available_cpus() - 1))
+        return max(0, share - 1)
+    return max(0, min(4, share - 1))

@@ -29,7 +29,11 @@ from litdata.streaming.item_loader import TokensLoader
 from torch import Tensor
 
 from cofrgenet.config_variables import expand_variables
-from cofrgenet.data.cpus import available_cpus, default_loader_workers
+from cofrgenet.data.cpus import (
+    available_cpus,
+    default_loader_workers,
+    processes_sharing_cpus,
+)
 from cofrgenet.data.meta import (
     READERS_LOCK,
     DataMeta,
@@ -286,6 +290,7 @@ class TokenDataModule(L.LightningDataModule):
     # ---------------------------------------------------------------- the folder
 
     _readers: ReadersLock | None = None
+    _processes = 1  # training processes sharing this one's CPUs (setup reads the trainer)
 
     def setup(self, stage: str) -> None:
         """Share the data folder's readers lock while Lightning uses this module: a
@@ -299,6 +304,18 @@ class TokenDataModule(L.LightningDataModule):
                     "--overwrite): wait for it to finish, then start this run"
                 )
             self._readers = readers
+        self._share_cpus_with_the_other_ranks()
+
+    def _share_cpus_with_the_other_ranks(self) -> None:
+        """The default worker count split among the ranks that share these CPUs: under
+        ddp_spawn in one SLURM task (a sweep's --gpus-per-worker G) each of G ranks took
+        SLURM_CPUS_PER_TASK - 1 loader processes, G times the CPUs there are."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        self._processes = processes_sharing_cpus(trainer.num_devices)
+        if not self._num_workers_given and self._train_loader is None:
+            self.num_workers = default_loader_workers(self._processes)
 
     def teardown(self, stage: str) -> None:
         if self._readers is not None:
@@ -605,7 +622,7 @@ class TokenDataModule(L.LightningDataModule):
         saved = saved_loader.get("num_workers")
         if self._num_workers_given or self._train_loader is not None or saved is None:
             return
-        if saved > max(0, available_cpus() - 1):  # a larger node's: the default, and said
+        if saved > max(0, available_cpus() // self._processes - 1):  # a larger node's
             return
         if saved != self.num_workers:
             rank_zero_info(

@@ -8,8 +8,8 @@ worker's command line), so they cannot disagree:
   must be 1 (a multi-node trial is a ``slurm/train.sbatch`` job, not a sweep worker).
 * ``--gres=gpu:G`` with ``trainer.accelerator=gpu``, ``trainer.devices=G`` (G > 1 trains
   with ``ddp_spawn`` inside the worker); no GPU line for CPU sweeps.
-* ``--cpus-per-task=C`` with ``data.num_workers`` at most ``C - 1`` (unset, the data
-  module takes ``SLURM_CPUS_PER_TASK - 1``).
+* ``--cpus-per-task=C`` with ``data.num_workers`` at most ``C / G - 1`` (G ranks each
+  start their loaders; unset, each rank takes ``SLURM_CPUS_PER_TASK // G - 1``).
 * ``--signal=B:USR1@90`` + ``--requeue``: the worker saves the trial's ``last.ckpt``,
   leaves the trial RUNNING and requeues its task, which then resumes that trial.
 """
@@ -162,14 +162,18 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
                 "for CPU) instead"
             )
     num_workers = get_dotted(config, "data.num_workers")
+    ranks = max(1, gpus)  # ddp_spawn: every rank in the task starts its own loaders
     cpus = options.cpus_per_worker or sweep.slurm.cpus_per_worker
     if cpus is None:
-        cpus = (int(num_workers) + 1) if isinstance(num_workers, int) else max(2, 4 * gpus + 1)
-    if isinstance(num_workers, int) and num_workers + 1 > cpus:
+        given = isinstance(num_workers, int)
+        cpus = ranks * (int(num_workers) + 1) if given else max(2, 4 * gpus + 1)
+    if isinstance(num_workers, int) and ranks * (num_workers + 1) > cpus:
+        each, share = (f"each of {ranks} ranks' ", f" // {ranks}") if ranks > 1 else ("", "")
         raise SweepError(
-            f"--cpus-per-worker {cpus} cannot feed data.num_workers {num_workers} loader "
-            f"processes plus the trainer: give at least {num_workers + 1} CPUs, or lower "
-            "data.num_workers (unset, it follows SLURM_CPUS_PER_TASK - 1)"
+            f"--cpus-per-worker {cpus} cannot feed {each}data.num_workers {num_workers} "
+            f"loader processes plus the trainer: give at least {ranks * (num_workers + 1)} "
+            f"CPUs, or lower data.num_workers (unset, it follows SLURM_CPUS_PER_TASK{share} "
+            "- 1)"
         )
     sbatch = {
         "job-name": f"sweep-{sweep.study}",

@@ -4120,6 +4120,31 @@ def test_a_note_of_several_lines_stays_on_one_row_of_status_and_report():
     assert "RuntimeError: first line second | line" in line
 
 
+def test_a_sigterm_during_the_report_says_how_to_write_it(tiny_data, tmp_path, capsys, monkeypatch):
+    """SLURM's kill while the last worker wrote the study's report left a half-written
+    report folder and no line (SIGTERM's default action, no handler in place)."""
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps import report
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    run_worker(load_sweep(path), report=False, mlflow=False)
+    capsys.readouterr()
+
+    def killed_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal's handler runs first
+        raise AssertionError("SIGTERM did not stop the report")
+
+    monkeypatch.setattr(report, "write_report", killed_while_writing)
+    assert main(["sweep", "run", str(path), "--no-mlflow"]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cofr sweep run: stopped by a signal while writing the report of study tiny-cpu, which "
+        f"is done: write it with `cofr sweep report {path}`"
+    )
+
+
 def test_run_on_a_done_study_says_how_to_add_trials(tiny_data, tmp_path, capsys):
     """`cofr sweep run FILE --n-trials 2` on a done study printed "study X: done" alone,
     as if --n-trials could add trials; n_trials in the file bounds the study."""

@@ -159,7 +159,12 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
 def _status_command(args: argparse.Namespace) -> str:
     """The `cofr sweep status` of the study this command ran (the file's own, or --study's,
     in --storage and --runs-dir as given)."""
-    words = ["cofr", "sweep", "status", args.sweep]
+    return _study_command(args, "status")
+
+
+def _study_command(args: argparse.Namespace, subcommand: str) -> str:
+    """``cofr sweep <subcommand>`` of the study this command ran, as :func:`_status_command`."""
+    words = ["cofr", "sweep", subcommand, args.sweep]
     if getattr(args, "study", None) is not None and args.study != args.sweep:
         words += ["--study", args.study]
     if getattr(args, "storage", None) is not None:  # as given: env:NAME, or passwords hidden
@@ -403,6 +408,13 @@ def run(args: argparse.Namespace) -> int:
         mlflow=not args.no_mlflow,
     )
     print_summary(result)
+    if result.report_stopped is not None:
+        print(
+            f"cofr sweep run: stopped by a signal while writing the report of study "
+            f"{sweep.study}, which is done: write it with `{_study_command(args, 'report')}`",
+            file=sys.stderr,
+        )
+        return result.report_stopped
     if result.done and not result.outcomes:  # done before this worker: "done" alone puzzled
         print(
             f"cofr sweep run: study {sweep.study} has run all its trials, so this worker "

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
-from cofrgenet.signals import signal_name
+from cofrgenet.signals import Terminated, signal_name, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import (
     check_keys,
@@ -648,6 +648,8 @@ class WorkerResult:
     failing: str | None = None
     #: 128 + the signal (SIGTERM, Ctrl-C) that stopped the worker during a trial.
     signal_status: int | None = None
+    #: 128 + the signal that stopped the end-of-study report half-written.
+    report_stopped: int | None = None
 
     @property
     def failed(self) -> list[Outcome]:
@@ -823,9 +825,12 @@ def run_worker(
         from cofrgenet.sweeps.report import write_report
 
         try:
-            files = write_report(study, sweep, folder / "report", client, parent)
+            with sigterm_raises():  # SLURM's kill: said, not a silent half-written folder
+                files = write_report(study, sweep, folder / "report", client, parent)
             log.info(f"study {sweep.study} done: report in {folder / 'report'} "
                      f"({', '.join(sorted(files))})")  # fmt: skip
+        except (KeyboardInterrupt, Terminated) as stop:
+            result.report_stopped = 130 if isinstance(stop, KeyboardInterrupt) else 143
         except Exception as error:
             log.warning(f"report failed: {type(error).__name__}: {error}")
     return result

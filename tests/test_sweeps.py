@@ -4137,8 +4137,15 @@ def test_a_sigterm_during_the_report_says_how_to_write_it(tiny_data, tmp_path, c
         time.sleep(5)  # the signal's handler runs first
         raise AssertionError("SIGTERM did not stop the report")
 
+    def not_handled(signum, frame):  # without a handler SIGTERM would end pytest itself
+        raise AssertionError("the report ran with no SIGTERM handler of its own")
+
     monkeypatch.setattr(report, "write_report", killed_while_writing)
-    assert main(["sweep", "run", str(path), "--no-mlflow"]) == 143
+    previous = signal.signal(signal.SIGTERM, not_handled)
+    try:
+        assert main(["sweep", "run", str(path), "--no-mlflow"]) == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert capsys.readouterr().err.splitlines()[-1] == (
         "cofr sweep run: stopped by a signal while writing the report of study tiny-cpu, which "
         f"is done: write it with `cofr sweep report {path}`"

@@ -2678,6 +2678,100 @@ def test_a_sharded_checkpoint_is_scored_under_fsdp_only_and_with_its_own_model(
     assert parsed[1].validate.ckpt_path == str(folder)
 
 
+def as_sharded(file: Path, folder: Path) -> None:
+    """A one-file checkpoint ``file`` rewritten as FSDP's sharded folder ``folder``: the
+    weights through torch's distributed checkpoint (its ``.metadata`` and shards, one
+    process), the rest in ``meta.pt``, as ``FSDPStrategy.save_checkpoint`` lays them."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = torch.load(file, weights_only=True)
+    folder.mkdir()
+    dcp.save({"model": saved.pop("state_dict")}, checkpoint_id=folder)
+    saved.pop("optimizer_states", None)
+    torch.save(saved, folder / "meta.pt")
+
+
+FSDP_ONE_PROCESS = json.dumps(
+    {
+        "class_path": "cofrgenet.training.strategies.LadderFSDPStrategy",
+        "init_args": {"state_dict_type": "sharded"},
+    }
+)
+
+
+def test_a_sharded_checkpoint_gets_the_checks_of_a_file_before_anything_is_rewritten(
+    tiny_data, tmp_path
+):
+    """--ckpt_path of a sharded FSDP folder ran none of a file's checks: other model
+    settings failed in both ranks (a KeyError in torch's optimizer rekeying) after the
+    run's config.yaml and MLflow record were rewritten (FAILED); an earlier checkpoint
+    overwrote the later ones; max_steps at its step was not refused. Its meta.pt and the
+    shards' metadata say what a file does."""
+    CofrCLI(
+        args=fit_args(
+            tmp_path, tiny_data, "--run.name", "s", "--trainer.max_steps", "4",
+            "--run.checkpoint_every_n_steps", "2",
+        )
+    )  # fmt: skip
+    run = tmp_path / "runs" / "test" / "s"
+    for file in sorted((run / "checkpoints").glob("*.ckpt")):
+        as_sharded(file, file.with_suffix(".tmp"))
+        file.unlink()
+        file.with_suffix(".tmp").rename(file)
+    config = (run / "config.yaml").read_text()
+    run_id = (run / "mlflow_run_id").read_text().strip()
+
+    def resume(*extra: str) -> list[str]:
+        return fit_args(
+            tmp_path, tiny_data, "--run.name", "s", "--trainer.strategy", FSDP_ONE_PROCESS,
+            "--trainer.max_steps", "8", *extra,
+        )  # fmt: skip
+
+    last = ["--ckpt_path", "last"]
+    depth = '{"vocab_size": 320, "block_size": 32, "depth": 2}'
+    with pytest.raises(ConfigError, match=r"another network .*--model\.config\.depth 5"):
+        CofrCLI(args=resume("--model.config", depth, *last))
+    floor = '{"vocab_size": 320, "block_size": 32, "ladder_floor": 0.25}'
+    with pytest.raises(ConfigError, match=r"other model settings .*ladder_floor 0\.5"):
+        CofrCLI(args=resume("--model.config", floor, *last))
+    with pytest.raises(
+        ConfigError, match=r"cannot resume the data stream exactly: .*seed: 42 -> 7"
+    ):
+        CofrCLI(args=resume("--data.seed", "7", *last))
+    with pytest.raises(ConfigError, match=r"\.ckpt is at step 4 already"):
+        CofrCLI(args=resume(*last, "--trainer.max_steps", "4"))
+    earlier = run / "checkpoints" / "step0000002.ckpt"
+    with pytest.raises(RunExistsError, match=r"is at step 2, but run folder .* step 4"):
+        CofrCLI(args=resume("--ckpt_path", str(earlier)))
+    assert (run / "config.yaml").read_text() == config
+    found = mlflow_runs(tmp_path / "runs")
+    assert found["run_id"].tolist() == [run_id] and found["status"].tolist() == ["FINISHED"]
+
+
+def test_validate_under_fsdp_logs_at_the_sharded_checkpoints_step(tiny_data, tmp_path, monkeypatch):
+    """A sharded folder's step was None: cofr validate under FSDP logged its score at
+    step 0 (validate's own global_step), not the checkpoint's."""
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "v", "--trainer.max_steps", "3"))
+    last = tmp_path / "runs" / "test" / "v" / "checkpoints" / "last.ckpt"
+    as_sharded(last, last.with_suffix(".tmp"))
+    last.unlink()
+    last.with_suffix(".tmp").rename(last)
+    loggers = []
+
+    class Built(Exception):
+        pass
+
+    def logger_only(cli, config, callbacks):  # an FSDP trainer is not built here
+        loggers.append(config["logger"])
+        raise Built
+
+    monkeypatch.setattr(CofrCLI, "build_trainer", logger_only)
+    evaluate = ["validate", "--ckpt_path", str(last), "--trainer.accelerator", "cpu"]
+    with pytest.raises(Built):
+        CofrCLI(args=[*evaluate, "--trainer.strategy", FSDP_ONE_PROCESS])
+    assert loggers[0].eval_step == 3 and loggers[0].eval_data is None
+
+
 def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():
     """torch passes a spawned rank's error on as text: a refused setting came out as
     a traceback from the launching process, not the one-line error plain ddp gives."""

@@ -809,11 +809,10 @@ class CofrCLI(LightningCLIAdapter):
         from cofrgenet.training.pretrained import data_dir_candidates
 
         tried: list[Path] = []
-        if not checkpoints.is_sharded(ckpt):
-            with contextlib.suppress(Exception):  # unreadable: checked, and said, later
-                hparams = checkpoints.load(ckpt).get("datamodule_hyper_parameters") or {}
-                if hparams.get("data_dir"):
-                    tried.append(Path(str(hparams["data_dir"])))
+        with contextlib.suppress(Exception):  # unreadable: checked, and said, later
+            hparams = checkpoints.saved_settings(ckpt).get("datamodule_hyper_parameters") or {}
+            if hparams.get("data_dir"):
+                tried.append(Path(str(hparams["data_dir"])))
         stored = expand_variables(stored, "data.data_dir (the run's config.yaml)")
         tried += [p for p in data_dir_candidates(stored, ckpt, run_dir) if p not in tried]
         for folder in tried:
@@ -979,9 +978,8 @@ class CofrCLI(LightningCLIAdapter):
         uri, run_id = tracking_uri_of(run_dir), run_id_of(run_dir)
         problem = None
         if run.mlflow and run_id:
-            if not checkpoints.is_sharded(ckpt):  # a folder: checkpoints.load explains it
-                saved = checkpoints.load(ckpt)  # memory-mapped: its metadata only is read
-                problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
+            saved = checkpoints.saved_settings(ckpt)  # memory-mapped, or a folder's meta.pt
+            problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
             if problem is None:
                 if sqlite_database(uri) is None:  # a server that is down: refused in seconds
                     check_tracking_uri(uri)
@@ -1094,7 +1092,7 @@ class CofrCLI(LightningCLIAdapter):
         """A resumed fit must read the data stream the checkpoint ``saved`` (at
         ``chosen``) left (the datamodule's check at restore comes after the run's
         config.yaml and MLflow record are rewritten); the refusal names the way to train
-        its weights on other data. None (a sharded checkpoint): checked at restore only."""
+        its weights on other data (a sharded checkpoint's state is in its meta.pt)."""
         datamodule = getattr(self, "datamodule", None)
         check = getattr(datamodule, "check_resumable", None)
         if self.subcommand != "fit" or check is None or saved is None:
@@ -1350,14 +1348,15 @@ class CofrCLI(LightningCLIAdapter):
         chosen = self.config_value(self.config_init, "ckpt_path")
         started_from = self._started_from(asked, run_dir)  # the MLflow tag, if any
         step = None
-        saved = None  # the chosen checkpoint's contents (memory-mapped), read once
+        # What the chosen checkpoint records, read once: a file's contents (memory-mapped)
+        # or a sharded FSDP folder's meta.pt; the same checks for both.
+        saved = None
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
-            if not checkpoints.is_sharded(chosen):
-                saved = checkpoints.load(chosen)
+            saved = checkpoints.saved_settings(chosen)
             step = checkpoints.check_same_network(chosen, self.model, saved)
             if asked != "last":  # the run's own choice: a SLURM requeue's may be older
                 self.check_not_forking(run_dir, chosen, step)
-            if self.subcommand == "fit" and saved is not None:
+            if self.subcommand == "fit":
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)
             self.check_same_data(saved, chosen)

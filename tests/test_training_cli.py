@@ -2772,6 +2772,47 @@ def test_validate_under_fsdp_logs_at_the_sharded_checkpoints_step(tiny_data, tmp
     assert loggers[0].eval_step == 3 and loggers[0].eval_data is None
 
 
+def test_a_sharded_checkpoint_is_refused_by_a_fit_under_another_strategy(tiny_data, tmp_path):
+    """fit --ckpt_path last of an FSDP run under another strategy opened the folder as
+    a file (IsADirectoryError) after rewriting config.yaml (strategy auto) and marking
+    the MLflow run FAILED: refused first, as validate refuses it."""
+    from cofrgenet.training.checkpoints import CheckpointError
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "f", "--trainer.max_steps", "2"))
+    run = tmp_path / "runs" / "test" / "f"
+    last = run / "checkpoints" / "last.ckpt"
+    as_sharded(last, last.with_suffix(".tmp"))
+    last.unlink()
+    last.with_suffix(".tmp").rename(last)
+    config = (run / "config.yaml").read_text()
+    resume = fit_args(tmp_path, tiny_data, "--run.name", "f", "--trainer.max_steps", "4")
+    with pytest.raises(CheckpointError, match=r"sharded FSDP .*resume it with the FSDP strategy"):
+        CofrCLI(args=[*resume, "--ckpt_path", "last"])
+    assert (run / "config.yaml").read_text() == config
+    assert mlflow_runs(tmp_path / "runs")["status"].tolist() == ["FINISHED"]
+    # validate's advice keeps it scoring as the fit did: --config conf/trainer/fsdp.yaml
+    # would replace the fit's data and batch settings with the command's.
+    from cofrgenet.training.cli import FSDP_STRATEGY_OPTION
+
+    evaluate = ["validate", "--run.runs_dir", str(tmp_path / "runs"), "--run.experiment"]
+    evaluate += ["test", "--run.name", "f", "--trainer.accelerator", "cpu"]
+    with pytest.raises(CheckpointError, match=re.escape(FSDP_STRATEGY_OPTION)):
+        CofrCLI(args=evaluate)
+    parsed = []
+
+    class Parsed(Exception):
+        pass
+
+    def parsed_only(cli):  # an FSDP trainer is not built here: the parsed config is enough
+        parsed.append(cli.config.validate)
+        raise Parsed
+
+    with mock.patch.object(CofrCLI, "instantiate_classes", parsed_only), pytest.raises(Parsed):
+        CofrCLI(args=[*evaluate, *FSDP_STRATEGY_OPTION.split()])
+    assert parsed[0].trainer.limit_val_batches == 4  # the fit's (conf/trainer/cpu-debug.yaml)
+    assert parsed[0].data.data_dir == str(tiny_data)
+
+
 def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():
     """torch passes a spawned rank's error on as text: a refused setting came out as
     a traceback from the launching process, not the one-line error plain ddp gives."""

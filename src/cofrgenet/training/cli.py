@@ -738,20 +738,8 @@ class CofrCLI(LightningCLIAdapter):
         takes a checkpoint file's: it reads files only, and the default preset was built
         and failed to load the shards ("size mismatch"). Scored under FSDP only: another
         strategy reads one file."""
-        from lightning.pytorch.strategies import FSDPStrategy
-
         strategy = self.config[subcommand].get("trainer", {}).get("strategy")
-        fsdp = (
-            isinstance(strategy, FSDPStrategy)
-            or "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower()
-        )
-        if not fsdp:
-            raise checkpoints.CheckpointError(
-                f"{folder} is a sharded FSDP checkpoint (one shard per rank): score it with "
-                "the FSDP strategy it trained with (--config conf/trainer/fsdp.yaml), or make "
-                "it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "
-                f"{folder}` and use {folder}.consolidated"
-            )
+        check_sharded_strategy(subcommand, folder, strategy)
         hparams = dict(checkpoints.saved_settings(folder).get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         if hparams:
@@ -1346,6 +1334,9 @@ class CofrCLI(LightningCLIAdapter):
         asked = self.config_value(self.config_init, "ckpt_path")  # before "last" is resolved
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
+        if chosen not in (None, "last") and checkpoints.is_sharded(chosen):
+            strategy = self.config_value(self.config_init, "trainer.strategy")
+            check_sharded_strategy(self.subcommand, Path(chosen), strategy)
         started_from = self._started_from(asked, run_dir)  # the MLflow tag, if any
         step = None
         # What the chosen checkpoint records, read once: a file's contents (memory-mapped)
@@ -1572,6 +1563,43 @@ SCORING_KEYS = (
     "trainer.limit_val_batches",
     "trainer.limit_test_batches",
 )
+
+
+#: The option that scores a sharded checkpoint under FSDP and keeps the scoring settings
+#: taken from the run's fit (any ``--config`` turns that off).
+FSDP_STRATEGY_OPTION = (
+    "--trainer.strategy.class_path cofrgenet.training.strategies.LadderFSDPStrategy"
+)
+
+
+def check_sharded_strategy(subcommand: str, folder: Path, strategy: Any) -> None:
+    """Refuse a sharded FSDP checkpoint ``folder`` under another ``strategy`` (parsed or
+    built) than FSDP, which alone reads its shards: Lightning would open the folder as a
+    file (IsADirectoryError) after a fit had rewritten the run's config.yaml and marked
+    its MLflow run FAILED."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        return
+    if "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower():
+        return
+    one_file = (
+        f"make it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "
+        f"{folder}` and use {folder}.consolidated"
+    )
+    if subcommand == "fit":
+        name = strategy if isinstance(strategy, str) else type(strategy).__name__
+        name = getattr(strategy, "class_path", name)
+        raise checkpoints.CheckpointError(
+            f"{folder} is a sharded FSDP checkpoint (one shard per rank) and this fit's "
+            f"strategy is {name!r}: resume it with the "
+            f"FSDP strategy it trained with (--config conf/trainer/fsdp.yaml), or {one_file}"
+        )
+    raise checkpoints.CheckpointError(
+        f"{folder} is a sharded FSDP checkpoint (one shard per rank): score it with the FSDP "
+        f"strategy it trained with, {FSDP_STRATEGY_OPTION} (a --config file would stop "
+        f"cofr {subcommand} taking the run's data and batch settings), or {one_file}"
+    )
 
 
 class ParseOnlyCLI(CofrCLI):

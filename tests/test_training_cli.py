@@ -256,6 +256,29 @@ def test_a_ctrl_c_after_the_stop_is_saved_lets_the_stop_end(tmp_path):
         pytest.fail("a Ctrl-C after the stop's save interrupted its way out")
 
 
+def test_ctrl_c_is_said_by_rank_zero_only(capsys, monkeypatch):
+    """Under DDP every rank gets the terminal's Ctrl-C and each printed its own copy of
+    "Ctrl-C: stopping after this step"."""
+    import signal
+
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    for rank in (1, 0):
+        monkeypatch.setattr(rank_zero_only, "rank", rank)
+        stop = StopOnSignal()
+        stop._phase = "training"
+        stop._on_sigint(signal.SIGINT, None)
+        out = capsys.readouterr().out
+        assert ("Ctrl-C: stopping after this step" in out) == (rank == 0)
+        stop._phase = "ending"
+        stop._pending.clear()
+        stop._on_sigint(signal.SIGINT, None)
+        out = capsys.readouterr().out
+        assert ("finishing its save" in out) == (rank == 0)
+
+
 def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     CofrCLI(
         args=fit_args(
@@ -2811,6 +2834,24 @@ def test_a_sharded_checkpoint_is_refused_by_a_fit_under_another_strategy(tiny_da
         CofrCLI(args=[*evaluate, *FSDP_STRATEGY_OPTION.split()])
     assert parsed[0].trainer.limit_val_batches == 4  # the fit's (conf/trainer/cpu-debug.yaml)
     assert parsed[0].data.data_dir == str(tiny_data)
+
+
+def test_model_compile_under_fsdp_is_refused_once_before_the_ranks_start(
+    tiny_data, tmp_path, monkeypatch
+):
+    """The refusal came from each rank's setup (one copy per rank, after the MLflow run
+    was made) and told to set model.compile: false "as conf/trainer/fsdp.yaml does",
+    which sets nothing of the model: said once, before the processes launch."""
+    from cofrgenet.training.module import LanguageModel
+
+    set_up = []
+    monkeypatch.setattr(LanguageModel, "setup", lambda self, stage: set_up.append(stage))
+    args = fit_args(tmp_path, tiny_data, "--run.name", "c", "--trainer.strategy")
+    args += [FSDP_ONE_PROCESS, "--model.compile", "true"]
+    with pytest.raises(ConfigError, match=r"model\.compile does not work under FSDP .*its default"):
+        CofrCLI(args=args)
+    assert set_up == [] and not (tmp_path / "runs" / "test" / "c").exists()
+    assert not (tmp_path / "runs" / "mlflow.db").exists() or mlflow_runs(tmp_path / "runs").empty
 
 
 def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():

@@ -78,7 +78,7 @@ from cofrgenet.training.console import (
     quiet_known_noise,
 )
 from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
-from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.module import LanguageModel, check_compile_strategy
 from cofrgenet.training.optim import OptimizerConfig
 from cofrgenet.training.perf import peak_flops_from_env
 from cofrgenet.training.run_checkpoint import RunCheckpoint
@@ -1298,6 +1298,10 @@ class CofrCLI(LightningCLIAdapter):
             self.config_value(self.config, "trainer.accelerator"),
         )
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
+        check_compile_strategy(  # before the processes launch: one line, not one per rank
+            bool(getattr(self.model, "compile_model", False)),
+            self.config_value(self.config_init, "trainer.strategy"),
+        )
         logger = self.config_value(self.config, "trainer.logger")
         if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
             check_tracking_uri(tracking_uri(run))

@@ -256,6 +256,29 @@ def test_a_ctrl_c_after_the_stop_is_saved_lets_the_stop_end(tmp_path):
         pytest.fail("a Ctrl-C after the stop's save interrupted its way out")
 
 
+def test_ctrl_c_is_said_by_rank_zero_only(capsys, monkeypatch):
+    """Under DDP every rank gets the terminal's Ctrl-C and each printed its own copy of
+    "Ctrl-C: stopping after this step"."""
+    import signal
+
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    for rank in (1, 0):
+        monkeypatch.setattr(rank_zero_only, "rank", rank)
+        stop = StopOnSignal()
+        stop._phase = "training"
+        stop._on_sigint(signal.SIGINT, None)
+        out = capsys.readouterr().out
+        assert ("Ctrl-C: stopping after this step" in out) == (rank == 0)
+        stop._phase = "ending"
+        stop._pending.clear()
+        stop._on_sigint(signal.SIGINT, None)
+        out = capsys.readouterr().out
+        assert ("finishing its save" in out) == (rank == 0)
+
+
 def test_mlflow_records_params_metrics_and_config(tiny_data, tmp_path):
     CofrCLI(
         args=fit_args(
@@ -2676,6 +2699,159 @@ def test_a_sharded_checkpoint_is_scored_under_fsdp_only_and_with_its_own_model(
         CofrCLI(args=[*by_name, "--trainer.strategy", strategy])
     assert parsed[1].validate.model.preset == "gpt2-tiny-fa"
     assert parsed[1].validate.ckpt_path == str(folder)
+
+
+def as_sharded(file: Path, folder: Path) -> None:
+    """A one-file checkpoint ``file`` rewritten as FSDP's sharded folder ``folder``: the
+    weights through torch's distributed checkpoint (its ``.metadata`` and shards, one
+    process), the rest in ``meta.pt``, as ``FSDPStrategy.save_checkpoint`` lays them."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = torch.load(file, weights_only=True)
+    folder.mkdir()
+    dcp.save({"model": saved.pop("state_dict")}, checkpoint_id=folder)
+    saved.pop("optimizer_states", None)
+    torch.save(saved, folder / "meta.pt")
+
+
+FSDP_ONE_PROCESS = json.dumps(
+    {
+        "class_path": "cofrgenet.training.strategies.LadderFSDPStrategy",
+        "init_args": {"state_dict_type": "sharded"},
+    }
+)
+
+
+def test_a_sharded_checkpoint_gets_the_checks_of_a_file_before_anything_is_rewritten(
+    tiny_data, tmp_path
+):
+    """--ckpt_path of a sharded FSDP folder ran none of a file's checks: other model
+    settings failed in both ranks (a KeyError in torch's optimizer rekeying) after the
+    run's config.yaml and MLflow record were rewritten (FAILED); an earlier checkpoint
+    overwrote the later ones; max_steps at its step was not refused. Its meta.pt and the
+    shards' metadata say what a file does."""
+    CofrCLI(
+        args=fit_args(
+            tmp_path, tiny_data, "--run.name", "s", "--trainer.max_steps", "4",
+            "--run.checkpoint_every_n_steps", "2",
+        )
+    )  # fmt: skip
+    run = tmp_path / "runs" / "test" / "s"
+    for file in sorted((run / "checkpoints").glob("*.ckpt")):
+        as_sharded(file, file.with_suffix(".tmp"))
+        file.unlink()
+        file.with_suffix(".tmp").rename(file)
+    config = (run / "config.yaml").read_text()
+    run_id = (run / "mlflow_run_id").read_text().strip()
+
+    def resume(*extra: str) -> list[str]:
+        return fit_args(
+            tmp_path, tiny_data, "--run.name", "s", "--trainer.strategy", FSDP_ONE_PROCESS,
+            "--trainer.max_steps", "8", *extra,
+        )  # fmt: skip
+
+    last = ["--ckpt_path", "last"]
+    depth = '{"vocab_size": 320, "block_size": 32, "depth": 2}'
+    with pytest.raises(ConfigError, match=r"another network .*--model\.config\.depth 5"):
+        CofrCLI(args=resume("--model.config", depth, *last))
+    floor = '{"vocab_size": 320, "block_size": 32, "ladder_floor": 0.25}'
+    with pytest.raises(ConfigError, match=r"other model settings .*ladder_floor 0\.5"):
+        CofrCLI(args=resume("--model.config", floor, *last))
+    with pytest.raises(
+        ConfigError, match=r"cannot resume the data stream exactly: .*seed: 42 -> 7"
+    ):
+        CofrCLI(args=resume("--data.seed", "7", *last))
+    with pytest.raises(ConfigError, match=r"\.ckpt is at step 4 already"):
+        CofrCLI(args=resume(*last, "--trainer.max_steps", "4"))
+    earlier = run / "checkpoints" / "step0000002.ckpt"
+    with pytest.raises(RunExistsError, match=r"is at step 2, but run folder .* step 4"):
+        CofrCLI(args=resume("--ckpt_path", str(earlier)))
+    assert (run / "config.yaml").read_text() == config
+    found = mlflow_runs(tmp_path / "runs")
+    assert found["run_id"].tolist() == [run_id] and found["status"].tolist() == ["FINISHED"]
+
+
+def test_validate_under_fsdp_logs_at_the_sharded_checkpoints_step(tiny_data, tmp_path, monkeypatch):
+    """A sharded folder's step was None: cofr validate under FSDP logged its score at
+    step 0 (validate's own global_step), not the checkpoint's."""
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "v", "--trainer.max_steps", "3"))
+    last = tmp_path / "runs" / "test" / "v" / "checkpoints" / "last.ckpt"
+    as_sharded(last, last.with_suffix(".tmp"))
+    last.unlink()
+    last.with_suffix(".tmp").rename(last)
+    loggers = []
+
+    class Built(Exception):
+        pass
+
+    def logger_only(cli, config, callbacks):  # an FSDP trainer is not built here
+        loggers.append(config["logger"])
+        raise Built
+
+    monkeypatch.setattr(CofrCLI, "build_trainer", logger_only)
+    evaluate = ["validate", "--ckpt_path", str(last), "--trainer.accelerator", "cpu"]
+    with pytest.raises(Built):
+        CofrCLI(args=[*evaluate, "--trainer.strategy", FSDP_ONE_PROCESS])
+    assert loggers[0].eval_step == 3 and loggers[0].eval_data is None
+
+
+def test_a_sharded_checkpoint_is_refused_by_a_fit_under_another_strategy(tiny_data, tmp_path):
+    """fit --ckpt_path last of an FSDP run under another strategy opened the folder as
+    a file (IsADirectoryError) after rewriting config.yaml (strategy auto) and marking
+    the MLflow run FAILED: refused first, as validate refuses it."""
+    from cofrgenet.training.checkpoints import CheckpointError
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "f", "--trainer.max_steps", "2"))
+    run = tmp_path / "runs" / "test" / "f"
+    last = run / "checkpoints" / "last.ckpt"
+    as_sharded(last, last.with_suffix(".tmp"))
+    last.unlink()
+    last.with_suffix(".tmp").rename(last)
+    config = (run / "config.yaml").read_text()
+    resume = fit_args(tmp_path, tiny_data, "--run.name", "f", "--trainer.max_steps", "4")
+    with pytest.raises(CheckpointError, match=r"sharded FSDP .*resume it with the FSDP strategy"):
+        CofrCLI(args=[*resume, "--ckpt_path", "last"])
+    assert (run / "config.yaml").read_text() == config
+    assert mlflow_runs(tmp_path / "runs")["status"].tolist() == ["FINISHED"]
+    # validate's advice keeps it scoring as the fit did: --config conf/trainer/fsdp.yaml
+    # would replace the fit's data and batch settings with the command's.
+    from cofrgenet.training.cli import FSDP_STRATEGY_OPTION
+
+    evaluate = ["validate", "--run.runs_dir", str(tmp_path / "runs"), "--run.experiment"]
+    evaluate += ["test", "--run.name", "f", "--trainer.accelerator", "cpu"]
+    with pytest.raises(CheckpointError, match=re.escape(FSDP_STRATEGY_OPTION)):
+        CofrCLI(args=evaluate)
+    parsed = []
+
+    class Parsed(Exception):
+        pass
+
+    def parsed_only(cli):  # an FSDP trainer is not built here: the parsed config is enough
+        parsed.append(cli.config.validate)
+        raise Parsed
+
+    with mock.patch.object(CofrCLI, "instantiate_classes", parsed_only), pytest.raises(Parsed):
+        CofrCLI(args=[*evaluate, *FSDP_STRATEGY_OPTION.split()])
+    assert parsed[0].trainer.limit_val_batches == 4  # the fit's (conf/trainer/cpu-debug.yaml)
+    assert parsed[0].data.data_dir == str(tiny_data)
+
+
+def test_model_compile_under_fsdp_is_refused_once_before_the_ranks_start(
+    tiny_data, tmp_path, monkeypatch
+):
+    """The refusal came from each rank's setup (one copy per rank, after the MLflow run
+    was made) and told to set model.compile: false "as conf/trainer/fsdp.yaml does",
+    which sets nothing of the model: said once, before the processes launch."""
+    from cofrgenet.training.module import LanguageModel
+
+    set_up = []
+    monkeypatch.setattr(LanguageModel, "setup", lambda self, stage: set_up.append(stage))
+    args = fit_args(tmp_path, tiny_data, "--run.name", "c", "--trainer.strategy")
+    args += [FSDP_ONE_PROCESS, "--model.compile", "true"]
+    with pytest.raises(ConfigError, match=r"model\.compile does not work under FSDP .*its default"):
+        CofrCLI(args=args)
+    assert set_up == [] and not (tmp_path / "runs" / "test" / "c").exists()
+    assert not (tmp_path / "runs" / "mlflow.db").exists() or mlflow_runs(tmp_path / "runs").empty
 
 
 def test_a_ddp_spawn_ranks_user_error_is_found_in_its_traceback_text():

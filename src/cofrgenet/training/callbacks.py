@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 
 from cofrgenet.data.datamodule import STOP_SIGNALS
@@ -460,12 +460,14 @@ class StopOnSignal(StepBoundaries):
             if signal.SIGINT in self._pending:  # the second Ctrl-C
                 raise KeyboardInterrupt
             self._pending.add(signal.SIGINT)  # kept in late_signals
-            print("\nCtrl-C: training is over; finishing its save (press it again to abort)")
+            if rank_zero_only.rank == 0:  # every rank gets the terminal's Ctrl-C
+                print("\nCtrl-C: training is over; finishing its save (press it again to abort)")
             return
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt
         self._pending.add(signal.SIGINT)
-        print("\nCtrl-C: stopping after this step (press it again to abort without saving)")
+        if rank_zero_only.rank == 0:  # every rank gets the terminal's Ctrl-C: said once
+            print("\nCtrl-C: stopping after this step (press it again to abort without saving)")
 
     def _on_deferred(self, signum: int, frame: Any) -> None:
         self._pending.add(signum)

@@ -269,12 +269,13 @@ _RECORDED_STEPS: dict[tuple[str, int, int, int], int | None] = {}
 
 def step_of(path: Path) -> int | None:
     """The global step a checkpoint holds: from its name (``step0000030.ckpt``), else read
-    from the file (memory-mapped); None for one that cannot be read."""
+    from the file (memory-mapped) or a sharded folder's ``meta.pt``; None for one that
+    cannot be read."""
     named = _named_step(path)
     if named is not None:
         return named
     try:
-        step = load(path).get("global_step")
+        step = saved_settings(path).get("global_step")
     except CheckpointError:
         return None
     return step if isinstance(step, int) else None
@@ -328,6 +329,31 @@ def saved_settings(path: str | Path) -> dict[str, Any]:
     return saved
 
 
+def saved_shapes(path: str | Path, saved: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the tensors in the ``state_dict`` of checkpoint ``path`` (``saved``:
+    :func:`saved_settings`'s reading of it): a file's own, or those torch's
+    distributed-checkpoint metadata (``.metadata``) records for a sharded folder's
+    shards, where FSDP saves the state_dict under ``model``."""
+    if not is_sharded(path):
+        state = uncompiled(saved.get("state_dict") or {})
+        return {
+            key: tuple(value.shape) for key, value in state.items() if isinstance(value, Tensor)
+        }
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        entries = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception:
+        raise damaged(Path(path)) from None
+    shapes = {
+        key.removeprefix("model."): tuple(entry.size)
+        for key, entry in entries.items()
+        if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)
+    }
+    return uncompiled(shapes)
+
+
 def not_fit_checkpoint(path: Path, contents: Any) -> CheckpointError:
     """The error for a torch file that loads but is not what ``cofr fit`` saves."""
     if isinstance(contents, dict) and contents:
@@ -379,30 +405,27 @@ def check_same_network(
     starting: bool = False,
 ) -> int | None:
     """Refuse a checkpoint whose parameters do not fit ``module`` (a LanguageModel);
-    return its global step (None for a sharded one). ``saved``: its contents, if the
-    caller has read them (:func:`load`). ``starting``: the checkpoint starts a new run's
-    weights (``model.init_from``) rather than resuming one, which the fix names.
+    return its global step (None if it records none). ``saved``: what it records, if
+    the caller has read it (:func:`saved_settings`: a file's contents, or a sharded FSDP
+    folder's ``meta.pt``, whose shapes come from the shards' metadata). ``starting``: the
+    checkpoint starts a new run's weights (``model.init_from``) rather than resuming one,
+    which the fix names.
 
     Resuming with other model settings would fail only after the run's config.yaml and
     MLflow record had been rewritten, in a loading error that names tensors, not
     settings. Parameters must match by name and shape; buffers that Lightning's restore
     tolerates (the output ranges of older checkpoints) are not compared.
     """
-    if is_sharded(path):  # its shards load per rank; FSDP checks them itself
-        return None
-    saved = load(path) if saved is None else saved
+    saved = saved_settings(path) if saved is None else saved
     step = saved.get("global_step")
-    theirs = {
-        key: tuple(value.shape)
-        for key, value in uncompiled(saved["state_dict"]).items()
-        if isinstance(value, Tensor)
-    }
+    step = step if isinstance(step, int) else None
+    theirs = saved_shapes(path, saved)
     ours = {name: tuple(p.shape) for name, p in module.named_parameters()}
     known = set(module.state_dict())
     differ = [n for n, shape in ours.items() if theirs.get(n) != shape]
     differ += [key for key in theirs if key not in known]
     if not differ:
-        return step if isinstance(step, int) else None
+        return step
     first = differ[0]
     new_run = "" if starting else ", or start a new run with another --run.name"
     ours_config = getattr(module, "model_config", None)

@@ -78,7 +78,7 @@ from cofrgenet.training.console import (
     quiet_known_noise,
 )
 from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_plugin
-from cofrgenet.training.module import LanguageModel
+from cofrgenet.training.module import LanguageModel, check_compile_strategy
 from cofrgenet.training.optim import OptimizerConfig
 from cofrgenet.training.perf import peak_flops_from_env
 from cofrgenet.training.run_checkpoint import RunCheckpoint
@@ -738,20 +738,8 @@ class CofrCLI(LightningCLIAdapter):
         takes a checkpoint file's: it reads files only, and the default preset was built
         and failed to load the shards ("size mismatch"). Scored under FSDP only: another
         strategy reads one file."""
-        from lightning.pytorch.strategies import FSDPStrategy
-
         strategy = self.config[subcommand].get("trainer", {}).get("strategy")
-        fsdp = (
-            isinstance(strategy, FSDPStrategy)
-            or "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower()
-        )
-        if not fsdp:
-            raise checkpoints.CheckpointError(
-                f"{folder} is a sharded FSDP checkpoint (one shard per rank): score it with "
-                "the FSDP strategy it trained with (--config conf/trainer/fsdp.yaml), or make "
-                "it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "
-                f"{folder}` and use {folder}.consolidated"
-            )
+        check_sharded_strategy(subcommand, folder, strategy)
         hparams = dict(checkpoints.saved_settings(folder).get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         if hparams:
@@ -809,11 +797,10 @@ class CofrCLI(LightningCLIAdapter):
         from cofrgenet.training.pretrained import data_dir_candidates
 
         tried: list[Path] = []
-        if not checkpoints.is_sharded(ckpt):
-            with contextlib.suppress(Exception):  # unreadable: checked, and said, later
-                hparams = checkpoints.load(ckpt).get("datamodule_hyper_parameters") or {}
-                if hparams.get("data_dir"):
-                    tried.append(Path(str(hparams["data_dir"])))
+        with contextlib.suppress(Exception):  # unreadable: checked, and said, later
+            hparams = checkpoints.saved_settings(ckpt).get("datamodule_hyper_parameters") or {}
+            if hparams.get("data_dir"):
+                tried.append(Path(str(hparams["data_dir"])))
         stored = expand_variables(stored, "data.data_dir (the run's config.yaml)")
         tried += [p for p in data_dir_candidates(stored, ckpt, run_dir) if p not in tried]
         for folder in tried:
@@ -979,9 +966,8 @@ class CofrCLI(LightningCLIAdapter):
         uri, run_id = tracking_uri_of(run_dir), run_id_of(run_dir)
         problem = None
         if run.mlflow and run_id:
-            if not checkpoints.is_sharded(ckpt):  # a folder: checkpoints.load explains it
-                saved = checkpoints.load(ckpt)  # memory-mapped: its metadata only is read
-                problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
+            saved = checkpoints.saved_settings(ckpt)  # memory-mapped, or a folder's meta.pt
+            problem = foreign_checkpoint(ckpt, saved, run_dir, run_id)
             if problem is None:
                 if sqlite_database(uri) is None:  # a server that is down: refused in seconds
                     check_tracking_uri(uri)
@@ -1094,7 +1080,7 @@ class CofrCLI(LightningCLIAdapter):
         """A resumed fit must read the data stream the checkpoint ``saved`` (at
         ``chosen``) left (the datamodule's check at restore comes after the run's
         config.yaml and MLflow record are rewritten); the refusal names the way to train
-        its weights on other data. None (a sharded checkpoint): checked at restore only."""
+        its weights on other data (a sharded checkpoint's state is in its meta.pt)."""
         datamodule = getattr(self, "datamodule", None)
         check = getattr(datamodule, "check_resumable", None)
         if self.subcommand != "fit" or check is None or saved is None:
@@ -1312,6 +1298,10 @@ class CofrCLI(LightningCLIAdapter):
             self.config_value(self.config, "trainer.accelerator"),
         )
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
+        check_compile_strategy(  # before the processes launch: one line, not one per rank
+            bool(getattr(self.model, "compile_model", False)),
+            self.config_value(self.config_init, "trainer.strategy"),
+        )
         logger = self.config_value(self.config, "trainer.logger")
         if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
             check_tracking_uri(tracking_uri(run))
@@ -1348,16 +1338,20 @@ class CofrCLI(LightningCLIAdapter):
         asked = self.config_value(self.config_init, "ckpt_path")  # before "last" is resolved
         self.choose_checkpoint(run_dir)
         chosen = self.config_value(self.config_init, "ckpt_path")
+        if chosen not in (None, "last") and checkpoints.is_sharded(chosen):
+            strategy = self.config_value(self.config_init, "trainer.strategy")
+            check_sharded_strategy(self.subcommand, Path(chosen), strategy)
         started_from = self._started_from(asked, run_dir)  # the MLflow tag, if any
         step = None
-        saved = None  # the chosen checkpoint's contents (memory-mapped), read once
+        # What the chosen checkpoint records, read once: a file's contents (memory-mapped)
+        # or a sharded FSDP folder's meta.pt; the same checks for both.
+        saved = None
         if chosen not in (None, "last"):  # before config.yaml and MLflow are rewritten
-            if not checkpoints.is_sharded(chosen):
-                saved = checkpoints.load(chosen)
+            saved = checkpoints.saved_settings(chosen)
             step = checkpoints.check_same_network(chosen, self.model, saved)
             if asked != "last":  # the run's own choice: a SLURM requeue's may be older
                 self.check_not_forking(run_dir, chosen, step)
-            if self.subcommand == "fit" and saved is not None:
+            if self.subcommand == "fit":
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config)
             self.check_steps_left(chosen, step)
             self.check_same_data(saved, chosen)
@@ -1573,6 +1567,43 @@ SCORING_KEYS = (
     "trainer.limit_val_batches",
     "trainer.limit_test_batches",
 )
+
+
+#: The option that scores a sharded checkpoint under FSDP and keeps the scoring settings
+#: taken from the run's fit (any ``--config`` turns that off).
+FSDP_STRATEGY_OPTION = (
+    "--trainer.strategy.class_path cofrgenet.training.strategies.LadderFSDPStrategy"
+)
+
+
+def check_sharded_strategy(subcommand: str, folder: Path, strategy: Any) -> None:
+    """Refuse a sharded FSDP checkpoint ``folder`` under another ``strategy`` (parsed or
+    built) than FSDP, which alone reads its shards: Lightning would open the folder as a
+    file (IsADirectoryError) after a fit had rewritten the run's config.yaml and marked
+    its MLflow run FAILED."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        return
+    if "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower():
+        return
+    one_file = (
+        f"make it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "
+        f"{folder}` and use {folder}.consolidated"
+    )
+    if subcommand == "fit":
+        name = strategy if isinstance(strategy, str) else type(strategy).__name__
+        name = getattr(strategy, "class_path", name)
+        raise checkpoints.CheckpointError(
+            f"{folder} is a sharded FSDP checkpoint (one shard per rank) and this fit's "
+            f"strategy is {name!r}: resume it with the "
+            f"FSDP strategy it trained with (--config conf/trainer/fsdp.yaml), or {one_file}"
+        )
+    raise checkpoints.CheckpointError(
+        f"{folder} is a sharded FSDP checkpoint (one shard per rank): score it with the FSDP "
+        f"strategy it trained with, {FSDP_STRATEGY_OPTION} (a --config file would stop "
+        f"cofr {subcommand} taking the run's data and batch settings), or {one_file}"
+    )
 
 
 class ParseOnlyCLI(CofrCLI):

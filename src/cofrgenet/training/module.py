@@ -73,6 +73,20 @@ def allow_recompiles() -> None:
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
 
+def check_compile_strategy(compile_model: bool, strategy: Any) -> None:
+    """Refuse ``model.compile`` under an FSDP ``strategy`` (a built one): configure_model
+    compiles before FSDP flattens the parameters, and the compiled graph then assigns
+    whole gradients to shards ("a gradient of size [n] to a tensor of size [2n]") at the
+    first backward, after minutes of compiling. ``cofr fit`` checks before it launches
+    the processes, so that one line says it, not one per rank."""
+    if compile_model and isinstance(strategy, FSDPStrategy):
+        raise ConfigError(
+            "model.compile does not work under FSDP here (the model is compiled before FSDP "
+            "shards it): leave model.compile at false, its default (conf/trainer/fsdp.yaml "
+            "does not set it)"
+        )
+
+
 class LanguageModel(ClipsGradients, L.LightningModule):
     """Next-token language modelling for every model variant.
 
@@ -171,14 +185,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:
             self.check_data(datamodule, evaluating=stage != "fit")
-        if self.compile_model and isinstance(getattr(trainer, "strategy", None), FSDPStrategy):
-            # configure_model compiles before FSDP flattens the parameters: the compiled
-            # graph then assigns whole gradients to shards ("a gradient of size [n] to a
-            # tensor of size [2n]") at the first backward, after minutes of compiling.
-            raise ConfigError(
-                "model.compile does not work under FSDP here (the model is compiled before "
-                "FSDP shards it): set model.compile: false, as conf/trainer/fsdp.yaml does"
-            )
+        check_compile_strategy(self.compile_model, getattr(trainer, "strategy", None))
 
     def load_initial_weights(self, datamodule: Any | None = None) -> None:
         """Load :attr:`init_from`'s network weights (nothing when it is None), checked

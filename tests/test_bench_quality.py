@@ -397,6 +397,22 @@ def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
     assert len(list((tmp_path / "runs").glob("*/*-gpt2-s*"))) == 1
 
 
+def test_a_signal_in_a_runs_final_validation_keeps_the_finished_run(tmp_path, monkeypatch, capsys):
+    """SIGTERM in the validation after the last step (the whole val split: at --quick
+    sizes much of a run) stopped the finished run there: KILLED, and "not in the report".
+    The run is scored and saved as usual; the bench reports it and stops with 143."""
+    argv = _real_bench_with_a_signal(
+        tmp_path, monkeypatch, "0,1", step=8, signum=15, during="validation"
+    )
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 143
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM after the run of gpt2 seed 0 had trained (" in err
+    (md,) = (tmp_path / "out").glob("*.md")
+    assert "still to run: gpt2 seed 1." in md.read_text()
+
+
 def test_the_help_says_what_an_unset_field_means(capsys):
     """No "(default: None)": unset shape fields keep the recipe's, and a help that says
     its own default is not given a second one."""

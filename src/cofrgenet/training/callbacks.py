@@ -480,7 +480,11 @@ class StopOnSignal(StepBoundaries):
         # not per batch: ranks may hold different numbers of validation batches (an
         # exchange per batch would then pair with another collective and hang), and a
         # checkpoint saved mid-validation would resume to a score of part of the set.
-        if trainer.state.fn == "fit":
+        # The validation after the last step has scored the finished run: a signal then is
+        # late (kept in late_signals), not a stop that would mark a finished run KILLED
+        # and keep it out of a benchmark's table.
+        last = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+        if trainer.state.fn == "fit" and not last:
             self._act(trainer, pl_module)
 
     def _act(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

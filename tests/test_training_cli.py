@@ -215,6 +215,48 @@ def test_a_replayed_validation_is_not_logged_twice(tmp_path):
     assert steps == {"train/loss": [*range(20), 20], "val/loss": [20, 30], "val/ppl": [20]}
 
 
+def test_a_validation_of_other_blocks_stays_off_the_runs_val_curve(tmp_path, tiny_data):
+    """cofr validate on 1 process of a run that scored its val split on 2 warned "not
+    comparable" and still logged val/loss at the run's step, as the run's latest score."""
+    from types import SimpleNamespace
+
+    from mlflow.entities import Metric
+
+    from cofrgenet.data import TokenDataModule
+    from cofrgenet.training.tracking import RUN_ID_FILE, CofrMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.tracking.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    client.log_batch(run_id, metrics=[Metric("val/loss", 2.0, 0, 20)])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / RUN_ID_FILE).write_text(run_id + "\n")
+    logger = CofrMLFlowLogger(
+        run_dir=tmp_path / "run", experiment_name="e", tracking_uri=uri, evaluation=True,
+        eval_step=20,
+    )  # fmt: skip
+
+    def attach(processes: int, fn: str, dm: TokenDataModule | None = None) -> TokenDataModule:
+        dm = dm or TokenDataModule(str(tiny_data), block_size=16, batch_size=2, num_workers=0)
+        dm.trainer = SimpleNamespace(
+            world_size=processes, global_rank=0, state=SimpleNamespace(fn=fn),
+            limit_val_batches=4, loggers=[logger],
+        )  # fmt: skip
+        return dm
+
+    fitted = TokenDataModule(str(tiny_data), block_size=16, batch_size=2, num_workers=0)
+    next(iter(fitted.train_dataloader()))
+    attach(2, "fit", fitted)
+    with pytest.warns(UserWarning, match=r"not comparable .*; logged as eval/val/1x8blocks/loss"):
+        attach(1, "validate").load_state_dict(fitted.state_dict())
+    logger.log_metrics({"val/loss": 2.5, "val/ppl": 12.2}, step=0)
+    assert [m.value for m in client.get_metric_history(run_id, "val/loss")] == [2.0]
+    [apart] = client.get_metric_history(run_id, "eval/val/1x8blocks/loss")
+    assert (apart.value, apart.step) == (2.5, 20)
+    note = client.get_run(run_id).data.tags["eval/val/1x8blocks/note"]
+    assert note.startswith("val/loss scores other blocks of the val split")
+
+
 def test_a_stopped_run_reads_killed_before_it_finalizes(tmp_path):
     """KILLED was written at finalize: a second SIGTERM on the way out (SLURM's, a
     user's) ended the process first, and the run stayed RUNNING. A requeue that does not

@@ -533,6 +533,19 @@ class TokenDataModule(L.LightningDataModule):
             "have, at the same steps (give its settings to compare)"
         )
 
+    def _scored_apart(self, why: str) -> str:
+        """Ask the trainer's loggers to keep an evaluation of other blocks off the run's
+        val/ curve (a logger with ``score_apart``, cofr's MLflow one); what the warning
+        adds of where the scores went."""
+        now = self._val_scored()
+        label = f"{now['processes']}x{now['blocks_each']}blocks"
+        for logger in getattr(self.trainer, "loggers", None) or []:
+            apart = getattr(logger, "score_apart", None)
+            prefix = apart(label, why) if callable(apart) else None
+            if prefix:
+                return f"; logged as {prefix}loss and .../ppl, beside the run's val/ curve"
+        return ""
+
     def _loader_settings(self) -> dict[str, Any]:
         """Settings a resume may change (a larger batch, more devices, another node's CPU
         count), but then the batches do not continue exactly: said, not refused."""
@@ -559,7 +572,7 @@ class TokenDataModule(L.LightningDataModule):
         scored_elsewhere = self._scored_elsewhere(state_dict)
         if not self._resuming_fit():
             if scored_elsewhere:
-                rank_zero_warn(scored_elsewhere)
+                rank_zero_warn(scored_elsewhere + self._scored_apart(scored_elsewhere))
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).
             self.check_same_tokenizer(

@@ -103,6 +103,8 @@ class CofrMLFlowLogger(MLFlowLogger):
         self.eval_step = eval_step
         #: The data folder an evaluation scored, when not the training's.
         self.eval_data = None if eval_data is None else Path(eval_data).resolve()
+        #: Set by :meth:`score_apart`: an evaluation of other blocks than the run scored.
+        self._apart: tuple[str, str] | None = None
         self.store_uri: str | None = kwargs.get("tracking_uri")
         self.experiment_name: str = kwargs.get("experiment_name", "Default")
         id_file = self.run_dir / RUN_ID_FILE
@@ -137,23 +139,39 @@ class CofrMLFlowLogger(MLFlowLogger):
             self._validated_through[key] = max((m.step for m in history), default=-1)
         return step <= self._validated_through[key]
 
+    def score_apart(self, label: str, why: str) -> str | None:
+        """An evaluation that scores other blocks of the run's val split than its fit did
+        (other processes or batches; ``why`` says which) logs under ``eval/<split>/<label>/``
+        with ``why`` as the tag ``.../note``, not onto the run's own curve at the
+        checkpoint's step, where it would stand as the run's score. Returns that prefix
+        for ``val`` (None where nothing moves: a fit, or other data's scores already)."""
+        if not self.evaluation or self.eval_data is not None:
+            return None
+        self._apart = (label, why)
+        return f"eval/val/{label}/"
+
     def evaluation_key(self, key: str) -> str:
         """``val/loss`` -> ``eval/val/<data>/loss`` (keys without a split kept as they are)."""
         split, _, metric = key.partition("/")
-        if not metric or self.eval_data is None:
+        label = self.eval_data.name if self.eval_data is not None else None
+        label = self._apart[0] if self._apart is not None else label
+        if not metric or label is None:
             return key
-        return f"eval/{split}/{self.eval_data.name}/{metric}"
+        return f"eval/{split}/{label}/{metric}"
 
     @rank_zero_only
     def log_metrics(self, metrics: Any, step: int | None = None) -> None:
         if self.evaluation:
             step = self.eval_step if self.eval_step is not None else step
-            if self.eval_data is not None:  # other data: beside the run's curves
+            if self.eval_data is not None or self._apart is not None:  # beside the curves
                 from mlflow.entities import RunTag
 
                 metrics = {self.evaluation_key(k): v for k, v in metrics.items()}
                 folders = {k.rsplit("/", 1)[0] for k in metrics if k.startswith("eval/")}
-                tags = [RunTag(f"{f}/data_dir", str(self.eval_data)) for f in sorted(folders)]
+                if self._apart is not None:
+                    tags = [RunTag(f"{f}/note", self._apart[1]) for f in sorted(folders)]
+                else:
+                    tags = [RunTag(f"{f}/data_dir", str(self.eval_data)) for f in sorted(folders)]
                 self.experiment.log_batch(self.run_id, tags=tags)
             if step is not None:  # the same checkpoint scored again: one point, not two
                 client, run_id = self.experiment, self.run_id

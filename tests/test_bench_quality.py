@@ -97,7 +97,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--recipe", "bad.yaml"], "--recipe bad.yaml, line 2, column 1: not valid YAML"),
         (["--recipe", "list.yaml"], "--recipe list.yaml: expected a cofr fit config"),
         (["--steps", "-5"], "--steps must be >= 1, got -5"),
-        (["--lr", "0"], "--lr must be > 0, got 0.0"),
+        (["--lr", "0"], "--lr must be a finite number > 0, got 0.0"),
+        (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),  # was fit's own error
         (["--tag", "a b"], "--tag 'a b': it goes into the report's file name; use letters"),
         (["--out-dir", "bad.yaml/out"], "--out-dir bad.yaml/out: cannot make this folder: 'bad.yaml' is a file"),
         (["--seeds", "0,1,0"], "--seeds: 0 given twice; give each once"),
@@ -425,6 +426,20 @@ def test_the_help_says_what_an_unset_field_means(capsys):
     assert "(default: None)" not in text and ") (default:" not in text
     assert "optimizer steps per run (default: the recipe's)" in text
     assert "validation batches (default: the whole val split)" in text
+
+
+def test_making_the_default_data_folder_is_said(tmp_path, monkeypatch, capsys):
+    """Tens of seconds of tokenizing and BPE training passed in silence on first use."""
+    from cofrgenet.bench.quality import ensure_data
+
+    made = []
+    monkeypatch.setattr("cofrgenet.data.prepare.prepare_data", lambda *a, **k: made.append(a))
+    monkeypatch.chdir(tmp_path)
+    ensure_data(QualityBenchConfig())
+    assert made and capsys.readouterr().err == (
+        "making data/pydoc-bpe-quality from the bundled pydoc text (BPE of 2048 ids, 15% "
+        "held out): once, for every later run\n"
+    )
 
 
 def test_the_default_data_folder_must_hold_the_benchmarks_tokens(tmp_path, monkeypatch):

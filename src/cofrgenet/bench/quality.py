@@ -183,7 +183,10 @@ class QualityBenchConfig:
     tag: str | None = field(default=None, metadata={"help": "appended to the report's file name"})
     data_dir: str = field(
         default="data/pydoc-bpe-quality",
-        metadata={"help": "prepared data; made from the bundled pydoc text (BPE) if missing"},
+        metadata={
+            "help": "prepared data; the default folder is made from the bundled pydoc text "
+            "(BPE) when missing"
+        },
     )
     recipe: str = field(default=RECIPE, metadata={"help": "the cofr fit config every run uses"})
     runs_dir: str = field(default="runs", metadata={"help": "run folders and MLflow store"})
@@ -222,8 +225,8 @@ class QualityBenchConfig:
             value = getattr(self, name)
             if value is not None and value < 1:  # else a recipe key's error names the wrong flag
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"--lr must be a finite number > 0, got {self.lr}")
         self.model_overrides()  # fails early on bad JSON
         check_file_name_part("--tag", self.tag)
         if self.quick:  # a pipeline check, not a measurement
@@ -777,6 +780,11 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
         return
     from cofrgenet.data.prepare import prepare_data
 
+    print(  # tens of seconds of tokenizing and BPE training, else unsaid
+        f"making {folder} from the bundled pydoc text (BPE of {BENCH_DATA['vocab_size']} "
+        f"ids, {BENCH_DATA['val_fraction']:.0%} held out): once, for every later run",
+        file=sys.stderr,
+    )
     prepare_data("pydoc", cfg.data_dir, num_workers=1, **BENCH_DATA)
 
 

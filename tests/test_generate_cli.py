@@ -531,3 +531,27 @@ def test_generate_reads_at_most_the_length_the_model_trained_at(capsys, tmp_path
     )
     assert main(["generate", "--ckpt", str(lstm), "--prompt", "abc", "--max-new-tokens", "10"]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_context_is_noted(capsys, tmp_path):
+    """A prompt past the model's block was cropped to its last tokens, unsaid."""
+    byte = {"tokenizer": "byte", "vocab_size": 257}
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", None, byte)
+    block = MODEL["block_size"]
+    prompt = "x" * (block + 5)
+    argv = ["generate", "--ckpt", str(ckpt), "--prompt", prompt, "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"note: the prompt is {block + 5} tokens; the model reads its last {block}" in err
+
+
+def test_a_second_prompt_is_refused_not_dropped(capsys, tmp_path):
+    """`--prompt A --prompt B` continued B alone, A dropped without a word."""
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", None, {"tokenizer": "byte", "vocab_size": 257})
+    line = one_line_error(
+        capsys, ["generate", "--ckpt", str(ckpt), "--prompt", "A", "--prompt", "B"]
+    )
+    assert line == (
+        "cofr generate: error: --prompt given 2 times: give one prompt per command "
+        "(--num-samples N draws N continuations of it)"
+    )

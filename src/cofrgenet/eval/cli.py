@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stride",
         type=at_least(int, 1),
         default=None,
-        help="tokens between sliding windows (default: block/2; block: disjoint windows)",
+        help="tokens between sliding windows (default: half the --window; the window: "
+        "disjoint windows)",
     )
     parser.add_argument(
         "--window",

@@ -130,7 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_argument(parser)
     parser.add_argument(
         "--prompt",
-        default="",
+        action="append",  # a second --prompt replaced the first, unsaid: refused in run()
+        default=None,
         help="text to continue (default: none; sampling starts from the end-of-text token)",
     )
     parser.add_argument(
@@ -195,6 +196,13 @@ def run(args: argparse.Namespace) -> int:
 
     # Before the checkpoint is loaded: torch refuses a seed past 64 bits with a traceback.
     check_seed(args.seed, "--seed")
+    prompts = args.prompt if isinstance(args.prompt, list) else [args.prompt or ""]
+    if len(prompts) > 1:
+        raise UserError(
+            f"--prompt given {len(prompts)} times: give one prompt per command "
+            "(--num-samples N draws N continuations of it)"
+        )
+    args.prompt = prompts[0]
     if args.temperature == 0:
         given = [
             flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p)) if v is not None
@@ -229,6 +237,11 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"note: reading at most the last {context} tokens, the length {args.ckpt} "
             f"trained at (its block is {loaded.block_size}; later positions never trained)",
+            file=sys.stderr,
+        )
+    elif crops_context(loaded.model) and len(ids) > context:
+        print(
+            f"note: the prompt is {len(ids)} tokens; the model reads its last {context}",
             file=sys.stderr,
         )
     # One sample is written as it is drawn; several, each whole once all are.

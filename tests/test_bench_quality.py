@@ -268,7 +268,10 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     assert cli.main(argv) == 130  # Ctrl-C's status
     (md,) = (tmp_path / "out").glob("*.md")
     text = md.read_text()
-    assert "**Partial**: 2 runs finished; still to run: gpt2 seed 1, cofrgenet-f seed 1." in text
+    assert (
+        "**Stopped** by Ctrl-C: 2 runs finished; not run: gpt2 seed 1, cofrgenet-f seed 1. "
+        "Running the command again measures every run anew, into a file of its own." in text
+    )  # it said "The finished benchmark rewrites this file", which nothing would
     assert json.loads(md.with_suffix(".json").read_text())["partial"] is True
     assert f"stopped: the runs finished so far are in {md} (partial)" in capsys.readouterr().err
     # A run that finishes rewrites its own partial report, with nothing pending.
@@ -278,7 +281,7 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     )
     assert cli.main(argv) == 0
     (whole,) = set((tmp_path / "out").glob("*.md")) - {md}
-    assert "Partial" not in whole.read_text() and "Partial" in md.read_text()
+    assert "Partial" not in whole.read_text() and "Stopped" in md.read_text()
     assert "partial" not in json.loads(whole.with_suffix(".json").read_text())
 
 
@@ -394,7 +397,9 @@ def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
     err = capsys.readouterr().err
     assert "stopped by SIGTERM after the run of gpt2 seed 0 had trained (" in err
     (md,) = (tmp_path / "out").glob("*.md")
-    assert "still to run: gpt2 seed 1." in md.read_text()  # seed 0 in it, seed 1 not run
+    assert (
+        "**Stopped** by SIGTERM: 1 runs finished; not run: gpt2 seed 1." in md.read_text()
+    )  # seed 0 in it, seed 1 not run
     assert len(list((tmp_path / "runs").glob("*/*-gpt2-s*"))) == 1
 
 
@@ -411,7 +416,7 @@ def test_a_signal_in_a_runs_final_validation_keeps_the_finished_run(tmp_path, mo
     err = capsys.readouterr().err
     assert "stopped by SIGTERM after the run of gpt2 seed 0 had trained (" in err
     (md,) = (tmp_path / "out").glob("*.md")
-    assert "still to run: gpt2 seed 1." in md.read_text()
+    assert "**Stopped** by SIGTERM: 1 runs finished; not run: gpt2 seed 1." in md.read_text()
 
 
 def test_the_help_says_what_an_unset_field_means(capsys):

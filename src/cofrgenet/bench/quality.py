@@ -704,7 +704,14 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
     ]
     if report.get("trained_with"):
         lines += [f"Trained with: {report['trained_with']}.", ""]
-    if report.get("partial"):
+    if report.get("stopped"):
+        lines += [
+            f"**Stopped** by {report['stopped']}: {len(report['runs'])} runs finished; not "
+            f"run: {', '.join(report['pending'])}. Running the command again measures every "
+            "run anew, into a file of its own.",
+            "",
+        ]
+    elif report.get("partial"):
         lines += [
             f"**Partial**: {len(report['runs'])} runs finished; still to run: "
             f"{', '.join(report['pending'])}. The finished benchmark rewrites this file.",
@@ -909,6 +916,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, QualityBenchConfig)
 
 
+def _stopped_by(error: BaseException) -> str:
+    """What ended the bench early, as its report says it."""
+    if isinstance(error, RunStopped):
+        return error.how()
+    if isinstance(error, KeyboardInterrupt):
+        return "Ctrl-C"
+    if isinstance(error, SystemExit) and isinstance(error.code, int) and error.code > 128:
+        return signal_name(error.code)
+    return f"an error ({type(error).__name__}: {error})"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(QualityBenchConfig, args)
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
@@ -916,9 +934,11 @@ def run(args: argparse.Namespace) -> int:
     make_out_dir(cfg.runs_dir, "--runs-dir")
     stem = stem_once(lambda report: report_stem(report, out_dir))
     saved: list[Path] = []
+    latest: list[tuple[dict[str, Any], list[Row]]] = []
 
     def save_partial(report: dict[str, Any], rows: list[Row]) -> None:
         saved[:] = [write_report(report, rows, stem(report))[0]]
+        latest[:] = [(report, rows)]
 
     try:
         # SIGTERM raises between and inside the runs as in `cofr fit` (its default action
@@ -940,6 +960,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{error.steps} ({error.run_dir}): it is not in the report",
                 file=sys.stderr,
             )
+        if saved:  # "the finished benchmark rewrites this file": not this one any more
+            report, rows = latest[0]
+            write_report({**report, "stopped": _stopped_by(error)}, rows, stem(report))
         if saved:
             print(f"stopped: the runs finished so far are in {saved[0]} (partial)", file=sys.stderr)
         elif isinstance(error, RunStopped):

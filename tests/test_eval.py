@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -382,6 +384,11 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     report = json.loads(out.read_text())
     wiki = report["results"]["wikitext-2"]
     assert report["stride"] == 16 and report["block_size"] == 32
+    # What reproduces it, as a benchmark's report says it (it had none of these).
+    assert report["command"] == shlex.join(["cofr", *argv, "--json", str(out), "--stride", "16"])
+    assert report["date"].startswith(str(datetime.date.today().year))
+    assert report["code"].startswith("cofrgenet ") and report["device"] == "cpu"
+    assert report["logged_to_mlflow"] is True
     # Words and bytes of the original text, as lm-eval's wikitext task counts them: the
     # detokenised text has fewer words (", " and " @-@ " join their neighbours).
     assert wiki["words"] == len(WIKITEXT.split()) > len(wikitext_detokenize(WIKITEXT).split())
@@ -433,6 +440,7 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     # Disjoint windows see less context: never a lower NLL than overlapping ones here.
     assert main([*argv, "--json", str(out), "--stride", "32", "--no-mlflow"]) == 0
     assert json.loads(out.read_text())["results"]["wikitext-2"]["nll"] != wiki["nll"]
+    assert json.loads(out.read_text())["logged_to_mlflow"] is False  # its run id is the ckpt's
 
 
 def test_cofr_eval_again_logs_a_score_once_and_another_score_beside_it(tmp_path, capsys):

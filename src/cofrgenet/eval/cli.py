@@ -550,9 +550,18 @@ def _report(
 ) -> dict[str, Any]:
     """The JSON report (and MLflow artifact) of ``results``: the sets of ``tasks`` scored
     and those of ``harness_tasks``."""
+    import datetime as dt
+
     from cofrgenet.eval.perplexity import default_stride
+    from cofrgenet.redact import hide_passwords
+    from cofrgenet.training.run_store import code_description
 
     return {
+        # What reproduces the figures: the command, when, the code and the device.
+        "command": hide_passwords(getattr(args, "command_line", None) or "cofr eval"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "code": code_description(),
+        "device": str(args.device),
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
         "split": args.split,
@@ -567,7 +576,8 @@ def _report(
             else {}
         ),
         "limit": args.limit,
-        "mlflow_run_id": loaded.mlflow_run_id,
+        "mlflow_run_id": loaded.mlflow_run_id,  # the checkpoint's run
+        "logged_to_mlflow": not args.no_mlflow and loaded.mlflow_run_id is not None,
         "results": results,
         "warnings": score_warnings(results),
     }

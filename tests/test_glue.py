@@ -1072,3 +1072,20 @@ def test_a_stop_once_scored_waits_until_the_results_are_written(
     run = client.get_run(result["run_id"])
     assert run.info.status == "FINISHED"
     assert "glue_results.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_mlflow_is_switched_off_by_no_mlflow_as_in_every_command(capsys):
+    """finetune glue alone showed --mlflow/--no-mlflow; eval and the sweeps --no-mlflow."""
+    import argparse
+
+    from cofrgenet.eval import glue as g
+
+    parser = argparse.ArgumentParser()
+    g.add_arguments(parser)
+    base = ["--task", "sst2", "--ckpt", "x.ckpt"]
+    assert parser.parse_args(base).mlflow is True
+    assert parser.parse_args([*base, "--no-mlflow"]).mlflow is False
+    assert parser.parse_args([*base, "--mlflow"]).mlflow is True  # older scripts still parse
+    parser.print_help()
+    helped = capsys.readouterr().out
+    assert "--no-mlflow" in helped and "--mlflow," not in helped

@@ -438,12 +438,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--experiment", default=None, help="MLflow experiment (default: glue-<task>)"
     )
     parser.add_argument("--name", default=None, help="run name (default: <pretraining run>-<time>)")
+    # --no-mlflow, as every other command names it (--mlflow, the default, still parses).
     parser.add_argument(
-        "--mlflow",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="track in MLflow (default: on)",
+        "--no-mlflow",
+        dest="mlflow",
+        action="store_false",
+        help="no MLflow run: results on disk only",
     )
+    parser.add_argument("--mlflow", dest="mlflow", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

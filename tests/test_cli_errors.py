@@ -390,3 +390,18 @@ def test_python_dash_m_cofrgenet_runs_cofr():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: cofr ")
+
+
+def test_compare_and_sweep_report_take_out_dir_as_the_bench_commands_do():
+    """A report's folder is --out-dir everywhere (bench ops, train, quality); compare and
+    sweep report named it --out, which they still take."""
+    import argparse
+
+    from cofrgenet.eval.compare import add_arguments as compare_arguments
+    from cofrgenet.sweeps.cli import add_report_arguments
+
+    for add, first in ((compare_arguments, []), (add_report_arguments, ["s.yaml"])):
+        parser = argparse.ArgumentParser()
+        add(parser)
+        for flag in ("--out-dir", "--out"):
+            assert parser.parse_args([*first, flag, "r"]).out == "r"

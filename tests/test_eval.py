@@ -1204,9 +1204,9 @@ def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, c
     out.write_text("mine")
     argv = ["compare", "--experiment", "x", "--runs-dir", str(tmp_path / "none"), "--out"]
     line = one_line_error(capsys, [*argv, str(out)])
-    assert line.startswith(f"cofr compare: error: --out {out} is a file: give a folder")
+    assert line.startswith(f"cofr compare: error: --out-dir {out} is a file: give a folder")
     line = one_line_error(capsys, [*argv, str(out / "sub")])
-    assert line == f"cofr compare: error: --out {out / 'sub'}: {out} is a file, not a folder"
+    assert line == f"cofr compare: error: --out-dir {out / 'sub'}: {out} is a file, not a folder"
     assert out.read_text() == "mine"
 
 
@@ -1373,7 +1373,7 @@ def test_cofr_compare_checks_the_metric_before_writing(checkpoint, tmp_path, cap
     assert "(did you mean 'ladder/grad_share'?)" in line and not out.exists()
     out.write_text("mine")  # a file where the folder would go: once made a FileExistsError
     line = one_line_error(capsys, argv)
-    assert line.startswith(f"cofr compare: error: --out {out} is a file: give a folder")
+    assert line.startswith(f"cofr compare: error: --out-dir {out} is a file: give a folder")
 
 
 def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys, monkeypatch):

@@ -2525,7 +2525,7 @@ def test_report_out_must_be_a_folder(tmp_path, capsys):
         capsys, ["sweep", "report", str(write_sweep(tmp_path)), "--out", str(notes)]
     )
     assert line == (
-        f"cofr sweep report: error: --out {notes} is a file: --out must be a folder "
+        f"cofr sweep report: error: --out-dir {notes} is a file: --out-dir must be a folder "
         "(made if missing)"
     )
     assert notes.read_text() == "mine\n"
@@ -2945,7 +2945,7 @@ def test_unwritable_storage_and_report_folders_are_said_in_one_line(tmp_path, mo
     line = one_line_error(capsys, ["sweep", "report", str(path), *out])
     assert line.endswith(
         f"cannot make {blocker / 'report'}, the folder of the report: '{blocker}' is a file; "
-        "choose another with --out"
+        "choose another with --out-dir"
     )
     # A file the report's MLflow copy cannot write is not --out's fault.
     import cofrgenet.sweeps.report as sweep_report

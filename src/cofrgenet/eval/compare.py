@@ -146,7 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="x axis: parameters or FLOPs/token (default: params)",
     )
     parser.add_argument(
-        "--out",
+        "--out-dir",
+        "--out",  # its older name
+        dest="out",
         default=None,
         help="folder for compare.md and pareto.png (default: <runs-dir>/compare/<time>/, "
         "<time>-2/ for another compare in the same second)",
@@ -686,8 +688,8 @@ def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:
     return str((raw or {}).get("experiment") or study), str(study)
 
 
-def check_out_folder(out: Path, option: str = "--out") -> None:
-    """``--out`` is a folder (compare.md and pareto.png go in it), or can be made one.
+def check_out_folder(out: Path, option: str = "--out-dir") -> None:
+    """``--out-dir`` is a folder (compare.md and pareto.png go in it), or can be made one.
     ``option``: what gave ``out``, named in the message (``--runs-dir`` for the default,
     ``<runs-dir>/compare/``)."""
     if out.exists() and not out.is_dir():
@@ -724,7 +726,7 @@ def make_out_folder(out: Path | None, runs_dir: Path) -> Path:
             lambda path: path.mkdir(parents=True) or path,
         )
     except OSError as error:  # made or changed since the checks before the store was read
-        option, folder = ("--out", out) if out is not None else ("--runs-dir", runs_dir)
+        option, folder = ("--out-dir", out) if out is not None else ("--runs-dir", runs_dir)
         raise UserError(
             f"{option} {folder}: cannot make the folder ({why_no_folder(folder, error)})"
         ) from None

@@ -177,7 +177,9 @@ def _study_command(args: argparse.Namespace, subcommand: str) -> str:
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     add_study_arguments(parser)
     parser.add_argument(
-        "--out",
+        "--out-dir",
+        "--out",  # its older name
+        dest="out",
         default=None,
         help="a folder, made if missing (default: <runs-dir>/sweeps/<study>/report)",
     )
@@ -482,7 +484,9 @@ def report(args: argparse.Namespace) -> int:
     from cofrgenet.sweeps.tracking import PARENT_ATTR, client_for, run_config, run_missing
 
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise SweepError(f"--out {args.out} is a file: --out must be a folder (made if missing)")
+        raise SweepError(
+            f"--out-dir {args.out} is a file: --out-dir must be a folder (made if missing)"
+        )
     study, sweep, _ = _load_study(args)
     out = Path(args.out) if args.out else st.study_folder(sweep) / "report"
     client = parent = None
@@ -502,7 +506,7 @@ def report(args: argparse.Namespace) -> int:
                 "to MLflow; the next `cofr sweep run` makes a new parent run"
             )
             client = parent = None
-    st.make_folder(out, "the report", "--out")
+    st.make_folder(out, "the report", "--out-dir")
     try:
         files = write_report(study, sweep, out, client, parent)
     except OSError as error:  # a read-only folder

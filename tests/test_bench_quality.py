@@ -22,6 +22,7 @@ from cofrgenet.bench.quality import (
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.models import ModelConfig, build_model
 from cofrgenet.models.presets import preset_dict
+from test_cli_errors import one_line_error
 
 
 def n_params(fields: dict) -> int:
@@ -270,7 +271,7 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     text = md.read_text()
     assert (
         "**Stopped** by Ctrl-C: 2 runs finished; not run: gpt2 seed 1, cofrgenet-f seed 1. "
-        "Running the command again measures every run anew, into a file of its own." in text
+        "The command with `--resume` and this file trains those and completes it." in text
     )  # it said "The finished benchmark rewrites this file", which nothing would
     assert json.loads(md.with_suffix(".json").read_text())["partial"] is True
     assert f"stopped: the runs finished so far are in {md} (partial)" in capsys.readouterr().err
@@ -283,6 +284,50 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     (whole,) = set((tmp_path / "out").glob("*.md")) - {md}
     assert "Partial" not in whole.read_text() and "Stopped" in md.read_text()
     assert "partial" not in json.loads(whole.with_suffix(".json").read_text())
+
+
+def test_a_stopped_bench_resumes_into_its_own_report(tmp_path, monkeypatch, capsys):
+    """A stop hours in left a partial report that nothing completed: running the command
+    again trained every run anew. `--resume REPORT` trains only the runs it lacks, with
+    the bench's own settings, and completes that report."""
+    import cofrgenet.bench.quality as quality
+
+    trained = []
+
+    def fake_run(cfg, variant, seed, stamp):
+        if len(trained) == 2 and not resuming:
+            raise KeyboardInterrupt
+        trained.append((variant.name, seed))
+        return _result(variant.name, seed, 5.0 + seed)
+
+    monkeypatch.setattr(quality, "run_variant", fake_run)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
+            str(tmp_path / "data"), "--variants", "gpt2,cofrgenet-f", "--seeds", "0,1",
+            "--out-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    resuming = False
+    assert cli.main(argv) == 130
+    (md,) = (tmp_path / "out").glob("*.md")
+    js = md.with_suffix(".json")
+    err = capsys.readouterr().err
+    assert "to train the rest into it: cofr bench quality --quick " in err
+    assert f"--resume {js}\ncofr: interrupted" in err
+    assert "The command with `--resume` and this file trains those" in md.read_text()
+
+    # Other settings than the stopped bench's: refused, naming them and its command.
+    line = one_line_error(capsys, [*argv, "--steps", "9", "--resume", str(js)])
+    assert "--resume: that bench ran with other settings (steps: 8 there, 9 here)" in line
+    resuming = True
+    trained.clear()
+    assert cli.main([*argv, "--resume", str(md)]) == 0  # the .md names it too
+    assert trained == [("gpt2", 1), ("cofrgenet-f", 1)]
+    assert list((tmp_path / "out").glob("*.md")) == [md]  # completed, not a second file
+    report = json.loads(js.read_text())
+    assert "partial" not in report and len(report["runs"]) == 4
+    assert "Stopped" not in md.read_text() and "Partial" not in md.read_text()
+    line = one_line_error(capsys, [*argv, "--resume", str(js)])
+    assert line.endswith(f"--resume {js}: that bench finished; nothing is left to run")
 
 
 def _simulated_lightning_stop(how: str):

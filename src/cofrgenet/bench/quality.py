@@ -37,6 +37,7 @@ import itertools
 import json
 import logging
 import math
+import shlex
 import signal
 import statistics
 import sys
@@ -707,8 +708,8 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
     if report.get("stopped"):
         lines += [
             f"**Stopped** by {report['stopped']}: {len(report['runs'])} runs finished; not "
-            f"run: {', '.join(report['pending'])}. Running the command again measures every "
-            "run anew, into a file of its own.",
+            f"run: {', '.join(report['pending'])}. The command with `--resume` and this "
+            "file trains those and completes it.",
             "",
         ]
     elif report.get("partial"):
@@ -827,26 +828,39 @@ def run_benchmark(
     cfg: QualityBenchConfig,
     command: str,
     on_update: Callable[[dict[str, Any], list[Row]], None] | None = None,
+    earlier: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[Row]]:
     """Train every variant for every seed; the report and its rows. ``on_update`` gets
-    the partial report after each run (marked ``partial``, with the runs ``pending``)."""
+    the partial report after each run (marked ``partial``, with the runs ``pending``).
+    ``earlier``: the report of a stopped bench of the same settings (``--resume``), whose
+    finished runs are kept and not trained again."""
     cfg = replace(cfg, recipe=str(bundled(cfg.recipe)))  # conf/... from any folder
     recipe_model_config(cfg)  # a bad --recipe fails before the data is made
+    results = [] if earlier is None else finished_runs(earlier, cfg)
     ensure_data(cfg)
     check_vocab_fits(cfg)
-    started = dt.datetime.now(dt.timezone.utc)
-    stamp = started.strftime("%Y%m%d-%H%M%S")
+    now = dt.datetime.now(dt.timezone.utc)
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    # A resumed bench keeps its start (its date and file); its minutes count trained time.
+    started = now if earlier is None else dt.datetime.fromisoformat(earlier["started"])
+    before = 0.0 if earlier is None else float(earlier["minutes"])
+    command = command if earlier is None else earlier["command"]
     # Seed-major: a drifting machine load hits every variant alike.
     order = [(seed, name) for seed in cfg.seeds for name in cfg.variants]
-    results: list[RunResult] = []
+    done = {(r.seed, r.variant) for r in results}
+
+    def report(pending: list[str]) -> tuple[dict[str, Any], list[Row]]:
+        return _report(cfg, command, started, results, pending, before, now)
+
     for index, (seed, name) in enumerate(order):
+        if (seed, name) in done:
+            continue
         try:
             result = run_variant(cfg, VARIANTS[name], seed, stamp)
         except RunStopped as stopped:  # after its last step: in the report, then stop
             if stopped.finished is not None and on_update is not None:
                 results.append(stopped.finished)
-                pending = [f"{n} seed {s}" for s, n in order[index + 1 :]]
-                on_update(*_report(cfg, command, started, results, pending))
+                on_update(*report(_pending(order[index + 1 :], done)))
             raise
         results.append(result)
         print(
@@ -854,10 +868,57 @@ def run_benchmark(
             f"{result.tokens_per_sec:,.0f} tokens/s, {result.seconds:.0f} s",
             file=sys.stderr,
         )
-        if on_update is not None and index + 1 < len(order):
-            pending = [f"{n} seed {s}" for s, n in order[index + 1 :]]
-            on_update(*_report(cfg, command, started, results, pending))
-    return _report(cfg, command, started, results, [])
+        pending = _pending(order[index + 1 :], done)
+        if on_update is not None and pending:
+            on_update(*report(pending))
+    return report([])
+
+
+def _pending(order: list[tuple[int, str]], done: set[tuple[int, str]]) -> list[str]:
+    """The runs of ``order`` still to train, as the report names them."""
+    return [f"{name} seed {seed}" for seed, name in order if (seed, name) not in done]
+
+
+def finished_runs(earlier: dict[str, Any], cfg: QualityBenchConfig) -> list[RunResult]:
+    """The finished runs of a stopped bench's report ``earlier``, refused unless it ran
+    with ``cfg``'s settings (its numbers would stand beside others of other settings)."""
+    theirs = earlier.get("config") or {}
+    ours = asdict(cfg)
+    differ = [
+        f"{key}: {_shown(theirs.get(key))} there, {_shown(value)} here"
+        for key, value in ours.items()
+        if key not in ("out_dir", "runs_dir") and _shown(theirs.get(key)) != _shown(value)
+    ]
+    if differ:
+        raise ConfigError(
+            f"--resume: that bench ran with other settings ({'; '.join(differ)}): resume it "
+            f"with its own command, {earlier.get('command')!r}"
+        )
+    return [RunResult(**run) for run in earlier.get("runs") or []]
+
+
+def _shown(value: Any) -> Any:
+    """A config value as its report's JSON holds it (tuples as lists)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def read_resumed(path: str) -> dict[str, Any]:
+    """The report ``--resume`` names (its .json; the .md beside it is taken for it)."""
+    file = Path(path)
+    file = file.with_suffix(".json") if file.suffix == ".md" else file
+    try:
+        earlier = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {path}: no such report") from None
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            f"--resume {path}: not a report of cofr bench quality ({error})"
+        ) from None
+    if not isinstance(earlier, dict) or not {"config", "runs", "started"} <= set(earlier):
+        raise ConfigError(f"--resume {path}: not a report of cofr bench quality")
+    if not earlier.get("partial"):
+        raise ConfigError(f"--resume {path}: that bench finished; nothing is left to run")
+    return earlier
 
 
 def _report(
@@ -866,9 +927,14 @@ def _report(
     started: dt.datetime,
     results: list[RunResult],
     pending: list[str],
+    minutes_before: float = 0.0,
+    resumed: dt.datetime | None = None,
 ) -> tuple[dict[str, Any], list[Row]]:
-    """The report of the runs finished so far (``partial`` while runs are ``pending``)."""
-    minutes = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() / 60
+    """The report of the runs finished so far (``partial`` while runs are ``pending``).
+    ``minutes_before``: a resumed bench's earlier minutes, ``resumed``: when it resumed."""
+    since = started if resumed is None else resumed
+    now = dt.datetime.now(dt.timezone.utc)
+    minutes = minutes_before + (now - since).total_seconds() / 60
     settings = {k: getattr(cfg, k) for k in QUICK}
     settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
     settings |= {"model config": cfg.model_config}
@@ -914,6 +980,28 @@ def write_report(report: dict[str, Any], rows: list[Row], stem: Path) -> tuple[P
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, QualityBenchConfig)
+    parser.add_argument(
+        "--resume",
+        metavar="REPORT",
+        default=None,
+        help="a stopped bench's partial report (.json or .md): train only the runs it "
+        "lacks, with the same options as its command, and complete that report",
+    )
+
+
+def resume_command(command: str, report: Path) -> str:
+    """``command`` (a bench's own) with ``--resume`` naming its partial ``report``."""
+    words = shlex.split(command)
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--resume":
+            skip = True
+        elif not word.startswith("--resume="):
+            kept.append(word)
+    return shlex.join([*kept, "--resume", str(report.with_suffix(".json"))])
 
 
 def _stopped_by(error: BaseException) -> str:
@@ -929,10 +1017,16 @@ def _stopped_by(error: BaseException) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(QualityBenchConfig, args)
+    resume = getattr(args, "resume", None)
+    earlier = read_resumed(resume) if resume else None
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
     # The runs' folders too, named by this command's option (the fit's says --run.runs_dir).
     make_out_dir(cfg.runs_dir, "--runs-dir")
-    stem = stem_once(lambda report: report_stem(report, out_dir))
+    if resume:  # the stopped bench's own files are completed
+        resumed_stem = Path(resume).with_suffix("")
+        stem: Callable[[dict[str, Any]], Path] = lambda report: resumed_stem  # noqa: E731
+    else:
+        stem = stem_once(lambda report: report_stem(report, out_dir))
     saved: list[Path] = []
     latest: list[tuple[dict[str, Any], list[Row]]] = []
 
@@ -945,7 +1039,7 @@ def run(args: argparse.Namespace) -> int:
         # ended the bench unsaid); each fit's StopOnSignal takes it over while it trains.
         with sigterm_raises(lightning_sigterm):
             report, rows = run_benchmark(
-                cfg, getattr(args, "command_line", "cofr bench quality"), save_partial
+                cfg, getattr(args, "command_line", "cofr bench quality"), save_partial, earlier
             )
     except BaseException as error:  # Ctrl-C, a failed run: say where the finished runs are
         if isinstance(error, RunStopped) and error.finished is not None:
@@ -964,7 +1058,12 @@ def run(args: argparse.Namespace) -> int:
             report, rows = latest[0]
             write_report({**report, "stopped": _stopped_by(error)}, rows, stem(report))
         if saved:
-            print(f"stopped: the runs finished so far are in {saved[0]} (partial)", file=sys.stderr)
+            again = resume_command(getattr(args, "command_line", "cofr bench quality"), saved[0])
+            print(
+                f"stopped: the runs finished so far are in {saved[0]} (partial); to train the "
+                f"rest into it: {again}",
+                file=sys.stderr,
+            )
         elif isinstance(error, RunStopped):
             print("stopped: no run had finished, so no report was written", file=sys.stderr)
         if isinstance(error, RunStopped) and error.code == 128 + signal.SIGINT:

@@ -448,6 +448,19 @@ def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
     assert len(list((tmp_path / "runs").glob("*/*-gpt2-s*"))) == 1
 
 
+def test_a_signal_after_the_last_run_leaves_a_complete_report(tmp_path, monkeypatch, capsys):
+    """SIGTERM after the bench's last run had trained: the rewrite as "stopped" read the
+    report's pending runs, which a complete one has not (KeyError, exit 1)."""
+    argv = _real_bench_with_a_signal(tmp_path, monkeypatch, "0", step=0, signum=15, during="end")
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 143
+    (md,) = (tmp_path / "out").glob("*.md")
+    assert f"stopped after the last run: the report {md} is complete" in capsys.readouterr().err
+    text = md.read_text()
+    assert "Stopped" not in text and "Partial" not in text and "| gpt2 |" in text
+
+
 def test_a_signal_in_a_runs_final_validation_keeps_the_finished_run(tmp_path, monkeypatch, capsys):
     """SIGTERM in the validation after the last step (the whole val split: at --quick
     sizes much of a run) stopped the finished run there: KILLED, and "not in the report".

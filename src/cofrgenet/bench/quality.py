@@ -705,7 +705,7 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
     ]
     if report.get("trained_with"):
         lines += [f"Trained with: {report['trained_with']}.", ""]
-    if report.get("stopped"):
+    if report.get("stopped") and report.get("pending"):
         lines += [
             f"**Stopped** by {report['stopped']}: {len(report['runs'])} runs finished; not "
             f"run: {', '.join(report['pending'])}. The command with `--resume` and this "
@@ -1054,10 +1054,15 @@ def run(args: argparse.Namespace) -> int:
                 f"{error.steps} ({error.run_dir}): it is not in the report",
                 file=sys.stderr,
             )
-        if saved:  # "the finished benchmark rewrites this file": not this one any more
+        pending = bool(latest and latest[0][0].get("pending"))
+        if saved and not pending:  # stopped after the last run: the report is whole
+            print(f"stopped after the last run: the report {saved[0]} is complete", file=sys.stderr)
+        elif saved:
             report, rows = latest[0]
-            write_report({**report, "stopped": _stopped_by(error)}, rows, stem(report))
-        if saved:
+            # "The finished benchmark rewrites this file": not this one any more. A failed
+            # write must not hide what stopped the bench.
+            with contextlib.suppress(OSError):
+                write_report({**report, "stopped": _stopped_by(error)}, rows, stem(report))
             again = resume_command(getattr(args, "command_line", "cofr bench quality"), saved[0])
             print(
                 f"stopped: the runs finished so far are in {saved[0]} (partial); to train the "

@@ -319,7 +319,8 @@ def log_to_mlflow(
     log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
     client = MlflowClient(uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    client.log_text(loaded.mlflow_run_id, results_json(report), f"eval/eval-{stamp}.json")
+    logged = {**report, "logged_to_mlflow": True}  # the run's own copy: logged, it says
+    client.log_text(loaded.mlflow_run_id, results_json(logged), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id
 
 
@@ -497,8 +498,10 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"results: {out}" + (f" (partial: the sets finished{kept})" if stop.signum else "")
             )
-        if not args.no_mlflow:
-            _log_and_say(args, loaded, results, report)
+        if not args.no_mlflow and _log_and_say(args, loaded, results, report):
+            report["logged_to_mlflow"] = True
+            if out is not None:  # written before: the results are kept if logging fails
+                write_results(out, report)
     return 0 if stop.signum is None else 128 + stop.signum
 
 
@@ -577,7 +580,7 @@ def _report(
         ),
         "limit": args.limit,
         "mlflow_run_id": loaded.mlflow_run_id,  # the checkpoint's run
-        "logged_to_mlflow": not args.no_mlflow and loaded.mlflow_run_id is not None,
+        "logged_to_mlflow": False,  # set once the scores are in that run (_log_and_say)
         "results": results,
         "warnings": score_warnings(results),
     }
@@ -588,9 +591,10 @@ def _log_and_say(
     loaded: Any,
     results: dict[str, dict[str, float]],
     report: dict[str, Any],
-) -> None:
+) -> bool:
     """Log the results onto the checkpoint's run (not a --limit run's: part of the sets
-    would stand beside full scores under the same names) and say where, or why not."""
+    would stand beside full scores under the same names) and say where, or why not;
+    whether they were logged."""
     from cofrgenet.training.pretrained import NotLogged
 
     if args.limit is not None:
@@ -599,15 +603,16 @@ def _log_and_say(
             "set it may score would stand beside full scores under the same names); run "
             "without --limit to log"
         )
-        return
+        return False
     try:
         run_id = log_to_mlflow(loaded, results, report)
     except NotLogged as error:  # the results are printed and written already
         print(f"not logged to MLflow: {error}", file=sys.stderr)
-        return
+        return False
     if run_id is None:
         why = loaded.foreign or "the checkpoint is not in a tracked run folder"
         print(f"not logged to MLflow: {why}")
-    else:
-        where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
-        print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")
+        return False
+    where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
+    print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")
+    return True

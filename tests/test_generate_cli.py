@@ -13,6 +13,7 @@ import torch
 
 from cofrgenet.cli import main
 from cofrgenet.data import ByteTokenizer
+from cofrgenet.errors import ConfigError
 from cofrgenet.models import build_model
 from cofrgenet.models.config import resolve_model_config
 from cofrgenet.training import pretrained
@@ -555,3 +556,25 @@ def test_a_second_prompt_is_refused_not_dropped(capsys, tmp_path):
         "cofr generate: error: --prompt given 2 times: give one prompt per command "
         "(--num-samples N draws N continuations of it)"
     )
+
+
+def test_a_checkpoint_recorded_with_settings_its_arch_never_read_still_loads(capsys, tmp_path):
+    """An LSTM run given transformer-only settings (ignored then, refused in new configs
+    now) keeps loading: they changed nothing of its network, so they are dropped."""
+    from cofrgenet.training.model_options import fit_model_config, model_config_of
+
+    byte = {"tokenizer": "byte", "vocab_size": 257}
+    ckpt = write_checkpoint(tmp_path / "lstm.ckpt", None, byte, preset="lstm-tiny")
+    saved = torch.load(ckpt, weights_only=True)
+    saved["hyper_parameters"]["config"] |= {"n_kv_head": 4, "attention": "cattn_m"}
+    torch.save(saved, ckpt)
+    argv = ["generate", "--ckpt", str(ckpt), "--prompt", "ab", "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("ab")
+    recorded = model_config_of({"preset": "lstm-tiny", "config": MODEL}).to_dict()
+    saved["model_config"] = {**recorded, "norm": "rmsnorm"}  # as to_dict() recorded it
+    torch.save(saved, ckpt)
+    assert main(argv) == 0
+    # A new run's config is refused: there the setting is a mistake.
+    with pytest.raises(ConfigError, match=r"model.config: arch 'lstm' has no attention"):
+        fit_model_config({"preset": "lstm-tiny", "config": {"attention": "cattn_m"}})

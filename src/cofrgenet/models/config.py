@@ -352,6 +352,36 @@ def _is_positive_int(value: Any) -> bool:
     return _is_kind(value, "int") and value >= 1
 
 
+#: ModelConfig fields only a transformer reads: set on a recurrent model they change
+#: nothing (an LSTM asked for ``attention: cattn_m`` trained as a plain LSTM, unsaid).
+TRANSFORMER_ONLY = (
+    "attention",
+    "ffn",
+    "attention_pattern",
+    "ffn_pattern",
+    "ffn_hidden",
+    "n_kv_head",
+    "sparse_stride",
+    "sparse_summary",
+    "norm",
+    "rope_scaling",
+)
+#: Fields only a recurrent model reads.
+RECURRENT_ONLY = ("rnn_hidden",)
+
+
+def unused_settings(data: dict[str, Any]) -> list[str]:
+    """The fields set in config dict ``data`` that its architecture never reads (refused
+    in a new config; a checkpoint recorded before they were refused drops them: they
+    changed nothing of its network)."""
+    try:
+        kind = ARCHITECTURES.entry(data.get("arch") or "gpt").kind
+    except ValueError:  # an unknown arch: its own error comes when the config is made
+        return []
+    unread = TRANSFORMER_ONLY if kind == "recurrent" else RECURRENT_ONLY
+    return [name for name in unread if data.get(name) is not None]
+
+
 def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
     if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS):
         raise ConfigError(

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from cofrgenet.errors import ConfigError
-from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.config import ModelConfig, unused_settings
 from cofrgenet.models.registry import ARCHITECTURES
 from cofrgenet.nn.decoding import TokenSink, sample_tokens
 
@@ -163,28 +163,8 @@ def recurrent_flops(config: ModelConfig, seq_len: int) -> dict[str, int]:
     return {"recurrent": recurrent, "lm_head": 2 * H * config.vocab_size}
 
 
-#: ModelConfig fields only a transformer reads: set on a recurrent model they changed
-#: nothing (an LSTM asked for ``attention: cattn_m`` trained as a plain LSTM, unsaid).
-TRANSFORMER_ONLY = (
-    "attention",
-    "ffn",
-    "attention_pattern",
-    "ffn_pattern",
-    "ffn_hidden",
-    "n_kv_head",
-    "sparse_stride",
-    "sparse_summary",
-    "norm",
-    "rope_scaling",
-)
-
-
 def _validate_recurrent(config: ModelConfig) -> None:
-    ignored = [
-        f"{name}={getattr(config, name)!r}"
-        for name in TRANSFORMER_ONLY
-        if getattr(config, name) is not None
-    ]
+    ignored = [f"{name}={getattr(config, name)!r}" for name in unused_settings(config.to_dict())]
     if ignored:
         raise ConfigError(
             f"arch {config.arch!r} has no attention, feed-forward mixers or norms: "

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cofrgenet.errors import ConfigError
-from cofrgenet.models.config import ModelConfig
+from cofrgenet.models.config import ModelConfig, unused_settings
 from cofrgenet.models.generation import DecodeCache, generate_cached
 from cofrgenet.models.mixers import mixer_flops, residual_std
 from cofrgenet.models.registry import ARCHITECTURES, ATTENTION, FFN
@@ -258,7 +258,7 @@ def _check_transformer_config(config: ModelConfig) -> None:
     for name in ("attention", "ffn", "norm", "position", "bias", "tie_embeddings"):
         if getattr(config, name) is None:
             raise ValueError(f"a transformer needs config.{name} (arch {config.arch!r})")
-    if config.rnn_hidden is not None:
+    if unused_settings(config.to_dict()):  # rnn_hidden
         raise ConfigError(
             f"rnn_hidden={config.rnn_hidden!r} is the width of a recurrent model's layers; "
             f"arch {config.arch!r} has none (leave it out, or use arch rnn, lstm or gru)"

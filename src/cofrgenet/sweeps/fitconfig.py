@@ -200,7 +200,7 @@ MODEL_PROBES = 32
 
 def _model_config(config: dict[str, Any]) -> ModelConfig:
     """The ModelConfig of ``config``'s ``model.preset`` and ``model.config``."""
-    return model_config_of(config.get("model"))
+    return model_config_of(config.get("model"), recorded=False)
 
 
 def model_problem(config: dict[str, Any]) -> str | None:

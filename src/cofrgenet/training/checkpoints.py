@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from cofrgenet.atomic import is_temporary
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, first_line
 from cofrgenet.models import ModelConfig, build_model
+from cofrgenet.models.config import unused_settings
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training.model_options import model_config_of, overrides_dict
 
@@ -463,10 +464,14 @@ EXECUTION_SETTINGS = frozenset({"ladder_impl"})
 def changed_settings(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """The model settings (ModelConfig fields) whose values differ, sorted; a setting one
     side lacks (newer than a checkpoint) and :data:`EXECUTION_SETTINGS` are not compared."""
+    unread = unused_settings(theirs)  # recorded before they were refused: no difference
     return [
         key
         for key in sorted(theirs)
-        if key in ours and key not in EXECUTION_SETTINGS and theirs[key] != ours[key]
+        if key in ours
+        and key not in EXECUTION_SETTINGS
+        and key not in unread
+        and theirs[key] != ours[key]
     ]
 
 
@@ -605,6 +610,8 @@ def trained_model_config(
     ours = built.to_dict() if built is not None else {}
     fields = ModelConfig.field_names()
     recorded = {k: v for k, v in saved.items() if k in fields and k not in EXECUTION_SETTINGS}
+    # Settings its architecture never read, recorded before they were refused: dropped.
+    recorded |= dict.fromkeys(unused_settings(recorded))
     if built is not None and not changed_settings(recorded, ours):
         return built
     try:

@@ -84,17 +84,25 @@ def overrides_dict(config: Any) -> dict[str, Any]:
     return {k: v for k, v in dict(config).items() if v is not None}
 
 
-def model_config_of(model: dict[str, Any] | None) -> ModelConfig:
+def model_config_of(model: dict[str, Any] | None, recorded: bool = True) -> ModelConfig:
     """The ModelConfig a run's ``model:`` section (``preset`` and ``config``, as a saved
     ``config.yaml`` or a resolved sweep config holds it) describes, as ``cofr fit``
-    builds it: a missing preset is the default one."""
-    from cofrgenet.models.config import resolve_model_config
-    from cofrgenet.models.presets import DEFAULT_PRESET
+    builds it: a missing preset is the default one. ``recorded``: a section a run saved,
+    whose settings its architecture never read (refused in new configs since, an
+    ``lstm`` with ``attention``) are dropped; False: a new one, refused."""
+    from cofrgenet.models.config import resolve_model_config, unused_settings
+    from cofrgenet.models.presets import DEFAULT_PRESET, preset_dict
 
     model = model or {}
-    return resolve_model_config(
-        model.get("preset", DEFAULT_PRESET), overrides_dict(model.get("config"))
-    )
+    preset = model.get("preset", DEFAULT_PRESET)
+    overrides = overrides_dict(model.get("config"))
+    if recorded:
+        try:
+            base = {} if preset is None else preset_dict(preset)
+        except ValueError:  # an unknown preset: resolve_model_config names it
+            base = {}
+        overrides |= dict.fromkeys(unused_settings({**base, **overrides}))
+    return resolve_model_config(preset, overrides)
 
 
 def fit_model_config(model: dict[str, Any] | None) -> ModelConfig:
@@ -108,6 +116,6 @@ def fit_model_config(model: dict[str, Any] | None) -> ModelConfig:
     if preset is not None:
         preset_dict(preset)
     try:
-        return model_config_of(model)
+        return model_config_of(model, recorded=False)
     except ConfigError as error:
         raise ConfigError(f"model.config: {error}") from None

@@ -7,7 +7,7 @@ token (computed from the run's logged config, so every run is counted the same w
 its last ``val/loss``, the median ``perf/tokens_per_sec`` and the ``cofr eval`` metrics
 (``eval/<task>/<metric>``), marked where they were scored at another step than the val
 loss; the paper's published rows (GPT2-xl on OpenWebText, spec section 5) follow.
-Written to ``--out`` (default ``runs/compare/<time>[-N]/``):
+Written to ``--out-dir`` (default ``runs/compare/<time>[-N]/``):
 
 * ``compare.md``: that table in markdown;
 * ``pareto.png``: parameters (or FLOPs per token, ``--x flops``) against ``--metric``,

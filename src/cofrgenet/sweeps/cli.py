@@ -518,7 +518,7 @@ def report(args: argparse.Namespace) -> int:
             ) from None
         raise SweepError(
             f"cannot write the report: {where}: {error.strerror or error}; choose another "
-            "folder with --out"
+            "folder with --out-dir"
         ) from None
     print(f"report of {study.study_name} in {out}: {', '.join(sorted(files))}")
     if parent:

@@ -1299,8 +1299,12 @@ def test_ranks_sharing_a_tasks_cpus_split_the_default_workers(monkeypatch, pydoc
     from cofrgenet.data.cpus import processes_sharing_cpus
 
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
-    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
     assert default_loader_workers(processes_sharing_cpus(2)) == 3  # 2 x (3 + 1) = 8 CPUs
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4,2")  # srun -n 6 -c 8: a task per rank
+    assert processes_sharing_cpus(4) == 1
+    monkeypatch.delenv("SLURM_STEP_TASKS_PER_NODE")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
     assert processes_sharing_cpus(4) == 4
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")  # srun: a task per rank

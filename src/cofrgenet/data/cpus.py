@@ -25,10 +25,22 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: Where SLURM says how many tasks run on this node, the step's own first (srun -n 4
+#: sets no SLURM_NTASKS_PER_NODE); "8(x2)" and "2,1" forms: the first count.
+TASKS_PER_NODE_VARIABLES = (
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+)
+
+
 def slurm_tasks_per_node() -> int | None:
-    """``SLURM_NTASKS_PER_NODE`` as an int ("8(x2)": 8), or None when unset."""
-    value = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0].strip()
-    return max(1, int(value)) if value.isdigit() else None
+    """Tasks SLURM runs on this node, or None outside SLURM (no variable set)."""
+    for name in TASKS_PER_NODE_VARIABLES:
+        value = os.environ.get(name, "").split("(")[0].split(",")[0].strip()
+        if value.isdigit():
+            return max(1, int(value))
+    return None
 
 
 def processes_sharing_cpus(devices_per_node: int) -> int:

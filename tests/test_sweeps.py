@@ -4152,6 +4152,35 @@ def test_a_sigterm_during_the_report_says_how_to_write_it(tiny_data, tmp_path, c
     )
 
 
+def test_slurms_requeue_warning_during_the_report_lets_it_finish(tiny_data, tmp_path, monkeypatch):
+    """SIGUSR1 (a sweep job's warning before its time limit) while the last worker wrote
+    the report: no handler was left (the trials' requeue one ends with them), and its
+    default action killed the worker silently, the report half-written."""
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps import report
+
+    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
+    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
+    path = write_sweep(tmp_path, **common)
+    run_worker(load_sweep(path), report=False, mlflow=False)
+    real = report.write_report
+
+    def warned_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return real(*args, **kwargs)
+
+    def not_handled(signum, frame):  # the default action would end pytest itself
+        raise AssertionError("the report ran with no SIGUSR1 handler")
+
+    monkeypatch.setattr(report, "write_report", warned_while_writing)
+    previous = signal.signal(signal.SIGUSR1, not_handled)
+    try:
+        assert main(["sweep", "run", str(path), "--no-mlflow"]) == 0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert (tmp_path / "runs" / "sweeps" / "tiny-cpu" / "report" / "summary.md").exists()
+
+
 def test_run_on_a_done_study_says_how_to_add_trials(tiny_data, tmp_path, capsys):
     """`cofr sweep run FILE --n-trials 2` on a done study printed "study X: done" alone,
     as if --n-trials could add trials; n_trials in the file bounds the study."""

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
-from cofrgenet.signals import Terminated, signal_name, sigterm_raises
+from cofrgenet.signals import Terminated, signal_name, signals_held, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import (
     check_keys,
@@ -825,7 +825,9 @@ def run_worker(
         from cofrgenet.sweeps.report import write_report
 
         try:
-            with sigterm_raises():  # SLURM's kill: said, not a silent half-written folder
+            # SLURM's kill: said, not a silent half-written folder; its requeue warning
+            # (SIGUSR1, whose default action kills too) asks nothing of a done study.
+            with signals_held(signal.SIGUSR1), sigterm_raises():
                 files = write_report(study, sweep, folder / "report", client, parent)
             log.info(f"study {sweep.study} done: report in {folder / 'report'} "
                      f"({', '.join(sorted(files))})")  # fmt: skip

@@ -1004,3 +1004,18 @@ def test_the_ddp_spawn_launcher_leaves_the_ranks_run_alone():
     assert marked == []
     StopOnSignal._mark_killed(SimpleNamespace(world_size=1, loggers=[logger], global_step=88))
     assert marked == [88]
+
+
+def test_fsdp_is_recognised_by_name_and_by_class():
+    """`--trainer.strategy fsdp` (a name) passed the compile check that a built
+    FSDPStrategy failed; one helper reads all the forms."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from cofrgenet.training.module import check_compile_strategy
+    from cofrgenet.training.strategies import is_fsdp
+
+    assert is_fsdp("fsdp") and is_fsdp(FSDPStrategy()) and not is_fsdp("ddp")
+    assert not is_fsdp(None) and not is_fsdp("auto")
+    with pytest.raises(ConfigError, match=r"model\.compile does not work under FSDP"):
+        check_compile_strategy(True, "fsdp")
+    check_compile_strategy(False, "fsdp")

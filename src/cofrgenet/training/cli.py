@@ -95,6 +95,7 @@ from cofrgenet.training.run_store import (
     tracking_uri,
 )
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
+from cofrgenet.training.strategies import is_fsdp
 from cofrgenet.training.tracking import CofrMLFlowLogger, data_params
 
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
@@ -1581,11 +1582,7 @@ def check_sharded_strategy(subcommand: str, folder: Path, strategy: Any) -> None
     built) than FSDP, which alone reads its shards: Lightning would open the folder as a
     file (IsADirectoryError) after a fit had rewritten the run's config.yaml and marked
     its MLflow run FAILED."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    if isinstance(strategy, FSDPStrategy):
-        return
-    if "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower():
+    if is_fsdp(strategy):
         return
     one_file = (
         f"make it one file with `python -m lightning.pytorch.utilities.consolidate_checkpoint "

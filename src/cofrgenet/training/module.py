@@ -11,7 +11,6 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -38,6 +37,7 @@ from cofrgenet.training.perf import RunPeak
 from cofrgenet.training.pretrained import run_id_of
 from cofrgenet.training.strategies import (
     grad_square_sum,
+    is_fsdp,
     sharded_gradients,
     summed_over_shards,
 )
@@ -79,7 +79,7 @@ def check_compile_strategy(compile_model: bool, strategy: Any) -> None:
     whole gradients to shards ("a gradient of size [n] to a tensor of size [2n]") at the
     first backward, after minutes of compiling. ``cofr fit`` checks before it launches
     the processes, so that one line says it, not one per rank."""
-    if compile_model and isinstance(strategy, FSDPStrategy):
+    if compile_model and is_fsdp(strategy):
         raise ConfigError(
             "model.compile does not work under FSDP here (the model is compiled before FSDP "
             "shards it): leave model.compile at false, its default (conf/trainer/fsdp.yaml "

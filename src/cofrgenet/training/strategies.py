@@ -20,6 +20,14 @@ from cofrgenet.training.checkpoints import SHARDED_MARKERS
 PRIVATE_METHODS = ("_setup_model",)
 
 
+def is_fsdp(strategy: Any) -> bool:
+    """Whether a trainer's ``strategy`` (built, a name such as ``"fsdp"``, or a config's
+    ``class_path``) shards the model with FSDP."""
+    if isinstance(strategy, FSDPStrategy):
+        return True
+    return "fsdp" in str(getattr(strategy, "class_path", strategy) or "").lower()
+
+
 class LadderFSDPStrategy(FSDPStrategy):
     """FSDP with ``use_orig_params=True`` and per-block wrapping as named, YAML-checkable
     arguments.

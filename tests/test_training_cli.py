@@ -3103,3 +3103,26 @@ def test_a_resume_with_another_accumulation_says_its_steps_change_scale(tiny_dat
         warnings.filterwarnings("error", message=".*accumulate_grad_batches.*")
         more = [*steps, "--ckpt_path", "last", "--trainer.max_steps", "4"]
         CofrCLI(args=fit_args(tmp_path, tiny_data, *more, "--trainer.accumulate_grad_batches", "2"))
+
+
+def test_a_signal_in_the_validation_after_the_last_epoch_is_late():
+    """A fit bounded by max_epochs (max_steps -1): a signal in its final validation
+    stopped the finished run there, KILLED, as one bounded by max_steps did."""
+    from types import SimpleNamespace
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    stop = StopOnSignal()
+    acted = []
+    stop._act = lambda trainer, module: acted.append(trainer.current_epoch)
+
+    def trainer(**state):
+        settings = {"max_steps": -1, "max_epochs": 2, "global_step": 50, "is_last_batch": True}
+        return SimpleNamespace(state=SimpleNamespace(fn="fit"), **{**settings, **state})
+
+    stop.on_validation_end(trainer(current_epoch=1), None)  # the last epoch's last batch
+    stop.on_validation_end(trainer(max_steps=50, max_epochs=None, current_epoch=0), None)
+    assert acted == []
+    stop.on_validation_end(trainer(current_epoch=0), None)  # an epoch is still to train
+    stop.on_validation_end(trainer(current_epoch=1, is_last_batch=False), None)  # mid-epoch
+    assert acted == [0, 1]  # acted on: a stop, as at any step's end

@@ -341,6 +341,15 @@ def _mean(values: Iterator[torch.Tensor]) -> float:
     return torch.stack(list(values)).float().mean().item()
 
 
+def _trained_out(trainer: L.Trainer) -> bool:
+    """Whether the fit has trained its last step: ``max_steps`` reached, or the last
+    batch of the last of ``max_epochs`` trained."""
+    steps_done = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+    epochs = trainer.max_epochs
+    last_epoch = epochs is not None and epochs > 0 and trainer.current_epoch >= epochs - 1
+    return steps_done or (last_epoch and bool(trainer.is_last_batch))
+
+
 def late_stop(late_signals: Iterable[int]) -> int | None:
     """The first of a fit's ``late_signals`` (:class:`StopOnSignal`'s, sorted) that stops
     what runs the fit: Ctrl-C or SIGTERM (a late SIGUSR1 asks for a requeue); None if
@@ -483,8 +492,7 @@ class StopOnSignal(StepBoundaries):
         # The validation after the last step has scored the finished run: a signal then is
         # late (kept in late_signals), not a stop that would mark a finished run KILLED
         # and keep it out of a benchmark's table.
-        last = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
-        if trainer.state.fn == "fit" and not last:
+        if trainer.state.fn == "fit" and not _trained_out(trainer):
             self._act(trainer, pl_module)
 
     def _act(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

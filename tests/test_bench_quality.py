@@ -247,6 +247,16 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]
 
 
+def _two_by_two_bench(tmp_path: Path) -> list[str]:
+    """The words of a bench of gpt2 and cofrgenet-f, seeds 0 and 1, in ``tmp_path`` (its
+    data folder a stand-in: the runs are faked)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    return ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
+            str(tmp_path / "data"), "--variants", "gpt2,cofrgenet-f", "--seeds", "0,1",
+            "--out-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+
+
 def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys):
     """The report was written only once every run had finished: a Ctrl-C (or a failed
     run) hours in kept nothing of the finished runs but their MLflow records."""
@@ -261,11 +271,7 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
         return finished[-1]
 
     monkeypatch.setattr(quality, "run_variant", fake_run)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "meta.json").write_text("{}")
-    argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
-            str(tmp_path / "data"), "--variants", "gpt2,cofrgenet-f", "--seeds", "0,1",
-            "--out-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    argv = _two_by_two_bench(tmp_path)
     assert cli.main(argv) == 130  # Ctrl-C's status
     (md,) = (tmp_path / "out").glob("*.md")
     text = md.read_text()
@@ -301,11 +307,7 @@ def test_a_stopped_bench_resumes_into_its_own_report(tmp_path, monkeypatch, caps
         return _result(variant.name, seed, 5.0 + seed)
 
     monkeypatch.setattr(quality, "run_variant", fake_run)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "meta.json").write_text("{}")
-    argv = ["bench", "quality", "--quick", "--recipe", str(RECIPE), "--data-dir",
-            str(tmp_path / "data"), "--variants", "gpt2,cofrgenet-f", "--seeds", "0,1",
-            "--out-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    argv = _two_by_two_bench(tmp_path)
     resuming = False
     assert cli.main(argv) == 130
     (md,) = (tmp_path / "out").glob("*.md")
@@ -428,23 +430,28 @@ def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeyp
     assert "cofr: interrupted" in err
 
 
+@pytest.mark.parametrize(
+    ("step", "during"), [(0, "end"), (8, "validation")], ids=["final-save", "final-validation"]
+)
 def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, step, during
 ):
     """SIGTERM after the run's last step, as its final checkpoint is saved: the fit ends
     normally and keeps the signal for what runs it (StopOnSignal.late_signals), which the
     bench did not read: it went on to the next run, maybe hours long. The finished run
-    goes into the report, and the bench stops with 143."""
-    argv = _real_bench_with_a_signal(tmp_path, monkeypatch, "0,1", step=0, signum=15, during="end")
+    goes into the report, and the bench stops with 143. So in the validation after the
+    last step (the whole val split, much of a --quick run), which stopped the finished
+    run there: KILLED, and "not in the report"."""
+    argv = _real_bench_with_a_signal(
+        tmp_path, monkeypatch, "0,1", step=step, signum=15, during=during
+    )
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     assert done.value.code == 143
     err = capsys.readouterr().err
     assert "stopped by SIGTERM after the run of gpt2 seed 0 had trained (" in err
     (md,) = (tmp_path / "out").glob("*.md")
-    assert (
-        "**Stopped** by SIGTERM: 1 runs finished; not run: gpt2 seed 1." in md.read_text()
-    )  # seed 0 in it, seed 1 not run
+    assert "**Stopped** by SIGTERM: 1 runs finished; not run: gpt2 seed 1." in md.read_text()
     assert len(list((tmp_path / "runs").glob("*/*-gpt2-s*"))) == 1
 
 
@@ -459,22 +466,6 @@ def test_a_signal_after_the_last_run_leaves_a_complete_report(tmp_path, monkeypa
     assert f"stopped after the last run: the report {md} is complete" in capsys.readouterr().err
     text = md.read_text()
     assert "Stopped" not in text and "Partial" not in text and "| gpt2 |" in text
-
-
-def test_a_signal_in_a_runs_final_validation_keeps_the_finished_run(tmp_path, monkeypatch, capsys):
-    """SIGTERM in the validation after the last step (the whole val split: at --quick
-    sizes much of a run) stopped the finished run there: KILLED, and "not in the report".
-    The run is scored and saved as usual; the bench reports it and stops with 143."""
-    argv = _real_bench_with_a_signal(
-        tmp_path, monkeypatch, "0,1", step=8, signum=15, during="validation"
-    )
-    with pytest.raises(SystemExit) as done:
-        cli.main(argv)
-    assert done.value.code == 143
-    err = capsys.readouterr().err
-    assert "stopped by SIGTERM after the run of gpt2 seed 0 had trained (" in err
-    (md,) = (tmp_path / "out").glob("*.md")
-    assert "**Stopped** by SIGTERM: 1 runs finished; not run: gpt2 seed 1." in md.read_text()
 
 
 def test_the_help_says_what_an_unset_field_means(capsys):

@@ -4120,9 +4120,14 @@ def test_a_note_of_several_lines_stays_on_one_row_of_status_and_report():
     assert "RuntimeError: first line second | line" in line
 
 
-def test_a_sigterm_during_the_report_says_how_to_write_it(tiny_data, tmp_path, capsys, monkeypatch):
-    """SLURM's kill while the last worker wrote the study's report left a half-written
-    report folder and no line (SIGTERM's default action, no handler in place)."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["sigterm", "sigusr1"])
+def test_a_signal_while_the_last_worker_writes_the_report(
+    signum, tiny_data, tmp_path, capsys, monkeypatch
+):
+    """SLURM's kill (SIGTERM) or its requeue warning (SIGUSR1) while the last worker wrote
+    the study's report: no handler was in place, and the default action ended the worker
+    silently, the report half-written. SIGTERM now stops it in one line naming the
+    command that writes the report; SIGUSR1 asks nothing of a done study: the report ends."""
     from cofrgenet.cli import main
     from cofrgenet.sweeps import report
 
@@ -4131,54 +4136,31 @@ def test_a_sigterm_during_the_report_says_how_to_write_it(tiny_data, tmp_path, c
     path = write_sweep(tmp_path, **common)
     run_worker(load_sweep(path), report=False, mlflow=False)
     capsys.readouterr()
+    real = report.write_report
 
-    def killed_while_writing(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the signal's handler runs first
-        raise AssertionError("SIGTERM did not stop the report")
+    def signalled_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        time.sleep(0.5)  # the signal's handler runs first
+        return real(*args, **kwargs)
 
-    def not_handled(signum, frame):  # without a handler SIGTERM would end pytest itself
-        raise AssertionError("the report ran with no SIGTERM handler of its own")
+    def not_handled(signum, frame):  # the default action would end pytest itself
+        raise AssertionError("the report ran with no handler of its own")
 
-    monkeypatch.setattr(report, "write_report", killed_while_writing)
-    previous = signal.signal(signal.SIGTERM, not_handled)
+    monkeypatch.setattr(report, "write_report", signalled_while_writing)
+    previous = signal.signal(signum, not_handled)
     try:
-        assert main(["sweep", "run", str(path), "--no-mlflow"]) == 143
+        status = main(["sweep", "run", str(path), "--no-mlflow"])
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
+    if signum == signal.SIGUSR1:
+        assert status == 0
+        assert (tmp_path / "runs" / "sweeps" / "tiny-cpu" / "report" / "summary.md").exists()
+        return
+    assert status == 143
     assert capsys.readouterr().err.splitlines()[-1] == (
         "cofr sweep run: stopped by a signal while writing the report of study tiny-cpu, which "
         f"is done: write it with `cofr sweep report {path}`"
     )
-
-
-def test_slurms_requeue_warning_during_the_report_lets_it_finish(tiny_data, tmp_path, monkeypatch):
-    """SIGUSR1 (a sweep job's warning before its time limit) while the last worker wrote
-    the report: no handler was left (the trials' requeue one ends with them), and its
-    default action killed the worker silently, the report half-written."""
-    from cofrgenet.cli import main
-    from cofrgenet.sweeps import report
-
-    common = {"n_trials": 1, "pruner": {"name": "none"}, "budget": {"steps": 2}}
-    common["overrides"] = {"data.data_dir": str(tiny_data), "trainer.val_check_interval": 2}
-    path = write_sweep(tmp_path, **common)
-    run_worker(load_sweep(path), report=False, mlflow=False)
-    real = report.write_report
-
-    def warned_while_writing(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGUSR1)
-        return real(*args, **kwargs)
-
-    def not_handled(signum, frame):  # the default action would end pytest itself
-        raise AssertionError("the report ran with no SIGUSR1 handler")
-
-    monkeypatch.setattr(report, "write_report", warned_while_writing)
-    previous = signal.signal(signal.SIGUSR1, not_handled)
-    try:
-        assert main(["sweep", "run", str(path), "--no-mlflow"]) == 0
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-    assert (tmp_path / "runs" / "sweeps" / "tiny-cpu" / "report" / "summary.md").exists()
 
 
 def test_run_on_a_done_study_says_how_to_add_trials(tiny_data, tmp_path, capsys):

@@ -85,6 +85,8 @@ def test_missing_data_and_bad_arguments_of_other_commands(capsys, tmp_path):
         "cofr data prepare: error: argument --vocab-size: expected an int, got 'x'"
     )
     assert "`cofr data prepare --help` lists the options" in line
+    line = one_line_error(capsys, ["data", "prepare", "--seed", "x"])  # "invalid int value"
+    assert line.startswith("cofr data prepare: error: argument --seed: expected an int, got 'x'")
 
 
 def test_debug_shows_the_traceback_and_keeps_the_status(capsys, tmp_path, monkeypatch):

@@ -123,6 +123,7 @@ def test_the_shared_check_names_a_missing_checkpoint_for_every_reader(tmp_path):
         ("--top-p", "0", "argument --top-p: must be in (0, 1], got 0"),
         ("--top-p", "1.5", "argument --top-p: must be in (0, 1], got 1.5"),
         ("--top-p", "x", "argument --top-p: expected a number, got 'x'"),
+        ("--seed", "x", "argument --seed: expected an int, got 'x'"),  # was "invalid int value"
         ("--device", "foo", "argument --device: unknown device 'foo'"),
     ],
 )

@@ -51,6 +51,13 @@ def _number(kind: type, text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 
+def integer(text: str) -> int:
+    """argparse ``type``: an int (also ``2^16`` or ``1<<16``), else the one line every
+    option of ours says (``expected an int, got 'x'``; argparse's own: "invalid int
+    value")."""
+    return _number(int, text)
+
+
 def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
     """argparse ``type``: a ``kind`` (int, also written ``2^16`` or ``1<<16``, or float)
     >= ``low``, else one line at parse time (``argument --x: must be >= 1, got 0``; NaN

@@ -85,7 +85,7 @@ from cofrgenet.data.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
-from cofrgenet.dataclass_options import at_least
+from cofrgenet.dataclass_options import at_least, integer
 from cofrgenet.errors import OneLineErrorParser, UserError, check_seed, first_line
 from cofrgenet.folder_lock import FolderLock, ReadersLock
 from cofrgenet.signals import Terminated, sigterm_raises
@@ -1164,7 +1164,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help=f"fraction of documents held out for validation, at least one (default: {DEFAULT_VAL_FRACTION})",
     )
-    out.add_argument("--seed", type=int, default=None, help=f"split seed (default: {DEFAULT_SEED})")
+    out.add_argument(
+        "--seed", type=integer, default=None, help=f"split seed (default: {DEFAULT_SEED})"
+    )
     out.add_argument(
         "--out",
         metavar="DIR",

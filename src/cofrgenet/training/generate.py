@@ -6,7 +6,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, device_arg, probability
+from cofrgenet.dataclass_options import (
+    add_checkpoint_argument,
+    at_least,
+    device_arg,
+    integer,
+    probability,
+)
 from cofrgenet.errors import UserError, check_seed
 
 if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
@@ -178,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="samples of the prompt, drawn as one batch, >= 1 (default: %(default)s)",
     )
     parser.add_argument(
-        "--seed", type=int, default=1337, help="seed of the sampling (default: %(default)s)"
+        "--seed", type=integer, default=1337, help="seed of the sampling (default: %(default)s)"
     )
     parser.add_argument(
         "--device",

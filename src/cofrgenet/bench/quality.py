@@ -850,7 +850,8 @@ def run_benchmark(
     done = {(r.seed, r.variant) for r in results}
 
     def report(pending: list[str]) -> tuple[dict[str, Any], list[Row]]:
-        return _report(cfg, command, started, results, pending, before, now)
+        minutes = before + (dt.datetime.now(dt.timezone.utc) - now).total_seconds() / 60
+        return _report(cfg, command, started, results, pending, minutes)
 
     for index, (seed, name) in enumerate(order):
         if (seed, name) in done:
@@ -927,14 +928,10 @@ def _report(
     started: dt.datetime,
     results: list[RunResult],
     pending: list[str],
-    minutes_before: float = 0.0,
-    resumed: dt.datetime | None = None,
+    minutes: float,
 ) -> tuple[dict[str, Any], list[Row]]:
-    """The report of the runs finished so far (``partial`` while runs are ``pending``).
-    ``minutes_before``: a resumed bench's earlier minutes, ``resumed``: when it resumed."""
-    since = started if resumed is None else resumed
-    now = dt.datetime.now(dt.timezone.utc)
-    minutes = minutes_before + (now - since).total_seconds() / 60
+    """The report of the runs finished so far (``partial`` while runs are ``pending``),
+    ``minutes`` of training in (a resumed bench's earlier minutes included)."""
     settings = {k: getattr(cfg, k) for k in QUICK}
     settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
     settings |= {"model config": cfg.model_config}
@@ -1022,25 +1019,22 @@ def run(args: argparse.Namespace) -> int:
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
     # The runs' folders too, named by this command's option (the fit's says --run.runs_dir).
     make_out_dir(cfg.runs_dir, "--runs-dir")
-    if resume:  # the stopped bench's own files are completed
-        resumed_stem = Path(resume).with_suffix("")
-        stem: Callable[[dict[str, Any]], Path] = lambda report: resumed_stem  # noqa: E731
-    else:
-        stem = stem_once(lambda report: report_stem(report, out_dir))
-    saved: list[Path] = []
-    latest: list[tuple[dict[str, Any], list[Row]]] = []
+    # A resumed bench completes the stopped one's own files.
+    stem = stem_once(
+        lambda report: Path(resume).with_suffix("") if resume else report_stem(report, out_dir)
+    )
+    command = getattr(args, "command_line", "cofr bench quality")
+    # The latest partial report written: (report, rows, its .md).
+    written: list[tuple[dict[str, Any], list[Row], Path]] = []
 
     def save_partial(report: dict[str, Any], rows: list[Row]) -> None:
-        saved[:] = [write_report(report, rows, stem(report))[0]]
-        latest[:] = [(report, rows)]
+        written[:] = [(report, rows, write_report(report, rows, stem(report))[0])]
 
     try:
         # SIGTERM raises between and inside the runs as in `cofr fit` (its default action
         # ended the bench unsaid); each fit's StopOnSignal takes it over while it trains.
         with sigterm_raises(lightning_sigterm):
-            report, rows = run_benchmark(
-                cfg, getattr(args, "command_line", "cofr bench quality"), save_partial, earlier
-            )
+            report, rows = run_benchmark(cfg, command, save_partial, earlier)
     except BaseException as error:  # Ctrl-C, a failed run: say where the finished runs are
         if isinstance(error, RunStopped) and error.finished is not None:
             print(
@@ -1054,19 +1048,18 @@ def run(args: argparse.Namespace) -> int:
                 f"{error.steps} ({error.run_dir}): it is not in the report",
                 file=sys.stderr,
             )
-        pending = bool(latest and latest[0][0].get("pending"))
-        if saved and not pending:  # stopped after the last run: the report is whole
-            print(f"stopped after the last run: the report {saved[0]} is complete", file=sys.stderr)
-        elif saved:
-            report, rows = latest[0]
+        if written:
+            report, rows, md = written[0]
+        if written and not report.get("pending"):  # stopped after the last run: whole
+            print(f"stopped after the last run: the report {md} is complete", file=sys.stderr)
+        elif written:
             # "The finished benchmark rewrites this file": not this one any more. A failed
             # write must not hide what stopped the bench.
             with contextlib.suppress(OSError):
                 write_report({**report, "stopped": _stopped_by(error)}, rows, stem(report))
-            again = resume_command(getattr(args, "command_line", "cofr bench quality"), saved[0])
             print(
-                f"stopped: the runs finished so far are in {saved[0]} (partial); to train the "
-                f"rest into it: {again}",
+                f"stopped: the runs finished so far are in {md} (partial); to train the "
+                f"rest into it: {resume_command(command, md)}",
                 file=sys.stderr,
             )
         elif isinstance(error, RunStopped):

@@ -163,15 +163,15 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
             )
     num_workers = get_dotted(config, "data.num_workers")
     ranks = max(1, gpus)  # ddp_spawn: every rank in the task starts its own loaders
+    needed = ranks * (num_workers + 1) if isinstance(num_workers, int) else None
     cpus = options.cpus_per_worker or sweep.slurm.cpus_per_worker
     if cpus is None:
-        given = isinstance(num_workers, int)
-        cpus = ranks * (int(num_workers) + 1) if given else max(2, 4 * gpus + 1)
-    if isinstance(num_workers, int) and ranks * (num_workers + 1) > cpus:
+        cpus = needed if needed is not None else max(2, 4 * gpus + 1)
+    if needed is not None and needed > cpus:
         each, share = (f"each of {ranks} ranks' ", f" // {ranks}") if ranks > 1 else ("", "")
         raise SweepError(
             f"--cpus-per-worker {cpus} cannot feed {each}data.num_workers {num_workers} "
-            f"loader processes plus the trainer: give at least {ranks * (num_workers + 1)} "
+            f"loader processes plus the trainer: give at least {needed} "
             f"CPUs, or lower data.num_workers (unset, it follows SLURM_CPUS_PER_TASK{share} "
             "- 1)"
         )

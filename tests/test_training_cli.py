@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -3126,3 +3127,31 @@ def test_a_signal_in_the_validation_after_the_last_epoch_is_late():
     stop.on_validation_end(trainer(current_epoch=0), None)  # an epoch is still to train
     stop.on_validation_end(trainer(current_epoch=1, is_last_batch=False), None)  # mid-epoch
     assert acted == [0, 1]  # acted on: a stop, as at any step's end
+
+
+def test_a_ctrl_c_in_the_validation_after_the_last_step_says_the_run_finishes(capsys):
+    """A first Ctrl-C in the final validation printed "stopping after this step", while
+    the fit went on to end normally (the signal is late there)."""
+    from types import SimpleNamespace
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    def trainer(**state):
+        settings = {"max_steps": 50, "max_epochs": None, "global_step": 50, "is_last_batch": False}
+        return SimpleNamespace(state=SimpleNamespace(fn="fit"), **{**settings, **state})
+
+    stop = StopOnSignal()
+    stop._phase = "training"
+    stop.on_validation_start(trainer(global_step=40), None)  # steps are still to train
+    stop._on_sigint(signal.SIGINT, None)
+    assert "stopping after this step" in capsys.readouterr().out
+
+    stop = StopOnSignal()
+    stop._phase = "training"
+    stop.on_validation_start(trainer(), None)  # the last step is trained
+    stop._on_sigint(signal.SIGINT, None)
+    said = capsys.readouterr().out
+    assert "training is over; finishing its final validation and save" in said
+    assert "stopping" not in said
+    with pytest.raises(KeyboardInterrupt):  # a second one aborts, as anywhere
+        stop._on_sigint(signal.SIGINT, None)

@@ -395,6 +395,7 @@ class StopOnSignal(StepBoundaries):
         # "starting" (setup to the first training step: SIGTERM stops at once), "training"
         # (Lightning's handler and ours note it), "idle" (before setup, after the fit)
         self._phase = "idle"
+        self._left_to_finish = "save"  # in "ending": what a Ctrl-C lets finish
         self._before_start: Any = None  # the SIGTERM handler before setup
         #: Signals that came after the last step and were not acted on (see teardown).
         self.late_signals: list[int] = []
@@ -470,7 +471,10 @@ class StopOnSignal(StepBoundaries):
                 raise KeyboardInterrupt
             self._pending.add(signal.SIGINT)  # kept in late_signals
             if rank_zero_only.rank == 0:  # every rank gets the terminal's Ctrl-C
-                print("\nCtrl-C: training is over; finishing its save (press it again to abort)")
+                print(
+                    f"\nCtrl-C: training is over; finishing its {self._left_to_finish}"
+                    " (press it again to abort)"
+                )
             return
         if self.signal is not None or signal.SIGINT in self._pending:  # the second Ctrl-C
             raise KeyboardInterrupt
@@ -483,6 +487,12 @@ class StopOnSignal(StepBoundaries):
 
     def on_step_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._act(trainer, pl_module)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The validation after the last step scores a finished run: a Ctrl-C in it is
+        # late (see on_validation_end), and says so rather than "stopping after this step".
+        if trainer.state.fn == "fit" and self._phase == "training" and _trained_out(trainer):
+            self._phase, self._left_to_finish = "ending", "final validation and save"
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A signal that came during validation inside fit is acted on once it has ended,
@@ -577,8 +587,8 @@ class StopOnSignal(StepBoundaries):
             for logger in trainer.loggers:
                 if hasattr(logger, "mark_going_on"):
                     logger.mark_going_on()
-        if self._phase == "training":
-            self._phase = "ending"
+        if self._phase in ("training", "ending"):
+            self._phase, self._left_to_finish = "ending", "save"
         self._restore_handlers(keep_sigint=True)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

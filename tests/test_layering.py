@@ -1,11 +1,12 @@
 """Nothing imports upward: ops < nn < models < training < (eval, sweeps, bench, export).
 
 Each package may import only the packages listed as below it (``data`` stands beside the
-stack: the training and evaluation layers read it, it imports none of them). Imports
+stack: the training and evaluation layers read it, it imports none of them); the four
+top packages (eval, sweeps, bench, export) import none of the others. Imports
 inside functions count too: a lazy import upward is still a dependency upward, and so is
 ``from cofrgenet import training``, a relative import or an ``importlib.import_module``
-of a literal name. The top-level utility modules (errors, options, recipes, the help
-cache) import no subpackage; ``cli`` and ``demo`` are the apex and may import anything.
+of a literal name. The top-level utility modules (errors, dataclass_options, recipes,
+the help cache...) import no subpackage; ``cli`` and ``demo`` are the apex and may import anything.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ FORBIDDEN = {
     "models": {"training", "eval", "sweeps", "bench", "export", "data"},
     "data": STACK - {"data"},
     "training": {"eval", "sweeps", "bench", "export"},
-    "export": {"sweeps", "bench"},
-    "eval": {"sweeps", "bench"},
 }
+TOP = {"eval", "sweeps", "bench", "export"}
+for _package in TOP:  # side by side: what two of them share belongs below them
+    FORBIDDEN[_package] = TOP - {_package}
 APEX = {"cli", "demo", "__main__"}  # __main__: `python -m cofrgenet`, the cli
 UTILITIES = {
     "atomic",

@@ -105,3 +105,23 @@ def test_a_peak_given_in_the_environment_is_every_runs_denominator(monkeypatch):
             perf.RunPeak(torch.device("cpu"), "32-true")
     monkeypatch.setenv("COFR_PEAK_FLOPS", " ")
     assert perf.peak_flops_from_env() is None
+
+
+def test_one_matmul_peak_for_the_fit_and_the_bench(monkeypatch):
+    """``cofr fit``'s CPU MFU and ``cofr bench train`` measured their peak matmul with two
+    copies of one loop: both read :func:`perf.matmul_peak_flops` now."""
+    from cofrgenet.bench import train
+    from cofrgenet.bench.train import TrainBenchConfig
+    from cofrgenet.training import perf
+
+    asked = []
+
+    def peak(dtype, device=None, repeats=5):
+        asked.append((dtype, device, repeats))
+        return 7e9
+
+    monkeypatch.setattr(perf, "matmul_peak_flops", peak)
+    assert train.peak_matmul_flops(TrainBenchConfig(dtype="bfloat16")) == 7e9
+    assert asked == [(torch.bfloat16, torch.device("cpu"), 6)]
+    assert perf._matmul_flops(torch.float32) == 7e9
+    assert asked[-1] == (torch.float32, None, 5)

@@ -373,18 +373,14 @@ class Trainer:
 
 
 def peak_matmul_flops(cfg: TrainBenchConfig) -> float:
-    """Best FLOP/s of a square matmul in the training dtype (the run's own peak)."""
+    """Best FLOP/s of a square matmul in the training dtype (the run's own peak; the one
+    measurement of ``cofr fit``'s CPU MFU, :func:`~cofrgenet.training.perf.matmul_peak_flops`)."""
     import torch
 
-    device = torch.device(cfg.device)
-    n = 8192 if device.type == "cuda" else 1024  # an H200 is still ramping up at 4096
-    dtype = torch.float32 if cfg.dtype == "float32" else getattr(torch, cfg.dtype)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    from cofrgenet.bench.timing import time_once
+    from cofrgenet.training.perf import matmul_peak_flops
 
-    best_ms = min(time_once(lambda: a @ b, device) for _ in range(6))
-    return 2 * n**3 / (best_ms / 1e3)
+    dtype = getattr(torch, cfg.dtype)
+    return matmul_peak_flops(dtype, torch.device(cfg.device), repeats=6)
 
 
 def datasheet_peak_flops(device: Any, dtype: str) -> float | None:

@@ -55,12 +55,14 @@ from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yam
 from cofrgenet.recipes import bundled, find_base
 from cofrgenet.training.run_store import check_folder_name, folder_name
 
-SAMPLERS = ("tpe", "random", "grid")
+#: Optuna's class (``optuna.samplers.<name>``) of each sampler name. grid: every point is
+#: queued when the study is created; a seeded random sampler stands by, never drawing.
+SAMPLER_CLASSES = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "RandomSampler"}
+SAMPLERS = tuple(SAMPLER_CLASSES)
 #: What a trial can report as its objective: the metrics LanguageModel logs at every
 #: training step (``train/loss``) and validation (``val/loss``, ``val/ppl``); see
 #: ``cofrgenet/training/module.py``.
 OBJECTIVE_METRICS = ("val/loss", "val/ppl", "train/loss")
-PRUNERS = ("median", "percentile", "hyperband", "sha", "none")
 #: Optuna's class (``optuna.pruners.<name>``) of each pruner name.
 PRUNER_CLASSES = {
     "median": "MedianPruner",
@@ -69,6 +71,7 @@ PRUNER_CLASSES = {
     "sha": "SuccessiveHalvingPruner",
     "none": "NopPruner",
 }
+PRUNERS = tuple(PRUNER_CLASSES)
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _RANGE = re.compile(
     rf"^\s*(int|float)\s+({_NUMBER})\s*\.\.\s*({_NUMBER})((?:\s+(?:log|step\s+{_NUMBER}))*)\s*$"
@@ -474,6 +477,20 @@ def _check_values(objective: Objective, budget: Budget, n_trials: Any) -> None:
         _whole(n_trials, "n_trials")
 
 
+def sampler_class(name: str) -> type:
+    """Optuna's sampler class of a sweep's ``sampler.name``."""
+    import optuna
+
+    return getattr(optuna.samplers, SAMPLER_CLASSES[name])
+
+
+def build_sampler(sampler: dict[str, Any], seed: int | None) -> Any:
+    """The ``optuna.samplers`` object of a sweep's ``sampler`` mapping, with ``seed`` (the
+    file's, offset per worker) in place of its own."""
+    options = {k: v for k, v in sampler.items() if k not in ("name", "seed")}
+    return sampler_class(sampler["name"])(seed=seed, **options)
+
+
 def build_pruner(pruner: dict[str, Any], steps: int | None = None) -> Any:
     """The ``optuna.pruners`` object of a sweep's ``pruner`` mapping; Hyperband's
     ``max_resource`` defaults to the budget's ``steps``. ``none`` ignores its options."""
@@ -752,11 +769,8 @@ def _check_sampler(sampler: dict[str, Any], space: list[ParamSpec] | None = None
     worker with a traceback, at trial 0 or once TPE takes over from its random start."""
     import inspect
 
-    import optuna
-
     name = sampler["name"]
-    # grid: every point is queued when the study is made; a seeded random sampler stands by.
-    cls = optuna.samplers.TPESampler if name == "tpe" else optuna.samplers.RandomSampler
+    cls = sampler_class(name)
     accepted = [k for k in inspect.signature(cls.__init__).parameters if k != "self"]
     options = {k: v for k, v in sampler.items() if k not in ("name", "seed")}
     for key in options:

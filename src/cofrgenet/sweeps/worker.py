@@ -54,6 +54,7 @@ from cofrgenet.sweeps.spec import (
     SweepError,
     budget_steps,
     build_pruner,
+    build_sampler,
     check_budget,
     check_extra,
     check_same_objective,
@@ -83,22 +84,10 @@ def make_sampler(sweep: Sweep, offset: int) -> optuna.samplers.BaseSampler:
     ``offset`` also counts the trials the study held when the worker started, so a worker
     restarted with the same index draws a new sequence instead of repeating its points.
     """
-    options = {k: v for k, v in sweep.sampler.items() if k not in ("name", "seed")}
     seed = sweep.sampler.get("seed")
     # numpy takes seeds in [0, 2**32): wrapped, a large seed plus a pid still fits.
     seed = None if seed is None else (int(seed) + offset) % 2**32
-    name = sweep.sampler["name"]
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **options)
-    # grid: every point is queued when the study is created; the sampler never draws.
-    return optuna.samplers.RandomSampler(seed=seed, **options)
-
-
-def make_pruner(sweep: Sweep, steps: int | None = None) -> optuna.pruners.BasePruner:
-    """The sweep's pruner; Hyperband's ``max_resource`` defaults to ``steps``, the steps a
-    trial trains (:func:`budget_steps`: also those a ``tokens`` budget makes), else to
-    ``budget.steps``."""
-    return build_pruner(sweep.pruner, sweep.budget.steps if steps is None else steps)
+    return build_sampler(sweep.sampler, seed)
 
 
 def open_study(
@@ -115,7 +104,7 @@ def open_study(
     """Create the study (True) or load it (False); exactly one worker creates it.
     ``extra``: this worker's ``--set`` settings, checked against the study's; ``width``:
     its trials' data-parallel width (:func:`data_parallel_width`), likewise; ``steps``:
-    the steps a trial trains, for the pruner (:func:`make_pruner`); ``bases``: what its
+    the steps a trial trains, for the pruner (Hyperband's ``max_resource``); ``bases``: what its
     base files hold (:func:`base_digests`), checked against the study's; ``url``: the
     storage's, named in the command that deletes a study whose setup never finished. A grid
     sweep whose grid grew (ranges' values added, none removed) queues its new points once
@@ -126,7 +115,9 @@ def open_study(
         "study_name": sweep.study,
         "storage": storage,
         "sampler": make_sampler(sweep, offset),
-        "pruner": make_pruner(sweep, steps),
+        # Hyperband's max_resource defaults to the steps a trial trains (budget_steps:
+        # also those a tokens budget makes), else to budget.steps.
+        "pruner": build_pruner(sweep.pruner, sweep.budget.steps if steps is None else steps),
     }
     try:
         study = optuna.create_study(direction=sweep.objective.direction, **kwargs)

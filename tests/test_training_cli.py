@@ -761,11 +761,12 @@ def test_a_port_another_cofr_ui_claimed_is_passed_over():
     assert first is not None and first[0] == port
     second = claim_port("127.0.0.1", port)
     assert second is not None and second[0] > port
-    first[1].close()
-    second[1].close()
+    assert f'pid": {os.getpid()}' in first[1].path.read_text()  # who holds it
+    first[1].release()
+    second[1].release()
     again = claim_port("127.0.0.1", port)
     assert again is not None and again[0] == port
-    again[1].close()
+    again[1].release()
 
 
 def test_the_ui_port_probe_knows_ipv6_and_stops_at_65535(monkeypatch):

@@ -4,7 +4,7 @@ An ``flock`` on a file in the folder: the kernel drops it when the holding proce
 exits, however it exits, so a crash or a ``kill -9`` never leaves a folder locked. The
 file says who holds it (process, host, since, command), for the error a second writer
 gets. Users: ``cofr fit``'s run folder (:mod:`cofrgenet.training.runlock`) and ``cofr
-data prepare``'s --out. :func:`waiting_for` is the blocking kind, for a short critical
+data prepare``'s --out, ``cofr ui``'s port. :func:`waiting_for` is the blocking kind, for a short critical
 section between processes (sweep workers creating one MLflow store or report).
 """
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import fcntl
 import os
 import signal
 import socket
@@ -19,6 +18,7 @@ from typing import IO
 
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import UserError
+from cofrgenet.folder_lock import FolderLock
 from cofrgenet.training import run_store
 from cofrgenet.training.run_store import RunConfig, artifact_location, tracking_uri
 
@@ -97,27 +97,26 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, IO[str]] | None:
+def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, FolderLock] | None:
     """(``port`` or the next free one above it, the lock that holds it for this process),
     or None if ``tries`` ports are all taken.
 
     A port is claimed with a lock file as well as a bind probe: a second `cofr ui` started
     while the first's server is still starting (about 20 s, not listening yet) would
-    otherwise take the same port, print the first one's URL, and see its server fail."""
+    otherwise take the same port, print the first one's URL, and see its server fail.
+    The lock file says which process holds it."""
     folder = Path(tempfile.gettempdir())
     for candidate in range(port, min(port + tries, 65536)):  # no port above 65535
-        try:  # per user: another user's lock file would not open for writing
-            lock = (folder / f"cofr-ui-{os.getuid()}-{candidate}.lock").open("w")
-        except OSError:
-            continue
+        # Per user: another user's lock file would not open for writing.
+        lock = FolderLock(folder / f"cofr-ui-{os.getuid()}-{candidate}.lock")
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # another `cofr ui` holds it
-            lock.close()
+            if not lock.try_acquire():  # another `cofr ui` holds it
+                continue
+        except OSError:
             continue
         if port_free(host, candidate):
             return candidate, lock
-        lock.close()
+        lock.release()
     return None
 
 
@@ -209,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         stop_group(server)
         if log is not None:
             log.close()
-        lock.close()  # the port is free again
+        lock.release()  # the port is free again
 
 
 def _open_log(path: Path) -> IO[str] | None:

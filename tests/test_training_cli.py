@@ -1812,7 +1812,7 @@ def test_a_moved_run_keeps_counting_its_newest_checkpoints(tiny_data, tmp_path):
 
 
 def test_a_moved_runs_state_drops_the_checkpoints_lost_in_the_move(tmp_path):
-    from cofrgenet.training.run_checkpoint import RunCheckpoint
+    from cofrgenet.training.checkpoint_callback import RunCheckpoint
 
     here = tmp_path / "checkpoints"
     here.mkdir()

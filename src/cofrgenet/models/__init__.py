@@ -7,7 +7,7 @@
 * :mod:`cofrgenet.models.build`: ``build_model`` (also on meta: ``build_shapes``).
 * :mod:`cofrgenet.models.transformer`, :mod:`~cofrgenet.models.recurrent`,
   :mod:`~cofrgenet.models.mixers`: the built-in architectures and mixers.
-* :mod:`cofrgenet.models.report`: ``count_parameters``, ``estimate_flops_per_token``.
+* :mod:`cofrgenet.models.counts`: ``count_parameters``, ``estimate_flops_per_token``.
 
 Names are imported lazily, so importing one module (the config, say) does not import
 the others.
@@ -34,11 +34,11 @@ _EXPORTS = {
     "RecurrentLM": "recurrent",
     "GPT": "transformer",
     "Block": "transformer",
-    "FlopsPerToken": "report",
-    "ParameterCount": "report",
-    "count_parameters": "report",
-    "estimate_flops_per_token": "report",
-    "presets_markdown": "report",
+    "FlopsPerToken": "counts",
+    "ParameterCount": "counts",
+    "count_parameters": "counts",
+    "estimate_flops_per_token": "counts",
+    "presets_markdown": "counts",
 }
 
 __all__ = [
@@ -67,6 +67,13 @@ if TYPE_CHECKING:
     from cofrgenet.models.build import build_model
     from cofrgenet.models.combinations import combinations_markdown, supported_combinations
     from cofrgenet.models.config import ModelConfig
+    from cofrgenet.models.counts import (
+        FlopsPerToken,
+        ParameterCount,
+        count_parameters,
+        estimate_flops_per_token,
+        presets_markdown,
+    )
     from cofrgenet.models.presets import list_presets
     from cofrgenet.models.recurrent import RecurrentLM
     from cofrgenet.models.registry import (
@@ -76,13 +83,6 @@ if TYPE_CHECKING:
         ArchEntry,
         MixerEntry,
         Registry,
-    )
-    from cofrgenet.models.report import (
-        FlopsPerToken,
-        ParameterCount,
-        count_parameters,
-        estimate_flops_per_token,
-        presets_markdown,
     )
     from cofrgenet.models.transformer import GPT, Block
 

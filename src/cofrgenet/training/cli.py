@@ -70,6 +70,7 @@ from cofrgenet.training.callbacks import (
     StopOnSignal,
     frozen_depths_need_unused_parameters,
 )
+from cofrgenet.training.checkpoint_callback import RunCheckpoint
 from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
 from cofrgenet.training.console import (
     ModelReport,
@@ -81,7 +82,6 @@ from cofrgenet.training.lightning_cli import LightningCLIAdapter, with_default_p
 from cofrgenet.training.module import LanguageModel, check_compile_strategy
 from cofrgenet.training.optim import OptimizerConfig
 from cofrgenet.training.perf import peak_flops_from_env
-from cofrgenet.training.run_checkpoint import RunCheckpoint
 from cofrgenet.training.run_store import (
     RUN_ID_FILE,
     RUN_TOKENIZER_DIR,

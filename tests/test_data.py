@@ -2172,3 +2172,59 @@ def test_a_spawned_rank_with_loader_workers_exits(tmp_path):
         for pid in (rank.pid, worker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys):
+    """A local --source hf folder edited since its prepare read as "already prepared with
+    these settings: nothing to do" (the old tokens trained on): its files' contents are
+    recorded now, as --source text/jsonl/parquet's are."""
+    datasets = pytest.importorskip("datasets")
+    import shutil
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text\n" + "".join(f"row {i} words\n" for i in range(40)))
+    out = tmp_path / "out"
+    args = ["--source", "hf", "--dataset", str(folder), "--val-split", "none",
+            "--out", str(out), "--num-workers", "1"]  # fmt: skip
+    assert main(args) == 0
+    assert main(args) == 0  # unchanged: nothing to do
+    assert "nothing to do" in capsys.readouterr().err
+    (folder / "train.csv").write_text("text\n" + "".join(f"row {i} words\n" for i in range(10)))
+    assert main(args) == 2
+    assert "prepared from other files than these" in capsys.readouterr().err
+    # One Dataset saved with save_to_disk (load_dataset refuses it): its rows, as train.
+    shutil.rmtree(folder)
+    datasets.Dataset.from_dict({"text": [f"doc {i} " * 4 for i in range(30)]}).save_to_disk(folder)
+    saved = ["--source", "hf", "--dataset", str(folder), "--num-workers", "1"]
+    assert main([*saved, "--out", str(tmp_path / "saved")]) == 0
+    assert read_meta(tmp_path / "saved").splits["train"].documents > 20
+    assert main([*saved, "--split", "test", "--out", str(tmp_path / "no")]) == 2
+    assert "has one split, its rows: use --split train" in capsys.readouterr().err
+
+
+def test_slices_of_one_split_that_share_rows_are_refused(tmp_path, capsys):
+    """--split 'train[:80%]' --val-split 'train[50%:]' trained on 9 of the 15 validation
+    documents, unsaid: two slices of one split were taken as the user cut them."""
+    pytest.importorskip("datasets")
+    hub = FakeHub({"train": [{"text": f"document {i}"} for i in range(30)]})
+    hub.splits["train[:80%]"] = hub.splits["train"][:24]
+    hub.splits["train[50%:]"] = hub.splits["train"][15:]
+    hub.splits["train[80%:]"] = hub.splits["train"][24:]
+    parser = argparse.ArgumentParser()
+    prepare_module.add_arguments(parser)
+    base = ["--source", "hf", "--dataset", "mine", "--split", "train[:80%]",
+            "--num-workers", "1"]  # fmt: skip
+    overlapping = [*base, "--val-split", "train[50%:]", "--out", str(tmp_path / "leak")]
+    with pytest.raises(PrepareError, match=r"share 9 rows of train: .* cut slices apart"):
+        prepare_module.run(parser.parse_args(overlapping), loader=hub)
+    assert not (tmp_path / "leak").exists()
+    apart = [*base, "--val-split", "train[80%:]", "--out", str(tmp_path / "apart")]
+    assert prepare_module.run(parser.parse_args(apart), loader=hub) == 0
+    meta = read_meta(tmp_path / "apart")
+    assert (meta.splits["train"].documents, meta.splits["val"].documents) == (24, 6)
+    from cofrgenet.data.sources import shared_rows
+
+    rows = {"train": 100, "test": 10}.get
+    assert shared_rows("train[:10]+train[-5:]", "train[95:]+test", rows) == {"train": 5}
+    assert shared_rows("train[:50%]", "train[50%:]", rows) == {}

@@ -73,6 +73,7 @@ from cofrgenet.data.sources import (
     hf_val_split,
     make_source,
     own_val_split,
+    shared_rows,
 )
 from cofrgenet.data.tokenizer import (
     MIN_BPE_VOCAB,
@@ -1249,7 +1250,8 @@ TOKENIZER_OPTIONS = {"vocab_size": "bpe", "gpt2_dir": "gpt2"}
 def _splits_overlap(train: str, val: str) -> bool:
     """Whether two hub split specs surely share rows: a part of one (``a+b`` joins parts)
     is a part of the other, or a slice of one the other holds whole (``train`` and
-    ``train[:5%]``). Two slices of one split are taken as the user cut them."""
+    ``train[:5%]``), told from the specs alone. Two slices of one split are
+    checked once the dataset is loaded (:func:`_check_slices_apart`)."""
 
     def parts(spec: str) -> list[tuple[str, str]]:  # (the part as given, its split's name)
         return [(p.strip(), p.split("[", 1)[0].strip()) for p in spec.split("+")]
@@ -1259,6 +1261,19 @@ def _splits_overlap(train: str, val: str) -> bool:
         for t, t_split in parts(train)
         for v, v_split in parts(val)
     )
+
+
+def _check_slices_apart(source: HFSource, train: str, val: str) -> None:
+    """Refuse slices of one split that share rows (``train[:80%]`` and ``train[50%:]``):
+    the shared documents would be trained on and validated on."""
+    shared = shared_rows(train, val, source.rows_of)
+    if shared:
+        name, rows = next(iter(shared.items()))
+        raise PrepareError(
+            f"--split {train} and --val-split {val} share {rows:,} rows of {name}: each would "
+            f"be trained on and validated on; cut slices apart (--split '{name}[:90%]' "
+            f"--val-split '{name}[90%:]')"
+        )
 
 
 def check_applicable(args: argparse.Namespace) -> None:
@@ -1365,6 +1380,8 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
                 text_field=args.text_field,
                 loader=loader,
             )
+            if isinstance(source, HFSource) and "[" in train_split + val_split:
+                _check_slices_apart(source, train_split, val_split)
     try:
         # SLURM's time limit or scancel: what this prepare wrote goes, and an earlier
         # folder stays as it was, as for Ctrl-C (killed, it left its .next/ behind).

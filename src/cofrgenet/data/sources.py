@@ -505,7 +505,8 @@ Loader = Callable[..., Any]
 
 
 def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
-    if not Path(path).expanduser().exists():  # a local dataset folder needs no hub
+    local = Path(path).expanduser()
+    if not local.exists():  # a local dataset folder needs no hub
         offline_unless_reachable()  # before datasets is imported: no retries of a dead hub
     try:
         import datasets
@@ -514,7 +515,80 @@ def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
             "--source hf needs the Hugging Face `datasets` package, which is not installed "
             f"(`pip install datasets`). Offline alternatives: {OFFLINE_ALTERNATIVES}."
         ) from err
+    if (local / "state.json").is_file():
+        # One Dataset's save_to_disk, which load_dataset refuses ("use load_from_disk");
+        # a DatasetDict's loads through load_dataset, with its splits' info.
+        return _saved_dataset(datasets.load_from_disk(str(local)), split, subset)
     return datasets.load_dataset(path, subset, split=split)
+
+
+def _saved_dataset(saved: Any, split: str, subset: str | None) -> Any:
+    """``split`` (``train``, a slice such as ``train[:90%]``, parts joined by ``+``) of
+    one Dataset written by ``save_to_disk``: its rows are its one split, ``train``."""
+    import datasets
+
+    if subset is not None:
+        raise SourceError(
+            f"--subset {subset}: a Dataset written by save_to_disk has no subsets; drop --subset"
+        )
+    splits = {"train": saved}
+    lengths = {"train": len(saved)}
+    for part in split.split("+"):
+        name = part.split("[", 1)[0].strip()
+        if name not in splits:
+            raise SourceError(
+                f"--split {split}: a Dataset written by save_to_disk (not a DatasetDict) "
+                "has one split, its rows: use --split train, or a slice such as "
+                "'train[:90%]' (and --val-split 'train[90%:]')"
+            )
+    pieces = [
+        splits[piece.splitname].select(range(piece.from_, piece.to))
+        for piece in datasets.ReadInstruction.from_spec(split).to_absolute(lengths)
+    ]
+    return pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
+
+
+def shared_rows(train: str, val: str, rows_of: Callable[[str], int | None]) -> dict[str, int]:
+    """How many rows of each split the hub split specs ``train`` and ``val`` (names or
+    slices such as ``train[:80%]``, parts joined by ``+``) both take, for the splits named
+    in both whose row count ``rows_of(name)`` knows; splits they share no row of are left
+    out. Rows are counted as ``datasets`` slices them (``ReadInstruction``)."""
+    import datasets
+
+    def parts(spec: str) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for part in spec.split("+"):
+            found.setdefault(part.split("[", 1)[0].strip(), []).append(part.strip())
+        return found
+
+    def covered(specs: list[str], name: str, rows: int) -> list[tuple[int, int]]:
+        spans = sorted(
+            (piece.from_, piece.to)
+            for spec in specs
+            for piece in datasets.ReadInstruction.from_spec(spec).to_absolute({name: rows})
+        )
+        merged: list[tuple[int, int]] = []
+        for start, end in spans:
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    taken, held = parts(train), parts(val)
+    shared: dict[str, int] = {}
+    for name in taken.keys() & held.keys():
+        rows = rows_of(name)
+        if rows is None:
+            continue
+        both = sum(
+            max(0, min(a_end, b_end) - max(a_start, b_start))
+            for a_start, a_end in covered(taken[name], name, rows)
+            for b_start, b_end in covered(held[name], name, rows)
+        )
+        if both:
+            shared[name] = both
+    return shared
 
 
 class HFSource(Source):
@@ -537,10 +611,11 @@ class HFSource(Source):
         self.split = split or (preset.split if preset else "train")
         self.text_field = text_field or (preset.text_field if preset else "text")
         loader = loader or _default_loader
+        self._loader = loader
         what = f"Hugging Face dataset {self.path!r}" + (f" ({self.subset})" if self.subset else "")
         try:
             self._ds = loader(self.path, self.subset, split=self.split)
-        except HFUnavailableError:
+        except (HFUnavailableError, SourceError):
             raise
         except Exception as err:
             # A preset's name mistyped reads as another hub name: say which one was meant.
@@ -594,14 +669,34 @@ class HFSource(Source):
             for i, t in zip(indices, texts, strict=True)
         ]
 
+    def rows_of(self, split: str) -> int | None:
+        """The row count of the dataset's whole split ``split`` (a name: no slice), from
+        the loaded split's info, else by loading it; None if it cannot be loaded."""
+        info = getattr(getattr(self._ds, "info", None), "splits", None) or {}
+        if split in info and info[split].num_examples:
+            return int(info[split].num_examples)
+        try:
+            return len(self._loader(self.path, self.subset, split=split))
+        except Exception:  # the spec's own load says what is wrong with it
+            return None
+
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "dataset": self.name,
             "path": self.path,
             "subset": self.subset,
             "split": self.split,
             "text_field": self.text_field,
         }
+        local = Path(self.path).expanduser()
+        if local.exists():  # a local folder's files can change under the same name
+            files = (
+                sorted(str(f) for f in local.rglob("*") if f.is_file())
+                if local.is_dir()
+                else [str(local)]
+            )
+            described["contents"] = files_signature(files)
+        return described
 
 
 #: The names a dataset's own validation split goes by, in the order they are looked for.

@@ -1035,3 +1035,28 @@ def test_an_out_dir_that_cannot_be_made_is_one_line(tmp_path):
     with pytest.raises(export.ExportError, match=r"cannot write the export to .*a-file"):
         export_model(build_model(config).eval(), config, tmp_path / "a-file" / "out", verify=False)
     assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_the_exported_model_trains_unclipped_as_cofrgenet_does(tmp_path):
+    """In train() mode the export clipped ladder outputs to the recorded range while
+    cofrgenet's training does not: fine-tuned with transformers, outputs past the range
+    got no gradient. It computes cofrgenet's training forward now, and clips in eval."""
+    from cofrgenet.export.hf_modeling import CofrGeNetForCausalLM
+    from cofrgenet.nn.ladder import recording_paused
+
+    config = CONFIGS["paper-denominators"]
+    torch.manual_seed(0)
+    model = build_model(config)
+    ids = torch.randint(0, config.vocab_size, (2, 8))
+    _set_clip_ranges(model, ids)  # narrowed: the eval clip is active
+    export_model(model, config, tmp_path / "out", verify=False)
+    exported = CofrGeNetForCausalLM.from_pretrained(str(tmp_path / "out"))
+    with torch.no_grad():
+        model.train()
+        with recording_paused(model):
+            trained = model(ids)
+        model.eval()
+        scored = model(ids)
+        assert not torch.allclose(trained, scored, atol=1e-5)  # the clip changes outputs
+        torch.testing.assert_close(exported.eval()(ids).logits, scored, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(exported.train()(ids).logits, trained, atol=1e-5, rtol=1e-5)

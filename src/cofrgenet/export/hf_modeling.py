@@ -220,7 +220,10 @@ class LadderWeights(nn.Module):
 
 
 class OutputRange(nn.Module):
-    """Ladder outputs clipped to [low, high], the range recorded in training."""
+    """Ladder outputs clipped to [low, high], the range recorded in training, in eval mode
+    only: a model fine-tuned here (``model.train()``) computes what cofrgenet trains,
+    unclipped, rather than a clip that gives outputs past the range no gradient. The
+    range is not updated by that training."""
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         super().__init__()
@@ -228,6 +231,8 @@ class OutputRange(nn.Module):
         self.register_buffer("high", torch.full(shape, float("inf")))
 
     def forward(self, z: Tensor, length: int | None = None) -> Tensor:
+        if self.training:
+            return z
         low, high = self.low, self.high
         if length is not None:
             low, high = low[..., :length], high[..., :length]

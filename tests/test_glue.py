@@ -1089,3 +1089,22 @@ def test_mlflow_is_switched_off_by_no_mlflow_as_in_every_command(capsys):
     parser.print_help()
     helped = capsys.readouterr().out
     assert "--no-mlflow" in helped and "--mlflow," not in helped
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["--task", "stsb"], "argument --task: STS-B is a regression (a similarity score)"),
+        (["--task", "STS-B"], "argument --task: STS-B is a regression"),
+        (["--task", "wnli"], "argument --task: WNLI is not in the paper's table"),
+        (["--task", "rte", "--max-length", "2"], "--max-length must be >= 4 (a pair's"),
+    ],
+)
+def test_the_tasks_left_out_and_a_too_short_max_length_say_why(tmp_path, capsys, words, said):
+    """`--task stsb` was an "invalid choice" (read as a typo; wnli's "did you mean
+    'qnli'?"), and `--max-length 2` named the option max_length."""
+    status = cofr(["finetune", "glue", *words, "--ckpt", str(tmp_path / "none.ckpt")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert said in err
+    assert ("offers mnli, qqp, qnli, sst2, cola, mrpc, rte" in err) == ("--task" in said)

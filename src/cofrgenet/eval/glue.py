@@ -36,6 +36,7 @@ from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder, w
 from cofrgenet.errors import UserError, check_seed
 from cofrgenet.eval.glue_data import (
     DEFAULT_DATA_DIR,
+    NOT_OFFERED,
     TASKS,
     Example,
     GlueTask,
@@ -122,9 +123,16 @@ class FinetuneConfig:
                 f"--betas takes two values in [0, 1), e.g. 0.9,0.999; got {self.betas}",
             ),
         ]
-        for name in ("max_length", "max_steps", "max_train_samples", "max_eval_samples"):
+        for name in ("max_steps", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             checks.append((value is None or value >= 1, f"--{name.replace('_', '-')} must be >= 1"))
+        checks.append(
+            (
+                self.max_length is None or self.max_length >= 4,
+                f"--max-length must be >= 4 (a pair's two texts and their two <eos>), "
+                f"got {self.max_length}",
+            )
+        )
         checks.append(
             (self.eval_every is None or self.eval_every >= 1, "--eval-every must be >= 1")
         )
@@ -389,6 +397,16 @@ def check_trainer_options(accelerator: str, precision: str) -> None:
             raise UserError(f"{option} {value}: {first}{hint}") from None
 
 
+def _task_name(value: str) -> str:
+    """``--task``: a name of :data:`TASKS`; STS-B and WNLI refused with the reason."""
+    key = value.lower().replace("-", "")
+    if key in NOT_OFFERED:
+        raise argparse.ArgumentTypeError(
+            f"{NOT_OFFERED[key]}: cofr finetune glue offers {', '.join(TASKS)}"
+        )
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``cofr finetune glue``."""
     from cofrgenet.dataclass_options import add_checkpoint_argument, add_dataclass_arguments
@@ -396,6 +414,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task",
         required=True,
+        type=_task_name,
         choices=list(TASKS),
         help="the GLUE task (the seven classification tasks; STS-B, a regression, and WNLI "
         "are not offered)",

@@ -106,6 +106,13 @@ class GlueTask:
 _BINARY = {"0": 0, "1": 1}
 _NLI2 = {"entailment": 0, "not_entailment": 1}
 
+#: GLUE's two tasks left out, and why (said when one is asked for).
+NOT_OFFERED = {
+    "stsb": "STS-B is a regression (a similarity score), not a classification",
+    "wnli": "WNLI is not in the paper's table (nor in GPT's or BERT's: its dev set is "
+    "adversarial to its training set)",
+}
+
 #: The seven GLUE classification tasks (STS-B, a regression, and WNLI are not offered).
 TASKS: dict[str, GlueTask] = {
     "mnli": GlueTask(

@@ -2228,3 +2228,28 @@ def test_slices_of_one_split_that_share_rows_are_refused(tmp_path, capsys):
     rows = {"train": 100, "test": 10}.get
     assert shared_rows("train[:10]+train[-5:]", "train[95:]+test", rows) == {"train": 5}
     assert shared_rows("train[:50%]", "train[50%:]", rows) == {}
+
+
+def test_a_run_s_tokenizer_copy_is_named_so_and_never_prepared_over(pydoc_byte, tmp_path, capsys):
+    """A run's tokenizer/ copy given as --data.data_dir was "half-written", with a remake
+    command that, with --overwrite, wrote a corpus into the run's tokenizer record (and
+    could have trained another BPE there); --tokenizer-from the run folder said only "no
+    meta.json"."""
+    from cofrgenet.data.meta import DataFolderError, copy_tokenizer
+
+    run = tmp_path / "runs" / "e" / "r"
+    run.mkdir(parents=True)
+    assert copy_tokenizer(pydoc_byte, run / "tokenizer")
+    with pytest.raises(DataFolderError, match=r"holds a tokenizer alone .* data.data_dir"):
+        read_meta(run / "tokenizer")
+    assert read_meta(run / "tokenizer", splits=False).tokenizer == "byte"  # still a tokenizer
+    before = sorted(p.name for p in (run / "tokenizer").rglob("*"))
+    prepare = ["--source", "pydoc", "--tokenizer", "byte", "--num-workers", "1"]
+    for extra in ([], ["--overwrite"]):
+        assert main([*prepare, *extra, "--out", str(run / "tokenizer")]) == 2
+        assert "holds a tokenizer alone (a run folder's tokenizer/ copy" in capsys.readouterr().err
+    assert sorted(p.name for p in (run / "tokenizer").rglob("*")) == before
+    assert main([*prepare[:2], "--tokenizer-from", str(run), "--out", str(tmp_path / "o")]) == 2
+    assert f"did you mean '{run / 'tokenizer'}', the run's tokenizer copy?" in (
+        capsys.readouterr().err
+    )

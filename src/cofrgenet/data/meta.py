@@ -231,6 +231,13 @@ def tokenizer_digest(data_dir: str | os.PathLike[str]) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def tokenizer_only(folder: Path) -> bool:
+    """Whether ``folder`` holds a tokenizer and no tokens: ``meta.json`` and neither split
+    (what :func:`copy_tokenizer` writes into a run folder). A prepare writes its
+    ``meta.json`` last, after both splits, so this is no half-written prepare."""
+    return (folder / META_FILE).is_file() and not any((folder / s).exists() for s in SPLITS)
+
+
 def copy_tokenizer(data_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) -> bool:
     """Copy a prepared folder's tokenizer (``meta.json`` and ``tokenizer/``) to the new
     folder ``dest``, which then serves wherever a data folder's tokenizer is read
@@ -365,6 +372,14 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
         raise DataFolderError(
             f"{str(data_dir)!r} has data format {meta.format_version}, this cofrgenet reads "
             f"format {FORMAT_VERSION}. Remake it with `{_remake_command(data_dir, meta)}`."
+        )
+    if splits and tokenizer_only(data_dir):
+        raise DataFolderError(
+            f"{str(data_dir)!r} holds a tokenizer alone (meta.json and tokenizer/, as a run "
+            "folder's tokenizer/ copy), no tokens: pass the data folder to read (a run's "
+            "config.yaml names the one it trained on as data.data_dir), or prepare one with "
+            f"this tokenizer:\n  cofr data prepare --source ... --tokenizer-from {data_dir} "
+            "--out NEW_FOLDER"
         )
     for split in SPLITS if splits else ():
         if not (data_dir / split / "index.json").is_file():

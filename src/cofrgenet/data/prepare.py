@@ -61,6 +61,7 @@ from cofrgenet.data.meta import (
     foreign_entries,
     read_meta,
     tokenizer_digest,
+    tokenizer_only,
     written_by_prepare,
 )
 from cofrgenet.data.sources import (
@@ -536,6 +537,11 @@ def check_out(out: Path, overwrite: bool) -> None:
     """Refuse what can be refused of ``out`` without the source, before the source is
     listed and split (a large hub dataset takes minutes to load, only to be refused)."""
     _check_is_folder(out)
+    if tokenizer_only(out):  # with --overwrite, a prepare would replace a run's tokenizer
+        raise PrepareError(
+            f"--out {str(out)!r} holds a tokenizer alone (a run folder's tokenizer/ copy, "
+            "which its checkpoints are read with), not a prepared corpus: choose another --out"
+        )
     with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
         if out.is_dir():
             _check_no_foreign_files(out, overwrite)
@@ -723,10 +729,13 @@ def _tokenizer_from_meta(folder: Path) -> DataMeta:
             "(its --out)"
         )
     if not (folder / META_FILE).is_file():
-        raise PrepareError(
-            f"{said} is not a prepared data folder (no {META_FILE}): give the --out of a "
-            "`cofr data prepare` that finished"
+        copy = folder / TOKENIZER_DIR
+        hint = (
+            f": did you mean {str(copy)!r}, the run's tokenizer copy?"
+            if (copy / META_FILE).is_file()
+            else ": give the --out of a `cofr data prepare` that finished"
         )
+        raise PrepareError(f"{said} is not a prepared data folder (no {META_FILE}){hint}")
     try:
         return read_meta(folder, splits=False)  # its tokenizer alone (a run folder's copy)
     except DataFolderError as error:  # half-written, damaged: read_meta's, on one line

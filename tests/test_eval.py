@@ -1573,3 +1573,18 @@ def test_the_results_table_shows_the_columns_its_tasks_have(capsys, monkeypatch)
     print_results({"ptb": ptb, "lambada": {"accuracy": 0.5, "ppl": 7.0}}, "t")
     header = next(line for line in capsys.readouterr().out.splitlines() if "task" in line)
     assert "accuracy" in header and "target ppl" in header and "┃ ppl ┃" not in header
+
+
+@pytest.mark.parametrize(
+    "command", [["eval", "--tasks", "ptb"], ["finetune", "glue", "--task", "rte"]]
+)
+def test_a_prepared_corpus_as_data_dir_points_to_cofr_validate(tmp_path, capsys, command):
+    """`cofr eval --data-dir <a cofr data prepare folder>` asked for WikiText's files."""
+    corpus = tmp_path / "pydoc-byte"
+    (corpus / "train").mkdir(parents=True)
+    (corpus / "meta.json").write_text("{}")
+    unloadable_checkpoint(tmp_path / "x.ckpt")  # the data folder is checked before loading
+    argv = [*command, "--ckpt", str(tmp_path / "x.ckpt"), "--data-dir", str(corpus)]
+    line = one_line_error(capsys, argv)
+    assert f"--data-dir {corpus} is a corpus made by `cofr data prepare`" in line
+    assert "`cofr validate` scores a run on such a folder's val split" in line

@@ -1775,9 +1775,11 @@ sys.exit(prepare.main(["--out", sys.argv[1], "--num-workers", "2"]))
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-def test_sigterm_stops_a_prepare_as_ctrl_c_does(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_stops_a_prepare_as_ctrl_c_does(tmp_path, sig):
     """SLURM's time limit (SIGTERM) left the prepare's .next/ and said nothing; Ctrl-C
-    removed what it wrote. Now both do, and SIGTERM says so (exit 143)."""
+    removed what it wrote. Now both do, and both say so, alike (exit 143, 130): Ctrl-C
+    said only "cofr: interrupted", SIGTERM "<out> as it was" of a folder never made."""
     (tmp_path / "slow.py").write_text(SLOW_COMMAND)
     out, pids = tmp_path / "out", tmp_path / "pids"
     proc = subprocess.Popen(
@@ -1785,19 +1787,25 @@ def test_sigterm_stops_a_prepare_as_ctrl_c_does(tmp_path):
         start_new_session=True,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(set(read_pids(pids))) < 2:
             time.sleep(0.1)
         assert len(set(read_pids(pids))) >= 2, "the workers never started"
-        proc.send_signal(signal.SIGTERM)
+        if sig == signal.SIGINT:  # a terminal's Ctrl-C: the whole process group
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # only this test's processes
-    assert proc.returncode == 143, err
-    assert f"cofr data prepare: stopped by SIGTERM: {out} as it was" in err
+    assert proc.returncode == 128 + sig, err
+    by = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    assert f"cofr data prepare: stopped by {by}: nothing written to {out}" in err
+    assert "interrupted" not in err
     assert not out.exists()
 
 

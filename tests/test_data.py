@@ -213,6 +213,8 @@ def test_options_refused_without_the_source_are_refused_before_it_is_read(tmp_pa
     file.write_text("mine")
     with pytest.raises(PrepareError, match=r"--out '.*file' exists and is not a folder"):
         prepare_data(Unread(), file, num_workers=1)
+    with pytest.raises(PrepareError, match=r"--out '.*file/x/y' cannot be made: '.*file' is a"):
+        prepare_data(Unread(), file / "x" / "y", num_workers=1)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
@@ -1924,8 +1926,16 @@ def test_chunk_bytes_are_checked_before_anything_is_written(tmp_path, capsys):
     # A plain byte count is a chunk size: 4 KB chunks split the ~15 KB of 4 documents.
     out = tmp_path / "small-chunks"
     args = ["--max-docs", "4", "--num-workers", "1", "--out", str(out), "--chunk-bytes", "4000"]
+    capsys.readouterr()
     assert main(args) == 0
     assert read_meta(out).splits["train"].chunks > 1
+    assert "chunks of at most" not in capsys.readouterr().err  # 2000 tokens: GPT-2's block fits
+    # Chunks smaller than a block: said (it was accepted unsaid, 4,591 one-token chunks).
+    args[-3:] = [str(tmp_path / "tiny-chunks"), "--chunk-bytes", "3"]
+    assert main(args) == 0
+    assert "--chunk-bytes 3: chunks of at most 1 tokens. A training block is read within" in (
+        capsys.readouterr().err
+    )
 
 
 def test_chunks_keep_near_chunk_bytes_with_large_documents(tmp_path, capfd):
@@ -2205,6 +2215,7 @@ def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys
     args = ["--source", "hf", "--dataset", str(folder), "--val-split", "none",
             "--out", str(out), "--num-workers", "1"]  # fmt: skip
     assert main(args) == 0
+    assert "Generating train split" not in capsys.readouterr().err  # datasets' bars: none
     assert main(args) == 0  # unchanged: nothing to do
     assert "nothing to do" in capsys.readouterr().err
     (folder / "train.csv").write_text("text\n" + "".join(f"row {i} words\n" for i in range(10)))
@@ -2270,3 +2281,11 @@ def test_a_run_s_tokenizer_copy_is_named_so_and_never_prepared_over(pydoc_byte, 
     assert f"did you mean '{run / 'tokenizer'}', the run's tokenizer copy?" in (
         capsys.readouterr().err
     )
+
+
+def test_an_empty_out_is_refused_not_read_as_the_default(tmp_path, capsys, monkeypatch):
+    """`--out ''` (an unset shell variable) wrote into data/text-byte, the default."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--out", "", "--max-docs", "4", "--num-workers", "1"]) == 2
+    assert "--out '' names no folder" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from cofrgenet import package_version, terminal
-from cofrgenet.atomic import why_no_folder
+from cofrgenet.atomic import nearest_existing, why_no_folder
 from cofrgenet.data.cpus import available_cpus
 from cofrgenet.data.meta import (
     LOCK_FILES,
@@ -537,6 +537,7 @@ def check_out(out: Path, overwrite: bool) -> None:
     """Refuse what can be refused of ``out`` without the source, before the source is
     listed and split (a large hub dataset takes minutes to load, only to be refused)."""
     _check_is_folder(out)
+    _check_can_make(out)
     if tokenizer_only(out):  # with --overwrite, a prepare would replace a run's tokenizer
         raise PrepareError(
             f"--out {str(out)!r} holds a tokenizer alone (a run folder's tokenizer/ copy, "
@@ -560,6 +561,23 @@ def _check_not_half_written(out: Path, overwrite: bool) -> None:
     if not overwrite:
         raise PrepareError(
             f"{str(out)!r} holds a half-written prepare; pass --overwrite to replace it"
+        )
+
+
+def _check_can_make(out: Path) -> None:
+    """Refuse an ``out`` that cannot be made (a file where a parent folder should be, a
+    parent this user cannot write in) before the source is listed."""
+    if out.exists():
+        return
+    parent = nearest_existing(out.absolute())
+    if not parent.is_dir():
+        raise PrepareError(
+            f"--out {str(out)!r} cannot be made: {str(parent)!r} is a file; choose another --out"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PrepareError(
+            f"--out {str(out)!r} cannot be made: no permission to write in {str(parent)!r}; "
+            "choose another --out"
         )
 
 
@@ -1334,6 +1352,10 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
     console = terminal.console()  # the summary table
     err_console = terminal.console(stderr=True)  # progress and errors
     tokenizer_from = getattr(args, "tokenizer_from", None)
+    if args.out == "":
+        raise PrepareError(
+            "--out '' names no folder: give one, or leave --out out for data/<source>-<tokenizer>"
+        )
     if args.out:
         out = Path(args.out)
     else:  # named after the kind of --tokenizer-from's tokenizer, as if given
@@ -1391,6 +1413,16 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
             )
             if isinstance(source, HFSource) and "[" in train_split + val_split:
                 _check_slices_apart(source, train_split, val_split)
+    chunk_tokens = args.chunk_bytes // 2  # at most: 2-byte token ids (uint16)
+    if chunk_tokens < SMALL_VAL_TOKENS:
+        err_console.print(
+            f"[dim]prepare:[/] --chunk-bytes {args.chunk_bytes}: chunks of at most "
+            f"{chunk_tokens} tokens. A training block is read within one chunk: a block of "
+            "more tokens reads nothing, and each chunk's tail shorter than a block is left "
+            f"out (default: {DEFAULT_CHUNK_BYTES})",
+            highlight=False,
+            soft_wrap=True,
+        )
     replacing = (out / META_FILE).exists()  # an --overwrite: the earlier folder stays
     try:
         # SLURM's time limit or scancel: what this prepare wrote goes, and an earlier

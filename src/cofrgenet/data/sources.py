@@ -515,11 +515,21 @@ def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
             "--source hf needs the Hugging Face `datasets` package, which is not installed "
             f"(`pip install datasets`). Offline alternatives: {OFFLINE_ALTERNATIVES}."
         ) from err
-    if (local / "state.json").is_file():
-        # One Dataset's save_to_disk, which load_dataset refuses ("use load_from_disk");
-        # a DatasetDict's loads through load_dataset, with its splits' info.
-        return _saved_dataset(datasets.load_from_disk(str(local)), split, subset)
-    return datasets.load_dataset(path, subset, split=split)
+    if not local.exists():  # a download: its progress bars say how far it is
+        return datasets.load_dataset(path, subset, split=split)
+    # A local folder loads in seconds: datasets' bars ("Generating train split") would
+    # only come between the prepare's own lines.
+    bars_were_off = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        if (local / "state.json").is_file():
+            # One Dataset's save_to_disk, which load_dataset refuses ("use load_from_disk");
+            # a DatasetDict's loads through load_dataset, with its splits' info.
+            return _saved_dataset(datasets.load_from_disk(str(local)), split, subset)
+        return datasets.load_dataset(path, subset, split=split)
+    finally:
+        if not bars_were_off:
+            datasets.enable_progress_bars()
 
 
 def _saved_dataset(saved: Any, split: str, subset: str | None) -> Any:

@@ -1060,3 +1060,14 @@ def test_the_exported_model_trains_unclipped_as_cofrgenet_does(tmp_path):
         assert not torch.allclose(trained, scored, atol=1e-5)  # the clip changes outputs
         torch.testing.assert_close(exported.eval()(ids).logits, scored, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(exported.train()(ids).logits, trained, atol=1e-5, rtol=1e-5)
+
+
+def test_a_config_of_another_model_is_named_so(tmp_path):
+    """A CoFrGeNet-F model exported with GPT-2's config read "it is a Cffn, not the built-in
+    MLP (a custom builder replaced it)"."""
+    model = build_model(ModelConfig.from_preset("gpt2-tiny-f", block_size=32))
+    with pytest.raises(UnsupportedModel, match=r"^the config does not describe this model: "
+                       r"its ffn of layer 0 is 'mlp', the model's is a Cffn \(the built-in "
+                       r"'cffn'\); pass the config the model was built from$"):  # fmt: skip
+        export_model(model, ModelConfig.from_preset("gpt2-tiny", block_size=32), tmp_path / "o")
+    assert not (tmp_path / "o").exists()

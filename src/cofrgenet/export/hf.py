@@ -445,6 +445,14 @@ def check_exportable(model: nn.Module, config: ModelConfig) -> None:
             if name not in types:
                 raise UnsupportedModel(f"cannot export {kind} mixer {name!r} (layer {i}): {hint}")
             if type(module) is not types[name]:
+                other = [n for n, t in types.items() if t is type(module)]
+                if other:  # a built-in layer, of another name: the config is another model's
+                    raise UnsupportedModel(
+                        f"the config does not describe this model: its {kind} of layer {i} "
+                        f"is {name!r}, the model's is a {type(module).__name__} (the "
+                        f"built-in {' / '.join(repr(n) for n in other)}); pass the config "
+                        "the model was built from"
+                    )
                 raise UnsupportedModel(
                     f"cannot export {kind} mixer {name!r} of layer {i}: it is a "
                     f"{type(module).__name__}, not the built-in {types[name].__name__} "
@@ -725,6 +733,7 @@ def _write_readme(
     if report.tokenizer is not None:
         usage = f"""from transformers import AutoModelForCausalLM, AutoTokenizer
 
+# from the folder that holds {name}/ (or give this folder's full path)
 model = AutoModelForCausalLM.from_pretrained("./{name}", trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained("./{name}", trust_remote_code=True)
 ids = tokenizer("Hello", return_tensors="pt").input_ids
@@ -738,6 +747,7 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0
         usage = f"""import torch
 from transformers import AutoModelForCausalLM
 
+# from the folder that holds {name}/ (or give this folder's full path)
 model = AutoModelForCausalLM.from_pretrained("./{name}", trust_remote_code=True)
 # No tokenizer here: ids of the tokenizer the model trained with.
 ids = {ids}

@@ -588,7 +588,7 @@ def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
     assert not [w for w in caught if "eval mode" in str(w.message)]
     assert "accuracy" in printed and "93.56 / 94.16" in printed  # the table, paper beside
     result = json.loads(out.read_text())
-    assert result["steps"] == 6 and result["train_examples"] == 24
+    assert result["steps"] == 6 and result["train_examples"] == 24 and result["epochs"] == 2
     assert set(result["metrics"]) == {"glue/sst2/accuracy"}
     accuracy_ = result["metrics"]["glue/sst2/accuracy"]
     assert 0.0 <= accuracy_ <= 1.0 and result["splits"]["dev"]["examples"] == 10
@@ -727,6 +727,8 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
     # Stopped by --max-steps between evaluations: scored at that step all the same.
     run_id = json.loads(out.read_text())["run_id"]
     assert [m.step for m in client.get_metric_history(run_id, "glue/sst2/accuracy")] == [1]
+    # 1 step of an epoch's 3 (24 examples, batches of 8): Lightning's current_epoch read 0.
+    assert json.loads(out.read_text())["epochs"] == round(1 / 3, 3)
     err = capsys.readouterr().err
     # 1 step of 3 epochs x 3 batches: cut short, as a subset of the task is
     assert (

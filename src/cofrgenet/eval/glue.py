@@ -772,7 +772,9 @@ def finetune(
                 "metrics": metrics,
                 "splits": module.results,
                 "steps": trainer.global_step,
-                "epochs": trainer.current_epoch,
+                # Epochs trained, a fraction when --max-steps ended one part-way (Lightning's
+                # current_epoch counted the epoch it was in: 1 after 3 steps of 4).
+                "epochs": round(trainer.global_step / steps_per_epoch, 3),
                 "train_examples": len(train),
                 "max_length": max_length,
                 "source": data.source,

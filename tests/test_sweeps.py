@@ -4213,7 +4213,7 @@ def test_status_right_after_submit_says_no_trials_yet(tmp_path, monkeypatch, cap
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_one_table_names_each_sampler_for_the_check_and_the_workers(monkeypatch):
-    """A sampler name was listed in SAMPLERS, checked against one class and built from
+    """A sampler name was listed in a tuple, checked against one class and built from
     another by an if/else in the worker: a new name in the table is now checked and built
     alike (here Optuna's QMCSampler, whose ``scramble`` option the check reads off it)."""
     import optuna
@@ -4222,7 +4222,6 @@ def test_one_table_names_each_sampler_for_the_check_and_the_workers(monkeypatch)
     from cofrgenet.sweeps.worker import make_sampler
 
     monkeypatch.setitem(spec.SAMPLER_CLASSES, "qmc", "QMCSampler")
-    monkeypatch.setattr(spec, "SAMPLERS", tuple(spec.SAMPLER_CLASSES))
     raw = {"study": "s", "space": {"a": [1, 2]}, "n_trials": 1}
     sweep = parse_sweep({**raw, "sampler": {"name": "qmc", "seed": 3, "scramble": True}})
     built = make_sampler(sweep, offset=2)

@@ -63,6 +63,9 @@ class FolderLock:
             except BlockingIOError:
                 os.close(fd)
                 return False
+            except OSError:  # a file system that cannot lock (ENOLCK): not held, not leaked
+                os.close(fd)
+                raise
             # A holder that removed the file on release (release(remove=True)) may have
             # done so between our open and our flock: then we hold a file no one else
             # sees, and must lock the one at the path now.

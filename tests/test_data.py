@@ -136,6 +136,17 @@ def test_split_documents_is_disjoint_deterministic_and_keeps_one_val_document():
         split_documents(10, 0.0, seed=0)
 
 
+def test_the_default_seed_holds_out_documents_from_everywhere_in_the_corpus():
+    """With the default seed, half of the validation documents lay in the corpus's last
+    fifth, whatever its size (rng.choice's picks for one seed sit at the same relative
+    places): a book's chapters in order validated on its last ones."""
+    in_last_fifth = [
+        np.mean(split_documents(n, 0.05, seed=prepare_module.DEFAULT_SEED)[1] >= 0.8 * n)
+        for n in range(10, 400)
+    ]
+    assert 0.14 < np.mean(in_last_fifth) < 0.26
+
+
 # ------------------------------------------------------------------ pydoc / byte
 
 
@@ -629,7 +640,7 @@ def test_cli_prepares_and_reports(tmp_path, capsys):
     meta = read_meta(out)
     assert meta.command_line.startswith("cofr data prepare --max-docs 12")
     assert meta.split_args == {
-        "method": "random documents",
+        "method": "seeded permutation",
         "val_fraction": 0.05,
         "seed": 3,
         "max_docs": 12,
@@ -829,7 +840,7 @@ def test_validation_batches_do_not_depend_on_the_loader_workers(tmp_path):
     and val/loss, depended on data.num_workers (a machine's CPU count by default)."""
     folder = tmp_path / "small-chunks"
     prepare_data(PydocSource(), folder, max_docs=30, val_fraction=0.3, num_workers=1,
-                 chunk_bytes=20_000)  # fmt: skip
+                 chunk_bytes=5_000)  # fmt: skip
     assert read_meta(folder).splits["val"].chunks >= 2  # else nothing to interleave
 
     def val_batches(num_workers: int) -> list[torch.Tensor]:
@@ -872,7 +883,7 @@ def test_every_process_scores_as_many_validation_batches(tmp_path, monkeypatch, 
 
     folder = tmp_path / "small-chunks"
     prepare_data(PydocSource(), folder, max_docs=12, val_fraction=0.3, num_workers=1,
-                 chunk_bytes=2_000)  # fmt: skip
+                 chunk_bytes=1_200)  # fmt: skip
     assert read_meta(folder).splits["val"].chunks >= 3  # shares that cross chunks
 
     def make():
@@ -1815,7 +1826,7 @@ def test_sigterm_stops_a_prepare_as_ctrl_c_does(tmp_path, sig):
             os.killpg(proc.pid, signal.SIGKILL)  # only this test's processes
     assert proc.returncode == 128 + sig, err
     by = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
-    assert f"cofr data prepare: stopped by {by}: nothing written to {out}" in err
+    assert f"cofr data prepare: stopped by {by}: nothing kept in {out}" in err
     assert "interrupted" not in err
     assert not out.exists()
 
@@ -2289,3 +2300,54 @@ def test_an_empty_out_is_refused_not_read_as_the_default(tmp_path, capsys, monke
     assert main(["--out", "", "--max-docs", "4", "--num-workers", "1"]) == 2
     assert "--out '' names no folder" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+def test_one_split_of_a_dataset_saved_alone_is_its_train_split(tmp_path, capsys):
+    """A split of a loaded dataset saved with save_to_disk keeps the splits of the dataset
+    it came from in its info: the prepare took its 'validation' as the folder's own (then
+    refused it: the folder has one split), and counted rows of the original train."""
+    datasets = pytest.importorskip("datasets")
+    source = tmp_path / "source"
+    source.mkdir()
+    for split, count in (("train", 60), ("validation", 10)):
+        rows = "".join(json.dumps({"text": f"{split} row {i} words"}) + "\n" for i in range(count))
+        (source / f"{split}.jsonl").write_text(rows)
+    loaded = datasets.load_dataset(str(source), split="train")
+    saved = tmp_path / "saved"
+    loaded.select(range(20)).save_to_disk(str(saved))
+    assert loaded.info.splits["train"].num_examples == 60  # what the saved one's info says
+    base = ["--source", "hf", "--dataset", str(saved), "--num-workers", "1"]
+    assert main([*base, "--out", str(tmp_path / "plain")]) == 0
+    meta = read_meta(tmp_path / "plain")
+    assert meta.splits["train"].documents + meta.splits["val"].documents == 20
+    sliced = [*base, "--split", "train[:50%]", "--val-split", "train[12:]"]
+    assert main([*sliced, "--out", str(tmp_path / "apart")]) == 0  # rows 0-9 and 12-19
+    overlapping = [*base, "--split", "train[:50%]", "--val-split", "train[8:]"]
+    assert main([*overlapping, "--out", str(tmp_path / "leak")]) == 2
+    assert "share 2 rows of train" in capsys.readouterr().err
+
+
+def test_a_folder_made_before_local_contents_were_recorded_is_still_the_same(tmp_path):
+    """A local dataset's own validation split is described in split_args.val: a folder
+    prepared before its contents were recorded was refused as "other settings" on the
+    same command (source_args had the exemption, split_args.val not)."""
+    pytest.importorskip("datasets")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dataset = tmp_path / "mydata"
+    dataset.mkdir()
+    rows = [{"text": f"training document {i} " * 8} for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(rows), dataset / "train.parquet")
+    held = [{"text": "held out words " * 6}, {"text": "more held out text " * 5}]
+    pq.write_table(pa.Table.from_pylist(held), dataset / "validation.parquet")
+    out = tmp_path / "out"
+    args = ["--source", "hf", "--dataset", str(dataset), "--num-workers", "1", "--out", str(out)]
+    assert main(args) == 0
+    meta_file = out / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    assert "contents" in meta["split_args"]["val"]
+    for recorded in (meta["source_args"], meta["split_args"]["val"]):
+        del recorded["contents"]  # as a prepare before 2026-12-06 wrote it
+    meta_file.write_text(json.dumps(meta))
+    assert main(args) == 0  # nothing to do, not "other settings"

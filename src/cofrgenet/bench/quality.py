@@ -751,6 +751,7 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     found there must hold the benchmark's tokens (a byte folder under that name would be
     benchmarked silently): DataFolderError otherwise."""
     from cofrgenet.data.meta import DataFolderError, read_meta
+    from cofrgenet.data.prepare import SPLIT_METHOD
     from cofrgenet.data.sources import nested_pydoc_topics
 
     folder = Path(cfg.data_dir)
@@ -771,6 +772,9 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
             "tokenizer": meta.tokenizer,
             "vocab_size": meta.tokenizer_args.get("requested_vocab_size"),
             "val_fraction": meta.split_args.get("val_fraction"),
+            # Before 2026-12-06, "random documents": another validation set (the last
+            # topics, for the default seed).
+            "split": meta.split_args.get("method"),
             # Folders from before 2026-12-05 hold the topics that others contain: their
             # held-out topics were partly training text.
             "topics": (
@@ -779,10 +783,11 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
                 else "distinct"
             ),
         }
-        if made != {"source": "pydoc", **BENCH_DATA, "topics": "distinct"}:
+        wanted = {"source": "pydoc", **BENCH_DATA, "split": SPLIT_METHOD, "topics": "distinct"}
+        if made != wanted:
             raise DataFolderError(
                 f"{folder} holds other tokens than the benchmark's ({made}; the benchmark's: "
-                f"pydoc, {BENCH_DATA}, distinct topics): move it away (`rm -r {folder}`: the next run makes it "
+                f"pydoc, {BENCH_DATA}, {SPLIT_METHOD}, distinct topics): move it away (`rm -r {folder}`: the next run makes it "
                 "anew), or give --data-dir"
             )
         return

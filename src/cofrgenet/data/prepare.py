@@ -152,11 +152,17 @@ def check_num_workers(value: int) -> int:
 SMALL_VAL_TOKENS = 1025
 
 
+#: meta.json's ``split_args.method`` of a carved validation split. "random documents"
+#: before 2026-12-06: rng.choice, whose picks for the default seed were a corpus's last
+#: documents; a folder made so is "prepared with other settings" to a prepare now.
+SPLIT_METHOD = "seeded permutation"
+
+
 def split_documents(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint ascending (train, val) document indices of ``range(n)``.
 
-    Validation gets ``max(1, round(val_fraction * n))`` documents chosen with ``seed``;
-    training keeps at least one.
+    Validation gets ``max(1, round(val_fraction * n))`` documents chosen with ``seed``
+    (the first of a seeded permutation); training keeps at least one.
     """
     if not 0.0 < val_fraction < 1.0:
         raise PrepareError(f"--val-fraction must be in (0, 1), got {val_fraction}")
@@ -164,7 +170,11 @@ def split_documents(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray,
         raise PrepareError(f"need at least 2 documents to split into train and val, got {n}")
     n_val = min(n - 1, max(1, round(val_fraction * n)))
     rng = np.random.default_rng(seed)
-    val = np.sort(rng.choice(n, size=n_val, replace=False))
+    # Not rng.choice(n, n_val, replace=False): for one seed its picks sit at the same
+    # relative places whatever n, and the default seed's are the last documents (half of
+    # the validation documents in the last fifth of a corpus, over n = 10..400): the final
+    # chapters of a book read in order.
+    val = np.sort(rng.permutation(n)[:n_val])
     mask = np.ones(n, dtype=bool)
     mask[val] = False
     return np.flatnonzero(mask), val
@@ -538,12 +548,13 @@ def check_out(out: Path, overwrite: bool) -> None:
     listed and split (a large hub dataset takes minutes to load, only to be refused)."""
     _check_is_folder(out)
     _check_can_make(out)
-    if tokenizer_only(out):  # with --overwrite, a prepare would replace a run's tokenizer
-        raise PrepareError(
-            f"--out {str(out)!r} holds a tokenizer alone (a run folder's tokenizer/ copy, "
-            "which its checkpoints are read with), not a prepared corpus: choose another --out"
-        )
     with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
+        if tokenizer_only(out):  # with --overwrite, a prepare would replace a run's tokenizer
+            raise PrepareError(
+                f"--out {str(out)!r} holds a tokenizer alone (a run folder's tokenizer/ copy, "
+                "which its checkpoints are read with), not a prepared corpus: choose another "
+                "--out"
+            )
         if out.is_dir():
             _check_no_foreign_files(out, overwrite)
             _check_not_half_written(out, overwrite)
@@ -574,11 +585,20 @@ def _check_can_make(out: Path) -> None:
         raise PrepareError(
             f"--out {str(out)!r} cannot be made: {str(parent)!r} is a file; choose another --out"
         )
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or _read_only_mount(parent):
         raise PrepareError(
-            f"--out {str(out)!r} cannot be made: no permission to write in {str(parent)!r}; "
+            f"--out {str(out)!r} cannot be made: {str(parent)!r} is not writable; "
             "choose another --out"
         )
+
+
+def _read_only_mount(folder: Path) -> bool:
+    """Whether ``folder`` lies on a file system mounted read-only (os.access says yes
+    to root there)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _check_is_folder(out: Path) -> None:
@@ -710,7 +730,7 @@ def _split(
             )
         train_idx, val_idx = split_documents(n, val_fraction, seed)
         split_args: dict[str, Any] = {
-            "method": "random documents",
+            "method": SPLIT_METHOD,
             "val_fraction": val_fraction,
             "seed": seed,
         }
@@ -828,7 +848,11 @@ def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataM
     asked = dict(request["source_args"])
     if "contents" not in existing.source_args:  # prepared before contents were recorded
         asked.pop("contents", None)
-    request = {**request, "source_args": asked}
+    split_args = dict(request["split_args"])
+    val = split_args.get("val")
+    if isinstance(val, dict) and "contents" not in (existing.split_args.get("val") or {}):
+        split_args["val"] = {k: v for k, v in val.items() if k != "contents"}  # as above
+    request = {**request, "source_args": asked, "split_args": split_args}
     same_but_contents = _plain({**existing.source_args, "contents": None}) == _plain(
         {**asked, "contents": None}
     )
@@ -1452,7 +1476,7 @@ def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
             )
     except (Terminated, KeyboardInterrupt) as stop:
         by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
-        kept = f"{out} as it was" if replacing else f"nothing written to {out}"
+        kept = f"{out} as it was" if replacing else f"nothing kept in {out}"
         print(f"cofr data prepare: stopped by {by}: {kept}", file=sys.stderr)
         if isinstance(stop, KeyboardInterrupt):
             return 130  # said: not cofr's own "interrupted" line too

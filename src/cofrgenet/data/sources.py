@@ -663,10 +663,23 @@ class HFSource(Source):
         return len(self._ds)
 
     @property
+    def _saved_dataset(self) -> bool:
+        """Whether the dataset is one Dataset written by ``save_to_disk``: its rows are its
+        one split, ``train``, whatever splits its info still lists (those of the dataset
+        it was saved from: a hub split saved alone keeps its ``validation`` there)."""
+        return (Path(self.path).expanduser() / "state.json").is_file()
+
+    @property
     def split_names(self) -> list[str]:
         """The dataset's splits, as its loaded split's info lists them ([] if it does not)."""
+        if self._saved_dataset:
+            return ["train"]
         info = getattr(self._ds, "info", None)
         return list(getattr(info, "splits", None) or {})
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned tokenizing workers read rows, never load: a loader need not pickle.
+        return {**self.__dict__, "_loader": None}
 
     def read(self, indices: Sequence[int]) -> list[str]:
         indices = [int(i) for i in indices]
@@ -683,6 +696,8 @@ class HFSource(Source):
         """The row count of the dataset's whole split ``split`` (a name: no slice), from
         the loaded split's info, else by loading it; None if it cannot be loaded."""
         info = getattr(getattr(self._ds, "info", None), "splits", None) or {}
+        if self._saved_dataset:  # its info's counts are the original dataset's
+            info = {}
         if split in info and info[split].num_examples:
             return int(info[split].num_examples)
         try:
@@ -700,8 +715,15 @@ class HFSource(Source):
         }
         local = Path(self.path).expanduser()
         if local.exists():  # a local folder's files can change under the same name
+            # Not .git/ nor .cache/ (`hf download --local-dir` keeps its metadata there):
+            # they change without the data changing.
             files = (
-                sorted(str(f) for f in local.rglob("*") if f.is_file())
+                sorted(
+                    str(f)
+                    for f in local.rglob("*")
+                    if f.is_file()
+                    and not any(part.startswith(".") for part in f.relative_to(local).parts)
+                )
                 if local.is_dir()
                 else [str(local)]
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -243,3 +244,37 @@ def test_a_signal_during_a_fit_is_the_fits_to_act_on_and_stops_the_demo(
     assert f"cofr demo: stopped by Ctrl-C during `cofr fit --config {config} ...`" in out
     assert steps == ["fit"]  # no validate, no second fit
     assert not list((tmp_path / "runs").glob("demo-*.md"))
+
+
+@pytest.mark.parametrize(
+    "meta, said",
+    [
+        ({"source": "pydoc", "source_args": {}}, "prepared before 2026-12-05 from every"),
+        (
+            {"source": "pydoc", "source_args": {"topics": "distinct"},
+             "split_args": {"method": "random documents"}},
+            "prepared before 2026-12-06: its held-out topics are the last ones",
+        ),
+        (
+            {"source": "pydoc", "source_args": {"topics": "distinct"},
+             "split_args": {"method": "seeded permutation"}},
+            None,
+        ),
+    ],
+)  # fmt: skip
+def test_the_demo_warns_of_a_data_folder_made_the_old_ways(tmp_path, meta, said):
+    """A demo folder prepared before 2026-12-06 holds out the last pydoc topics (the old
+    validation draw): its figures are not the README's, and it was used unsaid."""
+    import io
+
+    from rich.console import Console
+
+    from cofrgenet.demo import ensure_data
+
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    out = io.StringIO()
+    ensure_data(str(tmp_path), Console(file=out, width=400))
+    if said is None:
+        assert out.getvalue() == ""
+    else:
+        assert said in out.getvalue() and "--overwrite" in out.getvalue()

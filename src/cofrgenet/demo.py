@@ -91,14 +91,20 @@ def ensure_data(data_dir: str, console: Console) -> None:
             meta = json.loads(meta_file.read_text())
         except (OSError, ValueError):
             return
-        if isinstance(meta, dict) and nested_pydoc_topics(
-            meta.get("source", ""), meta.get("source_args") or {}
-        ):
+        if not isinstance(meta, dict):
+            return
+        remake = f"cofr data prepare --source pydoc --tokenizer byte --out {data_dir} --overwrite"
+        if nested_pydoc_topics(meta.get("source", ""), meta.get("source_args") or {}):
             console.print(
                 f"[yellow]warning:[/] {data_dir} was prepared before 2026-12-05 from every "
                 "pydoc topic, the nested ones too: its held-out topics are partly training "
-                "text, so val loss reads low. Remake it: cofr data prepare --source pydoc "
-                f"--tokenizer byte --out {data_dir} --overwrite"
+                f"text, so val loss reads low. Remake it: {remake}"
+            )
+        elif (meta.get("split_args") or {}).get("method") == "random documents":
+            console.print(
+                f"[yellow]warning:[/] {data_dir} was prepared before 2026-12-06: its held-out "
+                "topics are the last ones (the old draw's, for the default seed), not the "
+                f"README's. Remake it: {remake}"
             )
         return
     console.print(f"[bold]preparing[/] {data_dir} from Python's bundled documentation")

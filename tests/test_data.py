@@ -1505,20 +1505,25 @@ def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
     assert "(source_args.files: 6 there, 7 asked; source_args.contents: other files)" in err
 
 
+def local_dataset_with_validation(folder: Path, field: str = "text") -> Path:
+    """``folder``: a local HF dataset of train (12 rows) and validation (2) Parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    rows = [{field: f"training document {i} " * 8} for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
+    held = [{field: "held out words " * 6}, {field: "more held out text " * 5}]
+    pq.write_table(pa.Table.from_pylist(held), folder / "validation.parquet")
+    return folder
+
+
 def test_a_local_dataset_validates_on_its_own_validation_split(tmp_path, capsys):
     """A dataset that is no preset but has a validation split (a local folder of
     train/validation Parquet files): carving from train ignored that split unsaid. A
     mistyped --split of a local folder got advice about the hub."""
     pytest.importorskip("datasets")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    dataset = tmp_path / "mydata"
-    dataset.mkdir()
-    rows = [{"content": f"training document {i} " * 8} for i in range(12)]
-    pq.write_table(pa.Table.from_pylist(rows), dataset / "train.parquet")
-    held = [{"content": "held out words " * 6}, {"content": "more held out text " * 5}]
-    pq.write_table(pa.Table.from_pylist(held), dataset / "validation.parquet")
+    dataset = local_dataset_with_validation(tmp_path / "mydata", "content")
     base = ["--source", "hf", "--dataset", str(dataset), "--text-field", "content",
             "--num-workers", "1"]  # fmt: skip
     assert main([*base, "--out", str(tmp_path / "own")]) == 0
@@ -2332,15 +2337,7 @@ def test_a_folder_made_before_local_contents_were_recorded_is_still_the_same(tmp
     prepared before its contents were recorded was refused as "other settings" on the
     same command (source_args had the exemption, split_args.val not)."""
     pytest.importorskip("datasets")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    dataset = tmp_path / "mydata"
-    dataset.mkdir()
-    rows = [{"text": f"training document {i} " * 8} for i in range(12)]
-    pq.write_table(pa.Table.from_pylist(rows), dataset / "train.parquet")
-    held = [{"text": "held out words " * 6}, {"text": "more held out text " * 5}]
-    pq.write_table(pa.Table.from_pylist(held), dataset / "validation.parquet")
+    dataset = local_dataset_with_validation(tmp_path / "mydata")
     out = tmp_path / "out"
     args = ["--source", "hf", "--dataset", str(dataset), "--num-workers", "1", "--out", str(out)]
     assert main(args) == 0

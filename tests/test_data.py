@@ -2348,3 +2348,17 @@ def test_a_folder_made_before_local_contents_were_recorded_is_still_the_same(tmp
         del recorded["contents"]  # as a prepare before 2026-12-06 wrote it
     meta_file.write_text(json.dumps(meta))
     assert main(args) == 0  # nothing to do, not "other settings"
+
+
+def test_a_link_to_no_file_in_a_glob_is_refused_not_skipped(tmp_path):
+    """A dangling link that a --glob matched was skipped unsaid: a corpus of git-annex
+    links whose content was not fetched prepared from the few files that were."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one document " * 10)
+    (docs / "b.txt").symlink_to(tmp_path / "annex" / "missing")
+    with pytest.raises(SourceError, match=r"b\.txt: a link to no file \(git-annex or LFS"):
+        TextFilesSource(str(docs / "*.txt"))
+    (tmp_path / "annex").mkdir()
+    (tmp_path / "annex" / "missing").write_text("fetched now " * 10)
+    assert len(TextFilesSource(str(docs / "*.txt"))) == 2

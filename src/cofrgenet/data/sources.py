@@ -118,10 +118,18 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     files: set[str] = set()
+    dangling: list[str] = []
     for pattern in patterns:
         pattern = os.path.expanduser(str(pattern))
         matches = _glob.glob(pattern, recursive=True) if _glob.has_magic(pattern) else [pattern]
         files.update(str(Path(m).resolve()) for m in matches if os.path.isfile(m))
+        dangling += [m for m in matches if os.path.islink(m) and not os.path.exists(m)]
+    if dangling:  # their text would be missing from the corpus, unsaid
+        more = f" (and {len(dangling) - 1} more)" if len(dangling) > 1 else ""
+        raise SourceError(
+            f"{sorted(dangling)[0]}{more}: a link to no file (git-annex or LFS content not "
+            "fetched, a moved target): fetch or fix it, or give a glob that leaves it out"
+        )
     if not files:
         raise SourceError(
             f"no {what} files match {list(patterns)!r}{_no_match_hint(patterns, what)}"

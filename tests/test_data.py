@@ -2362,3 +2362,13 @@ def test_a_link_to_no_file_in_a_glob_is_refused_not_skipped(tmp_path):
     (tmp_path / "annex").mkdir()
     (tmp_path / "annex" / "missing").write_text("fetched now " * 10)
     assert len(TextFilesSource(str(docs / "*.txt"))) == 2
+
+
+def test_the_default_out_of_a_local_dataset_is_named_after_its_folder(tmp_path):
+    """`--dataset /tmp/corpus/mydata` wrote data/_tmp_corpus_mydata-byte by default."""
+    folder = tmp_path / "corpus" / "mydata"
+    folder.mkdir(parents=True)
+    args = argparse.Namespace(source="hf", dataset=f"{folder}/", tokenizer=None)
+    assert prepare_module.default_out(args) == Path("data") / "mydata-byte"
+    args.dataset = "Skylion007/openwebtext"  # a hub name: its owner stays
+    assert prepare_module.default_out(args, "gpt2") == Path("data/Skylion007_openwebtext-gpt2")

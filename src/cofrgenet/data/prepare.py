@@ -1222,8 +1222,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--out",
         metavar="DIR",
-        help="data folder (default: data/<source>-<tokenizer>, hf: data/<dataset>-<tokenizer>; "
-        "the tokenizer's kind for --tokenizer-from)",
+        help="data folder (default: data/<source>-<tokenizer>, hf: data/<dataset>-<tokenizer>, "
+        "a local dataset folder by its name; the tokenizer's kind for --tokenizer-from)",
     )
     out.add_argument(
         "--overwrite", action="store_true", help="replace an existing or half-written --out"
@@ -1274,11 +1274,15 @@ def _num_workers_argument(value: str) -> int:
 
 
 def default_out(args: argparse.Namespace, tokenizer: str | None = None) -> Path:
-    """``data/<source>-<tokenizer>``; for hf ``data/<dataset>-<tokenizer>``. ``tokenizer``
-    (the kind of --tokenizer-from's folder) replaces ``args.tokenizer`` (byte if not given)."""
+    """``data/<source>-<tokenizer>``; for hf ``data/<dataset>-<tokenizer>`` (a local
+    dataset folder: its own name). ``tokenizer`` (the kind of --tokenizer-from's folder)
+    replaces ``args.tokenizer`` (byte if not given)."""
     name = args.source
     if args.source == "hf" and args.dataset:
-        name = args.dataset.replace("/", "_")
+        local = Path(args.dataset).expanduser()
+        # A hub name keeps its owner (user_dataset); a local path only its folder's name
+        # (it was _tmp_corpus_mydata for /tmp/corpus/mydata).
+        name = local.resolve().name if local.exists() else args.dataset.replace("/", "_")
     return Path("data") / f"{name}-{tokenizer or args.tokenizer or 'byte'}"
 
 

@@ -671,7 +671,7 @@ class HFSource(Source):
         return len(self._ds)
 
     @property
-    def _saved_dataset(self) -> bool:
+    def _saved_alone(self) -> bool:
         """Whether the dataset is one Dataset written by ``save_to_disk``: its rows are its
         one split, ``train``, whatever splits its info still lists (those of the dataset
         it was saved from: a hub split saved alone keeps its ``validation`` there)."""
@@ -680,7 +680,7 @@ class HFSource(Source):
     @property
     def split_names(self) -> list[str]:
         """The dataset's splits, as its loaded split's info lists them ([] if it does not)."""
-        if self._saved_dataset:
+        if self._saved_alone:
             return ["train"]
         info = getattr(self._ds, "info", None)
         return list(getattr(info, "splits", None) or {})
@@ -704,7 +704,7 @@ class HFSource(Source):
         """The row count of the dataset's whole split ``split`` (a name: no slice), from
         the loaded split's info, else by loading it; None if it cannot be loaded."""
         info = getattr(getattr(self._ds, "info", None), "splits", None) or {}
-        if self._saved_dataset:  # its info's counts are the original dataset's
+        if self._saved_alone:  # its info's counts are the original dataset's
             info = {}
         if split in info and info[split].num_examples:
             return int(info[split].num_examples)

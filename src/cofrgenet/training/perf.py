@@ -66,15 +66,11 @@ def measured_peak_flops(dtype: torch.dtype = torch.float32, again: bool = False)
     ``again``: measure anew and keep the better of the two. A peak measured while other
     processes held the cores is too low, which a step faster than it shows."""
     if again or dtype not in _MEASURED_PEAKS:
-        _MEASURED_PEAKS[dtype] = max(_MEASURED_PEAKS.get(dtype, 0.0), _matmul_flops(dtype))
+        _MEASURED_PEAKS[dtype] = max(_MEASURED_PEAKS.get(dtype, 0.0), matmul_peak_flops(dtype))
     return _MEASURED_PEAKS[dtype]
 
 
 _MEASURED_PEAKS: dict[torch.dtype, float] = {}
-
-
-def _matmul_flops(dtype: torch.dtype) -> float:
-    return matmul_peak_flops(dtype)
 
 
 def matmul_peak_flops(
@@ -92,14 +88,17 @@ def matmul_peak_flops(
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, dtype=dtype, device=device, generator=generator)
     b = torch.randn(n, n, dtype=dtype, device=device, generator=generator)
+
+    def synchronize() -> None:  # CUDA runs the matmul after the call returns
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     best = float("inf")
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize()
         start = time.perf_counter()
         torch.mm(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 

@@ -85,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def ensure_data(data_dir: str, console: Console) -> None:
     meta_file = Path(data_dir) / "meta.json"
     if meta_file.exists():
+        from cofrgenet.data.meta import FORMER_SPLIT_METHOD
         from cofrgenet.data.sources import nested_pydoc_topics
 
         try:  # read as it is: a damaged folder is the fit's to refuse, naming the fix
@@ -100,7 +101,7 @@ def ensure_data(data_dir: str, console: Console) -> None:
                 "pydoc topic, the nested ones too: its held-out topics are partly training "
                 f"text, so val loss reads low. Remake it: {remake}"
             )
-        elif (meta.get("split_args") or {}).get("method") == "random documents":
+        elif (meta.get("split_args") or {}).get("method") == FORMER_SPLIT_METHOD:
             console.print(
                 f"[yellow]warning:[/] {data_dir} was prepared before 2026-12-06: its held-out "
                 "topics are the last ones (the old draw's, for the default seed), not the "

@@ -750,8 +750,7 @@ def ensure_data(cfg: QualityBenchConfig) -> None:
     """Make the default data folder from the bundled pydoc text when it is missing; one
     found there must hold the benchmark's tokens (a byte folder under that name would be
     benchmarked silently): DataFolderError otherwise."""
-    from cofrgenet.data.meta import DataFolderError, read_meta
-    from cofrgenet.data.prepare import SPLIT_METHOD
+    from cofrgenet.data.meta import SPLIT_METHOD, DataFolderError, read_meta
     from cofrgenet.data.sources import nested_pydoc_topics
 
     folder = Path(cfg.data_dir)

@@ -45,6 +45,13 @@ READERS_LOCK = ".readers.lock"
 LOCK_FILES = (PREPARE_LOCK, READERS_LOCK)
 #: The entries of a data folder a prepare writes besides meta.json (.cache: litdata's).
 PREPARED_ENTRIES = (*SPLITS, TOKENIZER_DIR, ".cache", STAGING_DIR)
+#: meta.json's ``split_args.method`` of a carved validation split: the first documents of
+#: a seeded permutation. A folder made so is "prepared with other settings" to a prepare
+#: now when it says :data:`FORMER_SPLIT_METHOD`.
+SPLIT_METHOD = "seeded permutation"
+#: The method before 2026-12-06: rng.choice, whose picks for the default seed were a
+#: corpus's last documents.
+FORMER_SPLIT_METHOD = "random documents"
 
 
 def written_by_prepare(path: Path) -> bool:
@@ -229,6 +236,14 @@ def tokenizer_digest(data_dir: str | os.PathLike[str]) -> str | None:
     if not path.is_file():
         return None
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def prepared_corpus(folder: Path) -> bool:
+    """Whether ``folder`` is what ``cofr data prepare`` writes: meta.json, with its splits
+    or tokenizer beside it."""
+    return (folder / META_FILE).is_file() and any(
+        (folder / name).is_dir() for name in (*SPLITS, TOKENIZER_DIR)
+    )
 
 
 def tokenizer_only(folder: Path) -> bool:

@@ -52,6 +52,7 @@ from cofrgenet.data.meta import (
     META_FILE,
     PREPARE_LOCK,
     READERS_LOCK,
+    SPLIT_METHOD,
     STAGING_DIR,
     TOKENIZER_DIR,
     TOKENIZER_FILE,
@@ -150,12 +151,6 @@ def check_num_workers(value: int) -> int:
 #: A validation split of fewer tokens gets a note: GPT-2's block (1024) + 1, the tokens
 #: one of its validation blocks reads.
 SMALL_VAL_TOKENS = 1025
-
-
-#: meta.json's ``split_args.method`` of a carved validation split. "random documents"
-#: before 2026-12-06: rng.choice, whose picks for the default seed were a corpus's last
-#: documents; a folder made so is "prepared with other settings" to a prepare now.
-SPLIT_METHOD = "seeded permutation"
 
 
 def split_documents(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -81,7 +81,9 @@ def _results_kind(path: Path) -> str | None:
 def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
     """A ``--data-dir`` given must be a folder (None: the data comes from ``hub``), and
     not a training corpus made by ``cofr data prepare``."""
-    if data_dir is not None and _prepared_corpus(Path(data_dir)):
+    from cofrgenet.data.meta import prepared_corpus
+
+    if data_dir is not None and prepared_corpus(Path(data_dir)):
         raise UserError(
             f"--data-dir {data_dir} is a corpus made by `cofr data prepare` (its meta.json, "
             f"tokenized splits), not {holds}: `cofr validate` scores a run on such a "
@@ -96,16 +98,6 @@ def check_data_dir(data_dir: str | None, holds: str, hub: str) -> None:
         raise UserError(
             f"--data-dir {data_dir}: no such folder; give {holds}, or leave it out to use {hub}"
         )
-
-
-def _prepared_corpus(folder: Path) -> bool:
-    """Whether ``folder`` is what ``cofr data prepare`` writes (meta.json and its splits or
-    tokenizer beside it)."""
-    from cofrgenet.data.meta import META_FILE, SPLITS, TOKENIZER_DIR
-
-    return (folder / META_FILE).is_file() and any(
-        (folder / name).is_dir() for name in (*SPLITS, TOKENIZER_DIR)
-    )
 
 
 #: From this size on a score is printed as 7.061e+127: a diverged model's perplexity in

@@ -76,6 +76,7 @@ from cofrgenet.data.sources import (
     make_source,
     own_val_split,
     shared_rows,
+    split_parts,
 )
 from cofrgenet.data.tokenizer import (
     MIN_BPE_VOCAB,
@@ -1302,14 +1303,10 @@ def _splits_overlap(train: str, val: str) -> bool:
     is a part of the other, or a slice of one the other holds whole (``train`` and
     ``train[:5%]``), told from the specs alone. Two slices of one split are
     checked once the dataset is loaded (:func:`_check_slices_apart`)."""
-
-    def parts(spec: str) -> list[tuple[str, str]]:  # (the part as given, its split's name)
-        return [(p.strip(), p.split("[", 1)[0].strip()) for p in spec.split("+")]
-
     return any(
         t == v or (t_split == v_split and ("[" not in t or "[" not in v))
-        for t, t_split in parts(train)
-        for v, v_split in parts(val)
+        for t, t_split in split_parts(train)
+        for v, v_split in split_parts(val)
     )
 
 

@@ -540,6 +540,13 @@ def _default_loader(path: str, subset: str | None, *, split: str) -> Any:
             datasets.enable_progress_bars()
 
 
+def split_parts(spec: str) -> list[tuple[str, str]]:
+    """(part as given, its split's name) of each ``+``-joined part of a hub split spec:
+    ``train[:90%]+validation`` -> ``[("train[:90%]", "train"), ("validation",
+    "validation")]``."""
+    return [(part.strip(), part.split("[", 1)[0].strip()) for part in spec.split("+")]
+
+
 def _saved_dataset(saved: Any, split: str, subset: str | None) -> Any:
     """``split`` (``train``, a slice such as ``train[:90%]``, parts joined by ``+``) of
     one Dataset written by ``save_to_disk``: its rows are its one split, ``train``."""
@@ -549,19 +556,15 @@ def _saved_dataset(saved: Any, split: str, subset: str | None) -> Any:
         raise SourceError(
             f"--subset {subset}: a Dataset written by save_to_disk has no subsets; drop --subset"
         )
-    splits = {"train": saved}
-    lengths = {"train": len(saved)}
-    for part in split.split("+"):
-        name = part.split("[", 1)[0].strip()
-        if name not in splits:
-            raise SourceError(
-                f"--split {split}: a Dataset written by save_to_disk (not a DatasetDict) "
-                "has one split, its rows: use --split train, or a slice such as "
-                "'train[:90%]' (and --val-split 'train[90%:]')"
-            )
+    if any(name != "train" for _, name in split_parts(split)):
+        raise SourceError(
+            f"--split {split}: a Dataset written by save_to_disk (not a DatasetDict) "
+            "has one split, its rows: use --split train, or a slice such as "
+            "'train[:90%]' (and --val-split 'train[90%:]')"
+        )
     pieces = [
-        splits[piece.splitname].select(range(piece.from_, piece.to))
-        for piece in datasets.ReadInstruction.from_spec(split).to_absolute(lengths)
+        saved.select(range(piece.from_, piece.to))
+        for piece in datasets.ReadInstruction.from_spec(split).to_absolute({"train": len(saved)})
     ]
     return pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
 
@@ -573,10 +576,10 @@ def shared_rows(train: str, val: str, rows_of: Callable[[str], int | None]) -> d
     out. Rows are counted as ``datasets`` slices them (``ReadInstruction``)."""
     import datasets
 
-    def parts(spec: str) -> dict[str, list[str]]:
+    def parts(spec: str) -> dict[str, list[str]]:  # split name -> its parts
         found: dict[str, list[str]] = {}
-        for part in spec.split("+"):
-            found.setdefault(part.split("[", 1)[0].strip(), []).append(part.strip())
+        for part, name in split_parts(spec):
+            found.setdefault(name, []).append(part)
         return found
 
     def covered(specs: list[str], name: str, rows: int) -> list[tuple[int, int]]:

@@ -36,6 +36,7 @@ UTILITIES = {
     "config_variables",
     "dataclass_options",
     "devices",
+    "dotted",
     "environment",
     "errors",
     "folder_lock",

@@ -17,10 +17,11 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from cofrgenet.dotted import get_dotted
 from cofrgenet.sweeps import SweepError, load_sweep
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.slurm import SubmitOptions, parse_sbatch_header, render
-from cofrgenet.sweeps.spec import base_config, flow_yaml, get_dotted, parse_assignment
+from cofrgenet.sweeps.spec import base_config, flow_yaml, parse_assignment
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "sweeps"

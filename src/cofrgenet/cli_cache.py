@@ -32,6 +32,7 @@ from typing import Any
 
 from cofrgenet import recipes
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.dotted import dotted_leaves, get_dotted
 from cofrgenet.errors import ConfigError, did_you_mean, unknown_name
 
 HELP_FLAGS = ("-h", "--help")
@@ -200,21 +201,6 @@ def option_key(word: str) -> str:
     return word[2:].split("=", 1)[0].rstrip("+")
 
 
-def yaml_leaves(node: Any, prefix: str = "") -> dict[str, Any]:
-    """{dotted path: value} of the leaves of nested mappings (lists are leaves)."""
-    if not isinstance(node, dict) or not node:
-        return {prefix: node} if prefix else {}
-    leaves: dict[str, Any] = {}
-    for key, value in node.items():
-        leaves.update(yaml_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
-    return leaves
-
-
-def yaml_keys(node: Any, prefix: str = "") -> list[str]:
-    """Dotted paths to the leaves of nested mappings (lists are leaves)."""
-    return list(yaml_leaves(node, prefix))
-
-
 def holds_key(path: str, dotted: str) -> bool:
     """Whether YAML file ``path`` has the nested key ``dotted`` (a.b.c)."""
     return _yaml_value(path, dotted) is not _MISSING
@@ -287,7 +273,7 @@ def check_keys(subcommand: str, words: Sequence[str]) -> None:
         import yaml
 
         try:
-            given += yaml_keys(yaml.safe_load(Path(path).read_text()) or {})
+            given += list(dotted_leaves(yaml.safe_load(Path(path).read_text()) or {}))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return  # the full parser says what is wrong with the file
     for key in given:
@@ -338,8 +324,4 @@ def _yaml_value(path: str, dotted: str) -> Any:
         node: Any = yaml.safe_load(Path(path).read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return _MISSING  # the full parser says what is wrong with the file
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
+    return get_dotted(node, dotted, _MISSING)

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from cofrgenet.dotted import get_dotted, set_dotted
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.models.config import ModelConfig
 from cofrgenet.models.presets import preset_dict
@@ -43,9 +44,7 @@ from cofrgenet.sweeps.spec import (
     budget_settings,
     config_settings,
     encode_value,
-    get_dotted,
     needs_config,
-    set_dotted,
 )
 from cofrgenet.training.cli import ParseOnlyCLI, given_args, resolve_fit_config
 from cofrgenet.training.model_options import model_config_of
@@ -123,7 +122,7 @@ def split_settings(
         inside = any(_is_under(key, option) for option in options)
         named = key in options or any(_is_under(option, key) for option in options)
         if named and not inside:
-            set_dotted(layer, key, value)
+            set_dotted(layer, key, value, SweepError)
         else:
             words.append((key, value))
     return layer, words
@@ -250,7 +249,7 @@ def _builds_without(probe: dict[str, Any], keys: list[Any]) -> bool:
         if param.key == "model.preset":
             (config.get("model") or {}).pop("preset", None)
         else:
-            set_dotted(config, param.key, None)  # unset: the preset's value
+            set_dotted(config, param.key, None, SweepError)  # unset: the preset's value
     return model_problem(config) is None
 
 
@@ -271,7 +270,7 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
         config = copy.deepcopy(probe)
         for param, value in zip(keys, values, strict=True):
-            set_dotted(config, param.key, value)
+            set_dotted(config, param.key, value, SweepError)
         problems[values] = model_problem(config)
     if all(problems.values()):
         first = next(iter(problems.values()))
@@ -338,7 +337,7 @@ def check_optimizer_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     for param in keys:
         for value in drawn_ends(param):
             config = copy.deepcopy(probe)
-            set_dotted(config, param.key, value)
+            set_dotted(config, param.key, value, SweepError)
             if (why := optimizer_problem(config)) is not None:
                 fix = "remove it from the space" if param.kind == "categorical" else (
                     "keep the range within the values allowed"

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet.atomic import create_numbered
+from cofrgenet.dotted import get_dotted
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.spec import (
@@ -37,7 +38,6 @@ from cofrgenet.sweeps.spec import (
     check_extra,
     check_validates,
     flow_yaml,
-    get_dotted,
 )
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"

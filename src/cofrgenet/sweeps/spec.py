@@ -51,6 +51,7 @@ from cofrgenet.config_variables import (
     unset_variables,
 )
 from cofrgenet.devices import device_count
+from cofrgenet.dotted import get_dotted, set_dotted
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled, find_base
 from cofrgenet.training.run_store import check_folder_name, folder_name
@@ -871,33 +872,11 @@ def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = 
             "mapping of sweep keys (study, space, ...)"
         )
     for key, value in (overrides or {}).items():
-        set_dotted(raw, key, value)
+        set_dotted(raw, key, value, SweepError)
     return parse_sweep(raw, path.resolve())
 
 
 # ------------------------------------------------------------- building the config
-
-
-def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
-    node = config
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise SweepError(f"cannot set {key}: {part} is not a mapping in the config")
-        node = child
-    node[parts[-1]] = copy.deepcopy(value)
-
-
-def get_dotted(config: dict[str, Any], key: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from cofrgenet.dotted import get_dotted
 from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
 from cofrgenet.redact import hide_passwords
@@ -61,7 +62,6 @@ from cofrgenet.sweeps.spec import (
     check_validates,
     counted,
     data_parallel_width,
-    get_dotted,
     grid_points,
     parse_param,
     pruner_idle_in_budget,

@@ -49,6 +49,7 @@ from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
 from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
 from cofrgenet.devices import device_count
+from cofrgenet.dotted import dotted_leaves
 from cofrgenet.errors import (
     ConfigError,
     UserError,
@@ -230,7 +231,7 @@ def _file_values(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        return cli_cache.yaml_leaves(yaml.safe_load(path.read_text()))
+        return dotted_leaves(yaml.safe_load(path.read_text()))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}  # the parser reports the file
 
@@ -266,7 +267,7 @@ def _replaced_by_later_files(words: list[str]) -> list[str]:
                 given = yaml.safe_load(value) if value.startswith("{") else None
             except yaml.YAMLError:
                 given = None
-            fields = [f"{key}.{k}" for k in cli_cache.yaml_keys(given)] if given else [key]
+            fields = list(dotted_leaves(given, key)) if given else [key]
         lost, last = set(), None  # the last file that sets one again: its value stands
         for j, path, keys in files:
             hit = {f for f in fields for k in keys if j > i and (k == f or k.startswith(f"{f}."))}

@@ -3064,7 +3064,7 @@ def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
 
     callback._trial = SimpleNamespace(report=lambda value, step: None, should_prune=should_prune)
     trainer = SimpleNamespace(
-        sanity_checking=False, global_step=2, is_global_zero=True, world_size=1,
+        sanity_checking=False, global_step=2, is_global_zero=True, world_size=1, max_steps=-1,
         should_stop=False, callback_metrics={"val/loss": torch.tensor(3.0)},
     )  # fmt: skip
     with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
@@ -3082,6 +3082,63 @@ def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
     trainer.global_step, trainer.should_stop, callback.pruned_at = 8, False, None
     with pytest.raises(ZeroDivisionError):
         callback.on_validation_end(trainer, None)
+
+
+def test_the_check_at_the_budgets_last_step_prunes_nothing():
+    """A trial whose last validation fell at its last step ended PRUNED, value and all:
+    a trained trial left out of the d x L table, the importances and the complete count.
+    Pruning there saves nothing; before it, the pruner decides."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+
+    callback = PruneAtStep(optuna.create_study().ask(), "val/loss", "", "s")
+    asked = []
+    callback._trial = SimpleNamespace(
+        report=lambda value, step: None, should_prune=lambda: asked.append(1) or True
+    )
+    trainer = SimpleNamespace(
+        sanity_checking=False, global_step=6, is_global_zero=True, world_size=1, max_steps=6,
+        should_stop=False, callback_metrics={"val/loss": torch.tensor(3.0)},
+    )  # fmt: skip
+    callback.on_validation_end(trainer, None)
+    assert not trainer.should_stop and callback.pruned_at is None and not asked
+    assert (callback.last_step, callback.last_value) == (6, 3.0)
+    trainer.global_step = 4
+    callback.on_validation_end(trainer, None)
+    assert trainer.should_stop and callback.pruned_at == 4
+
+
+def test_a_retry_keeps_the_scores_its_failed_attempt_reported(recwarn):
+    """A retry resumes from its attempt's checkpoint, but its scores so far stayed on the
+    FAILED attempt, which the median pruner ignores: with every trial retried once, no
+    completed trial had a score before the last step, and nothing was pruned. Reported
+    again by the resumed fit, a step keeps its score, without Optuna's warning."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import PruneAtStep
+
+    study = optuna.create_study()
+    trial = study.ask({"x": optuna.distributions.IntDistribution(1, 4)})
+    for step, value in ((50, 4.0), (100, 3.5)):
+        trial.report(value, step)
+    study.tell(trial, state=TrialState.FAIL)
+    number = st.retry_trial(study, study.get_trials()[0], max_retry=3)
+    retry = study.ask()
+    assert retry.number == number
+    assert study.get_trials()[number].intermediate_values == {50: 4.0, 100: 3.5}
+    callback = PruneAtStep(retry, "val/loss", "", "s")
+    callback._should_prune = lambda step: False
+    trainer = SimpleNamespace(
+        sanity_checking=False, global_step=100, is_global_zero=True, world_size=1,
+        max_steps=300, should_stop=False, callback_metrics={"val/loss": torch.tensor(3.6)},
+    )  # fmt: skip
+    callback.on_validation_end(trainer, None)
+    trainer.global_step, trainer.callback_metrics = 150, {"val/loss": torch.tensor(3.2)}
+    callback.on_validation_end(trainer, None)
+    reported = study.get_trials()[number].intermediate_values
+    assert reported == {50: 4.0, 100: 3.5, 150: pytest.approx(3.2)}
+    assert not [w for w in recwarn if "already reported" in str(w.message)]
 
 
 def test_service_errors_are_the_stores_failures_not_the_trials():

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,9 +196,15 @@ class PruneAtStep(StepBoundaries):
             value = float(metric)
             self.last_step, self.last_value = step, value
             self._share(LAST_REPORT, [step, value])
-            with contextlib.suppress(Exception):  # a step reported by an earlier attempt
+            # A step an earlier attempt reported (its retry inherits its scores) keeps
+            # that score: Optuna ignores it again, and says so, but nothing is lost.
+            with contextlib.suppress(Exception), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "The reported value is ignored")
                 self.trial.report(value if math.isfinite(value) else float("nan"), step)
-            prune = self._should_prune(step)
+            # At the budget's last step pruning saves nothing: the trial is complete, with
+            # its value (PRUNED there left trained trials out of the results).
+            last = 0 < trainer.max_steps <= step
+            prune = not last and self._should_prune(step)
         self.last_step = step if metric is not None else self.last_step
         if trainer.world_size > 1:
             prune = trainer.strategy.broadcast(prune, src=0)

@@ -806,6 +806,10 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
             distributions=trial.distributions,
             user_attrs=user_attrs,
             system_attrs=system_attrs,
+            # The retry resumes from the attempt's checkpoint: its scores so far are the
+            # retry's, which the pruner compares once it completes (Optuna's
+            # RetryFailedTrialCallback(inherit_intermediate_values=True) does the same).
+            intermediate_values=trial.intermediate_values,
         )
     )
     for queued in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):

@@ -27,7 +27,7 @@ def test_set_dotted_makes_the_path_and_copies_the_value():
 
 
 def test_set_dotted_through_a_leaf_is_the_callers_error():
-    with pytest.raises(ConfigError, match=r"cannot set seed.value: seed is not a mapping"):
+    with pytest.raises(ConfigError, match=r"cannot set seed\.value: seed is not a mapping"):
         set_dotted({"seed": 0}, "seed.value", 1)
     with pytest.raises(SweepError, match="study is not a mapping"):
         set_dotted({"study": "s"}, "study.name", "t", SweepError)
@@ -44,5 +44,5 @@ def test_dotted_leaves():
 def test_a_sweep_override_through_a_leaf_is_a_sweep_error(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text("study: s\n")
-    with pytest.raises(SweepError, match="cannot set study.name: study is not a mapping"):
+    with pytest.raises(SweepError, match=r"cannot set study\.name: study is not a mapping"):
         load_sweep(path, {"study.name": "t"})

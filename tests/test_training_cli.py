@@ -672,10 +672,11 @@ def test_models_list_and_ui_command(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert "gpt2-tiny-fa" in out and "gpt2-xl" not in out
     args = argparse.Namespace(
-        runs_dir=str(tmp_path), tracking_uri=None, host="127.0.0.1", port=5001
+        runs_dir=str(tmp_path), tracking_uri=None, host="127.0.0.1", port=5001, allowed_hosts=""
     )
     command = ui_command(args)
     assert "--no-access-log" in command  # no line per request in the server's log
+    assert "--allowed-hosts" not in command  # on loopback, MLflow's default suffices
     assert (
         command[command.index("--backend-store-uri") + 1]
         == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
@@ -737,7 +738,10 @@ def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_pa
     monkeypatch.setattr(ui, "ui_command", lambda args: failing)
     assert main(["ui", "--runs-dir", str(tmp_path), "--port", "5093"]) == 1
     captured = capsys.readouterr()
-    assert "the MLflow server exited (3); the end of its log, " in captured.err
+    assert (
+        "the MLflow server stopped before it answered (exit status 3); the end of its log, "
+        in captured.err
+    )
     assert "  address already in use: boom" in captured.err
     assert "boom" not in captured.out
     # Its log file is not opened through a link another user left in /tmp.
@@ -790,10 +794,47 @@ def test_the_ui_port_probe_knows_ipv6_and_stops_at_65535(monkeypatch):
         assert ui.port_free("::1", port)
 
 
+def test_ui_allows_this_machines_names_when_it_listens_beyond_loopback(monkeypatch):
+    """`cofr ui --host 0.0.0.0` ("every interface") answered other machines that named it
+    by its host name 403 (MLflow's DNS-rebinding check allows loopback and private
+    addresses alone): their names are allowed, and --allowed-hosts adds more."""
+    import argparse
+    import socket
+
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    from cofrgenet.training.ui import ui_command
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "node7.lab.org")
+
+    def allowed(host: str, given: str = "") -> list[str]:
+        args = argparse.Namespace(
+            runs_dir="runs", tracking_uri=None, host=host, port=5001, allowed_hosts=given
+        )
+        command = ui_command(args)
+        return command[command.index("--allowed-hosts") + 1].split(",")
+
+    every = allowed("0.0.0.0")
+    for header in ("node7:5001", "node7.lab.org:5001", "node7", "localhost:5001", "10.1.2.3:5001"):
+        assert is_allowed_host_header(every, header), header
+    assert not is_allowed_host_header(every, "evil.example.com:5001")
+    ipv6 = allowed("2001:db8::5")
+    assert is_allowed_host_header(ipv6, "[2001:db8::5]:5001")
+    assert is_allowed_host_header(ipv6, "[2001:db8::5]")
+    assert is_allowed_host_header(allowed("127.0.0.1", "mlflow.lab.org"), "mlflow.lab.org:443")
+    with_port = allowed("127.0.0.1", "proxy.lab.org:8443")
+    assert is_allowed_host_header(with_port, "proxy.lab.org:8443")
+    assert not is_allowed_host_header(with_port, "proxy.lab.org:80")
+    assert is_allowed_host_header(allowed("0.0.0.0", "gpu-*.cluster"), "gpu-3.cluster:5001")
+    assert is_allowed_host_header(allowed("0.0.0.0", "*"), "anything:1")
+
+
 @pytest.mark.slow
 def test_ui_serves_the_run_store(tiny_data, tmp_path):
     """`cofr ui` takes the next port when its own is busy, prints the URL once the server
-    answers, and on SIGTERM stops the whole server (nothing keeps the port)."""
+    answers, and on SIGTERM stops the whole server (nothing keeps the port). On every
+    interface, it answers requests that name this machine."""
     import json
     import socket
     import time
@@ -807,7 +848,7 @@ def test_ui_serves_the_run_store(tiny_data, tmp_path):
     busy.listen()
     port = busy.getsockname()[1]
     command = [sys.executable, "-m", "cofrgenet.cli", "ui", "--runs-dir", str(tmp_path / "runs"),
-               "--port", str(port)]  # fmt: skip
+               "--port", str(port), "--host", "0.0.0.0"]  # fmt: skip
     ui = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         lines = []
@@ -818,13 +859,19 @@ def test_ui_serves_the_run_store(tiny_data, tmp_path):
         assert f"port {port} is in use" in lines[0]
         # Only cofr ui's own lines: the server's (uvicorn, warnings) go to its log file.
         assert len(lines) == 3 and lines[1].startswith("starting the MLflow UI"), lines
+        named = ui.stdout.readline()
+        assert named.startswith(f"from other machines: http://{socket.gethostname()}:"), named
         assert ui.stdout.readline().startswith("server log: ")
         url = lines[-1].split()[2]
         served = url.split("/#/")[0]
         assert url.endswith("/#/experiments") and served != f"http://127.0.0.1:{port}"
+        assert served.startswith("http://127.0.0.1:")  # reached here on loopback
         api = f"{served}/api/2.0/mlflow/experiments/search?max_results=10"
-        with urllib.request.urlopen(api, timeout=10) as response:  # answers at once
-            assert "test" in [e["name"] for e in json.load(response)["experiments"]]
+        by_name = {"Host": f"{socket.gethostname()}:{served.rsplit(':', 1)[1]}"}
+        for headers in ({}, by_name):
+            request = urllib.request.Request(api, headers=headers)
+            with urllib.request.urlopen(request, timeout=10) as response:  # answers at once
+                assert "test" in [e["name"] for e in json.load(response)["experiments"]]
         ui.send_signal(15)  # cofr ui alone, not its group: it must stop the server itself
         ui.wait(timeout=30)
         served_port = int(served.rsplit(":", 1)[1])

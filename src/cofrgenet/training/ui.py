@@ -41,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="address the server listens on; 0.0.0.0: every interface (default: 127.0.0.1)",
     )
     parser.add_argument("--port", type=tcp_port, default=5000, help="1-65535 (default: 5000)")
+    parser.add_argument(
+        "--allowed-hosts",
+        metavar="A,B,...",
+        default="",
+        help="names the server answers to besides loopback, private IP addresses and, "
+        "when --host is not loopback, this machine's names (MLflow refuses other Host "
+        "headers against DNS rebinding), e.g. mlflow.lab.org,gpu-*.cluster; '*': any",
+    )
 
 
 def tcp_port(text: str) -> int:
@@ -71,7 +79,51 @@ def ui_command(args: argparse.Namespace) -> list[str]:
     artifacts = artifact_location(run)
     if artifacts:
         command += ["--default-artifact-root", artifacts]
+    allowed = allowed_hosts(args.host, args.allowed_hosts)
+    if allowed:
+        command += ["--allowed-hosts", ",".join(allowed)]
     return command
+
+
+#: Addresses that listen on every interface: the server is reached by this machine's names.
+EVERY_INTERFACE = ("0.0.0.0", "::")
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def machine_names(host: str) -> list[str]:
+    """The names other machines reach a server listening on ``host`` by: the machine's
+    host name and full name, and ``host`` itself unless it means every interface."""
+    names = [socket.gethostname(), socket.getfqdn()]
+    if host not in EVERY_INTERFACE:
+        names.append(host)
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def allowed_hosts(host: str, given: str) -> list[str]:
+    """The ``--allowed-hosts`` of the MLflow server: its default list (loopback and
+    private addresses), with this machine's names when ``host`` is not loopback and the
+    user's (``given``, comma-separated); empty when MLflow's default does (a server on
+    loopback, nothing given). Each name without a port with and without one; an IPv6
+    address in brackets, as a Host header holds it."""
+    names = [] if is_loopback(host) else machine_names(host)
+    names += [name.strip() for name in given.split(",") if name.strip()]
+    if not names:
+        return []
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
+    patterns = list(get_default_allowed_hosts())
+    for name in names:
+        if name.count(":") > 1 and not name.startswith("["):  # a bare IPv6 address
+            # compared whole without a '*', as an fnmatch pattern with one
+            patterns += [f"[{name}]", f"[[]{name}]:*"]
+        elif name == "*" or ":" in name:  # any host, or a name with its port
+            patterns.append(name)
+        else:
+            patterns += [name, f"{name}:*"]
+    return list(dict.fromkeys(patterns))
 
 
 #: How long to wait for the MLflow server to answer before giving up.
@@ -176,14 +228,20 @@ def run(args: argparse.Namespace) -> int:
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
-    base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"  # IPv6: [::1]
+
+    def url(host: str) -> str:
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"  # IPv6: [::1]
+
+    # A server on every interface answers here on loopback; others reach it by name.
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+    base = url(local)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         print(f"starting the MLflow UI on {args.host}:{port} ...", flush=True)
         deadline = time.monotonic() + START_TIMEOUT
         while not answers(f"{base}/health"):
             if server.poll() is not None:
-                failed = f"the MLflow server exited ({server.returncode})"
+                failed = f"the MLflow server stopped before it answered (exit status {server.returncode})"
                 if log is not None:
                     failed += f"; the end of its log, {log_path}:\n{_tail(log_path)}"
                 print(failed, file=sys.stderr)
@@ -198,6 +256,9 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         # The experiments list (experiment tracking), not MLflow 3's GenAI landing page.
         print(f"MLflow UI: {base}/#/experiments  (Ctrl-C stops it)", flush=True)
+        if not is_loopback(args.host):
+            names = ", ".join(f"{url(name)}/" for name in machine_names(args.host))
+            print(f"from other machines: {names}", flush=True)
         if log is not None:
             print(f"server log: {log_path}", flush=True)
         return server.wait()

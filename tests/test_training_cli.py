@@ -1553,6 +1553,47 @@ def test_the_seed_is_said_once_the_run_is_built_not_above_an_error(tiny_data, tm
     assert said() == ["seed_everything: 7"]
 
 
+def test_seed_everything_true_draws_a_seed_and_records_it(tiny_data, tmp_path, monkeypatch):
+    """`--seed_everything true` ("a random seed", its help says) trained every run with
+    seed 0 (Lightning's seed_everything() without a seed): runs meant to differ were the
+    same. A seed is drawn, recorded in config.yaml; a rank Lightning started takes its
+    launcher's; ranks srun or torchrun started, which would each draw their own, are
+    refused with the fix."""
+    import secrets
+
+    import yaml
+
+    from cofrgenet.training.cli import drawn_seed
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "5")  # restored after the test: the fit sets it
+    monkeypatch.setattr(secrets, "randbelow", lambda limit: 48879 if limit == 2**32 else 0)
+    CofrCLI(
+        args=fit_args(
+            tmp_path, tiny_data, "--trainer.max_steps", "1", "--seed_everything", "true",
+            "--run.name", "drawn",
+        )
+    )  # fmt: skip
+    saved = yaml.safe_load((tmp_path / "runs" / "test" / "drawn" / "config.yaml").read_text())
+    assert saved["seed_everything"] == 48879
+    assert os.environ["PL_GLOBAL_SEED"] == "48879"  # Lightning's seed_everything(48879) ran
+    monkeypatch.setattr(secrets, "randbelow", lambda limit: 7)
+    assert drawn_seed() == 7  # another fit in this process: PL_GLOBAL_SEED is the last one's
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert drawn_seed() == 48879  # a rank Lightning started: its launcher's seed
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    with pytest.raises(ConfigError, match=r"the 4 ranks srun started .* --seed_everything 1234"):
+        drawn_seed()
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="the 2 ranks torchrun started"):
+        drawn_seed()
+
+
 @pytest.mark.parametrize(
     "text,match",
     [

@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import os
 import re
 import shutil
 import signal
@@ -51,6 +52,7 @@ from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
 from cofrgenet.devices import device_count
 from cofrgenet.dotted import dotted_leaves
 from cofrgenet.errors import (
+    SEED_LIMIT,
     ConfigError,
     UserError,
     check_seed,
@@ -225,6 +227,30 @@ def _file_word(words: list[str], i: int) -> tuple[str, str] | None:
     if option[2:] in SECTION_FILE_OPTIONS and option.startswith("--") and Path(value).is_file():
         return value, f"{option[2:]}."
     return None
+
+
+def drawn_seed() -> int:
+    """``seed_everything: true``'s seed: a random one (recorded in the run's config.yaml
+    as given), or the launcher's where Lightning started this process as a rank of it
+    (``LOCAL_RANK`` and its ``PL_GLOBAL_SEED``; in a process that fits again, the variable
+    an earlier fit left is not a launcher's). Ranks that srun or torchrun started would
+    each draw their own: refused, with the fix."""
+    import secrets
+
+    inherited = os.environ.get("PL_GLOBAL_SEED")
+    if inherited is not None and "LOCAL_RANK" in os.environ:
+        return int(inherited)
+    launched = {
+        "srun": os.environ.get("SLURM_STEP_NUM_TASKS"), "torchrun": os.environ.get("WORLD_SIZE")
+    }  # fmt: skip
+    for launcher, ranks in launched.items():
+        if ranks is not None and ranks.isdigit() and int(ranks) > 1:
+            raise ConfigError(
+                f"seed_everything: true draws a seed in each process, and the {ranks} ranks "
+                f"{launcher} started would train with different ones: give the seed, e.g. "
+                "--seed_everything 1234"
+            )
+    return secrets.randbelow(SEED_LIMIT)
 
 
 def _file_values(path: Path) -> dict[str, Any]:
@@ -705,8 +731,11 @@ class CofrCLI(LightningCLIAdapter):
         except argparse.ArgumentError as error:
             raise ConfigError(self._explain(str(error), args)) from None
         subcommand = self.config.get("subcommand")
-        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
-        if not isinstance(seed, bool) and isinstance(seed, int):  # True: a random one
+        settings = self.config[subcommand] if subcommand else self.config
+        seed = settings.get("seed_everything")
+        if seed is True:  # drawn here: Lightning's "random" seed is 0 whenever it draws
+            settings["seed_everything"] = seed = drawn_seed()
+        if not isinstance(seed, bool) and isinstance(seed, int):
             check_seed(seed, "seed_everything")
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:
         # check the file before anything unpickles it.

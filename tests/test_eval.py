@@ -1036,6 +1036,39 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
         "passed over (GLUE fine-tuning runs: their dev scores are columns of the fine-tuned "
         "run's row): tuned"
     ) in printed
+    # A sweep's pruned trial (its fit FINISHED, stopped by the pruner) read as a finished
+    # run; a run MLflow says is running, killed with SIGKILL, read as running: each says
+    # what it is (a folder some process holds is running). Runs of one name in one
+    # experiment read as one row twice: each has the start of its id.
+    from cofrgenet.folder_lock import FolderLock
+
+    def new_run(name: str, status: str | None, **tags: str) -> str:
+        made = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        client.log_text(made, config_text, "config.yaml")
+        client.log_metric(made, "val/loss", 4.0, step=4)
+        client.log_metric(made, "train/loss", 4.0, step=5)
+        if status is not None:
+            client.set_terminated(made, status)
+        return made
+
+    new_run("cut-short", "FINISHED", **{"optuna.state": "PRUNED"})
+    for name in ("dead", "alive"):
+        new_run(name, None)
+        (runs_dir / "test" / name).mkdir(parents=True)
+    (runs_dir / "test" / "dead" / ".lock").write_text('{"pid": 1}')
+    alive = FolderLock(runs_dir / "test" / "alive" / ".lock")
+    assert alive.try_acquire()
+    twins = [new_run("twin", "FINISHED") for _ in range(2)]
+    try:
+        assert main([*argv, "twin"]) == 0
+    finally:
+        alive.release()
+    table, err = (out / "compare.md").read_text(), capsys.readouterr().err
+    assert "| cut-short [pruned at step 4] |" in table
+    assert "| dead [lost at step 6] |" in table and "| alive [running at step 6] |" in table
+    assert "lost: MLflow says the run is running, but no process holds its run folder" in table
+    assert all(f"| twin ({twin[:8]}) |" in table for twin in twins)
+    assert "note: 'twin' names 2 runs, in experiment test: all are compared" in err
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
     assert main(["compare", "eval'd", "--runs-dir", str(runs_dir), "--out", str(out)]) == 2
     assert 'no MLflow run with id or name "eval\'d"' in capsys.readouterr().err
@@ -1110,6 +1143,31 @@ def test_the_pareto_plot_reads_a_score_in_the_tables_unit(
     assert ax.collections[0].get_offsets()[0][1] == pytest.approx(shown)
     if metric.startswith("glue/"):
         assert "| 62.50 |" in markdown_table([row], paper=False)
+
+
+def test_the_pareto_front_runs_through_finished_runs_alone(tmp_path, monkeypatch):
+    """A run stopped early (killed, pruned) was a point of the front like any other, and
+    the best point of one tour's plot was a run stopped after 92 steps: unfinished runs
+    are hollow, and the front is drawn through the finished ones (not for one alone)."""
+    import matplotlib.pyplot as plt
+
+    from cofrgenet.eval.compare import RunRow, plot_pareto
+
+    def row(name: str, size: int, loss: float, finished: bool = True) -> RunRow:
+        return RunRow(name, name, "e", "gpt2-tiny", size, 0, 20, None, None,
+                      {"val/loss": loss}, finished=finished)  # fmt: skip
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    rows = [row("a", 10, 3.0), row("b", 20, 2.0), row("stopped", 5, 1.0, finished=False)]
+    plot_pareto(rows, "val/loss", "params", tmp_path)
+    (ax,) = closed[-1].axes
+    (front,) = ax.lines
+    assert list(front.get_xdata()) == [10, 20] and list(front.get_ydata()) == [3.0, 2.0]
+    hollow = [c for c in ax.collections if c.get_label().endswith("(unfinished)")]
+    assert len(hollow) == 1 and hollow[0].get_facecolor().size == 0
+    plot_pareto([rows[0], rows[2]], "val/loss", "params", tmp_path)
+    assert not closed[-1].axes[0].lines  # one finished run: no front line in the legend
 
 
 def test_a_perplexity_is_plotted_on_a_log_axis(tmp_path, monkeypatch):

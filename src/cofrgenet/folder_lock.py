@@ -98,6 +98,25 @@ class FolderLock:
             self._fd = None
 
 
+def held_now(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a process holds the lock at ``path`` now (a shared ``flock`` probe, let go
+    at once: the holder's file is neither made nor written); None when there is no lock
+    file or the file system cannot lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+    return False
+
+
 def _same_file(path: Path, fd: int) -> bool:
     """Whether ``path`` names the file open as ``fd`` (not one made since in its place)."""
     try:

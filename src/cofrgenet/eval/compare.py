@@ -101,6 +101,9 @@ class RunRow:
     #: The step each ``val/loss``, ``eval/`` and ``glue/`` number shown was logged at:
     #: a score from another step than the val loss's (an older checkpoint's) is marked.
     steps: dict[str, int] = field(default_factory=dict)
+    #: The run trained to its end: not stopped, failed, still running or pruned (the
+    #: Pareto front is drawn through such runs alone).
+    finished: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +180,7 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
     """A :class:`RunRow`, or why the run is passed over: a ``cofr finetune glue`` run
     (:data:`GLUE_RUN`), a run without a cofrgenet config (:data:`NO_CONFIG`: sweep
     parents), a failed one that trained no step (:data:`NO_STEP`). A run not FINISHED
-    has its state and step beside its name."""
+    has its state and step beside its name, and so has a sweep's pruned trial."""
     from cofrgenet.models import count_parameters, estimate_flops_per_token
 
     if "cofr.task" in run.data.tags:  # the tag cofr finetune glue sets (eval/glue.py)
@@ -220,11 +223,17 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
                 eval_steps[key.rsplit("/", 1)[0]] = shown.step
         metrics[key], steps[key] = shown.value, shown.step
     name = run.info.run_name or run.info.run_id[:8]
+    pruned = run.data.tags.get("optuna.state") == "PRUNED"  # sweeps/tracking.py's tag
     if status != "FINISHED":  # a killed or running run beside finished ones: say so
         step = max((m.step for m in trained), default=-1) + 1
         if status == "KILLED":  # where it stopped: the history lags by log_every_n_steps
             step = int(run.data.tags.get(STOPPED_AT_TAG, step))
-        name += f" [{status.lower()} at step {step}]"
+        state = status.lower()
+        if status == "RUNNING" and _process_gone(config, experiment, run.info.run_name):
+            state = LOST
+        name += f" [{state} at step {step}]"
+    elif pruned:  # a FINISHED fit, stopped early by the pruner at its last validation
+        name += f" [pruned at step {steps.get('val/loss', '?')}]"
     return RunRow(
         run_id=run.info.run_id,
         name=name,
@@ -239,7 +248,31 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
         tokens_per_s=statistics.median(rates) if rates else None,
         protocols=_protocols(run.data.tags, eval_steps),
         steps=steps,
+        finished=status == "FINISHED" and not pruned,
     )
+
+
+#: A run MLflow says is running, whose run folder no process holds (:func:`_process_gone`).
+LOST = "lost"
+LOST_NOTE = (
+    f"{LOST}: MLflow says the run is running, but no process holds its run folder (killed "
+    "with SIGKILL, or its machine went down); the command that started it resumes it"
+)
+
+
+def _process_gone(config: dict[str, Any], experiment: str, name: str | None) -> bool:
+    """Whether the run folder of a RUNNING run is here (``<run.runs_dir>/<experiment>/
+    <name>``, as ``cofr fit`` made it, from this folder) and no process holds its lock.
+    False when that cannot be told: a folder elsewhere, on another machine."""
+    from cofrgenet.folder_lock import held_now
+    from cofrgenet.training.run_store import folder_name
+    from cofrgenet.training.runlock import LOCK_FILE
+
+    runs_dir = (config.get("run") or {}).get("runs_dir") or "runs"
+    if not name or not isinstance(runs_dir, str):
+        return False
+    folder = Path(runs_dir).expanduser() / folder_name(experiment) / folder_name(name)
+    return held_now(folder / LOCK_FILE) is False
 
 
 def _is_score(key: str) -> bool:
@@ -305,7 +338,7 @@ def collect_runs(
             ]
         else:
             runs = client.search_runs(
-                list(names), filter_string=f"attributes.run_name = '{ref}'", max_results=10
+                list(names), filter_string=f"attributes.run_name = '{ref}'", max_results=5000
             )
         if not runs:
             try:
@@ -322,13 +355,14 @@ def collect_runs(
                     f"{short_list(known) or 'none'}"
                 ) from None
         in_experiments = sorted({names.get(r.info.experiment_id, "?") for r in runs})
-        if len(in_experiments) > 1:  # all compared: said, with how to take one
+        if len(runs) > 1:  # all compared: said, with how to take one
             ids = ", ".join(
                 f"{r.info.run_id} in {names.get(r.info.experiment_id, '?')}" for r in runs
             )
             print(
-                f"note: {ref!r} names {len(runs)} runs, in experiments "
-                f"{', '.join(in_experiments)}: all are compared (name one by its id: {ids})",
+                f"note: {ref!r} names {len(runs)} runs, in experiment"
+                f"{'s' if len(in_experiments) > 1 else ''} {', '.join(in_experiments)}: all "
+                f"are compared (name one by its id: {ids})",
                 file=sys.stderr,
             )
         found += runs
@@ -356,6 +390,12 @@ def collect_runs(
             skipped.setdefault(row, []).append(run.info.run_name or run.info.run_id)
         else:
             rows.append(row)
+    # Runs of one name in one experiment (a folder moved aside, another tool's) read as
+    # the same row twice: each has the start of its id.
+    named = [(row.experiment, row.name) for row in rows]
+    for row in rows:
+        if named.count((row.experiment, row.name)) > 1:
+            row.name += f" ({row.run_id[:8]})"
     return rows, skipped
 
 
@@ -475,7 +515,14 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
     notes = "\n".join(
-        note for note in (_protocol_notes(rows), step_notes, _raw_release_notes(rows)) if note
+        note
+        for note in (
+            _protocol_notes(rows),
+            step_notes,
+            _raw_release_notes(rows),
+            LOST_NOTE if any(f"[{LOST} at step " in row.name for row in rows) else "",
+        )
+        if note
     )
     return "\n".join(lines) + "\n" + (f"\n{notes}\n" if notes else "")
 
@@ -629,24 +676,34 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = "osD^v<>pPX*h"
     for k, variant in enumerate(sorted({r.variant for r in kept})):
-        mine = [r for r in kept if r.variant == variant]
-        ax.scatter(
-            [x_of(r) for r in mine],
-            [scale * r.metrics[metric] for r in mine],
-            marker=markers[k % len(markers)],
-            label=variant,
-            s=40,
-        )
-    points = [(float(x_of(r) or 0), scale * r.metrics[metric]) for r in kept]
+        for finished in (True, False):  # an unfinished run (stopped, pruned...): hollow
+            mine = [r for r in kept if r.variant == variant and r.finished is finished]
+            if not mine:
+                continue
+            points = ax.scatter(
+                [x_of(r) for r in mine],
+                [scale * r.metrics[metric] for r in mine],
+                marker=markers[k % len(markers)],
+                label=variant if finished else f"{variant} (unfinished)",
+                s=40,
+                color=f"C{k % 10}",
+            )
+            if not finished:
+                points.set_facecolor("none")
+    # Through the runs that trained to their end: a stopped run's score is of a
+    # shorter training, not a point a finished one can be compared with.
+    done = [r for r in kept if r.finished]
+    points = [(float(x_of(r) or 0), scale * r.metrics[metric]) for r in done]
     better_up = higher_is_better(metric)
     front = pareto_front(points, better_up)
-    ax.plot(
-        [points[i][0] for i in front],
-        [points[i][1] for i in front],
-        "k--",
-        lw=1,
-        label="Pareto front",
-    )
+    if len(front) > 1:  # one run is no front: its marker says all
+        ax.plot(
+            [points[i][0] for i in front],
+            [points[i][1] for i in front],
+            "k--",
+            lw=1,
+            label="Pareto front (finished runs)",
+        )
     # The paper's rows have parameter counts only: no FLOPs follow from its sizes.
     if paper_task is not None and x_axis == "params":
         ax.scatter(

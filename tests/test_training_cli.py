@@ -1720,6 +1720,39 @@ def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_p
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--base+", str(recipes_dir / "exp.yaml")))
 
 
+def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp_path, capsys):
+    """A delta file adding a LearningRateMonitor under `trainer.callbacks:` replaced the
+    paper recipe's list, and its dyadic unfreezing was silently gone (lists are not
+    merged): said, with the two ways to keep it. A list that keeps it is not said."""
+    from cofrgenet.training.cli import _lists_replaced_by_later_files
+
+    recipe = str(CONF / "experiment" / "paper-cofrgenet-f-gpt2-xl-owt.yaml")
+    monitor = "  - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
+    delta, both = tmp_path / "delta.yaml", tmp_path / "both.yaml"
+    delta.write_text("trainer:\n  callbacks:\n" + monitor)
+    both.write_text(
+        "trainer:\n  callbacks:\n" + monitor + "  - cofrgenet.training.callbacks.DyadicUnfreezing\n"
+    )
+    (said,) = _lists_replaced_by_later_files(["--config", recipe, "--config", str(delta)])
+    assert said == (
+        f"{delta} gives trainer.callbacks as a list, which replaces {recipe}'s: "
+        f"DyadicUnfreezing is not in it, and will not run; list it in {delta} too, or add "
+        "entries with --trainer.callbacks+ CLASS"
+    )
+    assert _lists_replaced_by_later_files(["--config", recipe, "--config", str(both)]) == []
+    assert _lists_replaced_by_later_files(["--config", str(delta), "--config", recipe]) == [
+        f"{recipe} gives trainer.callbacks as a list, which replaces {delta}'s: "
+        f"LearningRateMonitor is not in it, and will not run; list it in {recipe} too, or "
+        "add entries with --trainer.callbacks+ CLASS"
+    ]
+    with (
+        pytest.warns(UserWarning, match="DyadicUnfreezing is not in it"),
+        pytest.raises(SystemExit),
+    ):
+        CofrCLI(args=["fit", "--config", recipe, "--config", str(delta), "--print_config"])
+    assert "LearningRateMonitor" in capsys.readouterr().out
+
+
 def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, capsys):
     """Files and options apply in order: `--trainer.max_steps 3 --config F` loses the 3
     when F sets max_steps."""

@@ -341,6 +341,45 @@ def _bases_undoing_earlier_files(words: list[str]) -> list[str]:
     return said
 
 
+#: List settings whose entries a later --config file means to add to, not replace: a
+#: delta's LearningRateMonitor silently dropped a recipe's DyadicUnfreezing.
+ADDED_TO_LISTS = ("trainer.callbacks", "trainer.plugins")
+
+
+def _entry_name(entry: Any) -> str:
+    """A callback's name in a config list: its class (``DyadicUnfreezing``), or as given."""
+    if isinstance(entry, dict) and "class_path" in entry:
+        return str(entry["class_path"]).rsplit(".", 1)[-1]
+    return str(entry).rsplit(".", 1)[-1]
+
+
+def _lists_replaced_by_later_files(words: list[str]) -> list[str]:
+    """A later ``--config`` file (or its bases) whose ``trainer.callbacks`` (or plugins)
+    list leaves out entries an earlier ``--config`` file gave: lists are replaced, not
+    merged, so those entries are silently gone. One message per such file and key."""
+    said = []
+    setter: dict[str, tuple[str, list[Any]]] = {}  # key -> (the --config, its list)
+    for given, files in recipes.config_entries(words):
+        values = [_file_values(file) for file in files]
+        for key in ADDED_TO_LISTS:
+            own = next((v[key] for v in reversed(values) if key in v), None)
+            if not isinstance(own, list):
+                continue
+            if key in setter:
+                earlier, entries = setter[key]
+                kept = {_entry_name(entry) for entry in own}
+                dropped = [n for n in map(_entry_name, entries) if n not in kept]
+                if dropped:
+                    said.append(
+                        f"{given} gives {key} as a list, which replaces {earlier}'s: "
+                        f"{', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} not "
+                        f"in it, and will not run; list {'it' if len(dropped) == 1 else 'them'} "
+                        f"in {given} too, or add entries with --{key}+ CLASS"
+                    )
+            setter[key] = (given, own)
+    return said
+
+
 def _given_key(key: str, words: list[str]) -> str:
     """The dotted key as the command line gave it: jsonargparse names a dataclass field
     by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
@@ -724,6 +763,8 @@ class CofrCLI(LightningCLIAdapter):
             raise ConfigError(bad_file)
         for replaced in _replaced_by_later_files(expanded):
             rank_zero_warn(f"{replaced}: put options after the --config files they change")
+        for dropped in _lists_replaced_by_later_files(words):
+            rank_zero_warn(dropped)
         for undone in _bases_undoing_earlier_files(words):
             rank_zero_warn(undone)
         try:

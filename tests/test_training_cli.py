@@ -1720,6 +1720,33 @@ def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_p
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--base+", str(recipes_dir / "exp.yaml")))
 
 
+def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
+    """`--model.preset gpt2-tiny --model.config.depth 7` trained a model without a ladder
+    and recorded depth 7 as if it mattered (a depth sweep of it looked like one); so did
+    ladder_floor beside 'paper' denominators. Said at the start (a warning: runs recorded
+    with them still resume); a ladder model's settings are not."""
+    from cofrgenet.training.model_options import settings_changing_nothing
+
+    args = fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1")
+    at = args.index("gpt2-tiny-f")
+    plain = [*args[:at], "gpt2-tiny", *args[at + 1 :]]
+    with pytest.warns(UserWarning, match=r"depth=7 changes nothing: this model \(attention "):
+        CofrCLI(args=[*plain, "--model.config.depth", "7", "--run.name", "plain"])
+    assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": {"depth": 7}}) is None
+    mixed = {"preset": "gpt2-tiny", "config": {"ffn_pattern": ["mlp", "cffn"], "ladders": 2}}
+    assert settings_changing_nothing(mixed) is None  # one layer has a ladder
+    paper = {"ladder_denominators": "paper", "ladder_floor": 0.3}
+    assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": paper}) == (
+        "model.config: ladder_floor=0.3 changes nothing: it bounds 'positive' denominators, "
+        "and these are 'paper'"
+    )
+    # The bundled recipes set none (the paper's baselines set the ladders' clamp eps).
+    for recipe in sorted((CONF / "experiment").glob("*.yaml")):
+        model = yaml.safe_load(recipe.read_text()).get("model")
+        if model is not None:
+            assert settings_changing_nothing(model) is None, recipe.name
+
+
 def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp_path, capsys):
     """A delta file adding a LearningRateMonitor under `trainer.callbacks:` replaced the
     paper recipe's list, and its dyadic unfreezing was silently gone (lists are not

@@ -1325,6 +1325,13 @@ class CofrCLI(LightningCLIAdapter):
                 "note: cofr fit --ckpt_path FILE trains with the checkpoint's own model "
                 f"settings (its hyperparameters): {', '.join(replaced)} not used"
             )
+        if self.subcommand == "fit" and config.get("model") is not None:
+            from cofrgenet.training.model_options import settings_changing_nothing
+
+            unread = settings_changing_nothing(_model_section(config))
+            if unread is not None:
+                rank_zero_warn(unread)
+                self.summary_notes.append(f"note: {unread}")
         init_from = config.get("model.init_from") if config.get("model") is not None else None
         if self.subcommand == "fit" and init_from:
             # As the run's config.yaml and MLflow param: a restart from another folder

@@ -105,6 +105,39 @@ def model_config_of(model: dict[str, Any] | None, recorded: bool = True) -> Mode
     return resolve_model_config(preset, overrides)
 
 
+#: Fields only a continued-fraction ladder reads (Cffn, CAttnU, CAttnM).
+LADDER_ONLY = (
+    "ladders", "depth", "cffn_ladder", "ladder_bias", "ladder_denominators", "ladder_floor",
+    "ladder_out_std", "ladder_clip", "ladder_eps", "ladder_grad", "ladder_impl",
+)  # fmt: skip
+
+
+def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
+    """What a ``model:`` section's ``config`` sets that its network never reads, as a
+    warning (a depth sweep of a model without ladders looks like one): ladder settings
+    of a model without a ladder mixer, ``ladder_floor`` beside ``paper`` denominators.
+    A warning, not an error: runs recorded with them still resume. None: nothing."""
+    from cofrgenet.models import count_parameters
+
+    given = overrides_dict((model or {}).get("config"))
+    config = model_config_of(model, recorded=False)
+    if count_parameters(config).ladder == 0:
+        unread = [f"{name}={given[name]!r}" for name in LADDER_ONLY if name in given]
+        if unread:
+            return (
+                f"model.config: {', '.join(unread)} change{'s' if len(unread) == 1 else ''} "
+                f"nothing: this model (attention {config.attention!r}, ffn {config.ffn!r}) has "
+                "no continued-fraction ladder (ffn cffn, attention cattn_u or cattn_m have "
+                "them); leave them out"
+            )
+    elif "ladder_floor" in given and config.ladder_denominators != "positive":
+        return (
+            f"model.config: ladder_floor={given['ladder_floor']!r} changes nothing: it bounds "
+            f"'positive' denominators, and these are {config.ladder_denominators!r}"
+        )
+    return None
+
+
 def fit_model_config(model: dict[str, Any] | None) -> ModelConfig:
     """:func:`model_config_of` for ``cofr fit``'s own options: an error of fields that do
     not fit together (``n_embd`` and ``n_head``) names ``model.config``, as an error of

@@ -120,7 +120,7 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
     from cofrgenet.models import count_parameters
 
     given = overrides_dict((model or {}).get("config"))
-    config = model_config_of(model, recorded=False)
+    config = fit_model_config(model)
     if count_parameters(config).ladder == 0:
         unread = [f"{name}={given[name]!r}" for name in LADDER_ONLY if name in given]
         if unread:

@@ -1465,6 +1465,15 @@ def test_fit_help_gives_cofr_meanings(capsys):
             r"^trainer\.callbacks: 'DyadicUnfreezng' is no callback class \(did you mean "
             r"'cofrgenet\.training\.callbacks\.DyadicUnfreezing'\?\)",
         ),
+        (
+            ["--trainer.callbacks+", "cofrgenet.training.callbacks.DyadicUnfreezng"],
+            r"^trainer\.callbacks: 'cofrgenet\.training\.callbacks\.DyadicUnfreezng' is no "
+            r"callback class \(did you mean 'cofrgenet\.training\.callbacks\.DyadicUnfreezing'",
+        ),
+        (
+            ["--model.optimizer.fused", "maybe"],
+            r"^model\.optimizer\.fused: expected true or false, got 'maybe'$",
+        ),
         (["-config", "x.yaml"], r"^-config: options take two dashes \(--config\)$"),
         (["-trainer.max_steps=3"], r"^-trainer\.max_steps: options take two dashes"),
         (["--trainer.devices", "abc"], r"^trainer: `devices` selected with `CPUAccelerator`"),

@@ -434,23 +434,33 @@ def _init_options(class_path: str) -> list[str]:
 def _bad_union(message: str) -> str | None:
     """One line for jsonargparse's report of a value none of a Union's types takes
     (``int | None`` given 1.5, ``bool | int`` given abc)."""
-    key = re.search(r'Parser key "([^"]+)":\s+Does not validate against any of the Union', message)
-    subtypes = re.search(r"Subtypes: \[([^\]]*)\]", message)
-    given = re.search(r"Given value: (.*?)(?: \(`|$)", message, re.MULTILINE)
-    if not (key and subtypes and given):
+    # A field of a dataclass option (model.optimizer's fused) is reported inside the
+    # option's own Union: the innermost report is the value's, its key the path to it.
+    unions = list(
+        re.finditer(r'Parser key "([^"]+)":\s+Does not validate against any of the Union', message)
+    )
+    if not unions:
+        return None
+    inner = message[unions[-1].end() :]
+    subtypes = re.search(r"Subtypes: \[([^\]]*)\]", inner)
+    given = re.search(r"Given value: (.*?)(?: \(`|$)", inner, re.MULTILINE)
+    if not (subtypes and given):
         return None
     names = re.findall(r"<class '(\w+)'>", subtypes.group(1))
     kinds = [_TYPE_NAMES.get(n, n) for n in names if n != "NoneType"]
     if not kinds:
         return None
-    return f"{key.group(1)}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
+    key = ".".join(union.group(1) for union in unions)
+    return f"{key}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
 
 
 def _bad_callback_class(message: str) -> str | None:
     """One line for a ``trainer.callbacks`` entry that names no class (jsonargparse's
     report lists every Union subtype), with the closest of the callbacks we know."""
     key = re.search(r'Parser key "(trainer\.callbacks)"', message)
-    given = re.search(r"Expected a dot import path string: (\S+)", message)
+    given = re.search(r"Expected a dot import path string: (\S+)", message) or re.search(
+        r"Problem with given class_path '([\w.]+)'", message
+    )  # a bare name; a dotted path to nothing
     if not (key and given):
         return None
     import lightning.pytorch.callbacks as lightning_callbacks

@@ -1474,6 +1474,12 @@ def test_fit_help_gives_cofr_meanings(capsys):
             ["--model.optimizer.fused", "maybe"],
             r"^model\.optimizer\.fused: expected true or false, got 'maybe'$",
         ),
+        (["--model.config", "no/such.yaml"], r"^model\.config no/such\.yaml: no such file$"),
+        (
+            ["--config", "conf/trainer/cpu-debg.yaml"],
+            r"^--config conf/trainer/cpu-debg\.yaml: no such file \(did you mean "
+            r"'conf/trainer/cpu-debug\.yaml'\?\)$",
+        ),
         (["-config", "x.yaml"], r"^-config: options take two dashes \(--config\)$"),
         (["-trainer.max_steps=3"], r"^-trainer\.max_steps: options take two dashes"),
         (["--trainer.devices", "abc"], r"^trainer: `devices` selected with `CPUAccelerator`"),

@@ -484,6 +484,20 @@ def _bad_callback_class(message: str) -> str | None:
     )
 
 
+def _close_file(given: str) -> str:
+    """`` (did you mean 'conf/trainer/cpu-debug.yaml'?)`` for a config file path with a
+    slip in its name: the closest YAML file beside where it would be (here, or in the
+    checkout's ``conf/``, as ``--config`` finds bundled files), or ``""``."""
+    path = Path(given)
+    for folder in (path.parent, recipes.bundled(path.parent)):
+        if folder.is_dir():
+            names = sorted(p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+            close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {str(path.parent / close[0])!r}?)"
+    return ""
+
+
 def _bad_nested_key(message: str) -> tuple[str, list[str]] | None:
     """(the dotted key, the valid keys beside it) of jsonargparse's report of an unknown
     field of a dataclass-typed option (``--model.optimizer.lrr``, in a Union with None)."""
@@ -966,12 +980,20 @@ class CofrCLI(LightningCLIAdapter):
             return _bad_class_option(message, words[0] if words else "fit") or union
         missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
         if missing is not None:
-            return f"--config {missing.group(1)}: no such file"
+            reported = Path(missing.group(1))  # jsonargparse's: made absolute
+            given = next(
+                (w for w in recipes.config_paths(words) if Path(w).absolute() == reported),
+                str(reported),
+            )
+            return f"--config {given}: no such file{_close_file(given)}"
         unloadable = re.match(
             r'Parser key "([^"]+)":\s*Unable to load config (\'.*?\')\s', message, re.S
         )
         if unloadable is not None:  # a YAML/JSON value that does not parse: its problem
             key, value = unloadable.groups()
+            path = value.strip("'\"")
+            if path.endswith((".yaml", ".yml", ".json")) and not Path(path).exists():
+                return f"{_given_key(key, words)} {path}: no such file"
             problems = [line.strip(" -") for line in message.splitlines() if 'in "<' not in line]
             problem = "; ".join(p for p in problems[2:] if p) or "cannot be read"
             return f"{_given_key(key, words)} {value}: not valid YAML or JSON ({problem})"

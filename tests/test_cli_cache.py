@@ -64,6 +64,15 @@ def test_unknown_keys_are_caught_before_lightning_once_the_keys_are_known(
     ):
         assert cli.main(["fit", "--config", DEMO, flag, "3"]) == 2
         assert f"unknown option {flag}: did you mean {meant}?" in capsys.readouterr().err
+    # A dashed key in a file is the file's key, named with its file, not an option.
+    dashed_file = tmp_path / "dashed.yaml"
+    dashed_file.write_text("trainer:\n  max-steps: 3\n")
+    assert cli.main(["fit", "--config", DEMO, "--config", str(dashed_file)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"cofr fit: error: unknown key 'trainer.max-steps' in {dashed_file}: did you mean "
+        "'trainer.max_steps'? (keys are words joined by underscores); `cofr fit --help` "
+        "lists every option"
+    )
     # What the parser accepts passes the quick check (nothing is flagged).
     words = ["--config", DEMO, "--trainer.callbacks+=helpers.StopAtStep",
              "--trainer.callbacks.step=5", "--model.config", "{}", "--model.optimizer.lr", "1"]  # fmt: skip

@@ -1476,6 +1476,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
         ),
         (["--model.config", "no/such.yaml"], r"^model\.config no/such\.yaml: no such file$"),
         (
+            ["--config", str(CONF / "trainer" / "cpu-debug.yaml"), "--config", "{depth_three}"],
+            r"^model\.config\.depth \(in .*depth-three\.yaml\): expected an integer, got 'three'$",
+        ),
+        (
             ["--config", "conf/trainer/cpu-debg.yaml"],
             r"^--config conf/trainer/cpu-debg\.yaml: no such file \(did you mean "
             r"'conf/trainer/cpu-debug\.yaml'\?\)$",
@@ -1519,6 +1523,9 @@ def test_fit_help_gives_cofr_meanings(capsys):
 )
 def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path, args, match):
     """Each is a UserError (``cofr`` prints its message alone), raised before a run starts."""
+    if "{depth_three}" in args:  # a bad value in a file: the message names the file
+        (tmp_path / "depth-three.yaml").write_text("model:\n  config:\n    depth: three\n")
+        args = [str(tmp_path / "depth-three.yaml") if a == "{depth_three}" else a for a in args]
     with pytest.raises(UserError, match=match):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *args))
     # Nor the empty experiment folder it made (runs/<experiment>/ with no run in it).

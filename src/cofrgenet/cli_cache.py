@@ -226,7 +226,13 @@ def unknown_key_message(
 ) -> str:
     """The one message for a key the parser does not know, with its file and a hint."""
     valid = list(valid)
+    where = "".join(f" in {path}" for path in config_files(words) if holds_key(path, key))
     meant = dashed_option(key, valid)
+    if meant is not None and where:  # a file's key, not an option
+        return (
+            f"unknown key {key!r}{where}: did you mean {meant!r}? (keys are words joined by "
+            f"underscores); `cofr {subcommand} --help` lists every option"
+        )
     if meant is not None:
         return (
             f"unknown option --{key}: did you mean --{meant}? (options are dotted keys, "
@@ -239,7 +245,6 @@ def unknown_key_message(
             f"--{section} FILE takes a file of {section} keys alone, but its file holds a "
             f"top-level `{section}:`: give that file with --config"
         )
-    where = "".join(f" in {path}" for path in config_files(words) if holds_key(path, key))
     return (
         f"unknown key {key!r}{where}{did_you_mean(key, list(valid))}; "
         f"`cofr {subcommand} --help` lists every option"

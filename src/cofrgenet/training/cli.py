@@ -380,6 +380,15 @@ def _lists_replaced_by_later_files(words: list[str]) -> list[str]:
     return said
 
 
+def _set_in(key: str, words: list[str]) -> str:
+    """`` (in FILE)``: the config file that gave ``key`` its value, when no option on the
+    command line gives it (the last file holding it wins); else ``""``."""
+    if any(w.startswith("--") and cli_cache.option_key(w) == key for w in words):
+        return ""
+    files = [path for path in cli_cache.config_files(words) if cli_cache.holds_key(path, key)]
+    return f" (in {files[-1]})" if files else ""
+
+
 def _given_key(key: str, words: list[str]) -> str:
     """The dotted key as the command line gave it: jsonargparse names a dataclass field
     by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
@@ -971,13 +980,17 @@ class CofrCLI(LightningCLIAdapter):
                 if count
                 else _TYPE_NAMES.get(expected, expected)
             )
-            return f"{_given_key(key, words)}: expected {kind}, got {value.strip()!r}"
+            key = _given_key(key, words)
+            return f"{key}{_set_in(key, words)}: expected {kind}, got {value.strip()!r}"
         callback = _bad_callback_class(message)
         if callback is not None:
             return callback
         union = _bad_union(message)
         if union is not None:  # a class's option beside a text choice: the option named
-            return _bad_class_option(message, words[0] if words else "fit") or union
+            key, _, problem = union.partition(": ")
+            return _bad_class_option(message, words[0] if words else "fit") or (
+                f"{key}{_set_in(key, words)}: {problem}"
+            )
         missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
         if missing is not None:
             reported = Path(missing.group(1))  # jsonargparse's: made absolute

@@ -467,9 +467,9 @@ def _bad_callback_class(message: str) -> str | None:
     """One line for a ``trainer.callbacks`` entry that names no class (jsonargparse's
     report lists every Union subtype), with the closest of the callbacks we know."""
     key = re.search(r'Parser key "(trainer\.callbacks)"', message)
-    given = re.search(r"Expected a dot import path string: (\S+)", message) or re.search(
-        r"Problem with given class_path '([\w.]+)'", message
-    )  # a bare name; a dotted path to nothing
+    given = re.search(r"Expected a dot import path string: (\S+)", message)  # a bare name
+    if given is None and re.search(r"has no attribute|No module named", message):
+        given = re.search(r"Problem with given class_path '([\w.]+)'", message)  # a path to nothing
     if not (key and given):
         return None
     import lightning.pytorch.callbacks as lightning_callbacks

@@ -1762,6 +1762,17 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
         "model.config: ladder_floor=0.3 changes nothing: it bounds 'positive' denominators, "
         "and these are 'paper'"
     )
+    # No preset and a config without the shape: GPT-2 small's defaults, said.
+    from cofrgenet.training.model_options import shape_defaults_taken
+
+    assert shape_defaults_taken({"preset": None, "config": {"vocab_size": 320}}) == (
+        "model.preset null and model.config without block_size, n_layer, n_embd, n_head: "
+        "ModelConfig's defaults are used (block_size=1024, n_layer=12, n_embd=768, "
+        "n_head=12, GPT-2 small's); give them, or name a preset and change what differs"
+    )
+    whole = dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_embd", "n_head"), 8)
+    assert shape_defaults_taken({"preset": None, "config": whole}) is None
+    assert shape_defaults_taken({"preset": "gpt2-tiny", "config": {}}) is None
     # The bundled recipes set none (the paper's baselines set the ladders' clamp eps).
     for recipe in sorted((CONF / "experiment").glob("*.yaml")):
         model = yaml.safe_load(recipe.read_text()).get("model")

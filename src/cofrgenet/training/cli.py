@@ -1371,12 +1371,16 @@ class CofrCLI(LightningCLIAdapter):
                 f"settings (its hyperparameters): {', '.join(replaced)} not used"
             )
         if self.subcommand == "fit" and config.get("model") is not None:
-            from cofrgenet.training.model_options import settings_changing_nothing
+            from cofrgenet.training.model_options import (
+                settings_changing_nothing,
+                shape_defaults_taken,
+            )
 
-            unread = settings_changing_nothing(_model_section(config))
-            if unread is not None:
-                rank_zero_warn(unread)
-                self.summary_notes.append(f"note: {unread}")
+            section = _model_section(config)
+            for said in (settings_changing_nothing(section), shape_defaults_taken(section)):
+                if said is not None:
+                    rank_zero_warn(said)
+                    self.summary_notes.append(f"note: {said}")
         init_from = config.get("model.init_from") if config.get("model") is not None else None
         if self.subcommand == "fit" and init_from:
             # As the run's config.yaml and MLflow param: a restart from another folder

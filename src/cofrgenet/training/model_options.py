@@ -138,6 +138,31 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
     return None
 
 
+#: The shape fields a ``model.preset: null`` config means to give (their defaults are
+#: GPT-2 small's: a model far larger than a user leaving them out expects).
+SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_embd", "n_head")
+
+
+def shape_defaults_taken(model: dict[str, Any] | None) -> str | None:
+    """A warning for a ``model:`` section without a preset whose ``config`` leaves shape
+    fields out: ModelConfig's defaults fill them (GPT-2 small's 12 x 768, block 1024),
+    unsaid. None: a preset is named, or every shape field is given."""
+    model = model or {}
+    if "preset" not in model or model.get("preset") is not None:
+        return None
+    given = overrides_dict(model.get("config"))
+    missing = [name for name in SHAPE_FIELDS if name not in given]
+    if not missing:
+        return None
+    defaults = ModelConfig()
+    taken = ", ".join(f"{name}={getattr(defaults, name)}" for name in missing)
+    return (
+        f"model.preset null and model.config without {', '.join(missing)}: ModelConfig's "
+        f"defaults are used ({taken}, GPT-2 small's); give them, or name a preset and "
+        "change what differs"
+    )
+
+
 def fit_model_config(model: dict[str, Any] | None) -> ModelConfig:
     """:func:`model_config_of` for ``cofr fit``'s own options: an error of fields that do
     not fit together (``n_embd`` and ``n_head``) names ``model.config``, as an error of

@@ -119,8 +119,13 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
     A warning, not an error: runs recorded with them still resume. None: nothing."""
     from cofrgenet.models import count_parameters
 
+    from cofrgenet.errors import ConfigError
+
     given = overrides_dict((model or {}).get("config"))
-    config = fit_model_config(model)
+    try:
+        config = fit_model_config(model)
+    except ConfigError:  # said where the model is built, as it was
+        return None
     if count_parameters(config).ladder == 0:
         unread = [f"{name}={given[name]!r}" for name in LADDER_ONLY if name in given]
         if unread:

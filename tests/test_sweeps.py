@@ -130,6 +130,12 @@ def test_param_specs_read_ranges_and_choices():
     assert parse_param("k", [1, 3, 5, 7]).choices == (1, 3, 5, 7)
     with pytest.raises(SweepError, match=r"^space.k: low 8 > high 1$"):  # as written, not 8.0
         parse_param("k", "int 8..1")
+    # An infinite end failed in the sampler ("refused by Optuna's TPESampler:
+    # OverflowError"), a NaN one as "low nan > high 1": the end is named.
+    for end, given in (("high", float("inf")), ("low", float("nan")), ("step", float("inf"))):
+        bounds = {"type": "float", "low": 0.1, "high": 1, end: given}
+        with pytest.raises(SweepError, match=rf"^space\.k: {given!r} is not a finite number$"):
+            parse_param("k", bounds)
     assert parse_param("k", {"choices": ["a", "b"]}).kind == "categorical"
     for bad in ("int 1-8", "float 0..1 log", {"type": "int", "low": 1.5, "high": 3}, []):
         with pytest.raises(SweepError):
@@ -191,7 +197,7 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
          "overrides: trainer.max_steps: the sweep's budget sets this key"),
         # Sections written as a scalar or a list instead of a mapping.
         ({"sampler": "tpe"}, "sampler: a mapping of options is expected (e.g. `sampler: "
-         "{key: value}`), got 'tpe'"),
+         "{name: tpe}`), got 'tpe'"),
         ({"pruner": "median"}, "pruner: a mapping of options is expected"),
         ({"objective": "val/loss"}, "objective: a mapping of options is expected"),
         ({"budget": 6}, "budget: a mapping of options is expected"),
@@ -2852,7 +2858,11 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     with pytest.raises(SweepError, match=r"ladders: 'three' builds no model: ladders must be"):
         check_model_values(typed, trial_config(typed, {"model.config.ladders": 1}))
     ranged = load_sweep(write_sweep(tmp_path, space={"model.config.depth": "int 0..2"}))
-    with pytest.raises(SweepError, match=r"depth: 0 builds no model: depth must be a positive"):
+    with pytest.raises(
+        SweepError,
+        match=r"depth: 0 builds no model: depth must be a positive.*; move the range's low "
+        r"end \(0\.\.2\) past it$",
+    ):
         check_model_values(ranged, trial_config(ranged, {"model.config.depth": 1}))
     wrong = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 5]}}))
     with pytest.raises(SweepError, match=r"2 points .*: n_embd \(64\) must be a multiple of"):

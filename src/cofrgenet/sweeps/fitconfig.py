@@ -292,10 +292,11 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
         for value in ends[index]:
             tried = [why for values, why in problems.items() if values[index] == value]
             if tried and all(tried) and (others_are_choices or len(set(tried)) == 1):
-                raise SweepError(
-                    f"space.{param.key}: {value!r} builds no model: {tried[0]}; remove it "
-                    "from the space"
-                )
+                fix = "remove it from the space"
+                if param.kind != "categorical":  # a range's end: the range is what to move
+                    end = "low" if value == param.low else "high"
+                    fix = f"move the range's {end} end ({param.low:g}..{param.high:g}) past it"
+                raise SweepError(f"space.{param.key}: {value!r} builds no model: {tried[0]}; {fix}")
 
 
 #: The optimizer's settings in a trial's config.

@@ -140,9 +140,12 @@ def counted(number: float, noun: str) -> str:
 
 def _number(text: Any, key: str) -> float:
     try:
-        return float(text)
+        number = float(text)
     except (TypeError, ValueError):
         raise SweepError(f"space.{key}: {text!r} is not a number") from None
+    if not math.isfinite(number):  # .inf, .nan: no sampler draws from such a range
+        raise SweepError(f"space.{key}: {text!r} is not a finite number")
+    return number
 
 
 def parse_param(key: str, value: Any) -> ParamSpec:
@@ -412,9 +415,10 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
+        # `sampler: tpe` names the kind: the example is the mapping that says so.
+        example = f"{{name: {value}}}" if isinstance(value, str) and value else "{key: value}"
         raise SweepError(
-            f"{where}: a mapping of options is expected (e.g. `{where}: {{key: value}}`), "
-            f"got {value!r}"
+            f"{where}: a mapping of options is expected (e.g. `{where}: {example}`), got {value!r}"
         )
     return dict(value)
 

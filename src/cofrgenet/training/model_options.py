@@ -117,9 +117,8 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
     warning (a depth sweep of a model without ladders looks like one): ladder settings
     of a model without a ladder mixer, ``ladder_floor`` beside ``paper`` denominators.
     A warning, not an error: runs recorded with them still resume. None: nothing."""
-    from cofrgenet.models import count_parameters
-
     from cofrgenet.errors import ConfigError
+    from cofrgenet.models import count_parameters
 
     given = overrides_dict((model or {}).get("config"))
     try:

@@ -490,6 +490,13 @@ def test_unknown_impl_is_an_error():
         ("--eps 0", "--eps must be > 0 (the least |K_d|), got 0.0"),  # every op would fail
         ("--tag a/b", "--tag 'a/b': it goes into the report's file name"),
         ("--calls-per-sample 0", "--calls-per-sample must be >= 1, got 0"),
+        # Python's "invalid literal for int() with base 10" named no accepted form.
+        (
+            "--sizes 1024,2^x",
+            "argument --sizes: expected comma-separated ints (each as 65536, 2^16 or 1<<16): "
+            "'2^x' is not one",
+        ),
+        ("--cffn-sizes 2x", "argument --cffn-sizes: expected NxN (e.g. 8192x768), got '2x'"),
     ],
 )
 def test_bench_ops_bad_options_are_one_line_errors_with_the_command(

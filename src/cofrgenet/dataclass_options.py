@@ -198,11 +198,20 @@ def _comma_list(item: Any) -> Callable[[str], tuple]:
     parse_item = _item_parser(item)
     name = f"comma-separated {getattr(parse_item, '__name__', 'value')}s"
 
+    forms = " (each as 65536, 2^16 or 1<<16)" if parse_item is _int else ""
+
     def parse(text: str) -> tuple:
-        try:
-            return tuple(parse_item(part.strip()) for part in text.split(",") if part.strip())
-        except ValueError as error:  # name the bad item, not just the whole list
-            raise argparse.ArgumentTypeError(f"expected {name}: {error}") from None
+        items = []
+        for part in (part.strip() for part in text.split(",")):
+            if not part:
+                continue
+            try:
+                items.append(parse_item(part))  # AxB items say their own errors
+            except ValueError:  # name the bad item, not Python's message about it
+                raise argparse.ArgumentTypeError(
+                    f"expected {name}{forms}: {part!r} is not one"
+                ) from None
+        return tuple(items)
 
     parse.__name__ = name
     return parse

@@ -216,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
         if given:  # the user meant to sample, or not: say so rather than guess
             raise UserError(
                 f"--temperature 0 decodes greedily, so {' and '.join(given)} would not "
-                "apply: drop them, or give a temperature > 0 to sample"
+                f"apply: drop {'them' if len(given) > 1 else 'it'}, or give a temperature > 0 "
+                "to sample"
             )
     try:  # argv's bytes that are no UTF-8 came as lone surrogates; no tokenizer takes them
         args.prompt.encode("utf-8")

@@ -29,8 +29,9 @@ class OutputOptions:
     quick: bool = field(
         default=False,
         metadata={
-            "help": "tiny sizes and 3 repeats (tests, CI), for the options not given; "
-            "results are saved with a -quick suffix"
+            "help": "tiny sizes, 3 repeats after 1 warm-up, no torch.compile'd "
+            "implementation (tests, CI), for the options not given; results are saved "
+            "with a -quick suffix"
         },
     )
     out_dir: Path = field(

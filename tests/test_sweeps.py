@@ -130,6 +130,12 @@ def test_param_specs_read_ranges_and_choices():
     assert parse_param("k", [1, 3, 5, 7]).choices == (1, 3, 5, 7)
     with pytest.raises(SweepError, match=r"^space.k: low 8 > high 1$"):  # as written, not 8.0
         parse_param("k", "int 8..1")
+    # A word given twice used its first; a repeated choice trained twice in a grid.
+    with pytest.raises(SweepError, match=r"^space\.k: 'int 1\.\.3 step 2 step 5' gives step twice"):
+        parse_param("k", "int 1..3 step 2 step 5")
+    with pytest.raises(SweepError, match=r"^space\.k: choices repeat 1; give each value once$"):
+        parse_param("k", [1, 1, 3])
+    assert parse_param("k", [1, True, "1"]).choices == (1, True, "1")
     # An infinite end failed in the sampler ("refused by Optuna's TPESampler:
     # OverflowError"), a NaN one as "low nan > high 1": the end is named.
     for end, given in (("high", float("inf")), ("low", float("nan")), ("step", float("inf"))):

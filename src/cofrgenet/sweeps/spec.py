@@ -159,6 +159,10 @@ def parse_param(key: str, value: Any) -> ParamSpec:
                 "'float 1e-4..3e-3 log', 'int 2..16 step 2' or {choices: [1, 3, 5, 7]}"
             )
         kind, low, high, extra = match.groups()
+        words = (extra or "").split()
+        for word in ("step", "log"):
+            if words.count(word) > 1:  # the first one was taken, unsaid
+                raise SweepError(f"space.{key}: {value!r} gives {word} twice; give it once")
         step = re.search(rf"step\s+({_NUMBER})", extra or "")
         value = {
             "type": kind,
@@ -195,6 +199,10 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         for choice in choices:
             if not (choice is None or isinstance(choice, (str, int, float, bool))):
                 raise SweepError(f"space.{key}: choices must be plain values, got {choice!r}")
+        seen = [(type(c), c) for c in choices]  # 1 and true are two choices
+        repeated = [c for i, c in enumerate(choices) if (type(c), c) in seen[:i]]
+        if repeated:  # a grid trains the point twice; the samplers draw it twice as often
+            raise SweepError(f"space.{key}: choices repeat {repeated[0]!r}; give each value once")
         return ParamSpec(key, "categorical", choices=choices)
     kind = value.get("type")
     if kind not in ("int", "float"):

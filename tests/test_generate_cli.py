@@ -142,12 +142,17 @@ def test_a_seed_out_of_range_is_one_line_before_the_checkpoint_is_read(capsys, s
 
 
 @pytest.mark.parametrize(
-    "given", [["--top-k", "5"], ["--top-p", "0.5"], ["--top-k", "5", "--top-p", "0.5"]]
-)
+    "given",
+    [["--top-k", "5"], ["--top-p", "0.5"], ["--top-k", "5", "--top-p", "0.5"],
+     ["--num-samples", "2"]],
+)  # fmt: skip
 def test_greedy_decoding_refuses_sampling_options(capsys, given):
-    """`--temperature 0 --top-k 5`: one of the two was not meant; neither applies."""
+    """`--temperature 0 --top-k 5`: one of the two was not meant; neither applies. N
+    greedy samples are N copies of one continuation."""
     line = one_line_error(capsys, ["generate", "--ckpt", "nope.ckpt", "--temperature", "0", *given])
     flags = [word for word in given if word.startswith("--")]
+    if flags == ["--num-samples"]:
+        flags = ["--num-samples 2"]
     drop = "drop them" if len(flags) > 1 else "drop it"
     assert line.startswith(
         f"cofr generate: error: --temperature 0 decodes greedily, so {' and '.join(flags)} "

@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
         given = [
             flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p)) if v is not None
         ]
+        if args.num_samples > 1:  # greedy decoding: the same continuation each time
+            given.append(f"--num-samples {args.num_samples}")
         if given:  # the user meant to sample, or not: say so rather than guess
             raise UserError(
                 f"--temperature 0 decodes greedily, so {' and '.join(given)} would not "

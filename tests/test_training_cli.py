@@ -1603,7 +1603,19 @@ def test_seed_everything_true_draws_a_seed_and_records_it(tiny_data, tmp_path, m
     assert saved["seed_everything"] == 48879
     assert os.environ["PL_GLOBAL_SEED"] == "48879"  # Lightning's seed_everything(48879) ran
     monkeypatch.setattr(secrets, "randbelow", lambda limit: 7)
+    # Its resume keeps the seed it drew (a new draw rewrote the record of what seeded
+    # its initial weights), as does a sweep trial's retry, which parses in its folder.
+    CofrCLI(
+        args=fit_args(
+            tmp_path, tiny_data, "--trainer.max_steps", "2", "--seed_everything", "true",
+            "--run.name", "drawn", "--ckpt_path", "last",
+        )
+    )  # fmt: skip
+    saved = yaml.safe_load((tmp_path / "runs" / "test" / "drawn" / "config.yaml").read_text())
+    assert saved["seed_everything"] == 48879
     assert drawn_seed() == 7  # another fit in this process: PL_GLOBAL_SEED is the last one's
+    monkeypatch.setenv("LOCAL_RANK", "0")  # Lightning's launcher sets it in its own process
+    assert drawn_seed() == 7
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert drawn_seed() == 48879  # a rank Lightning started: its launcher's seed
     monkeypatch.delenv("PL_GLOBAL_SEED")

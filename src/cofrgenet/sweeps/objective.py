@@ -29,11 +29,12 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from optuna.trial import TrialState
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.dotted import get_dotted
 from cofrgenet.errors import is_out_of_memory
 from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
-from cofrgenet.sweeps.spec import Sweep, SweepError, get_dotted
+from cofrgenet.sweeps.spec import Sweep, SweepError
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, late_stop
 from cofrgenet.training.cli import CofrCLI, given_args, stop_status
@@ -637,6 +638,10 @@ def _trial_config(
         config, text = checked_config(args)
     except SweepError as parse_error:
         return args, None, str(parse_error)
+    seed = config.get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        # The seed resolved here (`seed_everything: true` draws one) is the fit's too.
+        args += ["--seed_everything", str(seed)]
     command = shlex.join(["cofr", "fit", *args]).splitlines()
     header = "".join(f"# {line}\n" for line in command)
     (run_dir / "sweep-trial.yaml").write_text(header + text)

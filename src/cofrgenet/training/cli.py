@@ -229,16 +229,34 @@ def _file_word(words: list[str], i: int) -> tuple[str, str] | None:
     return None
 
 
+def _recorded_seed(settings: Any) -> int | None:
+    """The seed a resumed run (its folder holds its ``config.yaml``) drew when it started
+    with ``seed_everything: true``: its resume, a sweep trial's retry, keep it (a new
+    draw would rewrite the record of what seeded its initial weights). None: a new run."""
+    try:
+        run = _run_config(settings.get("run") or {})
+        run_dir = resolve_run_dir(run, resume_last=settings.get("ckpt_path") == "last")
+        import yaml
+
+        recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except Exception:  # no folder, a config.yaml of another kind: a new draw
+        return None
+    seed = recorded.get("seed_everything") if isinstance(recorded, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
 def drawn_seed() -> int:
     """``seed_everything: true``'s seed: a random one (recorded in the run's config.yaml
     as given), or the launcher's where Lightning started this process as a rank of it
-    (``LOCAL_RANK`` and its ``PL_GLOBAL_SEED``; in a process that fits again, the variable
-    an earlier fit left is not a launcher's). Ranks that srun or torchrun started would
-    each draw their own: refused, with the fix."""
+    (a ``LOCAL_RANK`` above 0 and its ``PL_GLOBAL_SEED``; in a process that fits again,
+    the variable an earlier fit left is not a launcher's). Ranks that srun or torchrun
+    started would each draw their own: refused, with the fix."""
     import secrets
 
     inherited = os.environ.get("PL_GLOBAL_SEED")
-    if inherited is not None and "LOCAL_RANK" in os.environ:
+    # Lightning's launcher sets LOCAL_RANK=0 in its own process too: a later fit there
+    # must not take the earlier one's seed.
+    if inherited is not None and os.environ.get("LOCAL_RANK", "0") not in ("", "0"):
         return int(inherited)
     launched = {
         "srun": os.environ.get("SLURM_STEP_NUM_TASKS"), "torchrun": os.environ.get("WORLD_SIZE")
@@ -808,7 +826,8 @@ class CofrCLI(LightningCLIAdapter):
         settings = self.config[subcommand] if subcommand else self.config
         seed = settings.get("seed_everything")
         if seed is True:  # drawn here: Lightning's "random" seed is 0 whenever it draws
-            settings["seed_everything"] = seed = drawn_seed()
+            seed = _recorded_seed(settings) if subcommand == "fit" else None
+            settings["seed_everything"] = seed = drawn_seed() if seed is None else seed
         if not isinstance(seed, bool) and isinstance(seed, int):
             check_seed(seed, "seed_everything")
         # LightningCLI reads a --ckpt_path file's hyperparameters right after parsing:

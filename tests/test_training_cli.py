@@ -1792,6 +1792,33 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
             assert settings_changing_nothing(model) is None, recipe.name
 
 
+def test_a_bad_value_names_the_file_that_gave_it_and_only_that(tmp_path):
+    """The file named is the first (in load order) holding the bad value at the key; none
+    where the command line sets the key or a mapping above it, or no file holds it."""
+    from cofrgenet.training.cli import _set_in
+
+    three, four = tmp_path / "three.yaml", tmp_path / "four.yaml"
+    three.write_text("model:\n  config:\n    depth: three\n")
+    four.write_text("model:\n  config:\n    depth: 4\n")
+    key = "model.config.depth"
+    assert _set_in(key, ["--config", str(three), "--config", str(four)], "three") == (
+        f" (in {three})"
+    )
+    assert _set_in(key, ["--config", str(four), "--config", str(three)], "three") == (
+        f" (in {three})"
+    )
+    assert _set_in(key, ["--config", str(four), "--model.config", '{"depth": "x"}'], "x") == ""
+    assert _set_in(key, ["--config", str(three), "--model.config.depth", "x"], "x") == ""
+    assert _set_in("trainer.max_steps", ["--config", str(four), "--trainer", "t.yaml"], "a") == ""
+    assert _set_in(key, ["--config", str(four)], "x") == ""  # no file holds it
+    # A mapping option that does not hold the key leaves the file's value standing.
+    given = ["--model.config", '{"n_layer": 2}', "--config", str(three)]
+    assert _set_in(key, given, "three") == f" (in {three})"
+    section = tmp_path / "trainer.yaml"
+    section.write_text("max_steps: abc\n")
+    assert _set_in("trainer.max_steps", ["--trainer", str(section)], "abc") == ""
+
+
 def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp_path, capsys):
     """A delta file adding a LearningRateMonitor under `trainer.callbacks:` replaced the
     paper recipe's list, and its dyadic unfreezing was silently gone (lists are not

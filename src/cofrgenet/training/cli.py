@@ -14,6 +14,7 @@ or one experiment file from ``conf/experiment/``, which names its groups as ``ba
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import copy
 import dataclasses
@@ -50,7 +51,7 @@ from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
 from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
 from cofrgenet.devices import device_count
-from cofrgenet.dotted import dotted_leaves
+from cofrgenet.dotted import dotted_leaves, get_dotted
 from cofrgenet.errors import (
     SEED_LIMIT,
     ConfigError,
@@ -398,13 +399,35 @@ def _lists_replaced_by_later_files(words: list[str]) -> list[str]:
     return said
 
 
-def _set_in(key: str, words: list[str]) -> str:
-    """`` (in FILE)``: the config file that gave ``key`` its value, when no option on the
-    command line gives it (the last file holding it wins); else ``""``."""
-    if any(w.startswith("--") and cli_cache.option_key(w) == key for w in words):
-        return ""
-    files = [path for path in cli_cache.config_files(words) if cli_cache.holds_key(path, key)]
-    return f" (in {files[-1]})" if files else ""
+def _set_in(key: str, words: list[str], value: str) -> str:
+    """`` (in FILE)``: the first config file (in the order they load, where the parser
+    stops) that gives ``key`` the bad ``value``; ``""`` when an option on the command line
+    sets the key or a mapping above it (``--model.config '{...}'``, ``--trainer FILE``:
+    the value may be theirs) or no file holds that value."""
+    import yaml
+
+    missing = object()
+    for i, word in enumerate(words):
+        given = cli_cache.option_key(word) if word.startswith("--") else ""
+        if given == key:
+            return ""
+        if given and key.startswith(f"{given}."):  # a mapping, as text or in a file
+            text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
+            try:
+                mapping = yaml.safe_load(text)
+            except yaml.YAMLError:
+                return ""
+            if isinstance(mapping, str):  # --trainer FILE
+                mapping = recipes.load_yaml(Path(mapping))
+            if not isinstance(mapping, dict) or (
+                get_dotted(mapping, key[len(given) + 1 :], missing) is not missing
+            ):
+                return ""
+    for path in cli_cache.config_files(words):
+        found = get_dotted(recipes.load_yaml(Path(path)), key, missing)
+        if found is not missing and str(found) == value:
+            return f" (in {path})"
+    return ""
 
 
 def _given_key(key: str, words: list[str]) -> str:
@@ -999,16 +1022,18 @@ class CofrCLI(LightningCLIAdapter):
                 if count
                 else _TYPE_NAMES.get(expected, expected)
             )
-            key = _given_key(key, words)
-            return f"{key}{_set_in(key, words)}: expected {kind}, got {value.strip()!r}"
+            key, value = _given_key(key, words), value.strip()
+            return f"{key}{_set_in(key, words, value)}: expected {kind}, got {value!r}"
         callback = _bad_callback_class(message)
         if callback is not None:
             return callback
         union = _bad_union(message)
         if union is not None:  # a class's option beside a text choice: the option named
             key, _, problem = union.partition(": ")
+            bad = re.search(r", got (.*)$", problem)
+            value = str(ast.literal_eval(bad.group(1))) if bad else ""
             return _bad_class_option(message, words[0] if words else "fit") or (
-                f"{key}{_set_in(key, words)}: {problem}"
+                f"{key}{_set_in(key, words, value)}: {problem}"
             )
         missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
         if missing is not None:

@@ -803,10 +803,12 @@ def test_ui_allows_this_machines_names_when_it_listens_beyond_loopback(monkeypat
 
     from mlflow.server.security_utils import is_allowed_host_header
 
+    from cofrgenet.training import ui
     from cofrgenet.training.ui import ui_command
 
-    monkeypatch.setattr(socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(socket, "gethostname", lambda: "Node7")
     monkeypatch.setattr(socket, "getfqdn", lambda name="": "node7.lab.org")
+    monkeypatch.delenv("MLFLOW_SERVER_ALLOWED_HOSTS", raising=False)
 
     def allowed(host: str, given: str = "") -> list[str]:
         args = argparse.Namespace(
@@ -828,6 +830,18 @@ def test_ui_allows_this_machines_names_when_it_listens_beyond_loopback(monkeypat
     assert not is_allowed_host_header(with_port, "proxy.lab.org:80")
     assert is_allowed_host_header(allowed("0.0.0.0", "gpu-*.cluster"), "gpu-3.cluster:5001")
     assert is_allowed_host_header(allowed("0.0.0.0", "*"), "anything:1")
+    # A bracketed address given; names lowered (browsers send them so, MLflow compares
+    # them as they are); a machine calling itself localhost is no name for others.
+    assert is_allowed_host_header(allowed("127.0.0.1", "[2001:db8::7]"), "[2001:db8::7]:5000")
+    assert is_allowed_host_header(allowed("127.0.0.1", "Proxy.Lab.org"), "proxy.lab.org:80")
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "localhost")
+    assert ui.machine_names("0.0.0.0") == ["node7"]
+    # The hosts MLflow's own variable allows stay allowed beside this machine's names.
+    monkeypatch.setenv("MLFLOW_SERVER_ALLOWED_HOSTS", "mine.example.org")
+    kept = allowed("0.0.0.0")
+    assert is_allowed_host_header(kept, "mine.example.org")
+    assert is_allowed_host_header(kept, "node7:5001")
+    assert not is_allowed_host_header(kept, "10.1.2.3:5001")  # the variable replaced these
 
 
 @pytest.mark.slow

@@ -99,23 +99,33 @@ def machine_names(host: str) -> list[str]:
     names = [socket.gethostname(), socket.getfqdn()]
     if host not in EVERY_INTERFACE:
         names.append(host)
-    return list(dict.fromkeys(name for name in names if name))
+    # A browser sends the Host header in lower case; MLflow compares it as it is. A
+    # machine without a name in its resolver may call itself localhost, or a reverse
+    # lookup's *.arpa: no name another machine uses.
+    names = [name.lower() for name in names if name]
+    return list(dict.fromkeys(n for n in names if not is_loopback(n) and not n.endswith(".arpa")))
 
 
 def allowed_hosts(host: str, given: str) -> list[str]:
     """The ``--allowed-hosts`` of the MLflow server: its default list (loopback and
-    private addresses), with this machine's names when ``host`` is not loopback and the
+    private addresses; ``MLFLOW_SERVER_ALLOWED_HOSTS``'s where set), with this machine's names when ``host`` is not loopback and the
     user's (``given``, comma-separated); empty when MLflow's default does (a server on
     loopback, nothing given). Each name without a port with and without one; an IPv6
     address in brackets, as a Host header holds it."""
     names = [] if is_loopback(host) else machine_names(host)
-    names += [name.strip() for name in given.split(",") if name.strip()]
+    names += [name.strip().lower() for name in given.split(",") if name.strip()]
     if not names:
         return []
-    from mlflow.server.security_utils import get_default_allowed_hosts
+    from mlflow.server.security_utils import (
+        get_allowed_hosts_from_env,
+        get_default_allowed_hosts,
+    )
 
-    patterns = list(get_default_allowed_hosts())
+    # MLFLOW_SERVER_ALLOWED_HOSTS, which --allowed-hosts replaces, stays in the list.
+    patterns = list(get_allowed_hosts_from_env() or get_default_allowed_hosts())
     for name in names:
+        if name.startswith("[") and "]:" not in name:  # a bracketed IPv6 address
+            name = name.strip("[]")
         if name.count(":") > 1 and not name.startswith("["):  # a bare IPv6 address
             # compared whole without a '*', as an fnmatch pattern with one
             patterns += [f"[{name}]", f"[[]{name}]:*"]

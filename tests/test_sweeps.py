@@ -3128,32 +3128,41 @@ def test_the_check_at_the_budgets_last_step_prunes_nothing():
 def test_a_retry_keeps_the_scores_its_failed_attempt_reported(recwarn):
     """A retry resumes from its attempt's checkpoint, but its scores so far stayed on the
     FAILED attempt, which the median pruner ignores: with every trial retried once, no
-    completed trial had a score before the last step, and nothing was pruned. Reported
-    again by the resumed fit, a step keeps its score, without Optuna's warning."""
+    completed trial had a score before the last step, and nothing was pruned. The retry
+    reports the attempt's scores up to the step it resumes from (past it, it trains and
+    reports again); one that starts over reports none of them. A step reported twice
+    keeps its score, without Optuna's warning."""
     from types import SimpleNamespace
 
     from cofrgenet.sweeps.objective import PruneAtStep
 
     study = optuna.create_study()
     trial = study.ask({"x": optuna.distributions.IntDistribution(1, 4)})
-    for step, value in ((50, 4.0), (100, 3.5)):
+    for step, value in ((50, 4.0), (100, 3.5), (150, 3.4)):
         trial.report(value, step)
     study.tell(trial, state=TrialState.FAIL)
-    number = st.retry_trial(study, study.get_trials()[0], max_retry=3)
-    retry = study.ask()
-    assert retry.number == number
-    assert study.get_trials()[number].intermediate_values == {50: 4.0, 100: 3.5}
-    callback = PruneAtStep(retry, "val/loss", "", "s")
-    callback._should_prune = lambda step: False
-    trainer = SimpleNamespace(
-        sanity_checking=False, global_step=100, is_global_zero=True, world_size=1,
-        max_steps=300, should_stop=False, callback_metrics={"val/loss": torch.tensor(3.6)},
-    )  # fmt: skip
-    callback.on_validation_end(trainer, None)
-    trainer.global_step, trainer.callback_metrics = 150, {"val/loss": torch.tensor(3.2)}
-    callback.on_validation_end(trainer, None)
-    reported = study.get_trials()[number].intermediate_values
-    assert reported == {50: 4.0, 100: 3.5, 150: pytest.approx(3.2)}
+
+    def retried(start: int, steps: list[tuple[int, float]]) -> dict[int, float]:
+        number = st.retry_trial(study, study.get_trials()[0], max_retry=3)
+        retry = study.ask()
+        assert retry.number == number and not study.get_trials()[number].intermediate_values
+        callback = PruneAtStep(retry, "val/loss", "", "s")
+        callback._should_prune = lambda step: False
+        trainer = SimpleNamespace(
+            sanity_checking=False, global_step=start, is_global_zero=True, world_size=1,
+            max_steps=300, should_stop=False,
+        )  # fmt: skip
+        callback.on_train_start(trainer, None)
+        for step, value in steps:
+            trainer.global_step = step
+            trainer.callback_metrics = {"val/loss": torch.tensor(value)}
+            callback.on_validation_end(trainer, None)
+        return study.get_trials()[number].intermediate_values
+
+    # Resumed at step 100 (the checkpoint before the attempt's last score).
+    resumed = retried(100, [(100, 3.6), (150, 3.2)])
+    assert resumed == {50: 4.0, 100: 3.5, 150: pytest.approx(3.2)}
+    assert retried(0, [(50, 3.9)]) == {50: pytest.approx(3.9)}  # started over
     assert not [w for w in recwarn if "already reported" in str(w.message)]
 
 

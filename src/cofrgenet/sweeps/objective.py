@@ -186,6 +186,13 @@ class PruneAtStep(StepBoundaries):
             # A trial another worker ended meanwhile trains until its heartbeat says so.
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 self.trial.set_user_attr(st.RESUMED, int(trainer.global_step))
+            # A retry resumed from its attempt's checkpoint: the attempt's scores up to
+            # there are its own (the pruner compares whole curves of completed trials);
+            # past there it trains again, and reports anew.
+            earlier = self.trial.user_attrs.get(st.ATTEMPT_SCORES) or {}
+            for step, value in sorted((int(k), v) for k, v in earlier.items()):
+                if step <= trainer.global_step:
+                    self.report_score(value, step)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or self.ended_at is not None:
@@ -197,11 +204,7 @@ class PruneAtStep(StepBoundaries):
             value = float(metric)
             self.last_step, self.last_value = step, value
             self._share(LAST_REPORT, [step, value])
-            # A step an earlier attempt reported (its retry inherits its scores) keeps
-            # that score: Optuna ignores it again, and says so, but nothing is lost.
-            with contextlib.suppress(Exception), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "The reported value is ignored")
-                self.trial.report(value if math.isfinite(value) else float("nan"), step)
+            self.report_score(value, step)
             # At the budget's last step pruning saves nothing: the trial is complete, with
             # its value (PRUNED there left trained trials out of the results).
             last = 0 < trainer.max_steps <= step
@@ -214,6 +217,13 @@ class PruneAtStep(StepBoundaries):
             if trainer.is_global_zero:
                 self._share(PRUNED_AT, step)
             trainer.should_stop = True
+
+    def report_score(self, value: float, step: int) -> None:
+        """Report a score; a step already reported (by the resumed checkpoint's attempt)
+        keeps its score: Optuna ignores the second one, and would say so each time."""
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The reported value is ignored")
+            self.trial.report(value if math.isfinite(value) else float("nan"), step)
 
     def _should_prune(self, step: int) -> bool:
         """The pruner's decision; False when it cannot read the study (a database or
@@ -797,8 +807,7 @@ def _fit_outcome(
         return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)
     value = float(metric)
     if callback.last_step != final_step:  # else on_validation_end reported it
-        with contextlib.suppress(Exception):
-            trial.report(value, final_step)
+        callback.report_score(value, final_step)
     if not math.isfinite(value):  # a point failure, as a NaN training loss is
         reason = f"{NON_FINITE} the objective {metric_name} is {value} at step {final_step}"
         return Outcome(TrialState.FAIL, reason=reason, run_dir=run_dir)

@@ -112,6 +112,10 @@ STOPPED = "cofr.stopped_by"
 #: The system attribute that carries, from retry to retry, the numbers of the earlier
 #: attempts a signal stopped (:data:`STOPPED`): :func:`counted_attempts` leaves them out.
 STOPPED_ATTEMPTS = "cofr.stopped_attempts"
+#: A retry's copy of the scores its failed attempt reported ({step: value}): the retry
+#: reports those up to the step it resumes from (PruneAtStep.on_train_start), so that
+#: the pruner sees its whole curve once it completes, and none it trains again.
+ATTEMPT_SCORES = "cofr.attempt_scores"
 SLURM_JOB, SLURM_ARRAY_JOB, SLURM_ARRAY_TASK, SLURM_PROC = SLURM_TAGS  # the keys of slurm_tags()
 
 
@@ -796,6 +800,8 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
     user_attrs.pop(FAIL_REASON, None)
     if GRID_POINT in trial.user_attrs:  # the point it retries (queue_missing_points)
         user_attrs[GRID_POINT] = trial.user_attrs[GRID_POINT]
+    if trial.intermediate_values:  # JSON: steps as text
+        user_attrs[ATTEMPT_SCORES] = {str(k): v for k, v in trial.intermediate_values.items()}
     # Grid bookkeeping belongs to the failed attempt.
     system_attrs.pop("grid_id", None)
     system_attrs.pop("search_space", None)
@@ -806,10 +812,6 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
             distributions=trial.distributions,
             user_attrs=user_attrs,
             system_attrs=system_attrs,
-            # The retry resumes from the attempt's checkpoint: its scores so far are the
-            # retry's, which the pruner compares once it completes (Optuna's
-            # RetryFailedTrialCallback(inherit_intermediate_values=True) does the same).
-            intermediate_values=trial.intermediate_values,
         )
     )
     for queued in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):

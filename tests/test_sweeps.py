@@ -3081,7 +3081,8 @@ def test_a_storage_error_in_the_prune_check_does_not_fail_the_trial(caplog):
     callback._trial = SimpleNamespace(report=lambda value, step: None, should_prune=should_prune)
     trainer = SimpleNamespace(
         sanity_checking=False, global_step=2, is_global_zero=True, world_size=1, max_steps=-1,
-        should_stop=False, callback_metrics={"val/loss": torch.tensor(3.0)},
+        estimated_stepping_batches=float("inf"), should_stop=False,
+        callback_metrics={"val/loss": torch.tensor(3.0)},
     )  # fmt: skip
     with caplog.at_level("WARNING", logger="cofrgenet.sweeps"):
         for step in (2, 4):
@@ -3123,6 +3124,11 @@ def test_the_check_at_the_budgets_last_step_prunes_nothing():
     trainer.global_step = 4
     callback.on_validation_end(trainer, None)
     assert trainer.should_stop and callback.pruned_at == 4
+    # A fit bounded by its epochs: their steps are its last.
+    trainer.max_steps, trainer.estimated_stepping_batches = -1, 8
+    trainer.global_step, trainer.should_stop, callback.pruned_at = 8, False, None
+    callback.on_validation_end(trainer, None)
+    assert not trainer.should_stop and callback.pruned_at is None
 
 
 def test_a_retry_keeps_the_scores_its_failed_attempt_reported(recwarn):

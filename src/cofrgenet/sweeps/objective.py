@@ -207,7 +207,11 @@ class PruneAtStep(StepBoundaries):
             self.report_score(value, step)
             # At the budget's last step pruning saves nothing: the trial is complete, with
             # its value (PRUNED there left trained trials out of the results).
-            last = 0 < trainer.max_steps <= step
+            # (max_steps, or the steps its epochs hold where max_epochs bounds the fit)
+            bound = (
+                trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+            )
+            last = 0 < bound <= step
             prune = not last and self._should_prune(step)
         self.last_step = step if metric is not None else self.last_step
         if trainer.world_size > 1:

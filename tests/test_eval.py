@@ -1056,6 +1056,11 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
         new_run(name, None)
         (runs_dir / "test" / name).mkdir(parents=True)
     (runs_dir / "test" / "dead" / ".lock").write_text('{"pid": 1}')
+    # One whose holder was on another machine: no telling (a shared file system may lock
+    # within one machine only).
+    new_run("elsewhere", None)
+    (runs_dir / "test" / "elsewhere").mkdir(parents=True)
+    (runs_dir / "test" / "elsewhere" / ".lock").write_text('{"pid": 1, "host": "node-x9"}')
     alive = FolderLock(runs_dir / "test" / "alive" / ".lock")
     assert alive.try_acquire()
     twins = [new_run("twin", "FINISHED") for _ in range(2)]
@@ -1066,6 +1071,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table, err = (out / "compare.md").read_text(), capsys.readouterr().err
     assert "| cut-short [pruned at step 4] |" in table
     assert "| dead [lost at step 6] |" in table and "| alive [running at step 6] |" in table
+    assert "| elsewhere [running at step 6] |" in table
     assert "lost: MLflow says the run is running, but no process holds its run folder" in table
     assert all(f"| twin ({twin[:8]}) |" in table for twin in twins)
     assert "note: 'twin' names 2 runs, in experiment test: all are compared" in err

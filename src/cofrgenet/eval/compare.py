@@ -263,16 +263,22 @@ LOST_NOTE = (
 def _process_gone(config: dict[str, Any], experiment: str, name: str | None) -> bool:
     """Whether the run folder of a RUNNING run is here (``<run.runs_dir>/<experiment>/
     <name>``, as ``cofr fit`` made it, from this folder) and no process holds its lock.
-    False when that cannot be told: a folder elsewhere, on another machine."""
-    from cofrgenet.folder_lock import held_now
+    False when that cannot be told: a folder elsewhere, a holder on another machine (a
+    shared file system may lock within one machine only)."""
+    import socket
+
+    from cofrgenet.folder_lock import FolderLock, held_now
     from cofrgenet.training.run_store import folder_name
     from cofrgenet.training.runlock import LOCK_FILE
 
     runs_dir = (config.get("run") or {}).get("runs_dir") or "runs"
     if not name or not isinstance(runs_dir, str):
         return False
-    folder = Path(runs_dir).expanduser() / folder_name(experiment) / folder_name(name)
-    return held_now(folder / LOCK_FILE) is False
+    lock = Path(runs_dir).expanduser() / folder_name(experiment) / folder_name(name) / LOCK_FILE
+    if held_now(lock) is not False:
+        return False
+    host = FolderLock(lock).holder().get("host")
+    return host in (None, socket.gethostname())
 
 
 def _is_score(key: str) -> bool:

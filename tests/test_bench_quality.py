@@ -54,6 +54,20 @@ def test_fit_arguments_are_a_cofr_fit_command_line():
     assert model["vocab_size"] == 2048  # the recipe's own model.config is kept
 
 
+def test_ladder_settings_go_to_the_ladder_variants_alone():
+    """`--model-config '{"depth": 3}'` (or a recipe's ladder settings) went to the
+    baselines too, where they change nothing, and each baseline's fit warned of them."""
+    cfg = QualityBenchConfig(model_config='{"depth": 3, "n_layer": 3}')
+
+    def model(variant: str) -> dict:
+        args = fit_arguments(cfg, VARIANTS[variant], seed=0, name="x")
+        return json.loads(args[args.index("--model.config") + 1])
+
+    assert model("cofrgenet-f")["depth"] == 3 and model("cofrgenet-a-u")["depth"] == 3
+    for baseline in ("gpt2", "gpt2-matched", "synthesizer-d"):
+        assert "depth" not in model(baseline) and model(baseline)["n_layer"] == 3
+
+
 def test_a_recipes_base_files_keep_their_model_config(tmp_path):
     """Only the recipe file's own model.config was read: a key set in one of its base:
     files was dropped from every run (a run's --model.config replaces the section)."""

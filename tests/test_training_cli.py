@@ -1796,6 +1796,11 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
         "ModelConfig's defaults are used (block_size=1024, n_layer=12, n_embd=768, "
         "n_head=12, GPT-2 small's); give them, or name a preset and change what differs"
     )
+    lstm = {"arch": "lstm", "vocab_size": 8, "block_size": 8, "n_layer": 1, "n_embd": 8}
+    assert shape_defaults_taken({"preset": None, "config": lstm}) is None  # reads no heads
+    assert "this model (arch 'lstm') has no" in settings_changing_nothing(
+        {"preset": "lstm-tiny", "config": {"depth": 3}}
+    )
     whole = dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_embd", "n_head"), 8)
     assert shape_defaults_taken({"preset": None, "config": whole}) is None
     assert shape_defaults_taken({"preset": "gpt2-tiny", "config": {}}) is None

@@ -340,7 +340,10 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
     if variant.matched:
         model["ffn_hidden"] = matched_ffn_hidden({**recipe_model_config(cfg), **model})
     args = ["fit", "--config", cfg.recipe, "--model.preset", variant.preset]
-    args += ["--model.config", json.dumps({**recipe_model_config(cfg), **model})]
+    args += [
+        "--model.config",
+        json.dumps(_without_unread({**recipe_model_config(cfg), **model}, variant.preset)),
+    ]
     args += ["--seed_everything", str(seed), "--data.data_dir", cfg.data_dir]
     args += ["--run.experiment", EXPERIMENT, "--run.name", name, "--run.runs_dir", cfg.runs_dir]
     if cfg.steps is not None:
@@ -361,6 +364,23 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
     if cfg.quick:
         args += ["--model.optimizer.warmup_steps", "2"]
     return args
+
+
+def _without_unread(config: dict[str, Any], preset: str) -> dict[str, Any]:
+    """``config`` without the ladder settings when ``preset`` with it has no ladder: the
+    recipe's and ``--model-config``'s ladder fields are for the ladder variants, and
+    would change nothing of a baseline (whose fit would warn of each)."""
+    from cofrgenet.errors import ConfigError
+    from cofrgenet.models import count_parameters
+    from cofrgenet.models.config import resolve_model_config
+    from cofrgenet.training.model_options import LADDER_ONLY
+
+    try:
+        if count_parameters(resolve_model_config(preset, config)).ladder > 0:
+            return config
+    except (ConfigError, ValueError):  # the fit says what is wrong with it
+        return config
+    return {key: value for key, value in config.items() if key not in LADDER_ONLY}
 
 
 def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:

@@ -1414,7 +1414,12 @@ class CofrCLI(LightningCLIAdapter):
                 "note: cofr fit --ckpt_path FILE trains with the checkpoint's own model "
                 f"settings (its hyperparameters): {', '.join(replaced)} not used"
             )
-        if self.subcommand == "fit" and config.get("model") is not None:
+        # Not of a resume: it trains with its checkpoint's settings, whatever they were.
+        if (
+            self.subcommand == "fit"
+            and config.get("model") is not None
+            and not config.get("ckpt_path")
+        ):
             from cofrgenet.training.model_options import (
                 settings_changing_nothing,
                 shape_defaults_taken,

@@ -128,11 +128,15 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
     if count_parameters(config).ladder == 0:
         unread = [f"{name}={given[name]!r}" for name in LADDER_ONLY if name in given]
         if unread:
+            mixers = (
+                f"attention {config.attention!r}, ffn {config.ffn!r}"
+                if config.attention is not None
+                else f"arch {config.arch!r}"  # a recurrent model: no mixers
+            )
             return (
                 f"model.config: {', '.join(unread)} change{'s' if len(unread) == 1 else ''} "
-                f"nothing: this model (attention {config.attention!r}, ffn {config.ffn!r}) has "
-                "no continued-fraction ladder (ffn cffn, attention cattn_u or cattn_m have "
-                "them); leave them out"
+                f"nothing: this model ({mixers}) has no continued-fraction ladder (ffn cffn, "
+                "attention cattn_u or cattn_m have them); leave them out"
             )
     elif "ladder_floor" in given and config.ladder_denominators != "positive":
         return (
@@ -155,7 +159,14 @@ def shape_defaults_taken(model: dict[str, Any] | None) -> str | None:
     if "preset" not in model or model.get("preset") is not None:
         return None
     given = overrides_dict(model.get("config"))
-    missing = [name for name in SHAPE_FIELDS if name not in given]
+    from cofrgenet.models.registry import ARCHITECTURES
+
+    try:
+        recurrent = ARCHITECTURES.entry(given.get("arch") or "gpt").kind == "recurrent"
+    except ValueError:  # an unknown arch: the build says so
+        return None
+    # A recurrent model reads no heads.
+    missing = [n for n in SHAPE_FIELDS if n not in given and not (recurrent and n == "n_head")]
     if not missing:
         return None
     defaults = ModelConfig()

@@ -1488,6 +1488,10 @@ def test_fit_help_gives_cofr_meanings(capsys):
             ["--model.optimizer.fused", "maybe"],
             r"^model\.optimizer\.fused: expected true or false, got 'maybe'$",
         ),
+        (
+            ["--model.optimizer", '{"fused": "maybe"}'],
+            r"^model\.optimizer\.fused: expected true or false, got 'maybe'$",
+        ),
         (["--model.config", "no/such.yaml"], r"^model\.config no/such\.yaml: no such file$"),
         (
             ["--config", str(CONF / "trainer" / "cpu-debug.yaml"), "--config", "{depth_three}"],

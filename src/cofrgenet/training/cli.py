@@ -500,7 +500,8 @@ def _bad_union(message: str) -> str | None:
     kinds = [_TYPE_NAMES.get(n, n) for n in names if n != "NoneType"]
     if not kinds:
         return None
-    key = ".".join(union.group(1) for union in unions)
+    # Every key on the way in (`- Expected a path` lines may come between them).
+    key = ".".join(re.findall(r'Parser key "([^"]+)"', message[: unions[-1].end()]))
     return f"{key}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
 
 

@@ -90,6 +90,7 @@ EVERY_INTERFACE = ("0.0.0.0", "::")
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback (reached from this machine alone)."""
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
@@ -108,10 +109,11 @@ def machine_names(host: str) -> list[str]:
 
 def allowed_hosts(host: str, given: str) -> list[str]:
     """The ``--allowed-hosts`` of the MLflow server: its default list (loopback and
-    private addresses; ``MLFLOW_SERVER_ALLOWED_HOSTS``'s where set), with this machine's names when ``host`` is not loopback and the
-    user's (``given``, comma-separated); empty when MLflow's default does (a server on
-    loopback, nothing given). Each name without a port with and without one; an IPv6
-    address in brackets, as a Host header holds it."""
+    private addresses; ``MLFLOW_SERVER_ALLOWED_HOSTS``'s where set), with this machine's
+    names when ``host`` is not loopback and the user's (``given``, comma-separated);
+    empty when MLflow's default does (a server on loopback, nothing given). Each name
+    without a port with and without one; an IPv6 address in brackets, as a Host header
+    holds it."""
     names = [] if is_loopback(host) else machine_names(host)
     names += [name.strip().lower() for name in given.split(",") if name.strip()]
     if not names:
@@ -251,7 +253,10 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + START_TIMEOUT
         while not answers(f"{base}/health"):
             if server.poll() is not None:
-                failed = f"the MLflow server stopped before it answered (exit status {server.returncode})"
+                failed = (
+                    "the MLflow server stopped before it answered (exit status "
+                    f"{server.returncode})"
+                )
                 if log is not None:
                     failed += f"; the end of its log, {log_path}:\n{_tail(log_path)}"
                 print(failed, file=sys.stderr)
@@ -266,9 +271,9 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         # The experiments list (experiment tracking), not MLflow 3's GenAI landing page.
         print(f"MLflow UI: {base}/#/experiments  (Ctrl-C stops it)", flush=True)
-        if not is_loopback(args.host):
-            names = ", ".join(f"{url(name)}/" for name in machine_names(args.host))
-            print(f"from other machines: {names}", flush=True)
+        others = [] if is_loopback(args.host) else machine_names(args.host)
+        if others:
+            print(f"from other machines: {', '.join(f'{url(n)}/' for n in others)}", flush=True)
         if log is not None:
             print(f"server log: {log_path}", flush=True)
         return server.wait()

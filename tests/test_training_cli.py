@@ -1475,6 +1475,11 @@ def test_fit_help_gives_cofr_meanings(capsys):
         (["--trainer.val_check_interval", "0"], r"val_check_interval must be > 0"),
         (["--trainer.limit_train_batches", "0"], "limit_train_batches is 0: nothing would"),
         (["--trainer.max_epochs", "0"], "trainer.max_epochs is 0: nothing would train"),
+        (
+            ["--trainer.limit_val_batches", "-1"],
+            r"^trainer\.limit_val_batches must be >= 0 \(a fraction of the batches up to 1\.0, "
+            r"or a number of batches; null: all\), got -1$",
+        ),
         (["--trainer.strategy", "ddpp"], r"^trainer: You selected an invalid strategy name"),
         (
             ["--trainer.callbacks+=DyadicUnfreezng"],

@@ -1726,6 +1726,13 @@ def _check_trainer_counts(value: Any) -> None:
     for key in ("limit_train_batches", "max_epochs"):
         if value(key) == 0 and not isinstance(value(key), bool):
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+        limit = value(key)  # Lightning's "[0.0, 1.0] or an int" read -1 as neither
+        if isinstance(limit, int | float) and not isinstance(limit, bool) and limit < 0:
+            raise ConfigError(
+                f"trainer.{key} must be >= 0 (a fraction of the batches up to 1.0, or a "
+                f"number of batches; null: all), got {limit}"
+            )
 
 
 #: Data settings that differ when a resume is given another corpus (not another reading

@@ -4,6 +4,7 @@ Errors in what the user gave are one line, before any work."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -78,6 +79,12 @@ def test_a_missing_checkpoint_or_a_folder_is_one_line(capsys, tmp_path, run_fold
     assert line == (
         f"cofr generate: error: no checkpoint file at {tmp_path / 'nope.ckpt'}; runs keep "
         "theirs in runs/<experiment>/<run>/checkpoints/"
+    )
+    # Something there that is no file (a device, a pipe) was "no checkpoint file at".
+    line = one_line_error(capsys, ["generate", "--ckpt", os.devnull])
+    assert line == (
+        f"cofr generate: error: {os.devnull} is not a regular file: give a checkpoint file, "
+        "e.g. runs/<experiment>/<run>/checkpoints/last.ckpt"
     )
     # A mistyped name beside the run's checkpoints: the closest one, as cofr validate says.
     typo = run_folder / "checkpoints" / "lats.ckpt"

@@ -75,6 +75,11 @@ def checkpoint_file(path: str | Path) -> Path:
         if not zipfile.is_zipfile(path):
             raise checkpoints.damaged(path)
         return path
+    if path.exists() and not path.is_dir():  # /dev/null, a pipe: there, but no file
+        raise CheckpointNotFound(
+            f"{path} is not a regular file: give a checkpoint file, e.g. "
+            f"{checkpoints.RUN_CHECKPOINTS}last.ckpt"
+        )
     if not path.is_dir():
         raise CheckpointNotFound(checkpoints.missing(path))
     if checkpoints.has_shard_markers(path):

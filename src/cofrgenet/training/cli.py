@@ -1731,7 +1731,7 @@ def _check_trainer_counts(value: Any) -> None:
         if isinstance(limit, int | float) and not isinstance(limit, bool) and limit < 0:
             raise ConfigError(
                 f"trainer.{key} must be >= 0 (a fraction of the batches up to 1.0, or a "
-                f"number of batches; null: all), got {limit}"
+                f"number of batches; null: all), got {limit:g}"
             )
 
 

@@ -14,7 +14,6 @@ or one experiment file from ``conf/experiment/``, which names its groups as ``ba
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import copy
 import dataclasses
@@ -430,6 +429,11 @@ def _set_in(key: str, words: list[str], value: str) -> str:
     return ""
 
 
+def _bad_value(key: str, expected: str, value: str, words: list[str]) -> str:
+    """The one line for a value of the wrong kind, with the file that gave it."""
+    return f"{key}{_set_in(key, words, value)}: expected {expected}, got {value!r}"
+
+
 def _given_key(key: str, words: list[str]) -> str:
     """The dotted key as the command line gave it: jsonargparse names a dataclass field
     by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
@@ -481,9 +485,9 @@ def _init_options(class_path: str) -> list[str]:
     return list(dict.fromkeys(options))
 
 
-def _bad_union(message: str) -> str | None:
-    """One line for jsonargparse's report of a value none of a Union's types takes
-    (``int | None`` given 1.5, ``bool | int`` given abc)."""
+def _bad_union(message: str) -> tuple[str, str, str] | None:
+    """(the key, the kinds expected, the value given) of jsonargparse's report of a value
+    none of a Union's types takes (``int | None`` given 1.5, ``bool | int`` given abc)."""
     # A field of a dataclass option (model.optimizer's fused) is reported inside the
     # option's own Union: the innermost report is the value's, its key the path to it.
     unions = list(
@@ -502,7 +506,7 @@ def _bad_union(message: str) -> str | None:
         return None
     # Every key on the way in (`- Expected a path` lines may come between them).
     key = ".".join(re.findall(r'Parser key "([^"]+)"', message[: unions[-1].end()]))
-    return f"{key}: expected {' or '.join(kinds)}, got {given.group(1).strip()!r}"
+    return key, " or ".join(kinds), given.group(1).strip()
 
 
 def _bad_callback_class(message: str) -> str | None:
@@ -1023,18 +1027,14 @@ class CofrCLI(LightningCLIAdapter):
                 if count
                 else _TYPE_NAMES.get(expected, expected)
             )
-            key, value = _given_key(key, words), value.strip()
-            return f"{key}{_set_in(key, words, value)}: expected {kind}, got {value!r}"
+            return _bad_value(_given_key(key, words), kind, value.strip(), words)
         callback = _bad_callback_class(message)
         if callback is not None:
             return callback
         union = _bad_union(message)
         if union is not None:  # a class's option beside a text choice: the option named
-            key, _, problem = union.partition(": ")
-            bad = re.search(r", got (.*)$", problem)
-            value = str(ast.literal_eval(bad.group(1))) if bad else ""
-            return _bad_class_option(message, words[0] if words else "fit") or (
-                f"{key}{_set_in(key, words, value)}: {problem}"
+            return _bad_class_option(message, words[0] if words else "fit") or _bad_value(
+                *union, words
             )
         missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
         if missing is not None:

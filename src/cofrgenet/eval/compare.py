@@ -686,7 +686,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
             mine = [r for r in kept if r.variant == variant and r.finished is finished]
             if not mine:
                 continue
-            points = ax.scatter(
+            drawn = ax.scatter(
                 [x_of(r) for r in mine],
                 [scale * r.metrics[metric] for r in mine],
                 marker=markers[k % len(markers)],
@@ -695,7 +695,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
                 color=f"C{k % 10}",
             )
             if not finished:
-                points.set_facecolor("none")
+                drawn.set_facecolor("none")
     # Through the runs that trained to their end: a stopped run's score is of a
     # shorter training, not a point a finished one can be compared with.
     done = [r for r in kept if r.finished]

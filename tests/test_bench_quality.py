@@ -278,7 +278,7 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
 
     finished = []
 
-    def fake_run(cfg, variant, seed, stamp):
+    def fake_run(cfg, variant, seed, stamp, resume=False):
         if len(finished) == 2:
             raise KeyboardInterrupt
         finished.append(_result(variant.name, seed, 5.0))
@@ -298,7 +298,7 @@ def test_each_finished_run_is_in_a_partial_report(tmp_path, monkeypatch, capsys)
     # A run that finishes rewrites its own partial report, with nothing pending.
     finished.clear()
     monkeypatch.setattr(
-        quality, "run_variant", lambda cfg, v, seed, stamp: _result(v.name, seed, 5.0)
+        quality, "run_variant", lambda cfg, v, seed, stamp, resume=False: _result(v.name, seed, 5.0)
     )
     assert cli.main(argv) == 0
     (whole,) = set((tmp_path / "out").glob("*.md")) - {md}
@@ -314,7 +314,7 @@ def test_a_stopped_bench_resumes_into_its_own_report(tmp_path, monkeypatch, caps
 
     trained = []
 
-    def fake_run(cfg, variant, seed, stamp):
+    def fake_run(cfg, variant, seed, stamp, resume=False):
         if len(trained) == 2 and not resuming:
             raise KeyboardInterrupt
         trained.append((variant.name, seed))
@@ -383,10 +383,10 @@ def test_a_signal_that_stops_a_run_ends_the_bench_with_its_status(
 
     real_run = quality.run_variant
 
-    def first_finishes(cfg, variant, seed, stamp):
+    def first_finishes(cfg, variant, seed, stamp, resume=False):
         if seed == 0:
             return _result(variant.name, seed, 5.0)
-        return real_run(cfg, variant, seed, stamp)
+        return real_run(cfg, variant, seed, stamp, resume)
 
     monkeypatch.setattr(quality, "run_variant", first_finishes)
     monkeypatch.setattr(training_cli, "CofrCLI", _simulated_lightning_stop(how))
@@ -442,6 +442,56 @@ def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeyp
     assert "stopped by Ctrl-C in the run of gpt2 seed 0 after step 2 (" in err
     assert "stopped: no run had finished, so no report was written" in err
     assert "cofr: interrupted" in err
+
+
+def test_a_resumed_bench_goes_on_from_its_stopped_runs_checkpoint(tmp_path, monkeypatch, capsys):
+    """`--resume` trained the run a stop had cut short again from step 0 (a bench's runs
+    can take hours), under a new name beside the stopped one's folder. It goes on from
+    that run's checkpoint and ends where one go ends, its steps, spikes and largest
+    gradient norm those of the whole run."""
+    import cofrgenet.bench.quality as quality
+
+    monkeypatch.chdir(tmp_path)
+    real_arguments = quality.fit_arguments
+    stop = [True]
+
+    def sigterm_in_seed_1(cfg, variant, seed, name):
+        words = real_arguments(cfg, variant, seed, name)
+        if seed == 1 and stop[0]:
+            words += ["--trainer.callbacks+=sweep_helpers.SignalAtStep",
+                      "--trainer.callbacks.step=5", "--trainer.callbacks.signum=15"]  # fmt: skip
+        return words
+
+    monkeypatch.setattr(quality, "fit_arguments", sigterm_in_seed_1)
+
+    def bench(seeds: str, out: str) -> list[str]:
+        return ["bench", "quality", "--quick", "--seeds", seeds, "--recipe", str(RECIPE),
+                "--variants", "gpt2", "--runs-dir", str(tmp_path / "runs"),
+                "--out-dir", str(tmp_path / out)]  # fmt: skip
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(bench("0,1", "out"))
+    assert done.value.code == 143
+    # The step SIGTERM landed in ends, and is saved (StopOnSignal).
+    err = capsys.readouterr().err
+    assert "in the run of gpt2 seed 1 after step 6 (" in err
+    assert "-gpt2-s1): it is not in the report; --resume goes on with it from its " in err
+    (js,) = (tmp_path / "out").glob("*.json")
+    stop[0] = False
+    assert cli.main([*bench("0,1", "out"), "--resume", str(js)]) == 0
+    assert "gpt2 seed 1 (resumed at step 6): val loss" in capsys.readouterr().err
+    report = json.loads(js.read_text())
+    resumed = {r["seed"]: r for r in report["runs"]}[1]
+    assert resumed["resumed_at"] == 6 and resumed["steps"] == 8
+    assert "Resumed from their checkpoints after the stop: gpt2 seed 1 at step 6." in (
+        js.with_suffix(".md").read_text()
+    )
+    assert len(list((tmp_path / "runs").glob("*/*-gpt2-s1"))) == 1  # the stopped one's
+    assert cli.main(bench("1", "one-go")) == 0
+    (one_go,) = json.loads(next((tmp_path / "one-go").glob("*.json")).read_text())["runs"]
+    assert one_go["resumed_at"] == 0
+    for key in ("val_loss", "max_grad_norm", "spikes", "steps", "parameters"):
+        assert resumed[key] == one_go[key], key
 
 
 @pytest.mark.parametrize(

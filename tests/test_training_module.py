@@ -487,19 +487,23 @@ def test_an_epochs_short_last_step_gets_the_mean_loss_gradient():
 def test_gradient_spikes_are_counted_against_the_recent_median():
     module = LanguageModel("gpt2-tiny")
     norms = [1.0] * SPIKE_WINDOW + [9.0, 11.0, 1.0, 30.0]
-    counts = [int(module._count_spike(torch.tensor(n))) for n in norms]
+    counts = [int(module._record_grad_norm(torch.tensor(n))) for n in norms]
     assert counts[: SPIKE_WINDOW + 1] == [0] * (
         SPIKE_WINDOW + 1
     )  # full window first; 9x is no spike
     assert counts[SPIKE_WINDOW + 1 :] == [1, 1, 2]
-    assert module.grad_spikes == 2
+    assert module.grad_spikes == 2 and module.grad_norm_max == 30.0
     checkpoint: dict = {}
     module.on_save_checkpoint(checkpoint)
     resumed = LanguageModel("gpt2-tiny")
     resumed.on_load_checkpoint(checkpoint)
     assert resumed.grad_spikes == 2
+    # So does the largest norm (a resumed bench run reports its whole run's).
+    assert resumed.grad_norm_max == 30.0
+    resumed._record_grad_norm(torch.tensor(float("nan")))
+    assert resumed.grad_norm_max == 30.0
     # The window of recent norms resumes too: the next spike counts at once.
-    assert int(resumed._count_spike(torch.tensor(50.0))) == 3
+    assert int(resumed._record_grad_norm(torch.tensor(50.0))) == 3
 
 
 def test_released_depths_get_a_schedule_of_their_own():

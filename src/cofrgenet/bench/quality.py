@@ -289,10 +289,14 @@ class RunResult:
     device: str = ""
     #: How it trained, as the fit resolved it (recipe, deltas and flags): ``schedule_of``.
     schedule: dict[str, Any] = field(default_factory=dict)
+    #: The step a ``--resume`` went on from (the stopped run's checkpoint); 0: one go.
+    #: Its tokens/s and seconds are of the steps after it.
+    resumed_at: int = 0
 
 
 def step_recorder() -> Any:
-    """A Lightning callback keeping each step's end time and pre-clip gradient norm.
+    """A Lightning callback keeping each step's end time, the step it started at (a
+    resumed fit's checkpoint's) and the module (its spikes and largest gradient norm).
 
     Made on demand so that ``cofr bench quality --help`` does not import Lightning.
     """
@@ -300,9 +304,24 @@ def step_recorder() -> Any:
 
     class StepRecorder(L.Callback):
         def __init__(self) -> None:
-            self.grad_norms: list[float] = []
             self.step_ends: list[float] = []
             self.tokens_per_step = 0
+            self.start_step = 0
+            self.module: Any = None
+
+        def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+            self.start_step, self.module = trainer.global_step, pl_module
+
+        @property
+        def steps(self) -> int:
+            """The run's steps so far (those before its resume included)."""
+            return self.start_step + len(self.step_ends)
+
+        def max_grad_norm(self) -> float:
+            """The run's largest pre-clip gradient norm (NaN before its first step)."""
+            if self.module is None or self.steps == 0:
+                return math.nan
+            return float(self.module.grad_norm_max)
 
         def on_train_batch_end(
             self,
@@ -314,9 +333,6 @@ def step_recorder() -> Any:
         ) -> None:
             self.step_ends.append(time.perf_counter())
             self.tokens_per_step = (batch.shape[1] - 1) * batch.shape[0]
-            norm = trainer.callback_metrics.get("opt/grad_norm")
-            if norm is not None:
-                self.grad_norms.append(float(norm))
 
         def tokens_per_sec(self) -> float:
             """Median per-step rate, without the first WARMUP_STEPS when there are more."""
@@ -491,9 +507,13 @@ class RunStopped(SystemExit):
         return signal_name(int(self.code or 0))
 
 
-def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str) -> RunResult:
+def run_variant(
+    cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str, resume: bool = False
+) -> RunResult:
     """Train one variant with one seed through ``cofr fit``; never raises for a NaN loss.
-    A Ctrl-C or SIGTERM that stops the fit raises :class:`RunStopped`."""
+    A Ctrl-C or SIGTERM that stops the fit raises :class:`RunStopped`. ``resume``: a
+    stopped bench's run (``stamp`` its) whose folder is there goes on from its newest
+    checkpoint (``--ckpt_path last``: bit for bit where one go would be, docs/training.md)."""
     from cofrgenet.training.callbacks import (
         DisableLadders,
         DyadicUnfreezing,
@@ -511,10 +531,12 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
     if dyadic != "none" and not variant.ladders_off:  # a no-op for models without ladders
         extra.append(DyadicUnfreezing("paper", lr="release" if dyadic == "release" else "global"))
     args = fit_arguments(cfg, variant, seed, name)
+    run_dir = str(Path(cfg.runs_dir) / EXPERIMENT / name)
+    if resume and Path(run_dir).is_dir():
+        args += ["--ckpt_path", "last"]
     start = time.perf_counter()
     nonfinite = False
     cli = None
-    run_dir = str(Path(cfg.runs_dir) / EXPERIMENT / name)
     with _quiet():
         try:
             cli = CofrCLI(args=args, extra_callbacks=extra)
@@ -527,9 +549,8 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
             if status is None:
                 raise
             what = f"{variant.name} seed {seed}"
-            raise RunStopped(status, what, len(recorder.step_ends), run_dir) from None
+            raise RunStopped(status, what, recorder.steps, run_dir) from None
     seconds = time.perf_counter() - start
-    grad_norms = recorder.grad_norms
     result = RunResult(
         variant=variant.name,
         seed=seed,
@@ -537,12 +558,13 @@ def run_variant(cfg: QualityBenchConfig, variant: Variant, seed: int, stamp: str
         val_loss=math.nan,
         val_loss_unclipped=None,
         tokens_per_sec=recorder.tokens_per_sec(),
-        max_grad_norm=max(grad_norms) if grad_norms else math.nan,
+        max_grad_norm=recorder.max_grad_norm(),
         spikes=0,
-        steps=len(recorder.step_ends),
+        steps=recorder.steps,
         nonfinite=nonfinite,
         seconds=seconds,
         run_dir=run_dir,
+        resumed_at=recorder.start_step,
     )
     if cli is None:
         return result
@@ -752,6 +774,16 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
         "pre-clip gradient norm exceeded 10x the median of the 20 before, over all steps of "
         "all seeds. Tokens/s: median per-step rate after warm-up (a shared machine: noisy).",
     ]
+    resumed = [r for r in report["runs"] if r.get("resumed_at")]
+    if resumed:
+        which = ", ".join(
+            f"{r['variant']} seed {r['seed']} at step {r['resumed_at']}" for r in resumed
+        )
+        lines += [
+            "",
+            f"Resumed from their checkpoints after the stop: {which}. A resume trains on as "
+            "one go would (docs/training.md); its tokens/s are of the steps after it.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -864,9 +896,11 @@ def run_benchmark(
     ensure_data(cfg)
     check_vocab_fits(cfg)
     now = dt.datetime.now(dt.timezone.utc)
-    stamp = now.strftime("%Y%m%d-%H%M%S")
     # A resumed bench keeps its start (its date and file); its minutes count trained time.
     started = now if earlier is None else dt.datetime.fromisoformat(earlier["started"])
+    # ... and its runs' names (the stamp of its start), so that the run it stopped in
+    # goes on from that run's checkpoint.
+    stamp = started.strftime("%Y%m%d-%H%M%S")
     before = 0.0 if earlier is None else float(earlier["minutes"])
     command = command if earlier is None else earlier["command"]
     # Seed-major: a drifting machine load hits every variant alike.
@@ -881,15 +915,16 @@ def run_benchmark(
         if (seed, name) in done:
             continue
         try:
-            result = run_variant(cfg, VARIANTS[name], seed, stamp)
+            result = run_variant(cfg, VARIANTS[name], seed, stamp, resume=earlier is not None)
         except RunStopped as stopped:  # after its last step: in the report, then stop
             if stopped.finished is not None and on_update is not None:
                 results.append(stopped.finished)
                 on_update(*report(_pending(order[index + 1 :], done)))
             raise
         results.append(result)
+        resumed = f" (resumed at step {result.resumed_at})" if result.resumed_at else ""
         print(
-            f"{name} seed {seed}: val loss {result.val_loss:.4f}, "
+            f"{name} seed {seed}{resumed}: val loss {result.val_loss:.4f}, "
             f"{result.tokens_per_sec:,.0f} tokens/s, {result.seconds:.0f} s",
             file=sys.stderr,
         )
@@ -1006,7 +1041,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="REPORT",
         default=None,
         help="a stopped bench's partial report (.json or .md): train only the runs it "
-        "lacks, with the same options as its command, and complete that report",
+        "lacks, with the same options as its command (the run it stopped in from its "
+        "newest checkpoint), and complete that report",
     )
 
 
@@ -1069,7 +1105,8 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(error, RunStopped):
             print(
                 f"stopped by {error.how()} in the run of {error.what} after step "
-                f"{error.steps} ({error.run_dir}): it is not in the report",
+                f"{error.steps} ({error.run_dir}): it is not in the report"
+                + ("; --resume goes on with it from its newest checkpoint" if written else ""),
                 file=sys.stderr,
             )
         if written:

@@ -164,6 +164,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self._spike_count = torch.zeros((), dtype=torch.long)
         self._grad_norms = torch.full((SPIKE_WINDOW,), float("nan"))  # ring of recent norms
         self._grad_norm_count = 0
+        self._grad_norm_max = torch.zeros(())  # the largest pre-clip norm so far
         self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
         self._stepped_at: float | None = None  # when the running batch's optimizer step ended
@@ -271,6 +272,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         if window is not None and len(window) == SPIKE_WINDOW:
             self._grad_norms = torch.tensor(window, dtype=torch.float32)
             self._grad_norm_count = int(checkpoint.get("grad_norm_count", 0))
+        self._grad_norm_max = torch.tensor(float(checkpoint.get("grad_norm_max", 0.0)))
         # Each batch's dropout masks follow from this seed and the batch's place alone,
         # so a resume draws the masks an uninterrupted run draws.
         self.dropout_seed = int(checkpoint.get("dropout_seed", self.dropout_seed))
@@ -314,6 +316,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         checkpoint["grad_spikes"] = self.grad_spikes
         checkpoint["grad_norm_window"] = self._grad_norms.cpu().tolist()
         checkpoint["grad_norm_count"] = self._grad_norm_count
+        checkpoint["grad_norm_max"] = self.grad_norm_max
         checkpoint["model_config"] = self.model_config.to_dict()
         checkpoint["dropout_seed"] = self.dropout_seed
         trainer = self._attached_trainer()
@@ -432,11 +435,13 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         else:
             return
         self.log("opt/grad_norm", norm)
-        self.log("opt/grad_spikes", self._count_spike(norm).float())
+        self.log("opt/grad_spikes", self._record_grad_norm(norm).float())
 
-    def _count_spike(self, norm: Tensor) -> Tensor:
-        """Spikes so far, this step's pre-clip ``norm`` included (0-d, on norm's device:
-        no host sync per step)."""
+    def _record_grad_norm(self, norm: Tensor) -> Tensor:
+        """Take this step's pre-clip ``norm`` into the spike count and the largest norm;
+        the spikes so far (0-d, on norm's device: no host sync per step)."""
+        # fmax: a NaN norm (its step is skipped or stops the run) does not hide the others.
+        self._grad_norm_max = torch.fmax(self._grad_norm_max.to(norm.device), norm.float())
         history = self._grad_norms.to(norm.device)
         if self._grad_norm_count >= SPIKE_WINDOW:
             spike = norm > SPIKE_FACTOR * history.nanmedian()
@@ -450,6 +455,12 @@ class LanguageModel(ClipsGradients, L.LightningModule):
     def grad_spikes(self) -> int:
         """Gradient-norm spikes counted so far in this run (resumes included)."""
         return int(self._spike_count.item())
+
+    @property
+    def grad_norm_max(self) -> float:
+        """The largest pre-clip gradient norm of this run so far (resumes included; 0
+        before its first step)."""
+        return float(self._grad_norm_max.item())
 
     def on_validation_start(self) -> None:
         # Validation time is no training time. Not before the first batch (the sanity

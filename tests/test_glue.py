@@ -1042,6 +1042,42 @@ def test_a_stop_after_evaluations_says_where_their_scores_are(
     assert not folder.exists()
 
 
+def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
+    pretrained, tmp_path, capsys, monkeypatch
+):
+    """With --no-mlflow, a SIGTERM at step 2 of a run scored every step said "dev scores
+    up to step 2 are not kept": nothing held them. They go to the run folder's
+    results.json, and to --json's file (beside an earlier run's complete results, not
+    over them), marked partial as cofr eval's are."""
+    from cofrgenet.eval import glue as glue_module
+
+    classifier = glue_module._classifier_class()
+    step = classifier.training_step
+
+    def interrupted(self, batch, batch_idx):
+        if self.trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(classifier, "training_step", interrupted)
+    out = tmp_path / "out.json"
+    out.write_text(json.dumps({"task": "sst2", "ckpt": "x.ckpt", "metrics": {}}))  # complete
+    extra = ["--batch-size", "8", "--eval-every", "1", "--name", "scored", "--no-mlflow",
+             "--json", str(out)]  # fmt: skip
+    assert _stopped_finetune(pretrained, tmp_path, extra) == 143
+    folder = tmp_path / "runs" / "glue-sst2" / "scored"
+    beside = tmp_path / "out.partial.json"
+    assert capsys.readouterr().err.rstrip().splitlines()[-1] == (
+        "cofr finetune glue: stopped by SIGTERM at step 2: dev scores up to step 2 are in "
+        f"{folder / 'results.json'} (partial) and {beside} (partial)"
+    )
+    result = json.loads((folder / "results.json").read_text())
+    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2}
+    assert set(result["metrics"]) == {"glue/sst2/accuracy"} and result["steps"] == 2
+    assert json.loads(beside.read_text()) == result
+    assert "partial" not in json.loads(out.read_text())
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_once_scored_waits_until_the_results_are_written(
     pretrained, tmp_path, capsys, monkeypatch, stop

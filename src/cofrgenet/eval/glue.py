@@ -45,7 +45,7 @@ from cofrgenet.eval.glue_data import (
     encode_examples,
     load_task,
 )
-from cofrgenet.eval.paths import results_json, write_results
+from cofrgenet.eval.paths import partial_results_file, results_json, write_results
 from cofrgenet.hub import offline_unless_reachable
 from cofrgenet.signals import lightning_sigterm, signal_name, signals_held, sigterm_raises
 
@@ -740,8 +740,37 @@ def finetune(
             if logger is not False:
                 run_id = logger.run_id
                 logger.experiment.set_terminated(run_id, "KILLED")
+            status = 128 + (signal.SIGTERM if sigterm else signal.SIGINT)
+            step = trainer.global_step if trainer is not None else 0
+            # The scores of the evaluations done, where MLflow does not keep them (--no-
+            # mlflow) and where --json asks for them, marked partial as cofr eval's are.
+            kept_in: list[Path] = []
+            if module.validated_at is not None:
+                partial = {
+                    "task": task.name,
+                    "ckpt": str(ckpt),
+                    "metrics": dev_metrics(task, module.results),
+                    "splits": module.results,
+                    "steps": step,
+                    "config": asdict(config),
+                    "run_id": run_id,
+                    "run_dir": str(run_dir) if run_id is None else None,
+                    "partial": {
+                        "stopped_by": signal_name(status),
+                        "scored_at": module.validated_at,
+                    },
+                }
+                if run_id is None and run_dir is not None:
+                    with contextlib.suppress(OSError):  # a full disk: said "not kept"
+                        write_text_atomic(run_dir / "results.json", results_json(partial))
+                        kept_in.append(run_dir / "results.json")
+                if json_out is not None:
+                    out = partial_results_file(json_out)
+                    with contextlib.suppress(UserError):  # printed to stdout: not lost
+                        write_results(out, partial)
+                        kept_in.append(out)
             folder = None
-            if run_dir is not None:
+            if run_dir is not None and run_dir / "results.json" not in kept_in:
                 try:
                     run_dir.rmdir()
                     folder = f"its empty folder {run_dir} was removed"
@@ -749,12 +778,10 @@ def finetune(
                     folder = None
                 except OSError:  # something (not cofr) wrote there meanwhile: not ours to delete
                     folder = f"its folder {run_dir} is kept (not empty)"
-            status = 128 + (signal.SIGTERM if sigterm else signal.SIGINT)
-            step = trainer.global_step if trainer is not None else 0
             print(
                 _stopped_line(
                     signal_name(status), step, module.validated_at, run_id, folder,
-                    _store_note(uri, loaded.tracking_uri),
+                    _store_note(uri, loaded.tracking_uri), kept_in,
                 ),
                 file=sys.stderr,
             )  # fmt: skip
@@ -829,15 +856,19 @@ def _stopped_line(
     run_id: str | None,
     folder: str | None,
     store: str = "",
+    files: Sequence[Path] = (),
 ) -> str:
     """What a fine-tuning stopped by a signal (``how``: ``SIGTERM``, ``Ctrl-C``) after
     ``step`` optimizer steps kept: the dev scores of its evaluations up to step
     ``scored_at`` (None: none ran) in its KILLED MLflow run ``run_id`` (None: not
-    tracked), and what became of its run folder (``folder``)."""
+    tracked) and in ``files`` (partial results), and what became of its run folder
+    (``folder``)."""
+    places = [f"MLflow run {run_id}{store} (KILLED)"] if run_id is not None else []
+    places += [f"{file} (partial)" for file in files]
     if scored_at is None:
         kept = "nothing scored" + (f"; MLflow run {run_id}{store} ended KILLED" if run_id else "")
-    elif run_id is not None:
-        kept = f"dev scores up to step {scored_at} are in MLflow run {run_id}{store} (KILLED)"
+    elif places:
+        kept = f"dev scores up to step {scored_at} are in {' and '.join(places)}"
     else:
         kept = f"dev scores up to step {scored_at} are not kept (--no-mlflow)"
     return f"cofr finetune glue: stopped by {how} at step {step}: {kept}" + (

@@ -150,3 +150,26 @@ def test_command_parsers_need_no_torch():
     )
     for path in paths:
         subprocess.run([sys.executable, "-c", code, *path], check=True)
+
+
+@pytest.mark.parametrize(
+    ("module", "not_loaded"),
+    [("cofrgenet.nn.norms", "cofrgenet.nn.cffn"), ("cofrgenet.ops.reference", "cofrgenet.ops.api")],
+)
+def test_packages_export_their_names_lazily(module, not_loaded):
+    """One convention for every package's exports (cofrgenet.lazy): importing one module
+    loads no sibling it does not use (nn and ops imported every layer, every fast path);
+    a name asked of the package is still there, and a typo an AttributeError."""
+    import subprocess
+    import sys
+
+    package = module.rsplit(".", 1)[0]
+    code = (
+        f"import sys, importlib\nimport {module}\n"
+        f"assert {not_loaded!r} not in sys.modules, sorted(sys.modules)\n"
+        f"package = importlib.import_module({package!r})\n"
+        "for name in package.__all__:\n    getattr(package, name)\n"
+        "try:\n    package.no_such_name\nexcept AttributeError:\n    pass\n"
+        "else:\n    raise SystemExit('no AttributeError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

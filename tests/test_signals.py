@@ -152,3 +152,43 @@ def test_a_ctrl_c_typed_at_the_terminal_is_not_sent_twice(tmp_path):
         os.close(main)
         os.close(terminal)
     assert out.split() == ["130", str(int(signal.SIGINT)), "sent"]  # got it, sent nothing
+
+
+SIGTERM_MID_IMPORT = """
+import importlib.abc, importlib.machinery, os, signal, sys
+from cofrgenet.signals import lightning_sigterm, sigterm_raises
+
+class TermInModuleBody(importlib.abc.MetaPathFinder):
+    # SIGTERM as lightning.fabric.wrappers starts running: in sys.modules, half made.
+    def find_spec(self, name, path, target=None):
+        if name != "lightning.fabric.wrappers":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            os.kill(os.getpid(), signal.SIGTERM)
+            run(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+with sigterm_raises(lightning_sigterm):
+    sys.meta_path.insert(0, TermInModuleBody())
+    import lightning.pytorch
+    os.kill(os.getpid(), signal.SIGTERM)  # where Lightning was imported before the block
+print("went on")
+"""
+
+
+def test_a_sigterm_in_the_middle_of_lightnings_import_stops_the_command():
+    """`cofr bench quality` stopped by SIGTERM in its first seconds went on to train to
+    its end (exit 0) or died with an ImportError's traceback: the handler imported
+    Lightning's exception while Lightning was being imported (modules half made: a
+    circular-import ImportError, which an optional import's `except ImportError` may
+    take). The exception's module is imported on entry: the command stops with 143."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_MID_IMPORT], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (143, ""), done.stderr[-2000:]

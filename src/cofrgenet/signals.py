@@ -36,6 +36,11 @@ def sigterm_raises(make: Callable[[], BaseException] = Terminated) -> Iterator[N
     def raise_it(signum: int, frame: Any) -> None:
         raise make()
 
+    # Made once now: made first in the handler, in the middle of an import of the
+    # command's (Lightning's own, at start-up), ``make``'s import of its exception's
+    # module would meet modules half made and fail, or be taken for an optional
+    # import's failure and the signal lost.
+    make()
     previous = signal.signal(signal.SIGTERM, raise_it)
     try:
         yield

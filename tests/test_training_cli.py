@@ -2659,6 +2659,56 @@ def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp
         CofrCLI(args=["validate", *args])
 
 
+def test_validate_keeps_other_blocks_and_other_data_off_the_runs_curve(tiny_data, tmp_path, caplog):
+    """Two ways a validate put another score on the run's val/loss curve, its latest
+    there (what cofr compare reads): another --data.block_size (checked were only the
+    processes and blocks scored, equal by chance here), and the run's data folder
+    prepared again in place (data was told apart by its path). A copy of the run's data
+    elsewhere is the run's data: its score stays on the curve."""
+    import shutil
+
+    from cofrgenet.data import prepare_data
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    CofrCLI(args=fit_args(tmp_path, data, "--trainer.max_steps", "2", "--run.name", "a"))
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (tmp_path / "runs" / "test" / "a" / "mlflow_run_id").read_text().strip()
+
+    def curve() -> list[float]:
+        return [m.value for m in client.get_metric_history(run_id, "val/loss")]
+
+    fitted = curve()  # [] (2 steps, validated every 10)
+    # 16-token blocks: twice the blocks, each half as long; the recipe's limit_val_batches
+    # (4 of 4) keeps their number the fit's (16).
+    args = fit_args(tmp_path, data, "--run.name", "a", "--data.block_size", "16")[1:]
+    with pytest.warns(UserWarning, match=r"tokens per block \(data.block_size\) 32 -> 16\)"):
+        shorter = CofrCLI(args=["validate", *args]).trainer.callback_metrics["val/loss"]
+    assert curve() == fitted
+    keys = client.get_run(run_id).data.metrics
+    assert [k for k in keys if k.endswith("-of-16/loss")], sorted(keys)
+    assert float(shorter) in [keys[k] for k in keys if k.endswith("-of-16/loss")]
+    # A copy elsewhere: the run's data, its score on the run's curve.
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)
+    with caplog.at_level(logging.INFO):
+        CofrCLI(args=["validate", *fit_args(tmp_path, moved, "--run.name", "a")[1:]])
+    assert "is not the data the run trained on" not in caplog.text
+    assert not [k for k in client.get_run(run_id).data.metrics if "moved" in k]
+    on_the_curve = curve()
+    assert len(on_the_curve) == len(fitted) + 1
+    # Prepared again in place, with another split: other data, scored apart.
+    shutil.rmtree(data)
+    prepare_data(
+        source="pydoc", tokenizer="byte", out=data, max_docs=8, num_workers=1, val_fraction=0.3
+    )
+    with caplog.at_level(logging.INFO):
+        CofrCLI(args=["validate", *fit_args(tmp_path, data, "--run.name", "a")[1:]])
+    assert f"{data} is not the data the run trained on" in caplog.text
+    assert curve() == on_the_curve
+    assert len(client.get_metric_history(run_id, "eval/val/data/loss")) == 1
+
+
 def test_a_start_refused_once_the_data_loaded_can_be_started_again(
     tiny_data, tmp_path, monkeypatch
 ):

@@ -479,6 +479,13 @@ class TokenDataModule(L.LightningDataModule):
         val = self.meta.splits["val"]
         return {"tokens": val.tokens, "chunks": val.chunks, "split_args": self.meta.split_args}
 
+    def validates_as(self, state: dict[str, Any]) -> bool | None:
+        """Whether this folder's val split is the one a checkpoint's run validated on (the
+        datamodule ``state`` it saved), by what the split holds, wherever the folder is
+        now; None where the checkpoint does not say (saved before it was kept)."""
+        saved = state.get("val_split")
+        return None if saved is None else saved == self._val_split()
+
     def _val_blocks(self) -> int:
         """Blocks of ``block_size + 1`` tokens in the val split, read from its index once
         (every checkpoint records how many were scored; the readers lock keeps the folder
@@ -491,8 +498,9 @@ class TokenDataModule(L.LightningDataModule):
         """Which blocks of the val split val/loss averages: with W processes, each scores
         the first ``blocks_each`` of its equal share (:class:`ValidationShare`), the
         share cut to ``limit_val_batches`` batches of ``val_batch_size`` (Lightning's
-        rule: an int caps the batches, a float scales their count, rounded down).
-        val/loss is token-weighted, so how the blocks are batched changes nothing."""
+        rule: an int caps the batches, a float scales their count, rounded down), of
+        ``block_size`` tokens each. val/loss is token-weighted, so how the blocks are
+        batched changes nothing."""
         processes = self._world_size()
         share = self._val_blocks() // processes
         batches = -(-share // self.val_batch_size)
@@ -501,7 +509,8 @@ class TokenDataModule(L.LightningDataModule):
             batches = int(batches * limit)
         elif isinstance(limit, int):
             batches = min(batches, limit)
-        return {"processes": processes, "blocks_each": min(share, batches * self.val_batch_size)}
+        blocks_each = min(share, batches * self.val_batch_size)
+        return {"processes": processes, "blocks_each": blocks_each, "block_size": self.block_size}
 
     def _scored_elsewhere(self, state_dict: dict[str, Any]) -> str | None:
         """What says that val/loss will average other blocks than the checkpoint's run
@@ -519,6 +528,7 @@ class TokenDataModule(L.LightningDataModule):
         names = {
             "processes": "processes (trainer.devices x num_nodes)",
             "blocks_each": "blocks each scores (limit_val_batches x data.val_batch_size)",
+            "block_size": "tokens per block (data.block_size)",
         }
         changed = [
             f"{names.get(k, k)} {saved[k]} -> {now[k]}"
@@ -533,12 +543,14 @@ class TokenDataModule(L.LightningDataModule):
             "have, at the same steps (give its settings to compare)"
         )
 
-    def _scored_apart(self, why: str) -> str:
+    def _scored_apart(self, why: str, saved_block_size: int | None = None) -> str:
         """Ask the trainer's loggers to keep an evaluation of other blocks off the run's
         val/ curve (a logger with ``score_apart``, cofr's MLflow one); what the warning
-        adds of where the scores went."""
+        adds of where the scores went. ``saved_block_size``: the checkpoint's run's."""
         now = self._val_scored()
         label = f"{now['processes']}x{now['blocks_each']}blocks"
+        if saved_block_size not in (None, self.block_size):  # not the run's blocks' length
+            label += f"-of-{self.block_size}"
         for logger in getattr(self.trainer, "loggers", None) or []:
             apart = getattr(logger, "score_apart", None)
             prefix = apart(label, why) if callable(apart) else None
@@ -572,7 +584,9 @@ class TokenDataModule(L.LightningDataModule):
         scored_elsewhere = self._scored_elsewhere(state_dict)
         if not self._resuming_fit():
             if scored_elsewhere:
-                rank_zero_warn(scored_elsewhere + self._scored_apart(scored_elsewhere))
+                saved_block_size = (state_dict.get("val_scored") or {}).get("block_size")
+                apart = self._scored_apart(scored_elsewhere, saved_block_size)
+                rank_zero_warn(scored_elsewhere + apart)
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).
             self.check_same_tokenizer(

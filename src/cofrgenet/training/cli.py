@@ -1567,7 +1567,8 @@ class CofrCLI(LightningCLIAdapter):
             if other is not None:  # the table below names them as the fit's
                 split = "test" if self.subcommand == "test" else "val"
                 rank_zero_info(
-                    f"{other} is not the data the run trained on: its scores go to MLflow as "
+                    f"{other} is not the data the run trained on (not the val split it "
+                    f"validated on): its scores go to MLflow as "
                     f"eval/{split}/{other.name}/loss and .../ppl, beside the run's {split}/ curves"
                 )
             trainer_config["logger"] = CofrMLFlowLogger(
@@ -1611,14 +1612,23 @@ class CofrCLI(LightningCLIAdapter):
 
     def _other_data(self, saved: dict[str, Any] | None, chosen: Any) -> Path | None:
         """The data folder validate/test score when it is not the one the checkpoint
-        ``saved`` (at ``chosen``) trained on (None when it is, or either is not known).
-        A relative training folder is where the run's data is found from here or above
-        the run folder (:func:`~cofrgenet.training.pretrained.data_dir_candidates`)."""
+        ``saved`` (at ``chosen``) trained on (None when it is, or either is not known):
+        by its val split's record (tokens, chunks, how it was split), so that a folder
+        prepared again in place is other data and one moved is not; for checkpoints
+        from before that record, by where it is (a relative training folder is where
+        the run's data is found from here or above the run folder:
+        :func:`~cofrgenet.training.pretrained.data_dir_candidates`)."""
         from cofrgenet.training.pretrained import data_dir_candidates, run_dir_of
 
-        folder = getattr(getattr(self, "datamodule", None), "data_dir", None)
+        datamodule = getattr(self, "datamodule", None)
+        folder = getattr(datamodule, "data_dir", None)
         if folder is None or saved is None:
             return None
+        validates_as = getattr(datamodule, "validates_as", None)
+        state = saved.get(type(datamodule).__qualname__)
+        same = validates_as(state) if callable(validates_as) and state else None
+        if same is not None:
+            return None if same else Path(folder)
         hparams = saved.get("datamodule_hyper_parameters") or {}
         trained = hparams.get("data_dir")
         if trained is not None:

@@ -189,8 +189,8 @@ def test_summary_rows():
     results = [
         _result("gpt2", 0, 5.0), _result("gpt2", 1, 5.2),
         _result("gpt2-matched", 0, 5.3), _result("gpt2-matched", 1, 5.3),
-        _result("cofrgenet-f", 0, 4.9, spikes=1, unclipped=4.95),
-        _result("cofrgenet-f", 1, math.nan),
+        _result("cofrgenet-f", 0, 4.9, spikes=1, steps=30, unclipped=4.95),
+        _result("cofrgenet-f", 1, math.nan, steps=30),
     ]  # fmt: skip
     rows = {r.variant: r for r in summarize(results)}
     assert rows["gpt2"].val_mean == pytest.approx(5.1) and rows["gpt2"].val_std > 0
@@ -198,13 +198,25 @@ def test_summary_rows():
     assert f.val_mean == pytest.approx(4.9) and f.nonfinite == 1
     # Over the seeds both finished (seed 0): gpt2's mean of both seeds, 5.1, gave -0.2.
     assert f.delta_gpt2 == pytest.approx(-0.1) and f.delta_matched == pytest.approx(-0.4)
+    # A spike needs 20 norms before it: 1 of the 2 x 10 steps that could be one.
     assert f.clip_effect == pytest.approx(-0.05) and f.spike_share == pytest.approx(0.05)
+    assert rows["gpt2"].spike_share is None  # 10 steps: none could (it read 0.0%)
     # One finished seed has no spread: not "± 0.0000".
     from cofrgenet.bench.quality import table_rows
 
     cells = {row[0]: row[3] for row in table_rows(list(rows.values()))}
     assert cells["cofrgenet-f"] == "4.9000 (one seed)" and f.val_std is None
     assert cells["gpt2"].startswith("5.1000 ± 0.14")
+    # A run too short to time, or stopped before its first step, measured no rate and no
+    # norm: the others' median and largest stand (a NaN among them read nan, or not,
+    # by the runs' order); none measured reads n/a.
+    results[4].tokens_per_sec, results[5].max_grad_norm = math.nan, math.nan
+    results[0].tokens_per_sec = results[1].tokens_per_sec = math.nan
+    rows = {r.variant: r for r in summarize(results)}
+    assert rows["cofrgenet-f"].tokens_per_sec == 1000.0
+    assert rows["cofrgenet-f"].max_grad_norm == 2.0
+    gpt2 = {row[0]: row for row in table_rows(list(rows.values()))}["gpt2"]
+    assert (gpt2[7], gpt2[8]) == ("n/a", "n/a")
 
 
 def test_the_report_names_each_variants_schedule_where_they_differ():
@@ -259,6 +271,59 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     # ladders off: same parameter count, different training
     assert runs["cofrgenet-f"]["parameters"] == runs["cofrgenet-f-ladders-off"]["parameters"]
     assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]
+
+
+def test_a_run_that_diverged_reports_what_it_trained(tmp_path, monkeypatch):
+    """A run stopped by a NaN loss read 0 parameters and 0.0% spikes (defaults, never
+    measured), had no "Trained with" line, and its NaNs made the JSON unreadable by
+    strict parsers (bare NaN). What it trained is measured; the JSON holds null."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    argv = ["bench", "quality", "--quick", "--seeds", "0", "--recipe", str(RECIPE),
+            "--variants", "gpt2", "--lr", "1e6", "--runs-dir", str(tmp_path / "runs"),
+            "--out-dir", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    (js,) = out.glob("*.json")
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    report = json.loads(js.read_text(), parse_constant=refuse)
+    (run,) = report["runs"]
+    assert run["nonfinite"] and run["val_loss"] is None
+    assert run["parameters"] > 0 and run["schedule"]["steps"] == 8
+    assert "Trained with: " in js.with_suffix(".md").read_text()
+
+
+def test_a_ctrl_c_in_the_unclipped_validation_keeps_the_trained_run(tmp_path, monkeypatch, capsys):
+    """After a ladder run's last step the bench validates it again without clipping: a
+    Ctrl-C there ended the bench with status 1, "Stopped by an error (SystemExit: 1)",
+    and the trained, scored run among those "not run" (a --resume trained it again).
+    It goes into the report (without its clip effect), and the bench stops with 130."""
+    import contextlib
+
+    import cofrgenet.bench.quality as quality
+
+    monkeypatch.chdir(tmp_path)
+
+    @contextlib.contextmanager
+    def interrupted(model):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(quality, "clipping_disabled", interrupted)
+    out = tmp_path / "out"
+    argv = ["bench", "quality", "--quick", "--seeds", "0,1", "--recipe", str(RECIPE),
+            "--variants", "cofrgenet-f", "--runs-dir", str(tmp_path / "runs"),
+            "--out-dir", str(out)]  # fmt: skip
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "stopped by Ctrl-C after the run of cofrgenet-f seed 0 had trained (" in err
+    (js,) = out.glob("*.json")
+    report = json.loads(js.read_text())
+    (run,) = report["runs"]
+    assert (run["seed"], run["val_loss_unclipped"]) == (0, None) and run["steps"] == 8
+    assert report["pending"] == ["cofrgenet-f seed 1"] and report["stopped"] == "Ctrl-C"
 
 
 def _two_by_two_bench(tmp_path: Path) -> list[str]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -61,6 +63,24 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
     with replacing(path) as tmp:
         tmp.write_text(text)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with each NaN or infinite float (a broken or diverged model's scores)
+    replaced by None, recursively: JSON's null. Python writes them as bare ``NaN`` and
+    ``Infinity``, which strict parsers (jq, JavaScript, most languages') refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
+
+
+def strict_json(value: Any) -> str:
+    """``value`` as strict, indented JSON (:func:`finite`), ending with a newline."""
+    return json.dumps(finite(value), indent=2, allow_nan=False) + "\n"
 
 
 def nearest_existing(path: Path) -> Path:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from cofrgenet import terminal
-from cofrgenet.atomic import write_text_atomic
+from cofrgenet.atomic import strict_json, write_text_atomic
 from cofrgenet.bench import variants
 from cofrgenet.bench.files import (
     check_file_name_part,
@@ -296,7 +296,8 @@ class RunResult:
 
 def step_recorder() -> Any:
     """A Lightning callback keeping each step's end time, the step it started at (a
-    resumed fit's checkpoint's) and the module (its spikes and largest gradient norm).
+    resumed fit's checkpoint's), the module and the trainer (what a run that stopped on
+    a non-finite loss trained, whose fit returns nothing).
 
     Made on demand so that ``cofr bench quality --help`` does not import Lightning.
     """
@@ -308,9 +309,11 @@ def step_recorder() -> Any:
             self.tokens_per_step = 0
             self.start_step = 0
             self.module: Any = None
+            self.trainer: Any = None
 
         def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
             self.start_step, self.module = trainer.global_step, pl_module
+            self.trainer = trainer
 
         @property
         def steps(self) -> int:
@@ -566,23 +569,34 @@ def run_variant(
         run_dir=run_dir,
         resumed_at=recorder.start_step,
     )
+    module, trainer = (
+        (cli.model, cli.trainer) if cli is not None else (recorder.module, recorder.trainer)
+    )
+    if module is not None:  # a NaN run's too: what it trained, not zeros
+        result.device = device_slug(trainer.strategy.root_device)
+        result.schedule = schedule_of(module, trainer, trainer.datamodule)
+        result.parameters = sum(p.numel() for p in module.model.parameters())
+        result.spikes = module.grad_spikes
     if cli is None:
         return result
-    module, trainer = cli.model, cli.trainer
     late = late_stop(
         signum for callback in trainer.callbacks for signum in getattr(callback, "late_signals", ())
     )
-    result.device = device_slug(trainer.strategy.root_device)
-    result.schedule = schedule_of(module, trainer, cli.datamodule)
-    result.parameters = sum(p.numel() for p in module.model.parameters())
-    result.spikes = module.grad_spikes
     result.val_loss = float(trainer.callback_metrics["val/loss"])
+    what = f"{variant.name} seed {seed}"
     if any(getattr(m, "output_range", None) is not None for m in module.modules()):
-        with _quiet(), clipping_disabled(module.model):
-            metrics = trainer.validate(module, datamodule=cli.datamodule, verbose=False)
+        try:
+            with _quiet(), clipping_disabled(module.model):
+                metrics = trainer.validate(module, datamodule=cli.datamodule, verbose=False)
+        except (SystemExit, KeyboardInterrupt) as stopped:
+            # The run has trained and been scored: it goes into the report (without its
+            # clip effect), and the bench stops, as after a signal at its last step.
+            status = stop_status(stopped)
+            if status is None:
+                raise
+            raise RunStopped(status, what, result.steps, run_dir, finished=result) from None
         result.val_loss_unclipped = float(metrics[0]["val/loss"])
     if late is not None:  # its StopOnSignal kept it for what runs it, as a sweep worker reads it
-        what = f"{variant.name} seed {seed}"
         raise RunStopped(128 + late, what, result.steps, run_dir, finished=result)
     return result
 
@@ -633,7 +647,7 @@ class Row:
     delta_matched: float | None
     clip_effect: float | None  # mean of (clipped - unclipped) val loss
     tokens_per_sec: float
-    spike_share: float
+    spike_share: float | None  # None: no run had a step with a full window before it
     max_grad_norm: float
     nonfinite: int
     seeds: int
@@ -664,7 +678,15 @@ def _delta(runs: list[RunResult], baseline: list[RunResult] | None) -> float | N
     return statistics.fmean(pairs) if pairs else None
 
 
+def _finite_median(values: list[float]) -> float:
+    """The median of the finite ``values`` (NaN when none is: a run of one step)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
 def summarize(results: list[RunResult]) -> list[Row]:
+    from cofrgenet.training.module import SPIKE_WINDOW
+
     by_variant: dict[str, list[RunResult]] = {}
     for r in results:
         by_variant.setdefault(r.variant, []).append(r)
@@ -672,7 +694,9 @@ def summarize(results: list[RunResult]) -> list[Row]:
     for name, runs in by_variant.items():
         mean, std = _mean_std([r.val_loss for r in runs])
         clip = [r.val_loss - r.val_loss_unclipped for r in runs if r.val_loss_unclipped is not None]
-        steps = sum(r.steps for r in runs)
+        # Only a step with SPIKE_WINDOW norms before it can be a spike.
+        tested = sum(max(0, r.steps - SPIKE_WINDOW) for r in runs)
+        norms = [r.max_grad_norm for r in runs if math.isfinite(r.max_grad_norm)]
         rows.append(
             Row(
                 variant=name,
@@ -683,9 +707,9 @@ def summarize(results: list[RunResult]) -> list[Row]:
                 delta_gpt2=_delta(runs, by_variant.get("gpt2")),
                 delta_matched=_delta(runs, by_variant.get("gpt2-matched")),
                 clip_effect=statistics.fmean(clip) if clip else None,
-                tokens_per_sec=statistics.median(r.tokens_per_sec for r in runs),
-                spike_share=sum(r.spikes for r in runs) / max(1, steps),
-                max_grad_norm=max(r.max_grad_norm for r in runs),
+                tokens_per_sec=_finite_median([r.tokens_per_sec for r in runs]),
+                spike_share=sum(r.spikes for r in runs) / tested if tested else None,
+                max_grad_norm=max(norms) if norms else math.nan,
                 nonfinite=sum(r.nonfinite for r in runs),
                 seeds=len(runs),
             )
@@ -725,9 +749,9 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
             _signed(r.delta_gpt2),
             _signed(r.delta_matched),
             _signed(r.clip_effect),
-            f"{r.tokens_per_sec:,.0f}",
-            f"{100 * r.spike_share:.1f}%",
-            f"{r.max_grad_norm:.1f}",
+            f"{r.tokens_per_sec:,.0f}" if math.isfinite(r.tokens_per_sec) else "n/a",
+            f"{100 * r.spike_share:.1f}%" if r.spike_share is not None else "n/a",
+            f"{r.max_grad_norm:.1f}" if math.isfinite(r.max_grad_norm) else "n/a",
             f"{r.nonfinite}/{r.seeds}",
         ]
         for r in rows
@@ -771,8 +795,9 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
         "set) after the last step, with "
         "ladder outputs clipped to their training range (the default in eval); clip effect: "
         "mean of (clipped - unclipped). Δ: mean difference over the seeds both runs finished. Spike share: steps whose "
-        "pre-clip gradient norm exceeded 10x the median of the 20 before, over all steps of "
-        "all seeds. Tokens/s: median per-step rate after warm-up (a shared machine: noisy).",
+        "pre-clip gradient norm exceeded 10x the median of the 20 before, over the steps of "
+        "all seeds that have 20 before them (n/a for runs of 20 steps or fewer). Tokens/s: "
+        "median per-step rate after warm-up (a shared machine: noisy; n/a: too few steps).",
     ]
     resumed = [r for r in report["runs"] if r.get("resumed_at")]
     if resumed:
@@ -954,7 +979,12 @@ def finished_runs(earlier: dict[str, Any], cfg: QualityBenchConfig) -> list[RunR
             f"--resume: that bench ran with other settings ({'; '.join(differ)}): resume it "
             f"with its own command, {earlier.get('command')!r}"
         )
-    return [RunResult(**run) for run in earlier.get("runs") or []]
+    # The report's JSON holds a NaN as null (strict JSON).
+    nan_as_null = ("val_loss", "tokens_per_sec", "max_grad_norm")
+    return [
+        RunResult(**{k: math.nan if k in nan_as_null and v is None else v for k, v in run.items()})
+        for run in earlier.get("runs") or []
+    ]
 
 
 def _shown(value: Any) -> Any:
@@ -1030,7 +1060,7 @@ def write_report(report: dict[str, Any], rows: list[Row], stem: Path) -> tuple[P
     stem.parent.mkdir(parents=True, exist_ok=True)
     md, js = with_suffix(stem, ".md"), with_suffix(stem, ".json")
     write_text_atomic(md, to_markdown(report, rows))
-    write_text_atomic(js, json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomic(js, strict_json(_shown(report)))  # NaN as null
     return md, js
 
 

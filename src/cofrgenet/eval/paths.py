@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.atomic import nearest_existing, write_text_atomic
+from cofrgenet.atomic import nearest_existing, strict_json, write_text_atomic
 from cofrgenet.errors import UserError
 
 #: The keys that mark each command's results file (lm_eval's own output has "results"
@@ -114,22 +114,9 @@ def readable(value: float, spec: str) -> str:
     )
 
 
-def finite(value: Any) -> Any:
-    """``value`` with each NaN or infinite float (a broken or diverged model's scores)
-    replaced by None, recursively: JSON's null. Python writes them as bare ``NaN`` and
-    ``Infinity``, which strict parsers (jq, JavaScript, most languages') refuse."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(item) for item in value]
-    return value
-
-
 def results_json(report: dict[str, Any]) -> str:
-    """``report`` as strict JSON (non-finite numbers as null: :func:`finite`)."""
-    return json.dumps(finite(report), indent=2, allow_nan=False) + "\n"
+    """``report`` as strict JSON (non-finite numbers as null: :func:`~cofrgenet.atomic.finite`)."""
+    return strict_json(report)
 
 
 def write_results(out: Path, report: dict[str, Any], flag: str = "--json") -> None:

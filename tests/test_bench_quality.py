@@ -57,7 +57,7 @@ def test_fit_arguments_are_a_cofr_fit_command_line():
 def test_ladder_settings_go_to_the_ladder_variants_alone():
     """`--model-config '{"depth": 3}'` (or a recipe's ladder settings) went to the
     baselines too, where they change nothing, and each baseline's fit warned of them."""
-    cfg = QualityBenchConfig(model_config='{"depth": 3, "n_layer": 3}')
+    cfg = QualityBenchConfig(model_config='{"depth": 3}', n_layer=3)
 
     def model(variant: str) -> dict:
         args = fit_arguments(cfg, VARIANTS[variant], seed=0, name="x")
@@ -107,6 +107,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--model-config", "{bad"], "--model-config '{bad' is not JSON (Expecting property name"),
         (["--model-config", "[1]"], "--model-config must be a JSON object"),
         (["--model-config", '{"depht": 3}'], "--model-config: unknown ModelConfig field 'depht' (did you mean 'depth'?)"),
+        # Trained at the JSON's width while the report named --n-embd's.
+        (["--n-embd", "32", "--model-config", '{"n_embd": 64}'], "--model-config sets n_embd, which --n-embd sets: give it as --n-embd 64"),
+        (["--model-config", '{"block_size": 16}'], "--model-config sets block_size, which --block-size sets: give it as --block-size 16"),
         (["--dyadic", "papr"], "--dyadic must be one of none, paper, release, got 'papr' (did you"),
         (["--recipe", "nope.yaml"], "--recipe nope.yaml: no such file; give a cofr fit config (default: conf/experiment/quality-cpu.yaml)"),
         (["--recipe", "bad.yaml"], "--recipe bad.yaml, line 2, column 1: not valid YAML"),
@@ -401,7 +404,9 @@ def test_a_stopped_bench_resumes_into_its_own_report(tmp_path, monkeypatch, caps
     assert "--resume: that bench ran with other settings (steps: 8 there, 9 here)" in line
     resuming = True
     trained.clear()
-    assert cli.main([*argv, "--resume", str(md)]) == 0  # the .md names it too
+    # The report alone (its .md names it too): its settings are the report's (the
+    # options had to be typed again, every one of them).
+    assert cli.main(["bench", "quality", "--resume", str(md)]) == 0
     assert trained == [("gpt2", 1), ("cofrgenet-f", 1)]
     assert list((tmp_path / "out").glob("*.md")) == [md]  # completed, not a second file
     report = json.loads(js.read_text())
@@ -409,6 +414,9 @@ def test_a_stopped_bench_resumes_into_its_own_report(tmp_path, monkeypatch, caps
     assert "Stopped" not in md.read_text() and "Partial" not in md.read_text()
     line = one_line_error(capsys, [*argv, "--resume", str(js)])
     assert line.endswith(f"--resume {js}: that bench finished; nothing is left to run")
+    js.unlink()
+    line = one_line_error(capsys, [*argv, "--resume", str(md)])
+    assert line.endswith(f"no such report ({js.name}, the report's data beside it, is missing)")
 
 
 def _simulated_lightning_stop(how: str):

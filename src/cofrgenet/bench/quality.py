@@ -43,7 +43,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,7 +179,10 @@ class QualityBenchConfig:
     )
     model_config: str | None = field(
         default=None,
-        metadata={"help": "ModelConfig fields for every variant, as JSON, e.g. '{\"ladders\": 8}'"},
+        metadata={
+            "help": "ModelConfig fields for every variant, as JSON, e.g. '{\"ladders\": 8}' "
+            "(default: none; the shape is the options above)"
+        },
     )
     tag: str | None = field(default=None, metadata={"help": "appended to the report's file name"})
     data_dir: str = field(
@@ -260,6 +263,15 @@ class QualityBenchConfig:
                     f"--model-config: unknown ModelConfig field {key!r}"
                     f"{did_you_mean(key, valid)}; the fields are listed in docs/models.md"
                 )
+        # The shape options set these (and --block-size the data's blocks too): two ways
+        # to one field, the JSON's taken silently while the report named the option's.
+        owned = [key for key in ("block_size", "n_layer", "n_embd", "n_head") if key in value]
+        if owned:
+            flag = f"--{owned[0].replace('_', '-')}"
+            raise ConfigError(
+                f"--model-config sets {owned[0]}, which {flag} sets: give it as "
+                f"{flag} {value[owned[0]]}"
+            )
         return value
 
 
@@ -987,6 +999,12 @@ def finished_runs(earlier: dict[str, Any], cfg: QualityBenchConfig) -> list[RunR
     ]
 
 
+def config_of(report: dict[str, Any]) -> QualityBenchConfig:
+    """The settings a report's bench ran with (its ``config``)."""
+    names = {f.name for f in fields(QualityBenchConfig)}
+    return QualityBenchConfig(**{k: v for k, v in report["config"].items() if k in names})
+
+
 def _shown(value: Any) -> Any:
     """A config value as its report's JSON holds it (tuples as lists)."""
     return json.loads(json.dumps(value, default=str))
@@ -999,7 +1017,10 @@ def read_resumed(path: str) -> dict[str, Any]:
     try:
         earlier = json.loads(file.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--resume {path}: no such report") from None
+        beside = (
+            f" ({file.name}, the report's data beside it, is missing)" if file != Path(path) else ""
+        )
+        raise ConfigError(f"--resume {path}: no such report{beside}") from None
     except (OSError, ValueError) as error:
         raise ConfigError(
             f"--resume {path}: not a report of cofr bench quality ({error})"
@@ -1065,14 +1086,15 @@ def write_report(report: dict[str, Any], rows: list[Row], stem: Path) -> tuple[P
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, QualityBenchConfig)
+    # Options stay out of the namespace unless given: --resume lays them over the report's.
+    add_dataclass_arguments(parser, QualityBenchConfig, given_only=True)
     parser.add_argument(
         "--resume",
         metavar="REPORT",
         default=None,
         help="a stopped bench's partial report (.json or .md): train only the runs it "
-        "lacks, with the same options as its command (the run it stopped in from its "
-        "newest checkpoint), and complete that report",
+        "lacks, with its settings (an option given must agree with them; the run it "
+        "stopped in goes on from its newest checkpoint), and complete that report",
     )
 
 
@@ -1103,9 +1125,12 @@ def _stopped_by(error: BaseException) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = dataclass_from_args(QualityBenchConfig, args)
     resume = getattr(args, "resume", None)
     earlier = read_resumed(resume) if resume else None
+    # A resumed bench's settings are its report's; the options given go over them (and
+    # one that differs is refused by finished_runs, naming it).
+    base = None if earlier is None else config_of(earlier)
+    cfg = dataclass_from_args(QualityBenchConfig, args, base=base)
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
     # The runs' folders too, named by this command's option (the fit's says --run.runs_dir).
     make_out_dir(cfg.runs_dir, "--runs-dir")

@@ -2659,6 +2659,32 @@ def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp
         CofrCLI(args=["validate", *args])
 
 
+def test_an_unregistered_mixer_of_the_checkpoint_is_one_line(tiny_data, tmp_path):
+    """A run trained with a mixer of the user's own (registered by their script) and
+    validated with plain `cofr validate` ended in 80 lines of jsonargparse traceback
+    (Lightning parses the checkpoint's hyper-parameters after the command line)."""
+    import subprocess
+    import sys
+
+    # The user's script: registers the mixer, then runs cofr (the options' choices are
+    # the mixers registered when cofr's modules are imported).
+    script = (
+        "import sys\nfrom torch import nn\nfrom cofrgenet.models import FFN\n"
+        "FFN.register('test_mine')(lambda c, i: nn.Linear(c.n_embd, c.n_embd))\n"
+        "from cofrgenet.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    words = fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "mine")
+    subprocess.run(
+        [sys.executable, "-c", script, *words, "--model.config.ffn", "test_mine"], check=True
+    )
+    args = fit_args(tmp_path, tiny_data, "--run.name", "mine")[1:]
+    with pytest.raises(ConfigError) as raised:
+        CofrCLI(args=["validate", *args])
+    message = str(raised.value)
+    assert message.startswith("the checkpoint's settings: model.config.ffn: 'test_mine' is ")
+    assert "registered by importing its module first" in message and "\n" not in message
+
+
 def test_validate_keeps_other_blocks_and_other_data_off_the_runs_curve(tiny_data, tmp_path, caplog):
     """Two ways a validate put another score on the run's val/loss curve, its latest
     there (what cofr compare reads): another --data.block_size (checked were only the

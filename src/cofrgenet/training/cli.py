@@ -794,20 +794,30 @@ class CofrCLI(LightningCLIAdapter):
         #: Said again below the fit's summary lines (a start-up warning scrolls away).
         self.summary_notes: list[str] = []
         quiet_known_noise()
-        super().__init__(
-            LanguageModel,
-            TokenDataModule,
-            save_config_callback=ConfigToRun,
-            save_config_kwargs={"overwrite": True},
-            seed_everything_default=1337,
-            auto_configure_optimizers=False,
-            # Parse errors raise (ArgumentError) instead of printing the whole usage text:
-            # parse_arguments turns them into one line with a did-you-mean.
-            parser_kwargs={"prog": "cofr", "exit_on_error": False},
-            args=args,
-            run=run,
-            **kwargs,
-        )
+        try:
+            super().__init__(
+                LanguageModel,
+                TokenDataModule,
+                save_config_callback=ConfigToRun,
+                save_config_kwargs={"overwrite": True},
+                seed_everything_default=1337,
+                auto_configure_optimizers=False,
+                # Parse errors raise (ArgumentError) instead of printing the whole usage
+                # text: parse_arguments turns them into one line with a did-you-mean.
+                parser_kwargs={"prog": "cofr", "exit_on_error": False},
+                args=args,
+                run=run,
+                **kwargs,
+            )
+        except argparse.ArgumentError as error:
+            # After the command line, Lightning parses the hyper-parameters of the
+            # checkpoint an evaluation or resume reads: a mixer of the user's own that
+            # this process has not registered (its module not imported) fails there.
+            raise ConfigError(
+                f"the checkpoint's settings: {self._explain(str(error), args)} (a mixer "
+                "of your own is registered by importing its module first: run the "
+                "command through your script, docs/architecture.md)"
+            ) from None
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if self.with_subcommands:

@@ -1143,15 +1143,15 @@ def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_by
     fitted = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0)
     next(iter(fitted.train_dataloader()))
     state = attach(fitted, 2, "fit").state_dict()
-    assert state["val_scored"] == {"processes": 2, "blocks_each": 8}  # 4 batches of 2
+    assert state["val_scored"] == {"processes": 2, "blocks_each": 8, "block_size": 16}  # 4 x 2
     whole = attach(fitted, 2, "fit", limit=1.0).state_dict()
-    assert whole["val_scored"] == {"processes": 2, "blocks_each": share}
+    assert whole["val_scored"] == {"processes": 2, "blocks_each": share, "block_size": 16}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make(2, "validate").load_state_dict(state)  # as the fit scored: nothing to say
         make(2, "validate", limit=2, val_batch_size=4).load_state_dict(state)  # 8 blocks too
         make(2, "validate", limit=1.0, val_batch_size=5).load_state_dict(whole)  # all of it
-        make(1, "test").load_state_dict(state)  # no fit curve to compare with
+        make(1, "test").load_state_dict(state)  # the whole split: the run's test score
         make(1, "validate").load_state_dict({k: v for k, v in state.items() if k != "val_scored"})
         # Another corpus's val split (validate --data.data_dir OTHER): other blocks by design.
         make(1, "validate").load_state_dict({**state, "val_split": {"tokens": 1, "chunks": 1}})

@@ -2685,6 +2685,23 @@ def test_an_unregistered_mixer_of_the_checkpoint_is_one_line(tiny_data, tmp_path
     assert "registered by importing its module first" in message and "\n" not in message
 
 
+def test_a_test_of_part_of_the_split_is_kept_off_the_runs_test_curve(tiny_data, tmp_path):
+    """`cofr test --trainer.limit_test_batches 0.5` put its score on the run's test/
+    curve, beside (and in place of, as the latest) the whole split's, with no word: test
+    reads the whole split. It is said, and logged apart; the whole split's stays."""
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    run_id = (tmp_path / "runs" / "test" / "a" / "mlflow_run_id").read_text().strip()
+    args = fit_args(tmp_path, tiny_data, "--run.name", "a")[1:]
+    whole = CofrCLI(args=["test", *args]).trainer.callback_metrics["test/loss"]
+    with pytest.warns(UserWarning, match=r"test/loss is not the run's test score.*"
+                      r"limit_test_batches 0.5\); logged as eval/test/1x"):  # fmt: skip
+        CofrCLI(args=["test", *args, "--trainer.limit_test_batches", "0.5"])
+    assert [m.value for m in client.get_metric_history(run_id, "test/loss")] == [float(whole)]
+    part = [k for k in client.get_run(run_id).data.metrics if k.startswith("eval/test/1x")]
+    assert len(part) == 2  # loss and ppl
+
+
 def test_validate_keeps_other_blocks_and_other_data_off_the_runs_curve(tiny_data, tmp_path, caplog):
     """Two ways a validate put another score on the run's val/loss curve, its latest
     there (what cofr compare reads): another --data.block_size (checked were only the

@@ -494,17 +494,18 @@ class TokenDataModule(L.LightningDataModule):
             self._val_block_count = split_blocks(self.data_dir / "val", self.block_size + 1)
         return self._val_block_count
 
-    def _val_scored(self) -> dict[str, Any]:
+    def _val_scored(self, limit_key: str | None = "limit_val_batches") -> dict[str, Any]:
         """Which blocks of the val split val/loss averages: with W processes, each scores
         the first ``blocks_each`` of its equal share (:class:`ValidationShare`), the
-        share cut to ``limit_val_batches`` batches of ``val_batch_size`` (Lightning's
-        rule: an int caps the batches, a float scales their count, rounded down), of
-        ``block_size`` tokens each. val/loss is token-weighted, so how the blocks are
-        batched changes nothing."""
+        share cut to the trainer's ``limit_key`` (``limit_test_batches`` for test/loss;
+        None: uncut) batches of ``val_batch_size`` (Lightning's rule: an int caps the
+        batches, a float scales their count, rounded down), of ``block_size`` tokens each.
+        val/loss is token-weighted, so how the blocks are batched changes nothing."""
         processes = self._world_size()
         share = self._val_blocks() // processes
         batches = -(-share // self.val_batch_size)
-        limit = getattr(getattr(self, "trainer", None), "limit_val_batches", None)
+        trainer = getattr(self, "trainer", None)
+        limit = getattr(trainer, limit_key, None) if limit_key else None
         if isinstance(limit, float):
             batches = int(batches * limit)
         elif isinstance(limit, int):
@@ -515,15 +516,18 @@ class TokenDataModule(L.LightningDataModule):
     def _scored_elsewhere(self, state_dict: dict[str, Any]) -> str | None:
         """What says that val/loss will average other blocks than the checkpoint's run
         did (at a step, another number than that run scored or would have scored there
-        for the same weights), or None: then or for ``cofr test``, which no fit scored."""
+        for the same weights), or that test/loss will not be of the whole split at the
+        run's block length; None where it will be."""
         saved = state_dict.get("val_scored")
         trainer = getattr(self, "trainer", None)
-        if saved is None or getattr(trainer, "state", None) is None:
-            return None
-        if trainer.state.fn not in ("fit", "validate"):
+        if getattr(trainer, "state", None) is None:
             return None
         if state_dict.get("val_split") not in (None, self._val_split()):
             return None  # another corpus's val split: other blocks by design, no comparison
+        if trainer.state.fn == "test":
+            return self._tested_in_part(saved)
+        if saved is None or trainer.state.fn not in ("fit", "validate"):
+            return None
         now = self._val_scored()
         names = {
             "processes": "processes (trainer.devices x num_nodes)",
@@ -543,19 +547,43 @@ class TokenDataModule(L.LightningDataModule):
             "have, at the same steps (give its settings to compare)"
         )
 
+    def _tested_in_part(self, saved: dict[str, Any] | None) -> str | None:
+        """What keeps test/loss from the run's test score, the whole val split in blocks
+        of the run's length: ``limit_test_batches`` cutting it, another ``block_size``
+        than the checkpoint's run's (``saved``: its ``val_scored``)."""
+        now, whole = self._val_scored("limit_test_batches"), self._val_scored(None)
+        changed = []
+        if now["blocks_each"] < whole["blocks_each"]:
+            limit = getattr(self.trainer, "limit_test_batches", None)
+            changed.append(
+                f"{now['blocks_each']} of the {whole['blocks_each']} blocks each process "
+                f"holds: trainer.limit_test_batches {limit}"
+            )
+        trained = (saved or {}).get("block_size")
+        if trained not in (None, self.block_size):
+            changed.append(f"tokens per block (data.block_size) {trained} -> {self.block_size}")
+        if not changed:
+            return None
+        return (
+            "test/loss is not the run's test score, the whole val split in blocks of the "
+            f"run's length ({'; '.join(changed)})"
+        )
+
     def _scored_apart(self, why: str, saved_block_size: int | None = None) -> str:
         """Ask the trainer's loggers to keep an evaluation of other blocks off the run's
-        val/ curve (a logger with ``score_apart``, cofr's MLflow one); what the warning
-        adds of where the scores went. ``saved_block_size``: the checkpoint's run's."""
-        now = self._val_scored()
+        val/ (or test/) curve (a logger with ``score_apart``, cofr's MLflow one); what the
+        warning adds of where the scores went. ``saved_block_size``: the checkpoint's
+        run's."""
+        split = "test" if self.trainer.state.fn == "test" else "val"
+        now = self._val_scored(f"limit_{split}_batches")
         label = f"{now['processes']}x{now['blocks_each']}blocks"
         if saved_block_size not in (None, self.block_size):  # not the run's blocks' length
             label += f"-of-{self.block_size}"
         for logger in getattr(self.trainer, "loggers", None) or []:
             apart = getattr(logger, "score_apart", None)
-            prefix = apart(label, why) if callable(apart) else None
+            prefix = apart(label, why, split) if callable(apart) else None
             if prefix:
-                return f"; logged as {prefix}loss and .../ppl, beside the run's val/ curve"
+                return f"; logged as {prefix}loss and .../ppl, beside the run's {split}/ curve"
         return ""
 
     def _loader_settings(self) -> dict[str, Any]:

@@ -139,16 +139,17 @@ class CofrMLFlowLogger(MLFlowLogger):
             self._validated_through[key] = max((m.step for m in history), default=-1)
         return step <= self._validated_through[key]
 
-    def score_apart(self, label: str, why: str) -> str | None:
+    def score_apart(self, label: str, why: str, split: str = "val") -> str | None:
         """An evaluation that scores other blocks of the run's val split than its fit did
-        (other processes or batches; ``why`` says which) logs under ``eval/<split>/<label>/``
-        with ``why`` as the tag ``.../note``, not onto the run's own curve at the
-        checkpoint's step, where it would stand as the run's score. Returns that prefix
-        for ``val`` (None where nothing moves: a fit, or other data's scores already)."""
+        (other processes or batches; ``why`` says which), or a test of part of it, logs
+        under ``eval/<split>/<label>/`` with ``why`` as the tag ``.../note``, not onto the
+        run's own curve at the checkpoint's step, where it would stand as the run's
+        score. Returns that prefix for ``split`` (None where nothing moves: a fit, or
+        other data's scores already)."""
         if not self.evaluation or self.eval_data is not None:
             return None
         self._apart = (label, why)
-        return f"eval/val/{label}/"
+        return f"eval/{split}/{label}/"
 
     def evaluation_key(self, key: str) -> str:
         """``val/loss`` -> ``eval/val/<data>/loss`` (keys without a split kept as they are)."""

@@ -1451,6 +1451,18 @@ def test_block_larger_than_the_split_is_explained(pydoc_byte):
         dm.val_dataloader()
 
 
+def test_chunks_too_small_for_a_block_name_the_chunk_size(tmp_path):
+    """`prepare --chunk-bytes 10` made thousands of 5-token chunks, and every fit then
+    said to lower block_size or prepare more data (a larger --val-fraction, fewer
+    workers): the chunk size, the cause, went unnamed."""
+    out = tmp_path / "tiny-chunks"
+    prepare_data(PydocSource(), out, tokenizer="byte", max_docs=2, num_workers=1, chunk_bytes=64)
+    dm = TokenDataModule(str(out), block_size=64, batch_size=1, num_workers=0)
+    with pytest.raises(UserError, match=r"its chunks hold at most \d+ tokens each, .* a larger "
+                       r"--chunk-bytes"):  # fmt: skip
+        dm.val_dataloader()
+
+
 @pytest.mark.slow
 def test_prepare_with_spawned_workers(tmp_path):
     # The start method of non-Linux platforms: sources and tokenizers travel by pickle.

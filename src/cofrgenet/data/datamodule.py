@@ -39,6 +39,7 @@ from cofrgenet.data.meta import (
     DataMeta,
     check_vocab,
     chunk_layout,
+    largest_chunk_tokens,
     read_meta,
     split_blocks,
     tokenizer_changes,
@@ -343,6 +344,15 @@ class TokenDataModule(L.LightningDataModule):
 
     def _no_block(self, split: str) -> ConfigError:
         tokens = self.meta.splits[split].tokens
+        largest = largest_chunk_tokens(self.data_dir / split)
+        if self.meta.splits[split].chunks > 1 and largest * 4 < tokens:
+            # Many small chunks: the chunk size, not the data, leaves no whole block.
+            return ConfigError(
+                f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens) holds no "
+                f"block of block_size + 1 = {self.block_size + 1} tokens: its chunks hold at "
+                f"most {largest:,} tokens each, and a block never spans two; prepare it "
+                "again with a larger --chunk-bytes (default 64MB), or lower block_size"
+            )
         return ConfigError(
             f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
             f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "

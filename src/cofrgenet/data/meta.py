@@ -430,6 +430,12 @@ def split_blocks(split_dir: Path, block_tokens: int) -> int:
     return sum(int(chunk["dim"] or 0) // block_tokens for chunk in index["chunks"])
 
 
+def largest_chunk_tokens(split_dir: Path) -> int:
+    """The tokens of the largest chunk of a prepared split (a block never spans two)."""
+    index = json.loads((split_dir / "index.json").read_text())
+    return max((int(chunk["dim"] or 0) for chunk in index["chunks"]), default=0)
+
+
 def _damaged_chunk(split_dir: Path) -> str | None:
     """What is wrong with the first chunk of ``split_dir`` that is missing or whose size
     is not the one its ``index.json`` records (uncompressed chunks only), or None."""

@@ -2655,8 +2655,11 @@ def test_a_checkpoint_is_evaluated_on_other_data_of_its_tokenizer(tiny_data, tmp
         source="pydoc", tokenizer="bpe", vocab_size=300, out=bpe, max_docs=8, num_workers=1
     )
     args = fit_args(tmp_path, bpe, "--run.name", "a")[1:]
-    with pytest.raises(ConfigError, match=r"other-bpe was made with another tokenizer .*'bpe'"):
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(ConfigError, match=r"other-bpe was made "
+                                                      r"with another tokenizer .*'bpe'"):  # fmt: skip
         CofrCLI(args=["validate", *args])
+    assert "its scores go to MLflow" not in caplog.text  # said first: where they would go
 
 
 def test_an_unregistered_mixer_of_the_checkpoint_is_one_line(tiny_data, tmp_path):

@@ -627,9 +627,7 @@ class TokenDataModule(L.LightningDataModule):
                 rank_zero_warn(scored_elsewhere + apart)
             # An evaluation reads no training stream: any data will do that the model's
             # tokenizer wrote (a held-out corpus of its own, say).
-            self.check_same_tokenizer(
-                state_dict, "evaluate on data prepared with the model's tokenizer"
-            )
+            self.check_same_tokenizer(state_dict)
             return
         self.check_resumable(state_dict)
         self._follow_saved_workers(state_dict.get("loader") or {})
@@ -697,7 +695,11 @@ class TokenDataModule(L.LightningDataModule):
             )
             self.num_workers = int(saved)
 
-    def check_same_tokenizer(self, state_dict: dict[str, Any], fix: str) -> None:
+    def check_same_tokenizer(
+        self,
+        state_dict: dict[str, Any],
+        fix: str = "evaluate on data prepared with the model's tokenizer",
+    ) -> None:
         """Refuse a checkpoint's model (``state_dict``: the checkpoint's state of this
         module) that trained on another tokenizer's ids than this folder holds: they would
         mean other text. ``fix``: what to do instead, said after the problem."""

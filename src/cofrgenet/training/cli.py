@@ -1575,6 +1575,12 @@ class CofrCLI(LightningCLIAdapter):
         if run.mlflow and logger in (None, True):
             other = None if self.subcommand == "fit" else self._other_data(saved, chosen)
             if other is not None:  # the table below names them as the fit's
+                # Data of another tokenizer is refused (at restore): before saying where
+                # its scores would go.
+                datamodule = getattr(self, "datamodule", None)
+                state = (saved or {}).get(type(datamodule).__qualname__)
+                if state and hasattr(datamodule, "check_same_tokenizer"):
+                    datamodule.check_same_tokenizer(state)
                 split = "test" if self.subcommand == "test" else "val"
                 rank_zero_info(
                     f"{other} is not the data the run trained on (not the val split it "

@@ -507,6 +507,9 @@ def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load
         "unreliable; rerun them on a quiet machine."
     )
     assert (warning in md) == busy
+    # The verdicts from those figures say so too, as bench ops' do.
+    [verdict] = [x for x in md.splitlines() if x.startswith("- cofrgenet-f / gpt2 tokens/s")]
+    assert verdict.endswith(f", unreliable: other processes used {load:.0%} of the CPU") == busy
 
 
 def test_a_profiled_gpu_step_shows_how_much_of_it_the_kernels_fill():

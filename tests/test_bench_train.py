@@ -307,6 +307,11 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--variants", "lstn"], "--variants: unknown variant 'lstn' (did you mean 'lstm'?)"),
         (["--modes", "eagre"], "--modes: unknown mode 'eagre' (did you mean 'eager'?)"),
         (
+            ["--block-size", "2"],
+            "--block-size 2: generation times a one-token step after a prefill, within a "
+            "context of the block less one token; give --block-size 3 or more, or --no-generation",
+        ),
+        (
             ["--modes", "eager,compiled", "--warmup", "0"],
             "--warmup 0: compiled compiles the model in its first step, which would be timed; "
             "give --warmup 1 or more",
@@ -607,6 +612,42 @@ def test_generation_tokens_per_s_are_medians_of_interleaved_calls(monkeypatch):
     speed = generation_speed(cfg, Trainer(cfg, "gpt2", "eager"))
     assert calls == [(["cached", "recomputed"], GENERATION_REPEATS)] and GENERATION_REPEATS >= 3
     assert speed["gen_cached_tokens_per_s"] > 0 and speed["gen_recompute_tokens_per_s"] > 0
+
+
+def test_a_short_block_is_refused_for_generation_and_its_prompt_fits_it(monkeypatch):
+    """--block-size 1 was timed, then crashed in generation (an empty context); --block-size
+    4 generated after a prompt of 5 tokens, reported as "an 8-token prompt"."""
+    from cofrgenet.errors import UserError
+
+    short = {**TINY, "block_size": 1}
+    with pytest.raises(UserError, match="--block-size 1: generation times a one-token step"):
+        train.check_settings(TrainBenchConfig(variants=("lstm",), modes=("eager",), **short))
+    # Without generation (or its eager mode) a one-token block trains and is timed.
+    train.check_settings(TrainBenchConfig(variants=("lstm",), generation=False, **short))
+    train.check_settings(TrainBenchConfig(variants=("gpt2",), modes=("recompute",), **short))
+    cfg = TrainBenchConfig(
+        variants=("gpt2",), modes=("eager",), batch_size=1, steps=1, rounds=1, warmup=0,
+        memory=False, profile_steps=0, gen_tokens=2, **{**TINY, "block_size": 4},
+    )  # fmt: skip
+    prompts = []
+    generate = train.Trainer.__init__
+
+    def recording(self, *args):
+        generate(self, *args)
+        real = self.model.generate
+        self.model.generate = lambda idx, *a, **k: (
+            prompts.append(idx.shape[1]) or real(idx, *a, **k)
+        )
+
+    monkeypatch.setattr(train.Trainer, "__init__", recording)
+    report = run_benchmark(cfg, "test")
+    assert set(prompts) == {4}
+    assert (
+        "Generation (2 tokens after a prompt of 4 tokens, each step past 4 tokens reading the "
+        "last 4 again, batch 1, greedy; latency of one token after 3):"
+    ) in to_markdown(report)
+    wide = {**report, "config": {**report["config"], "block_size": 16}}
+    assert "Generation (2 tokens after a prompt of 8 tokens, batch 1" in to_markdown(wide)
 
 
 def test_compiled_only_says_that_memory_and_generation_go_unmeasured(monkeypatch, tmp_path, capsys):

@@ -32,9 +32,9 @@ Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command,
 rewrites them, marked partial, after each stage of the run: a run cut short (a
 wall-clock limit) keeps what it measured. A report already there is never replaced: a
 second run of the day writes ``train-<device>-<date>-2.{md,json}`` (then ``-3``, ...).
-Settings are checked before any work (sizes >= 1, a warm-up step for the compiled
-modes to compile in, the dtype, the device, every variant's model, the output folder): a
-wrong one is a one-line error.
+Settings are checked before any work (sizes >= 1, a block of 3 tokens or more for
+generation, a warm-up step for the compiled modes to compile in, the dtype, the device,
+every variant's model, the output folder): a wrong one is a one-line error.
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ POSITIVE_FIELDS = (
 #: Settings that may be 0.
 NON_NEGATIVE_FIELDS = ("warmup", "profile_steps")
 SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")
+#: Tokens of the generation prompt (the block's, where it is shorter).
+PROMPT_TOKENS = 8
+#: The shortest block generation can time: a one-token step needs a prefill of at least
+#: one token before it, inside a context of ``block_size - 1`` (the whole-context forward
+#: it is compared with).
+MIN_GENERATION_BLOCK = 3
 #: (variant, mode): one trainer of the run.
 Key = tuple[str, str]
 
@@ -270,6 +276,12 @@ def check_settings(cfg: TrainBenchConfig) -> None:
         )
     if not cfg.variants or not cfg.modes:
         raise UserError("nothing to time: give --variants and --modes")
+    if cfg.generation and "eager" in cfg.modes and cfg.block_size < MIN_GENERATION_BLOCK:
+        raise UserError(
+            f"--block-size {cfg.block_size}: generation times a one-token step after a "
+            f"prefill, within a context of the block less one token; give --block-size "
+            f"{MIN_GENERATION_BLOCK} or more, or --no-generation"
+        )
     if "cudagraphs" in cfg.modes and not cfg.device.startswith("cuda"):
         # Inductor skips CUDA graphs off a GPU without a word: compiled, named cudagraphs.
         raise UserError(
@@ -553,10 +565,16 @@ LATENCY_STEPS = 16
 GENERATION_REPEATS = 3
 
 
+def prompt_tokens(block_size: int) -> int:
+    """The generation prompt's length: :data:`PROMPT_TOKENS`, or the block where shorter
+    (a longer prompt would not fit the model's context)."""
+    return min(PROMPT_TOKENS, block_size)
+
+
 def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float]:
-    """Tokens/s generating ``gen_tokens`` after an 8-token prompt, cached and recomputed
-    (medians of :data:`GENERATION_REPEATS` interleaved calls), and the latency of one token
-    near a full context both ways (ms, medians)."""
+    """Tokens/s generating ``gen_tokens`` after a prompt of :func:`prompt_tokens`, cached
+    and recomputed (medians of :data:`GENERATION_REPEATS` interleaved calls), and the
+    latency of one token near a full context both ways (ms, medians)."""
     import torch
 
     from cofrgenet.bench.timing import time_interleaved, time_once
@@ -564,7 +582,7 @@ def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float
     from cofrgenet.nn.decoding import sample_next
 
     model, block, device = trainer.model.eval(), cfg.block_size, trainer.device
-    prompt = trainer.batch[:1, :8]
+    prompt = trainer.batch[:1, : prompt_tokens(block)]
 
     def recompute(idx: Any, new: int) -> Any:
         for _ in range(new):
@@ -1013,10 +1031,16 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines += ["", *targets(report)]
     gen = [r for r in eager.values() if r["gen_cached_tokens_per_s"] is not None]
     if gen:
+        block, prompt = cfg["block_size"], prompt_tokens(cfg["block_size"])
+        window = (
+            f", each step past {block} tokens reading the last {block} again"
+            if prompt + cfg["gen_tokens"] > block
+            else ""
+        )
         lines += [
             "",
-            f"Generation ({cfg['gen_tokens']} tokens after an 8-token prompt, batch 1, greedy; "
-            f"latency of one token after {cfg['block_size'] - 1}):",
+            f"Generation ({cfg['gen_tokens']} tokens after a prompt of {prompt} tokens{window}, "
+            f"batch 1, greedy; latency of one token after {block - 1}):",
             "",
             "| variant | cached tokens/s | recomputed tokens/s | latency cached ms | "
             "latency recomputed ms | latency ratio |",

@@ -307,6 +307,11 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--variants", "lstn"], "--variants: unknown variant 'lstn' (did you mean 'lstm'?)"),
         (["--modes", "eagre"], "--modes: unknown mode 'eagre' (did you mean 'eager'?)"),
         (
+            ["--variants", "lstm", "--modes", "recompute"],
+            "--modes recompute: none of --variants lstm has transformer blocks to recompute, "
+            "so nothing would be timed; add eager or compiled to --modes, or a transformer",
+        ),
+        (
             ["--block-size", "2"],
             "--block-size 2: generation times a one-token step after a prefill, within a "
             "context of the block less one token; give --block-size 3 or more, or --no-generation",
@@ -363,6 +368,24 @@ def test_an_out_dir_that_is_a_file_or_a_missing_gpu_is_one_line(monkeypatch, tmp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     line = one_line_error(capsys, [*argv, "--out-dir", str(tmp_path), "--device", "cuda"])
     assert "--device: device 'cuda': torch sees no cuda device on this machine" in line
+
+
+def test_a_run_without_the_targets_pairs_says_so_under_its_heading():
+    """--variants lstm,gpt2 --modes eager printed "Targets:" over nothing."""
+    from cofrgenet.bench.train import targets
+
+    timed = {"step_ms": [10.0], "round_ids": [0], "flops_per_token": 10, "tokens_per_s": 1.0}
+    report = {
+        "config": {"steps": 1},
+        "results": [
+            {"variant": v, "mode": "eager", **timed, "peak_memory_bytes": 1}
+            for v in ("lstm", "gpt2")
+        ],
+    }
+    assert targets(report) == [
+        "Targets: none in this run (they compare cofrgenet-f with gpt2, both in --variants, "
+        "and compiled with eager, both in --modes)"
+    ]
 
 
 def test_a_partial_report_with_one_peak_of_two_states_its_targets():

@@ -311,6 +311,12 @@ def check_settings(cfg: TrainBenchConfig) -> None:
             model_config(cfg, variant)
         except UserError as error:
             raise UserError(f"variant {variant}: {error}") from None
+    if not timed_keys(cfg):  # recompute alone, of models without blocks: an empty report
+        raise UserError(
+            f"--modes recompute: none of --variants {','.join(cfg.variants)} has transformer "
+            "blocks to recompute, so nothing would be timed; add eager or compiled to --modes, "
+            "or a transformer to --variants"
+        )
     problem = device_problem(cfg.device)
     if problem is not None:
         raise UserError(f"--device: {problem}")
@@ -1185,6 +1191,11 @@ def targets(report: dict[str, Any]) -> list[str]:
             + unreliable(*(r for pair in pairs.values() for r in pair))
         )
     lines += gpu_targets(report, by, mark)
+    if len(lines) == 2:  # no verdict: an empty heading would read as a report cut short
+        return [
+            "Targets: none in this run (they compare cofrgenet-f with gpt2, both in "
+            "--variants, and compiled with eager, both in --modes)"
+        ]
     lines.append(
         "  (per round: the ratio of each interleaved round's median steps; median [range] "
         "over the rounds)"

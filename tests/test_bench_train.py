@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import signal
+import time
 import warnings
 
 import pytest
@@ -44,6 +47,8 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
     recomputed = {r["variant"]: r for r in report["results"] if r["mode"] == "recompute"}
     results = {r["variant"]: r for r in report["results"] if r["mode"] == "eager"}
     assert set(recomputed) == {"gpt2", "cofrgenet-f"}
+    partial = {**report, "partial": True, "results": report["results"][:3]}
+    assert "3 of 5 variant/mode pairs timed so far" in to_markdown(partial)  # not "of 6"
     for variant, r in recomputed.items():
         eager = results[variant]
         assert r["round_ids"] == eager["round_ids"] and r["gen_cached_tokens_per_s"] is None
@@ -163,7 +168,7 @@ def test_round_ratios_pair_the_rounds_two_variants_shared():
         round_ratios(report, {**a, "round_ids": [0, 1, 3]}, b)
 
 
-def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
+def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path, capsys):
     def killed(trainer):  # as if the wall-clock limit struck in the graph-break count
         raise KeyboardInterrupt
 
@@ -176,7 +181,13 @@ def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
     report = json.loads(js.read_text())  # whole, but for the graph breaks it was counting
     assert report["partial"] and len(report["results"]) == 4  # which it says
     assert all(r["tokens_per_s"] > 0 and r["graph_breaks"] is None for r in report["results"])
-    assert "Targets:" in js.with_suffix(".md").read_text()
+    md = js.with_suffix(".md").read_text()
+    assert "Targets:" in md
+    # It said "The finished run rewrites this file", and the console nothing of where it is.
+    assert report["stopped"] == "Ctrl-C" and "rewrites this file" not in md
+    assert "**Stopped** by Ctrl-C: 4 of 4 variant/mode pairs timed; graph breaks not " in md
+    err = capsys.readouterr().err
+    assert f"stopped: what was timed so far is in {js.with_suffix('.md')} (partial)\n" in err
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
     monkeypatch.setattr(train, "graph_breaks", lambda trainer: 0)
@@ -189,6 +200,37 @@ def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path):
     assert "Partial" not in second.with_suffix(".md").read_text()
     assert report["results"][1]["graph_breaks"] == 0  # compiled gpt2's, counted this time
     assert json.loads(js.read_text())["results"][1]["graph_breaks"] is None
+
+
+def test_sigterm_stops_bench_train_as_ctrl_c_does(monkeypatch, tmp_path, capsys):
+    """SIGTERM (a wall-clock limit) killed the run where it was: its partial report kept
+    saying the finished run would rewrite it. Each partial report's line is said once:
+    the generation stage timed no new pair and repeated it."""
+
+    def not_taken(signum, frame):  # the default action would end the tests
+        raise AssertionError("SIGTERM was not taken over by the bench")
+
+    def terminated(trainer):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+
+    previous = signal.signal(signal.SIGTERM, not_taken)
+    try:
+        _compile_as_identity(monkeypatch, graph_breaks=terminated)
+        argv = ["bench", "train", "--variants", "gpt2", "--batch-size", "1", "--steps", "1"]
+        argv += ["--rounds", "1", "--warmup", "1", "--no-memory", "--gen-tokens", "1"]
+        argv += ["--profile-steps", "0", "--out-dir", str(tmp_path)]
+        argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 143
+    [js] = tmp_path.glob("train-cpu-*.json")
+    assert json.loads(js.read_text())["stopped"] == "SIGTERM"
+    assert "**Stopped** by SIGTERM: 2 of 2" in js.with_suffix(".md").read_text()
+    out = capsys.readouterr().out
+    assert out.count(f"partial report, 1 of 2 timed: {js.with_suffix('.md')}") == 1
 
 
 def test_llama3_keeps_grouped_query_attention_at_any_head_count():

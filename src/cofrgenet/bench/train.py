@@ -30,7 +30,8 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
 
 Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command, and
 rewrites them, marked partial, after each stage of the run: a run cut short (a
-wall-clock limit) keeps what it measured. A report already there is never replaced: a
+wall-clock limit) keeps what it measured; one stopped by Ctrl-C, SIGTERM or an error
+marks that report stopped and says where it is. A report already there is never replaced: a
 second run of the day writes ``train-<device>-<date>-2.{md,json}`` (then ``-3``, ...).
 Settings are checked before any work (sizes >= 1, a block of 3 tokens or more for
 generation, a warm-up step for the compiled modes to compile in, the dtype, the device,
@@ -62,6 +63,7 @@ from cofrgenet.bench.files import (
 )
 from cofrgenet.bench.machine import machine_summary, name_slug
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.signals import signal_name, sigterm_raises
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
 #: bench's shape.
@@ -744,6 +746,7 @@ class _Run:
             "kv_heads": grouped_kv_heads(self.cfg),
             "layer_activation_bytes_per_token": dict(self.layers),
             "results": [asdict(result) for result in results],
+            "pairs": len(self.keys),  # to time: recompute is for transformers only
         }
         if self.failed:
             report["failed"] = dict(self.failed)
@@ -925,10 +928,24 @@ def to_markdown(report: dict[str, Any]) -> str:
 
     cfg, peak = report["config"], report["peak_flops"]
     lines = [f"# Training speed ({report['device']}, {report['date']})", ""]
-    if report.get("partial"):
+    # Reports written before "pairs" timed every variant in every mode.
+    pairs = report.get("pairs", len(cfg["variants"]) * len(cfg["modes"]))
+    if report.get("stopped"):
+        lines += [
+            f"**Stopped** by {report['stopped']}: {len(report['results'])} of {pairs} "
+            "variant/mode pairs timed"
+            + (
+                "; graph breaks not counted (the run counts them last)"
+                if set(cfg["modes"]) & set(COMPILE_MODES)
+                else ""
+            )
+            + ". This report holds what the run measured before it stopped.",
+            "",
+        ]
+    elif report.get("partial"):
         lines += [
             f"**Partial report**, written while the run was going: {len(report['results'])} of "
-            f"{len(cfg['variants']) * len(cfg['modes'])} variant/mode pairs timed so far"
+            f"{pairs} variant/mode pairs timed so far"
             + (
                 "; graph breaks are counted at the end"
                 if set(cfg["modes"]) & set(COMPILE_MODES)
@@ -1264,6 +1281,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, TrainBenchConfig)
 
 
+def _stopped_by(error: BaseException) -> str:
+    """What ended the run early, as its report says it."""
+    if isinstance(error, KeyboardInterrupt):
+        return "Ctrl-C"
+    if isinstance(error, SystemExit) and isinstance(error.code, int) and error.code > 128:
+        return signal_name(error.code)
+    return f"an error ({type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]})"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
     check_settings(cfg)
@@ -1290,14 +1316,36 @@ def run(args: argparse.Namespace) -> int:
     def save(report: dict[str, Any]) -> tuple[Path, Path]:
         return write_report(report, out_dir, stem(report))
 
+    # The latest partial report written and its .md; the line said of it last.
+    written: list[tuple[dict[str, Any], Path]] = []
+    said: list[str] = []
+
     def save_partial(report: dict[str, Any]) -> None:
         md, _ = save(report)
+        written[:] = [(report, md)]
         pending = report.get("graph_breaks_pending")
         what = "report, graph breaks to count" if pending else "partial report"
-        print(f"{what}, {len(report['results'])} of {pairs} timed: {md}", flush=True)
+        line = f"{what}, {len(report['results'])} of {pairs} timed: {md}"
+        if said != [line]:  # a memory or generation stage times no new pair: said once
+            print(line, flush=True)
+            said[:] = [line]
 
     command = getattr(args, "command_line", "cofr bench train")
-    report = run_benchmark(cfg, command, on_update=save_partial)
+    try:
+        # SIGTERM (a wall-clock limit, `kill`) raises as Ctrl-C does: the report says so.
+        with sigterm_raises():
+            report = run_benchmark(cfg, command, on_update=save_partial)
+    except BaseException as error:  # Ctrl-C, SIGTERM, a failure: say where the figures are
+        if written:
+            report, md = written[0]
+            # "The finished run rewrites this file": not this one any more. A failed write
+            # must not hide what stopped the run.
+            with contextlib.suppress(OSError):
+                save({**report, "stopped": _stopped_by(error)})
+            print(f"stopped: what was timed so far is in {md} (partial)", file=sys.stderr)
+        elif isinstance(error, (KeyboardInterrupt, SystemExit)):
+            print("stopped: nothing was timed yet, so no report was written", file=sys.stderr)
+        raise
     md, js = save(report)
     print(to_markdown(report))
     print(f"wrote {md} and {js}")

@@ -73,6 +73,7 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
         assert r["profile"]["steps"] == 2 and r["profile"]["dispatches"] > 10
         assert r["profile"]["kernels"] is None and r["profile"]["host_top"]
     assert "| variant | mode | step ms | host dispatches/step |\n" in text
+    assert ", float32, seed 0; median of the timed steps" in text  # only the JSON had it
     assert "- cofrgenet-f eager: `" in text and "kernels' share" not in text
 
 
@@ -340,6 +341,7 @@ def test_a_report_of_the_day_is_never_overwritten(monkeypatch, tmp_path, capsys)
         (["--steps", "0"], "--steps must be >= 1, got 0"),
         (["--rounds", "0"], "--rounds must be >= 1, got 0"),
         (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
         (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
         (["--profile-steps", "-1"], "--profile-steps must be >= 0, got -1"),
         (["--n-head", "3"], "--n-head 3 does not divide --n-embd 32"),
@@ -466,7 +468,7 @@ def test_on_a_gpu_of_known_peak_the_issues_gpu_targets_and_the_usual_mfu_are_rep
         "minutes": 1.0, "peak_flops": 700e12, "datasheet_peak_flops": 989e12,
         "config": {"steps": 1, "rounds": 1, "n_layer": 12, "n_embd": 768, "n_head": 12,
                    "block_size": 1024, "vocab_size": 50257, "batch_size": 8,
-                   "dtype": "bfloat16", "variants": ["gpt2", "cofrgenet-f"],
+                   "dtype": "bfloat16", "seed": 0, "variants": ["gpt2", "cofrgenet-f"],
                    "modes": ["eager", "compiled"]},
         "layer_activation_bytes_per_token": {},
         "results": [

@@ -63,6 +63,7 @@ from cofrgenet.bench.files import (
 )
 from cofrgenet.bench.machine import machine_summary, name_slug
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.errors import SEED_LIMIT
 from cofrgenet.signals import signal_name, sigterm_raises
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
@@ -174,13 +175,16 @@ class TrainBenchConfig:
             "operators (0: none)"
         },
     )
-    seed: int = field(default=0, metadata={"help": "random seed of weights and tokens"})
+    seed: int = field(
+        default=0, metadata={"help": f"random seed of weights and tokens, 0 to {SEED_LIMIT - 1}"}
+    )
     out_dir: str = field(default="runs/bench", metadata={"help": "folder of the report"})
     tag: str | None = field(default=None, metadata={"help": "appended to the report's file name"})
 
     def __post_init__(self) -> None:
-        from cofrgenet.errors import UserError
+        from cofrgenet.errors import UserError, check_seed
 
+        check_seed(self.seed, "--seed")  # as bench quality's --seeds: -1 was taken
         bounds = [(name, 1) for name in POSITIVE_FIELDS]
         for name, least in bounds + [(name, 0) for name in NON_NEGATIVE_FIELDS]:
             if getattr(self, name) < least:
@@ -959,7 +963,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"- machine: {report['machine']}; {report['minutes']:.1f} min",
         f"- shape: {cfg['n_layer']} layers x {cfg['n_embd']}, {cfg['n_head']} heads, "
         f"block {cfg['block_size']}, vocab {cfg['vocab_size']}, batch {cfg['batch_size']}, "
-        f"{cfg['dtype']}; median of the timed steps, {cfg['steps']} a round, "
+        f"{cfg['dtype']}, seed {cfg['seed']}; median of the timed steps, {cfg['steps']} a round, "
         f"{cfg['rounds']} rounds a stage (eager variants and gpt2 in the same mode are also "
         "timed beside each compiled variant)"
         + "".join(f"; {v}: {k} key/value heads" for v, k in report.get("kv_heads", {}).items()),

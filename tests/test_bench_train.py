@@ -64,7 +64,11 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
     # CoFrGeNet-F's FFN is cheaper than the MLP it replaces: fewer FLOPs per token.
     assert results["cofrgenet-f"]["flops_per_token"] < results["gpt2"]["flops_per_token"]
     text = to_markdown(report)
-    assert "| cofrgenet-f | eager |" in text and "training peak <= gpt2's" in text
+    assert "| cofrgenet-f | eager |" in text and "peak memory above the model <= gpt2's" in text
+    # The column is the growth above the built model, which it now says (not "training peak").
+    assert "| peak MB above the model |\n" in text
+    assert "Peak MB above the model: how far memory rose above the built model over three " in text
+    assert "activations; the rise of a fresh process's peak resident size)." in text
     ratio = r"\d+\.\d{3}x \[\d+\.\d{3}-\d+\.\d{3}\]"
     assert re.search(rf"\(eager\) >= 0\.9 x their FLOPs ratio: per round {ratio} vs", text)
     # Two profiled steps each: host dispatches and the costliest operators (no kernels on
@@ -447,7 +451,7 @@ def test_a_partial_report_with_one_peak_of_two_states_its_targets():
     }
     lines = targets(report)
     assert any("tokens/s (eager)" in line for line in lines)
-    assert not any("training peak" in line for line in lines)
+    assert not any("peak memory" in line for line in lines)
 
 
 def test_on_a_gpu_of_known_peak_the_issues_gpu_targets_and_the_usual_mfu_are_reported():

@@ -109,6 +109,78 @@ def test_own_configs_train_on_their_own_data_and_names_stay_apart(tmp_path, monk
     assert "| p | 1 | 0 | - | 1.000 | 2.70 |" in summary.read_text()  # nothing logged: "-"
 
 
+def test_the_saved_table_states_what_was_measured(tmp_path, monkeypatch):
+    """runs/demo-<stamp>.md held the table alone: no command, machine, data, steps or seed
+    (the console's "(data: pydoc, byte)" was dropped too)."""
+    import cofrgenet.demo as demo
+    from cofrgenet.bench.machine import machine_summary
+    from cofrgenet.cli import main
+
+    def train(config, name, args, console, log_every=None):
+        (Path(args.runs_dir) / "exp" / name).mkdir(parents=True)
+        return 0.5
+
+    def collect(run_dir, minutes, runs_dir):
+        steps = "4" if run_dir.name.startswith("mine-1") else "6"
+        return demo.DemoResult(
+            run_dir.name, "p", 1, 0, 900.0, 1.0, 2.7, minutes, run_dir, "pydoc, byte", 3,
+            trained=f"{steps} steps of 2 x 8 tokens, seed 7", data_dir="data/x",
+        )  # fmt: skip
+
+    monkeypatch.setattr(demo, "train", train)
+    monkeypatch.setattr(demo, "collect", collect)
+    monkeypatch.chdir(tmp_path)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "mine.yaml").write_text("model: {preset: gpt2-tiny}\n")
+    assert main(["demo", "--configs", "a/mine.yaml", "b/mine.yaml", "--runs-dir", "runs"]) == 0
+    [summary] = (tmp_path / "runs").glob("demo-*.md")
+    text = summary.read_text()
+    assert text.startswith(f"# cofr demo, {summary.stem[5:9]}-{summary.stem[9:11]}-")
+    assert "- command: `cofr demo --configs a/mine.yaml b/mine.yaml --runs-dir runs`" in text
+    assert f"- machine: {machine_summary('cpu')}\n" in text
+    assert "- data: pydoc, byte (data/x)\n" in text
+    names = [line.split(" | ")[0][2:] for line in text.splitlines() if "| p |" in line]
+    assert (
+        f"- trained: {names[0]}: 4 steps of 2 x 8 tokens, seed 7; "
+        f"{names[1]}: 6 steps of 2 x 8 tokens, seed 7\n"
+    ) in text
+    assert "| 900 | 1.000 | 2.70 | 0.5 |" in text and "tokens/s (median): of the rates" in text
+
+
+def test_a_short_demo_logs_enough_rates_for_its_tokens_per_s(tmp_path, monkeypatch):
+    """`cofr demo --max-steps 4` logged no tokens/s (the configs log every 10 steps), and
+    its table read "-": a shorter run logs often enough for three rates."""
+    import cofrgenet.demo as demo
+    from cofrgenet.cli import main
+
+    assert demo.rate_log_interval({"max_steps": 4, "log_every_n_steps": 10}) == 1
+    assert demo.rate_log_interval({"max_steps": 20, "log_every_n_steps": 10}) == 6
+    assert demo.rate_log_interval({"max_steps": 300, "log_every_n_steps": 10}) is None
+    assert demo.rate_log_interval({"max_steps": -1, "log_every_n_steps": 50}) is None
+    fits = []
+
+    def fake_run(command):
+        if command[3] == "fit":
+            fits.append(command)
+            name = command[command.index("--run.name") + 1]
+            (tmp_path / "runs" / "demo" / name).mkdir(parents=True, exist_ok=True)  # 2 demos
+        return 0, None
+
+    monkeypatch.setattr(demo, "run_passing_signals", fake_run)
+    monkeypatch.setattr(demo, "ensure_data", lambda data_dir, console: None)
+    monkeypatch.setattr(demo, "collect", lambda run_dir, minutes, runs_dir: demo.DemoResult(
+        run_dir.name, "p", 1, 0, 1.0, 1.0, 2.7, minutes, run_dir, "pydoc, byte"
+    ))  # fmt: skip
+    runs = str(tmp_path / "runs")
+    assert main(["demo", "--max-steps", "4", "--runs-dir", runs]) == 0
+    assert len(fits) == 2
+    assert all(c[c.index("--trainer.log_every_n_steps") + 1] == "1" for c in fits)
+    fits.clear()
+    assert main(["demo", "--runs-dir", runs]) == 0  # 300 steps: the configs' own 10
+    assert len(fits) == 2 and not any("--trainer.log_every_n_steps" in c for c in fits)
+
+
 def test_one_of_the_demo_configs_alone_still_gets_its_data_made(tmp_path, monkeypatch):
     """`cofr demo --configs conf/experiment/demo-gpt2.yaml` skipped the data it needs."""
     import cofrgenet.demo as demo
@@ -117,7 +189,7 @@ def test_one_of_the_demo_configs_alone_still_gets_its_data_made(tmp_path, monkey
     made = []
     monkeypatch.setattr(demo, "ensure_data", lambda data_dir, console: made.append(data_dir))
 
-    def train(config, name, args, console):  # the fit's run folder, and its minutes
+    def train(config, name, args, console, log_every=None):  # the fit's folder, its minutes
         (tmp_path / "runs" / "exp" / name).mkdir(parents=True)
         return 0.0
 
@@ -166,7 +238,7 @@ def test_the_end_names_the_runs_dir_cofr_ui_must_serve(tmp_path, capsys, monkeyp
     from cofrgenet.cli import main
     from cofrgenet.training import run_store
 
-    def train(config, name, args, console):
+    def train(config, name, args, console, log_every=None):
         (Path(args.runs_dir) / "exp" / name).mkdir(parents=True)
         return 0.0
 
@@ -215,7 +287,7 @@ def test_a_tokens_per_s_of_too_few_steps_says_how_many(tmp_path):
             "r", "gpt2-mini", 1, 0, rate, 2.0, 7.4, 0.1, tmp_path, "pydoc, byte", samples
         )
 
-    table = demo.markdown([result(1658.0, 1), result(9000.0, 2), result(9438.0, 30)])
+    table = demo.markdown([result(1658.0, 1), result(9000.0, 2), result(9438.0, 30)], "c", "d")
     assert "| 1,658 (1 step) |" in table and "| 9,000 (2 steps) |" in table
     assert "| 9,438 |" in table
 

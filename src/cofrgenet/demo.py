@@ -2,7 +2,8 @@
 
 Prepares Python's bundled documentation (no download) if needed, trains the two models
 of ``conf/experiment/demo-*.yaml`` (same width and depth) one after the other through
-``cofr fit``, and prints a table from what MLflow recorded.
+``cofr fit``, and prints a table from what MLflow recorded; ``runs/demo-<stamp>.md`` keeps
+it with what was measured (steps, seed, data, machine, command), as the benches' reports.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape as rich_escape
@@ -43,6 +45,12 @@ class DemoResult:
     data: str  # the data's source and tokenizer, as the run logged them
     #: How many logged steps the tokens/s median is of (a short demo logs one or two).
     rate_samples: int = 0
+    #: What the run trained, as it logged it: ``4 steps of 16 x 128 tokens, seed 1337``.
+    trained: str = ""
+    #: The prepared data folder it read.
+    data_dir: str = ""
+    #: Lightning's accelerator of its trainer (``cpu``, ``gpu``, ``auto``).
+    accelerator: str = "cpu"
 
     def rate(self) -> str:
         """The tokens/s median, with its count when too few steps were logged to trust."""
@@ -146,8 +154,11 @@ def run_step(command: list[str]) -> None:
         raise subprocess.CalledProcessError(status, command)
 
 
-def fit_words(config: str, run_name: str, args: argparse.Namespace) -> list[str]:
-    """The words after ``cofr fit`` that train ``config`` as run ``run_name``."""
+def fit_words(
+    config: str, run_name: str, args: argparse.Namespace, log_every: int | None = None
+) -> list[str]:
+    """The words after ``cofr fit`` that train ``config`` as run ``run_name`` (logging
+    every ``log_every`` steps, where given)."""
     words = [
         "--config",
         config,
@@ -162,24 +173,53 @@ def fit_words(config: str, run_name: str, args: argparse.Namespace) -> list[str]
         words += ["--data.data_dir", args.data_dir]
     if args.max_steps is not None:
         words += ["--trainer.max_steps", str(args.max_steps)]
+    if log_every is not None:
+        words += ["--trainer.log_every_n_steps", str(log_every)]
     return words
 
 
-def check_configs(configs: list[str], run_names: list[str], args: argparse.Namespace) -> None:
+def check_configs(
+    configs: list[str], run_names: list[str], args: argparse.Namespace
+) -> list[int | None]:
     """Parse every config as its fit will, before any trains: a typo in the last one was
-    found only after the others had trained (minutes each). Nothing is built or run."""
+    found only after the others had trained (minutes each). Nothing is built or run.
+    Returns each one's :func:`rate_log_interval`."""
+    import yaml
+
     from cofrgenet.errors import ConfigError, UserError
     from cofrgenet.training.cli import resolve_fit_config
 
+    intervals = []
     for config, name in zip(configs, run_names, strict=True):
         try:
-            resolve_fit_config(fit_words(config, name, args))
+            resolved = yaml.safe_load(resolve_fit_config(fit_words(config, name, args)))
         except ConfigError as error:
             raise UserError(f"--configs {config}: {error}") from None
+        intervals.append(rate_log_interval(resolved.get("trainer") or {}))
+    return intervals
 
 
-def train(config: str, run_name: str, args: argparse.Namespace, console: Console) -> float:
-    command = [sys.executable, "-m", "cofrgenet.cli", "fit", *fit_words(config, run_name, args)]
+def rate_log_interval(trainer: dict[str, Any]) -> int | None:
+    """A logging interval short enough for a fit of ``trainer["max_steps"]`` steps to log
+    :data:`MIN_RATE_SAMPLES` tokens/s rates (its first step is never one), where its own
+    ``log_every_n_steps`` is longer: `cofr demo --max-steps 4` logged none at 10, and its
+    table's tokens/s read "-". None: the config's own interval does."""
+    steps, every = trainer.get("max_steps"), trainer.get("log_every_n_steps")
+    if not isinstance(steps, int) or steps < 1 or not isinstance(every, int):
+        return None
+    short = max(1, (steps - 1) // MIN_RATE_SAMPLES)
+    return short if short < every else None
+
+
+def train(
+    config: str,
+    run_name: str,
+    args: argparse.Namespace,
+    console: Console,
+    log_every: int | None = None,
+) -> float:
+    words = fit_words(config, run_name, args, log_every)
+    command = [sys.executable, "-m", "cofrgenet.cli", "fit", *words]
     console.rule(f"[bold]{run_name}[/]: {' '.join(command[3:])}")
     started = time.perf_counter()
     run_step(command)
@@ -208,6 +248,11 @@ def collect(run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
 
     rates = history("perf/tokens_per_sec")
     losses, ppls = history("val/loss"), history("val/ppl")
+    params = logged.params
+    trained = (
+        f"{params.get('trainer.max_steps', '?')} steps of {params.get('data.batch_size', '?')} "
+        f"x {params.get('data.block_size', '?')} tokens, seed {params.get('seed_everything', '?')}"
+    )
     return DemoResult(
         name=run_dir.name,
         preset=logged.params.get("model.preset", "?"),
@@ -220,6 +265,9 @@ def collect(run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
         minutes=minutes,
         run_dir=run_dir,
         data=f"{logged.params.get('data.source', '?')}, {logged.params.get('data.tokenizer', '?')}",
+        trained=trained,
+        data_dir=params.get("data.data_dir", "?"),
+        accelerator=params.get("trainer.accelerator", "?"),
     )
 
 
@@ -256,8 +304,32 @@ def results_table(results: list[DemoResult]) -> Table:
     return table
 
 
-def markdown(results: list[DemoResult]) -> str:
+def _per_run(results: list[DemoResult], what: str) -> str:
+    """The runs' ``what``: one, or each run's where they differ."""
+    values = {r.name: getattr(r, what) for r in results}
+    if len(set(values.values())) <= 1:
+        return next(iter(values.values()), "")
+    return "; ".join(f"{name}: {value}" for name, value in values.items())
+
+
+def markdown(results: list[DemoResult], command: str, date: str) -> str:
+    """The table, under what it measured (command, machine, data, steps and seed), as the
+    benches' reports give theirs: a table alone could not be reproduced or compared."""
+    import torch
+
+    from cofrgenet.bench.machine import machine_summary
+
+    # The runs' trainers chose the device; `auto` trains on a GPU where there is one.
+    gpu = any(r.accelerator not in ("cpu", "?") for r in results) and torch.cuda.is_available()
+    data = "; ".join(dict.fromkeys(f"{r.data} ({r.data_dir})" for r in results))
     lines = [
+        f"# cofr demo, {date}",
+        "",
+        f"- command: `{command}`",
+        f"- machine: {machine_summary('cuda' if gpu else 'cpu')}",
+        f"- data: {data}",
+        f"- trained: {_per_run(results, 'trained')}",
+        "",
         "| run | preset | params | ladder params | tokens/s (median) | val loss | val ppl | minutes |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -267,6 +339,12 @@ def markdown(results: list[DemoResult]) -> str:
             f"| {r.rate()} | {_number(r.val_loss, '.3f')} "
             f"| {_number(r.val_ppl, '.2f')} | {r.minutes:.1f} |"
         )
+    lines += [
+        "",
+        "tokens/s (median): of the rates each fit logged (every trainer.log_every_n_steps "
+        'steps, its first step left out; "-": none logged). val loss, val ppl: the final '
+        "checkpoint's validation. minutes: the fit's wall time.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -313,18 +391,19 @@ def _run(args: argparse.Namespace) -> int:
     names = [f"{name}-{stamp}" for name in run_names(args.configs)]
     console = terminal.console()
     console.print(f"checking {len(args.configs)} config(s)")
-    check_configs(args.configs, names, args)  # before the data and the first fit
+    intervals = check_configs(args.configs, names, args)  # before the data and the first fit
     if args.data_dir is not None or demo_configs:
         ensure_data(args.data_dir or DATA_DIR, console)
     results = []
-    for name, config in zip(names, args.configs, strict=True):
-        minutes = train(config, name, args, console)
+    for name, config, log_every in zip(names, args.configs, intervals, strict=True):
+        minutes = train(config, name, args, console, log_every)
         # The fit's experiment comes from the config and its bases: the name is unique.
         [run_dir] = Path(args.runs_dir).glob(f"*/{name}")
         results.append(collect(run_dir, minutes, args.runs_dir))
     console.print(results_table(results))
     summary = Path(args.runs_dir) / f"demo-{stamp}.md"
-    summary.write_text(markdown(results))
+    command = getattr(args, "command_line", "cofr demo")
+    summary.write_text(markdown(results, command, time.strftime("%Y-%m-%d")))
     console.print(f"table saved to {summary}")
     from cofrgenet.training.run_store import RunConfig, tracking_uri, ui_command_line
 

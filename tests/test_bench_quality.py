@@ -568,7 +568,9 @@ def test_a_resumed_bench_goes_on_from_its_stopped_runs_checkpoint(tmp_path, monk
 
 
 @pytest.mark.parametrize(
-    ("step", "during"), [(0, "end"), (8, "validation")], ids=["final-save", "final-validation"]
+    ("step", "during"),
+    [(0, "end"), (8, "validation"), (7, "training")],
+    ids=["final-save", "final-validation", "last-step"],
 )
 def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
     tmp_path, monkeypatch, capsys, step, during
@@ -578,7 +580,8 @@ def test_a_signal_after_a_runs_last_step_keeps_it_and_stops_the_bench(
     bench did not read: it went on to the next run, maybe hours long. The finished run
     goes into the report, and the bench stops with 143. So in the validation after the
     last step (the whole val split, much of a --quick run), which stopped the finished
-    run there: KILLED, and "not in the report"."""
+    run there: KILLED, and "not in the report". So in the last step (8 of 8): stopped
+    and saved at step 8 unscored, which --resume could not go on from (no step left)."""
     argv = _real_bench_with_a_signal(
         tmp_path, monkeypatch, "0,1", step=step, signum=15, during=during
     )

@@ -486,6 +486,15 @@ class StopOnSignal(StepBoundaries):
         self._pending.add(signum)
 
     def on_step_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and self._phase == "training" and _trained_out(trainer):
+            # No step is left: a signal noted in the last one is late, as one in the
+            # final validation is (that validation and the final save finish; the signal
+            # goes to late_signals). A stop saved here left a checkpoint at max_steps,
+            # never scored, that no resume could train on (no step left to take).
+            self._phase, self._left_to_finish = "ending", "final validation and save"
+            if signal.SIGINT in self._pending and rank_zero_only.rank == 0:
+                print("\nCtrl-C: that was the last step; finishing its final validation and save")
+            return
         self._act(trainer, pl_module)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

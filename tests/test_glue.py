@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import warnings
@@ -1076,6 +1077,12 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
     assert set(result["metrics"]) == {"glue/sst2/accuracy"} and result["steps"] == 2
     assert json.loads(beside.read_text()) == result
     assert "partial" not in json.loads(out.read_text())
+    # The same command again (a SLURM requeue) runs in that folder: it was refused as
+    # "holds another run already".
+    monkeypatch.setattr(classifier, "training_step", step)
+    shutil.rmtree(tmp_path / "glue")  # made again by the helper
+    assert _stopped_finetune(pretrained, tmp_path, extra) == 0
+    assert "partial" not in json.loads((folder / "results.json").read_text())
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])

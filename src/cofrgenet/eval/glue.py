@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import math
 import random
 import signal
@@ -980,7 +981,7 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
 
     if name is not None:
         run_dir = experiment_dir / folder_name(name)
-        if run_dir.is_dir() and any(run_dir.iterdir()):
+        if run_dir.is_dir() and any(run_dir.iterdir()) and not _stopped_without_mlflow(run_dir):
             raise UserError(
                 f"{run_dir} holds another run already (its results and MLflow run would be "
                 "replaced): pick another --name or --experiment"
@@ -995,6 +996,18 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
 
     stem = folder_name(f"{pretrain_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     return create_numbered(experiment_dir, stem, "", make)
+
+
+def _stopped_without_mlflow(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds only the partial ``results.json`` of a --no-mlflow
+    fine-tuning a signal stopped: the same command again (a SLURM requeue) runs in it."""
+    if [p.name for p in run_dir.iterdir()] != ["results.json"]:
+        return False
+    try:
+        kept = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(kept, dict) and "partial" in kept and kept.get("run_id") is None
 
 
 def _cut_by(

@@ -513,8 +513,16 @@ def test_a_second_ctrl_c_in_a_real_fit_ends_the_bench_with_130(tmp_path, monkeyp
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert "stopped by Ctrl-C in the run of gpt2 seed 0 after step 2 (" in err
-    assert "stopped: no run had finished, so no report was written" in err
+    # A report before the first run: its --resume goes on with that run (it said "no
+    # report was written", and a rerun trained it anew under a new name).
+    (md,) = (tmp_path / "out").glob("*.md")
+    assert f"stopped: no run had finished; the runs to train are in {md} (partial); " in err
     assert "cofr: interrupted" in err
+    monkeypatch.undo()  # no signal in the resumed run
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "quality", "--resume", str(md)]) == 0
+    (run,) = json.loads(md.with_suffix(".json").read_text())["runs"]
+    assert run["steps"] == 8 and len(list((tmp_path / "runs").glob("*/*-gpt2-s0"))) == 1
 
 
 def test_a_resumed_bench_goes_on_from_its_stopped_runs_checkpoint(tmp_path, monkeypatch, capsys):

@@ -948,6 +948,10 @@ def run_benchmark(
         minutes = before + (dt.datetime.now(dt.timezone.utc) - now).total_seconds() / 60
         return _report(cfg, command, started, results, pending, minutes)
 
+    if on_update is not None:
+        # Before the first run: a stop in it (hours, at full size) leaves a report whose
+        # --resume goes on with that run from its checkpoint.
+        on_update(*report(_pending(order, done)))
     for index, (seed, name) in enumerate(order):
         if (seed, name) in done:
             continue
@@ -1173,13 +1177,16 @@ def run(args: argparse.Namespace) -> int:
             # write must not hide what stopped the bench.
             with contextlib.suppress(OSError):
                 write_report({**report, "stopped": _stopped_by(error)}, rows, stem(report))
+            what = (
+                "the runs finished so far are"
+                if report["runs"]
+                else "no run had finished; the runs to train are"
+            )
             print(
-                f"stopped: the runs finished so far are in {md} (partial); to train the "
-                f"rest into it: {resume_command(command, md)}",
+                f"stopped: {what} in {md} (partial); to train the rest into it: "
+                f"{resume_command(command, md)}",
                 file=sys.stderr,
             )
-        elif isinstance(error, RunStopped):
-            print("stopped: no run had finished, so no report was written", file=sys.stderr)
         if isinstance(error, RunStopped) and error.code == 128 + signal.SIGINT:
             raise KeyboardInterrupt from None  # `cofr: interrupted`, status 130, as elsewhere
         raise

@@ -1447,8 +1447,9 @@ def test_vocab_mismatch_fails_fast(pydoc_byte):
 def test_block_larger_than_the_split_is_explained(pydoc_byte):
     dm = TokenDataModule(str(pydoc_byte), block_size=10**6, batch_size=1, num_workers=0)
     # A UserError: `cofr fit` says it in one line and removes the run it had started.
-    with pytest.raises(UserError, match="lower block_size or prepare more data"):
+    with pytest.raises(UserError, match="lower block_size or prepare more data") as raised:
         dm.val_dataloader()
+    assert "chunk-bytes" not in str(raised.value)  # chunks the data ended, not the size
 
 
 def test_chunks_too_small_for_a_block_name_the_chunk_size(tmp_path):

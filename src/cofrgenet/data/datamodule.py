@@ -39,7 +39,7 @@ from cofrgenet.data.meta import (
     DataMeta,
     check_vocab,
     chunk_layout,
-    largest_chunk_tokens,
+    chunks_cut_by_size,
     read_meta,
     split_blocks,
     tokenizer_changes,
@@ -344,9 +344,9 @@ class TokenDataModule(L.LightningDataModule):
 
     def _no_block(self, split: str) -> ConfigError:
         tokens = self.meta.splits[split].tokens
-        largest = largest_chunk_tokens(self.data_dir / split)
-        if self.meta.splits[split].chunks > 1 and largest * 4 < tokens:
-            # Many small chunks: the chunk size, not the data, leaves no whole block.
+        largest = chunks_cut_by_size(self.data_dir / split)
+        if largest is not None and tokens > self.block_size:
+            # The data holds a block; the chunk size, cutting it, leaves none whole.
             return ConfigError(
                 f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens) holds no "
                 f"block of block_size + 1 = {self.block_size + 1} tokens: its chunks hold at "

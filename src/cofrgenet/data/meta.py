@@ -430,10 +430,16 @@ def split_blocks(split_dir: Path, block_tokens: int) -> int:
     return sum(int(chunk["dim"] or 0) // block_tokens for chunk in index["chunks"])
 
 
-def largest_chunk_tokens(split_dir: Path) -> int:
-    """The tokens of the largest chunk of a prepared split (a block never spans two)."""
+def chunks_cut_by_size(split_dir: Path) -> int | None:
+    """The tokens of the largest chunk of a prepared split when its chunks were cut by
+    ``--chunk-bytes`` (the largest fills half of it or more), else None: then the data,
+    or each prepare worker's share of it, ended them (a block never spans two)."""
     index = json.loads((split_dir / "index.json").read_text())
-    return max((int(chunk["dim"] or 0) for chunk in index["chunks"]), default=0)
+    limit = int((index.get("config") or {}).get("chunk_bytes") or 0)
+    largest = max(index["chunks"], key=lambda c: int(c["chunk_bytes"]), default=None)
+    if not limit or largest is None or 2 * int(largest["chunk_bytes"]) < limit:
+        return None
+    return int(largest["dim"] or 0)
 
 
 def _damaged_chunk(split_dir: Path) -> str | None:

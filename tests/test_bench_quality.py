@@ -68,6 +68,23 @@ def test_ladder_settings_go_to_the_ladder_variants_alone():
         assert "depth" not in model(baseline) and model(baseline)["n_layer"] == 3
 
 
+def test_a_report_whose_model_config_set_the_shape_still_resumes():
+    """Reports written before --model-config refused the shape fields hold them there:
+    their --resume was refused with advice no option could follow. They move to their
+    options, and such a report agrees with a command that gives them so."""
+    from cofrgenet.bench.quality import config_of, finished_runs
+
+    report = {"config": {"model_config": '{"n_layer": 3, "depth": 2}', "seeds": [0]}, "runs": []}
+    cfg = config_of(report)
+    assert (cfg.n_layer, json.loads(cfg.model_config)) == (3, {"depth": 2})
+    assert (
+        finished_runs(
+            report, QualityBenchConfig(seeds=(0,), n_layer=3, model_config='{"depth": 2}')
+        )
+        == []
+    )
+
+
 def test_a_recipes_base_files_keep_their_model_config(tmp_path):
     """Only the recipe file's own model.config was read: a key set in one of its base:
     files was dropped from every run (a run's --model.config replaces the section)."""

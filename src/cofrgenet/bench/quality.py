@@ -144,6 +144,9 @@ DYADIC = ("none", "paper", "release")
 MAX_SEED = 2**32 - 1
 
 
+#: The ModelConfig fields the bench's shape options set (--block-size the data's too).
+SHAPE_OPTIONS = ("block_size", "n_layer", "n_embd", "n_head")
+
 #: What an unset shape or run-length field of QualityBenchConfig means.
 RECIPES = " (default: the recipe's)"
 
@@ -265,7 +268,7 @@ class QualityBenchConfig:
                 )
         # The shape options set these (and --block-size the data's blocks too): two ways
         # to one field, the JSON's taken silently while the report named the option's.
-        owned = [key for key in ("block_size", "n_layer", "n_embd", "n_head") if key in value]
+        owned = [key for key in SHAPE_OPTIONS if key in value]
         if owned:
             flag = f"--{owned[0].replace('_', '-')}"
             raise ConfigError(
@@ -708,7 +711,7 @@ def summarize(results: list[RunResult]) -> list[Row]:
         clip = [r.val_loss - r.val_loss_unclipped for r in runs if r.val_loss_unclipped is not None]
         # Only a step with SPIKE_WINDOW norms before it can be a spike.
         tested = sum(max(0, r.steps - SPIKE_WINDOW) for r in runs)
-        norms = [r.max_grad_norm for r in runs if math.isfinite(r.max_grad_norm)]
+        norms = [r.max_grad_norm for r in runs if not math.isnan(r.max_grad_norm)]  # inf: shown
         rows.append(
             Row(
                 variant=name,
@@ -983,7 +986,7 @@ def _pending(order: list[tuple[int, str]], done: set[tuple[int, str]]) -> list[s
 def finished_runs(earlier: dict[str, Any], cfg: QualityBenchConfig) -> list[RunResult]:
     """The finished runs of a stopped bench's report ``earlier``, refused unless it ran
     with ``cfg``'s settings (its numbers would stand beside others of other settings)."""
-    theirs = earlier.get("config") or {}
+    theirs = asdict(config_of(earlier))
     ours = asdict(cfg)
     differ = [
         f"{key}: {_shown(theirs.get(key))} there, {_shown(value)} here"
@@ -1004,9 +1007,17 @@ def finished_runs(earlier: dict[str, Any], cfg: QualityBenchConfig) -> list[RunR
 
 
 def config_of(report: dict[str, Any]) -> QualityBenchConfig:
-    """The settings a report's bench ran with (its ``config``)."""
+    """The settings a report's bench ran with (its ``config``). A shape field in its
+    --model-config (taken before the shape options owned them) moves to its option."""
     names = {f.name for f in fields(QualityBenchConfig)}
-    return QualityBenchConfig(**{k: v for k, v in report["config"].items() if k in names})
+    config = {k: v for k, v in report["config"].items() if k in names}
+    with contextlib.suppress(ValueError, TypeError):
+        model = json.loads(config.get("model_config") or "{}")
+        for key in SHAPE_OPTIONS:
+            if key in model and config.get(key) in (None, model[key]):
+                config[key] = model.pop(key)
+        config["model_config"] = json.dumps(model) if model else None
+    return QualityBenchConfig(**config)
 
 
 def _shown(value: Any) -> Any:

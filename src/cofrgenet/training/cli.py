@@ -813,10 +813,15 @@ class CofrCLI(LightningCLIAdapter):
             # After the command line, Lightning parses the hyper-parameters of the
             # checkpoint an evaluation or resume reads: a mixer of the user's own that
             # this process has not registered (its module not imported) fails there.
+            registered = re.search(r'Parser key "model\.config\.(arch|attention|ffn)', str(error))
+            hint = (
+                " (a mixer of your own is registered by importing its module first: run "
+                "the command through your script, docs/architecture.md)"
+                if registered
+                else ""
+            )
             raise ConfigError(
-                f"the checkpoint's settings: {self._explain(str(error), args)} (a mixer "
-                "of your own is registered by importing its module first: run the "
-                "command through your script, docs/architecture.md)"
+                f"the checkpoint's settings: {self._explain(str(error), args)}{hint}"
             ) from None
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

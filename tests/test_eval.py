@@ -917,6 +917,9 @@ def test_cofr_eval_checks_harness_tasks_before_scoring_its_own(
     assert "unknown harness task 'cofr_tiny_mcc' (did you mean 'cofr_tiny_mc'?)" in line
     line = one_line_error(capsys, [*argv, "ptb"])
     assert "harness task 'ptb' has the name of cofr's own ptb task" in line
+    # The same task by its file's path: its results went by its `task:`, over cofr's.
+    line = one_line_error(capsys, [*argv, str(include / "ptb.yaml")])
+    assert "harness task 'ptb' has the name of cofr's own ptb task" in line
     line = one_line_error(capsys, [*argv, "lambada"])  # lm-eval's own: its other names
     assert "it would replace: lm-eval's own are lambada_cloze, " in line
     assert "lambada_openai" in line and "--tasks lambada scores cofr's;" in line

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -517,6 +518,18 @@ def _expand_tasks(task_manager: Any, tasks: Sequence[str]) -> list[str]:
     return names
 
 
+def _scored_as(task: str) -> str:
+    """The name a task's results go by: a YAML path's own ``task:`` (``myt/ptb.yaml``
+    with ``task: ptb`` is scored as ``ptb``), else the name given."""
+    if not task.endswith((".yaml", ".yml")):
+        return task
+    try:  # a regex, not a YAML load: lm-eval's files hold `!function` tags
+        found = re.search(r"^task:\s*['\"]?([^\s'\"#]+)", Path(task).read_text(), re.MULTILINE)
+    except (OSError, UnicodeDecodeError):
+        return task
+    return found.group(1) if found else task
+
+
 def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """``{task: {metric: value}}`` from ``simple_evaluate``'s ``results["results"]``.
 
@@ -566,7 +579,7 @@ def resolve_tasks(
     register()
     task_manager = TaskManager(include_path=include_path)
     names = _expand_tasks(task_manager, tasks)
-    clash = [name for name in names if name in reserved]
+    clash = [name for name in map(_scored_as, names) if name in reserved]
     if clash:
         # lm-eval's own tasks of the set go by other names (lambada_openai, ...).
         variants = sorted(

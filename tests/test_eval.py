@@ -887,6 +887,16 @@ def test_an_interrupted_eval_does_not_replace_complete_results(
     assert json.loads(partial.read_text())["partial"]["not_scored"] == ["wikitext-2"]
     said = " ".join(capsys.readouterr().out.split())
     assert f"results: {partial} (partial: the sets finished; {out} keeps an earlier run's" in said
+    # Something else at eval.partial.json: kept; the sets scored go to stdout, and the
+    # stop's status stands (it was an error, status 2, the sets scored nowhere).
+    first_partial = partial.read_text()
+    partial.write_text("my notes")
+    calls.clear()
+    assert main([*argv, "--tasks", "ptb,wikitext-2"]) == 130
+    captured = capsys.readouterr()
+    assert partial.read_text() == "my notes" and "the partial results follow" in captured.err
+    assert '"not_scored": [' in captured.out
+    partial.write_text(first_partial)
     out.write_text(partial.read_text())  # partial results: a stopped run replaces them
     partial.unlink()
     calls.clear()

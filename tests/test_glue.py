@@ -1083,6 +1083,15 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
     shutil.rmtree(tmp_path / "glue")  # made again by the helper
     assert _stopped_finetune(pretrained, tmp_path, extra) == 0
     assert "partial" not in json.loads((folder / "results.json").read_text())
+    # Something else at OUT.partial.json (the first stop's was taken over): kept.
+    beside.write_text("my notes")
+    monkeypatch.setattr(classifier, "training_step", interrupted)
+    shutil.rmtree(tmp_path / "glue")
+    again = [word if word != "scored" else "again" for word in extra]
+    capsys.readouterr()
+    assert _stopped_finetune(pretrained, tmp_path, again) == 143
+    assert beside.read_text() == "my notes"
+    assert f"warning: --json {beside} exists and is not a results file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])

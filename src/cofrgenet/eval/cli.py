@@ -493,11 +493,20 @@ def run(args: argparse.Namespace) -> int:
             kept = ""
             if stop.signum is not None and (partial := partial_results_file(out)) != out:
                 kept = f"; {out} keeps an earlier run's complete results"
-                out = check_output_file(partial)
-            write_results(out, report)
-            print(
-                f"results: {out}" + (f" (partial: the sets finished{kept})" if stop.signum else "")
-            )
+                try:
+                    out = check_output_file(partial)
+                except UserError as error:
+                    # Something else holds that name: the sets scored still go to MLflow
+                    # below, and to stdout here, not nowhere.
+                    print(f"warning: {error}; the partial results follow", file=sys.stderr)
+                    sys.stdout.write(results_json(report))
+                    out = None
+            if out is not None:
+                write_results(out, report)
+                print(
+                    f"results: {out}"
+                    + (f" (partial: the sets finished{kept})" if stop.signum else "")
+                )
         if not args.no_mlflow and _log_and_say(args, loaded, results, report):
             report["logged_to_mlflow"] = True
             if out is not None:  # written before: the results are kept if logging fails

@@ -46,7 +46,12 @@ from cofrgenet.eval.glue_data import (
     encode_examples,
     load_task,
 )
-from cofrgenet.eval.paths import partial_results_file, results_json, write_results
+from cofrgenet.eval.paths import (
+    check_output_file,
+    partial_results_file,
+    results_json,
+    write_results,
+)
 from cofrgenet.hub import offline_unless_reachable
 from cofrgenet.signals import lightning_sigterm, signal_name, signals_held, sigterm_raises
 
@@ -525,7 +530,7 @@ def dev_metrics(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[st
 def run(args: argparse.Namespace) -> int:
     """``cofr finetune glue``: fine-tune, score the dev sets, track, print, write JSON."""
     from cofrgenet.dataclass_options import dataclass_from_args
-    from cofrgenet.eval.paths import check_data_dir, check_output_file
+    from cofrgenet.eval.paths import check_data_dir
     from cofrgenet.training.pretrained import checkpoint_file
     from cofrgenet.training.run_store import check_folder_name
 
@@ -767,9 +772,13 @@ def finetune(
                         kept_in.append(run_dir / "results.json")
                 if json_out is not None:
                     out = partial_results_file(json_out)
-                    with contextlib.suppress(UserError):  # printed to stdout: not lost
-                        write_results(out, partial)
+                    # Not over a file of something else there; a failed write prints the
+                    # results to stdout (not lost) before its error.
+                    try:
+                        write_results(check_output_file(out, kind="metrics"), partial)
                         kept_in.append(out)
+                    except UserError as error:
+                        print(f"warning: {error}", file=sys.stderr)
             folder = None
             if run_dir is not None and run_dir / "results.json" not in kept_in:
                 try:

@@ -323,6 +323,24 @@ def test_a_target_word_longer_than_the_block_is_named():
         lambada(model, encode, 0, ["a bc", "a abcdefghij"], block=8)
 
 
+def test_a_lambada_word_longer_than_the_window_fails_before_any_set_is_scored(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """Found while scoring LAMBADA, after the sets before it (hours of WikiText-103),
+    whose scores were thrown away with the error."""
+    from cofrgenet.eval import cli as eval_cli
+
+    def scored(*args, **kwargs):
+        raise AssertionError("a set was scored before LAMBADA's words were checked")
+
+    monkeypatch.setattr(eval_cli, "evaluate_tasks", scored)
+    data = write_eval_data(tmp_path / "sets")
+    argv = ["eval", "--ckpt", str(checkpoint), "--tasks", "ptb,lambada", "--data-dir",
+            str(data), "--no-mlflow", "--window", "2"]  # fmt: skip
+    line = one_line_error(capsys, argv)
+    assert "LAMBADA passage 1: its last word " in line and "the 2-token window" in line
+
+
 def test_a_passage_may_hold_a_raw_line_separator(tmp_path):
     # JSON allows U+2028 raw in a string; the file's lines are its "\n"s only.
     (tmp_path / "lambada_test.jsonl").write_text('{"text": "a\u2028b c"}\n', encoding="utf-8")

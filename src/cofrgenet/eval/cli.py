@@ -372,6 +372,21 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
         )
 
 
+def _check_lambada_fits(
+    loaded: Any, tasks: list[str], texts: dict[str, list[str]], limit: int | None, window: int
+) -> None:
+    """A LAMBADA last word longer than the window is refused before any set is scored
+    (found while scoring, it threw away the sets scored before it)."""
+    from cofrgenet.eval.lambada import continuation_pairs
+
+    tokenizer = loaded.tokenizer
+    for name in tasks:
+        task = get_task(name)
+        if task.kind == "lambada":
+            passages = [task.detokenize(p) for p in texts[name][:limit]]
+            continuation_pairs(tokenizer.encode, tokenizer.eos_id, passages, window)
+
+
 def _read_sets(tasks: list[str], split: str, data_dir: str) -> dict[str, list[str]]:
     """Each set's rows; one error for those that cannot be read, the first in full and
     the others named (all are fixed before a second try, not one a run)."""
@@ -433,6 +448,7 @@ def run(args: argparse.Namespace) -> int:
             f"--stride {args.stride} exceeds the {window}-token window"
             + ("" if args.window else " (the length the model trained at; see --window)")
         )
+    _check_lambada_fits(loaded, tasks, texts, args.limit, window)
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     results: dict[str, dict[str, float]] = {}
     harness: dict[str, dict[str, float]] = {}

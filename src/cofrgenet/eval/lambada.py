@@ -39,6 +39,26 @@ class LambadaResult:
         }
 
 
+def continuation_pairs(
+    encode: Callable[[str], list[int]], eos_id: int, passages: Sequence[str], block: int
+) -> list[tuple[list[int], list[int]]]:
+    """(context ids, last-word ids) of each passage; a last word longer than the
+    ``block``-token window is an :class:`EvalDataError` naming its passage (``cofr eval``
+    checks before it scores any set)."""
+    pairs = []
+    for number, passage in enumerate(passages, start=1):
+        context, target = split_last_word(passage)
+        pairs.append(([eos_id, *encode(context)], encode(target)))
+        if len(pairs[-1][1]) > block:
+            raise EvalDataError(
+                f"LAMBADA passage {number}: its last word {target.strip()[:40]!r} is "
+                f"{len(pairs[-1][1])} tokens, more than the {block}-token window it is "
+                "scored in (--window; default: the length the model trained at): it cannot "
+                "be scored"
+            )
+    return pairs
+
+
 def lambada(
     model: nn.Module | Callable[[Tensor], Tensor],
     encode: Callable[[str], list[int]],
@@ -51,17 +71,7 @@ def lambada(
 ) -> LambadaResult:
     """Accuracy and target-word perplexity over ``passages`` (n_real: as for
     :func:`cofrgenet.eval.scoring.score_continuations`)."""
-    pairs = []
-    for number, passage in enumerate(passages, start=1):
-        context, target = split_last_word(passage)
-        pairs.append(([eos_id, *encode(context)], encode(target)))
-        if len(pairs[-1][1]) > block:
-            raise EvalDataError(
-                f"LAMBADA passage {number}: its last word {target.strip()[:40]!r} is "
-                f"{len(pairs[-1][1])} tokens, more than the {block}-token window it is "
-                "scored in (--window; default: the length the model trained at): it cannot "
-                "be scored"
-            )
+    pairs = continuation_pairs(encode, eos_id, passages, block)
     scores = score_continuations(model, pairs, block, batch_size, device, n_real)
     return LambadaResult(
         correct=sum(greedy for _, greedy in scores),

@@ -829,6 +829,23 @@ def test_a_model_with_nan_weights_is_warned_of_and_its_json_stays_strict(
     assert report["results"]["ptb"]["word_ppl"] is None and len(report["warnings"]) == 2
 
 
+def test_two_evaluations_in_one_second_keep_both_reports(checkpoint, tmp_path, monkeypatch):
+    """The run's copy of the report was named by the second: of two evaluations of one
+    run in one second (parallel SLURM jobs), the second's replaced the first's."""
+    import mlflow
+
+    from cofrgenet.eval import cli as eval_cli
+
+    monkeypatch.setattr(eval_cli.time, "strftime", lambda fmt, *a: "20261206-120000")
+    data = write_eval_data(tmp_path / "sets")
+    argv = ["eval", "--ckpt", str(checkpoint), "--data-dir", str(data), "--tasks"]
+    assert main([*argv, "ptb"]) == 0 and main([*argv, "lambada"]) == 0
+    run_id = json.loads((checkpoint.parents[1] / "mlflow_run_id").read_text().strip().join('""'))
+    client = mlflow.MlflowClient(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}")
+    names = [a.path for a in client.list_artifacts(run_id, "eval") if "20261206-120000" in a.path]
+    assert len(names) == 2
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_eval_keeps_the_tasks_it_finished(
     checkpoint, tmp_path, capsys, monkeypatch, stop

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import secrets
 import signal
 import sys
 import time
@@ -318,7 +319,9 @@ def log_to_mlflow(
     uri = loaded.tracking_uri
     log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
     client = MlflowClient(uri)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    # With a draw beside the time: two evaluations of one run in one second (parallel
+    # SLURM jobs) kept one report, the other written over.
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     logged = {**report, "logged_to_mlflow": True}  # the run's own copy: logged, it says
     client.log_text(loaded.mlflow_run_id, results_json(logged), f"eval/eval-{stamp}.json")
     return loaded.mlflow_run_id

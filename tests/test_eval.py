@@ -840,7 +840,7 @@ def test_two_evaluations_in_one_second_keep_both_reports(checkpoint, tmp_path, m
     data = write_eval_data(tmp_path / "sets")
     argv = ["eval", "--ckpt", str(checkpoint), "--data-dir", str(data), "--tasks"]
     assert main([*argv, "ptb"]) == 0 and main([*argv, "lambada"]) == 0
-    run_id = json.loads((checkpoint.parents[1] / "mlflow_run_id").read_text().strip().join('""'))
+    run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
     client = mlflow.MlflowClient(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}")
     names = [a.path for a in client.list_artifacts(run_id, "eval") if "20261206-120000" in a.path]
     assert len(names) == 2

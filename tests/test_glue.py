@@ -1073,7 +1073,7 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
         f"{folder / 'results.json'} (partial) and {beside} (partial)"
     )
     result = json.loads((folder / "results.json").read_text())
-    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2}
+    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2}  # eval's names
     assert set(result["metrics"]) == {"glue/sst2/accuracy"} and result["steps"] == 2
     assert json.loads(beside.read_text()) == result
     assert "partial" not in json.loads(out.read_text())
@@ -1152,6 +1152,8 @@ def test_mlflow_is_switched_off_by_no_mlflow_as_in_every_command(capsys):
         (["--task", "STS-B"], "argument --task: STS-B is a regression"),
         (["--task", "wnli"], "argument --task: WNLI is not in the paper's table"),
         (["--task", "rte", "--max-length", "2"], "--max-length must be >= 4 (a pair's"),
+        # It meant no clipping, as 0 does, unsaid.
+        (["--task", "rte", "--grad-clip", "-1"], "--grad-clip must be >= 0 (0: none), got -1.0"),
     ],
 )
 def test_the_tasks_left_out_and_a_too_short_max_length_say_why(tmp_path, capsys, words, said):

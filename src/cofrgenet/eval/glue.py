@@ -123,6 +123,8 @@ class FinetuneConfig:
             (self.epochs >= 1, "--epochs must be >= 1"),
             (self.batch_size >= 1, "--batch-size must be >= 1"),
             (0 <= self.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)"),
+            # A negative clip meant none, as 0 does, unsaid.
+            (self.grad_clip >= 0, f"--grad-clip must be >= 0 (0: none), got {self.grad_clip}"),
             (0 <= self.head_dropout < 1, "--head-dropout must be in [0, 1)"),
             (
                 len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
@@ -761,8 +763,8 @@ def finetune(
                     "config": asdict(config),
                     "run_id": run_id,
                     "run_dir": str(run_dir) if run_id is None else None,
-                    "partial": {
-                        "stopped_by": signal_name(status),
+                    "partial": {  # as cofr eval's: the signal's name (SIGINT for Ctrl-C)
+                        "stopped_by": signal.Signals(status - 128).name,
                         "scored_at": module.validated_at,
                     },
                 }

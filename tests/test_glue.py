@@ -610,6 +610,8 @@ def test_finetune_sst2_end_to_end(pretrained, tmp_path, capsys):
     assert client.get_experiment(finetune_run.info.experiment_id).name == "glue-sst2"
     assert finetune_run.data.params["task"] == "sst2"
     assert finetune_run.data.params["lr"] == "0.001"
+    # The precision it trained in (neither said it): as given, and as Lightning took it.
+    assert finetune_run.data.params["precision"] == "32-true" == result["precision"]
     history = client.get_metric_history(result["run_id"], "glue/sst2/accuracy")
     assert [m.step for m in history] == [3, 6]  # after each epoch of 3 steps
     assert history[-1].value == pytest.approx(accuracy_)

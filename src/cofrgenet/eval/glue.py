@@ -720,7 +720,7 @@ def finetune(
             if mlflow:
                 logger, params = _mlflow_logger(
                     experiment, run_dir, uri, ckpt, loaded, data, config, sizes, max_length,
-                    command_line,
+                    command_line, precision,
                 )  # fmt: skip
                 logger.log_hyperparams(params)  # makes the run: `logger` can end it
             trainer = _trainer(
@@ -816,6 +816,7 @@ def finetune(
                 "epochs": round(trainer.global_step / steps_per_epoch, 3),
                 "train_examples": len(train),
                 "max_length": max_length,
+                "precision": str(trainer.precision),  # as Lightning resolved it (bf16-mixed)
                 "source": data.source,
                 "config": asdict(config),
                 "pretrain_run_id": loaded.mlflow_run_id,
@@ -909,6 +910,7 @@ def _mlflow_logger(
     sizes: dict[str, int],
     max_length: int,
     command_line: str | None,
+    precision: str,
 ) -> tuple[Any, dict[str, Any]]:
     """The fine-tuning run's MLFlowLogger, named as its folder, with the tags of a
     pretraining run (code version, command), and its settings as params to log (which
@@ -945,6 +947,7 @@ def _mlflow_logger(
         **sizes,
         **asdict(config),
         "max_length": max_length,
+        "precision": precision,  # as given (Lightning's resolved one is in the results)
         **flatten(loaded.config.to_dict(), "model"),
     }
     return logger, flatten(params)

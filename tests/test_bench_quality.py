@@ -346,6 +346,24 @@ def test_a_ctrl_c_in_the_unclipped_validation_keeps_the_trained_run(tmp_path, mo
     assert report["pending"] == ["cofrgenet-f seed 1"] and report["stopped"] == "Ctrl-C"
 
 
+def test_the_report_before_the_first_run_is_named_by_where_the_runs_will_train(
+    tmp_path, monkeypatch
+):
+    """The report is written before the first run now, before a run has said its
+    device: it is named by the one the recipe's trainer will take (a GPU bench's was
+    named quality-cpu-...)."""
+    import torch
+
+    import cofrgenet.bench.quality as quality
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(quality, "device_slug", lambda device: "nvidia-h200")
+    assert quality.expected_device(QualityBenchConfig(recipe=str(RECIPE))) == "cpu"
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text(f"base: [{RECIPE}]\ntrainer:\n  accelerator: auto\n")
+    assert quality.expected_device(QualityBenchConfig(recipe=str(gpu))) == "nvidia-h200"
+
+
 def _two_by_two_bench(tmp_path: Path) -> list[str]:
     """The words of a bench of gpt2 and cofrgenet-f, seeds 0 and 1, in ``tmp_path`` (its
     data folder a stand-in: the runs are faked)."""

@@ -441,17 +441,36 @@ def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:
 
 
 @functools.cache
-def _resolved_model_config(path: str, mtime_ns: int) -> tuple[tuple[str, Any], ...]:
-    """``model.config`` as ``cofr fit --config path`` merges it with its ``base:`` files
-    (a run's ``--model.config`` replaces the section whole: a base's keys must be in it)."""
+def _resolved_recipe(path: str, mtime_ns: int) -> str:
+    """The recipe as ``cofr fit --config path`` resolves it with its ``base:`` files (YAML)."""
     from cofrgenet.training.cli import resolve_fit_config
 
     try:
-        resolved = yaml.safe_load(resolve_fit_config(["--config", path]))
+        return resolve_fit_config(["--config", path])
     except ConfigError as error:
         raise ConfigError(f"--recipe {path}: {error}") from None
+
+
+def _resolved_model_config(path: str, mtime_ns: int) -> tuple[tuple[str, Any], ...]:
+    """``model.config`` as ``cofr fit --config path`` merges it with its ``base:`` files
+    (a run's ``--model.config`` replaces the section whole: a base's keys must be in it)."""
+    resolved = yaml.safe_load(_resolved_recipe(path, mtime_ns))
     config = (resolved.get("model") or {}).get("config") or {}
     return tuple((key, value) for key, value in config.items() if value is not None)
+
+
+def expected_device(cfg: QualityBenchConfig) -> str:
+    """Where the runs will train, before one has said (the report written before the
+    first run is named by it): the CPU where the recipe's trainer asks for it or no GPU
+    is here, else this machine's GPU (Lightning's ``auto``)."""
+    import torch
+
+    path = Path(cfg.recipe)
+    resolved = yaml.safe_load(_resolved_recipe(str(path), path.stat().st_mtime_ns))
+    accelerator = str((resolved.get("trainer") or {}).get("accelerator") or "auto")
+    if accelerator == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return device_slug("cuda")
 
 
 def matched_ffn_hidden(gpt2_fields: dict[str, Any]) -> int:
@@ -1061,7 +1080,7 @@ def _report(
     settings |= {"lr": cfg.lr, "val_batches": cfg.val_batches, "dyadic": cfg.dyadic}
     settings |= {"model config": cfg.model_config}
     # The recipe's trainer decides where the runs train (quality-cpu.yaml: the CPU).
-    devices = sorted({r.device for r in results if r.device}) or ["cpu"]
+    devices = sorted({r.device for r in results if r.device}) or [expected_device(cfg)]
     report = {
         "command": command,
         "date": started.date().isoformat(),

@@ -192,3 +192,18 @@ def test_a_sigterm_in_the_middle_of_lightnings_import_stops_the_command():
         [sys.executable, "-c", SIGTERM_MID_IMPORT], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout) == (143, ""), done.stderr[-2000:]
+
+
+def test_after_a_ctrl_c_the_program_ignores_another_while_it_exits(handlers_back, monkeypatch):
+    """A second Ctrl-C after `cofr: interrupted` landed in torch's exit hooks: a
+    traceback under the clean line. The program's entry ignores SIGINT once a Ctrl-C has
+    ended the command; any other ending leaves the handler as it is."""
+    from cofrgenet import cli
+
+    for status, ignored in ((130, True), (0, False), (143, False)):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        monkeypatch.setattr(cli, "main", lambda status=status: status)
+        with pytest.raises(SystemExit) as ended:
+            cli.entry()
+        assert ended.value.code == status
+        assert (signal.getsignal(signal.SIGINT) == signal.SIG_IGN) == ignored

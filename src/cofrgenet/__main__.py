@@ -1,7 +1,5 @@
 """``python -m cofrgenet ...``: the same as ``cofr ...``."""
 
-import sys
+from cofrgenet.cli import entry
 
-from cofrgenet.cli import main
-
-sys.exit(main())
+entry()

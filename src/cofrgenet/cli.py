@@ -19,6 +19,7 @@ import io
 import os
 import re
 import shlex
+import signal
 import sys
 import traceback
 import warnings
@@ -426,5 +427,15 @@ def _run_lightning(command: Command, words: list[str]) -> int:
     return int(command.load().main(words) or 0)
 
 
+def entry() -> None:
+    """The ``cofr`` program: :func:`main`'s status as the process's. Once a Ctrl-C has
+    ended the command (``cofr: interrupted``), another while the interpreter exits is
+    ignored: it raised inside torch's exit hooks, a traceback after the clean line."""
+    status = main()
+    if status == 128 + signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1506,6 +1506,11 @@ def test_cofr_eval_runs_harness_tasks_and_logs_them(checkpoint, tmp_path, capsys
     assert "cofr_tiny_mc" in printed and "acc_norm" in printed
     results = json.loads(out.read_text())["results"]
     assert 0 <= results["cofr_tiny_mc"]["acc"] <= 1
+    # No split or stride of cofr's sets, none scored (it said test, 16).
+    assert {k: json.loads(out.read_text())[k] for k in ("split", "stride")} == {
+        "split": None,
+        "stride": None,
+    }
     mlflow.set_tracking_uri(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}")
     run = mlflow.get_run(json.loads(out.read_text())["mlflow_run_id"])
     assert run.data.metrics["eval/cofr_tiny_mc/acc"] == pytest.approx(

@@ -595,8 +595,13 @@ def _report(
         "device": str(args.device),
         "checkpoint": str(args.ckpt),
         "step": loaded.step,
-        "split": args.split,
-        "stride": args.stride or default_stride(window),
+        # Of cofr's own sets (the harness's tasks have their own splits and windows).
+        "split": args.split if tasks else None,
+        "stride": (
+            args.stride or default_stride(window)
+            if any(get_task(t).kind == "perplexity" for t in tasks)
+            else None
+        ),
         "window": window,
         "block_size": loaded.block_size,
         "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,

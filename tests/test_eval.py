@@ -259,10 +259,13 @@ def test_a_missing_set_names_the_expected_file_and_its_source(tmp_path, monkeypa
     with pytest.raises(EvalDataNotFound, match=r"wikitext-103/wiki\.test\.tokens.*-103-v1\.zip"):
         read_rows(get_task("wikitext-103-v1"), "test", tmp_path)
     # --data-dir given (tmp_path): "or pass --data-dir DIR" is no way out; without it, one.
-    with pytest.raises(EvalDataNotFound, match=r"unzip it here\) and put it there$"):
+    # It read "(...; unzip it here) and put it there".
+    with pytest.raises(
+        EvalDataNotFound, match=r"release, unzipped\) so that \S+wiki\.test\.raw is there$"
+    ):
         read_rows(get_task("wikitext-2"), "test", tmp_path)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(EvalDataNotFound, match=r"put it there, or pass --data-dir DIR$"):
+    with pytest.raises(EvalDataNotFound, match=r"is there, or pass --data-dir DIR$"):
         read_rows(get_task("wikitext-2"), "test")
 
     def script_dataset(task, split):  # what datasets >= 4 says of a loading-script dataset

@@ -105,7 +105,7 @@ def _wikitext(size: str, raw: bool) -> Task:
         hub_splits={"valid": "validation", "test": "test"},
         join="",  # the hub's rows are the file's lines, newline included
         detokenizer="wikitext",
-        source=f"{release}.zip (Salesforce's WikiText release; unzip it here)",
+        source=f"{release}.zip (Salesforce's WikiText release, unzipped)",
         blank_row=" \n",
     )
 
@@ -181,7 +181,7 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         other = ", or pass --data-dir DIR" if Path(data_dir) == Path(DEFAULT_DATA_DIR) else ""
         raise EvalDataNotFound(
             f"{task.name}: no file {path}, and the Hugging Face dataset {task.hub_name} could not be "
-            f"loaded{offline} ({_why(error)}); get {task.source} and put it there{other}"
+            f"loaded{offline} ({_why(error)}); get {task.source} so that {path} is there{other}"
         ) from None
     if not any(isinstance(row, str) and row.strip() for row in rows):  # nothing to score
         raise EvalDataError(f"{task.name}: the Hugging Face dataset's {split} split has no text")

@@ -261,6 +261,21 @@ def test_a_resume_with_more_steps_never_freezes_a_released_depth_again(tmp_path)
     assert fresh._releases == {1: 8, 2: 12}
 
 
+def test_a_depth_released_before_the_resume_keeps_its_release_in_any_new_plan():
+    """16 steps released depth 1 at 8 and depth 2 at 12; resumed at 16 to 24 steps,
+    whose plan says 12 and 18. Depth 2 kept its 12, but depth 1 took the new 12, the
+    step its lr group's schedule then restarted at (lr="release"), though it had
+    trained since 8: a kept release was kept only where the new one lay ahead."""
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 2}).model
+    unfreezing = DyadicUnfreezing("paper", total_steps=24)
+    assert unfreezing.release_steps(module, 24) == {1: 12, 2: 18}
+    unfreezing.load_state_dict({"releases": {1: 8, 2: 12}, "step": 16})
+    assert unfreezing.plan(None, module) == {1: 8, 2: 12}
+    # Not released by the checkpoint: the new plan's.
+    unfreezing.load_state_dict({"releases": {1: 8, 2: 12}, "step": 10})
+    assert unfreezing.plan(None, module) == {1: 8, 2: 18}
+
+
 class RestoredAfterSetup(SingleDeviceStrategy):
     """FSDP's order on one CPU: the optimizer is built before the checkpoint is restored."""
 

@@ -137,7 +137,9 @@ class DyadicUnfreezing(L.Callback):
         if self._resumed is not None:
             before, step = self._resumed
             for depth, released in before.items():
-                if depth in plan and released <= step < plan[depth]:
+                # Released by then: its release stands, wherever the new plan puts it (a
+                # release it moves earlier too: the depth's lr schedule started there).
+                if depth in plan and released <= step:
                     plan[depth] = released
         return plan
 

@@ -2705,6 +2705,28 @@ def test_a_test_of_part_of_the_split_is_kept_off_the_runs_test_curve(tiny_data, 
     assert len(part) == 2  # loss and ppl
 
 
+def test_a_resume_under_accumulation_leaves_the_periodic_checkpoints_be(tiny_data, tmp_path):
+    """Resumed at step 4, a periodic step, with 2 micro-batches a step: the first one
+    still reads global_step 4, and Lightning (its record of the saved step not restored)
+    saved step 4's checkpoint again, half a step on (one micro-batch more read, the data
+    position and tokens_seen past it), and counted it a new one: an older kept one went."""
+    import hashlib
+
+    words = ["--run.name", "acc", "--run.checkpoint_every_n_steps", "2",
+             "--run.keep_checkpoints", "2", "--trainer.accumulate_grad_batches", "2"]  # fmt: skip
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *words, "--trainer.max_steps", "4"))
+    folder = tmp_path / "runs" / "test" / "acc" / "checkpoints"
+
+    def digests() -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("step*")}
+
+    before = digests()
+    assert sorted(before) == ["step0000002.ckpt", "step0000004.ckpt"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *words, "--trainer.max_steps", "5",
+                          "--ckpt_path", "last"))  # fmt: skip
+    assert digests() == before  # step 5 is no periodic step: nothing new, nothing rewritten
+
+
 def test_validate_keeps_other_blocks_and_other_data_off_the_runs_curve(tiny_data, tmp_path, caplog):
     """Two ways a validate put another score on the run's val/loss curve, its latest
     there (what cofr compare reads): another --data.block_size (checked were only the

@@ -35,6 +35,7 @@ class RunCheckpoint(ModelCheckpoint):
     one (see the module's docstring)."""
 
     _final_saved: int | None = None  # the global step saved as the final one
+    _started_at: int = 0  # the global step this fit started (resumed) at
     _last_at_step_start: tuple[int, int, int] | None = None  # last.ckpt's file status
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -87,6 +88,10 @@ class RunCheckpoint(ModelCheckpoint):
             state["best_model_score"] = kept[state["best_model_path"]]
         return state
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started_at = trainer.global_step
+
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -101,8 +106,14 @@ class RunCheckpoint(ModelCheckpoint):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         step = trainer.global_step
+        if 0 < step == self._started_at:
+            # No optimizer step since the resume: under gradient accumulation the first
+            # micro-batches of step k still read global_step k, and Lightning (whose
+            # record of the step it saved is not restored) saved step k's checkpoint
+            # again, half a step on, and counted it a new one (an older kept one went).
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self.save_last and 0 < trainer.max_steps <= step and self._final_saved != step:
             # Once per step: with gradient accumulation the step's last micro-batch has
             # moved global_step to max_steps, and the earlier ones have not. A periodic

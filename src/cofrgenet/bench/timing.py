@@ -214,6 +214,14 @@ def is_busy(load: float | None) -> bool:
     return load is not None and load > BUSY_THRESHOLD
 
 
+def unreliable_note(load: float | None) -> str:
+    """What a target's verdict adds where other processes loaded the CPU while it was
+    timed (``load``: :func:`is_busy`'s); nothing on a quiet machine."""
+    if not is_busy(load):
+        return ""
+    return f", unreliable: other processes used {100 * load:.0f}% of the CPU"
+
+
 def busy_warning(loads: Mapping[str, float | None], what: str) -> str | None:
     """One sentence naming the timings (label -> :class:`BackgroundLoad` fraction while
     it was timed) taken on a busy machine, out of all ``what`` ("workloads"); None when

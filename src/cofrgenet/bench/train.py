@@ -1174,10 +1174,9 @@ def unreliable(*timed: dict[str, Any]) -> str:
     """What a verdict adds where other processes loaded the CPU while any of ``timed`` was
     timed (its figures are unreliable, and so is the verdict: `cofr bench ops` flags its
     own alike); nothing on a quiet machine."""
-    from cofrgenet.bench.timing import is_busy
+    from cofrgenet.bench.timing import unreliable_note
 
-    load = max((r.get("background_load") or 0.0 for r in timed), default=0.0)
-    return f", unreliable: other processes used {load:.0%} of the CPU" if is_busy(load) else ""
+    return unreliable_note(max((r.get("background_load") or 0.0 for r in timed), default=0.0))
 
 
 def targets(report: dict[str, Any]) -> list[str]:

@@ -23,7 +23,7 @@ from cofrgenet.bench.ops.formatting import ms, percent, share, speedup
 from cofrgenet.bench.ops.results import Report, Result
 from cofrgenet.bench.ops.targets import TargetCheck
 from cofrgenet.bench.ops.workloads import Workload
-from cofrgenet.bench.timing import is_busy
+from cofrgenet.bench.timing import unreliable_note
 
 
 def _groups(report: Report) -> dict[tuple[Workload, str], dict[str, Result]]:
@@ -153,9 +153,7 @@ def _target_line(check: TargetCheck) -> str:
     else:
         measured = f"{check.speedup:.1f}x"
     line = f"{verdict}: {check.target.describe()} (measured {measured})"
-    if is_busy(check.background_load):
-        line += f", unreliable: other processes used {percent(check.background_load)} of the CPU"
-    return line
+    return line + unreliable_note(check.background_load)
 
 
 def busy_warning(report: Report) -> str | None:

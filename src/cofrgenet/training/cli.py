@@ -1262,8 +1262,7 @@ class CofrCLI(LightningCLIAdapter):
         check = getattr(datamodule, "check_resumable", None)
         if self.subcommand != "fit" or check is None or saved is None:
             return
-        # Lightning keeps a datamodule's state under its class's name.
-        state = saved.get(type(datamodule).__qualname__)
+        state = self._saved_datamodule_state(saved)
         if not state:
             return
         try:
@@ -1583,7 +1582,7 @@ class CofrCLI(LightningCLIAdapter):
                 # Data of another tokenizer is refused (at restore): before saying where
                 # its scores would go.
                 datamodule = getattr(self, "datamodule", None)
-                state = (saved or {}).get(type(datamodule).__qualname__)
+                state = self._saved_datamodule_state(saved)
                 if state and hasattr(datamodule, "check_same_tokenizer"):
                     datamodule.check_same_tokenizer(state)
                 split = "test" if self.subcommand == "test" else "val"
@@ -1631,6 +1630,12 @@ class CofrCLI(LightningCLIAdapter):
             return {}
         return {STARTED_FROM_TAG: str(ckpt)}
 
+    def _saved_datamodule_state(self, saved: dict[str, Any] | None) -> dict[str, Any] | None:
+        """This command's datamodule's state in checkpoint ``saved`` (Lightning keeps it
+        under the class's name); None where there is none."""
+        datamodule = getattr(self, "datamodule", None)
+        return (saved or {}).get(type(datamodule).__qualname__) or None
+
     def _other_data(self, saved: dict[str, Any] | None, chosen: Any) -> Path | None:
         """The data folder validate/test score when it is not the one the checkpoint
         ``saved`` (at ``chosen``) trained on (None when it is, or either is not known):
@@ -1646,7 +1651,7 @@ class CofrCLI(LightningCLIAdapter):
         if folder is None or saved is None:
             return None
         validates_as = getattr(datamodule, "validates_as", None)
-        state = saved.get(type(datamodule).__qualname__)
+        state = self._saved_datamodule_state(saved)
         same = validates_as(state) if callable(validates_as) and state else None
         if same is not None:
             return None if same else Path(folder)

@@ -101,7 +101,7 @@ def test_an_evaluation_set_without_hub_or_cache_fails_at_once(tmp_path):
     assert "EvalDataNotFound: wikitext-2: no file" in done.stderr
     assert "(HF_HUB_OFFLINE is set)" in done.stderr
     assert "Retrying in" not in done.stderr
-    assert elapsed < 15, f"{elapsed:.1f} s"
+    assert elapsed < 24, f"{elapsed:.1f} s"  # the retries: ~25 s more than a start-up
 
 
 def test_glue_from_the_hub_without_hub_or_cache_fails_at_once(tmp_path):
@@ -132,4 +132,4 @@ def test_glue_from_the_hub_without_hub_or_cache_fails_at_once(tmp_path):
     assert done.returncode != 0
     assert "reading the local cache only" in done.stderr
     assert "Retrying in" not in done.stderr
-    assert elapsed < 15, f"{elapsed:.1f} s"
+    assert elapsed < 24, f"{elapsed:.1f} s"  # the retries: ~25 s more than a start-up

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1557,6 +1558,33 @@ def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path,
     assert not (tmp_path / "runs" / "test").exists(), "a failed start left its folders"
 
 
+#: What launchers across nodes set (a test's own shell may run under one).
+NODE_LAUNCH_VARIABLES = (
+    "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
+    "LSB_JOBID",
+)  # fmt: skip
+
+
+def test_several_nodes_without_a_launcher_are_refused(tiny_data, tmp_path, monkeypatch):
+    """trainer.num_nodes 2 in a process started alone waited in the rendezvous forever,
+    deaf to Ctrl-C: refused before the run starts. Under a launcher it is Lightning's."""
+    from cofrgenet.training.cli import launched_across_nodes
+
+    for name in NODE_LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert not launched_across_nodes()
+    match = r"^trainer\.num_nodes is 2, but this process was started alone .*trainer\.num_nodes 1$"
+    with pytest.raises(UserError, match=match):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.num_nodes", "2"))
+    assert not (tmp_path / "runs" / "test").exists()
+    monkeypatch.setenv("NODE_RANK", "1")  # a manual launch, one command per node
+    assert launched_across_nodes()
+    monkeypatch.delenv("NODE_RANK")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    assert launched_across_nodes()
+
+
 def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):
     """A runs/mlflow.db that is no database: cofr fit printed SQLAlchemy's traceback ("file
     is not a database") once the run's folder and lock were made."""
@@ -1925,6 +1953,32 @@ def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, c
     assert _replaced_by_later_files(["--trainer", str(section), "--config", str(seed)]) == [
         f"trainer.max_steps of --trainer {section} replaced by {seed}, given after it"
     ]
+
+
+def test_a_refused_resume_names_the_checkpoints_preset_for_settings_it_left_unset(
+    tiny_data, tmp_path
+):
+    """ffn_hidden, n_kv_head... unset (None) as trained have no --model.config option
+    (None there is "the preset's value"): resumed under another preset, the fix is the
+    checkpoint's preset, which resumes; set by an override, the fix drops it."""
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "r"))
+    resume = ["--run.name", "r", "--ckpt_path", "last", "--trainer.max_steps", "4"]
+    with pytest.raises(ConfigError) as refused:
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, "--model.preset", "llama3-tiny-f"))
+    message = str(refused.value)
+    assert "ffn_hidden None (here" in message
+    fix = re.search(r"resume with (.*), or start a new run", message)
+    assert fix and fix.group(1) == "--model.preset gpt2-tiny-f", message
+    assert "null" not in message
+    given = ["--model.preset", "llama3-tiny-f", *shlex.split(fix.group(1))]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *resume, *given))  # the fix resumes
+    run = tmp_path / "runs" / "test" / "r" / "checkpoints" / "last.ckpt"
+    assert torch.load(run, map_location="cpu", weights_only=False)["global_step"] == 4
+    more = ["--run.name", "r", "--ckpt_path", "last", "--trainer.max_steps", "6"]
+    override = ["--model.config.n_kv_head", "2"]
+    with pytest.raises(ConfigError, match=r"n_kv_head None \(here 2\): resume without "
+                       r"--model\.config\.n_kv_head, or start"):  # fmt: skip
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *more, *override))
 
 
 def test_paths_in_a_config_take_variables_and_the_home_folder(tiny_data, tmp_path, monkeypatch):

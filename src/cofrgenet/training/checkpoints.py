@@ -438,7 +438,8 @@ def check_same_network(
             raise ConfigError(
                 f"{path} holds another network than this run builds ({len(differ)} "
                 f"parameter(s) differ, e.g. {first}); it was trained with "
-                f"{_as_trained(theirs_config, built, settings, starting)}{new_run}"
+                f"{_as_trained(theirs_config, built, settings, starting, saved, module)}"
+                f"{new_run}"
             )
     hparams = saved.get("hyper_parameters") or {}
     given = overrides_dict(hparams.get("config"))
@@ -475,11 +476,14 @@ def changed_settings(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     ]
 
 
-def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelConfig) -> None:
+def check_same_settings(
+    path: str | Path, saved: dict[str, Any], config: ModelConfig, module: nn.Module | None = None
+) -> None:
     """Refuse to resume a checkpoint whose model was trained with other settings of the
     same shapes (``ladder_floor``, ``ladder_grad``, ``dropout``...): the weights would go
     on training as another function, while the run's MLflow params keep the first ones.
-    Checkpoints without a recorded ``model_config`` are not compared."""
+    Checkpoints without a recorded ``model_config`` are not compared. ``module``: the
+    LanguageModel built, whose preset and overrides the fix starts from."""
     theirs = saved.get("model_config")
     if not isinstance(theirs, dict):
         return
@@ -489,30 +493,80 @@ def check_same_settings(path: str | Path, saved: dict[str, Any], config: ModelCo
         return
     raise ConfigError(
         f"{path} was trained with other model settings than this resume builds: "
-        f"{_as_trained(theirs, ours, differ)}, or start a new run with another --run.name"
+        f"{_as_trained(theirs, ours, differ, False, saved, module)}, or start a new run with "
+        "another --run.name"
     )
 
 
 def _as_trained(
-    theirs: dict[str, Any], ours: dict[str, Any], differ: list[str], starting: bool = False
+    theirs: dict[str, Any],
+    ours: dict[str, Any],
+    differ: list[str],
+    starting: bool = False,
+    saved: dict[str, Any] | None = None,
+    module: nn.Module | None = None,
 ) -> str:
     """The settings ``differ`` as trained and as built, and the options that give the
     trained ones (also where the preset itself has changed since, so that the run's
     config.yaml builds today's); ``starting``: for a new run's start (``model.init_from``)
-    rather than a resume."""
-    import json
-    import shlex
+    rather than a resume.
 
-    def option(key: str) -> str:
-        value = theirs[key]
-        text = value if isinstance(value, str) else json.dumps(value)
-        return f"--model.config.{key} {shlex.quote(text)}"
-
+    A setting the checkpoint left unset (None: "the architecture's default") has no
+    ``--model.config`` option (None there means "the preset's value"): the fix names the
+    checkpoint's preset, ``saved``'s, in place of the one ``module`` was built from, or
+    the override to drop."""
     shown = differ[:4]
     more = f" and {len(differ) - len(shown)} more" if len(differ) > len(shown) else ""
     changes = ", ".join(f"{k} {theirs[k]!r} (here {ours[k]!r})" for k in shown)
     verb = "start from it with" if starting else "resume with"
-    return f"{changes}{more}: {verb} {' '.join(option(k) for k in differ)}"
+    options, unset = _trained_options(theirs, differ, saved, module)
+    fix = f"{verb} {' '.join(options)}" if options else verb.removesuffix(" with")
+    if unset:
+        dropped = " ".join(f"--model.config.{k}" for k in unset)
+        fix += f" and without {dropped}" if options else f" without {dropped}"
+    return f"{changes}{more}: {fix}"
+
+
+def _trained_options(
+    theirs: dict[str, Any],
+    differ: list[str],
+    saved: dict[str, Any] | None,
+    module: nn.Module | None,
+) -> tuple[list[str], list[str]]:
+    """(the options that rebuild the trained settings, the overrides to drop): the
+    checkpoint's preset first where the run now names another one and a trained setting
+    is unset, then ``--model.config.KEY VALUE`` for what still differs."""
+    import json
+    import shlex
+
+    trained = (saved or {}).get("hyper_parameters") or {}
+    built = getattr(module, "hparams", None) or {}
+    their_preset, our_preset = trained.get("preset"), built.get("preset")
+    given = overrides_dict(built.get("config"))
+    options: list[str] = []
+    still = differ
+    unset_here = any(theirs[k] is None and k not in given for k in differ)
+    if "preset" in trained and their_preset != our_preset and unset_here:
+        try:  # the run's own overrides on the checkpoint's preset
+            rebuilt = model_config_of({"preset": their_preset, "config": given}, False).to_dict()
+        except (ConfigError, ValueError, KeyError, TypeError):
+            rebuilt = None
+        if rebuilt is not None:
+            options.append(f"--model.preset {'null' if their_preset is None else their_preset}")
+            still = changed_settings(theirs, rebuilt)
+    unset = [k for k in still if theirs[k] is None and k in given]
+    for key in still:
+        if theirs[key] is not None:
+            value = theirs[key]
+            text = value if isinstance(value, str) else json.dumps(value)
+            options.append(f"--model.config.{key} {shlex.quote(text)}")
+        elif key not in given:  # the preset gives it now: no option leaves it unset
+            options.append(
+                f"--model.preset null --model.config <the checkpoint's model_config> "
+                f"({key} is set by model.preset {our_preset!r} now)"
+            )
+            break
+    return options, unset
 
 
 def restore_model(checkpoint: dict[str, Any]) -> tuple[nn.Module, ModelConfig]:

@@ -1544,7 +1544,7 @@ class CofrCLI(LightningCLIAdapter):
             if asked != "last":  # the run's own choice: a SLURM requeue's may be older
                 self.check_not_forking(run_dir, chosen, step)
             if self.subcommand == "fit":
-                checkpoints.check_same_settings(chosen, saved, self.model.model_config)
+                checkpoints.check_same_settings(chosen, saved, self.model.model_config, self.model)
             self.check_steps_left(chosen, step)
             self.check_same_data(saved, chosen)
             init_from = getattr(self.model, "init_from", None)
@@ -1759,6 +1759,15 @@ def _check_trainer_counts(value: Any) -> None:
         raise ConfigError(
             f"trainer.gradient_clip_val must be >= 0 (null or 0: no clipping), got {clip}"
         )
+    nodes = value("num_nodes")
+    several = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
+    if several and not launched_across_nodes():
+        raise ConfigError(
+            f"trainer.num_nodes is {nodes}, but this process was started alone (not by "
+            "srun, torchrun --nnodes or with NODE_RANK set): it would wait for the other "
+            f"nodes forever. Launch one per node (sbatch --nodes {nodes} "
+            "slurm/train.sbatch CONFIG), or set trainer.num_nodes 1"
+        )
     for key in ("limit_train_batches", "max_epochs"):
         if value(key) == 0 and not isinstance(value(key), bool):
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
@@ -1769,6 +1778,23 @@ def _check_trainer_counts(value: Any) -> None:
                 f"trainer.{key} must be >= 0 (a fraction of the batches up to 1.0, or a "
                 f"number of batches; null: all), got {limit:g}"
             )
+
+
+def launched_across_nodes() -> bool:
+    """Whether a launcher that starts processes on several nodes started this one (the
+    cluster environments Lightning detects, or a manual launch's ``NODE_RANK``): a
+    ``trainer.num_nodes`` above 1 without one waits for ranks that never come."""
+    from lightning.fabric.plugins.environments import (
+        LSFEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    given = os.environ.keys()
+    if {"NODE_RANK", "GROUP_RANK"} & given or {"RANK", "WORLD_SIZE"} <= given:  # Kubeflow's too
+        return True
+    environments = (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment)
+    return any(environment.detect() for environment in environments)
 
 
 #: Data settings that differ when a resume is given another corpus (not another reading

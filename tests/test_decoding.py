@@ -208,8 +208,13 @@ def test_a_tiny_temperature_samples_the_arg_max():
     """logits / 1e-40 overflowed to inf and softmax gave NaN: a traceback from
     `cofr generate --temperature 1e-40`."""
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9], [-2.0, -7.0, -1.5, float("-inf")]])
-    for temperature in (1e-40, 1e-30):
+    # 1e-50 and below round to 0 in float32: 0 / 0 made the max NaN.
+    for temperature in (1e-30, 1e-40, 1e-50, 5e-324):
         assert sample_next(logits, temperature).flatten().tolist() == [1, 2]
+    tied = torch.tensor([[1.0, 4.0, 4.0, -3.0]])  # the limit samples among equal maxima
+    generator = torch.Generator().manual_seed(0)
+    drawn = {sample_next(tied, 1e-60, generator=generator).item() for _ in range(40)}
+    assert drawn == {1, 2}
 
 
 # -- decode_until: each row to its own stop (the evaluation harness's generate_until) --

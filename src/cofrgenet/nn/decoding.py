@@ -84,7 +84,11 @@ def sample_next(
         return logits.argmax(dim=-1, keepdim=True)
     # Less the row's max first: a tiny temperature then sends the others to -inf, not the
     # max to inf (whose softmax is NaN).
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    logits = logits - logits.amax(dim=-1, keepdim=True)
+    if temperature < torch.finfo(logits.dtype).tiny:  # it rounds to 0 in the division
+        logits = torch.where(logits == 0, 0.0, float("-inf"))  # the limit: the max(es)
+    else:
+        logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -421,6 +421,14 @@ def test_llama_preset_round_trips_through_json():
         ({"arch": "lstm", "attention": "cattn_m"}, r"'lstm' has no attention.*'cattn_m'"),
         ({"arch": "gru", "ffn_hidden": 64}, r"ffn_hidden=64 would change nothing"),
         ({"arch": "gpt", "rnn_hidden": 64}, r"rnn_hidden=64 .*'gpt' has none"),
+        (
+            {"attention": "sparse_fixed", "sparse_stride": 4, "sparse_summary": 9},
+            r"^sparse_summary \(9\) must be <= the sparse stride \(4, sparse_stride\)",
+        ),
+        (  # the stride's default for block 128: round(sqrt(128)) = 11
+            {"attention": "sparse_fixed", "block_size": 128, "sparse_summary": 20},
+            r"sparse_summary \(20\) must be <= the sparse stride \(11, round\(sqrt",
+        ),
     ],
     ids=[
         "arch",
@@ -433,6 +441,8 @@ def test_llama_preset_round_trips_through_json():
         "rnn_attention",
         "rnn_ffn_hidden",
         "gpt_rnn_hidden",
+        "sparse_summary",
+        "sparse_summary_default_stride",
     ],
 )
 def test_config_rejects_bad_baseline_values(bad, match):

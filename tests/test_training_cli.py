@@ -1822,6 +1822,19 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
     assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": {"depth": 7}}) is None
     mixed = {"preset": "gpt2-tiny", "config": {"ffn_pattern": ["mlp", "cffn"], "ladders": 2}}
     assert settings_changing_nothing(mixed) is None  # one layer has a ladder
+    # The sparse patterns' settings beside attention that reads none of them.
+    strided = {"attention": "sparse_strided", "sparse_summary": 2}
+    assert settings_changing_nothing({"preset": "gpt2-tiny", "config": strided}) == (
+        "model.config: sparse_summary=2 changes nothing: this model's attention "
+        "(sparse_strided) does not read it (sparse_stride: sparse_strided and sparse_fixed; "
+        "sparse_summary: sparse_fixed); leave it out"
+    )
+    unread = {"sparse_stride": 4, "sparse_summary": 2}
+    assert "sparse_stride=4, sparse_summary=2 change nothing: this model's attention (softmax)" in (
+        settings_changing_nothing({"preset": "gpt2-tiny", "config": unread})
+    )
+    fixed = {"attention_pattern": ["softmax", "sparse_fixed"], **unread}
+    assert settings_changing_nothing({"preset": "gpt2-tiny", "config": fixed}) is None
     paper = {"ladder_denominators": "paper", "ladder_floor": 0.3}
     assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": paper}) == (
         "model.config: ladder_floor=0.3 changes nothing: it bounds 'positive' denominators, "

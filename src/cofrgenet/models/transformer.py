@@ -27,6 +27,7 @@ from cofrgenet.nn.decoding import TokenSink
 from cofrgenet.nn.ladder import LadderLayer, recording_paused
 from cofrgenet.nn.norms import build_norm
 from cofrgenet.nn.positional import RELATIVE_POSITIONS, SinusoidalPositions
+from cofrgenet.nn.sparse_attention import default_stride
 
 
 class Block(nn.Module):
@@ -277,6 +278,15 @@ def _check_transformer_config(config: ModelConfig) -> None:
             f"position='rope' rotates pairs of a head's dimensions: n_embd / n_head = "
             f"{config.n_embd} / {config.n_head} = {config.n_embd // config.n_head} must be even"
         )
+    if "sparse_fixed" in names and config.sparse_summary is not None:
+        stride = config.sparse_stride or default_stride(config.block_size)
+        if config.sparse_summary > stride:  # the pattern's c summary columns of l
+            given = "sparse_stride" if config.sparse_stride else "round(sqrt(block_size))"
+            raise ConfigError(
+                f"sparse_summary ({config.sparse_summary}) must be <= the sparse stride "
+                f"({stride}, {given}): the fixed pattern's summary columns are the last "
+                "sparse_summary of each block of sparse_stride; lower it, or raise sparse_stride"
+            )
     if config.position in RELATIVE_POSITIONS and not any(
         ATTENTION.entry(n).relative_positions for n in names
     ):

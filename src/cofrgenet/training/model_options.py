@@ -143,7 +143,26 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
             f"model.config: ladder_floor={given['ladder_floor']!r} changes nothing: it bounds "
             f"'positive' denominators, and these are {config.ladder_denominators!r}"
         )
-    return None
+    return _sparse_settings_changing_nothing(config, given)
+
+
+def _sparse_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:
+    """sparse_stride and sparse_summary where no layer's attention reads them (the
+    summary: only the fixed pattern's)."""
+    names = {config.attention_for(i) for i in range(config.n_layer)} if config.attention else set()
+    readers = {
+        "sparse_stride": {"sparse_strided", "sparse_fixed"},
+        "sparse_summary": {"sparse_fixed"},
+    }
+    unread = [f"{k}={given[k]!r}" for k, read in readers.items() if k in given and not names & read]
+    if not unread:
+        return None
+    return (
+        f"model.config: {', '.join(unread)} change{'s' if len(unread) == 1 else ''} nothing: "
+        f"this model's attention ({', '.join(sorted(names)) or 'none'}) does not read "
+        f"{'them' if len(unread) > 1 else 'it'} (sparse_stride: sparse_strided and "
+        f"sparse_fixed; sparse_summary: sparse_fixed); leave {'them' if len(unread) > 1 else 'it'} out"
+    )
 
 
 #: The shape fields a ``model.preset: null`` config means to give (their defaults are

@@ -1029,6 +1029,45 @@ def test_overwrite_only_replaces_an_export(tmp_path):
     assert (tmp_path / "out" / "README.md").read_text() == "mine"
 
 
+def test_overwrite_keeps_a_model_saved_or_changed_by_transformers(tmp_path):
+    """save_pretrained writes an export's names, modeling file included: a model
+    fine-tuned from an export and saved by transformers was replaced by --overwrite."""
+    from transformers import AutoModelForCausalLM
+
+    config = ModelConfig(**TINY)
+    model = build_model(config).eval()
+    export_model(model, config, tmp_path / "export", verify=False)
+    tuned = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"), trust_remote_code=True)
+    with torch.no_grad():
+        next(tuned.parameters()).add_(0.01)
+    tuned.save_pretrained(str(tmp_path / "tuned"))  # its own folder: no export README
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "tuned").iterdir()}
+    assert "modeling_cofrgenet.py" in saved and "README.md" not in saved
+    with pytest.raises(OutputExists, match=r"no export's README\.md \(a model saved by"):
+        export_model(model, config, tmp_path / "tuned", verify=False, overwrite=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "tuned").iterdir()} == saved
+    # Saved over the export itself: the README stays, the weights are not its own.
+    tuned.save_pretrained(str(tmp_path / "export"))
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()}
+    with pytest.raises(OutputExists, match=r"model\.safetensors is not the one the export wrote"):
+        export_model(model, config, tmp_path / "export", verify=False, overwrite=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == saved
+
+
+def test_weights_that_are_not_finite_are_not_exported(tmp_path):
+    """A diverged checkpoint's NaN weights: 'differ by nan ... pass --tolerance 1e-05'
+    with the check, a model computing NaN without it."""
+    config = ModelConfig(**TINY)
+    model = build_model(config).eval()
+    with torch.no_grad():
+        model.get_parameter("transformer.ln_f.weight")[0] = float("nan")
+    for verify in (True, False):
+        with pytest.raises(export.ExportError, match=r"^1 of the model's weight tensors hold "
+                           r"NaN or Inf \(transformer\.ln_f\.weight, \.\.\.\)"):  # fmt: skip
+            export_model(model, config, tmp_path / "out", verify=verify)
+        assert not (tmp_path / "out").exists()
+
+
 def test_an_out_dir_that_cannot_be_made_is_one_line(tmp_path):
     config = CONFIGS["rnn"]
     (tmp_path / "a-file").write_text("mine")

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -63,6 +64,9 @@ EXPORT_FILES = (
 TRANSFORMER_ARCHS = ("gpt", "llama")
 SUPPORTED_ARCHS = (*TRANSFORMER_ARCHS, "rnn", "lstm", "gru")
 DEFAULT_TOLERANCE = 1e-5
+#: The first lines of an export's README.md, and its record of the weights it wrote.
+README_MARK = "# CoFrGeNet export\n\nExported by `cofr export hf`"
+WEIGHTS_HASH = re.compile(rf"`{re.escape(WEIGHTS_FILE)}`, sha256 `([0-9a-f]{{64}})`")
 #: The export check's batch: two sequences of this many tokens (the block when shorter),
 #: then one of the whole block (learned positions, CAttn's per-position parameters).
 VERIFY_LENGTH = 128
@@ -321,6 +325,7 @@ def export_model(
         out = out.resolve()
     state = export_state_dict(model)
     _check_state_dict(state, config)
+    _check_finite(model)
     created = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
     # Written and checked beside OUT_DIR, then moved in: a failure leaves OUT_DIR as it was.
     work = out.parent / f".{out.name}.export-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -500,6 +505,35 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
             f"--overwrite replaces an earlier export only, and {out} holds none (no "
             f"{MODELING_FILE}): its {', '.join(present[:5])} stay; choose a new or empty folder"
         )
+    # transformers' save_pretrained writes the same names (modeling file included): a model
+    # fine-tuned from an export is told by its README (none) or its weights (not the hash
+    # the export's README records).
+    readme = out / "README.md"
+    text = readme.read_text(errors="replace") if readme.is_file() else ""
+    if README_MARK not in text:
+        raise OutputExists(
+            f"--overwrite replaces an earlier export only, and {out} has no export's "
+            "README.md (a model saved by transformers' save_pretrained, fine-tuned?): its "
+            "files stay; choose a new or empty folder"
+        )
+    recorded = WEIGHTS_HASH.search(text)
+    weights = out / WEIGHTS_FILE
+    if recorded and weights.is_file() and file_sha256(weights) != recorded.group(1):
+        raise OutputExists(
+            f"--overwrite replaces an earlier export only, and {weights} is not the one the "
+            "export wrote (changed since: fine-tuned?); choose a new or empty folder"
+        )
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB pieces."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while piece := file.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def _tied(model: nn.Module) -> bool:
@@ -548,6 +582,21 @@ def _check_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> No
             "the checkpoint's tensors do not match the exported model's (missing "
             f"{missing[:3]}, unexpected {extra[:3]}, shapes differ {shapes[:3]}); the model "
             "has parts the Hugging Face export does not re-implement"
+        )
+
+
+def _check_finite(model: nn.Module) -> None:
+    """Weights that are NaN or Inf (a run that diverged saves them) export a model that
+    computes nothing: refused, with or without the logits check. (Buffers may be
+    infinite: a ladder's output range before it has seen any.)"""
+    import torch
+
+    bad = [k for k, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise ExportError(
+            f"{len(bad)} of the model's weight tensors hold NaN or Inf ({bad[0]}, ...), as a "
+            "run that diverged saves them; nothing was written: export an earlier checkpoint "
+            "of the run"
         )
 
 
@@ -766,6 +815,7 @@ Exported by `cofr export hf` from `{source or "a model in memory"}`.
   vocabulary {config.vocab_size}, block size {config.block_size}{trained}
 * tokenizer: {tokenizer}
 * logits check: {check}
+* weights: `{WEIGHTS_FILE}`, sha256 `{file_sha256(out / WEIGHTS_FILE)}`
 
 ```python
 {usage}
@@ -838,7 +888,7 @@ def verify_export(
         fault = (
             "Please report this with the checkpoint's config, or pass --tolerance / "
             "--no-verify to keep it anyway"
-            if difference > DEFAULT_TOLERANCE
+            if not difference <= DEFAULT_TOLERANCE  # NaN too: no tolerance passes it
             else f"float32 rounding is up to about 1e-6; pass --tolerance {DEFAULT_TOLERANCE:g} "
             "(the default) or more"
         )

@@ -200,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     from cofrgenet.nn.decoding import NonFiniteLogits
     from cofrgenet.training.pretrained import load_checkpoint
 
-    # Before the checkpoint is loaded: torch refuses a seed past 64 bits with a traceback.
+    # Before the checkpoint is loaded: one seed range across cofr (numpy's; torch refused
+    # a seed past 64 bits with a traceback).
     check_seed(args.seed, "--seed")
     prompts = args.prompt if isinstance(args.prompt, list) else [args.prompt or ""]
     if len(prompts) > 1:

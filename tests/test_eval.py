@@ -14,6 +14,7 @@ import shutil
 import signal
 import sqlite3
 from pathlib import Path
+from unittest import mock
 
 import mlflow
 import pytest
@@ -399,7 +400,15 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     out = tmp_path / "eval.json"
     tasks = "wikitext-2,wikitext-2-v1,ptb,lambada"
     argv = ["eval", "--ckpt", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]
-    assert main([*argv, "--json", str(out), "--stride", "16"]) == 0
+    from cofrgenet.eval import lambada as lambada_module
+
+    encodings = []  # LAMBADA's passages are encoded once (the window check's ids scored)
+    real_pairs = lambada_module.continuation_pairs
+    with mock.patch.object(
+        lambada_module, "continuation_pairs", lambda *a: encodings.append(a) or real_pairs(*a)
+    ):
+        assert main([*argv, "--json", str(out), "--stride", "16"]) == 0
+    assert len(encodings) == 1
     printed = capsys.readouterr().out
     assert "wikitext-2" in printed and "logged to MLflow run" in printed
     report = json.loads(out.read_text())

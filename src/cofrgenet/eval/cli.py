@@ -130,26 +130,28 @@ def evaluate_tasks(
     limit: int | None = None,
     results: dict[str, dict[str, float]] | None = None,
     window: int | None = None,
+    encoded: dict[str, list[tuple[list[int], list[int]]]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """{task: metrics} of a :class:`~cofrgenet.training.pretrained.LoadedCheckpoint`,
     filled into ``results`` when given, one task at a time (so that an interrupted run
     still has the tasks it finished). ``window``: tokens of context a scored window
-    holds (default: the length the model trained at, ``loaded.context_length``)."""
-    from cofrgenet.eval.lambada import lambada
+    holds (default: the length the model trained at, ``loaded.context_length``).
+    ``encoded``: LAMBADA sets' (context, last word) ids, as :func:`encode_lambada_sets`
+    returned them (else encoded here)."""
+    from cofrgenet.eval.lambada import score_pairs
     from cofrgenet.eval.perplexity import text_perplexity
 
     tokenizer, block = loaded.tokenizer, window or loaded.context_length
     results = {} if results is None else results
+    if encoded is None:
+        encoded = encode_lambada_sets(loaded, tasks, texts, limit, block)
     for name in tasks:
         task = get_task(name)
         started = time.perf_counter()
         if task.kind == "lambada":
-            passages = [task.detokenize(p) for p in texts[name][:limit]]
-            metrics = lambada(
+            metrics = score_pairs(
                 loaded.model,
-                tokenizer.encode,
-                tokenizer.eos_id,
-                passages,
+                encoded[name],
                 block,
                 batch_size,
                 device,
@@ -375,19 +377,21 @@ def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: li
         )
 
 
-def _check_lambada_fits(
+def encode_lambada_sets(
     loaded: Any, tasks: list[str], texts: dict[str, list[str]], limit: int | None, window: int
-) -> None:
-    """A LAMBADA last word longer than the window is refused before any set is scored
-    (found while scoring, it threw away the sets scored before it)."""
+) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """{LAMBADA set: its passages' (context, last word) ids}, all encoded before any set
+    is scored: a last word longer than the window is refused then (found while scoring,
+    it threw away the sets scored before it)."""
     from cofrgenet.eval.lambada import continuation_pairs
 
-    tokenizer = loaded.tokenizer
+    tokenizer, encoded = loaded.tokenizer, {}
     for name in tasks:
         task = get_task(name)
         if task.kind == "lambada":
             passages = [task.detokenize(p) for p in texts[name][:limit]]
-            continuation_pairs(tokenizer.encode, tokenizer.eos_id, passages, window)
+            encoded[name] = continuation_pairs(tokenizer.encode, tokenizer.eos_id, passages, window)
+    return encoded
 
 
 def _read_sets(tasks: list[str], split: str, data_dir: str) -> dict[str, list[str]]:
@@ -451,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
             f"--stride {args.stride} exceeds the {window}-token window"
             + ("" if args.window else " (the length the model trained at; see --window)")
         )
-    _check_lambada_fits(loaded, tasks, texts, args.limit, window)
+    encoded = encode_lambada_sets(loaded, tasks, texts, args.limit, window)
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     results: dict[str, dict[str, float]] = {}
     harness: dict[str, dict[str, float]] = {}
@@ -460,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             evaluate_tasks(
                 loaded, tasks, texts, args.stride, args.batch_size, args.device, args.limit,
-                results, window,
+                results, window, encoded,
             )  # fmt: skip
             if resolved is not None:
                 from cofrgenet.eval.harness import run_harness

@@ -72,6 +72,18 @@ def lambada(
     """Accuracy and target-word perplexity over ``passages`` (n_real: as for
     :func:`cofrgenet.eval.scoring.score_continuations`)."""
     pairs = continuation_pairs(encode, eos_id, passages, block)
+    return score_pairs(model, pairs, block, batch_size, device, n_real)
+
+
+def score_pairs(
+    model: nn.Module | Callable[[Tensor], Tensor],
+    pairs: list[tuple[list[int], list[int]]],
+    block: int,
+    batch_size: int = 16,
+    device: str | torch.device = "cpu",
+    n_real: int | None = None,
+) -> LambadaResult:
+    """:func:`lambada` of passages already encoded by :func:`continuation_pairs`."""
     scores = score_continuations(model, pairs, block, batch_size, device, n_real)
     return LambadaResult(
         correct=sum(greedy for _, greedy in scores),

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import math
 import random
 import signal
@@ -49,6 +48,7 @@ from cofrgenet.eval.glue_data import (
 from cofrgenet.eval.paths import (
     check_output_file,
     partial_results_file,
+    read_results,
     results_json,
     write_results,
 )
@@ -755,12 +755,7 @@ def finetune(
             kept_in: list[Path] = []
             if module.validated_at is not None:
                 partial = {
-                    "task": task.name,
-                    "ckpt": str(ckpt),
-                    "metrics": dev_metrics(task, module.results),
-                    "splits": module.results,
-                    "steps": step,
-                    "config": asdict(config),
+                    **_scores_record(task, ckpt, module, step, config),
                     "run_id": run_id,
                     "run_dir": str(run_dir) if run_id is None else None,
                     "partial": {  # as cofr eval's: the signal's name (SIGINT for Ctrl-C)
@@ -802,15 +797,10 @@ def finetune(
         # The scores exist: a SIGTERM or Ctrl-C now waits until they are written (the run
         # is FINISHED already; a second one stops at once).
         with signals_held(signal.SIGINT, signal.SIGTERM) as arrived:
-            metrics = dev_metrics(task, module.results)
             warnings = data.warnings() + early
             run_id = logger.run_id if mlflow else None
             result: dict[str, Any] = {
-                "task": task.name,
-                "ckpt": str(ckpt),
-                "metrics": metrics,
-                "splits": module.results,
-                "steps": trainer.global_step,
+                **_scores_record(task, ckpt, module, trainer.global_step, config),
                 # Epochs trained, a fraction when --max-steps ended one part-way (Lightning's
                 # current_epoch counted the epoch it was in: 1 after 3 steps of 4).
                 "epochs": round(trainer.global_step / steps_per_epoch, 3),
@@ -818,7 +808,6 @@ def finetune(
                 "max_length": max_length,
                 "precision": str(trainer.precision),  # as Lightning resolved it (bf16-mixed)
                 "source": data.source,
-                "config": asdict(config),
                 "pretrain_run_id": loaded.mlflow_run_id,
                 "pretrain_step": loaded.step,
                 "pretrain_tracking_uri": loaded.tracking_uri,
@@ -836,7 +825,7 @@ def finetune(
                     loaded,
                     _cut_by(config, data, train, dev, stopped_early),
                     task.name,
-                    metrics,
+                    result["metrics"],
                     loaded.step,
                     run_id,
                     uri,
@@ -1012,16 +1001,28 @@ def _new_run_dir(experiment_dir: Path, name: str | None, pretrain_name: str) -> 
     return create_numbered(experiment_dir, stem, "", make)
 
 
+def _scores_record(
+    task: GlueTask, ckpt: Path, module: Any, steps: int, config: FinetuneConfig
+) -> dict[str, Any]:
+    """What a results record says of a fine-tuning, complete or stopped: the task, the
+    checkpoint, the dev metrics and every split's scores, the steps trained, the options."""
+    return {
+        "task": task.name,
+        "ckpt": str(ckpt),
+        "metrics": dev_metrics(task, module.results),
+        "splits": module.results,
+        "steps": steps,
+        "config": asdict(config),
+    }
+
+
 def _stopped_without_mlflow(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds only the partial ``results.json`` of a --no-mlflow
     fine-tuning a signal stopped: the same command again (a SLURM requeue) runs in it."""
     if [p.name for p in run_dir.iterdir()] != ["results.json"]:
         return False
-    try:
-        kept = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(kept, dict) and "partial" in kept and kept.get("run_id") is None
+    kept = read_results(run_dir / "results.json")
+    return kept is not None and "partial" in kept and kept.get("run_id") is None
 
 
 def _cut_by(

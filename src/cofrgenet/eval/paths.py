@@ -56,11 +56,20 @@ def partial_results_file(out: Path) -> Path:
     which a Ctrl-C is not to replace: then ``<stem>.partial<suffix>`` beside it."""
     if _results_kind(out) is None:
         return out
-    try:
-        earlier = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    earlier = read_results(out)
+    if earlier is None or "partial" in earlier:
         return out
-    return out if "partial" in earlier else out.with_name(f"{out.stem}.partial{out.suffix}")
+    return out.with_name(f"{out.stem}.partial{out.suffix}")
+
+
+def read_results(path: Path) -> dict[str, Any] | None:
+    """A results file's record (as :func:`write_results` wrote it), or None where ``path``
+    cannot be read or holds no JSON object."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _results_kind(path: Path) -> str | None:

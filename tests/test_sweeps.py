@@ -3594,6 +3594,66 @@ def test_a_signal_after_the_last_step_then_an_error_still_stops_the_worker(tmp_p
     assert outcome.stop_worker and outcome.signal_status == 143
 
 
+@pytest.mark.parametrize(
+    ("signum", "where"),
+    [(signal.SIGINT, "collect"), (signal.SIGTERM, "collect"), (signal.SIGTERM, "outcome")],
+    ids=["sigint-in-gc", "sigterm-in-gc", "sigterm-reading-the-outcome"],
+)
+def test_a_signal_once_a_trials_fit_ended_keeps_its_result_and_stops_the_worker(
+    tiny_data, tmp_path, monkeypatch, signum, where
+):
+    """After the fit gave the signals back: raised inside the garbage collection that
+    frees the trial's memory (a weakref callback's), Python dropped it ("Exception
+    ignored") and the worker trained every trial left, exit 0; raised while the outcome
+    was read, it failed the trained trial. Noted now: the trial keeps its result, and the
+    worker stops with 130 / 143."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps import objective
+
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=2, overrides={"data.data_dir": str(tiny_data)})
+    )
+
+    class SignalledWhenCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signum)
+            for _ in range(10_000):  # the handler runs here, inside the collection
+                pass
+
+    def collect():
+        cycle = SignalledWhenCollected()
+        cycle.itself = cycle
+        del cycle
+        return real_gc.collect()
+
+    import gc as real_gc
+
+    if where == "collect":
+        monkeypatch.setattr(objective, "gc", SimpleNamespace(collect=collect))
+    else:
+        read = objective._fit_outcome
+
+        def signalled(*args):
+            outcome = read(*args)
+            os.kill(os.getpid(), signum)
+            return outcome
+
+        monkeypatch.setattr(objective, "_fit_outcome", signalled)
+    unhandled = []  # where the worker does not handle it: noted, not the test run's end
+    before = signal.signal(signum, lambda number, frame: unhandled.append(number))
+    try:
+        result = run_worker(sweep, report=False, mlflow=False)
+    finally:
+        signal.signal(signum, before)
+    assert not unhandled
+    assert result.signal_status == 128 + signum
+    ((_, outcome),) = result.outcomes  # the second trial never started
+    assert outcome.state == TrialState.COMPLETE and outcome.value is not None
+    assert f"{signal.Signals(signum).name} after the last step" in outcome.reason
+    assert [t.state for t in result.study.get_trials()] == [TrialState.COMPLETE]
+
+
 def test_a_trials_fit_callbacks_survive_ddp_spawns_pickling(tmp_path, monkeypatch):
     """ddp_spawn (what `cofr sweep submit --gpus-per-worker 2` sets) pickles the callbacks
     into each rank: a lambda resume hint failed every trial of a multi-GPU sweep."""

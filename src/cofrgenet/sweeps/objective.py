@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -676,27 +677,57 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     if checkpoints.candidates(run_dir):  # any: a kill may come between two saves
         args += ["--ckpt_path", "last"]
     cli = None
-    stop: StopOnSignal | None = None
+    # No resume hint from the fit: `cofr sweep run` says it once, as it stops (the worker
+    # resumes the trial, not a cofr fit), or that the trial failed for good.
+    stop = StopOnSignal(resume_hint=_no_resume_hint)
+    with _noted_once_the_fit_began(stop) as after_the_fit:
+        try:
+            with given_args():
+                cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
+            callback.recover(ctx.storage, ctx.study)
+            outcome = _fit_outcome(ctx, trial, cli, callback, run_dir)
+            if outcome.state != TrialState.FAIL:  # an earlier attempt's traceback: not this one's
+                (run_dir / "error.txt").unlink(missing_ok=True)
+        except BaseException as exc:
+            (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+            outcome = failed_outcome(exc, run_dir)
+        finally:
+            del cli
+            _free_memory()
+    # A signal after the last step (then, maybe, an error: the final validation's): the
+    # trial keeps its outcome and the worker still stops or requeues as the signal asked.
+    stop.late_signals = sorted({*stop.late_signals, *after_the_fit})
+    return after_late_signals(outcome, stop)
+
+
+@contextlib.contextmanager
+def _noted_once_the_fit_began(stop: StopOnSignal) -> Iterator[set[int]]:
+    """SIGTERM and Ctrl-C raise (SIGTERMException, KeyboardInterrupt) until the fit is set
+    up, as in the trial's setup; once ``stop``'s fit has begun and given the signals back
+    (after its last step: the logger's end, the outcome read, the memory freed) they are
+    noted in the set yielded, as ``stop.late_signals`` are: raised there, one ended a
+    trained trial as FAIL, or, inside a garbage collection's callback, was dropped
+    ("Exception ignored") and the worker trained on. A second one acts at once."""
+    noted: set[int] = set()
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.fit_began and signum not in noted:
+            noted.add(signum)
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise lightning_sigterm()
+
+    signums = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, on_signal) for signum in signums}
     try:
-        with given_args():
-            # No resume hint from the fit: `cofr sweep run` says it once, as it stops (the
-            # worker resumes the trial, not a cofr fit), or that the trial failed for good.
-            stop = StopOnSignal(resume_hint=_no_resume_hint)
-            cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
-        callback.recover(ctx.storage, ctx.study)
-        outcome = after_late_signals(_fit_outcome(ctx, trial, cli, callback, run_dir), stop)
-        if outcome.state != TrialState.FAIL:  # an earlier attempt's traceback: not this one's
-            (run_dir / "error.txt").unlink(missing_ok=True)
-        return outcome
-    except BaseException as exc:
-        (run_dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
-        outcome = failed_outcome(exc, run_dir)
-        # A signal after the last step, then an error (the final validation's): the
-        # worker still stops or requeues as the signal asked.
-        return outcome if stop is None else after_late_signals(outcome, stop)
+        yield noted
     finally:
-        del cli
-        _free_memory()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _no_resume_hint(run_name: str) -> None:

@@ -404,6 +404,12 @@ class StopOnSignal(StepBoundaries):
 
     _set_up = False  # setup has run for a fit: "idle" after it is after the teardown
 
+    @property
+    def fit_began(self) -> bool:
+        """Whether a fit has been set up with this callback (its signal handlers taken
+        over, and given back once it ended)."""
+        return self._set_up
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return

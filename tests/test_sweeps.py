@@ -2578,6 +2578,29 @@ def test_set_keys_are_exact_and_not_set_again_by_the_sweep(tmp_path, capsys):
     check_keys(load_sweep(path), {"model.optimizer.lr": 1e-3, "data": {"batch_size": 2}})
 
 
+def test_an_unfinished_studys_run_names_the_command_that_goes_on(tiny_data, tmp_path):
+    """The study's MLflow run, left KILLED by a worker of --study NAME --set K=V, said
+    `cofr sweep run FILE` goes on: that runs the file's own study (or refuses the
+    settings), not this one."""
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps import tracking
+
+    path = write_sweep(
+        tmp_path, n_trials=2, pruner={"name": "none"}, budget={"steps": 2},
+        overrides={"data.data_dir": str(tiny_data)},
+    )  # fmt: skip
+    words = ["--study", "other", "--set", "model.config.dropout=0.0", "--n-trials", "1"]
+    assert main(["sweep", "run", str(path), *words, "--no-report"]) == 0
+    client = mlflow_client(tmp_path)
+    experiment = client.get_experiment_by_name(load_sweep(path, {"study": "other"}).experiment)
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.`cofr.sweep` = 'parent'")
+    again = f"cofr sweep run {path} --study other --set model.config.dropout=0.0"
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags[tracking.STUDY_STATE_TAG] == (
+        f"stopped at 1 of 2 trials: `{again}` goes on"
+    )
+
+
 def test_no_mlflow_trials_track_nothing_and_train_loss_is_an_objective(tiny_data, tmp_path, capsys):
     """--no-mlflow: no parent run and no trial run (no mlflow.db). The objective
     train/loss survives the final validation that follows a last step between two."""

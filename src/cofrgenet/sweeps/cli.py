@@ -174,6 +174,13 @@ def _study_command(args: argparse.Namespace, subcommand: str) -> str:
     return shlex.join(words)
 
 
+def _run_again_command(args: argparse.Namespace) -> str:
+    """The `cofr sweep run` that goes on with the study this worker ran: its study,
+    storage, runs folder and --set settings (a study refuses other ones)."""
+    command = _study_command(args, "run")
+    return " ".join([command, *(shlex.join(["--set", s]) for s in args.settings)])
+
+
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     add_study_arguments(parser)
     parser.add_argument(
@@ -408,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
         worker_index=args.worker_index,
         report=not args.no_report,
         mlflow=not args.no_mlflow,
+        again=_run_again_command(args),
     )
     print_summary(result)
     if result.report_stopped is not None:

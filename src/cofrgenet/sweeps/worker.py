@@ -740,8 +740,11 @@ def run_worker(
     worker_index: int | None = None,
     report: bool = True,
     mlflow: bool = True,
+    again: str | None = None,
 ) -> WorkerResult:
-    """Run trials of ``sweep`` until ``n_trials`` of this worker or the study's budget."""
+    """Run trials of ``sweep`` until ``n_trials`` of this worker or the study's budget.
+    ``again``: the command that goes on with the study (said on its MLflow run when the
+    last worker leaves it unfinished; default: ``cofr sweep run <the sweep file>``)."""
     if n_trials is not None and n_trials < 1:  # would only create the study
         raise SweepError(f"n_trials for this worker must be >= 1, got {n_trials}")
     runs_dir = runs_dir or sweep.runs_dir
@@ -809,7 +812,7 @@ def run_worker(
         if client is None and not mlflow:  # earlier workers' parent run: settled all the same
             client, parent = _recorded_parent_run(sweep, runs_dir, study)
         if client is not None and parent is not None:
-            _settle_parent_run(client, parent, study, sweep)
+            _settle_parent_run(client, parent, study, sweep, again)
 
     result.done = study_done(study, sweep)
     if result.done and report:
@@ -829,7 +832,9 @@ def run_worker(
     return result
 
 
-def _settle_parent_run(client: Any, parent: str, study: optuna.Study, sweep: Sweep) -> None:
+def _settle_parent_run(
+    client: Any, parent: str, study: optuna.Study, sweep: Sweep, again: str | None = None
+) -> None:
     """The study's MLflow run as a leaving worker finds the study: FINISHED when it is
     done; KILLED, with the tag ``cofr.study_state`` saying how far it got, when no trial
     is running any more (the last worker left early: its ``--n-trials``, a stop, an
@@ -849,7 +854,7 @@ def _settle_parent_run(client: Any, parent: str, study: optuna.Study, sweep: Swe
             where = f" {sweep.path}" if sweep.path else ""
             state = (
                 f"stopped at {used} of {counted(sweep.total_trials, 'trial')}: "
-                f"`cofr sweep run{where}` goes on"
+                f"`{again or f'cofr sweep run{where}'}` goes on"
             )
             tracking.set_tags(client, parent, {tracking.STUDY_STATE_TAG: state})
             tracking.set_parent_status(client, parent, "KILLED")

@@ -162,6 +162,22 @@ def test_dyadic_unfreezing_freezes_bit_for_bit(schedule):
     assert not torch.equal(module.model.transformer.h[0].mlp.linear.weight, _fresh_linear())
 
 
+def test_a_depth_released_at_the_runs_end_is_said_never_to_train():
+    """4 steps and depth 3: the paper's schedule releases depth 3 at step ceil(4 * 7/8) =
+    4, after the last step (3): it stayed at initialisation, unsaid."""
+    from cofrgenet.training.callbacks import never_trained
+
+    assert never_trained({1: 2, 2: 3, 3: 4}, 4, "paper") == (
+        "DyadicUnfreezing: ladder depth 3 is released at or after the run's last step "
+        "(4 steps): never trained, it stays at initialisation. Raise trainer.max_steps "
+        "(at least 8 steps for depth 3), or lower model.config.depth"
+    )
+    assert never_trained({1: 4, 2: 6, 3: 7}, 8, "paper") is None
+    module = LanguageModel("gpt2-tiny-f", config={"depth": 3})
+    with pytest.warns(UserWarning, match=r"ladder depth 3 is released at or after"):
+        tiny_trainer(4, [DyadicUnfreezing("paper")]).fit(module, token_loader())
+
+
 def _by_depth(module: LanguageModel) -> dict[int, list[torch.nn.Parameter]]:
     out: dict[int, list] = {}
     for _, layer in ladder_layers(module):

@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from torch import nn
 
 from cofrgenet.data.datamodule import STOP_SIGNALS
@@ -59,6 +59,25 @@ def release_step(depth: int, total_steps: int, schedule: str) -> int:
     if schedule == "none":
         return 0
     raise ValueError(f"unknown dyadic schedule {schedule!r}; choose one of {SCHEDULES}")
+
+
+def never_trained(releases: dict[int, int], steps: int, schedule: str) -> str | None:
+    """A warning naming the depths of ``releases`` ({depth: release step}) that a run of
+    ``steps`` optimizer steps never trains (the paper's schedule gives depth i the last
+    t / 2^i steps: none when t < 2^i), else None."""
+    late = sorted(k for k, release in releases.items() if release >= steps)
+    if not late:
+        return None
+    names = ", ".join(str(k) for k in late)
+    needed = (
+        f" (at least {2 ** max(late)} steps for depth {max(late)})" if schedule == "paper" else ""
+    )
+    return (
+        f"DyadicUnfreezing: ladder depth{'s' if len(late) > 1 else ''} {names} "
+        f"{'are' if len(late) > 1 else 'is'} released at or after the run's last step "
+        f"({steps} steps): never trained, {'they stay' if len(late) > 1 else 'it stays'} at "
+        f"initialisation. Raise trainer.max_steps{needed}, or lower model.config.depth"
+    )
 
 
 def check_frozen_parameters_allowed(wrapped: nn.Module | None) -> None:
@@ -175,6 +194,8 @@ class DyadicUnfreezing(L.Callback):
         if self._releases:
             plan = ", ".join(f"depth {k} from step {s}" for k, s in self._releases.items())
             rank_zero_info(f"DyadicUnfreezing ({self.schedule}, lr {self.lr}): {plan}")
+            if untrained := never_trained(self._releases, planned_steps(trainer), self.schedule):
+                rank_zero_warn(untrained)
         self.apply(pl_module, trainer.global_step)
 
     def on_train_batch_start(

@@ -423,6 +423,72 @@ def test_an_sbatch_option_that_needs_a_value_is_refused_without_one(capsys):
     assert "sbatch's --account needs a value" in capsys.readouterr().err
 
 
+def test_sbatch_options_cannot_replace_the_lines_submit_decides(capsys):
+    """--sbatch=--array=0-99 gave 100 workers on the default journal that --workers 2 is
+    refused for, --gres=gpu:4 GPUs a CPU trainer never used, --nodes=2 a second idle
+    node; --time/--mem skipped the format checks their flags get, and -t 1 became
+    #SBATCH --t=1."""
+    from cofrgenet.cli import main
+
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    refused = {
+        "--array=0-99": "--workers N",
+        "-a3": "--workers N",
+        "--nodes=2": "slurm/train.sbatch",
+        "-N 2": "slurm/train.sbatch",
+        "--ntasks=4": "slurm/train.sbatch",
+        "-n4": "slurm/train.sbatch",
+        "--ntasks-per-node=4": "slurm/train.sbatch",
+        "--gres=gpu:4": "--gpus-per-worker",
+        "--gres=tmpdisk:10,gpu:a100:2": "--gpus-per-worker",
+        "--gpus=4": "--gpus-per-worker",
+        "-G1": "--gpus-per-worker",
+        "--gpus-per-node=2": "--gpus-per-worker",
+        "--cpus-per-task=64": "--cpus-per-worker",
+        "-c 64": "--cpus-per-worker",
+    }
+    for option, fix in refused.items():
+        with pytest.raises(SweepError, match=r"^--sbatch -.*: submit sets sbatch's --[a-z-]+ "
+                           rf"itself; .*{re.escape(fix)}"):  # fmt: skip
+            render(tiny, SubmitOptions(sbatch_args=[option]))
+    bad_formats = {
+        "--time=garbage": "--sbatch --time 'garbage' is not a SLURM time: e.g. 04:00:00",
+        "-tgarbage": "--sbatch --time 'garbage' is not a SLURM time",
+        "--mem=lots": "--sbatch --mem 'lots' is not a SLURM mem: e.g. 64G",
+        "-t": "--sbatch '-t': sbatch's -t (--time) needs a value; give it as --time=VALUE",
+        "-Z1": "--sbatch '-Z1': not a one-letter sbatch option",
+        "-kx": "--sbatch '-kx': sbatch's -k (--no-kill) takes no value",
+    }
+    for option, message in bad_formats.items():
+        with pytest.raises(SweepError, match=re.escape(message)):
+            render(tiny, SubmitOptions(sbatch_args=[option]))
+    tiny.slurm.extra = ["--mem=lots"]
+    with pytest.raises(SweepError, match=re.escape("slurm.extra (in the sweep) --mem 'lots'")):
+        render(tiny, SubmitOptions())
+    tiny.slurm.extra = ["--array=0-9"]
+    with pytest.raises(SweepError, match=r"^slurm\.extra \(in the sweep\) --array=0-9: submit"):
+        render(tiny, SubmitOptions())
+    tiny.slurm.extra = []
+    # A one-letter option is written long: it replaces submit's own line, checked as it.
+    for option in ("-t 100", "-t100", "-t=100"):
+        script = render(tiny, SubmitOptions(sbatch_args=[option, "-Aabc", "-k"])).script
+        header = parse_sbatch_header(script)
+        assert (header["time"], header["account"], header["no-kill"]) == ("100", "abc", "")
+        assert "#SBATCH --t=" not in script and "#SBATCH --A" not in script
+    with pytest.raises(SweepError, match=re.escape("--sbatch --time '1' is 60 s")):
+        render(tiny, SubmitOptions(sbatch_args=["-t=1"]))
+    # Other generic resources join the worker's GPUs, or stand alone for a CPU worker.
+    gpu = SubmitOptions(gpus_per_worker=2, sbatch_args=["--gres=tmpdisk:10"])
+    assert parse_sbatch_header(render(tiny, gpu).script)["gres"] == "gpu:2,tmpdisk:10"
+    cpu = SubmitOptions(sbatch_args=["--gres=tmpdisk:10"])
+    assert parse_sbatch_header(render(tiny, cpu).script)["gres"] == "tmpdisk:10"
+    argv = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--study", "subx", "--dry-run"]
+    assert main([*argv, "--sbatch=--array=0-99"]) == 2
+    err = capsys.readouterr().err
+    assert "--sbatch --array=0-99: submit sets sbatch's --array itself" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     from cofrgenet.cli import main
 

@@ -12,6 +12,9 @@ worker's command line), so they cannot disagree:
   start their loaders; unset, each rank takes ``SLURM_CPUS_PER_TASK // G - 1``).
 * ``--signal=B:USR1@90`` + ``--requeue``: the worker saves the trial's ``last.ckpt``,
   leaves the trial RUNNING and requeues its task, which then resumes that trial.
+
+An ``--sbatch`` option (or the sweep's ``slurm.extra``) cannot replace these lines
+(:data:`SUBMIT_DECIDES`).
 """
 
 from __future__ import annotations
@@ -232,9 +235,74 @@ SBATCH_NEEDS_VALUE = frozenset(
 )  # fmt: skip
 
 
-def _sbatch_option(text: str, where: str) -> tuple[str, str]:
-    """(key, value) of an extra ``--key=value`` (or ``--flag``) #SBATCH option."""
-    key, _, value = str(text).lstrip("-").partition("=")
+#: sbatch's one-letter options (its man page) by their long names, which the #SBATCH
+#: line is written with: ``-t 1`` would otherwise become ``--t=1``, and a ``-a`` or ``-t``
+#: would escape the checks below.
+SBATCH_SHORT = {
+    "A": "account", "a": "array", "B": "extra-node-info", "b": "begin", "C": "constraint",
+    "c": "cpus-per-task", "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile",
+    "G": "gpus", "h": "help", "i": "input", "J": "job-name", "k": "no-kill",
+    "L": "licenses", "M": "clusters", "m": "distribution", "N": "nodes", "n": "ntasks",
+    "O": "overcommit", "o": "output", "p": "partition", "Q": "quiet", "q": "qos",
+    "S": "core-spec", "s": "oversubscribe", "t": "time", "V": "version", "v": "verbose",
+    "W": "wait", "w": "nodelist", "x": "exclude",
+}  # fmt: skip
+#: The one-letter options that take no value.
+SBATCH_SHORT_FLAGS = frozenset("hkOQsVvW")
+
+_NODE_FIX = (
+    "a sweep worker is one process on one node: give --gpus-per-worker (the sweep's "
+    "slurm.gpus_per_worker) for more GPUs in it, or use slurm/train.sbatch for a "
+    "multi-node run"
+)
+_GPU_FIX = (
+    "give --gpus-per-worker instead (the sweep's slurm.gpus_per_worker; 0: a CPU worker), "
+    "which sets the trainer's devices to match"
+)
+_CPU_FIX = (
+    "give --cpus-per-worker instead (the sweep's slurm.cpus_per_worker), which is checked "
+    "against data.num_workers"
+)
+#: sbatch options whose #SBATCH line submit derives itself (the module's docstring), with
+#: what to give instead: given again they would replace a line the worker's trainer
+#: settings were made to agree with, or the --workers that the storage check counted.
+SUBMIT_DECIDES = {
+    "array": "give --workers N instead (one array task per worker)",
+    "nodes": _NODE_FIX,
+    "ntasks": _NODE_FIX,
+    "ntasks-per-node": _NODE_FIX,
+    "gpus": _GPU_FIX,
+    "gpus-per-node": _GPU_FIX,
+    "gpus-per-task": _GPU_FIX,
+    "cpus-per-task": _CPU_FIX,
+    "cpus-per-gpu": _CPU_FIX,
+}
+
+
+def _split_sbatch_option(text: str, where: str) -> tuple[str, str, str]:
+    """(long name, value, the option as given) of an extra #SBATCH option: ``--key=value``
+    or ``--flag``, or a one-letter ``-t 1``, ``-t1`` (``-t=1`` read as ``-t 1``)."""
+    text = str(text)
+    if re.match(r"-[A-Za-z]", text) and not text.startswith("--"):
+        letter, value = text[1], text[2:].lstrip(" =")
+        if letter not in SBATCH_SHORT:
+            raise SweepError(
+                f"{where} {text!r}: not a one-letter sbatch option (-t 1 for --time); give "
+                "its long form, --NAME=VALUE or --NAME (e.g. --sbatch=--account=abc)"
+            )
+        key = SBATCH_SHORT[letter]
+        if value and letter in SBATCH_SHORT_FLAGS:
+            raise SweepError(
+                f"{where} {text!r}: sbatch's -{letter} (--{key}) takes no value; give one "
+                "option per --sbatch"
+            )
+        if not value and letter not in SBATCH_SHORT_FLAGS:
+            raise SweepError(
+                f"{where} {text!r}: sbatch's -{letter} (--{key}) needs a value; give it as "
+                f"--{key}=VALUE"
+            )
+        return key, value, f"-{letter} {value}".rstrip()
+    key, _, value = text.lstrip("-").partition("=")
     if not _SBATCH_OPTION.fullmatch(key):
         raise SweepError(
             f"{where} {text!r}: expected an sbatch option, --NAME=VALUE or --NAME "
@@ -244,7 +312,29 @@ def _sbatch_option(text: str, where: str) -> tuple[str, str]:
         raise SweepError(
             f"{where} {text!r}: sbatch's --{key} needs a value; give it as --{key}=VALUE"
         )
-    return key, check_sbatch_value(f"{where} {key}", value)
+    return key, value, f"--{key}={value}" if value else f"--{key}"
+
+
+def _sbatch_option(text: str, where: str) -> tuple[str, str]:
+    """(long name, value) of an extra #SBATCH option (:func:`_split_sbatch_option`);
+    SweepError for one submit decides itself (:data:`SUBMIT_DECIDES`, a GPU ``--gres``),
+    or a ``--time`` or ``--mem`` that is not in SLURM's format, as for submit's own."""
+    key, value, given = _split_sbatch_option(text, where)
+    fix = SUBMIT_DECIDES.get(key)
+    if key == "gres" and any(_gres_name(item) in ("gpu", "none") for item in value.split(",")):
+        fix = f"{_GPU_FIX}; other generic resources may be given with --gres"
+    if fix is not None:
+        raise SweepError(f"{where} {given}: submit sets sbatch's --{key} itself; {fix}")
+    value = check_sbatch_value(f"{where} {key}", value)
+    pattern, example = _FORMATS.get(key, (None, ""))
+    if pattern is not None and not pattern.fullmatch(value):
+        raise SweepError(f"{where} --{key} {value!r} is not a SLURM {key}: {example}")
+    return key, value
+
+
+def _gres_name(item: str) -> str:
+    """The resource's name of one ``--gres`` item (``gpu:a100:2`` -> ``gpu``)."""
+    return item.strip().split(":")[0].lower()
 
 
 #: sbatch's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
@@ -384,6 +474,8 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     extras = [(e, "slurm.extra (in the sweep)") for e in sweep.slurm.extra]
     for extra, where in [*extras, *((e, "--sbatch") for e in options.sbatch_args)]:
         key, value = _sbatch_option(extra, where)
+        if key == "gres" and "gres" in sbatch:  # another resource beside the worker's GPUs
+            value = f"{sbatch['gres']},{value}"
         sbatch[key] = value
     # A password goes to the workers in the environment, not on their command lines
     # (ps, logs and MLflow's command tag show those): the script is the user's alone.

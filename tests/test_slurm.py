@@ -616,6 +616,54 @@ def test_gpus_per_worker_0_in_the_sweep_file_and_a_set_submit_would_replace(tmp_
     render(tiny, SubmitOptions(settings={"trainer.devices": 1}))  # what it sets anyway: fine
 
 
+def test_the_sweep_files_slurm_section_is_checked_when_read(tmp_path, capsys):
+    """`gpus_per_worker: "two"` gave a TypeError traceback, `extra: "--account=abc"` was
+    read a letter at a time (an error about '-'), and `cpus_per_worker: -1` was said as
+    `--cpus-per-worker -1`, a flag nobody gave; `time: null` gave #SBATCH --time=None."""
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.spec import parse_sweep
+
+    raw = yaml.safe_load((SWEEPS / "tiny-cpu.yaml").read_text())
+    raw["base"] = [str(ROOT / b) for b in raw["base"]]
+    cases = [
+        ({"gpus_per_worker": "two"}, "slurm.gpus_per_worker must be a whole number >= 0, "
+         "got 'two'"),
+        ({"gpus_per_worker": -1}, "slurm.gpus_per_worker must be a whole number >= 0, got -1"),
+        ({"cpus_per_worker": -1}, "slurm.cpus_per_worker must be a whole number >= 1, got -1"),
+        ({"cpus_per_worker": True}, "slurm.cpus_per_worker must be a whole number >= 1"),
+        ({"cpus_per_worker": 2.5}, "slurm.cpus_per_worker must be a whole number >= 1"),
+        ({"extra": "--account=abc"}, "slurm.extra must be a list of sbatch options, e.g. "
+         "extra: [--account=abc], got '--account=abc'"),
+        ({"extra": ["--account=abc", 5]}, "slurm.extra[1] must be an sbatch option as a "
+         "string, e.g. --account=abc, got 5"),
+        ({"time": [4]}, "slurm.time must be a string, e.g. \"04:00:00\" or 90 (minutes), got [4]"),
+        ({"mem": {"G": 64}}, "slurm.mem must be a string, e.g. 64G"),
+        ({"partition": 5}, "slurm.partition must be a string, e.g. gpu, got 5"),
+    ]  # fmt: skip
+    for slurm_section, message in cases:
+        with pytest.raises(SweepError, match=re.escape(message)):
+            parse_sweep({**raw, "slurm": slurm_section})
+    # `cofr sweep run` reads the same file, and refuses it as submit does.
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**raw, "slurm": {"gpus_per_worker": "two"}}))
+    for command in ("run", "submit"):
+        argv = ["sweep", command, str(path), "--runs-dir", str(tmp_path / "runs")]
+        assert main([*argv, *(["--dry-run"] if command == "submit" else [])]) == 2
+        err = capsys.readouterr().err
+        assert f"cofr sweep {command}: error: slurm.gpus_per_worker must be" in err, err
+        assert "Traceback" not in err
+    # YAML's numbers are SLURM's minutes and megabytes; a null time is the partition's.
+    sweep = parse_sweep({**raw, "slurm": {"time": 90, "mem": 16000, "extra": None}}, path)
+    header = parse_sbatch_header(render(sweep, SubmitOptions()).script)
+    assert (header["time"], header["mem"]) == ("90", "16000")
+    sweep = parse_sweep({**raw, "slurm": {"time": None}}, path)
+    assert "time" not in parse_sbatch_header(render(sweep, SubmitOptions()).script)
+    # Too few CPUs from the sweep file are named as its field, not as the flag.
+    sweep = parse_sweep({**raw, "slurm": {"cpus_per_worker": 2}}, path)
+    with pytest.raises(SweepError, match=r"^slurm\.cpus_per_worker 2 cannot feed data"):
+        render(sweep, SubmitOptions(settings={"data.num_workers": 3}))
+
+
 def test_submit_refuses_a_database_it_cannot_reach_before_sbatch(tmp_path, monkeypatch):
     """Each array task found the storage unreachable once it started, after the queue's
     wait; submit asks the server first."""

@@ -168,23 +168,27 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
     ranks = max(1, gpus)  # ddp_spawn: every rank in the task starts its own loaders
     needed = ranks * (num_workers + 1) if isinstance(num_workers, int) else None
     cpus = options.cpus_per_worker or sweep.slurm.cpus_per_worker
+    # Named as the user gave it: the flag, else the sweep file's field.
+    where = "--cpus-per-worker" if options.cpus_per_worker else "slurm.cpus_per_worker"
     if cpus is None:
         cpus = needed if needed is not None else max(2, 4 * gpus + 1)
     if needed is not None and needed > cpus:
         each, share = (f"each of {ranks} ranks' ", f" // {ranks}") if ranks > 1 else ("", "")
         raise SweepError(
-            f"--cpus-per-worker {cpus} cannot feed {each}data.num_workers {num_workers} "
+            f"{where} {cpus} cannot feed {each}data.num_workers {num_workers} "
             f"loader processes plus the trainer: give at least {needed} "
             f"CPUs, or lower data.num_workers (unset, it follows SLURM_CPUS_PER_TASK{share} "
             "- 1)"
         )
+    time_limit = options.time or sweep.slurm.time
     sbatch = {
         "job-name": f"sweep-{sweep.study}",
         "array": f"0-{options.workers - 1}",
         "nodes": "1",
         "ntasks-per-node": "1",
         "cpus-per-task": str(cpus),
-        "time": options.time or sweep.slurm.time,
+        # slurm.time: null leaves the time limit to the partition.
+        **({"time": str(time_limit)} if time_limit is not None else {}),
         "signal": REQUEUE_SIGNAL,
         "requeue": "",
         "open-mode": "append",
@@ -196,7 +200,7 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
         sbatch["partition"] = partition
     mem = options.mem or sweep.slurm.mem
     if mem:
-        sbatch["mem"] = mem
+        sbatch["mem"] = str(mem)  # mem: 16000 (megabytes) is a number in YAML
     return sbatch, settings
 
 

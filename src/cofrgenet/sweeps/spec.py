@@ -308,11 +308,42 @@ class SlurmOptions:
     """Defaults of ``cofr sweep submit`` (its flags win)."""
 
     partition: str | None = None
-    time: str = "04:00:00"
+    time: str | int | None = "04:00:00"  # an int: minutes; None: the partition's limit
     cpus_per_worker: int | None = None
     gpus_per_worker: int | None = None  # None: the config's GPU devices (0 without)
-    mem: str | None = None
+    mem: str | int | None = None  # an int: megabytes
     extra: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        """SweepError naming the field of a value submit cannot use (a string for a
+        count gave a TypeError, a string for ``extra`` was read a letter at a time); the
+        formats of the #SBATCH values are checked by submit, which writes them."""
+        examples = {"partition": "gpu", "time": '"04:00:00" or 90 (minutes)', "mem": "64G"}
+        for name, example in examples.items():
+            value = getattr(self, name)
+            # YAML reads time: 90 and mem: 16000 as numbers: SLURM's minutes, megabytes.
+            ok = (str, int) if name != "partition" else str
+            if value is not None and (isinstance(value, bool) or not isinstance(value, ok)):
+                raise SweepError(f"slurm.{name} must be a string, e.g. {example}, got {value!r}")
+        for name, least in (("cpus_per_worker", 1), ("gpus_per_worker", 0)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SweepError(f"slurm.{name} must be a whole number >= {least}, got {value!r}")
+        if self.extra is None:  # `extra:` with nothing under it
+            self.extra = []
+        if not isinstance(self.extra, list):
+            raise SweepError(
+                f"slurm.extra must be a list of sbatch options, e.g. extra: [--account=abc], "
+                f"got {self.extra!r}"
+            )
+        for i, option in enumerate(self.extra):
+            if not isinstance(option, str):
+                raise SweepError(
+                    f"slurm.extra[{i}] must be an sbatch option as a string, e.g. "
+                    f"--account=abc, got {option!r}"
+                )
 
 
 def grid_points(space: list[ParamSpec]) -> list[dict[str, Any]]:
@@ -769,6 +800,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         fixed = sweep_keys(sweep)
         _check_not_set_again(fixed, overrides, "overrides: {key}", "remove it from the overrides")
         sweep.storage_options.check()
+        sweep.slurm.check()
         _check_sampler(sweep.sampler, sweep.space)
         _check_heatmap(sweep)
     return sweep

@@ -151,10 +151,11 @@ def test_sweep_sbatch_refuses_what_cannot_agree():
     assert parse_sbatch_header(render(tiny, spawn).script)["cpus-per-task"] == "8"
 
 
-def test_submit_dry_run_prints_the_script(tmp_path):
+def test_submit_dry_run_prints_the_script(tiny_data, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "cofrgenet.cli", "sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"),
-         "--workers", "2", "--shared-journal", "--runs-dir", str(tmp_path / "runs"), "--dry-run"],
+         "--workers", "2", "--shared-journal", "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+         "--set", f"data.data_dir={tiny_data}"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -679,10 +680,16 @@ def test_submit_refuses_a_database_it_cannot_reach_before_sbatch(tmp_path, monke
         port = probe.getsockname()[1]
     url = f"postgresql://cofr:secret@127.0.0.1:{port}/cofr"
     options = SubmitOptions(runs_dir=str(tmp_path / "runs"), storage=url)
-    with pytest.raises(SweepError, match=r"cannot reach the study database .*:\*\*\*@") as error:
-        slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run=False, wait=False)
-    assert "secret" not in str(error.value) and calls == []
-    assert str(error.value).endswith("(where only the compute nodes reach it: --no-storage-check)")
+    for dry_run in (False, True):  # the dry run, the preview, checks as the submit does
+        with pytest.raises(
+            SweepError, match=r"cannot reach the study database .*:\*\*\*@"
+        ) as error:
+            slurm.submit(load_sweep(SWEEPS / "tiny-cpu.yaml"), options, dry_run, wait=False)
+        assert "secret" not in str(error.value) and calls == []
+        assert str(error.value).endswith(
+            "(where only the compute nodes reach it: --no-storage-check)"
+        )
+    assert not (tmp_path / "runs").exists()
     monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: calls.append(a) or subprocess.CompletedProcess(a, 0, stdout="7\n", stderr=""))  # fmt: skip
     options.check_storage = False
     assert (

@@ -4156,24 +4156,28 @@ def test_submit_refuses_what_run_refuses_before_sbatch(tiny_data, tmp_path, monk
     path = write_sweep(tmp_path, **common)
     run_worker(load_sweep(path), report=False, mlflow=False)
 
-    def submit(sweep_file, **options):
-        return slurm.submit(load_sweep(sweep_file), SubmitOptions(**options), False, False)
+    def submit(sweep_file, dry_run=False, **options):
+        return slurm.submit(load_sweep(sweep_file), SubmitOptions(**options), dry_run, False)
 
-    with pytest.raises(SweepError, match=r"^study 'tiny-cpu' is done: its 1 trials have run, "
-                       r"so workers would start none\. Raise n_trials in .*sweep\.yaml"):  # fmt: skip
-        submit(path)
     changed = write_sweep(tmp_path, "changed.yaml", **common | {"n_trials": 2},
                           space={"model.config.depth": "int 1..8"})  # fmt: skip
-    with pytest.raises(SweepError, match=r"^study 'tiny-cpu' was created from another version"):
-        submit(changed)
     missing = dict(common, overrides={**common["overrides"], "data.data_dir": "no-such-data"})
-    with pytest.raises(
-        SweepError, match=r"(?s)data\.data_dir: .*no-such-data.*--no-storage-check\)$"
-    ):
-        submit(write_sweep(tmp_path, "nodata.yaml", **missing, study="new"))
+    # --dry-run, the preview the sweep files recommend, printed a script for each.
+    for dry_run in (False, True):
+        with pytest.raises(SweepError, match=r"^study 'tiny-cpu' is done: its 1 trials have "
+                           r"run, so workers would start none\. Raise n_trials in .*sweep\.yaml"):  # fmt: skip
+            submit(path, dry_run)
+        with pytest.raises(SweepError, match=r"^study 'tiny-cpu' was created from another"):
+            submit(changed, dry_run)
+        with pytest.raises(
+            SweepError, match=r"(?s)data\.data_dir: .*no-such-data.*--no-storage-check\)$"
+        ):
+            submit(write_sweep(tmp_path, "nodata.yaml", **missing, study="new"), dry_run)
     assert calls == []
+    assert not (tmp_path / "runs" / "sweeps" / "new").exists()  # a dry run writes nothing
     assert submit(write_sweep(tmp_path, "more.yaml", **common | {"n_trials": 2}))[1] == "9"
     nodata = write_sweep(tmp_path, "nodata2.yaml", **missing, study="new")
+    assert submit(nodata, dry_run=True, check_storage=False)[0].startswith("#!/bin/bash")
     assert submit(nodata, check_storage=False)[1] == "9"  # only the nodes may see it
 
 

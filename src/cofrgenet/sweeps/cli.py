@@ -229,7 +229,11 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OPTION",
         help="another #SBATCH option, e.g. --sbatch=--account=abc",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check as a submit does, print the script, submit nothing",
+    )
     parser.add_argument("--wait", action="store_true", help="sbatch --wait: block until done")
     parser.add_argument(
         "--no-storage-check",

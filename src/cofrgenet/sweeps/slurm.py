@@ -531,13 +531,12 @@ def job_logs(rendered: Rendered, job: str) -> str:
 def submit(
     sweep: Sweep, options: SubmitOptions, dry_run: bool, wait: bool
 ) -> tuple[str, str, str | None]:
-    """(script path or "-", job id or "", why the job failed or None): writes the
-    script and runs sbatch. With ``wait``, sbatch returns when the job ends: non-zero
-    when a task of it failed, the job id printed all the same."""
+    """(script path, job id or "", why the job failed or None): writes the script and
+    runs sbatch. With ``wait``, sbatch returns when the job ends: non-zero when a task of
+    it failed, the job id printed all the same. With ``dry_run``: (the script, "", None)
+    after the same checks, writing nothing: the preview says what the submit would."""
     rendered = render(sweep, options)
-    if dry_run:
-        return rendered.script, "", None
-    if shutil.which("sbatch") is None:
+    if not dry_run and shutil.which("sbatch") is None:
         raise SweepError("sbatch not found: is this a SLURM login node? (--dry-run prints)")
     if st.journal_path(rendered.storage) is None:  # a database: reachable now, not after
         st.check_rdb_url(rendered.storage)  # the queue's wait, from every task at once
@@ -566,6 +565,8 @@ def submit(
         except SweepError as error:
             escape = " (where only the compute nodes see it: --no-storage-check)"
             raise SweepError(f"{error}{escape if 'data_dir' in str(error) else ''}") from None
+    if dry_run:
+        return rendered.script, "", None
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
     st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 

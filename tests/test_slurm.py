@@ -698,6 +698,31 @@ def test_submit_refuses_a_database_it_cannot_reach_before_sbatch(tmp_path, monke
     )
 
 
+def test_an_unreachable_databases_reason_hides_the_password_not_the_words_holding_it():
+    """A password `p` was replaced in every word of the driver's reason: "port 1 failed"
+    read "***ort 1 failed". It is hidden where it stands as a password: in a URL, or a
+    libpq password= setting."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql://u:p@127.0.0.1:{port}/db"
+    with pytest.raises(SweepError) as error:
+        st.check_reachable(url)
+    assert f"port {port} failed" in str(error.value), error.value
+    assert "***ort" not in str(error.value)
+    reasons = {
+        f"could not connect with {url}: port {port} failed": f"u:***@127.0.0.1:{port}/db: port",
+        "invalid dsn: host=h password=p port=1": "host=h password=*** port=1",
+        "invalid dsn: password='p q' port=1": "password=*** port=1",
+        "bad: postgresql://u@h/db?sslmode=x&password=p": "sslmode=x&password=***",
+    }
+    for reason, shown in reasons.items():
+        said = st._unreachable(url, RuntimeError(reason))
+        assert shown in said and "=p" not in said and ":p@" not in said, said
+
+
 def test_submit_refuses_a_tracking_server_it_cannot_reach_before_sbatch(tmp_path, monkeypatch):
     """Every task would hang on MLflow's retries after the queue's wait: submit asks the
     tracking server first (unless --no-storage-check: only the nodes may reach it)."""

@@ -452,9 +452,11 @@ def _sqlite_cannot_write(url: str, error: Exception) -> bool:
 SQLITE_DAMAGE = ("file is not a database", "database disk image is malformed")
 
 
-def _unreachable(url: str, error: Exception) -> str:
-    from sqlalchemy.engine import make_url
+#: A libpq connection string's ``password=VALUE`` (quoted, or up to a space).
+_LIBPQ_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE)
 
+
+def _unreachable(url: str, error: Exception) -> str:
     reason = str(getattr(error, "orig", None) or error).strip()
     reason = reason.splitlines()[0] if reason else type(error).__name__
     if (path := sqlite_database(url)) is not None and any(d in reason for d in SQLITE_DAMAGE):
@@ -467,9 +469,9 @@ def _unreachable(url: str, error: Exception) -> str:
             f"cannot open the study database {path} ({reason}): its folder must be "
             "writable; choose another with --storage"
         )
-    password = make_url(url).password
-    if password:
-        reason = reason.replace(str(password), "***")
+    # A password hidden where it stands as one (a URL's, a password= setting), not in
+    # every word that holds it: a password "p" made "port" "***ort".
+    reason = _LIBPQ_PASSWORD.sub(r"\1***", hide_passwords(reason))
     return (
         f"cannot reach the study database {hide_passwords(url)}: is the server up, and "
         f"its host, port, user and password right? ({reason})"

@@ -459,6 +459,7 @@ def test_sbatch_options_cannot_replace_the_lines_submit_decides(capsys):
         "-t": "--sbatch '-t': sbatch's -t (--time) needs a value; give it as --time=VALUE",
         "-Z1": "--sbatch '-Z1': not a one-letter sbatch option",
         "-kx": "--sbatch '-kx': sbatch's -k (--no-kill) takes no value",
+        "-a3\necho hi": "--sbatch array '3\\necho hi': an #SBATCH value cannot hold a newline",
     }
     for option, message in bad_formats.items():
         with pytest.raises(SweepError, match=re.escape(message)):

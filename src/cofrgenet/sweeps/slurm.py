@@ -324,12 +324,12 @@ def _sbatch_option(text: str, where: str) -> tuple[str, str]:
     SweepError for one submit decides itself (:data:`SUBMIT_DECIDES`, a GPU ``--gres``),
     or a ``--time`` or ``--mem`` that is not in SLURM's format, as for submit's own."""
     key, value, given = _split_sbatch_option(text, where)
+    value = check_sbatch_value(f"{where} {key}", value)  # first: no newline in what is said
     fix = SUBMIT_DECIDES.get(key)
     if key == "gres" and any(_gres_name(item) in ("gpu", "none") for item in value.split(",")):
         fix = f"{_GPU_FIX}; other generic resources may be given with --gres"
     if fix is not None:
         raise SweepError(f"{where} {given}: submit sets sbatch's --{key} itself; {fix}")
-    value = check_sbatch_value(f"{where} {key}", value)
     pattern, example = _FORMATS.get(key, (None, ""))
     if pattern is not None and not pattern.fullmatch(value):
         raise SweepError(f"{where} --{key} {value!r} is not a SLURM {key}: {example}")

@@ -2430,6 +2430,26 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, capsys):
     assert line.startswith("cofr sweep run: error: --set a=[1,: the value is not valid YAML")
 
 
+def test_a_key_given_twice_in_a_sweep_file_is_refused(tmp_path, capsys):
+    """PyYAML keeps the last: a second `model.config.depth:` of the space, or a second
+    `study:`, was silently used in place of the first. Refused as `cofr fit` refuses a
+    config file's (one loader for both)."""
+    text = write_sweep(tmp_path).read_text()
+    depth = "  model.config.depth: int 1..4\n"
+    assert depth in text and text.startswith("study: ")
+    for name, twice in {
+        "space": text.replace(depth, depth + "  model.config.depth: int 5..6\n"),
+        "study": "study: other\n" + text,
+    }.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(twice)
+        key = "model.config.depth" if name == "space" else "study"
+        for command in ("run", "status"):
+            line = one_line_error(capsys, ["sweep", command, str(path)])
+            assert line.startswith(f"cofr sweep {command}: error: {path}, line "), line
+            assert line.endswith(f"not valid YAML: the key '{key}' is given twice: keep one")
+
+
 def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     path = str(write_sweep(tmp_path))
     start = time.monotonic()

@@ -21,6 +21,7 @@ files only, and left out of the config a run saves (that one is whole: it needs 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,28 @@ def load_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
+
+
+@functools.cache
+def unique_key_loader() -> type:
+    """A YAML SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the
+    last, so a second ``trainer:`` block silently dropped the first): the one reading of
+    the files a user writes, ``cofr fit`` configs and sweep files alike."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice: keep one", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def find_base(entry: str, naming: Path | None, naming_first: bool = False) -> Path:

@@ -53,7 +53,7 @@ from cofrgenet.config_variables import (
 from cofrgenet.devices import device_count
 from cofrgenet.dotted import get_dotted, set_dotted
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
-from cofrgenet.recipes import bundled, find_base
+from cofrgenet.recipes import bundled, find_base, unique_key_loader
 from cofrgenet.training.run_store import check_folder_name, folder_name
 
 #: Optuna's class (``optuna.samplers.<name>``) of each sampler name. grid: every point is
@@ -903,7 +903,7 @@ def load_sweep(path: str | os.PathLike[str], overrides: dict[str, Any] | None = 
     if not path.is_file():
         raise SweepError(f"no sweep file at {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=unique_key_loader())  # as cofr fit's files
     except yaml.YAMLError as error:
         raise SweepError(not_valid_yaml(path, error)) from None
     except (OSError, UnicodeDecodeError) as error:

@@ -691,7 +691,7 @@ def _yaml_mapping(path: str, label: str, keys: str = "keys") -> dict | str | Non
     import yaml
 
     try:
-        content = yaml.load(Path(path).read_text(), Loader=_unique_key_loader())  # a SafeLoader
+        content = yaml.load(Path(path).read_text(), Loader=recipes.unique_key_loader())
     except OSError:
         return None
     except UnicodeDecodeError as error:
@@ -741,27 +741,6 @@ def _bad_section_file(words: list[str]) -> str | None:
             if isinstance(content, str):
                 return content
     return None
-
-
-def _unique_key_loader() -> type:
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the
-        last, so a second ``trainer:`` block silently dropped the first)."""
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if isinstance(key, str | int | float | bool) and key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"the key {key!r} is given twice", key_node.start_mark
-                    )
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
 
 
 class CofrCLI(LightningCLIAdapter):

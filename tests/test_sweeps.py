@@ -232,6 +232,35 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
     parse_sweep({**good, "heatmap": ["c", "a.b"], "storage_options": {"grace_period": 121}})
 
 
+def test_a_grid_too_large_is_refused_before_its_points_are_made(tmp_path, capsys):
+    """A grid of a hundred million ints was built in memory as the file was read, by run,
+    status, report and submit alike: the process ran out of memory, and the error blamed
+    the batch size. Its size is counted from the ranges, and refused above the limit."""
+    from cofrgenet.sweeps.spec import MAX_GRID_POINTS
+
+    good = {"study": "s", "sampler": {"name": "grid"}}
+    huge = {"a.b": "int 1..1000000000000", "c": [1, 3]}  # 2e12 points: no memory holds them
+    message = (
+        "sampler grid: the space has 2,000,000,000,000 points (a.b 1,000,000,000,000 x c 2), "
+        f"more than the {MAX_GRID_POINTS:,} a grid sweep may queue (each point is a trial): "
+        "give its ranges a coarser step or fewer choices, or use a tpe or random sampler "
+        "with n_trials"
+    )
+    with pytest.raises(SweepError) as raised:
+        parse_sweep({**good, "space": huge})
+    assert str(raised.value) == message
+    with pytest.raises(SweepError, match="the space has 10,001 points"):
+        parse_sweep({**good, "space": {"a.b": "int 1..10001"}})
+    space = {"a.b": "int 1..100", "c": {"type": "int", "low": 0, "high": 990, "step": 10}}
+    assert parse_sweep({**good, "space": space}).total_trials == MAX_GRID_POINTS
+    path = write_sweep(tmp_path, space={"model.config.depth": "int 1..1000000000000"},
+                       sampler={"name": "grid"}, n_trials=None)  # fmt: skip
+    for command in ("run", "status", "report", "submit"):
+        line = one_line_error(capsys, ["sweep", command, str(path), "--runs-dir", str(tmp_path)])
+        assert line.startswith(f"cofr sweep {command}: error: sampler grid: the space has "), line
+        assert "(model.config.depth 1,000,000,000,000)" in line
+
+
 def test_storage_variables_expand_braced_names_only(monkeypatch):
     """${VAR} from the environment; a bare $ is literal (passwords); a value that is one
     unset variable means the default (unless a close name is set: refused); an unset one
@@ -3529,6 +3558,8 @@ def test_the_heat_map_shows_the_searched_values_not_yet_drawn(tmp_path, monkeypa
     assert report.axis_values(depth) == [1, 3, 5, 7]
     assert report.axis_values(ladders) == [1, 4, 16]
     assert report.axis_values(wide) == [] and report.axis_values(None) == []
+    # A TPE sweep's range of 1e12 values: counted, not made (a report ran out of memory).
+    assert report.axis_values(parse_param("w", "int 1..1000000000000")) == []
     assert report.axis_values(parse_param("lr", "float 1e-4..1e-2 log")) == []
     dists = {"d": IntDistribution(1, 7, step=2), "L": IntDistribution(1, 16)}
     trial = create_trial(params={"d": 3, "L": 4}, distributions=dists, value=2.0)

@@ -38,6 +38,7 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,12 +115,19 @@ class ParamSpec:
         return trial.suggest_categorical(self.key, list(self.choices))
 
     def grid_values(self) -> list[Any]:
+        return list(self._grid_values())
+
+    def grid_count(self) -> int:
+        """How many values :meth:`grid_values` holds, counted without making them."""
+        return len(self._grid_values())
+
+    def _grid_values(self) -> Sequence[Any]:
         if self.kind == "categorical":
-            return list(self.choices)
+            return self.choices
         if self.grid:
-            return list(self.grid)
-        if self.kind == "int":
-            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+            return self.grid
+        if self.kind == "int":  # a range object: its length costs nothing
+            return range(int(self.low), int(self.high) + 1, int(self.step or 1))
         raise SweepError(
             f"space.{self.key}: a grid sampler needs the values of a float range: give "
             f"'{{type: float, low: {self.low}, high: {self.high}, grid: [...]}}' or choices"
@@ -346,8 +354,31 @@ class SlurmOptions:
                 )
 
 
+#: The most points a grid sweep may have. Every point is queued as a trial (a record in
+#: the storage) when the study is made, and the points are held in memory to queue and
+#: check them: a range of a hundred million ints ran the worker out of memory.
+MAX_GRID_POINTS = 10_000
+
+
+def grid_size(space: list[ParamSpec]) -> int:
+    """The number of points of a grid over ``space``, counted without making them;
+    SweepError above :data:`MAX_GRID_POINTS`, naming each key's count."""
+    counts = [p.grid_count() for p in space]
+    size = math.prod(counts)
+    if size > MAX_GRID_POINTS:
+        each = " x ".join(f"{p.key} {n:,}" for p, n in zip(space, counts, strict=True))
+        raise SweepError(
+            f"sampler grid: the space has {counted(size, 'point')} ({each}), more than the "
+            f"{MAX_GRID_POINTS:,} a grid sweep may queue (each point is a trial): give its "
+            "ranges a coarser step or fewer choices, or use a tpe or random sampler with "
+            "n_trials"
+        )
+    return size
+
+
 def grid_points(space: list[ParamSpec]) -> list[dict[str, Any]]:
     """Every point of a grid over ``space``, in a fixed order (the last key varies fastest)."""
+    grid_size(space)  # refuses a grid too large to make, before making it
     keys = [p.key for p in space]
     values = [p.grid_values() for p in space]
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
@@ -384,6 +415,11 @@ class Sweep:
         return grid_points(self.space)
 
     @property
+    def grid_size(self) -> int:
+        """The number of points of the grid (grid sampler), without making them."""
+        return grid_size(self.space)
+
+    @property
     def is_grid(self) -> bool:
         return self.sampler.get("name") == "grid"
 
@@ -391,7 +427,7 @@ class Sweep:
     def total_trials(self) -> int:
         """The study's trial budget: the grid's size, or ``n_trials``."""
         if self.is_grid:
-            return len(self.grid)
+            return self.grid_size
         if self.n_trials is not None:
             return self.n_trials
         raise SweepError("n_trials is required unless the sampler is grid")
@@ -783,7 +819,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         storage_error=storage_error,
     )
     if sweep.is_grid:
-        points = len(sweep.grid)  # raises for float ranges without grid values
+        points = sweep.grid_size  # raises for float ranges without grid values, or too many
         if resolve and sweep.n_trials is not None and sweep.n_trials != points:
             raise SweepError(
                 f"n_trials {sweep.n_trials}: a grid sweep trains each of its points once "

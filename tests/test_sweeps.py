@@ -2504,6 +2504,41 @@ def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     assert not list(Path.cwd().glob("jornal:*"))
 
 
+def test_a_journal_without_a_file_path_is_refused_before_anything_runs(
+    tmp_path, capsys, monkeypatch
+):
+    """`journal:` (the working directory) and a journal naming a folder raised
+    IsADirectoryError from Optuna in run, status and report, and submit --dry-run wrote
+    `--storage journal:` into its workers' script. One line wherever a URL is read: a
+    --storage (also from env:NAME), the sweep file's storage:."""
+    path = str(write_sweep(tmp_path))
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    none = "a journal needs a file path, and none is given: give one, e.g. "
+    cases = {
+        "journal:": f"storage 'journal:': {none}journal:runs/sweeps/<study>/optuna.journal",
+        f"journal:{folder}": f"and {folder} is a folder: give a file in it, e.g. "
+        f"journal:{folder}/optuna.journal",
+        f"journal:{tmp_path / 'new'}/": f"and {tmp_path / 'new'}/ is a folder",
+    }
+    commands = (["run", "--no-mlflow"], ["status"], ["report"], ["submit", "--dry-run"])
+    for url, message in cases.items():
+        for command in commands:
+            line = one_line_error(
+                capsys, ["sweep", command[0], path, *command[1:], "--storage", url]
+            )
+            assert line.startswith(f"cofr sweep {command[0]}: error: argument --storage: "), line
+            assert message in line, line
+    monkeypatch.setenv("MY_STORAGE", f"journal:{folder}")
+    line = one_line_error(capsys, ["sweep", "status", path, "--storage", "env:MY_STORAGE"])
+    assert "is a folder: give a file in it" in line
+    in_file = write_sweep(tmp_path, "in-file.yaml", storage="journal:")
+    for command in commands:
+        line = one_line_error(capsys, ["sweep", command[0], str(in_file), *command[1:]])
+        assert line == f"cofr sweep {command[0]}: error: {cases['journal:']}", line
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
 def test_a_mistyped_storage_file_is_refused_when_the_study_exists_elsewhere(tmp_path, capsys):
     """Optuna would start the study anew in the mistyped file; one line says where it is."""
     path = str(write_sweep(tmp_path))

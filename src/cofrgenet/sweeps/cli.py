@@ -59,9 +59,10 @@ def _common(
 def storage_argument(value: str) -> str:
     """An argparse type: ``--storage``'s URL; ``env:NAME`` reads it from the environment,
     so that a password is not on the command line, where ``ps`` and MLflow tags show it
-    (a rendered SLURM script passes it so)."""
+    (a rendered SLURM script passes it so). A journal's path is checked here, before
+    anything runs (:func:`~cofrgenet.sweeps.storage.journal_path`)."""
     if not value.startswith("env:"):
-        return StorageURL(value, given=value)
+        return _checked_journal(StorageURL(value, given=value))
     name = value.removeprefix("env:")
     url = os.environ.get(name, "")
     if not url.strip():
@@ -72,7 +73,18 @@ def storage_argument(value: str) -> str:
             f"{value}: ${name} holds no storage URL (journal:PATH, a *.journal file or "
             "scheme://...; its value is not shown)"
         )
-    return StorageURL(url, given=value)
+    return _checked_journal(StorageURL(url, given=value))
+
+
+def _checked_journal(url: StorageURL) -> StorageURL:
+    """``url``, unless it is a journal without a file path (an argparse error then)."""
+    from cofrgenet.sweeps.storage import journal_path
+
+    try:
+        journal_path(url)
+    except SweepError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return url
 
 
 def plain(url: str | None) -> str | None:

@@ -447,11 +447,11 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     if options.workers < 1:
         raise SweepError("--workers must be >= 1")
     _check_header_inputs(sweep, options)
-    sbatch, settings = resources(sweep, options)
     runs_dir = Path(options.runs_dir or sweep.runs_dir).resolve()
     home = st.home_storage(sweep, str(runs_dir))
-    st.check_given_storage(options.storage, home, sweep.study)
+    st.check_given_storage(options.storage, home, sweep.study)  # before the config's parse
     url = options.storage or home
+    sbatch, settings = resources(sweep, options)
     journal = st.journal_path(url)
     if journal is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)

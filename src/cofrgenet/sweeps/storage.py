@@ -142,7 +142,7 @@ def study_folder(sweep: Sweep, runs_dir: str | None = None) -> Path:
 def journal_path(url: str) -> Path | None:
     """The journal file of a ``journal:PATH`` or bare ``*.journal`` storage, else None."""
     if url.startswith("journal:"):
-        return Path(url[len("journal:") :].removeprefix("//"))
+        return _journal_file(url, url[len("journal:") :].removeprefix("//"))
     if url.endswith((".journal", ".log")) and "://" not in url:
         scheme = re.match(r"([A-Za-z][\w+.-]*):", url)
         if scheme:  # "jornal:/x.journal" would be a folder named "jornal:" in the cwd
@@ -151,8 +151,26 @@ def journal_path(url: str) -> Path | None:
                 f"storage {url!r}: unknown scheme {scheme.group(1) + ':'!r}{hint}; use "
                 f"{STORAGE_FORMS}"
             )
-        return Path(url)
+        return _journal_file(url, url)
     return None
+
+
+def _journal_file(url: str, path: str) -> Path:
+    """``path``, the journal file of storage ``url``; SweepError for an empty path or a
+    folder (``journal:`` is the working directory), which Optuna fails to open with a
+    traceback once the study is opened (and ``submit`` wrote into its script)."""
+    if not path.strip():
+        raise SweepError(
+            f"storage {url!r}: a journal needs a file path, and none is given: give one, "
+            "e.g. journal:runs/sweeps/<study>/optuna.journal"
+        )
+    if path.endswith(("/", os.sep)) or Path(path).expanduser().is_dir():
+        folder = path.rstrip("/" + os.sep) or path
+        raise SweepError(
+            f"storage {url!r}: a journal needs a file path, and {path} is a folder: give a "
+            f"file in it, e.g. journal:{folder}/optuna.journal"
+        )
+    return Path(path)
 
 
 def storage_file(url: str) -> Path | None:

@@ -579,6 +579,97 @@ def test_a_later_setting_wins_over_an_earlier_one_inside_it():
     assert words == [("nowhere.key", 1)]
 
 
+def test_a_mapping_to_a_group_of_options_merges_with_the_settings_beside_it(tmp_path):
+    """`model: {preset: gpt2-tiny-f}` after `model.config.vocab_size: 320` (and other
+    keys under `model`) dropped them: the trial trained with vocab_size null. It sets the
+    options it names, as `cofr fit` merges a config file's mapping; an option's own value
+    (a mapping to `model.optimizer`, a list) still replaces what was set inside it."""
+    from cofrgenet.sweeps.fitconfig import kept_since_merging, split_settings
+
+    settings = [
+        ("model.config.vocab_size", 320),
+        ("model.optimizer.warmup_steps", 2),
+        ("model", {"preset": "gpt2-tiny-f", "config": {"block_size": 32}}),
+        ("data", {}),  # sets nothing, as in a config file
+        ("trainer.logger.init_args.save_dir", "x"),
+        ("trainer", {"logger": False}),  # an option's value: replaces the entry inside it
+        ("model.optimizer", {"lr": 0.1}),  # likewise
+    ]
+    layer, words = split_settings(settings)
+    assert layer == {
+        "model": {
+            "config": {"vocab_size": 320, "block_size": 32},
+            "preset": "gpt2-tiny-f",
+            "optimizer": {"lr": 0.1},
+        },
+        "trainer": {"logger": False},
+    }
+    assert words == []
+    # What a cofr that replaced the whole group dropped: the keys a study made then lacks.
+    assert kept_since_merging(settings) == ["model.config.vocab_size"]
+    assert kept_since_merging([("model", {"preset": "x"}), ("model.config.depth", 2)]) == []
+    # The finding's sweep: its trials get all of their overrides.
+    overrides = {
+        "model.config.vocab_size": 320,
+        "model.config.block_size": 32,
+        "model.optimizer.warmup_steps": 2,
+        "data.block_size": 32,
+        "model": {"preset": "gpt2-tiny-f"},
+    }
+    raw = yaml.safe_load((ROOT / "sweeps" / "tiny-cpu.yaml").read_text())
+    raw.update(base=[str(ROOT / b) for b in raw["base"]], overrides=overrides)
+    config = trial_config(parse_sweep(raw), {"model.config.depth": 2, "model.config.ladders": 1,
+                                             "model.optimizer.lr": 1e-3})  # fmt: skip
+    model = config["model"]
+    assert (model["preset"], model["config"]["vocab_size"], model["config"]["block_size"]) == (
+        "gpt2-tiny-f", 320, 32,
+    )  # fmt: skip
+    assert (model["optimizer"]["warmup_steps"], model["optimizer"]["lr"]) == (2, 1e-3)
+    # A key misspelt inside such a mapping is named with a did-you-mean.
+    raw["overrides"] = {"model": {"preest": "gpt2-tiny-f"}}
+    with pytest.raises(
+        SweepError, match=r"unknown key 'model\.preest' \(did you mean 'model\.preset'"
+    ):
+        trial_config(parse_sweep(raw), {"model.config.depth": 2})
+
+
+def test_a_study_made_when_a_group_mapping_dropped_settings_is_not_resumed(tmp_path, monkeypatch):
+    """A study made by a cofr that dropped the settings before `model: {...}` trained
+    without them; this cofr keeps them, so its trials would differ under the same sweep
+    file (the stored copy compares equal). Refused, naming them; a study made since, or
+    one whose settings have no such mapping, goes on."""
+    import cofrgenet.sweeps.worker as worker
+    from cofrgenet.sweeps.spec import Sweep
+
+    def sweep(study: str, overrides: dict) -> Sweep:
+        return parse_sweep({"study": study, "space": {"model.config.depth": "int 1..4"},
+                            "n_trials": 2, "overrides": overrides})  # fmt: skip
+
+    dropping = {"model.config.vocab_size": 320, "model": {"preset": "gpt2-tiny-f"}}
+    preset = {"model": {"preset": "gpt2-tiny-f"}}  # as a --set, after the overrides
+    url = f"journal:{tmp_path / 's.journal'}"
+    storage = st.open_storage(url)
+    with monkeypatch.context() as patch:  # made as before: without the study's mark
+        patch.setattr(worker, "MERGED_ATTR", "cofr.unused")
+        open_study(sweep("old", dropping), storage, 0)
+        open_study(sweep("plain", {"model.preset": "gpt2-tiny-f"}), storage, 0)
+        open_study(sweep("set", {"model.config.vocab_size": 320}), storage, 0, preset)
+    with pytest.raises(SweepError) as raised:
+        open_study(sweep("old", dropping), storage, 1)
+    assert str(raised.value).startswith(
+        "study 'old' was made by an older cofr, which dropped model.config.vocab_size (given "
+        "before a mapping to a group above them, such as `model: {...}`); this cofr keeps them"
+    )
+    with pytest.raises(SweepError, match=r"which dropped model\.config\.vocab_size"):
+        open_study(sweep("set", {"model.config.vocab_size": 320}), storage, 1, preset)
+    with pytest.raises(SweepError, match="made by an older cofr"):  # submit checks it too
+        worker.check_before_submit(sweep("old", dropping), url, {}, data=False)
+    open_study(sweep("plain", {"model.preset": "gpt2-tiny-f"}), storage, 1)
+    open_study(sweep("new", dropping), storage, 0)
+    _, created = open_study(sweep("new", dropping), storage, 1)
+    assert not created
+
+
 # ------------------------------------------------------------------ local sweeps
 
 

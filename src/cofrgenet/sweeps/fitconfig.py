@@ -10,7 +10,9 @@ A trial trains with ``cofr fit --config BASE ... --config SETTINGS [--KEY=VALUE 
   budget, ``run.*``) that name options of the parser, as one more config file. A file,
   not ``--KEY=VALUE`` words: the parser reads a word by the option's type, and for
   ``trainer.devices`` (``list[int] | str | int``) it keeps ``2`` as the string ``"2"``;
-  from a file the value keeps its YAML type, as the sweep file wrote it.
+  from a file the value keeps its YAML type, as the sweep file wrote it. A mapping to a
+  group of options (``model: {preset: x}``) is spread option by option first, as the
+  parser merges a config file's mappings (:func:`option_settings`).
 * ``--KEY=VALUE`` for the settings *inside* an option's value (an entry of a dict-valued
   option, a subclass's ``init_args``): only the command line sets one entry and keeps the
   others. Unknown keys go there too, so the parser names them with a did-you-mean.
@@ -82,15 +84,63 @@ def _known(key: str, options: frozenset[str]) -> bool:
     )
 
 
+def _is_group(key: str, options: frozenset[str]) -> bool:
+    """A key above options (``model``, ``model.config``), neither an option nor inside one."""
+    return (
+        key not in options
+        and not any(_is_under(key, option) for option in options)
+        and any(_is_under(option, key) for option in options)
+    )
+
+
+def _replaces(later: str, key: str) -> bool:
+    """Whether a setting of ``later`` replaces one of ``key``: the same key, or one above."""
+    return later == key or _is_under(key, later)
+
+
+def _spread(key: str, value: Any, options: frozenset[str]) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and _is_group(key, options):
+        return [s for k, v in value.items() for s in _spread(f"{key}.{k}", v, options)]
+    return [(key, value)]
+
+
+def option_settings(settings: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``settings`` with each mapping given to a group of options (``model: {preset: x}``,
+    ``model.config: {...}``) spread into one setting per option it names, so that it
+    sets those and leaves the others given beside it: ``cofr fit`` merges a config file's
+    mappings so, option by option. An option's own value (a list, a dict-valued option's
+    mapping) stays whole, as in ``cofr fit``."""
+    options = option_keys()
+    return [s for key, value in settings for s in _spread(key, value, options)]
+
+
+def kept_since_merging(settings: Sequence[tuple[str, Any]]) -> list[str]:
+    """The settings that a cofr before :func:`option_settings` dropped and this one keeps:
+    those given before a mapping to a group above them (``model.config.vocab_size: 320``,
+    then ``model: {preset: x}``), which replaced them whole."""
+    options = option_keys()
+    kept = []
+    for i, (key, value) in enumerate(settings):
+        later = settings[i + 1 :]
+        if not any(_replaces(other, key) for other, _ in later):
+            continue  # no later key above it: kept then too
+        spread = option_settings(later)
+        for leaf, _ in _spread(key, value, options):
+            if not any(_replaces(other, leaf) for other, _ in spread):
+                kept.append(leaf)
+    return kept
+
+
 def check_keys(sweep: Sweep, extra: dict[str, Any] | None = None) -> None:
     """SweepError for a dotted key of ``--set``, the overrides or the space that is not a
-    ``cofr fit`` key. Checked here because the parser would read a ``--KEY=VALUE`` word
-    with an abbreviated key (``data.batch_siz``) as the option it abbreviates."""
+    ``cofr fit`` key (inside a mapping to a group of options too). Checked here because
+    the parser would read a ``--KEY=VALUE`` word with an abbreviated key
+    (``data.batch_siz``) as the option it abbreviates."""
     options = option_keys()
     where = str(sweep.path) if sweep.path is not None else f"sweep {sweep.study}"
     sources = [
-        ("--set", list(extra or {})),
-        (f"{where}: overrides", list(sweep.overrides)),
+        ("--set", [key for key, _ in option_settings(list((extra or {}).items()))]),
+        (f"{where}: overrides", [key for key, _ in option_settings(list(sweep.overrides.items()))]),
         (f"{where}: space", [p.key for p in sweep.space]),
     ]
     for source, keys in sources:
@@ -107,13 +157,15 @@ def split_settings(
 ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """(the settings file's mapping, the settings left for ``--KEY=VALUE`` words).
 
-    A setting that a later one replaces (same key, or a key above it) is dropped first,
-    so the file can go before the words and later settings still win.
+    Mappings to groups of options are spread option by option (:func:`option_settings`);
+    then a setting that a later one replaces (same key, or a key above it) is dropped, so
+    the file can go before the words and later settings still win.
     """
+    spread = option_settings(settings)
     kept = [
         (key, value)
-        for i, (key, value) in enumerate(settings)
-        if not any(later == key or _is_under(key, later) for later, _ in settings[i + 1 :])
+        for i, (key, value) in enumerate(spread)
+        if not any(_replaces(later, key) for later, _ in spread[i + 1 :])
     ]
     options = option_keys()
     layer: dict[str, Any] = {}

@@ -36,6 +36,7 @@ from cofrgenet.sweeps.fitconfig import (
     check_keys,
     check_model_values,
     check_optimizer_values,
+    kept_since_merging,
     model_vocab_size,
 )
 from cofrgenet.sweeps.objective import (
@@ -60,6 +61,7 @@ from cofrgenet.sweeps.spec import (
     check_extra,
     check_same_objective,
     check_validates,
+    config_settings,
     counted,
     data_parallel_width,
     grid_points,
@@ -137,6 +139,7 @@ def open_study(
         wait_for_setup(study, sweep, points=points, url=url)  # the grid its creator queued
         check_same_objective(study, sweep, "use another study name")
         check_same_settings(study, extra)
+        check_same_merging(study, sweep, extra)
         check_same_width(study, width)
         check_same_bases(study, bases)
         if sweep.is_grid:  # only once this worker may join: a refused one changes nothing
@@ -150,6 +153,7 @@ def open_study(
         study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
         study.set_user_attr(SETTINGS_ATTR, training_settings(extra))  # before setup_done's
+        study.set_user_attr(MERGED_ATTR, True)
         if width is not None:
             study.set_user_attr(WIDTH_ATTR, width)
         if bases is not None:
@@ -326,6 +330,29 @@ def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
             f"({_first_four(changes)}): "
             "its trials would be ranked against trials trained otherwise. Give the same "
             "--set as its first worker, or another study name (--study)"
+        )
+
+
+#: Set on a study made by a cofr that merges a mapping to a group of options (``model:
+#: {preset: x}``) with the settings beside it (:func:`fitconfig.option_settings`); an
+#: older one dropped the settings under the group given before it.
+MERGED_ATTR = "cofr.group_mappings_merged"
+
+
+def check_same_merging(study: optuna.Study, sweep: Sweep, extra: dict[str, Any]) -> None:
+    """SweepError for a study made by a cofr that dropped settings this one keeps (the
+    overrides or ``--set`` given before a mapping to a group above them): its trials
+    trained without them, this worker's would train with them."""
+    if study.user_attrs.get(MERGED_ATTR):
+        return
+    kept = kept_since_merging(config_settings(sweep, extra=extra))
+    if kept:
+        raise SweepError(
+            f"study {study.study_name!r} was made by an older cofr, which dropped "
+            f"{_first_four(kept)} (given before a mapping to a group above them, such as "
+            "`model: {...}`); this cofr keeps them, so its trials would be ranked against "
+            "trials trained otherwise. Give the sweep a new study name (study: ..., or "
+            "--study NAME)"
         )
 
 
@@ -607,6 +634,7 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     if isinstance(stored, dict) and grown_grid(sweep, stored) is None:
         check_same_trials(sweep, stored)
     check_same_objective(study, sweep, "use another study name")
+    check_same_merging(study, sweep, settings)
     if study_done(study, sweep):
         raise SweepError(
             f"study {sweep.study!r} is done: its {sweep.total_trials} trials have run, so "

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 from unittest import mock
@@ -750,6 +751,43 @@ def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_pa
     victim.write_text("mine")
     link.symlink_to(victim)
     assert ui._open_log(link) is None and victim.read_text() == "mine"
+
+
+def test_a_hangup_stops_the_ui_server_with_cofr_ui(tmp_path, monkeypatch):
+    """SIGHUP (a closed terminal, a dropped SSH session) ended cofr ui alone: the server,
+    in its own session, kept running and kept the port, orphaned."""
+    import mlflow
+
+    from cofrgenet.cli import main
+    from cofrgenet.training import ui
+
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    pid_file = tmp_path / "server.pid"
+    server = [sys.executable, "-c",
+              f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              "time.sleep(120)"]  # fmt: skip
+    monkeypatch.setattr(ui, "ui_command", lambda args: server)
+    monkeypatch.setattr(ui, "answers", lambda url: pid_file.exists())
+    unhandled = []  # where cofr ui does not handle it: noted, not the test run's end
+
+    def note(signum, frame):
+        unhandled.append(signum)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)  # the server ends, the test too
+
+    before = signal.signal(signal.SIGHUP, note)
+    hangup = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGHUP))
+    hangup.start()
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(["ui", "--runs-dir", str(tmp_path), "--port", "5094"])
+        assert signal.getsignal(signal.SIGHUP) == note  # put back
+    finally:
+        hangup.cancel()
+        signal.signal(signal.SIGHUP, before)
+    assert not unhandled and ended.value.code == 128 + signal.SIGHUP
+    server_pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # stopped and reaped with cofr ui
+        os.kill(server_pid, 0)
 
 
 def test_a_port_another_cofr_ui_claimed_is_passed_over():

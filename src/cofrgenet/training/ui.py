@@ -247,7 +247,13 @@ def run(args: argparse.Namespace) -> int:
     # A server on every interface answers here on loopback; others reach it by name.
     local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
     base = url(local)
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # A closed terminal or a dropped SSH session (SIGHUP) stops it as SIGTERM does: the
+    # server, in its own session, never gets the hangup and kept the port, orphaned.
+    # Started under nohup (SIGHUP ignored), it keeps running.
+    ends = [signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        ends.append(signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda signum, _: sys.exit(128 + signum)) for s in ends}
     try:
         print(f"starting the MLflow UI on {args.host}:{port} ...", flush=True)
         deadline = time.monotonic() + START_TIMEOUT
@@ -280,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         stop_group(server)
         if log is not None:
             log.close()

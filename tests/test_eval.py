@@ -1043,8 +1043,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     # The mixers: attention first, as for every variant.
     assert cells[2] == "gpt2-tiny-f (softmax+cffn)" and cells[3] == "5" and cells[4] == "3"
-    assert int(cells[5].replace(",", "")) > 0 and float(cells[10]) > 1  # params, ptb ppl
-    assert float(cells[11]) > 1  # wikitext-2 ppl, from the <unk> release
+    assert int(cells[5].replace(",", "")) > 0 and float(cells[11]) > 1  # params, ptb ppl
+    assert float(cells[12]) > 1  # wikitext-2 ppl, from the <unk> release
     assert "| GPT2-xl (paper) |" in table and "| 30.12 |" in table
     assert (out / "pareto.png").stat().st_size > 1000
     # An older checkpoint (step 1) evaluated later does not replace the newest's figure.
@@ -1053,7 +1053,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     # PTB's column counts line ends as words (the paper's GPT2-xl PTB is GPT-2's so).
     scored = client.get_run(run_id).data.metrics
     assert (
-        cells[10]
+        cells[11]
         == readable(scored["eval/ptb/word_ppl_eos"], ".2f")  # as the table prints it
         != readable(scored["eval/ptb/word_ppl"], ".2f")
     )
@@ -1061,7 +1061,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     client.log_metric(run_id, "glue/sst2/accuracy", 0.9123, step=2)  # cofr finetune glue's
     assert main([*argv, "--metric", "eval/ptb/word_ppl_eos"]) == 0
     table = (out / "compare.md").read_text()
-    assert "12345" not in table and f"| {cells[10]} |" in table
+    assert "12345" not in table and f"| {cells[11]} |" in table
     header = next(line for line in table.splitlines() if line.startswith("| run |"))
     assert header.endswith("| sst2/accuracy % |") and "| 91.23 |" in table
     assert main(["compare", "--experiment", "tset", "--runs-dir", str(runs_dir)]) == 2
@@ -1147,7 +1147,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     client.set_terminated(copy, "FINISHED")
     assert main(argv) == 0
     table = (out / "compare.md").read_text()
-    assert "| 99.00 (a) |" in table and f"| {cells[10]} (b) |" in table  # rows by name
+    assert "| 99.00 (a) |" in table and f"| {cells[11]} (b) |" in table  # rows by name
     assert (
         "`eval/ptb/word_ppl_eos` was scored in different ways, not comparable as is: (a) " in table
     )
@@ -1322,6 +1322,42 @@ def test_cofr_compare_marks_scores_of_another_step_than_the_val_loss(checkpoint,
     assert "| 40.00 |" in rows["done"] and "[" not in rows["done"]
     assert "| 45.00 |" in rows["no-val"] and rows["no-val"].endswith("| 80.00 [3] |")
     assert "* [3] no-val: scored at step 20, its newest score at step 30" in table
+
+
+def test_compare_reads_the_newest_checkpoints_val_loss_and_plots_the_tables_values(
+    checkpoint, tmp_path
+):
+    """A `cofr validate` of an older checkpoint after the fit replaced the final val loss
+    (the value logged last was shown, its step nowhere); the plot of --metric
+    perf/tokens_per_sec read the last rate where the table shows the median."""
+    from cofrgenet.eval.compare import collect_runs, markdown_table
+
+    runs_dir = checkpoint.parents[3]
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
+    config_text = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    experiment_id = client.create_experiment("newest", str(tmp_path / "artifacts"))
+    made = client.create_run(experiment_id, run_name="a1").info.run_id
+    client.log_text(made, config_text, "config.yaml")
+    logged = {
+        "val/loss": [(10, 4.9914), (20, 4.7723), (15, 4.8277)],  # step 15's validated last
+        "val/ppl": [(10, 147.0), (20, 118.2), (15, 124.9)],
+        "perf/tokens_per_sec": [(1, 9000.0), (2, 10000.0), (3, 57000.0)],
+    }
+    for key, values in logged.items():
+        for order, (step, value) in enumerate(values):
+            client.log_metric(made, key, value, timestamp=1000 + order, step=step)
+    client.set_terminated(made, "FINISHED")
+    for plotted in ("val/loss", "val/ppl", "perf/tokens_per_sec"):
+        (row,), _ = collect_runs(client, [], ["newest"], None, plotted)
+        assert row.metrics["val/loss"] == 4.7723 and row.steps["val/loss"] == 20
+        assert row.metrics["perf/tokens_per_sec"] == row.tokens_per_s == 10000.0
+    (row,), _ = collect_runs(client, [], ["newest"], None, "val/ppl")
+    assert row.metrics["val/ppl"] == 118.2  # the plot's y: the newest checkpoint's too
+    table = markdown_table([row])
+    header = next(line for line in table.splitlines() if line.startswith("| run |"))
+    assert "| val loss | val step | tokens/s |" in header
+    assert "| 4.7723 | 20 | 10,000 |" in table
 
 
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):

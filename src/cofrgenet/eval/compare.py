@@ -176,11 +176,18 @@ NO_CONFIG = "no cofrgenet config: a sweep's parent run, another tool's"
 NO_STEP = "failed before a step"
 
 
-def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
+def describe_run(
+    client: Any, run: Any, experiment: str, plotted: str = DEFAULT_METRIC
+) -> RunRow | str:
     """A :class:`RunRow`, or why the run is passed over: a ``cofr finetune glue`` run
     (:data:`GLUE_RUN`), a run without a cofrgenet config (:data:`NO_CONFIG`: sweep
     parents), a failed one that trained no step (:data:`NO_STEP`). A run not FINISHED
-    has its state and step beside its name, and so has a sweep's pruned trial."""
+    has its state and step beside its name, and so has a sweep's pruned trial.
+
+    Its metrics are read as the table reads them, ``plotted`` (the plot's) too: a
+    validation's or evaluation's score of the newest checkpoint, logged last (an older
+    checkpoint validated later does not replace it); a ``perf/`` rate's median; any other
+    metric MLflow's latest (highest step)."""
     from cofrgenet.models import count_parameters, estimate_flops_per_token
 
     if "cofr.task" in run.data.tags:  # the tag cofr finetune glue sets (eval/glue.py)
@@ -208,19 +215,23 @@ def describe_run(client: Any, run: Any, experiment: str) -> RunRow | str:
     steps: dict[str, int] = {}  # metric -> the step of the number shown
     eval_steps: dict[str, int] = {}  # eval prefix -> the step of the numbers shown
     for key in metrics:
-        if key != "val/loss" and not _is_score(key):
+        if key == RATE_KEY:  # the table's tokens/s: the median of the run's rates
+            metrics[key] = statistics.median(rates)
+            continue
+        if key.startswith("perf/") and key == plotted:
+            rates_of_key = client.get_metric_history(run.info.run_id, key)
+            metrics[key] = statistics.median(m.value for m in rates_of_key)
+            continue
+        if not (key.startswith("val/") and (key == "val/loss" or key == plotted)) and not (
+            _is_score(key)
+        ):
             continue
         history = client.get_metric_history(run.info.run_id, key)
-        if key == "val/loss":
-            # The value logged last: a final `cofr validate` logs after the fit at an
-            # earlier step, which MLflow's "latest" (highest step) would hide.
-            shown = max(history, key=lambda m: (m.timestamp, m.step))
-        else:
-            # The newest checkpoint's (each is logged at its checkpoint's step), evaluated
-            # last: an older checkpoint evaluated later does not replace it.
-            shown = max(history, key=lambda m: (m.step, m.timestamp))
-            if key.startswith("eval/"):
-                eval_steps[key.rsplit("/", 1)[0]] = shown.step
+        # The newest checkpoint's (each is logged at its checkpoint's step), scored last:
+        # a `cofr validate` or `cofr eval` of an older checkpoint later does not replace it.
+        shown = max(history, key=lambda m: (m.step, m.timestamp))
+        if key.startswith("eval/"):
+            eval_steps[key.rsplit("/", 1)[0]] = shown.step
         metrics[key], steps[key] = shown.value, shown.step
     name = run.info.run_name or run.info.run_id[:8]
     pruned = run.data.tags.get("optuna.state") == "PRUNED"  # sweeps/tracking.py's tag
@@ -306,8 +317,10 @@ def collect_runs(
     refs: Sequence[str],
     experiments: Sequence[str],
     studies: dict[str, str] | None = None,
+    plotted: str = DEFAULT_METRIC,
 ) -> tuple[list[RunRow], dict[str, list[str]]]:
-    """(rows, {why: names of the runs passed over so}, :func:`describe_run`'s reasons).
+    """(rows, {why: names of the runs passed over so}, :func:`describe_run`'s reasons);
+    ``plotted``: the metric the plot reads, read as the table's are.
 
     ``studies`` ({experiment: study}): of that experiment, only the trials of that study
     (their ``optuna.study`` tag): studies may share an experiment."""
@@ -391,7 +404,7 @@ def collect_runs(
         if run.info.run_id in seen:
             continue
         seen.add(run.info.run_id)
-        row = describe_run(client, run, names.get(run.info.experiment_id, "?"))
+        row = describe_run(client, run, names.get(run.info.experiment_id, "?"), plotted)
         if isinstance(row, str):
             skipped.setdefault(row, []).append(run.info.run_name or run.info.run_id)
         else:
@@ -472,6 +485,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "ladder params",
         "FLOPs/token",
         "val loss",
+        "val step",
         "tokens/s",
         *(paper_column(key) for key in PAPER_METRICS.values()),
         *(glue_column(key) for key in glue),
@@ -490,6 +504,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
             _fmt(row.ladder_params, ","),
             _fmt(row.flops_per_token, ","),
             _fmt(row.metrics.get("val/loss"), ".4f"),
+            _fmt(row.steps.get("val/loss"), ","),
             _fmt(row.tokens_per_s, ",.0f"),
             *(
                 _fmt(row.metrics.get(key), ".2f")
@@ -624,7 +639,9 @@ def _protocol_notes(rows: Sequence[RunRow]) -> str:
 
 #: Metric name parts (after "/") whose larger values are better; any other metric is a
 #: loss, a perplexity or bits per byte, where smaller is better.
-HIGHER_IS_BETTER = ("acc", "f1", "mcc", "exact_match", "bleu", "rouge", "tokens_per_sec", "mfu")
+HIGHER_IS_BETTER = (
+    "acc", "f1", "mcc", "exact_match", "bleu", "rouge", "tokens_per_sec", "flops_per_s", "mfu",
+)  # fmt: skip
 
 
 def higher_is_better(metric: str) -> bool:
@@ -850,11 +867,11 @@ def run(args: argparse.Namespace) -> int:
     check_store_exists(uri, named_by)
     check_tracking_uri(uri, fix=f"fix {named_by or '--tracking-uri'}")
     client = MlflowClient(uri)
-    rows, skipped = collect_runs(client, args.runs, experiments, studies)
+    metric = DEFAULT_METRIC if args.metric is None else args.metric
+    rows, skipped = collect_runs(client, args.runs, experiments, studies, metric)
     if not rows:
         raise UserError(no_rows(skipped))
     rows.sort(key=lambda r: (r.experiment, r.variant, r.name))
-    metric = args.metric or DEFAULT_METRIC
     if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval
         check_metric(metric, rows)
     out = make_out_folder(given_out, runs_dir)

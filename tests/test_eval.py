@@ -13,6 +13,7 @@ import shlex
 import shutil
 import signal
 import sqlite3
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -24,6 +25,7 @@ import yaml
 from torch import nn
 
 from cofrgenet.cli import main
+from cofrgenet.errors import ConfigError
 from cofrgenet.eval import tasks as eval_tasks
 from cofrgenet.eval.detokenize import ptb_detokenize, wikitext_detokenize
 from cofrgenet.eval.lambada import lambada
@@ -1423,6 +1425,25 @@ def test_cofr_compare_names_runs_dir_when_it_is_a_file(tmp_path, capsys):
         "holding mlflow.db and compare/)"
     )
     assert runs.read_text() == "mine"
+
+
+def test_a_database_tracking_uri_is_asked_once_not_retried_for_minutes(capsys):
+    """A PostgreSQL store that is down: MLflow's client retried for ~107 s, then a
+    traceback; a MySQL one without its driver: a ModuleNotFoundError traceback."""
+    from cofrgenet.training.run_store import check_tracking_uri
+
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as down:
+        check_tracking_uri("postgresql://u:secret@127.0.0.1:1/db", fix="fix --tracking-uri")
+    said = str(down.value)
+    assert said.startswith("cannot reach the MLflow database postgresql://u:***@127.0.0.1:1/db")
+    assert said.endswith("; fix --tracking-uri") and "secret" not in said
+    assert time.monotonic() - started < 30
+    with pytest.raises(ConfigError, match=r"^MLflow cannot use mysql://u:\*\*\*@.*its database "
+                       r"driver is not installed \(No module named"):  # fmt: skip
+        check_tracking_uri("mysql://u:p@127.0.0.1:1/db")
+    assert main(["compare", "--tracking-uri", "postgresql://u:p@127.0.0.1:1/db"]) == 2
+    assert "cannot reach the MLflow database" in capsys.readouterr().err
 
 
 def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatch):

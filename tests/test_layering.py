@@ -35,6 +35,7 @@ UTILITIES = {
     "cli_cache",
     "config_variables",
     "dataclass_options",
+    "databases",
     "devices",
     "dotted",
     "environment",

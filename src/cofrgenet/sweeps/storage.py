@@ -61,6 +61,8 @@ from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
 from cofrgenet.atomic import why_no_folder
+from cofrgenet.databases import connection_error
+from cofrgenet.databases import reason as driver_reason
 from cofrgenet.errors import did_you_mean
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps.spec import StorageOptions, Sweep, SweepError
@@ -428,32 +430,13 @@ def check_reachable(url: str) -> None:
     """SweepError, after a few tries, for a database server that cannot be reached (down,
     wrong host, port, user or password): at once, not as a driver traceback after the
     table-creation retries of :func:`open_storage`."""
-    from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import DBAPIError
-    from sqlalchemy.pool import NullPool
 
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":  # a file: check_rdb_url checked its folder
+    if make_url(url).get_backend_name() == "sqlite":  # a file: check_rdb_url checked its folder
         return
-    connect_args: dict[str, Any] = {}
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        connect_args["connect_timeout"] = 10  # a host that drops packets: not minutes
-    try:
-        engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
-    except ImportError:
-        return  # open_storage names the driver to install
-    try:
-        for attempt in range(3):
-            try:
-                with engine.connect():
-                    return
-            except DBAPIError as error:
-                if attempt == 2:
-                    raise SweepError(_unreachable(url, error)) from None
-                time.sleep(0.5 + random.random())
-    finally:
-        engine.dispose()
+    error = connection_error(url, tries=3)
+    if error is not None and not isinstance(error, ImportError):  # open_storage names a driver
+        raise SweepError(_unreachable(url, error))
 
 
 def _sqlite_cannot_write(url: str, error: Exception) -> bool:
@@ -470,13 +453,8 @@ def _sqlite_cannot_write(url: str, error: Exception) -> bool:
 SQLITE_DAMAGE = ("file is not a database", "database disk image is malformed")
 
 
-#: A libpq connection string's ``password=VALUE`` (quoted, or up to a space).
-_LIBPQ_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE)
-
-
 def _unreachable(url: str, error: Exception) -> str:
-    reason = str(getattr(error, "orig", None) or error).strip()
-    reason = reason.splitlines()[0] if reason else type(error).__name__
+    reason = driver_reason(error)
     if (path := sqlite_database(url)) is not None and any(d in reason for d in SQLITE_DAMAGE):
         return (
             f"the study database {path} is damaged ({reason}): restore it from a copy, or "
@@ -487,9 +465,6 @@ def _unreachable(url: str, error: Exception) -> str:
             f"cannot open the study database {path} ({reason}): its folder must be "
             "writable; choose another with --storage"
         )
-    # A password hidden where it stands as one (a URL's, a password= setting), not in
-    # every word that holds it: a password "p" made "port" "***ort".
-    reason = _LIBPQ_PASSWORD.sub(r"\1***", hide_passwords(reason))
     return (
         f"cannot reach the study database {hide_passwords(url)}: is the server up, and "
         f"its host, port, user and password right? ({reason})"

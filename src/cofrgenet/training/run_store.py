@@ -31,6 +31,8 @@ from typing import Any
 
 from cofrgenet import package_version
 from cofrgenet.config_variables import expand_variables
+from cofrgenet.databases import connection_error, is_server_url
+from cofrgenet.databases import reason as driver_reason
 from cofrgenet.errors import ConfigError
 from cofrgenet.redact import hide_passwords
 
@@ -254,6 +256,19 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
         if database.expanduser().is_file():
             check_not_damaged(database, fix)
         return
+    if is_server_url(uri):  # MLflow's client retried a server that is down for minutes
+        error = connection_error(uri)
+        shown = hide_passwords(uri)
+        if isinstance(error, ImportError):
+            raise ConfigError(
+                f"MLflow cannot use {shown}: its database driver is not installed "
+                f"({driver_reason(error)}): install it, or {fix}"
+            )
+        if error is not None:
+            raise ConfigError(
+                f"cannot reach the MLflow database {shown}: is the server up, and its host, "
+                f"port, user and password right? ({driver_reason(error)}); {fix}"
+            )
     try:
         MlflowClient(uri)
     except MlflowException as error:

@@ -1727,6 +1727,14 @@ def test_compare_says_a_run_name_of_two_experiments_and_the_closest_name(tmp_pat
         "cofr compare: error: no MLflow run with id or name 'g2' in this store (did you mean "
         "'g1'?); its runs: g1"
     )
+    # The start of its id, as the table tells two runs of one name apart: that run alone.
+    short = ids["tour2"][:8]
+    assert main(["compare", short, "--runs-dir", str(tmp_path)]) == 2  # no config: passed over
+    assert "names 2 runs" not in capsys.readouterr().err
+    from cofrgenet.eval.compare import collect_runs
+
+    _, skipped = collect_runs(client, [short], [])
+    assert [name for names in skipped.values() for name in names] == ["g1"]
 
 
 def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):

@@ -359,6 +359,12 @@ def collect_runs(
             runs = client.search_runs(
                 list(names), filter_string=f"attributes.run_name = '{ref}'", max_results=5000
             )
+        if not runs and re.fullmatch(r"[0-9a-f]{6,31}", ref):  # the table's short id
+            runs = [
+                r
+                for r in client.search_runs(list(names), max_results=5000)
+                if r.info.run_id.startswith(ref)
+            ]
         if not runs:
             try:
                 runs = [client.get_run(ref)]

@@ -1156,6 +1156,13 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert "(a) test split, text sha256 000000000000" in table
     assert f"(b) {ours.split(', ', 1)[1]}" in table  # the step is no difference
     assert "wikitext-2-v1/word_ppl` was scored" not in table  # one way only: unmarked
+    # The plot draws no front through them (it did, unmarked).
+    capsys.readouterr()
+    assert main([*argv, "--metric", "eval/ptb/word_ppl_eos"]) == 0
+    assert (
+        f"Pareto plot: {out / 'pareto.png'} (no front: its eval/ptb/word_ppl_eos cells were "
+        "scored in different ways)"
+    ) in capsys.readouterr().out
     # An older checkpoint of the copy evaluated later, another way: its tag is the
     # latest, but the table still shows step 2's number, so the mark stays step 2's way.
     client.set_tag(copy, "eval/ptb/protocol/step-2", "step 2, test split, text sha256 000000000000")

@@ -725,7 +725,12 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     points = [(float(x_of(r) or 0), scale * r.metrics[metric]) for r in done]
     better_up = higher_is_better(metric)
     front = pareto_front(points, better_up)
-    if len(front) > 1:  # one run is no front: its marker says all
+    # Cells scored in different ways (another stride, window or split: compare.md's
+    # (a), (b)) are not comparable as is: no front is drawn through them.
+    mixed = metric in _protocols_by_column(kept)
+    if mixed:
+        ax.set_title(f"{metric} scored in different ways (compare.md): no Pareto front", fontsize=8)
+    elif len(front) > 1:  # one run is no front: its marker says all
         ax.plot(
             [points[i][0] for i in front],
             [points[i][1] for i in front],
@@ -910,7 +915,9 @@ def run(args: argparse.Namespace) -> int:
     if plot is None and stale.exists():  # an earlier compare's, beside this compare.md
         stale.unlink()
         no_plot += f"; the earlier {stale} removed"
-    print(f"Pareto plot: {plot}" if plot else no_plot)
+    mixed = plot is not None and metric in _protocols_by_column(rows)
+    said = f" (no front: its {metric} cells were scored in different ways)" if mixed else ""
+    print(f"Pareto plot: {plot}{said}" if plot else no_plot)
     for why, passed in skipped.items():
         more = f" ... ({len(passed)} in all)" if len(passed) > 5 else ""
         print(f"passed over ({why}): {', '.join(passed[:5])}{more}")

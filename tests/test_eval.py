@@ -1734,6 +1734,10 @@ def test_compare_says_a_run_name_of_two_experiments_and_the_closest_name(tmp_pat
         "cofr compare: error: no MLflow run with id or name 'g2' in this store (did you mean "
         "'g1'?); its runs: g1"
     )
+    # A deleted experiment said it "has no runs".
+    client.delete_experiment(client.get_experiment_by_name("tour").experiment_id)
+    line = one_line_error(capsys, ["compare", "--experiment", "tour", "--runs-dir", str(tmp_path)])
+    assert line.startswith("cofr compare: error: MLflow experiment 'tour' is deleted (its runs are")
     # The start of its id, as the table tells two runs of one name apart: that run alone.
     short = ids["tour2"][:8]
     assert main(["compare", short, "--runs-dir", str(tmp_path)]) == 2  # no config: passed over

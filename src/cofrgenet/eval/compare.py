@@ -335,6 +335,12 @@ def collect_runs(
                 f"no MLflow experiment {name!r}{did_you_mean(name, known)}; the store has: "
                 f"{short_list(known) or 'none'}"
             )
+        if experiment.lifecycle_stage == "deleted":  # its runs are hidden, not gone
+            raise UserError(
+                f"MLflow experiment {name!r} is deleted (its runs are kept): restore it with "
+                f"`mlflow experiments restore --experiment-id {experiment.experiment_id}` "
+                "(MLFLOW_TRACKING_URI set to this store)"
+            )
         runs = client.search_runs([experiment.experiment_id], max_results=5000)
         study = (studies or {}).get(name)
         if study is not None:  # compared here: no quoting for a name with ' in a filter

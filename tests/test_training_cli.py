@@ -1596,6 +1596,26 @@ def test_bad_settings_are_one_line_errors_that_leave_no_run(tiny_data, tmp_path,
     assert not (tmp_path / "runs" / "test").exists(), "a failed start left its folders"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "model:\n  preset: gpt2-tiny\nmodel.config.vocab_size: 320\n",  # the preset was reset
+        "model.config.vocab_size: 320\nmodel:\n  preset: gpt2-tiny\n",  # the size was lost
+        "model:\n  config.depth: 3\n  config:\n    ladders: 2\n",
+    ],
+    ids=["dotted-after", "dotted-before", "nested"],
+)
+def test_a_dotted_key_beside_its_group_in_one_file_is_refused(tiny_data, tmp_path, text):
+    """`model: {preset: X}` and `model.config.vocab_size: 320` in one file: the merge
+    dropped one of them by their order, silently."""
+    config = tmp_path / "mixed.yaml"
+    config.write_text(text)
+    with pytest.raises(UserError, match=r"^config file .*mixed\.yaml: `model\.config.*` beside "
+                       r"`model.*:` in one mapping \(one of the two would be dropped\)"):  # fmt: skip
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(config)))
+    assert not (tmp_path / "runs" / "test").exists()
+
+
 #: What launchers across nodes set (a test's own shell may run under one).
 NODE_LAUNCH_VARIABLES = (
     "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",

@@ -706,6 +706,27 @@ def _yaml_mapping(path: str, label: str, keys: str = "keys") -> dict | str | Non
     return content
 
 
+def _dotted_beside_its_group(mapping: dict, where: str = "") -> tuple[str, str] | None:
+    """(a dotted key, the key of its group) that stand side by side in one of
+    ``mapping``'s mappings (``model.config.vocab_size: 320`` beside ``model:``), whose
+    merge drops one of them, by order (the preset of ``model:`` reset, or the size lost);
+    None if none do. ``where``: the keys above ``mapping``, for the names said."""
+    keys = [k for k in mapping if isinstance(k, str)]
+    for key in keys:
+        parts = key.split(".")
+        for cut in range(1, len(parts)):
+            group = ".".join(parts[:cut])
+            if group in mapping:
+                return f"{where}{key}", f"{where}{group}"
+    for key in keys:
+        value = mapping[key]
+        if isinstance(value, dict):
+            found = _dotted_beside_its_group(value, f"{where}{key}.")
+            if found is not None:
+                return found
+    return None
+
+
 def _bad_config_file(words: list[str]) -> str | None:
     """What is wrong with the first ``--config`` file that is not a YAML mapping, has a
     key twice, or holds something else than keys in one of :data:`MAPPING_SECTIONS`."""
@@ -715,6 +736,12 @@ def _bad_config_file(words: list[str]) -> str | None:
             if content is None:
                 continue
             return content
+        if (both := _dotted_beside_its_group(content)) is not None:
+            dotted, group = both
+            return (
+                f"config file {path}: `{dotted}` beside `{group}:` in one mapping (one of the "
+                f"two would be dropped): write it inside `{group}:`, or in its own --config file"
+            )
         for dotted in MAPPING_SECTIONS:
             parent, _, key = dotted.rpartition(".")
             holder = content.get(parent) if parent else content

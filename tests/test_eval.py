@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -1451,6 +1452,10 @@ def test_a_database_tracking_uri_is_asked_once_not_retried_for_minutes(capsys):
         check_tracking_uri("mysql://u:p@127.0.0.1:1/db")
     assert main(["compare", "--tracking-uri", "postgresql://u:p@127.0.0.1:1/db"]) == 2
     assert "cannot reach the MLflow database" in capsys.readouterr().err
+    # Other schemes SQLAlchemy parses are MLflow's or its plugins', not databases to ask.
+    for uri in ("databricks://profile", "azureml://host/path"):
+        with contextlib.suppress(ConfigError):  # MLflow's own one-line refusal at most
+            check_tracking_uri(uri)
 
 
 def test_cofr_compare_checks_the_tracking_uri_first(tmp_path, capsys, monkeypatch):

@@ -17,16 +17,21 @@ _LIBPQ_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", 
 CONNECT_TIMEOUT = 10
 
 
+#: The database servers MLflow stores runs in (its SQLAlchemy store's engines).
+SERVER_BACKENDS = frozenset({"postgresql", "mysql", "mssql"})
+
+
 def is_server_url(url: str) -> bool:
-    """Whether ``url`` names a database server by a SQLAlchemy URL (postgresql://,
-    mysql+pymysql://...): not a sqlite file, an HTTP server or a path."""
+    """Whether ``url`` names a database server MLflow can keep runs in (postgresql://,
+    mysql+pymysql://...): not a sqlite file, an HTTP server, a path, nor another scheme
+    that SQLAlchemy parses too (``databricks://PROFILE``, a plugin's)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    if "://" not in url or url.startswith(("http://", "https://", "file:")):
+    if "://" not in url:
         return False
     try:
-        return make_url(url).get_backend_name() != "sqlite"
+        return make_url(url).get_backend_name() in SERVER_BACKENDS
     except (ArgumentError, ValueError):
         return False
 
@@ -42,7 +47,9 @@ def connection_error(url: str, tries: int = 1) -> Exception | None:
 
     parsed = make_url(url)
     connect_args: dict[str, Any] = {}
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+    if parsed.get_backend_name() in ("postgresql", "mysql") and "connect_timeout" not in (
+        parsed.query
+    ):
         connect_args["connect_timeout"] = CONNECT_TIMEOUT
     try:
         engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)

@@ -2570,6 +2570,25 @@ def test_a_key_given_twice_in_a_sweep_file_is_refused(tmp_path, capsys):
             assert line.endswith(f"not valid YAML: the key '{key}' is given twice: keep one")
 
 
+def test_sweep_files_take_yaml_merge_keys_and_read_clock_times_as_text():
+    """The duplicate-key loader refused `<<: *anchor` (no constructor for the merge tag);
+    `time: 12:00:00` was YAML 1.1's base-60 integer 43200: minutes to sbatch, 30 days."""
+    import yaml
+
+    from cofrgenet.recipes import unique_key_loader
+
+    text = (
+        "range: &range {low: 1.0e-4, high: 1.0e-2, log: true}\n"
+        "lr: {<<: *range, high: 3.0e-2}\ntime: 12:00:00\nsteps: 90\nratio: 0.5\n"
+    )
+    read = yaml.load(text, Loader=unique_key_loader())
+    assert read["lr"] == {"low": 1.0e-4, "high": 3.0e-2, "log": True}
+    assert read["time"] == "12:00:00" and read["steps"] == 90 and read["ratio"] == 0.5
+    slurm = yaml.load("time: 12:00:00", Loader=unique_key_loader())
+    sweep = parse_sweep({"study": "t", "space": {"x": "int 0..3"}, "n_trials": 1, "slurm": slurm})
+    assert sweep.slurm.time == "12:00:00"
+
+
 def test_an_unknown_storage_url_is_refused_at_once(tmp_path, capsys):
     path = str(write_sweep(tmp_path))
     start = time.monotonic()
@@ -3852,6 +3871,31 @@ def test_a_signal_once_a_trials_fit_ended_keeps_its_result_and_stops_the_worker(
     assert outcome.state == TrialState.COMPLETE and outcome.value is not None
     assert f"{signal.Signals(signum).name} after the last step" in outcome.reason
     assert [t.state for t in result.study.get_trials()] == [TrialState.COMPLETE]
+
+
+def test_signals_are_noted_only_once_a_trials_fit_has_ended():
+    """A Ctrl-C while the fit was set up (before StopOnSignal takes SIGINT over: the
+    restore of a resumed trial, the strategy's setup) was noted and the trial trained to
+    its end, unsaid; a second Ctrl-C after "press it again to abort" was noted too."""
+    from cofrgenet.sweeps.objective import StopOnSignal, _noted_once_the_fit_began
+
+    stop = StopOnSignal()
+    with _noted_once_the_fit_began(stop) as noted:
+        stop.setup(None, None, "fit")  # takes SIGTERM over; SIGINT waits for on_fit_start
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+        finally:
+            stop.teardown(None, None, "fit")  # the fit's end: the handlers given back
+        assert stop.fit_ended and not noted
+        os.kill(os.getpid(), signal.SIGTERM)  # after the fit: noted, the trial keeps its end
+        time.sleep(0.1)
+        assert noted == {signal.SIGTERM}
+        stop.late_signals = [signal.SIGINT]  # "press it again to abort", said in the fit
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
 
 
 def test_a_trials_fit_callbacks_survive_ddp_spawns_pickling(tmp_path, monkeypatch):

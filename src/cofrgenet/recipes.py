@@ -22,6 +22,7 @@ files only, and left out of the config a run saves (that one is whole: it needs 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ def unique_key_loader() -> type:
         def construct_mapping(self, node: Any, deep: bool = False) -> dict:
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys beside it win
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if isinstance(key, str | int | float | bool) and key in seen:
                     raise yaml.constructor.ConstructorError(
@@ -76,7 +79,20 @@ def unique_key_loader() -> type:
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    # YAML 1.1's base-60 numbers: `time: 12:00:00` read as the integer 43200 (minutes to
+    # sbatch: 30 days). Read as the strings they look like, as YAML 1.2 does.
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, _without_base_60(tag, regexp)) for tag, regexp in resolvers]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
     return UniqueKeyLoader
+
+
+def _without_base_60(tag: str, regexp: re.Pattern) -> re.Pattern:
+    """YAML 1.1's int and float patterns, less their base-60 forms (``1:30``: 90)."""
+    if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+        return regexp
+    return re.compile(r"(?!.*:)" + regexp.pattern, regexp.flags)
 
 
 def find_base(entry: str, naming: Path | None, naming_first: bool = False) -> Path:

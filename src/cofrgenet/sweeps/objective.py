@@ -702,19 +702,20 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
 
 @contextlib.contextmanager
 def _noted_once_the_fit_began(stop: StopOnSignal) -> Iterator[set[int]]:
-    """SIGTERM and Ctrl-C raise (SIGTERMException, KeyboardInterrupt) until the fit is set
-    up, as in the trial's setup; once ``stop``'s fit has begun and given the signals back
-    (after its last step: the logger's end, the outcome read, the memory freed) they are
-    noted in the set yielded, as ``stop.late_signals`` are: raised there, one ended a
-    trained trial as FAIL, or, inside a garbage collection's callback, was dropped
-    ("Exception ignored") and the worker trained on. A second one acts at once."""
+    """SIGTERM and Ctrl-C raise (SIGTERMException, KeyboardInterrupt) until ``stop``'s fit
+    has ended, as in the trial's setup and the fit's own (before it takes them over);
+    once the fit has ended and given the signals back (the outcome read, the memory
+    freed) they are noted in the set yielded, as ``stop.late_signals`` are: raised there,
+    one ended a trained trial as FAIL, or, inside a garbage collection's callback, was
+    dropped ("Exception ignored") and the worker trained on. A second one (of a signal
+    noted here or in ``stop.late_signals``: "press it again to abort") acts at once."""
     noted: set[int] = set()
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
 
     def on_signal(signum: int, frame: Any) -> None:
-        if stop.fit_began and signum not in noted:
+        if stop.fit_ended and signum not in noted and signum not in stop.late_signals:
             noted.add(signum)
             return
         if signum == signal.SIGINT:

@@ -425,16 +425,19 @@ class StopOnSignal(StepBoundaries):
 
     _set_up = False  # setup has run for a fit: "idle" after it is after the teardown
 
+    _ended = False  # a fit with this callback has ended: its handlers are given back
+
     @property
-    def fit_began(self) -> bool:
-        """Whether a fit has been set up with this callback (its signal handlers taken
-        over, and given back once it ended)."""
-        return self._set_up
+    def fit_ended(self) -> bool:
+        """Whether a fit with this callback has ended (torn down, or stopped by an
+        exception) and given the signal handlers back."""
+        return self._ended
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
         self._pid, self._phase, self._set_up = os.getpid(), "starting", True
+        self._ended = False
         self._before_start = signal.signal(signal.SIGTERM, self._on_sigterm_while_starting)
 
     def _on_sigterm_while_starting(self, signum: int, frame: Any) -> None:
@@ -613,7 +616,7 @@ class StopOnSignal(StepBoundaries):
             exception.code = 128 + self.signal  # the status cofr fit exits with
         elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C, or one while starting
             self._mark_killed(trainer)
-        self._phase = "idle"
+        self._phase, self._ended = "idle", True
         self._restore_handlers()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -636,7 +639,7 @@ class StopOnSignal(StepBoundaries):
             # decides (a sweep worker stops or requeues after telling the trial's result).
             self.late_signals = sorted(self._pending)
         self._pending.clear()
-        self._phase = "idle"
+        self._phase, self._ended = "idle", True
         self._restore_handlers()
 
     def _restore_handlers(self, keep_sigint: bool = False) -> None:

@@ -164,6 +164,22 @@ def test_submit_dry_run_prints_the_script(tiny_data, tmp_path):
     assert "-m cofrgenet.cli sweep run" in result.stdout
     assert not (tmp_path / "runs").exists(), "a dry run writes nothing"
     assert subprocess.run(["bash", "-n"], input=result.stdout, text=True).returncode == 0
+    # Nor into a database it checks: opened as a storage, it got Optuna's tables.
+    import sqlite3
+
+    database = tmp_path / "studies.db"
+    with sqlite3.connect(database) as made:
+        made.execute("create table mine (x integer)")
+    from cofrgenet.cli import main
+
+    command = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--storage",
+               f"sqlite:///{database}", "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+               "--set", f"data.data_dir={tiny_data}"]  # fmt: skip
+    for extra in ([], ["--no-storage-check"]):
+        assert main([*command, *extra]) == 0
+        with sqlite3.connect(database) as kept:
+            tables = {row[0] for row in kept.execute("select name from sqlite_master")}
+        assert tables == {"mine"}
 
 
 @pytest.mark.parametrize(

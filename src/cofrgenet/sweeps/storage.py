@@ -439,6 +439,19 @@ def check_reachable(url: str) -> None:
         raise SweepError(_unreachable(url, error))
 
 
+def holds_studies(url: str) -> bool:
+    """Whether the database at ``url`` holds Optuna's tables, asked without making them
+    (opening it as a storage does): a preview (``submit --dry-run``) writes nothing."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        return inspect(engine).has_table("studies")
+    finally:
+        engine.dispose()
+
+
 def _sqlite_cannot_write(url: str, error: Exception) -> bool:
     """Whether ``error`` says a sqlite file cannot be made or written (a read-only
     folder), or is damaged: no retry mends that."""

@@ -626,6 +626,11 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     file = st.storage_file(url)
     if file is not None and not file.exists():
         return  # no study yet: the first task makes it
+    if st.journal_path(url) is None:
+        st.check_rdb_url(url)
+        st.check_reachable(url)
+        if not st.holds_studies(url):  # no study yet; its tables are the first task's to make
+            return
     storage = st.open_storage(url, sweep.storage_options)
     if sweep.study not in optuna.get_all_study_names(storage):
         return

@@ -2789,6 +2789,15 @@ def test_an_unfinished_studys_run_names_the_command_that_goes_on(tiny_data, tmp_
     experiment = client.get_experiment_by_name(load_sweep(path, {"study": "other"}).experiment)
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`cofr.sweep` = 'parent'")
     again = f"cofr sweep run {path} --study other --set model.config.dropout=0.0"
+    from argparse import Namespace
+
+    from cofrgenet.sweeps.cli import _run_again_command
+
+    given = Namespace(sweep="s.yaml", study=None, storage=None, runs_dir=None,
+                      settings=["run.tracking_uri=postgresql://u:secret@h/db"])  # fmt: skip
+    assert _run_again_command(given) == (
+        "cofr sweep run s.yaml --set run.tracking_uri=postgresql://u:***@h/db"
+    )
     assert parent.info.status == "KILLED"
     assert parent.data.tags[tracking.STUDY_STATE_TAG] == (
         f"stopped at 1 of 2 trials: `{again}` goes on"

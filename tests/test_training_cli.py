@@ -1893,6 +1893,8 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
     )
     fixed = {"attention_pattern": ["softmax", "sparse_fixed"], **unread}
     assert settings_changing_nothing({"preset": "gpt2-tiny", "config": fixed}) is None
+    both = settings_changing_nothing({"preset": "gpt2-tiny", "config": {"depth": 3, **unread}})
+    assert "depth=3 changes nothing" in both and "sparse_stride=4, sparse_summary=2" in both
     paper = {"ladder_denominators": "paper", "ladder_floor": 0.3}
     assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": paper}) == (
         "model.config: ladder_floor=0.3 changes nothing: it bounds 'positive' denominators, "

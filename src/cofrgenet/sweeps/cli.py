@@ -189,8 +189,8 @@ def _study_command(args: argparse.Namespace, subcommand: str) -> str:
 def _run_again_command(args: argparse.Namespace) -> str:
     """The `cofr sweep run` that goes on with the study this worker ran: its study,
     storage, runs folder and --set settings (a study refuses other ones)."""
-    command = _study_command(args, "run")
-    return " ".join([command, *(shlex.join(["--set", s]) for s in args.settings)])
+    command = _study_command(args, "run")  # an MLflow tag others read: passwords hidden
+    return hide_passwords(" ".join([command, *(shlex.join(["--set", s]) for s in args.settings)]))
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1792,6 +1792,7 @@ def launched_across_nodes() -> bool:
     ``trainer.num_nodes`` above 1 without one waits for ranks that never come."""
     from lightning.fabric.plugins.environments import (
         LSFEnvironment,
+        MPIEnvironment,
         SLURMEnvironment,
         TorchElasticEnvironment,
     )
@@ -1799,7 +1800,7 @@ def launched_across_nodes() -> bool:
     given = os.environ.keys()
     if {"NODE_RANK", "GROUP_RANK"} & given or {"RANK", "WORLD_SIZE"} <= given:  # Kubeflow's too
         return True
-    environments = (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment)
+    environments = (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment)
     return any(environment.detect() for environment in environments)
 
 

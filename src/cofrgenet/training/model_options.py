@@ -118,13 +118,22 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
     of a model without a ladder mixer, ``ladder_floor`` beside ``paper`` denominators.
     A warning, not an error: runs recorded with them still resume. None: nothing."""
     from cofrgenet.errors import ConfigError
-    from cofrgenet.models import count_parameters
 
     given = overrides_dict((model or {}).get("config"))
     try:
         config = fit_model_config(model)
     except ConfigError:  # said where the model is built, as it was
         return None
+    said = [_ladder_settings_changing_nothing(config, given)]
+    said.append(_sparse_settings_changing_nothing(config, given))
+    return "; ".join(line for line in said if line) or None
+
+
+def _ladder_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:
+    """Ladder settings of a model without a ladder, ``ladder_floor`` beside denominators
+    it does not bound."""
+    from cofrgenet.models import count_parameters
+
     if count_parameters(config).ladder == 0:
         unread = [f"{name}={given[name]!r}" for name in LADDER_ONLY if name in given]
         if unread:
@@ -143,7 +152,7 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
             f"model.config: ladder_floor={given['ladder_floor']!r} changes nothing: it bounds "
             f"'positive' denominators, and these are {config.ladder_denominators!r}"
         )
-    return _sparse_settings_changing_nothing(config, given)
+    return None
 
 
 def _sparse_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:

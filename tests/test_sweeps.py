@@ -3886,10 +3886,10 @@ def test_signals_are_noted_only_once_a_trials_fit_has_ended():
     """A Ctrl-C while the fit was set up (before StopOnSignal takes SIGINT over: the
     restore of a resumed trial, the strategy's setup) was noted and the trial trained to
     its end, unsaid; a second Ctrl-C after "press it again to abort" was noted too."""
-    from cofrgenet.sweeps.objective import StopOnSignal, _noted_once_the_fit_began
+    from cofrgenet.sweeps.objective import StopOnSignal, _noted_once_the_fit_ended
 
     stop = StopOnSignal()
-    with _noted_once_the_fit_began(stop) as noted:
+    with _noted_once_the_fit_ended(stop) as noted:
         stop.setup(None, None, "fit")  # takes SIGTERM over; SIGINT waits for on_fit_start
         try:
             with pytest.raises(KeyboardInterrupt):

@@ -680,7 +680,7 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     # No resume hint from the fit: `cofr sweep run` says it once, as it stops (the worker
     # resumes the trial, not a cofr fit), or that the trial failed for good.
     stop = StopOnSignal(resume_hint=_no_resume_hint)
-    with _noted_once_the_fit_began(stop) as after_the_fit:
+    with _noted_once_the_fit_ended(stop) as after_the_fit:
         try:
             with given_args():
                 cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
@@ -701,7 +701,7 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
 
 
 @contextlib.contextmanager
-def _noted_once_the_fit_began(stop: StopOnSignal) -> Iterator[set[int]]:
+def _noted_once_the_fit_ended(stop: StopOnSignal) -> Iterator[set[int]]:
     """SIGTERM and Ctrl-C raise (SIGTERMException, KeyboardInterrupt) until ``stop``'s fit
     has ended, as in the trial's setup and the fit's own (before it takes them over);
     once the fit has ended and given the signals back (the outcome read, the memory

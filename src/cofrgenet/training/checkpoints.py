@@ -544,7 +544,7 @@ def _trained_options(
     their_preset, our_preset = trained.get("preset"), built.get("preset")
     given = overrides_dict(built.get("config"))
     options: list[str] = []
-    still = differ
+    still, in_effect = differ, our_preset
     unset_here = any(theirs[k] is None and k not in given for k in differ)
     if "preset" in trained and their_preset != our_preset and unset_here:
         try:  # the run's own overrides on the checkpoint's preset
@@ -553,7 +553,7 @@ def _trained_options(
             rebuilt = None
         if rebuilt is not None:
             options.append(f"--model.preset {'null' if their_preset is None else their_preset}")
-            still = changed_settings(theirs, rebuilt)
+            still, in_effect = changed_settings(theirs, rebuilt), their_preset
     unset = [k for k in still if theirs[k] is None and k in given]
     for key in still:
         if theirs[key] is not None:
@@ -563,7 +563,7 @@ def _trained_options(
         elif key not in given:  # the preset gives it now: no option leaves it unset
             options.append(
                 f"--model.preset null --model.config <the checkpoint's model_config> "
-                f"({key} is set by model.preset {our_preset!r} now)"
+                f"({key} is set by model.preset {in_effect!r} now)"
             )
             break
     return options, unset

@@ -618,7 +618,8 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     study in ``url`` (when this host can read it: its file exists, or a database that
     answered) must be this sweep's (trials, objective) and have trials left; with
     ``data``, the trials' data folder (under ``settings``, the workers' ``--set``) must
-    be a prepared one, as seen from the submit folder (the tasks' working folder)."""
+    be a prepared one, as seen from the submit folder (the tasks' working folder). A
+    database ``url`` is one the caller found reachable (:func:`~cofrgenet.sweeps.storage.check_reachable`)."""
     if data:
         check_data_folder(
             sweep, trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
@@ -626,11 +627,10 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     file = st.storage_file(url)
     if file is not None and not file.exists():
         return  # no study yet: the first task makes it
-    if st.journal_path(url) is None:
-        st.check_rdb_url(url)
-        st.check_reachable(url)
-        if not st.holds_studies(url):  # no study yet; its tables are the first task's to make
-            return
+    # A database submit found reachable: read, not opened as a storage (which makes the
+    # tables), until it is known to hold studies; the first task makes them.
+    if st.journal_path(url) is None and not st.holds_studies(url):
+        return
     storage = st.open_storage(url, sweep.storage_options)
     if sweep.study not in optuna.get_all_study_names(storage):
         return

@@ -211,20 +211,20 @@ def describe_run(
     preset = (config.get("model") or {}).get("preset") or "custom"
     has_ladders = counts.ladder > 0
     rates = [m.value for m in client.get_metric_history(run.info.run_id, RATE_KEY)]
+    tokens_per_s = statistics.median(rates) if rates else None
     metrics = dict(run.data.metrics)
     steps: dict[str, int] = {}  # metric -> the step of the number shown
     eval_steps: dict[str, int] = {}  # eval prefix -> the step of the numbers shown
     for key in metrics:
         if key == RATE_KEY:  # the table's tokens/s: the median of the run's rates
-            metrics[key] = statistics.median(rates)
+            metrics[key] = tokens_per_s
             continue
         if key.startswith("perf/") and key == plotted:
             rates_of_key = client.get_metric_history(run.info.run_id, key)
             metrics[key] = statistics.median(m.value for m in rates_of_key)
             continue
-        if not (key.startswith("val/") and (key == "val/loss" or key == plotted)) and not (
-            _is_score(key)
-        ):
+        newest = key == "val/loss" or (key == plotted and key.startswith("val/"))
+        if not (newest or _is_score(key)):  # any other metric: MLflow's latest
             continue
         history = client.get_metric_history(run.info.run_id, key)
         # The newest checkpoint's (each is logged at its checkpoint's step), scored last:
@@ -256,7 +256,7 @@ def describe_run(
         depth=model_config.depth if has_ladders else None,
         ladders=model_config.ladders if has_ladders else None,
         metrics=metrics,
-        tokens_per_s=statistics.median(rates) if rates else None,
+        tokens_per_s=tokens_per_s,
         protocols=_protocols(run.data.tags, eval_steps),
         steps=steps,
         finished=status == "FINISHED" and not pruned,

@@ -582,9 +582,12 @@ def test_a_later_setting_wins_over_an_earlier_one_inside_it():
 def test_a_mapping_to_a_group_of_options_merges_with_the_settings_beside_it(tmp_path):
     """`model: {preset: gpt2-tiny-f}` after `model.config.vocab_size: 320` (and other
     keys under `model`) dropped them: the trial trained with vocab_size null. It sets the
-    options it names, as `cofr fit` merges a config file's mapping; an option's own value
-    (a mapping to `model.optimizer`, a list) still replaces what was set inside it."""
+    options it names, as `cofr fit` merges a config file's mapping; so does a mapping to
+    `model.optimizer` (a dataclass: `cofr fit` merges it field by field, it dropped an
+    earlier `model.optimizer.warmup_steps`); an option's own value (a list, a dict-valued
+    option's mapping such as `trainer.logger`'s) still replaces what was set inside it."""
     from cofrgenet.sweeps.fitconfig import kept_since_merging, split_settings
+    from cofrgenet.training.cli import resolve_fit_config
 
     settings = [
         ("model.config.vocab_size", 320),
@@ -600,13 +603,15 @@ def test_a_mapping_to_a_group_of_options_merges_with_the_settings_beside_it(tmp_
         "model": {
             "config": {"vocab_size": 320, "block_size": 32},
             "preset": "gpt2-tiny-f",
-            "optimizer": {"lr": 0.1},
         },
         "trainer": {"logger": False},
     }
-    assert words == []
+    assert words == [("model.optimizer.warmup_steps", 2), ("model.optimizer.lr", 0.1)]
     # What a cofr that replaced the whole group dropped: the keys a study made then lacks.
-    assert kept_since_merging(settings) == ["model.config.vocab_size"]
+    dropped = ["model.config.vocab_size", "model.optimizer.warmup_steps"]
+    assert kept_since_merging(settings) == dropped
+    assert kept_since_merging(settings, version=1) == ["model.optimizer.warmup_steps"]
+    assert kept_since_merging(settings, version=2) == []
     assert kept_since_merging([("model", {"preset": "x"}), ("model.config.depth", 2)]) == []
     # The finding's sweep: its trials get all of their overrides.
     overrides = {
@@ -625,6 +630,18 @@ def test_a_mapping_to_a_group_of_options_merges_with_the_settings_beside_it(tmp_
         "gpt2-tiny-f", 320, 32,
     )  # fmt: skip
     assert (model["optimizer"]["warmup_steps"], model["optimizer"]["lr"]) == (2, 1e-3)
+    # As `cofr fit` makes of the same settings in two config files.
+    overrides["model"] = {"preset": "gpt2-tiny-f", "optimizer": {"weight_decay": 0.25}}
+    raw["overrides"] = overrides
+    optimizer = trial_config(parse_sweep(raw), {"model.config.depth": 2})["model"]["optimizer"]
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("model: {optimizer: {warmup_steps: 2}}")
+    second.write_text("model: {optimizer: {weight_decay: 0.25}}")
+    args = [w for b in raw["base"] for w in ("--config", b)]
+    args += ["--config", str(first), "--config", str(second)]
+    fit = yaml.safe_load(resolve_fit_config(args))["model"]["optimizer"]
+    assert (optimizer["warmup_steps"], optimizer["weight_decay"]) == (2, 0.25)
+    assert optimizer == fit
     # A key misspelt inside such a mapping is named with a did-you-mean.
     raw["overrides"] = {"model": {"preest": "gpt2-tiny-f"}}
     with pytest.raises(
@@ -658,13 +675,20 @@ def test_a_study_made_when_a_group_mapping_dropped_settings_is_not_resumed(tmp_p
         open_study(sweep("old", dropping), storage, 1)
     assert str(raised.value).startswith(
         "study 'old' was made by an older cofr, which dropped model.config.vocab_size (given "
-        "before a mapping to a group above them, such as `model: {...}`); this cofr keeps them"
+        "before a mapping above them, such as `model: {...}` or `model.optimizer: {...}`); "
+        "this cofr keeps them"
     )
     with pytest.raises(SweepError, match=r"which dropped model\.config\.vocab_size"):
         open_study(sweep("set", {"model.config.vocab_size": 320}), storage, 1, preset)
     with pytest.raises(SweepError, match="made by an older cofr"):  # submit checks it too
         worker.check_before_submit(sweep("old", dropping), url, {}, data=False)
     open_study(sweep("plain", {"model.preset": "gpt2-tiny-f"}), storage, 1)
+    # Made by a cofr that merged group mappings but not a mapping to model.optimizer.
+    optimizer = {"model.optimizer.lr": 0.01, "model.optimizer": {"weight_decay": 0.2}}
+    study, _ = open_study(sweep("optimizer", optimizer), storage, 0)
+    study.set_user_attr(worker.MERGED_ATTR, True)
+    with pytest.raises(SweepError, match=r"which dropped model\.optimizer\.lr \("):
+        open_study(sweep("optimizer", optimizer), storage, 1)
     open_study(sweep("new", dropping), storage, 0)
     _, created = open_study(sweep("new", dropping), storage, 1)
     assert not created

@@ -25,17 +25,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import io
 import itertools
 import math
 import tempfile
+import types
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cofrgenet.data import TokenDataModule
 from cofrgenet.dotted import get_dotted, set_dotted
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.models.config import ModelConfig
@@ -50,6 +54,7 @@ from cofrgenet.sweeps.spec import (
 )
 from cofrgenet.training.cli import ParseOnlyCLI, given_args, resolve_fit_config
 from cofrgenet.training.model_options import model_config_of
+from cofrgenet.training.module import LanguageModel
 
 
 def resolve(args: Sequence[str]) -> str:
@@ -98,35 +103,73 @@ def _replaces(later: str, key: str) -> bool:
     return later == key or _is_under(key, later)
 
 
-def _spread(key: str, value: Any, options: frozenset[str]) -> list[tuple[str, Any]]:
-    if isinstance(value, dict) and _is_group(key, options):
-        return [s for k, v in value.items() for s in _spread(f"{key}.{k}", v, options)]
+@functools.cache
+def field_merged_options() -> frozenset[str]:
+    """The options whose value is a dataclass (``model.optimizer``: OptimizerConfig |
+    None): ``cofr fit`` merges a config file's mapping to one field by field into the
+    earlier files' (``{weight_decay: 0.1}`` keeps an earlier ``lr``), as a group's."""
+    sections = {"model": LanguageModel.__init__, "data": TokenDataModule.__init__}
+    merged = set()
+    for section, init in sections.items():
+        for name, hint in typing.get_type_hints(init).items():
+            kinds = typing.get_args(hint) if _is_union(hint) else (hint,)
+            if any(dataclasses.is_dataclass(kind) for kind in kinds):
+                merged.add(f"{section}.{name}")
+    return frozenset(merged)
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _spread(
+    key: str, value: Any, options: frozenset[str], merged: frozenset[str] | None = None
+) -> list[tuple[str, Any]]:
+    """``key: value`` as one setting per option it sets: a mapping to a group of options,
+    or to an option in ``merged`` (default :func:`field_merged_options`), is spread."""
+    merged = field_merged_options() if merged is None else merged
+    if isinstance(value, dict) and (_is_group(key, options) or key in merged):
+        return [s for k, v in value.items() for s in _spread(f"{key}.{k}", v, options, merged)]
     return [(key, value)]
 
 
 def option_settings(settings: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """``settings`` with each mapping given to a group of options (``model: {preset: x}``,
-    ``model.config: {...}``) spread into one setting per option it names, so that it
-    sets those and leaves the others given beside it: ``cofr fit`` merges a config file's
-    mappings so, option by option. An option's own value (a list, a dict-valued option's
-    mapping) stays whole, as in ``cofr fit``."""
+    ``model.config: {...}``) or to a dataclass option (``model.optimizer: {lr: 0.1}``)
+    spread into one setting per option or field it names, so that it sets those and
+    leaves the others given beside it: ``cofr fit`` merges a config file's mappings so.
+    Another option's own value (a list, a dict-valued option's mapping) stays whole, as
+    in ``cofr fit``."""
     options = option_keys()
     return [s for key, value in settings for s in _spread(key, value, options)]
 
 
-def kept_since_merging(settings: Sequence[tuple[str, Any]]) -> list[str]:
-    """The settings that a cofr before :func:`option_settings` dropped and this one keeps:
-    those given before a mapping to a group above them (``model.config.vocab_size: 320``,
-    then ``model: {preset: x}``), which replaced them whole."""
+#: What :func:`option_settings` spreads, by the version of cofr that made a study: 0
+#: spread nothing (a mapping to ``model`` replaced every ``model.*`` given before it), 1
+#: spread mappings to groups of options but not to ``model.optimizer``, 2 spreads both.
+MERGING_VERSION = 2
+
+
+def kept_since_merging(settings: Sequence[tuple[str, Any]], version: int = 0) -> list[str]:
+    """The settings that a cofr of merging ``version`` dropped and this one keeps: those
+    given before a mapping above them (``model.config.vocab_size: 320``, then ``model:
+    {preset: x}``; ``model.optimizer.lr``, then ``model.optimizer: {...}``), which that
+    cofr let replace them whole."""
     options = option_keys()
+
+    def then(key: str, value: Any) -> list[tuple[str, Any]]:
+        if version == 0:
+            return [(key, value)]
+        return _spread(key, value, options, frozenset() if version == 1 else None)
+
     kept = []
     for i, (key, value) in enumerate(settings):
         later = settings[i + 1 :]
-        if not any(_replaces(other, key) for other, _ in later):
-            continue  # no later key above it: kept then too
-        spread = option_settings(later)
+        later_now = [k for s in later for k, _ in _spread(*s, options)]
+        later_then = [k for s in later for k, _ in then(*s)]
         for leaf, _ in _spread(key, value, options):
-            if not any(_replaces(other, leaf) for other, _ in spread):
+            dropped_then = any(_replaces(other, leaf) for other in later_then)
+            if dropped_then and not any(_replaces(other, leaf) for other in later_now):
                 kept.append(leaf)
     return kept
 

@@ -33,6 +33,7 @@ from cofrgenet.redact import hide_passwords
 from cofrgenet.signals import Terminated, signal_name, signals_held, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import (
+    MERGING_VERSION,
     check_keys,
     check_model_values,
     check_optimizer_values,
@@ -153,7 +154,7 @@ def open_study(
         study.set_user_attr("cofr.sweep", sweep.raw)
     if created:
         study.set_user_attr(SETTINGS_ATTR, training_settings(extra))  # before setup_done's
-        study.set_user_attr(MERGED_ATTR, True)
+        study.set_user_attr(MERGED_ATTR, MERGING_VERSION)
         if width is not None:
             study.set_user_attr(WIDTH_ATTR, width)
         if bases is not None:
@@ -333,24 +334,26 @@ def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
         )
 
 
-#: Set on a study made by a cofr that merges a mapping to a group of options (``model:
-#: {preset: x}``) with the settings beside it (:func:`fitconfig.option_settings`); an
-#: older one dropped the settings under the group given before it.
+#: The merging version (:data:`fitconfig.MERGING_VERSION`) of the cofr that made a study:
+#: true for 1 (mappings to groups of options merged with the settings beside them, as
+#: :func:`fitconfig.option_settings` does, but not a mapping to ``model.optimizer``);
+#: absent for 0 (an older one dropped the settings under a mapping given after them).
 MERGED_ATTR = "cofr.group_mappings_merged"
 
 
 def check_same_merging(study: optuna.Study, sweep: Sweep, extra: dict[str, Any]) -> None:
     """SweepError for a study made by a cofr that dropped settings this one keeps (the
-    overrides or ``--set`` given before a mapping to a group above them): its trials
+    overrides or ``--set`` given before a mapping above them): its trials
     trained without them, this worker's would train with them."""
-    if study.user_attrs.get(MERGED_ATTR):
+    version = int(study.user_attrs.get(MERGED_ATTR) or 0)
+    if version >= MERGING_VERSION:
         return
-    kept = kept_since_merging(config_settings(sweep, extra=extra))
+    kept = kept_since_merging(config_settings(sweep, extra=extra), version)
     if kept:
         raise SweepError(
             f"study {study.study_name!r} was made by an older cofr, which dropped "
-            f"{_first_four(kept)} (given before a mapping to a group above them, such as "
-            "`model: {...}`); this cofr keeps them, so its trials would be ranked against "
+            f"{_first_four(kept)} (given before a mapping above them, such as `model: "
+            "{...}` or `model.optimizer: {...}`); this cofr keeps them, so its trials would be ranked against "
             "trials trained otherwise. Give the sweep a new study name (study: ..., or "
             "--study NAME)"
         )

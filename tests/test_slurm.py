@@ -507,6 +507,33 @@ def test_sbatch_options_cannot_replace_the_lines_submit_decides(capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_only_one_memory_option_reaches_the_script():
+    """--mem 16G with --sbatch=--mem-per-cpu=4G wrote both lines, and sbatch refused the
+    script after submit had checked and written it. An --sbatch --mem replaces --mem's
+    line, as --time does."""
+    tiny = load_sweep(SWEEPS / "tiny-cpu.yaml")
+    message = (
+        "--mem and --sbatch --mem-per-cpu: sbatch takes only one of --mem, --mem-per-cpu "
+        "and --mem-per-gpu (it refuses the script otherwise); give one of them"
+    )
+    with pytest.raises(SweepError, match=re.escape(message)):
+        render(tiny, SubmitOptions(mem="16G", sbatch_args=["--mem-per-cpu=4G"]))
+    tiny.slurm.extra = ["--mem-per-gpu=8G"]
+    with pytest.raises(SweepError, match=re.escape(
+        "slurm.extra (in the sweep) --mem-per-gpu and --sbatch --mem-per-cpu: sbatch takes"
+    )):  # fmt: skip
+        render(tiny, SubmitOptions(sbatch_args=["--mem-per-cpu=4G"]))
+    tiny.slurm.extra = []
+    header = parse_sbatch_header(
+        render(tiny, SubmitOptions(mem="16G", sbatch_args=["--mem=8G"])).script
+    )
+    assert header["mem"] == "8G"
+    header = parse_sbatch_header(
+        render(tiny, SubmitOptions(sbatch_args=["--mem-per-cpu=4G"])).script
+    )
+    assert (header["mem-per-cpu"], "mem" in header) == ("4G", False)
+
+
 def test_submit_refuses_to_wait_for_a_dry_run(capsys):
     from cofrgenet.cli import main
 

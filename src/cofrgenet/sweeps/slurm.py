@@ -395,6 +395,7 @@ def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
             raise SweepError(f"{option} {text!r} is not a SLURM {name}: {example}")
         given[name] = (option, text)
     given["signal"] = ("submit's", REQUEUE_SIGNAL)
+    memory = {"mem": given["mem"][0]} if "mem" in given else {}  # option: how it was given
     extras = [(e, "slurm.extra (in the sweep)") for e in sweep.slurm.extra]
     for extra, where in [*extras, *((e, "--sbatch") for e in options.sbatch_args)]:
         key, value = _sbatch_option(extra, where)
@@ -403,7 +404,19 @@ def _check_header_inputs(sweep: Sweep, options: SubmitOptions) -> None:
         elif key == "signal":
             _check_requeue_signal(where, value)
             given[key] = (where, value)
+        elif key in SBATCH_MEMORY:  # --mem replaces submit's own line, as --time
+            memory[key] = f"{where} --{key}"
+    if len(memory) > 1:
+        said = " and ".join(memory.values())
+        raise SweepError(
+            f"{said}: sbatch takes only one of --mem, --mem-per-cpu and --mem-per-gpu "
+            "(it refuses the script otherwise); give one of them"
+        )
     _check_signal_before_end(given)
+
+
+#: sbatch's memory options, of which a job gives at most one.
+SBATCH_MEMORY = ("mem", "mem-per-cpu", "mem-per-gpu")
 
 
 def _check_requeue_signal(where: str, value: str) -> None:

@@ -1618,8 +1618,8 @@ def test_a_dotted_key_beside_its_group_in_one_file_is_refused(tiny_data, tmp_pat
 
 #: What launchers across nodes set (a test's own shell may run under one).
 NODE_LAUNCH_VARIABLES = (
-    "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
-    "LSB_JOBID",
+    "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_STEP_ID",
+    "TORCHELASTIC_RUN_ID", "LSB_JOBID",
 )  # fmt: skip
 
 
@@ -1640,7 +1640,37 @@ def test_several_nodes_without_a_launcher_are_refused(tiny_data, tmp_path, monke
     monkeypatch.delenv("NODE_RANK")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # a job step: srun started it
     assert launched_across_nodes()
+
+
+def test_a_fit_in_a_batch_script_of_several_tasks_without_srun_is_refused(
+    tiny_data, tmp_path, monkeypatch
+):
+    """`cofr fit` run by an sbatch script of --ntasks-per-node=2 without srun waited for a
+    second rank forever: Lightning reads the job's tasks as its ranks (the batch script
+    has SLURM_NTASKS but no SLURM_STEP_ID; .ci's SLURM shows it). One task, or srun's job
+    step, goes on."""
+    from cofrgenet.training.cli import launched_across_nodes, slurm_tasks_without_srun
+
+    for name in NODE_LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_NAME", "train.sbatch")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert slurm_tasks_without_srun() == 2
+    assert not launched_across_nodes()
+    match = (
+        r"^this process runs in a SLURM batch script itself, whose job has 2 tasks "
+        r"\(SLURM_NTASKS\): .* wait for the other 1 forever\. Start it with srun"
+    )
+    with pytest.raises(UserError, match=match):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.devices", "2"))
+    assert not (tmp_path / "runs" / "test").exists()
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert slurm_tasks_without_srun() is None
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert slurm_tasks_without_srun() is None
 
 
 def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):

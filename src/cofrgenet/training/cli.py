@@ -1765,6 +1765,14 @@ def _check_trainer_counts(value: Any) -> None:
         raise ConfigError(
             f"trainer.gradient_clip_val must be >= 0 (null or 0: no clipping), got {clip}"
         )
+    tasks = slurm_tasks_without_srun()
+    if tasks is not None:
+        raise ConfigError(
+            f"this process runs in a SLURM batch script itself, whose job has {tasks} tasks "
+            f"(SLURM_NTASKS): Lightning takes them for its ranks and would wait for the "
+            f"other {tasks - 1} forever. Start it with srun (`srun cofr fit ...`, as "
+            "slurm/train.sbatch does), or give the job one task (--ntasks-per-node=1)"
+        )
     nodes = value("num_nodes")
     several = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
     if several and not launched_across_nodes():
@@ -1800,8 +1808,25 @@ def launched_across_nodes() -> bool:
     given = os.environ.keys()
     if {"NODE_RANK", "GROUP_RANK"} & given or {"RANK", "WORLD_SIZE"} <= given:  # Kubeflow's too
         return True
-    environments = (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment)
+    if SLURMEnvironment.detect() and "SLURM_STEP_ID" in given:  # srun's, not the batch script's
+        return True
+    environments = (TorchElasticEnvironment, LSFEnvironment, MPIEnvironment)
     return any(environment.detect() for environment in environments)
+
+
+def slurm_tasks_without_srun() -> int | None:
+    """SLURM_NTASKS when this process is a SLURM batch script's own (no ``SLURM_STEP_ID``:
+    not a job step started by srun) in a job of several tasks, which Lightning's SLURM
+    environment takes for its ranks though nothing starts the others; else None."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if not SLURMEnvironment.detect() or "SLURM_STEP_ID" in os.environ:
+        return None
+    try:
+        tasks = int(os.environ["SLURM_NTASKS"])
+    except ValueError:
+        return None
+    return tasks if tasks > 1 else None
 
 
 #: Data settings that differ when a resume is given another corpus (not another reading

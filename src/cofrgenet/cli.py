@@ -168,6 +168,11 @@ COMMANDS: tuple[Command, ...] = (
         "cofrgenet.bench.train",
     ),
     Command(
+        ("bench", "kernels"),
+        "compile the Triton kernels for a GPU architecture without a GPU: registers, spills",
+        "cofrgenet.bench.kernels",
+    ),
+    Command(
         ("bench", "quality"),
         "train CoFrGeNet variants and matched baselines over seeds; compare val loss",
         "cofrgenet.bench.quality",

@@ -115,6 +115,7 @@ def test_interpreted_is_tritons_own_knob(monkeypatch, value):
     the ahead-of-time compiler's refusal read Triton's knob, not the string "1"."""
     import triton
 
+    from cofrgenet.cli import main
     from cofrgenet.ops.triton import aot, runtime
 
     monkeypatch.setenv("TRITON_INTERPRET", value)
@@ -122,7 +123,19 @@ def test_interpreted_is_tritons_own_knob(monkeypatch, value):
     assert triton.knobs.runtime.interpret is expected
     assert runtime.interpreted() is expected
     monkeypatch.setattr(aot, "compile_all", lambda *args: 0)  # no compiling here
-    assert aot.main([]) == (2 if expected else 0)
+    assert main(["bench", "kernels"]) == (2 if expected else 0)
+
+
+def test_the_kernels_compile_only_for_a_real_architecture(capsys):
+    """`cofr bench kernels --arch 10` aborted the process in LLVM (no shfl.sync there)
+    after compiling nothing: refused first, naming what to give."""
+    from cofrgenet.cli import main
+
+    assert main(["bench", "kernels", "--arch", "10"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "cofr bench kernels: error: --arch 10: give a compute capability x 10 of 50 or "
+        "more, e.g. 80 (A100) or 90 (H100/H200)"
+    )
 
 
 @needs_triton
@@ -389,7 +402,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "cofrgenet.ops.triton.aot", "--arch", "90", "--ptxas-info"],
+        [sys.executable, "-m", "cofrgenet", "bench", "kernels", "--arch", "90", "--ptxas-info"],
         env=env,
         capture_output=True,
         text=True,

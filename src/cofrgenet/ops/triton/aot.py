@@ -12,18 +12,15 @@ would show. Triton's compiler entry points (``ASTSource``, ``GPUTarget``) and th
 (pyproject.toml).
 
 
-    python -m cofrgenet.ops.triton.aot            # TRITON_INTERPRET must be unset
-    python -m cofrgenet.ops.triton.aot --arch 80 --ptxas-info
+``cofr bench kernels [--arch 80] [--ptxas-info]`` runs it (:mod:`cofrgenet.bench.kernels`).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -174,22 +171,3 @@ def compile_all(
         log(f"{kernel.__name__}({flags}): {time.perf_counter() - start:.1f} s{info}")
         count += 1
     return count
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90)")
-    parser.add_argument(
-        "--ptxas-info", action="store_true", help="registers and stack (spills) of each kernel"
-    )
-    args = parser.parse_args(argv)
-    if runtime.interpreted():
-        print("unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
-        return 2
-    count = compile_all(args.arch, args.ptxas_info)
-    print(f"compiled {count} kernel specializations for sm_{args.arch}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -99,8 +99,8 @@ def tile_elements(depth: int, ladders: int, backward: bool) -> int:
     Every partial denominator of every ladder is live at once for each element of the
     tile (the backward keeps more per denominator than the forward), so tiles shrink as
     d L grows. Registers and stack (spills) on sm_90 with 4 warps and fp32 compute,
-    specialized as a launch specializes them (``python -m cofrgenet.ops.triton.aot
-    --ptxas-info``; the script is in docs/benchmarks/triton-registers-2026-12-02.md):
+    specialized as a launch specializes them (``cofr bench kernels --ptxas-info``; the
+    script is in docs/benchmarks/triton-registers-2026-12-02.md):
 
     * forward, d L = 5 x 3: 168 registers, no stack with 1024 elements;
     * forward, 16 x 1: 128 B of stack with 1024; none with 512 (108 registers);

@@ -937,6 +937,14 @@ def test_an_interrupted_eval_does_not_replace_complete_results(
     assert json.loads(partial.read_text())["partial"]["not_scored"] == ["wikitext-2"]
     said = " ".join(capsys.readouterr().out.split())
     assert f"results: {partial} (partial: the sets finished; {out} keeps an earlier run's" in said
+    # A complete run then replaces eval.json and says that older partial results are beside.
+    monkeypatch.setattr(perplexity, "text_perplexity", real)
+    assert main([*argv, "--tasks", "ptb"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"results: {out} ({partial} holds a stopped run's partial results, older" in said
+    assert partial.is_file()
+    monkeypatch.setattr(perplexity, "text_perplexity", second_is_interrupted)
+    calls.clear()
     # Something else at eval.partial.json: kept; the sets scored go to stdout, and the
     # stop's status stands (it was an error, status 2, the sets scored nowhere).
     first_partial = partial.read_text()

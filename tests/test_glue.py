@@ -1083,8 +1083,15 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
     # "holds another run already".
     monkeypatch.setattr(classifier, "training_step", step)
     shutil.rmtree(tmp_path / "glue")  # made again by the helper
+    capsys.readouterr()
     assert _stopped_finetune(pretrained, tmp_path, extra) == 0
     assert "partial" not in json.loads((folder / "results.json").read_text())
+    # Where the results went is said, and the older partial ones beside --json's file.
+    said = capsys.readouterr().out.splitlines()
+    assert f"results: {folder / 'results.json'}" in said
+    assert (
+        f"results: {out} ({beside} holds a stopped run's partial results, older than these)" in said
+    )
     # Something else at OUT.partial.json (the first stop's was taken over): kept.
     beside.write_text("my notes")
     monkeypatch.setattr(classifier, "training_step", interrupted)

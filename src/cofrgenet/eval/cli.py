@@ -29,6 +29,7 @@ from cofrgenet.errors import UserError
 from cofrgenet.eval.paths import (
     check_data_dir,
     check_output_file,
+    older_partial_note,
     partial_results_file,
     readable,
     results_json,
@@ -528,7 +529,11 @@ def run(args: argparse.Namespace) -> int:
                 write_results(out, report)
                 print(
                     f"results: {out}"
-                    + (f" (partial: the sets finished{kept})" if stop.signum else "")
+                    + (
+                        f" (partial: the sets finished{kept})"
+                        if stop.signum
+                        else older_partial_note(out)
+                    )
                 )
         if not args.no_mlflow and _log_and_say(args, loaded, results, report):
             report["logged_to_mlflow"] = True

@@ -47,6 +47,7 @@ from cofrgenet.eval.glue_data import (
 )
 from cofrgenet.eval.paths import (
     check_output_file,
+    older_partial_note,
     partial_results_file,
     read_results,
     results_json,
@@ -594,6 +595,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in result["warnings"]:
         if warning not in said:
             print(f"warning: {warning}", file=sys.stderr)
+    print(f"results: {Path(result['run_dir']) / 'results.json'}")
+    if out is not None:
+        print(f"results: {out}{older_partial_note(out)}")
     if result.get("run_id"):
         # The store named where it is not the pretraining run's (--tracking-uri): a UI
         # opened on that one does not show this run.

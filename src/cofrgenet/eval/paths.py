@@ -62,6 +62,17 @@ def partial_results_file(out: Path) -> Path:
     return out.with_name(f"{out.stem}.partial{out.suffix}")
 
 
+def older_partial_note(out: Path) -> str:
+    """After complete results went to ``out``: a note naming the partial results that a
+    stopped run left beside it (:func:`partial_results_file`), older than these; ``""``
+    where there are none. They are not removed: they may be another checkpoint's."""
+    partial = out.with_name(f"{out.stem}.partial{out.suffix}")
+    record = read_results(partial) if partial.is_file() else None
+    if record is None or "partial" not in record:
+        return ""
+    return f" ({partial} holds a stopped run's partial results, older than these)"
+
+
 def read_results(path: Path) -> dict[str, Any] | None:
     """A results file's record (as :func:`write_results` wrote it), or None where ``path``
     cannot be read or holds no JSON object."""

@@ -424,7 +424,7 @@ def test_lm_evals_command_line_runs_the_model(ckpt, tmp_path):
             "--model",
             "cofrgenet",
             "--model_args",
-            f"ckpt={ckpt}",
+            f"pretrained={ckpt}",
             "--tasks",
             "cofr_tiny_mc",
             "--include_path",
@@ -433,6 +433,8 @@ def test_lm_evals_command_line_runs_the_model(ckpt, tmp_path):
             "cpu",
             "--batch_size",
             "4",
+            "--output_path",
+            str(tmp_path / "results"),
         ],
         cwd=tmp_path,
         env=env,
@@ -442,6 +444,20 @@ def test_lm_evals_command_line_runs_the_model(ckpt, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cofr_tiny_mc" in proc.stdout and "acc" in proc.stdout
+    # pretrained= names lm_eval's results folder after the checkpoint (ckpt=: a random id).
+    (folder,) = (tmp_path / "results").iterdir()
+    assert folder.name.endswith(f"__{ckpt.name}")
+
+
+def test_pretrained_is_lm_evals_name_of_the_checkpoint(ckpt):
+    """lm_eval's --output_path names its folder after `pretrained=` (with `ckpt=`, a
+    random id the same for every checkpoint): the model takes either, not two that differ."""
+    lm = harness.CofrgenetLM.create_from_arg_string(f"pretrained={ckpt},device=cpu")
+    assert lm.ckpt == str(ckpt)
+    with pytest.raises(UserError, match=r"two checkpoints, ckpt=.* and pretrained=other: give one"):
+        harness.CofrgenetLM(ckpt=str(ckpt), pretrained="other", device="cpu")
+    with pytest.raises(UserError, match=r"needs a checkpoint: --model_args pretrained=PATH"):
+        harness.CofrgenetLM(device="cpu")
 
 
 def test_flatten_results_keeps_numbers_and_names_filters():

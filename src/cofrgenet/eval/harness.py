@@ -168,7 +168,8 @@ def usable_device(device: str | None) -> str:
 class _CofrgenetLMImpl:
     """lm_eval model over a ``cofr fit`` checkpoint (``--model cofrgenet``).
 
-    Model arguments: ``ckpt`` (required), ``tokenizer_dir`` (a prepared data folder whose
+    Model arguments: ``ckpt`` (required; or ``pretrained``, lm_eval's name, which its
+    ``--output_path`` names the results folder after), ``tokenizer_dir`` (a prepared data folder whose
     tokenizer to use), ``device``, ``batch_size``, ``max_length`` (default: the length the
     model trained at, else its block_size; longer only for recurrent models), ``max_gen_toks`` (256) and ``seed`` (1234, for
     sampled generation).
@@ -204,14 +205,24 @@ class _CofrgenetLMImpl:
         max_length: int | None = None,
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         seed: int = 1234,
+        pretrained: str | Path | None = None,
         **unused: Any,
     ) -> None:
 
         super().__init__()  # type: ignore[call-arg]  # lm_eval's LM: rank, cache hook
         if unused:
             log.warning("cofrgenet model: ignoring unknown model arguments %s", sorted(unused))
+        if ckpt is not None and pretrained is not None and str(ckpt) != str(pretrained):
+            raise HarnessError(
+                f"the cofrgenet model got two checkpoints, ckpt={ckpt} and "
+                f"pretrained={pretrained}: give one"
+            )
+        ckpt = ckpt if ckpt is not None else pretrained
         if ckpt is None:
-            raise HarnessError("the cofrgenet model needs a checkpoint: --model_args ckpt=PATH")
+            raise HarnessError(
+                "the cofrgenet model needs a checkpoint: --model_args pretrained=PATH "
+                "(or ckpt=PATH)"
+            )
         from cofrgenet.training.pretrained import load_checkpoint
 
         device = usable_device(device)

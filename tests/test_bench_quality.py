@@ -344,6 +344,14 @@ def test_a_ctrl_c_in_the_unclipped_validation_keeps_the_trained_run(tmp_path, mo
     (run,) = report["runs"]
     assert (run["seed"], run["val_loss_unclipped"]) == (0, None) and run["steps"] == 8
     assert report["pending"] == ["cofrgenet-f seed 1"] and report["stopped"] == "Ctrl-C"
+    # The resumed bench's table says the clip effect is one seed's: it read as both's.
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "quality", "--resume", str(js)]) == 0
+    markdown = js.with_suffix(".md").read_text()
+    (row,) = [line for line in markdown.splitlines() if line.startswith("| cofrgenet-f ")]
+    assert "(1 of 2 seeds) |" in row
+    assert "No clip effect for cofrgenet-f seed 0: a stop came during the validation" in markdown
 
 
 def test_the_report_before_the_first_run_is_named_by_where_the_runs_will_train(

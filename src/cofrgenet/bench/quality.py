@@ -307,6 +307,9 @@ class RunResult:
     #: The step a ``--resume`` went on from (the stopped run's checkpoint); 0: one go.
     #: Its tokens/s and seconds are of the steps after it.
     resumed_at: int = 0
+    #: A signal stopped the validation without clipping that measures its clip effect
+    #: (the run had trained and been scored, so it is in the report without one).
+    clip_unmeasured: bool = False
 
 
 def step_recorder() -> Any:
@@ -628,6 +631,7 @@ def run_variant(
             status = stop_status(stopped)
             if status is None:
                 raise
+            result.clip_unmeasured = True
             raise RunStopped(status, what, result.steps, run_dir, finished=result) from None
         result.val_loss_unclipped = float(metrics[0]["val/loss"])
     if late is not None:  # its StopOnSignal kept it for what runs it, as a sweep worker reads it
@@ -680,6 +684,8 @@ class Row:
     delta_gpt2: float | None
     delta_matched: float | None
     clip_effect: float | None  # mean of (clipped - unclipped) val loss
+    clip_seeds: int  # the seeds it is the mean of
+    clip_unmeasured: int  # seeds a signal stopped before their unclipped validation
     tokens_per_sec: float
     spike_share: float | None  # None: no run had a step with a full window before it
     max_grad_norm: float
@@ -741,6 +747,8 @@ def summarize(results: list[RunResult]) -> list[Row]:
                 delta_gpt2=_delta(runs, by_variant.get("gpt2")),
                 delta_matched=_delta(runs, by_variant.get("gpt2-matched")),
                 clip_effect=statistics.fmean(clip) if clip else None,
+                clip_seeds=len(clip),
+                clip_unmeasured=sum(r.clip_unmeasured for r in runs),
                 tokens_per_sec=_finite_median([r.tokens_per_sec for r in runs]),
                 spike_share=sum(r.spikes for r in runs) / tested if tested else None,
                 max_grad_norm=max(norms) if norms else math.nan,
@@ -773,6 +781,14 @@ def _signed(value: float | None) -> str:
     return "0.0000" if float(text) == 0 else text  # not "-0.0000" for a tiny negative
 
 
+def _clip_cell(row: Row) -> str:
+    """The clip effect, with the seeds it is the mean of where a stop left some out."""
+    if not row.clip_unmeasured:
+        return _signed(row.clip_effect)
+    of = f"{row.clip_seeds} of {row.clip_seeds + row.clip_unmeasured} seeds"
+    return f"{_signed(row.clip_effect)} ({of})" if row.clip_seeds else f"n/a ({of})"
+
+
 def table_rows(rows: list[Row]) -> list[list[str]]:
     return [
         [
@@ -782,7 +798,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
             _mean_and_spread(r.val_mean, r.val_std),
             _signed(r.delta_gpt2),
             _signed(r.delta_matched),
-            _signed(r.clip_effect),
+            _clip_cell(r),
             f"{r.tokens_per_sec:,.0f}" if math.isfinite(r.tokens_per_sec) else "n/a",
             f"{100 * r.spike_share:.1f}%" if r.spike_share is not None else "n/a",
             f"{r.max_grad_norm:.1f}" if math.isfinite(r.max_grad_norm) else "n/a",
@@ -842,6 +858,14 @@ def to_markdown(report: dict[str, Any], rows: list[Row]) -> str:
             "",
             f"Resumed from their checkpoints after the stop: {which}. A resume trains on as "
             "one go would (docs/training.md); its tokens/s are of the steps after it.",
+        ]
+    unmeasured = [r for r in report["runs"] if r.get("clip_unmeasured")]
+    if unmeasured:
+        which = ", ".join(f"{r['variant']} seed {r['seed']}" for r in unmeasured)
+        lines += [
+            "",
+            f"No clip effect for {which}: a stop came during the validation without "
+            "clipping that measures it, after the run had trained and been scored.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -464,8 +464,11 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert main([*valid, "--split", "valid", "--stride", "16"]) == 0
     assert "as eval/valid/<task>/<metric>" in capsys.readouterr().out
     assert main([*argv, "--limit", "1", "--json", str(tmp_path / "limited.json")]) == 0
-    assert "not logged to MLflow: a run with --limit (1) is not" in capsys.readouterr().out
+    assert "not logged to MLflow: --limit 1 scored part of a set" in capsys.readouterr().out
     assert json.loads((tmp_path / "limited.json").read_text())["logged_to_mlflow"] is False
+    # A --limit at or above every set's size scores them whole: logged, as GLUE's caps are.
+    assert main([*argv, "--limit", "2", "--json", str(tmp_path / "whole.json")]) == 0
+    assert json.loads((tmp_path / "whole.json").read_text())["logged_to_mlflow"] is True
     metrics = mlflow.get_run(report["mlflow_run_id"]).data.metrics
     assert metrics["eval/wikitext-2/word_ppl"] == pytest.approx(wiki["word_ppl"])
     assert metrics["eval/valid/wikitext-2/word_ppl"] != pytest.approx(wiki["word_ppl"])

@@ -87,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit",
         type=at_least(int, 1),
         default=None,
-        help="only the first N LAMBADA passages / harness docs (not logged to MLflow)",
+        help="only the first N LAMBADA passages / harness docs (a run that leaves part of "
+        "a set unscored is not logged to MLflow)",
     )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
     parser.add_argument(
@@ -535,7 +536,8 @@ def run(args: argparse.Namespace) -> int:
                         else older_partial_note(out)
                     )
                 )
-        if not args.no_mlflow and _log_and_say(args, loaded, results, report):
+        cut = limit_cuts(args.limit, tasks, texts, harness_tasks)
+        if not args.no_mlflow and _log_and_say(args, loaded, results, report, cut):
             report["logged_to_mlflow"] = True
             if out is not None:  # written before: the results are kept if logging fails
                 write_results(out, report)
@@ -628,22 +630,33 @@ def _report(
     }
 
 
+def limit_cuts(
+    limit: int | None, tasks: list[str], texts: dict[str, list[str]], harness_tasks: list[str]
+) -> bool:
+    """Whether ``--limit`` leaves part of a set unscored: a LAMBADA set longer than it,
+    or any harness task (whose size is the harness's to know)."""
+    if limit is None:
+        return False
+    lambada = [t for t in tasks if get_task(t).kind == "lambada"]
+    return bool(harness_tasks) or any(len(texts[t]) > limit for t in lambada)
+
+
 def _log_and_say(
     args: argparse.Namespace,
     loaded: Any,
     results: dict[str, dict[str, float]],
     report: dict[str, Any],
+    limit_cut: bool,
 ) -> bool:
-    """Log the results onto the checkpoint's run (not a --limit run's: part of the sets
-    would stand beside full scores under the same names) and say where, or why not;
-    whether they were logged."""
+    """Log the results onto the checkpoint's run (not those of a ``--limit`` that cut a
+    set, ``limit_cut``: part of a set would stand beside full scores under the same
+    names) and say where, or why not; whether they were logged."""
     from cofrgenet.training.pretrained import NotLogged
 
-    if args.limit is not None:
+    if limit_cut:
         print(
-            f"not logged to MLflow: a run with --limit ({args.limit}) is not (the part of a "
-            "set it may score would stand beside full scores under the same names); run "
-            "without --limit to log"
+            f"not logged to MLflow: --limit {args.limit} scored part of a set, which would "
+            "stand beside full scores under the same names; run without --limit to log"
         )
         return False
     try:

@@ -290,6 +290,13 @@ def test_a_depth_released_before_the_resume_keeps_its_release_in_any_new_plan():
     # Not released by the checkpoint: the new plan's.
     unfreezing.load_state_dict({"releases": {1: 8, 2: 12}, "step": 10})
     assert unfreezing.plan(None, module) == {1: 8, 2: 18}
+    # Unless a shorter run's plan puts it before the resume (12 steps: depth 2 at 9, with
+    # the checkpoint's last step 9): it is released at the first step trained, 10, not
+    # said to have trained from 9, where it was frozen.
+    shorter = DyadicUnfreezing("paper", total_steps=12)
+    assert shorter.release_steps(module, 12) == {1: 6, 2: 9}
+    shorter.load_state_dict({"releases": {1: 8, 2: 12}, "step": 9})
+    assert shorter.plan(None, module) == {1: 8, 2: 10}
 
 
 class RestoredAfterSetup(SingleDeviceStrategy):

@@ -160,6 +160,11 @@ class DyadicUnfreezing(L.Callback):
                 # release it moves earlier too: the depth's lr schedule started there).
                 if depth in plan and released <= step:
                     plan[depth] = released
+                # Not released yet, and a shorter run's plan puts its release before the
+                # resume: it is released at the resumed run's first step (the plan said
+                # it trained from a step it was frozen at; lr="release" skipped warm-up).
+                elif depth in plan:
+                    plan[depth] = max(plan[depth], step + 1)
         return plan
 
     def state_dict(self) -> dict[str, Any]:

@@ -2245,6 +2245,27 @@ def test_a_moved_runs_state_drops_the_checkpoints_lost_in_the_move(tmp_path):
     assert other.best_k_models == {} and other.best_model_path == ""
 
 
+def test_a_resume_with_no_time_left_is_refused(tiny_data, tmp_path):
+    """trainer.max_time counts every start's training time (Lightning's Timer goes on
+    from the checkpoint's): a run it stopped, started again with the same command (a
+    SLURM requeue), trained 0 steps and exited 0, its MLflow run FINISHED."""
+    timed = ["--run.name", "timed", "--trainer.max_time", "00:00:10:00"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", *timed))
+    last = tmp_path / "runs" / "test" / "timed" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=False)
+    saved["callbacks"]["Timer"]["time_elapsed"]["train"] = 700.5  # as if stopped by it
+    torch.save(saved, last)
+    more = ["--ckpt_path", "last", "--trainer.max_steps", "4"]
+    with pytest.raises(ConfigError, match=(
+        r"last\.ckpt has trained for 00:00:11:40 already, and trainer\.max_time \(00:00:10:00\) "
+        r"counts the training time of every start of the run: raise --trainer\.max_time above "
+        r"00:00:11:40 to train on$"
+    )):  # fmt: skip
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *timed, *more))
+    timed[-1] = "00:00:20:00"
+    assert CofrCLI(args=fit_args(tmp_path, tiny_data, *timed, *more)).trainer.global_step == 4
+
+
 def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplog):
     """A resume with no step left, a fresh fit into a run folder that still holds an
     MLflow run, and an evaluation with no checkpoint are errors that leave the run as it

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import datetime
 import difflib
 import importlib
 import inspect
@@ -1247,16 +1248,30 @@ class CofrCLI(LightningCLIAdapter):
                 "run from it with another --run.name (or resume with --ckpt_path last)"
             )
 
-    def check_steps_left(self, checkpoint: str, step: int | None) -> None:
-        """A resumed fit must have steps left: Lightning would stop at once, exit 0 and
-        leave the run's config rewritten with the lower max_steps."""
-        max_steps = self.config_value(self.config, "trainer.max_steps")
-        if self.subcommand != "fit" or step is None or max_steps is None or max_steps < 0:
+    def check_steps_left(
+        self, checkpoint: str, step: int | None, saved: dict[str, Any] | None = None
+    ) -> None:
+        """A resumed fit must have steps and time left: Lightning would stop at once, exit
+        0 and leave the run's config rewritten with the lower max_steps; its Timer goes on
+        from the training time the checkpoint ``saved`` records, so a run that
+        ``trainer.max_time`` stopped trained nothing when started again with it."""
+        if self.subcommand != "fit" or step is None:
             return
-        if step >= max_steps:
+        max_steps = self.config_value(self.config, "trainer.max_steps")
+        if max_steps is not None and max_steps >= 0 and step >= max_steps:
             raise ConfigError(
                 f"{checkpoint} is at step {step} already: raise --trainer.max_steps above "
                 f"{step} to train on (it is {max_steps})"
+            )
+        max_time = self.config_value(self.config, "trainer.max_time")
+        timer = ((saved or {}).get("callbacks") or {}).get("Timer") or {}
+        elapsed = (timer.get("time_elapsed") or {}).get("train")
+        limit = duration_seconds(max_time)
+        if limit is not None and isinstance(elapsed, int | float) and elapsed >= limit:
+            raise ConfigError(
+                f"{checkpoint} has trained for {clock(elapsed)} already, and "
+                f"trainer.max_time ({clock(limit)}) counts the training time of every start "
+                f"of the run: raise --trainer.max_time above {clock(elapsed)} to train on"
             )
 
     def check_same_data(self, saved: dict[str, Any] | None, chosen: str) -> None:
@@ -1551,7 +1566,7 @@ class CofrCLI(LightningCLIAdapter):
                 self.check_not_forking(run_dir, chosen, step)
             if self.subcommand == "fit":
                 checkpoints.check_same_settings(chosen, saved, self.model.model_config, self.model)
-            self.check_steps_left(chosen, step)
+            self.check_steps_left(chosen, step, saved)
             self.check_same_data(saved, chosen)
             init_from = getattr(self.model, "init_from", None)
             branched = asked not in (None, "last") and started_from
@@ -1792,6 +1807,33 @@ def _check_trainer_counts(value: Any) -> None:
                 f"trainer.{key} must be >= 0 (a fraction of the batches up to 1.0, or a "
                 f"number of batches; null: all), got {limit:g}"
             )
+
+
+def duration_seconds(max_time: Any) -> float | None:
+    """``trainer.max_time`` in seconds, as Lightning's Timer reads it (``DD:HH:MM:SS``, a
+    mapping of timedelta's fields, a timedelta); None when unset or not one of those."""
+    if isinstance(max_time, str):
+        match = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", max_time.strip())
+        if match is None:
+            return None
+        days, hours, minutes, seconds = (int(part) for part in match.groups())
+        return ((days * 24 + hours) * 60 + minutes) * 60.0 + seconds
+    if isinstance(max_time, dict):
+        try:
+            return datetime.timedelta(**max_time).total_seconds()
+        except TypeError:
+            return None
+    if isinstance(max_time, datetime.timedelta):
+        return max_time.total_seconds()
+    return None
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as ``trainer.max_time`` is written: ``DD:HH:MM:SS``."""
+    minutes, second = divmod(int(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    day, hour = divmod(hours, 24)
+    return f"{day:02d}:{hour:02d}:{minute:02d}:{second:02d}"
 
 
 def launched_across_nodes() -> bool:

@@ -454,6 +454,28 @@ def test_dyadic_unfreezing_under_a_ddp_expecting_every_gradient_is_refused_at_st
     assert not (tmp_path / "runs" / "test").exists(), "a run folder was left behind"
 
 
+def test_a_resume_that_drops_the_dyadic_schedule_is_refused(tiny_data, tmp_path):
+    """Resumed without the DyadicUnfreezing it trained under, a run trained every depth
+    still frozen from the resumed step on; Lightning's warning about the checkpoint's
+    callbacks was the only sign. The schedule given again (or one whose depths are all
+    released by the checkpoint) goes on."""
+    dyadic = [
+        "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
+        "--trainer.callbacks.total_steps=64",  # depth 1 at 32, depth 2 at 48...
+    ]
+    name = ["--run.name", "dyadic", "--model.config.depth", "2"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", *name, *dyadic))
+    more = [*name, "--ckpt_path", "last", "--trainer.max_steps", "4"]
+    with pytest.raises(ConfigError, match=(
+        r"last\.ckpt trained under DyadicUnfreezing, which releases depth 1 at step 32, "
+        r"depth 2 at step 48, and this fit has no DyadicUnfreezing callback: those depths "
+        r"would train from step 2 on\. Give it again"
+    )):  # fmt: skip
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *more))
+    resumed = CofrCLI(args=fit_args(tmp_path, tiny_data, *more, *dyadic))
+    assert resumed.trainer.global_step == 4
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
     """2-process DDP on CPU (gloo) with dyadic unfreezing and dropout: every rank ends with

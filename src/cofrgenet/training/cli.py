@@ -1592,6 +1592,8 @@ class CofrCLI(LightningCLIAdapter):
         ]
         extra += self.default_callbacks(run_dir, run, [*configured, *extra, *self.extra_callbacks])
         extra += self.extra_callbacks + held
+        if self.subcommand == "fit" and saved is not None:
+            check_schedule_kept(chosen, saved, step, [*configured, *extra])
         if trainer_config.get("enable_progress_bar") is False:
             extra = [c for c in extra if not isinstance(c, RichProgressBar)]
         if trainer_config.get("enable_model_summary") is False:
@@ -1895,6 +1897,29 @@ SCORING_KEYS = (
 FSDP_STRATEGY_OPTION = (
     "--trainer.strategy.class_path cofrgenet.training.strategies.LadderFSDPStrategy"
 )
+
+
+def check_schedule_kept(
+    checkpoint: str, saved: dict[str, Any], step: int | None, callbacks: list[Any]
+) -> None:
+    """Refuse to resume a run whose DyadicUnfreezing (its state in checkpoint ``saved``)
+    has depths still frozen at ``step`` without one among ``callbacks``: they would all
+    train from the resumed step on, with a Lightning warning about callbacks as the only
+    sign."""
+    state = (saved.get("callbacks") or {}).get(DyadicUnfreezing.__qualname__)
+    if not state or step is None or any(isinstance(c, DyadicUnfreezing) for c in callbacks):
+        return
+    releases = {int(depth): int(at) for depth, at in (state.get("releases") or {}).items()}
+    frozen = {depth: at for depth, at in sorted(releases.items()) if at > step}
+    if not frozen:
+        return
+    plan = ", ".join(f"depth {depth} at step {at}" for depth, at in frozen.items())
+    raise ConfigError(
+        f"{checkpoint} trained under DyadicUnfreezing, which releases {plan}, and this fit "
+        f"has no DyadicUnfreezing callback: those depths would train from step {step} on. "
+        "Give it again as the run did (its config.yaml: trainer.callbacks), or with "
+        "schedule: none to release them all now"
+    )
 
 
 def check_sharded_strategy(subcommand: str, folder: Path, strategy: Any) -> None:

@@ -19,6 +19,20 @@ class StopAtStep(L.Callback):
             trainer.should_stop = True
 
 
+class KillInValidation(L.Callback):
+    """End the process at once (as SIGKILL or an out-of-memory kill would) when the
+    validation due after optimizer step ``step`` starts."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            import os
+
+            os._exit(9)
+
+
 class DumpBatchSeeds(L.Callback):
     """Save the seed each training batch's random draws started from (the module seeds
     every batch) to ``folder/rank<r>-seeds.pt``, one per batch."""

@@ -2288,6 +2288,48 @@ def test_a_resume_with_no_time_left_is_refused(tiny_data, tmp_path):
     assert CofrCLI(args=fit_args(tmp_path, tiny_data, *timed, *more)).trainer.global_step == 4
 
 
+def test_validation_due_counts_batches_as_lightning_does():
+    """val_check_interval counts batches with check_val_every_n_epoch null: under
+    gradient accumulation a step-counted validation falls where steps x accumulation is
+    a multiple of it; none without validation or with epoch-counted intervals."""
+    from cofrgenet.training.cli import validation_due
+
+    steps = {"val_check_interval": 10, "check_val_every_n_epoch": None}
+    assert [s for s in range(1, 21) if validation_due(steps, s)] == [10, 20]
+    accumulated = {**steps, "accumulate_grad_batches": 4}
+    assert [s for s in range(1, 21) if validation_due(accumulated, s)] == [5, 10, 15, 20]
+    assert not validation_due({**steps, "limit_val_batches": 0}, 10)
+    assert not validation_due({"val_check_interval": 10}, 10)  # counted in each epoch
+    assert not validation_due({**steps, "val_check_interval": 0.5}, 10)
+
+
+@pytest.mark.slow
+def test_a_resume_after_a_kill_in_a_validation_says_how_to_score_it(tiny_data, tmp_path):
+    """Killed during the validation due at a periodic checkpoint's step, a run resumed
+    from that checkpoint without that validation (Lightning takes it as done): the
+    step's val/loss was lost without a word. The resume says so with the command that
+    scores it, and that command puts it on the run's curve."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    name = ["--run.name", "killed"]
+    killed = fit_args(tmp_path, tiny_data, *name, "--trainer.callbacks+=helpers.KillInValidation",
+                      "--trainer.callbacks.step=10")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "cofrgenet.training.cli", *killed], env=env,
+                          timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 9
+    resume = fit_args(tmp_path, tiny_data, *name, "--ckpt_path", "last")
+    with pytest.warns(UserWarning, match=r"the validation due at step 10 did not finish") as said:
+        CofrCLI(args=resume)
+    (note,) = [str(w.message) for w in said if "validation due" in str(w.message)]
+    command = re.search(r"`cofr (validate .*?)`", note).group(1)
+    runs = mlflow_runs(tmp_path / "runs")
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    steps = [m.step for m in client.get_metric_history(runs.run_id[0], "val/loss")]
+    assert steps == [20]  # 10's was lost
+    CofrCLI(args=shlex.split(command))
+    steps = [m.step for m in client.get_metric_history(runs.run_id[0], "val/loss")]
+    assert sorted(steps) == [10, 20]
+
+
 def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplog):
     """A resume with no step left, a fresh fit into a run folder that still holds an
     MLflow run, and an evaluation with no checkpoint are errors that leave the run as it

@@ -23,6 +23,7 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -1626,6 +1627,11 @@ class CofrCLI(LightningCLIAdapter):
                 eval_step=None if self.subcommand == "fit" else step,
                 eval_data=other,
             )
+            resumed = (run_dir / RUN_ID_FILE).exists() and not started_from
+            if self.subcommand == "fit" and step and resumed and rank_zero_only.rank == 0:
+                note = unscored_validation(trainer_config, step, run, run_dir, chosen)
+                if note:
+                    rank_zero_warn(note)
         elif logger is None:
             trainer_config["logger"] = False
         try:
@@ -1897,6 +1903,53 @@ SCORING_KEYS = (
 FSDP_STRATEGY_OPTION = (
     "--trainer.strategy.class_path cofrgenet.training.strategies.LadderFSDPStrategy"
 )
+
+
+def validation_due(trainer_config: dict[str, Any], step: int) -> bool:
+    """Whether the fit validates at the end of optimizer step ``step`` (a step-counted
+    ``trainer.val_check_interval`` of batches, as every conf/trainer file sets)."""
+    interval = trainer_config.get("val_check_interval")
+    accumulate = trainer_config.get("accumulate_grad_batches") or 1
+    if (
+        trainer_config.get("limit_val_batches") == 0
+        or trainer_config.get("check_val_every_n_epoch", 1) is not None
+    ):
+        return False
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        return False
+    return (step * accumulate) % interval == 0
+
+
+def unscored_validation(
+    trainer_config: dict[str, Any], step: int, run: RunConfig, run_dir: Path, chosen: str
+) -> str | None:
+    """A note for a resume from a checkpoint saved before the validation due at its step
+    when the run's MLflow history has no ``val/loss`` there: a hard kill during that
+    validation, which Lightning takes as done on resume. None otherwise (or when the
+    history cannot be read: the fit says why soon enough)."""
+    from mlflow.tracking import MlflowClient
+
+    if not validation_due(trainer_config, step):
+        return None
+    try:
+        run_id = (run_dir / RUN_ID_FILE).read_text().strip()
+        history = MlflowClient(tracking_uri(run)).get_metric_history(run_id, "val/loss")
+    except Exception:
+        return None
+    if any(metric.step == step for metric in history):
+        return None
+    periodic = run_dir / "checkpoints" / f"step{step:07d}.ckpt"
+    path = periodic if periodic.is_file() else Path(chosen)
+    command = shlex.join(
+        ["cofr", "validate", "--run.runs_dir", run.runs_dir, "--run.experiment",
+         run.experiment, "--run.name", run_dir.name, "--ckpt_path", str(path)]
+    )  # fmt: skip
+    return (
+        f"the validation due at step {step} did not finish before the run stopped (its "
+        f"MLflow run has no val/loss at step {step}), and a resume from {Path(chosen).name} "
+        f"does not run it again: `{command}` scores it onto the run's curve, while that "
+        "checkpoint is kept"
+    )
 
 
 def check_schedule_kept(

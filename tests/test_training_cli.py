@@ -1679,6 +1679,9 @@ def test_a_fit_in_a_batch_script_of_several_tasks_without_srun_is_refused(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_NAME", "train.sbatch")
     monkeypatch.setenv("SLURM_NTASKS", "2")
+    for name, value in {"SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+                        "SLURM_LOCALID": "0", "SLURM_NNODES": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)  # as in the batch script (.ci's SLURM)
     assert slurm_tasks_without_srun() == 2
     assert not launched_across_nodes()
     match = (
@@ -1688,6 +1691,20 @@ def test_a_fit_in_a_batch_script_of_several_tasks_without_srun_is_refused(
     with pytest.raises(UserError, match=match):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.devices", "2"))
     assert not (tmp_path / "runs" / "test").exists()
+
+    # What reads no SLURM ranks goes on: a one-device fit (runs packed in one job), a
+    # cluster environment given (a sweep worker's), torchrun's ranks.
+    def checked(*extra: str) -> None:
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *extra)[1:], run=False).check_launched_by_srun()
+
+    with pytest.raises(UserError, match=match):
+        checked("--trainer.devices", "2")
+    checked("--trainer.devices", "1")
+    environment = "lightning.pytorch.plugins.environments.LightningEnvironment"
+    checked("--trainer.devices", "2", "--trainer.plugins", environment)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert slurm_tasks_without_srun() is None
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     monkeypatch.setenv("SLURM_NTASKS", "1")
     assert slurm_tasks_without_srun() is None
     monkeypatch.setenv("SLURM_NTASKS", "2")
@@ -2286,6 +2303,11 @@ def test_a_resume_with_no_time_left_is_refused(tiny_data, tmp_path):
         CofrCLI(args=fit_args(tmp_path, tiny_data, *timed, *more))
     timed[-1] = "00:00:20:00"
     assert CofrCLI(args=fit_args(tmp_path, tiny_data, *timed, *more)).trainer.global_step == 4
+    # A sweep's trial resumes as it stands (its CLI's check takes the same arguments).
+    from cofrgenet.sweeps.objective import SweepCLI
+
+    more[-1] = "6"
+    assert SweepCLI(args=fit_args(tmp_path, tiny_data, *timed, *more)).trainer.global_step == 6
 
 
 def test_validation_due_counts_batches_as_lightning_does():

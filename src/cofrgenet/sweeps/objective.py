@@ -285,8 +285,11 @@ class SweepCLI(CofrCLI):
     """
 
     run_id_from_caller = True  # the trial's MLflow child run, made by sweeps.tracking
+    own_cluster_environment = True  # build_trainer's LightningEnvironment
 
-    def check_steps_left(self, checkpoint: str, step: int | None) -> None:
+    def check_steps_left(
+        self, checkpoint: str, step: int | None, saved: dict[str, Any] | None = None
+    ) -> None:
         """A retried trial whose checkpoint is at its last step (the worker died before
         the study heard of it) is measured as it stands: no check."""
 

@@ -1168,6 +1168,46 @@ class CofrCLI(LightningCLIAdapter):
             return True
         return self.config_value(self.config, "ckpt_path") == "last"
 
+    #: Whether the trainer is always given a cluster environment of this CLI's own (a
+    #: sweep worker's LightningEnvironment), which Lightning takes over any it detects.
+    own_cluster_environment = False
+
+    def check_launched_by_srun(self) -> None:
+        """Refuse a distributed fit that a SLURM batch script of several tasks runs itself,
+        without srun: Lightning takes the job's tasks for its ranks (the cluster
+        environment it detects; none given as a plugin, not under torchrun) and waits for
+        ranks nothing starts. A one-device fit there (several runs packed in one job)
+        reads no ranks and goes on."""
+        from lightning.fabric.plugins.environments import ClusterEnvironment
+
+        def value(key: str) -> Any:
+            return self.config_value(self.config_init, f"trainer.{key}")
+
+        plugins = value("plugins")
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if self.own_cluster_environment or any(isinstance(p, ClusterEnvironment) for p in plugins):
+            return
+        nodes = value("num_nodes")
+        devices = device_count(value("devices"))
+        if devices is None:  # auto, -1: every device of the host's accelerator
+            accelerator = value("accelerator")
+            on_gpu = accelerator in ("gpu", "cuda") or (
+                accelerator in (None, "auto") and torch.cuda.is_available()
+            )
+            devices = torch.cuda.device_count() if on_gpu else 1
+        several_nodes = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
+        if devices <= 1 and not several_nodes:
+            return
+        tasks = slurm_tasks_without_srun()
+        if tasks is not None:
+            raise ConfigError(
+                f"this process runs in a SLURM batch script itself, whose job has {tasks} "
+                f"tasks (SLURM_NTASKS): Lightning takes them for its ranks and would wait "
+                f"for the other {tasks - 1} forever. Start it with srun (`srun cofr fit "
+                "...`, as slurm/train.sbatch does), or give the job one task "
+                "(--ntasks-per-node=1)"
+            )
+
     def check_fit_settings(self, run: RunConfig, run_dir: Path) -> None:
         """Refuse a fit that would end at once with exit status 0 and nothing done: no
         step to take, or ``--ckpt_path last`` with nothing to resume and no run named."""
@@ -1177,6 +1217,7 @@ class CofrCLI(LightningCLIAdapter):
         if max_steps == 0:
             raise ConfigError("trainer.max_steps must be >= 1, or -1 for max_epochs to decide")
         _check_trainer_counts(lambda key: self.config_value(self.config, f"trainer.{key}"))
+        self.check_launched_by_srun()
         if self.config_value(self.config, "ckpt_path") != "last" or checkpoints.candidates(run_dir):
             return
         if run.name is None and slurm_run_name() is None:
@@ -1788,14 +1829,6 @@ def _check_trainer_counts(value: Any) -> None:
         raise ConfigError(
             f"trainer.gradient_clip_val must be >= 0 (null or 0: no clipping), got {clip}"
         )
-    tasks = slurm_tasks_without_srun()
-    if tasks is not None:
-        raise ConfigError(
-            f"this process runs in a SLURM batch script itself, whose job has {tasks} tasks "
-            f"(SLURM_NTASKS): Lightning takes them for its ranks and would wait for the "
-            f"other {tasks - 1} forever. Start it with srun (`srun cofr fit ...`, as "
-            "slurm/train.sbatch does), or give the job one task (--ntasks-per-node=1)"
-        )
     nodes = value("num_nodes")
     several = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
     if several and not launched_across_nodes():
@@ -1868,9 +1901,11 @@ def slurm_tasks_without_srun() -> int | None:
     """SLURM_NTASKS when this process is a SLURM batch script's own (no ``SLURM_STEP_ID``:
     not a job step started by srun) in a job of several tasks, which Lightning's SLURM
     environment takes for its ranks though nothing starts the others; else None."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     if not SLURMEnvironment.detect() or "SLURM_STEP_ID" in os.environ:
+        return None
+    if TorchElasticEnvironment.detect():  # torchrun's ranks: Lightning takes them first
         return None
     try:
         tasks = int(os.environ["SLURM_NTASKS"])

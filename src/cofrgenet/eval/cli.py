@@ -536,7 +536,8 @@ def run(args: argparse.Namespace) -> int:
                         else older_partial_note(out)
                     )
                 )
-        cut = limit_cuts(args.limit, tasks, texts, harness_tasks)
+        scored = [task for task in tasks if task in results]
+        cut = limit_cuts(args.limit, scored, texts, list(harness))  # harness: those scored
         if not args.no_mlflow and _log_and_say(args, loaded, results, report, cut):
             report["logged_to_mlflow"] = True
             if out is not None:  # written before: the results are kept if logging fails

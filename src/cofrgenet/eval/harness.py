@@ -212,7 +212,10 @@ class _CofrgenetLMImpl:
         super().__init__()  # type: ignore[call-arg]  # lm_eval's LM: rank, cache hook
         if unused:
             log.warning("cofrgenet model: ignoring unknown model arguments %s", sorted(unused))
-        if ckpt is not None and pretrained is not None and str(ckpt) != str(pretrained):
+        same = (
+            ckpt is None or pretrained is None or Path(ckpt).resolve() == Path(pretrained).resolve()
+        )
+        if not same:
             raise HarnessError(
                 f"the cofrgenet model got two checkpoints, ckpt={ckpt} and "
                 f"pretrained={pretrained}: give one"

@@ -59,6 +59,12 @@ def partial_results_file(out: Path) -> Path:
     earlier = read_results(out)
     if earlier is None or "partial" in earlier:
         return out
+    return beside_partial(out)
+
+
+def beside_partial(out: Path) -> Path:
+    """``<stem>.partial<suffix>`` beside ``out``: where partial results go when ``out``
+    holds complete ones."""
     return out.with_name(f"{out.stem}.partial{out.suffix}")
 
 
@@ -66,7 +72,7 @@ def older_partial_note(out: Path) -> str:
     """After complete results went to ``out``: a note naming the partial results that a
     stopped run left beside it (:func:`partial_results_file`), older than these; ``""``
     where there are none. They are not removed: they may be another checkpoint's."""
-    partial = out.with_name(f"{out.stem}.partial{out.suffix}")
+    partial = beside_partial(out)
     record = read_results(partial) if partial.is_file() else None
     if record is None or "partial" not in record:
         return ""

@@ -44,18 +44,18 @@ def test_a_base_an_earlier_config_read_is_not_read_again(tmp_path):
 
 
 def test_a_later_files_base_that_sets_values_back_is_said(tmp_path, monkeypatch):
-    from cofrgenet.training.cli import _bases_undoing_earlier_files
+    from cofrgenet.training.config_words import bases_undoing_earlier_files
 
     monkeypatch.chdir(tmp_path)  # bases found from the naming file's folder: whole paths
 
     debug, exp = ROOT / "conf/trainer/cpu-debug.yaml", ROOT / "conf/experiment/demo-gpt2.yaml"
     cpu = ROOT / "conf/trainer/cpu.yaml"
-    assert _bases_undoing_earlier_files(["--config", str(debug), "--config", str(exp)]) == [
+    assert bases_undoing_earlier_files(["--config", str(debug), "--config", str(exp)]) == [
         f"{cpu}, a base of {exp}, sets trainer.limit_val_batches, trainer.log_every_n_steps, "
         f"trainer.val_check_interval back after {debug}: give {debug} after {exp} to keep its "
         "values"
     ]
-    assert _bases_undoing_earlier_files(["--config", str(exp), "--config", str(debug)]) == []
+    assert bases_undoing_earlier_files(["--config", str(exp), "--config", str(debug)]) == []
 
 
 def test_the_bundled_recipes_are_found_from_any_folder(tmp_path, monkeypatch):

@@ -1995,35 +1995,35 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
 def test_a_bad_value_names_the_file_that_gave_it_and_only_that(tmp_path):
     """The file named is the first (in load order) holding the bad value at the key; none
     where the command line sets the key or a mapping above it, or no file holds it."""
-    from cofrgenet.training.cli import _set_in
+    from cofrgenet.training.config_words import set_in
 
     three, four = tmp_path / "three.yaml", tmp_path / "four.yaml"
     three.write_text("model:\n  config:\n    depth: three\n")
     four.write_text("model:\n  config:\n    depth: 4\n")
     key = "model.config.depth"
-    assert _set_in(key, ["--config", str(three), "--config", str(four)], "three") == (
+    assert set_in(key, ["--config", str(three), "--config", str(four)], "three") == (
         f" (in {three})"
     )
-    assert _set_in(key, ["--config", str(four), "--config", str(three)], "three") == (
+    assert set_in(key, ["--config", str(four), "--config", str(three)], "three") == (
         f" (in {three})"
     )
-    assert _set_in(key, ["--config", str(four), "--model.config", '{"depth": "x"}'], "x") == ""
-    assert _set_in(key, ["--config", str(three), "--model.config.depth", "x"], "x") == ""
-    assert _set_in("trainer.max_steps", ["--config", str(four), "--trainer", "t.yaml"], "a") == ""
-    assert _set_in(key, ["--config", str(four)], "x") == ""  # no file holds it
+    assert set_in(key, ["--config", str(four), "--model.config", '{"depth": "x"}'], "x") == ""
+    assert set_in(key, ["--config", str(three), "--model.config.depth", "x"], "x") == ""
+    assert set_in("trainer.max_steps", ["--config", str(four), "--trainer", "t.yaml"], "a") == ""
+    assert set_in(key, ["--config", str(four)], "x") == ""  # no file holds it
     # A mapping option that does not hold the key leaves the file's value standing.
     given = ["--model.config", '{"n_layer": 2}', "--config", str(three)]
-    assert _set_in(key, given, "three") == f" (in {three})"
+    assert set_in(key, given, "three") == f" (in {three})"
     section = tmp_path / "trainer.yaml"
     section.write_text("max_steps: abc\n")
-    assert _set_in("trainer.max_steps", ["--trainer", str(section)], "abc") == ""
+    assert set_in("trainer.max_steps", ["--trainer", str(section)], "abc") == ""
 
 
 def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp_path, capsys):
     """A delta file adding a LearningRateMonitor under `trainer.callbacks:` replaced the
     paper recipe's list, and its dyadic unfreezing was silently gone (lists are not
     merged): said, with the two ways to keep it. A list that keeps it is not said."""
-    from cofrgenet.training.cli import _lists_replaced_by_later_files
+    from cofrgenet.training.config_words import lists_replaced_by_later_files
 
     recipe = str(CONF / "experiment" / "paper-cofrgenet-f-gpt2-xl-owt.yaml")
     monitor = "  - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
@@ -2032,14 +2032,14 @@ def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp
     both.write_text(
         "trainer:\n  callbacks:\n" + monitor + "  - cofrgenet.training.callbacks.DyadicUnfreezing\n"
     )
-    (said,) = _lists_replaced_by_later_files(["--config", recipe, "--config", str(delta)])
+    (said,) = lists_replaced_by_later_files(["--config", recipe, "--config", str(delta)])
     assert said == (
         f"{delta} gives trainer.callbacks as a list, which replaces {recipe}'s: "
         f"DyadicUnfreezing is not in it, and will not run; list it in {delta} too, or add "
         "entries with --trainer.callbacks+ CLASS"
     )
-    assert _lists_replaced_by_later_files(["--config", recipe, "--config", str(both)]) == []
-    assert _lists_replaced_by_later_files(["--config", str(delta), "--config", recipe]) == [
+    assert lists_replaced_by_later_files(["--config", recipe, "--config", str(both)]) == []
+    assert lists_replaced_by_later_files(["--config", str(delta), "--config", recipe]) == [
         f"{recipe} gives trainer.callbacks as a list, which replaces {delta}'s: "
         f"LearningRateMonitor is not in it, and will not run; list it in {recipe} too, or "
         "add entries with --trainer.callbacks+ CLASS"
@@ -2062,37 +2062,36 @@ def test_an_option_a_later_config_file_sets_again_is_said(tiny_data, tmp_path, c
     ):
         CofrCLI(args=["fit", "--trainer.max_steps", "3", *args[1:]])
     assert "max_steps: 20" in capsys.readouterr().out  # cpu-debug.yaml's
-    from cofrgenet.training.cli import _replaced_by_later_files
+    from cofrgenet.training.config_words import replaced_by_later_files
 
     debug = str(CONF / "trainer" / "cpu-debug.yaml")
     given_again = ["--trainer.max_steps", "3", "--config", debug, "--trainer.max_steps", "5"]
-    assert _replaced_by_later_files(given_again) == []  # the last value stands
+    assert replaced_by_later_files(given_again) == []  # the last value stands
     merged = tmp_path / "depth.yaml"  # a mapping is merged field by field
     merged.write_text("model:\n  config:\n    depth: 2\n")
     assert (
-        _replaced_by_later_files(["--model.config", '{"ladders": 3}', "--config", str(merged)])
-        == []
+        replaced_by_later_files(["--model.config", '{"ladders": 3}', "--config", str(merged)]) == []
     )
-    assert _replaced_by_later_files(["--model.config", '{"depth": 3}', "--config", str(merged)])
+    assert replaced_by_later_files(["--model.config", '{"depth": 3}', "--config", str(merged)])
     # Top-level keys and section files count too; the file named is the one that wins.
     seed = tmp_path / "seed.yaml"
     seed.write_text("seed_everything: 7\ntrainer:\n  max_steps: 9\n")
     section = tmp_path / "trainer.yaml"
     section.write_text("max_steps: 4\nlog_every_n_steps: 2\n")
-    assert _replaced_by_later_files(["--seed_everything", "5", "--config", str(seed)]) == [
+    assert replaced_by_later_files(["--seed_everything", "5", "--config", str(seed)]) == [
         f"--seed_everything is replaced by {seed}, given after it"
     ]
-    assert _replaced_by_later_files(
+    assert replaced_by_later_files(
         ["--trainer.max_steps", "50", "--trainer", str(section), "--config", debug]
     ) == [
         f"--trainer.max_steps is replaced by {debug}, given after it",
         f"trainer.log_every_n_steps, trainer.max_steps of --trainer {section} replaced by "
         f"{debug}, given after it",
     ]
-    assert _replaced_by_later_files(["--trainer.max_steps", "50", "--trainer", str(section)]) == [
+    assert replaced_by_later_files(["--trainer.max_steps", "50", "--trainer", str(section)]) == [
         f"--trainer.max_steps is replaced by {section}, given after it"
     ]
-    assert _replaced_by_later_files(["--trainer", str(section), "--config", str(seed)]) == [
+    assert replaced_by_later_files(["--trainer", str(section), "--config", str(seed)]) == [
         f"trainer.max_steps of --trainer {section} replaced by {seed}, given after it"
     ]
 

@@ -20,7 +20,6 @@ import dataclasses
 import datetime
 import difflib
 import importlib
-import inspect
 import os
 import re
 import shlex
@@ -52,7 +51,6 @@ from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
 from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
 from cofrgenet.devices import device_count
-from cofrgenet.dotted import dotted_leaves, get_dotted
 from cofrgenet.errors import (
     SEED_LIMIT,
     ConfigError,
@@ -60,7 +58,6 @@ from cofrgenet.errors import (
     check_seed,
     did_you_mean,
     first_line,
-    not_valid_yaml,
     raised_from,
 )
 from cofrgenet.models import ModelConfig
@@ -77,6 +74,25 @@ from cofrgenet.training.callbacks import (
 )
 from cofrgenet.training.checkpoint_callback import RunCheckpoint
 from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
+from cofrgenet.training.config_words import (
+    SINGLE_DASH_SLIPS,
+    TYPE_NAMES,
+    bad_callback_class,
+    bad_choice,
+    bad_class_option,
+    bad_config_file,
+    bad_nested_key,
+    bad_section_file,
+    bad_union,
+    bad_value,
+    bases_undoing_earlier_files,
+    close_file,
+    file_keys,
+    file_word,
+    given_key,
+    lists_replaced_by_later_files,
+    replaced_by_later_files,
+)
 from cofrgenet.training.console import (
     ModelReport,
     RunSummary,
@@ -185,52 +201,6 @@ class ConfigToRun(SaveConfigCallback):
                 logger.log_config(self.config.clone().as_dict(), yaml_text, model_config, data)
 
 
-def _bad_choice(message: str) -> str | None:
-    """One line for jsonargparse's report of a value outside a Literal's choices."""
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    given = re.search(r"Given value: (.*)", message)
-    # Every Literal of the key's type (a Union may hold several, of ints and of strings).
-    literals = re.findall(r"Literal\[([^\]]*)\]", message)
-    if not (keys and given and literals):
-        return None
-    items = (item.strip().strip("'\"") for group in literals for item in group.split(","))
-    names = list(dict.fromkeys(item for item in items if item))
-    value = given.group(1).strip()
-    return f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
-
-
-_TYPE_NAMES = {
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "str": "text",
-    "tuple": "a list in brackets ('[a, b]')",
-}
-
-
-#: The first words of options that a single dash turns into another one (``-config``).
-SINGLE_DASH_SLIPS = ("config", "ckpt_path", "seed_everything", "print_config", "trainer", "model",
-                     "data", "run")  # fmt: skip
-
-
-#: Options that also take a file of their section's keys (``--trainer FILE``).
-SECTION_FILE_OPTIONS = ("trainer", "model", "data", "run")
-
-
-def _file_word(words: list[str], i: int) -> tuple[str, str] | None:
-    """(path, key prefix) when ``words[i]`` reads a file: ``--config F`` (prefix "") or
-    ``--trainer F`` (prefix "trainer."; also with ``=``); else None."""
-    word = words[i]
-    option, _, value = word.partition("=")
-    if not value:
-        value = words[i + 1] if i + 1 < len(words) else ""
-    if option in ("--config", "-c") and value:
-        return value, ""
-    if option[2:] in SECTION_FILE_OPTIONS and option.startswith("--") and Path(value).is_file():
-        return value, f"{option[2:]}."
-    return None
-
-
 def _recorded_seed(settings: Any) -> int | None:
     """The seed a resumed run (its folder holds its ``config.yaml``) drew when it started
     with ``seed_everything: true``: its resume, a sweep trial's retry, keep it (a new
@@ -271,313 +241,6 @@ def drawn_seed() -> int:
                 "--seed_everything 1234"
             )
     return secrets.randbelow(SEED_LIMIT)
-
-
-def _file_values(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        return dotted_leaves(yaml.safe_load(path.read_text()))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}  # the parser reports the file
-
-
-def _file_keys(path: str, prefix: str) -> list[str]:
-    return [prefix + key for key in _file_values(Path(path))]
-
-
-def _replaced_by_later_files(words: list[str]) -> list[str]:
-    """Command-line options (``--a.b v``, ``--ckpt_path v``, ``--trainer FILE``) that a
-    file given after them (``--config F``, ``--trainer F``) sets again, and no later
-    option restores: the later one wins, so the option given is silently lost. A mapping
-    (``--model.config '{...}'``, a section file) is merged field by field: only the
-    fields the file sets again count. ``words`` have their ``base:`` files expanded."""
-    import yaml
-
-    files = [  # (word index, path, the keys it sets), each file read once
-        (i, read[0], _file_keys(*read)) for i in range(len(words)) if (read := _file_word(words, i))
-    ]
-    replaced = []
-    for i, word in enumerate(words):
-        if not word.startswith("--") or word.startswith("--config"):
-            continue
-        key, later = cli_cache.option_key(word), words[i + 1 :]
-        if any(w.startswith("--") and cli_cache.option_key(w) == key for w in later):
-            continue  # given again after the files: that value stands
-        section_file = _file_word(words, i)
-        if section_file is not None:
-            fields = _file_keys(*section_file)
-        else:
-            value = word.split("=", 1)[1] if "=" in word else (later[0] if later else "")
-            try:
-                given = yaml.safe_load(value) if value.startswith("{") else None
-            except yaml.YAMLError:
-                given = None
-            fields = list(dotted_leaves(given, key)) if given else [key]
-        lost, last = set(), None  # the last file that sets one again: its value stands
-        for j, path, keys in files:
-            hit = {f for f in fields for k in keys if j > i and (k == f or k.startswith(f"{f}."))}
-            if hit:
-                lost, last = lost | hit, path
-        if last is None:
-            continue
-        if section_file is None:
-            replaced.append(f"--{key} is replaced by {last}, given after it")
-        else:
-            names = ", ".join(sorted(lost))
-            replaced.append(
-                f"{names} of --{key} {section_file[0]} replaced by {last}, given after it"
-            )
-    return replaced
-
-
-def _bases_undoing_earlier_files(words: list[str]) -> list[str]:
-    """A later ``--config`` file's base that sets keys back to other values after an
-    earlier ``--config`` file set them (and neither that file nor its later bases sets
-    them again): the base silently undoes the earlier file (``--config cpu-debug.yaml
-    --config exp.yaml``, exp.yaml on ``cpu.yaml``). One message per such base."""
-    said = []
-    setter: dict[str, tuple[str, Any]] = {}  # key -> (earlier --config file, its value)
-    for given, files in recipes.config_entries(words):
-        values = [_file_values(file) for file in files]
-        for k, base in enumerate(files[:-1]):
-            again = set().union(*values[k + 1 :])
-            undone = sorted(
-                key
-                for key, value in values[k].items()
-                if key in setter and setter[key][1] != value and key not in again
-            )
-            if not undone:
-                continue
-            earlier = sorted({setter[key][0] for key in undone})
-            shown = ", ".join(undone[:3]) + (f" (+{len(undone) - 3} more)" if undone[3:] else "")
-            files_named = ", ".join(earlier)
-            said.append(
-                f"{base}, a base of {given}, sets {shown} back after {files_named}: give "
-                f"{files_named} after {given} to keep {'their' if earlier[1:] else 'its'} values"
-            )
-        for file, file_values in zip(files, values, strict=True):
-            setter.update({key: (str(file), value) for key, value in file_values.items()})
-    return said
-
-
-#: List settings whose entries a later --config file means to add to, not replace: a
-#: delta's LearningRateMonitor silently dropped a recipe's DyadicUnfreezing.
-ADDED_TO_LISTS = ("trainer.callbacks", "trainer.plugins")
-
-
-def _entry_name(entry: Any) -> str:
-    """A callback's name in a config list: its class (``DyadicUnfreezing``), or as given."""
-    if isinstance(entry, dict) and "class_path" in entry:
-        return str(entry["class_path"]).rsplit(".", 1)[-1]
-    return str(entry).rsplit(".", 1)[-1]
-
-
-def _lists_replaced_by_later_files(words: list[str]) -> list[str]:
-    """A later ``--config`` file (or its bases) whose ``trainer.callbacks`` (or plugins)
-    list leaves out entries an earlier ``--config`` file gave: lists are replaced, not
-    merged, so those entries are silently gone. One message per such file and key."""
-    said = []
-    setter: dict[str, tuple[str, list[Any]]] = {}  # key -> (the --config, its list)
-    for given, files in recipes.config_entries(words):
-        values = [_file_values(file) for file in files]
-        for key in ADDED_TO_LISTS:
-            own = next((v[key] for v in reversed(values) if key in v), None)
-            if not isinstance(own, list):
-                continue
-            if key in setter:
-                earlier, entries = setter[key]
-                kept = {_entry_name(entry) for entry in own}
-                dropped = [n for n in map(_entry_name, entries) if n not in kept]
-                if dropped:
-                    said.append(
-                        f"{given} gives {key} as a list, which replaces {earlier}'s: "
-                        f"{', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} not "
-                        f"in it, and will not run; list {'it' if len(dropped) == 1 else 'them'} "
-                        f"in {given} too, or add entries with --{key}+ CLASS"
-                    )
-            setter[key] = (given, own)
-    return said
-
-
-def _set_in(key: str, words: list[str], value: str) -> str:
-    """`` (in FILE)``: the first config file (in the order they load, where the parser
-    stops) that gives ``key`` the bad ``value``; ``""`` when an option on the command line
-    sets the key or a mapping above it (``--model.config '{...}'``, ``--trainer FILE``:
-    the value may be theirs) or no file holds that value."""
-    import yaml
-
-    missing = object()
-    for i, word in enumerate(words):
-        given = cli_cache.option_key(word) if word.startswith("--") else ""
-        if given == key:
-            return ""
-        if given and key.startswith(f"{given}."):  # a mapping, as text or in a file
-            text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
-            try:
-                mapping = yaml.safe_load(text)
-            except yaml.YAMLError:
-                return ""
-            if isinstance(mapping, str):  # --trainer FILE
-                mapping = recipes.load_yaml(Path(mapping))
-            if not isinstance(mapping, dict) or (
-                get_dotted(mapping, key[len(given) + 1 :], missing) is not missing
-            ):
-                return ""
-    for path in cli_cache.config_files(words):
-        found = get_dotted(recipes.load_yaml(Path(path)), key, missing)
-        if found is not missing and str(found) == value:
-            return f" (in {path})"
-    return ""
-
-
-def _bad_value(key: str, expected: str, value: str, words: list[str]) -> str:
-    """The one line for a value of the wrong kind, with the file that gave it."""
-    return f"{key}{_set_in(key, words, value)}: expected {expected}, got {value!r}"
-
-
-def _given_key(key: str, words: list[str]) -> str:
-    """The dotted key as the command line gave it: jsonargparse names a dataclass field
-    by its own name alone (``betas`` for ``--model.optimizer.betas``)."""
-    for word in words:
-        given = cli_cache.option_key(word) if word.startswith("--") else ""
-        if given.endswith(f".{key}"):
-            return given
-    return key
-
-
-def _bad_class_option(message: str, command: str = "fit") -> str | None:
-    """One line for an ``init_args`` key the class (``trainer.strategy``'s, a callback's)
-    does not take: jsonargparse's report names it among every Union subtype's errors.
-    ``command``: the subcommand whose help lists the options."""
-    key = re.search(r'Parser key "([^"]+)"', message)
-    bad = re.search(
-        r"Problem with given class_path '([\w.]+)':\s+(?:Option|Key) '(\w+)' is not "
-        r"(?:accepted|expected)",
-        message,
-    )
-    if not (key and bad):
-        return None
-    class_path, option = bad.groups()
-    options = _init_options(class_path)
-    return (
-        f"{key.group(1)}: {class_path.rsplit('.', 1)[-1]} takes no option {option!r}"
-        f"{did_you_mean(option, options)} (`cofr {command} --{key.group(1)}.help {class_path}` "
-        "lists them)"
-    )
-
-
-def _init_options(class_path: str) -> list[str]:
-    """The keyword arguments ``class_path``'s constructor takes, those it passes on
-    through ``**kwargs`` to its bases' included ([] if it does not import)."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return []
-    options: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        parameters = inspect.signature(klass.__init__).parameters.values()
-        options += [p.name for p in parameters if p.name != "self" and p.kind in (
-            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    return list(dict.fromkeys(options))
-
-
-def _bad_union(message: str) -> tuple[str, str, str] | None:
-    """(the key, the kinds expected, the value given) of jsonargparse's report of a value
-    none of a Union's types takes (``int | None`` given 1.5, ``bool | int`` given abc)."""
-    # A field of a dataclass option (model.optimizer's fused) is reported inside the
-    # option's own Union: the innermost report is the value's, its key the path to it.
-    unions = list(
-        re.finditer(r'Parser key "([^"]+)":\s+Does not validate against any of the Union', message)
-    )
-    if not unions:
-        return None
-    inner = message[unions[-1].end() :]
-    subtypes = re.search(r"Subtypes: \[([^\]]*)\]", inner)
-    given = re.search(r"Given value: (.*?)(?: \(`|$)", inner, re.MULTILINE)
-    if not (subtypes and given):
-        return None
-    names = re.findall(r"<class '(\w+)'>", subtypes.group(1))
-    kinds = [_TYPE_NAMES.get(n, n) for n in names if n != "NoneType"]
-    if not kinds:
-        return None
-    # Every key on the way in (`- Expected a path` lines may come between them).
-    key = ".".join(re.findall(r'Parser key "([^"]+)"', message[: unions[-1].end()]))
-    return key, " or ".join(kinds), given.group(1).strip()
-
-
-def _bad_callback_class(message: str) -> str | None:
-    """One line for a ``trainer.callbacks`` entry that names no class (jsonargparse's
-    report lists every Union subtype), with the closest of the callbacks we know."""
-    key = re.search(r'Parser key "(trainer\.callbacks)"', message)
-    given = re.search(r"Expected a dot import path string: (\S+)", message)  # a bare name
-    if given is None and re.search(r"has no attribute|No module named", message):
-        given = re.search(r"Problem with given class_path '([\w.]+)'", message)  # a path to nothing
-    if not (key and given):
-        return None
-    import lightning.pytorch.callbacks as lightning_callbacks
-
-    from cofrgenet.training import callbacks as ours
-
-    known = [
-        f"{module.__name__}.{name}"
-        for module in (ours, lightning_callbacks)
-        for name, value in vars(module).items()
-        if isinstance(value, type) and issubclass(value, Callback) and not name.startswith("_")
-    ]
-    name = given.group(1)
-    by_name = {path.rpartition(".")[2]: path for path in known}
-    close = difflib.get_close_matches(name.rpartition(".")[2], list(by_name), n=1, cutoff=0.6)
-    hint = f" (did you mean {by_name[close[0]]!r}?)" if close else ""
-    return (
-        f"trainer.callbacks: {name!r} is no callback class{hint}; give its import path, "
-        "e.g. cofrgenet.training.callbacks.DyadicUnfreezing (its arguments: `cofr fit "
-        "--trainer.callbacks.help CLASS`)"
-    )
-
-
-def _close_file(given: str) -> str:
-    """`` (did you mean 'conf/trainer/cpu-debug.yaml'?)`` for a config file path with a
-    slip in its name: the closest YAML file beside where it would be (here, or in the
-    checkout's ``conf/``, as ``--config`` finds bundled files), or ``""``."""
-    path = Path(given)
-    for folder in (path.parent, recipes.bundled(path.parent)):
-        if folder.is_dir():
-            names = sorted(p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
-            close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
-            if close:
-                return f" (did you mean {str(path.parent / close[0])!r}?)"
-    return ""
-
-
-def _bad_nested_key(message: str) -> tuple[str, list[str]] | None:
-    """(the dotted key, the valid keys beside it) of jsonargparse's report of an unknown
-    field of a dataclass-typed option (``--model.optimizer.lrr``, in a Union with None)."""
-    key = re.search(r'Parser key "([^"]+)"', message)
-    option = re.search(r"Option '([^']+)' is not accepted", message)
-    class_path = re.search(r"given class_path '([\w.]+)'", message)
-    if not (key and option):
-        return None
-    fields: list[str] = []
-    if class_path is not None:
-        module, _, name = class_path.group(1).rpartition(".")
-        with contextlib.suppress(Exception):
-            kind = getattr(importlib.import_module(module), name)
-            if dataclasses.is_dataclass(kind):
-                fields = [f.name for f in dataclasses.fields(kind)]
-            else:  # a callback: its __init__'s named arguments
-                fields = [
-                    p.name
-                    for p in inspect.signature(kind).parameters.values()
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                ]
-    prefix = key.group(1)
-    return f"{prefix}.{option.group(1)}", [f"{prefix}.{field}" for field in fields]
 
 
 def _run_config(value: Any) -> RunConfig:
@@ -674,104 +337,6 @@ def _holds_only_lock(run_dir: Path) -> bool:
     return run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
 
 
-#: Config sections that hold keys: jsonargparse reads an empty one (all keys commented
-#: out) or a list there as "reset every earlier setting of it to its default".
-MAPPING_SECTIONS = ("trainer", "model", "data", "run", "model.config", "model.optimizer")
-_YAML_KINDS = {
-    list: "a list",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-}
-
-
-def _yaml_mapping(path: str, label: str, keys: str = "keys") -> dict | str | None:
-    """The mapping that YAML file ``path`` holds; or, as one line, what is wrong with it
-    (``label`` names the file: ``config file``, ``--trainer``); None when it cannot be
-    read (a missing file has the parser's own message)."""
-    import yaml
-
-    try:
-        content = yaml.load(Path(path).read_text(), Loader=recipes.unique_key_loader())
-    except OSError:
-        return None
-    except UnicodeDecodeError as error:
-        return f"{label} {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
-    except yaml.YAMLError as error:
-        return f"{label} {not_valid_yaml(path, error)}"
-    if content is None:
-        return f"{label} {path} holds no settings (empty or only comments): drop it"
-    if not isinstance(content, dict):
-        what = _YAML_KINDS.get(type(content), type(content).__name__)
-        return f"{label} {path} must hold a mapping of {keys}, not {what}"
-    return content
-
-
-def _dotted_beside_its_group(mapping: dict, where: str = "") -> tuple[str, str] | None:
-    """(a dotted key, the key of its group) that stand side by side in one of
-    ``mapping``'s mappings (``model.config.vocab_size: 320`` beside ``model:``), whose
-    merge drops one of them, by order (the preset of ``model:`` reset, or the size lost);
-    None if none do. ``where``: the keys above ``mapping``, for the names said."""
-    keys = [k for k in mapping if isinstance(k, str)]
-    for key in keys:
-        parts = key.split(".")
-        for cut in range(1, len(parts)):
-            group = ".".join(parts[:cut])
-            if group in mapping:
-                return f"{where}{key}", f"{where}{group}"
-    for key in keys:
-        value = mapping[key]
-        if isinstance(value, dict):
-            found = _dotted_beside_its_group(value, f"{where}{key}.")
-            if found is not None:
-                return found
-    return None
-
-
-def _bad_config_file(words: list[str]) -> str | None:
-    """What is wrong with the first ``--config`` file that is not a YAML mapping, has a
-    key twice, or holds something else than keys in one of :data:`MAPPING_SECTIONS`."""
-    for path in recipes.config_paths(words):
-        content = _yaml_mapping(path, "config file")
-        if not isinstance(content, dict):
-            if content is None:
-                continue
-            return content
-        if (both := _dotted_beside_its_group(content)) is not None:
-            dotted, group = both
-            return (
-                f"config file {path}: `{dotted}` beside `{group}:` in one mapping (one of the "
-                f"two would be dropped): write it inside `{group}:`, or in its own --config file"
-            )
-        for dotted in MAPPING_SECTIONS:
-            parent, _, key = dotted.rpartition(".")
-            holder = content.get(parent) if parent else content
-            if not isinstance(holder, dict) or key not in holder:
-                continue
-            value = holder[key]
-            if not isinstance(value, dict):
-                what = "nothing" if value is None else _YAML_KINDS.get(type(value), "a value")
-                return (
-                    f"config file {path}: `{dotted}:` holds {what}, not its keys (it would "
-                    "reset every earlier setting of it): give its keys, or drop it"
-                )
-    return None
-
-
-def _bad_section_file(words: list[str]) -> str | None:
-    """What is wrong with the first ``--trainer FILE`` (any section's) that is not UTF-8
-    YAML holding a mapping of the section's keys."""
-    for i in range(len(words)):
-        read = _file_word(words, i)
-        if read is not None and read[1]:  # a section file
-            section = read[1].rstrip(".")
-            content = _yaml_mapping(read[0], f"--{section}", f"{section} keys")
-            if isinstance(content, str):
-                return content
-    return None
-
-
 class CofrCLI(LightningCLIAdapter):
     """LightningCLI with run folders, MLflow tracking and the project's default callbacks.
 
@@ -860,14 +425,14 @@ class CofrCLI(LightningCLIAdapter):
                 "each file with --config, bases first"
             )
         # before jsonargparse resets a section for it
-        bad_file = _bad_config_file(expanded) or _bad_section_file(expanded)
+        bad_file = bad_config_file(expanded) or bad_section_file(expanded)
         if bad_file is not None:
             raise ConfigError(bad_file)
-        for replaced in _replaced_by_later_files(expanded):
+        for replaced in replaced_by_later_files(expanded):
             rank_zero_warn(f"{replaced}: put options after the --config files they change")
-        for dropped in _lists_replaced_by_later_files(words):
+        for dropped in lists_replaced_by_later_files(words):
             rank_zero_warn(dropped)
-        for undone in _bases_undoing_earlier_files(words):
+        for undone in bases_undoing_earlier_files(words):
             rank_zero_warn(undone)
         try:
             super().parse_arguments(parser, args)
@@ -1035,7 +600,7 @@ class CofrCLI(LightningCLIAdapter):
     def _explain(self, message: str, args: Any) -> str:
         """A parse error with the file that holds the bad key and the closest valid key."""
         words = list(sys.argv[1:] if args is None else args)
-        choice = _bad_choice(message)
+        choice = bad_choice(message)
         if choice is not None:
             return choice
         wrong_type = re.search(
@@ -1048,15 +613,15 @@ class CofrCLI(LightningCLIAdapter):
             kind = (
                 f"a list of {count} values in brackets"
                 if count
-                else _TYPE_NAMES.get(expected, expected)
+                else TYPE_NAMES.get(expected, expected)
             )
-            return _bad_value(_given_key(key, words), kind, value.strip(), words)
-        callback = _bad_callback_class(message)
+            return bad_value(given_key(key, words), kind, value.strip(), words)
+        callback = bad_callback_class(message)
         if callback is not None:
             return callback
-        union = _bad_union(message)
+        union = bad_union(message)
         if union is not None:  # a class's option beside a text choice: the option named
-            return _bad_class_option(message, words[0] if words else "fit") or _bad_value(
+            return bad_class_option(message, words[0] if words else "fit") or bad_value(
                 *union, words
             )
         missing = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
@@ -1066,7 +631,7 @@ class CofrCLI(LightningCLIAdapter):
                 (w for w in recipes.config_paths(words) if Path(w).absolute() == reported),
                 str(reported),
             )
-            return f"--config {given}: no such file{_close_file(given)}"
+            return f"--config {given}: no such file{close_file(given)}"
         unloadable = re.match(
             r'Parser key "([^"]+)":\s*Unable to load config (\'.*?\')\s', message, re.S
         )
@@ -1074,15 +639,15 @@ class CofrCLI(LightningCLIAdapter):
             key, value = unloadable.groups()
             path = value.strip("'\"")
             if path.endswith((".yaml", ".yml", ".json")) and not Path(path).exists():
-                return f"{_given_key(key, words)} {path}: no such file"
+                return f"{given_key(key, words)} {path}: no such file"
             problems = [line.strip(" -") for line in message.splitlines() if 'in "<' not in line]
             problem = "; ".join(p for p in problems[2:] if p) or "cannot be read"
-            return f"{_given_key(key, words)} {value}: not valid YAML or JSON ({problem})"
+            return f"{given_key(key, words)} {value}: not valid YAML or JSON ({problem})"
         subcommand = words[0] if words and words[0] in self.subcommands() else None
         match = re.search(r"(?:option|key) '([^']+)'|unrecognized arguments: --([\w.-]+)", message)
         if subcommand is None:
             return f"{message} (`cofr --help` lists the commands)"
-        nested = _bad_nested_key(message)
+        nested = bad_nested_key(message)
         if nested is not None:
             key, fields = nested
             class_path = re.search(r"given class_path '([\w.]+)'", message)
@@ -1101,12 +666,12 @@ class CofrCLI(LightningCLIAdapter):
         cli_cache.store_keys(subcommand, valid)
         key = match.group(1) or match.group(2)
         for i in range(len(words)):  # a key of a --trainer FILE: named in full, with its file
-            read = _file_word(words, i)
+            read = file_word(words, i)
             if read is None or not read[1]:
                 continue
             dotted = key if key.startswith(read[1]) else read[1] + key
             # `trainer.trainer.x`: a whole config given as the section: said by cli_cache
-            if dotted in _file_keys(*read) and not dotted.startswith(read[1] * 2):
+            if dotted in file_keys(*read) and not dotted.startswith(read[1] * 2):
                 return (
                     f"unknown key {dotted!r} in {read[0]}{did_you_mean(dotted, valid)}; "
                     f"`cofr {subcommand} --help` lists every option"

@@ -353,9 +353,9 @@ def check_same_merging(study: optuna.Study, sweep: Sweep, extra: dict[str, Any])
         raise SweepError(
             f"study {study.study_name!r} was made by an older cofr, which dropped "
             f"{_first_four(kept)} (given before a mapping above them, such as `model: "
-            "{...}` or `model.optimizer: {...}`); this cofr keeps them, so its trials would be ranked against "
-            "trials trained otherwise. Give the sweep a new study name (study: ..., or "
-            "--study NAME)"
+            "{...}` or `model.optimizer: {...}`); this cofr keeps them, so its trials "
+            "would be ranked against trials trained otherwise. Give the sweep a new study "
+            "name (study: ..., or --study NAME)"
         )
 
 

@@ -145,7 +145,7 @@ class DyadicUnfreezing(L.Callback):
         self.total_steps = total_steps
         self.lr = lr
         self._releases: dict[int, int] = {}
-        self._step = 0  # the step the next batch trains (saved with the plan)
+        self._step = 0  # the step the latest batch trained (saved with the plan)
         #: (plan, step) of the checkpoint this run resumed from.
         self._resumed: tuple[dict[int, int], int] | None = None
 

@@ -278,6 +278,11 @@ def test_a_missing_set_names_the_expected_file_and_its_source(tmp_path, monkeypa
     monkeypatch.setattr(eval_tasks, "_from_hub", script_dataset)
     with pytest.raises(EvalDataNotFound, match=r"\(RuntimeError: Dataset scripts are no long"):
         read_rows(get_task("ptb"), "test", tmp_path)
+    # The dataset's id and its config apart (joined, they read as an id that names nothing).
+    with pytest.raises(EvalDataNotFound, match=(
+        r"the Hugging Face dataset ptb-text-only/ptb_text_only \(config penn_treebank\) could"
+    )):  # fmt: skip
+        read_rows(get_task("ptb"), "test", tmp_path)
     with pytest.raises(Exception, match="has no 'valid' split"):
         read_rows(get_task("lambada"), "valid", tmp_path)
 

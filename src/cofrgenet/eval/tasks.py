@@ -85,8 +85,15 @@ class Task:
 
     @property
     def hub_name(self) -> str:
-        """``path/config`` of the hub's dataset, as messages and reports name it."""
+        """``path/config`` of the hub's dataset, as reports record its source."""
         return "/".join(part for part in self.hub[:2] if part)
+
+    @property
+    def hub_described(self) -> str:
+        """The hub's dataset as messages name it: its id, then its config (``path/config``
+        read as one id named no dataset: ``ptb-text-only/ptb_text_only/penn_treebank``)."""
+        path, config = self.hub[:2]
+        return f"{path} (config {config})" if config else path
 
 
 def _wikitext(size: str, raw: bool) -> Task:
@@ -180,7 +187,7 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
         # Another folder is a way out only where none was given.
         other = ", or pass --data-dir DIR" if Path(data_dir) == Path(DEFAULT_DATA_DIR) else ""
         raise EvalDataNotFound(
-            f"{task.name}: no file {path}, and the Hugging Face dataset {task.hub_name} could not be "
+            f"{task.name}: no file {path}, and the Hugging Face dataset {task.hub_described} could not be "
             f"loaded{offline} ({_why(error)}); get {task.source} so that {path} is there{other}"
         ) from None
     if not any(isinstance(row, str) and row.strip() for row in rows):  # nothing to score

@@ -692,6 +692,21 @@ def pareto_front(
     return front
 
 
+def _x_of(row: RunRow, x_axis: str) -> int | None:
+    """The row's value on the plot's x axis (``params`` or ``flops``)."""
+    return row.params if x_axis == "params" else row.flops_per_token
+
+
+def plotted_rows(rows: Sequence[RunRow], metric: str, x_axis: str) -> list[RunRow]:
+    """The rows the Pareto plot draws: those with ``metric`` and a value on the x axis."""
+    return [r for r in rows if metric in r.metrics and _x_of(r, x_axis) is not None]
+
+
+def front_withheld(rows: Sequence[RunRow], metric: str, x_axis: str) -> bool:
+    """Whether the plot draws no front: its cells were scored in different ways."""
+    return metric in _protocols_by_column(plotted_rows(rows, metric, x_axis))
+
+
 def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> Path | None:
     """Write the Pareto plot; None when no run has ``metric``."""
     import matplotlib
@@ -700,9 +715,9 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     import matplotlib.pyplot as plt
 
     def x_of(row: RunRow) -> int | None:
-        return row.params if x_axis == "params" else row.flops_per_token
+        return _x_of(row, x_axis)
 
-    kept = [r for r in rows if metric in r.metrics and x_of(r) is not None]
+    kept = plotted_rows(rows, metric, x_axis)
     paper_task = next((t for t, key in PAPER_METRICS.items() if key == metric), None)
     if not kept:
         return None
@@ -733,8 +748,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     front = pareto_front(points, better_up)
     # Cells scored in different ways (another stride, window or split: compare.md's
     # (a), (b)) are not comparable as is: no front is drawn through them.
-    mixed = metric in _protocols_by_column(kept)
-    if mixed:
+    if front_withheld(kept, metric, x_axis):
         ax.set_title(f"{metric} scored in different ways (compare.md): no Pareto front", fontsize=8)
     elif len(front) > 1:  # one run is no front: its marker says all
         ax.plot(
@@ -921,7 +935,7 @@ def run(args: argparse.Namespace) -> int:
     if plot is None and stale.exists():  # an earlier compare's, beside this compare.md
         stale.unlink()
         no_plot += f"; the earlier {stale} removed"
-    mixed = plot is not None and metric in _protocols_by_column(rows)
+    mixed = plot is not None and front_withheld(rows, metric, args.x)
     said = f" (no front: its {metric} cells were scored in different ways)" if mixed else ""
     print(f"Pareto plot: {plot}{said}" if plot else no_plot)
     for why, passed in skipped.items():

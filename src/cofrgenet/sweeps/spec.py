@@ -51,7 +51,7 @@ from cofrgenet.config_variables import (
     expand_variables,
     unset_variables,
 )
-from cofrgenet.devices import device_count
+from cofrgenet.devices import device_count, devices_used
 from cofrgenet.dotted import get_dotted, set_dotted
 from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled, find_base, unique_key_loader
@@ -1074,24 +1074,13 @@ def data_parallel_width(config: dict[str, Any]) -> int:
     ``trainer.num_nodes``, with the devices as Lightning reads them (``"2"`` and ``[0, 1]``
     are 2; ``auto`` and ``-1`` every device of the accelerator on this host). It scales
     the global batch, and so a ``tokens`` budget's steps and the ladders' release steps."""
-    count = device_count(get_dotted(config, "trainer.devices", "auto"))
-    if count is None:  # auto, -1
-        count = _auto_device_count(get_dotted(config, "trainer.accelerator", "auto"))
+    count = devices_used(
+        get_dotted(config, "trainer.devices", "auto"),
+        get_dotted(config, "trainer.accelerator", "auto"),
+    )
     nodes = get_dotted(config, "trainer.num_nodes", 1)
     nodes = int(nodes) if isinstance(nodes, int | str) and str(nodes).strip().isdigit() else 1
     return max(1, count) * max(1, nodes)
-
-
-def _auto_device_count(accelerator: Any) -> int:
-    """The devices Lightning's ``devices: auto`` takes for ``accelerator`` on this host."""
-    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator
-
-    name = str(accelerator or "auto")
-    gpus = {CUDAAccelerator: ("cuda", "gpu", "auto"), MPSAccelerator: ("mps", "gpu", "auto")}
-    for cls, names in gpus.items():
-        if name in names and cls.is_available():
-            return int(cls.auto_device_count())
-    return int(CPUAccelerator.auto_device_count()) if name in ("cpu", "auto") else 1
 
 
 def needs_config(sweep: Sweep) -> bool:

@@ -50,7 +50,7 @@ from cofrgenet.atomic import write_text_atomic
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
 from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
-from cofrgenet.devices import device_count
+from cofrgenet.devices import device_count, devices_used
 from cofrgenet.errors import (
     SEED_LIMIT,
     ConfigError,
@@ -753,13 +753,7 @@ class CofrCLI(LightningCLIAdapter):
         if self.own_cluster_environment or any(isinstance(p, ClusterEnvironment) for p in plugins):
             return
         nodes = value("num_nodes")
-        devices = device_count(value("devices"))
-        if devices is None:  # auto, -1: every device of the host's accelerator
-            accelerator = value("accelerator")
-            on_gpu = accelerator in ("gpu", "cuda") or (
-                accelerator in (None, "auto") and torch.cuda.is_available()
-            )
-            devices = torch.cuda.device_count() if on_gpu else 1
+        devices = devices_used(value("devices"), value("accelerator"))
         several_nodes = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
         if devices <= 1 and not several_nodes:
             return

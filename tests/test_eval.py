@@ -1065,6 +1065,16 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert int(cells[5].replace(",", "")) > 0 and float(cells[11]) > 1  # params, ptb ppl
     assert float(cells[12]) > 1  # wikitext-2 ppl, from the <unk> release
     assert "| GPT2-xl (paper) |" in table and "| 30.12 |" in table
+    # The paper's figures under their own columns (a column once shifted them all).
+    header_line = next(line for line in table.splitlines() if line.startswith("| run |"))
+    header = [c.strip() for c in header_line.strip("|").split("|")]
+    paper_row = next(line for line in table.splitlines() if line.startswith("| GPT2-xl"))
+    assert len(paper_row.strip("|").split("|")) == len(header) == len(cells)
+    paper_cells = dict(
+        zip(header, (c.strip() for c in paper_row.strip("|").split("|")), strict=True)
+    )
+    assert paper_cells["ptb ppl"] == "30.12" and paper_cells["tokens/s"] == ""
+    assert paper_cells["lambada ppl"] == "8.66" and paper_cells["wikitext-103-v1 ppl"] == "17.50"
     assert (out / "pareto.png").stat().st_size > 1000
     # An older checkpoint (step 1) evaluated later does not replace the newest's figure.
     client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")

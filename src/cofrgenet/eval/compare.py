@@ -532,21 +532,16 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if paper:
         for index, (name, params, values) in enumerate(PAPER_ROWS):
-            cells = [
-                f"{name} (paper)",
-                "OpenWebText",
-                "",
-                "",
-                "",
-                f"{params:,.0f}",
-                "",
-                "",
-                "",
-                "",
-                *(f"{values[task]:.2f}" for task in PAPER_METRICS),
-                *(_fmt(paper_glue(index, key), ".2f") for key in glue),
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
+            # By column name: a column added to the runs' rows stays empty here, not
+            # shifting the paper's figures under the wrong headers.
+            given = {
+                "run": f"{name} (paper)",
+                "experiment": "OpenWebText",
+                "params": f"{params:,.0f}",
+                **{paper_column(PAPER_METRICS[t]): f"{values[t]:.2f}" for t in PAPER_METRICS},
+                **{glue_column(key): _fmt(paper_glue(index, key), ".2f") for key in glue},
+            }
+            lines.append("| " + " | ".join(given.get(column, "") for column in header) + " |")
     notes = "\n".join(
         note
         for note in (

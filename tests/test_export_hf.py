@@ -881,6 +881,24 @@ def test_a_mismatch_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_check_allows_rounding_that_grows_with_the_logits(tmp_path):
+    """A ladder model's two graphs round apart by ~3e-7 of the largest logit: with logits
+    of 60-90 that is above 1e-5, an export the check refused as a fault."""
+    config = CONFIGS["gpt-softmax-cffn-sinusoidal"]
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+        model.get_parameter("transformer.ln_f.weight").mul_(10)  # logits up to ~85
+    report = export_model(model, config, tmp_path / "out")
+    assert 1e-5 < report.max_abs_diff < 1e-4
+    # Still relative to the logits: a tolerance below their rounding refuses it.
+    with pytest.raises(ExportMismatch, match=r"x largest \|logit\| [1-9]\d\.\d"):
+        export_model(model, config, tmp_path / "tight", tolerance=1e-8)
+
+
 def test_a_failed_overwrite_keeps_the_earlier_export(tmp_path):
     config = ModelConfig(**TINY)
     model = build_model(config).eval()

@@ -13,7 +13,8 @@ cofrgenet: the model code (:mod:`cofrgenet.export.hf_modeling`, copied as
   (byte, bpe and gpt2 tokenizers all export; ``AutoTokenizer`` loads them).
 
 After writing, the export is loaded back through transformers and its logits compared
-with the checkpoint's (max abs difference <= ``tolerance``, 1e-5 by default); a mismatch
+with the checkpoint's (max abs difference <= ``tolerance`` times the largest |logit|, or
+1 when smaller; 1e-5 by default); a mismatch
 raises :class:`ExportMismatch`. The files are written into a hidden temporary folder
 beside ``OUT_DIR`` and moved into it only once checked: a failed export (a mismatch, an
 interrupt) leaves ``OUT_DIR`` as it was, an earlier export in it included. Models the modeling file does not
@@ -158,7 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tolerance",
         type=at_least(float, 0, " (a max abs difference)"),
         default=None,
-        help=f"max abs logit difference the check accepts (default {DEFAULT_TOLERANCE:g})",
+        help="max abs logit difference the check accepts, relative to the largest |logit| "
+        f"when above 1 (default {DEFAULT_TOLERANCE:g})",
     )
 
 
@@ -837,11 +839,13 @@ def verify_export(
     """Load ``out_dir`` through transformers and compare its logits with ``model``'s on
     random token ids (2, min(block_size, 128)); returns the max abs difference.
 
-    Raises :class:`ExportMismatch` above ``tolerance``. ``model`` runs in eval mode with
+    Raises :class:`ExportMismatch` above ``tolerance`` times the largest |logit| of
+    ``model`` (at least 1: absolute for small logits). ``model`` runs in eval mode with
     its ladders on the eager continuant path (the one cofrgenet uses on CPU), in float32
     on CPU as the export loads (a copy of a model held in another dtype or on a GPU).
     """
     import copy
+    import math
 
     import torch
     from transformers.utils import logging as hf_logging
@@ -873,27 +877,32 @@ def verify_export(
         for module in ladders:
             module.impl = "continuant"
         model.eval()
+        gaps, scale = [], 1.0
         with torch.no_grad():
-            difference = max(
-                (model(ids).float() - exported(input_ids=ids).logits.float()).abs().max().item()
-                for ids in batches
-            )
+            for ids in batches:
+                ours = model(ids).float()
+                gaps.append((ours - exported(input_ids=ids).logits.float()).abs().max().item())
+                scale = max(scale, ours.abs().max().item())  # a NaN logit leaves it
+        difference = math.nan if any(math.isnan(gap) for gap in gaps) else max(gaps)
     finally:
         for module, impl in zip(ladders, saved_impl, strict=True):
             module.impl = impl
         model.train(was_training)
-    if not difference <= tolerance:
+    # float32 rounding grows with the logits (the two graphs sum in other orders), so the
+    # tolerance is relative to the largest |logit|, and absolute below 1.
+    if not difference <= tolerance * scale:
         # Below the default, float32's rounding differs between the two graphs: a
         # tolerance set tighter than that asks for it, no fault to report.
         fault = (
             "Please report this with the checkpoint's config, or pass --tolerance / "
             "--no-verify to keep it anyway"
-            if not difference <= DEFAULT_TOLERANCE  # NaN too: no tolerance passes it
-            else f"float32 rounding is up to about 1e-6; pass --tolerance {DEFAULT_TOLERANCE:g} "
-            "(the default) or more"
+            if not difference <= DEFAULT_TOLERANCE * scale  # NaN too: nothing passes it
+            else "float32 rounding is up to about 1e-6 of the largest |logit|; pass "
+            f"--tolerance {DEFAULT_TOLERANCE:g} (the default) or more"
         )
         raise ExportMismatch(
             f"the exported model's logits differ from the checkpoint's by {difference:.3g} "
-            f"(> tolerance {tolerance:g}); nothing was written. {fault}"
+            f"(> tolerance {tolerance:g} x largest |logit| {scale:.3g}); nothing was "
+            f"written. {fault}"
         )
     return difference

@@ -436,6 +436,25 @@ def test_config_data_mismatch_fails_fast_and_leaves_nothing(tiny_data, tmp_path,
         assert len(mlflow_runs(runs)) == 0, "an MLflow run was left behind"
 
 
+def test_a_resume_on_data_of_a_larger_tokenizer_says_the_data_changed(tiny_data, tmp_path):
+    """A data folder prepared again with another tokenizer under a run: its resume said
+    "set model.config.vocab_size", which a resume (the checkpoint's model) cannot take."""
+    from cofrgenet.data import prepare_data
+
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
+    bpe = tmp_path / "bpe"
+    prepare_data(
+        source="pydoc", tokenizer="bpe", vocab_size=400, out=bpe, max_docs=8, num_workers=1
+    )
+    said = r"resumed checkpoint's model only 320: .*bpe is not tokenized as the data the run"
+    for ckpt in ("last", str(tmp_path / "runs" / "test" / "a" / "checkpoints" / "last.ckpt")):
+        with pytest.raises(ConfigError, match=said):
+            CofrCLI(args=fit_args(tmp_path, bpe, "--run.name", "a", "--ckpt_path", ckpt))
+    # A run with no checkpoint yet starts afresh: its model's size is the one to change.
+    with pytest.raises(ConfigError, match=r"set model.config.vocab_size: 400"):
+        CofrCLI(args=fit_args(tmp_path, bpe, "--run.name", "b", "--ckpt_path", "last"))
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "auto"])
 def test_dyadic_unfreezing_under_a_ddp_expecting_every_gradient_is_refused_at_start(
     tiny_data, tmp_path, strategy

@@ -727,6 +727,14 @@ class CofrCLI(LightningCLIAdapter):
             return dataclasses.replace(run, mlflow=False), run_dir
         return dataclasses.replace(run, tracking_uri=uri), run_dir
 
+    def _resumes_a_checkpoint(self, run_dir: Path) -> bool:
+        """Whether this is a fit from a checkpoint (``--ckpt_path last`` of a run that has
+        one): its model is the checkpoint's, whatever the data says."""
+        ckpt_path = self.config_value(self.config, "ckpt_path")
+        if self.subcommand != "fit" or ckpt_path is None:
+            return False
+        return ckpt_path != "last" or checkpoints.newest_intact(run_dir)[0] is not None
+
     def _resuming_last(self) -> bool:
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""
         if self.subcommand in EVALUATIONS:
@@ -1098,10 +1106,14 @@ class CofrCLI(LightningCLIAdapter):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # Config against data first: a mismatch must leave no run folder and no MLflow run.
+        run, run_dir = self._run_and_folder()
         check_data = getattr(self.model, "check_data", None)
         if callable(check_data) and getattr(self, "datamodule", None) is not None:
-            check_data(self.datamodule, evaluating=self.subcommand in EVALUATIONS)
-        run, run_dir = self._run_and_folder()
+            check_data(
+                self.datamodule,
+                evaluating=self.subcommand in EVALUATIONS,
+                resuming=self._resumes_a_checkpoint(run_dir),
+            )
         _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
         _check_unused_parameters_allowed(
             lambda key: self.config_value(self.config_init, f"trainer.{key}")

@@ -224,12 +224,20 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         except RuntimeError:
             return None
 
-    def check_data(self, datamodule: Any, evaluating: bool = False) -> None:
+    def check_data(self, datamodule: Any, evaluating: bool = False, resuming: bool = False) -> None:
         """Raise a clear error when the data does not fit the model (vocabulary, block
         size). ``cofr fit`` calls it before it creates a run folder or an MLflow run;
         ``evaluating``: the model is a checkpoint's (validate/test), so only the data can
-        change."""
+        change; ``resuming``: a fit resumes a checkpoint, whose model it keeps, so the
+        data is what changed since."""
         data_vocab = getattr(datamodule, "vocab_size", None)
+        if data_vocab is not None and data_vocab > self.model_config.vocab_size and resuming:
+            raise ConfigError(
+                f"the data's tokenizer has {data_vocab} token ids but the resumed checkpoint's "
+                f"model only {self.model_config.vocab_size}: "
+                f"{getattr(datamodule, 'data_dir', 'the data folder')} is not tokenized as the data the run trained on (prepared again with another "
+                "tokenizer?). Resume on that data (--data.data_dir), or start a new run"
+            )
         if data_vocab is not None and data_vocab > self.model_config.vocab_size and evaluating:
             raise ConfigError(
                 f"the data's tokenizer has {data_vocab} token ids but the checkpoint's model "
@@ -244,8 +252,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             )
         block = getattr(datamodule, "block_size", None)
         if block is not None and block > self.model_config.block_size:
-            fix = "" if evaluating else " or raise model.config.block_size"
-            model = "the checkpoint's model" if evaluating else "the model"
+            fix = "" if evaluating or resuming else " or raise model.config.block_size"
+            model = "the checkpoint's model" if evaluating or resuming else "the model"
             raise ConfigError(
                 f"data.block_size={block} exceeds {model}'s block_size="
                 f"{self.model_config.block_size}: lower data.block_size{fix}"

@@ -228,6 +228,14 @@ def test_every_config_and_max_steps_are_checked_before_anything_trains(
         assert main(["demo", "--max-steps", steps, "--runs-dir", runs]) == 2
         line = capsys.readouterr().err.strip().splitlines()[-1]
         assert line.startswith(f"cofr demo: error: argument --max-steps: must be >= 1, got {steps}")
+    # A file as the data folder: prepare's error named its own --out, not given here.
+    (tmp_path / "a-file").write_text("mine")
+    assert main(["demo", "--data-dir", str(tmp_path / "a-file"), "--runs-dir", runs]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == f"cofr demo: error: --data-dir {tmp_path / 'a-file'} is a file: give a " + (
+        "prepared data folder, or a path where the demo makes one"
+    )
+    assert (tmp_path / "a-file").read_text() == "mine"
     assert not (tmp_path / "runs").exists()
 
 

@@ -387,6 +387,13 @@ def _run(args: argparse.Namespace) -> int:
     for config in args.configs:  # before minutes of data preparation
         if not Path(config).is_file():
             raise UserError(f"--configs: no config file {config}; give its path")
+    data_dir = None if args.data_dir is None else Path(args.data_dir)
+    if data_dir is not None and data_dir.exists() and not data_dir.is_dir():
+        # Said here: prepare's error would name its own --out.
+        raise UserError(
+            f"--data-dir {args.data_dir} is a file: give a prepared data folder, or a "
+            "path where the demo makes one"
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     names = [f"{name}-{stamp}" for name in run_names(args.configs)]
     console = terminal.console()

@@ -1316,14 +1316,21 @@ def test_a_ctrl_c_in_the_sanity_check_aborts_with_130_and_saves_nothing(tiny_dat
     assert client.get_run(run_id).info.status == "KILLED"
 
 
-def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(tiny_data, tmp_path):
-    """SIGTERM at the second of 4 validation batches (after step 10): the validation ends
-    and is logged as an uninterrupted run logs it, then the run stops and saves step 10."""
+@pytest.mark.parametrize("during", ["validation", "training"])
+def test_a_signal_during_validation_stops_once_the_whole_validation_is_scored(
+    tiny_data, tmp_path, during
+):
+    """SIGTERM at the second of 4 validation batches after step 10, or during step 10
+    itself, which a validation follows: the validation ends and is logged as an
+    uninterrupted run logs it, then the run stops and saves step 10. (In step 10 the stop
+    came first, and the resumed run never validated at 10: a sweep trial's pruner lost
+    that report.)"""
     common = ["--trainer.max_steps", "12", "--trainer.log_every_n_steps", "1"]
+    step = 10 if during == "validation" else 9  # SignalAtStep's step: global_step then
     args = fit_args(
         tmp_path, tiny_data, "--run.name", "sig", *common,
-        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=10",
-        "--trainer.callbacks.signum=15", "--trainer.callbacks.during=validation",
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", f"--trainer.callbacks.step={step}",
+        "--trainer.callbacks.signum=15", f"--trainer.callbacks.during={during}",
     )  # fmt: skip
     proc, out = cofr_in_a_process(args)
     assert proc.returncode == 143, out[-3000:]

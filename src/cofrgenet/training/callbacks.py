@@ -385,6 +385,18 @@ def late_stop(late_signals: Iterable[int]) -> int | None:
     return next((s for s in late_signals if s in (signal.SIGINT, signal.SIGTERM)), None)
 
 
+def validates_after_this_step(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates after the optimizer step that has just ended: every
+    ``val_check_interval`` batches (``check_val_every_n_epoch: null``, as every conf/trainer
+    file sets). Epoch-counted validation is not foreseen (False)."""
+    every = trainer.val_check_batch
+    if trainer.check_val_every_n_epoch is not None or not trainer.limit_val_batches:
+        return False
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        return False
+    return (trainer.global_step * trainer.accumulate_grad_batches) % every == 0
+
+
 class StopOnSignal(StepBoundaries):
     """SIGTERM, Ctrl-C or a SIGUSR1 that nothing handles (outside SLURM): finish the
     running optimizer step, save it, mark the MLflow run KILLED, say how to resume, and
@@ -393,7 +405,8 @@ class StopOnSignal(StepBoundaries):
     The handlers only note a signal. At the end of each optimizer step (all of its
     micro-batches: a checkpoint taken inside a gradient accumulation would resume past
     micro-batches whose gradients it does not hold) the ranks agree whether any rank got
-    one; a signal that comes while validation runs is acted on when it ends. Then
+    one; a signal that comes while validation runs, or in a step that a validation
+    follows, is acted on when that validation ends (its score is not lost). Then
     Lightning's own SIGTERM handler is called, so Lightning stops every rank
     together once the step's metrics are written (``SIGTERMException``), and this
     callback saves ``checkpoints/last.ckpt``. A second Ctrl-C aborts at once. A SIGUSR1
@@ -429,6 +442,8 @@ class StopOnSignal(StepBoundaries):
         self.late_signals: list[int] = []
 
     _set_up = False  # setup has run for a fit: "idle" after it is after the teardown
+
+    _waiting_for_validation = False  # a step's signals wait for the validation after it
 
     _ended = False  # a fit with this callback has ended: its handlers are given back
 
@@ -532,6 +547,17 @@ class StopOnSignal(StepBoundaries):
             if signal.SIGINT in self._pending and rank_zero_only.rank == 0:
                 print("\nCtrl-C: that was the last step; finishing its final validation and save")
             return
+        waited = self._waiting_for_validation
+        if not waited and self._pending and validates_after_this_step(trainer):
+            # Saved now, the stop would come before this step's validation, which Lightning
+            # then aborts and, resuming, takes as done: its val/loss (a sweep trial's
+            # report to the pruner) lost. on_validation_end acts once it has scored (or the
+            # next step's end, had none run). The ranks decide alike without an exchange:
+            # the step is the same on every rank.
+            self._waiting_for_validation = True
+            if signal.SIGINT in self._pending and rank_zero_only.rank == 0:
+                print("\nCtrl-C: this step validates; stopping once its validation ends")
+            return
         self._act(trainer, pl_module)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -553,6 +579,7 @@ class StopOnSignal(StepBoundaries):
 
     def _act(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """At a step boundary: act on the signals any rank has noted, on every rank."""
+        self._waiting_for_validation = False
         if trainer.world_size == 1:  # nothing to agree on: no tensor, no device sync
             arrived = set(self._pending)
         else:

@@ -1157,6 +1157,12 @@ def test_a_worker_with_other_training_settings_is_refused(tmp_path):
         open_study(sweep, storage, 3, missing)
     with pytest.raises(SweepError, match=r"trainer.max_steps only in this worker's"):
         open_study(sweep, storage, 4, {**first, "trainer.max_steps": 9})
+    # Read as cofr fit reads them: a mapping is its fields, YAML's text `1e-3` (no dot)
+    # the float (both were refused as other settings).
+    same = {"data.block_size": 64, "model.optimizer": {"lr": "1e-3"}}
+    assert not open_study(sweep, storage, 5, same)[1]
+    later = {"data.block_size": 64, "model.optimizer": {"lr": 3e-3}, "model.optimizer.lr": 1e-3}
+    assert not open_study(sweep, storage, 6, later)[1]  # the later setting wins
     # Stored: the training keys only (a run.tracking_uri may hold a password), as JSON.
     import datetime
 

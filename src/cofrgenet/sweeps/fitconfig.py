@@ -30,6 +30,7 @@ import functools
 import io
 import itertools
 import math
+import re
 import tempfile
 import types
 import typing
@@ -142,6 +143,34 @@ def option_settings(settings: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]
     in ``cofr fit``."""
     options = option_keys()
     return [s for key, value in settings for s in _spread(key, value, options)]
+
+
+#: A number YAML 1.1 reads as text (``1e-7``: no dot), as ``cofr fit`` reads it into a
+#: float option.
+_NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _as_read(value: Any) -> Any:
+    if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value.strip()):
+        return float(value)
+    if isinstance(value, list):
+        return [_as_read(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_read(v) for k, v in value.items()}
+    return value
+
+
+def effective_settings(settings: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """What ``settings`` set, one value per option or field: mappings spread as
+    :func:`option_settings` spreads them, a later setting replacing the earlier ones at
+    or below its key, and numbers that YAML reads as text (``1e-7``) as numbers. Two
+    lists of settings that ``cofr fit`` reads alike give equal dicts."""
+    leaves: dict[str, Any] = {}
+    for key, value in option_settings(settings):
+        for replaced in [k for k in leaves if _replaces(key, k)]:
+            del leaves[replaced]
+        leaves[key] = _as_read(value)
+    return leaves
 
 
 #: What :func:`option_settings` spreads, by the version of cofr that made a study: 0

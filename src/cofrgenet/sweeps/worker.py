@@ -37,6 +37,7 @@ from cofrgenet.sweeps.fitconfig import (
     check_keys,
     check_model_values,
     check_optimizer_values,
+    effective_settings,
     kept_since_merging,
     model_vocab_size,
 )
@@ -314,10 +315,13 @@ def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
     """SweepError when this worker's ``--set`` trains otherwise than the study's first
     worker's. A study made before they were stored takes this worker's, and is read
     back: of workers starting together, the last to write wins and the others compare."""
-    mine = training_settings(extra)
     if not isinstance(study.user_attrs.get(SETTINGS_ATTR), dict):
-        study.set_user_attr(SETTINGS_ATTR, mine)
-    theirs = study.user_attrs.get(SETTINGS_ATTR) or {}
+        study.set_user_attr(SETTINGS_ATTR, training_settings(extra))
+    # Compared as cofr fit reads them: `model.optimizer={eps: 1e-6}` is
+    # `model.optimizer.eps=1.0e-6`.
+    mine = training_settings(effective_settings(list(extra.items())))
+    stored = study.user_attrs.get(SETTINGS_ATTR) or {}
+    theirs = training_settings(effective_settings(list(stored.items())))
     changes = [
         f"{key} only in the study's" if key not in mine
         else f"{key} only in this worker's" if key not in theirs

@@ -1122,6 +1122,13 @@ def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_p
     assert trial.is_dir() and not list(trial.parent.glob("trial-0000.old-*"))
     # The journal the refused start made, empty, goes: it would pass for the study's home.
     assert not (tmp_path / "other.journal").exists()
+    # Nor does a refused worker leave the study folder it made in its runs folder.
+    home = f"journal:{tmp_path / 'runs' / 'sweeps' / sweep.study / 'optuna.journal'}"
+    elsewhere = tmp_path / "elsewhere"
+    with pytest.raises(SweepError, match="other --set settings"):
+        run_worker(sweep, storage_url=home, runs_dir=str(elsewhere), report=False,
+                   mlflow=False, extra={"data.block_size": 16})  # fmt: skip
+    assert not (elsewhere / "sweeps").exists()
 
 
 def test_open_study_enqueues_the_grid_once(tmp_path):

@@ -802,24 +802,35 @@ def run_worker(
     new_journal = journal is not None and not journal.exists()
     storage = st.open_storage(url, sweep.storage_options)
     folder = st.study_folder(sweep, runs_dir)
+    made = [f for f in (folder, *folder.parents) if not f.exists()]  # deepest first
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     try:
-        check_not_stored_elsewhere(sweep, storage, url, runs_dir)
+        try:
+            check_not_stored_elsewhere(sweep, storage, url, runs_dir)
+        except SweepError:
+            if new_journal and journal.exists() and journal.stat().st_size == 0:  # made here
+                journal.unlink(missing_ok=True)
+            raise
+        study, created = open_study(
+            sweep,
+            storage,
+            _seed_offset(worker, worker_index),
+            extra,
+            folder / ".grid.lock",
+            width=data_parallel_width(probe),
+            steps=budget_steps(sweep, probe),
+            bases=base_digests(sweep),
+            url=url,
+        )
     except SweepError:
-        if new_journal and journal.exists() and journal.stat().st_size == 0:  # made here
-            journal.unlink(missing_ok=True)
+        # A refused worker leaves no folder it made (one another worker, starting too,
+        # wrote in stays).
+        for made_here in made:
+            try:
+                made_here.rmdir()
+            except OSError:
+                break
         raise
-    study, created = open_study(
-        sweep,
-        storage,
-        _seed_offset(worker, worker_index),
-        extra,
-        folder / ".grid.lock",
-        width=data_parallel_width(probe),
-        steps=budget_steps(sweep, probe),
-        bases=base_digests(sweep),
-        url=url,
-    )
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"
     stop_file.parent.mkdir(parents=True, exist_ok=True)

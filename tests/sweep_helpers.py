@@ -57,21 +57,25 @@ class SignalAtStep(L.Callback):
     lands mid-step, mid-validation or while starting, deterministically. ``times=2``
     sends it twice in a row (an impatient second Ctrl-C). ``group=True`` sends it to the
     whole process group, data loader workers included, as SLURM and a terminal do (the
-    process must lead its own group: ``start_new_session``)."""
+    process must lead its own group: ``start_new_session``). ``parent=True``: rank 0 sends it
+    to its parent alone (ddp_spawn's launching process), as ``kill PID`` does."""
 
     def __init__(
         self, step: int, signum: int, during: str = "training", times: int = 1,
-        group: bool = False,
+        group: bool = False, parent: bool = False,
     ) -> None:  # fmt: skip
         self.step, self.signum, self.during, self.times = step, signum, during, times
-        self.group = group
+        self.group, self.parent = group, parent
         self.sent = False
 
     def _send(self, trainer) -> None:
         if (trainer.global_step == self.step or self.during == "end") and not self.sent:
             self.sent = True
             for _ in range(self.times):
-                if self.group:  # sent by another process, as SLURM's slurmstepd does
+                if self.parent:
+                    if trainer.global_rank == 0:
+                        os.kill(os.getppid(), self.signum)
+                elif self.group:  # sent by another process, as SLURM's slurmstepd does
                     assert os.getpgid(0) == os.getpid(), "not a group of its own"
                     kill = ["kill", f"-{self.signum}", "--", f"-{os.getpgid(0)}"]
                     subprocess.run(kill, check=True, start_new_session=True)

@@ -1134,6 +1134,31 @@ def cofr_in_a_process(
     return proc, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_ddp_spawn_launcher_alone_stops_its_ranks_saved(
+    tiny_data, tmp_path, signum
+):
+    """`kill PID` of a ddp_spawn fit: Lightning passed nothing on to the ranks, which
+    trained to max_steps while the launcher waited to exit (with 143 after SIGTERM, 0
+    after SIGINT)."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "spawned", "--trainer.max_steps", "40",
+        "--trainer.devices", "2", "--trainer.strategy", "ddp_spawn",
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=3",
+        f"--trainer.callbacks.signum={signum}", "--trainer.callbacks.parent=true",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args)
+    assert proc.returncode == 128 + signum, out[-3000:]
+    run_dir = tmp_path / "runs" / "test" / "spawned"
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert 3 <= saved["global_step"] < 10, out[-3000:]
+    assert f"stopped by SIGTERM after step {saved['global_step']}" in out
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
 @pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_whole_process_group_stops_at_the_step_end_with_loader_workers(
     tiny_data, tmp_path, signum

@@ -627,6 +627,8 @@ class StopOnSignal(StepBoundaries):
     ) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+        if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
+            _stop_spawned_ranks(trainer)
         if isinstance(exception, SIGTERMException) and self._phase in ("starting", "idle"):
             # "idle" in a fit before this callback's setup (cofr fit's SIGTERM raises then
             # too), not after its teardown (trained and saved: nothing to stop or mark);
@@ -708,6 +710,28 @@ class StopOnSignal(StepBoundaries):
         for logger in trainer.loggers:
             if hasattr(logger, "mark_killed"):
                 logger.mark_killed(trainer.global_step)
+
+
+def _stop_spawned_ranks(trainer: L.Trainer) -> None:
+    """In ddp_spawn's launching process, stopped by a signal to it alone (``kill PID``, a
+    supervisor's, a sweep worker's stop): pass SIGTERM on to the ranks it spawned, which
+    stop as on a signal of their own (at their step's end, saved, the run KILLED), and
+    wait for them. Lightning passes nothing on: the ranks trained to their end while
+    the launcher waited to exit. SIGTERM for a Ctrl-C too: a terminal's Ctrl-C reaches
+    the ranks as well, and a second SIGINT would abort them unsaved."""
+    import multiprocessing
+
+    launcher = trainer.strategy.launcher
+    spawned = [
+        process
+        for process in getattr(launcher, "procs", None) or ()
+        if isinstance(process, multiprocessing.process.BaseProcess)
+    ]
+    if not spawned or torch.distributed.is_initialized():  # a rank: its own callback acts
+        return
+    launcher.kill(signal.SIGTERM)
+    for process in spawned:
+        process.join()
 
 
 #: Where Lightning's SIGTERM handler logs (the module's logger, by logging's convention).

@@ -662,6 +662,34 @@ def test_fsdp_keeps_the_ladders_output_ranges_in_float32():
     assert LadderFSDPStrategy(mixed_precision=given).mixed_precision_config is given
 
 
+@pytest.mark.parametrize(
+    "setting,said",
+    [
+        (("use_orig_params", "false"), "use_orig_params: false is not supported"),
+        (("activation_checkpointing_policy", "[torch.nn.Linear]"), "set model.activation"),
+    ],
+    ids=["flat-params", "lightning-checkpointing"],
+)
+def test_fsdp_settings_it_refuses_are_one_line_before_launch(
+    tiny_data, tmp_path, capsys, setting, said
+):
+    """Refused inside the strategy's build, they came as jsonargparse's union type error,
+    a traceback ("Expected a <class 'str'>"); use_orig_params false, unrefused, was a
+    KeyError on every rank at the first step."""
+    from test_cli_errors import one_line_error
+
+    name, value = setting
+    args = fit_args(
+        tmp_path, tiny_data, "--trainer.devices", "2", "--trainer.strategy",
+        "cofrgenet.training.strategies.LadderFSDPStrategy",
+        f"--trainer.strategy.init_args.{name}", value,
+    )  # fmt: skip
+    line = one_line_error(capsys, args)
+    assert line.startswith(f"cofr fit: error: trainer.strategy.init_args.{name}: ")
+    assert said in line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_generate_samples_from_a_checkpoint(tiny_data, tmp_path, capsys):
     from cofrgenet.cli import main
 

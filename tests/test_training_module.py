@@ -884,6 +884,9 @@ def test_fsdp_wraps_each_block_and_the_optimizer_groups_keep_their_names(tmp_pat
     for name in ("activation_checkpointing_policy", "activation_checkpointing"):
         with pytest.raises(ConfigError, match=f"{name}: set model.activation_checkpointing"):
             LadderFSDPStrategy(**{name: {torch.nn.Linear}})
+    # Flat parameters: a KeyError on every rank at the optimizer's groups.
+    with pytest.raises(ConfigError, match=r"use_orig_params: false is not supported"):
+        LadderFSDPStrategy(use_orig_params=False)
     assert unwrapped_name("_fsdp_wrapped_module.h.0._fsdp_wrapped_module.mlp.w") == "h.0.mlp.w"
     assert unwrapped_name("h.0._checkpoint_wrapped_module._orig_mod.w") == "h.0.w"
     assert unwrapped_name("my_orig_mod.w") == "my_orig_mod.w"

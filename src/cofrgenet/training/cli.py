@@ -116,8 +116,11 @@ from cofrgenet.training.run_store import (
     tracking_uri,
 )
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
-from cofrgenet.training.strategies import is_fsdp
+from cofrgenet.training.strategies import LadderFSDPStrategy, is_fsdp
 from cofrgenet.training.tracking import CofrMLFlowLogger, data_params
+
+#: The class path a config names cofr's FSDP strategy by.
+LADDER_FSDP = f"{LadderFSDPStrategy.__module__}.{LadderFSDPStrategy.__qualname__}"
 
 #: The subcommands that evaluate a checkpoint (of the run named, or the latest run).
 EVALUATIONS = ("validate", "test")
@@ -1051,6 +1054,10 @@ class CofrCLI(LightningCLIAdapter):
         a run asks for shorter training sequences (a longer one is refused by
         ``LanguageModel.check_data``)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        strategy = config.get("trainer.strategy")
+        if isinstance(strategy, Namespace) and strategy.get("class_path") == LADDER_FSDP:
+            # Raised while jsonargparse builds it, the refusal came as a type error.
+            LadderFSDPStrategy.check_settings(dict(strategy.get("init_args") or {}))
         if self.subcommand in EVALUATIONS:
             self._build_as_trained(config)
         replaced = [k for k, v in self._given_model.items() if config.get(k[2:]) != v]

@@ -38,7 +38,9 @@ class LadderFSDPStrategy(FSDPStrategy):
     cannot see.)
 
     Args:
-        use_orig_params: keep each parameter addressable (required by dyadic unfreezing).
+        use_orig_params: keep each parameter addressable: the optimizer's weight-decay
+            groups (by each parameter's role) and dyadic unfreezing (per ladder depth)
+            need it; false is refused.
         wrap_blocks: make each transformer block its own FSDP unit, gathered only for its
             own forward and backward, so a rank holds one block's full weights at a time
             beside its shards; false makes the whole model one unit (all its weights
@@ -52,8 +54,27 @@ class LadderFSDPStrategy(FSDPStrategy):
     def __init__(
         self, use_orig_params: bool = True, wrap_blocks: bool = True, **kwargs: Any
     ) -> None:
+        self.check_settings({"use_orig_params": use_orig_params, **kwargs})
+        if wrap_blocks and kwargs.get("auto_wrap_policy") is None:
+            kwargs["auto_wrap_policy"] = {Block}
+        super().__init__(use_orig_params=use_orig_params, **kwargs)
+        # Lightning's default: one file. A full save over a sharded folder replaces it.
+        self.sharded_saves = kwargs.get("state_dict_type", "full") == "sharded"
+
+    @staticmethod
+    def check_settings(settings: dict[str, Any]) -> None:
+        """ConfigError for the arguments this strategy refuses (``cofr fit`` checks the
+        config's before building it: a refusal inside the build reads as a type error)."""
+        if settings.get("use_orig_params") is False:
+            # Flattened, the parameters lose the names their optimizer groups and the
+            # ladders' freezing go by (a KeyError at the first step, on every rank).
+            raise ConfigError(
+                "trainer.strategy.init_args.use_orig_params: false is not supported: "
+                "cofr's weight-decay groups and dyadic unfreezing address each parameter; "
+                "leave it out (true), which shards the same"
+            )
         for name in ("activation_checkpointing", "activation_checkpointing_policy"):
-            if kwargs.get(name) is not None:
+            if settings.get(name) is not None:
                 # On CPU _setup_model below would not apply it; on GPU, beside the model's
                 # own, each block would run three times.
                 raise ConfigError(
@@ -61,11 +82,6 @@ class LadderFSDPStrategy(FSDPStrategy):
                     "true instead (each block recomputes inside its FSDP unit, under every "
                     "strategy)"
                 )
-        if wrap_blocks and kwargs.get("auto_wrap_policy") is None:
-            kwargs["auto_wrap_policy"] = {Block}
-        super().__init__(use_orig_params=use_orig_params, **kwargs)
-        # Lightning's default: one file. A full save over a sharded folder replaces it.
-        self.sharded_saves = kwargs.get("state_dict_type", "full") == "sharded"
 
     @property
     def mixed_precision_config(self) -> Any:

@@ -455,6 +455,28 @@ def test_a_resume_on_data_of_a_larger_tokenizer_says_the_data_changed(tiny_data,
         CofrCLI(args=fit_args(tmp_path, bpe, "--run.name", "b", "--ckpt_path", "last"))
 
 
+def test_token_ids_past_the_tokenizer_in_a_damaged_chunk_are_one_line(tiny_data, tmp_path, capsys):
+    """A chunk overwritten in place (its size intact, so the index's checks pass) raised
+    IndexError in the embedding, a traceback (and a lost peer on the other ranks)."""
+    import shutil
+
+    from test_cli_errors import one_line_error
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_data, damaged)
+    for chunk in (damaged / "train").glob("*.bin"):
+        data = bytearray(chunk.read_bytes())
+        half = len(data) // 2
+        data[half:] = b"\xff" * (len(data) - half)
+        chunk.write_bytes(bytes(data))
+    line = one_line_error(capsys, fit_args(tmp_path, damaged, "--trainer.max_steps", "20"))
+    assert line.startswith(f"cofr fit: error: {damaged} holds token id 65535, outside its ")
+    assert line.endswith(  # prepared here by the Python API: no command is recorded
+        "ids: a chunk file is damaged. Prepare it again: cofr data prepare <the options "
+        f"that made it> --out {damaged} --overwrite"
+    )
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "auto"])
 def test_dyadic_unfreezing_under_a_ddp_expecting_every_gradient_is_refused_at_start(
     tiny_data, tmp_path, strategy

@@ -36,11 +36,13 @@ from cofrgenet.data.cpus import (
 )
 from cofrgenet.data.meta import (
     READERS_LOCK,
+    DataFolderError,
     DataMeta,
     check_vocab,
     chunk_layout,
     chunks_cut_by_size,
     read_meta,
+    remake_command,
     split_blocks,
     tokenizer_changes,
     tokenizer_digest,
@@ -287,6 +289,22 @@ class TokenDataModule(L.LightningDataModule):
     def check_vocab(self, model_vocab_size: int) -> None:
         """Raise a clear error when the model's vocabulary is smaller than the data's."""
         check_vocab(self.meta, model_vocab_size)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Refuse a ``(B, T + 1)`` batch holding ids outside the tokenizer's (a chunk
+        damaged on disk, its size intact): the embedding raised an IndexError on one
+        rank (a device-side assert on CUDA) and the others a lost peer. On the CPU copy,
+        before it moves: no device sync."""
+        if isinstance(batch, Tensor) and batch.numel():
+            low, high = int(batch.min()), int(batch.max())
+            if low < 0 or high >= self.meta.vocab_size:
+                bad = high if high >= self.meta.vocab_size else low
+                raise DataFolderError(
+                    f"{self.data_dir} holds token id {bad}, outside its tokenizer's "
+                    f"{self.meta.vocab_size} ids: a chunk file is damaged. Prepare it "
+                    f"again: {remake_command(self.data_dir, self.meta)}"
+                )
+        return batch
 
     # ---------------------------------------------------------------- the folder
 

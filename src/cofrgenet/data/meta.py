@@ -302,7 +302,7 @@ def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
         )
 
 
-def _remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
+def remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
     """The command that made ``data_dir`` (its ``meta.json`` records it), with
     ``--overwrite`` and ``--out data_dir``: a copied or moved folder's record names the
     folder it was made as, which that command would replace. Unrecorded, the name-based
@@ -373,7 +373,7 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             f"data folder {str(data_dir)!r} is half-written: it has no {META_FILE} (which "
             "`cofr data prepare` writes last), so an earlier prepare was interrupted or failed. "
             f"Rerun the prepare command with --overwrite, e.g. (the options its name "
-            f"suggests):\n  {_remake_command(data_dir)}"
+            f"suggests):\n  {remake_command(data_dir)}"
         )
     try:
         meta = DataMeta.from_dict(json.loads(meta_path.read_text()))
@@ -381,12 +381,12 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
         raise DataFolderError(
             f"{str(meta_path)!r} is unreadable ({err}), and with it the options that made "
             "the folder: rerun its prepare command with --overwrite, e.g. (the options its "
-            f"name suggests):\n  {_remake_command(data_dir)}"
+            f"name suggests):\n  {remake_command(data_dir)}"
         ) from err
     if meta.format_version != FORMAT_VERSION:
         raise DataFolderError(
             f"{str(data_dir)!r} has data format {meta.format_version}, this cofrgenet reads "
-            f"format {FORMAT_VERSION}. Remake it with `{_remake_command(data_dir, meta)}`."
+            f"format {FORMAT_VERSION}. Remake it with `{remake_command(data_dir, meta)}`."
         )
     if splits and tokenizer_only(data_dir):
         raise DataFolderError(
@@ -401,13 +401,13 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             raise DataFolderError(
                 f"data folder {str(data_dir)!r} is half-written: {split}/index.json is missing. "
                 f"Rerun the prepare command with --overwrite:\n"
-                f"  {_remake_command(data_dir, meta)}"
+                f"  {remake_command(data_dir, meta)}"
             )
         damaged = _damaged_chunk(data_dir / split)
         if damaged is not None:
             raise DataFolderError(
                 f"data folder {str(data_dir)!r} is damaged: {split}/{damaged}. Copy it again, "
-                f"or remake it with:\n  {_remake_command(data_dir, meta)}"
+                f"or remake it with:\n  {remake_command(data_dir, meta)}"
             )
     return meta
 

@@ -1642,7 +1642,17 @@ def test_fit_help_gives_cofr_meanings(capsys):
             r"^trainer\.limit_val_batches must be >= 0 \(a fraction of the batches up to 1\.0, "
             r"or a number of batches; null: all\), got -1$",
         ),
-        (["--trainer.strategy", "ddpp"], r"^trainer: You selected an invalid strategy name"),
+        (
+            ["--trainer.strategy", "ddpp"],
+            r"^trainer\.strategy: no strategy 'ddpp' \(did you mean 'ddp'\?\): give auto, one "
+            r"of Lightning's \(ddp, ddp_spawn, ddp_fork, fsdp, \.\.\.\) or a class path "
+            r"\(cofrgenet\.training\.strategies\.LadderFSDPStrategy\)$",
+        ),
+        (
+            ["--trainer.strategy", "fsdp"],
+            r"^trainer: The strategy `fsdp` requires a GPU accelerator.* \(cofr's FSDP runs on "
+            r"CPU too: --trainer\.strategy cofrgenet\.training\.strategies\.LadderFSDPStrategy\)$",
+        ),
         (
             ["--trainer.callbacks+=DyadicUnfreezng"],
             r"^trainer\.callbacks: 'DyadicUnfreezng' is no callback class \(did you mean "
@@ -3587,7 +3597,10 @@ def test_a_sharded_checkpoint_is_refused_by_a_fit_under_another_strategy(tiny_da
     last.with_suffix(".tmp").rename(last)
     config = (run / "config.yaml").read_text()
     resume = fit_args(tmp_path, tiny_data, "--run.name", "f", "--trainer.max_steps", "4")
-    with pytest.raises(CheckpointError, match=r"sharded FSDP .*resume it with the FSDP strategy"):
+    # The option that names it (a CPU machine runs it), not a GPU recipe.
+    with pytest.raises(CheckpointError, match=r"sharded FSDP .*resume it with the FSDP strategy "
+                       r"it trained with \(--trainer\.strategy\.class_path cofrgenet\.training\."
+                       r"strategies\.LadderFSDPStrategy, or the run's own config\.yaml"):  # fmt: skip
         CofrCLI(args=[*resume, "--ckpt_path", "last"])
     assert (run / "config.yaml").read_text() == config
     assert mlflow_runs(tmp_path / "runs")["status"].tolist() == ["FINISHED"]

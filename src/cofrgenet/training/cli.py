@@ -582,15 +582,8 @@ class CofrCLI(LightningCLIAdapter):
         try:
             super().instantiate_classes()
         except MisconfigurationException as error:
-            hint = ""
-            if "backend found" in str(error) or "not available" in str(error):
-                hint = (
-                    " (this machine has none: --trainer.accelerator cpu, or a "
-                    "conf/trainer/cpu*.yaml)"
-                )
-            elif "check_val_every_n_epoch=None" in str(error):  # conf/trainer files' setting
-                hint = " (a fraction of an epoch: add --trainer.check_val_every_n_epoch 1)"
-            raise ConfigError(f"trainer: {error}{hint}") from None
+            strategy = self.config_value(self.config, "trainer.strategy")
+            raise ConfigError(trainer_refusal(error, strategy)) from None
         except ValueError as error:
             cause = raised_from(error, UserError)
             if cause is None:
@@ -1260,7 +1253,8 @@ class CofrCLI(LightningCLIAdapter):
         # A Trainer setting Lightning refuses: a strategy name (ValueError), devices: abc
         # or -2 on CPU (TypeError).
         except (ValueError, TypeError) as error:
-            raise ConfigError(f"trainer: {first_line(error)}") from None
+            strategy = trainer_config.get("strategy")
+            raise ConfigError(trainer_refusal(error, strategy)) from None
 
     def _started_from(self, asked: Any, run_dir: Path) -> dict[str, str]:
         """:data:`STARTED_FROM_TAG` of a fit whose weights start from a checkpoint of
@@ -1318,6 +1312,29 @@ class CofrCLI(LightningCLIAdapter):
             config.get("plugins"), CheckpointIO, AtomicCheckpointIO
         )
         return super().build_trainer(config, callbacks)
+
+
+def trainer_refusal(error: BaseException, strategy: Any) -> str:
+    """The one-line message of a Trainer setting Lightning refuses (``error``), with the
+    fix where Lightning's own does not give it; ``strategy``: the one given."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    message = first_line(error)
+    if "invalid strategy name" in message:  # Lightning: "It must be either a string ..."
+        names = StrategyRegistry.available_strategies()
+        return (
+            f"trainer.strategy: no strategy {strategy!r}{did_you_mean(str(strategy), names)}: "
+            f"give auto, one of Lightning's ({', '.join(names[:3])}, fsdp, ...) or a class "
+            f"path ({LADDER_FSDP})"
+        )
+    hint = ""
+    if "backend found" in message or "not available" in message:
+        hint = " (this machine has none: --trainer.accelerator cpu, or a conf/trainer/cpu*.yaml)"
+    elif "check_val_every_n_epoch=None" in message:  # conf/trainer files' setting
+        hint = " (a fraction of an epoch: add --trainer.check_val_every_n_epoch 1)"
+    elif "strategy `fsdp` requires a GPU" in message:
+        hint = f" (cofr's FSDP runs on CPU too: --trainer.strategy {LADDER_FSDP})"
+    return f"trainer: {message}{hint}"
 
 
 def _check_trainer_settings(value: Any) -> None:
@@ -1605,7 +1622,8 @@ def check_sharded_strategy(subcommand: str, folder: Path, strategy: Any) -> None
         raise checkpoints.CheckpointError(
             f"{folder} is a sharded FSDP checkpoint (one shard per rank) and this fit's "
             f"strategy is {name!r}: resume it with the "
-            f"FSDP strategy it trained with (--config conf/trainer/fsdp.yaml), or {one_file}"
+            f"FSDP strategy it trained with ({FSDP_STRATEGY_OPTION}, or the run's own "
+            f"config.yaml as --config), or {one_file}"
         )
     raise checkpoints.CheckpointError(
         f"{folder} is a sharded FSDP checkpoint (one shard per rank): score it with the FSDP "

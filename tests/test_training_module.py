@@ -395,8 +395,8 @@ def test_flops_and_mfu_count_the_sequence_length_trained():
 
 
 def test_throughput_is_measured_at_every_step_but_the_first_and_scores_at_their_step():
-    """A validation breaks the batch-to-batch timing: the next batch is timed from its own
-    start (else Lightning would log the previous rate again). val/* are logged at the
+    """A validation breaks the batch-to-batch timing: the next batch is timed from the
+    validation's end (else Lightning would log the previous rate again). val/* are logged at the
     step their weights reached: after 2 steps at 2."""
     torch.manual_seed(0)
     logger = RecordingLogger()
@@ -432,6 +432,34 @@ def test_a_checkpoint_save_is_not_counted_as_training_time(monkeypatch):
     trainer.fit(LanguageModel("gpt2-tiny"), token_loader())
     rates = [m["perf/tokens_per_sec"] for _, m in logger.records if "perf/tokens_per_sec" in m]
     assert len(rates) == 5 and min(rates) > 4 * 16 / 1.0, rates  # no 100 s step
+
+
+def test_the_step_after_a_validation_is_timed_as_the_others(monkeypatch):
+    """It was timed from its own start, its data fetch (and the work after the previous
+    step) left out: about twice the others' rate at every validation. On a fake clock
+    where each batch's fetch takes 1 s, every rate is the fetch's pace."""
+    import cofrgenet.training.module as module_file
+
+    clock = [0.0]
+
+    def perf_counter() -> float:
+        clock[0] += 0.001
+        return clock[0]
+
+    class SlowFetch(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for batch in token_loader():
+                clock[0] += 1.0
+                yield batch
+
+    monkeypatch.setattr(module_file, "time", SimpleNamespace(perf_counter=perf_counter))
+    torch.manual_seed(0)
+    logger = RecordingLogger()
+    trainer = tiny_trainer(6, logger=logger, log_every_n_steps=1, val_check_interval=2)
+    train = DataLoader(SlowFetch(), batch_size=None)
+    trainer.fit(LanguageModel("gpt2-tiny"), train, token_loader(n_batches=2))
+    rates = [m["perf/tokens_per_sec"] for _, m in logger.records if "perf/tokens_per_sec" in m]
+    assert len(rates) == 5 and max(rates) < 4 * 16 / 1.0, rates  # 64 tokens a fetch
 
 
 def test_training_logs_and_health_at_the_steps_measured():

@@ -168,7 +168,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self._step_losses: list[Tensor] = []  # this optimizer step's micro-batch losses
         self._last_batch_end: float | None = None
         self._stepped_at: float | None = None  # when the running batch's optimizer step ended
-        self._after_validation = False  # time the next batch from its own start
+        self._after_validation = False  # time the next batch from the validation's end
         self._peak: RunPeak | None = None
         #: Seeds every training batch's random draws (dropout) with the process's rank,
         #: epoch and batch: the global seed when the module is built (seed_everything's),
@@ -351,8 +351,6 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         return loss, targets.numel()
 
     def on_train_batch_start(self, batch: Tensor, batch_idx: int) -> None:
-        if self._after_validation:  # a step without a rate would show the previous one
-            self._last_batch_end, self._after_validation = time.perf_counter(), False
         torch.manual_seed(
             batch_seed(self.dropout_seed, self.global_rank, self.current_epoch, batch_idx)
         )
@@ -389,7 +387,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         # Wall time from the previous batch's end (its callbacks done) to this batch's
         # optimizer step: data loading included, checkpoint saves not, and the first
         # batch (warm-up, compilation) left out; the batch after a validation is timed from
-        # its own start (on_train_batch_start).
+        # that validation's end (on_validation_end).
         now = time.perf_counter()
         end, self._stepped_at = self._stepped_at or now, None
         previous, self._last_batch_end = self._last_batch_end, now
@@ -479,6 +477,12 @@ class LanguageModel(ClipsGradients, L.LightningModule):
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         loss, tokens = self._loss(batch)
         self.val_loss.update(loss, weight=tokens)
+
+    def on_validation_end(self) -> None:
+        # After the callbacks' (a checkpoint saved on the score): the next batch is timed
+        # from here, its data fetch in, as every other batch's is.
+        if self._after_validation:
+            self._last_batch_end, self._after_validation = time.perf_counter(), False
 
     def on_validation_epoch_end(self) -> None:
         value = self.val_loss.compute()  # summed over ranks already

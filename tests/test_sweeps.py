@@ -3264,7 +3264,9 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     saved: list[tuple[int, Path]] = []
     trainer = SimpleNamespace(
         global_step=3, is_global_zero=True, world_size=1, should_stop=False,
-        default_root_dir=str(tmp_path),
+        default_root_dir=str(tmp_path), check_val_every_n_epoch=None, limit_val_batches=2,
+        val_check_batch=10, accumulate_grad_batches=2, sanity_checking=False,
+        callback_metrics={},
     )  # fmt: skip
     trainer.save_checkpoint = lambda path, **_: saved.append((trainer.global_step, Path(path)))
     callback._share = lambda key, value: None  # no study storage here
@@ -3276,6 +3278,26 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     callback.on_train_batch_end(trainer, None, None, None, 1)
     assert saved == [(4, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
     assert callback.requeued_at == 4
+    # At a step a validation follows (batch 10 = step 5 x 2), the save waits for its score:
+    # saved before it, the resumed trial took it as done and the pruner never saw it.
+    waiting = PruneAtStep(trial, "val/loss", "", "s", stop_file=str(stop_file))
+    waiting._share = callback._share
+    saved.clear()
+    trainer.global_step, trainer.should_stop, trainer.limit_val_batches = 5, False, 2
+    waiting.on_step_end(trainer, None)
+    assert saved == [] and not trainer.should_stop and waiting.requeued_at is None
+    waiting.on_validation_end(trainer, None)  # no score to report here: the stop alone
+    assert saved == [(5, tmp_path / "checkpoints" / "last.ckpt")] and trainer.should_stop
+    assert waiting.requeued_at == 5 and trainer.limit_val_batches == 0
+    # Had no validation run after it, the next step's end saves.
+    late = PruneAtStep(trial, "val/loss", "", "s", stop_file=str(stop_file))
+    late._share = callback._share
+    saved.clear()
+    trainer.limit_val_batches, trainer.should_stop = 2, False
+    late.on_step_end(trainer, None)
+    trainer.global_step = 6
+    late.on_step_end(trainer, None)
+    assert saved == [(6, tmp_path / "checkpoints" / "last.ckpt")] and late.requeued_at == 6
 
 
 def test_a_trial_ended_elsewhere_saves_stops_and_leaves_its_mlflow_run_alone(tmp_path):

@@ -37,7 +37,12 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError
 from cofrgenet.training import checkpoints
-from cofrgenet.training.callbacks import StepBoundaries, StopOnSignal, late_stop
+from cofrgenet.training.callbacks import (
+    StepBoundaries,
+    StopOnSignal,
+    late_stop,
+    validates_after_this_step,
+)
 from cofrgenet.training.cli import CofrCLI, given_args, stop_status
 from cofrgenet.training.lightning_cli import with_default_plugin
 from cofrgenet.training.runlock import RunFolderBusyError, RunLock
@@ -222,6 +227,8 @@ class PruneAtStep(StepBoundaries):
             if trainer.is_global_zero:
                 self._share(PRUNED_AT, step)
             trainer.should_stop = True
+        elif self._requeue_after_validation:  # scored: now the requeue's save and stop
+            self._save_and_stop(trainer, ended=False)
 
     def report_score(self, value: float, step: int) -> None:
         """Report a score; a step already reported (by the resumed checkpoint's attempt)
@@ -259,11 +266,24 @@ class PruneAtStep(StepBoundaries):
             stop, ended = trainer.strategy.broadcast((stop, ended), src=0)
         if not (stop or ended) or self.requeued_at is not None or self.ended_at is not None:
             return
+        if stop and not ended and validates_after_this_step(trainer):
+            # Saved now, before this step's validation, the resumed trial would take it as
+            # done (Lightning does) and the pruner would never see that score: the
+            # requeue waits for it (on_validation_end). An ended trial stops at once: its
+            # retry trains on.
+            self._requeue_after_validation = True
+            return
+        self._save_and_stop(trainer, ended)
+
+    _requeue_after_validation = False  # a requeue asked in a step that a validation follows
+
+    def _save_and_stop(self, trainer: Trainer, ended: bool) -> None:
+        self._requeue_after_validation = False
         folder = Path(trainer.default_root_dir) / "checkpoints"
         trainer.save_checkpoint(folder / "last.ckpt", weights_only=False)
         trainer.should_stop = True
         # Lightning validates before a requested stop: minutes of SLURM's warning, or of
-        # the retry's wait, for scores the resumed trial measures again.
+        # the retry's wait, for a score off the trial's schedule.
         trainer.limit_val_batches = 0
         if ended:  # the trial is its retry's now, and so is its MLflow run
             self.ended_at = trainer.global_step

@@ -58,17 +58,20 @@ class SignalAtStep(L.Callback):
     sends it twice in a row (an impatient second Ctrl-C). ``group=True`` sends it to the
     whole process group, data loader workers included, as SLURM and a terminal do (the
     process must lead its own group: ``start_new_session``). ``parent=True``: rank 0 sends it
-    to its parent alone (ddp_spawn's launching process), as ``kill PID`` does."""
+    to its parent alone (ddp_spawn's launching process), as ``kill PID`` does; ``rank=R``:
+    only rank R sends it, to itself (a signal to one rank's process)."""
 
     def __init__(
         self, step: int, signum: int, during: str = "training", times: int = 1,
-        group: bool = False, parent: bool = False,
+        group: bool = False, parent: bool = False, rank: int | None = None,
     ) -> None:  # fmt: skip
         self.step, self.signum, self.during, self.times = step, signum, during, times
-        self.group, self.parent = group, parent
+        self.group, self.parent, self.rank = group, parent, rank
         self.sent = False
 
     def _send(self, trainer) -> None:
+        if self.rank is not None and trainer.global_rank != self.rank:
+            return
         if (trainer.global_step == self.step or self.during == "end") and not self.sent:
             self.sent = True
             for _ in range(self.times):

@@ -1142,8 +1142,14 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
 
     new_run("cut-short", "FINISHED", **{"optuna.state": "PRUNED"})
     # A sweep's retry trains in its first attempt's folder, which names the run.
-    new_run("trial-0002", "FINISHED", **{"optuna.trial_number": "5"})
-    new_run("trial-0003", "FINISHED", **{"optuna.trial_number": "3"})
+    new_run(
+        "trial-0002", "FINISHED", **{"optuna.trial_number": "5", "optuna.first_trial_number": "2"}
+    )
+    new_run(
+        "s-trial-0003",
+        "FINISHED",  # named <study>-trial-... beside another experiment
+        **{"optuna.trial_number": "3", "optuna.first_trial_number": "3"},
+    )
     for name in ("dead", "alive"):
         new_run(name, None)
         (runs_dir / "test" / name).mkdir(parents=True)
@@ -1162,7 +1168,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
         alive.release()
     table, err = (out / "compare.md").read_text(), capsys.readouterr().err
     assert "| cut-short [pruned at step 4] |" in table
-    assert "| trial-0002 (Optuna trial 5) |" in table and "| trial-0003 |" in table
+    assert "| trial-0002 (Optuna trial 5) |" in table and "| s-trial-0003 |" in table
     assert "| dead [lost at step 6] |" in table and "| alive [running at step 6] |" in table
     assert "| elsewhere [running at step 6] |" in table
     assert "lost: MLflow says the run is running, but no process holds its run folder" in table

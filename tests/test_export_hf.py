@@ -882,8 +882,8 @@ def test_a_mismatch_leaves_nothing_behind(tmp_path):
 
 
 def test_the_check_allows_rounding_that_grows_with_the_logits(tmp_path):
-    """A ladder model's two graphs round apart by ~3e-7 of the largest logit: with logits
-    of 60-90 that is above 1e-5, an export the check refused as a fault."""
+    """A ladder model's two graphs round apart by ~2e-7 of the largest logit: with logits
+    of a few hundred that is above 1e-5, an export the check refused as a fault."""
     config = CONFIGS["gpt-softmax-cffn-sinusoidal"]
     torch.manual_seed(0)
     model = build_model(config).eval()
@@ -891,11 +891,11 @@ def test_the_check_allows_rounding_that_grows_with_the_logits(tmp_path):
         for parameter in model.parameters():
             if parameter.dim() >= 2:
                 parameter.add_(torch.randn_like(parameter) * 0.5)
-        model.get_parameter("transformer.ln_f.weight").mul_(10)  # logits up to ~85
+        model.get_parameter("transformer.ln_f.weight").mul_(30)  # logits up to ~250
     report = export_model(model, config, tmp_path / "out")
-    assert 1e-5 < report.max_abs_diff < 1e-4
+    assert report.max_abs_diff > 1e-5  # 4.6e-05 here: a few times the absolute bound
     # Still relative to the logits: a tolerance below their rounding refuses it.
-    with pytest.raises(ExportMismatch, match=r"x largest \|logit\| [1-9]\d\.\d"):
+    with pytest.raises(ExportMismatch, match=r"x largest \|logit\| [1-9]\d\d\)"):
         export_model(model, config, tmp_path / "tight", tolerance=1e-8)
 
 

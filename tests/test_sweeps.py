@@ -1129,6 +1129,13 @@ def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_p
         run_worker(sweep, storage_url=home, runs_dir=str(elsewhere), report=False,
                    mlflow=False, extra={"data.block_size": 16})  # fmt: skip
     assert not (elsewhere / "sweeps").exists()
+    # Its own default journal's folder too (the study folder, made by the storage).
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs" / "sweeps")
+    with pytest.raises(SweepError, match="holds a trial of a study of that name"):
+        run_worker(sweep, report=False, mlflow=False)
+    assert not (tmp_path / "runs" / "sweeps").exists()
 
 
 def test_open_study_enqueues_the_grid_once(tmp_path):

@@ -1170,7 +1170,7 @@ def test_a_resume_applies_the_optimizer_settings_it_is_given(tiny_data, tmp_path
 
 
 def cofr_in_a_process(
-    args: list[str], own_group: bool = False
+    args: list[str], own_group: bool = False, timeout: float | None = None
 ) -> tuple[subprocess.CompletedProcess, str]:
     """``cofr <args>`` in its own process (signals to it stay there; ``own_group``: in a
     process group of its own, for signals to the group), with the tests' helpers
@@ -1179,9 +1179,33 @@ def cofr_in_a_process(
     env.pop("MLFLOW_TRACKING_URI", None)  # set by earlier in-process runs (mlflow does)
     proc = subprocess.run(
         [sys.executable, "-m", "cofrgenet.cli", *args], capture_output=True, text=True, env=env,
-        start_new_session=own_group,
+        start_new_session=own_group, timeout=timeout,
     )  # fmt: skip
     return proc, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_in_a_step_that_validates_stops_every_rank_after_it(
+    tiny_data, tmp_path
+):
+    """SIGTERM to rank 0 alone during step 10, which a validation follows: rank 0 skipped
+    the step end's exchange (it held a signal) while rank 1 made it, which then paired
+    with another collective (a hang, or a stop on garbage). Both ranks wait for the
+    validation alike, then agree, stop and save step 10 with its score."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "one-rank", "--trainer.max_steps", "16",
+        "--trainer.devices", "2", "--trainer.strategy", "ddp",
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=9",
+        "--trainer.callbacks.signum=15", "--trainer.callbacks.rank=0",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args, timeout=300)
+    assert proc.returncode == 143, out[-3000:]
+    run_dir = tmp_path / "runs" / "test" / "one-rank"
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 10, out[-3000:]
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert [m.step for m in client.get_metric_history(run_id, "val/loss")] == [10]
 
 
 @pytest.mark.slow

@@ -234,10 +234,10 @@ def describe_run(
             eval_steps[key.rsplit("/", 1)[0]] = shown.step
         metrics[key], steps[key] = shown.value, shown.step
     name = run.info.run_name or run.info.run_id[:8]
-    trial = run.data.tags.get("optuna.trial_number")  # sweeps/objective.py's tag
-    if trial is not None and name != f"trial-{int(trial):04d}":
-        # A retry trains in its first attempt's folder, which names the run: the trial
-        # `cofr sweep status` lists is another number.
+    # sweeps/objective.py's tags: a retry trains in its first attempt's folder, which
+    # names the run; the trial `cofr sweep status` lists is another number.
+    trial = run.data.tags.get("optuna.trial_number")
+    if trial is not None and trial != run.data.tags.get("optuna.first_trial_number", trial):
         name += f" (Optuna trial {trial})"
     pruned = run.data.tags.get("optuna.state") == "PRUNED"  # sweeps/tracking.py's tag
     if status != "FINISHED":  # a killed or running run beside finished ones: say so

@@ -800,9 +800,13 @@ def run_worker(
     worker = st.Worker.current()
     journal = st.journal_path(url)
     new_journal = journal is not None and not journal.exists()
-    storage = st.open_storage(url, sweep.storage_options)
     folder = st.study_folder(sweep, runs_dir)
+    # Before the storage: a default journal's folder is the study folder (made there).
     made = [f for f in (folder, *folder.parents) if not f.exists()]  # deepest first
+    if journal is not None:
+        made += [f for f in journal.parents if not f.exists() and f not in made]
+        made.sort(key=lambda f: len(f.parts), reverse=True)
+    storage = st.open_storage(url, sweep.storage_options)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     try:
         try:

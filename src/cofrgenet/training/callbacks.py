@@ -443,7 +443,7 @@ class StopOnSignal(StepBoundaries):
 
     _set_up = False  # setup has run for a fit: "idle" after it is after the teardown
 
-    _waiting_for_validation = False  # a step's signals wait for the validation after it
+    _waiting_for_validation = False  # the step just ended validates: act after it
 
     _ended = False  # a fit with this callback has ended: its handlers are given back
 
@@ -457,7 +457,7 @@ class StopOnSignal(StepBoundaries):
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
         self._pid, self._phase, self._set_up = os.getpid(), "starting", True
-        self._ended = False
+        self._ended, self._waiting_for_validation = False, False
         self._before_start = signal.signal(signal.SIGTERM, self._on_sigterm_while_starting)
 
     def _on_sigterm_while_starting(self, signum: int, frame: Any) -> None:
@@ -547,13 +547,12 @@ class StopOnSignal(StepBoundaries):
             if signal.SIGINT in self._pending and rank_zero_only.rank == 0:
                 print("\nCtrl-C: that was the last step; finishing its final validation and save")
             return
-        waited = self._waiting_for_validation
-        if not waited and self._pending and validates_after_this_step(trainer):
-            # Saved now, the stop would come before this step's validation, which Lightning
-            # then aborts and, resuming, takes as done: its val/loss (a sweep trial's
-            # report to the pruner) lost. on_validation_end acts once it has scored (or the
-            # next step's end, had none run). The ranks decide alike without an exchange:
-            # the step is the same on every rank.
+        if not self._waiting_for_validation and validates_after_this_step(trainer):
+            # Acted on now, a stop would save before this step's validation, which
+            # Lightning then aborts and, resuming, takes as done: its val/loss (a sweep
+            # trial's report to the pruner) lost. on_validation_end acts (and exchanges)
+            # once it has scored, or the next step's end, had none run. Every rank skips
+            # this exchange alike, whatever signals it holds: the step is the same on each.
             self._waiting_for_validation = True
             if signal.SIGINT in self._pending and rank_zero_only.rank == 0:
                 print("\nCtrl-C: this step validates; stopping once its validation ends")
@@ -721,13 +720,15 @@ def _stop_spawned_ranks(trainer: L.Trainer) -> None:
     the ranks as well, and a second SIGINT would abort them unsaved."""
     import multiprocessing
 
+    if trainer.world_size == 1 or torch.distributed.is_initialized():
+        return  # no ranks of its own, or a rank: its own callback acts
     launcher = trainer.strategy.launcher
     spawned = [
         process
         for process in getattr(launcher, "procs", None) or ()
         if isinstance(process, multiprocessing.process.BaseProcess)
     ]
-    if not spawned or torch.distributed.is_initialized():  # a rank: its own callback acts
+    if not spawned:
         return
     launcher.kill(signal.SIGTERM)
     for process in spawned:

@@ -729,7 +729,7 @@ class CofrCLI(LightningCLIAdapter):
         ckpt_path = self.config_value(self.config, "ckpt_path")
         if self.subcommand != "fit" or ckpt_path is None:
             return False
-        return ckpt_path != "last" or checkpoints.newest_intact(run_dir)[0] is not None
+        return ckpt_path != "last" or bool(checkpoints.candidates(run_dir))  # none read
 
     def _resuming_last(self) -> bool:
         """fit --ckpt_path last, and every evaluation, act on the latest run by default."""

@@ -232,11 +232,12 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         data is what changed since."""
         data_vocab = getattr(datamodule, "vocab_size", None)
         if data_vocab is not None and data_vocab > self.model_config.vocab_size and resuming:
+            folder = getattr(datamodule, "data_dir", "the data folder")
             raise ConfigError(
                 f"the data's tokenizer has {data_vocab} token ids but the resumed checkpoint's "
-                f"model only {self.model_config.vocab_size}: "
-                f"{getattr(datamodule, 'data_dir', 'the data folder')} is not tokenized as the data the run trained on (prepared again with another "
-                "tokenizer?). Resume on that data (--data.data_dir), or start a new run"
+                f"model only {self.model_config.vocab_size}: {folder} is not tokenized as the "
+                "data the run trained on (prepared again with another tokenizer?). Resume on "
+                "that data (--data.data_dir), or start a new run"
             )
         if data_vocab is not None and data_vocab > self.model_config.vocab_size and evaluating:
             raise ConfigError(

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,6 +81,32 @@ def finite(value: Any) -> Any:
 def strict_json(value: Any) -> str:
     """``value`` as strict, indented JSON (:func:`finite`), ending with a newline."""
     return json.dumps(finite(value), indent=2, allow_nan=False) + "\n"
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """The folders on the way to ``path``, itself included, that do not exist yet, deepest
+    first: what ``mkdir -p`` makes (through ``a/../b``, ``a`` too)."""
+    path = path.absolute()
+    prefixes = [Path(*path.parts[:end]) for end in range(1, len(path.parts) + 1)]
+    missing = [
+        folder
+        for folder in prefixes
+        if folder.name not in ("", ".", "..") and not (folder.exists() or folder.is_symlink())
+    ]
+    return missing[::-1]
+
+
+def remove_empty_folders(folders: Iterable[Path]) -> None:
+    """Remove ``folders`` (deepest first, as :func:`missing_folders` lists those a call
+    made) while they are empty: the first that holds something (someone else's files)
+    stops it, since the ones above hold it; one already gone is passed over."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
 
 
 def nearest_existing(path: Path) -> Path:

@@ -296,7 +296,7 @@ class TokenDataModule(L.LightningDataModule):
         rank (a device-side assert on CUDA) and the others a lost peer. On the CPU copy,
         before it moves: no device sync."""
         if isinstance(batch, Tensor) and batch.numel():
-            low, high = int(batch.min()), int(batch.max())
+            low, high = (int(end) for end in torch.aminmax(batch))  # one pass
             if low < 0 or high >= self.meta.vocab_size:
                 bad = high if high >= self.meta.vocab_size else low
                 raise DataFolderError(

@@ -45,7 +45,12 @@ from typing import Any
 import numpy as np
 
 from cofrgenet import package_version, terminal
-from cofrgenet.atomic import nearest_existing, why_no_folder
+from cofrgenet.atomic import (
+    missing_folders,
+    nearest_existing,
+    remove_empty_folders,
+    why_no_folder,
+)
 from cofrgenet.data.cpus import available_cpus
 from cofrgenet.data.meta import (
     LOCK_FILES,
@@ -668,19 +673,6 @@ def _check_no_readers(out: Path) -> None:
         raise _being_read(out)
 
 
-def _missing_folders(out: Path) -> list[Path]:
-    """The folders on the way to ``out``, itself included, that do not exist yet, deepest
-    first: what ``mkdir -p`` makes (through ``a/../b``, ``a`` too)."""
-    path = out.absolute()
-    prefixes = [Path(*path.parts[:end]) for end in range(1, len(path.parts) + 1)]
-    missing = [
-        folder
-        for folder in prefixes
-        if folder.name not in ("", ".", "..") and not (folder.exists() or folder.is_symlink())
-    ]
-    return missing[::-1]
-
-
 def _make_folder(out: Path) -> None:
     """``mkdir -p out``, with a one-line error naming what stands in the way."""
     if out.is_symlink() and not out.exists():
@@ -999,7 +991,7 @@ def prepare_data(
         log(f"{out} is already prepared with these settings: nothing to do (--overwrite redoes it)")
         return existing
     _check_is_folder(out)  # again: a file may have been made there meanwhile
-    made = _missing_folders(out)  # removed again if this prepare fails: out, then parents
+    made = missing_folders(out)  # removed again if this prepare fails: out, then parents
     _make_folder(out)
     lock = _lock_output(out)
     # Held until the end: a run that streams the folder now would read the new chunks
@@ -1090,9 +1082,7 @@ def prepare_data(
                 (out / READERS_LOCK).unlink(missing_ok=True)
         if made:
             lock.release(remove=True)
-            with contextlib.suppress(OSError):  # emptied above; a parent may hold others'
-                for folder in made:
-                    folder.rmdir()
+            remove_empty_folders(made)  # emptied above; a parent may hold others'
         raise
     finally:
         readers.release()

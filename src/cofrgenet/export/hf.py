@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cofrgenet.atomic import why_no_folder
+from cofrgenet.atomic import missing_folders, remove_empty_folders, why_no_folder
 from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, checkpoint_given
 from cofrgenet.errors import UserError
 from cofrgenet.signals import Terminated, sigterm_raises
@@ -328,7 +328,7 @@ def export_model(
     state = export_state_dict(model)
     _check_state_dict(state, config)
     _check_finite(model)
-    created = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]
+    created = missing_folders(out.parent)
     # Written and checked beside OUT_DIR, then moved in: a failure leaves OUT_DIR as it was.
     work = out.parent / f".{out.name}.export-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -362,9 +362,7 @@ def export_model(
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
-        for folder in created:  # the parents this call made, deepest first, if still empty
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        remove_empty_folders(created)  # the parents this call made, if still empty
         raise
     return report
 

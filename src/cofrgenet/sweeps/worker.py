@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from cofrgenet.atomic import missing_folders, remove_empty_folders
 from cofrgenet.dotted import get_dotted
 from cofrgenet.errors import UserError
 from cofrgenet.folder_lock import waiting_for
@@ -802,19 +803,11 @@ def run_worker(
     new_journal = journal is not None and not journal.exists()
     folder = st.study_folder(sweep, runs_dir)
     # Before the storage: a default journal's folder is the study folder (made there).
-    made = [f for f in (folder, *folder.parents) if not f.exists()]  # deepest first
-    if journal is not None:
-        made += [f for f in journal.parents if not f.exists() and f not in made]
-        made.sort(key=lambda f: len(f.parts), reverse=True)
+    made = [missing_folders(folder), missing_folders(journal.parent) if journal else []]
     storage = st.open_storage(url, sweep.storage_options)
     st.make_folder(folder, "the study's files", "--runs-dir or the sweep's runs_dir")
     try:
-        try:
-            check_not_stored_elsewhere(sweep, storage, url, runs_dir)
-        except SweepError:
-            if new_journal and journal.exists() and journal.stat().st_size == 0:  # made here
-                journal.unlink(missing_ok=True)
-            raise
+        check_not_stored_elsewhere(sweep, storage, url, runs_dir)
         study, created = open_study(
             sweep,
             storage,
@@ -827,13 +820,12 @@ def run_worker(
             url=url,
         )
     except SweepError:
-        # A refused worker leaves no folder it made (one another worker, starting too,
-        # wrote in stays).
-        for made_here in made:
-            try:
-                made_here.rmdir()
-            except OSError:
-                break
+        # A refused worker leaves no journal or folder it made (an empty journal would
+        # pass for the study's home; a folder another worker, starting too, wrote in stays).
+        if new_journal and journal.exists() and journal.stat().st_size == 0:
+            journal.unlink(missing_ok=True)
+        for folders in made:
+            remove_empty_folders(folders)
         raise
     client, parent = _parent_run(sweep, runs_dir, study, url) if mlflow else (None, None)
     stop_file = folder / "workers" / f"{worker.worker_id or worker.pid}.stop"

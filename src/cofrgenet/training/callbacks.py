@@ -385,16 +385,30 @@ def late_stop(late_signals: Iterable[int]) -> int | None:
     return next((s for s in late_signals if s in (signal.SIGINT, signal.SIGTERM)), None)
 
 
-def validates_after_this_step(trainer: L.Trainer) -> bool:
-    """Whether Lightning validates after the optimizer step that has just ended: every
-    ``val_check_interval`` batches (``check_val_every_n_epoch: null``, as every conf/trainer
-    file sets). Epoch-counted validation is not foreseen (False)."""
-    every = trainer.val_check_batch
-    if trainer.check_val_every_n_epoch is not None or not trainer.limit_val_batches:
+def validates_at(
+    step: int, every: Any, accumulate: Any, limit_val_batches: Any, every_n_epoch: Any
+) -> bool:
+    """Whether a fit validates at the end of optimizer step ``step``: every ``every``
+    batches (a step-counted ``val_check_interval``: ``check_val_every_n_epoch`` =
+    ``every_n_epoch`` null, as every conf/trainer file sets), ``accumulate`` batches a
+    step, unless ``limit_val_batches`` is 0. Epoch-counted validation is not foreseen
+    (False)."""
+    if every_n_epoch is not None or limit_val_batches == 0:
         return False
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         return False
-    return (trainer.global_step * trainer.accumulate_grad_batches) % every == 0
+    return (step * (accumulate or 1)) % every == 0
+
+
+def validates_after_this_step(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates after the optimizer step that has just ended."""
+    return validates_at(
+        trainer.global_step,
+        trainer.val_check_batch,
+        trainer.accumulate_grad_batches,
+        trainer.limit_val_batches,
+        trainer.check_val_every_n_epoch,
+    )
 
 
 class StopOnSignal(StepBoundaries):

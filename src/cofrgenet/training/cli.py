@@ -46,7 +46,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessRaisedException
 
 from cofrgenet import cli_cache, recipes
-from cofrgenet.atomic import write_text_atomic
+from cofrgenet.atomic import missing_folders, remove_empty_folders, write_text_atomic
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.data import TokenDataModule
 from cofrgenet.data.meta import TOKENIZER_KEYS, copy_tokenizer
@@ -71,6 +71,7 @@ from cofrgenet.training.callbacks import (
     NonFiniteLossGuard,
     StopOnSignal,
     frozen_depths_need_unused_parameters,
+    validates_at,
 )
 from cofrgenet.training.checkpoint_callback import RunCheckpoint
 from cofrgenet.training.checkpoint_io import AtomicCheckpointIO
@@ -1136,7 +1137,7 @@ class CofrCLI(LightningCLIAdapter):
         self._start_dir = run_dir
         self._found_at_start = None if new_folder else frozenset(p.name for p in run_dir.iterdir())
         # The folders above it that this start makes (the experiment's, the runs folder).
-        made_above = [p for p in run_dir.parents if not p.exists()]
+        made_above = missing_folders(run_dir.parent)
         try:
             if self.subcommand == "fit" and rank_zero_only.rank == 0:
                 lock.acquire()  # before anything is written: a second fit stops here
@@ -1149,11 +1150,7 @@ class CofrCLI(LightningCLIAdapter):
             empty = new_folder and lock.held and _holds_only_lock(run_dir)
             lock.release(remove=empty)
             if empty:
-                for folder in (run_dir, *made_above):  # deepest first; stops at a full one
-                    try:
-                        folder.rmdir()
-                    except OSError:
-                        break
+                remove_empty_folders([run_dir, *made_above])
             raise
 
     def _instantiate_run(
@@ -1530,24 +1527,19 @@ SCORING_KEYS = (
 
 #: The option that scores a sharded checkpoint under FSDP and keeps the scoring settings
 #: taken from the run's fit (any ``--config`` turns that off).
-FSDP_STRATEGY_OPTION = (
-    "--trainer.strategy.class_path cofrgenet.training.strategies.LadderFSDPStrategy"
-)
+FSDP_STRATEGY_OPTION = f"--trainer.strategy.class_path {LADDER_FSDP}"
 
 
 def validation_due(trainer_config: dict[str, Any], step: int) -> bool:
-    """Whether the fit validates at the end of optimizer step ``step`` (a step-counted
-    ``trainer.val_check_interval`` of batches, as every conf/trainer file sets)."""
-    interval = trainer_config.get("val_check_interval")
-    accumulate = trainer_config.get("accumulate_grad_batches") or 1
-    if (
-        trainer_config.get("limit_val_batches") == 0
-        or trainer_config.get("check_val_every_n_epoch", 1) is not None
-    ):
-        return False
-    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
-        return False
-    return (step * accumulate) % interval == 0
+    """Whether the fit of ``trainer_config`` (its Trainer settings) validates at the end
+    of optimizer step ``step``."""
+    return validates_at(
+        step,
+        trainer_config.get("val_check_interval"),
+        trainer_config.get("accumulate_grad_batches"),
+        trainer_config.get("limit_val_batches"),
+        trainer_config.get("check_val_every_n_epoch", 1),
+    )
 
 
 def unscored_validation(

@@ -1282,6 +1282,38 @@ def test_the_pareto_front_runs_through_finished_runs_alone(tmp_path, monkeypatch
     assert not closed[-1].axes[0].lines  # one finished run: no front line in the legend
 
 
+def test_the_pareto_plots_x_ticks_read_as_short_counts(tmp_path, monkeypatch):
+    """On runs 2.2M to 2.9M parameters (less than a decade) the axis had eight
+    ``2.3 x 10^6``-style labels running into each other; they read ``2.3M`` now, on the
+    ticks matplotlib labels (the minor ones too on such a range, the decades alone on a
+    wide one)."""
+    import matplotlib.pyplot as plt
+
+    from cofrgenet.eval.compare import RunRow, plot_pareto, short_count
+
+    assert [short_count(v) for v in (2.3e6, 150_000, 1.5e9, 512, 1e6)] == [
+        "2.3M", "150k", "1.5B", "512", "1M"
+    ]  # fmt: skip
+
+    def labels(sizes: list[int]) -> list[str]:
+        rows = [RunRow(f"r{i}", f"r{i}", "e", "gpt2-tiny", size, 0, 20, None, None,
+                       {"val/loss": 3.0 - i / 10}) for i, size in enumerate(sizes)]  # fmt: skip
+        closed = []
+        monkeypatch.setattr(plt, "close", closed.append)
+        plot_pareto(rows, "val/loss", "params", tmp_path)
+        figure = closed[-1]
+        figure.canvas.draw()
+        axis = figure.axes[0].xaxis
+        ticks = axis.get_majorticklabels() + axis.get_minorticklabels()
+        return [t.get_text() for t in ticks if t.get_text()]
+
+    narrow = labels([2_234_567, 2_334_567, 2_734_567, 2_934_567])
+    assert "2.5M" in narrow and len(narrow) >= 4
+    assert all(re.fullmatch(r"[0-9.]+[kMB]?", text) for text in narrow), narrow
+    wide = labels([12_345, 334_567, 93_456_789])
+    assert {"100k", "1M", "10M"} <= set(wide) and "200k" not in wide, wide
+
+
 def test_a_perplexity_is_plotted_on_a_log_axis(tmp_path, monkeypatch):
     """The tour's case: a diverged run's 547844 on a linear axis squashed every other
     point, and the paper's rows, into one line at 0."""

@@ -707,6 +707,35 @@ def front_withheld(rows: Sequence[RunRow], metric: str, x_axis: str) -> bool:
     return metric in _protocols_by_column(plotted_rows(rows, metric, x_axis))
 
 
+def short_count(value: float) -> str:
+    """A count as a tick label: 2300000 -> ``2.3M``, 150000 -> ``150k``, 1.5e9 -> ``1.5B``."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _count_tick_labels(axis: Any) -> None:
+    """Label ``axis``'s log-scaled ticks as short counts (``2.3M``), on the ticks that
+    matplotlib labels: on a range under a decade it labels the minor ticks, and eight
+    ``2.3 x 10^6``-style labels ran into each other."""
+    from matplotlib.ticker import Formatter
+
+    class CountLabels(Formatter):
+        def __init__(self, default: Formatter) -> None:
+            self.default = default
+
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return short_count(x) if self.default(x, pos) else ""
+
+        def format_ticks(self, values: Any) -> list[str]:
+            shown = self.default.format_ticks(values)
+            return [short_count(v) if text else "" for v, text in zip(values, shown, strict=True)]
+
+    axis.set_major_formatter(CountLabels(axis.get_major_formatter()))
+    axis.set_minor_formatter(CountLabels(axis.get_minor_formatter()))
+
+
 def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> Path | None:
     """Write the Pareto plot; None when no run has ``metric``."""
     import matplotlib
@@ -769,6 +798,7 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
             label="paper (GPT2-xl scale)",
         )
     ax.set_xscale("log")
+    _count_tick_labels(ax.xaxis)
     if is_perplexity(metric):  # a loss stays linear: its scale is already a log's
         ax.set_yscale("log")
     ax.set_xlabel("parameters" if x_axis == "params" else "forward FLOPs per token")

@@ -491,6 +491,23 @@ def test_bad_utf8_bytes_in_jsonl_become_replacement_characters_as_in_text_files(
     assert meta.splits["train"].documents + meta.splits["val"].documents == 3
 
 
+def test_a_jsonl_file_in_another_encoding_is_refused_as_a_text_file_is(tmp_path):
+    """A Latin-1 JSONL file went in with one character in seven a U+FFFD, where the same
+    bytes as a .txt file were refused (a stray bad byte passes in both)."""
+    records = "".join(json.dumps({"text": f"café naïve résumé {i}"}, ensure_ascii=False) + "\n"
+                      for i in range(50))  # fmt: skip
+    (tmp_path / "latin.jsonl").write_bytes(records.encode("latin-1"))
+    with pytest.raises(
+        SourceError, match=r"latin.jsonl is not UTF-8 text .*leave it out of --path"
+    ):
+        JsonlSource(str(tmp_path / "latin.jsonl"))
+    (tmp_path / "utf8.jsonl").write_bytes(records.encode() + b'{"text": "one \xff"}\n')
+    assert JsonlSource(str(tmp_path / "utf8.jsonl")).read([0, 50]) == [
+        "café naïve résumé 0",
+        "one \ufffd",
+    ]
+
+
 def test_text_files_drop_a_bom_read_utf16_and_refuse_other_encodings(tmp_path):
     """A UTF-8 BOM was kept as three junk tokens at the start of each document (JSONL
     dropped it); UTF-16 and Latin-1 files went in garbled without a word."""
@@ -526,6 +543,24 @@ def test_no_match_errors_say_why_a_folder_or_brackets_matched_nothing(tmp_path):
     with pytest.raises(SourceError, match=r"write a literal \[ as \[\[\]"):
         TextFilesSource(str(tmp_path / "run[1]" / "*.txt"))
     assert TextFilesSource(str(tmp_path / "run[[]1]" / "*.txt")).read([0]) == ["words"]
+
+
+def test_a_path_that_matches_nothing_beside_ones_that_do_is_refused(tmp_path):
+    """``--path a.jsonl --path bb.jsonl`` (a typo: no bb.jsonl) prepared a.jsonl alone,
+    unsaid: its files would be missing from the corpus."""
+    (tmp_path / "a.txt").write_text("words")
+    (tmp_path / "a.jsonl").write_text('{"text": "words"}\n')
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(
+        SourceError, match=r"'.*bb.jsonl' matches no JSONL file \(the others match 1\): fix it"
+    ):
+        JsonlSource([str(tmp_path / "a.jsonl"), str(tmp_path / "bb.jsonl")])
+    with pytest.raises(SourceError, match=r"'.*nope/\*.txt' matches no text file"):
+        TextFilesSource([str(tmp_path / "*.txt"), str(tmp_path / "nope" / "*.txt")])
+    with pytest.raises(SourceError, match=r"'.*sub' is a folder; give the files in it"):
+        TextFilesSource([str(tmp_path / "a.txt"), str(tmp_path / "sub")])
+    both = TextFilesSource([str(tmp_path / "a.txt"), str(tmp_path / "*.txt")])  # overlapping
+    assert both.files == [str((tmp_path / "a.txt").resolve())]
 
 
 def test_compressed_files_are_refused_not_read_as_text(tmp_path):
@@ -1491,7 +1526,7 @@ def test_preparing_again_with_the_same_settings_is_a_no_op(tmp_path, capsys):
     assert "(chunk_bytes: 64000000 there, 20000 asked)" in capsys.readouterr().err
 
 
-def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
+def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys, monkeypatch):
     """Same command, but a source file changed since: the old tokens are not reused."""
     import os
 
@@ -1512,6 +1547,10 @@ def test_preparing_edited_files_again_is_refused_not_skipped(tmp_path, capsys):
     assert "was prepared from other files than these, or from these before they changed" in err
     assert "--overwrite" in err
     assert main([*args, "--overwrite"]) == 0
+    # The same files spelled another way (relative, from their folder): nothing to do.
+    monkeypatch.chdir(tmp_path)
+    assert main([*args[:3], "./txt/*.txt", *args[4:]]) == 0
+    assert "already prepared with these settings" in capsys.readouterr().err
     (docs / "06.txt").write_text("one more document " * 20)  # a file added
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -2186,6 +2225,13 @@ def test_one_text_file_splits_into_paragraph_or_line_documents(tmp_path, capsys)
         "line two",
     ]
     assert "documents" not in TextFilesSource(str(tmp_path / "input.txt")).describe()
+    # A line ends at \n, \r\n or \r alone: a form feed (a page break) or \u2028 inside one
+    # made two documents of it (str.splitlines).
+    (tmp_path / "pages.txt").write_text("page one\x0cstill one\u2028too\rtwo\r\nthree\x1c.\n",
+                                        newline="")  # fmt: skip
+    assert TextFilesSource(str(tmp_path / "pages.txt"), documents="lines").read([0, 1, 2]) == [
+        "page one\x0cstill one\u2028too", "two", "three\x1c."
+    ]  # fmt: skip
     glob = ["--source", "text", "--glob", str(tmp_path / "input.txt"), "--num-workers", "1"]
     assert main([*glob, "--documents", "paragraphs", "--out", str(tmp_path / "out")]) == 0
     meta = read_meta(tmp_path / "out")
@@ -2230,7 +2276,7 @@ def test_a_spawned_rank_with_loader_workers_exits(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys):
+def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys, monkeypatch):
     """A local --source hf folder edited since its prepare read as "already prepared with
     these settings: nothing to do" (the old tokens trained on): its files' contents are
     recorded now, as --source text/jsonl/parquet's are."""
@@ -2246,6 +2292,9 @@ def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys
     assert main(args) == 0
     assert "Generating train split" not in capsys.readouterr().err  # datasets' bars: none
     assert main(args) == 0  # unchanged: nothing to do
+    assert "nothing to do" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # the same folder, spelled relative: the same
+    assert main([*args[:3], "./corpus", *args[4:]]) == 0
     assert "nothing to do" in capsys.readouterr().err
     (folder / "train.csv").write_text("text\n" + "".join(f"row {i} words\n" for i in range(10)))
     assert main(args) == 2

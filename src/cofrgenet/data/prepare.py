@@ -840,6 +840,10 @@ def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataM
     val = split_args.get("val")
     if isinstance(val, dict) and "contents" not in (existing.split_args.get("val") or {}):
         split_args["val"] = {k: v for k, v in val.items() if k != "contents"}  # as above
+    asked = _spelled_as_there(existing.source_args, asked)
+    there_val = existing.split_args.get("val")
+    if isinstance(split_args.get("val"), dict) and isinstance(there_val, dict):
+        split_args["val"] = _spelled_as_there(there_val, split_args["val"])
     request = {**request, "source_args": asked, "split_args": split_args}
     same_but_contents = _plain({**existing.source_args, "contents": None}) == _plain(
         {**asked, "contents": None}
@@ -861,6 +865,20 @@ def _same_prepare(out: Path, request: dict[str, Any], chunk_bytes: int) -> DataM
             "pass --overwrite to replace it, or choose another --out"
         )
     return existing
+
+
+#: The source arguments that say where its files are: the same files (the same
+#: ``contents``, which hashes their resolved paths) are the same source however spelled.
+_WHERE = ("glob", "path", "dataset")
+
+
+def _spelled_as_there(there: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """``asked`` with where its files are spelled as ``there`` when they are the same
+    files: ``corpus/*.txt`` from the checkout and ``/abs/corpus/*.txt`` from elsewhere
+    were refused as other settings."""
+    if there.get("contents") is None or there.get("contents") != asked.get("contents"):
+        return asked
+    return {**asked, **{key: there[key] for key in _WHERE if key in there and key in asked}}
 
 
 def _differences(key: str, there: Any, asked: Any) -> list[str]:

@@ -119,11 +119,15 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
         patterns = [patterns]
     files: set[str] = set()
     dangling: list[str] = []
-    for pattern in patterns:
-        pattern = os.path.expanduser(str(pattern))
+    unmatched: list[str] = []
+    for given in patterns:
+        pattern = os.path.expanduser(str(given))
         matches = _glob.glob(pattern, recursive=True) if _glob.has_magic(pattern) else [pattern]
-        files.update(str(Path(m).resolve()) for m in matches if os.path.isfile(m))
+        found = {str(Path(m).resolve()) for m in matches if os.path.isfile(m)}
+        files |= found
         dangling += [m for m in matches if os.path.islink(m) and not os.path.exists(m)]
+        if not found:
+            unmatched.append(str(given))
     if dangling:  # their text would be missing from the corpus, unsaid
         more = f" (and {len(dangling) - 1} more)" if len(dangling) > 1 else ""
         raise SourceError(
@@ -133,6 +137,11 @@ def _expand(patterns: str | Sequence[str], what: str) -> list[str]:
     if not files:
         raise SourceError(
             f"no {what} files match {list(patterns)!r}{_no_match_hint(patterns, what)}"
+        )
+    if unmatched:  # a typo beside paths that match: its files would be missing, unsaid
+        hint = _no_match_hint(unmatched, what) or ": fix it, or leave it out"
+        raise SourceError(
+            f"{unmatched[0]!r} matches no {what} file (the others match {len(files)}){hint}"
         )
     packed = sorted(f for f in files if Path(f).suffix.lower() in _COMPRESSED)
     if packed and what != "Parquet":  # Parquet compresses inside the file
@@ -190,6 +199,27 @@ _BOMS = (
 )
 
 
+def _decoded(data: bytes, encoding: str) -> tuple[str, int]:
+    """``data`` decoded, undecodable bytes as U+FFFD, and how many there were."""
+    try:
+        return data.decode(encoding), 0
+    except UnicodeDecodeError:
+        text = data.decode(encoding, errors="replace")
+        return text, text.count("\ufffd") - data.decode(encoding, errors="ignore").count("\ufffd")
+
+
+def _check_utf8(path: str, bad: int, length: int, option: str) -> None:
+    """A SourceError when more than a few of a file's ``length`` characters (``bad``)
+    were undecodable bytes or NULs: the file is in another encoding (see
+    :data:`STRAY_EVERY`)."""
+    if bad > 1 + length // STRAY_EVERY:
+        raise SourceError(
+            f"{path} is not UTF-8 text ({bad:,} of its {length:,} characters are "
+            "undecodable bytes or NULs): convert it to UTF-8 first (iconv -f <its encoding> "
+            f"-t UTF-8: LATIN1, UTF-16LE...), or leave it out of {option}"
+        )
+
+
 def _read_text(path: str) -> str:
     """A text file's contents as written: line ends kept (``\r\n`` stays, as in JSONL
     and Parquet text), a byte-order mark dropped (UTF-16 and UTF-32 with one decoded as
@@ -199,18 +229,8 @@ def _read_text(path: str) -> str:
         data = fh.read()
     # utf-8-sig drops a UTF-8 BOM, as the JSONL source does.
     encoding = next((codec for marks, codec in _BOMS if data.startswith(marks)), "utf-8-sig")
-    try:
-        text, bad = data.decode(encoding), 0
-    except UnicodeDecodeError:
-        text = data.decode(encoding, errors="replace")
-        bad = text.count("\ufffd") - data.decode(encoding, errors="ignore").count("\ufffd")
-    bad += text.count("\x00")
-    if bad > 1 + len(text) // STRAY_EVERY:
-        raise SourceError(
-            f"{path} is not UTF-8 text ({bad:,} of its {len(text):,} characters are "
-            "undecodable bytes or NULs): convert it to UTF-8 first (iconv -f <its encoding> "
-            "-t UTF-8: LATIN1, UTF-16LE...), or leave it out of --glob"
-        )
+    text, bad = _decoded(data, encoding)
+    _check_utf8(path, bad + text.count("\x00"), len(text), "--glob")
     return text
 
 
@@ -304,12 +324,15 @@ class _FileRowSource(Source):
 #: blank lines: a play's speeches, a book's paragraphs) or a non-blank line.
 TEXT_DOCUMENTS = ("files", "paragraphs", "lines")
 _BLANK_LINES = re.compile(r"\r?\n(?:[ \t]*\r?\n)+")
+#: A line's end: not str.splitlines(), which also ends one at a form feed, \x1c-\x1e,
+#: \x85 or \u2028, all of which a line of text may hold.
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def text_pieces(text: str, documents: str) -> list[str]:
     """The documents of one file's ``text``: its paragraphs or its lines, blank ones
     dropped (a paragraph keeps its line ends; a line loses its own)."""
-    parts = _BLANK_LINES.split(text) if documents == "paragraphs" else text.splitlines()
+    parts = (_BLANK_LINES if documents == "paragraphs" else _LINE_END).split(text)
     return [part for part in parts if part.strip()]
 
 
@@ -370,12 +393,15 @@ class JsonlSource(_FileRowSource):
         # Byte offsets of non-blank lines: one pass, then random access by seek.
         self._offsets: list[np.ndarray] = []
         for path in self.files:
-            offsets, pos = [], 0
+            offsets, pos, bad, length = [], 0, 0, 0
             with _reading(path), open(path, "rb") as fh:
                 for line in fh:
                     if line.strip():
                         offsets.append(pos)
                     pos += len(line)
+                    text, stray = _decoded(line, "utf-8")
+                    bad, length = bad + stray, length + len(text)
+            _check_utf8(path, bad, length, "--path")  # a Latin-1 file read as garble
             self._offsets.append(np.asarray(offsets, dtype=np.int64))
         self._starts = [0, *np.cumsum([len(o) for o in self._offsets]).tolist()]
         if len(self) == 0:
@@ -724,7 +750,7 @@ class HFSource(Source):
             "split": self.split,
             "text_field": self.text_field,
         }
-        local = Path(self.path).expanduser()
+        local = Path(self.path).expanduser().resolve()  # hashed as text files' are
         if local.exists():  # a local folder's files can change under the same name
             # Not .git/ nor .cache/ (`hf download --local-dir` keeps its metadata there):
             # they change without the data changing.

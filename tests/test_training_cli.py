@@ -1737,6 +1737,15 @@ def test_fit_help_gives_cofr_meanings(capsys):
             r"run\.name 'über run' is not a folder name.*e\.g\. 'uber-run'",
         ),
         (["--trainer.accelerator", "mps"], r"not available.*--trainer\.accelerator cpu"),
+        (  # refused by the callback's setup, once the fit ran: was a traceback
+            ["--run.mlflow", "false", "--trainer.callbacks+=LearningRateMonitor"],
+            r"^trainer: Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger",
+        ),
+        (  # Lightning refused it at the first validation, a training interval in
+            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss"],
+            r"^trainer.callbacks: EarlyStopping monitors 'val_loss', which a fit does not log "
+            r"\(did you mean 'val/loss'\?\); it logs val/loss, val/ppl, train/loss",
+        ),
         (["--run.tracking_uri", "foo://bar"], r"MLflow cannot use 'foo://bar'.*--run.mlflow false"),
         (["--run.tracking_uri", "http://127.0.0.1:9"], r"no MLflow server answers at http"),
     ],

@@ -42,7 +42,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from torch.multiprocessing import ProcessRaisedException
 
 from cofrgenet import cli_cache, recipes
@@ -578,8 +578,6 @@ class CofrCLI(LightningCLIAdapter):
         jsonargparse wraps errors of the classes it builds (e.g. OptimizerConfig's) in a
         ValueError of its own, and Lightning reports trainer settings it refuses as
         MisconfigurationException: both are bad input, not bugs."""
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
         try:
             super().instantiate_classes()
         except MisconfigurationException as error:
@@ -933,6 +931,8 @@ class CofrCLI(LightningCLIAdapter):
     _start_dir: Path | None = None  # the run folder of this start (fit's)
     #: The names the run folder held before this start; None when the start made it.
     _found_at_start: frozenset[str] | None = None
+    #: The folders above it that this start made (the experiment's, the runs folder).
+    _made_above: tuple[Path, ...] = ()
 
     def _written_by_this_start(self, name: str) -> bool:
         return self._found_at_start is None or name not in self._found_at_start
@@ -951,6 +951,10 @@ class CofrCLI(LightningCLIAdapter):
             except UserError:
                 self._forget_refused_start()
                 raise
+            except MisconfigurationException as error:  # a callback's refusal at its setup
+                self._forget_refused_start()
+                strategy = self.config_value(self.config, "trainer.strategy")
+                raise ConfigError(trainer_refusal(error, strategy)) from None
             except ProcessRaisedException as error:  # ddp_spawn: a rank's own error
                 refused = user_error_of_rank(error)
                 if refused is None:
@@ -1009,8 +1013,7 @@ class CofrCLI(LightningCLIAdapter):
             shutil.rmtree(run_dir / RUN_TOKENIZER_DIR, ignore_errors=True)
         lock.release(remove=self._written_by_this_start(LOCK_FILE))
         if self._found_at_start is None:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()
+            remove_empty_folders([run_dir, *self._made_above])
 
     def default_callbacks(
         self, run_dir: Path, run: RunConfig, configured: list[Callback]
@@ -1116,6 +1119,8 @@ class CofrCLI(LightningCLIAdapter):
                 resuming=self._resumes_a_checkpoint(run_dir),
             )
         _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
+        if self.subcommand == "fit":
+            _check_monitors(self.config_value(self.config_init, "trainer.callbacks"))
         _check_unused_parameters_allowed(
             lambda key: self.config_value(self.config_init, f"trainer.{key}")
         )
@@ -1136,8 +1141,7 @@ class CofrCLI(LightningCLIAdapter):
         new_folder = not run_dir.exists()
         self._start_dir = run_dir
         self._found_at_start = None if new_folder else frozenset(p.name for p in run_dir.iterdir())
-        # The folders above it that this start makes (the experiment's, the runs folder).
-        made_above = missing_folders(run_dir.parent)
+        made_above = self._made_above = tuple(missing_folders(run_dir.parent))
         try:
             if self.subcommand == "fit" and rank_zero_only.rank == 0:
                 lock.acquire()  # before anything is written: a second fit stops here
@@ -1332,6 +1336,22 @@ def trainer_refusal(error: BaseException, strategy: Any) -> str:
     elif "strategy `fsdp` requires a GPU" in message:
         hint = f" (cofr's FSDP runs on CPU too: --trainer.strategy {LADDER_FSDP})"
     return f"trainer: {message}{hint}"
+
+
+def _check_monitors(callbacks: Any) -> None:
+    """Refuse a callback that watches a metric no fit logs (``EarlyStopping(monitor=
+    "val_loss")``): Lightning says so at the first validation, a training interval in."""
+    from cofrgenet.training.module import FIT_METRICS
+
+    watchable = (*FIT_METRICS, "step", "epoch")
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(monitor, str) and monitor not in watchable:
+            raise ConfigError(
+                f"trainer.callbacks: {type(callback).__name__} monitors {monitor!r}, which a "
+                f"fit does not log{did_you_mean(monitor, watchable)}; it logs "
+                f"{', '.join(FIT_METRICS)}"
+            )
 
 
 def _check_trainer_settings(value: Any) -> None:

@@ -59,6 +59,21 @@ def batch_seed(seed: int, rank: int, epoch: int, batch_idx: int) -> int:
     return int(entropy.generate_state(1, np.uint64)[0])
 
 
+#: What a fit logs through Lightning: the names a callback's ``monitor`` can watch
+#: (``EarlyStopping``, ``ModelCheckpoint``), besides Lightning's ``step`` and ``epoch``.
+FIT_METRICS = (
+    "val/loss",
+    "val/ppl",
+    "train/loss",
+    "opt/lr",
+    "opt/grad_norm",
+    "opt/grad_spikes",
+    "data/tokens_seen",
+    "perf/tokens_per_sec",
+    "perf/flops_per_s",
+    "perf/mfu",
+)
+
 #: Graphs a compiled model may need: one per state of its ladders' requires_grad (each
 #: dyadic release changes it: d + 1 states), training and validation (grad mode), ladder
 #: health recorded or not, and a partial last validation batch. Dynamo's default (8) was

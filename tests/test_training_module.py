@@ -31,7 +31,7 @@ from cofrgenet.training.callbacks import (
     release_step,
 )
 from cofrgenet.training.model_options import ModelOverrides
-from cofrgenet.training.module import SPIKE_WINDOW, LanguageModel, batch_seed
+from cofrgenet.training.module import FIT_METRICS, SPIKE_WINDOW, LanguageModel, batch_seed
 from cofrgenet.training.optim import (
     OptimizerConfig,
     describe_groups,
@@ -473,6 +473,8 @@ def test_training_logs_and_health_at_the_steps_measured():
     keys = set().union(*recorder.metrics)
     for key in ("train/loss", "opt/lr", "opt/grad_norm", "opt/grad_spikes", "data/tokens_seen"):
         assert key in keys, key
+    # What a callback may monitor (cofr fit refuses other names at start): all of them.
+    assert keys <= set(FIT_METRICS), keys - set(FIT_METRICS)
     assert module.tokens_seen == 7 * 4 * 16
     # ladder health: written for steps 0, 3, 6 only, every key each time
     trainer = tiny_trainer(

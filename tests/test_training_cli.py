@@ -1723,6 +1723,18 @@ def test_fit_help_gives_cofr_meanings(capsys):
             ["--model.config.depth", "1.5"],
             r"^model\.config\.depth: expected an integer, got '1\.5'$",
         ),
+        (  # given as JSON, the key was doubled (model.config.model.config.depth)
+            ["--model.config", '{"depth": "three"}'],
+            r"^model\.config\.depth: expected an integer, got 'three'$",
+        ),
+        (
+            ["--model", '{"config": {"depth": "three"}}'],
+            r"^model\.config\.depth: expected an integer, got 'three'$",
+        ),
+        (  # and a dataclass option's field was named alone ("lr: expected a number")
+            ["--model.optimizer", '{"lr": "fast"}'],
+            r"^model\.optimizer\.lr: expected a number, got 'fast'$",
+        ),
         (["--trainer.precision", "17"], "trainer.precision: '17' is not one of 64, 32, 16, .*bf16"),
         (["--ckpt_path", "last"], "no run of experiment 'test' .* has a checkpoint to resume"),
         (["--run.name", ".."], r"run\.name '\.\.' is not a folder name"),

@@ -91,6 +91,7 @@ from cofrgenet.training.config_words import (
     file_keys,
     file_word,
     given_key,
+    key_path,
     lists_replaced_by_later_files,
     replaced_by_later_files,
 )
@@ -605,6 +606,10 @@ class CofrCLI(LightningCLIAdapter):
         )
         if wrong_type is not None:
             key, expected, count, value = wrong_type.groups()
+            # A field of an option given as JSON (--model.optimizer '{"lr": "fast"}') is
+            # reported by its name alone, inside the option's report.
+            outer = re.findall(r'Parser key "([^"]+)"', message[: wrong_type.start()])
+            key = key_path([*outer, key])
             kind = (
                 f"a list of {count} values in brackets"
                 if count

@@ -22,6 +22,7 @@ import difflib
 import importlib
 import inspect
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,8 +313,18 @@ def bad_union(message: str) -> tuple[str, str, str] | None:
     if not kinds:
         return None
     # Every key on the way in (`- Expected a path` lines may come between them).
-    key = ".".join(re.findall(r'Parser key "([^"]+)"', message[: unions[-1].end()]))
+    key = key_path(re.findall(r'Parser key "([^"]+)"', message[: unions[-1].end()]))
     return key, " or ".join(kinds), given.group(1).strip()
+
+
+def key_path(keys: Sequence[str]) -> str:
+    """The dotted key of the innermost of jsonargparse's nested ``Parser key`` reports:
+    a dataclass field's is its own name (``model.optimizer``, then ``fused``), a value
+    given as JSON's the whole path again (``model.config``, then ``model.config.depth``)."""
+    path = ""
+    for key in keys:
+        path = key if not path or key == path or key.startswith(f"{path}.") else f"{path}.{key}"
+    return path
 
 
 def bad_callback_class(message: str) -> str | None:

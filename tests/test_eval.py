@@ -916,6 +916,47 @@ def test_an_interrupted_eval_keeps_the_tasks_it_finished(
     assert "logged to MLflow run" in captured.out
 
 
+@pytest.mark.parametrize("error", ["missing data file", "hub out of reach"])
+def test_a_harness_that_fails_after_cofrs_sets_keeps_their_scores(
+    checkpoint, tmp_path, capsys, monkeypatch, error
+):
+    """A harness task whose data file was misspelt failed with a traceback after cofr's
+    own sets were scored: no --json, nothing logged; a hub out of reach (cofr's own error)
+    printed them, no more. They are written marked partial and logged, as an interrupted
+    run's are, and then the error is raised as it is."""
+    pytest.importorskip("lm_eval")
+    from cofrgenet.cli import main as cofr
+    from cofrgenet.eval import harness
+
+    def fails(*args, **kwargs):
+        if error == "hub out of reach":
+            raise harness.HarnessError("a task's dataset is neither cached nor reachable")
+        raise FileNotFoundError("Unable to find '/tasks/missing.jsonl'")
+
+    monkeypatch.setattr(harness, "run_harness", fails)
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--ckpt", str(checkpoint), "--data-dir", str(data), "--json", str(out)]
+    argv += ["--tasks", "ptb", "--include-path", str(Path(__file__).parent / "data" / "harness")]
+    argv += ["--harness", "cofr_tiny_mc"]
+    if error == "hub out of reach":
+        assert cofr(argv) == 2
+    else:
+        with pytest.raises(FileNotFoundError, match=r"missing\.jsonl"):
+            main(argv)
+    captured = capsys.readouterr()
+    assert "stopped by the harness's error: not scored: cofr_tiny_mc" in captured.err
+    assert "the tasks finished before the harness's error" in " ".join(captured.out.split())
+    report = json.loads(out.read_text())
+    assert list(report["results"]) == ["ptb"]
+    assert report["partial"]["not_scored"] == ["cofr_tiny_mc"]
+    assert report["partial"]["stopped_by"].startswith("error: ")
+    run = mlflow.MlflowClient(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}").get_run(
+        report["mlflow_run_id"]
+    )
+    assert run.data.metrics["eval/ptb/nll"] == pytest.approx(report["results"]["ptb"]["nll"])
+
+
 def test_an_interrupted_eval_does_not_replace_complete_results(
     checkpoint, tmp_path, capsys, monkeypatch
 ):

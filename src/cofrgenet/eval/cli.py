@@ -25,7 +25,7 @@ from cofrgenet.dataclass_options import (
     checkpoint_given,
     device_arg,
 )
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, first_line
 from cofrgenet.eval.paths import (
     check_data_dir,
     check_output_file,
@@ -461,6 +461,7 @@ def run(args: argparse.Namespace) -> int:
     title = f"{args.ckpt} (step {loaded.step}, {args.split})"
     results: dict[str, dict[str, float]] = {}
     harness: dict[str, dict[str, float]] = {}
+    failed: Exception | None = None  # the harness's error, once cofr's own sets scored
     stop = _StopOnSigterm()
     with stop:
         try:
@@ -481,10 +482,12 @@ def run(args: argparse.Namespace) -> int:
                         num_fewshot=args.num_fewshot,
                         max_length=window,
                     )
-                except UserError:
-                    if tasks:  # scores already computed are shown, not lost with the harness's
-                        print_results(results, title + ", before the harness stopped")
-                    raise
+                except Exception as error:
+                    if not results:
+                        raise
+                    # The sets scored (hours, on real sets) are reported and logged as
+                    # an interrupted run's are, then the error is raised.
+                    failed = error
                 results.update(harness)
         except KeyboardInterrupt:
             stop.signum = signal.SIGINT
@@ -493,18 +496,24 @@ def run(args: argparse.Namespace) -> int:
         # From here SIGTERM is only noted: the sets scored are reported, then cofr exits.
         stop.scoring = False
         report = _report(args, loaded, results, data_dir, tasks, harness_tasks, texts, window)
-        if stop.signum is not None:
+        partial = stop.signum is not None or failed is not None
+        if partial:
             # Hours of scores are not thrown away with the set under way: each set
             # finished is a whole set's score, reported as a full run's are.
-            name = signal.Signals(stop.signum).name
+            name = (
+                "the harness's error" if stop.signum is None else signal.Signals(stop.signum).name
+            )
             not_scored = [task for task in [*tasks, *harness_tasks] if task not in results]
-            report["partial"] = {"stopped_by": name, "not_scored": not_scored}
+            report["partial"] = {
+                "stopped_by": name if failed is None else f"error: {first_line(failed)}",
+                "not_scored": not_scored,
+            }
             print(
                 f"cofr eval: stopped by {name}: "
                 + (f"not scored: {', '.join(not_scored)}" if results else "no set was scored"),
                 file=sys.stderr,
             )
-            if not results:  # an earlier --json is not replaced by an empty report
+            if not results and stop.signum is not None:  # an earlier --json is kept
                 return 128 + stop.signum
             what = "the interrupt" if stop.signum == signal.SIGINT else name
             title += f", the tasks finished before {what}"
@@ -516,10 +525,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         if out is not None:
             kept = ""
-            if stop.signum is not None and (partial := partial_results_file(out)) != out:
+            if partial and (partial_file := partial_results_file(out)) != out:
                 kept = f"; {out} keeps an earlier run's complete results"
                 try:
-                    out = check_output_file(partial)
+                    out = check_output_file(partial_file)
                 except UserError as error:
                     # Something else holds that name: the sets scored still go to MLflow
                     # below, and to stdout here, not nowhere.
@@ -532,7 +541,7 @@ def run(args: argparse.Namespace) -> int:
                     f"results: {out}"
                     + (
                         f" (partial: the sets finished{kept})"
-                        if stop.signum
+                        if partial
                         else older_partial_note(out)
                     )
                 )
@@ -542,6 +551,8 @@ def run(args: argparse.Namespace) -> int:
             report["logged_to_mlflow"] = True
             if out is not None:  # written before: the results are kept if logging fails
                 write_results(out, report)
+        if failed is not None:  # the sets scored are kept: now the error, as it is
+            raise failed
     return 0 if stop.signum is None else 128 + stop.signum
 
 

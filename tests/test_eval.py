@@ -369,6 +369,12 @@ def test_an_empty_or_undecodable_text_file_names_the_file(tmp_path, task):
     path.write_bytes(b"fine\nstill fine\n\xff\xfe not UTF-8\n")
     with pytest.raises(EvalDataError, match=rf"^{path}, line 3: not UTF-8 text"):
         read_rows(get_task(task), "test", tmp_path)
+    # A folder by the file's name was "no file X, and the Hugging Face dataset could not
+    # be loaded; get ... so that X is there".
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(EvalDataError, match=rf"^{path} is a folder: {task} reads a file there"):
+        read_rows(get_task(task), "test", tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -172,6 +172,8 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
     if split not in task.files:
         raise UserError(f"{task.name} has no {split!r} split; it has: {', '.join(task.files)}")
     path = task.local_path(data_dir, split)
+    if path.is_dir():  # "no file X ... so that X is there" would say nothing
+        raise EvalDataError(f"{path} is a folder: {task.name} reads a file there ({_layout(task)})")
     if path.is_file():
         # Checked here, before the model is loaded: a bad file fails at once, named.
         text = _read_text(task, path)

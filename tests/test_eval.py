@@ -508,7 +508,9 @@ def test_cofr_eval_again_logs_a_score_once_and_another_score_beside_it(tmp_path,
         assert main(argv) == 0
     ((step, first),) = points("eval/ptb/word_ppl")
     assert step == 2 and len(points("eval/ptb/nll")) == 1
+    assert len(points("eval/ptb/seconds")) == 1  # its time, beside a new score only
     assert main([*argv, "--stride", "32"]) == 0
+    assert len(points("eval/ptb/seconds")) == 2
     assert "logged to MLflow run" in capsys.readouterr().out
     ((_, again), (_, other)) = points("eval/ptb/word_ppl")
     assert again == first != other and [s for s, _ in points("eval/ptb/word_ppl")] == [2, 2]

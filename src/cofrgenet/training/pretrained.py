@@ -373,7 +373,9 @@ def log_onto_run(
     it at MLflow's limits. Raises NotLogged, with the reason, when the run cannot be
     reached (a moved or copied run folder, a server down); no store is made on the way.
     A metric the run holds at ``step`` with the same value is not logged again (the same
-    checkpoint scored again: one point, not two, as ``cofr validate`` and ``test`` do)."""
+    checkpoint scored again: one point, not two, as ``cofr validate`` and ``test`` do),
+    nor the time it took (``<prefix>/seconds``), which is logged beside a new score of
+    its ``<prefix>`` only."""
     from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -389,6 +391,12 @@ def log_onto_run(
             key: value
             for key, value in metrics.items()
             if key not in logged or not scored_already(client, run_id, key, step, value)
+        }
+        rescored = {key.rpartition("/")[0] for key in new if not key.endswith("/seconds")}
+        new = {
+            key: value
+            for key, value in new.items()
+            if not key.endswith("/seconds") or key.rpartition("/")[0] in rescored
         }
         client.log_batch(
             run_id,

@@ -101,7 +101,10 @@ class FinetuneConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip (0: none)"})
     max_length: int | None = field(
         default=None,
-        metadata={"help": "tokens per example, at most block_size (default: block_size)"},
+        metadata={
+            "help": "tokens per example, cut to the model's block size (default: the "
+            "length it trained at, its data.block_size)"
+        },
     )
     max_steps: int | None = field(
         default=None, metadata={"help": "stop after this many optimizer steps"}

@@ -2293,8 +2293,10 @@ def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys
     assert "Generating train split" not in capsys.readouterr().err  # datasets' bars: none
     assert main(args) == 0  # unchanged: nothing to do
     assert "nothing to do" in capsys.readouterr().err
-    monkeypatch.chdir(tmp_path)  # the same folder, spelled relative: the same
-    assert main([*args[:3], "./corpus", *args[4:]]) == 0
+    monkeypatch.chdir(tmp_path)  # the same folder, spelled otherwise: the same
+    relative = [*args[:3], "corpus", *args[4:6], "--out", "out-relative", *args[-2:]]
+    assert main(relative) == 0
+    assert main([*relative[:3], "./corpus/", *relative[4:]]) == 0
     assert "nothing to do" in capsys.readouterr().err
     (folder / "train.csv").write_text("text\n" + "".join(f"row {i} words\n" for i in range(10)))
     assert main(args) == 2

@@ -399,6 +399,9 @@ class JsonlSource(_FileRowSource):
                     if line.strip():
                         offsets.append(pos)
                     pos += len(line)
+                    if line.isascii():  # most lines: nothing to decode
+                        length += len(line)
+                        continue
                     text, stray = _decoded(line, "utf-8")
                     bad, length = bad + stray, length + len(text)
             _check_utf8(path, bad, length, "--path")  # a Latin-1 file read as garble
@@ -750,7 +753,7 @@ class HFSource(Source):
             "split": self.split,
             "text_field": self.text_field,
         }
-        local = Path(self.path).expanduser().resolve()  # hashed as text files' are
+        local = Path(self.path).expanduser()
         if local.exists():  # a local folder's files can change under the same name
             # Not .git/ nor .cache/ (`hf download --local-dir` keeps its metadata there):
             # they change without the data changing.

@@ -709,7 +709,7 @@ def front_withheld(rows: Sequence[RunRow], metric: str, x_axis: str) -> bool:
 
 def short_count(value: float) -> str:
     """A count as a tick label: 2300000 -> ``2.3M``, 150000 -> ``150k``, 1.5e9 -> ``1.5B``."""
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{value / scale:.3g}{suffix}"
     return f"{value:.3g}"

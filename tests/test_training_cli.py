@@ -1884,6 +1884,58 @@ def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):
     assert sorted(p.name for p in store.iterdir()) == ["mlflow.db"]  # nothing made, nor lost
 
 
+def test_a_run_store_is_made_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A Ctrl-C as a first fit started (MLflow making the store's tables, seconds) left a
+    mlflow.db that every later command failed to open with SQLAlchemy's traceback ("table
+    label_schemas already exists"). The tables are made beside it, then linked in whole."""
+    import mlflow.tracking
+
+    from cofrgenet.training import run_store
+
+    store = tmp_path / "runs" / "mlflow.db"
+    uri = f"sqlite:///{store}"
+    real = mlflow.tracking.MlflowClient
+
+    class CutShort:  # the tables half made, then Ctrl-C
+        def __init__(self, made_at: str) -> None:
+            Path(made_at.removeprefix("sqlite:///")).write_bytes(b"SQLite format 3\x00")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", CutShort)
+    with pytest.raises(KeyboardInterrupt):
+        run_store.make_store(uri)
+    assert list(store.parent.iterdir()) == []  # no store, nor the half-made one beside it
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", real)
+    run_store.make_store(uri)
+    assert [p.name for p in store.parent.iterdir()] == ["mlflow.db"]
+    assert [e.name for e in real(uri).search_experiments()] == ["Default"]
+    before = store.stat().st_mtime_ns
+    run_store.make_store(uri)  # there already: left as it is
+    assert store.stat().st_mtime_ns == before
+
+
+def test_a_store_made_before_half_is_refused_in_one_line(tiny_data, tmp_path):
+    """A store cut short before cofr made stores whole (no experiment, not even MLflow's
+    Default): cofr fit and cofr ui ended in SQLAlchemy's traceback, every time."""
+    import sqlite3
+
+    from cofrgenet.training.run_store import check_store_exists, make_store
+
+    store = tmp_path / "runs" / "mlflow.db"
+    make_store(f"sqlite:///{store}")
+    with sqlite3.connect(store) as connection:
+        connection.execute("DELETE FROM experiments")
+    with pytest.raises(UserError) as refused:
+        CofrCLI(args=fit_args(tmp_path, tiny_data))
+    assert str(refused.value).startswith(
+        f"{store} is an MLflow store whose making was cut short (it has no experiment, not "
+        "even MLflow's Default: a Ctrl-C as a first run started?): move it aside (it holds "
+        "no run; the next cofr fit makes a new store), or fix --run.tracking_uri"
+    )
+    with pytest.raises(UserError, match=r"whose making was cut short .*, or name the runs folder"):
+        check_store_exists(f"sqlite:///{store}", None)  # cofr ui, cofr compare
+
+
 def test_a_bad_peak_in_the_environment_fails_before_the_run(tiny_data, tmp_path, monkeypatch):
     """$COFR_PEAK_FLOPS is read at the first step's end: a typo there is found first."""
     monkeypatch.setenv("COFR_PEAK_FLOPS", "1e12x")

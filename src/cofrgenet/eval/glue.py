@@ -914,7 +914,7 @@ def _mlflow_logger(
     from lightning.pytorch.loggers import MLFlowLogger
 
     from cofrgenet.redact import hide_passwords
-    from cofrgenet.training.run_store import artifact_location, code_tags, cut, flatten
+    from cofrgenet.training.run_store import artifact_location, code_tags, cut, flatten, make_store
 
     tags = {
         **code_tags(),  # which code fine-tuned, as on a pretraining run
@@ -927,6 +927,7 @@ def _mlflow_logger(
         tags["cofr.pretrain_run_id"] = loaded.mlflow_run_id
     if command_line:
         tags["cofrgenet.command"] = cut(hide_passwords(command_line))
+    make_store(uri)  # whole, or not at all: not half by a Ctrl-C
     logger = MLFlowLogger(
         experiment_name=experiment,
         run_name=run_dir.name,

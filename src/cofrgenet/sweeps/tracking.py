@@ -30,6 +30,7 @@ from cofrgenet.training.run_store import (
     flatten,
     log_new_params,
     log_params_tagging_changes,
+    make_store,
     sqlite_database,
     tracking_uri,
 )
@@ -61,7 +62,8 @@ def client_for(run: RunConfig) -> MlflowClient:
         Path(run.runs_dir) / ".mlflow.lock",
         f"opening {uri} (workers starting together may race to make its tables)",
     ):
-        client = MlflowClient(uri)  # opening the store creates and migrates its schema
+        make_store(uri)  # a new store whole, or not at all
+        client = MlflowClient(uri)  # opening an older store migrates its schema
         client.search_experiments(max_results=1)
     return client
 

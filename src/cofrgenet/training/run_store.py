@@ -255,6 +255,8 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
     if database is not None:  # a local store: made on first use, unless a file is in the way
         if database.expanduser().is_file():
             check_not_damaged(database, fix)
+            if _experiment_count(database.expanduser()) == 0:
+                raise ConfigError(f"{database} is {UNFINISHED_STORE}: {MOVE_IT_ASIDE}, or {fix}")
         return
     if is_server_url(uri):  # MLflow's client retried a server that is down for minutes
         error = connection_error(uri)
@@ -320,6 +322,8 @@ def check_store_exists(uri: str, named_by: str | None) -> None:
             f"{database} is an empty file, no MLflow store yet: it has no runs (cofr fit "
             f"makes them there), or {fix}"
         )
+    if problem == UNFINISHED_STORE:
+        raise ConfigError(f"{database} is {UNFINISHED_STORE}: {MOVE_IT_ASIDE}, or {fix}")
     if problem is not None:
         raise ConfigError(
             f"{database} is not an MLflow database ({problem}): move it aside (the next "
@@ -347,6 +351,37 @@ def sqlite_damage(database: Path) -> str | None:
 
 #: What :func:`store_problem` says of a 0-byte file.
 EMPTY_FILE = "an empty file"
+#: A store whose making was cut short (before :func:`make_store` made it whole): its
+#: tables half there, every command that opened it failed in MLflow's migrations.
+UNFINISHED_STORE = (
+    "an MLflow store whose making was cut short (it has no experiment, not even MLflow's "
+    "Default: a Ctrl-C as a first run started?)"
+)
+MOVE_IT_ASIDE = "move it aside (it holds no run; the next cofr fit makes a new store)"
+
+
+def make_store(uri: str) -> None:
+    """Make the local sqlite store ``uri`` when its file is not there: its tables are
+    made in a file beside it, then linked in whole (never over a store another process
+    made meanwhile). MLflow makes them in place over seconds, and a kill then (a Ctrl-C
+    as a first fit started) left a store that every later command failed to open."""
+    import secrets
+
+    from mlflow.tracking import MlflowClient
+
+    database = sqlite_database(uri)
+    if database is None or database.expanduser().exists():
+        return
+    path = database.expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    making = path.with_name(f".{path.name}.making-{os.getpid()}-{secrets.token_hex(3)}")
+    try:
+        # search_experiments: opening makes the tables, the Default experiment after them.
+        MlflowClient(f"sqlite:///{making}").search_experiments(max_results=1)
+        with contextlib.suppress(FileExistsError):
+            os.link(making, path)  # the store's journal is a rollback one: the file is whole
+    finally:
+        making.unlink(missing_ok=True)
 
 
 def store_problem(database: Path) -> str | None:
@@ -358,13 +393,30 @@ def store_problem(database: Path) -> str | None:
     tables = _sqlite_tables(database)
     if tables is None or isinstance(tables, str):
         return tables
-    return None if "experiments" in tables else "an SQLite database without MLflow's tables"
+    if "experiments" not in tables:
+        return "an SQLite database without MLflow's tables"
+    return UNFINISHED_STORE if _experiment_count(database) == 0 else None
+
+
+def _experiment_count(database: Path) -> int | None:
+    """How many experiments the MLflow store ``database`` holds (None: it cannot be read
+    now, or has no such table). Read-only."""
+    rows = _query(database, "SELECT COUNT(*) FROM experiments")
+    return None if rows is None or isinstance(rows, str) else int(rows[0][0])
 
 
 def _sqlite_tables(database: Path) -> list[str] | str | None:
     """The table names of the SQLite file ``database``; what SQLite says is wrong with it
     (damage); None when it cannot be read now (permissions: MLflow's own error says it
     better; locked by a writer: not damage). Read-only, nothing is made."""
+    rows = _query(database, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    return rows if rows is None or isinstance(rows, str) else [name for (name,) in rows]
+
+
+def _query(database: Path, sql: str) -> list[tuple[Any, ...]] | str | None:
+    """The rows of ``sql`` on the SQLite file ``database``, read-only; what SQLite says is
+    wrong with the file (damage); None when it cannot be read now (permissions, a writer's
+    lock, a table it lacks)."""
     import sqlite3
 
     try:
@@ -373,8 +425,7 @@ def _sqlite_tables(database: Path) -> list[str] | str | None:
     except sqlite3.Error:
         return None
     try:
-        rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        return [name for (name,) in rows.fetchall()]
+        return connection.execute(sql).fetchall()
     except sqlite3.OperationalError:
         return None
     except sqlite3.DatabaseError as error:

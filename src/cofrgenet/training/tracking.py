@@ -18,6 +18,7 @@ from cofrgenet.training.run_store import (
     code_tags,
     flatten,
     log_params_tagging_changes,
+    make_store,
     scored_already,
     slurm_tags,
 )
@@ -117,6 +118,8 @@ class CofrMLFlowLogger(MLFlowLogger):
         #: (killed before the next step's) is replayed at a step train/loss had not reached.
         self._validated_through: dict[str, int] = {}
         self._resumed = run_id is not None
+        if self.store_uri is not None:
+            make_store(self.store_uri)  # whole, or not at all: not half by a Ctrl-C
         super().__init__(run_id=run_id, **kwargs)
 
     def logged_through(self) -> int:

@@ -224,6 +224,15 @@ def test_every_config_and_max_steps_are_checked_before_anything_trains(
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"cofr demo: error: --configs {typo}: the config does not parse: ")
     assert "unknown key 'trainer.max_stepz'" in line
+    # A preset's name, or fields that do not fit together: said only after A trained.
+    for text, said in (
+        ("model: {preset: gpt2-mini-ff}\n", "unknown preset 'gpt2-mini-ff' (did you mean"),
+        ("model: {config: {n_head: 3}}\n", "model.config: n_embd (128) must be a multiple"),
+    ):
+        typo.write_text(f"base: {good}\n{text}")
+        assert main(["demo", "--configs", good, str(typo), "--runs-dir", runs]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"cofr demo: error: --configs {typo}: ") and said in line, line
     for steps in ("0", "-1"):
         assert main(["demo", "--max-steps", steps, "--runs-dir", runs]) == 2
         line = capsys.readouterr().err.strip().splitlines()[-1]

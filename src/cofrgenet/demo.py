@@ -181,18 +181,22 @@ def fit_words(
 def check_configs(
     configs: list[str], run_names: list[str], args: argparse.Namespace
 ) -> list[int | None]:
-    """Parse every config as its fit will, before any trains: a typo in the last one was
-    found only after the others had trained (minutes each). Nothing is built or run.
-    Returns each one's :func:`rate_log_interval`."""
+    """Parse every config as its fit will, and its model's settings (a preset's name,
+    fields that must fit together), before any trains: a typo in the last one was found
+    only after the others had trained (minutes each). Nothing is built or run. Returns
+    each one's :func:`rate_log_interval`."""
     import yaml
 
     from cofrgenet.errors import ConfigError, UserError
     from cofrgenet.training.cli import resolve_fit_config
+    from cofrgenet.training.model_options import fit_model_config
 
     intervals = []
     for config, name in zip(configs, run_names, strict=True):
         try:
             resolved = yaml.safe_load(resolve_fit_config(fit_words(config, name, args)))
+            model = resolved.get("model") or {}
+            fit_model_config({key: model.get(key) for key in ("preset", "config") if key in model})
         except ConfigError as error:
             raise UserError(f"--configs {config}: {error}") from None
         intervals.append(rate_log_interval(resolved.get("trainer") or {}))

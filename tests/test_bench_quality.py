@@ -137,6 +137,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "quality-
         (["--tag", "a b"], "--tag 'a b': it goes into the report's file name; use letters"),
         (["--out-dir", "bad.yaml/out"], "--out-dir bad.yaml/out: cannot make this folder: 'bad.yaml' is a file"),
         (["--seeds", "0,1,0"], "--seeds: 0 given twice; give each once"),
+        # Refused by the first run's fit: a report begun, and a --resume that failed again.
+        (["--n-head", "3"], "gpt2: model.config: n_embd (32) must be a multiple of n_head (3)"),
+        (["--model-config", '{"ladders": 0}'], "gpt2: model.config: ladders must be a positive integer, got 0"),
         (["--variants", "gpt2,gpt2"], "--variants: gpt2 given twice; give each once"),
         (["--seeds", "-1"], "--seeds must be in [0, 4294967295], got -1"),
         (["--seeds", "0,4294967296"], "--seeds must be in [0, 4294967295], got 4294967296"),
@@ -161,6 +164,8 @@ def test_bad_options_are_one_line_errors_before_the_data_is_made(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"cofr bench quality: error: {message}"), err
     assert len(err.splitlines()) == 1 and not (tmp_path / "data").exists()
+    if words[0] in ("--n-head", "--model-config") and "gpt2:" in message:
+        assert not (tmp_path / "runs").exists()  # no report begun, no folder made
     # The default recipe is found from any folder (here too): no "run from the root".
     assert "repository root" not in err
 

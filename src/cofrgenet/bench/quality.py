@@ -366,8 +366,9 @@ def step_recorder() -> Any:
     return StepRecorder()
 
 
-def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: str) -> list[str]:
-    """The ``cofr fit`` arguments of one run."""
+def variant_model_config(cfg: QualityBenchConfig, variant: Variant) -> dict[str, Any]:
+    """The ``--model.config`` of ``variant``'s runs: the recipe's, the shape options',
+    ``--model-config``'s and the variant's own settings."""
     model: dict[str, Any] = {}
     for key in ("block_size", "n_layer", "n_embd", "n_head"):
         if getattr(cfg, key) is not None:
@@ -376,11 +377,30 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
     model.update(variant.config)
     if variant.matched:
         model["ffn_hidden"] = matched_ffn_hidden({**recipe_model_config(cfg), **model})
+    return _without_unread({**recipe_model_config(cfg), **model}, variant.preset)
+
+
+def check_models(cfg: QualityBenchConfig) -> None:
+    """Every variant's model builds from the settings given (``--n-head 3`` of a 32-wide
+    model): refused by the first run's fit, the bench had begun a report and offered a
+    ``--resume`` that refused it again."""
+    from cofrgenet.training.model_options import fit_model_config
+
+    recipe_model_config(cfg)  # its own errors name --recipe, not a variant
+    for name in cfg.variants:
+        variant = VARIANTS[name]
+        try:
+            fit_model_config(
+                {"preset": variant.preset, "config": variant_model_config(cfg, variant)}
+            )
+        except ConfigError as error:
+            raise ConfigError(f"{name}: {error}") from None
+
+
+def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: str) -> list[str]:
+    """The ``cofr fit`` arguments of one run."""
     args = ["fit", "--config", cfg.recipe, "--model.preset", variant.preset]
-    args += [
-        "--model.config",
-        json.dumps(_without_unread({**recipe_model_config(cfg), **model}, variant.preset)),
-    ]
+    args += ["--model.config", json.dumps(variant_model_config(cfg, variant))]
     args += ["--seed_everything", str(seed), "--data.data_dir", cfg.data_dir]
     args += ["--run.experiment", EXPERIMENT, "--run.name", name, "--run.runs_dir", cfg.runs_dir]
     if cfg.steps is not None:
@@ -975,6 +995,7 @@ def run_benchmark(
     finished runs are kept and not trained again."""
     cfg = replace(cfg, recipe=str(bundled(cfg.recipe)))  # conf/... from any folder
     recipe_model_config(cfg)  # a bad --recipe fails before the data is made
+    check_models(cfg)
     results = [] if earlier is None else finished_runs(earlier, cfg)
     ensure_data(cfg)
     check_vocab_fits(cfg)
@@ -1189,6 +1210,7 @@ def run(args: argparse.Namespace) -> int:
     # one that differs is refused by finished_runs, naming it).
     base = None if earlier is None else config_of(earlier)
     cfg = dataclass_from_args(QualityBenchConfig, args, base=base)
+    check_models(replace(cfg, recipe=str(bundled(cfg.recipe))))  # before any folder is made
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before training
     # The runs' folders too, named by this command's option (the fit's says --run.runs_dir).
     make_out_dir(cfg.runs_dir, "--runs-dir")

@@ -332,7 +332,11 @@ def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
     report = json.loads(json_path.read_text())
     assert report["partial"] is True and len(report["pending"]) == 5
     assert {r["op"] for r in report["results"]} == {"continued_fraction"}
-    assert "**Partial report**" in json_path.with_suffix(".md").read_text()
+    # It said "written while the run was going ... the finished run rewrites this file".
+    assert report["stopped"] == "Ctrl-C"
+    md = json_path.with_suffix(".md").read_text()
+    assert "**Stopped** by Ctrl-C: 1 of 6 workloads measured; not measured: " in md
+    assert "Partial report" not in md and "rewrites this file" not in md
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
 

@@ -89,6 +89,16 @@ def signal_name(status: int) -> str:
         return f"signal {status - 128}"
 
 
+def stopped_by(error: BaseException) -> str:
+    """What ended a long command early, as its partial report says it: ``Ctrl-C``,
+    ``SIGTERM`` (an exit status above 128), else the error in one line."""
+    if isinstance(error, KeyboardInterrupt):
+        return "Ctrl-C"
+    if isinstance(error, SystemExit) and isinstance(error.code, int) and error.code > 128:
+        return signal_name(error.code)
+    return f"an error ({type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]})"
+
+
 def lightning_sigterm() -> BaseException:
     """The SIGTERMException Lightning raises when SIGTERM stops a fit, exit status 143:
     what SIGTERM raises outside a fit in commands that end as a fit stopped by it does

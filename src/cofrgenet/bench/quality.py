@@ -63,7 +63,7 @@ from cofrgenet.bench.machine import device_slug, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled
-from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises, stopped_by
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
@@ -1194,13 +1194,7 @@ def resume_command(command: str, report: Path) -> str:
 
 def _stopped_by(error: BaseException) -> str:
     """What ended the bench early, as its report says it."""
-    if isinstance(error, RunStopped):
-        return error.how()
-    if isinstance(error, KeyboardInterrupt):
-        return "Ctrl-C"
-    if isinstance(error, SystemExit) and isinstance(error.code, int) and error.code > 128:
-        return signal_name(error.code)
-    return f"an error ({type(error).__name__}: {error})"
+    return error.how() if isinstance(error, RunStopped) else stopped_by(error)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -64,7 +64,7 @@ from cofrgenet.bench.files import (
 from cofrgenet.bench.machine import machine_summary, name_slug
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import SEED_LIMIT
-from cofrgenet.signals import signal_name, sigterm_raises
+from cofrgenet.signals import sigterm_raises, stopped_by
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
 #: bench's shape.
@@ -1297,15 +1297,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, TrainBenchConfig)
 
 
-def _stopped_by(error: BaseException) -> str:
-    """What ended the run early, as its report says it."""
-    if isinstance(error, KeyboardInterrupt):
-        return "Ctrl-C"
-    if isinstance(error, SystemExit) and isinstance(error.code, int) and error.code > 128:
-        return signal_name(error.code)
-    return f"an error ({type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]})"
-
-
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
     check_settings(cfg)
@@ -1357,7 +1348,7 @@ def run(args: argparse.Namespace) -> int:
             # "The finished run rewrites this file": not this one any more. A failed write
             # must not hide what stopped the run.
             with contextlib.suppress(OSError):
-                save({**report, "stopped": _stopped_by(error)})
+                save({**report, "stopped": stopped_by(error)})
             print(f"stopped: what was timed so far is in {md} (partial)", file=sys.stderr)
         elif isinstance(error, (KeyboardInterrupt, SystemExit)):
             print("stopped: nothing was timed yet, so no report was written", file=sys.stderr)

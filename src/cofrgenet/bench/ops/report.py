@@ -214,10 +214,13 @@ def to_markdown(report: Report) -> str:
     if meta.get("partial"):
         pending = meta.get("pending") or []
         measured = len({r.workload for r in report.results})
+        counted = f"{measured} of {measured + len(pending)} workloads measured"
         partial = (
-            "**Partial report**, written while the run was going: "
-            f"{measured} of {measured + len(pending)} workloads measured; still to run: "
-            f"{', '.join(pending)}. The finished run rewrites this file.\n\n"
+            f"**Stopped** by {meta['stopped']}: {counted}; not measured: {', '.join(pending)}.\n\n"
+            if meta.get("stopped")
+            else "**Partial report**, written while the run was going: "
+            f"{counted}; still to run: {', '.join(pending)}. The finished run rewrites "
+            "this file.\n\n"
         )
     return f"""# Ops benchmark: {meta["device"]} ({meta["date"]})
 

@@ -68,7 +68,7 @@ class Command:
 
 #: Help lines of command groups (the first word of multi-word commands).
 GROUPS: dict[str, str] = {
-    "bench": "benchmarks; reports go to runs/bench/ unless --out-dir says otherwise",
+    "bench": "benchmarks; ops, train and quality write their reports to runs/bench/ unless --out-dir says otherwise",
     "data": "corpora: tokenize and write them for streaming",
     "export": "write a checkpoint in another ecosystem's format",
     "finetune": "fine-tune a pretrained checkpoint on a downstream task",

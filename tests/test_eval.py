@@ -958,7 +958,11 @@ def test_a_harness_that_fails_after_cofrs_sets_keeps_their_scores(
     report = json.loads(out.read_text())
     assert list(report["results"]) == ["ptb"]
     assert report["partial"]["not_scored"] == ["cofr_tiny_mc"]
-    assert report["partial"]["stopped_by"].startswith("error: ")
+    assert report["partial"]["stopped_by"].startswith(
+        "an error (HarnessError: "
+        if error == "hub out of reach"
+        else "an error (FileNotFoundError: "
+    )
     run = mlflow.MlflowClient(f"sqlite:///{checkpoint.parents[3] / 'mlflow.db'}").get_run(
         report["mlflow_run_id"]
     )

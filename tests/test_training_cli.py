@@ -1884,6 +1884,46 @@ def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):
     assert sorted(p.name for p in store.iterdir()) == ["mlflow.db"]  # nothing made, nor lost
 
 
+def test_monitors_are_checked_where_cofr_knows_every_metric_logged():
+    """A monitor no fit logs is refused (EarlyStopping's `val_loss`), unless the callback
+    allows it missing (strict: false) or a callback of the user's may log it."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    import helpers
+    from cofrgenet.training.cli import _check_monitors
+
+    with pytest.raises(ConfigError, match=r"EarlyStopping monitors 'val_loss'.*'val/loss'"):
+        _check_monitors([EarlyStopping(monitor="val_loss")])
+    _check_monitors([EarlyStopping(monitor="val/loss"), ModelCheckpoint(monitor="step")])
+    _check_monitors([EarlyStopping(monitor="val_loss", strict=False)])
+    _check_monitors([EarlyStopping(monitor="my/acc"), helpers.StopAtStep(3)])  # its own
+    _check_monitors(None)
+
+
+def test_only_a_callbacks_misconfiguration_is_a_one_line_error():
+    """Lightning's MisconfigurationException from a callback's hook is a setting refused;
+    from elsewhere (the module's hooks) it is a bug, and keeps its traceback."""
+    import lightning.pytorch as L
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from cofrgenet.training.cli import raised_by_a_callback
+
+    class Refusing(L.Callback):
+        def setup(self, trainer, pl_module, stage):
+            raise MisconfigurationException("no logger")
+
+    def caught(call) -> BaseException:
+        try:
+            call()
+        except MisconfigurationException as error:
+            return error
+        raise AssertionError("not raised")
+
+    assert raised_by_a_callback(caught(lambda: Refusing().setup(None, None, "fit")))
+    assert not raised_by_a_callback(caught(lambda: (_ for _ in ()).throw(
+        MisconfigurationException("configure_optimizers returned 3"))))  # fmt: skip
+
+
 def test_a_run_store_is_made_whole_or_not_at_all(tmp_path, monkeypatch):
     """A Ctrl-C as a first fit started (MLflow making the store's tables, seconds) left a
     mlflow.db that every later command failed to open with SQLAlchemy's traceback ("table

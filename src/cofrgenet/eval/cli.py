@@ -25,7 +25,7 @@ from cofrgenet.dataclass_options import (
     checkpoint_given,
     device_arg,
 )
-from cofrgenet.errors import UserError, first_line
+from cofrgenet.errors import UserError
 from cofrgenet.eval.paths import (
     check_data_dir,
     check_output_file,
@@ -36,6 +36,7 @@ from cofrgenet.eval.paths import (
     write_results,
 )
 from cofrgenet.eval.tasks import DEFAULT_DATA_DIR, TASKS, get_task, read_rows
+from cofrgenet.signals import stopped_by
 
 #: The paper's four columns (docs/evaluation.md says why WikiText's are the -v1 releases).
 DEFAULT_TASKS = "wikitext-2-v1,wikitext-103-v1,ptb,lambada"
@@ -307,6 +308,7 @@ def log_to_mlflow(
     server down): the results are printed already, and no store is created on the way."""
     if loaded.mlflow_run_id is None:
         return None
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     from cofrgenet.training.pretrained import log_onto_run
@@ -327,7 +329,10 @@ def log_to_mlflow(
     # SLURM jobs) kept one report, the other written over.
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     logged = {**report, "logged_to_mlflow": True}  # the run's own copy: logged, it says
-    client.log_text(loaded.mlflow_run_id, results_json(logged), f"eval/eval-{stamp}.json")
+    try:
+        client.log_text(loaded.mlflow_run_id, results_json(logged), f"eval/eval-{stamp}.json")
+    except (MlflowException, OSError) as error:  # the scores are logged: said, not lost
+        print(f"warning: the report was not stored with the run ({error})", file=sys.stderr)
     return loaded.mlflow_run_id
 
 
@@ -505,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
             )
             not_scored = [task for task in [*tasks, *harness_tasks] if task not in results]
             report["partial"] = {
-                "stopped_by": name if failed is None else f"error: {first_line(failed)}",
+                "stopped_by": name if failed is None else stopped_by(failed),
                 "not_scored": not_scored,
             }
             print(

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import signal
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -956,10 +957,14 @@ class CofrCLI(LightningCLIAdapter):
             except UserError:
                 self._forget_refused_start()
                 raise
-            except MisconfigurationException as error:  # a callback's refusal at its setup
+            except MisconfigurationException as error:
+                if not raised_by_a_callback(error):  # the module's: a bug, its traceback
+                    raise
+                # A callback's refusal of the settings (LearningRateMonitor without a
+                # logger, as it sets up): bad input, one line (--debug shows where).
                 self._forget_refused_start()
                 strategy = self.config_value(self.config, "trainer.strategy")
-                raise ConfigError(trainer_refusal(error, strategy)) from None
+                raise ConfigError(trainer_refusal(error, strategy)) from error
             except ProcessRaisedException as error:  # ddp_spawn: a rank's own error
                 refused = user_error_of_rank(error)
                 if refused is None:
@@ -1343,14 +1348,29 @@ def trainer_refusal(error: BaseException, strategy: Any) -> str:
     return f"trainer: {message}{hint}"
 
 
+def raised_by_a_callback(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside a Lightning callback's method."""
+    return any(
+        isinstance(frame.f_locals.get("self"), Callback)
+        for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
+
+
 def _check_monitors(callbacks: Any) -> None:
     """Refuse a callback that watches a metric no fit logs (``EarlyStopping(monitor=
-    "val_loss")``): Lightning says so at the first validation, a training interval in."""
+    "val_loss")``): Lightning says so at the first validation, a training interval in.
+    Not beside a callback of the user's own, which may log metrics of its own, nor one
+    that allows its metric to be missing (``strict: false``)."""
     from cofrgenet.training.module import FIT_METRICS
 
+    given = [c for c in (callbacks if isinstance(callbacks, list) else [callbacks]) if c]
+    if any(not type(c).__module__.startswith(("lightning.", "cofrgenet.")) for c in given):
+        return
     watchable = (*FIT_METRICS, "step", "epoch")
-    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+    for callback in given:
         monitor = getattr(callback, "monitor", None)
+        if getattr(callback, "strict", True) is False:
+            continue
         if isinstance(monitor, str) and monitor not in watchable:
             raise ConfigError(
                 f"trainer.callbacks: {type(callback).__name__} monitors {monitor!r}, which a "

@@ -1231,6 +1231,12 @@ def run(args: argparse.Namespace) -> int:
                 f"({error.run_dir}): it is in the report",
                 file=sys.stderr,
             )
+        elif isinstance(error, RunStopped) and not error.steps:  # its folder is gone too
+            print(
+                f"stopped by {error.how()} in the run of {error.what} before its first step"
+                + ("; --resume trains it" if written else ""),
+                file=sys.stderr,
+            )
         elif isinstance(error, RunStopped):
             print(
                 f"stopped by {error.how()} in the run of {error.what} after step "

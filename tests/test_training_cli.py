@@ -1953,6 +1953,14 @@ def test_a_run_store_is_made_whole_or_not_at_all(tmp_path, monkeypatch):
     run_store.make_store(uri)  # there already: left as it is
     assert store.stat().st_mtime_ns == before
 
+    def no_links(*args):
+        raise PermissionError("this file system has no hard links")
+
+    monkeypatch.setattr(os, "link", no_links)  # moved in instead
+    other = tmp_path / "other" / "mlflow.db"
+    run_store.make_store(f"sqlite:///{other}")
+    assert [p.name for p in other.parent.iterdir()] == ["mlflow.db"]
+
 
 def test_a_store_made_before_half_is_refused_in_one_line(tiny_data, tmp_path):
     """A store cut short before cofr made stores whole (no experiment, not even MLflow's

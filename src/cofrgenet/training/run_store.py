@@ -378,8 +378,13 @@ def make_store(uri: str) -> None:
     try:
         # search_experiments: opening makes the tables, the Default experiment after them.
         MlflowClient(f"sqlite:///{making}").search_experiments(max_results=1)
-        with contextlib.suppress(FileExistsError):
+        try:
             os.link(making, path)  # the store's journal is a rollback one: the file is whole
+        except FileExistsError:  # another process made it first: that one is kept
+            pass
+        except OSError:  # a file system without hard links: moved in unless one is there
+            if not path.exists():
+                os.replace(making, path)
     finally:
         making.unlink(missing_ok=True)
 

@@ -124,7 +124,11 @@ Key = tuple[str, str]
 class TrainBenchConfig:
     variants: tuple[str, ...] = field(
         default=DEFAULT_VARIANTS,
-        metadata={"help": f"variants ({', '.join(VARIANTS)}) or any preset name"},
+        metadata={
+            "help": f"variants ({', '.join(VARIANTS)}) or any preset name: its architecture "
+            "(attention, FFN, ladders), built at this bench's shape (--n-layer, --n-embd, "
+            "...), not the preset's size"
+        },
     )
     modes: tuple[str, ...] = field(
         default=("eager", "compiled"),

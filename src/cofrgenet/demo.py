@@ -196,7 +196,7 @@ def check_configs(
         try:
             resolved = yaml.safe_load(resolve_fit_config(fit_words(config, name, args)))
             model = resolved.get("model") or {}
-            fit_model_config({key: model.get(key) for key in ("preset", "config") if key in model})
+            fit_model_config({key: model[key] for key in ("preset", "config") if key in model})
         except ConfigError as error:
             raise UserError(f"--configs {config}: {error}") from None
         intervals.append(rate_log_interval(resolved.get("trainer") or {}))

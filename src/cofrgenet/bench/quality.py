@@ -992,10 +992,9 @@ def run_benchmark(
     """Train every variant for every seed; the report and its rows. ``on_update`` gets
     the partial report after each run (marked ``partial``, with the runs ``pending``).
     ``earlier``: the report of a stopped bench of the same settings (``--resume``), whose
-    finished runs are kept and not trained again."""
+    finished runs are kept and not trained again. ``cfg`` has passed :func:`check_models`
+    (``run`` checks it before any folder is made)."""
     cfg = replace(cfg, recipe=str(bundled(cfg.recipe)))  # conf/... from any folder
-    recipe_model_config(cfg)  # a bad --recipe fails before the data is made
-    check_models(cfg)
     results = [] if earlier is None else finished_runs(earlier, cfg)
     ensure_data(cfg)
     check_vocab_fits(cfg)

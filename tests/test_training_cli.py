@@ -517,6 +517,43 @@ def test_a_resume_that_drops_the_dyadic_schedule_is_refused(tiny_data, tmp_path)
     assert resumed.trainer.global_step == 4
 
 
+def test_a_resume_whose_optimizer_groups_differ_is_refused_before_anything_is_written(
+    tiny_data, tmp_path
+):
+    """DyadicUnfreezing's lr: release gives each ladder depth a parameter group of its
+    own: resumed without it (or with it, after a run without), Lightning's "loaded state
+    dict has a different number of parameter groups" traceback came after config.yaml
+    had been rewritten with the wrong settings, which then failed as the run's own."""
+    dyadic = [
+        "--trainer.callbacks+=cofrgenet.training.callbacks.DyadicUnfreezing",
+        "--trainer.callbacks.schedule=none",  # every depth trains: only lr matters
+    ]
+    release = [*dyadic, "--trainer.callbacks.lr=release"]
+    runs = {"split": release, "one": dyadic}
+    for name, callbacks in runs.items():
+        args = ["--run.name", name, "--trainer.max_steps", "2", *callbacks]
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *args))
+    config = {name: (tmp_path / "runs" / "test" / name / "config.yaml") for name in runs}
+    written = {name: path.read_text() for name, path in config.items()}
+
+    def resume(name: str, *callbacks: str) -> CofrCLI:
+        more = ["--run.name", name, "--ckpt_path", "last", "--trainer.max_steps", "4"]
+        return CofrCLI(args=fit_args(tmp_path, tiny_data, *more, *callbacks))
+
+    for callbacks, now in [((), "has no DyadicUnfreezing"), (dyadic, "gives it lr: global")]:
+        with pytest.raises(ConfigError, match=(
+            r"last\.ckpt trained under DyadicUnfreezing with lr: release, which gives each "
+            rf"ladder depth a parameter group of its own, and this fit {now}"
+        )):  # fmt: skip
+            resume("split", *callbacks)
+    with pytest.raises(ConfigError, match=r"one parameter group for every ladder depth.*"
+                       r"Resume with lr: global"):  # fmt: skip
+        resume("one", *release)
+    assert {name: path.read_text() for name, path in config.items()} == written
+    assert resume("split", *release).trainer.global_step == 4
+    assert resume("one", *dyadic).trainer.global_step == 4
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
     """2-process DDP on CPU (gloo) with dyadic unfreezing and dropout: every rank ends with

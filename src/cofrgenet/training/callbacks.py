@@ -168,7 +168,8 @@ class DyadicUnfreezing(L.Callback):
         return plan
 
     def state_dict(self) -> dict[str, Any]:
-        return {"releases": dict(self._releases), "step": self._step}
+        # lr too: a resume must build the optimizer's parameter groups the run saved.
+        return {"releases": dict(self._releases), "step": self._step, "lr": self.lr}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         releases = {int(depth): int(step) for depth, step in state_dict["releases"].items()}

@@ -72,6 +72,7 @@ from cofrgenet.training.callbacks import (
     NonFiniteLossGuard,
     StopOnSignal,
     frozen_depths_need_unused_parameters,
+    ladder_layers,
     validates_at,
 )
 from cofrgenet.training.checkpoint_callback import RunCheckpoint
@@ -1217,7 +1218,7 @@ class CofrCLI(LightningCLIAdapter):
         extra += self.default_callbacks(run_dir, run, [*configured, *extra, *self.extra_callbacks])
         extra += self.extra_callbacks + held
         if self.subcommand == "fit" and saved is not None:
-            check_schedule_kept(chosen, saved, step, [*configured, *extra])
+            check_schedule_kept(chosen, saved, step, [*configured, *extra], self.model)
         if trainer_config.get("enable_progress_bar") is False:
             extra = [c for c in extra if not isinstance(c, RichProgressBar)]
         if trainer_config.get("enable_model_summary") is False:
@@ -1620,14 +1621,22 @@ def unscored_validation(
 
 
 def check_schedule_kept(
-    checkpoint: str, saved: dict[str, Any], step: int | None, callbacks: list[Any]
+    checkpoint: str,
+    saved: dict[str, Any],
+    step: int | None,
+    callbacks: list[Any],
+    module: torch.nn.Module,
 ) -> None:
     """Refuse to resume a run whose DyadicUnfreezing (its state in checkpoint ``saved``)
     has depths still frozen at ``step`` without one among ``callbacks``: they would all
     train from the resumed step on, with a Lightning warning about callbacks as the only
-    sign."""
+    sign. Refuse too a resume whose optimizer would not have the checkpoint's parameter
+    groups (DyadicUnfreezing's ``lr: release`` gives each ladder depth one of its own):
+    Lightning's traceback came once the run's config.yaml was rewritten."""
     state = (saved.get("callbacks") or {}).get(DyadicUnfreezing.__qualname__)
-    if not state or step is None or any(isinstance(c, DyadicUnfreezing) for c in callbacks):
+    dyadic = next((c for c in callbacks if isinstance(c, DyadicUnfreezing)), None)
+    check_same_optimizer_groups(checkpoint, saved, state, dyadic, module)
+    if not state or step is None or dyadic is not None:
         return
     releases = {int(depth): int(at) for depth, at in (state.get("releases") or {}).items()}
     frozen = {depth: at for depth, at in sorted(releases.items()) if at > step}
@@ -1639,6 +1648,43 @@ def check_schedule_kept(
         f"has no DyadicUnfreezing callback: those depths would train from step {step} on. "
         "Give it again as the run did (its config.yaml: trainer.callbacks), or with "
         "schedule: none to release them all now"
+    )
+
+
+def check_same_optimizer_groups(
+    checkpoint: str,
+    saved: dict[str, Any],
+    state: dict[str, Any] | None,
+    dyadic: DyadicUnfreezing | None,
+    module: torch.nn.Module,
+) -> None:
+    """Refuse a resume that would split the optimizer by ladder depth where checkpoint
+    ``saved`` did not, or the other way round (``state``: its DyadicUnfreezing's)."""
+    has_ladders = next(ladder_layers(module), None) is not None
+    split_now = has_ladders and dyadic is not None and dyadic.lr == "release"
+    optimizers = saved.get("optimizer_states") or []
+    groups = optimizers[0].get("param_groups") if optimizers else None
+    if groups and all("name" in group for group in groups):  # cofr's groups are named
+        split_then = any("/depth_" in str(group["name"]) for group in groups)
+    elif state and "lr" in state:  # a sharded FSDP checkpoint keeps its groups in shards
+        split_then = has_ladders and state["lr"] == "release"
+    else:
+        return
+    if split_then == split_now:
+        return
+    if split_then:
+        now = "has no DyadicUnfreezing callback" if dyadic is None else "gives it lr: global"
+        raise ConfigError(
+            f"{checkpoint} trained under DyadicUnfreezing with lr: release, which gives each "
+            f"ladder depth a parameter group of its own, and this fit {now}: the "
+            "checkpoint's optimizer state does not fit its groups. Give the callback again "
+            "as the run did (its config.yaml: trainer.callbacks), with lr: release"
+        )
+    raise ConfigError(
+        f"{checkpoint} trained with one parameter group for every ladder depth, and this "
+        "fit's DyadicUnfreezing has lr: release, which gives each depth a group of its own: "
+        "the checkpoint's optimizer state does not fit them. Resume with lr: global (the "
+        "default), or start a new run for lr: release"
     )
 
 

@@ -554,6 +554,63 @@ def test_a_resume_whose_optimizer_groups_differ_is_refused_before_anything_is_wr
     assert resume("one", *dyadic).trainer.global_step == 4
 
 
+def test_a_copied_run_folder_is_refused_the_run_it_was_copied_from(tiny_data, tmp_path):
+    """`cp -r runs/x/a runs/x/b` then `--run.name b --ckpt_path last` wrote b's steps
+    into a's MLflow run (the copied mlflow_run_id), and a's own resumed steps were then
+    dropped as replayed. Without the file the copy goes on as a new MLflow run."""
+    runs = tmp_path / "runs" / "test"
+    every = ["--trainer.log_every_n_steps", "1"]
+    CofrCLI(
+        args=fit_args(tmp_path, tiny_data, "--run.name", "a", "--trainer.max_steps", "2", *every)
+    )
+    shutil.copytree(runs / "a", runs / "b")
+    more = ["--run.name", "b", "--ckpt_path", "last", "--trainer.max_steps", "4", *every]
+    run_id = (runs / "a" / "mlflow_run_id").read_text().strip()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    history = client.get_metric_history(run_id, "train/loss")
+    assert [m.step for m in history] == [0, 1]
+    with pytest.raises(ConfigError, match=(
+        rf"{re.escape(str(runs / 'b'))} is a copy of {re.escape(str((runs / 'a').resolve()))}: "
+        rf"both name MLflow run {run_id} in mlflow_run_id, so this fit would write its steps "
+        rf"into a's history\. To go on with the copy, deleting .*mlflow_run_id logs this "
+        "folder's run as a new MLflow run; or resume .* itself"
+    )):  # fmt: skip
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *more))
+    assert client.get_metric_history(run_id, "train/loss") == history
+    (runs / "b" / "mlflow_run_id").unlink()
+    assert CofrCLI(args=fit_args(tmp_path, tiny_data, *more)).trainer.global_step == 4
+    assert (runs / "b" / "mlflow_run_id").read_text().strip() != run_id
+
+
+def test_a_moved_run_folder_goes_on_in_its_store_and_is_refused_in_another(tiny_data, tmp_path):
+    """A run folder renamed beside its store goes on (its MLflow run's run_dir tag follows
+    it); one moved to another runs folder, whose store lacks its run, ended in MLflow's
+    "Run ... not found" traceback at the first step."""
+    runs = tmp_path / "runs" / "test"
+    every = ["--trainer.log_every_n_steps", "1"]
+    CofrCLI(
+        args=fit_args(tmp_path, tiny_data, "--run.name", "a", "--trainer.max_steps", "2", *every)
+    )
+    run_id = (runs / "a" / "mlflow_run_id").read_text().strip()
+    (runs / "a").rename(runs / "moved")
+    more = ["--ckpt_path", "last", "--trainer.max_steps", "4", *every]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "moved", *more))
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert client.get_run(run_id).data.tags["run_dir"] == str((runs / "moved").resolve())
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")][-1] == 3
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "runs" / "test").mkdir(parents=True)
+    (runs / "moved").rename(elsewhere / "runs" / "test" / "moved")
+    args = fit_args(elsewhere, tiny_data, "--run.name", "moved", "--ckpt_path", "last")
+    with pytest.raises(ConfigError, match=(
+        r"cannot go on with .*moved's MLflow run: no MLflow store at sqlite:///.*elsewhere"
+        r".*\(was the run folder moved or copied\? --run.tracking_uri gives its store; "
+        r"deleting .*mlflow_run_id logs this folder's run as a new MLflow run\)"
+    )):  # fmt: skip
+        CofrCLI(args=[*args, "--trainer.max_steps", "6"])
+    assert not (elsewhere / "runs" / "mlflow.db").exists()
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_keep_replicas_identical(tiny_data, tmp_path):
     """2-process DDP on CPU (gloo) with dyadic unfreezing and dropout: every rank ends with

@@ -108,6 +108,7 @@ from cofrgenet.training.module import LanguageModel, check_compile_strategy
 from cofrgenet.training.optim import OptimizerConfig
 from cofrgenet.training.perf import peak_flops_from_env
 from cofrgenet.training.run_store import (
+    RUN_DIR_TAG,
     RUN_ID_FILE,
     RUN_TOKENIZER_DIR,
     STARTED_FROM_TAG,
@@ -118,10 +119,11 @@ from cofrgenet.training.run_store import (
     slurm_run_name,
     sqlite_database,
     tracking_uri,
+    unreachable_run,
 )
 from cofrgenet.training.runlock import LOCK_FILE, HoldRunLock, RunLock
 from cofrgenet.training.strategies import LadderFSDPStrategy, is_fsdp
-from cofrgenet.training.tracking import CofrMLFlowLogger, data_params
+from cofrgenet.training.tracking import CofrMLFlowLogger, check_own_run, data_params
 
 #: The class path a config names cofr's FSDP strategy by.
 LADDER_FSDP = f"{LadderFSDPStrategy.__module__}.{LadderFSDPStrategy.__qualname__}"
@@ -707,7 +709,6 @@ class CofrCLI(LightningCLIAdapter):
             run_dir_of,
             run_id_of,
             tracking_uri_of,
-            unreachable_run,
         )
 
         ckpt = Path(ckpt_path).absolute()
@@ -1148,6 +1149,8 @@ class CofrCLI(LightningCLIAdapter):
         logger = self.config_value(self.config, "trainer.logger")
         if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
             check_tracking_uri(tracking_uri(run))
+            if self.subcommand == "fit":
+                check_own_run(run_dir, tracking_uri(run))
         lock = RunLock(run_dir)
         new_folder = not run_dir.exists()
         self._start_dir = run_dir
@@ -1245,7 +1248,7 @@ class CofrCLI(LightningCLIAdapter):
                 run_name=run_dir.name,
                 tracking_uri=tracking_uri(run),
                 artifact_location=artifact_location(run),
-                tags={"run_dir": str(run_dir.resolve()), **started_from},
+                tags={RUN_DIR_TAG: str(run_dir.resolve()), **started_from},
                 # validate/test log at the checkpoint's step, which the run has passed
                 evaluation=self.subcommand != "fit",
                 eval_step=None if self.subcommand == "fit" else step,
@@ -1256,6 +1259,11 @@ class CofrCLI(LightningCLIAdapter):
                 note = unscored_validation(trainer_config, step, run, run_dir, chosen)
                 if note:
                     rank_zero_warn(note)
+            elif self.subcommand == "fit" and step and not started_from:
+                rank_zero_info(
+                    f"note: {run_dir} has no {RUN_ID_FILE}: this fit logs to a new MLflow "
+                    f"run, whose curves begin at step {step}"
+                )
         elif logger is None:
             trainer_config["logger"] = False
         try:

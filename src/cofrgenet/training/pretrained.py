@@ -33,12 +33,10 @@ from cofrgenet.data.meta import (
 from cofrgenet.errors import UserError, first_line
 from cofrgenet.models import ModelConfig
 from cofrgenet.training.run_store import (
-    EMPTY_FILE,
     RUN_ID_FILE,
     RUN_TOKENIZER_DIR,
     scored_already,
-    sqlite_damage,
-    sqlite_database,
+    unreachable_run,
 )
 
 
@@ -405,30 +403,6 @@ def log_onto_run(
         )
     except (MlflowException, OSError) as error:  # a deleted run, a server gone meanwhile
         raise NotLogged(f"MLflow run {run_id} at {uri}: {first_line(error)}") from None
-
-
-def unreachable_run(uri: str, run_id: str) -> str | None:
-    """Why the training run ``run_id`` cannot be logged onto at ``uri`` (a local store
-    that is not there: a moved or copied run folder; a run the store lacks; a server
-    down), or None when it can. Creates no store on the way."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    moved = "was the run folder moved or copied? --no-mlflow skips logging"
-    database = sqlite_database(uri)
-    if database is not None:
-        if not database.is_file():
-            return f"no MLflow store at {uri} ({moved})"
-        # SQLite takes an empty file for an empty database, and MLflow made its tables in it.
-        damage = EMPTY_FILE if database.stat().st_size == 0 else sqlite_damage(database)
-        if damage is not None:
-            return f"{database} is not an MLflow database ({damage}; {moved})"
-    try:
-        MlflowClient(uri).get_run(run_id)
-    except MlflowException as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return f"MLflow run {run_id} is not in {uri}: {first} ({moved})"
-    return None
 
 
 def load_checkpoint(

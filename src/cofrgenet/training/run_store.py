@@ -47,6 +47,8 @@ STOPPED_AT_TAG = "cofr.stopped_at_step"
 #: The tag of the checkpoint a run's weights started from: another run's, resumed into a
 #: new run folder (``--ckpt_path FILE``), or ``model.init_from``'s.
 STARTED_FROM_TAG = "cofrgenet.started_from"
+#: The tag of a training run's MLflow run that holds its run folder's absolute path.
+RUN_DIR_TAG = "run_dir"
 #: The user's MLFLOW_TRACKING_URI, read once: mlflow.set_tracking_uri (which Lightning's
 #: logger calls) writes the variable, so reading it later would pick up the previous run's
 #: store in a process that trains several runs (sweeps, tests).
@@ -387,6 +389,30 @@ def make_store(uri: str) -> None:
                 os.replace(making, path)
     finally:
         making.unlink(missing_ok=True)
+
+
+def unreachable_run(uri: str, run_id: str, fix: str = "--no-mlflow skips logging") -> str | None:
+    """Why the training run ``run_id`` cannot be logged onto at ``uri`` (a local store
+    that is not there: a moved or copied run folder; a run the store lacks; a server
+    down), or None when it can; ``fix`` ends the reason. Creates no store on the way."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    moved = f"was the run folder moved or copied? {fix}"
+    database = sqlite_database(uri)
+    if database is not None:
+        if not database.is_file():
+            return f"no MLflow store at {uri} ({moved})"
+        # SQLite takes an empty file for an empty database, and MLflow made its tables in it.
+        damage = EMPTY_FILE if database.stat().st_size == 0 else sqlite_damage(database)
+        if damage is not None:
+            return f"{database} is not an MLflow database ({damage}; {moved})"
+    try:
+        MlflowClient(uri).get_run(run_id)
+    except MlflowException as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"MLflow run {run_id} is not in {uri}: {first} ({moved})"
+    return None
 
 
 def store_problem(database: Path) -> str | None:

@@ -11,8 +11,10 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from cofrgenet.atomic import write_text_atomic
+from cofrgenet.errors import ConfigError
 from cofrgenet.training.run_store import (
     HISTORY_KEY,
+    RUN_DIR_TAG,
     RUN_ID_FILE,
     STOPPED_AT_TAG,
     code_tags,
@@ -21,6 +23,7 @@ from cofrgenet.training.run_store import (
     make_store,
     scored_already,
     slurm_tags,
+    unreachable_run,
 )
 
 #: Top-level keys of ``cofr fit``'s config that are how it was invoked, not what trains:
@@ -70,6 +73,35 @@ def model_metrics(model_config: Any) -> dict[str, float]:
         "model/n_params_non_embedding": float(count.total - count.embedding),
         "model/training_flops_per_token": float(estimate_flops_per_token(model_config).training),
     }
+
+
+def check_own_run(run_dir: Path, uri: str) -> None:
+    """Refuse a fit of run folder ``run_dir`` that would log onto an MLflow run it cannot
+    go on: one the store at ``uri`` does not hold (a folder moved to another runs
+    folder: MLflow's "Run not found" traceback came at the first step), or the run of the
+    folder it was copied from (the copy's steps went into that run's history, and the
+    original's own, resumed, were then dropped as replayed)."""
+    id_file = run_dir / RUN_ID_FILE
+    if not id_file.is_file():
+        return
+    run_id = id_file.read_text().strip()
+    new_run = f"deleting {id_file} logs this folder's run as a new MLflow run"
+    problem = unreachable_run(uri, run_id, f"--run.tracking_uri gives its store; {new_run}")
+    if problem is not None:
+        raise ConfigError(f"cannot go on with {run_dir}'s MLflow run: {problem}")
+    from mlflow.tracking import MlflowClient
+
+    tagged = MlflowClient(uri).get_run(run_id).data.tags.get(RUN_DIR_TAG)
+    other = Path(tagged) if tagged else None
+    if other is None or other == run_dir.resolve() or not (other / RUN_ID_FILE).is_file():
+        return  # the run's own folder, or one moved: the tag follows it (remember_run)
+    if other.samefile(run_dir) or (other / RUN_ID_FILE).read_text().strip() != run_id:
+        return
+    raise ConfigError(
+        f"{run_dir} is a copy of {other}: both name MLflow run {run_id} in {RUN_ID_FILE}, "
+        f"so this fit would write its steps into {other.name}'s history. To go on with the "
+        f"copy, {new_run}; or resume {other} itself"
+    )
 
 
 class CofrMLFlowLogger(MLFlowLogger):
@@ -206,8 +238,10 @@ class CofrMLFlowLogger(MLFlowLogger):
         else:
             self._mark_running()
         # This attempt's code (a resume may run another commit) and SLURM job (an earlier
-        # attempt's job tags stay when this one runs outside SLURM).
-        tags = [RunTag(k, v) for k, v in {**code_tags(), **slurm_tags()}.items()]
+        # attempt's job tags stay when this one runs outside SLURM), and its folder (moved
+        # since the run began, maybe).
+        folder = {RUN_DIR_TAG: str(self.run_dir.resolve())}
+        tags = [RunTag(k, v) for k, v in {**code_tags(), **slurm_tags(), **folder}.items()]
         self.experiment.log_batch(self.run_id, tags=tags)
 
     _killed = False

@@ -276,6 +276,18 @@ def test_a_mistyped_option_of_an_argparse_command_gets_a_did_you_mean(capsys):
     assert "unrecognized arguments: -filter tiny (did you mean '--filter'?)" in line
 
 
+def test_a_value_that_starts_with_a_dash_is_shown_how_to_give(capsys):
+    """`cofr generate --prompt "-x"`: argparse takes -x for an option, and the error
+    named it unrecognized, with no word of `--prompt=-x`, which works."""
+    line = one_line_error(capsys, ["generate", "--ckpt", "a.ckpt", "--prompt", "-top"])
+    assert line == (
+        "cofr generate: error: unrecognized arguments: -top (a value that starts with '-' "
+        "goes after '=': --prompt=-top) (`cofr generate --help` lists the options)"
+    )  # not "did you mean '--top-k'"
+    line = one_line_error(capsys, ["generate", "--ckpt", "a.ckpt", "--past-eos", "-x"])
+    assert "unrecognized arguments: -x (`cofr generate --help`" in line  # takes no value
+
+
 @pytest.mark.parametrize(
     "words, where, typed, meant",
     [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -415,9 +416,10 @@ def test_models_list_with_a_filter_matching_nothing_is_an_error(capsys):
     assert "gpt2-tiny-f" in capsys.readouterr().out
 
 
-def sampling_ids(ids: list[int], interrupt: bool = False):
+def sampling_ids(ids: list[int], interrupt: bool = False, terminate: bool = False):
     """A stand-in for ``generate.sample`` that draws ``ids`` (then, with ``interrupt``, is
-    stopped by a Ctrl-C), handing each to ``on_token`` as the real one does."""
+    stopped by a Ctrl-C; with ``terminate``, the process gets a SIGTERM), handing each to
+    ``on_token`` as the real one does."""
 
     def sample(model, idx, max_new_tokens, *args, on_token=None, **kwargs):
         new = torch.tensor([ids[:max_new_tokens]] * idx.shape[0])
@@ -426,6 +428,8 @@ def sampling_ids(ids: list[int], interrupt: bool = False):
                 on_token(new[:, i : i + 1])
         if interrupt:
             raise KeyboardInterrupt
+        if terminate:
+            os.kill(os.getpid(), signal.SIGTERM)
         return torch.cat([idx, new], dim=1)
 
     return sample
@@ -475,6 +479,30 @@ def test_a_sample_is_written_as_it_is_drawn_and_kept_on_ctrl_c(capsys, tmp_path,
     assert main(args) == 130
     captured = capsys.readouterr()
     assert captured.out == "xAéB\n" and captured.err == "cofr: interrupted\n"
+
+
+def test_a_stop_keeps_what_was_drawn_of_several_samples_and_sigterm_is_said(
+    capsys, tmp_path, data, monkeypatch
+):
+    """`--num-samples 2` stopped by Ctrl-C wrote nothing of what was drawn; a SIGTERM
+    (`kill PID`, a job's time limit) ended any generate with no word and lost a single
+    sample's held-back ids."""
+    from cofrgenet.training import generate
+
+    ckpt = write_checkpoint(tmp_path / "byte.ckpt", str(data))
+    args = ["generate", "--ckpt", str(ckpt), "--prompt", "x", "--max-new-tokens", "9"]
+    monkeypatch.setattr(generate, "sample", sampling_ids([65, 66], interrupt=True))
+    assert main([*args, "--num-samples", "2"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == ("xAB\n" + "-" * 40 + "\n") * 2
+    assert captured.err == "[stopped after 2 tokens]\ncofr: interrupted\n"
+    e_acute = list("é".encode())
+    monkeypatch.setattr(generate, "sample", sampling_ids([65, e_acute[0]], terminate=True))
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    assert stopped.value.code == 143
+    captured = capsys.readouterr()  # the half character held back is written at the end
+    assert captured.out == "xA\ufffd\n" and captured.err == "cofr: terminated\n"
 
 
 def test_a_tokenizer_folder_needs_only_meta_json_and_its_tokenizer(

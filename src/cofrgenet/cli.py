@@ -367,6 +367,15 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_help())))
 
 
+def _takes_value(parser: argparse.ArgumentParser, option: str) -> bool:
+    """Whether ``option`` (``--prompt``) is one of ``parser``'s that takes a value, as its
+    usage shows it (``[--prompt PROMPT]``, not ``[--past-eos]``)."""
+    if not option.startswith("--") or "=" in option:
+        return False
+    usage = " ".join(parser.format_usage().split())
+    return re.search(rf"(?<![\w-]){re.escape(option)} (?![-\[|])[^\s\]|]", usage) is not None
+
+
 def _unknown_options(words: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
     """The words of ``words`` (a command's, after its name) that look like options
     ``parser`` does not take, as argparse reads them: an unambiguous prefix is taken, a
@@ -397,9 +406,14 @@ def _unrecognized(
     before = bool(path) and argv.index(extra[0]) < argv.index(path[0])
     where = " ".join(["cofr", *([] if before else path)])
     hint = ""
-    flag = next((word.split("=", 1)[0] for word in extra if word.startswith("-")), None)
+    word = next((word for word in extra if word.startswith("-")), None)
+    flag = None if word is None else word.split("=", 1)[0]
     owner = root if before or not path else leaf
-    if flag is not None and owner is not None:
+    given_to = argv[argv.index(word) - 1] if word is not None and argv.index(word) else ""
+    if owner is not None and word is not None and _takes_value(owner, given_to):
+        # `--prompt "- item"`: argparse takes a value starting with '-' for an option
+        hint = f" (a value that starts with '-' goes after '=': {given_to}={shlex.quote(word)})"
+    elif flag is not None and owner is not None:
         options = sorted({o for o in _option_strings(owner) if o.startswith("--")})
         # `-ckpt`: one dash short of --ckpt
         hint = did_you_mean("--" + flag.lstrip("-"), options, prefix="--")

@@ -14,6 +14,7 @@ from cofrgenet.dataclass_options import (
     probability,
 )
 from cofrgenet.errors import UserError, check_seed
+from cofrgenet.signals import Terminated, sigterm_raises
 
 if TYPE_CHECKING:  # imported where used: `cofr generate --help` needs no torch
     import torch
@@ -254,42 +255,65 @@ def run(args: argparse.Namespace) -> int:
             f"note: the prompt is {len(ids)} tokens; the model reads its last {context}",
             file=sys.stderr,
         )
-    # One sample is written as it is drawn; several, each whole once all are.
+    # One sample is written as it is drawn; several, each whole once all are (or a stop
+    # came: what each had then).
     stream = None
+    drawn: list[Tensor] = []  # several samples' ids, step by step
     if args.num_samples == 1:
         stream = StreamedText(tokenizer, sys.stdout, args.past_eos, prompt=args.prompt)
     try:
-        out = sample(
-            loaded.model,
-            idx,
-            args.max_new_tokens,
-            context,
-            temperature=args.temperature,
-            top_k=top_k,
-            generator=generator,
-            top_p=top_p if top_p < 1 else None,
-            vocab=tokenizer.vocab_size,
-            stop_id=None if args.past_eos else tokenizer.eos_id,
-            on_token=None if stream is None else stream.add,
-        )
+        with sigterm_raises():
+            out = sample(
+                loaded.model,
+                idx,
+                args.max_new_tokens,
+                context,
+                temperature=args.temperature,
+                top_k=top_k,
+                generator=generator,
+                top_p=top_p if top_p < 1 else None,
+                vocab=tokenizer.vocab_size,
+                stop_id=None if args.past_eos else tokenizer.eos_id,
+                on_token=drawn.append if stream is None else stream.add,
+            )
     except NonFiniteLogits as error:
         raise UserError(f"{args.ckpt}: {error}{_non_finite_weights(loaded.model)}") from None
+    except (KeyboardInterrupt, Terminated) as stop:
+        if stream is None and drawn:
+            _write_samples(torch.cat([idx, *drawn], dim=1), len(ids), tokenizer, args)
+            print(f"[stopped after {len(drawn)} tokens]", file=sys.stderr)
+        if isinstance(stop, Terminated):
+            print("cofr: terminated", file=sys.stderr)
+        raise
     finally:
-        if stream is not None:  # also what a Ctrl-C interrupted
+        if stream is not None:  # also what a Ctrl-C or SIGTERM interrupted
             stream.close()
+    _write_samples(out, len(ids), tokenizer, args, streamed=stream is not None)
+    return 0
+
+
+def _write_samples(
+    out: Tensor,
+    prompt_len: int,
+    tokenizer: Tokenizer,
+    args: argparse.Namespace,
+    streamed: bool = False,
+) -> None:
+    """Write each row of ``out`` (N, prompt_len + new) to stdout, the prompt first, each
+    under a line of dashes; ``streamed``: the text is out already, only where a document
+    ended is said (stderr)."""
     for row in out.tolist():
-        new = row[len(ids) :]
+        new = row[prompt_len:]
         ended = not args.past_eos and tokenizer.eos_id in new  # the document ended there
         if ended:
             new = new[: new.index(tokenizer.eos_id)]
-        if stream is None:
-            shown = row[: len(ids)] if args.prompt else []  # not the EOS that starts a document
+        if not streamed:
+            shown = row[:prompt_len] if args.prompt else []  # not the EOS that starts a document
             print(tokenizer.decode(shown + new))
         if ended:  # fewer tokens than asked: say why, apart from the text
             print(f"[end of text after {len(new)} tokens; --past-eos samples on]", file=sys.stderr)
-        if stream is None:
+        if not streamed:
             print("-" * 40)
-    return 0
 
 
 def _non_finite_weights(model: nn.Module) -> str:

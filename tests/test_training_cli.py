@@ -716,6 +716,40 @@ def test_fsdp_two_processes_with_dyadic_unfreezing_agree_and_resume(tiny_data, t
     assert len(norms[0]) == 4 and norms[0] == pytest.approx(norms[1], rel=1e-5)
 
 
+@pytest.mark.slow
+def test_fsdp_on_cpu_saves_a_full_checkpoint_and_resumes_from_it(tiny_data, tmp_path):
+    """LadderFSDPStrategy keeps Lightning's default state_dict_type: full. On CPU, FSDP's
+    gather of a full state dict with offload_to_cpu (Lightning's setting) segfaulted rank
+    0 at the first checkpoint (torch 2.13, gloo)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+
+    def fit(steps: int, folder: str, *extra: str) -> None:
+        args = fit_args(
+            tmp_path, tiny_data, "--run.name", "full", "--trainer.max_steps", str(steps),
+            "--trainer.devices", "2",
+            "--trainer.strategy.class_path=cofrgenet.training.strategies.LadderFSDPStrategy",
+            "--trainer.callbacks+=helpers.DumpWeights",
+            f"--trainer.callbacks.folder={tmp_path / folder}", *extra,
+        )  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "cofrgenet.training.cli", *args],
+            env=env, timeout=600, capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    fit(3, "first")
+    last = tmp_path / "runs" / "test" / "full" / "checkpoints" / "last.ckpt"
+    assert last.is_file()  # one file, not a folder of shards
+    saved = torch.load(last, weights_only=True)["state_dict"]
+    end = torch.load(tmp_path / "first" / "rank0.pt")
+    for key, value in end.items():
+        assert torch.equal(saved[key], value), key
+    fit(5, "resumed", "--ckpt_path", "last")
+    resumed_start = torch.load(tmp_path / "resumed" / "rank0-start.pt")
+    for key, value in end.items():
+        assert torch.equal(resumed_start[key], value), key
+
+
 def test_a_sharded_save_cut_short_leaves_a_folder_that_is_not_resumed_from(tmp_path, monkeypatch):
     """FSDP's sharded save rewrites last.ckpt's shards in place and its markers last: cut
     short (a kill while saving), the old markers stood beside a mix of two steps' shards

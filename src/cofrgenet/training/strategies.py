@@ -114,6 +114,21 @@ class LadderFSDPStrategy(FSDPStrategy):
                 (Path(filepath) / name).unlink(missing_ok=True)
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """Lightning's, but on CPU a full state dict is gathered without
+        ``offload_to_cpu``: there (torch 2.13, gloo) FSDP's offload segfaulted rank 0 as it
+        cloned the gathered weights, at the first checkpoint of every run that kept
+        Lightning's default ``state_dict_type: full``. The weights are in CPU memory
+        already, so nothing is lost by not offloading them."""
+        if self.sharded_saves or self.root_device.type != "cpu":
+            return super().lightning_module_state_dict()
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+        with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, config):
+            return self.model.state_dict()
+
     def _setup_model(self, model: Module) -> Module:
         """On CPU (gloo), wrap with an explicit CPU ``device_id``.
 

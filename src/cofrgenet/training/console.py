@@ -64,6 +64,12 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("You called `self.log('val/", "validate/test of a checkpoint outside a run folder, "
      "scored without MLflow as said; logger=True keeps its scores in Lightning's table"),
     ("You called `self.log('test/", "as val/: logger=True keeps them in the table"),
+    ("Multiple backends are registered with this ProcessGroup",
+     "FSDP's sharded state dict on CPU: gloo registers CPU and CUDA, and torch takes the "
+     "CPU, where the weights are"),
+    ("`load_state_dict` is deprecated and will be removed in future versions. Please use "
+     "`load` instead", "torch.distributed.checkpoint's own call, as Lightning's sharded "
+     "FSDP resume loads the optimizer state"),
     ("FSDP is switching to use `NO_SHARD`",
      "FSDP in one process (a sharded checkpoint validated on one device): nothing to shard"),
 )  # fmt: skip

@@ -4083,6 +4083,73 @@ def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(
     assert trials[1].system_attrs["retry_history"] == [0]
 
 
+@pytest.mark.parametrize("where", ["taking", "starting", "telling"])
+def test_a_signal_between_trials_stops_the_worker_with_no_trial_left_running(
+    tiny_data, tmp_path, monkeypatch, where
+):
+    """SIGTERM as a worker took a trial, as it set the trial's first attributes (before
+    any handler of run_trial's), or as it told the study how one ended: the worker died
+    there (exit -15, no word), the trial taken RUNNING until another worker took it for
+    lost. Now the bookkeeping finishes, a taken trial is failed for a retry, and the
+    worker stops with 143."""
+    from cofrgenet.sweeps import objective, worker
+
+    sweep = load_sweep(
+        write_sweep(tmp_path, n_trials=2, overrides={"data.data_dir": str(tiny_data)})
+    )
+
+    def terminating(function):
+        def wrapped(*args, **kwargs):
+            value = function(*args, **kwargs)
+            handler = getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "")
+            if handler.startswith(("signals_held", "sigterm_raises")):  # the worker's calls
+                os.kill(os.getpid(), signal.SIGTERM)
+            return value
+
+        return wrapped
+
+    if where == "taking":
+        monkeypatch.setattr(worker, "next_trial", terminating(worker.next_trial))
+    elif where == "starting":
+        monkeypatch.setattr(objective, "trial_run_dir", terminating(objective.trial_run_dir))
+    else:
+        monkeypatch.setattr(worker, "_tell", terminating(worker._tell))
+    result = run_worker(sweep, report=False, mlflow=False)
+    assert result.signal_status == 128 + signal.SIGTERM
+    trials = result.study.get_trials()
+    assert TrialState.RUNNING not in [t.state for t in trials]
+    ((_, outcome),) = result.outcomes
+    if where == "telling":  # the trial ended before the signal: kept, no other taken
+        assert [t.state for t in trials] == [TrialState.COMPLETE]
+        return
+    how = "by SIGTERM as it was taken" if where == "taking" else "by SIGTERM"
+    assert outcome.reason == f"stopped {how} before its fit began" and outcome.retry
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[0].user_attrs[st.STOPPED] == "SIGTERM"
+
+
+def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkeypatch, capsys):
+    """Its last line said "the trial resumes from its checkpoint" of a trial that had
+    COMPLETEd."""
+    import cofrgenet.sweeps.worker as worker_module
+    from cofrgenet.cli import main
+    from cofrgenet.sweeps.objective import Outcome
+
+    _, _, study = _tiny_study(tmp_path)
+    ended = Outcome(TrialState.COMPLETE, value=1.0)
+    monkeypatch.setattr(
+        worker_module,
+        "run_worker",
+        lambda sweep, **kwargs: worker_module.WorkerResult(
+            study, outcomes=[(0, ended)], signal_status=143
+        ),
+    )
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
+    err = capsys.readouterr().err
+    assert "stopped by a signal between trials; the study goes on when a worker runs " in err
+    assert "resumes from its checkpoint" not in err
+
+
 def test_sampled_values_that_build_no_model_together_fail_only_their_points(tiny_data, tmp_path):
     """`n_head: int 4..8` beside a width of 64: both ends build a model, 5, 6 and 7 do
     not. Each of those points fails before its fit starts, and three of them in a row do

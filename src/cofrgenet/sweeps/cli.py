@@ -450,12 +450,22 @@ def run(args: argparse.Namespace) -> int:
     if result.signal_status is not None:
         last = result.outcomes[-1][1] if result.outcomes else None
         failed = last is not None and last.state == optuna.trial.TrialState.FAIL
+        between = last is None or last.signal_status is None  # no trial was stopped
         # Ended elsewhere: its retry trains in another worker, which this one was taken for.
         if failed and not last.retry and not last.ended_elsewhere:
             # No retry was queued (max_retry used up): nothing resumes the trial.
             print(
                 f"cofr sweep run: stopped by a signal; the trial failed: {last.reason} "
                 f"(`{_status_command(args)}`)",
+                file=sys.stderr,
+            )
+        elif between and result.done:
+            print(f"cofr sweep run: stopped by a signal; study {sweep.study} is done",
+                  file=sys.stderr)  # fmt: skip
+        elif between:
+            print(
+                f"cofr sweep run: stopped by a signal between trials; the study goes on when "
+                f"a worker runs again: {resume_command()}",
                 file=sys.stderr,
             )
         else:

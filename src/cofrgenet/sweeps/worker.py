@@ -856,10 +856,13 @@ def run_worker(
         with _requeue_on_usr1(stop_file):
             _run_trials(ctx, result, n_trials)
     finally:
-        if client is None and not mlflow:  # earlier workers' parent run: settled all the same
-            client, parent = _recorded_parent_run(sweep, runs_dir, study)
-        if client is not None and parent is not None:
-            _settle_parent_run(client, parent, study, sweep, again)
+        with signals_held(*STOPS) as arrived:  # the study's MLflow run is settled whole
+            if client is None and not mlflow:  # earlier workers' parent run: settled too
+                client, parent = _recorded_parent_run(sweep, runs_dir, study)
+            if client is not None and parent is not None:
+                _settle_parent_run(client, parent, study, sweep, again)
+        if arrived and result.signal_status is None:
+            result.signal_status = _stop_status(arrived)
 
     result.done = study_done(study, sweep)
     if result.done and report:
@@ -1035,52 +1038,105 @@ def _requeue_on_usr1(stop_file: Path) -> Iterator[None]:
         stop_file.unlink(missing_ok=True)
 
 
+#: The signals that stop a worker: between trials they wait for its bookkeeping.
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_status(arrived: set[int]) -> int:
+    """The exit status of a worker stopped by the signals ``arrived`` (SIGTERM's first)."""
+    return 128 + (signal.SIGTERM if signal.SIGTERM in arrived else signal.SIGINT)
+
+
 def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -> None:
     """Take and train trials until ``n_trials``, the study's budget, a requeue, a signal or
-    a run of identical failures; each outcome goes to ``result``."""
+    a run of identical failures; each outcome goes to ``result``.
+
+    A SIGTERM or Ctrl-C between trials (taking one, telling the study how one ended)
+    waits for that to finish, then stops the worker as one during a trial does: a trial
+    it had taken is failed for a retry. Before, it killed the worker there, leaving the
+    trial RUNNING until taken for lost, the study's MLflow run RUNNING, and no word."""
     study, storage, sweep, worker = ctx.study, ctx.storage, ctx.sweep, ctx.worker
     while n_trials is None or len(result.outcomes) < n_trials:
-        if REQUEUE.is_set():  # SIGUSR1 between trials: come back after the requeue
-            result.requeued = True
-            result.not_requeued = _requeue_job(worker)
+        with signals_held(*STOPS) as arrived:
+            if REQUEUE.is_set():  # SIGUSR1 between trials: come back after the requeue
+                result.requeued = True
+                result.not_requeued = _requeue_job(worker)
+                return
+            trial, resumed = next_trial(
+                study, storage, sweep, worker, lambda n, retry: _end_lost_run(ctx, n, retry)
+            )
+        if arrived and trial is None:
+            result.signal_status = _stop_status(arrived)
             return
-        trial, resumed = next_trial(
-            study, storage, sweep, worker, lambda number, retry: _end_lost_run(ctx, number, retry)
-        )
         if trial is None:
             return
-        log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
-        interval = sweep.storage_options.heartbeat_interval
-        with st.Heartbeat(storage, study, trial.number, interval, ctx.ended_file):
-            outcome = run_trial(ctx, trial)
-        result.outcomes.append((trial.number, outcome))
-        if outcome.requeue:
-            if not outcome.ended_elsewhere:  # a finished trial takes no attributes
-                trial.set_user_attr(st.REQUEUED, time.time())
-            result.requeued = True
-            result.not_requeued = _requeue_job(worker)
-            if result.not_requeued is not None and not outcome.ended_elsewhere:
-                _fail_for_a_retry(ctx, trial, outcome, result.not_requeued)
+        if arrived:
+            status = _stop_status(arrived)
+            outcome = _stopped_before_training(status, f"by {signal_name(status)} as it was taken")
+        else:
+            log.info(f"trial {trial.number}: {'resuming' if resumed else 'starting'}")
+            interval = sweep.storage_options.heartbeat_interval
+            try:
+                # run_trial's own handlers cover its waits and its fit; this one the rest.
+                with (
+                    sigterm_raises(),
+                    st.Heartbeat(storage, study, trial.number, interval, ctx.ended_file),
+                ):
+                    outcome = run_trial(ctx, trial)
+            except (KeyboardInterrupt, Terminated) as stop:
+                status = 130 if isinstance(stop, KeyboardInterrupt) else 143
+                outcome = _stopped_before_training(status, f"by {signal_name(status)}")
+        with signals_held(*STOPS) as arrived:
+            stop_worker = _record(ctx, result, trial, outcome)
+        if arrived and result.signal_status is None:
+            result.signal_status = _stop_status(arrived)
             return
-        if outcome.ended_elsewhere:
-            pass  # the trial and its MLflow run are its retry's: nothing to record
-        elif not _tell(study, storage, trial, outcome, sweep):
-            outcome.reason = "; ".join(
-                filter(None, [outcome.reason, "not recorded: another worker ended it first"])
-            )
-        value = "" if outcome.value is None else f" value {outcome.value:.6g}"
-        why = f" ({outcome.reason})" if outcome.reason else ""
-        log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
-        if outcome.stop_worker:
-            result.signal_status = outcome.signal_status
+        if stop_worker:
             return
-        if _same_failures(result.outcomes) >= MAX_SAME_FAILURES:
-            result.failing = outcome.reason
-            log.error(
-                f"the last {MAX_SAME_FAILURES} trials failed for the same reason; stopping "
-                f"this worker: {outcome.reason}"
-            )
-            return
+
+
+def _stopped_before_training(status: int, how: str) -> Outcome:
+    """A trial a signal stopped before its fit began: failed for a retry, and the worker
+    stops with ``status``."""
+    reason = f"stopped {how} before its fit began"
+    return Outcome(
+        TrialState.FAIL, reason=reason, retry=True, stop_worker=True, signal_status=status
+    )
+
+
+def _record(ctx: TrialContext, result: WorkerResult, trial: optuna.Trial, outcome: Outcome) -> bool:
+    """Tell the study how ``trial`` ended and note it in ``result``; True when the worker
+    stops after it."""
+    study, storage, sweep, worker = ctx.study, ctx.storage, ctx.sweep, ctx.worker
+    result.outcomes.append((trial.number, outcome))
+    if outcome.requeue:
+        if not outcome.ended_elsewhere:  # a finished trial takes no attributes
+            trial.set_user_attr(st.REQUEUED, time.time())
+        result.requeued = True
+        result.not_requeued = _requeue_job(worker)
+        if result.not_requeued is not None and not outcome.ended_elsewhere:
+            _fail_for_a_retry(ctx, trial, outcome, result.not_requeued)
+        return True
+    if outcome.ended_elsewhere:
+        pass  # the trial and its MLflow run are its retry's: nothing to record
+    elif not _tell(study, storage, trial, outcome, sweep):
+        outcome.reason = "; ".join(
+            filter(None, [outcome.reason, "not recorded: another worker ended it first"])
+        )
+    value = "" if outcome.value is None else f" value {outcome.value:.6g}"
+    why = f" ({outcome.reason})" if outcome.reason else ""
+    log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
+    if outcome.stop_worker:
+        result.signal_status = outcome.signal_status
+        return True
+    if _same_failures(result.outcomes) >= MAX_SAME_FAILURES:
+        result.failing = outcome.reason
+        log.error(
+            f"the last {MAX_SAME_FAILURES} trials failed for the same reason; stopping "
+            f"this worker: {outcome.reason}"
+        )
+        return True
+    return False
 
 
 def _fail_for_a_retry(ctx: TrialContext, trial: optuna.Trial, outcome: Outcome, why: str) -> None:

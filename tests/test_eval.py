@@ -1804,6 +1804,30 @@ def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0", "theirs-0"]
 
 
+def test_compare_sweep_takes_the_newest_study_of_its_name(tmp_path):
+    """A study removed and run again under its name: `--sweep FILE` compared the new
+    study's trial-0000 beside the earlier one's trial-0000, -0001 and -0002."""
+    from cofrgenet.eval.compare import collect_runs
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("t5")
+    for trials in (3, 1):  # the earlier study, then the new one
+        tags = {"optuna.study": "t5", "cofr.sweep": "parent"}
+        parent = client.create_run(experiment, tags=tags, run_name="study-t5").info.run_id
+        for number in range(trials):
+            child = {"optuna.study": "t5", "mlflow.parentRunId": parent}
+            run = client.create_run(experiment, tags=child, run_name=f"trial-{number:04d}")
+            client.set_terminated(run.info.run_id)
+        client.set_terminated(parent)
+        time.sleep(0.01)  # start times apart
+    _, skipped = collect_runs(client, [], ["t5"], {"t5": "t5"})
+    earlier = skipped.pop("trials of an earlier study named 't5', whose MLflow run is older")
+    assert sorted(earlier) == ["trial-0000", "trial-0001", "trial-0002"]
+    # The rest were looked at (and passed over here as they hold no metric): the new
+    # study's trial and its run.
+    assert sorted(n for names in skipped.values() for n in names) == ["study-t5", "trial-0000"]
+
+
 def test_compare_says_an_experiment_is_empty_or_unknown_with_the_ones_there(tmp_path, capsys):
     """`--experiment mine`, there and without runs, was "no cofrgenet runs matched: name
     runs, --experiment or --sweep" (to pass what was passed); `--experiment nosuch` named

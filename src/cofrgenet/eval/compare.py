@@ -332,6 +332,7 @@ def collect_runs(
     names = {e.experiment_id: e.name for e in client.search_experiments()}
     found: list[Any] = []
     empty: list[str] = []  # what an experiment named held none of, said if nothing is found
+    earlier: dict[str, list[str]] = {}  # runs of earlier studies of a name, passed over
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
@@ -351,6 +352,10 @@ def collect_runs(
         if study is not None:  # compared here: no quoting for a name with ' in a filter
             others = sorted({str(r.data.tags.get("optuna.study")) for r in runs} - {"None"})
             runs = [r for r in runs if r.data.tags.get("optuna.study") == study]
+            runs, older = newest_study(runs)
+            if older:
+                why = f"trials of an earlier study named {study!r}, whose MLflow run is older"
+                earlier[why] = [r.info.run_name or r.info.run_id for r in older]
             if not runs:
                 held = f"its runs' studies: {short_list(others)}" if others else "it has none"
                 empty.append(
@@ -415,7 +420,7 @@ def collect_runs(
         )
         raise UserError(f"{'; '.join(empty)}; {others}")
     rows: list[RunRow] = []
-    skipped: dict[str, list[str]] = {}
+    skipped: dict[str, list[str]] = dict(earlier)
     seen = set()
     for run in found:
         if run.info.run_id in seen:
@@ -810,6 +815,19 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def newest_study(runs: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(kept, passed over) of ``runs``, one study name's runs: where several studies had
+    that name (one removed and made again: each has an MLflow run of its own, tagged
+    ``cofr.sweep: parent``), the newest one's run and trials, and the earlier ones'."""
+    parents = [r for r in runs if r.data.tags.get("cofr.sweep") == "parent"]
+    if len(parents) < 2:
+        return runs, []
+    newest = max(parents, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
+    kept = [r for r in runs if newest in (r.info.run_id, r.data.tags.get("mlflow.parentRunId"))]
+    ids = {r.info.run_id for r in kept}
+    return kept, [r for r in runs if r.info.run_id not in ids and r not in parents]
 
 
 def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:

@@ -2203,6 +2203,34 @@ def test_a_missing_data_folder_stops_the_worker_before_the_study_exists(tmp_path
     assert not (tmp_path / "runs").exists()  # no study, no trial folder
 
 
+def test_a_data_block_longer_than_the_models_stops_the_worker_before_the_study_exists(
+    tiny_data, tmp_path
+):
+    """`data.block_size: 64` beside `model.config.block_size: 32`: the study was made and
+    every trial failed on it; fixed, the file was then refused as another version of the
+    study. Varied by the space, it is left to the trials."""
+    overrides = {
+        "data.data_dir": str(tiny_data),
+        "data.block_size": 64,
+        "model.config.block_size": 32,
+    }
+    sweep_path = write_sweep(tmp_path, overrides=overrides)
+    with pytest.raises(SweepError, match=(
+        r"data\.block_size=64 exceeds the model's block_size=32: every trial would fail on "
+        r"it; lower data\.block_size or raise model\.config\.block_size"
+    )):  # fmt: skip
+        run_worker(load_sweep(sweep_path), report=False, mlflow=False)
+    assert not (tmp_path / "runs").exists()  # no study, no trial folder
+    from cofrgenet.sweeps.worker import check_data_folder
+
+    varied = write_sweep(
+        tmp_path, "varied.yaml", overrides=overrides, space={"data.block_size": [16, 64]}
+    )
+    check_data_folder(load_sweep(varied), {"data": {"data_dir": str(tiny_data),
+                                                      "block_size": 64},
+                                             "model": {"config": {"block_size": 32}}})  # fmt: skip
+
+
 def test_a_study_made_for_another_metric_is_refused(tmp_path):
     storage = st.open_storage(f"journal:{tmp_path / 'm.journal'}")
     space = {"a": [1, 2]}

@@ -335,20 +335,12 @@ def model_problem(config: dict[str, Any]) -> str | None:
     return None
 
 
-def model_vocab_size(config: dict[str, Any]) -> int | None:
-    """The vocabulary of ``config``'s model (its preset's unless ``model.config`` sets
-    one); None when no model can be made of it (:func:`check_model_values` says why)."""
+def model_setting(config: dict[str, Any], name: str) -> Any:
+    """The ModelConfig field ``name`` (``vocab_size``, ``depth``, ``block_size``) of
+    ``config``'s model (its preset's unless ``model.config`` sets it); None when no model
+    can be made of it (:func:`check_model_values` says why)."""
     try:
-        return _model_config(config).vocab_size
-    except (ConfigError, TypeError, ValueError):
-        return None
-
-
-def model_depth(config: dict[str, Any]) -> int | None:
-    """The ladder depth of ``config``'s model (its preset's unless ``model.config`` sets
-    one); None when no model can be made of it."""
-    try:
-        return _model_config(config).depth
+        return getattr(_model_config(config), name)
     except (ConfigError, TypeError, ValueError):
         return None
 

@@ -1174,11 +1174,11 @@ def check_validates(sweep: Sweep, config: dict[str, Any]) -> None:
 def deepest_depth(sweep: Sweep, config: dict[str, Any]) -> int | None:
     """The deepest ladder depth the sweep's trials train: the highest value of a searched
     ``model.config.depth``, else the depth of ``config``'s model; None if unknown."""
-    from cofrgenet.sweeps.fitconfig import drawn_ends, model_depth
+    from cofrgenet.sweeps.fitconfig import drawn_ends, model_setting
 
     param = sweep.param("model.config.depth")
     if param is None:
-        return model_depth(config)
+        return model_setting(config, "depth")
     if param.kind == "categorical":
         values = [c for c in param.choices if isinstance(c, int) and not isinstance(c, bool)]
     elif sweep.is_grid or param.grid:

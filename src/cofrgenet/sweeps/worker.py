@@ -40,7 +40,7 @@ from cofrgenet.sweeps.fitconfig import (
     check_optimizer_values,
     effective_settings,
     kept_since_merging,
-    model_vocab_size,
+    model_setting,
 )
 from cofrgenet.sweeps.objective import (
     NO_MODEL_HERE,
@@ -483,9 +483,20 @@ def check_data_folder(sweep: Sweep, probe: dict[str, Any]) -> None:
         raise SweepError(f"{where}: data.data_dir: {error}") from None
     except UserError as error:
         raise SweepError(f"{where}: {error}") from None
-    if any(p.key in ("model.preset", "model.config.vocab_size") for p in sweep.space):
-        return  # the vocabulary varies: trials whose model is too small fail alone
-    vocab = model_vocab_size(probe)
+    varied = {p.key for p in sweep.space}
+    # A setting the space varies: trials whose model is too small fail alone.
+    block = model_setting(probe, "block_size")
+    given = (probe.get("data") or {}).get("block_size")
+    fixed = not varied & {"model.preset", "model.config.block_size", "data.block_size"}
+    if fixed and block is not None and given is not None and given > block:
+        raise SweepError(
+            f"{where}: data.block_size={given} exceeds the model's block_size={block}: "
+            "every trial would fail on it; lower data.block_size or raise "
+            "model.config.block_size"
+        )
+    if varied & {"model.preset", "model.config.vocab_size"}:
+        return
+    vocab = model_setting(probe, "vocab_size")
     if vocab is not None:
         try:
             data.check_vocab(vocab)

@@ -2794,6 +2794,12 @@ def test_a_storage_or_runs_folder_under_a_file_is_one_line(tiny_data, tmp_path, 
     line = one_line_error(capsys, [*run, "--runs-dir", str(blocker / "sub")])
     assert f"cannot make {blocker / 'sub' / 'sweeps' / 'tiny-cpu'}, the folder of the " in line
     assert blocker.read_text() == "a log\n"
+    # A journal named in a folder that is not there: refused as a sqlite file's is (it
+    # made the folders, down from / for `journal:/nonexistent/x.journal`).
+    missing = tmp_path / "nonexistent" / "deeper"
+    line = one_line_error(capsys, [*run, "--storage", f"journal:{missing / 'x.journal'}"])
+    assert line.endswith(f"no folder {missing} for the journal file")
+    assert not (tmp_path / "nonexistent").exists()
 
 
 def test_report_out_must_be_a_folder(tmp_path, capsys):

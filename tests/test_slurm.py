@@ -815,3 +815,19 @@ def test_two_submits_in_one_second_keep_both_scripts_private(tmp_path, monkeypat
         "sweep-20261203-120000-2.sbatch",
     ]
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in paths)
+    # A stopped worker says how to run it again: its own command line would name the
+    # storage as env:COFR_SWEEP_STORAGE_URL, which the script alone sets; its task's
+    # sbatch works from the login node.
+    script = paths[1].read_text()
+    assert (
+        f'export COFR_SWEEP_AGAIN="sbatch --array=${{SLURM_ARRAY_TASK_ID:-0}} {paths[1]}"' in script
+    )
+    assert "--storage env:COFR_SWEEP_STORAGE_URL" in script
+    monkeypatch.undo()  # subprocess.run as it is
+    again = subprocess.run(
+        ["bash", "-c", "\n".join(
+            line for line in script.splitlines() if line.startswith("export COFR_SWEEP_AGAIN")
+        ) + '\necho "$COFR_SWEEP_AGAIN"'],
+        env={**os.environ, "SLURM_ARRAY_TASK_ID": "3"}, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    assert again == f"sbatch --array=3 {paths[1]}"

@@ -4182,6 +4182,11 @@ def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkey
     err = capsys.readouterr().err
     assert "stopped by a signal between trials; the study goes on when a worker runs " in err
     assert "resumes from its checkpoint" not in err
+    # A worker of a submitted job: its task's sbatch (its command line names a storage
+    # variable the script alone sets).
+    monkeypatch.setenv("COFR_SWEEP_AGAIN", "sbatch --array=3 runs/x.sbatch")
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
+    assert capsys.readouterr().err.endswith("runs again: sbatch --array=3 runs/x.sbatch\n")
 
 
 def test_sampled_values_that_build_no_model_together_fail_only_their_points(tiny_data, tmp_path):

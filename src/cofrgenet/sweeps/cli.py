@@ -412,8 +412,12 @@ def run(args: argparse.Namespace) -> int:
     check_extra(sweep, extra, mlflow=not args.no_mlflow)
     import optuna
 
+    from cofrgenet.sweeps.slurm import AGAIN_VARIABLE
     from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, done_hint, print_summary, run_worker
     from cofrgenet.training.callbacks import resume_command
+
+    def again() -> str:  # a submitted job's worker: its task's sbatch
+        return os.environ.get(AGAIN_VARIABLE) or resume_command()
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
     logger = logging.getLogger("cofrgenet.sweeps")
@@ -465,20 +469,20 @@ def run(args: argparse.Namespace) -> int:
         elif between:
             print(
                 f"cofr sweep run: stopped by a signal between trials; the study goes on when "
-                f"a worker runs again: {resume_command()}",
+                f"a worker runs again: {again()}",
                 file=sys.stderr,
             )
         else:
             print(
                 f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint "
-                f"when a worker runs again: {resume_command()}",
+                f"when a worker runs again: {again()}",
                 file=sys.stderr,
             )
         return result.signal_status
     if result.not_requeued is not None:
         print(
             f"cofr sweep run: stopped for a requeue, but {result.not_requeued}; the trial "
-            f"resumes from its checkpoint when a worker runs again: {resume_command()}",
+            f"resumes from its checkpoint when a worker runs again: {again()}",
             file=sys.stderr,
         )
         return 1

@@ -86,6 +86,10 @@ class SubmitOptions:
 #: The environment variable a rendered script gives its workers a storage URL with a
 #: password in (``--storage env:COFR_SWEEP_STORAGE_URL``).
 STORAGE_VARIABLE = "COFR_SWEEP_STORAGE_URL"
+#: The environment variable a submitted script gives its workers the command that runs
+#: one of them again with: its own ``sbatch`` (its command line's ``--storage
+#: env:COFR_SWEEP_STORAGE_URL`` is set in the script alone).
+AGAIN_VARIABLE = "COFR_SWEEP_AGAIN"
 
 
 @dataclass
@@ -584,10 +588,15 @@ def submit(
     st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 
     def write_script(path: Path) -> Path:
+        python = f"export COFR_PYTHON={shlex.quote(sys.executable)}\n"
+        # The task's own resubmission, said by a worker that stops before its study ends.
+        task = "${SLURM_ARRAY_TASK_ID:-0}"
+        again = f'export {AGAIN_VARIABLE}="sbatch --array={task} {shlex.quote(str(path))}"\n'
+        text = rendered.script.replace(python, python + again, 1)
         # Only its owner reads it: it may hold the storage's password (render).
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as script:
-            script.write(rendered.script)
+            script.write(text)
         return path
 
     # Two submits in one second: -2, -3, ...

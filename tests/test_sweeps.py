@@ -3171,9 +3171,13 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     with pytest.raises(
         SweepError,
         match=r"depth: 0 builds no model: depth must be a positive.*; move the range's low "
-        r"end \(0\.\.2\) past it$",
+        r"end \(0\.\.2\) past it \(1 is the lowest that builds\)$",
     ):
         check_model_values(ranged, trial_config(ranged, {"model.config.depth": 1}))
+    # Named at once, not found one wrong low end after another (-1, then 0).
+    ranged = load_sweep(write_sweep(tmp_path, space={"model.config.ladders": "int -1..3"}))
+    with pytest.raises(SweepError, match=r"\(-1\.\.3\) past it \(1 is the lowest that builds\)$"):
+        check_model_values(ranged, trial_config(ranged, {"model.config.ladders": 1}))
     wrong = load_sweep(write_sweep(tmp_path, space={"model.config.n_head": {"choices": [3, 5]}}))
     with pytest.raises(SweepError, match=r"2 points .*: n_embd \(64\) must be a multiple of"):
         check_model_values(wrong, trial_config(wrong, {"model.config.n_head": 3}))
@@ -3182,9 +3186,23 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     negative = load_sweep(write_sweep(tmp_path, space=space))
     with pytest.raises(SweepError) as blamed:
         check_model_values(negative, trial_config(negative, {"model.config.depth": 0}))
-    assert str(blamed.value).endswith(
-        "fix the values of space.model.config.depth, space.model.config.ladders"
-    )
+    assert str(blamed.value).endswith("fix the values of space.model.config.depth")
+    # Only the key at fault is named (ladders: [0] beside a depth that builds).
+    space = {"model.config.depth": "int 1..3", "model.config.ladders": [0]}
+    zero = load_sweep(write_sweep(tmp_path, space=space))
+    with pytest.raises(SweepError) as blamed:
+        check_model_values(zero, trial_config(zero, {"model.config.depth": 1}))
+    assert str(blamed.value).endswith("fix the values of space.model.config.ladders")
+
+
+def test_a_storage_without_its_driver_names_that_driver():
+    """`--storage mysql://...` without a MySQL driver suggested PostgreSQL's psycopg."""
+    import importlib.util
+
+    if importlib.util.find_spec("MySQLdb") is not None:
+        pytest.skip("a MySQL driver is installed here")
+    with pytest.raises(SweepError, match=r"\(MySQL: pip install mysqlclient, or PyMySQL"):
+        st.open_storage("mysql://u:p@127.0.0.1:3306/db")
 
 
 def test_a_data_value_that_fails_every_trial_stops_the_worker(tiny_data, tmp_path):

@@ -369,6 +369,50 @@ def _builds_without(probe: dict[str, Any], keys: list[Any]) -> bool:
     return model_problem(config) is None
 
 
+def _at(
+    probe: dict[str, Any], keys: list[Any], values: tuple[Any, ...], skip: int = -1
+) -> dict[str, Any]:
+    """``probe`` with the space's model ``keys`` set to ``values`` (but the ``skip``-th)."""
+    config = copy.deepcopy(probe)
+    for i, (param, value) in enumerate(zip(keys, values, strict=True)):
+        if i != skip:
+            set_dotted(config, param.key, value, SweepError)
+    return config
+
+
+#: How many values inward from a range's end that builds no model are tried, to name
+#: the first one that does.
+INWARD_PROBES = 64
+
+
+def _first_that_builds(
+    probe: dict[str, Any],
+    keys: list[Any],
+    index: int,
+    end: Any,
+    problems: dict[tuple[Any, ...], str | None],
+) -> int | None:
+    """The value nearest ``end`` (an int range's end) of the ``index``-th key inside its
+    range that builds a model beside one of the other keys' values tried; None if none
+    within :data:`INWARD_PROBES` steps, or for a float range."""
+    param = keys[index]
+    if not isinstance(end, int) or isinstance(end, bool):
+        return None
+    step = int(param.step or 1) * (1 if end == param.low else -1)
+    others = [values for values in problems if values[index] == end]
+    candidate = end + step
+    for _ in range(INWARD_PROBES):
+        if not param.low <= candidate <= param.high:
+            return None
+        for values in others:
+            config = _at(probe, keys, values)
+            set_dotted(config, param.key, candidate, SweepError)
+            if model_problem(config) is None:
+                return candidate
+        candidate += step
+    return None
+
+
 def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     """SweepError when no point of the space builds a model: a fixed ``model.config``
     value that is invalid whatever is sampled (``n_head: 5`` with a width of 64) would
@@ -384,16 +428,21 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
     ends = [drawn_ends(p) for p in keys]
     problems: dict[tuple[Any, ...], str | None] = {}
     for values in itertools.islice(itertools.product(*ends), MODEL_PROBES):
-        config = copy.deepcopy(probe)
-        for param, value in zip(keys, values, strict=True):
-            set_dotted(config, param.key, value, SweepError)
-        problems[values] = model_problem(config)
+        problems[values] = model_problem(_at(probe, keys, values))
     if all(problems.values()):
         first = next(iter(problems.values()))
         tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""
         fix = "fix the sweep's overrides or --set"
         if keys and _builds_without(probe, keys):  # the space's values are the trouble
-            fix = "fix the values of " + ", ".join(f"space.{p.key}" for p in keys)
+            # Those whose values alone are: each point builds with them left out.
+            blamed = [
+                p
+                for i, p in enumerate(keys)
+                if any(
+                    _builds_without(_at(probe, keys, values, skip=i), [p]) for values in problems
+                )
+            ]
+            fix = "fix the values of " + ", ".join(f"space.{p.key}" for p in blamed or keys)
         raise SweepError(f"no trial could build its model{tried}: {first}; {fix}")
     # A choice or range end that builds no model beside every value of the other keys (a
     # wrong type, a depth of 0) would fail every trial that draws it. Judged only where
@@ -412,6 +461,10 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
                 if param.kind != "categorical":  # a range's end: the range is what to move
                     end = "low" if value == param.low else "high"
                     fix = f"move the range's {end} end ({param.low:g}..{param.high:g}) past it"
+                    first = _first_that_builds(probe, keys, index, value, problems)
+                    if first is not None:
+                        fix += f" ({first} is the {'lowest' if end == 'low' else 'highest'} "
+                        fix += "that builds)"
                 raise SweepError(f"space.{param.key}: {value!r} builds no model: {tried[0]}; {fix}")
 
 

@@ -243,9 +243,13 @@ def open_storage(url: str, options: StorageOptions | None = None) -> BaseStorage
                     grace_period=options.grace_period,
                 )
         except ImportError as error:
+            driver = (
+                "MySQL: pip install mysqlclient, or PyMySQL with mysql+pymysql://"
+                if url.startswith("mysql")
+                else "PostgreSQL: pip install 'psycopg[binary]'"
+            )
             raise SweepError(
-                f"storage {hide_passwords(url)!r}: {error}; install its database driver "
-                "(PostgreSQL: pip install 'psycopg[binary]')"
+                f"storage {hide_passwords(url)!r}: {error}; install its database driver ({driver})"
             ) from None
         except Exception as error:
             from sqlalchemy.exc import DBAPIError

@@ -2755,6 +2755,11 @@ def test_an_empty_or_bad_study_override_is_refused(tmp_path, capsys):
         line = one_line_error(capsys, ["sweep", "run", path, "--no-mlflow", f"--study={value}"])
         assert f"study {value!r}: a name of letters, digits" in line
     assert not (tmp_path / "runs").exists()
+    # A file with no study: key at all (it said "study None: a name ... is required").
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text("space:\n  model.config.depth: int 1..2\nn_trials: 2\n")
+    line = one_line_error(capsys, ["sweep", "run", str(nameless), "--no-mlflow"])
+    assert line.endswith(f"{nameless} has no study: key: name the study (study: my-sweep)")
 
 
 def test_status_of_a_study_not_started_creates_nothing(tmp_path, capsys):

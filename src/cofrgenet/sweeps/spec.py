@@ -738,6 +738,9 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         hint = did_you_mean(str(unknown[0]), sorted(_TOP_KEYS))
         raise SweepError(f"unknown sweep key(s) {unknown}{where}{hint}; known: {sorted(_TOP_KEYS)}")
     study = raw.get("study")
+    if study is None:
+        where = f"{path} has" if path is not None else "the sweep has"
+        raise SweepError(f"{where} no study: key: name the study (study: my-sweep)")
     # As a folder keeps it: the study's runs go to runs/sweeps/<study>/ and its experiment.
     if not study or folder_name(str(study), "") != str(study):
         raise SweepError(

@@ -577,6 +577,13 @@ def test_a_copied_run_folder_is_refused_the_run_it_was_copied_from(tiny_data, tm
     )):  # fmt: skip
         CofrCLI(args=fit_args(tmp_path, tiny_data, *more))
     assert client.get_metric_history(run_id, "train/loss") == history
+    # A whole runs folder copied, its store too (a node-local copy of a SLURM job): the
+    # copy's run goes on in the copied store.
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy" / "runs")
+    shutil.rmtree(tmp_path / "copy" / "runs" / "test" / "b")
+    copied = ["--run.name", "a", "--ckpt_path", "last", "--trainer.max_steps", "4", *every]
+    assert CofrCLI(args=fit_args(tmp_path / "copy", tiny_data, *copied)).trainer.global_step == 4
+    assert client.get_metric_history(run_id, "train/loss") == history
     (runs / "b" / "mlflow_run_id").unlink()
     assert CofrCLI(args=fit_args(tmp_path, tiny_data, *more)).trainer.global_step == 4
     assert (runs / "b" / "mlflow_run_id").read_text().strip() != run_id

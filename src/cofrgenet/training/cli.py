@@ -1147,9 +1147,10 @@ class CofrCLI(LightningCLIAdapter):
             self.config_value(self.config_init, "trainer.strategy"),
         )
         logger = self.config_value(self.config, "trainer.logger")
-        if run.mlflow and logger in (None, True) and rank_zero_only.rank == 0:
-            check_tracking_uri(tracking_uri(run))
-            if self.subcommand == "fit":
+        if run.mlflow and logger in (None, True):
+            if rank_zero_only.rank == 0:
+                check_tracking_uri(tracking_uri(run))
+            if self.subcommand == "fit":  # on every rank: srun's would wait for rank 0's
                 check_own_run(run_dir, tracking_uri(run))
         lock = RunLock(run_dir)
         new_folder = not run_dir.exists()

@@ -23,6 +23,7 @@ from cofrgenet.training.run_store import (
     make_store,
     scored_already,
     slurm_tags,
+    sqlite_database,
     unreachable_run,
 )
 
@@ -97,11 +98,24 @@ def check_own_run(run_dir: Path, uri: str) -> None:
         return  # the run's own folder, or one moved: the tag follows it (remember_run)
     if other.samefile(run_dir) or (other / RUN_ID_FILE).read_text().strip() != run_id:
         return
+    from cofrgenet.training.pretrained import tracking_uri_of
+
+    if not same_store(tracking_uri_of(other), uri):  # a whole runs folder copied, its store too
+        return
     raise ConfigError(
         f"{run_dir} is a copy of {other}: both name MLflow run {run_id} in {RUN_ID_FILE}, "
         f"so this fit would write its steps into {other.name}'s history. To go on with the "
         f"copy, {new_run}; or resume {other} itself"
     )
+
+
+def same_store(one: str, other: str) -> bool:
+    """Whether tracking URIs ``one`` and ``other`` name one store (sqlite files by their
+    resolved paths)."""
+    files = sqlite_database(one), sqlite_database(other)
+    if files[0] is not None and files[1] is not None:
+        return files[0].resolve() == files[1].resolve()
+    return one == other
 
 
 class CofrMLFlowLogger(MLFlowLogger):

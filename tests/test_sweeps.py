@@ -4140,7 +4140,7 @@ def test_a_sigterm_while_a_trial_is_set_up_fails_it_for_a_retry(
     assert trials[1].system_attrs["retry_history"] == [0]
 
 
-@pytest.mark.parametrize("where", ["taking", "starting", "telling"])
+@pytest.mark.parametrize("where", ["taking", "starting", "finishing", "telling"])
 def test_a_signal_between_trials_stops_the_worker_with_no_trial_left_running(
     tiny_data, tmp_path, monkeypatch, where
 ):
@@ -4169,6 +4169,8 @@ def test_a_signal_between_trials_stops_the_worker_with_no_trial_left_running(
         monkeypatch.setattr(worker, "next_trial", terminating(worker.next_trial))
     elif where == "starting":
         monkeypatch.setattr(objective, "trial_run_dir", terminating(objective.trial_run_dir))
+    elif where == "finishing":  # the trial's MLflow run ended: seconds on a remote server
+        monkeypatch.setattr(objective, "finish_mlflow", terminating(objective.finish_mlflow))
     else:
         monkeypatch.setattr(worker, "_tell", terminating(worker._tell))
     result = run_worker(sweep, report=False, mlflow=False)
@@ -4176,8 +4178,10 @@ def test_a_signal_between_trials_stops_the_worker_with_no_trial_left_running(
     trials = result.study.get_trials()
     assert TrialState.RUNNING not in [t.state for t in trials]
     ((_, outcome),) = result.outcomes
-    if where == "telling":  # the trial ended before the signal: kept, no other taken
+    if where in ("finishing", "telling"):  # the trial ended before: kept, no other taken
         assert [t.state for t in trials] == [TrialState.COMPLETE]
+        if where == "finishing":
+            assert outcome.reason == "SIGTERM as its end was recorded: the worker stops"
         return
     how = "by SIGTERM as it was taken" if where == "taking" else "by SIGTERM"
     assert outcome.reason == f"stopped {how} before its fit began" and outcome.retry
@@ -4210,6 +4214,11 @@ def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkey
     monkeypatch.setenv("COFR_SWEEP_AGAIN", "sbatch --array=3 runs/x.sbatch")
     assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
     assert capsys.readouterr().err.endswith("runs again: sbatch --array=3 runs/x.sbatch\n")
+    # A trial stopped as it was taken has no checkpoint: it is retried.
+    ended.state, ended.retry = TrialState.FAIL, True
+    ended.reason = "stopped by SIGTERM as it was taken before its fit began"
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
+    assert "stopped by a signal; the trial is retried when a worker" in capsys.readouterr().err
 
 
 def test_sampled_values_that_build_no_model_together_fail_only_their_points(tiny_data, tmp_path):

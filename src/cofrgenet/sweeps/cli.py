@@ -413,7 +413,13 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     from cofrgenet.sweeps.slurm import AGAIN_VARIABLE
-    from cofrgenet.sweeps.worker import MAX_SAME_FAILURES, done_hint, print_summary, run_worker
+    from cofrgenet.sweeps.worker import (
+        MAX_SAME_FAILURES,
+        STOPPED_BEFORE_FIT,
+        done_hint,
+        print_summary,
+        run_worker,
+    )
     from cofrgenet.training.callbacks import resume_command
 
     def again() -> str:  # a submitted job's worker: its task's sbatch
@@ -454,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
     if result.signal_status is not None:
         last = result.outcomes[-1][1] if result.outcomes else None
         failed = last is not None and last.state == optuna.trial.TrialState.FAIL
-        between = last is None or last.signal_status is None  # no trial was stopped
+        between = not failed  # no trial was stopped: it ended before the signal, or none ran
         # Ended elsewhere: its retry trains in another worker, which this one was taken for.
         if failed and not last.retry and not last.ended_elsewhere:
             # No retry was queued (max_retry used up): nothing resumes the trial.
@@ -473,9 +479,12 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         else:
+            # Stopped before its fit began, a trial has no checkpoint: it starts again.
+            fresh = STOPPED_BEFORE_FIT in (last.reason or "")
+            how = "is retried" if fresh else "resumes from its checkpoint"
             print(
-                f"cofr sweep run: stopped by a signal; the trial resumes from its checkpoint "
-                f"when a worker runs again: {again()}",
+                f"cofr sweep run: stopped by a signal; the trial {how} when a worker runs "
+                f"again: {again()}",
                 file=sys.stderr,
             )
         return result.signal_status

@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.dotted import get_dotted
 from cofrgenet.errors import is_out_of_memory
-from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises
+from cofrgenet.signals import lightning_sigterm, signal_name, signals_held, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
 from cofrgenet.sweeps.spec import Sweep, SweepError
@@ -497,15 +497,25 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
                 raise
             # Left to the worker, it would die with the trial RUNNING until taken for lost.
             outcome = setup_failed(exc, trial.number, run_dir)
-    # Read from the storage, not only the heartbeat's last look: a trial ended since
-    # then must not have its run, the retry's now, ended here.
-    if outcome.ended_elsewhere or ctx.trial_ended(trial.number):
-        if not outcome.ended_elsewhere:  # it ended here too: a signal, an error
-            outcome.reason = "; ".join(filter(None, [outcome.reason, ENDED_ELSEWHERE]))
-            outcome.ended_elsewhere = True
-    else:
-        outcome.mlflow_run = child[0] if child else None
-        finish_mlflow(ctx, outcome)
+    # The trial's end is recorded whole; a stop meanwhile (MLflow's calls may take
+    # seconds) stops the worker after it, the outcome kept.
+    with signals_held(signal.SIGINT, signal.SIGTERM) as arrived:
+        # Read from the storage, not only the heartbeat's last look: a trial ended since
+        # then must not have its run, the retry's now, ended here.
+        if outcome.ended_elsewhere or ctx.trial_ended(trial.number):
+            if not outcome.ended_elsewhere:  # it ended here too: a signal, an error
+                outcome.reason = "; ".join(filter(None, [outcome.reason, ENDED_ELSEWHERE]))
+                outcome.ended_elsewhere = True
+        else:
+            outcome.mlflow_run = child[0] if child else None
+            finish_mlflow(ctx, outcome)
+    ending = late_stop(sorted(arrived))
+    if ending is not None and not outcome.stop_worker:
+        outcome.stop_worker, outcome.signal_status = True, 128 + ending
+        name = signal.Signals(ending).name
+        outcome.reason = "; ".join(
+            filter(None, [outcome.reason, f"{name} as its end was recorded: the worker stops"])
+        )
     return outcome
 
 

@@ -1118,10 +1118,14 @@ def _run_trials(ctx: TrialContext, result: WorkerResult, n_trials: int | None) -
             return
 
 
+#: The end of the reason of a trial a signal stopped before its fit began.
+STOPPED_BEFORE_FIT = "before its fit began"
+
+
 def _stopped_before_training(status: int, how: str) -> Outcome:
     """A trial a signal stopped before its fit began: failed for a retry, and the worker
     stops with ``status``."""
-    reason = f"stopped {how} before its fit began"
+    reason = f"stopped {how} {STOPPED_BEFORE_FIT}"
     return Outcome(
         TrialState.FAIL, reason=reason, retry=True, stop_worker=True, signal_status=status
     )

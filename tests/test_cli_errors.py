@@ -284,6 +284,8 @@ def test_a_value_that_starts_with_a_dash_is_shown_how_to_give(capsys):
         "cofr generate: error: unrecognized arguments: -top (a value that starts with '-' "
         "goes after '=': --prompt=-top) (`cofr generate --help` lists the options)"
     )  # not "did you mean '--top-k'"
+    line = one_line_error(capsys, ["generate", "--ckpt", "a.ckpt", "--prom", "-top"])
+    assert "(a value that starts with '-' goes after '=': --prom=-top)" in line  # a prefix
     line = one_line_error(capsys, ["generate", "--ckpt", "a.ckpt", "--past-eos", "-x"])
     assert "unrecognized arguments: -x (`cofr generate --help`" in line  # takes no value
 

@@ -373,7 +373,12 @@ def _takes_value(parser: argparse.ArgumentParser, option: str) -> bool:
     if not option.startswith("--") or "=" in option:
         return False
     usage = " ".join(parser.format_usage().split())
-    return re.search(rf"(?<![\w-]){re.escape(option)} (?![-\[|])[^\s\]|]", usage) is not None
+    names = set(re.findall(r"(?<![\w-])--[\w-]+", usage))
+    # argparse takes an unambiguous prefix (`--prom` for --prompt)
+    found = [n for n in names if n == option] or [n for n in names if n.startswith(option)]
+    if len(found) != 1:
+        return False
+    return re.search(rf"(?<![\w-]){re.escape(found[0])} (?![-\[|])[^\s\]|]", usage) is not None
 
 
 def _unknown_options(words: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:

@@ -3200,6 +3200,18 @@ def test_a_fixed_model_value_that_fails_every_point_stops_the_worker(tmp_path, c
     assert str(blamed.value).endswith("fix the values of space.model.config.ladders")
 
 
+def test_a_sampled_value_the_config_refuses_names_the_space_not_a_temporary_file(tmp_path):
+    """`depth: float 1..4` said "model.config.depth (in /tmp/tmpXXXX/sweep-settings.yaml):
+    expected an integer", naming a file the user never wrote."""
+    sweep = load_sweep(write_sweep(tmp_path, space={"model.config.depth": "float 1..4"}))
+    with pytest.raises(SweepError) as refused:
+        run_worker(sweep, report=False, mlflow=False)
+    assert "model.config.depth (space.model.config.depth drew 1.0): expected an integer" in str(
+        refused.value
+    )
+    assert "sweep-settings.yaml" not in str(refused.value)
+
+
 def test_a_storage_without_its_driver_names_that_driver():
     """`--storage mysql://...` without a MySQL driver suggested PostgreSQL's psycopg."""
     import importlib.util

@@ -1239,8 +1239,18 @@ def trial_config(
 
     check_keys(sweep, extra)
     with tempfile.TemporaryDirectory() as folder:
-        words = trial_words(sweep, params, extra, Path(folder) / "sweep-settings.yaml")
-        return checked_config(words)[0]
+        settings = Path(folder) / "sweep-settings.yaml"
+        words = trial_words(sweep, params, extra, settings)
+        try:
+            return checked_config(words)[0]
+        except SweepError as error:  # named by where it came from, not the temporary file
+            message = str(error)
+            for key, value in params.items():
+                message = message.replace(
+                    f"{key} (in {settings})", f"{key} (space.{key} drew {value!r})"
+                )
+            origin = "the sweep's overrides or --set"
+            raise SweepError(message.replace(f"(in {settings})", f"({origin})")) from None
 
 
 def check_same_objective(study: Any, sweep: Sweep, fix: str) -> None:

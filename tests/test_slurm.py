@@ -132,6 +132,12 @@ def test_array_tasks_share_the_default_journal_only_when_told_it_is_shared(capsy
     paper = load_sweep(SWEEPS / "paper-grid-cofrgenet-f.yaml")
     with pytest.raises(SweepError, match=r"\(\$\{COFR_SWEEP_STORAGE\} in the environment, "):
         render(paper, SubmitOptions(workers=8))
+    # Set for a file that does not read it (the README's line, with tiny-cpu.yaml): said.
+    monkeypatch.setenv("COFR_SWEEP_STORAGE", "postgresql://u@db/optuna")
+    with pytest.raises(SweepError, match=(
+        r"\(--storage env:COFR_SWEEP_STORAGE, which this file does not read, storage: or"
+    )):  # fmt: skip
+        render(tiny, SubmitOptions(workers=4))
 
 
 def test_sweep_sbatch_refuses_what_cannot_agree():

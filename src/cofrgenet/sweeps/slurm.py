@@ -478,6 +478,10 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
         if not options.storage and not sweep.storage:
             raw = sweep.raw.get("storage")
             named = f"{raw} in the environment, " if isinstance(raw, str) and "${" in raw else ""
+            # The bundled sweeps' variable, set for a file that does not read it.
+            unread = "COFR_SWEEP_STORAGE" if os.environ.get("COFR_SWEEP_STORAGE") else None
+            if unread and not named:
+                named = f"--storage env:{unread}, which this file does not read, "
             raise SweepError(
                 f"--workers {options.workers} would share the default journal file "
                 f"{journal} across nodes: give a PostgreSQL storage ({named}storage: or "

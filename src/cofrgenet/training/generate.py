@@ -146,7 +146,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",  # its first name, kept for older scripts
         default=None,
         metavar="DIR",
-        help="prepared data folder whose tokenizer to use (default: the run's training data)",
+        help=(
+            "prepared data folder whose tokenizer to use (default: the run's own copy, "
+            "<run>/tokenizer, else its training data's)"
+        ),
     )
     parser.add_argument(
         "--max-new-tokens",

@@ -1499,6 +1499,18 @@ def test_chunks_too_small_for_a_block_name_the_chunk_size(tmp_path):
         dm.val_dataloader()
 
 
+def test_a_val_split_without_a_block_says_a_fit_can_go_without_validation(tmp_path):
+    """A val split shorter than a block said to prepare more data or lower block_size;
+    `--trainer.limit_val_batches 0` also lets the fit run, and was not named."""
+    out = tmp_path / "short-val"
+    prepare_data(PydocSource(), out, tokenizer="byte", max_docs=2, num_workers=1)
+    tokens = json.loads((out / "meta.json").read_text())["splits"]["val"]["tokens"]
+    dm = TokenDataModule(str(out), block_size=tokens + 1, batch_size=1, num_workers=0)
+    with pytest.raises(UserError, match=r"a larger --val-fraction\), or fit without "
+                       r"validation \(--trainer.limit_val_batches 0\)$"):  # fmt: skip
+        dm.val_dataloader()
+
+
 @pytest.mark.slow
 def test_prepare_with_spawned_workers(tmp_path):
     # The start method of non-Linux platforms: sources and tokenizers travel by pickle.

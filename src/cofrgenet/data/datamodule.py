@@ -371,12 +371,16 @@ class TokenDataModule(L.LightningDataModule):
                 f"most {largest:,} tokens each, and a block never spans two; prepare it "
                 "again with a larger --chunk-bytes (default 64MB), or lower block_size"
             )
+        more = (
+            "a larger --val-fraction), or fit without validation (--trainer.limit_val_batches 0)"
+            if split == "val"
+            else "a small train split keeps more with fewer prepare --num-workers, each of "
+            "which ends its own chunks)"
+        )
         return ConfigError(
             f"the {split} split of {str(self.data_dir)!r} ({tokens:,} tokens in "
             f"{self.meta.splits[split].chunks} chunk(s)) holds no block of block_size + 1 = "
-            f"{self.block_size + 1} tokens: lower block_size or prepare more data "
-            "(for val: a larger --val-fraction; a small train split keeps more with "
-            "fewer prepare --num-workers, each of which ends its own chunks)"
+            f"{self.block_size + 1} tokens: lower block_size or prepare more data ({more}"
         )
 
     def _loader(

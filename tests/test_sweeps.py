@@ -4233,6 +4233,22 @@ def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkey
     assert "stopped by a signal; the trial is retried when a worker" in capsys.readouterr().err
 
 
+def test_a_worker_with_no_trial_left_to_take_says_so(tmp_path, monkeypatch, capsys):
+    """Other workers held the study's last trials: this one exited 0 with no word."""
+    import cofrgenet.sweeps.worker as worker_module
+    from cofrgenet.cli import main
+
+    _, _, study = _tiny_study(tmp_path)
+    study.ask()  # a trial another worker trains
+    monkeypatch.setattr(
+        worker_module, "run_worker", lambda sweep, **kwargs: worker_module.WorkerResult(study)
+    )
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 0
+    assert "no trial left for this worker to take; other workers train the last 1 (" in (
+        capsys.readouterr().out
+    )
+
+
 def test_sampled_values_that_build_no_model_together_fail_only_their_points(tiny_data, tmp_path):
     """`n_head: int 4..8` beside a width of 64: both ends build a model, 5, 6 and 7 do
     not. Each of those points fails before its fit starts, and three of them in a row do

@@ -510,6 +510,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    asked = args.n_trials is None or len(result.outcomes) < args.n_trials
+    if asked and not (result.done or result.requeued):  # nothing left: said, not a bare 0
+        running = sum(
+            t.state == optuna.trial.TrialState.RUNNING
+            for t in result.study.get_trials(deepcopy=False)
+        )
+        print(
+            f"study {sweep.study}: no trial left for this worker to take; other workers "
+            f"train the last {running} (`{_status_command(args)}`)",
+        )
     return 0
 
 

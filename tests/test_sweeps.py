@@ -1423,6 +1423,26 @@ def _tiny_study(tmp_path: Path, **storage_options) -> tuple:
     return sweep, storage, study
 
 
+def test_a_sweep_file_with_n_trials_below_the_trials_used_is_refused(tmp_path):
+    """A finished study of 3 trials, then a worker of a file saying n_trials: 1: it
+    became the study's budget (status: "3 of 1 trial used") and the report was written
+    again."""
+    _, storage, study = _tiny_study(tmp_path)
+    for _ in range(3):
+        trial = study.ask({"a": optuna.distributions.CategoricalDistribution([1, 2])})
+        study.tell(trial, 1.0)
+    space = {"a": [1, 2]}
+    lower = parse_sweep({"study": "w", "space": space, "n_trials": 1})
+    with pytest.raises(SweepError, match=(
+        r"^study 'w' has used 3 trials, more than the sweep's n_trials: 1: give n_trials "
+        r">= 3 \(the trials it keeps\), or leave it at 4$"
+    )):  # fmt: skip
+        open_study(lower, storage, 1)
+    assert study.user_attrs["cofr.sweep"]["n_trials"] == 4  # kept
+    for n_trials in (3, 6):  # ending it where it is, or going on: as before
+        open_study(parse_sweep({"study": "w", "space": space, "n_trials": n_trials}), storage, 1)
+
+
 def test_workers_in_one_slurm_job_are_told_apart(tmp_path, monkeypatch):
     """Two workers of one job (srun -n 2, or started by hand in one allocation) share
     SLURM_JOB_ID: neither takes the other's live trial for its own requeued one."""

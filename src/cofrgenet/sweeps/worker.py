@@ -141,6 +141,7 @@ def open_study(
                 points = len(old_points)
         wait_for_setup(study, sweep, points=points, url=url)  # the grid its creator queued
         check_same_objective(study, sweep, "use another study name")
+        check_budget_not_below_used(study, sweep, stored_sweep)
         check_same_settings(study, extra)
         check_same_merging(study, sweep, extra)
         check_same_width(study, width)
@@ -270,6 +271,23 @@ def check_not_stored_elsewhere(
             f"used (--storage, or the sweep's storage:), a new --study NAME, or move "
             f"{found.parent} away to start the study anew"
         )
+
+
+def check_budget_not_below_used(study: optuna.Study, sweep: Sweep, stored: Any) -> None:
+    """Refuse a sweep file whose ``n_trials`` is below the trials the study has used
+    (``stored``: the sweep the study keeps): it became the study's budget ("3 of 1 trial
+    used"), and its report was written again, for a study that had ended."""
+    if sweep.is_grid or sweep.n_trials is None:
+        return
+    used = st.budget_used(study.get_trials(deepcopy=False))
+    if sweep.n_trials >= used:
+        return
+    kept = stored.get("n_trials") if isinstance(stored, dict) else None
+    leave = f", or leave it at {kept}" if kept is not None and kept >= used else ""
+    raise SweepError(
+        f"study {sweep.study!r} has used {counted(used, 'trial')}, more than the sweep's "
+        f"n_trials: {sweep.n_trials}: give n_trials >= {used} (the trials it keeps){leave}"
+    )
 
 
 def check_same_trials(sweep: Sweep, stored: dict[str, Any]) -> None:

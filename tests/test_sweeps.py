@@ -1441,6 +1441,11 @@ def test_a_sweep_file_with_n_trials_below_the_trials_used_is_refused(tmp_path):
     assert study.user_attrs["cofr.sweep"]["n_trials"] == 4  # kept
     for n_trials in (3, 6):  # ending it where it is, or going on: as before
         open_study(parse_sweep({"study": "w", "space": space, "n_trials": n_trials}), storage, 1)
+    # Its own budget, overshot by workers that took the last trials together, stands.
+    for _ in range(5):
+        trial = study.ask({"a": optuna.distributions.CategoricalDistribution([1, 2])})
+        study.tell(trial, 1.0)
+    open_study(parse_sweep({"study": "w", "space": space, "n_trials": 6}), storage, 1)
 
 
 def test_workers_in_one_slurm_job_are_told_apart(tmp_path, monkeypatch):

@@ -277,12 +277,14 @@ def check_budget_not_below_used(study: optuna.Study, sweep: Sweep, stored: Any) 
     """Refuse a sweep file whose ``n_trials`` is below the trials the study has used
     (``stored``: the sweep the study keeps): it became the study's budget ("3 of 1 trial
     used"), and its report was written again, for a study that had ended."""
-    if sweep.is_grid or sweep.n_trials is None:
+    kept = stored.get("n_trials") if isinstance(stored, dict) else None
+    # The study's own budget stands, overshot or not (workers that took the last trials
+    # together may use a few more).
+    if sweep.is_grid or sweep.n_trials is None or sweep.n_trials == kept:
         return
     used = st.budget_used(study.get_trials(deepcopy=False))
     if sweep.n_trials >= used:
         return
-    kept = stored.get("n_trials") if isinstance(stored, dict) else None
     leave = f", or leave it at {kept}" if kept is not None and kept >= used else ""
     raise SweepError(
         f"study {sweep.study!r} has used {counted(used, 'trial')}, more than the sweep's "

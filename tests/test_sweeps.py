@@ -2828,7 +2828,8 @@ def test_a_storage_or_runs_folder_under_a_file_is_one_line(tiny_data, tmp_path, 
     # made the folders, down from / for `journal:/nonexistent/x.journal`).
     missing = tmp_path / "nonexistent" / "deeper"
     line = one_line_error(capsys, [*run, "--storage", f"journal:{missing / 'x.journal'}"])
-    assert line.endswith(f"no folder {missing} for the journal file")
+    assert f"no folder {missing} for the journal file (one in the runs folder " in line
+    assert line.endswith(" is made)")
     assert not (tmp_path / "nonexistent").exists()
 
 

@@ -831,11 +831,15 @@ def run_worker(
 
     worker = st.Worker.current()
     journal = st.journal_path(url)
-    # As a sqlite file's: a named journal's folder must be there (a typo made folders,
-    # down from the root when its path was absolute); the default one's is made.
-    named = journal is not None and journal.resolve() != _default_journal(sweep, runs_dir)
-    if named and not journal.parent.exists():
-        raise SweepError(f"storage {url!r}: no folder {journal.parent} for the journal file")
+    # As a sqlite file's: a journal named outside the runs folder must have its folder
+    # there (a typo made folders, down from / for an absolute path); the runs folder's
+    # own (the default journal's among them) are made.
+    inside = journal is not None and journal.resolve().is_relative_to(Path(runs_dir).resolve())
+    if journal is not None and not inside and not journal.parent.exists():
+        raise SweepError(
+            f"storage {url!r}: no folder {journal.parent} for the journal file (one in the "
+            f"runs folder {runs_dir} is made)"
+        )
     new_journal = journal is not None and not journal.exists()
     folder = st.study_folder(sweep, runs_dir)
     # Before the storage: a default journal's folder is the study folder (made there).
@@ -916,13 +920,6 @@ def run_worker(
         except Exception as error:
             log.warning(f"report failed: {type(error).__name__}: {error}")
     return result
-
-
-def _default_journal(sweep: Sweep, runs_dir: str) -> Path:
-    """The journal file a sweep keeps its study in unless told otherwise, resolved."""
-    default = st.journal_path(st.default_storage(sweep, runs_dir))
-    assert default is not None  # a journal: the default storage is one
-    return default.resolve()
 
 
 def _settle_parent_run(

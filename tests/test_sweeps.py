@@ -1113,11 +1113,12 @@ def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_p
     moved = load_sweep(write_sweep(tmp_path, "moved.yaml", storage=other, **common))
     with pytest.raises(SweepError) as refused:
         run_worker(moved, report=False, mlflow=False)
-    assert str(refused.value) == (
+    home = f"journal:{(tmp_path / 'runs' / 'sweeps' / sweep.study / 'optuna.journal').resolve()}"
+    assert str(refused.value) == (  # the storage, as the trial recorded it: named
         f"study 'tiny-cpu' is not in {other}, but {trial} holds a trial of a study of that "
-        "name, stored elsewhere: give the storage its workers used (--storage, or the "
-        f"sweep's storage:), a new --study NAME, or move {trial.parent} away to start the "
-        "study anew"
+        f"name, stored elsewhere: give the storage its workers used (--storage {home}, or "
+        f"the sweep's storage:), a new --study NAME, or move {trial.parent} away to start "
+        "the study anew"
     )
     assert trial.is_dir() and not list(trial.parent.glob("trial-0000.old-*"))
     # The journal the refused start made, empty, goes: it would pass for the study's home.

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from cofrgenet.atomic import write_text_atomic
 from cofrgenet.dotted import get_dotted
 from cofrgenet.errors import is_out_of_memory
+from cofrgenet.redact import hide_passwords
 from cofrgenet.signals import lightning_sigterm, signal_name, signals_held, sigterm_raises
 from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_words
@@ -358,9 +359,10 @@ class TrialContext:
             return False
 
 
-def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> Path | None:
-    """A trial folder in the runs folder made by a study of this sweep's name (whatever
-    its storage), or None."""
+def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> tuple[Path, str | None] | None:
+    """(a trial folder in the runs folder made by a study of this sweep's name, whatever
+    its storage; that storage as its trial.json records it, a password hidden, None in
+    folders from before it was recorded), or None."""
     first = trial_run_dir(sweep, runs_dir, 0)
     every = first.name.replace(trial_name(0), "trial-*")  # also those moved aside (.old-)
     for marker in sorted(first.parent.glob(f"{every}/{TRIAL_FILE}")):
@@ -369,7 +371,8 @@ def trial_of_this_name(sweep: Sweep, runs_dir: str | Path) -> Path | None:
         except (OSError, ValueError):
             continue
         if isinstance(owner, dict) and owner.get("study") == sweep.study:
-            return marker.parent
+            storage = owner.get("storage")
+            return marker.parent, storage if isinstance(storage, str) else None
     return None
 
 
@@ -471,6 +474,8 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         "root_number": root,
         "trial_number": trial.number,
         "params": params,
+        # Said when a worker started without it finds this folder (a password hidden).
+        "storage": hide_passwords(ctx.storage_url),
     }
     try:
         # Before the folder or the MLflow run is touched: an earlier attempt taken for

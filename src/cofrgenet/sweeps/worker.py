@@ -265,11 +265,13 @@ def check_not_stored_elsewhere(
         return
     found = trial_of_this_name(sweep, runs_dir)
     if found is not None:
+        folder, storage = found
+        used = f"--storage {storage}" if storage else "--storage"
         raise SweepError(
-            f"study {sweep.study!r} is not in {hide_passwords(url)}, but {found} holds a "
+            f"study {sweep.study!r} is not in {hide_passwords(url)}, but {folder} holds a "
             "trial of a study of that name, stored elsewhere: give the storage its workers "
-            f"used (--storage, or the sweep's storage:), a new --study NAME, or move "
-            f"{found.parent} away to start the study anew"
+            f"used ({used}, or the sweep's storage:), a new --study NAME, or move "
+            f"{folder.parent} away to start the study anew"
         )
 
 

@@ -434,7 +434,7 @@ def check_model_values(sweep: Sweep, probe: dict[str, Any]) -> None:
         tried = f" (at each of the {len(problems)} points of the space tried)" if keys else ""
         fix = "fix the sweep's overrides or --set"
         if keys and _builds_without(probe, keys):  # the space's values are the trouble
-            # Those whose values alone are: each point builds with them left out.
+            # Those at fault: some point builds with them left to the preset.
             blamed = [
                 p
                 for i, p in enumerate(keys)

@@ -55,7 +55,8 @@ def test_bench_train_measures_speed_memory_and_generation(tmp_path):
         assert r["activation_bytes_per_token"] < eager["activation_bytes_per_token"] / 2
         assert r["peak_memory_bytes"] > 0
     line = next(x for x in to_markdown(report).splitlines() if x.startswith("Recompute"))
-    assert re.search(r"gpt2 \d\.\d\dx \[.*\] tokens/s, 0\.\d\dx activations, \d", line)
+    # Ratios of timings on a shared machine: any number of digits (a round saw 29.40x).
+    assert re.search(r"gpt2 \d+\.\d\dx \[.*\] tokens/s, 0\.\d\dx activations, \d", line)
     assert set(results) == {"gpt2", "cofrgenet-f", "lstm"} and report["peak_flops"] > 0
     for r in results.values():
         assert len(r["step_ms"]) == 4 and r["tokens_per_s"] > 0

@@ -395,6 +395,14 @@ def unreachable_run(uri: str, run_id: str, fix: str = "--no-mlflow skips logging
     """Why the training run ``run_id`` cannot be logged onto at ``uri`` (a local store
     that is not there: a moved or copied run folder; a run the store lacks; a server
     down), or None when it can; ``fix`` ends the reason. Creates no store on the way."""
+    return reach_run(uri, run_id, fix)[1]
+
+
+def reach_run(
+    uri: str, run_id: str, fix: str = "--no-mlflow skips logging"
+) -> tuple[Any, str | None]:
+    """(MLflow's Run ``run_id`` at ``uri``, None) when it can be logged onto, else (None,
+    why not: :func:`unreachable_run`'s reason). Creates no store on the way."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -402,17 +410,16 @@ def unreachable_run(uri: str, run_id: str, fix: str = "--no-mlflow skips logging
     database = sqlite_database(uri)
     if database is not None:
         if not database.is_file():
-            return f"no MLflow store at {uri} ({moved})"
+            return None, f"no MLflow store at {uri} ({moved})"
         # SQLite takes an empty file for an empty database, and MLflow made its tables in it.
         damage = EMPTY_FILE if database.stat().st_size == 0 else sqlite_damage(database)
         if damage is not None:
-            return f"{database} is not an MLflow database ({damage}; {moved})"
+            return None, f"{database} is not an MLflow database ({damage}; {moved})"
     try:
-        MlflowClient(uri).get_run(run_id)
+        return MlflowClient(uri).get_run(run_id), None
     except MlflowException as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return f"MLflow run {run_id} is not in {uri}: {first} ({moved})"
-    return None
+        return None, f"MLflow run {run_id} is not in {uri}: {first} ({moved})"
 
 
 def store_problem(database: Path) -> str | None:

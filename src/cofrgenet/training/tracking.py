@@ -21,10 +21,10 @@ from cofrgenet.training.run_store import (
     flatten,
     log_params_tagging_changes,
     make_store,
+    reach_run,
     scored_already,
     slurm_tags,
     sqlite_database,
-    unreachable_run,
 )
 
 #: Top-level keys of ``cofr fit``'s config that are how it was invoked, not what trains:
@@ -87,12 +87,10 @@ def check_own_run(run_dir: Path, uri: str) -> None:
         return
     run_id = id_file.read_text().strip()
     new_run = f"deleting {id_file} logs this folder's run as a new MLflow run"
-    problem = unreachable_run(uri, run_id, f"--run.tracking_uri gives its store; {new_run}")
+    run, problem = reach_run(uri, run_id, f"--run.tracking_uri gives its store; {new_run}")
     if problem is not None:
         raise ConfigError(f"cannot go on with {run_dir}'s MLflow run: {problem}")
-    from mlflow.tracking import MlflowClient
-
-    tagged = MlflowClient(uri).get_run(run_id).data.tags.get(RUN_DIR_TAG)
+    tagged = run.data.tags.get(RUN_DIR_TAG)
     other = Path(tagged) if tagged else None
     if other is None or other == run_dir.resolve() or not (other / RUN_ID_FILE).is_file():
         return  # the run's own folder, or one moved: the tag follows it (remember_run)

@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -514,14 +514,7 @@ def run_trial(ctx: TrialContext, trial: optuna.Trial) -> Outcome:
         else:
             outcome.mlflow_run = child[0] if child else None
             finish_mlflow(ctx, outcome)
-    ending = late_stop(sorted(arrived))
-    if ending is not None and not outcome.stop_worker:
-        outcome.stop_worker, outcome.signal_status = True, 128 + ending
-        name = signal.Signals(ending).name
-        outcome.reason = "; ".join(
-            filter(None, [outcome.reason, f"{name} as its end was recorded: the worker stops"])
-        )
-    return outcome
+    return stops_the_worker(outcome, sorted(arrived), "as its end was recorded")
 
 
 #: The reason's start for a trial whose MLflow run or storage could not be written
@@ -819,13 +812,18 @@ def after_late_signals(outcome: Outcome, stop: StopOnSignal) -> Outcome:
     usr1 = getattr(signal, "SIGUSR1", None)
     if usr1 in late:
         REQUEUE.set()
-    ending = late_stop(late)
+    return stops_the_worker(outcome, late, "after the last step")
+
+
+def stops_the_worker(outcome: Outcome, signums: Sequence[int], when: str) -> Outcome:
+    """``outcome``, kept, of a trial that got ``signums`` (sorted) ``when`` its result
+    was in: Ctrl-C or SIGTERM among them stops the worker after it is told."""
+    ending = late_stop(signums)
     if ending is not None and not outcome.stop_worker:
-        outcome.stop_worker = True
-        outcome.signal_status = 128 + ending
+        outcome.stop_worker, outcome.signal_status = True, 128 + ending
         name = signal.Signals(ending).name
         outcome.reason = "; ".join(
-            filter(None, [outcome.reason, f"{name} after the last step: the worker stops"])
+            filter(None, [outcome.reason, f"{name} {when}: the worker stops"])
         )
     return outcome
 

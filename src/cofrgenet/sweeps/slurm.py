@@ -521,7 +521,7 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
             f"# Rendered by `cofr sweep submit` from {sweep.path} on {time.strftime('%F %T')}.",
             *header,
             "",
-            f"export COFR_PYTHON={shlex.quote(sys.executable)}",
+            python_line(),
             *exports,
             "# The worker's arguments, unless given on the sbatch command line.",
             f"if [ $# -eq 0 ]; then set -- {shlex.join(args)}; fi",
@@ -530,6 +530,12 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
         ]
     )
     return Rendered(script.rstrip() + "\n", settings, sbatch, args, url)
+
+
+def python_line() -> str:
+    """The script's line naming the Python its workers run (after which submit adds the
+    task's own resubmission)."""
+    return f"export COFR_PYTHON={shlex.quote(sys.executable)}"
 
 
 def parse_sbatch_header(script: str) -> dict[str, str]:
@@ -592,7 +598,7 @@ def submit(
     st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 
     def write_script(path: Path) -> Path:
-        python = f"export COFR_PYTHON={shlex.quote(sys.executable)}\n"
+        python = python_line() + "\n"
         # The task's own resubmission, said by a worker that stops before its study ends.
         task = "${SLURM_ARRAY_TASK_ID:-0}"
         again = f'export {AGAIN_VARIABLE}="sbatch --array={task} {shlex.quote(str(path))}"\n'

@@ -379,9 +379,12 @@ def test_targets_are_checked_for_their_dtype_and_fastest_counts_auto():
         dtype="float64",
     )  # fmt: skip
     report = run_benchmark(config)
-    auto = next(r for r in report.results if r.impl == "auto")
-    assert auto.speedup > 1 and report.targets == []
-    assert f"auto ({auto.resolved}): " in to_markdown(report)
+    literal, auto = sorted(report.results, key=lambda r: r.impl == "auto")
+    assert report.targets == []
+    # Which is faster is the machine's to say (a busy CI once timed auto at 0.5x).
+    faster = auto.summary.median < literal.summary.median
+    fastest = f"| auto ({auto.resolved}): " if faster else "| literal: "
+    assert fastest in to_markdown(report)
     with pytest.raises(ValueError, match="--impls: nothing to time"):
         OpsBenchConfig(impls=()).validate()
 

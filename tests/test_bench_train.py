@@ -165,6 +165,35 @@ def test_bench_train_reports_after_each_stage_with_ratios_from_shared_rounds(mon
     assert "cofrgenet-f / gpt2 tokens/s (compiled)" in final
 
 
+def test_an_unfinished_report_names_the_stages_it_lacks(monkeypatch):
+    """A report stopped after the timing said "2 of 2 pairs timed" and looked whole,
+    with empty memory columns and a generation table of one row."""
+    monkeypatch.setattr(train, "activation_bytes", lambda trainer: 1024)
+    monkeypatch.setattr(train, "peak_step_memory", lambda cfg, variant, mode: 2**20)
+    monkeypatch.setattr(train, "layer_activation_bytes", lambda cfg: {"mlp": 8})
+    speeds = {"gen_cached_tokens_per_s": 2.0, "gen_recompute_tokens_per_s": 1.0,
+              "latency_cached_ms": 1.0, "latency_recompute_ms": 2.0}  # fmt: skip
+    monkeypatch.setattr(train, "generation_speed", lambda cfg, trainer: speeds)
+    cfg = TrainBenchConfig(
+        variants=("gpt2", "cofrgenet-f"), modes=("eager",), batch_size=1, steps=1, rounds=1,
+        warmup=1, profile_steps=0, **TINY,
+    )  # fmt: skip
+    snapshots = []
+    report = run_benchmark(cfg, "test", on_update=lambda r: snapshots.append(copy.deepcopy(r)))
+    timed, gpt2_measured = snapshots[0], snapshots[1]
+    assert "still to measure: the memory of gpt2 eager, cofrgenet-f eager; the generation " \
+        "speed of gpt2 eager, cofrgenet-f eager; the layers' activation memory." in \
+        to_markdown(timed)  # fmt: skip
+    stopped = to_markdown({**gpt2_measured, "stopped": "Ctrl-C"})
+    assert (
+        "**Stopped** by Ctrl-C: 2 of 2 variant/mode pairs timed. This report holds what "
+        "the run measured before it stopped; not measured: the memory of cofrgenet-f eager; "
+        "the generation speed of cofrgenet-f eager; the layers' activation memory." in stopped
+    )
+    assert "not measured" not in to_markdown({**report, "stopped": "Ctrl-C"})
+    assert "still to measure" not in to_markdown({**report, "partial": True})
+
+
 def test_round_ratios_pair_the_rounds_two_variants_shared():
     report = {"config": {"steps": 1}}
     a = {"variant": "a", "step_ms": [10.0, 20.0, 40.0], "round_ids": [0, 1, 2]}
@@ -552,7 +581,7 @@ def test_an_eager_run_says_nothing_of_graph_breaks(tmp_path, capsys):
 @pytest.mark.parametrize("load, busy", [(0.4, True), (0.02, False)])
 def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load, busy):
     """A busy machine went unflagged here, while `cofr bench ops` flags it: the same
-    BackgroundLoad and threshold now measure each stage of rounds."""
+    BackgroundLoad and threshold now measure each stage of rounds, and the generations."""
     import cofrgenet.bench.timing as timing
 
     class Load:  # other processes used ``load`` of the CPU while the rounds ran
@@ -568,10 +597,11 @@ def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load
     monkeypatch.setattr(train, "peak_matmul_flops", lambda cfg: 1e12)
     cfg = TrainBenchConfig(
         variants=("gpt2", "cofrgenet-f"), modes=("eager",), batch_size=1, steps=1, rounds=1,
-        warmup=0, memory=False, generation=False, profile_steps=0, **TINY,
+        warmup=0, memory=False, gen_tokens=2, profile_steps=0, **TINY,
     )  # fmt: skip
     report = run_benchmark(cfg, "test")
     assert [r["background_load"] for r in report["results"]] == [load, load]
+    assert [r["gen_background_load"] for r in report["results"]] == [load, load]
     md = to_markdown(report)
     other = (
         "- other load (the CPU share other processes used while steps were timed, from "
@@ -584,6 +614,11 @@ def test_other_load_while_timing_is_reported_as_bench_ops_does(monkeypatch, load
         "unreliable; rerun them on a quiet machine."
     )
     assert (warning in md) == busy
+    generations = (
+        "**Warning:** 2 of 2 variants' generations were timed while other processes used "
+        "more than 10% of the CPU (gpt2, cofrgenet-f)"
+    )
+    assert (generations in md) == busy
     # The verdicts from those figures say so too, as bench ops' do.
     [verdict] = [x for x in md.splitlines() if x.startswith("- cofrgenet-f / gpt2 tokens/s")]
     assert verdict.endswith(f", unreliable: other processes used {load:.0%} of the CPU") == busy
@@ -716,7 +751,7 @@ def test_a_short_block_is_refused_for_generation_and_its_prompt_fits_it(monkeypa
     assert set(prompts) == {4}
     assert (
         "Generation (2 tokens after a prompt of 4 tokens, each step past 4 tokens reading the "
-        "last 4 again, batch 1, greedy; latency of one token after 3):"
+        "last 4 again, batch 1, greedy; latency of one token after 3). Tokens/s are of whole "
     ) in to_markdown(report)
     wide = {**report, "config": {**report["config"], "block_size": 16}}
     assert "Generation (2 tokens after a prompt of 8 tokens, batch 1" in to_markdown(wide)

@@ -224,6 +224,8 @@ class VariantResult:
     gen_recompute_tokens_per_s: float | None = None
     latency_cached_ms: float | None = None
     latency_recompute_ms: float | None = None
+    #: The share of the CPU other processes used while generation was timed.
+    gen_background_load: float | None = None
     #: Where a step goes (:class:`~cofrgenet.bench.step_profile.StepProfile`, as a dict).
     profile: dict[str, Any] | None = None
 
@@ -587,10 +589,19 @@ def prompt_tokens(block_size: int) -> int:
     return min(PROMPT_TOKENS, block_size)
 
 
-def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float]:
+def generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float | None]:
     """Tokens/s generating ``gen_tokens`` after a prompt of :func:`prompt_tokens`, cached
-    and recomputed (medians of :data:`GENERATION_REPEATS` interleaved calls), and the
-    latency of one token near a full context both ways (ms, medians)."""
+    and recomputed (medians of :data:`GENERATION_REPEATS` interleaved calls), the
+    latency of one token near a full context both ways (ms, medians), and the other
+    processes' share of the CPU meanwhile."""
+    from cofrgenet.bench.timing import BackgroundLoad
+
+    with BackgroundLoad() as background:
+        speeds: dict[str, float | None] = {**_generation_speed(cfg, trainer)}
+    return speeds | {"gen_background_load": background.fraction}
+
+
+def _generation_speed(cfg: TrainBenchConfig, trainer: Trainer) -> dict[str, float]:
     import torch
 
     from cofrgenet.bench.timing import time_interleaved, time_once
@@ -931,6 +942,28 @@ def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def _not_measured(report: dict[str, Any], heading: str) -> str:
+    """``"; {heading}: the memory of cofrgenet-f eager, ..."``: the stages of the eager
+    pairs timed so far that an unfinished report lacks (the pairs not timed are counted
+    beside), or ``""``."""
+    cfg, missing = report["config"], []
+    # As _run_benchmark measures them: memory in each uncompiled mode, generation in eager.
+    for stage, wanted, modes, field_name in (
+        ("memory", cfg.get("memory"), UNCOMPILED_MODES, "peak_memory_bytes"),
+        ("generation speed", cfg.get("generation"), ("eager",), "gen_cached_tokens_per_s"),
+    ):
+        lacking = [
+            f"{r['variant']} {r['mode']}"
+            for r in report["results"]
+            if wanted and r["mode"] in modes and r.get(field_name) is None
+        ]
+        if lacking:
+            missing.append(f"the {stage} of {', '.join(lacking)}")
+    if cfg.get("memory") and not report.get("layer_activation_bytes_per_token"):
+        missing.append("the layers' activation memory")
+    return f"; {heading}: {'; '.join(missing)}" if missing else ""
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     from cofrgenet.bench.timing import BUSY_THRESHOLD, busy_warning
 
@@ -947,7 +980,9 @@ def to_markdown(report: dict[str, Any]) -> str:
                 if set(cfg["modes"]) & set(COMPILE_MODES)
                 else ""
             )
-            + ". This report holds what the run measured before it stopped.",
+            + ". This report holds what the run measured before it stopped"
+            + _not_measured(report, "not measured")
+            + ".",
             "",
         ]
     elif report.get("partial"):
@@ -959,6 +994,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                 if set(cfg["modes"]) & set(COMPILE_MODES)
                 else ""
             )
+            + _not_measured(report, "still to measure")
             + ". The finished run rewrites this file.",
             "",
         ]
@@ -1083,7 +1119,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"Generation ({cfg['gen_tokens']} tokens after a prompt of {prompt} tokens{window}, "
-            f"batch 1, greedy; latency of one token after {block - 1}):",
+            f"batch 1, greedy; latency of one token after {block - 1}). Tokens/s are of whole "
+            "calls, the prompt's read and the cache's set-up included, which a short "
+            "generation of a small model spends most of its time on; the latency is one "
+            "step's alone:",
             "",
             "| variant | cached tokens/s | recomputed tokens/s | latency cached ms | "
             "latency recomputed ms | latency ratio |",
@@ -1096,6 +1135,11 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"{r['latency_recompute_ms']:.2f} | "
                 f"{r['latency_recompute_ms'] / r['latency_cached_ms']:.1f}x |"
             )
+        busy = busy_warning(
+            {r["variant"]: r.get("gen_background_load") for r in gen}, "variants' generations"
+        )
+        if busy:
+            lines += ["", f"**Warning:** {busy}"]
     return "\n".join(lines) + "\n"
 
 

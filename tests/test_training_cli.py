@@ -406,6 +406,10 @@ def test_unknown_model_key_fails_fast(tiny_data, tmp_path):
     choice = r"model.config.attention: 'cattn_x' is not one of .*did you mean 'cattn_u'"
     with pytest.raises(ConfigError, match=choice):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.config.attention", "cattn_x"))
+    # In a list, the item outside the choices is named (the whole list was, with no hint).
+    item = r"model.config.ffn_pattern: \['mlp', 'cfn'\]: 'cfn' is not one of .*did you mean 'cffn'"
+    with pytest.raises(ConfigError, match=item):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--model.config.ffn_pattern", "[mlp, cfn]"))
     assert not (tmp_path / "runs" / "test").exists()
     parser = CofrCLI(args=fit_args(tmp_path, tiny_data)[1:], run=False).parser  # no subcommand
     help_text = parser.format_help()

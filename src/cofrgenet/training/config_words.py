@@ -16,6 +16,7 @@ Only text and YAML are read here: nothing is parsed into a config or built.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import difflib
@@ -44,6 +45,18 @@ def bad_choice(message: str) -> str | None:
     items = (item.strip().strip("'\"") for group in literals for item in group.split(","))
     names = list(dict.fromkeys(item for item in items if item))
     value = given.group(1).strip()
+    # A list's report names the whole list (`['mlp', 'cfn']`): the item outside the choices
+    # is the one to name.
+    with contextlib.suppress(ValueError, SyntaxError):
+        items = ast.literal_eval(value)
+        if isinstance(items, (list, tuple)):
+            outside = [item for item in items if str(item) not in names]
+            if outside:
+                bad = str(outside[0])
+                return (
+                    f"{keys[-1]}: {value}: {bad!r} is not one of {', '.join(names)}"
+                    f"{did_you_mean(bad, names)}"
+                )
     return f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
 
 

@@ -187,6 +187,8 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"heatmap": ["a.b", "d"]}, "heatmap: 'd' is not a key of the space"),
         ({"experiment": "my exp"}, "experiment 'my exp' is not a folder name as given: use "
          "letters, digits, '.', '_' or '-', e.g. 'my-exp'"),  # "my-exp" would share runs/my-exp
+        ({"experiment": "-x"}, "experiment '-x' is not a folder name as given: use letters, "
+         "digits, '.', '_' or '-', not '.' or '-' first, e.g. 'x'"),
         ({"storage_options": {"heartbeat_interval": 120, "grace_period": 10}},
          "storage_options.grace_period 10 s must exceed twice the heartbeat_interval"),
         ({"storage_options": {"grace_period": -5}}, "storage_options.grace_period -5 s"),

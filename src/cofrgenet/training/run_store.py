@@ -133,9 +133,10 @@ def check_folder_name(option: str, name: str) -> None:
     if folder_name(name, "") != name:
         # The suggestion keeps accented letters' base letters ("über" -> "uber").
         plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+        first = ", not '.' or '-' first" if name[:1] in (".", "-") else ""
         raise ConfigError(
             f"{option} {name!r} is not a folder name as given: use letters, digits, '.', "
-            f"'_' or '-', e.g. {folder_name(plain)!r}"
+            f"'_' or '-'{first}, e.g. {folder_name(plain)!r}"
         )
 
 

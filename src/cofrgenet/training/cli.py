@@ -1451,7 +1451,9 @@ def _check_ladder_device(config: Any, accelerator: Any) -> None:
         raise ConfigError(
             f"model.config.ladder_impl: triton needs a CUDA device, and this run trains on "
             f"{'CPU' if accelerator in (None, 'auto', 'cpu') else accelerator}: use "
-            "ladder_impl: auto (the Triton kernels wherever there is a GPU) or continuant"
+            "ladder_impl: auto (the Triton kernels wherever there is a GPU) or continuant "
+            "(or TRITON_INTERPRET=1 in the environment, to run the kernels on CPU in Triton's "
+            "interpreter, slowly: for testing them)"
         )
 
 

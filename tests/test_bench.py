@@ -216,8 +216,8 @@ def test_bench_ops_writes_table_and_json(tmp_path):
     argv += ["--tag", "extra"]  # named as bench train's and quality's --tag names theirs
     assert cli.main(argv) == 0
 
-    [json_path] = tmp_path.glob("ops-cpu-*-extra-quick.json")
-    [md_path] = tmp_path.glob("ops-cpu-*-extra-quick.md")
+    [json_path] = tmp_path.glob("ops-cpu-*-quick-extra.json")  # as quality's: tag last
+    [md_path] = tmp_path.glob("ops-cpu-*-quick-extra.md")
     report = json.loads(json_path.read_text())
     assert report["command"] == "cofr " + " ".join(argv)
     assert report["threads"] == torch.get_num_threads() and report["device_name"]

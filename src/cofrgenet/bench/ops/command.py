@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     check_file_name_part("--tag", options.tag)
     # An older --suffix=-extra named the same file as --tag extra does.
     tag = options.tag.lstrip("-")
-    suffix = (f"-{tag}" if tag else "") + ("-quick" if options.quick else "")
+    # The tag last, as bench quality's: ops-cpu-<date>-quick-extra.
+    suffix = ("-quick" if options.quick else "") + (f"-{tag}" if tag else "")
     # Made now: a folder it cannot write fails before the timing, not after it.
     out = make_out_dir(options.out_dir) if options.save else Path(options.out_dir)
     stem = stem_once(lambda report: report_stem(report, out, suffix))

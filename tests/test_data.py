@@ -1469,6 +1469,11 @@ def test_a_damaged_folder_names_the_command_that_made_it(pydoc_byte, tmp_path):
     (mine / "meta.json").unlink()  # unknown: a placeholder, not --source pydoc
     with pytest.raises(DataFolderError, match=r"<the options that made it> --out .*--overwrite"):
         read_meta(mine)
+    with pytest.raises(DataFolderError) as half:  # and no word of options its name suggests
+        read_meta(mine)
+    assert "suggests" not in str(half.value) and "--overwrite:\n  cofr data prepare <" in str(
+        half.value
+    )
 
 
 def test_vocab_mismatch_fails_fast(pydoc_byte):
@@ -2112,8 +2117,14 @@ def test_a_hand_edited_meta_json_of_the_wrong_types_is_named(pydoc_byte, tmp_pat
     with pytest.raises(DataFolderError, match="unreadable") as error:
         read_meta(copy)
     assert message in str(error.value)
-    # Its options are lost with it: the command shown is a guess from the folder's name.
-    assert "--overwrite, e.g. (the options its name suggests)" in str(error.value)
+    # Its options are lost with it, and the name "copy" suggests none: a placeholder (it
+    # said "e.g. (the options its name suggests)" of the placeholder too).
+    assert "--overwrite:\n  cofr data prepare <the options that made it>" in str(error.value)
+    named = tmp_path / "pydoc-byte-mine"  # a name that suggests them: the guess, said so
+    copy.rename(named)
+    with pytest.raises(DataFolderError, match=r"e.g. \(the options its name suggests\):\n  "
+                       r"cofr data prepare --source pydoc --tokenizer byte"):  # fmt: skip
+        read_meta(named)
 
 
 def test_a_failed_overwrite_keeps_the_folder_it_would_replace(tmp_path):

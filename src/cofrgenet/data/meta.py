@@ -302,6 +302,18 @@ def check_vocab(meta: DataMeta, model_vocab_size: int) -> None:
         )
 
 
+#: What :func:`remake_command` writes for a folder whose name suggests no options.
+UNKNOWN_OPTIONS = "<the options that made it>"
+
+
+def guessed_remake(data_dir: Path) -> str:
+    """``e.g. (the options its name suggests):`` and the command of an unrecorded
+    folder, on the next line; or that command alone where its name suggests nothing."""
+    command = remake_command(data_dir)
+    guessed = "" if UNKNOWN_OPTIONS in command else ", e.g. (the options its name suggests)"
+    return f"{guessed}:\n  {command}"
+
+
 def remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
     """The command that made ``data_dir`` (its ``meta.json`` records it), with
     ``--overwrite`` and ``--out data_dir``: a copied or moved folder's record names the
@@ -309,11 +321,11 @@ def remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
     guess; for a name that tells nothing, a placeholder: never the bundled corpus, which
     would replace the folder's data."""
     if meta is None or not meta.command_line:
-        return prepare_command(data_dir, "--overwrite", unknown="<the options that made it>")
+        return prepare_command(data_dir, "--overwrite", unknown=UNKNOWN_OPTIONS)
     try:
         words = shlex.split(meta.command_line)
     except ValueError:  # unbalanced quotes: not a command to give again
-        return prepare_command(data_dir, "--overwrite", unknown="<the options that made it>")
+        return prepare_command(data_dir, "--overwrite", unknown=UNKNOWN_OPTIONS)
     kept: list[str] = []
     skip = False
     for word in words:
@@ -372,16 +384,14 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
         raise DataFolderError(
             f"data folder {str(data_dir)!r} is half-written: it has no {META_FILE} (which "
             "`cofr data prepare` writes last), so an earlier prepare was interrupted or failed. "
-            f"Rerun the prepare command with --overwrite, e.g. (the options its name "
-            f"suggests):\n  {remake_command(data_dir)}"
+            f"Rerun the prepare command with --overwrite{guessed_remake(data_dir)}"
         )
     try:
         meta = DataMeta.from_dict(json.loads(meta_path.read_text()))
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise DataFolderError(
             f"{str(meta_path)!r} is unreadable ({err}), and with it the options that made "
-            "the folder: rerun its prepare command with --overwrite, e.g. (the options its "
-            f"name suggests):\n  {remake_command(data_dir)}"
+            f"the folder: rerun its prepare command with --overwrite{guessed_remake(data_dir)}"
         ) from err
     if meta.format_version != FORMAT_VERSION:
         raise DataFolderError(

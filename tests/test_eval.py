@@ -1531,6 +1531,38 @@ def test_cofr_compare_into_an_earlier_out_leaves_no_stale_plot(tmp_path, capsys,
     assert sorted(p.name for p in out.iterdir()) == ["compare.md", "notes.png"]
 
 
+def test_cofr_compare_replaces_only_its_own_files_in_an_out_folder(tmp_path, capsys, monkeypatch):
+    """The tour's case: --out-dir into a folder of the user's notes (or an HF export)
+    replaced its compare.md and pareto.png without a word."""
+    from cofrgenet.eval.compare import RunRow
+
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {"val/loss": 3.0})
+    _compare_rows(monkeypatch, tmp_path, [row])
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "compare.md").write_text("my notes\n")
+    (out / "pareto.png").write_bytes(b"my plot")
+    argv = ["compare", "--runs-dir", str(tmp_path), "--out", str(out)]
+    line = one_line_error(capsys, argv)
+    assert line == (
+        f"cofr compare: error: --out-dir {out} holds compare.md and pareto.png, not written "
+        "by cofr compare, which would replace them: give another folder, or move them away"
+    )
+    (out / "compare.md").unlink()
+    assert "holds pareto.png, not written by cofr compare" in one_line_error(capsys, argv)
+    assert (out / "pareto.png").read_bytes() == b"my plot"
+    (out / "pareto.png").unlink()
+    assert main(argv) == 0 and main(argv) == 0  # its own files: replaced, as before
+    assert sorted(p.name for p in out.iterdir()) == ["compare.md", "pareto.png"]
+    # A plot of an earlier version (unmarked) beside its compare.md is the compare's too.
+    from PIL import Image
+
+    Image.new("RGB", (4, 4)).save(out / "pareto.png")
+    assert main(argv) == 0
+    with Image.open(out / "pareto.png") as plot:
+        assert plot.info["Software"] == "cofr compare"
+
+
 def test_cofr_compare_default_folders_of_the_same_second_differ(tmp_path, monkeypatch):
     from cofrgenet.eval import compare
     from cofrgenet.eval.compare import RunRow

@@ -31,7 +31,13 @@ from typing import Any
 
 import yaml
 
-from cofrgenet.atomic import create_numbered, nearest_existing, why_no_folder
+from cofrgenet.atomic import (
+    create_numbered,
+    nearest_existing,
+    replacing,
+    why_no_folder,
+    write_text_atomic,
+)
 from cofrgenet.errors import UserError, did_you_mean
 from cofrgenet.eval.paths import readable
 from cofrgenet.training.run_store import STOPPED_AT_TAG
@@ -812,7 +818,8 @@ def plot_pareto(rows: Sequence[RunRow], metric: str, x_axis: str, out: Path) -> 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out / "pareto.png"
-    fig.savefig(path, dpi=120)
+    with replacing(path) as tmp:  # a kill mid-write keeps the earlier plot
+        fig.savefig(tmp, dpi=120, metadata={"Software": WRITER})
     plt.close(fig)
     return path
 
@@ -847,10 +854,41 @@ def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:
     return str((raw or {}).get("experiment") or study), str(study)
 
 
+#: What marks compare.md (its first line) and pareto.png (its "Software" text) as
+#: written by a compare, which may replace them; any other file of those names is kept.
+WRITER = "cofr compare"
+
+
+def _written_by_compare(path: Path) -> bool:
+    """Whether ``path`` (compare.md or pareto.png) is an earlier compare's."""
+    try:
+        if path.suffix == ".md":
+            with path.open(encoding="utf-8", errors="replace") as file:
+                return file.readline().rstrip("\n") == f"# {WRITER}"
+        from PIL import Image  # matplotlib's own dependency
+
+        with Image.open(path) as image:
+            return image.info.get("Software") == WRITER
+    except Exception:  # unreadable, or no image: not one a compare wrote
+        return False
+
+
+def foreign_outputs(out: Path) -> list[str]:
+    """The files of ``out`` a compare would replace that no compare wrote (a plot written
+    before plots were marked counts as the compare's when its compare.md beside does)."""
+    table, plot = out / "compare.md", out / "pareto.png"
+    own_table = _written_by_compare(table)
+    foreign = [table.name] if table.exists() and not own_table else []
+    if plot.exists() and not (own_table or _written_by_compare(plot)):
+        foreign.append(plot.name)
+    return foreign
+
+
 def check_out_folder(out: Path, option: str = "--out-dir") -> None:
-    """``--out-dir`` is a folder (compare.md and pareto.png go in it), or can be made one.
-    ``option``: what gave ``out``, named in the message (``--runs-dir`` for the default,
-    ``<runs-dir>/compare/``)."""
+    """``--out-dir`` is a folder (compare.md and pareto.png go in it), or can be made one,
+    and holds no compare.md or pareto.png that a compare did not write (it would replace
+    them). ``option``: what gave ``out``, named in the message (``--runs-dir`` for the
+    default, ``<runs-dir>/compare/``)."""
     if out.exists() and not out.is_dir():
         raise UserError(
             f"{option} {out} is a file: give a folder for compare.md and pareto.png "
@@ -859,6 +897,13 @@ def check_out_folder(out: Path, option: str = "--out-dir") -> None:
     parent = nearest_existing(out.absolute().parent)
     if not parent.is_dir():
         raise UserError(f"{option} {out}: {parent} is a file, not a folder")
+    foreign = foreign_outputs(out) if out.is_dir() else []
+    if foreign:
+        them = "them" if len(foreign) > 1 else "it"
+        raise UserError(
+            f"{option} {out} holds {' and '.join(foreign)}, not written by cofr compare, "
+            f"which would replace {them}: give another folder, or move {them} away"
+        )
 
 
 def check_runs_dir(runs_dir: Path) -> None:
@@ -967,8 +1012,9 @@ def run(args: argparse.Namespace) -> int:
             "accuracy columns"
         )
     footer += ".\n"
-    (out / "compare.md").write_text(
-        f"# cofr compare\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n" + footer
+    write_text_atomic(
+        out / "compare.md",
+        f"# {WRITER}\n\n`{getattr(args, 'command_line', 'cofr compare')}`\n\n{table}\n" + footer,
     )
     print(table)
     print(footer)  # what the columns read: an empty one is explained here too

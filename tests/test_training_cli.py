@@ -3606,6 +3606,10 @@ def test_validate_without_a_config_scores_as_the_runs_fit_did(
     cli = CofrCLI(args=["validate", "--ckpt_path", str(ckpt), "--data.batch_size", "2", *quiet])
     assert Path(cli.datamodule.data_dir) == tmp_path / "data" / "moved"
     assert cli.datamodule.val_batch_size == 2 and cli.trainer.num_val_batches[0] > 2
+    # Asked for, 0 batches is refused: it scored nothing and exited 0.
+    for command, limit in (("validate", "limit_val_batches"), ("test", "limit_test_batches")):
+        with pytest.raises(ConfigError, match=rf"trainer.{limit} is 0: cofr {command} would "):
+            CofrCLI(args=[command, "--ckpt_path", str(ckpt), f"--trainer.{limit}", "0"])
 
 
 def test_validate_scores_the_model_as_it_trained_after_its_preset_changed(

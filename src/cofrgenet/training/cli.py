@@ -780,7 +780,16 @@ class CofrCLI(LightningCLIAdapter):
 
     def check_fit_settings(self, run: RunConfig, run_dir: Path) -> None:
         """Refuse a fit that would end at once with exit status 0 and nothing done: no
-        step to take, or ``--ckpt_path last`` with nothing to resume and no run named."""
+        step to take, or ``--ckpt_path last`` with nothing to resume and no run named; and
+        a validate or test limited to 0 batches (it scored nothing and exited 0)."""
+        limit_key = _OWN_LIMIT.get(self.subcommand or "")
+        if limit_key is not None:
+            limit = self.config_value(self.config, limit_key)
+            if limit == 0 and not isinstance(limit, bool):
+                raise ConfigError(
+                    f"{limit_key} is 0: cofr {self.subcommand} would score nothing; give a "
+                    "number of batches or a fraction up to 1.0 (null: all)"
+                )
         if self.subcommand != "fit":
             return
         max_steps = self.config_value(self.config, "trainer.max_steps")

@@ -304,8 +304,9 @@ def data_sources(
 
 def log_to_mlflow(
     loaded: Any, results: dict[str, dict[str, float]], report: dict[str, Any]
-) -> str | None:
-    """Log onto the checkpoint's training run; returns where, or None if it has none.
+) -> tuple[str, int] | None:
+    """Log onto the checkpoint's training run; returns where and how many metrics were
+    new (0: the same scores were there at that step), or None if it has no run.
 
     Raises NotLogged when the run cannot be reached (a moved or copied run folder, a
     server down): the results are printed already, and no store is created on the way."""
@@ -326,7 +327,7 @@ def log_to_mlflow(
         prefix = metric_prefix(task, split)
         tags[f"{prefix}/protocol"] = tags[f"{prefix}/protocol/step-{loaded.step}"] = made
     uri = loaded.tracking_uri
-    log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
+    new = log_onto_run(uri, loaded.mlflow_run_id, mlflow_metrics(results, split), loaded.step, tags)
     client = MlflowClient(uri)
     # With a draw beside the time: two evaluations of one run in one second (parallel
     # SLURM jobs) kept one report, the other written over.
@@ -336,7 +337,7 @@ def log_to_mlflow(
         client.log_text(loaded.mlflow_run_id, results_json(logged), f"eval/eval-{stamp}.json")
     except (MlflowException, OSError) as error:  # the scores are logged: said, not lost
         print(f"warning: the report was not stored with the run ({error})", file=sys.stderr)
-    return loaded.mlflow_run_id
+    return loaded.mlflow_run_id, new
 
 
 def _check_options(args: argparse.Namespace, tasks: list[str], harness_tasks: list[str]) -> None:
@@ -635,7 +636,7 @@ def _report(
         ),
         "window": window,
         "block_size": loaded.block_size,
-        "tokenizer": getattr(loaded.tokenizer, "kind", None) if tasks else None,
+        "tokenizer": getattr(loaded.tokenizer, "kind", None),  # the harness's too
         "data": data_sources([t for t in tasks if t in results], texts, args.split, data_dir),
         **(
             {"num_fewshot": args.num_fewshot, "include_path": args.include_path}
@@ -680,14 +681,21 @@ def _log_and_say(
         )
         return False
     try:
-        run_id = log_to_mlflow(loaded, results, report)
+        logged = log_to_mlflow(loaded, results, report)
     except NotLogged as error:  # the results are printed and written already
         print(f"not logged to MLflow: {error}", file=sys.stderr)
         return False
-    if run_id is None:
+    if logged is None:
         why = loaded.foreign or "the checkpoint is not in a tracked run folder"
         print(f"not logged to MLflow: {why}")
         return False
+    run_id, new = logged
     where = "eval/<task>/<metric>" if args.split == "test" else "eval/valid/<task>/<metric>"
-    print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")
+    if new:
+        print(f"logged to MLflow run {run_id} as {where} ({loaded.tracking_uri})")
+    else:  # the same checkpoint scored again the same way
+        print(
+            f"already in MLflow run {run_id} as {where} ({loaded.tracking_uri}): the same "
+            f"scores at step {loaded.step}, not logged again"
+        )
     return True

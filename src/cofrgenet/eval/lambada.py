@@ -35,7 +35,7 @@ class LambadaResult:
         return {
             "accuracy": self.correct / self.examples,
             "ppl": perplexity(self.nll / self.examples),
-            "examples": float(self.examples),
+            "examples": self.examples,
         }
 
 

@@ -116,7 +116,7 @@ class PerplexityResult:
             "word_ppl": self.word_ppl,
             "word_ppl_eos": self.word_ppl_eos,
             "bits_per_byte": self.bits_per_byte,
-            **{key: float(value) for key, value in asdict(self).items()},
+            **asdict(self),  # the counts as whole numbers (9600, not 9600.0, in --json)
         }
 
 

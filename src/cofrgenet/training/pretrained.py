@@ -365,7 +365,7 @@ class NotLogged(Exception):
 
 def log_onto_run(
     uri: str, run_id: str, metrics: dict[str, float], step: int, tags: dict[str, str]
-) -> None:
+) -> int:
     """Log ``metrics`` (at ``step``) and ``tags`` onto the training run ``run_id`` (what an
     evaluation or a fine-tuning of its checkpoint measured), in one call: the client splits
     it at MLflow's limits. Raises NotLogged, with the reason, when the run cannot be
@@ -373,7 +373,7 @@ def log_onto_run(
     A metric the run holds at ``step`` with the same value is not logged again (the same
     checkpoint scored again: one point, not two, as ``cofr validate`` and ``test`` do),
     nor the time it took (``<prefix>/seconds``), which is logged beside a new score of
-    its ``<prefix>`` only."""
+    its ``<prefix>`` only. Returns how many metrics were logged."""
     from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -403,6 +403,7 @@ def log_onto_run(
         )
     except (MlflowException, OSError) as error:  # a deleted run, a server gone meanwhile
         raise NotLogged(f"MLflow run {run_id} at {uri}: {first_line(error)}") from None
+    return len(new)
 
 
 def load_checkpoint(

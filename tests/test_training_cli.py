@@ -2366,6 +2366,14 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
         "model.config: ladder_floor=0.3 changes nothing: it bounds 'positive' denominators, "
         "and these are 'paper'"
     )
+    # Heads where no attention splits the width into them (a head count that divides
+    # nothing was taken silently there, and refused beside softmax attention).
+    heads = {"n_head": 3}
+    assert settings_changing_nothing({"preset": "gpt2-tiny-a", "config": heads}) == (
+        "model.config: n_head=3 changes nothing: this model's attention (cattn_m) reads the "
+        "whole width, not heads; leave it out"
+    )
+    assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": {"n_head": 4}}) is None
     # No preset and a config without the shape: GPT-2 small's defaults, said.
     from cofrgenet.training.model_options import shape_defaults_taken
 

@@ -126,6 +126,7 @@ def settings_changing_nothing(model: dict[str, Any] | None) -> str | None:
         return None
     said = [_ladder_settings_changing_nothing(config, given)]
     said.append(_sparse_settings_changing_nothing(config, given))
+    said.append(_heads_changing_nothing(config, given))
     return "; ".join(line for line in said if line) or None
 
 
@@ -153,6 +154,26 @@ def _ladder_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]
             f"'positive' denominators, and these are {config.ladder_denominators!r}"
         )
     return None
+
+
+def _heads_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:
+    """n_head and n_kv_head where no layer's attention splits the width into heads
+    (cattn_u and cattn_m read the whole width): a head count that divides nothing is
+    taken silently there, and refused beside softmax attention."""
+    if config.attention is None:  # a recurrent model: unused_settings refuses them
+        return None
+    names = {config.attention_for(i) for i in range(config.n_layer)}
+    if any(ATTENTION.entry(name).uses_heads for name in names):
+        return None
+    unread = [f"{k}={given[k]!r}" for k in ("n_head", "n_kv_head") if k in given]
+    if not unread:
+        return None
+    them = "them" if len(unread) > 1 else "it"
+    return (
+        f"model.config: {', '.join(unread)} change{'s' if len(unread) == 1 else ''} nothing: "
+        f"this model's attention ({', '.join(sorted(names))}) reads the whole width, not "
+        f"heads; leave {them} out"
+    )
 
 
 def _sparse_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:

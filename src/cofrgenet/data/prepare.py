@@ -1144,7 +1144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--glob",
         action="append",
         metavar="PATTERN",
-        help="text files, one document per file (--source text; repeatable, ** recursive)",
+        help="the files to read, by pattern (repeatable, ** recursive): text files for "
+        "--source text, one document per file (--path is the same option)",
     )
     src.add_argument(
         "--documents",
@@ -1157,7 +1158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--path",
         action="append",
         metavar="PATTERN",
-        help="JSONL or Parquet files (--source jsonl/parquet; repeatable, globs allowed)",
+        help="the files to read: JSONL or Parquet files for --source jsonl/parquet "
+        "(repeatable, globs allowed; --glob is the same option)",
     )
     src.add_argument(
         "--text-field",

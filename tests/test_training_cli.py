@@ -2424,6 +2424,29 @@ def test_a_bad_value_names_the_file_that_gave_it_and_only_that(tmp_path):
     assert set_in("trainer.max_steps", ["--trainer", str(section)], "abc") == ""
 
 
+def test_a_bad_choice_or_range_from_a_file_names_the_file(tiny_data, tmp_path):
+    """Type errors named the file; a choice outside the list and a count out of range
+    (refused once the class is built) did not."""
+    from cofrgenet.training.config_words import naming_the_file
+
+    delta = tmp_path / "delta.yaml"
+    delta.write_text("model:\n  config:\n    ladder_denominators: pape\n")
+    with pytest.raises(ConfigError, match=rf"ladder_denominators \(in {delta}\): 'pape' is not "):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(delta)))
+    delta.write_text("data:\n  batch_size: -4\n")
+    with pytest.raises(
+        ConfigError, match=rf"^data.batch_size \(in {delta}\) must be >= 1, got -4$"
+    ):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(delta)))
+    with pytest.raises(ConfigError, match=r"^data.batch_size must be >= 1, got -4$"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--data.batch_size", "-4"))
+    words = ["--config", str(delta)]
+    assert naming_the_file("no key here, got -4", words) == "no key here, got -4"
+    assert naming_the_file("data.batch_size must be >= 1, got 3", words) == (
+        "data.batch_size must be >= 1, got 3"  # not the file's value
+    )
+
+
 def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp_path, capsys):
     """A delta file adding a LearningRateMonitor under `trainer.callbacks:` replaced the
     paper recipe's list, and its dyadic unfreezing was silently gone (lists are not

@@ -95,6 +95,7 @@ from cofrgenet.training.config_words import (
     given_key,
     key_path,
     lists_replaced_by_later_files,
+    naming_the_file,
     replaced_by_later_files,
 )
 from cofrgenet.training.console import (
@@ -414,6 +415,7 @@ class CofrCLI(LightningCLIAdapter):
                 for option in self.section_options(subcommand):
                     self.set_help(subcommand, option, SECTION_HELP)
         words = list(sys.argv[1:] if args is None else args)
+        self._words = words  # for the errors of the classes built from them
         expanded = recipes.expand(words)
         if expanded != words:  # else leave args as given (Lightning warns about argv + args)
             args = expanded
@@ -592,7 +594,9 @@ class CofrCLI(LightningCLIAdapter):
             cause = raised_from(error, UserError)
             if cause is None:
                 raise
-            raise cause from None
+            # `data.batch_size must be >= 1, got -4`: with the file that gave the -4.
+            named = naming_the_file(str(cause), getattr(self, "_words", []))
+            raise (cause if named == str(cause) else ConfigError(named)) from None
         seed = self.config_value(self.config, "seed_everything")
         if seed is not False:  # seeded before the build (console.HARMLESS), said now
             rank_zero_info(f"seed_everything: {seed}")
@@ -600,7 +604,7 @@ class CofrCLI(LightningCLIAdapter):
     def _explain(self, message: str, args: Any) -> str:
         """A parse error with the file that holds the bad key and the closest valid key."""
         words = list(sys.argv[1:] if args is None else args)
-        choice = bad_choice(message)
+        choice = bad_choice(message, words)
         if choice is not None:
             return choice
         wrong_type = re.search(

@@ -34,8 +34,9 @@ from cofrgenet.dotted import dotted_leaves, get_dotted
 from cofrgenet.errors import did_you_mean, not_valid_yaml
 
 
-def bad_choice(message: str) -> str | None:
-    """One line for jsonargparse's report of a value outside a Literal's choices."""
+def bad_choice(message: str, words: Sequence[str] = ()) -> str | None:
+    """One line for jsonargparse's report of a value outside a Literal's choices, naming
+    the config file of ``words`` (the command line) that gave it."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
     given = re.search(r"Given value: (.*)", message)
     # Every Literal of the key's type (a Union may hold several, of ints and of strings).
@@ -45,6 +46,7 @@ def bad_choice(message: str) -> str | None:
     items = (item.strip().strip("'\"") for group in literals for item in group.split(","))
     names = list(dict.fromkeys(item for item in items if item))
     value = given.group(1).strip()
+    key = f"{keys[-1]}{set_in(keys[-1], list(words), value)}"
     # A list's report names the whole list (`['mlp', 'cfn']`): the item outside the choices
     # is the one to name.
     with contextlib.suppress(ValueError, SyntaxError):
@@ -54,10 +56,10 @@ def bad_choice(message: str) -> str | None:
             if outside:
                 bad = str(outside[0])
                 return (
-                    f"{keys[-1]}: {value}: {bad!r} is not one of {', '.join(names)}"
+                    f"{key}: {value}: {bad!r} is not one of {', '.join(names)}"
                     f"{did_you_mean(bad, names)}"
                 )
-    return f"{keys[-1]}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
+    return f"{key}: {value!r} is not one of {', '.join(names)}{did_you_mean(value, names)}"
 
 
 TYPE_NAMES = {
@@ -219,29 +221,46 @@ def lists_replaced_by_later_files(words: list[str]) -> list[str]:
     return said
 
 
+def naming_the_file(message: str, words: list[str]) -> str:
+    """A refusal of a built class's setting (``data.batch_size must be >= 1, got -4``)
+    with `` (in FILE)`` after its key where a config file of ``words`` gave that value
+    (:func:`set_in`); ``message`` as it is otherwise."""
+    match = re.fullmatch(r"([a-z_]+(?:\.[A-Za-z_]\w*)+)(\b.*, got '?([^',]+?)'?)", message)
+    if match is None:
+        return message
+    key, rest, value = match.groups()
+    return f"{key}{set_in(key, words, value)}{rest}"
+
+
 def set_in(key: str, words: list[str], value: str) -> str:
     """`` (in FILE)``: the first config file (in the order they load, where the parser
     stops) that gives ``key`` the bad ``value``; ``""`` when an option on the command line
-    sets the key or a mapping above it (``--model.config '{...}'``, ``--trainer FILE``:
-    the value may be theirs) or no file holds that value."""
+    gives the key that value, itself or in a mapping above it (``--model.config '{...}'``;
+    ``--trainer FILE`` or a mapping that cannot be read: the value may be theirs), or no
+    file holds that value."""
     import yaml
 
     missing = object()
     for i, word in enumerate(words):
         given = cli_cache.option_key(word) if word.startswith("--") else ""
+        text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
+        # An option giving the key another value (`--data.batch_size 4` before a file's
+        # -4): the bad value is a file's.
+        if given == key and text != value:
+            continue
         if given == key:
             return ""
         if given and key.startswith(f"{given}."):  # a mapping, as text or in a file
-            text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
             try:
                 mapping = yaml.safe_load(text)
             except yaml.YAMLError:
                 return ""
             if isinstance(mapping, str):  # --trainer FILE
                 mapping = recipes.load_yaml(Path(mapping))
-            if not isinstance(mapping, dict) or (
-                get_dotted(mapping, key[len(given) + 1 :], missing) is not missing
-            ):
+            if not isinstance(mapping, dict):
+                return ""
+            found = get_dotted(mapping, key[len(given) + 1 :], missing)
+            if found is not missing and str(found) == value:
                 return ""
     for path in cli_cache.config_files(words):
         found = get_dotted(recipes.load_yaml(Path(path)), key, missing)

@@ -788,6 +788,9 @@ def finetune(
                 try:
                     run_dir.rmdir()
                     folder = f"its empty folder {run_dir} was removed"
+                    if run_id is not None:  # the run's tag named it
+                        with contextlib.suppress(Exception):  # a store gone: said below
+                            logger.experiment.delete_tag(run_id, "run_dir")
                 except FileNotFoundError:
                     folder = None
                 except OSError:  # something (not cofr) wrote there meanwhile: not ours to delete

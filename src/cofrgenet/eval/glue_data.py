@@ -28,8 +28,8 @@ from cofrgenet.hub import offline_unless_reachable
 
 #: Where the original files come from (named in every missing-file error).
 ORIGINAL_SOURCE = (
-    "the original GLUE data comes from https://gluebenchmark.com/tasks (the "
-    "download_glue_data.py layout)"
+    "the original GLUE data comes from https://gluebenchmark.com/tasks, in the "
+    "download_glue_data.py layout"
 )
 GLUE_SOURCE = (
     f"{ORIGINAL_SOURCE}; without --data-dir, and with no data/glue/<task folder>, "
@@ -244,7 +244,7 @@ def _lines(path: Path) -> list[tuple[int, str]]:
         line = data.count(b"\n", 0, err.start) + 1
         raise GlueFormatError(
             f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}), as the "
-            f"original GLUE files are: save it as UTF-8 ({GLUE_SOURCE})"
+            "original GLUE files are: save it as UTF-8"
         ) from None
     lines = enumerate(text.split("\n"), start=1)
     return [(number, line.rstrip("\r")) for number, line in lines if line.strip()]
@@ -370,7 +370,7 @@ def load_task_hub(task: GlueTask, cache_dir: str | None = None) -> TaskData:
     raise GlueDataNotFound(
         f"could not load GLUE {task.name} from the hub's {HUB_NAMES[0]} ({errors[0]}{offline}): "
         f"pass --data-dir DIR with {task.folder}/train.tsv and {files}, or put them in "
-        f"{DEFAULT_DATA_DIR} ({ORIGINAL_SOURCE})"
+        f"{DEFAULT_DATA_DIR}; {ORIGINAL_SOURCE}"
     )
 
 

@@ -1997,3 +1997,17 @@ def test_a_harness_only_report_names_the_tokenizer_the_harness_used(tmp_path):
     )
     report = _report(args, loaded, {}, str(tmp_path), [], ["arc_easy"], {}, 32)
     assert report["tokenizer"] == "byte" and report["split"] is None
+
+
+def test_compare_says_an_id_prefix_needs_six_characters(tmp_path, capsys):
+    """The tour's case: `cofr compare 5477b` said only that no run had that id or name."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("tour"), run_name="g1")
+    short = run.info.run_id[:5]
+    line = one_line_error(capsys, ["compare", short, "--runs-dir", str(tmp_path)])
+    assert line.startswith(
+        f"cofr compare: error: no MLflow run with id or name '{short}' in this store (an id's "
+        "first 6 characters or more name its run)"
+    )
+    line = one_line_error(capsys, ["compare", "g2", "--runs-dir", str(tmp_path)])
+    assert "first 6 characters" not in line  # a name, not an id

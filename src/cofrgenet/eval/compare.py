@@ -395,9 +395,15 @@ def collect_runs(
                     {r.info.run_name for r in client.search_runs(list(names), max_results=5000)}
                     - {None}
                 )
+                # A prefix of an id too short to be read as one (the table's are 8).
+                short = (
+                    " (an id's first 6 characters or more name its run)"
+                    if re.fullmatch(r"[0-9a-f]{1,5}", ref)
+                    else ""
+                )
                 # Run names are short (f1, g1): a one-character slip is half of one.
                 raise UserError(
-                    f"no MLflow run with id or name {ref!r} in this store"
+                    f"no MLflow run with id or name {ref!r} in this store{short}"
                     f"{did_you_mean(ref, known, cutoff=0.5)}; its runs: "
                     f"{short_list(known) or 'none'}"
                 ) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console, RenderableType
+from rich.table import Table
 
 #: Columns of output that goes to a file or a pipe.
 FILE_WIDTH = 200
@@ -27,3 +28,11 @@ def console(*, stderr: bool = False, fit: RenderableType | None = None, **kwargs
     if fit is not None:
         width = max(width, Console(width=10_000).measure(fit).maximum)
     return Console(stderr=stderr, width=width, **kwargs)
+
+
+def print_titled(table: Table, title: str) -> None:
+    """``title`` on a line of its own, then ``table``: a table's own title wraps at the
+    table's width (a checkpoint path cut as ``last.ck`` / ``pt``, a lone ``%``)."""
+    out = console(fit=table)
+    out.print(title, style="italic", soft_wrap=True, markup=False, highlight=False)
+    out.print(table)

@@ -196,14 +196,14 @@ def print_results(results: dict[str, dict[str, float]], title: str) -> None:
         ("target ppl", "ppl", ".2f"),  # LAMBADA's: of the last word, not of the text
     )
     shown = [c for c in columns if any(c[1] in metrics for metrics in results.values())]
-    table = Table(title=title)
+    table = Table()
     table.add_column("task", no_wrap=True)
     for column, _, _ in shown:
         table.add_column(column, justify="right", no_wrap=True)
     for name, metrics in results.items():
         cells = [readable(metrics[key], fmt) if key in metrics else "" for _, key, fmt in shown]
         table.add_row(name, *cells)
-    terminal.console().print(table)
+    terminal.print_titled(table, title)
 
 
 def score_warnings(results: dict[str, dict[str, float]]) -> list[str]:
@@ -233,13 +233,13 @@ def print_harness_results(results: dict[str, dict[str, float]], title: str) -> N
     """Harness tasks have metrics of their own (acc, acc_norm, exact_match, ...)."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table()
     for column in ("task", "metric", "value"):
         table.add_column(column, justify="right" if column == "value" else "left", no_wrap=True)
     for name, metrics in results.items():
         for key, value in metrics.items():
             table.add_row(name, key, readable(value, ".4f"))  # a diverged ppl: 1.069e+10
-    terminal.console().print(table)
+    terminal.print_titled(table, title)
 
 
 def metric_prefix(task: str, split: str) -> str:

@@ -496,8 +496,6 @@ def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: s
     from rich.table import Table
 
     table = Table(
-        title=header,
-        title_justify="left",
         caption="paper: GPT2-xl / CoFrGeNet-F pretrained on OpenWebText (its CoLA and MRPC "
         "figures read as accuracies)",
         caption_justify="left",
@@ -520,7 +518,7 @@ def _print_table(task: GlueTask, results: dict[str, dict[str, float]], header: s
             f"{scores['loss']:.4f}",
             f"{paper[0]:.2f} / {paper[1]:.2f}" if paper else "",
         )
-    terminal.console().print(table)
+    terminal.print_titled(table, header)
 
 
 def dev_metrics(task: GlueTask, results: dict[str, dict[str, float]]) -> dict[str, float]:

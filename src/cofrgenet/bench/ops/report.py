@@ -129,7 +129,7 @@ def detail_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                 f"{ms(s.min)}-{ms(s.max)}",
                 ms(r.first_call_ms),
                 speedup(r.speedup),
-                "-" if r.gbps is None else f"{r.gbps:.1f}",
+                "-" if r.gbps is None else f"{r.gbps:.3g}",  # small workloads: 0.0114
                 percent(r.copy_fraction),
                 share(r.ladder_share),
                 "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.1e}",

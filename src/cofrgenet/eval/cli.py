@@ -450,7 +450,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
     if args.window is not None and args.window > loaded.block_size:
         raise UserError(
-            f"--window {args.window} exceeds the model's block size {loaded.block_size}"
+            f"--window {args.window} exceeds the model's block size {loaded.block_size}: "
+            f"give at most {loaded.block_size} (a window holds positions the model has)"
         )
     window = args.window or loaded.context_length
     if args.window is None and window < loaded.block_size:

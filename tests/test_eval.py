@@ -1556,6 +1556,14 @@ def test_cofr_compare_replaces_only_its_own_files_in_an_out_folder(tmp_path, cap
     assert (out / "pareto.png").read_bytes() == b"my plot"
     (out / "pareto.png").unlink()
     assert main(argv) == 0 and main(argv) == 0  # its own files: replaced, as before
+    table = (out / "compare.md").read_text()
+    (out / "compare.md").write_text("\ufeff" + table.replace("\n", "\r\n"))  # an editor's
+    assert main(argv) == 0
+    # Without --out-dir a compare writes below <runs-dir>/compare/: files there are not its.
+    (tmp_path / "compare").mkdir(exist_ok=True)
+    (tmp_path / "compare" / "compare.md").write_text("my notes\n")
+    assert main(argv[:3]) == 0
+    assert (tmp_path / "compare" / "compare.md").read_text() == "my notes\n"
     assert sorted(p.name for p in out.iterdir()) == ["compare.md", "pareto.png"]
     # A plot of an earlier version (unmarked) beside its compare.md is the compare's too.
     from PIL import Image

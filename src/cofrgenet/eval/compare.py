@@ -869,8 +869,8 @@ def _written_by_compare(path: Path) -> bool:
     """Whether ``path`` (compare.md or pareto.png) is an earlier compare's."""
     try:
         if path.suffix == ".md":
-            with path.open(encoding="utf-8", errors="replace") as file:
-                return file.readline().rstrip("\n") == f"# {WRITER}"
+            with path.open(encoding="utf-8-sig", errors="replace") as file:
+                return file.readline().strip() == f"# {WRITER}"  # an editor's BOM, CRLF
         from PIL import Image  # matplotlib's own dependency
 
         with Image.open(path) as image:
@@ -894,7 +894,7 @@ def check_out_folder(out: Path, option: str = "--out-dir") -> None:
     """``--out-dir`` is a folder (compare.md and pareto.png go in it), or can be made one,
     and holds no compare.md or pareto.png that a compare did not write (it would replace
     them). ``option``: what gave ``out``, named in the message (``--runs-dir`` for the
-    default, ``<runs-dir>/compare/``)."""
+    default, ``<runs-dir>/compare/``, whose own files stay: a compare writes below it)."""
     if out.exists() and not out.is_dir():
         raise UserError(
             f"{option} {out} is a file: give a folder for compare.md and pareto.png "
@@ -903,7 +903,7 @@ def check_out_folder(out: Path, option: str = "--out-dir") -> None:
     parent = nearest_existing(out.absolute().parent)
     if not parent.is_dir():
         raise UserError(f"{option} {out}: {parent} is a file, not a folder")
-    foreign = foreign_outputs(out) if out.is_dir() else []
+    foreign = foreign_outputs(out) if option == "--out-dir" and out.is_dir() else []
     if foreign:
         them = "them" if len(foreign) > 1 else "it"
         raise UserError(

@@ -18,6 +18,7 @@ from cofrgenet.bench.quality import (
     fit_arguments,
     matched_ffn_hidden,
     summarize,
+    variant_model_config,
 )
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.models import ModelConfig, build_model
@@ -66,6 +67,16 @@ def test_ladder_settings_go_to_the_ladder_variants_alone():
     assert model("cofrgenet-f")["depth"] == 3 and model("cofrgenet-a-u")["depth"] == 3
     for baseline in ("gpt2", "gpt2-matched", "synthesizer-d"):
         assert "depth" not in model(baseline) and model(baseline)["n_layer"] == 3
+    # The head count likewise goes to the variants whose attention splits into heads
+    # (--quick's n_head: 2 made every cattn variant's fit warn that it changes nothing).
+    from cofrgenet.training.model_options import settings_changing_nothing
+
+    heads = QualityBenchConfig(n_head=2, n_embd=64)
+    for name, variant in VARIANTS.items():
+        config = variant_model_config(heads, variant)
+        assert settings_changing_nothing({"preset": variant.preset, "config": config}) is None
+        headless = name in ("cofrgenet-a", "cofrgenet-a-u", "cofrgenet")  # CAttnM, CAttnU
+        assert ("n_head" not in config) == headless, name
 
 
 def test_a_report_whose_model_config_set_the_shape_still_resumes():

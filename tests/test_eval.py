@@ -550,7 +550,9 @@ def test_cofr_eval_scores_windows_of_the_length_the_model_trained_at(tmp_path, c
     assert (whole["window"], whole["stride"]) == (32, 16)
     assert whole["results"]["wikitext-2"]["nll"] != report["results"]["wikitext-2"]["nll"]
     assert main([*argv, "--window", "64"]) == 2
-    assert "--window 64 exceeds the model's block size 32: give at most 32" in capsys.readouterr().err
+    assert (
+        "--window 64 exceeds the model's block size 32: give at most 32" in capsys.readouterr().err
+    )
     assert main([*argv, "--stride", "20"]) == 2
     assert "--stride 20 exceeds the 16-token window" in capsys.readouterr().err
 

@@ -2374,6 +2374,12 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
         "whole width, not heads; leave it out"
     )
     assert settings_changing_nothing({"preset": "gpt2-tiny-f", "config": {"n_head": 4}}) is None
+    both = {"n_head": 4, "n_kv_head": 2}
+    assert "n_head=4, n_kv_head=2 change nothing" in settings_changing_nothing(
+        {"preset": "gpt2-tiny-a", "config": both}
+    )
+    one_softmax = {"attention_pattern": ["cattn_m", "softmax"], "n_head": 4}
+    assert settings_changing_nothing({"preset": "gpt2-tiny-a", "config": one_softmax}) is None
     # No preset and a config without the shape: GPT-2 small's defaults, said.
     from cofrgenet.training.model_options import shape_defaults_taken
 
@@ -2384,6 +2390,10 @@ def test_ladder_settings_a_model_never_reads_are_said(tiny_data, tmp_path):
     )
     lstm = {"arch": "lstm", "vocab_size": 8, "block_size": 8, "n_layer": 1, "n_embd": 8}
     assert shape_defaults_taken({"preset": None, "config": lstm}) is None  # reads no heads
+    # Nor does attention of cattn_m alone: asking for n_head, then saying it changes
+    # nothing, contradicted itself.
+    cattn = {**lstm, "arch": "gpt", "attention": "cattn_m", "ffn": "mlp", "depth": 1}
+    assert shape_defaults_taken({"preset": None, "config": cattn}) is None
     assert "this model (arch 'lstm') has no" in settings_changing_nothing(
         {"preset": "lstm-tiny", "config": {"depth": 3}}
     )

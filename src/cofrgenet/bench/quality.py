@@ -424,20 +424,22 @@ def fit_arguments(cfg: QualityBenchConfig, variant: Variant, seed: int, name: st
 
 
 def _without_unread(config: dict[str, Any], preset: str) -> dict[str, Any]:
-    """``config`` without the ladder settings when ``preset`` with it has no ladder: the
-    recipe's and ``--model-config``'s ladder fields are for the ladder variants, and
-    would change nothing of a baseline (whose fit would warn of each)."""
+    """``config`` without the ladder settings when ``preset`` with it has no ladder, and
+    without the head counts when its attention reads no heads: the recipe's and the
+    bench's fields are for the variants that read them, and would change nothing of the
+    others (whose fits would warn of each)."""
     from cofrgenet.errors import ConfigError
     from cofrgenet.models import count_parameters
     from cofrgenet.models.config import resolve_model_config
-    from cofrgenet.training.model_options import LADDER_ONLY
+    from cofrgenet.training.model_options import HEADS_ONLY, LADDER_ONLY, reads_heads
 
     try:
-        if count_parameters(resolve_model_config(preset, config)).ladder > 0:
-            return config
+        built = resolve_model_config(preset, config)
+        unread = set() if count_parameters(built).ladder > 0 else set(LADDER_ONLY)
+        unread |= set() if reads_heads(built) else set(HEADS_ONLY)
     except (ConfigError, ValueError):  # the fit says what is wrong with it
         return config
-    return {key: value for key, value in config.items() if key not in LADDER_ONLY}
+    return {key: value for key, value in config.items() if key not in unread}
 
 
 def recipe_model_config(cfg: QualityBenchConfig) -> dict[str, Any]:

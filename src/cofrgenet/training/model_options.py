@@ -156,16 +156,27 @@ def _ladder_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]
     return None
 
 
+#: Fields only attention that splits the width into heads reads (softmax, sparse, ...).
+HEADS_ONLY = ("n_head", "n_kv_head")
+
+
+def reads_heads(config: ModelConfig) -> bool:
+    """Whether a layer of ``config`` has attention that splits the width into heads
+    (cattn_u and cattn_m read it whole; a recurrent model has none)."""
+    if config.attention is None:
+        return False
+    names = {config.attention_for(i) for i in range(config.n_layer)}
+    return any(ATTENTION.entry(name).uses_heads for name in names)
+
+
 def _heads_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:
-    """n_head and n_kv_head where no layer's attention splits the width into heads
-    (cattn_u and cattn_m read the whole width): a head count that divides nothing is
-    taken silently there, and refused beside softmax attention."""
-    if config.attention is None:  # a recurrent model: unused_settings refuses them
+    """n_head and n_kv_head where no layer's attention splits the width into heads: a
+    head count that divides nothing is taken silently there, and refused beside softmax
+    attention."""
+    if config.attention is None or reads_heads(config):  # recurrent: unused_settings's
         return None
     names = {config.attention_for(i) for i in range(config.n_layer)}
-    if any(ATTENTION.entry(name).uses_heads for name in names):
-        return None
-    unread = [f"{k}={given[k]!r}" for k in ("n_head", "n_kv_head") if k in given]
+    unread = [f"{k}={given[k]!r}" for k in HEADS_ONLY if k in given]
     if not unread:
         return None
     them = "them" if len(unread) > 1 else "it"
@@ -211,11 +222,12 @@ def shape_defaults_taken(model: dict[str, Any] | None) -> str | None:
     from cofrgenet.models.registry import ARCHITECTURES
 
     try:
-        recurrent = ARCHITECTURES.entry(given.get("arch") or "gpt").kind == "recurrent"
-    except ValueError:  # an unknown arch: the build says so
+        ARCHITECTURES.entry(given.get("arch") or "gpt")
+        # A recurrent model, or one of cattn_u / cattn_m alone, reads no heads.
+        headless = not reads_heads(model_config_of(model))
+    except ValueError:  # an unknown arch or a bad field (a ConfigError): the build says so
         return None
-    # A recurrent model reads no heads.
-    missing = [n for n in SHAPE_FIELDS if n not in given and not (recurrent and n == "n_head")]
+    missing = [n for n in SHAPE_FIELDS if n not in given and not (headless and n == "n_head")]
     if not missing:
         return None
     defaults = ModelConfig()

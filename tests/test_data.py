@@ -412,6 +412,12 @@ def test_text_glob_source_end_to_end(tmp_path):
         assert np.array_equal(stream(out / split), expected_stream([texts[i] for i in idx], tok))
     with pytest.raises(SourceError, match="no text files"):
         TextFilesSource(str(tmp_path / "nothing" / "*.txt"))
+    # --glob and --path are one option: both given, both read (--path was dropped).
+    from cofrgenet.data.sources import make_source
+
+    first, rest = str(tmp_path / "corpus" / "sub" / "doc0.txt"), str(tmp_path / "corpus" / "**")
+    both = make_source("text", glob=first, path=[rest + "/doc[1-9].txt"])
+    assert len(both) == 6
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])

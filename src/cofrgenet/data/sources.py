@@ -788,6 +788,12 @@ def own_val_split(source: HFSource) -> str | None:
     return next((n for n in VAL_SPLIT_NAMES if n in names and n != source.split), None)
 
 
+def _as_list(patterns: str | Sequence[str] | None) -> list[str]:
+    if patterns is None:
+        return []
+    return [patterns] if isinstance(patterns, str) else list(patterns)
+
+
 def make_source(
     kind: str,
     *,
@@ -803,13 +809,13 @@ def make_source(
     """Build a source from ``cofr data prepare`` arguments (clear errors for missing ones)."""
     if kind == "pydoc":
         return PydocSource()
+    # One option under two names (--glob for text files, --path for records): both read.
+    patterns = [*_as_list(glob), *_as_list(path)]
     if kind == "text":
-        patterns = glob or path
         if not patterns:
             raise SourceError("--source text needs --glob 'path/*.txt'")
         return TextFilesSource(patterns, documents or "files")
     if kind in ("jsonl", "parquet"):
-        patterns = path or glob
         if not patterns:
             raise SourceError(f"--source {kind} needs --path 'path/*.{kind}'")
         cls = JsonlSource if kind == "jsonl" else ParquetSource

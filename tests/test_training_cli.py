@@ -2450,8 +2450,20 @@ def test_a_bad_choice_or_range_from_a_file_names_the_file(tiny_data, tmp_path):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(delta)))
     with pytest.raises(ConfigError, match=r"^data.batch_size must be >= 1, got -4$"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--data.batch_size", "-4"))
+    # A model field's refusal (`model.config: n_layer ...`) and a value the file writes
+    # otherwise than the message (-1 against -1.0).
+    delta.write_text("model:\n  optimizer:\n    lr: -1\n")
+    with pytest.raises(ConfigError, match=rf"^model.optimizer.lr \(in {delta}\) must be .*-1.0$"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(delta)))
+    delta.write_text("model:\n  config:\n    n_layer: -1\n")
+    with pytest.raises(ConfigError, match=rf"^model.config: n_layer \(in {delta}\) must be a "):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, "--config", str(delta)))
     words = ["--config", str(delta)]
     assert naming_the_file("no key here, got -4", words) == "no key here, got -4"
+    from cofrgenet.training.config_words import bad_choice
+
+    unhashable = 'Parser key "model.config.ffn": Literal[mlp, cffn] Given value: {[1]: 2}'
+    assert bad_choice(unhashable).startswith("model.config.ffn: '{[1]: 2}' is not one of")
     assert naming_the_file("data.batch_size must be >= 1, got 3", words) == (
         "data.batch_size must be >= 1, got 3"  # not the file's value
     )

@@ -1120,9 +1120,9 @@ def to_markdown(report: dict[str, Any]) -> str:
             "",
             f"Generation ({cfg['gen_tokens']} tokens after a prompt of {prompt} tokens{window}, "
             f"batch 1, greedy; latency of one token after {block - 1}). Tokens/s are of whole "
-            "calls, the prompt's read and the cache's set-up included, which a short "
-            "generation of a small model spends most of its time on; the latency is one "
-            "step's alone:",
+            "calls, the prompt's read included (and, cached, the cache's set-up), which a "
+            "short generation of a small model spends most of its time on; the latency is "
+            "one step's alone:",
             "",
             "| variant | cached tokens/s | recomputed tokens/s | latency cached ms | "
             "latency recomputed ms | latency ratio |",

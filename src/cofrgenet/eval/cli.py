@@ -697,6 +697,6 @@ def _log_and_say(
     else:  # the same checkpoint scored again the same way
         print(
             f"already in MLflow run {run_id} as {where} ({loaded.tracking_uri}): the same "
-            f"scores at step {loaded.step}, not logged again"
+            f"scores at step {loaded.step}, not logged again (this report is stored with it)"
         )
     return True

@@ -594,9 +594,10 @@ class CofrCLI(LightningCLIAdapter):
             cause = raised_from(error, UserError)
             if cause is None:
                 raise
-            # `data.batch_size must be >= 1, got -4`: with the file that gave the -4.
-            named = naming_the_file(str(cause), getattr(self, "_words", []))
-            raise (cause if named == str(cause) else ConfigError(named)) from None
+            # `data.batch_size must be >= 1, got -4`: with the file that gave the -4 (the
+            # error kept as it is: callers tell a VocabMismatchError from others).
+            cause.args = (naming_the_file(str(cause), getattr(self, "_words", [])),)
+            raise cause from None
         seed = self.config_value(self.config, "seed_everything")
         if seed is not False:  # seeded before the build (console.HARMLESS), said now
             rank_zero_info(f"seed_everything: {seed}")

@@ -49,7 +49,7 @@ def bad_choice(message: str, words: Sequence[str] = ()) -> str | None:
     key = f"{keys[-1]}{set_in(keys[-1], list(words), value)}"
     # A list's report names the whole list (`['mlp', 'cfn']`): the item outside the choices
     # is the one to name.
-    with contextlib.suppress(ValueError, SyntaxError):
+    with contextlib.suppress(Exception):  # not a literal (TypeError of `{[1]: 2}`, ...)
         items = ast.literal_eval(value)
         if isinstance(items, (list, tuple)):
             outside = [item for item in items if str(item) not in names]
@@ -225,11 +225,31 @@ def naming_the_file(message: str, words: list[str]) -> str:
     """A refusal of a built class's setting (``data.batch_size must be >= 1, got -4``)
     with `` (in FILE)`` after its key where a config file of ``words`` gave that value
     (:func:`set_in`); ``message`` as it is otherwise."""
-    match = re.fullmatch(r"([a-z_]+(?:\.[A-Za-z_]\w*)+)(\b.*, got '?([^',]+?)'?)", message)
-    if match is None:
+    value = re.search(r", got '?([^',]+?)'?$", message)
+    # `data.batch_size must ...`, or a section's `model.config: n_layer must ...`.
+    keyed = re.match(r"([a-z_]+(?:\.[A-Za-z_]\w*)+)((?:: ([a-z_]\w*))?)\b", message)
+    if value is None or keyed is None:
         return message
-    key, rest, value = match.groups()
-    return f"{key}{set_in(key, words, value)}{rest}"
+    section, field = keyed[1], keyed[3]
+    key = f"{section}.{field}" if field else section
+    at = keyed.end()
+    return f"{message[:at]}{set_in(key, words, value[1])}{message[at:]}"
+
+
+def _same_value(given: Any, value: str) -> bool:
+    """Whether ``given`` (a file's value, or a command line's text) is the ``value`` an
+    error wrote: ``-1`` and ``-1.0``, ``[mlp, cfn]`` and ``['mlp', 'cfn']``."""
+    import yaml
+
+    def read(text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+
+    return str(given) == value or read(given) == read(value)
 
 
 def set_in(key: str, words: list[str], value: str) -> str:
@@ -246,7 +266,7 @@ def set_in(key: str, words: list[str], value: str) -> str:
         text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
         # An option giving the key another value (`--data.batch_size 4` before a file's
         # -4): the bad value is a file's.
-        if given == key and text != value:
+        if given == key and not _same_value(text, value):
             continue
         if given == key:
             return ""
@@ -260,11 +280,11 @@ def set_in(key: str, words: list[str], value: str) -> str:
             if not isinstance(mapping, dict):
                 return ""
             found = get_dotted(mapping, key[len(given) + 1 :], missing)
-            if found is not missing and str(found) == value:
+            if found is not missing and _same_value(found, value):
                 return ""
     for path in cli_cache.config_files(words):
         found = get_dotted(recipes.load_yaml(Path(path)), key, missing)
-        if found is not missing and str(found) == value:
+        if found is not missing and _same_value(found, value):
             return f" (in {path})"
     return ""
 

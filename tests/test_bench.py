@@ -389,6 +389,25 @@ def test_targets_are_checked_for_their_dtype_and_fastest_counts_auto():
         OpsBenchConfig(impls=()).validate()
 
 
+def test_fastest_counts_auto_unless_its_impl_was_timed_itself():
+    """With literal and auto timed, "fastest" named literal at 40x auto's time (auto was
+    left out); auto stands for its impl only when that impl was not timed too."""
+    from cofrgenet.bench.ops.report import _fastest_cell
+    from cofrgenet.bench.ops.results import Result
+    from cofrgenet.bench.ops.workloads import Workload
+    from cofrgenet.bench.timing import Summary
+
+    work = Workload("continued_fraction", 4096, 8)
+
+    def timed(impl: str, ms: float, resolved: str | None = None) -> Result:
+        return Result(work, "fwd", impl, resolved or impl, summary=Summary.of([ms]))
+
+    literal, auto = timed("literal", 4.0), timed("auto", 0.1, "continuant")
+    assert _fastest_cell({"literal": literal, "auto": auto}).startswith("auto (continuant): ")
+    both = {"literal": literal, "continuant": timed("continuant", 0.2), "auto": auto}
+    assert _fastest_cell(both).startswith("continuant: ")  # auto was continuant: not twice
+
+
 def test_a_target_whose_workload_was_not_timed_does_not_read_as_a_result():
     """`not measured: auto >= 5x literal` read as a finding about auto."""
     from cofrgenet.bench.ops.report import _target_line

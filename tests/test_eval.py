@@ -442,6 +442,10 @@ def test_cofr_eval_reports_logs_and_writes_json(checkpoint, tmp_path, capsys):
     assert wiki["lines"] == WIKITEXT.count("\n") == 6
     assert wiki["word_ppl_eos"] == pytest.approx(math.exp(wiki["nll"] / (wiki["words"] + 6)))
     assert report["results"]["ptb"]["lines"] == 3
+    # Counts are whole numbers in the JSON (9600, not 9600.0).
+    counts = ("tokens", "words", "bytes", "lines")
+    assert all(type(report["results"]["ptb"][key]) is int for key in counts)
+    assert type(report["results"]["lambada"]["examples"]) is int
     # The <unk> release is another text: another score (the paper's WikiText columns).
     assert report["results"]["wikitext-2-v1"]["words"] == wiki["words"]
     assert report["results"]["wikitext-2-v1"]["nll"] != wiki["nll"]

@@ -264,12 +264,10 @@ def set_in(key: str, words: list[str], value: str) -> str:
     for i, word in enumerate(words):
         given = cli_cache.option_key(word) if word.startswith("--") else ""
         text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
-        # An option giving the key another value (`--data.batch_size 4` before a file's
-        # -4): the bad value is a file's.
-        if given == key and not _same_value(text, value):
-            continue
         if given == key:
-            return ""
+            if _same_value(text, value):
+                return ""
+            continue  # `--data.batch_size 4` before a file's -4: the bad value is a file's
         if given and key.startswith(f"{given}."):  # a mapping, as text or in a file
             try:
                 mapping = yaml.safe_load(text)

@@ -31,7 +31,8 @@ run, with interleaved rounds so that a drifting machine hits all of them alike (
 Writes ``train-<device>-<date>.{md,json}`` under ``--out-dir`` with the command, and
 rewrites them, marked partial, after each stage of the run: a run cut short (a
 wall-clock limit) keeps what it measured; one stopped by Ctrl-C, SIGTERM or an error
-marks that report stopped and says where it is. A report already there is never replaced: a
+marks that report stopped, names what it did not measure, and says where it is. A
+report already there is never replaced: a
 second run of the day writes ``train-<device>-<date>-2.{md,json}`` (then ``-3``, ...).
 Settings are checked before any work (sizes >= 1, a block of 3 tokens or more for
 generation, a warm-up step for the compiled modes to compile in, the dtype, the device,
@@ -943,9 +944,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _not_measured(report: dict[str, Any], heading: str) -> str:
-    """``"; {heading}: the memory of cofrgenet-f eager, ..."``: the stages of the eager
-    pairs timed so far that an unfinished report lacks (the pairs not timed are counted
-    beside), or ``""``."""
+    """``"; {heading}: the memory of cofrgenet-f eager, ..."``: the stages of the
+    uncompiled pairs timed so far that an unfinished report lacks (the pairs not timed
+    are counted beside), or ``""``."""
     cfg, missing = report["config"], []
     # As _run_benchmark measures them: memory in each uncompiled mode, generation in eager.
     for stage, wanted, modes, field_name in (

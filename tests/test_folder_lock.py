@@ -52,3 +52,18 @@ def test_a_release_removes_only_its_own_lock_file(tmp_path):
     assert second.try_acquire()
     first.release(remove=True)
     assert path.exists() and not FolderLock(path).try_acquire()  # still the second's
+
+
+def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A resume of a read-only run folder ended in a PermissionError traceback."""
+    import pytest
+
+    from cofrgenet.errors import UserError
+    from cofrgenet.training.runlock import RunLock
+
+    def read_only(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(FolderLock, "try_acquire", read_only)
+    with pytest.raises(UserError, match=r"cannot write in the run folder .*run: Permission denied"):
+        RunLock(tmp_path / "run").acquire()

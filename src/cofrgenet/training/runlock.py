@@ -48,7 +48,14 @@ class RunLock:
                 f"cannot make the run folder {self.run_dir}: "
                 f"{why_no_folder(self.run_dir, error)}; choose another --run.runs_dir"
             ) from None
-        if not self._lock.try_acquire():
+        try:
+            taken = self._lock.try_acquire()
+        except OSError as error:  # a read-only run folder (a resume of one)
+            raise UserError(
+                f"cannot write in the run folder {self.run_dir}: {error.strerror}; make it "
+                "writable, or choose another --run.runs_dir"
+            ) from None
+        if not taken:
             raise RunFolderBusyError(
                 f"run folder {self.run_dir} is in use by {self.describe_holder()}: wait "
                 "for it to finish, or start a separate run with another --run.name"

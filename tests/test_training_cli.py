@@ -2007,7 +2007,7 @@ def test_a_fit_in_a_batch_script_of_several_tasks_without_srun_is_refused(
     assert slurm_tasks_without_srun() is None
 
 
-def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):
+def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path, capsys):
     """A runs/mlflow.db that is no database: cofr fit printed SQLAlchemy's traceback ("file
     is not a database") once the run's folder and lock were made."""
     store = tmp_path / "runs"
@@ -2021,6 +2021,32 @@ def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path):
         "MLFLOW_TRACKING_URI), or train with --run.mlflow false"
     )
     assert sorted(p.name for p in store.iterdir()) == ["mlflow.db"]  # nothing made, nor lost
+    # A folder at the database's path: SQLite's "unable to open database file" traceback.
+    (store / "mlflow.db").unlink()
+    (store / "mlflow.db").mkdir()
+    with pytest.raises(UserError, match=r"mlflow.db is a folder, not an MLflow database file"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data))
+    from cofrgenet.cli import main
+
+    assert main(["compare", "--runs-dir", str(store)]) == 2
+    assert "mlflow.db is a folder, not an MLflow database" in capsys.readouterr().err
+
+
+def test_a_run_store_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
+    """A read-only mlflow.db (or its folder): a screen of MLflow tracebacks, after the
+    resumed run's config.yaml was rewritten."""
+    from cofrgenet.training import run_store
+
+    store = tmp_path / "runs" / "mlflow.db"
+    store.parent.mkdir()
+    store.write_text("")
+    uri, fix = f"sqlite:///{store}", "choose another"
+    run_store.check_store_writable(uri, fix)  # writable: nothing said
+    for read_only in (store, store.parent):
+        monkeypatch.setattr(run_store.os, "access", lambda path, mode, r=read_only: path != r)
+        what = "file" if read_only == store else "folder"
+        with pytest.raises(ConfigError, match=rf"its {what} {read_only} is read-only; make it "):
+            run_store.check_store_writable(uri, fix)
 
 
 def test_monitors_are_checked_where_cofr_knows_every_metric_logged():

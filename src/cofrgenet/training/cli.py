@@ -115,6 +115,7 @@ from cofrgenet.training.run_store import (
     STARTED_FROM_TAG,
     RunConfig,
     artifact_location,
+    check_store_writable,
     check_tracking_uri,
     resolve_run_dir,
     slurm_run_name,
@@ -1164,6 +1165,9 @@ class CofrCLI(LightningCLIAdapter):
         if run.mlflow and logger in (None, True):
             if rank_zero_only.rank == 0:
                 check_tracking_uri(tracking_uri(run))
+                check_store_writable(
+                    tracking_uri(run), "choose another with --run.tracking_uri or --run.runs_dir"
+                )
             if self.subcommand == "fit":  # on every rank: srun's would wait for rank 0's
                 check_own_run(run_dir, tracking_uri(run))
         lock = RunLock(run_dir)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cofrgenet import package_version
+from cofrgenet.atomic import nearest_existing
 from cofrgenet.config_variables import expand_variables
 from cofrgenet.databases import connection_error, is_server_url
 from cofrgenet.databases import reason as driver_reason
@@ -256,6 +257,7 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, fix: str | None = None) -
             ) from None
     database = sqlite_database(uri)
     if database is not None:  # a local store: made on first use, unless a file is in the way
+        check_not_a_folder(database, fix)
         if database.expanduser().is_file():
             check_not_damaged(database, fix)
             if _experiment_count(database.expanduser()) == 0:
@@ -315,6 +317,7 @@ def check_store_exists(uri: str, named_by: str | None) -> None:
     if database is None:
         return
     fix = f"fix {named_by}" if named_by else "name the runs folder with --runs-dir"
+    check_not_a_folder(database, fix)
     if not database.expanduser().is_file():
         raise ConfigError(f"no run store at {database}: train a run first (cofr fit), or {fix}")
     # MLflow's client writes its schema into an empty file or another program's database:
@@ -332,6 +335,33 @@ def check_store_exists(uri: str, named_by: str | None) -> None:
             f"{database} is not an MLflow database ({problem}): move it aside (the next "
             f"cofr fit makes a new store), or {fix}"
         )
+
+
+def check_not_a_folder(database: Path, fix: str) -> None:
+    """ConfigError when the sqlite store's path ``database`` is a folder (SQLite's
+    "unable to open database file" came as a traceback); ``fix``: the other way out."""
+    if database.expanduser().is_dir():
+        raise ConfigError(
+            f"{database} is a folder, not an MLflow database file: give the database's own "
+            f"path (sqlite:///<folder>/mlflow.db), or {fix}"
+        )
+
+
+def check_store_writable(uri: str, fix: str) -> None:
+    """ConfigError when the local sqlite store ``uri`` cannot be written: its file, or the
+    folder SQLite keeps its journal in (a fit failed with a screen of MLflow tracebacks
+    after it had rewritten the run's config.yaml); a server's store is its own to say."""
+    database = sqlite_database(uri)
+    if database is None:
+        return
+    path = database.expanduser()
+    folder = nearest_existing(path.absolute().parent)
+    for what, where, access in (("file", path, os.W_OK), ("folder", folder, os.W_OK | os.X_OK)):
+        if where.exists() and not os.access(where, access):
+            raise ConfigError(
+                f"cannot write the MLflow store {database}: its {what} {where} is read-only; "
+                f"make it writable, or {fix}"
+            )
 
 
 def check_not_damaged(database: Path, fix: str) -> None:

@@ -2515,6 +2515,12 @@ def test_a_later_files_callbacks_list_that_drops_a_recipes_callbacks_is_said(tmp
         "entries with --trainer.callbacks+ CLASS"
     )
     assert lists_replaced_by_later_files(["--config", recipe, "--config", str(both)]) == []
+    # Following the advice: appended after the files, it is in the run's list.
+    files = ["--config", recipe, "--config", str(delta)]
+    assert lists_replaced_by_later_files([*files, "--trainer.callbacks+", "DyadicUnfreezing"]) == []
+    assert lists_replaced_by_later_files([*files, "--trainer.callbacks+=DyadicUnfreezing"]) == []
+    before = ["--trainer.callbacks+", "DyadicUnfreezing", *files]  # the later file replaces it
+    assert lists_replaced_by_later_files(before) == [said]
     assert lists_replaced_by_later_files(["--config", str(delta), "--config", recipe]) == [
         f"{recipe} gives trainer.callbacks as a list, which replaces {delta}'s: "
         f"LearningRateMonitor is not in it, and will not run; list it in {recipe} too, or "

@@ -198,7 +198,23 @@ def lists_replaced_by_later_files(words: list[str]) -> list[str]:
     """A later ``--config`` file (or its bases) whose ``trainer.callbacks`` (or plugins)
     list leaves out entries an earlier ``--config`` file gave: lists are replaced, not
     merged, so those entries are silently gone. One message per such file and key."""
+    import yaml
+
     said = []
+    # Entries appended after the last --config (`--trainer.callbacks+ DyadicUnfreezing`,
+    # as the message advises) are in the list the run gets.
+    last = max((i for i, w in enumerate(words) if w.split("=", 1)[0] in ("--config", "-c")),
+               default=-1)  # fmt: skip
+    appended: dict[str, set[str]] = {}
+    for i, word in enumerate(words[last + 1 :], start=last + 1):
+        if word.startswith("--") and word.split("=", 1)[0].endswith("+"):
+            text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
+            with contextlib.suppress(yaml.YAMLError):
+                entry = yaml.safe_load(text)
+                entries = entry if isinstance(entry, list) else [entry]
+                appended.setdefault(cli_cache.option_key(word), set()).update(
+                    entry_name(e) for e in entries
+                )
     setter: dict[str, tuple[str, list[Any]]] = {}  # key -> (the --config, its list)
     for given, files in recipes.config_entries(words):
         values = [file_values(file) for file in files]
@@ -208,7 +224,7 @@ def lists_replaced_by_later_files(words: list[str]) -> list[str]:
                 continue
             if key in setter:
                 earlier, entries = setter[key]
-                kept = {entry_name(entry) for entry in own}
+                kept = {entry_name(entry) for entry in own} | appended.get(key, set())
                 dropped = [n for n in map(entry_name, entries) if n not in kept]
                 if dropped:
                     said.append(

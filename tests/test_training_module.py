@@ -1094,3 +1094,13 @@ def test_fsdp_is_recognised_by_name_and_by_class():
     with pytest.raises(ConfigError, match=r"model\.compile does not work under FSDP"):
         check_compile_strategy(True, "fsdp")
     check_compile_strategy(False, "fsdp")
+
+
+def test_a_bad_optimizer_setting_names_that_setting_alone():
+    """`weight_decay: -1` said "eps and weight_decay must be >= 0, got 1e-08, -1.0"."""
+    from cofrgenet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.optimizer.weight_decay must be >= 0, got -1.0$"):
+        OptimizerConfig(weight_decay=-1.0)
+    with pytest.raises(ConfigError, match=r"^model.optimizer.eps must be >= 0, got -1e-08$"):
+        OptimizerConfig(eps=-1e-8)

@@ -66,11 +66,9 @@ class OptimizerConfig:
             raise ConfigError(
                 f"model.optimizer.betas must be two numbers in [0, 1), got {self.betas}"
             )
-        if self.eps < 0 or self.weight_decay < 0:
-            raise ConfigError(
-                f"model.optimizer.eps and model.optimizer.weight_decay must be >= 0, got {self.eps}, "
-                f"{self.weight_decay}"
-            )
+        for name in ("eps", "weight_decay"):  # the one that is wrong, with its file
+            if getattr(self, name) < 0:
+                raise ConfigError(f"model.optimizer.{name} must be >= 0, got {getattr(self, name)}")
 
 
 #: Name segments that wrappers insert between a module and its submodules: FSDP's

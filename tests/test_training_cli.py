@@ -2903,7 +2903,8 @@ def test_what_would_end_at_once_or_mislead_is_refused(tiny_data, tmp_path, caplo
     kept = shutil.copy(run / "checkpoints" / "last.ckpt", tmp_path / "kept.ckpt")
     for ckpt in (run / "checkpoints").glob("*.ckpt"):
         ckpt.unlink()  # a run whose checkpoints were deleted, or one that died before a save
-    with pytest.raises(UserError, match=r"belongs to MLflow run \w+, which has no checkpoint"):
+    no_checkpoint = r"belongs to MLflow run \w+, which has no checkpoint left: start a new run"
+    with pytest.raises(UserError, match=no_checkpoint):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "2", "--run.name", "a"))
     with pytest.raises(ConfigError, match=r"holds no checkpoint to evaluate: name"):
         validate("--run.name", "a")  # no "did you mean 'a'" for itself

@@ -845,8 +845,9 @@ class CofrCLI(LightningCLIAdapter):
         if id_file.exists() and not self.run_id_from_caller:
             raise RunExistsError(
                 f"run folder {run_dir} belongs to MLflow run {id_file.read_text().strip()}, "
-                "which has no checkpoint left: continue that run from step 0 with --ckpt_path "
-                "last, or start a new run with another --run.name"
+                "which has no checkpoint left: start a new run with another --run.name "
+                "(--ckpt_path last would train this one again from step 0 into that MLflow "
+                "run, whose history keeps the earlier values of the steps it logged)"
             )
 
     def check_not_forking(self, run_dir: Path, checkpoint: str, step: int | None) -> None:

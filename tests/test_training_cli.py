@@ -4089,7 +4089,9 @@ def test_the_command_tag_reads_as_typed(monkeypatch):
     for argv, shown in (
         (["/x/src/cofrgenet/__main__.py", "fit", "--run.name", "a b"], "cofr fit --run.name 'a b'"),
         (["/venv/bin/cofr", "fit"], "cofr fit"),
+        (["/x/src/cofrgenet/cli.py", "fit"], "cofr fit"),  # cofr demo's fits
         (["train.py", "fit"], "train.py fit"),
+        (["/x/cli.py", "fit"], "/x/cli.py fit"),
     ):
         monkeypatch.setattr(sys, "argv", argv)
         assert code_tags()["cofrgenet.command"] == shown

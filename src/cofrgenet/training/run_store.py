@@ -613,10 +613,11 @@ def code_tags() -> dict[str, str]:
 
 def command_line() -> str:
     """This process's command line as it is typed: ``cofr ...`` for the ``cofr`` entry
-    point and for ``python -m cofrgenet`` (whose argv[0] is the path of cofrgenet's
-    ``__main__.py``), another program's own name otherwise."""
+    point, ``python -m cofrgenet`` and ``python -m cofrgenet.cli`` (as ``cofr demo``
+    starts its fits: argv[0] is the path of cofrgenet's ``__main__.py`` or ``cli.py``),
+    another program's own name otherwise."""
     program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
     ours = program.name == "cofr" or (
-        program.name == "__main__.py" and program.parent.name == "cofrgenet"
+        program.name in ("__main__.py", "cli.py") and program.parent.name == "cofrgenet"
     )
     return shlex.join(["cofr" if ours else str(program), *sys.argv[1:]])

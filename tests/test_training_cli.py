@@ -2032,6 +2032,22 @@ def test_a_damaged_run_store_is_refused_before_the_run(tiny_data, tmp_path, caps
     assert "mlflow.db is a folder, not an MLflow database" in capsys.readouterr().err
 
 
+def test_a_read_only_checkpoints_folder_is_refused_before_the_steps(
+    tiny_data, tmp_path, monkeypatch
+):
+    """Refused at the first save, once the steps to it had trained (500 at the default
+    interval)."""
+    run = ["--run.name", "ro", "--trainer.max_steps"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "1"))
+    saves = tmp_path / "runs" / "test" / "ro" / "checkpoints"
+    kept = sorted(p.name for p in saves.iterdir())
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != saves and real(path, mode))
+    with pytest.raises(UserError, match=rf"^cannot write in {saves} \(read-only\)"):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *run, "3", "--ckpt_path", "last"))
+    assert sorted(p.name for p in saves.iterdir()) == kept
+
+
 def test_a_run_store_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
     """A read-only mlflow.db (or its folder): a screen of MLflow tracebacks, after the
     resumed run's config.yaml was rewritten."""

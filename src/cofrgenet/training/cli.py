@@ -1179,6 +1179,12 @@ class CofrCLI(LightningCLIAdapter):
         try:
             if self.subcommand == "fit" and rank_zero_only.rank == 0:
                 lock.acquire()  # before anything is written: a second fit stops here
+                saves = run_dir / "checkpoints"  # refused at the first save, steps later
+                if saves.is_dir() and not os.access(saves, os.W_OK | os.X_OK):
+                    raise UserError(
+                        f"cannot write in {saves} (read-only): the run's checkpoints could "
+                        "not be saved; make it writable, or choose another --run.runs_dir"
+                    )
                 for path in checkpoints.remove_unfinished_saves(run_dir):
                     rank_zero_info(f"removed {path.name}: a save that a killed run left unfinished")
             return self._instantiate_run(run, run_dir, lock, kwargs)

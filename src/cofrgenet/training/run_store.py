@@ -355,9 +355,9 @@ def check_store_writable(uri: str, fix: str) -> None:
     if database is None:
         return
     path = database.expanduser()
-    folder = nearest_existing(path.absolute().parent)
+    folder = nearest_existing(path.absolute().parent)  # a file there: said where it is made
     for what, where, access in (("file", path, os.W_OK), ("folder", folder, os.W_OK | os.X_OK)):
-        if where.exists() and not os.access(where, access):
+        if (where.is_file() if what == "file" else where.is_dir()) and not os.access(where, access):
             raise ConfigError(
                 f"cannot write the MLflow store {database}: its {what} {where} is read-only; "
                 f"make it writable, or {fix}"

@@ -65,5 +65,12 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(FolderLock, "try_acquire", read_only)
-    with pytest.raises(UserError, match=r"cannot write in the run folder .*run: Permission denied"):
+    with pytest.raises(UserError, match=r"run folder .*run: Permission denied; make it writable"):
+        RunLock(tmp_path / "run").acquire()
+
+    def no_locks(self):
+        raise OSError(37, "No locks available")  # ENOLCK: a file system that cannot lock
+
+    monkeypatch.setattr(FolderLock, "try_acquire", no_locks)
+    with pytest.raises(UserError, match=r"No locks available; its file system may not lock"):
         RunLock(tmp_path / "run").acquire()

@@ -10,6 +10,7 @@ never leaves a folder locked, and the file says who holds it, for the error a se
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import lightning as L
@@ -50,10 +51,15 @@ class RunLock:
             ) from None
         try:
             taken = self._lock.try_acquire()
-        except OSError as error:  # a read-only run folder (a resume of one)
+        except OSError as error:  # a read-only run folder (a resume of one), no locks
+            fix = (
+                "make it writable"
+                if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                else "its file system may not lock files"
+            )
             raise UserError(
-                f"cannot write in the run folder {self.run_dir}: {error.strerror}; make it "
-                "writable, or choose another --run.runs_dir"
+                f"cannot write in the run folder {self.run_dir}: {error.strerror}; {fix}, "
+                "or choose another --run.runs_dir"
             ) from None
         if not taken:
             raise RunFolderBusyError(

@@ -257,6 +257,12 @@ class ModelConfig:
             return self.attention_pattern[layer_idx % len(self.attention_pattern)]
         return self.attention
 
+    def attention_names(self) -> set[str]:
+        """The attention mixers of all layers (empty for a recurrent model)."""
+        if self.attention is None:
+            return set()
+        return {self.attention_for(i) for i in range(self.n_layer)}
+
     def ffn_for(self, layer_idx: int) -> str:
         """Feed-forward mixer name of layer ``layer_idx``."""
         if self.ffn_pattern:

@@ -266,7 +266,7 @@ def _check_transformer_config(config: ModelConfig) -> None:
         )
     for ffn in {config.ffn_for(i) for i in range(config.n_layer)}:
         FFN.entry(ffn)  # a typo fails here, when the config is made, not at build time
-    names = {config.attention_for(i) for i in range(config.n_layer)}
+    names = config.attention_names()
     with_heads = sorted(n for n in names if ATTENTION.entry(n).uses_heads)
     if with_heads and config.n_embd % config.n_head:
         raise ConfigError(

@@ -163,19 +163,16 @@ HEADS_ONLY = ("n_head", "n_kv_head")
 def reads_heads(config: ModelConfig) -> bool:
     """Whether a layer of ``config`` has attention that splits the width into heads
     (cattn_u and cattn_m read it whole; a recurrent model has none)."""
-    if config.attention is None:
-        return False
-    names = {config.attention_for(i) for i in range(config.n_layer)}
-    return any(ATTENTION.entry(name).uses_heads for name in names)
+    return any(ATTENTION.entry(name).uses_heads for name in config.attention_names())
 
 
 def _heads_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:
     """n_head and n_kv_head where no layer's attention splits the width into heads: a
     head count that divides nothing is taken silently there, and refused beside softmax
     attention."""
-    if config.attention is None or reads_heads(config):  # recurrent: unused_settings's
+    names = config.attention_names()
+    if not names or reads_heads(config):  # a recurrent model's: unused_settings refuses them
         return None
-    names = {config.attention_for(i) for i in range(config.n_layer)}
     unread = [f"{k}={given[k]!r}" for k in HEADS_ONLY if k in given]
     if not unread:
         return None
@@ -190,7 +187,7 @@ def _heads_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str |
 def _sparse_settings_changing_nothing(config: ModelConfig, given: dict[str, Any]) -> str | None:
     """sparse_stride and sparse_summary where no layer's attention reads them (the
     summary: only the fixed pattern's)."""
-    names = {config.attention_for(i) for i in range(config.n_layer)} if config.attention else set()
+    names = config.attention_names()
     readers = {
         "sparse_stride": {"sparse_strided", "sparse_fixed"},
         "sparse_summary": {"sparse_fixed"},

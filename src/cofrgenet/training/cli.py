@@ -784,18 +784,20 @@ class CofrCLI(LightningCLIAdapter):
                 "(--ntasks-per-node=1)"
             )
 
+    def check_scores_something(self) -> None:
+        """Refuse a validate or test limited to 0 batches: it scored nothing, said it had
+        logged a score, and exited 0."""
+        limit_key = _OWN_LIMIT.get(self.subcommand or "")
+        limit = None if limit_key is None else self.config_value(self.config, limit_key)
+        if limit == 0 and not isinstance(limit, bool):
+            raise ConfigError(
+                f"{limit_key} is 0: cofr {self.subcommand} would score nothing; give a "
+                "number of batches or a fraction up to 1.0 (null: all)"
+            )
+
     def check_fit_settings(self, run: RunConfig, run_dir: Path) -> None:
         """Refuse a fit that would end at once with exit status 0 and nothing done: no
-        step to take, or ``--ckpt_path last`` with nothing to resume and no run named; and
-        a validate or test limited to 0 batches (it scored nothing and exited 0)."""
-        limit_key = _OWN_LIMIT.get(self.subcommand or "")
-        if limit_key is not None:
-            limit = self.config_value(self.config, limit_key)
-            if limit == 0 and not isinstance(limit, bool):
-                raise ConfigError(
-                    f"{limit_key} is 0: cofr {self.subcommand} would score nothing; give a "
-                    "number of batches or a fraction up to 1.0 (null: all)"
-                )
+        step to take, or ``--ckpt_path last`` with nothing to resume and no run named."""
         if self.subcommand != "fit":
             return
         max_steps = self.config_value(self.config, "trainer.max_steps")
@@ -1158,19 +1160,21 @@ class CofrCLI(LightningCLIAdapter):
             self.config_value(self.config, "trainer.accelerator"),
         )
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
+        self.check_scores_something()
         check_compile_strategy(  # before the processes launch: one line, not one per rank
             bool(getattr(self.model, "compile_model", False)),
             self.config_value(self.config_init, "trainer.strategy"),
         )
         logger = self.config_value(self.config, "trainer.logger")
         if run.mlflow and logger in (None, True):
+            uri = tracking_uri(run)
             if rank_zero_only.rank == 0:
-                check_tracking_uri(tracking_uri(run))
+                check_tracking_uri(uri)
                 check_store_writable(
-                    tracking_uri(run), "choose another with --run.tracking_uri or --run.runs_dir"
+                    uri, "choose another with --run.tracking_uri or --run.runs_dir"
                 )
             if self.subcommand == "fit":  # on every rank: srun's would wait for rank 0's
-                check_own_run(run_dir, tracking_uri(run))
+                check_own_run(run_dir, uri)
         lock = RunLock(run_dir)
         new_folder = not run_dir.exists()
         self._start_dir = run_dir

@@ -336,6 +336,13 @@ def text_pieces(text: str, documents: str) -> list[str]:
     return [part for part in parts if part.strip()]
 
 
+def pattern_list(patterns: str | Sequence[str] | None) -> list[str]:
+    """``--glob`` / ``--path`` patterns as a list: one given as text, several, or none."""
+    if patterns is None:
+        return []
+    return [patterns] if isinstance(patterns, str) else list(patterns)
+
+
 class TextFilesSource(_FileRowSource):
     """Local text files (UTF-8; undecodable bytes replaced): one document per non-empty
     file, or per paragraph or line of them (``documents``, :data:`TEXT_DOCUMENTS`)."""
@@ -347,7 +354,7 @@ class TextFilesSource(_FileRowSource):
             raise SourceError(
                 f"documents must be one of {', '.join(TEXT_DOCUMENTS)}, got {documents!r}"
             )
-        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.patterns = pattern_list(patterns)
         self.documents = documents
         self.files = [f for f in _expand(self.patterns, "text") if os.path.getsize(f) > 0]
         if not self.files:
@@ -387,7 +394,7 @@ class JsonlSource(_FileRowSource):
     kind = "jsonl"
 
     def __init__(self, patterns: str | Sequence[str], text_field: str = "text") -> None:
-        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.patterns = pattern_list(patterns)
         self.text_field = text_field
         self.files = _expand(self.patterns, "JSONL")
         # Byte offsets of non-blank lines: one pass, then random access by seek.
@@ -457,7 +464,7 @@ class ParquetSource(_FileRowSource):
     def __init__(self, patterns: str | Sequence[str], text_field: str = "text") -> None:
         import pyarrow.parquet as pq
 
-        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        self.patterns = pattern_list(patterns)
         self.text_field = text_field
         self.files = _expand(self.patterns, "Parquet")
         self._group_starts: list[list[int]] = []  # per file: first row of each row group + total
@@ -788,12 +795,6 @@ def own_val_split(source: HFSource) -> str | None:
     return next((n for n in VAL_SPLIT_NAMES if n in names and n != source.split), None)
 
 
-def _as_list(patterns: str | Sequence[str] | None) -> list[str]:
-    if patterns is None:
-        return []
-    return [patterns] if isinstance(patterns, str) else list(patterns)
-
-
 def make_source(
     kind: str,
     *,
@@ -810,7 +811,7 @@ def make_source(
     if kind == "pydoc":
         return PydocSource()
     # One option under two names (--glob for text files, --path for records): both read.
-    patterns = [*_as_list(glob), *_as_list(path)]
+    patterns = [*pattern_list(glob), *pattern_list(path)]
     if kind == "text":
         if not patterns:
             raise SourceError("--source text needs --glob 'path/*.txt'")

@@ -666,7 +666,7 @@ def finetune(
 
     from cofrgenet.training.console import quiet_known_noise
     from cofrgenet.training.pretrained import load_checkpoint
-    from cofrgenet.training.run_store import RunConfig, check_tracking_uri, folder_name
+    from cofrgenet.training.run_store import RUN_DIR_TAG, RunConfig, check_tracking_uri, folder_name
     from cofrgenet.training.run_store import tracking_uri as default_tracking_uri
 
     quiet_known_noise()
@@ -788,7 +788,7 @@ def finetune(
                     folder = f"its empty folder {run_dir} was removed"
                     if run_id is not None:  # the run's tag named it
                         with contextlib.suppress(Exception):  # a store gone: said below
-                            logger.experiment.delete_tag(run_id, "run_dir")
+                            logger.experiment.delete_tag(run_id, RUN_DIR_TAG)
                 except FileNotFoundError:
                     folder = None
                 except OSError:  # something (not cofr) wrote there meanwhile: not ours to delete
@@ -915,14 +915,21 @@ def _mlflow_logger(
     from lightning.pytorch.loggers import MLFlowLogger
 
     from cofrgenet.redact import hide_passwords
-    from cofrgenet.training.run_store import artifact_location, code_tags, cut, flatten, make_store
+    from cofrgenet.training.run_store import (
+        RUN_DIR_TAG,
+        artifact_location,
+        code_tags,
+        cut,
+        flatten,
+        make_store,
+    )
 
     tags = {
         **code_tags(),  # which code fine-tuned, as on a pretraining run
         "cofr.task": data.task.name,
         "cofr.ckpt": str(ckpt.resolve()),
         "cofr.data": data.source,
-        "run_dir": str(run_dir),
+        RUN_DIR_TAG: str(run_dir),
     }
     if loaded.mlflow_run_id:
         tags["cofr.pretrain_run_id"] = loaded.mlflow_run_id

@@ -9,10 +9,12 @@ terminal's width on to the pipe).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, RenderableType
-from rich.table import Table
+
+if TYPE_CHECKING:  # an annotation only: the commands that print no table skip its import
+    from rich.table import Table
 
 #: Columns of output that goes to a file or a pipe.
 FILE_WIDTH = 200

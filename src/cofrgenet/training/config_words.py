@@ -80,6 +80,13 @@ SINGLE_DASH_SLIPS = ("config", "ckpt_path", "seed_everything", "print_config", "
 SECTION_FILE_OPTIONS = ("trainer", "model", "data", "run")
 
 
+def option_value(words: Sequence[str], i: int) -> str:
+    """The value given to the option ``words[i]``: after its ``=``, else the next word
+    (``""`` at the end)."""
+    word = words[i]
+    return word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
+
+
 def file_word(words: list[str], i: int) -> tuple[str, str] | None:
     """(path, key prefix) when ``words[i]`` reads a file: ``--config F`` (prefix "") or
     ``--trainer F`` (prefix "trainer."; also with ``=``); else None."""
@@ -129,7 +136,7 @@ def replaced_by_later_files(words: list[str]) -> list[str]:
         if section_file is not None:
             fields = file_keys(*section_file)
         else:
-            value = word.split("=", 1)[1] if "=" in word else (later[0] if later else "")
+            value = option_value(words, i)
             try:
                 given = yaml.safe_load(value) if value.startswith("{") else None
             except yaml.YAMLError:
@@ -208,7 +215,7 @@ def lists_replaced_by_later_files(words: list[str]) -> list[str]:
     appended: dict[str, set[str]] = {}
     for i, word in enumerate(words[last + 1 :], start=last + 1):
         if word.startswith("--") and word.split("=", 1)[0].endswith("+"):
-            text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
+            text = option_value(words, i)
             with contextlib.suppress(yaml.YAMLError):
                 entry = yaml.safe_load(text)
                 entries = entry if isinstance(entry, list) else [entry]
@@ -279,7 +286,7 @@ def set_in(key: str, words: list[str], value: str) -> str:
     missing = object()
     for i, word in enumerate(words):
         given = cli_cache.option_key(word) if word.startswith("--") else ""
-        text = word.split("=", 1)[1] if "=" in word else " ".join(words[i + 1 : i + 2])
+        text = option_value(words, i)
         if given == key:
             if _same_value(text, value):
                 return ""

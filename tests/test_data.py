@@ -41,6 +41,7 @@ from cofrgenet.data import (
     TokenDataModule,
     VocabMismatchError,
     batch_to_xy,
+    datamodule,
     load_tokenizer,
     prepare_data,
     read_meta,
@@ -1021,8 +1022,6 @@ def test_the_private_litdata_attributes_the_loader_resets_are_still_litdatas():
     import re
 
     from litdata import StreamingDataLoader
-
-    from cofrgenet.data import datamodule
 
     ours = inspect.getsource(datamodule.ResumableStreamingDataLoader.load_state_dict)
     made = inspect.getsource(StreamingDataLoader.__init__)
@@ -2303,6 +2302,23 @@ def test_a_spawned_rank_with_loader_workers_exits(tmp_path):
         for pid in (rank.pid, worker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_never_ignores_sigterm_while_it_starts(monkeypatch):
+    """A worker set SIGTERM to SIG_IGN, then to its handler: multiprocessing's SIGTERM
+    from a rank that exited at once could land in between and be lost (CI: the rank's
+    join of the worker hung)."""
+    settings: list[tuple[int, object]] = []
+    monkeypatch.setattr(
+        signal, "signal", lambda signum, handler: settings.append((signum, handler))
+    )
+    monkeypatch.setattr(datamodule, "close_inherited_reader_locks", lambda: None)  # ours
+    stop_signals_ignored()(0)
+    assert (signal.SIGTERM, signal.SIG_IGN) not in settings
+    assert settings[0][0] == signal.SIGTERM and callable(settings[0][1])
+    assert {signum for signum, handler in settings if handler is signal.SIG_IGN} == {
+        signal.SIGINT, signal.SIGUSR1
+    }  # fmt: skip
 
 
 def test_a_local_hf_folder_changed_since_its_prepare_is_noticed(tmp_path, capsys, monkeypatch):

@@ -88,9 +88,13 @@ class IgnoreStopSignals:
         self.exiting = exiting  # a multiprocessing Event, shared with the workers
 
     def __call__(self, worker_id: int) -> None:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        # SIGTERM's handler first and never SIG_IGN: multiprocessing's SIGTERM can come
+        # as this runs (a rank that exits at once), and one taken while it was ignored
+        # was lost, the parent's join of this worker then hung.
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        for signum in STOP_SIGNALS:
+            if signum != signal.SIGTERM:
+                signal.signal(signum, signal.SIG_IGN)
         # Not the trainer's hold on the data folder: a worker outlives a killed trainer
         # by a few seconds, in which the folder looked in use.
         close_inherited_reader_locks()

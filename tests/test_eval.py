@@ -1500,6 +1500,68 @@ def test_compare_reads_the_newest_checkpoints_val_loss_and_plots_the_tables_valu
     assert "| 4.7723 | 20 | 10,000 |" in table
 
 
+def test_compare_shows_the_settings_a_sweep_searched_and_those_asked_for(
+    checkpoint, tmp_path, capsys
+):
+    """A TPE sweep over lr compared its trials with d and L only: which lr each trial
+    had was in MLflow's UI alone. Its searched settings are columns now, as is any
+    `--column KEY`; a key no run has is refused with the closest one."""
+    runs_dir = checkpoint.parents[3]
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    run_id = (checkpoint.parents[1] / "mlflow_run_id").read_text().strip()
+    config = yaml.safe_load(
+        Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read_text()
+    )
+    experiment_id = client.create_experiment("searched", str(tmp_path / "artifacts"))
+    for number, lr in enumerate((3.16e-4, 0.002)):
+        config["model"]["optimizer"]["lr"] = lr
+        tags = {"optuna.study": "searched", "optuna.trial_number": str(number)}
+        made = client.create_run(experiment_id, run_name=f"trial-{number}", tags=tags)
+        client.log_text(made.info.run_id, yaml.safe_dump(config), "config.yaml")
+        client.log_metric(made.info.run_id, "val/loss", 4.0 - number, step=2)
+        client.set_terminated(made.info.run_id, "FINISHED")
+    sweep = tmp_path / "searched.yaml"
+    sweep.write_text(
+        "study: searched\nspace:\n  model.config.depth: int 1..4\n"
+        "  model.optimizer.lr: float 1e-4..3e-3 log\n"
+    )
+    argv = ["compare", "--runs-dir", str(runs_dir), "--sweep", str(sweep)]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    table = (tmp_path / "a" / "compare.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| run |"))
+    assert "| d | L | lr | params |" in header  # depth has its column already
+    assert "| 0.000316 |" in table and "| 0.002 |" in table
+    asked = [*argv, "--column", "data.batch_size", "--column", "model.optimizer.lr"]
+    assert main([*asked, "--out", str(tmp_path / "b")]) == 0
+    table = (tmp_path / "b" / "compare.md").read_text()
+    assert "| d | L | batch_size | lr | params |" in table  # lr once, where asked
+    batch = config["data"]["batch_size"]
+    assert f"| {batch} | 0.000316 |" in table
+    wrong = {
+        "lr": "no run's config has it (did you mean 'model.optimizer.lr'?)",
+        "model.optimizer.lrr": "no run's config has it (did you mean 'model.optimizer.lr'?)",
+        "model.optimizer": "holds several settings: name one, e.g. model.optimizer.",
+    }
+    for key, said in wrong.items():
+        line = one_line_error(capsys, [*argv, "--column", key, "--out", str(tmp_path / "c")])
+        assert f"--column {key}" in line and said in line
+    assert not (tmp_path / "c").exists()
+
+
+def test_setting_columns_are_headed_by_their_keys_last_part_unless_two_share_it():
+    from cofrgenet.eval.compare import RunRow, markdown_table, setting_headers
+
+    keys = ["model.optimizer.lr", "model.config.dropout", "data.dropout"]
+    assert setting_headers(keys) == ["lr", "model.config.dropout", "data.dropout"]
+    row = RunRow("r", "r", "e", "gpt2-tiny", 10, 0, 20, None, None, {"val/loss": 3.0})
+    row.settings = {"model.optimizer.lr": 1e-5, "model.config.dropout": 0.0,
+                    "data.dropout": [1, 2]}  # fmt: skip
+    cells = markdown_table([row], paper=False, settings=keys).splitlines()[2]
+    assert "| 1e-05 | 0 | [1, 2] |" in cells
+    no_setting = markdown_table([row], paper=False, settings=["trainer.max_steps"])
+    assert "| max_steps |" in no_setting and "| gpt2-tiny |  |  |  | 10 |" in no_setting
+
+
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):
     out = tmp_path / "compare.md"
     out.write_text("mine")
@@ -1832,7 +1894,9 @@ def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
     from cofrgenet.eval.compare import sweep_trials
 
     monkeypatch.chdir(tmp_path)
-    assert sweep_trials("sweeps/tiny-cpu.yaml") == ("tiny-cpu", "tiny-cpu")
+    assert sweep_trials("sweeps/tiny-cpu.yaml") == (
+        "tiny-cpu", "tiny-cpu", ("model.config.depth", "model.config.ladders", "model.optimizer.lr")
+    )  # fmt: skip
     with pytest.raises(UserError, match=r"cannot read the sweep file sweeps/no-such\.yaml"):
         sweep_trials("sweeps/no-such.yaml")
 
@@ -1952,11 +2016,11 @@ def test_compare_finds_a_study_its_workers_renamed(tmp_path, capsys):
     naming no experiment): `cofr compare --sweep FILE` read the file's study only."""
     from cofrgenet.eval.compare import sweep_trials
 
-    assert sweep_trials("sweeps/tiny-cpu.yaml", "other") == ("other", "other")
+    assert sweep_trials("sweeps/tiny-cpu.yaml", "other")[:2] == ("other", "other")
     named = tmp_path / "named.yaml"
     named.write_text("study: s\nexperiment: shared\n")
-    assert sweep_trials(str(named)) == ("shared", "s")
-    assert sweep_trials(str(named), "other") == ("shared", "other")  # the file's experiment
+    assert sweep_trials(str(named))[:2] == ("shared", "s")
+    assert sweep_trials(str(named), "other")[:2] == ("shared", "other")  # the file's experiment
     assert main(["compare", "--study", "other", "--runs-dir", str(tmp_path)]) == 2
     assert "--study other names the study of a sweep file: give it with --sweep" in (
         capsys.readouterr().err

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -38,6 +38,7 @@ from cofrgenet.atomic import (
     why_no_folder,
     write_text_atomic,
 )
+from cofrgenet.dotted import dotted_leaves
 from cofrgenet.errors import UserError, did_you_mean
 from cofrgenet.eval.paths import readable
 from cofrgenet.training.run_store import STOPPED_AT_TAG
@@ -110,6 +111,9 @@ class RunRow:
     #: The run trained to its end: not stopped, failed, still running or pruned (the
     #: Pareto front is drawn through such runs alone).
     finished: bool = True
+    #: Its logged config's settings by dotted key (``model.optimizer.lr``): the values
+    #: of the table's setting columns (``--column``, a sweep's searched keys).
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="every run of this experiment (repeatable)",
     )
-    parser.add_argument("--sweep", default=None, help="a sweep file: compare its study's trials")
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        help="a sweep file: compare its study's trials, with a column for each setting it "
+        "searches (d and L have theirs)",
+    )
     parser.add_argument(
         "--study",
         dest="study_name",
@@ -142,6 +151,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="another MLflow store (default: MLFLOW_TRACKING_URI when set, else "
         "<runs-dir>/mlflow.db)",
+    )
+    parser.add_argument(
+        "--column",
+        dest="columns",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a config setting as a column, by its dotted key (model.optimizer.lr, "
+        "data.batch_size; repeatable)",
     )
     parser.add_argument(
         "--metric",
@@ -271,6 +289,7 @@ def describe_run(
         protocols=_protocols(run.data.tags, eval_steps),
         steps=steps,
         finished=status == "FINISHED" and not pruned,
+        settings=dotted_leaves(config),
     )
 
 
@@ -504,10 +523,34 @@ def paper_glue(row: int, metric: str) -> float | None:
     return scores[row]  # PAPER_ROWS starts with GPT2-xl, CoFrGeNet-F: the pair's order
 
 
-def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
-    """The runs (and the paper's rows) as a markdown table; a column for each GLUE dev
-    score any run has (``cofr finetune glue`` logs them onto the pretraining run), in %,
-    with the paper's dev scores in its rows where it gives them."""
+#: The settings the table always shows (d, L): no column of their own.
+SHOWN_SETTINGS = ("model.config.depth", "model.config.ladders")
+
+
+def setting_headers(keys: Sequence[str]) -> list[str]:
+    """Each setting column's header: its key's last part (``lr``), the whole key where
+    two columns share that part (``model.config.dropout``, ``data.dropout``)."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return [part if last.count(part) == 1 else key for key, part in zip(keys, last, strict=True)]
+
+
+def _setting(value: Any) -> str:
+    """A setting's cell: a float in 3 significant digits (a sampled 0.000316 or 3.16e-05),
+    anything else as YAML writes it inline; empty where the run has no such setting."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (str, int)):
+        return str(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+
+def markdown_table(rows: Sequence[RunRow], paper: bool = True, settings: Sequence[str] = ()) -> str:
+    """The runs (and the paper's rows) as a markdown table; a column for each of
+    ``settings`` (dotted config keys, after d and L) and for each GLUE dev score any run
+    has (``cofr finetune glue`` logs them onto the pretraining run), in %, with the
+    paper's dev scores in its rows where it gives them."""
     glue = sorted({k for r in rows for k in r.metrics if in_percent(k)})
     header = [
         "run",
@@ -515,6 +558,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
         "variant",
         "d",
         "L",
+        *setting_headers(settings),
         "params",
         "ladder params",
         "FLOPs/token",
@@ -534,6 +578,7 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True) -> str:
             row.variant,
             _fmt(row.depth, "d"),
             _fmt(row.ladders, "d"),
+            *(_setting(row.settings.get(key)) for key in settings),
             _fmt(row.params, ","),
             _fmt(row.ladder_params, ","),
             _fmt(row.flops_per_token, ","),
@@ -843,21 +888,38 @@ def newest_study(runs: list[Any]) -> tuple[list[Any], list[Any]]:
     return kept, [r for r in runs if r.info.run_id not in ids and r not in parents]
 
 
-def sweep_trials(path: str, study: str | None = None) -> tuple[str, str]:
-    """(the MLflow experiment, the study) of a sweep file's trials: its ``experiment``,
-    else the study, which is ``study`` (the name its workers were given) or the file's
-    own (as ``cofr sweep run`` names them), read without importing the sweeps. The file
-    is found as ``cofr sweep`` finds it: here, else in the checkout (``sweeps/...``)."""
+class SweepTrials(NamedTuple):
+    """Where a sweep file's trials are: :func:`sweep_trials`."""
+
+    experiment: str
+    study: str
+    #: The dotted keys its ``space`` searches, in the file's order.
+    searched: tuple[str, ...]
+
+
+def sweep_trials(path: str, study: str | None = None) -> SweepTrials:
+    """The MLflow experiment, the study and the searched keys of a sweep file's trials:
+    its ``experiment``, else the study, which is ``study`` (the name its workers were
+    given) or the file's own (as ``cofr sweep run`` names them), read without importing
+    the sweeps. The file is found as ``cofr sweep`` finds it: here, else in the checkout
+    (``sweeps/...``)."""
     from cofrgenet.recipes import bundled
 
     try:
         raw = yaml.safe_load(bundled(path).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"cannot read the sweep file {path}: {error}") from None
-    study = study or (raw or {}).get("study")
+    if not isinstance(raw, dict):  # empty, or a list: told by its missing study
+        raw = {}
+    study = study or raw.get("study")
     if not study:
         raise UserError(f"{path} names no study: is it a sweep file (sweeps/*.yaml)?")
-    return str((raw or {}).get("experiment") or study), str(study)
+    space = raw.get("space")
+    return SweepTrials(
+        str(raw.get("experiment") or study),
+        str(study),
+        tuple(str(key) for key in space) if isinstance(space, dict) else (),
+    )
 
 
 #: What marks compare.md (its first line) and pareto.png (its "Software" text) as
@@ -960,6 +1022,26 @@ def check_metric(metric: str, rows: Sequence[RunRow]) -> None:
     )
 
 
+def check_columns(keys: Sequence[str], rows: Sequence[RunRow]) -> None:
+    """Each ``--column`` key is a setting some run has: a typo is refused with the
+    closest key (a column no run fills would read as a setting left unset)."""
+    known = sorted({key for row in rows for key in row.settings})
+    for key in keys:
+        if key in known:
+            continue
+        if any(k.startswith(f"{key}.") for k in known):
+            raise UserError(
+                f"--column {key} holds several settings: name one, e.g. "
+                f"{next(k for k in known if k.startswith(f'{key}.'))}"
+            )
+        ends = [k for k in known if k.endswith(f".{key}")]
+        hint = f" (did you mean {ends[0]!r}?)" if len(ends) == 1 else did_you_mean(key, known)
+        raise UserError(
+            f"--column {key}: no run's config has it{hint}; give a dotted key of the "
+            "run's config.yaml, e.g. model.optimizer.lr"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -981,9 +1063,11 @@ def run(args: argparse.Namespace) -> int:
             f"FILE, or compare the study's trials with --experiment {args.study_name}"
         )
     studies: dict[str, str] = {}
+    columns = list(dict.fromkeys(args.columns))
     if args.sweep:
-        experiment, studies[experiment] = sweep_trials(args.sweep, args.study_name)
+        experiment, studies[experiment], searched = sweep_trials(args.sweep, args.study_name)
         experiments.append(experiment)
+        columns += [key for key in searched if key not in (*SHOWN_SETTINGS, *columns)]
     runs_dir = Path(args.runs_dir)
     check_runs_dir(runs_dir)
     given_out = Path(args.out) if args.out else None
@@ -1004,8 +1088,9 @@ def run(args: argparse.Namespace) -> int:
     rows.sort(key=lambda r: (r.experiment, r.variant, r.name))
     if args.metric is not None:  # asked for: a name no run has is a typo or a missing eval
         check_metric(metric, rows)
+    check_columns(args.columns, rows)
     out = make_out_folder(given_out, runs_dir)
-    table = markdown_table(rows)
+    table = markdown_table(rows, settings=columns)
     footer = (
         "Our perplexity columns are `eval/<task>/word_ppl` (WikiText: the `<unk>` releases, "
         "`wikitext-2-v1` and `wikitext-103-v1`; PTB: `word_ppl_eos`, line ends counted as "

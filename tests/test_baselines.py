@@ -416,6 +416,19 @@ def test_llama_preset_round_trips_through_json():
         ({"norm": "batchnorm"}, "norm must be one of"),
         ({"n_head": 6, "n_kv_head": 4}, "multiple of n_kv_head"),
         ({"rope_scaling": {"factor": 8.0}}, "rope_scaling must be None or a dict"),
+        (  # a Llama 3 config.json's block, pasted
+            {
+                "rope_scaling": {
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                    "rope_type": "llama3",
+                }
+            },
+            r"Hugging Face's names: write original_max_len for original_max_position_embeddings; "
+            r"no rope_type",
+        ),
         ({"arch": "gru", "position": "learned"}, "takes no position encoding"),
         ({"rnn_hidden": 0}, "rnn_hidden must be a positive integer"),
         ({"arch": "lstm", "attention": "cattn_m"}, r"'lstm' has no attention.*'cattn_m'"),
@@ -436,6 +449,7 @@ def test_llama_preset_round_trips_through_json():
         "norm",
         "kv_heads",
         "rope_scaling",
+        "rope_scaling_hf_names",
         "rnn_position",
         "rnn_hidden",
         "rnn_attention",

@@ -388,11 +388,22 @@ def unused_settings(data: dict[str, Any]) -> list[str]:
     return [name for name in unread if data.get(name) is not None]
 
 
+#: Hugging Face's names in a Llama 3 config.json's rope_scaling -> ours.
+HF_ROPE_SCALING_KEYS = {"original_max_position_embeddings": "original_max_len"}
+
+
 def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
     if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS):
+        given = set(scaling) if isinstance(scaling, dict) else set()
+        # A Llama 3 config.json's block copied in: its names, and the rope_type we imply.
+        hf = [f"{ours} for {theirs}" for theirs, ours in HF_ROPE_SCALING_KEYS.items()
+              if theirs in given]  # fmt: skip
+        if "rope_type" in given or "type" in given:
+            hf.append("no rope_type (Llama 3's is the one scaling there is)")
+        hint = f" (Hugging Face's names: write {'; '.join(hf)})" if hf else ""
         raise ConfigError(
             f"rope_scaling must be None or a dict with exactly the keys {ROPE_SCALING_KEYS}, "
-            f"got {scaling!r}"
+            f"got {scaling!r}{hint}"
         )
     out: dict[str, Any] = {key: float(scaling[key]) for key in ROPE_SCALING_KEYS}
     out["original_max_len"] = int(scaling["original_max_len"])

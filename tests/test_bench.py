@@ -315,26 +315,35 @@ def test_time_budget_starts_no_workload_the_longest_so_far_says_would_overrun(
     assert report.meta["not_run"] == not_run
 
 
-def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path):
+def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path, capsys):
     real = measure.bench_workload
     calls = []
+    stop_at = [2]
 
     def bench(*args, **kwargs):  # as if the wall-clock limit struck in the second workload
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == stop_at[0]:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(measure, "bench_workload", bench)
-    argv = ["bench", "ops", "--quick", *TINY, "--impls", "literal", "--out-dir", str(tmp_path)]
-    assert cli.main(argv) == 130  # cofr's Ctrl-C: one line, exit 130
+    argv = ["bench", "ops", "--quick", *TINY, "--impls", "literal", "--out-dir"]
+    stop_at[0] = 1  # in the first workload: nothing to keep, and said so
+    assert cli.main([*argv, str(tmp_path / "none")]) == 130
+    assert "stopped: nothing was measured yet, so no report was written" in capsys.readouterr().err
+    assert not list((tmp_path / "none").iterdir())
+    calls.clear()
+    stop_at[0] = 2
+    assert cli.main([*argv, str(tmp_path)]) == 130  # cofr's Ctrl-C: one line, exit 130
     [json_path] = tmp_path.glob("ops-cpu-*-quick.json")
+    md_path = json_path.with_suffix(".md")
+    assert f"stopped: what was measured so far is in {md_path} (partial)" in capsys.readouterr().err
     report = json.loads(json_path.read_text())
     assert report["partial"] is True and len(report["pending"]) == 5
     assert {r["op"] for r in report["results"]} == {"continued_fraction"}
     # It said "written while the run was going ... the finished run rewrites this file".
     assert report["stopped"] == "Ctrl-C"
-    md = json_path.with_suffix(".md").read_text()
+    md = md_path.read_text()
     assert "**Stopped** by Ctrl-C: 1 of 6 workloads measured; not measured: " in md
     assert "Partial report" not in md and "rewrites this file" not in md
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind

@@ -222,7 +222,7 @@ def test_bench_train_cut_short_keeps_what_it_measured(monkeypatch, tmp_path, cap
     assert report["stopped"] == "Ctrl-C" and "rewrites this file" not in md
     assert "**Stopped** by Ctrl-C: 4 of 4 variant/mode pairs timed; graph breaks not " in md
     err = capsys.readouterr().err
-    assert f"stopped: what was timed so far is in {js.with_suffix('.md')} (partial)\n" in err
+    assert f"stopped: what was measured so far is in {js.with_suffix('.md')} (partial)\n" in err
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
     monkeypatch.setattr(train, "graph_breaks", lambda trainer: 0)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from cofrgenet.atomic import why_no_folder
 from cofrgenet.errors import UserError
+from cofrgenet.signals import sigterm_raises, stopped_by
 
 Report = TypeVar("Report")
 
@@ -37,6 +40,35 @@ def stem_once(choose: Callable[[Report], Path]) -> Callable[[Report], Path]:
         return chosen[0]
 
     return stem
+
+
+Result = TypeVar("Result")
+
+
+def measure_keeping_partial(
+    measure: Callable[[], Result],
+    written: list[tuple[Report, Path]],
+    mark_stopped: Callable[[Report, str], object],
+) -> Result:
+    """``measure()``, with SIGTERM (a wall-clock limit, ``kill``) raising as Ctrl-C does.
+    Stopped so, or by an error: the partial report written last (``written``: [(report,
+    its .md)], kept by the run's ``on_update``) is rewritten by ``mark_stopped(report,
+    what stopped it)`` and the user told where it is, or that none was written yet; then
+    the stop goes on."""
+    try:
+        with sigterm_raises():
+            return measure()
+    except BaseException as error:
+        if written:
+            report, md = written[0]
+            # "The finished run rewrites this file": not this one any more. A failed write
+            # must not hide what stopped the run (the earlier partial file stays).
+            with contextlib.suppress(OSError):
+                mark_stopped(report, stopped_by(error))
+            print(f"stopped: what was measured so far is in {md} (partial)", file=sys.stderr)
+        elif isinstance(error, (KeyboardInterrupt, SystemExit)):
+            print("stopped: nothing was measured yet, so no report was written", file=sys.stderr)
+        raise
 
 
 def with_suffix(stem: Path, ext: str) -> Path:

@@ -59,13 +59,13 @@ from cofrgenet.bench.files import (
     check_file_name_part,
     free_stem,
     make_out_dir,
+    measure_keeping_partial,
     stem_once,
     with_suffix,
 )
 from cofrgenet.bench.machine import machine_summary, name_slug
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import SEED_LIMIT
-from cofrgenet.signals import sigterm_raises, stopped_by
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
 #: bench's shape.
@@ -1387,21 +1387,11 @@ def run(args: argparse.Namespace) -> int:
             said[:] = [line]
 
     command = getattr(args, "command_line", "cofr bench train")
-    try:
-        # SIGTERM (a wall-clock limit, `kill`) raises as Ctrl-C does: the report says so.
-        with sigterm_raises():
-            report = run_benchmark(cfg, command, on_update=save_partial)
-    except BaseException as error:  # Ctrl-C, SIGTERM, a failure: say where the figures are
-        if written:
-            report, md = written[0]
-            # "The finished run rewrites this file": not this one any more. A failed write
-            # must not hide what stopped the run.
-            with contextlib.suppress(OSError):
-                save({**report, "stopped": stopped_by(error)})
-            print(f"stopped: what was timed so far is in {md} (partial)", file=sys.stderr)
-        elif isinstance(error, (KeyboardInterrupt, SystemExit)):
-            print("stopped: nothing was timed yet, so no report was written", file=sys.stderr)
-        raise
+    report = measure_keeping_partial(
+        lambda: run_benchmark(cfg, command, on_update=save_partial),
+        written,
+        lambda partial, why: save({**partial, "stopped": why}),
+    )
     md, js = save(report)
     print(to_markdown(report))
     print(f"wrote {md} and {js}")

@@ -8,20 +8,23 @@ defaults of :class:`OpsBenchConfig`, or ``--quick``'s (:data:`QUICK`) with ``--q
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cofrgenet import terminal
-from cofrgenet.bench.files import check_file_name_part, make_out_dir, stem_once
+from cofrgenet.bench.files import (
+    check_file_name_part,
+    make_out_dir,
+    measure_keeping_partial,
+    stem_once,
+)
 from cofrgenet.bench.ops.config import CUDA_ONLY_IMPLS, QUICK, OpsBenchConfig
 from cofrgenet.bench.ops.measure import resolve_device, run_benchmark
 from cofrgenet.bench.ops.report import print_report, report_stem, write_report
 from cofrgenet.bench.ops.results import Report
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
 from cofrgenet.errors import ConfigError
-from cofrgenet.signals import sigterm_raises, stopped_by
 
 
 @dataclass(frozen=True)
@@ -105,36 +108,24 @@ def run(args: argparse.Namespace) -> int:
     def save(report: Report) -> tuple[Path, Path]:
         return write_report(report, out, stem(report))
 
-    written: list[Report] = []  # the latest partial report written
+    written: list[tuple[Report, Path]] = []  # the latest partial report written, its .md
 
     def save_partial(partial: Report) -> None:
         # A run cut short (a wall-clock limit) keeps the workloads it measured.
         md_path, _ = save(partial)
-        written[:] = [partial]
+        written[:] = [(partial, md_path)]
         console.log(f"partial report: {md_path}")
 
-    try:
-        # SIGTERM (a wall-clock limit, `kill`) raises as Ctrl-C does: the report says so.
-        with sigterm_raises():
-            report = run_benchmark(
-                config,
-                command=command,
-                console=console,
-                on_update=save_partial if options.save else None,
-            )
-    except BaseException as error:  # the partial report says it stopped, and by what
-        if written:
-            stopped = written[0]
-            # "The finished run rewrites this file": not this one any more. A failed write
-            # must not hide what stopped the run.
-            with contextlib.suppress(OSError):
-                md_path, _ = save(
-                    replace(stopped, meta={**stopped.meta, "stopped": stopped_by(error)})
-                )
-                print(
-                    f"stopped: what was measured so far is in {md_path} (partial)", file=sys.stderr
-                )
-        raise
+    report = measure_keeping_partial(
+        lambda: run_benchmark(
+            config,
+            command=command,
+            console=console,
+            on_update=save_partial if options.save else None,
+        ),
+        written,
+        lambda partial, why: save(replace(partial, meta={**partial.meta, "stopped": why})),
+    )
     print_report(report, console)
     if options.save:
         paths = save(report)

@@ -74,8 +74,10 @@ PRUNER_CLASSES = {
 }
 PRUNERS = tuple(PRUNER_CLASSES)
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# Exactly two dots between the ends: `1e-4...3e-3` read as 1e-4 to .3e-3 (3e-4).
 _RANGE = re.compile(
-    rf"^\s*(int|float)\s+({_NUMBER})\s*\.\.\s*({_NUMBER})((?:\s+(?:log|step\s+{_NUMBER}))*)\s*$"
+    rf"^\s*(int|float)\s+({_NUMBER})\s*(?<!\.)\.\.(?!\.)\s*({_NUMBER})"
+    rf"((?:\s+(?:log|step\s+{_NUMBER}))*)\s*$"
 )
 
 
@@ -162,8 +164,9 @@ def parse_param(key: str, value: Any) -> ParamSpec:
     if isinstance(value, str):
         match = _RANGE.match(value)
         if not match:
+            dots = "; its ends go apart by two dots, not three" if "..." in value else ""
             raise SweepError(
-                f"space.{key}: cannot read {value!r}; write e.g. 'int 1..8', "
+                f"space.{key}: cannot read {value!r}{dots}; write e.g. 'int 1..8', "
                 "'float 1e-4..3e-3 log', 'int 2..16 step 2' or {choices: [1, 3, 5, 7]}"
             )
         kind, low, high, extra = match.groups()
@@ -235,8 +238,24 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         raise SweepError(f"space.{key}: an int range needs a whole step, got {step}")
     if kind == "int" and (low != int(low) or high != int(high)):
         raise SweepError(f"space.{key}: int bounds must be whole numbers")
+    if step is not None:
+        _check_step_fits(key, low, high, step)
     grid = _grid(value.get("grid"), key, kind, low, high)
     return ParamSpec(key, kind, low=low, high=high, step=step, log=log, grid=grid)
+
+
+def _check_step_fits(key: str, low: float, high: float, step: float) -> None:
+    """``high - low`` is a whole number of steps: Optuna otherwise moved ``high`` down
+    to the last step (``int 1..8 step 3`` searched 1..7) with a warning at the first
+    trial only, while the file and MLflow's params said 8."""
+    steps = (high - low) / step
+    if abs(steps - round(steps)) <= 1e-9 * max(1.0, abs(steps)):
+        return
+    below = low + math.floor(steps) * step
+    raise SweepError(
+        f"space.{key}: step {step:g} does not divide {low:g}..{high:g} (Optuna would end it "
+        f"at {below:g}): give a high of {below:g} or {below + step:g}"
+    )
 
 
 def _grid(values: Any, key: str, kind: str, low: float, high: float) -> tuple[Any, ...]:

@@ -4497,9 +4497,17 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
          "pruner.min_resource: 2 is above the budget's 1 steps (what budget.tokens 100 makes)"),
         ({"steps": 3, "val_every": 5}, {"name": "median"},
          "budget.val_every: 5 is above the budget's 3 steps"),
+        # The trainer's own interval (the GPU sweeps' form): pruning was off, unsaid.
+        ({"steps": 3, "trainer.val_check_interval": 5}, {"name": "median"},
+         "trainer.val_check_interval: 5 batches is above the budget's 3 steps: a trial would "
+         "validate once, at its end, and the median pruner see nothing before"),
+        ({"steps": 3, "trainer.val_check_interval": 7, "trainer.accumulate_grad_batches": 2},
+         {"name": "median"}, "above the budget's 3 steps (6 batches of 2)"),
     )  # fmt: skip
     for budget, pruner, message in cases:
-        sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=data))
+        trainer = {k: budget.pop(k) for k in list(budget) if k.startswith("trainer.")}
+        overrides = {**data, **trainer}
+        sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=overrides))
         with pytest.raises(SweepError, match=re.escape(message)):
             run_worker(sweep, report=False, mlflow=False)
         assert not list((tmp_path / "runs").rglob("*.journal"))

@@ -1176,6 +1176,28 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
             f"steps{made}: a trial would validate once, at its end, and the pruner see "
             "nothing before; lower val_every"
         )
+    # The same interval set as the trainer's (the GPU sweeps' form), in batches.
+    interval = get_dotted(config, "trainer.val_check_interval")
+    accumulate = get_dotted(config, "trainer.accumulate_grad_batches", 1)
+    searched = sweep.param("trainer.val_check_interval") or sweep.param(
+        "trainer.accumulate_grad_batches"
+    )
+    if (
+        sweep.budget.val_every is None
+        and sweep.pruner.get("name", "none") != "none"
+        and not searched
+        and isinstance(interval, int)
+        and isinstance(accumulate, int)
+        and not isinstance(interval, bool)
+        and interval > steps * max(accumulate, 1)
+    ):
+        batches = f" ({steps * accumulate} batches of {accumulate})" if accumulate > 1 else ""
+        raise SweepError(
+            f"trainer.val_check_interval: {interval} batches is above the budget's {steps} "
+            f"steps{made}{batches}: a trial would validate once, at its end, and the "
+            f"{sweep.pruner['name']} pruner see nothing before; lower it, or set "
+            "budget.val_every (in optimizer steps)"
+        )
 
 
 def check_validates(sweep: Sweep, config: dict[str, Any]) -> None:

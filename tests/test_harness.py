@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -341,6 +342,30 @@ def test_run_harness_over_local_tasks(ckpt, tmp_path):
     assert 1.0 < ppl["byte_perplexity"] < 320 and 0.0 < ppl["bits_per_byte"] < 9
     assert ppl["word_perplexity"] > ppl["byte_perplexity"]
     assert 0.0 <= gen_metrics["exact_match"] <= 1.0
+
+
+def test_a_model_with_outputs_not_finite_gets_nan_scores_and_a_warning(ckpt, tmp_path):
+    """A NaN weight: lm_eval's argmax over NaN log-likelihoods picked the first choice,
+    an accuracy of 0.33 printed, and logged to MLflow, with no word (cofr's own sets
+    said "NaN: the model's outputs are not finite")."""
+    import torch
+
+    from cofrgenet.eval.cli import score_warnings
+    from cofrgenet.training.pretrained import load_checkpoint
+
+    loaded = load_checkpoint(ckpt, device="cpu")
+    with torch.no_grad():
+        next(loaded.model.parameters()).view(-1)[0] = float("nan")
+    gen = str(gen_task_yaml(tmp_path))
+    for tasks in (["cofr_tiny_mc"], [gen]):  # scored, and drawn token by token
+        results = run_harness(loaded, tasks, include_path=str(TASKS), batch_size=4)
+        assert results and all(
+            math.isnan(value) for metrics in results.values() for value in metrics.values()
+        )
+        (said,) = score_warnings(results)
+        assert "NaN: the model's outputs are not finite" in said
+    # One NaN of a task (a stderr over one document) is the harness's own: not said.
+    assert score_warnings({"cofr_tiny_mc": {"acc": 1.0, "acc_stderr": math.nan}}) == []
 
 
 def test_the_model_is_registered_for_lm_eval_by_name(ckpt):

@@ -212,9 +212,11 @@ def score_warnings(results: dict[str, dict[str, float]]) -> list[str]:
     or a perplexity past the float range (inf). Both are null in the JSON."""
     warnings = []
     for task, metrics in results.items():
-        if task not in TASKS:  # a harness task's NaN (a stderr of one doc) is its own
-            continue
         nan = [key for key, value in metrics.items() if math.isnan(value)]
+        # A harness task's single NaN (a stderr of one doc) is its own; all of them NaN
+        # is run_harness's mark of outputs that were not finite.
+        if task not in TASKS and len(nan) < len(metrics):
+            continue
         inf = [key for key, value in metrics.items() if math.isinf(value)]
         if nan:
             warnings.append(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -305,6 +306,10 @@ class _CofrgenetLMImpl:
         self.max_length = length
         self.max_gen_toks = int(max_gen_toks)
         self.seed = int(seed)
+        #: Requests scored, and tokens drawn, from outputs that were not finite (NaN or
+        #: inf weights): lm_eval's argmax over NaN picks the first choice, a plausible
+        #: accuracy (:func:`run_harness` makes such scores NaN).
+        self.not_finite = 0
 
     # -- lm_eval's TemplateLM interface ------------------------------------------------
 
@@ -354,7 +359,7 @@ class _CofrgenetLMImpl:
                 bar.total = total
                 bar.update(n)
 
-            return score_continuations(
+            scores = score_continuations(
                 self.model,
                 requests,
                 self.max_length,
@@ -364,6 +369,8 @@ class _CofrgenetLMImpl:
                 pad_id=self.eot_token_id,
                 on_batch=progress,
             )
+        self.not_finite += sum(not math.isfinite(logprob) for logprob, _ in scores)
+        return scores
 
     def _loglikelihood_tokens(
         self,
@@ -487,6 +494,7 @@ class _CofrgenetLMImpl:
         def choose(logits: Tensor) -> Tensor:  # as cofr generate draws; no padded id
             from cofrgenet.nn.decoding import sample_next
 
+            self.not_finite += int(not torch.isfinite(logits[..., : self._n_real]).all())
             return sample_next(
                 logits,
                 temperature,
@@ -635,6 +643,9 @@ def run_harness(
     lm_eval's default 100000 takes minutes); 0 skips them.
     max_length: tokens of context per request (default: the length the model trained
     at, else its block size).
+
+    A model whose outputs were not finite for any request (NaN or inf weights) gets NaN
+    for every score: lm_eval's choices over NaN log-likelihoods read as an accuracy.
     """
     resolved = tasks if isinstance(tasks, ResolvedTasks) else resolve_tasks(tasks, include_path)
     from lm_eval import simple_evaluate
@@ -682,7 +693,15 @@ def run_harness(
         ) from None
     if results is None:  # only on non-zero ranks of a distributed run
         return {}
-    return flatten_results(results)
+    scores = flatten_results(results)
+    if lm.not_finite:  # which task's requests is not known: every score is void
+        log.warning(
+            "cofrgenet model: %d requests scored from outputs that are not finite: every "
+            "harness score is NaN",
+            lm.not_finite,
+        )
+        return {task: dict.fromkeys(metrics, math.nan) for task, metrics in scores.items()}
+    return scores
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -504,3 +504,16 @@ def test_flatten_results_keeps_numbers_and_names_filters():
     results["results"]["arc"] = {"acc,none": 0.5}
     results["n-shot"] = {"gsm": 5, "arc": 0}
     assert set(harness.flatten_results(results)) == {"gsm/5shot", "arc"}
+    # A perplexity task takes no examples: its "2-shot" numbers are its 0-shot ones.
+    results["configs"] = {"gsm": {"output_type": "loglikelihood_rolling"}}
+    assert set(harness.flatten_results(results)) == {"gsm", "arc"}
+
+
+def test_shots_a_task_cannot_give_are_one_error_and_a_perplexity_task_takes_none(ckpt):
+    """--num-fewshot 50 on a 3-document task raised random.sample's "Sample larger than
+    population" through lm_eval; --num-fewshot 2 on a perplexity task was reported as
+    `cofr_tiny_ppl/2shot`, the 0-shot numbers under another name."""
+    with pytest.raises(HarnessError, match=r"^--num-fewshot 50: a task has fewer documents"):
+        run_harness(ckpt, ["cofr_tiny_mc"], include_path=str(TASKS), num_fewshot=50)
+    shot = run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS), num_fewshot=2)
+    assert shot == run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS))

@@ -559,9 +559,12 @@ def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     others become ``"exact_match/strict-match"`` (MLflow metric names take no commas).
     Non-numbers (aliases, "N/A" standard errors) are left out. A task scored with
     few-shot examples is keyed ``"<task>/<n>shot"`` (its metrics ``eval/arc_easy/5shot/acc``):
-    a 5-shot accuracy is another number than the 0-shot one, never its replacement.
+    a 5-shot accuracy is another number than the 0-shot one, never its replacement. A
+    perplexity task (``loglikelihood_rolling``) takes no examples whatever its shots say:
+    keyed by its name alone (its 2-shot numbers were its 0-shot ones).
     """
     shots = results.get("n-shot", {})
+    configs = results.get("configs", {})
     flat: dict[str, dict[str, float]] = {}
     for task, metrics in results.get("results", {}).items():
         row: dict[str, float] = {}
@@ -572,6 +575,8 @@ def flatten_results(results: dict[str, Any]) -> dict[str, dict[str, float]]:
             name = metric if filter_name in ("", "none") else f"{metric}/{filter_name}"
             row[name] = float(value)
         n_shot = shots.get(task)
+        if (configs.get(task) or {}).get("output_type") == "loglikelihood_rolling":
+            n_shot = 0
         flat[f"{task}/{n_shot}shot" if isinstance(n_shot, int) and n_shot > 0 else task] = row
     return flat
 
@@ -684,6 +689,13 @@ def run_harness(
             torch_random_seed=seed,
             fewshot_random_seed=seed,
         )
+    except ValueError as error:  # random.sample's, drawing the examples
+        if num_fewshot and "larger than population" in str(error):
+            raise HarnessError(
+                f"--num-fewshot {num_fewshot}: a task has fewer documents than that to draw "
+                "its examples from (its fewshot split, else its other documents); give fewer"
+            ) from None
+        raise
     except ConnectionError as error:  # datasets' "Couldn't reach '<name>' on the Hub"
         reason = first_line(error) or "no network"
         raise HarnessError(

@@ -561,6 +561,20 @@ def test_cofr_eval_scores_windows_of_the_length_the_model_trained_at(tmp_path, c
     assert "--stride 20 exceeds the 16-token window" in capsys.readouterr().err
 
 
+def test_a_recurrent_models_window_may_pass_its_block(tmp_path, capsys):
+    """`--window 500` of an LSTM was refused as exceeding its block size "(a window
+    holds positions the model has)": it has none, and reads any length (as the harness's
+    max_length already allowed)."""
+    ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"), preset="lstm-tiny")
+    data = write_eval_data(tmp_path / "sets")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--ckpt", str(ckpt), "--tasks", "wikitext-2", "--data-dir", str(data)]
+    assert main([*argv, "--window", "64", "--no-mlflow", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["window"], report["block_size"]) == (64, 32)
+    assert math.isfinite(report["results"]["wikitext-2"]["nll"])
+
+
 def test_cofr_eval_of_a_moved_run_folder_reports_and_says_why_it_did_not_log(
     checkpoint, tmp_path, capsys, monkeypatch
 ):

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=at_least(int, 1),
         default=None,
         help="tokens of context a scored window holds, at most the model's block size "
-        "(default: the length the model trained at, data.block_size, else its block size)",
+        "(a recurrent model's: any) (default: the length the model trained at, data.block_size, else its block size)",
     )
     parser.add_argument(
         "--batch-size",
@@ -450,7 +450,9 @@ def run(args: argparse.Namespace) -> int:
         resolved = resolve_tasks(harness_tasks, args.include_path, reserved=list(TASKS))
 
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
-    if args.window is not None and args.window > loaded.block_size:
+    # A recurrent model has no positions: its block size is the length it trained at.
+    recurrent = callable(getattr(loaded.model, "step", None))
+    if args.window is not None and args.window > loaded.block_size and not recurrent:
         raise UserError(
             f"--window {args.window} exceeds the model's block size {loaded.block_size}: "
             f"give at most {loaded.block_size} (a window holds positions the model has)"

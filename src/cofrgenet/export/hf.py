@@ -849,7 +849,7 @@ def verify_export(
     from transformers.utils import logging as hf_logging
 
     from cofrgenet.export import hf_modeling
-    from cofrgenet.nn import LadderLayer
+    from cofrgenet.nn.ladder import ladders_running
 
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar inside cofr's output
@@ -868,23 +868,17 @@ def verify_export(
         )
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         model = copy.deepcopy(model).float().cpu()
-    ladders = [m for m in model.modules() if isinstance(m, LadderLayer)]
-    saved_impl = [m.impl for m in ladders]
     was_training = model.training
     try:
-        for module in ladders:
-            module.impl = "continuant"
         model.eval()
         gaps, scale = [], 1.0
-        with torch.no_grad():
+        with torch.no_grad(), ladders_running(model, "continuant"):
             for ids in batches:
                 ours = model(ids).float()
                 gaps.append((ours - exported(input_ids=ids).logits.float()).abs().max().item())
                 scale = max(scale, ours.abs().max().item())  # a NaN logit leaves it
         difference = math.nan if any(math.isnan(gap) for gap in gaps) else max(gaps)
     finally:
-        for module, impl in zip(ladders, saved_impl, strict=True):
-            module.impl = impl
         model.train(was_training)
     # float32 rounding grows with the logits (the two graphs sum in other orders), so the
     # tolerance is relative to the largest |logit|, and absolute below 1.

@@ -391,6 +391,23 @@ class LadderLayer(nn.Module):
         return f"denominators={self.denominator_kind!r}{floor}, clip_outputs={self.clip_outputs}"
 
 
+@contextlib.contextmanager
+def ladders_running(model: nn.Module, impl: str, only: str | None = None) -> Iterator[None]:
+    """Within it, the ladders of ``model`` run ``impl`` (those that run ``only``, where
+    given); their own again after. The export's check runs the eager continuant, as a
+    CPU model does; ``cofr generate`` runs ``auto``'s eagerly on CPU (torch.compile's
+    warm-up, seconds at the first long window, does not pay in one generation)."""
+    chosen = [m for m in model.modules() if isinstance(m, LadderLayer) and only in (None, m.impl)]
+    own = [m.impl for m in chosen]
+    try:
+        for module in chosen:
+            module.impl = impl
+        yield
+    finally:
+        for module, impl_of in zip(chosen, own, strict=True):
+            module.impl = impl_of
+
+
 def _fill_missing_ranges(
     module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *args
 ) -> None:

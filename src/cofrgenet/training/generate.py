@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -264,8 +265,15 @@ def run(args: argparse.Namespace) -> int:
     drawn: list[Tensor] = []  # several samples' ids, step by step
     if args.num_samples == 1:
         stream = StreamedText(tokenizer, sys.stdout, args.past_eos, prompt=args.prompt)
+    # `auto` ladders compile on CPU past a size, a warm-up of seconds at the first long
+    # window (5.5 s of a CAttnU model's 10.7 s run) that one generation never earns back.
+    eager = contextlib.nullcontext()
+    if idx.device.type == "cpu":
+        from cofrgenet.nn.ladder import ladders_running
+
+        eager = ladders_running(loaded.model, "continuant", only="auto")
     try:
-        with sigterm_raises():
+        with sigterm_raises(), eager:
             out = sample(
                 loaded.model,
                 idx,

@@ -229,6 +229,28 @@ def test_train_sbatch_takes_the_topology_from_the_allocation(tmp_path, nodes, ta
     assert words[-1] == "cpus=6"
 
 
+def test_the_scripts_run_where_slurm_starts_them(tmp_path):
+    """`sbatch --chdir DIR` starts a script in DIR, and the scripts' own `cd
+    $SLURM_SUBMIT_DIR` moved them back: the runs and data were looked for in the submit
+    folder (and submit skipped its data check, expecting --chdir to move the tasks)."""
+    for name in ("train.sbatch", "sweep.sbatch"):
+        text = (ROOT / "slurm" / name).read_text()
+        assert not re.search(r"^\s*cd\s", text, re.MULTILINE), name
+    bin_dir, work, submit = tmp_path / "bin", tmp_path / "work", tmp_path / "submit"
+    for folder in (bin_dir, work, submit):
+        folder.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\necho "ran in $(pwd)"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
+           "SLURM_SUBMIT_DIR": str(submit)}  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "train.sbatch"), "conf/experiment/demo-gpt2.yaml"],
+        env=env, capture_output=True, text=True, cwd=work,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"ran in {work}" in result.stdout
+
+
 # ------------------------------------------------------------------ a real cluster
 
 

@@ -4684,9 +4684,19 @@ def test_submit_refuses_what_run_refuses_before_sbatch(tiny_data, tmp_path, monk
             SweepError, match=r"(?s)data\.data_dir: .*no-such-data.*--no-storage-check\)$"
         ):
             submit(write_sweep(tmp_path, "nodata.yaml", **missing, study="new"), dry_run)
+    # Workers on more devices than the study's, or with other --set: each task refused
+    # by `run` after the queue's wait.
+    more = write_sweep(tmp_path, "more.yaml", **common | {"n_trials": 2})
+    for dry_run in (False, True):
+        with pytest.raises(SweepError, match=r"^study 'tiny-cpu' trains each trial on 1 "
+                           r"device\(s\) in all .*, this worker on 2"):  # fmt: skip
+            submit(more, dry_run, gpus_per_worker=2)
+        with pytest.raises(SweepError, match=r"^study 'tiny-cpu' was started with other --set "
+                           r"settings \(model\.optimizer\.weight_decay only in this worker's"):  # fmt: skip
+            submit(more, dry_run, settings={"model.optimizer.weight_decay": 0.0})
     assert calls == []
     assert not (tmp_path / "runs" / "sweeps" / "new").exists()  # a dry run writes nothing
-    assert submit(write_sweep(tmp_path, "more.yaml", **common | {"n_trials": 2}))[1] == "9"
+    assert submit(more)[1] == "9"
     nodata = write_sweep(tmp_path, "nodata2.yaml", **missing, study="new")
     assert submit(nodata, dry_run=True, check_storage=False)[0].startswith("#!/bin/bash")
     assert submit(nodata, check_storage=False)[1] == "9"  # only the nodes may see it

@@ -334,11 +334,14 @@ def training_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(kept, default=str))  # a YAML date is its text
 
 
-def check_same_settings(study: optuna.Study, extra: dict[str, Any]) -> None:
+def check_same_settings(study: optuna.Study, extra: dict[str, Any], record: bool = True) -> None:
     """SweepError when this worker's ``--set`` trains otherwise than the study's first
-    worker's. A study made before they were stored takes this worker's, and is read
-    back: of workers starting together, the last to write wins and the others compare."""
+    worker's. A study made before they were stored takes this worker's (``record``; else
+    nothing is compared), and is read back: of workers starting together, the last to
+    write wins and the others compare."""
     if not isinstance(study.user_attrs.get(SETTINGS_ATTR), dict):
+        if not record:
+            return
         study.set_user_attr(SETTINGS_ATTR, training_settings(extra))
     # Compared as cofr fit reads them: `model.optimizer={eps: 1e-6}` is
     # `model.optimizer.eps=1.0e-6`.
@@ -390,15 +393,17 @@ def check_same_merging(study: optuna.Study, sweep: Sweep, extra: dict[str, Any])
 WIDTH_ATTR = "cofr.data_parallel_width"
 
 
-def check_same_width(study: optuna.Study, width: int | None) -> None:
+def check_same_width(study: optuna.Study, width: int | None, record: bool = True) -> None:
     """SweepError when this worker trains its trials on another number of devices x nodes
     than the study's: the global batch is that many times ``data.batch_size``, so its
     trials (and a ``tokens`` budget's steps, the ladders' release steps) would differ. A
-    study made before widths were stored takes this worker's."""
+    study made before widths were stored takes this worker's (``record``)."""
     if width is None:
         return
     theirs = study.user_attrs.get(WIDTH_ATTR)
     if not isinstance(theirs, int):
+        if not record:
+            return
         study.set_user_attr(WIDTH_ATTR, width)
         theirs = study.user_attrs.get(WIDTH_ATTR)
     if theirs != width:
@@ -436,16 +441,19 @@ def base_digests(sweep: Sweep) -> list[dict[str, str]]:
     return out
 
 
-def check_same_bases(study: optuna.Study, bases: list[dict[str, str]] | None) -> None:
+def check_same_bases(
+    study: optuna.Study, bases: list[dict[str, str]] | None, record: bool = True
+) -> None:
     """SweepError naming the first base file whose content differs from what the study's
     first worker read (another checkout, a copy in another working directory, an edit):
     its trials would train another config under the same sweep file. A study made before
-    these were stored takes this worker's."""
+    these were stored takes this worker's (``record``)."""
     if bases is None:
         return
     theirs = study.user_attrs.get(BASES_ATTR)
     if not isinstance(theirs, list):
-        study.set_user_attr(BASES_ATTR, bases)
+        if record:
+            study.set_user_attr(BASES_ATTR, bases)
         return
     for mine, first in zip(bases, theirs, strict=False):
         if not isinstance(first, dict) or mine["sha256"] == first.get("sha256"):
@@ -660,11 +668,11 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     answered) must be this sweep's (trials, objective) and have trials left; with
     ``data``, the trials' data folder (under ``settings``, the workers' ``--set``) must
     be a prepared one, as seen from the submit folder (the tasks' working folder). A
-    database ``url`` is one the caller found reachable (:func:`~cofrgenet.sweeps.storage.check_reachable`)."""
+    database ``url`` is one the caller found reachable (:func:`~cofrgenet.sweeps.storage.check_reachable`).
+    The workers' ``--set``, data-parallel width and base files must be the study's too."""
+    probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
     if data:
-        check_data_folder(
-            sweep, trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
-        )
+        check_data_folder(sweep, probe)
     file = st.storage_file(url)
     if file is not None and not file.exists():
         return  # no study yet: the first task makes it
@@ -681,6 +689,10 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
         check_same_trials(sweep, stored)
     check_same_objective(study, sweep, "use another study name")
     check_same_merging(study, sweep, settings)
+    # Read only: the study's first worker records these, not a submit.
+    check_same_settings(study, settings, record=False)
+    check_same_width(study, data_parallel_width(probe), record=False)
+    check_same_bases(study, base_digests(sweep), record=False)
     if study_done(study, sweep):
         raise SweepError(
             f"study {sweep.study!r} is done: its {sweep.total_trials} trials have run, so "

@@ -238,24 +238,8 @@ def parse_param(key: str, value: Any) -> ParamSpec:
         raise SweepError(f"space.{key}: an int range needs a whole step, got {step}")
     if kind == "int" and (low != int(low) or high != int(high)):
         raise SweepError(f"space.{key}: int bounds must be whole numbers")
-    if step is not None:
-        _check_step_fits(key, low, high, step)
     grid = _grid(value.get("grid"), key, kind, low, high)
     return ParamSpec(key, kind, low=low, high=high, step=step, log=log, grid=grid)
-
-
-def _check_step_fits(key: str, low: float, high: float, step: float) -> None:
-    """``high - low`` is a whole number of steps: Optuna otherwise moved ``high`` down
-    to the last step (``int 1..8 step 3`` searched 1..7) with a warning at the first
-    trial only, while the file and MLflow's params said 8."""
-    steps = (high - low) / step
-    if abs(steps - round(steps)) <= 1e-9 * max(1.0, abs(steps)):
-        return
-    below = low + math.floor(steps) * step
-    raise SweepError(
-        f"space.{key}: step {step:g} does not divide {low:g}..{high:g} (Optuna would end it "
-        f"at {below:g}): give a high of {below:g} or {below + step:g}"
-    )
 
 
 def _grid(values: Any, key: str, kind: str, low: float, high: float) -> tuple[Any, ...]:

@@ -1108,7 +1108,7 @@ def test_a_folder_from_another_study_is_moved_aside(tiny_data, tmp_path):
     assert yaml.safe_load(resolved) == yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
-def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_path):
+def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_path, capsys):
     """`storage: ${COFR_SWEEP_STORAGE}` run once unset, once set: the second run started a
     new study and moved the first one's trial folders aside, while the first study still
     pointed to them."""
@@ -1130,6 +1130,9 @@ def test_a_study_of_the_same_name_in_another_storage_is_refused(tiny_data, tmp_p
     assert trial.is_dir() and not list(trial.parent.glob("trial-0000.old-*"))
     # The journal the refused start made, empty, goes: it would pass for the study's home.
     assert not (tmp_path / "other.journal").exists()
+    # `cofr sweep status` of that file said "no study yet" only: it names the storage too.
+    line = one_line_error(capsys, ["sweep", "status", str(tmp_path / "moved.yaml")])
+    assert line.endswith(f"; its trials ({trial}) were run with --storage {home}")
     # Nor does a refused worker leave the study folder it made in its runs folder.
     home = f"journal:{tmp_path / 'runs' / 'sweeps' / sweep.study / 'optuna.journal'}"
     elsewhere = tmp_path / "elsewhere"

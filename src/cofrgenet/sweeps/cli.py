@@ -317,7 +317,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         )
         raise SweepError(
             f"no study {name!r} yet: {file} does not exist (`cofr sweep run` starts it; "
-            f"a study run elsewhere: {hint})"
+            f"a study run elsewhere: {hint}){_storage_of_its_trials(sweep, runs_dir)}"
         )
     storage = st.open_storage(url)
     try:
@@ -325,7 +325,9 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     except KeyError:
         if sweep is not None:
             _check_submitted(sweep, runs_dir, url)
-        raise SweepError(f"no study {name!r} in {hide_passwords(url)}") from None
+        raise SweepError(
+            f"no study {name!r} in {hide_passwords(url)}{_storage_of_its_trials(sweep, runs_dir)}"
+        ) from None
     if sweep is None:
         raw = study.user_attrs.get("cofr.sweep")
         if not raw:
@@ -353,6 +355,18 @@ class NotStartedYet(SweepError):
             f"study {study}: no trials yet: {script} was submitted, and none of its workers "
             "has started (squeue shows the job)"
         )
+
+
+def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str) -> str:
+    """``; its trials (in F) were run with --storage URL``, where the runs folder holds a
+    trial of the sweep's study that records its storage (as ``cofr sweep run`` names it
+    when it refuses to start the study anew), else ``""``."""
+    from cofrgenet.sweeps.objective import trial_of_this_name
+
+    found = trial_of_this_name(sweep, runs_dir) if sweep is not None else None
+    if found is None or found[1] is None:
+        return ""
+    return f"; its trials ({found[0]}) were run with --storage {found[1]}"
 
 
 def _check_submitted(sweep: Sweep, runs_dir: str, url: str) -> None:

@@ -4268,6 +4268,10 @@ def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkey
     ended.reason = "stopped by SIGTERM as it was taken before its fit began"
     assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
     assert "stopped by a signal; the trial is retried when a worker" in capsys.readouterr().err
+    # Stopped in its fit before the first save: no checkpoint either (said "resumes").
+    ended.reason, ended.run_dir = "stopped by Ctrl-C at step 0", tmp_path / "no-save"
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
+    assert "stopped by a signal; the trial is retried when a worker" in capsys.readouterr().err
 
 
 def test_a_worker_with_no_trial_left_to_take_says_so(tmp_path, monkeypatch, capsys):

@@ -357,6 +357,14 @@ class NotStartedYet(SweepError):
         )
 
 
+def _has_checkpoint(run_dir: Path | None) -> bool:
+    """Whether a trial's run folder holds a checkpoint its retry resumes from (unknown:
+    taken as yes)."""
+    from cofrgenet.training.checkpoints import newest_intact
+
+    return run_dir is None or newest_intact(run_dir)[0] is not None
+
+
 def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str) -> str:
     """``; its trials (in F) were run with --storage URL``, where the runs folder holds a
     trial of the sweep's study that records its storage (as ``cofr sweep run`` names it
@@ -493,8 +501,9 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         else:
-            # Stopped before its fit began, a trial has no checkpoint: it starts again.
-            fresh = STOPPED_BEFORE_FIT in (last.reason or "")
+            # Stopped before its fit began, or before its first save, a trial has no
+            # checkpoint: it starts again.
+            fresh = STOPPED_BEFORE_FIT in (last.reason or "") or not _has_checkpoint(last.run_dir)
             how = "is retried" if fresh else "resumes from its checkpoint"
             print(
                 f"cofr sweep run: stopped by a signal; the trial {how} when a worker runs "

@@ -4497,17 +4497,9 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
          "pruner.min_resource: 2 is above the budget's 1 steps (what budget.tokens 100 makes)"),
         ({"steps": 3, "val_every": 5}, {"name": "median"},
          "budget.val_every: 5 is above the budget's 3 steps"),
-        # The trainer's own interval (the GPU sweeps' form): pruning was off, unsaid.
-        ({"steps": 3, "trainer.val_check_interval": 5}, {"name": "median"},
-         "trainer.val_check_interval: 5 batches is above the budget's 3 steps: a trial would "
-         "validate once, at its end, and the median pruner see nothing before"),
-        ({"steps": 3, "trainer.val_check_interval": 7, "trainer.accumulate_grad_batches": 2},
-         {"name": "median"}, "above the budget's 3 steps (6 batches of 2)"),
     )  # fmt: skip
     for budget, pruner, message in cases:
-        trainer = {k: budget.pop(k) for k in list(budget) if k.startswith("trainer.")}
-        overrides = {**data, **trainer}
-        sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=overrides))
+        sweep = load_sweep(write_sweep(tmp_path, budget=budget, pruner=pruner, overrides=data))
         with pytest.raises(SweepError, match=re.escape(message)):
             run_worker(sweep, report=False, mlflow=False)
         assert not list((tmp_path / "runs").rglob("*.journal"))
@@ -4520,6 +4512,22 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
         "384 makes at the space's first values), so the median pruner could prune no trial "
         "before its last step"
     ) in (pruner_idle_in_budget(sweep, probe) or "")
+    # The trainer's own interval (the GPU sweeps' form of val_every) past the budget:
+    # pruning was off, unsaid. Said (a searched max_steps may train other trials longer).
+    cases = (
+        ({"trainer.val_check_interval": 5}, "trainer.val_check_interval: 5 batches is above "
+         "the budget's 3 steps: a trial would validate once, at its end, and the median "
+         "pruner see nothing before"),
+        ({"trainer.val_check_interval": 7, "trainer.accumulate_grad_batches": 2},
+         "above the budget's 3 steps (6 batches of 2)"),
+    )  # fmt: skip
+    for trainer, message in cases:
+        overrides = {**data, **trainer}
+        sweep = load_sweep(write_sweep(tmp_path, budget={"steps": 3}, overrides=overrides))
+        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space})
+        assert message in (pruner_idle_in_budget(sweep, probe) or "")
+    within = {"val_check_interval": 6, "accumulate_grad_batches": 2}  # the last step's
+    assert pruner_idle_in_budget(sweep, {**probe, "trainer": within}) is None
 
 
 def test_a_later_sweep_file_shows_on_the_studys_run(tiny_data, tmp_path):
@@ -4694,6 +4702,11 @@ def test_submit_refuses_what_run_refuses_before_sbatch(tiny_data, tmp_path, monk
         with pytest.raises(SweepError, match=r"^study 'tiny-cpu' was started with other --set "
                            r"settings \(model\.optimizer\.weight_decay only in this worker's"):  # fmt: skip
             submit(more, dry_run, settings={"model.optimizer.weight_decay": 0.0})
+        # A budget that leaves the pruner nothing: refused by run, and now by submit.
+        budget = {"budget": {"steps": 3, "val_every": 5}, "pruner": {"name": "median"}}
+        idle = write_sweep(tmp_path, "idle.yaml", **common | budget, study="idle")
+        with pytest.raises(SweepError, match=r"^budget\.val_every: 5 is above the budget's 3"):
+            submit(idle, dry_run)
     assert calls == []
     assert not (tmp_path / "runs" / "sweeps" / "new").exists()  # a dry run writes nothing
     assert submit(more)[1] == "9"

@@ -586,9 +586,11 @@ def submit(
     # from the submit folder, their working folder unless an --sbatch --chdir moves them.
     readable = options.check_storage or st.storage_file(rendered.storage) is not None
     if readable:
-        data = options.check_storage and "chdir" not in rendered.resources
+        here = "chdir" not in rendered.resources
         try:
-            check_before_submit(sweep, rendered.storage, rendered.settings, data)
+            check_before_submit(
+                sweep, rendered.storage, rendered.settings, options.check_storage and here, here
+            )
         except SweepError as error:
             escape = " (where only the compute nodes see it: --no-storage-check)"
             raise SweepError(f"{error}{escape if 'data_dir' in str(error) else ''}") from None

@@ -672,7 +672,33 @@ def pruner_idle_in_budget(sweep: Sweep, config: dict[str, Any]) -> str | None:
         made = f" (what budget.tokens {float(sweep.budget.tokens):g} makes at the space's first values)"
     else:
         made = " (trainer.max_steps at the space's first values)"
-    return never_prunes_before_end(sweep.pruner, steps, made)
+    return never_prunes_before_end(sweep.pruner, steps, made) or _validates_once(
+        sweep, config, steps, made
+    )
+
+
+def _validates_once(sweep: Sweep, config: dict[str, Any], steps: int, made: str) -> str | None:
+    """Why a trial of ``config`` would validate only at its end, its pruner judging
+    nothing before: ``trainer.val_check_interval`` (the GPU sweeps' form of
+    ``budget.val_every``, which is refused so: :func:`check_budget`) past its ``steps``
+    optimizer steps, in batches of the gradient accumulation; or None."""
+    interval = get_dotted(config, "trainer.val_check_interval")
+    accumulate = get_dotted(config, "trainer.accumulate_grad_batches", 1)
+    searched = sweep.param("trainer.val_check_interval") or sweep.param(
+        "trainer.accumulate_grad_batches"
+    )
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (interval, accumulate))
+    name = sweep.pruner.get("name", "none")
+    if sweep.budget.val_every is not None or name == "none" or searched or not numbers:
+        return None
+    if interval <= steps * max(accumulate, 1):
+        return None
+    batches = f" ({steps * accumulate} batches of {accumulate})" if accumulate > 1 else ""
+    return (
+        f"trainer.val_check_interval: {interval} batches is above the budget's {steps} "
+        f"steps{made}{batches}: a trial would validate once, at its end, and the {name} "
+        "pruner see nothing before; lower it, or set budget.val_every (in optimizer steps)"
+    )
 
 
 def never_prunes_before_end(pruner: dict[str, Any], steps: int, made: str = "") -> str | None:
@@ -1159,28 +1185,6 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
             f"budget.val_every: {sweep.budget.val_every} is above the budget's {steps} "
             f"steps{made}: a trial would validate once, at its end, and the pruner see "
             "nothing before; lower val_every"
-        )
-    # The same interval set as the trainer's (the GPU sweeps' form), in batches.
-    interval = get_dotted(config, "trainer.val_check_interval")
-    accumulate = get_dotted(config, "trainer.accumulate_grad_batches", 1)
-    searched = sweep.param("trainer.val_check_interval") or sweep.param(
-        "trainer.accumulate_grad_batches"
-    )
-    if (
-        sweep.budget.val_every is None
-        and sweep.pruner.get("name", "none") != "none"
-        and not searched
-        and isinstance(interval, int)
-        and isinstance(accumulate, int)
-        and not isinstance(interval, bool)
-        and interval > steps * max(accumulate, 1)
-    ):
-        batches = f" ({steps * accumulate} batches of {accumulate})" if accumulate > 1 else ""
-        raise SweepError(
-            f"trainer.val_check_interval: {interval} batches is above the budget's {steps} "
-            f"steps{made}{batches}: a trial would validate once, at its end, and the "
-            f"{sweep.pruner['name']} pruner see nothing before; lower it, or set "
-            "budget.val_every (in optimizer steps)"
         )
 
 

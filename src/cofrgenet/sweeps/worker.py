@@ -661,7 +661,9 @@ def study_done(study: optuna.Study, sweep: Sweep) -> bool:
     return not busy and st.budget_used(trials) >= sweep.total_trials
 
 
-def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: bool) -> None:
+def check_before_submit(
+    sweep: Sweep, url: str, settings: dict[str, Any], data: bool, here: bool = True
+) -> None:
     """What ``cofr sweep run`` would refuse at once, checked by ``cofr sweep submit``
     before ``sbatch``: else every array task fails on it after the queue's wait. The
     study in ``url`` (when this host can read it: its file exists, or a database that
@@ -669,8 +671,11 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     ``data``, the trials' data folder (under ``settings``, the workers' ``--set``) must
     be a prepared one, as seen from the submit folder (the tasks' working folder). A
     database ``url`` is one the caller found reachable (:func:`~cofrgenet.sweeps.storage.check_reachable`).
-    The workers' ``--set``, data-parallel width and base files must be the study's too."""
+    The workers' ``--set``, data-parallel width and base files must be the study's too
+    (the base files only where the tasks run ``here``, in the submit folder: an
+    ``--sbatch --chdir`` may have them read others)."""
     probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
+    check_budget(sweep, probe)
     if data:
         check_data_folder(sweep, probe)
     file = st.storage_file(url)
@@ -692,7 +697,8 @@ def check_before_submit(sweep: Sweep, url: str, settings: dict[str, Any], data: 
     # Read only: the study's first worker records these, not a submit.
     check_same_settings(study, settings, record=False)
     check_same_width(study, data_parallel_width(probe), record=False)
-    check_same_bases(study, base_digests(sweep), record=False)
+    if here:
+        check_same_bases(study, base_digests(sweep), record=False)
     if study_done(study, sweep):
         raise SweepError(
             f"study {sweep.study!r} is done: its {sweep.total_trials} trials have run, so "

@@ -333,6 +333,9 @@ def test_bench_ops_cut_short_keeps_a_partial_report(monkeypatch, tmp_path, capsy
     assert "stopped: nothing was measured yet, so no report was written" in capsys.readouterr().err
     assert not list((tmp_path / "none").iterdir())
     calls.clear()
+    assert cli.main([*argv, str(tmp_path / "none"), "--no-save"]) == 130  # none to write
+    assert "stopped:" not in capsys.readouterr().err
+    calls.clear()
     stop_at[0] = 2
     assert cli.main([*argv, str(tmp_path)]) == 130  # cofr's Ctrl-C: one line, exit 130
     [json_path] = tmp_path.glob("ops-cpu-*-quick.json")

@@ -1574,6 +1574,14 @@ def test_setting_columns_are_headed_by_their_keys_last_part_unless_two_share_it(
     assert "| 1e-05 | 0 | [1, 2] |" in cells
     no_setting = markdown_table([row], paper=False, settings=["trainer.max_steps"])
     assert "| max_steps |" in no_setting and "| gpt2-tiny |  |  |  | 10 |" in no_setting
+    # A last part that is one of the table's headers: the whole key (the paper's rows,
+    # filled by header, put their experiment under `run.experiment`'s `experiment`).
+    assert setting_headers(["run.experiment", "x.params"]) == ["run.experiment", "x.params"]
+    row.settings = {"run.experiment": "a|b", "model.compile": True}
+    table = markdown_table([row], settings=["run.experiment", "model.compile"])
+    assert "| a\\|b | true |" in table  # a | escaped; YAML's true, not Python's True
+    paper = next(line for line in table.splitlines() if line.startswith("| GPT2-xl (paper)"))
+    assert paper.startswith("| GPT2-xl (paper) | OpenWebText |  |  |  |  |  | 1,500,000,000 |")
 
 
 def test_cofr_compare_refuses_a_file_as_out_before_reading_the_store(tmp_path, capsys):

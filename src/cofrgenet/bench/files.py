@@ -49,12 +49,13 @@ def measure_keeping_partial(
     measure: Callable[[], Result],
     written: list[tuple[Report, Path]],
     mark_stopped: Callable[[Report, str], object],
+    saving: bool = True,
 ) -> Result:
     """``measure()``, with SIGTERM (a wall-clock limit, ``kill``) raising as Ctrl-C does.
     Stopped so, or by an error: the partial report written last (``written``: [(report,
     its .md)], kept by the run's ``on_update``) is rewritten by ``mark_stopped(report,
-    what stopped it)`` and the user told where it is, or that none was written yet; then
-    the stop goes on."""
+    what stopped it)`` and the user told where it is, or, where the run writes reports
+    (``saving``), that none was written yet; then the stop goes on."""
     try:
         with sigterm_raises():
             return measure()
@@ -66,7 +67,7 @@ def measure_keeping_partial(
             with contextlib.suppress(OSError):
                 mark_stopped(report, stopped_by(error))
             print(f"stopped: what was measured so far is in {md} (partial)", file=sys.stderr)
-        elif isinstance(error, (KeyboardInterrupt, SystemExit)):
+        elif saving and isinstance(error, (KeyboardInterrupt, SystemExit)):
             print("stopped: nothing was measured yet, so no report was written", file=sys.stderr)
         raise
 

@@ -527,23 +527,38 @@ def paper_glue(row: int, metric: str) -> float | None:
 SHOWN_SETTINGS = ("model.config.depth", "model.config.ladders")
 
 
+#: The table's own columns before and after the settings' (a setting is never headed so).
+FIXED_HEADERS = ("run", "experiment", "variant", "d", "L", "params", "ladder params",
+                 "FLOPs/token", "val loss", "val step", "tokens/s")  # fmt: skip
+
+
 def setting_headers(keys: Sequence[str]) -> list[str]:
     """Each setting column's header: its key's last part (``lr``), the whole key where
-    two columns share that part (``model.config.dropout``, ``data.dropout``)."""
+    two columns share that part (``model.config.dropout``, ``data.dropout``) or it is
+    one of the table's own headers (``run.experiment``: the paper's rows are filled by
+    header, and its experiment would land in that column too)."""
     last = [key.rsplit(".", 1)[-1] for key in keys]
-    return [part if last.count(part) == 1 else key for key, part in zip(keys, last, strict=True)]
+    return [
+        part if last.count(part) == 1 and part not in FIXED_HEADERS else key
+        for key, part in zip(keys, last, strict=True)
+    ]
 
 
 def _setting(value: Any) -> str:
     """A setting's cell: a float in 3 significant digits (a sampled 0.000316 or 3.16e-05),
-    anything else as YAML writes it inline; empty where the run has no such setting."""
+    a string or whole number as it is, anything else (true, a list) as YAML writes it
+    inline; empty where the run has no such setting. A ``|`` is escaped (it would end
+    the cell)."""
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, (str, int)):
-        return str(value)
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+        text = f"{value:.3g}"
+    elif isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        text = str(value)
+    else:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+        text = text.removesuffix("\n...").strip()  # a bare scalar's document end
+    return text.replace("|", "\\|")
 
 
 def markdown_table(rows: Sequence[RunRow], paper: bool = True, settings: Sequence[str] = ()) -> str:
@@ -553,18 +568,9 @@ def markdown_table(rows: Sequence[RunRow], paper: bool = True, settings: Sequenc
     paper's dev scores in its rows where it gives them."""
     glue = sorted({k for r in rows for k in r.metrics if in_percent(k)})
     header = [
-        "run",
-        "experiment",
-        "variant",
-        "d",
-        "L",
+        *FIXED_HEADERS[:5],
         *setting_headers(settings),
-        "params",
-        "ladder params",
-        "FLOPs/token",
-        "val loss",
-        "val step",
-        "tokens/s",
+        *FIXED_HEADERS[5:],
         *(paper_column(key) for key in PAPER_METRICS.values()),
         *(glue_column(key) for key in glue),
     ]

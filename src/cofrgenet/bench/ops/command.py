@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         written,
         lambda partial, why: save(replace(partial, meta={**partial.meta, "stopped": why})),
+        saving=options.save,
     )
     print_report(report, console)
     if options.save:

@@ -429,6 +429,7 @@ def test_llama_preset_round_trips_through_json():
             r"Hugging Face's names: write original_max_len for original_max_position_embeddings; "
             r"no rope_type",
         ),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, r"'linear' scaling is not supported"),
         ({"arch": "gru", "position": "learned"}, "takes no position encoding"),
         ({"rnn_hidden": 0}, "rnn_hidden must be a positive integer"),
         ({"arch": "lstm", "attention": "cattn_m"}, r"'lstm' has no attention.*'cattn_m'"),
@@ -450,6 +451,7 @@ def test_llama_preset_round_trips_through_json():
         "kv_heads",
         "rope_scaling",
         "rope_scaling_hf_names",
+        "rope_scaling_other_kind",
         "rnn_position",
         "rnn_hidden",
         "rnn_attention",

@@ -513,7 +513,7 @@ def test_shots_a_task_cannot_give_are_one_error_and_a_perplexity_task_takes_none
     """--num-fewshot 50 on a 3-document task raised random.sample's "Sample larger than
     population" through lm_eval; --num-fewshot 2 on a perplexity task was reported as
     `cofr_tiny_ppl/2shot`, the 0-shot numbers under another name."""
-    with pytest.raises(HarnessError, match=r"^--num-fewshot 50: a task has fewer documents"):
+    with pytest.raises(HarnessError, match=r"^--num-fewshot 50: one of cofr_tiny_mc has fewer"):
         run_harness(ckpt, ["cofr_tiny_mc"], include_path=str(TASKS), num_fewshot=50)
     shot = run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS), num_fewshot=2)
     assert shot == run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS))

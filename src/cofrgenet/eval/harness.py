@@ -306,9 +306,10 @@ class _CofrgenetLMImpl:
         self.max_length = length
         self.max_gen_toks = int(max_gen_toks)
         self.seed = int(seed)
-        #: Requests scored, and tokens drawn, from outputs that were not finite (NaN or
-        #: inf weights): lm_eval's argmax over NaN picks the first choice, a plausible
-        #: accuracy (:func:`run_harness` makes such scores NaN).
+        #: Requests scored, and tokens drawn, from NaN outputs (NaN or inf weights):
+        #: lm_eval's argmax over NaN picks the first choice, a plausible accuracy
+        #: (:func:`run_harness` makes such scores NaN). An -inf log-likelihood (a
+        #: diverged model's huge logits) is a score, as cofr's own sets take it.
         self.not_finite = 0
 
     # -- lm_eval's TemplateLM interface ------------------------------------------------
@@ -369,7 +370,7 @@ class _CofrgenetLMImpl:
                 pad_id=self.eot_token_id,
                 on_batch=progress,
             )
-        self.not_finite += sum(not math.isfinite(logprob) for logprob, _ in scores)
+        self.not_finite += sum(math.isnan(logprob) for logprob, _ in scores)
         return scores
 
     def _loglikelihood_tokens(
@@ -494,7 +495,7 @@ class _CofrgenetLMImpl:
         def choose(logits: Tensor) -> Tensor:  # as cofr generate draws; no padded id
             from cofrgenet.nn.decoding import sample_next
 
-            self.not_finite += int(not torch.isfinite(logits[..., : self._n_real]).all())
+            self.not_finite += int(logits[..., : self._n_real].isnan().any())
             return sample_next(
                 logits,
                 temperature,
@@ -692,8 +693,9 @@ def run_harness(
     except ValueError as error:  # random.sample's, drawing the examples
         if num_fewshot and "larger than population" in str(error):
             raise HarnessError(
-                f"--num-fewshot {num_fewshot}: a task has fewer documents than that to draw "
-                "its examples from (its fewshot split, else its other documents); give fewer"
+                f"--num-fewshot {num_fewshot}: one of {', '.join(resolved.names)} has fewer "
+                "documents than that to draw its examples from (its fewshot split, else its "
+                "other documents); give fewer"
             ) from None
         raise
     except ConnectionError as error:  # datasets' "Couldn't reach '<name>' on the Hub"
@@ -708,8 +710,8 @@ def run_harness(
     scores = flatten_results(results)
     if lm.not_finite:  # which task's requests is not known: every score is void
         log.warning(
-            "cofrgenet model: %d requests scored from outputs that are not finite: every "
-            "harness score is NaN",
+            "cofrgenet model: %d requests or decoding steps had NaN outputs: every harness "
+            "score is NaN",
             lm.not_finite,
         )
         return {task: dict.fromkeys(metrics, math.nan) for task, metrics in scores.items()}

@@ -396,11 +396,14 @@ def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
     if not isinstance(scaling, dict) or set(scaling) != set(ROPE_SCALING_KEYS):
         given = set(scaling) if isinstance(scaling, dict) else set()
         # A Llama 3 config.json's block copied in: its names, and the rope_type we imply.
-        hf = [f"{ours} for {theirs}" for theirs, ours in HF_ROPE_SCALING_KEYS.items()
-              if theirs in given]  # fmt: skip
-        if "rope_type" in given or "type" in given:
-            hf.append("no rope_type (Llama 3's is the one scaling there is)")
-        hint = f" (Hugging Face's names: write {'; '.join(hf)})" if hf else ""
+        names = [f"{ours} for {theirs}" for theirs, ours in HF_ROPE_SCALING_KEYS.items()
+                 if theirs in given]  # fmt: skip
+        kind = next((scaling[k] for k in ("rope_type", "type") if k in given), None)
+        if kind == "llama3":
+            names.append("no rope_type (Llama 3's is the one scaling there is)")
+        hint = f" (Hugging Face's names: write {'; '.join(names)})" if names else ""
+        if kind not in (None, "llama3"):
+            hint += f"; {kind!r} scaling is not supported, only Llama 3's"
         raise ConfigError(
             f"rope_scaling must be None or a dict with exactly the keys {ROPE_SCALING_KEYS}, "
             f"got {scaling!r}{hint}"

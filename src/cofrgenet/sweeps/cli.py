@@ -317,7 +317,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         )
         raise SweepError(
             f"no study {name!r} yet: {file} does not exist (`cofr sweep run` starts it; "
-            f"a study run elsewhere: {hint}){_storage_of_its_trials(sweep, runs_dir)}"
+            f"a study run elsewhere: {hint}){_storage_of_its_trials(sweep, runs_dir, url)}"
         )
     storage = st.open_storage(url)
     try:
@@ -326,7 +326,8 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         if sweep is not None:
             _check_submitted(sweep, runs_dir, url)
         raise SweepError(
-            f"no study {name!r} in {hide_passwords(url)}{_storage_of_its_trials(sweep, runs_dir)}"
+            f"no study {name!r} in {hide_passwords(url)}"
+            f"{_storage_of_its_trials(sweep, runs_dir, url)}"
         ) from None
     if sweep is None:
         raw = study.user_attrs.get("cofr.sweep")
@@ -365,14 +366,15 @@ def _has_checkpoint(run_dir: Path | None) -> bool:
     return run_dir is None or newest_intact(run_dir)[0] is not None
 
 
-def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str) -> str:
+def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str, url: str) -> str:
     """``; its trials (in F) were run with --storage URL``, where the runs folder holds a
-    trial of the sweep's study that records its storage (as ``cofr sweep run`` names it
-    when it refuses to start the study anew), else ``""``."""
+    trial of the sweep's study that records another storage than ``url`` (as ``cofr
+    sweep run`` names it when it refuses to start the study anew), else ``""``."""
+    from cofrgenet.redact import hide_passwords
     from cofrgenet.sweeps.objective import trial_of_this_name
 
     found = trial_of_this_name(sweep, runs_dir) if sweep is not None else None
-    if found is None or found[1] is None:
+    if found is None or found[1] in (None, hide_passwords(url)):  # a study deleted there
         return ""
     return f"; its trials ({found[0]}) were run with --storage {found[1]}"
 

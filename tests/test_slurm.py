@@ -188,6 +188,22 @@ def test_submit_dry_run_prints_the_script(tiny_data, tmp_path):
         assert tables == {"mine"}
 
 
+def test_more_workers_than_trials_are_said(tiny_data, tmp_path, capsys):
+    """`--workers 9` for 6 trials queued 3 array tasks that found nothing to train."""
+    from cofrgenet.cli import main
+
+    command = ["sweep", "submit", str(SWEEPS / "tiny-cpu.yaml"), "--shared-journal",
+               "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+               "--set", f"data.data_dir={tiny_data}", "--workers"]  # fmt: skip
+    assert main([*command, "9"]) == 0
+    assert (
+        "warning: --workers 9 for a study of 6 trials: 3 array tasks would find none to "
+        "train; --workers 6 is enough"
+    ) in capsys.readouterr().err
+    assert main([*command, "6"]) == 0
+    assert "--workers 6" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("nodes", "tasks", "gpus", "ok"),
     [("2", "8(x2)", "8", True), ("1", "1", "0", True), ("1", "1", "4", False)],
@@ -596,6 +612,10 @@ def test_submit_wait_says_a_failed_job_and_exits_1(tiny_data, tmp_path, monkeypa
     assert main(submit) == 2
     assert "sbatch failed (1): sbatch: error: invalid partition" in capsys.readouterr().err
     assert len(list(logs.glob("*.sbatch"))) == 1  # the failed job's, not the unsubmitted one's
+    # A first submit refused by sbatch leaves no empty study or slurm folder behind.
+    fresh = tmp_path / "fresh"
+    assert main([*submit[:-4], "--runs-dir", str(fresh), *submit[-2:]]) == 2
+    assert not (fresh / "sweeps").exists()
 
 
 def test_submit_to_a_runs_folder_it_cannot_make_says_so_in_one_line(

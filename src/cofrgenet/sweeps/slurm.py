@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.atomic import create_numbered
+from cofrgenet.atomic import create_numbered, missing_folders, remove_empty_folders
 from cofrgenet.dotted import get_dotted
 from cofrgenet.redact import hide_passwords
 from cofrgenet.sweeps import storage as st
@@ -469,6 +469,14 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     st.check_given_storage(options.storage, home, sweep.study)  # before the config's parse
     url = options.storage or home
     sbatch, settings = resources(sweep, options)
+    if options.n_trials is None and options.workers > sweep.total_trials:
+        # Each array task runs a worker; those past the trials start none (and queue).
+        print(
+            f"warning: --workers {options.workers} for a study of {sweep.total_trials} "
+            f"trials: {options.workers - sweep.total_trials} array tasks would find none "
+            f"to train; --workers {sweep.total_trials} is enough",
+            file=sys.stderr,
+        )
     journal = st.journal_path(url)
     if journal is None and url.startswith("sqlite"):
         print("warning: sqlite storage is unsafe on a shared file system", file=sys.stderr)
@@ -597,6 +605,7 @@ def submit(
     if dry_run:
         return rendered.script, "", None
     folder = st.study_folder(sweep, str(runs_dir)).resolve() / "slurm"
+    made = missing_folders(folder)  # removed again, if still empty, when nothing is queued
     st.make_folder(folder, "the SLURM script and logs", "--runs-dir or the sweep's runs_dir")
 
     def write_script(path: Path) -> Path:
@@ -628,6 +637,7 @@ def submit(
     job = result.stdout.strip().split(";")[0]
     if result.returncode != 0 and not (wait and job):
         path.unlink(missing_ok=True)  # nothing was submitted: no script left to name a job
+        remove_empty_folders(made)
         raise SweepError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}")
     failed = None
     if result.returncode != 0:  # --wait: the job was submitted, and ended badly

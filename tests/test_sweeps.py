@@ -4263,6 +4263,22 @@ def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkey
     monkeypatch.setenv("COFR_SWEEP_AGAIN", "sbatch --array=3 runs/x.sbatch")
     assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
     assert capsys.readouterr().err.endswith("runs again: sbatch --array=3 runs/x.sbatch\n")
+    # The study's MLflow run says the same (it gave the worker's own command line, whose
+    # --storage env:COFR_SWEEP_STORAGE_URL only the script sets).
+    told = []
+    monkeypatch.setattr(
+        worker_module,
+        "run_worker",
+        lambda sweep, **kwargs: (
+            told.append(kwargs["again"])
+            or worker_module.WorkerResult(study, outcomes=[(0, ended)], signal_status=143)
+        ),
+    )
+    main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"])
+    assert told == ["sbatch --array=3 runs/x.sbatch"]
+    capsys.readouterr()
+    monkeypatch.setattr(worker_module, "run_worker", lambda sweep, **kwargs: (
+        worker_module.WorkerResult(study, outcomes=[(0, ended)], signal_status=143)))  # fmt: skip
     # A trial stopped as it was taken has no checkpoint: it is retried.
     ended.state, ended.retry = TrialState.FAIL, True
     ended.reason = "stopped by SIGTERM as it was taken before its fit began"

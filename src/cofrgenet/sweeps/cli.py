@@ -465,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
         worker_index=args.worker_index,
         report=not args.no_report,
         mlflow=not args.no_mlflow,
-        again=_run_again_command(args),
+        again=os.environ.get(AGAIN_VARIABLE) or _run_again_command(args),
     )
     print_summary(result)
     if result.report_stopped is not None:

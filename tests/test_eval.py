@@ -1939,6 +1939,19 @@ def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0", "theirs-0"]
 
 
+def test_compare_tells_a_trial_stopped_before_its_config_from_a_parent_run(tmp_path):
+    """A trial interrupted before its fit logged config.yaml was passed over as "a sweep's
+    parent run, another tool's"."""
+    from cofrgenet.eval.compare import NO_CONFIG, NO_CONFIG_TRIAL, collect_runs
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("s")
+    client.create_run(experiment, run_name="study-s", tags={"cofr.sweep": "parent"})
+    client.create_run(experiment, run_name="trial-0000", tags={"optuna.trial_number": "0"})
+    _, skipped = collect_runs(client, [], ["s"])
+    assert skipped == {NO_CONFIG: ["study-s"], NO_CONFIG_TRIAL: ["trial-0000"]}
+
+
 def test_compare_sweep_takes_the_newest_study_of_its_name(tmp_path):
     """A study removed and run again under its name: `--sweep FILE` compared the new
     study's trial-0000 beside the earlier one's trial-0000, -0001 and -0002."""

@@ -197,6 +197,7 @@ def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
 #: Why a run is not a row (:func:`describe_run`), as said after the table.
 GLUE_RUN = "GLUE fine-tuning runs: their dev scores are columns of the fine-tuned run's row"
 NO_CONFIG = "no cofrgenet config: a sweep's parent run, another tool's"
+NO_CONFIG_TRIAL = "sweep trials stopped before their config was logged (no step trained)"
 NO_STEP = "failed before a step"
 
 
@@ -218,7 +219,8 @@ def describe_run(
         return GLUE_RUN
     config = _logged_config(client, run.info.run_id)
     if config is None or "model" not in config:
-        return NO_CONFIG
+        # sweeps/objective.py tags a trial's run as it makes it, before the fit logs.
+        return NO_CONFIG_TRIAL if "optuna.trial_number" in run.data.tags else NO_CONFIG
     status = run.info.status
     # Only a run not FINISHED needs its last step (a full history read, so not for all).
     trained = (

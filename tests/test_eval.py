@@ -1921,6 +1921,10 @@ def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
     )  # fmt: skip
     with pytest.raises(UserError, match=r"cannot read the sweep file sweeps/no-such\.yaml"):
         sweep_trials("sweeps/no-such.yaml")
+    # `cofr sweep status` takes a study's name; compare's --sweep, a file: said how.
+    with pytest.raises(UserError, match=r"\(a study named tiny-cpu: compare its trials with "
+                       r"--experiment EXPERIMENT"):  # fmt: skip
+        sweep_trials("tiny-cpu")
 
 
 def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp_path):

@@ -916,7 +916,13 @@ def sweep_trials(path: str, study: str | None = None) -> SweepTrials:
     try:
         raw = yaml.safe_load(bundled(path).read_text())
     except (OSError, yaml.YAMLError) as error:
-        raise UserError(f"cannot read the sweep file {path}: {error}") from None
+        named = (
+            ""
+            if path.endswith((".yaml", ".yml"))
+            else f" (a study named {path}: compare its trials with --experiment EXPERIMENT, the "
+            "sweep file's experiment, else the study's name)"
+        )
+        raise UserError(f"cannot read the sweep file {path}: {error}{named}") from None
     if not isinstance(raw, dict):  # empty, or a list: told by its missing study
         raw = {}
     study = study or raw.get("study")

@@ -625,6 +625,14 @@ def test_a_prompt_longer_than_the_context_is_noted(capsys, tmp_path):
     assert f"note: the prompt is {block + 5} tokens; the model reads its last {block}" in err
 
 
+@pytest.mark.parametrize("command", ["generate", "eval", "export"])
+def test_a_second_checkpoint_is_refused_not_dropped(capsys, command):
+    """`--ckpt a --ckpt b` read b, a dropped without a word (a second --prompt is refused)."""
+    words = ["export", "hf"] if command == "export" else [command]
+    line = one_line_error(capsys, [*words, "--ckpt", "a.ckpt", "--ckpt", "b.ckpt"])
+    assert "error: --ckpt given twice (a.ckpt and b.ckpt): give one" in line
+
+
 def test_a_second_prompt_is_refused_not_dropped(capsys, tmp_path):
     """`--prompt A --prompt B` continued B alone, A dropped without a word."""
     ckpt = write_checkpoint(tmp_path / "byte.ckpt", None, {"tokenizer": "byte", "vocab_size": 257})

@@ -113,6 +113,20 @@ def device_arg(text: str) -> str:
     return text
 
 
+class GivenOnce(argparse.Action):
+    """An option given at most once: argparse keeps the last of two, unsaid (``--ckpt a
+    --ckpt b`` read b)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+        option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != self.default:
+            parser.error(f"{option_string} given twice ({before} and {values}): give one")
+        setattr(namespace, self.dest, values)
+
+
 def add_checkpoint_argument(parser: argparse.ArgumentParser, positional: bool = False) -> None:
     """``--ckpt PATH``, every command's name for the checkpoint it reads (``cofr fit``'s
     ``--ckpt_path`` takes ``--ckpt`` too). ``positional``: a first positional word is
@@ -121,6 +135,7 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser, positional: bool = 
     parser.add_argument(
         "--ckpt",
         metavar="PATH",
+        action=GivenOnce,
         help="the checkpoint, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt",
         required=not positional,
     )

@@ -368,6 +368,18 @@ def test_a_model_with_outputs_not_finite_gets_nan_scores_and_a_warning(ckpt, tmp
     assert score_warnings({"cofr_tiny_mc": {"acc": 1.0, "acc_stderr": math.nan}}) == []
 
 
+def test_an_infinite_log_likelihood_is_a_score_and_nan_is_not(lm, monkeypatch):
+    """A diverged model's -inf log-likelihood is scored, as cofr's own sets score an inf
+    perplexity; only NaN voids the harness's scores."""
+    from cofrgenet.eval import scoring
+
+    before = lm.not_finite
+    for value, counted in ((-math.inf, 0), (math.nan, 1)):
+        monkeypatch.setattr(scoring, "score_continuations", lambda *a, v=value, **k: [(v, False)])
+        lm._score_sequences([([1], [2])])
+        assert lm.not_finite - before == counted
+
+
 def test_the_model_is_registered_for_lm_eval_by_name(ckpt):
     from lm_eval import simple_evaluate
     from lm_eval.api.registry import get_model, model_registry
@@ -513,7 +525,7 @@ def test_shots_a_task_cannot_give_are_one_error_and_a_perplexity_task_takes_none
     """--num-fewshot 50 on a 3-document task raised random.sample's "Sample larger than
     population" through lm_eval; --num-fewshot 2 on a perplexity task was reported as
     `cofr_tiny_ppl/2shot`, the 0-shot numbers under another name."""
-    with pytest.raises(HarnessError, match=r"^--num-fewshot 50: one of cofr_tiny_mc has fewer"):
+    with pytest.raises(HarnessError, match=r"^--num-fewshot 50: cofr_tiny_mc has fewer"):
         run_harness(ckpt, ["cofr_tiny_mc"], include_path=str(TASKS), num_fewshot=50)
     shot = run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS), num_fewshot=2)
     assert shot == run_harness(ckpt, ["cofr_tiny_ppl"], include_path=str(TASKS))

@@ -29,6 +29,7 @@ from cofrgenet.sweeps import storage as st
 from cofrgenet.sweeps.fitconfig import check_model_values, check_optimizer_values
 from cofrgenet.sweeps.spec import (
     StorageOptions,
+    check_budget,
     encode_value,
     parse_param,
     pruner_idle_in_budget,
@@ -4529,7 +4530,7 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
         "before its last step"
     ) in (pruner_idle_in_budget(sweep, probe) or "")
     # The trainer's own interval (the GPU sweeps' form of val_every) past the budget:
-    # pruning was off, unsaid. Said (a searched max_steps may train other trials longer).
+    # pruning was off, unsaid. Refused where every trial trains those steps...
     cases = (
         ({"trainer.val_check_interval": 5}, "trainer.val_check_interval: 5 batches is above "
          "the budget's 3 steps: a trial would validate once, at its end, and the median "
@@ -4540,10 +4541,19 @@ def test_a_budget_that_leaves_the_pruner_nothing_is_refused_before_the_study(tin
     for trainer, message in cases:
         overrides = {**data, **trainer}
         sweep = load_sweep(write_sweep(tmp_path, budget={"steps": 3}, overrides=overrides))
+        with pytest.raises(SweepError, match=re.escape(message)):
+            run_worker(sweep, report=False, mlflow=False)
         probe = trial_config(sweep, {p.key: p.default() for p in sweep.space})
-        assert message in (pruner_idle_in_budget(sweep, probe) or "")
-    within = {"val_check_interval": 6, "accumulate_grad_batches": 2}  # the last step's
-    assert pruner_idle_in_budget(sweep, {**probe, "trainer": within}) is None
+        within = {"val_check_interval": 6, "accumulate_grad_batches": 2}  # the last step's
+        assert pruner_idle_in_budget(sweep, {**probe, "trainer": within}) is None
+    # ... said where a searched max_steps may train other trials longer.
+    space = {"model.config.depth": "int 1..2", "trainer.max_steps": "int 3..30"}
+    overrides = {**data, "trainer.val_check_interval": 5}
+    sweep = load_sweep(write_sweep(tmp_path, budget={}, space=space, overrides=overrides))
+    probe = trial_config(sweep, {p.key: p.default() for p in sweep.space})
+    check_budget(sweep, probe)
+    assert "trainer.val_check_interval: 5 batches is above the budget's 3 steps (trainer." \
+        "max_steps at the space's first values)" in (pruner_idle_in_budget(sweep, probe) or "")  # fmt: skip
 
 
 def test_a_later_sweep_file_shows_on_the_studys_run(tiny_data, tmp_path):

@@ -122,7 +122,7 @@ class GivenOnce(argparse.Action):
         option_string: str | None = None,
     ) -> None:  # fmt: skip
         before = getattr(namespace, self.dest, None)
-        if before is not None and before != self.default:
+        if before is not None and before != self.default and before != values:
             parser.error(f"{option_string} given twice ({before} and {values}): give one")
         setattr(namespace, self.dest, values)
 

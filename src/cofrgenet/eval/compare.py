@@ -197,7 +197,10 @@ def _logged_config(client: Any, run_id: str) -> dict[str, Any] | None:
 #: Why a run is not a row (:func:`describe_run`), as said after the table.
 GLUE_RUN = "GLUE fine-tuning runs: their dev scores are columns of the fine-tuned run's row"
 NO_CONFIG = "no cofrgenet config: a sweep's parent run, another tool's"
-NO_CONFIG_TRIAL = "sweep trials stopped before their config was logged (no step trained)"
+NO_CONFIG_TRIAL = (
+    "sweep trials without a logged config (stopped or failed before their fit began, or "
+    "just started)"
+)
 NO_STEP = "failed before a step"
 
 
@@ -918,7 +921,9 @@ def sweep_trials(path: str, study: str | None = None) -> SweepTrials:
     except (OSError, yaml.YAMLError) as error:
         named = (
             ""
-            if path.endswith((".yaml", ".yml"))
+            if not isinstance(error, FileNotFoundError)
+            or path.endswith((".yaml", ".yml", "/"))
+            or "/" in path
             else f" (a study named {path}: compare its trials with --experiment EXPERIMENT, the "
             "sweep file's experiment, else the study's name)"
         )

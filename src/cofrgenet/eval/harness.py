@@ -495,7 +495,9 @@ class _CofrgenetLMImpl:
         def choose(logits: Tensor) -> Tensor:  # as cofr generate draws; no padded id
             from cofrgenet.nn.decoding import sample_next
 
-            self.not_finite += int(logits[..., : self._n_real].isnan().any())
+            # NaN, or +inf (its argmax a token drawn from no distribution).
+            real = logits[..., : self._n_real]
+            self.not_finite += int((real.isnan() | real.isposinf()).any())
             return sample_next(
                 logits,
                 temperature,
@@ -693,9 +695,9 @@ def run_harness(
     except ValueError as error:  # random.sample's, drawing the examples
         if num_fewshot and "larger than population" in str(error):
             raise HarnessError(
-                f"--num-fewshot {num_fewshot}: one of {', '.join(resolved.names)} has fewer "
-                "documents than that to draw its examples from (its fewshot split, else its "
-                "other documents); give fewer"
+                f"--num-fewshot {num_fewshot}: {_which_task(resolved.names)} fewer documents "
+                "than that to draw its examples from (its fewshot split, else its other "
+                "documents); give fewer"
             ) from None
         raise
     except ConnectionError as error:  # datasets' "Couldn't reach '<name>' on the Hub"
@@ -716,6 +718,14 @@ def run_harness(
         )
         return {task: dict.fromkeys(metrics, math.nan) for task, metrics in scores.items()}
     return scores
+
+
+def _which_task(names: Sequence[str]) -> str:
+    """``task has`` for one task asked, ``one of a, b, c has`` for a few, else their count."""
+    if len(names) == 1:
+        return f"{names[0]} has"
+    shown = ", ".join(names) if len(names) <= 5 else f"the {len(names)} tasks asked"
+    return f"one of {shown} has"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -402,7 +402,9 @@ def _check_rope_scaling(scaling: Any) -> dict[str, Any]:
         if kind == "llama3":
             names.append("no rope_type (Llama 3's is the one scaling there is)")
         hint = f" (Hugging Face's names: write {'; '.join(names)})" if names else ""
-        if kind not in (None, "llama3"):
+        if kind == "default":  # Hugging Face's "no scaling"
+            hint += "; Hugging Face's rope_type default is rope_scaling: null here"
+        elif kind not in (None, "llama3"):
             hint += f"; {kind!r} scaling is not supported, only Llama 3's"
         raise ConfigError(
             f"rope_scaling must be None or a dict with exactly the keys {ROPE_SCALING_KEYS}, "

@@ -360,10 +360,11 @@ class NotStartedYet(SweepError):
 
 def _has_checkpoint(run_dir: Path | None) -> bool:
     """Whether a trial's run folder holds a checkpoint its retry resumes from (unknown:
-    taken as yes)."""
-    from cofrgenet.training.checkpoints import newest_intact
+    taken as yes). Not read: said as a signal stops the worker, with seconds before a
+    SIGKILL, and checking a large checkpoint whole reads all of it."""
+    from cofrgenet.training.checkpoints import candidates
 
-    return run_dir is None or newest_intact(run_dir)[0] is not None
+    return run_dir is None or bool(candidates(run_dir))
 
 
 def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str, url: str) -> str:

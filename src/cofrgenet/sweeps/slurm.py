@@ -38,9 +38,11 @@ from cofrgenet.sweeps.spec import (
     Sweep,
     SweepError,
     base_config,
+    check_budget,
     check_extra,
     check_validates,
     flow_yaml,
+    trial_config,
 )
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "slurm" / "sweep.sbatch"
@@ -129,6 +131,9 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
     check_model_values(sweep, config)  # before sbatch: every array task would fail
     check_optimizer_values(sweep, config)
     check_validates(sweep, config)
+    # As run does, at the space's first values: needs no storage, so even unchecked.
+    check_budget(sweep, trial_config(sweep, {p.key: p.default() for p in sweep.space},
+                                     options.settings))  # fmt: skip
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     if nodes != 1:
@@ -469,12 +474,12 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     st.check_given_storage(options.storage, home, sweep.study)  # before the config's parse
     url = options.storage or home
     sbatch, settings = resources(sweep, options)
-    if options.n_trials is None and options.workers > sweep.total_trials:
+    if options.workers > sweep.total_trials:
         # Each array task runs a worker; those past the trials start none (and queue).
         print(
             f"warning: --workers {options.workers} for a study of {sweep.total_trials} "
-            f"trials: {options.workers - sweep.total_trials} array tasks would find none "
-            f"to train; --workers {sweep.total_trials} is enough",
+            f"trials: {options.workers - sweep.total_trials} array tasks or more would find "
+            f"none to train; --workers {sweep.total_trials} is enough",
             file=sys.stderr,
         )
     journal = st.journal_path(url)

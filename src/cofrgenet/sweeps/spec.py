@@ -672,9 +672,16 @@ def pruner_idle_in_budget(sweep: Sweep, config: dict[str, Any]) -> str | None:
         made = f" (what budget.tokens {float(sweep.budget.tokens):g} makes at the space's first values)"
     else:
         made = " (trainer.max_steps at the space's first values)"
-    return never_prunes_before_end(sweep.pruner, steps, made) or _validates_once(
-        sweep, config, steps, made
-    )
+    said = [
+        never_prunes_before_end(sweep.pruner, steps, made),
+        _validates_once(sweep, config, steps, made),
+    ]
+    return "; ".join(s for s in said if s) or None
+
+
+#: Keys that, searched, give trials other numbers of steps than the probe's.
+STEP_KEYS = ("trainer.max_steps", "data.batch_size", "data.block_size",
+             "model.config.block_size", "trainer.accumulate_grad_batches")  # fmt: skip
 
 
 def _validates_once(sweep: Sweep, config: dict[str, Any], steps: int, made: str) -> str | None:
@@ -1186,6 +1193,11 @@ def check_budget(sweep: Sweep, config: dict[str, Any]) -> None:
             f"steps{made}: a trial would validate once, at its end, and the pruner see "
             "nothing before; lower val_every"
         )
+    # The trainer's interval alike, where every trial trains these steps (a searched
+    # max_steps or batch may train others longer: pruner_idle_in_budget says it then).
+    once = _validates_once(sweep, config, steps, made)
+    if once is not None and not any(sweep.param(key) for key in STEP_KEYS):
+        raise SweepError(once)
 
 
 def check_validates(sweep: Sweep, config: dict[str, Any]) -> None:

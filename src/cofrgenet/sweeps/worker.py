@@ -675,7 +675,6 @@ def check_before_submit(
     (the base files only where the tasks run ``here``, in the submit folder: an
     ``--sbatch --chdir`` may have them read others)."""
     probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
-    check_budget(sweep, probe)
     if data:
         check_data_folder(sweep, probe)
     file = st.storage_file(url)

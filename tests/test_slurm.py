@@ -265,6 +265,18 @@ def test_the_scripts_run_where_slurm_starts_them(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"ran in {work}" in result.stdout
+    # sbatch --ntasks 2 alone: one line, not a Lightning traceback from each rank.
+    result = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "train.sbatch"), "conf/experiment/demo-gpt2.yaml"],
+        env={**env, "SLURM_NTASKS": "2"}, capture_output=True, text=True, cwd=work,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "error: --ntasks=2 without --ntasks-per-node: submit with --ntasks-per-node N" in (
+        result.stderr
+    )
+    one = {**env, "SLURM_NTASKS": "1"}  # one task on one node: as --ntasks-per-node 1
+    assert subprocess.run(["bash", str(ROOT / "slurm" / "train.sbatch"), "x.yaml"], env=one,
+                          capture_output=True, cwd=work).returncode == 0  # fmt: skip
 
 
 # ------------------------------------------------------------------ a real cluster

@@ -4297,3 +4297,19 @@ def test_a_ctrl_c_in_the_validation_after_the_last_step_says_the_run_finishes(ca
     assert "stopping" not in said
     with pytest.raises(KeyboardInterrupt):  # a second one aborts, as anywhere
         stop._on_sigint(signal.SIGINT, None)
+
+
+def test_a_val_interval_inside_optimizer_steps_is_warned_of():
+    """Lightning counts val_check_interval in batches: 10 under accumulate_grad_batches 3
+    validated at steps 3, 6, 10, 13..., inside steps, unsaid."""
+    from cofrgenet.training.cli import _check_trainer_counts
+
+    settings = {"val_check_interval": 10, "accumulate_grad_batches": 3}
+    with pytest.warns(UserWarning, match=r"val_check_interval 10 counts batches, and is not a "
+                      r"multiple of trainer\.accumulate_grad_batches 3: .*; 30 validates every "
+                      r"10 steps"):  # fmt: skip
+        _check_trainer_counts(settings.get)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_trainer_counts({**settings, "val_check_interval": 30}.get)
+        _check_trainer_counts({"val_check_interval": 10}.get)

@@ -1502,6 +1502,14 @@ def _check_trainer_counts(value: Any) -> None:
             f"trainer.check_val_every_n_epoch set), got {interval}; to validate less, raise "
             "it, or set trainer.limit_val_batches: 0"
         )
+    whole = [v for v in (interval, accumulate) if isinstance(v, int) and not isinstance(v, bool)]
+    if len(whole) == 2 and accumulate > 1 and interval % accumulate:
+        # Lightning counts the interval in batches: it validated mid-step (steps 3, 6, 10).
+        rank_zero_warn(
+            f"trainer.val_check_interval {interval} counts batches, and is not a multiple of "
+            f"trainer.accumulate_grad_batches {accumulate}: validation falls inside optimizer "
+            f"steps; {interval * accumulate} validates every {interval} steps"
+        )
     clip = value("gradient_clip_val")
     if clip is not None and not isinstance(clip, bool) and clip < 0:  # Lightning: no clipping
         raise ConfigError(

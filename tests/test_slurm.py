@@ -197,7 +197,7 @@ def test_more_workers_than_trials_are_said(tiny_data, tmp_path, capsys):
                "--set", f"data.data_dir={tiny_data}", "--workers"]  # fmt: skip
     assert main([*command, "9"]) == 0
     assert (
-        "warning: --workers 9 for a study of 6 trials: 3 array tasks would find none to "
+        "warning: --workers 9 for a study of 6 trials: 3 array tasks or more would find none to "
         "train; --workers 6 is enough"
     ) in capsys.readouterr().err
     assert main([*command, "6"]) == 0

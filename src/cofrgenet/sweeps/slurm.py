@@ -131,9 +131,6 @@ def resources(sweep: Sweep, options: SubmitOptions) -> tuple[dict[str, str], dic
     check_model_values(sweep, config)  # before sbatch: every array task would fail
     check_optimizer_values(sweep, config)
     check_validates(sweep, config)
-    # As run does, at the space's first values: needs no storage, so even unchecked.
-    check_budget(sweep, trial_config(sweep, {p.key: p.default() for p in sweep.space},
-                                     options.settings))  # fmt: skip
     settings: dict[str, Any] = dict(options.settings)
     nodes = int(get_dotted(config, "trainer.num_nodes", 1) or 1)
     if nodes != 1:
@@ -598,11 +595,20 @@ def submit(
     # A database only when it answered above; the data folder only as the tasks see it:
     # from the submit folder, their working folder unless an --sbatch --chdir moves them.
     readable = options.check_storage or st.storage_file(rendered.storage) is not None
+    # A trial's config as the workers read it (their pinned devices set a tokens budget's
+    # steps), parsed once: its budget needs no storage, so it is checked even unread.
+    probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, rendered.settings)
+    check_budget(sweep, probe)
     if readable:
         here = "chdir" not in rendered.resources
         try:
             check_before_submit(
-                sweep, rendered.storage, rendered.settings, options.check_storage and here, here
+                sweep,
+                rendered.storage,
+                rendered.settings,
+                options.check_storage and here,
+                here,
+                probe,
             )
         except SweepError as error:
             escape = " (where only the compute nodes see it: --no-storage-check)"

@@ -662,7 +662,12 @@ def study_done(study: optuna.Study, sweep: Sweep) -> bool:
 
 
 def check_before_submit(
-    sweep: Sweep, url: str, settings: dict[str, Any], data: bool, here: bool = True
+    sweep: Sweep,
+    url: str,
+    settings: dict[str, Any],
+    data: bool,
+    here: bool = True,
+    probe: dict[str, Any] | None = None,
 ) -> None:
     """What ``cofr sweep run`` would refuse at once, checked by ``cofr sweep submit``
     before ``sbatch``: else every array task fails on it after the queue's wait. The
@@ -674,7 +679,8 @@ def check_before_submit(
     The workers' ``--set``, data-parallel width and base files must be the study's too
     (the base files only where the tasks run ``here``, in the submit folder: an
     ``--sbatch --chdir`` may have them read others)."""
-    probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
+    if probe is None:  # a trial's config at the space's first values (submit has it)
+        probe = trial_config(sweep, {p.key: p.default() for p in sweep.space}, settings)
     if data:
         check_data_folder(sweep, probe)
     file = st.storage_file(url)

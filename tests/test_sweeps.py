@@ -3383,6 +3383,11 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
         callback_metrics={},
     )  # fmt: skip
     trainer.save_checkpoint = lambda path, **_: saved.append((trainer.global_step, Path(path)))
+
+    class EpochLoop:  # Lightning's count of batches: 2 a step, the last one running
+        total_batch_idx = property(lambda self: trainer.global_step * 2 - 1)
+
+    trainer.fit_loop = SimpleNamespace(epoch_loop=EpochLoop())
     callback._share = lambda key, value: None  # no study storage here
     callback.on_train_batch_start(trainer, None, None, 0)
     callback.on_train_batch_end(trainer, None, None, None, 0)  # micro-batch 1 of step 3

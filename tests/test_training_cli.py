@@ -1445,6 +1445,63 @@ def test_a_signal_saves_the_step_marks_the_run_killed_and_exits_nonzero(
     assert history("sig") == history("whole")
 
 
+#: Epochs of 38 batches (16 sequences of 33 tokens) at 3 batches a step: 12 steps of 3
+#: and a last of 2, so step 13 has trained 38 batches, not 39.
+SHORT_STEP_EPOCHS = [
+    "--data.batch_size", "16", "--trainer.accumulate_grad_batches", "3",
+    "--trainer.log_every_n_steps", "1", "--run.checkpoint_every_n_steps", "100",
+]  # fmt: skip
+
+
+def test_a_stop_after_an_epoch_that_ended_on_a_short_step_resumes_exactly(tiny_data, tmp_path):
+    """Stopped by Ctrl-C in the short step that ends the first epoch, a fit that
+    validates every 39 batches took that validation as due after step 13 (13 x 3),
+    waited, validated one micro-batch into step 14 (Lightning counts batches: 39 came
+    there) and saved "step 13" there: the resume skipped that micro-batch, and warned of
+    a validation "that did not finish". It stops after step 13 and resumes as if never
+    stopped."""
+    common = [*SHORT_STEP_EPOCHS, "--trainer.val_check_interval", "39"]
+    common += ["--trainer.max_steps", "15"]
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "short", *common,
+        "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=12",
+        "--trainer.callbacks.signum=2",
+    )  # fmt: skip
+    proc, out = cofr_in_a_process(args)
+    assert proc.returncode == 130, out[-3000:]
+    assert "stopped by SIGINT after step 13" in out
+    assert "this step validates" not in out  # step 13 does not: it had trained 38 batches
+    last = tmp_path / "runs" / "test" / "short" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["batches_trained"] == 38
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = CofrCLI(args=fit_args(
+            tmp_path, tiny_data, "--run.name", "short", *common, "--ckpt_path", "last"
+        ))  # fmt: skip
+    assert not [w for w in caught if "did not finish" in str(w.message)]
+    whole = CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "whole", *common))
+    assert resumed.trainer.global_step == whole.trainer.global_step == 15
+    ours, theirs = resumed.model.state_dict(), whole.model.state_dict()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key  # the same micro-batches, same steps
+
+
+def test_a_periodic_checkpoint_at_an_epochs_end_is_saved_there(tiny_data, tmp_path):
+    """A periodic save that fell on an epoch's last step was put off by Lightning to the
+    next validation's end (it expects one after each epoch; here one every 39 batches
+    came one micro-batch into step 14): ``step0000013.ckpt`` held that later state under
+    the earlier step's name. It is step 13's, saved at its end."""
+    args = fit_args(
+        tmp_path, tiny_data, "--run.name", "epochs", *SHORT_STEP_EPOCHS,
+        "--trainer.val_check_interval", "39", "--trainer.max_steps", "14",
+    )  # fmt: skip
+    args[args.index("--run.checkpoint_every_n_steps") + 1] = "13"
+    CofrCLI(args=args)
+    periodic = tmp_path / "runs" / "test" / "epochs" / "checkpoints" / "step0000013.ckpt"
+    saved = torch.load(periodic, weights_only=True)
+    assert (saved["global_step"], saved["batches_trained"]) == (13, 38)
+
+
 def test_last_ckpt_is_the_newest_step_after_a_resume_from_a_signal_stop(tiny_data, tmp_path):
     """Stopped by a signal before the first periodic checkpoint, the run's only
     ``last.ckpt`` is the stop's save, which Lightning's checkpoint state does not know as
@@ -2808,18 +2865,22 @@ def test_a_resume_with_no_time_left_is_refused(tiny_data, tmp_path):
 
 
 def test_validation_due_counts_batches_as_lightning_does():
-    """val_check_interval counts batches with check_val_every_n_epoch null: under
-    gradient accumulation a step-counted validation falls where steps x accumulation is
-    a multiple of it; none without validation or with epoch-counted intervals."""
+    """val_check_interval counts batches with check_val_every_n_epoch null: a
+    checkpoint's step validates where the batches it trained are a multiple of it (under
+    gradient accumulation, steps x accumulation for a checkpoint that does not record
+    them); none without validation or with epoch-counted intervals."""
     from cofrgenet.training.cli import validation_due
 
     steps = {"val_check_interval": 10, "check_val_every_n_epoch": None}
-    assert [s for s in range(1, 21) if validation_due(steps, s)] == [10, 20]
+    assert [s for s in range(1, 21) if validation_due(steps, s, {})] == [10, 20]
     accumulated = {**steps, "accumulate_grad_batches": 4}
-    assert [s for s in range(1, 21) if validation_due(accumulated, s)] == [5, 10, 15, 20]
-    assert not validation_due({**steps, "limit_val_batches": 0}, 10)
-    assert not validation_due({"val_check_interval": 10}, 10)  # counted in each epoch
-    assert not validation_due({**steps, "val_check_interval": 0.5}, 10)
+    assert [s for s in range(1, 21) if validation_due(accumulated, s, {})] == [5, 10, 15, 20]
+    # An epoch of 38 batches ended on a step of 2: step 10 trained 38 batches, not 40.
+    assert not validation_due(accumulated, 10, {"batches_trained": 38})
+    assert validation_due(accumulated, 13, {"batches_trained": 50})
+    assert not validation_due({**steps, "limit_val_batches": 0}, 10, {})
+    assert not validation_due({"val_check_interval": 10}, 10, {})  # counted in each epoch
+    assert not validation_due({**steps, "val_check_interval": 0.5}, 10, {})
 
 
 @pytest.mark.slow

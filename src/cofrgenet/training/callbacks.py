@@ -278,6 +278,11 @@ class StepBoundaries(L.Callback):
         if trainer.global_step != self._running_step:
             self.on_step_end(trainer, pl_module)
 
+    def inside_step(self, trainer: L.Trainer) -> bool:
+        """Whether an optimizer step has run some of its micro-batches and not all: a
+        validation Lightning runs between them (it counts batches, not steps)."""
+        return trainer.global_step == self._running_step
+
     def on_step_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Before the first micro-batch of optimizer step ``trainer.global_step``."""
 
@@ -386,27 +391,32 @@ def late_stop(late_signals: Iterable[int]) -> int | None:
     return next((s for s in late_signals if s in (signal.SIGINT, signal.SIGTERM)), None)
 
 
-def validates_at(
-    step: int, every: Any, accumulate: Any, limit_val_batches: Any, every_n_epoch: Any
-) -> bool:
-    """Whether a fit validates at the end of optimizer step ``step``: every ``every``
-    batches (a step-counted ``val_check_interval``: ``check_val_every_n_epoch`` =
-    ``every_n_epoch`` null, as every conf/trainer file sets), ``accumulate`` batches a
-    step, unless ``limit_val_batches`` is 0. Epoch-counted validation is not foreseen
-    (False)."""
+def validates_at(batches: int, every: Any, limit_val_batches: Any, every_n_epoch: Any) -> bool:
+    """Whether a fit validates once it has trained ``batches`` training batches (micro-
+    batches, counted across epochs as Lightning counts them): every ``every`` batches (a
+    step-counted ``val_check_interval``: ``check_val_every_n_epoch`` = ``every_n_epoch``
+    null, as every conf/trainer file sets), unless ``limit_val_batches`` is 0.
+    Epoch-counted validation is not foreseen (False)."""
     if every_n_epoch is not None or limit_val_batches == 0:
         return False
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         return False
-    return (step * (accumulate or 1)) % every == 0
+    return batches % every == 0
+
+
+def batches_trained(trainer: L.Trainer) -> int:
+    """The training batches (micro-batches) a fit has run, across epochs and resumes:
+    Lightning's own count, which its step-counted validation follows. Not optimizer steps
+    x ``accumulate_grad_batches``: an epoch whose batches the accumulation does not divide
+    ends on a shorter step."""
+    return trainer.fit_loop.epoch_loop.total_batch_idx + 1
 
 
 def validates_after_this_step(trainer: L.Trainer) -> bool:
     """Whether Lightning validates after the optimizer step that has just ended."""
     return validates_at(
-        trainer.global_step,
+        batches_trained(trainer),
         trainer.val_check_batch,
-        trainer.accumulate_grad_batches,
         trainer.limit_val_batches,
         trainer.check_val_every_n_epoch,
     )
@@ -421,7 +431,8 @@ class StopOnSignal(StepBoundaries):
     micro-batches: a checkpoint taken inside a gradient accumulation would resume past
     micro-batches whose gradients it does not hold) the ranks agree whether any rank got
     one; a signal that comes while validation runs, or in a step that a validation
-    follows, is acted on when that validation ends (its score is not lost). Then
+    follows, is acted on when that validation ends (its score is not lost), or at the
+    end of the step it ran inside (Lightning counts batches, not steps). Then
     Lightning's own SIGTERM handler is called, so Lightning stops every rank
     together once the step's metrics are written (``SIGTERMException``), and this
     callback saves ``checkpoints/last.ckpt``. A second Ctrl-C aborts at once. A SIGUSR1
@@ -588,7 +599,15 @@ class StopOnSignal(StepBoundaries):
         # The validation after the last step has scored the finished run: a signal then is
         # late (kept in late_signals), not a stop that would mark a finished run KILLED
         # and keep it out of a benchmark's table.
-        if trainer.state.fn == "fit" and not _trained_out(trainer):
+        # One that ran inside an optimizer step (Lightning counts batches: an interval
+        # that is not a multiple of accumulate_grad_batches, an epoch that ended on a
+        # shorter step) waits for the step's end: saved here, a checkpoint would resume
+        # past micro-batches whose gradients it does not hold.
+        if (
+            trainer.state.fn == "fit"
+            and not _trained_out(trainer)
+            and not self.inside_step(trainer)
+        ):
             self._act(trainer, pl_module)
 
     def _act(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -43,6 +43,13 @@ class RunCheckpoint(ModelCheckpoint):
         # callback, so after a resume Lightning would not know it as its own and would
         # write the later steps to last-v1.ckpt, leaving last.ckpt at the stop.
         kwargs.setdefault("enable_version_counter", False)
+        # The saves are step-counted. Unless told to save at an epoch's end, Lightning
+        # puts a periodic save that falls on an epoch's last batch off to the next
+        # validation's end, as if one followed every epoch: a step-counted validation
+        # came steps later (the checkpoint then held a later state, part-way through a
+        # step under gradient accumulation, under the earlier step's name) or never
+        # (no checkpoint of that step). Saved at the epoch's end, it is that step's.
+        kwargs.setdefault("save_on_train_epoch_end", True)
         super().__init__(*args, **kwargs)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

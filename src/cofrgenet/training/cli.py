@@ -1286,7 +1286,7 @@ class CofrCLI(LightningCLIAdapter):
             )
             resumed = (run_dir / RUN_ID_FILE).exists() and not started_from
             if self.subcommand == "fit" and step and resumed and rank_zero_only.rank == 0:
-                note = unscored_validation(trainer_config, step, run, run_dir, chosen)
+                note = unscored_validation(trainer_config, step, saved, run, run_dir, chosen)
                 if note:
                     rank_zero_warn(note)
             elif self.subcommand == "fit" and step and not started_from:
@@ -1624,28 +1624,34 @@ SCORING_KEYS = (
 FSDP_STRATEGY_OPTION = f"--trainer.strategy.class_path {LADDER_FSDP}"
 
 
-def validation_due(trainer_config: dict[str, Any], step: int) -> bool:
+def validation_due(trainer_config: dict[str, Any], step: int, saved: dict[str, Any]) -> bool:
     """Whether the fit of ``trainer_config`` (its Trainer settings) validates at the end
-    of optimizer step ``step``."""
+    of optimizer step ``step``, which checkpoint ``saved`` holds (the batches it trained:
+    ``step x accumulate_grad_batches`` for a checkpoint from before they were saved)."""
+    accumulate = trainer_config.get("accumulate_grad_batches") or 1
     return validates_at(
-        step,
+        saved.get("batches_trained", step * accumulate),
         trainer_config.get("val_check_interval"),
-        trainer_config.get("accumulate_grad_batches"),
         trainer_config.get("limit_val_batches"),
         trainer_config.get("check_val_every_n_epoch", 1),
     )
 
 
 def unscored_validation(
-    trainer_config: dict[str, Any], step: int, run: RunConfig, run_dir: Path, chosen: str
+    trainer_config: dict[str, Any],
+    step: int,
+    saved: dict[str, Any],
+    run: RunConfig,
+    run_dir: Path,
+    chosen: str,
 ) -> str | None:
-    """A note for a resume from a checkpoint saved before the validation due at its step
-    when the run's MLflow history has no ``val/loss`` there: a hard kill during that
+    """A note for a resume from checkpoint ``saved``, saved before the validation due at
+    its step, when the run's MLflow history has no ``val/loss`` there: a hard kill during that
     validation, which Lightning takes as done on resume. None otherwise (or when the
     history cannot be read: the fit says why soon enough)."""
     from mlflow.tracking import MlflowClient
 
-    if not validation_due(trainer_config, step):
+    if not validation_due(trainer_config, step, saved):
         return None
     try:
         run_id = (run_dir / RUN_ID_FILE).read_text().strip()

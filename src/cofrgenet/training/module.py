@@ -21,6 +21,7 @@ from cofrgenet.models import build_model, estimate_flops_per_token
 from cofrgenet.models.presets import DEFAULT_PRESET
 from cofrgenet.nn import LadderLayer
 from cofrgenet.training import checkpoints
+from cofrgenet.training.callbacks import batches_trained
 from cofrgenet.training.console import quiet_known_noise
 from cofrgenet.training.model_options import ModelOverrides, fit_model_config, overrides_dict
 from cofrgenet.training.optim import (
@@ -346,6 +347,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         trainer = self._attached_trainer()
         if trainer is not None:  # a resume with another accumulation is said
             checkpoint["accumulate_grad_batches"] = trainer.accumulate_grad_batches
+            # which validation was due at the checkpoint's step (cofr fit's resume note)
+            checkpoint["batches_trained"] = batches_trained(trainer)
         # Whose checkpoint it is: a copy in another run's folder must not be scored as
         # that run's (pretrained.foreign_checkpoint).
         try:

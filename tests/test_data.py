@@ -913,7 +913,9 @@ def _as_rank(monkeypatch, dm, rank: int, processes: int) -> None:
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: processes)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: rank)
     fn = SimpleNamespace(fn="fit")
-    dm.trainer = SimpleNamespace(world_size=processes, global_rank=rank, state=fn)
+    dm.trainer = SimpleNamespace(
+        world_size=processes, global_rank=rank, state=fn, is_last_batch=False
+    )
 
 
 @pytest.mark.parametrize("processes", [2, 3, 4])
@@ -1049,7 +1051,9 @@ def test_datamodule_refuses_to_resume_with_other_data_settings(pydoc_byte):
     # More sequences per step (a larger batch, or more processes): Lightning ends the
     # resumed epoch by its old batch count, before the data is read; said as such.
     more = TokenDataModule(str(pydoc_byte), block_size=16, batch_size=2, num_workers=0, seed=5)
-    more.trainer = SimpleNamespace(world_size=2, state=SimpleNamespace(fn="fit"))
+    more.trainer = SimpleNamespace(
+        world_size=2, state=SimpleNamespace(fn="fit"), is_last_batch=False
+    )
     with pytest.warns(UserWarning, match=r"^processes 1 -> 2 since .*; 2 -> 4 sequences per step"):
         more.load_state_dict(state)
 
@@ -1167,8 +1171,9 @@ def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_by
     def attach(dm: TokenDataModule, processes: int, fn: str, limit: int | float = 4):
         state = SimpleNamespace(fn=fn)
         dm.trainer = SimpleNamespace(
-            world_size=processes, global_rank=0, state=state, limit_val_batches=limit
-        )
+            world_size=processes, global_rank=0, state=state, limit_val_batches=limit,
+            is_last_batch=False,
+        )  # fmt: skip
         return dm
 
     def make(processes: int, fn: str, limit: int | float = 4, val_batch_size: int = 2):

@@ -1502,6 +1502,26 @@ def test_a_periodic_checkpoint_at_an_epochs_end_is_saved_there(tiny_data, tmp_pa
     assert (saved["global_step"], saved["batches_trained"]) == (13, 38)
 
 
+def test_a_resume_from_an_epoch_cut_short_by_limit_train_batches_starts_the_next_one(
+    tiny_data, tmp_path
+):
+    """``limit_train_batches`` ends each epoch with batches left in the loader: a resume
+    from the checkpoint of an epoch's last step read the rest of that epoch, where the
+    fit had begun the next one (in a new order). It begins the next one."""
+    common = [
+        "--trainer.limit_train_batches", "10", "--trainer.max_steps", "13",
+        "--trainer.val_check_interval", "100", "--run.checkpoint_every_n_steps", "10",
+    ]  # fmt: skip
+    whole = CofrCLI(args=fit_args(tmp_path, tiny_data, "--run.name", "whole", *common))
+    epoch_end = tmp_path / "runs" / "test" / "whole" / "checkpoints" / "step0000010.ckpt"
+    branch = CofrCLI(args=fit_args(
+        tmp_path, tiny_data, "--run.name", "branch", *common, "--ckpt_path", str(epoch_end)
+    ))  # fmt: skip
+    ours, theirs = branch.model.state_dict(), whole.model.state_dict()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key  # the next epoch's batches
+
+
 def test_last_ckpt_is_the_newest_step_after_a_resume_from_a_signal_stop(tiny_data, tmp_path):
     """Stopped by a signal before the first periodic checkpoint, the run's only
     ``last.ckpt`` is the stop's save, which Lightning's checkpoint state does not know as

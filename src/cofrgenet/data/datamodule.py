@@ -18,6 +18,7 @@ import multiprocessing
 import multiprocessing.util
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,10 @@ def pin_shuffle(dataset: StreamingDataset) -> None:
 LITDATA_PRIVATE = ("_worker_idx",)
 
 
+#: The key of a training loader's state that says the fit's epoch ended there.
+EPOCH_OVER = "cofr_epoch_over"
+
+
 class ResumableStreamingDataLoader(StreamingDataLoader):
     """A ``StreamingDataLoader`` whose resumed epoch ends like any other, and that may
     load its state more than once (litdata 0.2.76).
@@ -180,9 +185,22 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
     counting batches (the loader has a length), so the epoch after a resumed one would
     restart from the checkpoint's position, in the old order. Here, once the resumed
     iteration has yielded a batch, the next ``iter()`` starts a new epoch as usual.
+
+    Lightning may end an epoch before the loader runs out (``trainer.limit_train_batches``):
+    :attr:`epoch_over` (set by the data module) says so, the state records it, and a
+    resume from it starts the next epoch, as the fit would have, not the old one's rest.
     """
 
     _resumed_epoch_started = False
+
+    #: Whether the fit's epoch ended at the batch last yielded (None: never).
+    epoch_over: Callable[[], bool] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.epoch_over is not None and self.epoch_over():
+            state[EPOCH_OVER] = True
+        return state
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         # litdata steps its cycle over the workers on to the saved position, but reuses a
@@ -190,8 +208,8 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         # stepped it on twice, and the resumed epoch took the workers' batches in
         # another order. A fresh cycle makes each load start from the first worker.
         self._worker_idx = None
-        super().load_state_dict(obj)
-        self._resumed_epoch_started = False
+        super().load_state_dict({k: v for k, v in obj.items() if k != EPOCH_OVER})
+        self._resumed_epoch_started = bool(obj.get(EPOCH_OVER))
 
     def __iter__(self) -> Any:
         if self.restore and self._resumed_epoch_started:
@@ -417,6 +435,7 @@ class TokenDataModule(L.LightningDataModule):
                 "block_size, or prepare more text"
             )
         self._check_val_interval(len(loader))
+        loader.epoch_over = self._fit_epoch_over
         if self._pending_state is not None:
             loader.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -763,6 +782,11 @@ class TokenDataModule(L.LightningDataModule):
                 f"cannot resume the data stream exactly: the data settings changed since the "
                 f"checkpoint ({details}). Resume with the original data folder and settings."
             )
+
+    def _fit_epoch_over(self) -> bool:
+        """Whether the fit's training epoch has ended at its last batch."""
+        trainer = getattr(self, "trainer", None)
+        return trainer is not None and trainer.state.fn == "fit" and bool(trainer.is_last_batch)
 
     def _resuming_fit(self) -> bool:
         """Whether the state is loaded to resume training (not to evaluate a checkpoint)."""

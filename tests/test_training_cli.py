@@ -1579,20 +1579,31 @@ def test_an_epoch_limited_fit_saves_its_last_step(tiny_data, tmp_path):
     assert torch.load(last, weights_only=True)["global_step"] == 7
 
 
-def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path):
+@pytest.mark.parametrize("every", [2, 10], ids=["checkpointed", "no-checkpoint"])
+def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path, every):
     """An impatient second Ctrl-C reaches Lightning's own handler, which ends the process
     with status 1: `cofr fit` exits 130 all the same (a script or SLURM tells an
-    interrupted fit from a failed one by it), and its MLflow run is KILLED."""
+    interrupted fit from a failed one by it), its MLflow run is KILLED, and it says what
+    is left (Lightning's "attempting graceful shutdown" was the last line): the newest
+    checkpoint and how to resume, or that there is none."""
     args = fit_args(
         tmp_path, tiny_data, "--run.name", "twice", "--trainer.max_steps", "8",
+        "--run.checkpoint_every_n_steps", str(every),
         "--trainer.callbacks+=sweep_helpers.SignalAtStep", "--trainer.callbacks.step=3",
         "--trainer.callbacks.signum=2", "--trainer.callbacks.times=2",
     )  # fmt: skip
     proc, out = cofr_in_a_process(args)
     assert proc.returncode == 130, out[-3000:]
-    run_id = (tmp_path / "runs" / "test" / "twice" / "mlflow_run_id").read_text().strip()
+    run_dir = tmp_path / "runs" / "test" / "twice"
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     assert client.get_run(run_id).info.status == "KILLED"
+    assert "aborted by a second Ctrl-C in step 4: not saved" in out
+    if every == 2:
+        assert "the newest checkpoint is checkpoints/last.ckpt\nresume with: cofr fit" in out
+        assert torch.load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 2
+    else:
+        assert "no checkpoint was saved before it: start again with another --run.name" in out
 
 
 def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tmp_path):

@@ -683,6 +683,9 @@ class StopOnSignal(StepBoundaries):
             exception.code = 128 + self.signal  # the status cofr fit exits with
         elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C, or one while starting
             self._mark_killed(trainer)
+            launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
+            if not launcher:  # ddp_spawn's launching process leaves it to its ranks
+                self._say_aborted(trainer)
         self._phase, self._ended = "idle", True
         self._restore_handlers()
 
@@ -733,6 +736,31 @@ class StopOnSignal(StepBoundaries):
             f"stopped by {name} after step {trainer.global_step}: saved {path}"
             + (f"\nresume with: {hint}" if hint else "")
         )
+
+    def _say_aborted(self, trainer: L.Trainer) -> None:
+        """What a Ctrl-C that aborts leaves: the newest checkpoint and how to resume from
+        it, or that there is none (Lightning's "attempting graceful shutdown" was all)."""
+        run_dir = Path(trainer.default_root_dir)
+        hint = self.resume_hint(run_dir.name)
+        if self._phase == "starting":
+            said = "stopped by Ctrl-C before training began: nothing new to save"
+            rank_zero_info(said + (f"; to start again: {hint}" if hint else ""))
+            return
+        if self._phase == "ending":
+            said = (
+                f"aborted by a second Ctrl-C after the last step, {trainer.global_step}: "
+                f"its {self._left_to_finish} did not finish"
+            )
+        else:
+            said = f"aborted by a second Ctrl-C in step {trainer.global_step + 1}: not saved"
+        if (run_dir / "checkpoints" / "last.ckpt").exists():
+            said += "; the newest checkpoint is checkpoints/last.ckpt"
+            rank_zero_info(said + (f"\nresume with: {hint}" if hint else ""))
+        else:
+            rank_zero_info(
+                f"{said}, and no checkpoint was saved before it: start again with another "
+                f"--run.name (or remove {run_dir})"
+            )
 
     @staticmethod
     def _mark_killed(trainer: L.Trainer) -> None:

@@ -756,7 +756,8 @@ def test_a_finetune_on_part_of_the_task_is_not_logged_onto_the_pretraining_run(
 
 def test_caps_above_the_sets_sizes_cut_nothing_and_the_scores_are_logged(tmp_path, capsys):
     """--max-train-samples 100000 on a 24-example train set used all 24, yet the run
-    counted as partial and its scores stayed off the pretraining run."""
+    counted as partial and its scores stayed off the pretraining run. Its 3 steps log
+    train/loss and opt/lr each."""
     import mlflow
 
     ckpt = trained_checkpoint(tmp_path, tiny_byte_data(tmp_path / "data"))
@@ -776,6 +777,9 @@ def test_caps_above_the_sets_sizes_cut_nothing_and_the_scores_are_logged(tmp_pat
     pretrain_id = (ckpt.parents[1] / "mlflow_run_id").read_text().strip()
     logged = client.get_run(pretrain_id).data.metrics["glue/sst2/accuracy"]
     assert logged == pytest.approx(result["metrics"]["glue/sst2/accuracy"])
+    # A curve of each of its 3 steps: logged every 50 (at most an epoch's), there was one.
+    for key in ("train/loss", "opt/lr"):
+        assert [m.step for m in client.get_metric_history(result["run_id"], key)] == [0, 1, 2]
 
 
 def test_a_run_in_another_store_is_named_with_it_and_its_data_folder_is_absolute(

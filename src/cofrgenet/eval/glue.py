@@ -972,6 +972,7 @@ def _trainer(
     import lightning as L
     from lightning.pytorch.callbacks import RichProgressBar
 
+    total = min(config.max_steps or math.inf, config.epochs * steps_per_epoch)
     return L.Trainer(
         accelerator=accelerator,
         devices=1,  # the dev metrics are computed on one process
@@ -982,7 +983,9 @@ def _trainer(
         val_check_interval=config.eval_every,
         check_val_every_n_epoch=None if config.eval_every else 1,
         num_sanity_val_steps=0,
-        log_every_n_steps=min(50, steps_per_epoch),
+        # At least ~10 points of train/loss and opt/lr: every 50 steps logged none in a
+        # run of fewer (a few hundred examples, --max-steps 10).
+        log_every_n_steps=max(1, min(50, steps_per_epoch, total // 10)),
         logger=logger,
         callbacks=[RichProgressBar(leave=True)] if progress else [],
         enable_checkpointing=False,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
+import sys
 
 from cofrgenet.folder_lock import FolderLock
 
@@ -74,3 +76,19 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(FolderLock, "try_acquire", no_locks)
     with pytest.raises(UserError, match=r"No locks available; its file system may not lock"):
         RunLock(tmp_path / "run").acquire()
+
+
+def test_the_holders_command_is_quoted_to_paste_back(tmp_path, monkeypatch):
+    """A refused second writer is shown the holder's command: a glob in it was unquoted,
+    and pasted back the shell expanded it into other arguments."""
+    corpus = f"{tmp_path}/corpus/*.txt"
+    argv = ["/venv/bin/cofr", "data", "prepare", "--glob", corpus, "--out", str(tmp_path / "o")]
+    monkeypatch.setattr(sys, "argv", argv)
+    lock = FolderLock(tmp_path / "lock")
+    assert lock.try_acquire()
+    try:
+        command = FolderLock(tmp_path / "lock").holder()["command"]
+        assert shlex.split(command) == ["cofr", *argv[1:]]
+        assert f"'{corpus}'" in command
+    finally:
+        lock.release()

@@ -18,12 +18,11 @@ import json
 import logging
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cofrgenet.redact import hide_passwords
+from cofrgenet.redact import shown_command_line
 
 
 class FolderLock:
@@ -76,7 +75,7 @@ class FolderLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": dt.datetime.now().isoformat(timespec="seconds"),
-            "command": hide_passwords(" ".join(["cofr", *sys.argv[1:]]))[:500],  # 0644
+            "command": shown_command_line()[:500],  # the file is 0644
         }
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(me) + "\n").encode())

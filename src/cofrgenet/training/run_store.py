@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 import unicodedata
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from cofrgenet.config_variables import expand_variables
 from cofrgenet.databases import connection_error, is_server_url
 from cofrgenet.databases import reason as driver_reason
 from cofrgenet.errors import ConfigError
-from cofrgenet.redact import hide_passwords
+from cofrgenet.redact import hide_passwords, shown_command_line
 
 RUN_ID_FILE = "mlflow_run_id"
 #: The run folder's copy of its data folder's tokenizer (``meta.json``, ``tokenizer/``),
@@ -608,16 +607,4 @@ def code_tags() -> dict[str, str]:
     """Which code made a run, as MLflow tags: cofrgenet's version, the git commit of its
     source (MLflow's "Git commit"; ``cofrgenet.git_dirty``: uncommitted changes in it)
     when it is a checkout, and the command line (``cofrgenet.command``, passwords hidden)."""
-    return {**_code_version(), "cofrgenet.command": cut(hide_passwords(command_line()))}
-
-
-def command_line() -> str:
-    """This process's command line as it is typed: ``cofr ...`` for the ``cofr`` entry
-    point, ``python -m cofrgenet`` and ``python -m cofrgenet.cli`` (as ``cofr demo``
-    starts its fits: argv[0] is the path of cofrgenet's ``__main__.py`` or ``cli.py``),
-    another program's own name otherwise."""
-    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
-    ours = program.name == "cofr" or (
-        program.name in ("__main__.py", "cli.py") and program.parent.name == "cofrgenet"
-    )
-    return shlex.join(["cofr" if ours else str(program), *sys.argv[1:]])
+    return {**_code_version(), "cofrgenet.command": cut(shown_command_line())}

@@ -51,6 +51,7 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
     litdata = logging.getLogger("litdata.streaming.dataset")  # its own logger, filtered too
     with caplog.at_level(logging.WARNING, logger="litdata.streaming.dataset"):
         litdata.warning("Using state dict override, may lead to unexpected behavior if ...")
+        litdata.warning("Overriding state input_dir_path /b/train to /b/train, this may ...")
         litdata.warning("a chunk is missing")
     assert [r.getMessage() for r in caplog.records] == ["a chunk is missing"]
     caplog.clear()

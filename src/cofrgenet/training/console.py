@@ -46,6 +46,9 @@ HARMLESS: tuple[tuple[str, str], ...] = (
      "a resume writes into its run's checkpoints; a fresh fit into a used run is refused"),
     ("Using state dict override, may lead to unexpected behavior",
      "data/datamodule.py asks for it: its own fingerprint check replaces litdata's path check"),
+    ("Overriding state input_dir_path ",
+     "a data folder moved or copied since the checkpoint (litdata names the new path twice): "
+     "data/datamodule.py's fingerprint check says it holds the same data"),
     ("Experiment with name ", "a new MLflow experiment, made by its first run (a warning there)"),
     ("Creating initial MLflow database tables", "a new run store, made once"),
     ("Updating database tables", "MLflow bringing a new run store's schema up to date"),

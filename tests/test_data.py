@@ -14,6 +14,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1449,10 +1450,32 @@ def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
     (half / "meta.json").unlink()
     with pytest.raises(DataFolderError, match=r"half-written.*--overwrite"):
         TokenDataModule(str(half), block_size=8, batch_size=2)
+    # Killed (-9) while preparing: its lock file holds the command that was writing it.
+    glob = f"{tmp_path}/corpus/*.txt"
+    command = shlex.join(["cofr", "data", "prepare", "--source", "text", "--glob", glob,
+                          "--out", "elsewhere"])  # fmt: skip
+    (half / ".prepare.lock").write_text(json.dumps({"pid": 1, "command": command}) + "\n")
+    with pytest.raises(DataFolderError) as said:
+        read_meta(half)
+    remake = shlex.join(["cofr", "data", "prepare", "--source", "text", "--glob", glob,
+                         "--overwrite", "--out", str(half)])  # fmt: skip
+    assert f"from .prepare.lock):\n  {remake}" in str(said.value)
+    (half / ".prepare.lock").unlink()
     shutil.copy(pydoc_byte / "meta.json", half / "meta.json")
     (half / "val" / "index.json").unlink()
     with pytest.raises(DataFolderError, match=r"half-written: val/index\.json"):
         read_meta(half)
+
+
+def test_a_split_folder_given_for_the_data_folder_names_the_data_folder(pydoc_byte):
+    """``--data.data_dir data/pydoc-byte/train`` said it was no data folder and how to
+    prepare one from scratch."""
+    with pytest.raises(DataFolderError) as said:
+        read_meta(pydoc_byte / "train")
+    assert str(said.value) == (
+        f"{str(pydoc_byte / 'train')!r} is the 'train' part of data folder "
+        f"{str(pydoc_byte)!r}: pass that folder"
+    )
 
 
 def test_a_damaged_folder_names_the_command_that_made_it(pydoc_byte, tmp_path):

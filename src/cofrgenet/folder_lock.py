@@ -24,6 +24,9 @@ from typing import Any
 
 from cofrgenet.redact import shown_command_line
 
+#: The most characters of the holder's command line a lock file keeps.
+LOCK_COMMAND_CHARS = 500
+
 
 class FolderLock:
     """The exclusive lock held on ``path`` (a file, made if missing)."""
@@ -75,7 +78,7 @@ class FolderLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": dt.datetime.now().isoformat(timespec="seconds"),
-            "command": shown_command_line()[:500],  # the file is 0644
+            "command": shown_command_line()[:LOCK_COMMAND_CHARS],  # the file is 0644
         }
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(me) + "\n").encode())

@@ -26,6 +26,7 @@ from typing import Any
 
 from cofrgenet.atomic import is_temporary, write_text_atomic
 from cofrgenet.errors import UserError
+from cofrgenet.folder_lock import LOCK_COMMAND_CHARS
 
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
@@ -307,11 +308,29 @@ UNKNOWN_OPTIONS = "<the options that made it>"
 
 
 def guessed_remake(data_dir: Path) -> str:
-    """``e.g. (the options its name suggests):`` and the command of an unrecorded
-    folder, on the next line; or that command alone where its name suggests nothing."""
+    """The command that remakes a half-written folder, on the next line: the interrupted
+    prepare's own (its lock file records it), else ``e.g. (the options its name
+    suggests):`` and a guess, or that guess alone where its name suggests nothing."""
+    interrupted = _interrupted_prepare(data_dir)
+    if interrupted is not None:
+        return f" (the interrupted prepare's, from {PREPARE_LOCK}):\n  {interrupted}"
     command = remake_command(data_dir)
     guessed = "" if UNKNOWN_OPTIONS in command else ", e.g. (the options its name suggests)"
     return f"{guessed}:\n  {command}"
+
+
+def _interrupted_prepare(data_dir: Path) -> str | None:
+    """The ``cofr data prepare`` command that its lock file says was writing
+    ``data_dir``, made to remake it there; None where none is recorded."""
+    try:
+        holder = json.loads((data_dir / PREPARE_LOCK).read_text())
+        command = holder["command"]
+        words = shlex.split(command)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if words[:3] != ["cofr", "data", "prepare"] or len(command) >= LOCK_COMMAND_CHARS:
+        return None  # python -m ...prepare's, another tool's, or cut short
+    return _remade_here(words, data_dir)
 
 
 def remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
@@ -326,6 +345,12 @@ def remake_command(data_dir: Path, meta: DataMeta | None = None) -> str:
         words = shlex.split(meta.command_line)
     except ValueError:  # unbalanced quotes: not a command to give again
         return prepare_command(data_dir, "--overwrite", unknown=UNKNOWN_OPTIONS)
+    return _remade_here(words, data_dir)
+
+
+def _remade_here(words: list[str], data_dir: Path) -> str:
+    """Prepare command ``words`` made to write ``data_dir`` again: ``--out data_dir
+    --overwrite`` in place of its own ``--out``."""
     kept: list[str] = []
     skip = False
     for word in words:
@@ -367,6 +392,11 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             "(or another --source/--tokenizer; see `cofr data prepare --help`)."
         )
     meta_path = data_dir / META_FILE
+    if not meta_path.is_file() and (data_dir.parent / META_FILE).is_file():
+        raise DataFolderError(
+            f"{str(data_dir)!r} is the {data_dir.name!r} part of data folder "
+            f"{str(data_dir.parent)!r}: pass that folder"
+        )
     foreign = foreign_entries(data_dir) if not meta_path.is_file() else []
     written = any((data_dir / name).exists() for name in PREPARED_ENTRIES)
     if not meta_path.is_file() and (foreign or not written):

@@ -2509,3 +2509,16 @@ def test_the_default_out_of_a_local_dataset_is_named_after_its_folder(tmp_path):
     assert prepare_module.default_out(args) == Path("data") / "mydata-byte"
     args.dataset = "Skylion007/openwebtext"  # a hub name: its owner stays
     assert prepare_module.default_out(args, "gpt2") == Path("data/Skylion007_openwebtext-gpt2")
+
+
+def test_a_prepare_inside_a_data_folder_is_refused_before_it_reads(pydoc_byte):
+    """A prepare into data/pydoc-byte/sub wrote its data there, and the next
+    --overwrite of data/pydoc-byte was refused for the files it did not write."""
+    inner = pydoc_byte / "sub"
+    with pytest.raises(PrepareError) as said:
+        prepare_data(source="pydoc", tokenizer="byte", out=inner, max_docs=4)
+    assert str(said.value) == (
+        f"--out {str(inner)!r} is inside data folder {str(pydoc_byte)!r}: choose an --out "
+        "outside it (e.g. beside it)"
+    )
+    assert not inner.exists()

@@ -549,6 +549,7 @@ def check_out(out: Path, overwrite: bool) -> None:
     listed and split (a large hub dataset takes minutes to load, only to be refused)."""
     _check_is_folder(out)
     _check_can_make(out)
+    _check_not_in_a_data_folder(out)
     with contextlib.suppress(OSError):  # unreadable: the checks under the lock say why
         if tokenizer_only(out):  # with --overwrite, a prepare would replace a run's tokenizer
             raise PrepareError(
@@ -561,6 +562,17 @@ def check_out(out: Path, overwrite: bool) -> None:
             _check_not_half_written(out, overwrite)
     if overwrite and (out / META_FILE).exists():
         _check_no_readers(out)
+
+
+def _check_not_in_a_data_folder(out: Path) -> None:
+    """Refuse an ``out`` inside a data folder: its files would be no part of that folder's
+    data, and that folder's next --overwrite refused (it deletes only its own files)."""
+    for folder in out.resolve().parents:
+        if (folder / META_FILE).is_file():
+            raise PrepareError(
+                f"--out {str(out)!r} is inside data folder {str(folder)!r}: choose an --out "
+                "outside it (e.g. beside it)"
+            )
 
 
 def _check_not_half_written(out: Path, overwrite: bool) -> None:

@@ -1081,6 +1081,10 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
     result = json.loads((folder / "results.json").read_text())
     assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2}  # eval's names
     assert set(result["metrics"]) == {"glue/sst2/accuracy"} and result["steps"] == 2
+    # How it ran, as the whole fine-tuning's results say it: those lacked it.
+    assert result["epochs"] == round(2 / 3, 3) and result["train_examples"] == 24
+    assert result["precision"] == "32-true" and result["source"].startswith("tsv:")
+    assert {"max_length", "pretrain_run_id", "pretrain_step"} <= set(result)
     assert json.loads(beside.read_text()) == result
     assert "partial" not in json.loads(out.read_text())
     # The same command again (a SLURM requeue) runs in that folder: it was refused as

@@ -759,8 +759,10 @@ def finetune(
             # mlflow) and where --json asks for them, marked partial as cofr eval's are.
             kept_in: list[Path] = []
             if module.validated_at is not None:
+                ran = str(trainer.precision) if trainer is not None else precision
                 partial = {
                     **_scores_record(task, ckpt, module, step, config),
+                    **_how_it_ran(step, steps_per_epoch, len(train), max_length, ran, data, loaded),
                     "run_id": run_id,
                     "run_dir": str(run_dir) if run_id is None else None,
                     "partial": {  # as cofr eval's: the signal's name (SIGINT for Ctrl-C)
@@ -809,16 +811,15 @@ def finetune(
             run_id = logger.run_id if mlflow else None
             result: dict[str, Any] = {
                 **_scores_record(task, ckpt, module, trainer.global_step, config),
-                # Epochs trained, a fraction when --max-steps ended one part-way (Lightning's
-                # current_epoch counted the epoch it was in: 1 after 3 steps of 4).
-                "epochs": round(trainer.global_step / steps_per_epoch, 3),
-                "train_examples": len(train),
-                "max_length": max_length,
-                "precision": str(trainer.precision),  # as Lightning resolved it (bf16-mixed)
-                "source": data.source,
-                "pretrain_run_id": loaded.mlflow_run_id,
-                "pretrain_step": loaded.step,
-                "pretrain_tracking_uri": loaded.tracking_uri,
+                **_how_it_ran(
+                    trainer.global_step,
+                    steps_per_epoch,
+                    len(train),
+                    max_length,
+                    str(trainer.precision),
+                    data,
+                    loaded,
+                ),
                 "run_id": run_id,
                 "tracking_uri": uri if mlflow else None,
                 "experiment": experiment if mlflow else None,
@@ -956,6 +957,32 @@ def _mlflow_logger(
         **flatten(loaded.config.to_dict(), "model"),
     }
     return logger, flatten(params)
+
+
+def _how_it_ran(
+    step: int,
+    steps_per_epoch: int,
+    train_examples: int,
+    max_length: int,
+    precision: str,
+    data: TaskData,
+    loaded: Any,
+) -> dict[str, Any]:
+    """What a fine-tuning's results say of how it ran (a stopped one's partial results
+    too): after ``step`` steps, at ``precision`` (as Lightning resolved it: bf16-mixed),
+    on ``data``, from checkpoint ``loaded`` (a :class:`LoadedCheckpoint`)."""
+    return {
+        # A fraction when --max-steps ended one part-way (Lightning's current_epoch
+        # counted the epoch it was in: 1 after 3 steps of 4).
+        "epochs": round(step / steps_per_epoch, 3),
+        "train_examples": train_examples,
+        "max_length": max_length,
+        "precision": precision,
+        "source": data.source,
+        "pretrain_run_id": loaded.mlflow_run_id,
+        "pretrain_step": loaded.step,
+        "pretrain_tracking_uri": loaded.tracking_uri,
+    }
 
 
 def _trainer(

@@ -102,12 +102,36 @@ def test_a_verdict_at_the_line_shows_why():
     report = {
         "config": {"steps": 1},
         "results": [
-            {"variant": "gpt2", "mode": "eager", "step_ms": [100.0], "round_ids": [0]},
-            {"variant": "gpt2", "mode": "compiled", "step_ms": [100.2], "round_ids": [0]},
+            {"variant": "gpt2", "mode": "eager", "step_ms": [100.0], "round_ids": [0],
+             "tokens_per_s": 1000.0},
+            {"variant": "gpt2", "mode": "compiled", "step_ms": [100.2], "round_ids": [0],
+             "tokens_per_s": 998.0},
         ],
-    }
+    }  # fmt: skip
     [line] = [x for x in targets(report) if "never slower" in x]
     assert "MISSED for gpt2" in line and "gpt2 0.998x [0.998-0.998]" in line
+
+
+def test_a_verdict_that_one_slow_step_would_flip_is_undecided():
+    """Two rounds, one with a slow step of the baseline: their median (the mean of two)
+    said "met" beside an all-steps ratio of 0.23. Where the two readings disagree the
+    verdict is undecided, and the targets say how to settle it."""
+    from cofrgenet.bench.train import speed_verdict, targets
+
+    report = {"config": {"steps": 1}}
+    fast = {"step_ms": [2.0, 2.0], "round_ids": [0, 1], "tokens_per_s": 0.23}
+    slow = {"step_ms": [0.2, 20.0], "round_ids": [0, 1], "tokens_per_s": 1.0}  # ratios 0.1, 10
+    assert speed_verdict(report, fast, slow, 1.0) == "undecided"
+    assert speed_verdict(report, fast, slow, 0.01) == "met"  # both readings above
+    assert speed_verdict(report, fast, slow, 20.0) == "MISSED"  # both below
+    report["results"] = [
+        {**slow, "variant": "gpt2", "mode": "eager"},
+        {**fast, "variant": "gpt2", "mode": "compiled"},
+    ]
+    said = targets(report)
+    [line] = [x for x in said if "never slower" in x]
+    assert "undecided for gpt2" in line
+    assert said[-1].startswith("  (undecided: the per-round median and all steps' ratio")
 
 
 def _compile_as_identity(monkeypatch, graph_breaks=lambda trainer: 0):

@@ -431,6 +431,7 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args, tasks, harness_tasks)
     # What the user gave is checked first, before the network or the model: the
     # checkpoint, the data folder, where the results go.
+    from cofrgenet.models.generation import is_recurrent
     from cofrgenet.training.pretrained import checkpoint_file, load_checkpoint
 
     checkpoint_file(args.ckpt)
@@ -451,8 +452,11 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_checkpoint(args.ckpt, device=args.device, tokenizer_dir=args.tokenizer)
     # A recurrent model has no positions: its block size is the length it trained at.
-    recurrent = callable(getattr(loaded.model, "step", None))
-    if args.window is not None and args.window > loaded.block_size and not recurrent:
+    if (
+        args.window is not None
+        and args.window > loaded.block_size
+        and not is_recurrent(loaded.model)
+    ):
         raise UserError(
             f"--window {args.window} exceeds the model's block size {loaded.block_size}: "
             f"give at most {loaded.block_size} (a window holds positions the model has)"

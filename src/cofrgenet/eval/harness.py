@@ -290,13 +290,14 @@ class _CofrgenetLMImpl:
     ) -> None:
         import torch
 
+        from cofrgenet.models.generation import is_recurrent
+
         self.model = model
         self.tokenizer = tokenizer
         self._device = torch.device(device)
         self.batch_size = _int_or_auto(batch_size, 8)
-        # Recurrent models (they have ``step``) read any length; transformers at most
-        # block_size positions.
-        self.recurrent = callable(getattr(model, "step", None))
+        # Recurrent models read any length; transformers at most block_size positions.
+        self.recurrent = is_recurrent(model)
         length = int(max_length) if max_length is not None else int(block_size)
         if length > block_size and not self.recurrent:
             raise HarnessError(

@@ -16,6 +16,12 @@ from cofrgenet.nn.decoding import TokenSink, check_prompt, sample_tokens
 from cofrgenet.nn.ladder import recording_paused, reusing_stacked_weights
 
 
+def is_recurrent(model: Any) -> bool:
+    """Whether ``model`` is a recurrent LM: it has ``step`` (prompt ``(B, T)`` -> logits
+    and a hidden state), reads any length, and has no positions."""
+    return callable(getattr(model, "step", None))
+
+
 @dataclass
 class DecodeCache:
     """What a transformer has seen: one state dict per layer and the tokens so far."""
@@ -140,12 +146,11 @@ def decode_until(
     with torch.inference_mode(), reusing_stacked_weights(), recording_paused(model):
         rows = list(range(idx.shape[0]))  # original row of each active row
         new: list[list[int]] = [[] for _ in rows]
-        step = getattr(model, "step", None)
-        recurrent = callable(step)
+        recurrent = is_recurrent(model)
         state: Any = None
         cache: Any = None
         if recurrent:
-            logits, state = step(idx)
+            logits, state = model.step(idx)
         elif (
             getattr(model, "can_decode", False)
             and not model.training
@@ -174,7 +179,7 @@ def decode_until(
                     cache.select_rows(index)
             idx = torch.cat([idx, next_ids], dim=1)
             if recurrent:
-                logits, state = step(next_ids, state)
+                logits, state = model.step(next_ids, state)
             elif cache is not None and idx.shape[1] <= max_length:
                 logits = model(next_ids, cache)
             else:  # past max_length the window slides: recompute it

@@ -4340,6 +4340,29 @@ def test_a_resume_with_another_accumulation_says_its_steps_change_scale(tiny_dat
         CofrCLI(args=fit_args(tmp_path, tiny_data, *more, "--trainer.accumulate_grad_batches", "2"))
 
 
+def test_a_resume_that_replans_the_schedule_says_the_rate_jumps(tiny_data, tmp_path, caplog):
+    """The README's finished 20-step run trained on to 30: the cosine was re-planned over
+    30 steps and the rate at step 20 rose 3.7x, unsaid (docs said the curves continue as
+    if it had never stopped). A resume within its plan says nothing."""
+    steps = ["--run.name", "more", "--trainer.limit_val_batches", "0"]
+    steps += ["--model.optimizer.warmup_steps", "2", "--trainer.max_steps", "10"]
+    stop = ["--trainer.callbacks+=helpers.StopAtStep", "--trainer.callbacks.step=4"]
+    CofrCLI(args=fit_args(tmp_path, tiny_data, *steps, *stop))
+    with caplog.at_level(logging.INFO):  # stopped at 4 of 10, resumed to 10: the same plan
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *steps, "--ckpt_path", "last"))
+    assert not [r for r in caplog.records if "schedule spans" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        resumed = CofrCLI(args=fit_args(
+            tmp_path, tiny_data, *steps, "--ckpt_path", "last", "--trainer.max_steps", "14"
+        ))  # fmt: skip
+    [said] = [r.getMessage() for r in caplog.records if "schedule spans" in r.getMessage()]
+    before, now = re.search(r"step 10 goes (\S+) -> (\S+) ", said).groups()
+    assert said.startswith("resume: the learning-rate schedule spans 14 steps now, not the ")
+    assert float(now) > float(before)  # the old plan's end against 10 of 14: higher
+    assert resumed.trainer.global_step == 14
+
+
 def test_a_signal_in_the_validation_after_the_last_epoch_is_late():
     """A fit bounded by max_epochs (max_steps -1): a signal in its final validation
     stopped the finished run there, KILLED, as one bounded by max_steps did."""

@@ -303,6 +303,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         self.dropout_seed = int(checkpoint.get("dropout_seed", self.dropout_seed))
         self._use_configured_learning_rate(checkpoint)
         self._say_other_accumulation(checkpoint.get("accumulate_grad_batches"))
+        self._saved_plan = checkpoint.get("planned_steps")
 
     def _say_other_accumulation(self, saved: Any) -> None:
         """A resumed fit whose ``trainer.accumulate_grad_batches`` differs from the
@@ -349,6 +350,8 @@ class LanguageModel(ClipsGradients, L.LightningModule):
             checkpoint["accumulate_grad_batches"] = trainer.accumulate_grad_batches
             # which validation was due at the checkpoint's step (cofr fit's resume note)
             checkpoint["batches_trained"] = batches_trained(trainer)
+            if trainer.state.fn == "fit":  # the schedule's span, said if a resume changes it
+                checkpoint["planned_steps"] = self.total_steps()
         # Whose checkpoint it is: a copy in another run's folder must not be scored as
         # that run's (pretrained.foreign_checkpoint).
         try:
@@ -563,6 +566,7 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         for config in self.trainer.lr_scheduler_configs:
             scheduler = config.scheduler
             if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+                before = [group["lr"] for group in scheduler.optimizer.param_groups]
                 for group, base, factor in zip(
                     scheduler.optimizer.param_groups,
                     scheduler.base_lrs,
@@ -570,6 +574,23 @@ class LanguageModel(ClipsGradients, L.LightningModule):
                     strict=True,
                 ):
                     group["lr"] = base * factor(scheduler.last_epoch)
+                self._say_other_plan(before[0], scheduler.optimizer.param_groups[0]["lr"])
+
+    _saved_plan: int | None = None  # the steps the resumed checkpoint's schedule spanned
+
+    def _say_other_plan(self, before: float, now: float) -> None:
+        """A resume whose schedule spans other steps than its checkpoint's (a finished run
+        trained further with a larger ``max_steps``) follows the new plan from here: its
+        rate jumps, and its curves part from those of a run planned so from the start."""
+        total, saved = self.total_steps(), self._saved_plan
+        if saved is None or saved == total or total <= 0:
+            return
+        rank_zero_info(
+            f"resume: the learning-rate schedule spans {total} steps now, not the "
+            f"checkpoint's {saved}: the rate at step {self.trainer.global_step} goes "
+            f"{before:.3g} -> {now:.3g} (steps so far followed the old plan, so the run "
+            f"differs from one planned over {total} steps from its start)"
+        )
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optimizer_config

@@ -399,6 +399,9 @@ def test_targets_are_checked_for_their_dtype_and_fastest_counts_auto():
     assert fastest in to_markdown(report)
     with pytest.raises(ValueError, match="--impls: nothing to time"):
         OpsBenchConfig(impls=()).validate()
+    empty = {"sizes": (), "ladder_sizes": (), "ensemble_sizes": (), "cffn_sizes": ()}
+    with pytest.raises(ValueError, match=r"^nothing to time: --sizes, --ladder-sizes"):
+        OpsBenchConfig(**empty).validate()  # an empty table was written, status 0
 
 
 def test_fastest_counts_auto_unless_its_impl_was_timed_itself():

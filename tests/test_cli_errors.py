@@ -158,6 +158,14 @@ def test_running_out_of_memory_is_one_line_with_what_to_lower(capsys, monkeypatc
     assert "error: out of memory (CUDA out of memory. Tried" in capsys.readouterr().err
     with pytest.raises(torch.OutOfMemoryError):
         cli.main(["--debug", "models", "list"])
+    # A benchmark's sizes are its own options, not a batch size.
+    import cofrgenet.bench.ops as bench_ops
+
+    monkeypatch.setattr(bench_ops, "run", too_large)
+    assert cli.main(["bench", "ops", "--quick"]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("cofr bench ops: error: out of memory (")
+    assert "lower --sizes, --ladder-sizes" in line and "batch size" not in line
 
 
 def test_our_own_warnings_are_one_line(monkeypatch):

@@ -276,10 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if debug or not is_out_of_memory(error):
             raise
+        words = _command_words(argv)
+        lower = OUT_OF_MEMORY_FIX.get(words, OUT_OF_MEMORY_FIX["cofr"])
         print(
-            f"{_command_words(argv)}: error: out of memory ({first_line(error)[:300]}): "
-            "lower the batch size, the sequence length or the model's size (--debug shows "
-            "where)",
+            f"{words}: error: out of memory ({first_line(error)[:300]}): {lower} (--debug "
+            "shows where)",
             file=sys.stderr,
         )
         return 1
@@ -303,6 +304,13 @@ def _stdout_to_devnull() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+#: What to lower when a command runs out of memory (by its words; "cofr": any other).
+OUT_OF_MEMORY_FIX = {
+    "cofr": "lower the batch size, the sequence length or the model's size",
+    "cofr bench ops": "lower --sizes, --ladder-sizes, --ensemble-sizes or --cffn-sizes",
+}
 
 
 def _command_words(argv: list[str]) -> str:

@@ -122,7 +122,7 @@ class OpsBenchConfig:
     )
     seed: int = field(default=0, metadata=_help("input seed"))
     threads: int | None = field(
-        default=None, metadata=_help("torch.set_num_threads before timing; None: torch's default")
+        default=None, metadata=_help("torch.set_num_threads before timing (default: torch's own)")
     )
     wait_quiet: float = field(
         default=0.0,
@@ -209,6 +209,11 @@ class OpsBenchConfig:
                 raise ConfigError(f"{option}: sizes and depths must be >= 1, got {min(values)}")
         if not self.eps > 0:  # every op refuses it: each workload would only "fail"
             raise ConfigError(f"--eps must be > 0 (the least |K_d|), got {self.eps}")
+        if not self.workloads():  # an empty table and report, status 0
+            raise ConfigError(
+                "nothing to time: --sizes, --ladder-sizes, --ensemble-sizes and --cffn-sizes "
+                "(or --cffn-kinds) are all empty; give at least one"
+            )
 
 
 #: Tiny sizes for tests and CI: seconds, no compilation unless asked for.

@@ -72,6 +72,15 @@ def test_a_missing_config_is_refused_before_the_data_is_made(tmp_path, capsys, m
         capsys.readouterr().err
     )
     assert not data.exists()
+    # A typo of a bundled one, from any folder: the closest name in its folder.
+    typo = "conf/experiment/demo-cofrgenet-ff.yaml"
+    assert main(["demo", "--configs", typo, "--data-dir", str(data)]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(f"no config file {typo} (did you mean 'conf/experiment/demo-cofrgenet-f.yaml'?)")
+    )
+    assert not data.exists()
 
 
 def test_own_configs_train_on_their_own_data_and_names_stay_apart(tmp_path, monkeypatch):

@@ -253,8 +253,9 @@ def collect(run_dir: Path, minutes: float, runs_dir: str) -> DemoResult:
     rates = history("perf/tokens_per_sec")
     losses, ppls = history("val/loss"), history("val/ppl")
     params = logged.params
+    steps = params.get("trainer.max_steps", "?")
     trained = (
-        f"{params.get('trainer.max_steps', '?')} steps of {params.get('data.batch_size', '?')} "
+        f"{steps} step{'' if steps == '1' else 's'} of {params.get('data.batch_size', '?')} "
         f"x {params.get('data.block_size', '?')} tokens, seed {params.get('seed_everything', '?')}"
     )
     return DemoResult(
@@ -379,6 +380,18 @@ def run(args: argparse.Namespace) -> int:
         return 128 + stopped.signum
 
 
+def _closest_file(path: str) -> str:
+    """`` (did you mean 'conf/experiment/x.yaml'?)`` for the closest YAML file in the
+    folder ``path`` names (here, or in the checkout), else ``; give its path``."""
+    from cofrgenet.errors import did_you_mean
+    from cofrgenet.recipes import bundled
+
+    folder = bundled(Path(path).parent)
+    prefix = "" if Path(path).parent == Path() else f"{Path(path).parent}/"
+    names = [prefix + p.name for p in folder.glob("*.y*ml")] if folder.is_dir() else []
+    return did_you_mean(f"{prefix}{Path(path).name}", sorted(names), prefix) or "; give its path"
+
+
 def _run(args: argparse.Namespace) -> int:
     from cofrgenet.errors import UserError
     from cofrgenet.recipes import bundled
@@ -390,7 +403,7 @@ def _run(args: argparse.Namespace) -> int:
     demo_configs = any(Path(c).resolve() in ours for c in args.configs)
     for config in args.configs:  # before minutes of data preparation
         if not Path(config).is_file():
-            raise UserError(f"--configs: no config file {config}; give its path")
+            raise UserError(f"--configs: no config file {config}{_closest_file(config)}")
     data_dir = None if args.data_dir is None else Path(args.data_dir)
     if data_dir is not None and data_dir.exists() and not data_dir.is_dir():
         # Said here: prepare's error would name its own --out.

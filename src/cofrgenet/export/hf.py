@@ -160,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=at_least(float, 0, " (a max abs difference)"),
         default=None,
         help="max abs logit difference the check accepts, relative to the largest |logit| "
-        f"when above 1 (default {DEFAULT_TOLERANCE:g})",
+        f"when above 1 (default: {DEFAULT_TOLERANCE:g})",
     )
 
 

@@ -400,8 +400,12 @@ def test_targets_are_checked_for_their_dtype_and_fastest_counts_auto():
     with pytest.raises(ValueError, match="--impls: nothing to time"):
         OpsBenchConfig(impls=()).validate()
     empty = {"sizes": (), "ladder_sizes": (), "ensemble_sizes": (), "cffn_sizes": ()}
-    with pytest.raises(ValueError, match=r"^nothing to time: --sizes, --ladder-sizes"):
+    with pytest.raises(ValueError, match=r"^nothing to time: each op times its sizes at"):
         OpsBenchConfig(**empty).validate()  # an empty table was written, status 0
+    # Sizes without depths time nothing either: said so, not "the sizes are empty".
+    without_depths = {**empty, "sizes": (8,), "depths": ()}
+    with pytest.raises(ValueError, match=r"\(--sizes at --depths, "):
+        OpsBenchConfig(**without_depths).validate()
 
 
 def test_fastest_counts_auto_unless_its_impl_was_timed_itself():

@@ -59,7 +59,13 @@ from cofrgenet.data.meta import (
     split_blocks,
     tokenizer_digest,
 )
-from cofrgenet.data.prepare import EncodeDocuments, add_arguments, main, parse_chunk_bytes
+from cofrgenet.data.prepare import (
+    EncodeDocuments,
+    add_arguments,
+    check_out,
+    main,
+    parse_chunk_bytes,
+)
 from cofrgenet.data.sources import HFSource, Source, distinct_topics
 from cofrgenet.data.tokenizer import (
     EOS_TEXT,
@@ -1460,7 +1466,14 @@ def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
     remake = shlex.join(["cofr", "data", "prepare", "--source", "text", "--glob", glob,
                          "--overwrite", "--out", str(half)])  # fmt: skip
     assert f"from .prepare.lock):\n  {remake}" in str(said.value)
-    (half / ".prepare.lock").unlink()
+    # Being prepared now (its lock held): not an interrupted one.
+    running = FolderLock(half / ".prepare.lock")
+    assert running.try_acquire()
+    try:
+        with pytest.raises(DataFolderError, match=r"is being prepared now, by process \d+"):
+            read_meta(half)
+    finally:
+        running.release(remove=True)
     shutil.copy(pydoc_byte / "meta.json", half / "meta.json")
     (half / "val" / "index.json").unlink()
     with pytest.raises(DataFolderError, match=r"half-written: val/index\.json"):
@@ -2522,3 +2535,8 @@ def test_a_prepare_inside_a_data_folder_is_refused_before_it_reads(pydoc_byte):
         "outside it (e.g. beside it)"
     )
     assert not inner.exists()
+    # A project's own meta.json above a data folder is no data folder.
+    project = pydoc_byte.parent / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "meta.json").write_text('{"name": "my project"}')
+    check_out(project / "data" / "pydoc-byte", overwrite=False)

@@ -3417,6 +3417,16 @@ def test_a_requested_stop_waits_for_the_end_of_the_optimizer_step(tmp_path):
     trainer.global_step = 6
     late.on_step_end(trainer, None)
     assert saved == [(6, tmp_path / "checkpoints" / "last.ckpt")] and late.requeued_at == 6
+    # After an epoch that ended on a step of one batch, step 5 has trained 9 batches, not
+    # 10: no validation follows it, and the requeue saves at once (it waited for one that
+    # came a batch into step 6, and saved there, inside that step).
+    short = PruneAtStep(trial, "val/loss", "", "s", stop_file=str(stop_file))
+    short._share = callback._share
+    saved.clear()
+    trainer.global_step, trainer.should_stop = 5, False
+    trainer.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(total_batch_idx=8))
+    short.on_step_end(trainer, None)
+    assert saved == [(5, tmp_path / "checkpoints" / "last.ckpt")] and short.requeued_at == 5
 
 
 def test_a_trial_ended_elsewhere_saves_stops_and_leaves_its_mlflow_run_alone(tmp_path):

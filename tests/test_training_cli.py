@@ -1606,6 +1606,38 @@ def test_a_second_ctrl_c_exits_130_with_the_run_killed(tiny_data, tmp_path, ever
         assert "no checkpoint was saved before it: start again with another --run.name" in out
 
 
+def test_an_aborting_ctrl_c_names_the_checkpoint_a_resume_takes(tmp_path, caplog):
+    """The newest of the run's checkpoints is named, not last.ckpt alone (a requeue's
+    hpc_ckpt resumes too: "no checkpoint ... or remove" invited deleting a resumable run);
+    a sweep worker's (no resume hint) gets no advice to start again; a Ctrl-C before the
+    callback's setup (the MLflow run and the data are made first) is the first one."""
+    from types import SimpleNamespace
+
+    from cofrgenet.training.callbacks import StopOnSignal
+
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path), global_step=3,
+                              state=SimpleNamespace(fn="fit"))  # fmt: skip
+
+    def said(stop: StopOnSignal) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            stop._say_aborted(trainer)
+        return "\n".join(r.getMessage() for r in caplog.records)
+
+    worker = StopOnSignal(resume_hint=lambda name: None)
+    worker._set_up, worker._phase = True, "training"
+    assert said(worker) == (
+        "aborted by a second Ctrl-C in step 4: not saved, and no checkpoint was saved before it"
+    )
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
+    assert said(worker).endswith("not saved; the newest checkpoint is hpc_ckpt_1.ckpt")
+    fit = StopOnSignal(resume_hint=lambda name: f"cofr fit --run.name {name}")
+    fit._set_up, fit._phase = True, "training"
+    assert said(fit).endswith(f"hpc_ckpt_1.ckpt\nresume with: cofr fit --run.name {tmp_path.name}")
+    early = StopOnSignal(resume_hint=lambda name: None)  # idle: its setup has not run
+    assert said(early) == "stopped by Ctrl-C before training began: nothing new to save"
+
+
 def test_a_sigterm_while_the_fit_starts_ends_its_mlflow_run_killed(tiny_data, tmp_path):
     """After the MLflow run exists and before the first step (data, checkpoint, compile):
     the fit stops at once with 143, saves nothing and ends its run KILLED, not RUNNING."""
@@ -2909,6 +2941,9 @@ def test_validation_due_counts_batches_as_lightning_does():
     # An epoch of 38 batches ended on a step of 2: step 10 trained 38 batches, not 40.
     assert not validation_due(accumulated, 10, {"batches_trained": 38})
     assert validation_due(accumulated, 13, {"batches_trained": 50})
+    # A checkpoint from before the key: Lightning's own count in its loop state.
+    loops = {"fit_loop": {"epoch_loop.batch_progress": {"total": {"ready": 38}}}}
+    assert not validation_due(accumulated, 10, {"loops": loops})
     assert not validation_due({**steps, "limit_val_batches": 0}, 10, {})
     assert not validation_due({"val_check_interval": 10}, 10, {})  # counted in each epoch
     assert not validation_due({**steps, "val_check_interval": 0.5}, 10, {})

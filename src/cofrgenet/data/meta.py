@@ -26,7 +26,7 @@ from typing import Any
 
 from cofrgenet.atomic import is_temporary, write_text_atomic
 from cofrgenet.errors import UserError
-from cofrgenet.folder_lock import LOCK_COMMAND_CHARS
+from cofrgenet.folder_lock import LOCK_COMMAND_CHARS, FolderLock, held_now
 
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
@@ -366,6 +366,16 @@ def _remade_here(words: list[str], data_dir: Path) -> str:
     return shlex.join([*kept, "--out", str(data_dir)])
 
 
+def holds_data_meta(folder: Path) -> bool:
+    """Whether ``folder`` has a data folder's ``meta.json`` (not any file of that name:
+    a project's own one is common)."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "format_version" in meta and "splits" in meta
+
+
 def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta:
     """Read and check ``data_dir/meta.json``; a clear :class:`DataFolderError` otherwise.
     ``splits`` False: the splits are not read (what needs the tokenizer alone: a folder of
@@ -392,7 +402,7 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             "(or another --source/--tokenizer; see `cofr data prepare --help`)."
         )
     meta_path = data_dir / META_FILE
-    if not meta_path.is_file() and (data_dir.parent / META_FILE).is_file():
+    if not meta_path.is_file() and holds_data_meta(data_dir.parent):
         raise DataFolderError(
             f"{str(data_dir)!r} is the {data_dir.name!r} part of data folder "
             f"{str(data_dir.parent)!r}: pass that folder"
@@ -409,6 +419,11 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor only what `cofr "
             f"data prepare` writes{held}): pass the folder it made (its --out), or {make} "
             f"with:\n  {prepare_command(out, unknown=corpus or '--source pydoc')}"
+        )
+    if not meta_path.is_file() and held_now(data_dir / PREPARE_LOCK):
+        raise DataFolderError(
+            f"data folder {str(data_dir)!r} is being prepared now, by "
+            f"{FolderLock(data_dir / PREPARE_LOCK).describe_holder()}: wait for it to finish"
         )
     if not meta_path.is_file():
         raise DataFolderError(

@@ -65,6 +65,7 @@ from cofrgenet.data.meta import (
     DataMeta,
     SplitInfo,
     foreign_entries,
+    holds_data_meta,
     read_meta,
     tokenizer_digest,
     tokenizer_only,
@@ -568,7 +569,7 @@ def _check_not_in_a_data_folder(out: Path) -> None:
     """Refuse an ``out`` inside a data folder: its files would be no part of that folder's
     data, and that folder's next --overwrite refused (it deletes only its own files)."""
     for folder in out.resolve().parents:
-        if (folder / META_FILE).is_file():
+        if holds_data_meta(folder):
             raise PrepareError(
                 f"--out {str(out)!r} is inside data folder {str(folder)!r}: choose an --out "
                 "outside it (e.g. beside it)"

@@ -25,6 +25,7 @@ from cofrgenet.errors import ConfigError, UserError
 from cofrgenet.nn.ladder import LadderLayer
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.redact import hide_passwords
+from cofrgenet.training import checkpoints
 from cofrgenet.training.checkpoint_io import remove_requeue_checkpoints
 from cofrgenet.training.checkpoints import NONFINITE_PREFIX
 from cofrgenet.training.optim import planned_steps
@@ -384,6 +385,12 @@ def _trained_out(trainer: L.Trainer) -> bool:
     return steps_done or (last_epoch and bool(trainer.is_last_batch))
 
 
+def _spawn_launcher(trainer: L.Trainer) -> bool:
+    """Whether this is ddp_spawn's launching process (several ranks, no process group
+    here: its ranks train, make the MLflow run and say what happened)."""
+    return trainer.world_size > 1 and not torch.distributed.is_initialized()
+
+
 def late_stop(late_signals: Iterable[int]) -> int | None:
     """The first of a fit's ``late_signals`` (:class:`StopOnSignal`'s, sorted) that stops
     what runs the fit: Ctrl-C or SIGTERM (a late SIGUSR1 asks for a requeue); None if
@@ -666,9 +673,7 @@ class StopOnSignal(StepBoundaries):
             # "idle" in a fit before this callback's setup (cofr fit's SIGTERM raises then
             # too), not after its teardown (trained and saved: nothing to stop or mark);
             # ddp_spawn's launcher leaves the saying to its ranks.
-            before_setup = not self._set_up and trainer.state.fn == "fit"
-            launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
-            if (self._phase == "starting" or before_setup) and not launcher:
+            if self._starting(trainer) and not _spawn_launcher(trainer):
                 self._mark_killed(trainer)
                 hint = self.resume_hint(Path(trainer.default_root_dir).name)
                 rank_zero_info(
@@ -683,8 +688,7 @@ class StopOnSignal(StepBoundaries):
             exception.code = 128 + self.signal  # the status cofr fit exits with
         elif isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C, or one while starting
             self._mark_killed(trainer)
-            launcher = trainer.world_size > 1 and not torch.distributed.is_initialized()
-            if not launcher:  # ddp_spawn's launching process leaves it to its ranks
+            if not _spawn_launcher(trainer):  # ddp_spawn's launcher leaves it to its ranks
                 self._say_aborted(trainer)
         self._phase, self._ended = "idle", True
         self._restore_handlers()
@@ -737,12 +741,19 @@ class StopOnSignal(StepBoundaries):
             + (f"\nresume with: {hint}" if hint else "")
         )
 
+    def _starting(self, trainer: L.Trainer) -> bool:
+        """Whether the fit has not begun training: setting up, or before this callback's
+        setup (the MLflow run and the data are made first)."""
+        return self._phase == "starting" or (
+            self._phase == "idle" and not self._set_up and trainer.state.fn == "fit"
+        )
+
     def _say_aborted(self, trainer: L.Trainer) -> None:
         """What a Ctrl-C that aborts leaves: the newest checkpoint and how to resume from
         it, or that there is none (Lightning's "attempting graceful shutdown" was all)."""
         run_dir = Path(trainer.default_root_dir)
-        hint = self.resume_hint(run_dir.name)
-        if self._phase == "starting":
+        hint = self.resume_hint(run_dir.name)  # None: what runs the fit says it
+        if self._starting(trainer):
             said = "stopped by Ctrl-C before training began: nothing new to save"
             rank_zero_info(said + (f"; to start again: {hint}" if hint else ""))
             return
@@ -753,9 +764,12 @@ class StopOnSignal(StepBoundaries):
             )
         else:
             said = f"aborted by a second Ctrl-C in step {trainer.global_step + 1}: not saved"
-        if (run_dir / "checkpoints" / "last.ckpt").exists():
-            said += "; the newest checkpoint is checkpoints/last.ckpt"
+        newest = next(iter(checkpoints.candidates(run_dir)), None)  # what a resume takes
+        if newest is not None:
+            said += f"; the newest checkpoint is {newest.relative_to(run_dir)}"
             rank_zero_info(said + (f"\nresume with: {hint}" if hint else ""))
+        elif hint is None:
+            rank_zero_info(f"{said}, and no checkpoint was saved before it")
         else:
             rank_zero_info(
                 f"{said}, and no checkpoint was saved before it: start again with another "
@@ -764,7 +778,7 @@ class StopOnSignal(StepBoundaries):
 
     @staticmethod
     def _mark_killed(trainer: L.Trainer) -> None:
-        if trainer.world_size > 1 and not torch.distributed.is_initialized():
+        if _spawn_launcher(trainer):
             # ddp_spawn's launching process: its ranks made the run and mark it; here
             # the logger has no run, and asking for its id made a second, empty one.
             return

@@ -49,7 +49,9 @@ class RunCheckpoint(ModelCheckpoint):
         # came steps later (the checkpoint then held a later state, part-way through a
         # step under gradient accumulation, under the earlier step's name) or never
         # (no checkpoint of that step). Saved at the epoch's end, it is that step's.
-        kwargs.setdefault("save_on_train_epoch_end", True)
+        # A monitored validation metric is there only after a validation: left to Lightning.
+        if kwargs.get("monitor") in (None, "step"):
+            kwargs.setdefault("save_on_train_epoch_end", True)
         super().__init__(*args, **kwargs)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -1626,15 +1626,26 @@ FSDP_STRATEGY_OPTION = f"--trainer.strategy.class_path {LADDER_FSDP}"
 
 def validation_due(trainer_config: dict[str, Any], step: int, saved: dict[str, Any]) -> bool:
     """Whether the fit of ``trainer_config`` (its Trainer settings) validates at the end
-    of optimizer step ``step``, which checkpoint ``saved`` holds (the batches it trained:
-    ``step x accumulate_grad_batches`` for a checkpoint from before they were saved)."""
-    accumulate = trainer_config.get("accumulate_grad_batches") or 1
+    of optimizer step ``step``, which checkpoint ``saved`` holds."""
     return validates_at(
-        saved.get("batches_trained", step * accumulate),
+        saved_batches(saved, step, trainer_config.get("accumulate_grad_batches") or 1),
         trainer_config.get("val_check_interval"),
         trainer_config.get("limit_val_batches"),
         trainer_config.get("check_val_every_n_epoch", 1),
     )
+
+
+def saved_batches(saved: dict[str, Any], step: int, accumulate: int) -> int:
+    """The training batches checkpoint ``saved`` (at optimizer step ``step``) had run: its
+    ``batches_trained``, else Lightning's loop state (checkpoints from before that key),
+    else ``step x accumulate`` (no loop state: saved by hand)."""
+    if "batches_trained" in saved:
+        return int(saved["batches_trained"])
+    try:
+        progress = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        return int(progress["total"]["ready"])
+    except (KeyError, TypeError, ValueError):
+        return step * accumulate
 
 
 def unscored_validation(

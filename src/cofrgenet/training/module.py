@@ -583,8 +583,9 @@ class LanguageModel(ClipsGradients, L.LightningModule):
         trained further with a larger ``max_steps``) follows the new plan from here: its
         rate jumps, and its curves part from those of a run planned so from the start."""
         total, saved = self.total_steps(), self._saved_plan
-        if saved is None or saved == total or total <= 0:
-            return
+        self._saved_plan = None  # said once (the first scheduler's rate)
+        if saved is None or saved == total or total <= 0 or math.isclose(before, now):
+            return  # within warm-up a longer plan changes no rate
         rank_zero_info(
             f"resume: the learning-rate schedule spans {total} steps now, not the "
             f"checkpoint's {saved}: the rate at step {self.trainer.global_step} goes "

@@ -211,8 +211,10 @@ class OpsBenchConfig:
             raise ConfigError(f"--eps must be > 0 (the least |K_d|), got {self.eps}")
         if not self.workloads():  # an empty table and report, status 0
             raise ConfigError(
-                "nothing to time: --sizes, --ladder-sizes, --ensemble-sizes and --cffn-sizes "
-                "(or --cffn-kinds) are all empty; give at least one"
+                "nothing to time: each op times its sizes at its depths (--sizes at --depths, "
+                "--ladder-sizes at --ladder-depths, --ensemble-sizes at --ensemble-depths, "
+                "--cffn-sizes at --ensemble-depths for --cffn-kinds), and every pair has an "
+                "empty list; give one op both"
             )
 
 

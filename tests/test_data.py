@@ -1474,6 +1474,17 @@ def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
             read_meta(half)
     finally:
         running.release(remove=True)
+    # A first prepare of a folder, nothing of its data written yet: the same (it was "not
+    # a data folder", with a command to make one).
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    first = FolderLock(fresh / ".prepare.lock")
+    assert first.try_acquire()
+    try:
+        with pytest.raises(DataFolderError, match=r"is being prepared now, by process \d+"):
+            read_meta(fresh)
+    finally:
+        first.release(remove=True)
     shutil.copy(pydoc_byte / "meta.json", half / "meta.json")
     (half / "val" / "index.json").unlink()
     with pytest.raises(DataFolderError, match=r"half-written: val/index\.json"):

@@ -407,6 +407,11 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             f"{str(data_dir)!r} is the {data_dir.name!r} part of data folder "
             f"{str(data_dir.parent)!r}: pass that folder"
         )
+    if not meta_path.is_file() and held_now(data_dir / PREPARE_LOCK):
+        raise DataFolderError(
+            f"data folder {str(data_dir)!r} is being prepared now, by "
+            f"{FolderLock(data_dir / PREPARE_LOCK).describe_holder()}: wait for it to finish"
+        )
     foreign = foreign_entries(data_dir) if not meta_path.is_file() else []
     written = any((data_dir / name).exists() for name in PREPARED_ENTRIES)
     if not meta_path.is_file() and (foreign or not written):
@@ -419,11 +424,6 @@ def read_meta(data_dir: str | os.PathLike[str], splits: bool = True) -> DataMeta
             f"{str(data_dir)!r} is not a data folder (no {META_FILE}, nor only what `cofr "
             f"data prepare` writes{held}): pass the folder it made (its --out), or {make} "
             f"with:\n  {prepare_command(out, unknown=corpus or '--source pydoc')}"
-        )
-    if not meta_path.is_file() and held_now(data_dir / PREPARE_LOCK):
-        raise DataFolderError(
-            f"data folder {str(data_dir)!r} is being prepared now, by "
-            f"{FolderLock(data_dir / PREPARE_LOCK).describe_holder()}: wait for it to finish"
         )
     if not meta_path.is_file():
         raise DataFolderError(

@@ -243,7 +243,7 @@ def test_a_validation_of_other_blocks_stays_off_the_runs_val_curve(tmp_path, tin
         dm = dm or TokenDataModule(str(tiny_data), block_size=16, batch_size=2, num_workers=0)
         dm.trainer = SimpleNamespace(
             world_size=processes, global_rank=0, state=SimpleNamespace(fn=fn),
-            limit_val_batches=4, loggers=[logger],
+            limit_val_batches=4, loggers=[logger], is_last_batch=False,
         )  # fmt: skip
         return dm
 

@@ -1466,25 +1466,18 @@ def test_half_written_folder_says_rerun_with_overwrite(pydoc_byte, tmp_path):
     remake = shlex.join(["cofr", "data", "prepare", "--source", "text", "--glob", glob,
                          "--overwrite", "--out", str(half)])  # fmt: skip
     assert f"from .prepare.lock):\n  {remake}" in str(said.value)
-    # Being prepared now (its lock held): not an interrupted one.
-    running = FolderLock(half / ".prepare.lock")
-    assert running.try_acquire()
-    try:
-        with pytest.raises(DataFolderError, match=r"is being prepared now, by process \d+"):
-            read_meta(half)
-    finally:
-        running.release(remove=True)
-    # A first prepare of a folder, nothing of its data written yet: the same (it was "not
-    # a data folder", with a command to make one).
+    # Being prepared now (its lock held): not an interrupted one; nor, for a first prepare
+    # with nothing of its data written yet, "not a data folder" with a command to make one.
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    first = FolderLock(fresh / ".prepare.lock")
-    assert first.try_acquire()
-    try:
-        with pytest.raises(DataFolderError, match=r"is being prepared now, by process \d+"):
-            read_meta(fresh)
-    finally:
-        first.release(remove=True)
+    for folder in (half, fresh):
+        running = FolderLock(folder / ".prepare.lock")
+        assert running.try_acquire()
+        try:
+            with pytest.raises(DataFolderError, match=r"is being prepared now, by process \d+"):
+                read_meta(folder)
+        finally:
+            running.release(remove=True)
     shutil.copy(pydoc_byte / "meta.json", half / "meta.json")
     (half / "val" / "index.json").unlink()
     with pytest.raises(DataFolderError, match=r"half-written: val/index\.json"):

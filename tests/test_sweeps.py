@@ -4274,6 +4274,10 @@ def test_a_worker_stopped_between_trials_says_the_study_goes_on(tmp_path, monkey
     err = capsys.readouterr().err
     assert "stopped by a signal between trials; the study goes on when a worker runs " in err
     assert "resumes from its checkpoint" not in err
+    # Its own command line, as typed (what `cofr` ran is argv).
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/cofr", "sweep", "run", "my sweep.yaml"])
+    assert main(["sweep", "run", str(write_sweep(tmp_path)), "--no-mlflow"]) == 143
+    assert capsys.readouterr().err.endswith("runs again: cofr sweep run 'my sweep.yaml'\n")
     # A worker of a submitted job: its task's sbatch (its command line names a storage
     # variable the script alone sets).
     monkeypatch.setenv("COFR_SWEEP_AGAIN", "sbatch --array=3 runs/x.sbatch")

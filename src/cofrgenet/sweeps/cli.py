@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cofrgenet.dataclass_options import at_least
 from cofrgenet.errors import did_you_mean
 from cofrgenet.recipes import bundled
-from cofrgenet.redact import hide_passwords
+from cofrgenet.redact import hide_passwords, shown_command_line
 from cofrgenet.sweeps.spec import (
     StorageOptions,
     Sweep,
@@ -371,7 +371,6 @@ def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str, url: str) -> str:
     """``; its trials (in F) were run with --storage URL``, where the runs folder holds a
     trial of the sweep's study that records another storage than ``url`` (as ``cofr
     sweep run`` names it when it refuses to start the study anew), else ``""``."""
-    from cofrgenet.redact import hide_passwords
     from cofrgenet.sweeps.objective import trial_of_this_name
 
     found = trial_of_this_name(sweep, runs_dir) if sweep is not None else None
@@ -445,10 +444,9 @@ def run(args: argparse.Namespace) -> int:
         print_summary,
         run_worker,
     )
-    from cofrgenet.training.callbacks import resume_command
 
     def again() -> str:  # a submitted job's worker: its task's sbatch
-        return os.environ.get(AGAIN_VARIABLE) or resume_command()
+        return os.environ.get(AGAIN_VARIABLE) or shown_command_line()
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
     logger = logging.getLogger("cofrgenet.sweeps")

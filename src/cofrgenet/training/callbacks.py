@@ -830,12 +830,8 @@ def _drop_log_records(logger_name: str, containing: str) -> Iterator[None]:
         logger.removeFilter(keep)
 
 
-def resume_command(run_name: str | None = None) -> str:
-    """This process's ``cofr fit`` command line, made to resume run ``run_name``; with
-    ``run_name`` None, the process's own command line as it stands (a sweep worker's,
-    which resumes its trial when run again)."""
-    if run_name is None:
-        return hide_passwords(shlex.join(["cofr", *sys.argv[1:]]))  # said in logs
+def resume_command(run_name: str) -> str:
+    """This process's ``cofr fit`` command line, made to resume run ``run_name``."""
     words, skip = [], False
     for word in sys.argv[1:]:
         if skip:

@@ -531,7 +531,7 @@ def test_unknown_impl_is_an_error():
         ("--threads 0", "--threads must be >= 1, got 0"),
         ("--time-budget -1", "--time-budget must be >= 0, got -1.0"),
         ("--ladder-sizes 0x8", "--ladder-sizes: sizes and depths must be >= 1, got 0"),
-        ("--device foo", "--device: unknown device 'foo'; use cpu, cuda or cuda:N"),
+        ("--device foo", "--device: unknown device 'foo'; use cpu, cuda, cuda:N or auto"),
         ("--eps 0", "--eps must be > 0 (the least |K_d|), got 0.0"),  # every op would fail
         ("--tag a/b", "--tag 'a/b': it goes into the report's file name"),
         ("--calls-per-sample 0", "--calls-per-sample must be >= 1, got 0"),
@@ -599,7 +599,7 @@ def test_bench_ops_on_cuda_without_cuda_says_so(capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err == (
         "cofr bench ops: error: --device: device 'cuda': torch sees no cuda device on this "
-        "machine; use cpu (or auto)"
+        "machine; use cpu or auto"
     )
     assert not (tmp_path / "out").exists()
 

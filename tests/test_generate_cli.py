@@ -179,10 +179,28 @@ def test_generate_help_shows_the_defaults(capsys):
         ("--top-p", 1.0),
         ("--num-samples", 1),
         ("--seed", 1337),
-        ("--device", "cpu"),
+        ("--device", "auto"),
     ):
         help_text = out.split(f" {option} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {default})" in help_text, option
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_device_auto_is_cuda_where_torch_sees_a_gpu(monkeypatch, gpu):
+    """The default of generate, eval and bench train: a GPU machine ran them on its CPU
+    unless told (bench train timed the CPU)."""
+    from cofrgenet import cli
+    from cofrgenet.bench import train
+    from cofrgenet.dataclass_options import dataclass_from_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    expected = "cuda" if gpu else "cpu"
+    for words in (["generate", "--ckpt", "x.ckpt"], ["eval", "--ckpt", "x.ckpt"]):
+        assert cli.build_parser(words).parse_args(words).device == expected, words
+    args = cli.build_parser(["bench", "train"]).parse_args(["bench", "train"])
+    assert dataclass_from_args(train.TrainBenchConfig, args).device == "auto"
+    assert train.resolved_device("auto") == expected  # as its run() reads it
+    assert train.resolved_device("cuda:1") == "cuda:1"
 
 
 def test_a_device_this_machine_lacks_is_refused_at_parse_time(capsys):

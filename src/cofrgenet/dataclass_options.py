@@ -89,24 +89,42 @@ def device_problem(text: str) -> str | None:
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
-        return f"unknown device {text!r}; use cpu, cuda or cuda:N"
+        return f"unknown device {text!r}; use cpu, cuda, cuda:N or auto"
     if device.type == "cpu":
         return None
     backends = (getattr(torch, device.type, None), getattr(torch.backends, device.type, None))
     available = next((b.is_available for b in backends if hasattr(b, "is_available")), None)
     if available is None or not available():
-        return f"device {text!r}: torch sees no {device.type} device on this machine; use cpu"
+        return (
+            f"device {text!r}: torch sees no {device.type} device on this machine; use cpu or auto"
+        )
     count = getattr(backends[0], "device_count", None)
     if device.index is not None and count is not None and device.index >= count():
         return f"device {text!r}: this machine has {count()} {device.type} device(s)"
     return None
 
 
+#: What a ``--device`` option's help says of the names it takes.
+DEVICE_HELP = "cpu, cuda, cuda:N or auto: cuda where torch sees a GPU, else cpu"
+
+
+def resolved_device(text: str) -> str:
+    """The device ``--device text`` runs on: ``auto`` is ``cuda`` where torch sees a GPU,
+    else ``cpu``; any other name as given."""
+    if text != "auto":
+        return text
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def device_arg(text: str) -> str:
-    """argparse ``type`` of a ``--device`` option: refused at parse time, in one line
-    (``cpu``, the usual default, without importing torch: ``--help`` stays quick)."""
+    """argparse ``type`` of a ``--device`` option: ``auto`` resolved (:func:`resolved_device`),
+    a device torch cannot use here refused at parse time, in one line (``cpu`` without
+    importing torch: ``--help`` stays quick)."""
     if text == "cpu":
         return text
+    text = resolved_device(text)
     problem = device_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)

@@ -49,7 +49,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,12 @@ from cofrgenet.bench.files import (
     with_suffix,
 )
 from cofrgenet.bench.machine import machine_summary, name_slug
-from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
+from cofrgenet.dataclass_options import (
+    DEVICE_HELP,
+    add_dataclass_arguments,
+    dataclass_from_args,
+    resolved_device,
+)
 from cofrgenet.errors import SEED_LIMIT
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
@@ -164,7 +169,7 @@ class TrainBenchConfig:
         default="float32",
         metadata={"help": "float32, or bfloat16 / float16 (autocast)", "choices": DTYPES},
     )
-    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
     memory: bool = field(
         default=True, metadata={"help": "measure activation and peak memory (eager mode)"}
     )
@@ -1380,6 +1385,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = dataclass_from_args(TrainBenchConfig, args)
+    cfg = replace(cfg, device=resolved_device(cfg.device))  # the report names the real one
     check_settings(cfg)
     unmeasured = [
         what

@@ -20,6 +20,7 @@ from typing import Any
 
 from cofrgenet import terminal
 from cofrgenet.dataclass_options import (
+    DEVICE_HELP,
     add_checkpoint_argument,
     at_least,
     checkpoint_given,
@@ -93,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", default=None, metavar="OUT", help="write the results here")
     parser.add_argument(
-        "--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N (default: cpu)"
+        "--device", type=device_arg, default="auto", help=f"{DEVICE_HELP} (default: auto)"
     )
     parser.add_argument(
         "--tokenizer",

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet.dataclass_options import (
+    DEVICE_HELP,
     add_checkpoint_argument,
     at_least,
     device_arg,
@@ -194,8 +195,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         type=device_arg,
-        default="cpu",
-        help="cpu, cuda or cuda:N (default: %(default)s)",
+        default="auto",
+        help=f"{DEVICE_HELP} (default: %(default)s)",
     )
 
 

@@ -13,6 +13,7 @@ import torch
 from cofrgenet.bench.ops.formatting import pow2
 from cofrgenet.bench.ops.workloads import Workload
 from cofrgenet.bench.timing import BUSY_THRESHOLD  # shared with bench train; re-exported
+from cofrgenet.dataclass_options import DEVICE_HELP
 from cofrgenet.errors import ConfigError, did_you_mean
 from cofrgenet.nn.cffn import LADDER_KINDS
 from cofrgenet.ops import GRAD_MODES, IMPLS
@@ -110,9 +111,7 @@ class OpsBenchConfig:
         ),
     )
     dtype: str = field(default="float32", metadata=_help("input dtype", choices=tuple(DTYPES)))
-    device: str = field(
-        default="auto", metadata=_help("cpu, cuda, cuda:N or auto, which is cuda if available")
-    )
+    device: str = field(default="auto", metadata=_help(DEVICE_HELP))
     grad: str = field(
         default="paper",
         metadata=_help("gradient mode of the continuant impls", choices=GRAD_MODES),

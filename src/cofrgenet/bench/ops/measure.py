@@ -63,13 +63,12 @@ from cofrgenet.ops.continuant import compile_available
 def resolve_device(name: str) -> torch.device:
     """``auto``: cuda if available, else cpu; any other name as torch reads it. A device
     torch cannot use here is a :class:`~cofrgenet.errors.ConfigError`, as in ``cofr eval``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from cofrgenet.dataclass_options import device_problem
+    from cofrgenet.dataclass_options import device_problem, resolved_device
 
+    name = resolved_device(name)
     problem = device_problem(name)
     if problem is not None:
-        raise ConfigError(f"--device: {problem} (or auto)")
+        raise ConfigError(f"--device: {problem}")
     return torch.device(name)
 
 

@@ -2466,8 +2466,22 @@ def test_a_config_file_that_is_not_utf8_is_named(tiny_data, tmp_path):
 
 
 def test_too_little_data_for_one_batch_is_an_error(tiny_data, tmp_path):
+    """Said before a run folder and an MLflow run exist: it came once the fit had begun
+    and left a FAILED run in the MLflow UI for each try."""
+    from cofrgenet.data import TokenDataModule
+
     with pytest.raises(ConfigError, match=r"gives no full batch of data\.batch_size=100000"):
         CofrCLI(args=fit_args(tmp_path, tiny_data, "--data.batch_size", "100000"))
+    assert not (tmp_path / "runs").exists()
+    # A block longer than the val split (1,142 tokens): no validation could score it.
+    long = ["--model.config", '{"vocab_size": 320, "block_size": 2048}', "--data.block_size"]
+    with pytest.raises(ConfigError, match=r"the val split of .* holds no block of block_size "):
+        CofrCLI(args=fit_args(tmp_path, tiny_data, *long, "2048"))
+    assert not (tmp_path / "runs").exists()
+    data = TokenDataModule(tiny_data, block_size=2048, batch_size=4, num_workers=0)
+    data.check_sizes(train=True, val=False)  # a fit without validation reads no val split
+    with pytest.raises(ConfigError, match=r"the train split of .* holds no block"):
+        TokenDataModule(tiny_data, block_size=30000, batch_size=1).check_sizes(True, False)
 
 
 def test_a_runs_saved_config_is_whole_and_reads_from_any_folder(tiny_data, tmp_path, monkeypatch):

@@ -427,13 +427,7 @@ class TokenDataModule(L.LightningDataModule):
             "train", self.batch_size, self.shuffle, drop_last=True, num_workers=self.num_workers
         )
         if len(loader) == 0:  # else Lightning ends the fit at once, with exit status 0
-            tokens = self.meta.splits["train"].tokens
-            raise ConfigError(
-                f"the train split of {str(self.data_dir)!r} ({tokens:,} tokens) gives no full "
-                f"batch of data.batch_size={self.batch_size} sequences of block_size + 1 = "
-                f"{self.block_size + 1} tokens per process: lower data.batch_size or "
-                "block_size, or prepare more text"
-            )
+            raise self._no_full_batch()
         self._check_val_interval(len(loader))
         loader.epoch_over = self._fit_epoch_over
         if self._pending_state is not None:
@@ -441,6 +435,28 @@ class TokenDataModule(L.LightningDataModule):
             self._pending_state = None
         self._train_loader = loader
         return loader
+
+    def _no_full_batch(self) -> ConfigError:
+        tokens = self.meta.splits["train"].tokens
+        return ConfigError(
+            f"the train split of {str(self.data_dir)!r} ({tokens:,} tokens) gives no full "
+            f"batch of data.batch_size={self.batch_size} sequences of block_size + 1 = "
+            f"{self.block_size + 1} tokens per process: lower data.batch_size or "
+            "block_size, or prepare more text"
+        )
+
+    def check_sizes(self, train: bool, val: bool) -> None:
+        """Refuse a block or batch that the splits a command reads (``train``, ``val``)
+        cannot fill even in one process, read from their indexes: before a run folder or an
+        MLflow run exists (the loaders, later, check what each of several processes gets)."""
+        if train:
+            blocks = split_blocks(self.data_dir / "train", self.block_size + 1)
+            if blocks == 0:
+                raise self._no_block("train")
+            if blocks < self.batch_size:
+                raise self._no_full_batch()
+        if val and self._val_blocks() == 0:
+            raise self._no_block("val")
 
     def _check_val_interval(self, batches: int) -> None:
         """Lightning refuses a val_check_interval of more batches than an epoch holds

@@ -1148,6 +1148,14 @@ class CofrCLI(LightningCLIAdapter):
                 evaluating=self.subcommand in EVALUATIONS,
                 resuming=self._resumes_a_checkpoint(run_dir),
             )
+        check_sizes = getattr(getattr(self, "datamodule", None), "check_sizes", None)
+        if callable(check_sizes):
+            limit = self.config_value(self.config, "trainer.limit_val_batches")
+            validates = not (limit == 0 and not isinstance(limit, bool))
+            check_sizes(
+                train=self.subcommand == "fit",
+                val=self.subcommand == "validate" or (self.subcommand == "fit" and validates),
+            )
         _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
         if self.subcommand == "fit":
             _check_monitors(self.config_value(self.config_init, "trainer.callbacks"))

@@ -306,7 +306,7 @@ def add_dataclass_arguments(parser: AddsArguments, cls: type, *, given_only: boo
             listed = "AxB" if typing.get_origin(item) is tuple else "A,B"
             options["metavar"] = f.metadata.get("metavar", f"{listed},...")
         else:
-            options["type"] = _item_parser(base)
+            options["type"] = f.metadata.get("type") or _item_parser(base)
             options["metavar"] = f.metadata.get("metavar", f.name.upper())
             if "choices" in f.metadata:
                 options["choices"] = tuple(f.metadata["choices"])

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -136,6 +137,56 @@ def test_the_kernels_compile_only_for_a_real_architecture(capsys):
         "cofr bench kernels: error: --arch 10: give a compute capability x 10 of 50 or "
         "more, e.g. 80 (A100) or 90 (H100/H200)"
     )
+
+
+@needs_triton
+def test_a_kernel_read_from_tritons_cache_is_not_said_to_compile(monkeypatch, tmp_path):
+    """`cofr bench kernels` said "0.0 s" of each kernel a former run had compiled."""
+    import triton
+
+    from cofrgenet.ops.triton import aot
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    spec = next(aot._cf_specs())
+    monkeypatch.setattr(aot, "_cf_specs", lambda: iter([spec, spec]))
+    monkeypatch.setattr(aot, "_ladder_specs", lambda: iter([]))
+    compiled = []
+
+    def compile_once(source, target, options):  # a miss writes the cache, a hit reads it
+        if not compiled:
+            (tmp_path / "cache" / "KEY").mkdir(parents=True)
+        compiled.append(source)
+        return SimpleNamespace(asm={"cubin": b""})
+
+    monkeypatch.setattr(triton, "compile", compile_once)
+    lines: list[str] = []
+    assert aot.compile_all(90, log=lines.append) == 2
+    assert re.fullmatch(r"continued_fraction_\w+\(.*\): \d+\.\d s", lines[0]), lines
+    assert lines[1].endswith("): from Triton's cache"), lines
+
+
+@pytest.mark.parametrize(
+    "given,arch", [("90", 90), ("sm90", 90), ("sm_80", 80), ("compute_86", 86), ("9.0", 90)]
+)
+def test_arch_takes_the_ways_nvcc_triton_and_nvidia_smi_write_it(given, arch):
+    """`--arch sm90` (nvcc's and Triton's spelling) was refused as not an int."""
+    from cofrgenet.bench.kernels import KernelsOptions
+    from cofrgenet.cli import build_parser
+    from cofrgenet.dataclass_options import dataclass_from_args
+
+    words = ["bench", "kernels", "--arch", given]
+    assert dataclass_from_args(KernelsOptions, build_parser(words).parse_args(words)).arch == arch
+
+
+@pytest.mark.parametrize("given", ["hopper", "9.", "sm", "9.0.1"])
+def test_an_arch_that_is_no_compute_capability_is_one_line(capsys, given):
+    from cofrgenet.cli import main
+
+    assert main(["bench", "kernels", "--arch", given]) == 2
+    assert (
+        f"error: argument --arch: expected a compute capability x 10 (90, sm90 or 9.0), got "
+        f"{given!r}"
+    ) in capsys.readouterr().err
 
 
 @needs_triton

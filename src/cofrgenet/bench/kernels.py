@@ -16,13 +16,31 @@ from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_
 from cofrgenet.errors import ConfigError
 
 
+def compute_capability(text: str) -> int:
+    """argparse ``type`` of ``--arch``: a compute capability x 10 as ``90``, ``sm90``,
+    ``sm_90``, ``compute_90`` or ``9.0`` (how nvcc, Triton and nvidia-smi write it)."""
+    plain = text.strip().lower().removeprefix("compute_").removeprefix("sm").lstrip("_")
+    major, dot, minor = plain.partition(".")
+    if dot and major.isdigit() and len(minor) == 1 and minor.isdigit():
+        return int(major) * 10 + int(minor)
+    if plain.isdigit():
+        return int(plain)
+    raise argparse.ArgumentTypeError(
+        f"expected a compute capability x 10 (90, sm90 or 9.0), got {text!r}"
+    )
+
+
 @dataclass(frozen=True)
 class KernelsOptions:
     """What ``cofr bench kernels`` compiles for, and what it prints."""
 
     arch: int = field(
         default=90,
-        metadata={"help": "the GPU's compute capability x 10 (90: H100/H200, 80: A100)"},
+        metadata={
+            "help": "the GPU's compute capability x 10 (90: H100/H200, 80: A100; sm90 and 9.0 "
+            "read as 90)",
+            "type": compute_capability,
+        },
     )
     ptxas_info: bool = field(
         default=False,

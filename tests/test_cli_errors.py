@@ -209,6 +209,9 @@ def test_an_unreadable_value_and_a_missing_config_file_are_one_line(capsys, tmp_
 def test_did_you_mean():
     assert did_you_mean("depht", ["depth", "ladders"]) == " (did you mean 'depth'?)"
     assert did_you_mean("zzz", ["depth"]) == ""
+    presets = ["gpt2-mini", "gpt2-mini-a", "gpt2-mini-f", "gpt2-mini-fa"]
+    assert did_you_mean("gpt2-mini-af", presets) == " (did you mean 'gpt2-mini-fa'?)"
+    assert did_you_mean("gpt2-mnii", presets) == " (did you mean 'gpt2-mini'?)"
     # Case alone: "PTB" was no match for "ptb" (difflib compares the letters as typed).
     assert did_you_mean("PTB", ["ptb", "lambada"]) == " (did you mean 'ptb'?)"
     assert did_you_mean("--Max-Steps", ["--max-steps"], prefix="--") == (

@@ -78,8 +78,23 @@ def did_you_mean(
     names = [c.removeprefix(prefix) for c in candidates]
     by_lower = {name.lower(): name for name in reversed(names)}  # "PTB" finds "ptb"
     typed = word.removeprefix(prefix).lower()
-    close = difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=cutoff)
+    # Two neighbours swapped first: difflib's ratio put "gpt2-mini-f" before
+    # "gpt2-mini-fa" for "gpt2-mini-af".
+    close = [n for n in by_lower if _swapped_neighbours(typed, n)][:1]
+    close = close or difflib.get_close_matches(typed, list(by_lower), n=1, cutoff=cutoff)
     return f" (did you mean {prefix + by_lower[close[0]]!r}?)" if close else ""
+
+
+def _swapped_neighbours(typed: str, name: str) -> bool:
+    """Whether ``name`` is ``typed`` with two neighbouring characters swapped."""
+    differ = [i for i, (a, b) in enumerate(zip(typed, name, strict=False)) if a != b]
+    return (
+        len(typed) == len(name)
+        and len(differ) == 2
+        and differ[1] == differ[0] + 1
+        and typed[differ[0]] == name[differ[1]]
+        and typed[differ[1]] == name[differ[0]]
+    )
 
 
 def unknown_name(kind: str, name: str, names: Sequence[str]) -> str:

@@ -393,6 +393,10 @@ def test_every_command_reads_its_checkpoint_from_ckpt(capsys, tmp_path, words, o
         assert line.endswith(f"one word too many, 'other', beside --ckpt {missing}")
     line = one_line_error(capsys, [*words, *options])
     assert "--ckpt" in line and "required" in line
+    with pytest.raises(SystemExit):
+        cli.main([*words, "--help"])
+    synopsis = capsys.readouterr().out.split("\n\n")[0]  # [--ckpt PATH] read as optional
+    assert " --ckpt PATH " in synopsis and "[--ckpt" not in synopsis, synopsis
     if words[0] == "export":  # the one word was read as OUT_DIR
         assert line.endswith(
             f"usage: cofr export hf --ckpt CKPT OUT_DIR (the one word given, {options[-1]}, is OUT_DIR)"

@@ -145,12 +145,15 @@ class GivenOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_checkpoint_argument(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+def add_checkpoint_argument(
+    parser: argparse.ArgumentParser, positional: bool = False
+) -> argparse.Action:
     """``--ckpt PATH``, every command's name for the checkpoint it reads (``cofr fit``'s
     ``--ckpt_path`` takes ``--ckpt`` too). ``positional``: a first positional word is
     taken as well, as older versions of the command took it; :func:`checkpoint_given`
-    reads the one given."""
-    parser.add_argument(
+    reads the one given, and :func:`show_required` makes the synopsis say ``--ckpt PATH``
+    is needed once the command's other options are added."""
+    action = parser.add_argument(
         "--ckpt",
         metavar="PATH",
         action=GivenOnce,
@@ -159,6 +162,18 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser, positional: bool = 
     )
     if positional:
         parser.add_argument("ckpt_word", nargs="?", help=argparse.SUPPRESS)
+    return action
+
+
+def show_required(parser: argparse.ArgumentParser, action: argparse.Action) -> None:
+    """Make the synopsis of ``parser``, all of whose options are added, show ``action``
+    as required (``--ckpt PATH``, not ``[--ckpt PATH]``): it is, though argparse cannot
+    require it where an older positional form stands in for it."""
+    action.required = True
+    try:
+        parser.usage = parser.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%")
+    finally:
+        action.required = False
 
 
 def checkpoint_given(args: argparse.Namespace, usage: str = "") -> str:

@@ -25,6 +25,7 @@ from cofrgenet.dataclass_options import (
     at_least,
     checkpoint_given,
     device_arg,
+    show_required,
 )
 from cofrgenet.errors import UserError
 from cofrgenet.eval.paths import (
@@ -44,7 +45,7 @@ DEFAULT_TASKS = "wikitext-2-v1,wikitext-103-v1,ptb,lambada"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_checkpoint_argument(parser, positional=True)
+    ckpt = add_checkpoint_argument(parser, positional=True)
     parser.add_argument(
         "--tasks",
         default=None,  # None: not given (--split valid then leaves LAMBADA out)
@@ -121,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-mlflow", action="store_true", help="do not log the results to the run's MLflow run"
     )
+    show_required(parser, ckpt)
 
 
 def _names(text: str | None) -> list[str]:

@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cofrgenet.atomic import missing_folders, remove_empty_folders, why_no_folder
-from cofrgenet.dataclass_options import add_checkpoint_argument, at_least, checkpoint_given
+from cofrgenet.dataclass_options import (
+    add_checkpoint_argument,
+    at_least,
+    checkpoint_given,
+    show_required,
+)
 from cofrgenet.errors import UserError
 from cofrgenet.signals import Terminated, sigterm_raises
 
@@ -135,7 +140,7 @@ class ExportReport:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_checkpoint_argument(parser, positional=True)
+    ckpt = add_checkpoint_argument(parser, positional=True)
     parser.add_argument("out_dir", help="folder to write (created; must be empty or an export)")
     tokenizer = parser.add_mutually_exclusive_group()
     tokenizer.add_argument(
@@ -162,6 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="max abs logit difference the check accepts, relative to the largest |logit| "
         f"when above 1 (default: {DEFAULT_TOLERANCE:g})",
     )
+    show_required(parser, ckpt)
 
 
 def run(args: argparse.Namespace) -> int:

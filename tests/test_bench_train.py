@@ -9,6 +9,7 @@ import re
 import signal
 import time
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -445,6 +446,38 @@ def test_bad_settings_are_one_line_before_any_work(monkeypatch, tmp_path, capsys
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     line = one_line_error(capsys, [*argv, *options])
     assert line.startswith(f"cofr bench train: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_quick_fills_the_options_not_given_and_tags_its_report():
+    from cofrgenet import cli
+
+    words = ["bench", "train", "--quick", "--n-embd", "64", "--tag", "mine", "--device", "auto"]
+    cfg = train.config_from_args(cli.build_parser(words).parse_args(words))
+    assert (cfg.n_layer, cfg.n_embd, cfg.modes, cfg.steps) == (1, 64, ("eager",), 2)
+    assert cfg.tag == "mine-quick" and cfg.device in ("cpu", "cuda")
+    plain = train.config_from_args(cli.build_parser(words).parse_args(["bench", "train"]))
+    assert plain == replace(TrainBenchConfig(), device=plain.device) and plain.tag is None
+
+
+def test_no_save_prints_the_table_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    """As `bench ops --no-save`; stopped, it prints what it had timed, marked stopped."""
+    from cofrgenet import cli
+
+    argv = ["bench", "train", "--quick", "--variants", "gpt2", "--no-memory", "--no-save"]
+    argv += ["--out-dir", str(tmp_path / "out")]
+    assert cli.main([*argv, "--no-generation"]) == 0
+    out = capsys.readouterr().out
+    assert "| gpt2 | eager |" in out and "Stopped" not in out
+    assert not (tmp_path / "out").exists()
+
+    def interrupted(cfg, trainer):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "generation_speed", interrupted)
+    assert cli.main(argv) == 130
+    out = capsys.readouterr().out
+    assert "| gpt2 | eager |" in out and "**Stopped** by Ctrl-C" in out
     assert not (tmp_path / "out").exists()
 
 

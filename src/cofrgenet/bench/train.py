@@ -71,6 +71,7 @@ from cofrgenet.dataclass_options import (
     resolved_device,
 )
 from cofrgenet.errors import SEED_LIMIT
+from cofrgenet.signals import sigterm_raises, stopped_by
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
 #: bench's shape.
@@ -1379,13 +1380,59 @@ def write_report(
     return md, js
 
 
+#: ``--quick``'s settings, under the options given: every default variant eager at a tiny
+#: shape, a smoke test of a minute or so (as ``cofr bench ops --quick``).
+QUICK: dict[str, Any] = {
+    "modes": ("eager",),
+    "n_layer": 1,
+    "n_embd": 32,
+    "n_head": 2,
+    "block_size": 32,
+    "vocab_size": 64,
+    "batch_size": 2,
+    "steps": 2,
+    "warmup": 1,
+    "rounds": 2,
+    "gen_tokens": 4,
+    "profile_steps": 0,
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, TrainBenchConfig)
+    # Options stay out of the namespace unless given, so --quick can fill the rest.
+    add_dataclass_arguments(
+        parser.add_argument_group("what to time"), TrainBenchConfig, given_only=True
+    )
+    output = parser.add_argument_group("run and output")
+    output.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny shape, eager only, two rounds of two steps (a minute or so: a smoke "
+        "test), for the options not given; its report is saved with the tag quick",
+    )
+    output.add_argument(
+        "--save",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the report files (--no-save: print the table only)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> TrainBenchConfig:
+    """The config of the options given, over ``--quick``'s (tagged ``quick``, after any
+    ``--tag``) or the defaults, on the device ``--device`` names (``auto`` resolved)."""
+    base = TrainBenchConfig()
+    if getattr(args, "quick", False):
+        base = replace(base, **QUICK)
+    cfg = dataclass_from_args(TrainBenchConfig, args, base=base)
+    if getattr(args, "quick", False):
+        cfg = replace(cfg, tag="-".join(t for t in (cfg.tag, "quick") if t))
+    return replace(cfg, device=resolved_device(cfg.device))  # the report names the real one
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = dataclass_from_args(TrainBenchConfig, args)
-    cfg = replace(cfg, device=resolved_device(cfg.device))  # the report names the real one
+    cfg = config_from_args(args)
+    saving = getattr(args, "save", True)
     check_settings(cfg)
     unmeasured = [
         what
@@ -1403,6 +1450,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: --dtype {cfg.dtype} on {cfg.device}: a CPU without native {cfg.dtype} "
               "matmuls runs them far slower than float32 ones, so its timings and MFU say "
               "little; --dtype float32 for CPU figures", file=sys.stderr)  # fmt: skip
+    command = getattr(args, "command_line", "cofr bench train")
+    if not saving:
+        return _run_printing_only(cfg, command)
     out_dir = make_out_dir(cfg.out_dir)  # now: a folder it cannot write fails before the work
     pairs = len(timed_keys(cfg))
     stem = stem_once(lambda report: report_stem(report, out_dir))
@@ -1424,7 +1474,6 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
             said[:] = [line]
 
-    command = getattr(args, "command_line", "cofr bench train")
     report = measure_keeping_partial(
         lambda: run_benchmark(cfg, command, on_update=save_partial),
         written,
@@ -1433,4 +1482,23 @@ def run(args: argparse.Namespace) -> int:
     md, js = save(report)
     print(to_markdown(report))
     print(f"wrote {md} and {js}")
+    return 1 if report.get("failed") else 0
+
+
+def _run_printing_only(cfg: TrainBenchConfig, command: str) -> int:
+    """``--no-save``: the report's table printed, no file written; a run stopped early
+    (Ctrl-C, SIGTERM, an error) prints what it had timed, marked stopped."""
+    latest: list[dict[str, Any]] = []
+
+    def keep(partial: dict[str, Any]) -> None:
+        latest[:] = [partial]
+
+    try:
+        with sigterm_raises():
+            report = run_benchmark(cfg, command, on_update=keep)
+    except BaseException as error:
+        if latest:
+            print(to_markdown({**latest[0], "stopped": stopped_by(error)}))
+        raise
+    print(to_markdown(report))
     return 1 if report.get("failed") else 0

@@ -455,7 +455,9 @@ def test_quick_fills_the_options_not_given_and_tags_its_report():
     words = ["bench", "train", "--quick", "--n-embd", "64", "--tag", "mine", "--device", "auto"]
     cfg = train.config_from_args(cli.build_parser(words).parse_args(words))
     assert (cfg.n_layer, cfg.n_embd, cfg.modes, cfg.steps) == (1, 64, ("eager",), 2)
-    assert cfg.tag == "mine-quick" and cfg.device in ("cpu", "cuda")
+    assert cfg.tag == "quick-mine" and cfg.device in ("cpu", "cuda")
+    again = ["bench", "train", "--quick", "--tag", "quick"]
+    assert train.config_from_args(cli.build_parser(again).parse_args(again)).tag == "quick"
     plain = train.config_from_args(cli.build_parser(words).parse_args(["bench", "train"]))
     assert plain == replace(TrainBenchConfig(), device=plain.device) and plain.tag is None
 

@@ -191,16 +191,15 @@ def test_device_auto_is_cuda_where_torch_sees_a_gpu(monkeypatch, gpu):
     unless told (bench train timed the CPU)."""
     from cofrgenet import cli
     from cofrgenet.bench import train
-    from cofrgenet.dataclass_options import dataclass_from_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     expected = "cuda" if gpu else "cpu"
     for words in (["generate", "--ckpt", "x.ckpt"], ["eval", "--ckpt", "x.ckpt"]):
         assert cli.build_parser(words).parse_args(words).device == expected, words
     args = cli.build_parser(["bench", "train"]).parse_args(["bench", "train"])
-    assert dataclass_from_args(train.TrainBenchConfig, args).device == "auto"
-    assert train.resolved_device("auto") == expected  # as its run() reads it
-    assert train.resolved_device("cuda:1") == "cuda:1"
+    assert train.config_from_args(args).device == expected  # what its run() reads
+    assert train.TrainBenchConfig().device == expected  # as a script builds it
+    assert train.TrainBenchConfig(device="cuda:1").device == "cuda:1"
 
 
 def test_a_device_this_machine_lacks_is_refused_at_parse_time(capsys):

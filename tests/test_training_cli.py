@@ -2475,11 +2475,16 @@ def test_too_little_data_for_one_batch_is_an_error(tiny_data, tmp_path):
     assert not (tmp_path / "runs").exists()
     # A block longer than the val split (1,142 tokens): no validation could score it.
     long = ["--model.config", '{"vocab_size": 320, "block_size": 2048}', "--data.block_size"]
-    with pytest.raises(ConfigError, match=r"the val split of .* holds no block of block_size "):
+    with pytest.raises(
+        ConfigError, match=r"the val split of .* holds no block of block_size "
+    ) as no:
         CofrCLI(args=fit_args(tmp_path, tiny_data, *long, "2048"))
+    assert str(no.value).endswith("or fit without validation (--trainer.limit_val_batches 0)")
     assert not (tmp_path / "runs").exists()
     data = TokenDataModule(tiny_data, block_size=2048, batch_size=4, num_workers=0)
     data.check_sizes(train=True, val=False)  # a fit without validation reads no val split
+    with pytest.raises(ConfigError, match=r"a larger --val-fraction\)$"):  # validate, test
+        data.check_sizes(train=False, val=True)
     with pytest.raises(ConfigError, match=r"the train split of .* holds no block"):
         TokenDataModule(tiny_data, block_size=30000, batch_size=1).check_sizes(True, False)
 

@@ -105,11 +105,11 @@ def device_problem(text: str) -> str | None:
 
 
 #: What a ``--device`` option's help says of the names it takes.
-DEVICE_HELP = "cpu, cuda, cuda:N or auto: cuda where torch sees a GPU, else cpu"
+DEVICE_HELP = "cpu, cuda, cuda:N or auto: cuda where torch sees a CUDA GPU, else cpu"
 
 
 def resolved_device(text: str) -> str:
-    """The device ``--device text`` runs on: ``auto`` is ``cuda`` where torch sees a GPU,
+    """The device ``--device text`` runs on: ``auto`` is ``cuda`` where torch sees a CUDA GPU,
     else ``cpu``; any other name as given."""
     if text != "auto":
         return text

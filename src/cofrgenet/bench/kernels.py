@@ -18,12 +18,14 @@ from cofrgenet.errors import ConfigError
 
 def compute_capability(text: str) -> int:
     """argparse ``type`` of ``--arch``: a compute capability x 10 as ``90``, ``sm90``,
-    ``sm_90``, ``compute_90`` or ``9.0`` (how nvcc, Triton and nvidia-smi write it)."""
+    ``sm_90``, ``sm_90a``, ``compute_90`` or ``9.0`` (how nvcc, Triton and nvidia-smi
+    write it; ``a``, an architecture's own features, compiles as its base here)."""
     plain = text.strip().lower().removeprefix("compute_").removeprefix("sm").lstrip("_")
+    plain = plain.removesuffix("a") if plain[:-1].isdigit() else plain
     major, dot, minor = plain.partition(".")
-    if dot and major.isdigit() and len(minor) == 1 and minor.isdigit():
+    if dot and major.isdigit() and int(major) < 20 and len(minor) == 1 and minor.isdigit():
         return int(major) * 10 + int(minor)
-    if plain.isdigit():
+    if plain.isdigit() and len(plain) <= 3:
         return int(plain)
     raise argparse.ArgumentTypeError(
         f"expected a compute capability x 10 (90, sm90 or 9.0), got {text!r}"

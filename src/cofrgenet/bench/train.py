@@ -196,6 +196,7 @@ class TrainBenchConfig:
         from cofrgenet.errors import UserError, check_seed
 
         check_seed(self.seed, "--seed")  # as bench quality's --seeds: -1 was taken
+        self.device = resolved_device(self.device)  # what runs it and what the report names
         bounds = [(name, 1) for name in POSITIVE_FIELDS]
         for name, least in bounds + [(name, 0) for name in NON_NEGATIVE_FIELDS]:
             if getattr(self, name) < least:
@@ -1419,15 +1420,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainBenchConfig:
-    """The config of the options given, over ``--quick``'s (tagged ``quick``, after any
-    ``--tag``) or the defaults, on the device ``--device`` names (``auto`` resolved)."""
+    """The config of the options given, over ``--quick``'s (tagged ``quick``, before any
+    ``--tag``, as bench ops' and quality's) or the defaults."""
     base = TrainBenchConfig()
     if getattr(args, "quick", False):
         base = replace(base, **QUICK)
     cfg = dataclass_from_args(TrainBenchConfig, args, base=base)
-    if getattr(args, "quick", False):
-        cfg = replace(cfg, tag="-".join(t for t in (cfg.tag, "quick") if t))
-    return replace(cfg, device=resolved_device(cfg.device))  # the report names the real one
+    if getattr(args, "quick", False) and cfg.tag != "quick":
+        cfg = replace(cfg, tag="-".join(t for t in ("quick", cfg.tag) if t))
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

@@ -382,7 +382,9 @@ class TokenDataModule(L.LightningDataModule):
             raise self._no_block(split)
         return dataset
 
-    def _no_block(self, split: str) -> ConfigError:
+    def _no_block(self, split: str, fitting: bool = True) -> ConfigError:
+        """``fitting``: a fit reads the split (a validate or test cannot leave its
+        validation out)."""
         tokens = self.meta.splits[split].tokens
         largest = chunks_cut_by_size(self.data_dir / split)
         if largest is not None and tokens > self.block_size:
@@ -394,7 +396,8 @@ class TokenDataModule(L.LightningDataModule):
                 "again with a larger --chunk-bytes (default 64MB), or lower block_size"
             )
         more = (
-            "a larger --val-fraction), or fit without validation (--trainer.limit_val_batches 0)"
+            "a larger --val-fraction)"
+            + (", or fit without validation (--trainer.limit_val_batches 0)" if fitting else "")
             if split == "val"
             else "a small train split keeps more with fewer prepare --num-workers, each of "
             "which ends its own chunks)"
@@ -446,9 +449,10 @@ class TokenDataModule(L.LightningDataModule):
         )
 
     def check_sizes(self, train: bool, val: bool) -> None:
-        """Refuse a block or batch that the splits a command reads (``train``, ``val``)
-        cannot fill even in one process, read from their indexes: before a run folder or an
-        MLflow run exists (the loaders, later, check what each of several processes gets)."""
+        """Refuse a block or batch that the splits a command reads (``train``: a fit;
+        ``val``: its validation, or a validate or test) cannot fill even in one process,
+        read from their indexes: before a run folder or an MLflow run exists (the loaders,
+        later, check what each of several processes gets)."""
         if train:
             blocks = split_blocks(self.data_dir / "train", self.block_size + 1)
             if blocks == 0:
@@ -456,7 +460,7 @@ class TokenDataModule(L.LightningDataModule):
             if blocks < self.batch_size:
                 raise self._no_full_batch()
         if val and self._val_blocks() == 0:
-            raise self._no_block("val")
+            raise self._no_block("val", fitting=train)
 
     def _check_val_interval(self, batches: int) -> None:
         """Lightning refuses a val_check_interval of more batches than an epoch holds
@@ -480,7 +484,8 @@ class TokenDataModule(L.LightningDataModule):
         blocks = self._val_blocks()
         processes, rank = self._world_size(), self._global_rank()
         if blocks == 0:
-            raise self._no_block("val")
+            trainer = getattr(self, "trainer", None)
+            raise self._no_block("val", fitting=trainer is None or trainer.state.fn == "fit")
         if blocks < processes:
             raise ConfigError(
                 f"the val split of {str(self.data_dir)!r} holds {blocks} block(s) of "

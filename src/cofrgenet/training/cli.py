@@ -789,11 +789,22 @@ class CofrCLI(LightningCLIAdapter):
         logged a score, and exited 0."""
         limit_key = _OWN_LIMIT.get(self.subcommand or "")
         limit = None if limit_key is None else self.config_value(self.config, limit_key)
-        if limit == 0 and not isinstance(limit, bool):
+        if _is_zero(limit):
             raise ConfigError(
                 f"{limit_key} is 0: cofr {self.subcommand} would score nothing; give a "
                 "number of batches or a fraction up to 1.0 (null: all)"
             )
+
+    def check_data_sizes(self) -> None:
+        """Refuse data too small for one batch or block of the splits this command reads
+        (:meth:`TokenDataModule.check_sizes`): it came once the fit had begun, and left a
+        FAILED MLflow run."""
+        check_sizes = getattr(getattr(self, "datamodule", None), "check_sizes", None)
+        if not callable(check_sizes):
+            return
+        fitting = self.subcommand == "fit"
+        validates = not _is_zero(self.config_value(self.config, "trainer.limit_val_batches"))
+        check_sizes(train=fitting, val=self.subcommand in EVALUATIONS or validates)
 
     def check_fit_settings(self, run: RunConfig, run_dir: Path) -> None:
         """Refuse a fit that would end at once with exit status 0 and nothing done: no
@@ -1148,14 +1159,6 @@ class CofrCLI(LightningCLIAdapter):
                 evaluating=self.subcommand in EVALUATIONS,
                 resuming=self._resumes_a_checkpoint(run_dir),
             )
-        check_sizes = getattr(getattr(self, "datamodule", None), "check_sizes", None)
-        if callable(check_sizes):
-            limit = self.config_value(self.config, "trainer.limit_val_batches")
-            validates = not (limit == 0 and not isinstance(limit, bool))
-            check_sizes(
-                train=self.subcommand == "fit",
-                val=self.subcommand == "validate" or (self.subcommand == "fit" and validates),
-            )
         _check_trainer_settings(lambda key: self.config_value(self.config, f"trainer.{key}"))
         if self.subcommand == "fit":
             _check_monitors(self.config_value(self.config_init, "trainer.callbacks"))
@@ -1169,6 +1172,7 @@ class CofrCLI(LightningCLIAdapter):
         )
         self.check_fit_settings(run, run_dir)  # before the lock: an error leaves no folder
         self.check_scores_something()
+        self.check_data_sizes()
         check_compile_strategy(  # before the processes launch: one line, not one per rank
             bool(getattr(self.model, "compile_model", False)),
             self.config_value(self.config_init, "trainer.strategy"),
@@ -1494,6 +1498,11 @@ def _check_ladder_device(config: Any, accelerator: Any) -> None:
         )
 
 
+def _is_zero(setting: Any) -> bool:
+    """Whether a trainer setting is 0 or 0.0 (``False`` is not: it equals 0 in Python)."""
+    return setting == 0 and not isinstance(setting, bool)
+
+
 def _check_trainer_counts(value: Any) -> None:
     """Refuse trainer counts that Lightning takes and then divides by (a traceback after
     the run folder exists) or that train nothing and exit 0. ``value(key)``: the
@@ -1533,7 +1542,7 @@ def _check_trainer_counts(value: Any) -> None:
             "slurm/train.sbatch CONFIG), or set trainer.num_nodes 1"
         )
     for key in ("limit_train_batches", "max_epochs"):
-        if value(key) == 0 and not isinstance(value(key), bool):
+        if _is_zero(value(key)):
             raise ConfigError(f"trainer.{key} is 0: nothing would train; give at least 1")
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         limit = value(key)  # Lightning's "[0.0, 1.0] or an int" read -1 as neither

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import triton
 import triton.language as tl
@@ -165,26 +166,27 @@ def compile_all(
     return count
 
 
-def _cache_entries() -> set[str]:
-    """The entries of Triton's kernel cache folder: a compile adds one, a cache hit none."""
-    folder = Path(triton.knobs.cache.dir)
-    return set(os.listdir(folder)) if folder.is_dir() else set()
-
-
 def _compile_one(
     spec: Spec, target: GPUTarget, ptxas_info: bool, log: Callable[[str], object]
 ) -> None:
     kernel, signature, constexprs, attrs = spec
-    before, start = _cache_entries(), time.perf_counter()
+    hits: list[bool] = []
+
+    def heard(*, cache_hit: bool, **_: Any) -> None:  # Triton's compilation listener
+        hits.append(cache_hit)
+
+    start = time.perf_counter()
     source = ASTSource(
         fn=kernel,
         signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
         constexprs=constexprs,
         attrs=attrs,
     )
-    compiled = triton.compile(source, target=target, options={"num_warps": 4})
+    with triton.knobs.compilation.scope():
+        triton.knobs.compilation.listener = heard
+        compiled = triton.compile(source, target=target, options={"num_warps": 4})
     took = time.perf_counter() - start
-    how = f"{took:.1f} s" if _cache_entries() - before else "from Triton's cache"
+    how = "from Triton's cache" if hits == [True] else f"{took:.1f} s"
     info = f", {resource_usage(compiled.asm['cubin'])}" if ptxas_info else ""
     flags = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in constexprs.items())
     log(f"{kernel.__name__}({flags}): {how}{info}")

@@ -186,6 +186,11 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"sampler": {"name": "tpe", "multivariate": True, "n_ei_candidates": "9"}},
          "sampler.n_ei_candidates: '9' is refused by Optuna's TPESampler"),
         ({"space": {"a.b": "int 1..4 step 0"}}, "space.a.b: step must be > 0"),
+        ({"space": {"a.b": {"type": "int", "low": 1}}}, "space.a.b: an int range needs high, "
+         "e.g. {type: int, low: 1, high: 4}"),
+        ({"space": {"a.b": {"type": "float"}}}, "space.a.b: a float range needs low and high"),
+        ({"objective": {"direction": "maximize"}}, "objective.direction maximize: val/loss is "
+         "lower-is-better, as is every metric a trial reports; use minimize (the default)"),
         ({"space": {"a.b": {"type": "int", "low": 1, "high": 4, "step": -1}}}, "step must be > 0"),
         ({"space": {"a.b": "int 1..4 step 1.5"}}, "an int range needs a whole step"),
         ({"space": {"a.b": {"type": "float", "low": 1, "high": 4, "log": "no"}}},
@@ -209,6 +214,17 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
          "trial's run trial-<number>; remove it from the overrides"),
         ({"budget": {"steps": 6}, "overrides": {"trainer.max_steps": 100}},
          "overrides: trainer.max_steps: the sweep's budget sets this key"),
+        # A searched key the sweep sets: trained with the sweep's value, the drawn one
+        # recorded in the study.
+        ({"budget": {"steps": 6}, "space": {"trainer.max_steps": "int 1..4"}},
+         "space.trainer.max_steps: the sweep's budget sets trainer.max_steps; change the "
+         "budget, or remove it from the space (each trial would train with the sweep's "
+         "value, and the study record the drawn one)"),
+        ({"budget": {"val_every": 2}, "space": {"trainer.val_check_interval": [3, 4]}},
+         "space.trainer.val_check_interval: the sweep's budget.val_every sets"),
+        ({"space": {"run.name": ["mine", "yours"]}}, "space.run.name: the sweep names each "
+         "trial's run trial-<number>; remove it from the space (each trial"),
+        ({"space": {"run": ["a", "b"]}}, "space.run: the sweep's experiment sets run.experiment"),
         # Sections written as a scalar or a list instead of a mapping.
         ({"sampler": "tpe"}, "sampler: a mapping of options is expected (e.g. `sampler: "
          "{name: tpe}`), got 'tpe'"),
@@ -2290,9 +2306,9 @@ def test_status_and_report_refuse_a_sweep_file_with_another_objective(tmp_path, 
     for command in ("status", "report"):
         extra = ["--no-mlflow"] if command == "report" else []
         line = one_line_error(capsys, ["sweep", command, edited, *extra])
-        assert line.endswith(
-            "study 'tiny-cpu' exists with direction minimize, the sweep says maximize: give "
-            "the study's own sweep file, or its name (tiny-cpu)"
+        assert line.endswith(  # refused as it is read: every metric is lower-is-better
+            "objective.direction maximize: val/ppl is lower-is-better, as is every metric a "
+            "trial reports; use minimize (the default)"
         )
     objective["direction"] = "minimize"
     edited = str(write_sweep(tmp_path, "edited.yaml", objective=objective))

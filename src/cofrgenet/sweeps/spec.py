@@ -218,6 +218,12 @@ def parse_param(key: str, value: Any) -> ParamSpec:
     kind = value.get("type")
     if kind not in ("int", "float"):
         raise SweepError(f"space.{key}: type must be int or float (or give choices)")
+    missing = [end for end in ("low", "high") if value.get(end) is None]
+    if missing:  # "None is not a number" named neither
+        raise SweepError(
+            f"space.{key}: {'an' if kind == 'int' else 'a'} {kind} range needs {' and '.join(missing)}, e.g. "
+            f"{{type: {kind}, low: 1, high: 4}}"
+        )
     low, high = _number(value.get("low"), key), _number(value.get("high"), key)
     if not low <= high:
         raise SweepError(f"space.{key}: low {low:g} > high {high:g}")
@@ -543,6 +549,11 @@ def _check_values(objective: Objective, budget: Budget, n_trials: Any) -> None:
         raise SweepError(
             f"objective.metric {objective.metric!r} is not a metric a trial reports{hint}; "
             f"use one of {', '.join(OBJECTIVE_METRICS)}"
+        )
+    if objective.direction == "maximize":  # the search would seek the worst model
+        raise SweepError(
+            f"objective.direction maximize: {objective.metric} is lower-is-better, as is "
+            "every metric a trial reports; use minimize (the default)"
         )
     if budget.steps is not None:
         budget.steps = _whole(budget.steps, "budget.steps")
@@ -874,6 +885,7 @@ def parse_sweep(raw: dict[str, Any], path: Path | None = None, resolve: bool = T
         # An override of a key the sweep sets in every trial would be silently replaced.
         fixed = sweep_keys(sweep)
         _check_not_set_again(fixed, overrides, "overrides: {key}", "remove it from the overrides")
+        _check_space_not_set_again(sweep)
         sweep.storage_options.check()
         sweep.slurm.check()
         _check_sampler(sweep.sampler, sweep.space)
@@ -1038,10 +1050,16 @@ def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
     """The config keys a sweep sets in every trial after its overrides and ``--set`` (so
     either of one would be ignored), each with what to do instead (``{target}``: the key,
     ``{drop}``: how to drop the other setting)."""
-    fixed = {
+    searched = {
         p.key: "the sweep searches {target}; remove it from the space or {drop}"
         for p in sweep.space
     }
+    return {**searched, **_keys_set_apart_from_the_space(sweep, mlflow)}
+
+
+def _keys_set_apart_from_the_space(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
+    """:func:`sweep_keys` but the space's: the budget's and the run's."""
+    fixed = {}
     if sweep.budget.steps is not None or sweep.budget.tokens is not None:
         fixed["trainer.max_steps"] = "the sweep's budget sets {target}; change the budget"
     if sweep.budget.val_every is not None:
@@ -1056,6 +1074,23 @@ def sweep_keys(sweep: Sweep, mlflow: bool = True) -> dict[str, str]:
     if not mlflow:
         fixed["run.mlflow"] = "--no-mlflow sets {target} to false; drop one of the two"
     return fixed
+
+
+def _check_space_not_set_again(sweep: Sweep) -> None:
+    """SweepError for a searched key that the sweep itself sets in every trial (the
+    budget's ``trainer.max_steps``, ``run.name``...): the trial would train with the
+    sweep's value and the study record the drawn one, never trained."""
+    for param in sweep.space:
+        for target, why in _keys_set_apart_from_the_space(sweep).items():
+            key = param.key
+            if key == target or key.startswith(target + ".") or target.startswith(key + "."):
+                reason = why.format(target=target, drop="remove it from the space")
+                if "{drop}" not in why:
+                    reason += ", or remove it from the space"
+                raise SweepError(
+                    f"space.{param.key}: {reason} (each trial would train with the sweep's "
+                    "value, and the study record the drawn one)"
+                )
 
 
 def check_extra(sweep: Sweep, extra: dict[str, Any] | None, mlflow: bool = True) -> None:

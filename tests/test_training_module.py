@@ -630,10 +630,42 @@ def test_non_finite_loss_saves_then_stops(tmp_path):
                     pl_module.model.lm_head.weight.fill_(math.nan)
 
     trainer = tiny_trainer(10, [Poison(), NonFiniteLossGuard()], default_root_dir=tmp_path)
-    with pytest.raises(NonFiniteLossError, match="ladder health"):
+    with pytest.raises(NonFiniteLossError) as raised:
         trainer.fit(module, token_loader())
     saved = list((tmp_path / "checkpoints").glob("nonfinite-step*.ckpt"))
     assert len(saved) == 1 and "step0000002" in saved[0].name
+    # Advice for this run: no ladders, no logger, no clipping here.
+    assert str(raised.value).endswith(
+        f"Remedies: a lower model.optimizer.lr or more model.optimizer.warmup_steps, gradient "
+        f"clipping (trainer.gradient_clip_val: 1.0). Then start a new run (another --run.name), "
+        f"from scratch or from --ckpt_path {saved[0]}."
+    )
+
+
+def test_non_finite_loss_advice_fits_the_run():
+    """It advised ladder health in MLflow, positive denominators, clipping and
+    ladder_bias to every run: one without ladders, without MLflow, clipping already,
+    positive by default."""
+    from types import SimpleNamespace
+
+    from cofrgenet.training.callbacks import nonfinite_advice
+
+    logged_and_clipped = SimpleNamespace(loggers=[object()], gradient_clip_val=1.0)
+    ladders = LanguageModel("gpt2-tiny-f")  # positive denominators, ladder biases
+    assert nonfinite_advice(logged_and_clipped, ladders) == (
+        "Look at ladder health first: ladder/*/near_pole_share and ladder/*/min_abs_kd "
+        "(LadderHealthMonitor, in the run's logged metrics) show whether ladders sit on "
+        "poles. Remedies: a lower model.optimizer.lr or more model.optimizer.warmup_steps."
+    )
+    paper = LanguageModel(
+        "gpt2-tiny-f", config=ModelOverrides(ladder_denominators="paper", ladder_bias=False)
+    )
+    unlogged = SimpleNamespace(loggers=[], gradient_clip_val=None)
+    assert nonfinite_advice(unlogged, paper) == (
+        "Remedies: model.config.ladder_denominators: positive (no poles), "
+        "model.config.ladder_bias: true, a lower model.optimizer.lr or more "
+        "model.optimizer.warmup_steps, gradient clipping (trainer.gradient_clip_val: 1.0)."
+    )
 
 
 def test_vocab_mismatch_fails_fast():

@@ -863,6 +863,11 @@ class NonFiniteLossGuard(L.Callback):
     Under DDP the decision is reduced across ranks, so every rank stops together.
     """
 
+    def __init__(self, restart_hint: bool = True) -> None:
+        """``restart_hint``: end the error with how to start again (a sweep's trial is
+        not started again by hand)."""
+        self.restart_hint = restart_hint
+
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
@@ -873,11 +878,37 @@ class NonFiniteLossGuard(L.Callback):
         folder = Path(trainer.default_root_dir) / "checkpoints"
         path = folder / f"{NONFINITE_PREFIX}step{step:07d}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # Lightning logs a line if unset
-        raise NonFiniteLossError(
+        message = (
             f"the training loss became {loss.item()} at step {step}; the weights from before "
-            f"this step are saved in {path}. Look at ladder health first: "
-            "ladder/*/near_pole_share and ladder/*/min_abs_kd in MLflow (LadderHealthMonitor) "
-            "show whether ladders sit on poles. Remedies: ladder_denominators: positive (no "
-            "poles), a lower optimizer.lr or more warmup, gradient clipping, ladder_bias: true. "
-            f"Then start a new run (another --run.name), from scratch or from --ckpt_path {path}."
+            f"this step are saved in {path}. {nonfinite_advice(trainer, pl_module)}"
         )
+        if self.restart_hint:
+            message += (
+                " Then start a new run (another --run.name), from scratch or from "
+                f"--ckpt_path {path}."
+            )
+        raise NonFiniteLossError(message)
+
+
+def nonfinite_advice(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+    """What to look at and change after a NaN/Inf loss, for this run: ladder health
+    where the model has ladders (and a logger kept it), the ladder settings not already
+    taken, the learning rate, clipping where it is off."""
+    config = getattr(pl_module, "model_config", None)
+    remedies = []
+    look = ""
+    if any(True for _ in ladder_layers(pl_module)):
+        if trainer.loggers:
+            look = (
+                "Look at ladder health first: ladder/*/near_pole_share and "
+                "ladder/*/min_abs_kd (LadderHealthMonitor, in the run's logged metrics) show "
+                "whether ladders sit on poles. "
+            )
+        if getattr(config, "ladder_denominators", None) == "paper":
+            remedies.append("model.config.ladder_denominators: positive (no poles)")
+        if getattr(config, "ladder_bias", None) is False:
+            remedies.append("model.config.ladder_bias: true")
+    remedies.append("a lower model.optimizer.lr or more model.optimizer.warmup_steps")
+    if not trainer.gradient_clip_val:
+        remedies.append("gradient clipping (trainer.gradient_clip_val: 1.0)")
+    return f"{look}Remedies: {', '.join(remedies)}."

@@ -1248,6 +1248,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert "| dead [lost at step 6] |" in table and "| alive [running at step 6] |" in table
     assert "| elsewhere [running at step 6] |" in table
     assert "lost: MLflow says the run is running, but no process holds its run folder" in table
+    # The same command alone is refused: the folder holds checkpoints.
+    assert "the command that started it, with --ckpt_path last, resumes it" in table
     assert all(f"| twin ({twin[:8]}) |" in table for twin in twins)
     assert "note: 'twin' names 2 runs, in experiment test: all are compared" in err
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.
@@ -1930,6 +1932,7 @@ def test_compare_finds_a_sweep_file_as_cofr_sweep_does(tmp_path, monkeypatch):
 def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp_path):
     """Studies may share an experiment (a sweep file's `experiment`): `--sweep FILE`
     compared every study's trials there, and `--study NAME` changed nothing."""
+    from cofrgenet.errors import UserError
     from cofrgenet.eval.compare import collect_runs
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -1941,6 +1944,10 @@ def test_compare_sweep_takes_only_its_studys_trials_from_a_shared_experiment(tmp
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0"]
     _, skipped = collect_runs(client, [], ["shared"])
     assert sorted(n for names in skipped.values() for n in names) == ["mine-0", "theirs-0"]
+    # A study whose workers logged nothing here: said so, not "no MLflow experiment" alone.
+    with pytest.raises(UserError, match=r"no MLflow experiment 'quiet', where the trials of "
+                       r"study 'q' log: its workers ran with --no-mlflow"):  # fmt: skip
+        collect_runs(client, [], ["quiet"], {"quiet": "q"})
 
 
 def test_compare_tells_a_trial_stopped_before_its_config_from_a_parent_run(tmp_path):
@@ -2128,3 +2135,12 @@ def test_compare_says_an_id_prefix_needs_six_characters(tmp_path, capsys):
     )
     line = one_line_error(capsys, ["compare", "g2", "--runs-dir", str(tmp_path)])
     assert "first 6 characters" not in line  # a name, not an id
+
+
+def test_a_task_named_twice_is_scored_once():
+    """`--tasks wikitext-2-v1,wikitext-2-v1` scored it twice, and said of a missing set
+    "(wikitext-2-v1: cannot be read either)"."""
+    from cofrgenet.eval.cli import _names
+
+    assert _names(" ptb, wikitext-2-v1,ptb,,") == ["ptb", "wikitext-2-v1"]
+    assert _names(None) == []

@@ -126,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _names(text: str | None) -> list[str]:
-    return [name.strip() for name in (text or "").split(",") if name.strip()]
+    """The comma-separated names of ``text``, each once (a repeat was scored twice)."""
+    return list(dict.fromkeys(name.strip() for name in (text or "").split(",") if name.strip()))
 
 
 def evaluate_tasks(

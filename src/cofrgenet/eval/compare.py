@@ -302,7 +302,8 @@ def describe_run(
 LOST = "lost"
 LOST_NOTE = (
     f"{LOST}: MLflow says the run is running, but no process holds its run folder (killed "
-    "with SIGKILL, or its machine went down); the command that started it resumes it"
+    "with SIGKILL, or its machine went down); the command that started it, with "
+    "--ckpt_path last, resumes it"
 )
 
 
@@ -365,6 +366,12 @@ def collect_runs(
     earlier: dict[str, list[str]] = {}  # runs of earlier studies of a name, passed over
     for name in experiments:
         experiment = client.get_experiment_by_name(name)
+        if experiment is None and studies and name in studies:  # compare --sweep
+            raise UserError(
+                f"no MLflow experiment {name!r}, where the trials of study {studies[name]!r} "
+                "log: its workers ran with --no-mlflow, or logged to another store (give its "
+                "--tracking-uri); `cofr sweep status` lists the trials either way"
+            )
         if experiment is None:
             known = sorted(names.values())
             raise UserError(

@@ -22,6 +22,7 @@ def online(monkeypatch):
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", *hub._PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "huggingface_hub", raising=False)
+    monkeypatch.setattr(hub, "_SET_HERE_BECAUSE", [])
     return monkeypatch
 
 
@@ -39,6 +40,15 @@ def test_an_unreachable_hub_sets_offline_mode(online, capsys):
     assert reason is not None and reason.startswith("127.0.0.1: ")
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     assert "reading the local cache only, as with HF_HUB_OFFLINE=1" in capsys.readouterr().err
+    # A dataset's error says why the hub was not asked: not "HF_HUB_OFFLINE is set",
+    # which the user never set.
+    assert hub.offline_reason() == f"the hub did not answer: {reason}"
+
+
+def test_offline_reason_names_the_users_setting(online):
+    assert hub.offline_reason() == ""
+    online.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.offline_reason() == "HF_HUB_OFFLINE is set"
 
 
 def test_a_reachable_hub_changes_nothing(online, capsys):
@@ -115,7 +125,9 @@ def test_an_evaluation_set_without_hub_or_cache_fails_at_once(tmp_path):
     )
     stderr = probe_fails_at_once([sys.executable, "-c", code], env)
     assert "EvalDataNotFound: wikitext-2: no file" in stderr
-    assert "(HF_HUB_OFFLINE is set)" in stderr
+    # The probe set HF_HUB_OFFLINE, not the user: said as what happened.
+    assert "could not be loaded (the hub did not answer: 127.0.0.1:" in stderr
+    assert "HF_HUB_OFFLINE is set" not in stderr
 
 
 def test_glue_from_the_hub_without_hub_or_cache_fails_at_once(tmp_path):

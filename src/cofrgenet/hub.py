@@ -29,6 +29,18 @@ _PROXY_VARIABLES = (
     "ALL_PROXY",
     "all_proxy",
 )
+#: Why :func:`offline_unless_reachable` set ``HF_HUB_OFFLINE`` in this process (None:
+#: it did not; the user may have).
+_SET_HERE_BECAUSE: list[str] = []
+
+
+def offline_reason() -> str:
+    """Why the hub was not asked, for an error that a dataset could not be loaded:
+    ``the hub did not answer: ...`` where this process went offline,
+    ``HF_HUB_OFFLINE is set`` where the user set it, else ``""``."""
+    if _SET_HERE_BECAUSE and os.environ.get("HF_HUB_OFFLINE") == "1":
+        return f"the hub did not answer: {_SET_HERE_BECAUSE[0]}"
+    return "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else ""
 
 
 def offline_unless_reachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -57,6 +69,7 @@ def offline_unless_reachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
     except OSError as error:
         reason = f"{host}: {error}"
         os.environ["HF_HUB_OFFLINE"] = "1"
+        _SET_HERE_BECAUSE[:] = [reason]
         print(
             f"note: the Hugging Face hub does not answer ({reason}): reading the local "
             "cache only, as with HF_HUB_OFFLINE=1",

@@ -17,14 +17,13 @@ Nothing here imports torch; ``datasets`` is imported only for the hub.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cofrgenet.errors import UserError, first_line
-from cofrgenet.hub import offline_unless_reachable
+from cofrgenet.hub import offline_reason, offline_unless_reachable
 
 #: Where the original files come from (named in every missing-file error).
 ORIGINAL_SOURCE = (
@@ -365,7 +364,7 @@ def load_task_hub(task: GlueTask, cache_dir: str | None = None) -> TaskData:
         )
     # The current name's error only: the legacy name's ("BuilderConfig 'sst2' not found.
     # Available: ['default']" offline) says nothing about why the data is not here.
-    offline = "; HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else ""
+    offline = f"; {why}" if (why := offline_reason()) else ""
     files = " and ".join(f"{task.folder}/{s.file}" for s in task.dev_splits())
     raise GlueDataNotFound(
         f"could not load GLUE {task.name} from the hub's {HUB_NAMES[0]} ({errors[0]}{offline}): "

@@ -25,7 +25,6 @@ lm-evaluation-harness's ``wikitext`` task scores.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Literal
 
 from cofrgenet.errors import UserError, first_line
 from cofrgenet.eval.detokenize import DETOKENIZERS
-from cofrgenet.hub import offline_unless_reachable
+from cofrgenet.hub import offline_reason, offline_unless_reachable
 
 Split = Literal["valid", "test"]
 #: Where ``cofr eval`` looks for local copies unless ``--data-dir`` says otherwise.
@@ -185,7 +184,7 @@ def read_rows(task: Task, split: str, data_dir: str | Path = DEFAULT_DATA_DIR) -
     try:
         rows = _from_hub(task, split)
     except Exception as error:  # no datasets, no cache, no network: all mean "not here"
-        offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        offline = f" ({why})" if (why := offline_reason()) else ""
         # Another folder is a way out only where none was given.
         other = ", or pass --data-dir DIR" if Path(data_dir) == Path(DEFAULT_DATA_DIR) else ""
         raise EvalDataNotFound(

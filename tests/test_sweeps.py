@@ -854,6 +854,8 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
         elif lr > 0.1:
             assert trial.state == TrialState.FAIL
             assert trial.user_attrs[st.FAIL_REASON].startswith("non-finite loss")
+            # The trial is the sweep's to run again, not a fit started by hand.
+            assert "--run.name" not in trial.user_attrs[st.FAIL_REASON]
         else:
             assert trial.state == TrialState.COMPLETE
     summary = (tmp_path / "runs" / "sweeps" / sweep.study / "report" / "summary.md").read_text()
@@ -2331,6 +2333,17 @@ def test_status_notes_a_sweep_file_that_now_trains_other_trials(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith("note: the study's trials are shown, not this file's: study ")
     assert "budget" in err
+    # Shown under the study's own space: the report drew the file's axes (a depth column
+    # 5 that the study never searched) and wrote over the study's report.
+    from cofrgenet.sweeps import cli as sweeps_cli
+
+    space = {"model.config.depth": "int 1..5", "model.config.ladders": {"choices": [1, 3]}}
+    wider = str(write_sweep(tmp_path, "wider.yaml", space=space))
+    words = ["sweep", "status", wider]
+    _, shown, _ = sweeps_cli._load_study(cli.build_parser(words).parse_args(words))
+    assert (shown.space[0].key, shown.space[0].high) == ("model.config.depth", 4)
+    assert len(shown.space) == 3 and shown.runs_dir == str(tmp_path / "runs")
+    assert "space" in capsys.readouterr().err
 
 
 def test_a_study_made_from_another_version_of_the_sweep_is_refused(tmp_path):

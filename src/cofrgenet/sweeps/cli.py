@@ -336,7 +336,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         sweep = parse_sweep(raw, resolve=False)
     else:
         check_same_objective(study, sweep, f"give the study's own sweep file, or its name ({name})")
-        _note_other_trials(study, sweep)
+        sweep = _the_studys_trials(study, sweep)
     if st.uses_heartbeat_table(storage) and sweep.storage_options != StorageOptions():
         # Staleness by the sweep's own heartbeat interval and grace period.
         storage = st.open_storage(url, sweep.storage_options)
@@ -413,19 +413,26 @@ def _submitted_for(script: Path, study: str, url: str) -> bool:
     return same and given.get("--study") == study
 
 
-def _note_other_trials(study: optuna.Study, sweep: Sweep) -> None:
-    """A note when the sweep file now trains other trials than the study was made from
-    (``cofr sweep run`` refuses it): status and report show the study's trials, not the
-    file's."""
+def _the_studys_trials(study: optuna.Study, sweep: Sweep) -> Sweep:
+    """``sweep``, or, where the file now trains other trials than the study was made from
+    (``cofr sweep run`` refuses it), the study's stored copy with the file's places
+    (storage, runs folder, tracking URI), said in a note: status and report show the
+    study's trials and space (a report drew the file's axes: a depth never searched)."""
+    from dataclasses import replace
+
     from cofrgenet.sweeps.worker import check_same_trials, grown_grid
 
     stored = study.user_attrs.get("cofr.sweep")
     if not isinstance(stored, dict) or grown_grid(sweep, stored) is not None:
-        return  # a grown grid is the study's (`run` takes it)
+        return sweep  # a grown grid is the study's (`run` takes it)
     try:
         check_same_trials(sweep, stored)
     except SweepError as error:
         print(f"note: the study's trials are shown, not this file's: {error}", file=sys.stderr)
+        places = ("storage", "storage_options", "runs_dir", "tracking_uri", "slurm")
+        own = parse_sweep(stored, resolve=False)
+        return replace(own, path=sweep.path, **{k: getattr(sweep, k) for k in places})
+    return sweep
 
 
 def run(args: argparse.Namespace) -> int:

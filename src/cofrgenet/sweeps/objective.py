@@ -39,6 +39,7 @@ from cofrgenet.sweeps.fitconfig import checked_config, model_problem, trial_word
 from cofrgenet.sweeps.spec import Sweep, SweepError
 from cofrgenet.training import checkpoints
 from cofrgenet.training.callbacks import (
+    NonFiniteLossGuard,
     StepBoundaries,
     StopOnSignal,
     late_stop,
@@ -714,7 +715,8 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     with _noted_once_the_fit_ended(stop) as after_the_fit:
         try:
             with given_args():
-                cli = SweepCLI(args=args, extra_callbacks=[callback, stop])
+                extra = [callback, stop, NonFiniteLossGuard(restart_hint=False)]
+                cli = SweepCLI(args=args, extra_callbacks=extra)
             callback.recover(ctx.storage, ctx.study)
             outcome = _fit_outcome(ctx, trial, cli, callback, run_dir)
             if outcome.state != TrialState.FAIL:  # an earlier attempt's traceback: not this one's

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -324,6 +325,13 @@ def test_sweep_review_edge_cases():
     from cofrgenet.sweeps.fitconfig import drawn_ends
 
     assert drawn_ends(parse_param("model.config.n_head", "int 2..5 step 2")) == [2, 4]
+    # Drawn without Optuna's warning of it at every trial (the docs say it once).
+    study = optuna.create_study()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trial = study.ask()
+        assert parse_param("model.config.n_head", "int 2..5 step 2").suggest(trial) in (2, 4)
+        assert parse_param("x", "float 0.1..0.35 step 0.1").suggest(trial) <= 0.3 + 1e-9
     ranged = {"type": "float", "low": 1e-4, "high": 1e-2, "log": 1}
     assert parse_param("model.optimizer.lr", ranged).log is True
 

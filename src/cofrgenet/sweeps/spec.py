@@ -108,12 +108,19 @@ class ParamSpec:
         return self.key.rsplit(".", 1)[-1]
 
     def suggest(self, trial: Any) -> Any:
-        if self.kind == "int":
-            return trial.suggest_int(
-                self.key, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
-            )
-        if self.kind == "float":
-            return trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
+        with warnings.catch_warnings():
+            # A range not a whole number of steps ends at its last step, as docs/sweeps.md
+            # says: Optuna's warning of it came at every trial.
+            warnings.filterwarnings("ignore", r".*It will be replaced with \[", UserWarning)
+            if self.kind == "int":
+                step = int(self.step or 1)
+                return trial.suggest_int(
+                    self.key, int(self.low), int(self.high), step=step, log=self.log
+                )
+            if self.kind == "float":
+                return trial.suggest_float(
+                    self.key, self.low, self.high, step=self.step, log=self.log
+                )
         return trial.suggest_categorical(self.key, list(self.choices))
 
     def grid_values(self) -> list[Any]:

@@ -1204,6 +1204,11 @@ def test_validating_a_checkpoint_says_when_val_loss_scores_other_blocks(pydoc_by
         make(2, "validate", limit=2, val_batch_size=4).load_state_dict(state)  # 8 blocks too
         make(2, "validate", limit=1.0, val_batch_size=5).load_state_dict(whole)  # all of it
         make(1, "test").load_state_dict(state)  # the whole split: the run's test score
+        # The same blocks on other processes: 2 x share and 1 x 2 share are one set (a
+        # 2-process fit's validate on 1 process was said to score other blocks).
+        make(1, "validate", limit=share).load_state_dict(whole)
+        one = {"processes": 1, "blocks_each": 2 * share, "block_size": 16}
+        make(2, "validate", limit=1.0).load_state_dict({**state, "val_scored": one})
         make(1, "validate").load_state_dict({k: v for k, v in state.items() if k != "val_scored"})
         # Another corpus's val split (validate --data.data_dir OTHER): other blocks by design.
         make(1, "validate").load_state_dict({**state, "val_split": {"tokens": 1, "chunks": 1}})

@@ -615,13 +615,28 @@ class TokenDataModule(L.LightningDataModule):
             for k in now
             if k in saved and saved[k] != now[k]
         ]
-        if not changed:
+        if not changed or self._same_blocks_scored(saved, now):
             return None
         return (
             f"val/loss scores other blocks of the val split than the checkpoint's run did "
             f"({', '.join(changed)}): not comparable with what that run scored, or would "
             "have, at the same steps (give its settings to compare)"
         )
+
+    def _same_blocks_scored(self, saved: dict[str, Any], now: dict[str, Any]) -> bool:
+        """Whether two :meth:`_val_scored` records of this val split score the same blocks,
+        at the same length, however many processes share them (2 processes x 4 blocks and
+        1 x 8 are the whole of an 8-block split alike)."""
+        if saved.get("block_size") != now["block_size"] or "processes" not in saved:
+            return False
+        total = self._val_blocks()
+
+        def scored(record: dict[str, Any]) -> set[int]:
+            share = total // int(record["processes"])
+            each = int(record["blocks_each"])
+            return {r * share + i for r in range(int(record["processes"])) for i in range(each)}
+
+        return scored(saved) == scored(now)
 
     def _tested_in_part(self, saved: dict[str, Any] | None) -> str | None:
         """What keeps test/loss from the run's test score, the whole val split in blocks

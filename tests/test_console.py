@@ -106,6 +106,18 @@ def test_the_model_report_replaces_lightnings_summary(caplog):
         ModelReport().on_fit_start(trainer, module)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "ladder" in text and "FLOPs per token (analytic" in text and "training " in text
+    # Counted from the config: FSDP has sharded and renamed the live module's parameters
+    # by the fit's start (a 64k model was reported as 32k, its ladders as 0).
+    import torch
+
+    from cofrgenet.models import count_parameters
+
+    total = count_parameters(module.model_config).total
+    module.model = torch.nn.Linear(3, 3)  # as a flattened shard looks: other names, sizes
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        ModelReport().on_fit_start(trainer, module)
+    assert f"{total:,}" in "\n".join(r.getMessage() for r in caplog.records)
 
 
 def test_the_model_report_counts_flops_at_the_length_trained(caplog):

@@ -230,8 +230,9 @@ class ModelReport(ModelSummary):
         from cofrgenet.models import count_parameters, estimate_flops_per_token
 
         config = getattr(pl_module, "model_config", None)
-        model = getattr(pl_module, "model", pl_module)
-        lines = [count_parameters(model).table()]
+        # From the config, as MLflow's model/n_params: FSDP has sharded and renamed the
+        # live module's parameters by now (a 64k model read as 32k, its ladders as 0).
+        lines = [count_parameters(config or getattr(pl_module, "model", pl_module)).table()]
         if config is not None:
             # At the length trained (data.block_size), as perf/mfu counts them.
             trained = getattr(trainer.datamodule, "block_size", None)

@@ -30,6 +30,12 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
         # torch.distributed.checkpoint's, at every sharded FSDP save and load
         sharded = "Please use DTensor instead and we are deprecating ShardedTensor."
         warnings.warn(sharded, FutureWarning, stacklevel=1)
+        # Lightning's, of an epoch shorter than log_every_n_steps: it logs across epochs.
+        warnings.warn(
+            "The number of training batches (9) is smaller than the logging interval "
+            "Trainer(log_every_n_steps=20). Set a lower value ...",
+            stacklevel=1,
+        )
     assert [str(w.message) for w in caught] == [
         "something new and worth reading",
         recommended.format("train/other"),

@@ -494,9 +494,12 @@ def test_dyadic_unfreezing_under_a_ddp_expecting_every_gradient_is_refused_at_st
     )  # fmt: skip
     with pytest.raises(
         ConfigError, match=rf"set trainer.strategy: {name}_find_unused_parameters_true"
-    ):
+    ) as refused:
         CofrCLI(args=args)
     assert not (tmp_path / "runs" / "test").exists(), "a run folder was left behind"
+    # auto is named as given, with what it runs (it said "ddp", a strategy not chosen).
+    said = "trainer.strategy auto (ddp on several devices)" if strategy == "auto" else strategy
+    assert f"gradient; {said} must be told" in str(refused.value)
 
 
 def test_a_resume_that_drops_the_dyadic_schedule_is_refused(tiny_data, tmp_path):

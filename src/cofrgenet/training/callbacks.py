@@ -96,15 +96,18 @@ def check_frozen_parameters_allowed(wrapped: nn.Module | None) -> None:
 
 def frozen_depths_need_unused_parameters(strategy: str | None) -> ConfigError:
     """The refusal of DyadicUnfreezing under ``strategy``, a DDP that expects a gradient
-    for every parameter (None: a DDP strategy of unknown name)."""
+    for every parameter (None: a DDP strategy of unknown name; ``auto``: Lightning's
+    choice on several devices, ddp)."""
     fix = (
         "ddp_find_unused_parameters_true (ddp_spawn_find_unused_parameters_true under ddp_spawn)"
         if strategy is None
-        else f"{strategy}_find_unused_parameters_true"
+        else f"{'ddp' if strategy == 'auto' else strategy}_find_unused_parameters_true"
     )
+    named = {None: "DDP", "auto": "trainer.strategy auto (ddp on several devices)"}
     return ConfigError(
         f"DyadicUnfreezing freezes ladder depths, which then get no gradient; "
-        f"{strategy or 'DDP'} must be told to expect that: set trainer.strategy: {fix}"
+        f"{named.get(strategy, strategy)} must be told to expect that: set "
+        f"trainer.strategy: {fix}"
     )
 
 

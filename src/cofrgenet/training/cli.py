@@ -1475,7 +1475,7 @@ def _check_unused_parameters_allowed(value: Any) -> None:
         return
     several = (device_count(devices) or 1) > 1 or (value("num_nodes") or 1) > 1
     if several and (strategy in _ALL_GRADIENTS_DDP or strategy == "auto"):
-        raise frozen_depths_need_unused_parameters("ddp" if strategy == "auto" else strategy)
+        raise frozen_depths_need_unused_parameters(strategy)
 
 
 def _check_ladder_device(config: Any, accelerator: Any) -> None:

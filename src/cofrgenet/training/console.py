@@ -75,6 +75,11 @@ HARMLESS: tuple[tuple[str, str], ...] = (
      "FSDP resume loads the optimizer state"),
     ("FSDP is switching to use `NO_SHARD`",
      "FSDP in one process (a sharded checkpoint validated on one device): nothing to shard"),
+    ("When using ``NO_SHARD`` for ``ShardingStrategy``, full_state_dict will",
+     "the same one-process FSDP: its state dict is whole, as a sharded one's would be"),
+    ("The number of training batches (", "Lightning counts the steps it logs at across "
+     "epochs: an epoch shorter than log_every_n_steps still logs train/ every that many "
+     "steps"),
 )  # fmt: skip
 
 #: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).

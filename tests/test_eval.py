@@ -1249,7 +1249,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     assert "| elsewhere [running at step 6] |" in table
     assert "lost: MLflow says the run is running, but no process holds its run folder" in table
     # The same command alone is refused: the folder holds checkpoints.
-    assert "the command that started it, with --ckpt_path last, resumes it" in table
+    assert "the command that started it, with --ckpt_path last, resumes it (a sweep's" in table
     assert all(f"| twin ({twin[:8]}) |" in table for twin in twins)
     assert "note: 'twin' names 2 runs, in experiment test: all are compared" in err
     # A name with a quote, which MLflow's filter strings cannot hold, was a traceback.

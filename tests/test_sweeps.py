@@ -2316,10 +2316,13 @@ def test_status_and_report_refuse_a_sweep_file_with_another_objective(tmp_path, 
     for command in ("status", "report"):
         extra = ["--no-mlflow"] if command == "report" else []
         line = one_line_error(capsys, ["sweep", command, edited, *extra])
-        assert line.endswith(  # refused as it is read: every metric is lower-is-better
+        assert (  # refused as it is read: every metric is lower-is-better
             "objective.direction maximize: val/ppl is lower-is-better, as is every metric a "
             "trial reports; use minimize (the default)"
-        )
+        ) in line
+        # A study made from such a file before: read by its name (its stored sweep).
+        assert line.endswith("`cofr sweep status` or `report` with the study's name reads its "
+                             "stored sweep")  # fmt: skip
     objective["direction"] = "minimize"
     edited = str(write_sweep(tmp_path, "edited.yaml", objective=objective))
     line = one_line_error(capsys, ["sweep", "status", edited])

@@ -661,6 +661,9 @@ def test_non_finite_loss_advice_fits_the_run():
         "gpt2-tiny-f", config=ModelOverrides(ladder_denominators="paper", ladder_bias=False)
     )
     unlogged = SimpleNamespace(loggers=[], gradient_clip_val=None)
+    # ladder_bias unset follows bias: no biases there either.
+    unbiased = LanguageModel("gpt2-tiny-f", config=ModelOverrides(bias=False))
+    assert "model.config.ladder_bias: true" in nonfinite_advice(unlogged, unbiased)
     assert nonfinite_advice(unlogged, paper) == (
         "Remedies: model.config.ladder_denominators: positive (no poles), "
         "model.config.ladder_bias: true, a lower model.optimizer.lr or more "

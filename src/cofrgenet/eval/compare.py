@@ -303,7 +303,7 @@ LOST = "lost"
 LOST_NOTE = (
     f"{LOST}: MLflow says the run is running, but no process holds its run folder (killed "
     "with SIGKILL, or its machine went down); the command that started it, with "
-    "--ckpt_path last, resumes it"
+    "--ckpt_path last, resumes it (a sweep's trial: `cofr sweep run` of its study)"
 )
 
 

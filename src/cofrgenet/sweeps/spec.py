@@ -560,7 +560,7 @@ def _check_values(objective: Objective, budget: Budget, n_trials: Any) -> None:
     if objective.direction == "maximize":  # the search would seek the worst model
         raise SweepError(
             f"objective.direction maximize: {objective.metric} is lower-is-better, as is "
-            "every metric a trial reports; use minimize (the default)"
+            f"every metric a trial reports; use minimize (the default){_STUDY_MADE_SO}"
         )
     if budget.steps is not None:
         budget.steps = _whole(budget.steps, "budget.steps")
@@ -1083,6 +1083,14 @@ def _keys_set_apart_from_the_space(sweep: Sweep, mlflow: bool = True) -> dict[st
     return fixed
 
 
+#: Said where a sweep file is refused for what older versions took: its study, if made
+#: so, is still read by name.
+_STUDY_MADE_SO = (
+    ". A study made from this file before cofr refused it: `cofr sweep status` or "
+    "`report` with the study's name reads its stored sweep"
+)
+
+
 def _check_space_not_set_again(sweep: Sweep) -> None:
     """SweepError for a searched key that the sweep itself sets in every trial (the
     budget's ``trainer.max_steps``, ``run.name``...): the trial would train with the
@@ -1096,7 +1104,7 @@ def _check_space_not_set_again(sweep: Sweep) -> None:
                     reason += ", or remove it from the space"
                 raise SweepError(
                     f"space.{param.key}: {reason} (each trial would train with the sweep's "
-                    "value, and the study record the drawn one)"
+                    f"value, and the study record the drawn one){_STUDY_MADE_SO}"
                 )
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from cofrgenet.data.datamodule import STOP_SIGNALS
 from cofrgenet.errors import ConfigError, UserError
-from cofrgenet.nn.ladder import LadderLayer
+from cofrgenet.nn.ladder import LadderLayer, resolve_ladder_bias
 from cofrgenet.ops import NEAR_POLE
 from cofrgenet.redact import hide_passwords
 from cofrgenet.training import checkpoints
@@ -909,7 +909,9 @@ def nonfinite_advice(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
             )
         if getattr(config, "ladder_denominators", None) == "paper":
             remedies.append("model.config.ladder_denominators: positive (no poles)")
-        if getattr(config, "ladder_bias", None) is False:
+        # None follows bias: a llama's ladders (bias false) have no biases either.
+        bias = getattr(config, "bias", True)
+        if config is not None and not resolve_ladder_bias(bool(bias), config.ladder_bias):
             remedies.append("model.config.ladder_bias: true")
     remedies.append("a lower model.optimizer.lr or more model.optimizer.warmup_steps")
     if not trainer.gradient_clip_val:

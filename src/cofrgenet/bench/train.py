@@ -1422,11 +1422,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainBenchConfig:
     """The config of the options given, over ``--quick``'s (tagged ``quick``, before any
     ``--tag``, as bench ops' and quality's) or the defaults."""
-    base = TrainBenchConfig()
-    if getattr(args, "quick", False):
-        base = replace(base, **QUICK)
+    quick = getattr(args, "quick", False)
+    base = replace(TrainBenchConfig(), **QUICK) if quick else TrainBenchConfig()
     cfg = dataclass_from_args(TrainBenchConfig, args, base=base)
-    if getattr(args, "quick", False) and cfg.tag != "quick":
+    if quick and cfg.tag != "quick":
         cfg = replace(cfg, tag="-".join(t for t in ("quick", cfg.tag) if t))
     return cfg
 

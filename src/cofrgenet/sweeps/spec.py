@@ -1095,8 +1095,9 @@ def _check_space_not_set_again(sweep: Sweep) -> None:
     """SweepError for a searched key that the sweep itself sets in every trial (the
     budget's ``trainer.max_steps``, ``run.name``...): the trial would train with the
     sweep's value and the study record the drawn one, never trained."""
+    fixed = _keys_set_apart_from_the_space(sweep)
     for param in sweep.space:
-        for target, why in _keys_set_apart_from_the_space(sweep).items():
+        for target, why in fixed.items():
             key = param.key
             if key == target or key.startswith(target + ".") or target.startswith(key + "."):
                 reason = why.format(target=target, drop="remove it from the space")

@@ -226,6 +226,9 @@ def test_sweep_values_that_would_break_every_worker_are_refused_when_read():
         ({"space": {"run.name": ["mine", "yours"]}}, "space.run.name: the sweep names each "
          "trial's run trial-<number>; remove it from the space (each trial"),
         ({"space": {"run": ["a", "b"]}}, "space.run: the sweep's experiment sets run.experiment"),
+        ({"space": {"run.mlflow": [True, False]}}, "space.run.mlflow: run.* says where and "
+         "how a trial is recorded, not what it trains, so there is nothing to search; set it "
+         "in overrides instead"),
         # Sections written as a scalar or a list instead of a mapping.
         ({"sampler": "tpe"}, "sampler: a mapping of options is expected (e.g. `sampler: "
          "{name: tpe}`), got 'tpe'"),

@@ -1107,6 +1107,12 @@ def _check_space_not_set_again(sweep: Sweep) -> None:
                     f"space.{param.key}: {reason} (each trial would train with the sweep's "
                     f"value, and the study record the drawn one){_STUDY_MADE_SO}"
                 )
+        if param.key.split(".")[0] == "run":  # e.g. run.mlflow, run.keep_checkpoints
+            raise SweepError(
+                f"space.{param.key}: run.* says where and how a trial is recorded, not what "
+                "it trains, so there is nothing to search; set it in overrides instead"
+                f"{_STUDY_MADE_SO}"
+            )
 
 
 def check_extra(sweep: Sweep, extra: dict[str, Any] | None, mlflow: bool = True) -> None:

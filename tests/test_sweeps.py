@@ -847,7 +847,11 @@ def test_failed_trials_keep_their_reason_and_the_study_goes_on(tiny_data, tmp_pa
         space={"data.block_size": {"choices": [64, 32]}, "model.optimizer.lr": {"choices": [1e-3, 0.5]}},
         overrides={
             "data.data_dir": str(tiny_data),
-            "trainer.callbacks": [{"class_path": "sweep_helpers.PoisonWeights", "init_args": {"lr_above": 0.1}}],
+            "trainer.callbacks": [
+                {"class_path": "sweep_helpers.PoisonWeights", "init_args": {"lr_above": 0.1}},
+                # the file's own guard: it too must not say how to start the trial again
+                {"class_path": "cofrgenet.training.callbacks.NonFiniteLossGuard"},
+            ],
         },
     )  # fmt: skip
     sweep = load_sweep(sweep_path)

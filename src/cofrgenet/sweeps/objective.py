@@ -322,6 +322,13 @@ class SweepCLI(CofrCLI):
         config["plugins"] = with_default_plugin(
             config.get("plugins"), ClusterEnvironment, LightningEnvironment
         )
+        configured = config.get("callbacks") or []
+        for callback in [
+            *(configured if isinstance(configured, list) else [configured]),
+            *callbacks,
+        ]:
+            if isinstance(callback, NonFiniteLossGuard):  # the sweep's or one the file lists
+                callback.restart_hint = False  # a trial is started again by no one's hand
         return super().build_trainer(config, callbacks)
 
 
@@ -715,7 +722,7 @@ def _train(ctx: TrialContext, trial: optuna.Trial, args: list[str], run_dir: Pat
     with _noted_once_the_fit_ended(stop) as after_the_fit:
         try:
             with given_args():
-                extra = [callback, stop, NonFiniteLossGuard(restart_hint=False)]
+                extra = [callback, stop]
                 cli = SweepCLI(args=args, extra_callbacks=extra)
             callback.recover(ctx.storage, ctx.study)
             outcome = _fit_outcome(ctx, trial, cli, callback, run_dir)

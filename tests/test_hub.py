@@ -19,10 +19,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 @pytest.fixture
 def online(monkeypatch):
     """As on a user's machine: not offline, no proxy, huggingface_hub not imported yet."""
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", *hub._PROXY_VARIABLES):
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", hub.REASON_VARIABLE)
+    for name in (*names, *hub._PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "huggingface_hub", raising=False)
-    monkeypatch.setattr(hub, "_SET_HERE_BECAUSE", [])
     return monkeypatch
 
 
@@ -43,6 +43,15 @@ def test_an_unreachable_hub_sets_offline_mode(online, capsys):
     # A dataset's error says why the hub was not asked: not "HF_HUB_OFFLINE is set",
     # which the user never set.
     assert hub.offline_reason() == f"the hub did not answer: {reason}"
+    # So does a process this one starts (a DDP rank), which inherits the switch.
+    child = subprocess.run(
+        [sys.executable, "-c", "from cofrgenet import hub; print(hub.offline_reason())"],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == f"the hub did not answer: {reason}"
 
 
 def test_offline_reason_names_the_users_setting(online):

@@ -29,17 +29,19 @@ _PROXY_VARIABLES = (
     "ALL_PROXY",
     "all_proxy",
 )
-#: Why :func:`offline_unless_reachable` set ``HF_HUB_OFFLINE`` in this process (None:
-#: it did not; the user may have).
-_SET_HERE_BECAUSE: list[str] = []
+#: Why :func:`offline_unless_reachable` set ``HF_HUB_OFFLINE`` (unset: it did not; the
+#: user may have). An environment variable, as the switch is, so that the processes this
+#: one starts (DDP ranks, workers) inherit the reason with the switch.
+REASON_VARIABLE = "COFR_HUB_UNREACHABLE"
 
 
 def offline_reason() -> str:
     """Why the hub was not asked, for an error that a dataset could not be loaded:
     ``the hub did not answer: ...`` where this process went offline,
     ``HF_HUB_OFFLINE is set`` where the user set it, else ``""``."""
-    if _SET_HERE_BECAUSE and os.environ.get("HF_HUB_OFFLINE") == "1":
-        return f"the hub did not answer: {_SET_HERE_BECAUSE[0]}"
+    reason = os.environ.get(REASON_VARIABLE)
+    if reason and os.environ.get("HF_HUB_OFFLINE") == "1":
+        return f"the hub did not answer: {reason}"
     return "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else ""
 
 
@@ -69,7 +71,7 @@ def offline_unless_reachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
     except OSError as error:
         reason = f"{host}: {error}"
         os.environ["HF_HUB_OFFLINE"] = "1"
-        _SET_HERE_BECAUSE[:] = [reason]
+        os.environ[REASON_VARIABLE] = reason
         print(
             f"note: the Hugging Face hub does not answer ({reason}): reading the local "
             "cache only, as with HF_HUB_OFFLINE=1",

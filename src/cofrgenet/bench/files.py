@@ -47,14 +47,15 @@ Result = TypeVar("Result")
 
 def measure_keeping_partial(
     measure: Callable[[], Result],
-    written: list[tuple[Report, Path]],
+    written: list[tuple[Report, Path | None]],
     mark_stopped: Callable[[Report, str], object],
     saving: bool = True,
 ) -> Result:
     """``measure()``, with SIGTERM (a wall-clock limit, ``kill``) raising as Ctrl-C does.
     Stopped so, or by an error: the partial report written last (``written``: [(report,
     its .md)], kept by the run's ``on_update``) is rewritten by ``mark_stopped(report,
-    what stopped it)`` and the user told where it is, or, where the run writes reports
+    what stopped it)`` and the user told where it is (an .md of None: a report only
+    printed, which ``mark_stopped`` prints), or, where the run writes reports
     (``saving``), that none was written yet; then the stop goes on."""
     try:
         with sigterm_raises():
@@ -66,7 +67,8 @@ def measure_keeping_partial(
             # must not hide what stopped the run (the earlier partial file stays).
             with contextlib.suppress(OSError):
                 mark_stopped(report, stopped_by(error))
-            print(f"stopped: what was measured so far is in {md} (partial)", file=sys.stderr)
+            if md is not None:
+                print(f"stopped: what was measured so far is in {md} (partial)", file=sys.stderr)
         elif saving and isinstance(error, (KeyboardInterrupt, SystemExit)):
             print("stopped: nothing was measured yet, so no report was written", file=sys.stderr)
         raise

@@ -71,7 +71,6 @@ from cofrgenet.dataclass_options import (
     resolved_device,
 )
 from cofrgenet.errors import SEED_LIMIT
-from cofrgenet.signals import sigterm_raises, stopped_by
 
 #: Variant name -> (preset, overrides): every variant of ``bench.variants``, rebuilt at the
 #: bench's shape.
@@ -1488,17 +1487,16 @@ def run(args: argparse.Namespace) -> int:
 def _run_printing_only(cfg: TrainBenchConfig, command: str) -> int:
     """``--no-save``: the report's table printed, no file written; a run stopped early
     (Ctrl-C, SIGTERM, an error) prints what it had timed, marked stopped."""
-    latest: list[dict[str, Any]] = []
+    latest: list[tuple[dict[str, Any], None]] = []
 
     def keep(partial: dict[str, Any]) -> None:
-        latest[:] = [partial]
+        latest[:] = [(partial, None)]
 
-    try:
-        with sigterm_raises():
-            report = run_benchmark(cfg, command, on_update=keep)
-    except BaseException as error:
-        if latest:
-            print(to_markdown({**latest[0], "stopped": stopped_by(error)}))
-        raise
+    report = measure_keeping_partial(
+        lambda: run_benchmark(cfg, command, on_update=keep),
+        latest,
+        lambda partial, why: print(to_markdown({**partial, "stopped": why})),
+        saving=False,
+    )
     print(to_markdown(report))
     return 1 if report.get("failed") else 0

@@ -3270,6 +3270,20 @@ def test_a_finished_run_trained_further_logs_like_one_that_never_stopped(tiny_da
     assert resumed.tags["latest/trainer.max_steps"] == "5"
 
 
+def test_a_folder_given_relative_or_absolute_is_the_same_param(tmp_path, monkeypatch):
+    """A sweep trial begun by a SLURM worker (--runs-dir /abs/runs) and resumed by a local
+    one (runs) said run.runs_dir had changed and tagged latest/run.runs_dir: the same
+    folder. The folders are logged absolute."""
+    from cofrgenet.training.tracking import run_params
+
+    monkeypatch.chdir(tmp_path)
+    relative = {"run": {"runs_dir": "runs"}, "data": {"data_dir": "data/x", "seed": 1}}
+    absolute = {"run": {"runs_dir": str(tmp_path / "runs")}, "data": {"data_dir": str(tmp_path / "data" / "x"), "seed": 1}}  # fmt: skip
+    assert run_params(relative) == run_params(absolute)
+    assert run_params(relative)["run.runs_dir"] == str((tmp_path / "runs").resolve())
+    assert relative["run"]["runs_dir"] == "runs"  # the config itself is left as given
+
+
 def test_a_param_back_at_its_first_value_loses_its_latest_tag(tmp_path):
     """lr 6e-4, resumed at 1e-4 (tag latest/<key> 1e-4), then at 6e-4 again: the tag
     still said 1e-4, as only the params that differ from the first value were looked at.

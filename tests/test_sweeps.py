@@ -5004,6 +5004,9 @@ def test_status_right_after_submit_says_no_trials_yet(tmp_path, monkeypatch, cap
     said = capsys.readouterr().out
     assert said.startswith("study s: no trials yet: ") and "none of its workers has started" in said
     assert not (tmp_path / "runs" / "sweeps" / "s" / "optuna.journal").exists()
+    # By the study's name, as by its file (it said "no study 's' at ...", exit 2).
+    assert main(["sweep", "status", "s", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out == said
     # Another study, or another storage than the script's: still no study there.
     line = one_line_error(capsys, ["sweep", "status", path])
     assert "no study 'tiny-cpu' yet: " in line

@@ -298,6 +298,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         if url is None:
             path = Path(runs_dir) / "sweeps" / name / "optuna.journal"
             if not path.exists():
+                _check_submitted(name, path.parent, f"journal:{path.resolve()}")
                 studies = [p.parent.name for p in path.parent.parent.glob("*/optuna.journal")]
                 raise SweepError(
                     f"no study {name!r} at {path}{did_you_mean(name, studies)}: give its "
@@ -309,7 +310,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     file = st.storage_file(url)
     if file is not None and not file.exists():  # opening it would make an empty one
         if sweep is not None:
-            _check_submitted(sweep, runs_dir, url)
+            _check_submitted(sweep.study, st.study_folder(sweep, runs_dir), url)
         hint = (
             "give --storage as its workers were given it"
             if args.storage is None
@@ -324,7 +325,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         if sweep is not None:
-            _check_submitted(sweep, runs_dir, url)
+            _check_submitted(sweep.study, st.study_folder(sweep, runs_dir), url)
         raise SweepError(
             f"no study {name!r} in {hide_passwords(url)}"
             f"{_storage_of_its_trials(sweep, runs_dir, url)}"
@@ -379,15 +380,15 @@ def _storage_of_its_trials(sweep: Sweep | None, runs_dir: str, url: str) -> str:
     return f"; its trials ({found[0]}) were run with --storage {found[1]}"
 
 
-def _check_submitted(sweep: Sweep, runs_dir: str, url: str) -> None:
-    """NotStartedYet when the study's runs folder holds a script that submit queued for
-    its workers to run the study in ``url`` (a mistyped storage is still an error)."""
-    from cofrgenet.sweeps import storage as st
-
-    folder = st.study_folder(sweep, runs_dir) / "slurm"
-    scripts = [p for p in folder.glob("sweep-*.sbatch") if _submitted_for(p, sweep.study, url)]
+def _check_submitted(study: str, folder: Path, url: str) -> None:
+    """NotStartedYet when the study's folder (``<runs_dir>/sweeps/<study>``) holds a
+    script that submit queued for its workers to run ``study`` in ``url`` (a mistyped
+    storage is still an error)."""
+    scripts = [
+        p for p in (folder / "slurm").glob("sweep-*.sbatch") if _submitted_for(p, study, url)
+    ]
     if scripts:
-        raise NotStartedYet(sweep.study, max(scripts, key=lambda p: p.stat().st_mtime))
+        raise NotStartedYet(study, max(scripts, key=lambda p: p.stat().st_mtime))
 
 
 def _submitted_for(script: Path, study: str, url: str) -> bool:

@@ -22,6 +22,9 @@ from cofrgenet.folder_lock import FolderLock
 from cofrgenet.training import run_store
 from cofrgenet.training.run_store import RunConfig, artifact_location, tracking_uri
 
+#: The port without --port, as ``mlflow ui``'s; the next free one when it is in use.
+DEFAULT_PORT = 5000
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -40,7 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1",
         help="address the server listens on; 0.0.0.0: every interface (default: 127.0.0.1)",
     )
-    parser.add_argument("--port", type=tcp_port, default=5000, help="1-65535 (default: 5000)")
+    parser.add_argument(
+        "--port",
+        type=tcp_port,
+        default=None,
+        help=f"1-65535, refused when in use (default: {DEFAULT_PORT}, else the next free port)",
+    )
     parser.add_argument(
         "--allowed-hosts",
         metavar="A,B,...",
@@ -221,13 +229,22 @@ def run(args: argparse.Namespace) -> int:
         socket.getaddrinfo(args.host, args.port)
     except socket.gaierror as error:
         raise UserError(f"--host {args.host}: {error.strerror}") from None
-    claimed = claim_port(args.host, args.port)
+    # A port the user named is that port or none: an SSH tunnel or a bookmark points at
+    # it, and the next one may be another user's server.
+    asked = args.port
+    claimed = claim_port(args.host, asked or DEFAULT_PORT, tries=1 if asked else 20)
+    if claimed is None and asked:
+        raise UserError(
+            f"--port {asked}: in use on {args.host} (another `cofr ui`, or another "
+            f"program): give another port, or leave --port out for the first free one "
+            f"from {DEFAULT_PORT}"
+        )
     if claimed is None:
-        last = min(args.port + 19, 65535)
-        raise UserError(f"ports {args.port}-{last} on {args.host} are all in use: --port")
+        last = min(DEFAULT_PORT + 19, 65535)
+        raise UserError(f"ports {DEFAULT_PORT}-{last} on {args.host} are all in use: --port")
     port, lock = claimed
-    if port != args.port:
-        print(f"port {args.port} is in use (another `cofr ui`?): using {port}")
+    if port != (asked or DEFAULT_PORT):  # the default was taken
+        print(f"port {DEFAULT_PORT} is in use (another `cofr ui`?): using {port}")
     args.port = port
     # The server's own output (start-up lines, deprecation warnings of its dependencies)
     # goes to a log file: the terminal keeps the one line that matters.
@@ -254,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         ends.append(signal.SIGHUP)
     previous = {s: signal.signal(s, lambda signum, _: sys.exit(128 + signum)) for s in ends}
+    serving = False
     try:
         print(f"starting the MLflow UI on {args.host}:{port} ...", flush=True)
         deadline = time.monotonic() + START_TIMEOUT
@@ -277,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         # The experiments list (experiment tracking), not MLflow 3's GenAI landing page.
         print(f"MLflow UI: {base}/#/experiments  (Ctrl-C stops it)", flush=True)
+        serving = True
         others = [] if is_loopback(args.host) else machine_names(args.host)
         if others:
             print(f"from other machines: {', '.join(f'{url(n)}/' for n in others)}", flush=True)
@@ -284,7 +303,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"server log: {log_path}", flush=True)
         return server.wait()
     except KeyboardInterrupt:
-        return 0
+        if not serving:  # stopped before it served: interrupted, as any command (130)
+            raise
+        return 0  # the way to stop a server that served
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

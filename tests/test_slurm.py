@@ -197,11 +197,19 @@ def test_more_workers_than_trials_are_said(tiny_data, tmp_path, capsys):
                "--set", f"data.data_dir={tiny_data}", "--workers"]  # fmt: skip
     assert main([*command, "9"]) == 0
     assert (
-        "warning: --workers 9 for a study of 6 trials: 3 array tasks or more would find none to "
-        "train; --workers 6 is enough"
+        "warning: --workers 9 for a study of 6 trials: at least 3 array tasks would find no "
+        "trial to train; --workers 6 is enough"
     ) in capsys.readouterr().err
     assert main([*command, "6"]) == 0
     assert "--workers 6" not in capsys.readouterr().err
+    # Fewer: 2 workers of 2 trials each leave 2 of the 6 untrained, unsaid before.
+    assert main([*command, "2", "--n-trials", "2"]) == 0
+    assert (
+        "warning: --workers 2 x --n-trials 2: this job trains at most 4 of the study's 6 "
+        "trials (more workers, a larger --n-trials, or a later submit run the rest)"
+    ) in capsys.readouterr().err
+    assert main([*command, "2", "--n-trials", "3"]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -475,8 +475,17 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
         # Each array task runs a worker; those past the trials start none (and queue).
         print(
             f"warning: --workers {options.workers} for a study of {sweep.total_trials} "
-            f"trials: {options.workers - sweep.total_trials} array tasks or more would find "
-            f"none to train; --workers {sweep.total_trials} is enough",
+            f"trials: at least {options.workers - sweep.total_trials} array tasks would find "
+            f"no trial to train; --workers {sweep.total_trials} is enough",
+            file=sys.stderr,
+        )
+    elif options.n_trials is not None and options.workers * options.n_trials < sweep.total_trials:
+        # Each worker stops after its --n-trials: the job ends with the study unfinished.
+        print(
+            f"warning: --workers {options.workers} x --n-trials {options.n_trials}: this job "
+            f"trains at most {options.workers * options.n_trials} of the study's "
+            f"{sweep.total_trials} trials (more workers, a larger --n-trials, or a later "
+            "submit run the rest)",
             file=sys.stderr,
         )
     journal = st.journal_path(url)

@@ -1124,6 +1124,8 @@ def test_pareto_front_of_an_accuracy_keeps_the_highest():
 
 
 def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
+    from cofrgenet.sweeps.tracking import RETRIED_AS_TAG
+
     data = write_eval_data(tmp_path / "sets")
     tasks = "ptb,wikitext-2-v1"  # the paper's WikiText column is the <unk> release's
     assert main(["eval", "--ckpt", str(checkpoint), "--tasks", tasks, "--data-dir", str(data)]) == 0
@@ -1179,6 +1181,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
         ("cut", "KILLED", 10),
         ("late", "KILLED", 10),
         ("refused", "FAILED", 0),
+        ("trial-0002", "FAILED", 5),
     ):
         other = client.create_run(experiment_id, run_name=name).info.run_id
         client.log_text(other, config_text, "config.yaml")
@@ -1186,6 +1189,8 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
             client.log_metric(other, "train/loss", 3.0, step=step)
         if name == "late":  # stopped after step 14, its last 4 steps not logged yet
             client.set_tag(other, "cofr.stopped_at_step", "14")
+        if name.startswith("trial"):  # a sweep trial whose retry resumes this run
+            client.set_tag(other, RETRIED_AS_TAG, "7")
         client.set_terminated(other, status)
     # A cofr finetune glue run (no config.yaml of its own) was passed over as having no
     # cofrgenet config, "or failed before a step": it is said what it is.
@@ -1195,6 +1200,7 @@ def test_cofr_compare_puts_runs_beside_the_paper(checkpoint, tmp_path, capsys):
     table, printed = (out / "compare.md").read_text(), capsys.readouterr().out
     assert "| cut [killed at step 10] |" in table and "refused" not in table
     assert "| late [killed at step 14] |" in table and "tuned" not in table
+    assert "| trial-0002 [failed at step 5, retried as trial 7] |" in table
     printed = " ".join(printed.split())
     assert "passed over (failed before a step): refused" in printed
     assert (

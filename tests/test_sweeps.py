@@ -1997,12 +1997,39 @@ def test_a_lost_trials_mlflow_run_ends_failed_and_its_reason_tag_follows_the_sta
     assert run.info.status == "FAILED" and run.data.tags["optuna.state"] == "FAIL"
     assert run.data.tags["optuna.fail_reason"].endswith("died during the trial (process "
                                                        "gone); retried as trial 1")  # fmt: skip
+    assert run.data.tags["optuna.retried_as"] == "1"  # compare: "failed ..., retried as"
     finish_child(client, run_id, Outcome(TrialState.COMPLETE, value=1.5, step=6))
     tags = client.get_run(run_id).data.tags
     assert tags["optuna.state"] == "COMPLETE" and "optuna.fail_reason" not in tags
+    assert "optuna.retried_as" not in tags
     finish_child(client, run_id, Outcome(TrialState.PRUNED, reason="pruned at step 2"))
     tags = client.get_run(run_id).data.tags
     assert tags["optuna.prune_reason"] == "pruned at step 2" and "optuna.fail_reason" not in tags
+
+
+def test_a_failed_trials_run_names_the_retry_queued_after_it_ended(tmp_path):
+    """The run ends FAILED before the worker queues the retry: `cofr compare` showed
+    "[failed at step 5]" while `sweep status` listed the retry WAITING. The run is tagged
+    with the retry once it is queued."""
+    from types import SimpleNamespace
+
+    from cofrgenet.sweeps.objective import Outcome
+    from cofrgenet.sweeps.worker import WorkerResult, _record
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("r")).info.run_id
+    storage = st.open_storage(f"journal:{tmp_path / 'r.journal'}")
+    study = optuna.create_study(study_name="r", storage=storage)
+    trial = study.ask()
+    trial.suggest_categorical("a", [1, 2])
+    sweep = parse_sweep({"study": "r", "space": {"a": [1, 2]}, "n_trials": 2})
+    ctx = SimpleNamespace(
+        study=study, storage=storage, sweep=sweep, worker=None, mlflow_client=client
+    )
+    stopped = Outcome(TrialState.FAIL, reason="stopped by SIGTERM", retry=True, mlflow_run=run_id)
+    _record(ctx, WorkerResult(study), trial, stopped)
+    assert stopped.retried_as == 1
+    assert client.get_run(run_id).data.tags["optuna.retried_as"] == "1"
 
 
 def test_status_names_each_attempts_next_retry_and_counts_retried_failures(tmp_path):

@@ -276,7 +276,10 @@ def describe_run(
         state = status.lower()
         if status == "RUNNING" and _process_gone(config, experiment, run.info.run_name):
             state = LOST
-        name += f" [{state} at step {step}]"
+        # A failed sweep trial whose retry will resume this run: not failed for good.
+        retried = run.data.tags.get("optuna.retried_as")  # sweeps/tracking.py's tag
+        going_on = f", retried as trial {retried}" if status == "FAILED" and retried else ""
+        name += f" [{state} at step {step}{going_on}]"
     elif pruned:  # a FINISHED fit, stopped early by the pruner at its last validation
         name += f" [pruned at step {steps.get('val/loss', '?')}]"
     return RunRow(

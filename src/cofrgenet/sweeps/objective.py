@@ -75,6 +75,8 @@ class Outcome:
     stop_worker: bool = False
     #: Queue a retry of this failed trial (it was interrupted, not wrong).
     retry: bool = False
+    #: The trial queued to go on with this failed one, once queued.
+    retried_as: int | None = None
     requeue: bool = False
     run_dir: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)

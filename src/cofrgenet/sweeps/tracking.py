@@ -270,6 +270,9 @@ REASON_TAGS = {
     "PRUNED": "optuna.prune_reason",
     "RUNNING": "optuna.stop_reason",
 }
+#: The trial queued to go on with a failed one (it resumes this run): ``cofr compare``
+#: says so beside "failed". A later end of the run drops it.
+RETRIED_AS_TAG = "optuna.retried_as"
 
 
 def finish_child(client: MlflowClient, run_id: str, outcome: Outcome) -> None:
@@ -277,12 +280,13 @@ def finish_child(client: MlflowClient, run_id: str, outcome: Outcome) -> None:
     as a tag, its reason under the state's tag (:data:`REASON_TAGS`), and the objective's
     value at the step it was measured."""
     state = outcome.state.name
-    tags: dict[str, Any] = {"optuna.state": state}
+    tags: dict[str, Any] = {"optuna.state": state, RETRIED_AS_TAG: outcome.retried_as}
     if outcome.reason and state in REASON_TAGS:
         tags[REASON_TAGS[state]] = outcome.reason
-    set_tags(client, run_id, tags)
+    set_tags(client, run_id, tags)  # (a None value is not set)
+    tags = {k: v for k, v in tags.items() if v is not None}
     earlier = client.get_run(run_id).data.tags
-    for tag in REASON_TAGS.values():
+    for tag in [*REASON_TAGS.values(), RETRIED_AS_TAG]:
         if tag in earlier and tag not in tags:
             client.delete_tag(run_id, tag)
     if outcome.value is not None:

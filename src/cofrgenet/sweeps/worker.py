@@ -814,6 +814,7 @@ def _tell(
             max_retry = sweep.storage_options.max_retry
             retry = st.retry_trial(study, frozen, max_retry)
             if retry is not None:
+                outcome.retried_as = retry
                 log.warning(f"trial {trial.number} will be retried as trial {retry}")
             else:  # a failed trial now, and nothing resumes it
                 outcome.retry = False
@@ -1192,6 +1193,8 @@ def _record(ctx: TrialContext, result: WorkerResult, trial: optuna.Trial, outcom
         outcome.reason = "; ".join(
             filter(None, [outcome.reason, "not recorded: another worker ended it first"])
         )
+    elif outcome.retried_as is not None:  # queued after the run ended FAILED: say so there
+        _note_retry(ctx, outcome)
     value = "" if outcome.value is None else f" value {outcome.value:.6g}"
     why = f" ({outcome.reason})" if outcome.reason else ""
     log.info(f"trial {trial.number}: {outcome.state.name}{value}{why}")
@@ -1222,6 +1225,19 @@ def _fail_for_a_retry(ctx: TrialContext, trial: optuna.Trial, outcome: Outcome, 
     log.info(f"trial {trial.number}: {outcome.state.name} ({outcome.reason})")
 
 
+def _note_retry(ctx: TrialContext, outcome: Outcome) -> None:
+    """Tag the failed trial's MLflow run with the trial queued to resume it."""
+    if ctx.mlflow_client is None or outcome.mlflow_run is None:
+        return
+    from cofrgenet.sweeps import tracking
+
+    try:
+        tags = {tracking.RETRIED_AS_TAG: outcome.retried_as}
+        tracking.set_tags(ctx.mlflow_client, outcome.mlflow_run, tags)
+    except Exception as error:  # tracking trouble must not stop the worker
+        log.warning(f"MLflow: {error}")
+
+
 def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
     """End the MLflow run of a trial failed as lost FAILED, with why: it would read
     RUNNING until a retry resumes it, or for ever without one."""
@@ -1236,7 +1252,7 @@ def _end_lost_run(ctx: TrialContext, number: int, retry: int | None) -> None:
     try:
         run_id = tracking.run_id_in(Path(run_dir)) if run_dir else None
         if run_id is not None:  # None: lost before its run was made
-            outcome = Outcome(TrialState.FAIL, reason=reason)
+            outcome = Outcome(TrialState.FAIL, reason=reason, retried_as=retry)
             tracking.finish_child(ctx.mlflow_client, run_id, outcome)
     except Exception as error:  # tracking trouble must not stop the worker
         log.warning(f"MLflow: {error}")

@@ -45,7 +45,14 @@ def test_known_noise_is_silenced_and_the_rest_is_not(caplog):
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         logger.info("💡 Tip: For seamless cloud logging and experiment tracking, try ...")
         logger.info("GPU available: False, used: False")
+        logger.info("\nDetected KeyboardInterrupt, attempting graceful shutdown ...")
     assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]
+    caplog.clear()
+    # Lightning's SLURM requeue saves without weights_only and logs so
+    saving = "lightning.pytorch.trainer.connectors.checkpoint_connector"
+    with caplog.at_level(logging.INFO, logger=saving):
+        logging.getLogger(saving).info("`weights_only` was not set, defaulting to `False`.")
+    assert not caplog.records
     caplog.clear()
     seed = logging.getLogger("lightning.fabric.utilities.seed")  # on every rank, prefixed
     with caplog.at_level(logging.INFO, logger="lightning.fabric.utilities.seed"):

@@ -80,6 +80,11 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("The number of training batches (", "Lightning counts the steps it logs at across "
      "epochs: an epoch shorter than log_every_n_steps still logs train/ every that many "
      "steps"),
+    ("`weights_only` was not set, defaulting to `False`.", "Lightning's SLURM requeue "
+     "saves its checkpoint so; a whole one (optimizer, loops) is what the requeue resumes"),
+    ("\nDetected KeyboardInterrupt, attempting graceful shutdown", "a second Ctrl-C: "
+     "StopOnSignal says what it did (nothing saved) and cofr that it was interrupted; "
+     "Lightning's line came between the two"),
 )  # fmt: skip
 
 #: Loggers whose records :data:`HARMLESS` filters (a filter acts on its own logger only).
@@ -87,6 +92,7 @@ FILTERED_LOGGERS = (
     "lightning.pytorch",
     "lightning.pytorch.utilities.rank_zero",
     "lightning.pytorch.trainer.connectors.signal_connector",
+    "lightning.pytorch.trainer.connectors.checkpoint_connector",
     "lightning.fabric",
     "lightning.fabric.utilities.rank_zero",
     "lightning.fabric.utilities.seed",

@@ -426,9 +426,15 @@ def test_models_list_with_a_filter_matching_nothing_is_an_error(capsys):
     assert main(["models", "list", "--filter", "gpt2-tinyy"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # no empty table
-    line = captured.err.strip()
-    assert line.startswith("cofr models list: error: no preset matches 'gpt2-tinyy'; closest: ")
-    assert "gpt2-tiny" in line and "\n" not in line
+    assert captured.err.strip() == (
+        "cofr models list: error: no preset matches --filter 'gpt2-tinyy' (did you mean "
+        "'gpt2-tiny'?); `cofr models list` lists them all"
+    )
+    # A part of names, as a filter is (it suggested gpt2-xl for gtp2), or nothing.
+    line = one_line_error(capsys, ["models", "list", "--filter", "gtp2"])
+    assert "(did you mean 'gpt2'?)" in line
+    line = one_line_error(capsys, ["models", "list", "--filter", "nomatch"])
+    assert line.endswith("no preset matches --filter 'nomatch'; `cofr models list` lists them all")
     assert main(["models", "list", "--filter", "GPT2-TINY-F"]) == 0  # any case
     assert "gpt2-tiny-f" in capsys.readouterr().out
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 
 from rich.table import Table
 
 from cofrgenet import terminal
 from cofrgenet.dataclass_options import at_least
-from cofrgenet.errors import UserError
+from cofrgenet.errors import UserError, did_you_mean
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,10 +38,11 @@ def run(args: argparse.Namespace) -> int:
     wanted = args.filter.lower()  # preset names are lower case
     names = [name for name in presets if wanted in name]
     if not names:
-        close = difflib.get_close_matches(wanted, presets, n=3, cutoff=0.0)
+        # A filter is a part of names: its fix may be a family or a size ("gtp2": gpt2).
+        parts = {part for name in presets for part in name.split("-")}
+        hint = did_you_mean(wanted, [*presets, *sorted(parts)])
         raise UserError(
-            f"no preset matches {args.filter!r}; closest: {', '.join(close)} "
-            "(`cofr models list` lists them all)"
+            f"no preset matches --filter {args.filter!r}{hint}; `cofr models list` lists them all"
         )
     sizes = {"vocab_size": args.vocab_size, "block_size": args.block_size}
     sizes = {key: value for key, value in sizes.items() if value is not None}

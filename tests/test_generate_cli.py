@@ -124,6 +124,7 @@ def test_the_shared_check_names_a_missing_checkpoint_for_every_reader(tmp_path):
     [
         ("--temperature", "-1", "argument --temperature: must be >= 0, got -1"),
         ("--temperature", "nan", "argument --temperature: must be >= 0, got nan"),
+        ("--temperature", "inf", "argument --temperature: must be a finite number >= 0, got inf"),
         ("--num-samples", "0", "argument --num-samples: must be >= 1, got 0"),
         ("--num-samples", "-2", "argument --num-samples: must be >= 1, got -2"),
         ("--max-new-tokens", "-5", "argument --max-new-tokens: must be >= 1, got -5"),

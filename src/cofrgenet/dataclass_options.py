@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -61,12 +62,17 @@ def integer(text: str) -> int:
 def at_least(kind: type, low: float, note: str = "") -> Callable[[str], Any]:
     """argparse ``type``: a ``kind`` (int, also written ``2^16`` or ``1<<16``, or float)
     >= ``low``, else one line at parse time (``argument --x: must be >= 1, got 0``; NaN
-    refused too). ``note`` follows the bound."""
+    refused too, and infinity: no option of ours means "none" by it). ``note`` follows
+    the bound."""
 
     def parse(text: str) -> Any:
         value = _number(kind, text)
         if not value >= low:
             raise argparse.ArgumentTypeError(f"must be >= {low:g}{note}, got {text}")
+        if not math.isfinite(value):  # --temperature inf sampled uniformly, unsaid
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number >= {low:g}{note}, got {text}"
+            )
         return value
 
     parse.__name__ = kind.__name__

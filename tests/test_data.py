@@ -2099,20 +2099,25 @@ def test_chunks_keep_near_chunk_bytes_with_large_documents(tmp_path, capfd):
     assert read_meta(out).splits["train"].tokens == sum(c["dim"] for c in chunks)
 
 
-def test_max_docs_and_vocab_size_are_checked_at_parse_time(tmp_path, capsys):
+def test_max_docs_and_vocab_size_are_checked_before_the_folder_checks(tmp_path, capsys):
     """They were plain ints, checked after the parse (--max-docs) or the folder checks
-    (--vocab-size), and took no 2^k: now they read ints as the other options do."""
+    (--vocab-size), and took no 2^k: now they read ints as the other options do. The
+    vocabulary's bound comes after the checks of which options go together: beside
+    --tokenizer-from it sent the user to fix the number of an option not to be given."""
     for extra, message in (
-        (["--max-docs", "0"], "argument --max-docs: must be >= 1, got 0"),
-        (["--max-docs", "x"], "argument --max-docs: expected an int, got 'x'"),
+        (["--max-docs", "0"], "argument --max-docs: must be >= 1, got 0 ("),
+        (["--max-docs", "x"], "argument --max-docs: expected an int, got 'x' ("),
         (
             ["--tokenizer", "bpe", "--vocab-size", "100"],
-            "argument --vocab-size: must be >= 258 (256 bytes + EOS + 1 merge), got 100",
+            "--vocab-size must be at least 258 (256 bytes + EOS + 1 merge), got 100",
         ),
-    ):
+        (["--tokenizer-from", str(tmp_path), "--vocab-size", "100"],
+         "--tokenizer-from and --vocab-size exclude each other"),
+        (["--vocab-size", "100"], "--vocab-size is for --tokenizer bpe, not byte"),
+    ):  # fmt: skip
         out = tmp_path / "out"
         assert main([*extra, "--out", str(out)]) == 2
-        assert last_error_line(capsys).startswith(f"cofr data prepare: error: {message} (")
+        assert last_error_line(capsys).startswith(f"cofr data prepare: error: {message}")
         assert not out.exists()
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -746,6 +746,13 @@ def _split(
     return train_idx, val_idx, split_args
 
 
+def _vocab_too_small(vocab_size: int) -> PrepareError:
+    return PrepareError(
+        f"--vocab-size must be at least {MIN_BPE_VOCAB} (256 bytes + EOS + 1 merge), "
+        f"got {vocab_size}"
+    )
+
+
 def _tokenizer_from_and(option: str) -> PrepareError:
     """The refusal of ``option`` beside --tokenizer-from, which takes a tokenizer as it is."""
     return PrepareError(
@@ -1000,10 +1007,7 @@ def prepare_data(
         tok = ByteTokenizer()
     else:
         if vocab_size < MIN_BPE_VOCAB:
-            raise PrepareError(
-                f"--vocab-size must be at least {MIN_BPE_VOCAB} (256 bytes + EOS + 1 merge), "
-                f"got {vocab_size}"
-            )
+            raise _vocab_too_small(vocab_size)
         tokenizer_args = {"requested_vocab_size": vocab_size, "trained_on": "train split"}
 
     # 2. Split documents.
@@ -1210,7 +1214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tok.add_argument(
         "--vocab-size",
-        type=at_least(int, MIN_BPE_VOCAB, " (256 bytes + EOS + 1 merge)"),
+        type=at_least(int, 1),  # its bound: check_applicable, after --tokenizer-from's
         default=None,
         metavar="N",
         help=f"bpe vocabulary size, EOS and 256 bytes included (default: {DEFAULT_VOCAB_SIZE})",
@@ -1366,6 +1370,9 @@ def check_applicable(args: argparse.Namespace) -> None:
                 f"--{name.replace('_', '-')} is for --tokenizer {kind}, not {chosen}: "
                 f"drop it, or pass --tokenizer {kind}"
             )
+    vocab_size = getattr(args, "vocab_size", None)
+    if vocab_size is not None and vocab_size < MIN_BPE_VOCAB:  # said first, it would mislead
+        raise _vocab_too_small(vocab_size)
 
 
 def _check_no_carving(args: argparse.Namespace, val_split: str) -> None:

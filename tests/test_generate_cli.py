@@ -240,6 +240,9 @@ def test_a_folder_with_another_tokenizer_than_the_models_is_refused(capsys, tmp_
         "trained with a bpe tokenizer of 300 ids: the folder was prepared again since; pass one with the "
         "model's tokenizer (--tokenizer DIR)"
     )
+    line = one_line_error(capsys, ["export", "hf", "--ckpt", str(ckpt), str(tmp_path / "hf")])
+    assert line.endswith("(--tokenizer DIR), or --no-tokenizer to write the model alone")
+    assert not (tmp_path / "hf").exists()
     sets = tmp_path / "sets"
     sets.mkdir()
     (sets / "lambada_test.jsonl").write_text('{"text": "a passage ending in a word"}\n')

@@ -264,6 +264,10 @@ def export_hf(
             # tokenizer (TokenizerMismatch) or damaged (TokenizerUnreadable) is refused,
             # as cofr generate does.
             note = str(error)
+        except pretrained.TokenizerMismatch as error:  # export has one more way out
+            raise pretrained.TokenizerMismatch(
+                f"{error}, or --no-tokenizer to write the model alone"
+            ) from None
     return export_model(
         loaded.model,
         loaded.config,

@@ -1168,7 +1168,10 @@ def test_mlflow_is_switched_off_by_no_mlflow_as_in_every_command(capsys):
         (["--task", "stsb"], "argument --task: STS-B is a regression (a similarity score)"),
         (["--task", "STS-B"], "argument --task: STS-B is a regression"),
         (["--task", "wnli"], "argument --task: WNLI is not in the paper's table"),
-        (["--task", "rte", "--max-length", "2"], "--max-length must be >= 4 (a pair's"),
+        (
+            ["--task", "sst2", "--max-length", "2"],
+            "--max-length must be >= 4 (what a sentence-pair task needs at least",
+        ),
         # It meant no clipping, as 0 does, unsaid.
         (["--task", "rte", "--grad-clip", "-1"], "--grad-clip must be >= 0 (0: none), got -1.0"),
     ],

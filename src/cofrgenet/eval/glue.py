@@ -141,7 +141,8 @@ class FinetuneConfig:
         checks.append(
             (
                 self.max_length is None or self.max_length >= 4,
-                f"--max-length must be >= 4 (a pair's two texts and their two <eos>), "
+                f"--max-length must be >= 4 (what a sentence-pair task needs at least: two "
+                f"texts and their two <eos>; one bound for every task), "
                 f"got {self.max_length}",
             )
         )

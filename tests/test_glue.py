@@ -1079,7 +1079,8 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
         f"{folder / 'results.json'} (partial) and {beside} (partial)"
     )
     result = json.loads((folder / "results.json").read_text())
-    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2}  # eval's names
+    # eval's names, and where training stopped (after the step the scores are at)
+    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2, "stopped_at": 2}
     assert set(result["metrics"]) == {"glue/sst2/accuracy"} and result["steps"] == 2
     # How it ran, as the whole fine-tuning's results say it: those lacked it.
     assert result["epochs"] == round(2 / 3, 3) and result["train_examples"] == 24

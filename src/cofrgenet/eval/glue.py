@@ -761,14 +761,20 @@ def finetune(
             kept_in: list[Path] = []
             if module.validated_at is not None:
                 ran = str(trainer.precision) if trainer is not None else precision
+                # steps and epochs: the scores' (a stop after step 158 of scores at 150
+                # said 158 beside them); where training stopped is the partial's own.
+                scored = module.validated_at
                 partial = {
-                    **_scores_record(task, ckpt, module, step, config),
-                    **_how_it_ran(step, steps_per_epoch, len(train), max_length, ran, data, loaded),
+                    **_scores_record(task, ckpt, module, scored, config),
+                    **_how_it_ran(
+                        scored, steps_per_epoch, len(train), max_length, ran, data, loaded
+                    ),
                     "run_id": run_id,
                     "run_dir": str(run_dir) if run_id is None else None,
                     "partial": {  # as cofr eval's: the signal's name (SIGINT for Ctrl-C)
                         "stopped_by": signal.Signals(status - 128).name,
-                        "scored_at": module.validated_at,
+                        "scored_at": scored,
+                        "stopped_at": step,
                     },
                 }
                 if run_id is None and run_dir is not None:

@@ -194,16 +194,34 @@ def test_a_sigterm_in_the_middle_of_lightnings_import_stops_the_command():
     assert (done.returncode, done.stdout) == (143, ""), done.stderr[-2000:]
 
 
-def test_after_a_ctrl_c_the_program_ignores_another_while_it_exits(handlers_back, monkeypatch):
-    """A second Ctrl-C after `cofr: interrupted` landed in torch's exit hooks: a
-    traceback under the clean line. The program's entry ignores SIGINT once a Ctrl-C has
-    ended the command; any other ending leaves the handler as it is."""
-    from cofrgenet import cli
+def test_a_signal_while_the_program_exits_keeps_the_commands_status():
+    """A Ctrl-C in the seconds the interpreter takes to exit after a complete `cofr sweep
+    report` exited 130 (and, after `cofr: interrupted`, raised in torch's exit hooks: a
+    traceback under the clean line). Once the command has ended, a signal ends the
+    process at once with the command's status."""
+    import subprocess
+    import sys
+    import time
 
-    for status, ignored in ((130, True), (0, False), (143, False)):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        monkeypatch.setattr(cli, "main", lambda status=status: status)
-        with pytest.raises(SystemExit) as ended:
-            cli.entry()
-        assert ended.value.code == status
-        assert (signal.getsignal(signal.SIGINT) == signal.SIG_IGN) == ignored
+    slow_exit = (
+        "import atexit, time\n"
+        "from cofrgenet import cli\n"
+        "def done():\n"
+        "    atexit.register(time.sleep, 60)  # an exit hook that takes its time\n"
+        "    print('done', flush=True)\n"
+        "    return {status}\n"
+        "cli.main = done\n"
+        "cli.entry()\n"
+    )
+    for status, signum in ((0, signal.SIGINT), (3, signal.SIGTERM), (130, signal.SIGINT)):
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", slow_exit.format(status=status)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout.readline() == "done\n"
+        time.sleep(0.5)  # into the exit hook
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == status and "Traceback" not in err, err
+        assert time.monotonic() - started < 30

@@ -460,12 +460,20 @@ def _run_lightning(command: Command, words: list[str]) -> int:
 
 
 def entry() -> None:
-    """The ``cofr`` program: :func:`main`'s status as the process's. Once a Ctrl-C has
-    ended the command (``cofr: interrupted``), another while the interpreter exits is
-    ignored: it raised inside torch's exit hooks, a traceback after the clean line."""
+    """The ``cofr`` program: :func:`main`'s status as the process's. Once the command has
+    ended, a Ctrl-C or SIGTERM while the interpreter exits (torch's exit hooks, threads
+    joined: seconds) ends the process at once with the command's status: it was 130
+    after a complete report, or a traceback under ``cofr: interrupted``."""
     status = main()
-    if status == 128 + signal.SIGINT:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def end_now(signum: int, frame: Any) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)  # the command's work is done and written; only the exit is left
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, end_now)
     sys.exit(status)
 
 

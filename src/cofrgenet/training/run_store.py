@@ -526,14 +526,17 @@ def log_new_params(client: Any, run_id: str, params: dict[str, str]) -> list[str
     return [k for k, v in params.items() if k in existing and existing[k] != v]
 
 
-def log_params_tagging_changes(client: Any, run_id: str, params: dict[str, str]) -> list[str]:
+def log_params_tagging_changes(
+    client: Any, run_id: str, params: dict[str, str], untagged: tuple[str, ...] = ()
+) -> list[str]:
     """:func:`log_new_params`, and for each param the run holds with another value the
     tag ``latest/<key>`` with the new one (a resume with more steps, a sweep's extended
     ``n_trials``: MLflow params cannot change); returns those keys. A param back at its
-    first value loses the ``latest/<key>`` an earlier change set (the param is the latest)."""
+    first value loses the ``latest/<key>`` an earlier change set (the param is the latest).
+    ``untagged``: params whose changes are no news (logged the first time only)."""
     from mlflow.entities import RunTag
 
-    changed = log_new_params(client, run_id, params)
+    changed = [k for k in log_new_params(client, run_id, params) if k not in untagged]
     if changed:
         client.log_batch(run_id, tags=[RunTag(f"latest/{k}", params[k]) for k in changed])
     # lr 6e-4, resumed at 1e-4, then at 6e-4 again: the tag would still say 1e-4.

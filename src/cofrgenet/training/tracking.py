@@ -30,21 +30,19 @@ from cofrgenet.training.run_store import (
 #: Top-level keys of ``cofr fit``'s config that are how it was invoked, not what trains:
 #: the config files read and the checkpoint resumed (it changes at each resume).
 INVOCATION_KEYS = ("config", "ckpt_path")
-#: (section, key) of the folders among the params: logged absolute, so that one folder
-#: given as ``runs`` in one attempt and ``/home/me/runs`` in the next (a sweep trial
-#: resumed by a local worker after a SLURM one) is not a changed param.
-FOLDER_KEYS = (("run", "runs_dir"), ("data", "data_dir"))
+#: Params whose text may differ between attempts of one run with nothing changed (a
+#: sweep trial begun with ``--runs-dir /home/me/runs``, resumed with ``runs``): not
+#: tagged ``latest/<key>``. The run's folder is the same by construction (the tag
+#: ``run_dir`` holds it absolute); the data folder's absolute path and contents are the
+#: params ``data.folder`` and ``data.<split>_tokens``, which are.
+SPELLING_ONLY = ("run.runs_dir", "data.data_dir")
 
 
 def run_params(config: dict[str, Any], model_config: Any = None) -> dict[str, str]:
     """The run's MLflow params: ``config`` flattened without unset (None) values and
-    invocation keys, its folders absolute; ``model.config.*`` are the resolved model's (a preset's depth and
+    invocation keys; ``model.config.*`` are the resolved model's (a preset's depth and
     ladder count too, so runs can be filtered by them), ``model_config`` a ModelConfig."""
     config = {k: v for k, v in config.items() if k not in INVOCATION_KEYS}
-    for section, key in FOLDER_KEYS:
-        values = config.get(section)
-        if isinstance(values, dict) and isinstance(values.get(key), str):
-            config[section] = {**values, key: str(Path(values[key]).expanduser().resolve())}
     params = {k: v for k, v in flatten(config).items() if v != "None"}
     if model_config is not None:
         params = {k: v for k, v in params.items() if not k.startswith("model.config.")}
@@ -336,7 +334,7 @@ class CofrMLFlowLogger(MLFlowLogger):
         back at the first value)."""
         client, run_id = self.experiment, self.run_id
         params = {**run_params(config, model_config), **(data or {})}
-        changed = log_params_tagging_changes(client, run_id, params)
+        changed = log_params_tagging_changes(client, run_id, params, untagged=SPELLING_ONLY)
         if changed:
             shown = ", ".join(changed[:5]) + ("..." if len(changed) > 5 else "")
             rank_zero_info(  # a resume with more steps is routine: no warning

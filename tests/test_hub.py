@@ -21,7 +21,10 @@ def online(monkeypatch):
     """As on a user's machine: not offline, no proxy, huggingface_hub not imported yet."""
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", hub.REASON_VARIABLE)
     for name in (*names, *hub._PROXY_VARIABLES):
-        monkeypatch.delenv(name, raising=False)
+        # Set first: a delenv of an unset variable records nothing to undo, and the
+        # probe's own os.environ writes would outlive the test.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.delitem(sys.modules, "huggingface_hub", raising=False)
     return monkeypatch
 

@@ -2114,6 +2114,8 @@ def test_max_docs_and_vocab_size_are_checked_before_the_folder_checks(tmp_path, 
         (["--tokenizer-from", str(tmp_path), "--vocab-size", "100"],
          "--tokenizer-from and --vocab-size exclude each other"),
         (["--vocab-size", "100"], "--vocab-size is for --tokenizer bpe, not byte"),
+        # One bound, not ">= 1" at the parse and then "at least 258".
+        (["--tokenizer", "bpe", "--vocab-size", "0"], "--vocab-size must be at least 258"),
     ):  # fmt: skip
         out = tmp_path / "out"
         assert main([*extra, "--out", str(out)]) == 2

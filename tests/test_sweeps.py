@@ -5040,6 +5040,12 @@ def test_status_right_after_submit_says_no_trials_yet(tmp_path, monkeypatch, cap
     other = f"journal:{tmp_path / 'other.journal'}"
     line = one_line_error(capsys, ["sweep", "status", path, "--study", "s", "--storage", other])
     assert "no study 's' yet: " in line
+    # A study submitted with its own --storage, asked for by name with it.
+    assert main(["sweep", "submit", path, "--study", "t", "--storage", other]) == 0
+    capsys.readouterr()
+    by_name = ["sweep", "status", "t", "--storage", other, "--runs-dir", str(tmp_path / "runs")]
+    assert main(by_name) == 0
+    assert capsys.readouterr().out.startswith("study t: no trials yet: ")
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

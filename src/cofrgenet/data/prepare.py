@@ -1214,7 +1214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tok.add_argument(
         "--vocab-size",
-        type=at_least(int, 1),  # its bound: check_applicable, after --tokenizer-from's
+        type=integer,  # its bound: check_applicable, after which options go together
         default=None,
         metavar="N",
         help=f"bpe vocabulary size, EOS and 256 bytes included (default: {DEFAULT_VOCAB_SIZE})",

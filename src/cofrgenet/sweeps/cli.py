@@ -307,10 +307,11 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
                 )
             url = f"journal:{path.resolve()}"
         sweep = None
+    # Where submit leaves its script: the sweep's own folder, or the name's (--storage).
+    folder = st.study_folder(sweep, runs_dir) if sweep else Path(runs_dir) / "sweeps" / name
     file = st.storage_file(url)
     if file is not None and not file.exists():  # opening it would make an empty one
-        if sweep is not None:
-            _check_submitted(sweep.study, st.study_folder(sweep, runs_dir), url)
+        _check_submitted(name, folder, url)
         hint = (
             "give --storage as its workers were given it"
             if args.storage is None
@@ -324,8 +325,7 @@ def _load_study(args: argparse.Namespace) -> tuple[optuna.Study, Sweep, BaseStor
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        if sweep is not None:
-            _check_submitted(sweep.study, st.study_folder(sweep, runs_dir), url)
+        _check_submitted(name, folder, url)
         raise SweepError(
             f"no study {name!r} in {hide_passwords(url)}"
             f"{_storage_of_its_trials(sweep, runs_dir, url)}"

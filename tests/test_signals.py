@@ -194,7 +194,15 @@ def test_a_sigterm_in_the_middle_of_lightnings_import_stops_the_command():
     assert (done.returncode, done.stdout) == (143, ""), done.stderr[-2000:]
 
 
-def test_a_signal_while_the_program_exits_keeps_the_commands_status():
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_signal_while_the_program_exits_keeps_the_commands_status(tmp_path):
     """A Ctrl-C in the seconds the interpreter takes to exit after a complete `cofr sweep
     report` exited 130 (and, after `cofr: interrupted`, raised in torch's exit hooks: a
     traceback under the clean line). Once the command has ended, a signal ends the
@@ -204,24 +212,37 @@ def test_a_signal_while_the_program_exits_keeps_the_commands_status():
     import time
 
     slow_exit = (
-        "import atexit, time\n"
+        "import atexit, multiprocessing, time\n"
         "from cofrgenet import cli\n"
+        "def exiting():  # an exit hook that takes its time\n"
+        "    print('exiting', flush=True)\n"
+        "    time.sleep(60)\n"
         "def done():\n"
-        "    atexit.register(time.sleep, 60)  # an exit hook that takes its time\n"
-        "    print('done', flush=True)\n"
+        "    spawn = multiprocessing.get_context('spawn')\n"
+        "    child = spawn.Process(target=time.sleep, args=(60,), daemon=True)\n"
+        "    child.start()  # a child the command left, as a data loader's worker\n"
+        "    atexit.register(exiting)  # after multiprocessing's own hook: run before it\n"
+        "    print(child.pid, flush=True)\n"
         "    return {status}\n"
-        "cli.main = done\n"
-        "cli.entry()\n"
+        "if __name__ == '__main__':\n"
+        "    cli.main = done\n"
+        "    cli.entry()\n"
     )
     for status, signum in ((0, signal.SIGINT), (3, signal.SIGTERM), (130, signal.SIGINT)):
         started = time.monotonic()
+        script = tmp_path / "slow_exit.py"  # spawn re-imports __main__: a file, not -c
+        script.write_text(slow_exit.format(status=status))
         proc = subprocess.Popen(
-            [sys.executable, "-c", slow_exit.format(status=status)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
-        assert proc.stdout.readline() == "done\n"
-        time.sleep(0.5)  # into the exit hook
+        child = int(proc.stdout.readline())
+        assert proc.stdout.readline() == "exiting\n"  # in the exit hook
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == status and "Traceback" not in err, err
         assert time.monotonic() - started < 30
+        deadline = time.monotonic() + 10
+        while _alive(child):  # ended with the program, not left for a minute
+            assert time.monotonic() < deadline, f"child {child} outlived the program"
+            time.sleep(0.1)

@@ -467,7 +467,16 @@ def entry() -> None:
     status = main()
 
     def end_now(signum: int, frame: Any) -> None:
+        import logging
+        import multiprocessing
+
         with contextlib.suppress(Exception):
+            # What the skipped exit hooks would do that matters: child processes (data
+            # loader workers, which hold the data folder's reader locks) ended, not left
+            # to torch's watchdog; the logs and the output flushed.
+            for child in multiprocessing.active_children():
+                child.terminate()
+            logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(status)  # the command's work is done and written; only the exit is left

@@ -956,6 +956,15 @@ def test_ui_refuses_a_tracking_server_however_it_is_named(capsys, monkeypatch, t
         assert "(default: MLFLOW_TRACKING_URI when set, else <runs-dir>/mlflow.db)" in out
 
 
+def free_port() -> str:
+    """A port nothing listens on now (a named --port in use is refused)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
 def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_path, monkeypatch):
     """The server's output goes to a log file (the terminal shows cofr ui's own lines);
     when it exits before answering, its last lines are printed."""
@@ -971,7 +980,7 @@ def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_pa
         "import sys; print('address already in use: boom'); sys.exit(3)",
     ]
     monkeypatch.setattr(ui, "ui_command", lambda args: failing)
-    assert main(["ui", "--runs-dir", str(tmp_path), "--port", "5093"]) == 1
+    assert main(["ui", "--runs-dir", str(tmp_path), "--port", free_port()]) == 1
     captured = capsys.readouterr()
     assert (
         "the MLflow server stopped before it answered (exit status 3); the end of its log, "
@@ -1056,7 +1065,7 @@ def test_a_hangup_stops_the_ui_server_with_cofr_ui(tmp_path, monkeypatch):
     hangup.start()
     try:
         with pytest.raises(SystemExit) as ended:
-            main(["ui", "--runs-dir", str(tmp_path), "--port", "5094"])
+            main(["ui", "--runs-dir", str(tmp_path), "--port", free_port()])
         assert signal.getsignal(signal.SIGHUP) == note  # put back
     finally:
         hangup.cancel()
@@ -1070,13 +1079,10 @@ def test_a_hangup_stops_the_ui_server_with_cofr_ui(tmp_path, monkeypatch):
 def test_a_port_another_cofr_ui_claimed_is_passed_over():
     """Two `cofr ui` started together: the second does not take the port whose server is
     still starting (not yet listening); once the first lets go, the port is free again."""
-    import socket
 
     from cofrgenet.training.ui import claim_port
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = int(free_port())
     first = claim_port("127.0.0.1", port)
     assert first is not None and first[0] == port
     second = claim_port("127.0.0.1", port)
@@ -1166,16 +1172,13 @@ def test_ui_serves_the_run_store(tiny_data, tmp_path):
     server (nothing keeps the port). On every interface, it answers requests that name
     this machine."""
     import json
-    import socket
     import time
     import urllib.request
 
     from cofrgenet.training.ui import machine_names, port_free
 
     CofrCLI(args=fit_args(tmp_path, tiny_data, "--trainer.max_steps", "1"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = int(free_port())
     command = [sys.executable, "-m", "cofrgenet.cli", "ui", "--runs-dir", str(tmp_path / "runs"),
                "--port", str(port), "--host", "0.0.0.0"]  # fmt: skip
     ui = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -1039,6 +1039,35 @@ def test_a_named_ui_port_in_use_is_refused_and_the_default_moves_on(capsys, tmp_
     assert "interrupted" in capsys.readouterr().err
 
 
+def test_a_port_not_ours_to_take_is_not_said_to_be_in_use(capsys, tmp_path, monkeypatch):
+    """A user's `--port 80` (EACCES) was "in use (another `cofr ui`, ...)"."""
+    import errno
+    import socket
+    import tempfile
+
+    import mlflow
+
+    from cofrgenet.folder_lock import FolderLock
+    from cofrgenet.training import ui
+    from test_cli_errors import one_line_error
+
+    class Privileged(socket.socket):
+        def bind(self, address):
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    monkeypatch.setattr(ui.socket, "socket", Privileged)
+    line = one_line_error(capsys, ["ui", "--runs-dir", str(tmp_path), "--port", "80"])
+    assert line == (
+        "cofr ui: error: port 80 on 127.0.0.1: permission denied (ports below 1024 need root "
+        "privileges): give --port 1024 or above"
+    )
+    # The port's lock was let go (another `cofr ui --port 80`, run as root, may take it).
+    lock = FolderLock(Path(tempfile.gettempdir()) / f"cofr-ui-{os.getuid()}-80.lock")
+    assert lock.try_acquire()
+    lock.release()
+
+
 def test_a_hangup_stops_the_ui_server_with_cofr_ui(tmp_path, monkeypatch):
     """SIGHUP (a closed terminal, a dropped SSH session) ended cofr ui alone: the server,
     in its own session, kept running and kept the port, orphaned."""

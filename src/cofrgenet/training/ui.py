@@ -164,6 +164,11 @@ def port_free(host: str, port: int) -> bool:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
         except OSError as error:
+            if error.errno == errno.EACCES:  # not "in use": no other port free would do
+                raise UserError(
+                    f"port {port} on {host}: permission denied (ports below 1024 need root "
+                    "privileges): give --port 1024 or above"
+                ) from None
             if error.errno not in unusable:
                 return False
     return True
@@ -186,7 +191,12 @@ def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, FolderLock] 
                 continue
         except OSError:
             continue
-        if port_free(host, candidate):
+        try:
+            free = port_free(host, candidate)
+        except UserError:  # a port refused outright: let go of its lock as of any other
+            lock.release()
+            raise
+        if free:
             return candidate, lock
         lock.release()
     return None

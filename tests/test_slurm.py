@@ -205,8 +205,9 @@ def test_more_workers_than_trials_are_said(tiny_data, tmp_path, capsys):
     # Fewer: 2 workers of 2 trials each leave 2 of the 6 untrained, unsaid before.
     assert main([*command, "2", "--n-trials", "2"]) == 0
     assert (
-        "warning: --workers 2 x --n-trials 2: this job trains at most 4 of the study's 6 "
-        "trials (more workers, a larger --n-trials, or a later submit run the rest)"
+        "warning: --workers 2 x --n-trials 2: this job's workers stop after 4 trials in all, "
+        "of the study's 6 (fewer are left if some ran already); more workers, a larger "
+        "--n-trials or a later submit run the rest"
     ) in capsys.readouterr().err
     assert main([*command, "2", "--n-trials", "3"]) == 0
     assert "warning" not in capsys.readouterr().err

@@ -482,10 +482,10 @@ def render(sweep: Sweep, options: SubmitOptions) -> Rendered:
     elif options.n_trials is not None and options.workers * options.n_trials < sweep.total_trials:
         # Each worker stops after its --n-trials: the job ends with the study unfinished.
         print(
-            f"warning: --workers {options.workers} x --n-trials {options.n_trials}: this job "
-            f"trains at most {options.workers * options.n_trials} of the study's "
-            f"{sweep.total_trials} trials (more workers, a larger --n-trials, or a later "
-            "submit run the rest)",
+            f"warning: --workers {options.workers} x --n-trials {options.n_trials}: this "
+            f"job's workers stop after {options.workers * options.n_trials} trials in all, "
+            f"of the study's {sweep.total_trials} (fewer are left if some ran already); more "
+            "workers, a larger --n-trials or a later submit run the rest",
             file=sys.stderr,
         )
     journal = st.journal_path(url)

@@ -2015,6 +2015,7 @@ def test_a_failed_trials_run_names_the_retry_queued_after_it_ended(tmp_path):
 
     from cofrgenet.sweeps.objective import Outcome
     from cofrgenet.sweeps.worker import WorkerResult, _record
+    from cofrgenet.training.run_store import RUN_ID_FILE
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = client.create_run(client.create_experiment("r")).info.run_id
@@ -2030,6 +2031,14 @@ def test_a_failed_trials_run_names_the_retry_queued_after_it_ended(tmp_path):
     _record(ctx, WorkerResult(study), trial, stopped)
     assert stopped.retried_as == 1
     assert client.get_run(run_id).data.tags["optuna.retried_as"] == "1"
+    # The retry fails for good before it reaches the run: the run is not "retried" for ever.
+    run_dir = tmp_path / "trial-0000"
+    run_dir.mkdir()
+    (run_dir / RUN_ID_FILE).write_text(run_id + "\n")
+    retry = study.ask()
+    failed = Outcome(TrialState.FAIL, reason="ValueError: bad", run_dir=run_dir)
+    _record(ctx, WorkerResult(study), retry, failed)
+    assert "optuna.retried_as" not in client.get_run(run_id).data.tags
 
 
 def test_status_names_each_attempts_next_retry_and_counts_retried_failures(tmp_path):

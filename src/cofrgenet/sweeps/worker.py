@@ -1193,7 +1193,7 @@ def _record(ctx: TrialContext, result: WorkerResult, trial: optuna.Trial, outcom
         outcome.reason = "; ".join(
             filter(None, [outcome.reason, "not recorded: another worker ended it first"])
         )
-    elif outcome.retried_as is not None:  # queued after the run ended FAILED: say so there
+    elif outcome.state == TrialState.FAIL:
         _note_retry(ctx, outcome)
     value = "" if outcome.value is None else f" value {outcome.value:.6g}"
     why = f" ({outcome.reason})" if outcome.reason else ""
@@ -1226,14 +1226,25 @@ def _fail_for_a_retry(ctx: TrialContext, trial: optuna.Trial, outcome: Outcome, 
 
 
 def _note_retry(ctx: TrialContext, outcome: Outcome) -> None:
-    """Tag the failed trial's MLflow run with the trial queued to resume it."""
-    if ctx.mlflow_client is None or outcome.mlflow_run is None:
-        return
+    """Tag a failed trial's MLflow run with the trial queued to resume it (the run ended
+    FAILED before the retry was queued). An attempt that failed before it reached the
+    run (a retry's, whose earlier attempt's tag named it) moves the tag to its own retry,
+    or drops it: the run would read "retried" for good."""
     from cofrgenet.sweeps import tracking
 
+    client = ctx.mlflow_client
+    if client is None or (outcome.mlflow_run is not None and outcome.retried_as is None):
+        return  # no tracking, or the run's end (finish_child) dropped the tag already
     try:
-        tags = {tracking.RETRIED_AS_TAG: outcome.retried_as}
-        tracking.set_tags(ctx.mlflow_client, outcome.mlflow_run, tags)
+        run_id = outcome.mlflow_run
+        if run_id is None and outcome.run_dir is not None:
+            run_id = tracking.run_id_in(outcome.run_dir)
+        if run_id is None:
+            return
+        if outcome.retried_as is not None:
+            tracking.set_tags(client, run_id, {tracking.RETRIED_AS_TAG: outcome.retried_as})
+        elif tracking.RETRIED_AS_TAG in client.get_run(run_id).data.tags:
+            client.delete_tag(run_id, tracking.RETRIED_AS_TAG)
     except Exception as error:  # tracking trouble must not stop the worker
         log.warning(f"MLflow: {error}")
 

@@ -1062,25 +1062,25 @@ def test_a_stop_after_evaluations_keeps_their_scores_without_mlflow(
     step = classifier.training_step
 
     def interrupted(self, batch, batch_idx):
-        if self.trainer.global_step == 2:
+        if self.trainer.global_step == 3:  # one step past the last scores (step 2)
             os.kill(os.getpid(), signal.SIGTERM)
         return step(self, batch, batch_idx)
 
     monkeypatch.setattr(classifier, "training_step", interrupted)
     out = tmp_path / "out.json"
     out.write_text(json.dumps({"task": "sst2", "ckpt": "x.ckpt", "metrics": {}}))  # complete
-    extra = ["--batch-size", "8", "--eval-every", "1", "--name", "scored", "--no-mlflow",
+    extra = ["--batch-size", "8", "--eval-every", "2", "--name", "scored", "--no-mlflow",
              "--json", str(out)]  # fmt: skip
     assert _stopped_finetune(pretrained, tmp_path, extra) == 143
     folder = tmp_path / "runs" / "glue-sst2" / "scored"
     beside = tmp_path / "out.partial.json"
     assert capsys.readouterr().err.rstrip().splitlines()[-1] == (
-        "cofr finetune glue: stopped by SIGTERM at step 2: dev scores up to step 2 are in "
+        "cofr finetune glue: stopped by SIGTERM at step 3: dev scores up to step 2 are in "
         f"{folder / 'results.json'} (partial) and {beside} (partial)"
     )
     result = json.loads((folder / "results.json").read_text())
     # eval's names, and where training stopped (after the step the scores are at)
-    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2, "stopped_at": 2}
+    assert result["partial"] == {"stopped_by": "SIGTERM", "scored_at": 2, "stopped_at": 3}
     assert set(result["metrics"]) == {"glue/sst2/accuracy"} and result["steps"] == 2
     # How it ran, as the whole fine-tuning's results say it: those lacked it.
     assert result["epochs"] == round(2 / 3, 3) and result["train_examples"] == 24

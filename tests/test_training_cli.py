@@ -995,25 +995,34 @@ def test_a_ui_server_that_fails_to_start_shows_the_end_of_its_log(capsys, tmp_pa
     assert ui._open_log(link) is None and victim.read_text() == "mine"
 
 
+def fake_ui_server(monkeypatch, tmp_path: Path, seconds: int) -> Path:
+    """A run store in ``tmp_path`` and, for `cofr ui`, a server that writes its pid to the
+    file returned, answers once it has, and lives ``seconds``."""
+    import mlflow
+
+    from cofrgenet.training import ui
+
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+    pid_file = tmp_path / "server.pid"
+    server = [sys.executable, "-c",
+              f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              f"time.sleep({seconds})"]  # fmt: skip
+    monkeypatch.setattr(ui, "ui_command", lambda args: server)
+    monkeypatch.setattr(ui, "answers", lambda url: pid_file.exists())
+    return pid_file
+
+
 def test_a_named_ui_port_in_use_is_refused_and_the_default_moves_on(capsys, tmp_path, monkeypatch):
     """`--port 5081` busy served on 5082, where an SSH tunnel or a bookmark does not
     point (and may be another user's server): a named port is refused; the default
     takes the next free one. Ctrl-C before the server answered exited 0, unsaid: 130."""
     import socket
 
-    import mlflow
-
     from cofrgenet.cli import main
     from cofrgenet.training import ui
     from test_cli_errors import one_line_error
 
-    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
-    pid_file = tmp_path / "server.pid"
-    server = [sys.executable, "-c",
-              f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-              "time.sleep(2)"]  # fmt: skip
-    monkeypatch.setattr(ui, "ui_command", lambda args: server)
-    monkeypatch.setattr(ui, "answers", lambda url: pid_file.exists())
+    pid_file = fake_ui_server(monkeypatch, tmp_path, seconds=2)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -1071,18 +1080,10 @@ def test_a_port_not_ours_to_take_is_not_said_to_be_in_use(capsys, tmp_path, monk
 def test_a_hangup_stops_the_ui_server_with_cofr_ui(tmp_path, monkeypatch):
     """SIGHUP (a closed terminal, a dropped SSH session) ended cofr ui alone: the server,
     in its own session, kept running and kept the port, orphaned."""
-    import mlflow
 
     from cofrgenet.cli import main
-    from cofrgenet.training import ui
 
-    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
-    pid_file = tmp_path / "server.pid"
-    server = [sys.executable, "-c",
-              f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-              "time.sleep(120)"]  # fmt: skip
-    monkeypatch.setattr(ui, "ui_command", lambda args: server)
-    monkeypatch.setattr(ui, "answers", lambda url: pid_file.exists())
+    pid_file = fake_ui_server(monkeypatch, tmp_path, seconds=120)
     unhandled = []  # where cofr ui does not handle it: noted, not the test run's end
 
     def note(signum, frame):

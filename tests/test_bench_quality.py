@@ -304,6 +304,17 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
         assert math.isfinite(run["val_loss"]) and run["steps"] == 8 and not run["nonfinite"]
     assert runs["gpt2"]["val_loss_unclipped"] is None  # no ladders, nothing to clip
     assert runs["cofrgenet-f"]["val_loss_unclipped"] is not None
+    # The clip effect's validation is the report's alone: MLflow keeps the run's own score.
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run_id,) = [r.info.run_id for e in client.search_experiments()
+                 for r in client.search_runs([e.experiment_id])
+                 if r.info.run_name.endswith("-cofrgenet-f-s0")]  # fmt: skip
+    history = client.get_metric_history(run_id, "val/loss")
+    assert [(m.step, round(m.value, 4)) for m in history] == [
+        (8, round(runs["cofrgenet-f"]["val_loss"], 4))
+    ]
     # ladders off: same parameter count, different training
     assert runs["cofrgenet-f"]["parameters"] == runs["cofrgenet-f-ladders-off"]["parameters"]
     assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]

@@ -645,7 +645,7 @@ def run_variant(
     what = f"{variant.name} seed {seed}"
     if any(getattr(m, "output_range", None) is not None for m in module.modules()):
         try:
-            with _quiet(), clipping_disabled(module.model):
+            with _quiet(), clipping_disabled(module.model), _unlogged(trainer):
                 metrics = trainer.validate(module, datamodule=cli.datamodule, verbose=False)
         except (SystemExit, KeyboardInterrupt) as stopped:
             # The run has trained and been scored: it goes into the report (without its
@@ -659,6 +659,19 @@ def run_variant(
     if late is not None:  # its StopOnSignal kept it for what runs it, as a sweep worker reads it
         raise RunStopped(128 + late, what, result.steps, run_dir, finished=result)
     return result
+
+
+@contextlib.contextmanager
+def _unlogged(trainer: Any) -> Iterator[None]:
+    """No logger for a validation only the report reads (the clip effect's): its val/loss,
+    logged at the run's last step after the run's own, was the one `cofr compare` and the
+    MLflow UI showed."""
+    loggers = trainer.loggers
+    trainer.loggers = []
+    try:
+        yield
+    finally:
+        trainer.loggers = loggers
 
 
 def schedule_of(module: Any, trainer: Any, datamodule: Any) -> dict[str, Any]:

@@ -320,6 +320,21 @@ def test_quick_benchmark_end_to_end(tmp_path, monkeypatch):
     assert runs["cofrgenet-f"]["val_loss"] != runs["cofrgenet-f-ladders-off"]["val_loss"]
 
 
+def test_a_setting_the_data_refuses_leaves_no_partial_report(tmp_path, monkeypatch, capsys):
+    """A block no document of the data fills: the fit's error, after a partial report
+    "stopped by an error" and a --resume that would only meet it again."""
+    from test_cli_errors import one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    argv = ["bench", "quality", "--quick", "--seeds", "0", "--recipe", str(RECIPE),
+            "--variants", "gpt2", "--block-size", "100000", "--runs-dir",
+            str(tmp_path / "runs"), "--out-dir", str(out)]  # fmt: skip
+    line = one_line_error(capsys, argv)
+    assert "100001" in line and "--resume" not in line
+    assert list(out.iterdir()) == []
+
+
 def test_a_run_that_diverged_reports_what_it_trained(tmp_path, monkeypatch):
     """A run stopped by a NaN loss read 0 parameters and 0.0% spikes (defaults, never
     measured), had no "Trained with" line, and its NaNs made the JSON unreadable by

@@ -61,7 +61,7 @@ from cofrgenet.bench.files import (
 )
 from cofrgenet.bench.machine import device_slug, machine_summary
 from cofrgenet.dataclass_options import add_dataclass_arguments, dataclass_from_args
-from cofrgenet.errors import ConfigError, did_you_mean, not_valid_yaml
+from cofrgenet.errors import ConfigError, UserError, did_you_mean, not_valid_yaml
 from cofrgenet.recipes import bundled
 from cofrgenet.signals import lightning_sigterm, signal_name, sigterm_raises, stopped_by
 
@@ -1260,7 +1260,12 @@ def run(args: argparse.Namespace) -> int:
             )
         if written:
             report, rows, md = written[0]
-        if written and not report.get("pending"):  # stopped after the last run: whole
+        if written and isinstance(error, UserError) and not report["runs"] and not resume:
+            # A setting refused before any run finished (a block the data cannot fill): the
+            # error says what to fix; a partial report and a --resume would only repeat it.
+            for ext in (".md", ".json"):
+                with_suffix(stem(report), ext).unlink(missing_ok=True)
+        elif written and not report.get("pending"):  # stopped after the last run: whole
             print(f"stopped after the last run: the report {md} is complete", file=sys.stderr)
         elif written:
             # "The finished benchmark rewrites this file": not this one any more. A failed

@@ -24,6 +24,8 @@ from cofrgenet.training.run_store import RunConfig, artifact_location, tracking_
 
 #: The port without --port, as ``mlflow ui``'s; the next free one when it is in use.
 DEFAULT_PORT = 5000
+#: Ports tried from DEFAULT_PORT up before giving up.
+PORT_TRIES = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +176,7 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def claim_port(host: str, port: int, tries: int = 20) -> tuple[int, FolderLock] | None:
+def claim_port(host: str, port: int, tries: int = PORT_TRIES) -> tuple[int, FolderLock] | None:
     """(``port`` or the next free one above it, the lock that holds it for this process),
     or None if ``tries`` ports are all taken.
 
@@ -242,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     # A port the user named is that port or none: an SSH tunnel or a bookmark points at
     # it, and the next one may be another user's server.
     asked = args.port
-    claimed = claim_port(args.host, asked or DEFAULT_PORT, tries=1 if asked else 20)
+    claimed = claim_port(args.host, asked or DEFAULT_PORT, tries=1 if asked else PORT_TRIES)
     if claimed is None and asked:
         raise UserError(
             f"--port {asked}: in use on {args.host} (another `cofr ui`, or another "
@@ -250,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
             f"from {DEFAULT_PORT}"
         )
     if claimed is None:
-        last = min(DEFAULT_PORT + 19, 65535)
+        last = min(DEFAULT_PORT + PORT_TRIES - 1, 65535)
         raise UserError(f"ports {DEFAULT_PORT}-{last} on {args.host} are all in use: --port")
     port, lock = claimed
     if port != (asked or DEFAULT_PORT):  # the default was taken
